@@ -1,0 +1,471 @@
+//! The `cpu` backend: buffers are `Vec<T>` recycled through a per-device pool, ops are the
+//! reference kernels of [`crate::ops`] run on the device's own rayon pool (so several CPU
+//! "devices" can share a machine as pipeline stages without fighting over one global pool).
+//!
+//! Why a buffer pool: a fresh multi-megabyte `Vec` per op goes back to the kernel for pages every
+//! step (candle spent as much time in page faults as in GEMMs). Buffers return to the pool on
+//! drop, keyed by length; training steps repeat their shapes, so after the first step every
+//! allocation is a hit.
+
+use super::Device;
+use crate::error::{Result, check_len};
+use crate::ops;
+use crate::ops::attention::AttentionDims;
+use crate::ops::gelu::Activation;
+use crate::ops::optim::{AdamWStep, SgdStep};
+use crate::ops::patch::PatchDims;
+use crate::scalar::{DType, Float};
+use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
+use std::sync::{Arc, Mutex};
+
+/// Free buffers by length, with a cap on the elements kept.
+struct Pool<T> {
+    free: Mutex<(HashMap<usize, Vec<Vec<T>>>, usize)>,
+    max_cached_elems: usize,
+}
+
+impl<T> Pool<T> {
+    fn take(&self, len: usize) -> Option<Vec<T>> {
+        let mut guard = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let (map, cached) = &mut *guard;
+        let v = map.get_mut(&len)?.pop()?;
+        *cached -= len;
+        Some(v)
+    }
+    fn give(&self, v: Vec<T>) {
+        let len = v.len();
+        let mut guard = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let (map, cached) = &mut *guard;
+        if *cached + len <= self.max_cached_elems {
+            *cached += len;
+            map.entry(len).or_default().push(v);
+        }
+    }
+}
+
+/// A host buffer owned by a [`CpuDevice`]; derefs to `[T]` and returns to the pool on drop.
+pub struct CpuBuf<T: Float> {
+    data: Vec<T>,
+    pool: Arc<Pool<T>>,
+}
+
+impl<T: Float> Deref for CpuBuf<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &self.data
+    }
+}
+
+impl<T: Float> DerefMut for CpuBuf<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        &mut self.data
+    }
+}
+
+impl<T: Float> Drop for CpuBuf<T> {
+    fn drop(&mut self) {
+        if !self.data.is_empty() {
+            self.pool.give(std::mem::take(&mut self.data));
+        }
+    }
+}
+
+/// A CPU device computing in `T` (f32 for training, f64 for gradient checks), with its own rayon
+/// pool of `threads` threads.
+pub struct CpuDevice<T: Float> {
+    index: usize,
+    threads: usize,
+    pool: rayon::ThreadPool,
+    buffers: Arc<Pool<T>>,
+}
+
+/// Elements the buffer pool keeps at most (1 GiB of f32): enough for every activation of a
+/// MiniLM-sized step, bounded so varying shapes cannot grow it without limit.
+const DEFAULT_POOL_ELEMS: usize = 1 << 28;
+
+impl<T: Float> CpuDevice<T> {
+    /// CPU device number `index` with `threads` worker threads (0 means all cores).
+    pub fn new(index: usize, threads: usize) -> Result<Self> {
+        let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(move |i| format!("cpu{index}-worker{i}"))
+            .build()
+            .map_err(|e| crate::Error::Config {
+                field: "threads".into(),
+                message: format!("cannot start {threads} threads: {e}"),
+            })?;
+        Ok(Self {
+            index,
+            threads,
+            pool,
+            buffers: Arc::new(Pool { free: Mutex::new((HashMap::new(), 0)), max_cached_elems: DEFAULT_POOL_ELEMS }),
+        })
+    }
+
+    /// Runs `f` on this device's thread pool.
+    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+
+    fn wrap(&self, data: Vec<T>) -> CpuBuf<T> {
+        CpuBuf { data, pool: self.buffers.clone() }
+    }
+}
+
+impl<T: Float> Device for CpuDevice<T> {
+    type Buf = CpuBuf<T>;
+    type Ids = Vec<u32>;
+
+    fn name(&self) -> String {
+        format!("cpu:{} ({:?}, {} threads)", self.index, T::DTYPE, self.threads)
+    }
+    fn dtype(&self) -> DType {
+        T::DTYPE
+    }
+    fn len(buf: &Self::Buf) -> usize {
+        buf.data.len()
+    }
+    fn alloc(&self, len: usize) -> Result<Self::Buf> {
+        Ok(match self.buffers.take(len) {
+            Some(v) => self.wrap(v),
+            None => self.wrap(vec![T::ZERO; len]),
+        })
+    }
+    fn zeros(&self, len: usize) -> Result<Self::Buf> {
+        let mut b = self.alloc(len)?;
+        b.fill(T::ZERO);
+        Ok(b)
+    }
+    fn upload(&self, data: &[f32]) -> Result<Self::Buf> {
+        let mut b = self.alloc(data.len())?;
+        for (d, &s) in b.iter_mut().zip(data) {
+            *d = T::from_f64(s as f64);
+        }
+        Ok(b)
+    }
+    fn upload_f64(&self, data: &[f64]) -> Result<Self::Buf> {
+        let mut b = self.alloc(data.len())?;
+        for (d, &s) in b.iter_mut().zip(data) {
+            *d = T::from_f64(s);
+        }
+        Ok(b)
+    }
+    fn download(&self, buf: &Self::Buf) -> Result<Vec<f32>> {
+        Ok(buf.iter().map(|x| x.to_f64() as f32).collect())
+    }
+    fn download_f64(&self, buf: &Self::Buf) -> Result<Vec<f64>> {
+        Ok(buf.iter().map(|x| x.to_f64()).collect())
+    }
+    fn upload_ids(&self, ids: &[u32]) -> Result<Self::Ids> {
+        Ok(ids.to_vec())
+    }
+    fn copy(&self, dst: &mut Self::Buf, src: &Self::Buf) -> Result<()> {
+        check_len("copy", "dst", dst.len(), src.len())?;
+        dst.copy_from_slice(src);
+        Ok(())
+    }
+    fn fill(&self, dst: &mut Self::Buf, value: f64) -> Result<()> {
+        dst.fill(T::from_f64(value));
+        Ok(())
+    }
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn linear_forward(
+        &self,
+        out: &mut Self::Buf,
+        inp: &Self::Buf,
+        weight: &Self::Buf,
+        bias: Option<&Self::Buf>,
+        rows: usize,
+        in_dim: usize,
+        out_dim: usize,
+    ) -> Result<()> {
+        self.run(|| ops::linear::linear_forward(out, inp, weight, bias.map(|b| &b[..]), rows, in_dim, out_dim))
+    }
+    fn linear_backward(
+        &self,
+        dinp: Option<&mut Self::Buf>,
+        dweight: Option<&mut Self::Buf>,
+        dbias: Option<&mut Self::Buf>,
+        dout: &Self::Buf,
+        inp: &Self::Buf,
+        weight: &Self::Buf,
+        rows: usize,
+        in_dim: usize,
+        out_dim: usize,
+    ) -> Result<()> {
+        self.run(|| {
+            ops::linear::linear_backward(
+                dinp.map(|b| &mut b[..]),
+                dweight.map(|b| &mut b[..]),
+                dbias.map(|b| &mut b[..]),
+                dout,
+                inp,
+                weight,
+                rows,
+                in_dim,
+                out_dim,
+            )
+        })
+    }
+    fn embedding_forward(
+        &self,
+        out: &mut Self::Buf,
+        ids: &Self::Ids,
+        table: &Self::Buf,
+        dim: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        self.run(|| ops::embedding::embedding_forward(out, ids, table, dim, accumulate))
+    }
+    fn embedding_backward(&self, dtable: &mut Self::Buf, ids: &Self::Ids, dout: &Self::Buf, dim: usize) -> Result<()> {
+        self.run(|| ops::embedding::embedding_backward(dtable, ids, dout, dim))
+    }
+    fn patch_forward(&self, out: &mut Self::Buf, img: &Self::Buf, d: PatchDims) -> Result<()> {
+        self.run(|| ops::patch::patch_forward(out, img, d))
+    }
+    fn patch_backward(&self, dimg: &mut Self::Buf, dout: &Self::Buf, d: PatchDims) -> Result<()> {
+        self.run(|| ops::patch::patch_backward(dimg, dout, d))
+    }
+    fn prepend_token_forward(
+        &self,
+        out: &mut Self::Buf,
+        token: &Self::Buf,
+        inp: &Self::Buf,
+        batch: usize,
+        seq: usize,
+        dim: usize,
+    ) -> Result<()> {
+        self.run(|| ops::patch::prepend_token_forward(out, token, inp, batch, seq, dim))
+    }
+    fn prepend_token_backward(
+        &self,
+        dtoken: &mut Self::Buf,
+        dinp: Option<&mut Self::Buf>,
+        dout: &Self::Buf,
+        batch: usize,
+        seq: usize,
+        dim: usize,
+    ) -> Result<()> {
+        self.run(|| ops::patch::prepend_token_backward(dtoken, dinp.map(|b| &mut b[..]), dout, batch, seq, dim))
+    }
+    fn layernorm_forward(
+        &self,
+        out: &mut Self::Buf,
+        mean: &mut Self::Buf,
+        rstd: &mut Self::Buf,
+        inp: &Self::Buf,
+        weight: &Self::Buf,
+        bias: &Self::Buf,
+        rows: usize,
+        dim: usize,
+        eps: f64,
+    ) -> Result<()> {
+        self.run(|| ops::layernorm::layernorm_forward(out, mean, rstd, inp, weight, bias, rows, dim, eps))
+    }
+    fn layernorm_backward(
+        &self,
+        dinp: &mut Self::Buf,
+        dweight: &mut Self::Buf,
+        dbias: &mut Self::Buf,
+        dout: &Self::Buf,
+        inp: &Self::Buf,
+        weight: &Self::Buf,
+        mean: &Self::Buf,
+        rstd: &Self::Buf,
+        rows: usize,
+        dim: usize,
+    ) -> Result<()> {
+        self.run(|| ops::layernorm::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, rows, dim))
+    }
+    fn gelu_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, kind: Activation) -> Result<()> {
+        self.run(|| ops::gelu::gelu_forward(out, inp, kind))
+    }
+    fn gelu_backward(&self, dinp: &mut Self::Buf, inp: &Self::Buf, dout: &Self::Buf, kind: Activation) -> Result<()> {
+        self.run(|| ops::gelu::gelu_backward(dinp, inp, dout, kind))
+    }
+    fn softmax_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, rows: usize, cols: usize) -> Result<()> {
+        self.run(|| ops::softmax::softmax_forward(out, inp, rows, cols))
+    }
+    fn softmax_backward(
+        &self,
+        dinp: &mut Self::Buf,
+        out: &Self::Buf,
+        dout: &Self::Buf,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        self.run(|| ops::softmax::softmax_backward(dinp, out, dout, rows, cols))
+    }
+    fn tanh_forward(&self, out: &mut Self::Buf, inp: &Self::Buf) -> Result<()> {
+        self.run(|| ops::tanh::tanh_forward(out, inp))
+    }
+    fn tanh_backward(&self, dinp: &mut Self::Buf, out: &Self::Buf, dout: &Self::Buf) -> Result<()> {
+        self.run(|| ops::tanh::tanh_backward(dinp, out, dout))
+    }
+    fn residual_forward(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf) -> Result<()> {
+        self.run(|| ops::residual::residual_forward(out, a, b))
+    }
+    fn residual_backward(&self, dacc: &mut Self::Buf, dout: &Self::Buf) -> Result<()> {
+        self.run(|| ops::residual::residual_backward(dacc, dout))
+    }
+    fn dropout_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, p: f32, seed: u64, offset: u64) -> Result<()> {
+        self.run(|| ops::dropout::dropout_forward(out, inp, p, seed, offset))
+    }
+    fn dropout_backward(&self, dinp: &mut Self::Buf, dout: &Self::Buf, p: f32, seed: u64, offset: u64) -> Result<()> {
+        self.run(|| ops::dropout::dropout_backward(dinp, dout, p, seed, offset))
+    }
+    fn attention_forward(
+        &self,
+        out: &mut Self::Buf,
+        probs: &mut Self::Buf,
+        q: &Self::Buf,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        key_mask: Option<&Self::Ids>,
+        d: &AttentionDims,
+    ) -> Result<()> {
+        self.run(|| ops::attention::attention_forward(out, probs, q, k, v, key_mask.map(|m| &m[..]), d))
+    }
+    fn attention_backward(
+        &self,
+        dq: &mut Self::Buf,
+        dk: &mut Self::Buf,
+        dv: &mut Self::Buf,
+        dout: &Self::Buf,
+        q: &Self::Buf,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        probs: &Self::Buf,
+        key_mask: Option<&Self::Ids>,
+        d: &AttentionDims,
+    ) -> Result<()> {
+        self.run(|| ops::attention::attention_backward(dq, dk, dv, dout, q, k, v, probs, key_mask.map(|m| &m[..]), d))
+    }
+    fn first_token_pool_forward(
+        &self,
+        out: &mut Self::Buf,
+        inp: &Self::Buf,
+        batch: usize,
+        seq: usize,
+        dim: usize,
+    ) -> Result<()> {
+        self.run(|| ops::pooling::first_token_pool_forward(out, inp, batch, seq, dim))
+    }
+    fn first_token_pool_backward(
+        &self,
+        dinp: &mut Self::Buf,
+        dout: &Self::Buf,
+        batch: usize,
+        seq: usize,
+        dim: usize,
+    ) -> Result<()> {
+        self.run(|| ops::pooling::first_token_pool_backward(dinp, dout, batch, seq, dim))
+    }
+    fn mean_pool_forward(
+        &self,
+        out: &mut Self::Buf,
+        inp: &Self::Buf,
+        mask: Option<&Self::Ids>,
+        batch: usize,
+        seq: usize,
+        dim: usize,
+    ) -> Result<()> {
+        self.run(|| ops::pooling::mean_pool_forward(out, inp, mask.map(|m| &m[..]), batch, seq, dim))
+    }
+    fn mean_pool_backward(
+        &self,
+        dinp: &mut Self::Buf,
+        dout: &Self::Buf,
+        mask: Option<&Self::Ids>,
+        batch: usize,
+        seq: usize,
+        dim: usize,
+    ) -> Result<()> {
+        self.run(|| ops::pooling::mean_pool_backward(dinp, dout, mask.map(|m| &m[..]), batch, seq, dim))
+    }
+    fn cross_entropy_forward_backward(
+        &self,
+        losses: &mut Self::Buf,
+        dlogits: Option<&mut Self::Buf>,
+        logits: &Self::Buf,
+        targets: &Self::Ids,
+        rows: usize,
+        vocab: usize,
+        ignore_index: u32,
+        grad_scale: f64,
+    ) -> Result<usize> {
+        self.run(|| {
+            ops::cross_entropy::cross_entropy_forward_backward(
+                losses,
+                dlogits.map(|b| &mut b[..]),
+                logits,
+                targets,
+                rows,
+                vocab,
+                ignore_index,
+                grad_scale,
+            )
+        })
+    }
+    fn adamw_update(
+        &self,
+        param: &mut Self::Buf,
+        grad: &Self::Buf,
+        m: &mut Self::Buf,
+        v: &mut Self::Buf,
+        h: &AdamWStep,
+    ) -> Result<()> {
+        self.run(|| ops::optim::adamw_update(param, grad, m, v, h))
+    }
+    fn sgd_update(
+        &self,
+        param: &mut Self::Buf,
+        grad: &Self::Buf,
+        momentum_buf: &mut Self::Buf,
+        first: bool,
+        h: &SgdStep,
+    ) -> Result<()> {
+        self.run(|| ops::optim::sgd_update(param, grad, momentum_buf, first, h))
+    }
+    fn sum_squares(&self, x: &Self::Buf) -> Result<f64> {
+        Ok(self.run(|| ops::optim::sum_squares(x)))
+    }
+    fn sum(&self, x: &Self::Buf) -> Result<f64> {
+        Ok(x.iter().map(|v| v.to_f64()).sum())
+    }
+    fn scale(&self, x: &mut Self::Buf, s: f64) -> Result<()> {
+        self.run(|| ops::optim::scale_inplace(x, s));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_recycled_by_length() {
+        let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+        let a = dev.upload(&[1.0, 2.0, 3.0]).unwrap();
+        let ptr = a.as_ptr();
+        drop(a);
+        let b = dev.alloc(3).unwrap();
+        assert_eq!(b.as_ptr(), ptr, "a freed buffer of the same length is reused");
+        let z = dev.zeros(3).unwrap();
+        assert!(z.iter().all(|&x| x == 0.0));
+    }
+
+    #[test]
+    fn copy_checks_lengths() {
+        let dev = CpuDevice::<f64>::new(0, 1).unwrap();
+        let mut a = dev.zeros(2).unwrap();
+        let b = dev.zeros(3).unwrap();
+        let err = dev.copy(&mut a, &b).unwrap_err();
+        assert!(err.to_string().contains("copy: `dst` has 2 elements, expected 3"), "{err}");
+    }
+}

@@ -1,0 +1,273 @@
+//! The device abstraction: a `Device` owns buffers and implements every op (forward and
+//! backward), the optimizer kernels, reductions and copies. Model, optimizer and (later) pipeline
+//! code are generic over `D: Device` and never touch host memory except through
+//! `upload`/`download`, so the `cpu`, `cuda` and `cuda-emu` backends run the same model code.
+//!
+//! Op semantics are those of the reference kernels in [`crate::ops`]: `*_backward` writes input
+//! gradients and adds into parameter gradients; every buffer length is checked.
+
+pub mod cpu;
+
+pub use cpu::{CpuBuf, CpuDevice};
+
+use crate::error::Result;
+use crate::ops::attention::AttentionDims;
+use crate::ops::gelu::Activation;
+use crate::ops::optim::{AdamWStep, SgdStep};
+use crate::ops::patch::PatchDims;
+use crate::scalar::DType;
+
+/// A compute device and its op set. Buffers (`Buf`: floats, `Ids`: `u32` token ids, labels and
+/// masks) are handles owned by the device that created them.
+#[allow(clippy::too_many_arguments)]
+pub trait Device: Send + Sync + 'static {
+    /// A buffer of floating-point elements in the device's compute dtype.
+    type Buf: Send + Sync;
+    /// A buffer of `u32` (token ids, positions, labels, masks).
+    type Ids: Send + Sync;
+
+    // ---- identity and memory -----------------------------------------------------------
+    /// Human-readable name, e.g. `cpu:0 (f32, 2 threads)`.
+    fn name(&self) -> String;
+    /// The dtype activations and parameters are stored and computed in.
+    fn dtype(&self) -> DType;
+    /// Elements in `buf`.
+    fn len(buf: &Self::Buf) -> usize;
+    /// A buffer of `len` elements with unspecified contents (reused allocations).
+    fn alloc(&self, len: usize) -> Result<Self::Buf>;
+    /// A buffer of `len` zeros.
+    fn zeros(&self, len: usize) -> Result<Self::Buf>;
+    /// Copies host f32 values into a new buffer (rounding to the device dtype).
+    fn upload(&self, data: &[f32]) -> Result<Self::Buf>;
+    /// Copies host f64 values into a new buffer (rounding to the device dtype).
+    fn upload_f64(&self, data: &[f64]) -> Result<Self::Buf>;
+    /// Reads a buffer back as f32.
+    fn download(&self, buf: &Self::Buf) -> Result<Vec<f32>>;
+    /// Reads a buffer back as f64 (exact for f32 and f64 devices).
+    fn download_f64(&self, buf: &Self::Buf) -> Result<Vec<f64>>;
+    /// Copies host ids into a new id buffer.
+    fn upload_ids(&self, ids: &[u32]) -> Result<Self::Ids>;
+    /// `dst ← src` (same length).
+    fn copy(&self, dst: &mut Self::Buf, src: &Self::Buf) -> Result<()>;
+    /// `dst[i] ← value`.
+    fn fill(&self, dst: &mut Self::Buf, value: f64) -> Result<()>;
+    /// Waits until all queued work on this device is done.
+    fn synchronize(&self) -> Result<()>;
+
+    // ---- ops: forward and backward side by side ------------------------------------------
+    /// See [`crate::ops::linear::linear_forward`].
+    fn linear_forward(
+        &self,
+        out: &mut Self::Buf,
+        inp: &Self::Buf,
+        weight: &Self::Buf,
+        bias: Option<&Self::Buf>,
+        rows: usize,
+        in_dim: usize,
+        out_dim: usize,
+    ) -> Result<()>;
+    /// See [`crate::ops::linear::linear_backward`].
+    fn linear_backward(
+        &self,
+        dinp: Option<&mut Self::Buf>,
+        dweight: Option<&mut Self::Buf>,
+        dbias: Option<&mut Self::Buf>,
+        dout: &Self::Buf,
+        inp: &Self::Buf,
+        weight: &Self::Buf,
+        rows: usize,
+        in_dim: usize,
+        out_dim: usize,
+    ) -> Result<()>;
+    /// See [`crate::ops::embedding::embedding_forward`].
+    fn embedding_forward(
+        &self,
+        out: &mut Self::Buf,
+        ids: &Self::Ids,
+        table: &Self::Buf,
+        dim: usize,
+        accumulate: bool,
+    ) -> Result<()>;
+    /// See [`crate::ops::embedding::embedding_backward`].
+    fn embedding_backward(&self, dtable: &mut Self::Buf, ids: &Self::Ids, dout: &Self::Buf, dim: usize) -> Result<()>;
+    /// See [`crate::ops::patch::patch_forward`].
+    fn patch_forward(&self, out: &mut Self::Buf, img: &Self::Buf, d: PatchDims) -> Result<()>;
+    /// See [`crate::ops::patch::patch_backward`].
+    fn patch_backward(&self, dimg: &mut Self::Buf, dout: &Self::Buf, d: PatchDims) -> Result<()>;
+    /// See [`crate::ops::patch::prepend_token_forward`].
+    fn prepend_token_forward(
+        &self,
+        out: &mut Self::Buf,
+        token: &Self::Buf,
+        inp: &Self::Buf,
+        batch: usize,
+        seq: usize,
+        dim: usize,
+    ) -> Result<()>;
+    /// See [`crate::ops::patch::prepend_token_backward`].
+    fn prepend_token_backward(
+        &self,
+        dtoken: &mut Self::Buf,
+        dinp: Option<&mut Self::Buf>,
+        dout: &Self::Buf,
+        batch: usize,
+        seq: usize,
+        dim: usize,
+    ) -> Result<()>;
+    /// See [`crate::ops::layernorm::layernorm_forward`].
+    fn layernorm_forward(
+        &self,
+        out: &mut Self::Buf,
+        mean: &mut Self::Buf,
+        rstd: &mut Self::Buf,
+        inp: &Self::Buf,
+        weight: &Self::Buf,
+        bias: &Self::Buf,
+        rows: usize,
+        dim: usize,
+        eps: f64,
+    ) -> Result<()>;
+    /// See [`crate::ops::layernorm::layernorm_backward`].
+    fn layernorm_backward(
+        &self,
+        dinp: &mut Self::Buf,
+        dweight: &mut Self::Buf,
+        dbias: &mut Self::Buf,
+        dout: &Self::Buf,
+        inp: &Self::Buf,
+        weight: &Self::Buf,
+        mean: &Self::Buf,
+        rstd: &Self::Buf,
+        rows: usize,
+        dim: usize,
+    ) -> Result<()>;
+    /// See [`crate::ops::gelu::gelu_forward`].
+    fn gelu_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, kind: Activation) -> Result<()>;
+    /// See [`crate::ops::gelu::gelu_backward`].
+    fn gelu_backward(&self, dinp: &mut Self::Buf, inp: &Self::Buf, dout: &Self::Buf, kind: Activation) -> Result<()>;
+    /// See [`crate::ops::softmax::softmax_forward`].
+    fn softmax_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, rows: usize, cols: usize) -> Result<()>;
+    /// See [`crate::ops::softmax::softmax_backward`].
+    fn softmax_backward(
+        &self,
+        dinp: &mut Self::Buf,
+        out: &Self::Buf,
+        dout: &Self::Buf,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()>;
+    /// See [`crate::ops::tanh::tanh_forward`].
+    fn tanh_forward(&self, out: &mut Self::Buf, inp: &Self::Buf) -> Result<()>;
+    /// See [`crate::ops::tanh::tanh_backward`].
+    fn tanh_backward(&self, dinp: &mut Self::Buf, out: &Self::Buf, dout: &Self::Buf) -> Result<()>;
+    /// See [`crate::ops::residual::residual_forward`].
+    fn residual_forward(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf) -> Result<()>;
+    /// See [`crate::ops::residual::residual_backward`].
+    fn residual_backward(&self, dacc: &mut Self::Buf, dout: &Self::Buf) -> Result<()>;
+    /// See [`crate::ops::dropout::dropout_forward`].
+    fn dropout_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, p: f32, seed: u64, offset: u64) -> Result<()>;
+    /// See [`crate::ops::dropout::dropout_backward`].
+    fn dropout_backward(&self, dinp: &mut Self::Buf, dout: &Self::Buf, p: f32, seed: u64, offset: u64) -> Result<()>;
+    /// See [`crate::ops::attention::attention_forward`].
+    fn attention_forward(
+        &self,
+        out: &mut Self::Buf,
+        probs: &mut Self::Buf,
+        q: &Self::Buf,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        key_mask: Option<&Self::Ids>,
+        d: &AttentionDims,
+    ) -> Result<()>;
+    /// See [`crate::ops::attention::attention_backward`].
+    fn attention_backward(
+        &self,
+        dq: &mut Self::Buf,
+        dk: &mut Self::Buf,
+        dv: &mut Self::Buf,
+        dout: &Self::Buf,
+        q: &Self::Buf,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        probs: &Self::Buf,
+        key_mask: Option<&Self::Ids>,
+        d: &AttentionDims,
+    ) -> Result<()>;
+    /// See [`crate::ops::pooling::first_token_pool_forward`].
+    fn first_token_pool_forward(
+        &self,
+        out: &mut Self::Buf,
+        inp: &Self::Buf,
+        batch: usize,
+        seq: usize,
+        dim: usize,
+    ) -> Result<()>;
+    /// See [`crate::ops::pooling::first_token_pool_backward`].
+    fn first_token_pool_backward(
+        &self,
+        dinp: &mut Self::Buf,
+        dout: &Self::Buf,
+        batch: usize,
+        seq: usize,
+        dim: usize,
+    ) -> Result<()>;
+    /// See [`crate::ops::pooling::mean_pool_forward`].
+    fn mean_pool_forward(
+        &self,
+        out: &mut Self::Buf,
+        inp: &Self::Buf,
+        mask: Option<&Self::Ids>,
+        batch: usize,
+        seq: usize,
+        dim: usize,
+    ) -> Result<()>;
+    /// See [`crate::ops::pooling::mean_pool_backward`].
+    fn mean_pool_backward(
+        &self,
+        dinp: &mut Self::Buf,
+        dout: &Self::Buf,
+        mask: Option<&Self::Ids>,
+        batch: usize,
+        seq: usize,
+        dim: usize,
+    ) -> Result<()>;
+    /// See [`crate::ops::cross_entropy::cross_entropy_forward_backward`]; `losses` has one
+    /// element per row.
+    fn cross_entropy_forward_backward(
+        &self,
+        losses: &mut Self::Buf,
+        dlogits: Option<&mut Self::Buf>,
+        logits: &Self::Buf,
+        targets: &Self::Ids,
+        rows: usize,
+        vocab: usize,
+        ignore_index: u32,
+        grad_scale: f64,
+    ) -> Result<usize>;
+
+    // ---- optimizer and reductions ------------------------------------------------------
+    /// See [`crate::ops::optim::adamw_update`].
+    fn adamw_update(
+        &self,
+        param: &mut Self::Buf,
+        grad: &Self::Buf,
+        m: &mut Self::Buf,
+        v: &mut Self::Buf,
+        h: &AdamWStep,
+    ) -> Result<()>;
+    /// See [`crate::ops::optim::sgd_update`].
+    fn sgd_update(
+        &self,
+        param: &mut Self::Buf,
+        grad: &Self::Buf,
+        momentum_buf: &mut Self::Buf,
+        first: bool,
+        h: &SgdStep,
+    ) -> Result<()>;
+    /// `Σ x²` in f64 (deterministic).
+    fn sum_squares(&self, x: &Self::Buf) -> Result<f64>;
+    /// `Σ x` in f64 (deterministic).
+    fn sum(&self, x: &Self::Buf) -> Result<f64>;
+    /// `x[i] *= s`.
+    fn scale(&self, x: &mut Self::Buf, s: f64) -> Result<()>;
+}

@@ -1,0 +1,69 @@
+//! The library's typed error. Every message names what was wrong and what was expected.
+
+/// Everything the library can report to a caller.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A buffer handed to an op has the wrong number of elements.
+    #[error("{op}: `{arg}` has {got} elements, expected {expected}")]
+    Shape {
+        /// The op that checked.
+        op: &'static str,
+        /// The argument's name.
+        arg: &'static str,
+        /// Elements expected from the other arguments' dimensions.
+        expected: usize,
+        /// Elements actually passed.
+        got: usize,
+    },
+    /// A configuration field holds a value the engine cannot use.
+    #[error("config field `{field}`: {message}")]
+    Config {
+        /// Dotted field name, e.g. `bert.num_attention_heads`.
+        field: String,
+        /// What was wrong and what was expected.
+        message: String,
+    },
+    /// Input data (token ids, labels, images) is out of range for the model.
+    #[error("{what}: {message}")]
+    Data {
+        /// Which input, e.g. `token ids`.
+        what: String,
+        /// What was wrong and what was expected.
+        message: String,
+    },
+    /// A serialized state (optimizer, checkpoint) does not match the model it is loaded into.
+    #[error("state `{what}`: {message}")]
+    State {
+        /// Which piece of state.
+        what: String,
+        /// What was wrong and what was expected.
+        message: String,
+    },
+    /// An operating-system I/O error, with the path involved.
+    #[error("{path}: {source}")]
+    Io {
+        /// File or directory involved.
+        path: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+}
+
+/// `Result` with the library's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Checks that `arg` of `op` holds exactly `expected` elements.
+#[inline]
+pub fn check_len(op: &'static str, arg: &'static str, got: usize, expected: usize) -> Result<()> {
+    if got == expected { Ok(()) } else { Err(Error::Shape { op, arg, expected, got }) }
+}
+
+/// Shorthand for an [`Error::Config`].
+pub fn config_error(field: impl Into<String>, message: impl Into<String>) -> Error {
+    Error::Config { field: field.into(), message: message.into() }
+}
+
+/// Shorthand for an [`Error::Data`].
+pub fn data_error(what: impl Into<String>, message: impl Into<String>) -> Error {
+    Error::Data { what: what.into(), message: message.into() }
+}

@@ -1,0 +1,31 @@
+//! # pipetransformer
+//!
+//! A Transformer training engine with hand-written forward and backward passes, scheduled across
+//! devices as PipeTransformer (freeze, pack, replicate, cache) and TeraPipe (token slicing)
+//! describe. No autograd: every op's backward sits next to its forward.
+//!
+//! ## Table of contents
+//!
+//! | module | defines |
+//! |---|---|
+//! | [`scalar`] | `Float` (f32/f64 element types), `DType` |
+//! | [`error`] | `Error`, `Result`, `check_len` |
+//! | [`rng`] | `Rng` (seeded SplitMix64), `hash_u64` (counter-based hash for dropout masks) |
+//! | [`ops`] | reference kernels, each a `*_forward`/`*_backward` pair: `matmul`, `linear`, `embedding`, `patch` (+ class token), `layernorm`, `gelu`, `softmax`, `tanh`, `residual`, `dropout`, `attention`, `pooling`, `cross_entropy`, `optim` (AdamW, SGD, norms) |
+//! | [`device`] | the `Device` trait (buffers + op set) and the `cpu` backend `CpuDevice<T>` |
+//! | [`model`] | configs (`BertConfig`, `GptConfig`, `VitConfig`), `Param`, the units (`Unit`: embedding, attention, MLP, final norm, head), `Model` (forward, backward, freezing, costs) |
+//! | [`train`] | `Optimizer` (AdamW, SGD + momentum), `LrSchedule` (warmup + linear/cosine), global-norm clipping |
+//! | [`testing`] | finite-difference gradient checks and error metrics used by the tests |
+
+pub mod device;
+pub mod error;
+pub mod model;
+pub mod ops;
+pub mod rng;
+pub mod scalar;
+pub mod testing;
+pub mod train;
+
+pub use device::{CpuDevice, Device};
+pub use error::{Error, Result};
+pub use scalar::{DType, Float};

@@ -1,0 +1,5 @@
+//! Models as ordered lists of units, and the parameters they own.
+
+pub mod param;
+
+pub use param::Param;
