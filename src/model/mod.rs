@@ -1,5 +1,392 @@
-//! Models as ordered lists of units, and the parameters they own.
+//! Models as ordered lists of units (DESIGN §2.1): embedding, then per Transformer block an
+//! attention unit and an MLP unit (residuals inside), then the final norm (pre-LN) and the head.
+//!
+//! `Model` builds the three families (post-LN BERT with Hugging Face names, pre-LN GPT with a
+//! tied LM head, pre-LN ViT), runs forward / loss / backward, freezes a prefix of units, and
+//! reports per-unit costs.
 
+pub mod batch;
+pub mod block;
+pub mod config;
+pub mod dropout;
+pub mod embedding;
+pub mod head;
+pub mod layers;
 pub mod param;
+pub mod unit;
 
+pub use batch::{Batch, HostBatch, IGNORE_INDEX};
+pub use config::{
+    BertConfig, Family, GptConfig, HeadSpec, InputSpec, ModelConfig, NormPlacement, Pooling, Spec, VitConfig,
+};
 pub use param::Param;
+pub use unit::{Saved, Unit, UnitCost};
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::rng::Rng;
+use block::{AttentionNames, AttentionUnit, MlpNames, MlpUnit};
+use dropout::DropoutSite;
+use embedding::EmbeddingUnit;
+use head::{FinalNormUnit, HeadKind, HeadUnit};
+use layers::{INIT_STD, LayerNorm, Linear};
+
+/// A model: its validated spec and its units, in order.
+pub struct Model<D: Device> {
+    spec: Spec,
+    units: Vec<Unit<D>>,
+    /// `(unit, param name)` pairs holding tied copies of one weight (GPT's token embedding and
+    /// LM head); their gradients are summed before each optimizer step.
+    tied: Option<[(usize, String); 2]>,
+}
+
+/// The loss of one forward pass.
+pub struct LossOutput<D: Device> {
+    /// Sum of per-row losses over the rows that count.
+    pub loss_sum: f64,
+    /// Rows that count (not [`IGNORE_INDEX`]).
+    pub count: usize,
+    /// `∂(loss_sum·grad_scale)/∂logits`, when a gradient was asked for.
+    pub dlogits: Option<D::Buf>,
+}
+
+impl<D: Device> LossOutput<D> {
+    /// Mean loss over the rows that count (0 when none do).
+    pub fn mean(&self) -> f64 {
+        if self.count == 0 { 0.0 } else { self.loss_sum / self.count as f64 }
+    }
+}
+
+impl<D: Device> Model<D> {
+    /// Builds a randomly initialised model (weights N(0, 0.02²), GPT-2's residual projections
+    /// scaled by `1/√(2·layers)`, LayerNorms 1/0, biases 0), every unit trainable.
+    pub fn new(dev: &D, config: &ModelConfig, seed: u64) -> Result<Self> {
+        let spec = config.spec()?;
+        let mut rng = Rng::new(seed);
+        let site = |unit: usize, local: u64| DropoutSite { p: 0.0, site: unit as u64 * 16 + local };
+        let with_p = |s: DropoutSite, p: f32| DropoutSite { p, ..s };
+        let mut units = Vec::with_capacity(2 * spec.layers + 3);
+
+        // Embedding.
+        let embed_drop = with_p(site(0, 0), spec.embed_dropout);
+        units.push(Unit::Embedding(match spec.input {
+            InputSpec::Tokens { vocab, max_positions, type_vocab, norm } => {
+                let names = match spec.family {
+                    Family::Gpt => ["transformer.wte.weight", "transformer.wpe.weight", "", ""],
+                    _ => [
+                        "embeddings.word_embeddings.weight",
+                        "embeddings.position_embeddings.weight",
+                        "embeddings.token_type_embeddings.weight",
+                        "embeddings.LayerNorm",
+                    ],
+                };
+                let eps = norm.then_some(spec.eps);
+                EmbeddingUnit::tokens(
+                    dev,
+                    &mut rng,
+                    names,
+                    vocab,
+                    max_positions,
+                    type_vocab,
+                    spec.hidden,
+                    eps,
+                    embed_drop,
+                )?
+            }
+            InputSpec::Image { channels, image_size, patch } => {
+                EmbeddingUnit::patches(dev, &mut rng, channels, image_size, patch, spec.hidden, embed_drop)?
+            }
+        }));
+
+        // Blocks.
+        let out_scale = match spec.family {
+            Family::Gpt => 1.0 / (2.0 * spec.layers as f64).sqrt(),
+            _ => 1.0,
+        };
+        for i in 0..spec.layers {
+            let (attn, mlp) = block_names(spec.family, i);
+            let u = units.len();
+            let a_drop = with_p(site(u, 0), spec.attn_dropout);
+            let o_drop = with_p(site(u, 1), spec.hidden_dropout);
+            units.push(Unit::Attention(AttentionUnit::new(dev, &mut rng, &attn, &spec, out_scale, a_drop, o_drop)?));
+            let m_drop = with_p(site(u + 1, 0), spec.hidden_dropout);
+            units.push(Unit::Mlp(MlpUnit::new(dev, &mut rng, &mlp, &spec, out_scale, m_drop)?));
+        }
+
+        // Final norm (pre-LN) and head.
+        match spec.family {
+            Family::Gpt => units.push(Unit::FinalNorm(FinalNormUnit {
+                norm: LayerNorm::new(dev, "transformer.ln_f", spec.hidden, spec.eps)?,
+            })),
+            Family::Vit => units.push(Unit::FinalNorm(FinalNormUnit {
+                norm: LayerNorm::new(dev, "vit.layernorm", spec.hidden, spec.eps)?,
+            })),
+            Family::Bert => {}
+        }
+        let head_index = units.len();
+        let kind = match spec.head {
+            HeadSpec::Classifier { pooling, num_labels } => {
+                let pooler = match pooling {
+                    Pooling::ClsPooler => {
+                        Some(Linear::new(dev, &mut rng, "pooler.dense", spec.hidden, spec.hidden, INIT_STD)?)
+                    }
+                    _ => None,
+                };
+                // Hugging Face's BERT drops out the pooled vector; its ViT does not.
+                let p = if spec.family == Family::Bert { spec.hidden_dropout } else { 0.0 };
+                HeadKind::Classifier {
+                    pooling,
+                    pooler,
+                    classifier: Linear::new(dev, &mut rng, "classifier", spec.hidden, num_labels, INIT_STD)?,
+                    dropout: with_p(site(head_index, 0), p),
+                }
+            }
+            HeadSpec::TiedLmHead => {
+                let Unit::Embedding(e) = &units[0] else { unreachable!("unit 0 is the embedding") };
+                let embedding::EmbeddingKind::Tokens { word, .. } = &e.kind else {
+                    return Err(Error::Config {
+                        field: "head".into(),
+                        message: "a tied LM head needs token embeddings".into(),
+                    });
+                };
+                let values = dev.download(&word.value)?;
+                let weight = Param::new(dev, "lm_head.weight", &word.shape, &values, true)?;
+                HeadKind::TiedLm { lm_head: Linear { weight, bias: None, in_dim: spec.hidden, out_dim: word.shape[0] } }
+            }
+        };
+        units.push(Unit::Head(HeadUnit { kind, dim: spec.hidden }));
+        let tied = (spec.head == HeadSpec::TiedLmHead)
+            .then(|| [(0, "transformer.wte.weight".to_string()), (head_index, "lm_head.weight".to_string())]);
+        Ok(Self { spec, units, tied })
+    }
+
+    /// The validated description the model was built from.
+    pub fn spec(&self) -> &Spec {
+        &self.spec
+    }
+
+    /// The units, in order.
+    pub fn units(&self) -> &[Unit<D>] {
+        &self.units
+    }
+
+    /// The units, mutable (the pipeline hands them to stages).
+    pub fn units_mut(&mut self) -> &mut [Unit<D>] {
+        &mut self.units
+    }
+
+    /// Every parameter, unit by unit.
+    pub fn params(&self) -> Vec<&Param<D>> {
+        self.units.iter().flat_map(|u| u.params()).collect()
+    }
+
+    /// Every parameter, mutable.
+    pub fn params_mut(&mut self) -> Vec<&mut Param<D>> {
+        self.units.iter_mut().flat_map(|u| u.params_mut()).collect()
+    }
+
+    /// Total parameter elements (a tied weight counted once).
+    pub fn num_params(&self) -> usize {
+        let all: usize = self.params().iter().map(|p| p.numel()).sum();
+        let tied = self
+            .tied
+            .as_ref()
+            .map_or(0, |t| self.units[t[1].0].params().iter().find(|p| p.name == t[1].1).map_or(0, |p| p.numel()));
+        all - tied
+    }
+
+    /// Per-unit costs at sequence length `seq` (the batch's hidden-state length), with
+    /// activations counted in the device's dtype.
+    pub fn costs(&self, dev: &D, seq: usize) -> Vec<UnitCost> {
+        let bytes = match dev.dtype() {
+            crate::scalar::DType::F32 => 4,
+            crate::scalar::DType::F64 => 8,
+        };
+        self.units.iter().map(|u| u.cost(seq, bytes)).collect()
+    }
+
+    /// Runs every unit forward. Returns the logits and what each unit saved (nothing for
+    /// frozen units or in eval mode).
+    pub fn forward(&self, dev: &D, batch: &Batch<D>) -> Result<(D::Buf, Vec<Saved<D>>)> {
+        let mut saved = Vec::with_capacity(self.units.len());
+        let mut x = None;
+        for unit in &self.units {
+            let (y, s) = unit.forward(dev, batch, x.take())?;
+            saved.push(s);
+            x = Some(y);
+        }
+        let logits = x.ok_or_else(|| Error::State { what: "model".into(), message: "has no units".into() })?;
+        Ok((logits, saved))
+    }
+
+    /// Softmax cross-entropy of `logits` against the batch's targets. With `grad_scale`, also
+    /// returns `dlogits` scaled by it (the caller passes `1/count` of the whole global batch,
+    /// so micro-batches add up to the full batch's gradient).
+    pub fn loss(&self, dev: &D, batch: &Batch<D>, logits: &D::Buf, grad_scale: Option<f64>) -> Result<LossOutput<D>> {
+        let (rows, classes) = match self.spec.head {
+            HeadSpec::Classifier { num_labels, .. } => (batch.batch, num_labels),
+            HeadSpec::TiedLmHead => (batch.rows(), self.head_classes()),
+        };
+        let mut losses = dev.alloc(rows)?;
+        let mut dlogits = match grad_scale {
+            Some(_) => Some(dev.alloc(rows * classes)?),
+            None => None,
+        };
+        let count = dev.cross_entropy_forward_backward(
+            &mut losses,
+            dlogits.as_mut(),
+            logits,
+            &batch.targets,
+            rows,
+            classes,
+            IGNORE_INDEX,
+            grad_scale.unwrap_or(0.0),
+        )?;
+        Ok(LossOutput { loss_sum: dev.sum(&losses)?, count, dlogits })
+    }
+
+    fn head_classes(&self) -> usize {
+        match self.units.last() {
+            Some(Unit::Head(h)) => h.classes(),
+            _ => 0,
+        }
+    }
+
+    /// Runs the units backward from `dlogits`, last unit first, stopping at the frozen
+    /// boundary: the first trainable unit is not asked for its input gradient, and frozen
+    /// units do no work at all.
+    pub fn backward(&mut self, dev: &D, batch: &Batch<D>, saved: Vec<Saved<D>>, dlogits: D::Buf) -> Result<()> {
+        let first_trainable = self.frozen_prefix();
+        let mut dy = dlogits;
+        for (i, (unit, s)) in self.units.iter_mut().zip(saved).enumerate().rev() {
+            if i < first_trainable {
+                break;
+            }
+            match unit.backward(dev, batch, s, &dy, i > first_trainable)? {
+                Some(dx) => dy = dx,
+                None => break,
+            }
+        }
+        Ok(())
+    }
+
+    /// One forward + loss + backward on `batch` (gradients accumulate; tied gradients are
+    /// summed). Returns the mean loss.
+    pub fn forward_backward(&mut self, dev: &D, batch: &Batch<D>) -> Result<f64> {
+        let (logits, saved) = self.forward(dev, batch)?;
+        let scale = if batch.target_count == 0 { 0.0 } else { 1.0 / batch.target_count as f64 };
+        let out = self.loss(dev, batch, &logits, Some(scale))?;
+        drop(logits);
+        let mean = out.mean();
+        let dlogits = out.dlogits.ok_or_else(|| Error::State { what: "loss".into(), message: "no gradient".into() })?;
+        self.backward(dev, batch, saved, dlogits)?;
+        self.sync_tied_grads(dev)?;
+        Ok(mean)
+    }
+
+    /// Sums the gradients of tied copies into both, so identical optimizer updates keep the
+    /// copies equal. A no-op when the model ties nothing or the tie is frozen.
+    pub fn sync_tied_grads(&mut self, dev: &D) -> Result<()> {
+        let Some([(ua, na), (ub, nb)]) = self.tied.clone() else { return Ok(()) };
+        let (lo, hi) = self.units.split_at_mut(ub);
+        let pa = lo[ua].params_mut().into_iter().find(|p| p.name == na);
+        let pb = hi[0].params_mut().into_iter().find(|p| p.name == nb);
+        if let (Some(Param { grad: Some(ga), .. }), Some(Param { grad: Some(gb), .. })) = (pa, pb) {
+            dev.residual_backward(ga, gb)?;
+            dev.copy(gb, ga)?;
+        }
+        Ok(())
+    }
+
+    /// Sets every gradient to zero.
+    pub fn zero_grad(&mut self, dev: &D) -> Result<()> {
+        for p in self.params_mut() {
+            p.zero_grad(dev)?;
+        }
+        Ok(())
+    }
+
+    /// Number of leading frozen units.
+    pub fn frozen_prefix(&self) -> usize {
+        self.units.iter().take_while(|u| !u.trainable()).count()
+    }
+
+    /// Freezes units `0..n` and makes the rest trainable (PipeTransformer freezes a growing
+    /// prefix). A tied weight follows its first copy: freezing the embedding freezes the LM
+    /// head's copy too, as with a shared tensor.
+    pub fn freeze_prefix(&mut self, dev: &D, n: usize) -> Result<()> {
+        if n > self.units.len() {
+            return Err(Error::Config {
+                field: "freeze_prefix".into(),
+                message: format!("cannot freeze {n} units: the model has {}", self.units.len()),
+            });
+        }
+        for (i, u) in self.units.iter_mut().enumerate() {
+            u.set_trainable(dev, i >= n)?;
+        }
+        if let Some([(ua, _), (ub, nb)]) = self.tied.clone() {
+            let frozen = ua < n;
+            if let Some(p) = self.units[ub].params_mut().into_iter().find(|p| p.name == nb) {
+                p.set_trainable(dev, !frozen)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Parameter names of block `i`'s attention and MLP units for a family.
+fn block_names(family: Family, i: usize) -> (AttentionNames, MlpNames) {
+    match family {
+        Family::Bert => {
+            let p = format!("encoder.layer.{i}");
+            (
+                AttentionNames {
+                    query: format!("{p}.attention.self.query"),
+                    key: format!("{p}.attention.self.key"),
+                    value: format!("{p}.attention.self.value"),
+                    output: format!("{p}.attention.output.dense"),
+                    norm: format!("{p}.attention.output.LayerNorm"),
+                },
+                MlpNames {
+                    fc_in: format!("{p}.intermediate.dense"),
+                    fc_out: format!("{p}.output.dense"),
+                    norm: format!("{p}.output.LayerNorm"),
+                },
+            )
+        }
+        Family::Vit => {
+            let p = format!("vit.encoder.layer.{i}");
+            (
+                AttentionNames {
+                    query: format!("{p}.attention.attention.query"),
+                    key: format!("{p}.attention.attention.key"),
+                    value: format!("{p}.attention.attention.value"),
+                    output: format!("{p}.attention.output.dense"),
+                    norm: format!("{p}.layernorm_before"),
+                },
+                MlpNames {
+                    fc_in: format!("{p}.intermediate.dense"),
+                    fc_out: format!("{p}.output.dense"),
+                    norm: format!("{p}.layernorm_after"),
+                },
+            )
+        }
+        Family::Gpt => {
+            let p = format!("transformer.h.{i}");
+            (
+                AttentionNames {
+                    query: format!("{p}.attn.q_proj"),
+                    key: format!("{p}.attn.k_proj"),
+                    value: format!("{p}.attn.v_proj"),
+                    output: format!("{p}.attn.out_proj"),
+                    norm: format!("{p}.ln_1"),
+                },
+                MlpNames {
+                    fc_in: format!("{p}.mlp.fc_in"),
+                    fc_out: format!("{p}.mlp.fc_out"),
+                    norm: format!("{p}.ln_2"),
+                },
+            )
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! Batches: `HostBatch` as the data pipeline builds it, `Batch` as a device sees it (validated,
+//! uploaded, with position ids and the dropout coordinates).
+
+use super::config::{HeadSpec, InputSpec, Spec};
+use crate::device::Device;
+use crate::error::{Result, data_error};
+
+/// Label value that contributes no loss (padding positions of a language-model batch).
+pub const IGNORE_INDEX: u32 = u32::MAX;
+
+/// One batch on the host. Text batches set `tokens` (and optionally `token_types` and
+/// `attention_mask`); image batches set `pixels`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HostBatch {
+    /// Samples in the batch.
+    pub batch: usize,
+    /// Tokens per sample (text); ignored for images.
+    pub seq: usize,
+    /// Token ids, `[batch, seq]`.
+    pub tokens: Option<Vec<u32>>,
+    /// Token-type ids, `[batch, seq]` (zeros when absent).
+    pub token_types: Option<Vec<u32>>,
+    /// 1 for real tokens, 0 for padding, `[batch, seq]` (all real when absent).
+    pub attention_mask: Option<Vec<u32>>,
+    /// Pixels, `[batch, channels, height, width]`.
+    pub pixels: Option<Vec<f32>>,
+    /// Class per sample `[batch]` (classifiers), or next token per position `[batch, seq]`
+    /// with [`IGNORE_INDEX`] where no loss applies (language models).
+    pub targets: Vec<u32>,
+    /// Tokens that precede this batch's first position in each sequence (a TeraPipe slice);
+    /// position ids start here.
+    pub position_offset: usize,
+    /// Global index of the first sample, so that dropout masks of a micro-batch equal those of
+    /// the same samples in the whole batch.
+    pub sample_offset: u64,
+}
+
+/// A batch on a device, checked against the model's [`Spec`].
+pub struct Batch<D: Device> {
+    /// Samples.
+    pub batch: usize,
+    /// Hidden-state positions per sample (tokens, or patches + 1).
+    pub seq: usize,
+    /// Token ids (text models).
+    pub tokens: Option<D::Ids>,
+    /// Token-type ids (BERT; zeros when the host batch had none).
+    pub token_types: Option<D::Ids>,
+    /// Key padding mask for attention and mean pooling.
+    pub attention_mask: Option<D::Ids>,
+    /// Position ids `[batch, seq]`.
+    pub positions: D::Ids,
+    /// Pixels (image models).
+    pub pixels: Option<D::Buf>,
+    /// Targets, as in [`HostBatch::targets`].
+    pub targets: D::Ids,
+    /// Targets that are not [`IGNORE_INDEX`] (the loss is their mean).
+    pub target_count: usize,
+    /// Training mode: dropout on, activations saved for the backward.
+    pub train: bool,
+    /// Seed of this step's dropout masks.
+    pub dropout_seed: u64,
+    /// See [`HostBatch::sample_offset`].
+    pub sample_offset: u64,
+}
+
+impl<D: Device> Batch<D> {
+    /// Validates `host` against `spec` and uploads it. Errors name the field and the expected
+    /// size (e.g. a sequence longer than the position table).
+    pub fn upload(dev: &D, spec: &Spec, host: &HostBatch, train: bool, dropout_seed: u64) -> Result<Self> {
+        let b = host.batch;
+        if b == 0 {
+            return Err(data_error("batch", "is empty; expected at least one sample"));
+        }
+        let check = |what: &str, got: usize, want: usize| {
+            if got == want { Ok(()) } else { Err(data_error(what, format!("has {got} values, expected {want}"))) }
+        };
+        let (seq, tokens, token_types, pixels) = match spec.input {
+            InputSpec::Tokens { max_positions, type_vocab, .. } => {
+                let t = host.seq;
+                let Some(tok) = &host.tokens else {
+                    return Err(data_error("tokens", "missing: this model takes token ids"));
+                };
+                check("tokens", tok.len(), b * t)?;
+                if t == 0 {
+                    return Err(data_error("tokens", "sequence length is 0"));
+                }
+                if host.position_offset + t > max_positions {
+                    return Err(data_error(
+                        "tokens",
+                        format!(
+                            "sequence length {} exceeds the position table ({max_positions} positions)",
+                            host.position_offset + t
+                        ),
+                    ));
+                }
+                let types = match (type_vocab, &host.token_types) {
+                    (Some(_), Some(tt)) => {
+                        check("token_types", tt.len(), b * t)?;
+                        Some(dev.upload_ids(tt)?)
+                    }
+                    (Some(_), None) => Some(dev.upload_ids(&vec![0; b * t])?),
+                    (None, _) => None,
+                };
+                (t, Some(dev.upload_ids(tok)?), types, None)
+            }
+            InputSpec::Image { channels, image_size, patch } => {
+                let Some(px) = &host.pixels else {
+                    return Err(data_error("pixels", "missing: this model takes images"));
+                };
+                check("pixels", px.len(), b * channels * image_size * image_size)?;
+                ((image_size / patch).pow(2) + 1, None, None, Some(dev.upload(px)?))
+            }
+        };
+        let mask = match &host.attention_mask {
+            Some(m) => {
+                check("attention_mask", m.len(), b * seq)?;
+                Some(dev.upload_ids(m)?)
+            }
+            None => None,
+        };
+        let want_targets = match spec.head {
+            HeadSpec::Classifier { .. } => b,
+            HeadSpec::TiedLmHead => b * seq,
+        };
+        check("targets", host.targets.len(), want_targets)?;
+        let positions: Vec<u32> = (0..b).flat_map(|_| (0..seq).map(|t| (host.position_offset + t) as u32)).collect();
+        Ok(Self {
+            batch: b,
+            seq,
+            tokens,
+            token_types,
+            attention_mask: mask,
+            positions: dev.upload_ids(&positions)?,
+            pixels,
+            targets: dev.upload_ids(&host.targets)?,
+            target_count: host.targets.iter().filter(|&&t| t != IGNORE_INDEX).count(),
+            train,
+            dropout_seed,
+            sample_offset: host.sample_offset,
+        })
+    }
+
+    /// Rows of hidden states, `batch·seq`.
+    pub fn rows(&self) -> usize {
+        self.batch * self.seq
+    }
+
+    /// Dropout seed and counter offset for dropout site `site` of a tensor with `per_sample`
+    /// elements per sample: the seed mixes the step seed with the site, the offset places this
+    /// batch's first sample, so micro-batches draw the masks of the full batch.
+    pub fn dropout_coords(&self, site: u64, per_sample: usize) -> (u64, u64) {
+        (crate::rng::hash_u64(self.dropout_seed, site), self.sample_offset * per_sample as u64)
+    }
+}

@@ -1,0 +1,441 @@
+//! Model configurations (serde, Hugging Face field names) and `Spec`, the validated,
+//! family-independent description the units are built from.
+
+use crate::error::{Error, Result, config_error};
+use crate::ops::gelu::Activation;
+use serde::{Deserialize, Serialize};
+
+/// Where LayerNorm sits relative to each residual branch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NormPlacement {
+    /// BERT: `y = LN(x + f(x))`.
+    Post,
+    /// GPT-2, ViT: `y = x + f(LN(x))`, with a final LayerNorm after the last block.
+    Pre,
+}
+
+/// How a classifier turns a sequence of hidden states into one vector.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pooling {
+    /// BERT's pooler: `tanh(dense(h[CLS]))` (Hugging Face `BertForSequenceClassification`).
+    #[default]
+    ClsPooler,
+    /// The first token's hidden state as is (ViT's class token).
+    Cls,
+    /// Mean over real (unmasked) tokens: sentence-transformers' pooling for all-MiniLM-L6-v2.
+    Mean,
+}
+
+/// A post-LN BERT encoder with a sequence-classification head (Hugging Face `BertConfig` names,
+/// so a model's `config.json` deserialises directly).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BertConfig {
+    /// Token vocabulary size.
+    pub vocab_size: usize,
+    /// Width of the hidden states.
+    pub hidden_size: usize,
+    /// Transformer blocks.
+    pub num_hidden_layers: usize,
+    /// Attention heads per block.
+    pub num_attention_heads: usize,
+    /// Width of the MLP's hidden layer.
+    pub intermediate_size: usize,
+    /// `gelu` (erf) or a tanh-GELU name.
+    #[serde(default = "default_gelu")]
+    pub hidden_act: String,
+    /// Rows of the position table: the longest sequence the model accepts.
+    pub max_position_embeddings: usize,
+    /// Rows of the token-type (segment) table.
+    #[serde(default = "default_type_vocab")]
+    pub type_vocab_size: usize,
+    /// LayerNorm epsilon.
+    #[serde(default = "default_bert_eps")]
+    pub layer_norm_eps: f64,
+    /// Dropout on embeddings and residual branches.
+    #[serde(default = "default_dropout")]
+    pub hidden_dropout_prob: f32,
+    /// Dropout on attention probabilities.
+    #[serde(default = "default_dropout")]
+    pub attention_probs_dropout_prob: f32,
+    /// Classes of the classification head.
+    #[serde(default = "default_num_labels")]
+    pub num_labels: usize,
+    /// How the classification head pools the sequence.
+    #[serde(default)]
+    pub pooling: Pooling,
+}
+
+/// A pre-LN causal language model, GPT-2 style, with the LM head tied to the token embedding
+/// (Hugging Face `GPT2Config` names).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GptConfig {
+    /// Token vocabulary size.
+    pub vocab_size: usize,
+    /// Rows of the position table.
+    pub n_positions: usize,
+    /// Width of the hidden states.
+    pub n_embd: usize,
+    /// Transformer blocks.
+    pub n_layer: usize,
+    /// Attention heads per block.
+    pub n_head: usize,
+    /// Width of the MLP's hidden layer (default `4·n_embd`).
+    #[serde(default)]
+    pub n_inner: Option<usize>,
+    /// GELU form (GPT-2 uses `gelu_new`, the tanh form).
+    #[serde(default = "default_gelu_new")]
+    pub activation_function: String,
+    /// LayerNorm epsilon.
+    #[serde(default = "default_gpt_eps")]
+    pub layer_norm_epsilon: f64,
+    /// Dropout on residual branches.
+    #[serde(default = "default_dropout")]
+    pub resid_pdrop: f32,
+    /// Dropout on the embeddings.
+    #[serde(default = "default_dropout")]
+    pub embd_pdrop: f32,
+    /// Dropout on attention probabilities.
+    #[serde(default = "default_dropout")]
+    pub attn_pdrop: f32,
+}
+
+/// A pre-LN Vision Transformer classifier (Hugging Face `ViTConfig` names): square images cut
+/// into square patches, a class token, learned positions.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VitConfig {
+    /// Image side in pixels.
+    pub image_size: usize,
+    /// Patch side in pixels (must divide `image_size`).
+    pub patch_size: usize,
+    /// Colour channels.
+    #[serde(default = "default_channels")]
+    pub num_channels: usize,
+    /// Width of the hidden states.
+    pub hidden_size: usize,
+    /// Transformer blocks.
+    pub num_hidden_layers: usize,
+    /// Attention heads per block.
+    pub num_attention_heads: usize,
+    /// Width of the MLP's hidden layer.
+    pub intermediate_size: usize,
+    /// GELU form.
+    #[serde(default = "default_gelu")]
+    pub hidden_act: String,
+    /// LayerNorm epsilon.
+    #[serde(default = "default_bert_eps")]
+    pub layer_norm_eps: f64,
+    /// Dropout on embeddings and residual branches.
+    #[serde(default)]
+    pub hidden_dropout_prob: f32,
+    /// Dropout on attention probabilities.
+    #[serde(default)]
+    pub attention_probs_dropout_prob: f32,
+    /// Classes of the classification head.
+    #[serde(default = "default_num_labels")]
+    pub num_labels: usize,
+}
+
+fn default_gelu() -> String {
+    "gelu".into()
+}
+fn default_gelu_new() -> String {
+    "gelu_new".into()
+}
+fn default_type_vocab() -> usize {
+    2
+}
+fn default_bert_eps() -> f64 {
+    1e-12
+}
+fn default_gpt_eps() -> f64 {
+    1e-5
+}
+fn default_dropout() -> f32 {
+    0.1
+}
+fn default_num_labels() -> usize {
+    2
+}
+fn default_channels() -> usize {
+    3
+}
+
+/// Any of the three model families.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "family", rename_all = "snake_case")]
+pub enum ModelConfig {
+    /// Post-LN BERT classifier.
+    Bert(BertConfig),
+    /// Pre-LN causal LM with a tied head.
+    Gpt(GptConfig),
+    /// Pre-LN ViT classifier.
+    Vit(VitConfig),
+}
+
+/// Which family a [`Spec`] came from: decides parameter names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Family {
+    /// BERT (Hugging Face `BertModel` names, no `bert.` prefix, plus `classifier.*`).
+    Bert,
+    /// GPT (GPT-2-like names under `transformer.`, separate q/k/v projections).
+    Gpt,
+    /// ViT (Hugging Face `ViTForImageClassification` names).
+    Vit,
+}
+
+/// What the embedding unit consumes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InputSpec {
+    /// Token ids (and, for BERT, token types), with a learned position table.
+    Tokens {
+        /// Vocabulary size.
+        vocab: usize,
+        /// Rows of the position table.
+        max_positions: usize,
+        /// Rows of the token-type table, if the model has one.
+        type_vocab: Option<usize>,
+        /// Whether a LayerNorm follows the embedding sum (BERT).
+        norm: bool,
+    },
+    /// Images cut into patches, plus a class token.
+    Image {
+        /// Colour channels.
+        channels: usize,
+        /// Image side in pixels.
+        image_size: usize,
+        /// Patch side in pixels.
+        patch: usize,
+    },
+}
+
+/// What the last unit computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeadSpec {
+    /// Pool the sequence, then a linear classifier over `num_labels` classes.
+    Classifier {
+        /// Pooling.
+        pooling: Pooling,
+        /// Classes.
+        num_labels: usize,
+    },
+    /// Next-token logits through the transposed token-embedding table.
+    TiedLmHead,
+}
+
+/// A validated model description, common to all families.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Spec {
+    /// Family (parameter names).
+    pub family: Family,
+    /// Hidden width `C`.
+    pub hidden: usize,
+    /// Attention heads (`C` is a multiple).
+    pub heads: usize,
+    /// Transformer blocks (≥ 1).
+    pub layers: usize,
+    /// MLP hidden width.
+    pub mlp_hidden: usize,
+    /// GELU form.
+    pub act: Activation,
+    /// LayerNorm epsilon.
+    pub eps: f64,
+    /// LayerNorm placement.
+    pub norm: NormPlacement,
+    /// Causal attention (language models).
+    pub causal: bool,
+    /// Dropout on the embedding output.
+    pub embed_dropout: f32,
+    /// Dropout on residual branches (and BERT's classifier input).
+    pub hidden_dropout: f32,
+    /// Dropout on attention probabilities.
+    pub attn_dropout: f32,
+    /// Input side.
+    pub input: InputSpec,
+    /// Output side.
+    pub head: HeadSpec,
+}
+
+impl Spec {
+    /// Channels per head.
+    pub fn head_dim(&self) -> usize {
+        self.hidden / self.heads
+    }
+    /// Hidden-state positions per sample for a given input length (tokens, or patches + 1).
+    pub fn max_seq(&self) -> usize {
+        match self.input {
+            InputSpec::Tokens { max_positions, .. } => max_positions,
+            InputSpec::Image { image_size, patch, .. } => (image_size / patch).pow(2) + 1,
+        }
+    }
+}
+
+impl ModelConfig {
+    /// Validates the configuration and derives the [`Spec`]. Every error names the field.
+    pub fn spec(&self) -> Result<Spec> {
+        match self {
+            ModelConfig::Bert(c) => {
+                let act = Activation::parse(&c.hidden_act, "bert.hidden_act")?;
+                check_common(
+                    "bert",
+                    &[
+                        ("vocab_size", c.vocab_size),
+                        ("max_position_embeddings", c.max_position_embeddings),
+                        ("intermediate_size", c.intermediate_size),
+                        ("type_vocab_size", c.type_vocab_size),
+                        ("num_labels", c.num_labels),
+                    ],
+                    c.hidden_size,
+                    c.num_attention_heads,
+                    c.num_hidden_layers,
+                    ("hidden_size", "num_attention_heads", "num_hidden_layers"),
+                )?;
+                check_eps("bert.layer_norm_eps", c.layer_norm_eps)?;
+                check_dropout("bert.hidden_dropout_prob", c.hidden_dropout_prob)?;
+                check_dropout("bert.attention_probs_dropout_prob", c.attention_probs_dropout_prob)?;
+                Ok(Spec {
+                    family: Family::Bert,
+                    hidden: c.hidden_size,
+                    heads: c.num_attention_heads,
+                    layers: c.num_hidden_layers,
+                    mlp_hidden: c.intermediate_size,
+                    act,
+                    eps: c.layer_norm_eps,
+                    norm: NormPlacement::Post,
+                    causal: false,
+                    embed_dropout: c.hidden_dropout_prob,
+                    hidden_dropout: c.hidden_dropout_prob,
+                    attn_dropout: c.attention_probs_dropout_prob,
+                    input: InputSpec::Tokens {
+                        vocab: c.vocab_size,
+                        max_positions: c.max_position_embeddings,
+                        type_vocab: Some(c.type_vocab_size),
+                        norm: true,
+                    },
+                    head: HeadSpec::Classifier { pooling: c.pooling, num_labels: c.num_labels },
+                })
+            }
+            ModelConfig::Gpt(c) => {
+                let act = Activation::parse(&c.activation_function, "gpt.activation_function")?;
+                let inner = c.n_inner.unwrap_or(4 * c.n_embd);
+                check_common(
+                    "gpt",
+                    &[("vocab_size", c.vocab_size), ("n_positions", c.n_positions), ("n_inner", inner)],
+                    c.n_embd,
+                    c.n_head,
+                    c.n_layer,
+                    ("n_embd", "n_head", "n_layer"),
+                )?;
+                check_eps("gpt.layer_norm_epsilon", c.layer_norm_epsilon)?;
+                check_dropout("gpt.resid_pdrop", c.resid_pdrop)?;
+                check_dropout("gpt.embd_pdrop", c.embd_pdrop)?;
+                check_dropout("gpt.attn_pdrop", c.attn_pdrop)?;
+                Ok(Spec {
+                    family: Family::Gpt,
+                    hidden: c.n_embd,
+                    heads: c.n_head,
+                    layers: c.n_layer,
+                    mlp_hidden: inner,
+                    act,
+                    eps: c.layer_norm_epsilon,
+                    norm: NormPlacement::Pre,
+                    causal: true,
+                    embed_dropout: c.embd_pdrop,
+                    hidden_dropout: c.resid_pdrop,
+                    attn_dropout: c.attn_pdrop,
+                    input: InputSpec::Tokens {
+                        vocab: c.vocab_size,
+                        max_positions: c.n_positions,
+                        type_vocab: None,
+                        norm: false,
+                    },
+                    head: HeadSpec::TiedLmHead,
+                })
+            }
+            ModelConfig::Vit(c) => {
+                let act = Activation::parse(&c.hidden_act, "vit.hidden_act")?;
+                check_common(
+                    "vit",
+                    &[
+                        ("image_size", c.image_size),
+                        ("patch_size", c.patch_size),
+                        ("num_channels", c.num_channels),
+                        ("intermediate_size", c.intermediate_size),
+                        ("num_labels", c.num_labels),
+                    ],
+                    c.hidden_size,
+                    c.num_attention_heads,
+                    c.num_hidden_layers,
+                    ("hidden_size", "num_attention_heads", "num_hidden_layers"),
+                )?;
+                if c.image_size % c.patch_size != 0 {
+                    return Err(config_error(
+                        "vit.patch_size",
+                        format!("{} does not divide image_size {}", c.patch_size, c.image_size),
+                    ));
+                }
+                check_eps("vit.layer_norm_eps", c.layer_norm_eps)?;
+                check_dropout("vit.hidden_dropout_prob", c.hidden_dropout_prob)?;
+                check_dropout("vit.attention_probs_dropout_prob", c.attention_probs_dropout_prob)?;
+                Ok(Spec {
+                    family: Family::Vit,
+                    hidden: c.hidden_size,
+                    heads: c.num_attention_heads,
+                    layers: c.num_hidden_layers,
+                    mlp_hidden: c.intermediate_size,
+                    act,
+                    eps: c.layer_norm_eps,
+                    norm: NormPlacement::Pre,
+                    causal: false,
+                    embed_dropout: c.hidden_dropout_prob,
+                    hidden_dropout: c.hidden_dropout_prob,
+                    attn_dropout: c.attention_probs_dropout_prob,
+                    input: InputSpec::Image { channels: c.num_channels, image_size: c.image_size, patch: c.patch_size },
+                    head: HeadSpec::Classifier { pooling: Pooling::Cls, num_labels: c.num_labels },
+                })
+            }
+        }
+    }
+}
+
+/// Checks the fields every family has: positive sizes, at least one layer, and a hidden width
+/// divisible by the head count.
+fn check_common(
+    family: &str,
+    positive: &[(&str, usize)],
+    hidden: usize,
+    heads: usize,
+    layers: usize,
+    names: (&str, &str, &str),
+) -> Result<()> {
+    for &(name, value) in positive {
+        if value == 0 {
+            return Err(config_error(format!("{family}.{name}"), "must be at least 1, got 0"));
+        }
+    }
+    if layers == 0 {
+        return Err(config_error(format!("{family}.{}", names.2), "must be at least 1 layer, got 0"));
+    }
+    if heads == 0 {
+        return Err(config_error(format!("{family}.{}", names.1), "must be at least 1, got 0"));
+    }
+    if hidden == 0 || hidden % heads != 0 {
+        return Err(config_error(
+            format!("{family}.{}", names.0),
+            format!("{} = {hidden} must be a positive multiple of {} = {heads}", names.0, names.1),
+        ));
+    }
+    Ok(())
+}
+
+fn check_eps(field: &str, eps: f64) -> Result<()> {
+    if eps > 0.0 && eps.is_finite() {
+        Ok(())
+    } else {
+        Err(config_error(field, format!("must be a positive number, got {eps}")))
+    }
+}
+
+fn check_dropout(field: &str, p: f32) -> Result<(), Error> {
+    if (0.0..1.0).contains(&p) { Ok(()) } else { Err(config_error(field, format!("must be in [0, 1), got {p}"))) }
+}

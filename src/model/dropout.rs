@@ -1,0 +1,50 @@
+//! Dropout as units use it: a no-op (the buffer moves through) in eval or at p = 0, otherwise
+//! the counter-based mask of [`crate::ops::dropout`] at coordinates derived from the batch.
+
+use super::batch::Batch;
+use crate::device::Device;
+use crate::error::Result;
+
+/// A dropout site inside a unit: its probability and a site id unique in the model.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DropoutSite {
+    /// Drop probability.
+    pub p: f32,
+    /// Unique id of the site (unit index · 16 + local index).
+    pub site: u64,
+}
+
+impl DropoutSite {
+    /// Whether this site drops anything in this batch.
+    pub fn active<D: Device>(&self, batch: &Batch<D>) -> bool {
+        batch.train && self.p > 0.0
+    }
+
+    /// Applies dropout to `x` (`per_sample` elements per sample), consuming it.
+    pub fn forward<D: Device>(&self, dev: &D, batch: &Batch<D>, x: D::Buf, per_sample: usize) -> Result<D::Buf> {
+        if !self.active(batch) {
+            return Ok(x);
+        }
+        let (seed, offset) = batch.dropout_coords(self.site, per_sample);
+        let mut out = dev.alloc(D::len(&x))?;
+        dev.dropout_forward(&mut out, &x, self.p, seed, offset)?;
+        Ok(out)
+    }
+
+    /// The gradient through the same mask; `None` means "unchanged: use `dy`".
+    pub fn backward<D: Device>(
+        &self,
+        dev: &D,
+        batch: &Batch<D>,
+        dy: &D::Buf,
+        per_sample: usize,
+    ) -> Result<Option<D::Buf>> {
+        if !self.active(batch) {
+            return Ok(None);
+        }
+        let (seed, offset) = batch.dropout_coords(self.site, per_sample);
+        let mut dx = dev.alloc(D::len(dy))?;
+        dev.dropout_backward(&mut dx, dy, self.p, seed, offset)?;
+        Ok(Some(dx))
+    }
+}

@@ -1,0 +1,187 @@
+//! The two parameterised building blocks units are made of, `Linear` and `LayerNorm`, each a
+//! forward/backward pair over the device's ops that knows its own parameters.
+
+use super::param::Param;
+use crate::device::Device;
+use crate::error::Result;
+use crate::rng::Rng;
+
+/// Standard deviation of the normal initialisation of weights and embeddings (BERT, GPT-2 and
+/// ViT all use 0.02).
+pub const INIT_STD: f64 = 0.02;
+
+/// `n` draws from N(0, std²), as f32.
+pub fn normal_init(rng: &mut Rng, n: usize, std: f64) -> Vec<f32> {
+    (0..n).map(|_| (rng.normal() * std) as f32).collect()
+}
+
+/// A linear layer, weight `[out, in]`.
+pub struct Linear<D: Device> {
+    /// `[out_dim, in_dim]`.
+    pub weight: Param<D>,
+    /// `[out_dim]`, if the layer has one.
+    pub bias: Option<Param<D>>,
+    /// Input features.
+    pub in_dim: usize,
+    /// Output features.
+    pub out_dim: usize,
+}
+
+impl<D: Device> Linear<D> {
+    /// A layer named `name` (parameters `name.weight`, `name.bias`), weights N(0, std²),
+    /// bias zero. `weight_shape` is the shape reported for the weight (ViT's patch projection is
+    /// stored as a conv weight `[out, ch, p, p]`).
+    pub fn new(dev: &D, rng: &mut Rng, name: &str, in_dim: usize, out_dim: usize, std: f64) -> Result<Self> {
+        Self::with_shape(dev, rng, name, in_dim, out_dim, std, &[out_dim, in_dim])
+    }
+
+    /// [`Linear::new`] with an explicit shape for the weight (same number of elements).
+    pub fn with_shape(
+        dev: &D,
+        rng: &mut Rng,
+        name: &str,
+        in_dim: usize,
+        out_dim: usize,
+        std: f64,
+        weight_shape: &[usize],
+    ) -> Result<Self> {
+        let weight =
+            Param::new(dev, format!("{name}.weight"), weight_shape, &normal_init(rng, in_dim * out_dim, std), true)?;
+        let bias = Some(Param::new(dev, format!("{name}.bias"), &[out_dim], &vec![0.0; out_dim], false)?);
+        Ok(Self { weight, bias, in_dim, out_dim })
+    }
+
+    /// `out[rows, out] = inp[rows, in]·Wᵀ + b`, into a new buffer.
+    pub fn forward(&self, dev: &D, inp: &D::Buf, rows: usize) -> Result<D::Buf> {
+        let mut out = dev.alloc(rows * self.out_dim)?;
+        dev.linear_forward(
+            &mut out,
+            inp,
+            &self.weight.value,
+            self.bias.as_ref().map(|b| &b.value),
+            rows,
+            self.in_dim,
+            self.out_dim,
+        )?;
+        Ok(out)
+    }
+
+    /// Accumulates parameter gradients and returns `dinp` when `need_dinp`.
+    pub fn backward(
+        &mut self,
+        dev: &D,
+        dout: &D::Buf,
+        inp: &D::Buf,
+        rows: usize,
+        need_dinp: bool,
+    ) -> Result<Option<D::Buf>> {
+        let mut dinp = if need_dinp { Some(dev.alloc(rows * self.in_dim)?) } else { None };
+        dev.linear_backward(
+            dinp.as_mut(),
+            self.weight.grad.as_mut(),
+            self.bias.as_mut().and_then(|b| b.grad.as_mut()),
+            dout,
+            inp,
+            &self.weight.value,
+            rows,
+            self.in_dim,
+            self.out_dim,
+        )?;
+        Ok(dinp)
+    }
+
+    /// The layer's parameters.
+    pub fn params_mut(&mut self) -> Vec<&mut Param<D>> {
+        let mut v = vec![&mut self.weight];
+        v.extend(self.bias.as_mut());
+        v
+    }
+}
+
+/// What a LayerNorm forward keeps for its backward (the caller keeps the input, which is
+/// usually also needed by a residual or a linear).
+pub struct LayerNormSaved<D: Device> {
+    /// Per-row mean.
+    pub mean: D::Buf,
+    /// Per-row reciprocal standard deviation.
+    pub rstd: D::Buf,
+}
+
+/// LayerNorm over the hidden dimension.
+pub struct LayerNorm<D: Device> {
+    /// Scale, initialised to 1.
+    pub weight: Param<D>,
+    /// Shift, initialised to 0.
+    pub bias: Param<D>,
+    /// Normalised width.
+    pub dim: usize,
+    /// Epsilon added to the variance.
+    pub eps: f64,
+}
+
+impl<D: Device> LayerNorm<D> {
+    /// A LayerNorm named `name` (parameters `name.weight`, `name.bias`), excluded from decay.
+    pub fn new(dev: &D, name: &str, dim: usize, eps: f64) -> Result<Self> {
+        Ok(Self {
+            weight: Param::new(dev, format!("{name}.weight"), &[dim], &vec![1.0; dim], false)?,
+            bias: Param::new(dev, format!("{name}.bias"), &[dim], &vec![0.0; dim], false)?,
+            dim,
+            eps,
+        })
+    }
+
+    /// Normalises `inp` (`rows` rows); returns the output and the row statistics.
+    pub fn forward(&self, dev: &D, inp: &D::Buf, rows: usize) -> Result<(D::Buf, LayerNormSaved<D>)> {
+        let mut out = dev.alloc(rows * self.dim)?;
+        let mut mean = dev.alloc(rows)?;
+        let mut rstd = dev.alloc(rows)?;
+        dev.layernorm_forward(
+            &mut out,
+            &mut mean,
+            &mut rstd,
+            inp,
+            &self.weight.value,
+            &self.bias.value,
+            rows,
+            self.dim,
+            self.eps,
+        )?;
+        Ok((out, LayerNormSaved { mean, rstd }))
+    }
+
+    /// Accumulates parameter gradients and returns `dinp`.
+    pub fn backward(
+        &mut self,
+        dev: &D,
+        dout: &D::Buf,
+        inp: &D::Buf,
+        saved: &LayerNormSaved<D>,
+        rows: usize,
+    ) -> Result<D::Buf> {
+        let mut dinp = dev.alloc(rows * self.dim)?;
+        let (Some(dw), Some(db)) = (self.weight.grad.as_mut(), self.bias.grad.as_mut()) else {
+            return Err(crate::Error::State {
+                what: self.weight.name.clone(),
+                message: "backward through a frozen LayerNorm".into(),
+            });
+        };
+        dev.layernorm_backward(
+            &mut dinp,
+            dw,
+            db,
+            dout,
+            inp,
+            &self.weight.value,
+            &saved.mean,
+            &saved.rstd,
+            rows,
+            self.dim,
+        )?;
+        Ok(dinp)
+    }
+
+    /// The layer's parameters.
+    pub fn params_mut(&mut self) -> Vec<&mut Param<D>> {
+        vec![&mut self.weight, &mut self.bias]
+    }
+}

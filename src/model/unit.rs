@@ -1,0 +1,257 @@
+//! `Unit`: the partition granularity of the pipeline. A model is an ordered list of units; each
+//! owns its parameters, runs `forward` (saving what its backward needs, unless frozen or in
+//! eval) and `backward` (accumulating parameter gradients, returning the input gradient), and
+//! reports its costs for the planner.
+
+use super::batch::Batch;
+use super::block::{AttentionSaved, AttentionUnit, MlpSaved, MlpUnit};
+use super::embedding::{EmbeddingKind, EmbeddingSaved, EmbeddingUnit};
+use super::head::{FinalNormSaved, FinalNormUnit, HeadKind, HeadSaved, HeadUnit};
+use super::param::Param;
+use crate::device::Device;
+use crate::error::{Error, Result};
+
+/// One unit of a model.
+pub enum Unit<D: Device> {
+    /// Inputs → hidden states.
+    Embedding(EmbeddingUnit<D>),
+    /// Self-attention with residual (and LayerNorm).
+    Attention(AttentionUnit<D>),
+    /// MLP with residual (and LayerNorm).
+    Mlp(MlpUnit<D>),
+    /// Final LayerNorm (pre-LN models).
+    FinalNorm(FinalNormUnit<D>),
+    /// Hidden states → logits.
+    Head(HeadUnit<D>),
+}
+
+/// What a unit's forward kept for its backward. `None` for frozen units and eval.
+pub enum Saved<D: Device> {
+    /// Nothing was saved.
+    None,
+    /// See [`EmbeddingUnit`].
+    Embedding(EmbeddingSaved<D>),
+    /// See [`AttentionUnit`].
+    Attention(AttentionSaved<D>),
+    /// See [`MlpUnit`].
+    Mlp(MlpSaved<D>),
+    /// See [`FinalNormUnit`].
+    FinalNorm(FinalNormSaved<D>),
+    /// See [`HeadUnit`].
+    Head(HeadSaved<D>),
+}
+
+/// A unit's size and cost per sample, at a given sequence length: what the partitioner and
+/// the memory model of the pipeline planner consume.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct UnitCost {
+    /// Parameters (elements).
+    pub params: usize,
+    /// Forward FLOPs per sample (multiply-add = 2).
+    pub forward_flops: f64,
+    /// Backward FLOPs per sample (input and weight gradients).
+    pub backward_flops: f64,
+    /// Bytes of activations the forward keeps for the backward, per sample.
+    pub activation_bytes: usize,
+}
+
+fn wrap<S, D: Device>(r: (D::Buf, Option<S>), f: impl FnOnce(S) -> Saved<D>) -> (D::Buf, Saved<D>) {
+    (r.0, r.1.map_or(Saved::None, f))
+}
+
+impl<D: Device> Unit<D> {
+    /// A short name for logs and plans, e.g. `embeddings`, `attention`, `mlp`, `head`.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Unit::Embedding(_) => "embeddings",
+            Unit::Attention(_) => "attention",
+            Unit::Mlp(_) => "mlp",
+            Unit::FinalNorm(_) => "final_norm",
+            Unit::Head(_) => "head",
+        }
+    }
+
+    /// Runs the unit. `x` is `None` for the embedding unit and the previous unit's output for
+    /// the others. Activations are saved only when the batch is in training mode and the unit
+    /// is trainable; a frozen unit runs forward only.
+    pub fn forward(&self, dev: &D, batch: &Batch<D>, x: Option<D::Buf>) -> Result<(D::Buf, Saved<D>)> {
+        let save = batch.train && self.trainable();
+        let needs_input = |x: Option<D::Buf>| {
+            x.ok_or_else(|| Error::State { what: self.kind_name().into(), message: "no input hidden states".into() })
+        };
+        Ok(match self {
+            Unit::Embedding(u) => wrap(u.forward(dev, batch, save)?, Saved::Embedding),
+            Unit::Attention(u) => wrap(u.forward(dev, batch, needs_input(x)?, save)?, Saved::Attention),
+            Unit::Mlp(u) => wrap(u.forward(dev, batch, needs_input(x)?, save)?, Saved::Mlp),
+            Unit::FinalNorm(u) => wrap(u.forward(dev, batch, needs_input(x)?, save)?, Saved::FinalNorm),
+            Unit::Head(u) => wrap(u.forward(dev, batch, needs_input(x)?, save)?, Saved::Head),
+        })
+    }
+
+    /// Backward of one unit: accumulates its parameter gradients and returns the gradient of
+    /// its input when `need_dinp` (the unit below is trainable).
+    pub fn backward(
+        &mut self,
+        dev: &D,
+        batch: &Batch<D>,
+        saved: Saved<D>,
+        dy: &D::Buf,
+        need_dinp: bool,
+    ) -> Result<Option<D::Buf>> {
+        let name = self.kind_name();
+        let mismatch = || Error::State {
+            what: name.into(),
+            message: "saved activations missing or of another unit (was the forward run in eval mode or frozen?)"
+                .into(),
+        };
+        match (self, saved) {
+            (Unit::Embedding(u), Saved::Embedding(s)) => u.backward(dev, batch, s, dy).map(|_| None),
+            (Unit::Attention(u), Saved::Attention(s)) => u.backward(dev, batch, s, dy, need_dinp),
+            (Unit::Mlp(u), Saved::Mlp(s)) => u.backward(dev, batch, s, dy, need_dinp),
+            (Unit::FinalNorm(u), Saved::FinalNorm(s)) => u.backward(dev, batch, s, dy).map(Some),
+            (Unit::Head(u), Saved::Head(s)) => u.backward(dev, batch, s, dy, need_dinp),
+            _ => Err(mismatch()),
+        }
+    }
+
+    /// The unit's parameters.
+    pub fn params_mut(&mut self) -> Vec<&mut Param<D>> {
+        match self {
+            Unit::Embedding(u) => u.params_mut(),
+            Unit::Attention(u) => u.params_mut(),
+            Unit::Mlp(u) => u.params_mut(),
+            Unit::FinalNorm(u) => u.norm.params_mut(),
+            Unit::Head(u) => u.params_mut(),
+        }
+    }
+
+    /// The unit's parameters, read-only.
+    pub fn params(&self) -> Vec<&Param<D>> {
+        let mut out = Vec::new();
+        self.visit_params(&mut |p| out.push(p));
+        out
+    }
+
+    fn visit_params<'a>(&'a self, f: &mut dyn FnMut(&'a Param<D>)) {
+        use super::layers::{LayerNorm, Linear};
+        fn lin<'a, D: Device>(l: &'a Linear<D>, f: &mut dyn FnMut(&'a Param<D>)) {
+            f(&l.weight);
+            if let Some(b) = &l.bias {
+                f(b);
+            }
+        }
+        fn ln<'a, D: Device>(l: &'a LayerNorm<D>, f: &mut dyn FnMut(&'a Param<D>)) {
+            f(&l.weight);
+            f(&l.bias);
+        }
+        match self {
+            Unit::Embedding(u) => match &u.kind {
+                EmbeddingKind::Tokens { word, position, token_type, norm } => {
+                    f(word);
+                    f(position);
+                    if let Some(t) = token_type {
+                        f(t);
+                    }
+                    if let Some(n) = norm {
+                        ln(n, f);
+                    }
+                }
+                EmbeddingKind::Patches { projection, cls, position, .. } => {
+                    f(cls);
+                    f(position);
+                    lin(projection, f);
+                }
+            },
+            Unit::Attention(u) => {
+                for l in [&u.query, &u.key, &u.value, &u.output] {
+                    lin(l, f);
+                }
+                ln(&u.norm, f);
+            }
+            Unit::Mlp(u) => {
+                lin(&u.fc_in, f);
+                lin(&u.fc_out, f);
+                ln(&u.norm, f);
+            }
+            Unit::FinalNorm(u) => ln(&u.norm, f),
+            Unit::Head(u) => match &u.kind {
+                HeadKind::Classifier { pooler, classifier, .. } => {
+                    if let Some(p) = pooler {
+                        lin(p, f);
+                    }
+                    lin(classifier, f);
+                }
+                HeadKind::TiedLm { lm_head } => lin(lm_head, f),
+            },
+        }
+    }
+
+    /// Whether the unit trains (all its parameters have gradients).
+    pub fn trainable(&self) -> bool {
+        self.params().iter().all(|p| p.trainable())
+    }
+
+    /// Freezes or unfreezes every parameter of the unit (a frozen unit has no gradient
+    /// buffers; the optimizer keeps no state for it).
+    pub fn set_trainable(&mut self, dev: &D, trainable: bool) -> Result<()> {
+        for p in self.params_mut() {
+            p.set_trainable(dev, trainable)?;
+        }
+        Ok(())
+    }
+
+    /// Parameters, FLOPs and saved-activation bytes per sample at sequence length `seq`, for
+    /// elements of `elem_bytes` bytes.
+    pub fn cost(&self, seq: usize, elem_bytes: usize) -> UnitCost {
+        let params = self.params().iter().map(|p| p.numel()).sum();
+        let t = seq as f64;
+        // (forward flops, backward flops, saved elements) per sample.
+        let (fwd, bwd, saved) = match self {
+            Unit::Embedding(u) => {
+                let c = u.dim as f64;
+                match &u.kind {
+                    EmbeddingKind::Tokens { norm, .. } => {
+                        // Gathers, sums and LayerNorm: ~10 flops per element each way.
+                        let saved = if norm.is_some() { seq * u.dim + 2 * seq } else { 0 };
+                        (10.0 * t * c, 10.0 * t * c, saved)
+                    }
+                    EmbeddingKind::Patches { projection, .. } => {
+                        let n = (seq - 1) as f64;
+                        let k = projection.in_dim as f64;
+                        // Backward needs only the weight gradient: one GEMM, same size.
+                        (2.0 * n * k * c, 2.0 * n * k * c, (seq - 1) * projection.in_dim)
+                    }
+                }
+            }
+            Unit::Attention(u) => {
+                let c = u.query.out_dim as f64;
+                let h = u.heads;
+                // Four C×C projections plus QKᵀ and P·V (2·T²·C each); backward twice that.
+                let fwd = 8.0 * t * c * c + 4.0 * t * t * c;
+                // x, q, k, v, attended, normed-or-residual: 6·T·C; probs H·T²; stats 2·T.
+                (fwd, 2.0 * fwd, 6 * seq * u.query.out_dim + h * seq * seq + 2 * seq)
+            }
+            Unit::Mlp(u) => {
+                let (c, f) = (u.fc_in.in_dim, u.fc_in.out_dim);
+                let fwd = 4.0 * t * c as f64 * f as f64;
+                (fwd, 2.0 * fwd, 2 * seq * c + 2 * seq * f + 2 * seq)
+            }
+            Unit::FinalNorm(u) => {
+                (8.0 * t * u.norm.dim as f64, 8.0 * t * u.norm.dim as f64, seq * u.norm.dim + 2 * seq)
+            }
+            Unit::Head(u) => match &u.kind {
+                HeadKind::Classifier { pooler, classifier, .. } => {
+                    let c = u.dim as f64;
+                    let fwd = 2.0 * c * classifier.out_dim as f64 + pooler.as_ref().map_or(0.0, |_| 2.0 * c * c);
+                    (fwd, 2.0 * fwd, 3 * u.dim)
+                }
+                HeadKind::TiedLm { lm_head } => {
+                    let fwd = 2.0 * t * u.dim as f64 * lm_head.out_dim as f64;
+                    // Hidden states plus the logits, held until the loss consumes them.
+                    (fwd, 2.0 * fwd, seq * u.dim + seq * lm_head.out_dim)
+                }
+            },
+        };
+        UnitCost { params, forward_flops: fwd, backward_flops: bwd, activation_bytes: saved * elem_bytes }
+    }
+}
