@@ -1,1 +1,123 @@
-fn main() {}
+//! Op microbenchmarks on the `cpu` backend (f32, all cores), at MiniLM-step shapes: batch 16,
+//! sequence 128, hidden 384, 12 heads, MLP 1536. Throughput is reported in elements/s where
+//! one element is one FLOP, so criterion's `Gelem/s` reads as GFLOP/s (memory-bound ops count
+//! bytes instead: `GB/s`).
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use pipetransformer::device::{CpuDevice, Device};
+use pipetransformer::ops::attention::AttentionDims;
+use pipetransformer::rng::Rng;
+use std::hint::black_box;
+
+const B: usize = 16;
+const T: usize = 128;
+const C: usize = 384;
+const H: usize = 12;
+const F: usize = 1536;
+
+fn random(dev: &CpuDevice<f32>, n: usize, seed: u64) -> <CpuDevice<f32> as Device>::Buf {
+    let v: Vec<f32> = Rng::new(seed).vec(n, 1.0).iter().map(|&x| x as f32).collect();
+    dev.upload(&v).unwrap()
+}
+
+fn bench_linear(c: &mut Criterion) {
+    let dev = CpuDevice::<f32>::new(0, 0).unwrap();
+    let rows = B * T;
+    let mut g = c.benchmark_group("linear_384x1536");
+    g.sample_size(10);
+    let flops = 2.0 * (rows * C * F) as f64;
+    let inp = random(&dev, rows * C, 1);
+    let w = random(&dev, F * C, 2);
+    let bias = random(&dev, F, 3);
+    let mut out = dev.alloc(rows * F).unwrap();
+    g.throughput(Throughput::Elements(flops as u64));
+    g.bench_function("forward", |b| {
+        b.iter(|| dev.linear_forward(&mut out, &inp, &w, Some(&bias), rows, C, F).unwrap());
+    });
+    let mut dinp = dev.alloc(rows * C).unwrap();
+    let mut dw = dev.zeros(F * C).unwrap();
+    let mut db = dev.zeros(F).unwrap();
+    g.throughput(Throughput::Elements(2 * flops as u64));
+    g.bench_function("backward", |b| {
+        b.iter(|| {
+            dev.linear_backward(Some(&mut dinp), Some(&mut dw), Some(&mut db), &out, &inp, &w, rows, C, F).unwrap()
+        });
+    });
+    g.finish();
+}
+
+fn bench_attention(c: &mut Criterion) {
+    let dev = CpuDevice::<f32>::new(0, 0).unwrap();
+    let n = B * T * C;
+    let (q, k, v) = (random(&dev, n, 1), random(&dev, n, 2), random(&dev, n, 3));
+    let mut out = dev.alloc(n).unwrap();
+    let mut probs = dev.alloc(B * H * T * T).unwrap();
+    let d = AttentionDims {
+        batch: B,
+        q_len: T,
+        kv_len: T,
+        heads: H,
+        head_dim: C / H,
+        causal: false,
+        dropout: 0.1,
+        dropout_seed: 1,
+        dropout_offset: 0,
+    };
+    let flops = 4.0 * (B * T * T * C) as f64;
+    let mut g = c.benchmark_group("attention_b16_t128_h12x32");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements(flops as u64));
+    g.bench_function("forward", |b| {
+        b.iter(|| dev.attention_forward(&mut out, &mut probs, &q, &k, &v, None, &d).unwrap())
+    });
+    let (mut dq, mut dk, mut dv) = (dev.alloc(n).unwrap(), dev.alloc(n).unwrap(), dev.alloc(n).unwrap());
+    g.throughput(Throughput::Elements(2 * flops as u64));
+    g.bench_function("backward", |b| {
+        b.iter(|| dev.attention_backward(&mut dq, &mut dk, &mut dv, &out, &q, &k, &v, &probs, None, &d).unwrap())
+    });
+    g.finish();
+}
+
+fn bench_layernorm(c: &mut Criterion) {
+    let dev = CpuDevice::<f32>::new(0, 0).unwrap();
+    let rows = B * T;
+    let inp = random(&dev, rows * C, 1);
+    let (w, bias) = (random(&dev, C, 2), random(&dev, C, 3));
+    let mut out = dev.alloc(rows * C).unwrap();
+    let (mut mean, mut rstd) = (dev.alloc(rows).unwrap(), dev.alloc(rows).unwrap());
+    let mut g = c.benchmark_group("layernorm_2048x384");
+    // Bytes: forward reads x, writes y; backward reads x, dy, writes dx.
+    g.throughput(Throughput::Bytes((2 * rows * C * 4) as u64));
+    g.bench_function("forward", |b| {
+        b.iter(|| dev.layernorm_forward(&mut out, &mut mean, &mut rstd, &inp, &w, &bias, rows, C, 1e-12).unwrap())
+    });
+    let mut dinp = dev.alloc(rows * C).unwrap();
+    let (mut dw, mut db) = (dev.zeros(C).unwrap(), dev.zeros(C).unwrap());
+    g.throughput(Throughput::Bytes((3 * rows * C * 4) as u64));
+    g.bench_function("backward", |b| {
+        b.iter(|| {
+            dev.layernorm_backward(&mut dinp, &mut dw, &mut db, &out, &inp, &w, &mean, &rstd, rows, C).unwrap();
+            black_box(&dinp);
+        })
+    });
+    g.finish();
+}
+
+fn bench_matmul(c: &mut Criterion) {
+    let n = 1024;
+    let mut g = c.benchmark_group("matmul_f32");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements(2 * (n * n * n) as u64));
+    let mut rng = Rng::new(0);
+    let a: Vec<f32> = rng.vec(n * n, 1.0).iter().map(|&x| x as f32).collect();
+    let bm: Vec<f32> = rng.vec(n * n, 1.0).iter().map(|&x| x as f32).collect();
+    let mut out = vec![0f32; n * n];
+    use pipetransformer::ops::matmul::{MatRef, matmul};
+    g.bench_function("1024^3", |b| {
+        b.iter(|| matmul(&mut out, n, MatRef::rows(&a, n), MatRef::rows(&bm, n), n, n, n, false))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench_matmul, bench_linear, bench_attention, bench_layernorm);
+criterion_main!(benches);

@@ -14,9 +14,11 @@
 //! | [`ops`] | reference kernels, each a `*_forward`/`*_backward` pair: `matmul`, `linear`, `embedding`, `patch` (+ class token), `layernorm`, `gelu`, `softmax`, `tanh`, `residual`, `dropout`, `attention`, `pooling`, `cross_entropy`, `optim` (AdamW, SGD, norms) |
 //! | [`device`] | the `Device` trait (buffers + op set) and the `cpu` backend `CpuDevice<T>` |
 //! | [`model`] | configs (`BertConfig`, `GptConfig`, `VitConfig`), `Param`, the units (`Unit`: embedding, attention, MLP, final norm, head), `Model` (forward, backward, freezing, costs) |
-//! | [`train`] | `Optimizer` (AdamW, SGD + momentum), `LrSchedule` (warmup + linear/cosine), global-norm clipping |
+//! | [`train`] | `Optimizer` (AdamW, SGD + momentum), `LrSchedule` (warmup + linear/cosine), global-norm clipping, `train_step` |
+//! | [`bench`] | the MiniLM-shaped benchmark workload, synthetic batches, step FLOPs, the GEMM roofline |
 //! | [`testing`] | finite-difference gradient checks and error metrics used by the tests |
 
+pub mod bench;
 pub mod device;
 pub mod error;
 pub mod model;

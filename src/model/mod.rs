@@ -210,8 +210,9 @@ impl<D: Device> Model<D> {
     pub fn forward(&self, dev: &D, batch: &Batch<D>) -> Result<(D::Buf, Vec<Saved<D>>)> {
         let mut saved = Vec::with_capacity(self.units.len());
         let mut x = None;
-        for unit in &self.units {
-            let (y, s) = unit.forward(dev, batch, x.take())?;
+        let first_trainable = self.frozen_prefix();
+        for (i, unit) in self.units.iter().enumerate() {
+            let (y, s) = unit.forward(dev, batch, x.take(), batch.train && i >= first_trainable)?;
             saved.push(s);
             x = Some(y);
         }

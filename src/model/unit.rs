@@ -72,10 +72,9 @@ impl<D: Device> Unit<D> {
     }
 
     /// Runs the unit. `x` is `None` for the embedding unit and the previous unit's output for
-    /// the others. Activations are saved only when the batch is in training mode and the unit
-    /// is trainable; a frozen unit runs forward only.
-    pub fn forward(&self, dev: &D, batch: &Batch<D>, x: Option<D::Buf>) -> Result<(D::Buf, Saved<D>)> {
-        let save = batch.train && self.trainable();
+    /// the others. Activations are kept for the backward only when `save` (the model asks
+    /// for it in training mode above the frozen prefix); otherwise the unit runs forward only.
+    pub fn forward(&self, dev: &D, batch: &Batch<D>, x: Option<D::Buf>, save: bool) -> Result<(D::Buf, Saved<D>)> {
         let needs_input = |x: Option<D::Buf>| {
             x.ok_or_else(|| Error::State { what: self.kind_name().into(), message: "no input hidden states".into() })
         };
@@ -186,9 +185,11 @@ impl<D: Device> Unit<D> {
         }
     }
 
-    /// Whether the unit trains (all its parameters have gradients).
+    /// Whether any of the unit's parameters trains. (A unit whose parameters are all frozen
+    /// but which sits above a trainable unit, like an LM head tied to a frozen embedding, still
+    /// passes gradients through.)
     pub fn trainable(&self) -> bool {
-        self.params().iter().all(|p| p.trainable())
+        self.params().iter().any(|p| p.trainable())
     }
 
     /// Freezes or unfreezes every parameter of the unit (a frozen unit has no gradient

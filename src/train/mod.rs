@@ -10,7 +10,9 @@
 pub mod clip;
 pub mod optimizer;
 pub mod schedule;
+pub mod step;
 
 pub use clip::{clip_grad_norm, global_grad_norm};
 pub use optimizer::{Optimizer, OptimizerConfig, OptimizerState, ParamState};
 pub use schedule::{Decay, LrSchedule};
+pub use step::{StepStats, train_step};

@@ -1,0 +1,43 @@
+//! One optimisation step on one device: zero the gradients, forward + loss + backward, clip,
+//! update.
+
+use super::{Optimizer, clip_grad_norm, global_grad_norm};
+use crate::device::Device;
+use crate::error::Result;
+use crate::model::{Batch, Model};
+
+/// What one step measured.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepStats {
+    /// Mean loss over the batch's counted targets.
+    pub loss: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Whether the update was applied (skipped when the gradient norm is not finite).
+    pub applied: bool,
+}
+
+/// Runs one training step. With `max_grad_norm`, gradients are clipped to that global norm
+/// first. A non-finite gradient norm skips the update (the weights stay as they were) and is
+/// reported in [`StepStats::applied`].
+pub fn train_step<D: Device>(
+    dev: &D,
+    model: &mut Model<D>,
+    optimizer: &mut Optimizer<D>,
+    batch: &Batch<D>,
+    lr: f64,
+    max_grad_norm: Option<f64>,
+) -> Result<StepStats> {
+    model.zero_grad(dev)?;
+    let loss = model.forward_backward(dev, batch)?;
+    let mut params = model.params_mut();
+    let grad_norm = match max_grad_norm {
+        Some(max) => clip_grad_norm(dev, &mut params, max)?,
+        None => global_grad_norm(dev, &params)?,
+    };
+    let applied = grad_norm.is_finite();
+    if applied {
+        optimizer.step(dev, &mut params, lr)?;
+    }
+    Ok(StepStats { loss, grad_norm, applied })
+}
