@@ -18,6 +18,8 @@
 //! | [`bench`] | the MiniLM-shaped benchmark workload, synthetic batches, step FLOPs, the GEMM roofline |
 //! | [`testing`] | finite-difference gradient checks and error metrics used by the tests |
 
+#![warn(missing_docs)]
+
 pub mod bench;
 pub mod device;
 pub mod error;

@@ -19,27 +19,31 @@ use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};
 
+/// Free buffers by length, and how many elements they hold in all.
+struct FreeLists<T> {
+    by_len: HashMap<usize, Vec<Vec<T>>>,
+    cached: usize,
+}
+
 /// Free buffers by length, with a cap on the elements kept.
 struct Pool<T> {
-    free: Mutex<(HashMap<usize, Vec<Vec<T>>>, usize)>,
+    free: Mutex<FreeLists<T>>,
     max_cached_elems: usize,
 }
 
 impl<T> Pool<T> {
     fn take(&self, len: usize) -> Option<Vec<T>> {
-        let mut guard = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        let (map, cached) = &mut *guard;
-        let v = map.get_mut(&len)?.pop()?;
-        *cached -= len;
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let v = free.by_len.get_mut(&len)?.pop()?;
+        free.cached -= len;
         Some(v)
     }
     fn give(&self, v: Vec<T>) {
         let len = v.len();
-        let mut guard = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        let (map, cached) = &mut *guard;
-        if *cached + len <= self.max_cached_elems {
-            *cached += len;
-            map.entry(len).or_default().push(v);
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        if free.cached + len <= self.max_cached_elems {
+            free.cached += len;
+            free.by_len.entry(len).or_default().push(v);
         }
     }
 }
@@ -100,7 +104,10 @@ impl<T: Float> CpuDevice<T> {
             index,
             threads,
             pool,
-            buffers: Arc::new(Pool { free: Mutex::new((HashMap::new(), 0)), max_cached_elems: DEFAULT_POOL_ELEMS }),
+            buffers: Arc::new(Pool {
+                free: Mutex::new(FreeLists { by_len: HashMap::new(), cached: 0 }),
+                max_cached_elems: DEFAULT_POOL_ELEMS,
+            }),
         })
     }
 

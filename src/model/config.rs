@@ -419,7 +419,7 @@ fn check_common(
     if heads == 0 {
         return Err(config_error(format!("{family}.{}", names.1), "must be at least 1, got 0"));
     }
-    if hidden == 0 || hidden % heads != 0 {
+    if hidden == 0 || !hidden.is_multiple_of(heads) {
         return Err(config_error(
             format!("{family}.{}", names.0),
             format!("{} = {hidden} must be a positive multiple of {} = {heads}", names.0, names.1),

@@ -11,7 +11,9 @@ use super::param::Param;
 use crate::device::Device;
 use crate::error::{Error, Result};
 
-/// One unit of a model.
+/// One unit of a model. (Variants differ in size, but a model holds a dozen units and they
+/// are never moved in a hot loop, so boxing would only add indirection.)
+#[allow(clippy::large_enum_variant)]
 pub enum Unit<D: Device> {
     /// Inputs → hidden states.
     Embedding(EmbeddingUnit<D>),
