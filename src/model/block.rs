@@ -3,18 +3,110 @@
 //! - `AttentionUnit`: multi-head self-attention;
 //! - `MlpUnit`: linear → GELU → linear.
 //!
-//! Post-LN (BERT): `y = LN(x + drop(f(x)))`. Pre-LN (GPT-2, ViT): `y = x + drop(f(LN(x)))`.
+//! Both wrap their branch `f` in the same `Residual`: post-LN (BERT) `y = LN(x + drop(f(x)))`,
+//! pre-LN (GPT-2, ViT) `y = x + drop(f(LN(x)))`.
 
 use super::batch::Batch;
-use super::config::NormPlacement;
+use super::config::{NormPlacement, Spec};
 use super::dropout::DropoutSite;
 use super::embedding::missing_saved;
-use super::layers::{LayerNorm, LayerNormSaved, Linear};
+use super::layers::{INIT_STD, LayerNorm, LayerNormSaved, Linear};
 use super::param::Param;
 use crate::device::Device;
 use crate::error::Result;
 use crate::ops::attention::AttentionDims;
 use crate::ops::gelu::Activation;
+use crate::rng::Rng;
+
+/// A branch's LayerNorm, output dropout and skip connection.
+pub struct Residual<D: Device> {
+    /// The LayerNorm (before the branch in pre-LN, after the sum in post-LN).
+    pub norm: LayerNorm<D>,
+    /// Where the norm sits.
+    pub placement: NormPlacement,
+    /// Dropout on the branch output.
+    pub dropout: DropoutSite,
+}
+
+/// What the residual wrapper keeps for its backward.
+pub struct ResidualSaved<D: Device> {
+    x: D::Buf,
+    /// Pre-LN: `LN(x)`, the branch input.
+    normed: Option<D::Buf>,
+    /// Post-LN: `x + drop(f(x))`, the norm input.
+    sum: Option<D::Buf>,
+    stats: LayerNormSaved<D>,
+}
+
+impl<D: Device> Residual<D> {
+    /// Runs `branch` on the branch input (`LN(x)` or `x`) and wraps its output. `branch`
+    /// returns its output and what its own backward needs.
+    pub fn forward<S>(
+        &self,
+        dev: &D,
+        batch: &Batch<D>,
+        x: D::Buf,
+        save: bool,
+        branch: impl FnOnce(&D::Buf) -> Result<(D::Buf, S)>,
+    ) -> Result<(D::Buf, Option<(ResidualSaved<D>, S)>)> {
+        let rows = batch.rows();
+        let pre = match self.placement {
+            NormPlacement::Pre => Some(self.norm.forward(dev, &x, rows)?),
+            NormPlacement::Post => None,
+        };
+        let (z, branch_saved) = branch(pre.as_ref().map_or(&x, |(h, _)| h))?;
+        let z = self.dropout.forward(dev, batch, z, batch.seq * self.norm.dim)?;
+        let mut sum = dev.alloc(rows * self.norm.dim)?;
+        dev.residual_forward(&mut sum, &x, &z)?;
+        let (y, normed, sum, stats) = match pre {
+            Some((h, stats)) => (sum, Some(h), None, stats),
+            None => {
+                let (y, stats) = self.norm.forward(dev, &sum, rows)?;
+                (y, None, Some(sum), stats)
+            }
+        };
+        Ok((y, save.then_some((ResidualSaved { x, normed, sum, stats }, branch_saved))))
+    }
+
+    /// The forward reversed. `branch(dz, branch_input, need_input_grad)` runs the branch's
+    /// backward and returns the gradient of its input when asked. Returns `dx` when
+    /// `need_dinp`.
+    pub fn backward(
+        &mut self,
+        dev: &D,
+        batch: &Batch<D>,
+        s: ResidualSaved<D>,
+        dy: &D::Buf,
+        need_dinp: bool,
+        branch: impl FnOnce(&D::Buf, &D::Buf, bool) -> Result<Option<D::Buf>>,
+    ) -> Result<Option<D::Buf>> {
+        let rows = batch.rows();
+        // Post-LN: through the norm to the sum x + drop(z).
+        let dsum_owned = match &s.sum {
+            Some(sum) => Some(self.norm.backward(dev, dy, sum, &s.stats, rows)?),
+            None => None,
+        };
+        let dsum = dsum_owned.as_ref().unwrap_or(dy);
+        // The branch's share goes through the dropout mask.
+        let dz_owned = self.dropout.backward(dev, batch, dsum, batch.seq * self.norm.dim)?;
+        let dz = dz_owned.as_ref().unwrap_or(dsum);
+        // Pre-LN needs the branch input's gradient even when dx is not wanted: the norm's own
+        // parameter gradients come from it.
+        let Some(dbranch_in) = branch(dz, s.normed.as_ref().unwrap_or(&s.x), need_dinp || s.normed.is_some())? else {
+            return Ok(None);
+        };
+        let mut dx = match &s.normed {
+            Some(_) => self.norm.backward(dev, &dbranch_in, &s.x, &s.stats, rows)?,
+            None => dbranch_in,
+        };
+        if !need_dinp {
+            return Ok(None);
+        }
+        // The skip connection.
+        dev.residual_backward(&mut dx, dsum)?;
+        Ok(Some(dx))
+    }
+}
 
 /// Parameter names of an attention unit.
 pub struct AttentionNames {
@@ -30,7 +122,7 @@ pub struct AttentionNames {
     pub norm: String,
 }
 
-/// Multi-head self-attention with its residual and LayerNorm.
+/// Multi-head self-attention inside a [`Residual`].
 pub struct AttentionUnit<D: Device> {
     /// Query projection `[C, C]`.
     pub query: Linear<D>,
@@ -40,28 +132,18 @@ pub struct AttentionUnit<D: Device> {
     pub value: Linear<D>,
     /// Output projection `[C, C]`.
     pub output: Linear<D>,
-    /// LayerNorm (before the attention in pre-LN, after the residual in post-LN).
-    pub norm: LayerNorm<D>,
-    /// Where the norm sits.
-    pub placement: NormPlacement,
+    /// Norm, output dropout and skip connection.
+    pub residual: Residual<D>,
     /// Heads.
     pub heads: usize,
     /// Causal mask (language models).
     pub causal: bool,
     /// Dropout on attention probabilities.
     pub attn_dropout: DropoutSite,
-    /// Dropout on the branch output.
-    pub out_dropout: DropoutSite,
 }
 
-/// Activations an attention unit keeps for its backward.
-pub struct AttentionSaved<D: Device> {
-    x: D::Buf,
-    /// Pre-LN: the LayerNorm output (the projections' input).
-    normed: Option<D::Buf>,
-    /// Post-LN: the residual sum (the LayerNorm input).
-    residual: Option<D::Buf>,
-    stats: LayerNormSaved<D>,
+/// What the attention branch keeps for its backward.
+pub struct AttentionBranchSaved<D: Device> {
     q: D::Buf,
     k: D::Buf,
     v: D::Buf,
@@ -69,7 +151,38 @@ pub struct AttentionSaved<D: Device> {
     attended: D::Buf,
 }
 
+/// Activations an attention unit keeps for its backward.
+pub type AttentionSaved<D> = (ResidualSaved<D>, AttentionBranchSaved<D>);
+
 impl<D: Device> AttentionUnit<D> {
+    /// A unit with projections initialised N(0, 0.02²) (the output projection scaled by
+    /// `out_std_scale`, GPT-2's `1/√(2·layers)`), LayerNorm at 1/0.
+    pub fn new(
+        dev: &D,
+        rng: &mut Rng,
+        names: &AttentionNames,
+        spec: &Spec,
+        out_std_scale: f64,
+        attn_dropout: DropoutSite,
+        out_dropout: DropoutSite,
+    ) -> Result<Self> {
+        let c = spec.hidden;
+        Ok(Self {
+            query: Linear::new(dev, rng, &names.query, c, c, INIT_STD)?,
+            key: Linear::new(dev, rng, &names.key, c, c, INIT_STD)?,
+            value: Linear::new(dev, rng, &names.value, c, c, INIT_STD)?,
+            output: Linear::new(dev, rng, &names.output, c, c, INIT_STD * out_std_scale)?,
+            residual: Residual {
+                norm: LayerNorm::new(dev, &names.norm, c, spec.eps)?,
+                placement: spec.norm,
+                dropout: out_dropout,
+            },
+            heads: spec.heads,
+            causal: spec.causal,
+            attn_dropout,
+        })
+    }
+
     fn dims(&self, batch: &Batch<D>) -> AttentionDims {
         let (seed, offset) = batch.dropout_coords(self.attn_dropout.site, self.heads * batch.seq * batch.seq);
         AttentionDims {
@@ -94,36 +207,17 @@ impl<D: Device> AttentionUnit<D> {
         save: bool,
     ) -> Result<(D::Buf, Option<AttentionSaved<D>>)> {
         let rows = batch.rows();
-        let c = self.query.out_dim;
         let d = self.dims(batch);
-        // Pre-LN normalises the branch input; post-LN feeds x itself.
-        let (normed, pre_stats) = match self.placement {
-            NormPlacement::Pre => {
-                let (h, s) = self.norm.forward(dev, &x, rows)?;
-                (Some(h), Some(s))
-            }
-            NormPlacement::Post => (None, None),
-        };
-        let inp = normed.as_ref().unwrap_or(&x);
-        let q = self.query.forward(dev, inp, rows)?;
-        let k = self.key.forward(dev, inp, rows)?;
-        let v = self.value.forward(dev, inp, rows)?;
-        let mut attended = dev.alloc(rows * c)?;
-        let mut probs = dev.alloc(batch.batch * self.heads * batch.seq * batch.seq)?;
-        dev.attention_forward(&mut attended, &mut probs, &q, &k, &v, batch.attention_mask.as_ref(), &d)?;
-        let o = self.output.forward(dev, &attended, rows)?;
-        let o = self.out_dropout.forward(dev, batch, o, batch.seq * c)?;
-        let mut r = dev.alloc(rows * c)?;
-        dev.residual_forward(&mut r, &x, &o)?;
-        let (y, residual, stats) = match (self.placement, pre_stats) {
-            (NormPlacement::Pre, Some(s)) => (r, None, s),
-            _ => {
-                let (y, s) = self.norm.forward(dev, &r, rows)?;
-                (y, Some(r), s)
-            }
-        };
-        let saved = save.then_some(AttentionSaved { x, normed, residual, stats, q, k, v, probs, attended });
-        Ok((y, saved))
+        self.residual.forward(dev, batch, x, save, |inp| {
+            let q = self.query.forward(dev, inp, rows)?;
+            let k = self.key.forward(dev, inp, rows)?;
+            let v = self.value.forward(dev, inp, rows)?;
+            let mut attended = dev.alloc(rows * self.query.out_dim)?;
+            let mut probs = dev.alloc(batch.batch * self.heads * batch.seq * batch.seq)?;
+            dev.attention_forward(&mut attended, &mut probs, &q, &k, &v, batch.attention_mask.as_ref(), &d)?;
+            let z = self.output.forward(dev, &attended, rows)?;
+            Ok((z, AttentionBranchSaved { q, k, v, probs, attended }))
+        })
     }
 
     /// The forward chain reversed. Returns `dx` when `need_dinp`.
@@ -131,63 +225,32 @@ impl<D: Device> AttentionUnit<D> {
         &mut self,
         dev: &D,
         batch: &Batch<D>,
-        s: AttentionSaved<D>,
+        (residual, s): AttentionSaved<D>,
         dy: &D::Buf,
         need_dinp: bool,
     ) -> Result<Option<D::Buf>> {
         let rows = batch.rows();
         let c = self.query.out_dim;
         let d = self.dims(batch);
-        // Post-LN: through the LayerNorm to the residual sum r = x + o.
-        let dr_owned = match (&self.placement, &s.residual) {
-            (NormPlacement::Post, Some(r)) => Some(self.norm.backward(dev, dy, r, &s.stats, rows)?),
-            (NormPlacement::Post, None) => return Err(missing_saved("attention residual")),
-            (NormPlacement::Pre, _) => None,
-        };
-        let dr = dr_owned.as_ref().unwrap_or(dy);
-        // r = x + drop(o): the branch gets dr through the dropout mask.
-        let do_dropped = self.out_dropout.backward(dev, batch, dr, batch.seq * c)?;
-        let d_o = do_dropped.as_ref().unwrap_or(dr);
-        // o = attended · Woᵀ
-        let d_attended =
-            self.output.backward(dev, d_o, &s.attended, rows, true)?.ok_or_else(|| missing_saved("dattended"))?;
-        // attended = attention(q, k, v)
-        let mut dq = dev.alloc(rows * c)?;
-        let mut dk = dev.alloc(rows * c)?;
-        let mut dv = dev.alloc(rows * c)?;
-        dev.attention_backward(
-            &mut dq,
-            &mut dk,
-            &mut dv,
-            &d_attended,
-            &s.q,
-            &s.k,
-            &s.v,
-            &s.probs,
-            batch.attention_mask.as_ref(),
-            &d,
-        )?;
-        // q, k, v = inp · W{q,k,v}ᵀ, where inp is LN(x) (pre) or x (post). Pre-LN always needs
-        // d(inp) for the LayerNorm's own gradients; post-LN only when dx is wanted.
-        let inp = s.normed.as_ref().unwrap_or(&s.x);
-        let need_dinp_branch = need_dinp || self.placement == NormPlacement::Pre;
-        let dinp = self.query.backward(dev, &dq, inp, rows, need_dinp_branch)?;
-        let dk_in = self.key.backward(dev, &dk, inp, rows, need_dinp_branch)?;
-        let dv_in = self.value.backward(dev, &dv, inp, rows, need_dinp_branch)?;
-        let Some(mut dinp) = dinp else { return Ok(None) };
-        for part in [dk_in, dv_in].into_iter().flatten() {
-            dev.residual_backward(&mut dinp, &part)?;
-        }
-        // Skip connection: dx = dr + d(branch input) (through the pre-LN norm if any).
-        let mut dx = match self.placement {
-            NormPlacement::Pre => self.norm.backward(dev, &dinp, &s.x, &s.stats, rows)?,
-            NormPlacement::Post => dinp,
-        };
-        if !need_dinp {
-            return Ok(None);
-        }
-        dev.residual_backward(&mut dx, dr)?;
-        Ok(Some(dx))
+        let (query, key, value, output) = (&mut self.query, &mut self.key, &mut self.value, &mut self.output);
+        self.residual.backward(dev, batch, residual, dy, need_dinp, |dz, inp, need_dinp| {
+            // z = attended · Woᵀ
+            let dattended =
+                output.backward(dev, dz, &s.attended, rows, true)?.ok_or_else(|| missing_saved("dattended"))?;
+            // attended = attention(q, k, v)
+            let (mut dq, mut dk, mut dv) = (dev.alloc(rows * c)?, dev.alloc(rows * c)?, dev.alloc(rows * c)?);
+            let mask = batch.attention_mask.as_ref();
+            dev.attention_backward(&mut dq, &mut dk, &mut dv, &dattended, &s.q, &s.k, &s.v, &s.probs, mask, &d)?;
+            // q, k, v = inp · W{q,k,v}ᵀ: the input gradient is the sum of the three.
+            let dinp = query.backward(dev, &dq, inp, rows, need_dinp)?;
+            let dinp_k = key.backward(dev, &dk, inp, rows, need_dinp)?;
+            let dinp_v = value.backward(dev, &dv, inp, rows, need_dinp)?;
+            let Some(mut dinp) = dinp else { return Ok(None) };
+            for part in [dinp_k, dinp_v].into_iter().flatten() {
+                dev.residual_backward(&mut dinp, &part)?;
+            }
+            Ok(Some(dinp))
+        })
     }
 
     /// The unit's parameters, in Hugging Face order.
@@ -196,7 +259,7 @@ impl<D: Device> AttentionUnit<D> {
         for l in [&mut self.query, &mut self.key, &mut self.value, &mut self.output] {
             v.extend(l.params_mut());
         }
-        v.extend(self.norm.params_mut());
+        v.extend(self.residual.norm.params_mut());
         v
     }
 }
@@ -211,60 +274,59 @@ pub struct MlpNames {
     pub norm: String,
 }
 
-/// Linear → GELU → linear, with its residual and LayerNorm.
+/// Linear → GELU → linear inside a [`Residual`].
 pub struct MlpUnit<D: Device> {
     /// `[F, C]`.
     pub fc_in: Linear<D>,
     /// `[C, F]`.
     pub fc_out: Linear<D>,
-    /// LayerNorm.
-    pub norm: LayerNorm<D>,
-    /// Where the norm sits.
-    pub placement: NormPlacement,
+    /// Norm, output dropout and skip connection.
+    pub residual: Residual<D>,
     /// GELU form.
     pub act: Activation,
-    /// Dropout on the branch output.
-    pub dropout: DropoutSite,
 }
 
-/// Activations an MLP unit keeps for its backward.
-pub struct MlpSaved<D: Device> {
-    x: D::Buf,
-    normed: Option<D::Buf>,
-    residual: Option<D::Buf>,
-    stats: LayerNormSaved<D>,
+/// What the MLP branch keeps for its backward.
+pub struct MlpBranchSaved<D: Device> {
     pre_act: D::Buf,
     act: D::Buf,
 }
 
+/// Activations an MLP unit keeps for its backward.
+pub type MlpSaved<D> = (ResidualSaved<D>, MlpBranchSaved<D>);
+
 impl<D: Device> MlpUnit<D> {
+    /// A unit with N(0, 0.02²) weights (`fc_out` scaled by `out_std_scale`), zero biases.
+    pub fn new(
+        dev: &D,
+        rng: &mut Rng,
+        names: &MlpNames,
+        spec: &Spec,
+        out_std_scale: f64,
+        dropout: DropoutSite,
+    ) -> Result<Self> {
+        Ok(Self {
+            fc_in: Linear::new(dev, rng, &names.fc_in, spec.hidden, spec.mlp_hidden, INIT_STD)?,
+            fc_out: Linear::new(dev, rng, &names.fc_out, spec.mlp_hidden, spec.hidden, INIT_STD * out_std_scale)?,
+            residual: Residual {
+                norm: LayerNorm::new(dev, &names.norm, spec.hidden, spec.eps)?,
+                placement: spec.norm,
+                dropout,
+            },
+            act: spec.act,
+        })
+    }
+
     /// `[B, T, C] → [B, T, C]`; keeps activations when `save`.
     pub fn forward(&self, dev: &D, batch: &Batch<D>, x: D::Buf, save: bool) -> Result<(D::Buf, Option<MlpSaved<D>>)> {
         let rows = batch.rows();
-        let c = self.fc_in.in_dim;
-        let (normed, pre_stats) = match self.placement {
-            NormPlacement::Pre => {
-                let (h, s) = self.norm.forward(dev, &x, rows)?;
-                (Some(h), Some(s))
-            }
-            NormPlacement::Post => (None, None),
-        };
-        let inp = normed.as_ref().unwrap_or(&x);
-        let pre_act = self.fc_in.forward(dev, inp, rows)?;
-        let mut act = dev.alloc(D::len(&pre_act))?;
-        dev.gelu_forward(&mut act, &pre_act, self.act)?;
-        let z = self.fc_out.forward(dev, &act, rows)?;
-        let z = self.dropout.forward(dev, batch, z, batch.seq * c)?;
-        let mut r = dev.alloc(rows * c)?;
-        dev.residual_forward(&mut r, &x, &z)?;
-        let (y, residual, stats) = match (self.placement, pre_stats) {
-            (NormPlacement::Pre, Some(s)) => (r, None, s),
-            _ => {
-                let (y, s) = self.norm.forward(dev, &r, rows)?;
-                (y, Some(r), s)
-            }
-        };
-        Ok((y, save.then_some(MlpSaved { x, normed, residual, stats, pre_act, act })))
+        self.residual.forward(dev, batch, x, save, |inp| {
+            let pre_act = self.fc_in.forward(dev, inp, rows)?;
+            let mut act = dev.alloc(D::len(&pre_act))?;
+            dev.gelu_forward(&mut act, &pre_act, self.act)?;
+            let z = self.fc_out.forward(dev, &act, rows)?;
+            Ok((z, MlpBranchSaved { pre_act, act }))
+        })
     }
 
     /// The forward chain reversed. Returns `dx` when `need_dinp`.
@@ -272,98 +334,28 @@ impl<D: Device> MlpUnit<D> {
         &mut self,
         dev: &D,
         batch: &Batch<D>,
-        s: MlpSaved<D>,
+        (residual, s): MlpSaved<D>,
         dy: &D::Buf,
         need_dinp: bool,
     ) -> Result<Option<D::Buf>> {
         let rows = batch.rows();
-        let c = self.fc_in.in_dim;
-        // Post-LN: through the LayerNorm to r = x + z.
-        let dr_owned = match (&self.placement, &s.residual) {
-            (NormPlacement::Post, Some(r)) => Some(self.norm.backward(dev, dy, r, &s.stats, rows)?),
-            (NormPlacement::Post, None) => return Err(missing_saved("mlp residual")),
-            (NormPlacement::Pre, _) => None,
-        };
-        let dr = dr_owned.as_ref().unwrap_or(dy);
-        // z = drop(act · W_outᵀ)
-        let dz_dropped = self.dropout.backward(dev, batch, dr, batch.seq * c)?;
-        let dz = dz_dropped.as_ref().unwrap_or(dr);
-        let dact = self.fc_out.backward(dev, dz, &s.act, rows, true)?.ok_or_else(|| missing_saved("dact"))?;
-        // act = gelu(pre_act)
-        let mut dpre = dev.alloc(D::len(&dact))?;
-        dev.gelu_backward(&mut dpre, &s.pre_act, &dact, self.act)?;
-        // pre_act = inp · W_inᵀ
-        let inp = s.normed.as_ref().unwrap_or(&s.x);
-        let need_dinp_branch = need_dinp || self.placement == NormPlacement::Pre;
-        let Some(dinp) = self.fc_in.backward(dev, &dpre, inp, rows, need_dinp_branch)? else { return Ok(None) };
-        let mut dx = match self.placement {
-            NormPlacement::Pre => self.norm.backward(dev, &dinp, &s.x, &s.stats, rows)?,
-            NormPlacement::Post => dinp,
-        };
-        if !need_dinp {
-            return Ok(None);
-        }
-        dev.residual_backward(&mut dx, dr)?;
-        Ok(Some(dx))
+        let (fc_in, fc_out, kind) = (&mut self.fc_in, &mut self.fc_out, self.act);
+        self.residual.backward(dev, batch, residual, dy, need_dinp, |dz, inp, need_dinp| {
+            // z = act · W_outᵀ
+            let dact = fc_out.backward(dev, dz, &s.act, rows, true)?.ok_or_else(|| missing_saved("dact"))?;
+            // act = gelu(pre_act)
+            let mut dpre = dev.alloc(D::len(&dact))?;
+            dev.gelu_backward(&mut dpre, &s.pre_act, &dact, kind)?;
+            // pre_act = inp · W_inᵀ
+            fc_in.backward(dev, &dpre, inp, rows, need_dinp)
+        })
     }
 
     /// The unit's parameters, in Hugging Face order.
     pub fn params_mut(&mut self) -> Vec<&mut Param<D>> {
         let mut v = self.fc_in.params_mut();
         v.extend(self.fc_out.params_mut());
-        v.extend(self.norm.params_mut());
+        v.extend(self.residual.norm.params_mut());
         v
-    }
-}
-
-impl<D: Device> AttentionUnit<D> {
-    /// A unit with projections initialised N(0, 0.02²) (the output projection scaled by
-    /// `out_std_scale`, GPT-2's `1/√(2·layers)`), LayerNorm at 1/0.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        dev: &D,
-        rng: &mut crate::rng::Rng,
-        names: &AttentionNames,
-        spec: &super::config::Spec,
-        out_std_scale: f64,
-        attn_dropout: DropoutSite,
-        out_dropout: DropoutSite,
-    ) -> Result<Self> {
-        let c = spec.hidden;
-        let std = super::layers::INIT_STD;
-        Ok(Self {
-            query: Linear::new(dev, rng, &names.query, c, c, std)?,
-            key: Linear::new(dev, rng, &names.key, c, c, std)?,
-            value: Linear::new(dev, rng, &names.value, c, c, std)?,
-            output: Linear::new(dev, rng, &names.output, c, c, std * out_std_scale)?,
-            norm: LayerNorm::new(dev, &names.norm, c, spec.eps)?,
-            placement: spec.norm,
-            heads: spec.heads,
-            causal: spec.causal,
-            attn_dropout,
-            out_dropout,
-        })
-    }
-}
-
-impl<D: Device> MlpUnit<D> {
-    /// A unit with N(0, 0.02²) weights (`fc_out` scaled by `out_std_scale`), zero biases.
-    pub fn new(
-        dev: &D,
-        rng: &mut crate::rng::Rng,
-        names: &MlpNames,
-        spec: &super::config::Spec,
-        out_std_scale: f64,
-        dropout: DropoutSite,
-    ) -> Result<Self> {
-        let std = super::layers::INIT_STD;
-        Ok(Self {
-            fc_in: Linear::new(dev, rng, &names.fc_in, spec.hidden, spec.mlp_hidden, std)?,
-            fc_out: Linear::new(dev, rng, &names.fc_out, spec.mlp_hidden, spec.hidden, std * out_std_scale)?,
-            norm: LayerNorm::new(dev, &names.norm, spec.hidden, spec.eps)?,
-            placement: spec.norm,
-            act: spec.act,
-            dropout,
-        })
     }
 }

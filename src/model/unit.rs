@@ -167,12 +167,12 @@ impl<D: Device> Unit<D> {
                 for l in [&u.query, &u.key, &u.value, &u.output] {
                     lin(l, f);
                 }
-                ln(&u.norm, f);
+                ln(&u.residual.norm, f);
             }
             Unit::Mlp(u) => {
                 lin(&u.fc_in, f);
                 lin(&u.fc_out, f);
-                ln(&u.norm, f);
+                ln(&u.residual.norm, f);
             }
             Unit::FinalNorm(u) => ln(&u.norm, f),
             Unit::Head(u) => match &u.kind {
