@@ -38,6 +38,10 @@ pub struct ResidualSaved<D: Device> {
     stats: LayerNormSaved<D>,
 }
 
+/// A unit's output and, when saved, what its backward needs: the residual's activations and the
+/// branch's.
+pub type Forward<D, S> = (<D as Device>::Buf, Option<(ResidualSaved<D>, S)>);
+
 impl<D: Device> Residual<D> {
     /// Runs `branch` on the branch input (`LN(x)` or `x`) and wraps its output. `branch`
     /// returns its output and what its own backward needs.
@@ -48,7 +52,7 @@ impl<D: Device> Residual<D> {
         x: D::Buf,
         save: bool,
         branch: impl FnOnce(&D::Buf) -> Result<(D::Buf, S)>,
-    ) -> Result<(D::Buf, Option<(ResidualSaved<D>, S)>)> {
+    ) -> Result<Forward<D, S>> {
         let rows = batch.rows();
         let pre = match self.placement {
             NormPlacement::Pre => Some(self.norm.forward(dev, &x, rows)?),
