@@ -7,12 +7,15 @@
 //! A step, in order: [`clip_grad_norm`] (optional) → [`Optimizer::step`] with
 //! [`LrSchedule::lr_at`]`(optimizer.step_count())` → zero the gradients.
 
+pub mod checkpoint;
 pub mod clip;
 pub mod optimizer;
 pub mod schedule;
 pub mod step;
+pub mod trainer;
 
 pub use clip::{clip_grad_norm, global_grad_norm};
 pub use optimizer::{Optimizer, OptimizerConfig, OptimizerState, ParamState};
 pub use schedule::{Decay, LrSchedule};
 pub use step::{StepStats, train_step};
+pub use trainer::{BatchSource, EvalMetrics, Event, Position, TrainConfig, Trainer};
