@@ -15,6 +15,7 @@
 //! | [`device`] | the `Device` trait (buffers + op set) and the `cpu` backend `CpuDevice<T>` |
 //! | [`model`] | configs (`BertConfig`, `GptConfig`, `VitConfig`), `Param`, the units (`Unit`: embedding, attention, MLP, final norm, head), `Model` (forward, backward, freezing, costs) |
 //! | [`train`] | `Optimizer` (AdamW, SGD + momentum), `LrSchedule` (warmup + linear/cosine), global-norm clipping, `train_step` |
+//! | [`run`] | `RunConfig`: a TOML run configuration with `--set` overrides; the data sources of the training binary |
 //! | [`bench`] | the MiniLM-shaped benchmark workload, synthetic batches, step FLOPs, the GEMM roofline |
 //! | [`testing`] | finite-difference gradient checks and error metrics used by the tests |
 
@@ -26,6 +27,7 @@ pub mod error;
 pub mod model;
 pub mod ops;
 pub mod rng;
+pub mod run;
 pub mod scalar;
 pub mod testing;
 pub mod train;

@@ -1,0 +1,236 @@
+//! A run's configuration: one TOML file (`configs/*.toml`) plus `--set key=value` overrides.
+//! Every section denies unknown keys, so a typo is an error naming the key, never a silently
+//! ignored setting.
+
+use crate::error::{Error, Result};
+use crate::model::{ModelConfig, Pooling};
+use crate::train::TrainConfig;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// Which model to train.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    /// A directory with a Hugging Face `config.json` and `model.safetensors` to start from.
+    #[serde(default)]
+    pub pretrained: Option<PathBuf>,
+    /// An architecture to build from scratch (used when `pretrained` is absent).
+    #[serde(default)]
+    pub config: Option<ModelConfig>,
+    /// Pooling of a pretrained BERT's classification head.
+    #[serde(default)]
+    pub pooling: Option<Pooling>,
+    /// Seed of the initialisation of new weights.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+/// The datasets a run can train on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DatasetName {
+    /// Rotten Tomatoes review snippets: fresh vs rotten.
+    RottenTomatoes,
+    /// Reuters R8 topics.
+    ReutersR8,
+    /// Fashion-MNIST 28×28.
+    FashionMnist,
+    /// MNIST, 5000-image subset.
+    Mnist5k,
+    /// scikit-learn's 8×8 digits.
+    Digits,
+    /// hamlet.txt as a character-level language-modelling corpus.
+    Hamlet,
+}
+
+/// What to train on and how to batch it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataSection {
+    /// The dataset.
+    pub dataset: DatasetName,
+    /// Directory the setup step installed the data into.
+    #[serde(default = "default_data_dir")]
+    pub dir: PathBuf,
+    /// Samples per training batch.
+    pub batch_size: usize,
+    /// Samples per evaluation batch (default: `batch_size`).
+    #[serde(default)]
+    pub eval_batch_size: Option<usize>,
+    /// Longest token sequence (text); tokens per sequence (language model).
+    #[serde(default = "default_max_len")]
+    pub max_len: usize,
+    /// Fraction held out for testing where the dataset has no split of its own.
+    #[serde(default = "default_test_fraction")]
+    pub test_fraction: f64,
+    /// Use at most this many training samples (0: all), e.g. for quick runs.
+    #[serde(default)]
+    pub train_limit: usize,
+    /// Use at most this many test samples (0: all).
+    #[serde(default)]
+    pub test_limit: usize,
+}
+
+fn default_data_dir() -> PathBuf {
+    PathBuf::from("data")
+}
+fn default_max_len() -> usize {
+    128
+}
+fn default_test_fraction() -> f64 {
+    0.2
+}
+
+/// Where the run writes and what it runs on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputSection {
+    /// Directory for metrics, checkpoints, the exported model and the summary.
+    pub dir: PathBuf,
+    /// Write a checkpoint every this many steps (0: only at the end).
+    #[serde(default)]
+    pub checkpoint_every: u64,
+    /// CPU threads (0: all cores).
+    #[serde(default)]
+    pub threads: usize,
+}
+
+/// A whole run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    /// The model.
+    pub model: ModelSection,
+    /// The data.
+    pub data: DataSection,
+    /// Optimisation.
+    pub train: TrainConfig,
+    /// Outputs.
+    pub output: OutputSection,
+}
+
+fn run_error(message: impl Into<String>) -> Error {
+    Error::Config { field: "run".into(), message: message.into() }
+}
+
+impl RunConfig {
+    /// Reads `path` and applies `overrides` (`section.key=value`, value in TOML syntax, or a
+    /// bare string). An unknown key — in the file or an override — is an error naming it.
+    pub fn load(path: &Path, overrides: &[String]) -> Result<Self> {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| Error::Io { path: path.display().to_string(), source: e })?;
+        Self::parse(&text, &path.display().to_string(), overrides)
+    }
+
+    /// [`RunConfig::load`] from a string; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str, overrides: &[String]) -> Result<Self> {
+        let mut table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| Error::Config { field: origin.into(), message: e.to_string() })?;
+        for o in overrides {
+            apply_override(&mut table, o)?;
+        }
+        let config: RunConfig = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| Error::Config { field: origin.into(), message: e.message().to_string() })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.model.pretrained.is_none() && self.model.config.is_none() {
+            return Err(Error::Config {
+                field: "model".into(),
+                message: "set `pretrained` (a Hugging Face model directory) or `config` (an architecture)".into(),
+            });
+        }
+        if self.data.batch_size == 0 {
+            return Err(Error::Config { field: "data.batch_size".into(), message: "must be at least 1".into() });
+        }
+        if !(0.0 < self.data.test_fraction && self.data.test_fraction < 1.0) {
+            return Err(Error::Config {
+                field: "data.test_fraction".into(),
+                message: format!("must be in (0, 1), got {}", self.data.test_fraction),
+            });
+        }
+        if self.train.epochs == 0 && self.train.max_steps == 0 {
+            return Err(Error::Config { field: "train.epochs".into(), message: "must be at least 1".into() });
+        }
+        Ok(())
+    }
+}
+
+/// Sets `a.b.c = value` in `table`. The key's sections must exist in the schema; the value is
+/// parsed as TOML (`3`, `1e-4`, `true`, `"text"`, `[1, 2]`) and otherwise taken as a string.
+fn apply_override(table: &mut toml::Table, assignment: &str) -> Result<()> {
+    let (key, value) = assignment
+        .split_once('=')
+        .ok_or_else(|| run_error(format!("--set `{assignment}`: expected key=value, e.g. train.lr=3e-5")))?;
+    let key = key.trim();
+    let parts: Vec<&str> = key.split('.').collect();
+    if parts.iter().any(|p| p.is_empty()) {
+        return Err(run_error(format!("--set `{assignment}`: `{key}` is not a dotted key")));
+    }
+    let value: toml::Value = match format!("v = {}", value.trim()).parse::<toml::Table>() {
+        Ok(mut t) => t.remove("v").unwrap_or_else(|| toml::Value::String(value.trim().into())),
+        Err(_) => toml::Value::String(value.trim().into()),
+    };
+    let mut node = table;
+    for part in &parts[..parts.len() - 1] {
+        node = node
+            .entry(part.to_string())
+            .or_insert_with(|| toml::Value::Table(Default::default()))
+            .as_table_mut()
+            .ok_or_else(|| run_error(format!("--set `{key}`: `{part}` is a value, not a section")))?;
+    }
+    node.insert(parts[parts.len() - 1].to_string(), value);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+[model]
+pretrained = "weights/all-minilm-l6-v2"
+pooling = "mean"
+[data]
+dataset = "rotten_tomatoes"
+batch_size = 32
+[train]
+epochs = 1
+lr = 5e-5
+[output]
+dir = "runs/x"
+"#;
+
+    #[test]
+    fn parses_and_applies_overrides() {
+        let c = RunConfig::parse(
+            BASE,
+            "base",
+            &["train.lr=1e-4".into(), "data.max_len=64".into(), "output.dir=runs/y".into()],
+        )
+        .unwrap();
+        assert_eq!(c.train.lr, 1e-4);
+        assert_eq!(c.data.max_len, 64);
+        assert_eq!(c.output.dir, PathBuf::from("runs/y"));
+        assert_eq!(c.data.dataset, DatasetName::RottenTomatoes);
+    }
+
+    #[test]
+    fn unknown_keys_are_errors_naming_the_key() {
+        let err = RunConfig::parse(BASE, "base", &["train.learning_rate=1e-4".into()]).unwrap_err().to_string();
+        assert!(err.contains("learning_rate"), "{err}");
+        let err = RunConfig::parse(&BASE.replace("batch_size", "batchsize"), "file.toml", &[]).unwrap_err().to_string();
+        assert!(err.contains("batchsize") && err.contains("file.toml"), "{err}");
+        let err = RunConfig::parse(BASE, "base", &["nokey".into()]).unwrap_err().to_string();
+        assert!(err.contains("expected key=value"), "{err}");
+        let err = RunConfig::parse(BASE, "base", &["data.dataset=imagenet".into()]).unwrap_err().to_string();
+        assert!(err.contains("imagenet"), "{err}");
+        let err = RunConfig::parse(BASE, "base", &["data.batch_size=0".into()]).unwrap_err().to_string();
+        assert!(err.contains("data.batch_size"), "{err}");
+    }
+}
