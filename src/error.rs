@@ -39,6 +39,17 @@ pub enum Error {
         /// What was wrong and what was expected.
         message: String,
     },
+    /// A dataset file is missing or malformed. `line` is the 1-based line (text formats) where
+    /// the bad record starts, when there is one.
+    #[error("{file}{}: {message}", line.map(|n| format!(": line {n}")).unwrap_or_default())]
+    Dataset {
+        /// The file, as the loader was given it (e.g. `data/text/hamlet.txt`).
+        file: String,
+        /// 1-based line of the bad record, if the problem is in one record.
+        line: Option<usize>,
+        /// What was wrong and what was expected (for a missing file: how to fetch it).
+        message: String,
+    },
     /// An operating-system I/O error, with the path involved.
     #[error("{path}: {source}")]
     Io {

@@ -15,13 +15,15 @@
 //! | [`device`] | the `Device` trait (buffers + op set) and the `cpu` backend `CpuDevice<T>` |
 //! | [`model`] | configs (`BertConfig`, `GptConfig`, `VitConfig`), `Param`, the units (`Unit`: embedding, attention, MLP, final norm, head), `Model` (forward, backward, freezing, costs) |
 //! | [`train`] | `Optimizer` (AdamW, SGD + momentum), `LrSchedule` (warmup + linear/cosine), global-norm clipping, `train_step` |
+//! | [`data`] | dataset loaders (Rotten Tomatoes, Reuters R8, digits, MNIST-5k, Fashion-MNIST, Hamlet) with stable sample ids, seeded stratified splits, `BatchOrder` (resumable per-epoch shuffle), image/LM `HostBatch`es |
 //! | [`run`] | `RunConfig`: a TOML run configuration with `--set` overrides; the data sources of the training binary |
-//! | [`bench`] | the MiniLM-shaped benchmark workload, synthetic batches, step FLOPs, the GEMM roofline |
+//! | [`bench`](mod@bench) | the MiniLM-shaped benchmark workload, synthetic batches, step FLOPs, the GEMM roofline |
 //! | [`testing`] | finite-difference gradient checks and error metrics used by the tests |
 
 #![warn(missing_docs)]
 
 pub mod bench;
+pub mod data;
 pub mod device;
 pub mod error;
 pub mod model;

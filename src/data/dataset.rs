@@ -1,0 +1,145 @@
+//! `Dataset<S>`: labelled samples with stable ids and class names, and the seeded stratified
+//! train/test split.
+
+use std::collections::HashSet;
+
+use crate::error::{Result, config_error, data_error};
+use crate::rng::Rng;
+
+/// Ids of samples from a dataset's separate test file start here (train-file samples use their
+/// row index), so that ids stay unique across the two splits of one dataset: the
+/// frozen-activation cache keys on them.
+pub const TEST_FILE_ID_BASE: u64 = 1 << 32;
+
+/// What every sample carries.
+pub trait Sample {
+    /// Stable id, fixed across runs (derived from the sample's place in its source file).
+    fn id(&self) -> u64;
+    /// Class index, `< num_classes`.
+    fn label(&self) -> u32;
+}
+
+/// A labelled dataset: samples in source-file order, each with a unique stable id.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dataset<S> {
+    name: String,
+    class_names: Vec<String>,
+    samples: Vec<S>,
+}
+
+/// The two halves of a dataset.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Split<S> {
+    /// Training samples.
+    pub train: Dataset<S>,
+    /// Held-out samples.
+    pub test: Dataset<S>,
+}
+
+impl<S: Sample> Dataset<S> {
+    /// A dataset named `name` (used in messages) over `samples`. Errors ([`crate::Error::Data`])
+    /// if it is empty, a label is `>= class_names.len()`, or two samples share an id.
+    pub fn new(name: impl Into<String>, class_names: Vec<String>, samples: Vec<S>) -> Result<Self> {
+        let name = name.into();
+        let what = || format!("dataset {name}");
+        if samples.is_empty() {
+            return Err(data_error(what(), "has no samples; expected at least one"));
+        }
+        let mut ids = HashSet::with_capacity(samples.len());
+        for (i, s) in samples.iter().enumerate() {
+            if s.label() as usize >= class_names.len() {
+                return Err(data_error(
+                    what(),
+                    format!("sample {i} (id {}) has label {}, expected < {}", s.id(), s.label(), class_names.len()),
+                ));
+            }
+            if !ids.insert(s.id()) {
+                return Err(data_error(what(), format!("sample {i} repeats id {}; ids must be unique", s.id())));
+            }
+        }
+        Ok(Self { name, class_names, samples })
+    }
+
+    /// The name given at construction (e.g. `rotten-tomatoes/train`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Number of samples.
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+    /// True when there are no samples (never, for a dataset built by [`Dataset::new`]).
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+    /// The sample at `index`, if in range.
+    pub fn get(&self, index: usize) -> Option<&S> {
+        self.samples.get(index)
+    }
+    /// All samples, in order.
+    pub fn samples(&self) -> &[S] {
+        &self.samples
+    }
+    /// Number of classes (labels are `0..num_classes`).
+    pub fn num_classes(&self) -> usize {
+        self.class_names.len()
+    }
+    /// Class names, indexed by label.
+    pub fn class_names(&self) -> &[String] {
+        &self.class_names
+    }
+    /// Samples per class, indexed by label.
+    pub fn class_counts(&self) -> Vec<usize> {
+        let mut counts = vec![0; self.num_classes()];
+        for s in &self.samples {
+            counts[s.label() as usize] += 1;
+        }
+        counts
+    }
+
+    /// Seeded stratified split: within each class, a `Rng::new(seed)` shuffle picks
+    /// `round(count · test_fraction)` samples for the test half. Both halves keep source order
+    /// (epochs shuffle them later), and the same seed always gives the same split.
+    /// `test_fraction` must be in (0, 1) and leave both halves non-empty.
+    pub fn split_stratified(self, test_fraction: f64, seed: u64) -> Result<Split<S>> {
+        if !(test_fraction > 0.0 && test_fraction < 1.0) {
+            return Err(config_error("test_fraction", format!("is {test_fraction}, expected a value in (0, 1)")));
+        }
+        let mut by_class: Vec<Vec<usize>> = vec![Vec::new(); self.num_classes()];
+        for (i, s) in self.samples.iter().enumerate() {
+            by_class[s.label() as usize].push(i);
+        }
+        // One generator across classes in label order: the split depends only on the seed and
+        // the file, not on hash-map or thread order.
+        let mut rng = Rng::new(seed);
+        let mut in_test = vec![false; self.samples.len()];
+        for members in &mut by_class {
+            rng.shuffle(members);
+            let n_test = ((members.len() as f64 * test_fraction).round() as usize).min(members.len());
+            for &i in &members[..n_test] {
+                in_test[i] = true;
+            }
+        }
+        let n_test = in_test.iter().filter(|&&t| t).count();
+        if n_test == 0 || n_test == self.samples.len() {
+            return Err(config_error(
+                "test_fraction",
+                format!(
+                    "{test_fraction} leaves an empty {} half of {} ({} samples)",
+                    if n_test == 0 { "test" } else { "train" },
+                    self.name,
+                    self.samples.len()
+                ),
+            ));
+        }
+        let (mut train, mut test) = (Vec::new(), Vec::with_capacity(n_test));
+        for (s, t) in self.samples.into_iter().zip(in_test) {
+            if t { test.push(s) } else { train.push(s) }
+        }
+        let names = &self.class_names;
+        Ok(Split {
+            train: Dataset { name: format!("{}/train", self.name), class_names: names.clone(), samples: train },
+            test: Dataset { name: format!("{}/test", self.name), class_names: names.clone(), samples: test },
+        })
+    }
+}

@@ -1,0 +1,306 @@
+//! Image classification datasets (one channel, pixels `f32` in [0, 1], row-major): scikit-learn
+//! digits (8×8), MNIST-5k (28×28) and Fashion-MNIST (28×28, IDX), and image batches as the ViT
+//! models take them.
+
+use std::path::Path;
+
+use super::dataset::{Dataset, Sample, Split, TEST_FILE_ID_BASE};
+use super::files::{SetupGroup, dataset_error, numbered_lines, read_bytes, read_text};
+use crate::error::{Result, data_error};
+use crate::model::HostBatch;
+
+/// Digits CSV, relative to the data directory.
+pub const DIGITS_FILE: &str = "digits/digits.csv.gz";
+/// MNIST-5k CSV, relative to the data directory.
+pub const MNIST5K_FILE: &str = "mnist5k/mnist_5k.csv.gz";
+/// Fashion-MNIST folder, relative to the data directory.
+pub const FASHION_MNIST_DIR: &str = "fashion-mnist";
+
+/// Fashion-MNIST class names, indexed by label.
+pub const FASHION_MNIST_CLASSES: [&str; 10] =
+    ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"];
+
+/// IDX magic of unsigned-byte data with 3 dimensions (images).
+const IDX_IMAGES_MAGIC: u32 = 0x0803;
+/// IDX magic of unsigned-byte data with 1 dimension (labels).
+const IDX_LABELS_MAGIC: u32 = 0x0801;
+
+/// One single-channel image.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ImageSample {
+    /// Stable id (see each loader for how it is derived).
+    pub id: u64,
+    /// `height · width` values in [0, 1], row-major.
+    pub pixels: Vec<f32>,
+    /// Class index.
+    pub label: u32,
+    /// Width in pixels.
+    pub width: usize,
+    /// Height in pixels.
+    pub height: usize,
+}
+
+impl Sample for ImageSample {
+    fn id(&self) -> u64 {
+        self.id
+    }
+    fn label(&self) -> u32 {
+        self.label
+    }
+}
+
+fn digit_names() -> Vec<String> {
+    (0..10).map(|d| d.to_string()).collect()
+}
+
+/// scikit-learn's digits ([`DIGITS_FILE`]): 1797 8×8 images, values 0..16 (scaled by 1/16),
+/// labels 0..9. Ids are row indices. Split with [`Dataset::split_stratified`].
+pub fn digits(data_dir: impl AsRef<Path>) -> Result<Dataset<ImageSample>> {
+    image_csv_file("digits", &data_dir.as_ref().join(DIGITS_FILE), 8, 8, 16, digit_names())
+}
+
+/// MNIST-5k ([`MNIST5K_FILE`]): 5000 28×28 images, values 0..255, 500 per digit in label order.
+/// Ids are row indices. Split with [`Dataset::split_stratified`].
+pub fn mnist5k(data_dir: impl AsRef<Path>) -> Result<Dataset<ImageSample>> {
+    image_csv_file("mnist5k", &data_dir.as_ref().join(MNIST5K_FILE), 28, 28, 255, digit_names())
+}
+
+/// Images in a CSV file (gzip if the name ends in `.gz`), no header: each row holds
+/// `width · height` integer pixels in `0..=max_value`, row-major, then the label, which must be
+/// `< class_names.len()`. Pixels are divided by `max_value`. Blank lines are skipped; a
+/// sample's id is its 0-based row index.
+pub fn image_csv_file(
+    name: &str,
+    path: &Path,
+    width: usize,
+    height: usize,
+    max_value: u32,
+    class_names: Vec<String>,
+) -> Result<Dataset<ImageSample>> {
+    let text = read_text(path, SetupGroup::Images)?;
+    let n_pixels = width * height;
+    let scale = 1.0 / max_value as f32;
+    let mut samples = Vec::new();
+    for (line, row) in numbered_lines(&text) {
+        if row.trim().is_empty() {
+            continue;
+        }
+        let mut values = Vec::with_capacity(n_pixels + 1);
+        for (col, field) in row.split(',').enumerate() {
+            let v: u32 = field.trim().parse().map_err(|_| {
+                dataset_error(path, Some(line), format!("column {}: `{field}` is not a non-negative integer", col + 1))
+            })?;
+            values.push(v);
+        }
+        if values.len() != n_pixels + 1 {
+            return Err(dataset_error(
+                path,
+                Some(line),
+                format!("has {} values, expected {} ({n_pixels} pixels and a label)", values.len(), n_pixels + 1),
+            ));
+        }
+        let label = values[n_pixels];
+        if label as usize >= class_names.len() {
+            return Err(dataset_error(
+                path,
+                Some(line),
+                format!("label {label} is out of range; expected 0..={}", class_names.len() - 1),
+            ));
+        }
+        if let Some(col) = values[..n_pixels].iter().position(|&v| v > max_value) {
+            return Err(dataset_error(
+                path,
+                Some(line),
+                format!("column {}: pixel value {} exceeds the maximum {max_value}", col + 1, values[col]),
+            ));
+        }
+        let pixels = values[..n_pixels].iter().map(|&v| v as f32 * scale).collect();
+        samples.push(ImageSample { id: samples.len() as u64, pixels, label, width, height });
+    }
+    if samples.is_empty() {
+        return Err(dataset_error(path, None, "has no rows; expected at least one image"));
+    }
+    Dataset::new(name, class_names, samples)
+}
+
+/// Fashion-MNIST from `data_dir/fashion-mnist/` (`{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz`):
+/// 60000 train and 10000 test 28×28 images, values /255. Ids: the index in the train file, or
+/// [`TEST_FILE_ID_BASE`] + the index in the test file.
+pub fn fashion_mnist(data_dir: impl AsRef<Path>) -> Result<Split<ImageSample>> {
+    let dir = data_dir.as_ref().join(FASHION_MNIST_DIR);
+    let classes: Vec<String> = FASHION_MNIST_CLASSES.iter().map(|s| s.to_string()).collect();
+    let train = idx_files(
+        "fashion-mnist/train",
+        &dir.join("train-images-idx3-ubyte.gz"),
+        &dir.join("train-labels-idx1-ubyte.gz"),
+        0,
+        classes.clone(),
+    )?;
+    let test = idx_files(
+        "fashion-mnist/test",
+        &dir.join("t10k-images-idx3-ubyte.gz"),
+        &dir.join("t10k-labels-idx1-ubyte.gz"),
+        TEST_FILE_ID_BASE,
+        classes,
+    )?;
+    Ok(Split { train, test })
+}
+
+/// An image file (IDX, magic 0x803: count × rows × columns bytes) and its label file (IDX, magic
+/// 0x801: count bytes), each gzip if the name ends in `.gz`. Pixels are divided by 255; labels
+/// must be `< class_names.len()`. Sample `i` gets id `id_base + i`.
+pub fn idx_files(
+    name: &str,
+    images: &Path,
+    labels: &Path,
+    id_base: u64,
+    class_names: Vec<String>,
+) -> Result<Dataset<ImageSample>> {
+    let image_bytes = read_bytes(images, SetupGroup::Images)?;
+    let (dims, pixels) = parse_idx(images, &image_bytes, IDX_IMAGES_MAGIC)?;
+    let label_bytes = read_bytes(labels, SetupGroup::Images)?;
+    let (label_dims, label_data) = parse_idx(labels, &label_bytes, IDX_LABELS_MAGIC)?;
+    let (count, height, width) = (dims[0], dims[1], dims[2]);
+    if label_dims[0] != count {
+        return Err(dataset_error(
+            labels,
+            None,
+            format!("holds {} labels, expected {count} (one per image in {})", label_dims[0], images.display()),
+        ));
+    }
+    if let Some(i) = label_data.iter().position(|&l| l as usize >= class_names.len()) {
+        return Err(dataset_error(
+            labels,
+            None,
+            format!("record {i}: label {} is out of range; expected 0..={}", label_data[i], class_names.len() - 1),
+        ));
+    }
+    let n = height * width;
+    let samples = pixels
+        .chunks_exact(n)
+        .zip(label_data)
+        .enumerate()
+        .map(|(i, (px, &label))| ImageSample {
+            id: id_base + i as u64,
+            pixels: px.iter().map(|&v| v as f32 / 255.0).collect(),
+            label: label as u32,
+            width,
+            height,
+        })
+        .collect();
+    Dataset::new(name, class_names, samples)
+}
+
+/// Checks an IDX header (magic `0x0000_08NN`: unsigned bytes, NN dimensions) and returns the
+/// dimensions and the data, which must be exactly their product in bytes.
+fn parse_idx<'a>(path: &Path, bytes: &'a [u8], magic: u32) -> Result<(Vec<usize>, &'a [u8])> {
+    let ndim = (magic & 0xff) as usize;
+    let kind = if ndim == 1 { "labels" } else { "images" };
+    let header = 4 + 4 * ndim;
+    if bytes.len() < 4 {
+        return Err(dataset_error(path, None, format!("is {} bytes, too short for an IDX header", bytes.len())));
+    }
+    let word = |i: usize| u32::from_be_bytes([bytes[4 * i], bytes[4 * i + 1], bytes[4 * i + 2], bytes[4 * i + 3]]);
+    let got = word(0);
+    if got != magic {
+        return Err(dataset_error(
+            path,
+            None,
+            format!("has IDX magic {got:#010x}, expected {magic:#010x} (unsigned-byte {kind}, {ndim} dimensions)"),
+        ));
+    }
+    if bytes.len() < header {
+        return Err(dataset_error(
+            path,
+            None,
+            format!("is truncated: {} bytes, expected a {header}-byte IDX header", bytes.len()),
+        ));
+    }
+    let dims: Vec<usize> = (1..=ndim).map(|i| word(i) as usize).collect();
+    let count = dims[0];
+    if count == 0 || dims.contains(&0) {
+        return Err(dataset_error(
+            path,
+            None,
+            format!("is empty: IDX dimensions {dims:?}; expected at least one record"),
+        ));
+    }
+    let per_record: usize = dims[1..].iter().product();
+    let data = &bytes[header..];
+    // Checked: a corrupt header can promise more than memory can address.
+    let Some(want) = count.checked_mul(per_record) else {
+        return Err(dataset_error(path, None, format!("has impossible IDX dimensions {dims:?}")));
+    };
+    if data.len() < want {
+        return Err(dataset_error(
+            path,
+            None,
+            format!(
+                "is truncated: the header promises {count} records of {per_record} bytes ({want} bytes), the file \
+                 holds {} (record {} is incomplete)",
+                data.len(),
+                data.len() / per_record
+            ),
+        ));
+    }
+    if data.len() > want {
+        return Err(dataset_error(
+            path,
+            None,
+            format!("has {} bytes after the {count} records its header promises; expected none", data.len() - want),
+        ));
+    }
+    Ok((dims, data))
+}
+
+/// An image batch for a ViT: `pixels` `[B, 1, H, W]`, `targets` the labels, `sample_offset` as
+/// given (the global index of the first sample, see [`HostBatch::sample_offset`]). All images
+/// must share one size.
+pub fn image_batch(samples: &[&ImageSample], sample_offset: u64) -> Result<HostBatch> {
+    let Some(first) = samples.first() else {
+        return Err(data_error("image batch", "is empty; expected at least one sample"));
+    };
+    let (w, h) = (first.width, first.height);
+    let mut pixels = Vec::with_capacity(samples.len() * w * h);
+    for s in samples {
+        if (s.width, s.height) != (w, h) || s.pixels.len() != w * h {
+            return Err(data_error(
+                "image batch",
+                format!(
+                    "sample id {} is {}×{} with {} pixels; expected {w}×{h} like the first sample",
+                    s.id,
+                    s.width,
+                    s.height,
+                    s.pixels.len()
+                ),
+            ));
+        }
+        pixels.extend_from_slice(&s.pixels);
+    }
+    Ok(HostBatch {
+        batch: samples.len(),
+        pixels: Some(pixels),
+        targets: samples.iter().map(|s| s.label).collect(),
+        sample_offset,
+        ..Default::default()
+    })
+}
+
+impl Dataset<ImageSample> {
+    /// [`image_batch`] of the samples at `indices` (e.g. a slice of a
+    /// [`BatchOrder`](super::BatchOrder) permutation).
+    pub fn batch(&self, indices: &[usize], sample_offset: u64) -> Result<HostBatch> {
+        let samples = indices
+            .iter()
+            .map(|&i| {
+                self.get(i).ok_or_else(|| {
+                    data_error(
+                        self.name(),
+                        format!("index {i} is out of range; the dataset has {} samples", self.len()),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        image_batch(&samples, sample_offset)
+    }
+}

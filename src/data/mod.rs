@@ -1,0 +1,58 @@
+//! Datasets: loaders for the files `scripts/setup.sh` installs under `data/`, samples with
+//! stable ids (the frozen-activation cache keys on them), seeded splits and epoch orders, and
+//! image/LM batches.
+//!
+//! | module | defines |
+//! |---|---|
+//! | `dataset` | [`Dataset`] (samples, class names), [`Sample`], [`Split`], seeded stratified split |
+//! | `text` | [`TextSample`]; Rotten Tomatoes ([`rotten_tomatoes`]), Reuters R8 ([`reuters_r8`]) |
+//! | `images` | [`ImageSample`]; [`digits`], [`mnist5k`], [`fashion_mnist`]; [`image_batch`] |
+//! | `lm` | [`CharVocab`], [`LmCorpus`] ([`hamlet`]), [`lm_sequences`], [`lm_batch`] |
+//! | `order` | [`BatchOrder`] / [`EpochOrder`]: per-epoch seeded permutation, resumable |
+//! | `csv`, `files` | (private) the CSV record reader; file reading, decompression, errors |
+//!
+//! Every loader takes the data directory (normally [`DEFAULT_DATA_DIR`]). A missing file is an
+//! [`Error::Dataset`](crate::Error::Dataset) that names it and the `scripts/setup.sh` group that
+//! fetches it; a malformed record is one that names the file, the line (text formats) and
+//! what was expected.
+//!
+//! ```no_run
+//! use pipetransformer::data::{self, BatchOrder};
+//! # fn main() -> pipetransformer::Result<()> {
+//! let split = data::digits(data::DEFAULT_DATA_DIR)?.split_stratified(0.2, 42)?;
+//! let mut epoch = BatchOrder::new(split.train.len(), 42).epoch(0);
+//! while let Some(indices) = epoch.next_batch(64, true) {
+//!     let batch = split.train.batch(indices, 0)?; // pixels [64, 1, 8, 8]
+//!     # let _ = batch;
+//! }
+//! # Ok(())
+//! # }
+//! ```
+
+mod csv;
+mod dataset;
+mod files;
+mod images;
+mod lm;
+mod order;
+mod text;
+
+#[cfg(test)]
+mod tests;
+
+pub use dataset::{Dataset, Sample, Split, TEST_FILE_ID_BASE};
+pub use images::{
+    DIGITS_FILE, FASHION_MNIST_CLASSES, FASHION_MNIST_DIR, ImageSample, MNIST5K_FILE, digits, fashion_mnist, idx_files,
+    image_batch, image_csv_file, mnist5k,
+};
+pub use lm::{
+    CharVocab, HAMLET_FILE, HELD_OUT_FRACTION, LmCorpus, LmSequence, char_corpus_file, hamlet, lm_batch, lm_sequences,
+};
+pub use order::{BatchOrder, EpochOrder};
+pub use text::{
+    REUTERS_R8_TEST_FILE, REUTERS_R8_TRAIN_FILE, ROTTEN_TOMATOES_FILE, TextSample, orange_tab_files, reuters_r8,
+    rotten_tomatoes, rotten_tomatoes_file,
+};
+
+/// Where `scripts/setup.sh` puts the datasets, relative to the repository root.
+pub const DEFAULT_DATA_DIR: &str = "data";

@@ -1,0 +1,442 @@
+//! Loader tests on small files written to a temp dir: bad input gives a typed error naming the
+//! file (and line or record) and what was expected, never a panic; good input parses as
+//! documented. No dependency on the real data.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::*;
+use crate::Error;
+
+/// A fresh directory under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("pipetransformer-data-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+    /// Writes `bytes` to `rel`, compressed by its extension (`.gz`, `.bz2`).
+    fn write(&self, rel: &str, bytes: &[u8]) -> PathBuf {
+        let path = self.0.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let data = if rel.ends_with(".gz") {
+            let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            e.write_all(bytes).unwrap();
+            e.finish().unwrap()
+        } else if rel.ends_with(".bz2") {
+            let mut e = bzip2::write::BzEncoder::new(Vec::new(), bzip2::Compression::fast());
+            e.write_all(bytes).unwrap();
+            e.finish().unwrap()
+        } else {
+            bytes.to_vec()
+        };
+        std::fs::write(&path, data).unwrap();
+        path
+    }
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The (file, line, message) of a dataset error; panics on anything else.
+fn dataset_err<T: std::fmt::Debug>(r: crate::Result<T>) -> (String, Option<usize>, String) {
+    match r {
+        Err(Error::Dataset { file, line, message }) => (file, line, message),
+        other => panic!("expected Error::Dataset, got {other:?}"),
+    }
+}
+
+fn idx(magic: u32, dims: &[u32], data: &[u8]) -> Vec<u8> {
+    let mut v = magic.to_be_bytes().to_vec();
+    for d in dims {
+        v.extend_from_slice(&d.to_be_bytes());
+    }
+    v.extend_from_slice(data);
+    v
+}
+
+fn digit_names() -> Vec<String> {
+    (0..10).map(|d| d.to_string()).collect()
+}
+
+// --- missing files -----------------------------------------------------------------------
+
+#[test]
+fn missing_files_say_how_to_fetch_them() {
+    let dir = TempDir::new("missing");
+    let cases: Vec<(Error, &str, &str)> = vec![
+        (hamlet(dir.path()).unwrap_err(), HAMLET_FILE, "text"),
+        (rotten_tomatoes(dir.path()).unwrap_err(), ROTTEN_TOMATOES_FILE, "text"),
+        (reuters_r8(dir.path()).unwrap_err(), REUTERS_R8_TRAIN_FILE, "text"),
+        (digits(dir.path()).unwrap_err(), DIGITS_FILE, "images"),
+        (mnist5k(dir.path()).unwrap_err(), MNIST5K_FILE, "images"),
+        (fashion_mnist(dir.path()).unwrap_err(), "fashion-mnist/train-images-idx3-ubyte.gz", "images"),
+    ];
+    for (err, rel, group) in cases {
+        let msg = err.to_string();
+        let (file, line, message) = dataset_err::<()>(Err(err));
+        assert_eq!(file, dir.path().join(rel).display().to_string());
+        assert_eq!(line, None);
+        assert_eq!(message, format!("not found: run scripts/setup.sh {group}"), "{msg}");
+    }
+}
+
+#[test]
+fn missing_default_dir_message_reads_well() {
+    let err = hamlet("no-such-data-dir").unwrap_err().to_string();
+    assert_eq!(err, "no-such-data-dir/text/hamlet.txt: not found: run scripts/setup.sh text");
+}
+
+#[test]
+fn corrupt_compressed_stream_is_named() {
+    let dir = TempDir::new("corrupt");
+    let path = dir.path().join(DIGITS_FILE);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, b"definitely not gzip").unwrap();
+    let (file, _, message) = dataset_err(digits(dir.path()));
+    assert!(file.ends_with("digits.csv.gz"));
+    assert!(message.contains("not a valid gzip stream"), "{message}");
+}
+
+// --- image CSV ---------------------------------------------------------------------------
+
+fn digits_row(label: u32) -> String {
+    let mut v: Vec<String> = (0..64).map(|i| (i % 17).to_string()).collect();
+    v.push(label.to_string());
+    v.join(",")
+}
+
+#[test]
+fn digits_parse_scale_and_ids() {
+    let dir = TempDir::new("digits-ok");
+    dir.write(DIGITS_FILE, format!("{}\n\n{}\n{}\n", digits_row(3), digits_row(0), digits_row(9)).as_bytes());
+    let d = digits(dir.path()).unwrap();
+    assert_eq!(d.len(), 3);
+    assert_eq!(d.num_classes(), 10);
+    let s = d.get(1).unwrap();
+    assert_eq!((s.id, s.label, s.width, s.height), (1, 0, 8, 8));
+    assert_eq!(s.pixels[16], 1.0); // 16 / 16
+    assert_eq!(s.pixels[1], 1.0 / 16.0);
+    assert_eq!(d.class_counts()[9], 1);
+}
+
+#[test]
+fn image_csv_wrong_column_count() {
+    let dir = TempDir::new("digits-cols");
+    dir.write(DIGITS_FILE, format!("{}\n1,2,3\n", digits_row(1)).as_bytes());
+    let (file, line, message) = dataset_err(digits(dir.path()));
+    assert!(file.ends_with(DIGITS_FILE));
+    assert_eq!(line, Some(2));
+    assert_eq!(message, "has 3 values, expected 65 (64 pixels and a label)");
+}
+
+#[test]
+fn image_csv_non_integer() {
+    let dir = TempDir::new("digits-nonint");
+    let bad = digits_row(1).replacen("1,", "x1,", 1);
+    dir.write(DIGITS_FILE, format!("{}\n{bad}\n", digits_row(2)).as_bytes());
+    let (_, line, message) = dataset_err(digits(dir.path()));
+    assert_eq!(line, Some(2));
+    assert!(message.contains("`x1` is not a non-negative integer"), "{message}");
+}
+
+#[test]
+fn image_csv_label_out_of_range() {
+    let dir = TempDir::new("digits-label");
+    dir.write(DIGITS_FILE, format!("{}\n{}\n", digits_row(2), digits_row(12)).as_bytes());
+    let (_, line, message) = dataset_err(digits(dir.path()));
+    assert_eq!(line, Some(2));
+    assert_eq!(message, "label 12 is out of range; expected 0..=9");
+}
+
+#[test]
+fn image_csv_pixel_out_of_range() {
+    let dir = TempDir::new("digits-pixel");
+    let bad = digits_row(1).replacen("0,", "17,", 1);
+    dir.write(DIGITS_FILE, bad.as_bytes());
+    let (_, line, message) = dataset_err(digits(dir.path()));
+    assert_eq!(line, Some(1));
+    assert_eq!(message, "column 1: pixel value 17 exceeds the maximum 16");
+}
+
+#[test]
+fn image_csv_empty() {
+    let dir = TempDir::new("digits-empty");
+    dir.write(DIGITS_FILE, b"\n\n");
+    let (_, line, message) = dataset_err(digits(dir.path()));
+    assert_eq!(line, None);
+    assert!(message.contains("has no rows"), "{message}");
+}
+
+// --- IDX ---------------------------------------------------------------------------------
+
+fn write_fashion(dir: &TempDir, train_images: Vec<u8>, train_labels: Vec<u8>) {
+    dir.write("fashion-mnist/train-images-idx3-ubyte.gz", &train_images);
+    dir.write("fashion-mnist/train-labels-idx1-ubyte.gz", &train_labels);
+    dir.write("fashion-mnist/t10k-images-idx3-ubyte.gz", &idx(0x803, &[1, 2, 2], &[0, 255, 0, 255]));
+    dir.write("fashion-mnist/t10k-labels-idx1-ubyte.gz", &idx(0x801, &[1], &[9]));
+}
+
+#[test]
+fn idx_parses_and_test_ids_are_offset() {
+    let dir = TempDir::new("idx-ok");
+    write_fashion(&dir, idx(0x803, &[2, 2, 2], &[0, 51, 102, 255, 1, 2, 3, 4]), idx(0x801, &[2], &[3, 0]));
+    let s = fashion_mnist(dir.path()).unwrap();
+    assert_eq!((s.train.len(), s.test.len()), (2, 1));
+    let a = s.train.get(0).unwrap();
+    assert_eq!((a.id, a.label, a.width, a.height), (0, 3, 2, 2));
+    assert_eq!(a.pixels, vec![0.0, 0.2, 0.4, 1.0]);
+    let t = s.test.get(0).unwrap();
+    assert_eq!((t.id, t.label), (TEST_FILE_ID_BASE, 9));
+    assert_eq!(s.test.class_names()[9], "Ankle boot");
+}
+
+#[test]
+fn idx_wrong_magic() {
+    let dir = TempDir::new("idx-magic");
+    write_fashion(&dir, idx(0x801, &[2], &[0, 0]), idx(0x801, &[2], &[3, 0]));
+    let (file, _, message) = dataset_err(fashion_mnist(dir.path()));
+    assert!(file.ends_with("train-images-idx3-ubyte.gz"));
+    assert_eq!(message, "has IDX magic 0x00000801, expected 0x00000803 (unsigned-byte images, 3 dimensions)");
+}
+
+#[test]
+fn idx_truncated_data_and_header() {
+    let dir = TempDir::new("idx-trunc");
+    write_fashion(&dir, idx(0x803, &[3, 2, 2], &[0; 9]), idx(0x801, &[3], &[3, 0, 1]));
+    let (_, _, message) = dataset_err(fashion_mnist(dir.path()));
+    assert!(message.contains("is truncated: the header promises 3 records of 4 bytes (12 bytes), the file holds 9 (record 2 is incomplete)"), "{message}");
+    let mut short = idx(0x803, &[3, 2, 2], &[]);
+    short.truncate(10);
+    write_fashion(&dir, short, idx(0x801, &[3], &[3, 0, 1]));
+    let (_, _, message) = dataset_err(fashion_mnist(dir.path()));
+    assert_eq!(message, "is truncated: 10 bytes, expected a 16-byte IDX header");
+}
+
+#[test]
+fn idx_label_out_of_range_and_count_mismatch() {
+    let dir = TempDir::new("idx-labels");
+    write_fashion(&dir, idx(0x803, &[2, 1, 1], &[0, 0]), idx(0x801, &[2], &[3, 10]));
+    let (file, _, message) = dataset_err(fashion_mnist(dir.path()));
+    assert!(file.ends_with("train-labels-idx1-ubyte.gz"));
+    assert_eq!(message, "record 1: label 10 is out of range; expected 0..=9");
+    write_fashion(&dir, idx(0x803, &[2, 1, 1], &[0, 0]), idx(0x801, &[1], &[3]));
+    let (_, _, message) = dataset_err(fashion_mnist(dir.path()));
+    assert!(message.starts_with("holds 1 labels, expected 2"), "{message}");
+}
+
+#[test]
+fn idx_empty() {
+    let dir = TempDir::new("idx-empty");
+    write_fashion(&dir, idx(0x803, &[0, 28, 28], &[]), idx(0x801, &[0], &[]));
+    let (_, _, message) = dataset_err(fashion_mnist(dir.path()));
+    assert!(message.starts_with("is empty"), "{message}");
+}
+
+// --- Rotten Tomatoes ---------------------------------------------------------------------
+
+const RT_HEADER: &str = "category,text,movie_name,has_plot_and_reviews\n";
+
+#[test]
+fn rotten_tomatoes_filters_dedups_and_keeps_file_ids() {
+    let dir = TempDir::new("rt-ok");
+    let csv = format!(
+        "{RT_HEADER}plot,\"A plot,\nover lines\",m,True\nfresh,great fun,m,True\nrotten,\"dull, \"\"slow\"\"\",m,True\n\
+         fresh,great fun,n,False\nrotten,bad,n,False\n"
+    );
+    dir.write(ROTTEN_TOMATOES_FILE, csv.as_bytes());
+    let d = rotten_tomatoes(dir.path()).unwrap();
+    let got: Vec<(u64, &str, u32)> = d.samples().iter().map(|s| (s.id, s.text.as_str(), s.label)).collect();
+    assert_eq!(got, vec![(1, "great fun", 1), (2, "dull, \"slow\"", 0), (4, "bad", 0)]);
+    assert_eq!(d.class_names(), ["rotten", "fresh"]);
+}
+
+#[test]
+fn rotten_tomatoes_wrong_field_count() {
+    let dir = TempDir::new("rt-cols");
+    dir.write(ROTTEN_TOMATOES_FILE, format!("{RT_HEADER}fresh,ok,m,True\n\"multi\nline\",x\n").as_bytes());
+    let (file, line, message) = dataset_err(rotten_tomatoes(dir.path()));
+    assert!(file.ends_with(ROTTEN_TOMATOES_FILE));
+    assert_eq!(line, Some(3));
+    assert_eq!(message, "has 2 fields, expected 4 (as in the header)");
+}
+
+#[test]
+fn rotten_tomatoes_unknown_category_and_bad_header() {
+    let dir = TempDir::new("rt-cat");
+    dir.write(ROTTEN_TOMATOES_FILE, format!("{RT_HEADER}spoiled,ok,m,True\n").as_bytes());
+    let (_, line, message) = dataset_err(rotten_tomatoes(dir.path()));
+    assert_eq!(line, Some(2));
+    assert_eq!(message, "category `spoiled` is not one of fresh, rotten, plot");
+    dir.write(ROTTEN_TOMATOES_FILE, b"kind,text\nfresh,ok\n");
+    let (_, line, message) = dataset_err(rotten_tomatoes(dir.path()));
+    assert_eq!(line, Some(1));
+    assert!(message.contains("no `category` column"), "{message}");
+}
+
+#[test]
+fn rotten_tomatoes_empty() {
+    let dir = TempDir::new("rt-empty");
+    dir.write(ROTTEN_TOMATOES_FILE, format!("{RT_HEADER}plot,only a plot,m,False\n").as_bytes());
+    let (_, _, message) = dataset_err(rotten_tomatoes(dir.path()));
+    assert!(message.contains("no fresh or rotten reviews"), "{message}");
+    dir.write(ROTTEN_TOMATOES_FILE, b"");
+    let (_, _, message) = dataset_err(rotten_tomatoes(dir.path()));
+    assert!(message.starts_with("is empty"), "{message}");
+}
+
+// --- Orange .tab -------------------------------------------------------------------------
+
+const TAB_HEADER: &str = "Category\tText\nd\tstring\nclass\t\n";
+
+#[test]
+fn orange_tab_sorted_classes_and_ids() {
+    let dir = TempDir::new("tab-ok");
+    dir.write(REUTERS_R8_TRAIN_FILE, format!("{TAB_HEADER}\ntrade\tt one\nearn\te one\ntrade\tt two\n").as_bytes());
+    dir.write(REUTERS_R8_TEST_FILE, format!("{TAB_HEADER}earn\te test\n").as_bytes());
+    let s = reuters_r8(dir.path()).unwrap();
+    assert_eq!(s.train.class_names(), ["earn", "trade"]);
+    let got: Vec<(u64, u32)> = s.train.samples().iter().map(|t| (t.id, t.label)).collect();
+    assert_eq!(got, vec![(0, 1), (1, 0), (2, 1)]);
+    assert_eq!(s.test.get(0).unwrap().id, TEST_FILE_ID_BASE);
+    assert_eq!(s.train.class_counts(), vec![1, 2]);
+}
+
+#[test]
+fn orange_tab_unknown_test_label() {
+    let dir = TempDir::new("tab-label");
+    dir.write(REUTERS_R8_TRAIN_FILE, format!("{TAB_HEADER}earn\ta\n").as_bytes());
+    dir.write(REUTERS_R8_TEST_FILE, format!("{TAB_HEADER}earn\tb\ngrain\tc\n").as_bytes());
+    let (file, line, message) = dataset_err(reuters_r8(dir.path()));
+    assert!(file.ends_with(REUTERS_R8_TEST_FILE));
+    assert_eq!(line, Some(5));
+    assert_eq!(message, "category `grain` does not occur in the train file; expected one of [\"earn\"]");
+}
+
+#[test]
+fn orange_tab_wrong_field_count_missing_column_and_empty() {
+    let dir = TempDir::new("tab-bad");
+    dir.write(REUTERS_R8_TEST_FILE, format!("{TAB_HEADER}earn\tb\n").as_bytes());
+    dir.write(REUTERS_R8_TRAIN_FILE, format!("{TAB_HEADER}earn\ta\nearn a b c\n").as_bytes());
+    let (_, line, message) = dataset_err(reuters_r8(dir.path()));
+    assert_eq!(line, Some(5));
+    assert_eq!(message, "has 1 tab-separated fields, expected 2 (as in the header)");
+    dir.write(REUTERS_R8_TRAIN_FILE, b"Topic\tText\nd\tstring\nclass\t\nearn\ta\n");
+    let (_, line, message) = dataset_err(reuters_r8(dir.path()));
+    assert_eq!(line, Some(1));
+    assert!(message.contains("no `Category` column"), "{message}");
+    dir.write(REUTERS_R8_TRAIN_FILE, TAB_HEADER.as_bytes());
+    let (_, _, message) = dataset_err(reuters_r8(dir.path()));
+    assert!(message.starts_with("has no documents"), "{message}");
+}
+
+// --- LM ----------------------------------------------------------------------------------
+
+#[test]
+fn char_corpus_vocab_split_and_sequences() {
+    let dir = TempDir::new("lm");
+    let path = dir.write(HAMLET_FILE, b"abcabcabcd");
+    let c = char_corpus_file(&path, 0.1).unwrap();
+    assert_eq!(c.vocab.chars(), ['a', 'b', 'c', 'd']);
+    assert_eq!(c.train, vec![0, 1, 2, 0, 1, 2, 0, 1, 2]);
+    assert_eq!(c.held_out, vec![3]);
+    assert_eq!(c.vocab.decode(&c.train).unwrap(), "abcabcabc");
+    assert!(c.vocab.encode("abz").is_err());
+    assert!(c.vocab.decode(&[4]).is_err());
+    let seqs = c.train_sequences(4).unwrap();
+    assert_eq!(seqs.len(), 2); // (9 - 1) / 4
+    assert_eq!((seqs[1].id, seqs[1].input.clone(), seqs[1].target.clone()), (1, vec![1, 2, 0, 1], vec![2, 0, 1, 2]));
+    assert!(c.held_out_sequences(1).is_err()); // one token cannot make a pair
+    assert!(lm_sequences(&c.train, 0, 0).is_err());
+    let b = lm_batch(&[&seqs[0], &seqs[1]], 6).unwrap();
+    assert_eq!((b.batch, b.seq, b.sample_offset), (2, 4, 6));
+    assert_eq!(b.tokens.unwrap()[4..], seqs[1].input[..]);
+    assert_eq!(b.targets[..4], seqs[0].target[..]);
+}
+
+#[test]
+fn char_corpus_empty_and_bad_utf8() {
+    let dir = TempDir::new("lm-bad");
+    let path = dir.write(HAMLET_FILE, b"");
+    let (_, _, message) = dataset_err(char_corpus_file(&path, 0.1));
+    assert_eq!(message, "is empty; expected text");
+    let path = dir.write(HAMLET_FILE, b"ok\nline two \xff\n");
+    let (_, line, message) = dataset_err(char_corpus_file(&path, 0.1));
+    assert_eq!(line, Some(2));
+    assert!(message.contains("not valid UTF-8"), "{message}");
+}
+
+// --- splits and batches ------------------------------------------------------------------
+
+fn toy(n: usize, classes: u32) -> Dataset<TextSample> {
+    let samples =
+        (0..n).map(|i| TextSample { id: 100 + i as u64, text: format!("t{i}"), label: i as u32 % classes }).collect();
+    Dataset::new("toy", (0..classes).map(|c| c.to_string()).collect(), samples).unwrap()
+}
+
+#[test]
+fn stratified_split_is_seeded_and_stratified() {
+    let a = toy(103, 3).split_stratified(0.2, 5).unwrap();
+    let b = toy(103, 3).split_stratified(0.2, 5).unwrap();
+    let c = toy(103, 3).split_stratified(0.2, 6).unwrap();
+    assert_eq!(a, b);
+    assert_ne!(a.test, c.test);
+    // Per class: 35, 34, 34 samples -> 7, 7, 7 in test.
+    assert_eq!(a.test.class_counts(), vec![7, 7, 7]);
+    assert_eq!(a.train.class_counts(), vec![28, 27, 27]);
+    // Disjoint, complete, and in source order.
+    let mut ids: Vec<u64> = a.train.samples().iter().chain(a.test.samples()).map(|s| s.id).collect();
+    assert!(a.test.samples().windows(2).all(|w| w[0].id < w[1].id));
+    ids.sort_unstable();
+    assert_eq!(ids, (100..203).collect::<Vec<_>>());
+    assert_eq!(a.test.name(), "toy/test");
+}
+
+#[test]
+fn bad_split_fractions_and_dataset_invariants() {
+    for f in [0.0, 1.0, -0.5, f64::NAN] {
+        assert!(matches!(toy(10, 2).split_stratified(f, 1), Err(Error::Config { .. })), "{f}");
+    }
+    assert!(matches!(toy(3, 3).split_stratified(0.1, 1), Err(Error::Config { .. })));
+    let dup = vec![TextSample { id: 1, text: "a".into(), label: 0 }, TextSample { id: 1, text: "b".into(), label: 0 }];
+    assert!(matches!(Dataset::new("d", vec!["x".into()], dup), Err(Error::Data { .. })));
+    let out = vec![TextSample { id: 1, text: "a".into(), label: 1 }];
+    assert!(matches!(Dataset::new("d", vec!["x".into()], out), Err(Error::Data { .. })));
+    assert!(matches!(Dataset::<TextSample>::new("d", vec!["x".into()], vec![]), Err(Error::Data { .. })));
+}
+
+#[test]
+fn image_batches_are_bchw() {
+    let img = |id, label, w, h| ImageSample { id, pixels: vec![id as f32; w * h], label, width: w, height: h };
+    let d = Dataset::new("imgs", digit_names(), vec![img(0, 1, 2, 3), img(1, 2, 2, 3), img(2, 3, 2, 3)]).unwrap();
+    let b = d.batch(&[2, 0], 10).unwrap();
+    assert_eq!((b.batch, b.targets.clone(), b.sample_offset), (2, vec![3, 1], 10));
+    let px = b.pixels.unwrap();
+    assert_eq!(px.len(), 2 * 6);
+    assert!(px[..6].iter().all(|&v| v == 2.0) && px[6..].iter().all(|&v| v == 0.0));
+    assert!(matches!(d.batch(&[3], 0), Err(Error::Data { .. })));
+    assert!(matches!(image_batch(&[], 0), Err(Error::Data { .. })));
+    let other = img(9, 0, 3, 2);
+    assert!(matches!(image_batch(&[d.get(0).unwrap(), &other], 0), Err(Error::Data { .. })));
+}
+
+#[test]
+fn idx_files_and_csv_take_explicit_paths() {
+    let dir = TempDir::new("explicit");
+    let images = dir.write("im", &idx(0x803, &[1, 1, 2], &[255, 0]));
+    let labels = dir.write("lb", &idx(0x801, &[1], &[1]));
+    let d = idx_files("x", &images, &labels, 5, digit_names()).unwrap();
+    assert_eq!((d.get(0).unwrap().id, d.get(0).unwrap().width, d.get(0).unwrap().height), (5, 2, 1));
+    let csv = dir.write("c.csv", b"0,255,1\n");
+    let d = image_csv_file("c", &csv, 2, 1, 255, digit_names()).unwrap();
+    assert_eq!(d.get(0).unwrap().pixels, vec![0.0, 1.0]);
+}

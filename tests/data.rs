@@ -1,0 +1,144 @@
+//! The loaders on the real files `scripts/setup.sh` installs. Each test skips (with a printed
+//! note) when its files are absent, since CI runs the setup script first.
+
+use std::path::{Path, PathBuf};
+
+use pipetransformer::data::{self, BatchOrder, Dataset, Sample};
+
+fn data_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(data::DEFAULT_DATA_DIR)
+}
+
+/// True (after printing why) when one of `files` under the data dir is missing.
+fn skip(test: &str, files: &[&str]) -> bool {
+    let dir = data_dir();
+    match files.iter().find(|f| !dir.join(f).is_file()) {
+        Some(f) => {
+            println!("{test}: skipped, {} not found (run scripts/setup.sh)", dir.join(f).display());
+            true
+        }
+        None => false,
+    }
+}
+
+/// A seeded stratified split is reproducible, disjoint, complete, and close to the requested
+/// fraction in every class.
+fn check_split<S: Sample + Clone + PartialEq + std::fmt::Debug>(full: &Dataset<S>, fraction: f64) {
+    let a = full.clone().split_stratified(fraction, 1234).unwrap();
+    let b = full.clone().split_stratified(fraction, 1234).unwrap();
+    let c = full.clone().split_stratified(fraction, 99).unwrap();
+    assert_eq!(a, b, "same seed, same split");
+    assert_ne!(a.test, c.test, "another seed, another split");
+    assert_eq!(a.train.len() + a.test.len(), full.len());
+    let mut ids: Vec<u64> = a.train.samples().iter().chain(a.test.samples()).map(Sample::id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), full.len(), "halves overlap");
+    for (class, (&n, &t)) in full.class_counts().iter().zip(&a.test.class_counts()).enumerate() {
+        assert_eq!(t, (n as f64 * fraction).round() as usize, "class {class}");
+    }
+}
+
+#[test]
+fn rotten_tomatoes_counts_and_split() {
+    if skip("rotten_tomatoes", &[data::ROTTEN_TOMATOES_FILE]) {
+        return;
+    }
+    let d = data::rotten_tomatoes(data_dir()).unwrap();
+    // 7,403 fresh + 5,405 rotten rows; 12,752 distinct texts (no text is both fresh and rotten).
+    assert_eq!(d.len(), 12_752);
+    assert_eq!(d.class_names(), ["rotten", "fresh"]);
+    assert_eq!(d.class_counts(), vec![5_384, 7_368]);
+    assert!(d.samples().iter().all(|s| !s.text.is_empty()));
+    check_split(&d, 0.2);
+    let s = d.split_stratified(0.2, 7).unwrap();
+    assert_eq!((s.train.len(), s.test.len()), (10_201, 2_551));
+    assert_eq!(s.test.class_counts(), vec![1_077, 1_474]);
+}
+
+#[test]
+fn reuters_r8_counts() {
+    if skip("reuters_r8", &[data::REUTERS_R8_TRAIN_FILE, data::REUTERS_R8_TEST_FILE]) {
+        return;
+    }
+    let s = data::reuters_r8(data_dir()).unwrap();
+    assert_eq!((s.train.len(), s.test.len()), (5_485, 2_189));
+    let names = ["acq", "crude", "earn", "grain", "interest", "money-fx", "ship", "trade"];
+    assert_eq!(s.train.class_names(), names);
+    assert_eq!(s.test.class_names(), names);
+    assert_eq!(s.train.class_counts(), vec![1_596, 253, 2_840, 41, 190, 206, 108, 251]);
+    assert_eq!(s.test.class_counts(), vec![696, 121, 1_083, 10, 81, 87, 36, 75]);
+    assert_eq!(s.test.get(0).unwrap().id, data::TEST_FILE_ID_BASE);
+}
+
+#[test]
+fn fashion_mnist_counts() {
+    let files = [
+        "train-images-idx3-ubyte.gz",
+        "train-labels-idx1-ubyte.gz",
+        "t10k-images-idx3-ubyte.gz",
+        "t10k-labels-idx1-ubyte.gz",
+    ]
+    .map(|f| format!("{}/{f}", data::FASHION_MNIST_DIR));
+    if skip("fashion_mnist", &files.each_ref().map(String::as_str)) {
+        return;
+    }
+    let s = data::fashion_mnist(data_dir()).unwrap();
+    assert_eq!((s.train.len(), s.test.len()), (60_000, 10_000));
+    assert_eq!(s.train.class_counts(), vec![6_000; 10]);
+    assert_eq!(s.test.class_counts(), vec![1_000; 10]);
+    let first = s.test.get(0).unwrap();
+    assert_eq!(first.label, 9);
+    assert_eq!(s.test.class_names()[9], "Ankle boot");
+    assert_eq!((first.width, first.height, first.pixels.len()), (28, 28, 784));
+    let (lo, hi) = first.pixels.iter().fold((f32::MAX, f32::MIN), |(l, h), &p| (l.min(p), h.max(p)));
+    assert_eq!((lo, hi), (0.0, 1.0));
+    let b = s.train.batch(&BatchOrder::new(s.train.len(), 3).permutation(0)[..16], 0).unwrap();
+    assert_eq!(b.pixels.unwrap().len(), 16 * 784);
+}
+
+#[test]
+fn mnist5k_counts_and_split() {
+    if skip("mnist5k", &[data::MNIST5K_FILE]) {
+        return;
+    }
+    let d = data::mnist5k(data_dir()).unwrap();
+    assert_eq!(d.len(), 5_000);
+    assert_eq!(d.class_counts(), vec![500; 10]);
+    assert_eq!(d.get(0).unwrap().label, 0); // the file is in label order
+    assert!(d.samples().iter().all(|s| s.pixels.iter().all(|p| (0.0..=1.0).contains(p))));
+    check_split(&d, 0.2);
+}
+
+#[test]
+fn digits_counts_split_and_batch() {
+    if skip("digits", &[data::DIGITS_FILE]) {
+        return;
+    }
+    let d = data::digits(data_dir()).unwrap();
+    assert_eq!(d.len(), 1_797);
+    assert_eq!(d.class_counts(), vec![178, 182, 177, 183, 181, 182, 181, 179, 174, 180]);
+    assert!(d.samples().iter().all(|s| s.pixels.iter().all(|p| (0.0..=1.0).contains(p))));
+    check_split(&d, 0.2);
+    let s = d.split_stratified(0.2, 42).unwrap();
+    let mut epoch = BatchOrder::new(s.train.len(), 42).epoch(0);
+    let idx = epoch.next_batch(32, true).unwrap().to_vec();
+    let b = s.train.batch(&idx, 0).unwrap();
+    assert_eq!((b.batch, b.pixels.as_ref().unwrap().len(), b.targets.len()), (32, 32 * 64, 32));
+}
+
+#[test]
+fn hamlet_corpus() {
+    if skip("hamlet", &[data::HAMLET_FILE]) {
+        return;
+    }
+    let c = data::hamlet(data_dir()).unwrap();
+    assert_eq!(c.vocab.len(), 66);
+    assert_eq!(c.train.len() + c.held_out.len(), 175_176);
+    assert_eq!(c.held_out.len(), 17_517); // floor(10 %)
+    assert!(c.vocab.decode(&c.train[..40]).unwrap().contains("The Tragedy of Hamlet"));
+    let seqs = c.train_sequences(128).unwrap();
+    assert_eq!(seqs.len(), (c.train.len() - 1) / 128);
+    assert_eq!(seqs[3].input[1..], seqs[3].target[..127]);
+    assert_eq!(c.held_out_sequences(128).unwrap().len(), (17_517 - 1) / 128);
+}
