@@ -50,6 +50,16 @@ pub enum Error {
         /// What was wrong and what was expected (for a missing file: how to fetch it).
         message: String,
     },
+    /// A weights file (safetensors) is malformed, or does not fit the model it is loaded into.
+    #[error("{file}{}: {message}", tensor_label(.tensor))]
+    Weights {
+        /// The file involved.
+        file: String,
+        /// The tensor to blame, when one is (`None` for a broken header, say).
+        tensor: Option<String>,
+        /// What was wrong and what was expected.
+        message: String,
+    },
     /// An operating-system I/O error, with the path involved.
     #[error("{path}: {source}")]
     Io {
@@ -67,6 +77,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[inline]
 pub fn check_len(op: &'static str, arg: &'static str, got: usize, expected: usize) -> Result<()> {
     if got == expected { Ok(()) } else { Err(Error::Shape { op, arg, expected, got }) }
+}
+
+fn tensor_label(tensor: &Option<String>) -> String {
+    tensor.as_ref().map_or(String::new(), |t| format!(": tensor `{t}`"))
 }
 
 /// Shorthand for an [`Error::Config`].

@@ -17,6 +17,7 @@
 //! | [`train`] | `Optimizer` (AdamW, SGD + momentum), `LrSchedule` (warmup + linear/cosine), global-norm clipping, `train_step` |
 //! | [`data`] | dataset loaders (Rotten Tomatoes, Reuters R8, digits, MNIST-5k, Fashion-MNIST, Hamlet) with stable sample ids, seeded stratified splits, `BatchOrder` (resumable per-epoch shuffle), image/LM `HostBatch`es |
 //! | [`run`] | `RunConfig`: a TOML run configuration with `--set` overrides; the data sources of the training binary |
+//! | [`weights`] | Hugging Face checkpoints: `load_safetensors` (memory-mapped), `load_into_model` (by name, with a `LoadReport` of missing/unexpected tensors), `read_hf_config`, `export_model` (safetensors + `config.json`, atomic) |
 //! | [`bench`](mod@bench) | the MiniLM-shaped benchmark workload, synthetic batches, step FLOPs, the GEMM roofline |
 //! | [`testing`] | finite-difference gradient checks and error metrics used by the tests |
 
@@ -33,6 +34,7 @@ pub mod run;
 pub mod scalar;
 pub mod testing;
 pub mod train;
+pub mod weights;
 
 pub use device::{CpuDevice, Device};
 pub use error::{Error, Result};

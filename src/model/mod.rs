@@ -220,6 +220,19 @@ impl<D: Device> Model<D> {
         Ok((logits, saved))
     }
 
+    /// Runs every unit except the head, saving nothing, and returns the last hidden states
+    /// `[batch, seq, hidden]` (after the final norm for pre-LN models): Hugging Face's
+    /// `last_hidden_state`. Dropout follows `batch.train`, so an eval batch gives the
+    /// deterministic encoder output (used to check loaded weights against PyTorch).
+    pub fn forward_hidden(&self, dev: &D, batch: &Batch<D>) -> Result<D::Buf> {
+        let body = self.units.len().saturating_sub(1);
+        let mut x = None;
+        for unit in &self.units[..body] {
+            x = Some(unit.forward(dev, batch, x.take(), false)?.0);
+        }
+        x.ok_or_else(|| Error::State { what: "model".into(), message: "has no units before the head".into() })
+    }
+
     /// Softmax cross-entropy of `logits` against the batch's targets. With `grad_scale`, also
     /// returns `dlogits` scaled by it (the caller passes `1/count` of the whole global batch,
     /// so micro-batches add up to the full batch's gradient).
