@@ -19,6 +19,7 @@
 //! | [`run`] | `RunConfig`: a TOML run configuration with `--set` overrides; the data sources of the training binary |
 //! | [`weights`] | Hugging Face checkpoints: `load_safetensors` (memory-mapped), `load_into_model` (by name, with a `LoadReport` of missing/unexpected tensors), `read_hf_config`, `export_model` (safetensors + `config.json`, atomic) |
 //! | [`bench`](mod@bench) | the MiniLM-shaped benchmark workload, synthetic batches, step FLOPs, the GEMM roofline |
+//! | [`text`] | `TextTokenizer`: `tokenizer.json` through the `tokenizers` crate, per-batch padding, classification batches |
 //! | [`testing`] | finite-difference gradient checks and error metrics used by the tests |
 
 #![warn(missing_docs)]
@@ -33,6 +34,7 @@ pub mod rng;
 pub mod run;
 pub mod scalar;
 pub mod testing;
+pub mod text;
 pub mod train;
 pub mod weights;
 

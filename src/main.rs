@@ -6,6 +6,7 @@ use pipetransformer::bench;
 use pipetransformer::device::{CpuDevice, Device};
 use pipetransformer::model::{Batch, BertConfig, GptConfig, Model, ModelConfig, Pooling, VitConfig};
 use pipetransformer::train::{LrSchedule, Optimizer, OptimizerConfig, train_step};
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 #[derive(Parser)]
@@ -28,6 +29,24 @@ enum Family {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Train as a run configuration says: load the data and the (pretrained) model, train with
+    /// a progress bar, evaluate each epoch, checkpoint, and write metrics.jsonl, summary.json and
+    /// the exported model (safetensors + config.json) to the run's output directory.
+    Train {
+        /// Run configuration (TOML; see configs/).
+        #[arg(long, default_value = "configs/minilm-rt.toml")]
+        config: PathBuf,
+        /// Override a configuration value, e.g. `--set train.lr=3e-5` (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        /// Continue from the checkpoint in the run's output directory.
+        #[arg(long, conflicts_with = "fresh")]
+        resume: bool,
+        /// Start over even if the output directory holds a checkpoint (it is replaced at the
+        /// first save, not before).
+        #[arg(long)]
+        fresh: bool,
+    },
     /// Train a small randomly initialised model on one fixed random batch until it memorises it
     /// (forward, backward and AdamW working together); prints the loss curve.
     Overfit {
@@ -71,6 +90,7 @@ enum Command {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
+        Command::Train { config, set, resume, fresh } => train(&config, &set, resume, fresh),
         Command::Overfit { model, steps, lr, seed, threads } => overfit(model, steps, lr, seed, threads),
         Command::BenchStep { steps, warmup, batch, seq, threads } => bench_step(steps, warmup, batch, seq, threads),
     }
@@ -215,5 +235,89 @@ fn bench_step(steps: usize, warmup: usize, batch: usize, seq: usize, threads: us
     println!("  achieved        {rate:.1} GFLOP/s");
     println!("  f32 GEMM 2048³  {gemm:.1} GFLOP/s ({threads} threads)");
     println!("  step / GEMM     {:.1}%", 100.0 * rate / gemm);
+    Ok(())
+}
+
+fn train(config_path: &Path, overrides: &[String], resume: bool, fresh: bool) -> Result<()> {
+    use indicatif::{ProgressBar, ProgressStyle};
+    use pipetransformer::run::{Job, RunConfig};
+    use pipetransformer::train::Event;
+
+    let config =
+        RunConfig::load(config_path, overrides).with_context(|| format!("reading {}", config_path.display()))?;
+    let dev = CpuDevice::<f32>::new(0, config.output.threads)?;
+    println!("pipetransformer train: {} on {}", config_path.display(), dev.name());
+    let mut job = Job::new(&dev, config).context("preparing the run")?;
+    let ckpt = job.checkpoint_path();
+    if resume {
+        job.resume(&dev).with_context(|| format!("resuming from {}", ckpt.display()))?;
+        println!(
+            "resumed at step {} (epoch {}, batch {})",
+            job.trainer.position.step, job.trainer.position.epoch, job.trainer.position.batch
+        );
+    } else if ckpt.exists() && !fresh {
+        bail!(
+            "{} already holds a checkpoint: pass --resume to continue that run or --fresh to start over",
+            ckpt.display()
+        );
+    }
+    let info = &job.info;
+    println!(
+        "data: {} — {} training / {} evaluation samples, {} {}",
+        info.name,
+        info.train,
+        info.test,
+        info.classes,
+        if job.trainer.model.spec().head == pipetransformer::model::HeadSpec::TiedLmHead {
+            "tokens"
+        } else {
+            "classes"
+        }
+    );
+    println!("model: {:?}, {} parameters", job.trainer.model.spec().family, job.trainer.model.num_params());
+    if let Some(report) = &job.load_report {
+        println!("{report}");
+    }
+    let total = job.trainer.schedule.total_steps;
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}  [{elapsed_precise} < {eta_precise}]")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_position(job.trainer.position.step);
+    let started = Instant::now();
+    let mut samples = 0usize;
+    let summary = job.run(&dev, &mut |e| match e {
+        Event::Step { step, loss, lr, samples: n, .. } => {
+            samples += n;
+            let rate = samples as f64 / started.elapsed().as_secs_f64().max(1e-9);
+            bar.set_position(*step);
+            bar.set_message(format!("loss {loss:.4}  lr {lr:.2e}  {rate:.1} samples/s"));
+        }
+        Event::Epoch { epoch, eval } => {
+            let line = format!(
+                "epoch {epoch}: eval loss {:.4}  accuracy {:.2}%  perplexity {:.3}",
+                eval.loss,
+                100.0 * eval.accuracy,
+                eval.perplexity
+            );
+            // A hidden bar (output not a terminal) swallows println: print directly then.
+            if bar.is_hidden() { println!("{line}") } else { bar.println(line) }
+        }
+    })?;
+    bar.finish_and_clear();
+    println!("done: {} steps in {:.1} s ({:.1} samples/s)", summary.steps, summary.seconds, summary.samples_per_second);
+    if let Some(eval) = summary.eval {
+        println!(
+            "final eval: loss {:.4}, accuracy {:.2}%, perplexity {:.3}",
+            eval.loss,
+            100.0 * eval.accuracy,
+            eval.perplexity
+        );
+    }
+    if let Some(u) = summary.unigram_baseline_loss {
+        println!("unigram baseline held-out loss: {u:.4}");
+    }
+    println!("wrote {}/{{metrics.jsonl, summary.json, checkpoint.ckpt, model/}}", job.config.output.dir.display());
     Ok(())
 }

@@ -1,0 +1,100 @@
+//! `SampleSource`: any dataset as a [`BatchSource`] — training samples in a seeded order per
+//! epoch, evaluation samples in file order, and a function that turns samples into a
+//! [`HostBatch`] (images, token sequences, tokenised text).
+
+use crate::data::BatchOrder;
+use crate::error::{Result, data_error};
+use crate::model::HostBatch;
+use crate::rng::Rng;
+use crate::train::BatchSource;
+
+/// Builds a batch from samples and the position of the first one in its epoch.
+pub type MakeBatch<S> = Box<dyn Fn(&[&S], u64) -> Result<HostBatch> + Send + Sync>;
+
+/// Training and evaluation samples plus their batch builder.
+pub struct SampleSource<S> {
+    train: Vec<S>,
+    test: Vec<S>,
+    order: BatchOrder,
+    batch_size: usize,
+    eval_batch_size: usize,
+    make_batch: MakeBatch<S>,
+}
+
+impl<S> SampleSource<S> {
+    /// A source over `train` (shuffled per epoch by `seed`) and `test`. Errors if either is
+    /// empty or a batch size is 0.
+    pub fn new(
+        train: Vec<S>,
+        test: Vec<S>,
+        seed: u64,
+        batch_size: usize,
+        eval_batch_size: usize,
+        make_batch: MakeBatch<S>,
+    ) -> Result<Self> {
+        if train.is_empty() || test.is_empty() {
+            return Err(data_error("dataset", "the training or test set is empty"));
+        }
+        if batch_size == 0 || eval_batch_size == 0 {
+            return Err(data_error("batch size", "must be at least 1"));
+        }
+        let order = BatchOrder::new(train.len(), seed);
+        Ok(Self { train, test, order, batch_size, eval_batch_size, make_batch })
+    }
+
+    /// Training samples.
+    pub fn train_len(&self) -> usize {
+        self.train.len()
+    }
+
+    /// Evaluation samples.
+    pub fn test_len(&self) -> usize {
+        self.test.len()
+    }
+}
+
+/// Keeps a seeded random `limit` of `samples` (all when `limit` is 0 or larger), in their
+/// original order: a quick run sees a fair slice, not the file's first rows.
+pub fn subset<S>(samples: Vec<S>, limit: usize, seed: u64) -> Vec<S> {
+    if limit == 0 || limit >= samples.len() {
+        return samples;
+    }
+    let mut pick: Vec<usize> = (0..samples.len()).collect();
+    Rng::new(seed).shuffle(&mut pick);
+    let mut keep = vec![false; samples.len()];
+    for &i in &pick[..limit] {
+        keep[i] = true;
+    }
+    samples.into_iter().zip(keep).filter_map(|(s, k)| k.then_some(s)).collect()
+}
+
+impl<S: Send + Sync> BatchSource for SampleSource<S> {
+    fn batches_per_epoch(&self) -> usize {
+        self.train.len().div_ceil(self.batch_size)
+    }
+
+    fn train_batch(&self, epoch: u64, index: usize) -> Result<HostBatch> {
+        let perm = self.order.permutation(epoch);
+        let start = index * self.batch_size;
+        let end = (start + self.batch_size).min(perm.len());
+        if start >= end {
+            return Err(data_error("training batch", format!("index {index} is past the end of the epoch")));
+        }
+        let samples: Vec<&S> = perm[start..end].iter().map(|&i| &self.train[i]).collect();
+        (self.make_batch)(&samples, start as u64)
+    }
+
+    fn eval_batches(&self) -> usize {
+        self.test.len().div_ceil(self.eval_batch_size)
+    }
+
+    fn eval_batch(&self, index: usize) -> Result<HostBatch> {
+        let start = index * self.eval_batch_size;
+        let end = (start + self.eval_batch_size).min(self.test.len());
+        if start >= end {
+            return Err(data_error("evaluation batch", format!("index {index} is past the end")));
+        }
+        let samples: Vec<&S> = self.test[start..end].iter().collect();
+        (self.make_batch)(&samples, start as u64)
+    }
+}
