@@ -15,6 +15,7 @@
 //! | [`device`] | the `Device` trait (buffers + op set) and the `cpu` backend `CpuDevice<T>` |
 //! | [`model`] | configs (`BertConfig`, `GptConfig`, `VitConfig`), `Param`, the units (`Unit`: embedding, attention, MLP, final norm, head), `Model` (forward, backward, freezing, costs) |
 //! | [`train`] | `Optimizer` (AdamW, SGD + momentum), `LrSchedule` (warmup + linear/cosine), global-norm clipping, `train_step` |
+//! | [`text`] | `TextTokenizer` (a Hugging Face `tokenizer.json`, our truncation, no padding), `text_batch` (labelled texts → per-batch-padded BERT `HostBatch`), `lm_batch`/`lm_batches` (token stream → next-token `HostBatch`es) |
 //! | [`bench`] | the MiniLM-shaped benchmark workload, synthetic batches, step FLOPs, the GEMM roofline |
 //! | [`testing`] | finite-difference gradient checks and error metrics used by the tests |
 
@@ -28,6 +29,7 @@ pub mod ops;
 pub mod rng;
 pub mod scalar;
 pub mod testing;
+pub mod text;
 pub mod train;
 
 pub use device::{CpuDevice, Device};
