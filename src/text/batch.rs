@@ -1,0 +1,142 @@
+//! `text_batch`: labelled texts to a padded [`HostBatch`] for a BERT sequence classifier.
+
+use super::tokenizer::{TextInput, TextTokenizer};
+use crate::error::{Result, data_error};
+use crate::model::HostBatch;
+
+/// One labelled sample.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TextItem<'a> {
+    /// The data set's id for the sample, carried through to [`TextBatch::sample_ids`] (e.g.
+    /// to key cached activations of frozen layers).
+    pub id: u64,
+    /// The text, or text pair.
+    pub input: TextInput<'a>,
+    /// Class index.
+    pub label: u32,
+}
+
+/// A classifier batch with what the [`HostBatch`] itself does not carry.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TextBatch {
+    /// Tokens, token types, attention mask and labels, padded to the longest sample.
+    pub host: HostBatch,
+    /// [`TextItem::id`] of each row, in row order.
+    pub sample_ids: Vec<u64>,
+    /// Real (unpadded) tokens of each row.
+    pub lengths: Vec<usize>,
+    /// Rows that lost tokens to the tokenizer's `max_len`.
+    pub truncated: usize,
+}
+
+/// Tokenises `items` and pads them to the longest one in the batch (not to `max_len`, so a
+/// batch of short texts stays short). Padding positions get the tokenizer's pad id, its pad
+/// type id and attention mask 0; `targets` are the labels; `sample_offset` is the global
+/// index of the first item (it places the batch's dropout masks, see
+/// [`HostBatch::sample_offset`]).
+///
+/// Errors: an empty `items` ([`Error::Data`](crate::Error::Data)), or a tokenizer failure.
+pub fn text_batch(tokenizer: &TextTokenizer, items: &[TextItem<'_>], sample_offset: u64) -> Result<TextBatch> {
+    if items.is_empty() {
+        return Err(data_error("text batch", "is empty; expected at least one item"));
+    }
+    let inputs: Vec<TextInput<'_>> = items.iter().map(|item| item.input).collect();
+    let encodings = tokenizer.encode_batch(&inputs)?;
+    let batch = items.len();
+    let seq = encodings.iter().map(|e| e.ids.len()).max().unwrap_or(0);
+    if seq == 0 {
+        // Only possible with a tokenizer that adds no special tokens, on empty texts.
+        return Err(data_error("text batch", "every item tokenised to no tokens"));
+    }
+    let mut tokens = vec![tokenizer.pad_id(); batch * seq];
+    let mut token_types = vec![tokenizer.pad_type_id(); batch * seq];
+    let mut mask = vec![0u32; batch * seq];
+    for (row, enc) in encodings.iter().enumerate() {
+        let n = enc.ids.len();
+        let at = row * seq;
+        tokens[at..at + n].copy_from_slice(&enc.ids);
+        token_types[at..at + n].copy_from_slice(&enc.type_ids);
+        mask[at..at + n].fill(1);
+    }
+    let host = HostBatch {
+        batch,
+        seq,
+        tokens: Some(tokens),
+        token_types: Some(token_types),
+        attention_mask: Some(mask),
+        pixels: None,
+        targets: items.iter().map(|item| item.label).collect(),
+        position_offset: 0,
+        sample_offset,
+    };
+    Ok(TextBatch {
+        host,
+        sample_ids: items.iter().map(|item| item.id).collect(),
+        lengths: encodings.iter().map(|e| e.ids.len()).collect(),
+        truncated: encodings.iter().filter(|e| e.truncated).count(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Error;
+    use crate::text::tokenizer::tests::{CLS, SEP, tiny};
+
+    fn item(id: u64, input: TextInput<'_>, label: u32) -> TextItem<'_> {
+        TextItem { id, input, label }
+    }
+
+    #[test]
+    fn pads_to_the_longest_item_with_mask_and_types() {
+        let items = [
+            item(40, TextInput::Single("hello world"), 1),
+            item(41, TextInput::Pair("the cat", "sat on a mat"), 0),
+            item(42, TextInput::Single("dog"), 2),
+        ];
+        let b = text_batch(&tiny(32), &items, 7).unwrap();
+        let h = &b.host;
+        // Longest: [CLS] the cat [SEP] sat on a mat [SEP] = 9, not max_len = 32.
+        assert_eq!((h.batch, h.seq), (3, 9));
+        #[rustfmt::skip]
+        assert_eq!(h.tokens.as_deref().unwrap(), [
+            CLS, 4, 5, SEP, 0, 0, 0, 0, 0,
+            CLS, 6, 7, SEP, 8, 9, 12, 10, SEP,
+            CLS, 15, SEP, 0, 0, 0, 0, 0, 0,
+        ]);
+        #[rustfmt::skip]
+        assert_eq!(h.token_types.as_deref().unwrap(), [
+            0, 0, 0, 0, 0, 0, 0, 0, 0,
+            0, 0, 0, 0, 1, 1, 1, 1, 1,
+            0, 0, 0, 0, 0, 0, 0, 0, 0,
+        ]);
+        #[rustfmt::skip]
+        assert_eq!(h.attention_mask.as_deref().unwrap(), [
+            1, 1, 1, 1, 0, 0, 0, 0, 0,
+            1, 1, 1, 1, 1, 1, 1, 1, 1,
+            1, 1, 1, 0, 0, 0, 0, 0, 0,
+        ]);
+        assert_eq!(h.targets, [1, 0, 2]);
+        assert_eq!((h.sample_offset, h.position_offset, h.pixels.is_none()), (7, 0, true));
+        assert_eq!(b.sample_ids, [40, 41, 42]);
+        assert_eq!(b.lengths, [4, 9, 3]);
+        assert_eq!(b.truncated, 0);
+    }
+
+    #[test]
+    fn long_items_are_cut_at_max_len_and_counted() {
+        let items = [item(0, TextInput::Single("the cat sat on a mat"), 0), item(1, TextInput::Single("dog"), 0)];
+        let b = text_batch(&tiny(5), &items, 0).unwrap();
+        assert_eq!(b.host.seq, 5);
+        assert_eq!(&b.host.tokens.as_deref().unwrap()[..5], [CLS, 6, 7, 8, SEP]);
+        assert_eq!(b.truncated, 1);
+    }
+
+    #[test]
+    fn empty_batch_is_an_error() {
+        match text_batch(&tiny(8), &[], 0) {
+            Err(Error::Data { what, .. }) => assert_eq!(what, "text batch"),
+            other => panic!("expected a data error, got {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! The `pipetransformer` binary on bad input: a clear message, a non-zero exit, and a good
+//! checkpoint left untouched.
+
+use std::process::Command;
+
+fn pipetransformer(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_pipetransformer")).args(args).output().unwrap();
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("pt-cli-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn unknown_set_key_is_rejected_by_name() {
+    let (ok, out) = pipetransformer(&["train", "--config", "configs/vit-digits.toml", "--set", "train.bogus=1"]);
+    assert!(!ok);
+    assert!(out.contains("bogus"), "{out}");
+}
+
+#[test]
+fn missing_config_and_missing_dataset_say_what_to_do() {
+    let (ok, out) = pipetransformer(&["train", "--config", "configs/nope.toml"]);
+    assert!(!ok && out.contains("configs/nope.toml"), "{out}");
+    let empty = scratch("nodata");
+    let dir = format!("data.dir={}", empty.display());
+    let (ok, out) = pipetransformer(&["train", "--config", "configs/vit-digits.toml", "--set", &dir]);
+    assert!(!ok && out.contains("digits.csv.gz") && out.contains("scripts/setup.sh"), "{out}");
+    std::fs::remove_dir_all(&empty).unwrap();
+}
+
+#[test]
+fn corrupt_checkpoint_on_resume_is_an_error_and_is_not_replaced() {
+    let out_dir = scratch("resume");
+    let data = "data/digits/digits.csv.gz";
+    if !std::path::Path::new(data).exists() {
+        assert!(std::env::var_os("CI").is_none(), "CI must have run scripts/setup.sh");
+        eprintln!("skipping: {data} not installed");
+        return;
+    }
+    let set_out = format!("output.dir={}", out_dir.display());
+    let args = ["train", "--config", "configs/vit-digits.toml", "--set", &set_out, "--set", "train.epochs=1"];
+    let (ok, out) = pipetransformer(&args);
+    assert!(ok, "{out}");
+    let ckpt = out_dir.join("checkpoint.ckpt");
+    // A second fresh run into the same directory is refused without --fresh/--resume.
+    let (ok, out) = pipetransformer(&args);
+    assert!(!ok && out.contains("--resume"), "{out}");
+    // Corrupt it: resuming fails, names the file, and leaves the bytes as they were.
+    let mut bytes = std::fs::read(&ckpt).unwrap();
+    let n = bytes.len();
+    bytes[n / 3] ^= 0xff;
+    std::fs::write(&ckpt, &bytes).unwrap();
+    let mut resume = args.to_vec();
+    resume.push("--resume");
+    let (ok, out) = pipetransformer(&resume);
+    assert!(!ok && out.contains("checkpoint.ckpt") && out.contains("corrupt"), "{out}");
+    assert_eq!(std::fs::read(&ckpt).unwrap(), bytes);
+    std::fs::remove_dir_all(&out_dir).unwrap();
+}
