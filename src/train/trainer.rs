@@ -229,11 +229,11 @@ impl<D: Device> Trainer<D> {
             let out = self.model.loss(dev, &batch, &logits, None)?;
             loss_sum += out.loss_sum;
             count += out.count;
+            let logits = dev.download(&logits)?;
             let classes = match self.model.spec().head {
                 HeadSpec::Classifier { num_labels, .. } => num_labels,
-                HeadSpec::TiedLmHead => dev.download(&logits)?.len() / host.targets.len().max(1),
+                HeadSpec::TiedLmHead => logits.len() / host.targets.len().max(1),
             };
-            let logits = dev.download(&logits)?;
             for (row, &target) in logits.chunks(classes.max(1)).zip(&host.targets) {
                 if target == crate::model::IGNORE_INDEX {
                     continue;
