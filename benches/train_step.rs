@@ -5,11 +5,12 @@
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use pipetransformer::bench;
+use pipetransformer::device::CpuDevice;
 use pipetransformer::model::{Batch, Model};
 use pipetransformer::train::{Optimizer, OptimizerConfig, train_step};
 
 fn bench_step(c: &mut Criterion) {
-    let dev = bench::cpu_f32(0).unwrap();
+    let dev = CpuDevice::<f32>::new(0, 0).unwrap();
     let config = bench::minilm_shaped();
     let mut model = Model::new(&dev, &config, 0).unwrap();
     let batch = Batch::upload(&dev, model.spec(), &bench::random_batch(&config, 16, 128, 1), true, 2).unwrap();

@@ -2,7 +2,7 @@
 //! `pipetransformer bench-step` report: the MiniLM-shaped encoder, synthetic batches, FLOP
 //! counts and the machine's large-GEMM rate (the roofline the step is compared against).
 
-use crate::device::{CpuDevice, Device};
+use crate::device::Device;
 use crate::model::{BertConfig, HostBatch, IGNORE_INDEX, Model, ModelConfig, Pooling};
 use crate::ops::matmul::{MatRef, matmul};
 use crate::rng::Rng;
@@ -82,9 +82,4 @@ pub fn gemm_gflops(threads: usize, n: usize, reps: usize) -> crate::Result<f64> 
         best = best.min(t.elapsed().as_secs_f64());
     }
     Ok(2.0 * (n as f64).powi(3) / best / 1e9)
-}
-
-/// A CPU f32 device with `threads` threads (0: all cores).
-pub fn cpu_f32(threads: usize) -> crate::Result<CpuDevice<f32>> {
-    CpuDevice::new(0, threads)
 }

@@ -199,7 +199,7 @@ fn bench_step(steps: usize, warmup: usize, batch: usize, seq: usize, threads: us
     if steps == 0 || batch == 0 || seq == 0 {
         bail!("--steps, --batch and --seq must each be at least 1");
     }
-    let dev = bench::cpu_f32(threads)?;
+    let dev = CpuDevice::<f32>::new(0, threads)?;
     let config = bench::minilm_shaped();
     let mut model = Model::new(&dev, &config, 0)?;
     let host = bench::random_batch(&config, batch, seq, 1);
@@ -217,8 +217,7 @@ fn bench_step(steps: usize, warmup: usize, batch: usize, seq: usize, threads: us
     }
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
-    let threads =
-        threads.max(if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { 0 });
+    let threads = dev.threads();
     let gemm = bench::gemm_gflops(threads, 2048, 3)?;
     let rate = flops / median / 1e9;
     println!(

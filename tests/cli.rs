@@ -61,3 +61,13 @@ fn corrupt_checkpoint_on_resume_is_an_error_and_is_not_replaced() {
     assert_eq!(std::fs::read(&ckpt).unwrap(), bytes);
     std::fs::remove_dir_all(&out_dir).unwrap();
 }
+
+#[test]
+fn diagnostic_commands_reject_zero_counts() {
+    let (ok, out) = pipetransformer(&["overfit", "--steps", "0"]);
+    assert!(!ok && out.contains("--steps must be at least 1"), "{out}");
+    let (ok, out) = pipetransformer(&["bench-step", "--batch", "0"]);
+    assert!(!ok && out.contains("must each be at least 1"), "{out}");
+    let (ok, out) = pipetransformer(&["overfit", "--model", "resnet"]);
+    assert!(!ok && out.contains("resnet"), "{out}");
+}

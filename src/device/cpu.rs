@@ -111,6 +111,11 @@ impl<T: Float> CpuDevice<T> {
         })
     }
 
+    /// Worker threads of this device.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
     /// Runs `f` on this device's thread pool.
     fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         self.pool.install(f)
