@@ -7,19 +7,7 @@ use pipetransformer::model::{Batch, GptConfig, Model, ModelConfig};
 use pipetransformer::train::{Optimizer, OptimizerConfig, train_step};
 
 fn main() -> pipetransformer::Result<()> {
-    let config = ModelConfig::Gpt(GptConfig {
-        vocab_size: 64,
-        n_positions: 32,
-        n_embd: 32,
-        n_layer: 2,
-        n_head: 4,
-        n_inner: None,
-        activation_function: "gelu_new".into(),
-        layer_norm_epsilon: 1e-5,
-        resid_pdrop: 0.0,
-        embd_pdrop: 0.0,
-        attn_pdrop: 0.0,
-    });
+    let config = ModelConfig::Gpt(GptConfig::without_dropout(64, 32, 32, 2, 4));
     let dev = CpuDevice::<f32>::new(0, 0)?;
     let mut model = Model::new(&dev, &config, 42)?;
     model.freeze_prefix(&dev, 1)?;

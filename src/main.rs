@@ -118,23 +118,7 @@ fn small_config(family: Family) -> (ModelConfig, usize, usize) {
             16,
             32,
         ),
-        Family::Gpt => (
-            ModelConfig::Gpt(GptConfig {
-                vocab_size: 64,
-                n_positions: 64,
-                n_embd: 64,
-                n_layer: 2,
-                n_head: 4,
-                n_inner: None,
-                activation_function: "gelu_new".into(),
-                layer_norm_epsilon: 1e-5,
-                resid_pdrop: 0.0,
-                embd_pdrop: 0.0,
-                attn_pdrop: 0.0,
-            }),
-            4,
-            32,
-        ),
+        Family::Gpt => (ModelConfig::Gpt(GptConfig::without_dropout(64, 64, 64, 2, 4)), 4, 32),
         Family::Vit => (
             ModelConfig::Vit(VitConfig {
                 image_size: 8,

@@ -9,19 +9,7 @@ use pipetransformer::model::{Batch, GptConfig, Model, ModelConfig, VitConfig};
 use pipetransformer::train::{Optimizer, OptimizerConfig, train_step};
 
 fn gpt() -> ModelConfig {
-    ModelConfig::Gpt(GptConfig {
-        vocab_size: 16,
-        n_positions: 16,
-        n_embd: 32,
-        n_layer: 2,
-        n_head: 4,
-        n_inner: None,
-        activation_function: "gelu_new".into(),
-        layer_norm_epsilon: 1e-5,
-        resid_pdrop: 0.0,
-        embd_pdrop: 0.0,
-        attn_pdrop: 0.0,
-    })
+    ModelConfig::Gpt(GptConfig::without_dropout(16, 16, 32, 2, 4))
 }
 
 fn vit() -> ModelConfig {

@@ -100,6 +100,32 @@ pub struct GptConfig {
     pub attn_pdrop: f32,
 }
 
+impl GptConfig {
+    /// A GPT-2-style model without dropout and with GPT-2's defaults elsewhere (tanh GELU,
+    /// MLP width `4·n_embd`, epsilon 1e-5): the shape small experiments and tests need.
+    pub fn without_dropout(
+        vocab_size: usize,
+        n_positions: usize,
+        n_embd: usize,
+        n_layer: usize,
+        n_head: usize,
+    ) -> Self {
+        Self {
+            vocab_size,
+            n_positions,
+            n_embd,
+            n_layer,
+            n_head,
+            n_inner: None,
+            activation_function: default_gelu_new(),
+            layer_norm_epsilon: default_gpt_eps(),
+            resid_pdrop: 0.0,
+            embd_pdrop: 0.0,
+            attn_pdrop: 0.0,
+        }
+    }
+}
+
 /// A pre-LN Vision Transformer classifier (Hugging Face `ViTConfig` names): square images cut
 /// into square patches, a class token, learned positions.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
