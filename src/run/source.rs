@@ -16,6 +16,8 @@ pub struct SampleSource<S> {
     train: Vec<S>,
     test: Vec<S>,
     order: BatchOrder,
+    /// The current epoch's permutation, so a step does not reshuffle the whole training set.
+    epoch_perm: std::sync::Mutex<Option<(u64, std::sync::Arc<Vec<usize>>)>>,
     batch_size: usize,
     eval_batch_size: usize,
     make_batch: MakeBatch<S>,
@@ -39,7 +41,20 @@ impl<S> SampleSource<S> {
             return Err(data_error("batch size", "must be at least 1"));
         }
         let order = BatchOrder::new(train.len(), seed);
-        Ok(Self { train, test, order, batch_size, eval_batch_size, make_batch })
+        Ok(Self { train, test, order, epoch_perm: Default::default(), batch_size, eval_batch_size, make_batch })
+    }
+
+    /// The permutation of `epoch`, computed once per epoch.
+    fn permutation(&self, epoch: u64) -> std::sync::Arc<Vec<usize>> {
+        let mut cached = self.epoch_perm.lock().unwrap_or_else(|e| e.into_inner());
+        match &*cached {
+            Some((e, perm)) if *e == epoch => perm.clone(),
+            _ => {
+                let perm = std::sync::Arc::new(self.order.permutation(epoch));
+                *cached = Some((epoch, perm.clone()));
+                perm
+            }
+        }
     }
 
     /// Training samples.
@@ -74,7 +89,7 @@ impl<S: Send + Sync> BatchSource for SampleSource<S> {
     }
 
     fn train_batch(&self, epoch: u64, index: usize) -> Result<HostBatch> {
-        let perm = self.order.permutation(epoch);
+        let perm = self.permutation(epoch);
         let start = index * self.batch_size;
         let end = (start + self.batch_size).min(perm.len());
         if start >= end {
@@ -96,5 +111,39 @@ impl<S: Send + Sync> BatchSource for SampleSource<S> {
         }
         let samples: Vec<&S> = self.test[start..end].iter().collect();
         (self.make_batch)(&samples, start as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source() -> SampleSource<u32> {
+        let make: MakeBatch<u32> = Box::new(|s, offset| {
+            Ok(HostBatch {
+                batch: s.len(),
+                targets: s.iter().map(|&&x| x).collect(),
+                sample_offset: offset,
+                ..Default::default()
+            })
+        });
+        SampleSource::new((0..10).collect(), vec![100, 101, 102], 7, 4, 2, make).unwrap()
+    }
+
+    #[test]
+    fn an_epoch_covers_every_sample_once_in_the_seeded_order() {
+        let s = source();
+        assert_eq!(s.batches_per_epoch(), 3);
+        for epoch in [0, 1, 0] {
+            let seen: Vec<u32> = (0..3).flat_map(|i| s.train_batch(epoch, i).unwrap().targets).collect();
+            let want: Vec<u32> = BatchOrder::new(10, 7).permutation(epoch).iter().map(|&i| i as u32).collect();
+            assert_eq!(seen, want, "epoch {epoch}");
+        }
+        assert!(s.train_batch(0, 3).is_err());
+        assert_eq!(s.eval_batches(), 2);
+        assert_eq!(s.eval_batch(1).unwrap().targets, vec![102]);
+        assert!(
+            SampleSource::new(Vec::<u32>::new(), vec![1], 0, 1, 1, Box::new(|_, _| Ok(HostBatch::default()))).is_err()
+        );
     }
 }
