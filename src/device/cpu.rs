@@ -145,6 +145,9 @@ impl<T: Float> Device for CpuDevice<T> {
             None => self.wrap(vec![T::ZERO; len]),
         })
     }
+    fn alloc_stats(&self, len: usize) -> Result<Self::Buf> {
+        self.alloc(len)
+    }
     fn zeros(&self, len: usize) -> Result<Self::Buf> {
         let mut b = self.alloc(len)?;
         b.fill(T::ZERO);
@@ -331,6 +334,9 @@ impl<T: Float> Device for CpuDevice<T> {
     fn dropout_backward(&self, dinp: &mut Self::Buf, dout: &Self::Buf, p: f32, seed: u64, offset: u64) -> Result<()> {
         self.run(|| ops::dropout::dropout_backward(dinp, dout, p, seed, offset))
     }
+    fn attention_saved_len(&self, d: &AttentionDims) -> usize {
+        d.batch * d.heads * d.q_len * d.kv_len
+    }
     fn attention_forward(
         &self,
         out: &mut Self::Buf,
@@ -352,6 +358,7 @@ impl<T: Float> Device for CpuDevice<T> {
         q: &Self::Buf,
         k: &Self::Buf,
         v: &Self::Buf,
+        _out: &Self::Buf,
         probs: &Self::Buf,
         key_mask: Option<&Self::Ids>,
         d: &AttentionDims,

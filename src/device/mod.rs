@@ -7,8 +7,12 @@
 //! gradients and adds into parameter gradients; every buffer length is checked.
 
 pub mod cpu;
+pub mod cuda;
+pub mod emu;
+pub mod gpu;
 
 pub use cpu::{CpuBuf, CpuDevice};
+pub use gpu::{GpuBuf, GpuDevice, GpuIds, Precision};
 
 use crate::error::Result;
 use crate::ops::attention::AttentionDims;
@@ -35,6 +39,10 @@ pub trait Device: Send + Sync + 'static {
     fn len(buf: &Self::Buf) -> usize;
     /// A buffer of `len` elements with unspecified contents (reused allocations).
     fn alloc(&self, len: usize) -> Result<Self::Buf>;
+    /// A buffer of `len` elements for per-row statistics and losses (LayerNorm mean and rstd,
+    /// attention's saved state, per-row losses): f32 on every device, even where activations are
+    /// bf16, because these values feed divisions and exponentials in the backward.
+    fn alloc_stats(&self, len: usize) -> Result<Self::Buf>;
     /// A buffer of `len` zeros.
     fn zeros(&self, len: usize) -> Result<Self::Buf>;
     /// Copies host f32 values into a new buffer (rounding to the device dtype).
@@ -168,11 +176,15 @@ pub trait Device: Send + Sync + 'static {
     fn dropout_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, p: f32, seed: u64, offset: u64) -> Result<()>;
     /// See [`crate::ops::dropout::dropout_backward`].
     fn dropout_backward(&self, dinp: &mut Self::Buf, dout: &Self::Buf, p: f32, seed: u64, offset: u64) -> Result<()>;
-    /// See [`crate::ops::attention::attention_forward`].
+    /// Elements of the state `attention_forward` saves for `attention_backward`: the whole
+    /// probability matrix on `cpu`, one log-sum-exp per query row on the fused GPU kernels.
+    fn attention_saved_len(&self, d: &AttentionDims) -> usize;
+    /// See [`crate::ops::attention::attention_forward`]; `saved` holds
+    /// [`attention_saved_len`](Self::attention_saved_len) elements.
     fn attention_forward(
         &self,
         out: &mut Self::Buf,
-        probs: &mut Self::Buf,
+        saved: &mut Self::Buf,
         q: &Self::Buf,
         k: &Self::Buf,
         v: &Self::Buf,
@@ -189,7 +201,8 @@ pub trait Device: Send + Sync + 'static {
         q: &Self::Buf,
         k: &Self::Buf,
         v: &Self::Buf,
-        probs: &Self::Buf,
+        out: &Self::Buf,
+        saved: &Self::Buf,
         key_mask: Option<&Self::Ids>,
         d: &AttentionDims,
     ) -> Result<()>;

@@ -217,7 +217,7 @@ impl<D: Device> AttentionUnit<D> {
             let k = self.key.forward(dev, inp, rows)?;
             let v = self.value.forward(dev, inp, rows)?;
             let mut attended = dev.alloc(rows * self.query.out_dim)?;
-            let mut probs = dev.alloc(batch.batch * self.heads * batch.seq * batch.seq)?;
+            let mut probs = dev.alloc_stats(dev.attention_saved_len(&d))?;
             dev.attention_forward(&mut attended, &mut probs, &q, &k, &v, batch.attention_mask.as_ref(), &d)?;
             let z = self.output.forward(dev, &attended, rows)?;
             Ok((z, AttentionBranchSaved { q, k, v, probs, attended }))
@@ -244,7 +244,7 @@ impl<D: Device> AttentionUnit<D> {
             // attended = attention(q, k, v)
             let (mut dq, mut dk, mut dv) = (dev.alloc(rows * c)?, dev.alloc(rows * c)?, dev.alloc(rows * c)?);
             let mask = batch.attention_mask.as_ref();
-            dev.attention_backward(&mut dq, &mut dk, &mut dv, &dattended, &s.q, &s.k, &s.v, &s.probs, mask, &d)?;
+            dev.attention_backward(&mut dq, &mut dk, &mut dv, &dattended, &s.q, &s.k, &s.v, &s.attended, &s.probs, mask, &d)?;
             // q, k, v = inp · W{q,k,v}ᵀ: the input gradient is the sum of the three.
             let dinp = query.backward(dev, &dq, inp, rows, need_dinp)?;
             let dinp_k = key.backward(dev, &dk, inp, rows, need_dinp)?;

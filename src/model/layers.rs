@@ -133,8 +133,8 @@ impl<D: Device> LayerNorm<D> {
     /// Normalises `inp` (`rows` rows); returns the output and the row statistics.
     pub fn forward(&self, dev: &D, inp: &D::Buf, rows: usize) -> Result<(D::Buf, LayerNormSaved<D>)> {
         let mut out = dev.alloc(rows * self.dim)?;
-        let mut mean = dev.alloc(rows)?;
-        let mut rstd = dev.alloc(rows)?;
+        let mut mean = dev.alloc_stats(rows)?;
+        let mut rstd = dev.alloc_stats(rows)?;
         dev.layernorm_forward(
             &mut out,
             &mut mean,

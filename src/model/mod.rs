@@ -241,7 +241,7 @@ impl<D: Device> Model<D> {
             HeadSpec::Classifier { num_labels, .. } => (batch.batch, num_labels),
             HeadSpec::TiedLmHead => (batch.rows(), self.head_classes()),
         };
-        let mut losses = dev.alloc(rows)?;
+        let mut losses = dev.alloc_stats(rows)?;
         let mut dlogits = match grad_scale {
             Some(_) => Some(dev.alloc(rows * classes)?),
             None => None,

@@ -1,0 +1,1 @@
+//! Kernel tests: `kernels/attention.cu` against the cpu backend.

@@ -1,0 +1,1 @@
+//! Kernel tests: `kernels/elementwise.cu` against the cpu backend.

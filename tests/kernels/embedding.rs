@@ -1,0 +1,1 @@
+//! Kernel tests: `kernels/embedding.cu` against the cpu backend.

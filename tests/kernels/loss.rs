@@ -1,0 +1,1 @@
+//! Kernel tests: `kernels/loss.cu` against the cpu backend.

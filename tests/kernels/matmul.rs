@@ -1,0 +1,1 @@
+//! Kernel tests: `kernels/matmul.cu` against the cpu backend.

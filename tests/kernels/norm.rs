@@ -1,0 +1,1 @@
+//! Kernel tests: `kernels/norm.cu` against the cpu backend.

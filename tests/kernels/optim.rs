@@ -1,0 +1,1 @@
+//! Kernel tests: `kernels/optim.cu` against the cpu backend.
