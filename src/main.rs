@@ -3,7 +3,7 @@
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use pipetransformer::bench;
-use pipetransformer::device::{CpuDevice, Device};
+use pipetransformer::device::{AnyDevice, CpuDevice, Device, DeviceKind, Precision};
 use pipetransformer::model::{Batch, BertConfig, GptConfig, Model, ModelConfig, Pooling, VitConfig};
 use pipetransformer::train::{LrSchedule, Optimizer, OptimizerConfig, train_step};
 use std::path::{Path, PathBuf};
@@ -27,6 +27,48 @@ enum Family {
     Vit,
 }
 
+/// Where a command runs (`--device`, `--precision`).
+#[derive(clap::Args, Clone, Copy)]
+struct DeviceArgs {
+    /// Backend: auto (cuda when a GPU is present, else cpu), cpu, cuda, or cuda-emu (the CUDA
+    /// kernels emulated on the host: slow, for checking).
+    #[arg(long, default_value = "auto", value_parser = parse_device)]
+    device: DeviceKind,
+    /// Storage precision on the GPU backends: f32, or bf16 activations with f32 master weights.
+    #[arg(long, value_enum, default_value = "f32")]
+    precision: PrecisionArg,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PrecisionArg {
+    F32,
+    Bf16,
+}
+
+fn parse_device(s: &str) -> std::result::Result<DeviceKind, String> {
+    s.parse().map_err(|e: pipetransformer::Error| e.to_string())
+}
+
+impl DeviceArgs {
+    fn open(self, threads: usize) -> Result<AnyDevice> {
+        let precision = match self.precision {
+            PrecisionArg::F32 => Precision::F32,
+            PrecisionArg::Bf16 => Precision::Bf16,
+        };
+        Ok(AnyDevice::open(self.device, 0, threads, precision)?)
+    }
+}
+
+/// Runs the generic function `$f::<D>(&dev, args...)` on whichever device `$any` holds.
+macro_rules! on_device {
+    ($any:expr, $f:ident($($arg:expr),*)) => {
+        match $any {
+            AnyDevice::Cpu(dev) => $f(&dev, $($arg),*),
+            AnyDevice::Gpu(dev) => $f(&dev, $($arg),*),
+        }
+    };
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Train as a run configuration says: load the data and the (pretrained) model, train with
@@ -46,6 +88,8 @@ enum Command {
         /// first save, not before).
         #[arg(long)]
         fresh: bool,
+        #[command(flatten)]
+        device: DeviceArgs,
     },
     /// Train a small randomly initialised model on one fixed random batch until it memorises it
     /// (forward, backward and AdamW working together); prints the loss curve.
@@ -65,6 +109,8 @@ enum Command {
         /// CPU threads (0: all cores).
         #[arg(long, default_value_t = 0)]
         threads: usize,
+        #[command(flatten)]
+        device: DeviceArgs,
     },
     /// Time training steps (forward, backward, AdamW) of the MiniLM-shaped encoder — 6 layers,
     /// hidden 384, 12 heads, MLP 1536 — in f32 on the CPU, and compare the achieved rate with
@@ -85,14 +131,35 @@ enum Command {
         /// CPU threads (0: all cores).
         #[arg(long, default_value_t = 0)]
         threads: usize,
+        #[command(flatten)]
+        device: DeviceArgs,
+    },
+    /// Compile every CUDA kernel with NVRTC for sm_80 and sm_90 and print what `ptxas -v`
+    /// reports (registers, shared memory, stack, spills); fails if any kernel spills.
+    Kernels {
+        /// Rewrite the generated table in this markdown file (docs/KERNELS.md) instead of
+        /// printing it.
+        #[arg(long)]
+        update: Option<PathBuf>,
     },
 }
 
 fn main() -> Result<()> {
     match Cli::parse().command {
-        Command::Train { config, set, resume, fresh } => train(&config, &set, resume, fresh),
-        Command::Overfit { model, steps, lr, seed, threads } => overfit(model, steps, lr, seed, threads),
-        Command::BenchStep { steps, warmup, batch, seq, threads } => bench_step(steps, warmup, batch, seq, threads),
+        Command::Train { config, set, resume, fresh, device } => train(&config, &set, resume, fresh, device),
+        Command::Overfit { model, steps, lr, seed, threads, device } => {
+            if steps == 0 {
+                bail!("--steps must be at least 1");
+            }
+            on_device!(device.open(threads)?, overfit(model, steps, lr, seed))
+        }
+        Command::BenchStep { steps, warmup, batch, seq, threads, device } => {
+            if steps == 0 || batch == 0 || seq == 0 {
+                bail!("--steps, --batch and --seq must each be at least 1");
+            }
+            on_device!(device.open(threads)?, bench_step(steps, warmup, batch, seq))
+        }
+        Command::Kernels { update } => kernels(update.as_deref()),
     }
 }
 
@@ -140,15 +207,11 @@ fn small_config(family: Family) -> (ModelConfig, usize, usize) {
     }
 }
 
-fn overfit(family: Family, steps: u64, lr: f64, seed: u64, threads: usize) -> Result<()> {
-    if steps == 0 {
-        bail!("--steps must be at least 1");
-    }
-    let dev = CpuDevice::<f32>::new(0, threads)?;
+fn overfit<D: Device>(dev: &D, family: Family, steps: u64, lr: f64, seed: u64) -> Result<()> {
     let (config, batch, seq) = small_config(family);
-    let mut model = Model::new(&dev, &config, seed)?;
+    let mut model = Model::new(dev, &config, seed)?;
     let host = bench::random_batch(&config, batch, seq, seed + 1);
-    let batch = Batch::upload(&dev, model.spec(), &host, true, seed)?;
+    let batch = Batch::upload(dev, model.spec(), &host, true, seed)?;
     let mut optimizer =
         Optimizer::new(OptimizerConfig::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 })?;
     let schedule = LrSchedule {
@@ -169,7 +232,7 @@ fn overfit(family: Family, steps: u64, lr: f64, seed: u64, threads: usize) -> Re
     let start = Instant::now();
     let mut last = f64::NAN;
     for step in 0..steps {
-        let stats = train_step(&dev, &mut model, &mut optimizer, &batch, schedule.lr_at(step), Some(1.0))?;
+        let stats = train_step(dev, &mut model, &mut optimizer, &batch, schedule.lr_at(step), Some(1.0))?;
         last = stats.loss;
         if step % 20 == 0 || step + 1 == steps {
             println!("step {step:4}  loss {:.5}  grad-norm {:.3}", stats.loss, stats.grad_norm);
@@ -179,30 +242,25 @@ fn overfit(family: Family, steps: u64, lr: f64, seed: u64, threads: usize) -> Re
     Ok(())
 }
 
-fn bench_step(steps: usize, warmup: usize, batch: usize, seq: usize, threads: usize) -> Result<()> {
-    if steps == 0 || batch == 0 || seq == 0 {
-        bail!("--steps, --batch and --seq must each be at least 1");
-    }
-    let dev = CpuDevice::<f32>::new(0, threads)?;
+fn bench_step<D: Device>(dev: &D, steps: usize, warmup: usize, batch: usize, seq: usize) -> Result<()> {
     let config = bench::minilm_shaped();
-    let mut model = Model::new(&dev, &config, 0)?;
+    let mut model = Model::new(dev, &config, 0)?;
     let host = bench::random_batch(&config, batch, seq, 1);
-    let batch_dev = Batch::upload(&dev, model.spec(), &host, true, 2)?;
+    let batch_dev = Batch::upload(dev, model.spec(), &host, true, 2)?;
     let mut optimizer = Optimizer::new(OptimizerConfig::adamw())?;
-    let flops = bench::step_flops(&model, &dev, batch, seq);
+    let flops = bench::step_flops(&model, dev, batch, seq);
     for _ in 0..warmup {
-        train_step(&dev, &mut model, &mut optimizer, &batch_dev, 1e-4, Some(1.0))?;
+        train_step(dev, &mut model, &mut optimizer, &batch_dev, 1e-4, Some(1.0))?;
     }
     let mut times = Vec::with_capacity(steps);
     for _ in 0..steps {
         let t = Instant::now();
-        train_step(&dev, &mut model, &mut optimizer, &batch_dev, 1e-4, Some(1.0))?;
+        train_step(dev, &mut model, &mut optimizer, &batch_dev, 1e-4, Some(1.0))?;
+        dev.synchronize()?;
         times.push(t.elapsed().as_secs_f64());
     }
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
-    let threads = dev.threads();
-    let gemm = bench::gemm_gflops(threads, 2048, 3)?;
     let rate = flops / median / 1e9;
     println!(
         "MiniLM-shaped training step (6 layers, hidden 384, 12 heads, MLP 1536, seq {seq}, batch {batch}, f32, AdamW)"
@@ -216,24 +274,58 @@ fn bench_step(steps: usize, warmup: usize, batch: usize, seq: usize, threads: us
         times[times.len() - 1] * 1e3
     );
     println!("  achieved        {rate:.1} GFLOP/s");
-    println!("  f32 GEMM 2048³  {gemm:.1} GFLOP/s ({threads} threads)");
-    println!("  step / GEMM     {:.1}%", 100.0 * rate / gemm);
+    // The roofline of the CPU backend is its own large GEMM, measured now on the same threads.
+    if let Some(threads) = cpu_threads(dev) {
+        let gemm = bench::gemm_gflops(threads, 2048, 3)?;
+        println!("  f32 GEMM 2048³  {gemm:.1} GFLOP/s ({threads} threads)");
+        println!("  step / GEMM     {:.1}%", 100.0 * rate / gemm);
+    }
     Ok(())
 }
 
-fn train(config_path: &Path, overrides: &[String], resume: bool, fresh: bool) -> Result<()> {
+/// The thread count of a `cpu` device (None for the GPU backends).
+fn cpu_threads<D: Device>(dev: &D) -> Option<usize> {
+    (dev as &dyn std::any::Any).downcast_ref::<CpuDevice<f32>>().map(CpuDevice::threads)
+}
+
+fn kernels(update: Option<&Path>) -> Result<()> {
+    use pipetransformer::device::kernels;
+    let table = kernels::resource_table()?;
+    match update {
+        None => print!("{table}"),
+        Some(path) => {
+            let doc = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            let fresh = kernels::with_table(&doc, &table)?;
+            pipetransformer::weights::write_atomic(path, |w| std::io::Write::write_all(w, fresh.as_bytes()))?;
+            println!("updated the ptxas table in {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+fn train(config_path: &Path, overrides: &[String], resume: bool, fresh: bool, device: DeviceArgs) -> Result<()> {
+    let config = pipetransformer::run::RunConfig::load(config_path, overrides)
+        .with_context(|| format!("reading {}", config_path.display()))?;
+    let threads = config.output.threads;
+    on_device!(device.open(threads)?, train_on(config_path, config, resume, fresh))
+}
+
+fn train_on<D: Device>(
+    dev: &D,
+    config_path: &Path,
+    config: pipetransformer::run::RunConfig,
+    resume: bool,
+    fresh: bool,
+) -> Result<()> {
     use indicatif::{ProgressBar, ProgressStyle};
-    use pipetransformer::run::{Job, RunConfig};
+    use pipetransformer::run::Job;
     use pipetransformer::train::Event;
 
-    let config =
-        RunConfig::load(config_path, overrides).with_context(|| format!("reading {}", config_path.display()))?;
-    let dev = CpuDevice::<f32>::new(0, config.output.threads)?;
     println!("pipetransformer train: {} on {}", config_path.display(), dev.name());
-    let mut job = Job::new(&dev, config).context("preparing the run")?;
+    let mut job = Job::new(dev, config).context("preparing the run")?;
     let ckpt = job.checkpoint_path();
     if resume {
-        job.resume(&dev).with_context(|| format!("resuming from {}", ckpt.display()))?;
+        job.resume(dev).with_context(|| format!("resuming from {}", ckpt.display()))?;
         println!(
             "resumed at step {} (epoch {}, batch {})",
             job.trainer.position.step, job.trainer.position.epoch, job.trainer.position.batch
@@ -270,7 +362,7 @@ fn train(config_path: &Path, overrides: &[String], resume: bool, fresh: bool) ->
     bar.set_position(job.trainer.position.step);
     let started = Instant::now();
     let mut samples = 0usize;
-    let summary = job.run(&dev, &mut |e| match e {
+    let summary = job.run(dev, &mut |e| match e {
         Event::Step { step, loss, lr, samples: n, .. } => {
             samples += n;
             let rate = samples as f64 / started.elapsed().as_secs_f64().max(1e-9);

@@ -64,3 +64,15 @@ pub fn mix64(mut z: u64) -> u64 {
 pub fn hash_u64(seed: u64, counter: u64) -> u64 {
     mix64(seed ^ mix64(counter.wrapping_add(0x9E37_79B9_7F4A_7C15)))
 }
+
+/// FNV-1a, 64-bit, continuing from `h` (start from [`FNV_OFFSET`]): tiny and dependency-free;
+/// enough to detect a damaged file or key a cache.
+pub fn fnv1a(bytes: &[u8], mut h: u64) -> u64 {
+    for &b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01B3);
+    }
+    h
+}
+/// FNV-1a's offset basis.
+pub const FNV_OFFSET: u64 = 0xCBF2_9CE4_8422_2325;

@@ -1,10 +1,153 @@
-//! The `cuda` backend (in progress).
+//! The `cuda` backend's [`Runtime`]: cudarc's driver API on one GPU. Kernels are compiled by
+//! NVRTC on first use ([`kernels::compile_ptx`], cached on disk), one module per kernel file,
+//! loaded into the device's context; launches are `cuLaunchKernel` on the device's stream with
+//! the argument array built by the shared launch code.
+//!
+//! cudarc loads `libcuda` dynamically and panics when it is absent, so every entry point checks
+//! [`available`] first and turns its absence into an error.
 
-use crate::device::gpu::{GpuDevice, Precision};
+use crate::device::gpu::{DevPtr, GpuDevice, LaunchConfig, Precision, Runtime};
+use crate::device::kernels;
 use crate::error::{Error, Result};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, result, sys};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
 
-/// GPU `ordinal` computing in `precision`.
+fn driver_error(what: &str) -> impl Fn(result::DriverError) -> Error + '_ {
+    move |e| Error::State { what: format!("cuda: {what}"), message: e.to_string() }
+}
+
+/// Whether a CUDA driver is installed and sees at least one GPU.
+pub fn available() -> bool {
+    device_count() > 0
+}
+
+/// GPUs the driver sees (0 without a driver).
+pub fn device_count() -> usize {
+    // SAFETY: checks for the library without loading symbols from it.
+    if !unsafe { sys::is_culib_present() } {
+        return 0;
+    }
+    CudaContext::device_count().map(|n| n.max(0) as usize).unwrap_or(0)
+}
+
+/// One GPU: its context, a stream every op is queued on, and the kernels loaded so far.
+pub struct CudaRuntime {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    arch: u32,
+    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    functions: Mutex<HashMap<String, CudaFunction>>,
+}
+
+impl CudaRuntime {
+    /// GPU `ordinal`; an error (not a panic) when there is no driver or no such GPU.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        let count = device_count();
+        if ordinal >= count {
+            return Err(Error::Config {
+                field: "device".into(),
+                message: format!("cuda:{ordinal} requested but the CUDA driver sees {count} GPU(s)"),
+            });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(driver_error("context"))?;
+        let (major, minor) = ctx.compute_capability().map_err(driver_error("compute capability"))?;
+        let stream = ctx.new_stream().map_err(driver_error("stream"))?;
+        Ok(Self {
+            ctx,
+            stream,
+            arch: (major * 10 + minor) as u32,
+            modules: Mutex::new(HashMap::new()),
+            functions: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The loaded function `kernel`, compiling and loading its file's module on first use.
+    fn function(&self, kernel: &str) -> Result<CudaFunction> {
+        if let Some(f) = self.functions.lock().unwrap_or_else(|e| e.into_inner()).get(kernel) {
+            return Ok(f.clone());
+        }
+        let file = kernels::file_of(kernel)?;
+        let module = {
+            let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+            match modules.get(file) {
+                Some(m) => m.clone(),
+                None => {
+                    let ptx = kernels::compile_ptx(file, self.arch)?;
+                    let m = self
+                        .ctx
+                        .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+                        .map_err(driver_error("loading PTX (the driver may be older than NVRTC)"))?;
+                    modules.insert(file, m.clone());
+                    m
+                }
+            }
+        };
+        let f = module.load_function(kernel).map_err(driver_error(kernel))?;
+        self.functions.lock().unwrap_or_else(|e| e.into_inner()).insert(kernel.to_string(), f.clone());
+        Ok(f)
+    }
+}
+
+/// GPU `ordinal` as a [`GpuDevice`] computing in `precision`.
 pub fn device(ordinal: usize, precision: Precision) -> Result<GpuDevice> {
-    let _ = (ordinal, precision);
-    Err(Error::State { what: "cuda".into(), message: "the cuda backend is not built yet".into() })
+    Ok(GpuDevice::new(Arc::new(CudaRuntime::new(ordinal)?), precision, false))
+}
+
+impl Runtime for CudaRuntime {
+    fn name(&self) -> String {
+        let name = self.ctx.name().unwrap_or_else(|_| "GPU".into());
+        format!("cuda:{} ({name}, sm_{})", self.ctx.ordinal(), self.arch)
+    }
+    fn alloc(&self, bytes: usize) -> Result<DevPtr> {
+        self.ctx.bind_to_thread().map_err(driver_error("bind"))?;
+        // SAFETY: the stream belongs to this context; the memory is freed through `free`.
+        unsafe { result::malloc_async(self.stream.cu_stream(), bytes) }.map_err(driver_error("alloc"))
+    }
+    unsafe fn free(&self, ptr: DevPtr, _bytes: usize) {
+        // SAFETY: the caller passes memory from `alloc`; freeing on the stream orders it after
+        // every kernel already queued that reads it.
+        let _ = self.ctx.bind_to_thread();
+        let _ = unsafe { result::free_async(ptr, self.stream.cu_stream()) };
+    }
+    fn copy_to_device(&self, dst: DevPtr, src: &[u8]) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(driver_error("bind"))?;
+        // Synchronous: `src` is pageable host memory the caller may free right after.
+        self.stream.synchronize().map_err(driver_error("synchronize"))?;
+        // SAFETY: `dst` holds at least `src.len()` bytes.
+        unsafe { result::memcpy_htod_sync(dst, src) }.map_err(driver_error("copy to device"))
+    }
+    fn copy_to_host(&self, dst: &mut [u8], src: DevPtr) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(driver_error("bind"))?;
+        self.stream.synchronize().map_err(driver_error("synchronize"))?;
+        // SAFETY: `src` holds at least `dst.len()` bytes.
+        unsafe { result::memcpy_dtoh_sync(dst, src) }.map_err(driver_error("copy to host"))
+    }
+    fn copy_on_device(&self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(driver_error("bind"))?;
+        // SAFETY: both hold at least `bytes` bytes; queued in order with the kernels.
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
+            .map_err(driver_error("copy on device"))
+    }
+    fn launch(&self, kernel: &str, cfg: &LaunchConfig, params: &mut [*mut c_void]) -> Result<()> {
+        let f = self.function(kernel)?;
+        self.ctx.bind_to_thread().map_err(driver_error("bind"))?;
+        // SAFETY: `params` matches the kernel's C signature (the shared launch code is the
+        // contract, and the emulator runs the same argument arrays under AddressSanitizer).
+        unsafe {
+            result::launch_kernel(
+                f.cu_function(),
+                cfg.grid,
+                cfg.block,
+                cfg.shared_bytes,
+                self.stream.cu_stream(),
+                params,
+            )
+        }
+        .map_err(driver_error(kernel))
+    }
+    fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().map_err(driver_error("synchronize"))
+    }
 }

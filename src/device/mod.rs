@@ -10,6 +10,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod emu;
 pub mod gpu;
+pub mod kernels;
 
 pub use cpu::{CpuBuf, CpuDevice};
 pub use gpu::{GpuBuf, GpuDevice, GpuIds, Precision};
@@ -283,4 +284,77 @@ pub trait Device: Send + Sync + 'static {
     fn sum(&self, x: &Self::Buf) -> Result<f64>;
     /// `x[i] *= s`.
     fn scale(&self, x: &mut Self::Buf, s: f64) -> Result<()>;
+}
+
+/// Which backend a command runs on (`--device`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeviceKind {
+    /// `cuda` when a driver and a GPU are present, `cpu` otherwise.
+    Auto,
+    /// The pure-Rust backend.
+    Cpu,
+    /// A real GPU through the CUDA driver.
+    Cuda,
+    /// The CUDA kernels run on the host by the emulator (slow; for checking kernels).
+    CudaEmu,
+}
+
+impl DeviceKind {
+    /// `Auto` resolved against this machine.
+    pub fn resolve(self) -> DeviceKind {
+        match self {
+            DeviceKind::Auto if cuda::available() => DeviceKind::Cuda,
+            DeviceKind::Auto => DeviceKind::Cpu,
+            k => k,
+        }
+    }
+}
+
+impl std::str::FromStr for DeviceKind {
+    type Err = crate::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "auto" => DeviceKind::Auto,
+            "cpu" => DeviceKind::Cpu,
+            "cuda" => DeviceKind::Cuda,
+            "cuda-emu" => DeviceKind::CudaEmu,
+            _ => {
+                return Err(crate::error::config_error(
+                    "device",
+                    format!("unknown device `{s}`; expected auto, cpu, cuda or cuda-emu"),
+                ));
+            }
+        })
+    }
+}
+
+/// A device of any backend, for programs that choose the backend at run time and then call one
+/// generic function per arm.
+pub enum AnyDevice {
+    /// See [`CpuDevice`].
+    Cpu(CpuDevice<f32>),
+    /// See [`GpuDevice`] (`cuda` or `cuda-emu`).
+    Gpu(GpuDevice),
+}
+
+impl AnyDevice {
+    /// Device number `index` of `kind`: `threads` CPU threads for `cpu`, `precision` for the
+    /// GPU backends (the `cpu` backend is f32 only and refuses bf16).
+    pub fn open(kind: DeviceKind, index: usize, threads: usize, precision: Precision) -> Result<Self> {
+        match kind.resolve() {
+            DeviceKind::Cpu if precision == Precision::Bf16 => Err(crate::error::config_error(
+                "precision",
+                "bf16 needs a GPU backend (--device cuda or cuda-emu); the cpu backend computes in f32",
+            )),
+            DeviceKind::Cpu => Ok(AnyDevice::Cpu(CpuDevice::new(index, threads)?)),
+            DeviceKind::Cuda => Ok(AnyDevice::Gpu(cuda::device(index, precision)?)),
+            DeviceKind::CudaEmu | DeviceKind::Auto => {
+                // Natural thread order (seed 0); the launch's blocks spread over `threads` threads.
+                let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
+                let rt = emu::EmuRuntime::new(index, 0, threads)?;
+                Ok(AnyDevice::Gpu(GpuDevice::new(std::sync::Arc::new(rt), precision, true)))
+            }
+        }
+    }
 }

@@ -6,6 +6,7 @@
 //! u64 LE FNV-1a hash of everything before it. The hash catches truncation and corruption.
 
 use crate::error::{Error, Result};
+use crate::rng::{FNV_OFFSET, fnv1a};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::Path;
@@ -27,15 +28,6 @@ struct Header {
     tensors: Vec<(String, usize)>,
 }
 
-/// FNV-1a, 64-bit: tiny, dependency-free, enough to detect a damaged file.
-fn fnv1a(bytes: &[u8], mut h: u64) -> u64 {
-    for &b in bytes {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01B3);
-    }
-    h
-}
-const FNV_OFFSET: u64 = 0xCBF2_9CE4_8422_2325;
 
 fn io_err(path: &Path, source: std::io::Error) -> Error {
     Error::Io { path: path.display().to_string(), source }
