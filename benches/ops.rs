@@ -73,7 +73,7 @@ fn bench_attention(c: &mut Criterion) {
     let (mut dq, mut dk, mut dv) = (dev.alloc(n).unwrap(), dev.alloc(n).unwrap(), dev.alloc(n).unwrap());
     g.throughput(Throughput::Elements(2 * flops as u64));
     g.bench_function("backward", |b| {
-        b.iter(|| dev.attention_backward(&mut dq, &mut dk, &mut dv, &out, &q, &k, &v, &probs, None, &d).unwrap())
+        b.iter(|| dev.attention_backward(&mut dq, &mut dk, &mut dv, &out, &q, &k, &v, &out, &probs, None, &d).unwrap())
     });
     g.finish();
 }

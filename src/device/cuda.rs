@@ -63,6 +63,22 @@ impl CudaRuntime {
         })
     }
 
+    /// The stream every op of this device is queued on (for libraries sharing it, e.g. cuBLAS
+    /// in the benchmarks).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The GPU's marketing name, e.g. `NVIDIA H100 80GB HBM3`.
+    pub fn name_string(&self) -> String {
+        self.ctx.name().unwrap_or_else(|_| "GPU".into())
+    }
+
+    /// The compute capability as `major·10 + minor`.
+    pub fn arch(&self) -> u32 {
+        self.arch
+    }
+
     /// The loaded function `kernel`, compiling and loading its file's module on first use.
     fn function(&self, kernel: &str) -> Result<CudaFunction> {
         if let Some(f) = self.functions.lock().unwrap_or_else(|e| e.into_inner()).get(kernel) {

@@ -5,6 +5,7 @@
 
 mod harness;
 
+mod asan;
 mod attention;
 mod elementwise;
 mod embedding;
