@@ -31,6 +31,18 @@ pub enum Error {
         /// What was wrong and what was expected.
         message: String,
     },
+    /// A pipeline schedule is incomplete or would deadlock: the first offending action.
+    #[error("schedule: device {device}, action #{position} {action}: {message}")]
+    Schedule {
+        /// The device whose list holds the action.
+        device: usize,
+        /// Its position in that list.
+        position: usize,
+        /// The action, printed.
+        action: String,
+        /// What is wrong with it.
+        message: String,
+    },
     /// A serialized state (optimizer, checkpoint) does not match the model it is loaded into.
     #[error("state `{what}`: {message}")]
     State {

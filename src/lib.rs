@@ -30,6 +30,7 @@ pub mod device;
 pub mod error;
 pub mod model;
 pub mod ops;
+pub mod pipeline;
 pub mod rng;
 pub mod run;
 pub mod scalar;
