@@ -25,6 +25,7 @@
 #![warn(missing_docs)]
 
 pub mod bench;
+pub mod comm;
 pub mod data;
 pub mod device;
 pub mod error;

@@ -69,6 +69,11 @@ impl CudaRuntime {
         &self.stream
     }
 
+    /// Makes this GPU's context current on the calling thread.
+    pub fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(driver_error("bind"))
+    }
+
     /// The GPU's marketing name, e.g. `NVIDIA H100 80GB HBM3`.
     pub fn name_string(&self) -> String {
         self.ctx.name().unwrap_or_else(|_| "GPU".into())

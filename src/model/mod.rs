@@ -40,6 +40,49 @@ pub struct Model<D: Device> {
     tied: Option<[(usize, String); 2]>,
 }
 
+/// A model taken apart: what [`Model::into_parts`] returns and [`Model::from_parts`] takes.
+pub struct ModelParts<D: Device> {
+    /// The validated spec.
+    pub spec: Spec,
+    /// The units, in order.
+    pub units: Vec<Unit<D>>,
+    /// `(unit, param name)` of the two tied copies, if any.
+    pub tied: Option<[(usize, String); 2]>,
+}
+
+/// Softmax cross-entropy of `logits` (the output of `head`, the model's last unit) against the
+/// batch's targets; see [`Model::loss`].
+pub fn head_loss<D: Device>(
+    dev: &D,
+    spec: &Spec,
+    head: &Unit<D>,
+    batch: &Batch<D>,
+    logits: &D::Buf,
+    grad_scale: Option<f64>,
+) -> Result<LossOutput<D>> {
+    let (rows, classes) = match (spec.head, head) {
+        (HeadSpec::Classifier { num_labels, .. }, _) => (batch.batch, num_labels),
+        (HeadSpec::TiedLmHead, Unit::Head(h)) => (batch.rows(), h.classes()),
+        (HeadSpec::TiedLmHead, _) => (batch.rows(), 0),
+    };
+    let mut losses = dev.alloc_stats(rows)?;
+    let mut dlogits = match grad_scale {
+        Some(_) => Some(dev.alloc(rows * classes)?),
+        None => None,
+    };
+    let count = dev.cross_entropy_forward_backward(
+        &mut losses,
+        dlogits.as_mut(),
+        logits,
+        &batch.targets,
+        rows,
+        classes,
+        IGNORE_INDEX,
+        grad_scale.unwrap_or(0.0),
+    )?;
+    Ok(LossOutput { loss_sum: dev.sum(&losses)?, count, dlogits })
+}
+
 /// The loss of one forward pass.
 pub struct LossOutput<D: Device> {
     /// Sum of per-row losses over the rows that count.
@@ -237,33 +280,18 @@ impl<D: Device> Model<D> {
     /// returns `dlogits` scaled by it (the caller passes `1/count` of the whole global batch,
     /// so micro-batches add up to the full batch's gradient).
     pub fn loss(&self, dev: &D, batch: &Batch<D>, logits: &D::Buf, grad_scale: Option<f64>) -> Result<LossOutput<D>> {
-        let (rows, classes) = match self.spec.head {
-            HeadSpec::Classifier { num_labels, .. } => (batch.batch, num_labels),
-            HeadSpec::TiedLmHead => (batch.rows(), self.head_classes()),
-        };
-        let mut losses = dev.alloc_stats(rows)?;
-        let mut dlogits = match grad_scale {
-            Some(_) => Some(dev.alloc(rows * classes)?),
-            None => None,
-        };
-        let count = dev.cross_entropy_forward_backward(
-            &mut losses,
-            dlogits.as_mut(),
-            logits,
-            &batch.targets,
-            rows,
-            classes,
-            IGNORE_INDEX,
-            grad_scale.unwrap_or(0.0),
-        )?;
-        Ok(LossOutput { loss_sum: dev.sum(&losses)?, count, dlogits })
+        let head = self.units.last().ok_or_else(|| Error::State { what: "model".into(), message: "has no units".into() })?;
+        head_loss(dev, &self.spec, head, batch, logits, grad_scale)
     }
 
-    fn head_classes(&self) -> usize {
-        match self.units.last() {
-            Some(Unit::Head(h)) => h.classes(),
-            _ => 0,
-        }
+    /// Takes the model apart (a pipeline spreads its units over devices).
+    pub fn into_parts(self) -> ModelParts<D> {
+        ModelParts { spec: self.spec, units: self.units, tied: self.tied }
+    }
+
+    /// Puts a model back together from [`into_parts`](Self::into_parts).
+    pub fn from_parts(parts: ModelParts<D>) -> Self {
+        Self { spec: parts.spec, units: parts.units, tied: parts.tied }
     }
 
     /// Runs the units backward from `dlogits`, last unit first, stopping at the frozen

@@ -235,8 +235,8 @@ impl GpuDevice {
     }
 }
 
-/// Checks that `buf` holds `elem` elements; kernels are typed and a mismatch would read garbage.
-pub(crate) fn check_elem(op: &str, arg: &str, buf: &GpuBuf, elem: Elem) -> Result<()> {
+/// Checks that `buf` holds `elem` elements (an [`Error::Config`] naming `op` and `arg` if not); kernels are typed and a mismatch would read garbage.
+pub fn check_elem(op: &str, arg: &str, buf: &GpuBuf, elem: Elem) -> Result<()> {
     if buf.elem == elem {
         Ok(())
     } else {

@@ -1,0 +1,26 @@
+//! Collective communication between the replicas of a data-parallel run (DESIGN.md §4): a
+//! [`Communicator`] sums gradients across its group's members. Two implementations:
+//! [`ring`] (in-process threads: reduce-scatter then all-gather over chunks, for `cpu` and
+//! `cuda-emu` devices) and [`nccl`] (NCCL through cudarc for `cuda` devices, one communicator per
+//! GPU, the unique id exchanged over a TCP rendezvous for multi-process and multi-node runs).
+
+pub mod nccl;
+pub mod ring;
+
+pub use ring::{RingCommunicator, ring_group};
+
+use crate::device::Device;
+use crate::error::Result;
+
+/// One member of a communication group.
+pub trait Communicator<D: Device>: Send + Sync {
+    /// This member's index in the group.
+    fn rank(&self) -> usize;
+    /// Members in the group.
+    fn size(&self) -> usize;
+    /// Every member's `bufs` become the element-wise sum over all members (every member passes
+    /// buffers of the same lengths, in the same order: a bucket of gradients).
+    fn all_reduce_sum(&self, dev: &D, bufs: &mut [&mut D::Buf]) -> Result<()>;
+    /// Every member's `buf` becomes `root`'s.
+    fn broadcast(&self, dev: &D, buf: &mut D::Buf, root: usize) -> Result<()>;
+}

@@ -1,0 +1,182 @@
+//! NCCL for the `cuda` backend, through cudarc's raw NCCL bindings: one communicator per GPU,
+//! collectives queued on that GPU's stream (so they order with its kernels without a host
+//! wait). Members find each other through a unique id that rank 0 creates and hands to the
+//! others over a TCP rendezvous ([`rendezvous`]): a 128-byte message, enough for processes on
+//! one node or many.
+
+use super::Communicator;
+use crate::device::GpuDevice;
+use crate::device::gpu::Elem;
+use crate::error::{Error, Result};
+use cudarc::nccl::{result, sys};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+/// Bytes of an NCCL unique id.
+pub const ID_BYTES: usize = 128;
+
+fn nccl_error(what: &str) -> impl Fn(result::NcclError) -> Error + '_ {
+    move |e| Error::State { what: format!("nccl: {what}"), message: format!("{e:?}") }
+}
+
+/// Whether the NCCL library can be loaded.
+pub fn available() -> bool {
+    // SAFETY: checks for the library without using it.
+    unsafe { sys::is_culib_present() }
+}
+
+/// A fresh unique id (rank 0 makes it; every member needs the same one).
+pub fn unique_id() -> Result<[u8; ID_BYTES]> {
+    if !available() {
+        return Err(Error::State { what: "nccl".into(), message: "libnccl is not installed".into() });
+    }
+    let id = result::get_uniqueid().map_err(nccl_error("unique id"))?;
+    Ok(id.internal.map(|c| c as u8))
+}
+
+/// Exchanges the unique id over TCP: rank 0 listens on `addr` and sends `id` to each of the
+/// `size − 1` other members, which connect (retrying until `timeout`) and receive it. Returns
+/// the id every member should use.
+pub fn rendezvous(addr: &str, rank: usize, size: usize, id: Option<[u8; ID_BYTES]>, timeout: Duration) -> Result<[u8; ID_BYTES]> {
+    let io = |what: &str| {
+        let what = what.to_string();
+        move |e: std::io::Error| Error::State { what: format!("nccl rendezvous at {addr}"), message: format!("{what}: {e}") }
+    };
+    if rank == 0 {
+        let id = id.ok_or_else(|| Error::State { what: "nccl rendezvous".into(), message: "rank 0 needs the id to send".into() })?;
+        let listener = TcpListener::bind(addr).map_err(io("bind"))?;
+        for _ in 1..size {
+            let (mut peer, _) = listener.accept().map_err(io("accept"))?;
+            peer.write_all(&id).map_err(io("send the id"))?;
+        }
+        Ok(id)
+    } else {
+        let deadline = Instant::now() + timeout;
+        let target = addr
+            .to_socket_addrs()
+            .map_err(io("resolve"))?
+            .next()
+            .ok_or_else(|| Error::State { what: format!("nccl rendezvous at {addr}"), message: "no address".into() })?;
+        loop {
+            match TcpStream::connect_timeout(&target, Duration::from_millis(500)) {
+                Ok(mut s) => {
+                    let mut id = [0u8; ID_BYTES];
+                    s.set_read_timeout(Some(timeout)).map_err(io("timeout"))?;
+                    s.read_exact(&mut id).map_err(io("receive the id"))?;
+                    return Ok(id);
+                }
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => return Err(io("connect")(e)),
+            }
+        }
+    }
+}
+
+/// One GPU's member of an NCCL group.
+pub struct NcclCommunicator {
+    comm: sys::ncclComm_t,
+    stream: sys::cudaStream_t,
+    rank: usize,
+    size: usize,
+}
+
+// SAFETY: an NCCL communicator may be used from any thread as long as calls on it are not
+// concurrent; every method takes `&self` but NCCL calls are serialised by the owning worker.
+unsafe impl Send for NcclCommunicator {}
+// SAFETY: see above.
+unsafe impl Sync for NcclCommunicator {}
+
+impl NcclCommunicator {
+    /// Member `rank` of `size`, on `runtime`'s GPU and stream, joining the group `id` names.
+    pub fn new(runtime: &crate::device::cuda::CudaRuntime, rank: usize, size: usize, id: [u8; ID_BYTES]) -> Result<Self> {
+        if !available() {
+            return Err(Error::State { what: "nccl".into(), message: "libnccl is not installed".into() });
+        }
+        runtime.bind()?;
+        let id = sys::ncclUniqueId { internal: id.map(|b| b as ::core::ffi::c_char) };
+        let mut comm = std::mem::MaybeUninit::uninit();
+        // SAFETY: `comm` is written by NCCL on success; the id is the group's.
+        let comm = unsafe {
+            result::comm_init_rank(comm.as_mut_ptr(), size as i32, id, rank as i32).map_err(nccl_error("init"))?;
+            comm.assume_init()
+        };
+        Ok(Self { comm, stream: runtime.stream().cu_stream() as sys::cudaStream_t, rank, size })
+    }
+}
+
+impl Drop for NcclCommunicator {
+    fn drop(&mut self) {
+        // SAFETY: the communicator is ours and no collective is in flight once it is dropped.
+        let _ = unsafe { result::comm_destroy(self.comm) };
+    }
+}
+
+fn check_f32(buf: &crate::device::GpuBuf) -> Result<()> {
+    crate::device::gpu::check_elem("nccl", "buffer", buf, Elem::F32)
+}
+
+impl Communicator<GpuDevice> for NcclCommunicator {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn all_reduce_sum(&self, _dev: &GpuDevice, bufs: &mut [&mut crate::device::GpuBuf]) -> Result<()> {
+        result::group_start().map_err(nccl_error("group start"))?;
+        for b in bufs.iter() {
+            check_f32(b)?;
+            let p = b.ptr() as *mut ::core::ffi::c_void;
+            // SAFETY: in-place sum over `len` f32 elements of device memory this GPU owns.
+            unsafe {
+                result::all_reduce(p, p, b.len(), sys::ncclDataType_t::ncclFloat32, sys::ncclRedOp_t::ncclSum, self.comm, self.stream)
+            }
+            .map_err(nccl_error("all-reduce"))?;
+        }
+        result::group_end().map_err(nccl_error("group end"))?;
+        Ok(())
+    }
+    fn broadcast(&self, _dev: &GpuDevice, buf: &mut crate::device::GpuBuf, root: usize) -> Result<()> {
+        check_f32(buf)?;
+        let p = buf.ptr() as *mut ::core::ffi::c_void;
+        // SAFETY: in-place broadcast of `len` f32 elements.
+        unsafe { result::broadcast(p, p, buf.len(), sys::ncclDataType_t::ncclFloat32, root as i32, self.comm, self.stream) }
+            .map_err(nccl_error("broadcast"))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rendezvous_hands_rank_zeros_id_to_every_member() {
+        let addr = "127.0.0.1:0";
+        // Find a free port first, then let rank 0 bind it.
+        let port = TcpListener::bind(addr).unwrap().local_addr().unwrap().port();
+        let addr = format!("127.0.0.1:{port}");
+        let id = [7u8; ID_BYTES];
+        let got: Vec<[u8; ID_BYTES]> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4)
+                .map(|rank| {
+                    let addr = addr.clone();
+                    s.spawn(move || rendezvous(&addr, rank, 4, (rank == 0).then_some(id), Duration::from_secs(20)).unwrap())
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(got.iter().all(|g| *g == id));
+    }
+
+    #[test]
+    fn a_missing_rank_zero_is_a_timeout_error() {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let e = rendezvous(&format!("127.0.0.1:{port}"), 1, 2, None, Duration::from_millis(300)).unwrap_err();
+        assert!(e.to_string().contains("connect"), "{e}");
+    }
+}
