@@ -13,6 +13,7 @@ pub mod embedding;
 pub mod head;
 pub mod layers;
 pub mod param;
+pub mod replicate;
 pub mod unit;
 
 pub use batch::{Batch, HostBatch, IGNORE_INDEX};
@@ -20,6 +21,7 @@ pub use config::{
     BertConfig, Family, GptConfig, HeadSpec, InputSpec, ModelConfig, NormPlacement, Pooling, Spec, VitConfig,
 };
 pub use param::Param;
+pub use replicate::Replicate;
 pub use unit::{Saved, Unit, UnitCost};
 
 use crate::device::Device;
