@@ -35,6 +35,48 @@ pub struct HostBatch {
     pub sample_offset: u64,
 }
 
+impl HostBatch {
+    /// Cuts the batch into `parts` contiguous pieces of near-equal size (the first
+    /// `batch mod parts` get one sample more), each keeping its samples' global positions (so
+    /// dropout masks, and hence the training step, do not depend on the cut).
+    pub fn split(&self, parts: usize) -> Result<Vec<HostBatch>> {
+        if parts == 0 || parts > self.batch {
+            return Err(crate::error::config_error(
+                "micro_batches",
+                format!("cannot cut a batch of {} samples into {parts} non-empty parts", self.batch),
+            ));
+        }
+        let (base, extra) = (self.batch / parts, self.batch % parts);
+        let per_sample_targets = if self.batch == 0 { 0 } else { self.targets.len() / self.batch };
+        let mut start = 0;
+        Ok((0..parts)
+            .map(|i| {
+                let n = base + usize::from(i < extra);
+                let rows = |v: &Vec<u32>| v[start * self.seq..(start + n) * self.seq].to_vec();
+                let pixels_per = self.pixels.as_ref().map_or(0, |p| p.len() / self.batch);
+                let part = HostBatch {
+                    batch: n,
+                    seq: self.seq,
+                    tokens: self.tokens.as_ref().map(rows),
+                    token_types: self.token_types.as_ref().map(rows),
+                    attention_mask: self.attention_mask.as_ref().map(rows),
+                    pixels: self.pixels.as_ref().map(|p| p[start * pixels_per..(start + n) * pixels_per].to_vec()),
+                    targets: self.targets[start * per_sample_targets..(start + n) * per_sample_targets].to_vec(),
+                    position_offset: self.position_offset,
+                    sample_offset: self.sample_offset + start as u64,
+                };
+                start += n;
+                part
+            })
+            .collect())
+    }
+
+    /// Targets that count (not [`IGNORE_INDEX`]).
+    pub fn target_count(&self) -> usize {
+        self.targets.iter().filter(|&&t| t != IGNORE_INDEX).count()
+    }
+}
+
 /// A batch on a device, checked against the model's [`Spec`].
 pub struct Batch<D: Device> {
     /// Samples.
@@ -133,7 +175,7 @@ impl<D: Device> Batch<D> {
             positions: dev.upload_ids(&positions)?,
             pixels,
             targets: dev.upload_ids(&host.targets)?,
-            target_count: host.targets.iter().filter(|&&t| t != IGNORE_INDEX).count(),
+            target_count: host.target_count(),
             train,
             dropout_seed,
             sample_offset: host.sample_offset,

@@ -24,6 +24,7 @@ use std::collections::{HashMap, HashSet};
 /// stage `s+1`, `SendGrad { stage: s }` carries the gradient of stage `s`'s input to stage `s−1`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
+#[allow(missing_docs)] // the fields (`mb`, `stage`, `to`, `from`) are described above
 pub enum Action {
     /// Run `stage` forward on micro-batch `mb`, keeping what its backward needs.
     Forward { mb: usize, stage: usize },
@@ -145,6 +146,26 @@ impl Schedule {
     pub fn bubble_formula(&self) -> f64 {
         let (k, m, v) = (self.devices as f64, self.micro_batches as f64, self.chunks() as f64);
         (k - 1.0) / (v * m + k - 1.0)
+    }
+
+    /// Per stage, the most micro-batches whose activations it holds at once (forwards run and
+    /// not yet backwarded): what its activation memory scales with.
+    pub fn peak_in_flight(&self) -> Vec<usize> {
+        let mut peak = vec![0usize; self.stages];
+        for list in &self.per_device {
+            let mut live = vec![0usize; self.stages];
+            for a in list {
+                match *a {
+                    Action::Forward { stage, .. } => {
+                        live[stage] += 1;
+                        peak[stage] = peak[stage].max(live[stage]);
+                    }
+                    Action::Backward { stage, .. } => live[stage] -= 1,
+                    _ => {}
+                }
+            }
+        }
+        peak
     }
 
     /// Checks the schedule is complete and deadlock-free: every (micro-batch, stage) runs
@@ -530,6 +551,13 @@ mod tests {
             .map(|a| matches!(a, Action::Forward { .. }))
             .collect();
         assert!(last.chunks(2).all(|p| p == [true, false]));
+    }
+
+    #[test]
+    fn peak_in_flight_follows_the_schedule_family() {
+        assert_eq!(Schedule::generate(ScheduleKind::Gpipe, 3, 1, 5).unwrap().peak_in_flight(), vec![5, 5, 5]);
+        assert_eq!(Schedule::generate(ScheduleKind::OneFOneB, 3, 1, 5).unwrap().peak_in_flight(), vec![3, 2, 1]);
+        assert_eq!(Schedule::generate(ScheduleKind::OneFOneB, 3, 1, 2).unwrap().peak_in_flight(), vec![2, 2, 1]);
     }
 
     #[test]

@@ -1,0 +1,202 @@
+//! A plan: which units each stage holds, how many devices and replicas, how many micro-batches,
+//! and the schedule — a pure function of the units' costs and the devices, printable
+//! (`pipetransformer plan`) and checked before any work starts.
+
+use super::partition::{Partition, UnitProfile, partition};
+use super::schedule::{Schedule, ScheduleKind};
+use crate::error::{Result, config_error};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// What a user asks for (`--pipeline-len`, `--replicas`, `--micro-batches`, `--schedule`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineConfig {
+    /// Devices per pipeline (`K`).
+    pub pipeline_len: usize,
+    /// Data-parallel replicas of the pipeline (`R`).
+    pub replicas: usize,
+    /// Micro-batches per replica per step (`M`).
+    pub micro_batches: usize,
+    /// Schedule family.
+    pub schedule: ScheduleKind,
+    /// Model chunks per device (`v`; ≥ 2 for the interleaved schedule, 1 otherwise).
+    pub chunks: usize,
+    /// Bytes each device may hold (weights, gradients, optimizer state, activations in flight).
+    pub memory_limit: Option<usize>,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        Self { pipeline_len: 1, replicas: 1, micro_batches: 1, schedule: ScheduleKind::OneFOneB, chunks: 1, memory_limit: None }
+    }
+}
+
+/// A checked plan.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Plan {
+    /// What was asked for.
+    pub config: PipelineConfig,
+    /// Units per virtual stage (`K·v` stages), with their times and memory.
+    pub partition: Partition,
+    /// Every device's actions.
+    pub schedule: Schedule,
+    /// Unit names, for printing.
+    pub unit_names: Vec<String>,
+}
+
+impl Plan {
+    /// Plans `config` for units costing `units` on `devices` available devices. Every bad
+    /// request is an error here, before any work: `K` or `R` or `M` of 0, `R·K` above the
+    /// devices, more stages than units, a memory limit no split meets.
+    pub fn new(config: PipelineConfig, units: &[UnitProfile], unit_names: Vec<String>, devices: usize) -> Result<Plan> {
+        let PipelineConfig { pipeline_len: k, replicas: r, micro_batches: m, .. } = config;
+        if k == 0 {
+            return Err(config_error("pipeline_len", "must be at least 1"));
+        }
+        if r == 0 {
+            return Err(config_error("replicas", "must be at least 1"));
+        }
+        if m == 0 {
+            return Err(config_error("micro_batches", "must be at least 1"));
+        }
+        if r * k > devices {
+            return Err(config_error(
+                "devices",
+                format!("{r} replicas × {k} pipeline stages need {} devices; {devices} available", r * k),
+            ));
+        }
+        let stages = k * config.chunks;
+        if stages > units.len() {
+            return Err(config_error(
+                "pipeline_len",
+                format!(
+                    "{stages} stages ({k} devices × {} chunks) cannot be cut from the model's {} units",
+                    config.chunks,
+                    units.len()
+                ),
+            ));
+        }
+        let schedule = Schedule::generate(config.schedule, k, config.chunks, m)?;
+        let partition = partition(units, stages, &schedule.peak_in_flight(), config.memory_limit)?;
+        Ok(Plan { config, partition, schedule, unit_names })
+    }
+
+    /// Virtual stages.
+    pub fn stages(&self) -> usize {
+        self.partition.stages.len()
+    }
+
+    /// The global device index of `replica`'s `stage`: replica `r` owns devices `r·K..(r+1)·K`.
+    pub fn device(&self, replica: usize, stage: usize) -> usize {
+        replica * self.config.pipeline_len + super::schedule::stage_device(stage, self.config.pipeline_len)
+    }
+
+    /// The stage holding unit `unit`.
+    pub fn stage_of(&self, unit: usize) -> usize {
+        self.partition.stages.iter().position(|r| r.contains(&unit)).unwrap_or(0)
+    }
+
+    /// The bubble the schedule implies with these stage times: `(K−1)·max t / (M·v·max t +
+    /// (K−1)·max t)` reduces to [`Schedule::bubble_formula`] for equal stages; uneven stages add
+    /// the imbalance (each device idles `max t − its t` per micro-batch).
+    pub fn predicted_bubble(&self) -> f64 {
+        let k = self.config.pipeline_len;
+        let max = self.partition.bottleneck();
+        if max == 0.0 {
+            return self.schedule.bubble_formula();
+        }
+        let (m, v) = (self.config.micro_batches as f64, self.config.chunks as f64);
+        let step = (m * v + (k as f64 - 1.0)) * max;
+        let busy: f64 = (0..k)
+            .map(|d| (0..self.stages()).filter(|s| s % k == d).map(|s| self.partition.stage_time[s]).sum::<f64>() * m)
+            .sum();
+        1.0 - busy / (k as f64 * step)
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.config;
+        writeln!(
+            f,
+            "plan: {} replica(s) × {} device(s), {} micro-batch(es) per replica, schedule {}{}",
+            c.replicas,
+            c.pipeline_len,
+            c.micro_batches,
+            c.schedule,
+            if c.chunks > 1 { format!(" ({} chunks per device)", c.chunks) } else { String::new() }
+        )?;
+        writeln!(f, "| stage | device | units | time per micro-batch | memory |")?;
+        writeln!(f, "|---|---|---|---|---|")?;
+        for (s, r) in self.partition.stages.iter().enumerate() {
+            let names = &self.unit_names[r.clone()];
+            let units = if names.len() > 3 {
+                format!("{}..{} ({} units: {} … {})", r.start, r.end - 1, names.len(), names[0], names[names.len() - 1])
+            } else {
+                format!("{}..{} ({})", r.start, r.end - 1, names.join(", "))
+            };
+            writeln!(
+                f,
+                "| {s} | {} | {units} | {:.3} ms | {:.1} MiB |",
+                self.device(0, s),
+                self.partition.stage_time[s] * 1e3,
+                self.partition.stage_memory[s] as f64 / (1 << 20) as f64
+            )?;
+        }
+        writeln!(
+            f,
+            "bottleneck {:.3} ms per micro-batch; predicted bubble {:.1}% (formula for equal stages {:.1}%)",
+            self.partition.bottleneck() * 1e3,
+            100.0 * self.predicted_bubble(),
+            100.0 * self.schedule.bubble_formula()
+        )?;
+        for (d, list) in self.schedule.per_device.iter().enumerate() {
+            let compact: Vec<String> = list
+                .iter()
+                .filter_map(|a| match a {
+                    super::Action::Forward { mb, stage } => Some(format!("F{mb}.{stage}")),
+                    super::Action::Backward { mb, stage } => Some(format!("B{mb}.{stage}")),
+                    _ => None,
+                })
+                .collect();
+            writeln!(f, "device {d}: {}", compact.join(" "))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn units(n: usize) -> Vec<UnitProfile> {
+        vec![UnitProfile { forward: 1.0, backward: 2.0, params: 100, activation_bytes: 1000, trainable: true }; n]
+    }
+
+    fn names(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("u{i}")).collect()
+    }
+
+    #[test]
+    fn bad_requests_fail_before_any_work_with_the_field_named() {
+        let cfg = |k, r, m| PipelineConfig { pipeline_len: k, replicas: r, micro_batches: m, ..Default::default() };
+        let err = |c: PipelineConfig, devices| Plan::new(c, &units(6), names(6), devices).unwrap_err().to_string();
+        assert!(err(cfg(7, 1, 2), 8).contains("6 units"));
+        assert!(err(cfg(2, 3, 2), 4).contains("need 6 devices; 4 available"));
+        assert!(err(cfg(2, 1, 0), 4).contains("micro_batches"));
+        assert!(err(cfg(0, 1, 1), 4).contains("pipeline_len"));
+        let tight = PipelineConfig { memory_limit: Some(1000), ..cfg(2, 1, 2) };
+        assert!(err(tight, 2).contains("memory_limit"));
+    }
+
+    #[test]
+    fn prints_the_partition_schedule_and_bubble() {
+        let p = Plan::new(PipelineConfig { pipeline_len: 3, micro_batches: 4, ..Default::default() }, &units(6), names(6), 3).unwrap();
+        let text = p.to_string();
+        assert!(text.contains("| 2 | 2 | 4..5 (u4, u5)"), "{text}");
+        assert!(text.contains("predicted bubble 33.3%"), "{text}");
+        assert!(text.contains("device 2: F0.2 B0.2"), "{text}");
+        assert_eq!(p.device(1, 2), 5);
+    }
+}

@@ -1,0 +1,133 @@
+//! Observability: when each action of a step started and ended on each device, the measured
+//! bubble next to the formula's, and the Chrome trace format (JSON; opens in Perfetto and
+//! chrome://tracing) with one row per device.
+
+use super::schedule::Action;
+use serde::Serialize;
+use std::path::Path;
+
+/// One timed action.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Span {
+    /// The action.
+    pub action: Action,
+    /// Seconds from the start of the step.
+    pub start: f64,
+    /// Seconds from the start of the step.
+    pub end: f64,
+}
+
+/// Every device's spans in one step.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct StepTrace {
+    /// `per_device[g]`: global device `g`'s spans, in order.
+    pub per_device: Vec<Vec<Span>>,
+    /// Seconds from the first action's start to the last action's end.
+    pub makespan: f64,
+}
+
+impl StepTrace {
+    /// The fraction of the step the pipeline's devices spent not computing (forward or
+    /// backward), averaged over devices: the measured bubble, comparable with
+    /// [`Schedule::bubble_formula`](super::Schedule::bubble_formula) (which also counts
+    /// communication as idle).
+    pub fn bubble(&self) -> f64 {
+        if self.makespan <= 0.0 || self.per_device.is_empty() {
+            return 0.0;
+        }
+        let busy: f64 = self
+            .per_device
+            .iter()
+            .flatten()
+            .filter(|s| matches!(s.action, Action::Forward { .. } | Action::Backward { .. }))
+            .map(|s| s.end - s.start)
+            .sum();
+        1.0 - busy / (self.makespan * self.per_device.len() as f64)
+    }
+
+    /// Mean seconds per action that is not compute (sends, receives, all-reduce starts): the
+    /// runtime's own overhead per action when transfers are cheap.
+    pub fn mean_overhead(&self) -> f64 {
+        let spans: Vec<f64> = self
+            .per_device
+            .iter()
+            .flatten()
+            .filter(|s| matches!(s.action, Action::SendActivation { .. } | Action::SendGrad { .. } | Action::AllReduce { .. }))
+            .map(|s| s.end - s.start)
+            .collect();
+        if spans.is_empty() { 0.0 } else { spans.iter().sum::<f64>() / spans.len() as f64 }
+    }
+
+    /// The trace as Chrome trace events (complete events, microseconds), with `offset` seconds
+    /// added (to place several steps on one time line).
+    pub fn chrome_events(&self, offset: f64, step: u64) -> Vec<serde_json::Value> {
+        let mut events = Vec::new();
+        for (g, spans) in self.per_device.iter().enumerate() {
+            for s in spans {
+                let (name, cat) = label(&s.action);
+                events.push(serde_json::json!({
+                    "name": name, "cat": cat, "ph": "X", "pid": 0, "tid": g,
+                    "ts": (offset + s.start) * 1e6, "dur": (s.end - s.start) * 1e6,
+                    "args": { "step": step, "action": s.action },
+                }));
+            }
+        }
+        events
+    }
+}
+
+fn label(a: &Action) -> (String, &'static str) {
+    match *a {
+        Action::Forward { mb, stage } => (format!("F mb{mb} s{stage}"), "forward"),
+        Action::Backward { mb, stage } => (format!("B mb{mb} s{stage}"), "backward"),
+        Action::SendActivation { mb, stage, to } => (format!("send act mb{mb} s{stage}→dev{to}"), "comm"),
+        Action::RecvActivation { mb, stage, from } => (format!("recv act mb{mb} s{stage}←dev{from}"), "comm"),
+        Action::SendGrad { mb, stage, to } => (format!("send grad mb{mb} s{stage}→dev{to}"), "comm"),
+        Action::RecvGrad { mb, stage, from } => (format!("recv grad mb{mb} s{stage}←dev{from}"), "comm"),
+        Action::AllReduce { stage } => (format!("all-reduce s{stage}"), "comm"),
+        Action::OptimizerStep => ("optimizer".into(), "optimizer"),
+    }
+}
+
+/// Collects steps into one Chrome trace file.
+#[derive(Default)]
+pub struct ChromeTrace {
+    events: Vec<serde_json::Value>,
+    clock: f64,
+    devices: usize,
+}
+
+impl ChromeTrace {
+    /// Appends a step after the previous ones.
+    pub fn push(&mut self, step: u64, trace: &StepTrace) {
+        self.events.extend(trace.chrome_events(self.clock, step));
+        self.clock += trace.makespan;
+        self.devices = self.devices.max(trace.per_device.len());
+    }
+
+    /// Writes the trace (atomically) as `{"traceEvents": [...]}`, rows named `device N`.
+    pub fn write(&self, path: &Path) -> crate::error::Result<()> {
+        let mut events: Vec<serde_json::Value> = (0..self.devices)
+            .map(|g| serde_json::json!({"name": "thread_name", "ph": "M", "pid": 0, "tid": g, "args": {"name": format!("device {g}")}}))
+            .collect();
+        events.extend(self.events.iter().cloned());
+        let doc = serde_json::json!({ "traceEvents": events, "displayTimeUnit": "ms" });
+        crate::weights::write_atomic(path, |w| serde_json::to_writer(w, &doc).map_err(std::io::Error::other))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bubble_counts_idle_time_over_all_devices() {
+        let f = |start, end| Span { action: Action::Forward { mb: 0, stage: 0 }, start, end };
+        let t = StepTrace { per_device: vec![vec![f(0.0, 1.0)], vec![f(1.0, 2.0)]], makespan: 2.0 };
+        assert!((t.bubble() - 0.5).abs() < 1e-12);
+        let json = t.chrome_events(0.0, 3);
+        assert_eq!(json.len(), 2);
+        assert_eq!(json[1]["tid"], 1);
+        assert_eq!(json[1]["ts"], 1e6);
+    }
+}

@@ -1,0 +1,207 @@
+//! The pipeline engine trains exactly as one device does: for every schedule, pipeline length,
+//! micro-batch count and replica count, three AdamW steps (dropout on, clipping on) end with
+//! the weights of three one-device steps; schedules agree with each other; a run that changes
+//! plan twice follows the run that never does; failures stop the step cleanly.
+
+mod common;
+
+use pipetransformer::device::{CpuDevice, Device};
+use pipetransformer::model::{Batch, GptConfig, HostBatch, Model, ModelConfig, Pooling};
+use pipetransformer::pipeline::partition::UnitProfile;
+use pipetransformer::pipeline::{Fault, Pipeline, PipelineConfig, ScheduleKind};
+use pipetransformer::train::{Optimizer, OptimizerConfig, train_step};
+
+const STEPS: u64 = 3;
+const LR: f64 = 1e-2;
+
+fn adamw() -> OptimizerConfig {
+    OptimizerConfig::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 }
+}
+
+/// A 4-layer GPT (11 units) with dropout, and a 6-sample batch of 7 tokens.
+fn gpt() -> ModelConfig {
+    let mut c = GptConfig::without_dropout(17, 9, 8, 4, 2);
+    c.resid_pdrop = 0.1;
+    c.attn_pdrop = 0.1;
+    c.embd_pdrop = 0.1;
+    ModelConfig::Gpt(c)
+}
+
+fn batch(config: &ModelConfig, samples: usize, step: u64) -> HostBatch {
+    let mut parts: Vec<HostBatch> = (0..samples.div_ceil(2) as u64).map(|i| common::tiny_batch(config, 100 * step + i)).collect();
+    let mut host = parts.remove(0);
+    for p in parts {
+        host.batch += p.batch;
+        host.tokens.as_mut().unwrap().extend(p.tokens.unwrap());
+        if let (Some(a), Some(b)) = (host.token_types.as_mut(), p.token_types) {
+            a.extend(b);
+        }
+        if let (Some(a), Some(b)) = (host.attention_mask.as_mut(), p.attention_mask) {
+            a.extend(b);
+        }
+        host.targets.extend(p.targets);
+    }
+    host
+}
+
+fn cpus(n: usize) -> Vec<CpuDevice<f32>> {
+    (0..n).map(|i| CpuDevice::new(i, 1).unwrap()).collect()
+}
+
+fn profiles(model: &Model<CpuDevice<f32>>, dev: &CpuDevice<f32>) -> Vec<UnitProfile> {
+    model.costs(dev, 7).iter().zip(model.units()).map(|(c, u)| UnitProfile::analytic(c, 2, 1e9, u.trainable())).collect()
+}
+
+/// Parameters after `STEPS` one-device steps.
+fn reference(config: &ModelConfig, samples: usize) -> Vec<(String, Vec<f64>)> {
+    let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+    let mut model = Model::new(&dev, config, 7).unwrap();
+    let mut opt = Optimizer::new(adamw()).unwrap();
+    for step in 0..STEPS {
+        let b = Batch::upload(&dev, model.spec(), &batch(config, samples, step), true, 1000 + step).unwrap();
+        train_step(&dev, &mut model, &mut opt, &b, LR, Some(1.0)).unwrap();
+    }
+    model.params().iter().map(|p| (p.name.clone(), dev.download_f64(&p.value).unwrap())).collect()
+}
+
+fn pipeline(config: &ModelConfig, plan: PipelineConfig) -> Pipeline<CpuDevice<f32>> {
+    pipeline_on(config, plan, plan.pipeline_len * plan.replicas)
+}
+
+fn pipeline_on(config: &ModelConfig, plan: PipelineConfig, devices: usize) -> Pipeline<CpuDevice<f32>> {
+    let devices = cpus(devices);
+    let model = Model::new(&devices[0], config, 7).unwrap();
+    let prof = profiles(&model, &devices[0]);
+    Pipeline::new(devices, model, adamw(), plan, &prof).unwrap()
+}
+
+fn run(config: &ModelConfig, plan: PipelineConfig, samples: usize) -> Vec<(String, Vec<f64>)> {
+    let mut p = pipeline(config, plan);
+    for step in 0..STEPS {
+        let s = p.step(&batch(config, samples, step), 1000 + step, LR, Some(1.0)).unwrap();
+        assert!(s.applied && s.loss.is_finite());
+    }
+    p.parameters(0).unwrap()
+}
+
+/// ‖a−b‖/‖b‖ over all parameters together. (Per tensor it would be dominated by tensors whose
+/// exact gradient is zero, like the key bias: AdamW turns their rounding noise into full-size
+/// steps of either sign.)
+fn max_rel(a: &[(String, Vec<f64>)], b: &[(String, Vec<f64>)]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let (mut num, mut den) = (0.0, 0.0);
+    for ((na, x), (nb, y)) in a.iter().zip(b) {
+        assert_eq!(na, nb);
+        num += x.iter().zip(y).map(|(p, q)| (p - q).powi(2)).sum::<f64>();
+        den += y.iter().map(|q| q * q).sum::<f64>();
+    }
+    (num / den).sqrt()
+}
+
+fn cfg(k: usize, r: usize, m: usize, schedule: ScheduleKind) -> PipelineConfig {
+    let chunks = if schedule == ScheduleKind::Interleaved { 2 } else { 1 };
+    PipelineConfig { pipeline_len: k, replicas: r, micro_batches: m, schedule, chunks, memory_limit: None }
+}
+
+#[test]
+fn every_schedule_trains_like_one_device() {
+    let config = gpt();
+    let want = reference(&config, 6);
+    for k in 1..=4 {
+        for m in [1, 2, 3, 5] {
+            let mut by_schedule = Vec::new();
+            for schedule in [ScheduleKind::Gpipe, ScheduleKind::OneFOneB, ScheduleKind::Interleaved] {
+                let got = run(&config, cfg(k, 1, m, schedule), 6);
+                let e = max_rel(&got, &want);
+                assert!(e <= 1e-5, "{schedule} K={k} M={m}: weights differ from one device by {e:.2e}");
+                by_schedule.push(got);
+            }
+            for other in &by_schedule[1..] {
+                let e = max_rel(other, &by_schedule[0]);
+                assert!(e <= 1e-6, "K={k} M={m}: schedules disagree by {e:.2e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn replicas_train_like_one_device_on_the_same_global_batch() {
+    for config in [gpt(), common::tiny_bert(Pooling::Mean, 0.1)] {
+        let want = reference(&config, 6);
+        for r in 1..=3 {
+            for k in 1..=2 {
+                let got = run(&config, cfg(k, r, 2, ScheduleKind::OneFOneB), 6);
+                let e = max_rel(&got, &want);
+                assert!(e <= 1e-5, "R={r} K={k}: weights differ from one device by {e:.2e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn replanning_twice_mid_run_follows_the_same_trajectory() {
+    let config = gpt();
+    let steps = 6;
+    let mut fixed = pipeline(&config, cfg(2, 1, 2, ScheduleKind::OneFOneB));
+    let mut moving = pipeline_on(&config, cfg(2, 1, 2, ScheduleKind::OneFOneB), 4);
+    let prof = {
+        let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+        profiles(&Model::new(&dev, &config, 7).unwrap(), &dev)
+    };
+    for step in 0..steps {
+        if step == 2 {
+            moving.replan(cfg(3, 1, 3, ScheduleKind::Gpipe), &prof).unwrap();
+        }
+        if step == 4 {
+            // A plan the devices cannot hold is refused and the old plan stays in force.
+            let e = moving.replan(cfg(5, 1, 2, ScheduleKind::OneFOneB), &prof).unwrap_err().to_string();
+            assert!(e.contains("need 5 devices; 4 available"), "{e}");
+            assert_eq!(moving.plan().config.pipeline_len, 3);
+            moving.replan(cfg(2, 2, 1, ScheduleKind::Interleaved), &prof).unwrap();
+        }
+        let b = batch(&config, 6, step);
+        let a = fixed.step(&b, 1000 + step, LR, Some(1.0)).unwrap();
+        let c = moving.step(&b, 1000 + step, LR, Some(1.0)).unwrap();
+        assert!((a.loss - c.loss).abs() <= 1e-5 * a.loss.abs(), "step {step}: loss {} vs {}", c.loss, a.loss);
+    }
+    let e = max_rel(&moving.parameters(0).unwrap(), &fixed.parameters(0).unwrap());
+    assert!(e <= 1e-5, "re-planned run drifted by {e:.2e}");
+}
+
+#[test]
+fn a_failing_worker_stops_the_step_with_its_error_and_changes_nothing() {
+    let config = gpt();
+    for (panic, device, action) in [(false, 1, 3), (true, 2, 0), (false, 0, 5), (true, 3, 7)] {
+        let mut p = pipeline(&config, cfg(2, 2, 2, ScheduleKind::OneFOneB));
+        let before = p.parameters(0).unwrap();
+        p.set_fault(Some(Fault { device, action, panic }));
+        let e = p.step(&batch(&config, 6, 0), 1000, LR, Some(1.0)).unwrap_err().to_string();
+        assert!(e.contains(&format!("device {device}")), "{e}");
+        assert!(e.contains(if panic { "panicked" } else { "injected" }), "{e}");
+        assert_eq!(p.parameters(0).unwrap(), before, "an optimizer step was applied");
+        // The pipeline is still usable.
+        p.set_fault(None);
+        p.step(&batch(&config, 6, 0), 1000, LR, Some(1.0)).unwrap();
+    }
+}
+
+#[test]
+fn bad_requests_are_refused_before_any_work() {
+    let config = gpt();
+    let devices = cpus(4);
+    let model = Model::new(&devices[0], &config, 7).unwrap();
+    let prof = profiles(&model, &devices[0]);
+    let refuse = |plan: PipelineConfig, n: usize| {
+        let model = Model::new(&devices[0], &config, 7).unwrap();
+        Pipeline::new(cpus(n), model, adamw(), plan, &prof).err().map(|e| e.to_string()).unwrap_or_default()
+    };
+    assert!(refuse(cfg(12, 1, 2, ScheduleKind::OneFOneB), 12).contains("11 units"));
+    assert!(refuse(cfg(2, 3, 2, ScheduleKind::OneFOneB), 4).contains("need 6 devices; 4 available"));
+    assert!(refuse(cfg(2, 1, 0, ScheduleKind::OneFOneB), 4).contains("micro_batches"));
+    let tight = PipelineConfig { memory_limit: Some(1 << 10), ..cfg(2, 1, 2, ScheduleKind::OneFOneB) };
+    assert!(refuse(tight, 4).contains("memory_limit"));
+    let mut p = Pipeline::new(devices, model, adamw(), cfg(2, 2, 2, ScheduleKind::OneFOneB), &prof).unwrap();
+    let e = p.step(&batch(&config, 2, 0), 1, LR, None).unwrap_err().to_string();
+    assert!(e.contains("2 samples cannot feed 2 replica(s) × 2 micro-batches"), "{e}");
+}
+
