@@ -26,8 +26,11 @@ fn main() {
     std::fs::create_dir_all(&gen_dir).expect("create OUT_DIR/emu");
     let mut units = vec![kernels.join("emu/emu_runtime.cpp")];
     // For the `cuda` backend: every source embedded, and which file defines which kernel.
-    let mut table = String::from("/// `(file stem, source)` of every `kernels/*.cu`.\npub const SOURCES: &[(&str, &str)] = &[\n");
-    let mut index = String::from("/// `(kernel, file stem)` of every `extern \"C\"` kernel.\npub const KERNELS: &[(&str, &str)] = &[\n");
+    let mut table =
+        String::from("/// `(file stem, source)` of every `kernels/*.cu`.\npub const SOURCES: &[(&str, &str)] = &[\n");
+    let mut index = String::from(
+        "/// `(kernel, file stem)` of every `extern \"C\"` kernel.\npub const KERNELS: &[(&str, &str)] = &[\n",
+    );
     for src in &sources {
         let text = std::fs::read_to_string(src).expect("read kernel source");
         let stem = src.file_stem().and_then(|s| s.to_str()).unwrap_or("kernel");
@@ -44,7 +47,10 @@ fn main() {
 
     table.push_str("];\n");
     index.push_str("];\n");
-    let common = format!("/// `kernels/common.cuh`.\npub const COMMON: &str = include_str!({:?});\n", kernels.join("common.cuh").display().to_string());
+    let common = format!(
+        "/// `kernels/common.cuh`.\npub const COMMON: &str = include_str!({:?});\n",
+        kernels.join("common.cuh").display().to_string()
+    );
     write_if_changed(&out.join("kernel_sources.rs"), &format!("{common}{table}{index}"));
 
     let header = kernels.join("emu/cuda_emu.h");
@@ -53,7 +59,9 @@ fn main() {
     // The two builds are independent: run them side by side.
     std::thread::scope(|s| {
         let a = s.spawn(|| compile(&units, &header, &kernels, &plain, &["-O2"]));
-        let b = s.spawn(|| compile(&units, &header, &kernels, &asan, &["-O1", "-fsanitize=address", "-fno-omit-frame-pointer"]));
+        let b = s.spawn(|| {
+            compile(&units, &header, &kernels, &asan, &["-O1", "-fsanitize=address", "-fno-omit-frame-pointer"])
+        });
         a.join().expect("emu build thread");
         b.join().expect("emu asan build thread");
     });

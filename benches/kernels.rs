@@ -26,7 +26,11 @@ struct Peak {
 }
 
 fn peak(name: &str) -> Option<Peak> {
-    PEAKS.iter().find(|(n, ..)| name.contains(n)).map(|&(_, bf16, f32, bw)| Peak { bf16: bf16 * 1e12, f32: f32 * 1e12, bandwidth: bw * 1e12 })
+    PEAKS.iter().find(|(n, ..)| name.contains(n)).map(|&(_, bf16, f32, bw)| Peak {
+        bf16: bf16 * 1e12,
+        f32: f32 * 1e12,
+        bandwidth: bw * 1e12,
+    })
 }
 
 /// Median seconds of `f` over `iters` runs (after 3 warm-up runs), synchronising each time.
@@ -76,9 +80,11 @@ fn bench(rt: Arc<CudaRuntime>, precision: Precision, peak: &Option<Peak>) {
     println!("| kernel | µs | TFLOP/s | GB/s | roofline floor / time | note |\n|---|---|---|---|---|---|");
     let blas = CudaBlas::new(rt.stream().clone()).expect("cuBLAS");
     for (label, n_in, n_out) in [("qkv", c, 3 * c), ("attn out", c, c), ("mlp up", c, ff), ("mlp down", ff, c)] {
-        let (x, w, bias) = (a(rows * n_in), dev.upload(&rand(n_out * n_in)).expect("w"), dev.upload(&rand(n_out)).expect("b"));
+        let (x, w, bias) =
+            (a(rows * n_in), dev.upload(&rand(n_out * n_in)).expect("w"), dev.upload(&rand(n_out)).expect("b"));
         let mut y = dev.alloc(rows * n_out).expect("y");
-        let secs = time(&dev, 20, || dev.linear_forward(&mut y, &x, &w, Some(&bias), rows, n_in, n_out).expect("linear"));
+        let secs =
+            time(&dev, 20, || dev.linear_forward(&mut y, &x, &w, Some(&bias), rows, n_in, n_out).expect("linear"));
         let flops = 2.0 * (rows * n_in * n_out) as f64;
         let bytes = (rows * n_in) as f64 * act + (n_in * n_out) as f64 * 4.0 + (rows * n_out) as f64 * act;
         // cuBLAS on the same problem, f32 in f32 mode (bf16 mode compares against its f32 GEMM
@@ -109,12 +115,15 @@ fn bench(rt: Arc<CudaRuntime>, precision: Precision, peak: &Option<Peak>) {
                 .expect("sgemm")
             })
         });
-        let note = cublas.map_or("".into(), |cb| format!("cuBLAS sgemm {:.1} µs: ours/cuBLAS = {:.2}", cb * 1e6, secs / cb));
+        let note =
+            cublas.map_or("".into(), |cb| format!("cuBLAS sgemm {:.1} µs: ours/cuBLAS = {:.2}", cb * 1e6, secs / cb));
         row(peak, precision, &format!("linear_forward {label} {rows}×{n_in}→{n_out}"), secs, flops, bytes, &note);
-        let (mut dx, mut dw, mut db) = (dev.alloc(rows * n_in).expect("dx"), dev.zeros(n_out * n_in).expect("dw"), dev.zeros(n_out).expect("db"));
+        let (mut dx, mut dw, mut db) =
+            (dev.alloc(rows * n_in).expect("dx"), dev.zeros(n_out * n_in).expect("dw"), dev.zeros(n_out).expect("db"));
         let dy = a(rows * n_out);
         let secs = time(&dev, 20, || {
-            dev.linear_backward(Some(&mut dx), Some(&mut dw), Some(&mut db), &dy, &x, &w, rows, n_in, n_out).expect("linear bwd")
+            dev.linear_backward(Some(&mut dx), Some(&mut dw), Some(&mut db), &dy, &x, &w, rows, n_in, n_out)
+                .expect("linear bwd")
         });
         row(peak, precision, &format!("linear_backward {label}"), secs, 2.0 * flops, 2.0 * bytes + bytes, "");
     }
@@ -137,7 +146,8 @@ fn bench(rt: Arc<CudaRuntime>, precision: Precision, peak: &Option<Peak>) {
     let secs = time(&dev, 20, || dev.attention_forward(&mut out, &mut lse, &q, &k, &v, None, &d).expect("attn"));
     row(peak, precision, "attention_forward", secs, flops, bytes, "");
     let dout = a(rows * c);
-    let (mut dq, mut dk, mut dv) = (dev.alloc(rows * c).expect("dq"), dev.alloc(rows * c).expect("dk"), dev.alloc(rows * c).expect("dv"));
+    let (mut dq, mut dk, mut dv) =
+        (dev.alloc(rows * c).expect("dq"), dev.alloc(rows * c).expect("dk"), dev.alloc(rows * c).expect("dv"));
     let secs = time(&dev, 20, || {
         dev.attention_backward(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, None, &d).expect("attn bwd")
     });
@@ -146,9 +156,12 @@ fn bench(rt: Arc<CudaRuntime>, precision: Precision, peak: &Option<Peak>) {
     let (gamma, beta) = (dev.upload(&rand(c)).expect("g"), dev.upload(&rand(c)).expect("b"));
     let mut y = dev.alloc(rows * c).expect("y");
     let (mut mean, mut rstd) = (dev.alloc_stats(rows).expect("m"), dev.alloc_stats(rows).expect("r"));
-    let secs = time(&dev, 50, || dev.layernorm_forward(&mut y, &mut mean, &mut rstd, &x, &gamma, &beta, rows, c, 1e-12).expect("ln"));
+    let secs = time(&dev, 50, || {
+        dev.layernorm_forward(&mut y, &mut mean, &mut rstd, &x, &gamma, &beta, rows, c, 1e-12).expect("ln")
+    });
     row(peak, precision, "layernorm_forward", secs, 0.0, 2.0 * (rows * c) as f64 * act, "");
-    let (mut dx, mut dg, mut dbeta) = (dev.alloc(rows * c).expect("dx"), dev.zeros(c).expect("dg"), dev.zeros(c).expect("db"));
+    let (mut dx, mut dg, mut dbeta) =
+        (dev.alloc(rows * c).expect("dx"), dev.zeros(c).expect("dg"), dev.zeros(c).expect("db"));
     let secs = time(&dev, 50, || {
         dev.layernorm_backward(&mut dx, &mut dg, &mut dbeta, &y, &x, &gamma, &mean, &rstd, rows, c).expect("ln bwd")
     });
@@ -158,7 +171,12 @@ fn bench(rt: Arc<CudaRuntime>, precision: Precision, peak: &Option<Peak>) {
     let secs = time(&dev, 50, || dev.gelu_forward(&mut g, &h1, Activation::GeluErf).expect("gelu"));
     row(peak, precision, "gelu_forward", secs, 0.0, 2.0 * (rows * ff) as f64 * act, "");
     let n = 22_700_000usize; // MiniLM's parameters
-    let (mut p, grad, mut m, mut vv) = (dev.upload(&rand(n)).expect("p"), dev.upload(&rand(n)).expect("g"), dev.zeros(n).expect("m"), dev.zeros(n).expect("v"));
+    let (mut p, grad, mut m, mut vv) = (
+        dev.upload(&rand(n)).expect("p"),
+        dev.upload(&rand(n)).expect("g"),
+        dev.zeros(n).expect("m"),
+        dev.zeros(n).expect("v"),
+    );
     let hp = AdamWStep { lr: 1e-4, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, step: 1 };
     let secs = time(&dev, 20, || dev.adamw_update(&mut p, &grad, &mut m, &mut vv, &hp).expect("adamw"));
     row(peak, precision, "adamw_update (22.7M params)", secs, 0.0, 7.0 * n as f64 * 4.0, "");

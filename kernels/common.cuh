@@ -9,9 +9,10 @@
 //     emu/cuda_emu.h, which defines PT_EMU and everything below in plain C++.
 //
 // Types: `act_t`-templated kernels are instantiated twice, with `float` (suffix _f32) and `bf16`
-// (suffix _bf16). Parameters, parameter gradients, optimizer state and input images are always
-// `float`; activations, their gradients, saved statistics and losses are `act_t`. Arithmetic is
-// f32 in both instantiations: load with `ld`, store with `st`.
+// (suffix _bf16). Parameters, parameter gradients, optimizer state, input images, saved
+// statistics (LayerNorm mean/rstd, attention log-sum-exp) and per-row losses are always `float`;
+// activations and their gradients are `act_t`. Arithmetic is f32 in both instantiations: load
+// with `ld`, store with `st`.
 #pragma once
 
 #ifndef PT_EMU
@@ -82,7 +83,8 @@ __device__ __forceinline__ unsigned long long pt_mix64(unsigned long long z) {
 __device__ __forceinline__ unsigned long long pt_hash_u64(unsigned long long seed, unsigned long long counter) {
     return pt_mix64(seed ^ pt_mix64(counter + 0x9E3779B97F4A7C15ull));
 }
-// `threshold` = p·2⁶⁴ computed on the host (DropoutThreshold in Rust), so no f64 on the device.
+// `threshold` = (p as f64 · 2⁶⁴) as u64, computed on the host exactly as `dropout_keep` in Rust
+// does, so the device needs no f64.
 __device__ __forceinline__ bool dropout_keep(unsigned long long seed, unsigned long long counter,
                                              unsigned long long threshold) {
     return pt_hash_u64(seed, counter) >= threshold;

@@ -34,7 +34,10 @@ fn check(config: ModelConfig, precision: Precision, tol: f64) {
     assert!(cpu[STEPS - 1] < cpu[0] * 0.7, "the reference run does not learn: {cpu:?}");
     for (step, (c, g)) in cpu.iter().zip(&gpu).enumerate() {
         let rel = (g - c).abs() / c.abs();
-        assert!(rel <= tol, "{precision:?} step {step}: loss {g} vs cpu {c} (relative {rel:.2e} > {tol:.0e})\ncpu {cpu:?}\ngpu {gpu:?}");
+        assert!(
+            rel <= tol,
+            "{precision:?} step {step}: loss {g} vs cpu {c} (relative {rel:.2e} > {tol:.0e})\ncpu {cpu:?}\ngpu {gpu:?}"
+        );
     }
 }
 

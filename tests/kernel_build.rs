@@ -22,14 +22,14 @@ fn every_kernel_compiles_without_spills_and_the_kernels_doc_is_current() {
     let table = kernels::resource_table().expect("NVRTC + ptxas");
     for (kernel, _) in kernels::KERNELS {
         for arch in kernels::CHECKED_ARCHS {
-            assert!(table.contains(&format!("| `{kernel}` | sm_{arch} |")), "{kernel} missing from the ptxas report for sm_{arch}");
+            assert!(
+                table.contains(&format!("| `{kernel}` | sm_{arch} |")),
+                "{kernel} missing from the ptxas report for sm_{arch}"
+            );
         }
     }
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/KERNELS.md");
     let doc = std::fs::read_to_string(path).expect("docs/KERNELS.md");
     let fresh = kernels::with_table(&doc, &table).expect("markers");
-    assert!(
-        fresh == doc,
-        "docs/KERNELS.md is stale: run `cargo run --release -- kernels --update docs/KERNELS.md`"
-    );
+    assert!(fresh == doc, "docs/KERNELS.md is stale: run `cargo run --release -- kernels --update docs/KERNELS.md`");
 }

@@ -28,7 +28,8 @@ fn gpt() -> ModelConfig {
 }
 
 fn batch(config: &ModelConfig, samples: usize, step: u64) -> HostBatch {
-    let mut parts: Vec<HostBatch> = (0..samples.div_ceil(2) as u64).map(|i| common::tiny_batch(config, 100 * step + i)).collect();
+    let mut parts: Vec<HostBatch> =
+        (0..samples.div_ceil(2) as u64).map(|i| common::tiny_batch(config, 100 * step + i)).collect();
     let mut host = parts.remove(0);
     for p in parts {
         host.batch += p.batch;
@@ -49,7 +50,12 @@ fn cpus(n: usize) -> Vec<CpuDevice<f32>> {
 }
 
 fn profiles(model: &Model<CpuDevice<f32>>, dev: &CpuDevice<f32>) -> Vec<UnitProfile> {
-    model.costs(dev, 7).iter().zip(model.units()).map(|(c, u)| UnitProfile::analytic(c, 2, 1e9, u.trainable())).collect()
+    model
+        .costs(dev, 7)
+        .iter()
+        .zip(model.units())
+        .map(|(c, u)| UnitProfile::analytic(c, 2, 1e9, u.trainable()))
+        .collect()
 }
 
 /// Parameters after `STEPS` one-device steps.
@@ -204,4 +210,3 @@ fn bad_requests_are_refused_before_any_work() {
     let e = p.step(&batch(&config, 2, 0), 1, LR, None).unwrap_err().to_string();
     assert!(e.contains("2 samples cannot feed 2 replica(s) × 2 micro-batches"), "{e}");
 }
-

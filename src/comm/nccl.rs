@@ -38,13 +38,25 @@ pub fn unique_id() -> Result<[u8; ID_BYTES]> {
 /// Exchanges the unique id over TCP: rank 0 listens on `addr` and sends `id` to each of the
 /// `size − 1` other members, which connect (retrying until `timeout`) and receive it. Returns
 /// the id every member should use.
-pub fn rendezvous(addr: &str, rank: usize, size: usize, id: Option<[u8; ID_BYTES]>, timeout: Duration) -> Result<[u8; ID_BYTES]> {
+pub fn rendezvous(
+    addr: &str,
+    rank: usize,
+    size: usize,
+    id: Option<[u8; ID_BYTES]>,
+    timeout: Duration,
+) -> Result<[u8; ID_BYTES]> {
     let io = |what: &str| {
         let what = what.to_string();
-        move |e: std::io::Error| Error::State { what: format!("nccl rendezvous at {addr}"), message: format!("{what}: {e}") }
+        move |e: std::io::Error| Error::State {
+            what: format!("nccl rendezvous at {addr}"),
+            message: format!("{what}: {e}"),
+        }
     };
     if rank == 0 {
-        let id = id.ok_or_else(|| Error::State { what: "nccl rendezvous".into(), message: "rank 0 needs the id to send".into() })?;
+        let id = id.ok_or_else(|| Error::State {
+            what: "nccl rendezvous".into(),
+            message: "rank 0 needs the id to send".into(),
+        })?;
         let listener = TcpListener::bind(addr).map_err(io("bind"))?;
         for _ in 1..size {
             let (mut peer, _) = listener.accept().map_err(io("accept"))?;
@@ -92,7 +104,12 @@ unsafe impl Sync for NcclCommunicator {}
 
 impl NcclCommunicator {
     /// Member `rank` of `size`, on `runtime`'s GPU and stream, joining the group `id` names.
-    pub fn new(runtime: &crate::device::cuda::CudaRuntime, rank: usize, size: usize, id: [u8; ID_BYTES]) -> Result<Self> {
+    pub fn new(
+        runtime: &crate::device::cuda::CudaRuntime,
+        rank: usize,
+        size: usize,
+        id: [u8; ID_BYTES],
+    ) -> Result<Self> {
         if !available() {
             return Err(Error::State { what: "nccl".into(), message: "libnccl is not installed".into() });
         }
@@ -133,7 +150,15 @@ impl Communicator<GpuDevice> for NcclCommunicator {
             let p = b.ptr() as *mut ::core::ffi::c_void;
             // SAFETY: in-place sum over `len` f32 elements of device memory this GPU owns.
             unsafe {
-                result::all_reduce(p, p, b.len(), sys::ncclDataType_t::ncclFloat32, sys::ncclRedOp_t::ncclSum, self.comm, self.stream)
+                result::all_reduce(
+                    p,
+                    p,
+                    b.len(),
+                    sys::ncclDataType_t::ncclFloat32,
+                    sys::ncclRedOp_t::ncclSum,
+                    self.comm,
+                    self.stream,
+                )
             }
             .map_err(nccl_error("all-reduce"))?;
         }
@@ -144,8 +169,10 @@ impl Communicator<GpuDevice> for NcclCommunicator {
         check_f32(buf)?;
         let p = buf.ptr() as *mut ::core::ffi::c_void;
         // SAFETY: in-place broadcast of `len` f32 elements.
-        unsafe { result::broadcast(p, p, buf.len(), sys::ncclDataType_t::ncclFloat32, root as i32, self.comm, self.stream) }
-            .map_err(nccl_error("broadcast"))?;
+        unsafe {
+            result::broadcast(p, p, buf.len(), sys::ncclDataType_t::ncclFloat32, root as i32, self.comm, self.stream)
+        }
+        .map_err(nccl_error("broadcast"))?;
         Ok(())
     }
 }
@@ -165,7 +192,9 @@ mod tests {
             let handles: Vec<_> = (0..4)
                 .map(|rank| {
                     let addr = addr.clone();
-                    s.spawn(move || rendezvous(&addr, rank, 4, (rank == 0).then_some(id), Duration::from_secs(20)).unwrap())
+                    s.spawn(move || {
+                        rendezvous(&addr, rank, 4, (rank == 0).then_some(id), Duration::from_secs(20)).unwrap()
+                    })
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()

@@ -1,8 +1,9 @@
 //! The `cuda-emu` backend's [`Runtime`]: `kernels/*.cu` compiled for the host by `build.rs`
 //! (with `kernels/emu/cuda_emu.h`, which emulates our CUDA subset: fibers for the threads of a
 //! block, barriers, warp collectives, shared memory, atomics, wmma, bf16) into a shared library
-//! loaded here. "Device memory" is host memory from `malloc`, so the AddressSanitizer build of
-//! the library (loaded instead when `PT_EMU_LIB` names it) sees every out-of-bounds access.
+//! loaded here. "Device memory" is host memory from `posix_memalign`, so the AddressSanitizer
+//! build of the library (loaded instead when `PT_EMU_LIBRARY` names it) sees every
+//! out-of-bounds access.
 //!
 //! A launch goes through the same [`GpuDevice`] code as on a real GPU: only the device compiler
 //! is left untested on a machine without one.
@@ -47,7 +48,9 @@ struct Library {
 fn library() -> Result<&'static Library> {
     static LIB: OnceLock<std::result::Result<Library, String>> = OnceLock::new();
     LIB.get_or_init(|| {
-        let path = std::env::var("PT_EMU_LIB").unwrap_or_else(|_| LIBRARY.to_string());
+        // `PT_EMU_LIBRARY`, not `PT_EMU_LIB`: cargo sets the latter (the build-time path) in the
+        // environment of every test it runs.
+        let path = std::env::var("PT_EMU_LIBRARY").unwrap_or_else(|_| LIBRARY.to_string());
         // SAFETY: the library is ours (built by build.rs); its initialisers only register kernels.
         unsafe {
             let lib = libloading::Library::new(&path).map_err(|e| format!("cannot load {path}: {e}"))?;
@@ -107,11 +110,17 @@ impl Runtime for EmuRuntime {
         format!("cuda-emu:{} (seed {})", self.index, self.seed)
     }
     fn alloc(&self, bytes: usize) -> Result<DevPtr> {
-        // Exactly `bytes` from malloc, so AddressSanitizer's redzones sit right after the end.
-        // SAFETY: malloc has no preconditions; null is checked.
-        let p = unsafe { libc_malloc(bytes.max(1)) };
-        if p.is_null() {
-            return Err(Error::State { what: "cuda-emu".into(), message: format!("out of memory allocating {bytes} bytes") });
+        // 256-byte aligned like `cudaMalloc` (wmma loads need 32), and exactly `bytes` long, so
+        // AddressSanitizer's redzone starts right after the last element.
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `p` is written on success; the alignment is a power of two and a multiple of
+        // the pointer size.
+        let rc = unsafe { posix_memalign(&mut p, 256, bytes.max(1)) };
+        if rc != 0 || p.is_null() {
+            return Err(Error::State {
+                what: "cuda-emu".into(),
+                message: format!("out of memory allocating {bytes} bytes"),
+            });
         }
         Ok(p as DevPtr)
     }
@@ -135,7 +144,8 @@ impl Runtime for EmuRuntime {
         Ok(())
     }
     fn launch(&self, kernel: &str, cfg: &LaunchConfig, params: &mut [*mut c_void]) -> Result<()> {
-        let name = CString::new(kernel).map_err(|_| Error::State { what: kernel.into(), message: "bad kernel name".into() })?;
+        let name = CString::new(kernel)
+            .map_err(|_| Error::State { what: kernel.into(), message: "bad kernel name".into() })?;
         let mut err = vec![0 as c_char; 512];
         let (g, b) = (cfg.grid, cfg.block);
         // SAFETY: `params` points at live argument values laid out as the kernel declares them
@@ -170,8 +180,7 @@ impl Runtime for EmuRuntime {
 }
 
 unsafe extern "C" {
-    #[link_name = "malloc"]
-    fn libc_malloc(size: usize) -> *mut c_void;
+    fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32;
     #[link_name = "free"]
     fn libc_free(p: *mut c_void);
 }

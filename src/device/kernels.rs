@@ -232,13 +232,21 @@ pub fn resource_table() -> Result<String> {
             rows.extend(ptxas_resources(file, arch)?.into_iter().map(|r| (file.to_string(), r)));
         }
     }
-    let spilling: Vec<String> =
-        rows.iter().filter(|(_, r)| r.spills > 0).map(|(_, r)| format!("{} (sm_{}, {} bytes)", r.kernel, r.arch, r.spills)).collect();
+    let spilling: Vec<String> = rows
+        .iter()
+        .filter(|(_, r)| r.spills > 0)
+        .map(|(_, r)| format!("{} (sm_{}, {} bytes)", r.kernel, r.arch, r.spills))
+        .collect();
     if !spilling.is_empty() {
-        return Err(Error::State { what: "ptxas".into(), message: format!("kernels spill registers: {}", spilling.join(", ")) });
+        return Err(Error::State {
+            what: "ptxas".into(),
+            message: format!("kernels spill registers: {}", spilling.join(", ")),
+        });
     }
     rows.sort_by(|a, b| (&a.0, &a.1.kernel, a.1.arch).cmp(&(&b.0, &b.1.kernel, b.1.arch)));
-    let mut table = String::from("| file | kernel | arch | registers | static shared (B) | stack (B) | spills (B) |\n|---|---|---|---|---|---|---|\n");
+    let mut table = String::from(
+        "| file | kernel | arch | registers | static shared (B) | stack (B) | spills (B) |\n|---|---|---|---|---|---|---|\n",
+    );
     for (file, r) in rows {
         table.push_str(&format!(
             "| {file}.cu | `{}` | sm_{} | {} | {} | {} | {} |\n",
@@ -250,7 +258,10 @@ pub fn resource_table() -> Result<String> {
 
 /// `doc` with the text between [`TABLE_BEGIN`] and [`TABLE_END`] replaced by `table`.
 pub fn with_table(doc: &str, table: &str) -> Result<String> {
-    let missing = || Error::State { what: "docs/KERNELS.md".into(), message: format!("the markers `{TABLE_BEGIN}` and `{TABLE_END}` are missing") };
+    let missing = || Error::State {
+        what: "docs/KERNELS.md".into(),
+        message: format!("the markers `{TABLE_BEGIN}` and `{TABLE_END}` are missing"),
+    };
     let start = doc.find(TABLE_BEGIN).ok_or_else(missing)? + TABLE_BEGIN.len();
     let end = doc[start..].find(TABLE_END).ok_or_else(missing)? + start;
     Ok(format!("{}\n{table}{}", &doc[..start], &doc[end..]))
@@ -268,7 +279,10 @@ mod tests {
                    \x20   16 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads\n\
                    ptxas info    : Used 40 registers, used 1 barriers, 4352 bytes smem, 368 bytes cmem[0]\n";
         let r = parse_ptxas(log, 80);
-        assert_eq!(r, vec![Resources { kernel: "k".into(), arch: 80, registers: 40, shared: 4352, stack: 16, spills: 12 }]);
+        assert_eq!(
+            r,
+            vec![Resources { kernel: "k".into(), arch: 80, registers: 40, shared: 4352, stack: 16, spills: 12 }]
+        );
     }
 
     #[test]

@@ -47,7 +47,7 @@ impl HostBatch {
             ));
         }
         let (base, extra) = (self.batch / parts, self.batch % parts);
-        let per_sample_targets = if self.batch == 0 { 0 } else { self.targets.len() / self.batch };
+        let per_sample_targets = self.targets.len().checked_div(self.batch).unwrap_or(0);
         let mut start = 0;
         Ok((0..parts)
             .map(|i| {

@@ -244,7 +244,19 @@ impl<D: Device> AttentionUnit<D> {
             // attended = attention(q, k, v)
             let (mut dq, mut dk, mut dv) = (dev.alloc(rows * c)?, dev.alloc(rows * c)?, dev.alloc(rows * c)?);
             let mask = batch.attention_mask.as_ref();
-            dev.attention_backward(&mut dq, &mut dk, &mut dv, &dattended, &s.q, &s.k, &s.v, &s.attended, &s.probs, mask, &d)?;
+            dev.attention_backward(
+                &mut dq,
+                &mut dk,
+                &mut dv,
+                &dattended,
+                &s.q,
+                &s.k,
+                &s.v,
+                &s.attended,
+                &s.probs,
+                mask,
+                &d,
+            )?;
             // q, k, v = inp · W{q,k,v}ᵀ: the input gradient is the sum of the three.
             let dinp = query.backward(dev, &dq, inp, rows, need_dinp)?;
             let dinp_k = key.backward(dev, &dk, inp, rows, need_dinp)?;

@@ -282,7 +282,8 @@ impl<D: Device> Model<D> {
     /// returns `dlogits` scaled by it (the caller passes `1/count` of the whole global batch,
     /// so micro-batches add up to the full batch's gradient).
     pub fn loss(&self, dev: &D, batch: &Batch<D>, logits: &D::Buf, grad_scale: Option<f64>) -> Result<LossOutput<D>> {
-        let head = self.units.last().ok_or_else(|| Error::State { what: "model".into(), message: "has no units".into() })?;
+        let head =
+            self.units.last().ok_or_else(|| Error::State { what: "model".into(), message: "has no units".into() })?;
         head_loss(dev, &self.spec, head, batch, logits, grad_scale)
     }
 

@@ -15,6 +15,6 @@ pub mod schedule;
 pub mod trace;
 
 pub use partition::{Partition, UnitProfile, partition};
-pub use plan::{Plan, PipelineConfig};
+pub use plan::{PipelineConfig, Plan};
 pub use runtime::{Fault, Pipeline, PipelineStep};
 pub use schedule::{Action, Schedule, ScheduleKind};

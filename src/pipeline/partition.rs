@@ -101,7 +101,8 @@ pub fn partition(
         params[i + 1] = params[i] + param_bytes(u.params, u.trainable);
         acts[i + 1] = acts[i] + if u.trainable { u.activation_bytes } else { 0 };
     }
-    let memory = |s: usize, r: &Range<usize>| params[r.end] - params[r.start] + in_flight[s] * (acts[r.end] - acts[r.start]);
+    let memory =
+        |s: usize, r: &Range<usize>| params[r.end] - params[r.start] + in_flight[s] * (acts[r.end] - acts[r.start]);
     let stage_time = |r: &Range<usize>| time[r.end] - time[r.start];
 
     // best[s][j]: the smallest bottleneck of units 0..j in stages 0..=s; cut[s][j] the start of
@@ -109,9 +110,9 @@ pub fn partition(
     let limit = memory_limit.unwrap_or(usize::MAX);
     let mut best = vec![vec![f64::INFINITY; n + 1]; stages];
     let mut cut = vec![vec![0usize; n + 1]; stages];
-    for j in 1..=n {
+    for (j, b) in best[0].iter_mut().enumerate().skip(1) {
         if memory(0, &(0..j)) <= limit {
-            best[0][j] = stage_time(&(0..j));
+            *b = stage_time(&(0..j));
         }
     }
     for s in 1..stages {
@@ -158,8 +159,8 @@ pub fn partition(
 /// The smallest peak memory over all splits (for the error message).
 fn min_peak_memory(n: usize, stages: usize, memory: &dyn Fn(usize, &Range<usize>) -> usize) -> usize {
     let mut best = vec![vec![usize::MAX; n + 1]; stages];
-    for j in 1..=n {
-        best[0][j] = memory(0, &(0..j));
+    for (j, b) in best[0].iter_mut().enumerate().skip(1) {
+        *b = memory(0, &(0..j));
     }
     for s in 1..stages {
         for j in s + 1..=n {

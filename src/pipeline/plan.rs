@@ -28,7 +28,14 @@ pub struct PipelineConfig {
 
 impl Default for PipelineConfig {
     fn default() -> Self {
-        Self { pipeline_len: 1, replicas: 1, micro_batches: 1, schedule: ScheduleKind::OneFOneB, chunks: 1, memory_limit: None }
+        Self {
+            pipeline_len: 1,
+            replicas: 1,
+            micro_batches: 1,
+            schedule: ScheduleKind::OneFOneB,
+            chunks: 1,
+            memory_limit: None,
+        }
     }
 }
 
@@ -192,7 +199,13 @@ mod tests {
 
     #[test]
     fn prints_the_partition_schedule_and_bubble() {
-        let p = Plan::new(PipelineConfig { pipeline_len: 3, micro_batches: 4, ..Default::default() }, &units(6), names(6), 3).unwrap();
+        let p = Plan::new(
+            PipelineConfig { pipeline_len: 3, micro_batches: 4, ..Default::default() },
+            &units(6),
+            names(6),
+            3,
+        )
+        .unwrap();
         let text = p.to_string();
         assert!(text.contains("| 2 | 2 | 4..5 (u4, u5)"), "{text}");
         assert!(text.contains("predicted bubble 33.3%"), "{text}");

@@ -86,7 +86,16 @@ impl<D: Device> Pipeline<D> {
         let ModelParts { spec, units, tied } = model.into_parts();
         let plan = Plan::new(config, profiles, unit_names(&units), devices.len())?;
         let owned: Vec<(Unit<D>, usize)> = units.into_iter().map(|u| (u, 0)).collect();
-        let mut p = Pipeline { devices, spec, tied, plan, stages: Vec::new(), optimizers: Vec::new(), optimizer_config: optimizer, fault: None };
+        let mut p = Pipeline {
+            devices,
+            spec,
+            tied,
+            plan,
+            stages: Vec::new(),
+            optimizers: Vec::new(),
+            optimizer_config: optimizer,
+            fault: None,
+        };
         p.place(owned)?;
         p.optimizers = p.fresh_optimizers()?;
         Ok(p)
@@ -111,7 +120,8 @@ impl<D: Device> Pipeline<D> {
     /// copy moves only if its owner changes, the other replicas are copies of replica 0.
     fn place(&mut self, owned: Vec<(Unit<D>, usize)>) -> Result<()> {
         let (r_count, s_count) = (self.plan.config.replicas, self.plan.stages());
-        let mut stages: Vec<Vec<Vec<Unit<D>>>> = (0..r_count).map(|_| (0..s_count).map(|_| Vec::new()).collect()).collect();
+        let mut stages: Vec<Vec<Vec<Unit<D>>>> =
+            (0..r_count).map(|_| (0..s_count).map(|_| Vec::new()).collect()).collect();
         for (g, (unit, at)) in owned.into_iter().enumerate() {
             let s = self.plan.stage_of(g);
             let home = self.plan.device(0, s);
@@ -133,7 +143,12 @@ impl<D: Device> Pipeline<D> {
 
     /// Replica `r`'s parameters at pipeline position `d`, in model order.
     fn params_at(stages: &mut [Vec<Unit<D>>], k: usize, d: usize) -> Vec<&mut Param<D>> {
-        stages.iter_mut().enumerate().filter(|(s, _)| s % k == d).flat_map(|(_, us)| us.iter_mut().flat_map(Unit::params_mut)).collect()
+        stages
+            .iter_mut()
+            .enumerate()
+            .filter(|(s, _)| s % k == d)
+            .flat_map(|(_, us)| us.iter_mut().flat_map(Unit::params_mut))
+            .collect()
     }
 
     /// Tears the plan down and starts `config`'s in the same process: weights and optimizer
@@ -207,7 +222,13 @@ impl<D: Device> Pipeline<D> {
     /// cut into the plan's micro-batches; dropout masks come from `dropout_seed` and each
     /// sample's global position. With `max_grad_norm`, gradients are clipped to that global
     /// norm; a non-finite norm skips the update.
-    pub fn step(&mut self, host: &HostBatch, dropout_seed: u64, lr: f64, max_grad_norm: Option<f64>) -> Result<PipelineStep> {
+    pub fn step(
+        &mut self,
+        host: &HostBatch,
+        dropout_seed: u64,
+        lr: f64,
+        max_grad_norm: Option<f64>,
+    ) -> Result<PipelineStep> {
         let PipelineConfig { pipeline_len: k, replicas: r_count, micro_batches: m, .. } = self.plan.config;
         if host.batch < m * r_count {
             return Err(crate::error::config_error(
@@ -220,7 +241,8 @@ impl<D: Device> Pipeline<D> {
         {
             return Err(crate::error::config_error("max_grad_norm", format!("must be finite and > 0, got {max}")));
         }
-        let micro: Vec<Vec<HostBatch>> = host.split(r_count)?.iter().map(|shard| shard.split(m)).collect::<Result<_>>()?;
+        let micro: Vec<Vec<HostBatch>> =
+            host.split(r_count)?.iter().map(|shard| shard.split(m)).collect::<Result<_>>()?;
         let count = host.target_count();
         let grad_scale = if count == 0 { 0.0 } else { 1.0 / count as f64 };
         for (r, replica) in self.stages.iter_mut().enumerate() {
@@ -244,16 +266,14 @@ impl<D: Device> Pipeline<D> {
         };
 
         // Hand each worker its device's stages (disjoint borrows of `self.stages`).
-        let mut jobs: Vec<Vec<(usize, &mut Vec<Unit<D>>)>> = (0..r_count * k).map(|_| Vec::new()).collect();
+        let mut jobs: Vec<StageUnits<D>> = (0..r_count * k).map(|_| Vec::new()).collect();
         for (r, replica) in self.stages.iter_mut().enumerate() {
             for (s, units) in replica.iter_mut().enumerate() {
                 jobs[r * k + s % k].push((s, units));
             }
         }
         let mut rings: Vec<Vec<Option<RingCommunicator>>> = (0..k)
-            .map(|_| {
-                if r_count > 1 { ring_group(r_count).into_iter().map(Some).collect() } else { vec![None] }
-            })
+            .map(|_| if r_count > 1 { ring_group(r_count).into_iter().map(Some).collect() } else { vec![None] })
             .collect();
         let devices = &self.devices;
         let plan = &self.plan;
@@ -280,10 +300,10 @@ impl<D: Device> Pipeline<D> {
         if let Some(e) = shared.take_error() {
             return Err(e);
         }
-        let outputs: Vec<WorkerOutput> = outputs
-            .into_iter()
-            .collect::<Option<_>>()
-            .ok_or_else(|| Error::State { what: "pipeline".into(), message: "a worker ended without a result".into() })?;
+        let outputs: Vec<WorkerOutput> = outputs.into_iter().collect::<Option<_>>().ok_or_else(|| Error::State {
+            what: "pipeline".into(),
+            message: "a worker ended without a result".into(),
+        })?;
         let loss_sum: f64 = outputs.iter().map(|o| o.loss_sum).sum();
         let mut trace = StepTrace { per_device: outputs.into_iter().map(|o| o.spans).collect(), makespan: 0.0 };
 
@@ -317,8 +337,9 @@ impl<D: Device> Pipeline<D> {
     fn optimizer_step(&mut self, lr: f64, shared: &Shared) -> Result<Vec<Span>> {
         let k = self.plan.config.pipeline_len;
         let devices = &self.devices;
-        // Per (replica, position): the units of its stages and its optimizer.
-        let mut work: Vec<(usize, Vec<&mut Vec<Unit<D>>>, &mut Optimizer<D>)> = Vec::new();
+        // Per (replica, position): its global device, the units of its stages, its optimizer.
+        type Work<'a, D> = (usize, Vec<&'a mut Vec<Unit<D>>>, &'a mut Optimizer<D>);
+        let mut work: Vec<Work<D>> = Vec::new();
         for (r, (replica, opts)) in self.stages.iter_mut().zip(self.optimizers.iter_mut()).enumerate() {
             let mut per_d: Vec<Vec<&mut Vec<Unit<D>>>> = (0..k).map(|_| Vec::new()).collect();
             for (s, units) in replica.iter_mut().enumerate() {
@@ -354,12 +375,19 @@ impl<D: Device> Pipeline<D> {
         let (sa, sb) = (self.plan.stage_of(ua), self.plan.stage_of(ub));
         for r in 0..self.plan.config.replicas {
             let (da, db) = (&self.devices[self.plan.device(r, sa)], &self.devices[self.plan.device(r, sb)]);
-            let grad = |s: usize, name: &str| self.stages[r][s].iter().flat_map(Unit::params).find(|p| p.name == name).and_then(|p| p.grad.as_ref());
+            let grad = |s: usize, name: &str| {
+                self.stages[r][s].iter().flat_map(Unit::params).find(|p| p.name == name).and_then(|p| p.grad.as_ref())
+            };
             let (Some(ga), Some(gb)) = (grad(sa, &na), grad(sb, &nb)) else { continue };
             // `ga += gb` in f32, as the one-device step's `residual_backward` does.
             let sum: Vec<f32> = da.download(ga)?.iter().zip(db.download(gb)?).map(|(a, b)| a + b).collect();
             for (s, name, dev) in [(sa, &na, da), (sb, &nb, db)] {
-                if let Some(g) = self.stages[r][s].iter_mut().flat_map(Unit::params_mut).find(|p| p.name == *name).and_then(|p| p.grad.as_mut()) {
+                if let Some(g) = self.stages[r][s]
+                    .iter_mut()
+                    .flat_map(Unit::params_mut)
+                    .find(|p| p.name == *name)
+                    .and_then(|p| p.grad.as_mut())
+                {
                     *g = dev.upload(&sum)?;
                 }
             }
@@ -383,6 +411,9 @@ impl<D: Device> Pipeline<D> {
 fn panicked(what: &str) -> Error {
     Error::State { what: what.into(), message: "a thread panicked".into() }
 }
+
+/// The stages one device runs in a step: `(stage, its units)`.
+type StageUnits<'a, D> = Vec<(usize, &'a mut Vec<Unit<D>>)>;
 
 /// A message between stages: `(is_gradient, micro-batch, producing stage)`.
 type Tag = (bool, usize, usize);
@@ -494,7 +525,7 @@ struct Worker<'a, D: Device> {
     dev: &'a D,
     global: usize,
     /// `(stage, units)` of the stages this device runs.
-    stages: Vec<(usize, &'a mut Vec<Unit<D>>)>,
+    stages: StageUnits<'a, D>,
     actions: &'a [Action],
     micro: &'a [HostBatch],
     ring: Option<RingCommunicator>,
@@ -555,7 +586,11 @@ impl<D: Device> Worker<'_, D> {
         })
     }
 
-    fn execute(&mut self, to_comm: &mpsc::Sender<Bucket>, from_comm: &mpsc::Receiver<Result<Bucket>>) -> Result<WorkerOutput> {
+    fn execute(
+        &mut self,
+        to_comm: &mpsc::Sender<Bucket>,
+        from_comm: &mpsc::Receiver<Result<Bucket>>,
+    ) -> Result<WorkerOutput> {
         let ctx = self.ctx;
         let (dev, me) = (self.dev, self.global);
         let replica_base = me - me % ctx.plan.config.pipeline_len;
@@ -571,7 +606,10 @@ impl<D: Device> Worker<'_, D> {
                 if f.panic {
                     panic!("injected fault at action #{i} {action:?}");
                 }
-                return Err(Error::State { what: "fault".into(), message: format!("injected at action #{i} {action:?}") });
+                return Err(Error::State {
+                    what: "fault".into(),
+                    message: format!("injected at action #{i} {action:?}"),
+                });
             }
             let start = ctx.shared.now();
             match action {
@@ -589,10 +627,16 @@ impl<D: Device> Worker<'_, D> {
                         kept.push(s);
                         x = Some(y);
                     }
-                    let y = x.ok_or_else(|| Error::State { what: format!("stage {stage}"), message: "has no units".into() })?;
+                    let y = x.ok_or_else(|| Error::State {
+                        what: format!("stage {stage}"),
+                        message: "has no units".into(),
+                    })?;
                     saved.insert((mb, stage), kept);
                     if stage + 1 == s_count {
-                        let head = units.last().ok_or_else(|| Error::State { what: "pipeline".into(), message: "empty last stage".into() })?;
+                        let head = units.last().ok_or_else(|| Error::State {
+                            what: "pipeline".into(),
+                            message: "empty last stage".into(),
+                        })?;
                         let loss = head_loss(dev, ctx.spec, head, batch, &y, Some(ctx.grad_scale))?;
                         out.loss_sum += loss.loss_sum;
                         dys.insert((mb, stage), loss.dlogits);
@@ -657,7 +701,9 @@ impl<D: Device> Worker<'_, D> {
                     for _ in 0..pending {
                         let (stage, data) = recv_bucket(from_comm, ctx.shared)?;
                         let mut at = 0;
-                        for g in self.units(stage)?.iter_mut().flat_map(Unit::params_mut).filter_map(|p| p.grad.as_mut()) {
+                        for g in
+                            self.units(stage)?.iter_mut().flat_map(Unit::params_mut).filter_map(|p| p.grad.as_mut())
+                        {
                             let n = D::len(g);
                             *g = dev.upload(&data[at..at + n])?;
                             at += n;

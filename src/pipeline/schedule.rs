@@ -183,7 +183,12 @@ impl Schedule {
             message: msg,
         };
         if self.per_device.len() != k || s_count == 0 || s_count % k != 0 {
-            return Err(fail(0, 0, None, format!("{} action lists for {k} devices and {s_count} stages", self.per_device.len())));
+            return Err(fail(
+                0,
+                0,
+                None,
+                format!("{} action lists for {k} devices and {s_count} stages", self.per_device.len()),
+            ));
         }
         // Messages sent, by (is_grad, mb, stage) → (from, to).
         let mut sent: HashMap<(bool, usize, usize), (usize, usize)> = HashMap::new();
@@ -194,10 +199,10 @@ impl Schedule {
                     Action::SendGrad { mb, stage, to } => Some(((true, mb, stage), to)),
                     _ => None,
                 };
-                if let Some((key, to)) = key {
-                    if sent.insert(key, (d, to)).is_some() {
-                        return Err(fail(d, i, Some(a), "sent twice".into()));
-                    }
+                if let Some((key, to)) = key
+                    && sent.insert(key, (d, to)).is_some()
+                {
+                    return Err(fail(d, i, Some(a), "sent twice".into()));
                 }
             }
         }
@@ -213,10 +218,15 @@ impl Schedule {
                 let ok: std::result::Result<(), String> = match *a {
                     Action::Forward { mb, stage } => {
                         if !here(stage) || mb >= m {
-                            Err(format!("stage {stage} (of {s_count}) / micro-batch {mb} (of {m}) does not run on device {d}"))
+                            Err(format!(
+                                "stage {stage} (of {s_count}) / micro-batch {mb} (of {m}) does not run on device {d}"
+                            ))
                         } else if !forwarded.insert((mb, stage)) {
                             Err("runs twice".into())
-                        } else if stage > 0 && !forwarded.contains(&(mb, stage - 1)) && !have.contains(&(false, mb, stage - 1)) {
+                        } else if stage > 0
+                            && !forwarded.contains(&(mb, stage - 1))
+                            && !have.contains(&(false, mb, stage - 1))
+                        {
                             Err(format!("its input (stage {}'s output) has not been received", stage - 1))
                         } else {
                             Ok(())
@@ -295,7 +305,12 @@ impl Schedule {
             for stage in (0..s_count).filter(|&s| stage_device(s, k) == d) {
                 for mb in 0..m {
                     if !forwarded.contains(&(mb, stage)) || !backwarded.contains(&(mb, stage)) {
-                        return Err(fail(d, list.len(), None, format!("micro-batch {mb} never runs stage {stage} both ways")));
+                        return Err(fail(
+                            d,
+                            list.len(),
+                            None,
+                            format!("micro-batch {mb} never runs stage {stage} both ways"),
+                        ));
                     }
                 }
                 if !reduced.contains(&stage) {
@@ -308,7 +323,12 @@ impl Schedule {
         }
         if let Some((&(grad, mb, stage), &(from, to))) = sent.iter().find(|(key, _)| !received.contains(*key)) {
             let what = if grad { "gradient" } else { "activation" };
-            return Err(fail(from, 0, None, format!("the {what} of stage {stage}, micro-batch {mb}, sent to device {to}, is never received")));
+            return Err(fail(
+                from,
+                0,
+                None,
+                format!("the {what} of stage {stage}, micro-batch {mb}, sent to device {to}, is never received"),
+            ));
         }
         self.check_deadlock_free()
     }
@@ -414,7 +434,9 @@ fn list_schedule(kind: ScheduleKind, k: usize, s_count: usize, m: usize) -> Resu
                 .flat_map(|s| (0..m).flat_map(move |mb| [Task::F(mb, s), Task::B(mb, s)]))
                 .filter(|task| !started.contains(task))
                 .filter(|&task| match task {
-                    Task::F(mb, s) => in_flight[d] < cap(d).saturating_add(slack) && (s == 0 || finished(Task::F(mb, s - 1), &done)),
+                    Task::F(mb, s) => {
+                        in_flight[d] < cap(d).saturating_add(slack) && (s == 0 || finished(Task::F(mb, s - 1), &done))
+                    }
                     Task::B(mb, s) => {
                         finished(Task::F(mb, s), &done) && (s + 1 == s_count || finished(Task::B(mb, s + 1), &done))
                     }
@@ -502,15 +524,20 @@ fn with_communication(tasks: &[Task], k: usize, s_count: usize) -> Vec<Action> {
 mod tests {
     use super::*;
 
-    const KINDS: [(ScheduleKind, usize); 4] =
-        [(ScheduleKind::Gpipe, 1), (ScheduleKind::OneFOneB, 1), (ScheduleKind::Interleaved, 2), (ScheduleKind::Interleaved, 3)];
+    const KINDS: [(ScheduleKind, usize); 4] = [
+        (ScheduleKind::Gpipe, 1),
+        (ScheduleKind::OneFOneB, 1),
+        (ScheduleKind::Interleaved, 2),
+        (ScheduleKind::Interleaved, 3),
+    ];
 
     #[test]
     fn every_kind_is_valid_for_any_micro_batch_count_including_fewer_than_stages() {
         for (kind, v) in KINDS {
             for k in 1..=5 {
                 for m in [1, 2, 3, 5, 8] {
-                    let s = Schedule::generate(kind, k, v, m).unwrap_or_else(|e| panic!("{kind} K={k} v={v} M={m}: {e}"));
+                    let s =
+                        Schedule::generate(kind, k, v, m).unwrap_or_else(|e| panic!("{kind} K={k} v={v} M={m}: {e}"));
                     assert_eq!(s.per_device.len(), k);
                 }
             }

@@ -52,7 +52,9 @@ impl StepTrace {
             .per_device
             .iter()
             .flatten()
-            .filter(|s| matches!(s.action, Action::SendActivation { .. } | Action::SendGrad { .. } | Action::AllReduce { .. }))
+            .filter(|s| {
+                matches!(s.action, Action::SendActivation { .. } | Action::SendGrad { .. } | Action::AllReduce { .. })
+            })
             .map(|s| s.end - s.start)
             .collect();
         if spans.is_empty() { 0.0 } else { spans.iter().sum::<f64>() / spans.len() as f64 }

@@ -28,7 +28,6 @@ struct Header {
     tensors: Vec<(String, usize)>,
 }
 
-
 fn io_err(path: &Path, source: std::io::Error) -> Error {
     Error::Io { path: path.display().to_string(), source }
 }

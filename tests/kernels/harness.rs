@@ -23,7 +23,9 @@ pub fn cpu() -> CpuDevice<f32> {
 pub fn devices(precision: Precision) -> Vec<GpuDevice> {
     match std::env::var("PT_TEST_DEVICE").as_deref() {
         Ok("cuda") => vec![pipetransformer::device::cuda::device(0, precision).expect("cuda device")],
-        _ => SEEDS.iter().map(|&s| pipetransformer::device::emu::device(0, precision, s).expect("emu device")).collect(),
+        _ => {
+            SEEDS.iter().map(|&s| pipetransformer::device::emu::device(0, precision, s).expect("emu device")).collect()
+        }
     }
 }
 

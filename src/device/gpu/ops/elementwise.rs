@@ -1,47 +1,168 @@
-//! `kernels/elementwise.cu`: fill, casts, GELU, tanh, residual, dropout, scale.
+//! `kernels/elementwise.cu`: fill, casts, scale, GELU, tanh, residual, dropout. Every kernel is
+//! a grid-stride loop over the elements, launched by `map`.
 
-use super::not_yet;
-use crate::device::gpu::{GpuBuf, GpuDevice};
-use crate::error::Result;
+use crate::device::Device;
+use crate::device::gpu::{Arg, GpuBuf, GpuDevice, LaunchConfig, check_elem, int};
+use crate::error::{Result, check_len, config_error};
 use crate::ops::gelu::Activation;
 
+/// Threads per block of the grid-stride kernels.
+const THREADS: u32 = 256;
+/// Blocks at most: enough to fill an H100 (132 SMs × 8 resident blocks of 256 threads) several
+/// times over; larger tensors loop instead of launching more blocks.
+const MAX_BLOCKS: usize = 4096;
+
+/// The launch of a grid-stride kernel over `n` elements.
+pub(super) fn grid_stride(n: usize) -> LaunchConfig {
+    LaunchConfig::linear(n.div_ceil(THREADS as usize).clamp(1, MAX_BLOCKS) as u32, THREADS)
+}
+
+/// Threads for a block that walks `cols` columns (one per thread up to 256, then loops): a
+/// function of the shape alone, so a kernel's summation order never depends on anything else.
+pub(super) fn threads_for_columns(cols: usize) -> u32 {
+    cols.next_multiple_of(32).clamp(32, 256) as u32
+}
+
+/// Launches the grid-stride `kernel` over `n` elements with arguments `ptrs`, then `n`, then
+/// `rest` (every kernel of this file takes its element count right after its pointers).
+fn map(dev: &GpuDevice, kernel: &str, n: usize, ptrs: &[Arg], rest: &[Arg]) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let mut args = ptrs.to_vec();
+    args.push(Arg::I32(int(kernel, "n", n)?));
+    args.extend_from_slice(rest);
+    dev.launch(kernel, grid_stride(n), &args)
+}
+
+/// Checks that every buffer in `bufs` holds the device's activation type.
+fn check_acts(dev: &GpuDevice, op: &str, bufs: &[(&str, &GpuBuf)]) -> Result<()> {
+    bufs.iter().try_for_each(|(arg, buf)| check_elem(op, arg, buf, dev.act()))
+}
+
+/// The element type all of `bufs` share (the first's), or an error naming the odd one. The
+/// residual add also sums f32 gradients (the tied copies), so it follows its buffers, not the
+/// device's activation type.
+fn common_elem(op: &str, bufs: &[(&str, &GpuBuf)]) -> Result<crate::device::gpu::Elem> {
+    let elem = bufs[0].1.elem();
+    bufs.iter().try_for_each(|(arg, buf)| check_elem(op, arg, buf, elem))?;
+    Ok(elem)
+}
+
 /// `dst ← src` converting between f32 and bf16 (same length).
-pub fn cast(_dev: &GpuDevice, _dst: &mut GpuBuf, _src: &GpuBuf) -> Result<()> {
-    Err(not_yet("cast"))
+pub fn cast(dev: &GpuDevice, dst: &mut GpuBuf, src: &GpuBuf) -> Result<()> {
+    check_len("cast", "dst", dst.len(), src.len())?;
+    if dst.elem() == src.elem() {
+        return if src.is_empty() { Ok(()) } else { dev.runtime().copy_on_device(dst.ptr(), src.ptr(), src.bytes()) };
+    }
+    let kernel = format!("cast_{}_to_{}", src.elem().suffix(), dst.elem().suffix());
+    map(dev, &kernel, dst.len(), &[Arg::Ptr(dst.ptr()), Arg::Ptr(src.ptr())], &[])
 }
-/// `dst[i] ← value`.
-pub fn fill(_dev: &GpuDevice, _dst: &mut GpuBuf, _value: f64) -> Result<()> {
-    Err(not_yet("fill"))
+
+/// `dst[i] ← value` (rounded to the buffer's element type).
+pub fn fill(dev: &GpuDevice, dst: &mut GpuBuf, value: f64) -> Result<()> {
+    let kernel = format!("fill_{}", dst.elem().suffix());
+    map(dev, &kernel, dst.len(), &[Arg::Ptr(dst.ptr())], &[Arg::F32(value as f32)])
 }
+
+/// `x[i] *= s`, on a buffer of either element type.
+pub fn scale(dev: &GpuDevice, x: &mut GpuBuf, s: f64) -> Result<()> {
+    let kernel = format!("scale_{}", x.elem().suffix());
+    map(dev, &kernel, x.len(), &[Arg::Ptr(x.ptr())], &[Arg::F32(s as f32)])
+}
+
+/// The kernel-name stem of a GELU form.
+fn gelu_stem(kind: Activation) -> &'static str {
+    match kind {
+        Activation::GeluErf => "gelu_erf",
+        Activation::GeluTanh => "gelu_tanh",
+    }
+}
+
 /// See [`crate::ops::gelu::gelu_forward`].
-pub fn gelu_forward(_dev: &GpuDevice, _out: &mut GpuBuf, _inp: &GpuBuf, _kind: Activation) -> Result<()> {
-    Err(not_yet("gelu_forward"))
+pub fn gelu_forward(dev: &GpuDevice, out: &mut GpuBuf, inp: &GpuBuf, kind: Activation) -> Result<()> {
+    const OP: &str = "gelu_forward";
+    check_len(OP, "out", out.len(), inp.len())?;
+    check_acts(dev, OP, &[("out", out), ("inp", inp)])?;
+    let kernel = format!("{}_forward_{}", gelu_stem(kind), dev.act().suffix());
+    map(dev, &kernel, out.len(), &[Arg::Ptr(out.ptr()), Arg::Ptr(inp.ptr())], &[])
 }
+
 /// See [`crate::ops::gelu::gelu_backward`].
-pub fn gelu_backward(_dev: &GpuDevice, _dinp: &mut GpuBuf, _inp: &GpuBuf, _dout: &GpuBuf, _kind: Activation) -> Result<()> {
-    Err(not_yet("gelu_backward"))
+pub fn gelu_backward(dev: &GpuDevice, dinp: &mut GpuBuf, inp: &GpuBuf, dout: &GpuBuf, kind: Activation) -> Result<()> {
+    const OP: &str = "gelu_backward";
+    check_len(OP, "inp", inp.len(), dinp.len())?;
+    check_len(OP, "dout", dout.len(), dinp.len())?;
+    check_acts(dev, OP, &[("dinp", dinp), ("inp", inp), ("dout", dout)])?;
+    let kernel = format!("{}_backward_{}", gelu_stem(kind), dev.act().suffix());
+    map(dev, &kernel, dinp.len(), &[Arg::Ptr(dinp.ptr()), Arg::Ptr(inp.ptr()), Arg::Ptr(dout.ptr())], &[])
 }
+
 /// See [`crate::ops::tanh::tanh_forward`].
-pub fn tanh_forward(_dev: &GpuDevice, _out: &mut GpuBuf, _inp: &GpuBuf) -> Result<()> {
-    Err(not_yet("tanh_forward"))
+pub fn tanh_forward(dev: &GpuDevice, out: &mut GpuBuf, inp: &GpuBuf) -> Result<()> {
+    const OP: &str = "tanh_forward";
+    check_len(OP, "inp", inp.len(), out.len())?;
+    check_acts(dev, OP, &[("out", out), ("inp", inp)])?;
+    let kernel = format!("tanh_forward_{}", dev.act().suffix());
+    map(dev, &kernel, out.len(), &[Arg::Ptr(out.ptr()), Arg::Ptr(inp.ptr())], &[])
 }
+
 /// See [`crate::ops::tanh::tanh_backward`].
-pub fn tanh_backward(_dev: &GpuDevice, _dinp: &mut GpuBuf, _out: &GpuBuf, _dout: &GpuBuf) -> Result<()> {
-    Err(not_yet("tanh_backward"))
+pub fn tanh_backward(dev: &GpuDevice, dinp: &mut GpuBuf, out: &GpuBuf, dout: &GpuBuf) -> Result<()> {
+    const OP: &str = "tanh_backward";
+    check_len(OP, "out", out.len(), dinp.len())?;
+    check_len(OP, "dout", dout.len(), dinp.len())?;
+    check_acts(dev, OP, &[("dinp", dinp), ("out", out), ("dout", dout)])?;
+    let kernel = format!("tanh_backward_{}", dev.act().suffix());
+    map(dev, &kernel, dinp.len(), &[Arg::Ptr(dinp.ptr()), Arg::Ptr(out.ptr()), Arg::Ptr(dout.ptr())], &[])
 }
+
 /// See [`crate::ops::residual::residual_forward`].
-pub fn residual_forward(_dev: &GpuDevice, _out: &mut GpuBuf, _a: &GpuBuf, _b: &GpuBuf) -> Result<()> {
-    Err(not_yet("residual_forward"))
+pub fn residual_forward(dev: &GpuDevice, out: &mut GpuBuf, a: &GpuBuf, b: &GpuBuf) -> Result<()> {
+    const OP: &str = "residual_forward";
+    check_len(OP, "a", a.len(), out.len())?;
+    check_len(OP, "b", b.len(), out.len())?;
+    let elem = common_elem(OP, &[("out", out), ("a", a), ("b", b)])?;
+    let kernel = format!("residual_forward_{}", elem.suffix());
+    map(dev, &kernel, out.len(), &[Arg::Ptr(out.ptr()), Arg::Ptr(a.ptr()), Arg::Ptr(b.ptr())], &[])
 }
-/// See [`crate::ops::residual::residual_backward`].
-pub fn residual_backward(_dev: &GpuDevice, _dacc: &mut GpuBuf, _dout: &GpuBuf) -> Result<()> {
-    Err(not_yet("residual_backward"))
+
+/// See [`crate::ops::residual::residual_backward`]: `dacc += dout`.
+pub fn residual_backward(dev: &GpuDevice, dacc: &mut GpuBuf, dout: &GpuBuf) -> Result<()> {
+    const OP: &str = "residual_backward";
+    check_len(OP, "dout", dout.len(), dacc.len())?;
+    let elem = common_elem(OP, &[("dacc", dacc), ("dout", dout)])?;
+    let kernel = format!("residual_backward_{}", elem.suffix());
+    map(dev, &kernel, dacc.len(), &[Arg::Ptr(dacc.ptr()), Arg::Ptr(dout.ptr())], &[])
 }
+
 /// See [`crate::ops::dropout`]: the forward and the backward are the same map; `op` names which.
-pub fn dropout(_dev: &GpuDevice, op: &str, _dst: &mut GpuBuf, _src: &GpuBuf, _p: f32, _seed: u64, _offset: u64) -> Result<()> {
-    Err(not_yet(op))
-}
-/// `x[i] *= s`.
-pub fn scale(_dev: &GpuDevice, _x: &mut GpuBuf, _s: f64) -> Result<()> {
-    Err(not_yet("scale"))
+pub fn dropout(
+    dev: &GpuDevice,
+    op: &str,
+    dst: &mut GpuBuf,
+    src: &GpuBuf,
+    p: f32,
+    seed: u64,
+    offset: u64,
+) -> Result<()> {
+    // The same checks, in the same order and words, as the cpu reference.
+    if !(0.0..1.0).contains(&p) {
+        return Err(config_error("dropout", format!("drop probability {p} is out of range; expected 0 <= p < 1")));
+    }
+    let (op, arg, got, expected) = match op {
+        "dropout_backward" => ("dropout_backward", "dout", src.len(), dst.len()),
+        _ => ("dropout_forward", "out", dst.len(), src.len()),
+    };
+    check_len(op, arg, got, expected)?;
+    check_acts(dev, op, &[("dst", dst), ("src", src)])?;
+    if p == 0.0 {
+        // Keeps every element at scale 1: a copy, as on the cpu.
+        return dev.copy(dst, src);
+    }
+    let threshold = (p as f64 * 18_446_744_073_709_551_616.0) as u64; // p·2⁶⁴, as `dropout_keep`
+    let scale = (1.0 / (1.0 - p as f64)) as f32;
+    let kernel = format!("dropout_{}", dev.act().suffix());
+    let rest = [Arg::U64(seed), Arg::U64(offset), Arg::U64(threshold), Arg::F32(scale)];
+    map(dev, &kernel, dst.len(), &[Arg::Ptr(dst.ptr()), Arg::Ptr(src.ptr())], &rest)
 }

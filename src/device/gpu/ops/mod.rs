@@ -9,8 +9,3 @@ pub mod loss;
 pub mod matmul;
 pub mod norm;
 pub mod optim;
-
-/// Placeholder error while a family's kernels are being written.
-pub(crate) fn not_yet(op: &str) -> crate::Error {
-    crate::Error::State { what: op.into(), message: "this op has no GPU kernel yet".into() }
-}
