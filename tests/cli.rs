@@ -71,3 +71,55 @@ fn diagnostic_commands_reject_zero_counts() {
     let (ok, out) = pipetransformer(&["overfit", "--model", "resnet"]);
     assert!(!ok && out.contains("resnet"), "{out}");
 }
+
+#[test]
+fn device_choices_are_checked_with_clear_errors() {
+    if !pipetransformer::device::cuda::available() {
+        let (ok, out) = pipetransformer(&["train", "--config", "configs/vit-digits.toml", "--device", "cuda"]);
+        assert!(!ok && out.contains("no CUDA driver") && out.contains("--device cuda-emu"), "{out}");
+    }
+    let (ok, out) = pipetransformer(&["train", "--config", "configs/vit-digits.toml", "--device", "tpu"]);
+    assert!(!ok && out.contains("expected auto, cpu, cuda or cuda-emu"), "{out}");
+    let (ok, out) = pipetransformer(&["overfit", "--device", "cpu", "--precision", "bf16", "--steps", "1"]);
+    assert!(!ok && out.contains("bf16 needs a GPU backend"), "{out}");
+}
+
+/// The default configs train from the command line on the emulated CUDA kernels (small
+/// settings: the emulator runs every GPU thread as a fiber).
+#[test]
+fn train_runs_on_the_emulated_cuda_kernels() {
+    let have = std::path::Path::new("data/digits/digits.csv.gz").exists()
+        && std::path::Path::new("data/text/hamlet.txt").exists();
+    if !have {
+        assert!(std::env::var_os("CI").is_none(), "CI must have the datasets (scripts/setup.sh)");
+        eprintln!("skipped: datasets not installed (scripts/setup.sh)");
+        return;
+    }
+    let small = ["--set", "train.max_steps=3", "--set", "train.epochs=1", "--set", "data.test_limit=32"];
+    for (config, precision, limit) in
+        [("configs/vit-digits.toml", "f32", "96"), ("configs/gpt-hamlet.toml", "bf16", "48")]
+    {
+        let dir = scratch(&format!("emu-{precision}"));
+        let out_dir = format!("output.dir={}", dir.display());
+        let limit = format!("data.train_limit={limit}");
+        let mut args = vec!["train", "--config", config, "--device", "cuda-emu", "--precision", precision, "--fresh"];
+        args.extend(small);
+        args.extend(["--set", &limit, "--set", &out_dir]);
+        if config.contains("gpt") {
+            // A narrower GPT keeps the emulated run short.
+            args.extend([
+                "--set",
+                "model.config.n_embd=32",
+                "--set",
+                "model.config.n_layer=1",
+                "--set",
+                "data.max_len=32",
+            ]);
+        }
+        let (ok, out) = pipetransformer(&args);
+        assert!(ok, "{config}: {out}");
+        assert!(out.contains("cuda-emu") && out.contains("done: 3 steps"), "{out}");
+        let summary = std::fs::read_to_string(dir.join("summary.json")).unwrap();
+        assert!(summary.contains("\"steps\": 3") || summary.contains("\"steps\":3"), "{summary}");
+    }
+}

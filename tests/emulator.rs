@@ -45,7 +45,8 @@ fn rt(seed: u64, threads: usize) -> Arc<EmuRuntime> {
 }
 
 fn launch(rt: &Arc<EmuRuntime>, kernel: &str, cfg: LaunchConfig, args: &[Arg]) -> pipetransformer::Result<()> {
-    pipetransformer::device::GpuDevice::new(rt.clone(), pipetransformer::device::Precision::F32, false).launch(kernel, cfg, args)
+    pipetransformer::device::GpuDevice::new(rt.clone(), pipetransformer::device::Precision::F32, false)
+        .launch(kernel, cfg, args)
 }
 
 fn f32s(v: &[f32]) -> Vec<u8> {
@@ -65,7 +66,13 @@ fn block_reduction_with_shared_memory_and_shuffles() {
     for seed in [0, 1, 2] {
         let rt = rt(seed, 2);
         let (xb, sums, maxes) = (Raw::new(&rt, &f32s(&x)), Raw::zeros(&rt, rows * 4), Raw::zeros(&rt, rows * 4));
-        launch(&rt, "emu_test_block_reduce", LaunchConfig::linear(rows as u32, 256), &[xb.arg(), sums.arg(), maxes.arg(), Arg::I32(n as i32)]).unwrap();
+        launch(
+            &rt,
+            "emu_test_block_reduce",
+            LaunchConfig::linear(rows as u32, 256),
+            &[xb.arg(), sums.arg(), maxes.arg(), Arg::I32(n as i32)],
+        )
+        .unwrap();
         for (r, (s, m)) in as_f32(&sums.read()).into_iter().zip(as_f32(&maxes.read())).enumerate() {
             let row = &x[r * n..(r + 1) * n];
             assert_eq!(s, row.iter().sum::<f32>(), "seed {seed} row {r}");
@@ -106,7 +113,8 @@ fn shuffles_and_votes() {
         for t in 0..64usize {
             let l = t % 32;
             let at = |lane: usize| input[t - l + lane];
-            let ballot = |lanes: std::ops::Range<usize>| lanes.filter(|&k| at(k) & 1 == 1).fold(0u32, |b, k| b | 1 << k) as i32;
+            let ballot =
+                |lanes: std::ops::Range<usize>| lanes.filter(|&k| at(k) & 1 == 1).fold(0u32, |b, k| b | 1 << k) as i32;
             let want = [
                 at((l * 7 + 3) & 31),
                 if l >= 3 { at(l - 3) } else { at(l) },
@@ -149,8 +157,15 @@ fn atomics_are_atomic_across_blocks_and_os_threads() {
         let rt = rt(3, threads);
         let (blocks, per) = (64u32, 128u32);
         let g = (blocks * per) as i64;
-        let (f, d, i, u, ull) = (Raw::zeros(&rt, 4), Raw::zeros(&rt, 8), Raw::zeros(&rt, 32), Raw::zeros(&rt, 4), Raw::zeros(&rt, 8));
-        launch(&rt, "emu_test_atomics", LaunchConfig::linear(blocks, per), &[f.arg(), d.arg(), i.arg(), u.arg(), ull.arg()]).unwrap();
+        let (f, d, i, u, ull) =
+            (Raw::zeros(&rt, 4), Raw::zeros(&rt, 8), Raw::zeros(&rt, 32), Raw::zeros(&rt, 4), Raw::zeros(&rt, 8));
+        launch(
+            &rt,
+            "emu_test_atomics",
+            LaunchConfig::linear(blocks, per),
+            &[f.arg(), d.arg(), i.arg(), u.arg(), ull.arg()],
+        )
+        .unwrap();
         assert_eq!(as_f32(&f.read())[0], g as f32);
         let db = d.read();
         assert_eq!(f64::from_ne_bytes(db[..8].try_into().unwrap()), g as f64 / 2.0);
@@ -185,7 +200,10 @@ fn wmma_multiplies_bf16_tiles_in_f32() {
     let a: Vec<f32> = (0..256).map(|i| ((i * 5) % 7) as f32 - 3.0).collect(); // a[m*16+k] = A[m][k]
     let b: Vec<f32> = (0..256).map(|i| ((i * 3) % 5) as f32 * 0.5 - 1.0).collect(); // b[n*16+k] = B[k][n]
     let c: Vec<f32> = (0..256).map(|i| (i % 11) as f32).collect();
-    let (ab, bb) = (Raw::new(&rt, &a.iter().flat_map(|&v| bf(v)).collect::<Vec<_>>()), Raw::new(&rt, &b.iter().flat_map(|&v| bf(v)).collect::<Vec<_>>()));
+    let (ab, bb) = (
+        Raw::new(&rt, &a.iter().flat_map(|&v| bf(v)).collect::<Vec<_>>()),
+        Raw::new(&rt, &b.iter().flat_map(|&v| bf(v)).collect::<Vec<_>>()),
+    );
     let (cb, db) = (Raw::new(&rt, &f32s(&c)), Raw::zeros(&rt, 256 * 4));
     launch(&rt, "emu_test_wmma", LaunchConfig::linear(1, 32), &[ab.arg(), bb.arg(), cb.arg(), db.arg()]).unwrap();
     let d = as_f32(&db.read());
@@ -224,7 +242,8 @@ fn bf16_rounds_to_nearest_even() {
     let x: Vec<f32> = cases.iter().map(|&(bits, _)| f32::from_bits(bits)).collect();
     let n = x.len();
     let (xb, y, back) = (Raw::new(&rt, &f32s(&x)), Raw::zeros(&rt, n * 2), Raw::zeros(&rt, n * 4));
-    launch(&rt, "emu_test_bf16", LaunchConfig::linear(1, 32), &[xb.arg(), y.arg(), back.arg(), Arg::I32(n as i32)]).unwrap();
+    launch(&rt, "emu_test_bf16", LaunchConfig::linear(1, 32), &[xb.arg(), y.arg(), back.arg(), Arg::I32(n as i32)])
+        .unwrap();
     let got: Vec<u16> = y.read().chunks_exact(2).map(|c| u16::from_ne_bytes([c[0], c[1]])).collect();
     let back = as_u32(&back.read());
     for (i, &(input, want)) in cases.iter().enumerate() {

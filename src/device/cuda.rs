@@ -44,6 +44,13 @@ pub struct CudaRuntime {
 impl CudaRuntime {
     /// GPU `ordinal`; an error (not a panic) when there is no driver or no such GPU.
     pub fn new(ordinal: usize) -> Result<Self> {
+        // SAFETY: checks for the library without loading symbols from it.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(Error::Config {
+                field: "device".into(),
+                message: "no CUDA driver (libcuda) on this machine; use --device cpu or --device cuda-emu".into(),
+            });
+        }
         let count = device_count();
         if ordinal >= count {
             return Err(Error::Config {
