@@ -3,8 +3,9 @@
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use pipetransformer::bench;
-use pipetransformer::device::{AnyDevice, CpuDevice, Device, DeviceKind, Precision};
+use pipetransformer::device::{AnyDevice, AnyDevices, CpuDevice, Device, DeviceKind, Precision};
 use pipetransformer::model::{Batch, BertConfig, GptConfig, Model, ModelConfig, Pooling, VitConfig};
+use pipetransformer::pipeline::{PipelineConfig, ScheduleKind};
 use pipetransformer::train::{LrSchedule, Optimizer, OptimizerConfig, train_step};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -39,6 +40,54 @@ struct DeviceArgs {
     precision: PrecisionArg,
 }
 
+/// How a step is spread over devices (`train`, `plan`); unset flags keep the run config's
+/// `[pipeline]` values.
+#[derive(clap::Args, Clone, Default)]
+struct PipelineArgs {
+    /// Devices to use (default: replicas × pipeline length). Without GPUs, N cpu devices.
+    #[arg(long)]
+    devices: Option<usize>,
+    /// Devices per pipeline (K).
+    #[arg(long)]
+    pipeline_len: Option<usize>,
+    /// Micro-batches per replica per step (M).
+    #[arg(long)]
+    micro_batches: Option<usize>,
+    /// Data-parallel replicas of the pipeline (R).
+    #[arg(long)]
+    replicas: Option<usize>,
+    /// Schedule: gpipe, 1f1b or interleaved.
+    #[arg(long, value_parser = parse_schedule)]
+    schedule: Option<ScheduleKind>,
+    /// Model chunks per device for the interleaved schedule (default 2 for it).
+    #[arg(long)]
+    chunks: Option<usize>,
+    /// Partition by each unit's measured forward and backward time on the device instead of
+    /// its FLOP count.
+    #[arg(long)]
+    profile: bool,
+}
+
+fn parse_schedule(s: &str) -> std::result::Result<ScheduleKind, String> {
+    s.parse().map_err(|e: pipetransformer::Error| e.to_string())
+}
+
+impl PipelineArgs {
+    /// The run config's pipeline with these flags applied.
+    fn apply(&self, mut p: PipelineConfig) -> PipelineConfig {
+        p.pipeline_len = self.pipeline_len.unwrap_or(p.pipeline_len);
+        p.micro_batches = self.micro_batches.unwrap_or(p.micro_batches);
+        p.replicas = self.replicas.unwrap_or(p.replicas);
+        p.schedule = self.schedule.unwrap_or(p.schedule);
+        p.chunks = match (self.chunks, p.schedule) {
+            (Some(c), _) => c,
+            (None, ScheduleKind::Interleaved) if p.chunks < 2 => 2,
+            (None, _) => p.chunks,
+        };
+        p
+    }
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum PrecisionArg {
     F32,
@@ -50,12 +99,14 @@ fn parse_device(s: &str) -> std::result::Result<DeviceKind, String> {
 }
 
 impl DeviceArgs {
-    fn open(self, threads: usize) -> Result<AnyDevice> {
-        let precision = match self.precision {
+    fn precision(self) -> Precision {
+        match self.precision {
             PrecisionArg::F32 => Precision::F32,
             PrecisionArg::Bf16 => Precision::Bf16,
-        };
-        Ok(AnyDevice::open(self.device, 0, threads, precision)?)
+        }
+    }
+    fn open(self, threads: usize) -> Result<AnyDevice> {
+        Ok(AnyDevice::open(self.device, 0, threads, self.precision())?)
     }
 }
 
@@ -90,6 +141,23 @@ enum Command {
         fresh: bool,
         #[command(flatten)]
         device: DeviceArgs,
+        #[command(flatten)]
+        pipeline: PipelineArgs,
+        /// Write a Chrome trace of the pipelined steps (open in Perfetto or chrome://tracing).
+        #[arg(long)]
+        trace: Option<PathBuf>,
+    },
+    /// Print how a run would be spread over devices: the partition with each stage's time and
+    /// memory, the schedule, and its predicted bubble. Nothing is trained.
+    Plan {
+        /// Run configuration (TOML; see configs/).
+        #[arg(long)]
+        config: PathBuf,
+        /// Override a configuration value (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        #[command(flatten)]
+        pipeline: PipelineArgs,
     },
     /// Train a small randomly initialised model on one fixed random batch until it memorises it
     /// (forward, backward and AdamW working together); prints the loss curve.
@@ -146,7 +214,10 @@ enum Command {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
-        Command::Train { config, set, resume, fresh, device } => train(&config, &set, resume, fresh, device),
+        Command::Train { config, set, resume, fresh, device, pipeline, trace } => {
+            train(&config, &set, resume, fresh, device, &pipeline, trace.as_deref())
+        }
+        Command::Plan { config, set, pipeline } => plan(&config, &set, &pipeline),
         Command::Overfit { model, steps, lr, seed, threads, device } => {
             if steps == 0 {
                 bail!("--steps must be at least 1");
@@ -303,25 +374,112 @@ fn kernels(update: Option<&Path>) -> Result<()> {
     Ok(())
 }
 
-fn train(config_path: &Path, overrides: &[String], resume: bool, fresh: bool, device: DeviceArgs) -> Result<()> {
-    let config = pipetransformer::run::RunConfig::load(config_path, overrides)
+fn train(
+    config_path: &Path,
+    overrides: &[String],
+    resume: bool,
+    fresh: bool,
+    device: DeviceArgs,
+    pipeline: &PipelineArgs,
+    trace: Option<&Path>,
+) -> Result<()> {
+    let mut config = pipetransformer::run::RunConfig::load(config_path, overrides)
         .with_context(|| format!("reading {}", config_path.display()))?;
+    config.pipeline = pipeline.apply(config.pipeline);
     let threads = config.output.threads;
-    on_device!(device.open(threads)?, train_on(config_path, config, resume, fresh))
+    let p = config.pipeline;
+    let count = pipeline.devices.unwrap_or(p.replicas * p.pipeline_len);
+    if p.is_single() && count <= 1 {
+        let run = TrainRun { config_path, resume, fresh, profile: pipeline.profile, trace };
+        return on_device!(device.open(threads)?, train_on(Vec::new(), config, &run));
+    }
+    // The trainer's own device (data, evaluation, checkpoints) plus the pipeline's; CPU
+    // threads are shared out so the devices together use the machine once.
+    let cores = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
+    let per_device = (cores / count.max(1)).max(1);
+    let run = TrainRun { config_path, resume, fresh, profile: pipeline.profile, trace };
+    let precision = device.precision();
+    let main = device.open(threads)?;
+    match (main, AnyDevices::open(device.device, count, per_device, precision)?) {
+        (AnyDevice::Cpu(dev), AnyDevices::Cpu(devs)) => train_on(&dev, devs, config, &run),
+        (AnyDevice::Gpu(dev), AnyDevices::Gpu(devs)) => train_on(&dev, devs, config, &run),
+        _ => bail!("the trainer's device and the pipeline's devices resolved to different backends"),
+    }
+}
+
+/// What `train` was asked besides the run config.
+struct TrainRun<'a> {
+    config_path: &'a Path,
+    resume: bool,
+    fresh: bool,
+    profile: bool,
+    trace: Option<&'a Path>,
+}
+
+/// The units' costs for the partitioner: measured on `dev` for one micro-batch, or FLOPs at a
+/// nominal 100 GFLOP/s (only their ratios matter).
+fn unit_profiles<D: Device>(
+    dev: &D,
+    model: &mut pipetransformer::model::Model<D>,
+    source: &dyn pipetransformer::train::BatchSource,
+    pipeline: &PipelineConfig,
+    measure: bool,
+) -> Result<Vec<pipetransformer::pipeline::UnitProfile>> {
+    let parts = (pipeline.replicas * pipeline.micro_batches).max(1);
+    let first = source.train_batch(0, 0)?;
+    let micro = first.split(parts.min(first.batch.max(1)))?.swap_remove(0);
+    if measure {
+        return Ok(pipetransformer::pipeline::partition::profile_units(dev, model, &micro, 3)?);
+    }
+    // Hidden-state positions: the tokens, or the patches plus the class token.
+    let seq = match model.spec().input {
+        pipetransformer::model::InputSpec::Image { image_size, patch, .. } => (image_size / patch).pow(2) + 1,
+        pipetransformer::model::InputSpec::Tokens { .. } => micro.seq,
+    };
+    Ok(model
+        .costs(dev, seq)
+        .iter()
+        .zip(model.units())
+        .map(|(c, u)| pipetransformer::pipeline::UnitProfile::analytic(c, micro.batch, 1e11, u.trainable()))
+        .collect())
+}
+
+fn plan(config_path: &Path, overrides: &[String], args: &PipelineArgs) -> Result<()> {
+    let mut config = pipetransformer::run::RunConfig::load(config_path, overrides)
+        .with_context(|| format!("reading {}", config_path.display()))?;
+    let devices = args.devices.unwrap_or(config.pipeline.replicas * config.pipeline.pipeline_len);
+    let mut p = args.apply(config.pipeline);
+    if args.pipeline_len.is_none() && args.devices.is_some() {
+        // `--devices N` alone: one pipeline over all of them.
+        p.pipeline_len = (devices / p.replicas.max(1)).max(1);
+    }
+    config.pipeline = p;
+    let dev = CpuDevice::<f32>::new(0, config.output.threads)?;
+    let mut job = pipetransformer::run::Job::new(&dev, config).context("preparing the run")?;
+    let profiles = unit_profiles(&dev, &mut job.trainer.model, job.source.as_ref(), &p, args.profile)?;
+    let names = pipetransformer::pipeline::runtime::unit_names(job.trainer.model.units());
+    let plan = pipetransformer::pipeline::Plan::new(p, &profiles, names, devices)?;
+    println!(
+        "costs: {}",
+        if args.profile { "measured on this machine's CPU, one micro-batch" } else { "FLOPs at a nominal 100 GFLOP/s" }
+    );
+    print!("{plan}");
+    Ok(())
 }
 
 fn train_on<D: Device>(
     dev: &D,
-    config_path: &Path,
+    pipeline_devices: Vec<D>,
     config: pipetransformer::run::RunConfig,
-    resume: bool,
-    fresh: bool,
+    run: &TrainRun,
 ) -> Result<()> {
     use indicatif::{ProgressBar, ProgressStyle};
     use pipetransformer::run::Job;
     use pipetransformer::train::Event;
 
+    let TrainRun { config_path, resume, fresh, .. } = *run;
     println!("pipetransformer train: {} on {}", config_path.display(), dev.name());
+    let pipeline = config.pipeline;
     let mut job = Job::new(dev, config).context("preparing the run")?;
     let ckpt = job.checkpoint_path();
     if resume {
@@ -335,6 +493,18 @@ fn train_on<D: Device>(
             "{} already holds a checkpoint: pass --resume to continue that run or --fresh to start over",
             ckpt.display()
         );
+    }
+    if !pipeline_devices.is_empty() {
+        let profiles = unit_profiles(dev, &mut job.trainer.model, job.source.as_ref(), &pipeline, run.profile)?;
+        let names: Vec<String> = pipeline_devices.iter().map(Device::name).collect();
+        job.trainer.enable_pipeline(dev, pipeline_devices, pipeline, &profiles).context("planning the pipeline")?;
+        if let Some(p) = job.trainer.pipeline() {
+            println!("devices: {}", names.join(", "));
+            print!("{}", p.plan());
+        }
+    }
+    if run.trace.is_some() {
+        job.trainer.trace = Some(Default::default());
     }
     let info = &job.info;
     println!(
@@ -363,11 +533,14 @@ fn train_on<D: Device>(
     let started = Instant::now();
     let mut samples = 0usize;
     let summary = job.run(dev, &mut |e| match e {
-        Event::Step { step, loss, lr, samples: n, .. } => {
+        Event::Step { step, loss, lr, samples: n, bubble, .. } => {
             samples += n;
             let rate = samples as f64 / started.elapsed().as_secs_f64().max(1e-9);
             bar.set_position(*step);
-            bar.set_message(format!("loss {loss:.4}  lr {lr:.2e}  {rate:.1} samples/s"));
+            let bubble = bubble
+                .map(|b| format!("  bubble {:.1}% (formula {:.1}%)", 100.0 * b.measured, 100.0 * b.formula))
+                .unwrap_or_default();
+            bar.set_message(format!("loss {loss:.4}  lr {lr:.2e}  {rate:.1} samples/s{bubble}"));
         }
         Event::Epoch { epoch, eval } => {
             let line = format!(
@@ -394,5 +567,9 @@ fn train_on<D: Device>(
         println!("unigram baseline held-out loss: {u:.4}");
     }
     println!("wrote {}/{{metrics.jsonl, summary.json, checkpoint.ckpt, model/}}", job.config.output.dir.display());
+    if let (Some(path), Some(trace)) = (run.trace, &job.trainer.trace) {
+        trace.write(path).with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote the Chrome trace {}", path.display());
+    }
     Ok(())
 }

@@ -338,6 +338,29 @@ pub enum AnyDevice {
     Gpu(GpuDevice),
 }
 
+/// Several devices of one backend (a pipeline's).
+pub enum AnyDevices {
+    /// See [`CpuDevice`].
+    Cpu(Vec<CpuDevice<f32>>),
+    /// See [`GpuDevice`].
+    Gpu(Vec<GpuDevice>),
+}
+
+impl AnyDevices {
+    /// Devices `0..count` of `kind`, each with `threads` CPU threads (`cpu`) or `precision`.
+    pub fn open(kind: DeviceKind, count: usize, threads: usize, precision: Precision) -> Result<Self> {
+        let mut cpus = Vec::new();
+        let mut gpus = Vec::new();
+        for i in 0..count {
+            match AnyDevice::open(kind, i, threads, precision)? {
+                AnyDevice::Cpu(d) => cpus.push(d),
+                AnyDevice::Gpu(d) => gpus.push(d),
+            }
+        }
+        Ok(if gpus.is_empty() { AnyDevices::Cpu(cpus) } else { AnyDevices::Gpu(gpus) })
+    }
+}
+
 impl AnyDevice {
     /// Device number `index` of `kind`: `threads` CPU threads for `cpu`, `precision` for the
     /// GPU backends (the `cpu` backend is f32 only and refuses bf16).

@@ -287,6 +287,11 @@ impl<D: Device> Model<D> {
         head_loss(dev, &self.spec, head, batch, logits, grad_scale)
     }
 
+    /// `(unit, param name)` of the two tied copies, if any.
+    pub fn tied(&self) -> Option<&[(usize, String); 2]> {
+        self.tied.as_ref()
+    }
+
     /// Takes the model apart (a pipeline spreads its units over devices).
     pub fn into_parts(self) -> ModelParts<D> {
         ModelParts { spec: self.spec, units: self.units, tied: self.tied }

@@ -125,6 +125,15 @@ impl<D: Device> Replicate<D> for Unit<D> {
     }
 }
 
+impl<D: Device> super::Model<D> {
+    /// A copy of the whole model on `to` (this one lives on `from`).
+    pub fn replicate_to(&self, from: &D, to: &D) -> Result<Self> {
+        let units = self.units().iter().map(|u| u.replicate(from, to)).collect::<Result<_>>()?;
+        let parts = super::ModelParts { spec: self.spec().clone(), units, tied: self.tied().cloned() };
+        Ok(super::Model::from_parts(parts))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

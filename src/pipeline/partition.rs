@@ -43,6 +43,71 @@ impl UnitProfile {
     }
 }
 
+/// Measures each unit's forward and backward time on `dev` for one micro-batch `host` (the
+/// median of `repeats` runs, after one warm-up): the costs the partitioner balances when the
+/// analytic FLOP counts would mislead (attention's softmax, the embedding's gathers).
+pub fn profile_units<D: crate::device::Device>(
+    dev: &D,
+    model: &mut crate::model::Model<D>,
+    host: &crate::model::HostBatch,
+    repeats: usize,
+) -> Result<Vec<UnitProfile>> {
+    use crate::model::Batch;
+    let batch = Batch::upload(dev, model.spec(), host, true, 0)?;
+    let costs = model.costs(dev, batch.seq);
+    let n = model.units().len();
+    let mut fwd = vec![Vec::new(); n];
+    let mut bwd = vec![Vec::new(); n];
+    let since = |t: std::time::Instant| -> Result<f64> {
+        dev.synchronize()?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    for rep in 0..=repeats.max(1) {
+        let mut x = None;
+        let mut saved = Vec::with_capacity(n);
+        for (i, unit) in model.units().iter().enumerate() {
+            let start = std::time::Instant::now();
+            let (y, s) = unit.forward(dev, &batch, x.take(), true)?;
+            let t = since(start)?;
+            saved.push(s);
+            x = Some(y);
+            if rep > 0 {
+                fwd[i].push(t);
+            }
+        }
+        let logits = x.ok_or_else(|| Error::State { what: "profile".into(), message: "empty model".into() })?;
+        let loss = model.loss(dev, &batch, &logits, Some(1.0))?;
+        let mut dy =
+            loss.dlogits.ok_or_else(|| Error::State { what: "profile".into(), message: "no gradient".into() })?;
+        for (i, (unit, s)) in model.units_mut().iter_mut().zip(saved).enumerate().rev() {
+            let start = std::time::Instant::now();
+            let dx = unit.backward(dev, &batch, s, &dy, i > 0)?;
+            let t = since(start)?;
+            if rep > 0 {
+                bwd[i].push(t);
+            }
+            match dx {
+                Some(dx) => dy = dx,
+                None => break,
+            }
+        }
+    }
+    model.zero_grad(dev)?;
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    Ok((0..n)
+        .map(|i| UnitProfile {
+            forward: median(&mut fwd[i]),
+            backward: median(&mut bwd[i]),
+            params: costs[i].params,
+            activation_bytes: costs[i].activation_bytes * host.batch,
+            trainable: model.units()[i].trainable(),
+        })
+        .collect())
+}
+
 /// Bytes per parameter: f32 weights, plus f32 gradients and AdamW's two f32 moments if the
 /// parameter trains.
 pub fn param_bytes(params: usize, trainable: bool) -> usize {

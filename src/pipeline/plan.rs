@@ -10,7 +10,7 @@ use std::fmt;
 
 /// What a user asks for (`--pipeline-len`, `--replicas`, `--micro-batches`, `--schedule`).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct PipelineConfig {
     /// Devices per pipeline (`K`).
     pub pipeline_len: usize,
@@ -24,6 +24,13 @@ pub struct PipelineConfig {
     pub chunks: usize,
     /// Bytes each device may hold (weights, gradients, optimizer state, activations in flight).
     pub memory_limit: Option<usize>,
+}
+
+impl PipelineConfig {
+    /// Whether this is plain one-device training.
+    pub fn is_single(&self) -> bool {
+        self.pipeline_len * self.replicas * self.micro_batches == 1
+    }
 }
 
 impl Default for PipelineConfig {

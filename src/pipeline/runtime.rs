@@ -156,13 +156,7 @@ impl<D: Device> Pipeline<D> {
     /// and are reused). The new plan is checked first; if it is refused, the old one stays.
     pub fn replan(&mut self, config: PipelineConfig, profiles: &[UnitProfile]) -> Result<()> {
         let plan = Plan::new(config, profiles, unit_names(self.stages[0].iter().flatten()), self.devices.len())?;
-        // Replica 0's optimizer state, gathered on the host (replicas are identical).
-        let mut merged = OptimizerState { config: self.optimizer_config, step: 0, params: Vec::new() };
-        for (d, opt) in self.optimizers[0].iter().enumerate() {
-            let state = opt.state_dict(&self.devices[d])?;
-            merged.step = merged.step.max(state.step);
-            merged.params.extend(state.params);
-        }
+        let state = self.optimizer_state()?;
         let old = std::mem::replace(&mut self.plan, plan);
         let mut stages = std::mem::take(&mut self.stages);
         let owned: Vec<(Unit<D>, usize)> = stages
@@ -176,6 +170,24 @@ impl<D: Device> Pipeline<D> {
             .collect();
         drop(stages);
         self.place(owned)?;
+        self.load_optimizer_state(&state)
+    }
+
+    /// The optimizer state of the whole model on the host (replica 0's; replicas are equal).
+    pub fn optimizer_state(&self) -> Result<OptimizerState> {
+        let mut merged = OptimizerState { config: self.optimizer_config, step: 0, params: Vec::new() };
+        for (d, opt) in self.optimizers[0].iter().enumerate() {
+            let state = opt.state_dict(&self.devices[d])?;
+            merged.step = merged.step.max(state.step);
+            merged.params.extend(state.params);
+        }
+        merged.params.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(merged)
+    }
+
+    /// Replaces every device's optimizer state with its parameters' part of `state` (a whole
+    /// model's, as [`optimizer_state`](Self::optimizer_state) or a one-device optimizer gives).
+    pub fn load_optimizer_state(&mut self, state: &OptimizerState) -> Result<()> {
         self.optimizers = self.fresh_optimizers()?;
         let k = self.plan.config.pipeline_len;
         for (r, replica) in self.stages.iter_mut().enumerate() {
@@ -183,9 +195,9 @@ impl<D: Device> Pipeline<D> {
                 let params = Self::params_at(replica, k, d);
                 let names: std::collections::HashSet<&str> = params.iter().map(|p| p.name.as_str()).collect();
                 let subset = OptimizerState {
-                    config: merged.config,
-                    step: merged.step,
-                    params: merged.params.iter().filter(|p| names.contains(p.name.as_str())).cloned().collect(),
+                    config: state.config,
+                    step: state.step,
+                    params: state.params.iter().filter(|p| names.contains(p.name.as_str())).cloned().collect(),
                 };
                 self.optimizers[r][d].load_state_dict(&self.devices[r * k + d], &subset, &params)?;
             }
@@ -193,13 +205,13 @@ impl<D: Device> Pipeline<D> {
         Ok(())
     }
 
-    /// Replica 0's units gathered onto `devices[0]` as one model (for evaluation and export).
-    pub fn gather(&self) -> Result<Model<D>> {
+    /// A copy of replica 0's units on `to` as one model (for evaluation, checkpoints, export).
+    pub fn gather(&self, to: &D) -> Result<Model<D>> {
         let mut units = Vec::new();
         for (s, stage) in self.stages[0].iter().enumerate() {
             let at = &self.devices[self.plan.device(0, s)];
             for u in stage {
-                units.push(u.replicate(at, &self.devices[0])?);
+                units.push(u.replicate(at, to)?);
             }
         }
         Ok(Model::from_parts(ModelParts { spec: self.spec.clone(), units, tied: self.tied.clone() }))

@@ -108,6 +108,9 @@ pub struct RunConfig {
     pub train: TrainConfig,
     /// Outputs.
     pub output: OutputSection,
+    /// How a step is spread over devices (one device unless set).
+    #[serde(default)]
+    pub pipeline: crate::pipeline::PipelineConfig,
 }
 
 fn run_error(message: impl Into<String>) -> Error {

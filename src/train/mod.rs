@@ -18,4 +18,4 @@ pub use clip::{clip_grad_norm, global_grad_norm};
 pub use optimizer::{Optimizer, OptimizerConfig, OptimizerState, ParamState};
 pub use schedule::{Decay, LrSchedule};
 pub use step::{StepStats, train_step};
-pub use trainer::{BatchSource, EvalMetrics, Event, Position, TrainConfig, Trainer};
+pub use trainer::{BatchSource, Bubble, EvalMetrics, Event, Position, TrainConfig, Trainer};

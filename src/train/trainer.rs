@@ -10,6 +10,9 @@ use super::{LrSchedule, Optimizer, OptimizerConfig, OptimizerState, ParamState, 
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::model::{Batch, HeadSpec, HostBatch, Model};
+use crate::pipeline::partition::UnitProfile;
+use crate::pipeline::trace::ChromeTrace;
+use crate::pipeline::{Pipeline, PipelineConfig};
 use crate::rng::hash_u64;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -113,6 +116,15 @@ pub struct EvalMetrics {
     pub count: usize,
 }
 
+/// A pipelined step's idle fraction, measured and predicted.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Bubble {
+    /// Measured: 1 − compute time / (devices × step time).
+    pub measured: f64,
+    /// The schedule's formula for equal stage times.
+    pub formula: f64,
+}
+
 /// Something that happened during [`Trainer::fit`], for progress bars and metric logs.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
@@ -131,6 +143,10 @@ pub enum Event {
         grad_norm: f64,
         /// Samples in the batch.
         samples: usize,
+        /// Pipelined steps: the measured bubble (idle fraction of the devices) and the
+        /// schedule formula's for equal stages.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        bubble: Option<Bubble>,
     },
     /// An epoch ended and was evaluated.
     Epoch {
@@ -153,6 +169,11 @@ pub struct Trainer<D: Device> {
     pub schedule: LrSchedule,
     /// Where the run stands.
     pub position: Position,
+    /// The pipeline the steps run on when the run spreads over devices; `model` and
+    /// `optimizer` then mirror it (refreshed before every evaluation and at the end of `fit`).
+    pipeline: Option<Pipeline<D>>,
+    /// A Chrome trace of every pipelined step, when asked for.
+    pub trace: Option<ChromeTrace>,
 }
 
 impl<D: Device> Trainer<D> {
@@ -163,7 +184,38 @@ impl<D: Device> Trainer<D> {
         }
         let schedule = config.schedule(config.total_steps(batches_per_epoch))?;
         let optimizer = Optimizer::new(config.optimizer)?;
-        Ok(Self { model, optimizer, config, schedule, position: Position::default() })
+        Ok(Self { model, optimizer, config, schedule, position: Position::default(), pipeline: None, trace: None })
+    }
+
+    /// Runs the following steps as `config` spreads them over `devices` (the trainer's model
+    /// and optimizer state, on `dev`, are copied there), with `profiles` as the units' costs.
+    pub fn enable_pipeline(
+        &mut self,
+        dev: &D,
+        devices: Vec<D>,
+        config: PipelineConfig,
+        profiles: &[UnitProfile],
+    ) -> Result<()> {
+        let first = devices.first().ok_or_else(|| crate::error::config_error("devices", "a pipeline needs devices"))?;
+        let model = self.model.replicate_to(dev, first)?;
+        let mut pipeline = Pipeline::new(devices, model, self.config.optimizer, config, profiles)?;
+        pipeline.load_optimizer_state(&self.optimizer.state_dict(dev)?)?;
+        self.pipeline = Some(pipeline);
+        Ok(())
+    }
+
+    /// The pipeline in use, if any.
+    pub fn pipeline(&self) -> Option<&Pipeline<D>> {
+        self.pipeline.as_ref()
+    }
+
+    /// Copies the pipeline's weights and optimizer state back into `model` and `optimizer`.
+    fn sync_from_pipeline(&mut self, dev: &D) -> Result<()> {
+        if let Some(p) = &self.pipeline {
+            self.model = p.gather(dev)?;
+            self.optimizer.load_state_dict(dev, &p.optimizer_state()?, &self.model.params())?;
+        }
+        Ok(())
     }
 
     /// Whether the run has taken all its steps.
@@ -185,10 +237,23 @@ impl<D: Device> Trainer<D> {
         while !self.done() && stop_after.is_none_or(|n| taken < n) {
             let Position { step, epoch, batch: index } = self.position;
             let host = data.train_batch(epoch, index)?;
-            let batch = Batch::upload(dev, self.model.spec(), &host, true, hash_u64(self.config.seed, step))?;
+            let dropout_seed = hash_u64(self.config.seed, step);
             let lr = self.schedule.lr_at(step);
             let clip = (self.config.max_grad_norm > 0.0).then_some(self.config.max_grad_norm);
-            let stats = train_step(dev, &mut self.model, &mut self.optimizer, &batch, lr, clip)?;
+            let (stats, bubble) = match &mut self.pipeline {
+                Some(p) => {
+                    let s = p.step(&host, dropout_seed, lr, clip)?;
+                    if let Some(t) = &mut self.trace {
+                        t.push(step, &s.trace);
+                    }
+                    let bubble = Bubble { measured: s.trace.bubble(), formula: p.plan().schedule.bubble_formula() };
+                    (super::StepStats { loss: s.loss, grad_norm: s.grad_norm, applied: s.applied }, Some(bubble))
+                }
+                None => {
+                    let batch = Batch::upload(dev, self.model.spec(), &host, true, dropout_seed)?;
+                    (train_step(dev, &mut self.model, &mut self.optimizer, &batch, lr, clip)?, None)
+                }
+            };
             if !stats.loss.is_finite() {
                 return Err(Error::State {
                     what: "training".into(),
@@ -205,8 +270,10 @@ impl<D: Device> Trainer<D> {
                 lr,
                 grad_norm: stats.grad_norm,
                 samples: host.batch,
+                bubble,
             });
             if self.position.batch == per_epoch || self.done() {
+                self.sync_from_pipeline(dev)?;
                 let eval = self.evaluate(dev, data)?;
                 on_event(&Event::Epoch { epoch, eval });
                 if self.position.batch == per_epoch {
@@ -215,7 +282,8 @@ impl<D: Device> Trainer<D> {
                 }
             }
         }
-        Ok(())
+        // Callers checkpoint and export after `fit`: leave the mirror current.
+        self.sync_from_pipeline(dev)
     }
 
     /// Loss, accuracy and perplexity over the source's evaluation batches (no dropout, nothing
