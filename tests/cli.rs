@@ -123,3 +123,87 @@ fn train_runs_on_the_emulated_cuda_kernels() {
         assert!(summary.contains("\"steps\": 3") || summary.contains("\"steps\":3"), "{summary}");
     }
 }
+
+fn have_digits() -> bool {
+    let have = std::path::Path::new("data/digits/digits.csv.gz").exists();
+    if !have {
+        assert!(std::env::var_os("CI").is_none(), "CI must have the datasets (scripts/setup.sh)");
+        eprintln!("skipped: digits not installed (scripts/setup.sh)");
+    }
+    have
+}
+
+#[test]
+fn plan_prints_the_partition_schedule_and_bubble_and_refuses_bad_requests() {
+    if !have_digits() {
+        return;
+    }
+    let (ok, out) =
+        pipetransformer(&["plan", "--config", "configs/vit-digits.toml", "--devices", "3", "--micro-batches", "4"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("1 replica(s) × 3 device(s), 4 micro-batch(es)"), "{out}");
+    assert!(
+        out.contains("| 2 | 2 |") && out.contains("predicted bubble") && out.contains("device 2: F0.2 B0.2"),
+        "{out}"
+    );
+    let (ok, out) =
+        pipetransformer(&["plan", "--config", "configs/vit-digits.toml", "--devices", "2", "--replicas", "3"]);
+    assert!(!ok && out.contains("need 3 devices; 2 available"), "{out}");
+    let (ok, out) = pipetransformer(&["plan", "--config", "configs/vit-digits.toml", "--devices", "9"]);
+    assert!(!ok && out.contains("7 units"), "{out}");
+    let (ok, out) = pipetransformer(&["plan", "--config", "configs/vit-digits.toml", "--schedule", "zigzag"]);
+    assert!(!ok && out.contains("expected gpipe, 1f1b or interleaved"), "{out}");
+}
+
+#[test]
+fn pipelined_train_follows_one_device_and_writes_a_chrome_trace() {
+    if !have_digits() {
+        return;
+    }
+    let steps = ["--set", "train.max_steps=6", "--set", "train.epochs=1", "--set", "data.test_limit=64", "--fresh"];
+    let single = scratch("single");
+    let single_dir = format!("output.dir={}", single.display());
+    let mut args = vec!["train", "--config", "configs/vit-digits.toml", "--set", &single_dir];
+    args.extend(steps);
+    let (ok, out) = pipetransformer(&args);
+    assert!(ok, "{out}");
+    let piped = scratch("piped");
+    let piped_dir = format!("output.dir={}", piped.display());
+    let trace = piped.join("trace.json");
+    let trace_arg = trace.display().to_string();
+    let mut args = vec!["train", "--config", "configs/vit-digits.toml", "--set", &piped_dir, "--devices", "4"];
+    args.extend([
+        "--pipeline-len",
+        "2",
+        "--replicas",
+        "2",
+        "--micro-batches",
+        "2",
+        "--schedule",
+        "gpipe",
+        "--trace",
+        &trace_arg,
+    ]);
+    args.extend(steps);
+    let (ok, out) = pipetransformer(&args);
+    assert!(ok, "{out}");
+    assert!(out.contains("plan: 2 replica(s) × 2 device(s)"), "{out}");
+    let last_step = |dir: &std::path::Path| -> serde_json::Value {
+        let log = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+        log.lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|v| v["event"] == "step")
+            .last()
+            .unwrap()
+    };
+    let (a, b) = (last_step(&single), last_step(&piped));
+    let (la, lb) = (a["loss"].as_f64().unwrap(), b["loss"].as_f64().unwrap());
+    assert!((la - lb).abs() <= 1e-5 * la, "loss {lb} pipelined vs {la} on one device");
+    assert!(b["bubble"]["measured"].as_f64().unwrap() > 0.0 && b["bubble"]["formula"].as_f64().unwrap() > 0.0, "{b}");
+    let trace: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    let rows: std::collections::BTreeSet<u64> =
+        events.iter().filter(|e| e["ph"] == "X").map(|e| e["tid"].as_u64().unwrap()).collect();
+    assert_eq!(rows.into_iter().collect::<Vec<_>>(), vec![0, 1, 2, 3], "one row per device");
+    assert!(events.iter().any(|e| e["cat"] == "backward") && events.iter().any(|e| e["cat"] == "comm"));
+}

@@ -5,7 +5,7 @@
 
 mod common;
 
-use pipetransformer::device::{CpuDevice, Device};
+use pipetransformer::device::{CpuDevice, Device, GpuDevice, Precision};
 use pipetransformer::model::{Batch, GptConfig, HostBatch, Model, ModelConfig, Pooling};
 use pipetransformer::pipeline::partition::UnitProfile;
 use pipetransformer::pipeline::{Fault, Pipeline, PipelineConfig, ScheduleKind};
@@ -49,7 +49,12 @@ fn cpus(n: usize) -> Vec<CpuDevice<f32>> {
     (0..n).map(|i| CpuDevice::new(i, 1).unwrap()).collect()
 }
 
-fn profiles(model: &Model<CpuDevice<f32>>, dev: &CpuDevice<f32>) -> Vec<UnitProfile> {
+/// Emulated CUDA devices (f32 mode), each with its own thread-order seed.
+fn emus(n: usize) -> Vec<GpuDevice> {
+    (0..n).map(|i| pipetransformer::device::emu::device(i, Precision::F32, 1 + i as u64).unwrap()).collect()
+}
+
+fn profiles<D: Device>(model: &Model<D>, dev: &D) -> Vec<UnitProfile> {
     model
         .costs(dev, 7)
         .iter()
@@ -71,18 +76,26 @@ fn reference(config: &ModelConfig, samples: usize) -> Vec<(String, Vec<f64>)> {
 }
 
 fn pipeline(config: &ModelConfig, plan: PipelineConfig) -> Pipeline<CpuDevice<f32>> {
-    pipeline_on(config, plan, plan.pipeline_len * plan.replicas)
+    pipeline_on(config, plan, cpus(plan.pipeline_len * plan.replicas))
 }
 
-fn pipeline_on(config: &ModelConfig, plan: PipelineConfig, devices: usize) -> Pipeline<CpuDevice<f32>> {
-    let devices = cpus(devices);
+fn pipeline_on<D: Device>(config: &ModelConfig, plan: PipelineConfig, devices: Vec<D>) -> Pipeline<D> {
     let model = Model::new(&devices[0], config, 7).unwrap();
     let prof = profiles(&model, &devices[0]);
     Pipeline::new(devices, model, adamw(), plan, &prof).unwrap()
 }
 
 fn run(config: &ModelConfig, plan: PipelineConfig, samples: usize) -> Vec<(String, Vec<f64>)> {
-    let mut p = pipeline(config, plan);
+    run_on(config, plan, samples, cpus(plan.pipeline_len * plan.replicas))
+}
+
+fn run_on<D: Device>(
+    config: &ModelConfig,
+    plan: PipelineConfig,
+    samples: usize,
+    devices: Vec<D>,
+) -> Vec<(String, Vec<f64>)> {
+    let mut p = pipeline_on(config, plan, devices);
     for step in 0..STEPS {
         let s = p.step(&batch(config, samples, step), 1000 + step, LR, Some(1.0)).unwrap();
         assert!(s.applied && s.loss.is_finite());
@@ -131,6 +144,23 @@ fn every_schedule_trains_like_one_device() {
 }
 
 #[test]
+fn the_same_holds_on_emulated_cuda_devices() {
+    let config = gpt();
+    let want = reference(&config, 6);
+    for (k, r, m, schedule) in [
+        (2, 1, 3, ScheduleKind::OneFOneB),
+        (3, 1, 2, ScheduleKind::Gpipe),
+        (2, 1, 5, ScheduleKind::Interleaved),
+        (2, 2, 2, ScheduleKind::OneFOneB),
+        (1, 3, 2, ScheduleKind::Gpipe),
+    ] {
+        let got = run_on(&config, cfg(k, r, m, schedule), 6, emus(k * r));
+        let e = max_rel(&got, &want);
+        assert!(e <= 1e-5, "cuda-emu {schedule} K={k} R={r} M={m}: weights differ from one cpu device by {e:.2e}");
+    }
+}
+
+#[test]
 fn replicas_train_like_one_device_on_the_same_global_batch() {
     for config in [gpt(), common::tiny_bert(Pooling::Mean, 0.1)] {
         let want = reference(&config, 6);
@@ -149,7 +179,7 @@ fn replanning_twice_mid_run_follows_the_same_trajectory() {
     let config = gpt();
     let steps = 6;
     let mut fixed = pipeline(&config, cfg(2, 1, 2, ScheduleKind::OneFOneB));
-    let mut moving = pipeline_on(&config, cfg(2, 1, 2, ScheduleKind::OneFOneB), 4);
+    let mut moving = pipeline_on(&config, cfg(2, 1, 2, ScheduleKind::OneFOneB), cpus(4));
     let prof = {
         let dev = CpuDevice::<f32>::new(0, 1).unwrap();
         profiles(&Model::new(&dev, &config, 7).unwrap(), &dev)
