@@ -192,8 +192,7 @@ fn pipelined_train_follows_one_device_and_writes_a_chrome_trace() {
         let log = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
         log.lines()
             .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-            .filter(|v| v["event"] == "step")
-            .last()
+            .rfind(|v| v["event"] == "step")
             .unwrap()
     };
     let (a, b) = (last_step(&single), last_step(&piped));
