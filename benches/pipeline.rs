@@ -1,0 +1,126 @@
+//! The pipeline runtime on `cpu` devices (one thread each; run on a machine with at least as
+//! many cores as devices):
+//!
+//! 1. measured bubble against the schedule's formula, GPipe and 1F1B, with stages balanced by
+//!    measured unit times;
+//! 2. the runtime's own cost per action (sends and all-reduce starts of small tensors);
+//! 3. the in-process ring all-reduce against a plain memory copy of the same bytes.
+//!
+//! `cargo bench --bench pipeline` prints a markdown report (docs/PERF.md records it).
+
+use pipetransformer::comm::ring_group;
+use pipetransformer::device::CpuDevice;
+use pipetransformer::model::{GptConfig, Model, ModelConfig};
+use pipetransformer::pipeline::partition::profile_units;
+use pipetransformer::pipeline::{Pipeline, PipelineConfig, ScheduleKind};
+use pipetransformer::train::OptimizerConfig;
+use std::time::Instant;
+
+fn main() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let k = cores.clamp(1, 4);
+    println!("# pipeline runtime on {cores} cores: {k} cpu devices of 1 thread\n");
+    bubble(k);
+    all_reduce();
+}
+
+/// A GPT of identical blocks: embedding and head are small next to a block, so a balanced
+/// split exists.
+fn model_config() -> ModelConfig {
+    ModelConfig::Gpt(GptConfig::without_dropout(64, 64, 256, 4 * 2, 4))
+}
+
+fn bubble(k: usize) {
+    let config = model_config();
+    println!("## bubble: measured vs formula (idle fraction of the step, GPipe convention)\n");
+    println!("| schedule | K | M | step ms | measured bubble | formula | difference | mean non-compute action µs |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for schedule in [ScheduleKind::Gpipe, ScheduleKind::OneFOneB] {
+        for m in [2 * k, 4 * k] {
+            let devices: Vec<CpuDevice<f32>> = (0..k).map(|i| CpuDevice::new(i, 1).unwrap()).collect();
+            let mut model = Model::new(&devices[0], &config, 1).unwrap();
+            let micro = 4;
+            let host = pipetransformer::bench::random_batch(&config, micro * m, 64, 2);
+            let profiles = profile_units(&devices[0], &mut model, &host.split(m).unwrap()[0], 3).unwrap();
+            let plan = PipelineConfig { pipeline_len: k, micro_batches: m, schedule, ..Default::default() };
+            let mut p = Pipeline::new(devices, model, OptimizerConfig::adamw(), plan, &profiles).unwrap();
+            p.step(&host, 1, 1e-4, None).unwrap(); // warm-up: buffer pools
+            let mut runs: Vec<(f64, f64, f64)> = (0..5)
+                .map(|i| {
+                    let t = Instant::now();
+                    let s = p.step(&host, 2 + i, 1e-4, None).unwrap();
+                    // The bubble of the pipelined part (the optimizer runs after it on every device).
+                    let mut trace = s.trace.clone();
+                    for spans in &mut trace.per_device {
+                        spans.retain(|sp| !matches!(sp.action, pipetransformer::pipeline::Action::OptimizerStep));
+                    }
+                    trace.makespan = trace.per_device.iter().flatten().map(|sp| sp.end).fold(0.0, f64::max);
+                    (t.elapsed().as_secs_f64(), trace.bubble(), trace.mean_overhead())
+                })
+                .collect();
+            runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let (secs, measured, overhead) = runs[runs.len() / 2];
+            let formula = p.plan().schedule.bubble_formula();
+            println!(
+                "| {schedule} | {k} | {m} | {:.1} | {:.1}% | {:.1}% | {:+.1} pp | {:.1} |",
+                secs * 1e3,
+                100.0 * measured,
+                100.0 * formula,
+                100.0 * (measured - formula),
+                overhead * 1e6
+            );
+        }
+    }
+    println!();
+}
+
+fn all_reduce() {
+    println!("## ring all-reduce (in-process) vs a memory copy of the same bytes\n");
+    println!("| members | MiB per member | all-reduce ms | algorithm GB/s | memcpy GB/s |");
+    println!("|---|---|---|---|---|");
+    for members in [2, 3, 4] {
+        for mib in [1usize, 16, 64] {
+            let n = mib * (1 << 20) / 4;
+            let ring = ring_group(members);
+            let mut times: Vec<f64> = (0..5)
+                .map(|_| {
+                    std::thread::scope(|s| {
+                        let hs: Vec<_> = ring
+                            .iter()
+                            .map(|m| {
+                                s.spawn(move || {
+                                    let mut data = vec![1.0f32; n];
+                                    let t = Instant::now();
+                                    m.all_reduce_host(&mut data).unwrap();
+                                    t.elapsed().as_secs_f64()
+                                })
+                            })
+                            .collect();
+                        hs.into_iter().map(|h| h.join().unwrap()).fold(0.0, f64::max)
+                    })
+                })
+                .collect();
+            times.sort_by(f64::total_cmp);
+            let secs = times[times.len() / 2];
+            let src = vec![1.0f32; n];
+            let mut dst = vec![0.0f32; n];
+            let mut copies: Vec<f64> = (0..5)
+                .map(|_| {
+                    let t = Instant::now();
+                    dst.copy_from_slice(std::hint::black_box(&src));
+                    std::hint::black_box(&dst);
+                    t.elapsed().as_secs_f64()
+                })
+                .collect();
+            copies.sort_by(f64::total_cmp);
+            let bytes = (n * 4) as f64;
+            // Algorithm bandwidth: the bytes each member contributes over the time to sum them.
+            println!(
+                "| {members} | {mib} | {:.2} | {:.2} | {:.2} |",
+                secs * 1e3,
+                bytes / secs / 1e9,
+                bytes / copies[copies.len() / 2] / 1e9
+            );
+        }
+    }
+}
