@@ -41,6 +41,9 @@ __device__ __forceinline__ void st(bf16* p, int i, float v) { p[i] = __float2bfl
 
 #define FULL_MASK 0xffffffffu
 
+// A grid-stride loop over `n` elements: any grid covers any `n`.
+#define GRID_STRIDE(i, n) for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += blockDim.x * gridDim.x)
+
 // ---- warp and block reductions -----------------------------------------------------------------
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);

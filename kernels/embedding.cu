@@ -21,7 +21,6 @@
 // files' same-named helpers would otherwise silently share one definition.
 #include "common.cuh"
 
-#define GRID_STRIDE(i, n) for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += blockDim.x * gridDim.x)
 
 // ---- token, position and token-type embeddings ----------------------------------------------
 

@@ -15,7 +15,6 @@
 // files' same-named helpers would otherwise silently share one definition.
 #include "common.cuh"
 
-#define GRID_STRIDE(i, n) for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += blockDim.x * gridDim.x)
 
 // AdamW, PyTorch's formulation: p ← p − lr·wd·p − step_size·m / (√v / √(1−β2ᵗ) + eps), with
 // step_size = lr/(1−β1ᵗ) and √(1−β2ᵗ) computed once per call on the host in f64. The decoupled

@@ -12,8 +12,10 @@
 //! | [`error`] | `Error`, `Result`, `check_len` |
 //! | [`rng`] | `Rng` (seeded SplitMix64), `hash_u64` (counter-based hash for dropout masks) |
 //! | [`ops`] | reference kernels, each a `*_forward`/`*_backward` pair: `matmul`, `linear`, `embedding`, `patch` (+ class token), `layernorm`, `gelu`, `softmax`, `tanh`, `residual`, `dropout`, `attention`, `pooling`, `cross_entropy`, `optim` (AdamW, SGD, norms) |
-//! | [`device`] | the `Device` trait (buffers + op set) and the `cpu` backend `CpuDevice<T>` |
+//! | [`device`] | the `Device` trait (buffers + op set); backends `cpu` (`CpuDevice<T>`), `cuda` and `cuda-emu` (`GpuDevice`: one launch code over a `Runtime`); kernel sources and NVRTC/ptxas (`device::kernels`); `DeviceKind`, `AnyDevice` |
 //! | [`model`] | configs (`BertConfig`, `GptConfig`, `VitConfig`), `Param`, the units (`Unit`: embedding, attention, MLP, final norm, head), `Model` (forward, backward, freezing, costs) |
+//! | [`pipeline`] | the schedule IR and its generators (GPipe, 1F1B, interleaved) and validator, the partitioner, `Plan`, the `Pipeline` runtime (stage workers, replicas, re-planning), traces and bubbles |
+//! | [`comm`] | `Communicator`: the in-process ring all-reduce and NCCL (with a TCP rendezvous) |
 //! | [`train`] | `Optimizer` (AdamW, SGD + momentum), `LrSchedule` (warmup + linear/cosine), global-norm clipping, `train_step` |
 //! | [`data`] | dataset loaders (Rotten Tomatoes, Reuters R8, digits, MNIST-5k, Fashion-MNIST, Hamlet) with stable sample ids, seeded stratified splits, `BatchOrder` (resumable per-epoch shuffle), image/LM `HostBatch`es |
 //! | [`run`] | `RunConfig`: a TOML run configuration with `--set` overrides; the data sources of the training binary |

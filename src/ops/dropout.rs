@@ -20,7 +20,7 @@ pub fn dropout_keep(seed: u64, counter: u64, p: f32) -> bool {
 const CHUNK: usize = 4096;
 
 /// Rejects drop probabilities outside `[0, 1)` (including NaN): `p = 1` would scale by `1/0`.
-fn check_p(p: f32) -> Result<()> {
+pub(crate) fn check_p(p: f32) -> Result<()> {
     if (0.0..1.0).contains(&p) {
         Ok(())
     } else {

@@ -77,14 +77,14 @@ pub fn embedding_backward<T: Float>(dtable: &mut [T], ids: &[u32], dout: &[T], d
 }
 
 /// Rows of a table with `dim` columns, checking that its length is a whole number of rows.
-fn table_rows(op: &'static str, arg: &'static str, len: usize, dim: usize) -> Result<usize> {
+pub(crate) fn table_rows(op: &'static str, arg: &'static str, len: usize, dim: usize) -> Result<usize> {
     let rows = len.checked_div(dim).unwrap_or(0);
     check_len(op, arg, len, rows * dim)?;
     Ok(rows)
 }
 
 /// Every id must index a row of a `rows`-row table; the first one that does not is reported.
-fn check_ids(ids: &[u32], rows: usize) -> Result<()> {
+pub(crate) fn check_ids(ids: &[u32], rows: usize) -> Result<()> {
     match ids.iter().position(|&id| id as usize >= rows) {
         None => Ok(()),
         Some(n) => {

@@ -159,7 +159,7 @@ pub fn prepend_token_backward<T: Float>(
 }
 
 /// Patches must tile the image exactly: a zero patch or a ragged edge is a configuration error.
-fn check_dims(d: PatchDims) -> Result<()> {
+pub(crate) fn check_dims(d: PatchDims) -> Result<()> {
     if d.patch == 0 || !d.height.is_multiple_of(d.patch) || !d.width.is_multiple_of(d.patch) {
         return Err(config_error(
             "patch_size",

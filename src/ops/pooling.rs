@@ -33,7 +33,8 @@ pub fn first_token_pool_forward<T: Float>(
     dim: usize,
 ) -> Result<()> {
     // A sequence needs a first token: with `seq = 0` the expected length asks for one.
-    check_len("first_token_pool_forward", "inp", inp.len(), batch * seq.max(1) * dim)?;
+    let seq = seq.max(1);
+    check_len("first_token_pool_forward", "inp", inp.len(), batch * seq * dim)?;
     check_len("first_token_pool_forward", "out", out.len(), batch * dim)?;
     if batch * dim == 0 {
         return Ok(());
@@ -53,7 +54,8 @@ pub fn first_token_pool_backward<T: Float>(
     seq: usize,
     dim: usize,
 ) -> Result<()> {
-    check_len("first_token_pool_backward", "dinp", dinp.len(), batch * seq.max(1) * dim)?;
+    let seq = seq.max(1);
+    check_len("first_token_pool_backward", "dinp", dinp.len(), batch * seq * dim)?;
     check_len("first_token_pool_backward", "dout", dout.len(), batch * dim)?;
     if batch * dim == 0 {
         return Ok(());
@@ -146,6 +148,15 @@ pub fn mean_pool_backward<T: Float>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sequence_of_zero_tokens_pools_as_one() {
+        let (mut out, mut dinp) = (vec![0.0; 4], vec![9.0; 4]);
+        first_token_pool_forward(&mut out, &[1.0, 2.0, 3.0, 4.0], 2, 0, 2).unwrap();
+        assert_eq!(out, [1.0, 2.0, 3.0, 4.0]);
+        first_token_pool_backward(&mut dinp, &[5.0, 6.0, 7.0, 8.0], 2, 0, 2).unwrap();
+        assert_eq!(dinp, [5.0, 6.0, 7.0, 8.0]);
+    }
     use crate::error::Error;
     use crate::testing::{FD_STEP, Rng, assert_grad, dot, numeric_gradient, rel_err};
 

@@ -3,7 +3,7 @@
 
 use crate::device::Device;
 use crate::device::gpu::{Arg, GpuBuf, GpuDevice, LaunchConfig, check_elem, int};
-use crate::error::{Result, check_len, config_error};
+use crate::error::{Result, check_len};
 use crate::ops::gelu::Activation;
 
 /// Threads per block of the grid-stride kernels.
@@ -146,10 +146,8 @@ pub fn dropout(
     seed: u64,
     offset: u64,
 ) -> Result<()> {
-    // The same checks, in the same order and words, as the cpu reference.
-    if !(0.0..1.0).contains(&p) {
-        return Err(config_error("dropout", format!("drop probability {p} is out of range; expected 0 <= p < 1")));
-    }
+    // The same checks, in the same order, as the cpu reference.
+    crate::ops::dropout::check_p(p)?;
     let (op, arg, got, expected) = match op {
         "dropout_backward" => ("dropout_backward", "dout", src.len(), dst.len()),
         _ => ("dropout_forward", "out", dst.len(), src.len()),

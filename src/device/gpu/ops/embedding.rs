@@ -4,34 +4,13 @@
 use super::elementwise::{grid_stride, threads_for_columns};
 use crate::device::Device;
 use crate::device::gpu::{Arg, Elem, GpuBuf, GpuDevice, GpuIds, LaunchConfig, check_elem, int};
-use crate::error::{Result, check_len, config_error, data_error};
+use crate::error::{Result, check_len};
+use crate::ops::embedding::{check_ids, table_rows};
 use crate::ops::patch::PatchDims;
+use crate::ops::patch::check_dims;
 
 /// Threads per block of the one-block-per-sequence pooling backward.
 const POOL_THREADS: u32 = 256;
-
-/// Rows of a table with `dim` columns, checking that its length is a whole number of rows (the
-/// cpu reference's check, with its words).
-fn table_rows(op: &'static str, arg: &'static str, len: usize, dim: usize) -> Result<usize> {
-    let rows = len.checked_div(dim).unwrap_or(0);
-    check_len(op, arg, len, rows * dim)?;
-    Ok(rows)
-}
-
-/// Every id must index a row of a `rows`-row table; the first one that does not is reported, as
-/// the cpu reference reports it. The ids are on the host already ([`GpuIds::host`]).
-fn check_ids(ids: &[u32], rows: usize) -> Result<()> {
-    match ids.iter().position(|&id| id as usize >= rows) {
-        None => Ok(()),
-        Some(n) => {
-            let id = ids[n];
-            Err(data_error(
-                "token ids",
-                format!("id {id} at position {n} is out of range for a table of {rows} rows (valid ids are 0..{rows})"),
-            ))
-        }
-    }
-}
 
 /// See [`crate::ops::embedding::embedding_forward`].
 pub fn embedding_forward(
@@ -108,20 +87,6 @@ pub fn embedding_backward(dev: &GpuDevice, dtable: &mut GpuBuf, ids: &GpuIds, do
         Arg::I32(dim as i32),
     ];
     dev.launch(&kernel, LaunchConfig::linear(segments as u32, threads_for_columns(dim)), &args)
-}
-
-/// Patches must tile the image exactly (the cpu reference's check, with its words).
-fn check_dims(d: PatchDims) -> Result<()> {
-    if d.patch == 0 || !d.height.is_multiple_of(d.patch) || !d.width.is_multiple_of(d.patch) {
-        return Err(config_error(
-            "patch_size",
-            format!(
-                "a {}×{} image cannot be cut into {}×{} patches; height and width must be multiples of a positive patch size",
-                d.height, d.width, d.patch, d.patch
-            ),
-        ));
-    }
-    Ok(())
 }
 
 /// Launches `patch_forward_*` or `patch_backward_*` over the `n` patch elements.
