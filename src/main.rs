@@ -498,9 +498,15 @@ fn train_on<D: Device>(
         let profiles = unit_profiles(dev, &mut job.trainer.model, job.source.as_ref(), &pipeline, run.profile)?;
         let names: Vec<String> = pipeline_devices.iter().map(Device::name).collect();
         job.trainer.enable_pipeline(dev, pipeline_devices, pipeline, &profiles).context("planning the pipeline")?;
-        if let Some(p) = job.trainer.pipeline() {
+        if let Some(p) = job.trainer.pipeline_mut() {
             println!("devices: {}", names.join(", "));
             print!("{}", p.plan());
+            // Replicas on GPUs sum their gradients over NCCL when it is installed.
+            let (k, r) = (p.plan().config.pipeline_len, p.plan().config.replicas);
+            if let Some(groups) = pipetransformer::comm::nccl::pipeline_groups(p.devices(), k, r)? {
+                p.set_communicators(Some(groups))?;
+                println!("replicas sum gradients over NCCL");
+            }
         }
     }
     if run.trace.is_some() {

@@ -175,6 +175,29 @@ fn replicas_train_like_one_device_on_the_same_global_batch() {
 }
 
 #[test]
+fn supplied_communicators_replace_the_host_ring() {
+    use pipetransformer::comm::{Communicator, ring_group};
+    use std::sync::Arc;
+    let config = gpt();
+    let want = reference(&config, 6);
+    let (k, r) = (2, 3);
+    let mut p = pipeline(&config, cfg(k, r, 2, ScheduleKind::OneFOneB));
+    let groups: Vec<Vec<Arc<dyn Communicator<CpuDevice<f32>>>>> = (0..k)
+        .map(|_| ring_group(r).into_iter().map(|m| Arc::new(m) as Arc<dyn Communicator<CpuDevice<f32>>>).collect())
+        .collect();
+    // A group of the wrong size is refused.
+    let wrong: Vec<Vec<Arc<dyn Communicator<CpuDevice<f32>>>>> = vec![];
+    assert!(p.set_communicators(Some(wrong)).unwrap_err().to_string().contains("one per pipeline position"));
+    p.set_communicators(Some(groups)).unwrap();
+    for step in 0..STEPS {
+        p.step(&batch(&config, 6, step), 1000 + step, LR, Some(1.0)).unwrap();
+    }
+    let e = max_rel(&p.parameters(0).unwrap(), &want);
+    assert!(e <= 1e-5, "weights differ from one device by {e:.2e}");
+    assert_eq!(p.parameters(2).unwrap(), p.parameters(0).unwrap(), "replicas diverged");
+}
+
+#[test]
 fn replanning_twice_mid_run_follows_the_same_trajectory() {
     let config = gpt();
     let steps = 6;

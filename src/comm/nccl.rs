@@ -125,6 +125,62 @@ impl NcclCommunicator {
     }
 }
 
+impl NcclCommunicator {
+    /// One communicator per GPU of one process, all in one group (`ncclCommInitAll`): rank `i`
+    /// is `runtimes[i]`'s GPU, collectives queue on its stream.
+    pub fn group(runtimes: &[&crate::device::cuda::CudaRuntime]) -> Result<Vec<Self>> {
+        if !available() {
+            return Err(Error::State { what: "nccl".into(), message: "libnccl is not installed".into() });
+        }
+        let ordinals: Vec<i32> = runtimes.iter().map(|r| r.ordinal() as i32).collect();
+        let mut comms: Vec<sys::ncclComm_t> = vec![std::ptr::null_mut(); runtimes.len()];
+        // SAFETY: NCCL writes one communicator per listed device into `comms`.
+        unsafe { result::comm_init_all(comms.as_mut_ptr(), ordinals.len() as i32, ordinals.as_ptr()) }
+            .map_err(nccl_error("init all"))?;
+        let size = runtimes.len();
+        Ok(comms
+            .into_iter()
+            .zip(runtimes)
+            .enumerate()
+            .map(|(rank, (comm, rt))| Self { comm, stream: rt.stream().cu_stream() as sys::cudaStream_t, rank, size })
+            .collect())
+    }
+}
+
+/// The communicator groups of a pipeline with `k` positions and `r` replicas over `devices`
+/// (replica `i` owns `devices[i·k..(i+1)·k]`): one NCCL group per position, when every device is
+/// a `cuda` device and NCCL is installed; `None` otherwise (the pipeline then uses its host
+/// ring). Generic so that callers holding any device type can ask.
+#[allow(clippy::type_complexity)]
+pub fn pipeline_groups<D: crate::device::Device>(
+    devices: &[D],
+    k: usize,
+    r: usize,
+) -> Result<Option<Vec<Vec<std::sync::Arc<dyn Communicator<D>>>>>> {
+    // `D` is `GpuDevice` exactly when every element downcasts to one.
+    let gpus: Option<Vec<&GpuDevice>> =
+        devices.iter().map(|d| (d as &dyn std::any::Any).downcast_ref::<GpuDevice>()).collect();
+    let Some(gpus) = gpus else { return Ok(None) };
+    if r < 2 || !available() || gpus.len() < k * r {
+        return Ok(None);
+    }
+    let runtimes: Option<Vec<&crate::device::cuda::CudaRuntime>> =
+        gpus.iter().map(|g| crate::device::cuda::runtime_of(g)).collect();
+    let Some(runtimes) = runtimes else { return Ok(None) };
+    let mut groups: Vec<Vec<std::sync::Arc<dyn Communicator<GpuDevice>>>> = Vec::with_capacity(k);
+    for d in 0..k {
+        let members: Vec<&crate::device::cuda::CudaRuntime> = (0..r).map(|i| runtimes[i * k + d]).collect();
+        groups.push(
+            NcclCommunicator::group(&members)?
+                .into_iter()
+                .map(|c| std::sync::Arc::new(c) as std::sync::Arc<dyn Communicator<GpuDevice>>)
+                .collect(),
+        );
+    }
+    let boxed: Box<dyn std::any::Any> = Box::new(groups);
+    Ok(boxed.downcast::<Vec<Vec<std::sync::Arc<dyn Communicator<D>>>>>().ok().map(|b| *b))
+}
+
 impl Drop for NcclCommunicator {
     fn drop(&mut self) {
         // SAFETY: the communicator is ours and no collective is in flight once it is dropped.
@@ -200,6 +256,24 @@ mod tests {
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
         assert!(got.iter().all(|g| *g == id));
+    }
+
+    #[test]
+    fn only_cuda_devices_get_nccl_groups() {
+        let cpus: Vec<crate::device::CpuDevice<f32>> =
+            (0..4).map(|i| crate::device::CpuDevice::new(i, 1).unwrap()).collect();
+        assert!(pipeline_groups(&cpus, 2, 2).unwrap().is_none());
+        let emus: Vec<GpuDevice> =
+            (0..2).map(|i| crate::device::emu::device(i, crate::device::Precision::F32, 0).unwrap()).collect();
+        assert!(pipeline_groups(&emus, 1, 2).unwrap().is_none());
+    }
+
+    #[test]
+    fn without_libnccl_the_error_says_so() {
+        if !available() {
+            assert!(unique_id().unwrap_err().to_string().contains("libnccl is not installed"));
+            assert!(NcclCommunicator::group(&[]).err().map(|e| e.to_string()).unwrap_or_default().contains("libnccl"));
+        }
     }
 
     #[test]

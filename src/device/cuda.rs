@@ -76,6 +76,11 @@ impl CudaRuntime {
         &self.stream
     }
 
+    /// The GPU's ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
     /// Makes this GPU's context current on the calling thread.
     pub fn bind(&self) -> Result<()> {
         self.ctx.bind_to_thread().map_err(driver_error("bind"))
@@ -116,6 +121,11 @@ impl CudaRuntime {
         self.functions.lock().unwrap_or_else(|e| e.into_inner()).insert(kernel.to_string(), f.clone());
         Ok(f)
     }
+}
+
+/// The CUDA runtime under `dev`, if `dev` is a `cuda` device (not `cuda-emu`).
+pub fn runtime_of(dev: &GpuDevice) -> Option<&CudaRuntime> {
+    dev.runtime().as_any().downcast_ref::<CudaRuntime>()
 }
 
 /// GPU `ordinal` as a [`GpuDevice`] computing in `precision`.
@@ -174,6 +184,9 @@ impl Runtime for CudaRuntime {
             )
         }
         .map_err(driver_error(kernel))
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
     fn synchronize(&self) -> Result<()> {
         self.stream.synchronize().map_err(driver_error("synchronize"))

@@ -174,6 +174,9 @@ impl Runtime for EmuRuntime {
             Err(Error::State { what: format!("cuda-emu launch of `{kernel}`"), message: msg })
         }
     }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
     fn synchronize(&self) -> Result<()> {
         Ok(())
     }

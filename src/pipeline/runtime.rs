@@ -19,7 +19,7 @@ use super::partition::UnitProfile;
 use super::plan::{PipelineConfig, Plan};
 use super::schedule::Action;
 use super::trace::{Span, StepTrace};
-use crate::comm::{RingCommunicator, ring_group};
+use crate::comm::{Communicator, RingCommunicator, ring_group};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::model::{Batch, HostBatch, Model, ModelParts, Param, Replicate, Saved, Spec, Unit, head_loss};
@@ -27,7 +27,7 @@ use crate::train::{Optimizer, OptimizerConfig, OptimizerState};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
 /// A fault injected into one action of one device (tests of failure handling).
@@ -66,6 +66,10 @@ pub struct Pipeline<D: Device> {
     optimizers: Vec<Vec<Optimizer<D>>>,
     optimizer_config: OptimizerConfig,
     fault: Option<Fault>,
+    /// `communicators[d][r]`: how replica `r` at pipeline position `d` sums its gradients with
+    /// the other replicas at `d`, when the caller supplied communicators (NCCL for GPUs); `None`
+    /// means the in-process host ring, run by a thread beside each worker.
+    communicators: Option<Vec<Vec<Arc<dyn Communicator<D>>>>>,
 }
 
 /// Unit names for plans (`embeddings#0`, `attention#1`, ...).
@@ -95,6 +99,7 @@ impl<D: Device> Pipeline<D> {
             optimizers: Vec::new(),
             optimizer_config: optimizer,
             fault: None,
+            communicators: None,
         };
         p.place(owned)?;
         p.optimizers = p.fresh_optimizers()?;
@@ -109,6 +114,26 @@ impl<D: Device> Pipeline<D> {
     /// The devices.
     pub fn devices(&self) -> &[D] {
         &self.devices
+    }
+
+    /// Sums replicas' gradients with these communicators from now on: `communicators[d][r]` is
+    /// replica `r`'s member of the group of pipeline position `d` (for example NCCL over the
+    /// GPUs at that position). `None` goes back to the in-process host ring. The layout must
+    /// match the plan; a re-plan that changes `K` or `R` drops them.
+    pub fn set_communicators(&mut self, communicators: Option<Vec<Vec<Arc<dyn Communicator<D>>>>>) -> Result<()> {
+        if let Some(c) = &communicators {
+            let (k, r) = (self.plan.config.pipeline_len, self.plan.config.replicas);
+            let ok = c.len() == k
+                && c.iter().all(|g| g.len() == r && g.iter().enumerate().all(|(i, m)| m.rank() == i && m.size() == r));
+            if !ok {
+                return Err(crate::error::config_error(
+                    "communicators",
+                    format!("expected {k} groups (one per pipeline position) of {r} members ranked 0..{r}"),
+                ));
+            }
+        }
+        self.communicators = communicators;
+        Ok(())
     }
 
     /// Injects (or clears) a fault for the next steps.
@@ -169,6 +194,10 @@ impl<D: Device> Pipeline<D> {
             })
             .collect();
         drop(stages);
+        if (old.config.pipeline_len, old.config.replicas) != (self.plan.config.pipeline_len, self.plan.config.replicas)
+        {
+            self.communicators = None;
+        }
         self.place(owned)?;
         self.load_optimizer_state(&state)
     }
@@ -285,8 +314,15 @@ impl<D: Device> Pipeline<D> {
             }
         }
         let mut rings: Vec<Vec<Option<RingCommunicator>>> = (0..k)
-            .map(|_| if r_count > 1 { ring_group(r_count).into_iter().map(Some).collect() } else { vec![None] })
+            .map(|_| {
+                if r_count > 1 && self.communicators.is_none() {
+                    ring_group(r_count).into_iter().map(Some).collect()
+                } else {
+                    (0..r_count).map(|_| None).collect()
+                }
+            })
             .collect();
+        let communicators = &self.communicators;
         let devices = &self.devices;
         let plan = &self.plan;
         let outputs: Vec<Option<WorkerOutput>> = std::thread::scope(|scope| {
@@ -303,6 +339,7 @@ impl<D: Device> Pipeline<D> {
                         actions: &plan.schedule.per_device[d],
                         micro: &micro[r],
                         ring: rings[d][r].take(),
+                        communicator: communicators.as_ref().map(|c| c[d][r].clone()),
                     };
                     scope.spawn(move || worker.run_guarded())
                 })
@@ -541,6 +578,8 @@ struct Worker<'a, D: Device> {
     actions: &'a [Action],
     micro: &'a [HostBatch],
     ring: Option<RingCommunicator>,
+    /// A caller-supplied communicator, used in place of the ring.
+    communicator: Option<Arc<dyn Communicator<D>>>,
 }
 
 /// A gradient bucket on its way through the ring: `(stage, flat gradients)`.
@@ -694,6 +733,18 @@ impl<D: Device> Worker<'_, D> {
                 Action::RecvGrad { mb, stage, .. } => {
                     let data = ctx.shared.take(me, (true, mb, stage))?;
                     dys.insert((mb, stage - 1), data.map(|d| dev.upload(&d)).transpose()?);
+                }
+                Action::AllReduce { stage } if self.communicator.is_some() => {
+                    // A device communicator (NCCL queues on the GPU's stream, so it overlaps
+                    // the compute after it without a thread of ours).
+                    let comm = self.communicator.clone().expect("checked by the guard");
+                    let mut grads: Vec<&mut D::Buf> = self
+                        .units(stage)?
+                        .iter_mut()
+                        .flat_map(Unit::params_mut)
+                        .filter_map(|p| p.grad.as_mut())
+                        .collect();
+                    comm.all_reduce_sum(dev, &mut grads)?;
                 }
                 Action::AllReduce { stage } => {
                     if ctx.plan.config.replicas > 1 {

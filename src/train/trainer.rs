@@ -209,6 +209,11 @@ impl<D: Device> Trainer<D> {
         self.pipeline.as_ref()
     }
 
+    /// The pipeline in use, to re-plan it or give it communicators.
+    pub fn pipeline_mut(&mut self) -> Option<&mut Pipeline<D>> {
+        self.pipeline.as_mut()
+    }
+
     /// Copies the pipeline's weights and optimizer state back into `model` and `optimizer`.
     fn sync_from_pipeline(&mut self, dev: &D) -> Result<()> {
         if let Some(p) = &self.pipeline {

@@ -75,6 +75,9 @@ pub trait Runtime: Send + Sync + 'static {
     fn launch(&self, kernel: &str, cfg: &LaunchConfig, params: &mut [*mut c_void]) -> Result<()>;
     /// Waits until queued work is done.
     fn synchronize(&self) -> Result<()>;
+    /// The runtime as `Any`, so code that needs one backend's specifics (NCCL wants the CUDA
+    /// stream) can ask for it.
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 /// Storage for argument values whose addresses go into the `params` array of a launch.
