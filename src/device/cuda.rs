@@ -1,7 +1,12 @@
 //! The `cuda` backend's [`Runtime`]: cudarc's driver API on one GPU. Kernels are compiled by
 //! NVRTC on first use ([`kernels::compile_ptx`], cached on disk), one module per kernel file,
-//! loaded into the device's context; launches are `cuLaunchKernel` on the device's stream with
-//! the argument array built by the shared launch code.
+//! loaded into the device's context; launches are `cuLaunchKernel` on the device's compute
+//! stream with the argument array built by the shared launch code.
+//!
+//! Uploads run on a second stream, from pinned staging buffers, ordered by events: a copy waits
+//! only for the work queued before it (its destination may be a recycled buffer that a queued
+//! kernel still reads), later kernels wait for the copy, and the host returns at once. So the
+//! next batch's ids and masks cross the bus while the current step computes.
 //!
 //! cudarc loads `libcuda` dynamically and panics when it is absent, so every entry point checks
 //! [`available`] first and turns its absence into an error.
@@ -9,7 +14,7 @@
 use crate::device::gpu::{DevPtr, GpuDevice, LaunchConfig, Precision, Runtime};
 use crate::device::kernels;
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, result, sys};
+use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, PinnedHostSlice, result, sys};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
@@ -32,10 +37,21 @@ pub fn device_count() -> usize {
     CudaContext::device_count().map(|n| n.max(0) as usize).unwrap_or(0)
 }
 
-/// One GPU: its context, a stream every op is queued on, and the kernels loaded so far.
+/// Pinned staging buffers: those whose upload may still be running (with the event that marks
+/// its end), and those free for reuse.
+#[derive(Default)]
+struct Staging {
+    in_flight: Vec<(CudaEvent, PinnedHostSlice<u8>)>,
+    free: Vec<PinnedHostSlice<u8>>,
+}
+
+/// One GPU: its context, the stream every kernel is queued on, the upload stream, and the
+/// kernels loaded so far.
 pub struct CudaRuntime {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    copy_stream: Arc<CudaStream>,
+    staging: Mutex<Staging>,
     arch: u32,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
@@ -61,9 +77,12 @@ impl CudaRuntime {
         let ctx = CudaContext::new(ordinal).map_err(driver_error("context"))?;
         let (major, minor) = ctx.compute_capability().map_err(driver_error("compute capability"))?;
         let stream = ctx.new_stream().map_err(driver_error("stream"))?;
+        let copy_stream = ctx.new_stream().map_err(driver_error("copy stream"))?;
         Ok(Self {
             ctx,
             stream,
+            copy_stream,
+            staging: Mutex::new(Staging::default()),
             arch: (major * 10 + minor) as u32,
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
@@ -151,10 +170,28 @@ impl Runtime for CudaRuntime {
     }
     fn copy_to_device(&self, dst: DevPtr, src: &[u8]) -> Result<()> {
         self.ctx.bind_to_thread().map_err(driver_error("bind"))?;
-        // Synchronous: `src` is pageable host memory the caller may free right after.
-        self.stream.synchronize().map_err(driver_error("synchronize"))?;
-        // SAFETY: `dst` holds at least `src.len()` bytes.
-        unsafe { result::memcpy_htod_sync(dst, src) }.map_err(driver_error("copy to device"))
+        let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
+        // Staging buffers whose copy has finished are free again.
+        let (done, running): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut staging.in_flight).into_iter().partition(|(event, _)| event.is_complete());
+        staging.in_flight = running;
+        staging.free.extend(done.into_iter().map(|(_, buf)| buf));
+        let mut buf = match staging.free.iter().position(|b| b.len() >= src.len()) {
+            Some(i) => staging.free.swap_remove(i),
+            // SAFETY: the contents are written below before any copy reads them.
+            None => unsafe { self.ctx.alloc_pinned::<u8>(src.len()) }.map_err(driver_error("pinned staging"))?,
+        };
+        buf.as_mut_slice().map_err(driver_error("staging"))?[..src.len()].copy_from_slice(src);
+        self.copy_stream.join(&self.stream).map_err(driver_error("order the upload"))?;
+        let staged = &buf.as_slice().map_err(driver_error("staging"))?[..src.len()];
+        // SAFETY: `dst` holds at least `src.len()` bytes; `buf` outlives the copy (it is kept in
+        // `in_flight` until the event recorded after the copy completes).
+        unsafe { result::memcpy_htod_async(dst, staged, self.copy_stream.cu_stream()) }
+            .map_err(driver_error("copy to device"))?;
+        self.stream.join(&self.copy_stream).map_err(driver_error("order the kernels after the upload"))?;
+        let event = self.copy_stream.record_event(None).map_err(driver_error("event"))?;
+        staging.in_flight.push((event, buf));
+        Ok(())
     }
     fn copy_to_host(&self, dst: &mut [u8], src: DevPtr) -> Result<()> {
         self.ctx.bind_to_thread().map_err(driver_error("bind"))?;
@@ -189,6 +226,7 @@ impl Runtime for CudaRuntime {
         self
     }
     fn synchronize(&self) -> Result<()> {
+        self.copy_stream.synchronize().map_err(driver_error("synchronize uploads"))?;
         self.stream.synchronize().map_err(driver_error("synchronize"))
     }
 }
