@@ -1,7 +1,7 @@
 //! The `cuda` backend's kernels on a real GPU, at the shapes of a MiniLM training step (batch 16,
 //! sequence 128, hidden 384, 12 heads, MLP 1536): time per launch, achieved TFLOP/s and GB/s,
 //! the roofline floor (max of FLOPs at peak compute and bytes at peak bandwidth) and how far
-//! above it we are; for the linear layer, the ratio to cuBLAS on the same shapes and stream.
+//! above it we are; for the linear layer, the ratio to cuBLAS on the same shapes and stream (sgemm in f32 mode, a bf16 `cublasGemmEx` with f32 accumulation in bf16 mode).
 //!
 //! Without a GPU it says so and exits: the emulator's timings mean nothing.
 
@@ -87,36 +87,64 @@ fn bench(rt: Arc<CudaRuntime>, precision: Precision, peak: &Option<Peak>) {
             time(&dev, 20, || dev.linear_forward(&mut y, &x, &w, Some(&bias), rows, n_in, n_out).expect("linear"));
         let flops = 2.0 * (rows * n_in * n_out) as f64;
         let bytes = (rows * n_in) as f64 * act + (n_in * n_out) as f64 * 4.0 + (rows * n_out) as f64 * act;
-        // cuBLAS on the same problem, f32 in f32 mode (bf16 mode compares against its f32 GEMM
-        // too unless the buffers are bf16 on both sides; the note says which).
-        let cublas = (precision == Precision::F32).then(|| {
-            let (wf, xf, yf) = (w.ptr(), x.ptr(), y.ptr());
-            time(&dev, 20, || {
-                let (alpha, beta) = (1.0f32, 0.0f32);
-                // Row-major y[rows, out] = x[rows, in]·Wᵀ is column-major yᵀ = W·xᵀ.
-                unsafe {
+        // cuBLAS on the same problem: sgemm in f32 mode; in bf16 mode a bf16 GEMM with f32
+        // accumulation on a bf16 copy of the weight (cuBLAS has no bf16×f32 product).
+        let mut w_act = dev.alloc(n_out * n_in).expect("w copy");
+        dev.copy(&mut w_act, &w).expect("cast w");
+        let (wf, xf, yf) = (if precision == Precision::F32 { w.ptr() } else { w_act.ptr() }, x.ptr(), y.ptr());
+        let (op_t, op_n) = (blas_sys::cublasOperation_t::CUBLAS_OP_T, blas_sys::cublasOperation_t::CUBLAS_OP_N);
+        // Row-major y[rows, out] = x[rows, in]·Wᵀ is column-major yᵀ = W·xᵀ.
+        let (m, n, kk) = (n_out as i32, rows as i32, n_in as i32);
+        let cublas = time(&dev, 20, || {
+            let (alpha, beta) = (1.0f32, 0.0f32);
+            let status = match precision {
+                Precision::F32 => unsafe {
                     blas::sgemm(
                         *blas.handle(),
-                        blas_sys::cublasOperation_t::CUBLAS_OP_T,
-                        blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                        n_out as i32,
-                        rows as i32,
-                        n_in as i32,
+                        op_t,
+                        op_n,
+                        m,
+                        n,
+                        kk,
                         &alpha,
                         wf as *const f32,
-                        n_in as i32,
+                        kk,
                         xf as *const f32,
-                        n_in as i32,
+                        kk,
                         &beta,
                         yf as *mut f32,
-                        n_out as i32,
+                        m,
                     )
-                }
-                .expect("sgemm")
-            })
+                },
+                Precision::Bf16 => unsafe {
+                    let bf16 = blas_sys::cudaDataType::CUDA_R_16BF;
+                    blas::gemm_ex(
+                        *blas.handle(),
+                        op_t,
+                        op_n,
+                        m,
+                        n,
+                        kk,
+                        &alpha as *const f32 as *const _,
+                        wf as *const _,
+                        bf16,
+                        kk,
+                        xf as *const _,
+                        bf16,
+                        kk,
+                        &beta as *const f32 as *const _,
+                        yf as *mut _,
+                        bf16,
+                        m,
+                        blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                        blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
+                    )
+                },
+            };
+            status.expect("cuBLAS GEMM")
         });
-        let note =
-            cublas.map_or("".into(), |cb| format!("cuBLAS sgemm {:.1} µs: ours/cuBLAS = {:.2}", cb * 1e6, secs / cb));
+        let name = if precision == Precision::F32 { "sgemm" } else { "gemm_ex bf16" };
+        let note = format!("cuBLAS {name} {:.1} µs: ours/cuBLAS = {:.2}", cublas * 1e6, secs / cublas);
         row(peak, precision, &format!("linear_forward {label} {rows}×{n_in}→{n_out}"), secs, flops, bytes, &note);
         let (mut dx, mut dw, mut db) =
             (dev.alloc(rows * n_in).expect("dx"), dev.zeros(n_out * n_in).expect("dw"), dev.zeros(n_out).expect("db"));
