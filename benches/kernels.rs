@@ -1,7 +1,8 @@
 //! The `cuda` backend's kernels on a real GPU, at the shapes of a MiniLM training step (batch 16,
 //! sequence 128, hidden 384, 12 heads, MLP 1536): time per launch, achieved TFLOP/s and GB/s,
 //! the roofline floor (max of FLOPs at peak compute and bytes at peak bandwidth) and how far
-//! above it we are; for the linear layer, the ratio to cuBLAS on the same shapes and stream (sgemm in f32 mode, a bf16 `cublasGemmEx` with f32 accumulation in bf16 mode).
+//! above it we are; for the linear layer, the ratio to cuBLAS on the same shapes and stream
+//! (sgemm in f32 mode; in bf16 mode a bf16 `cublasGemmEx` with f32 accumulation).
 //!
 //! Without a GPU it says so and exits: the emulator's timings mean nothing.
 
