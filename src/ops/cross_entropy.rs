@@ -71,21 +71,7 @@ pub fn cross_entropy_forward_backward<T: Float>(
     if let Some(dl) = dlogits.as_deref() {
         check_len(OP, "dlogits", dl.len(), rows * vocab)?;
     }
-    // Validate every label before touching the outputs, sequentially, so a bad batch always
-    // reports its first bad row and leaves no half-written gradient behind.
-    let mut count = 0;
-    for (r, &t) in targets.iter().enumerate() {
-        if t == ignore_index {
-            continue;
-        }
-        if t as usize >= vocab {
-            return Err(data_error(
-                "labels",
-                format!("row {r}: label {t} is out of range; expected 0..{vocab} or the ignore index {ignore_index}"),
-            ));
-        }
-        count += 1;
-    }
+    let count = count_targets(targets, vocab, ignore_index)?;
     if vocab == 0 {
         // Every row is ignored (validated above); no logits, so no gradient to write.
         losses.fill(T::ZERO);
@@ -108,6 +94,25 @@ pub fn cross_entropy_forward_backward<T: Float>(
         None => rows_in.with_min_len(min_rows).for_each(|((loss, logits), &t)| {
             *loss = if t == ignore_index { T::ZERO } else { row_loss(logits, t as usize, None, grad_scale) };
         }),
+    }
+    Ok(count)
+}
+
+/// Validates every label, in order, before anything is written, so a bad batch reports its first
+/// bad row and leaves no half-written gradient behind; returns how many rows count.
+pub(crate) fn count_targets(targets: &[u32], vocab: usize, ignore_index: u32) -> Result<usize> {
+    let mut count = 0;
+    for (r, &t) in targets.iter().enumerate() {
+        if t == ignore_index {
+            continue;
+        }
+        if t as usize >= vocab {
+            return Err(data_error(
+                "labels",
+                format!("row {r}: label {t} is out of range; expected 0..{vocab} or the ignore index {ignore_index}"),
+            ));
+        }
+        count += 1;
     }
     Ok(count)
 }

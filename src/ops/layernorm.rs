@@ -28,13 +28,7 @@ pub fn layernorm_forward<T: Float>(
     dim: usize,
     eps: f64,
 ) -> Result<()> {
-    const OP: &str = "layernorm_forward";
-    check_len(OP, "out", out.len(), rows * dim)?;
-    check_len(OP, "mean", mean.len(), rows)?;
-    check_len(OP, "rstd", rstd.len(), rows)?;
-    check_len(OP, "inp", inp.len(), rows * dim)?;
-    check_len(OP, "weight", weight.len(), dim)?;
-    check_len(OP, "bias", bias.len(), dim)?;
+    check_forward_lens([out.len(), mean.len(), rstd.len(), inp.len(), weight.len(), bias.len()], rows, dim)?;
     if dim == 0 {
         return Ok(());
     }
@@ -72,15 +66,11 @@ pub fn layernorm_backward<T: Float>(
     rows: usize,
     dim: usize,
 ) -> Result<()> {
-    const OP: &str = "layernorm_backward";
-    check_len(OP, "dinp", dinp.len(), rows * dim)?;
-    check_len(OP, "dweight", dweight.len(), dim)?;
-    check_len(OP, "dbias", dbias.len(), dim)?;
-    check_len(OP, "dout", dout.len(), rows * dim)?;
-    check_len(OP, "inp", inp.len(), rows * dim)?;
-    check_len(OP, "weight", weight.len(), dim)?;
-    check_len(OP, "mean", mean.len(), rows)?;
-    check_len(OP, "rstd", rstd.len(), rows)?;
+    check_backward_lens(
+        [dinp.len(), dweight.len(), dbias.len(), dout.len(), inp.len(), weight.len(), mean.len(), rstd.len()],
+        rows,
+        dim,
+    )?;
     if dim == 0 || rows == 0 {
         return Ok(());
     }
@@ -184,6 +174,29 @@ fn lane_sums_backward<T: Float>(w: &[T], d: &[T], x: &[T], m: f64) -> (f64, f64)
 /// Rows per rayon task so that each task touches at least ~16k elements.
 fn rows_per_task(dim: usize) -> usize {
     (16 * 1024 / dim.max(1)).max(1)
+}
+
+/// The forward's length checks, shared by every backend: lengths of
+/// `[out, mean, rstd, inp, weight, bias]`.
+pub(crate) fn check_forward_lens(lens: [usize; 6], rows: usize, dim: usize) -> Result<()> {
+    const OP: &str = "layernorm_forward";
+    let want = [rows * dim, rows, rows, rows * dim, dim, dim];
+    for ((arg, got), want) in ["out", "mean", "rstd", "inp", "weight", "bias"].into_iter().zip(lens).zip(want) {
+        check_len(OP, arg, got, want)?;
+    }
+    Ok(())
+}
+
+/// The backward's length checks, shared by every backend: lengths of
+/// `[dinp, dweight, dbias, dout, inp, weight, mean, rstd]`.
+pub(crate) fn check_backward_lens(lens: [usize; 8], rows: usize, dim: usize) -> Result<()> {
+    const OP: &str = "layernorm_backward";
+    let want = [rows * dim, dim, dim, rows * dim, rows * dim, dim, rows, rows];
+    let args = ["dinp", "dweight", "dbias", "dout", "inp", "weight", "mean", "rstd"];
+    for ((arg, got), want) in args.into_iter().zip(lens).zip(want) {
+        check_len(OP, arg, got, want)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 
 use super::elementwise::{fill, threads_for_columns};
 use crate::device::gpu::{Arg, Elem, GpuBuf, GpuDevice, GpuIds, LaunchConfig, check_elem, int};
-use crate::error::{Result, check_len, data_error};
+use crate::error::{Result, check_len};
 
 /// See [`crate::ops::cross_entropy::cross_entropy_forward_backward`]. `losses` is f32
 /// (statistics); `logits` and `dlogits` are activations. The labels are checked, and the
@@ -30,21 +30,7 @@ pub fn cross_entropy_forward_backward(
     check_elem(OP, "losses", losses, Elem::F32)?;
     check_elem(OP, "logits", logits, dev.act())?;
     int(OP, "logits", logits.len())?;
-    // Every label is validated before anything is written, as on the cpu: a bad batch reports
-    // its first bad row and leaves no half-written gradient behind.
-    let mut count = 0;
-    for (r, &t) in targets.host().iter().enumerate() {
-        if t == ignore_index {
-            continue;
-        }
-        if t as usize >= vocab {
-            return Err(data_error(
-                "labels",
-                format!("row {r}: label {t} is out of range; expected 0..{vocab} or the ignore index {ignore_index}"),
-            ));
-        }
-        count += 1;
-    }
+    let count = crate::ops::cross_entropy::count_targets(targets.host(), vocab, ignore_index)?;
     if vocab == 0 {
         // Every row is ignored (validated above); no logits, so no gradient to write.
         fill(dev, losses, 0.0)?;

@@ -38,12 +38,11 @@ pub fn layernorm_forward(
     eps: f64,
 ) -> Result<()> {
     const OP: &str = "layernorm_forward";
-    check_len(OP, "out", out.len(), rows * dim)?;
-    check_len(OP, "mean", mean.len(), rows)?;
-    check_len(OP, "rstd", rstd.len(), rows)?;
-    check_len(OP, "inp", inp.len(), rows * dim)?;
-    check_len(OP, "weight", weight.len(), dim)?;
-    check_len(OP, "bias", bias.len(), dim)?;
+    crate::ops::layernorm::check_forward_lens(
+        [out.len(), mean.len(), rstd.len(), inp.len(), weight.len(), bias.len()],
+        rows,
+        dim,
+    )?;
     check_elem(OP, "out", out, dev.act())?;
     check_elem(OP, "inp", inp, dev.act())?;
     for (arg, buf) in [("mean", &*mean), ("rstd", &*rstd), ("weight", weight), ("bias", bias)] {
@@ -86,14 +85,11 @@ pub fn layernorm_backward(
     dim: usize,
 ) -> Result<()> {
     const OP: &str = "layernorm_backward";
-    check_len(OP, "dinp", dinp.len(), rows * dim)?;
-    check_len(OP, "dweight", dweight.len(), dim)?;
-    check_len(OP, "dbias", dbias.len(), dim)?;
-    check_len(OP, "dout", dout.len(), rows * dim)?;
-    check_len(OP, "inp", inp.len(), rows * dim)?;
-    check_len(OP, "weight", weight.len(), dim)?;
-    check_len(OP, "mean", mean.len(), rows)?;
-    check_len(OP, "rstd", rstd.len(), rows)?;
+    crate::ops::layernorm::check_backward_lens(
+        [dinp.len(), dweight.len(), dbias.len(), dout.len(), inp.len(), weight.len(), mean.len(), rstd.len()],
+        rows,
+        dim,
+    )?;
     for (arg, buf) in [("dinp", &*dinp), ("dout", dout), ("inp", inp)] {
         check_elem(OP, arg, buf, dev.act())?;
     }
