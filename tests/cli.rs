@@ -206,3 +206,40 @@ fn pipelined_train_follows_one_device_and_writes_a_chrome_trace() {
     assert_eq!(rows.into_iter().collect::<Vec<_>>(), vec![0, 1, 2, 3], "one row per device");
     assert!(events.iter().any(|e| e["cat"] == "backward") && events.iter().any(|e| e["cat"] == "comm"));
 }
+
+#[test]
+fn bad_pipeline_settings_and_an_unwritable_trace_are_clear_errors() {
+    let (ok, out) = pipetransformer(&["plan", "--config", "configs/vit-digits.toml", "--set", "pipeline.bogus=1"]);
+    assert!(!ok && out.contains("bogus"), "{out}");
+    let (ok, out) =
+        pipetransformer(&["plan", "--config", "configs/vit-digits.toml", "--set", "pipeline.micro_batches=0"]);
+    assert!(!ok && out.contains("micro_batches"), "{out}");
+    if !have_digits() {
+        return;
+    }
+    // The run finishes and keeps its outputs; only the trace, whose folder does not exist, fails.
+    let dir = scratch("trace-fail");
+    let out_dir = format!("output.dir={}", dir.display());
+    let (ok, out) = pipetransformer(&[
+        "train",
+        "--config",
+        "configs/vit-digits.toml",
+        "--set",
+        &out_dir,
+        "--set",
+        "train.max_steps=2",
+        "--set",
+        "train.epochs=1",
+        "--set",
+        "data.test_limit=32",
+        "--fresh",
+        "--devices",
+        "2",
+        "--pipeline-len",
+        "2",
+        "--trace",
+        "/nonexistent-dir/trace.json",
+    ]);
+    assert!(!ok && out.contains("/nonexistent-dir/trace.json"), "{out}");
+    assert!(dir.join("checkpoint.ckpt").exists() && dir.join("summary.json").exists(), "{out}");
+}
