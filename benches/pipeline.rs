@@ -11,9 +11,9 @@
 use pipetransformer::comm::ring_group;
 use pipetransformer::device::CpuDevice;
 use pipetransformer::model::{GptConfig, Model, ModelConfig};
-use pipetransformer::pipeline::partition::profile_units;
+use pipetransformer::optim::OptimizerConfig;
+use pipetransformer::pipeline::profile_units;
 use pipetransformer::pipeline::{Pipeline, PipelineConfig, ScheduleKind};
-use pipetransformer::train::OptimizerConfig;
 use std::time::Instant;
 
 fn main() {

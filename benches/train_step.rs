@@ -7,7 +7,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use pipetransformer::bench;
 use pipetransformer::device::CpuDevice;
 use pipetransformer::model::{Batch, Model};
-use pipetransformer::train::{Optimizer, OptimizerConfig, train_step};
+use pipetransformer::optim::{Optimizer, OptimizerConfig, train_step};
 
 fn bench_step(c: &mut Criterion) {
     let dev = CpuDevice::<f32>::new(0, 0).unwrap();

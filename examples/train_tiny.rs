@@ -4,7 +4,7 @@
 use pipetransformer::bench::random_batch;
 use pipetransformer::device::CpuDevice;
 use pipetransformer::model::{Batch, GptConfig, Model, ModelConfig};
-use pipetransformer::train::{Optimizer, OptimizerConfig, train_step};
+use pipetransformer::optim::{Optimizer, OptimizerConfig, train_step};
 
 fn main() -> pipetransformer::Result<()> {
     let config = ModelConfig::Gpt(GptConfig::without_dropout(64, 32, 32, 2, 4));

@@ -43,12 +43,46 @@ pub enum Error {
         /// What is wrong with it.
         message: String,
     },
-    /// A serialized state (optimizer, checkpoint) does not match the model it is loaded into.
+    /// A serialized state (optimizer, checkpoint, cache file) is corrupt or does not match the
+    /// model it is loaded into.
     #[error("state `{what}`: {message}")]
     State {
         /// Which piece of state.
         what: String,
         /// What was wrong and what was expected.
+        message: String,
+    },
+    /// A backend failed: the CUDA driver, NVRTC or ptxas, the kernel emulator, a communicator.
+    #[error("{what}: {message}")]
+    Device {
+        /// The backend and what it was doing, e.g. `nvrtc: kernels/norm.cu for sm_90`.
+        what: String,
+        /// The backend's own message.
+        message: String,
+    },
+    /// Training diverged: the loss stopped being a finite number.
+    #[error("training diverged: the loss became {loss} at step {step}; lower the learning rate")]
+    Diverged {
+        /// The optimizer step whose loss was not finite.
+        step: u64,
+        /// The loss.
+        loss: f64,
+    },
+    /// One device of a pipelined step failed; the step was abandoned and no weight changed.
+    #[error("pipeline device {device}: {source}")]
+    Pipeline {
+        /// Global index of the device that failed first.
+        device: usize,
+        /// Its error.
+        source: Box<Error>,
+    },
+    /// The engine broke one of its own invariants (a backward without its forward, a schedule
+    /// the runtime cannot follow): a bug, never a user's mistake.
+    #[error("internal error in {what}: {message}")]
+    Internal {
+        /// Where.
+        what: String,
+        /// What went wrong.
         message: String,
     },
     /// A dataset file is missing or malformed. `line` is the 1-based line (text formats) where
@@ -107,6 +141,11 @@ fn tensor_label(tensor: &Option<String>) -> String {
 /// Shorthand for an [`Error::Config`].
 pub fn config_error(field: impl Into<String>, message: impl Into<String>) -> Error {
     Error::Config { field: field.into(), message: message.into() }
+}
+
+/// Shorthand for an [`Error::Internal`].
+pub fn internal(what: impl Into<String>, message: impl Into<String>) -> Error {
+    Error::Internal { what: what.into(), message: message.into() }
 }
 
 /// Shorthand for an [`Error::Data`].

@@ -11,14 +11,17 @@
 //! | [`scalar`] | `Float` (f32/f64 element types), `DType` |
 //! | [`error`] | `Error`, `Result`, `check_len` |
 //! | [`rng`] | `Rng` (seeded SplitMix64), `hash_u64` (counter-based hash for dropout masks) |
+//! | [`files`] | `write_atomic` (temp file, fsync, rename) |
 //! | [`ops`] | reference kernels, each a `*_forward`/`*_backward` pair: `matmul`, `linear`, `embedding`, `patch` (+ class token), `layernorm`, `gelu`, `softmax`, `tanh`, `residual`, `dropout`, `attention`, `pooling`, `cross_entropy`, `optim` (AdamW, SGD, norms) |
 //! | [`device`] | the `Device` trait (buffers + op set); backends `cpu` (`CpuDevice<T>`), `cuda` and `cuda-emu` (`GpuDevice`: one launch code over a `Runtime`); kernel sources and NVRTC/ptxas (`device::kernels`); `DeviceKind`, `AnyDevice` |
 //! | [`model`] | configs (`BertConfig`, `GptConfig`, `VitConfig`), `Param`, the units (`Unit`: embedding, attention, MLP, final norm, head), `Model` (forward, backward, freezing, costs) |
-//! | [`pipeline`] | the schedule IR and its generators (GPipe, 1F1B, interleaved) and validator, the partitioner, `Plan`, the `Pipeline` runtime (stage workers, replicas, re-planning), traces and bubbles |
 //! | [`comm`] | `Communicator`: the in-process ring all-reduce and NCCL (with a TCP rendezvous) |
-//! | [`train`] | `Optimizer` (AdamW, SGD + momentum), `LrSchedule` (warmup + linear/cosine), global-norm clipping, `train_step` |
+//! | [`optim`] | `Optimizer` (AdamW, SGD + momentum), `LrSchedule` (warmup + linear/cosine), global-norm clipping, `train_step` (one step on one device) |
+//! | [`pipeline`] | unit profiles, the partitioner, the schedule IR and its generators (GPipe, 1F1B, interleaved) and validator, `Plan`, the `Pipeline` runtime (stage workers, replicas, re-planning, freezing, evaluation), traces and bubbles |
+//! | [`train`] | `Trainer` (the epoch loop over a `Pipeline`, evaluation, checkpoints), `BatchSource`, `Event`, the `Controller` hook |
+//! | [`elastic`] | PipeTransformer: the freeze controller (Eq. 1, α bound, table), AutoPipe, AutoDP, AutoCache (host arena + disk spill), transitions |
 //! | [`data`] | dataset loaders (Rotten Tomatoes, Reuters R8, digits, MNIST-5k, Fashion-MNIST, Hamlet) with stable sample ids, seeded stratified splits, `BatchOrder` (resumable per-epoch shuffle), image/LM `HostBatch`es |
-//! | [`run`] | `RunConfig`: a TOML run configuration with `--set` overrides; the data sources of the training binary |
+//! | [`run`] | `RunConfig` (a TOML run configuration with `--set` overrides), the data sources, `Job` (devices, model, plan, pipeline, trainer and elastic controller from a config; metrics, checkpoints, export, `report.html`) |
 //! | [`weights`] | Hugging Face checkpoints: `load_safetensors` (memory-mapped), `load_into_model` (by name, with a `LoadReport` of missing/unexpected tensors), `read_hf_config`, `export_model` (safetensors + `config.json`, atomic) |
 //! | [`bench`](mod@bench) | the MiniLM-shaped benchmark workload, synthetic batches, step FLOPs, the GEMM roofline |
 //! | [`text`] | `TextTokenizer` (a Hugging Face `tokenizer.json`, our truncation, no padding), `text_batch` (labelled texts → per-batch-padded BERT `HostBatch`), `lm_batch`/`lm_batches` (token stream → next-token `HostBatch`es) |
@@ -30,9 +33,12 @@ pub mod bench;
 pub mod comm;
 pub mod data;
 pub mod device;
+pub mod elastic;
 pub mod error;
+pub mod files;
 pub mod model;
 pub mod ops;
+pub mod optim;
 pub mod pipeline;
 pub mod rng;
 pub mod run;

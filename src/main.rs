@@ -4,9 +4,12 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use pipetransformer::bench;
 use pipetransformer::device::{AnyDevice, AnyDevices, CpuDevice, Device, DeviceKind, Precision};
-use pipetransformer::model::{Batch, BertConfig, GptConfig, Model, ModelConfig, Pooling, VitConfig};
-use pipetransformer::pipeline::{PipelineConfig, ScheduleKind};
-use pipetransformer::train::{LrSchedule, Optimizer, OptimizerConfig, train_step};
+use pipetransformer::elastic::{FreezeInterval, FreezeName};
+use pipetransformer::model::{Batch, BertConfig, GptConfig, HeadSpec, Model, ModelConfig, Pooling, VitConfig};
+use pipetransformer::optim::{LrSchedule, Optimizer, OptimizerConfig, train_step};
+use pipetransformer::pipeline::ScheduleKind;
+use pipetransformer::run::{Job, RunConfig};
+use pipetransformer::train::Event;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -40,14 +43,15 @@ struct DeviceArgs {
     precision: PrecisionArg,
 }
 
-/// How a step is spread over devices (`train`, `plan`); unset flags keep the run config's
-/// `[pipeline]` values.
+/// How a step is spread over devices (`train`, `plan`); each flag overrides the run config's
+/// `[pipeline]` key of the same name.
 #[derive(clap::Args, Clone, Default)]
 struct PipelineArgs {
-    /// Devices to use (default: replicas × pipeline length). Without GPUs, N cpu devices.
+    /// Devices the run may use (GPUs; without them, N cpu devices sharing the cores): the
+    /// initial plan's replicas × pipeline length, plus any that AutoDP turns into replicas.
     #[arg(long)]
     devices: Option<usize>,
-    /// Devices per pipeline (K).
+    /// Devices per pipeline (K); default: all the devices over the replicas.
     #[arg(long)]
     pipeline_len: Option<usize>,
     /// Micro-batches per replica per step (M).
@@ -56,42 +60,88 @@ struct PipelineArgs {
     /// Data-parallel replicas of the pipeline (R).
     #[arg(long)]
     replicas: Option<usize>,
-    /// Schedule: gpipe, 1f1b or interleaved.
-    #[arg(long, value_parser = parse_schedule)]
+    /// Pipeline schedule: gpipe, 1f1b or interleaved.
+    #[arg(long, value_parser = parse_from_str::<ScheduleKind>)]
     schedule: Option<ScheduleKind>,
     /// Model chunks per device for the interleaved schedule (default 2 for it).
     #[arg(long)]
     chunks: Option<usize>,
     /// Partition by each unit's measured forward and backward time on the device instead of
-    /// its FLOP count.
+    /// its FLOP count (always on with AutoPipe).
     #[arg(long)]
     profile: bool,
 }
 
-fn parse_schedule(s: &str) -> std::result::Result<ScheduleKind, String> {
-    s.parse().map_err(|e: pipetransformer::Error| e.to_string())
+/// PipeTransformer (`train`, `plan`); each flag overrides the run config's `[elastic]` key of
+/// the same name.
+#[derive(clap::Args, Clone, Default)]
+struct ElasticArgs {
+    /// Freeze rule: eq1 (the paper's Eq. 1), alpha (the α bound alone, as the released code),
+    /// table (`elastic.table`), or off.
+    #[arg(long, value_parser = parse_from_str::<FreezeName>)]
+    freeze: Option<FreezeName>,
+    /// α of Eq. 1 and of the α bound, in (0, 1).
+    #[arg(long)]
+    alpha: Option<f64>,
+    /// When the freeze rule runs: `epoch`, or every N steps.
+    #[arg(long, value_parser = parse_from_str::<FreezeInterval>)]
+    freeze_interval: Option<FreezeInterval>,
+    /// Re-partition the active layers onto a shorter pipeline after a freeze (`--auto-pipe`
+    /// or `--auto-pipe false`).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    auto_pipe: Option<bool>,
+    /// Turn devices freed by a shorter pipeline into data-parallel replicas.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    auto_dp: Option<bool>,
+    /// Cache the frozen layers' output per sample so later epochs skip them (on only where
+    /// reading is measured to be cheaper than the forward). Frozen layers run without dropout,
+    /// deterministically, so a cached value is exactly what the forward would give (f32).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    cache: Option<bool>,
+    /// Host-memory bytes of the cache before it spills to disk.
+    #[arg(long)]
+    cache_bytes: Option<usize>,
+    /// Directory of the cache's spill file (default: the run's output directory, `cache/`).
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
 }
 
-impl PipelineArgs {
-    /// The run config's pipeline with these flags applied.
-    fn apply(&self, mut p: PipelineConfig) -> PipelineConfig {
-        p.pipeline_len = self.pipeline_len.unwrap_or(p.pipeline_len);
-        p.micro_batches = self.micro_batches.unwrap_or(p.micro_batches);
-        p.replicas = self.replicas.unwrap_or(p.replicas);
-        p.schedule = self.schedule.unwrap_or(p.schedule);
-        p.chunks = match (self.chunks, p.schedule) {
-            (Some(c), _) => c,
-            (None, ScheduleKind::Interleaved) if p.chunks < 2 => 2,
-            (None, _) => p.chunks,
-        };
-        p
-    }
+/// `section.key=value` overrides for the flags that were given.
+fn overrides(pipeline: &PipelineArgs, elastic: &ElasticArgs) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut set = |key: &str, value: Option<String>| {
+        if let Some(v) = value {
+            out.push(format!("{key}={v}"));
+        }
+    };
+    // Enums and strings as TOML values, through their serde names.
+    let json = |v: Option<serde_json::Value>| v.map(|v| v.to_string());
+    set("pipeline.devices", pipeline.devices.map(|v| v.to_string()));
+    set("pipeline.pipeline_len", pipeline.pipeline_len.map(|v| v.to_string()));
+    set("pipeline.micro_batches", pipeline.micro_batches.map(|v| v.to_string()));
+    set("pipeline.replicas", pipeline.replicas.map(|v| v.to_string()));
+    set("pipeline.schedule", json(pipeline.schedule.and_then(|k| serde_json::to_value(k).ok())));
+    set("pipeline.chunks", pipeline.chunks.map(|v| v.to_string()));
+    set("pipeline.profile", pipeline.profile.then(|| "true".into()));
+    set("elastic.freeze", json(elastic.freeze.and_then(|f| serde_json::to_value(f).ok())));
+    set("elastic.alpha", elastic.alpha.map(|v| format!("{v:?}")));
+    set("elastic.freeze_interval", json(elastic.freeze_interval.and_then(|f| serde_json::to_value(f).ok())));
+    set("elastic.auto_pipe", elastic.auto_pipe.map(|v| v.to_string()));
+    set("elastic.auto_dp", elastic.auto_dp.map(|v| v.to_string()));
+    set("elastic.cache", elastic.cache.map(|v| v.to_string()));
+    set("elastic.cache_bytes", elastic.cache_bytes.map(|v| v.to_string()));
+    set("elastic.cache_dir", json(elastic.cache_dir.as_ref().map(|v| v.display().to_string().into())));
+    out
 }
 
 #[derive(Clone, Copy, ValueEnum)]
 enum PrecisionArg {
     F32,
     Bf16,
+}
+
+fn parse_from_str<T: std::str::FromStr<Err = pipetransformer::Error>>(s: &str) -> std::result::Result<T, String> {
+    s.parse().map_err(|e: pipetransformer::Error| e.to_string())
 }
 
 fn parse_device(s: &str) -> std::result::Result<DeviceKind, String> {
@@ -143,7 +193,10 @@ enum Command {
         device: DeviceArgs,
         #[command(flatten)]
         pipeline: PipelineArgs,
-        /// Write a Chrome trace of the pipelined steps (open in Perfetto or chrome://tracing).
+        #[command(flatten)]
+        elastic: ElasticArgs,
+        /// Write a Chrome trace of the steps and elastic transitions (open in Perfetto or
+        /// chrome://tracing).
         #[arg(long)]
         trace: Option<PathBuf>,
     },
@@ -158,6 +211,8 @@ enum Command {
         set: Vec<String>,
         #[command(flatten)]
         pipeline: PipelineArgs,
+        #[command(flatten)]
+        elastic: ElasticArgs,
     },
     /// Train a small randomly initialised model on one fixed random batch until it memorises it
     /// (forward, backward and AdamW working together); prints the loss curve.
@@ -214,10 +269,21 @@ enum Command {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
-        Command::Train { config, set, resume, fresh, device, pipeline, trace } => {
-            train(&config, &set, resume, fresh, device, &pipeline, trace.as_deref())
+        Command::Train { config, mut set, resume, fresh, device, pipeline, elastic, trace } => {
+            set.extend(overrides(&pipeline, &elastic));
+            let config = load_config(&config, &set)?;
+            let run = TrainRun { resume, fresh, trace: trace.as_deref() };
+            let (_, count) = config.pipeline.resolve()?;
+            let threads = config.output.threads;
+            match pipetransformer::run::open_devices(device.device, count, threads, device.precision())? {
+                AnyDevices::Cpu(devs) => train(devs, config, &run),
+                AnyDevices::Gpu(devs) => train(devs, config, &run),
+            }
         }
-        Command::Plan { config, set, pipeline } => plan(&config, &set, &pipeline),
+        Command::Plan { config, mut set, pipeline, elastic } => {
+            set.extend(overrides(&pipeline, &elastic));
+            plan(load_config(&config, &set)?)
+        }
         Command::Overfit { model, steps, lr, seed, threads, device } => {
             if steps == 0 {
                 bail!("--steps must be at least 1");
@@ -290,7 +356,7 @@ fn overfit<D: Device>(dev: &D, family: Family, steps: u64, lr: f64, seed: u64) -
         min_lr: lr / 10.0,
         warmup_steps: steps / 10,
         total_steps: steps,
-        decay: pipetransformer::train::Decay::Cosine,
+        decay: pipetransformer::optim::Decay::Cosine,
     };
     schedule.validate().context("learning-rate schedule")?;
     println!(
@@ -367,197 +433,140 @@ fn kernels(update: Option<&Path>) -> Result<()> {
         Some(path) => {
             let doc = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
             let fresh = kernels::with_table(&doc, &table)?;
-            pipetransformer::weights::write_atomic(path, |w| std::io::Write::write_all(w, fresh.as_bytes()))?;
+            pipetransformer::files::write_atomic(path, |w| std::io::Write::write_all(w, fresh.as_bytes()))?;
             println!("updated the ptxas table in {}", path.display());
         }
     }
     Ok(())
 }
 
-fn train(
-    config_path: &Path,
-    overrides: &[String],
-    resume: bool,
-    fresh: bool,
-    device: DeviceArgs,
-    pipeline: &PipelineArgs,
-    trace: Option<&Path>,
-) -> Result<()> {
-    let mut config = pipetransformer::run::RunConfig::load(config_path, overrides)
-        .with_context(|| format!("reading {}", config_path.display()))?;
-    config.pipeline = pipeline.apply(config.pipeline);
-    let threads = config.output.threads;
-    let p = config.pipeline;
-    let count = pipeline.devices.unwrap_or(p.replicas * p.pipeline_len);
-    if p.is_single() && count <= 1 {
-        let run = TrainRun { config_path, resume, fresh, profile: pipeline.profile, trace };
-        return on_device!(device.open(threads)?, train_on(Vec::new(), config, &run));
-    }
-    // The trainer's own device (data, evaluation, checkpoints) plus the pipeline's; CPU
-    // threads are shared out so the devices together use the machine once.
-    let cores = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
-    let per_device = (cores / count.max(1)).max(1);
-    let run = TrainRun { config_path, resume, fresh, profile: pipeline.profile, trace };
-    let precision = device.precision();
-    let main = device.open(threads)?;
-    match (main, AnyDevices::open(device.device, count, per_device, precision)?) {
-        (AnyDevice::Cpu(dev), AnyDevices::Cpu(devs)) => train_on(&dev, devs, config, &run),
-        (AnyDevice::Gpu(dev), AnyDevices::Gpu(devs)) => train_on(&dev, devs, config, &run),
-        _ => bail!("the trainer's device and the pipeline's devices resolved to different backends"),
-    }
+fn load_config(path: &Path, overrides: &[String]) -> Result<RunConfig> {
+    RunConfig::load(path, overrides).with_context(|| format!("reading {}", path.display()))
 }
 
 /// What `train` was asked besides the run config.
 struct TrainRun<'a> {
-    config_path: &'a Path,
     resume: bool,
     fresh: bool,
-    profile: bool,
     trace: Option<&'a Path>,
 }
 
-/// The units' costs for the partitioner: measured on `dev` for one micro-batch, or FLOPs at a
-/// nominal 100 GFLOP/s (only their ratios matter).
-fn unit_profiles<D: Device>(
-    dev: &D,
-    model: &mut pipetransformer::model::Model<D>,
-    source: &dyn pipetransformer::train::BatchSource,
-    pipeline: &PipelineConfig,
-    measure: bool,
-) -> Result<Vec<pipetransformer::pipeline::UnitProfile>> {
-    let parts = (pipeline.replicas * pipeline.micro_batches).max(1);
-    let first = source.train_batch(0, 0)?;
-    let micro = first.split(parts.min(first.batch.max(1)))?.swap_remove(0);
-    if measure {
-        return Ok(pipetransformer::pipeline::partition::profile_units(dev, model, &micro, 3)?);
-    }
-    // Hidden-state positions: the tokens, or the patches plus the class token.
-    let seq = match model.spec().input {
-        pipetransformer::model::InputSpec::Image { image_size, patch, .. } => (image_size / patch).pow(2) + 1,
-        pipetransformer::model::InputSpec::Tokens { .. } => micro.seq,
-    };
-    Ok(model
-        .costs(dev, seq)
-        .iter()
-        .zip(model.units())
-        .map(|(c, u)| pipetransformer::pipeline::UnitProfile::analytic(c, micro.batch, 1e11, u.trainable()))
-        .collect())
-}
-
-fn plan(config_path: &Path, overrides: &[String], args: &PipelineArgs) -> Result<()> {
-    let mut config = pipetransformer::run::RunConfig::load(config_path, overrides)
-        .with_context(|| format!("reading {}", config_path.display()))?;
-    let devices = args.devices.unwrap_or(config.pipeline.replicas * config.pipeline.pipeline_len);
-    let mut p = args.apply(config.pipeline);
-    if args.pipeline_len.is_none() && args.devices.is_some() {
-        // `--devices N` alone: one pipeline over all of them.
-        p.pipeline_len = (devices / p.replicas.max(1)).max(1);
-    }
-    config.pipeline = p;
-    let dev = CpuDevice::<f32>::new(0, config.output.threads)?;
-    let mut job = pipetransformer::run::Job::new(&dev, config).context("preparing the run")?;
-    let profiles = unit_profiles(&dev, &mut job.trainer.model, job.source.as_ref(), &p, args.profile)?;
-    let names = pipetransformer::pipeline::runtime::unit_names(job.trainer.model.units());
-    let plan = pipetransformer::pipeline::Plan::new(p, &profiles, names, devices)?;
+fn plan(config: RunConfig) -> Result<()> {
+    let (_, count) = config.pipeline.resolve()?;
+    let measured = config.pipeline.profile || config.elastic.auto_pipe;
+    let devices =
+        match pipetransformer::run::open_devices(DeviceKind::Cpu, count, config.output.threads, Precision::F32)? {
+            AnyDevices::Cpu(d) => d,
+            AnyDevices::Gpu(_) => bail!("plan runs on cpu devices"),
+        };
+    let job = Job::new(devices, config).context("preparing the run")?;
     println!(
         "costs: {}",
-        if args.profile { "measured on this machine's CPU, one micro-batch" } else { "FLOPs at a nominal 100 GFLOP/s" }
+        if measured { "measured on this machine's CPU, one micro-batch" } else { "FLOPs at a nominal 100 GFLOP/s" }
     );
-    print!("{plan}");
+    print!("{}", job.trainer.pipeline.plan());
     Ok(())
 }
 
-fn train_on<D: Device>(
-    dev: &D,
-    pipeline_devices: Vec<D>,
-    config: pipetransformer::run::RunConfig,
-    run: &TrainRun,
-) -> Result<()> {
+fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Result<()> {
     use indicatif::{ProgressBar, ProgressStyle};
-    use pipetransformer::run::Job;
-    use pipetransformer::train::Event;
 
-    let TrainRun { config_path, resume, fresh, .. } = *run;
-    println!("pipetransformer train: {} on {}", config_path.display(), dev.name());
-    let pipeline = config.pipeline;
-    let mut job = Job::new(dev, config).context("preparing the run")?;
+    let names: Vec<String> = devices.iter().map(Device::name).collect();
+    println!("pipetransformer train: {} on {}", config.output.dir.display(), names.join(", "));
+    let mut job = Job::new(devices, config).context("preparing the run")?;
     let ckpt = job.checkpoint_path();
-    if resume {
-        job.resume(dev).with_context(|| format!("resuming from {}", ckpt.display()))?;
-        println!(
-            "resumed at step {} (epoch {}, batch {})",
-            job.trainer.position.step, job.trainer.position.epoch, job.trainer.position.batch
-        );
-    } else if ckpt.exists() && !fresh {
+    if run.resume {
+        job.resume().with_context(|| format!("resuming from {}", ckpt.display()))?;
+        let p = job.trainer.position;
+        println!("resumed at step {} (epoch {}, batch {})", p.step, p.epoch, p.batch);
+    } else if ckpt.exists() && !run.fresh {
         bail!(
             "{} already holds a checkpoint: pass --resume to continue that run or --fresh to start over",
             ckpt.display()
         );
     }
-    if !pipeline_devices.is_empty() {
-        let profiles = unit_profiles(dev, &mut job.trainer.model, job.source.as_ref(), &pipeline, run.profile)?;
-        let names: Vec<String> = pipeline_devices.iter().map(Device::name).collect();
-        job.trainer.enable_pipeline(dev, pipeline_devices, pipeline, &profiles).context("planning the pipeline")?;
-        if let Some(p) = job.trainer.pipeline_mut() {
-            println!("devices: {}", names.join(", "));
-            print!("{}", p.plan());
-            // Replicas on GPUs sum their gradients over NCCL when it is installed.
-            let (k, r) = (p.plan().config.pipeline_len, p.plan().config.replicas);
-            if let Some(groups) = pipetransformer::comm::nccl::pipeline_groups(p.devices(), k, r)? {
-                p.set_communicators(Some(groups))?;
-                println!("replicas sum gradients over NCCL");
-            }
-        }
-    }
+    print!("{}", job.trainer.pipeline.plan());
     if run.trace.is_some() {
         job.trainer.trace = Some(Default::default());
     }
     let info = &job.info;
+    let lm = job.trainer.pipeline.spec().head == HeadSpec::TiedLmHead;
     println!(
         "data: {} — {} training / {} evaluation samples, {} {}",
         info.name,
         info.train,
         info.test,
         info.classes,
-        if job.trainer.model.spec().head == pipetransformer::model::HeadSpec::TiedLmHead {
-            "tokens"
-        } else {
-            "classes"
-        }
+        if lm { "tokens" } else { "classes" }
     );
-    println!("model: {:?}, {} parameters", job.trainer.model.spec().family, job.trainer.model.num_params());
+    println!("model: {:?}, {} parameters", job.trainer.pipeline.spec().family, job.trainer.pipeline.num_params());
     if let Some(report) = &job.load_report {
         println!("{report}");
     }
-    let total = job.trainer.schedule.total_steps;
+    let total = job.trainer.lr_schedule.total_steps;
     let bar = ProgressBar::new(total);
     bar.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}  [{elapsed_precise} < {eta_precise}]")
+        ProgressStyle::with_template("{bar:30} {pos}/{len} batches  {msg}  [{elapsed_precise} < {eta_precise}]")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    bar.set_position(job.trainer.position.step);
+    bar.set_position(job.trainer.batches_done());
+    let per_epoch = job.trainer.batches_per_epoch() as u64;
+    // A hidden bar (output not a terminal) swallows println: print directly then.
+    let say = |bar: &ProgressBar, line: String| if bar.is_hidden() { println!("{line}") } else { bar.println(line) };
     let started = Instant::now();
     let mut samples = 0usize;
-    let summary = job.run(dev, &mut |e| match e {
+    let summary = job.run(&mut |e| match e {
         Event::Step { step, loss, lr, samples: n, bubble, .. } => {
             samples += n;
             let rate = samples as f64 / started.elapsed().as_secs_f64().max(1e-9);
-            bar.set_position(*step);
+            // One step takes one source batch unless AutoDP's `scale-lr` grows the batch; the
+            // epoch's end sets the bar right either way.
+            bar.inc(1);
             let bubble = bubble
                 .map(|b| format!("  bubble {:.1}% (formula {:.1}%)", 100.0 * b.measured, 100.0 * b.formula))
                 .unwrap_or_default();
-            bar.set_message(format!("loss {loss:.4}  lr {lr:.2e}  {rate:.1} samples/s{bubble}"));
+            bar.set_message(format!("step {step}  loss {loss:.4}  lr {lr:.2e}  {rate:.1} samples/s{bubble}"));
         }
-        Event::Epoch { epoch, eval } => {
-            let line = format!(
-                "epoch {epoch}: eval loss {:.4}  accuracy {:.2}%  perplexity {:.3}",
-                eval.loss,
-                100.0 * eval.accuracy,
-                eval.perplexity
+        Event::Epoch { epoch, eval, .. } => {
+            bar.set_position((epoch + 1) * per_epoch);
+            say(
+                &bar,
+                format!(
+                    "epoch {epoch}: eval loss {:.4}  accuracy {:.2}%  perplexity {:.3}",
+                    eval.loss,
+                    100.0 * eval.accuracy,
+                    eval.perplexity
+                ),
             );
-            // A hidden bar (output not a terminal) swallows println: print directly then.
-            if bar.is_hidden() { println!("{line}") } else { bar.println(line) }
         }
+        Event::Transition(t) => say(
+            &bar,
+            format!(
+                "transition at step {}: {} → {} frozen layers, K {} → {}, R {} → {}, M {} → {}, stages {:?}, cache {}, {:.0} ms ({})",
+                t.step,
+                t.frozen_layers.0,
+                t.frozen_layers.1,
+                t.pipeline_len.0,
+                t.pipeline_len.1,
+                t.replicas.0,
+                t.replicas.1,
+                t.micro_batches.0,
+                t.micro_batches.1,
+                t.stages,
+                if t.cache { "on" } else { "off" },
+                t.seconds * 1e3,
+                t.reason
+            ),
+        ),
+        Event::Cache { epoch, hits, misses, entries, memory_bytes, disk_bytes } => say(
+            &bar,
+            format!(
+                "epoch {epoch}: cache {hits} hits / {misses} misses, {entries} samples, {:.1} MiB in memory, {:.1} MiB on disk",
+                *memory_bytes as f64 / (1 << 20) as f64,
+                *disk_bytes as f64 / (1 << 20) as f64
+            ),
+        ),
+        Event::Start { .. } => {}
     })?;
     bar.finish_and_clear();
     println!("done: {} steps in {:.1} s ({:.1} samples/s)", summary.steps, summary.seconds, summary.samples_per_second);
@@ -572,7 +581,10 @@ fn train_on<D: Device>(
     if let Some(u) = summary.unigram_baseline_loss {
         println!("unigram baseline held-out loss: {u:.4}");
     }
-    println!("wrote {}/{{metrics.jsonl, summary.json, checkpoint.ckpt, model/}}", job.config.output.dir.display());
+    println!(
+        "wrote {}/{{metrics.jsonl, summary.json, report.html, checkpoint.ckpt, model/}}",
+        job.config.output.dir.display()
+    );
     if let (Some(path), Some(trace)) = (run.trace, &job.trainer.trace) {
         trace.write(path).with_context(|| format!("writing {}", path.display()))?;
         println!("wrote the Chrome trace {}", path.display());

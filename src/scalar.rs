@@ -13,6 +13,19 @@ pub enum DType {
     F32,
     /// IEEE binary64 (gradient checks).
     F64,
+    /// bfloat16 (GPU activations; parameters keep f32 masters).
+    Bf16,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn bytes(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F64 => 8,
+            DType::Bf16 => 2,
+        }
+    }
 }
 
 /// A real floating-point element type the CPU kernels are generic over.

@@ -150,7 +150,7 @@ fn plan_prints_the_partition_schedule_and_bubble_and_refuses_bad_requests() {
         pipetransformer(&["plan", "--config", "configs/vit-digits.toml", "--devices", "2", "--replicas", "3"]);
     assert!(!ok && out.contains("need 3 devices; 2 available"), "{out}");
     let (ok, out) = pipetransformer(&["plan", "--config", "configs/vit-digits.toml", "--devices", "9"]);
-    assert!(!ok && out.contains("7 units"), "{out}");
+    assert!(!ok && out.contains("7 active units"), "{out}");
     let (ok, out) = pipetransformer(&["plan", "--config", "configs/vit-digits.toml", "--schedule", "zigzag"]);
     assert!(!ok && out.contains("expected gpipe, 1f1b or interleaved"), "{out}");
 }

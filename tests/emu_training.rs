@@ -8,7 +8,7 @@ mod common;
 use common::{tiny_batch, tiny_bert, tiny_gpt, tiny_vit};
 use pipetransformer::device::{CpuDevice, Device, GpuDevice, Precision};
 use pipetransformer::model::{Batch, ModelConfig, Pooling};
-use pipetransformer::train::{Optimizer, OptimizerConfig, train_step};
+use pipetransformer::optim::{Optimizer, OptimizerConfig, train_step};
 
 const STEPS: usize = 20;
 

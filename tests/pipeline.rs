@@ -7,9 +7,9 @@ mod common;
 
 use pipetransformer::device::{CpuDevice, Device, GpuDevice, Precision};
 use pipetransformer::model::{Batch, GptConfig, HostBatch, Model, ModelConfig, Pooling};
+use pipetransformer::optim::{Optimizer, OptimizerConfig, train_step};
 use pipetransformer::pipeline::partition::UnitProfile;
 use pipetransformer::pipeline::{Fault, Pipeline, PipelineConfig, ScheduleKind};
-use pipetransformer::train::{Optimizer, OptimizerConfig, train_step};
 
 const STEPS: u64 = 3;
 const LR: f64 = 1e-2;
@@ -257,7 +257,7 @@ fn bad_requests_are_refused_before_any_work() {
         let model = Model::new(&devices[0], &config, 7).unwrap();
         Pipeline::new(cpus(n), model, adamw(), plan, &prof).err().map(|e| e.to_string()).unwrap_or_default()
     };
-    assert!(refuse(cfg(12, 1, 2, ScheduleKind::OneFOneB), 12).contains("11 units"));
+    assert!(refuse(cfg(12, 1, 2, ScheduleKind::OneFOneB), 12).contains("11 active units"));
     assert!(refuse(cfg(2, 3, 2, ScheduleKind::OneFOneB), 4).contains("need 6 devices; 4 available"));
     assert!(refuse(cfg(2, 1, 0, ScheduleKind::OneFOneB), 4).contains("micro_batches"));
     let tight = PipelineConfig { memory_limit: Some(1 << 10), ..cfg(2, 1, 2, ScheduleKind::OneFOneB) };
@@ -265,4 +265,51 @@ fn bad_requests_are_refused_before_any_work() {
     let mut p = Pipeline::new(devices, model, adamw(), cfg(2, 2, 2, ScheduleKind::OneFOneB), &prof).unwrap();
     let e = p.step(&batch(&config, 2, 0), 1, LR, None).unwrap_err().to_string();
     assert!(e.contains("2 samples cannot feed 2 replica(s) × 2 micro-batches"), "{e}");
+}
+
+/// Loss and gradient norm at every step, not only the weights after clipped AdamW (which would
+/// hide a gradient off by a constant factor): GPT batches whose samples count different numbers
+/// of targets, so a micro-batch or replica weighted by its own target count instead of the
+/// global batch's would show.
+#[test]
+fn loss_and_gradient_norm_follow_one_device_at_every_step_with_unequal_targets() {
+    use pipetransformer::train::BatchSource;
+    let config = gpt();
+    let data = common::Pool::new(&config, 12, 6, 3);
+    let batches: Vec<HostBatch> = (0..STEPS as usize).map(|i| data.train_batch(0, i % 2).unwrap()).collect();
+    let counts: Vec<usize> = batches[0].split(6).unwrap().iter().map(HostBatch::target_count).collect();
+    assert!(counts.iter().any(|&c| c != counts[0]), "samples must count different targets: {counts:?}");
+    let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+    let mut model = Model::new(&dev, &config, 7).unwrap();
+    let mut opt = Optimizer::new(adamw()).unwrap();
+    let want: Vec<(f64, f64)> = batches
+        .iter()
+        .enumerate()
+        .map(|(s, host)| {
+            let b = Batch::upload(&dev, model.spec(), host, true, 1000 + s as u64).unwrap();
+            let st = train_step(&dev, &mut model, &mut opt, &b, LR, Some(1.0)).unwrap();
+            (st.loss, st.grad_norm)
+        })
+        .collect();
+    for (k, r, m) in [(1, 2, 1), (2, 1, 3), (2, 2, 2), (3, 1, 2), (1, 3, 2), (3, 2, 1)] {
+        for schedule in [ScheduleKind::Gpipe, ScheduleKind::OneFOneB] {
+            let mut p = pipeline(&config, cfg(k, r, m, schedule));
+            for (s, host) in batches.iter().enumerate() {
+                let got = p.step(host, 1000 + s as u64, LR, Some(1.0)).unwrap();
+                let (loss, norm) = want[s];
+                assert!(
+                    (got.loss - loss).abs() <= 1e-5 * loss,
+                    "K={k} R={r} M={m} {schedule} step {s}: loss {} vs {loss}",
+                    got.loss
+                );
+                assert!(
+                    (got.grad_norm - norm).abs() <= 1e-5 * norm,
+                    "K={k} R={r} M={m} {schedule} step {s}: gradient norm {} vs {norm}",
+                    got.grad_norm
+                );
+                let units: f64 = got.unit_grad_sq.iter().sum();
+                assert!((units.sqrt() - got.grad_norm).abs() <= 1e-9 * norm, "per-unit norms add up to the global one");
+            }
+        }
+    }
 }

@@ -22,8 +22,8 @@ fn run(config: &str, overrides: &[&str]) -> pipetransformer::run::Summary {
     sets.push(format!("output.dir={}", out.display()));
     let config = RunConfig::load(Path::new(config), &sets).unwrap();
     let dev = CpuDevice::<f32>::new(0, 0).unwrap();
-    let mut job = Job::new(&dev, config).unwrap();
-    let summary = job.run(&dev, &mut |_| {}).unwrap();
+    let mut job = Job::new(vec![dev], config).unwrap();
+    let summary = job.run(&mut |_| {}).unwrap();
     std::fs::remove_dir_all(&out).unwrap();
     summary
 }

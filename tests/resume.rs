@@ -6,7 +6,7 @@ mod common;
 use pipetransformer::Result;
 use pipetransformer::bench::random_batch;
 use pipetransformer::device::CpuDevice;
-use pipetransformer::model::{HostBatch, Model, ModelConfig};
+use pipetransformer::model::{HostBatch, ModelConfig};
 use pipetransformer::train::{BatchSource, Event, TrainConfig, Trainer};
 use std::path::PathBuf;
 
@@ -43,23 +43,21 @@ fn train_config() -> TrainConfig {
         lr: 1e-2,
         min_lr: 0.0,
         warmup_fraction: 0.25,
-        decay: pipetransformer::train::Decay::Cosine,
+        decay: pipetransformer::optim::Decay::Cosine,
         optimizer: Default::default(),
         max_grad_norm: 1.0,
         seed: 5,
     }
 }
 
-fn trainer(config: &ModelConfig) -> (CpuDevice<f32>, Trainer<CpuDevice<f32>>) {
+fn trainer(config: &ModelConfig) -> Trainer<CpuDevice<f32>> {
     let dev = CpuDevice::<f32>::new(0, 2).unwrap();
-    let model = Model::new(&dev, config, 3).unwrap();
-    let t = Trainer::new(model, train_config(), 4).unwrap();
-    (dev, t)
+    common::trainer_on(config, 3, vec![dev], Default::default(), train_config(), 4)
 }
 
-fn run(dev: &CpuDevice<f32>, t: &mut Trainer<CpuDevice<f32>>, src: &Synthetic, steps: Option<u64>) -> Vec<f64> {
+fn run(t: &mut Trainer<CpuDevice<f32>>, src: &Synthetic, steps: Option<u64>) -> Vec<f64> {
     let mut losses = Vec::new();
-    t.fit(dev, src, steps, &mut |e| {
+    t.fit(src, steps, &mut (), &mut |e| {
         if let Event::Step { loss, .. } = e {
             losses.push(*loss)
         }
@@ -77,27 +75,27 @@ fn resumed_run_is_bitwise_identical() {
     // Dropout on, a freeze in the middle: everything that must survive the checkpoint does.
     for config in [common::tiny_gpt(0.1), common::tiny_bert(pipetransformer::model::Pooling::Mean, 0.1)] {
         let src = Synthetic { config: config.clone(), fail_at: None };
-        let (dev, mut straight) = trainer(&config);
-        let mut all = run(&dev, &mut straight, &src, Some(3));
-        straight.model.freeze_prefix(&dev, 2).unwrap();
-        all.extend(run(&dev, &mut straight, &src, None));
+        let mut straight = trainer(&config);
+        let mut all = run(&mut straight, &src, Some(3));
+        straight.pipeline.freeze_prefix(2).unwrap();
+        all.extend(run(&mut straight, &src, None));
         assert_eq!(all.len(), 8);
 
         let path = tmp("ckpt");
-        let (dev, mut first) = trainer(&config);
-        let mut resumed = run(&dev, &mut first, &src, Some(3));
-        first.model.freeze_prefix(&dev, 2).unwrap();
-        resumed.extend(run(&dev, &mut first, &src, Some(2)));
-        first.save_checkpoint(&dev, &path).unwrap();
+        let mut first = trainer(&config);
+        let mut resumed = run(&mut first, &src, Some(3));
+        first.pipeline.freeze_prefix(2).unwrap();
+        resumed.extend(run(&mut first, &src, Some(2)));
+        first.save_checkpoint(&path, serde_json::json!({"mine": 1})).unwrap();
         drop(first);
-        let (dev, mut second) = trainer(&config);
-        second.load_checkpoint(&dev, &path).unwrap();
+        let mut second = trainer(&config);
+        assert_eq!(second.load_checkpoint(&path).unwrap(), serde_json::json!({"mine": 1}));
         assert_eq!(second.position.step, 5);
-        resumed.extend(run(&dev, &mut second, &src, None));
+        assert_eq!(second.pipeline.frozen_prefix(), 2);
+        resumed.extend(run(&mut second, &src, None));
         assert_eq!(all, resumed, "losses of 8 straight steps vs 5 + resume + 3");
-        for (a, b) in straight.model.params().iter().zip(second.model.params()) {
-            use pipetransformer::Device;
-            assert_eq!(dev.download(&a.value).unwrap(), dev.download(&b.value).unwrap(), "{}", a.name);
+        for (a, b) in straight.pipeline.parameters(0).unwrap().iter().zip(second.pipeline.parameters(0).unwrap()) {
+            assert_eq!(a, &b, "{}", a.0);
         }
         std::fs::remove_file(&path).unwrap();
     }
@@ -107,23 +105,23 @@ fn resumed_run_is_bitwise_identical() {
 fn corrupt_checkpoint_is_an_error_and_changes_nothing() {
     let config = common::tiny_gpt(0.0);
     let src = Synthetic { config: config.clone(), fail_at: None };
-    let (dev, mut t) = trainer(&config);
-    run(&dev, &mut t, &src, Some(2));
+    let mut t = trainer(&config);
+    run(&mut t, &src, Some(2));
     let path = tmp("corrupt");
-    t.save_checkpoint(&dev, &path).unwrap();
+    t.save_checkpoint(&path, serde_json::Value::Null).unwrap();
     let mut bytes = std::fs::read(&path).unwrap();
     let n = bytes.len();
     bytes[n / 2] ^= 0x40;
     std::fs::write(&path, &bytes).unwrap();
-    let (dev, mut fresh) = trainer(&config);
-    let err = fresh.load_checkpoint(&dev, &path).unwrap_err().to_string();
+    let mut fresh = trainer(&config);
+    let err = fresh.load_checkpoint(&path).unwrap_err().to_string();
     assert!(err.contains("corrupt") && err.contains("pt-resume"), "{err}");
     assert_eq!(fresh.position.step, 0);
     // A checkpoint for another model is refused by name.
     let other = common::tiny_bert(pipetransformer::model::Pooling::Mean, 0.0);
-    let (dev, t_other) = trainer(&other);
-    t_other.save_checkpoint(&dev, &path).unwrap();
-    let err = fresh.load_checkpoint(&dev, &path).unwrap_err().to_string();
+    let t_other = trainer(&other);
+    t_other.save_checkpoint(&path, serde_json::Value::Null).unwrap();
+    let err = fresh.load_checkpoint(&path).unwrap_err().to_string();
     assert!(err.contains("missing"), "{err}");
     std::fs::remove_file(&path).unwrap();
 }
@@ -132,13 +130,13 @@ fn corrupt_checkpoint_is_an_error_and_changes_nothing() {
 fn failed_run_keeps_the_good_checkpoint() {
     let config = common::tiny_gpt(0.0);
     let good = Synthetic { config: config.clone(), fail_at: None };
-    let (dev, mut t) = trainer(&config);
-    run(&dev, &mut t, &good, Some(1));
+    let mut t = trainer(&config);
+    run(&mut t, &good, Some(1));
     let path = tmp("keep");
-    t.save_checkpoint(&dev, &path).unwrap();
+    t.save_checkpoint(&path, serde_json::Value::Null).unwrap();
     let before = std::fs::read(&path).unwrap();
     let failing = Synthetic { config, fail_at: Some(2) };
-    let err = t.fit(&dev, &failing, None, &mut |_| {}).unwrap_err();
+    let err = t.fit(&failing, None, &mut (), &mut |_| {}).unwrap_err();
     assert!(err.to_string().contains("injected failure"));
     assert_eq!(std::fs::read(&path).unwrap(), before, "the good checkpoint is untouched");
     assert!(!path.with_extension("tmp").exists());

@@ -106,7 +106,10 @@ fn batch_pads_to_its_longest_item_and_masks_padding() {
         assert!(tokens[r.clone()].iter().skip(len).all(|&id| id == t.pad_id()));
         assert_eq!(tokens[r][len - 1], SEP);
     }
-    assert_eq!((b.host.targets.clone(), b.host.sample_offset, b.sample_ids), (vec![0, 1, 2], 12, vec![100, 101, 102]));
+    assert_eq!(
+        (b.host.targets.clone(), b.host.sample_offset, b.host.sample_ids),
+        (vec![0, 1, 2], 12, vec![100, 101, 102])
+    );
 }
 
 #[test]

@@ -6,7 +6,7 @@ mod common;
 use pipetransformer::bench::random_batch;
 use pipetransformer::device::CpuDevice;
 use pipetransformer::model::{Batch, GptConfig, Model, ModelConfig, VitConfig};
-use pipetransformer::train::{Optimizer, OptimizerConfig, train_step};
+use pipetransformer::optim::{Optimizer, OptimizerConfig, train_step};
 
 fn gpt() -> ModelConfig {
     ModelConfig::Gpt(GptConfig::without_dropout(16, 16, 32, 2, 4))

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 pub const ID_BYTES: usize = 128;
 
 fn nccl_error(what: &str) -> impl Fn(result::NcclError) -> Error + '_ {
-    move |e| Error::State { what: format!("nccl: {what}"), message: format!("{e:?}") }
+    move |e| Error::Device { what: format!("nccl: {what}"), message: format!("{e:?}") }
 }
 
 /// Whether the NCCL library can be loaded.
@@ -29,7 +29,7 @@ pub fn available() -> bool {
 /// A fresh unique id (rank 0 makes it; every member needs the same one).
 pub fn unique_id() -> Result<[u8; ID_BYTES]> {
     if !available() {
-        return Err(Error::State { what: "nccl".into(), message: "libnccl is not installed".into() });
+        return Err(Error::Device { what: "nccl".into(), message: "libnccl is not installed".into() });
     }
     let id = result::get_uniqueid().map_err(nccl_error("unique id"))?;
     Ok(id.internal.map(|c| c as u8))
@@ -47,13 +47,13 @@ pub fn rendezvous(
 ) -> Result<[u8; ID_BYTES]> {
     let io = |what: &str| {
         let what = what.to_string();
-        move |e: std::io::Error| Error::State {
+        move |e: std::io::Error| Error::Device {
             what: format!("nccl rendezvous at {addr}"),
             message: format!("{what}: {e}"),
         }
     };
     if rank == 0 {
-        let id = id.ok_or_else(|| Error::State {
+        let id = id.ok_or_else(|| Error::Device {
             what: "nccl rendezvous".into(),
             message: "rank 0 needs the id to send".into(),
         })?;
@@ -65,11 +65,10 @@ pub fn rendezvous(
         Ok(id)
     } else {
         let deadline = Instant::now() + timeout;
-        let target = addr
-            .to_socket_addrs()
-            .map_err(io("resolve"))?
-            .next()
-            .ok_or_else(|| Error::State { what: format!("nccl rendezvous at {addr}"), message: "no address".into() })?;
+        let target = addr.to_socket_addrs().map_err(io("resolve"))?.next().ok_or_else(|| Error::Device {
+            what: format!("nccl rendezvous at {addr}"),
+            message: "no address".into(),
+        })?;
         loop {
             match TcpStream::connect_timeout(&target, Duration::from_millis(500)) {
                 Ok(mut s) => {
@@ -111,7 +110,7 @@ impl NcclCommunicator {
         id: [u8; ID_BYTES],
     ) -> Result<Self> {
         if !available() {
-            return Err(Error::State { what: "nccl".into(), message: "libnccl is not installed".into() });
+            return Err(Error::Device { what: "nccl".into(), message: "libnccl is not installed".into() });
         }
         runtime.bind()?;
         let id = sys::ncclUniqueId { internal: id.map(|b| b as ::core::ffi::c_char) };
@@ -130,7 +129,7 @@ impl NcclCommunicator {
     /// is `runtimes[i]`'s GPU, collectives queue on its stream.
     pub fn group(runtimes: &[&crate::device::cuda::CudaRuntime]) -> Result<Vec<Self>> {
         if !available() {
-            return Err(Error::State { what: "nccl".into(), message: "libnccl is not installed".into() });
+            return Err(Error::Device { what: "nccl".into(), message: "libnccl is not installed".into() });
         }
         let ordinals: Vec<i32> = runtimes.iter().map(|r| r.ordinal() as i32).collect();
         let mut comms: Vec<sys::ncclComm_t> = vec![std::ptr::null_mut(); runtimes.len()];

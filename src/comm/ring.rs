@@ -51,14 +51,14 @@ impl RingCommunicator {
 
     fn recv(&self) -> Result<Vec<f32>> {
         let left = self.from_left.lock().unwrap_or_else(|e| e.into_inner());
-        left.recv_timeout(PEER_TIMEOUT).map_err(|e| Error::State {
+        left.recv_timeout(PEER_TIMEOUT).map_err(|e| Error::Device {
             what: format!("ring all-reduce member {}", self.rank),
             message: format!("no data from member {}: {e}", (self.rank + self.size - 1) % self.size),
         })
     }
 
     fn send(&self, data: Vec<f32>) -> Result<()> {
-        self.to_right.send(data).map_err(|_| Error::State {
+        self.to_right.send(data).map_err(|_| Error::Device {
             what: format!("ring all-reduce member {}", self.rank),
             message: format!("member {} has gone", (self.rank + 1) % self.size),
         })

@@ -282,6 +282,7 @@ pub fn image_batch(samples: &[&ImageSample], sample_offset: u64) -> Result<HostB
         pixels: Some(pixels),
         targets: samples.iter().map(|s| s.label).collect(),
         sample_offset,
+        sample_ids: samples.iter().map(|s| s.id).collect(),
         ..Default::default()
     })
 }

@@ -183,5 +183,13 @@ pub fn lm_batch(sequences: &[&LmSequence], sample_offset: u64) -> Result<HostBat
         tokens.extend_from_slice(&s.input);
         targets.extend_from_slice(&s.target);
     }
-    Ok(HostBatch { batch: sequences.len(), seq: t, tokens: Some(tokens), targets, sample_offset, ..Default::default() })
+    Ok(HostBatch {
+        batch: sequences.len(),
+        seq: t,
+        tokens: Some(tokens),
+        targets,
+        sample_offset,
+        sample_ids: sequences.iter().map(|s| s.id).collect(),
+        ..Default::default()
+    })
 }

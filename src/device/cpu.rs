@@ -133,7 +133,7 @@ impl<T: Float> Device for CpuDevice<T> {
     fn name(&self) -> String {
         format!("cpu:{} ({:?}, {} threads)", self.index, T::DTYPE, self.threads)
     }
-    fn dtype(&self) -> DType {
+    fn activation_dtype(&self) -> DType {
         T::DTYPE
     }
     fn len(buf: &Self::Buf) -> usize {

@@ -20,7 +20,7 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
 fn driver_error(what: &str) -> impl Fn(result::DriverError) -> Error + '_ {
-    move |e| Error::State { what: format!("cuda: {what}"), message: e.to_string() }
+    move |e| Error::Device { what: format!("cuda: {what}"), message: e.to_string() }
 }
 
 /// Whether a CUDA driver is installed and sees at least one GPU.

@@ -69,7 +69,7 @@ fn library() -> Result<&'static Library> {
         }
     })
     .as_ref()
-    .map_err(|e| Error::State { what: "cuda-emu".into(), message: e.clone() })
+    .map_err(|e| Error::Device { what: "cuda-emu".into(), message: e.clone() })
 }
 
 /// Names of every kernel in the emulated library, in registration order.
@@ -117,7 +117,7 @@ impl Runtime for EmuRuntime {
         // the pointer size.
         let rc = unsafe { posix_memalign(&mut p, 256, bytes.max(1)) };
         if rc != 0 || p.is_null() {
-            return Err(Error::State {
+            return Err(Error::Device {
                 what: "cuda-emu".into(),
                 message: format!("out of memory allocating {bytes} bytes"),
             });
@@ -145,7 +145,7 @@ impl Runtime for EmuRuntime {
     }
     fn launch(&self, kernel: &str, cfg: &LaunchConfig, params: &mut [*mut c_void]) -> Result<()> {
         let name = CString::new(kernel)
-            .map_err(|_| Error::State { what: kernel.into(), message: "bad kernel name".into() })?;
+            .map_err(|_| Error::Device { what: kernel.into(), message: "bad kernel name".into() })?;
         let mut err = vec![0 as c_char; 512];
         let (g, b) = (cfg.grid, cfg.block);
         // SAFETY: `params` points at live argument values laid out as the kernel declares them
@@ -171,7 +171,7 @@ impl Runtime for EmuRuntime {
         } else {
             // SAFETY: the library NUL-terminates its message within `err`.
             let msg = unsafe { CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned();
-            Err(Error::State { what: format!("cuda-emu launch of `{kernel}`"), message: msg })
+            Err(Error::Device { what: format!("cuda-emu launch of `{kernel}`"), message: msg })
         }
     }
     fn as_any(&self) -> &dyn std::any::Any {

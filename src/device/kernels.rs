@@ -25,7 +25,7 @@ pub fn source(file: &str) -> Result<String> {
     let (_, text) = SOURCES
         .iter()
         .find(|(stem, _)| *stem == file)
-        .ok_or_else(|| Error::State { what: "kernels".into(), message: format!("no kernel file `{file}.cu`") })?;
+        .ok_or_else(|| Error::Device { what: "kernels".into(), message: format!("no kernel file `{file}.cu`") })?;
     Ok(text.replace("#include \"common.cuh\"", embedded::COMMON))
 }
 
@@ -35,7 +35,7 @@ pub fn file_of(kernel: &str) -> Result<&'static str> {
         .iter()
         .find(|(k, _)| *k == kernel)
         .map(|(_, f)| *f)
-        .ok_or_else(|| Error::State { what: "kernels".into(), message: format!("no kernel named `{kernel}`") })
+        .ok_or_else(|| Error::Device { what: "kernels".into(), message: format!("no kernel named `{kernel}`") })
 }
 
 /// Where the CUDA wheels are unpacked: `PT_CUDA_HOME`, else `tools/cuda` in the source tree.
@@ -74,7 +74,7 @@ pub fn nvrtc() -> Result<()> {
             }
         })
         .clone()
-        .map_err(|message| Error::State { what: "nvrtc".into(), message })
+        .map_err(|message| Error::Device { what: "nvrtc".into(), message })
 }
 
 /// Include paths for `<cuda_bf16.h>` and `<mma.h>`.
@@ -95,7 +95,7 @@ fn compute_arch(arch: u32) -> Result<&'static str> {
         100 => "compute_100",
         120 => "compute_120",
         _ => {
-            return Err(Error::State {
+            return Err(Error::Device {
                 what: "nvrtc".into(),
                 message: format!("compute capability {}.{} is not supported", arch / 10, arch % 10),
             });
@@ -121,11 +121,11 @@ pub fn compile_ptx(file: &str, arch: u32) -> Result<String> {
         ..Default::default()
     };
     let ptx = cudarc::nvrtc::compile_ptx_with_opts(&src, opts)
-        .map_err(|e| Error::State { what: format!("nvrtc: kernels/{file}.cu for sm_{arch}"), message: e.to_string() })?
+        .map_err(|e| Error::Device { what: format!("nvrtc: kernels/{file}.cu for sm_{arch}"), message: e.to_string() })?
         .to_src();
     // The cache is an optimisation: failing to write it is not an error.
     if std::fs::create_dir_all(cache.parent().unwrap_or(Path::new("."))).is_ok() {
-        let _ = crate::weights::write_atomic(&cache, |w| std::io::Write::write_all(w, ptx.as_bytes()));
+        let _ = crate::files::write_atomic(&cache, |w| std::io::Write::write_all(w, ptx.as_bytes()));
     }
     Ok(ptx)
 }
@@ -173,13 +173,13 @@ pub fn ptxas_resources(file: &str, arch: u32) -> Result<Vec<Resources>> {
         .arg("-o")
         .arg(dir.join(format!("{file}-sm{arch}.cubin")))
         .output()
-        .map_err(|e| Error::State {
+        .map_err(|e| Error::Device {
             what: "ptxas".into(),
             message: format!("cannot run {} ({e}); run scripts/setup.sh cuda", ptxas.display()),
         })?;
     let log = String::from_utf8_lossy(&out.stderr).into_owned();
     if !out.status.success() {
-        return Err(Error::State { what: format!("ptxas: kernels/{file}.cu for sm_{arch}"), message: log });
+        return Err(Error::Device { what: format!("ptxas: kernels/{file}.cu for sm_{arch}"), message: log });
     }
     Ok(parse_ptxas(&log, arch))
 }
@@ -236,7 +236,7 @@ pub fn resource_table() -> Result<String> {
         .map(|(_, r)| format!("{} (sm_{}, {} bytes)", r.kernel, r.arch, r.spills))
         .collect();
     if !spilling.is_empty() {
-        return Err(Error::State {
+        return Err(Error::Device {
             what: "ptxas".into(),
             message: format!("kernels spill registers: {}", spilling.join(", ")),
         });
@@ -256,7 +256,7 @@ pub fn resource_table() -> Result<String> {
 
 /// `doc` with the text between [`TABLE_BEGIN`] and [`TABLE_END`] replaced by `table`.
 pub fn with_table(doc: &str, table: &str) -> Result<String> {
-    let missing = || Error::State {
+    let missing = || Error::Device {
         what: "docs/KERNELS.md".into(),
         message: format!("the markers `{TABLE_BEGIN}` and `{TABLE_END}` are missing"),
     };

@@ -34,8 +34,9 @@ pub trait Device: Send + Sync + 'static {
     // ---- identity and memory -----------------------------------------------------------
     /// Human-readable name, e.g. `cpu:0 (f32, 2 threads)`.
     fn name(&self) -> String;
-    /// The dtype activations and parameters are stored and computed in.
-    fn dtype(&self) -> DType;
+    /// The dtype activations are stored in (bf16 on a bf16 GPU device, whose parameters keep
+    /// f32 masters; the element type itself on the cpu backend).
+    fn activation_dtype(&self) -> DType;
     /// Elements in `buf`.
     fn len(buf: &Self::Buf) -> usize;
     /// A buffer of `len` elements with unspecified contents (reused allocations).

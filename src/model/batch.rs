@@ -33,6 +33,25 @@ pub struct HostBatch {
     /// Global index of the first sample, so that dropout masks of a micro-batch equal those of
     /// the same samples in the whole batch.
     pub sample_offset: u64,
+    /// Each sample's stable id in its dataset (`[batch]`; empty when the source has none): the
+    /// key of the frozen-activation cache, which must not depend on the batch a sample is in.
+    pub sample_ids: Vec<u64>,
+    /// The hidden states entering unit `depth`, when a cache supplies them: the model starts
+    /// there instead of at unit 0.
+    pub hidden: Option<Hidden>,
+}
+
+/// Hidden states entering unit `depth` of a model, `[batch, seq, width]` on the host: a frozen
+/// prefix's output (PipeTransformer's AutoCache), from which the first stage starts instead of
+/// running the frozen units again.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Hidden {
+    /// The unit these states enter.
+    pub depth: usize,
+    /// Elements per position (the model's hidden size).
+    pub width: usize,
+    /// Values, `[batch, seq, width]`.
+    pub data: Vec<f32>,
 }
 
 impl HostBatch {
@@ -64,11 +83,68 @@ impl HostBatch {
                     targets: self.targets[start * per_sample_targets..(start + n) * per_sample_targets].to_vec(),
                     position_offset: self.position_offset,
                     sample_offset: self.sample_offset + start as u64,
+                    sample_ids: self.sample_ids.get(start..start + n).map(<[u64]>::to_vec).unwrap_or_default(),
+                    hidden: self.hidden.as_ref().map(|h| {
+                        let per = h.data.len() / self.batch;
+                        Hidden { depth: h.depth, width: h.width, data: h.data[start * per..(start + n) * per].to_vec() }
+                    }),
                 };
                 start += n;
                 part
             })
             .collect())
+    }
+
+    /// Joins consecutive batches into one (a step that takes several of the source's batches).
+    /// Token sequences are padded to the longest (token 0, masked out, type 0; targets of a
+    /// language model padded with [`IGNORE_INDEX`]); the first part's offsets are kept, so the
+    /// parts must be consecutive in their epoch.
+    pub fn concat(parts: &[HostBatch]) -> Result<HostBatch> {
+        let Some(first) = parts.first() else {
+            return Err(crate::error::data_error("batches", "nothing to join"));
+        };
+        if parts.len() == 1 {
+            return Ok(first.clone());
+        }
+        let seq = parts.iter().map(|p| p.seq).max().unwrap_or(0);
+        let padded = |p: &HostBatch, v: &Option<Vec<u32>>, fill: u32| -> Option<Vec<u32>> {
+            v.as_ref().map(|v| {
+                let mut out = Vec::with_capacity(p.batch * seq);
+                for row in v.chunks(p.seq.max(1)) {
+                    out.extend_from_slice(row);
+                    out.resize(out.len() + seq - p.seq, fill);
+                }
+                out
+            })
+        };
+        let lm = first.targets.len() != first.batch;
+        let mut out = HostBatch { seq, position_offset: first.position_offset, ..first.clone() };
+        out.batch = parts.iter().map(|p| p.batch).sum();
+        let join = |f: &dyn Fn(&HostBatch) -> Option<Vec<u32>>| -> Option<Vec<u32>> {
+            parts.iter().map(f).collect::<Option<Vec<_>>>().map(|v| v.concat())
+        };
+        out.tokens = join(&|p| padded(p, &p.tokens, 0));
+        out.token_types = join(&|p| padded(p, &p.token_types, 0));
+        // A part without a mask is all real tokens; padding it needs one.
+        let needs_mask = parts.iter().any(|p| p.attention_mask.is_some() || p.seq != seq);
+        out.attention_mask = needs_mask.then(|| {
+            parts
+                .iter()
+                .flat_map(|p| {
+                    let mask = p.attention_mask.clone().unwrap_or_else(|| vec![1; p.batch * p.seq]);
+                    padded(p, &Some(mask), 0).unwrap_or_default()
+                })
+                .collect()
+        });
+        out.targets = if lm {
+            parts.iter().flat_map(|p| padded(p, &Some(p.targets.clone()), IGNORE_INDEX).unwrap_or_default()).collect()
+        } else {
+            parts.iter().flat_map(|p| p.targets.iter().copied()).collect()
+        };
+        out.pixels = parts.iter().map(|p| p.pixels.clone()).collect::<Option<Vec<_>>>().map(|v| v.concat());
+        out.sample_ids = parts.iter().flat_map(|p| p.sample_ids.iter().copied()).collect();
+        out.hidden = None;
+        Ok(out)
     }
 
     /// Targets that count (not [`IGNORE_INDEX`]).

@@ -50,7 +50,7 @@ impl<D: Device> Residual<D> {
         dev: &D,
         batch: &Batch<D>,
         x: D::Buf,
-        save: bool,
+        train: bool,
         branch: impl FnOnce(&D::Buf) -> Result<(D::Buf, S)>,
     ) -> Result<Forward<D, S>> {
         let rows = batch.rows();
@@ -59,7 +59,7 @@ impl<D: Device> Residual<D> {
             NormPlacement::Post => None,
         };
         let (z, branch_saved) = branch(pre.as_ref().map_or(&x, |(h, _)| h))?;
-        let z = self.dropout.forward(dev, batch, z, batch.seq * self.norm.dim)?;
+        let z = self.dropout.forward(dev, batch, z, batch.seq * self.norm.dim, train)?;
         let mut sum = dev.alloc(rows * self.norm.dim)?;
         dev.residual_forward(&mut sum, &x, &z)?;
         let (y, normed, sum, stats) = match pre {
@@ -69,7 +69,7 @@ impl<D: Device> Residual<D> {
                 (y, None, Some(sum), stats)
             }
         };
-        Ok((y, save.then_some((ResidualSaved { x, normed, sum, stats }, branch_saved))))
+        Ok((y, train.then_some((ResidualSaved { x, normed, sum, stats }, branch_saved))))
     }
 
     /// The forward reversed. `branch(dz, branch_input, need_input_grad)` runs the branch's
@@ -187,7 +187,7 @@ impl<D: Device> AttentionUnit<D> {
         })
     }
 
-    fn dims(&self, batch: &Batch<D>) -> AttentionDims {
+    fn dims(&self, batch: &Batch<D>, train: bool) -> AttentionDims {
         let (seed, offset) = batch.dropout_coords(self.attn_dropout.site, self.heads * batch.seq * batch.seq);
         AttentionDims {
             batch: batch.batch,
@@ -196,23 +196,23 @@ impl<D: Device> AttentionUnit<D> {
             heads: self.heads,
             head_dim: self.query.out_dim / self.heads,
             causal: self.causal,
-            dropout: if self.attn_dropout.active(batch) { self.attn_dropout.p } else { 0.0 },
+            dropout: if self.attn_dropout.active(train) { self.attn_dropout.p } else { 0.0 },
             dropout_seed: seed,
             dropout_offset: offset,
         }
     }
 
-    /// `[B, T, C] → [B, T, C]`; keeps activations when `save`.
+    /// `[B, T, C] → [B, T, C]`; in a training pass (`train`: dropout on, activations kept for the backward).
     pub fn forward(
         &self,
         dev: &D,
         batch: &Batch<D>,
         x: D::Buf,
-        save: bool,
+        train: bool,
     ) -> Result<(D::Buf, Option<AttentionSaved<D>>)> {
         let rows = batch.rows();
-        let d = self.dims(batch);
-        self.residual.forward(dev, batch, x, save, |inp| {
+        let d = self.dims(batch, train);
+        self.residual.forward(dev, batch, x, train, |inp| {
             let q = self.query.forward(dev, inp, rows)?;
             let k = self.key.forward(dev, inp, rows)?;
             let v = self.value.forward(dev, inp, rows)?;
@@ -235,7 +235,7 @@ impl<D: Device> AttentionUnit<D> {
     ) -> Result<Option<D::Buf>> {
         let rows = batch.rows();
         let c = self.query.out_dim;
-        let d = self.dims(batch);
+        let d = self.dims(batch, true);
         let (query, key, value, output) = (&mut self.query, &mut self.key, &mut self.value, &mut self.output);
         self.residual.backward(dev, batch, residual, dy, need_dinp, |dz, inp, need_dinp| {
             // z = attended · Woᵀ
@@ -333,10 +333,10 @@ impl<D: Device> MlpUnit<D> {
         })
     }
 
-    /// `[B, T, C] → [B, T, C]`; keeps activations when `save`.
-    pub fn forward(&self, dev: &D, batch: &Batch<D>, x: D::Buf, save: bool) -> Result<(D::Buf, Option<MlpSaved<D>>)> {
+    /// `[B, T, C] → [B, T, C]`; in a training pass (`train`: dropout on, activations kept for the backward).
+    pub fn forward(&self, dev: &D, batch: &Batch<D>, x: D::Buf, train: bool) -> Result<(D::Buf, Option<MlpSaved<D>>)> {
         let rows = batch.rows();
-        self.residual.forward(dev, batch, x, save, |inp| {
+        self.residual.forward(dev, batch, x, train, |inp| {
             let pre_act = self.fc_in.forward(dev, inp, rows)?;
             let mut act = dev.alloc(D::len(&pre_act))?;
             dev.gelu_forward(&mut act, &pre_act, self.act)?;

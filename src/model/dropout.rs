@@ -15,14 +15,24 @@ pub struct DropoutSite {
 }
 
 impl DropoutSite {
-    /// Whether this site drops anything in this batch.
-    pub fn active<D: Device>(&self, batch: &Batch<D>) -> bool {
-        batch.train && self.p > 0.0
+    /// Whether this site drops anything in a pass: only a training pass through a trainable
+    /// unit does (frozen units and evaluation run deterministically, so a frozen prefix's output
+    /// can be cached and reused exactly).
+    pub fn active(&self, train: bool) -> bool {
+        train && self.p > 0.0
     }
 
-    /// Applies dropout to `x` (`per_sample` elements per sample), consuming it.
-    pub fn forward<D: Device>(&self, dev: &D, batch: &Batch<D>, x: D::Buf, per_sample: usize) -> Result<D::Buf> {
-        if !self.active(batch) {
+    /// Applies dropout to `x` (`per_sample` elements per sample) in a training pass, consuming
+    /// it.
+    pub fn forward<D: Device>(
+        &self,
+        dev: &D,
+        batch: &Batch<D>,
+        x: D::Buf,
+        per_sample: usize,
+        train: bool,
+    ) -> Result<D::Buf> {
+        if !self.active(train) {
             return Ok(x);
         }
         let (seed, offset) = batch.dropout_coords(self.site, per_sample);
@@ -31,7 +41,8 @@ impl DropoutSite {
         Ok(out)
     }
 
-    /// The gradient through the same mask; `None` means "unchanged: use `dy`".
+    /// The gradient through the same mask (a backward always follows a training pass); `None`
+    /// means "unchanged: use `dy`".
     pub fn backward<D: Device>(
         &self,
         dev: &D,
@@ -39,7 +50,7 @@ impl DropoutSite {
         dy: &D::Buf,
         per_sample: usize,
     ) -> Result<Option<D::Buf>> {
-        if !self.active(batch) {
+        if !self.active(true) {
             return Ok(None);
         }
         let (seed, offset) = batch.dropout_coords(self.site, per_sample);

@@ -129,7 +129,7 @@ impl<D: Device> EmbeddingUnit<D> {
     }
 
     /// Embeds the batch's inputs into `[B, T, C]` hidden states.
-    pub fn forward(&self, dev: &D, batch: &Batch<D>, save: bool) -> Result<(D::Buf, Option<EmbeddingSaved<D>>)> {
+    pub fn forward(&self, dev: &D, batch: &Batch<D>, train: bool) -> Result<(D::Buf, Option<EmbeddingSaved<D>>)> {
         let rows = batch.rows();
         let c = self.dim;
         let (e, saved) = match &self.kind {
@@ -144,9 +144,9 @@ impl<D: Device> EmbeddingUnit<D> {
                 match norm {
                     Some(norm) => {
                         let (y, stats) = norm.forward(dev, &e, rows)?;
-                        (y, save.then_some(EmbeddingSaved { pre_norm: Some((e, stats)), patches: None }))
+                        (y, train.then_some(EmbeddingSaved { pre_norm: Some((e, stats)), patches: None }))
                     }
-                    None => (e, save.then_some(EmbeddingSaved { pre_norm: None, patches: None })),
+                    None => (e, train.then_some(EmbeddingSaved { pre_norm: None, patches: None })),
                 }
             }
             EmbeddingKind::Patches { projection, cls, position, channels, image_size, patch } => {
@@ -165,10 +165,10 @@ impl<D: Device> EmbeddingUnit<D> {
                 let mut e = dev.alloc(rows * c)?;
                 dev.prepend_token_forward(&mut e, &cls.value, &projected, batch.batch, n, c)?;
                 dev.embedding_forward(&mut e, &batch.positions, &position.value, c, true)?;
-                (e, save.then_some(EmbeddingSaved { pre_norm: None, patches: Some(patches) }))
+                (e, train.then_some(EmbeddingSaved { pre_norm: None, patches: Some(patches) }))
             }
         };
-        Ok((self.dropout.forward(dev, batch, e, batch.seq * c)?, saved))
+        Ok((self.dropout.forward(dev, batch, e, batch.seq * c, train)?, saved))
     }
 
     /// Accumulates the tables' gradients (there is no input gradient).
@@ -229,10 +229,10 @@ impl<D: Device> EmbeddingUnit<D> {
 /// The gradient buffer of a trainable parameter (an error for a frozen one).
 pub(crate) fn grad_of<D: Device>(p: &mut Param<D>) -> Result<&mut D::Buf> {
     let name = p.name.clone();
-    p.grad.as_mut().ok_or(Error::State { what: name, message: "backward through a frozen parameter".into() })
+    p.grad.as_mut().ok_or(Error::Internal { what: name, message: "backward through a frozen parameter".into() })
 }
 
 /// The error for a backward that finds no saved activation (forward ran without saving).
 pub(crate) fn missing_saved(what: &str) -> Error {
-    Error::State { what: what.into(), message: "no saved activation: the forward ran in eval mode or frozen".into() }
+    Error::Internal { what: what.into(), message: "no saved activation: the forward ran in eval mode or frozen".into() }
 }

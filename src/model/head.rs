@@ -29,10 +29,10 @@ impl<D: Device> FinalNormUnit<D> {
         dev: &D,
         batch: &Batch<D>,
         x: D::Buf,
-        save: bool,
+        train: bool,
     ) -> Result<(D::Buf, Option<FinalNormSaved<D>>)> {
         let (y, stats) = self.norm.forward(dev, &x, batch.rows())?;
-        Ok((y, save.then_some(FinalNormSaved { x, stats })))
+        Ok((y, train.then_some(FinalNormSaved { x, stats })))
     }
     /// `dx = LN'(dy)`.
     pub fn backward(&mut self, dev: &D, batch: &Batch<D>, s: FinalNormSaved<D>, dy: &D::Buf) -> Result<D::Buf> {
@@ -81,7 +81,7 @@ pub struct HeadSaved<D: Device> {
 
 impl<D: Device> HeadUnit<D> {
     /// Logits: `[B, num_labels]` for a classifier, `[B·T, vocab]` for the LM head.
-    pub fn forward(&self, dev: &D, batch: &Batch<D>, x: D::Buf, save: bool) -> Result<(D::Buf, Option<HeadSaved<D>>)> {
+    pub fn forward(&self, dev: &D, batch: &Batch<D>, x: D::Buf, train: bool) -> Result<(D::Buf, Option<HeadSaved<D>>)> {
         let (b, t, c) = (batch.batch, batch.seq, self.dim);
         match &self.kind {
             HeadKind::Classifier { pooling, pooler, classifier, dropout } => {
@@ -101,13 +101,13 @@ impl<D: Device> HeadUnit<D> {
                 };
                 // The classifier's input is kept apart from what the backward of tanh/pooling needs.
                 let features =
-                    dropout.forward(dev, batch, clone_buf(dev, pooled_tanh.as_ref().unwrap_or(&pooled))?, c)?;
+                    dropout.forward(dev, batch, clone_buf(dev, pooled_tanh.as_ref().unwrap_or(&pooled))?, c, train)?;
                 let logits = classifier.forward(dev, &features, b)?;
-                Ok((logits, save.then_some(HeadSaved { x: pooled, pooled_tanh, classifier_in: Some(features) })))
+                Ok((logits, train.then_some(HeadSaved { x: pooled, pooled_tanh, classifier_in: Some(features) })))
             }
             HeadKind::TiedLm { lm_head } => {
                 let logits = lm_head.forward(dev, &x, b * t)?;
-                Ok((logits, save.then_some(HeadSaved { x, pooled_tanh: None, classifier_in: None })))
+                Ok((logits, train.then_some(HeadSaved { x, pooled_tanh: None, classifier_in: None })))
             }
         }
     }

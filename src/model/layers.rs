@@ -160,7 +160,7 @@ impl<D: Device> LayerNorm<D> {
     ) -> Result<D::Buf> {
         let mut dinp = dev.alloc(rows * self.dim)?;
         let (Some(dw), Some(db)) = (self.weight.grad.as_mut(), self.bias.grad.as_mut()) else {
-            return Err(crate::Error::State {
+            return Err(crate::Error::Internal {
                 what: self.weight.name.clone(),
                 message: "backward through a frozen LayerNorm".into(),
             });

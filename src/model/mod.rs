@@ -16,7 +16,7 @@ pub mod param;
 pub mod replicate;
 pub mod unit;
 
-pub use batch::{Batch, HostBatch, IGNORE_INDEX};
+pub use batch::{Batch, Hidden, HostBatch, IGNORE_INDEX};
 pub use config::{
     BertConfig, Family, GptConfig, HeadSpec, InputSpec, ModelConfig, NormPlacement, Pooling, Spec, VitConfig,
 };
@@ -243,10 +243,7 @@ impl<D: Device> Model<D> {
     /// Per-unit costs at sequence length `seq` (the batch's hidden-state length), with
     /// activations counted in the device's dtype.
     pub fn costs(&self, dev: &D, seq: usize) -> Vec<UnitCost> {
-        let bytes = match dev.dtype() {
-            crate::scalar::DType::F32 => 4,
-            crate::scalar::DType::F64 => 8,
-        };
+        let bytes = dev.activation_dtype().bytes();
         self.units.iter().map(|u| u.cost(seq, bytes)).collect()
     }
 
@@ -261,29 +258,31 @@ impl<D: Device> Model<D> {
             saved.push(s);
             x = Some(y);
         }
-        let logits = x.ok_or_else(|| Error::State { what: "model".into(), message: "has no units".into() })?;
+        let logits = x.ok_or_else(|| Error::Internal { what: "model".into(), message: "has no units".into() })?;
         Ok((logits, saved))
     }
 
     /// Runs every unit except the head, saving nothing, and returns the last hidden states
     /// `[batch, seq, hidden]` (after the final norm for pre-LN models): Hugging Face's
-    /// `last_hidden_state`. Dropout follows `batch.train`, so an eval batch gives the
-    /// deterministic encoder output (used to check loaded weights against PyTorch).
+    /// `last_hidden_state`: the deterministic encoder output, without dropout (used to check
+    /// loaded weights against PyTorch).
     pub fn forward_hidden(&self, dev: &D, batch: &Batch<D>) -> Result<D::Buf> {
         let body = self.units.len().saturating_sub(1);
         let mut x = None;
         for unit in &self.units[..body] {
             x = Some(unit.forward(dev, batch, x.take(), false)?.0);
         }
-        x.ok_or_else(|| Error::State { what: "model".into(), message: "has no units before the head".into() })
+        x.ok_or_else(|| Error::Internal { what: "model".into(), message: "has no units before the head".into() })
     }
 
     /// Softmax cross-entropy of `logits` against the batch's targets. With `grad_scale`, also
     /// returns `dlogits` scaled by it (the caller passes `1/count` of the whole global batch,
     /// so micro-batches add up to the full batch's gradient).
     pub fn loss(&self, dev: &D, batch: &Batch<D>, logits: &D::Buf, grad_scale: Option<f64>) -> Result<LossOutput<D>> {
-        let head =
-            self.units.last().ok_or_else(|| Error::State { what: "model".into(), message: "has no units".into() })?;
+        let head = self
+            .units
+            .last()
+            .ok_or_else(|| Error::Internal { what: "model".into(), message: "has no units".into() })?;
         head_loss(dev, &self.spec, head, batch, logits, grad_scale)
     }
 
@@ -328,7 +327,8 @@ impl<D: Device> Model<D> {
         let out = self.loss(dev, batch, &logits, Some(scale))?;
         drop(logits);
         let mean = out.mean();
-        let dlogits = out.dlogits.ok_or_else(|| Error::State { what: "loss".into(), message: "no gradient".into() })?;
+        let dlogits =
+            out.dlogits.ok_or_else(|| Error::Internal { what: "loss".into(), message: "no gradient".into() })?;
         self.backward(dev, batch, saved, dlogits)?;
         self.sync_tied_grads(dev)?;
         Ok(mean)

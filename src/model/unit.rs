@@ -74,18 +74,19 @@ impl<D: Device> Unit<D> {
     }
 
     /// Runs the unit. `x` is `None` for the embedding unit and the previous unit's output for
-    /// the others. Activations are kept for the backward only when `save` (the model asks
-    /// for it in training mode above the frozen prefix); otherwise the unit runs forward only.
-    pub fn forward(&self, dev: &D, batch: &Batch<D>, x: Option<D::Buf>, save: bool) -> Result<(D::Buf, Saved<D>)> {
+    /// the others. A training pass (`train`: the model asks for one above the frozen prefix)
+    /// applies dropout and keeps activations for the backward; otherwise the unit runs forward
+    /// only and deterministically.
+    pub fn forward(&self, dev: &D, batch: &Batch<D>, x: Option<D::Buf>, train: bool) -> Result<(D::Buf, Saved<D>)> {
         let needs_input = |x: Option<D::Buf>| {
-            x.ok_or_else(|| Error::State { what: self.kind_name().into(), message: "no input hidden states".into() })
+            x.ok_or_else(|| Error::Internal { what: self.kind_name().into(), message: "no input hidden states".into() })
         };
         Ok(match self {
-            Unit::Embedding(u) => wrap(u.forward(dev, batch, save)?, Saved::Embedding),
-            Unit::Attention(u) => wrap(u.forward(dev, batch, needs_input(x)?, save)?, Saved::Attention),
-            Unit::Mlp(u) => wrap(u.forward(dev, batch, needs_input(x)?, save)?, Saved::Mlp),
-            Unit::FinalNorm(u) => wrap(u.forward(dev, batch, needs_input(x)?, save)?, Saved::FinalNorm),
-            Unit::Head(u) => wrap(u.forward(dev, batch, needs_input(x)?, save)?, Saved::Head),
+            Unit::Embedding(u) => wrap(u.forward(dev, batch, train)?, Saved::Embedding),
+            Unit::Attention(u) => wrap(u.forward(dev, batch, needs_input(x)?, train)?, Saved::Attention),
+            Unit::Mlp(u) => wrap(u.forward(dev, batch, needs_input(x)?, train)?, Saved::Mlp),
+            Unit::FinalNorm(u) => wrap(u.forward(dev, batch, needs_input(x)?, train)?, Saved::FinalNorm),
+            Unit::Head(u) => wrap(u.forward(dev, batch, needs_input(x)?, train)?, Saved::Head),
         })
     }
 
@@ -100,7 +101,7 @@ impl<D: Device> Unit<D> {
         need_dinp: bool,
     ) -> Result<Option<D::Buf>> {
         let name = self.kind_name();
-        let mismatch = || Error::State {
+        let mismatch = || Error::Internal {
             what: name.into(),
             message: "saved activations missing or of another unit (was the forward run in eval mode or frozen?)"
                 .into(),

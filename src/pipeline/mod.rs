@@ -2,19 +2,22 @@
 //!
 //! | module | defines |
 //! |---|---|
-//! | [`partition`] | `partition` (exact min-max split of the units under a memory limit), `UnitProfile`, `Partition` |
+//! | [`profile`] | `UnitProfile` (a unit's time and memory per micro-batch), `profile_units` (measured), `unit_profiles` (measured or from FLOPs) |
+//! | [`partition`] | `partition` (exact min-max split of the units under a memory limit, a frozen prefix pinned to stage 0), `Partition` |
 //! | [`plan`] | `PipelineConfig` (K, R, M, schedule, chunks, memory limit), `Plan` (checked, printable) |
-//! | [`trace`] | `StepTrace` (per-action times, measured bubble), `ChromeTrace` (Perfetto/chrome://tracing JSON) |
-//! | [`runtime`] | `Pipeline` (a model spread over devices: `step`, `replan`, `gather`), `Fault`, `PipelineStep` |
 //! | [`schedule`] | the schedule IR (`Action`, `Schedule`), the GPipe / 1F1B / interleaved generators, the validator |
+//! | [`runtime`] | `Pipeline` (a model spread over devices: `step`, `evaluate`, `replan`, `freeze_prefix`, `gather`), `Fault`, `PipelineStep` |
+//! | [`trace`] | `StepTrace` (per-action times, measured bubble), `ChromeTrace` (Perfetto/chrome://tracing JSON) |
 
 pub mod partition;
 pub mod plan;
+pub mod profile;
 pub mod runtime;
 pub mod schedule;
 pub mod trace;
 
-pub use partition::{Partition, UnitProfile, partition};
+pub use partition::{Partition, partition};
 pub use plan::{PipelineConfig, Plan};
-pub use runtime::{Fault, Pipeline, PipelineStep};
+pub use profile::{UnitProfile, profile_units, unit_profiles};
+pub use runtime::{EvalOutput, Fault, Pipeline, PipelineStep, StepOptions};
 pub use schedule::{Action, Schedule, ScheduleKind};

@@ -60,10 +60,44 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Plans `config` for units costing `units` on `devices` available devices. Every bad
-    /// request is an error here, before any work: `K` or `R` or `M` of 0, `R·K` above the
-    /// devices, more stages than units, a memory limit no split meets.
-    pub fn new(config: PipelineConfig, units: &[UnitProfile], unit_names: Vec<String>, devices: usize) -> Result<Plan> {
+    /// Plans `config` for units costing `units` on `devices` available devices, with the first
+    /// `pinned` units (a frozen prefix) on the first stage. Every bad request is an error here,
+    /// before any work: `K` or `R` or `M` of 0, `R·K` above the devices, more stages than
+    /// units, a memory limit no split meets.
+    pub fn new(
+        config: PipelineConfig,
+        units: &[UnitProfile],
+        unit_names: Vec<String>,
+        devices: usize,
+        pinned: usize,
+    ) -> Result<Plan> {
+        let schedule = Self::check(&config, units.len().saturating_sub(pinned), devices)?;
+        let partition = partition(units, schedule.stages, &schedule.peak_in_flight(), config.memory_limit, pinned)?;
+        Ok(Plan { config, partition, schedule, unit_names })
+    }
+
+    /// A plan with given stage boundaries (as a checkpoint recorded them).
+    pub fn with_stages(
+        config: PipelineConfig,
+        units: &[UnitProfile],
+        unit_names: Vec<String>,
+        devices: usize,
+        stages: Vec<std::ops::Range<usize>>,
+    ) -> Result<Plan> {
+        let schedule = Self::check(&config, units.len(), devices)?;
+        if stages.len() != schedule.stages {
+            return Err(config_error(
+                "partition",
+                format!("{} stages recorded for a plan of {}", stages.len(), schedule.stages),
+            ));
+        }
+        let partition = Partition::of(units, stages, &schedule.peak_in_flight())?;
+        Ok(Plan { config, partition, schedule, unit_names })
+    }
+
+    /// The schedule of `config`, after checking it against `units` to cut and `devices`.
+    fn check(config: &PipelineConfig, units: usize, devices: usize) -> Result<Schedule> {
+        let config = *config;
         let PipelineConfig { pipeline_len: k, replicas: r, micro_batches: m, .. } = config;
         if k == 0 {
             return Err(config_error("pipeline_len", "must be at least 1"));
@@ -81,19 +115,16 @@ impl Plan {
             ));
         }
         let stages = k * config.chunks;
-        if stages > units.len() {
+        if stages > units {
             return Err(config_error(
                 "pipeline_len",
                 format!(
-                    "{stages} stages ({k} devices × {} chunks) cannot be cut from the model's {} units",
+                    "{stages} stages ({k} devices × {} chunks) cannot be cut from the model's {units} active units",
                     config.chunks,
-                    units.len()
                 ),
             ));
         }
-        let schedule = Schedule::generate(config.schedule, k, config.chunks, m)?;
-        let partition = partition(units, stages, &schedule.peak_in_flight(), config.memory_limit)?;
-        Ok(Plan { config, partition, schedule, unit_names })
+        Schedule::generate(config.schedule, k, config.chunks, m)
     }
 
     /// Virtual stages.
@@ -195,8 +226,8 @@ mod tests {
     #[test]
     fn bad_requests_fail_before_any_work_with_the_field_named() {
         let cfg = |k, r, m| PipelineConfig { pipeline_len: k, replicas: r, micro_batches: m, ..Default::default() };
-        let err = |c: PipelineConfig, devices| Plan::new(c, &units(6), names(6), devices).unwrap_err().to_string();
-        assert!(err(cfg(7, 1, 2), 8).contains("6 units"));
+        let err = |c: PipelineConfig, devices| Plan::new(c, &units(6), names(6), devices, 0).unwrap_err().to_string();
+        assert!(err(cfg(7, 1, 2), 8).contains("6 active units"));
         assert!(err(cfg(2, 3, 2), 4).contains("need 6 devices; 4 available"));
         assert!(err(cfg(2, 1, 0), 4).contains("micro_batches"));
         assert!(err(cfg(0, 1, 1), 4).contains("pipeline_len"));
@@ -211,6 +242,7 @@ mod tests {
             &units(6),
             names(6),
             3,
+            0,
         )
         .unwrap();
         let text = p.to_string();

@@ -107,6 +107,16 @@ impl ChromeTrace {
         self.devices = self.devices.max(trace.per_device.len());
     }
 
+    /// Appends a span on a row of its own (`elastic`) for something between steps that took
+    /// `seconds`: an elastic transition, named by what it changed.
+    pub fn push_between(&mut self, name: &str, seconds: f64, args: serde_json::Value) {
+        self.events.push(serde_json::json!({
+            "name": name, "cat": "transition", "ph": "X", "pid": 0, "tid": "elastic",
+            "ts": self.clock * 1e6, "dur": seconds * 1e6, "args": args,
+        }));
+        self.clock += seconds;
+    }
+
     /// Writes the trace (atomically) as `{"traceEvents": [...]}`, rows named `device N`.
     pub fn write(&self, path: &Path) -> crate::error::Result<()> {
         let mut events: Vec<serde_json::Value> = (0..self.devices)
@@ -114,7 +124,7 @@ impl ChromeTrace {
             .collect();
         events.extend(self.events.iter().cloned());
         let doc = serde_json::json!({ "traceEvents": events, "displayTimeUnit": "ms" });
-        crate::weights::write_atomic(path, |w| serde_json::to_writer(w, &doc).map_err(std::io::Error::other))
+        crate::files::write_atomic(path, |w| serde_json::to_writer(w, &doc).map_err(std::io::Error::other))
     }
 }
 

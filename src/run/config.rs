@@ -2,8 +2,10 @@
 //! Every section denies unknown keys, so a typo is an error naming the key, never a silently
 //! ignored setting.
 
-use crate::error::{Error, Result};
+use crate::elastic::ElasticConfig;
+use crate::error::{Error, Result, config_error};
 use crate::model::{ModelConfig, Pooling};
+use crate::pipeline::{PipelineConfig, ScheduleKind};
 use crate::train::TrainConfig;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -110,7 +112,89 @@ pub struct RunConfig {
     pub output: OutputSection,
     /// How a step is spread over devices (one device unless set).
     #[serde(default)]
-    pub pipeline: crate::pipeline::PipelineConfig,
+    pub pipeline: PipelineSection,
+    /// PipeTransformer: freezing, AutoPipe, AutoDP, AutoCache (all off unless set).
+    #[serde(default)]
+    pub elastic: ElasticConfig,
+}
+
+/// The `[pipeline]` section: the devices a run may use and the initial plan on them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PipelineSection {
+    /// Devices the run may use (`--devices`): the initial plan's `R·K`, plus any AutoDP may
+    /// turn into replicas later. Default: `R·K`.
+    pub devices: Option<usize>,
+    /// Devices per pipeline (`K`). Default: all the devices over the replicas.
+    pub pipeline_len: Option<usize>,
+    /// Data-parallel replicas of the pipeline (`R`).
+    pub replicas: usize,
+    /// Micro-batches per replica per step (`M`).
+    pub micro_batches: usize,
+    /// Schedule family.
+    pub schedule: ScheduleKind,
+    /// Model chunks per device (default 2 for the interleaved schedule, else 1).
+    pub chunks: Option<usize>,
+    /// Bytes each device may hold (weights, gradients, optimizer state, activations in flight).
+    pub memory_limit: Option<usize>,
+    /// Partition by each unit's measured time on the device instead of its FLOPs.
+    pub profile: bool,
+}
+
+impl Default for PipelineSection {
+    fn default() -> Self {
+        Self {
+            devices: None,
+            pipeline_len: None,
+            replicas: 1,
+            micro_batches: 1,
+            schedule: ScheduleKind::OneFOneB,
+            chunks: None,
+            memory_limit: None,
+            profile: false,
+        }
+    }
+}
+
+impl PipelineSection {
+    /// The initial plan's settings and the devices the run may use. `--devices N` means the
+    /// same for every command: `N` devices, one pipeline of `N/R` unless `K` is given.
+    pub fn resolve(&self) -> Result<(PipelineConfig, usize)> {
+        let r = self.replicas;
+        for (field, value) in [
+            ("pipeline.replicas", Some(r)),
+            ("pipeline.micro_batches", Some(self.micro_batches)),
+            ("pipeline.pipeline_len", self.pipeline_len),
+            ("pipeline.devices", self.devices),
+            ("pipeline.chunks", self.chunks),
+        ] {
+            if value == Some(0) {
+                return Err(config_error(field, "must be at least 1"));
+            }
+        }
+        let k = match (self.pipeline_len, self.devices) {
+            (Some(k), _) => k,
+            (None, Some(n)) => (n / r).max(1),
+            (None, None) => 1,
+        };
+        let devices = self.devices.unwrap_or(k * r);
+        if devices < k * r {
+            return Err(config_error(
+                "pipeline.devices",
+                format!("{r} replicas × {k} pipeline stages need {} devices; {devices} available", k * r),
+            ));
+        }
+        let chunks = self.chunks.unwrap_or(if self.schedule == ScheduleKind::Interleaved { 2 } else { 1 });
+        let config = PipelineConfig {
+            pipeline_len: k,
+            replicas: r,
+            micro_batches: self.micro_batches,
+            schedule: self.schedule,
+            chunks,
+            memory_limit: self.memory_limit,
+        };
+        Ok((config, devices))
+    }
 }
 
 fn run_error(message: impl Into<String>) -> Error {
@@ -160,6 +244,7 @@ impl RunConfig {
         if self.train.epochs == 0 && self.train.max_steps == 0 {
             return Err(Error::Config { field: "train.epochs".into(), message: "must be at least 1".into() });
         }
+        self.pipeline.resolve()?;
         Ok(())
     }
 }

@@ -6,14 +6,19 @@ use super::config::{DatasetName, RunConfig};
 use super::source::{SampleSource, subset};
 use crate::data::{self, ImageSample, LmSequence, TextSample};
 use crate::device::Device;
-use crate::error::{Error, Result};
-use crate::model::{Family, Model, ModelConfig};
+use crate::elastic::Elastic;
+use crate::elastic::autodp::rebuild_communicators;
+use crate::elastic::controller::Surroundings;
+use crate::error::{Error, Result, config_error, internal};
+use crate::files::{self, io_error};
+use crate::model::{Family, InputSpec, Model, ModelConfig};
+use crate::pipeline::{Pipeline, UnitProfile, unit_profiles};
 use crate::text::{TextInput, TextItem, TextTokenizer, text_batch};
 use crate::train::{BatchSource, EvalMetrics, Event, Trainer};
 use crate::weights::{self, LoadOptions, LoadReport};
 use serde::Serialize;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 /// What the data turned out to be, for building the model and for the summary.
@@ -27,16 +32,24 @@ pub struct DataInfo {
     pub train: usize,
     /// Evaluation samples.
     pub test: usize,
+    /// Whether training samples are randomly augmented (none of the built-in datasets is;
+    /// AutoCache refuses such data unless told otherwise).
+    pub augmented: bool,
 }
 
 /// Loads the dataset of `config` and wraps it as a batch source.
-pub fn prepare_data(config: &RunConfig) -> Result<(Box<dyn BatchSource + Send + Sync>, DataInfo)> {
+pub fn prepare_data(config: &RunConfig) -> Result<(Box<dyn BatchSource>, DataInfo)> {
     let d = &config.data;
     let seed = config.train.seed;
     let eval_bs = d.eval_batch_size.unwrap_or(d.batch_size);
     let dir = &d.dir;
-    let info =
-        |name: &str, classes: usize, train: usize, test: usize| DataInfo { name: name.into(), classes, train, test };
+    let info = |name: &str, classes: usize, train: usize, test: usize| DataInfo {
+        name: name.into(),
+        classes,
+        train,
+        test,
+        augmented: false,
+    };
     match d.dataset {
         DatasetName::RottenTomatoes | DatasetName::ReutersR8 => {
             let split = match d.dataset {
@@ -155,34 +168,80 @@ pub struct Summary {
     pub samples_per_second: f64,
     /// Final evaluation.
     pub eval: Option<EvalMetrics>,
+    /// Frozen Transformer layers at the end.
+    pub frozen_layers: usize,
+    /// The plan at the end: pipeline length, replicas, micro-batches.
+    pub final_plan: (usize, usize, usize),
     /// For language models: the held-out loss of predicting each character by its training
     /// frequency alone (the unigram baseline the model must beat).
     pub unigram_baseline_loss: Option<f64>,
 }
 
-/// A run: its config, data, trainer and output paths.
+/// A run: its config, data, trainer, elastic controller and output paths.
 pub struct Job<D: Device> {
     /// The configuration.
     pub config: RunConfig,
     /// Batches.
-    pub source: Box<dyn BatchSource + Send + Sync>,
+    pub source: Box<dyn BatchSource>,
     /// What the data is.
     pub info: DataInfo,
     /// The model's configuration (exported next to the weights).
     pub model_config: ModelConfig,
-    /// Model, optimizer and position.
+    /// The pipeline (the only copy of the model), its schedule and position.
     pub trainer: Trainer<D>,
+    /// PipeTransformer's controller (does nothing with the `[elastic]` section off).
+    pub elastic: Elastic,
     /// What loading pretrained weights found, if any were loaded.
     pub load_report: Option<LoadReport>,
+    resumed: bool,
 }
 
 impl<D: Device> Job<D> {
-    /// Loads data and builds the model and trainer for `config`.
-    pub fn new(dev: &D, config: RunConfig) -> Result<Self> {
+    /// Builds the whole run from `config` on `devices` (as many as
+    /// [`PipelineSection::resolve`](super::config::PipelineSection::resolve) asks for): the
+    /// data, the model (pretrained or new) on the first device, the units' costs, the plan,
+    /// the pipeline with its communicators (NCCL between GPU replicas when installed), the
+    /// trainer and the elastic controller. Every setting is checked before anything is
+    /// written.
+    pub fn new(devices: Vec<D>, config: RunConfig) -> Result<Self> {
+        let (plan, count) = config.pipeline.resolve()?;
+        if devices.len() < count {
+            return Err(config_error("devices", format!("the run needs {count} devices; {} given", devices.len())));
+        }
         let (source, info) = prepare_data(&config)?;
-        let (model, model_config, load_report) = build_model(dev, &config, &info)?;
-        let trainer = Trainer::new(model, config.train.clone(), source.batches_per_epoch())?;
-        Ok(Self { config, source, info, model_config, trainer, load_report })
+        let (mut model, model_config, load_report) = build_model(&devices[0], &config, &info)?;
+        let spec = model.spec().clone();
+        config.elastic.validate(spec.layers, info.augmented)?;
+        // The units' costs, measured where AutoPipe balances on them, for one micro-batch of
+        // the first training batch; kept per sample.
+        let first = source.train_batch(0, 0)?;
+        let micro = first.split((plan.replicas * plan.micro_batches).clamp(1, first.batch))?.swap_remove(0);
+        let measure = config.pipeline.profile || config.elastic.auto_pipe;
+        let per_sample: Vec<UnitProfile> = unit_profiles(&devices[0], &mut model, &micro, measure)?
+            .iter()
+            .map(|p| p.scaled(1.0 / micro.batch as f64))
+            .collect();
+        let micro_samples = first.batch.div_ceil(plan.replicas).div_ceil(plan.micro_batches);
+        let profiles: Vec<UnitProfile> = per_sample.iter().map(|p| p.scaled(micro_samples as f64)).collect();
+        let mut devices = devices;
+        devices.truncate(count);
+        let mut pipeline = Pipeline::new(devices, model, config.train.optimizer, plan, &profiles)?;
+        rebuild_communicators(&mut pipeline)?;
+        let trainer = Trainer::new(pipeline, config.train.clone(), source.batches_per_epoch(), per_sample)?;
+        let positions = match spec.input {
+            InputSpec::Image { image_size, patch, .. } => (image_size / patch).pow(2) + 1,
+            InputSpec::Tokens { .. } => config.data.max_len,
+        };
+        let around = Surroundings {
+            layers: spec.layers,
+            devices: count,
+            initial_replicas: plan.replicas,
+            batch: config.data.batch_size,
+            positions,
+            width: spec.hidden,
+        };
+        let elastic = Elastic::new(config.elastic.clone(), around, &config.output.dir.join("cache"))?;
+        Ok(Self { config, source, info, model_config, trainer, elastic, load_report, resumed: false })
     }
 
     /// The checkpoint file of this run.
@@ -195,8 +254,9 @@ impl<D: Device> Job<D> {
         self.config.output.dir.join("metrics.jsonl")
     }
 
-    /// Continues from this run's checkpoint.
-    pub fn resume(&mut self, dev: &D) -> Result<()> {
+    /// Continues from this run's checkpoint: position, frozen prefix, plan, weights, optimizer
+    /// state and the elastic controller's state (the activation cache is rebuilt).
+    pub fn resume(&mut self) -> Result<()> {
         let path = self.checkpoint_path();
         if !path.exists() {
             return Err(Error::Io {
@@ -204,13 +264,19 @@ impl<D: Device> Job<D> {
                 source: std::io::Error::new(std::io::ErrorKind::NotFound, "no checkpoint to resume from"),
             });
         }
-        self.trainer.load_checkpoint(dev, &path)
+        let state = self.trainer.load_checkpoint(&path)?;
+        self.elastic.restore(state)?;
+        if self.trainer.pipeline.plan().config.replicas > 1 {
+            rebuild_communicators(&mut self.trainer.pipeline)?;
+        }
+        self.resumed = true;
+        Ok(())
     }
 
     /// Trains to the end, checkpointing every `output.checkpoint_every` steps and at the end,
     /// appending every event to the metrics log and passing it to `on_event`; then writes
-    /// `summary.json` and exports the model to `output.dir/model/`.
-    pub fn run(&mut self, dev: &D, on_event: &mut dyn FnMut(&Event)) -> Result<Summary> {
+    /// `summary.json`, `report.html` and the exported model to `output.dir/model/`.
+    pub fn run(&mut self, on_event: &mut dyn FnMut(&Event)) -> Result<Summary> {
         let out = self.config.output.dir.clone();
         std::fs::create_dir_all(&out).map_err(|e| io_error(&out, e))?;
         let metrics_path = self.metrics_path();
@@ -221,44 +287,60 @@ impl<D: Device> Job<D> {
             .map_err(|e| io_error(&metrics_path, e))?;
         let every = self.config.output.checkpoint_every;
         let start = Instant::now();
-        let (mut samples, mut last_eval, mut write_error) = (0usize, None, None);
-        while !self.trainer.done() {
-            let chunk = (every > 0).then_some(every);
-            self.trainer.fit(dev, self.source.as_ref(), chunk, &mut |e| {
+        let (mut samples, mut last_eval) = (0usize, None);
+        // The first failed write of the log, checked at each checkpoint.
+        let write_error = std::cell::Cell::new(None);
+        {
+            let mut log = |e: &Event| {
                 match e {
                     Event::Step { samples: n, .. } => samples += n,
                     Event::Epoch { eval, .. } => last_eval = Some(*eval),
+                    _ => {}
                 }
                 if let Ok(line) = serde_json::to_string(e)
                     && let Err(err) = writeln!(metrics, "{line}")
                 {
-                    write_error.get_or_insert(err);
+                    let first = write_error.take().unwrap_or(err);
+                    write_error.set(Some(first));
                 }
                 on_event(e);
-            })?;
-            if let Some(err) = write_error.take() {
-                return Err(io_error(&metrics_path, err));
+            };
+            log(&Event::Start { resumed: self.resumed, step: self.trainer.position.step });
+            if !self.resumed {
+                self.elastic.start(&mut self.trainer, &mut log)?;
             }
-            self.trainer.save_checkpoint(dev, &self.checkpoint_path())?;
+            while !self.trainer.done() {
+                let chunk = (every > 0).then_some(every);
+                self.trainer.fit(self.source.as_ref(), chunk, &mut self.elastic, &mut log)?;
+                if let Some(err) = write_error.take() {
+                    return Err(io_error(&metrics_path, err));
+                }
+                self.trainer.save_checkpoint(&self.checkpoint_path(), self.elastic.state())?;
+            }
         }
         let seconds = start.elapsed().as_secs_f64();
         if last_eval.is_none() {
-            last_eval = Some(self.trainer.evaluate(dev, self.source.as_ref())?);
+            last_eval = Some(self.trainer.evaluate(self.source.as_ref())?);
         }
+        let p = self.trainer.pipeline.plan().config;
         let summary = Summary {
             data: self.info.clone(),
-            family: self.trainer.model.spec().family,
-            parameters: self.trainer.model.num_params(),
+            family: self.trainer.pipeline.spec().family,
+            parameters: self.trainer.pipeline.num_params(),
             steps: self.trainer.position.step,
             seconds,
             samples_per_second: samples as f64 / seconds.max(1e-9),
             eval: last_eval,
+            frozen_layers: self.elastic.frozen_layers(),
+            final_plan: (p.pipeline_len, p.replicas, p.micro_batches),
             unigram_baseline_loss: self.unigram_baseline()?,
         };
-        let json = serde_json::to_vec_pretty(&summary)
-            .map_err(|e| Error::State { what: "summary".into(), message: e.to_string() })?;
-        weights::write_atomic(&out.join("summary.json"), |w| w.write_all(&json))?;
-        weights::export_model(&self.trainer.model, dev, &self.model_config, out.join("model"))?;
+        let json = serde_json::to_vec_pretty(&summary).map_err(|e| internal("summary", e.to_string()))?;
+        files::write_atomic(&out.join("summary.json"), |w| w.write_all(&json))?;
+        let dev = &self.trainer.pipeline.devices()[0];
+        let model = self.trainer.pipeline.gather(dev)?;
+        weights::export_model(&model, dev, &self.model_config, out.join("model"))?;
+        super::report::write_report(&metrics_path, &out.join("report.html"), &self.config)?;
         Ok(summary)
     }
 
@@ -284,8 +366,4 @@ pub fn unigram_loss(train: &[u32], held_out: &[u32], vocab: usize) -> f64 {
     let total: f64 = counts.iter().sum();
     let nll: f64 = held_out.iter().map(|&t| -(counts.get(t as usize).copied().unwrap_or(1.0) / total).ln()).sum();
     nll / held_out.len().max(1) as f64
-}
-
-fn io_error(path: &Path, source: std::io::Error) -> Error {
-    Error::Io { path: path.display().to_string(), source }
 }

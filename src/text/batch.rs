@@ -7,7 +7,7 @@ use crate::model::HostBatch;
 /// One labelled sample.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TextItem<'a> {
-    /// The data set's id for the sample, carried through to [`TextBatch::sample_ids`] (e.g.
+    /// The data set's id for the sample, carried through to [`HostBatch::sample_ids`] (e.g.
     /// to key cached activations of frozen layers).
     pub id: u64,
     /// The text, or text pair.
@@ -21,8 +21,6 @@ pub struct TextItem<'a> {
 pub struct TextBatch {
     /// Tokens, token types, attention mask and labels, padded to the longest sample.
     pub host: HostBatch,
-    /// [`TextItem::id`] of each row, in row order.
-    pub sample_ids: Vec<u64>,
     /// Real (unpadded) tokens of each row.
     pub lengths: Vec<usize>,
     /// Rows that lost tokens to the tokenizer's `max_len`.
@@ -68,10 +66,11 @@ pub fn text_batch(tokenizer: &TextTokenizer, items: &[TextItem<'_>], sample_offs
         targets: items.iter().map(|item| item.label).collect(),
         position_offset: 0,
         sample_offset,
+        sample_ids: items.iter().map(|item| item.id).collect(),
+        hidden: None,
     };
     Ok(TextBatch {
         host,
-        sample_ids: items.iter().map(|item| item.id).collect(),
         lengths: encodings.iter().map(|e| e.ids.len()).collect(),
         truncated: encodings.iter().filter(|e| e.truncated).count(),
     })
@@ -118,7 +117,7 @@ mod tests {
         ]);
         assert_eq!(h.targets, [1, 0, 2]);
         assert_eq!((h.sample_offset, h.position_offset, h.pixels.is_none()), (7, 0, true));
-        assert_eq!(b.sample_ids, [40, 41, 42]);
+        assert_eq!(b.host.sample_ids, [40, 41, 42]);
         assert_eq!(b.lengths, [4, 9, 3]);
         assert_eq!(b.truncated, 0);
     }

@@ -1,6 +1,6 @@
-//! Checkpoints: every parameter, the optimizer state and the trainer's position, in one file
-//! written atomically (temp file, fsync, rename), so a crash or a failed run never leaves a
-//! half-written file in place of a good one.
+//! The checkpoint file: named f32 tensors and a JSON header, in one file written atomically
+//! (temp file, fsync, rename), so a crash or a failed run never leaves a half-written file in
+//! place of a good one. What goes in it is the trainer's business.
 //!
 //! Layout: magic `PTCKPT01` · u64 LE header length · JSON header · raw little-endian f32 data ·
 //! u64 LE FNV-1a hash of everything before it. The hash catches truncation and corruption.
@@ -57,19 +57,7 @@ pub fn save(path: &Path, meta: &serde_json::Value, tensors: &[Tensor]) -> Result
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
     }
-    let tmp = path.with_extension("tmp");
-    let mut file = std::fs::File::create(&tmp).map_err(|e| io_err(&tmp, e))?;
-    file.write_all(&bytes).map_err(|e| io_err(&tmp, e))?;
-    file.sync_all().map_err(|e| io_err(&tmp, e))?;
-    drop(file);
-    std::fs::rename(&tmp, path).map_err(|e| io_err(path, e))?;
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        // Make the rename itself durable.
-        if let Ok(d) = std::fs::File::open(dir) {
-            let _ = d.sync_all();
-        }
-    }
-    Ok(())
+    crate::files::write_atomic(path, |w| w.write_all(&bytes))
 }
 
 /// Reads a checkpoint written by [`save`], verifying its magic, lengths and hash.
@@ -128,7 +116,7 @@ mod tests {
         let (m2, t2) = load(&path).unwrap();
         assert_eq!(m2, meta);
         assert_eq!(t2, tensors);
-        assert!(!path.with_extension("tmp").exists(), "the temp file is renamed away");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "the temp file is renamed away");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

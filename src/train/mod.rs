@@ -1,21 +1,21 @@
-//! Training machinery that sits between the model's backward pass and its next forward: the
-//! optimizers (AdamW, SGD with momentum), the learning-rate schedule and global-norm gradient
-//! clipping. Everything is generic over [`Device`](crate::device::Device) and works on the
-//! parameters that currently have a gradient, so layers frozen mid-run (PipeTransformer) cost
-//! neither optimizer work nor optimizer memory.
+//! A training run over a pipeline: the epoch loop, evaluation, events, checkpoints, and the
+//! [`Controller`] hook through which the elastic layer steers between steps.
 //!
-//! A step, in order: [`clip_grad_norm`] (optional) → [`Optimizer::step`] with
-//! [`LrSchedule::lr_at`]`(optimizer.step_count())` → zero the gradients.
+//! | module | defines |
+//! |---|---|
+//! | [`config`] | `TrainConfig` (epochs, learning rate and its schedule's shape, optimizer, clipping, seed) |
+//! | [`source`] | `BatchSource` (training batch `(epoch, index)`, evaluation batches) |
+//! | [`event`] | `Event` (step, epoch, transition, cache), `EvalMetrics`, `Bubble`, `Transition` |
+//! | [`trainer`] | `Trainer` (fit, evaluate, checkpoints), `Position`, `Controller` |
+//! | [`checkpoint`] | the checkpoint file: named tensors + JSON header, hashed, written atomically |
 
 pub mod checkpoint;
-pub mod clip;
-pub mod optimizer;
-pub mod schedule;
-pub mod step;
+pub mod config;
+pub mod event;
+pub mod source;
 pub mod trainer;
 
-pub use clip::{clip_grad_norm, global_grad_norm};
-pub use optimizer::{Optimizer, OptimizerConfig, OptimizerState, ParamState};
-pub use schedule::{Decay, LrSchedule};
-pub use step::{StepStats, train_step};
-pub use trainer::{BatchSource, Bubble, EvalMetrics, Event, Position, TrainConfig, Trainer};
+pub use config::TrainConfig;
+pub use event::{Bubble, EvalMetrics, Event, Transition};
+pub use source::BatchSource;
+pub use trainer::{Controller, Position, Trainer};

@@ -1,14 +1,14 @@
 //! Writing a model as a Hugging Face-style checkpoint directory: `model.safetensors` (f32, one
 //! tensor per parameter under its Hugging Face name) and `config.json`.
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::hf_config::hf_config_json;
 use super::safetensors::{TensorRef, write_safetensors};
 use crate::device::Device;
 use crate::error::{Error, Result, config_error};
+use crate::files::write_atomic;
 use crate::model::{HeadSpec, Model, ModelConfig};
 
 /// File name of the weights inside an exported directory.
@@ -71,36 +71,4 @@ pub fn export_model<D: Device>(
         w.write_all(b"\n")
     })?;
     Ok(ExportReport { weights, config: config_path, tensors: tensors.len(), skipped })
-}
-
-/// Writes `path` through a temporary sibling file that is fsynced and renamed into place; on
-/// failure the temporary file is removed and `path` is untouched.
-pub fn write_atomic(path: &Path, write: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>) -> Result<()> {
-    let io = |p: &Path| {
-        let p = p.display().to_string();
-        move |source| Error::Io { path: p, source }
-    };
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    // Same directory, so the rename cannot cross file systems; the pid keeps two concurrent
-    // exporters from sharing a temporary file.
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let result = (|| {
-        let file = File::create(&tmp).map_err(io(&tmp))?;
-        let mut w = BufWriter::new(file);
-        write(&mut w).map_err(io(&tmp))?;
-        let file = w.into_inner().map_err(|e| io(&tmp)(e.into_error()))?;
-        file.sync_all().map_err(io(&tmp))?;
-        std::fs::rename(&tmp, path).map_err(io(path))
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-        return result;
-    }
-    // Persist the rename itself. Some file systems refuse to fsync a directory; the data is
-    // already durable then, so that failure is not worth failing the export for.
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
 }

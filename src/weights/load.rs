@@ -221,7 +221,7 @@ pub fn load_into_model<D: Device>(
     }
 
     // Upload. f64 devices read f64 so that F64 checkpoints lose nothing.
-    let wide = dev.dtype() == DType::F64;
+    let wide = dev.activation_dtype() == DType::F64;
     for p in model.params_mut() {
         let Some(t) = source.get(&p.name) else { continue };
         p.value = if wide { dev.upload_f64(&file.read_f64(t)?)? } else { dev.upload(&file.read_f32(t)?)? };

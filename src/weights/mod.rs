@@ -35,7 +35,7 @@ pub mod hf_config;
 pub mod load;
 pub mod safetensors;
 
-pub use export::{CONFIG_FILE, ExportReport, WEIGHTS_FILE, export_model, write_atomic};
+pub use export::{CONFIG_FILE, ExportReport, WEIGHTS_FILE, export_model};
 pub use hf_config::{OWN_GPT_MODEL_TYPE, hf_config_json, parse_hf_config, read_hf_config};
 pub use load::{LoadOptions, LoadReport, load_into_model};
 pub use safetensors::{Dtype, TensorFile, TensorInfo, TensorRef, load_safetensors, write_safetensors};

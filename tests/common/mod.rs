@@ -96,3 +96,96 @@ pub fn tiny_batch(config: &ModelConfig, seed: u64) -> HostBatch {
         }
     }
 }
+
+/// A trainer for a model built with `seed` on `devices` by `plan`, with every unit costing its
+/// FLOPs (per sample).
+pub fn trainer_on<D: pipetransformer::Device>(
+    config: &ModelConfig,
+    seed: u64,
+    devices: Vec<D>,
+    plan: pipetransformer::pipeline::PipelineConfig,
+    train: pipetransformer::train::TrainConfig,
+    batches_per_epoch: usize,
+) -> pipetransformer::train::Trainer<D> {
+    use pipetransformer::model::Model;
+    use pipetransformer::pipeline::{Pipeline, unit_profiles};
+    let mut model = Model::new(&devices[0], config, seed).unwrap();
+    let one = unit_profiles(&devices[0], &mut model, &tiny_batch(config, 0).split(1).unwrap()[0], false).unwrap();
+    let per_sample: Vec<_> = one.iter().map(|p| p.scaled(1.0 / tiny_batch(config, 0).batch as f64)).collect();
+    let pipeline = Pipeline::new(devices, model, train.optimizer, plan, &per_sample).unwrap();
+    pipetransformer::train::Trainer::new(pipeline, train, batches_per_epoch, per_sample).unwrap()
+}
+
+/// A dataset of `n` fixed samples for `config`, shuffled per epoch and batched `batch` at a
+/// time, each sample with a stable id: BERT samples of 3 to 7 tokens padded per batch (so a
+/// sample's padding changes with its batch), GPT samples of 7 tokens with targets ignored at
+/// random places (so samples count different numbers of targets), ViT images.
+pub struct Pool {
+    samples: Vec<HostBatch>,
+    batch: usize,
+    seed: u64,
+}
+
+impl Pool {
+    pub fn new(config: &ModelConfig, n: usize, batch: usize, seed: u64) -> Self {
+        let mut rng = Rng::new(seed);
+        let samples = (0..n)
+            .map(|i| {
+                let mut s = match config {
+                    ModelConfig::Bert(c) => {
+                        let t = 3 + rng.below(5) as usize;
+                        HostBatch {
+                            batch: 1,
+                            seq: t,
+                            tokens: Some((0..t).map(|_| rng.below(c.vocab_size as u64) as u32).collect()),
+                            token_types: Some((0..t).map(|p| (p >= 2) as u32).collect()),
+                            attention_mask: Some(vec![1; t]),
+                            targets: vec![rng.below(c.num_labels as u64) as u32],
+                            ..Default::default()
+                        }
+                    }
+                    ModelConfig::Gpt(c) => {
+                        let t = 7;
+                        let tokens = (0..t).map(|_| rng.below(c.vocab_size as u64) as u32).collect();
+                        let mut targets: Vec<u32> =
+                            (0..t)
+                                .map(|_| {
+                                    if rng.below(3) == 0 { IGNORE_INDEX } else { rng.below(c.vocab_size as u64) as u32 }
+                                })
+                                .collect();
+                        targets[0] = rng.below(c.vocab_size as u64) as u32;
+                        HostBatch { batch: 1, seq: t, tokens: Some(tokens), targets, ..Default::default() }
+                    }
+                    ModelConfig::Vit(_) => tiny_batch(config, 1000 + i as u64).split(3).unwrap().swap_remove(0),
+                };
+                s.sample_ids = vec![7000 + i as u64];
+                s
+            })
+            .collect();
+        Pool { samples, batch, seed }
+    }
+
+    fn join(&self, idx: &[usize], offset: u64) -> pipetransformer::Result<HostBatch> {
+        let parts: Vec<HostBatch> = idx.iter().map(|&i| self.samples[i].clone()).collect();
+        let mut b = HostBatch::concat(&parts)?;
+        b.sample_offset = offset;
+        Ok(b)
+    }
+}
+
+impl pipetransformer::train::BatchSource for Pool {
+    fn batches_per_epoch(&self) -> usize {
+        self.samples.len() / self.batch
+    }
+    fn train_batch(&self, epoch: u64, index: usize) -> pipetransformer::Result<HostBatch> {
+        let perm = pipetransformer::data::BatchOrder::new(self.samples.len(), self.seed).permutation(epoch);
+        self.join(&perm[index * self.batch..(index + 1) * self.batch], (index * self.batch) as u64)
+    }
+    fn eval_batches(&self) -> usize {
+        2
+    }
+    fn eval_batch(&self, index: usize) -> pipetransformer::Result<HostBatch> {
+        let idx: Vec<usize> = (index * self.batch..(index + 1) * self.batch).collect();
+        self.join(&idx, (index * self.batch) as u64)
+    }
+}

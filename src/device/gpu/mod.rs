@@ -263,8 +263,11 @@ impl Device for GpuDevice {
     fn name(&self) -> String {
         format!("{} ({:?})", self.rt.name(), self.precision)
     }
-    fn dtype(&self) -> DType {
-        DType::F32
+    fn activation_dtype(&self) -> DType {
+        match self.precision {
+            Precision::F32 => DType::F32,
+            Precision::Bf16 => DType::Bf16,
+        }
     }
     fn len(buf: &Self::Buf) -> usize {
         buf.len

@@ -10,30 +10,49 @@ use std::borrow::{Borrow, BorrowMut};
 /// by zero.
 const CLIP_EPS: f64 = 1e-6;
 
-/// `sqrt(Σ ‖grad‖²)` over the parameters that have a gradient. Per-tensor sums come from
-/// [`Device::sum_squares`] and are added in parameter order, so the result is deterministic.
-pub fn global_grad_norm<D: Device, P: Borrow<Param<D>>>(dev: &D, params: &[P]) -> Result<f64> {
+/// `Σ ‖grad‖²` over the parameters that have a gradient, added in parameter order from
+/// [`Device::sum_squares`] (so the result is deterministic). A pipeline adds these per unit and
+/// per device to get the global norm of a model spread over devices.
+pub fn grad_sum_squares<D: Device, P: Borrow<Param<D>>>(dev: &D, params: &[P]) -> Result<f64> {
     let mut total = 0.0f64;
     for grad in params.iter().filter_map(|p| p.borrow().grad.as_ref()) {
         total += dev.sum_squares(grad)?;
     }
-    Ok(total.sqrt())
+    Ok(total)
 }
 
-/// Scales every gradient by `max_norm / (norm + 1e-6)` when that is below 1 and returns the norm
-/// before clipping. `max_norm` must be finite and > 0. When the norm is not finite (an overflow
-/// or NaN somewhere) nothing is scaled — scaling would only turn every gradient into NaN — and
-/// the caller should look at the returned norm and skip the step.
-pub fn clip_grad_norm<D: Device, P: BorrowMut<Param<D>>>(dev: &D, params: &mut [P], max_norm: f64) -> Result<f64> {
+/// `sqrt(Σ ‖grad‖²)` over the parameters that have a gradient.
+pub fn global_grad_norm<D: Device, P: Borrow<Param<D>>>(dev: &D, params: &[P]) -> Result<f64> {
+    Ok(grad_sum_squares(dev, params)?.sqrt())
+}
+
+/// The factor that brings gradients of global norm `norm` down to `max_norm`: `max_norm /
+/// (norm + 1e-6)` when that is below 1, `None` when no clipping is due. A non-finite norm (an
+/// overflow or NaN somewhere) is never clipped — scaling would only turn every gradient into
+/// NaN — and the caller should skip the step. Errors unless `max_norm` is finite and > 0.
+pub fn clip_coefficient(norm: f64, max_norm: f64) -> Result<Option<f64>> {
     if !(max_norm.is_finite() && max_norm > 0.0) {
         return Err(config_error("max_grad_norm", format!("must be finite and > 0, got {max_norm}")));
     }
-    let norm = global_grad_norm(dev, params)?;
     let coef = max_norm / (norm + CLIP_EPS);
-    if norm.is_finite() && coef < 1.0 {
-        for grad in params.iter_mut().filter_map(|p| p.borrow_mut().grad.as_mut()) {
-            dev.scale(grad, coef)?;
-        }
+    Ok((norm.is_finite() && coef < 1.0).then_some(coef))
+}
+
+/// Multiplies every gradient by `coef`.
+pub fn scale_grads<D: Device, P: BorrowMut<Param<D>>>(dev: &D, params: &mut [P], coef: f64) -> Result<()> {
+    for grad in params.iter_mut().filter_map(|p| p.borrow_mut().grad.as_mut()) {
+        dev.scale(grad, coef)?;
+    }
+    Ok(())
+}
+
+/// Scales every gradient so their global norm is at most `max_norm` (see [`clip_coefficient`])
+/// and returns the norm before clipping.
+pub fn clip_grad_norm<D: Device, P: BorrowMut<Param<D>>>(dev: &D, params: &mut [P], max_norm: f64) -> Result<f64> {
+    clip_coefficient(0.0, max_norm)?;
+    let norm = global_grad_norm(dev, params)?;
+    if let Some(coef) = clip_coefficient(norm, max_norm)? {
+        scale_grads(dev, params, coef)?;
     }
     Ok(norm)
 }

@@ -1,0 +1,70 @@
+//! AutoDP (PipeTransformer §3.3): devices freed by a shorter pipeline become new data-parallel
+//! replicas in the same process. A new replica receives the frozen and active weights and the
+//! optimizer state of the active parameters from replica 0 (`Pipeline::replan` copies them);
+//! replicas on GPUs sum gradients over NCCL groups rebuilt for the new shape. Data needs no
+//! re-sharding beyond the step's contiguous split: the activation cache is keyed by sample id,
+//! so a sample's entry never moves when `R` changes.
+//!
+//! The global batch is a policy, not an accident (the released code multiplies it by `R`):
+//! `constant` keeps the optimisation trajectory of the run without AutoDP; `scale-lr` lets each
+//! replica keep its batch, so one step takes `R/R₀` of the source's batches at `R/R₀` times the
+//! learning rate (the linear scaling rule), with the schedule's clock still counted in source
+//! batches so the run's length does not change.
+
+use crate::comm::nccl::pipeline_groups;
+use crate::device::Device;
+use crate::error::Result;
+use crate::pipeline::Pipeline;
+use serde::{Deserialize, Serialize};
+
+/// How the global batch follows the replica count.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BatchPolicy {
+    /// The global batch stays the configured one; replicas split it.
+    #[default]
+    Constant,
+    /// Each replica keeps its share of the initial batch: the global batch and the learning
+    /// rate grow by `R/R₀`.
+    ScaleLr,
+}
+
+/// Replicas for a pipeline of `k` devices: every whole pipeline the devices hold with AutoDP,
+/// else the initial count.
+pub fn replicas_for(k: usize, devices: usize, initial: usize, auto_dp: bool) -> usize {
+    if auto_dp { (devices / k.max(1)).max(1) } else { initial }
+}
+
+/// Source batches per step under `policy` with `r` replicas where the run began with `r0`.
+pub fn batches_per_step(policy: BatchPolicy, r: usize, r0: usize) -> usize {
+    match policy {
+        BatchPolicy::Constant => 1,
+        BatchPolicy::ScaleLr => (r / r0.max(1)).max(1),
+    }
+}
+
+/// Gives the pipeline NCCL groups for its new shape when its devices are GPUs and NCCL is
+/// installed (the host ring otherwise). Returns whether NCCL is in use.
+pub fn rebuild_communicators<D: Device>(pipeline: &mut Pipeline<D>) -> Result<bool> {
+    let (k, r) = (pipeline.plan().config.pipeline_len, pipeline.plan().config.replicas);
+    let groups = pipeline_groups(pipeline.devices(), k, r)?;
+    let nccl = groups.is_some();
+    pipeline.set_communicators(groups)?;
+    Ok(nccl)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn freed_devices_become_replicas_and_the_policy_sets_the_batch() {
+        assert_eq!(replicas_for(2, 4, 2, true), 2);
+        assert_eq!(replicas_for(1, 4, 2, true), 4);
+        assert_eq!(replicas_for(3, 4, 1, true), 1);
+        assert_eq!(replicas_for(1, 4, 1, false), 1);
+        assert_eq!(batches_per_step(BatchPolicy::Constant, 4, 1), 1);
+        assert_eq!(batches_per_step(BatchPolicy::ScaleLr, 4, 2), 2);
+        assert_eq!(batches_per_step(BatchPolicy::ScaleLr, 3, 2), 1);
+    }
+}

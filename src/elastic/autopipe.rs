@@ -1,0 +1,215 @@
+//! AutoPipe (PipeTransformer §3.2): after a freeze, the frozen prefix leaves the balance
+//! (pinned to the first stage, charged its forward only, or nothing when the cache feeds it),
+//! the active units are re-partitioned on their measured costs, and the pipeline length `K`
+//! becomes the smallest that fits memory and runs within a few percent of the best predicted
+//! throughput — any `K`, not only halves. The number of micro-batches `M` for that `K` is then
+//! chosen by timing the candidates on the real devices, one training step each ([`Tuner`]), and
+//! remembered per (`K`, `R`, frozen prefix, batch).
+
+use crate::error::Result;
+use crate::pipeline::{PipelineConfig, Plan, UnitProfile};
+use std::collections::BTreeMap;
+
+/// Shapes whose predicted throughput is within this fraction of the best count as balanced;
+/// the shortest of them wins (fewer transfers, more replicas for AutoDP).
+pub const BALANCED: f64 = 0.05;
+
+/// A candidate shape and what the planner predicts for it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate {
+    /// The plan's settings.
+    pub config: PipelineConfig,
+    /// Predicted seconds per step: `(M·v + K − 1)` slots of the slowest stage.
+    pub step_time: f64,
+    /// Predicted samples per second.
+    pub throughput: f64,
+}
+
+/// The micro-batch counts worth timing for `K` with `per_replica` samples per replica: `K`,
+/// `2K`, `4K` (the paper enumerates `K..6K`; more micro-batches than samples is impossible).
+pub fn micro_batch_candidates(k: usize, per_replica: usize) -> Vec<usize> {
+    let mut c: Vec<usize> = [k, 2 * k, 4 * k].into_iter().map(|m| m.min(per_replica.max(1))).collect();
+    c.dedup();
+    c
+}
+
+/// The shape for a model whose first `pinned` units are frozen: for each `K` from 1 to
+/// `max_len`, `replicas(K)` replicas and `M` micro-batches (`micro(K)`), planned on the units'
+/// costs for that micro-batch (`profiles(samples)`), every one that fits memory; `global_batch(R)`
+/// samples per step with `R` replicas. [`pick`] chooses among them.
+#[allow(clippy::too_many_arguments)]
+pub fn choose_shape(
+    base: PipelineConfig,
+    max_len: usize,
+    devices: usize,
+    global_batch: &dyn Fn(usize) -> usize,
+    pinned: usize,
+    replicas: &dyn Fn(usize) -> usize,
+    micro: &dyn Fn(usize, usize) -> usize,
+    profiles: &dyn Fn(usize) -> Vec<UnitProfile>,
+    names: &[String],
+) -> Result<Vec<Candidate>> {
+    let mut out = Vec::new();
+    let mut last_err = None;
+    for k in 1..=max_len.max(1) {
+        let r = replicas(k).max(1);
+        if r * k > devices {
+            continue;
+        }
+        let global = global_batch(r);
+        let per_replica = global.div_ceil(r);
+        let m = micro(k, per_replica).clamp(1, per_replica.max(1));
+        let chunks = if k == 1 { 1 } else { base.chunks };
+        let schedule = if k == 1 { crate::pipeline::ScheduleKind::OneFOneB } else { base.schedule };
+        let config = PipelineConfig { pipeline_len: k, replicas: r, micro_batches: m, chunks, schedule, ..base };
+        let units = profiles(per_replica.div_ceil(m));
+        match Plan::new(config, &units, names.to_vec(), devices, pinned) {
+            Ok(plan) => {
+                let slots = (m * chunks) as f64 + (k - 1) as f64;
+                let step_time = slots * plan.partition.bottleneck();
+                let throughput = if step_time > 0.0 { global as f64 / step_time } else { f64::INFINITY };
+                out.push(Candidate { config, step_time, throughput });
+            }
+            Err(e) => last_err = Some(e),
+        }
+    }
+    match (out.is_empty(), last_err) {
+        (true, Some(e)) => Err(e),
+        _ => Ok(out),
+    }
+}
+
+/// The chosen candidate: the shortest pipeline within [`BALANCED`] of the best throughput.
+pub fn pick(candidates: &[Candidate]) -> Option<&Candidate> {
+    let best = candidates.iter().map(|c| c.throughput).fold(0.0, f64::max);
+    candidates.iter().filter(|c| c.throughput >= best * (1.0 - BALANCED)).min_by_key(|c| c.config.pipeline_len)
+}
+
+/// Samples per second measured for each micro-batch count timed.
+pub type Rates = Vec<(usize, f64)>;
+
+/// A shape being tuned: its key, the candidates left to time, the rates of those timed.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Timing {
+    key: String,
+    left: Vec<usize>,
+    timed: Rates,
+}
+
+/// Times micro-batch counts, one training step each, and remembers the winner per shape.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Tuner {
+    /// The best `M` found per shape key (see [`Tuner::key`]).
+    pub best: BTreeMap<String, usize>,
+    #[serde(skip)]
+    running: Option<Timing>,
+}
+
+impl Tuner {
+    /// The key of a shape: the same pipeline over the same units on the same batch.
+    pub fn key(k: usize, r: usize, frozen: usize, cached: bool, per_replica: usize) -> String {
+        format!("K={k} R={r} frozen={frozen} cached={cached} batch={per_replica}")
+    }
+
+    /// Starts timing `candidates` for `key` unless it is known; returns the `M` to run now.
+    pub fn start(&mut self, key: String, candidates: Vec<usize>) -> usize {
+        if let Some(&m) = self.best.get(&key) {
+            self.running = None;
+            return m;
+        }
+        let first = candidates.first().copied().unwrap_or(1);
+        if candidates.len() > 1 {
+            self.running = Some(Timing { key, left: candidates, timed: Vec::new() });
+        } else {
+            self.best.insert(key, first);
+            self.running = None;
+        }
+        first
+    }
+
+    /// Whether a step is being timed.
+    pub fn running(&self) -> bool {
+        self.running.is_some()
+    }
+
+    /// Records a timed step of the candidate in force (`m`, `samples_per_second`). Returns
+    /// the next `M` to run: another candidate, or the winner when all are timed (with the
+    /// per-candidate rates), or `None` when nothing is being tuned.
+    pub fn record(&mut self, m: usize, samples_per_second: f64) -> Option<(usize, Option<Rates>)> {
+        let Timing { key, left, timed } = self.running.as_mut()?;
+        timed.push((m, samples_per_second));
+        left.retain(|&c| c != m);
+        if let Some(&next) = left.first() {
+            return Some((next, None));
+        }
+        let timed = std::mem::take(timed);
+        let winner = timed.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1)).map_or(m, |w| w.0);
+        self.best.insert(std::mem::take(key), winner);
+        self.running = None;
+        Some((winner, Some(timed)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn units(n: usize, frozen: usize) -> impl Fn(usize) -> Vec<UnitProfile> {
+        move |samples| {
+            (0..n)
+                .map(|i| UnitProfile {
+                    forward: samples as f64,
+                    backward: 2.0 * samples as f64,
+                    params: 10,
+                    activation_bytes: 100 * samples,
+                    trainable: i >= frozen,
+                })
+                .collect()
+        }
+    }
+
+    fn names(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("u{i}")).collect()
+    }
+
+    #[test]
+    fn with_free_devices_as_replicas_the_shortest_pipeline_wins() {
+        let base = PipelineConfig { pipeline_len: 4, micro_batches: 8, ..Default::default() };
+        // 4 devices, 10 units of which 6 frozen: K=1 with 4 replicas has no bubble.
+        let c = choose_shape(base, 4, 4, &|_| 32, 6, &|k| 4 / k, &|k, _| 2 * k, &units(10, 6), &names(10)).unwrap();
+        assert_eq!(c.len(), 4);
+        let p = pick(&c).unwrap();
+        assert_eq!((p.config.pipeline_len, p.config.replicas), (1, 4));
+    }
+
+    #[test]
+    fn without_autodp_a_balanced_pipeline_is_kept() {
+        let base = PipelineConfig { pipeline_len: 2, micro_batches: 8, ..Default::default() };
+        // One replica whatever K: halving K halves the devices at work, so K = 2 stays.
+        let c = choose_shape(base, 2, 2, &|_| 32, 0, &|_| 1, &|_, _| 8, &units(8, 0), &names(8)).unwrap();
+        assert_eq!(pick(&c).unwrap().config.pipeline_len, 2);
+        // A memory limit that only the two-stage split meets: one stage would hold 8 units'
+        // state (8 × 160 B) and one micro-batch's activations (8 × 400 B) = 4480 B; two hold at
+        // most 4 × 160 + 2 × 4 × 400 = 3840 B.
+        let tight = PipelineConfig { memory_limit: Some(4000), ..base };
+        let c = choose_shape(tight, 2, 2, &|_| 32, 0, &|_| 1, &|_, _| 8, &units(8, 0), &names(8)).unwrap();
+        assert_eq!(c.iter().map(|c| c.config.pipeline_len).collect::<Vec<_>>(), vec![2]);
+    }
+
+    #[test]
+    fn the_tuner_times_each_candidate_once_and_remembers_the_winner() {
+        assert_eq!(micro_batch_candidates(2, 32), vec![2, 4, 8]);
+        assert_eq!(micro_batch_candidates(2, 3), vec![2, 3]);
+        assert_eq!(micro_batch_candidates(1, 1), vec![1]);
+        let mut t = Tuner::default();
+        let key = Tuner::key(2, 1, 5, true, 32);
+        assert_eq!(t.start(key.clone(), vec![2, 4, 8]), 2);
+        assert_eq!(t.record(2, 10.0), Some((4, None)));
+        assert_eq!(t.record(4, 30.0), Some((8, None)));
+        assert_eq!(t.record(8, 20.0), Some((4, Some(vec![(2, 10.0), (4, 30.0), (8, 20.0)]))));
+        assert!(!t.running());
+        assert_eq!(t.record(4, 1.0), None);
+        assert_eq!(t.start(key, vec![2, 4, 8]), 4, "known: no timing");
+        assert!(!t.running());
+    }
+}

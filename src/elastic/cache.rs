@@ -1,0 +1,404 @@
+//! AutoCache (PipeTransformer §3.4): the frozen prefix's output per sample, so a later epoch
+//! starts the pipeline at the first trainable unit instead of running the frozen ones again.
+//!
+//! One host-memory arena (f32, or bf16 at half the bytes) up to a byte cap; entries beyond it
+//! go to a spill file read through `memmap2`. An entry is keyed by the sample's stable id and
+//! holds its real positions only (text batches are padded per batch, and a padded position's
+//! value never reaches a real one), at one depth: when the frozen boundary moves from `a` to
+//! `b`, a batch read at depth `a` runs units `a..b` and is written back at `b` in place (same
+//! size), so the cache advances incrementally and never holds two depths of a sample. Frozen
+//! units run without dropout, so an f32 entry is exactly what the forward would give.
+//!
+//! Not reused across processes: a resumed run rebuilds its cache (the spill file is truncated
+//! when the cache is created and removed when it is dropped).
+
+use crate::error::{Result, config_error};
+use crate::files::io_error;
+use crate::model::{Hidden, HostBatch};
+use half::bf16;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+/// How cached values are stored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheDtype {
+    /// Exact.
+    #[default]
+    F32,
+    /// Half the bytes; the cached value is the forward's rounded to bf16.
+    Bf16,
+}
+
+impl CacheDtype {
+    /// Bytes per value.
+    pub fn bytes(self) -> usize {
+        match self {
+            CacheDtype::F32 => 4,
+            CacheDtype::Bf16 => 2,
+        }
+    }
+}
+
+/// Where an entry's bytes are.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Place {
+    Memory(usize),
+    Disk(u64),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Entry {
+    /// The unit these hidden states enter.
+    depth: usize,
+    /// Real positions stored.
+    rows: usize,
+    place: Place,
+}
+
+/// Hits and misses so far (whole batches).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct CacheStats {
+    /// Batches served from the cache.
+    pub hits: usize,
+    /// Batches that were not.
+    pub misses: usize,
+}
+
+/// The spill file and its read-only map.
+struct Spill {
+    path: PathBuf,
+    file: File,
+    len: u64,
+    map: Option<memmap2::Mmap>,
+}
+
+impl Spill {
+    fn create(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| io_error(dir, e))?;
+        let path = dir.join("activations.bin");
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(|e| io_error(&path, e))?;
+        Ok(Spill { path, file, len: 0, map: None })
+    }
+
+    fn write(&mut self, at: u64, bytes: &[u8]) -> Result<()> {
+        let io = |e| io_error(&self.path, e);
+        self.file.seek(SeekFrom::Start(at)).map_err(io)?;
+        self.file.write_all(bytes).map_err(|e| io_error(&self.path, e))?;
+        self.len = self.len.max(at + bytes.len() as u64);
+        Ok(())
+    }
+
+    fn read(&mut self, at: u64, len: usize) -> Result<&[u8]> {
+        let end = at + len as u64;
+        if self.map.as_ref().is_none_or(|m| (m.len() as u64) < end) {
+            // SAFETY: the file is this cache's own, created (truncated) by it in its directory
+            // and only ever grown by it; nothing truncates it while the map lives. Writes after
+            // mapping go through the same page cache, so the map sees them.
+            self.map = Some(unsafe { memmap2::Mmap::map(&self.file) }.map_err(|e| io_error(&self.path, e))?);
+        }
+        let map = self.map.as_ref().map(|m| &m[..]).unwrap_or_default();
+        Ok(&map[at as usize..end as usize])
+    }
+}
+
+impl Drop for Spill {
+    fn drop(&mut self) {
+        self.map = None;
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// The frozen-activation cache.
+pub struct ActivationCache {
+    width: usize,
+    dtype: CacheDtype,
+    cap: usize,
+    arena: Vec<u8>,
+    index: HashMap<u64, Entry>,
+    dir: PathBuf,
+    spill: Option<Spill>,
+    /// Whole-batch hits and misses since the last [`take_stats`](Self::take_stats).
+    stats: CacheStats,
+}
+
+impl ActivationCache {
+    /// A cache of `width`-wide hidden states holding at most `cap` bytes in memory, spilling to
+    /// `dir`. `batch_bytes` is one batch's largest size: a cap below it is refused, as is a
+    /// directory that cannot be written (checked now, before training starts).
+    pub fn new(width: usize, dtype: CacheDtype, cap: usize, batch_bytes: usize, dir: &Path) -> Result<Self> {
+        if cap < batch_bytes {
+            return Err(config_error(
+                "elastic.cache_bytes",
+                format!("{cap} bytes cannot hold one batch ({batch_bytes} bytes); raise it or turn the cache off"),
+            ));
+        }
+        let spill =
+            Spill::create(dir).map_err(|e| config_error("elastic.cache_dir", format!("cannot be written: {e}")))?;
+        Ok(Self {
+            width,
+            dtype,
+            cap,
+            arena: Vec::new(),
+            index: HashMap::new(),
+            dir: dir.to_path_buf(),
+            spill: Some(spill),
+            stats: CacheStats::default(),
+        })
+    }
+
+    /// Samples held.
+    pub fn entries(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Bytes in host memory.
+    pub fn memory_bytes(&self) -> usize {
+        self.arena.len()
+    }
+
+    /// Bytes in the spill file.
+    pub fn disk_bytes(&self) -> usize {
+        self.spill.as_ref().map_or(0, |s| s.len as usize)
+    }
+
+    /// The memory cap.
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
+    /// Hits and misses since the last call; counting starts again.
+    pub fn take_stats(&mut self) -> CacheStats {
+        std::mem::take(&mut self.stats)
+    }
+
+    /// Forgets every entry (a new run, or a model whose frozen prefix changed under it).
+    pub fn clear(&mut self) -> Result<()> {
+        self.index.clear();
+        self.arena.clear();
+        self.spill = None;
+        self.spill = Some(Spill::create(&self.dir)?);
+        Ok(())
+    }
+
+    /// Real positions of each sample of `host`: the leading ones of its attention mask (text
+    /// batches pad at the end), else all.
+    pub fn rows_of(host: &HostBatch, positions: usize) -> Vec<usize> {
+        match &host.attention_mask {
+            Some(m) if host.seq == positions => {
+                m.chunks(positions.max(1)).map(|row| row.iter().take_while(|&&v| v != 0).count()).collect()
+            }
+            _ => vec![positions; host.batch],
+        }
+    }
+
+    /// The batch's hidden states, padded to `positions` with zeros, when every sample is held
+    /// at one depth at most `max_depth` (a hit); `None` otherwise (a miss). Counts the batch.
+    pub fn get(&mut self, host: &HostBatch, positions: usize, max_depth: usize) -> Result<Option<Hidden>> {
+        let rows = Self::rows_of(host, positions);
+        let entries: Option<Vec<Entry>> = (host.sample_ids.len() == host.batch)
+            .then(|| host.sample_ids.iter().map(|id| self.index.get(id).copied()).collect::<Option<Vec<_>>>())
+            .flatten();
+        let depth = entries.as_ref().and_then(|e| e.first().map(|e| e.depth));
+        let usable = match (&entries, depth) {
+            (Some(e), Some(d)) => {
+                d <= max_depth && e.iter().zip(&rows).all(|(entry, &r)| entry.depth == d && entry.rows == r)
+            }
+            _ => false,
+        };
+        let (Some(entries), Some(depth), true) = (entries, depth, usable) else {
+            self.stats.misses += 1;
+            return Ok(None);
+        };
+        let w = self.width;
+        let mut data = vec![0f32; host.batch * positions * w];
+        for (i, e) in entries.iter().enumerate() {
+            let bytes = e.rows * w * self.dtype.bytes();
+            let src = match e.place {
+                Place::Memory(at) => &self.arena[at..at + bytes],
+                Place::Disk(at) => self.spill.as_mut().map(|s| s.read(at, bytes)).transpose()?.unwrap_or_default(),
+            };
+            decode(self.dtype, src, &mut data[i * positions * w..][..e.rows * w]);
+        }
+        self.stats.hits += 1;
+        Ok(Some(Hidden { depth, width: w, data }))
+    }
+
+    /// Stores each sample's real positions of `hidden` (the batch's frozen-prefix output),
+    /// replacing what it held: in place when the sample was there (same size), else in memory
+    /// while under the cap, else in the spill file.
+    pub fn put(&mut self, host: &HostBatch, hidden: &Hidden) -> Result<()> {
+        if host.sample_ids.len() != host.batch || hidden.width != self.width || host.batch == 0 {
+            return Ok(());
+        }
+        let positions = hidden.data.len() / (host.batch * self.width);
+        let rows = Self::rows_of(host, positions);
+        let w = self.width;
+        let mut bytes = Vec::new();
+        for (i, (&id, &r)) in host.sample_ids.iter().zip(&rows).enumerate() {
+            bytes.clear();
+            encode(self.dtype, &hidden.data[i * positions * w..][..r * w], &mut bytes);
+            let place = match self.index.get(&id) {
+                Some(e) if e.rows == r => e.place,
+                _ if self.arena.len() + bytes.len() <= self.cap => {
+                    self.arena.resize(self.arena.len() + bytes.len(), 0);
+                    Place::Memory(self.arena.len() - bytes.len())
+                }
+                _ => Place::Disk(self.spill.as_ref().map_or(0, |s| s.len)),
+            };
+            match place {
+                Place::Memory(at) => self.arena[at..at + bytes.len()].copy_from_slice(&bytes),
+                Place::Disk(at) => {
+                    let spill = match &mut self.spill {
+                        Some(s) => s,
+                        None => self.spill.insert(Spill::create(&self.dir)?),
+                    };
+                    spill.write(at, &bytes)?;
+                }
+            }
+            self.index.insert(id, Entry { depth: hidden.depth, rows: r, place });
+        }
+        Ok(())
+    }
+
+    /// Seconds to read and decode one batch of `values` cached values (the profiler that
+    /// decides whether the cache pays): measured on a scratch buffer of that size.
+    pub fn measure_read(&self, values: usize) -> f64 {
+        let mut src = Vec::new();
+        encode(self.dtype, &vec![0.5f32; values], &mut src);
+        let mut out = vec![0f32; values];
+        let start = std::time::Instant::now();
+        for _ in 0..3 {
+            decode(self.dtype, std::hint::black_box(&src), &mut out);
+        }
+        std::hint::black_box(&out);
+        start.elapsed().as_secs_f64() / 3.0
+    }
+}
+
+fn encode(dtype: CacheDtype, values: &[f32], out: &mut Vec<u8>) {
+    match dtype {
+        CacheDtype::F32 => out.extend(values.iter().flat_map(|v| v.to_le_bytes())),
+        CacheDtype::Bf16 => out.extend(values.iter().flat_map(|&v| bf16::from_f32(v).to_le_bytes())),
+    }
+}
+
+fn decode(dtype: CacheDtype, bytes: &[u8], out: &mut [f32]) {
+    match dtype {
+        CacheDtype::F32 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        CacheDtype::Bf16 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = bf16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("pt-cache-{}-{name}", std::process::id()))
+    }
+
+    /// A text-like batch: `ids`, `seq` positions, sample i real for `lens[i]` of them.
+    fn batch(ids: &[u64], lens: &[usize], seq: usize) -> HostBatch {
+        let mask = lens.iter().flat_map(|&l| (0..seq).map(move |p| (p < l) as u32)).collect();
+        HostBatch { batch: ids.len(), seq, attention_mask: Some(mask), sample_ids: ids.to_vec(), ..Default::default() }
+    }
+
+    fn hidden(depth: usize, n: usize, seq: usize, w: usize, salt: f32) -> Hidden {
+        let data = (0..n * seq * w).map(|i| (i as f32 * 0.37 + salt).sin() * 1e3).collect();
+        Hidden { depth, width: w, data }
+    }
+
+    /// The real positions of sample `i`, zeros elsewhere.
+    fn masked(h: &Hidden, lens: &[usize], seq: usize) -> Vec<f32> {
+        let w = h.width;
+        let mut out = vec![0.0; h.data.len()];
+        for (i, &l) in lens.iter().enumerate() {
+            out[i * seq * w..][..l * w].copy_from_slice(&h.data[i * seq * w..][..l * w]);
+        }
+        out
+    }
+
+    #[test]
+    fn spilled_entries_read_back_bitwise_and_the_cap_holds() {
+        let w = 3;
+        let one = 5 * 4 * w * 4; // one batch: 4 samples × 5 positions
+        let d = dir("spill");
+        // Room for about one and a half batches in memory: the rest spills.
+        let mut cache = ActivationCache::new(w, CacheDtype::F32, one + one / 2, one, &d).unwrap();
+        let lens = [5, 2, 4, 1];
+        let mut stored = Vec::new();
+        for b in 0..4u64 {
+            let ids: Vec<u64> = (0..4).map(|i| 100 * b + i).collect();
+            let host = batch(&ids, &lens, 5);
+            let h = hidden(3, 4, 5, w, b as f32);
+            cache.put(&host, &h).unwrap();
+            assert!(cache.memory_bytes() <= cache.cap(), "batch {b}: {} bytes in memory", cache.memory_bytes());
+            stored.push((host, h));
+        }
+        assert!(cache.disk_bytes() > 0, "something spilled");
+        assert_eq!(cache.entries(), 16);
+        for (host, h) in &stored {
+            let got = cache.get(host, 5, 3).unwrap().expect("a hit");
+            assert_eq!(got.depth, 3);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got.data), bits(&masked(h, &lens, 5)));
+        }
+        // Deeper than allowed, or a stranger in the batch: misses.
+        assert!(cache.get(&stored[0].0, 5, 2).unwrap().is_none());
+        assert!(cache.get(&batch(&[0, 1, 2, 999], &lens, 5), 5, 3).unwrap().is_none());
+        assert_eq!(cache.take_stats(), CacheStats { hits: 4, misses: 2 });
+        // Advancing in place: a new depth, the same bytes.
+        let (host, _) = &stored[3];
+        let deeper = hidden(5, 4, 5, w, 9.0);
+        let (mem, disk) = (cache.memory_bytes(), cache.disk_bytes());
+        cache.put(host, &deeper).unwrap();
+        assert_eq!((cache.memory_bytes(), cache.disk_bytes()), (mem, disk), "no second copy");
+        assert_eq!(cache.get(host, 5, 5).unwrap().unwrap().data, masked(&deeper, &lens, 5));
+        drop(cache);
+        assert!(!d.join("activations.bin").exists(), "the spill file goes with the cache");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn bf16_entries_are_the_values_rounded() {
+        let d = dir("bf16");
+        let mut cache = ActivationCache::new(2, CacheDtype::Bf16, 1 << 20, 0, &d).unwrap();
+        let host = batch(&[1, 2], &[3, 3], 3);
+        let h = hidden(1, 2, 3, 2, 0.0);
+        cache.put(&host, &h).unwrap();
+        assert_eq!(cache.memory_bytes(), 2 * 3 * 2 * 2);
+        let got = cache.get(&host, 3, 1).unwrap().unwrap();
+        let want: Vec<f32> = h.data.iter().map(|&v| bf16::from_f32(v).to_f32()).collect();
+        assert_eq!(got.data, want);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_cap_below_one_batch_or_an_unwritable_directory_is_refused() {
+        let e = ActivationCache::new(4, CacheDtype::F32, 100, 101, &dir("small")).err().unwrap().to_string();
+        assert!(e.contains("elastic.cache_bytes") && e.contains("101 bytes"), "{e}");
+        let file = dir("file");
+        std::fs::write(&file, b"x").unwrap();
+        let e = ActivationCache::new(4, CacheDtype::F32, 1 << 20, 0, &file.join("sub")).err().unwrap().to_string();
+        assert!(e.contains("elastic.cache_dir") && e.contains("cannot be written"), "{e}");
+        std::fs::remove_file(&file).unwrap();
+    }
+}

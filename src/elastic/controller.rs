@@ -1,0 +1,350 @@
+//! `Elastic`: the PipeTransformer loop as a [`Controller`] of the trainer. Between steps it
+//! feeds the freeze controller each step's per-layer gradient norms, serves and fills the
+//! activation cache, times micro-batch candidates; at each interval's end it applies the
+//! freeze rule, and when the frozen count grows it makes one *transition* without restarting
+//! anything: freeze the prefix, choose the pipeline's new shape (AutoPipe), hand freed devices
+//! to new replicas (AutoDP), decide whether the cache pays (AutoCache), and log what changed
+//! and how long it took.
+
+use super::autodp::{batches_per_step, rebuild_communicators, replicas_for};
+use super::autopipe::{Tuner, choose_shape, micro_batch_candidates, pick};
+use super::cache::ActivationCache;
+use super::freeze::FreezeController;
+use super::{ElasticConfig, FreezeInterval, FreezeName};
+use crate::device::Device;
+use crate::error::{Result, config_error};
+use crate::model::HostBatch;
+use crate::pipeline::PipelineStep;
+use crate::train::{Controller, Event, Trainer, Transition};
+use serde::{Deserialize, Serialize};
+use std::time::Instant;
+
+/// Units frozen with `layers` Transformer layers frozen: the embedding and two per layer.
+pub fn frozen_units(layers: usize) -> usize {
+    if layers == 0 { 0 } else { 1 + 2 * layers }
+}
+
+/// Each layer's squared gradient norm from the units' (attention `1 + 2ℓ`, MLP `2 + 2ℓ`).
+pub fn layer_grad_sq(unit_grad_sq: &[f64], layers: usize) -> Vec<f64> {
+    (0..layers)
+        .map(|l| unit_grad_sq.get(1 + 2 * l).unwrap_or(&0.0) + unit_grad_sq.get(2 + 2 * l).unwrap_or(&0.0))
+        .collect()
+}
+
+/// What a checkpoint keeps of the controller.
+#[derive(Serialize, Deserialize)]
+struct State {
+    freeze: FreezeController,
+    frozen_layers: usize,
+    tuned: std::collections::BTreeMap<String, usize>,
+    cache_on: bool,
+}
+
+/// The run's shape around it, fixed when the controller is made.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Surroundings {
+    /// Transformer layers of the model.
+    pub layers: usize,
+    /// Devices the run may use.
+    pub devices: usize,
+    /// Replicas at the start (`R₀`).
+    pub initial_replicas: usize,
+    /// Samples per source batch.
+    pub batch: usize,
+    /// Hidden-state positions of the longest sample.
+    pub positions: usize,
+    /// Elements per position.
+    pub width: usize,
+}
+
+/// The PipeTransformer controller.
+pub struct Elastic {
+    config: ElasticConfig,
+    around: Surroundings,
+    freeze: FreezeController,
+    frozen_layers: usize,
+    cache: Option<ActivationCache>,
+    cache_on: bool,
+    tuner: Tuner,
+    /// The next step warms the new shape up and is not timed.
+    warming: bool,
+}
+
+impl Elastic {
+    /// A controller for `config`; `cache_dir` is where the cache spills unless the config
+    /// names a directory. The cache's directory is created and checked now.
+    pub fn new(config: ElasticConfig, around: Surroundings, cache_dir: &std::path::Path) -> Result<Self> {
+        let freeze = FreezeController::new(config.rule(), config.alpha, around.layers)?;
+        let cache = if config.cache {
+            let dir = config.cache_dir.clone().unwrap_or_else(|| cache_dir.to_path_buf());
+            let batch_bytes = around.batch * around.positions * around.width * config.cache_dtype.bytes();
+            Some(ActivationCache::new(around.width, config.cache_dtype, config.cache_bytes, batch_bytes, &dir)?)
+        } else {
+            None
+        };
+        if around.devices == 0 {
+            return Err(config_error("devices", "must be at least 1"));
+        }
+        Ok(Self {
+            config,
+            around,
+            freeze,
+            frozen_layers: 0,
+            cache,
+            cache_on: false,
+            tuner: Tuner::default(),
+            warming: false,
+        })
+    }
+
+    /// Frozen Transformer layers now.
+    pub fn frozen_layers(&self) -> usize {
+        self.frozen_layers
+    }
+
+    /// Whether batches are read from the cache.
+    pub fn cache_on(&self) -> bool {
+        self.cache_on
+    }
+
+    /// Applies a freeze table's first entry before the first step.
+    pub fn start<D: Device>(&mut self, trainer: &mut Trainer<D>, on_event: &mut dyn FnMut(&Event)) -> Result<()> {
+        let first = self.freeze.initial();
+        self.freeze.frozen = first;
+        if first > self.frozen_layers {
+            self.transition(trainer, first, "the freeze table's first interval".into(), on_event)?;
+        }
+        Ok(())
+    }
+
+    /// The controller's state for a checkpoint.
+    pub fn state(&self) -> serde_json::Value {
+        let state = State {
+            freeze: self.freeze.clone(),
+            frozen_layers: self.frozen_layers,
+            tuned: self.tuner.best.clone(),
+            cache_on: self.cache_on,
+        };
+        serde_json::to_value(state).unwrap_or_default()
+    }
+
+    /// Restores what [`state`](Self::state) saved (the trainer restores the plan and weights).
+    /// The cache starts empty: a resumed run rebuilds it.
+    pub fn restore(&mut self, value: serde_json::Value) -> Result<()> {
+        if value.is_null() {
+            return Ok(());
+        }
+        let s: State = serde_json::from_value(value).map_err(|e| crate::Error::State {
+            what: "checkpoint: elastic controller".into(),
+            message: e.to_string(),
+        })?;
+        (self.freeze, self.frozen_layers, self.tuner.best) = (s.freeze, s.frozen_layers, s.tuned);
+        self.cache_on = s.cache_on && self.cache.is_some();
+        if let Some(c) = &mut self.cache {
+            c.clear()?;
+        }
+        Ok(())
+    }
+
+    /// Whether reading a batch from the cache is cheaper than running the frozen prefix on it:
+    /// the measured read of one batch against the units' measured forward times.
+    fn cache_pays<D: Device>(&self, trainer: &Trainer<D>, units: usize) -> (bool, String) {
+        let Some(cache) = &self.cache else { return (false, String::new()) };
+        let a = self.around;
+        let forward: f64 = trainer.profiles.iter().take(units).map(|p| p.forward).sum::<f64>() * a.batch as f64;
+        let read = cache.measure_read(a.batch * a.positions * a.width);
+        (read < forward, format!("cache read {:.2} ms vs frozen forward {:.2} ms per batch", read * 1e3, forward * 1e3))
+    }
+
+    fn transition<D: Device>(
+        &mut self,
+        trainer: &mut Trainer<D>,
+        layers: usize,
+        reason: String,
+        on_event: &mut dyn FnMut(&Event),
+    ) -> Result<()> {
+        let started = Instant::now();
+        let before = trainer.pipeline.plan().config;
+        let layers_before = self.frozen_layers;
+        let units = frozen_units(layers);
+        trainer.pipeline.freeze_prefix(units)?;
+        self.frozen_layers = layers;
+        let mut reason = reason;
+        if self.config.auto_pipe {
+            let (pays, why) = self.cache_pays(trainer, units);
+            self.cache_on = self.cache.is_some() && units > 0 && pays;
+            if self.cache.is_some() {
+                reason = format!("{reason}; {why}: cache {}", if self.cache_on { "on" } else { "off" });
+            }
+            let cached = if self.cache_on { units } else { 0 };
+            let a = self.around;
+            let (policy, auto_dp) = (self.config.batch_policy, self.config.auto_dp);
+            let replicas = |k: usize| replicas_for(k, a.devices, a.initial_replicas, auto_dp);
+            let global = |r: usize| a.batch * batches_per_step(policy, r, a.initial_replicas);
+            let tuned = &self.tuner.best;
+            let micro = |k: usize, per_replica: usize| {
+                let key = Tuner::key(k, replicas(k), units, cached > 0, per_replica);
+                tuned.get(&key).copied().unwrap_or((2 * k).min(per_replica))
+            };
+            let names = crate::pipeline::runtime::unit_names(trainer.pipeline.units());
+            let profiles = |samples: usize| trainer.profiles_for(samples, cached);
+            let candidates = choose_shape(
+                before,
+                before.pipeline_len,
+                a.devices,
+                &global,
+                units,
+                &replicas,
+                &micro,
+                &profiles,
+                &names,
+            )?;
+            let chosen = pick(&candidates).ok_or_else(|| config_error("devices", "no pipeline shape fits"))?.config;
+            let (k, r) = (chosen.pipeline_len, chosen.replicas);
+            let per_replica = global(r).div_ceil(r);
+            let m = self
+                .tuner
+                .start(Tuner::key(k, r, units, cached > 0, per_replica), micro_batch_candidates(k, per_replica));
+            let config = crate::pipeline::PipelineConfig { micro_batches: m, ..chosen };
+            trainer.pipeline.replan(config, &trainer.profiles_for(per_replica.div_ceil(m), cached))?;
+            if r != before.replicas {
+                rebuild_communicators(&mut trainer.pipeline)?;
+            }
+            trainer.batches_per_step = batches_per_step(policy, r, a.initial_replicas);
+            self.warming = self.tuner.running();
+        }
+        self.emit(trainer, reason, (layers_before, layers), before, started, on_event);
+        Ok(())
+    }
+
+    fn emit<D: Device>(
+        &self,
+        trainer: &mut Trainer<D>,
+        reason: String,
+        frozen_layers: (usize, usize),
+        before: crate::pipeline::PipelineConfig,
+        started: Instant,
+        on_event: &mut dyn FnMut(&Event),
+    ) {
+        let plan = trainer.pipeline.plan();
+        let after = plan.config;
+        let t = Transition {
+            step: trainer.position.step,
+            epoch: trainer.position.epoch,
+            reason,
+            frozen_layers,
+            frozen_units: frozen_units(frozen_layers.1),
+            pipeline_len: (before.pipeline_len, after.pipeline_len),
+            replicas: (before.replicas, after.replicas),
+            micro_batches: (before.micro_batches, after.micro_batches),
+            stages: plan.partition.stages.clone(),
+            batches_per_step: trainer.batches_per_step,
+            cache: self.cache_on,
+            seconds: started.elapsed().as_secs_f64(),
+        };
+        if let Some(trace) = &mut trainer.trace {
+            let name = format!(
+                "transition: {} frozen layers, K={} R={} M={}",
+                t.frozen_layers.1, after.pipeline_len, after.replicas, after.micro_batches
+            );
+            trace.push_between(&name, t.seconds, serde_json::json!({ "reason": t.reason, "stages": t.stages }));
+        }
+        on_event(&Event::Transition(t));
+    }
+
+    /// Applies the freeze rule at an interval's end.
+    fn end_interval<D: Device>(&mut self, trainer: &mut Trainer<D>, on_event: &mut dyn FnMut(&Event)) -> Result<()> {
+        if self.config.freeze == FreezeName::Off || trainer.done() {
+            return Ok(());
+        }
+        let norms = self.freeze.norms();
+        let next = self.freeze.end_interval();
+        if next > self.frozen_layers {
+            let shown: Vec<String> = norms.iter().map(|n| format!("{n:.3}")).collect();
+            let reason = format!(
+                "{:?} rule after interval {}: layer gradient norms [{}]",
+                self.config.freeze,
+                self.freeze.intervals,
+                shown.join(", ")
+            );
+            self.transition(trainer, next, reason, on_event)?;
+        }
+        Ok(())
+    }
+
+    /// Hidden-state positions of a batch.
+    fn positions<D: Device>(trainer: &Trainer<D>, host: &HostBatch) -> usize {
+        match trainer.pipeline.spec().input {
+            crate::model::InputSpec::Image { image_size, patch, .. } => (image_size / patch).pow(2) + 1,
+            crate::model::InputSpec::Tokens { .. } => host.seq,
+        }
+    }
+}
+
+impl<D: Device> Controller<D> for Elastic {
+    fn before_step(&mut self, trainer: &Trainer<D>, host: &mut HostBatch) -> Result<bool> {
+        let units = frozen_units(self.frozen_layers);
+        let Some(cache) = self.cache.as_mut().filter(|_| self.cache_on && units > 0) else { return Ok(false) };
+        let positions = Self::positions(trainer, host);
+        host.hidden = cache.get(host, positions, units)?;
+        Ok(host.hidden.as_ref().is_none_or(|h| h.depth < units))
+    }
+
+    fn after_step(
+        &mut self,
+        trainer: &mut Trainer<D>,
+        host: &HostBatch,
+        step: &PipelineStep,
+        on_event: &mut dyn FnMut(&Event),
+    ) -> Result<()> {
+        if let (Some(cache), Some(h)) = (&mut self.cache, &step.frozen_output) {
+            cache.put(host, h)?;
+        }
+        if self.config.freeze != FreezeName::Off {
+            self.freeze.observe(&layer_grad_sq(&step.unit_grad_sq, self.around.layers));
+        }
+        if self.warming {
+            self.warming = false;
+        } else if self.tuner.running() && step.trace.makespan > 0.0 {
+            let config = trainer.pipeline.plan().config;
+            if let Some((next, timed)) =
+                self.tuner.record(config.micro_batches, host.batch as f64 / step.trace.makespan)
+            {
+                let cached = if self.cache_on { frozen_units(self.frozen_layers) } else { 0 };
+                let per_replica = host.batch.div_ceil(config.replicas);
+                let started = Instant::now();
+                trainer.pipeline.set_micro_batches(next, &trainer.profiles_for(per_replica.div_ceil(next), cached))?;
+                if let Some(timed) = timed {
+                    let rates: Vec<String> = timed.iter().map(|(m, r)| format!("M={m}: {r:.1}")).collect();
+                    let reason = format!("micro-batches timed (samples/s): {}", rates.join(", "));
+                    let layers = (self.frozen_layers, self.frozen_layers);
+                    self.emit(trainer, reason, layers, config, started, on_event);
+                }
+            }
+        }
+        if let FreezeInterval::Steps(n) = self.config.freeze_interval
+            && trainer.position.step.is_multiple_of(n)
+        {
+            self.end_interval(trainer, on_event)?;
+        }
+        Ok(())
+    }
+
+    fn after_epoch(&mut self, trainer: &mut Trainer<D>, epoch: u64, on_event: &mut dyn FnMut(&Event)) -> Result<()> {
+        if let Some(cache) = &mut self.cache {
+            let stats = cache.take_stats();
+            on_event(&Event::Cache {
+                epoch,
+                hits: stats.hits,
+                misses: stats.misses,
+                entries: cache.entries(),
+                memory_bytes: cache.memory_bytes(),
+                disk_bytes: cache.disk_bytes(),
+            });
+        }
+        if self.config.freeze_interval == FreezeInterval::Epoch {
+            self.end_interval(trainer, on_event)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,209 @@
+//! The freeze algorithm (PipeTransformer §3.1): how many of the bottom Transformer layers are
+//! frozen after each interval. Three rules:
+//!
+//! - **Eq. 1** (the paper): `F(T) = min(⌈F(T−1) + α·(L − F(T−1))⌉, ℓ* + 1)` where `ℓ*` is the
+//!   active layer (`ℓ ≥ F(T−1)`) whose gradient norm over interval `T` was smallest;
+//! - **α bound** (the released code): `F(T) = ⌈L·(1 − (1−α)^T)⌉`, gradients ignored;
+//! - **table**: the counts the user lists, one per interval.
+//!
+//! The count never decreases and never exceeds `L`: the final norm and the head always train,
+//! and nothing here ever re-creates them (the released code re-initialises its classifier at
+//! every transition). `‖g_ℓ(T)‖` is the mean over the interval's steps of the L2 norm of layer
+//! `ℓ`'s gradient (attention and MLP unit together), after the replicas' all-reduce and before
+//! clipping — one value every replica shares, so every replica decides the same.
+
+use crate::error::{Result, config_error};
+use serde::{Deserialize, Serialize};
+
+/// Which rule decides the frozen count.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FreezeRule {
+    /// Never freeze.
+    Off,
+    /// Eq. 1: the α bound, lowered to the layer with the smallest gradient norm.
+    Eq1,
+    /// The α bound alone (the released code's schedule).
+    Alpha,
+    /// Frozen layers per interval, as listed (`table[T]` during interval `T`; the last entry
+    /// holds after the list ends).
+    Table(Vec<usize>),
+}
+
+/// Slack for float noise in the α bound: `12·(1 − 2/3)` evaluates to 3.9999999999999996,
+/// whose ceiling must be 4.
+const CEIL_SLACK: f64 = 1e-9;
+
+/// `⌈x⌉`, forgiving float noise just above an integer.
+fn ceil(x: f64) -> usize {
+    (x - CEIL_SLACK).ceil().max(0.0) as usize
+}
+
+/// The released code's schedule: `⌈L·(1 − (1−α)^T)⌉` frozen layers after `T` intervals.
+pub fn alpha_schedule(layers: usize, alpha: f64, intervals: u32) -> usize {
+    ceil(layers as f64 * (1.0 - (1.0 - alpha).powi(intervals as i32))).min(layers)
+}
+
+/// Eq. 1's upper bound after an interval that started with `frozen`: `⌈F + α·(L − F)⌉`.
+pub fn alpha_bound(layers: usize, frozen: usize, alpha: f64) -> usize {
+    ceil(frozen as f64 + alpha * (layers - frozen) as f64).min(layers)
+}
+
+/// Eq. 1: the bound, or fewer when an active layer's gradient norm is smallest lower down.
+/// `norms[ℓ]` is layer `ℓ`'s gradient norm over the interval (frozen layers' are ignored).
+pub fn eq1(layers: usize, frozen: usize, alpha: f64, norms: &[f64]) -> usize {
+    let bound = alpha_bound(layers, frozen, alpha);
+    let argmin = (frozen..layers.min(norms.len())).min_by(|&a, &b| norms[a].total_cmp(&norms[b]));
+    let by_norm = argmin.map_or(bound, |l| l + 1);
+    bound.min(by_norm).max(frozen)
+}
+
+/// Checks a rule against a model of `layers` Transformer layers.
+pub fn validate(rule: &FreezeRule, alpha: f64, layers: usize) -> Result<()> {
+    if matches!(rule, FreezeRule::Eq1 | FreezeRule::Alpha) && !(alpha > 0.0 && alpha < 1.0) {
+        return Err(config_error("elastic.alpha", format!("must be in (0, 1), got {alpha}")));
+    }
+    if let FreezeRule::Table(t) = rule {
+        if t.is_empty() {
+            return Err(config_error("elastic.table", "is empty; list the frozen layers per interval"));
+        }
+        if let Some(w) = t.windows(2).find(|w| w[1] < w[0]) {
+            return Err(config_error(
+                "elastic.table",
+                format!("decreases from {} to {}: frozen layers never thaw", w[0], w[1]),
+            ));
+        }
+        if let Some(&bad) = t.iter().find(|&&n| n > layers) {
+            return Err(config_error(
+                "elastic.table",
+                format!("freezes {bad} layers but the model has {layers}: the final norm and the head always train"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Accumulates per-layer gradient norms over an interval and applies the rule at its end.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FreezeController {
+    rule: FreezeRule,
+    alpha: f64,
+    layers: usize,
+    /// Frozen layers now.
+    pub frozen: usize,
+    /// Intervals completed.
+    pub intervals: u32,
+    /// Per layer: the sum of the steps' gradient norms in the current interval.
+    norm_sums: Vec<f64>,
+    steps: u64,
+}
+
+impl FreezeController {
+    /// A controller for a model of `layers` Transformer layers, nothing frozen.
+    pub fn new(rule: FreezeRule, alpha: f64, layers: usize) -> Result<Self> {
+        validate(&rule, alpha, layers)?;
+        Ok(Self { rule, alpha, layers, frozen: 0, intervals: 0, norm_sums: vec![0.0; layers], steps: 0 })
+    }
+
+    /// Frozen layers during the first interval (a table may start above 0).
+    pub fn initial(&self) -> usize {
+        match &self.rule {
+            FreezeRule::Table(t) => t[0],
+            _ => 0,
+        }
+    }
+
+    /// Records one step's per-layer squared gradient norms.
+    pub fn observe(&mut self, layer_grad_sq: &[f64]) {
+        for (sum, sq) in self.norm_sums.iter_mut().zip(layer_grad_sq) {
+            *sum += sq.sqrt();
+        }
+        self.steps += 1;
+    }
+
+    /// The mean gradient norm of each layer over the interval so far.
+    pub fn norms(&self) -> Vec<f64> {
+        let n = self.steps.max(1) as f64;
+        self.norm_sums.iter().map(|s| s / n).collect()
+    }
+
+    /// Ends an interval: the frozen layers for the next one (never fewer than now).
+    pub fn end_interval(&mut self) -> usize {
+        self.intervals += 1;
+        let t = self.intervals;
+        let next = match &self.rule {
+            FreezeRule::Off => 0,
+            FreezeRule::Alpha => alpha_schedule(self.layers, self.alpha, t),
+            FreezeRule::Eq1 => eq1(self.layers, self.frozen, self.alpha, &self.norms()),
+            FreezeRule::Table(table) => table[(t as usize).min(table.len() - 1)],
+        };
+        self.frozen = next.max(self.frozen).min(self.layers);
+        self.norm_sums.iter_mut().for_each(|s| *s = 0.0);
+        self.steps = 0;
+        self.frozen
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_alpha_schedule_matches_the_released_code() {
+        // pipetransformer.md §2.2: the code's float formula, then ceil, epochs 0..9.
+        let table: [(usize, f64, [usize; 10]); 6] = [
+            (12, 1.0 / 2.0, [0, 6, 9, 11, 12, 12, 12, 12, 12, 12]),
+            (12, 2.0 / 5.0, [0, 5, 8, 10, 11, 12, 12, 12, 12, 12]),
+            (12, 1.0 / 3.0, [0, 4, 7, 9, 10, 11, 11, 12, 12, 12]),
+            (12, 1.0 / 4.0, [0, 3, 6, 7, 9, 10, 10, 11, 11, 12]),
+            (12, 1.0 / 5.0, [0, 3, 5, 6, 8, 9, 9, 10, 10, 11]),
+            (24, 1.0 / 3.0, [0, 8, 14, 17, 20, 21, 22, 23, 24, 24]),
+        ];
+        for (l, alpha, want) in table {
+            let got: Vec<usize> = (0..10).map(|t| alpha_schedule(l, alpha, t)).collect();
+            assert_eq!(got, want, "L={l} α={alpha}");
+            let mut c = FreezeController::new(FreezeRule::Alpha, alpha, l).unwrap();
+            let run: Vec<usize> = std::iter::once(0).chain((1..10).map(|_| c.end_interval())).collect();
+            assert_eq!(run, want, "controller, L={l} α={alpha}");
+        }
+    }
+
+    #[test]
+    fn eq1_takes_the_smaller_of_the_bound_and_the_flattest_active_layer() {
+        // Bound after F=0 with α=1/2 over 6 layers: 3. Layer 1 has the smallest norm: 2.
+        assert_eq!(eq1(6, 0, 0.5, &[5.0, 0.1, 3.0, 2.0, 4.0, 6.0]), 2);
+        // The smallest norm above the bound: the bound wins.
+        assert_eq!(eq1(6, 0, 0.5, &[5.0, 4.0, 3.0, 2.0, 0.5, 6.0]), 3);
+        // Frozen layers' norms are not scanned (layer 0 is already frozen).
+        assert_eq!(eq1(6, 2, 0.5, &[0.0, 0.0, 3.0, 0.2, 4.0, 6.0]), 4);
+        // Never fewer than now, never more than L.
+        assert_eq!(eq1(6, 6, 0.5, &[1.0; 6]), 6);
+    }
+
+    #[test]
+    fn the_controller_averages_norms_over_the_interval_and_never_thaws() {
+        let mut c = FreezeController::new(FreezeRule::Eq1, 0.5, 4).unwrap();
+        // Squared norms: layer 2's mean norm (1 and 3 → 2) is not the smallest; layer 1's (1, 1) is.
+        c.observe(&[16.0, 1.0, 1.0, 25.0]);
+        c.observe(&[16.0, 1.0, 9.0, 25.0]);
+        assert_eq!(c.norms(), vec![4.0, 1.0, 2.0, 5.0]);
+        assert_eq!(c.end_interval(), 2);
+        assert_eq!(c.norms(), vec![0.0; 4], "a new interval starts empty");
+        c.observe(&[0.0, 0.0, 9.0, 1.0]);
+        assert_eq!(c.end_interval(), 3);
+        let mut t = FreezeController::new(FreezeRule::Table(vec![1, 1, 3]), 0.0, 4).unwrap();
+        assert_eq!(t.initial(), 1);
+        assert_eq!([t.end_interval(), t.end_interval(), t.end_interval()], [1, 3, 3]);
+    }
+
+    #[test]
+    fn bad_rules_are_refused_with_the_field_named() {
+        let err = |r: FreezeRule, a: f64| FreezeController::new(r, a, 6).unwrap_err().to_string();
+        assert!(err(FreezeRule::Eq1, 1.0).contains("elastic.alpha"));
+        assert!(err(FreezeRule::Alpha, 0.0).contains("(0, 1)"));
+        assert!(err(FreezeRule::Table(vec![2, 1]), 0.5).contains("decreases from 2 to 1"));
+        assert!(err(FreezeRule::Table(vec![2, 7]), 0.5).contains("head always train"));
+        assert!(err(FreezeRule::Table(vec![]), 0.5).contains("empty"));
+        assert!(FreezeController::new(FreezeRule::Table(vec![0, 6]), 7.0, 6).is_ok(), "α is not read by a table");
+    }
+}

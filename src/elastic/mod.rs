@@ -1,0 +1,255 @@
+//! PipeTransformer (He et al., ICML 2021): freeze the bottom layers that have converged while
+//! training runs, take them out of the pipeline, pack the active layers into fewer devices,
+//! give the freed devices to more data-parallel replicas, and cache the frozen layers' output
+//! so later epochs skip them. Each module can be switched off for the ablation.
+//!
+//! | module | paper | defines |
+//! |---|---|---|
+//! | [`freeze`] | §3.1, Eq. 1 | `FreezeController`, `eq1`, `alpha_schedule`, `FreezeRule` |
+//! | [`autopipe`] | §3.2, Algorithm 1 | `choose_shape` (K by the planner's predicted throughput), `Tuner` (M timed on the devices) |
+//! | [`autodp`] | §3.3 | `replicas_for`, `BatchPolicy` (`constant`, `scale-lr`), NCCL groups for the new shape |
+//! | [`cache`] | §3.4 | `ActivationCache` (host arena, bf16 option, `memmap2` spill, incremental advance) |
+//! | [`controller`] | the loop | `Elastic`: the [`Controller`](crate::train::Controller) that applies all four between steps, as transitions |
+
+pub mod autodp;
+pub mod autopipe;
+pub mod cache;
+pub mod controller;
+pub mod freeze;
+
+pub use autodp::BatchPolicy;
+pub use cache::{ActivationCache, CacheDtype};
+pub use controller::Elastic;
+pub use freeze::{FreezeController, FreezeRule};
+
+use crate::error::{Result, config_error};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// Which freeze rule (`--freeze`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FreezeName {
+    /// Never freeze: the baseline.
+    #[default]
+    Off,
+    /// The paper's Eq. 1.
+    Eq1,
+    /// The α bound alone (the released code).
+    Alpha,
+    /// `elastic.table`.
+    Table,
+}
+
+impl std::str::FromStr for FreezeName {
+    type Err = crate::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "off" => Ok(Self::Off),
+            "eq1" => Ok(Self::Eq1),
+            "alpha" => Ok(Self::Alpha),
+            "table" => Ok(Self::Table),
+            _ => Err(config_error("elastic.freeze", format!("`{s}` is not one of off, eq1, alpha, table"))),
+        }
+    }
+}
+
+/// When the freeze rule runs (`--freeze-interval`): at each epoch's end (the paper), or every
+/// `N` optimizer steps. In TOML: `"epoch"` or a positive integer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FreezeInterval {
+    /// After each epoch's evaluation.
+    #[default]
+    Epoch,
+    /// Every this many steps.
+    Steps(u64),
+}
+
+impl std::str::FromStr for FreezeInterval {
+    type Err = crate::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim() {
+            "epoch" => Ok(Self::Epoch),
+            n => match n.parse::<u64>() {
+                Ok(n) if n > 0 => Ok(Self::Steps(n)),
+                _ => Err(config_error(
+                    "elastic.freeze_interval",
+                    format!("`{s}` is neither `epoch` nor a positive number of steps"),
+                )),
+            },
+        }
+    }
+}
+
+impl Serialize for FreezeInterval {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            Self::Epoch => s.serialize_str("epoch"),
+            Self::Steps(n) => s.serialize_u64(*n),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for FreezeInterval {
+    fn deserialize<De: serde::Deserializer<'de>>(d: De) -> std::result::Result<Self, De::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = FreezeInterval;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("\"epoch\" or a positive number of steps")
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> std::result::Result<Self::Value, E> {
+                self.visit_str(&n.to_string())
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> std::result::Result<Self::Value, E> {
+                self.visit_str(&n.to_string())
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> std::result::Result<Self::Value, E> {
+                s.parse().map_err(|e: crate::Error| E::custom(e))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+fn default_alpha() -> f64 {
+    1.0 / 3.0
+}
+
+fn default_cache_bytes() -> usize {
+    4 << 30
+}
+
+/// The `[elastic]` section of a run config: which PipeTransformer modules run, and how.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ElasticConfig {
+    /// The freeze rule.
+    pub freeze: FreezeName,
+    /// α of Eq. 1 and of the α bound, in (0, 1). The paper's conservative choice, 1/3, by
+    /// default.
+    #[serde(default = "default_alpha")]
+    pub alpha: f64,
+    /// Frozen layers per interval for `freeze = "table"`: non-decreasing, at most the model's
+    /// layers.
+    pub table: Vec<usize>,
+    /// When the rule runs.
+    pub freeze_interval: FreezeInterval,
+    /// Re-partition the active units and shorten the pipeline after a freeze.
+    pub auto_pipe: bool,
+    /// Turn freed devices into replicas.
+    pub auto_dp: bool,
+    /// The global batch when replicas change.
+    pub batch_policy: BatchPolicy,
+    /// Cache the frozen prefix's output (switched on only where reading it is measured to be
+    /// cheaper than the forward it replaces).
+    pub cache: bool,
+    /// Bytes of host memory the cache may hold before it spills to disk.
+    #[serde(default = "default_cache_bytes")]
+    pub cache_bytes: usize,
+    /// Where the spill file goes (default: the run's output directory, `cache/`).
+    pub cache_dir: Option<PathBuf>,
+    /// Storage of cached values: f32 (exact) or bf16 (half the memory, rounded).
+    pub cache_dtype: CacheDtype,
+    /// Allow caching a dataset with random augmentation (a cached sample then keeps the
+    /// augmented view it was first seen with).
+    pub cache_augmented: bool,
+}
+
+impl Default for ElasticConfig {
+    fn default() -> Self {
+        Self {
+            freeze: FreezeName::Off,
+            alpha: default_alpha(),
+            table: Vec::new(),
+            freeze_interval: FreezeInterval::Epoch,
+            auto_pipe: false,
+            auto_dp: false,
+            batch_policy: BatchPolicy::Constant,
+            cache: false,
+            cache_bytes: default_cache_bytes(),
+            cache_dir: None,
+            cache_dtype: CacheDtype::F32,
+            cache_augmented: false,
+        }
+    }
+}
+
+impl ElasticConfig {
+    /// The freeze rule this config names.
+    pub fn rule(&self) -> FreezeRule {
+        match self.freeze {
+            FreezeName::Off => FreezeRule::Off,
+            FreezeName::Eq1 => FreezeRule::Eq1,
+            FreezeName::Alpha => FreezeRule::Alpha,
+            FreezeName::Table => FreezeRule::Table(self.table.clone()),
+        }
+    }
+
+    /// Checks the switches against each other and the rule against a model of `layers`
+    /// layers; `augmented` says whether the training data is randomly augmented.
+    pub fn validate(&self, layers: usize, augmented: bool) -> Result<()> {
+        freeze::validate(&self.rule(), self.alpha, layers)?;
+        let freezes = self.freeze != FreezeName::Off;
+        let need = |on: bool, what: &str, needs: &str, ok: bool| {
+            if on && !ok { Err(config_error(format!("elastic.{what}"), needs.to_string())) } else { Ok(()) }
+        };
+        need(
+            self.auto_pipe,
+            "auto_pipe",
+            "needs a freeze rule (elastic.freeze): only frozen layers leave the pipeline",
+            freezes,
+        )?;
+        need(
+            self.auto_dp,
+            "auto_dp",
+            "needs elastic.auto_pipe: only a shorter pipeline frees devices",
+            self.auto_pipe,
+        )?;
+        need(
+            self.cache,
+            "cache",
+            "needs elastic.auto_pipe: the cached prefix must sit on the first stage",
+            self.auto_pipe,
+        )?;
+        need(
+            self.cache && augmented,
+            "cache",
+            "the training data is randomly augmented, so a cached sample would keep one augmented view; set elastic.cache_augmented = true to accept that",
+            self.cache_augmented,
+        )?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn switches_that_need_others_are_refused_by_name() {
+        let on = ElasticConfig { freeze: FreezeName::Alpha, auto_pipe: true, ..Default::default() };
+        assert!(on.validate(6, false).is_ok());
+        let e = ElasticConfig { auto_pipe: true, ..Default::default() }.validate(6, false).unwrap_err().to_string();
+        assert!(e.contains("elastic.auto_pipe"), "{e}");
+        let e =
+            ElasticConfig { auto_pipe: false, auto_dp: true, ..on.clone() }.validate(6, false).unwrap_err().to_string();
+        assert!(e.contains("elastic.auto_dp"), "{e}");
+        let e = ElasticConfig { cache: true, ..on.clone() }.validate(6, true).unwrap_err().to_string();
+        assert!(e.contains("augmented"), "{e}");
+        assert!(ElasticConfig { cache: true, cache_augmented: true, ..on.clone() }.validate(6, true).is_ok());
+        let e = ElasticConfig { alpha: 1.5, ..on }.validate(6, false).unwrap_err().to_string();
+        assert!(e.contains("(0, 1)"), "{e}");
+    }
+
+    #[test]
+    fn the_interval_reads_epoch_or_a_step_count() {
+        let parse = |t: &str| toml::from_str::<ElasticConfig>(t).map(|c| c.freeze_interval);
+        assert_eq!(parse("freeze_interval = \"epoch\"").unwrap(), FreezeInterval::Epoch);
+        assert_eq!(parse("freeze_interval = 50").unwrap(), FreezeInterval::Steps(50));
+        assert!(parse("freeze_interval = 0").unwrap_err().to_string().contains("positive"));
+        assert!(parse("freeze_interval = \"weekly\"").is_err());
+        assert_eq!("table".parse::<FreezeName>().unwrap(), FreezeName::Table);
+        assert!("sometimes".parse::<FreezeName>().is_err());
+    }
+}

@@ -1,0 +1,140 @@
+//! What the partitioner balances: each unit's time and memory per micro-batch, measured on a
+//! device ([`profile_units`]) or modelled from FLOP counts ([`unit_profiles`]).
+
+use crate::device::Device;
+use crate::error::{Result, internal};
+use crate::model::{Batch, HostBatch, InputSpec, Model, UnitCost};
+use serde::{Deserialize, Serialize};
+
+/// What the partitioner knows about one unit, per micro-batch.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct UnitProfile {
+    /// Forward seconds (or any consistent unit).
+    pub forward: f64,
+    /// Backward seconds (input and weight gradients).
+    pub backward: f64,
+    /// Parameters (elements).
+    pub params: usize,
+    /// Bytes of activations the forward keeps for the backward.
+    pub activation_bytes: usize,
+    /// Whether any parameter trains. A frozen unit runs forward only, keeps no activations and
+    /// has no gradients or optimizer state.
+    pub trainable: bool,
+}
+
+impl UnitProfile {
+    /// Seconds per micro-batch: forward, plus backward when trainable.
+    pub fn time(&self) -> f64 {
+        self.forward + if self.trainable { self.backward } else { 0.0 }
+    }
+
+    /// From analytic costs: `samples` per micro-batch at `flops_per_second`.
+    pub fn analytic(cost: &UnitCost, samples: usize, flops_per_second: f64, trainable: bool) -> Self {
+        let n = samples as f64;
+        UnitProfile {
+            forward: cost.forward_flops * n / flops_per_second,
+            backward: cost.backward_flops * n / flops_per_second,
+            params: cost.params,
+            activation_bytes: cost.activation_bytes * samples,
+            trainable,
+        }
+    }
+
+    /// The same unit for a micro-batch `factor` times as large (time and activations scale
+    /// with the samples).
+    pub fn scaled(&self, factor: f64) -> Self {
+        UnitProfile {
+            forward: self.forward * factor,
+            backward: self.backward * factor,
+            activation_bytes: (self.activation_bytes as f64 * factor).round() as usize,
+            ..*self
+        }
+    }
+}
+
+/// The units' costs for one micro-batch `micro`: measured on `dev` (the median of three runs),
+/// or their FLOPs at a nominal 100 GFLOP/s (only the ratios matter to the partitioner).
+pub fn unit_profiles<D: Device>(
+    dev: &D,
+    model: &mut Model<D>,
+    micro: &HostBatch,
+    measure: bool,
+) -> Result<Vec<UnitProfile>> {
+    if measure {
+        return profile_units(dev, model, micro, 3);
+    }
+    // Hidden-state positions: the tokens, or the patches plus the class token.
+    let seq = match model.spec().input {
+        InputSpec::Image { image_size, patch, .. } => (image_size / patch).pow(2) + 1,
+        InputSpec::Tokens { .. } => micro.seq,
+    };
+    Ok(model
+        .costs(dev, seq)
+        .iter()
+        .zip(model.units())
+        .map(|(c, u)| UnitProfile::analytic(c, micro.batch, 1e11, u.trainable()))
+        .collect())
+}
+
+/// Measures each unit's forward and backward time on `dev` for one micro-batch `host` (the
+/// median of `repeats` runs, after one warm-up): the costs the partitioner balances when the
+/// analytic FLOP counts would mislead (attention's softmax, the embedding's gathers).
+pub fn profile_units<D: Device>(
+    dev: &D,
+    model: &mut Model<D>,
+    host: &HostBatch,
+    repeats: usize,
+) -> Result<Vec<UnitProfile>> {
+    let batch = Batch::upload(dev, model.spec(), host, true, 0)?;
+    let costs = model.costs(dev, batch.seq);
+    let n = model.units().len();
+    let mut fwd = vec![Vec::new(); n];
+    let mut bwd = vec![Vec::new(); n];
+    let since = |t: std::time::Instant| -> Result<f64> {
+        dev.synchronize()?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    for rep in 0..=repeats.max(1) {
+        let mut x = None;
+        let mut saved = Vec::with_capacity(n);
+        for (i, unit) in model.units().iter().enumerate() {
+            let start = std::time::Instant::now();
+            let (y, s) = unit.forward(dev, &batch, x.take(), true)?;
+            let t = since(start)?;
+            saved.push(s);
+            x = Some(y);
+            if rep > 0 {
+                fwd[i].push(t);
+            }
+        }
+        let logits = x.ok_or_else(|| internal("profile", "empty model"))?;
+        let loss = model.loss(dev, &batch, &logits, Some(1.0))?;
+        let mut dy = loss.dlogits.ok_or_else(|| internal("profile", "no gradient"))?;
+        for (i, (unit, s)) in model.units_mut().iter_mut().zip(saved).enumerate().rev() {
+            let start = std::time::Instant::now();
+            let dx = unit.backward(dev, &batch, s, &dy, i > 0)?;
+            let t = since(start)?;
+            if rep > 0 {
+                bwd[i].push(t);
+            }
+            match dx {
+                Some(dx) => dy = dx,
+                None => break,
+            }
+        }
+    }
+    model.zero_grad(dev)?;
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    Ok((0..n)
+        .map(|i| UnitProfile {
+            forward: median(&mut fwd[i]),
+            backward: median(&mut bwd[i]),
+            params: costs[i].params,
+            activation_bytes: costs[i].activation_bytes * host.batch,
+            trainable: model.units()[i].trainable(),
+        })
+        .collect())
+}

@@ -1,0 +1,65 @@
+//! The end of a pipelined step's backward, as a one-device step ends: tied gradients summed,
+//! per-unit squared norms (the freeze controller's signal, read off the sums the global norm
+//! needs anyway), global-norm clipping through [`crate::optim::clip`].
+
+use super::Pipeline;
+use crate::device::Device;
+use crate::error::Result;
+use crate::model::Unit;
+use crate::optim::{clip_coefficient, grad_sum_squares, scale_grads};
+
+impl<D: Device> Pipeline<D> {
+    /// Sums the gradients of the two tied copies (GPT's token embedding on the first stage,
+    /// its LM-head copy on the last) into both, per replica, as `Model::sync_tied_grads` does.
+    pub(super) fn sync_tied_grads(&mut self) -> Result<()> {
+        let Some([(ua, na), (ub, nb)]) = self.tied.clone() else { return Ok(()) };
+        let (sa, sb) = (self.plan.stage_of(ua), self.plan.stage_of(ub));
+        for r in 0..self.plan.config.replicas {
+            let (da, db) = (&self.devices[self.plan.device(r, sa)], &self.devices[self.plan.device(r, sb)]);
+            let grad = |s: usize, name: &str| {
+                self.stages[r][s].iter().flat_map(Unit::params).find(|p| p.name == name).and_then(|p| p.grad.as_ref())
+            };
+            let (Some(ga), Some(gb)) = (grad(sa, &na), grad(sb, &nb)) else { continue };
+            // `ga += gb` in f32, as the one-device step's `residual_backward` does.
+            let sum: Vec<f32> = da.download(ga)?.iter().zip(db.download(gb)?).map(|(a, b)| a + b).collect();
+            for (s, name, dev) in [(sa, &na, da), (sb, &nb, db)] {
+                if let Some(g) = self.stages[r][s]
+                    .iter_mut()
+                    .flat_map(Unit::params_mut)
+                    .find(|p| p.name == *name)
+                    .and_then(|p| p.grad.as_mut())
+                {
+                    *g = dev.upload(&sum)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `Σ ‖grad‖²` of each unit of replica 0 (replicas hold the same summed gradients), in
+    /// model order; 0 for frozen units.
+    pub(super) fn unit_grad_sq(&self) -> Result<Vec<f64>> {
+        let mut out = Vec::new();
+        for (s, units) in self.stages[0].iter().enumerate() {
+            let dev = &self.devices[self.plan.device(0, s)];
+            for u in units {
+                out.push(grad_sum_squares(dev, &u.params())?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Scales every replica's gradients so the global norm `norm` becomes at most `max_norm`.
+    pub(super) fn clip_grads(&mut self, norm: f64, max_norm: f64) -> Result<()> {
+        let Some(coef) = clip_coefficient(norm, max_norm)? else { return Ok(()) };
+        for (r, replica) in self.stages.iter_mut().enumerate() {
+            for (s, units) in replica.iter_mut().enumerate() {
+                let dev = &self.devices[self.plan.device(r, s)];
+                for u in units.iter_mut() {
+                    scale_grads(dev, &mut u.params_mut(), coef)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,413 @@
+//! The runtime: executes a [`Plan`] on a set of devices. One worker thread per device runs its
+//! action list ([`worker`]); activations and gradients move between stages through per-device
+//! inboxes ([`mailbox`]; device → host → device: the buffers of a `cpu` device are host memory
+//! already); replicas sum their gradients by a ring all-reduce that a communication thread
+//! beside each worker runs as soon as a stage's last backward is done, overlapping the rest of
+//! the backward. After every worker has finished, the step ends as a one-device step does
+//! ([`gradients`]): tied gradients summed, the global norm clipped, each device's optimizer
+//! applied ([`optimizers`]). Units are placed, moved, frozen and read back by [`placement`].
+//!
+//! A pipelined step is the same training step as on one device: every micro-batch keeps its
+//! samples' global positions (dropout masks), the loss gradient is scaled by the global batch's
+//! target count, and parameter gradients accumulate over micro-batches.
+//!
+//! Failure: a worker that returns an error or panics records its error, raises the abort flag
+//! and wakes every waiting worker, which stop; the step returns the first worker's error and no
+//! optimizer has run (gradients are zeroed by the next step). Never a hang: every wait watches
+//! the abort flag.
+
+mod gradients;
+mod mailbox;
+mod optimizers;
+mod placement;
+mod worker;
+
+pub use worker::Fault;
+
+use super::partition::UnitProfile;
+use super::plan::{PipelineConfig, Plan};
+use super::trace::StepTrace;
+use crate::comm::{Communicator, RingCommunicator, ring_group};
+use crate::device::Device;
+use crate::error::{Result, config_error, data_error, internal};
+use crate::model::{Batch, Hidden, HostBatch, Model, ModelParts, Spec, Unit, head_loss};
+use crate::optim::{Optimizer, OptimizerConfig};
+use mailbox::Shared;
+use std::sync::Arc;
+use worker::{StageUnits, StepContext, Worker, WorkerOutput};
+
+/// What one pipelined step reports.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PipelineStep {
+    /// Mean loss over the global batch's targets.
+    pub loss: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Whether the optimizer ran (false when the norm was not finite).
+    pub applied: bool,
+    /// `Σ ‖grad‖²` of each unit, in model order, after the replicas' sum and before clipping
+    /// (0 for frozen units): the freeze controller's signal, at no extra pass.
+    pub unit_grad_sq: Vec<f64>,
+    /// The frozen prefix's output for the whole batch (the input of the first trainable unit,
+    /// in sample order), when the step was asked to capture it.
+    pub frozen_output: Option<Hidden>,
+    /// When each action ran.
+    pub trace: StepTrace,
+}
+
+/// How to run one step besides its batch.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepOptions {
+    /// Seed of the step's dropout masks (each sample's mask also depends on its position).
+    pub dropout_seed: u64,
+    /// Learning rate.
+    pub lr: f64,
+    /// Clip the global gradient norm to this.
+    pub max_grad_norm: Option<f64>,
+    /// Return the frozen prefix's output ([`PipelineStep::frozen_output`]).
+    pub capture_frozen_output: bool,
+}
+
+/// The loss and logits of one evaluation batch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EvalOutput {
+    /// Sum of per-row losses over the rows that count.
+    pub loss_sum: f64,
+    /// Rows that count.
+    pub count: usize,
+    /// Logits, row-major.
+    pub logits: Vec<f32>,
+}
+
+/// A model spread over devices by a plan, with its optimizers.
+pub struct Pipeline<D: Device> {
+    devices: Vec<D>,
+    spec: Spec,
+    tied: Option<[(usize, String); 2]>,
+    plan: Plan,
+    /// `stages[r][s]`: replica `r`'s units of stage `s`, on device `plan.device(r, s)`.
+    stages: Vec<Vec<Vec<Unit<D>>>>,
+    /// `optimizers[r][d]`: the optimizer of replica `r`'s pipeline position `d`.
+    optimizers: Vec<Vec<Optimizer<D>>>,
+    optimizer_config: OptimizerConfig,
+    fault: Option<Fault>,
+    /// `communicators[d][r]`: how replica `r` at pipeline position `d` sums its gradients with
+    /// the other replicas at `d`, when the caller supplied communicators (NCCL for GPUs); `None`
+    /// means the in-process host ring, run by a thread beside each worker.
+    communicators: Option<Vec<Vec<Arc<dyn Communicator<D>>>>>,
+}
+
+/// Unit names for plans (`embeddings#0`, `attention#1`, ...).
+pub fn unit_names<'a, D: Device>(units: impl IntoIterator<Item = &'a Unit<D>>) -> Vec<String> {
+    units.into_iter().enumerate().map(|(i, u)| format!("{}#{i}", u.kind_name())).collect()
+}
+
+impl<D: Device> Pipeline<D> {
+    /// Spreads `model` (whose buffers live on `devices[0]`) over `devices` as `config` asks,
+    /// with per-unit costs `profiles` for the partitioner and the model's frozen prefix pinned
+    /// to the first stage.
+    pub fn new(
+        devices: Vec<D>,
+        model: Model<D>,
+        optimizer: OptimizerConfig,
+        config: PipelineConfig,
+        profiles: &[UnitProfile],
+    ) -> Result<Self> {
+        let pinned = model.frozen_prefix();
+        let ModelParts { spec, units, tied } = model.into_parts();
+        let plan = Plan::new(config, profiles, unit_names(&units), devices.len(), pinned)?;
+        let owned: Vec<(Unit<D>, usize)> = units.into_iter().map(|u| (u, 0)).collect();
+        let mut p = Pipeline {
+            devices,
+            spec,
+            tied,
+            plan,
+            stages: Vec::new(),
+            optimizers: Vec::new(),
+            optimizer_config: optimizer,
+            fault: None,
+            communicators: None,
+        };
+        p.place(owned)?;
+        p.optimizers = p.fresh_optimizers()?;
+        Ok(p)
+    }
+
+    /// The plan in force.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The devices (the plan uses the first `R·K`).
+    pub fn devices(&self) -> &[D] {
+        &self.devices
+    }
+
+    /// The model's validated spec.
+    pub fn spec(&self) -> &Spec {
+        &self.spec
+    }
+
+    /// Units in the model.
+    pub fn unit_count(&self) -> usize {
+        self.stages[0].iter().map(Vec::len).sum()
+    }
+
+    /// Replica 0's units, in model order.
+    pub fn units(&self) -> impl Iterator<Item = &Unit<D>> {
+        self.stages[0].iter().flatten()
+    }
+
+    /// Total parameter elements (a tied weight counted once).
+    pub fn num_params(&self) -> usize {
+        let all: usize = self.units().flat_map(Unit::params).map(|p| p.numel()).sum();
+        let tied = self
+            .tied
+            .as_ref()
+            .map_or(0, |t| self.units().flat_map(Unit::params).find(|p| p.name == t[1].1).map_or(0, |p| p.numel()));
+        all - tied
+    }
+
+    /// The optimizer's configuration.
+    pub fn optimizer_config(&self) -> OptimizerConfig {
+        self.optimizer_config
+    }
+
+    /// Sums replicas' gradients with these communicators from now on: `communicators[d][r]` is
+    /// replica `r`'s member of the group of pipeline position `d` (for example NCCL over the
+    /// GPUs at that position). `None` goes back to the in-process host ring. The layout must
+    /// match the plan; a re-plan that changes `K` or `R` drops them.
+    pub fn set_communicators(&mut self, communicators: Option<Vec<Vec<Arc<dyn Communicator<D>>>>>) -> Result<()> {
+        if let Some(c) = &communicators {
+            let (k, r) = (self.plan.config.pipeline_len, self.plan.config.replicas);
+            let ok = c.len() == k
+                && c.iter().all(|g| g.len() == r && g.iter().enumerate().all(|(i, m)| m.rank() == i && m.size() == r));
+            if !ok {
+                return Err(config_error(
+                    "communicators",
+                    format!("expected {k} groups (one per pipeline position) of {r} members ranked 0..{r}"),
+                ));
+            }
+        }
+        self.communicators = communicators;
+        Ok(())
+    }
+
+    /// Injects (or clears) a fault for the next steps.
+    pub fn set_fault(&mut self, fault: Option<Fault>) {
+        self.fault = fault;
+    }
+
+    /// One training step on the global batch `host`: each replica takes its contiguous shard,
+    /// cut into the plan's micro-batches; dropout masks come from `dropout_seed` and each
+    /// sample's global position. With `max_grad_norm`, gradients are clipped to that global
+    /// norm; a non-finite norm skips the update.
+    pub fn step(
+        &mut self,
+        host: &HostBatch,
+        dropout_seed: u64,
+        lr: f64,
+        max_grad_norm: Option<f64>,
+    ) -> Result<PipelineStep> {
+        self.step_with(host, &StepOptions { dropout_seed, lr, max_grad_norm, capture_frozen_output: false })
+    }
+
+    /// [`step`](Self::step) with every option. A batch that carries [`Hidden`] states starts at
+    /// their unit, which must not be above the first trainable one.
+    pub fn step_with(&mut self, host: &HostBatch, options: &StepOptions) -> Result<PipelineStep> {
+        let PipelineConfig { pipeline_len: k, replicas: r_count, micro_batches: m, .. } = self.plan.config;
+        if host.batch < m * r_count {
+            return Err(config_error(
+                "micro_batches",
+                format!("a batch of {} samples cannot feed {r_count} replica(s) × {m} micro-batches", host.batch),
+            ));
+        }
+        if let Some(max) = options.max_grad_norm {
+            crate::optim::clip_coefficient(0.0, max)?;
+        }
+        let first_trainable = self.frozen_prefix();
+        if let Some(h) = &host.hidden {
+            self.check_hidden(host, h, first_trainable)?;
+        }
+        let micro: Vec<Vec<HostBatch>> =
+            host.split(r_count)?.iter().map(|shard| shard.split(m)).collect::<Result<_>>()?;
+        let count = host.target_count();
+        let grad_scale = if count == 0 { 0.0 } else { 1.0 / count as f64 };
+        for (r, replica) in self.stages.iter_mut().enumerate() {
+            for (s, units) in replica.iter_mut().enumerate() {
+                let dev = &self.devices[self.plan.device(r, s)];
+                for p in units.iter_mut().flat_map(Unit::params_mut) {
+                    p.zero_grad(dev)?;
+                }
+            }
+        }
+        let shared = Shared::new(self.devices.len());
+        let ctx = StepContext {
+            spec: &self.spec,
+            plan: &self.plan,
+            first_trainable,
+            grad_scale,
+            dropout_seed: options.dropout_seed,
+            capture: options.capture_frozen_output,
+            fault: self.fault,
+            shared: &shared,
+        };
+
+        // Hand each worker its device's stages (disjoint borrows of `self.stages`).
+        let mut jobs: Vec<StageUnits<D>> = (0..r_count * k).map(|_| Vec::new()).collect();
+        for (r, replica) in self.stages.iter_mut().enumerate() {
+            for (s, units) in replica.iter_mut().enumerate() {
+                jobs[r * k + s % k].push((s, units));
+            }
+        }
+        let mut rings: Vec<Vec<Option<RingCommunicator>>> = (0..k)
+            .map(|_| {
+                if r_count > 1 && self.communicators.is_none() {
+                    ring_group(r_count).into_iter().map(Some).collect()
+                } else {
+                    (0..r_count).map(|_| None).collect()
+                }
+            })
+            .collect();
+        let communicators = &self.communicators;
+        let devices = &self.devices;
+        let plan = &self.plan;
+        let outputs: Vec<Option<WorkerOutput>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = jobs
+                .into_iter()
+                .enumerate()
+                .map(|(g, stages)| {
+                    let (r, d) = (g / k, g % k);
+                    let worker = Worker {
+                        ctx: &ctx,
+                        dev: &devices[g],
+                        global: g,
+                        stages,
+                        actions: &plan.schedule.per_device[d],
+                        micro: &micro[r],
+                        ring: rings[d][r].take(),
+                        communicator: communicators.as_ref().map(|c| c[d][r].clone()),
+                    };
+                    scope.spawn(move || worker.run_guarded())
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().ok().flatten()).collect()
+        });
+        if let Some(e) = shared.take_error() {
+            return Err(e);
+        }
+        let outputs: Vec<WorkerOutput> = outputs
+            .into_iter()
+            .collect::<Option<_>>()
+            .ok_or_else(|| internal("pipeline", "a worker ended without a result"))?;
+        let loss_sum: f64 = outputs.iter().map(|o| o.loss_sum).sum();
+        let frozen_output = if options.capture_frozen_output && first_trainable > 0 {
+            Some(self.assemble_capture(&outputs, m, first_trainable)?)
+        } else {
+            None
+        };
+        let mut trace = StepTrace { per_device: outputs.into_iter().map(|o| o.spans).collect(), makespan: 0.0 };
+
+        // The end of a one-device step: tied copies, global norm, clipping, optimizers.
+        self.sync_tied_grads()?;
+        let unit_grad_sq = self.unit_grad_sq()?;
+        let grad_norm = unit_grad_sq.iter().sum::<f64>().sqrt();
+        if let Some(max) = options.max_grad_norm {
+            self.clip_grads(grad_norm, max)?;
+        }
+        let applied = grad_norm.is_finite();
+        if applied {
+            for (g, span) in self.optimizer_step(options.lr, &shared)?.into_iter().enumerate() {
+                trace.per_device[g].push(span);
+            }
+        }
+        trace.makespan = trace.per_device.iter().flatten().map(|s| s.end).fold(0.0, f64::max);
+        Ok(PipelineStep { loss: loss_sum * grad_scale, grad_norm, applied, unit_grad_sq, frozen_output, trace })
+    }
+
+    fn check_hidden(&self, host: &HostBatch, h: &Hidden, first_trainable: usize) -> Result<()> {
+        if h.depth > first_trainable {
+            return Err(data_error(
+                "hidden states",
+                format!("enter unit {} but unit {first_trainable} trains and must run", h.depth),
+            ));
+        }
+        if h.depth > 0 && self.plan.stage_of(h.depth - 1) != 0 {
+            return Err(data_error("hidden states", format!("enter unit {}, which is past the first stage", h.depth)));
+        }
+        let want = host.batch * self.positions(host) * h.width;
+        if h.width != self.spec.hidden || h.data.len() != want {
+            return Err(data_error(
+                "hidden states",
+                format!(
+                    "have {} values of width {}, expected {want} of width {}",
+                    h.data.len(),
+                    h.width,
+                    self.spec.hidden
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Hidden-state positions per sample of `host`: its tokens, or the patches and class token.
+    fn positions(&self, host: &HostBatch) -> usize {
+        match self.spec.input {
+            crate::model::InputSpec::Image { image_size, patch, .. } => (image_size / patch).pow(2) + 1,
+            crate::model::InputSpec::Tokens { .. } => host.seq,
+        }
+    }
+
+    /// The captured micro-batches of every replica's first device, joined in sample order.
+    fn assemble_capture(&self, outputs: &[WorkerOutput], m: usize, depth: usize) -> Result<Hidden> {
+        let k = self.plan.config.pipeline_len;
+        let mut data = Vec::new();
+        for r in 0..self.plan.config.replicas {
+            let mut parts: Vec<&(usize, Vec<f32>)> = outputs[r * k].captured.iter().collect();
+            parts.sort_by_key(|(mb, _)| *mb);
+            if parts.len() != m {
+                return Err(internal("capture", format!("replica {r} captured {} of {m} micro-batches", parts.len())));
+            }
+            for (_, v) in parts {
+                data.extend_from_slice(v);
+            }
+        }
+        Ok(Hidden { depth, width: self.spec.hidden, data })
+    }
+
+    /// The plan's replicas (each can evaluate on its own, in parallel with the others).
+    pub fn replicas(&self) -> usize {
+        self.plan.config.replicas
+    }
+
+    /// Runs `host` forward through replica `replica`'s stages, one after another (no dropout,
+    /// nothing saved), and returns its loss and logits.
+    pub fn evaluate(&self, replica: usize, host: &HostBatch) -> Result<EvalOutput> {
+        let mut x: Option<Vec<f32>> = None;
+        let mut skip = 0;
+        if let Some(h) = &host.hidden {
+            self.check_hidden(host, h, self.frozen_prefix())?;
+            (x, skip) = (Some(h.data.clone()), h.depth);
+        }
+        let last = self.plan.stages() - 1;
+        for (s, units) in self.stages[replica].iter().enumerate() {
+            let dev = &self.devices[self.plan.device(replica, s)];
+            let batch = Batch::upload(dev, &self.spec, host, false, 0)?;
+            let first = self.plan.partition.stages[s].start;
+            let mut h = x.take().map(|v| dev.upload(&v)).transpose()?;
+            for (i, unit) in units.iter().enumerate() {
+                if first + i >= skip {
+                    h = Some(unit.forward(dev, &batch, h.take(), false)?.0);
+                }
+            }
+            let h = h.ok_or_else(|| internal(format!("stage {s}"), "produced nothing"))?;
+            if s == last {
+                let head = units.last().ok_or_else(|| internal("pipeline", "empty last stage"))?;
+                let loss = head_loss(dev, &self.spec, head, &batch, &h, None)?;
+                return Ok(EvalOutput { loss_sum: loss.loss_sum, count: loss.count, logits: dev.download(&h)? });
+            }
+            x = Some(dev.download(&h)?);
+        }
+        Err(internal("pipeline", "has no stages"))
+    }
+}

@@ -1,0 +1,107 @@
+//! The optimizer, sharded: each (replica, pipeline position) steps the parameters it holds, and
+//! the whole model's state can be gathered (checkpoints, re-plans) and handed back out.
+
+use super::Pipeline;
+use super::mailbox::{Shared, panicked};
+use crate::device::Device;
+use crate::error::Result;
+use crate::model::{Param, Unit};
+use crate::optim::{Optimizer, OptimizerState};
+use crate::pipeline::schedule::Action;
+use crate::pipeline::trace::Span;
+
+impl<D: Device> Pipeline<D> {
+    pub(super) fn fresh_optimizers(&self) -> Result<Vec<Vec<Optimizer<D>>>> {
+        (0..self.plan.config.replicas)
+            .map(|_| (0..self.plan.config.pipeline_len).map(|_| Optimizer::new(self.optimizer_config)).collect())
+            .collect()
+    }
+
+    /// Replica `r`'s parameters at pipeline position `d`, in model order.
+    fn params_at(stages: &mut [Vec<Unit<D>>], k: usize, d: usize) -> Vec<&mut Param<D>> {
+        stages
+            .iter_mut()
+            .enumerate()
+            .filter(|(s, _)| s % k == d)
+            .flat_map(|(_, us)| us.iter_mut().flat_map(Unit::params_mut))
+            .collect()
+    }
+
+    /// The optimizer state of the whole model on the host (replica 0's; replicas are equal).
+    pub fn optimizer_state(&self) -> Result<OptimizerState> {
+        let mut merged = OptimizerState { config: self.optimizer_config, step: 0, params: Vec::new() };
+        for (d, opt) in self.optimizers[0].iter().enumerate() {
+            let state = opt.state_dict(&self.devices[d])?;
+            merged.step = merged.step.max(state.step);
+            merged.params.extend(state.params);
+        }
+        merged.params.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(merged)
+    }
+
+    /// Replaces every device's optimizer state with its parameters' part of `state` (a whole
+    /// model's, as [`optimizer_state`](Self::optimizer_state) or a one-device optimizer gives):
+    /// new replicas receive the moments of the replica they copy.
+    pub fn load_optimizer_state(&mut self, state: &OptimizerState) -> Result<()> {
+        self.optimizers = self.fresh_optimizers()?;
+        let k = self.plan.config.pipeline_len;
+        for (r, replica) in self.stages.iter_mut().enumerate() {
+            for d in 0..k {
+                let params = Self::params_at(replica, k, d);
+                let names: std::collections::HashSet<&str> = params.iter().map(|p| p.name.as_str()).collect();
+                let subset = OptimizerState {
+                    config: state.config,
+                    step: state.step,
+                    params: state.params.iter().filter(|p| names.contains(p.name.as_str())).cloned().collect(),
+                };
+                self.optimizers[r][d].load_state_dict(&self.devices[r * k + d], &subset, &params)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops the optimizer state of parameters that no longer train (a frozen prefix).
+    pub(super) fn release_frozen_state(&mut self) {
+        let k = self.plan.config.pipeline_len;
+        for (replica, opts) in self.stages.iter_mut().zip(self.optimizers.iter_mut()) {
+            for (d, opt) in opts.iter_mut().enumerate() {
+                opt.release_frozen(&Self::params_at(replica, k, d));
+            }
+        }
+    }
+
+    /// Every device's optimizer on its parameters, one thread per device; their spans.
+    pub(super) fn optimizer_step(&mut self, lr: f64, shared: &Shared) -> Result<Vec<Span>> {
+        let k = self.plan.config.pipeline_len;
+        let devices = &self.devices;
+        // Per (replica, position): its global device, the units of its stages, its optimizer.
+        type Work<'a, D> = (usize, Vec<&'a mut Vec<Unit<D>>>, &'a mut Optimizer<D>);
+        let mut work: Vec<Work<D>> = Vec::new();
+        for (r, (replica, opts)) in self.stages.iter_mut().zip(self.optimizers.iter_mut()).enumerate() {
+            let mut per_d: Vec<Vec<&mut Vec<Unit<D>>>> = (0..k).map(|_| Vec::new()).collect();
+            for (s, units) in replica.iter_mut().enumerate() {
+                per_d[s % k].push(units);
+            }
+            for (d, (units, opt)) in per_d.into_iter().zip(opts.iter_mut()).enumerate() {
+                work.push((r * k + d, units, opt));
+            }
+        }
+        let spans: Vec<Result<Span>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = work
+                .into_iter()
+                .map(|(g, units, opt)| {
+                    scope.spawn(move || {
+                        let start = shared.now();
+                        let mut params: Vec<&mut Param<D>> =
+                            units.into_iter().flat_map(|u| u.iter_mut().flat_map(Unit::params_mut)).collect();
+                        opt.step(&devices[g], &mut params, lr)?;
+                        devices[g].synchronize()?;
+                        Ok(Span { action: Action::OptimizerStep, start, end: shared.now() })
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|p| Err(panicked("optimizer", p.as_ref())))).collect()
+        });
+        spans.into_iter().collect()
+    }
+}

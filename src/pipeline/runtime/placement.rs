@@ -1,0 +1,193 @@
+//! Where the units live: placing them by a plan, moving them when the plan changes (AutoPipe
+//! shortens the pipeline, AutoDP adds replicas), freezing a prefix, and reading the weights
+//! back (evaluation, checkpoints, export).
+
+use super::{Pipeline, unit_names};
+use crate::device::Device;
+use crate::error::{Result, config_error};
+use crate::model::{Model, ModelParts, Replicate, Unit};
+use crate::pipeline::partition::UnitProfile;
+use crate::pipeline::plan::{PipelineConfig, Plan};
+use std::collections::HashMap;
+
+impl<D: Device> Pipeline<D> {
+    /// Puts units (each on the device it is on now) where the plan wants them: replica 0's
+    /// copy moves only if its owner changes, the other replicas are copies of replica 0.
+    pub(super) fn place(&mut self, owned: Vec<(Unit<D>, usize)>) -> Result<()> {
+        let (r_count, s_count) = (self.plan.config.replicas, self.plan.stages());
+        let mut stages: Vec<Vec<Vec<Unit<D>>>> =
+            (0..r_count).map(|_| (0..s_count).map(|_| Vec::new()).collect()).collect();
+        for (g, (unit, at)) in owned.into_iter().enumerate() {
+            let s = self.plan.stage_of(g);
+            let home = self.plan.device(0, s);
+            let unit = if at == home { unit } else { unit.replicate(&self.devices[at], &self.devices[home])? };
+            for (r, replica) in stages.iter_mut().enumerate().skip(1) {
+                replica[s].push(unit.replicate(&self.devices[home], &self.devices[self.plan.device(r, s)])?);
+            }
+            stages[0][s].push(unit);
+        }
+        self.stages = stages;
+        Ok(())
+    }
+
+    /// Tears the plan down and starts `config`'s in the same process, with the frozen prefix
+    /// pinned to the first stage: weights and optimizer state move to the devices that now own
+    /// them, new replicas copy replica 0's (freed buffers return to each device's pool and are
+    /// reused). The new plan is checked first; if it is refused, the old one stays.
+    pub fn replan(&mut self, config: PipelineConfig, profiles: &[UnitProfile]) -> Result<()> {
+        let names = unit_names(self.stages[0].iter().flatten());
+        let plan = Plan::new(config, profiles, names, self.devices.len(), self.frozen_prefix())?;
+        self.adopt(plan)
+    }
+
+    /// [`replan`](Self::replan) to given stage boundaries (a plan a checkpoint recorded).
+    pub fn replan_to_stages(
+        &mut self,
+        config: PipelineConfig,
+        profiles: &[UnitProfile],
+        stages: Vec<std::ops::Range<usize>>,
+    ) -> Result<()> {
+        let names = unit_names(self.stages[0].iter().flatten());
+        let plan = Plan::with_stages(config, profiles, names, self.devices.len(), stages)?;
+        self.adopt(plan)
+    }
+
+    /// Runs `m` micro-batches per replica from the next step: a new schedule over the same
+    /// stages, so nothing moves (how AutoPipe times its candidates cheaply).
+    pub fn set_micro_batches(&mut self, m: usize, profiles: &[UnitProfile]) -> Result<()> {
+        let config = PipelineConfig { micro_batches: m, ..self.plan.config };
+        let stages = self.plan.partition.stages.clone();
+        self.plan = Plan::with_stages(config, profiles, self.plan.unit_names.clone(), self.devices.len(), stages)?;
+        Ok(())
+    }
+
+    fn adopt(&mut self, plan: Plan) -> Result<()> {
+        let state = self.optimizer_state()?;
+        let old = std::mem::replace(&mut self.plan, plan);
+        let mut stages = std::mem::take(&mut self.stages);
+        let owned: Vec<(Unit<D>, usize)> = stages
+            .swap_remove(0)
+            .into_iter()
+            .enumerate()
+            .flat_map(|(s, units)| {
+                let at = old.device(0, s);
+                units.into_iter().map(move |u| (u, at))
+            })
+            .collect();
+        drop(stages);
+        if (old.config.pipeline_len, old.config.replicas) != (self.plan.config.pipeline_len, self.plan.config.replicas)
+        {
+            self.communicators = None;
+        }
+        self.place(owned)?;
+        self.load_optimizer_state(&state)
+    }
+
+    /// Number of leading frozen units.
+    pub fn frozen_prefix(&self) -> usize {
+        self.stages[0].iter().flatten().take_while(|u| !u.trainable()).count()
+    }
+
+    /// Freezes units `0..n` on every replica (no gradients, no optimizer state, forward only
+    /// without dropout), as `Model::freeze_prefix` does: a tied weight follows its first copy.
+    /// The frozen prefix never shrinks: `n` below the current one is an error. The plan is
+    /// unchanged; [`replan`](Self::replan) moves the prefix out of the balance.
+    pub fn freeze_prefix(&mut self, n: usize) -> Result<()> {
+        let units = self.stages[0].iter().map(Vec::len).sum::<usize>();
+        let now = self.frozen_prefix();
+        if n > units || n < now {
+            return Err(config_error(
+                "freeze",
+                format!("cannot freeze {n} units: the model has {units} and {now} are frozen already"),
+            ));
+        }
+        let tied = self.tied.clone();
+        for (r, replica) in self.stages.iter_mut().enumerate() {
+            let mut g = 0;
+            for (s, stage) in replica.iter_mut().enumerate() {
+                let dev = &self.devices[self.plan.device(r, s)];
+                for u in stage.iter_mut() {
+                    if g < n {
+                        u.set_trainable(dev, false)?;
+                    }
+                    if let Some([(ua, _), (ub, nb)]) = &tied
+                        && g == *ub
+                        && *ua < n
+                        && let Some(p) = u.params_mut().into_iter().find(|p| p.name == *nb)
+                    {
+                        p.set_trainable(dev, false)?;
+                    }
+                    g += 1;
+                }
+            }
+        }
+        self.release_frozen_state();
+        Ok(())
+    }
+
+    /// A copy of replica 0's units on `to` as one model (export, tests).
+    pub fn gather(&self, to: &D) -> Result<Model<D>> {
+        let mut units = Vec::new();
+        for (s, stage) in self.stages[0].iter().enumerate() {
+            let at = &self.devices[self.plan.device(0, s)];
+            for u in stage {
+                units.push(u.replicate(at, to)?);
+            }
+        }
+        Ok(Model::from_parts(ModelParts { spec: self.spec.clone(), units, tied: self.tied.clone() }))
+    }
+
+    /// Every parameter of replica `replica` as host values, in model order (tests compare runs
+    /// with it).
+    pub fn parameters(&self, replica: usize) -> Result<Vec<(String, Vec<f64>)>> {
+        let mut out = Vec::new();
+        for (s, stage) in self.stages[replica].iter().enumerate() {
+            let dev = &self.devices[self.plan.device(replica, s)];
+            for p in stage.iter().flat_map(Unit::params) {
+                out.push((p.name.clone(), dev.download_f64(&p.value)?));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every parameter's name and f32 values (replica 0's), in model order: what a checkpoint
+    /// stores.
+    pub fn parameter_values(&self) -> Result<Vec<(String, Vec<f32>)>> {
+        let mut out = Vec::new();
+        for (s, stage) in self.stages[0].iter().enumerate() {
+            let dev = &self.devices[self.plan.device(0, s)];
+            for p in stage.iter().flat_map(Unit::params) {
+                out.push((p.name.clone(), dev.download(&p.value)?));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Sets every replica's parameters from `values` (by name). Every parameter must be present
+    /// with its size; this is checked before anything changes.
+    pub fn load_parameters(&mut self, values: &HashMap<String, Vec<f32>>) -> Result<()> {
+        for p in self.stages[0].iter().flatten().flat_map(Unit::params) {
+            match values.get(&p.name) {
+                Some(v) if v.len() == p.numel() => {}
+                Some(v) => {
+                    return Err(config_error(
+                        "parameters",
+                        format!("`{}` has {} values, the model expects {}", p.name, v.len(), p.numel()),
+                    ));
+                }
+                None => return Err(config_error("parameters", format!("`{}` is missing", p.name))),
+            }
+        }
+        for (r, replica) in self.stages.iter_mut().enumerate() {
+            for (s, stage) in replica.iter_mut().enumerate() {
+                let dev = &self.devices[self.plan.device(r, s)];
+                for p in stage.iter_mut().flat_map(Unit::params_mut) {
+                    if let Some(v) = values.get(&p.name) {
+                        p.value = dev.upload(v)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

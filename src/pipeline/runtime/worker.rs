@@ -1,0 +1,284 @@
+//! One device's part of a step: its action list run in order, with a communication thread
+//! beside it that sums gradient buckets around the replicas' ring while the backward goes on.
+
+use super::mailbox::{Shared, Tag, aborted, panicked};
+use crate::comm::{Communicator, RingCommunicator};
+use crate::device::Device;
+use crate::error::{Error, Result, internal};
+use crate::model::{Batch, HostBatch, Saved, Spec, Unit, head_loss};
+use crate::pipeline::plan::Plan;
+use crate::pipeline::schedule::Action;
+use crate::pipeline::trace::Span;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::mpsc;
+
+/// A fault injected into one action of one device (tests of failure handling).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fault {
+    /// Global device index.
+    pub device: usize,
+    /// Position in that device's action list.
+    pub action: usize,
+    /// Panic instead of returning an error.
+    pub panic: bool,
+}
+
+/// What all workers of a step read.
+pub(super) struct StepContext<'a> {
+    pub spec: &'a Spec,
+    pub plan: &'a Plan,
+    /// Units below this are frozen: forward only, no dropout, nothing saved.
+    pub first_trainable: usize,
+    /// `1 / targets of the global batch`: every micro-batch's loss gradient is scaled by it.
+    pub grad_scale: f64,
+    pub dropout_seed: u64,
+    /// Keep the input of the first trainable unit (the frozen prefix's output).
+    pub capture: bool,
+    pub fault: Option<Fault>,
+    pub shared: &'a Shared,
+}
+
+/// What a worker returns.
+pub(super) struct WorkerOutput {
+    pub loss_sum: f64,
+    pub spans: Vec<Span>,
+    /// `(micro-batch, the frozen prefix's output)` when the step asked to capture it.
+    pub captured: Vec<(usize, Vec<f32>)>,
+}
+
+/// The stages one device runs in a step: `(stage, its units)`.
+pub(super) type StageUnits<'a, D> = Vec<(usize, &'a mut Vec<Unit<D>>)>;
+
+/// One device's part of a step.
+pub(super) struct Worker<'a, D: Device> {
+    pub ctx: &'a StepContext<'a>,
+    pub dev: &'a D,
+    pub global: usize,
+    /// `(stage, units)` of the stages this device runs.
+    pub stages: StageUnits<'a, D>,
+    pub actions: &'a [Action],
+    /// This replica's micro-batches.
+    pub micro: &'a [HostBatch],
+    pub ring: Option<RingCommunicator>,
+    /// A caller-supplied communicator, used in place of the ring.
+    pub communicator: Option<Arc<dyn Communicator<D>>>,
+}
+
+/// A gradient bucket on its way through the ring: `(stage, flat gradients)`.
+type Bucket = (usize, Vec<f32>);
+
+impl<D: Device> Worker<'_, D> {
+    /// Runs the worker; an error or a panic is recorded for the whole step.
+    pub fn run_guarded(self) -> Option<WorkerOutput> {
+        let (shared, g) = (self.ctx.shared, self.global);
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run())) {
+            Ok(Ok(out)) => Some(out),
+            Ok(Err(e)) => {
+                shared.fail(g, e);
+                None
+            }
+            Err(payload) => {
+                shared.fail(g, panicked("worker", payload.as_ref()));
+                None
+            }
+        }
+    }
+
+    fn run(mut self) -> Result<WorkerOutput> {
+        let ring = self.ring.take();
+        std::thread::scope(|scope| {
+            // The communication thread sums buckets around the ring while the worker goes on.
+            let (to_comm, from_worker) = mpsc::channel::<Bucket>();
+            let (to_worker, from_comm) = mpsc::channel::<Result<Bucket>>();
+            if let Some(ring) = ring {
+                scope.spawn(move || {
+                    for (stage, mut data) in from_worker {
+                        let reduced = ring.all_reduce_host(&mut data).map(|()| (stage, data));
+                        if to_worker.send(reduced).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+            let out = self.execute(&to_comm, &from_comm);
+            drop(to_comm); // ends the communication thread
+            out
+        })
+    }
+
+    fn units(&mut self, stage: usize) -> Result<&mut Vec<Unit<D>>> {
+        let global = self.global;
+        self.stages
+            .iter_mut()
+            .find(|(s, _)| *s == stage)
+            .map(|(_, u)| &mut **u)
+            .ok_or_else(|| internal(format!("device {global}"), format!("does not hold stage {stage}")))
+    }
+
+    fn execute(
+        &mut self,
+        to_comm: &mpsc::Sender<Bucket>,
+        from_comm: &mpsc::Receiver<Result<Bucket>>,
+    ) -> Result<WorkerOutput> {
+        let ctx = self.ctx;
+        let (dev, me) = (self.dev, self.global);
+        let replica_base = me - me % ctx.plan.config.pipeline_len;
+        let s_count = ctx.plan.stages();
+        let mut batches: HashMap<usize, Batch<D>> = HashMap::new();
+        let mut acts: HashMap<(usize, usize), D::Buf> = HashMap::new();
+        let mut dys: HashMap<(usize, usize), Option<D::Buf>> = HashMap::new();
+        let mut saved: HashMap<(usize, usize), Vec<Saved<D>>> = HashMap::new();
+        let mut pending = 0usize;
+        let mut out =
+            WorkerOutput { loss_sum: 0.0, spans: Vec::with_capacity(self.actions.len()), captured: Vec::new() };
+        for (i, &action) in self.actions.iter().enumerate() {
+            if let Some(f) = ctx.fault.filter(|f| f.device == me && f.action == i) {
+                if f.panic {
+                    panic!("injected fault at action #{i} {action:?}");
+                }
+                return Err(internal("fault", format!("injected at action #{i} {action:?}")));
+            }
+            let start = ctx.shared.now();
+            match action {
+                Action::Forward { mb, stage } => {
+                    if let std::collections::hash_map::Entry::Vacant(e) = batches.entry(mb) {
+                        e.insert(Batch::upload(dev, ctx.spec, &self.micro[mb], true, ctx.dropout_seed)?);
+                    }
+                    let first = ctx.plan.partition.stages[stage].start;
+                    // Stage 0 starts from the batch's cached hidden states when it has them.
+                    let (mut x, skip) = match (stage, &self.micro[mb].hidden) {
+                        (0, Some(h)) => (Some(dev.upload(&h.data)?), h.depth),
+                        (0, None) => (None, 0),
+                        _ => (Some(take(&mut acts, (mb, stage - 1), "activation")?), 0),
+                    };
+                    let batch = &batches[&mb];
+                    let units = self.units(stage)?;
+                    let mut kept = Vec::with_capacity(units.len());
+                    for (i, unit) in units.iter().enumerate() {
+                        let g = first + i;
+                        if g < skip {
+                            kept.push(Saved::None);
+                            continue;
+                        }
+                        if ctx.capture && g == ctx.first_trainable && g > 0 {
+                            let h = x.as_ref().ok_or_else(|| internal("capture", "no hidden states"))?;
+                            out.captured.push((mb, dev.download(h)?));
+                        }
+                        let (y, s) = unit.forward(dev, batch, x.take(), g >= ctx.first_trainable)?;
+                        kept.push(s);
+                        x = Some(y);
+                    }
+                    let y = x.ok_or_else(|| internal(format!("stage {stage}"), "has no units"))?;
+                    saved.insert((mb, stage), kept);
+                    if stage + 1 == s_count {
+                        let head = units.last().ok_or_else(|| internal("pipeline", "empty last stage"))?;
+                        let loss = head_loss(dev, ctx.spec, head, batch, &y, Some(ctx.grad_scale))?;
+                        out.loss_sum += loss.loss_sum;
+                        dys.insert((mb, stage), loss.dlogits);
+                    } else {
+                        acts.insert((mb, stage), y);
+                    }
+                }
+                Action::Backward { mb, stage } => {
+                    let first = ctx.plan.partition.stages[stage].start;
+                    let dy = take(&mut dys, (mb, stage), "gradient")?;
+                    let kept = take(&mut saved, (mb, stage), "saved activations")?;
+                    let batch = &batches[&mb];
+                    let units = self.units(stage)?;
+                    // As `Model::backward`: stop at the frozen boundary; the unit just above it
+                    // is not asked for its input gradient.
+                    let mut cur = dy;
+                    for (i, (unit, s)) in units.iter_mut().zip(kept).enumerate().rev() {
+                        let Some(y) = cur.take() else { break };
+                        if first + i < ctx.first_trainable {
+                            break;
+                        }
+                        cur = unit.backward(dev, batch, s, &y, first + i > ctx.first_trainable)?;
+                    }
+                    if stage > 0 {
+                        dys.insert((mb, stage - 1), cur);
+                    }
+                }
+                Action::SendActivation { mb, stage, to } => {
+                    let y = take(&mut acts, (mb, stage), "activation")?;
+                    ctx.shared.put(replica_base + to, Tag { gradient: false, mb, stage }, Some(dev.download(&y)?));
+                }
+                Action::RecvActivation { mb, stage, .. } => {
+                    let data = ctx.shared.take(me, Tag { gradient: false, mb, stage })?.ok_or_else(|| {
+                        internal("pipeline", format!("empty activation of stage {stage}, micro-batch {mb}"))
+                    })?;
+                    acts.insert((mb, stage), dev.upload(&data)?);
+                }
+                Action::SendGrad { mb, stage, to } => {
+                    let g = take(&mut dys, (mb, stage - 1), "gradient")?;
+                    let tag = Tag { gradient: true, mb, stage };
+                    ctx.shared.put(replica_base + to, tag, g.map(|g| dev.download(&g)).transpose()?);
+                }
+                Action::RecvGrad { mb, stage, .. } => {
+                    let data = ctx.shared.take(me, Tag { gradient: true, mb, stage })?;
+                    dys.insert((mb, stage - 1), data.map(|d| dev.upload(&d)).transpose()?);
+                }
+                Action::AllReduce { stage } if self.communicator.is_some() => {
+                    // A device communicator (NCCL queues on the GPU's stream, so it overlaps
+                    // the compute after it without a thread of ours).
+                    let comm = self.communicator.clone().ok_or_else(|| internal("all-reduce", "no communicator"))?;
+                    let mut grads: Vec<&mut D::Buf> = self
+                        .units(stage)?
+                        .iter_mut()
+                        .flat_map(Unit::params_mut)
+                        .filter_map(|p| p.grad.as_mut())
+                        .collect();
+                    comm.all_reduce_sum(dev, &mut grads)?;
+                }
+                Action::AllReduce { stage } => {
+                    if ctx.plan.config.replicas > 1 {
+                        let mut flat = Vec::new();
+                        for g in self.units(stage)?.iter().flat_map(Unit::params).filter_map(|p| p.grad.as_ref()) {
+                            flat.extend(dev.download(g)?);
+                        }
+                        to_comm
+                            .send((stage, flat))
+                            .map_err(|_| internal("all-reduce", "the communication thread has stopped"))?;
+                        pending += 1;
+                    }
+                }
+                Action::OptimizerStep => {
+                    // Wait for this device's buckets; the update itself follows the global norm.
+                    for _ in 0..pending {
+                        let (stage, data) = recv_bucket(from_comm, ctx.shared)?;
+                        let mut at = 0;
+                        for g in
+                            self.units(stage)?.iter_mut().flat_map(Unit::params_mut).filter_map(|p| p.grad.as_mut())
+                        {
+                            let n = D::len(g);
+                            *g = dev.upload(&data[at..at + n])?;
+                            at += n;
+                        }
+                    }
+                    pending = 0;
+                }
+            }
+            out.spans.push(Span { action, start, end: ctx.shared.now() });
+        }
+        Ok(out)
+    }
+}
+
+/// Receives a reduced bucket, giving up when the step aborts.
+fn recv_bucket(from_comm: &mpsc::Receiver<Result<Bucket>>, shared: &Shared) -> Result<Bucket> {
+    loop {
+        match from_comm.recv_timeout(std::time::Duration::from_millis(20)) {
+            // In-process, a ring fails only when a member's worker has already failed.
+            Ok(reduced) => return reduced.map_err(|e| aborted(format!("all-reduce: {e}"))),
+            Err(mpsc::RecvTimeoutError::Timeout) if !shared.aborted() => continue,
+            Err(_) => return Err(aborted("all-reduce: the ring stopped".into())),
+        }
+    }
+}
+
+/// Removes `key` from a worker's table; its absence means the schedule and the runtime disagree.
+fn take<K: std::hash::Hash + Eq + std::fmt::Debug + Copy, V>(map: &mut HashMap<K, V>, key: K, what: &str) -> Result<V> {
+    map.remove(&key)
+        .ok_or_else(|| Error::Internal { what: "pipeline".into(), message: format!("no {what} for {key:?}") })
+}

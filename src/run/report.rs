@@ -1,0 +1,280 @@
+//! `report.html`: one self-contained page (inline SVG, no script, nothing fetched) that shows a
+//! run as PipeTransformer's figures do: per epoch the frozen layers, `K`, `R`, `M`, throughput,
+//! cache hit rate and accuracy; the loss curve; and the transitions on a timeline. Built from
+//! `metrics.jsonl`, from the last fresh start on, so a resumed run's report covers all of it.
+
+use super::config::RunConfig;
+use crate::error::Result;
+use crate::files::{io_error, write_atomic};
+use serde_json::Value;
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// One epoch's row.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct EpochRow {
+    epoch: u64,
+    frozen: usize,
+    k: usize,
+    r: usize,
+    m: usize,
+    samples_per_second: f64,
+    hit_rate: Option<f64>,
+    accuracy: f64,
+    loss: f64,
+}
+
+/// Writes the report of the run logged in `metrics` to `out`.
+pub fn write_report(metrics: &Path, out: &Path, config: &RunConfig) -> Result<()> {
+    let text = std::fs::read_to_string(metrics).map_err(|e| io_error(metrics, e))?;
+    let html = render(&text, config);
+    write_atomic(out, |w| std::io::Write::write_all(w, html.as_bytes()))
+}
+
+/// The events of the last fresh run (a resume continues it).
+fn events(log: &str) -> Vec<Value> {
+    let all: Vec<Value> = log.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    let start = all.iter().rposition(|e| e["event"] == "start" && e["resumed"] == false).unwrap_or(0);
+    all[start..].to_vec()
+}
+
+fn render(log: &str, config: &RunConfig) -> String {
+    let events = events(log);
+    let (plan, _) = config.pipeline.resolve().unwrap_or_default();
+    let (mut frozen, mut k, mut r, mut m) = (0, plan.pipeline_len, plan.replicas, plan.micro_batches);
+    let mut rows: Vec<EpochRow> = Vec::new();
+    let mut losses: Vec<(f64, f64)> = Vec::new();
+    let mut transitions: Vec<&Value> = Vec::new();
+    let mut last_step = 0.0;
+    for e in &events {
+        let u = |key: &str| e[key].as_u64().unwrap_or(0) as usize;
+        let pair_after = |key: &str| e[key][1].as_u64().unwrap_or(0) as usize;
+        match e["event"].as_str().unwrap_or("") {
+            "step" => {
+                last_step = e["step"].as_f64().unwrap_or(0.0);
+                losses.push((last_step, e["loss"].as_f64().unwrap_or(f64::NAN)));
+            }
+            "transition" => {
+                (frozen, k, r, m) = (
+                    pair_after("frozen_layers"),
+                    pair_after("pipeline_len"),
+                    pair_after("replicas"),
+                    pair_after("micro_batches"),
+                );
+                transitions.push(e);
+            }
+            "epoch" => {
+                let secs = e["train_seconds"].as_f64().unwrap_or(0.0);
+                rows.push(EpochRow {
+                    epoch: e["epoch"].as_u64().unwrap_or(0),
+                    frozen,
+                    k,
+                    r,
+                    m,
+                    samples_per_second: if secs > 0.0 { u("samples") as f64 / secs } else { 0.0 },
+                    hit_rate: None,
+                    accuracy: e["eval"]["accuracy"].as_f64().unwrap_or(0.0),
+                    loss: e["eval"]["loss"].as_f64().unwrap_or(0.0),
+                });
+            }
+            _ => {}
+        }
+    }
+    // An epoch's cache event follows its epoch event: attach it to the row it belongs to.
+    for e in &events {
+        if e["event"] == "cache" {
+            let epoch = e["epoch"].as_u64().unwrap_or(0);
+            let (h, miss) = (e["hits"].as_f64().unwrap_or(0.0), e["misses"].as_f64().unwrap_or(0.0));
+            if let Some(row) = rows.iter_mut().find(|row| row.epoch == epoch) {
+                row.hit_rate = (h + miss > 0.0).then(|| h / (h + miss));
+            }
+        }
+    }
+
+    let mut html = String::new();
+    let title = config.output.dir.display().to_string();
+    let _ = write!(
+        html,
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>pipetransformer: {}</title><style>\
+         body{{font-family:sans-serif;margin:2em;max-width:70em}} table{{border-collapse:collapse}} \
+         td,th{{border:1px solid #ccc;padding:0.3em 0.6em;text-align:right}} th{{background:#f4f4f4}} \
+         svg{{border:1px solid #ddd;margin:0.5em 0}}</style></head><body><h1>{}</h1>",
+        esc(&title),
+        esc(&title)
+    );
+    let _ = write!(
+        html,
+        "<p>{:?} on {:?}; freeze rule <b>{:?}</b>, AutoPipe {}, AutoDP {}, AutoCache {}.</p>",
+        config.data.dataset,
+        config.model.pretrained.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "a new model".into()),
+        config.elastic.freeze,
+        on(config.elastic.auto_pipe),
+        on(config.elastic.auto_dp),
+        on(config.elastic.cache)
+    );
+    html.push_str("<h2>Per epoch</h2><table><tr><th>epoch</th><th>frozen layers</th><th>K</th><th>R</th><th>M</th><th>samples/s</th><th>cache hits</th><th>test accuracy</th><th>test loss</th></tr>");
+    for row in &rows {
+        let hits = row.hit_rate.map_or("–".to_string(), |h| format!("{:.0}%", 100.0 * h));
+        let _ = write!(
+            html,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{hits}</td><td>{:.2}%</td><td>{:.4}</td></tr>",
+            row.epoch,
+            row.frozen,
+            row.k,
+            row.r,
+            row.m,
+            row.samples_per_second,
+            100.0 * row.accuracy,
+            row.loss
+        );
+    }
+    html.push_str("</table><h2>Training loss</h2>");
+    html.push_str(&line_chart(&losses, &transitions, last_step));
+    html.push_str("<h2>Transitions</h2>");
+    html.push_str(&timeline(&transitions, last_step));
+    html.push_str("<table><tr><th>step</th><th>epoch</th><th>frozen layers</th><th>K</th><th>R</th><th>M</th><th>stages</th><th>cache</th><th>took</th><th style=\"text-align:left\">why</th></tr>");
+    for t in &transitions {
+        let pair = |key: &str| format!("{} → {}", t[key][0], t[key][1]);
+        let stages: Vec<String> = t["stages"]
+            .as_array()
+            .map(|a| a.iter().map(|s| format!("{}..{}", s["start"], s["end"])).collect())
+            .unwrap_or_default();
+        let _ = write!(
+            html,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.0} ms</td><td style=\"text-align:left\">{}</td></tr>",
+            t["step"],
+            t["epoch"],
+            pair("frozen_layers"),
+            pair("pipeline_len"),
+            pair("replicas"),
+            pair("micro_batches"),
+            stages.join(" | "),
+            on(t["cache"] == true),
+            t["seconds"].as_f64().unwrap_or(0.0) * 1e3,
+            esc(t["reason"].as_str().unwrap_or(""))
+        );
+    }
+    html.push_str("</table></body></html>\n");
+    html
+}
+
+fn on(b: bool) -> &'static str {
+    if b { "on" } else { "off" }
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+const W: f64 = 800.0;
+const H: f64 = 240.0;
+const PAD: f64 = 40.0;
+
+/// The loss by step as a polyline, with each transition as a vertical line.
+fn line_chart(points: &[(f64, f64)], transitions: &[&Value], last: f64) -> String {
+    let finite: Vec<(f64, f64)> = points.iter().copied().filter(|p| p.1.is_finite()).collect();
+    if finite.is_empty() {
+        return "<p>no steps logged</p>".into();
+    }
+    let (lo, hi) = finite.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| (a.min(p.1), b.max(p.1)));
+    let span = (hi - lo).max(1e-9);
+    let x = |s: f64| PAD + (W - 2.0 * PAD) * s / last.max(1.0);
+    let y = |v: f64| H - PAD + (PAD - H + PAD) * (v - lo) / span;
+    let mut svg =
+        format!("<svg width=\"{W}\" height=\"{H}\" viewBox=\"0 0 {W} {H}\" xmlns=\"http://www.w3.org/2000/svg\">");
+    for t in transitions {
+        let sx = x(t["step"].as_f64().unwrap_or(0.0));
+        let _ = write!(
+            svg,
+            "<line x1=\"{sx:.1}\" y1=\"{PAD}\" x2=\"{sx:.1}\" y2=\"{:.1}\" stroke=\"#e67\" stroke-dasharray=\"4\"/>",
+            H - PAD
+        );
+    }
+    let path: Vec<String> = finite.iter().map(|&(s, v)| format!("{:.1},{:.1}", x(s), y(v))).collect();
+    let _ = write!(svg, "<polyline fill=\"none\" stroke=\"#247\" stroke-width=\"1\" points=\"{}\"/>", path.join(" "));
+    let _ = write!(
+        svg,
+        "<text x=\"4\" y=\"{:.0}\" font-size=\"11\">{hi:.3}</text><text x=\"4\" y=\"{:.0}\" font-size=\"11\">{lo:.3}</text>\
+         <text x=\"{:.0}\" y=\"{:.0}\" font-size=\"11\">step {last:.0}</text></svg>",
+        PAD + 4.0,
+        H - PAD,
+        W - PAD - 50.0,
+        H - 8.0
+    );
+    svg
+}
+
+/// Transitions on a step axis, labelled with what the pipeline became.
+fn timeline(transitions: &[&Value], last: f64) -> String {
+    let h = 90.0;
+    let x = |s: f64| PAD + (W - 2.0 * PAD) * s / last.max(1.0);
+    let mut svg =
+        format!("<svg width=\"{W}\" height=\"{h}\" viewBox=\"0 0 {W} {h}\" xmlns=\"http://www.w3.org/2000/svg\">");
+    let _ = write!(svg, "<line x1=\"{PAD}\" y1=\"60\" x2=\"{:.0}\" y2=\"60\" stroke=\"#555\"/>", W - PAD);
+    for (i, t) in transitions.iter().enumerate() {
+        let sx = x(t["step"].as_f64().unwrap_or(0.0));
+        let label = format!(
+            "{}L K{} R{} M{}",
+            t["frozen_layers"][1], t["pipeline_len"][1], t["replicas"][1], t["micro_batches"][1]
+        );
+        let ty = if i % 2 == 0 { 30.0 } else { 48.0 };
+        let _ = write!(
+            svg,
+            "<circle cx=\"{sx:.1}\" cy=\"60\" r=\"4\" fill=\"#e67\"/><text x=\"{sx:.1}\" y=\"{ty}\" font-size=\"10\" text-anchor=\"middle\">{}</text>",
+            esc(&label)
+        );
+    }
+    let _ = write!(
+        svg,
+        "<text x=\"{PAD}\" y=\"80\" font-size=\"11\">step 0</text><text x=\"{:.0}\" y=\"80\" font-size=\"11\">step {last:.0}</text></svg>",
+        W - PAD - 50.0
+    );
+    svg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_report_shows_each_epoch_and_transition_from_the_last_fresh_start() {
+        let log = [
+            r#"{"event":"start","resumed":false,"step":0}"#,
+            r#"{"event":"step","step":1,"epoch":0,"loss":9.0,"lr":0.1,"grad_norm":1.0,"samples":4,"seconds":1.0}"#,
+            r#"{"event":"start","resumed":false,"step":0}"#,
+            r#"{"event":"step","step":1,"epoch":0,"loss":0.7,"lr":0.1,"grad_norm":1.0,"samples":4,"seconds":0.5}"#,
+            r#"{"event":"epoch","epoch":0,"eval":{"loss":0.6,"accuracy":0.75,"perplexity":1.8,"count":8},"samples":4,"train_seconds":0.5,"eval_seconds":0.1}"#,
+            r#"{"event":"cache","epoch":0,"hits":0,"misses":1,"entries":4,"memory_bytes":64,"disk_bytes":0}"#,
+            r#"{"event":"transition","step":1,"epoch":0,"reason":"Alpha <rule>","frozen_layers":[0,2],"frozen_units":5,"pipeline_len":[2,1],"replicas":[1,2],"micro_batches":[2,1],"stages":[{"start":0,"end":8}],"batches_per_step":1,"cache":true,"seconds":0.02}"#,
+            r#"{"event":"start","resumed":true,"step":1}"#,
+            r#"{"event":"step","step":2,"epoch":1,"loss":0.5,"lr":0.1,"grad_norm":1.0,"samples":4,"seconds":0.25}"#,
+            r#"{"event":"epoch","epoch":1,"eval":{"loss":0.4,"accuracy":0.875,"perplexity":1.5,"count":8},"samples":4,"train_seconds":0.25,"eval_seconds":0.1}"#,
+            r#"{"event":"cache","epoch":1,"hits":3,"misses":1,"entries":4,"memory_bytes":64,"disk_bytes":0}"#,
+        ]
+        .join("\n");
+        let config = RunConfig::parse(
+            "[model]\npretrained = \"w\"\n[data]\ndataset = \"digits\"\nbatch_size = 4\n[train]\nepochs = 2\nlr = 0.1\n[output]\ndir = \"runs/t\"\n[pipeline]\npipeline_len = 2\nmicro_batches = 2\n",
+            "t",
+            &[],
+        )
+        .unwrap();
+        let html = render(&log, &config);
+        // Epoch 0 ran at K=2, M=2 with a cold cache; epoch 1 after the transition at K=1, R=2.
+        assert!(
+            html.contains(
+                "<tr><td>0</td><td>0</td><td>2</td><td>1</td><td>2</td><td>8.0</td><td>0%</td><td>75.00%</td>"
+            ),
+            "{html}"
+        );
+        assert!(
+            html.contains(
+                "<tr><td>1</td><td>2</td><td>1</td><td>2</td><td>1</td><td>16.0</td><td>75%</td><td>87.50%</td>"
+            ),
+            "{html}"
+        );
+        assert!(html.contains("0 → 2") && html.contains("2 → 1") && html.contains("Alpha &lt;rule&gt;"));
+        assert!(html.contains("2L K1 R2 M1"), "the timeline labels the new shape");
+        assert!(!html.contains("9.000"), "the first run's steps are not in the report");
+        assert!(!html.contains("<script") && !html.contains("src="), "nothing to fetch or run");
+    }
+}

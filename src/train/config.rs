@@ -1,0 +1,74 @@
+//! `TrainConfig`: the hyper-parameters of a run (the `[train]` section of a run config).
+
+use crate::error::{Error, Result};
+use crate::optim::{Decay, LrSchedule, OptimizerConfig};
+use serde::{Deserialize, Serialize};
+
+/// Hyper-parameters of a run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Passes over the training data.
+    pub epochs: u64,
+    /// Stop after this many of the source's batches in all (0: no limit).
+    #[serde(default)]
+    pub max_steps: u64,
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Final learning rate.
+    #[serde(default)]
+    pub min_lr: f64,
+    /// Fraction of the run spent warming up linearly from 0.
+    #[serde(default)]
+    pub warmup_fraction: f64,
+    /// Decay after warmup.
+    #[serde(default = "default_decay")]
+    pub decay: Decay,
+    /// Optimizer and its hyper-parameters.
+    #[serde(default)]
+    pub optimizer: OptimizerConfig,
+    /// Clip the global gradient norm to this (0: no clipping).
+    #[serde(default)]
+    pub max_grad_norm: f64,
+    /// Seed of the data order and dropout.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+fn default_decay() -> Decay {
+    Decay::Linear
+}
+
+impl TrainConfig {
+    /// The source batches the run will take with `batches_per_epoch` batches per epoch: the
+    /// clock of the learning-rate schedule, whatever the number of batches one optimizer step
+    /// takes.
+    pub fn total_batches(&self, batches_per_epoch: usize) -> u64 {
+        let all = self.epochs * batches_per_epoch as u64;
+        if self.max_steps > 0 { all.min(self.max_steps) } else { all }
+    }
+
+    /// The learning-rate schedule over `total` source batches.
+    pub fn lr_schedule(&self, total: u64) -> Result<LrSchedule> {
+        if !(0.0..=1.0).contains(&self.warmup_fraction) {
+            return Err(Error::Config {
+                field: "train.warmup_fraction".into(),
+                message: format!("must be in [0, 1], got {}", self.warmup_fraction),
+            });
+        }
+        let schedule = LrSchedule {
+            base_lr: self.lr,
+            min_lr: self.min_lr,
+            warmup_steps: (self.warmup_fraction * total as f64).round() as u64,
+            total_steps: total,
+            decay: self.decay,
+        };
+        schedule.validate()?;
+        Ok(schedule)
+    }
+
+    /// The global-norm clip, if any.
+    pub fn clip(&self) -> Option<f64> {
+        (self.max_grad_norm > 0.0).then_some(self.max_grad_norm)
+    }
+}

@@ -1,0 +1,123 @@
+//! What a run reports as it goes: one event per step, per evaluation, per elastic transition
+//! and per epoch of the activation cache. The binary's progress bar, `metrics.jsonl` and
+//! `report.html` all read the same events.
+
+use serde::Serialize;
+use std::ops::Range;
+
+/// Metrics of one evaluation pass.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct EvalMetrics {
+    /// Mean loss over the counted targets.
+    pub loss: f64,
+    /// Fraction of correct argmax predictions (classifiers; for a language model, next-token
+    /// accuracy).
+    pub accuracy: f64,
+    /// `exp(loss)`: the language-model metric.
+    pub perplexity: f64,
+    /// Counted targets.
+    pub count: usize,
+}
+
+/// A pipelined step's idle fraction, measured and predicted.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Bubble {
+    /// Measured: 1 − compute time / (devices × step time).
+    pub measured: f64,
+    /// The schedule's formula for equal stages.
+    pub formula: f64,
+}
+
+/// An elastic transition (PipeTransformer): what changed and what it cost.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Transition {
+    /// Optimizer steps taken when it happened.
+    pub step: u64,
+    /// The epoch it happened in (at an epoch's end: that epoch).
+    pub epoch: u64,
+    /// Why: the freeze rule's decision, or a resume.
+    pub reason: String,
+    /// Frozen Transformer layers, before → after.
+    pub frozen_layers: (usize, usize),
+    /// Frozen units (embedding + two per layer), after.
+    pub frozen_units: usize,
+    /// Pipeline length `K`, before → after.
+    pub pipeline_len: (usize, usize),
+    /// Replicas `R`, before → after.
+    pub replicas: (usize, usize),
+    /// Micro-batches `M`, before → after.
+    pub micro_batches: (usize, usize),
+    /// The new partition: units of each stage.
+    pub stages: Vec<Range<usize>>,
+    /// Source batches per optimizer step after (the `scale-lr` policy grows it with `R`).
+    pub batches_per_step: usize,
+    /// Whether the frozen prefix's output is read from the cache from now on.
+    pub cache: bool,
+    /// Wall-clock seconds the transition took (freezing, re-planning, moving weights and
+    /// optimizer state, tuning `M`).
+    pub seconds: f64,
+}
+
+/// Something that happened during a run, for progress bars and metric logs.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// A run started or resumed in this process.
+    Start {
+        /// Whether it continues from a checkpoint.
+        resumed: bool,
+        /// Optimizer steps already taken.
+        step: u64,
+    },
+    /// An optimizer step finished.
+    Step {
+        /// Steps taken so far.
+        step: u64,
+        /// Epoch of the step.
+        epoch: u64,
+        /// Mean training loss of the batch.
+        loss: f64,
+        /// Learning rate used.
+        lr: f64,
+        /// Gradient norm before clipping.
+        grad_norm: f64,
+        /// Samples in the batch.
+        samples: usize,
+        /// Wall-clock seconds of the step (batch preparation included).
+        seconds: f64,
+        /// Pipelined steps: the measured bubble (idle fraction of the devices) and the
+        /// schedule formula's for equal stages.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        bubble: Option<Bubble>,
+    },
+    /// An epoch ended and was evaluated.
+    Epoch {
+        /// The epoch that ended.
+        epoch: u64,
+        /// Evaluation metrics.
+        eval: EvalMetrics,
+        /// Training samples this process stepped on in the epoch.
+        samples: usize,
+        /// Wall-clock seconds of those steps (evaluation excluded).
+        train_seconds: f64,
+        /// Wall-clock seconds of the evaluation.
+        eval_seconds: f64,
+    },
+    /// The elastic controller changed the run's shape.
+    Transition(Transition),
+    /// The activation cache over one epoch.
+    Cache {
+        /// The epoch.
+        epoch: u64,
+        /// Batches whose frozen prefix came from the cache.
+        hits: usize,
+        /// Batches that ran the frozen prefix.
+        misses: usize,
+        /// Samples held.
+        entries: usize,
+        /// Bytes in host memory.
+        memory_bytes: usize,
+        /// Bytes in the spill file.
+        disk_bytes: usize,
+    },
+}

@@ -1,0 +1,235 @@
+//! PipeTransformer's elastic loop changes how a run is executed, never what it computes: a run
+//! that freezes layers through transitions (AutoPipe shortening the pipeline, AutoDP adding a
+//! replica, AutoCache feeding the first stage, spilling to disk and advancing its entries)
+//! follows, step by step, a one-device run that freezes the same units at the same steps; an
+//! advanced cache entry is exactly a fresh forward; a run resumed after a transition continues
+//! where it stopped.
+
+mod common;
+
+use common::Pool;
+use pipetransformer::device::{CpuDevice, Device, GpuDevice, Precision};
+use pipetransformer::elastic::controller::Surroundings;
+use pipetransformer::elastic::{Elastic, ElasticConfig, FreezeName};
+use pipetransformer::model::{ModelConfig, Pooling};
+use pipetransformer::optim::Decay;
+use pipetransformer::pipeline::{PipelineConfig, StepOptions};
+use pipetransformer::train::{BatchSource, Event, TrainConfig, Trainer};
+use std::path::PathBuf;
+
+const EPOCHS: u64 = 4;
+const SAMPLES: usize = 12;
+const BATCH: usize = 4;
+
+fn train_config() -> TrainConfig {
+    TrainConfig {
+        epochs: EPOCHS,
+        max_steps: 0,
+        lr: 1e-2,
+        min_lr: 0.0,
+        warmup_fraction: 0.1,
+        decay: Decay::Cosine,
+        optimizer: Default::default(),
+        max_grad_norm: 1.0,
+        seed: 5,
+    }
+}
+
+/// A 2-layer BERT with dropout and mean pooling: layers frozen through the table below.
+fn bert() -> ModelConfig {
+    common::tiny_bert(Pooling::Mean, 0.1)
+}
+
+fn cpus(n: usize) -> Vec<CpuDevice<f32>> {
+    (0..n).map(|i| CpuDevice::new(i, 1).unwrap()).collect()
+}
+
+fn emus(n: usize) -> Vec<GpuDevice> {
+    (0..n).map(|i| pipetransformer::device::emu::device(i, Precision::F32, 3 + i as u64).unwrap()).collect()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("pt-elastic-{}-{name}", std::process::id()))
+}
+
+/// Per step: (loss, gradient norm).
+type Curve = Vec<(f64, f64)>;
+
+fn curve(events: &[Event]) -> Curve {
+    events
+        .iter()
+        .filter_map(|e| if let Event::Step { loss, grad_norm, .. } = e { Some((*loss, *grad_norm)) } else { None })
+        .collect()
+}
+
+/// One layer frozen after epoch 0, the second after epoch 1 (units 0..3, then 0..5), by hand
+/// on one device: no plan changes, no cache.
+fn by_hand(data: &Pool) -> (Curve, Vec<(String, Vec<f64>)>) {
+    let mut t = common::trainer_on(&bert(), 3, cpus(1), PipelineConfig::default(), train_config(), 3);
+    let mut events = Vec::new();
+    for frozen in [None, Some(3), Some(5), None] {
+        if let Some(n) = frozen {
+            t.pipeline.freeze_prefix(n).unwrap();
+        }
+        t.fit(data, Some(3), &mut (), &mut |e| events.push(e.clone())).unwrap();
+    }
+    assert!(t.done());
+    (curve(&events), t.pipeline.parameters(0).unwrap())
+}
+
+/// The whole system on two devices: a two-stage pipeline first; the table freezes one layer
+/// per epoch; AutoPipe, AutoDP and a cache small enough to spill take over.
+fn elastic_trainer<D: Device>(devices: Vec<D>, cache_dir: &std::path::Path) -> (Trainer<D>, Elastic) {
+    let plan = PipelineConfig { pipeline_len: 2, micro_batches: 2, ..Default::default() };
+    let mut t = common::trainer_on(&bert(), 3, devices, plan, train_config(), 3);
+    // Frozen units cost a second per sample: reading the cache always pays here.
+    for p in &mut t.profiles {
+        p.forward = 1.0;
+    }
+    let config = ElasticConfig {
+        freeze: FreezeName::Table,
+        table: vec![0, 1, 2],
+        auto_pipe: true,
+        auto_dp: true,
+        cache: true,
+        cache_bytes: 1500,
+        ..Default::default()
+    };
+    let around = Surroundings { layers: 2, devices: 2, initial_replicas: 1, batch: BATCH, positions: 7, width: 10 };
+    (t, Elastic::new(config, around, cache_dir).unwrap())
+}
+
+/// ‖a−b‖/‖b‖ over all parameters together.
+fn rel(a: &[(String, Vec<f64>)], b: &[(String, Vec<f64>)]) -> f64 {
+    let (mut num, mut den) = (0.0, 0.0);
+    for ((na, x), (nb, y)) in a.iter().zip(b) {
+        assert_eq!(na, nb);
+        num += x.iter().zip(y).map(|(p, q)| (p - q).powi(2)).sum::<f64>();
+        den += y.iter().map(|q| q * q).sum::<f64>();
+    }
+    (num / den).sqrt()
+}
+
+fn assert_follows(got: &Curve, want: &Curve, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: steps");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g.0 - w.0).abs() <= 1e-5 * w.0.abs(), "{what}: step {i} loss {} vs {}", g.0, w.0);
+        assert!((g.1 - w.1).abs() <= 1e-5 * w.1.abs(), "{what}: step {i} gradient norm {} vs {}", g.1, w.1);
+    }
+}
+
+fn check_transitions_follow_by_hand<D: Device>(devices: Vec<D>, name: &str) {
+    let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
+    let (want_curve, want_params) = by_hand(&data);
+    let dir = scratch(name);
+    let (mut t, mut elastic) = elastic_trainer(devices, &dir);
+    let mut events = Vec::new();
+    elastic.start(&mut t, &mut |e| events.push(e.clone())).unwrap();
+    t.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
+    assert_follows(&curve(&events), &want_curve, name);
+    let e = rel(&t.pipeline.parameters(0).unwrap(), &want_params);
+    assert!(e <= 1e-5, "{name}: weights differ from the run frozen by hand by {e:.2e}");
+
+    // The machinery really ran: two freezes, each shrinking the pipeline and adding a replica
+    // the first time; the cache missed in epoch 1, advanced its entries in epoch 2 and served
+    // them in epoch 3, spilling past its cap.
+    let freezes: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Transition(t) if t.frozen_layers.0 != t.frozen_layers.1 => Some(t.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(freezes.len(), 2, "{name}: {freezes:?}");
+    assert_eq!((freezes[0].pipeline_len, freezes[0].replicas), ((2, 1), (1, 2)), "{name}");
+    assert_eq!((freezes[0].frozen_units, freezes[1].frozen_units), (3, 5));
+    assert!(freezes.iter().all(|t| t.cache), "{name}: the cache pays with these costs");
+    let cache: Vec<(usize, usize, usize)> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Cache { hits, misses, disk_bytes, .. } => Some((*hits, *misses, *disk_bytes)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(cache.iter().map(|c| (c.0, c.1)).collect::<Vec<_>>(), vec![(0, 0), (0, 3), (3, 0), (3, 0)], "{name}");
+    assert!(cache[3].2 > 0, "{name}: the cache spilled to disk");
+    drop(elastic);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn transitions_with_the_cache_follow_a_run_frozen_by_hand_on_cpu() {
+    check_transitions_follow_by_hand(cpus(2), "cpu");
+}
+
+#[test]
+fn transitions_with_the_cache_follow_a_run_frozen_by_hand_on_emulated_cuda() {
+    check_transitions_follow_by_hand(emus(2), "emu");
+}
+
+#[test]
+fn an_advanced_cache_entry_equals_a_fresh_forward() {
+    let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
+    let batch = data.train_batch(0, 0).unwrap();
+    let options = StepOptions { dropout_seed: 9, lr: 1e-2, max_grad_norm: Some(1.0), capture_frozen_output: true };
+    let trainer = |frozen: usize| {
+        let mut t = common::trainer_on(&bert(), 3, cpus(1), PipelineConfig::default(), train_config(), 3);
+        t.pipeline.freeze_prefix(frozen).unwrap();
+        t
+    };
+    // Depth 3 (one layer frozen), as the cache would hold it.
+    let shallow = trainer(3).pipeline.step_with(&batch, &options).unwrap().frozen_output.unwrap();
+    assert_eq!(shallow.depth, 3);
+    // Two layers frozen now: from depth 3 (units 3..5 run) and from scratch.
+    let (mut advanced, mut fresh) = (trainer(5), trainer(5));
+    let mut from_cache = batch.clone();
+    from_cache.hidden = Some(shallow);
+    let a = advanced.pipeline.step_with(&from_cache, &options).unwrap();
+    let b = fresh.pipeline.step_with(&batch, &options).unwrap();
+    let (ha, hb) = (a.frozen_output.unwrap(), b.frozen_output.unwrap());
+    assert_eq!(ha.depth, 5);
+    assert_eq!(
+        ha.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        hb.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
+    assert_eq!((a.loss.to_bits(), a.grad_norm.to_bits()), (b.loss.to_bits(), b.grad_norm.to_bits()));
+    assert_eq!(advanced.pipeline.parameters(0).unwrap(), fresh.pipeline.parameters(0).unwrap());
+    // States that enter above the first trainable unit are refused.
+    let mut too_deep = batch.clone();
+    too_deep.hidden = Some(pipetransformer::model::Hidden { depth: 6, ..ha });
+    let e = fresh.pipeline.step_with(&too_deep, &options).unwrap_err().to_string();
+    assert!(e.contains("unit 5 trains"), "{e}");
+}
+
+#[test]
+fn a_run_resumed_after_a_transition_continues_where_it_stopped() {
+    let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
+    let dir = scratch("resume");
+    let (mut straight, mut elastic) = elastic_trainer(cpus(2), &dir.join("a"));
+    let mut all = Vec::new();
+    elastic.start(&mut straight, &mut |e| all.push(e.clone())).unwrap();
+    straight.fit(&data, None, &mut elastic, &mut |e| all.push(e.clone())).unwrap();
+
+    let path = dir.join("ckpt");
+    let (mut first, mut elastic) = elastic_trainer(cpus(2), &dir.join("b"));
+    let mut events = Vec::new();
+    first.fit(&data, Some(5), &mut elastic, &mut |e| events.push(e.clone())).unwrap();
+    assert_eq!(first.pipeline.frozen_prefix(), 3, "the first freeze came at step 3");
+    first.save_checkpoint(&path, elastic.state()).unwrap();
+    let shape = first.pipeline.plan().partition.stages.clone();
+    let config = first.pipeline.plan().config;
+    drop((first, elastic));
+
+    let (mut second, mut elastic) = elastic_trainer(cpus(2), &dir.join("c"));
+    let state = second.load_checkpoint(&path).unwrap();
+    elastic.restore(state).unwrap();
+    assert_eq!(second.pipeline.frozen_prefix(), 3);
+    assert_eq!((second.pipeline.plan().config, &second.pipeline.plan().partition.stages), (config, &shape));
+    assert_eq!(elastic.frozen_layers(), 1);
+    second.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
+    assert_follows(&curve(&events), &curve(&all), "resumed");
+    let e = rel(&second.pipeline.parameters(0).unwrap(), &straight.pipeline.parameters(0).unwrap());
+    assert!(e <= 1e-5, "weights differ from the straight run by {e:.2e}");
+    drop((straight, second, elastic));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
