@@ -351,14 +351,14 @@ fn overfit<D: Device>(dev: &D, family: Family, steps: u64, lr: f64, seed: u64) -
     let batch = Batch::upload(dev, model.spec(), &host, true, seed)?;
     let mut optimizer =
         Optimizer::new(OptimizerConfig::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 })?;
-    let schedule = LrSchedule {
+    let lr_schedule = LrSchedule {
         base_lr: lr,
         min_lr: lr / 10.0,
         warmup_steps: steps / 10,
         total_steps: steps,
         decay: pipetransformer::optim::Decay::Cosine,
     };
-    schedule.validate().context("learning-rate schedule")?;
+    lr_schedule.validate().context("learning-rate schedule")?;
     println!(
         "overfit: {:?} with {} parameters on {} — one batch of {} samples",
         model.spec().family,
@@ -369,7 +369,7 @@ fn overfit<D: Device>(dev: &D, family: Family, steps: u64, lr: f64, seed: u64) -
     let start = Instant::now();
     let mut last = f64::NAN;
     for step in 0..steps {
-        let stats = train_step(dev, &mut model, &mut optimizer, &batch, schedule.lr_at(step), Some(1.0))?;
+        let stats = train_step(dev, &mut model, &mut optimizer, &batch, lr_schedule.lr_at(step), Some(1.0))?;
         last = stats.loss;
         if step % 20 == 0 || step + 1 == steps {
             println!("step {step:4}  loss {:.5}  grad-norm {:.3}", stats.loss, stats.grad_norm);

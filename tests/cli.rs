@@ -243,3 +243,95 @@ fn bad_pipeline_settings_and_an_unwritable_trace_are_clear_errors() {
     assert!(!ok && out.contains("/nonexistent-dir/trace.json"), "{out}");
     assert!(dir.join("checkpoint.ckpt").exists() && dir.join("summary.json").exists(), "{out}");
 }
+
+/// The PipeTransformer settings a user can get wrong: each a clear error naming the setting,
+/// before anything is written; an existing run's files stay as they were.
+#[test]
+fn bad_elastic_settings_are_clear_errors_that_write_nothing() {
+    if !have_digits() {
+        return;
+    }
+    let dir = scratch("elastic-bad");
+    std::fs::write(dir.join("checkpoint.ckpt"), b"an earlier run").unwrap();
+    let out_dir = format!("output.dir={}", dir.display());
+    let blocker = dir.join("not-a-dir");
+    std::fs::write(&blocker, b"x").unwrap();
+    let unwritable = blocker.join("cache").display().to_string();
+    let cases: [(&[&str], &str); 7] = [
+        (&["--freeze", "alpha", "--alpha", "1.5"], "elastic.alpha"),
+        (&["--freeze", "sometimes"], "not one of off, eq1, alpha, table"),
+        (&["--freeze", "table", "--set", "elastic.table=[2, 1]"], "decreases from 2 to 1"),
+        (&["--freeze", "table", "--set", "elastic.table=[0, 3]"], "the final norm and the head always train"),
+        (&["--freeze", "alpha", "--auto-pipe", "--cache", "--cache-bytes", "100"], "cannot hold one batch"),
+        (&["--freeze", "alpha", "--auto-pipe", "--cache", "--cache-dir", &unwritable], "elastic.cache_dir"),
+        (&["--devices", "1", "--pipeline-len", "2"], "need 2 devices; 1 available"),
+    ];
+    for (flags, want) in cases {
+        let mut args = vec!["train", "--config", "configs/vit-digits.toml", "--set", &out_dir, "--fresh"];
+        args.extend(flags);
+        let (ok, out) = pipetransformer(&args);
+        assert!(!ok && out.contains(want), "{flags:?}: {out}");
+    }
+    assert_eq!(std::fs::read(dir.join("checkpoint.ckpt")).unwrap(), b"an earlier run");
+    let mut names: Vec<String> =
+        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, ["checkpoint.ckpt", "not-a-dir"], "nothing written");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The whole elastic loop from the command line on emulated CUDA devices: a two-stage
+/// pipeline freezes a layer after two steps, shrinks to one stage with two replicas, caches,
+/// and reports the transition in the log, the report and the trace.
+#[test]
+fn the_elastic_loop_runs_on_emulated_cuda_devices() {
+    if !have_digits() {
+        return;
+    }
+    let dir = scratch("elastic-emu");
+    let out_dir = format!("output.dir={}", dir.display());
+    let trace = dir.join("trace.json").display().to_string();
+    let (ok, out) = pipetransformer(&[
+        "train",
+        "--config",
+        "configs/vit-digits.toml",
+        "--set",
+        &out_dir,
+        "--fresh",
+        "--device",
+        "cuda-emu",
+        "--devices",
+        "2",
+        "--pipeline-len",
+        "2",
+        "--micro-batches",
+        "2",
+        "--freeze",
+        "table",
+        "--set",
+        "elastic.table=[0, 1]",
+        "--freeze-interval",
+        "2",
+        "--auto-pipe",
+        "--auto-dp",
+        "--cache",
+        "--set",
+        "train.max_steps=6",
+        "--set",
+        "train.epochs=1",
+        "--set",
+        "data.train_limit=96",
+        "--set",
+        "data.test_limit=32",
+        "--trace",
+        &trace,
+    ]);
+    assert!(ok, "{out}");
+    assert!(out.contains("transition at step 2: 0 → 1 frozen layers, K 2 → 1, R 1 → 2"), "{out}");
+    let log = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    assert!(log.contains("\"event\":\"transition\"") && log.contains("\"frozen_units\":3"), "{log}");
+    let report = std::fs::read_to_string(dir.join("report.html")).unwrap();
+    assert!(report.contains("<svg") && report.contains("0 → 1"), "{report}");
+    assert!(std::fs::read_to_string(&trace).unwrap().contains("transition: 1 frozen layers, K=1 R=2"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -10,7 +10,7 @@ mod common;
 use common::Pool;
 use pipetransformer::device::{CpuDevice, Device, GpuDevice, Precision};
 use pipetransformer::elastic::controller::Surroundings;
-use pipetransformer::elastic::{Elastic, ElasticConfig, FreezeName};
+use pipetransformer::elastic::{Elastic, ElasticConfig, FreezeInterval, FreezeName};
 use pipetransformer::model::{ModelConfig, Pooling};
 use pipetransformer::optim::Decay;
 use pipetransformer::pipeline::{PipelineConfig, StepOptions};
@@ -62,24 +62,29 @@ fn curve(events: &[Event]) -> Curve {
         .collect()
 }
 
-/// One layer frozen after epoch 0, the second after epoch 1 (units 0..3, then 0..5), by hand
-/// on one device: no plan changes, no cache.
-fn by_hand(data: &Pool) -> (Curve, Vec<(String, Vec<f64>)>) {
+/// One layer frozen after `every` steps, the second after `2·every` (units 0..3, then 0..5),
+/// by hand on one device: no plan changes, no cache.
+fn by_hand(data: &Pool, every: u64) -> (Curve, Vec<(String, Vec<f64>)>) {
     let mut t = common::trainer_on(&bert(), 3, cpus(1), PipelineConfig::default(), train_config(), 3);
     let mut events = Vec::new();
-    for frozen in [None, Some(3), Some(5), None] {
+    for frozen in [None, Some(3), Some(5)] {
         if let Some(n) = frozen {
             t.pipeline.freeze_prefix(n).unwrap();
         }
-        t.fit(data, Some(3), &mut (), &mut |e| events.push(e.clone())).unwrap();
+        let steps = if frozen == Some(5) { None } else { Some(every) };
+        t.fit(data, steps, &mut (), &mut |e| events.push(e.clone())).unwrap();
     }
     assert!(t.done());
     (curve(&events), t.pipeline.parameters(0).unwrap())
 }
 
 /// The whole system on two devices: a two-stage pipeline first; the table freezes one layer
-/// per epoch; AutoPipe, AutoDP and a cache small enough to spill take over.
-fn elastic_trainer<D: Device>(devices: Vec<D>, cache_dir: &std::path::Path) -> (Trainer<D>, Elastic) {
+/// per interval; AutoPipe, AutoDP and a cache small enough to spill take over.
+fn elastic_trainer<D: Device>(
+    devices: Vec<D>,
+    cache_dir: &std::path::Path,
+    interval: FreezeInterval,
+) -> (Trainer<D>, Elastic) {
     let plan = PipelineConfig { pipeline_len: 2, micro_batches: 2, ..Default::default() };
     let mut t = common::trainer_on(&bert(), 3, devices, plan, train_config(), 3);
     // Frozen units cost a second per sample: reading the cache always pays here.
@@ -93,6 +98,7 @@ fn elastic_trainer<D: Device>(devices: Vec<D>, cache_dir: &std::path::Path) -> (
         auto_dp: true,
         cache: true,
         cache_bytes: 1500,
+        freeze_interval: interval,
         ..Default::default()
     };
     let around = Surroundings { layers: 2, devices: 2, initial_replicas: 1, batch: BATCH, positions: 7, width: 10 };
@@ -118,11 +124,15 @@ fn assert_follows(got: &Curve, want: &Curve, what: &str) {
     }
 }
 
-fn check_transitions_follow_by_hand<D: Device>(devices: Vec<D>, name: &str) {
+fn check_transitions_follow_by_hand<D: Device>(devices: Vec<D>, name: &str, interval: FreezeInterval) {
     let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
-    let (want_curve, want_params) = by_hand(&data);
+    let every = match interval {
+        FreezeInterval::Epoch => 3,
+        FreezeInterval::Steps(n) => n,
+    };
+    let (want_curve, want_params) = by_hand(&data, every);
     let dir = scratch(name);
-    let (mut t, mut elastic) = elastic_trainer(devices, &dir);
+    let (mut t, mut elastic) = elastic_trainer(devices, &dir, interval);
     let mut events = Vec::new();
     elastic.start(&mut t, &mut |e| events.push(e.clone())).unwrap();
     t.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
@@ -151,7 +161,13 @@ fn check_transitions_follow_by_hand<D: Device>(devices: Vec<D>, name: &str) {
             _ => None,
         })
         .collect();
-    assert_eq!(cache.iter().map(|c| (c.0, c.1)).collect::<Vec<_>>(), vec![(0, 0), (0, 3), (3, 0), (3, 0)], "{name}");
+    if interval == FreezeInterval::Epoch {
+        let hits: Vec<(usize, usize)> = cache.iter().map(|c| (c.0, c.1)).collect();
+        assert_eq!(hits, vec![(0, 0), (0, 3), (3, 0), (3, 0)], "{name}");
+    } else {
+        // Boundaries that move mid-epoch leave samples at mixed depths: still served.
+        assert_eq!((cache[3].0, cache[3].1), (3, 0), "{name}: {cache:?}");
+    }
     assert!(cache[3].2 > 0, "{name}: the cache spilled to disk");
     drop(elastic);
     std::fs::remove_dir_all(&dir).unwrap();
@@ -159,12 +175,14 @@ fn check_transitions_follow_by_hand<D: Device>(devices: Vec<D>, name: &str) {
 
 #[test]
 fn transitions_with_the_cache_follow_a_run_frozen_by_hand_on_cpu() {
-    check_transitions_follow_by_hand(cpus(2), "cpu");
+    check_transitions_follow_by_hand(cpus(2), "cpu", FreezeInterval::Epoch);
+    // Every 4 steps of 3-batch epochs: the boundary moves mid-epoch.
+    check_transitions_follow_by_hand(cpus(2), "cpu-mid-epoch", FreezeInterval::Steps(4));
 }
 
 #[test]
 fn transitions_with_the_cache_follow_a_run_frozen_by_hand_on_emulated_cuda() {
-    check_transitions_follow_by_hand(emus(2), "emu");
+    check_transitions_follow_by_hand(emus(2), "emu", FreezeInterval::Epoch);
 }
 
 #[test]
@@ -205,13 +223,13 @@ fn an_advanced_cache_entry_equals_a_fresh_forward() {
 fn a_run_resumed_after_a_transition_continues_where_it_stopped() {
     let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
     let dir = scratch("resume");
-    let (mut straight, mut elastic) = elastic_trainer(cpus(2), &dir.join("a"));
+    let (mut straight, mut elastic) = elastic_trainer(cpus(2), &dir.join("a"), FreezeInterval::Epoch);
     let mut all = Vec::new();
     elastic.start(&mut straight, &mut |e| all.push(e.clone())).unwrap();
     straight.fit(&data, None, &mut elastic, &mut |e| all.push(e.clone())).unwrap();
 
     let path = dir.join("ckpt");
-    let (mut first, mut elastic) = elastic_trainer(cpus(2), &dir.join("b"));
+    let (mut first, mut elastic) = elastic_trainer(cpus(2), &dir.join("b"), FreezeInterval::Epoch);
     let mut events = Vec::new();
     first.fit(&data, Some(5), &mut elastic, &mut |e| events.push(e.clone())).unwrap();
     assert_eq!(first.pipeline.frozen_prefix(), 3, "the first freeze came at step 3");
@@ -220,7 +238,7 @@ fn a_run_resumed_after_a_transition_continues_where_it_stopped() {
     let config = first.pipeline.plan().config;
     drop((first, elastic));
 
-    let (mut second, mut elastic) = elastic_trainer(cpus(2), &dir.join("c"));
+    let (mut second, mut elastic) = elastic_trainer(cpus(2), &dir.join("c"), FreezeInterval::Epoch);
     let state = second.load_checkpoint(&path).unwrap();
     elastic.restore(state).unwrap();
     assert_eq!(second.pipeline.frozen_prefix(), 3);

@@ -59,6 +59,16 @@ struct Entry {
     place: Place,
 }
 
+/// A batch read from the cache: each sample's depth (the unit its states enter) and the
+/// values, `[batch, positions, width]`, zero where a sample is padding.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CachedBatch {
+    /// Per sample.
+    pub depths: Vec<usize>,
+    /// Values.
+    pub data: Vec<f32>,
+}
+
 /// Hits and misses so far (whole batches).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct CacheStats {
@@ -202,20 +212,15 @@ impl ActivationCache {
     }
 
     /// The batch's hidden states, padded to `positions` with zeros, when every sample is held
-    /// at one depth at most `max_depth` (a hit); `None` otherwise (a miss). Counts the batch.
-    pub fn get(&mut self, host: &HostBatch, positions: usize, max_depth: usize) -> Result<Option<Hidden>> {
+    /// at a depth of at most `max_depth` (a hit; samples may differ in depth after a boundary
+    /// moved mid-epoch); `None` otherwise (a miss). Counts the batch.
+    pub fn get(&mut self, host: &HostBatch, positions: usize, max_depth: usize) -> Result<Option<CachedBatch>> {
         let rows = Self::rows_of(host, positions);
         let entries: Option<Vec<Entry>> = (host.sample_ids.len() == host.batch)
             .then(|| host.sample_ids.iter().map(|id| self.index.get(id).copied()).collect::<Option<Vec<_>>>())
-            .flatten();
-        let depth = entries.as_ref().and_then(|e| e.first().map(|e| e.depth));
-        let usable = match (&entries, depth) {
-            (Some(e), Some(d)) => {
-                d <= max_depth && e.iter().zip(&rows).all(|(entry, &r)| entry.depth == d && entry.rows == r)
-            }
-            _ => false,
-        };
-        let (Some(entries), Some(depth), true) = (entries, depth, usable) else {
+            .flatten()
+            .filter(|e| e.iter().zip(&rows).all(|(entry, &r)| entry.depth <= max_depth && entry.rows == r));
+        let Some(entries) = entries else {
             self.stats.misses += 1;
             return Ok(None);
         };
@@ -230,7 +235,7 @@ impl ActivationCache {
             decode(self.dtype, src, &mut data[i * positions * w..][..e.rows * w]);
         }
         self.stats.hits += 1;
-        Ok(Some(Hidden { depth, width: w, data }))
+        Ok(Some(CachedBatch { depths: entries.iter().map(|e| e.depth).collect(), data }))
     }
 
     /// Stores each sample's real positions of `hidden` (the batch's frozen-prefix output),
@@ -357,7 +362,7 @@ mod tests {
         assert_eq!(cache.entries(), 16);
         for (host, h) in &stored {
             let got = cache.get(host, 5, 3).unwrap().expect("a hit");
-            assert_eq!(got.depth, 3);
+            assert_eq!(got.depths, [3; 4]);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got.data), bits(&masked(h, &lens, 5)));
         }
@@ -371,7 +376,12 @@ mod tests {
         let (mem, disk) = (cache.memory_bytes(), cache.disk_bytes());
         cache.put(host, &deeper).unwrap();
         assert_eq!((cache.memory_bytes(), cache.disk_bytes()), (mem, disk), "no second copy");
-        assert_eq!(cache.get(host, 5, 5).unwrap().unwrap().data, masked(&deeper, &lens, 5));
+        let got = cache.get(host, 5, 5).unwrap().unwrap();
+        assert_eq!((got.depths, got.data), (vec![5; 4], masked(&deeper, &lens, 5)));
+        // One sample advanced alone: the batch reads back at mixed depths.
+        let one = host.select(&[2]);
+        cache.put(&one, &hidden(7, 1, 5, w, 4.0)).unwrap();
+        assert_eq!(cache.get(host, 5, 7).unwrap().unwrap().depths, [5, 5, 7, 5]);
         drop(cache);
         assert!(!d.join("activations.bin").exists(), "the spill file goes with the cache");
         std::fs::remove_dir_all(&d).unwrap();

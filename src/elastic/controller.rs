@@ -13,7 +13,7 @@ use super::freeze::FreezeController;
 use super::{ElasticConfig, FreezeInterval, FreezeName};
 use crate::device::Device;
 use crate::error::{Result, config_error};
-use crate::model::HostBatch;
+use crate::model::{Hidden, HostBatch};
 use crate::pipeline::PipelineStep;
 use crate::train::{Controller, Event, Trainer, Transition};
 use serde::{Deserialize, Serialize};
@@ -286,8 +286,29 @@ impl<D: Device> Controller<D> for Elastic {
         let units = frozen_units(self.frozen_layers);
         let Some(cache) = self.cache.as_mut().filter(|_| self.cache_on && units > 0) else { return Ok(false) };
         let positions = Self::positions(trainer, host);
-        host.hidden = cache.get(host, positions, units)?;
-        Ok(host.hidden.as_ref().is_none_or(|h| h.depth < units))
+        let Some(cached) = cache.get(host, positions, units)? else { return Ok(true) };
+        // Samples left behind by a boundary that moved mid-epoch catch up with the deepest
+        // first (only they run, forward only); the pipeline takes the batch from there.
+        let top = cached.depths.iter().copied().max().unwrap_or(units);
+        let width = self.around.width;
+        let per = positions * width;
+        let mut data = cached.data;
+        let mut behind: Vec<usize> = cached.depths.iter().copied().filter(|&d| d < top).collect();
+        behind.sort_unstable();
+        behind.dedup();
+        for depth in behind {
+            let idx: Vec<usize> = (0..host.batch).filter(|&i| cached.depths[i] == depth).collect();
+            let mut sub = host.select(&idx);
+            let rows = idx.iter().flat_map(|&i| data[i * per..(i + 1) * per].iter().copied()).collect();
+            sub.hidden = Some(Hidden { depth, width, data: rows });
+            let advanced = trainer.pipeline.advance(&sub, top)?;
+            for (k, &i) in idx.iter().enumerate() {
+                data[i * per..(i + 1) * per].copy_from_slice(&advanced.data[k * per..(k + 1) * per]);
+            }
+            cache.put(&sub, &advanced)?;
+        }
+        host.hidden = Some(Hidden { depth: top, width, data });
+        Ok(top < units)
     }
 
     fn after_step(

@@ -18,7 +18,7 @@ pub mod controller;
 pub mod freeze;
 
 pub use autodp::BatchPolicy;
-pub use cache::{ActivationCache, CacheDtype};
+pub use cache::{ActivationCache, CacheDtype, CachedBatch};
 pub use controller::Elastic;
 pub use freeze::{FreezeController, FreezeRule};
 

@@ -95,6 +95,33 @@ impl HostBatch {
             .collect())
     }
 
+    /// The samples at `indices`, in that order, keeping the batch's padding and offsets (a
+    /// sample's dropout position changes with its index; select only for work without dropout,
+    /// such as running a frozen prefix).
+    pub fn select(&self, indices: &[usize]) -> HostBatch {
+        let rows = |v: &Vec<u32>, per: usize| {
+            indices.iter().flat_map(|&i| v[i * per..(i + 1) * per].iter().copied()).collect()
+        };
+        let per_sample_targets = self.targets.len().checked_div(self.batch).unwrap_or(0);
+        let floats = |v: &Vec<f32>| {
+            let per = v.len() / self.batch.max(1);
+            indices.iter().flat_map(|&i| v[i * per..(i + 1) * per].iter().copied()).collect()
+        };
+        HostBatch {
+            batch: indices.len(),
+            seq: self.seq,
+            tokens: self.tokens.as_ref().map(|v| rows(v, self.seq)),
+            token_types: self.token_types.as_ref().map(|v| rows(v, self.seq)),
+            attention_mask: self.attention_mask.as_ref().map(|v| rows(v, self.seq)),
+            pixels: self.pixels.as_ref().map(floats),
+            targets: rows(&self.targets, per_sample_targets),
+            position_offset: self.position_offset,
+            sample_offset: self.sample_offset,
+            sample_ids: indices.iter().filter_map(|&i| self.sample_ids.get(i).copied()).collect(),
+            hidden: self.hidden.as_ref().map(|h| Hidden { depth: h.depth, width: h.width, data: floats(&h.data) }),
+        }
+    }
+
     /// Joins consecutive batches into one (a step that takes several of the source's batches).
     /// Token sequences are padded to the longest (token 0, masked out, type 0; targets of a
     /// language model padded with [`IGNORE_INDEX`]); the first part's offsets are kept, so the

@@ -77,6 +77,8 @@ pub struct Trainer<D: Device> {
     /// A Chrome trace of every step, when asked for.
     pub trace: Option<ChromeTrace>,
     batches_per_epoch: usize,
+    /// Samples and seconds of this epoch's steps in this process (for its throughput).
+    epoch_work: (usize, f64),
 }
 
 impl<D: Device> Trainer<D> {
@@ -102,6 +104,7 @@ impl<D: Device> Trainer<D> {
             profiles,
             trace: None,
             batches_per_epoch,
+            epoch_work: (0, 0.0),
         })
     }
 
@@ -149,7 +152,7 @@ impl<D: Device> Trainer<D> {
         on_event: &mut dyn FnMut(&Event),
     ) -> Result<()> {
         let per_epoch = self.batches_per_epoch;
-        let (mut taken, mut samples, mut train_seconds) = (0, 0usize, 0.0f64);
+        let mut taken = 0;
         while !self.done() && stop_after.is_none_or(|n| taken < n) {
             let started = Instant::now();
             let Position { step, epoch, batch: index } = self.position;
@@ -157,7 +160,9 @@ impl<D: Device> Trainer<D> {
             let take = self.batches_per_step.max(1).min(per_epoch - index).min(left);
             let parts = (index..index + take).map(|i| data.train_batch(epoch, i)).collect::<Result<Vec<_>>>()?;
             let mut host = HostBatch::concat(&parts)?;
+            let fetched = started.elapsed().as_secs_f64();
             let capture = controller.before_step(self, &mut host)?;
+            let prepared = started.elapsed().as_secs_f64();
             let lr = self.lr_schedule.lr_at(self.batches_done()) * take as f64;
             let options = StepOptions {
                 dropout_seed: hash_u64(self.config.seed, step),
@@ -179,9 +184,20 @@ impl<D: Device> Trainer<D> {
             taken += 1;
             self.position.step += 1;
             self.position.batch += take;
+            let stepped = started.elapsed().as_secs_f64();
             controller.after_step(self, &host, &report, on_event)?;
             let seconds = started.elapsed().as_secs_f64();
-            (samples, train_seconds) = (samples + host.batch, train_seconds + seconds);
+            if crate::debug::level() >= 1 {
+                eprintln!(
+                    "step {step}: batch {:.1} ms, before {:.1} ms, pipeline {:.1} ms (makespan {:.1}), after {:.1} ms",
+                    fetched * 1e3,
+                    (prepared - fetched) * 1e3,
+                    (stepped - prepared) * 1e3,
+                    report.trace.makespan * 1e3,
+                    (seconds - stepped) * 1e3
+                );
+            }
+            self.epoch_work = (self.epoch_work.0 + host.batch, self.epoch_work.1 + seconds);
             on_event(&Event::Step {
                 step: step + 1,
                 epoch,
@@ -196,8 +212,8 @@ impl<D: Device> Trainer<D> {
                 let t = Instant::now();
                 let eval = self.evaluate(data)?;
                 let eval_seconds = t.elapsed().as_secs_f64();
+                let (samples, train_seconds) = std::mem::take(&mut self.epoch_work);
                 on_event(&Event::Epoch { epoch, eval, samples, train_seconds, eval_seconds });
-                (samples, train_seconds) = (0, 0.0);
                 controller.after_epoch(self, epoch, on_event)?;
                 if self.position.batch == per_epoch {
                     self.position.epoch += 1;

@@ -383,31 +383,57 @@ impl<D: Device> Pipeline<D> {
     /// Runs `host` forward through replica `replica`'s stages, one after another (no dropout,
     /// nothing saved), and returns its loss and logits.
     pub fn evaluate(&self, replica: usize, host: &HostBatch) -> Result<EvalOutput> {
+        let first_trainable = self.frozen_prefix();
+        if let Some(h) = &host.hidden {
+            self.check_hidden(host, h, first_trainable)?;
+        }
+        let (logits, dev, batch) = self.forward_units(replica, host, self.unit_count())?;
+        let head = self.stages[replica].last().and_then(|s| s.last()).ok_or_else(|| internal("pipeline", "no head"))?;
+        let loss = head_loss(dev, &self.spec, head, &batch, &logits, None)?;
+        Ok(EvalOutput { loss_sum: loss.loss_sum, count: loss.count, logits: dev.download(&logits)? })
+    }
+
+    /// Advances `host`'s hidden states (entering unit `d`) to enter unit `to` ≤ the first
+    /// trainable one, by running units `d..to` of replica 0 forward only, deterministically: what
+    /// the activation cache does to entries left behind by a moved frozen boundary.
+    pub fn advance(&self, host: &HostBatch, to: usize) -> Result<Hidden> {
+        let h = host.hidden.as_ref().ok_or_else(|| data_error("hidden states", "missing: nothing to advance"))?;
+        self.check_hidden(host, h, self.frozen_prefix())?;
+        if to < h.depth || to > self.frozen_prefix() {
+            return Err(data_error(
+                "hidden states",
+                format!("cannot go from unit {} to unit {to} (frozen units end at {})", h.depth, self.frozen_prefix()),
+            ));
+        }
+        // Replica 0's weights stand for all: replicas are equal.
+        let (x, dev, _) = self.forward_units(0, host, to)?;
+        Ok(Hidden { depth: to, width: h.width, data: dev.download(&x)? })
+    }
+
+    /// Runs units from the batch's hidden depth (or 0) up to `end` through replica `replica`'s
+    /// stages, forward only; returns the output, the device it is on and the batch there.
+    fn forward_units(&self, replica: usize, host: &HostBatch, end: usize) -> Result<(D::Buf, &D, Batch<D>)> {
         let mut x: Option<Vec<f32>> = None;
         let mut skip = 0;
         if let Some(h) = &host.hidden {
-            self.check_hidden(host, h, self.frozen_prefix())?;
             (x, skip) = (Some(h.data.clone()), h.depth);
         }
-        let last = self.plan.stages() - 1;
         for (s, units) in self.stages[replica].iter().enumerate() {
+            let first = self.plan.partition.stages[s].start;
             let dev = &self.devices[self.plan.device(replica, s)];
             let batch = Batch::upload(dev, &self.spec, host, false, 0)?;
-            let first = self.plan.partition.stages[s].start;
             let mut h = x.take().map(|v| dev.upload(&v)).transpose()?;
             for (i, unit) in units.iter().enumerate() {
-                if first + i >= skip {
+                if (skip..end).contains(&(first + i)) {
                     h = Some(unit.forward(dev, &batch, h.take(), false)?.0);
                 }
             }
             let h = h.ok_or_else(|| internal(format!("stage {s}"), "produced nothing"))?;
-            if s == last {
-                let head = units.last().ok_or_else(|| internal("pipeline", "empty last stage"))?;
-                let loss = head_loss(dev, &self.spec, head, &batch, &h, None)?;
-                return Ok(EvalOutput { loss_sum: loss.loss_sum, count: loss.count, logits: dev.download(&h)? });
+            if self.plan.partition.stages[s].end >= end {
+                return Ok((h, dev, batch));
             }
             x = Some(dev.download(&h)?);
         }
-        Err(internal("pipeline", "has no stages"))
+        Err(internal("pipeline", format!("no stage ends at unit {end}")))
     }
 }
