@@ -140,9 +140,9 @@ fn check_transitions_follow_by_hand<D: Device>(devices: Vec<D>, name: &str, inte
     let e = rel(&t.pipeline.parameters(0).unwrap(), &want_params);
     assert!(e <= 1e-5, "{name}: weights differ from the run frozen by hand by {e:.2e}");
 
-    // The machinery really ran: two freezes, each shrinking the pipeline and adding a replica
-    // the first time; the cache missed in epoch 1, advanced its entries in epoch 2 and served
-    // them in epoch 3, spilling past its cap.
+    // The machinery really ran: two freezes, the first shrinking the pipeline and adding a
+    // replica; the cache (counting samples) missed in epoch 1, advanced its entries in epoch 2
+    // and served them in epoch 3, spilling past its cap.
     let freezes: Vec<_> = events
         .iter()
         .filter_map(|e| match e {
@@ -163,10 +163,10 @@ fn check_transitions_follow_by_hand<D: Device>(devices: Vec<D>, name: &str, inte
         .collect();
     if interval == FreezeInterval::Epoch {
         let hits: Vec<(usize, usize)> = cache.iter().map(|c| (c.0, c.1)).collect();
-        assert_eq!(hits, vec![(0, 0), (0, 3), (3, 0), (3, 0)], "{name}");
+        assert_eq!(hits, vec![(0, 0), (0, 12), (12, 0), (12, 0)], "{name}");
     } else {
         // Boundaries that move mid-epoch leave samples at mixed depths: still served.
-        assert_eq!((cache[3].0, cache[3].1), (3, 0), "{name}: {cache:?}");
+        assert_eq!((cache[3].0, cache[3].1), (12, 0), "{name}: {cache:?}");
     }
     assert!(cache[3].2 > 0, "{name}: the cache spilled to disk");
     drop(elastic);

@@ -59,22 +59,30 @@ struct Entry {
     place: Place,
 }
 
-/// A batch read from the cache: each sample's depth (the unit its states enter) and the
-/// values, `[batch, positions, width]`, zero where a sample is padding.
+/// A batch read from the cache: each sample's depth (the unit its states enter; `None` when
+/// the cache does not hold it) and the values, `[batch, positions, width]`, zero where a sample
+/// is padding or missing.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CachedBatch {
     /// Per sample.
-    pub depths: Vec<usize>,
+    pub depths: Vec<Option<usize>>,
     /// Values.
     pub data: Vec<f32>,
 }
 
-/// Hits and misses so far (whole batches).
+impl CachedBatch {
+    /// Samples the cache held.
+    pub fn held(&self) -> usize {
+        self.depths.iter().flatten().count()
+    }
+}
+
+/// Samples served and not served so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct CacheStats {
-    /// Batches served from the cache.
+    /// Samples read from the cache.
     pub hits: usize,
-    /// Batches that were not.
+    /// Samples it did not hold.
     pub misses: usize,
 }
 
@@ -211,22 +219,25 @@ impl ActivationCache {
         }
     }
 
-    /// The batch's hidden states, padded to `positions` with zeros, when every sample is held
-    /// at a depth of at most `max_depth` (a hit; samples may differ in depth after a boundary
-    /// moved mid-epoch); `None` otherwise (a miss). Counts the batch.
+    /// What the cache holds of the batch at depths of at most `max_depth` (samples may differ
+    /// in depth after a boundary moved mid-epoch), padded to `positions` with zeros; `None` when
+    /// the batch carries no sample ids. Counts the samples held and not.
     pub fn get(&mut self, host: &HostBatch, positions: usize, max_depth: usize) -> Result<Option<CachedBatch>> {
-        let rows = Self::rows_of(host, positions);
-        let entries: Option<Vec<Entry>> = (host.sample_ids.len() == host.batch)
-            .then(|| host.sample_ids.iter().map(|id| self.index.get(id).copied()).collect::<Option<Vec<_>>>())
-            .flatten()
-            .filter(|e| e.iter().zip(&rows).all(|(entry, &r)| entry.depth <= max_depth && entry.rows == r));
-        let Some(entries) = entries else {
-            self.stats.misses += 1;
+        if host.sample_ids.len() != host.batch {
+            self.stats.misses += host.batch;
             return Ok(None);
-        };
+        }
+        let rows = Self::rows_of(host, positions);
+        let entries: Vec<Option<Entry>> = host
+            .sample_ids
+            .iter()
+            .zip(&rows)
+            .map(|(id, &r)| self.index.get(id).copied().filter(|e| e.depth <= max_depth && e.rows == r))
+            .collect();
         let w = self.width;
         let mut data = vec![0f32; host.batch * positions * w];
         for (i, e) in entries.iter().enumerate() {
+            let Some(e) = e else { continue };
             let bytes = e.rows * w * self.dtype.bytes();
             let src = match e.place {
                 Place::Memory(at) => &self.arena[at..at + bytes],
@@ -234,8 +245,11 @@ impl ActivationCache {
             };
             decode(self.dtype, src, &mut data[i * positions * w..][..e.rows * w]);
         }
-        self.stats.hits += 1;
-        Ok(Some(CachedBatch { depths: entries.iter().map(|e| e.depth).collect(), data }))
+        let depths: Vec<Option<usize>> = entries.iter().map(|e| e.map(|e| e.depth)).collect();
+        let held = depths.iter().flatten().count();
+        self.stats.hits += held;
+        self.stats.misses += host.batch - held;
+        Ok(Some(CachedBatch { depths, data }))
     }
 
     /// Stores each sample's real positions of `hidden` (the batch's frozen-prefix output),
@@ -361,15 +375,17 @@ mod tests {
         assert!(cache.disk_bytes() > 0, "something spilled");
         assert_eq!(cache.entries(), 16);
         for (host, h) in &stored {
-            let got = cache.get(host, 5, 3).unwrap().expect("a hit");
-            assert_eq!(got.depths, [3; 4]);
+            let got = cache.get(host, 5, 3).unwrap().unwrap();
+            assert_eq!(got.depths, [Some(3); 4]);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got.data), bits(&masked(h, &lens, 5)));
         }
-        // Deeper than allowed, or a stranger in the batch: misses.
-        assert!(cache.get(&stored[0].0, 5, 2).unwrap().is_none());
-        assert!(cache.get(&batch(&[0, 1, 2, 999], &lens, 5), 5, 3).unwrap().is_none());
-        assert_eq!(cache.take_stats(), CacheStats { hits: 4, misses: 2 });
+        // Deeper than allowed, or a stranger in the batch: not held.
+        assert_eq!(cache.get(&stored[0].0, 5, 2).unwrap().unwrap().held(), 0);
+        let strangers = cache.get(&batch(&[0, 1, 2, 999], &lens, 5), 5, 3).unwrap().unwrap();
+        assert_eq!(strangers.depths, [Some(3), Some(3), Some(3), None]);
+        assert_eq!(&strangers.data[..3 * 5 * w], &masked(&stored[0].1, &lens, 5)[..3 * 5 * w]);
+        assert_eq!(cache.take_stats(), CacheStats { hits: 16 + 3, misses: 4 + 1 });
         // Advancing in place: a new depth, the same bytes.
         let (host, _) = &stored[3];
         let deeper = hidden(5, 4, 5, w, 9.0);
@@ -377,11 +393,11 @@ mod tests {
         cache.put(host, &deeper).unwrap();
         assert_eq!((cache.memory_bytes(), cache.disk_bytes()), (mem, disk), "no second copy");
         let got = cache.get(host, 5, 5).unwrap().unwrap();
-        assert_eq!((got.depths, got.data), (vec![5; 4], masked(&deeper, &lens, 5)));
+        assert_eq!((got.depths, got.data), (vec![Some(5); 4], masked(&deeper, &lens, 5)));
         // One sample advanced alone: the batch reads back at mixed depths.
         let one = host.select(&[2]);
         cache.put(&one, &hidden(7, 1, 5, w, 4.0)).unwrap();
-        assert_eq!(cache.get(host, 5, 7).unwrap().unwrap().depths, [5, 5, 7, 5]);
+        assert_eq!(cache.get(host, 5, 7).unwrap().unwrap().depths, [Some(5), Some(5), Some(7), Some(5)]);
         drop(cache);
         assert!(!d.join("activations.bin").exists(), "the spill file goes with the cache");
         std::fs::remove_dir_all(&d).unwrap();

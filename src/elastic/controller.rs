@@ -107,12 +107,26 @@ impl Elastic {
         self.cache_on
     }
 
-    /// Applies a freeze table's first entry before the first step.
+    /// Before the first step: applies a freeze table's first entry, and with AutoPipe times
+    /// the initial plan's micro-batch counts (the configured one first) as after a transition.
     pub fn start<D: Device>(&mut self, trainer: &mut Trainer<D>, on_event: &mut dyn FnMut(&Event)) -> Result<()> {
         let first = self.freeze.initial();
         self.freeze.frozen = first;
         if first > self.frozen_layers {
             self.transition(trainer, first, "the freeze table's first interval".into(), on_event)?;
+        } else if self.config.auto_pipe {
+            let c = trainer.pipeline.plan().config;
+            let per_replica = self.around.batch.div_ceil(c.replicas);
+            let mut candidates = vec![c.micro_batches];
+            candidates.extend(
+                micro_batch_candidates(c.pipeline_len, per_replica).into_iter().filter(|&m| m != c.micro_batches),
+            );
+            let m = self.tuner.start(Tuner::key(c.pipeline_len, c.replicas, 0, false, per_replica), candidates);
+            if m != c.micro_batches {
+                let profiles = trainer.profiles_for(per_replica.div_ceil(m), 0);
+                trainer.pipeline.set_micro_batches(m, &profiles)?;
+            }
+            self.warming = self.tuner.running();
         }
         Ok(())
     }
@@ -286,29 +300,37 @@ impl<D: Device> Controller<D> for Elastic {
         let units = frozen_units(self.frozen_layers);
         let Some(cache) = self.cache.as_mut().filter(|_| self.cache_on && units > 0) else { return Ok(false) };
         let positions = Self::positions(trainer, host);
-        let Some(cached) = cache.get(host, positions, units)? else { return Ok(true) };
-        // Samples left behind by a boundary that moved mid-epoch catch up with the deepest
-        // first (only they run, forward only); the pipeline takes the batch from there.
-        let top = cached.depths.iter().copied().max().unwrap_or(units);
+        let Some(cached) = cache.get(host, positions, units)? else { return Ok(false) };
+        // Mostly new samples: the pipeline runs the frozen units on every replica's first
+        // stage, overlapped with the rest, and returns their output for the cache.
+        if 2 * cached.held() < host.batch {
+            return Ok(true);
+        }
+        // Mostly held: the samples the cache lacks, or holds at a depth a boundary that moved
+        // mid-epoch left behind, catch up (forward only, spread over the replicas) and are
+        // written back; the pipeline starts at the first trainable unit.
         let width = self.around.width;
         let per = positions * width;
         let mut data = cached.data;
-        let mut behind: Vec<usize> = cached.depths.iter().copied().filter(|&d| d < top).collect();
+        let mut behind: Vec<Option<usize>> = cached.depths.iter().copied().filter(|d| *d != Some(units)).collect();
         behind.sort_unstable();
         behind.dedup();
         for depth in behind {
             let idx: Vec<usize> = (0..host.batch).filter(|&i| cached.depths[i] == depth).collect();
             let mut sub = host.select(&idx);
-            let rows = idx.iter().flat_map(|&i| data[i * per..(i + 1) * per].iter().copied()).collect();
-            sub.hidden = Some(Hidden { depth, width, data: rows });
-            let advanced = trainer.pipeline.advance(&sub, top)?;
+            sub.hidden = depth.map(|depth| Hidden {
+                depth,
+                width,
+                data: idx.iter().flat_map(|&i| data[i * per..(i + 1) * per].iter().copied()).collect(),
+            });
+            let advanced = trainer.pipeline.advance(&sub, units)?;
             for (k, &i) in idx.iter().enumerate() {
                 data[i * per..(i + 1) * per].copy_from_slice(&advanced.data[k * per..(k + 1) * per]);
             }
             cache.put(&sub, &advanced)?;
         }
-        host.hidden = Some(Hidden { depth: top, width, data });
-        Ok(top < units)
+        host.hidden = Some(Hidden { depth: units, width, data });
+        Ok(false)
     }
 
     fn after_step(

@@ -109,9 +109,9 @@ pub enum Event {
     Cache {
         /// The epoch.
         epoch: u64,
-        /// Batches whose frozen prefix came from the cache.
+        /// Samples whose frozen prefix output came from the cache.
         hits: usize,
-        /// Batches that ran the frozen prefix.
+        /// Samples it did not hold (their frozen prefix ran, and its output was stored).
         misses: usize,
         /// Samples held.
         entries: usize,

@@ -393,21 +393,45 @@ impl<D: Device> Pipeline<D> {
         Ok(EvalOutput { loss_sum: loss.loss_sum, count: loss.count, logits: dev.download(&logits)? })
     }
 
-    /// Advances `host`'s hidden states (entering unit `d`) to enter unit `to` ≤ the first
-    /// trainable one, by running units `d..to` of replica 0 forward only, deterministically: what
-    /// the activation cache does to entries left behind by a moved frozen boundary.
+    /// Runs the frozen units `d..to` forward only, deterministically, on `host` (from its hidden
+    /// states entering unit `d`, or from its inputs when it has none): what the activation cache
+    /// does for samples it lacks or holds at a depth a moved boundary left behind. The samples
+    /// are shared out over the replicas, which run in parallel. `to` must not pass the first
+    /// trainable unit.
     pub fn advance(&self, host: &HostBatch, to: usize) -> Result<Hidden> {
-        let h = host.hidden.as_ref().ok_or_else(|| data_error("hidden states", "missing: nothing to advance"))?;
-        self.check_hidden(host, h, self.frozen_prefix())?;
-        if to < h.depth || to > self.frozen_prefix() {
+        let frozen = self.frozen_prefix();
+        let from = host.hidden.as_ref().map_or(0, |h| h.depth);
+        if let Some(h) = &host.hidden {
+            self.check_hidden(host, h, frozen)?;
+        }
+        if to < from || to > frozen || to == 0 {
             return Err(data_error(
                 "hidden states",
-                format!("cannot go from unit {} to unit {to} (frozen units end at {})", h.depth, self.frozen_prefix()),
+                format!("cannot go from unit {from} to unit {to} (the frozen units end at {frozen})"),
             ));
         }
-        // Replica 0's weights stand for all: replicas are equal.
-        let (x, dev, _) = self.forward_units(0, host, to)?;
-        Ok(Hidden { depth: to, width: h.width, data: dev.download(&x)? })
+        let parts = host.split(self.replicas().min(host.batch))?;
+        let outs: Vec<Result<Vec<f32>>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = parts
+                .iter()
+                .enumerate()
+                .map(|(r, part)| {
+                    scope.spawn(move || {
+                        let (x, dev, _) = self.forward_units(r, part, to)?;
+                        dev.download(&x)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| Err(mailbox::panicked("advance", p.as_ref()))))
+                .collect()
+        });
+        let mut data = Vec::new();
+        for out in outs {
+            data.extend(out?);
+        }
+        Ok(Hidden { depth: to, width: self.spec.hidden, data })
     }
 
     /// Runs units from the batch's hidden depth (or 0) up to `end` through replica `replica`'s
