@@ -238,6 +238,9 @@ fn a_run_resumed_after_a_transition_continues_where_it_stopped() {
     let config = first.pipeline.plan().config;
     drop((first, elastic));
 
+    // A spill file left behind (here: garbage) is never trusted: the resumed run rebuilds.
+    std::fs::create_dir_all(dir.join("c")).unwrap();
+    std::fs::write(dir.join("c/activations.bin"), b"not activations").unwrap();
     let (mut second, mut elastic) = elastic_trainer(cpus(2), &dir.join("c"), FreezeInterval::Epoch);
     let state = second.load_checkpoint(&path).unwrap();
     elastic.restore(state).unwrap();
@@ -249,5 +252,43 @@ fn a_run_resumed_after_a_transition_continues_where_it_stopped() {
     let e = rel(&second.pipeline.parameters(0).unwrap(), &straight.pipeline.parameters(0).unwrap());
     assert!(e <= 1e-5, "weights differ from the straight run by {e:.2e}");
     drop((straight, second, elastic));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// AutoDP's `scale-lr` policy: when a second replica joins, each keeps its share of the batch,
+/// so a step takes two of the source's batches at twice the learning rate, and the run still
+/// ends after the same source batches (the schedule's clock counts them).
+#[test]
+fn scale_lr_takes_more_batches_per_step_and_keeps_the_run_length() {
+    let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
+    let dir = scratch("scale-lr");
+    let (mut t, _) = elastic_trainer(cpus(2), &dir, FreezeInterval::Epoch);
+    let config = ElasticConfig {
+        freeze: FreezeName::Table,
+        table: vec![0, 1],
+        auto_pipe: true,
+        auto_dp: true,
+        batch_policy: pipetransformer::elastic::BatchPolicy::ScaleLr,
+        ..Default::default()
+    };
+    let around = Surroundings { layers: 2, devices: 2, initial_replicas: 1, batch: BATCH, positions: 7, width: 10 };
+    let mut elastic = Elastic::new(config, around, &dir).unwrap();
+    let mut events = Vec::new();
+    t.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
+    let steps: Vec<(u64, usize, f64)> = events
+        .iter()
+        .filter_map(
+            |e| if let Event::Step { epoch, samples, lr, .. } = e { Some((*epoch, *samples, *lr)) } else { None },
+        )
+        .collect();
+    // Epoch 0: three steps of one batch; then R = 2: two steps per epoch (2 batches, then 1).
+    let shape: Vec<(u64, usize)> = steps.iter().map(|s| (s.0, s.1)).collect();
+    assert_eq!(shape, [(0, 4), (0, 4), (0, 4), (1, 8), (1, 4), (2, 8), (2, 4), (3, 8), (3, 4)]);
+    assert!(t.done() && t.batches_done() == 12);
+    // The learning rate of a two-batch step is twice the schedule's at its first batch.
+    assert!((steps[3].2 - 2.0 * t.lr_schedule.lr_at(3)).abs() < 1e-12, "{steps:?}");
+    assert!((steps[4].2 - t.lr_schedule.lr_at(5)).abs() < 1e-12);
+    let transition = events.iter().find_map(|e| if let Event::Transition(t) = e { Some(t.clone()) } else { None });
+    assert_eq!(transition.map(|t| (t.replicas, t.batches_per_step)), Some(((1, 2), 2)));
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -95,6 +95,14 @@ impl Plan {
         Ok(Plan { config, partition, schedule, unit_names })
     }
 
+    /// The same stages with `m` micro-batches (a short batch at an epoch's end): a new
+    /// schedule; stage costs as they were.
+    pub fn with_micro_batches(&self, m: usize) -> Result<Plan> {
+        let config = PipelineConfig { micro_batches: m, ..self.config };
+        let schedule = Schedule::generate(config.schedule, config.pipeline_len, config.chunks, m)?;
+        Ok(Plan { config, schedule, ..self.clone() })
+    }
+
     /// The schedule of `config`, after checking it against `units` to cut and `devices`.
     fn check(config: &PipelineConfig, units: usize, devices: usize) -> Result<Schedule> {
         let config = *config;

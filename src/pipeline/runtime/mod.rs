@@ -213,15 +213,24 @@ impl<D: Device> Pipeline<D> {
     }
 
     /// [`step`](Self::step) with every option. A batch that carries [`Hidden`] states starts at
-    /// their unit, which must not be above the first trainable one.
+    /// their unit, which must not be above the first trainable one. A batch too short for the
+    /// plan's micro-batches (an epoch's last) runs with fewer, on the same stages.
     pub fn step_with(&mut self, host: &HostBatch, options: &StepOptions) -> Result<PipelineStep> {
-        let PipelineConfig { pipeline_len: k, replicas: r_count, micro_batches: m, .. } = self.plan.config;
-        if host.batch < m * r_count {
+        let PipelineConfig { replicas: r_count, micro_batches: m, .. } = self.plan.config;
+        if host.batch < r_count {
             return Err(config_error(
-                "micro_batches",
-                format!("a batch of {} samples cannot feed {r_count} replica(s) × {m} micro-batches", host.batch),
+                "replicas",
+                format!("a batch of {} samples cannot feed {r_count} replica(s)", host.batch),
             ));
         }
+        if host.batch < m * r_count {
+            let short = self.plan.with_micro_batches(host.batch / r_count)?;
+            let plan = std::mem::replace(&mut self.plan, short);
+            let out = self.step_with(host, options);
+            self.plan = plan;
+            return out;
+        }
+        let k = self.plan.config.pipeline_len;
         if let Some(max) = options.max_grad_norm {
             crate::optim::clip_coefficient(0.0, max)?;
         }
