@@ -88,12 +88,18 @@ pub fn pick(candidates: &[Candidate]) -> Option<&Candidate> {
 /// Samples per second measured for each micro-batch count timed.
 pub type Rates = Vec<(usize, f64)>;
 
-/// A shape being tuned: its key, the candidates left to time, the rates of those timed.
+/// Training steps timed per candidate (their mean rate counts): one step's time on a shared
+/// machine varies by tens of percent.
+pub const STEPS_PER_CANDIDATE: usize = 2;
+
+/// A shape being tuned: its key, the candidates left to time, the rates of those timed, the
+/// rates of the candidate in force so far.
 #[derive(Clone, Debug, Default, PartialEq)]
 struct Timing {
     key: String,
     left: Vec<usize>,
     timed: Rates,
+    steps: Vec<f64>,
 }
 
 /// Times micro-batch counts, one training step each, and remembers the winner per shape.
@@ -119,7 +125,7 @@ impl Tuner {
         }
         let first = candidates.first().copied().unwrap_or(1);
         if candidates.len() > 1 {
-            self.running = Some(Timing { key, left: candidates, timed: Vec::new() });
+            self.running = Some(Timing { key, left: candidates, timed: Vec::new(), steps: Vec::new() });
         } else {
             self.best.insert(key, first);
             self.running = None;
@@ -133,11 +139,17 @@ impl Tuner {
     }
 
     /// Records a timed step of the candidate in force (`m`, `samples_per_second`). Returns
-    /// the next `M` to run: another candidate, or the winner when all are timed (with the
-    /// per-candidate rates), or `None` when nothing is being tuned.
+    /// the `M` to run next: the same candidate until it has [`STEPS_PER_CANDIDATE`] steps,
+    /// another, or the winner when all are timed (with the per-candidate mean rates); `None`
+    /// when nothing is being tuned.
     pub fn record(&mut self, m: usize, samples_per_second: f64) -> Option<(usize, Option<Rates>)> {
-        let Timing { key, left, timed } = self.running.as_mut()?;
-        timed.push((m, samples_per_second));
+        let Timing { key, left, timed, steps } = self.running.as_mut()?;
+        steps.push(samples_per_second);
+        if steps.len() < STEPS_PER_CANDIDATE {
+            return Some((m, None));
+        }
+        timed.push((m, steps.iter().sum::<f64>() / steps.len() as f64));
+        steps.clear();
         left.retain(|&c| c != m);
         if let Some(&next) = left.first() {
             return Some((next, None));
@@ -204,9 +216,13 @@ mod tests {
         let mut t = Tuner::default();
         let key = Tuner::key(2, 1, 5, true, 32);
         assert_eq!(t.start(key.clone(), vec![2, 4, 8]), 2);
-        assert_eq!(t.record(2, 10.0), Some((4, None)));
+        assert_eq!(STEPS_PER_CANDIDATE, 2);
+        assert_eq!(t.record(2, 12.0), Some((2, None)), "a second step of the same candidate");
+        assert_eq!(t.record(2, 8.0), Some((4, None)));
+        assert_eq!(t.record(4, 30.0), Some((4, None)));
         assert_eq!(t.record(4, 30.0), Some((8, None)));
-        assert_eq!(t.record(8, 20.0), Some((4, Some(vec![(2, 10.0), (4, 30.0), (8, 20.0)]))));
+        assert_eq!(t.record(8, 25.0), Some((8, None)));
+        assert_eq!(t.record(8, 15.0), Some((4, Some(vec![(2, 10.0), (4, 30.0), (8, 20.0)]))));
         assert!(!t.running());
         assert_eq!(t.record(4, 1.0), None);
         assert_eq!(t.start(key, vec![2, 4, 8]), 4, "known: no timing");

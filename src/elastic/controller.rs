@@ -68,6 +68,8 @@ pub struct Elastic {
     tuner: Tuner,
     /// The next step warms the new shape up and is not timed.
     warming: bool,
+    /// The micro-batch count in force when tuning began (what the tuned one replaces).
+    tuning_from: usize,
 }
 
 impl Elastic {
@@ -94,6 +96,7 @@ impl Elastic {
             cache_on: false,
             tuner: Tuner::default(),
             warming: false,
+            tuning_from: 0,
         })
     }
 
@@ -127,6 +130,7 @@ impl Elastic {
                 trainer.pipeline.set_micro_batches(m, &profiles)?;
             }
             self.warming = self.tuner.running();
+            self.tuning_from = c.micro_batches;
         }
         Ok(())
     }
@@ -226,6 +230,7 @@ impl Elastic {
             }
             trainer.batches_per_step = batches_per_step(policy, r, a.initial_replicas);
             self.warming = self.tuner.running();
+            self.tuning_from = m;
         }
         self.emit(trainer, reason, (layers_before, layers), before, started, on_event);
         Ok(())
@@ -361,7 +366,8 @@ impl<D: Device> Controller<D> for Elastic {
                     let rates: Vec<String> = timed.iter().map(|(m, r)| format!("M={m}: {r:.1}")).collect();
                     let reason = format!("micro-batches timed (samples/s): {}", rates.join(", "));
                     let layers = (self.frozen_layers, self.frozen_layers);
-                    self.emit(trainer, reason, layers, config, started, on_event);
+                    let before = crate::pipeline::PipelineConfig { micro_batches: self.tuning_from, ..config };
+                    self.emit(trainer, reason, layers, before, started, on_event);
                 }
             }
         }

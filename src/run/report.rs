@@ -10,14 +10,15 @@ use serde_json::Value;
 use std::fmt::Write as _;
 use std::path::Path;
 
-/// One epoch's row.
+/// One epoch's row: the shape at its start and end (they differ when the freeze rule ran
+/// mid-epoch).
 #[derive(Clone, Debug, Default, PartialEq)]
 struct EpochRow {
     epoch: u64,
-    frozen: usize,
-    k: usize,
-    r: usize,
-    m: usize,
+    frozen: (usize, usize),
+    k: (usize, usize),
+    r: (usize, usize),
+    m: (usize, usize),
     samples_per_second: f64,
     hit_rate: Option<f64>,
     accuracy: f64,
@@ -42,6 +43,10 @@ fn render(log: &str, config: &RunConfig) -> String {
     let events = events(log);
     let (plan, _) = config.pipeline.resolve().unwrap_or_default();
     let (mut frozen, mut k, mut r, mut m) = (0, plan.pipeline_len, plan.replicas, plan.micro_batches);
+    // The shape when the current epoch began, and whether no step has run since an epoch ended
+    // (a transition then shapes the next epoch from its start).
+    let mut began = (frozen, k, r, m);
+    let mut between_epochs = true;
     let mut rows: Vec<EpochRow> = Vec::new();
     let mut losses: Vec<(f64, f64)> = Vec::new();
     let mut transitions: Vec<&Value> = Vec::new();
@@ -51,6 +56,7 @@ fn render(log: &str, config: &RunConfig) -> String {
         let pair_after = |key: &str| e[key][1].as_u64().unwrap_or(0) as usize;
         match e["event"].as_str().unwrap_or("") {
             "step" => {
+                between_epochs = false;
                 last_step = e["step"].as_f64().unwrap_or(0.0);
                 losses.push((last_step, e["loss"].as_f64().unwrap_or(f64::NAN)));
             }
@@ -61,21 +67,26 @@ fn render(log: &str, config: &RunConfig) -> String {
                     pair_after("replicas"),
                     pair_after("micro_batches"),
                 );
+                if between_epochs {
+                    began = (frozen, k, r, m);
+                }
                 transitions.push(e);
             }
             "epoch" => {
                 let secs = e["train_seconds"].as_f64().unwrap_or(0.0);
                 rows.push(EpochRow {
                     epoch: e["epoch"].as_u64().unwrap_or(0),
-                    frozen,
-                    k,
-                    r,
-                    m,
+                    frozen: (began.0, frozen),
+                    k: (began.1, k),
+                    r: (began.2, r),
+                    m: (began.3, m),
                     samples_per_second: if secs > 0.0 { u("samples") as f64 / secs } else { 0.0 },
                     hit_rate: None,
                     accuracy: e["eval"]["accuracy"].as_f64().unwrap_or(0.0),
                     loss: e["eval"]["loss"].as_f64().unwrap_or(0.0),
                 });
+                began = (frozen, k, r, m);
+                between_epochs = true;
             }
             _ => {}
         }
@@ -112,17 +123,18 @@ fn render(log: &str, config: &RunConfig) -> String {
         on(config.elastic.auto_dp),
         on(config.elastic.cache)
     );
-    html.push_str("<h2>Per epoch</h2><table><tr><th>epoch</th><th>frozen layers</th><th>K</th><th>R</th><th>M</th><th>samples/s</th><th>cache hits</th><th>test accuracy</th><th>test loss</th></tr>");
+    html.push_str("<h2>Per epoch</h2><p>Shapes that changed during an epoch show as start → end.</p><table><tr><th>epoch</th><th>frozen layers</th><th>K</th><th>R</th><th>M</th><th>samples/s</th><th>cache hits (samples)</th><th>test accuracy</th><th>test loss</th></tr>");
+    let span = |(a, b): (usize, usize)| if a == b { a.to_string() } else { format!("{a} → {b}") };
     for row in &rows {
         let hits = row.hit_rate.map_or("–".to_string(), |h| format!("{:.0}%", 100.0 * h));
         let _ = write!(
             html,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{hits}</td><td>{:.2}%</td><td>{:.4}</td></tr>",
             row.epoch,
-            row.frozen,
-            row.k,
-            row.r,
-            row.m,
+            span(row.frozen),
+            span(row.k),
+            span(row.r),
+            span(row.m),
             row.samples_per_second,
             100.0 * row.accuracy,
             row.loss
@@ -248,6 +260,7 @@ mod tests {
             r#"{"event":"transition","step":1,"epoch":0,"reason":"Alpha <rule>","frozen_layers":[0,2],"frozen_units":5,"pipeline_len":[2,1],"replicas":[1,2],"micro_batches":[2,1],"stages":[{"start":0,"end":8}],"batches_per_step":1,"cache":true,"seconds":0.02}"#,
             r#"{"event":"start","resumed":true,"step":1}"#,
             r#"{"event":"step","step":2,"epoch":1,"loss":0.5,"lr":0.1,"grad_norm":1.0,"samples":4,"seconds":0.25}"#,
+            r#"{"event":"transition","step":2,"epoch":1,"reason":"mid-epoch","frozen_layers":[2,3],"frozen_units":7,"pipeline_len":[1,1],"replicas":[2,2],"micro_batches":[1,1],"stages":[{"start":0,"end":8}],"batches_per_step":1,"cache":true,"seconds":0.01}"#,
             r#"{"event":"epoch","epoch":1,"eval":{"loss":0.4,"accuracy":0.875,"perplexity":1.5,"count":8},"samples":4,"train_seconds":0.25,"eval_seconds":0.1}"#,
             r#"{"event":"cache","epoch":1,"hits":3,"misses":1,"entries":4,"memory_bytes":64,"disk_bytes":0}"#,
         ]
@@ -268,7 +281,7 @@ mod tests {
         );
         assert!(
             html.contains(
-                "<tr><td>1</td><td>2</td><td>1</td><td>2</td><td>1</td><td>16.0</td><td>75%</td><td>87.50%</td>"
+                "<tr><td>1</td><td>2 → 3</td><td>1</td><td>2</td><td>1</td><td>16.0</td><td>75%</td><td>87.50%</td>"
             ),
             "{html}"
         );
