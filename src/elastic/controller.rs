@@ -306,10 +306,13 @@ impl<D: Device> Controller<D> for Elastic {
         let Some(cache) = self.cache.as_mut().filter(|_| self.cache_on && units > 0) else { return Ok(false) };
         let positions = Self::positions(trainer, host);
         let Some(cached) = cache.get(host, positions, units)? else { return Ok(false) };
+        // In the run's last epoch no sample comes back: nothing new is stored.
+        let left = trainer.lr_schedule.total_steps - trainer.batches_done();
+        let fill = left > (trainer.batches_per_epoch() - trainer.position.batch) as u64;
         // Mostly new samples: the pipeline runs the frozen units on every replica's first
         // stage, overlapped with the rest, and returns their output for the cache.
         if 2 * cached.held() < host.batch {
-            return Ok(true);
+            return Ok(fill);
         }
         // Mostly held: the samples the cache lacks, or holds at a depth a boundary that moved
         // mid-epoch left behind, catch up (forward only, spread over the replicas) and are
@@ -332,7 +335,9 @@ impl<D: Device> Controller<D> for Elastic {
             for (k, &i) in idx.iter().enumerate() {
                 data[i * per..(i + 1) * per].copy_from_slice(&advanced.data[k * per..(k + 1) * per]);
             }
-            cache.put(&sub, &advanced)?;
+            if fill {
+                cache.put(&sub, &advanced)?;
+            }
         }
         host.hidden = Some(Hidden { depth: units, width, data });
         Ok(false)
