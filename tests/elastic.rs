@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::Pool;
+use common::{Pool, params_rel};
 use pipetransformer::device::{CpuDevice, Device, GpuDevice, Precision};
 use pipetransformer::elastic::controller::Surroundings;
 use pipetransformer::elastic::{Elastic, ElasticConfig, FreezeInterval, FreezeName};
@@ -40,6 +40,11 @@ fn bert() -> ModelConfig {
     common::tiny_bert(Pooling::Mean, 0.1)
 }
 
+/// A 2-layer ViT with dropout: images, whose cached hidden states have a class token.
+fn vit() -> ModelConfig {
+    common::tiny_vit(0.1)
+}
+
 fn cpus(n: usize) -> Vec<CpuDevice<f32>> {
     (0..n).map(|i| CpuDevice::new(i, 1).unwrap()).collect()
 }
@@ -64,8 +69,8 @@ fn curve(events: &[Event]) -> Curve {
 
 /// One layer frozen after `every` steps, the second after `2·every` (units 0..3, then 0..5),
 /// by hand on one device: no plan changes, no cache.
-fn by_hand(data: &Pool, every: u64) -> (Curve, Vec<(String, Vec<f64>)>) {
-    let mut t = common::trainer_on(&bert(), 3, cpus(1), PipelineConfig::default(), train_config(), 3);
+fn by_hand(model: &ModelConfig, data: &Pool, every: u64) -> (Curve, Vec<(String, Vec<f64>)>) {
+    let mut t = common::trainer_on(model, 3, cpus(1), PipelineConfig::default(), train_config(), 3);
     let mut events = Vec::new();
     for frozen in [None, Some(3), Some(5)] {
         if let Some(n) = frozen {
@@ -81,12 +86,13 @@ fn by_hand(data: &Pool, every: u64) -> (Curve, Vec<(String, Vec<f64>)>) {
 /// The whole system on two devices: a two-stage pipeline first; the table freezes one layer
 /// per interval; AutoPipe, AutoDP and a cache small enough to spill take over.
 fn elastic_trainer<D: Device>(
+    model: &ModelConfig,
     devices: Vec<D>,
     cache_dir: &std::path::Path,
     interval: FreezeInterval,
 ) -> (Trainer<D>, Elastic) {
     let plan = PipelineConfig { pipeline_len: 2, micro_batches: 2, ..Default::default() };
-    let mut t = common::trainer_on(&bert(), 3, devices, plan, train_config(), 3);
+    let mut t = common::trainer_on(model, 3, devices, plan, train_config(), 3);
     // Frozen units cost a second per sample: reading the cache always pays here.
     for p in &mut t.profiles {
         p.forward = 1.0;
@@ -101,19 +107,10 @@ fn elastic_trainer<D: Device>(
         freeze_interval: interval,
         ..Default::default()
     };
-    let around = Surroundings { layers: 2, devices: 2, initial_replicas: 1, batch: BATCH, positions: 7, width: 10 };
+    // Positions per sample: BERT's longest snippet; ViT's 4 patches and the class token.
+    let positions = if matches!(model, ModelConfig::Vit(_)) { 5 } else { 7 };
+    let around = Surroundings { layers: 2, devices: 2, initial_replicas: 1, batch: BATCH, positions, width: 10 };
     (t, Elastic::new(config, around, cache_dir).unwrap())
-}
-
-/// ‖a−b‖/‖b‖ over all parameters together.
-fn rel(a: &[(String, Vec<f64>)], b: &[(String, Vec<f64>)]) -> f64 {
-    let (mut num, mut den) = (0.0, 0.0);
-    for ((na, x), (nb, y)) in a.iter().zip(b) {
-        assert_eq!(na, nb);
-        num += x.iter().zip(y).map(|(p, q)| (p - q).powi(2)).sum::<f64>();
-        den += y.iter().map(|q| q * q).sum::<f64>();
-    }
-    (num / den).sqrt()
 }
 
 fn assert_follows(got: &Curve, want: &Curve, what: &str) {
@@ -124,20 +121,25 @@ fn assert_follows(got: &Curve, want: &Curve, what: &str) {
     }
 }
 
-fn check_transitions_follow_by_hand<D: Device>(devices: Vec<D>, name: &str, interval: FreezeInterval) {
-    let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
+fn check_transitions_follow_by_hand<D: Device>(
+    model: ModelConfig,
+    devices: Vec<D>,
+    name: &str,
+    interval: FreezeInterval,
+) {
+    let data = Pool::new(&model, SAMPLES, BATCH, 11);
     let every = match interval {
         FreezeInterval::Epoch => 3,
         FreezeInterval::Steps(n) => n,
     };
-    let (want_curve, want_params) = by_hand(&data, every);
+    let (want_curve, want_params) = by_hand(&model, &data, every);
     let dir = scratch(name);
-    let (mut t, mut elastic) = elastic_trainer(devices, &dir, interval);
+    let (mut t, mut elastic) = elastic_trainer(&model, devices, &dir, interval);
     let mut events = Vec::new();
     elastic.start(&mut t, &mut |e| events.push(e.clone())).unwrap();
     t.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
     assert_follows(&curve(&events), &want_curve, name);
-    let e = rel(&t.pipeline.parameters(0).unwrap(), &want_params);
+    let e = params_rel(&t.pipeline.parameters(0).unwrap(), &want_params);
     assert!(e <= 1e-5, "{name}: weights differ from the run frozen by hand by {e:.2e}");
 
     // The machinery really ran: two freezes, the first shrinking the pipeline and adding a
@@ -175,14 +177,15 @@ fn check_transitions_follow_by_hand<D: Device>(devices: Vec<D>, name: &str, inte
 
 #[test]
 fn transitions_with_the_cache_follow_a_run_frozen_by_hand_on_cpu() {
-    check_transitions_follow_by_hand(cpus(2), "cpu", FreezeInterval::Epoch);
+    check_transitions_follow_by_hand(bert(), cpus(2), "cpu", FreezeInterval::Epoch);
     // Every 4 steps of 3-batch epochs: the boundary moves mid-epoch.
-    check_transitions_follow_by_hand(cpus(2), "cpu-mid-epoch", FreezeInterval::Steps(4));
+    check_transitions_follow_by_hand(bert(), cpus(2), "cpu-mid-epoch", FreezeInterval::Steps(4));
+    check_transitions_follow_by_hand(vit(), cpus(2), "cpu-vit", FreezeInterval::Epoch);
 }
 
 #[test]
 fn transitions_with_the_cache_follow_a_run_frozen_by_hand_on_emulated_cuda() {
-    check_transitions_follow_by_hand(emus(2), "emu", FreezeInterval::Epoch);
+    check_transitions_follow_by_hand(bert(), emus(2), "emu", FreezeInterval::Epoch);
 }
 
 #[test]
@@ -223,13 +226,13 @@ fn an_advanced_cache_entry_equals_a_fresh_forward() {
 fn a_run_resumed_after_a_transition_continues_where_it_stopped() {
     let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
     let dir = scratch("resume");
-    let (mut straight, mut elastic) = elastic_trainer(cpus(2), &dir.join("a"), FreezeInterval::Epoch);
+    let (mut straight, mut elastic) = elastic_trainer(&bert(), cpus(2), &dir.join("a"), FreezeInterval::Epoch);
     let mut all = Vec::new();
     elastic.start(&mut straight, &mut |e| all.push(e.clone())).unwrap();
     straight.fit(&data, None, &mut elastic, &mut |e| all.push(e.clone())).unwrap();
 
     let path = dir.join("ckpt");
-    let (mut first, mut elastic) = elastic_trainer(cpus(2), &dir.join("b"), FreezeInterval::Epoch);
+    let (mut first, mut elastic) = elastic_trainer(&bert(), cpus(2), &dir.join("b"), FreezeInterval::Epoch);
     let mut events = Vec::new();
     first.fit(&data, Some(5), &mut elastic, &mut |e| events.push(e.clone())).unwrap();
     assert_eq!(first.pipeline.frozen_prefix(), 3, "the first freeze came at step 3");
@@ -241,7 +244,7 @@ fn a_run_resumed_after_a_transition_continues_where_it_stopped() {
     // A spill file left behind (here: garbage) is never trusted: the resumed run rebuilds.
     std::fs::create_dir_all(dir.join("c")).unwrap();
     std::fs::write(dir.join("c/activations.bin"), b"not activations").unwrap();
-    let (mut second, mut elastic) = elastic_trainer(cpus(2), &dir.join("c"), FreezeInterval::Epoch);
+    let (mut second, mut elastic) = elastic_trainer(&bert(), cpus(2), &dir.join("c"), FreezeInterval::Epoch);
     let state = second.load_checkpoint(&path).unwrap();
     elastic.restore(state).unwrap();
     assert_eq!(second.pipeline.frozen_prefix(), 3);
@@ -249,7 +252,7 @@ fn a_run_resumed_after_a_transition_continues_where_it_stopped() {
     assert_eq!(elastic.frozen_layers(), 1);
     second.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
     assert_follows(&curve(&events), &curve(&all), "resumed");
-    let e = rel(&second.pipeline.parameters(0).unwrap(), &straight.pipeline.parameters(0).unwrap());
+    let e = params_rel(&second.pipeline.parameters(0).unwrap(), &straight.pipeline.parameters(0).unwrap());
     assert!(e <= 1e-5, "weights differ from the straight run by {e:.2e}");
     drop((straight, second, elastic));
     std::fs::remove_dir_all(&dir).unwrap();
@@ -262,7 +265,7 @@ fn a_run_resumed_after_a_transition_continues_where_it_stopped() {
 fn scale_lr_takes_more_batches_per_step_and_keeps_the_run_length() {
     let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
     let dir = scratch("scale-lr");
-    let (mut t, _) = elastic_trainer(cpus(2), &dir, FreezeInterval::Epoch);
+    let (mut t, _) = elastic_trainer(&bert(), cpus(2), &dir, FreezeInterval::Epoch);
     let config = ElasticConfig {
         freeze: FreezeName::Table,
         table: vec![0, 1],

@@ -4,6 +4,7 @@
 //! plan twice follows the run that never does; failures stop the step cleanly.
 
 mod common;
+use common::params_rel;
 
 use pipetransformer::device::{CpuDevice, Device, GpuDevice, Precision};
 use pipetransformer::model::{Batch, GptConfig, HostBatch, Model, ModelConfig, Pooling};
@@ -103,20 +104,6 @@ fn run_on<D: Device>(
     p.parameters(0).unwrap()
 }
 
-/// ‖a−b‖/‖b‖ over all parameters together. (Per tensor it would be dominated by tensors whose
-/// exact gradient is zero, like the key bias: AdamW turns their rounding noise into full-size
-/// steps of either sign.)
-fn max_rel(a: &[(String, Vec<f64>)], b: &[(String, Vec<f64>)]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let (mut num, mut den) = (0.0, 0.0);
-    for ((na, x), (nb, y)) in a.iter().zip(b) {
-        assert_eq!(na, nb);
-        num += x.iter().zip(y).map(|(p, q)| (p - q).powi(2)).sum::<f64>();
-        den += y.iter().map(|q| q * q).sum::<f64>();
-    }
-    (num / den).sqrt()
-}
-
 fn cfg(k: usize, r: usize, m: usize, schedule: ScheduleKind) -> PipelineConfig {
     let chunks = if schedule == ScheduleKind::Interleaved { 2 } else { 1 };
     PipelineConfig { pipeline_len: k, replicas: r, micro_batches: m, schedule, chunks, memory_limit: None }
@@ -131,12 +118,12 @@ fn every_schedule_trains_like_one_device() {
             let mut by_schedule = Vec::new();
             for schedule in [ScheduleKind::Gpipe, ScheduleKind::OneFOneB, ScheduleKind::Interleaved] {
                 let got = run(&config, cfg(k, 1, m, schedule), 6);
-                let e = max_rel(&got, &want);
+                let e = params_rel(&got, &want);
                 assert!(e <= 1e-5, "{schedule} K={k} M={m}: weights differ from one device by {e:.2e}");
                 by_schedule.push(got);
             }
             for other in &by_schedule[1..] {
-                let e = max_rel(other, &by_schedule[0]);
+                let e = params_rel(other, &by_schedule[0]);
                 assert!(e <= 1e-6, "K={k} M={m}: schedules disagree by {e:.2e}");
             }
         }
@@ -151,14 +138,14 @@ fn the_same_holds_on_emulated_cuda_devices() {
         for m in [1, 2, 3, 5] {
             for schedule in [ScheduleKind::Gpipe, ScheduleKind::OneFOneB, ScheduleKind::Interleaved] {
                 let got = run_on(&config, cfg(k, 1, m, schedule), 6, emus(k));
-                let e = max_rel(&got, &want);
+                let e = params_rel(&got, &want);
                 assert!(e <= 1e-5, "cuda-emu {schedule} K={k} M={m}: weights differ from one cpu device by {e:.2e}");
             }
         }
     }
     for (k, r) in [(1, 2), (2, 2), (1, 3)] {
         let got = run_on(&config, cfg(k, r, 2, ScheduleKind::OneFOneB), 6, emus(k * r));
-        let e = max_rel(&got, &want);
+        let e = params_rel(&got, &want);
         assert!(e <= 1e-5, "cuda-emu R={r} K={k}: weights differ from one cpu device by {e:.2e}");
     }
 }
@@ -170,7 +157,7 @@ fn replicas_train_like_one_device_on_the_same_global_batch() {
         for r in 1..=3 {
             for k in 1..=2 {
                 let got = run(&config, cfg(k, r, 2, ScheduleKind::OneFOneB), 6);
-                let e = max_rel(&got, &want);
+                let e = params_rel(&got, &want);
                 assert!(e <= 1e-5, "R={r} K={k}: weights differ from one device by {e:.2e}");
             }
         }
@@ -195,7 +182,7 @@ fn supplied_communicators_replace_the_host_ring() {
     for step in 0..STEPS {
         p.step(&batch(&config, 6, step), 1000 + step, LR, Some(1.0)).unwrap();
     }
-    let e = max_rel(&p.parameters(0).unwrap(), &want);
+    let e = params_rel(&p.parameters(0).unwrap(), &want);
     assert!(e <= 1e-5, "weights differ from one device by {e:.2e}");
     assert_eq!(p.parameters(2).unwrap(), p.parameters(0).unwrap(), "replicas diverged");
 }
@@ -212,21 +199,21 @@ fn replanning_twice_mid_run_follows_the_same_trajectory() {
     };
     for step in 0..steps {
         if step == 2 {
-            moving.replan(cfg(3, 1, 3, ScheduleKind::Gpipe), &prof).unwrap();
+            moving.replan(cfg(3, 1, 3, ScheduleKind::Gpipe), &prof, 0).unwrap();
         }
         if step == 4 {
             // A plan the devices cannot hold is refused and the old plan stays in force.
-            let e = moving.replan(cfg(5, 1, 2, ScheduleKind::OneFOneB), &prof).unwrap_err().to_string();
+            let e = moving.replan(cfg(5, 1, 2, ScheduleKind::OneFOneB), &prof, 0).unwrap_err().to_string();
             assert!(e.contains("need 5 devices; 4 available"), "{e}");
             assert_eq!(moving.plan().config.pipeline_len, 3);
-            moving.replan(cfg(2, 2, 1, ScheduleKind::Interleaved), &prof).unwrap();
+            moving.replan(cfg(2, 2, 1, ScheduleKind::Interleaved), &prof, 0).unwrap();
         }
         let b = batch(&config, 6, step);
         let a = fixed.step(&b, 1000 + step, LR, Some(1.0)).unwrap();
         let c = moving.step(&b, 1000 + step, LR, Some(1.0)).unwrap();
         assert!((a.loss - c.loss).abs() <= 1e-5 * a.loss.abs(), "step {step}: loss {} vs {}", c.loss, a.loss);
     }
-    let e = max_rel(&moving.parameters(0).unwrap(), &fixed.parameters(0).unwrap());
+    let e = params_rel(&moving.parameters(0).unwrap(), &fixed.parameters(0).unwrap());
     assert!(e <= 1e-5, "re-planned run drifted by {e:.2e}");
 }
 

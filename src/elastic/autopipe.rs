@@ -1,6 +1,8 @@
-//! AutoPipe (PipeTransformer §3.2): after a freeze, the frozen prefix leaves the balance
-//! (pinned to the first stage, charged its forward only, or nothing when the cache feeds it),
-//! the active units are re-partitioned on their measured costs, and the pipeline length `K`
+//! AutoPipe (PipeTransformer §3.2): after a freeze, the frozen units are charged their forward
+//! only, or nothing when the cache feeds them (then they are pinned to the first stage, where
+//! cached hidden states enter and are captured; without the cache they spread over the stages
+//! like any other forward work — pinning them would load the first stage with all of it), the
+//! units are re-partitioned on their measured costs, and the pipeline length `K`
 //! becomes the smallest that fits memory and runs within a few percent of the best predicted
 //! throughput — any `K`, not only halves. The number of micro-batches `M` for that `K` is then
 //! chosen by timing the candidates on the real devices, one training step each ([`Tuner`]), and
@@ -33,7 +35,8 @@ pub fn micro_batch_candidates(k: usize, per_replica: usize) -> Vec<usize> {
     c
 }
 
-/// The shape for a model whose first `pinned` units are frozen: for each `K` from 1 to
+/// The shape for a model whose first `pinned` units must join the first stage (the cached
+/// prefix; frozen units are known from `profiles`): for each `K` from 1 to
 /// `max_len`, `replicas(K)` replicas and `M` micro-batches (`micro(K)`), planned on the units'
 /// costs for that micro-batch (`profiles(samples)`), every one that fits memory; `global_batch(R)`
 /// samples per step with `R` replicas. [`pick`] chooses among them.
@@ -208,6 +211,21 @@ mod tests {
         assert_eq!(c.iter().map(|c| c.config.pipeline_len).collect::<Vec<_>>(), vec![2]);
     }
 
+    #[test]
+    fn uncached_frozen_units_spread_over_the_stages() {
+        // 10 units, 9 frozen (forward 1 per sample), 1 active (forward 1 + backward 2), one
+        // replica. Spread, two stages of 6 and 6 beat one stage of 12 by (8 × 12)/(9 × 6) =
+        // 1.8×. Pinned (what the cache needs), the first stage holds all nine frozen units and
+        // the active one: 9 slots of 12 lose to one stage's 8 slots of 12.
+        let base = PipelineConfig { pipeline_len: 2, micro_batches: 8, ..Default::default() };
+        let shape = |pinned| {
+            let c = choose_shape(base, 2, 2, &|_| 32, pinned, &|_| 1, &|_, _| 8, &units(10, 9), &names(10)).unwrap();
+            let p = pick(&c).unwrap();
+            (p.config.pipeline_len, p.step_time)
+        };
+        assert_eq!(shape(0), (2, 9.0 * 6.0 * 4.0));
+        assert_eq!(shape(9), (1, 8.0 * 12.0 * 4.0));
+    }
     #[test]
     fn the_tuner_times_each_candidate_once_and_remembers_the_winner() {
         assert_eq!(micro_batch_candidates(2, 32), vec![2, 4, 8]);

@@ -211,7 +211,7 @@ impl Elastic {
                 before.pipeline_len,
                 a.devices,
                 &global,
-                units,
+                cached,
                 &replicas,
                 &micro,
                 &profiles,
@@ -224,7 +224,7 @@ impl Elastic {
                 .tuner
                 .start(Tuner::key(k, r, units, cached > 0, per_replica), micro_batch_candidates(k, per_replica));
             let config = crate::pipeline::PipelineConfig { micro_batches: m, ..chosen };
-            trainer.pipeline.replan(config, &trainer.profiles_for(per_replica.div_ceil(m), cached))?;
+            trainer.pipeline.replan(config, &trainer.profiles_for(per_replica.div_ceil(m), cached), cached)?;
             if r != before.replicas {
                 rebuild_communicators(&mut trainer.pipeline)?;
             }

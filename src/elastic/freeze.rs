@@ -1,8 +1,12 @@
 //! The freeze algorithm (PipeTransformer §3.1): how many of the bottom Transformer layers are
 //! frozen after each interval. Three rules:
 //!
-//! - **Eq. 1** (the paper): `F(T) = min(⌈F(T−1) + α·(L − F(T−1))⌉, ℓ* + 1)` where `ℓ*` is the
-//!   active layer (`ℓ ≥ F(T−1)`) whose gradient norm over interval `T` was smallest;
+//! - **Eq. 1** (the paper): `F(T) = min(⌈B(T)⌉, ℓ* + 1)` where `B(T) = B(T−1) + α·(L − B(T−1))`
+//!   is the α bound and `ℓ*` the active layer (`ℓ ≥ F(T−1)`) whose gradient norm over interval
+//!   `T` was smallest. The bound is carried unrounded (and restarts from `F(T)` when the norms
+//!   decide), so while it decides it is the released code's schedule, as the paper's rewrite
+//!   (Eq. 2) says; rounded up at every interval it would freeze at least one more layer per
+//!   interval whatever α is;
 //! - **α bound** (the released code): `F(T) = ⌈L·(1 − (1−α)^T)⌉`, gradients ignored;
 //! - **table**: the counts the user lists, one per interval.
 //!
@@ -44,15 +48,17 @@ pub fn alpha_schedule(layers: usize, alpha: f64, intervals: u32) -> usize {
     ceil(layers as f64 * (1.0 - (1.0 - alpha).powi(intervals as i32))).min(layers)
 }
 
-/// Eq. 1's upper bound after an interval that started with `frozen`: `⌈F + α·(L − F)⌉`.
-pub fn alpha_bound(layers: usize, frozen: usize, alpha: f64) -> usize {
-    ceil(frozen as f64 + alpha * (layers - frozen) as f64).min(layers)
+/// Eq. 1's α bound after an interval that started from the bound `before` (unrounded):
+/// `before + α·(L − before)`.
+pub fn alpha_bound(layers: usize, before: f64, alpha: f64) -> f64 {
+    before + alpha * (layers as f64 - before)
 }
 
-/// Eq. 1: the bound, or fewer when an active layer's gradient norm is smallest lower down.
-/// `norms[ℓ]` is layer `ℓ`'s gradient norm over the interval (frozen layers' are ignored).
-pub fn eq1(layers: usize, frozen: usize, alpha: f64, norms: &[f64]) -> usize {
-    let bound = alpha_bound(layers, frozen, alpha);
+/// Eq. 1: `⌈bound⌉` layers, or fewer when an active layer's gradient norm is smallest lower
+/// down; never fewer than the `frozen` now. `norms[ℓ]` is layer `ℓ`'s gradient norm over the
+/// interval (frozen layers' are ignored).
+pub fn eq1(layers: usize, frozen: usize, bound: f64, norms: &[f64]) -> usize {
+    let bound = ceil(bound).min(layers);
     let argmin = (frozen..layers.min(norms.len())).min_by(|&a, &b| norms[a].total_cmp(&norms[b]));
     let by_norm = argmin.map_or(bound, |l| l + 1);
     bound.min(by_norm).max(frozen)
@@ -91,6 +97,9 @@ pub struct FreezeController {
     layers: usize,
     /// Frozen layers now.
     pub frozen: usize,
+    /// Eq. 1's α bound, unrounded.
+    #[serde(default)]
+    bound: f64,
     /// Intervals completed.
     pub intervals: u32,
     /// Per layer: the sum of the steps' gradient norms in the current interval.
@@ -102,7 +111,7 @@ impl FreezeController {
     /// A controller for a model of `layers` Transformer layers, nothing frozen.
     pub fn new(rule: FreezeRule, alpha: f64, layers: usize) -> Result<Self> {
         validate(&rule, alpha, layers)?;
-        Ok(Self { rule, alpha, layers, frozen: 0, intervals: 0, norm_sums: vec![0.0; layers], steps: 0 })
+        Ok(Self { rule, alpha, layers, frozen: 0, bound: 0.0, intervals: 0, norm_sums: vec![0.0; layers], steps: 0 })
     }
 
     /// Frozen layers during the first interval (a table may start above 0).
@@ -134,7 +143,14 @@ impl FreezeController {
         let next = match &self.rule {
             FreezeRule::Off => 0,
             FreezeRule::Alpha => alpha_schedule(self.layers, self.alpha, t),
-            FreezeRule::Eq1 => eq1(self.layers, self.frozen, self.alpha, &self.norms()),
+            FreezeRule::Eq1 => {
+                let bound = alpha_bound(self.layers, self.bound, self.alpha);
+                let n = eq1(self.layers, self.frozen, bound, &self.norms());
+                // The recursion goes on from the bound while it decides, from the count when
+                // the norms do (Eq. 1's F(T−1) is the count that was frozen).
+                self.bound = if n < ceil(bound).min(self.layers) { n as f64 } else { bound };
+                n
+            }
             FreezeRule::Table(table) => table[(t as usize).min(table.len() - 1)],
         };
         self.frozen = next.max(self.frozen).min(self.layers);
@@ -170,14 +186,41 @@ mod tests {
 
     #[test]
     fn eq1_takes_the_smaller_of_the_bound_and_the_flattest_active_layer() {
-        // Bound after F=0 with α=1/2 over 6 layers: 3. Layer 1 has the smallest norm: 2.
-        assert_eq!(eq1(6, 0, 0.5, &[5.0, 0.1, 3.0, 2.0, 4.0, 6.0]), 2);
+        // Bound after B=0 with α=1/2 over 6 layers: 3. Layer 1 has the smallest norm: 2.
+        assert_eq!(alpha_bound(6, 0.0, 0.5), 3.0);
+        assert_eq!(eq1(6, 0, 3.0, &[5.0, 0.1, 3.0, 2.0, 4.0, 6.0]), 2);
         // The smallest norm above the bound: the bound wins.
-        assert_eq!(eq1(6, 0, 0.5, &[5.0, 4.0, 3.0, 2.0, 0.5, 6.0]), 3);
+        assert_eq!(eq1(6, 0, 3.0, &[5.0, 4.0, 3.0, 2.0, 0.5, 6.0]), 3);
+        // A fractional bound rounds up.
+        assert_eq!(eq1(6, 0, 2.4, &[5.0, 4.0, 3.0, 2.0, 0.5, 6.0]), 3);
         // Frozen layers' norms are not scanned (layer 0 is already frozen).
-        assert_eq!(eq1(6, 2, 0.5, &[0.0, 0.0, 3.0, 0.2, 4.0, 6.0]), 4);
+        assert_eq!(eq1(6, 2, 4.0, &[0.0, 0.0, 3.0, 0.2, 4.0, 6.0]), 4);
         // Never fewer than now, never more than L.
-        assert_eq!(eq1(6, 6, 0.5, &[1.0; 6]), 6);
+        assert_eq!(eq1(6, 6, 6.0, &[1.0; 6]), 6);
+        assert_eq!(eq1(6, 3, 7.5, &[6.0, 5.0, 4.0, 3.0, 2.0, 1.0]), 6);
+    }
+
+    #[test]
+    fn while_its_bound_decides_eq1_is_the_released_schedule() {
+        // Gradient norms falling towards the top (as fine-tuning MiniLM and ViT measure them)
+        // put the argmin on the last layer, so the α bound decides every interval. Unrounded,
+        // it is the released code's schedule for any α; rounded up per interval, α = 1/5 over
+        // 12 layers would give 3, 5, 7, 9, … and α = 0.1 over 4 layers 1, 2, 3, 4.
+        for (l, alpha) in [(12, 0.5), (12, 0.4), (12, 1.0 / 3.0), (12, 0.25), (12, 0.2), (24, 1.0 / 3.0), (4, 0.1)] {
+            let falling: Vec<f64> = (0..l).map(|i| (l - i) as f64 * (l - i) as f64).collect();
+            let mut c = FreezeController::new(FreezeRule::Eq1, alpha, l).unwrap();
+            for t in 1..10 {
+                c.observe(&falling);
+                assert_eq!(c.end_interval(), alpha_schedule(l, alpha, t), "L={l} α={alpha} T={t}");
+            }
+        }
+        // When the norms decide, the bound goes on from the count they chose: α = 1/2 over 8
+        // layers, layer 0 flattest → 1 frozen; next bound 1 + 7/2 = 4.5 → 5.
+        let mut c = FreezeController::new(FreezeRule::Eq1, 0.5, 8).unwrap();
+        c.observe(&[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
+        assert_eq!(c.end_interval(), 1);
+        c.observe(&[0.0, 9.0, 8.0, 7.0, 6.0, 5.0, 4.0, 3.0]);
+        assert_eq!(c.end_interval(), 5);
     }
 
     #[test]

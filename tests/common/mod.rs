@@ -189,3 +189,17 @@ impl pipetransformer::train::BatchSource for Pool {
         self.join(&idx, (index * self.batch) as u64)
     }
 }
+
+/// ‖a−b‖/‖b‖ over all parameters together. (Per tensor it would be dominated by tensors whose
+/// exact gradient is zero, like the key bias: AdamW turns their rounding noise into full-size
+/// steps of either sign.)
+pub fn params_rel(a: &[(String, Vec<f64>)], b: &[(String, Vec<f64>)]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let (mut num, mut den) = (0.0, 0.0);
+    for ((na, x), (nb, y)) in a.iter().zip(b) {
+        assert_eq!(na, nb);
+        num += x.iter().zip(y).map(|(p, q)| (p - q).powi(2)).sum::<f64>();
+        den += y.iter().map(|q| q * q).sum::<f64>();
+    }
+    (num / den).sqrt()
+}

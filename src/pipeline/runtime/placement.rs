@@ -30,13 +30,14 @@ impl<D: Device> Pipeline<D> {
         Ok(())
     }
 
-    /// Tears the plan down and starts `config`'s in the same process, with the frozen prefix
-    /// pinned to the first stage: weights and optimizer state move to the devices that now own
-    /// them, new replicas copy replica 0's (freed buffers return to each device's pool and are
-    /// reused). The new plan is checked first; if it is refused, the old one stays.
-    pub fn replan(&mut self, config: PipelineConfig, profiles: &[UnitProfile]) -> Result<()> {
+    /// Tears the plan down and starts `config`'s in the same process, with the first `pinned`
+    /// units on the first stage (a frozen prefix whose output is cached: cached hidden states
+    /// enter, and are captured, there): weights and optimizer state move to the devices that
+    /// now own them, new replicas copy replica 0's (freed buffers return to each device's pool
+    /// and are reused). The new plan is checked first; if it is refused, the old one stays.
+    pub fn replan(&mut self, config: PipelineConfig, profiles: &[UnitProfile], pinned: usize) -> Result<()> {
         let names = unit_names(self.stages[0].iter().flatten());
-        let plan = Plan::new(config, profiles, names, self.devices.len(), self.frozen_prefix())?;
+        let plan = Plan::new(config, profiles, names, self.devices.len(), pinned)?;
         self.adopt(plan)
     }
 
