@@ -295,3 +295,34 @@ fn scale_lr_takes_more_batches_per_step_and_keeps_the_run_length() {
     assert_eq!(transition.map(|t| (t.replicas, t.batches_per_step)), Some(((1, 2), 2)));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Without the cache, AutoPipe spreads the frozen units over the stages like any forward-only
+/// work; pinned to the first stage (where the cache's hidden states enter) they would load it
+/// with all of them.
+#[test]
+fn without_the_cache_frozen_units_spread_over_the_stages() {
+    let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
+    let dir = scratch("spread");
+    let (mut t, _) = elastic_trainer(&bert(), cpus(2), &dir, FreezeInterval::Epoch);
+    let config =
+        ElasticConfig { freeze: FreezeName::Table, table: vec![0, 1, 2], auto_pipe: true, ..Default::default() };
+    let around = Surroundings { layers: 2, devices: 2, initial_replicas: 1, batch: BATCH, positions: 7, width: 10 };
+    let mut elastic = Elastic::new(config, around, &dir).unwrap();
+    let mut events = Vec::new();
+    t.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
+    let stages: Vec<(usize, usize, std::ops::Range<usize>)> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Transition(t) if t.frozen_layers.0 != t.frozen_layers.1 => {
+                Some((t.frozen_units, t.pipeline_len.1, t.stages[0].clone()))
+            }
+            _ => None,
+        })
+        .collect();
+    // Six units of equal cost (a second per sample; the backward next to nothing): two stages
+    // of three, the first holding the three frozen units, then five frozen units over both.
+    // Pinned, the first stage would also need an active unit: 0..4, then 0..6 or one stage.
+    assert_eq!(stages, [(3, 2, 0..3), (5, 2, 0..3)]);
+    drop(elastic);
+    std::fs::remove_dir_all(&dir).ok();
+}
