@@ -14,7 +14,7 @@ use pipetransformer::elastic::{Elastic, ElasticConfig, FreezeInterval, FreezeNam
 use pipetransformer::model::{ModelConfig, Pooling};
 use pipetransformer::optim::Decay;
 use pipetransformer::pipeline::{PipelineConfig, StepOptions};
-use pipetransformer::train::{BatchSource, Event, TrainConfig, Trainer};
+use pipetransformer::train::{BatchSource, Event, TrainConfig, Trainer, Transition};
 use std::path::PathBuf;
 
 const EPOCHS: u64 = 4;
@@ -107,10 +107,35 @@ fn elastic_trainer<D: Device>(
         freeze_interval: interval,
         ..Default::default()
     };
+    (t, Elastic::new(config, surroundings(model), cache_dir).unwrap())
+}
+
+/// What the controller is told of the run: 2 layers, 2 devices, one replica to start.
+fn surroundings(model: &ModelConfig) -> Surroundings {
     // Positions per sample: BERT's longest snippet; ViT's 4 patches and the class token.
     let positions = if matches!(model, ModelConfig::Vit(_)) { 5 } else { 7 };
-    let around = Surroundings { layers: 2, devices: 2, initial_replicas: 1, batch: BATCH, positions, width: 10 };
-    (t, Elastic::new(config, around, cache_dir).unwrap())
+    Surroundings { layers: 2, devices: 2, initial_replicas: 1, batch: BATCH, positions, width: 10 }
+}
+
+/// The BERT trained to the end on two cpu devices under `config`: the trainer and its events.
+fn fit_bert(config: ElasticConfig, dir: &std::path::Path) -> (Trainer<CpuDevice<f32>>, Vec<Event>) {
+    let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
+    let (mut t, _) = elastic_trainer(&bert(), cpus(2), dir, FreezeInterval::Epoch);
+    let mut elastic = Elastic::new(config, surroundings(&bert()), dir).unwrap();
+    let mut events = Vec::new();
+    t.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
+    (t, events)
+}
+
+/// The transitions that froze more layers.
+fn freezes(events: &[Event]) -> Vec<Transition> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Transition(t) if t.frozen_layers.0 != t.frozen_layers.1 => Some(t.clone()),
+            _ => None,
+        })
+        .collect()
 }
 
 fn assert_follows(got: &Curve, want: &Curve, what: &str) {
@@ -145,13 +170,7 @@ fn check_transitions_follow_by_hand<D: Device>(
     // The machinery really ran: two freezes, the first shrinking the pipeline and adding a
     // replica; the cache (counting samples) missed in epoch 1, advanced its entries in epoch 2
     // and served them in epoch 3, spilling past its cap.
-    let freezes: Vec<_> = events
-        .iter()
-        .filter_map(|e| match e {
-            Event::Transition(t) if t.frozen_layers.0 != t.frozen_layers.1 => Some(t.clone()),
-            _ => None,
-        })
-        .collect();
+    let freezes = freezes(&events);
     assert_eq!(freezes.len(), 2, "{name}: {freezes:?}");
     assert_eq!((freezes[0].pipeline_len, freezes[0].replicas), ((2, 1), (1, 2)), "{name}");
     assert_eq!((freezes[0].frozen_units, freezes[1].frozen_units), (3, 5));
@@ -263,9 +282,7 @@ fn a_run_resumed_after_a_transition_continues_where_it_stopped() {
 /// ends after the same source batches (the schedule's clock counts them).
 #[test]
 fn scale_lr_takes_more_batches_per_step_and_keeps_the_run_length() {
-    let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
     let dir = scratch("scale-lr");
-    let (mut t, _) = elastic_trainer(&bert(), cpus(2), &dir, FreezeInterval::Epoch);
     let config = ElasticConfig {
         freeze: FreezeName::Table,
         table: vec![0, 1],
@@ -274,10 +291,7 @@ fn scale_lr_takes_more_batches_per_step_and_keeps_the_run_length() {
         batch_policy: pipetransformer::elastic::BatchPolicy::ScaleLr,
         ..Default::default()
     };
-    let around = Surroundings { layers: 2, devices: 2, initial_replicas: 1, batch: BATCH, positions: 7, width: 10 };
-    let mut elastic = Elastic::new(config, around, &dir).unwrap();
-    let mut events = Vec::new();
-    t.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
+    let (t, events) = fit_bert(config, &dir);
     let steps: Vec<(u64, usize, f64)> = events
         .iter()
         .filter_map(
@@ -301,28 +315,15 @@ fn scale_lr_takes_more_batches_per_step_and_keeps_the_run_length() {
 /// with all of them.
 #[test]
 fn without_the_cache_frozen_units_spread_over_the_stages() {
-    let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
     let dir = scratch("spread");
-    let (mut t, _) = elastic_trainer(&bert(), cpus(2), &dir, FreezeInterval::Epoch);
     let config =
         ElasticConfig { freeze: FreezeName::Table, table: vec![0, 1, 2], auto_pipe: true, ..Default::default() };
-    let around = Surroundings { layers: 2, devices: 2, initial_replicas: 1, batch: BATCH, positions: 7, width: 10 };
-    let mut elastic = Elastic::new(config, around, &dir).unwrap();
-    let mut events = Vec::new();
-    t.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
-    let stages: Vec<(usize, usize, std::ops::Range<usize>)> = events
-        .iter()
-        .filter_map(|e| match e {
-            Event::Transition(t) if t.frozen_layers.0 != t.frozen_layers.1 => {
-                Some((t.frozen_units, t.pipeline_len.1, t.stages[0].clone()))
-            }
-            _ => None,
-        })
-        .collect();
+    let (_, events) = fit_bert(config, &dir);
+    let stages: Vec<(usize, usize, std::ops::Range<usize>)> =
+        freezes(&events).iter().map(|t| (t.frozen_units, t.pipeline_len.1, t.stages[0].clone())).collect();
     // Six units of equal cost (a second per sample; the backward next to nothing): two stages
     // of three, the first holding the three frozen units, then five frozen units over both.
     // Pinned, the first stage would also need an active unit: 0..4, then 0..6 or one stage.
     assert_eq!(stages, [(3, 2, 0..3), (5, 2, 0..3)]);
-    drop(elastic);
     std::fs::remove_dir_all(&dir).ok();
 }
