@@ -206,6 +206,10 @@ fn replanning_twice_mid_run_follows_the_same_trajectory() {
             let e = moving.replan(cfg(5, 1, 2, ScheduleKind::OneFOneB), &prof, 0).unwrap_err().to_string();
             assert!(e.contains("need 5 devices; 4 available"), "{e}");
             assert_eq!(moving.plan().config.pipeline_len, 3);
+            // So is a pinned prefix that leaves the other stages nothing to hold.
+            let e = moving.replan(cfg(2, 1, 2, ScheduleKind::Gpipe), &prof, prof.len()).unwrap_err().to_string();
+            assert!(e.contains("cannot be cut from the model's 0 active units"), "{e}");
+            assert_eq!(moving.plan().config.pipeline_len, 3);
             moving.replan(cfg(2, 2, 1, ScheduleKind::Interleaved), &prof, 0).unwrap();
         }
         let b = batch(&config, 6, step);
