@@ -77,7 +77,7 @@ fn bench(rt: Arc<CudaRuntime>, precision: Precision, peak: &Option<Peak>) {
         dev.copy(&mut buf, &dev.upload(&rand(n)).expect("upload")).expect("copy");
         buf
     };
-    println!("\n### {} ({precision:?})\n", dev.name());
+    println!("\n### {}\n", dev.name());
     println!("| kernel | µs | TFLOP/s | GB/s | roofline floor / time | note |\n|---|---|---|---|---|---|");
     let blas = CudaBlas::new(rt.stream().clone()).expect("cuBLAS");
     for (label, n_in, n_out) in [("qkv", c, 3 * c), ("attn out", c, c), ("mlp up", c, ff), ("mlp down", ff, c)] {

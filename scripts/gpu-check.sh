@@ -1,21 +1,66 @@
 #!/usr/bin/env bash
-# On a machine with an NVIDIA GPU: builds, runs the kernel tests and the training-tracking tests
-# on the real device (the same tests CI runs on the emulator), benchmarks a training step on the
-# GPU in both precisions, and writes everything to a report.
+# On a machine with an NVIDIA GPU: runs the kernel tests and the training-tracking tests on the
+# real device (the same tests CI runs on the emulator), benchmarks a training step on the GPU in
+# both precisions, benchmarks every kernel against cuBLAS, trains two small models on the GPU,
+# and writes everything to a report.
 #
-# Usage: scripts/gpu-check.sh [REPORT]     (default: gpu-check-report.md)
+# Usage:
+#   scripts/gpu-check.sh [REPORT]                   build here (cargo, network for the CUDA
+#                                                   wheels), then check; default REPORT is
+#                                                   gpu-check-report.md
+#   scripts/gpu-check.sh --bundle DIR               on a machine with cargo and tools/cuda (no GPU
+#                                                   needed): write DIR with the stripped binaries,
+#                                                   NVRTC and the CUDA headers (xz), and the data
+#                                                   the training steps read (~48 MiB)
+#   scripts/gpu-check.sh --prebuilt DIR [REPORT]    on a GPU machine without cargo or network
+#                                                   (a cluster node): the same checks from DIR
 #
-# Needs: the NVIDIA driver (libcuda) and scripts/setup.sh's CUDA wheels (NVRTC, headers). The
-# exit status is non-zero if any step failed; the report says which.
+# Needs: the NVIDIA driver (libcuda); NVRTC and the headers from scripts/setup.sh's CUDA wheels
+# (or the bundle). The exit status is non-zero if any step failed; the report says which.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-REPORT="${1:-$ROOT/gpu-check-report.md}"
 cd "$ROOT"
+
+# Every executable `cargo build --release --all-targets` writes, one `kind name path` per line.
+artifacts() {
+    cargo build --release --all-targets --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+        print(m["target"]["kind"][0], m["target"]["name"], m["executable"])'
+}
+
+if [[ "${1:-}" == "--bundle" ]]; then
+    DIR="${2:?usage: scripts/gpu-check.sh --bundle DIR}"
+    set -e
+    [[ -f tools/cuda/cuda_nvrtc/lib/libnvrtc.so.12 ]] || bash scripts/setup.sh cuda
+    bash scripts/setup.sh hamlet digits
+    rm -rf "$DIR" && mkdir -p "$DIR/bin" "$DIR/data/text"
+    list="$(artifacts)"
+    pick() { awk -v k="$1" -v n="$2" '$1 == k && $2 == n { print $3 }' <<<"$list" | tail -1; }
+    objcopy --strip-debug "$(pick bin pipetransformer)" "$DIR/bin/pipetransformer"
+    objcopy --strip-debug "$(pick test kernels)" "$DIR/bin/test-kernels"
+    objcopy --strip-debug "$(pick test emu_training)" "$DIR/bin/test-emu-training"
+    objcopy --strip-debug "$(pick bench kernels)" "$DIR/bin/bench-kernels"
+    tar -C tools -cf - cuda/cuda_nvrtc/lib/libnvrtc.so.12 cuda/cuda_nvrtc/lib/libnvrtc-builtins.so.12.9 \
+        cuda/cuda_runtime/include cuda/cuda_nvcc/include | xz -9 -T0 >"$DIR/cuda.tar.xz"
+    cp data/text/hamlet.txt "$DIR/data/text/" && cp -r data/digits "$DIR/data/"
+    du -sh "$DIR"
+    exit 0
+fi
+
+PREBUILT=""
+if [[ "${1:-}" == "--prebuilt" ]]; then
+    PREBUILT="$(cd "${2:?usage: scripts/gpu-check.sh --prebuilt DIR [REPORT]}" && pwd)"
+    shift 2
+fi
+REPORT="${1:-$ROOT/gpu-check-report.md}"
 FAILED=0
 
-step() { # step TITLE COMMAND...: runs COMMAND, appends its output to the report.
-    local title="$1"
+step() { # step TITLE COMMAND...: runs COMMAND, appends its output and its time to the report.
+    local title="$1" start=$SECONDS
     shift
     echo "== $title"
     {
@@ -31,6 +76,7 @@ step() { # step TITLE COMMAND...: runs COMMAND, appends its output to the report
         echo "**FAILED**" >>"$REPORT"
         FAILED=1
     fi
+    echo "($((SECONDS - start)) s)" >>"$REPORT"
     echo >>"$REPORT"
 }
 
@@ -39,18 +85,37 @@ step() { # step TITLE COMMAND...: runs COMMAND, appends its output to the report
     echo
     echo '```'
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 || echo "nvidia-smi not available"
-    echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)${PREBUILT:+ (prebuilt: $PREBUILT)}"
     echo '```'
     echo
 } >"$REPORT"
 
-step "setup (CUDA wheels)" bash scripts/setup.sh cuda
-step "build" cargo build --release --all-targets
-step "kernel tests on cuda" env PT_TEST_DEVICE=cuda cargo test --release --test kernels
-step "training follows cpu on cuda" env PT_TEST_DEVICE=cuda cargo test --release --test emu_training
-step "training step, f32" cargo run --release -- bench-step --device cuda --precision f32 --steps 20 --warmup 3
-step "training step, bf16" cargo run --release -- bench-step --device cuda --precision bf16 --steps 20 --warmup 3
-step "kernel benchmarks" cargo bench --bench kernels
+if [[ -n "$PREBUILT" ]]; then
+    export PT_CUDA_HOME="$PREBUILT/cuda"
+    [[ -d "$PT_CUDA_HOME" ]] || tar -C "$PREBUILT" -xJf "$PREBUILT/cuda.tar.xz"
+    mkdir -p data && cp -rn "$PREBUILT/data/." data/
+    PT="$PREBUILT/bin/pipetransformer"
+    TEST_KERNELS=("$PREBUILT/bin/test-kernels")
+    TEST_TRAINING=("$PREBUILT/bin/test-emu-training")
+    BENCH_KERNELS=("$PREBUILT/bin/bench-kernels" --bench)
+else
+    step "setup (CUDA wheels, data)" bash scripts/setup.sh cuda hamlet digits
+    step "build" cargo build --release --all-targets
+    PT="target/release/pipetransformer"
+    TEST_KERNELS=(cargo test --release --test kernels --)
+    TEST_TRAINING=(cargo test --release --test emu_training --)
+    BENCH_KERNELS=(cargo bench --bench kernels)
+fi
+
+step "kernel tests on cuda" env PT_TEST_DEVICE=cuda "${TEST_KERNELS[@]}"
+step "training follows cpu on cuda" env PT_TEST_DEVICE=cuda "${TEST_TRAINING[@]}"
+step "training step, f32" "$PT" bench-step --device cuda --precision f32 --steps 20 --warmup 3
+step "training step, bf16" "$PT" bench-step --device cuda --precision bf16 --steps 20 --warmup 3
+step "kernel benchmarks" "${BENCH_KERNELS[@]}"
+RUNS="$(mktemp -d)"
+step "GPT on hamlet, cuda f32" "$PT" train --config configs/gpt-hamlet.toml --device cuda --fresh --set "output.dir=$RUNS/hamlet"
+step "ViT on digits, cuda bf16" "$PT" train --config configs/vit-digits.toml --device cuda --precision bf16 --fresh --set "output.dir=$RUNS/digits"
+rm -rf "$RUNS"
 
 echo "report: $REPORT"
 exit "$FAILED"

@@ -399,8 +399,10 @@ fn bench_step<D: Device>(dev: &D, steps: usize, warmup: usize, batch: usize, seq
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
     let rate = flops / median / 1e9;
+    let activations = format!("{:?}", dev.activation_dtype()).to_lowercase();
     println!(
-        "MiniLM-shaped training step (6 layers, hidden 384, 12 heads, MLP 1536, seq {seq}, batch {batch}, f32, AdamW)"
+        "MiniLM-shaped training step (6 layers, hidden 384, 12 heads, MLP 1536, seq {seq}, batch {batch}, \
+         {activations} activations, f32 weights, AdamW)"
     );
     println!("  device          {}", dev.name());
     println!("  FLOP per step   {flops:.4e}");
