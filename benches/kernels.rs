@@ -166,6 +166,7 @@ fn bench(rt: Arc<CudaRuntime>, precision: Precision, peak: &Option<Peak>) {
         dropout: 0.1,
         dropout_seed: 1,
         dropout_offset: 0,
+        mask_seq: t,
     };
     let (q, k, v) = (a(rows * c), a(rows * c), a(rows * c));
     let mut out = dev.alloc(rows * c).expect("out");

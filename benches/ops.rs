@@ -62,6 +62,7 @@ fn bench_attention(c: &mut Criterion) {
         dropout: 0.1,
         dropout_seed: 1,
         dropout_offset: 0,
+        mask_seq: T,
     };
     let flops = 4.0 * (B * T * T * C) as f64;
     let mut g = c.benchmark_group("attention_b16_t128_h12x32");

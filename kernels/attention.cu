@@ -7,7 +7,9 @@
 // lse f32 [batch, heads, q_len], +∞ for a query that sees no key. Query i sits at absolute
 // position prefix + i (prefix = kv_len − q_len); under the causal mask it sees keys j ≤ prefix + i.
 // Attention dropout keeps element (b, h, i, j) iff dropout_keep(seed, offset +
-// ((b·heads + h)·q_len + i)·kv_len + j, threshold), scaling it by keep_scale = 1/(1−p).
+// ((b·heads + h)·S + prefix + i)·S + j, threshold), scaling it by keep_scale = 1/(1−p): the
+// element's place in the whole sequence's S × S mask (S = mask_seq ≥ kv_len), so a token slice
+// draws the unsliced mask.
 //
 // Every kernel: grid (⌈rows/T⌉, batch, heads), block 4·T threads. A block owns T rows of one
 // (sequence, head) and streams tiles of T rows of the other side through shared memory. Four
@@ -46,24 +48,24 @@
 #define MASK_AND_DIMS                                                                                  \
     const unsigned int *key_mask, int q_len, int kv_len, int heads, int head_dim, int causal, float scale, \
         float keep_scale, unsigned long long drop_threshold, unsigned long long drop_seed,                 \
-        unsigned long long drop_offset
+        unsigned long long drop_offset, int mask_seq
 #define MASK_AND_DIMS_ARGS                                                                                    \
     AttnParams(key_mask, q_len, kv_len, heads, head_dim, causal, scale, keep_scale, drop_threshold, drop_seed, \
-               drop_offset)
+               drop_offset, mask_seq)
 
 struct AttnParams {
     const unsigned int* mask;
-    int q_len, kv_len, heads, hd, prefix, b, h;
+    int q_len, kv_len, heads, hd, prefix, b, h, mask_seq;
     bool causal;
     float scale, keep_scale;
     unsigned long long threshold, seed, offset;
 
     __device__ AttnParams(const unsigned int* key_mask, int q_len_, int kv_len_, int heads_, int head_dim,
                           int causal_, float scale_, float keep_scale_, unsigned long long threshold_,
-                          unsigned long long seed_, unsigned long long offset_)
+                          unsigned long long seed_, unsigned long long offset_, int mask_seq_)
         : mask(key_mask), q_len(q_len_), kv_len(kv_len_), heads(heads_), hd(head_dim), prefix(kv_len_ - q_len_),
-          b(blockIdx.y), h(blockIdx.z), causal(causal_ != 0), scale(scale_), keep_scale(keep_scale_),
-          threshold(threshold_), seed(seed_), offset(offset_) {}
+          b(blockIdx.y), h(blockIdx.z), mask_seq(mask_seq_), causal(causal_ != 0), scale(scale_),
+          keep_scale(keep_scale_), threshold(threshold_), seed(seed_), offset(offset_) {}
 
     // Row `bh·q_len + i` of the per-row statistics (lse, rowdot).
     __device__ int stat(int i) const { return (b * heads + h) * q_len + i; }
@@ -76,8 +78,9 @@ struct AttnParams {
     // The dropout factor of probability (i, j): keep_scale or 0. keep_scale is 1 without dropout.
     __device__ float drop(int i, int j) const {
         if (threshold == 0) return keep_scale;
+        const unsigned long long s = (unsigned long long)mask_seq;
         const unsigned long long counter =
-            offset + (unsigned long long)stat(i) * (unsigned long long)kv_len + (unsigned long long)j;
+            offset + ((unsigned long long)(b * heads + h) * s + (unsigned long long)(prefix + i)) * s + j;
         return dropout_keep(seed, counter, threshold) ? keep_scale : 0.0f;
     }
 };

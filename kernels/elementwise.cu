@@ -11,8 +11,10 @@
 //   tanh_backward_*(dinp, out, dout, n)              dinp = (1 − out²)·dout
 //   residual_forward_*(out, a, b, n)                 out = a + b       (src/ops/residual.rs)
 //   residual_backward_*(dacc, dout, n)               dacc += dout
-//   dropout_*(dst, src, n, seed, offset, threshold, scale)             (src/ops/dropout.rs)
+//   dropout_*(dst, src, n, seed, offset, row, stride, threshold, scale) (src/ops/dropout.rs)
 //                                                    dst = keep ? src·scale : 0, forward and backward
+//   copy_rows_*(dst, src, n, len, dst_offset, dst_stride, src_offset, src_stride, accumulate)
+//                                                    runs of len elements, = or += (src/ops/rows.rs)
 //
 // Device helpers are `static`: the emulator links every kernel file into one library, where two
 // files' same-named helpers would otherwise silently share one definition.
@@ -131,17 +133,39 @@ extern "C" __global__ void residual_backward_f32(float* dacc, const float* dout,
 extern "C" __global__ void residual_backward_bf16(bf16* dacc, const bf16* dout, int n) { residual_backward(dacc, dout, n); }
 
 // ---- dropout ---------------------------------------------------------------------------------
-// The mask is recomputed from (seed, offset + i), never stored, so the forward and the backward
-// are this one kernel. `threshold` (p·2⁶⁴) and `scale` (1/(1−p) rounded to f32) come from the
-// host, where the cpu backend computes them too.
+// The mask is recomputed from the element's counter, never stored, so the forward and the
+// backward are this one kernel. Element i draws offset + ⌊i/row⌋·stride + i mod row (rows of a
+// token slice skip the positions outside it: src/ops/dropout.rs `DropoutCoords`). `threshold`
+// (p·2⁶⁴) and `scale` (1/(1−p) rounded to f32) come from the host, where the cpu backend computes
+// them too.
 
 template <typename act_t>
 static __device__ void dropout(act_t* dst, const act_t* src, int n, unsigned long long seed, unsigned long long offset,
-                               unsigned long long threshold, float scale) {
+                               unsigned int row, unsigned long long stride, unsigned long long threshold, float scale) {
     GRID_STRIDE(i, n) {
-        const bool keep = dropout_keep(seed, offset + (unsigned long long)i, threshold);
+        const unsigned int u = (unsigned int)i;
+        const unsigned long long counter = offset + (unsigned long long)(u / row) * stride + (u % row);
+        const bool keep = dropout_keep(seed, counter, threshold);
         st(dst, i, keep ? ld(src, i) * scale : 0.0f);
     }
 }
-extern "C" __global__ void dropout_f32(float* dst, const float* src, int n, unsigned long long seed, unsigned long long offset, unsigned long long threshold, float scale) { dropout(dst, src, n, seed, offset, threshold, scale); }
-extern "C" __global__ void dropout_bf16(bf16* dst, const bf16* src, int n, unsigned long long seed, unsigned long long offset, unsigned long long threshold, float scale) { dropout(dst, src, n, seed, offset, threshold, scale); }
+extern "C" __global__ void dropout_f32(float* dst, const float* src, int n, unsigned long long seed, unsigned long long offset, unsigned int row, unsigned long long stride, unsigned long long threshold, float scale) { dropout(dst, src, n, seed, offset, row, stride, threshold, scale); }
+extern "C" __global__ void dropout_bf16(bf16* dst, const bf16* src, int n, unsigned long long seed, unsigned long long offset, unsigned int row, unsigned long long stride, unsigned long long threshold, float scale) { dropout(dst, src, n, seed, offset, row, stride, threshold, scale); }
+
+// ---- strided row copies ----------------------------------------------------------------------
+// n = runs·len threads' worth of elements; element e of run r moves src[src_offset + r·src_stride
+// + e] to dst[dst_offset + r·dst_stride + e] (added when `accumulate`). Runs never overlap in dst,
+// so each destination element has one writer.
+
+template <typename act_t>
+static __device__ void copy_rows(act_t* dst, const act_t* src, int n, int len, int dst_offset, int dst_stride,
+                                 int src_offset, int src_stride, int accumulate) {
+    GRID_STRIDE(i, n) {
+        const int r = i / len, e = i % len;
+        const int d = dst_offset + r * dst_stride + e;
+        const float v = ld(src, src_offset + r * src_stride + e);
+        st(dst, d, accumulate ? ld(dst, d) + v : v);
+    }
+}
+extern "C" __global__ void copy_rows_f32(float* dst, const float* src, int n, int len, int dst_offset, int dst_stride, int src_offset, int src_stride, int accumulate) { copy_rows(dst, src, n, len, dst_offset, dst_stride, src_offset, src_stride, accumulate); }
+extern "C" __global__ void copy_rows_bf16(bf16* dst, const bf16* src, int n, int len, int dst_offset, int dst_stride, int src_offset, int src_stride, int accumulate) { copy_rows(dst, src, n, len, dst_offset, dst_stride, src_offset, src_stride, accumulate); }

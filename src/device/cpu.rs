@@ -11,9 +11,11 @@ use super::Device;
 use crate::error::{Result, check_len};
 use crate::ops;
 use crate::ops::attention::AttentionDims;
+use crate::ops::dropout::DropoutCoords;
 use crate::ops::gelu::Activation;
 use crate::ops::optim::{AdamWStep, SgdStep};
 use crate::ops::patch::PatchDims;
+use crate::ops::rows::RowCopy;
 use crate::scalar::{DType, Float};
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
@@ -328,11 +330,14 @@ impl<T: Float> Device for CpuDevice<T> {
     fn residual_backward(&self, dacc: &mut Self::Buf, dout: &Self::Buf) -> Result<()> {
         self.run(|| ops::residual::residual_backward(dacc, dout))
     }
-    fn dropout_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, p: f32, seed: u64, offset: u64) -> Result<()> {
-        self.run(|| ops::dropout::dropout_forward(out, inp, p, seed, offset))
+    fn copy_rows(&self, dst: &mut Self::Buf, src: &Self::Buf, c: RowCopy) -> Result<()> {
+        self.run(|| ops::rows::copy_rows(dst, src, c))
     }
-    fn dropout_backward(&self, dinp: &mut Self::Buf, dout: &Self::Buf, p: f32, seed: u64, offset: u64) -> Result<()> {
-        self.run(|| ops::dropout::dropout_backward(dinp, dout, p, seed, offset))
+    fn dropout_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, p: f32, at: DropoutCoords) -> Result<()> {
+        self.run(|| ops::dropout::dropout_forward(out, inp, p, at))
+    }
+    fn dropout_backward(&self, dinp: &mut Self::Buf, dout: &Self::Buf, p: f32, at: DropoutCoords) -> Result<()> {
+        self.run(|| ops::dropout::dropout_backward(dinp, dout, p, at))
     }
     fn attention_saved_len(&self, d: &AttentionDims) -> usize {
         d.batch * d.heads * d.q_len * d.kv_len

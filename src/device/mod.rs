@@ -17,9 +17,11 @@ pub use gpu::{GpuBuf, GpuDevice, GpuIds, Precision};
 
 use crate::error::Result;
 use crate::ops::attention::AttentionDims;
+use crate::ops::dropout::DropoutCoords;
 use crate::ops::gelu::Activation;
 use crate::ops::optim::{AdamWStep, SgdStep};
 use crate::ops::patch::PatchDims;
+use crate::ops::rows::RowCopy;
 use crate::scalar::DType;
 
 /// A compute device and its op set. Buffers (`Buf`: floats, `Ids`: `u32` token ids, labels and
@@ -174,10 +176,12 @@ pub trait Device: Send + Sync + 'static {
     fn residual_forward(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf) -> Result<()>;
     /// See [`crate::ops::residual::residual_backward`].
     fn residual_backward(&self, dacc: &mut Self::Buf, dout: &Self::Buf) -> Result<()>;
+    /// See [`crate::ops::rows::copy_rows`].
+    fn copy_rows(&self, dst: &mut Self::Buf, src: &Self::Buf, c: RowCopy) -> Result<()>;
     /// See [`crate::ops::dropout::dropout_forward`].
-    fn dropout_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, p: f32, seed: u64, offset: u64) -> Result<()>;
+    fn dropout_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, p: f32, at: DropoutCoords) -> Result<()>;
     /// See [`crate::ops::dropout::dropout_backward`].
-    fn dropout_backward(&self, dinp: &mut Self::Buf, dout: &Self::Buf, p: f32, seed: u64, offset: u64) -> Result<()>;
+    fn dropout_backward(&self, dinp: &mut Self::Buf, dout: &Self::Buf, p: f32, at: DropoutCoords) -> Result<()>;
     /// Elements of the state `attention_forward` saves for `attention_backward`: the whole
     /// probability matrix on `cpu`, one log-sum-exp per query row on the fused GPU kernels.
     fn attention_saved_len(&self, d: &AttentionDims) -> usize;

@@ -4,6 +4,7 @@
 use super::config::{HeadSpec, InputSpec, Spec};
 use crate::device::Device;
 use crate::error::{Result, data_error};
+use crate::ops::dropout::DropoutCoords;
 
 /// Label value that contributes no loss (padding positions of a language-model batch).
 pub const IGNORE_INDEX: u32 = u32::MAX;
@@ -30,6 +31,9 @@ pub struct HostBatch {
     /// Tokens that precede this batch's first position in each sequence (a TeraPipe slice);
     /// position ids start here.
     pub position_offset: usize,
+    /// Tokens of the whole sequences when this batch is a token slice of them (TeraPipe), else
+    /// 0: a slice draws the whole sequences' dropout masks.
+    pub whole_seq: usize,
     /// Global index of the first sample, so that dropout masks of a micro-batch equal those of
     /// the same samples in the whole batch.
     pub sample_offset: u64,
@@ -82,6 +86,7 @@ impl HostBatch {
                     pixels: self.pixels.as_ref().map(|p| p[start * pixels_per..(start + n) * pixels_per].to_vec()),
                     targets: self.targets[start * per_sample_targets..(start + n) * per_sample_targets].to_vec(),
                     position_offset: self.position_offset,
+                    whole_seq: self.whole_seq,
                     sample_offset: self.sample_offset + start as u64,
                     sample_ids: self.sample_ids.get(start..start + n).map(<[u64]>::to_vec).unwrap_or_default(),
                     hidden: self.hidden.as_ref().map(|h| {
@@ -116,6 +121,7 @@ impl HostBatch {
             pixels: self.pixels.as_ref().map(floats),
             targets: rows(&self.targets, per_sample_targets),
             position_offset: self.position_offset,
+            whole_seq: self.whole_seq,
             sample_offset: self.sample_offset,
             sample_ids: indices.iter().filter_map(|&i| self.sample_ids.get(i).copied()).collect(),
             hidden: self.hidden.as_ref().map(|h| Hidden { depth: h.depth, width: h.width, data: floats(&h.data) }),
@@ -174,6 +180,52 @@ impl HostBatch {
         Ok(out)
     }
 
+    /// Cuts every sequence into consecutive token slices of `lengths` (TeraPipe): slice `j`
+    /// holds positions `c_j..c_j + l_j` of every sample, with its targets, its position ids
+    /// starting at `c_j`, and the whole sequences' dropout coordinates. Only language-model
+    /// batches of unpadded sequences can be sliced (a classifier's loss needs the whole
+    /// sequence; a padding mask would have to cover the context as well).
+    pub fn token_slices(&self, lengths: &[usize]) -> Result<Vec<HostBatch>> {
+        let bad = |message: String| Err(crate::error::config_error("token_slices", message));
+        let total: usize = lengths.iter().sum();
+        if lengths.is_empty() || lengths.contains(&0) {
+            return bad(format!("{lengths:?} has a zero-length slice (or none); every slice needs at least one token"));
+        }
+        if total != self.seq {
+            return bad(format!("{lengths:?} covers {total} tokens; the sequences have {}", self.seq));
+        }
+        let Some(tokens) = &self.tokens else {
+            return bad("only token sequences can be sliced; this batch holds images".into());
+        };
+        if self.targets.len() != self.batch * self.seq {
+            return bad("only language-model batches (a target per token) can be sliced".into());
+        }
+        if self.attention_mask.as_ref().is_some_and(|m| m.iter().any(|&x| x == 0)) || self.hidden.is_some() {
+            return bad("sequences with padding or cached hidden states cannot be sliced".into());
+        }
+        let mut start = 0;
+        Ok(lengths
+            .iter()
+            .map(|&len| {
+                let cols = |v: &Vec<u32>| -> Vec<u32> {
+                    v.chunks(self.seq).flat_map(|row| row[start..start + len].iter().copied()).collect()
+                };
+                let slice = HostBatch {
+                    seq: len,
+                    tokens: Some(cols(tokens)),
+                    token_types: self.token_types.as_ref().map(cols),
+                    attention_mask: None,
+                    targets: cols(&self.targets),
+                    position_offset: self.position_offset + start,
+                    whole_seq: self.seq,
+                    ..self.clone()
+                };
+                start += len;
+                slice
+            })
+            .collect())
+    }
+
     /// Targets that count (not [`IGNORE_INDEX`]).
     pub fn target_count(&self) -> usize {
         self.targets.iter().filter(|&&t| t != IGNORE_INDEX).count()
@@ -206,6 +258,20 @@ pub struct Batch<D: Device> {
     pub dropout_seed: u64,
     /// See [`HostBatch::sample_offset`].
     pub sample_offset: u64,
+    /// See [`HostBatch::position_offset`].
+    pub position_offset: usize,
+    /// Positions of the whole sequences this batch is a token slice of (`seq` when unsliced).
+    pub whole_seq: usize,
+}
+
+/// How a dropped tensor's elements map onto the batch: per token (`[batch, seq, width]`) or per
+/// sample (`[batch, width]`, e.g. a pooled classifier input).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DropoutLayout {
+    /// `width` elements per token.
+    Tokens(usize),
+    /// `width` elements per sample.
+    Samples(usize),
 }
 
 impl<D: Device> Batch<D> {
@@ -282,6 +348,8 @@ impl<D: Device> Batch<D> {
             train,
             dropout_seed,
             sample_offset: host.sample_offset,
+            position_offset: host.position_offset,
+            whole_seq: host.whole_seq.max(seq),
         })
     }
 
@@ -290,10 +358,30 @@ impl<D: Device> Batch<D> {
         self.batch * self.seq
     }
 
-    /// Dropout seed and counter offset for dropout site `site` of a tensor with `per_sample`
-    /// elements per sample: the seed mixes the step seed with the site, the offset places this
-    /// batch's first sample, so micro-batches draw the masks of the full batch.
-    pub fn dropout_coords(&self, site: u64, per_sample: usize) -> (u64, u64) {
-        (crate::rng::hash_u64(self.dropout_seed, site), self.sample_offset * per_sample as u64)
+    /// Where dropout site `site`'s mask lies for a tensor of this batch: the seed mixes the step
+    /// seed with the site; the counters place each element at its sample's global index and, per
+    /// token, at its position in the whole sequence, so micro-batches and token slices draw the
+    /// masks of the full batch.
+    pub fn dropout_coords(&self, site: u64, layout: DropoutLayout) -> DropoutCoords {
+        let seed = crate::rng::hash_u64(self.dropout_seed, site);
+        match layout {
+            DropoutLayout::Samples(width) => DropoutCoords::contiguous(seed, self.sample_offset * width as u64),
+            DropoutLayout::Tokens(width) => {
+                let stride = (self.whole_seq * width) as u64;
+                DropoutCoords {
+                    seed,
+                    offset: self.sample_offset * stride + (self.position_offset * width) as u64,
+                    row: u32::try_from(self.seq * width).unwrap_or(u32::MAX),
+                    stride,
+                }
+            }
+        }
+    }
+
+    /// Seed and counter offset of attention-probability dropout at site `site` (`heads` heads):
+    /// each sample owns a `heads × whole_seq × whole_seq` block of counters.
+    pub fn attention_dropout(&self, site: u64, heads: usize) -> (u64, u64) {
+        let per_sample = (heads * self.whole_seq * self.whole_seq) as u64;
+        (crate::rng::hash_u64(self.dropout_seed, site), self.sample_offset * per_sample)
     }
 }

@@ -6,10 +6,11 @@
 //! Both wrap their branch `f` in the same `Residual`: post-LN (BERT) `y = LN(x + drop(f(x)))`,
 //! pre-LN (GPT-2, ViT) `y = x + drop(f(LN(x)))`.
 
-use super::batch::Batch;
+use super::batch::{Batch, DropoutLayout};
 use super::config::{NormPlacement, Spec};
 use super::dropout::DropoutSite;
 use super::embedding::missing_saved;
+use super::kv_arena::{Kv, KvArena};
 use super::layers::{INIT_STD, LayerNorm, LayerNormSaved, Linear};
 use super::param::Param;
 use crate::device::Device;
@@ -59,7 +60,7 @@ impl<D: Device> Residual<D> {
             NormPlacement::Post => None,
         };
         let (z, branch_saved) = branch(pre.as_ref().map_or(&x, |(h, _)| h))?;
-        let z = self.dropout.forward(dev, batch, z, batch.seq * self.norm.dim, train)?;
+        let z = self.dropout.forward(dev, batch, z, DropoutLayout::Tokens(self.norm.dim), train)?;
         let mut sum = dev.alloc(rows * self.norm.dim)?;
         dev.residual_forward(&mut sum, &x, &z)?;
         let (y, normed, sum, stats) = match pre {
@@ -92,7 +93,7 @@ impl<D: Device> Residual<D> {
         };
         let dsum = dsum_owned.as_ref().unwrap_or(dy);
         // The branch's share goes through the dropout mask.
-        let dz_owned = self.dropout.backward(dev, batch, dsum, batch.seq * self.norm.dim)?;
+        let dz_owned = self.dropout.backward(dev, batch, dsum, DropoutLayout::Tokens(self.norm.dim))?;
         let dz = dz_owned.as_ref().unwrap_or(dsum);
         // Pre-LN needs the branch input's gradient even when dx is not wanted: the norm's own
         // parameter gradients come from it.
@@ -149,8 +150,9 @@ pub struct AttentionUnit<D: Device> {
 /// What the attention branch keeps for its backward.
 pub struct AttentionBranchSaved<D: Device> {
     q: D::Buf,
-    k: D::Buf,
-    v: D::Buf,
+    /// The keys and values attended over; `None` for a token slice, whose context is read
+    /// back from the arena (keeping it would hold every earlier slice's keys once per slice).
+    kv: Option<(D::Buf, D::Buf)>,
     probs: D::Buf,
     attended: D::Buf,
 }
@@ -187,28 +189,33 @@ impl<D: Device> AttentionUnit<D> {
         })
     }
 
+    /// A token slice attends over its context: every position before it and its own.
     fn dims(&self, batch: &Batch<D>, train: bool) -> AttentionDims {
-        let (seed, offset) = batch.dropout_coords(self.attn_dropout.site, self.heads * batch.seq * batch.seq);
+        let (seed, offset) = batch.attention_dropout(self.attn_dropout.site, self.heads);
         AttentionDims {
             batch: batch.batch,
             q_len: batch.seq,
-            kv_len: batch.seq,
+            kv_len: batch.position_offset + batch.seq,
             heads: self.heads,
             head_dim: self.query.out_dim / self.heads,
             causal: self.causal,
             dropout: if self.attn_dropout.active(train) { self.attn_dropout.p } else { 0.0 },
             dropout_seed: seed,
             dropout_offset: offset,
+            mask_seq: batch.whole_seq,
         }
     }
 
-    /// `[B, T, C] → [B, T, C]`; in a training pass (`train`: dropout on, activations kept for the backward).
+    /// `[B, T, C] → [B, T, C]`; in a training pass (`train`: dropout on, activations kept for
+    /// the backward). A token slice (TeraPipe) writes its keys and values into `arena` at its
+    /// positions and attends over the arena's rows up to its end.
     pub fn forward(
         &self,
         dev: &D,
         batch: &Batch<D>,
         x: D::Buf,
         train: bool,
+        arena: Option<&mut KvArena<D>>,
     ) -> Result<(D::Buf, Option<AttentionSaved<D>>)> {
         let rows = batch.rows();
         let d = self.dims(batch, train);
@@ -216,15 +223,26 @@ impl<D: Device> AttentionUnit<D> {
             let q = self.query.forward(dev, inp, rows)?;
             let k = self.key.forward(dev, inp, rows)?;
             let v = self.value.forward(dev, inp, rows)?;
+            let (k, v, kv) = match arena {
+                Some(arena) => {
+                    arena.write(dev, Kv::Keys, &k, batch.position_offset)?;
+                    arena.write(dev, Kv::Values, &v, batch.position_offset)?;
+                    (arena.context(dev, Kv::Keys, d.kv_len)?, arena.context(dev, Kv::Values, d.kv_len)?, false)
+                }
+                None if d.kv_len != d.q_len => return Err(missing_saved("the key/value arena of a token slice")),
+                None => (k, v, true),
+            };
             let mut attended = dev.alloc(rows * self.query.out_dim)?;
             let mut probs = dev.alloc_stats(dev.attention_saved_len(&d))?;
             dev.attention_forward(&mut attended, &mut probs, &q, &k, &v, batch.attention_mask.as_ref(), &d)?;
             let z = self.output.forward(dev, &attended, rows)?;
-            Ok((z, AttentionBranchSaved { q, k, v, probs, attended }))
+            Ok((z, AttentionBranchSaved { q, kv: kv.then_some((k, v)), probs, attended }))
         })
     }
 
-    /// The forward chain reversed. Returns `dx` when `need_dinp`.
+    /// The forward chain reversed. Returns `dx` when `need_dinp`. A token slice reads its
+    /// context back from `arena`, adds the context's key/value gradients into it, and takes its
+    /// own rows' (complete, since later slices ran their backward first).
     pub fn backward(
         &mut self,
         dev: &D,
@@ -232,6 +250,7 @@ impl<D: Device> AttentionUnit<D> {
         (residual, s): AttentionSaved<D>,
         dy: &D::Buf,
         need_dinp: bool,
+        arena: Option<&mut KvArena<D>>,
     ) -> Result<Option<D::Buf>> {
         let rows = batch.rows();
         let c = self.query.out_dim;
@@ -241,22 +260,28 @@ impl<D: Device> AttentionUnit<D> {
             // z = attended · Woᵀ
             let dattended =
                 output.backward(dev, dz, &s.attended, rows, true)?.ok_or_else(|| missing_saved("dattended"))?;
-            // attended = attention(q, k, v)
-            let (mut dq, mut dk, mut dv) = (dev.alloc(rows * c)?, dev.alloc(rows * c)?, dev.alloc(rows * c)?);
+            // attended = attention(q, k, v), k and v over the whole context.
+            let context;
+            let (k, v) = match (&s.kv, &arena) {
+                (Some((k, v)), _) => (k, v),
+                (None, Some(arena)) => {
+                    context = (arena.context(dev, Kv::Keys, d.kv_len)?, arena.context(dev, Kv::Values, d.kv_len)?);
+                    (&context.0, &context.1)
+                }
+                (None, None) => return Err(missing_saved("the key/value arena of a token slice")),
+            };
+            let kv_rows = batch.batch * d.kv_len * c;
+            let (mut dq, mut dk, mut dv) = (dev.alloc(rows * c)?, dev.alloc(kv_rows)?, dev.alloc(kv_rows)?);
             let mask = batch.attention_mask.as_ref();
-            dev.attention_backward(
-                &mut dq,
-                &mut dk,
-                &mut dv,
-                &dattended,
-                &s.q,
-                &s.k,
-                &s.v,
-                &s.attended,
-                &s.probs,
-                mask,
-                &d,
-            )?;
+            dev.attention_backward(&mut dq, &mut dk, &mut dv, &dattended, &s.q, k, v, &s.attended, &s.probs, mask, &d)?;
+            // A slice's keys and values fed every later slice too: their gradients gather in
+            // the arena, and this slice's rows are complete once its own share is in.
+            if let Some(arena) = arena {
+                arena.add_grad(dev, Kv::Keys, &dk)?;
+                arena.add_grad(dev, Kv::Values, &dv)?;
+                dk = arena.grad(dev, Kv::Keys, batch.position_offset, batch.seq)?;
+                dv = arena.grad(dev, Kv::Values, batch.position_offset, batch.seq)?;
+            }
             // q, k, v = inp · W{q,k,v}ᵀ: the input gradient is the sum of the three.
             let dinp = query.backward(dev, &dq, inp, rows, need_dinp)?;
             let dinp_k = key.backward(dev, &dk, inp, rows, need_dinp)?;

@@ -1,7 +1,7 @@
 //! Dropout as units use it: a no-op (the buffer moves through) in eval or at p = 0, otherwise
 //! the counter-based mask of [`crate::ops::dropout`] at coordinates derived from the batch.
 
-use super::batch::Batch;
+use super::batch::{Batch, DropoutLayout};
 use crate::device::Device;
 use crate::error::Result;
 
@@ -22,22 +22,20 @@ impl DropoutSite {
         train && self.p > 0.0
     }
 
-    /// Applies dropout to `x` (`per_sample` elements per sample) in a training pass, consuming
-    /// it.
+    /// Applies dropout to `x` (laid out as `layout` says) in a training pass, consuming it.
     pub fn forward<D: Device>(
         &self,
         dev: &D,
         batch: &Batch<D>,
         x: D::Buf,
-        per_sample: usize,
+        layout: DropoutLayout,
         train: bool,
     ) -> Result<D::Buf> {
         if !self.active(train) {
             return Ok(x);
         }
-        let (seed, offset) = batch.dropout_coords(self.site, per_sample);
         let mut out = dev.alloc(D::len(&x))?;
-        dev.dropout_forward(&mut out, &x, self.p, seed, offset)?;
+        dev.dropout_forward(&mut out, &x, self.p, batch.dropout_coords(self.site, layout))?;
         Ok(out)
     }
 
@@ -48,14 +46,13 @@ impl DropoutSite {
         dev: &D,
         batch: &Batch<D>,
         dy: &D::Buf,
-        per_sample: usize,
+        layout: DropoutLayout,
     ) -> Result<Option<D::Buf>> {
         if !self.active(true) {
             return Ok(None);
         }
-        let (seed, offset) = batch.dropout_coords(self.site, per_sample);
         let mut dx = dev.alloc(D::len(dy))?;
-        dev.dropout_backward(&mut dx, dy, self.p, seed, offset)?;
+        dev.dropout_backward(&mut dx, dy, self.p, batch.dropout_coords(self.site, layout))?;
         Ok(Some(dx))
     }
 }

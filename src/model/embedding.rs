@@ -1,7 +1,7 @@
 //! The embedding unit: token + position (+ token-type) embeddings with BERT's LayerNorm, or
 //! ViT's patch projection + class token + positions; then dropout.
 
-use super::batch::Batch;
+use super::batch::{Batch, DropoutLayout};
 use super::dropout::DropoutSite;
 use super::layers::{INIT_STD, LayerNorm, LayerNormSaved, Linear, normal_init};
 use super::param::Param;
@@ -168,14 +168,14 @@ impl<D: Device> EmbeddingUnit<D> {
                 (e, train.then_some(EmbeddingSaved { pre_norm: None, patches: Some(patches) }))
             }
         };
-        Ok((self.dropout.forward(dev, batch, e, batch.seq * c, train)?, saved))
+        Ok((self.dropout.forward(dev, batch, e, DropoutLayout::Tokens(c), train)?, saved))
     }
 
     /// Accumulates the tables' gradients (there is no input gradient).
     pub fn backward(&mut self, dev: &D, batch: &Batch<D>, saved: EmbeddingSaved<D>, dy: &D::Buf) -> Result<()> {
         let rows = batch.rows();
         let c = self.dim;
-        let dropped = self.dropout.backward(dev, batch, dy, batch.seq * c)?;
+        let dropped = self.dropout.backward(dev, batch, dy, DropoutLayout::Tokens(c))?;
         let dy = dropped.as_ref().unwrap_or(dy);
         match &mut self.kind {
             EmbeddingKind::Tokens { word, position, token_type, norm } => {

@@ -1,7 +1,7 @@
 //! The units after the last block: the final LayerNorm of pre-LN models, and the head
 //! (a pooled classifier, or the LM head tied to the token embedding).
 
-use super::batch::Batch;
+use super::batch::{Batch, DropoutLayout};
 use super::config::Pooling;
 use super::dropout::DropoutSite;
 use super::embedding::missing_saved;
@@ -100,8 +100,13 @@ impl<D: Device> HeadUnit<D> {
                     None => None,
                 };
                 // The classifier's input is kept apart from what the backward of tanh/pooling needs.
-                let features =
-                    dropout.forward(dev, batch, clone_buf(dev, pooled_tanh.as_ref().unwrap_or(&pooled))?, c, train)?;
+                let features = dropout.forward(
+                    dev,
+                    batch,
+                    clone_buf(dev, pooled_tanh.as_ref().unwrap_or(&pooled))?,
+                    DropoutLayout::Samples(c),
+                    train,
+                )?;
                 let logits = classifier.forward(dev, &features, b)?;
                 Ok((logits, train.then_some(HeadSaved { x: pooled, pooled_tanh, classifier_in: Some(features) })))
             }
@@ -129,7 +134,7 @@ impl<D: Device> HeadUnit<D> {
                 let Some(dfeatures) = classifier.backward(dev, dlogits, features, b, need_features_grad)? else {
                     return Ok(None);
                 };
-                let dropped = dropout.backward(dev, batch, &dfeatures, c)?;
+                let dropped = dropout.backward(dev, batch, &dfeatures, DropoutLayout::Samples(c))?;
                 let dfeatures = dropped.unwrap_or(dfeatures);
                 let dpooled = match (pooler, &s.pooled_tanh) {
                     (Some(p), Some(tz)) => {

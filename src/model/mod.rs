@@ -11,15 +11,17 @@ pub mod config;
 pub mod dropout;
 pub mod embedding;
 pub mod head;
+pub mod kv_arena;
 pub mod layers;
 pub mod param;
 pub mod replicate;
 pub mod unit;
 
-pub use batch::{Batch, Hidden, HostBatch, IGNORE_INDEX};
+pub use batch::{Batch, DropoutLayout, Hidden, HostBatch, IGNORE_INDEX};
 pub use config::{
     BertConfig, Family, GptConfig, HeadSpec, InputSpec, ModelConfig, NormPlacement, Pooling, Spec, VitConfig,
 };
+pub use kv_arena::{Kv, KvArena};
 pub use param::Param;
 pub use replicate::Replicate;
 pub use unit::{Saved, Unit, UnitCost};
@@ -254,7 +256,7 @@ impl<D: Device> Model<D> {
         let mut x = None;
         let first_trainable = self.frozen_prefix();
         for (i, unit) in self.units.iter().enumerate() {
-            let (y, s) = unit.forward(dev, batch, x.take(), batch.train && i >= first_trainable)?;
+            let (y, s) = unit.forward(dev, batch, x.take(), batch.train && i >= first_trainable, None)?;
             saved.push(s);
             x = Some(y);
         }
@@ -270,7 +272,7 @@ impl<D: Device> Model<D> {
         let body = self.units.len().saturating_sub(1);
         let mut x = None;
         for unit in &self.units[..body] {
-            x = Some(unit.forward(dev, batch, x.take(), false)?.0);
+            x = Some(unit.forward(dev, batch, x.take(), false, None)?.0);
         }
         x.ok_or_else(|| Error::Internal { what: "model".into(), message: "has no units before the head".into() })
     }
@@ -311,7 +313,7 @@ impl<D: Device> Model<D> {
             if i < first_trainable {
                 break;
             }
-            match unit.backward(dev, batch, s, &dy, i > first_trainable)? {
+            match unit.backward(dev, batch, s, &dy, i > first_trainable, None)? {
                 Some(dx) => dy = dx,
                 None => break,
             }
@@ -332,6 +334,58 @@ impl<D: Device> Model<D> {
         self.backward(dev, batch, saved, dlogits)?;
         self.sync_tied_grads(dev)?;
         Ok(mean)
+    }
+
+    /// [`forward_backward`](Self::forward_backward) over the token slices of one batch
+    /// (TeraPipe on one device): the slices run forward in order, each attention unit keeping
+    /// the keys and values so far in its arena, then backward last slice first. Every slice's
+    /// loss gradient is scaled by the whole batch's target count, so the gradients equal the
+    /// unsliced step's. Returns the mean loss.
+    pub fn forward_backward_sliced(&mut self, dev: &D, slices: &[Batch<D>]) -> Result<f64> {
+        let Some(first) = slices.first() else {
+            return Err(Error::Internal { what: "model".into(), message: "no token slices".into() });
+        };
+        let (width, first_trainable) = (self.spec.hidden, self.frozen_prefix());
+        let mut arenas: Vec<Option<KvArena<D>>> = self
+            .units
+            .iter()
+            .map(|u| match u {
+                Unit::Attention(_) => KvArena::new(dev, first.batch, first.whole_seq, width).map(Some),
+                _ => Ok(None),
+            })
+            .collect::<Result<_>>()?;
+        let count: usize = slices.iter().map(|s| s.target_count).sum();
+        let scale = if count == 0 { 0.0 } else { 1.0 / count as f64 };
+        let (mut loss_sum, mut pending) = (0.0, Vec::with_capacity(slices.len()));
+        for batch in slices {
+            let mut saved = Vec::with_capacity(self.units.len());
+            let mut x = None;
+            for (i, (unit, arena)) in self.units.iter().zip(&mut arenas).enumerate() {
+                let (y, s) = unit.forward(dev, batch, x.take(), batch.train && i >= first_trainable, arena.as_mut())?;
+                saved.push(s);
+                x = Some(y);
+            }
+            let logits = x.ok_or_else(|| Error::Internal { what: "model".into(), message: "has no units".into() })?;
+            let out = self.loss(dev, batch, &logits, Some(scale))?;
+            loss_sum += out.loss_sum;
+            let dlogits =
+                out.dlogits.ok_or_else(|| Error::Internal { what: "loss".into(), message: "no gradient".into() })?;
+            pending.push((saved, dlogits));
+        }
+        for (batch, (saved, dlogits)) in slices.iter().zip(pending).rev() {
+            let mut dy = dlogits;
+            for (i, ((unit, s), arena)) in self.units.iter_mut().zip(saved).zip(&mut arenas).enumerate().rev() {
+                if i < first_trainable {
+                    break;
+                }
+                match unit.backward(dev, batch, s, &dy, i > first_trainable, arena.as_mut())? {
+                    Some(dx) => dy = dx,
+                    None => break,
+                }
+            }
+        }
+        self.sync_tied_grads(dev)?;
+        Ok(loss_sum * scale)
     }
 
     /// Sums the gradients of tied copies into both, so identical optimizer updates keep the

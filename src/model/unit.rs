@@ -7,6 +7,7 @@ use super::batch::Batch;
 use super::block::{AttentionSaved, AttentionUnit, MlpSaved, MlpUnit};
 use super::embedding::{EmbeddingKind, EmbeddingSaved, EmbeddingUnit};
 use super::head::{FinalNormSaved, FinalNormUnit, HeadKind, HeadSaved, HeadUnit};
+use super::kv_arena::KvArena;
 use super::param::Param;
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -76,14 +77,22 @@ impl<D: Device> Unit<D> {
     /// Runs the unit. `x` is `None` for the embedding unit and the previous unit's output for
     /// the others. A training pass (`train`: the model asks for one above the frozen prefix)
     /// applies dropout and keeps activations for the backward; otherwise the unit runs forward
-    /// only and deterministically.
-    pub fn forward(&self, dev: &D, batch: &Batch<D>, x: Option<D::Buf>, train: bool) -> Result<(D::Buf, Saved<D>)> {
+    /// only and deterministically. A token slice (TeraPipe) passes its attention unit's
+    /// key/value `arena` (the other units work token by token and need none).
+    pub fn forward(
+        &self,
+        dev: &D,
+        batch: &Batch<D>,
+        x: Option<D::Buf>,
+        train: bool,
+        arena: Option<&mut KvArena<D>>,
+    ) -> Result<(D::Buf, Saved<D>)> {
         let needs_input = |x: Option<D::Buf>| {
             x.ok_or_else(|| Error::Internal { what: self.kind_name().into(), message: "no input hidden states".into() })
         };
         Ok(match self {
             Unit::Embedding(u) => wrap(u.forward(dev, batch, train)?, Saved::Embedding),
-            Unit::Attention(u) => wrap(u.forward(dev, batch, needs_input(x)?, train)?, Saved::Attention),
+            Unit::Attention(u) => wrap(u.forward(dev, batch, needs_input(x)?, train, arena)?, Saved::Attention),
             Unit::Mlp(u) => wrap(u.forward(dev, batch, needs_input(x)?, train)?, Saved::Mlp),
             Unit::FinalNorm(u) => wrap(u.forward(dev, batch, needs_input(x)?, train)?, Saved::FinalNorm),
             Unit::Head(u) => wrap(u.forward(dev, batch, needs_input(x)?, train)?, Saved::Head),
@@ -91,7 +100,8 @@ impl<D: Device> Unit<D> {
     }
 
     /// Backward of one unit: accumulates its parameter gradients and returns the gradient of
-    /// its input when `need_dinp` (the unit below is trainable).
+    /// its input when `need_dinp` (the unit below is trainable). A token slice passes the arena
+    /// its forward wrote, as in [`forward`](Self::forward).
     pub fn backward(
         &mut self,
         dev: &D,
@@ -99,6 +109,7 @@ impl<D: Device> Unit<D> {
         saved: Saved<D>,
         dy: &D::Buf,
         need_dinp: bool,
+        arena: Option<&mut KvArena<D>>,
     ) -> Result<Option<D::Buf>> {
         let name = self.kind_name();
         let mismatch = || Error::Internal {
@@ -108,7 +119,7 @@ impl<D: Device> Unit<D> {
         };
         match (self, saved) {
             (Unit::Embedding(u), Saved::Embedding(s)) => u.backward(dev, batch, s, dy).map(|_| None),
-            (Unit::Attention(u), Saved::Attention(s)) => u.backward(dev, batch, s, dy, need_dinp),
+            (Unit::Attention(u), Saved::Attention(s)) => u.backward(dev, batch, s, dy, need_dinp, arena),
             (Unit::Mlp(u), Saved::Mlp(s)) => u.backward(dev, batch, s, dy, need_dinp),
             (Unit::FinalNorm(u), Saved::FinalNorm(s)) => u.backward(dev, batch, s, dy).map(Some),
             (Unit::Head(u), Saved::Head(s)) => u.backward(dev, batch, s, dy, need_dinp),

@@ -32,10 +32,14 @@ pub struct AttentionDims {
     /// Drop probability applied to the attention probabilities (0 in eval).
     pub dropout: f32,
     /// Seed of the dropout mask; element `(b, h, i, j)` of the probabilities uses counter
-    /// `dropout_offset + ((b·heads + h)·q_len + i)·kv_len + j`.
+    /// `dropout_offset + ((b·heads + h)·mask_seq + prefix + i)·mask_seq + j`: its coordinates in
+    /// the whole sequence's `mask_seq × mask_seq` mask, so a token slice draws the unsliced mask.
     pub dropout_seed: u64,
     /// Counter offset of the dropout mask (see `dropout_seed`).
     pub dropout_offset: u64,
+    /// Positions of the whole sequence the dropout mask spans (`kv_len` unless the call is a
+    /// token slice of a longer sequence; at least `kv_len`).
+    pub mask_seq: usize,
 }
 
 impl AttentionDims {
@@ -242,6 +246,12 @@ fn check_dims(d: &AttentionDims) -> Result<()> {
     if !(0.0..1.0).contains(&d.dropout) {
         return Err(config_error("attention.dropout", format!("{} is not in [0, 1)", d.dropout)));
     }
+    if d.mask_seq < d.kv_len {
+        return Err(config_error(
+            "attention.mask_seq",
+            format!("{} is below kv_len {}: the dropout mask spans the whole sequence", d.mask_seq, d.kv_len),
+        ));
+    }
     Ok(())
 }
 
@@ -343,12 +353,13 @@ fn lane_dot<T: Float>(x: &[T], y: &[T]) -> T {
 
 /// Writes head `bh = b·heads + h`'s dropout factors: `f[i, j] = 1/(1−p)` if element `(i, j)`
 /// of its probabilities is kept, else 0, with counter
-/// `dropout_offset + (bh·q_len + i)·kv_len + j` (see [`AttentionDims::dropout_seed`]). Keys a
+/// `dropout_offset + (bh·mask_seq + prefix + i)·mask_seq + j` (see
+/// [`AttentionDims::dropout_seed`]). Keys a
 /// query cannot see under the causal mask have `P = 0` whatever the factor: they get 0 unhashed.
 fn dropout_factors<T: Float>(f: &mut [T], d: &AttentionDims, bh: usize) {
     let kv_len = d.kv_len;
     for (i, row) in f.chunks_exact_mut(kv_len).enumerate() {
-        let first = d.dropout_offset.wrapping_add(((bh * d.q_len + i) * kv_len) as u64);
+        let first = d.dropout_offset.wrapping_add(((bh * d.mask_seq + d.prefix() + i) * d.mask_seq) as u64);
         let (seen, hidden) = row.split_at_mut(visible_end(d, i));
         keep_factors(seen, d.dropout_seed, first, d.dropout);
         hidden.fill(T::ZERO);
@@ -400,6 +411,8 @@ mod tests {
             dropout: 0.0,
             dropout_seed: 0x5EED,
             dropout_offset: 1000,
+            // Wider than the keys, as in a token slice: the mask's coordinates must use it.
+            mask_seq: kv_len + 2,
         }
     }
 
@@ -438,7 +451,8 @@ mod tests {
                     for j in 0..d.kv_len {
                         let p = if visible(j) { (s[j] - max).exp() / sum } else { 0.0 };
                         probs[row + j] = p;
-                        let counter = d.dropout_offset + (row + j) as u64;
+                        let mask_row = (b * d.heads + h) * d.mask_seq + prefix + i;
+                        let counter = d.dropout_offset + (mask_row * d.mask_seq + j) as u64;
                         let pd = if d.dropout == 0.0 {
                             p
                         } else if dropout_keep(d.dropout_seed, counter, d.dropout) {

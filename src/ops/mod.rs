@@ -26,5 +26,6 @@ pub mod optim;
 pub mod patch;
 pub mod pooling;
 pub mod residual;
+pub mod rows;
 pub mod softmax;
 pub mod tanh;

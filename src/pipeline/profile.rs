@@ -99,7 +99,7 @@ pub fn profile_units<D: Device>(
         let mut saved = Vec::with_capacity(n);
         for (i, unit) in model.units().iter().enumerate() {
             let start = std::time::Instant::now();
-            let (y, s) = unit.forward(dev, &batch, x.take(), true)?;
+            let (y, s) = unit.forward(dev, &batch, x.take(), true, None)?;
             let t = since(start)?;
             saved.push(s);
             x = Some(y);
@@ -112,7 +112,7 @@ pub fn profile_units<D: Device>(
         let mut dy = loss.dlogits.ok_or_else(|| internal("profile", "no gradient"))?;
         for (i, (unit, s)) in model.units_mut().iter_mut().zip(saved).enumerate().rev() {
             let start = std::time::Instant::now();
-            let dx = unit.backward(dev, &batch, s, &dy, i > 0)?;
+            let dx = unit.backward(dev, &batch, s, &dy, i > 0, None)?;
             let t = since(start)?;
             if rep > 0 {
                 bwd[i].push(t);

@@ -65,6 +65,7 @@ pub fn text_batch(tokenizer: &TextTokenizer, items: &[TextItem<'_>], sample_offs
         pixels: None,
         targets: items.iter().map(|item| item.label).collect(),
         position_offset: 0,
+        whole_seq: 0,
         sample_offset,
         sample_ids: items.iter().map(|item| item.id).collect(),
         hidden: None,

@@ -25,6 +25,8 @@ fn dims(batch: usize, q_len: usize, kv_len: usize, heads: usize, head_dim: usize
         dropout: 0.0,
         dropout_seed: 0x5EED,
         dropout_offset: 1000,
+        // Wider than the keys, as in a token slice: the kernels must place the mask by it.
+        mask_seq: kv_len + 2,
     }
 }
 

@@ -3,7 +3,9 @@
 
 use crate::harness::{self, act, host, param, rand};
 use pipetransformer::device::{Device, Precision};
+use pipetransformer::ops::dropout::DropoutCoords;
 use pipetransformer::ops::gelu::Activation;
+use pipetransformer::ops::rows::RowCopy;
 
 /// Both storage precisions; every test runs in each.
 pub const PRECISIONS: [Precision; 2] = [Precision::F32, Precision::Bf16];
@@ -140,16 +142,62 @@ fn dropout_matches_cpu() {
     for precision in PRECISIONS {
         for n in SIZES {
             let (x, dout) = (act_data(precision, rand(8, n, 1.0)), act_data(precision, rand(9, n, 1.0)));
-            for (p, seed, offset) in [(0.0, 1, 0), (0.1, 77, 5_000_000_000), (0.5, 2024, 3)] {
-                compare!(format!("dropout p={p} n={n}"), precision, |dev| {
+            // Contiguous, and rows with a stride (a token slice of longer sequences).
+            let strided = DropoutCoords { seed: 9, offset: 40, row: 7, stride: 1000 };
+            for (p, at) in [
+                (0.0, DropoutCoords::contiguous(1, 0)),
+                (0.1, DropoutCoords::contiguous(77, 5_000_000_000)),
+                (0.5, DropoutCoords::contiguous(2024, 3)),
+                (0.3, strided),
+            ] {
+                compare!(format!("dropout p={p} n={n} {at:?}"), precision, |dev| {
                     let (inp, dout) = (act(dev, &x), act(dev, &dout));
                     let (mut out, mut dinp) = (dev.alloc(n).unwrap(), dev.alloc(n).unwrap());
-                    dev.dropout_forward(&mut out, &inp, p, seed, offset).unwrap();
-                    dev.dropout_backward(&mut dinp, &dout, p, seed, offset).unwrap();
+                    dev.dropout_forward(&mut out, &inp, p, at).unwrap();
+                    dev.dropout_backward(&mut dinp, &dout, p, at).unwrap();
                     vec![("out", host(dev, &out)), ("dinp", host(dev, &dinp))]
                 });
             }
         }
+    }
+}
+
+/// Strided runs written, added and gathered, as TeraPipe's key/value arena uses them.
+#[test]
+fn copy_rows_matches_cpu() {
+    for precision in PRECISIONS {
+        // Three samples of a 37-position arena of width 5; a slice at positions 11..20.
+        let (batch, seq, width, start, len) = (3usize, 37usize, 5usize, 11usize, 9usize);
+        let arena = act_data(precision, rand(21, batch * seq * width, 1.0));
+        let slice = act_data(precision, rand(22, batch * len * width, 1.0));
+        compare!(format!("copy_rows {precision:?}"), precision, |dev| {
+            let src = act(dev, &slice);
+            let mut written = act(dev, &arena);
+            let write = RowCopy {
+                rows: batch,
+                len: len * width,
+                dst_offset: start * width,
+                dst_stride: seq * width,
+                src_offset: 0,
+                src_stride: len * width,
+                accumulate: false,
+            };
+            dev.copy_rows(&mut written, &src, write).unwrap();
+            let mut added = act(dev, &arena);
+            dev.copy_rows(&mut added, &src, RowCopy { accumulate: true, ..write }).unwrap();
+            let mut context = dev.alloc(batch * (start + len) * width).unwrap();
+            let gather = RowCopy {
+                rows: batch,
+                len: (start + len) * width,
+                dst_offset: 0,
+                dst_stride: (start + len) * width,
+                src_offset: 0,
+                src_stride: seq * width,
+                accumulate: false,
+            };
+            dev.copy_rows(&mut context, &added, gather).unwrap();
+            vec![("written", host(dev, &written)), ("added", host(dev, &added)), ("context", host(dev, &context))]
+        });
     }
 }
 
@@ -165,10 +213,20 @@ fn bad_calls<D: Device>(dev: &D) -> Vec<String> {
         dev.tanh_backward(&mut a4, &b4, &b5),
         dev.residual_forward(&mut a4, &b4, &b5),
         dev.residual_backward(&mut a4, &b5),
-        dev.dropout_forward(&mut a4, &b4, 1.0, 0, 0),
-        dev.dropout_backward(&mut a4, &b4, f32::NAN, 0, 0),
-        dev.dropout_forward(&mut a4, &b5, 0.1, 0, 0),
-        dev.dropout_backward(&mut a4, &b5, 0.1, 0, 0),
+        dev.dropout_forward(&mut a4, &b4, 1.0, DropoutCoords::contiguous(0, 0)),
+        dev.dropout_backward(&mut a4, &b4, f32::NAN, DropoutCoords::contiguous(0, 0)),
+        dev.dropout_forward(&mut a4, &b5, 0.1, DropoutCoords::contiguous(0, 0)),
+        dev.dropout_backward(&mut a4, &b5, 0.1, DropoutCoords::contiguous(0, 0)),
+        dev.copy_rows(
+            &mut a4,
+            &b5,
+            RowCopy { rows: 2, len: 2, dst_offset: 1, dst_stride: 2, src_offset: 0, src_stride: 2, accumulate: false },
+        ),
+        dev.copy_rows(
+            &mut a4,
+            &b4,
+            RowCopy { rows: 2, len: 3, dst_offset: 0, dst_stride: 1, src_offset: 0, src_stride: 3, accumulate: true },
+        ),
     ];
     results.into_iter().map(|r| r.expect_err("a bad call must fail").to_string()).collect()
 }

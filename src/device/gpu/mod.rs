@@ -18,9 +18,11 @@ pub use runtime::{Arg, DevPtr, LaunchConfig, Runtime};
 use super::Device;
 use crate::error::{Error, Result, check_len};
 use crate::ops::attention::AttentionDims;
+use crate::ops::dropout::DropoutCoords;
 use crate::ops::gelu::Activation;
 use crate::ops::optim::{AdamWStep, SgdStep};
 use crate::ops::patch::PatchDims;
+use crate::ops::rows::RowCopy;
 use crate::scalar::DType;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -455,11 +457,14 @@ impl Device for GpuDevice {
     fn residual_backward(&self, dacc: &mut Self::Buf, dout: &Self::Buf) -> Result<()> {
         ops::elementwise::residual_backward(self, dacc, dout)
     }
-    fn dropout_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, p: f32, seed: u64, offset: u64) -> Result<()> {
-        ops::elementwise::dropout(self, "dropout_forward", out, inp, p, seed, offset)
+    fn copy_rows(&self, dst: &mut Self::Buf, src: &Self::Buf, c: RowCopy) -> Result<()> {
+        ops::elementwise::copy_rows(self, dst, src, c)
     }
-    fn dropout_backward(&self, dinp: &mut Self::Buf, dout: &Self::Buf, p: f32, seed: u64, offset: u64) -> Result<()> {
-        ops::elementwise::dropout(self, "dropout_backward", dinp, dout, p, seed, offset)
+    fn dropout_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, p: f32, at: DropoutCoords) -> Result<()> {
+        ops::elementwise::dropout(self, "dropout_forward", out, inp, p, at)
+    }
+    fn dropout_backward(&self, dinp: &mut Self::Buf, dout: &Self::Buf, p: f32, at: DropoutCoords) -> Result<()> {
+        ops::elementwise::dropout(self, "dropout_backward", dinp, dout, p, at)
     }
     fn attention_saved_len(&self, d: &AttentionDims) -> usize {
         ops::attention::saved_len(d)

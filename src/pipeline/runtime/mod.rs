@@ -458,7 +458,7 @@ impl<D: Device> Pipeline<D> {
             let mut h = x.take().map(|v| dev.upload(&v)).transpose()?;
             for (i, unit) in units.iter().enumerate() {
                 if (skip..end).contains(&(first + i)) {
-                    h = Some(unit.forward(dev, &batch, h.take(), false)?.0);
+                    h = Some(unit.forward(dev, &batch, h.take(), false, None)?.0);
                 }
             }
             let h = h.ok_or_else(|| internal(format!("stage {s}"), "produced nothing"))?;

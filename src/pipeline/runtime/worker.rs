@@ -165,7 +165,7 @@ impl<D: Device> Worker<'_, D> {
                             let h = x.as_ref().ok_or_else(|| internal("capture", "no hidden states"))?;
                             out.captured.push((mb, dev.download(h)?));
                         }
-                        let (y, s) = unit.forward(dev, batch, x.take(), g >= ctx.first_trainable)?;
+                        let (y, s) = unit.forward(dev, batch, x.take(), g >= ctx.first_trainable, None)?;
                         kept.push(s);
                         x = Some(y);
                     }
@@ -194,7 +194,7 @@ impl<D: Device> Worker<'_, D> {
                         if first + i < ctx.first_trainable {
                             break;
                         }
-                        cur = unit.backward(dev, batch, s, &y, first + i > ctx.first_trainable)?;
+                        cur = unit.backward(dev, batch, s, &y, first + i > ctx.first_trainable, None)?;
                     }
                     if stage > 0 {
                         dys.insert((mb, stage - 1), cur);

@@ -63,6 +63,12 @@ fn check_dims(op: &'static str, d: &AttentionDims) -> Result<()> {
     if !(0.0..1.0).contains(&d.dropout) {
         return Err(config_error("attention.dropout", format!("{} is not in [0, 1)", d.dropout)));
     }
+    if d.mask_seq < d.kv_len {
+        return Err(config_error(
+            "attention.mask_seq",
+            format!("{} is below kv_len {}: the dropout mask spans the whole sequence", d.mask_seq, d.kv_len),
+        ));
+    }
     for (what, n) in [("batch", d.batch), ("heads", d.heads)] {
         if n > 65535 {
             return Err(config_error(format!("attention.{what}"), format!("{n} exceeds the grid limit of 65535")));
@@ -75,7 +81,7 @@ fn check_dims(op: &'static str, d: &AttentionDims) -> Result<()> {
 /// The kernels' trailing arguments (`MASK_AND_DIMS` in attention.cu): the key mask (null for
 /// none), the dimensions, the score scale and the dropout parameters computed as the cpu
 /// backend computes them (threshold `p·2⁶⁴`, scale `1/(1−p)`, rounded from f64).
-fn mask_and_dims(d: &AttentionDims, key_mask: Option<&GpuIds>) -> [Arg; 11] {
+fn mask_and_dims(d: &AttentionDims, key_mask: Option<&GpuIds>) -> [Arg; 12] {
     let (threshold, keep_scale) = if d.dropout > 0.0 {
         ((d.dropout as f64 * 18_446_744_073_709_551_616.0) as u64, (1.0 / (1.0 - d.dropout as f64)) as f32)
     } else {
@@ -93,6 +99,7 @@ fn mask_and_dims(d: &AttentionDims, key_mask: Option<&GpuIds>) -> [Arg; 11] {
         Arg::U64(threshold),
         Arg::U64(d.dropout_seed),
         Arg::U64(d.dropout_offset),
+        Arg::I32(d.mask_seq as i32),
     ]
 }
 

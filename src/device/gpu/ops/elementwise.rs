@@ -4,7 +4,9 @@
 use crate::device::Device;
 use crate::device::gpu::{Arg, GpuBuf, GpuDevice, LaunchConfig, check_elem, int};
 use crate::error::{Result, check_len};
+use crate::ops::dropout::DropoutCoords;
 use crate::ops::gelu::Activation;
+use crate::ops::rows::RowCopy;
 
 /// Threads per block of the grid-stride kernels.
 const THREADS: u32 = 256;
@@ -136,16 +138,26 @@ pub fn residual_backward(dev: &GpuDevice, dacc: &mut GpuBuf, dout: &GpuBuf) -> R
     map(dev, &kernel, dacc.len(), &[Arg::Ptr(dacc.ptr()), Arg::Ptr(dout.ptr())], &[])
 }
 
+/// See [`crate::ops::rows::copy_rows`]: one thread per element of the runs.
+pub fn copy_rows(dev: &GpuDevice, dst: &mut GpuBuf, src: &GpuBuf, c: RowCopy) -> Result<()> {
+    const OP: &str = "copy_rows";
+    c.check(dst.len(), src.len())?;
+    check_acts(dev, OP, &[("dst", dst), ("src", src)])?;
+    let kernel = format!("copy_rows_{}", dev.act().suffix());
+    let n = c.rows * c.len;
+    let rest = [
+        Arg::I32(int(OP, "len", c.len)?),
+        Arg::I32(int(OP, "dst_offset", c.dst_offset)?),
+        Arg::I32(int(OP, "dst_stride", c.dst_stride)?),
+        Arg::I32(int(OP, "src_offset", c.src_offset)?),
+        Arg::I32(int(OP, "src_stride", c.src_stride)?),
+        Arg::I32(c.accumulate as i32),
+    ];
+    map(dev, &kernel, n, &[Arg::Ptr(dst.ptr()), Arg::Ptr(src.ptr())], &rest)
+}
+
 /// See [`crate::ops::dropout`]: the forward and the backward are the same map; `op` names which.
-pub fn dropout(
-    dev: &GpuDevice,
-    op: &str,
-    dst: &mut GpuBuf,
-    src: &GpuBuf,
-    p: f32,
-    seed: u64,
-    offset: u64,
-) -> Result<()> {
+pub fn dropout(dev: &GpuDevice, op: &str, dst: &mut GpuBuf, src: &GpuBuf, p: f32, at: DropoutCoords) -> Result<()> {
     // The same checks, in the same order, as the cpu reference.
     crate::ops::dropout::check_p(p)?;
     let (op, arg, got, expected) = match op {
@@ -161,6 +173,13 @@ pub fn dropout(
     let threshold = (p as f64 * 18_446_744_073_709_551_616.0) as u64; // p·2⁶⁴, as `dropout_keep`
     let scale = (1.0 / (1.0 - p as f64)) as f32;
     let kernel = format!("dropout_{}", dev.act().suffix());
-    let rest = [Arg::U64(seed), Arg::U64(offset), Arg::U64(threshold), Arg::F32(scale)];
+    let rest = [
+        Arg::U64(at.seed),
+        Arg::U64(at.offset),
+        Arg::U32(at.row),
+        Arg::U64(at.stride),
+        Arg::U64(threshold),
+        Arg::F32(scale),
+    ];
     map(dev, &kernel, dst.len(), &[Arg::Ptr(dst.ptr()), Arg::Ptr(src.ptr())], &rest)
 }

@@ -1,0 +1,100 @@
+//! TeraPipe's key/value arena: for one attention unit and one micro-batch, the keys and values of
+//! every position computed so far, `[batch, seq, width]` for the whole sequence, written in place
+//! slice by slice. Slice `j` (positions `c..c+l`) writes its rows, then attends over rows `0..c+l`
+//! (the context the earlier slices left). The backward runs the slices last-first: each adds the
+//! gradient of its whole context into the arena's gradient rows, after which its own rows'
+//! gradient is complete (every later slice has added its share) and is read out.
+
+use crate::device::Device;
+use crate::error::{Result, internal};
+use crate::ops::rows::RowCopy;
+
+/// Keys or values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kv {
+    /// The keys.
+    Keys,
+    /// The values.
+    Values,
+}
+
+/// One attention unit's keys and values (and their gradients) for one micro-batch.
+pub struct KvArena<D: Device> {
+    batch: usize,
+    seq: usize,
+    width: usize,
+    /// `[keys, values]`, `[batch, seq, width]` each.
+    data: [D::Buf; 2],
+    /// Their gradients, zeroed at the first backward.
+    grad: Option<[D::Buf; 2]>,
+}
+
+impl<D: Device> KvArena<D> {
+    /// An arena for `batch` sequences of `seq` positions of `width` channels (contents
+    /// unspecified until written).
+    pub fn new(dev: &D, batch: usize, seq: usize, width: usize) -> Result<Self> {
+        let n = batch * seq * width;
+        Ok(Self { batch, seq, width, data: [dev.alloc(n)?, dev.alloc(n)?], grad: None })
+    }
+
+    /// Elements the arena holds (keys, values and their gradients once the backward started).
+    pub fn elements(&self) -> usize {
+        self.batch * self.seq * self.width * if self.grad.is_some() { 4 } else { 2 }
+    }
+
+    /// The copy between positions `start..start+len` of the arena and a `[batch, len, width]`
+    /// buffer (`into_arena` picks the direction).
+    fn rows(&self, start: usize, len: usize, into_arena: bool, accumulate: bool) -> Result<RowCopy> {
+        if start + len > self.seq {
+            return Err(internal("kv arena", format!("positions {start}..{} of {}", start + len, self.seq)));
+        }
+        let (arena, slice) = ((start * self.width, self.seq * self.width), (0, len * self.width));
+        let ((dst_offset, dst_stride), (src_offset, src_stride)) =
+            if into_arena { (arena, slice) } else { (slice, arena) };
+        Ok(RowCopy {
+            rows: self.batch,
+            len: len * self.width,
+            dst_offset,
+            dst_stride,
+            src_offset,
+            src_stride,
+            accumulate,
+        })
+    }
+
+    /// Writes `x` (`[batch, len, width]`) at positions `start..start+len`.
+    pub fn write(&mut self, dev: &D, which: Kv, x: &D::Buf, start: usize) -> Result<()> {
+        let len = D::len(x) / (self.batch * self.width).max(1);
+        let c = self.rows(start, len, true, false)?;
+        dev.copy_rows(&mut self.data[which as usize], x, c)
+    }
+
+    /// Positions `0..end` as a new `[batch, end, width]` buffer: a slice's attention context.
+    pub fn context(&self, dev: &D, which: Kv, end: usize) -> Result<D::Buf> {
+        let mut out = dev.alloc(self.batch * end * self.width)?;
+        dev.copy_rows(&mut out, &self.data[which as usize], self.rows(0, end, false, false)?)?;
+        Ok(out)
+    }
+
+    /// Adds `g` (`[batch, end, width]`, the gradient of a slice's context `0..end`) into the
+    /// arena's gradient.
+    pub fn add_grad(&mut self, dev: &D, which: Kv, g: &D::Buf) -> Result<()> {
+        if self.grad.is_none() {
+            let n = self.batch * self.seq * self.width;
+            self.grad = Some([dev.zeros(n)?, dev.zeros(n)?]);
+        }
+        let end = D::len(g) / (self.batch * self.width).max(1);
+        let c = self.rows(0, end, true, true)?;
+        let grad = self.grad.as_mut().ok_or_else(|| internal("kv arena", "no gradient"))?;
+        dev.copy_rows(&mut grad[which as usize], g, c)
+    }
+
+    /// The gradient of positions `start..start+len` as a `[batch, len, width]` buffer: complete
+    /// once every slice that attends to them has run its backward.
+    pub fn grad(&self, dev: &D, which: Kv, start: usize, len: usize) -> Result<D::Buf> {
+        let grad = self.grad.as_ref().ok_or_else(|| internal("kv arena", "gradient read before any was added"))?;
+        let mut out = dev.alloc(self.batch * len * self.width)?;
+        dev.copy_rows(&mut out, &grad[which as usize], self.rows(start, len, false, false)?)?;
+        Ok(out)
+    }
+}
