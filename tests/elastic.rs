@@ -257,7 +257,7 @@ fn a_run_resumed_after_a_transition_continues_where_it_stopped() {
     assert_eq!(first.pipeline.frozen_prefix(), 3, "the first freeze came at step 3");
     first.save_checkpoint(&path, elastic.state()).unwrap();
     let shape = first.pipeline.plan().partition.stages.clone();
-    let config = first.pipeline.plan().config;
+    let config = first.pipeline.plan().config.clone();
     drop((first, elastic));
 
     // A spill file left behind (here: garbage) is never trusted: the resumed run rebuilds.
@@ -267,7 +267,7 @@ fn a_run_resumed_after_a_transition_continues_where_it_stopped() {
     let state = second.load_checkpoint(&path).unwrap();
     elastic.restore(state).unwrap();
     assert_eq!(second.pipeline.frozen_prefix(), 3);
-    assert_eq!((second.pipeline.plan().config, &second.pipeline.plan().partition.stages), (config, &shape));
+    assert_eq!((&second.pipeline.plan().config, &second.pipeline.plan().partition.stages), (&config, &shape));
     assert_eq!(elastic.frozen_layers(), 1);
     second.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
     assert_follows(&curve(&events), &curve(&all), "resumed");

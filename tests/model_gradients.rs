@@ -42,7 +42,7 @@ fn set_values(dev: &Dev, buf: &mut <Dev as Device>::Buf, values: &[f64]) {
 /// Runs unit `i` alone on input `x`; returns its output.
 fn unit_forward(dev: &Dev, model: &Model<Dev>, batch: &Batch<Dev>, i: usize, x: Option<&[f64]>) -> Vec<f64> {
     let x = x.map(|x| dev.upload_f64(x).unwrap());
-    let (y, _) = model.units()[i].forward(dev, batch, x, true).unwrap();
+    let (y, _) = model.units()[i].forward(dev, batch, x, true, None).unwrap();
     dev.download_f64(&y).unwrap()
 }
 
@@ -60,10 +60,10 @@ fn check_unit(config: &ModelConfig, i: usize) {
     // Analytic gradients.
     model.zero_grad(&dev).unwrap();
     let xin = x.as_ref().map(|x| dev.upload_f64(x).unwrap());
-    let (_, saved) = model.units()[i].forward(&dev, &batch, xin, true).unwrap();
+    let (_, saved) = model.units()[i].forward(&dev, &batch, xin, true, None).unwrap();
     assert!(!matches!(saved, Saved::None), "{name}: a trainable unit in training mode saves activations");
     let dy = dev.upload_f64(&r).unwrap();
-    let dx = model.units_mut()[i].backward(&dev, &batch, saved, &dy, true).unwrap();
+    let dx = model.units_mut()[i].backward(&dev, &batch, saved, &dy, true, None).unwrap();
 
     // Input gradient.
     if let Some(x) = x.as_mut() {
@@ -201,7 +201,7 @@ fn frozen_prefix_has_no_gradients_and_leaves_the_rest_unchanged() {
             let b = Batch::upload(&dev, model.spec(), &host, true, seed).unwrap();
             let mut x = None;
             for u in &model.units()[..3] {
-                x = Some(u.forward(&dev, &b, x.take(), train).unwrap().0);
+                x = Some(u.forward(&dev, &b, x.take(), train, None).unwrap().0);
             }
             dev.download_f64(&x.unwrap()).unwrap()
         };

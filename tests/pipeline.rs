@@ -77,7 +77,8 @@ fn reference(config: &ModelConfig, samples: usize) -> Vec<(String, Vec<f64>)> {
 }
 
 fn pipeline(config: &ModelConfig, plan: PipelineConfig) -> Pipeline<CpuDevice<f32>> {
-    pipeline_on(config, plan, cpus(plan.pipeline_len * plan.replicas))
+    let n = plan.pipeline_len * plan.replicas;
+    pipeline_on(config, plan, cpus(n))
 }
 
 fn pipeline_on<D: Device>(config: &ModelConfig, plan: PipelineConfig, devices: Vec<D>) -> Pipeline<D> {
@@ -87,7 +88,8 @@ fn pipeline_on<D: Device>(config: &ModelConfig, plan: PipelineConfig, devices: V
 }
 
 fn run(config: &ModelConfig, plan: PipelineConfig, samples: usize) -> Vec<(String, Vec<f64>)> {
-    run_on(config, plan, samples, cpus(plan.pipeline_len * plan.replicas))
+    let n = plan.pipeline_len * plan.replicas;
+    run_on(config, plan, samples, cpus(n))
 }
 
 fn run_on<D: Device>(
@@ -106,7 +108,15 @@ fn run_on<D: Device>(
 
 fn cfg(k: usize, r: usize, m: usize, schedule: ScheduleKind) -> PipelineConfig {
     let chunks = if schedule == ScheduleKind::Interleaved { 2 } else { 1 };
-    PipelineConfig { pipeline_len: k, replicas: r, micro_batches: m, schedule, chunks, memory_limit: None }
+    PipelineConfig {
+        pipeline_len: k,
+        replicas: r,
+        micro_batches: m,
+        schedule,
+        chunks,
+        memory_limit: None,
+        token_slices: Vec::new(),
+    }
 }
 
 #[test]

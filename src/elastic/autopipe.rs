@@ -42,7 +42,7 @@ pub fn micro_batch_candidates(k: usize, per_replica: usize) -> Vec<usize> {
 /// samples per step with `R` replicas. [`pick`] chooses among them.
 #[allow(clippy::too_many_arguments)]
 pub fn choose_shape(
-    base: PipelineConfig,
+    base: &PipelineConfig,
     max_len: usize,
     devices: usize,
     global_batch: &dyn Fn(usize) -> usize,
@@ -64,9 +64,10 @@ pub fn choose_shape(
         let m = micro(k, per_replica).clamp(1, per_replica.max(1));
         let chunks = if k == 1 { 1 } else { base.chunks };
         let schedule = if k == 1 { crate::pipeline::ScheduleKind::OneFOneB } else { base.schedule };
-        let config = PipelineConfig { pipeline_len: k, replicas: r, micro_batches: m, chunks, schedule, ..base };
+        let config =
+            PipelineConfig { pipeline_len: k, replicas: r, micro_batches: m, chunks, schedule, ..base.clone() };
         let units = profiles(per_replica.div_ceil(m));
-        match Plan::new(config, &units, names.to_vec(), devices, pinned) {
+        match Plan::new(config.clone(), &units, names.to_vec(), devices, pinned) {
             Ok(plan) => {
                 let slots = (m * chunks) as f64 + (k - 1) as f64;
                 let step_time = slots * plan.partition.bottleneck();
@@ -191,7 +192,7 @@ mod tests {
     fn with_free_devices_as_replicas_the_shortest_pipeline_wins() {
         let base = PipelineConfig { pipeline_len: 4, micro_batches: 8, ..Default::default() };
         // 4 devices, 10 units of which 6 frozen: K=1 with 4 replicas has no bubble.
-        let c = choose_shape(base, 4, 4, &|_| 32, 6, &|k| 4 / k, &|k, _| 2 * k, &units(10, 6), &names(10)).unwrap();
+        let c = choose_shape(&base, 4, 4, &|_| 32, 6, &|k| 4 / k, &|k, _| 2 * k, &units(10, 6), &names(10)).unwrap();
         assert_eq!(c.len(), 4);
         let p = pick(&c).unwrap();
         assert_eq!((p.config.pipeline_len, p.config.replicas), (1, 4));
@@ -201,13 +202,13 @@ mod tests {
     fn without_autodp_a_balanced_pipeline_is_kept() {
         let base = PipelineConfig { pipeline_len: 2, micro_batches: 8, ..Default::default() };
         // One replica whatever K: halving K halves the devices at work, so K = 2 stays.
-        let c = choose_shape(base, 2, 2, &|_| 32, 0, &|_| 1, &|_, _| 8, &units(8, 0), &names(8)).unwrap();
+        let c = choose_shape(&base, 2, 2, &|_| 32, 0, &|_| 1, &|_, _| 8, &units(8, 0), &names(8)).unwrap();
         assert_eq!(pick(&c).unwrap().config.pipeline_len, 2);
         // A memory limit that only the two-stage split meets: one stage would hold 8 units'
         // state (8 × 160 B) and one micro-batch's activations (8 × 400 B) = 4480 B; two hold at
         // most 4 × 160 + 2 × 4 × 400 = 3840 B.
         let tight = PipelineConfig { memory_limit: Some(4000), ..base };
-        let c = choose_shape(tight, 2, 2, &|_| 32, 0, &|_| 1, &|_, _| 8, &units(8, 0), &names(8)).unwrap();
+        let c = choose_shape(&tight, 2, 2, &|_| 32, 0, &|_| 1, &|_, _| 8, &units(8, 0), &names(8)).unwrap();
         assert_eq!(c.iter().map(|c| c.config.pipeline_len).collect::<Vec<_>>(), vec![2]);
     }
 
@@ -219,7 +220,7 @@ mod tests {
         // the active one: 9 slots of 12 lose to one stage's 8 slots of 12.
         let base = PipelineConfig { pipeline_len: 2, micro_batches: 8, ..Default::default() };
         let shape = |pinned| {
-            let c = choose_shape(base, 2, 2, &|_| 32, pinned, &|_| 1, &|_, _| 8, &units(10, 9), &names(10)).unwrap();
+            let c = choose_shape(&base, 2, 2, &|_| 32, pinned, &|_| 1, &|_, _| 8, &units(10, 9), &names(10)).unwrap();
             let p = pick(&c).unwrap();
             (p.config.pipeline_len, p.step_time)
         };

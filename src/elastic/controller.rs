@@ -118,7 +118,7 @@ impl Elastic {
         if first > self.frozen_layers {
             self.transition(trainer, first, "the freeze table's first interval".into(), on_event)?;
         } else if self.config.auto_pipe {
-            let c = trainer.pipeline.plan().config;
+            let c = trainer.pipeline.plan().config.clone();
             let per_replica = self.around.batch.div_ceil(c.replicas);
             let mut candidates = vec![c.micro_batches];
             candidates.extend(
@@ -182,7 +182,7 @@ impl Elastic {
         on_event: &mut dyn FnMut(&Event),
     ) -> Result<()> {
         let started = Instant::now();
-        let before = trainer.pipeline.plan().config;
+        let before = trainer.pipeline.plan().config.clone();
         let layers_before = self.frozen_layers;
         let units = frozen_units(layers);
         trainer.pipeline.freeze_prefix(units)?;
@@ -207,7 +207,7 @@ impl Elastic {
             let names = crate::pipeline::runtime::unit_names(trainer.pipeline.units());
             let profiles = |samples: usize| trainer.profiles_for(samples, cached);
             let candidates = choose_shape(
-                before,
+                &before,
                 before.pipeline_len,
                 a.devices,
                 &global,
@@ -217,7 +217,8 @@ impl Elastic {
                 &profiles,
                 &names,
             )?;
-            let chosen = pick(&candidates).ok_or_else(|| config_error("devices", "no pipeline shape fits"))?.config;
+            let chosen =
+                pick(&candidates).ok_or_else(|| config_error("devices", "no pipeline shape fits"))?.config.clone();
             let (k, r) = (chosen.pipeline_len, chosen.replicas);
             let per_replica = global(r).div_ceil(r);
             let m = self
@@ -246,7 +247,7 @@ impl Elastic {
         on_event: &mut dyn FnMut(&Event),
     ) {
         let plan = trainer.pipeline.plan();
-        let after = plan.config;
+        let after = plan.config.clone();
         let t = Transition {
             step: trainer.position.step,
             epoch: trainer.position.epoch,
@@ -359,7 +360,7 @@ impl<D: Device> Controller<D> for Elastic {
         if self.warming {
             self.warming = false;
         } else if self.tuner.running() && step.trace.makespan > 0.0 {
-            let config = trainer.pipeline.plan().config;
+            let config = trainer.pipeline.plan().config.clone();
             if let Some((next, timed)) =
                 self.tuner.record(config.micro_batches, host.batch as f64 / step.trace.makespan)
             {

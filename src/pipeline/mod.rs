@@ -20,4 +20,4 @@ pub use partition::{Partition, partition};
 pub use plan::{PipelineConfig, Plan};
 pub use profile::{UnitProfile, profile_units, unit_profiles};
 pub use runtime::{EvalOutput, Fault, Pipeline, PipelineStep, StepOptions};
-pub use schedule::{Action, Schedule, ScheduleKind};
+pub use schedule::{Action, MessageKey, Piece, Schedule, ScheduleKind};

@@ -8,8 +8,9 @@ use crate::error::{Result, config_error};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-/// What a user asks for (`--pipeline-len`, `--replicas`, `--micro-batches`, `--schedule`).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+/// What a user asks for (`--pipeline-len`, `--replicas`, `--micro-batches`, `--schedule`,
+/// `--token-slices`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PipelineConfig {
     /// Devices per pipeline (`K`).
@@ -24,12 +25,19 @@ pub struct PipelineConfig {
     pub chunks: usize,
     /// Bytes each device may hold (weights, gradients, optimizer state, activations in flight).
     pub memory_limit: Option<usize>,
+    /// TeraPipe: the token slices every sequence is cut into, as lengths (empty: unsliced).
+    pub token_slices: Vec<usize>,
 }
 
 impl PipelineConfig {
     /// Whether this is plain one-device training.
     pub fn is_single(&self) -> bool {
-        self.pipeline_len * self.replicas * self.micro_batches == 1
+        self.pipeline_len * self.replicas * self.micro_batches == 1 && self.token_slices.len() <= 1
+    }
+
+    /// Token slices per micro-batch (1 when unsliced).
+    pub fn slices(&self) -> usize {
+        self.token_slices.len().max(1)
     }
 }
 
@@ -42,6 +50,7 @@ impl Default for PipelineConfig {
             schedule: ScheduleKind::OneFOneB,
             chunks: 1,
             memory_limit: None,
+            token_slices: Vec::new(),
         }
     }
 }
@@ -72,7 +81,7 @@ impl Plan {
         pinned: usize,
     ) -> Result<Plan> {
         let schedule = Self::check(&config, units.len().saturating_sub(pinned), devices)?;
-        let partition = partition(units, schedule.stages, &schedule.peak_in_flight(), config.memory_limit, pinned)?;
+        let partition = partition(units, schedule.stages, &in_flight(&schedule), config.memory_limit, pinned)?;
         Ok(Plan { config, partition, schedule, unit_names })
     }
 
@@ -91,22 +100,21 @@ impl Plan {
                 format!("{} stages recorded for a plan of {}", stages.len(), schedule.stages),
             ));
         }
-        let partition = Partition::of(units, stages, &schedule.peak_in_flight())?;
+        let partition = Partition::of(units, stages, &in_flight(&schedule))?;
         Ok(Plan { config, partition, schedule, unit_names })
     }
 
     /// The same stages with `m` micro-batches (a short batch at an epoch's end): a new
     /// schedule; stage costs as they were.
     pub fn with_micro_batches(&self, m: usize) -> Result<Plan> {
-        let config = PipelineConfig { micro_batches: m, ..self.config };
-        let schedule = Schedule::generate(config.schedule, config.pipeline_len, config.chunks, m)?;
+        let config = PipelineConfig { micro_batches: m, ..self.config.clone() };
+        let schedule = Schedule::generate(config.schedule, config.pipeline_len, config.chunks, m, config.slices())?;
         Ok(Plan { config, schedule, ..self.clone() })
     }
 
     /// The schedule of `config`, after checking it against `units` to cut and `devices`.
     fn check(config: &PipelineConfig, units: usize, devices: usize) -> Result<Schedule> {
-        let config = *config;
-        let PipelineConfig { pipeline_len: k, replicas: r, micro_batches: m, .. } = config;
+        let PipelineConfig { pipeline_len: k, replicas: r, micro_batches: m, .. } = *config;
         if k == 0 {
             return Err(config_error("pipeline_len", "must be at least 1"));
         }
@@ -132,7 +140,7 @@ impl Plan {
                 ),
             ));
         }
-        Schedule::generate(config.schedule, k, config.chunks, m)
+        Schedule::generate(config.schedule, k, config.chunks, m, config.slices())
     }
 
     /// Virtual stages.
@@ -166,6 +174,13 @@ impl Plan {
             .sum();
         1.0 - busy / (k as f64 * step)
     }
+}
+
+/// Per stage, the micro-batches' worth of activations in flight at the peak: pieces, counted
+/// as the fraction of a micro-batch a token slice is (a slice keeps about `1/n` of its
+/// micro-batch's activations; the key/value arena is not counted).
+fn in_flight(schedule: &Schedule) -> Vec<usize> {
+    schedule.peak_in_flight().iter().map(|p| p.div_ceil(schedule.slices)).collect()
 }
 
 impl fmt::Display for Plan {
@@ -208,8 +223,8 @@ impl fmt::Display for Plan {
             let compact: Vec<String> = list
                 .iter()
                 .filter_map(|a| match a {
-                    super::Action::Forward { mb, stage } => Some(format!("F{mb}.{stage}")),
-                    super::Action::Backward { mb, stage } => Some(format!("B{mb}.{stage}")),
+                    super::Action::Forward { piece, stage } => Some(format!("F{piece}.{stage}")),
+                    super::Action::Backward { piece, stage } => Some(format!("B{piece}.{stage}")),
                     _ => None,
                 })
                 .collect();

@@ -1,8 +1,15 @@
 //! The schedule IR: per device, the ordered list of actions one pipelined training step runs
-//! (forward and backward of a micro-batch through a stage, sends and receives of activations and
+//! (forward and backward of a piece through a stage, sends and receives of activations and
 //! gradients, the start of a stage's gradient all-reduce, the optimizer step), its generators
 //! (GPipe, 1F1B, interleaved 1F1B), and a validator that proves a schedule complete and
 //! deadlock-free before it runs.
+//!
+//! A *piece* is one token slice of one micro-batch (TeraPipe; a micro-batch whose sequences are
+//! not sliced is one piece). On a stage, slice `j` of a micro-batch runs forward after slice
+//! `j−1` (it attends to the keys and values they left in the stage's arena) and backward after
+//! slice `j+1` (whose backward adds into the gradients of slice `j`'s keys and values). GPipe over
+//! pieces is TeraPipe's own order; 1F1B over pieces starts a piece's backward as soon as it can,
+//! so a stage holds about `max(K, slices)` pieces' activations instead of all of them.
 //!
 //! Stages are *virtual*: with `v` chunks per device there are `S = K·v` stages and stage `s`
 //! lives on device `s mod K` (Megatron's interleaving; `v = 1` is the plain pipeline).
@@ -19,30 +26,80 @@ use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 
+/// One unit of pipelined work: token slice `slice` of micro-batch `mb` (slice 0 when the
+/// sequences are not sliced).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Piece {
+    /// Micro-batch.
+    pub mb: usize,
+    /// Token slice of it.
+    pub slice: usize,
+}
+
+impl Piece {
+    /// Micro-batch `mb`, unsliced.
+    pub fn whole(mb: usize) -> Self {
+        Piece { mb, slice: 0 }
+    }
+}
+
+impl std::fmt::Display for Piece {
+    /// `3` for an unsliced micro-batch, `3/1` for its slice 1.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.slice == 0 { write!(f, "{}", self.mb) } else { write!(f, "{}/{}", self.mb, self.slice) }
+    }
+}
+
+/// What names a message between stages, for the schedule, the validator and the mailboxes alike:
+/// an activation (or the gradient of one), of one piece, produced by one stage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MessageKey {
+    /// A gradient going back (else an activation going forward).
+    pub gradient: bool,
+    /// Whose.
+    pub piece: Piece,
+    /// The stage that produced it (see [`Action`]).
+    pub stage: usize,
+}
+
 /// One step of a device's schedule. `stage` is a virtual stage; sends and receives name the
 /// stage that *produced* the tensor: `SendActivation { stage: s }` carries stage `s`'s output to
 /// stage `s+1`, `SendGrad { stage: s }` carries the gradient of stage `s`'s input to stage `s−1`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
-#[allow(missing_docs)] // the fields (`mb`, `stage`, `to`, `from`) are described above
+#[allow(missing_docs)] // the fields (`piece`, `stage`, `to`, `from`) are described above
 pub enum Action {
-    /// Run `stage` forward on micro-batch `mb`, keeping what its backward needs.
-    Forward { mb: usize, stage: usize },
-    /// Run `stage` backward on micro-batch `mb`, adding into its parameter gradients.
-    Backward { mb: usize, stage: usize },
-    /// Send `stage`'s output for `mb` to device `to` (buffered: never blocks).
-    SendActivation { mb: usize, stage: usize, to: usize },
-    /// Receive `stage`'s output for `mb` from device `from` (blocks until it arrives).
-    RecvActivation { mb: usize, stage: usize, from: usize },
-    /// Send the gradient of `stage`'s input for `mb` to device `to`.
-    SendGrad { mb: usize, stage: usize, to: usize },
-    /// Receive the gradient of `stage`'s input for `mb` from device `from`.
-    RecvGrad { mb: usize, stage: usize, from: usize },
+    /// Run `stage` forward on `piece`, keeping what its backward needs.
+    Forward { piece: Piece, stage: usize },
+    /// Run `stage` backward on `piece`, adding into its parameter gradients.
+    Backward { piece: Piece, stage: usize },
+    /// Send `stage`'s output for `piece` to device `to` (buffered: never blocks).
+    SendActivation { piece: Piece, stage: usize, to: usize },
+    /// Receive `stage`'s output for `piece` from device `from` (blocks until it arrives).
+    RecvActivation { piece: Piece, stage: usize, from: usize },
+    /// Send the gradient of `stage`'s input for `piece` to device `to`.
+    SendGrad { piece: Piece, stage: usize, to: usize },
+    /// Receive the gradient of `stage`'s input for `piece` from device `from`.
+    RecvGrad { piece: Piece, stage: usize, from: usize },
     /// `stage`'s gradients are final: start averaging them across replicas (overlaps the rest
     /// of the backward).
     AllReduce { stage: usize },
     /// Wait for this device's all-reduces, then update its parameters.
     OptimizerStep,
+}
+
+impl Action {
+    /// A send's or a receive's message and the device at the other end.
+    pub fn message(&self) -> Option<(MessageKey, usize)> {
+        let key = |gradient, piece, stage| MessageKey { gradient, piece, stage };
+        match *self {
+            Action::SendActivation { piece, stage, to } => Some((key(false, piece, stage), to)),
+            Action::RecvActivation { piece, stage, from } => Some((key(false, piece, stage), from)),
+            Action::SendGrad { piece, stage, to } => Some((key(true, piece, stage), to)),
+            Action::RecvGrad { piece, stage, from } => Some((key(true, piece, stage), from)),
+            _ => None,
+        }
+    }
 }
 
 /// The schedule families.
@@ -95,6 +152,8 @@ pub struct Schedule {
     pub stages: usize,
     /// Micro-batches per step (`M`).
     pub micro_batches: usize,
+    /// Token slices per micro-batch (1: unsliced).
+    pub slices: usize,
     /// Each device's actions, in order.
     pub per_device: Vec<Vec<Action>>,
 }
@@ -106,14 +165,27 @@ pub fn stage_device(stage: usize, devices: usize) -> usize {
 
 impl Schedule {
     /// Generates `kind` for `devices` devices, `chunks` model chunks per device (1 unless
-    /// interleaved, ≥ 2 if so) and `micro_batches` micro-batches, and validates it.
-    pub fn generate(kind: ScheduleKind, devices: usize, chunks: usize, micro_batches: usize) -> Result<Schedule> {
+    /// interleaved, ≥ 2 if so), `micro_batches` micro-batches of `slices` token slices each, and
+    /// validates it.
+    pub fn generate(
+        kind: ScheduleKind,
+        devices: usize,
+        chunks: usize,
+        micro_batches: usize,
+        slices: usize,
+    ) -> Result<Schedule> {
         let bad = |field: &str, message: String| Err(crate::error::config_error(field, message));
         if devices == 0 {
             return bad("devices", "a pipeline needs at least one device".into());
         }
         if micro_batches == 0 {
             return bad("micro_batches", "a step needs at least one micro-batch; got 0".into());
+        }
+        if slices == 0 {
+            return bad("token_slices", "a micro-batch is at least one slice; got 0".into());
+        }
+        if slices > 1 && kind == ScheduleKind::Interleaved {
+            return bad("token_slices", "the interleaved schedule does not run token slices; use gpipe or 1f1b".into());
         }
         match (kind, chunks) {
             (ScheduleKind::Interleaved, c) if c < 2 => {
@@ -124,12 +196,13 @@ impl Schedule {
             }
             _ => {}
         }
-        let order = list_schedule(kind, devices, devices * chunks, micro_batches)?;
+        let order = list_schedule(kind, devices, devices * chunks, micro_batches, slices)?;
         let schedule = Schedule {
             kind,
             devices,
             stages: devices * chunks,
             micro_batches,
+            slices,
             per_device: order.iter().map(|tasks| with_communication(tasks, devices, devices * chunks)).collect(),
         };
         schedule.validate()?;
@@ -141,16 +214,22 @@ impl Schedule {
         self.stages / self.devices
     }
 
-    /// The idle fraction of a step with equal stage times (no communication) that the schedule
-    /// implies: `(K−1)/(v·M + K−1)` (GPipe's convention: idle time over the whole step; 1F1B
-    /// has GPipe's bubble, interleaving divides the fill/drain by `v`).
-    pub fn bubble_formula(&self) -> f64 {
-        let (k, m, v) = (self.devices as f64, self.micro_batches as f64, self.chunks() as f64);
-        (k - 1.0) / (v * m + k - 1.0)
+    /// The pieces of a step, micro-batch by micro-batch, slice by slice.
+    pub fn pieces(&self) -> impl Iterator<Item = Piece> + '_ {
+        (0..self.micro_batches).flat_map(move |mb| (0..self.slices).map(move |slice| Piece { mb, slice }))
     }
 
-    /// Per stage, the most micro-batches whose activations it holds at once (forwards run and
-    /// not yet backwarded): what its activation memory scales with.
+    /// The idle fraction of a step with equal stage times (no communication) that the schedule
+    /// implies: `(K−1)/(v·M·n + K−1)` for `n` equal slices (GPipe's convention: idle time over the
+    /// whole step; 1F1B has GPipe's bubble, interleaving divides the fill/drain by `v`).
+    pub fn bubble_formula(&self) -> f64 {
+        let (k, v) = (self.devices as f64, self.chunks() as f64);
+        let units = (self.micro_batches * self.slices) as f64;
+        (k - 1.0) / (v * units + k - 1.0)
+    }
+
+    /// Per stage, the most pieces whose activations it holds at once (forwards run and not yet
+    /// backwarded): what its activation memory scales with.
     pub fn peak_in_flight(&self) -> Vec<usize> {
         let mut peak = vec![0usize; self.stages];
         for list in &self.per_device {
@@ -169,38 +248,34 @@ impl Schedule {
         peak
     }
 
-    /// Checks the schedule is complete and deadlock-free: every (micro-batch, stage) runs
-    /// forward once and backward once on its device, forward before backward, each after the
-    /// inputs it needs (from the same device or a receive); every send has exactly one matching
+    /// Checks the schedule is complete and deadlock-free: every (piece, stage) runs forward once
+    /// and backward once on its device, forward before backward, each after the inputs it needs
+    /// (from the same device or a receive) and, for a token slice, after the previous slice's
+    /// forward and the next slice's backward on that stage; every send has exactly one matching
     /// receive; all-reduces follow their stage's last backward and the optimizer step ends every
     /// list; and executing the lists with buffered sends and blocking receives finishes. The
     /// error names the first offending action.
     pub fn validate(&self) -> Result<()> {
-        let (k, s_count, m) = (self.devices, self.stages, self.micro_batches);
+        let (k, s_count, m, n) = (self.devices, self.stages, self.micro_batches, self.slices);
         let fail = |d: usize, i: usize, a: Option<&Action>, msg: String| Error::Schedule {
             device: d,
             position: i,
             action: a.map_or("(end of list)".into(), |a| format!("{a:?}")),
             message: msg,
         };
-        if self.per_device.len() != k || s_count == 0 || s_count % k != 0 {
+        if self.per_device.len() != k || s_count == 0 || s_count % k != 0 || n == 0 {
             return Err(fail(
                 0,
                 0,
                 None,
-                format!("{} action lists for {k} devices and {s_count} stages", self.per_device.len()),
+                format!("{} action lists for {k} devices, {s_count} stages and {n} slices", self.per_device.len()),
             ));
         }
-        // Messages sent, by (is_grad, mb, stage) → (from, to).
-        let mut sent: HashMap<(bool, usize, usize), (usize, usize)> = HashMap::new();
+        // Messages sent: key → (from, to).
+        let mut sent: HashMap<MessageKey, (usize, usize)> = HashMap::new();
         for (d, list) in self.per_device.iter().enumerate() {
             for (i, a) in list.iter().enumerate() {
-                let key = match *a {
-                    Action::SendActivation { mb, stage, to } => Some(((false, mb, stage), to)),
-                    Action::SendGrad { mb, stage, to } => Some(((true, mb, stage), to)),
-                    _ => None,
-                };
-                if let Some((key, to)) = key
+                if let (Action::SendActivation { .. } | Action::SendGrad { .. }, Some((key, to))) = (a, a.message())
                     && sent.insert(key, (d, to)).is_some()
                 {
                     return Err(fail(d, i, Some(a), "sent twice".into()));
@@ -212,45 +287,59 @@ impl Schedule {
             // What this device has done so far, to check each action's inputs.
             let mut forwarded = HashSet::new();
             let mut backwarded = HashSet::new();
-            let mut have = HashSet::new(); // received (is_grad, mb, stage)
+            let mut have = HashSet::new(); // keys received
             let mut reduced = HashSet::new();
+            let key = |gradient, piece, stage| MessageKey { gradient, piece, stage };
             for (i, a) in list.iter().enumerate() {
                 let here = |stage: usize| stage < s_count && stage_device(stage, k) == d;
+                let exists = |p: Piece| p.mb < m && p.slice < n;
                 let ok: std::result::Result<(), String> = match *a {
-                    Action::Forward { mb, stage } => {
-                        if !here(stage) || mb >= m {
+                    Action::Forward { piece, stage } => {
+                        let earlier = Piece { slice: piece.slice.wrapping_sub(1), ..piece };
+                        if !here(stage) || !exists(piece) {
                             Err(format!(
-                                "stage {stage} (of {s_count}) / micro-batch {mb} (of {m}) does not run on device {d}"
+                                "stage {stage} (of {s_count}) / piece {piece} (of {m} × {n}) does not run on device {d}"
                             ))
-                        } else if !forwarded.insert((mb, stage)) {
+                        } else if !forwarded.insert((piece, stage)) {
                             Err("runs twice".into())
                         } else if stage > 0
-                            && !forwarded.contains(&(mb, stage - 1))
-                            && !have.contains(&(false, mb, stage - 1))
+                            && !forwarded.contains(&(piece, stage - 1))
+                            && !have.contains(&key(false, piece, stage - 1))
                         {
                             Err(format!("its input (stage {}'s output) has not been received", stage - 1))
+                        } else if piece.slice > 0 && !forwarded.contains(&(earlier, stage)) {
+                            Err(format!(
+                                "runs before slice {}'s forward, whose keys and values it reads",
+                                earlier.slice
+                            ))
                         } else {
                             Ok(())
                         }
                     }
-                    Action::Backward { mb, stage } => {
-                        if !here(stage) || mb >= m {
-                            Err(format!("stage {stage} / micro-batch {mb} does not run on device {d}"))
-                        } else if !forwarded.contains(&(mb, stage)) {
+                    Action::Backward { piece, stage } => {
+                        let later = Piece { slice: piece.slice + 1, ..piece };
+                        if !here(stage) || !exists(piece) {
+                            Err(format!("stage {stage} / piece {piece} does not run on device {d}"))
+                        } else if !forwarded.contains(&(piece, stage)) {
                             Err("runs before its forward".into())
-                        } else if !backwarded.insert((mb, stage)) {
+                        } else if !backwarded.insert((piece, stage)) {
                             Err("runs twice".into())
                         } else if stage + 1 < s_count
-                            && !backwarded.contains(&(mb, stage + 1))
-                            && !have.contains(&(true, mb, stage + 1))
+                            && !backwarded.contains(&(piece, stage + 1))
+                            && !have.contains(&key(true, piece, stage + 1))
                         {
                             Err(format!("the gradient of its output (from stage {}) has not been received", stage + 1))
+                        } else if later.slice < n && !backwarded.contains(&(later, stage)) {
+                            Err(format!(
+                                "runs before slice {}'s backward, which adds into its keys' and values' gradients",
+                                later.slice
+                            ))
                         } else {
                             Ok(())
                         }
                     }
-                    Action::SendActivation { mb, stage, to } => {
-                        if !forwarded.contains(&(mb, stage)) {
+                    Action::SendActivation { piece, stage, to } => {
+                        if !forwarded.contains(&(piece, stage)) {
                             Err("sends an activation not computed yet".into())
                         } else if stage + 1 >= s_count || stage_device(stage + 1, k) != to {
                             Err(format!("stage {} does not run on device {to}", stage + 1))
@@ -258,8 +347,8 @@ impl Schedule {
                             Ok(())
                         }
                     }
-                    Action::SendGrad { mb, stage, to } => {
-                        if !backwarded.contains(&(mb, stage)) {
+                    Action::SendGrad { piece, stage, to } => {
+                        if !backwarded.contains(&(piece, stage)) {
                             Err("sends a gradient not computed yet".into())
                         } else if stage == 0 || stage_device(stage - 1, k) != to {
                             Err(format!("stage {} does not run on device {to}", stage.wrapping_sub(1)))
@@ -267,8 +356,8 @@ impl Schedule {
                             Ok(())
                         }
                     }
-                    Action::RecvActivation { mb, stage, from } | Action::RecvGrad { mb, stage, from } => {
-                        let key = (matches!(a, Action::RecvGrad { .. }), mb, stage);
+                    Action::RecvActivation { from, .. } | Action::RecvGrad { from, .. } => {
+                        let (key, _) = a.message().ok_or_else(|| fail(d, i, Some(a), "not a message".into()))?;
                         match sent.get(&key) {
                             None => Err("no device sends this".into()),
                             Some(&(f, t)) if f != from || t != d => {
@@ -284,7 +373,7 @@ impl Schedule {
                     Action::AllReduce { stage } => {
                         if !here(stage) {
                             Err(format!("stage {stage} does not run on device {d}"))
-                        } else if (0..m).any(|mb| !backwarded.contains(&(mb, stage))) {
+                        } else if self.pieces().any(|p| !backwarded.contains(&(p, stage))) {
                             Err("starts before the stage's last backward".into())
                         } else if !reduced.insert(stage) {
                             Err("runs twice".into())
@@ -304,13 +393,13 @@ impl Schedule {
             }
             // Completeness of this device's part.
             for stage in (0..s_count).filter(|&s| stage_device(s, k) == d) {
-                for mb in 0..m {
-                    if !forwarded.contains(&(mb, stage)) || !backwarded.contains(&(mb, stage)) {
+                for piece in self.pieces() {
+                    if !forwarded.contains(&(piece, stage)) || !backwarded.contains(&(piece, stage)) {
                         return Err(fail(
                             d,
                             list.len(),
                             None,
-                            format!("micro-batch {mb} never runs stage {stage} both ways"),
+                            format!("piece {piece} never runs stage {stage} both ways"),
                         ));
                     }
                 }
@@ -322,13 +411,16 @@ impl Schedule {
                 return Err(fail(d, list.len(), None, "the list does not end with the optimizer step".into()));
             }
         }
-        if let Some((&(grad, mb, stage), &(from, to))) = sent.iter().find(|(key, _)| !received.contains(*key)) {
-            let what = if grad { "gradient" } else { "activation" };
+        if let Some((key, &(from, to))) = sent.iter().find(|(key, _)| !received.contains(*key)) {
+            let what = if key.gradient { "gradient" } else { "activation" };
             return Err(fail(
                 from,
                 0,
                 None,
-                format!("the {what} of stage {stage}, micro-batch {mb}, sent to device {to}, is never received"),
+                format!(
+                    "the {what} of stage {}, piece {}, sent to device {to}, is never received",
+                    key.stage, key.piece
+                ),
             ));
         }
         self.check_deadlock_free()
@@ -338,19 +430,19 @@ impl Schedule {
     /// blocked action when no device can move.
     fn check_deadlock_free(&self) -> Result<()> {
         let mut pc = vec![0usize; self.devices];
-        let mut delivered: HashSet<(bool, usize, usize)> = HashSet::new();
+        let mut delivered: HashSet<MessageKey> = HashSet::new();
         loop {
             let mut moved = false;
             for (d, list) in self.per_device.iter().enumerate() {
                 while let Some(a) = list.get(pc[d]) {
-                    match *a {
-                        Action::RecvActivation { mb, stage, .. } if !delivered.contains(&(false, mb, stage)) => break,
-                        Action::RecvGrad { mb, stage, .. } if !delivered.contains(&(true, mb, stage)) => break,
-                        Action::SendActivation { mb, stage, .. } => {
-                            delivered.insert((false, mb, stage));
+                    match (a, a.message()) {
+                        (Action::RecvActivation { .. } | Action::RecvGrad { .. }, Some((key, _)))
+                            if !delivered.contains(&key) =>
+                        {
+                            break;
                         }
-                        Action::SendGrad { mb, stage, .. } => {
-                            delivered.insert((true, mb, stage));
+                        (Action::SendActivation { .. } | Action::SendGrad { .. }, Some((key, _))) => {
+                            delivered.insert(key);
                         }
                         _ => {}
                     }
@@ -382,43 +474,46 @@ impl Schedule {
 /// A compute task of the list scheduler.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Task {
-    F(usize, usize),
-    B(usize, usize),
+    F(Piece, usize),
+    B(Piece, usize),
 }
 
 /// Plays the step in unit time under `kind`'s policy; returns each device's compute tasks in
 /// start order.
-fn list_schedule(kind: ScheduleKind, k: usize, s_count: usize, m: usize) -> Result<Vec<Vec<Task>>> {
+fn list_schedule(kind: ScheduleKind, k: usize, s_count: usize, m: usize, n: usize) -> Result<Vec<Vec<Task>>> {
     let chunks = s_count / k;
-    // Micro-batches a device may hold in flight (forwards started minus backwards started).
+    // Pieces a device may hold in flight (forwards started minus backwards started). 1F1B over
+    // slices must forward a micro-batch's every slice before the last one's backward can start,
+    // so it holds at least `n`.
     let cap = |d: usize| -> usize {
         match kind {
             ScheduleKind::Gpipe => usize::MAX,
-            ScheduleKind::OneFOneB => k - d,
+            ScheduleKind::OneFOneB => (k - d).max(n),
             // Megatron's warm-up count plus the one forward of the first 1F1B pair.
             ScheduleKind::Interleaved => ((k - d - 1) * 2 + (chunks - 1) * k + 1).min(m * chunks),
         }
     };
-    // Lower ranks first.
+    // Lower ranks first. Backwards of one micro-batch go last slice first.
     let rank = |t: Task| -> (usize, usize, usize, usize) {
         let chunk = |s: usize| s / k;
         match (kind, t) {
-            (ScheduleKind::Gpipe, Task::F(mb, s)) => (0, mb, s, 0),
-            (ScheduleKind::Gpipe, Task::B(mb, s)) => (1, mb, s_count - s, 0),
-            (ScheduleKind::OneFOneB, Task::B(mb, _)) => (0, mb, 0, 0),
-            (ScheduleKind::OneFOneB, Task::F(mb, _)) => (1, mb, 0, 0),
+            (ScheduleKind::Gpipe, Task::F(p, s)) => (0, p.mb, p.slice, s),
+            (ScheduleKind::Gpipe, Task::B(p, s)) => (1, p.mb, n - p.slice, s_count - s),
+            (ScheduleKind::OneFOneB, Task::B(p, _)) => (0, p.mb, n - p.slice, 0),
+            (ScheduleKind::OneFOneB, Task::F(p, _)) => (1, p.mb, p.slice, 0),
             // Micro-batches in groups of K, chunk by chunk inside a group (Megatron's order).
-            (ScheduleKind::Interleaved, Task::B(mb, s)) => (0, mb / k, chunks - 1 - chunk(s), mb % k),
-            (ScheduleKind::Interleaved, Task::F(mb, s)) => (1, mb / k, chunk(s), mb % k),
+            (ScheduleKind::Interleaved, Task::B(p, s)) => (0, p.mb / k, chunks - 1 - chunk(s), p.mb % k),
+            (ScheduleKind::Interleaved, Task::F(p, s)) => (1, p.mb / k, chunk(s), p.mb % k),
         }
     };
     const FORWARD_TIME: u64 = 1;
     const BACKWARD_TIME: u64 = 2;
+    let pieces: Vec<Piece> = (0..m).flat_map(|mb| (0..n).map(move |slice| Piece { mb, slice })).collect();
     let mut done: HashMap<Task, u64> = HashMap::new(); // finish times
     let mut busy_until = vec![0u64; k];
     let mut in_flight = vec![0usize; k];
     let mut order: Vec<Vec<Task>> = vec![Vec::new(); k];
-    let total = 2 * m * s_count;
+    let total = 2 * pieces.len() * s_count;
     let mut started = HashSet::new();
     // Raised when the caps stall the play (interleaving with a micro-batch count that is not a
     // multiple of K can need one more micro-batch in flight than Megatron's warm-up count).
@@ -432,14 +527,20 @@ fn list_schedule(kind: ScheduleKind, k: usize, s_count: usize, m: usize) -> Resu
             }
             let ready = (0..s_count)
                 .filter(|&s| stage_device(s, k) == d)
-                .flat_map(|s| (0..m).flat_map(move |mb| [Task::F(mb, s), Task::B(mb, s)]))
+                .flat_map(|s| pieces.iter().flat_map(move |&p| [Task::F(p, s), Task::B(p, s)]))
                 .filter(|task| !started.contains(task))
                 .filter(|&task| match task {
-                    Task::F(mb, s) => {
-                        in_flight[d] < cap(d).saturating_add(slack) && (s == 0 || finished(Task::F(mb, s - 1), &done))
+                    Task::F(p, s) => {
+                        let earlier = Piece { slice: p.slice.wrapping_sub(1), ..p };
+                        in_flight[d] < cap(d).saturating_add(slack)
+                            && (s == 0 || finished(Task::F(p, s - 1), &done))
+                            && (p.slice == 0 || finished(Task::F(earlier, s), &done))
                     }
-                    Task::B(mb, s) => {
-                        finished(Task::F(mb, s), &done) && (s + 1 == s_count || finished(Task::B(mb, s + 1), &done))
+                    Task::B(p, s) => {
+                        let later = Piece { slice: p.slice + 1, ..p };
+                        finished(Task::F(p, s), &done)
+                            && (s + 1 == s_count || finished(Task::B(p, s + 1), &done))
+                            && (later.slice == n || finished(Task::B(later, s), &done))
                     }
                 })
                 .min_by_key(|&task| rank(task));
@@ -462,12 +563,14 @@ fn list_schedule(kind: ScheduleKind, k: usize, s_count: usize, m: usize) -> Resu
         }
         if busy_until.iter().all(|&b| b <= t) && done.len() < total {
             // Nothing running and nothing could start: the caps stalled the play.
-            if slack >= m * s_count {
+            if slack >= pieces.len() * s_count {
                 return Err(Error::Schedule {
                     device: 0,
                     position: order[0].len(),
                     action: "(generator)".into(),
-                    message: format!("{kind} cannot schedule {m} micro-batches over {s_count} stages on {k} devices"),
+                    message: format!(
+                        "{kind} cannot schedule {m} micro-batches of {n} slices over {s_count} stages on {k} devices"
+                    ),
                 });
             }
             slack += 1;
@@ -490,24 +593,24 @@ fn with_communication(tasks: &[Task], k: usize, s_count: usize) -> Vec<Action> {
     }
     for &t in tasks {
         match t {
-            Task::F(mb, s) => {
+            Task::F(piece, s) => {
                 let d = stage_device(s, k);
                 if s > 0 && stage_device(s - 1, k) != d {
-                    out.push(Action::RecvActivation { mb, stage: s - 1, from: stage_device(s - 1, k) });
+                    out.push(Action::RecvActivation { piece, stage: s - 1, from: stage_device(s - 1, k) });
                 }
-                out.push(Action::Forward { mb, stage: s });
+                out.push(Action::Forward { piece, stage: s });
                 if s + 1 < s_count && stage_device(s + 1, k) != d {
-                    out.push(Action::SendActivation { mb, stage: s, to: stage_device(s + 1, k) });
+                    out.push(Action::SendActivation { piece, stage: s, to: stage_device(s + 1, k) });
                 }
             }
-            Task::B(mb, s) => {
+            Task::B(piece, s) => {
                 let d = stage_device(s, k);
                 if s + 1 < s_count && stage_device(s + 1, k) != d {
-                    out.push(Action::RecvGrad { mb, stage: s + 1, from: stage_device(s + 1, k) });
+                    out.push(Action::RecvGrad { piece, stage: s + 1, from: stage_device(s + 1, k) });
                 }
-                out.push(Action::Backward { mb, stage: s });
+                out.push(Action::Backward { piece, stage: s });
                 if s > 0 && stage_device(s - 1, k) != d {
-                    out.push(Action::SendGrad { mb, stage: s, to: stage_device(s - 1, k) });
+                    out.push(Action::SendGrad { piece, stage: s, to: stage_device(s - 1, k) });
                 }
                 let left = backwards_left.entry(s).or_default();
                 *left -= 1;
@@ -537,8 +640,8 @@ mod tests {
         for (kind, v) in KINDS {
             for k in 1..=5 {
                 for m in [1, 2, 3, 5, 8] {
-                    let s =
-                        Schedule::generate(kind, k, v, m).unwrap_or_else(|e| panic!("{kind} K={k} v={v} M={m}: {e}"));
+                    let s = Schedule::generate(kind, k, v, m, 1)
+                        .unwrap_or_else(|e| panic!("{kind} K={k} v={v} M={m}: {e}"));
                     assert_eq!(s.per_device.len(), k);
                 }
             }
@@ -547,7 +650,7 @@ mod tests {
 
     #[test]
     fn gpipe_runs_every_forward_before_any_backward() {
-        let s = Schedule::generate(ScheduleKind::Gpipe, 3, 1, 4).unwrap();
+        let s = Schedule::generate(ScheduleKind::Gpipe, 3, 1, 4, 1).unwrap();
         for list in &s.per_device {
             let last_f = list.iter().rposition(|a| matches!(a, Action::Forward { .. })).unwrap();
             let first_b = list.iter().position(|a| matches!(a, Action::Backward { .. })).unwrap();
@@ -558,7 +661,7 @@ mod tests {
     #[test]
     fn one_f_one_b_keeps_at_most_k_minus_d_micro_batches_in_flight() {
         let (k, m) = (4, 8);
-        let s = Schedule::generate(ScheduleKind::OneFOneB, k, 1, m).unwrap();
+        let s = Schedule::generate(ScheduleKind::OneFOneB, k, 1, m, 1).unwrap();
         for (d, list) in s.per_device.iter().enumerate() {
             let mut in_flight = 0i64;
             let mut peak = 0;
@@ -583,24 +686,24 @@ mod tests {
 
     #[test]
     fn peak_in_flight_follows_the_schedule_family() {
-        assert_eq!(Schedule::generate(ScheduleKind::Gpipe, 3, 1, 5).unwrap().peak_in_flight(), vec![5, 5, 5]);
-        assert_eq!(Schedule::generate(ScheduleKind::OneFOneB, 3, 1, 5).unwrap().peak_in_flight(), vec![3, 2, 1]);
-        assert_eq!(Schedule::generate(ScheduleKind::OneFOneB, 3, 1, 2).unwrap().peak_in_flight(), vec![2, 2, 1]);
+        assert_eq!(Schedule::generate(ScheduleKind::Gpipe, 3, 1, 5, 1).unwrap().peak_in_flight(), vec![5, 5, 5]);
+        assert_eq!(Schedule::generate(ScheduleKind::OneFOneB, 3, 1, 5, 1).unwrap().peak_in_flight(), vec![3, 2, 1]);
+        assert_eq!(Schedule::generate(ScheduleKind::OneFOneB, 3, 1, 2, 1).unwrap().peak_in_flight(), vec![2, 2, 1]);
     }
 
     #[test]
     fn bubble_formula_matches_the_reference_table() {
         // pipelines.md §C.1 worked numbers, GPipe convention: p=4, m=8 → 0.273; p=48, m=2 → 0.959.
-        let f = |k, m| Schedule::generate(ScheduleKind::OneFOneB, k, 1, m).unwrap().bubble_formula();
+        let f = |k, m| Schedule::generate(ScheduleKind::OneFOneB, k, 1, m, 1).unwrap().bubble_formula();
         assert!((f(4, 8) - 0.2727).abs() < 1e-3);
         assert!((f(8, 64) - 0.0986).abs() < 1e-3);
-        let i = Schedule::generate(ScheduleKind::Interleaved, 4, 2, 8).unwrap().bubble_formula();
+        let i = Schedule::generate(ScheduleKind::Interleaved, 4, 2, 8, 1).unwrap().bubble_formula();
         assert!((i - 3.0 / 19.0).abs() < 1e-12);
     }
 
     #[test]
     fn validator_names_the_offending_action() {
-        let mut s = Schedule::generate(ScheduleKind::OneFOneB, 2, 1, 2).unwrap();
+        let mut s = Schedule::generate(ScheduleKind::OneFOneB, 2, 1, 2, 1).unwrap();
         // Drop device 1's first receive: its forward now has no input.
         let i = s.per_device[1].iter().position(|a| matches!(a, Action::RecvActivation { .. })).unwrap();
         s.per_device[1].remove(i);
@@ -608,7 +711,7 @@ mod tests {
         assert!(e.contains("device 1") && e.contains("Forward") && e.contains("not been received"), "{e}");
 
         // Swap device 0's backward before its forward.
-        let mut s = Schedule::generate(ScheduleKind::Gpipe, 1, 1, 1).unwrap();
+        let mut s = Schedule::generate(ScheduleKind::Gpipe, 1, 1, 1, 1).unwrap();
         s.per_device[0].swap(0, 1);
         let e = s.validate().unwrap_err().to_string();
         assert!(e.contains("Backward") && e.contains("before its forward"), "{e}");
@@ -618,27 +721,77 @@ mod tests {
     fn validator_finds_a_deadlock() {
         // Device 1 waits for micro-batch 1 before micro-batch 0, while device 0 sends micro-batch 1
         // only after receiving micro-batch 0's gradient: a cycle.
-        let mut s = Schedule::generate(ScheduleKind::OneFOneB, 2, 1, 2).unwrap();
+        let mut s = Schedule::generate(ScheduleKind::OneFOneB, 2, 1, 2, 1).unwrap();
         let list = &mut s.per_device[0];
-        let send1 = list.iter().position(|a| *a == Action::SendActivation { mb: 1, stage: 0, to: 1 }).unwrap();
+        let send1 =
+            list.iter().position(|a| *a == Action::SendActivation { piece: Piece::whole(1), stage: 0, to: 1 }).unwrap();
         let moved = list.remove(send1);
-        let f1 = list.iter().position(|a| *a == Action::Forward { mb: 1, stage: 0 }).unwrap();
+        let f1 = list.iter().position(|a| *a == Action::Forward { piece: Piece::whole(1), stage: 0 }).unwrap();
         let _ = f1;
-        let recv0 = list.iter().position(|a| *a == Action::RecvGrad { mb: 0, stage: 1, from: 1 }).unwrap();
+        let recv0 =
+            list.iter().position(|a| *a == Action::RecvGrad { piece: Piece::whole(0), stage: 1, from: 1 }).unwrap();
         list.insert(recv0 + 1, moved);
         let d1 = &mut s.per_device[1];
-        let r0 = d1.iter().position(|a| *a == Action::RecvActivation { mb: 0, stage: 0, from: 0 }).unwrap();
-        let r1 = d1.iter().position(|a| *a == Action::RecvActivation { mb: 1, stage: 0, from: 0 }).unwrap();
+        let r0 =
+            d1.iter().position(|a| *a == Action::RecvActivation { piece: Piece::whole(0), stage: 0, from: 0 }).unwrap();
+        let r1 =
+            d1.iter().position(|a| *a == Action::RecvActivation { piece: Piece::whole(1), stage: 0, from: 0 }).unwrap();
         d1.swap(r0, r1);
         let e = s.validate().unwrap_err().to_string();
         assert!(e.contains("device 1"), "{e}");
     }
 
     #[test]
+    fn token_slices_run_in_order_under_gpipe_and_1f1b() {
+        for kind in [ScheduleKind::Gpipe, ScheduleKind::OneFOneB] {
+            for k in 1..=4 {
+                for m in 1..=3 {
+                    for n in [1, 2, 3, 5] {
+                        let s = Schedule::generate(kind, k, 1, m, n)
+                            .unwrap_or_else(|e| panic!("{kind} K={k} M={m} n={n}: {e}"));
+                        let peak = s.peak_in_flight();
+                        for (d, &p) in peak.iter().enumerate() {
+                            match kind {
+                                // TeraPipe's order holds every piece.
+                                ScheduleKind::Gpipe => assert_eq!(p, m * n, "K={k} M={m} n={n} device {d}"),
+                                // 1F1B over slices: a micro-batch's slices, or the warm-up.
+                                _ => assert!(p <= (k - d).max(n) && p <= m * n, "K={k} M={m} n={n} device {d}: {p}"),
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // With many micro-batches of few slices, 1F1B keeps far fewer pieces than GPipe.
+        let one = Schedule::generate(ScheduleKind::OneFOneB, 4, 1, 8, 2).unwrap();
+        assert_eq!(one.peak_in_flight()[0], 4);
+        assert!((one.bubble_formula() - 3.0 / 19.0).abs() < 1e-12);
+        assert!(Schedule::generate(ScheduleKind::Interleaved, 2, 2, 2, 2).unwrap_err().to_string().contains("slices"));
+    }
+
+    #[test]
+    fn validator_enforces_the_slice_order() {
+        // One device, one micro-batch of two slices: forwards 0, 1, then backwards 1, 0.
+        let mut s = Schedule::generate(ScheduleKind::Gpipe, 1, 1, 1, 2).unwrap();
+        let list = &s.per_device[0];
+        let f = |slice| Action::Forward { piece: Piece { mb: 0, slice }, stage: 0 };
+        let b = |slice| Action::Backward { piece: Piece { mb: 0, slice }, stage: 0 };
+        assert_eq!(&list[..4], &[f(0), f(1), b(1), b(0)]);
+        s.per_device[0].swap(0, 1);
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("before slice 0's forward"), "{e}");
+        s.per_device[0].swap(0, 1);
+        s.per_device[0].swap(2, 3);
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("before slice 1's backward"), "{e}");
+    }
+
+    #[test]
     fn bad_counts_are_refused() {
-        assert!(Schedule::generate(ScheduleKind::Gpipe, 2, 1, 0).unwrap_err().to_string().contains("micro-batch"));
-        assert!(Schedule::generate(ScheduleKind::Interleaved, 2, 1, 2).is_err());
-        assert!(Schedule::generate(ScheduleKind::OneFOneB, 2, 2, 2).is_err());
-        assert!(Schedule::generate(ScheduleKind::OneFOneB, 0, 1, 2).is_err());
+        assert!(Schedule::generate(ScheduleKind::Gpipe, 2, 1, 2, 0).unwrap_err().to_string().contains("slice"));
+        assert!(Schedule::generate(ScheduleKind::Gpipe, 2, 1, 0, 1).unwrap_err().to_string().contains("micro-batch"));
+        assert!(Schedule::generate(ScheduleKind::Interleaved, 2, 1, 2, 1).is_err());
+        assert!(Schedule::generate(ScheduleKind::OneFOneB, 2, 2, 2, 1).is_err());
+        assert!(Schedule::generate(ScheduleKind::OneFOneB, 0, 1, 2, 1).is_err());
     }
 }

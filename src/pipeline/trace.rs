@@ -80,12 +80,12 @@ impl StepTrace {
 
 fn label(a: &Action) -> (String, &'static str) {
     match *a {
-        Action::Forward { mb, stage } => (format!("F mb{mb} s{stage}"), "forward"),
-        Action::Backward { mb, stage } => (format!("B mb{mb} s{stage}"), "backward"),
-        Action::SendActivation { mb, stage, to } => (format!("send act mb{mb} s{stage}→dev{to}"), "comm"),
-        Action::RecvActivation { mb, stage, from } => (format!("recv act mb{mb} s{stage}←dev{from}"), "comm"),
-        Action::SendGrad { mb, stage, to } => (format!("send grad mb{mb} s{stage}→dev{to}"), "comm"),
-        Action::RecvGrad { mb, stage, from } => (format!("recv grad mb{mb} s{stage}←dev{from}"), "comm"),
+        Action::Forward { piece, stage } => (format!("F mb{piece} s{stage}"), "forward"),
+        Action::Backward { piece, stage } => (format!("B mb{piece} s{stage}"), "backward"),
+        Action::SendActivation { piece, stage, to } => (format!("send act mb{piece} s{stage}→dev{to}"), "comm"),
+        Action::RecvActivation { piece, stage, from } => (format!("recv act mb{piece} s{stage}←dev{from}"), "comm"),
+        Action::SendGrad { piece, stage, to } => (format!("send grad mb{piece} s{stage}→dev{to}"), "comm"),
+        Action::RecvGrad { piece, stage, from } => (format!("recv grad mb{piece} s{stage}←dev{from}"), "comm"),
         Action::AllReduce { stage } => (format!("all-reduce s{stage}"), "comm"),
         Action::OptimizerStep => ("optimizer".into(), "optimizer"),
     }
@@ -134,7 +134,11 @@ mod tests {
 
     #[test]
     fn bubble_counts_idle_time_over_all_devices() {
-        let f = |start, end| Span { action: Action::Forward { mb: 0, stage: 0 }, start, end };
+        let f = |start, end| Span {
+            action: Action::Forward { piece: crate::pipeline::Piece::whole(0), stage: 0 },
+            start,
+            end,
+        };
         let t = StepTrace { per_device: vec![vec![f(0.0, 1.0)], vec![f(1.0, 2.0)]], makespan: 2.0 };
         assert!((t.bubble() - 0.5).abs() < 1e-12);
         let json = t.chrome_events(0.0, 3);

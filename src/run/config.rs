@@ -192,6 +192,7 @@ impl PipelineSection {
             schedule: self.schedule,
             chunks,
             memory_limit: self.memory_limit,
+            token_slices: Vec::new(),
         };
         Ok((config, devices))
     }

@@ -225,7 +225,7 @@ impl<D: Device> Job<D> {
         let profiles: Vec<UnitProfile> = per_sample.iter().map(|p| p.scaled(micro_samples as f64)).collect();
         let mut devices = devices;
         devices.truncate(count);
-        let mut pipeline = Pipeline::new(devices, model, config.train.optimizer, plan, &profiles)?;
+        let mut pipeline = Pipeline::new(devices, model, config.train.optimizer, plan.clone(), &profiles)?;
         rebuild_communicators(&mut pipeline)?;
         let trainer = Trainer::new(pipeline, config.train.clone(), source.batches_per_epoch(), per_sample)?;
         let positions = match spec.input {
@@ -322,7 +322,7 @@ impl<D: Device> Job<D> {
         if last_eval.is_none() {
             last_eval = Some(self.trainer.evaluate(self.source.as_ref())?);
         }
-        let p = self.trainer.pipeline.plan().config;
+        let p = self.trainer.pipeline.plan().config.clone();
         let summary = Summary {
             data: self.info.clone(),
             family: self.trainer.pipeline.spec().family,

@@ -2,19 +2,14 @@
 //! abort flag every wait watches, and the record of who failed first.
 
 use crate::error::{Error, Result};
+use crate::pipeline::schedule::MessageKey;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Instant;
 
-/// A message between stages: an activation going forward or a gradient going back, of one
-/// micro-batch, produced by one stage.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(super) struct Tag {
-    pub gradient: bool,
-    pub mb: usize,
-    pub stage: usize,
-}
+/// A message's name: [`MessageKey`], the one the schedule and its validator use.
+pub(super) type Tag = MessageKey;
 
 /// One device's inbox.
 #[derive(Default)]

@@ -238,8 +238,22 @@ impl<D: Device> Pipeline<D> {
         if let Some(h) = &host.hidden {
             self.check_hidden(host, h, first_trainable)?;
         }
-        let micro: Vec<Vec<HostBatch>> =
-            host.split(r_count)?.iter().map(|shard| shard.split(m)).collect::<Result<_>>()?;
+        let slicing = &self.plan.config.token_slices;
+        if slicing.len() > 1 && options.capture_frozen_output {
+            return Err(config_error("token_slices", "the frozen-activation cache does not take token slices"));
+        }
+        // Per replica, per micro-batch, its token slices (the micro-batch itself when unsliced).
+        let micro: Vec<Vec<Vec<HostBatch>>> = host
+            .split(r_count)?
+            .iter()
+            .map(|shard| {
+                shard
+                    .split(m)?
+                    .into_iter()
+                    .map(|mb| if slicing.len() > 1 { mb.token_slices(slicing) } else { Ok(vec![mb]) })
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect::<Result<_>>()?;
         let count = host.target_count();
         let grad_scale = if count == 0 { 0.0 } else { 1.0 / count as f64 };
         for (r, replica) in self.stages.iter_mut().enumerate() {

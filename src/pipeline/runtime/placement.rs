@@ -56,7 +56,7 @@ impl<D: Device> Pipeline<D> {
     /// Runs `m` micro-batches per replica from the next step: a new schedule over the same
     /// stages, so nothing moves (how AutoPipe times its candidates cheaply).
     pub fn set_micro_batches(&mut self, m: usize, profiles: &[UnitProfile]) -> Result<()> {
-        let config = PipelineConfig { micro_batches: m, ..self.plan.config };
+        let config = PipelineConfig { micro_batches: m, ..self.plan.config.clone() };
         let stages = self.plan.partition.stages.clone();
         self.plan = Plan::with_stages(config, profiles, self.plan.unit_names.clone(), self.devices.len(), stages)?;
         Ok(())

@@ -1,13 +1,13 @@
 //! One device's part of a step: its action list run in order, with a communication thread
 //! beside it that sums gradient buckets around the replicas' ring while the backward goes on.
 
-use super::mailbox::{Shared, Tag, aborted, panicked};
+use super::mailbox::{Shared, aborted, panicked};
 use crate::comm::{Communicator, RingCommunicator};
 use crate::device::Device;
 use crate::error::{Error, Result, internal};
-use crate::model::{Batch, HostBatch, Saved, Spec, Unit, head_loss};
+use crate::model::{Batch, HostBatch, KvArena, Saved, Spec, Unit, head_loss};
 use crate::pipeline::plan::Plan;
-use crate::pipeline::schedule::Action;
+use crate::pipeline::schedule::{Action, MessageKey, Piece};
 use crate::pipeline::trace::Span;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -58,8 +58,8 @@ pub(super) struct Worker<'a, D: Device> {
     /// `(stage, units)` of the stages this device runs.
     pub stages: StageUnits<'a, D>,
     pub actions: &'a [Action],
-    /// This replica's micro-batches.
-    pub micro: &'a [HostBatch],
+    /// This replica's micro-batches, each as its token slices (one when unsliced).
+    pub micro: &'a [Vec<HostBatch>],
     pub ring: Option<RingCommunicator>,
     /// A caller-supplied communicator, used in place of the ring.
     pub communicator: Option<Arc<dyn Communicator<D>>>,
@@ -125,10 +125,13 @@ impl<D: Device> Worker<'_, D> {
         let (dev, me) = (self.dev, self.global);
         let replica_base = me - me % ctx.plan.config.pipeline_len;
         let s_count = ctx.plan.stages();
-        let mut batches: HashMap<usize, Batch<D>> = HashMap::new();
-        let mut acts: HashMap<(usize, usize), D::Buf> = HashMap::new();
-        let mut dys: HashMap<(usize, usize), Option<D::Buf>> = HashMap::new();
-        let mut saved: HashMap<(usize, usize), Vec<Saved<D>>> = HashMap::new();
+        let sliced = ctx.plan.config.slices() > 1;
+        let mut batches: HashMap<Piece, Batch<D>> = HashMap::new();
+        let mut acts: HashMap<(Piece, usize), D::Buf> = HashMap::new();
+        let mut dys: HashMap<(Piece, usize), Option<D::Buf>> = HashMap::new();
+        let mut saved: HashMap<(Piece, usize), Vec<Saved<D>>> = HashMap::new();
+        // TeraPipe: each attention unit's keys and values of a micro-batch, by (mb, unit).
+        let mut arenas: HashMap<(usize, usize), KvArena<D>> = HashMap::new();
         let mut pending = 0usize;
         let mut out =
             WorkerOutput { loss_sum: 0.0, spans: Vec::with_capacity(self.actions.len()), captured: Vec::new() };
@@ -141,18 +144,19 @@ impl<D: Device> Worker<'_, D> {
             }
             let start = ctx.shared.now();
             match action {
-                Action::Forward { mb, stage } => {
-                    if let std::collections::hash_map::Entry::Vacant(e) = batches.entry(mb) {
-                        e.insert(Batch::upload(dev, ctx.spec, &self.micro[mb], true, ctx.dropout_seed)?);
+                Action::Forward { piece, stage } => {
+                    let host = &self.micro[piece.mb][piece.slice];
+                    if let std::collections::hash_map::Entry::Vacant(e) = batches.entry(piece) {
+                        e.insert(Batch::upload(dev, ctx.spec, host, true, ctx.dropout_seed)?);
                     }
                     let first = ctx.plan.partition.stages[stage].start;
                     // Stage 0 starts from the batch's cached hidden states when it has them.
-                    let (mut x, skip) = match (stage, &self.micro[mb].hidden) {
+                    let (mut x, skip) = match (stage, &host.hidden) {
                         (0, Some(h)) => (Some(dev.upload(&h.data)?), h.depth),
                         (0, None) => (None, 0),
-                        _ => (Some(take(&mut acts, (mb, stage - 1), "activation")?), 0),
+                        _ => (Some(take(&mut acts, (piece, stage - 1), "activation")?), 0),
                     };
-                    let batch = &batches[&mb];
+                    let batch = &batches[&piece];
                     let units = self.units(stage)?;
                     let mut kept = Vec::with_capacity(units.len());
                     for (i, unit) in units.iter().enumerate() {
@@ -163,61 +167,79 @@ impl<D: Device> Worker<'_, D> {
                         }
                         if ctx.capture && g == ctx.first_trainable && g > 0 {
                             let h = x.as_ref().ok_or_else(|| internal("capture", "no hidden states"))?;
-                            out.captured.push((mb, dev.download(h)?));
+                            out.captured.push((piece.mb, dev.download(h)?));
                         }
-                        let (y, s) = unit.forward(dev, batch, x.take(), g >= ctx.first_trainable, None)?;
+                        let arena = match unit {
+                            Unit::Attention(_) if sliced => Some(match arenas.entry((piece.mb, g)) {
+                                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                                std::collections::hash_map::Entry::Vacant(e) => {
+                                    e.insert(KvArena::new(dev, batch.batch, batch.whole_seq, ctx.spec.hidden)?)
+                                }
+                            }),
+                            _ => None,
+                        };
+                        let (y, s) = unit.forward(dev, batch, x.take(), g >= ctx.first_trainable, arena)?;
                         kept.push(s);
                         x = Some(y);
                     }
                     let y = x.ok_or_else(|| internal(format!("stage {stage}"), "has no units"))?;
-                    saved.insert((mb, stage), kept);
+                    saved.insert((piece, stage), kept);
                     if stage + 1 == s_count {
                         let head = units.last().ok_or_else(|| internal("pipeline", "empty last stage"))?;
                         let loss = head_loss(dev, ctx.spec, head, batch, &y, Some(ctx.grad_scale))?;
                         out.loss_sum += loss.loss_sum;
-                        dys.insert((mb, stage), loss.dlogits);
+                        dys.insert((piece, stage), loss.dlogits);
                     } else {
-                        acts.insert((mb, stage), y);
+                        acts.insert((piece, stage), y);
                     }
                 }
-                Action::Backward { mb, stage } => {
+                Action::Backward { piece, stage } => {
                     let first = ctx.plan.partition.stages[stage].start;
-                    let dy = take(&mut dys, (mb, stage), "gradient")?;
-                    let kept = take(&mut saved, (mb, stage), "saved activations")?;
-                    let batch = &batches[&mb];
+                    let dy = take(&mut dys, (piece, stage), "gradient")?;
+                    let kept = take(&mut saved, (piece, stage), "saved activations")?;
+                    let batch = &batches[&piece];
                     let units = self.units(stage)?;
                     // As `Model::backward`: stop at the frozen boundary; the unit just above it
                     // is not asked for its input gradient.
                     let mut cur = dy;
                     for (i, (unit, s)) in units.iter_mut().zip(kept).enumerate().rev() {
                         let Some(y) = cur.take() else { break };
-                        if first + i < ctx.first_trainable {
+                        let g = first + i;
+                        if g < ctx.first_trainable {
                             break;
                         }
-                        cur = unit.backward(dev, batch, s, &y, first + i > ctx.first_trainable, None)?;
+                        cur =
+                            unit.backward(dev, batch, s, &y, g > ctx.first_trainable, arenas.get_mut(&(piece.mb, g)))?;
+                    }
+                    // Slice 0 runs its backward last: the micro-batch's arenas on this stage are done.
+                    if piece.slice == 0 {
+                        arenas.retain(|&(mb, g), _| mb != piece.mb || !ctx.plan.partition.stages[stage].contains(&g));
                     }
                     if stage > 0 {
-                        dys.insert((mb, stage - 1), cur);
+                        dys.insert((piece, stage - 1), cur);
                     }
                 }
-                Action::SendActivation { mb, stage, to } => {
-                    let y = take(&mut acts, (mb, stage), "activation")?;
-                    ctx.shared.put(replica_base + to, Tag { gradient: false, mb, stage }, Some(dev.download(&y)?));
+                Action::SendActivation { piece, stage, to } => {
+                    let y = take(&mut acts, (piece, stage), "activation")?;
+                    let (key, _) = message(&action)?;
+                    ctx.shared.put(replica_base + to, key, Some(dev.download(&y)?));
                 }
-                Action::RecvActivation { mb, stage, .. } => {
-                    let data = ctx.shared.take(me, Tag { gradient: false, mb, stage })?.ok_or_else(|| {
-                        internal("pipeline", format!("empty activation of stage {stage}, micro-batch {mb}"))
+                Action::RecvActivation { piece, stage, .. } => {
+                    let (key, _) = message(&action)?;
+                    let data = ctx.shared.take(me, key)?.ok_or_else(|| {
+                        internal("pipeline", format!("empty activation of stage {stage}, piece {piece}"))
                     })?;
-                    acts.insert((mb, stage), dev.upload(&data)?);
+                    acts.insert((piece, stage), dev.upload(&data)?);
                 }
-                Action::SendGrad { mb, stage, to } => {
-                    let g = take(&mut dys, (mb, stage - 1), "gradient")?;
-                    let tag = Tag { gradient: true, mb, stage };
-                    ctx.shared.put(replica_base + to, tag, g.map(|g| dev.download(&g)).transpose()?);
+                Action::SendGrad { piece, stage, to } => {
+                    let g = take(&mut dys, (piece, stage - 1), "gradient")?;
+                    let (key, _) = message(&action)?;
+                    ctx.shared.put(replica_base + to, key, g.map(|g| dev.download(&g)).transpose()?);
                 }
-                Action::RecvGrad { mb, stage, .. } => {
-                    let data = ctx.shared.take(me, Tag { gradient: true, mb, stage })?;
-                    dys.insert((mb, stage - 1), data.map(|d| dev.upload(&d)).transpose()?);
+                Action::RecvGrad { piece, stage, .. } => {
+                    let (key, _) = message(&action)?;
+                    let data = ctx.shared.take(me, key)?;
+                    dys.insert((piece, stage - 1), data.map(|d| dev.upload(&d)).transpose()?);
                 }
                 Action::AllReduce { stage } if self.communicator.is_some() => {
                     // A device communicator (NCCL queues on the GPU's stream, so it overlaps
@@ -263,6 +285,11 @@ impl<D: Device> Worker<'_, D> {
         }
         Ok(out)
     }
+}
+
+/// A send's or receive's message key and peer.
+fn message(action: &Action) -> Result<(MessageKey, usize)> {
+    action.message().ok_or_else(|| internal("pipeline", format!("{action:?} carries no message")))
 }
 
 /// Receives a reduced bucket, giving up when the step aborts.
