@@ -45,6 +45,7 @@ pub mod pipeline;
 pub mod rng;
 pub mod run;
 pub mod scalar;
+pub mod terapipe;
 pub mod testing;
 pub mod text;
 pub mod train;

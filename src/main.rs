@@ -9,6 +9,7 @@ use pipetransformer::model::{Batch, BertConfig, GptConfig, HeadSpec, Model, Mode
 use pipetransformer::optim::{LrSchedule, Optimizer, OptimizerConfig, train_step};
 use pipetransformer::pipeline::ScheduleKind;
 use pipetransformer::run::{Job, RunConfig};
+use pipetransformer::terapipe::TokenSlices;
 use pipetransformer::train::Event;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -70,6 +71,11 @@ struct PipelineArgs {
     /// its FLOP count (always on with AutoPipe).
     #[arg(long)]
     profile: bool,
+    /// TeraPipe (causal language models): cut every sequence into token slices that flow
+    /// through the pipeline one after another: `auto` (the planner's choice), a number of
+    /// near-equal slices, or lengths such as `32,32,64`.
+    #[arg(long, value_parser = parse_from_str::<TokenSlices>)]
+    token_slices: Option<TokenSlices>,
 }
 
 /// PipeTransformer (`train`, `plan`); each flag overrides the run config's `[elastic]` key of
@@ -123,6 +129,7 @@ fn overrides(pipeline: &PipelineArgs, elastic: &ElasticArgs) -> Vec<String> {
     set("pipeline.schedule", json(pipeline.schedule.and_then(|k| serde_json::to_value(k).ok())));
     set("pipeline.chunks", pipeline.chunks.map(|v| v.to_string()));
     set("pipeline.profile", pipeline.profile.then(|| "true".into()));
+    set("pipeline.token_slices", json(pipeline.token_slices.as_ref().and_then(|t| serde_json::to_value(t).ok())));
     set("elastic.freeze", json(elastic.freeze.and_then(|f| serde_json::to_value(f).ok())));
     set("elastic.alpha", elastic.alpha.map(|v| format!("{v:?}")));
     set("elastic.freeze_interval", json(elastic.freeze_interval.and_then(|f| serde_json::to_value(f).ok())));

@@ -6,6 +6,7 @@ use crate::elastic::ElasticConfig;
 use crate::error::{Error, Result, config_error};
 use crate::model::{ModelConfig, Pooling};
 use crate::pipeline::{PipelineConfig, ScheduleKind};
+use crate::terapipe::TokenSlices;
 use crate::train::TrainConfig;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -139,6 +140,9 @@ pub struct PipelineSection {
     pub memory_limit: Option<usize>,
     /// Partition by each unit's measured time on the device instead of its FLOPs.
     pub profile: bool,
+    /// TeraPipe's token slices (`"auto"`, a count, or lengths such as `"32,32,64"`; causal
+    /// language models only).
+    pub token_slices: TokenSlices,
 }
 
 impl Default for PipelineSection {
@@ -152,6 +156,7 @@ impl Default for PipelineSection {
             chunks: None,
             memory_limit: None,
             profile: false,
+            token_slices: TokenSlices::Off,
         }
     }
 }

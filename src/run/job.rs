@@ -11,8 +11,9 @@ use crate::elastic::autodp::rebuild_communicators;
 use crate::elastic::controller::Surroundings;
 use crate::error::{Error, Result, config_error, internal};
 use crate::files::{self, io_error};
-use crate::model::{Family, InputSpec, Model, ModelConfig};
+use crate::model::{Family, HeadSpec, InputSpec, Model, ModelConfig, Spec};
 use crate::pipeline::{Pipeline, UnitProfile, unit_profiles};
+use crate::terapipe::TokenSlices;
 use crate::text::{TextInput, TextItem, TextTokenizer, text_batch};
 use crate::train::{BatchSource, EvalMetrics, Event, Trainer};
 use crate::weights::{self, LoadOptions, LoadReport};
@@ -177,6 +178,31 @@ pub struct Summary {
     pub unigram_baseline_loss: Option<f64>,
 }
 
+/// The token slices `config` asks for, for sequences of `seq` tokens: checked against the model
+/// (a causal language model) and the rest of the run (no activation cache) before any work.
+fn token_slices(config: &RunConfig, spec: &Spec, seq: usize) -> Result<Vec<usize>> {
+    let request = &config.pipeline.token_slices;
+    if *request == TokenSlices::Off {
+        return Ok(Vec::new());
+    }
+    if !spec.causal || spec.head != HeadSpec::TiedLmHead {
+        return Err(config_error(
+            "pipeline.token_slices",
+            format!(
+                "token slicing needs a causal language model (GPT); this {:?} model attends in both directions or classifies whole sequences",
+                spec.family
+            ),
+        ));
+    }
+    if config.elastic.cache {
+        return Err(config_error(
+            "pipeline.token_slices",
+            "the frozen-activation cache (elastic.cache) does not take token slices",
+        ));
+    }
+    request.lengths(seq)
+}
+
 /// A run: its config, data, trainer, elastic controller and output paths.
 pub struct Job<D: Device> {
     /// The configuration.
@@ -215,6 +241,8 @@ impl<D: Device> Job<D> {
         // The units' costs, measured where AutoPipe balances on them, for one micro-batch of
         // the first training batch; kept per sample.
         let first = source.train_batch(0, 0)?;
+        let mut plan = plan;
+        plan.token_slices = token_slices(&config, &spec, first.seq)?;
         let micro = first.split((plan.replicas * plan.micro_batches).clamp(1, first.batch))?.swap_remove(0);
         let measure = config.pipeline.profile || config.elastic.auto_pipe;
         let per_sample: Vec<UnitProfile> = unit_profiles(&devices[0], &mut model, &micro, measure)?

@@ -1,0 +1,141 @@
+//! What a user asks for with `--token-slices` (or `[pipeline] token_slices`): no slicing, a
+//! number of near-equal slices, explicit lengths, or `auto` (the planner's choice); and the
+//! lengths a request means for a sequence of a given length.
+
+use crate::error::{Error, Result, config_error};
+use std::fmt;
+use std::str::FromStr;
+
+/// A token-slicing request.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum TokenSlices {
+    /// Whole sequences (no TeraPipe).
+    #[default]
+    Off,
+    /// The slicing the planner chooses from the device's measured latencies.
+    Auto,
+    /// `n` slices of near-equal length (the first `L mod n` one token longer).
+    Count(usize),
+    /// These lengths, in order; they must add up to the sequence length.
+    Lengths(Vec<usize>),
+}
+
+const EXPECTED: &str = "expected `off`, `auto`, a number of slices, or lengths such as `32,32,64`";
+
+impl FromStr for TokenSlices {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = |message: String| Err(config_error("token_slices", message));
+        match s.trim() {
+            "" | "off" => Ok(TokenSlices::Off),
+            "auto" => Ok(TokenSlices::Auto),
+            text => {
+                let parts: Vec<&str> = text.split(',').map(str::trim).collect();
+                let mut lengths = Vec::with_capacity(parts.len());
+                for p in &parts {
+                    match p.parse::<usize>() {
+                        Ok(0) => return bad(format!("`{text}` has a zero-length slice; every slice needs a token")),
+                        Ok(n) => lengths.push(n),
+                        Err(_) => return bad(format!("`{text}` is not a slicing: `{p}` is not a length; {EXPECTED}")),
+                    }
+                }
+                Ok(if lengths.len() == 1 { TokenSlices::Count(lengths[0]) } else { TokenSlices::Lengths(lengths) })
+            }
+        }
+    }
+}
+
+impl fmt::Display for TokenSlices {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TokenSlices::Off => f.write_str("off"),
+            TokenSlices::Auto => f.write_str("auto"),
+            TokenSlices::Count(n) => write!(f, "{n}"),
+            TokenSlices::Lengths(l) => f.write_str(&l.iter().map(usize::to_string).collect::<Vec<_>>().join(",")),
+        }
+    }
+}
+
+impl serde::Serialize for TokenSlices {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for TokenSlices {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        // A TOML integer (`token_slices = 4`) or string (`"auto"`, `"32,32,64"`).
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Count(usize),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Count(n) => Ok(if n == 0 { TokenSlices::Off } else { TokenSlices::Count(n) }),
+            Raw::Text(t) => t.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+impl TokenSlices {
+    /// The lengths this request means for sequences of `seq` tokens (empty: unsliced). `Auto`
+    /// is the planner's to resolve and is an error here.
+    pub fn lengths(&self, seq: usize) -> Result<Vec<usize>> {
+        let bad = |message: String| Err(config_error("token_slices", message));
+        match self {
+            TokenSlices::Off | TokenSlices::Count(1) => Ok(Vec::new()),
+            TokenSlices::Auto => bad("`auto` is chosen by the slicing planner, not here".into()),
+            TokenSlices::Count(n) if *n > seq => {
+                bad(format!("{n} slices of a {seq}-token sequence: more slices than tokens"))
+            }
+            TokenSlices::Count(n) => Ok(uniform(seq, *n)),
+            TokenSlices::Lengths(l) => {
+                let total: usize = l.iter().sum();
+                if total != seq {
+                    return bad(format!("{self} covers {total} tokens; the sequences have {seq}"));
+                }
+                Ok(l.clone())
+            }
+        }
+    }
+}
+
+/// `n` near-equal lengths adding up to `seq` (the first `seq mod n` one longer).
+pub fn uniform(seq: usize, n: usize) -> Vec<usize> {
+    (0..n).map(|i| seq / n + usize::from(i < seq % n)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_parse_print_and_resolve() {
+        for (text, want) in [
+            ("off", TokenSlices::Off),
+            ("auto", TokenSlices::Auto),
+            ("4", TokenSlices::Count(4)),
+            ("32, 32,64", TokenSlices::Lengths(vec![32, 32, 64])),
+        ] {
+            let got: TokenSlices = text.parse().unwrap();
+            assert_eq!(got, want, "{text}");
+            assert_eq!(got.to_string().parse::<TokenSlices>().unwrap(), want);
+        }
+        assert_eq!(TokenSlices::Count(3).lengths(8).unwrap(), vec![3, 3, 2]);
+        assert_eq!(TokenSlices::Count(1).lengths(8).unwrap(), Vec::<usize>::new());
+        assert_eq!(TokenSlices::Lengths(vec![5, 3]).lengths(8).unwrap(), vec![5, 3]);
+    }
+
+    #[test]
+    fn bad_requests_name_what_is_wrong() {
+        for (text, needle) in [("3,0,5", "zero-length"), ("two", "`two` is not a length"), ("4,x", "`x` is not")] {
+            let err = text.parse::<TokenSlices>().unwrap_err().to_string();
+            assert!(err.contains("token_slices") && err.contains(needle), "{text}: {err}");
+        }
+        let err = TokenSlices::Lengths(vec![5, 4]).lengths(8).unwrap_err().to_string();
+        assert!(err.contains("covers 9 tokens; the sequences have 8"), "{err}");
+        let err = TokenSlices::Count(9).lengths(8).unwrap_err().to_string();
+        assert!(err.contains("more slices than tokens"), "{err}");
+    }
+}
