@@ -43,6 +43,7 @@ if [[ "${1:-}" == "--bundle" ]]; then
     objcopy --strip-debug "$(pick bin pipetransformer)" "$DIR/bin/pipetransformer"
     objcopy --strip-debug "$(pick test kernels)" "$DIR/bin/test-kernels"
     objcopy --strip-debug "$(pick test emu_training)" "$DIR/bin/test-emu-training"
+    objcopy --strip-debug "$(pick test terapipe)" "$DIR/bin/test-terapipe"
     objcopy --strip-debug "$(pick bench kernels)" "$DIR/bin/bench-kernels"
     tar -C tools -cf - cuda/cuda_nvrtc/lib/libnvrtc.so.12 cuda/cuda_nvrtc/lib/libnvrtc-builtins.so.12.9 \
         cuda/cuda_runtime/include cuda/cuda_nvcc/include | xz -9 -T0 >"$DIR/cuda.tar.xz"
@@ -97,6 +98,7 @@ if [[ -n "$PREBUILT" ]]; then
     PT="$PREBUILT/bin/pipetransformer"
     TEST_KERNELS=("$PREBUILT/bin/test-kernels")
     TEST_TRAINING=("$PREBUILT/bin/test-emu-training")
+    TEST_TERAPIPE=("$PREBUILT/bin/test-terapipe" cuda_emu)
     BENCH_KERNELS=("$PREBUILT/bin/bench-kernels" --bench)
 else
     step "setup (CUDA wheels, data)" bash scripts/setup.sh cuda hamlet digits
@@ -104,11 +106,13 @@ else
     PT="target/release/pipetransformer"
     TEST_KERNELS=(cargo test --release --test kernels --)
     TEST_TRAINING=(cargo test --release --test emu_training --)
+    TEST_TERAPIPE=(cargo test --release --test terapipe -- cuda_emu)
     BENCH_KERNELS=(cargo bench --bench kernels)
 fi
 
 step "kernel tests on cuda" env PT_TEST_DEVICE=cuda "${TEST_KERNELS[@]}"
 step "training follows cpu on cuda" env PT_TEST_DEVICE=cuda "${TEST_TRAINING[@]}"
+step "token-sliced steps equal unsliced ones on cuda" env PT_TEST_DEVICE=cuda "${TEST_TERAPIPE[@]}"
 step "training step, f32" "$PT" bench-step --device cuda --precision f32 --steps 20 --warmup 3
 step "training step, bf16" "$PT" bench-step --device cuda --precision bf16 --steps 20 --warmup 3
 step "kernel benchmarks" "${BENCH_KERNELS[@]}"

@@ -3,14 +3,14 @@
 //! (embedding, attention probabilities, residual branches), with and without a frozen prefix, on
 //! one device (`Model::forward_backward_sliced`) and through the pipeline runtime for K in
 //! {1, 2, 4}, M in {1, 2}, GPipe and 1F1B over slices; on the `cpu` backend and on `cuda-emu`
-//! (the GPU kernels emulated). What a bug would change: a dropout mask placed by the slice's
+//! (the GPU kernels emulated; with `PT_TEST_DEVICE=cuda`, a real GPU). What a bug would change: a dropout mask placed by the slice's
 //! shape, a key/value gradient not accumulated across slices, position ids restarting at each
 //! slice, a loss scaled per slice, or a schedule that runs a slice before the one it reads.
 
 mod common;
 
 use common::{params_rel, tiny_batch, tiny_gpt};
-use pipetransformer::device::{CpuDevice, Device, Precision};
+use pipetransformer::device::{CpuDevice, Device, GpuDevice, Precision};
 use pipetransformer::model::{Batch, Model, ModelConfig};
 use pipetransformer::optim::{Optimizer, OptimizerConfig, clip_grad_norm};
 use pipetransformer::pipeline::{Pipeline, PipelineConfig, ScheduleKind, unit_profiles};
@@ -84,6 +84,15 @@ fn check<D: Device>(dev: &D, what: &str) {
     }
 }
 
+/// Emulated GPU `i` (f32), or the GPU itself under `PT_TEST_DEVICE=cuda` (every device of a
+/// pipeline on GPU 0).
+fn gpu(i: usize) -> GpuDevice {
+    match std::env::var("PT_TEST_DEVICE").as_deref() {
+        Ok("cuda") => pipetransformer::device::cuda::device(0, Precision::F32).unwrap(),
+        _ => pipetransformer::device::emu::device(i, Precision::F32, 1 + i as u64).unwrap(),
+    }
+}
+
 #[test]
 fn sliced_steps_equal_unsliced_on_cpu() {
     check(&CpuDevice::<f32>::new(0, 1).unwrap(), "cpu");
@@ -91,7 +100,7 @@ fn sliced_steps_equal_unsliced_on_cpu() {
 
 #[test]
 fn sliced_steps_equal_unsliced_on_cuda_emu() {
-    check(&pipetransformer::device::emu::device(0, Precision::F32, 1).unwrap(), "cuda-emu");
+    check(&gpu(0), "cuda-emu");
 }
 
 /// `(loss, grad norm)` of `STEPS` steps through a pipeline on `devices` as `plan` says, and
@@ -161,7 +170,7 @@ fn sliced_pipelines_equal_the_unsliced_step_on_cpu() {
 #[test]
 fn sliced_pipelines_equal_the_unsliced_step_on_cuda_emu() {
     check_pipelines(
-        |k| (0..k).map(|i| pipetransformer::device::emu::device(i, Precision::F32, 1 + i as u64).unwrap()).collect(),
+        |k| (0..k).map(gpu).collect(),
         "cuda-emu",
     );
 }

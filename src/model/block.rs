@@ -11,7 +11,7 @@ use super::config::{NormPlacement, Spec};
 use super::dropout::DropoutSite;
 use super::embedding::missing_saved;
 use super::kv_arena::{Kv, KvArena};
-use super::layers::{INIT_STD, LayerNorm, LayerNormSaved, Linear};
+use super::layers::{INIT_STD, LayerNorm, LayerNormSaved, Linear, len_of};
 use super::param::Param;
 use crate::device::Device;
 use crate::error::Result;
@@ -37,6 +37,13 @@ pub struct ResidualSaved<D: Device> {
     /// Post-LN: `x + drop(f(x))`, the norm input.
     sum: Option<D::Buf>,
     stats: LayerNormSaved<D>,
+}
+
+impl<D: Device> ResidualSaved<D> {
+    /// Elements held.
+    pub fn elements(&self) -> usize {
+        D::len(&self.x) + len_of::<D>(self.normed.as_ref()) + len_of::<D>(self.sum.as_ref()) + self.stats.elements()
+    }
 }
 
 /// A unit's output and, when saved, what its backward needs: the residual's activations and the
@@ -155,6 +162,14 @@ pub struct AttentionBranchSaved<D: Device> {
     kv: Option<(D::Buf, D::Buf)>,
     probs: D::Buf,
     attended: D::Buf,
+}
+
+impl<D: Device> AttentionBranchSaved<D> {
+    /// Elements held.
+    pub fn elements(&self) -> usize {
+        let kv = self.kv.as_ref().map_or(0, |(k, v)| D::len(k) + D::len(v));
+        D::len(&self.q) + kv + D::len(&self.probs) + D::len(&self.attended)
+    }
 }
 
 /// Activations an attention unit keeps for its backward.
@@ -331,6 +346,13 @@ pub struct MlpUnit<D: Device> {
 pub struct MlpBranchSaved<D: Device> {
     pre_act: D::Buf,
     act: D::Buf,
+}
+
+impl<D: Device> MlpBranchSaved<D> {
+    /// Elements held.
+    pub fn elements(&self) -> usize {
+        D::len(&self.pre_act) + D::len(&self.act)
+    }
 }
 
 /// Activations an MLP unit keeps for its backward.

@@ -3,7 +3,7 @@
 
 use super::batch::{Batch, DropoutLayout};
 use super::dropout::DropoutSite;
-use super::layers::{INIT_STD, LayerNorm, LayerNormSaved, Linear, normal_init};
+use super::layers::{INIT_STD, LayerNorm, LayerNormSaved, Linear, len_of, normal_init};
 use super::param::Param;
 use crate::device::Device;
 use crate::error::{Error, Result, data_error};
@@ -56,6 +56,13 @@ pub struct EmbeddingSaved<D: Device> {
     pre_norm: Option<(D::Buf, LayerNormSaved<D>)>,
     /// Extracted patches `[B·N, ch·p·p]`, image models.
     patches: Option<D::Buf>,
+}
+
+impl<D: Device> EmbeddingSaved<D> {
+    /// Elements held.
+    pub fn elements(&self) -> usize {
+        self.pre_norm.as_ref().map_or(0, |(x, s)| D::len(x) + s.elements()) + len_of::<D>(self.patches.as_ref())
+    }
 }
 
 impl<D: Device> EmbeddingUnit<D> {

@@ -5,7 +5,7 @@ use super::batch::{Batch, DropoutLayout};
 use super::config::Pooling;
 use super::dropout::DropoutSite;
 use super::embedding::missing_saved;
-use super::layers::{LayerNorm, LayerNormSaved, Linear};
+use super::layers::{LayerNorm, LayerNormSaved, Linear, len_of};
 use super::param::Param;
 use crate::device::Device;
 use crate::error::Result;
@@ -20,6 +20,13 @@ pub struct FinalNormUnit<D: Device> {
 pub struct FinalNormSaved<D: Device> {
     x: D::Buf,
     stats: LayerNormSaved<D>,
+}
+
+impl<D: Device> FinalNormSaved<D> {
+    /// Elements held.
+    pub fn elements(&self) -> usize {
+        D::len(&self.x) + self.stats.elements()
+    }
 }
 
 impl<D: Device> FinalNormUnit<D> {
@@ -77,6 +84,13 @@ pub struct HeadSaved<D: Device> {
     pooled_tanh: Option<D::Buf>,
     /// The classifier's input (after dropout).
     classifier_in: Option<D::Buf>,
+}
+
+impl<D: Device> HeadSaved<D> {
+    /// Elements held.
+    pub fn elements(&self) -> usize {
+        D::len(&self.x) + len_of::<D>(self.pooled_tanh.as_ref()) + len_of::<D>(self.classifier_in.as_ref())
+    }
 }
 
 impl<D: Device> HeadUnit<D> {

@@ -107,6 +107,18 @@ pub struct LayerNormSaved<D: Device> {
     pub rstd: D::Buf,
 }
 
+impl<D: Device> LayerNormSaved<D> {
+    /// Elements held.
+    pub fn elements(&self) -> usize {
+        D::len(&self.mean) + D::len(&self.rstd)
+    }
+}
+
+/// Elements of an optional buffer (0 when absent).
+pub(crate) fn len_of<D: Device>(b: Option<&D::Buf>) -> usize {
+    b.map_or(0, D::len)
+}
+
 /// LayerNorm over the hidden dimension.
 pub struct LayerNorm<D: Device> {
     /// Scale, initialised to 1.

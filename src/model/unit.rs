@@ -44,6 +44,21 @@ pub enum Saved<D: Device> {
     Head(HeadSaved<D>),
 }
 
+impl<D: Device> Saved<D> {
+    /// Elements of activations held for the backward (what a pipeline stage's memory holds per
+    /// piece in flight).
+    pub fn elements(&self) -> usize {
+        match self {
+            Saved::None => 0,
+            Saved::Embedding(s) => s.elements(),
+            Saved::Attention((r, b)) => r.elements() + b.elements(),
+            Saved::Mlp((r, b)) => r.elements() + b.elements(),
+            Saved::FinalNorm(s) => s.elements(),
+            Saved::Head(s) => s.elements(),
+        }
+    }
+}
+
 /// A unit's size and cost per sample, at a given sequence length: what the partitioner and
 /// the memory model of the pipeline planner consume.
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]

@@ -53,6 +53,9 @@ pub struct PipelineStep {
     pub frozen_output: Option<Hidden>,
     /// When each action ran.
     pub trace: StepTrace,
+    /// Per device (replica-major), the most activation elements it held at once for the
+    /// backward: saved activations of the pieces in flight plus TeraPipe's key/value arenas.
+    pub peak_activations: Vec<usize>,
 }
 
 /// How to run one step besides its batch.
@@ -329,6 +332,7 @@ impl<D: Device> Pipeline<D> {
         } else {
             None
         };
+        let peak_activations = outputs.iter().map(|o| o.peak_activations).collect();
         let mut trace = StepTrace { per_device: outputs.into_iter().map(|o| o.spans).collect(), makespan: 0.0 };
 
         // The end of a one-device step: tied copies, global norm, clipping, optimizers.
@@ -345,7 +349,15 @@ impl<D: Device> Pipeline<D> {
             }
         }
         trace.makespan = trace.per_device.iter().flatten().map(|s| s.end).fold(0.0, f64::max);
-        Ok(PipelineStep { loss: loss_sum * grad_scale, grad_norm, applied, unit_grad_sq, frozen_output, trace })
+        Ok(PipelineStep {
+            loss: loss_sum * grad_scale,
+            grad_norm,
+            applied,
+            unit_grad_sq,
+            frozen_output,
+            trace,
+            peak_activations,
+        })
     }
 
     fn check_hidden(&self, host: &HostBatch, h: &Hidden, first_trainable: usize) -> Result<()> {

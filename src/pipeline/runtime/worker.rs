@@ -45,6 +45,9 @@ pub(super) struct WorkerOutput {
     pub spans: Vec<Span>,
     /// `(micro-batch, the frozen prefix's output)` when the step asked to capture it.
     pub captured: Vec<(usize, Vec<f32>)>,
+    /// The most activation elements this device held at once for backwards to come: saved
+    /// activations of the pieces in flight, plus the key/value arenas (and their gradients).
+    pub peak_activations: usize,
 }
 
 /// The stages one device runs in a step: `(stage, its units)`.
@@ -133,8 +136,13 @@ impl<D: Device> Worker<'_, D> {
         // TeraPipe: each attention unit's keys and values of a micro-batch, by (mb, unit).
         let mut arenas: HashMap<(usize, usize), KvArena<D>> = HashMap::new();
         let mut pending = 0usize;
-        let mut out =
-            WorkerOutput { loss_sum: 0.0, spans: Vec::with_capacity(self.actions.len()), captured: Vec::new() };
+        let mut out = WorkerOutput {
+            loss_sum: 0.0,
+            spans: Vec::with_capacity(self.actions.len()),
+            captured: Vec::new(),
+            peak_activations: 0,
+        };
+        let mut saved_elements = 0usize;
         for (i, &action) in self.actions.iter().enumerate() {
             if let Some(f) = ctx.fault.filter(|f| f.device == me && f.action == i) {
                 if f.panic {
@@ -183,6 +191,7 @@ impl<D: Device> Worker<'_, D> {
                         x = Some(y);
                     }
                     let y = x.ok_or_else(|| internal(format!("stage {stage}"), "has no units"))?;
+                    saved_elements += kept.iter().map(Saved::elements).sum::<usize>();
                     saved.insert((piece, stage), kept);
                     if stage + 1 == s_count {
                         let head = units.last().ok_or_else(|| internal("pipeline", "empty last stage"))?;
@@ -197,6 +206,7 @@ impl<D: Device> Worker<'_, D> {
                     let first = ctx.plan.partition.stages[stage].start;
                     let dy = take(&mut dys, (piece, stage), "gradient")?;
                     let kept = take(&mut saved, (piece, stage), "saved activations")?;
+                    saved_elements -= kept.iter().map(Saved::elements).sum::<usize>();
                     let batch = &batches[&piece];
                     let units = self.units(stage)?;
                     // As `Model::backward`: stop at the frozen boundary; the unit just above it
@@ -280,6 +290,10 @@ impl<D: Device> Worker<'_, D> {
                     }
                     pending = 0;
                 }
+            }
+            if matches!(action, Action::Forward { .. } | Action::Backward { .. }) {
+                let arena: usize = arenas.values().map(KvArena::elements).sum();
+                out.peak_activations = out.peak_activations.max(saved_elements + arena);
             }
             out.spans.push(Span { action, start, end: ctx.shared.now() });
         }
