@@ -69,12 +69,15 @@ fn main() {
     println!("cargo:rustc-env=PT_EMU_LIB_ASAN={}", asan.display());
 }
 
-/// Names of the `extern "C" __global__ void NAME(` kernels in a source file.
+/// Names of the `extern "C" __global__ void [__launch_bounds__(…)] NAME(` kernels in a source file.
 fn kernel_names(text: &str) -> Vec<String> {
     let key = "extern \"C\" __global__ void ";
     text.match_indices(key)
         .filter_map(|(i, _)| {
-            let rest = &text[i + key.len()..];
+            let mut rest = &text[i + key.len()..];
+            if let Some(bounds) = rest.strip_prefix("__launch_bounds__(") {
+                rest = bounds[bounds.find(')')? + 1..].trim_start();
+            }
             let end = rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))?;
             Some(rest[..end].to_string()).filter(|n| !n.is_empty())
         })

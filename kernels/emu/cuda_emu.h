@@ -287,6 +287,31 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) {
 }
 inline __nv_bfloat16 __float2bfloat16(float f) { return __float2bfloat16_rn(f); }
 inline float __bfloat162float(__nv_bfloat16 b) { return __uint_as_float(static_cast<unsigned>(b.__x) << 16); }
+// The raw bits, as <cuda_bf16.h> gives them (for packing two values into one 32-bit word).
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.__x; }
+inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) { return {u}; }
+
+// ---- vector types ------------------------------------------------------------------------------
+// CUDA's built-in uint2/uint4/float2/float4 with their alignment, so that a load through a cast
+// pointer moves 8 or 16 bytes at once and a misaligned one is as wrong as on the GPU (ASan and
+// UBSan see it). may_alias: kernels read bf16 and f32 arrays through them, as CUDA code does,
+// and g++'s type-based alias analysis must not reorder those accesses around the typed ones.
+struct __attribute__((aligned(8), may_alias)) uint2 {
+    unsigned x, y;
+};
+struct __attribute__((aligned(16), may_alias)) uint4 {
+    unsigned x, y, z, w;
+};
+struct __attribute__((aligned(8), may_alias)) float2 {
+    float x, y;
+};
+struct __attribute__((aligned(16), may_alias)) float4 {
+    float x, y, z, w;
+};
+inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 
 // ---- wmma (bf16 inputs, f32 accumulator, 16×16×16) ---------------------------------------------
 namespace nvcuda::wmma {

@@ -5,10 +5,26 @@ use pipetransformer::Error;
 use pipetransformer::device::{Device, Precision};
 
 /// `(rows, in_dim, out_dim)`: an empty product (out = bias; dinp = 0) and an empty output, single
-/// elements, sizes below one tile, one past a tile edge, and K spanning several 32-deep stages
-/// with a ragged last one.
-const SHAPES: [(usize, usize, usize); 7] =
-    [(4, 0, 3), (4, 3, 0), (1, 1, 1), (13, 17, 33), (70, 385, 13), (65, 33, 70), (3, 129, 1)];
+/// elements, sizes below one tile, one past a tile edge, and K spanning several 32- or 64-deep
+/// stages with a ragged last one. The last three have the line strides that take the bf16
+/// kernel's 16-byte loads (multiples of 8 elements, or of 4 for the f32 weight and the output)
+/// over several tiles and stages, with ragged tile edges in every dimension. The two with many
+/// rows and a small weight have their weight gradient split over rows (2 and 3 slices, the last
+/// one short).
+const SHAPES: [(usize, usize, usize); 12] = [
+    (4, 0, 3),
+    (4, 3, 0),
+    (1, 1, 1),
+    (13, 17, 33),
+    (70, 385, 13),
+    (65, 33, 70),
+    (3, 129, 1),
+    (136, 200, 72),
+    (100, 132, 84),
+    (203, 96, 40),
+    (600, 24, 40),
+    (1000, 72, 20),
+];
 
 const PRECISIONS: [Precision; 2] = [Precision::F32, Precision::Bf16];
 
