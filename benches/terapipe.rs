@@ -9,7 +9,7 @@
 use pipetransformer::device::CpuDevice;
 use pipetransformer::model::{GptConfig, Model, ModelConfig};
 use pipetransformer::optim::OptimizerConfig;
-use pipetransformer::pipeline::{Action, Pipeline, PipelineConfig, ScheduleKind, profile_units};
+use pipetransformer::pipeline::{Action, Pipeline, PipelineConfig, ScheduleKind, unit_profiles};
 use pipetransformer::terapipe::uniform;
 use std::time::Instant;
 
@@ -46,7 +46,9 @@ fn main() {
             let devices: Vec<CpuDevice<f32>> = (0..k).map(|i| CpuDevice::new(i, 1).unwrap()).collect();
             let mut model = Model::new(&devices[0], &config, 1).unwrap();
             let host = pipetransformer::bench::random_batch(&config, batch, seq, 2);
-            let profiles = profile_units(&devices[0], &mut model, &host, 2).unwrap();
+            // Stages cut by FLOPs, the same for every row (measured times would move the cuts,
+            // and with them each device's memory, from row to row).
+            let profiles = unit_profiles(&devices[0], &mut model, &host, false).unwrap();
             let token_slices = if n > 1 { uniform(seq, n) } else { Vec::new() };
             let plan =
                 PipelineConfig { pipeline_len: k, micro_batches: 1, schedule, token_slices, ..Default::default() };
