@@ -17,6 +17,9 @@ use pipetransformer::pipeline::{Pipeline, PipelineConfig, ScheduleKind, unit_pro
 
 const STEPS: usize = 3;
 
+/// `(loss, grad norm)` of each step, and the final weights by name.
+type Run = (Vec<(f64, f64)>, Vec<(String, Vec<f64>)>);
+
 /// Every parameter's value, by name.
 fn weights<D: Device>(dev: &D, model: &Model<D>) -> Vec<(String, Vec<f64>)> {
     model
@@ -29,12 +32,7 @@ fn weights<D: Device>(dev: &D, model: &Model<D>) -> Vec<(String, Vec<f64>)> {
 
 /// `(loss, grad norm)` of each of `STEPS` AdamW steps on the tiny GPT batch, cut into `slices`
 /// (`None`: the whole sequence), and the final weights.
-fn run<D: Device>(
-    dev: &D,
-    config: &ModelConfig,
-    slices: Option<&[usize]>,
-    frozen: usize,
-) -> (Vec<(f64, f64)>, Vec<(String, Vec<f64>)>) {
+fn run<D: Device>(dev: &D, config: &ModelConfig, slices: Option<&[usize]>, frozen: usize) -> Run {
     let mut model = Model::new(dev, config, 1).unwrap();
     model.freeze_prefix(dev, frozen).unwrap();
     let host = tiny_batch(config, 2);
@@ -105,11 +103,7 @@ fn sliced_steps_equal_unsliced_on_cuda_emu() {
 
 /// `(loss, grad norm)` of `STEPS` steps through a pipeline on `devices` as `plan` says, and
 /// the final weights.
-fn run_pipeline<D: Device>(
-    devices: Vec<D>,
-    config: &ModelConfig,
-    plan: PipelineConfig,
-) -> (Vec<(f64, f64)>, Vec<(String, Vec<f64>)>) {
+fn run_pipeline<D: Device>(devices: Vec<D>, config: &ModelConfig, plan: PipelineConfig) -> Run {
     let mut model = Model::new(&devices[0], config, 1).unwrap();
     let host = tiny_batch(config, 2);
     let profiles = unit_profiles(&devices[0], &mut model, &host, false).unwrap();
@@ -169,10 +163,7 @@ fn sliced_pipelines_equal_the_unsliced_step_on_cpu() {
 
 #[test]
 fn sliced_pipelines_equal_the_unsliced_step_on_cuda_emu() {
-    check_pipelines(
-        |k| (0..k).map(gpu).collect(),
-        "cuda-emu",
-    );
+    check_pipelines(|k| (0..k).map(gpu).collect(), "cuda-emu");
 }
 
 /// The dropout masks matter: with them placed by the slice's shape instead of the sequence's,

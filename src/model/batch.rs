@@ -200,7 +200,7 @@ impl HostBatch {
         if self.targets.len() != self.batch * self.seq {
             return bad("only language-model batches (a target per token) can be sliced".into());
         }
-        if self.attention_mask.as_ref().is_some_and(|m| m.iter().any(|&x| x == 0)) || self.hidden.is_some() {
+        if self.attention_mask.as_ref().is_some_and(|m| m.contains(&0)) || self.hidden.is_some() {
             return bad("sequences with padding or cached hidden states cannot be sliced".into());
         }
         let mut start = 0;
@@ -217,7 +217,7 @@ impl HostBatch {
                     attention_mask: None,
                     targets: cols(&self.targets),
                     position_offset: self.position_offset + start,
-                    whole_seq: self.seq,
+                    whole_seq: if self.whole_seq > 0 { self.whole_seq } else { self.seq },
                     ..self.clone()
                 };
                 start += len;

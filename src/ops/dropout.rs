@@ -243,7 +243,7 @@ mod tests {
         let mut sliced = vec![0.0f32; batch * len * width];
         dropout_forward(&mut sliced, &pick(&whole_in), 0.4, at).unwrap();
         assert_eq!(sliced, pick(&whole));
-        assert!(sliced.iter().any(|&v| v == 0.0) && sliced.iter().any(|&v| v != 0.0));
+        assert!(sliced.contains(&0.0) && sliced.iter().any(|&v| v != 0.0));
         // A row no longer than a chunk and one longer than several: the chunked walk agrees with
         // `counter`.
         for row in [7u32, (3 * CHUNK + 1) as u32] {
