@@ -72,8 +72,8 @@ struct PipelineArgs {
     #[arg(long)]
     profile: bool,
     /// TeraPipe (causal language models): cut every sequence into token slices that flow
-    /// through the pipeline one after another: `auto` (the planner's choice), a number of
-    /// near-equal slices, or lengths such as `32,32,64`.
+    /// through the pipeline one after another: a number of near-equal slices, or lengths such
+    /// as `32,32,64` (`auto`, the planner's choice, is not built yet).
     #[arg(long, value_parser = parse_from_str::<TokenSlices>)]
     token_slices: Option<TokenSlices>,
 }

@@ -194,3 +194,20 @@ fn bad_slicings_are_refused_with_the_reason() {
     let err = bert.token_slices(&[3, 4]).unwrap_err().to_string();
     assert!(err.contains("language-model") || err.contains("padding"), "{err}");
 }
+
+/// The plan's predicted bubble counts pieces: `n` slices of `M` micro-batches fill and drain
+/// like `M·n` micro-batches a slice long.
+#[test]
+fn predicted_bubble_counts_slices() {
+    use pipetransformer::pipeline::{Plan, UnitProfile};
+    let unit = UnitProfile { forward: 1.0, backward: 2.0, params: 10, activation_bytes: 100, trainable: true };
+    let names: Vec<String> = (0..4).map(|i| format!("u{i}")).collect();
+    for (slices, m, want) in [(vec![], 1, 1.0 / 2.0), (vec![8, 8, 8, 8], 1, 1.0 / 5.0), (vec![16, 16], 2, 1.0 / 5.0)] {
+        let config =
+            PipelineConfig { pipeline_len: 2, micro_batches: m, token_slices: slices.clone(), ..Default::default() };
+        let plan = Plan::new(config, &[unit; 4], names.clone(), 2, 0).unwrap();
+        let got = plan.predicted_bubble();
+        assert!((got - want).abs() < 1e-12, "slices {slices:?}, M = {m}: {got} vs {want}");
+        assert!((plan.schedule.bubble_formula() - want).abs() < 1e-12);
+    }
+}

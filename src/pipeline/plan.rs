@@ -158,9 +158,10 @@ impl Plan {
         self.partition.stages.iter().position(|r| r.contains(&unit)).unwrap_or(0)
     }
 
-    /// The bubble the schedule implies with these stage times: `(K−1)·max t / (M·v·max t +
-    /// (K−1)·max t)` reduces to [`Schedule::bubble_formula`] for equal stages; uneven stages add
-    /// the imbalance (each device idles `max t − its t` per micro-batch).
+    /// The bubble the schedule implies with these stage times: `(K−1)·max t / (M·n·v·max t +
+    /// (K−1)·max t)` (`n` equal token slices, each `t/n`) reduces to
+    /// [`Schedule::bubble_formula`] for equal stages; uneven stages add the imbalance (each
+    /// device idles `max t − its t` per micro-batch).
     pub fn predicted_bubble(&self) -> f64 {
         let k = self.config.pipeline_len;
         let max = self.partition.bottleneck();
@@ -168,7 +169,10 @@ impl Plan {
             return self.schedule.bubble_formula();
         }
         let (m, v) = (self.config.micro_batches as f64, self.config.chunks as f64);
-        let step = (m * v + (k as f64 - 1.0)) * max;
+        // `n` token slices split each micro-batch's time `n` ways (equal slices assumed): the
+        // fill and drain shrink to a slice's time.
+        let n = self.schedule.slices as f64;
+        let step = (m * n * v + (k as f64 - 1.0)) * max / n;
         let busy: f64 = (0..k)
             .map(|d| (0..self.stages()).filter(|s| s % k == d).map(|s| self.partition.stage_time[s]).sum::<f64>() * m)
             .sum();
