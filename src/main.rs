@@ -72,8 +72,9 @@ struct PipelineArgs {
     #[arg(long)]
     profile: bool,
     /// TeraPipe (causal language models): cut every sequence into token slices that flow
-    /// through the pipeline one after another: a number of near-equal slices, or lengths such
-    /// as `32,32,64` (`auto`, the planner's choice, is not built yet).
+    /// through the pipeline one after another: `auto` (the planner's choice from the layer's
+    /// slice latency measured on the device), a number of near-equal slices, or lengths such
+    /// as `32,32,64`.
     #[arg(long, value_parser = parse_from_str::<TokenSlices>)]
     token_slices: Option<TokenSlices>,
 }
@@ -474,6 +475,9 @@ fn plan(config: RunConfig) -> Result<()> {
         if measured { "measured on this machine's CPU, one micro-batch" } else { "FLOPs at a nominal 100 GFLOP/s" }
     );
     print!("{}", job.trainer.pipeline.plan());
+    if let Some(slicing) = &job.slicing {
+        println!("token slices (planned from this machine's layer latency): {slicing}");
+    }
     Ok(())
 }
 
@@ -495,6 +499,9 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
         );
     }
     print!("{}", job.trainer.pipeline.plan());
+    if let Some(slicing) = &job.slicing {
+        println!("token slices (planned from this machine's layer latency): {slicing}");
+    }
     if run.trace.is_some() {
         job.trainer.trace = Some(Default::default());
     }

@@ -11,9 +11,9 @@ use crate::elastic::autodp::rebuild_communicators;
 use crate::elastic::controller::Surroundings;
 use crate::error::{Error, Result, config_error, internal};
 use crate::files::{self, io_error};
-use crate::model::{Family, HeadSpec, InputSpec, Model, ModelConfig, Spec};
-use crate::pipeline::{Pipeline, UnitProfile, unit_profiles};
-use crate::terapipe::TokenSlices;
+use crate::model::{Family, HeadSpec, HostBatch, InputSpec, Model, ModelConfig};
+use crate::pipeline::{Pipeline, PipelineConfig, UnitProfile, unit_profiles};
+use crate::terapipe::{SlicingPlan, TokenSlices, plan_slices};
 use crate::text::{TextInput, TextItem, TextTokenizer, text_batch};
 use crate::train::{BatchSource, EvalMetrics, Event, Trainer};
 use crate::weights::{self, LoadOptions, LoadReport};
@@ -178,13 +178,22 @@ pub struct Summary {
     pub unigram_baseline_loss: Option<f64>,
 }
 
-/// The token slices `config` asks for, for sequences of `seq` tokens: checked against the model
-/// (a causal language model) and the rest of the run (no activation cache) before any work.
-fn token_slices(config: &RunConfig, spec: &Spec, seq: usize) -> Result<Vec<usize>> {
+/// The token slices `config` asks for, for sequences like `first`'s: checked against the model
+/// (a causal language model) and the rest of the run (no activation cache) before any work;
+/// `auto` measures the model's layer on `dev` and runs TeraPipe's planner for `plan`'s
+/// pipeline and micro-batches (its plan returned beside the lengths).
+fn token_slices<D: Device>(
+    config: &RunConfig,
+    dev: &D,
+    model: &mut Model<D>,
+    first: &HostBatch,
+    plan: &PipelineConfig,
+) -> Result<(Vec<usize>, Option<SlicingPlan>)> {
     let request = &config.pipeline.token_slices;
     if *request == TokenSlices::Off {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), None));
     }
+    let spec = model.spec();
     if !spec.causal || spec.head != HeadSpec::TiedLmHead {
         return Err(config_error(
             "pipeline.token_slices",
@@ -200,7 +209,13 @@ fn token_slices(config: &RunConfig, spec: &Spec, seq: usize) -> Result<Vec<usize
             "the frozen-activation cache (elastic.cache) does not take token slices",
         ));
     }
-    request.lengths(seq)
+    if *request != TokenSlices::Auto {
+        return Ok((request.lengths(first.seq)?, None));
+    }
+    let micro = first.split((plan.replicas * plan.micro_batches).clamp(1, first.batch))?.swap_remove(0);
+    let planned = plan_slices(dev, model, &micro, plan.pipeline_len)?;
+    let lengths = planned.micro_batches.first().map(|m| m.slices.clone()).unwrap_or_default();
+    Ok((if lengths.len() > 1 { lengths } else { Vec::new() }, Some(planned)))
 }
 
 /// A run: its config, data, trainer, elastic controller and output paths.
@@ -219,6 +234,8 @@ pub struct Job<D: Device> {
     pub elastic: Elastic,
     /// What loading pretrained weights found, if any were loaded.
     pub load_report: Option<LoadReport>,
+    /// TeraPipe's planned slicing, when the run asked for `token_slices = "auto"`.
+    pub slicing: Option<SlicingPlan>,
     resumed: bool,
 }
 
@@ -242,7 +259,8 @@ impl<D: Device> Job<D> {
         // the first training batch; kept per sample.
         let first = source.train_batch(0, 0)?;
         let mut plan = plan;
-        plan.token_slices = token_slices(&config, &spec, first.seq)?;
+        let slicing;
+        (plan.token_slices, slicing) = token_slices(&config, &devices[0], &mut model, &first, &plan)?;
         let micro = first.split((plan.replicas * plan.micro_batches).clamp(1, first.batch))?.swap_remove(0);
         let measure = config.pipeline.profile || config.elastic.auto_pipe;
         let per_sample: Vec<UnitProfile> = unit_profiles(&devices[0], &mut model, &micro, measure)?
@@ -269,7 +287,7 @@ impl<D: Device> Job<D> {
             width: spec.hidden,
         };
         let elastic = Elastic::new(config.elastic.clone(), around, &config.output.dir.join("cache"))?;
-        Ok(Self { config, source, info, model_config, trainer, elastic, load_report, resumed: false })
+        Ok(Self { config, source, info, model_config, trainer, elastic, load_report, slicing, resumed: false })
     }
 
     /// The checkpoint file of this run.

@@ -85,10 +85,9 @@ impl TokenSlices {
         let bad = |message: String| Err(config_error("token_slices", message));
         match self {
             TokenSlices::Off | TokenSlices::Count(1) => Ok(Vec::new()),
-            TokenSlices::Auto => bad(
-                "`auto` needs TeraPipe's slicing planner, which is not built yet; give a number of slices or their lengths"
-                    .into(),
-            ),
+            TokenSlices::Auto => {
+                bad("`auto` is chosen by the slicing planner (terapipe::plan_slices), not here".into())
+            }
             TokenSlices::Count(n) if *n > seq => {
                 bad(format!("{n} slices of a {seq}-token sequence: more slices than tokens"))
             }

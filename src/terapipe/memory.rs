@@ -1,0 +1,101 @@
+//! Activation memory of token slices, and which schedule's residency the planner bounds.
+//!
+//! A slice of `l` tokens after `c` tokens of context, for a micro-batch of `b` sequences, keeps
+//! `b·(l·per_token + l·(c+l)·per_score)` bytes on a stage until its backward: per-token
+//! activations, and the attention probabilities of `l` queries over `c + l` keys. Over a whole
+//! sequence cut into slices `l_1..l_n` the score term sums to `L²/2 + Σ l_i²/2`: finer slicing
+//! always needs less (this is what TeraPipe saves even without 1F1B).
+
+use crate::error::{Result, config_error};
+use std::fmt;
+
+/// Bytes a stage keeps for one slice, and what it keeps regardless of slicing.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct MemoryModel {
+    /// Activation bytes one token of one sample keeps on a stage until its backward, excluding
+    /// attention probabilities.
+    pub per_token_bytes: f64,
+    /// Bytes per query·key attention-probability element of one sample on a stage.
+    pub per_score_bytes: f64,
+    /// Bytes that do not depend on the slicing: weights, gradients, optimizer state, the K/V
+    /// arena.
+    pub fixed_bytes: usize,
+}
+
+impl MemoryModel {
+    /// Activation bytes of a slice of `len` tokens after `context` tokens, `batch` sequences.
+    pub fn slice_bytes(&self, batch: usize, len: usize, context: usize) -> f64 {
+        let (b, l, c) = (batch as f64, len as f64, context as f64);
+        b * (l * self.per_token_bytes + l * (c + l) * self.per_score_bytes)
+    }
+
+    /// Checks that the per-element sizes are finite and non-negative.
+    pub fn validate(&self) -> Result<()> {
+        for (field, v) in [("per_token_bytes", self.per_token_bytes), ("per_score_bytes", self.per_score_bytes)] {
+            if !v.is_finite() || v < 0.0 {
+                return Err(config_error(
+                    format!("terapipe.memory.{field}"),
+                    format!("{v} is not a finite, non-negative byte count"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Which pipeline schedule over slices the memory limit is checked for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SliceSchedule {
+    /// GPipe over slices (TeraPipe's official code): every forward, then every backward, so
+    /// every slice of every micro-batch is resident at once. Peak = fixed + Σ over all slices.
+    #[default]
+    Gpipe,
+    /// 1F1B over slices: at most `K` slices resident on a stage, peak ≤ fixed + K·(largest
+    /// slice). The backward runs a micro-batch's slices last-first (each needs the K/V
+    /// gradients of the later ones), so a stage holds every slice of a micro-batch at the moment
+    /// that micro-batch's last forward ends; the `K` bound therefore needs at most `K` slices
+    /// per micro-batch, and the planner enforces that too. A schedule meets the bound when stage
+    /// `s` (0-based) runs `max(K − s, n)` forwards before its first backward.
+    OneFOneB,
+}
+
+impl fmt::Display for SliceSchedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SliceSchedule::Gpipe => "GPipe over slices",
+            SliceSchedule::OneFOneB => "1F1B over slices",
+        })
+    }
+}
+
+/// Bytes as a short human string (KiB/MiB/GiB, three significant figures).
+pub(crate) fn human_bytes(bytes: usize) -> String {
+    let b = bytes as f64;
+    match bytes {
+        0..1024 => format!("{bytes} B"),
+        1024..1_048_576 => format!("{:.3} KiB", b / 1024.0),
+        1_048_576..1_073_741_824 => format!("{:.3} MiB", b / 1_048_576.0),
+        _ => format!("{:.3} GiB", b / 1_073_741_824.0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slice_bytes_sum_to_the_closed_form() {
+        let m = MemoryModel { per_token_bytes: 3.0, per_score_bytes: 2.0, fixed_bytes: 0 };
+        // Slices 16, 8, 40 of a 64-token sequence: Σ l(c+l) = L²/2 + Σ l²/2.
+        let (mut c, mut total) = (0, 0.0);
+        for l in [16, 8, 40] {
+            total += m.slice_bytes(2, l, c);
+            c += l;
+        }
+        let closed = 2.0 * (64.0 * 3.0 + 2.0 * (64.0 * 64.0 / 2.0 + (256.0 + 64.0 + 1600.0) / 2.0));
+        assert_eq!(total, closed);
+        assert!(MemoryModel { per_token_bytes: -1.0, ..m }.validate().is_err());
+        assert!(MemoryModel { per_score_bytes: f64::NAN, ..m }.validate().is_err());
+        assert_eq!(human_bytes(1536), "1.500 KiB");
+    }
+}

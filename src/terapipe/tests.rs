@@ -1,0 +1,449 @@
+//! The planner against brute force: every composition of the sequence's grid units, every split
+//! of the batch, every memory rule, on small cases; plus the closed forms, the search variants
+//! and the error paths.
+
+use super::*;
+use crate::rng::{Rng, hash_u64};
+
+const STEP: usize = 8;
+
+fn grid(units: usize, max_batch: usize) -> LatencyGrid {
+    LatencyGrid { step: STEP, max_len: units * STEP, max_batch }
+}
+
+fn unit_hash(seed: u64, b: usize, l: usize, c: usize) -> f64 {
+    (hash_u64(seed, ((b as u64 * 1_000_003) + l as u64) * 1_000_003 + c as u64) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// Unstructured: every (b, l, c) an independent draw (not monotone in anything).
+fn random_latency(seed: u64, units: usize, max_batch: usize) -> LatencyModel {
+    LatencyModel::from_fn(grid(units, max_batch), move |b, l, c| 0.1 + unit_hash(seed, b, l, c)).unwrap()
+}
+
+/// TeraPipe's shape: `α + β·b·l + γ·b·l·c` plus a little noise, coefficients drawn per seed.
+fn structured_latency(seed: u64, units: usize, max_batch: usize) -> LatencyModel {
+    let mut r = Rng::new(seed);
+    let (alpha, beta, gamma, noise) = (r.uniform() * 2.0, r.uniform() * 0.05, r.uniform() * 1e-3, 0.01);
+    LatencyModel::from_fn(grid(units, max_batch), move |b, l, c| {
+        let (b, l, c) = (b as f64, l as f64, c as f64);
+        alpha + beta * b * l + gamma * b * l * c + noise * unit_hash(seed, b as usize, l as usize, c as usize)
+    })
+    .unwrap()
+}
+
+/// Every composition of `n` (the slice lengths of one sequence, in units).
+fn compositions(n: usize) -> Vec<Vec<usize>> {
+    (0..1u32 << (n - 1))
+        .map(|cuts| {
+            let (mut out, mut len) = (Vec::new(), 1);
+            for i in 0..n - 1 {
+                if cuts >> i & 1 == 1 {
+                    out.push(len);
+                    len = 1;
+                } else {
+                    len += 1;
+                }
+            }
+            out.push(len);
+            out
+        })
+        .collect()
+}
+
+/// Every split of `b` into non-increasing parts (the micro-batch order does not matter).
+fn partitions(b: usize, most: usize) -> Vec<Vec<usize>> {
+    if b == 0 {
+        return vec![vec![]];
+    }
+    (1..=most.min(b))
+        .flat_map(|first| {
+            partitions(b - first, first).into_iter().map(move |mut rest| {
+                rest.insert(0, first);
+                rest
+            })
+        })
+        .collect()
+}
+
+/// (summed time, largest time, activation bytes per sample) of each slicing of one micro-batch
+/// of `b` sequences that the memory rule admits, reduced to the non-dominated ones (the
+/// objective and the GPipe limit only grow with each).
+fn options(lat: &LatencyModel, b: usize, n: usize, config: &PlannerConfig) -> Vec<(f64, f64, f64)> {
+    let mut all = Vec::new();
+    'next: for comp in compositions(n) {
+        let (mut c, mut sum, mut max, mut bytes) = (0, 0.0, 0.0f64, 0.0);
+        if config.memory_limit.is_some() && config.schedule == SliceSchedule::OneFOneB && comp.len() > config.stages {
+            continue;
+        }
+        for &k in &comp {
+            let (l, ctx) = (k * STEP, c * STEP);
+            let t = lat.slice_time(b, l, ctx).unwrap();
+            sum += t;
+            max = max.max(t);
+            bytes += config.memory.slice_bytes(1, l, ctx);
+            if let (Some(limit), SliceSchedule::OneFOneB) = (config.memory_limit, config.schedule) {
+                let peak =
+                    config.memory.fixed_bytes as f64 + config.stages as f64 * config.memory.slice_bytes(b, l, ctx);
+                if peak > limit as f64 {
+                    continue 'next;
+                }
+            }
+            c += k;
+        }
+        all.push((sum, max, bytes));
+    }
+    let dominated = |a: &(f64, f64, f64), o: &(f64, f64, f64)| o.0 <= a.0 && o.1 <= a.1 && o.2 <= a.2 && o != a;
+    let mut kept: Vec<(f64, f64, f64)> = all.iter().filter(|a| !all.iter().any(|o| dominated(a, o))).copied().collect();
+    kept.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    kept.dedup();
+    kept
+}
+
+/// The optimum by enumeration: every batch split, every (non-dominated) slicing of each
+/// micro-batch. `None` when nothing meets the memory limit.
+fn brute_force(lat: &LatencyModel, config: &PlannerConfig) -> Option<f64> {
+    let n = config.seq_len / STEP;
+    let per_size: Vec<Vec<(f64, f64, f64)>> = (1..=config.batch).map(|b| options(lat, b, n, config)).collect();
+    let mut best: Option<f64> = None;
+    for split in partitions(config.batch, config.batch) {
+        let mut stack = vec![(0usize, 0.0f64, 0.0f64, 0.0f64)];
+        while let Some((depth, sum, max, bytes)) = stack.pop() {
+            if depth == split.len() {
+                if let (Some(limit), SliceSchedule::Gpipe) = (config.memory_limit, config.schedule)
+                    && config.memory.fixed_bytes as f64 + bytes > limit as f64
+                {
+                    continue;
+                }
+                let t = sum + (config.stages - 1) as f64 * max;
+                best = Some(best.map_or(t, |b| b.min(t)));
+                continue;
+            }
+            let b = split[depth];
+            for &(s, m, by) in &per_size[b - 1] {
+                stack.push((depth + 1, sum + s, max.max(m), bytes + b as f64 * by));
+            }
+        }
+    }
+    best
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-12 * a.abs().max(b.abs())
+}
+
+/// Plans with every search variant, checks the variants agree (serial == parallel exactly) and
+/// that the plan is well-formed and scores what it claims; returns the default plan.
+fn plan_checked(lat: &LatencyModel, config: &PlannerConfig) -> SlicingPlan {
+    let p = plan(lat, config).unwrap();
+    let serial = plan(lat, &PlannerConfig { parallel: false, ..config.clone() }).unwrap();
+    assert_eq!(p, serial, "parallel and serial branch-and-bound differ");
+    let scan = plan(lat, &PlannerConfig { search: Search::Scan, ..config.clone() }).unwrap();
+    let scan_serial = plan(lat, &PlannerConfig { search: Search::Scan, parallel: false, ..config.clone() }).unwrap();
+    assert_eq!(scan, scan_serial, "parallel and serial scan differ");
+    assert!(close(p.predicted_step_seconds, scan.predicted_step_seconds), "{p} vs scan {scan}");
+    assert_eq!(p.micro_batches.iter().map(|m| m.samples).sum::<usize>(), config.batch);
+    for m in &p.micro_batches {
+        assert_eq!(m.slices.iter().sum::<usize>(), config.seq_len, "{p}");
+        assert!(m.slices.iter().all(|&l| l > 0 && l % STEP == 0));
+    }
+    let again = predict_step_seconds(lat, config.stages, &p.micro_batches).unwrap();
+    assert!(close(again, p.predicted_step_seconds), "plan scores {again}, claims {}", p.predicted_step_seconds);
+    if let Some(limit) = config.memory_limit {
+        assert!(p.peak_memory_bytes <= limit, "peak {} over limit {limit}: {p}", p.peak_memory_bytes);
+        if config.schedule == SliceSchedule::OneFOneB {
+            assert!(p.micro_batches.iter().all(|m| m.slices.len() <= config.stages), "{p}");
+        }
+    }
+    p
+}
+
+#[test]
+fn token_only_matches_brute_force() {
+    for seed in 0..3 {
+        for units in [1, 2, 5, 8, 12] {
+            for k in [1, 2, 4, 8] {
+                for (name, lat) in
+                    [("random", random_latency(seed, units, 1)), ("structured", structured_latency(seed, units, 1))]
+                {
+                    let config = PlannerConfig::new(k, units * STEP, 1);
+                    let p = plan_checked(&lat, &config);
+                    let want = brute_force(&lat, &config).unwrap();
+                    assert!(
+                        close(p.predicted_step_seconds, want),
+                        "{name} seed {seed} N {units} K {k}: DP {} brute {want}: {p}",
+                        p.predicted_step_seconds
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn joint_batch_and_tokens_match_brute_force() {
+    for seed in 0..2 {
+        for (units, batch) in [(3, 4), (6, 2), (6, 3), (8, 4), (10, 2)] {
+            for k in [1, 2, 4, 8] {
+                for (name, lat) in [
+                    ("random", random_latency(seed + 10, units, batch)),
+                    ("structured", structured_latency(seed + 10, units, batch)),
+                ] {
+                    let config = PlannerConfig::new(k, units * STEP, batch);
+                    let p = plan_checked(&lat, &config);
+                    let want = brute_force(&lat, &config).unwrap();
+                    assert!(
+                        close(p.predicted_step_seconds, want),
+                        "{name} seed {seed} N {units} B {batch} K {k}: DP {} brute {want}: {p}",
+                        p.predicted_step_seconds
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn uniform_slices_give_the_gpipe_formula() {
+    // t ∝ b·l: slicing is free, so every unit its own slice and every sequence its own
+    // micro-batch: M = B·N equal units, (M + K − 1)·τ.
+    // τ a power of two: every sum is exact, so equal objectives are equal floats and the
+    // tie-break (smaller largest slice) decides for K = 1.
+    let (units, batch, tau) = (16, 3, 1.0 / 1024.0);
+    let lat = LatencyModel::from_fn(grid(units, batch), move |b, l, _| tau * (b * l / STEP) as f64).unwrap();
+    for k in [1, 2, 4, 8] {
+        let p = plan_checked(&lat, &PlannerConfig::new(k, units * STEP, batch));
+        let want = (batch * units + k - 1) as f64 * tau;
+        assert!(close(p.predicted_step_seconds, want), "K {k}: {p}");
+        assert_eq!(p.micro_batches, vec![MicroBatchSlicing { samples: 1, slices: vec![STEP; units] }; batch]);
+    }
+    // A constant slice time: one slice, K·τ.
+    let lat = LatencyModel::from_fn(grid(units, 1), move |_, _, _| tau).unwrap();
+    let p = plan_checked(&lat, &PlannerConfig::new(4, units * STEP, 1));
+    assert_eq!(p.micro_batches[0].slices, vec![units * STEP]);
+    assert!(close(p.predicted_step_seconds, 4.0 * tau));
+}
+
+/// A latency where slicing costs a lot per slice, so without a limit the best plan is one
+/// slice; and activations with a large attention-score term, so one slice needs the most memory.
+fn memory_case(units: usize, batch: usize) -> (LatencyModel, MemoryModel) {
+    let lat =
+        LatencyModel::from_fn(grid(units, batch), |b, l, c| 1.0 + 1e-3 * (b * l) as f64 + 1e-6 * (b * l * c) as f64)
+            .unwrap();
+    (lat, MemoryModel { per_token_bytes: 100.0, per_score_bytes: 10.0, fixed_bytes: 1_000_000 })
+}
+
+#[test]
+fn gpipe_memory_limit_is_exact_and_changes_the_answer() {
+    let (units, batch) = (8, 2);
+    let (lat, memory) = memory_case(units, batch);
+    let free = plan_checked(&lat, &PlannerConfig { memory, ..PlannerConfig::new(4, units * STEP, batch) });
+    assert_eq!(free.slice_count(), 1, "{free}");
+    let whole = free.peak_memory_bytes;
+    let finest = memory.fixed_bytes as f64
+        + batch as f64 * (0..units).map(|j| memory.slice_bytes(1, STEP, j * STEP)).sum::<f64>();
+    for frac in [0.05, 0.3, 0.6, 0.9] {
+        let limit = (finest + frac * (whole as f64 - finest)) as usize;
+        let config = PlannerConfig { memory, memory_limit: Some(limit), ..PlannerConfig::new(4, units * STEP, batch) };
+        let p = plan_checked(&lat, &config);
+        let want = brute_force(&lat, &config).unwrap();
+        assert!(close(p.predicted_step_seconds, want), "limit {limit}: DP {p}, brute {want}");
+        assert!(p.predicted_step_seconds > free.predicted_step_seconds && p.slice_count() > 1, "{p}");
+    }
+    // Random latencies and several limits, against brute force (the constrained DPs prune with
+    // bounds, and a bound that disagrees with the Pareto filter loses plans only in some cases).
+    for seed in 0..4 {
+        for (units, batch, k) in [(6, 1, 2), (6, 3, 4), (8, 2, 8), (5, 3, 1), (6, 4, 8), (7, 4, 2)] {
+            let lat = if seed % 2 == 0 {
+                structured_latency(seed + 20, units, batch)
+            } else {
+                random_latency(seed + 20, units, batch)
+            };
+            let mem = MemoryModel { per_token_bytes: 50.0, per_score_bytes: 3.0, fixed_bytes: 4096 };
+            let finest = mem.fixed_bytes as f64
+                + batch as f64 * (0..units).map(|j| mem.slice_bytes(1, STEP, j * STEP)).sum::<f64>();
+            let most = mem.fixed_bytes as f64 + batch as f64 * mem.slice_bytes(1, units * STEP, 0);
+            for frac in [0.02, 0.1, 0.2, 0.35, 0.5, 0.8] {
+                let limit = (finest + frac * (most - finest)) as usize;
+                let config = PlannerConfig {
+                    memory: mem,
+                    memory_limit: Some(limit),
+                    ..PlannerConfig::new(k, units * STEP, batch)
+                };
+                let p = plan_checked(&lat, &config);
+                let want = brute_force(&lat, &config).unwrap();
+                assert!(close(p.predicted_step_seconds, want), "seed {seed} limit {limit}: DP {p}, brute {want}");
+            }
+        }
+    }
+}
+
+#[test]
+fn one_f_one_b_cap_is_exact_and_changes_the_answer() {
+    let (units, batch) = (8, 2);
+    let (lat, memory) = memory_case(units, batch);
+    let base =
+        PlannerConfig { memory, schedule: SliceSchedule::OneFOneB, ..PlannerConfig::new(4, units * STEP, batch) };
+    let free = plan_checked(&lat, &base);
+    assert_eq!(free.slice_count(), 1, "{free}");
+    // Room for K = 4 slices of at most half the sequence each (for one sample).
+    let limit = memory.fixed_bytes + 4 * memory.slice_bytes(1, units * STEP / 2, units * STEP / 2) as usize;
+    let config = PlannerConfig { memory_limit: Some(limit), ..base.clone() };
+    let p = plan_checked(&lat, &config);
+    assert!(p.micro_batches.iter().all(|m| m.slices.len() >= 2), "{p}");
+    assert!(close(p.predicted_step_seconds, brute_force(&lat, &config).unwrap()), "{p}");
+    // At most K slices per micro-batch: t ∝ l wants every unit its own slice.
+    let lat2 = LatencyModel::from_fn(grid(units, 1), |b, l, _| 1e-3 * (b * l) as f64).unwrap();
+    let c2 = PlannerConfig { memory_limit: Some(usize::MAX), batch: 1, stages: 2, ..base.clone() };
+    let p2 = plan_checked(&lat2, &c2);
+    assert_eq!(p2.micro_batches[0].slices.len(), 2, "{p2}");
+    for seed in 0..3 {
+        for (units, batch, k) in [(6, 1, 2), (6, 3, 4), (8, 2, 3), (7, 2, 8)] {
+            let lat = structured_latency(seed + 30, units, batch);
+            let mem = MemoryModel { per_token_bytes: 50.0, per_score_bytes: 3.0, fixed_bytes: 4096 };
+            let most = mem.fixed_bytes as f64 + k as f64 * mem.slice_bytes(1, units * STEP, 0);
+            for frac in [0.3, 0.6, 1.0] {
+                let limit = (most * frac) as usize;
+                let config = PlannerConfig {
+                    memory: mem,
+                    memory_limit: Some(limit),
+                    schedule: SliceSchedule::OneFOneB,
+                    ..PlannerConfig::new(k, units * STEP, batch)
+                };
+                match (plan(&lat, &config), brute_force(&lat, &config)) {
+                    (Ok(_), Some(want)) => {
+                        let p = plan_checked(&lat, &config);
+                        assert!(close(p.predicted_step_seconds, want), "seed {seed} limit {limit}: {p}, brute {want}");
+                    }
+                    (Err(e), None) => assert!(e.to_string().contains("no slicing meets the memory limit"), "{e}"),
+                    (got, want) => panic!("planner {got:?}, brute force {want:?}"),
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn memory_limits_nothing_meets_are_refused() {
+    let (units, batch) = (8, 2);
+    let (lat, memory) = memory_case(units, batch);
+    let finest = memory.fixed_bytes as f64
+        + batch as f64 * (0..units).map(|j| memory.slice_bytes(1, STEP, j * STEP)).sum::<f64>();
+    let config =
+        PlannerConfig { memory, memory_limit: Some(finest as usize - 1), ..PlannerConfig::new(4, units * STEP, batch) };
+    let e = plan(&lat, &config).unwrap_err().to_string();
+    let needs = format!("needs at least {} bytes (finest slicing", finest.ceil());
+    assert!(e.contains("no slicing meets the memory limit") && e.contains(&needs), "{e}");
+    assert!(e.contains(&format!("limit {}", finest as usize - 1)), "{e}");
+    // Exactly the finest slicing's bytes is enough.
+    let ok = PlannerConfig { memory_limit: Some(finest.ceil() as usize), ..config.clone() };
+    let p = plan_checked(&lat, &ok);
+    assert!(p.micro_batches.iter().all(|m| m.slices == vec![STEP; units]), "{p}");
+    let one = PlannerConfig { schedule: SliceSchedule::OneFOneB, memory_limit: Some(1_000_000), ..config };
+    let e = plan(&lat, &one).unwrap_err().to_string();
+    assert!(e.contains("no slicing meets the memory limit") && e.contains("1F1B"), "{e}");
+}
+
+#[test]
+fn realistic_sizes_agree_across_searches() {
+    // 512 tokens = 64 units, two sequences, a TeraPipe-like latency.
+    let units = 64;
+    let lat = LatencyModel::from_fn(grid(units, 2), |b, l, c| {
+        let n = (b * l) as f64;
+        5e-4 + 2e-6 * n + 1e-9 * n * c as f64 + 5e-5 + 1e-9 * n
+    })
+    .unwrap();
+    for k in [2, 8, 48] {
+        for batch in [1, 2] {
+            let config = PlannerConfig::new(k, units * STEP, batch);
+            let p = plan_checked(&lat, &config);
+            let scan = plan(&lat, &PlannerConfig { search: Search::Scan, ..config.clone() }).unwrap();
+            assert_eq!(p.micro_batches, scan.micro_batches, "K {k} B {batch}");
+            // ε-merging stays within (K − 1)·ε.
+            let eps = 2e-5;
+            let approx = plan(&lat, &PlannerConfig { epsilon: eps, ..config.clone() }).unwrap();
+            assert!(approx.predicted_step_seconds >= p.predicted_step_seconds);
+            assert!(approx.predicted_step_seconds <= p.predicted_step_seconds + (k - 1) as f64 * eps + 1e-15);
+            assert!(approx.stats.candidates <= p.stats.candidates);
+            let again = predict_step_seconds(&lat, k, &approx.micro_batches).unwrap();
+            assert!(close(again, approx.predicted_step_seconds));
+        }
+    }
+}
+
+#[test]
+fn bad_input_is_refused_with_the_field() {
+    let lat = random_latency(1, 8, 2);
+    let ok = PlannerConfig::new(2, 64, 2);
+    let cases = [
+        (PlannerConfig { seq_len: 0, ..ok.clone() }, "terapipe.seq_len"),
+        (PlannerConfig { seq_len: 60, ..ok.clone() }, "terapipe.seq_len"),
+        (PlannerConfig { seq_len: 72, ..ok.clone() }, "terapipe.seq_len"),
+        (PlannerConfig { stages: 0, ..ok.clone() }, "terapipe.stages"),
+        (PlannerConfig { batch: 0, ..ok.clone() }, "terapipe.batch"),
+        (PlannerConfig { batch: 3, ..ok.clone() }, "terapipe.batch"),
+        (PlannerConfig { epsilon: -1.0, ..ok.clone() }, "terapipe.epsilon"),
+        (PlannerConfig { epsilon: f64::NAN, ..ok.clone() }, "terapipe.epsilon"),
+        (
+            PlannerConfig { memory: MemoryModel { per_token_bytes: -1.0, ..Default::default() }, ..ok.clone() },
+            "terapipe.memory.per_token_bytes",
+        ),
+    ];
+    for (config, field) in cases {
+        let e = plan(&lat, &config).unwrap_err().to_string();
+        assert!(e.contains(field), "{config:?}: {e}");
+    }
+    let negative = LatencyModel::from_fn(grid(8, 1), |_, l, c| if c == 16 { -1.0 } else { l as f64 }).unwrap();
+    let e = plan(&negative, &PlannerConfig::new(2, 64, 1)).unwrap_err().to_string();
+    assert!(e.contains("context 16") && e.contains("non-negative"), "{e}");
+    assert!(predict_step_seconds(&lat, 0, &[]).is_err());
+    let mb = |s: usize, slices: Vec<usize>| MicroBatchSlicing { samples: s, slices };
+    assert!(predict_step_seconds(&lat, 2, &[]).is_err());
+    assert!(predict_step_seconds(&lat, 2, &[mb(1, vec![32, 32]), mb(1, vec![32])]).is_err());
+    assert!(predict_step_seconds(&lat, 2, &[mb(1, vec![30, 34])]).is_err());
+}
+
+#[test]
+fn display_is_compact() {
+    let p = SlicingPlan {
+        micro_batches: vec![
+            MicroBatchSlicing { samples: 2, slices: vec![512, 256, 256, 256, 128, 128, 512] },
+            MicroBatchSlicing { samples: 2, slices: vec![512, 256, 256, 256, 128, 128, 512] },
+            MicroBatchSlicing { samples: 4, slices: vec![2048] },
+        ],
+        predicted_step_seconds: 0.0506,
+        max_slice_seconds: 0.00105,
+        peak_memory_bytes: 3 << 30,
+        stats: SearchStats::default(),
+    };
+    assert_eq!(
+        p.to_string(),
+        "2 × (2 seq: 512, 3×256, 2×128, 512) + (4 seq: 2048); step 50.600 ms, max slice 1.050 ms, 15 slices, \
+         peak memory 3.000 GiB"
+    );
+}
+
+#[test]
+fn ties_prefer_fewer_slices_then_the_lexicographically_smaller() {
+    // Powers of two: sums are exact, ties are real. Units: t(1) = τ, t(2) = 2τ, except the last
+    // unit alone costs 2τ; longer slices cost 1 s. With K = 2 the optimum is 6τ, by [2, 2] and by
+    // [1, 1, 2]: fewer slices wins.
+    let tau = 1.0 / 8.0;
+    let lat = LatencyModel::from_fn(grid(4, 1), move |_, l, c| match (l / STEP, c / STEP) {
+        (1, 3) => 2.0 * tau,
+        (1, _) => tau,
+        (2, _) => 2.0 * tau,
+        _ => 1.0,
+    })
+    .unwrap();
+    let p = plan_checked(&lat, &PlannerConfig::new(2, 32, 1));
+    assert_eq!((p.micro_batches[0].slices.clone(), p.predicted_step_seconds), (vec![16, 16], 6.0 * tau));
+    // [1, 2] and [2, 1] tie in everything: the lexicographically smaller wins.
+    let lat = LatencyModel::from_fn(grid(3, 1), move |_, l, c| match (l / STEP, c / STEP) {
+        (1, 0) | (1, 2) => tau,
+        (2, 0) | (2, 1) => 2.0 * tau,
+        _ => 1.0,
+    })
+    .unwrap();
+    let p = plan_checked(&lat, &PlannerConfig::new(2, 24, 1));
+    assert_eq!(p.micro_batches[0].slices, vec![8, 16], "{p}");
+}
