@@ -211,3 +211,42 @@ fn predicted_bubble_counts_slices() {
         assert!((plan.schedule.bubble_formula() - want).abs() < 1e-12);
     }
 }
+
+/// `auto`: the latency model measured on a device, then the planner. Its slicing covers the
+/// sequence and predicts a step no longer than any uniform slicing under the same model, and a
+/// pipeline runs it to the unsliced step's loss.
+#[test]
+fn the_planned_slicing_beats_every_uniform_one_under_its_model() {
+    use pipetransformer::terapipe::{
+        MicroBatchSlicing, PlannerConfig, measure_latency, plan, predict_step_seconds, uniform,
+    };
+    let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+    let config = tiny_gpt(0.1);
+    let mut model = Model::new(&dev, &config, 1).unwrap();
+    let host = tiny_batch(&config, 2);
+    for k in [1, 2, 4] {
+        let latency = measure_latency(&dev, &mut model, &host, k).unwrap();
+        let planned = plan(&latency, &PlannerConfig::new(k, host.seq, 1)).unwrap();
+        let lengths = planned.micro_batches[0].slices.clone();
+        assert_eq!(lengths.iter().sum::<usize>(), host.seq, "K = {k}: {lengths:?}");
+        let score = |slices: Vec<usize>| {
+            predict_step_seconds(&latency, k, &[MicroBatchSlicing { samples: 1, slices }]).unwrap()
+        };
+        assert!(
+            (score(lengths.clone()) - planned.predicted_step_seconds).abs() <= 1e-12 * planned.predicted_step_seconds
+        );
+        for n in 1..=host.seq {
+            assert!(
+                planned.predicted_step_seconds <= score(uniform(host.seq, n)) * (1.0 + 1e-12),
+                "K = {k}, {n} slices"
+            );
+        }
+        if lengths.len() > 1 {
+            let plan = PipelineConfig { pipeline_len: k, token_slices: lengths, ..Default::default() };
+            let cpus = (0..k).map(|i| CpuDevice::<f32>::new(i, 1).unwrap()).collect();
+            let (got, _) = run_pipeline(cpus, &config, plan);
+            let (want, _) = run(&dev, &config, None, 0);
+            assert!((got[0].0 - want[0].0).abs() <= 1e-5 * want[0].0.abs(), "K = {k}: {got:?} vs {want:?}");
+        }
+    }
+}

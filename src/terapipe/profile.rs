@@ -109,13 +109,34 @@ pub fn measure_latency<D: Device>(
     // long at contexts across the sequence.
     let on_grid = |x: usize| (x / step).max(1) * step;
     let mut points: Vec<(usize, usize)> = (step..=seq).step_by(step).map(|len| (len, 0)).collect();
+    let mut with_context = Vec::new();
     for context in [seq / 4, seq / 2, 3 * seq / 4].map(on_grid) {
-        for len in [step, on_grid(seq / 4)] {
-            if context + len <= seq && !points.contains(&(len, context)) {
-                points.push((len, context));
+        for len in [step, on_grid(seq / 4), on_grid(seq / 2)] {
+            if context + len <= seq && !with_context.contains(&(len, context)) {
+                with_context.push((len, context));
             }
         }
     }
+    // Short sequences leave few such points: take more grid pairs until the fit's four
+    // coefficients are determined (six points), or say that none can be.
+    let grid: Vec<usize> = (step..seq).step_by(step).collect();
+    for (&len, &context) in grid.iter().flat_map(|l| grid.iter().map(move |c| (l, c))) {
+        if with_context.len() >= 6 {
+            break;
+        }
+        if len + context <= seq && !with_context.contains(&(len, context)) {
+            with_context.push((len, context));
+        }
+    }
+    if with_context.len() < 4 {
+        return Err(config_error(
+            "token_slices",
+            format!(
+                "a {seq}-token sequence is too short to measure the context term; give the slices (a count or lengths)"
+            ),
+        ));
+    }
+    points.extend(with_context);
     let samples = points
         .into_iter()
         .map(|(len, context)| {
