@@ -286,7 +286,9 @@ impl LatencyModel {
         match &self.source {
             Source::Measured { t0, fit, comm } => {
                 let base = t0[(batch - 1) * self.grid.units() + len_units - 1];
-                let delta = if context > 0 { fit.delta(batch, len, context) } else { 0.0 };
+                // Attending to a context never makes a slice cheaper than the same slice without
+                // one: a fit to noisy timings that extrapolates below zero is read as no cost.
+                let delta = if context > 0 { fit.delta(batch, len, context).max(0.0) } else { 0.0 };
                 base + delta + comm.seconds(batch * len)
             }
             Source::Function(f) => f(batch, len, context),
