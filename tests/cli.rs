@@ -335,3 +335,19 @@ fn the_elastic_loop_runs_on_emulated_cuda_devices() {
     assert!(std::fs::read_to_string(&trace).unwrap().contains("transition: 1 frozen layers, K=1 R=2"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `--token-slices`: refused for a model that is not a causal language model, and a malformed
+/// request is refused by the flag parser, before any work.
+#[test]
+fn token_slices_are_refused_where_they_do_not_apply() {
+    if !have_digits() {
+        return;
+    }
+    let (ok, out) = pipetransformer(&["plan", "--config", "configs/vit-digits.toml", "--token-slices", "4"]);
+    assert!(!ok && out.contains("token_slices") && out.contains("causal language model"), "{out}");
+    for bad in ["3,0,5", "two"] {
+        let (ok, out) = pipetransformer(&["plan", "--config", "configs/vit-digits.toml", "--token-slices", bad]);
+        assert!(!ok && out.contains("--token-slices") && out.contains("token_slices"), "{bad}: {out}");
+        assert!(!out.contains("panicked"), "{out}");
+    }
+}

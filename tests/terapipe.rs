@@ -62,22 +62,27 @@ fn run<D: Device>(dev: &D, config: &ModelConfig, slices: Option<&[usize]>, froze
     (stats, weights(dev, &model))
 }
 
+/// Every step's loss and gradient norm, and the final weights, within 1e-5 relative of `want`.
+fn assert_same_run(got: &Run, want: (&[(f64, f64)], &[(String, Vec<f64>)]), what: &str) {
+    for (step, ((lg, ng), (lw, nw))) in got.0.iter().zip(want.0).enumerate() {
+        let (dl, dn) = ((lg - lw).abs() / lw.abs(), (ng - nw).abs() / nw.abs());
+        assert!(
+            dl <= 1e-5 && dn <= 1e-5,
+            "{what}, step {step}: loss {lg} vs {lw} ({dl:.1e}), grad norm {ng} vs {nw} ({dn:.1e})"
+        );
+    }
+    let rel = params_rel(&got.1, want.1);
+    assert!(rel <= 1e-5, "{what}: weights differ by {rel:.1e}");
+}
+
 fn check<D: Device>(dev: &D, what: &str) {
     let config = tiny_gpt(0.1);
     for frozen in [0, 2] {
         let (want, want_weights) = run(dev, &config, None, frozen);
         // The tiny batch has 7 tokens.
         for slices in [&[7][..], &[3, 4], &[2, 2, 3], &[1, 5, 1], &[1; 7]] {
-            let (got, got_weights) = run(dev, &config, Some(slices), frozen);
-            for (step, ((lg, ng), (lw, nw))) in got.iter().zip(&want).enumerate() {
-                let (dl, dn) = ((lg - lw).abs() / lw.abs(), (ng - nw).abs() / nw.abs());
-                assert!(
-                    dl <= 1e-5 && dn <= 1e-5,
-                    "{what}, slices {slices:?}, {frozen} frozen, step {step}: loss {lg} vs {lw} ({dl:.1e}), grad norm {ng} vs {nw} ({dn:.1e})"
-                );
-            }
-            let rel = params_rel(&got_weights, &want_weights);
-            assert!(rel <= 1e-5, "{what}, slices {slices:?}, {frozen} frozen: weights differ by {rel:.1e}");
+            let got = run(dev, &config, Some(slices), frozen);
+            assert_same_run(&got, (&want, &want_weights), &format!("{what}, slices {slices:?}, {frozen} frozen"));
         }
     }
 }
@@ -137,19 +142,9 @@ fn check_pipelines<D: Device>(devices: impl Fn(usize) -> Vec<D>, what: &str) {
                         token_slices: slices.clone(),
                         ..Default::default()
                     };
-                    let (got, got_weights) = run_pipeline(devices(k), &config, plan);
-                    for (step, ((lg, ng), (lw, nw))) in got.iter().zip(&want).enumerate() {
-                        let (dl, dn) = ((lg - lw).abs() / lw.abs(), (ng - nw).abs() / nw.abs());
-                        assert!(
-                            dl <= 1e-5 && dn <= 1e-5,
-                            "{what} {schedule} K={k} M={m} slices {slices:?} step {step}: loss {lg} vs {lw}, grad norm {ng} vs {nw}"
-                        );
-                    }
-                    let rel = params_rel(&got_weights, &want_weights);
-                    assert!(
-                        rel <= 1e-5,
-                        "{what} {schedule} K={k} M={m} slices {slices:?}: weights differ by {rel:.1e}"
-                    );
+                    let got = run_pipeline(devices(k), &config, plan);
+                    let label = format!("{what} {schedule} K={k} M={m} slices {slices:?}");
+                    assert_same_run(&got, (&want, &want_weights), &label);
                 }
             }
         }
