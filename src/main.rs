@@ -77,6 +77,10 @@ struct PipelineArgs {
     /// as `32,32,64`.
     #[arg(long, value_parser = parse_from_str::<TokenSlices>)]
     token_slices: Option<TokenSlices>,
+    /// Bytes each device may hold (weights, gradients, optimizer state, activations in flight),
+    /// e.g. `8GiB`, `512MiB` or a byte count: the partition and TeraPipe's planner respect it.
+    #[arg(long, value_parser = parse_bytes)]
+    memory_limit: Option<usize>,
 }
 
 /// PipeTransformer (`train`, `plan`); each flag overrides the run config's `[elastic]` key of
@@ -130,6 +134,7 @@ fn overrides(pipeline: &PipelineArgs, elastic: &ElasticArgs) -> Vec<String> {
     set("pipeline.schedule", json(pipeline.schedule.and_then(|k| serde_json::to_value(k).ok())));
     set("pipeline.chunks", pipeline.chunks.map(|v| v.to_string()));
     set("pipeline.profile", pipeline.profile.then(|| "true".into()));
+    set("pipeline.memory_limit", pipeline.memory_limit.map(|v| v.to_string()));
     set("pipeline.token_slices", json(pipeline.token_slices.as_ref().and_then(|t| serde_json::to_value(t).ok())));
     set("elastic.freeze", json(elastic.freeze.and_then(|f| serde_json::to_value(f).ok())));
     set("elastic.alpha", elastic.alpha.map(|v| format!("{v:?}")));
@@ -150,6 +155,26 @@ enum PrecisionArg {
 
 fn parse_from_str<T: std::str::FromStr<Err = pipetransformer::Error>>(s: &str) -> std::result::Result<T, String> {
     s.parse().map_err(|e: pipetransformer::Error| e.to_string())
+}
+
+/// A byte count with an optional binary suffix: `123`, `64KiB`, `512MiB`, `8GiB`.
+fn parse_bytes(s: &str) -> std::result::Result<usize, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, suffix) = s.split_at(split);
+    let scale: usize = match suffix.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "TiB" => 1 << 40,
+        other => return Err(format!("unknown unit `{other}`: expected a byte count with B, KiB, MiB, GiB or TiB")),
+    };
+    digits
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .ok_or_else(|| format!("`{s}` is not a byte count: expected e.g. 8GiB, 512MiB or 1000000"))
 }
 
 fn parse_device(s: &str) -> std::result::Result<DeviceKind, String> {

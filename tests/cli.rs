@@ -351,3 +351,26 @@ fn token_slices_are_refused_where_they_do_not_apply() {
         assert!(!out.contains("panicked"), "{out}");
     }
 }
+
+/// `plan --token-slices auto` plans one slicing for every micro-batch under the device memory
+/// limit (`--memory-limit`, with binary units), prints it with its predicted peak, and a limit
+/// that no slicing meets is refused by name with the bytes it would need.
+#[test]
+fn token_slices_auto_respects_the_memory_limit() {
+    if !std::path::Path::new("data/text/hamlet.txt").exists() {
+        assert!(std::env::var_os("CI").is_none(), "CI must have the datasets (scripts/setup.sh)");
+        return;
+    }
+    let gpt = ["plan", "--config", "configs/gpt-hamlet.toml", "--devices", "2", "--token-slices", "auto"];
+    let (ok, out) = pipetransformer(&[&gpt[..], &["--micro-batches", "2", "--memory-limit", "200MiB"]].concat());
+    assert!(ok, "{out}");
+    let line = out.lines().find(|l| l.starts_with("token slices")).unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        line.contains("2 × (8 seq: ") && line.contains("peak memory") && !line.contains("peak memory 0 B"),
+        "{line}"
+    );
+    let (ok, out) = pipetransformer(&[&gpt[..], &["--memory-limit", "3MiB"]].concat());
+    assert!(!ok && out.contains("pipeline.memory_limit") && out.contains("no slicing meets the memory limit"), "{out}");
+    let (ok, out) = pipetransformer(&[&gpt[..], &["--memory-limit", "3 parsecs"]].concat());
+    assert!(!ok && out.contains("--memory-limit") && out.contains("byte count"), "{out}");
+}

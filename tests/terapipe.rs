@@ -245,3 +245,66 @@ fn the_planned_slicing_beats_every_uniform_one_under_its_model() {
         }
     }
 }
+
+/// The planner's memory model (measured on one layer) bounds what a stage really keeps. On
+/// stage 0 of a K = 2 GPipe pipeline over slices (GPT's embeddings keep nothing, so the stage's
+/// activations are its one layer's), the measured peak (saved activations and key/value arenas,
+/// 4-byte elements) lies between the modelled activations plus every micro-batch's keys and
+/// values, and that plus one micro-batch's key/value gradients (the first backward's). The
+/// model has many heads over 32 tokens, so the attention probabilities (`l·(c+l)` per slice)
+/// outweigh that window: a wrong score or per-token term falls outside it. The arenas count
+/// once per resident micro-batch: all `M` under GPipe, `min(M, K)` under 1F1B.
+#[test]
+fn the_memory_model_bounds_a_stages_measured_peak() {
+    use pipetransformer::model::GptConfig;
+    use pipetransformer::terapipe::measure_memory;
+    let (width, seq) = (8, 32);
+    let ModelConfig::Gpt(tiny) = tiny_gpt(0.1) else { unreachable!() };
+    let config = ModelConfig::Gpt(GptConfig { n_embd: width, n_head: 8, n_positions: seq, n_inner: Some(16), ..tiny });
+    let host = pipetransformer::bench::random_batch(&config, 2, seq, 5);
+    let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+    for m in [1, 2] {
+        for slices in [vec![16, 16], vec![5, 20, 7], vec![4; 8]] {
+            let plan = PipelineConfig {
+                pipeline_len: 2,
+                micro_batches: m,
+                schedule: ScheduleKind::Gpipe,
+                token_slices: slices.clone(),
+                ..Default::default()
+            };
+            let mut model = Model::new(&dev, &config, 1).unwrap();
+            let micro = host.split(m).unwrap().swap_remove(0);
+            let memory = measure_memory(&dev, &model, &micro, &plan).unwrap();
+            let (mut context, mut per_micro) = (0, 0.0);
+            for &l in &slices {
+                per_micro += memory.slice_bytes(1, l, context);
+                context += l;
+            }
+            // Keys and values of one layer, one micro-batch (their gradients as much again).
+            let kv = (2 * micro.batch * seq * width * 4) as f64;
+            let low = m as f64 * (per_micro + kv);
+            let high = low + kv;
+
+            let profiles = unit_profiles(&dev, &mut model, &host, false).unwrap();
+            let cpus = (0..2).map(|i| CpuDevice::<f32>::new(i, 1).unwrap()).collect();
+            let mut pipeline = Pipeline::new(cpus, model, OptimizerConfig::adamw(), plan, &profiles).unwrap();
+            let stage0 = &pipeline.plan().unit_names[pipeline.plan().partition.stages[0].clone()];
+            assert_eq!(stage0.iter().filter(|n| n.starts_with("attention")).count(), 1, "{stage0:?}");
+            let measured = 4.0 * pipeline.step(&host, 3, 1e-2, None).unwrap().peak_activations[0] as f64;
+            assert!(
+                low <= measured + 1e-6 && measured <= high + 1e-6,
+                "M = {m}, slices {slices:?}: measured {measured} B outside the model's [{low}, {high}]"
+            );
+        }
+    }
+    // The arenas (with gradients) of resident micro-batches: M under GPipe, min(M, K) under 1F1B.
+    let model = Model::new(&dev, &config, 1).unwrap();
+    let micro = host.split(2).unwrap().swap_remove(0);
+    let fixed = |m, schedule| {
+        let plan = PipelineConfig { pipeline_len: 2, micro_batches: m, schedule, ..Default::default() };
+        measure_memory(&dev, &model, &micro, &plan).unwrap().fixed_bytes
+    };
+    let arena = 4 * micro.batch * seq * width * 4;
+    assert_eq!(fixed(4, ScheduleKind::Gpipe) - fixed(1, ScheduleKind::Gpipe), 3 * arena);
+    assert_eq!(fixed(4, ScheduleKind::OneFOneB), fixed(2, ScheduleKind::Gpipe));
+}

@@ -213,7 +213,7 @@ fn token_slices<D: Device>(
         return Ok((request.lengths(first.seq)?, None));
     }
     let micro = first.split((plan.replicas * plan.micro_batches).clamp(1, first.batch))?.swap_remove(0);
-    let planned = plan_slices(dev, model, &micro, plan.pipeline_len)?;
+    let planned = plan_slices(dev, model, &micro, plan)?;
     let lengths = planned.micro_batches.first().map(|m| m.slices.clone()).unwrap_or_default();
     Ok((if lengths.len() > 1 { lengths } else { Vec::new() }, Some(planned)))
 }

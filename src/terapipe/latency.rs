@@ -254,6 +254,26 @@ impl LatencyModel {
         Ok(LatencyModel { grid, source: Source::Function(Arc::new(f)) })
     }
 
+    /// The model of `copies` identical micro-batches sharing one slicing: a "batch" of `b`
+    /// copies costs `b` times one copy (they run one after another), so the planner's joint
+    /// batch × token search over `copies` sequences never merges them (a merged slice is no
+    /// cheaper and its cap is higher) and plans the slicing every micro-batch runs.
+    pub fn repeated(&self, copies: usize) -> Result<LatencyModel> {
+        if copies == 1 {
+            return Ok(self.clone());
+        }
+        if self.grid.max_batch != 1 {
+            return Err(config_error(
+                "terapipe.batch",
+                format!("repeating a model of {} sequences: expected a model of one micro-batch", self.grid.max_batch),
+            ));
+        }
+        let one = self.clone();
+        let grid = LatencyGrid { max_batch: copies, ..self.grid };
+        let step = grid.step;
+        LatencyModel::from_fn(grid, move |b, l, c| b as f64 * one.time_units(1, l / step, c / step))
+    }
+
     /// The grid the model is defined on.
     pub fn grid(&self) -> LatencyGrid {
         self.grid

@@ -12,7 +12,7 @@
 //! |---|---|---|
 //! | [`slices`] | — | `TokenSlices` (`--token-slices off|auto|N|l1,l2,...`) and the lengths it means |
 //! | [`latency`] | A.4 | `LatencyModel` (`t0` table + fitted context term `Δ` + `comm`), `Sample`, `CommModel`, `ContextFit`, `LatencyGrid` |
-//! | [`profile`] | A.4 | `measure_latency` (one layer's slice times on a device), `plan_slices` |
+//! | [`profile`] | A.4, A.5 | `measure_latency` (one layer's slice times on a device), `measure_memory` (a stage's bytes), `plan_slices` (both, then the planner, for a pipeline plan) |
 //! | [`memory`] | A.5, A.9 | `MemoryModel` (activation bytes of a slice), `SliceSchedule` (GPipe / 1F1B over slices) |
 //! | [`planner`] | A.2, A.3 | `plan` (the `t_max` DP with exact pruning, joint batch × token, memory limits), `PlannerConfig`, `SlicingPlan`, `predict_step_seconds` |
 
@@ -28,5 +28,5 @@ mod tests;
 pub use latency::{CommModel, ContextFit, LatencyGrid, LatencyModel, Sample};
 pub use memory::{MemoryModel, SliceSchedule};
 pub use planner::{MicroBatchSlicing, PlannerConfig, Search, SearchStats, SlicingPlan, plan, predict_step_seconds};
-pub use profile::{measure_latency, plan_slices};
+pub use profile::{measure_latency, measure_memory, plan_slices};
 pub use slices::{TokenSlices, uniform};

@@ -339,9 +339,11 @@ fn memory_constraint(
         config_error(
             "terapipe.memory_limit",
             format!(
-                "no slicing meets the memory limit: needs at least {} bytes ({what}, {}), limit {limit}",
+                "no slicing meets the memory limit: needs at least {} bytes ({}; {what}, {}), limit {limit} ({})",
                 needs.ceil(),
-                config.schedule
+                human_bytes(needs.ceil() as usize),
+                config.schedule,
+                human_bytes(limit)
             ),
         )
     };

@@ -7,10 +7,13 @@
 //! upload of each.
 
 use super::latency::{CommModel, LatencyGrid, LatencyModel, Sample};
+use super::memory::{MemoryModel, SliceSchedule};
 use super::planner::{PlannerConfig, SlicingPlan, plan};
 use crate::device::Device;
-use crate::error::{Result, config_error};
-use crate::model::{Batch, HostBatch, KvArena, Model, Unit};
+use crate::error::{Error, Result, config_error};
+use crate::model::{Batch, HostBatch, KvArena, Model, Saved, Unit};
+use crate::pipeline::partition::param_bytes;
+use crate::pipeline::{PipelineConfig, ScheduleKind};
 use crate::rng::Rng;
 use std::time::Instant;
 
@@ -23,8 +26,94 @@ pub fn grid_step(seq: usize) -> usize {
     (1..=seq).find(|d| seq.is_multiple_of(*d) && seq / d <= 32).unwrap_or(seq.max(1))
 }
 
+/// One Transformer layer of a model (its first attention unit and the MLP unit after it) set
+/// up to run a slice of `len` tokens after `context` tokens of a micro-batch, through a
+/// key/value arena as the pipeline's workers use it.
+struct LayerProbe<D: Device> {
+    attention: usize,
+    prefix: Option<Batch<D>>,
+    slice: Batch<D>,
+    context: usize,
+    whole: usize,
+    input: Vec<f32>,
+}
+
+impl<D: Device> LayerProbe<D> {
+    fn new(dev: &D, model: &Model<D>, micro: &HostBatch, len: usize, context: usize) -> Result<Self> {
+        let attention = model
+            .units()
+            .iter()
+            .position(|u| matches!(u, Unit::Attention(_)))
+            .ok_or_else(|| config_error("token_slices", "the model has no attention layer to profile"))?;
+        let whole = micro.seq;
+        let window = micro.token_slices(&if context + len < whole {
+            vec![context + len, whole - context - len]
+        } else {
+            vec![whole]
+        })?;
+        let parts = window[0].token_slices(&if context > 0 { vec![context, len] } else { vec![len] })?;
+        let upload = |h: &HostBatch| Batch::upload(dev, model.spec(), h, true, 1);
+        let (prefix, slice) = match parts.as_slice() {
+            [p, s] => (Some(upload(p)?), upload(s)?),
+            [s] => (None, upload(s)?),
+            _ => return Err(config_error("token_slices", "profiling cut a window into more than two parts")),
+        };
+        let mut rng = Rng::new(7);
+        let input = (0..micro.batch * len * model.spec().hidden).map(|_| rng.uniform() as f32 - 0.5).collect();
+        Ok(Self { attention, prefix, slice, context, whole, input })
+    }
+
+    /// A fresh arena holding the context's keys and values.
+    fn arena(&self, dev: &D, model: &Model<D>) -> Result<KvArena<D>> {
+        let (b, width) = (self.slice.batch, model.spec().hidden);
+        let mut arena = KvArena::new(dev, b, self.whole, width)?;
+        if let Some(prefix) = &self.prefix {
+            let h = dev.upload(&vec![0.1; b * self.context * width])?;
+            model.units()[self.attention].forward(dev, prefix, Some(h), false, Some(&mut arena))?;
+        }
+        Ok(arena)
+    }
+
+    /// The slice's forward through the layer: its output and what each unit saved.
+    fn forward(&self, dev: &D, model: &Model<D>, arena: &mut KvArena<D>) -> Result<(D::Buf, Saved<D>, Saved<D>)> {
+        let units = model.units();
+        let x = dev.upload(&self.input)?;
+        let (y, attention) = units[self.attention].forward(dev, &self.slice, Some(x), true, Some(arena))?;
+        let (out, mlp) = units[self.attention + 1].forward(dev, &self.slice, Some(y), true, None)?;
+        Ok((out, attention, mlp))
+    }
+
+    /// Seconds of the slice's forward and backward (median of [`REPEATS`], after a warm-up).
+    fn seconds(&self, dev: &D, model: &mut Model<D>) -> Result<f64> {
+        let mut times = Vec::with_capacity(REPEATS);
+        for _ in 0..=REPEATS {
+            let mut arena = self.arena(dev, model)?;
+            let dy = dev.upload(&self.input)?;
+            dev.synchronize()?;
+            let start = Instant::now();
+            let (_, attention, mlp) = self.forward(dev, model, &mut arena)?;
+            let units = model.units_mut();
+            let dmid = units[self.attention + 1].backward(dev, &self.slice, mlp, &dy, true, None)?;
+            let dmid = dmid.ok_or_else(|| config_error("token_slices", "the MLP returned no input gradient"))?;
+            units[self.attention].backward(dev, &self.slice, attention, &dmid, true, Some(&mut arena))?;
+            dev.synchronize()?;
+            times.push(start.elapsed().as_secs_f64());
+        }
+        times.remove(0); // the warm-up run
+        times.sort_by(f64::total_cmp);
+        Ok(times[times.len() / 2])
+    }
+
+    /// Activation elements the slice's forward keeps for its backward.
+    fn saved_elements(&self, dev: &D, model: &Model<D>) -> Result<usize> {
+        let mut arena = self.arena(dev, model)?;
+        let (_, attention, mlp) = self.forward(dev, model, &mut arena)?;
+        Ok(attention.elements() + mlp.elements())
+    }
+}
+
 /// Seconds of one slice (forward and backward) of `len` tokens after `context` through one
-/// layer of `model` for `micro`'s sequences (median of [`REPEATS`]).
+/// layer of `model` for `micro`'s sequences.
 fn layer_seconds<D: Device>(
     dev: &D,
     model: &mut Model<D>,
@@ -32,49 +121,7 @@ fn layer_seconds<D: Device>(
     len: usize,
     context: usize,
 ) -> Result<f64> {
-    let attention = model
-        .units()
-        .iter()
-        .position(|u| matches!(u, Unit::Attention(_)))
-        .ok_or_else(|| config_error("token_slices", "the model has no attention layer to profile"))?;
-    let width = model.spec().hidden;
-    let (b, whole) = (micro.batch, micro.seq);
-    let window = micro.token_slices(&if context + len < whole {
-        vec![context + len, whole - context - len]
-    } else {
-        vec![whole]
-    })?;
-    let parts = window[0].token_slices(&if context > 0 { vec![context, len] } else { vec![len] })?;
-    let upload = |h: &HostBatch| Batch::upload(dev, model.spec(), h, true, 1);
-    let (prefix, slice) = match parts.as_slice() {
-        [p, s] => (Some(upload(p)?), upload(s)?),
-        [s] => (None, upload(s)?),
-        _ => return Err(config_error("token_slices", "profiling cut a window into more than two parts")),
-    };
-    let mut rng = Rng::new(7);
-    let x: Vec<f32> = (0..b * len * width).map(|_| rng.uniform() as f32 - 0.5).collect();
-    let mut times = Vec::with_capacity(REPEATS);
-    for _ in 0..=REPEATS {
-        let mut arena = KvArena::new(dev, b, whole, width)?;
-        let units = model.units_mut();
-        if let Some(prefix) = &prefix {
-            let h = dev.upload(&vec![0.1; b * context * width])?;
-            units[attention].forward(dev, prefix, Some(h), false, Some(&mut arena))?;
-        }
-        let (xin, dy) = (dev.upload(&x)?, dev.upload(&x)?);
-        dev.synchronize()?;
-        let start = Instant::now();
-        let (y, saved_attention) = units[attention].forward(dev, &slice, Some(xin), true, Some(&mut arena))?;
-        let (_, saved_mlp) = units[attention + 1].forward(dev, &slice, Some(y), true, None)?;
-        let dmid = units[attention + 1].backward(dev, &slice, saved_mlp, &dy, true, None)?;
-        let dmid = dmid.ok_or_else(|| config_error("token_slices", "the MLP returned no input gradient"))?;
-        units[attention].backward(dev, &slice, saved_attention, &dmid, true, Some(&mut arena))?;
-        dev.synchronize()?;
-        times.push(start.elapsed().as_secs_f64());
-    }
-    times.remove(0); // the warm-up run
-    times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
+    LayerProbe::new(dev, model, micro, len, context)?.seconds(dev, model)
 }
 
 /// Seconds to move `tokens` positions of activations across a stage boundary and their gradient
@@ -154,9 +201,105 @@ pub fn measure_latency<D: Device>(
     LatencyModel::from_samples(LatencyGrid { step, max_len: seq, max_batch: 1 }, &samples, comm)
 }
 
-/// TeraPipe's slicing for micro-batches like `micro` through `stages` stages: the latency
-/// model measured on `dev`, then the planner's exact search.
-pub fn plan_slices<D: Device>(dev: &D, model: &mut Model<D>, micro: &HostBatch, stages: usize) -> Result<SlicingPlan> {
-    let latency = measure_latency(dev, model, micro, stages)?;
-    plan(&latency, &PlannerConfig::new(stages, micro.seq, 1))
+/// Bytes a stage of a `pipeline`'s plan keeps for micro-batches like `micro`, as the planner
+/// models them ([`MemoryModel`], its "sample" being one whole micro-batch).
+///
+/// - Activations: the elements one layer's forward keeps for a slice, measured at two points
+///   (`l` tokens with no context and after `l` tokens of context: the difference is the
+///   attention probabilities' `l·c` term), times the layers of the largest stage, `⌈L/K⌉`.
+/// - Fixed: that stage's parameter bytes (weights, gradients, AdamW moments: `param_bytes`)
+///   plus the larger of the units before the first layer (embeddings) and after the last
+///   (final norm, head), and the key/value arenas (keys, values and their gradients for the
+///   whole sequence) of the micro-batches resident at once: all `M` under GPipe, at most
+///   `min(M, K)` under 1F1B.
+///
+/// The head's own saved activations (one row per token) are not counted.
+pub fn measure_memory<D: Device>(
+    dev: &D,
+    model: &Model<D>,
+    micro: &HostBatch,
+    pipeline: &PipelineConfig,
+) -> Result<MemoryModel> {
+    let (b, seq, step) = (micro.batch, micro.seq, grid_step(micro.seq));
+    if seq < 2 * step {
+        return Err(config_error(
+            "token_slices",
+            format!(
+                "a {seq}-token sequence is too short to measure a slice's memory; give the slices (a count or lengths)"
+            ),
+        ));
+    }
+    let bytes = dev.activation_dtype().bytes() as f64;
+    let elements = |context| LayerProbe::new(dev, model, micro, step, context)?.saved_elements(dev, model);
+    let (alone, after) = (elements(0)? as f64, elements(step)? as f64);
+    // Per micro-batch, the planner's batch unit (`plan_slices`).
+    let l = step as f64;
+    let per_score = (after - alone) / (l * l);
+    let per_token = alone / l - l * per_score;
+
+    let k = pipeline.pipeline_len.max(1);
+    let layers = model.spec().layers.div_ceil(k);
+    let costs = model.costs(dev, seq);
+    let is_layer = |u: &Unit<D>| matches!(u, Unit::Attention(_) | Unit::Mlp(_));
+    let units = model.units();
+    let first = units.iter().position(is_layer).unwrap_or(units.len());
+    let last = units.iter().rposition(is_layer).map_or(units.len(), |i| i + 1);
+    let params = |range: std::ops::Range<usize>| -> usize {
+        range.map(|i| param_bytes(costs[i].params, units[i].trainable())).sum()
+    };
+    let layer_params = params(first..last) / model.spec().layers.max(1);
+    let ends = if k == 1 {
+        params(0..first) + params(last..units.len())
+    } else {
+        params(0..first).max(params(last..units.len()))
+    };
+    let resident = match pipeline.schedule {
+        ScheduleKind::Gpipe | ScheduleKind::Interleaved => pipeline.micro_batches,
+        ScheduleKind::OneFOneB => pipeline.micro_batches.min(k),
+    };
+    let arenas = resident * layers * 4 * b * seq * model.spec().hidden;
+    Ok(MemoryModel {
+        per_token_bytes: per_token * bytes * layers as f64,
+        per_score_bytes: per_score * bytes * layers as f64,
+        fixed_bytes: layers * layer_params + ends + arenas * dev.activation_dtype().bytes(),
+    })
+}
+
+/// TeraPipe's slicing for `pipeline`'s micro-batches, each like `micro`: the layer's latency
+/// measured on `dev` and the stage's memory ([`measure_memory`]), then the planner's exact
+/// search over one slicing shared by the `M` micro-batches (the planner's batch is `M` copies
+/// of the micro-batch, each `b` copies costing `b` times one: merging them is never cheaper,
+/// so its plan is `M` micro-batches), under `pipeline.memory_limit` for its schedule.
+pub fn plan_slices<D: Device>(
+    dev: &D,
+    model: &mut Model<D>,
+    micro: &HostBatch,
+    pipeline: &PipelineConfig,
+) -> Result<SlicingPlan> {
+    let schedule = match pipeline.schedule {
+        ScheduleKind::Gpipe => SliceSchedule::Gpipe,
+        ScheduleKind::OneFOneB => SliceSchedule::OneFOneB,
+        ScheduleKind::Interleaved => {
+            return Err(config_error(
+                "pipeline.token_slices",
+                "the interleaved schedule does not take token slices; use gpipe or 1f1b",
+            ));
+        }
+    };
+    let (k, m) = (pipeline.pipeline_len, pipeline.micro_batches.max(1));
+    let latency = measure_latency(dev, model, micro, k)?.repeated(m)?;
+    let memory = measure_memory(dev, model, micro, pipeline)?;
+    let config =
+        PlannerConfig { memory, memory_limit: pipeline.memory_limit, schedule, ..PlannerConfig::new(k, micro.seq, m) };
+    // The limit is the pipeline's: name it as the user set it.
+    let mut planned = plan(&latency, &config).map_err(|e| match e {
+        Error::Config { field, message } if field == "terapipe.memory_limit" => {
+            Error::Config { field: "pipeline.memory_limit".into(), message }
+        }
+        e => e,
+    })?;
+    for m in &mut planned.micro_batches {
+        m.samples *= micro.batch; // planner units (micro-batches) to sequences
+    }
+    Ok(planned)
 }

@@ -331,8 +331,11 @@ fn memory_limits_nothing_meets_are_refused() {
     let config =
         PlannerConfig { memory, memory_limit: Some(finest as usize - 1), ..PlannerConfig::new(4, units * STEP, batch) };
     let e = plan(&lat, &config).unwrap_err().to_string();
-    let needs = format!("needs at least {} bytes (finest slicing", finest.ceil());
-    assert!(e.contains("no slicing meets the memory limit") && e.contains(&needs), "{e}");
+    let needs = format!("needs at least {} bytes (", finest.ceil());
+    assert!(
+        e.contains("no slicing meets the memory limit") && e.contains(&needs) && e.contains("; finest slicing"),
+        "{e}"
+    );
     assert!(e.contains(&format!("limit {}", finest as usize - 1)), "{e}");
     // Exactly the finest slicing's bytes is enough.
     let ok = PlannerConfig { memory_limit: Some(finest.ceil() as usize), ..config.clone() };
