@@ -36,6 +36,12 @@ pub struct DataInfo {
     /// Whether training samples are randomly augmented (none of the built-in datasets is;
     /// AutoCache refuses such data unless told otherwise).
     pub augmented: bool,
+    /// Class names by label (classifiers; empty for language models). They travel with the
+    /// exported model.
+    pub labels: Vec<String>,
+    /// A character-level language model's vocabulary, by token id (empty otherwise).
+    #[serde(skip)]
+    pub chars: Vec<char>,
 }
 
 /// Loads the dataset of `config` and wraps it as a batch source.
@@ -44,12 +50,14 @@ pub fn prepare_data(config: &RunConfig) -> Result<(Box<dyn BatchSource>, DataInf
     let seed = config.train.seed;
     let eval_bs = d.eval_batch_size.unwrap_or(d.batch_size);
     let dir = &d.dir;
-    let info = |name: &str, classes: usize, train: usize, test: usize| DataInfo {
+    let info = |name: &str, labels: &[String], train: usize, test: usize| DataInfo {
         name: name.into(),
-        classes,
+        classes: labels.len(),
         train,
         test,
         augmented: false,
+        labels: labels.to_vec(),
+        chars: Vec::new(),
     };
     match d.dataset {
         DatasetName::RottenTomatoes | DatasetName::ReutersR8 => {
@@ -57,7 +65,7 @@ pub fn prepare_data(config: &RunConfig) -> Result<(Box<dyn BatchSource>, DataInf
                 DatasetName::RottenTomatoes => data::rotten_tomatoes(dir)?.split_stratified(d.test_fraction, seed)?,
                 _ => data::reuters_r8(dir)?,
             };
-            let classes = split.train.num_classes();
+            let labels = split.train.class_names().to_vec();
             let name = split.train.name().to_string();
             let tokenizer_path = tokenizer_path(config)?;
             let tokenizer = TextTokenizer::from_file(&tokenizer_path, d.max_len)?;
@@ -72,7 +80,7 @@ pub fn prepare_data(config: &RunConfig) -> Result<(Box<dyn BatchSource>, DataInf
                 Ok(text_batch(&tokenizer, &items, offset)?.host)
             });
             let source = SampleSource::new(train, test, seed, d.batch_size, eval_bs, make)?;
-            Ok((Box::new(source), info(&name, classes, n_train, n_test)))
+            Ok((Box::new(source), info(&name, &labels, n_train, n_test)))
         }
         DatasetName::FashionMnist | DatasetName::Mnist5k | DatasetName::Digits => {
             let split = match d.dataset {
@@ -80,14 +88,14 @@ pub fn prepare_data(config: &RunConfig) -> Result<(Box<dyn BatchSource>, DataInf
                 DatasetName::Mnist5k => data::mnist5k(dir)?.split_stratified(d.test_fraction, seed)?,
                 _ => data::digits(dir)?.split_stratified(d.test_fraction, seed)?,
             };
-            let classes = split.train.num_classes();
+            let labels = split.train.class_names().to_vec();
             let name = split.train.name().to_string();
             let train = subset(split.train.samples().to_vec(), d.train_limit, seed);
             let test = subset(split.test.samples().to_vec(), d.test_limit, seed ^ 1);
             let (n_train, n_test) = (train.len(), test.len());
             let make = Box::new(|s: &[&ImageSample], offset: u64| data::image_batch(s, offset));
             let source = SampleSource::new(train, test, seed, d.batch_size, eval_bs, make)?;
-            Ok((Box::new(source), info(&name, classes, n_train, n_test)))
+            Ok((Box::new(source), info(&name, &labels, n_train, n_test)))
         }
         DatasetName::Hamlet => {
             let corpus = data::hamlet(dir)?;
@@ -96,7 +104,12 @@ pub fn prepare_data(config: &RunConfig) -> Result<(Box<dyn BatchSource>, DataInf
             let (n_train, n_test) = (train.len(), test.len());
             let make = Box::new(|s: &[&LmSequence], offset: u64| data::lm_batch(s, offset));
             let source = SampleSource::new(train, test, seed, d.batch_size, eval_bs, make)?;
-            Ok((Box::new(source), info("hamlet", corpus.vocab.len(), n_train, n_test)))
+            let info = DataInfo {
+                classes: corpus.vocab.len(),
+                chars: corpus.vocab.chars().to_vec(),
+                ..info("hamlet", &[], n_train, n_test)
+            };
+            Ok((Box::new(source), info))
         }
     }
 }
