@@ -9,7 +9,7 @@ use pipetransformer::Error;
 use pipetransformer::device::{CpuDevice, Device};
 use pipetransformer::model::{Batch, HostBatch, Model, ModelConfig, Pooling};
 use pipetransformer::weights::{
-    LoadOptions, export_model, load_into_model, load_safetensors, read_hf_config, write_safetensors,
+    ExportExtras, LoadOptions, export_model, load_into_model, load_safetensors, read_hf_config, write_safetensors,
 };
 use serde::Deserialize;
 
@@ -155,17 +155,21 @@ fn round_trip(config: ModelConfig, test: &str) -> pipetransformer::weights::Load
     let dir = temp_dir(test);
     let dev = CpuDevice::<f32>::new(0, 1).unwrap();
     let source = Model::new(&dev, &config, 1).unwrap();
-    let exported = export_model(&source, &dev, &config, &dir).unwrap();
+    let exported = export_model(&source, &dev, &config, &ExportExtras::default(), &dir).unwrap();
     let mut target = Model::new(&dev, &config, 2).unwrap();
     assert_ne!(bits(&dev, &source), bits(&dev, &target));
     let file = load_safetensors(&exported.weights).unwrap();
     let report = load_into_model(&mut target, &dev, &file, &LoadOptions::strict()).unwrap();
     assert_eq!(bits(&dev, &source), bits(&dev, &target));
     assert_eq!(read_hf_config(&exported.config, None).unwrap(), config);
-    // No temporary files are left behind.
-    let mut names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    // No temporary files are left behind: only the weights, the config and the companions.
+    let mut names: Vec<_> =
+        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     names.sort();
-    assert_eq!(names, ["config.json", "model.safetensors"]);
+    let mut expected: Vec<String> = ["config.json", "model.safetensors"].map(String::from).into();
+    expected.extend(exported.companions.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()));
+    expected.sort();
+    assert_eq!(names, expected);
     report
 }
 
@@ -187,10 +191,14 @@ fn round_trip_gpt_restores_the_tied_head() {
     let config = common::tiny_gpt(0.0);
     let dev = CpuDevice::<f32>::new(0, 1).unwrap();
     let dir = temp_dir("gpt-tied");
-    let exported = export_model(&Model::new(&dev, &config, 1).unwrap(), &dev, &config, &dir).unwrap();
+    let exported =
+        export_model(&Model::new(&dev, &config, 1).unwrap(), &dev, &config, &ExportExtras::default(), &dir).unwrap();
     assert_eq!(exported.skipped, ["lm_head.weight"]);
     let file = load_safetensors(&exported.weights).unwrap();
     assert!(file.get("lm_head.weight").is_none() && file.get("transformer.wte.weight").is_some());
+    // GPT-2's layout, which GPT2LMHeadModel reads: q/k/v fused into a Conv1D `[in, 3·out]`.
+    assert_eq!(file.get("transformer.h.0.attn.c_attn.weight").map(|t| t.shape.clone()), Some(vec![10, 30]));
+    assert!(file.get("transformer.h.0.attn.q_proj.weight").is_none());
     let report = round_trip(config, "rt-gpt");
     assert_eq!(report.tied, ["lm_head.weight"]);
     assert!(!report.loaded.iter().any(|n| n == "lm_head.weight"));
@@ -367,7 +375,8 @@ fn unexpected_tensors_are_reported_or_refused() {
     let config = common::tiny_bert(Pooling::Mean, 0.0);
     let dev = CpuDevice::<f32>::new(0, 1).unwrap();
     let dir = temp_dir("unexpected");
-    let exported = export_model(&Model::new(&dev, &config, 1).unwrap(), &dev, &config, &dir).unwrap();
+    let exported =
+        export_model(&Model::new(&dev, &config, 1).unwrap(), &dev, &config, &ExportExtras::default(), &dir).unwrap();
     // Append an extra tensor by rewriting the file with one more entry.
     let file = load_safetensors(&exported.weights).unwrap();
     let host: Vec<_> =

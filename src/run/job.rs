@@ -398,7 +398,20 @@ impl<D: Device> Job<D> {
         files::write_atomic(&out.join("summary.json"), |w| w.write_all(&json))?;
         let dev = &self.trainer.pipeline.devices()[0];
         let model = self.trainer.pipeline.gather(dev)?;
-        weights::export_model(&model, dev, &self.model_config, out.join("model"))?;
+        weights::export_model(
+            &model,
+            dev,
+            &self.model_config,
+            &weights::ExportExtras {
+                labels: &self.info.labels,
+                tokenizer_dir: self.config.model.pretrained.as_deref(),
+                chars: &self.info.chars,
+                max_seq_length: Some(self.config.data.max_len),
+                // scikit-learn's digits hold 0..=16 (the loader divides by 16), the others 0..=255.
+                pixel_max: Some(if self.config.data.dataset == DatasetName::Digits { 16 } else { 255 }),
+            },
+            out.join("model"),
+        )?;
         super::report::write_report(&metrics_path, &out.join("report.html"), &self.config)?;
         Ok(summary)
     }

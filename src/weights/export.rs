@@ -1,15 +1,18 @@
-//! Writing a model as a Hugging Face-style checkpoint directory: `model.safetensors` (f32, one
-//! tensor per parameter under its Hugging Face name) and `config.json`.
+//! Writing a model as a self-contained Hugging Face-style directory: `model.safetensors` (f32,
+//! in the layout of the Hugging Face class that loads it, see `layout.rs`), `config.json`
+//! (with the class names), and the companion files of its family (tokenizer, image
+//! preprocessor, sentence-transformers modules; see `companions.rs`).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use super::companions::{ExportExtras, write_companions, write_json};
 use super::hf_config::hf_config_json;
+use super::layout::{HostTensor, bert_export_name, to_gpt2};
 use super::safetensors::{TensorRef, write_safetensors};
 use crate::device::Device;
 use crate::error::{Error, Result, config_error};
 use crate::files::write_atomic;
-use crate::model::{HeadSpec, Model, ModelConfig};
+use crate::model::{Family, HeadSpec, Model, ModelConfig};
 
 /// File name of the weights inside an exported directory.
 pub const WEIGHTS_FILE: &str = "model.safetensors";
@@ -27,29 +30,59 @@ pub struct ExportReport {
     pub tensors: usize,
     /// Parameters deliberately not written (the tied `lm_head.weight`).
     pub skipped: Vec<String>,
+    /// The companion files written (tokenizer, preprocessor, sentence-transformers modules).
+    pub companions: Vec<PathBuf>,
 }
 
-/// Exports `model` (built from `config`) into `dir` (created if needed) as `model.safetensors`
-/// and `config.json`, each written atomically: a temporary file in the same directory, flushed
-/// and fsynced, then renamed over the target, so a reader (or a crash) never sees half a file.
+/// Exports `model` (built from `config`) into `dir` (created if needed), every file written
+/// atomically: a temporary file in the same directory, flushed and fsynced, then renamed over
+/// the target, so a reader (or a crash) never sees half a file.
 ///
-/// Values are written as F32 (an f64 device's parameters are rounded). A tied LM head's
-/// `lm_head.weight` is not written, as Hugging Face does for tied weights: it equals
-/// `transformer.wte.weight`, and [`super::load_into_model`] restores it from there. Loading the
-/// export back into a model of the same config gives bitwise-identical f32 parameters.
+/// - `model.safetensors`: values as F32 (an f64 device's parameters are rounded), named and
+///   laid out as the Hugging Face class that loads the model expects: BERT under `bert.` with
+///   `classifier.*` at the top (`BertForSequenceClassification`), ViT as is
+///   (`ViTForImageClassification`), GPT in GPT-2's fused, transposed layout (`GPT2LMHeadModel`)
+///   without the tied `lm_head.weight` (it equals `transformer.wte.weight`).
+/// - `config.json`: the config, `architectures`, and `id2label`/`label2id` from
+///   `extras.labels`.
+/// - the companion files `extras` allows (see [`ExportExtras`]).
+///
+/// [`super::load_into_model`] reads the export back into a model of the same config with
+/// bitwise-identical f32 parameters, and [`super::read_export`] reads the rest.
+///
+/// Errors: a config that does not describe the model, class names or characters that do not
+/// match the config, a BERT tokenizer directory without `tokenizer.json`, I/O.
 pub fn export_model<D: Device>(
     model: &Model<D>,
     dev: &D,
     config: &ModelConfig,
+    extras: &ExportExtras<'_>,
     dir: impl AsRef<Path>,
 ) -> Result<ExportReport> {
     let dir = dir.as_ref();
     if config.spec()? != *model.spec() {
         return Err(config_error("config", "does not describe the model being exported (its spec differs)"));
     }
+    // Checked (labels against num_labels) before anything is written.
+    let json = hf_config_json(config, extras.labels)?;
     std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.display().to_string(), source })?;
 
+    let (host, skipped) = hf_tensors(model, dev)?;
+    let tensors: Vec<TensorRef<'_>> =
+        host.iter().map(|t| TensorRef { name: &t.name, shape: &t.shape, values: &t.values }).collect();
+    let weights = dir.join(WEIGHTS_FILE);
+    write_atomic(&weights, |w| write_safetensors(w, &tensors))?;
+    let config_path = dir.join(CONFIG_FILE);
+    write_json(&config_path, &json)?;
+    let companions = write_companions(config, extras, dir)?;
+    Ok(ExportReport { weights, config: config_path, tensors: tensors.len(), skipped, companions })
+}
+
+/// The model's parameters on the host, under the names and in the layout of the Hugging Face
+/// class that loads the family; the names of parameters left out (the tied LM head).
+fn hf_tensors<D: Device>(model: &Model<D>, dev: &D) -> Result<(Vec<HostTensor>, Vec<String>)> {
     let tied = model.spec().head == HeadSpec::TiedLmHead;
+    let family = model.spec().family;
     let mut skipped = Vec::new();
     let mut host = Vec::new();
     for p in model.params() {
@@ -57,18 +90,12 @@ pub fn export_model<D: Device>(
             skipped.push(p.name.clone());
             continue;
         }
-        host.push((p.name.as_str(), p.shape.as_slice(), dev.download(&p.value)?));
+        let name = match family {
+            Family::Bert => bert_export_name(&p.name),
+            Family::Vit | Family::Gpt => p.name.clone(),
+        };
+        host.push(HostTensor { name, shape: p.shape.clone(), values: dev.download(&p.value)? });
     }
-    let tensors: Vec<TensorRef<'_>> =
-        host.iter().map(|(name, shape, values)| TensorRef { name, shape, values }).collect();
-
-    let weights = dir.join(WEIGHTS_FILE);
-    write_atomic(&weights, |w| write_safetensors(w, &tensors))?;
-    let json = hf_config_json(config)?;
-    let config_path = dir.join(CONFIG_FILE);
-    write_atomic(&config_path, |w| {
-        serde_json::to_writer_pretty(&mut *w, &json).map_err(std::io::Error::other)?;
-        w.write_all(b"\n")
-    })?;
-    Ok(ExportReport { weights, config: config_path, tensors: tensors.len(), skipped })
+    let host = if family == Family::Gpt { to_gpt2(host)? } else { host };
+    Ok((host, skipped))
 }

@@ -2,34 +2,29 @@
 //!
 //! Our config structs use Hugging Face field names, so the work here is choosing the family
 //! from `model_type` (or `architectures`) and refusing architectures whose weights our units
-//! cannot hold, with a message that says which ones can.
+//! cannot hold, with a message that says which ones can. On the way out, `config.json` also
+//! names the Hugging Face class that loads the export and carries the class names
+//! (`id2label`, `label2id`).
 
 use std::path::Path;
 
 use serde_json::Value;
 
 use crate::error::{Error, Result, config_error};
-use crate::model::{Family, ModelConfig};
+use crate::model::{Family, ModelConfig, Pooling};
 
-/// `model_type` this engine writes for its own GPT: Hugging Face's `gpt2` fuses q/k/v into one
-/// Conv1D (`c_attn`, stored transposed), which our separate `q_proj`/`k_proj`/`v_proj` linear
-/// layers do not read, so claiming `gpt2` would make real GPT-2 tools misread our files.
+/// `model_type` of this engine's earlier GPT exports, whose files keep our separate
+/// `q_proj`/`k_proj`/`v_proj` layers. Still read; exports now write GPT-2's own layout
+/// (`gpt2`, fused `c_attn`, see `layout.rs`), which `GPT2LMHeadModel` loads.
 pub const OWN_GPT_MODEL_TYPE: &str = "pipetransformer_gpt";
 
-const SUPPORTED: &str = "supported: bert, vit, pipetransformer_gpt (this engine's own GPT export)";
+const SUPPORTED: &str = "supported: bert, vit, gpt2, pipetransformer_gpt (this engine's earlier GPT exports)";
 
 fn family_of_model_type(model_type: &str, origin: &str) -> Result<Family> {
     match model_type {
         "bert" => Ok(Family::Bert),
         "vit" => Ok(Family::Vit),
-        OWN_GPT_MODEL_TYPE => Ok(Family::Gpt),
-        "gpt2" => Err(config_error(
-            "model_type",
-            format!(
-                "{origin}: unsupported architecture `gpt2`: its checkpoints fuse q/k/v into Conv1D `c_attn` \
-                 weights, which this engine's GPT (separate q/k/v projections) does not read; {SUPPORTED}"
-            ),
-        )),
+        "gpt2" | OWN_GPT_MODEL_TYPE => Ok(Family::Gpt),
         other => Err(config_error("model_type", format!("{origin}: unsupported architecture `{other}`; {SUPPORTED}"))),
     }
 }
@@ -41,7 +36,7 @@ fn family_of_architecture(arch: &str, origin: &str) -> Result<Family> {
         Ok(Family::Bert)
     } else if arch.starts_with("ViT") {
         Ok(Family::Vit)
-    } else if arch == "PipeTransformerGpt" {
+    } else if arch.starts_with("GPT2") || arch == "PipeTransformerGpt" {
         Ok(Family::Gpt)
     } else {
         Err(config_error("architectures", format!("{origin}: unsupported architecture `{arch}`; {SUPPORTED}")))
@@ -107,32 +102,111 @@ pub fn parse_hf_config(text: &str, origin: &str, family_hint: Option<Family>) ->
             ModelConfig::Bert(deserialize(value, origin, "bert")?)
         }
         Family::Vit => ModelConfig::Vit(deserialize(value, origin, "vit")?),
-        Family::Gpt => ModelConfig::Gpt(deserialize(value, origin, "gpt")?),
+        Family::Gpt => {
+            check_gpt2_attention(&value, origin)?;
+            ModelConfig::Gpt(deserialize(value, origin, "gpt")?)
+        }
     };
     config.spec()?;
     Ok(config)
+}
+
+/// GPT-2 switches that change the attention itself: our GPT scales scores by `1/√head_dim`
+/// and nothing else, so a config asking otherwise is refused rather than silently misread.
+fn check_gpt2_attention(value: &Value, origin: &str) -> Result<()> {
+    let flags =
+        [("scale_attn_weights", true), ("scale_attn_by_inverse_layer_idx", false), ("reorder_and_upcast_attn", false)];
+    for (flag, ours) in flags {
+        if let Some(v) = value.get(flag).and_then(Value::as_bool)
+            && v != ours
+        {
+            return Err(config_error(
+                format!("gpt.{flag}"),
+                format!("{origin}: `{v}` is not supported; expected `{ours}`"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn deserialize<T: serde::de::DeserializeOwned>(value: Value, origin: &str, family: &str) -> Result<T> {
     serde_json::from_value(value).map_err(|e| config_error(family, format!("{origin}: {e}")))
 }
 
+/// The Hugging Face class that loads an export of `config` whole (every tensor used, none
+/// freshly initialised, the same outputs). A mean-pooling BERT classifier has none
+/// (`BertForSequenceClassification` always classifies the pooler's `tanh(dense(h[CLS]))`), so
+/// its export names `BertModel`, which loads the encoder.
+pub fn hf_architecture(config: &ModelConfig) -> &'static str {
+    match config {
+        ModelConfig::Bert(c) if c.pooling == Pooling::ClsPooler => "BertForSequenceClassification",
+        ModelConfig::Bert(_) => "BertModel",
+        ModelConfig::Vit(_) => "ViTForImageClassification",
+        ModelConfig::Gpt(_) => "GPT2LMHeadModel",
+    }
+}
+
 /// The `config.json` this engine writes for a model: the config's own (Hugging Face-named)
-/// fields plus `model_type`, `architectures` and `torch_dtype`, so that [`read_hf_config`]
-/// reads it back and, for BERT and ViT, `transformers` recognises it.
-pub fn hf_config_json(config: &ModelConfig) -> Result<Value> {
-    let (fields, model_type, arch) = match config {
-        ModelConfig::Bert(c) => (serde_json::to_value(c), "bert", "BertModel"),
-        ModelConfig::Vit(c) => (serde_json::to_value(c), "vit", "ViTForImageClassification"),
-        ModelConfig::Gpt(c) => (serde_json::to_value(c), OWN_GPT_MODEL_TYPE, "PipeTransformerGpt"),
+/// fields plus `model_type`, `architectures` ([`hf_architecture`]) and `torch_dtype`, so that
+/// [`read_hf_config`] reads it back and `transformers` recognises it; for a classifier with
+/// class names, `id2label` (`{"0": name, …}`) and `label2id` too. `labels` must be empty or
+/// hold one name per class, all distinct (`label2id` could not map a repeated name back).
+/// A GPT is written as `gpt2` (the layout the export writes its weights in).
+pub fn hf_config_json(config: &ModelConfig, labels: &[String]) -> Result<Value> {
+    let (fields, model_type) = match config {
+        ModelConfig::Bert(c) => (serde_json::to_value(c), "bert"),
+        ModelConfig::Vit(c) => (serde_json::to_value(c), "vit"),
+        ModelConfig::Gpt(c) => (serde_json::to_value(c), "gpt2"),
     };
     let mut fields = fields.map_err(|e| config_error("config", format!("cannot serialise: {e}")))?;
-    if let Value::Object(m) = &mut fields {
-        m.insert("model_type".into(), model_type.into());
-        m.insert("architectures".into(), serde_json::json!([arch]));
-        m.insert("torch_dtype".into(), "float32".into());
+    let Value::Object(m) = &mut fields else {
+        return Err(config_error("config", "did not serialise to a JSON object"));
+    };
+    m.insert("model_type".into(), model_type.into());
+    m.insert("architectures".into(), serde_json::json!([hf_architecture(config)]));
+    m.insert("torch_dtype".into(), "float32".into());
+    if let ModelConfig::Gpt(_) = config {
+        // GPT2Config defaults these to GPT-2's own 50256, which is outside a small vocabulary.
+        m.insert("bos_token_id".into(), Value::Null);
+        m.insert("eos_token_id".into(), Value::Null);
+    }
+    if !labels.is_empty() {
+        let (id2label, label2id) = label_maps(config, labels)?;
+        m.insert("id2label".into(), id2label);
+        m.insert("label2id".into(), label2id);
     }
     Ok(fields)
+}
+
+/// Classes of a classifier config, `None` for a language model.
+pub(crate) fn num_labels(config: &ModelConfig) -> Option<usize> {
+    match config {
+        ModelConfig::Bert(c) => Some(c.num_labels),
+        ModelConfig::Vit(c) => Some(c.num_labels),
+        ModelConfig::Gpt(_) => None,
+    }
+}
+
+/// `id2label` and `label2id` for `labels`, checked against the config's class count.
+fn label_maps(config: &ModelConfig, labels: &[String]) -> Result<(Value, Value)> {
+    let Some(n) = num_labels(config) else {
+        return Err(config_error("labels", "a language model has no class names; expected none"));
+    };
+    if labels.len() != n {
+        return Err(config_error(
+            "labels",
+            format!("{} class names for a model with num_labels = {n}; expected one name per class", labels.len()),
+        ));
+    }
+    let mut id2label = serde_json::Map::new();
+    let mut label2id = serde_json::Map::new();
+    for (id, name) in labels.iter().enumerate() {
+        id2label.insert(id.to_string(), name.clone().into());
+        if label2id.insert(name.clone(), id.into()).is_some() {
+            return Err(config_error("labels", format!("class name `{name}` appears twice; expected distinct names")));
+        }
+    }
+    Ok((Value::Object(id2label), Value::Object(label2id)))
 }
 
 #[cfg(test)]
@@ -185,7 +259,26 @@ mod tests {
             c.num_labels = 8;
             c.pooling = crate::model::Pooling::Mean;
         }
-        let text = hf_config_json(&config).unwrap().to_string();
-        assert_eq!(parse_hf_config(&text, "c", None).unwrap(), config);
+        let labels: Vec<String> = (0..8).map(|i| format!("class {i}")).collect();
+        let json = hf_config_json(&config, &labels).unwrap();
+        assert_eq!(json["architectures"][0], "BertModel"); // mean pooling: no HF classifier class
+        assert_eq!(json["id2label"]["7"], "class 7");
+        assert_eq!(json["label2id"]["class 0"], 0);
+        assert_eq!(parse_hf_config(&json.to_string(), "c", None).unwrap(), config);
+        let e = hf_config_json(&config, &labels[..3]).unwrap_err().to_string();
+        assert!(e.contains("3 class names for a model with num_labels = 8"), "{e}");
+        let mut twice = labels.clone();
+        twice[1] = "class 0".into();
+        assert!(hf_config_json(&config, &twice).unwrap_err().to_string().contains("`class 0` appears twice"));
+    }
+
+    #[test]
+    fn gpt2_configs_read_as_gpt_unless_the_attention_differs() {
+        let gpt2 = r#"{"model_type": "gpt2", "vocab_size": 50257, "n_positions": 1024, "n_embd": 768,
+            "n_layer": 12, "n_head": 12, "n_inner": null, "activation_function": "gelu_new"}"#;
+        assert!(matches!(parse_hf_config(gpt2, "c", None), Ok(ModelConfig::Gpt(_))));
+        let odd = gpt2.replace("\"n_inner\"", "\"scale_attn_by_inverse_layer_idx\": true, \"n_inner\"");
+        let e = parse_hf_config(&odd, "c", None).unwrap_err().to_string();
+        assert!(e.contains("gpt.scale_attn_by_inverse_layer_idx") && e.contains("expected `false`"), "{e}");
     }
 }

@@ -4,10 +4,11 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
 
+use super::layout::{View, gpt2_targets, gpt2_with_prefix};
 use super::safetensors::{TensorFile, TensorInfo, weights_error};
 use crate::device::Device;
 use crate::error::Result;
-use crate::model::{HeadSpec, Model};
+use crate::model::{Family, HeadSpec, Model};
 use crate::scalar::DType;
 
 /// Name of the GPT token embedding that the LM head is tied to.
@@ -111,14 +112,20 @@ impl fmt::Display for LoadReport {
 ///
 /// For a model with a tied LM head, `lm_head.weight` is set from `transformer.wte.weight` when
 /// the file has no copy of its own (Hugging Face omits it when saving).
-pub fn load_into_model<D: Device>(
+///
+/// A GPT model also reads GPT-2's layout (what [`super::export_model`] writes, and what
+/// `GPT2LMHeadModel` saves, with or without the `transformer.` prefix): the fused
+/// `attn.c_attn` `Conv1D` feeds `q_proj`/`k_proj`/`v_proj`, and `attn.c_proj`, `mlp.c_fc`,
+/// `mlp.c_proj` feed `out_proj`, `fc_in`, `fc_out`, transposed (see `layout.rs`).
+pub fn load_into_model<'f, D: Device>(
     model: &mut Model<D>,
     dev: &D,
-    file: &TensorFile,
+    file: &'f TensorFile,
     options: &LoadOptions,
 ) -> Result<LoadReport> {
     let path = file.path();
     let tied_head = model.spec().head == HeadSpec::TiedLmHead;
+    let gpt = model.spec().family == Family::Gpt;
     let mut report = LoadReport { file: path.to_path_buf(), ..LoadReport::default() };
 
     // Which parameter each file tensor feeds.
@@ -129,8 +136,37 @@ pub fn load_into_model<D: Device>(
         }
         m
     };
-    let mut source: HashMap<String, &TensorInfo> = HashMap::new();
+    // Which tensor (and which view of it) feeds each parameter.
+    let mut source: HashMap<String, (&TensorInfo, View)> = HashMap::new();
+    let mut provide = |name: String, t: &'f TensorInfo, view: View| -> Result<()> {
+        if let Some((prev, _)) = source.insert(name.clone(), (t, view)) {
+            return Err(weights_error(
+                path,
+                Some(&t.name),
+                format!("maps onto parameter `{name}`, which tensor `{}` already provides", prev.name),
+            ));
+        }
+        Ok(())
+    };
     for t in file.tensors() {
+        // GPT-2's layout (our own GPT export, or a GPT-2 checkpoint): fused and transposed
+        // `Conv1D` tensors feed our separate linear layers.
+        if gpt {
+            if let Some(targets) = gpt2_targets(path, &t.name, &t.shape)? {
+                for (name, view) in targets {
+                    if params.contains_key(&name) {
+                        provide(name, t, view)?;
+                    } else {
+                        report.unexpected.push(t.name.clone());
+                    }
+                }
+                continue;
+            }
+            if let Some(name) = gpt2_with_prefix(&t.name).filter(|n| params.contains_key(n)) {
+                provide(name, t, View::Whole)?;
+                continue;
+            }
+        }
         let candidates = std::iter::once(t.name.as_str())
             .chain(options.strip_prefixes.iter().filter_map(|p| t.name.strip_prefix(p.as_str())));
         let mut ignored = false;
@@ -147,18 +183,11 @@ pub fn load_into_model<D: Device>(
         }
         match (ignored, target) {
             (true, _) => report.ignored.push(t.name.clone()),
-            (false, Some(name)) => {
-                if let Some(prev) = source.insert(name.clone(), t) {
-                    return Err(weights_error(
-                        path,
-                        Some(&t.name),
-                        format!("maps onto parameter `{name}`, which tensor `{}` already provides", prev.name),
-                    ));
-                }
-            }
+            (false, Some(name)) => provide(name, t, View::Whole)?,
             (false, None) => report.unexpected.push(t.name.clone()),
         }
     }
+    report.unexpected.dedup();
     if tied_head
         && !source.contains_key(TIED_COPY)
         && params.contains_key(TIED_COPY)
@@ -172,12 +201,19 @@ pub fn load_into_model<D: Device>(
     let mut hard_missing = Vec::new();
     for p in model.params() {
         match source.get(&p.name) {
-            Some(t) => {
-                if t.shape != p.shape {
+            Some((t, view)) => {
+                if view.shape(&t.shape).as_ref() != Some(&p.shape) {
+                    let stored = match view {
+                        View::Whole => String::new(),
+                        View::Conv1d { .. } => " (a GPT-2 Conv1D tensor, stored [in, out])".into(),
+                    };
                     return Err(weights_error(
                         path,
                         Some(&t.name),
-                        format!("shape {:?} in the file, but parameter `{}` has shape {:?}", t.shape, p.name, p.shape),
+                        format!(
+                            "shape {:?}{stored} in the file, but parameter `{}` has shape {:?}",
+                            t.shape, p.name, p.shape
+                        ),
                     ));
                 }
                 if !t.dtype.is_float() {
@@ -223,8 +259,12 @@ pub fn load_into_model<D: Device>(
     // Upload. f64 devices read f64 so that F64 checkpoints lose nothing.
     let wide = dev.activation_dtype() == DType::F64;
     for p in model.params_mut() {
-        let Some(t) = source.get(&p.name) else { continue };
-        p.value = if wide { dev.upload_f64(&file.read_f64(t)?)? } else { dev.upload(&file.read_f32(t)?)? };
+        let Some((t, view)) = source.get(&p.name) else { continue };
+        p.value = if wide {
+            dev.upload_f64(&view.apply(file.read_f64(t)?, &t.shape))?
+        } else {
+            dev.upload(&view.apply(file.read_f32(t)?, &t.shape))?
+        };
         if !report.tied.contains(&p.name) {
             report.loaded.push(p.name.clone());
         }

@@ -1,0 +1,364 @@
+//! Reading an exported model directory back: the config, the class names, the tokenizer and
+//! the character vocabulary, each checked against the config, so that a `predict` can rebuild
+//! the model ([`crate::model::Model::new`] + [`super::load_into_model`]) and decode its output.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+use super::companions::{PREPROCESSOR_FILE, TOKENIZER_FILE, VOCAB_FILE};
+use super::export::{CONFIG_FILE, WEIGHTS_FILE};
+use super::hf_config::{num_labels, parse_hf_config};
+use super::safetensors::load_safetensors;
+use crate::error::{Error, Result};
+use crate::model::ModelConfig;
+
+/// An exported model directory, read and checked by [`read_export`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExportedModel {
+    /// The directory.
+    pub dir: PathBuf,
+    /// The model's configuration (`config.json`).
+    pub config: ModelConfig,
+    /// The weights file (`model.safetensors`; its header has been checked): load it with
+    /// [`super::load_safetensors`] and [`super::load_into_model`].
+    pub weights: PathBuf,
+    /// Class names by label (`id2label`); empty for a language model, or a classifier
+    /// exported without names.
+    pub labels: Vec<String>,
+    /// The `tokenizer.json` beside the model, if there is one (a BERT's WordPiece tokenizer,
+    /// a character GPT's character tokenizer).
+    pub tokenizer: Option<PathBuf>,
+    /// A character-level GPT's vocabulary by token id (`vocab.json`); empty otherwise.
+    pub chars: Vec<char>,
+    /// What raw pixel values are multiplied by before the model sees them (ViT:
+    /// `preprocessor_config.json`'s `rescale_factor`, e.g. 1/255); `None` without that file.
+    pub pixel_scale: Option<f64>,
+}
+
+/// The error for a file of an export that is missing or not what this engine writes: it names
+/// the file and says what was expected.
+fn export_error(path: &Path, message: impl std::fmt::Display) -> Error {
+    Error::Weights { file: path.display().to_string(), tensor: None, message: message.to_string() }
+}
+
+/// Reads the export in `dir` (what [`super::export_model`] wrote).
+///
+/// Errors ([`Error::Weights`] naming the file and what was expected; [`Error::Config`] for a
+/// `config.json` that is not valid JSON or not a supported model; [`Error::Io`]): `dir` is
+/// not a directory; `config.json` or `model.safetensors` is missing; `config.json` is not
+/// valid JSON or not a supported model; the safetensors header is damaged; `id2label` is not
+/// `{"0": name, …}` with one name per class (`num_labels`) or disagrees with `label2id`;
+/// `vocab.json` is not `{"<char>": id}` with one distinct character per token id
+/// (`vocab_size`); `preprocessor_config.json` normalises or rescales in a way our image
+/// pipeline does not.
+pub fn read_export(dir: impl AsRef<Path>) -> Result<ExportedModel> {
+    let dir = dir.as_ref();
+    if !dir.is_dir() {
+        return Err(export_error(
+            dir,
+            "is not a directory; expected an exported model directory (config.json, model.safetensors)",
+        ));
+    }
+    let config_path = dir.join(CONFIG_FILE);
+    let weights = dir.join(WEIGHTS_FILE);
+    for required in [&config_path, &weights] {
+        if !required.is_file() {
+            return Err(export_error(
+                required,
+                "is missing; expected an exported model directory (config.json, model.safetensors)",
+            ));
+        }
+    }
+    let text = std::fs::read_to_string(&config_path)
+        .map_err(|source| Error::Io { path: config_path.display().to_string(), source })?;
+    let config = parse_hf_config(&text, &config_path.display().to_string(), None)?;
+    // The parse above succeeded, so the text is a JSON object.
+    let json: Value = serde_json::from_str(&text).map_err(|e| export_error(&config_path, e))?;
+    load_safetensors(&weights)?;
+
+    let labels = match num_labels(&config) {
+        Some(n) => read_labels(&config_path, &json, n)?,
+        None => Vec::new(),
+    };
+    let chars = match &config {
+        ModelConfig::Gpt(c) => read_chars(&dir.join(VOCAB_FILE), c.vocab_size)?,
+        _ => Vec::new(),
+    };
+    let pixel_scale = match &config {
+        ModelConfig::Vit(_) => read_pixel_scale(&dir.join(PREPROCESSOR_FILE))?,
+        _ => None,
+    };
+    let tokenizer = Some(dir.join(TOKENIZER_FILE)).filter(|p| p.is_file());
+    Ok(ExportedModel { dir: dir.to_path_buf(), config, weights, labels, tokenizer, chars, pixel_scale })
+}
+
+/// Class names from `id2label` (absent: none), checked against `num_labels` and `label2id`.
+fn read_labels(path: &Path, json: &Value, num_labels: usize) -> Result<Vec<String>> {
+    let Some(id2label) = json.get("id2label") else { return Ok(Vec::new()) };
+    let Some(map) = id2label.as_object() else {
+        return Err(export_error(path, "`id2label` is not an object; expected {\"0\": \"name\", …}"));
+    };
+    if map.len() != num_labels {
+        return Err(export_error(
+            path,
+            format!("`id2label` has {} entries, but num_labels = {num_labels}; expected one name per class", map.len()),
+        ));
+    }
+    let mut labels = Vec::with_capacity(num_labels);
+    for id in 0..num_labels {
+        let name = map.get(&id.to_string()).and_then(Value::as_str).ok_or_else(|| {
+            export_error(
+                path,
+                format!("`id2label` has no name for class \"{id}\"; expected ids 0..{num_labels} as strings"),
+            )
+        })?;
+        labels.push(name.to_string());
+    }
+    if let Some(label2id) = json.get("label2id") {
+        check_label2id(path, label2id, &labels)?;
+    }
+    Ok(labels)
+}
+
+/// `label2id` must map every name of `id2label` back to its id.
+fn check_label2id(path: &Path, label2id: &Value, labels: &[String]) -> Result<()> {
+    let Some(map) = label2id.as_object() else {
+        return Err(export_error(path, "`label2id` is not an object; expected {\"name\": 0, …}"));
+    };
+    for (id, name) in labels.iter().enumerate() {
+        let got = map.get(name).and_then(Value::as_u64);
+        if got != Some(id as u64) {
+            let got = map.get(name).map_or_else(|| "nothing".to_string(), Value::to_string);
+            return Err(export_error(
+                path,
+                format!("`label2id` maps `{name}` to {got}, but `id2label` gives it id {id}; expected the inverse map"),
+            ));
+        }
+    }
+    if map.len() != labels.len() {
+        return Err(export_error(
+            path,
+            format!("`label2id` has {} entries, `id2label` {}; expected the inverse map", map.len(), labels.len()),
+        ));
+    }
+    Ok(())
+}
+
+/// The characters of `vocab.json` by token id (absent: none): one distinct single-character
+/// key per id `0..vocab_size`.
+fn read_chars(path: &Path, vocab_size: usize) -> Result<Vec<char>> {
+    if !path.is_file() {
+        return Ok(Vec::new());
+    }
+    let text =
+        std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.display().to_string(), source })?;
+    let json: Value = serde_json::from_str(&text).map_err(|e| export_error(path, format!("not valid JSON: {e}")))?;
+    let Some(map) = json.as_object() else {
+        return Err(export_error(path, "is not a JSON object; expected {\"<character>\": id, …}"));
+    };
+    chars_by_id(path, map, vocab_size)
+}
+
+fn chars_by_id(path: &Path, map: &Map<String, Value>, vocab_size: usize) -> Result<Vec<char>> {
+    if map.len() != vocab_size {
+        return Err(export_error(
+            path,
+            format!(
+                "has {} characters, but config.json's vocab_size = {vocab_size}; expected one per token id",
+                map.len()
+            ),
+        ));
+    }
+    let mut chars: Vec<Option<char>> = vec![None; vocab_size];
+    for (key, id) in map {
+        let mut it = key.chars();
+        let (Some(ch), None) = (it.next(), it.next()) else {
+            return Err(export_error(path, format!("key {key:?} is not a single character")));
+        };
+        let id =
+            id.as_u64().filter(|&i| (i as usize) < vocab_size).ok_or_else(|| {
+                export_error(path, format!("{key:?} has id {id}; expected an integer in 0..{vocab_size}"))
+            })? as usize;
+        if let Some(other) = chars[id].replace(ch) {
+            return Err(export_error(path, format!("id {id} is given to both {other:?} and {ch:?}")));
+        }
+    }
+    // `vocab_size` keys, no id twice, every id in range: every slot is filled.
+    Ok(chars.into_iter().flatten().collect())
+}
+
+/// `rescale_factor` of a ViT's `preprocessor_config.json` (1 when `do_rescale` is false;
+/// `None` without the file). Normalisation is refused: our image pipeline feeds rescaled
+/// pixels as they are, which is what every export of this engine describes.
+fn read_pixel_scale(path: &Path) -> Result<Option<f64>> {
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text =
+        std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.display().to_string(), source })?;
+    let json: Value = serde_json::from_str(&text).map_err(|e| export_error(path, format!("not valid JSON: {e}")))?;
+    if json.get("do_normalize").and_then(Value::as_bool) == Some(true) {
+        return Err(export_error(path, "`do_normalize` is true; expected false (pixels are fed un-normalised)"));
+    }
+    if json.get("do_rescale").and_then(Value::as_bool) == Some(false) {
+        return Ok(Some(1.0));
+    }
+    match json.get("rescale_factor").and_then(Value::as_f64) {
+        Some(f) if f > 0.0 && f.is_finite() => Ok(Some(f)),
+        _ => Err(export_error(path, "`rescale_factor` is missing or not a positive number; expected e.g. 1/255")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::CpuDevice;
+    use crate::model::{BertConfig, GptConfig, Model, Pooling};
+    use crate::weights::{ExportExtras, export_model};
+
+    fn temp_dir(test: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("pipetransformer-read-export-{}-{test}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn tiny_bert() -> ModelConfig {
+        ModelConfig::Bert(BertConfig {
+            vocab_size: 7,
+            hidden_size: 4,
+            num_hidden_layers: 1,
+            num_attention_heads: 2,
+            intermediate_size: 6,
+            hidden_act: "gelu".into(),
+            max_position_embeddings: 5,
+            type_vocab_size: 2,
+            layer_norm_eps: 1e-12,
+            hidden_dropout_prob: 0.0,
+            attention_probs_dropout_prob: 0.0,
+            num_labels: 3,
+            pooling: Pooling::ClsPooler,
+        })
+    }
+
+    /// Exports a tiny model of `config` into a fresh directory.
+    fn export(test: &str, config: &ModelConfig, extras: &ExportExtras<'_>) -> PathBuf {
+        let dir = temp_dir(test);
+        let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+        export_model(&Model::new(&dev, config, 1).unwrap(), &dev, config, extras, &dir).unwrap();
+        dir
+    }
+
+    fn labels() -> Vec<String> {
+        ["neg", "neu", "pos"].map(String::from).into()
+    }
+
+    /// The error's text, which must name `file`.
+    fn error_naming(dir: &Path, file: &str) -> String {
+        let e = read_export(dir).unwrap_err().to_string();
+        assert!(e.contains(file), "the error does not name {file}: {e}");
+        e
+    }
+
+    /// Rewrites `config.json` through `edit`.
+    fn edit_config(dir: &Path, edit: impl FnOnce(&mut Value)) {
+        let path = dir.join(CONFIG_FILE);
+        let mut json: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        edit(&mut json);
+        std::fs::write(&path, json.to_string()).unwrap();
+    }
+
+    #[test]
+    fn reads_what_export_wrote() {
+        let labels = labels();
+        let dir = export("ok", &tiny_bert(), &ExportExtras { labels: &labels, ..Default::default() });
+        let e = read_export(&dir).unwrap();
+        assert_eq!((e.config, e.labels, e.tokenizer, e.chars), (tiny_bert(), labels, None, vec![]));
+        assert_eq!(e.weights, dir.join(WEIGHTS_FILE));
+    }
+
+    #[test]
+    fn missing_or_damaged_files_are_named() {
+        let dir = export("missing", &tiny_bert(), &ExportExtras::default());
+        assert!(error_naming(&dir.join("nope"), "nope").contains("is not a directory"));
+        let weights = std::fs::read(dir.join(WEIGHTS_FILE)).unwrap();
+        std::fs::write(dir.join(WEIGHTS_FILE), &weights[..weights.len() / 2]).unwrap();
+        assert!(matches!(read_export(&dir), Err(Error::Weights { .. })), "a truncated file must be refused");
+        std::fs::remove_file(dir.join(WEIGHTS_FILE)).unwrap();
+        assert!(error_naming(&dir, "model.safetensors").contains("is missing"));
+        std::fs::write(dir.join(WEIGHTS_FILE), &weights).unwrap();
+        std::fs::write(dir.join(CONFIG_FILE), "{ not json").unwrap();
+        assert!(error_naming(&dir, "config.json").contains("not valid JSON"));
+        std::fs::remove_file(dir.join(CONFIG_FILE)).unwrap();
+        assert!(error_naming(&dir, "config.json").contains("is missing"));
+    }
+
+    #[test]
+    fn class_names_must_match_the_classifier() {
+        let labels = labels();
+        let dir = export("labels", &tiny_bert(), &ExportExtras { labels: &labels, ..Default::default() });
+        edit_config(&dir, |j| {
+            j["id2label"].as_object_mut().unwrap().remove("2");
+        });
+        assert!(error_naming(&dir, "config.json").contains("`id2label` has 2 entries, but num_labels = 3"));
+        edit_config(&dir, |j| j["id2label"]["7"] = "far".into());
+        assert!(error_naming(&dir, "config.json").contains("no name for class \"2\""));
+        edit_config(&dir, |j| {
+            j["id2label"] = serde_json::json!({"0": "neg", "1": "neu", "2": "pos"});
+            j["label2id"]["pos"] = 0.into();
+        });
+        let e = error_naming(&dir, "config.json");
+        assert!(e.contains("`label2id` maps `pos` to 0, but `id2label` gives it id 2"), "{e}");
+        edit_config(&dir, |j| j["id2label"] = "neg".into());
+        assert!(error_naming(&dir, "config.json").contains("`id2label` is not an object"));
+    }
+
+    #[test]
+    fn an_image_preprocessor_must_describe_our_pipeline() {
+        let config = ModelConfig::Vit(crate::model::VitConfig {
+            image_size: 4,
+            patch_size: 2,
+            num_channels: 1,
+            hidden_size: 4,
+            num_hidden_layers: 1,
+            num_attention_heads: 2,
+            intermediate_size: 6,
+            hidden_act: "gelu".into(),
+            layer_norm_eps: 1e-12,
+            hidden_dropout_prob: 0.0,
+            attention_probs_dropout_prob: 0.0,
+            num_labels: 2,
+        });
+        let dir = export("vit", &config, &ExportExtras { pixel_max: Some(16), ..Default::default() });
+        assert_eq!(read_export(&dir).unwrap().pixel_scale, Some(1.0 / 16.0));
+        let path = dir.join(PREPROCESSOR_FILE);
+        let mut json: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        json["do_normalize"] = true.into();
+        std::fs::write(&path, json.to_string()).unwrap();
+        assert!(error_naming(&dir, "preprocessor_config.json").contains("`do_normalize` is true"));
+        json["do_normalize"] = false.into();
+        json["rescale_factor"] = (-1.0).into();
+        std::fs::write(&path, json.to_string()).unwrap();
+        assert!(error_naming(&dir, "preprocessor_config.json").contains("`rescale_factor`"));
+    }
+
+    #[test]
+    fn a_character_vocabulary_must_match_the_model() {
+        let config = ModelConfig::Gpt(GptConfig::without_dropout(3, 4, 4, 1, 2));
+        let chars = ['a', 'b', '\n'];
+        let dir = export("chars", &config, &ExportExtras { chars: &chars, ..Default::default() });
+        assert_eq!(read_export(&dir).unwrap().chars, chars);
+        let vocab = dir.join(VOCAB_FILE);
+        std::fs::write(&vocab, r#"{"a": 0, "b": 1}"#).unwrap();
+        assert!(error_naming(&dir, "vocab.json").contains("has 2 characters, but config.json's vocab_size = 3"));
+        std::fs::write(&vocab, r#"{"a": 0, "bc": 1, "d": 2}"#).unwrap();
+        assert!(error_naming(&dir, "vocab.json").contains("\"bc\" is not a single character"));
+        std::fs::write(&vocab, r#"{"a": 0, "b": 0, "c": 2}"#).unwrap();
+        assert!(error_naming(&dir, "vocab.json").contains("id 0 is given to both"));
+        std::fs::write(&vocab, r#"{"a": 0, "b": 1, "c": 3}"#).unwrap();
+        assert!(error_naming(&dir, "vocab.json").contains("expected an integer in 0..3"));
+        std::fs::write(&vocab, "[1, 2]").unwrap();
+        assert!(error_naming(&dir, "vocab.json").contains("is not a JSON object"));
+    }
+}
