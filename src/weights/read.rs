@@ -276,6 +276,7 @@ mod tests {
         let e = read_export(&dir).unwrap();
         assert_eq!((e.config, e.labels, e.tokenizer, e.chars), (tiny_bert(), labels, None, vec![]));
         assert_eq!(e.weights, dir.join(WEIGHTS_FILE));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
@@ -292,6 +293,7 @@ mod tests {
         assert!(error_naming(&dir, "config.json").contains("not valid JSON"));
         std::fs::remove_file(dir.join(CONFIG_FILE)).unwrap();
         assert!(error_naming(&dir, "config.json").contains("is missing"));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
@@ -312,6 +314,7 @@ mod tests {
         assert!(e.contains("`label2id` maps `pos` to 0, but `id2label` gives it id 2"), "{e}");
         edit_config(&dir, |j| j["id2label"] = "neg".into());
         assert!(error_naming(&dir, "config.json").contains("`id2label` is not an object"));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
@@ -341,6 +344,7 @@ mod tests {
         json["rescale_factor"] = (-1.0).into();
         std::fs::write(&path, json.to_string()).unwrap();
         assert!(error_naming(&dir, "preprocessor_config.json").contains("`rescale_factor`"));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
@@ -360,5 +364,6 @@ mod tests {
         assert!(error_naming(&dir, "vocab.json").contains("expected an integer in 0..3"));
         std::fs::write(&vocab, "[1, 2]").unwrap();
         assert!(error_naming(&dir, "vocab.json").contains("is not a JSON object"));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
