@@ -19,12 +19,12 @@
 //! | [`comm`] | `Communicator`: the in-process ring all-reduce and NCCL (with a TCP rendezvous) |
 //! | [`optim`] | `Optimizer` (AdamW, SGD + momentum), `LrSchedule` (warmup + linear/cosine), global-norm clipping, `train_step` (one step on one device) |
 //! | [`pipeline`] | unit profiles, the partitioner, the schedule IR and its generators (GPipe, 1F1B, interleaved) and validator, `Plan`, the `Pipeline` runtime (stage workers, replicas, re-planning, freezing, evaluation), traces and bubbles |
-//! | [`train`] | `Trainer` (the epoch loop over a `Pipeline`, evaluation, checkpoints), `BatchSource`, `Event`, the `Controller` hook |
+//! | [`train`] | `Trainer` (the epoch loop over a `Pipeline`, evaluation, checkpoints), `BatchSource`, `Event`, `EvalMetrics` and `Confusion` (accuracy, per-class precision/recall/F1), the `Controller` hook |
 //! | [`elastic`] | PipeTransformer: the freeze controller (Eq. 1, α bound, table), AutoPipe, AutoDP, AutoCache (host arena + disk spill), transitions |
 //! | [`terapipe`] | TeraPipe: `TokenSlices` (the request), `LatencyModel` (`t0` table + fitted context term + comm) and its measurement on a device, `MemoryModel`, `plan` (the `t_max` DP, exact pruning, joint batch × token, memory limits) → `SlicingPlan` |
-//! | [`data`] | dataset loaders (Rotten Tomatoes, Reuters R8, digits, MNIST-5k, Fashion-MNIST, Hamlet) with stable sample ids, seeded stratified splits, `BatchOrder` (resumable per-epoch shuffle), image/LM `HostBatch`es |
-//! | [`run`] | `RunConfig` (a TOML run configuration with `--set` overrides), the data sources, `Job` (devices, model, plan, pipeline, trainer and elastic controller from a config; metrics, checkpoints, export, `report.html`) |
-//! | [`weights`] | Hugging Face checkpoints: `load_safetensors` (memory-mapped), `load_into_model` (by name, with a `LoadReport` of missing/unexpected tensors), `read_hf_config`, `export_model` (safetensors + `config.json`, atomic) |
+//! | [`data`] | dataset loaders (Rotten Tomatoes, Reuters R8, digits, MNIST-5k, Fashion-MNIST, Hamlet) with stable sample ids, seeded stratified splits, `BatchOrder` (resumable per-epoch shuffle), image/LM `HostBatch`es; a user's PNG/PGM/IDX images |
+//! | [`run`] | `RunConfig` (a TOML run configuration with `--set` overrides), the data sources, `Job` (devices, model, plan, pipeline, trainer and elastic controller from a config; metrics, checkpoints, export, `report.html`), `ProgressLines` (progress without a terminal), `Predictor` (`predict` and `evaluate` on an export or checkpoint) |
+//! | [`weights`] | Hugging Face checkpoints: `load_safetensors` (memory-mapped), `load_into_model` (by name, with a `LoadReport` of missing/unexpected tensors), `read_hf_config`, `export_model` (a self-contained folder: safetensors under the HF class's names, `config.json` with labels, tokenizer or vocabulary, sentence-transformers modules, preprocessing; atomic), `read_export` |
 //! | [`bench`](mod@bench) | the MiniLM-shaped benchmark workload, synthetic batches, step FLOPs, the GEMM roofline |
 //! | [`text`] | `TextTokenizer` (a Hugging Face `tokenizer.json`, our truncation, no padding), `text_batch` (labelled texts → per-batch-padded BERT `HostBatch`), `lm_batch`/`lm_batches` (token stream → next-token `HostBatch`es) |
 //! | [`testing`] | finite-difference gradient checks and error metrics used by the tests |

@@ -8,7 +8,8 @@ use pipetransformer::elastic::{FreezeInterval, FreezeName};
 use pipetransformer::model::{Batch, BertConfig, GptConfig, HeadSpec, Model, ModelConfig, Pooling, VitConfig};
 use pipetransformer::optim::{LrSchedule, Optimizer, OptimizerConfig, train_step};
 use pipetransformer::pipeline::ScheduleKind;
-use pipetransformer::run::{Job, RunConfig};
+use pipetransformer::run::predict::{OutputFormat, PredictOptions, predict_stream};
+use pipetransformer::run::{Job, Predictor, ProgressLines, RunConfig, Sampling};
 use pipetransformer::terapipe::TokenSlices;
 use pipetransformer::train::Event;
 use std::path::{Path, PathBuf};
@@ -232,6 +233,75 @@ enum Command {
         /// chrome://tracing).
         #[arg(long)]
         trace: Option<PathBuf>,
+        /// Seconds between progress lines when the output is not a terminal (CI, a log file;
+        /// `output.progress_every`, default 30); a terminal shows a progress bar.
+        #[arg(long)]
+        progress_every: Option<f64>,
+    },
+    /// Run a trained model on new inputs: texts (BERT), images (ViT: PNG or PGM files, IDX
+    /// files, or CSV rows of raw pixel values), or prompts to continue (GPT). Writes one JSON
+    /// object per input and line (a table on a terminal); an input that fails gets an error
+    /// line and the rest go on (the exit status is then 1).
+    Predict {
+        /// An exported model folder (a run's `model/`), a run's output folder, or a run's
+        /// `checkpoint.ckpt` (with the `model/` folder beside it).
+        #[arg(long)]
+        model: PathBuf,
+        /// Inputs; without them (and without --file) lines are read from standard input.
+        inputs: Vec<String>,
+        /// Read inputs from this file, one per line (`-`: standard input).
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// Inputs per forward pass.
+        #[arg(long, default_value_t = 32)]
+        batch_size: usize,
+        /// json (one object per line) or table; default: table on a terminal, else json.
+        #[arg(long, value_enum)]
+        format: Option<FormatArg>,
+        /// GPT: characters to generate.
+        #[arg(long, default_value_t = 200)]
+        max_new_tokens: usize,
+        /// GPT: softmax temperature (0: always the most probable character).
+        #[arg(long, default_value_t = 0.8)]
+        temperature: f64,
+        /// GPT: draw from the k most probable characters only (0: all).
+        #[arg(long, default_value_t = 0)]
+        top_k: usize,
+        /// GPT: seed of the draws.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// CPU threads (0: all cores).
+        #[arg(long, default_value_t = 0)]
+        threads: usize,
+        #[command(flatten)]
+        device: DeviceArgs,
+    },
+    /// Score a trained model: on the test split of a run config's dataset (`--config`), or on
+    /// a file of labelled rows (`--file`: `label<TAB>text` for BERT, CSV pixels then the label
+    /// for ViT). Prints accuracy and, for a classifier, per-class precision/recall/F1 and the
+    /// confusion matrix; for a language model, loss and perplexity.
+    Evaluate {
+        /// An exported model folder (a run's `model/`), a run's output folder, or a run's
+        /// `checkpoint.ckpt` (with the `model/` folder beside it).
+        #[arg(long)]
+        model: PathBuf,
+        /// A run configuration whose dataset's test split to score on.
+        #[arg(long, conflicts_with = "file", required_unless_present = "file")]
+        config: Option<PathBuf>,
+        /// Override a configuration value (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        /// A file of labelled rows to score on.
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// Inputs per forward pass (rows of `--file`).
+        #[arg(long, default_value_t = 64)]
+        batch_size: usize,
+        /// CPU threads (0: all cores).
+        #[arg(long, default_value_t = 0)]
+        threads: usize,
+        #[command(flatten)]
+        device: DeviceArgs,
     },
     /// Print how a run would be spread over devices: the partition with each stage's time and
     /// memory, the schedule, and its predicted bubble. Nothing is trained.
@@ -302,8 +372,9 @@ enum Command {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
-        Command::Train { config, mut set, resume, fresh, device, pipeline, elastic, trace } => {
+        Command::Train { config, mut set, resume, fresh, device, pipeline, elastic, trace, progress_every } => {
             set.extend(overrides(&pipeline, &elastic));
+            set.extend(progress_every.map(|s| format!("output.progress_every={s:?}")));
             let config = load_config(&config, &set)?;
             let run = TrainRun { resume, fresh, trace: trace.as_deref() };
             let (_, count) = config.pipeline.resolve()?;
@@ -311,6 +382,40 @@ fn main() -> Result<()> {
             match pipetransformer::run::open_devices(device.device, count, threads, device.precision())? {
                 AnyDevices::Cpu(devs) => train(devs, config, &run),
                 AnyDevices::Gpu(devs) => train(devs, config, &run),
+            }
+        }
+        Command::Predict {
+            model,
+            inputs,
+            file,
+            batch_size,
+            format,
+            max_new_tokens,
+            temperature,
+            top_k,
+            seed,
+            threads,
+            device,
+        } => {
+            if batch_size == 0 {
+                bail!("--batch-size must be at least 1");
+            }
+            let sampling = Sampling { max_new_tokens, temperature, top_k, seed };
+            let request = PredictRequest { model, inputs, file, batch_size, format, sampling };
+            match device.open(threads)? {
+                AnyDevice::Cpu(dev) => predict(dev, request),
+                AnyDevice::Gpu(dev) => predict(dev, request),
+            }
+        }
+        Command::Evaluate { model, config, set, file, batch_size, threads, device } => {
+            let data = match (config, file) {
+                (Some(config), _) => EvalData::Dataset(Box::new(load_config(&config, &set)?)),
+                (None, Some(file)) => EvalData::Rows(file, batch_size.max(1)),
+                (None, None) => bail!("give --config (a dataset's test split) or --file (labelled rows)"),
+            };
+            match device.open(threads)? {
+                AnyDevice::Cpu(dev) => evaluate(dev, &model, &data),
+                AnyDevice::Gpu(dev) => evaluate(dev, &model, &data),
             }
         }
         Command::Plan { config, mut set, pipeline, elastic } => {
@@ -486,6 +591,105 @@ struct TrainRun<'a> {
     trace: Option<&'a Path>,
 }
 
+/// Output format of `predict`.
+#[derive(Clone, Copy, ValueEnum)]
+enum FormatArg {
+    Json,
+    Table,
+}
+
+/// What `predict` was asked.
+struct PredictRequest {
+    model: PathBuf,
+    inputs: Vec<String>,
+    file: Option<PathBuf>,
+    batch_size: usize,
+    format: Option<FormatArg>,
+    sampling: Sampling,
+}
+
+/// The export in `path`, in `path/model/` (a run's output folder), or a run's checkpoint
+/// file, loaded on `dev`.
+fn load_predictor<D: Device>(dev: D, path: &Path) -> Result<Predictor<D>> {
+    if path.is_file() {
+        return Predictor::load_checkpoint(dev, path)
+            .with_context(|| format!("loading the checkpoint {}", path.display()));
+    }
+    let dir = if path.join("model").join("config.json").exists() { path.join("model") } else { path.to_path_buf() };
+    Predictor::load(dev, &dir).with_context(|| format!("loading the model in {}", dir.display()))
+}
+
+/// What `evaluate` scores on.
+enum EvalData {
+    Dataset(Box<RunConfig>),
+    Rows(PathBuf, usize),
+}
+
+fn evaluate<D: Device>(dev: D, model: &Path, data: &EvalData) -> Result<()> {
+    let predictor = load_predictor(dev, model)?;
+    let metrics = match data {
+        EvalData::Dataset(config) => predictor.evaluate_dataset(config).context("evaluating on the dataset")?,
+        EvalData::Rows(path, batch_size) => {
+            let batches = predictor.labelled_rows(path, *batch_size)?;
+            predictor.evaluate(batches.into_iter().map(Ok))?
+        }
+    };
+    let mut report = format!("{} targets: {metrics}\n\n", metrics.count);
+    if let Some(confusion) = &metrics.confusion {
+        report += &confusion.report(predictor.labels());
+    }
+    write_stdout(&report)
+}
+
+/// Writes to standard output; a reader that went away (`| head`) is not an error.
+fn write_stdout(text: &str) -> Result<()> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+fn predict<D: Device>(dev: D, request: PredictRequest) -> Result<()> {
+    use std::io::{BufRead, IsTerminal};
+    let predictor = load_predictor(dev, &request.model)?;
+    let stdout = std::io::stdout();
+    let format = match request.format {
+        Some(FormatArg::Json) => OutputFormat::JsonLines,
+        Some(FormatArg::Table) => OutputFormat::Table,
+        None if stdout.is_terminal() => OutputFormat::Table,
+        None => OutputFormat::JsonLines,
+    };
+    let stdin_name = Path::new("-");
+    let from_stdin =
+        request.file.as_deref() == Some(stdin_name) || (request.file.is_none() && request.inputs.is_empty());
+    // Someone typing at a terminal wants each line's answer at once.
+    let batch_size = if from_stdin && std::io::stdin().is_terminal() { 1 } else { request.batch_size };
+    let options = PredictOptions { batch_size, sampling: request.sampling, format };
+    let io =
+        |path: &Path, e: std::io::Error| pipetransformer::Error::Io { path: path.display().to_string(), source: e };
+    let lines: Box<dyn Iterator<Item = pipetransformer::Result<String>>> = if from_stdin {
+        Box::new(std::io::stdin().lock().lines().map(move |l| l.map_err(|e| io(stdin_name, e))))
+    } else if let Some(path) = request.file.clone() {
+        let file = std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+        Box::new(std::io::BufReader::new(file).lines().map(move |l| l.map_err(|e| io(&path, e))))
+    } else {
+        Box::new(request.inputs.into_iter().map(Ok))
+    };
+    let (total, failed) = match predict_stream(&predictor, lines, &options, &mut stdout.lock()) {
+        // The reader went away (`| head`): stop quietly.
+        Err(pipetransformer::Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::BrokenPipe => {
+            return Ok(());
+        }
+        r => r?,
+    };
+    if failed > 0 {
+        eprintln!("{failed} of {total} inputs failed (their lines say why)");
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
 fn plan(config: RunConfig) -> Result<()> {
     let (_, count) = config.pipeline.resolve()?;
     let measured = config.pipeline.profile || config.elastic.auto_pipe;
@@ -556,8 +760,16 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
     let say = |bar: &ProgressBar, line: String| if bar.is_hidden() { println!("{line}") } else { bar.println(line) };
     let started = Instant::now();
     let mut samples = 0usize;
+    let mut lines = ProgressLines::new(job.config.output.progress_every, total);
     let summary = job.run(&mut |e| match e {
-        Event::Step { step, loss, lr, samples: n, bubble, .. } => {
+        Event::Step { step, epoch, loss, lr, samples: n, bubble, .. } => {
+            if bar.is_hidden() {
+                let now = started.elapsed().as_secs_f64();
+                if let Some(line) = lines.step(now, *step, *epoch, *loss, *lr, *n) {
+                    println!("{line}");
+                }
+                return;
+            }
             samples += n;
             let rate = samples as f64 / started.elapsed().as_secs_f64().max(1e-9);
             // One step takes one source batch unless AutoDP's `scale-lr` grows the batch; the
@@ -570,15 +782,7 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
         }
         Event::Epoch { epoch, eval, .. } => {
             bar.set_position((epoch + 1) * per_epoch);
-            say(
-                &bar,
-                format!(
-                    "epoch {epoch}: eval loss {:.4}  accuracy {:.2}%  perplexity {:.3}",
-                    eval.loss,
-                    100.0 * eval.accuracy,
-                    eval.perplexity
-                ),
-            );
+            say(&bar, format!("epoch {epoch}: eval {eval}"));
         }
         Event::Transition(t) => say(
             &bar,
@@ -611,13 +815,8 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
     })?;
     bar.finish_and_clear();
     println!("done: {} steps in {:.1} s ({:.1} samples/s)", summary.steps, summary.seconds, summary.samples_per_second);
-    if let Some(eval) = summary.eval {
-        println!(
-            "final eval: loss {:.4}, accuracy {:.2}%, perplexity {:.3}",
-            eval.loss,
-            100.0 * eval.accuracy,
-            eval.perplexity
-        );
+    if let Some(eval) = &summary.eval {
+        println!("final eval: {eval}");
     }
     if let Some(u) = summary.unigram_baseline_loss {
         println!("unigram baseline held-out loss: {u:.4}");

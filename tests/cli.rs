@@ -104,6 +104,7 @@ fn train_runs_on_the_emulated_cuda_kernels() {
         let limit = format!("data.train_limit={limit}");
         let mut args = vec!["train", "--config", config, "--device", "cuda-emu", "--precision", precision, "--fresh"];
         args.extend(small);
+        args.extend(["--progress-every", "0"]);
         args.extend(["--set", &limit, "--set", &out_dir]);
         if config.contains("gpt") {
             // A narrower GPT keeps the emulated run short.
@@ -119,8 +120,67 @@ fn train_runs_on_the_emulated_cuda_kernels() {
         let (ok, out) = pipetransformer(&args);
         assert!(ok, "{config}: {out}");
         assert!(out.contains("cuda-emu") && out.contains("done: 3 steps"), "{out}");
+        // Not a terminal: a progress line per step (every 0 s), with rate and time left.
+        for step in 1..=3 {
+            let line = format!("step {step}/3 (");
+            assert!(out.lines().any(|l| l.starts_with(&line) && l.contains("samples/s") && l.contains("ETA")), "{out}");
+        }
+        // The metrics that fit the task: F1 for a classifier, perplexity for a language model.
+        let last = out.lines().find(|l| l.starts_with("final eval:")).unwrap_or_else(|| panic!("{out}")).to_string();
+        let lm = config.contains("gpt");
+        assert_eq!((last.contains("perplexity"), last.contains("macro F1")), (lm, !lm), "{last}");
+        let last = last.as_str();
         let summary = std::fs::read_to_string(dir.join("summary.json")).unwrap();
         assert!(summary.contains("\"steps\": 3") || summary.contains("\"steps\":3"), "{summary}");
+        check_predict_and_evaluate(&dir, config, precision, last, &args);
+    }
+}
+
+/// `evaluate` on the run's export gives the run's own final metrics (the same split, the same
+/// kernels), and `predict` answers each input with one JSON line, an error line for a bad one
+/// (exit status 1, the others still answered).
+fn check_predict_and_evaluate(dir: &std::path::Path, config: &str, precision: &str, final_eval: &str, train: &[&str]) {
+    let model = dir.display().to_string();
+    let device = ["--device", "cuda-emu", "--precision", precision];
+    // The training run's overrides (data limits, GPT shape) describe the same split.
+    let sets: Vec<&str> = train.windows(2).filter(|w| w[0] == "--set").flat_map(|w| ["--set", w[1]]).collect();
+    let (ok, out) =
+        pipetransformer(&[&["evaluate", "--model", &model, "--config", config][..], &device, &sets].concat());
+    assert!(ok, "{out}");
+    let metrics = final_eval.trim_start_matches("final eval: ");
+    assert!(out.lines().next().is_some_and(|l| l.ends_with(metrics)), "evaluate: {out}\nrun: {final_eval}");
+
+    if config.contains("gpt") {
+        let greedy = ["predict", "--model", &model, "--max-new-tokens", "5", "--temperature", "0", "To be"];
+        let (ok, first) = pipetransformer(&[&greedy[..], &device].concat());
+        assert!(ok, "{first}");
+        let v: serde_json::Value = serde_json::from_str(first.trim()).unwrap_or_else(|e| panic!("{e}: {first}"));
+        assert_eq!((v["input"].as_str(), v["generated"].as_str().map(|g| g.chars().count())), (Some("To be"), Some(5)));
+        let (_, again) = pipetransformer(&[&greedy[..], &device].concat());
+        assert_eq!(first, again, "greedy generation is deterministic");
+        let (ok, out) = pipetransformer(&[&["predict", "--model", &model, "To be", "\u{263a}"][..], &device].concat());
+        assert!(!ok && out.contains("not in the model's vocabulary") && out.contains("1 of 2 inputs failed"), "{out}");
+    } else {
+        let text = String::from_utf8(
+            std::process::Command::new("gzip").args(["-dc", "data/digits/digits.csv.gz"]).output().unwrap().stdout,
+        )
+        .unwrap();
+        let row = text.lines().next().unwrap();
+        let pixels = &row[..row.rfind(',').unwrap()];
+        let (ok, out) =
+            pipetransformer(&[&["predict", "--model", &model, pixels, "1,2,3", pixels][..], &device].concat());
+        assert!(!ok && out.contains("1 of 3 inputs failed"), "{out}");
+        let lines: Vec<serde_json::Value> =
+            out.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(lines.len(), 3, "{out}");
+        assert!(lines[1]["error"].as_str().is_some_and(|e| e.contains("expected 1×8×8 = 64 pixels")), "{out}");
+        for v in [&lines[0], &lines[2]] {
+            let p = v["probabilities"].as_object().unwrap();
+            assert_eq!(p.len(), 10);
+            let sum: f64 = p.values().map(|x| x.as_f64().unwrap()).sum();
+            assert!((sum - 1.0).abs() < 1e-9 && p[v["label"].as_str().unwrap()] == v["probability"], "{v}");
+        }
+        assert_eq!(lines[0], lines[2], "the same input, the same answer");
     }
 }
 

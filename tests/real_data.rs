@@ -17,6 +17,11 @@ fn have(paths: &[&str]) -> bool {
 }
 
 fn run(config: &str, overrides: &[&str]) -> pipetransformer::run::Summary {
+    run_then(config, overrides, |_, _| {})
+}
+
+/// [`run`], then `check` on the run's output directory and config before it is removed.
+fn run_then(config: &str, overrides: &[&str], check: impl FnOnce(&Path, &RunConfig)) -> pipetransformer::run::Summary {
     let out = std::env::temp_dir().join(format!("pt-real-{}-{}", std::process::id(), config.replace('/', "_")));
     let mut sets: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
     sets.push(format!("output.dir={}", out.display()));
@@ -25,8 +30,9 @@ fn run(config: &str, overrides: &[&str]) -> pipetransformer::run::Summary {
     let AnyDevices::Cpu(devices) = open_devices(DeviceKind::Cpu, count, 0, Precision::F32).unwrap() else {
         unreachable!("cpu devices")
     };
-    let mut job = Job::new(devices, config).unwrap();
+    let mut job = Job::new(devices, config.clone()).unwrap();
     let summary = job.run(&mut |_| {}).unwrap();
+    check(&out, &config);
     std::fs::remove_dir_all(&out).unwrap();
     summary
 }
@@ -39,7 +45,10 @@ fn minilm_on_a_slice_of_rotten_tomatoes_beats_70_percent() {
     // The main job's whole PipeTransformer system on a slice: 1,600 training snippets, two
     // epochs of 100 steps of 16, Eq. 1 every 50 steps (so the cache filled in the first epoch
     // serves the second); 600 held-out snippets.
-    let s = run(
+    // The export, loaded as `predict` and `evaluate` load it: the same test-split metrics as
+    // the run's own evaluation (2 replicas there, 1 device here), and clear reviews classified.
+    let exported = std::cell::Cell::new(None);
+    let s = run_then(
         "configs/minilm-rt.toml",
         &[
             "data.train_limit=1600",
@@ -49,7 +58,20 @@ fn minilm_on_a_slice_of_rotten_tomatoes_beats_70_percent() {
             "elastic.freeze_interval=50",
             "output.checkpoint_every=0",
         ],
+        |out, config| {
+            let dev = pipetransformer::device::CpuDevice::<f32>::new(0, 0).unwrap();
+            let p = pipetransformer::run::Predictor::load(dev, &out.join("model")).unwrap();
+            let metrics = p.evaluate_dataset(config).unwrap();
+            let texts = ["a moving, funny and beautiful film", "dull, tedious and a waste of time"];
+            let labels: Vec<String> = p.classify_texts(&texts).unwrap().into_iter().map(|c| c.label).collect();
+            exported.set(Some((metrics, labels)));
+        },
     );
+    let (metrics, labels) = exported.take().unwrap();
+    let eval = s.eval.clone().unwrap();
+    assert_eq!((metrics.count, metrics.accuracy), (eval.count, eval.accuracy), "{metrics} vs {eval}");
+    assert!((metrics.loss - eval.loss).abs() <= 1e-5 * eval.loss, "{metrics} vs {eval}");
+    assert_eq!(labels, ["fresh", "rotten"]);
     let acc = s.eval.unwrap().accuracy;
     eprintln!(
         "MiniLM on Rotten Tomatoes slice: {} steps, accuracy {:.2}%, {} frozen layers, K R M = {:?}",

@@ -14,13 +14,17 @@ pub(crate) enum SetupGroup {
     Text,
     /// `scripts/setup.sh images`: digits, MNIST-5k, Fashion-MNIST.
     Images,
+    /// A file the user named (`predict` inputs): no setup step makes it.
+    User,
 }
 
 impl SetupGroup {
-    fn arg(self) -> &'static str {
+    /// What to do about a missing or corrupt file.
+    fn remedy(self) -> &'static str {
         match self {
-            SetupGroup::Text => "text",
-            SetupGroup::Images => "images",
+            SetupGroup::Text => "run scripts/setup.sh text",
+            SetupGroup::Images => "run scripts/setup.sh images",
+            SetupGroup::User => "check the path",
         }
     }
 }
@@ -36,7 +40,7 @@ pub(crate) fn read_bytes(path: &Path, group: SetupGroup) -> Result<Vec<u8>> {
     let file = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(dataset_error(path, None, format!("not found: run scripts/setup.sh {}", group.arg())));
+            return Err(dataset_error(path, None, format!("not found: {}", group.remedy())));
         }
         Err(source) => return Err(Error::Io { path: path.display().to_string(), source }),
     };
@@ -53,11 +57,9 @@ pub(crate) fn read_bytes(path: &Path, group: SetupGroup) -> Result<Vec<u8>> {
         (Ok(_), _) => Ok(out),
         // A decoder's error means the bytes are not a (complete) stream of that format: say so
         // rather than pass on an unexplained "unexpected end of file".
-        (Err(e), Some(format)) => Err(dataset_error(
-            path,
-            None,
-            format!("is not a valid {format} stream ({e}); delete it and run scripts/setup.sh {}", group.arg()),
-        )),
+        (Err(e), Some(format)) => {
+            Err(dataset_error(path, None, format!("is not a valid {format} stream ({e}); {}", group.remedy())))
+        }
         (Err(source), None) => Err(Error::Io { path: path.display().to_string(), source }),
     }
 }

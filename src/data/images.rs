@@ -21,7 +21,7 @@ pub const FASHION_MNIST_CLASSES: [&str; 10] =
     ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"];
 
 /// IDX magic of unsigned-byte data with 3 dimensions (images).
-const IDX_IMAGES_MAGIC: u32 = 0x0803;
+pub(crate) const IDX_IMAGES_MAGIC: u32 = 0x0803;
 /// IDX magic of unsigned-byte data with 1 dimension (labels).
 const IDX_LABELS_MAGIC: u32 = 0x0801;
 
@@ -53,10 +53,13 @@ fn digit_names() -> Vec<String> {
     (0..10).map(|d| d.to_string()).collect()
 }
 
+/// The largest pixel value of scikit-learn's digits (the other image sets hold bytes, 0..=255).
+pub const DIGITS_PIXEL_MAX: u32 = 16;
+
 /// scikit-learn's digits ([`DIGITS_FILE`]): 1797 8×8 images, values 0..16 (scaled by 1/16),
 /// labels 0..9. Ids are row indices. Split with [`Dataset::split_stratified`].
 pub fn digits(data_dir: impl AsRef<Path>) -> Result<Dataset<ImageSample>> {
-    image_csv_file("digits", &data_dir.as_ref().join(DIGITS_FILE), 8, 8, 16, digit_names())
+    image_csv_file("digits", &data_dir.as_ref().join(DIGITS_FILE), 8, 8, DIGITS_PIXEL_MAX, digit_names())
 }
 
 /// MNIST-5k ([`MNIST5K_FILE`]): 5000 28×28 images, values 0..255, 500 per digit in label order.
@@ -193,7 +196,7 @@ pub fn idx_files(
 
 /// Checks an IDX header (magic `0x0000_08NN`: unsigned bytes, NN dimensions) and returns the
 /// dimensions and the data, which must be exactly their product in bytes.
-fn parse_idx<'a>(path: &Path, bytes: &'a [u8], magic: u32) -> Result<(Vec<usize>, &'a [u8])> {
+pub(crate) fn parse_idx<'a>(path: &Path, bytes: &'a [u8], magic: u32) -> Result<(Vec<usize>, &'a [u8])> {
     let ndim = (magic & 0xff) as usize;
     let kind = if ndim == 1 { "labels" } else { "images" };
     let header = 4 + 4 * ndim;

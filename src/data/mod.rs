@@ -7,6 +7,7 @@
 //! | `dataset` | [`Dataset`] (samples, class names), [`Sample`], [`Split`], seeded stratified split |
 //! | `text` | [`TextSample`]; Rotten Tomatoes ([`rotten_tomatoes`]), Reuters R8 ([`reuters_r8`]) |
 //! | `images` | [`ImageSample`]; [`digits`], [`mnist5k`], [`fashion_mnist`]; [`image_batch`] |
+//! | `image_files` | a user's images for `predict`: [`read_image_file`] (PNG, PGM), [`read_idx_images`] |
 //! | `lm` | [`CharVocab`], [`LmCorpus`] ([`hamlet`]), [`lm_sequences`], [`lm_batch`] |
 //! | `order` | [`BatchOrder`] / [`EpochOrder`]: per-epoch seeded permutation, resumable |
 //! | `csv`, `files` | (private) the CSV record reader; file reading, decompression, errors |
@@ -32,6 +33,7 @@
 mod csv;
 mod dataset;
 mod files;
+mod image_files;
 mod images;
 mod lm;
 mod order;
@@ -41,9 +43,10 @@ mod text;
 mod tests;
 
 pub use dataset::{Dataset, Sample, Split, TEST_FILE_ID_BASE};
+pub use image_files::{ImagePixels, read_idx_images, read_image_file};
 pub use images::{
-    DIGITS_FILE, FASHION_MNIST_CLASSES, FASHION_MNIST_DIR, ImageSample, MNIST5K_FILE, digits, fashion_mnist, idx_files,
-    image_batch, image_csv_file, mnist5k,
+    DIGITS_FILE, DIGITS_PIXEL_MAX, FASHION_MNIST_CLASSES, FASHION_MNIST_DIR, ImageSample, MNIST5K_FILE, digits,
+    fashion_mnist, idx_files, image_batch, image_csv_file, mnist5k,
 };
 pub use lm::{
     CharVocab, HAMLET_FILE, HELD_OUT_FRACTION, LmCorpus, LmSequence, char_corpus_file, hamlet, lm_batch, lm_sequences,

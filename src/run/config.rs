@@ -97,6 +97,14 @@ pub struct OutputSection {
     /// CPU threads (0: all cores).
     #[serde(default)]
     pub threads: usize,
+    /// Seconds between progress lines when the output is not a terminal (a log file, CI,
+    /// `nohup`); on a terminal a progress bar shows instead.
+    #[serde(default = "default_progress_every")]
+    pub progress_every: f64,
+}
+
+fn default_progress_every() -> f64 {
+    30.0
 }
 
 /// A whole run.
@@ -249,6 +257,12 @@ impl RunConfig {
         }
         if self.train.epochs == 0 && self.train.max_steps == 0 {
             return Err(Error::Config { field: "train.epochs".into(), message: "must be at least 1".into() });
+        }
+        if !self.output.progress_every.is_finite() || self.output.progress_every < 0.0 {
+            return Err(Error::Config {
+                field: "output.progress_every".into(),
+                message: format!("{}: expected seconds, finite and at least 0", self.output.progress_every),
+            });
         }
         self.pipeline.resolve()?;
         Ok(())

@@ -42,6 +42,10 @@ pub struct DataInfo {
     /// A character-level language model's vocabulary, by token id (empty otherwise).
     #[serde(skip)]
     pub chars: Vec<char>,
+    /// Images: the largest raw pixel value, which the loader divides by (travels with the
+    /// export, so raw rows given to `predict` are scaled the same).
+    #[serde(skip)]
+    pub pixel_max: Option<u32>,
 }
 
 /// Loads the dataset of `config` and wraps it as a batch source.
@@ -58,6 +62,7 @@ pub fn prepare_data(config: &RunConfig) -> Result<(Box<dyn BatchSource>, DataInf
         augmented: false,
         labels: labels.to_vec(),
         chars: Vec::new(),
+        pixel_max: None,
     };
     match d.dataset {
         DatasetName::RottenTomatoes | DatasetName::ReutersR8 => {
@@ -95,7 +100,8 @@ pub fn prepare_data(config: &RunConfig) -> Result<(Box<dyn BatchSource>, DataInf
             let (n_train, n_test) = (train.len(), test.len());
             let make = Box::new(|s: &[&ImageSample], offset: u64| data::image_batch(s, offset));
             let source = SampleSource::new(train, test, seed, d.batch_size, eval_bs, make)?;
-            Ok((Box::new(source), info(&name, &labels, n_train, n_test)))
+            let pixel_max = Some(if d.dataset == DatasetName::Digits { data::DIGITS_PIXEL_MAX } else { 255 });
+            Ok((Box::new(source), DataInfo { pixel_max, ..info(&name, &labels, n_train, n_test) }))
         }
         DatasetName::Hamlet => {
             let corpus = data::hamlet(dir)?;
@@ -353,7 +359,7 @@ impl<D: Device> Job<D> {
             let mut log = |e: &Event| {
                 match e {
                     Event::Step { samples: n, .. } => samples += n,
-                    Event::Epoch { eval, .. } => last_eval = Some(*eval),
+                    Event::Epoch { eval, .. } => last_eval = Some(eval.clone()),
                     _ => {}
                 }
                 if let Ok(line) = serde_json::to_string(e)
@@ -375,6 +381,7 @@ impl<D: Device> Job<D> {
                     return Err(io_error(&metrics_path, err));
                 }
                 self.trainer.save_checkpoint(&self.checkpoint_path(), self.elastic.state())?;
+                self.export()?;
             }
         }
         let seconds = start.elapsed().as_secs_f64();
@@ -396,24 +403,26 @@ impl<D: Device> Job<D> {
         };
         let json = serde_json::to_vec_pretty(&summary).map_err(|e| internal("summary", e.to_string()))?;
         files::write_atomic(&out.join("summary.json"), |w| w.write_all(&json))?;
-        let dev = &self.trainer.pipeline.devices()[0];
-        let model = self.trainer.pipeline.gather(dev)?;
-        weights::export_model(
-            &model,
-            dev,
-            &self.model_config,
-            &weights::ExportExtras {
-                labels: &self.info.labels,
-                tokenizer_dir: self.config.model.pretrained.as_deref(),
-                chars: &self.info.chars,
-                max_seq_length: Some(self.config.data.max_len),
-                // scikit-learn's digits hold 0..=16 (the loader divides by 16), the others 0..=255.
-                pixel_max: Some(if self.config.data.dataset == DatasetName::Digits { 16 } else { 255 }),
-            },
-            out.join("model"),
-        )?;
+        self.export()?;
         super::report::write_report(&metrics_path, &out.join("report.html"), &self.config)?;
         Ok(summary)
+    }
+
+    /// Writes the model as it stands to `output.dir/model/`, self-contained (weights, config
+    /// with label names, tokenizer or vocabulary, preprocessing): at every checkpoint and at
+    /// the end, so `predict` and `evaluate` can read a run that is still going.
+    pub fn export(&self) -> Result<()> {
+        let dev = &self.trainer.pipeline.devices()[0];
+        let model = self.trainer.pipeline.gather(dev)?;
+        let extras = weights::ExportExtras {
+            labels: &self.info.labels,
+            tokenizer_dir: self.config.model.pretrained.as_deref(),
+            chars: &self.info.chars,
+            max_seq_length: Some(self.config.data.max_len),
+            pixel_max: self.info.pixel_max,
+        };
+        weights::export_model(&model, dev, &self.model_config, &extras, self.config.output.dir.join("model"))?;
+        Ok(())
     }
 
     /// Held-out cross-entropy of the training set's character frequencies (language models).

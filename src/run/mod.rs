@@ -1,13 +1,17 @@
 //! Running a configured training job: the TOML configuration and its overrides, the data
-//! sources, the job that builds and drives everything, and its report.
+//! sources, the job that builds and drives everything, its progress lines and its report.
 
 pub mod config;
 pub mod job;
+pub mod predict;
+pub mod progress;
 pub mod report;
 pub mod source;
 
 pub use config::{DataSection, DatasetName, ModelSection, OutputSection, PipelineSection, RunConfig};
 pub use job::{DataInfo, Job, Summary, build_model, prepare_data, unigram_loss};
+pub use predict::{ClassPrediction, Predictor, Sampling};
+pub use progress::ProgressLines;
 pub use source::{SampleSource, subset};
 
 use crate::device::{AnyDevices, DeviceKind, Precision};

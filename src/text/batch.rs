@@ -23,8 +23,8 @@ pub struct TextBatch {
     pub host: HostBatch,
     /// Real (unpadded) tokens of each row.
     pub lengths: Vec<usize>,
-    /// Rows that lost tokens to the tokenizer's `max_len`.
-    pub truncated: usize,
+    /// Per row: whether it lost tokens to the tokenizer's `max_len`.
+    pub truncated: Vec<bool>,
 }
 
 /// Tokenises `items` and pads them to the longest one in the batch (not to `max_len`, so a
@@ -73,7 +73,7 @@ pub fn text_batch(tokenizer: &TextTokenizer, items: &[TextItem<'_>], sample_offs
     Ok(TextBatch {
         host,
         lengths: encodings.iter().map(|e| e.ids.len()).collect(),
-        truncated: encodings.iter().filter(|e| e.truncated).count(),
+        truncated: encodings.iter().map(|e| e.truncated).collect(),
     })
 }
 
@@ -120,7 +120,7 @@ mod tests {
         assert_eq!((h.sample_offset, h.position_offset, h.pixels.is_none()), (7, 0, true));
         assert_eq!(b.host.sample_ids, [40, 41, 42]);
         assert_eq!(b.lengths, [4, 9, 3]);
-        assert_eq!(b.truncated, 0);
+        assert_eq!(b.truncated.iter().filter(|&&t| t).count(), 0);
     }
 
     #[test]
@@ -129,7 +129,7 @@ mod tests {
         let b = text_batch(&tiny(5), &items, 0).unwrap();
         assert_eq!(b.host.seq, 5);
         assert_eq!(&b.host.tokens.as_deref().unwrap()[..5], [CLS, 6, 7, 8, SEP]);
-        assert_eq!(b.truncated, 1);
+        assert_eq!(b.truncated.iter().filter(|&&t| t).count(), 1);
     }
 
     #[test]

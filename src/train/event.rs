@@ -2,21 +2,45 @@
 //! and per epoch of the activation cache. The binary's progress bar, `metrics.jsonl` and
 //! `report.html` all read the same events.
 
+use super::metrics::Confusion;
 use serde::Serialize;
+use std::fmt;
 use std::ops::Range;
 
-/// Metrics of one evaluation pass.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+/// Metrics of one evaluation pass: what fits the task. Every model has a loss and an accuracy
+/// (a language model's is next-token accuracy); a classifier adds its confusion matrix and
+/// macro F1, a language model its perplexity.
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct EvalMetrics {
     /// Mean loss over the counted targets.
     pub loss: f64,
-    /// Fraction of correct argmax predictions (classifiers; for a language model, next-token
-    /// accuracy).
+    /// Fraction of correct argmax predictions.
     pub accuracy: f64,
-    /// `exp(loss)`: the language-model metric.
-    pub perplexity: f64,
     /// Counted targets.
     pub count: usize,
+    /// `exp(loss)` (language models).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub perplexity: Option<f64>,
+    /// The unweighted mean of the classes' F1 (classifiers).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub macro_f1: Option<f64>,
+    /// `[true][predicted]` counts (classifiers).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confusion: Option<Confusion>,
+}
+
+impl fmt::Display for EvalMetrics {
+    /// `loss 0.4512, accuracy 81.25%, macro F1 0.8100` or `loss 1.5020, perplexity 4.491`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "loss {:.4}, accuracy {:.2}%", self.loss, 100.0 * self.accuracy)?;
+        if let Some(f1) = self.macro_f1 {
+            write!(f, ", macro F1 {f1:.4}")?;
+        }
+        if let Some(p) = self.perplexity {
+            write!(f, ", perplexity {p:.3}")?;
+        }
+        Ok(())
+    }
 }
 
 /// A pipelined step's idle fraction, measured and predicted.

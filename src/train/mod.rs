@@ -6,16 +6,19 @@
 //! | [`config`] | `TrainConfig` (epochs, learning rate and its schedule's shape, optimizer, clipping, seed) |
 //! | [`source`] | `BatchSource` (training batch `(epoch, index)`, evaluation batches) |
 //! | [`event`] | `Event` (step, epoch, transition, cache), `EvalMetrics`, `Bubble`, `Transition` |
+//! | [`metrics`] | `Confusion` (accuracy, per-class precision/recall/F1, macro F1), `argmax` |
 //! | [`trainer`] | `Trainer` (fit, evaluate, checkpoints), `Position`, `Controller` |
 //! | [`checkpoint`] | the checkpoint file: named tensors + JSON header, hashed, written atomically |
 
 pub mod checkpoint;
 pub mod config;
 pub mod event;
+pub mod metrics;
 pub mod source;
 pub mod trainer;
 
 pub use config::TrainConfig;
 pub use event::{Bubble, EvalMetrics, Event, Transition};
+pub use metrics::{ClassScores, Confusion};
 pub use source::BatchSource;
 pub use trainer::{Controller, Position, Trainer};

@@ -10,6 +10,7 @@
 use super::checkpoint::{self, Tensor};
 use super::config::TrainConfig;
 use super::event::{Bubble, EvalMetrics, Event};
+use super::metrics::{Confusion, argmax};
 use super::source::BatchSource;
 use crate::device::Device;
 use crate::error::{Error, Result, internal};
@@ -224,7 +225,8 @@ impl<D: Device> Trainer<D> {
         Ok(())
     }
 
-    /// Loss, accuracy and perplexity over the source's evaluation batches (no dropout, nothing
+    /// Loss and accuracy, with a classifier's confusion matrix and macro F1 or a language
+    /// model's perplexity, over the source's evaluation batches (no dropout, nothing
     /// saved for a backward). Each replica takes every `R`-th batch, in parallel; the sums are
     /// added in batch order, so the result does not depend on `R`.
     pub fn evaluate(&self, data: &dyn BatchSource) -> Result<EvalMetrics> {
@@ -235,8 +237,8 @@ impl<D: Device> Trainer<D> {
             HeadSpec::Classifier { num_labels, .. } => Some(num_labels),
             HeadSpec::TiedLmHead => None,
         };
-        // Per batch: (index, loss sum, counted targets, correct predictions).
-        type Row = (usize, f64, usize, usize);
+        // Per batch: (index, loss sum, counted targets, correct predictions, confusion).
+        type Row = (usize, f64, usize, usize, Option<Confusion>);
         let per_replica: Vec<Result<Vec<Row>>> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..r_count)
                 .map(|r| {
@@ -246,8 +248,14 @@ impl<D: Device> Trainer<D> {
                             .map(|i| {
                                 let host = data.eval_batch(i)?;
                                 let out = pipeline.evaluate(r, &host)?;
-                                let classes = classes.unwrap_or(out.logits.len() / host.targets.len().max(1));
-                                Ok((i, out.loss_sum, out.count, correct(&out.logits, &host.targets, classes)))
+                                let width = classes.unwrap_or(out.logits.len() / host.targets.len().max(1));
+                                let right = correct(&out.logits, &host.targets, width);
+                                let confusion = classes.map(|c| {
+                                    let mut m = Confusion::new(c);
+                                    m.add_logits(&out.logits, &host.targets, IGNORE_INDEX);
+                                    m
+                                });
+                                Ok((i, out.loss_sum, out.count, right, confusion))
                             })
                             .collect()
                     })
@@ -264,12 +272,23 @@ impl<D: Device> Trainer<D> {
         }
         rows.sort_by_key(|row| row.0);
         let (mut loss_sum, mut count, mut right) = (0.0, 0usize, 0usize);
-        for (_, l, c, k) in rows {
+        let mut confusion = classes.map(Confusion::new);
+        for (_, l, c, k, m) in rows {
             (loss_sum, count, right) = (loss_sum + l, count + c, right + k);
+            if let (Some(all), Some(m)) = (confusion.as_mut(), m) {
+                all.merge(&m);
+            }
         }
         let loss = if count == 0 { 0.0 } else { loss_sum / count as f64 };
         let accuracy = if count == 0 { 0.0 } else { right as f64 / count as f64 };
-        Ok(EvalMetrics { loss, accuracy, perplexity: loss.exp(), count })
+        Ok(EvalMetrics {
+            loss,
+            accuracy,
+            count,
+            perplexity: classes.is_none().then(|| loss.exp()),
+            macro_f1: confusion.as_ref().map(Confusion::macro_f1),
+            confusion,
+        })
     }
 
     /// Writes a checkpoint atomically: parameters, optimizer state, position, plan, frozen
@@ -368,14 +387,5 @@ impl<D: Device> Trainer<D> {
 
 /// Correct argmax predictions among rows whose target counts.
 fn correct(logits: &[f32], targets: &[u32], classes: usize) -> usize {
-    logits
-        .chunks(classes.max(1))
-        .zip(targets)
-        .filter(|&(_, &t)| t != IGNORE_INDEX)
-        .filter(|&(row, &t)| {
-            let best =
-                row.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b });
-            best.0 as u32 == t
-        })
-        .count()
+    logits.chunks(classes.max(1)).zip(targets).filter(|&(row, &t)| t != IGNORE_INDEX && argmax(row) as u32 == t).count()
 }

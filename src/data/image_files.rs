@@ -1,0 +1,183 @@
+//! Images a user hands to `predict`: PNG and PGM files, and IDX files of many images. Pixels
+//! come out channel-first (`[C, H, W]`, what the ViT's patch embedding reads) in `[0, 1]`
+//! (8-bit values / 255, 16-bit / 65535), as the training datasets are scaled.
+
+use super::files::{SetupGroup, dataset_error, read_bytes};
+use super::images::{IDX_IMAGES_MAGIC, parse_idx};
+use crate::error::Result;
+use std::path::Path;
+
+/// An image: width, height, channels and `[C, H, W]` pixels in `[0, 1]`.
+pub type ImagePixels = (usize, usize, usize, Vec<f32>);
+
+/// Every image of an IDX file (magic `0x0803`, unsigned bytes; gzip if the name ends in
+/// `.gz`): one channel each.
+pub fn read_idx_images(path: &Path) -> Result<Vec<ImagePixels>> {
+    let bytes = read_bytes(path, SetupGroup::User)?;
+    let (dims, data) = parse_idx(path, &bytes, IDX_IMAGES_MAGIC)?;
+    let (h, w) = (dims[1], dims[2]);
+    Ok(data.chunks_exact(h * w).map(|px| (w, h, 1, px.iter().map(|&v| v as f32 / 255.0).collect())).collect())
+}
+
+/// A PNG (grayscale, RGB, with or without alpha, 8 or 16 bits; alpha is dropped) or PGM
+/// (`P2` text or `P5` binary) file.
+pub fn read_image_file(path: &Path) -> Result<ImagePixels> {
+    let bytes = read_bytes(path, SetupGroup::User)?;
+    if bytes.starts_with(b"\x89PNG") {
+        decode_png(path, &bytes)
+    } else if bytes.starts_with(b"P5") || bytes.starts_with(b"P2") {
+        decode_pgm(path, &bytes)
+    } else {
+        Err(dataset_error(path, None, "is neither a PNG nor a PGM image (by its first bytes)"))
+    }
+}
+
+fn decode_png(path: &Path, bytes: &[u8]) -> Result<ImagePixels> {
+    let bad = |e: png::DecodingError| dataset_error(path, None, format!("is not a readable PNG: {e}"));
+    let mut decoder = png::Decoder::new(std::io::Cursor::new(bytes));
+    // Palettes and sub-byte depths become 8-bit gray or RGB(A).
+    decoder.set_transformations(png::Transformations::EXPAND);
+    let mut reader = decoder.read_info().map_err(bad)?;
+    let size = reader.output_buffer_size().ok_or_else(|| dataset_error(path, None, "is a PNG too large to decode"))?;
+    let mut buf = vec![0; size];
+    let frame = reader.next_frame(&mut buf).map_err(bad)?;
+    let (w, h) = (frame.width as usize, frame.height as usize);
+    let (stored, kept) = match frame.color_type {
+        png::ColorType::Grayscale => (1, 1),
+        png::ColorType::GrayscaleAlpha => (2, 1),
+        png::ColorType::Rgb => (3, 3),
+        png::ColorType::Rgba => (4, 3),
+        png::ColorType::Indexed => {
+            return Err(dataset_error(path, None, "is an indexed PNG that did not expand; save it as gray or RGB"));
+        }
+    };
+    let sixteen = frame.bit_depth == png::BitDepth::Sixteen;
+    let value = |i: usize| -> f32 {
+        if sixteen { u16::from_be_bytes([buf[2 * i], buf[2 * i + 1]]) as f32 / 65535.0 } else { buf[i] as f32 / 255.0 }
+    };
+    // Interleaved `[H, W, stored]` to channel-first `[kept, H, W]`.
+    let mut px = vec![0.0; kept * h * w];
+    for c in 0..kept {
+        for i in 0..h * w {
+            px[c * h * w + i] = value(i * stored + c);
+        }
+    }
+    Ok((w, h, kept, px))
+}
+
+fn decode_pgm(path: &Path, bytes: &[u8]) -> Result<ImagePixels> {
+    // Header: magic, width, height, maxval as whitespace-separated text (comments from `#` to
+    // the end of a line), then one whitespace byte and the raster.
+    let mut fields = Vec::new();
+    let mut at = 2;
+    while fields.len() < 3 {
+        match bytes.get(at) {
+            None => return Err(dataset_error(path, None, "is a PGM whose header ends early")),
+            Some(b'#') => {
+                while bytes.get(at).is_some_and(|&b| b != b'\n') {
+                    at += 1;
+                }
+            }
+            Some(b) if b.is_ascii_whitespace() => at += 1,
+            Some(_) => {
+                let start = at;
+                while bytes.get(at).is_some_and(|b| !b.is_ascii_whitespace()) {
+                    at += 1;
+                }
+                let text = String::from_utf8_lossy(&bytes[start..at]);
+                let v: usize = text.parse().ok().filter(|&v| v > 0).ok_or_else(|| {
+                    dataset_error(path, None, format!("PGM header field `{text}` is not a positive integer"))
+                })?;
+                fields.push(v);
+            }
+        }
+    }
+    let (w, h, max) = (fields[0], fields[1], fields[2]);
+    if max > 65535 {
+        return Err(dataset_error(path, None, format!("PGM maximum value {max} exceeds 65535")));
+    }
+    let n = w.checked_mul(h).ok_or_else(|| dataset_error(path, None, "has impossible PGM dimensions"))?;
+    let values: Vec<usize> = if bytes.starts_with(b"P5") {
+        let raster = &bytes[(at + 1).min(bytes.len())..];
+        let width = if max < 256 { 1 } else { 2 };
+        if raster.len() != n * width {
+            return Err(dataset_error(
+                path,
+                None,
+                format!("PGM raster holds {} bytes; expected {w}×{h}×{width} = {}", raster.len(), n * width),
+            ));
+        }
+        if width == 1 {
+            raster.iter().map(|&b| b as usize).collect()
+        } else {
+            raster.chunks_exact(2).map(|p| u16::from_be_bytes([p[0], p[1]]) as usize).collect()
+        }
+    } else {
+        let text = String::from_utf8_lossy(&bytes[at..]);
+        let values: Vec<usize> = text
+            .split_ascii_whitespace()
+            .map(|t| t.parse().map_err(|_| dataset_error(path, None, format!("PGM value `{t}` is not an integer"))))
+            .collect::<Result<_>>()?;
+        if values.len() != n {
+            return Err(dataset_error(
+                path,
+                None,
+                format!("PGM holds {} values; expected {w}×{h} = {n}", values.len()),
+            ));
+        }
+        values
+    };
+    if let Some(v) = values.iter().find(|&&v| v > max) {
+        return Err(dataset_error(path, None, format!("PGM value {v} exceeds its maximum {max}")));
+    }
+    Ok((w, h, 1, values.iter().map(|&v| v as f32 / max as f32).collect()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str, bytes: &[u8]) -> std::path::PathBuf {
+        let path = std::env::temp_dir().join(format!("pt-image-{}-{name}", std::process::id()));
+        std::fs::write(&path, bytes).unwrap_or_else(|e| panic!("{e}"));
+        path
+    }
+
+    #[test]
+    fn png_pgm_and_idx_give_channel_first_pixels_in_unit_range() {
+        // A 2×1 RGB PNG: (255, 0, 51) then (0, 255, 102).
+        let mut png_bytes = Vec::new();
+        {
+            let mut enc = png::Encoder::new(&mut png_bytes, 2, 1);
+            enc.set_color(png::ColorType::Rgb);
+            enc.set_depth(png::BitDepth::Eight);
+            let mut w = enc.write_header().unwrap_or_else(|e| panic!("{e}"));
+            w.write_image_data(&[255, 0, 51, 0, 255, 102]).unwrap_or_else(|e| panic!("{e}"));
+        }
+        let (w, h, c, px) = read_image_file(&scratch("a.png", &png_bytes)).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((w, h, c), (2, 1, 3));
+        assert_eq!(px, vec![1.0, 0.0, 0.0, 1.0, 0.2, 0.4]);
+
+        let pgm = read_image_file(&scratch("b.pgm", b"P2\n# two by two\n2 2\n16\n0 16\n8 4\n"));
+        assert_eq!(pgm.unwrap_or_else(|e| panic!("{e}")), (2, 2, 1, vec![0.0, 1.0, 0.5, 0.25]));
+        let p5 = read_image_file(&scratch("c.pgm", b"P5 1 2 255\n\x00\xff"));
+        assert_eq!(p5.unwrap_or_else(|e| panic!("{e}")), (1, 2, 1, vec![0.0, 1.0]));
+
+        let mut idx = vec![0, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 2];
+        idx.extend([0, 255, 51, 102]);
+        let images = read_idx_images(&scratch("d-idx3-ubyte", &idx)).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(images, vec![(2, 1, 1, vec![0.0, 1.0]), (2, 1, 1, vec![0.2, 0.4])]);
+    }
+
+    #[test]
+    fn damaged_images_are_refused_by_name() {
+        let e = read_image_file(&scratch("e.png", b"\x89PNG not really")).unwrap_err().to_string();
+        assert!(e.contains("e.png") && e.contains("not a readable PNG"), "{e}");
+        let e = read_image_file(&scratch("f.pgm", b"P5 2 2 255\n\x00")).unwrap_err().to_string();
+        assert!(e.contains("expected 2×2×1 = 4"), "{e}");
+        let e = read_image_file(&scratch("g.jpg", b"\xff\xd8")).unwrap_err().to_string();
+        assert!(e.contains("neither a PNG nor a PGM"), "{e}");
+        let e = read_image_file(Path::new("/nonexistent/h.png")).unwrap_err().to_string();
+        assert!(e.contains("not found") && e.contains("check the path"), "{e}");
+    }
+}

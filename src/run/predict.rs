@@ -1,0 +1,712 @@
+//! A trained model on new inputs: the class probabilities of texts (BERT) and images (ViT),
+//! and text generated from a prompt (GPT), from an exported model folder (a run's `model/`).
+//! Inputs are checked one by one, so a caller reading a stream can report a bad input and go
+//! on with the rest.
+
+use super::config::RunConfig;
+use super::job::prepare_data;
+use crate::data::read_idx_images;
+use crate::device::Device;
+use crate::error::{Error, Result, config_error, data_error};
+use crate::model::{Batch, Family, HeadSpec, HostBatch, IGNORE_INDEX, InputSpec, Model};
+use crate::rng::Rng;
+use crate::text::{TextInput, TextItem, TextTokenizer, text_batch};
+use crate::train::metrics::{Confusion, argmax};
+use crate::train::{EvalMetrics, checkpoint};
+use crate::weights::{self, LoadOptions};
+use serde::Serialize;
+use std::collections::HashMap;
+use std::path::Path;
+
+/// One input's class probabilities.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ClassPrediction {
+    /// The most probable class's name.
+    pub label: String,
+    /// Its probability.
+    pub probability: f64,
+    /// Every class's probability, by name, in label order.
+    pub probabilities: Vec<(String, f64)>,
+    /// Set when the input did not fit the model as given (a text cut to the positions).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
+}
+
+/// How a generated continuation is drawn.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampling {
+    /// Tokens to generate.
+    pub max_new_tokens: usize,
+    /// Softmax temperature; 0 takes the most probable token every time.
+    pub temperature: f64,
+    /// Draw from the `k` most probable tokens only (0: all).
+    pub top_k: usize,
+    /// Seed of the draws.
+    pub seed: u64,
+}
+
+/// What a model reads.
+enum Reader {
+    /// A WordPiece tokenizer cut to the model's positions.
+    Text(Box<TextTokenizer>),
+    /// `channels × size × size` pixels in `[0, 1]`; raw CSV values are divided by `max_value`.
+    Image { size: usize, channels: usize, max_value: f32 },
+    /// A character vocabulary.
+    Chars { chars: Vec<char>, ids: HashMap<char, u32> },
+}
+
+/// An exported model loaded on a device, ready for inputs.
+pub struct Predictor<D: Device> {
+    dev: D,
+    model: Model<D>,
+    labels: Vec<String>,
+    reader: Reader,
+}
+
+impl<D: Device> Predictor<D> {
+    /// Loads the export in `dir` (config, weights, labels, tokenizer or vocabulary) onto
+    /// `dev`. A folder that is not an export of ours, or is incomplete, is an error naming the
+    /// file and what was expected.
+    pub fn load(dev: D, dir: &Path) -> Result<Self> {
+        let export = weights::read_export(dir)?;
+        let mut model = Model::new(&dev, &export.config, 0)?;
+        let file = weights::load_safetensors(&export.weights)?;
+        let report = weights::load_into_model(&mut model, &dev, &file, &LoadOptions::default())?;
+        if !report.missing.is_empty() {
+            return Err(config_error(
+                "model",
+                format!(
+                    "{}: the weights lack {} (damaged or not an export of this engine)",
+                    dir.display(),
+                    report.missing.join(", ")
+                ),
+            ));
+        }
+        let spec = model.spec().clone();
+        let reader = match (spec.family, spec.input) {
+            (Family::Gpt, _) => {
+                if export.chars.is_empty() {
+                    return Err(config_error(
+                        "model",
+                        format!("{}: a GPT export needs vocab.json (its characters); none found", dir.display()),
+                    ));
+                }
+                let ids = export.chars.iter().enumerate().map(|(i, &c)| (c, i as u32)).collect();
+                Reader::Chars { chars: export.chars, ids }
+            }
+            (_, InputSpec::Image { image_size, channels, .. }) => Reader::Image {
+                size: image_size,
+                channels,
+                max_value: (1.0 / export.pixel_scale.unwrap_or(1.0 / 255.0)) as f32,
+            },
+            (_, InputSpec::Tokens { max_positions, .. }) => {
+                let path = export.tokenizer.ok_or_else(|| {
+                    config_error(
+                        "model",
+                        format!("{}: a text model's export needs tokenizer.json; none found", dir.display()),
+                    )
+                })?;
+                Reader::Text(Box::new(TextTokenizer::from_file(path, max_positions)?))
+            }
+        };
+        let mut labels = export.labels;
+        if let HeadSpec::Classifier { num_labels, .. } = spec.head {
+            // An export without names (older runs) gets its label indices as names.
+            if labels.is_empty() {
+                labels = (0..num_labels).map(|i| i.to_string()).collect();
+            }
+        }
+        if let HeadSpec::Classifier { num_labels, .. } = spec.head
+            && labels.len() != num_labels
+        {
+            return Err(config_error(
+                "model",
+                format!("{}: {} label names for a {num_labels}-class head", dir.display(), labels.len()),
+            ));
+        }
+        Ok(Predictor { dev, model, labels, reader })
+    }
+
+    /// Loss and accuracy over `batches` (labelled), with a classifier's confusion matrix and
+    /// macro F1 or a language model's perplexity: [`crate::train::Trainer::evaluate`]'s
+    /// metrics, for a model outside a run.
+    pub fn evaluate(&self, batches: impl Iterator<Item = Result<HostBatch>>) -> Result<EvalMetrics> {
+        let classes = match self.model.spec().head {
+            HeadSpec::Classifier { num_labels, .. } => Some(num_labels),
+            HeadSpec::TiedLmHead => None,
+        };
+        let (mut loss_sum, mut count, mut right) = (0.0, 0, 0);
+        let mut confusion = classes.map(Confusion::new);
+        for host in batches {
+            let host = host?;
+            let batch = Batch::upload(&self.dev, self.model.spec(), &host, false, 0)?;
+            let (logits, _) = self.model.forward(&self.dev, &batch)?;
+            let loss = self.model.loss(&self.dev, &batch, &logits, None)?;
+            (loss_sum, count) = (loss_sum + loss.loss_sum, count + loss.count);
+            let logits = self.dev.download(&logits)?;
+            let width = classes.unwrap_or(logits.len() / host.targets.len().max(1)).max(1);
+            for (row, &t) in logits.chunks(width).zip(&host.targets) {
+                if t != IGNORE_INDEX {
+                    right += (argmax(row) == t as usize) as usize;
+                }
+            }
+            if let Some(m) = confusion.as_mut() {
+                m.add_logits(&logits, &host.targets, IGNORE_INDEX);
+            }
+        }
+        let loss = if count == 0 { 0.0 } else { loss_sum / count as f64 };
+        Ok(EvalMetrics {
+            loss,
+            accuracy: if count == 0 { 0.0 } else { right as f64 / count as f64 },
+            count,
+            perplexity: classes.is_none().then(|| loss.exp()),
+            macro_f1: confusion.as_ref().map(Confusion::macro_f1),
+            confusion,
+        })
+    }
+
+    /// Labelled rows of a file as batches of `batch_size`: `label<TAB>text` for a text model,
+    /// CSV rows of raw pixels then the label for an image model. A label is a class name or
+    /// index. A bad row is an error naming its line.
+    pub fn labelled_rows(&self, path: &Path, batch_size: usize) -> Result<Vec<HostBatch>> {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| Error::Io { path: path.display().to_string(), source: e })?;
+        let bad = |line: usize, message: String| Error::Dataset {
+            file: path.display().to_string(),
+            line: Some(line),
+            message,
+        };
+        let label_of = |line: usize, field: &str| -> Result<u32> {
+            let field = field.trim();
+            self.labels
+                .iter()
+                .position(|l| l == field)
+                .or_else(|| field.parse::<usize>().ok().filter(|&i| i < self.labels.len()))
+                .map(|i| i as u32)
+                .ok_or_else(|| {
+                    bad(line, format!("label `{field}` is not one of the model's classes ({})", self.labels.join(", ")))
+                })
+        };
+        let rows: Vec<(usize, &str)> =
+            text.lines().enumerate().map(|(i, l)| (i + 1, l)).filter(|(_, l)| !l.trim().is_empty()).collect();
+        if rows.is_empty() {
+            return Err(bad(1, "has no rows; expected labelled inputs".into()));
+        }
+        let size = batch_size.max(1);
+        let mut batches = Vec::new();
+        match &self.reader {
+            Reader::Text(tokenizer) => {
+                let mut parsed = Vec::with_capacity(rows.len());
+                for &(line, row) in &rows {
+                    let (label, text) =
+                        row.split_once('\t').ok_or_else(|| bad(line, "expected `label<TAB>text`".into()))?;
+                    if text.trim().is_empty() {
+                        return Err(bad(line, "the text is empty".into()));
+                    }
+                    parsed.push((label_of(line, label)?, text));
+                }
+                for (i, chunk) in parsed.chunks(size).enumerate() {
+                    let items: Vec<TextItem> = chunk
+                        .iter()
+                        .enumerate()
+                        .map(|(j, &(label, text))| TextItem {
+                            id: (i * size + j) as u64,
+                            input: TextInput::Single(text),
+                            label,
+                        })
+                        .collect();
+                    batches.push(text_batch(tokenizer, &items, (i * size) as u64)?.host);
+                }
+            }
+            Reader::Image { .. } => {
+                let mut images = Vec::with_capacity(rows.len());
+                for &(line, row) in &rows {
+                    let (pixels, label) =
+                        row.rsplit_once(',').ok_or_else(|| bad(line, "expected pixels then a label".into()))?;
+                    let label = label_of(line, label)?;
+                    let image = self.read_images(pixels).map_err(|e| bad(line, e.to_string()))?;
+                    images.push((image.into_iter().next().map(|i| i.1).unwrap_or_default(), label));
+                }
+                for chunk in images.chunks(size) {
+                    batches.push(HostBatch {
+                        batch: chunk.len(),
+                        pixels: Some(chunk.iter().flat_map(|c| c.0.iter().copied()).collect()),
+                        targets: chunk.iter().map(|c| c.1).collect(),
+                        ..Default::default()
+                    });
+                }
+            }
+            Reader::Chars { .. } => {
+                return Err(config_error(
+                    "file",
+                    "a language model is evaluated on a configured text (--config), not labelled rows",
+                ));
+            }
+        }
+        Ok(batches)
+    }
+
+    /// The metrics on the evaluation split of the dataset `config` names (its test split, with
+    /// the config's limits), after checking that the data's classes (or characters) are the
+    /// model's.
+    pub fn evaluate_dataset(&self, config: &RunConfig) -> Result<EvalMetrics> {
+        let (source, info) = prepare_data(config)?;
+        let matches = match &self.reader {
+            Reader::Chars { chars, .. } => *chars == info.chars,
+            _ => self.labels == info.labels,
+        };
+        if !matches {
+            return Err(config_error(
+                "data.dataset",
+                format!(
+                    "{}'s classes or characters are not the model's (model: {}; data: {})",
+                    info.name,
+                    self.labels.join(", "),
+                    info.labels.join(", ")
+                ),
+            ));
+        }
+        self.evaluate((0..source.eval_batches()).map(|i| source.eval_batch(i)))
+    }
+
+    /// A run's checkpoint (`checkpoint.ckpt`) on `dev`: its parameters, with the config,
+    /// labels and tokenizer of the export in the same run directory (`model/`, written with
+    /// every checkpoint). Every parameter must be in the checkpoint with its size.
+    pub fn load_checkpoint(dev: D, path: &Path) -> Result<Self> {
+        let run = path.parent().unwrap_or(Path::new("."));
+        let mut predictor = Self::load(dev, &run.join("model"))?;
+        let (_, tensors) = checkpoint::load(path)?;
+        let values: HashMap<&str, &Vec<f32>> =
+            tensors.iter().filter_map(|t| t.name.strip_prefix("param/").map(|n| (n, &t.data))).collect();
+        let dev = &predictor.dev;
+        for p in predictor.model.params_mut() {
+            let Some(v) = values.get(p.name.as_str()).filter(|v| v.len() == p.numel()) else {
+                return Err(config_error(
+                    "model",
+                    format!(
+                        "{}: no parameter `{}` of {} values (not a checkpoint of this model)",
+                        path.display(),
+                        p.name,
+                        p.numel()
+                    ),
+                ));
+            };
+            p.value = dev.upload(v)?;
+        }
+        Ok(predictor)
+    }
+
+    /// The model's family.
+    pub fn family(&self) -> Family {
+        self.model.spec().family
+    }
+
+    /// Class names, by label (empty for a language model).
+    pub fn labels(&self) -> &[String] {
+        &self.labels
+    }
+
+    /// Class probabilities of `texts`, one batch. An empty text is an error; a text longer
+    /// than the positions is cut, with a warning.
+    pub fn classify_texts(&self, texts: &[&str]) -> Result<Vec<ClassPrediction>> {
+        let Reader::Text(tokenizer) = &self.reader else {
+            return Err(config_error("input", format!("this {:?} model does not read text", self.family())));
+        };
+        if texts.iter().any(|t| t.trim().is_empty()) {
+            return Err(data_error("input", "an empty text; expected some words"));
+        }
+        let items: Vec<TextItem> = texts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| TextItem { id: i as u64, input: TextInput::Single(t), label: 0 })
+            .collect();
+        let batch = text_batch(tokenizer, &items, 0)?;
+        let mut out = self.classify(&batch.host)?;
+        for (p, &cut) in out.iter_mut().zip(&batch.truncated) {
+            if cut {
+                p.warning = Some(format!("cut to the model's {} token positions", tokenizer.max_len()));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Class probabilities of images (`channels × size × size` values in `[0, 1]` each).
+    pub fn classify_images(&self, images: &[Vec<f32>]) -> Result<Vec<ClassPrediction>> {
+        let Reader::Image { size, channels, .. } = self.reader else {
+            return Err(config_error("input", format!("this {:?} model does not read images", self.family())));
+        };
+        let n = channels * size * size;
+        if let Some(i) = images.iter().position(|im| im.len() != n) {
+            return Err(data_error(
+                "input",
+                format!("image {} has {} values; expected {channels}×{size}×{size} = {n}", i + 1, images[i].len()),
+            ));
+        }
+        let host = HostBatch {
+            batch: images.len(),
+            pixels: Some(images.concat()),
+            targets: vec![0; images.len()],
+            ..Default::default()
+        };
+        self.classify(&host)
+    }
+
+    /// The images one input names: an image file (PNG or PGM), an IDX file (every image in
+    /// it), or a CSV row of raw pixel values. Each comes with a name for the output.
+    pub fn read_images(&self, input: &str) -> Result<Vec<(String, Vec<f32>)>> {
+        let Reader::Image { size, channels, max_value } = self.reader else {
+            return Err(config_error("input", format!("this {:?} model does not read images", self.family())));
+        };
+        let path = Path::new(input);
+        let lower = input.to_ascii_lowercase();
+        if lower.contains("idx") && path.is_file() {
+            let images = read_idx_images(path)?;
+            return images
+                .into_iter()
+                .enumerate()
+                .map(|(i, (w, h, c, px))| {
+                    check_size(input, w, h, c, size, channels)?;
+                    Ok((format!("{input}#{i}"), px))
+                })
+                .collect();
+        }
+        if lower.ends_with(".png") || lower.ends_with(".pgm") {
+            let (w, h, c, px) = crate::data::read_image_file(path)?;
+            check_size(input, w, h, c, size, channels)?;
+            return Ok(vec![(input.to_string(), px)]);
+        }
+        // A CSV row of raw values.
+        let values: Vec<f32> = input
+            .split(',')
+            .enumerate()
+            .map(|(i, v)| {
+                v.trim().parse::<f32>().ok().filter(|x| x.is_finite() && *x >= 0.0 && *x <= max_value).ok_or_else(
+                    || {
+                        data_error(
+                            "input",
+                            format!(
+                                "value {} `{}` is not a pixel in 0..={max_value} (nor is the input an image file)",
+                                i + 1,
+                                v.trim()
+                            ),
+                        )
+                    },
+                )
+            })
+            .collect::<Result<_>>()?;
+        let n = channels * size * size;
+        if values.len() != n {
+            return Err(data_error(
+                "input",
+                format!("a CSV row of {} values; expected {channels}×{size}×{size} = {n} pixels", values.len()),
+            ));
+        }
+        Ok(vec![(input.to_string(), values.into_iter().map(|v| v / max_value).collect())])
+    }
+
+    /// The model's forward on a batch and the softmax of each row.
+    fn classify(&self, host: &HostBatch) -> Result<Vec<ClassPrediction>> {
+        let batch = Batch::upload(&self.dev, self.model.spec(), host, false, 0)?;
+        let (logits, _) = self.model.forward(&self.dev, &batch)?;
+        let logits = self.dev.download(&logits)?;
+        let classes = self.labels.len().max(1);
+        Ok(logits
+            .chunks(classes)
+            .map(|row| {
+                let p = softmax(row, 1.0);
+                let best = p.iter().enumerate().fold(0, |b, (i, &v)| if v > p[b] { i } else { b });
+                ClassPrediction {
+                    label: self.labels[best].clone(),
+                    probability: p[best],
+                    probabilities: self.labels.iter().cloned().zip(p).collect(),
+                    warning: None,
+                }
+            })
+            .collect())
+    }
+
+    /// `prompt` continued by `sampling.max_new_tokens` characters. Each step runs the model on
+    /// the last `positions` tokens (no cache: the models this engine trains are small). A
+    /// character outside the vocabulary is an error naming it.
+    pub fn generate(&self, prompt: &str, sampling: &Sampling) -> Result<String> {
+        let Reader::Chars { chars, ids } = &self.reader else {
+            return Err(config_error("input", format!("this {:?} model does not generate text", self.family())));
+        };
+        if !(sampling.temperature.is_finite() && sampling.temperature >= 0.0) {
+            return Err(config_error("temperature", format!("{}: expected a finite value ≥ 0", sampling.temperature)));
+        }
+        let mut tokens: Vec<u32> = prompt
+            .chars()
+            .enumerate()
+            .map(|(i, c)| {
+                ids.get(&c).copied().ok_or_else(|| {
+                    data_error("prompt", format!("character {c:?} at position {i} is not in the model's vocabulary"))
+                })
+            })
+            .collect::<Result<_>>()?;
+        if tokens.is_empty() {
+            return Err(data_error("prompt", "is empty; expected at least one character"));
+        }
+        let positions = match self.model.spec().input {
+            InputSpec::Tokens { max_positions, .. } => max_positions,
+            InputSpec::Image { .. } => {
+                return Err(Error::Internal { what: "generate".into(), message: "image model".into() });
+            }
+        };
+        let vocab = chars.len();
+        let mut rng = Rng::new(sampling.seed);
+        let mut out = String::new();
+        for _ in 0..sampling.max_new_tokens {
+            let window = &tokens[tokens.len().saturating_sub(positions)..];
+            let host = HostBatch {
+                batch: 1,
+                seq: window.len(),
+                tokens: Some(window.to_vec()),
+                targets: vec![IGNORE_INDEX; window.len()],
+                ..Default::default()
+            };
+            let batch = Batch::upload(&self.dev, self.model.spec(), &host, false, 0)?;
+            let (logits, _) = self.model.forward(&self.dev, &batch)?;
+            let logits = self.dev.download(&logits)?;
+            let last = &logits[logits.len() - vocab..];
+            let next = draw(last, sampling, &mut rng);
+            tokens.push(next as u32);
+            out.push(chars[next]);
+        }
+        Ok(out)
+    }
+}
+
+fn check_size(input: &str, w: usize, h: usize, c: usize, size: usize, channels: usize) -> Result<()> {
+    if (w, h, c) == (size, size, channels) {
+        return Ok(());
+    }
+    Err(data_error(
+        "input",
+        format!("{input}: a {w}×{h} image with {c} channel(s); the model takes {size}×{size} with {channels}"),
+    ))
+}
+
+/// Probabilities of `logits / temperature` (computed in f64).
+fn softmax(logits: &[f32], temperature: f64) -> Vec<f64> {
+    let scaled: Vec<f64> = logits.iter().map(|&v| v as f64 / temperature).collect();
+    let max = scaled.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = scaled.iter().map(|v| (v - max).exp()).collect();
+    let sum: f64 = e.iter().sum();
+    e.iter().map(|v| v / sum).collect()
+}
+
+/// A token drawn from `logits` as `sampling` says (greedy at temperature 0).
+fn draw(logits: &[f32], sampling: &Sampling, rng: &mut Rng) -> usize {
+    let argmax = || logits.iter().enumerate().fold(0, |b, (i, &v)| if v > logits[b] { i } else { b });
+    if sampling.temperature == 0.0 {
+        return argmax();
+    }
+    let p = softmax(logits, sampling.temperature);
+    let mut order: Vec<usize> = (0..p.len()).collect();
+    order.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
+    if sampling.top_k > 0 {
+        order.truncate(sampling.top_k);
+    }
+    let total: f64 = order.iter().map(|&i| p[i]).sum();
+    let mut u = rng.uniform() * total;
+    for &i in &order {
+        u -= p[i];
+        if u <= 0.0 {
+            return i;
+        }
+    }
+    order.last().copied().unwrap_or_else(argmax)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sampling_keeps_to_the_top_k_and_is_greedy_at_temperature_zero() {
+        let logits = [0.0f32, 3.0, 1.0, 2.9];
+        let s = Sampling { max_new_tokens: 1, temperature: 0.0, top_k: 0, seed: 1 };
+        assert_eq!(draw(&logits, &s, &mut Rng::new(1)), 1);
+        let top2 = Sampling { temperature: 1.0, top_k: 2, ..s };
+        let mut rng = Rng::new(3);
+        let drawn: Vec<usize> = (0..200).map(|_| draw(&logits, &top2, &mut rng)).collect();
+        assert!(drawn.iter().all(|&i| i == 1 || i == 3), "only the two most probable");
+        assert!(drawn.contains(&1) && drawn.contains(&3), "both drawn");
+        let p = softmax(&logits, 1.0);
+        assert!((p.iter().sum::<f64>() - 1.0).abs() < 1e-12 && p[1] > p[3] && p[3] > p[2]);
+    }
+}
+
+/// How predictions are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputFormat {
+    /// One JSON object per input and line: `{"input", "label", "probability",
+    /// "probabilities"}`, `{"input", "generated"}`, or `{"input", "error"}`.
+    JsonLines,
+    /// Aligned columns for a person at a terminal.
+    Table,
+}
+
+/// What [`predict_stream`] does with its inputs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PredictOptions {
+    /// Inputs per forward pass (texts and images).
+    pub batch_size: usize,
+    /// How a GPT continues a prompt.
+    pub sampling: Sampling,
+    /// How each result is written.
+    pub format: OutputFormat,
+}
+
+/// One input's result, as written.
+enum Outcome {
+    Class(ClassPrediction),
+    Generated(String),
+    Failed(String),
+}
+
+/// Runs `predictor` on every input of `inputs` (texts, image paths or CSV rows, prompts, as
+/// the model reads) in batches, writing one result per input, in order, to `out` as it goes. An
+/// input that fails (an empty line, an unreadable image, an unknown character) gets an error
+/// result and the rest go on; an error reading the inputs themselves stops the run. Returns
+/// (inputs, failed).
+pub fn predict_stream<D: Device>(
+    predictor: &Predictor<D>,
+    inputs: impl Iterator<Item = Result<String>>,
+    options: &PredictOptions,
+    out: &mut dyn std::io::Write,
+) -> Result<(usize, usize)> {
+    let size = options.batch_size.max(1);
+    let (mut total, mut failed) = (0, 0);
+    let mut pending: Vec<(String, Option<Vec<f32>>)> = Vec::new();
+    let mut inputs = inputs.peekable();
+    while inputs.peek().is_some() {
+        // Fill a batch: (name, pixels for images) per input; failures are written in order.
+        let mut results: Vec<(String, Outcome)> = Vec::new();
+        pending.clear();
+        let mut order = Vec::new(); // per result: Some(index into pending) or None (failed)
+        while pending.len() < size {
+            let Some(input) = inputs.next() else { break };
+            let input = input?;
+            match predictor.reader {
+                Reader::Image { .. } => match predictor.read_images(&input) {
+                    Ok(images) => {
+                        for (name, px) in images {
+                            order.push(Some(pending.len()));
+                            pending.push((name, Some(px)));
+                        }
+                    }
+                    Err(e) => {
+                        order.push(None);
+                        results.push((input, Outcome::Failed(e.to_string())));
+                    }
+                },
+                _ => {
+                    order.push(Some(pending.len()));
+                    pending.push((input, None));
+                }
+            }
+        }
+        let mut done = predictor.run_batch(&pending, &options.sampling);
+        let mut failures = results.into_iter();
+        for slot in order {
+            let (name, outcome) = match slot {
+                Some(i) => (pending[i].0.clone(), std::mem::replace(&mut done[i], Outcome::Failed(String::new()))),
+                None => failures.next().ok_or_else(|| Error::Internal {
+                    what: "predict".into(),
+                    message: "a failed input went missing".into(),
+                })?,
+            };
+            total += 1;
+            failed += matches!(outcome, Outcome::Failed(_)) as usize;
+            write_outcome(out, options.format, &name, &outcome)
+                .map_err(|e| Error::Io { path: "output".into(), source: e })?;
+        }
+        out.flush().map_err(|e| Error::Io { path: "output".into(), source: e })?;
+    }
+    Ok((total, failed))
+}
+
+impl<D: Device> Predictor<D> {
+    /// One batch's outcomes, in order. A batch that fails as a whole is retried input by input,
+    /// so one bad input fails alone.
+    fn run_batch(&self, batch: &[(String, Option<Vec<f32>>)], sampling: &Sampling) -> Vec<Outcome> {
+        let classes = |r: Result<Vec<ClassPrediction>>| -> Option<Vec<Outcome>> {
+            r.ok().map(|v| v.into_iter().map(Outcome::Class).collect())
+        };
+        let whole = match self.reader {
+            Reader::Chars { .. } => None,
+            Reader::Image { .. } => classes(
+                self.classify_images(&batch.iter().map(|b| b.1.clone().unwrap_or_default()).collect::<Vec<_>>()),
+            ),
+            Reader::Text(_) => classes(self.classify_texts(&batch.iter().map(|b| b.0.as_str()).collect::<Vec<_>>())),
+        };
+        if let Some(all) = whole.filter(|v| v.len() == batch.len()) {
+            return all;
+        }
+        batch
+            .iter()
+            .map(|(input, pixels)| {
+                let one = match (&self.reader, pixels) {
+                    (Reader::Chars { .. }, _) => {
+                        return self
+                            .generate(input, sampling)
+                            .map_or_else(|e| Outcome::Failed(e.to_string()), Outcome::Generated);
+                    }
+                    (Reader::Image { .. }, Some(px)) => self.classify_images(std::slice::from_ref(px)),
+                    _ => self.classify_texts(&[input.as_str()]),
+                };
+                match one {
+                    Ok(mut v) if v.len() == 1 => Outcome::Class(v.remove(0)),
+                    Ok(_) => Outcome::Failed("no prediction came back".into()),
+                    Err(e) => Outcome::Failed(e.to_string()),
+                }
+            })
+            .collect()
+    }
+}
+
+fn write_outcome(
+    out: &mut dyn std::io::Write,
+    format: OutputFormat,
+    input: &str,
+    outcome: &Outcome,
+) -> std::io::Result<()> {
+    use serde_json::{Value, json};
+    match format {
+        OutputFormat::JsonLines => {
+            let value = match outcome {
+                Outcome::Class(p) => {
+                    let probabilities: serde_json::Map<String, Value> =
+                        p.probabilities.iter().map(|(name, v)| (name.clone(), json!(v))).collect();
+                    let mut v = json!({"input": input, "label": p.label, "probability": p.probability, "probabilities": probabilities});
+                    if let Some(w) = &p.warning {
+                        v["warning"] = json!(w);
+                    }
+                    v
+                }
+                Outcome::Generated(text) => json!({"input": input, "generated": text}),
+                Outcome::Failed(e) => json!({"input": input, "error": e}),
+            };
+            writeln!(out, "{value}")
+        }
+        OutputFormat::Table => {
+            let shown = shorten(input, 48);
+            match outcome {
+                Outcome::Class(p) => {
+                    let warning = p.warning.as_ref().map(|w| format!("  ({w})")).unwrap_or_default();
+                    writeln!(out, "{shown:<48}  {:<16} {:>6.2}%{warning}", p.label, 100.0 * p.probability)
+                }
+                Outcome::Generated(text) => writeln!(out, "{input}{text}"),
+                Outcome::Failed(e) => writeln!(out, "{shown:<48}  error: {e}"),
+            }
+        }
+    }
+}
+
+/// The first `n` characters of `s` on one line, with `…` when cut.
+fn shorten(s: &str, n: usize) -> String {
+    let one_line: String = s.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    if one_line.chars().count() <= n { one_line } else { one_line.chars().take(n - 1).chain(['…']).collect() }
+}

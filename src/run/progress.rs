@@ -1,0 +1,87 @@
+//! Progress as plain lines, for output that is not a terminal (a CI log, `nohup`, a file): one
+//! line every `every` seconds with the step, epoch, loss, learning rate, throughput and the time
+//! left, so a reader can tell the run is alive. On a terminal the binary shows a bar instead.
+
+use std::time::Duration;
+
+/// Decides when to print a progress line and writes it. Time is passed in (seconds since the
+/// run started in this process), so the schedule is testable without waiting.
+#[derive(Clone, Debug)]
+pub struct ProgressLines {
+    every: f64,
+    total_steps: u64,
+    first_step: Option<(u64, f64)>,
+    last_print: f64,
+    samples: usize,
+}
+
+impl ProgressLines {
+    /// Lines every `every` seconds (0: every step) of a run of `total_steps` steps.
+    pub fn new(every: f64, total_steps: u64) -> Self {
+        ProgressLines { every: every.max(0.0), total_steps, first_step: None, last_print: 0.0, samples: 0 }
+    }
+
+    /// A step finished at `now` seconds: the line to print, if one is due.
+    pub fn step(&mut self, now: f64, step: u64, epoch: u64, loss: f64, lr: f64, samples: usize) -> Option<String> {
+        self.samples += samples;
+        // Rates count from the first step this process saw (a resumed run's earlier steps took
+        // no time here).
+        let (step0, t0) = *self.first_step.get_or_insert((step.saturating_sub(1), 0.0));
+        if now - self.last_print < self.every && step < self.total_steps {
+            return None;
+        }
+        self.last_print = now;
+        let elapsed = (now - t0).max(1e-9);
+        let rate = self.samples as f64 / elapsed;
+        let done = step.saturating_sub(step0);
+        let left = self.total_steps.saturating_sub(step);
+        let eta = if done == 0 { "?".into() } else { clock(elapsed / done as f64 * left as f64) };
+        let percent = 100.0 * step as f64 / self.total_steps.max(1) as f64;
+        Some(format!(
+            "step {step}/{} ({percent:.0}%), epoch {epoch}: loss {loss:.4}, lr {lr:.2e}, {rate:.1} samples/s, \
+             elapsed {}, ETA {eta}",
+            self.total_steps,
+            clock(now)
+        ))
+    }
+}
+
+/// `h:mm:ss`.
+fn clock(seconds: f64) -> String {
+    let s = Duration::from_secs_f64(seconds.max(0.0)).as_secs();
+    format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_come_every_interval_and_at_the_end_with_rate_and_eta() {
+        let mut p = ProgressLines::new(10.0, 100);
+        // Steps of 2 s and 8 samples: the first line at 10 s (step 5), the next at 20 s.
+        let lines: Vec<(u64, String)> = (1..=100)
+            .filter_map(|step| p.step(2.0 * step as f64, step, step / 50, 0.5, 1e-3, 8).map(|l| (step, l)))
+            .collect();
+        let steps: Vec<u64> = lines.iter().map(|l| l.0).collect();
+        assert_eq!(steps[..3], [5, 10, 15]);
+        assert_eq!(*steps.last().unwrap_or(&0), 100, "the last step always prints");
+        assert_eq!(steps.len(), 20);
+        // At step 5 (10 s): 40 samples in 10 s, 95 steps left at 2 s each.
+        let first = &lines[0].1;
+        assert!(first.starts_with("step 5/100 (5%), epoch 0: loss 0.5000, lr 1.00e-3"), "{first}");
+        assert!(first.contains("4.0 samples/s") && first.contains("elapsed 0:00:10, ETA 0:03:10"), "{first}");
+        // Every step when the interval is 0.
+        let mut every = ProgressLines::new(0.0, 3);
+        assert!((1..=3).all(|s| every.step(s as f64, s, 0, 1.0, 1.0, 1).is_some()));
+    }
+
+    #[test]
+    fn a_resumed_run_counts_its_rate_from_its_first_step_here() {
+        let mut p = ProgressLines::new(5.0, 1000);
+        assert!(p.step(1.0, 901, 9, 0.1, 1e-4, 4).is_none());
+        let line = p.step(5.0, 905, 9, 0.1, 1e-4, 4).unwrap_or_default();
+        // 5 steps (900 → 905) in 5 s, 95 left; 8 samples in 5 s.
+        assert!(line.contains("ETA 0:01:35") && line.contains("1.6 samples/s"), "{line}");
+    }
+}
