@@ -181,6 +181,11 @@ fn check_predict_and_evaluate(dir: &std::path::Path, config: &str, precision: &s
             assert!((sum - 1.0).abs() < 1e-9 && p[v["label"].as_str().unwrap()] == v["probability"], "{v}");
         }
         assert_eq!(lines[0], lines[2], "the same input, the same answer");
+        // The run's checkpoint (its last step, like the export) answers the same.
+        let ckpt = dir.join("checkpoint.ckpt").display().to_string();
+        let (ok, out) = pipetransformer(&[&["predict", "--model", &ckpt, pixels][..], &device].concat());
+        assert!(ok, "{out}");
+        assert_eq!(serde_json::from_str::<serde_json::Value>(out.trim()).unwrap(), lines[0]);
     }
 }
 

@@ -64,6 +64,10 @@ fn minilm_on_a_slice_of_rotten_tomatoes_beats_70_percent() {
             let metrics = p.evaluate_dataset(config).unwrap();
             let texts = ["a moving, funny and beautiful film", "dull, tedious and a waste of time"];
             let labels: Vec<String> = p.classify_texts(&texts).unwrap().into_iter().map(|c| c.label).collect();
+            // A text longer than the positions is cut, and says so.
+            let long = "a moving, funny film ".repeat(200);
+            let cut = p.classify_texts(&[texts[0], &long]).unwrap();
+            assert!(cut[0].warning.is_none() && cut[1].warning.as_ref().is_some_and(|w| w.contains("cut")), "{cut:?}");
             exported.set(Some((metrics, labels)));
         },
     );
