@@ -195,7 +195,15 @@ fn bad_slicings_are_refused_with_the_reason() {
 #[test]
 fn predicted_bubble_counts_slices() {
     use pipetransformer::pipeline::{Plan, UnitProfile};
-    let unit = UnitProfile { forward: 1.0, backward: 2.0, params: 10, activation_bytes: 100, trainable: true };
+    let unit = UnitProfile {
+        forward: 1.0,
+        backward: 2.0,
+        params: 10,
+        activation_bytes: 100,
+        score_bytes: 0,
+        kv_bytes: 0,
+        trainable: true,
+    };
     let names: Vec<String> = (0..4).map(|i| format!("u{i}")).collect();
     for (slices, m, want) in [(vec![], 1, 1.0 / 2.0), (vec![8, 8, 8, 8], 1, 1.0 / 5.0), (vec![16, 16], 2, 1.0 / 5.0)] {
         let config =
@@ -253,7 +261,8 @@ fn the_planned_slicing_beats_every_uniform_one_under_its_model() {
 /// values, and that plus one micro-batch's key/value gradients (the first backward's). The
 /// model has many heads over 32 tokens, so the attention probabilities (`l·(c+l)` per slice)
 /// outweigh that window: a wrong score or per-token term falls outside it. The arenas count
-/// once per resident micro-batch: all `M` under GPipe, `min(M, K)` under 1F1B.
+/// once per resident micro-batch: all `M` under GPipe, `min(M, K)` under 1F1B. The partition's
+/// memory check (`UnitProfile::sliced`) counts the same bytes as the planner.
 #[test]
 fn the_memory_model_bounds_a_stages_measured_peak() {
     use pipetransformer::model::GptConfig;
@@ -285,12 +294,19 @@ fn the_memory_model_bounds_a_stages_measured_peak() {
             let low = m as f64 * (per_micro + kv);
             let high = low + kv;
 
-            let profiles = unit_profiles(&dev, &mut model, &host, false).unwrap();
+            let profiles = unit_profiles(&dev, &mut model, &micro, false).unwrap();
             let cpus = (0..2).map(|i| CpuDevice::<f32>::new(i, 1).unwrap()).collect();
             let mut pipeline = Pipeline::new(cpus, model, OptimizerConfig::adamw(), plan, &profiles).unwrap();
             let stage0 = &pipeline.plan().unit_names[pipeline.plan().partition.stages[0].clone()];
             assert_eq!(stage0.iter().filter(|n| n.starts_with("attention")).count(), 1, "{stage0:?}");
             let measured = 4.0 * pipeline.step(&host, 3, 1e-2, None).unwrap().peak_activations[0] as f64;
+            // The partition's memory check counts the same: the sliced activations and every
+            // resident micro-batch's arena with gradients (the planner's model).
+            let stage = pipeline.plan().partition.stages[0].clone();
+            let params: usize = profiles[stage].iter().map(|u| 16 * u.params).sum();
+            let partition = (pipeline.plan().partition.stage_memory[0] - params) as f64;
+            let planned = m as f64 * (per_micro + 2.0 * kv);
+            assert!((partition - planned).abs() <= 1.0, "M = {m}, slices {slices:?}: {partition} vs {planned}");
             assert!(
                 low <= measured + 1e-6 && measured <= high + 1e-6,
                 "M = {m}, slices {slices:?}: measured {measured} B outside the model's [{low}, {high}]"

@@ -178,6 +178,8 @@ mod tests {
                     backward: 2.0 * samples as f64,
                     params: 10,
                     activation_bytes: 100 * samples,
+                    score_bytes: 0,
+                    kv_bytes: 0,
                     trainable: i >= frozen,
                 })
                 .collect()

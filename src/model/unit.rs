@@ -71,6 +71,12 @@ pub struct UnitCost {
     pub backward_flops: f64,
     /// Bytes of activations the forward keeps for the backward, per sample.
     pub activation_bytes: usize,
+    /// Of those, the attention probabilities (`heads × seq × seq`): the part token slicing
+    /// shrinks (TeraPipe keeps `l × (c + l)` per slice).
+    pub score_bytes: usize,
+    /// Of those, the keys and values: under token slicing they live in the stage's key/value
+    /// arena, which holds their gradients too.
+    pub kv_bytes: usize,
 }
 
 fn wrap<S, D: Device>(r: (D::Buf, Option<S>), f: impl FnOnce(S) -> Saved<D>) -> (D::Buf, Saved<D>) {
@@ -236,6 +242,7 @@ impl<D: Device> Unit<D> {
         let params = self.params().iter().map(|p| p.numel()).sum();
         let t = seq as f64;
         // (forward flops, backward flops, saved elements) per sample.
+        let (mut score, mut kv) = (0, 0);
         let (fwd, bwd, saved) = match self {
             Unit::Embedding(u) => {
                 let c = u.dim as f64;
@@ -259,6 +266,7 @@ impl<D: Device> Unit<D> {
                 // Four C×C projections plus QKᵀ and P·V (2·T²·C each); backward twice that.
                 let fwd = 8.0 * t * c * c + 4.0 * t * t * c;
                 // x, q, k, v, attended, normed-or-residual: 6·T·C; probs H·T²; stats 2·T.
+                (score, kv) = (h * seq * seq, 2 * seq * u.query.out_dim);
                 (fwd, 2.0 * fwd, 6 * seq * u.query.out_dim + h * seq * seq + 2 * seq)
             }
             Unit::Mlp(u) => {
@@ -282,6 +290,13 @@ impl<D: Device> Unit<D> {
                 }
             },
         };
-        UnitCost { params, forward_flops: fwd, backward_flops: bwd, activation_bytes: saved * elem_bytes }
+        UnitCost {
+            params,
+            forward_flops: fwd,
+            backward_flops: bwd,
+            activation_bytes: saved * elem_bytes,
+            score_bytes: score * elem_bytes,
+            kv_bytes: kv * elem_bytes,
+        }
     }
 }

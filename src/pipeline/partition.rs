@@ -181,7 +181,15 @@ mod tests {
     use super::*;
 
     fn unit(t: f64) -> UnitProfile {
-        UnitProfile { forward: t / 3.0, backward: 2.0 * t / 3.0, params: 10, activation_bytes: 100, trainable: true }
+        UnitProfile {
+            forward: t / 3.0,
+            backward: 2.0 * t / 3.0,
+            params: 10,
+            activation_bytes: 100,
+            score_bytes: 0,
+            kv_bytes: 0,
+            trainable: true,
+        }
     }
 
     /// Every split by brute force: the smallest bottleneck among those within the limit.
@@ -223,6 +231,8 @@ mod tests {
                     backward: 2.0 * rng.uniform(),
                     params: rng.below(50) as usize,
                     activation_bytes: rng.below(400) as usize,
+                    score_bytes: 0,
+                    kv_bytes: 0,
                     trainable: rng.below(4) != 0,
                 })
                 .collect();

@@ -81,7 +81,10 @@ impl Plan {
         pinned: usize,
     ) -> Result<Plan> {
         let schedule = Self::check(&config, units.len().saturating_sub(pinned), devices)?;
-        let partition = partition(units, schedule.stages, &in_flight(&schedule), config.memory_limit, pinned)?;
+        // Token slices change what a micro-batch keeps (TeraPipe): the partition's memory
+        // counts the sliced activations and the key/value arenas.
+        let units: Vec<UnitProfile> = units.iter().map(|u| u.sliced(&config.token_slices)).collect();
+        let partition = partition(&units, schedule.stages, &in_flight(&schedule), config.memory_limit, pinned)?;
         Ok(Plan { config, partition, schedule, unit_names })
     }
 
@@ -100,7 +103,8 @@ impl Plan {
                 format!("{} stages recorded for a plan of {}", stages.len(), schedule.stages),
             ));
         }
-        let partition = Partition::of(units, stages, &in_flight(&schedule))?;
+        let units: Vec<UnitProfile> = units.iter().map(|u| u.sliced(&config.token_slices)).collect();
+        let partition = Partition::of(&units, stages, &in_flight(&schedule))?;
         Ok(Plan { config, partition, schedule, unit_names })
     }
 
@@ -243,7 +247,18 @@ mod tests {
     use super::*;
 
     fn units(n: usize) -> Vec<UnitProfile> {
-        vec![UnitProfile { forward: 1.0, backward: 2.0, params: 100, activation_bytes: 1000, trainable: true }; n]
+        vec![
+            UnitProfile {
+                forward: 1.0,
+                backward: 2.0,
+                params: 100,
+                activation_bytes: 1000,
+                score_bytes: 0,
+                kv_bytes: 0,
+                trainable: true
+            };
+            n
+        ]
     }
 
     fn names(n: usize) -> Vec<String> {

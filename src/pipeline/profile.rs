@@ -17,6 +17,12 @@ pub struct UnitProfile {
     pub params: usize,
     /// Bytes of activations the forward keeps for the backward.
     pub activation_bytes: usize,
+    /// Of those, the attention probabilities (what token slicing shrinks; [`UnitCost`]).
+    #[serde(default)]
+    pub score_bytes: usize,
+    /// Of those, the keys and values (under token slicing: the arena, with their gradients).
+    #[serde(default)]
+    pub kv_bytes: usize,
     /// Whether any parameter trains. A frozen unit runs forward only, keeps no activations and
     /// has no gradients or optimizer state.
     pub trainable: bool,
@@ -36,6 +42,8 @@ impl UnitProfile {
             backward: cost.backward_flops * n / flops_per_second,
             params: cost.params,
             activation_bytes: cost.activation_bytes * samples,
+            score_bytes: cost.score_bytes * samples,
+            kv_bytes: cost.kv_bytes * samples,
             trainable,
         }
     }
@@ -47,6 +55,30 @@ impl UnitProfile {
             forward: self.forward * factor,
             backward: self.backward * factor,
             activation_bytes: (self.activation_bytes as f64 * factor).round() as usize,
+            score_bytes: (self.score_bytes as f64 * factor).round() as usize,
+            kv_bytes: (self.kv_bytes as f64 * factor).round() as usize,
+            ..*self
+        }
+    }
+
+    /// The same unit when each sequence runs as token slices of `lengths` (TeraPipe): the
+    /// attention probabilities shrink to `Σ l·(c + l) / L²` of the whole sequence's, and the
+    /// key/value arena adds the keys' and values' gradients.
+    pub fn sliced(&self, lengths: &[usize]) -> Self {
+        let whole: usize = lengths.iter().sum();
+        if lengths.len() < 2 || whole == 0 {
+            return *self;
+        }
+        let mut context = 0;
+        let mut kept = 0.0;
+        for &l in lengths {
+            kept += (l * (context + l)) as f64;
+            context += l;
+        }
+        let scores = (self.score_bytes as f64 * kept / (whole * whole) as f64).round() as usize;
+        UnitProfile {
+            activation_bytes: self.activation_bytes - self.score_bytes + scores + self.kv_bytes,
+            score_bytes: scores,
             ..*self
         }
     }
@@ -134,6 +166,8 @@ pub fn profile_units<D: Device>(
             backward: median(&mut bwd[i]),
             params: costs[i].params,
             activation_bytes: costs[i].activation_bytes * host.batch,
+            score_bytes: costs[i].score_bytes * host.batch,
+            kv_bytes: costs[i].kv_bytes * host.batch,
             trainable: model.units()[i].trainable(),
         })
         .collect())
