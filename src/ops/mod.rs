@@ -19,6 +19,7 @@ pub mod cross_entropy;
 pub mod dropout;
 pub mod embedding;
 pub mod gelu;
+pub mod gemm_bf16;
 pub mod layernorm;
 pub mod linear;
 pub mod matmul;
