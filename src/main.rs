@@ -40,7 +40,8 @@ struct DeviceArgs {
     /// kernels emulated on the host: slow, for checking).
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     device: DeviceKind,
-    /// Storage precision on the GPU backends: f32, or bf16 activations with f32 master weights.
+    /// f32, or bf16: on the GPU backends bf16 activations with f32 master weights; on cpu bf16
+    /// operands in the linear layers' products (f32 accumulation), f32 everything else.
     #[arg(long, value_enum, default_value = "f32")]
     precision: PrecisionArg,
 }
@@ -432,7 +433,7 @@ fn main() -> Result<()> {
             if steps == 0 || batch == 0 || seq == 0 {
                 bail!("--steps, --batch and --seq must each be at least 1");
             }
-            on_device!(device.open(threads)?, bench_step(steps, warmup, batch, seq))
+            on_device!(device.open(threads)?, bench_step(steps, warmup, batch, seq, device.precision()))
         }
         Command::Kernels { update } => kernels(update.as_deref()),
     }
@@ -517,7 +518,14 @@ fn overfit<D: Device>(dev: &D, family: Family, steps: u64, lr: f64, seed: u64) -
     Ok(())
 }
 
-fn bench_step<D: Device>(dev: &D, steps: usize, warmup: usize, batch: usize, seq: usize) -> Result<()> {
+fn bench_step<D: Device>(
+    dev: &D,
+    steps: usize,
+    warmup: usize,
+    batch: usize,
+    seq: usize,
+    precision: Precision,
+) -> Result<()> {
     let config = bench::minilm_shaped();
     let mut model = Model::new(dev, &config, 0)?;
     let host = bench::random_batch(&config, batch, seq, 1);
@@ -538,11 +546,13 @@ fn bench_step<D: Device>(dev: &D, steps: usize, warmup: usize, batch: usize, seq
     let median = times[times.len() / 2];
     let rate = flops / median / 1e9;
     let activations = format!("{:?}", dev.activation_dtype()).to_lowercase();
+    let products = format!("{precision:?}").to_lowercase();
     println!(
         "MiniLM-shaped training step (6 layers, hidden 384, 12 heads, MLP 1536, seq {seq}, batch {batch}, \
          {activations} activations, f32 weights, AdamW)"
     );
     println!("  device          {}", dev.name());
+    println!("  precision       {products} (matrix-product operands; f32 accumulation, {activations} activations)");
     println!("  FLOP per step   {flops:.4e}");
     println!(
         "  step time       {:.1} ms (median of {steps}; min {:.1}, max {:.1})",

@@ -6,13 +6,19 @@
 //! step (candle spent as much time in page faults as in GEMMs). Buffers return to the pool on
 //! drop, keyed by length; training steps repeat their shapes, so after the first step every
 //! allocation is a hit.
+//!
+//! Precision: an f32 device computes in f32, or, with [`Precision::Bf16`], runs the linear
+//! layers' matrix products on bf16-rounded operands with f32 accumulation
+//! ([`crate::ops::gemm_bf16`]); activations, parameters, gradients and optimizer state stay f32
+//! (the f32 masters), and every other op is unchanged.
 
-use super::Device;
+use super::{Device, Precision};
 use crate::error::{Result, check_len};
 use crate::ops;
 use crate::ops::attention::AttentionDims;
 use crate::ops::dropout::DropoutCoords;
 use crate::ops::gelu::Activation;
+use crate::ops::gemm_bf16::Products;
 use crate::ops::optim::{AdamWStep, SgdStep};
 use crate::ops::patch::PatchDims;
 use crate::ops::rows::RowCopy;
@@ -82,6 +88,8 @@ impl<T: Float> Drop for CpuBuf<T> {
 pub struct CpuDevice<T: Float> {
     index: usize,
     threads: usize,
+    /// The arithmetic of the linear layers' products (bf16 on an f32 device with `Precision::Bf16`).
+    products: Products,
     pool: rayon::ThreadPool,
     buffers: Arc<Pool<T>>,
 }
@@ -91,8 +99,24 @@ pub struct CpuDevice<T: Float> {
 const DEFAULT_POOL_ELEMS: usize = 1 << 28;
 
 impl<T: Float> CpuDevice<T> {
-    /// CPU device number `index` with `threads` worker threads (0 means all cores).
+    /// CPU device number `index` with `threads` worker threads (0 means all cores), computing in `T`.
     pub fn new(index: usize, threads: usize) -> Result<Self> {
+        Self::with_precision(index, threads, Precision::F32)
+    }
+
+    /// [`new`](Self::new) with a precision: `Bf16` (f32 devices only) rounds the operands of the
+    /// linear layers' products to bf16 and accumulates in f32; everything else stays in `T`.
+    pub fn with_precision(index: usize, threads: usize, precision: Precision) -> Result<Self> {
+        let products = match precision {
+            Precision::F32 => Products::Native,
+            Precision::Bf16 if T::DTYPE == DType::F32 => Products::Bf16,
+            Precision::Bf16 => {
+                return Err(crate::error::config_error(
+                    "precision",
+                    format!("bf16 products need an f32 cpu device, not {:?}", T::DTYPE),
+                ));
+            }
+        };
         let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -105,6 +129,7 @@ impl<T: Float> CpuDevice<T> {
         Ok(Self {
             index,
             threads,
+            products,
             pool,
             buffers: Arc::new(Pool {
                 free: Mutex::new(FreeLists { by_len: HashMap::new(), cached: 0 }),
@@ -116,6 +141,14 @@ impl<T: Float> CpuDevice<T> {
     /// Worker threads of this device.
     pub fn threads(&self) -> usize {
         self.threads
+    }
+
+    /// The precision this device was opened with.
+    pub fn precision(&self) -> Precision {
+        match self.products {
+            Products::Native => Precision::F32,
+            Products::Bf16 => Precision::Bf16,
+        }
     }
 
     /// Runs `f` on this device's thread pool.
@@ -133,9 +166,12 @@ impl<T: Float> Device for CpuDevice<T> {
     type Ids = Vec<u32>;
 
     fn name(&self) -> String {
-        format!("cpu:{} ({:?}, {} threads)", self.index, T::DTYPE, self.threads)
+        let products = if self.products == Products::Bf16 { ", bf16 products" } else { "" };
+        format!("cpu:{} ({:?}{products}, {} threads)", self.index, T::DTYPE, self.threads)
     }
     fn activation_dtype(&self) -> DType {
+        // Also with bf16 products: activations are stored in `T`, rounded only as the products
+        // pack them (what the memory model must count).
         T::DTYPE
     }
     fn len(buf: &Self::Buf) -> usize {
@@ -201,7 +237,9 @@ impl<T: Float> Device for CpuDevice<T> {
         in_dim: usize,
         out_dim: usize,
     ) -> Result<()> {
-        self.run(|| ops::linear::linear_forward(out, inp, weight, bias.map(|b| &b[..]), rows, in_dim, out_dim))
+        self.run(|| {
+            ops::linear::linear_forward_in(self.products, out, inp, weight, bias.map(|b| &b[..]), rows, in_dim, out_dim)
+        })
     }
     fn linear_backward(
         &self,
@@ -216,7 +254,8 @@ impl<T: Float> Device for CpuDevice<T> {
         out_dim: usize,
     ) -> Result<()> {
         self.run(|| {
-            ops::linear::linear_backward(
+            ops::linear::linear_backward_in(
+                self.products,
                 dinp.map(|b| &mut b[..]),
                 dweight.map(|b| &mut b[..]),
                 dbias.map(|b| &mut b[..]),

@@ -37,7 +37,8 @@ pub trait Device: Send + Sync + 'static {
     /// Human-readable name, e.g. `cpu:0 (f32, 2 threads)`.
     fn name(&self) -> String;
     /// The dtype activations are stored in (bf16 on a bf16 GPU device, whose parameters keep
-    /// f32 masters; the element type itself on the cpu backend).
+    /// f32 masters; the element type itself on the cpu backend, also where its products round
+    /// their operands to bf16).
     fn activation_dtype(&self) -> DType;
     /// Elements in `buf`.
     fn len(buf: &Self::Buf) -> usize;
@@ -367,15 +368,11 @@ impl AnyDevices {
 }
 
 impl AnyDevice {
-    /// Device number `index` of `kind`: `threads` CPU threads for `cpu`, `precision` for the
-    /// GPU backends (the `cpu` backend is f32 only and refuses bf16).
+    /// Device number `index` of `kind` in `precision`, with `threads` CPU threads for `cpu` (where
+    /// bf16 means bf16 operands in the linear layers' products, f32 everything else).
     pub fn open(kind: DeviceKind, index: usize, threads: usize, precision: Precision) -> Result<Self> {
         match kind.resolve() {
-            DeviceKind::Cpu if precision == Precision::Bf16 => Err(crate::error::config_error(
-                "precision",
-                "bf16 needs a GPU backend (--device cuda or cuda-emu); the cpu backend computes in f32",
-            )),
-            DeviceKind::Cpu => Ok(AnyDevice::Cpu(CpuDevice::new(index, threads)?)),
+            DeviceKind::Cpu => Ok(AnyDevice::Cpu(CpuDevice::with_precision(index, threads, precision)?)),
             DeviceKind::Cuda => Ok(AnyDevice::Gpu(cuda::device(index, precision)?)),
             DeviceKind::CudaEmu | DeviceKind::Auto => {
                 // Natural thread order (seed 0); the launch's blocks spread over `threads` threads.

@@ -1,9 +1,14 @@
 //! Linear layer with optional bias, weight in PyTorch layout `[out_dim, in_dim]`:
 //! `out[r, o] = Σ_i inp[r, i]·weight[o, i] + bias[o]`. Also the tied LM head (weight = the token
 //! embedding table, no bias) and the classifier head.
+//!
+//! The `*_in` variants take the arithmetic of the three matrix products ([`Products`]: the
+//! element type, or bf16 operands with f32 accumulation); the bias and everything else stay in
+//! the element type.
 
 use crate::error::{Result, check_len};
-use crate::ops::matmul::{MatRef, matmul};
+use crate::ops::gemm_bf16::{Products, matmul_in};
+use crate::ops::matmul::MatRef;
 use crate::scalar::Float;
 use rayon::prelude::*;
 
@@ -13,6 +18,21 @@ const BIAS_COLS: usize = 32;
 /// `out[rows, out_dim] = inp[rows, in_dim] · weightᵀ + bias`.
 #[allow(clippy::too_many_arguments)]
 pub fn linear_forward<T: Float>(
+    out: &mut [T],
+    inp: &[T],
+    weight: &[T],
+    bias: Option<&[T]>,
+    rows: usize,
+    in_dim: usize,
+    out_dim: usize,
+) -> Result<()> {
+    linear_forward_in(Products::Native, out, inp, weight, bias, rows, in_dim, out_dim)
+}
+
+/// [`linear_forward`] with the product in the arithmetic `products` names.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_forward_in<T: Float>(
+    products: Products,
     out: &mut [T],
     inp: &[T],
     weight: &[T],
@@ -38,7 +58,7 @@ pub fn linear_forward<T: Float>(
     }
     let a = MatRef::rows(inp, in_dim);
     let b = MatRef::rows(weight, in_dim).t();
-    matmul(out, out_dim, a, b, rows, out_dim, in_dim, bias.is_some());
+    matmul_in(products, out, out_dim, a, b, rows, out_dim, in_dim, bias.is_some());
     Ok(())
 }
 
@@ -46,6 +66,23 @@ pub fn linear_forward<T: Float>(
 /// `dbias += Σ_rows dout` (if present).
 #[allow(clippy::too_many_arguments)]
 pub fn linear_backward<T: Float>(
+    dinp: Option<&mut [T]>,
+    dweight: Option<&mut [T]>,
+    dbias: Option<&mut [T]>,
+    dout: &[T],
+    inp: &[T],
+    weight: &[T],
+    rows: usize,
+    in_dim: usize,
+    out_dim: usize,
+) -> Result<()> {
+    linear_backward_in(Products::Native, dinp, dweight, dbias, dout, inp, weight, rows, in_dim, out_dim)
+}
+
+/// [`linear_backward`] with the two products in the arithmetic `products` names.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_backward_in<T: Float>(
+    products: Products,
     dinp: Option<&mut [T]>,
     dweight: Option<&mut [T]>,
     dbias: Option<&mut [T]>,
@@ -72,11 +109,11 @@ pub fn linear_backward<T: Float>(
     let dout_m = MatRef::rows(dout, out_dim);
     if let Some(dinp) = dinp {
         // dinp[rows, in_dim] = dout[rows, out_dim] · weight[out_dim, in_dim]
-        matmul(dinp, in_dim, dout_m, MatRef::rows(weight, in_dim), rows, in_dim, out_dim, false);
+        matmul_in(products, dinp, in_dim, dout_m, MatRef::rows(weight, in_dim), rows, in_dim, out_dim, false);
     }
     if let Some(dweight) = dweight {
         // dweight[out_dim, in_dim] += doutᵀ[out_dim, rows] · inp[rows, in_dim]
-        matmul(dweight, in_dim, dout_m.t(), MatRef::rows(inp, in_dim), out_dim, in_dim, rows, true);
+        matmul_in(products, dweight, in_dim, dout_m.t(), MatRef::rows(inp, in_dim), out_dim, in_dim, rows, true);
     }
     if let Some(dbias) = dbias {
         bias_backward(dbias, dout, rows, out_dim);
