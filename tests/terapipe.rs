@@ -324,3 +324,37 @@ fn the_memory_model_bounds_a_stages_measured_peak() {
     assert_eq!(fixed(4, ScheduleKind::Gpipe) - fixed(1, ScheduleKind::Gpipe), 3 * arena);
     assert_eq!(fixed(4, ScheduleKind::OneFOneB), fixed(2, ScheduleKind::Gpipe));
 }
+
+/// `auto` under a GPipe memory limit between the finest slicing's peak and the unsliced one's:
+/// every micro-batch gets the same slicing (the runtime cuts them alike), and its predicted
+/// peak is within the limit.
+#[test]
+fn auto_under_a_memory_limit_plans_one_slicing_within_it() {
+    use pipetransformer::terapipe::{
+        MicroBatchSlicing, PlannerConfig, SliceSchedule, measure_memory, peak_memory_bytes, plan_slices,
+    };
+    let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+    let config = tiny_gpt(0.1);
+    let mut model = Model::new(&dev, &config, 1).unwrap();
+    let host = tiny_batch(&config, 2);
+    let micro = host.split(2).unwrap().swap_remove(0);
+    let base =
+        PipelineConfig { pipeline_len: 2, micro_batches: 2, schedule: ScheduleKind::Gpipe, ..Default::default() };
+    let memory = measure_memory(&dev, &model, &micro, &base).unwrap();
+    let planner = PlannerConfig { memory, schedule: SliceSchedule::Gpipe, ..PlannerConfig::new(2, host.seq, 2) };
+    let peak = |slices: Vec<usize>| peak_memory_bytes(&planner, &vec![MicroBatchSlicing { samples: 1, slices }; 2]);
+    let (finest, whole) = (peak(vec![1; host.seq]), peak(vec![host.seq]));
+    assert!(finest < whole, "{finest} vs {whole}");
+    for limit in [finest, (finest + whole) / 2, whole] {
+        let request = PipelineConfig { memory_limit: Some(limit), ..base.clone() };
+        let planned = plan_slices(&dev, &mut model, &micro, &request).unwrap();
+        let first = &planned.micro_batches[0];
+        assert_eq!(planned.micro_batches.len(), 2, "{planned}");
+        assert!(planned.micro_batches.iter().all(|m| m == first), "{planned}");
+        assert_eq!(first.slices.iter().sum::<usize>(), host.seq);
+        assert!(planned.peak_memory_bytes <= limit, "{planned}: limit {limit}");
+    }
+    let tight = PipelineConfig { memory_limit: Some(finest - 1), ..base };
+    let e = plan_slices(&dev, &mut model, &micro, &tight).unwrap_err().to_string();
+    assert!(e.contains("pipeline.memory_limit") && e.contains("no slicing meets the memory limit"), "{e}");
+}

@@ -54,7 +54,8 @@ pub enum SliceSchedule {
     /// slice). The backward runs a micro-batch's slices last-first (each needs the K/V
     /// gradients of the later ones), so a stage holds every slice of a micro-batch at the moment
     /// that micro-batch's last forward ends; the `K` bound therefore needs at most `K` slices
-    /// per micro-batch, and the planner enforces that too. A schedule meets the bound when stage
+    /// per micro-batch, and the planner enforces that under a limit. (With `n > K` slices the
+    /// peak is one micro-batch's slices, or `K` × the largest if that is more.) A schedule meets the bound when stage
     /// `s` (0-based) runs `max(K − s, n)` forwards before its first backward.
     OneFOneB,
 }

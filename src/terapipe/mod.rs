@@ -27,6 +27,8 @@ mod tests;
 
 pub use latency::{CommModel, ContextFit, LatencyGrid, LatencyModel, Sample};
 pub use memory::{MemoryModel, SliceSchedule};
-pub use planner::{MicroBatchSlicing, PlannerConfig, Search, SearchStats, SlicingPlan, plan, predict_step_seconds};
+pub use planner::{
+    MicroBatchSlicing, PlannerConfig, Search, SearchStats, SlicingPlan, peak_memory_bytes, plan, predict_step_seconds,
+};
 pub use profile::{measure_latency, measure_memory, plan_slices};
 pub use slices::{TokenSlices, uniform};

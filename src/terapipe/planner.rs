@@ -130,7 +130,7 @@ impl PlannerConfig {
 }
 
 /// One micro-batch of a plan: how many sequences, and its token slices in order.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct MicroBatchSlicing {
     /// Sequences in the micro-batch.
     pub samples: usize,
@@ -158,7 +158,7 @@ pub struct SlicingPlan {
     pub max_slice_seconds: f64,
     /// Predicted peak bytes per device under the configured schedule (0 without a memory
     /// model): GPipe, fixed + every slice; 1F1B, fixed + K × the largest slice (the bound the
-    /// limit is checked against; `max(K, n)` × when a micro-batch has `n > K` slices).
+    /// limit is checked against; one micro-batch's slices when it has more than `K`).
     pub peak_memory_bytes: usize,
     /// Search effort.
     pub stats: SearchStats,
@@ -522,29 +522,45 @@ fn finish(best: Outcome, config: &PlannerConfig, step: usize, stats: SearchStats
         .iter()
         .map(|(b, lens)| MicroBatchSlicing { samples: *b, slices: lens.iter().map(|&u| u as usize * step).collect() })
         .collect();
-    let mut bytes = Vec::new();
-    for m in &micro_batches {
-        let mut c = 0;
-        for &l in &m.slices {
-            bytes.push(config.memory.slice_bytes(m.samples, l, c));
-            c += l;
-        }
-    }
-    let activations: f64 = match config.schedule {
-        SliceSchedule::Gpipe => bytes.iter().sum(),
-        SliceSchedule::OneFOneB => {
-            // The bound the limit is checked against (K × the largest slice), so that a limit
-            // equal to a plan's reported peak admits that plan. Without a limit a micro-batch
-            // may have n > K slices, and max(K, n) are resident (SliceSchedule docs).
-            let most = micro_batches.iter().map(|m| m.slices.len()).max().unwrap_or(0).max(config.stages);
-            most as f64 * bytes.iter().copied().fold(0.0, f64::max)
-        }
-    };
     SlicingPlan {
+        peak_memory_bytes: peak_memory_bytes(config, &micro_batches),
         micro_batches,
         predicted_step_seconds: best.step,
         max_slice_seconds: best.max,
-        peak_memory_bytes: (config.memory.fixed_bytes as f64 + activations).ceil() as usize,
         stats,
     }
+}
+
+/// Predicted peak bytes per device of `micro_batches` under `config`'s memory model and
+/// schedule (what [`SlicingPlan::peak_memory_bytes`] reports).
+pub fn peak_memory_bytes(config: &PlannerConfig, micro_batches: &[MicroBatchSlicing]) -> usize {
+    // Bytes of each slice, per micro-batch.
+    let bytes: Vec<Vec<f64>> = micro_batches
+        .iter()
+        .map(|m| {
+            let mut c = 0;
+            m.slices
+                .iter()
+                .map(|&l| {
+                    let b = config.memory.slice_bytes(m.samples, l, c);
+                    c += l;
+                    b
+                })
+                .collect()
+        })
+        .collect();
+    let largest = bytes.iter().flatten().copied().fold(0.0, f64::max);
+    let activations: f64 = match config.schedule {
+        SliceSchedule::Gpipe => bytes.iter().flatten().sum(),
+        // With at most K slices per micro-batch: the bound the limit is checked against (K ×
+        // the largest slice), so that a limit equal to a plan's reported peak admits it.
+        // Without a limit a micro-batch may have n > K slices; the first backward then waits
+        // for all n, and from there each backward frees a slice as a forward adds one: any n
+        // pieces in a row hold one micro-batch's slices (SliceSchedule docs).
+        SliceSchedule::OneFOneB if bytes.iter().all(|m| m.len() <= config.stages) => config.stages as f64 * largest,
+        SliceSchedule::OneFOneB => {
+            bytes.iter().map(|m| m.iter().sum::<f64>()).fold(0.0, f64::max).max(config.stages as f64 * largest)
+        }
+    };
+    (config.memory.fixed_bytes as f64 + activations).ceil() as usize
 }

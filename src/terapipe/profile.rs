@@ -8,7 +8,7 @@
 
 use super::latency::{CommModel, LatencyGrid, LatencyModel, Sample};
 use super::memory::{MemoryModel, SliceSchedule};
-use super::planner::{PlannerConfig, SlicingPlan, plan};
+use super::planner::{MicroBatchSlicing, PlannerConfig, SlicingPlan, peak_memory_bytes, plan, predict_step_seconds};
 use crate::device::Device;
 use crate::error::{Error, Result, config_error};
 use crate::model::{Batch, HostBatch, KvArena, Model, Saved, Unit};
@@ -207,13 +207,11 @@ pub fn measure_latency<D: Device>(
 /// - Activations: the elements one layer's forward keeps for a slice, measured at two points
 ///   (`l` tokens with no context and after `l` tokens of context: the difference is the
 ///   attention probabilities' `l·c` term), times the layers of the largest stage, `⌈L/K⌉`.
-/// - Fixed: that stage's parameter bytes (weights, gradients, AdamW moments: `param_bytes`)
-///   plus the larger of the units before the first layer (embeddings) and after the last
-///   (final norm, head), and the key/value arenas (keys, values and their gradients for the
-///   whole sequence) of the micro-batches resident at once: all `M` under GPipe, at most
-///   `min(M, K)` under 1F1B.
-///
-/// The head's own saved activations (one row per token) are not counted.
+/// - The larger of the units before the first layer (embeddings) and after the last (final
+///   norm, head): their activations per token (analytic costs) and their parameters.
+/// - Fixed: the stage's parameter bytes (weights, gradients, AdamW moments: `param_bytes`)
+///   and the key/value arenas (keys, values and their gradients for the whole sequence) of
+///   the micro-batches resident at once: all `M` under GPipe, at most `min(M, K)` under 1F1B.
 pub fn measure_memory<D: Device>(
     dev: &D,
     model: &Model<D>,
@@ -248,18 +246,23 @@ pub fn measure_memory<D: Device>(
         range.map(|i| param_bytes(costs[i].params, units[i].trainable())).sum()
     };
     let layer_params = params(first..last) / model.spec().layers.max(1);
-    let ends = if k == 1 {
-        params(0..first) + params(last..units.len())
-    } else {
-        params(0..first).max(params(last..units.len()))
+    // The first stage also holds the embeddings and the last the final norm and head: the
+    // model is of the larger end (both ends when there is one stage). Their activations are
+    // per token (the analytic costs, for the micro-batch's sequences).
+    let end = |range: std::ops::Range<usize>| -> (usize, f64) {
+        let tokens = range.clone().map(|i| costs[i].activation_bytes as f64 * b as f64 / seq as f64).sum();
+        (params(range), tokens)
     };
+    let (head, tail) = (end(0..first), end(last..units.len()));
+    let (ends, end_tokens) =
+        if k == 1 { (head.0 + tail.0, head.1 + tail.1) } else { (head.0.max(tail.0), head.1.max(tail.1)) };
     let resident = match pipeline.schedule {
         ScheduleKind::Gpipe | ScheduleKind::Interleaved => pipeline.micro_batches,
         ScheduleKind::OneFOneB => pipeline.micro_batches.min(k),
     };
     let arenas = resident * layers * 4 * b * seq * model.spec().hidden;
     Ok(MemoryModel {
-        per_token_bytes: per_token * bytes * layers as f64,
+        per_token_bytes: per_token * bytes * layers as f64 + end_tokens,
         per_score_bytes: per_score * bytes * layers as f64,
         fixed_bytes: layers * layer_params + ends + arenas * dev.activation_dtype().bytes(),
     })
@@ -298,8 +301,39 @@ pub fn plan_slices<D: Device>(
         }
         e => e,
     })?;
+    // The runtime cuts every micro-batch alike. Under a GPipe memory limit the planner may
+    // trade memory between micro-batches (one cut finer, another coarser); then every
+    // micro-batch takes the slicing that keeps the least (so the total stays within the
+    // limit), and the step and peak are those of that plan.
+    let kept = |m: &MicroBatchSlicing| {
+        let mut c = 0;
+        m.slices
+            .iter()
+            .map(|&l| {
+                c += l;
+                l * c
+            })
+            .sum::<usize>()
+    };
+    if planned.micro_batches.windows(2).any(|w| w[0] != w[1]) {
+        let least = planned.micro_batches.iter().min_by_key(|m| kept(m)).cloned().unwrap_or_default();
+        planned.micro_batches = vec![least; m];
+        planned.predicted_step_seconds = predict_step_seconds(&latency, k, &planned.micro_batches)?;
+        planned.peak_memory_bytes = peak_memory_bytes(&config, &planned.micro_batches);
+        planned.max_slice_seconds = max_slice_seconds(&latency, &planned.micro_batches[0])?;
+    }
     for m in &mut planned.micro_batches {
         m.samples *= micro.batch; // planner units (micro-batches) to sequences
     }
     Ok(planned)
+}
+
+/// The slowest slice of `micro` under `latency`.
+fn max_slice_seconds(latency: &LatencyModel, micro: &MicroBatchSlicing) -> Result<f64> {
+    let (mut c, mut most) = (0, 0.0f64);
+    for &l in &micro.slices {
+        most = most.max(latency.slice_time(micro.samples, l, c)?);
+        c += l;
+    }
+    Ok(most)
 }
