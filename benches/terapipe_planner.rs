@@ -60,7 +60,9 @@ fn cases() -> Vec<Case> {
         let lat = latency(len, batch);
         let free = PlannerConfig { memory: m, schedule: SliceSchedule::OneFOneB, ..PlannerConfig::new(k, len, batch) };
         let peak = plan(&lat, &free).expect("plan").peak_memory_bytes;
-        let config = [0.5, 0.7, 0.9]
+        // The free plan may use more than K slices, which a limit forbids: its peak (one
+        // micro-batch's slices) can be below what any limited plan needs.
+        let config = [0.5, 0.7, 0.9, 1.5, 3.0, 8.0, 64.0]
             .iter()
             .map(|f| {
                 let limit = m.fixed_bytes + ((peak - m.fixed_bytes) as f64 * f) as usize;

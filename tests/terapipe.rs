@@ -289,6 +289,12 @@ fn the_memory_model_bounds_a_stages_measured_peak() {
                 per_micro += memory.slice_bytes(1, l, context);
                 context += l;
             }
+            // The model is of the larger end stage (here the last: final norm and head, per
+            // token); stage 0 holds the embeddings, which keep nothing for GPT.
+            let costs = model.costs(&dev, seq);
+            let tail = model.units().iter().rposition(|u| u.kind_name().starts_with("mlp")).unwrap() + 1;
+            let end: f64 = costs[tail..].iter().map(|c| (c.activation_bytes * micro.batch) as f64).sum();
+            let per_micro = per_micro - end;
             // Keys and values of one layer, one micro-batch (their gradients as much again).
             let kv = (2 * micro.batch * seq * width * 4) as f64;
             let low = m as f64 * (per_micro + kv);
