@@ -375,6 +375,9 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Train { config, mut set, resume, fresh, device, pipeline, elastic, trace, progress_every } => {
             set.extend(overrides(&pipeline, &elastic));
+            if let Some(s) = progress_every.filter(|s| !(s.is_finite() && *s >= 0.0)) {
+                bail!("--progress-every {s}: expected seconds, finite and at least 0 (output.progress_every)");
+            }
             set.extend(progress_every.map(|s| format!("output.progress_every={s:?}")));
             let config = load_config(&config, &set)?;
             let run = TrainRun { resume, fresh, trace: trace.as_deref() };

@@ -182,6 +182,13 @@ fn check_predict_and_evaluate(dir: &std::path::Path, config: &str, precision: &s
             assert!((sum - 1.0).abs() < 1e-9 && p[v["label"].as_str().unwrap()] == v["probability"], "{v}");
         }
         assert_eq!(lines[0], lines[2], "the same input, the same answer");
+        // Labelled rows with a label the model lacks: refused by line, nothing panics.
+        let rows = dir.join("rows.csv");
+        std::fs::write(&rows, format!("{pixels},3\n{pixels},ten\n")).unwrap();
+        let rows_arg = rows.display().to_string();
+        let (ok, out) = pipetransformer(&[&["evaluate", "--model", &model, "--file", &rows_arg][..], &device].concat());
+        assert!(!ok && out.contains("line 2") && out.contains("`ten` is not one of the model's classes"), "{out}");
+        assert!(!out.contains("panicked"), "{out}");
         // The run's checkpoint (its last step, like the export) answers the same.
         let ckpt = dir.join("checkpoint.ckpt").display().to_string();
         let (ok, out) = pipetransformer(&[&["predict", "--model", &ckpt, pixels][..], &device].concat());
@@ -439,4 +446,16 @@ fn token_slices_auto_respects_the_memory_limit() {
     assert!(!ok && out.contains("pipeline.memory_limit") && out.contains("no slicing meets the memory limit"), "{out}");
     let (ok, out) = pipetransformer(&[&gpt[..], &["--memory-limit", "3 parsecs"]].concat());
     assert!(!ok && out.contains("--memory-limit") && out.contains("byte count"), "{out}");
+}
+
+/// A progress interval that is not a finite, non-negative number of seconds is refused by name.
+#[test]
+fn a_bad_progress_interval_is_refused() {
+    if !have_digits() {
+        return;
+    }
+    for bad in ["--progress-every=-1", "--progress-every=nan"] {
+        let (ok, out) = pipetransformer(&["train", "--config", "configs/vit-digits.toml", bad]);
+        assert!(!ok && out.contains("progress_every") && !out.contains("panicked"), "{bad}: {out}");
+    }
 }

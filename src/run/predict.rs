@@ -11,7 +11,7 @@ use crate::error::{Error, Result, config_error, data_error};
 use crate::model::{Batch, Family, HeadSpec, HostBatch, IGNORE_INDEX, InputSpec, Model};
 use crate::rng::Rng;
 use crate::text::{TextInput, TextItem, TextTokenizer, text_batch};
-use crate::train::metrics::{Confusion, argmax};
+use crate::train::metrics::{Confusion, argmax, correct};
 use crate::train::{EvalMetrics, checkpoint};
 use crate::weights::{self, LoadOptions};
 use serde::Serialize;
@@ -145,11 +145,7 @@ impl<D: Device> Predictor<D> {
             (loss_sum, count) = (loss_sum + loss.loss_sum, count + loss.count);
             let logits = self.dev.download(&logits)?;
             let width = classes.unwrap_or(logits.len() / host.targets.len().max(1)).max(1);
-            for (row, &t) in logits.chunks(width).zip(&host.targets) {
-                if t != IGNORE_INDEX {
-                    right += (argmax(row) == t as usize) as usize;
-                }
-            }
+            right += correct(&logits, &host.targets, width, IGNORE_INDEX);
             if let Some(m) = confusion.as_mut() {
                 m.add_logits(&logits, &host.targets, IGNORE_INDEX);
             }
@@ -498,9 +494,8 @@ fn softmax(logits: &[f32], temperature: f64) -> Vec<f64> {
 
 /// A token drawn from `logits` as `sampling` says (greedy at temperature 0).
 fn draw(logits: &[f32], sampling: &Sampling, rng: &mut Rng) -> usize {
-    let argmax = || logits.iter().enumerate().fold(0, |b, (i, &v)| if v > logits[b] { i } else { b });
     if sampling.temperature == 0.0 {
-        return argmax();
+        return argmax(logits);
     }
     let p = softmax(logits, sampling.temperature);
     let mut order: Vec<usize> = (0..p.len()).collect();
@@ -516,7 +511,7 @@ fn draw(logits: &[f32], sampling: &Sampling, rng: &mut Rng) -> usize {
             return i;
         }
     }
-    order.last().copied().unwrap_or_else(argmax)
+    order.last().copied().unwrap_or_else(|| argmax(logits))
 }
 
 #[cfg(test)]

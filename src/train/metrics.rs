@@ -9,6 +9,11 @@ pub fn argmax(row: &[f32]) -> usize {
     row.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0
 }
 
+/// Correct argmax predictions among the rows (`classes` wide) whose target is not `ignore`.
+pub fn correct(logits: &[f32], targets: &[u32], classes: usize, ignore: u32) -> usize {
+    logits.chunks(classes.max(1)).zip(targets).filter(|&(row, &t)| t != ignore && argmax(row) as u32 == t).count()
+}
+
 /// Counts of (true label, predicted label) pairs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Confusion {

@@ -10,7 +10,7 @@
 use super::checkpoint::{self, Tensor};
 use super::config::TrainConfig;
 use super::event::{Bubble, EvalMetrics, Event};
-use super::metrics::{Confusion, argmax};
+use super::metrics::{Confusion, correct};
 use super::source::BatchSource;
 use crate::device::Device;
 use crate::error::{Error, Result, internal};
@@ -249,7 +249,7 @@ impl<D: Device> Trainer<D> {
                                 let host = data.eval_batch(i)?;
                                 let out = pipeline.evaluate(r, &host)?;
                                 let width = classes.unwrap_or(out.logits.len() / host.targets.len().max(1));
-                                let right = correct(&out.logits, &host.targets, width);
+                                let right = correct(&out.logits, &host.targets, width, IGNORE_INDEX);
                                 let confusion = classes.map(|c| {
                                     let mut m = Confusion::new(c);
                                     m.add_logits(&out.logits, &host.targets, IGNORE_INDEX);
@@ -383,9 +383,4 @@ impl<D: Device> Trainer<D> {
         self.batches_per_step = batches_per_step;
         Ok(field("controller"))
     }
-}
-
-/// Correct argmax predictions among rows whose target counts.
-fn correct(logits: &[f32], targets: &[u32], classes: usize) -> usize {
-    logits.chunks(classes.max(1)).zip(targets).filter(|&(row, &t)| t != IGNORE_INDEX && argmax(row) as u32 == t).count()
 }
