@@ -120,5 +120,45 @@ fn bench_matmul(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_matmul, bench_linear, bench_attention, bench_layernorm);
+/// The element-wise ops between the products: GELU on the MLP's hidden activations, dropout on
+/// the hidden stream, AdamW over one encoder layer's parameters. Memory-bound unless their
+/// arithmetic (erf, exp, the mask's hash, AdamW's sqrt and division) is scalar; bytes moved are
+/// the throughput.
+fn bench_elementwise(c: &mut Criterion) {
+    use pipetransformer::ops::dropout::DropoutCoords;
+    use pipetransformer::ops::gelu::Activation;
+    use pipetransformer::ops::optim::AdamWStep;
+    let dev = CpuDevice::<f32>::new(0, 0).unwrap();
+    let mut g = c.benchmark_group("elementwise");
+    let n = B * T * F;
+    let (x, dy) = (random(&dev, n, 1), random(&dev, n, 2));
+    let mut y = dev.alloc(n).unwrap();
+    g.throughput(Throughput::Bytes((2 * n * 4) as u64));
+    for (name, kind) in [("gelu_erf_2048x1536", Activation::GeluErf), ("gelu_tanh_2048x1536", Activation::GeluTanh)] {
+        g.bench_function(format!("{name}/forward"), |b| b.iter(|| dev.gelu_forward(&mut y, &x, kind).unwrap()));
+    }
+    g.throughput(Throughput::Bytes((3 * n * 4) as u64));
+    for (name, kind) in [("gelu_erf_2048x1536", Activation::GeluErf), ("gelu_tanh_2048x1536", Activation::GeluTanh)] {
+        g.bench_function(format!("{name}/backward"), |b| b.iter(|| dev.gelu_backward(&mut y, &x, &dy, kind).unwrap()));
+    }
+    let n = B * T * C;
+    let (x, mut y) = (random(&dev, n, 3), dev.alloc(n).unwrap());
+    g.throughput(Throughput::Bytes((2 * n * 4) as u64));
+    g.bench_function("dropout_2048x384/forward", |b| {
+        b.iter(|| dev.dropout_forward(&mut y, &x, 0.1, DropoutCoords::contiguous(5, 0)).unwrap())
+    });
+    // One encoder layer: 4·C² + 2·C·F weights and their biases and norms, ≈ 1.78 M.
+    let n = 4 * C * C + 2 * C * F + 9 * C + F;
+    let (mut p, grad) = (random(&dev, n, 4), random(&dev, n, 5));
+    let (mut m, mut v) = (dev.zeros(n).unwrap(), dev.zeros(n).unwrap());
+    let h = AdamWStep { lr: 1e-4, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, step: 3 };
+    // Reads p, g, m, v; writes p, m, v.
+    g.throughput(Throughput::Bytes((7 * n * 4) as u64));
+    g.bench_function("adamw_one_layer/update", |b| {
+        b.iter(|| dev.adamw_update(&mut p, &grad, &mut m, &mut v, &h).unwrap())
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench_matmul, bench_linear, bench_attention, bench_layernorm, bench_elementwise);
 criterion_main!(benches);

@@ -10,6 +10,7 @@
 use crate::error::{Result, check_len, config_error};
 use crate::ops::dropout::dropout_keep;
 use crate::ops::matmul::{MatRef, matmul_with};
+use crate::ops::simd::{exp, vectorized};
 use crate::scalar::Float;
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -103,16 +104,26 @@ pub fn attention_forward<T: Float>(
                 // 1. Scores S = q_h·k_hᵀ (q_len × kv_len), straight into this head's probs.
                 matmul_with(p, kv_len, qh, kh.t(), q_len, kv_len, head_dim, false, Parallelism::None);
                 // 2. P = softmax(S·scale) over the keys each query may see, in place.
-                for (i, row) in p.chunks_exact_mut(kv_len).enumerate() {
-                    softmax_row(row, visible_end(d, i), mask_b, scale);
-                }
+                vectorized(
+                    #[inline(always)]
+                    || {
+                        for (i, row) in p.chunks_exact_mut(kv_len).enumerate() {
+                            softmax_row(row, visible_end(d, i), mask_b, scale);
+                        }
+                    },
+                );
                 let p: &[T] = p;
                 // 3. Pd = dropout(P) in the scratch: `probs` keeps the undropped P.
                 let pd = if dropout {
-                    dropout_factors(dropped, d, b * heads + h);
-                    for (x, &p) in dropped.iter_mut().zip(p) {
-                        *x *= p;
-                    }
+                    vectorized(
+                        #[inline(always)]
+                        || {
+                            dropout_factors(dropped, d, b * heads + h);
+                            for (x, &p) in dropped.iter_mut().zip(p) {
+                                *x *= p;
+                            }
+                        },
+                    );
                     &dropped[..]
                 } else {
                     p
@@ -193,7 +204,10 @@ pub fn attention_backward<T: Float>(
                     // 4. out_h = Pd·v_h: dv_h = Pdᵀ·dout_h, with Pd = dropout(P) recomputed
                     //    from P and the seed; then dPd = dout_h·v_hᵀ into the scratch.
                     let pd = if dropout {
-                        dropout_factors(factors, d, b * heads + h);
+                        vectorized(
+                            #[inline(always)]
+                            || dropout_factors(factors, d, b * heads + h),
+                        );
                         for ((x, &f), &p) in scratch.iter_mut().zip(&factors[..]).zip(p) {
                             *x = f * p;
                         }
@@ -272,6 +286,7 @@ fn visible_end(d: &AttentionDims, i: usize) -> usize {
 /// masked), exact zeros elsewhere. Masked keys become −∞ before the max is subtracted, so
 /// `exp` maps them to exactly 0 and no visible key overflows; a row with no visible key
 /// becomes all zeros.
+#[inline(always)]
 fn softmax_row<T: Float>(row: &mut [T], end: usize, mask: Option<&[u32]>, scale: T) {
     let neg_inf = T::from_f64(f64::NEG_INFINITY);
     let (seen, hidden) = row.split_at_mut(end);
@@ -290,7 +305,7 @@ fn softmax_row<T: Float>(row: &mut [T], end: usize, mask: Option<&[u32]>, scale:
         return;
     }
     for x in seen.iter_mut() {
-        *x = (*x - max).exp();
+        *x = exp(*x - max);
     }
     // sum ≥ 1: the maximal key contributes exp(0).
     let inv = T::ONE / lane_sum(seen);
@@ -356,6 +371,7 @@ fn lane_dot<T: Float>(x: &[T], y: &[T]) -> T {
 /// `dropout_offset + (bh·mask_seq + prefix + i)·mask_seq + j` (see
 /// [`AttentionDims::dropout_seed`]). Keys a
 /// query cannot see under the causal mask have `P = 0` whatever the factor: they get 0 unhashed.
+#[inline(always)]
 fn dropout_factors<T: Float>(f: &mut [T], d: &AttentionDims, bh: usize) {
     let kv_len = d.kv_len;
     for (i, row) in f.chunks_exact_mut(kv_len).enumerate() {
@@ -367,27 +383,10 @@ fn dropout_factors<T: Float>(f: &mut [T], d: &AttentionDims, bh: usize) {
 }
 
 /// `f[e] = keep(seed, first + e, p) ? 1/(1−p) : 0`. Hashing is most of attention dropout's
-/// cost (four 64-bit multiplies per element), so CPUs with AVX-512DQ run a copy of the loop
-/// compiled for it, where those multiplies vectorise (≈3× faster). Same bits either way.
-fn keep_factors<T: Float>(f: &mut [T], seed: u64, first: u64, p: f32) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512dq") {
-        // SAFETY: the CPU has the features `keep_factors_avx512` is compiled for.
-        return unsafe { keep_factors_avx512(f, seed, first, p) };
-    }
-    keep_factors_portable(f, seed, first, p)
-}
-
-/// [`keep_factors_portable`] compiled for AVX-512DQ (`vpmullq`).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512dq")]
-fn keep_factors_avx512<T: Float>(f: &mut [T], seed: u64, first: u64, p: f32) {
-    keep_factors_portable(f, seed, first, p)
-}
-
-/// The loop itself, inlined into each compiled copy.
+/// cost (four 64-bit multiplies per element); inside [`vectorized`] (as both passes call it)
+/// those multiplies vectorise where the CPU has AVX-512DQ (≈3× faster). Same bits either way.
 #[inline(always)]
-fn keep_factors_portable<T: Float>(f: &mut [T], seed: u64, first: u64, p: f32) {
+fn keep_factors<T: Float>(f: &mut [T], seed: u64, first: u64, p: f32) {
     let inv_keep = T::from_f64(1.0 / (1.0 - p as f64));
     for (e, x) in f.iter_mut().enumerate() {
         *x = if dropout_keep(seed, first.wrapping_add(e as u64), p) { inv_keep } else { T::ZERO };

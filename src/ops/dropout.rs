@@ -4,6 +4,7 @@
 //! mask from the element's coordinates ([`DropoutCoords`]).
 
 use crate::error::{Result, check_len, config_error};
+use crate::ops::simd::vectorized;
 use crate::rng::hash_u64;
 use crate::scalar::Float;
 use rayon::prelude::*;
@@ -67,18 +68,26 @@ fn apply<T: Float>(dst: &mut [T], src: &[T], p: f32, at: DropoutCoords) {
         return;
     }
     let scale = T::from_f64(1.0 / (1.0 - p as f64));
-    dst.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).enumerate().for_each(|(c, (dst, src))| {
-        // The counter advances by one along a row and jumps by the stride between rows.
-        let first = c * CHUNK;
-        let row = at.row as usize;
-        let (mut r, mut col) = (first / row, first % row);
-        for (d, &x) in dst.iter_mut().zip(src) {
-            let counter = at.offset.wrapping_add((r as u64).wrapping_mul(at.stride)).wrapping_add(col as u64);
-            *d = if dropout_keep(at.seed, counter, p) { x * scale } else { T::ZERO };
-            col += 1;
-            if col == row {
-                (r, col) = (r + 1, 0);
-            }
+    let row = at.row as usize;
+    dst.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).enumerate().for_each(|(c, (mut dst, mut src))| {
+        // Row by row: the counter advances by one along a row (a run the hash vectorises over)
+        // and jumps by the stride between rows.
+        let mut i = c * CHUNK;
+        while !dst.is_empty() {
+            let (r, col) = (i / row, i % row);
+            let len = (row - col).min(dst.len());
+            let first = at.offset.wrapping_add((r as u64).wrapping_mul(at.stride)).wrapping_add(col as u64);
+            let (d, rest) = std::mem::take(&mut dst).split_at_mut(len);
+            let (s, rest_src) = src.split_at(len);
+            vectorized(
+                #[inline(always)]
+                || {
+                    for (e, (d, &x)) in d.iter_mut().zip(s).enumerate() {
+                        *d = if dropout_keep(at.seed, first.wrapping_add(e as u64), p) { x * scale } else { T::ZERO };
+                    }
+                },
+            );
+            (dst, src, i) = (rest, rest_src, i + len);
         }
     });
 }

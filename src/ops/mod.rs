@@ -28,5 +28,6 @@ pub mod patch;
 pub mod pooling;
 pub mod residual;
 pub mod rows;
+pub mod simd;
 pub mod softmax;
 pub mod tanh;

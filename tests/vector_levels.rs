@@ -1,0 +1,99 @@
+//! The element-wise kernels give the same bits at every vector level (`ops::simd`): AVX-512,
+//! AVX2 + FMA and the x86-64 baseline. A loop that the wider copy computed differently (a fused
+//! multiply-add, a reordered sum, another `exp`) would change a result here. Its own test
+//! binary: capping the level is process-wide.
+
+use pipetransformer::ops::attention::{AttentionDims, attention_backward, attention_forward};
+use pipetransformer::ops::dropout::{DropoutCoords, dropout_forward};
+use pipetransformer::ops::gelu::{Activation, gelu_backward, gelu_forward};
+use pipetransformer::ops::optim::{AdamWStep, adamw_update};
+use pipetransformer::ops::simd::{VectorLevel, cap_vector_level};
+use pipetransformer::rng::Rng;
+
+fn random(rng: &mut Rng, n: usize, scale: f64) -> Vec<f32> {
+    rng.vec(n, scale).iter().map(|&x| x as f32).collect()
+}
+
+/// Every output of every wrapped kernel, as bits, on fixed inputs.
+fn outputs() -> Vec<(&'static str, Vec<u32>)> {
+    let mut rng = Rng::new(42);
+    let mut out = Vec::new();
+    // Inputs spanning GELU's whole range, erf's clamp at ±4 and the tanh form's floor.
+    let x = random(&mut rng, 10_007, 12.0);
+    let dy = random(&mut rng, x.len(), 1.0);
+    for (name, kind) in [("gelu_erf", Activation::GeluErf), ("gelu_tanh", Activation::GeluTanh)] {
+        let mut y = vec![0.0f32; x.len()];
+        gelu_forward(&mut y, &x, kind).unwrap();
+        out.push((name, y.iter().map(|v| v.to_bits()).collect()));
+        gelu_backward(&mut y, &x, &dy, kind).unwrap();
+        out.push((name, y.iter().map(|v| v.to_bits()).collect()));
+    }
+    // Dropout over rows with a stride, as a token slice draws its mask.
+    let mut y = vec![0.0f32; x.len()];
+    dropout_forward(&mut y, &x, 0.3, DropoutCoords { seed: 9, offset: 17, row: 37, stride: 50 }).unwrap();
+    out.push(("dropout", y.iter().map(|v| v.to_bits()).collect()));
+    // Attention with a padding mask, causal prefix and dropout: softmax's exp, the mask's hash.
+    let d = AttentionDims {
+        batch: 2,
+        q_len: 19,
+        kv_len: 23,
+        heads: 3,
+        head_dim: 8,
+        causal: true,
+        dropout: 0.2,
+        dropout_seed: 5,
+        dropout_offset: 100,
+        mask_seq: 23,
+    };
+    let c = d.heads * d.head_dim;
+    let (q, k, v) =
+        (random(&mut rng, 2 * 19 * c, 3.0), random(&mut rng, 2 * 23 * c, 3.0), random(&mut rng, 2 * 23 * c, 1.0));
+    let mask: Vec<u32> = (0..2 * 23).map(|i| u32::from(i % 23 < 20)).collect();
+    let mut o = vec![0.0f32; q.len()];
+    let mut probs = vec![0.0f32; 2 * 3 * 19 * 23];
+    attention_forward(&mut o, &mut probs, &q, &k, &v, Some(&mask), &d).unwrap();
+    out.push(("attention out", o.iter().map(|v| v.to_bits()).collect()));
+    out.push(("attention probs", probs.iter().map(|v| v.to_bits()).collect()));
+    let dout = random(&mut rng, o.len(), 1.0);
+    let (mut dq, mut dk, mut dv) = (vec![0.0f32; q.len()], vec![0.0f32; k.len()], vec![0.0f32; v.len()]);
+    attention_backward(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &probs, Some(&mask), &d).unwrap();
+    for (name, g) in [("attention dq", dq), ("attention dk", dk), ("attention dv", dv)] {
+        out.push((name, g.iter().map(|v| v.to_bits()).collect()));
+    }
+    // AdamW: f64 arithmetic, sqrt and division.
+    let mut p = random(&mut rng, 5_003, 1.0);
+    let g = random(&mut rng, p.len(), 1e-2);
+    let (mut m, mut vv) = (random(&mut rng, p.len(), 1e-3), random(&mut rng, p.len(), 1e-6));
+    vv.iter_mut().for_each(|x| *x = x.abs());
+    let h = AdamWStep { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, step: 7 };
+    adamw_update(&mut p, &g, &mut m, &mut vv, &h).unwrap();
+    for (name, t) in [("adamw p", p), ("adamw m", m), ("adamw v", vv)] {
+        out.push((name, t.iter().map(|v| v.to_bits()).collect()));
+    }
+    out
+}
+
+#[test]
+fn every_vector_level_gives_the_same_bits() {
+    let widest = VectorLevel::detect();
+    let reference = {
+        assert_eq!(cap_vector_level(VectorLevel::Baseline), VectorLevel::Baseline);
+        outputs()
+    };
+    for level in [VectorLevel::Avx2, VectorLevel::Avx512] {
+        if level > widest {
+            eprintln!("{level:?}: not on this CPU, not compared");
+            continue;
+        }
+        assert_eq!(cap_vector_level(level), level);
+        for ((name, want), (_, got)) in reference.iter().zip(outputs()) {
+            let differing = want.iter().zip(&got).filter(|(a, b)| a != b).count();
+            assert_eq!(
+                differing,
+                0,
+                "{name}: {differing} of {} elements differ between {level:?} and the baseline",
+                want.len()
+            );
+        }
+    }
+}
