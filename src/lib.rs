@@ -13,7 +13,7 @@
 //! | [`rng`] | `Rng` (seeded SplitMix64), `hash_u64` (counter-based hash for dropout masks) |
 //! | [`files`] | `write_atomic` (temp file, fsync, rename) |
 //! | [`debug`] | `level()`: the `PT_DEBUG` environment variable (1: per-step timings on stderr) |
-//! | [`ops`] | reference kernels, each a `*_forward`/`*_backward` pair: `matmul`, `gemm_bf16` (bf16 products with f32 accumulation: `vdpbf16ps` kernel, fallback, reference), `linear`, `embedding`, `patch` (+ class token), `layernorm`, `gelu`, `softmax`, `tanh`, `residual`, `dropout`, `attention`, `pooling`, `cross_entropy`, `optim` (AdamW, SGD, norms) |
+//! | [`ops`] | reference kernels, each a `*_forward`/`*_backward` pair: `matmul`, `gemm_bf16` (bf16 products with f32 accumulation: `vdpbf16ps` kernel, fallback, reference), `linear`, `embedding`, `patch` (+ class token), `layernorm`, `gelu`, `softmax`, `tanh`, `residual`, `dropout`, `attention`, `pooling`, `cross_entropy`, `optim` (AdamW, SGD, norms); `simd` (`vectorized`: element-wise loops compiled for the CPU's widest vector unit, chosen at run time; a vectorisable `exp_f32`) |
 //! | [`device`] | the `Device` trait (buffers + op set); backends `cpu` (`CpuDevice<T>`), `cuda` and `cuda-emu` (`GpuDevice`: one launch code over a `Runtime`); kernel sources and NVRTC/ptxas (`device::kernels`); `DeviceKind`, `AnyDevice` |
 //! | [`model`] | configs (`BertConfig`, `GptConfig`, `VitConfig`), `Param`, the units (`Unit`: embedding, attention, MLP, final norm, head), `Model` (forward, backward, freezing, costs) |
 //! | [`comm`] | `Communicator`: the in-process ring all-reduce and NCCL (with a TCP rendezvous) |

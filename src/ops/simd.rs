@@ -145,14 +145,8 @@ pub fn exp_f32(x: f32) -> f32 {
     const LN2_LO: f32 = -2.121_944_4e-4;
     // 1.5·2²³: adding it rounds to an integer in the low mantissa bits (round to nearest even).
     const ROUND: f32 = 12_582_912.0;
-    // Clamped by comparisons (a NaN fails both and passes through).
-    let xc = if x > HI {
-        HI
-    } else if x < LO {
-        LO
-    } else {
-        x
-    };
+    // `clamp` keeps a NaN a NaN (and compiles to two selects).
+    let xc = x.clamp(LO, HI);
     let t = xc * LOG2E + ROUND;
     let n = t - ROUND;
     let r = xc - n * LN2_HI - n * LN2_LO;
