@@ -74,9 +74,8 @@ fn apply<T: Float>(dst: &mut [T], src: &[T], p: f32, at: DropoutCoords) {
         // and jumps by the stride between rows.
         let mut i = c * CHUNK;
         while !dst.is_empty() {
-            let (r, col) = (i / row, i % row);
-            let len = (row - col).min(dst.len());
-            let first = at.offset.wrapping_add((r as u64).wrapping_mul(at.stride)).wrapping_add(col as u64);
+            let len = (row - i % row).min(dst.len());
+            let first = at.counter(i);
             let (d, rest) = std::mem::take(&mut dst).split_at_mut(len);
             let (s, rest_src) = src.split_at(len);
             vectorized(

@@ -67,22 +67,31 @@ impl VectorLevel {
 /// The level in use; 0 until first asked for.
 static LEVEL: AtomicU8 = AtomicU8::new(0);
 
-/// The level [`vectorized`] compiles for: the CPU's widest, capped by `PT_VECTOR` when set (an
-/// unknown value is ignored with a warning) and by [`cap_vector_level`].
+/// The level [`vectorized`] compiles for: the CPU's widest, capped by `PT_VECTOR` when set and
+/// by [`cap_vector_level`].
 pub fn vector_level() -> VectorLevel {
     match LEVEL.load(Ordering::Relaxed) {
         0 => {
-            let mut level = VectorLevel::detect();
-            if let Ok(name) = std::env::var("PT_VECTOR") {
-                match VectorLevel::parse(&name) {
-                    Some(cap) => level = level.min(cap),
-                    None => eprintln!("warning: PT_VECTOR={name} ignored; expected baseline, avx2 or avx512"),
-                }
+            let (level, warning) = level_under(VectorLevel::detect(), std::env::var("PT_VECTOR").ok().as_deref());
+            if let Some(warning) = warning {
+                eprintln!("{warning}");
             }
             LEVEL.store(level as u8, Ordering::Relaxed);
             level
         }
         v => VectorLevel::from_u8(v),
+    }
+}
+
+/// `detected` capped by a `PT_VECTOR` value. An unknown value changes nothing (the variable
+/// only trades speed, never results) and comes back as a warning naming what was expected.
+fn level_under(detected: VectorLevel, pt_vector: Option<&str>) -> (VectorLevel, Option<String>) {
+    match pt_vector.map(|name| (name, VectorLevel::parse(name))) {
+        None => (detected, None),
+        Some((_, Some(cap))) => (detected.min(cap), None),
+        Some((name, None)) => {
+            (detected, Some(format!("warning: PT_VECTOR={name} ignored; expected baseline, avx2 or avx512")))
+        }
     }
 }
 
@@ -223,6 +232,22 @@ mod tests {
             assert_eq!(exp(x), x.exp());
         }
         assert_eq!(exp(1.5f32), exp_f32(1.5));
+    }
+
+    #[test]
+    fn pt_vector_caps_the_level_and_a_bad_value_is_named() {
+        use VectorLevel::*;
+        assert_eq!(level_under(Avx512, None), (Avx512, None));
+        assert_eq!(level_under(Avx512, Some("avx2")), (Avx2, None));
+        assert_eq!(level_under(Avx2, Some("avx512")), (Avx2, None), "a cap never raises the level");
+        assert_eq!(level_under(Avx2, Some("baseline")), (Baseline, None));
+        let (level, warning) = level_under(Avx512, Some("AVX-512"));
+        assert_eq!(level, Avx512);
+        let warning = warning.expect("a bad value warns");
+        assert!(
+            warning.contains("PT_VECTOR=AVX-512") && warning.contains("expected baseline, avx2 or avx512"),
+            "{warning}"
+        );
     }
 
     #[test]
