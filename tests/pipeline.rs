@@ -318,3 +318,44 @@ fn loss_and_gradient_norm_follow_one_device_at_every_step_with_unequal_targets()
         }
     }
 }
+
+#[test]
+fn pipelined_evaluation_gives_each_batch_what_one_device_gives_it() {
+    use pipetransformer::train::BatchSource;
+    let config = common::tiny_bert(Pooling::Mean, 0.1);
+    let data = common::Pool::new(&config, 30, 5, 4);
+    let batches: Vec<HostBatch> = (0..6).map(|i| data.train_batch(0, i).unwrap()).collect();
+    let one = pipeline(&config, cfg(1, 1, 1, ScheduleKind::OneFOneB));
+    let want: Vec<_> = batches.iter().map(|b| one.evaluate(0, b).unwrap()).collect();
+    for (k, r) in [(1, 1), (2, 1), (3, 1), (2, 2)] {
+        let p = pipeline(&config, cfg(k, r, 1, ScheduleKind::OneFOneB));
+        for replica in 0..r {
+            let mut queue = batches.clone().into_iter();
+            let mut got = Vec::new();
+            p.evaluate_all(replica, &mut || queue.next().map(Ok), &mut |host, out| {
+                got.push((host.sample_ids.clone(), out));
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(got.len(), batches.len(), "K={k} R={r}");
+            for ((ids, out), (b, w)) in got.iter().zip(batches.iter().zip(&want)) {
+                assert_eq!(ids, &b.sample_ids, "K={k}: batches come back in order");
+                assert_eq!(out, w, "K={k} R={r} replica {replica}: the same loss and logits, bit for bit");
+            }
+        }
+        // A batch that fails to load ends the evaluation with its error, after the ones before.
+        let mut queue = batches
+            .clone()
+            .into_iter()
+            .map(Ok)
+            .take(2)
+            .chain([Err(pipetransformer::Error::Data { what: "batch 2".into(), message: "unreadable".into() })]);
+        let mut seen = 0;
+        let err = p.evaluate_all(0, &mut || queue.next(), &mut |_, _| {
+            seen += 1;
+            Ok(())
+        });
+        assert!(err.unwrap_err().to_string().contains("unreadable"), "K={k}");
+        assert_eq!(seen, 2, "K={k}");
+    }
+}

@@ -89,7 +89,8 @@ pub fn pick(candidates: &[Candidate]) -> Option<&Candidate> {
     candidates.iter().filter(|c| c.throughput >= best * (1.0 - BALANCED)).min_by_key(|c| c.config.pipeline_len)
 }
 
-/// Samples per second measured for each micro-batch count timed.
+/// Rate measured for each micro-batch count timed, in positions (samples × padded sequence
+/// length) per second: batches differ in length, and a step's work follows its positions.
 pub type Rates = Vec<(usize, f64)>;
 
 /// Training steps timed per candidate (their mean rate counts): one step's time on a shared
@@ -142,13 +143,13 @@ impl Tuner {
         self.running.is_some()
     }
 
-    /// Records a timed step of the candidate in force (`m`, `samples_per_second`). Returns
+    /// Records a timed step of the candidate in force (`m`, `positions_per_second`). Returns
     /// the `M` to run next: the same candidate until it has [`STEPS_PER_CANDIDATE`] steps,
     /// another, or the winner when all are timed (with the per-candidate mean rates); `None`
     /// when nothing is being tuned.
-    pub fn record(&mut self, m: usize, samples_per_second: f64) -> Option<(usize, Option<Rates>)> {
+    pub fn record(&mut self, m: usize, positions_per_second: f64) -> Option<(usize, Option<Rates>)> {
         let Timing { key, left, timed, steps } = self.running.as_mut()?;
-        steps.push(samples_per_second);
+        steps.push(positions_per_second);
         if steps.len() < STEPS_PER_CANDIDATE {
             return Some((m, None));
         }

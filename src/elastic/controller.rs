@@ -362,15 +362,15 @@ impl<D: Device> Controller<D> for Elastic {
         } else if self.tuner.running() && step.trace.makespan > 0.0 {
             let config = trainer.pipeline.plan().config.clone();
             if let Some((next, timed)) =
-                self.tuner.record(config.micro_batches, host.batch as f64 / step.trace.makespan)
+                self.tuner.record(config.micro_batches, (host.batch * host.seq.max(1)) as f64 / step.trace.makespan)
             {
                 let cached = if self.cache_on { frozen_units(self.frozen_layers) } else { 0 };
                 let per_replica = host.batch.div_ceil(config.replicas);
                 let started = Instant::now();
                 trainer.pipeline.set_micro_batches(next, &trainer.profiles_for(per_replica.div_ceil(next), cached))?;
                 if let Some(timed) = timed {
-                    let rates: Vec<String> = timed.iter().map(|(m, r)| format!("M={m}: {r:.1}")).collect();
-                    let reason = format!("micro-batches timed (samples/s): {}", rates.join(", "));
+                    let rates: Vec<String> = timed.iter().map(|(m, r)| format!("M={m}: {r:.0}")).collect();
+                    let reason = format!("micro-batches timed (positions/s): {}", rates.join(", "));
                     let layers = (self.frozen_layers, self.frozen_layers);
                     let before = crate::pipeline::PipelineConfig { micro_batches: self.tuning_from, ..config };
                     self.emit(trainer, reason, layers, before, started, on_event);

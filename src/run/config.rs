@@ -73,6 +73,10 @@ pub struct DataSection {
     /// Use at most this many test samples (0: all).
     #[serde(default)]
     pub test_limit: usize,
+    /// Text: batch samples of similar token count together (training batches grouped in
+    /// shuffled windows, evaluation in length order), so batches carry little padding.
+    #[serde(default)]
+    pub group_by_length: bool,
 }
 
 fn default_data_dir() -> PathBuf {
@@ -255,6 +259,17 @@ impl RunConfig {
                 message: format!("must be in (0, 1), got {}", self.data.test_fraction),
             });
         }
+        if self.data.group_by_length
+            && !matches!(self.data.dataset, DatasetName::RottenTomatoes | DatasetName::ReutersR8)
+        {
+            return Err(Error::Config {
+                field: "data.group_by_length".into(),
+                message: format!(
+                    "applies to text datasets (rotten_tomatoes, reuters_r8), whose samples differ in length; {:?} has one length",
+                    self.data.dataset
+                ),
+            });
+        }
         if self.train.epochs == 0 && self.train.max_steps == 0 {
             return Err(Error::Config { field: "train.epochs".into(), message: "must be at least 1".into() });
         }
@@ -338,6 +353,12 @@ dir = "runs/x"
         assert!(err.contains("expected key=value"), "{err}");
         let err = RunConfig::parse(BASE, "base", &["data.dataset=imagenet".into()]).unwrap_err().to_string();
         assert!(err.contains("imagenet"), "{err}");
+        let err =
+            RunConfig::parse(&BASE.replace("rotten_tomatoes", "digits"), "f", &["data.group_by_length=true".into()])
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("data.group_by_length") && err.contains("text datasets"), "{err}");
+        assert!(RunConfig::parse(BASE, "f", &["data.group_by_length=true".into()]).unwrap().data.group_by_length);
         let err = RunConfig::parse(BASE, "base", &["data.batch_size=0".into()]).unwrap_err().to_string();
         assert!(err.contains("data.batch_size"), "{err}");
     }

@@ -77,14 +77,19 @@ pub fn prepare_data(config: &RunConfig) -> Result<(Box<dyn BatchSource>, DataInf
             let train = subset(split.train.samples().to_vec(), d.train_limit, seed);
             let test = subset(split.test.samples().to_vec(), d.test_limit, seed ^ 1);
             let (n_train, n_test) = (train.len(), test.len());
+            let tokenizer = std::sync::Arc::new(tokenizer);
+            let batch_tokenizer = tokenizer.clone();
             let make = Box::new(move |s: &[&TextSample], offset: u64| {
                 let items: Vec<TextItem> = s
                     .iter()
                     .map(|t| TextItem { id: t.id, input: TextInput::Single(&t.text), label: t.label })
                     .collect();
-                Ok(text_batch(&tokenizer, &items, offset)?.host)
+                Ok(text_batch(&batch_tokenizer, &items, offset)?.host)
             });
-            let source = SampleSource::new(train, test, seed, d.batch_size, eval_bs, make)?;
+            let mut source = SampleSource::new(train, test, seed, d.batch_size, eval_bs, make)?;
+            if d.group_by_length {
+                source = source.group_by_length(|t| Ok(tokenizer.encode(&t.text)?.ids.len()))?;
+            }
             Ok((Box::new(source), info(&name, &labels, n_train, n_test)))
         }
         DatasetName::FashionMnist | DatasetName::Mnist5k | DatasetName::Digits => {

@@ -21,6 +21,10 @@ pub struct SampleSource<S> {
     batch_size: usize,
     eval_batch_size: usize,
     make_batch: MakeBatch<S>,
+    /// Token counts of the training samples when batches are grouped by length.
+    train_lengths: Option<Vec<usize>>,
+    /// The order evaluation batches take the test samples in (file order, or by length).
+    eval_order: Vec<usize>,
 }
 
 impl<S> SampleSource<S> {
@@ -41,18 +45,44 @@ impl<S> SampleSource<S> {
             return Err(data_error("batch size", "must be at least 1"));
         }
         let order = BatchOrder::new(train.len(), seed);
-        Ok(Self { train, test, order, epoch_perm: Default::default(), batch_size, eval_batch_size, make_batch })
+        let eval_order = (0..test.len()).collect();
+        Ok(Self {
+            train,
+            test,
+            order,
+            epoch_perm: Default::default(),
+            batch_size,
+            eval_batch_size,
+            make_batch,
+            train_lengths: None,
+            eval_order,
+        })
+    }
+
+    /// Batches of similar length, given each sample's length: training batches by
+    /// [`BatchOrder::grouped_by_length`], evaluation batches in order of length (the metrics
+    /// do not depend on the order; the padding does).
+    pub fn group_by_length(mut self, length: impl Fn(&S) -> Result<usize>) -> Result<Self> {
+        self.train_lengths = Some(self.train.iter().map(&length).collect::<Result<_>>()?);
+        let test_lengths: Vec<usize> = self.test.iter().map(&length).collect::<Result<_>>()?;
+        self.eval_order.sort_by_key(|&i| test_lengths[i]);
+        *self.epoch_perm.get_mut().unwrap_or_else(|e| e.into_inner()) = None;
+        Ok(self)
     }
 
     /// The permutation of `epoch`, computed once per epoch.
-    fn permutation(&self, epoch: u64) -> std::sync::Arc<Vec<usize>> {
+    fn permutation(&self, epoch: u64) -> Result<std::sync::Arc<Vec<usize>>> {
         let mut cached = self.epoch_perm.lock().unwrap_or_else(|e| e.into_inner());
         match &*cached {
-            Some((e, perm)) if *e == epoch => perm.clone(),
+            Some((e, perm)) if *e == epoch => Ok(perm.clone()),
             _ => {
-                let perm = std::sync::Arc::new(self.order.permutation(epoch));
+                let perm = match &self.train_lengths {
+                    Some(lengths) => self.order.grouped_by_length(epoch, lengths, self.batch_size)?,
+                    None => self.order.permutation(epoch),
+                };
+                let perm = std::sync::Arc::new(perm);
                 *cached = Some((epoch, perm.clone()));
-                perm
+                Ok(perm)
             }
         }
     }
@@ -89,7 +119,7 @@ impl<S: Send + Sync> BatchSource for SampleSource<S> {
     }
 
     fn train_batch(&self, epoch: u64, index: usize) -> Result<HostBatch> {
-        let perm = self.permutation(epoch);
+        let perm = self.permutation(epoch)?;
         let start = index * self.batch_size;
         let end = (start + self.batch_size).min(perm.len());
         if start >= end {
@@ -109,7 +139,7 @@ impl<S: Send + Sync> BatchSource for SampleSource<S> {
         if start >= end {
             return Err(data_error("evaluation batch", format!("index {index} is past the end")));
         }
-        let samples: Vec<&S> = self.test[start..end].iter().collect();
+        let samples: Vec<&S> = self.eval_order[start..end].iter().map(|&i| &self.test[i]).collect();
         (self.make_batch)(&samples, start as u64)
     }
 }
@@ -144,6 +174,32 @@ mod tests {
         assert_eq!(s.eval_batch(1).unwrap().targets, vec![102]);
         assert!(
             SampleSource::new(Vec::<u32>::new(), vec![1], 0, 1, 1, Box::new(|_, _| Ok(HostBatch::default()))).is_err()
+        );
+    }
+
+    #[test]
+    fn grouped_by_length_batches_are_uniform_and_evaluation_runs_in_length_order() {
+        // A sample's "length" is its value mod 7; batches of 4 over 40 samples.
+        let s = SampleSource::new((0..40).collect(), vec![13, 7, 22, 1, 5], 3, 4, 2, source().make_batch)
+            .unwrap()
+            .group_by_length(|&x| Ok(x as usize % 7))
+            .unwrap();
+        let batches: Vec<Vec<u32>> = (0..10).map(|i| s.train_batch(1, i).unwrap().targets).collect();
+        let mut all: Vec<u32> = batches.concat();
+        all.sort_unstable();
+        assert_eq!(all, (0..40).collect::<Vec<_>>());
+        let spread: u32 = batches
+            .iter()
+            .map(|b| b.iter().map(|x| x % 7).max().unwrap() - b.iter().map(|x| x % 7).min().unwrap())
+            .sum();
+        assert!(spread <= 10, "batches mix lengths: {batches:?}");
+        let eval: Vec<u32> = (0..3).flat_map(|i| s.eval_batch(i).unwrap().targets).collect();
+        assert_eq!(eval, vec![7, 22, 1, 5, 13]);
+        assert!(
+            SampleSource::new(vec![1u32], vec![1], 0, 1, 1, source().make_batch)
+                .unwrap()
+                .group_by_length(|_| Err(data_error("text", "bad")))
+                .is_err()
         );
     }
 }

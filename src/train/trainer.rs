@@ -227,8 +227,9 @@ impl<D: Device> Trainer<D> {
 
     /// Loss and accuracy, with a classifier's confusion matrix and macro F1 or a language
     /// model's perplexity, over the source's evaluation batches (no dropout, nothing
-    /// saved for a backward). Each replica takes every `R`-th batch, in parallel; the sums are
-    /// added in batch order, so the result does not depend on `R`.
+    /// saved for a backward). Each replica takes every `R`-th batch, in parallel, its stages
+    /// pipelined over consecutive batches; the sums are added in batch order, so the result
+    /// does not depend on `R` or `K`.
     pub fn evaluate(&self, data: &dyn BatchSource) -> Result<EvalMetrics> {
         let n = data.eval_batches();
         let r_count = self.pipeline.replicas();
@@ -243,11 +244,13 @@ impl<D: Device> Trainer<D> {
             let handles: Vec<_> = (0..r_count)
                 .map(|r| {
                     scope.spawn(move || {
-                        (r..n)
-                            .step_by(r_count)
-                            .map(|i| {
-                                let host = data.eval_batch(i)?;
-                                let out = pipeline.evaluate(r, &host)?;
+                        let mut batches = (r..n).step_by(r_count);
+                        let mut index = 0;
+                        let mut rows = Vec::new();
+                        pipeline.evaluate_all(
+                            r,
+                            &mut || batches.next().map(|i| data.eval_batch(i)),
+                            &mut |host, out| {
                                 let width = classes.unwrap_or(out.logits.len() / host.targets.len().max(1));
                                 let right = correct(&out.logits, &host.targets, width, IGNORE_INDEX);
                                 let confusion = classes.map(|c| {
@@ -255,9 +258,12 @@ impl<D: Device> Trainer<D> {
                                     m.add_logits(&out.logits, &host.targets, IGNORE_INDEX);
                                     m
                                 });
-                                Ok((i, out.loss_sum, out.count, right, confusion))
-                            })
-                            .collect()
+                                rows.push((r + index * r_count, out.loss_sum, out.count, right, confusion));
+                                index += 1;
+                                Ok(())
+                            },
+                        )?;
+                        Ok(rows)
                     })
                 })
                 .collect();

@@ -418,14 +418,76 @@ impl<D: Device> Pipeline<D> {
     /// Runs `host` forward through replica `replica`'s stages, one after another (no dropout,
     /// nothing saved), and returns its loss and logits.
     pub fn evaluate(&self, replica: usize, host: &HostBatch) -> Result<EvalOutput> {
-        let first_trainable = self.frozen_prefix();
         if let Some(h) = &host.hidden {
-            self.check_hidden(host, h, first_trainable)?;
+            self.check_hidden(host, h, self.frozen_prefix())?;
         }
         let (logits, dev, batch) = self.forward_units(replica, host, self.unit_count())?;
+        self.eval_output(replica, dev, &batch, &logits)
+    }
+
+    /// Evaluates every batch `next` yields on replica `replica` as a forward-only pipeline:
+    /// one thread per stage, stage `s` on a batch while stage `s + 1` works on the one before,
+    /// so a K-stage replica keeps its K devices busy instead of taking turns. Calls `each`
+    /// with every batch and its output, in order; stops at the first error of either.
+    pub fn evaluate_all(
+        &self,
+        replica: usize,
+        next: &mut (dyn FnMut() -> Option<Result<HostBatch>> + Send),
+        each: &mut dyn FnMut(&HostBatch, EvalOutput) -> Result<()>,
+    ) -> Result<()> {
+        let end = self.unit_count();
+        let last = self.stages[replica].len() - 1;
+        // What travels between stages: the batch and the hidden states leaving a stage.
+        type Handoff = Result<(HostBatch, Option<Vec<f32>>)>;
+        std::thread::scope(|scope| {
+            let (feed, mut inbox) = std::sync::mpsc::sync_channel::<Handoff>(1);
+            scope.spawn(move || {
+                while let Some(host) = next() {
+                    let host = host.and_then(|h| {
+                        if let Some(hidden) = &h.hidden {
+                            self.check_hidden(&h, hidden, self.frozen_prefix())?;
+                        }
+                        let x = h.hidden.as_ref().map(|hidden| hidden.data.clone());
+                        Ok((h, x))
+                    });
+                    let failed = host.is_err();
+                    if feed.send(host).is_err() || failed {
+                        return;
+                    }
+                }
+            });
+            for s in 0..last {
+                let (feed, next_inbox) = std::sync::mpsc::sync_channel::<Handoff>(1);
+                let stage_inbox = std::mem::replace(&mut inbox, next_inbox);
+                scope.spawn(move || {
+                    for handoff in stage_inbox {
+                        let out = handoff.and_then(|(host, x)| {
+                            let (h, dev, _) = self.stage_forward(replica, s, &host, x, end)?;
+                            let h = dev.download(&h)?;
+                            Ok((host, Some(h)))
+                        });
+                        let failed = out.is_err();
+                        if feed.send(out).is_err() || failed {
+                            return;
+                        }
+                    }
+                });
+            }
+            for handoff in inbox {
+                let (host, x) = handoff?;
+                let (logits, dev, batch) = self.stage_forward(replica, last, &host, x, end)?;
+                let out = self.eval_output(replica, dev, &batch, &logits)?;
+                each(&host, out)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// The loss and logits of the head's output `logits` on `batch`.
+    fn eval_output(&self, replica: usize, dev: &D, batch: &Batch<D>, logits: &D::Buf) -> Result<EvalOutput> {
         let head = self.stages[replica].last().and_then(|s| s.last()).ok_or_else(|| internal("pipeline", "no head"))?;
-        let loss = head_loss(dev, &self.spec, head, &batch, &logits, None)?;
-        Ok(EvalOutput { loss_sum: loss.loss_sum, count: loss.count, logits: dev.download(&logits)? })
+        let loss = head_loss(dev, &self.spec, head, batch, logits, None)?;
+        Ok(EvalOutput { loss_sum: loss.loss_sum, count: loss.count, logits: dev.download(logits)? })
     }
 
     /// Runs the frozen units `d..to` forward only, deterministically, on `host` (from its hidden
@@ -472,27 +534,39 @@ impl<D: Device> Pipeline<D> {
     /// Runs units from the batch's hidden depth (or 0) up to `end` through replica `replica`'s
     /// stages, forward only; returns the output, the device it is on and the batch there.
     fn forward_units(&self, replica: usize, host: &HostBatch, end: usize) -> Result<(D::Buf, &D, Batch<D>)> {
-        let mut x: Option<Vec<f32>> = None;
-        let mut skip = 0;
-        if let Some(h) = &host.hidden {
-            (x, skip) = (Some(h.data.clone()), h.depth);
-        }
-        for (s, units) in self.stages[replica].iter().enumerate() {
-            let first = self.plan.partition.stages[s].start;
-            let dev = &self.devices[self.plan.device(replica, s)];
-            let batch = Batch::upload(dev, &self.spec, host, false, 0)?;
-            let mut h = x.take().map(|v| dev.upload(&v)).transpose()?;
-            for (i, unit) in units.iter().enumerate() {
-                if (skip..end).contains(&(first + i)) {
-                    h = Some(unit.forward(dev, &batch, h.take(), false, None)?.0);
-                }
-            }
-            let h = h.ok_or_else(|| internal(format!("stage {s}"), "produced nothing"))?;
+        let mut x = host.hidden.as_ref().map(|h| h.data.clone());
+        for s in 0..self.stages[replica].len() {
+            let (h, dev, batch) = self.stage_forward(replica, s, host, x.take(), end)?;
             if self.plan.partition.stages[s].end >= end {
                 return Ok((h, dev, batch));
             }
             x = Some(dev.download(&h)?);
         }
         Err(internal("pipeline", format!("no stage ends at unit {end}")))
+    }
+
+    /// Runs stage `s` of replica `replica` forward on `host` (no dropout, nothing saved), from
+    /// `x`, the hidden states entering the stage (`None` at the model's input), through its
+    /// units below `end` that `host`'s cached hidden states do not already cover.
+    fn stage_forward(
+        &self,
+        replica: usize,
+        s: usize,
+        host: &HostBatch,
+        x: Option<Vec<f32>>,
+        end: usize,
+    ) -> Result<(D::Buf, &D, Batch<D>)> {
+        let skip = host.hidden.as_ref().map_or(0, |h| h.depth);
+        let first = self.plan.partition.stages[s].start;
+        let dev = &self.devices[self.plan.device(replica, s)];
+        let batch = Batch::upload(dev, &self.spec, host, false, 0)?;
+        let mut h = x.map(|v| dev.upload(&v)).transpose()?;
+        for (i, unit) in self.stages[replica][s].iter().enumerate() {
+            if (skip..end).contains(&(first + i)) {
+                h = Some(unit.forward(dev, &batch, h.take(), false, None)?.0);
+            }
+        }
+        let h = h.ok_or_else(|| internal(format!("stage {s}"), "produced nothing"))?;
+        Ok((h, dev, batch))
     }
 }
