@@ -105,7 +105,7 @@ if [[ -n "$PREBUILT" ]]; then
     TEST_TERAPIPE=("$PREBUILT/bin/test-terapipe" cuda_emu)
     BENCH_KERNELS=("$PREBUILT/bin/bench-kernels" --bench)
 else
-    step "setup (CUDA wheels, data)" bash scripts/setup.sh cuda hamlet digits
+    step "setup (CUDA wheels, data)" bash scripts/setup.sh cuda nccl hamlet digits
     step "build" cargo build --release --all-targets
     PT="target/release/pipetransformer"
     TEST_KERNELS=(cargo test --release --test kernels --)

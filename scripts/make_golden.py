@@ -3,9 +3,9 @@
 
 For a few fixed sentences it records the Hugging Face tokenizer's ids and attention mask
 (padded to the longest sentence) and, from `transformers.BertModel` in eval mode on CPU in
-float32, a subset of `last_hidden_state`: the first 16 channels at every position, the full
-vector at the [CLS] position, and the mask-weighted mean over real tokens (sentence-transformers'
-pooling, before its L2 normalisation). `tests/weights.rs` loads the same weights into our BERT
+float32, `last_hidden_state` whole (every channel at every position, padding included) and the
+mask-weighted mean over real tokens (sentence-transformers' pooling, before its L2
+normalisation). `tests/weights.rs` loads the same weights into our BERT
 and compares.
 
 This is a developer tool, not part of the build or CI: it needs PyTorch and transformers, e.g.
@@ -32,8 +32,6 @@ SENTENCES = [
     "Hello, world!",
     "Freezing converged layers lets training shrink the pipeline and grow data parallelism over time.",
 ]
-CHANNELS = 16  # channels kept at every position
-
 
 def f32(x):
     """A float32 value as the shortest decimal that reads back to the same float32."""
@@ -74,12 +72,10 @@ def main():
         "batch": batch,
         "seq": seq,
         "hidden": dim,
-        "channels": CHANNELS,
         "input_ids": enc["input_ids"].tolist(),
         "token_type_ids": enc["token_type_ids"].tolist(),
         "attention_mask": enc["attention_mask"].tolist(),
-        "hidden_first_channels": [[[f32(x) for x in row[:CHANNELS]] for row in sample] for sample in hidden.tolist()],
-        "cls": [[f32(x) for x in sample[0]] for sample in hidden.tolist()],
+        "last_hidden_state": [[[f32(x) for x in row] for row in sample] for sample in hidden.tolist()],
         "mean_pooled": [[f32(x) for x in v] for v in mean.tolist()],
     }
     os.makedirs(os.path.dirname(out), exist_ok=True)

@@ -10,10 +10,13 @@
 #   tools/cuda/{cuda_nvrtc/lib,cuda_runtime/include,cuda_nvcc/bin/ptxas,cuda_nvcc/include}
 #     (NVRTC, the CUDA headers and ptxas from NVIDIA's PyPI wheels: the kernels are compiled
 #     and checked without a GPU or nvcc)
+#   tools/cuda/nccl/lib/libnccl.so.2 (item `nccl` only, not in `all`: 474 MB that only GPU
+#     replicas use; src/comm/nccl_lib.rs looks here first)
 #
 # Usage: scripts/setup.sh [ITEM...]
 #   ITEM is a group (weights, text, images, all) or one item (minilm, rotten-tomatoes, hamlet,
-#   reuters-r8, mnist5k, digits, fashion-mnist, cuda). No argument means all.
+#   reuters-r8, mnist5k, digits, fashion-mnist, cuda, nccl). No argument means all (every item
+#   but nccl).
 #   SETUP_ONLY="text images" in the environment does the same as arguments.
 #   PYTHON (default python3) is the interpreter whose pip downloads the wheels.
 #
@@ -258,6 +261,7 @@ fetch_cuda() {
         unzip -q -o "$whl" $members -d "$CUDA_DIR.part" || { echo "$1: ERROR: unzip $spec failed" >&2; return 1; }
     done
     chmod +x "$CUDA_DIR.part/nvidia/cuda_nvcc/bin/ptxas"
+    if [ -d "$CUDA_DIR/nccl" ]; then mv "$CUDA_DIR/nccl" "$CUDA_DIR.part/nvidia/nccl"; fi # item nccl's
     rm -rf "$CUDA_DIR" && mv "$CUDA_DIR.part/nvidia" "$CUDA_DIR" && rm -rf "$CUDA_DIR.part"
     cuda_stamp_text >"$CUDA_STAMP"
 }
@@ -271,6 +275,27 @@ do_cuda() {
         echo "cuda: FAILED (see the error above)" >&2
         FAILED=1
     fi
+}
+
+# NCCL for replicas on GPUs: the wheel ships the library as libnccl.so.2 (cudarc's own search
+# misses that name; src/comm/nccl_lib.rs opens it from here).
+NCCL_WHEEL="nvidia-nccl-cu12==2.32.3"
+SUM_NCCL_WHEEL=bb94b2348e4861d5e8aa00b36c3d12d9bdf9c6369b82cbb723de0b582280a21c
+SUM_NCCL=a23d2e3e47ad7f8987ac73eb04a373d6d40cfbb3a7a5bf41a9e0e8434817559b
+NCCL_LIB="$CUDA_DIR/nccl/lib/libnccl.so.2"
+
+fetch_nccl() {
+    local whl got
+    need "$1" "$PYTHON" unzip sha256sum || return 1
+    whl="$(pip_wheel "$1" "$NCCL_WHEEL")" || return 1
+    got="$(sha "$whl")"
+    if [ "$got" != "$SUM_NCCL_WHEEL" ]; then
+        echo "$1: ERROR: checksum mismatch for $(basename "$whl"): expected $SUM_NCCL_WHEEL, got $got" >&2
+        return 1
+    fi
+    rm -rf "$TMP/nccl" && unzip -q -o "$whl" 'nvidia/nccl/lib/libnccl.so.2' -d "$TMP/nccl" ||
+        { echo "$1: ERROR: unzip $NCCL_WHEEL failed" >&2; return 1; }
+    mkdir -p "$(dirname "$NCCL_LIB")" && mv "$TMP/nccl/nvidia/nccl/lib/libnccl.so.2" "$NCCL_LIB"
 }
 
 # --- items ---------------------------------------------------------------------------------
@@ -287,6 +312,7 @@ do_reuters_r8() {
     item reuters-r8 fetch_reuters_r8 "$SUM_R8_TRAIN" "$DATA/text/reuters-r8-train.tab" \
         "$SUM_R8_TEST" "$DATA/text/reuters-r8-test.tab"
 }
+do_nccl() { item nccl fetch_nccl "$SUM_NCCL" "$NCCL_LIB"; }
 do_mnist5k() { item mnist5k fetch_mnist5k "$SUM_MNIST5K" "$DATA/mnist5k/mnist_5k.csv.gz"; }
 do_digits() { item digits fetch_digits "$SUM_DIGITS" "$DATA/digits/digits.csv.gz"; }
 do_fashion_mnist() {
@@ -312,7 +338,7 @@ for arg in "$@"; do
     weights) ITEMS+=(minilm) ;;
     text) ITEMS+=(rotten-tomatoes hamlet reuters-r8) ;;
     images) ITEMS+=(digits mnist5k fashion-mnist) ;;
-    minilm | rotten-tomatoes | hamlet | reuters-r8 | digits | mnist5k | fashion-mnist | cuda) ITEMS+=("$arg") ;;
+    minilm | rotten-tomatoes | hamlet | reuters-r8 | digits | mnist5k | fashion-mnist | cuda | nccl) ITEMS+=("$arg") ;;
     -h | --help) usage; exit 0 ;;
     *) echo "setup.sh: unknown item '$arg'" >&2; usage >&2; exit 2 ;;
     esac

@@ -741,6 +741,7 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
         );
     }
     print!("{}", job.trainer.pipeline.plan());
+    println!("communicator: {}", job.communicator);
     if let Some(slicing) = &job.slicing {
         println!("token slices (planned from this machine's layer latency): {slicing}");
     }

@@ -1,6 +1,9 @@
 //! The `pipetransformer` binary on bad input: a clear message, a non-zero exit, and a good
 //! checkpoint left untouched.
 
+mod common;
+
+use std::path::Path;
 use std::process::Command;
 
 fn pipetransformer(args: &[&str]) -> (bool, String) {
@@ -36,9 +39,7 @@ fn missing_config_and_missing_dataset_say_what_to_do() {
 fn corrupt_checkpoint_on_resume_is_an_error_and_is_not_replaced() {
     let out_dir = scratch("resume");
     let data = "data/digits/digits.csv.gz";
-    if !std::path::Path::new(data).exists() {
-        assert!(std::env::var_os("CI").is_none(), "CI must have run scripts/setup.sh");
-        eprintln!("skipping: {data} not installed");
+    if !common::installed(&[std::path::Path::new(data)]) {
         return;
     }
     let set_out = format!("output.dir={}", out_dir.display());
@@ -89,11 +90,7 @@ fn device_choices_are_checked_with_clear_errors() {
 /// settings: the emulator runs every GPU thread as a fiber).
 #[test]
 fn train_runs_on_the_emulated_cuda_kernels() {
-    let have = std::path::Path::new("data/digits/digits.csv.gz").exists()
-        && std::path::Path::new("data/text/hamlet.txt").exists();
-    if !have {
-        assert!(std::env::var_os("CI").is_none(), "CI must have the datasets (scripts/setup.sh)");
-        eprintln!("skipped: datasets not installed (scripts/setup.sh)");
+    if !common::installed(&[Path::new("data/digits/digits.csv.gz"), Path::new("data/text/hamlet.txt")]) {
         return;
     }
     let small = ["--set", "train.max_steps=3", "--set", "train.epochs=1", "--set", "data.test_limit=32"];
@@ -198,12 +195,7 @@ fn check_predict_and_evaluate(dir: &std::path::Path, config: &str, precision: &s
 }
 
 fn have_digits() -> bool {
-    let have = std::path::Path::new("data/digits/digits.csv.gz").exists();
-    if !have {
-        assert!(std::env::var_os("CI").is_none(), "CI must have the datasets (scripts/setup.sh)");
-        eprintln!("skipped: digits not installed (scripts/setup.sh)");
-    }
-    have
+    common::installed(&[Path::new("data/digits/digits.csv.gz")])
 }
 
 #[test]
@@ -430,8 +422,7 @@ fn token_slices_are_refused_where_they_do_not_apply() {
 /// that no slicing meets is refused by name with the bytes it would need.
 #[test]
 fn token_slices_auto_respects_the_memory_limit() {
-    if !std::path::Path::new("data/text/hamlet.txt").exists() {
-        assert!(std::env::var_os("CI").is_none(), "CI must have the datasets (scripts/setup.sh)");
+    if !common::installed(&[Path::new("data/text/hamlet.txt")]) {
         return;
     }
     let gpt = ["plan", "--config", "configs/gpt-hamlet.toml", "--devices", "2", "--token-slices", "auto"];

@@ -1,5 +1,7 @@
 //! The loaders on the real files `scripts/setup.sh` installs. Each test skips (with a printed
-//! note) when its files are absent, since CI runs the setup script first.
+//! note) when its files are absent, except under CI, where that fails (`common::installed`).
+
+mod common;
 
 use std::path::{Path, PathBuf};
 
@@ -9,16 +11,11 @@ fn data_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(data::DEFAULT_DATA_DIR)
 }
 
-/// True (after printing why) when one of `files` under the data dir is missing.
-fn skip(test: &str, files: &[&str]) -> bool {
-    let dir = data_dir();
-    match files.iter().find(|f| !dir.join(f).is_file()) {
-        Some(f) => {
-            println!("{test}: skipped, {} not found (run scripts/setup.sh)", dir.join(f).display());
-            true
-        }
-        None => false,
-    }
+/// True (after printing why) when one of `files` under the data dir is missing; under CI, a
+/// failure instead.
+fn skip(files: &[&str]) -> bool {
+    let paths: Vec<PathBuf> = files.iter().map(|f| data_dir().join(f)).collect();
+    !common::installed(&paths.iter().map(PathBuf::as_path).collect::<Vec<_>>())
 }
 
 /// A seeded stratified split is reproducible, disjoint, complete, and close to the requested
@@ -41,7 +38,7 @@ fn check_split<S: Sample + Clone + PartialEq + std::fmt::Debug>(full: &Dataset<S
 
 #[test]
 fn rotten_tomatoes_counts_and_split() {
-    if skip("rotten_tomatoes", &[data::ROTTEN_TOMATOES_FILE]) {
+    if skip(&[data::ROTTEN_TOMATOES_FILE]) {
         return;
     }
     let d = data::rotten_tomatoes(data_dir()).unwrap();
@@ -58,7 +55,7 @@ fn rotten_tomatoes_counts_and_split() {
 
 #[test]
 fn reuters_r8_counts() {
-    if skip("reuters_r8", &[data::REUTERS_R8_TRAIN_FILE, data::REUTERS_R8_TEST_FILE]) {
+    if skip(&[data::REUTERS_R8_TRAIN_FILE, data::REUTERS_R8_TEST_FILE]) {
         return;
     }
     let s = data::reuters_r8(data_dir()).unwrap();
@@ -80,7 +77,7 @@ fn fashion_mnist_counts() {
         "t10k-labels-idx1-ubyte.gz",
     ]
     .map(|f| format!("{}/{f}", data::FASHION_MNIST_DIR));
-    if skip("fashion_mnist", &files.each_ref().map(String::as_str)) {
+    if skip(&files.each_ref().map(String::as_str)) {
         return;
     }
     let s = data::fashion_mnist(data_dir()).unwrap();
@@ -99,7 +96,7 @@ fn fashion_mnist_counts() {
 
 #[test]
 fn mnist5k_counts_and_split() {
-    if skip("mnist5k", &[data::MNIST5K_FILE]) {
+    if skip(&[data::MNIST5K_FILE]) {
         return;
     }
     let d = data::mnist5k(data_dir()).unwrap();
@@ -112,7 +109,7 @@ fn mnist5k_counts_and_split() {
 
 #[test]
 fn digits_counts_split_and_batch() {
-    if skip("digits", &[data::DIGITS_FILE]) {
+    if skip(&[data::DIGITS_FILE]) {
         return;
     }
     let d = data::digits(data_dir()).unwrap();
@@ -129,7 +126,7 @@ fn digits_counts_split_and_batch() {
 
 #[test]
 fn hamlet_corpus() {
-    if skip("hamlet", &[data::HAMLET_FILE]) {
+    if skip(&[data::HAMLET_FILE]) {
         return;
     }
     let c = data::hamlet(data_dir()).unwrap();

@@ -2,18 +2,14 @@
 //! runs it first). Without the files the tests print a note and pass, except under CI
 //! (`CI` set), where missing data is a failure.
 
+mod common;
+
 use pipetransformer::device::{AnyDevices, DeviceKind, Precision};
 use pipetransformer::run::{Job, RunConfig, open_devices};
 use std::path::Path;
 
 fn have(paths: &[&str]) -> bool {
-    let missing: Vec<&&str> = paths.iter().filter(|p| !Path::new(p).exists()).collect();
-    if missing.is_empty() {
-        return true;
-    }
-    assert!(std::env::var_os("CI").is_none(), "CI must have run scripts/setup.sh; missing {missing:?}");
-    eprintln!("skipping: {missing:?} not installed (run scripts/setup.sh)");
-    false
+    common::installed(&paths.iter().map(Path::new).collect::<Vec<_>>())
 }
 
 fn run(config: &str, overrides: &[&str]) -> pipetransformer::run::Summary {

@@ -25,8 +25,7 @@ fn manifest(rel: &str) -> PathBuf {
 /// MiniLM's tokenizer truncating at `max_len`, or `None` (with a note) before the setup ran.
 fn minilm(max_len: usize) -> Option<TextTokenizer> {
     let path = manifest("weights/all-minilm-l6-v2/tokenizer.json");
-    if !path.exists() {
-        eprintln!("skipped: {} is absent (the setup installs it)", path.display());
+    if !common::installed(&[&path]) {
         return None;
     }
     Some(TextTokenizer::from_file(&path, max_len).unwrap())

@@ -1,10 +1,11 @@
 //! Collective communication between the replicas of a data-parallel run (DESIGN.md §4): a
 //! [`Communicator`] sums gradients across its group's members. Two implementations:
 //! [`ring`] (in-process threads: reduce-scatter then all-gather over chunks, for `cpu` and
-//! `cuda-emu` devices) and [`nccl`] (NCCL through cudarc for `cuda` devices, one communicator per
+//! `cuda-emu` devices) and [`nccl`] (NCCL, opened by [`nccl_lib`], for `cuda` devices, one communicator per
 //! GPU, the unique id exchanged over a TCP rendezvous for multi-process and multi-node runs).
 
 pub mod nccl;
+pub mod nccl_lib;
 pub mod ring;
 
 pub use ring::{RingCommunicator, ring_group};
@@ -18,6 +19,8 @@ pub trait Communicator<D: Device>: Send + Sync {
     fn rank(&self) -> usize;
     /// Members in the group.
     fn size(&self) -> usize;
+    /// What moves the bytes, for the console: e.g. `host ring`, `NCCL 2.32.3 (path)`.
+    fn name(&self) -> String;
     /// Every member's `bufs` become the element-wise sum over all members (every member passes
     /// buffers of the same lengths, in the same order: a bucket of gradients).
     fn all_reduce_sum(&self, dev: &D, bufs: &mut [&mut D::Buf]) -> Result<()>;

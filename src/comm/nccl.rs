@@ -1,14 +1,15 @@
-//! NCCL for the `cuda` backend, through cudarc's raw NCCL bindings: one communicator per GPU,
-//! collectives queued on that GPU's stream (so they order with its kernels without a host
-//! wait). Members find each other through a unique id that rank 0 creates and hands to the
+//! NCCL for the `cuda` backend, through the library [`nccl_lib`](super::nccl_lib) opens: one
+//! communicator per GPU, collectives queued on that GPU's stream (so they order with its
+//! kernels without a host wait). Members find each other through a unique id that rank 0 creates and hands to the
 //! others over a TCP rendezvous ([`rendezvous`]): a 128-byte message, enough for processes on
 //! one node or many.
 
 use super::Communicator;
+use super::nccl_lib::{FLOAT32, NcclLib, SUM, nccl};
 use crate::device::GpuDevice;
 use crate::device::gpu::Elem;
 use crate::error::{Error, Result};
-use cudarc::nccl::{result, sys};
+use cudarc::nccl::sys;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
@@ -16,22 +17,22 @@ use std::time::{Duration, Instant};
 /// Bytes of an NCCL unique id.
 pub const ID_BYTES: usize = 128;
 
-fn nccl_error(what: &str) -> impl Fn(result::NcclError) -> Error + '_ {
-    move |e| Error::Device { what: format!("nccl: {what}"), message: format!("{e:?}") }
+/// The opened library, or an error saying where it was looked for.
+fn library() -> Result<&'static NcclLib> {
+    nccl().map_err(|why| Error::Device { what: "nccl".into(), message: why.to_string() })
 }
 
 /// Whether the NCCL library can be loaded.
 pub fn available() -> bool {
-    // SAFETY: checks for the library without using it.
-    unsafe { sys::is_culib_present() }
+    nccl().is_ok()
 }
 
 /// A fresh unique id (rank 0 makes it; every member needs the same one).
 pub fn unique_id() -> Result<[u8; ID_BYTES]> {
-    if !available() {
-        return Err(Error::Device { what: "nccl".into(), message: "libnccl is not installed".into() });
-    }
-    let id = result::get_uniqueid().map_err(nccl_error("unique id"))?;
+    let lib = library()?;
+    let mut id = sys::ncclUniqueId { internal: [0; ID_BYTES] };
+    // SAFETY: NCCL writes the 128-byte id.
+    lib.check("unique id", unsafe { (lib.get_unique_id)(&mut id) })?;
     Ok(id.internal.map(|c| c as u8))
 }
 
@@ -89,6 +90,10 @@ pub fn rendezvous(
 
 /// One GPU's member of an NCCL group.
 pub struct NcclCommunicator {
+    lib: &'static NcclLib,
+    /// Set when a collective failed: the peers may be gone, so dropping aborts the
+    /// communicator (`ncclCommDestroy` would wait for them).
+    failed: std::sync::atomic::AtomicBool,
     comm: sys::ncclComm_t,
     stream: sys::cudaStream_t,
     rank: usize,
@@ -109,39 +114,55 @@ impl NcclCommunicator {
         size: usize,
         id: [u8; ID_BYTES],
     ) -> Result<Self> {
-        if !available() {
-            return Err(Error::Device { what: "nccl".into(), message: "libnccl is not installed".into() });
-        }
+        let lib = library()?;
         runtime.bind()?;
         let id = sys::ncclUniqueId { internal: id.map(|b| b as ::core::ffi::c_char) };
-        let mut comm = std::mem::MaybeUninit::uninit();
-        // SAFETY: `comm` is written by NCCL on success; the id is the group's.
-        let comm = unsafe {
-            result::comm_init_rank(comm.as_mut_ptr(), size as i32, id, rank as i32).map_err(nccl_error("init"))?;
-            comm.assume_init()
-        };
-        Ok(Self { comm, stream: runtime.stream().cu_stream() as sys::cudaStream_t, rank, size })
+        let mut comm = std::ptr::null_mut();
+        // SAFETY: NCCL writes the communicator on success; the id is the group's.
+        lib.check("init", unsafe { (lib.comm_init_rank)(&mut comm, size as i32, id, rank as i32) })?;
+        Ok(Self {
+            lib,
+            failed: false.into(),
+            comm,
+            stream: runtime.stream().cu_stream() as sys::cudaStream_t,
+            rank,
+            size,
+        })
     }
 }
 
 impl NcclCommunicator {
+    /// Passes `result` on, remembering a failure (see `failed`).
+    fn note(&self, result: Result<()>) -> Result<()> {
+        if result.is_err() {
+            self.failed.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        result
+    }
+
     /// One communicator per GPU of one process, all in one group (`ncclCommInitAll`): rank `i`
     /// is `runtimes[i]`'s GPU, collectives queue on its stream.
     pub fn group(runtimes: &[&crate::device::cuda::CudaRuntime]) -> Result<Vec<Self>> {
-        if !available() {
-            return Err(Error::Device { what: "nccl".into(), message: "libnccl is not installed".into() });
-        }
+        let lib = library()?;
         let ordinals: Vec<i32> = runtimes.iter().map(|r| r.ordinal() as i32).collect();
         let mut comms: Vec<sys::ncclComm_t> = vec![std::ptr::null_mut(); runtimes.len()];
         // SAFETY: NCCL writes one communicator per listed device into `comms`.
-        unsafe { result::comm_init_all(comms.as_mut_ptr(), ordinals.len() as i32, ordinals.as_ptr()) }
-            .map_err(nccl_error("init all"))?;
+        lib.check("init all", unsafe {
+            (lib.comm_init_all)(comms.as_mut_ptr(), ordinals.len() as i32, ordinals.as_ptr())
+        })?;
         let size = runtimes.len();
         Ok(comms
             .into_iter()
             .zip(runtimes)
             .enumerate()
-            .map(|(rank, (comm, rt))| Self { comm, stream: rt.stream().cu_stream() as sys::cudaStream_t, rank, size })
+            .map(|(rank, (comm, rt))| Self {
+                lib,
+                failed: false.into(),
+                comm,
+                stream: rt.stream().cu_stream() as sys::cudaStream_t,
+                rank,
+                size,
+            })
             .collect())
     }
 }
@@ -180,10 +201,34 @@ pub fn pipeline_groups<D: crate::device::Device>(
     Ok(boxed.downcast::<Vec<Vec<std::sync::Arc<dyn Communicator<D>>>>>().ok().map(|b| *b))
 }
 
+/// Why replicas on `devices` cannot use NCCL, when they are real GPUs (`cuda`) and the library
+/// did not load: the places it was looked for. `None` for other devices or when NCCL loaded.
+pub fn host_ring_reason<D: crate::device::Device>(devices: &[D]) -> Option<String> {
+    let real_gpu = |d: &D| {
+        (d as &dyn std::any::Any)
+            .downcast_ref::<GpuDevice>()
+            .is_some_and(|g| crate::device::cuda::runtime_of(g).is_some())
+    };
+    if devices.is_empty() || !devices.iter().all(real_gpu) {
+        return None;
+    }
+    nccl().err().map(not_loaded)
+}
+
+/// The console's words for NCCL failing to load with `why`.
+fn not_loaded(why: &str) -> String {
+    format!("NCCL not loaded: {why}; install it with scripts/setup.sh nccl or set PT_NCCL_LIB")
+}
+
 impl Drop for NcclCommunicator {
     fn drop(&mut self) {
+        let release = if self.failed.load(std::sync::atomic::Ordering::Relaxed) {
+            self.lib.comm_abort
+        } else {
+            self.lib.comm_destroy
+        };
         // SAFETY: the communicator is ours and no collective is in flight once it is dropped.
-        let _ = unsafe { result::comm_destroy(self.comm) };
+        let _ = unsafe { release(self.comm) };
     }
 }
 
@@ -198,37 +243,35 @@ impl Communicator<GpuDevice> for NcclCommunicator {
     fn size(&self) -> usize {
         self.size
     }
+    fn name(&self) -> String {
+        format!("NCCL {} ({})", self.lib.version_string(), self.lib.path.display())
+    }
     fn all_reduce_sum(&self, _dev: &GpuDevice, bufs: &mut [&mut crate::device::GpuBuf]) -> Result<()> {
-        result::group_start().map_err(nccl_error("group start"))?;
         for b in bufs.iter() {
             check_f32(b)?;
+        }
+        let lib = self.lib;
+        // SAFETY: opens a group that is closed below on every path.
+        lib.check("group start", unsafe { (lib.group_start)() })?;
+        let queued = bufs.iter().try_for_each(|b| {
             let p = b.ptr() as *mut ::core::ffi::c_void;
             // SAFETY: in-place sum over `len` f32 elements of device memory this GPU owns.
-            unsafe {
-                result::all_reduce(
-                    p,
-                    p,
-                    b.len(),
-                    sys::ncclDataType_t::ncclFloat32,
-                    sys::ncclRedOp_t::ncclSum,
-                    self.comm,
-                    self.stream,
-                )
-            }
-            .map_err(nccl_error("all-reduce"))?;
-        }
-        result::group_end().map_err(nccl_error("group end"))?;
-        Ok(())
+            lib.check("all-reduce", unsafe { (lib.all_reduce)(p, p, b.len(), FLOAT32, SUM, self.comm, self.stream) })
+        });
+        // An open group must be closed even when queueing failed, or every later NCCL call of
+        // this thread joins the broken group.
+        // SAFETY: closes the group opened above.
+        let closed = lib.check("group end", unsafe { (lib.group_end)() });
+        self.note(queued.and(closed))
     }
     fn broadcast(&self, _dev: &GpuDevice, buf: &mut crate::device::GpuBuf, root: usize) -> Result<()> {
         check_f32(buf)?;
         let p = buf.ptr() as *mut ::core::ffi::c_void;
+        let lib = self.lib;
         // SAFETY: in-place broadcast of `len` f32 elements.
-        unsafe {
-            result::broadcast(p, p, buf.len(), sys::ncclDataType_t::ncclFloat32, root as i32, self.comm, self.stream)
-        }
-        .map_err(nccl_error("broadcast"))?;
-        Ok(())
+        self.note(lib.check("broadcast", unsafe {
+            (lib.broadcast)(p, p, buf.len(), FLOAT32, root as i32, self.comm, self.stream)
+        }))
     }
 }
 
@@ -265,12 +308,21 @@ mod tests {
         let emus: Vec<GpuDevice> =
             (0..2).map(|i| crate::device::emu::device(i, crate::device::Precision::F32, 0).unwrap()).collect();
         assert!(pipeline_groups(&emus, 1, 2).unwrap().is_none());
+        // Only real GPUs announce why NCCL is not in use.
+        assert!(host_ring_reason(&cpus).is_none() && host_ring_reason(&emus).is_none());
+        let home = std::path::Path::new("/nonexistent");
+        let why = super::super::nccl_lib::load(&super::super::nccl_lib::candidates(None, home)[..1]).err().unwrap();
+        let note = not_loaded(&why);
+        assert!(
+            note.contains("/nonexistent/nccl/lib/libnccl.so.2") && note.contains("scripts/setup.sh nccl"),
+            "{note}"
+        );
     }
 
     #[test]
     fn without_libnccl_the_error_says_so() {
         if !available() {
-            assert!(unique_id().unwrap_err().to_string().contains("libnccl is not installed"));
+            assert!(unique_id().unwrap_err().to_string().contains("libnccl not found"));
             assert!(NcclCommunicator::group(&[]).err().map(|e| e.to_string()).unwrap_or_default().contains("libnccl"));
         }
     }

@@ -99,6 +99,9 @@ impl<D: Device> Communicator<D> for RingCommunicator {
     fn size(&self) -> usize {
         self.size
     }
+    fn name(&self) -> String {
+        "host ring".into()
+    }
     fn all_reduce_sum(&self, dev: &D, bufs: &mut [&mut D::Buf]) -> Result<()> {
         // One flat bucket: one ring pass however many tensors it holds.
         let mut flat = Vec::new();

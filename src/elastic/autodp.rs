@@ -11,7 +11,7 @@
 //! learning rate (the linear scaling rule), with the schedule's clock still counted in source
 //! batches so the run's length does not change.
 
-use crate::comm::nccl::pipeline_groups;
+use crate::comm::nccl::{host_ring_reason, pipeline_groups};
 use crate::device::Device;
 use crate::error::Result;
 use crate::pipeline::Pipeline;
@@ -44,13 +44,18 @@ pub fn batches_per_step(policy: BatchPolicy, r: usize, r0: usize) -> usize {
 }
 
 /// Gives the pipeline NCCL groups for its new shape when its devices are GPUs and NCCL is
-/// installed (the host ring otherwise). Returns whether NCCL is in use.
-pub fn rebuild_communicators<D: Device>(pipeline: &mut Pipeline<D>) -> Result<bool> {
+/// installed (the host ring otherwise). Returns what the replicas now sum gradients over, for
+/// the console, with the reason when GPUs fall back to the host ring.
+pub fn rebuild_communicators<D: Device>(pipeline: &mut Pipeline<D>) -> Result<String> {
     let (k, r) = (pipeline.plan().config.pipeline_len, pipeline.plan().config.replicas);
     let groups = pipeline_groups(pipeline.devices(), k, r)?;
     let nccl = groups.is_some();
     pipeline.set_communicators(groups)?;
-    Ok(nccl)
+    let name = pipeline.communicator();
+    Ok(match host_ring_reason(pipeline.devices()) {
+        Some(why) if r > 1 && !nccl => format!("{name} ({why})"),
+        _ => name,
+    })
 }
 
 #[cfg(test)]

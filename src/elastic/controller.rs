@@ -227,7 +227,8 @@ impl Elastic {
             let config = crate::pipeline::PipelineConfig { micro_batches: m, ..chosen };
             trainer.pipeline.replan(config, &trainer.profiles_for(per_replica.div_ceil(m), cached), cached)?;
             if r != before.replicas {
-                rebuild_communicators(&mut trainer.pipeline)?;
+                let comm = rebuild_communicators(&mut trainer.pipeline)?;
+                reason = format!("{reason}; replicas sum gradients over: {comm}");
             }
             trainer.batches_per_step = batches_per_step(policy, r, a.initial_replicas);
             self.warming = self.tuner.running();

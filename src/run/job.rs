@@ -260,6 +260,8 @@ pub struct Job<D: Device> {
     pub load_report: Option<LoadReport>,
     /// TeraPipe's planned slicing, when the run asked for `token_slices = "auto"`.
     pub slicing: Option<SlicingPlan>,
+    /// What the replicas sum gradients over (NCCL, the host ring, or why not NCCL), to announce.
+    pub communicator: String,
     resumed: bool,
 }
 
@@ -296,7 +298,7 @@ impl<D: Device> Job<D> {
         let mut devices = devices;
         devices.truncate(count);
         let mut pipeline = Pipeline::new(devices, model, config.train.optimizer, plan.clone(), &profiles)?;
-        rebuild_communicators(&mut pipeline)?;
+        let communicator = rebuild_communicators(&mut pipeline)?;
         let trainer = Trainer::new(pipeline, config.train.clone(), source.batches_per_epoch(), per_sample)?;
         let positions = match spec.input {
             InputSpec::Image { image_size, patch, .. } => (image_size / patch).pow(2) + 1,
@@ -311,7 +313,18 @@ impl<D: Device> Job<D> {
             width: spec.hidden,
         };
         let elastic = Elastic::new(config.elastic.clone(), around, &config.output.dir.join("cache"))?;
-        Ok(Self { config, source, info, model_config, trainer, elastic, load_report, slicing, resumed: false })
+        Ok(Self {
+            config,
+            source,
+            info,
+            model_config,
+            trainer,
+            elastic,
+            load_report,
+            slicing,
+            communicator,
+            resumed: false,
+        })
     }
 
     /// The checkpoint file of this run.
@@ -336,9 +349,7 @@ impl<D: Device> Job<D> {
         }
         let state = self.trainer.load_checkpoint(&path)?;
         self.elastic.restore(state)?;
-        if self.trainer.pipeline.plan().config.replicas > 1 {
-            rebuild_communicators(&mut self.trainer.pipeline)?;
-        }
+        self.communicator = rebuild_communicators(&mut self.trainer.pipeline)?;
         self.resumed = true;
         Ok(())
     }

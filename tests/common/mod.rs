@@ -3,6 +3,21 @@
 
 use pipetransformer::model::{BertConfig, GptConfig, HostBatch, IGNORE_INDEX, ModelConfig, Pooling, VitConfig};
 use pipetransformer::rng::Rng;
+use std::path::Path;
+
+/// Whether the setup step's files `paths` are all there. When one is missing the test should
+/// return early, with the note this prints, so a checkout without the data still tests the
+/// rest; under CI (`CI` set: `.ci/run` sets it) a missing file is a failure instead, so a
+/// broken setup step cannot pass by skipping every real-data test.
+pub fn installed(paths: &[&Path]) -> bool {
+    let missing: Vec<&&Path> = paths.iter().filter(|p| !p.exists()).collect();
+    if missing.is_empty() {
+        return true;
+    }
+    assert!(std::env::var_os("CI").is_none(), "CI must have run scripts/setup.sh; missing {missing:?}");
+    eprintln!("skipped: {missing:?} not installed (run scripts/setup.sh)");
+    false
+}
 
 /// A 2-layer post-LN BERT with odd sizes: hidden 10, 2 heads of 5, MLP 14, 3 labels.
 pub fn tiny_bert(pooling: Pooling, dropout: f32) -> ModelConfig {

@@ -196,6 +196,16 @@ impl<D: Device> Pipeline<D> {
         Ok(())
     }
 
+    /// What the replicas sum their gradients over, for the console: `none (one replica)`, the
+    /// supplied communicators' name (e.g. NCCL), or the in-process `host ring`.
+    pub fn communicator(&self) -> String {
+        match &self.communicators {
+            _ if self.plan.config.replicas < 2 => "none (one replica)".into(),
+            Some(groups) => groups.first().and_then(|g| g.first()).map_or_else(|| "none".into(), |c| c.name()),
+            None => "host ring".into(),
+        }
+    }
+
     /// Injects (or clears) a fault for the next steps.
     pub fn set_fault(&mut self, fault: Option<Fault>) {
         self.fault = fault;
