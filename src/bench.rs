@@ -83,3 +83,136 @@ pub fn gemm_gflops(threads: usize, n: usize, reps: usize) -> crate::Result<f64> 
     }
     Ok(2.0 * (n as f64).powi(3) / best / 1e9)
 }
+
+/// A timed training step: the median, fastest and slowest of the timed steps, in seconds, and
+/// the step's FLOPs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepTiming {
+    /// Median step time.
+    pub median: f64,
+    /// Fastest step.
+    pub min: f64,
+    /// Slowest step.
+    pub max: f64,
+    /// FLOPs of one step (forward and backward, from the units' analytic costs).
+    pub flops: f64,
+}
+
+/// Times `steps` training steps (forward, backward, clipping at 1.0, AdamW) of the
+/// MiniLM-shaped encoder on `dev`, after `warmup` untimed ones, on one random batch of
+/// `batch` × `seq` tokens.
+pub fn time_step<D: Device>(
+    dev: &D,
+    steps: usize,
+    warmup: usize,
+    batch: usize,
+    seq: usize,
+) -> crate::Result<StepTiming> {
+    use crate::model::Batch;
+    use crate::optim::{Optimizer, OptimizerConfig, train_step};
+    let config = minilm_shaped();
+    let mut model = Model::new(dev, &config, 0)?;
+    let host = random_batch(&config, batch, seq, 1);
+    let batch_dev = Batch::upload(dev, model.spec(), &host, true, 2)?;
+    let mut optimizer = Optimizer::new(OptimizerConfig::adamw())?;
+    let flops = step_flops(&model, dev, batch, seq);
+    for _ in 0..warmup {
+        train_step(dev, &mut model, &mut optimizer, &batch_dev, 1e-4, Some(1.0))?;
+    }
+    let mut times = Vec::with_capacity(steps.max(1));
+    for _ in 0..steps.max(1) {
+        let t = Instant::now();
+        train_step(dev, &mut model, &mut optimizer, &batch_dev, 1e-4, Some(1.0))?;
+        dev.synchronize()?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(StepTiming { median: times[times.len() / 2], min: times[0], max: times[times.len() - 1], flops })
+}
+
+/// The PyTorch script beside the report (`scripts/bench_torch.py`), embedded so an installed
+/// binary carries it.
+const TORCH_SCRIPT: &str = include_str!("../scripts/bench_torch.py");
+
+/// PyTorch's step on the same shape, as `scripts/bench_torch.py` times it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TorchStep {
+    /// Median milliseconds in f32 and under bf16 autocast, with torch's version and threads.
+    Timed {
+        /// `torch.__version__`.
+        version: String,
+        /// Torch's intra-op threads.
+        threads: usize,
+        /// Median f32 step.
+        f32_ms: f64,
+        /// Median step under bf16 autocast.
+        bf16_ms: f64,
+    },
+    /// Why there is no comparison (no such Python, or no torch in it).
+    Absent(String),
+}
+
+/// Runs the embedded PyTorch script with `python` on the same step shape. A Python without
+/// torch (or no Python) is [`TorchStep::Absent`]; a script that fails otherwise is an error.
+pub fn torch_step(
+    python: &str,
+    steps: usize,
+    warmup: usize,
+    batch: usize,
+    seq: usize,
+    threads: usize,
+) -> crate::Result<TorchStep> {
+    let args = [("--steps", steps), ("--warmup", warmup), ("--batch", batch), ("--seq", seq), ("--threads", threads)];
+    let mut command = std::process::Command::new(python);
+    command.arg("-c").arg(TORCH_SCRIPT);
+    for (flag, value) in args {
+        command.arg(flag).arg(value.to_string());
+    }
+    let out = match command.output() {
+        Ok(out) => out,
+        Err(e) => return Ok(TorchStep::Absent(format!("cannot run `{python}`: {e}"))),
+    };
+    let failed =
+        |why: String| crate::Error::Data { what: "PyTorch comparison (scripts/bench_torch.py)".into(), message: why };
+    if !out.status.success() {
+        return Err(failed(format!(
+            "`{python}` exited with {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().last().unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_str(line).map_err(|e| failed(format!("printed `{line}`: {e}")))?;
+    if let Some(why) = v.get("absent").and_then(|w| w.as_str()) {
+        return Ok(TorchStep::Absent(format!("`{python}` has no torch/transformers ({why})")));
+    }
+    let num =
+        |k: &str| v.get(k).and_then(serde_json::Value::as_f64).ok_or_else(|| failed(format!("no `{k}` in `{line}`")));
+    Ok(TorchStep::Timed {
+        version: v.get("torch").and_then(|t| t.as_str()).unwrap_or("?").to_string(),
+        threads: num("threads")? as usize,
+        f32_ms: num("f32_ms")?,
+        bf16_ms: num("bf16_ms")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pytorch_comparison_is_skipped_with_a_reason_not_an_error() {
+        let none = torch_step("/nonexistent/python3", 1, 0, 1, 8, 1).unwrap();
+        assert!(matches!(&none, TorchStep::Absent(why) if why.contains("cannot run")), "{none:?}");
+        // `python3`: absent, or without torch (the usual CI machine), each said so; or with
+        // torch, timing both precisions.
+        match torch_step("python3", 1, 0, 1, 8, 1) {
+            Ok(TorchStep::Absent(why)) => assert!(why.contains("no torch") || why.contains("cannot run"), "{why}"),
+            Ok(TorchStep::Timed { f32_ms, bf16_ms, threads, .. }) => {
+                assert!(f32_ms > 0.0 && bf16_ms > 0.0 && threads == 1)
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}

@@ -3,7 +3,7 @@
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use pipetransformer::bench;
-use pipetransformer::device::{AnyDevice, AnyDevices, CpuDevice, Device, DeviceKind, Precision};
+use pipetransformer::device::{AnyDevice, AnyDevices, Device, DeviceKind, Precision};
 use pipetransformer::elastic::{FreezeInterval, FreezeName};
 use pipetransformer::model::{Batch, BertConfig, GptConfig, HeadSpec, Model, ModelConfig, Pooling, VitConfig};
 use pipetransformer::optim::{LrSchedule, Optimizer, OptimizerConfig, train_step};
@@ -40,10 +40,11 @@ struct DeviceArgs {
     /// kernels emulated on the host: slow, for checking).
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     device: DeviceKind,
-    /// f32, or bf16: on the GPU backends bf16 activations with f32 master weights; on cpu bf16
-    /// operands in the linear layers' products (f32 accumulation), f32 everything else.
-    #[arg(long, value_enum, default_value = "f32")]
-    precision: PrecisionArg,
+    /// f32 (the default), or bf16: on the GPU backends bf16 activations with f32 master
+    /// weights; on cpu bf16 operands in the linear layers' products (f32 accumulation), f32
+    /// everything else. `bench-step` on cpu without it times both.
+    #[arg(long, value_enum)]
+    precision: Option<PrecisionArg>,
 }
 
 /// How a step is spread over devices (`train`, `plan`); each flag overrides the run config's
@@ -186,8 +187,8 @@ fn parse_device(s: &str) -> std::result::Result<DeviceKind, String> {
 impl DeviceArgs {
     fn precision(self) -> Precision {
         match self.precision {
-            PrecisionArg::F32 => Precision::F32,
-            PrecisionArg::Bf16 => Precision::Bf16,
+            None | Some(PrecisionArg::F32) => Precision::F32,
+            Some(PrecisionArg::Bf16) => Precision::Bf16,
         }
     }
     fn open(self, threads: usize) -> Result<AnyDevice> {
@@ -358,6 +359,10 @@ enum Command {
         /// CPU threads (0: all cores).
         #[arg(long, default_value_t = 0)]
         threads: usize,
+        /// The Python whose PyTorch times the same step for comparison on cpu (skipped, with
+        /// a note, when it has no torch); `none` skips it. Default: `PT_PYTHON`, else python3.
+        #[arg(long)]
+        python: Option<String>,
         #[command(flatten)]
         device: DeviceArgs,
     },
@@ -432,11 +437,12 @@ fn main() -> Result<()> {
             }
             on_device!(device.open(threads)?, overfit(model, steps, lr, seed))
         }
-        Command::BenchStep { steps, warmup, batch, seq, threads, device } => {
+        Command::BenchStep { steps, warmup, batch, seq, threads, python, device } => {
             if steps == 0 || batch == 0 || seq == 0 {
                 bail!("--steps, --batch and --seq must each be at least 1");
             }
-            on_device!(device.open(threads)?, bench_step(steps, warmup, batch, seq, device.precision()))
+            let python = python.or_else(|| std::env::var("PT_PYTHON").ok()).unwrap_or_else(|| "python3".into());
+            bench_step(device, threads, &python, steps, warmup, batch, seq)
         }
         Command::Kernels { update } => kernels(update.as_deref()),
     }
@@ -521,61 +527,92 @@ fn overfit<D: Device>(dev: &D, family: Family, steps: u64, lr: f64, seed: u64) -
     Ok(())
 }
 
-fn bench_step<D: Device>(
+/// `bench-step`: our step at the asked precision (on cpu without one: f32 and bf16), the
+/// GEMM floor on cpu, and PyTorch's f32 and bf16-autocast steps when `python` has torch.
+fn bench_step(
+    device: DeviceArgs,
+    threads: usize,
+    python: &str,
+    steps: usize,
+    warmup: usize,
+    batch: usize,
+    seq: usize,
+) -> Result<()> {
+    let first = device.open(threads)?;
+    let cpu = matches!(first, AnyDevice::Cpu(_));
+    let pool_threads = match &first {
+        AnyDevice::Cpu(d) => Some(d.threads()),
+        AnyDevice::Gpu(_) => None,
+    };
+    let mut rows: Vec<(String, bench::StepTiming)> = Vec::new();
+    let mut time = |dev: AnyDevice, precision: Precision| -> Result<()> {
+        let name = match &dev {
+            AnyDevice::Cpu(d) => d.name(),
+            AnyDevice::Gpu(d) => d.name(),
+        };
+        let t = on_device!(dev, time_step(steps, warmup, batch, seq))?;
+        rows.push((format!("ours, {} ({name})", format!("{precision:?}").to_lowercase()), t));
+        Ok(())
+    };
+    time(first, device.precision())?;
+    if cpu && device.precision.is_none() {
+        time(AnyDevice::open(device.device, 0, threads, Precision::Bf16)?, Precision::Bf16)?;
+    }
+    let flops = rows[0].1.flops;
+    println!(
+        "MiniLM-shaped training step: 6 layers, hidden 384, 12 heads, MLP 1536, batch {batch} × seq {seq}, dropout \
+         0.1, clipping at 1.0, AdamW; {flops:.4e} FLOP; median of {steps} after {warmup} warm-up"
+    );
+    println!("| step | ms | min–max ms | GFLOP/s | / GEMM floor |");
+    println!("|---|---|---|---|---|");
+    // The roofline of the CPU backend is its own large GEMM, measured now on the same threads.
+    let floor = match pool_threads {
+        Some(threads) => Some((bench::gemm_gflops(threads, 2048, 3)?, threads)),
+        None => None,
+    };
+    let floor_ms = floor.map(|(gemm, _)| flops / gemm / 1e6);
+    let ratio = |ms: f64| floor_ms.map_or_else(String::new, |f| format!("{:.2}×", ms / f));
+    for (name, t) in &rows {
+        let ms = t.median * 1e3;
+        println!(
+            "| {name} | {ms:.1} | {:.1}–{:.1} | {:.1} | {} |",
+            t.min * 1e3,
+            t.max * 1e3,
+            flops / t.median / 1e9,
+            ratio(ms)
+        );
+    }
+    if let (Some((gemm, threads)), Some(ms)) = (floor, floor_ms) {
+        println!(
+            "| GEMM floor: these FLOPs at the f32 2048³ GEMM rate ({threads} threads) | {ms:.1} | | {gemm:.1} | 1.00× |"
+        );
+    }
+    if cpu && python != "none" {
+        let torch_threads = pool_threads.unwrap_or(threads);
+        match bench::torch_step(python, steps, warmup, batch, seq, torch_threads)? {
+            bench::TorchStep::Timed { version, threads, f32_ms, bf16_ms } => {
+                for (what, ms) in [("eager, f32", f32_ms), ("bf16 autocast", bf16_ms)] {
+                    let rate = flops / ms / 1e6;
+                    println!(
+                        "| PyTorch {version} {what} ({threads} threads) | {ms:.1} | | {rate:.1} | {} |",
+                        ratio(ms)
+                    );
+                }
+            }
+            bench::TorchStep::Absent(why) => println!("PyTorch comparison skipped: {why}"),
+        }
+    }
+    Ok(())
+}
+
+fn time_step<D: Device>(
     dev: &D,
     steps: usize,
     warmup: usize,
     batch: usize,
     seq: usize,
-    precision: Precision,
-) -> Result<()> {
-    let config = bench::minilm_shaped();
-    let mut model = Model::new(dev, &config, 0)?;
-    let host = bench::random_batch(&config, batch, seq, 1);
-    let batch_dev = Batch::upload(dev, model.spec(), &host, true, 2)?;
-    let mut optimizer = Optimizer::new(OptimizerConfig::adamw())?;
-    let flops = bench::step_flops(&model, dev, batch, seq);
-    for _ in 0..warmup {
-        train_step(dev, &mut model, &mut optimizer, &batch_dev, 1e-4, Some(1.0))?;
-    }
-    let mut times = Vec::with_capacity(steps);
-    for _ in 0..steps {
-        let t = Instant::now();
-        train_step(dev, &mut model, &mut optimizer, &batch_dev, 1e-4, Some(1.0))?;
-        dev.synchronize()?;
-        times.push(t.elapsed().as_secs_f64());
-    }
-    times.sort_by(f64::total_cmp);
-    let median = times[times.len() / 2];
-    let rate = flops / median / 1e9;
-    let activations = format!("{:?}", dev.activation_dtype()).to_lowercase();
-    let products = format!("{precision:?}").to_lowercase();
-    println!(
-        "MiniLM-shaped training step (6 layers, hidden 384, 12 heads, MLP 1536, seq {seq}, batch {batch}, \
-         {activations} activations, f32 weights, AdamW)"
-    );
-    println!("  device          {}", dev.name());
-    println!("  precision       {products} (matrix-product operands; f32 accumulation, {activations} activations)");
-    println!("  FLOP per step   {flops:.4e}");
-    println!(
-        "  step time       {:.1} ms (median of {steps}; min {:.1}, max {:.1})",
-        median * 1e3,
-        times[0] * 1e3,
-        times[times.len() - 1] * 1e3
-    );
-    println!("  achieved        {rate:.1} GFLOP/s");
-    // The roofline of the CPU backend is its own large GEMM, measured now on the same threads.
-    if let Some(threads) = cpu_threads(dev) {
-        let gemm = bench::gemm_gflops(threads, 2048, 3)?;
-        println!("  f32 GEMM 2048³  {gemm:.1} GFLOP/s ({threads} threads)");
-        println!("  step / GEMM     {:.1}%", 100.0 * rate / gemm);
-    }
-    Ok(())
-}
-
-/// The thread count of a `cpu` device (None for the GPU backends).
-fn cpu_threads<D: Device>(dev: &D) -> Option<usize> {
-    (dev as &dyn std::any::Any).downcast_ref::<CpuDevice<f32>>().map(CpuDevice::threads)
+) -> pipetransformer::Result<bench::StepTiming> {
+    bench::time_step(dev, steps, warmup, batch, seq)
 }
 
 fn kernels(update: Option<&Path>) -> Result<()> {
