@@ -6,6 +6,7 @@
 
 pub mod nccl;
 pub mod nccl_lib;
+pub mod rendezvous;
 pub mod ring;
 
 pub use ring::{RingCommunicator, ring_group};

@@ -10,9 +10,7 @@ use crate::device::GpuDevice;
 use crate::device::gpu::Elem;
 use crate::error::{Error, Result};
 use cudarc::nccl::sys;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Bytes of an NCCL unique id.
 pub const ID_BYTES: usize = 128;
@@ -36,56 +34,21 @@ pub fn unique_id() -> Result<[u8; ID_BYTES]> {
     Ok(id.internal.map(|c| c as u8))
 }
 
-/// Exchanges the unique id over TCP: rank 0 listens on `addr` and sends `id` to each of the
-/// `size − 1` other members, which connect (retrying until `timeout`) and receive it. Returns
-/// the id every member should use.
+/// Hands rank 0's unique id `id` to the other `size − 1` members over the authenticated TCP
+/// [`rendezvous`](super::rendezvous) at `addr`; returns the id every member should use.
 pub fn rendezvous(
     addr: &str,
     rank: usize,
     size: usize,
+    secret: &super::rendezvous::Secret,
     id: Option<[u8; ID_BYTES]>,
     timeout: Duration,
 ) -> Result<[u8; ID_BYTES]> {
-    let io = |what: &str| {
-        let what = what.to_string();
-        move |e: std::io::Error| Error::Device {
-            what: format!("nccl rendezvous at {addr}"),
-            message: format!("{what}: {e}"),
-        }
-    };
-    if rank == 0 {
-        let id = id.ok_or_else(|| Error::Device {
-            what: "nccl rendezvous".into(),
-            message: "rank 0 needs the id to send".into(),
-        })?;
-        let listener = TcpListener::bind(addr).map_err(io("bind"))?;
-        for _ in 1..size {
-            let (mut peer, _) = listener.accept().map_err(io("accept"))?;
-            peer.write_all(&id).map_err(io("send the id"))?;
-        }
-        Ok(id)
-    } else {
-        let deadline = Instant::now() + timeout;
-        let target = addr.to_socket_addrs().map_err(io("resolve"))?.next().ok_or_else(|| Error::Device {
-            what: format!("nccl rendezvous at {addr}"),
-            message: "no address".into(),
-        })?;
-        loop {
-            match TcpStream::connect_timeout(&target, Duration::from_millis(500)) {
-                Ok(mut s) => {
-                    let mut id = [0u8; ID_BYTES];
-                    s.set_read_timeout(Some(timeout)).map_err(io("timeout"))?;
-                    s.read_exact(&mut id).map_err(io("receive the id"))?;
-                    return Ok(id);
-                }
-                Err(e) if Instant::now() < deadline => {
-                    let _ = e;
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                Err(e) => return Err(io("connect")(e)),
-            }
-        }
-    }
+    let got = super::rendezvous::meet(addr, rank, size, secret, id.as_ref().map(|i| &i[..]), timeout)?;
+    got.try_into().map_err(|v: Vec<u8>| Error::Device {
+        what: "nccl rendezvous".into(),
+        message: format!("received {} bytes; an NCCL id has {ID_BYTES}", v.len()),
+    })
 }
 
 /// One GPU's member of an NCCL group.
@@ -280,24 +243,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rendezvous_hands_rank_zeros_id_to_every_member() {
-        let addr = "127.0.0.1:0";
-        // Find a free port first, then let rank 0 bind it.
-        let port = TcpListener::bind(addr).unwrap().local_addr().unwrap().port();
-        let addr = format!("127.0.0.1:{port}");
+    fn the_nccl_id_travels_through_the_rendezvous() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let (addr, secret) = (format!("127.0.0.1:{port}"), super::super::rendezvous::Secret::new("k").unwrap());
         let id = [7u8; ID_BYTES];
-        let got: Vec<[u8; ID_BYTES]> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..4)
-                .map(|rank| {
-                    let addr = addr.clone();
-                    s.spawn(move || {
-                        rendezvous(&addr, rank, 4, (rank == 0).then_some(id), Duration::from_secs(20)).unwrap()
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        std::thread::scope(|s| {
+            let h = s.spawn(|| rendezvous(&addr, 0, 2, &secret, Some(id), Duration::from_secs(20)));
+            assert_eq!(rendezvous(&addr, 1, 2, &secret, None, Duration::from_secs(20)).unwrap(), id);
+            assert_eq!(h.join().unwrap().unwrap(), id);
         });
-        assert!(got.iter().all(|g| *g == id));
     }
 
     #[test]
@@ -325,12 +279,5 @@ mod tests {
             assert!(unique_id().unwrap_err().to_string().contains("libnccl not found"));
             assert!(NcclCommunicator::group(&[]).err().map(|e| e.to_string()).unwrap_or_default().contains("libnccl"));
         }
-    }
-
-    #[test]
-    fn a_missing_rank_zero_is_a_timeout_error() {
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let e = rendezvous(&format!("127.0.0.1:{port}"), 1, 2, None, Duration::from_millis(300)).unwrap_err();
-        assert!(e.to_string().contains("connect"), "{e}");
     }
 }

@@ -1,0 +1,366 @@
+//! The TCP rendezvous where the members of a multi-process group meet: rank 0 listens and
+//! hands every other member the same payload (NCCL's unique id, for one). It is a network
+//! service, so it admits only members that prove they know the run's secret, and no stranger
+//! can crash or stall it:
+//!
+//! - rank 0 binds where the caller says (the launcher's default is loopback);
+//! - every message is a frame `[length: u32 LE][body]` of at most [`MAX_FRAME`] bytes, read
+//!   under a per-message timeout ([`MESSAGE_TIMEOUT`]): oversized, malformed or slow messages
+//!   close that connection with a logged reason and rank 0 goes on waiting for real members;
+//! - admission is a challenge and response: rank 0 sends a fresh random nonce, a member
+//!   answers with HMAC-SHA256(secret, nonce ‖ rank ‖ size); rank 0's reply carries its own MAC
+//!   over the nonce and the payload, so members know they reached the real rank 0. The secret
+//!   never crosses the wire and is never logged;
+//! - the whole meeting has a deadline: members that are missing by then make every waiting
+//!   process fail with an error that says who is missing, never hang. Once everyone is in,
+//!   the listener closes and later connections are refused by the OS.
+
+use crate::error::{Error, Result};
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+/// Largest frame either side accepts, in bytes (a hello is 44, a payload at most 4 KiB).
+pub const MAX_FRAME: usize = 4096 + 64;
+/// How long one message may take to arrive once a connection is open.
+pub const MESSAGE_TIMEOUT: Duration = Duration::from_secs(2);
+/// First bytes of every frame body: the protocol and its version.
+const MAGIC: &[u8; 8] = b"PTRDZV01";
+const NONCE: usize = 32;
+const MAC: usize = 32;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// The run's shared secret, from `--rdzv-token` or `PT_RDZV_TOKEN`. `Debug` prints no bytes.
+#[derive(Clone)]
+pub struct Secret(Vec<u8>);
+
+impl Secret {
+    /// A secret of these bytes; refused when empty (a rendezvous without one admits anyone).
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Result<Self> {
+        let bytes = bytes.into();
+        if bytes.is_empty() {
+            return Err(rdzv_error("secret", "is empty; pass --rdzv-token or set PT_RDZV_TOKEN"));
+        }
+        Ok(Secret(bytes))
+    }
+
+    /// A fresh random secret (the launcher's for one node), as 64 hex digits.
+    pub fn random() -> Result<Self> {
+        Ok(Secret(hex(&random_bytes::<32>()?).into_bytes()))
+    }
+
+    /// The secret's text, to hand to child processes through the environment.
+    pub fn expose(&self) -> String {
+        String::from_utf8_lossy(&self.0).into_owned()
+    }
+
+    fn mac(&self, parts: &[&[u8]]) -> [u8; MAC] {
+        // HMAC takes keys of any length.
+        let mut m = <HmacSha256 as Mac>::new_from_slice(&self.0).expect("HMAC accepts any key length");
+        for p in parts {
+            m.update(p);
+        }
+        m.finalize().into_bytes().into()
+    }
+
+    fn verify(&self, parts: &[&[u8]], tag: &[u8]) -> bool {
+        let mut m = <HmacSha256 as Mac>::new_from_slice(&self.0).expect("HMAC accepts any key length");
+        for p in parts {
+            m.update(p);
+        }
+        m.verify_slice(tag).is_ok() // constant time
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Secret(<{} bytes, not shown>)", self.0.len())
+    }
+}
+
+fn rdzv_error(what: &str, message: impl Into<String>) -> Error {
+    Error::Device { what: format!("rendezvous: {what}"), message: message.into() }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn random_bytes<const N: usize>() -> Result<[u8; N]> {
+    let mut out = [0u8; N];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut out))
+        .map_err(|e| rdzv_error("random nonce", format!("cannot read /dev/urandom: {e}")))?;
+    Ok(out)
+}
+
+/// Writes one frame.
+fn send(stream: &mut TcpStream, body: &[u8]) -> std::io::Result<()> {
+    let mut frame = Vec::with_capacity(4 + body.len());
+    frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    frame.extend_from_slice(body);
+    stream.write_all(&frame)
+}
+
+/// Reads one frame of at most [`MAX_FRAME`] bytes that starts with [`MAGIC`]; returns the body
+/// after the magic. The stream's read timeout bounds each read.
+fn receive(stream: &mut TcpStream) -> std::result::Result<Vec<u8>, String> {
+    let mut len = [0u8; 4];
+    stream.read_exact(&mut len).map_err(|e| format!("no frame length: {e}"))?;
+    let len = u32::from_le_bytes(len) as usize;
+    if !(MAGIC.len()..=MAX_FRAME).contains(&len) {
+        return Err(format!("a frame of {len} bytes; expected {}..={MAX_FRAME}", MAGIC.len()));
+    }
+    let mut body = vec![0u8; len];
+    stream.read_exact(&mut body).map_err(|e| format!("frame cut short: {e}"))?;
+    if &body[..MAGIC.len()] != MAGIC {
+        return Err("not a pipetransformer rendezvous message (bad magic)".into());
+    }
+    body.drain(..MAGIC.len());
+    Ok(body)
+}
+
+fn with_magic(parts: &[&[u8]]) -> Vec<u8> {
+    let mut body = MAGIC.to_vec();
+    for p in parts {
+        body.extend_from_slice(p);
+    }
+    body
+}
+
+/// A member's answer to the challenge: its rank, the group size and its MAC.
+pub fn parse_hello(body: &[u8]) -> std::result::Result<(u32, u32, [u8; MAC]), String> {
+    if body.len() != 8 + MAC {
+        return Err(format!("a hello of {} bytes; expected {}", body.len(), 8 + MAC));
+    }
+    let rank = u32::from_le_bytes(body[0..4].try_into().map_err(|_| "rank")?);
+    let size = u32::from_le_bytes(body[4..8].try_into().map_err(|_| "size")?);
+    let mac = body[8..].try_into().map_err(|_| "mac")?;
+    Ok((rank, size, mac))
+}
+
+/// Meets the other `size − 1` members at `addr`: rank 0 binds it and sends `payload` (at most
+/// 4 KiB) to every member that proves it knows `secret`; the others connect (retrying until the
+/// deadline) and return what rank 0 sent. Everyone returns the same bytes, or an error once
+/// `timeout` has passed (naming the ranks still missing, on rank 0).
+pub fn meet(
+    addr: &str,
+    rank: usize,
+    size: usize,
+    secret: &Secret,
+    payload: Option<&[u8]>,
+    timeout: Duration,
+) -> Result<Vec<u8>> {
+    if size == 0 || rank >= size {
+        return Err(rdzv_error("rank", format!("{rank} of {size}; expected a rank below a group size of at least 1")));
+    }
+    let deadline = Instant::now() + timeout;
+    if rank == 0 {
+        let payload = payload.ok_or_else(|| rdzv_error("payload", "rank 0 needs the bytes to hand out"))?;
+        if payload.len() > 4096 {
+            return Err(rdzv_error("payload", format!("{} bytes; at most 4096", payload.len())));
+        }
+        host(addr, size, secret, payload, deadline, timeout)?;
+        Ok(payload.to_vec())
+    } else {
+        join(addr, rank, size, secret, deadline, timeout)
+    }
+}
+
+fn host(addr: &str, size: usize, secret: &Secret, payload: &[u8], deadline: Instant, timeout: Duration) -> Result<()> {
+    let listener = TcpListener::bind(addr).map_err(|e| rdzv_error(&format!("bind {addr}"), e.to_string()))?;
+    listener.set_nonblocking(true).map_err(|e| rdzv_error("listener", e.to_string()))?;
+    let mut admitted = vec![false; size];
+    admitted[0] = true;
+    while admitted.iter().any(|a| !a) {
+        let (mut peer, from) = match listener.accept() {
+            Ok(p) => p,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    let missing: Vec<usize> = (0..size).filter(|&r| !admitted[r]).collect();
+                    return Err(rdzv_error(
+                        &format!("at {addr}"),
+                        format!("ranks {missing:?} did not join within {timeout:?}"),
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+            Err(e) => return Err(rdzv_error("accept", e.to_string())),
+        };
+        // A stranger's connection costs at most two message timeouts, and never the run.
+        match admit(&mut peer, size, secret, payload, &admitted) {
+            Ok(r) => admitted[r] = true,
+            Err(why) => eprintln!("rendezvous at {addr}: refused a connection from {from}: {why}"),
+        }
+    }
+    Ok(())
+}
+
+/// One connection's handshake on rank 0; returns the admitted rank.
+fn admit(
+    peer: &mut TcpStream,
+    size: usize,
+    secret: &Secret,
+    payload: &[u8],
+    admitted: &[bool],
+) -> std::result::Result<usize, String> {
+    let io = |e: std::io::Error| e.to_string();
+    peer.set_nonblocking(false).map_err(io)?;
+    peer.set_read_timeout(Some(MESSAGE_TIMEOUT)).map_err(io)?;
+    peer.set_write_timeout(Some(MESSAGE_TIMEOUT)).map_err(io)?;
+    let nonce = random_bytes::<NONCE>().map_err(|e| e.to_string())?;
+    send(peer, &with_magic(&[&nonce])).map_err(io)?;
+    let (rank, claimed, mac) = parse_hello(&receive(peer)?)?;
+    let (r, s) = (rank.to_le_bytes(), claimed.to_le_bytes());
+    if !secret.verify(&[b"hello", &nonce, &r, &s], &mac) {
+        return Err("wrong secret (the MAC does not verify)".into());
+    }
+    let rank = rank as usize;
+    if claimed as usize != size || rank == 0 || rank >= size {
+        return Err(format!("claims rank {rank} of {claimed}; this group has ranks 1..{size} to admit"));
+    }
+    if admitted[rank] {
+        return Err(format!("rank {rank} has already joined"));
+    }
+    let tag = secret.mac(&[b"welcome", &nonce, payload]);
+    send(peer, &with_magic(&[&tag, payload])).map_err(io)?;
+    Ok(rank)
+}
+
+fn join(
+    addr: &str,
+    rank: usize,
+    size: usize,
+    secret: &Secret,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<Vec<u8>> {
+    let target = addr
+        .to_socket_addrs()
+        .map_err(|e| rdzv_error(&format!("resolve {addr}"), e.to_string()))?
+        .next()
+        .ok_or_else(|| rdzv_error(&format!("resolve {addr}"), "no address"))?;
+    let mut last = String::from("never tried");
+    while Instant::now() < deadline {
+        match TcpStream::connect_timeout(&target, Duration::from_millis(500)) {
+            Ok(mut s) => match handshake(&mut s, rank, size, secret) {
+                Ok(payload) => return Ok(payload),
+                // Rank 0 refused us (or is an impostor): a wrong secret will not get better.
+                Err(why) => return Err(rdzv_error(&format!("at {addr}"), why)),
+            },
+            Err(e) => last = e.to_string(),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Err(rdzv_error(&format!("at {addr}"), format!("could not connect to rank 0 within {timeout:?} ({last})")))
+}
+
+fn handshake(s: &mut TcpStream, rank: usize, size: usize, secret: &Secret) -> std::result::Result<Vec<u8>, String> {
+    let io = |e: std::io::Error| e.to_string();
+    s.set_read_timeout(Some(MESSAGE_TIMEOUT)).map_err(io)?;
+    s.set_write_timeout(Some(MESSAGE_TIMEOUT)).map_err(io)?;
+    let nonce = receive(s)?;
+    if nonce.len() != NONCE {
+        return Err(format!("a challenge of {} bytes; expected {NONCE}", nonce.len()));
+    }
+    let (r, z) = ((rank as u32).to_le_bytes(), (size as u32).to_le_bytes());
+    let mac = secret.mac(&[b"hello", &nonce, &r, &z]);
+    send(s, &with_magic(&[&r, &z, &mac])).map_err(io)?;
+    let welcome = receive(s).map_err(|e| format!("rank 0 closed the connection ({e}): a wrong secret or rank?"))?;
+    if welcome.len() < MAC {
+        return Err(format!("a welcome of {} bytes; expected at least {MAC}", welcome.len()));
+    }
+    let (tag, payload) = welcome.split_at(MAC);
+    if !secret.verify(&[b"welcome", &nonce, payload], tag) {
+        return Err("the peer at this address does not know the run's secret".into());
+    }
+    Ok(payload.to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn free_addr() -> String {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        format!("127.0.0.1:{port}")
+    }
+
+    #[test]
+    fn every_member_gets_rank_zeros_payload() {
+        let (addr, secret) = (free_addr(), Secret::new("s3cret").unwrap());
+        let got: Vec<Vec<u8>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4)
+                .map(|rank| {
+                    let (addr, secret) = (&addr, &secret);
+                    s.spawn(move || {
+                        let payload = (rank == 0).then_some(&[7u8; 128][..]);
+                        meet(addr, rank, 4, secret, payload, Duration::from_secs(20)).unwrap()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(got.iter().all(|g| g == &[7u8; 128]));
+    }
+
+    #[test]
+    fn strangers_are_refused_and_do_not_stop_the_members() {
+        let (addr, secret) = (free_addr(), Secret::new("k3y-A9").unwrap());
+        std::thread::scope(|s| {
+            let host = s.spawn(|| meet(&addr, 0, 2, &secret, Some(b"id"), Duration::from_secs(20)));
+            // A member with the wrong secret is refused, and told so.
+            let wrong = Secret::new("k3y-B7").unwrap();
+            let e = loop {
+                match meet(&addr, 1, 2, &wrong, None, Duration::from_secs(5)) {
+                    Err(e) if e.to_string().contains("could not connect") => continue,
+                    other => break other.unwrap_err().to_string(),
+                }
+            };
+            assert!(e.contains("closed the connection"), "{e}");
+            assert!(!e.contains("k3y-"), "the secret never shows: {e}");
+            // Garbage, an oversized frame and a silent connection are each dropped.
+            for junk in [&b"GET / HTTP/1.1\r\n\r\n"[..], &u32::MAX.to_le_bytes()[..], &[]] {
+                let mut c = TcpStream::connect(&addr).unwrap();
+                c.write_all(junk).unwrap();
+                let mut sink = Vec::new();
+                c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let _ = c.read_to_end(&mut sink); // rank 0 hangs up
+            }
+            // A right hello with a claimed size that does not match is refused as well.
+            let e = meet(&addr, 1, 3, &secret, None, Duration::from_secs(5)).unwrap_err().to_string();
+            assert!(e.contains("closed the connection"), "{e}");
+            // The real member still gets in.
+            assert_eq!(meet(&addr, 1, 2, &secret, None, Duration::from_secs(10)).unwrap(), b"id");
+            host.join().unwrap().unwrap();
+        });
+    }
+
+    #[test]
+    fn a_missing_member_is_a_timeout_naming_it_and_a_missing_host_too() {
+        let (addr, secret) = (free_addr(), Secret::new("x").unwrap());
+        let e = meet(&addr, 0, 3, &secret, Some(b"id"), Duration::from_millis(300)).unwrap_err().to_string();
+        assert!(e.contains("ranks [1, 2] did not join"), "{e}");
+        let e = meet(&free_addr(), 1, 2, &secret, None, Duration::from_millis(300)).unwrap_err().to_string();
+        assert!(e.contains("could not connect to rank 0"), "{e}");
+    }
+
+    #[test]
+    fn bad_requests_and_secrets_are_refused_before_any_network() {
+        assert!(Secret::new("").unwrap_err().to_string().contains("PT_RDZV_TOKEN"));
+        let s = Secret::random().unwrap();
+        assert_eq!(s.expose().len(), 64);
+        assert!(!format!("{s:?}").contains(&s.expose()), "Debug hides the secret");
+        assert!(meet("127.0.0.1:1", 2, 2, &s, None, Duration::ZERO).is_err());
+        assert!(meet("127.0.0.1:1", 0, 2, &s, None, Duration::ZERO).unwrap_err().to_string().contains("payload"));
+        assert!(parse_hello(&[0; 5]).is_err());
+        assert_eq!(
+            parse_hello(&[1, 0, 0, 0, 2, 0, 0, 0].iter().chain(&[9; 32]).copied().collect::<Vec<_>>()).unwrap().0,
+            1
+        );
+    }
+}
