@@ -11,6 +11,7 @@ use pipetransformer::model::{Batch, GptConfig, HostBatch, Model, ModelConfig, Po
 use pipetransformer::optim::{Optimizer, OptimizerConfig, train_step};
 use pipetransformer::pipeline::partition::UnitProfile;
 use pipetransformer::pipeline::{Fault, Pipeline, PipelineConfig, ScheduleKind};
+use std::sync::Arc;
 
 const STEPS: u64 = 3;
 const LR: f64 = 1e-2;
@@ -358,4 +359,109 @@ fn pipelined_evaluation_gives_each_batch_what_one_device_gives_it() {
         assert!(err.unwrap_err().to_string().contains("unreadable"), "K={k}");
         assert_eq!(seen, 2, "K={k}");
     }
+}
+
+/// `size` members of one process group meeting on loopback, one per thread.
+fn process_group(size: usize) -> Vec<Arc<pipetransformer::comm::process_group::ProcessGroup>> {
+    use pipetransformer::comm::process_group::ProcessGroup;
+    use pipetransformer::comm::rendezvous::Secret;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (addr, secret) = (format!("127.0.0.1:{port}"), Secret::new("test").unwrap());
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..size)
+            .map(|r| {
+                let (addr, secret) = (&addr, &secret);
+                s.spawn(move || {
+                    Arc::new(ProcessGroup::join(addr, r, size, secret, std::time::Duration::from_secs(30)).unwrap())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn processes_train_like_one_device_with_loss_and_norm_at_every_step() {
+    use pipetransformer::train::BatchSource;
+    let config = gpt();
+    let data = common::Pool::new(&config, 24, 12, 5);
+    let batches: Vec<HostBatch> = (0..STEPS as usize).map(|i| data.train_batch(0, i % 2).unwrap()).collect();
+    let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+    let mut model = Model::new(&dev, &config, 7).unwrap();
+    let mut opt = Optimizer::new(adamw()).unwrap();
+    let want: Vec<(f64, f64)> = batches
+        .iter()
+        .enumerate()
+        .map(|(s, host)| {
+            let b = Batch::upload(&dev, model.spec(), host, true, 1000 + s as u64).unwrap();
+            let st = train_step(&dev, &mut model, &mut opt, &b, LR, Some(1.0)).unwrap();
+            (st.loss, st.grad_norm)
+        })
+        .collect();
+    let reference: Vec<(String, Vec<f64>)> =
+        model.params().iter().map(|p| (p.name.clone(), dev.download_f64(&p.value).unwrap())).collect();
+    // (processes, K, R per process): 2 and 4 processes, pipelines and in-process replicas inside.
+    for (procs, k, r) in [(2, 1, 1), (2, 2, 1), (4, 1, 1), (2, 1, 2)] {
+        let group = process_group(procs);
+        let finals: Vec<Vec<(String, Vec<f64>)>> = std::thread::scope(|s| {
+            let handles: Vec<_> = group
+                .iter()
+                .map(|member| {
+                    let (batches, want, config) = (&batches, &want, &config);
+                    s.spawn(move || {
+                        let mut p = pipeline(config, cfg(k, r, 2, ScheduleKind::OneFOneB));
+                        p.set_process_group(Some(member.clone()));
+                        for (step, host) in batches.iter().enumerate() {
+                            let got = p.step(host, 1000 + step as u64, LR, Some(1.0)).unwrap();
+                            let (loss, norm) = want[step];
+                            let what = format!("{procs} processes K={k} R={r}, rank {} step {step}", member.rank());
+                            assert!((got.loss - loss).abs() <= 1e-5 * loss, "{what}: loss {} vs {loss}", got.loss);
+                            assert!(
+                                (got.grad_norm - norm).abs() <= 1e-5 * norm,
+                                "{what}: gradient norm {} vs {norm}",
+                                got.grad_norm
+                            );
+                        }
+                        p.parameters(0).unwrap()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for f in &finals {
+            assert_eq!(f, &finals[0], "{procs} processes hold bitwise the same weights");
+        }
+        let rel = params_rel(&finals[0], &reference);
+        assert!(rel <= 1e-5, "{procs} processes K={k} R={r}: weights differ from one device by {rel:e}");
+    }
+}
+
+#[test]
+fn a_process_that_dies_ends_the_others_with_its_rank_not_a_hang() {
+    let config = gpt();
+    let group = process_group(3);
+    let started = std::time::Instant::now();
+    let errors: Vec<Option<String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = group
+            .into_iter()
+            .map(|member| {
+                let config = &config;
+                s.spawn(move || {
+                    let rank = member.rank();
+                    let mut p = pipeline(config, cfg(1, 1, 1, ScheduleKind::OneFOneB));
+                    p.set_process_group(Some(member));
+                    if rank == 2 {
+                        return None; // dies before its first step: its connection closes
+                    }
+                    Some(p.step(&batch(config, 6, 0), 1, LR, Some(1.0)).unwrap_err().to_string())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let e0 = errors[0].as_deref().unwrap();
+    assert!(e0.contains("rank 2") && e0.contains("closed its connection"), "{e0}");
+    let e1 = errors[1].as_deref().unwrap();
+    assert!(e1.contains("rank 0") && e1.contains("closed its connection"), "{e1}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(25), "no one waited for the 30 s timeout");
 }

@@ -154,6 +154,28 @@ pub fn meet(
     payload: Option<&[u8]>,
     timeout: Duration,
 ) -> Result<Vec<u8>> {
+    Ok(gather(addr, rank, size, secret, payload, timeout)?.0)
+}
+
+/// The connections a meeting leaves open: rank 0 holds one to each member (index `rank − 1`),
+/// a member holds its one to rank 0. A [`ProcessGroup`](super::process_group::ProcessGroup)
+/// runs its collectives over them.
+pub enum Links {
+    /// Rank 0's connections to ranks `1..size`, in rank order.
+    Hub(Vec<TcpStream>),
+    /// A member's connection to rank 0.
+    Spoke(TcpStream),
+}
+
+/// [`meet`], keeping the admitted connections open.
+pub fn gather(
+    addr: &str,
+    rank: usize,
+    size: usize,
+    secret: &Secret,
+    payload: Option<&[u8]>,
+    timeout: Duration,
+) -> Result<(Vec<u8>, Links)> {
     if size == 0 || rank >= size {
         return Err(rdzv_error("rank", format!("{rank} of {size}; expected a rank below a group size of at least 1")));
     }
@@ -163,18 +185,27 @@ pub fn meet(
         if payload.len() > 4096 {
             return Err(rdzv_error("payload", format!("{} bytes; at most 4096", payload.len())));
         }
-        host(addr, size, secret, payload, deadline, timeout)?;
-        Ok(payload.to_vec())
+        let links = host(addr, size, secret, payload, deadline, timeout)?;
+        Ok((payload.to_vec(), Links::Hub(links)))
     } else {
-        join(addr, rank, size, secret, deadline, timeout)
+        let (payload, stream) = join(addr, rank, size, secret, deadline, timeout)?;
+        Ok((payload, Links::Spoke(stream)))
     }
 }
 
-fn host(addr: &str, size: usize, secret: &Secret, payload: &[u8], deadline: Instant, timeout: Duration) -> Result<()> {
+fn host(
+    addr: &str,
+    size: usize,
+    secret: &Secret,
+    payload: &[u8],
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<Vec<TcpStream>> {
     let listener = TcpListener::bind(addr).map_err(|e| rdzv_error(&format!("bind {addr}"), e.to_string()))?;
     listener.set_nonblocking(true).map_err(|e| rdzv_error("listener", e.to_string()))?;
     let mut admitted = vec![false; size];
     admitted[0] = true;
+    let mut links: Vec<Option<TcpStream>> = (0..size).map(|_| None).collect();
     while admitted.iter().any(|a| !a) {
         let (mut peer, from) = match listener.accept() {
             Ok(p) => p,
@@ -193,11 +224,14 @@ fn host(addr: &str, size: usize, secret: &Secret, payload: &[u8], deadline: Inst
         };
         // A stranger's connection costs at most two message timeouts, and never the run.
         match admit(&mut peer, size, secret, payload, &admitted) {
-            Ok(r) => admitted[r] = true,
+            Ok(r) => {
+                admitted[r] = true;
+                links[r] = Some(peer);
+            }
             Err(why) => eprintln!("rendezvous at {addr}: refused a connection from {from}: {why}"),
         }
     }
-    Ok(())
+    Ok(links.into_iter().skip(1).flatten().collect())
 }
 
 /// One connection's handshake on rank 0; returns the admitted rank.
@@ -238,7 +272,7 @@ fn join(
     secret: &Secret,
     deadline: Instant,
     timeout: Duration,
-) -> Result<Vec<u8>> {
+) -> Result<(Vec<u8>, TcpStream)> {
     let target = addr
         .to_socket_addrs()
         .map_err(|e| rdzv_error(&format!("resolve {addr}"), e.to_string()))?
@@ -248,7 +282,7 @@ fn join(
     while Instant::now() < deadline {
         match TcpStream::connect_timeout(&target, Duration::from_millis(500)) {
             Ok(mut s) => match handshake(&mut s, rank, size, secret) {
-                Ok(payload) => return Ok(payload),
+                Ok(payload) => return Ok((payload, s)),
                 // Rank 0 refused us (or is an impostor): a wrong secret will not get better.
                 Err(why) => return Err(rdzv_error(&format!("at {addr}"), why)),
             },

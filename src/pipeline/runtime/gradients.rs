@@ -3,12 +3,39 @@
 //! needs anyway), global-norm clipping through [`crate::optim::clip`].
 
 use super::Pipeline;
+use crate::comm::process_group::ProcessGroup;
 use crate::device::Device;
 use crate::error::Result;
 use crate::model::Unit;
 use crate::optim::{clip_coefficient, grad_sum_squares, scale_grads};
 
 impl<D: Device> Pipeline<D> {
+    /// Sums every trainable gradient with the other processes of `group`, in one message: the
+    /// replicas of this process already hold the same (in-process) sum, so replica 0's is
+    /// sent and the group's sum is written to every replica.
+    pub(super) fn all_reduce_across_processes(&mut self, group: &ProcessGroup) -> Result<()> {
+        let mut flat = Vec::new();
+        for (s, units) in self.stages[0].iter().enumerate() {
+            let dev = &self.devices[self.plan.device(0, s)];
+            for g in units.iter().flat_map(Unit::params).filter_map(|p| p.grad.as_ref()) {
+                flat.extend(dev.download(g)?);
+            }
+        }
+        group.all_reduce_sum_f32(&mut flat)?;
+        for (r, replica) in self.stages.iter_mut().enumerate() {
+            let mut at = 0;
+            for (s, units) in replica.iter_mut().enumerate() {
+                let dev = &self.devices[self.plan.device(r, s)];
+                for g in units.iter_mut().flat_map(Unit::params_mut).filter_map(|p| p.grad.as_mut()) {
+                    let n = D::len(g);
+                    *g = dev.upload(&flat[at..at + n])?;
+                    at += n;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Sums the gradients of the two tied copies (GPT's token embedding on the first stage,
     /// its LM-head copy on the last) into both, per replica, as `Model::sync_tied_grads` does.
     pub(super) fn sync_tied_grads(&mut self) -> Result<()> {

@@ -27,6 +27,7 @@ pub use worker::Fault;
 use super::partition::UnitProfile;
 use super::plan::{PipelineConfig, Plan};
 use super::trace::StepTrace;
+use crate::comm::process_group::ProcessGroup;
 use crate::comm::{Communicator, RingCommunicator, ring_group};
 use crate::device::Device;
 use crate::error::{Result, config_error, data_error, internal};
@@ -98,6 +99,9 @@ pub struct Pipeline<D: Device> {
     /// the other replicas at `d`, when the caller supplied communicators (NCCL for GPUs); `None`
     /// means the in-process host ring, run by a thread beside each worker.
     communicators: Option<Vec<Vec<Arc<dyn Communicator<D>>>>>,
+    /// The processes this pipeline trains with (`pipetransformer launch`): each runs its shard
+    /// of every global batch, and they sum gradients and losses after the backward.
+    process_group: Option<Arc<ProcessGroup>>,
 }
 
 /// Unit names for plans (`embeddings#0`, `attention#1`, ...).
@@ -130,6 +134,7 @@ impl<D: Device> Pipeline<D> {
             optimizer_config: optimizer,
             fault: None,
             communicators: None,
+            process_group: None,
         };
         p.place(owned)?;
         p.optimizers = p.fresh_optimizers()?;
@@ -206,6 +211,20 @@ impl<D: Device> Pipeline<D> {
         }
     }
 
+    /// Trains as one process of `group` from now on (`None`: alone): each step runs this
+    /// process's shard of the global batch (shard `rank` of `size`, cut as
+    /// [`HostBatch::split`] cuts, so every sample keeps its dropout mask) and sums gradients and
+    /// loss with the other processes before clipping and the optimizer. The activation cache
+    /// is not available then (a process captures only its shard).
+    pub fn set_process_group(&mut self, group: Option<Arc<ProcessGroup>>) {
+        self.process_group = group;
+    }
+
+    /// The process group, if this pipeline trains with other processes.
+    pub fn process_group(&self) -> Option<&ProcessGroup> {
+        self.process_group.as_deref()
+    }
+
     /// Injects (or clears) a fault for the next steps.
     pub fn set_fault(&mut self, fault: Option<Fault>) {
         self.fault = fault;
@@ -229,6 +248,24 @@ impl<D: Device> Pipeline<D> {
     /// their unit, which must not be above the first trainable one. A batch too short for the
     /// plan's micro-batches (an epoch's last) runs with fewer, on the same stages.
     pub fn step_with(&mut self, host: &HostBatch, options: &StepOptions) -> Result<PipelineStep> {
+        let Some(group) = self.process_group.clone() else {
+            return self.step_shard(host, host.target_count(), options);
+        };
+        if options.capture_frozen_output {
+            return Err(config_error("cache", "a multi-process run cannot fill the activation cache"));
+        }
+        if host.batch < group.size() {
+            return Err(config_error(
+                "processes",
+                format!("a batch of {} samples cannot feed {} processes", host.batch, group.size()),
+            ));
+        }
+        let shard = host.split(group.size())?.swap_remove(group.rank());
+        self.step_shard(&shard, host.target_count(), options)
+    }
+
+    /// A step on `host` (this process's shard of a global batch of `count` targets).
+    fn step_shard(&mut self, host: &HostBatch, count: usize, options: &StepOptions) -> Result<PipelineStep> {
         let PipelineConfig { replicas: r_count, micro_batches: m, .. } = self.plan.config;
         if host.batch < r_count {
             return Err(config_error(
@@ -239,7 +276,7 @@ impl<D: Device> Pipeline<D> {
         if host.batch < m * r_count {
             let short = self.plan.with_micro_batches(host.batch / r_count)?;
             let plan = std::mem::replace(&mut self.plan, short);
-            let out = self.step_with(host, options);
+            let out = self.step_shard(host, count, options);
             self.plan = plan;
             return out;
         }
@@ -267,7 +304,6 @@ impl<D: Device> Pipeline<D> {
                     .collect::<Result<Vec<_>>>()
             })
             .collect::<Result<_>>()?;
-        let count = host.target_count();
         let grad_scale = if count == 0 { 0.0 } else { 1.0 / count as f64 };
         for (r, replica) in self.stages.iter_mut().enumerate() {
             for (s, units) in replica.iter_mut().enumerate() {
@@ -336,7 +372,7 @@ impl<D: Device> Pipeline<D> {
             .into_iter()
             .collect::<Option<_>>()
             .ok_or_else(|| internal("pipeline", "a worker ended without a result"))?;
-        let loss_sum: f64 = outputs.iter().map(|o| o.loss_sum).sum();
+        let mut loss_sum: f64 = outputs.iter().map(|o| o.loss_sum).sum();
         let frozen_output = if options.capture_frozen_output && first_trainable > 0 {
             Some(self.assemble_capture(&outputs, m, first_trainable)?)
         } else {
@@ -345,6 +381,12 @@ impl<D: Device> Pipeline<D> {
         let peak_activations = outputs.iter().map(|o| o.peak_activations).collect();
         let mut trace = StepTrace { per_device: outputs.into_iter().map(|o| o.spans).collect(), makespan: 0.0 };
 
+        if let Some(group) = self.process_group.clone() {
+            let mut sum = [loss_sum];
+            group.all_reduce_sum_f64(&mut sum)?;
+            loss_sum = sum[0];
+            self.all_reduce_across_processes(&group)?;
+        }
         // The end of a one-device step: tied copies, global norm, clipping, optimizers.
         self.sync_tied_grads()?;
         let unit_grad_sq = self.unit_grad_sq()?;
