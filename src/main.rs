@@ -366,6 +366,32 @@ enum Command {
         #[command(flatten)]
         device: DeviceArgs,
     },
+    /// Run a command (e.g. `train ...`) as several processes that train one model together,
+    /// one per device, with torchrun's conventions: each gets RANK, LOCAL_RANK, WORLD_SIZE,
+    /// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and the run's secret PT_RDZV_TOKEN, trains
+    /// its shard of every global batch and sums gradients with the others; rank 0 writes the
+    /// files. The first process to fail ends the launch with its rank.
+    Launch {
+        /// Processes on this node (one per GPU, or cpu processes sharing the cores).
+        #[arg(long, default_value_t = 1)]
+        nproc_per_node: usize,
+        /// Nodes taking part (each runs `launch` with its --node-rank).
+        #[arg(long, default_value_t = 1)]
+        nnodes: usize,
+        /// This node's index, 0..nnodes.
+        #[arg(long, default_value_t = 0)]
+        node_rank: usize,
+        /// Where rank 0 listens and the others connect: HOST:PORT (loopback by default).
+        #[arg(long, default_value = "127.0.0.1:29500")]
+        rdzv: String,
+        /// The run's shared secret (never printed); default PT_RDZV_TOKEN, else a random one
+        /// (single node only).
+        #[arg(long)]
+        rdzv_token: Option<String>,
+        /// The command each process runs: `-- train --config ...`.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
     /// Compile every CUDA kernel with NVRTC for sm_80 and sm_90 and print what `ptxas -v`
     /// reports (registers, shared memory, stack, spills); fails if any kernel spills.
     Kernels {
@@ -385,10 +411,19 @@ fn main() -> Result<()> {
             }
             set.extend(progress_every.map(|s| format!("output.progress_every={s:?}")));
             let config = load_config(&config, &set)?;
-            let run = TrainRun { resume, fresh, trace: trace.as_deref() };
+            let process = pipetransformer::run::ProcessEnv::from_env()?;
             let (_, count) = config.pipeline.resolve()?;
-            let threads = config.output.threads;
-            match pipetransformer::run::open_devices(device.device, count, threads, device.precision())? {
+            // A launched process takes its share of the node: its own GPUs, its cores.
+            let (first, threads) = match &process {
+                Some(p) if config.output.threads == 0 => {
+                    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                    (p.local_rank() * count, (cores / p.local_world).max(1))
+                }
+                Some(p) => (p.local_rank() * count, config.output.threads),
+                None => (0, config.output.threads),
+            };
+            let run = TrainRun { resume, fresh, trace: trace.as_deref(), process };
+            match pipetransformer::run::open_devices_at(device.device, first, count, threads, device.precision())? {
                 AnyDevices::Cpu(devs) => train(devs, config, &run),
                 AnyDevices::Gpu(devs) => train(devs, config, &run),
             }
@@ -443,6 +478,13 @@ fn main() -> Result<()> {
             }
             let python = python.or_else(|| std::env::var("PT_PYTHON").ok()).unwrap_or_else(|| "python3".into());
             bench_step(device, threads, &python, steps, warmup, batch, seq)
+        }
+        Command::Launch { nproc_per_node, nnodes, node_rank, rdzv, rdzv_token, command } => {
+            let token = rdzv_token.or_else(|| std::env::var("PT_RDZV_TOKEN").ok());
+            let grace = pipetransformer::run::launch::GRACE;
+            let options = pipetransformer::run::LaunchOptions { nproc_per_node, nnodes, node_rank, rdzv, token, grace };
+            let program = std::env::current_exe().context("finding this program to launch it")?;
+            Ok(pipetransformer::run::launch(&options, &program, &command)?)
         }
         Command::Kernels { update } => kernels(update.as_deref()),
     }
@@ -639,6 +681,8 @@ struct TrainRun<'a> {
     resume: bool,
     fresh: bool,
     trace: Option<&'a Path>,
+    /// Who this process is in a launched run.
+    process: Option<pipetransformer::run::ProcessEnv>,
 }
 
 /// Output format of `predict`.
@@ -766,12 +810,16 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
     let names: Vec<String> = devices.iter().map(Device::name).collect();
     println!("pipetransformer train: {} on {}", config.output.dir.display(), names.join(", "));
     let mut job = Job::new(devices, config).context("preparing the run")?;
+    if let Some(p) = &run.process {
+        let group = p.join().with_context(|| format!("joining the launched run at {} as rank {}", p.addr, p.rank))?;
+        job.join_process_group(group)?;
+    }
     let ckpt = job.checkpoint_path();
     if run.resume {
         job.resume().with_context(|| format!("resuming from {}", ckpt.display()))?;
         let p = job.trainer.position;
         println!("resumed at step {} (epoch {}, batch {})", p.step, p.epoch, p.batch);
-    } else if ckpt.exists() && !run.fresh {
+    } else if ckpt.exists() && !run.fresh && job.writes_files() {
         bail!(
             "{} already holds a checkpoint: pass --resume to continue that run or --fresh to start over",
             ckpt.display()

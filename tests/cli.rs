@@ -450,3 +450,96 @@ fn a_bad_progress_interval_is_refused() {
         assert!(!ok && out.contains("progress_every") && !out.contains("panicked"), "{bad}: {out}");
     }
 }
+
+/// A port nothing listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The exported weights of a run directory, by name.
+fn exported(dir: &Path) -> Vec<(String, Vec<f32>)> {
+    let file = pipetransformer::weights::load_safetensors(dir.join("model/model.safetensors")).unwrap();
+    file.tensors().iter().map(|t| (t.name.clone(), file.read_f32(t).unwrap())).collect()
+}
+
+/// `launch` with 2 and 4 processes on loopback trains the model one process trains (1e-5),
+/// and only rank 0 writes the run's files.
+#[test]
+fn launched_processes_train_the_weights_one_process_trains() {
+    if !have_digits() {
+        return;
+    }
+    let train = |dir: &Path| {
+        let out = format!("output.dir={}", dir.display());
+        let args = ["train", "--config", "configs/vit-digits.toml", "--fresh", "--progress-every", "0"];
+        let small = ["--set", "train.max_steps=4", "--set", "train.epochs=1", "--set", "data.test_limit=32"];
+        let mut v: Vec<String> = args.iter().chain(&small).map(|s| s.to_string()).collect();
+        v.extend(["--set".to_string(), out]);
+        v
+    };
+    let one = scratch("launch-1");
+    let (ok, out) = pipetransformer(&train(&one).iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(ok, "{out}");
+    let want = exported(&one);
+    for procs in [2, 4] {
+        let port = free_port();
+        let dir = scratch(&format!("launch-{procs}"));
+        let (n, rdzv) = (procs.to_string(), format!("127.0.0.1:{port}"));
+        let mut args = vec!["launch", "--nproc-per-node", &n, "--rdzv", &rdzv, "--"];
+        let rest = train(&dir);
+        args.extend(rest.iter().map(String::as_str));
+        let (ok, out) = pipetransformer(&args);
+        assert!(ok, "{procs} processes: {out}");
+        assert!(out.contains(&format!("a TCP star across {procs} processes")), "{out}");
+        let got = exported(&dir);
+        let (mut num, mut den) = (0.0f64, 0.0f64);
+        for ((a, x), (b, y)) in got.iter().zip(&want) {
+            assert_eq!(a, b);
+            num += x.iter().zip(y).map(|(p, q)| f64::from(p - q).powi(2)).sum::<f64>();
+            den += y.iter().map(|q| f64::from(*q).powi(2)).sum::<f64>();
+        }
+        let rel = (num / den).sqrt();
+        assert!(rel <= 1e-5, "{procs} processes: weights differ from one process by {rel:e}");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 5, "one set of files, from rank 0");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+    std::fs::remove_dir_all(&one).unwrap();
+}
+
+/// Killing one process of a launched run ends the other with an error naming it, well within
+/// the collective timeout.
+#[test]
+fn killing_one_process_ends_the_other_with_its_rank() {
+    if !have_digits() {
+        return;
+    }
+    let dir = scratch("launch-kill");
+    let out = format!("output.dir={}", dir.display());
+    let port = free_port().to_string();
+    let spawn = |rank: usize| {
+        Command::new(env!("CARGO_BIN_EXE_pipetransformer"))
+            .args(["train", "--config", "configs/vit-digits.toml", "--fresh", "--progress-every", "0"])
+            .args(["--set", "train.epochs=1000", "--set", &out])
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", "2")
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", &port)
+            .env("PT_RDZV_TOKEN", "kill-test")
+            .env("PT_COLLECTIVE_TIMEOUT", "60")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (rank0, mut rank1) = (spawn(0), spawn(1));
+    std::thread::sleep(std::time::Duration::from_secs(8)); // both are training by now
+    rank1.kill().unwrap();
+    let _ = rank1.wait();
+    let killed = std::time::Instant::now();
+    let result = rank0.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&result.stderr).to_string() + &String::from_utf8_lossy(&result.stdout);
+    assert!(!result.status.success(), "{text}");
+    assert!(text.contains("rank 1") && text.contains("closed its connection"), "{text}");
+    assert!(killed.elapsed() < std::time::Duration::from_secs(30), "ended {:?} after the kill", killed.elapsed());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

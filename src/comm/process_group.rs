@@ -231,10 +231,8 @@ mod tests {
         let mut g = group(3, Duration::from_secs(10));
         drop(g.pop()); // rank 2 ends
         let errors: Vec<String> = std::thread::scope(|s| {
-            let handles: Vec<_> = g
-                .iter()
-                .map(|m| s.spawn(move || m.all_reduce_sum_f32(&mut [1.0]).unwrap_err().to_string()))
-                .collect();
+            let handles: Vec<_> =
+                g.iter().map(|m| s.spawn(move || m.all_reduce_sum_f32(&mut [1.0]).unwrap_err().to_string())).collect();
             let errors: Vec<String> = handles.into_iter().map(|h| h.join().unwrap()).collect();
             errors
         });

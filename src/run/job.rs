@@ -266,6 +266,36 @@ pub struct Job<D: Device> {
 }
 
 impl<D: Device> Job<D> {
+    /// Trains as one process of `group` (`pipetransformer launch`): this process runs its shard
+    /// of every global batch and only rank 0 writes the run's files. AutoDP and the activation
+    /// cache work within one process, so a launched run must switch them off.
+    pub fn join_process_group(&mut self, group: crate::comm::process_group::ProcessGroup) -> Result<()> {
+        let e = &self.config.elastic;
+        for (on, key) in [(e.auto_dp, "elastic.auto_dp"), (e.cache, "elastic.cache")] {
+            if on {
+                return Err(Error::Config {
+                    field: key.into(),
+                    message: "works within one process; a launched run needs it off (--set {key}=false)"
+                        .replace("{key}", key),
+                });
+            }
+        }
+        self.communicator = if self.trainer.pipeline.replicas() > 1 {
+            format!("{} within each process, a TCP star across {} processes", self.communicator, group.size())
+        } else {
+            format!("a TCP star across {} processes", group.size())
+        };
+        self.trainer.pipeline.set_process_group(Some(std::sync::Arc::new(group)));
+        Ok(())
+    }
+
+    /// Whether this process writes the run's files (not a launched run's ranks above 0).
+    pub fn writes_files(&self) -> bool {
+        self.trainer.pipeline.process_group().is_none_or(|g| g.rank() == 0)
+    }
+}
+
+impl<D: Device> Job<D> {
     /// Builds the whole run from `config` on `devices` (as many as
     /// [`PipelineSection::resolve`](super::config::PipelineSection::resolve) asks for): the
     /// data, the model (pretrained or new) on the first device, the units' costs, the plan,
@@ -359,13 +389,22 @@ impl<D: Device> Job<D> {
     /// `summary.json`, `report.html` and the exported model to `output.dir/model/`.
     pub fn run(&mut self, on_event: &mut dyn FnMut(&Event)) -> Result<Summary> {
         let out = self.config.output.dir.clone();
-        std::fs::create_dir_all(&out).map_err(|e| io_error(&out, e))?;
+        if self.writes_files() {
+            std::fs::create_dir_all(&out).map_err(|e| io_error(&out, e))?;
+        }
         let metrics_path = self.metrics_path();
-        let mut metrics = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&metrics_path)
-            .map_err(|e| io_error(&metrics_path, e))?;
+        let writes = self.writes_files();
+        let mut metrics: Box<dyn Write> = if writes {
+            Box::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&metrics_path)
+                    .map_err(|e| io_error(&metrics_path, e))?,
+            )
+        } else {
+            Box::new(std::io::sink())
+        };
         let every = self.config.output.checkpoint_every;
         let start = Instant::now();
         let (mut samples, mut last_eval) = (0usize, None);
@@ -396,8 +435,10 @@ impl<D: Device> Job<D> {
                 if let Some(err) = write_error.take() {
                     return Err(io_error(&metrics_path, err));
                 }
-                self.trainer.save_checkpoint(&self.checkpoint_path(), self.elastic.state())?;
-                self.export()?;
+                if writes {
+                    self.trainer.save_checkpoint(&self.checkpoint_path(), self.elastic.state())?;
+                    self.export()?;
+                }
             }
         }
         let seconds = start.elapsed().as_secs_f64();
@@ -417,10 +458,12 @@ impl<D: Device> Job<D> {
             final_plan: (p.pipeline_len, p.replicas, p.micro_batches),
             unigram_baseline_loss: self.unigram_baseline()?,
         };
-        let json = serde_json::to_vec_pretty(&summary).map_err(|e| internal("summary", e.to_string()))?;
-        files::write_atomic(&out.join("summary.json"), |w| w.write_all(&json))?;
-        self.export()?;
-        super::report::write_report(&metrics_path, &out.join("report.html"), &self.config)?;
+        if writes {
+            let json = serde_json::to_vec_pretty(&summary).map_err(|e| internal("summary", e.to_string()))?;
+            files::write_atomic(&out.join("summary.json"), |w| w.write_all(&json))?;
+            self.export()?;
+            super::report::write_report(&metrics_path, &out.join("report.html"), &self.config)?;
+        }
         Ok(summary)
     }
 

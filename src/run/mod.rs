@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod job;
+pub mod launch;
 pub mod predict;
 pub mod progress;
 pub mod report;
@@ -10,6 +11,7 @@ pub mod source;
 
 pub use config::{DataSection, DatasetName, ModelSection, OutputSection, PipelineSection, RunConfig};
 pub use job::{DataInfo, Job, Summary, build_model, prepare_data, unigram_loss};
+pub use launch::{LaunchOptions, ProcessEnv, launch};
 pub use predict::{ClassPrediction, Predictor, Sampling};
 pub use progress::ProgressLines;
 pub use source::{SampleSource, subset};
@@ -20,7 +22,26 @@ use crate::device::{AnyDevices, DeviceKind, Precision};
 /// the machine's cores (`threads` in all; 0: every core), so the devices together use the
 /// machine once.
 pub fn open_devices(kind: DeviceKind, count: usize, threads: usize, precision: Precision) -> crate::Result<AnyDevices> {
+    open_devices_at(kind, 0, count, threads, precision)
+}
+
+/// [`open_devices`] from device number `first` on (a launched process's own GPUs).
+pub fn open_devices_at(
+    kind: DeviceKind,
+    first: usize,
+    count: usize,
+    threads: usize,
+    precision: Precision,
+) -> crate::Result<AnyDevices> {
     let cores = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
     let per_device = (cores / count.max(1)).max(1);
-    AnyDevices::open(kind, count.max(1), per_device, precision)
+    let mut cpus = Vec::new();
+    let mut gpus = Vec::new();
+    for i in first..first + count.max(1) {
+        match crate::device::AnyDevice::open(kind, i, per_device, precision)? {
+            crate::device::AnyDevice::Cpu(d) => cpus.push(d),
+            crate::device::AnyDevice::Gpu(d) => gpus.push(d),
+        }
+    }
+    Ok(if gpus.is_empty() { AnyDevices::Cpu(cpus) } else { AnyDevices::Gpu(gpus) })
 }

@@ -1,0 +1,304 @@
+//! `pipetransformer launch`: one training process per device, on one node or several, with
+//! `torchrun`'s conventions. The launcher starts `--nproc-per-node` copies of this program,
+//! each told who it is through the environment torchrun sets (`RANK`, `LOCAL_RANK`,
+//! `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`) plus the run's secret
+//! (`PT_RDZV_TOKEN`); each process finds the others at the rendezvous, trains its shard of
+//! every global batch ([`ProcessGroup`]), and only rank 0 writes the run's files. The launcher
+//! watches its children: the first to fail ends the launch with its rank and status, and the
+//! rest, whose collectives fail as soon as a peer's connection closes, are stopped if they
+//! have not ended by themselves within [`GRACE`].
+
+use crate::comm::process_group::{COLLECTIVE_TIMEOUT, ProcessGroup};
+use crate::comm::rendezvous::Secret;
+use crate::error::{Error, Result, config_error};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+/// How long the launcher lets the other processes end on their own after one failed.
+pub const GRACE: Duration = Duration::from_secs(20);
+
+/// What `launch` was asked.
+#[derive(Clone, Debug)]
+pub struct LaunchOptions {
+    /// Processes on this node (one per device).
+    pub nproc_per_node: usize,
+    /// Nodes in the run.
+    pub nnodes: usize,
+    /// This node's index.
+    pub node_rank: usize,
+    /// Where rank 0 listens: `HOST:PORT` (loopback by default).
+    pub rdzv: String,
+    /// The run's secret (`--rdzv-token` or `PT_RDZV_TOKEN`); a random one on a single node.
+    pub token: Option<String>,
+    /// How long the others may take to end after one failed ([`GRACE`] by default).
+    pub grace: Duration,
+}
+
+impl LaunchOptions {
+    fn validate(&self) -> Result<()> {
+        if self.nproc_per_node == 0 || self.nnodes == 0 {
+            return Err(config_error("launch", "--nproc-per-node and --nnodes must be at least 1"));
+        }
+        if self.node_rank >= self.nnodes {
+            return Err(config_error(
+                "--node-rank",
+                format!("is {}; expected below --nnodes {}", self.node_rank, self.nnodes),
+            ));
+        }
+        split_addr(&self.rdzv)?;
+        if self.nnodes > 1 && self.token.is_none() {
+            return Err(config_error(
+                "--rdzv-token",
+                "a run over several nodes needs a shared secret: pass --rdzv-token or set PT_RDZV_TOKEN on every node",
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn split_addr(addr: &str) -> Result<(&str, u16)> {
+    let bad = || config_error("--rdzv", format!("`{addr}`; expected HOST:PORT, e.g. 127.0.0.1:29500"));
+    let (host, port) = addr.rsplit_once(':').ok_or_else(bad)?;
+    let port = port.parse().map_err(|_| bad())?;
+    if host.is_empty() {
+        return Err(bad());
+    }
+    Ok((host, port))
+}
+
+/// Starts the node's processes running `program args` and waits for them. `Ok` when every
+/// one succeeded; else the first failure, by rank, with its exit status.
+pub fn launch(options: &LaunchOptions, program: &std::path::Path, args: &[String]) -> Result<()> {
+    options.validate()?;
+    let secret = match &options.token {
+        Some(t) => Secret::new(t.clone())?,
+        None => Secret::random()?,
+    };
+    let (host, port) = split_addr(&options.rdzv)?;
+    let world = options.nproc_per_node * options.nnodes;
+    let mut children: Vec<(usize, Child)> = Vec::new();
+    for local in 0..options.nproc_per_node {
+        let rank = options.node_rank * options.nproc_per_node + local;
+        let child = Command::new(program)
+            .args(args)
+            .env("RANK", rank.to_string())
+            .env("LOCAL_RANK", local.to_string())
+            .env("WORLD_SIZE", world.to_string())
+            .env("LOCAL_WORLD_SIZE", options.nproc_per_node.to_string())
+            .env("MASTER_ADDR", host)
+            .env("MASTER_PORT", port.to_string())
+            .env("PT_RDZV_TOKEN", secret.expose())
+            .spawn();
+        match child {
+            Ok(c) => children.push((rank, c)),
+            Err(e) => {
+                stop(&mut children);
+                return Err(Error::Io { path: program.display().to_string(), source: e });
+            }
+        }
+    }
+    watch(children, options.grace)
+}
+
+/// Waits for every child; after the first failure, gives the rest `grace` to end, then
+/// kills them.
+fn watch(mut children: Vec<(usize, Child)>, grace: Duration) -> Result<()> {
+    let mut failure: Option<(usize, String, Instant)> = None;
+    while !children.is_empty() {
+        let mut i = 0;
+        while i < children.len() {
+            match children[i].1.try_wait() {
+                Ok(Some(status)) => {
+                    let (rank, _) = children.swap_remove(i);
+                    if !status.success() && failure.is_none() {
+                        failure = Some((rank, status.to_string(), Instant::now()));
+                    }
+                }
+                Ok(None) => i += 1,
+                Err(e) => {
+                    let (rank, _) = children.swap_remove(i);
+                    failure.get_or_insert((rank, format!("cannot be watched: {e}"), Instant::now()));
+                }
+            }
+        }
+        if let Some((_, _, at)) = &failure
+            && at.elapsed() > grace
+        {
+            stop(&mut children);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    match failure {
+        None => Ok(()),
+        Some((rank, status, _)) => Err(Error::Device {
+            what: format!("launch: rank {rank}"),
+            message: format!("{status}; the other processes were ended (see rank {rank}'s error above)"),
+        }),
+    }
+}
+
+fn stop(children: &mut Vec<(usize, Child)>) {
+    for (_, c) in children.iter_mut() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    children.clear();
+}
+
+/// Who this process is in a launched run, read from the environment the launcher (or
+/// torchrun, or a cluster's own launcher) sets.
+#[derive(Clone, Debug)]
+pub struct ProcessEnv {
+    /// Global rank.
+    pub rank: usize,
+    /// Processes in the run.
+    pub world: usize,
+    /// Processes on this node.
+    pub local_world: usize,
+    /// Rank on this node.
+    local_rank: usize,
+    /// Rank 0's rendezvous address.
+    pub addr: String,
+    secret: Secret,
+}
+
+impl ProcessEnv {
+    /// The launch this process belongs to; `None` when `WORLD_SIZE` is unset or 1 (a run on
+    /// its own). Bad values are errors naming the variable.
+    pub fn from_env() -> Result<Option<Self>> {
+        Self::from_vars(|k| std::env::var(k).ok())
+    }
+
+    /// [`from_env`](Self::from_env) over any source of variables.
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Option<Self>> {
+        let number = |k: &str| -> Result<Option<usize>> {
+            var(k)
+                .map(|v| v.parse().map_err(|_| config_error(k, format!("`{v}`; expected a whole number"))))
+                .transpose()
+        };
+        let world = number("WORLD_SIZE")?.unwrap_or(1);
+        if world <= 1 {
+            return Ok(None);
+        }
+        let need = |k: &str| var(k).ok_or_else(|| config_error(k, "is not set; `pipetransformer launch` sets it"));
+        let rank = number("RANK")?.ok_or_else(|| config_error("RANK", "is not set"))?;
+        if rank >= world {
+            return Err(config_error("RANK", format!("is {rank}; expected below WORLD_SIZE {world}")));
+        }
+        let local_world = number("LOCAL_WORLD_SIZE")?.unwrap_or(world).max(1);
+        let local_rank = number("LOCAL_RANK")?.unwrap_or(rank % local_world);
+        let addr = format!("{}:{}", need("MASTER_ADDR")?, need("MASTER_PORT")?);
+        split_addr(&addr)?;
+        let secret = Secret::new(need("PT_RDZV_TOKEN")?)?;
+        Ok(Some(ProcessEnv { rank, world, local_world, local_rank, addr, secret }))
+    }
+
+    /// Rank on this node (which of the node's devices are this process's).
+    pub fn local_rank(&self) -> usize {
+        self.local_rank
+    }
+
+    /// Meets the other processes; collectives then wait `PT_COLLECTIVE_TIMEOUT` seconds (default
+    /// [`COLLECTIVE_TIMEOUT`]) for a peer.
+    pub fn join(&self) -> Result<ProcessGroup> {
+        let timeout = match std::env::var("PT_COLLECTIVE_TIMEOUT") {
+            Ok(v) => Duration::from_secs_f64(
+                v.parse::<f64>()
+                    .ok()
+                    .filter(|s| s.is_finite() && *s > 0.0)
+                    .ok_or_else(|| config_error("PT_COLLECTIVE_TIMEOUT", format!("`{v}`; expected seconds > 0")))?,
+            ),
+            Err(_) => COLLECTIVE_TIMEOUT,
+        };
+        ProcessGroup::join(&self.addr, self.rank, self.world, &self.secret, timeout)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_environment_is_read_strictly() {
+        let vars = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        };
+        assert!(ProcessEnv::from_vars(vars(&[])).unwrap().is_none());
+        assert!(ProcessEnv::from_vars(vars(&[("WORLD_SIZE", "1")])).unwrap().is_none());
+        let full = [
+            ("WORLD_SIZE", "4"),
+            ("RANK", "3"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "29500"),
+            ("PT_RDZV_TOKEN", "k"),
+        ];
+        let e = ProcessEnv::from_vars(vars(&[
+            ("WORLD_SIZE", "4"),
+            ("RANK", "3"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "29500"),
+            ("PT_RDZV_TOKEN", "k"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!((e.rank, e.world, e.local_world, e.addr.as_str()), (3, 4, 2, "127.0.0.1:29500"));
+        for (k, v, says) in [
+            ("WORLD_SIZE", "four", "whole number"),
+            ("RANK", "4", "below WORLD_SIZE"),
+            ("MASTER_PORT", "x", "HOST:PORT"),
+            ("PT_RDZV_TOKEN", "", "PT_RDZV_TOKEN"),
+        ] {
+            let changed: Vec<(&str, String)> =
+                full.iter().map(|&(n, w)| (n, if n == k { v.to_string() } else { w.to_string() })).collect();
+            let e = ProcessEnv::from_vars(|q| changed.iter().find(|(n, _)| *n == q).map(|(_, v)| v.clone()));
+            let e = e.unwrap_err().to_string();
+            assert!(e.contains(says), "{k}={v}: {e}");
+        }
+    }
+
+    #[test]
+    fn bad_launch_options_are_refused_before_anything_starts() {
+        let ok = LaunchOptions {
+            nproc_per_node: 2,
+            nnodes: 1,
+            node_rank: 0,
+            rdzv: "127.0.0.1:29500".into(),
+            token: None,
+            grace: GRACE,
+        };
+        assert!(ok.validate().is_ok());
+        for (bad, says) in [
+            (LaunchOptions { nproc_per_node: 0, ..ok.clone() }, "at least 1"),
+            (LaunchOptions { nnodes: 2, node_rank: 2, ..ok.clone() }, "--node-rank"),
+            (LaunchOptions { rdzv: "nowhere".into(), ..ok.clone() }, "HOST:PORT"),
+            (LaunchOptions { nnodes: 2, ..ok.clone() }, "--rdzv-token"),
+        ] {
+            let e = launch(&bad, std::path::Path::new("/bin/true"), &[]).unwrap_err().to_string();
+            assert!(e.contains(says), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_first_failing_process_ends_the_launch_with_its_rank() {
+        let opts = LaunchOptions {
+            nproc_per_node: 3,
+            nnodes: 1,
+            node_rank: 0,
+            rdzv: "127.0.0.1:29500".into(),
+            token: None,
+            grace: Duration::from_secs(1),
+        };
+        // Each child is a shell that fails when it is rank 1 and otherwise sleeps: the launch
+        // must not wait for the sleepers' 60 s beyond its grace.
+        let script = "if [ \"$RANK\" = 1 ]; then exit 3; fi; sleep 60".to_string();
+        let started = Instant::now();
+        let e = launch(&opts, std::path::Path::new("/bin/sh"), &["-c".into(), script]).unwrap_err().to_string();
+        assert!(e.contains("rank 1") && e.contains("3"), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(30), "the sleepers were stopped: {:?}", started.elapsed());
+        assert!(
+            launch(&opts, std::path::Path::new("/bin/sh"), &["-c".into(), "test -n \"$PT_RDZV_TOKEN\"".into()]).is_ok()
+        );
+    }
+}
