@@ -49,12 +49,7 @@ fn bubble(k: usize) {
                 .map(|i| {
                     let t = Instant::now();
                     let s = p.step(&host, 2 + i, 1e-4, None).unwrap();
-                    // The bubble of the pipelined part (the optimizer runs after it on every device).
-                    let mut trace = s.trace.clone();
-                    for spans in &mut trace.per_device {
-                        spans.retain(|sp| !matches!(sp.action, pipetransformer::pipeline::Action::OptimizerStep));
-                    }
-                    trace.makespan = trace.per_device.iter().flatten().map(|sp| sp.end).fold(0.0, f64::max);
+                    let trace = &s.trace;
                     (t.elapsed().as_secs_f64(), trace.bubble(), trace.mean_overhead())
                 })
                 .collect();

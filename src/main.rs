@@ -875,7 +875,14 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
             // epoch's end sets the bar right either way.
             bar.inc(1);
             let bubble = bubble
-                .map(|b| format!("  bubble {:.1}% (formula {:.1}%)", 100.0 * b.measured, 100.0 * b.formula))
+                .map(|b| {
+                    format!(
+                        "  bubble {:.1}% (formula {:.1}%), tail {:.0} ms",
+                        100.0 * b.measured,
+                        100.0 * b.formula,
+                        1e3 * b.tail_seconds
+                    )
+                })
                 .unwrap_or_default();
             bar.set_message(format!("step {step}  loss {loss:.4}  lr {lr:.2e}  {rate:.1} samples/s{bubble}"));
         }

@@ -10,7 +10,7 @@ use pipetransformer::device::{CpuDevice, Device, GpuDevice, Precision};
 use pipetransformer::model::{Batch, GptConfig, HostBatch, Model, ModelConfig, Pooling};
 use pipetransformer::optim::{Optimizer, OptimizerConfig, train_step};
 use pipetransformer::pipeline::partition::UnitProfile;
-use pipetransformer::pipeline::{Fault, Pipeline, PipelineConfig, ScheduleKind};
+use pipetransformer::pipeline::{Fault, Pipeline, PipelineConfig, Schedule, ScheduleKind};
 use std::sync::Arc;
 
 const STEPS: u64 = 3;
@@ -464,4 +464,31 @@ fn a_process_that_dies_ends_the_others_with_its_rank_not_a_hang() {
     let e1 = errors[1].as_deref().unwrap();
     assert!(e1.contains("rank 0") && e1.contains("closed its connection"), "{e1}");
     assert!(started.elapsed() < std::time::Duration::from_secs(25), "no one waited for the 30 s timeout");
+}
+
+/// Device work is timed by markers (CUDA events on a GPU; on the emulator, which runs each
+/// launch before returning, the host clock when the work is done). On emulated devices the
+/// spans they give are a well-formed time line: per device in schedule order, not
+/// overlapping, inside the step, with the optimizer's tail after the pipelined part.
+#[test]
+fn marker_timed_spans_form_a_time_line_on_emulated_devices() {
+    let config = gpt();
+    let host = batch(&config, 8, 0);
+    for schedule in [ScheduleKind::Gpipe, ScheduleKind::OneFOneB] {
+        let mut p = pipeline_on(&config, cfg(2, 1, 4, schedule), emus(2));
+        let t = p.step(&host, 3, LR, Some(1.0)).unwrap().trace;
+        for (g, spans) in t.per_device.iter().enumerate() {
+            let compute =
+                spans.iter().filter(|s| !matches!(s.action, pipetransformer::pipeline::Action::OptimizerStep));
+            let mut last = 0.0;
+            for s in compute {
+                assert!(s.start >= last - 1e-9 && s.end >= s.start, "{schedule} device {g}: {s:?} after {last}");
+                last = s.end;
+            }
+            assert!(last <= t.pipeline_end() + 1e-12 && t.pipeline_end() <= t.makespan);
+        }
+        let bubble = t.bubble();
+        assert!((0.0..1.0).contains(&bubble), "{schedule}: bubble {bubble}");
+        assert!(t.tail() > 0.0, "{schedule}: the optimizer runs after the pipelined part");
+    }
 }

@@ -229,4 +229,10 @@ impl Runtime for CudaRuntime {
         self.copy_stream.synchronize().map_err(driver_error("synchronize uploads"))?;
         self.stream.synchronize().map_err(driver_error("synchronize"))
     }
+    fn marker(&self) -> Result<crate::device::Marker> {
+        // Timing on (cudarc's default event disables it).
+        let flags = cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
+        let event = self.stream.record_event(Some(flags)).map_err(driver_error("record a timing event"))?;
+        Ok(crate::device::Marker::Event(std::sync::Arc::new(event)))
+    }
 }

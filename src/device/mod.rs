@@ -66,6 +66,11 @@ pub trait Device: Send + Sync + 'static {
     fn fill(&self, dst: &mut Self::Buf, value: f64) -> Result<()>;
     /// Waits until all queued work on this device is done.
     fn synchronize(&self) -> Result<()>;
+    /// A point in this device's work, for timing it ([`Marker`]). The default, the host clock,
+    /// is right for backends whose ops return when their work is done.
+    fn marker(&self) -> Result<Marker> {
+        Ok(Marker::Host(std::time::Instant::now()))
+    }
 
     // ---- ops: forward and backward side by side ------------------------------------------
     /// See [`crate::ops::linear::linear_forward`].
@@ -335,6 +340,35 @@ impl std::str::FromStr for DeviceKind {
     }
 }
 
+/// A point in a device's stream of work, to time what the device did rather than when the host
+/// queued it. Backends that finish each op before returning (cpu, the CUDA emulator) read the
+/// host clock; `cuda` records a CUDA event on its stream, which the GPU stamps when its work
+/// reaches it (a launch returns as soon as the kernel is queued, so the host clock would charge
+/// the GPU's time to whatever synchronises next).
+#[derive(Clone)]
+pub enum Marker {
+    /// The host clock when the point was reached.
+    Host(std::time::Instant),
+    /// A timing-enabled CUDA event recorded on the device's stream.
+    Event(std::sync::Arc<cudarc::driver::CudaEvent>),
+}
+
+impl Marker {
+    /// Seconds from `self` to `later`, once the device has reached `later` (waits for it).
+    pub fn seconds_to(&self, later: &Marker) -> Result<f64> {
+        match (self, later) {
+            (Marker::Host(a), Marker::Host(b)) => Ok(b.saturating_duration_since(*a).as_secs_f64()),
+            (Marker::Event(a), Marker::Event(b)) => a.elapsed_ms(b).map(|ms| f64::from(ms) / 1e3).map_err(|e| {
+                crate::error::Error::Device { what: "cuda event timing".into(), message: format!("{e:?}") }
+            }),
+            _ => Err(crate::error::Error::Device {
+                what: "device timing".into(),
+                message: "markers of different devices or backends cannot be compared".into(),
+            }),
+        }
+    }
+}
+
 /// A device of any backend, for programs that choose the backend at run time and then call one
 /// generic function per arm.
 pub enum AnyDevice {
@@ -382,5 +416,20 @@ impl AnyDevice {
                 Ok(AnyDevice::Gpu(GpuDevice::new(std::sync::Arc::new(rt), precision, true)))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_markers_measure_the_host_clock_and_mixed_markers_are_refused() {
+        let a = std::time::Instant::now();
+        let b = a + std::time::Duration::from_millis(250);
+        assert!((Marker::Host(a).seconds_to(&Marker::Host(b)).unwrap() - 0.25).abs() < 1e-9);
+        assert_eq!(Marker::Host(b).seconds_to(&Marker::Host(a)).unwrap(), 0.0, "never negative");
+        let cpu = CpuDevice::<f32>::new(0, 1).unwrap();
+        assert!(matches!(cpu.marker().unwrap(), Marker::Host(_)));
     }
 }

@@ -27,12 +27,25 @@ pub struct StepTrace {
 }
 
 impl StepTrace {
-    /// The fraction of the step the pipeline's devices spent not computing (forward or
-    /// backward), averaged over devices: the measured bubble, comparable with
-    /// [`Schedule::bubble_formula`](super::Schedule::bubble_formula) (which also counts
-    /// communication as idle).
+    /// When the pipelined part of the step ended: the last forward, backward or transfer on
+    /// any device. After it come the step's tail (tied gradients, clipping, the optimizers).
+    pub fn pipeline_end(&self) -> f64 {
+        self.per_device
+            .iter()
+            .flatten()
+            .filter(|s| !matches!(s.action, Action::OptimizerStep))
+            .map(|s| s.end)
+            .fold(0.0, f64::max)
+    }
+
+    /// The measured bubble, the one quantity every report uses: the fraction of the pipelined
+    /// part of the step (up to [`pipeline_end`](Self::pipeline_end)) that the devices spent not
+    /// computing a forward or backward, averaged over devices. Comparable with
+    /// [`Schedule::bubble_formula`](super::Schedule::bubble_formula), which counts transfers as
+    /// idle too and knows nothing of the tail ([`tail`](Self::tail), reported beside it).
     pub fn bubble(&self) -> f64 {
-        if self.makespan <= 0.0 || self.per_device.is_empty() {
+        let end = self.pipeline_end();
+        if end <= 0.0 || self.per_device.is_empty() {
             return 0.0;
         }
         let busy: f64 = self
@@ -42,7 +55,13 @@ impl StepTrace {
             .filter(|s| matches!(s.action, Action::Forward { .. } | Action::Backward { .. }))
             .map(|s| s.end - s.start)
             .sum();
-        1.0 - busy / (self.makespan * self.per_device.len() as f64)
+        1.0 - busy / (end * self.per_device.len() as f64)
+    }
+
+    /// Seconds of the step after its pipelined part: tied gradients, clipping and the
+    /// optimizers, which every schedule pays alike.
+    pub fn tail(&self) -> f64 {
+        (self.makespan - self.pipeline_end()).max(0.0)
     }
 
     /// Mean seconds per action that is not compute (sends, receives, all-reduce starts): the
@@ -141,6 +160,15 @@ mod tests {
         };
         let t = StepTrace { per_device: vec![vec![f(0.0, 1.0)], vec![f(1.0, 2.0)]], makespan: 2.0 };
         assert!((t.bubble() - 0.5).abs() < 1e-12);
+        // An optimizer span after the pipelined part is the tail, not bubble.
+        let mut with_tail = t.clone();
+        let end = with_tail.pipeline_end();
+        for spans in &mut with_tail.per_device {
+            spans.push(Span { action: Action::OptimizerStep, start: end, end: end + 1.0 });
+        }
+        with_tail.makespan = end + 1.0;
+        assert_eq!(with_tail.bubble(), t.bubble());
+        assert!((with_tail.tail() - 1.0).abs() < 1e-12 && t.tail() == 0.0);
         let json = t.chrome_events(0.0, 3);
         assert_eq!(json.len(), 2);
         assert_eq!(json[1]["tid"], 1);

@@ -46,10 +46,13 @@ impl fmt::Display for EvalMetrics {
 /// A pipelined step's idle fraction, measured and predicted.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Bubble {
-    /// Measured: 1 − compute time / (devices × step time).
+    /// Measured: the idle fraction of the pipelined part of the step
+    /// ([`StepTrace::bubble`](crate::pipeline::StepTrace::bubble)).
     pub measured: f64,
     /// The schedule's formula for equal stages.
     pub formula: f64,
+    /// Seconds after the pipelined part (tied gradients, clipping, optimizers), apart.
+    pub tail_seconds: f64,
 }
 
 /// An elastic transition (PipeTransformer): what changed and what it cost.

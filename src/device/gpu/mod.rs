@@ -329,6 +329,9 @@ impl Device for GpuDevice {
     fn synchronize(&self) -> Result<()> {
         self.rt.synchronize()
     }
+    fn marker(&self) -> Result<crate::device::Marker> {
+        self.rt.marker()
+    }
 
     fn linear_forward(
         &self,

@@ -75,6 +75,11 @@ pub trait Runtime: Send + Sync + 'static {
     fn launch(&self, kernel: &str, cfg: &LaunchConfig, params: &mut [*mut c_void]) -> Result<()>;
     /// Waits until queued work is done.
     fn synchronize(&self) -> Result<()>;
+    /// A point in this runtime's queue ([`Marker`](crate::device::Marker)): the host clock where
+    /// launches run before returning (the emulator), a CUDA event on a GPU.
+    fn marker(&self) -> Result<crate::device::Marker> {
+        Ok(crate::device::Marker::Host(std::time::Instant::now()))
+    }
     /// The runtime as `Any`, so code that needs one backend's specifics (NCCL wants the CUDA
     /// stream) can ask for it.
     fn as_any(&self) -> &dyn std::any::Any;

@@ -143,6 +143,10 @@ impl<D: Device> Worker<'_, D> {
             peak_activations: 0,
         };
         let mut saved_elements = 0usize;
+        // Actions are timed by device markers (CUDA events on a GPU), placed on the step's host
+        // time line at this worker's origin once the device has reached them, below.
+        let (origin, origin_host) = (dev.marker()?, ctx.shared.now());
+        let mut marks = Vec::with_capacity(self.actions.len());
         for (i, &action) in self.actions.iter().enumerate() {
             if let Some(f) = ctx.fault.filter(|f| f.device == me && f.action == i) {
                 if f.panic {
@@ -150,7 +154,7 @@ impl<D: Device> Worker<'_, D> {
                 }
                 return Err(internal("fault", format!("injected at action #{i} {action:?}")));
             }
-            let start = ctx.shared.now();
+            let start = dev.marker()?;
             match action {
                 Action::Forward { piece, stage } => {
                     let host = &self.micro[piece.mb][piece.slice];
@@ -295,7 +299,11 @@ impl<D: Device> Worker<'_, D> {
                 let arena: usize = arenas.values().map(KvArena::elements).sum();
                 out.peak_activations = out.peak_activations.max(saved_elements + arena);
             }
-            out.spans.push(Span { action, start, end: ctx.shared.now() });
+            marks.push((action, start, dev.marker()?));
+        }
+        for (action, start, end) in marks {
+            let (start, end) = (origin_host + origin.seconds_to(&start)?, origin_host + origin.seconds_to(&end)?);
+            out.spans.push(Span { action, start, end });
         }
         Ok(out)
     }
