@@ -28,6 +28,7 @@
 //! | [`bench`](mod@bench) | the MiniLM-shaped benchmark workload, synthetic batches, step FLOPs, the GEMM roofline |
 //! | [`text`] | `TextTokenizer` (a Hugging Face `tokenizer.json`, our truncation, no padding), `text_batch` (labelled texts → per-batch-padded BERT `HostBatch`), `lm_batch`/`lm_batches` (token stream → next-token `HostBatch`es) |
 //! | [`testing`] | finite-difference gradient checks and error metrics used by the tests |
+//! | [`fuzz`] | structure-aware mutation fuzzing on stable Rust: `run` a target (safetensors, checkpoint, IDX, CSV, Orange .tab, `tokenizer.json`, run config, `config.json`, PNG/PGM) from seeded mutations of valid seeds; panics, hangs and over-cap allocations (`check_allocation`) become `Finding`s |
 
 #![warn(missing_docs)]
 
@@ -39,6 +40,7 @@ pub mod device;
 pub mod elastic;
 pub mod error;
 pub mod files;
+pub mod fuzz;
 pub mod model;
 pub mod ops;
 pub mod optim;

@@ -38,6 +38,7 @@ fn decode_png(path: &Path, bytes: &[u8]) -> Result<ImagePixels> {
     // Palettes and sub-byte depths become 8-bit gray or RGB(A).
     decoder.set_transformations(png::Transformations::EXPAND);
     let mut reader = decoder.read_info().map_err(bad)?;
+    check_png_size(path, reader.info(), bytes.len())?;
     let size = reader.output_buffer_size().ok_or_else(|| dataset_error(path, None, "is a PNG too large to decode"))?;
     let mut buf = vec![0; size];
     let frame = reader.next_frame(&mut buf).map_err(bad)?;
@@ -63,6 +64,43 @@ fn decode_png(path: &Path, bytes: &[u8]) -> Result<ImagePixels> {
         }
     }
     Ok((w, h, kept, px))
+}
+
+/// Largest image accepted, in pixels (4096 × 4096): `predict` only takes images of the model's
+/// own size, and this keeps the decoded buffers (≤ 128 MiB) and pixels (≤ 192 MiB) bounded.
+const MAX_IMAGE_PIXELS: u64 = 1 << 24;
+
+/// Deflate's best case: 258 bytes from a 2-bit length/distance pair, ~1032:1. No PNG of `n`
+/// bytes inflates to more than this many times `n`.
+const MAX_DEFLATE_RATIO: u64 = 1032;
+
+/// Refuses, before the output buffer is allocated, a PNG whose header promises more pixels
+/// than [`MAX_IMAGE_PIXELS`] or more image data than its `file_len` bytes could inflate to: a
+/// corrupt width or height would otherwise make us allocate gigabytes for a tiny file.
+fn check_png_size(path: &Path, info: &png::Info<'_>, file_len: usize) -> Result<()> {
+    let (w, h) = info.size();
+    let pixels = u64::from(w) * u64::from(h);
+    if pixels > MAX_IMAGE_PIXELS {
+        return Err(dataset_error(
+            path,
+            None,
+            format!("is a {w}×{h} PNG; expected at most {MAX_IMAGE_PIXELS} pixels (the model's image size)"),
+        ));
+    }
+    // Filtered rows of the stored format: a lower bound on the inflated data a complete
+    // image needs (interlacing only adds to it).
+    let raw = u64::from(h) * info.raw_row_length() as u64;
+    if raw > MAX_DEFLATE_RATIO * file_len as u64 {
+        return Err(dataset_error(
+            path,
+            None,
+            format!(
+                "is a {w}×{h} PNG whose image data needs {raw} bytes, more than its {file_len} bytes can hold \
+                 compressed; the file is truncated or its header is corrupt"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn decode_pgm(path: &Path, bytes: &[u8]) -> Result<ImagePixels> {
@@ -100,11 +138,15 @@ fn decode_pgm(path: &Path, bytes: &[u8]) -> Result<ImagePixels> {
     let values: Vec<usize> = if bytes.starts_with(b"P5") {
         let raster = &bytes[(at + 1).min(bytes.len())..];
         let width = if max < 256 { 1 } else { 2 };
-        if raster.len() != n * width {
+        if n.checked_mul(width) != Some(raster.len()) {
             return Err(dataset_error(
                 path,
                 None,
-                format!("PGM raster holds {} bytes; expected {w}×{h}×{width} = {}", raster.len(), n * width),
+                format!(
+                    "PGM raster holds {} bytes; expected {w}×{h}×{width} = {}",
+                    raster.len(),
+                    n as u128 * width as u128
+                ),
             ));
         }
         if width == 1 {
@@ -167,6 +209,47 @@ mod tests {
         idx.extend([0, 255, 51, 102]);
         let images = read_idx_images(&scratch("d-idx3-ubyte", &idx)).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(images, vec![(2, 1, 1, vec![0.0, 1.0]), (2, 1, 1, vec![0.2, 0.4])]);
+    }
+
+    /// A 2×1 RGB PNG whose header then claims `width`×`height` (CRC recomputed).
+    fn png_claiming(width: u32, height: u32) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        {
+            let mut enc = png::Encoder::new(&mut bytes, 2, 1);
+            enc.set_color(png::ColorType::Rgb);
+            enc.set_depth(png::BitDepth::Eight);
+            let mut w = enc.write_header().unwrap_or_else(|e| panic!("{e}"));
+            w.write_image_data(&[255, 0, 51, 0, 255, 102]).unwrap_or_else(|e| panic!("{e}"));
+        }
+        // Signature (8), IHDR length (4) and type (4), then width and height, then the CRC
+        // over type and the 13 data bytes.
+        assert_eq!(&bytes[12..16], b"IHDR");
+        bytes[16..20].copy_from_slice(&width.to_be_bytes());
+        bytes[20..24].copy_from_slice(&height.to_be_bytes());
+        let mut crc = flate2::Crc::new();
+        crc.update(&bytes[12..29]);
+        bytes[29..33].copy_from_slice(&crc.sum().to_be_bytes());
+        bytes
+    }
+
+    /// Found by fuzzing (src/fuzz): the output buffer was sized from the header alone, so
+    /// mutated 70-byte seeds asked for 25 GB and for 17 PB, and the process aborted.
+    #[test]
+    fn png_headers_claiming_more_than_the_file_holds_are_refused_before_allocating() {
+        let e = read_image_file(&scratch("huge.png", &png_claiming(1_000_000, 1_000_000))).unwrap_err().to_string();
+        assert!(e.contains("huge.png") && e.contains("1000000×1000000 PNG; expected at most 16777216 pixels"), "{e}");
+        let e = read_image_file(&scratch("lying.png", &png_claiming(4000, 4000))).unwrap_err().to_string();
+        assert!(e.contains("needs 48004000 bytes") && e.contains("truncated or its header is corrupt"), "{e}");
+        assert!(read_image_file(&scratch("honest.png", &png_claiming(2, 1))).is_ok());
+    }
+
+    /// Found beside the PNG finding: a P5 PGM whose width × height × 2 bytes overflows
+    /// panicked in debug builds (and wrapped in release).
+    #[test]
+    fn pgm_sizes_that_overflow_are_refused() {
+        let e = read_image_file(&scratch("big.pgm", b"P5 4611686018427387904 2 65535\n\x00\x01")).unwrap_err();
+        let e = e.to_string();
+        assert!(e.contains("raster holds 2 bytes; expected 4611686018427387904×2×2 = 18446744073709551616"), "{e}");
     }
 
     #[test]

@@ -296,9 +296,74 @@ impl Spec {
     }
 }
 
+/// Most parameters a model may have (~1.1e12, 4 TiB of f32 weights): far beyond any model
+/// this engine trains, and low enough that every size the model derives from its config
+/// (`in·out` of each layer, the tables, their sum, their bytes) fits in `usize`.
+pub const MAX_PARAMETERS: usize = 1 << 40;
+
+impl Spec {
+    /// Parameters a model of this spec holds, or `None` if the count overflows `usize`.
+    pub fn parameter_count(&self) -> Option<usize> {
+        let h = self.hidden;
+        let linear = |i: usize, o: usize| i.checked_mul(o)?.checked_add(o);
+        let norm = h.checked_mul(2)?;
+        let embedding = match self.input {
+            InputSpec::Tokens { vocab, max_positions, type_vocab, norm: with_norm } => {
+                let rows = vocab.checked_add(max_positions)?.checked_add(type_vocab.unwrap_or(0))?;
+                rows.checked_mul(h)?.checked_add(if with_norm { norm } else { 0 })?
+            }
+            InputSpec::Image { channels, image_size, patch } => {
+                let patches = (image_size / patch.max(1)).checked_pow(2)?;
+                let projection = linear(channels.checked_mul(patch)?.checked_mul(patch)?, h)?;
+                // Class token plus one position per patch and the class token.
+                projection.checked_add(patches.checked_add(2)?.checked_mul(h)?)?
+            }
+        };
+        // Q, K, V and output projections, two norms, the MLP's two layers.
+        let block = linear(h, h)?
+            .checked_mul(4)?
+            .checked_add(norm.checked_mul(2)?)?
+            .checked_add(linear(h, self.mlp_hidden)?)?
+            .checked_add(linear(self.mlp_hidden, h)?)?;
+        let head = match self.head {
+            HeadSpec::Classifier { pooling, num_labels } => {
+                let pooler = if pooling == Pooling::ClsPooler { linear(h, h)? } else { 0 };
+                pooler.checked_add(linear(h, num_labels)?)?
+            }
+            HeadSpec::TiedLmHead => 0,
+        };
+        // Pre-LN families end in a final norm.
+        let final_norm = if self.norm == NormPlacement::Pre { norm } else { 0 };
+        embedding.checked_add(block.checked_mul(self.layers)?)?.checked_add(head)?.checked_add(final_norm)
+    }
+}
+
 impl ModelConfig {
     /// Validates the configuration and derives the [`Spec`]. Every error names the field.
     pub fn spec(&self) -> Result<Spec> {
+        let spec = self.spec_fields()?;
+        match spec.parameter_count() {
+            Some(n) if n <= MAX_PARAMETERS => Ok(spec),
+            count => {
+                let family = match spec.family {
+                    Family::Bert => "bert",
+                    Family::Gpt => "gpt",
+                    Family::Vit => "vit",
+                };
+                Err(config_error(
+                    family,
+                    format!(
+                        "these sizes make {} parameters; expected at most {MAX_PARAMETERS} (check hidden, vocabulary, \
+                         position, image and layer sizes)",
+                        count.map_or("more than usize::MAX".to_string(), |n| n.to_string())
+                    ),
+                ))
+            }
+        }
+    }
+
+    /// [`ModelConfig::spec`] without the overall size check.
+    fn spec_fields(&self) -> Result<Spec> {
         match self {
             ModelConfig::Bert(c) => {
                 let act = Activation::parse(&c.hidden_act, "bert.hidden_act")?;
@@ -343,7 +408,15 @@ impl ModelConfig {
             }
             ModelConfig::Gpt(c) => {
                 let act = Activation::parse(&c.activation_function, "gpt.activation_function")?;
-                let inner = c.n_inner.unwrap_or(4 * c.n_embd);
+                let inner = match c.n_inner {
+                    Some(n) => n,
+                    None => c.n_embd.checked_mul(4).ok_or_else(|| {
+                        config_error(
+                            "gpt.n_embd",
+                            format!("{} is too large: 4 × n_embd (the default n_inner) overflows", c.n_embd),
+                        )
+                    })?,
+                };
                 check_common(
                     "gpt",
                     &[("vocab_size", c.vocab_size), ("n_positions", c.n_positions), ("n_inner", inner)],
@@ -464,4 +537,100 @@ fn check_eps(field: &str, eps: f64) -> Result<()> {
 
 fn check_dropout(field: &str, p: f32) -> Result<(), Error> {
     if (0.0..1.0).contains(&p) { Ok(()) } else { Err(config_error(field, format!("must be in [0, 1), got {p}"))) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field_of(config: ModelConfig) -> (String, String) {
+        match config.spec() {
+            Err(Error::Config { field, message }) => (field, message),
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+
+    /// Found by fuzzing `config.json` (src/fuzz): sizes whose derived products overflowed
+    /// panicked in debug builds and wrapped to a wrong size in release.
+    #[test]
+    fn sizes_that_overflow_are_config_errors() {
+        let gpt = GptConfig::without_dropout(65, 128, usize::MAX / 2, 2, 1);
+        let (field, message) = field_of(ModelConfig::Gpt(gpt));
+        assert_eq!(field, "gpt.n_embd");
+        assert!(message.contains("4 × n_embd"), "{message}");
+
+        // `(image_size / patch_size)²` in the position table overflowed `max_seq`.
+        let vit = VitConfig {
+            image_size: 1 << 40,
+            patch_size: 1,
+            num_channels: 1,
+            hidden_size: 4,
+            num_hidden_layers: 1,
+            num_attention_heads: 1,
+            intermediate_size: 4,
+            hidden_act: "gelu".into(),
+            layer_norm_eps: 1e-6,
+            hidden_dropout_prob: 0.0,
+            attention_probs_dropout_prob: 0.0,
+            num_labels: 10,
+        };
+        let (field, message) = field_of(ModelConfig::Vit(vit.clone()));
+        assert_eq!(field, "vit");
+        assert!(message.contains("more than usize::MAX parameters"), "{message}");
+
+        // Large but representable: refused by count, naming it.
+        let huge = GptConfig::without_dropout(1 << 30, 128, 1 << 12, 2, 1);
+        let (field, message) = field_of(ModelConfig::Gpt(huge));
+        assert_eq!(field, "gpt");
+        assert!(message.contains(&format!("expected at most {MAX_PARAMETERS}")), "{message}");
+
+        // A small model is unaffected.
+        let small = ModelConfig::Vit(VitConfig { image_size: 8, patch_size: 2, hidden_size: 8, ..vit });
+        assert_eq!(small.spec().unwrap().max_seq(), 17);
+    }
+
+    /// The count the size check uses is exactly what a model of the spec holds.
+    #[test]
+    fn parameter_count_matches_the_built_model() {
+        use crate::device::CpuDevice;
+        let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+        let bert = |pooling| BertConfig {
+            vocab_size: 13,
+            hidden_size: 10,
+            num_hidden_layers: 2,
+            num_attention_heads: 2,
+            intermediate_size: 14,
+            hidden_act: "gelu".into(),
+            max_position_embeddings: 9,
+            type_vocab_size: 2,
+            layer_norm_eps: 1e-12,
+            hidden_dropout_prob: 0.0,
+            attention_probs_dropout_prob: 0.0,
+            num_labels: 3,
+            pooling,
+        };
+        let vit = VitConfig {
+            image_size: 8,
+            patch_size: 2,
+            num_channels: 3,
+            hidden_size: 8,
+            num_hidden_layers: 2,
+            num_attention_heads: 2,
+            intermediate_size: 12,
+            hidden_act: "gelu".into(),
+            layer_norm_eps: 1e-6,
+            hidden_dropout_prob: 0.0,
+            attention_probs_dropout_prob: 0.0,
+            num_labels: 10,
+        };
+        for config in [
+            ModelConfig::Bert(bert(Pooling::ClsPooler)),
+            ModelConfig::Bert(bert(Pooling::Mean)),
+            ModelConfig::Gpt(GptConfig::without_dropout(17, 9, 8, 2, 2)),
+            ModelConfig::Vit(vit),
+        ] {
+            let model = crate::model::Model::new(&dev, &config, 0).unwrap();
+            assert_eq!(config.spec().unwrap().parameter_count(), Some(model.num_params()), "{config:?}");
+        }
+    }
 }

@@ -194,11 +194,17 @@ impl PipelineSection {
             (None, Some(n)) => (n / r).max(1),
             (None, None) => 1,
         };
-        let devices = self.devices.unwrap_or(k * r);
-        if devices < k * r {
+        let needed = k.checked_mul(r).ok_or_else(|| {
+            config_error(
+                "pipeline.replicas",
+                format!("{r} replicas × {k} pipeline stages is more devices than can exist"),
+            )
+        })?;
+        let devices = self.devices.unwrap_or(needed);
+        if devices < needed {
             return Err(config_error(
                 "pipeline.devices",
-                format!("{r} replicas × {k} pipeline stages need {} devices; {devices} available", k * r),
+                format!("{r} replicas × {k} pipeline stages need {needed} devices; {devices} available"),
             ));
         }
         let chunks = self.chunks.unwrap_or(if self.schedule == ScheduleKind::Interleaved { 2 } else { 1 });
@@ -361,5 +367,18 @@ dir = "runs/x"
         assert!(RunConfig::parse(BASE, "f", &["data.group_by_length=true".into()]).unwrap().data.group_by_length);
         let err = RunConfig::parse(BASE, "base", &["data.batch_size=0".into()]).unwrap_err().to_string();
         assert!(err.contains("data.batch_size"), "{err}");
+    }
+
+    /// Sizes a config file can make overflow are errors (they panicked in debug builds and
+    /// wrapped in release): epochs × batches in the schedule (found by fuzzing, src/fuzz;
+    /// TOML integers stop at i64::MAX) and, found beside it, replicas × pipeline stages.
+    #[test]
+    fn overflowing_sizes_are_errors_not_panics() {
+        let huge = ["pipeline.replicas=4294967296".into(), "pipeline.pipeline_len=4294967296".into()];
+        let err = RunConfig::parse(BASE, "base", &huge).unwrap_err().to_string();
+        assert!(err.contains("pipeline.replicas") && err.contains("more devices than can exist"), "{err}");
+        let c = RunConfig::parse(BASE, "base", &["train.epochs=9223372036854775807".into()]).unwrap();
+        assert_eq!(c.train.total_batches(1000), u64::MAX);
+        c.train.lr_schedule(c.train.total_batches(1000)).unwrap();
     }
 }

@@ -93,8 +93,10 @@ impl TokenSlices {
             }
             TokenSlices::Count(n) => Ok(uniform(seq, *n)),
             TokenSlices::Lengths(l) => {
-                let total: usize = l.iter().sum();
-                if total != seq {
+                // Checked: the lengths come from a config file.
+                let total = l.iter().try_fold(0usize, |sum, &n| sum.checked_add(n));
+                if total != Some(seq) {
+                    let total = total.map_or("more than usize::MAX".to_string(), |t| t.to_string());
                     return bad(format!("{self} covers {total} tokens; the sequences have {seq}"));
                 }
                 Ok(l.clone())
@@ -127,6 +129,14 @@ mod tests {
         assert_eq!(TokenSlices::Count(3).lengths(8).unwrap(), vec![3, 3, 2]);
         assert_eq!(TokenSlices::Count(1).lengths(8).unwrap(), Vec::<usize>::new());
         assert_eq!(TokenSlices::Lengths(vec![5, 3]).lengths(8).unwrap(), vec![5, 3]);
+    }
+
+    /// Lengths whose sum overflows are an error, not a panic (a config file writes them).
+    #[test]
+    fn overflowing_lengths_are_an_error() {
+        let request: TokenSlices = "18446744073709551615,1".parse().unwrap();
+        let err = request.lengths(128).unwrap_err().to_string();
+        assert!(err.contains("covers more than usize::MAX tokens; the sequences have 128"), "{err}");
     }
 
     #[test]

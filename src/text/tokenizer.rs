@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use tokenizers::processors::PostProcessorWrapper;
 use tokenizers::{
     EncodeInput, Encoding, PostProcessor, Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy,
 };
@@ -64,6 +65,10 @@ impl TextTokenizer {
         // Read it ourselves rather than through `Tokenizer::from_file`: a missing file then
         // keeps its `io::ErrorKind`, and only a bad file becomes a tokenizer error.
         let bytes = std::fs::read(path).map_err(|source| Error::Io { path: file.clone(), source })?;
+        // Check the JSON syntax first: tokenizers 0.22 panics (`expect("Helper")` in its
+        // decoder deserializer) instead of erroring on a syntax error inside `"decoder"`.
+        serde_json::from_slice::<serde::de::IgnoredAny>(&bytes)
+            .map_err(|e| tokenizer_error(&file, format!("is not valid JSON: {e}")))?;
         let inner = Tokenizer::from_bytes(&bytes)
             .map_err(|e| tokenizer_error(&file, format!("is not a tokenizers JSON file: {e}")))?;
         Self::from_tokenizer(inner, file, max_len)
@@ -71,6 +76,9 @@ impl TextTokenizer {
 
     /// Wraps an already-built tokenizer; `file` names it in errors.
     fn from_tokenizer(mut inner: Tokenizer, file: String, max_len: usize) -> Result<Self> {
+        if let Some(processor) = inner.get_post_processor() {
+            check_post_processor(processor, &file)?;
+        }
         // The file's padding names the pad token the model was trained with; a file without
         // padding settings falls back to BERT's `[PAD]`.
         let (pad_id, pad_type_id) = match (inner.get_padding(), inner.token_to_id("[PAD]")) {
@@ -82,8 +90,9 @@ impl TextTokenizer {
         };
         // Truncation budgets exclude special tokens, and the crate subtracts them from
         // `max_length` unchecked: fewer than a pair's specials would underflow. Require at
-        // least one text token beside them.
-        let specials = inner.get_post_processor().map_or(0, |p| p.added_tokens(true));
+        // least one text token beside them (a file's single template may add more than its
+        // pair template, so take the larger count).
+        let specials = inner.get_post_processor().map_or(0, |p| p.added_tokens(true).max(p.added_tokens(false)));
         if max_len <= specials {
             return Err(config_error(
                 "max_len",
@@ -120,7 +129,7 @@ impl TextTokenizer {
     pub fn encode_input(&self, input: TextInput<'_>) -> Result<Encoded> {
         // `encode_fast` skips the character offsets, which classification never reads.
         let enc = self.inner.encode_fast(input, true).map_err(|e| tokenizer_error(&self.file, e.to_string()))?;
-        Ok(encoded(enc))
+        self.encoded(enc)
     }
 
     /// Encodes many inputs, in order. The crate may spread them over rayon's global pool;
@@ -130,7 +139,29 @@ impl TextTokenizer {
             .inner
             .encode_batch_fast(inputs.to_vec(), true)
             .map_err(|e| tokenizer_error(&self.file, e.to_string()))?;
-        Ok(encodings.into_iter().map(encoded).collect())
+        encodings.into_iter().map(|e| self.encoded(e)).collect()
+    }
+
+    /// Our view of a crate encoding (truncation leaves the dropped tokens in `overflowing`),
+    /// checked against `max_len`: the crate's truncation trusts the post-processor's count of
+    /// the tokens it adds, and the model's position table ends at `max_len`.
+    fn encoded(&self, enc: Encoding) -> Result<Encoded> {
+        if enc.len() > self.max_len {
+            return Err(tokenizer_error(
+                &self.file,
+                format!(
+                    "produced {} ids, more than max_len = {}: its post_processor adds tokens that truncation did not \
+                     leave room for",
+                    enc.len(),
+                    self.max_len
+                ),
+            ));
+        }
+        Ok(Encoded {
+            truncated: !enc.get_overflowing().is_empty(),
+            ids: enc.get_ids().to_vec(),
+            type_ids: enc.get_type_ids().to_vec(),
+        })
     }
 
     /// Longest encoding, special tokens included.
@@ -165,12 +196,65 @@ impl TextTokenizer {
     }
 }
 
-/// Our view of a crate encoding; truncation leaves the dropped tokens in `overflowing`.
-fn encoded(enc: Encoding) -> Encoded {
-    Encoded {
-        truncated: !enc.get_overflowing().is_empty(),
-        ids: enc.get_ids().to_vec(),
-        type_ids: enc.get_type_ids().to_vec(),
+/// Checks what the crate checks only when a template is built in code, not when one is read
+/// from a file, for every `TemplateProcessing` post-processor (alone or inside a `Sequence`):
+/// each special token a template uses is defined in its `special_tokens` (else the first
+/// encoding panics, "no entry found for key"), and the single template holds sequence A
+/// once and B never, the pair template A and B once each (B in a single template indexes
+/// past the one encoding and panics; a repeated sequence escapes truncation).
+fn check_post_processor(processor: &PostProcessorWrapper, file: &str) -> Result<()> {
+    // Through the serialised form: the crate keeps the template pieces private.
+    let json = serde_json::to_value(processor)
+        .map_err(|e| tokenizer_error(file, format!("cannot inspect its post_processor: {e}")))?;
+    check_templates(&json, file)
+}
+
+fn check_templates(processor: &serde_json::Value, file: &str) -> Result<()> {
+    match processor.get("type").and_then(serde_json::Value::as_str) {
+        Some("TemplateProcessing") => {
+            let defined = processor.get("special_tokens").and_then(serde_json::Value::as_object);
+            for (which, want_b) in [("single", 0), ("pair", 1)] {
+                let pieces: Vec<_> =
+                    processor.get(which).and_then(serde_json::Value::as_array).into_iter().flatten().collect();
+                let count = |seq: &str| {
+                    pieces
+                        .iter()
+                        .filter(|p| p.pointer("/Sequence/id").and_then(serde_json::Value::as_str) == Some(seq))
+                        .count()
+                };
+                let (a, b) = (count("A"), count("B"));
+                if (a, b) != (1, want_b) {
+                    return Err(tokenizer_error(
+                        file,
+                        format!(
+                            "post_processor: the `{which}` template holds sequence A {a} times and B {b} times; \
+                             expected A once{}",
+                            if want_b == 1 { " and B once" } else { " and no B" }
+                        ),
+                    ));
+                }
+                for piece in pieces {
+                    let Some(id) = piece.pointer("/SpecialToken/id").and_then(serde_json::Value::as_str) else {
+                        continue;
+                    };
+                    if !defined.is_some_and(|d| d.contains_key(id)) {
+                        return Err(tokenizer_error(
+                            file,
+                            format!(
+                                "post_processor: the `{which}` template uses special token `{id}`, which its \
+                                 `special_tokens` does not define"
+                            ),
+                        ));
+                    }
+                }
+            }
+            Ok(())
+        }
+        Some("Sequence") => {
+            let mut inner = processor.get("processors").and_then(serde_json::Value::as_array).into_iter().flatten();
+            inner.try_for_each(|p| check_templates(p, file))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -283,6 +367,75 @@ pub(crate) mod tests {
             }
             other => panic!("expected a tokenizer error, got {other:?}"),
         }
+    }
+
+    fn tokenizer_error_message(result: Result<TextTokenizer>) -> String {
+        match result {
+            Err(Error::Tokenizer { message, .. }) => message,
+            other => panic!("expected a tokenizer error, got {other:?}"),
+        }
+    }
+
+    /// Found by fuzzing (src/fuzz): tokenizers 0.22 panics ("Helper") instead of erroring on
+    /// a JSON syntax error inside `"decoder"`; we check the syntax before handing it over.
+    #[test]
+    fn a_syntax_error_inside_the_decoder_is_an_error_not_a_panic() {
+        let dir = std::env::temp_dir().join(format!("pt-tokenizer-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("bad-decoder.json");
+        std::fs::write(&path, TINY_JSON.replace("\"decoder\": null", "\"decoder\": nul")).unwrap();
+        let message = tokenizer_error_message(TextTokenizer::from_file(&path, 8));
+        assert!(message.contains("is not valid JSON") && message.contains("line 142"), "{message}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Found by fuzzing: templates read from a file are not validated by the crate. A special
+    /// token missing from `special_tokens` panicked on the first encoding; sequence B in the
+    /// single template panicked (index out of bounds); a repeated sequence, or a single
+    /// template with more special tokens than the pair template, escaped truncation and gave
+    /// encodings longer than `max_len`.
+    #[test]
+    fn post_processor_templates_are_checked_when_loaded() {
+        let template =
+            |which: &str, j: &mut serde_json::Value| j["post_processor"][which].as_array_mut().unwrap().clone();
+        let message = tokenizer_error_message(tiny_edited(8, |j| {
+            j["post_processor"]["pair"][4]["SpecialToken"]["id"] = "[SkP]".into();
+        }));
+        assert!(message.contains("the `pair` template uses special token `[SkP]`"), "{message}");
+
+        let message = tokenizer_error_message(tiny_edited(8, |j| {
+            let mut single = template("single", j);
+            single.push(serde_json::json!({"Sequence": {"id": "B", "type_id": 1}}));
+            j["post_processor"]["single"] = single.into();
+        }));
+        assert!(message.contains("`single` template holds sequence A 1 times and B 1 times"), "{message}");
+
+        let message = tokenizer_error_message(tiny_edited(8, |j| {
+            let mut pair = template("pair", j);
+            let again = pair[2..5].to_vec();
+            pair.extend(again);
+            j["post_processor"]["pair"] = pair.into();
+        }));
+        assert!(message.contains("`pair` template holds sequence A 1 times and B 2 times"), "{message}");
+
+        // Five special tokens around a single text, three around a pair: max_len 4 leaves
+        // no room (the crate's `4 - 5` wrapped and switched truncation off).
+        let five_cls = |j: &mut serde_json::Value| {
+            let mut single = template("single", j);
+            for _ in 0..3 {
+                single.insert(0, single[0].clone());
+            }
+            j["post_processor"]["single"] = single.into();
+        };
+        match tiny_edited(4, five_cls) {
+            Err(Error::Config { field, message }) => {
+                assert_eq!(field, "max_len");
+                assert!(message.contains("5 special tokens"), "{message}");
+            }
+            other => panic!("expected a config error, got {other:?}"),
+        }
+        let t = tiny_edited(6, five_cls).unwrap();
+        assert_eq!(t.encode("the cat sat on a mat").unwrap().ids, [CLS, CLS, CLS, CLS, 6, SEP]);
     }
 
     #[test]

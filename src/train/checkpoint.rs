@@ -11,7 +11,14 @@ use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::Path;
 
-const MAGIC: &[u8; 8] = b"PTCKPT01";
+/// The first 8 bytes of every checkpoint (the fuzzer restores them after mutating one).
+pub(crate) const MAGIC: &[u8; 8] = b"PTCKPT01";
+
+/// The hash stored in a checkpoint's last 8 bytes, over everything before them (the fuzzer
+/// recomputes it so that mutated files reach the header parser).
+pub(crate) fn hash(body: &[u8]) -> u64 {
+    fnv1a(body, FNV_OFFSET)
+}
 
 /// One named f32 tensor in a checkpoint.
 #[derive(Clone, Debug, PartialEq)]
@@ -51,8 +58,8 @@ pub fn save(path: &Path, meta: &serde_json::Value, tensors: &[Tensor]) -> Result
             bytes.extend_from_slice(&v.to_le_bytes());
         }
     }
-    let hash = fnv1a(&bytes, FNV_OFFSET);
-    bytes.extend_from_slice(&hash.to_le_bytes());
+    let sum = hash(&bytes);
+    bytes.extend_from_slice(&sum.to_le_bytes());
 
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
@@ -68,7 +75,7 @@ pub fn load(path: &Path) -> Result<(serde_json::Value, Vec<Tensor>)> {
     }
     let (body, tail) = bytes.split_at(bytes.len() - 8);
     let stored = u64::from_le_bytes(tail.try_into().map_err(|_| corrupt(path, "truncated"))?);
-    if fnv1a(body, FNV_OFFSET) != stored {
+    if hash(body) != stored {
         return Err(corrupt(path, "hash mismatch: the file is truncated or corrupt"));
     }
     let header_len = u64::from_le_bytes(body[8..16].try_into().map_err(|_| corrupt(path, "truncated"))?) as usize;

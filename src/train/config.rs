@@ -44,7 +44,9 @@ impl TrainConfig {
     /// clock of the learning-rate schedule, whatever the number of batches one optimizer step
     /// takes.
     pub fn total_batches(&self, batches_per_epoch: usize) -> u64 {
-        let all = self.epochs * batches_per_epoch as u64;
+        // Saturating: `epochs` comes from a config file, and a product past u64::MAX batches
+        // means the same as u64::MAX (a run that never ends on its own).
+        let all = self.epochs.saturating_mul(batches_per_epoch as u64);
         if self.max_steps > 0 { all.min(self.max_steps) } else { all }
     }
 
