@@ -4,7 +4,10 @@
 //! 1. measured bubble against the schedule's formula, GPipe and 1F1B, with stages balanced by
 //!    measured unit times;
 //! 2. the runtime's own cost per action (sends and all-reduce starts of small tensors);
-//! 3. the in-process ring all-reduce against a plain memory copy of the same bytes.
+//! 3. the in-process ring all-reduce against a plain memory copy of the same bytes;
+//! 4. the process group's TCP star (what `pipetransformer launch` sums gradients with; here its
+//!    members are threads talking over loopback, the same sockets separate processes use) against
+//!    the in-process ring, and the time for a group to meet at the rendezvous.
 //!
 //! `cargo bench --bench pipeline` prints a markdown report (docs/PERF.md records it).
 
@@ -22,6 +25,70 @@ fn main() {
     println!("# pipeline runtime on {cores} cores: {k} cpu devices of 1 thread\n");
     bubble(k);
     all_reduce();
+    process_group();
+}
+
+/// The TCP star of `pipetransformer launch` against the in-process ring, same members and bytes.
+fn process_group() {
+    use pipetransformer::comm::process_group::ProcessGroup;
+    use pipetransformer::comm::rendezvous::Secret;
+    println!("\n## process group (TCP star over loopback) vs the in-process ring\n");
+    println!("| members | MiB per member | meet ms | TCP star ms | GB/s | ring ms | GB/s |");
+    println!("|---|---|---|---|---|---|---|");
+    for members in [2, 4] {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let (addr, secret) = (format!("127.0.0.1:{port}"), Secret::random().unwrap());
+        let t = Instant::now();
+        let group: Vec<ProcessGroup> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..members)
+                .map(|r| {
+                    let (addr, secret) = (&addr, &secret);
+                    s.spawn(move || {
+                        ProcessGroup::join(addr, r, members, secret, std::time::Duration::from_secs(30)).unwrap()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let meet = t.elapsed().as_secs_f64();
+        let ring = ring_group(members);
+        for mib in [1usize, 16, 86] {
+            let n = mib * (1 << 20) / 4;
+            let median = |f: &(dyn Fn(usize) -> f64 + Sync)| {
+                let mut times: Vec<f64> = (0..5)
+                    .map(|_| {
+                        std::thread::scope(|s| {
+                            let hs: Vec<_> = (0..members).map(|m| s.spawn(move || f(m))).collect();
+                            hs.into_iter().map(|h| h.join().unwrap()).fold(0.0, f64::max)
+                        })
+                    })
+                    .collect();
+                times.sort_by(f64::total_cmp);
+                times[times.len() / 2]
+            };
+            let star = median(&|m| {
+                let mut data = vec![1.0f32; n];
+                let t = Instant::now();
+                group[m].all_reduce_sum_f32(&mut data).unwrap();
+                t.elapsed().as_secs_f64()
+            });
+            let in_process = median(&|m| {
+                let mut data = vec![1.0f32; n];
+                let t = Instant::now();
+                ring[m].all_reduce_host(&mut data).unwrap();
+                t.elapsed().as_secs_f64()
+            });
+            let bytes = (n * 4) as f64;
+            println!(
+                "| {members} | {mib} | {:.1} | {:.1} | {:.2} | {:.1} | {:.2} |",
+                meet * 1e3,
+                star * 1e3,
+                bytes / star / 1e9,
+                in_process * 1e3,
+                bytes / in_process / 1e9
+            );
+        }
+    }
 }
 
 /// A GPT of identical blocks: embedding and head are small next to a block, so a balanced

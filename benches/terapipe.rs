@@ -10,7 +10,7 @@
 use pipetransformer::device::CpuDevice;
 use pipetransformer::model::{GptConfig, Model, ModelConfig};
 use pipetransformer::optim::OptimizerConfig;
-use pipetransformer::pipeline::{Action, Pipeline, PipelineConfig, ScheduleKind, unit_profiles};
+use pipetransformer::pipeline::{Pipeline, PipelineConfig, ScheduleKind, unit_profiles};
 use pipetransformer::terapipe::{
     MicroBatchSlicing, PlannerConfig, measure_latency, plan, predict_step_seconds, uniform,
 };

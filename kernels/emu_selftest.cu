@@ -107,6 +107,9 @@ extern "C" __global__ void emu_test_dynamic_shared(const float* x, float* out, i
 // (b[n * 16 + k]), C row-major and D stored column-major (d[n * 16 + m]). All pointers 32-byte
 // aligned.
 extern "C" __global__ void emu_test_wmma(const bf16* a, const bf16* b, const float* c, float* d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    __trap();  // bf16 wmma needs sm_80
+#else
     using namespace nvcuda;
     wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa;
     wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb;
@@ -119,6 +122,7 @@ extern "C" __global__ void emu_test_wmma(const bf16* a, const bf16* b, const flo
     // Fragments of one type share their element layout, so elementwise work is portable.
     for (int i = 0; i < acc.num_elements; i++) acc.x[i] += fc.x[i];
     wmma::store_matrix_sync(d, acc, 16, wmma::mem_col_major);
+#endif
 }
 
 // y[i] = x[i] rounded to bf16 (nearest even; NaN → 0x7fff), back[i] = y[i] widened to f32.

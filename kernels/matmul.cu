@@ -292,6 +292,11 @@ __device__ __forceinline__ bool mm_aligned16(const T* p) {
 template <bool A_K_CONTIG, bool B_K_CONTIG, typename TA, typename TB, typename TC>
 __device__ void mm_wmma(TC* c, const TA* a, const TB* b, const float* bias, int M, int N, int K, int lda, int ldb,
                         bool accumulate) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    // No bf16 tensor cores before sm_80: the host refuses bf16 there, so this never runs; the
+    // guard lets the f32 kernels of this file compile for sm_70 and sm_75.
+    __trap();
+#else
     using namespace nvcuda;
     typedef typename MmSelect<A_K_CONTIG, wmma::row_major, wmma::col_major>::type LayoutA;
     typedef typename MmSelect<B_K_CONTIG, wmma::col_major, wmma::row_major>::type LayoutB;
@@ -371,6 +376,7 @@ __device__ void mm_wmma(TC* c, const TA* a, const TB* b, const float* bias, int 
                 if (n + e < N) mm_store_output(c, m, n + e, N, v[e], bias, accumulate);
         }
     }
+#endif
 }
 
 // The GEMM of each activation type: SIMT in f32 mode (exact comparisons with the cpu backend),

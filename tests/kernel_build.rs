@@ -33,3 +33,25 @@ fn every_kernel_compiles_without_spills_and_the_kernels_doc_is_current() {
     let fresh = kernels::with_table(&doc, &table).expect("markers");
     assert!(fresh == doc, "docs/KERNELS.md is stale: run `cargo run --release -- kernels --update docs/KERNELS.md`");
 }
+
+/// The `cuda` backend loads cubins built for the GPU's exact architecture (a driver older than
+/// NVRTC refuses its PTX, not its cubins): every kernel file gives an ELF cubin holding each
+/// of its kernels for sm_80 and sm_90, and for sm_70 and sm_75, which lack bf16 tensor cores
+/// but must still run the f32 path.
+#[test]
+fn every_kernel_file_compiles_to_a_cubin_for_each_architecture() {
+    if !toolkit_present() {
+        return;
+    }
+    let files: std::collections::BTreeSet<&str> = kernels::KERNELS.iter().map(|(_, f)| *f).collect();
+    for arch in [70, 75, 80, 90] {
+        for file in &files {
+            let cubin = kernels::compile_cubin(file, arch).unwrap_or_else(|e| panic!("{file} for sm_{arch}: {e}"));
+            assert_eq!(&cubin[..4], b"\x7fELF", "{file} for sm_{arch}: not an ELF cubin");
+            for (kernel, _) in kernels::KERNELS.iter().filter(|(_, f)| f == file) {
+                let name = kernel.as_bytes();
+                assert!(cubin.windows(name.len()).any(|w| w == name), "{kernel} missing from the sm_{arch} cubin");
+            }
+        }
+    }
+}

@@ -10,7 +10,7 @@ use pipetransformer::device::{CpuDevice, Device, GpuDevice, Precision};
 use pipetransformer::model::{Batch, GptConfig, HostBatch, Model, ModelConfig, Pooling};
 use pipetransformer::optim::{Optimizer, OptimizerConfig, train_step};
 use pipetransformer::pipeline::partition::UnitProfile;
-use pipetransformer::pipeline::{Fault, Pipeline, PipelineConfig, Schedule, ScheduleKind};
+use pipetransformer::pipeline::{Fault, Pipeline, PipelineConfig, ScheduleKind};
 use std::sync::Arc;
 
 const STEPS: u64 = 3;

@@ -126,11 +126,17 @@ impl CudaRuntime {
             match modules.get(file) {
                 Some(m) => m.clone(),
                 None => {
-                    let ptx = kernels::compile_ptx(file, self.arch)?;
-                    let m = self
-                        .ctx
-                        .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
-                        .map_err(driver_error("loading PTX (the driver may be older than NVRTC)"))?;
+                    let m = if kernels::load_ptx() {
+                        let ptx = kernels::compile_ptx(file, self.arch)?;
+                        self.ctx
+                            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+                            .map_err(driver_error("loading PTX (PT_KERNELS=ptx; the driver may be older than NVRTC)"))?
+                    } else {
+                        let cubin = kernels::compile_cubin(file, self.arch)?;
+                        self.ctx
+                            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
+                            .map_err(driver_error("loading the cubin"))?
+                    };
                     modules.insert(file, m.clone());
                     m
                 }
@@ -149,7 +155,17 @@ pub fn runtime_of(dev: &GpuDevice) -> Option<&CudaRuntime> {
 
 /// GPU `ordinal` as a [`GpuDevice`] computing in `precision`.
 pub fn device(ordinal: usize, precision: Precision) -> Result<GpuDevice> {
-    Ok(GpuDevice::new(Arc::new(CudaRuntime::new(ordinal)?), precision, false))
+    let rt = CudaRuntime::new(ordinal)?;
+    if precision == Precision::Bf16 && rt.arch < 80 {
+        return Err(Error::Device {
+            what: format!("cuda:{ordinal}"),
+            message: format!(
+                "bf16 needs bf16 tensor cores (sm_80 or newer); this GPU is sm_{}: use --precision f32",
+                rt.arch
+            ),
+        });
+    }
+    Ok(GpuDevice::new(Arc::new(rt), precision, false))
 }
 
 impl Runtime for CudaRuntime {

@@ -130,6 +130,59 @@ pub fn compile_ptx(file: &str, arch: u32) -> Result<String> {
     Ok(ptx)
 }
 
+/// A cubin (the GPU's own machine code) of `kernels/<file>.cu` for exactly `sm_<arch>`, from
+/// the disk cache when the same source was compiled before. A driver loads a cubin for its
+/// GPU whatever CUDA version it supports, while PTX from NVRTC 12.9 is refused by drivers older
+/// than CUDA 12.9; so the `cuda` backend loads cubins, and PTX only when `PT_KERNELS=ptx` asks.
+pub fn compile_cubin(file: &str, arch: u32) -> Result<Vec<u8>> {
+    use cudarc::nvrtc::{result, sys};
+    let src = source(file)?;
+    let key = crate::rng::fnv1a(format!("cubin\0{arch}\0{src}").as_bytes(), crate::rng::FNV_OFFSET);
+    let cache = cache_dir().join(format!("{file}-sm{arch}-{key:016x}.cubin"));
+    if let Ok(cubin) = std::fs::read(&cache) {
+        return Ok(cubin);
+    }
+    compute_arch(arch)?;
+    nvrtc()?;
+    let failed = |message: String| Error::Device { what: format!("nvrtc: kernels/{file}.cu for sm_{arch}"), message };
+    let c_src = std::ffi::CString::new(src).map_err(|e| failed(e.to_string()))?;
+    let name = std::ffi::CString::new(format!("{file}.cu")).map_err(|e| failed(e.to_string()))?;
+    let prog = result::create_program(&c_src, Some(&name)).map_err(|e| failed(format!("{e:?}")))?;
+    let mut options = vec![format!("--gpu-architecture=sm_{arch}"), "--std=c++17".into(), "-default-device".into()];
+    options.extend(include_paths().into_iter().map(|p| format!("--include-path={p}")));
+    // SAFETY: `prog` is a live program until destroyed at the end; the buffers are sized by NVRTC.
+    let out = unsafe {
+        let compiled = result::compile_program(prog, &options).map_err(|e| {
+            let log = result::get_program_log(prog)
+                .map(|l| std::ffi::CStr::from_ptr(l.as_ptr()).to_string_lossy().into_owned())
+                .unwrap_or_default();
+            failed(format!("{e:?}: {log}"))
+        });
+        let cubin = compiled.and_then(|()| {
+            let mut size = 0usize;
+            sys::nvrtcGetCUBINSize(prog, &mut size).result().map_err(|e| failed(format!("cubin size: {e:?}")))?;
+            let mut bytes = vec![0u8; size];
+            sys::nvrtcGetCUBIN(prog, bytes.as_mut_ptr().cast())
+                .result()
+                .map_err(|e| failed(format!("cubin: {e:?}")))?;
+            Ok(bytes)
+        });
+        let _ = result::destroy_program(prog);
+        cubin
+    }?;
+    // The cache is an optimisation: failing to write it is not an error.
+    if std::fs::create_dir_all(cache.parent().unwrap_or(Path::new("."))).is_ok() {
+        let _ = crate::files::write_atomic(&cache, |w| std::io::Write::write_all(w, &out));
+    }
+    Ok(out)
+}
+
+/// Whether the `cuda` backend should load PTX instead of cubins (`PT_KERNELS=ptx`): for a
+/// driver newer than NVRTC that knows an architecture NVRTC cannot target.
+pub fn load_ptx() -> bool {
+    std::env::var("PT_KERNELS").is_ok_and(|v| v.eq_ignore_ascii_case("ptx"))
+}
+
 /// `$XDG_CACHE_HOME/pipetransformer/kernels` (or `~/.cache/...`, or the temp dir).
 fn cache_dir() -> PathBuf {
     let base = std::env::var_os("XDG_CACHE_HOME")
