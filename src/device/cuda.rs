@@ -11,6 +11,7 @@
 //! cudarc loads `libcuda` dynamically and panics when it is absent, so every entry point checks
 //! [`available`] first and turns its absence into an error.
 
+use crate::device::gpu::runtime::{DEFAULT_SHARED_BYTES, LaunchLimits};
 use crate::device::gpu::{DevPtr, GpuDevice, LaunchConfig, Precision, Runtime};
 use crate::device::kernels;
 use crate::error::{Error, Result};
@@ -53,6 +54,8 @@ pub struct CudaRuntime {
     copy_stream: Arc<CudaStream>,
     staging: Mutex<Staging>,
     arch: u32,
+    /// What this GPU accepts in a launch (read from the driver).
+    limits: LaunchLimits,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
 }
@@ -78,7 +81,26 @@ impl CudaRuntime {
         let (major, minor) = ctx.compute_capability().map_err(driver_error("compute capability"))?;
         let stream = ctx.new_stream().map_err(driver_error("stream"))?;
         let copy_stream = ctx.new_stream().map_err(driver_error("copy stream"))?;
+        let limit = |a: sys::CUdevice_attribute| -> Result<u32> {
+            Ok(ctx.attribute(a).map_err(driver_error("device limits"))? as u32)
+        };
+        use sys::CUdevice_attribute as A;
+        let limits = LaunchLimits {
+            max_threads: limit(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+            max_block: (
+                limit(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X)?,
+                limit(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y)?,
+                limit(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z)?,
+            ),
+            max_grid: (
+                limit(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)?,
+                limit(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?,
+                limit(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?,
+            ),
+            max_shared_optin: limit(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
+        };
         Ok(Self {
+            limits,
             ctx,
             stream,
             copy_stream,
@@ -222,8 +244,14 @@ impl Runtime for CudaRuntime {
             .map_err(driver_error("copy on device"))
     }
     fn launch(&self, kernel: &str, cfg: &LaunchConfig, params: &mut [*mut c_void]) -> Result<()> {
+        self.limits.check(kernel, cfg)?;
         let f = self.function(kernel)?;
         self.ctx.bind_to_thread().map_err(driver_error("bind"))?;
+        if cfg.shared_bytes > DEFAULT_SHARED_BYTES {
+            // Beyond 48 KiB a kernel must opt in (LayerNorm's backward at hidden sizes near 6144).
+            let attr = cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+            f.set_attribute(attr, cfg.shared_bytes as i32).map_err(driver_error("opt into more shared memory"))?;
+        }
         // SAFETY: `params` matches the kernel's C signature (the shared launch code is the
         // contract, and the emulator runs the same argument arrays under AddressSanitizer).
         unsafe {

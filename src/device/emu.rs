@@ -144,6 +144,8 @@ impl Runtime for EmuRuntime {
         Ok(())
     }
     fn launch(&self, kernel: &str, cfg: &LaunchConfig, params: &mut [*mut c_void]) -> Result<()> {
+        // Refuse what an A100 would, so a launch that passes here runs on every target GPU.
+        super::gpu::runtime::LaunchLimits::SM80.check(kernel, cfg)?;
         let name = CString::new(kernel)
             .map_err(|_| Error::Device { what: kernel.into(), message: "bad kernel name".into() })?;
         let mut err = vec![0 as c_char; 512];

@@ -3,7 +3,7 @@
 //! (cudarc's driver API, kernels compiled by NVRTC) and [`emu`](crate::device::emu) (the same
 //! `kernels/*.cu` compiled for the host, DESIGN.md §3).
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use std::ffi::c_void;
 
 /// A device address: a CUDA `CUdeviceptr`, or a host pointer on the emulator.
@@ -50,6 +50,64 @@ pub enum Arg {
     U64(u64),
     /// `float`.
     F32(f32),
+}
+
+/// Dynamic shared memory a launch gets without asking: more needs the kernel's opt-in
+/// (`cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)`), up to the GPU's limit.
+pub const DEFAULT_SHARED_BYTES: u32 = 48 * 1024;
+
+/// What a GPU accepts in one launch (`cuLaunchKernel` refuses the rest).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchLimits {
+    /// Threads per block (1024 on every GPU since sm_20).
+    pub max_threads: u32,
+    /// Block extents in x, y, z.
+    pub max_block: (u32, u32, u32),
+    /// Grid extents in x, y, z.
+    pub max_grid: (u32, u32, u32),
+    /// Dynamic shared memory per block after the opt-in (A100: 163 KiB, H100: 227 KiB).
+    pub max_shared_optin: u32,
+}
+
+impl LaunchLimits {
+    /// An A100's (sm_80), the smallest of the GPUs the kernels are checked for: what the
+    /// emulator enforces, so a launch it accepts runs on every target GPU.
+    pub const SM80: LaunchLimits = LaunchLimits {
+        max_threads: 1024,
+        max_block: (1024, 1024, 64),
+        max_grid: (i32::MAX as u32, 65535, 65535),
+        max_shared_optin: 166_912,
+    };
+
+    /// `Ok` when a GPU with these limits accepts `cfg` for `kernel`; else what it would refuse.
+    pub fn check(&self, kernel: &str, cfg: &LaunchConfig) -> Result<()> {
+        let (g, b) = (cfg.grid, cfg.block);
+        let threads = u64::from(b.0) * u64::from(b.1) * u64::from(b.2);
+        let refuse = |message: String| Err(Error::Device { what: format!("launch of {kernel}"), message });
+        if threads == 0 || g.0 == 0 || g.1 == 0 || g.2 == 0 {
+            return refuse(format!("empty launch: grid {g:?}, block {b:?}"));
+        }
+        if threads > u64::from(self.max_threads)
+            || b.0 > self.max_block.0
+            || b.1 > self.max_block.1
+            || b.2 > self.max_block.2
+        {
+            return refuse(format!(
+                "block {b:?} has {threads} threads; a GPU takes at most {} (and {:?})",
+                self.max_threads, self.max_block
+            ));
+        }
+        if g.0 > self.max_grid.0 || g.1 > self.max_grid.1 || g.2 > self.max_grid.2 {
+            return refuse(format!("grid {g:?} exceeds {:?}", self.max_grid));
+        }
+        if cfg.shared_bytes > self.max_shared_optin {
+            return refuse(format!(
+                "{} bytes of dynamic shared memory; this GPU allows at most {} per block",
+                cfg.shared_bytes, self.max_shared_optin
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Memory and launches of one device. Object safe so that a [`GpuDevice`](super::GpuDevice) is
@@ -108,4 +166,35 @@ pub(crate) fn launch(rt: &dyn Runtime, kernel: &str, cfg: &LaunchConfig, args: &
         .collect();
     let mut params: Vec<*mut c_void> = values.iter_mut().map(|v| v as *mut ArgValue as *mut c_void).collect();
     rt.launch(kernel, cfg, &mut params)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launches_a_gpu_would_refuse_are_refused_by_name() {
+        let l = LaunchLimits::SM80;
+        let ok = LaunchConfig { grid: (70_000, 2, 1), block: (256, 4, 1), shared_bytes: 100 * 1024 };
+        assert!(l.check("k", &ok).is_ok(), "over 48 KiB is fine: the launch opts in");
+        for (cfg, says) in [
+            (LaunchConfig { block: (1025, 1, 1), ..ok }, "1025 threads"),
+            (LaunchConfig { block: (32, 32, 2), ..ok }, "2048 threads"),
+            (LaunchConfig { block: (1, 1, 65), ..ok }, "threads"),
+            (LaunchConfig { grid: (1, 65_536, 1), ..ok }, "grid"),
+            (LaunchConfig { grid: (0, 1, 1), ..ok }, "empty launch"),
+            (LaunchConfig { shared_bytes: 166_913, ..ok }, "166913 bytes of dynamic shared memory"),
+        ] {
+            let e = l.check("layernorm_backward", &cfg).unwrap_err().to_string();
+            assert!(e.contains("layernorm_backward") && e.contains(says), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_emulator_refuses_what_an_a100_would() {
+        let emu = crate::device::emu::EmuRuntime::new(0, 0, 1).unwrap();
+        let cfg = LaunchConfig { grid: (1, 1, 1), block: (2048, 1, 1), shared_bytes: 0 };
+        let e = emu.launch("emu_test_wmma", &cfg, &mut []).unwrap_err().to_string();
+        assert!(e.contains("2048 threads"), "{e}");
+    }
 }
