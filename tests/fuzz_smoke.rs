@@ -52,10 +52,12 @@ fn smoke(target: &str) {
 #[test]
 fn every_target_is_covered() {
     let names = fuzz::targets();
-    for name in ["safetensors", "checkpoint", "idx", "csv", "tsv", "tokenizer", "config", "hf_config", "image"] {
+    for name in
+        ["safetensors", "checkpoint", "idx", "csv", "tsv", "tokenizer", "config", "hf_config", "image", "rendezvous"]
+    {
         assert!(names.contains(&name), "{name} is not a fuzz target");
     }
-    assert_eq!(names.len(), 9, "a new target needs its own smoke test below: {names:?}");
+    assert_eq!(names.len(), 10, "a new target needs its own smoke test below: {names:?}");
 }
 
 #[test]
@@ -101,4 +103,9 @@ fn hf_config() {
 #[test]
 fn image() {
     smoke("image");
+}
+
+#[test]
+fn rendezvous() {
+    smoke("rendezvous");
 }

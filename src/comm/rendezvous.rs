@@ -28,8 +28,6 @@ pub const MAX_FRAME: usize = 4096 + 64;
 pub const MESSAGE_TIMEOUT: Duration = Duration::from_secs(2);
 /// First bytes of every frame body: the protocol and its version.
 const MAGIC: &[u8; 8] = b"PTRDZV01";
-const NONCE: usize = 32;
-const MAC: usize = 32;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -106,8 +104,9 @@ fn send(stream: &mut TcpStream, body: &[u8]) -> std::io::Result<()> {
 }
 
 /// Reads one frame of at most [`MAX_FRAME`] bytes that starts with [`MAGIC`]; returns the body
-/// after the magic. The stream's read timeout bounds each read.
-fn receive(stream: &mut TcpStream) -> std::result::Result<Vec<u8>, String> {
+/// after the magic. On a socket, its read timeout bounds each read. Nothing is allocated
+/// before the length is checked, so a stranger cannot make a peer reserve gigabytes.
+pub fn read_frame(stream: &mut impl Read) -> std::result::Result<Vec<u8>, String> {
     let mut len = [0u8; 4];
     stream.read_exact(&mut len).map_err(|e| format!("no frame length: {e}"))?;
     let len = u32::from_le_bytes(len) as usize;
@@ -122,6 +121,38 @@ fn receive(stream: &mut TcpStream) -> std::result::Result<Vec<u8>, String> {
     body.drain(..MAGIC.len());
     Ok(body)
 }
+
+/// A frame as [`read_frame`] reads it: `[length: u32 LE][MAGIC][parts...]`.
+pub fn frame(parts: &[&[u8]]) -> Vec<u8> {
+    let body = with_magic(parts);
+    let mut out = (body.len() as u32).to_le_bytes().to_vec();
+    out.extend_from_slice(&body);
+    out
+}
+
+/// Rank 0's challenge as a member reads it: exactly [`NONCE`] bytes.
+pub fn read_challenge(stream: &mut impl Read) -> std::result::Result<Vec<u8>, String> {
+    let nonce = read_frame(stream)?;
+    if nonce.len() != NONCE {
+        return Err(format!("a challenge of {} bytes; expected {NONCE}", nonce.len()));
+    }
+    Ok(nonce)
+}
+
+/// Rank 0's welcome as a member reads it: a [`MAC`] tag, then the payload.
+pub fn read_welcome(stream: &mut impl Read) -> std::result::Result<(Vec<u8>, Vec<u8>), String> {
+    let mut welcome = read_frame(stream)?;
+    if welcome.len() < MAC {
+        return Err(format!("a welcome of {} bytes; expected at least {MAC}", welcome.len()));
+    }
+    let payload = welcome.split_off(MAC);
+    Ok((welcome, payload))
+}
+
+/// Bytes of the nonce rank 0 sends.
+pub const NONCE: usize = 32;
+/// Bytes of an HMAC-SHA256 tag.
+pub const MAC: usize = 32;
 
 fn with_magic(parts: &[&[u8]]) -> Vec<u8> {
     let mut body = MAGIC.to_vec();
@@ -248,7 +279,7 @@ fn admit(
     peer.set_write_timeout(Some(MESSAGE_TIMEOUT)).map_err(io)?;
     let nonce = random_bytes::<NONCE>().map_err(|e| e.to_string())?;
     send(peer, &with_magic(&[&nonce])).map_err(io)?;
-    let (rank, claimed, mac) = parse_hello(&receive(peer)?)?;
+    let (rank, claimed, mac) = parse_hello(&read_frame(peer)?)?;
     let (r, s) = (rank.to_le_bytes(), claimed.to_le_bytes());
     if !secret.verify(&[b"hello", &nonce, &r, &s], &mac) {
         return Err("wrong secret (the MAC does not verify)".into());
@@ -297,22 +328,16 @@ fn handshake(s: &mut TcpStream, rank: usize, size: usize, secret: &Secret) -> st
     let io = |e: std::io::Error| e.to_string();
     s.set_read_timeout(Some(MESSAGE_TIMEOUT)).map_err(io)?;
     s.set_write_timeout(Some(MESSAGE_TIMEOUT)).map_err(io)?;
-    let nonce = receive(s)?;
-    if nonce.len() != NONCE {
-        return Err(format!("a challenge of {} bytes; expected {NONCE}", nonce.len()));
-    }
+    let nonce = read_challenge(s)?;
     let (r, z) = ((rank as u32).to_le_bytes(), (size as u32).to_le_bytes());
     let mac = secret.mac(&[b"hello", &nonce, &r, &z]);
     send(s, &with_magic(&[&r, &z, &mac])).map_err(io)?;
-    let welcome = receive(s).map_err(|e| format!("rank 0 closed the connection ({e}): a wrong secret or rank?"))?;
-    if welcome.len() < MAC {
-        return Err(format!("a welcome of {} bytes; expected at least {MAC}", welcome.len()));
-    }
-    let (tag, payload) = welcome.split_at(MAC);
-    if !secret.verify(&[b"welcome", &nonce, payload], tag) {
+    let (tag, payload) =
+        read_welcome(s).map_err(|e| format!("rank 0 closed the connection ({e}): a wrong secret or rank?"))?;
+    if !secret.verify(&[b"welcome", &nonce, &payload], &tag) {
         return Err("the peer at this address does not know the run's secret".into());
     }
-    Ok(payload.to_vec())
+    Ok(payload)
 }
 
 #[cfg(test)]

@@ -39,11 +39,12 @@ pub(crate) const TARGETS: &[Target] = &[
     Target { name: "config", seeds: config_seeds, fix_up: None, run: config },
     Target { name: "hf_config", seeds: hf_config_seeds, fix_up: None, run: hf_config },
     Target { name: "image", seeds: image_seeds, fix_up: Some(image_fix_up), run: image },
+    Target { name: "rendezvous", seeds: rendezvous_seeds, fix_up: None, run: rendezvous },
 ];
 
 /// The names of [`TARGETS`].
 pub(crate) const NAMES: &[&str] =
-    &["safetensors", "checkpoint", "idx", "csv", "tsv", "tokenizer", "config", "hf_config", "image"];
+    &["safetensors", "checkpoint", "idx", "csv", "tsv", "tokenizer", "config", "hf_config", "image", "rendezvous"];
 
 /// Writes `bytes` to `dir/name`.
 fn put(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf> {
@@ -422,6 +423,35 @@ fn hf_config(input: &[u8], _: &Path) -> Result<()> {
     let spec = model.spec()?;
     let _ = (spec.max_seq(), spec.head_dim());
     Ok(())
+}
+
+// ---- rendezvous messages ---------------------------------------------------------------------
+
+/// What a stranger can send either side of the rendezvous: to rank 0, a hello frame; to a
+/// member, a challenge frame then a welcome frame.
+fn rendezvous_seeds(_: &Path) -> Result<Vec<Vec<u8>>> {
+    use crate::comm::rendezvous::{MAC, NONCE, frame};
+    let hello = frame(&[&1u32.to_le_bytes(), &2u32.to_le_bytes(), &[7; MAC]]);
+    let mut member_side = frame(&[&[3; NONCE]]);
+    member_side.extend(frame(&[&[9; MAC], &[1; 128]]));
+    Ok(vec![hello, member_side])
+}
+
+/// Rank 0's reading of a hello, and a member's reading of a challenge and welcome, from the
+/// same bytes: every message is framed and length-checked before any MAC is computed.
+fn rendezvous(input: &[u8], _: &Path) -> Result<()> {
+    use crate::comm::rendezvous::{parse_hello, read_challenge, read_frame, read_welcome};
+    let refused = |why: String| config_error("rendezvous message", why);
+    let hello = read_frame(&mut &input[..]).and_then(|body| parse_hello(&body));
+    let member = read_challenge(&mut &input[..]).and_then(|_| {
+        let mut rest = input;
+        read_frame(&mut rest)?; // the challenge again, to reach the welcome
+        read_welcome(&mut rest)
+    });
+    match (hello, member) {
+        (Err(a), Err(b)) => Err(refused(format!("{a}; {b}"))),
+        _ => Ok(()),
+    }
 }
 
 // ---- PNG and PGM images ---------------------------------------------------------------------
