@@ -277,18 +277,14 @@ fn bad_requests_are_refused_before_any_work() {
 /// hide a gradient off by a constant factor): GPT batches whose samples count different numbers
 /// of targets, so a micro-batch or replica weighted by its own target count instead of the
 /// global batch's would show.
-#[test]
-fn loss_and_gradient_norm_follow_one_device_at_every_step_with_unequal_targets() {
-    use pipetransformer::train::BatchSource;
-    let config = gpt();
-    let data = common::Pool::new(&config, 12, 6, 3);
-    let batches: Vec<HostBatch> = (0..STEPS as usize).map(|i| data.train_batch(0, i % 2).unwrap()).collect();
-    let counts: Vec<usize> = batches[0].split(6).unwrap().iter().map(HostBatch::target_count).collect();
-    assert!(counts.iter().any(|&c| c != counts[0]), "samples must count different targets: {counts:?}");
+/// Loss and gradient norm of one-device steps on `batches` (seeds 1000, 1001, ...), and the
+/// parameters after them: what every pipelined or multi-process run must reproduce.
+#[allow(clippy::type_complexity)]
+fn one_device(config: &ModelConfig, batches: &[HostBatch]) -> (Vec<(f64, f64)>, Vec<(String, Vec<f64>)>) {
     let dev = CpuDevice::<f32>::new(0, 1).unwrap();
-    let mut model = Model::new(&dev, &config, 7).unwrap();
+    let mut model = Model::new(&dev, config, 7).unwrap();
     let mut opt = Optimizer::new(adamw()).unwrap();
-    let want: Vec<(f64, f64)> = batches
+    let per_step = batches
         .iter()
         .enumerate()
         .map(|(s, host)| {
@@ -297,6 +293,19 @@ fn loss_and_gradient_norm_follow_one_device_at_every_step_with_unequal_targets()
             (st.loss, st.grad_norm)
         })
         .collect();
+    let params = model.params().iter().map(|p| (p.name.clone(), dev.download_f64(&p.value).unwrap())).collect();
+    (per_step, params)
+}
+
+#[test]
+fn loss_and_gradient_norm_follow_one_device_at_every_step_with_unequal_targets() {
+    use pipetransformer::train::BatchSource;
+    let config = gpt();
+    let data = common::Pool::new(&config, 12, 6, 3);
+    let batches: Vec<HostBatch> = (0..STEPS as usize).map(|i| data.train_batch(0, i % 2).unwrap()).collect();
+    let counts: Vec<usize> = batches[0].split(6).unwrap().iter().map(HostBatch::target_count).collect();
+    assert!(counts.iter().any(|&c| c != counts[0]), "samples must count different targets: {counts:?}");
+    let (want, _) = one_device(&config, &batches);
     for (k, r, m) in [(1, 2, 1), (2, 1, 3), (2, 2, 2), (3, 1, 2), (1, 3, 2), (3, 2, 1)] {
         for schedule in [ScheduleKind::Gpipe, ScheduleKind::OneFOneB] {
             let mut p = pipeline(&config, cfg(k, r, m, schedule));
@@ -386,20 +395,7 @@ fn processes_train_like_one_device_with_loss_and_norm_at_every_step() {
     let config = gpt();
     let data = common::Pool::new(&config, 24, 12, 5);
     let batches: Vec<HostBatch> = (0..STEPS as usize).map(|i| data.train_batch(0, i % 2).unwrap()).collect();
-    let dev = CpuDevice::<f32>::new(0, 1).unwrap();
-    let mut model = Model::new(&dev, &config, 7).unwrap();
-    let mut opt = Optimizer::new(adamw()).unwrap();
-    let want: Vec<(f64, f64)> = batches
-        .iter()
-        .enumerate()
-        .map(|(s, host)| {
-            let b = Batch::upload(&dev, model.spec(), host, true, 1000 + s as u64).unwrap();
-            let st = train_step(&dev, &mut model, &mut opt, &b, LR, Some(1.0)).unwrap();
-            (st.loss, st.grad_norm)
-        })
-        .collect();
-    let reference: Vec<(String, Vec<f64>)> =
-        model.params().iter().map(|p| (p.name.clone(), dev.download_f64(&p.value).unwrap())).collect();
+    let (want, reference) = one_device(&config, &batches);
     // (processes, K, R per process): 2 and 4 processes, pipelines and in-process replicas inside.
     for (procs, k, r) in [(2, 1, 1), (2, 2, 1), (4, 1, 1), (2, 1, 2)] {
         let group = process_group(procs);

@@ -258,16 +258,21 @@ mod tests {
         }
     }
 
-    #[test]
-    fn bad_launch_options_are_refused_before_anything_starts() {
-        let ok = LaunchOptions {
-            nproc_per_node: 2,
+    /// `nproc` processes on one node, loopback rendezvous, no token.
+    fn one_node(nproc: usize, grace: Duration) -> LaunchOptions {
+        LaunchOptions {
+            nproc_per_node: nproc,
             nnodes: 1,
             node_rank: 0,
             rdzv: "127.0.0.1:29500".into(),
             token: None,
-            grace: GRACE,
-        };
+            grace,
+        }
+    }
+
+    #[test]
+    fn bad_launch_options_are_refused_before_anything_starts() {
+        let ok = one_node(2, GRACE);
         assert!(ok.validate().is_ok());
         for (bad, says) in [
             (LaunchOptions { nproc_per_node: 0, ..ok.clone() }, "at least 1"),
@@ -282,14 +287,7 @@ mod tests {
 
     #[test]
     fn the_first_failing_process_ends_the_launch_with_its_rank() {
-        let opts = LaunchOptions {
-            nproc_per_node: 3,
-            nnodes: 1,
-            node_rank: 0,
-            rdzv: "127.0.0.1:29500".into(),
-            token: None,
-            grace: Duration::from_secs(1),
-        };
+        let opts = one_node(3, Duration::from_secs(1));
         // Each child is a shell that fails when it is rank 1 and otherwise sleeps: the launch
         // must not wait for the sleepers' 60 s beyond its grace.
         let script = "if [ \"$RANK\" = 1 ]; then exit 3; fi; sleep 60".to_string();
