@@ -183,8 +183,36 @@ fn supplied_communicators_replace_the_host_ring() {
     let want = reference(&config, 6);
     let (k, r) = (2, 3);
     let mut p = pipeline(&config, cfg(k, r, 2, ScheduleKind::OneFOneB));
-    let groups: Vec<Vec<Arc<dyn Communicator<CpuDevice<f32>>>>> = (0..k)
-        .map(|_| ring_group(r).into_iter().map(|m| Arc::new(m) as Arc<dyn Communicator<CpuDevice<f32>>>).collect())
+    // Each member counts the `complete` calls: the runtime must wait for a device
+    // communicator's sums before the optimizer reads them (NCCL runs them on its own stream).
+    struct Counting(pipetransformer::comm::RingCommunicator, std::sync::atomic::AtomicUsize);
+    type Buf = <CpuDevice<f32> as Device>::Buf;
+    impl Communicator<CpuDevice<f32>> for Counting {
+        fn rank(&self) -> usize {
+            Communicator::<CpuDevice<f32>>::rank(&self.0)
+        }
+        fn size(&self) -> usize {
+            Communicator::<CpuDevice<f32>>::size(&self.0)
+        }
+        fn name(&self) -> String {
+            "counting ring".into()
+        }
+        fn all_reduce_sum(&self, dev: &CpuDevice<f32>, bufs: &mut [&mut Buf]) -> pipetransformer::Result<()> {
+            self.0.all_reduce_sum(dev, bufs)
+        }
+        fn complete(&self, _: &CpuDevice<f32>) -> pipetransformer::Result<()> {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        }
+        fn broadcast(&self, dev: &CpuDevice<f32>, buf: &mut Buf, root: usize) -> pipetransformer::Result<()> {
+            self.0.broadcast(dev, buf, root)
+        }
+    }
+    let members: Vec<Vec<Arc<Counting>>> =
+        (0..k).map(|_| ring_group(r).into_iter().map(|m| Arc::new(Counting(m, 0.into()))).collect()).collect();
+    let groups: Vec<Vec<Arc<dyn Communicator<CpuDevice<f32>>>>> = members
+        .iter()
+        .map(|g| g.iter().map(|m| m.clone() as Arc<dyn Communicator<CpuDevice<f32>>>).collect())
         .collect();
     // A group of the wrong size is refused.
     let wrong: Vec<Vec<Arc<dyn Communicator<CpuDevice<f32>>>>> = vec![];
@@ -196,6 +224,9 @@ fn supplied_communicators_replace_the_host_ring() {
     let e = params_rel(&p.parameters(0).unwrap(), &want);
     assert!(e <= 1e-5, "weights differ from one device by {e:.2e}");
     assert_eq!(p.parameters(2).unwrap(), p.parameters(0).unwrap(), "replicas diverged");
+    for m in members.iter().flatten() {
+        assert_eq!(m.1.load(std::sync::atomic::Ordering::Relaxed), STEPS as usize, "one wait per step and device");
+    }
 }
 
 #[test]

@@ -26,6 +26,12 @@ pub trait Communicator<D: Device>: Send + Sync {
     /// Every member's `bufs` become the element-wise sum over all members (every member passes
     /// buffers of the same lengths, in the same order: a bucket of gradients).
     fn all_reduce_sum(&self, dev: &D, bufs: &mut [&mut D::Buf]) -> Result<()>;
+    /// Makes `dev`'s later work wait for the collectives this member queued: NCCL runs them on
+    /// a stream of its own so they overlap the rest of the backward. The default, for
+    /// collectives that are done when they return, does nothing.
+    fn complete(&self, _dev: &D) -> Result<()> {
+        Ok(())
+    }
     /// Every member's `buf` becomes `root`'s.
     fn broadcast(&self, dev: &D, buf: &mut D::Buf, root: usize) -> Result<()>;
 }

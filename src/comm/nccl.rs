@@ -9,7 +9,9 @@ use super::nccl_lib::{FLOAT32, NcclLib, SUM, nccl};
 use crate::device::GpuDevice;
 use crate::device::gpu::Elem;
 use crate::error::{Error, Result};
+use cudarc::driver::CudaStream;
 use cudarc::nccl::sys;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Bytes of an NCCL unique id.
@@ -58,7 +60,12 @@ pub struct NcclCommunicator {
     /// communicator (`ncclCommDestroy` would wait for them).
     failed: std::sync::atomic::AtomicBool,
     comm: sys::ncclComm_t,
-    stream: sys::cudaStream_t,
+    /// The GPU's compute stream, whose kernels produce the gradients and later read the sums.
+    compute: Arc<CudaStream>,
+    /// The collectives' own stream: ordered after the gradients by an event, and waited for
+    /// only when the sums are needed ([`Communicator::complete`]), so the rest of the
+    /// backward overlaps the all-reduce, as the host ring's thread does.
+    stream: Arc<CudaStream>,
     rank: usize,
     size: usize,
 }
@@ -87,7 +94,8 @@ impl NcclCommunicator {
             lib,
             failed: false.into(),
             comm,
-            stream: runtime.stream().cu_stream() as sys::cudaStream_t,
+            compute: runtime.stream().clone(),
+            stream: runtime.new_stream()?,
             rank,
             size,
         })
@@ -114,19 +122,22 @@ impl NcclCommunicator {
             (lib.comm_init_all)(comms.as_mut_ptr(), ordinals.len() as i32, ordinals.as_ptr())
         })?;
         let size = runtimes.len();
-        Ok(comms
+        comms
             .into_iter()
             .zip(runtimes)
             .enumerate()
-            .map(|(rank, (comm, rt))| Self {
-                lib,
-                failed: false.into(),
-                comm,
-                stream: rt.stream().cu_stream() as sys::cudaStream_t,
-                rank,
-                size,
+            .map(|(rank, (comm, rt))| {
+                Ok(Self {
+                    lib,
+                    failed: false.into(),
+                    comm,
+                    compute: rt.stream().clone(),
+                    stream: rt.new_stream()?,
+                    rank,
+                    size,
+                })
             })
-            .collect())
+            .collect()
     }
 }
 
@@ -195,6 +206,10 @@ impl Drop for NcclCommunicator {
     }
 }
 
+fn stream_error(what: &str, e: cudarc::driver::DriverError) -> Error {
+    Error::Device { what: format!("nccl: {what}"), message: e.to_string() }
+}
+
 fn check_f32(buf: &crate::device::GpuBuf) -> Result<()> {
     crate::device::gpu::check_elem("nccl", "buffer", buf, Elem::F32)
 }
@@ -214,12 +229,15 @@ impl Communicator<GpuDevice> for NcclCommunicator {
             check_f32(b)?;
         }
         let lib = self.lib;
+        let stream = self.stream.cu_stream() as sys::cudaStream_t;
+        // The sums start once the kernels that wrote the gradients are done.
+        self.note(self.stream.join(&self.compute).map_err(|e| stream_error("order the all-reduce", e)))?;
         // SAFETY: opens a group that is closed below on every path.
         lib.check("group start", unsafe { (lib.group_start)() })?;
         let queued = bufs.iter().try_for_each(|b| {
             let p = b.ptr() as *mut ::core::ffi::c_void;
             // SAFETY: in-place sum over `len` f32 elements of device memory this GPU owns.
-            lib.check("all-reduce", unsafe { (lib.all_reduce)(p, p, b.len(), FLOAT32, SUM, self.comm, self.stream) })
+            lib.check("all-reduce", unsafe { (lib.all_reduce)(p, p, b.len(), FLOAT32, SUM, self.comm, stream) })
         });
         // An open group must be closed even when queueing failed, or every later NCCL call of
         // this thread joins the broken group.
@@ -227,14 +245,22 @@ impl Communicator<GpuDevice> for NcclCommunicator {
         let closed = lib.check("group end", unsafe { (lib.group_end)() });
         self.note(queued.and(closed))
     }
-    fn broadcast(&self, _dev: &GpuDevice, buf: &mut crate::device::GpuBuf, root: usize) -> Result<()> {
+    fn complete(&self, _dev: &GpuDevice) -> Result<()> {
+        self.note(self.compute.join(&self.stream).map_err(|e| stream_error("wait for the all-reduce", e)))
+    }
+    fn broadcast(&self, dev: &GpuDevice, buf: &mut crate::device::GpuBuf, root: usize) -> Result<()> {
         check_f32(buf)?;
         let p = buf.ptr() as *mut ::core::ffi::c_void;
         let lib = self.lib;
+        let stream = self.stream.cu_stream() as sys::cudaStream_t;
+        self.note(self.stream.join(&self.compute).map_err(|e| stream_error("order the broadcast", e)))?;
         // SAFETY: in-place broadcast of `len` f32 elements.
-        self.note(lib.check("broadcast", unsafe {
-            (lib.broadcast)(p, p, buf.len(), FLOAT32, root as i32, self.comm, self.stream)
-        }))
+        self.note(
+            lib.check("broadcast", unsafe {
+                (lib.broadcast)(p, p, buf.len(), FLOAT32, root as i32, self.comm, stream)
+            }),
+        )?;
+        self.complete(dev)
     }
 }
 

@@ -117,6 +117,11 @@ impl CudaRuntime {
         &self.stream
     }
 
+    /// A new stream on this GPU (NCCL's collectives run on one of their own).
+    pub fn new_stream(&self) -> Result<Arc<CudaStream>> {
+        self.ctx.new_stream().map_err(driver_error("stream"))
+    }
+
     /// The GPU's ordinal.
     pub fn ordinal(&self) -> usize {
         self.ctx.ordinal()

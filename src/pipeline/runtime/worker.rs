@@ -256,8 +256,8 @@ impl<D: Device> Worker<'_, D> {
                     dys.insert((piece, stage - 1), data.map(|d| dev.upload(&d)).transpose()?);
                 }
                 Action::AllReduce { stage } if self.communicator.is_some() => {
-                    // A device communicator (NCCL queues on the GPU's stream, so it overlaps
-                    // the compute after it without a thread of ours).
+                    // A device communicator (NCCL queues on a stream of its own, ordered after the
+                    // gradients, so it overlaps the compute after it without a thread of ours).
                     let comm = self.communicator.clone().ok_or_else(|| internal("all-reduce", "no communicator"))?;
                     let mut grads: Vec<&mut D::Buf> = self
                         .units(stage)?
@@ -280,6 +280,10 @@ impl<D: Device> Worker<'_, D> {
                     }
                 }
                 Action::OptimizerStep => {
+                    // A device communicator's sums (NCCL: on its own stream) are needed from here.
+                    if let Some(comm) = &self.communicator {
+                        comm.complete(dev)?;
+                    }
                     // Wait for this device's buckets; the update itself follows the global norm.
                     for _ in 0..pending {
                         let (stage, data) = recv_bucket(from_comm, ctx.shared)?;
