@@ -225,7 +225,7 @@ mod tests {
         };
         assert!(ProcessEnv::from_vars(vars(&[])).unwrap().is_none());
         assert!(ProcessEnv::from_vars(vars(&[("WORLD_SIZE", "1")])).unwrap().is_none());
-        let full = [
+        const FULL: &[(&str, &str)] = &[
             ("WORLD_SIZE", "4"),
             ("RANK", "3"),
             ("LOCAL_WORLD_SIZE", "2"),
@@ -233,16 +233,7 @@ mod tests {
             ("MASTER_PORT", "29500"),
             ("PT_RDZV_TOKEN", "k"),
         ];
-        let e = ProcessEnv::from_vars(vars(&[
-            ("WORLD_SIZE", "4"),
-            ("RANK", "3"),
-            ("LOCAL_WORLD_SIZE", "2"),
-            ("MASTER_ADDR", "127.0.0.1"),
-            ("MASTER_PORT", "29500"),
-            ("PT_RDZV_TOKEN", "k"),
-        ]))
-        .unwrap()
-        .unwrap();
+        let e = ProcessEnv::from_vars(vars(FULL)).unwrap().unwrap();
         assert_eq!((e.rank, e.world, e.local_world, e.addr.as_str()), (3, 4, 2, "127.0.0.1:29500"));
         for (k, v, says) in [
             ("WORLD_SIZE", "four", "whole number"),
@@ -251,7 +242,7 @@ mod tests {
             ("PT_RDZV_TOKEN", "", "PT_RDZV_TOKEN"),
         ] {
             let changed: Vec<(&str, String)> =
-                full.iter().map(|&(n, w)| (n, if n == k { v.to_string() } else { w.to_string() })).collect();
+                FULL.iter().map(|&(n, w)| (n, if n == k { v.to_string() } else { w.to_string() })).collect();
             let e = ProcessEnv::from_vars(|q| changed.iter().find(|(n, _)| *n == q).map(|(_, v)| v.clone()));
             let e = e.unwrap_err().to_string();
             assert!(e.contains(says), "{k}={v}: {e}");
