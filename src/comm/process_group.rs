@@ -42,11 +42,7 @@ impl ProcessGroup {
     /// for a peer.
     pub fn join(addr: &str, rank: usize, size: usize, secret: &Secret, timeout: Duration) -> Result<Self> {
         let (_, links) = gather(addr, rank, size, secret, Some(b"process group"), timeout)?;
-        let streams: Vec<&TcpStream> = match &links {
-            Links::Hub(s) => s.iter().collect(),
-            Links::Spoke(s) => vec![s],
-        };
-        for s in streams {
+        for s in links.streams() {
             s.set_read_timeout(Some(timeout)).map_err(|e| group_error(e.to_string()))?;
             s.set_write_timeout(Some(timeout)).map_err(|e| group_error(e.to_string()))?;
             s.set_nodelay(true).map_err(|e| group_error(e.to_string()))?;
@@ -88,11 +84,7 @@ impl ProcessGroup {
         if result.is_err() {
             // The group is broken: hang up on everyone now, so each peer fails at once with
             // "closed its connection" instead of waiting out its timeout.
-            let streams: Vec<&TcpStream> = match &*links {
-                Links::Hub(s) => s.iter().collect(),
-                Links::Spoke(s) => vec![s],
-            };
-            for s in streams {
+            for s in links.streams() {
                 let _ = s.shutdown(std::net::Shutdown::Both);
             }
         }

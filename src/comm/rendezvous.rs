@@ -198,6 +198,16 @@ pub enum Links {
     Spoke(TcpStream),
 }
 
+impl Links {
+    /// Every open connection: rank 0's to each member, or a member's one.
+    pub fn streams(&self) -> Vec<&TcpStream> {
+        match self {
+            Links::Hub(s) => s.iter().collect(),
+            Links::Spoke(s) => vec![s],
+        }
+    }
+}
+
 /// [`meet`], keeping the admitted connections open.
 pub fn gather(
     addr: &str,

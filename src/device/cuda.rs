@@ -153,7 +153,7 @@ impl CudaRuntime {
             match modules.get(file) {
                 Some(m) => m.clone(),
                 None => {
-                    let m = if kernels::load_ptx() {
+                    let m = if kernels::load_ptx()? {
                         let ptx = kernels::compile_ptx(file, self.arch)?;
                         self.ctx
                             .load_module(cudarc::nvrtc::Ptx::from_src(ptx))

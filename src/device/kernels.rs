@@ -177,10 +177,20 @@ pub fn compile_cubin(file: &str, arch: u32) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// Whether the `cuda` backend should load PTX instead of cubins (`PT_KERNELS=ptx`): for a
-/// driver newer than NVRTC that knows an architecture NVRTC cannot target.
-pub fn load_ptx() -> bool {
-    std::env::var("PT_KERNELS").is_ok_and(|v| v.eq_ignore_ascii_case("ptx"))
+/// Whether the `cuda` backend should load PTX instead of cubins (`PT_KERNELS=ptx`; `cubin` or
+/// unset: cubins): for a driver newer than NVRTC that knows an architecture NVRTC cannot target.
+pub fn load_ptx() -> Result<bool> {
+    kernel_format(std::env::var("PT_KERNELS").ok().as_deref())
+}
+
+fn kernel_format(value: Option<&str>) -> Result<bool> {
+    match value.map(str::to_ascii_lowercase).as_deref() {
+        None | Some("cubin") => Ok(false),
+        Some("ptx") => Ok(true),
+        Some(other) => {
+            Err(Error::Config { field: "PT_KERNELS".into(), message: format!("`{other}`; expected ptx or cubin") })
+        }
+    }
 }
 
 /// `$XDG_CACHE_HOME/pipetransformer/kernels` (or `~/.cache/...`, or the temp dir).
@@ -320,6 +330,15 @@ pub fn with_table(doc: &str, table: &str) -> Result<String> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_kernel_format_is_cubin_unless_ptx_is_asked_and_nothing_else_is_taken() {
+        assert!(!kernel_format(None).unwrap() && !kernel_format(Some("cubin")).unwrap());
+        assert!(kernel_format(Some("PTX")).unwrap());
+        let e = kernel_format(Some("sass")).unwrap_err().to_string();
+        assert!(e.contains("PT_KERNELS") && e.contains("sass"), "{e}");
+    }
+
     use super::*;
 
     #[test]

@@ -275,8 +275,7 @@ impl<D: Device> Job<D> {
             if on {
                 return Err(Error::Config {
                     field: key.into(),
-                    message: "works within one process; a launched run needs it off (--set {key}=false)"
-                        .replace("{key}", key),
+                    message: format!("works within one process; a launched run needs it off (--set {key}=false)"),
                 });
             }
         }

@@ -201,17 +201,19 @@ impl ProcessEnv {
     /// Meets the other processes; collectives then wait `PT_COLLECTIVE_TIMEOUT` seconds (default
     /// [`COLLECTIVE_TIMEOUT`]) for a peer.
     pub fn join(&self) -> Result<ProcessGroup> {
-        let timeout = match std::env::var("PT_COLLECTIVE_TIMEOUT") {
-            Ok(v) => Duration::from_secs_f64(
-                v.parse::<f64>()
-                    .ok()
-                    .filter(|s| s.is_finite() && *s > 0.0)
-                    .ok_or_else(|| config_error("PT_COLLECTIVE_TIMEOUT", format!("`{v}`; expected seconds > 0")))?,
-            ),
-            Err(_) => COLLECTIVE_TIMEOUT,
-        };
+        let timeout = collective_timeout(std::env::var("PT_COLLECTIVE_TIMEOUT").ok().as_deref())?;
         ProcessGroup::join(&self.addr, self.rank, self.world, &self.secret, timeout)
     }
+}
+
+/// `PT_COLLECTIVE_TIMEOUT`'s value (seconds, finite and > 0), or [`COLLECTIVE_TIMEOUT`] unset.
+fn collective_timeout(value: Option<&str>) -> Result<Duration> {
+    let Some(v) = value else { return Ok(COLLECTIVE_TIMEOUT) };
+    v.parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| config_error("PT_COLLECTIVE_TIMEOUT", format!("`{v}`; expected seconds > 0")))
 }
 
 #[cfg(test)]
@@ -246,6 +248,12 @@ mod tests {
             let e = ProcessEnv::from_vars(|q| changed.iter().find(|(n, _)| *n == q).map(|(_, v)| v.clone()));
             let e = e.unwrap_err().to_string();
             assert!(e.contains(says), "{k}={v}: {e}");
+        }
+        assert_eq!(collective_timeout(None).unwrap(), COLLECTIVE_TIMEOUT);
+        assert_eq!(collective_timeout(Some("2.5")).unwrap(), Duration::from_millis(2500));
+        for bad in ["0", "-1", "inf", "NaN", "soon"] {
+            let e = collective_timeout(Some(bad)).unwrap_err().to_string();
+            assert!(e.contains("PT_COLLECTIVE_TIMEOUT") && e.contains(bad), "{e}");
         }
     }
 
