@@ -9,7 +9,8 @@
 //!    members are threads talking over loopback, the same sockets separate processes use) against
 //!    the in-process ring, and the time for a group to meet at the rendezvous.
 //!
-//! `cargo bench --bench pipeline` prints a markdown report (docs/PERF.md records it).
+//! `cargo bench --bench pipeline` prints a markdown report (docs/PERF.md records it);
+//! `cargo bench --bench pipeline -- process-group` (or `bubble`, `all-reduce`) runs one section.
 
 use pipetransformer::comm::ring_group;
 use pipetransformer::device::CpuDevice;
@@ -23,9 +24,18 @@ fn main() {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let k = cores.clamp(1, 4);
     println!("# pipeline runtime on {cores} cores: {k} cpu devices of 1 thread\n");
-    bubble(k);
-    all_reduce();
-    process_group();
+    // Cargo passes `--bench`; any other argument names the sections to run.
+    let wanted: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let run = |name: &str| wanted.is_empty() || wanted.iter().any(|w| w == name);
+    if run("bubble") {
+        bubble(k);
+    }
+    if run("all-reduce") {
+        all_reduce();
+    }
+    if run("process-group") {
+        process_group();
+    }
 }
 
 /// The TCP star of `pipetransformer launch` against the in-process ring, same members and bytes.

@@ -4,7 +4,10 @@
 //!
 //! The collective is a star over the connections the [`rendezvous`](super::rendezvous) left
 //! open: members send their values to rank 0, which adds them in rank order (in f64) and sends
-//! the sum back. Adding in a fixed order makes every process's result bitwise the same. Every
+//! the sum back. Adding in a fixed order makes every process's result bitwise the same.
+//! Gradients travel as f32 bytes, converted and added a chunk at a time as they arrive (rank 0
+//! reads every member's message in full before it answers, so no member is ever blocked
+//! writing while rank 0 writes to it). Every
 //! read has the group's timeout, and a peer that dies closes its socket, so a dead process ends
 //! the others with an error naming it instead of a hang: rank 0 sees the member's end of file,
 //! fails, and its own exit closes every member's connection in turn.
@@ -61,26 +64,62 @@ impl ProcessGroup {
     }
 
     /// Every process's `values` become the element-wise sum over the group, added in rank order
-    /// in f64 and rounded once to f32.
+    /// in f64 and rounded once to f32. The values travel as f32 bytes and rank 0 adds them a
+    /// chunk at a time as they arrive, so neither side widens the whole buffer.
     pub fn all_reduce_sum_f32(&self, values: &mut [f32]) -> Result<()> {
-        let mut wide: Vec<f64> = values.iter().map(|&v| f64::from(v)).collect();
-        self.all_reduce_sum(&mut wide, 4)?;
-        for (v, w) in values.iter_mut().zip(wide) {
-            *v = w as f32;
-        }
-        Ok(())
+        self.collective(|links| match links {
+            Links::Hub(members) => {
+                let mut bytes = vec![0u8; CHUNK.min(values.len()) * 4];
+                let mut sum = vec![0f64; CHUNK.min(values.len())];
+                for (i, peer) in members.iter_mut().enumerate() {
+                    read_count(peer, values.len()).map_err(|e| peer_error(i + 1, e))?;
+                }
+                for chunk in values.chunks_mut(CHUNK) {
+                    let (sum, bytes) = (&mut sum[..chunk.len()], &mut bytes[..chunk.len() * 4]);
+                    for (s, &v) in sum.iter_mut().zip(chunk.iter()) {
+                        *s = f64::from(v);
+                    }
+                    for (i, peer) in members.iter_mut().enumerate() {
+                        peer.read_exact(bytes).map_err(|e| peer_error(i + 1, closed(&e)))?;
+                        for (s, b) in sum.iter_mut().zip(bytes.chunks_exact(4)) {
+                            *s += f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                        }
+                    }
+                    for (v, &s) in chunk.iter_mut().zip(sum.iter()) {
+                        *v = s as f32;
+                    }
+                }
+                // Every member has sent everything: none is blocked writing, so the sums can go.
+                for (i, peer) in members.iter_mut().enumerate() {
+                    write_f32(peer, values).map_err(|e| peer_error(i + 1, e.to_string()))?;
+                }
+                Ok(())
+            }
+            Links::Spoke(hub) => {
+                write_f32(hub, values).map_err(|e| peer_error(0, e.to_string()))?;
+                read_count(hub, values.len()).map_err(|e| peer_error(0, e))?;
+                let mut bytes = vec![0u8; CHUNK.min(values.len()) * 4];
+                for chunk in values.chunks_mut(CHUNK) {
+                    let bytes = &mut bytes[..chunk.len() * 4];
+                    hub.read_exact(bytes).map_err(|e| peer_error(0, closed(&e)))?;
+                    for (v, b) in chunk.iter_mut().zip(bytes.chunks_exact(4)) {
+                        *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                    }
+                }
+                Ok(())
+            }
+        })
     }
 
     /// Every process's `values` become the element-wise sum over the group, in rank order.
     pub fn all_reduce_sum_f64(&self, values: &mut [f64]) -> Result<()> {
-        self.all_reduce_sum(values, 8)
+        self.collective(|links| Self::exchange(links, values))
     }
 
-    /// The star: members send `values` (as `width`-byte floats) to rank 0, which adds them in
-    /// rank order and returns the sum to everyone.
-    fn all_reduce_sum(&self, values: &mut [f64], width: usize) -> Result<()> {
+    /// Runs one collective over the links; on failure hangs up on everyone.
+    fn collective(&self, f: impl FnOnce(&mut Links) -> Result<()>) -> Result<()> {
         let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
-        let result = Self::exchange(&mut links, values, width);
+        let result = f(&mut links);
         if result.is_err() {
             // The group is broken: hang up on everyone now, so each peer fails at once with
             // "closed its connection" instead of waiting out its timeout.
@@ -91,28 +130,27 @@ impl ProcessGroup {
         result
     }
 
-    fn exchange(links: &mut Links, values: &mut [f64], width: usize) -> Result<()> {
+    /// The star for f64: members send `values` to rank 0, which adds them in rank order and
+    /// returns the sum to everyone.
+    fn exchange(links: &mut Links, values: &mut [f64]) -> Result<()> {
         match links {
             Links::Hub(members) => {
                 let mut sum = values.to_vec();
                 for (i, peer) in members.iter_mut().enumerate() {
-                    let theirs = receive(peer, values.len(), width).map_err(|e| peer_error(i + 1, e))?;
+                    let theirs = receive(peer, values.len()).map_err(|e| peer_error(i + 1, e))?;
                     for (s, t) in sum.iter_mut().zip(theirs) {
                         *s += t;
                     }
                 }
-                // Rounded as the members will read it, so rank 0 holds the same values.
-                let bytes = encode(&sum, width);
+                let bytes = encode(&sum);
                 for (i, peer) in members.iter_mut().enumerate() {
                     peer.write_all(&bytes).map_err(|e| peer_error(i + 1, e.to_string()))?;
                 }
-                for (v, s) in values.iter_mut().zip(decode(&bytes, width)) {
-                    *v = s;
-                }
+                values.copy_from_slice(&sum);
             }
             Links::Spoke(hub) => {
-                hub.write_all(&encode(values, width)).map_err(|e| peer_error(0, e.to_string()))?;
-                let sum = receive(hub, values.len(), width).map_err(|e| peer_error(0, e))?;
+                hub.write_all(&encode(values)).map_err(|e| peer_error(0, e.to_string()))?;
+                let sum = receive(hub, values.len()).map_err(|e| peer_error(0, e))?;
                 values.copy_from_slice(&sum);
             }
         }
@@ -120,47 +158,55 @@ impl ProcessGroup {
     }
 }
 
-fn peer_error(rank: usize, why: String) -> Error {
-    group_error(format!("rank {rank}: {why}"))
-}
+/// Values per chunk of an f32 all-reduce: 4 MiB of them on the wire, 8 MiB of f64 sums at rank 0.
+const CHUNK: usize = 1 << 20;
 
-/// `[count: u64 LE][values]`, each value `width` bytes (f32 or f64, little-endian).
-fn encode(values: &[f64], width: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(8 + values.len() * width);
-    out.extend_from_slice(&(values.len() as u64).to_le_bytes());
-    for &v in values {
-        if width == 4 {
-            out.extend_from_slice(&(v as f32).to_le_bytes());
-        } else {
-            out.extend_from_slice(&v.to_le_bytes());
+/// `[count: u64 LE][values as f32 LE]`, converted a chunk at a time.
+fn write_f32(stream: &mut TcpStream, values: &[f32]) -> std::io::Result<()> {
+    stream.write_all(&(values.len() as u64).to_le_bytes())?;
+    let mut bytes = vec![0u8; CHUNK.min(values.len()) * 4];
+    for chunk in values.chunks(CHUNK) {
+        let bytes = &mut bytes[..chunk.len() * 4];
+        for (b, v) in bytes.chunks_exact_mut(4).zip(chunk) {
+            b.copy_from_slice(&v.to_le_bytes());
         }
+        stream.write_all(bytes)?;
     }
-    out
+    Ok(())
 }
 
-fn decode(bytes: &[u8], width: usize) -> Vec<f64> {
-    bytes[8..]
-        .chunks_exact(width)
-        .map(|c| match c.try_into() {
-            Ok(b4) if width == 4 => f64::from(f32::from_le_bytes(b4)),
-            _ => c.try_into().map(f64::from_le_bytes).unwrap_or(f64::NAN),
-        })
-        .collect()
-}
-
-/// Reads one message of exactly `count` values; a different count means the processes
-/// disagree on the model (or a stranger is talking), and is refused before reading on.
-fn receive(stream: &mut TcpStream, count: usize, width: usize) -> std::result::Result<Vec<f64>, String> {
+/// Reads a message's count and refuses one that is not `count` (see [`receive`]).
+fn read_count(stream: &mut TcpStream, count: usize) -> std::result::Result<(), String> {
     let mut head = [0u8; 8];
     stream.read_exact(&mut head).map_err(|e| closed(&e))?;
     let got = u64::from_le_bytes(head);
     if got != count as u64 {
         return Err(format!("sent {got} values, expected {count} (do the processes train the same model?)"));
     }
-    let mut bytes = head.to_vec();
-    bytes.resize(8 + count * width, 0);
-    stream.read_exact(&mut bytes[8..]).map_err(|e| closed(&e))?;
-    Ok(decode(&bytes, width))
+    Ok(())
+}
+
+fn peer_error(rank: usize, why: String) -> Error {
+    group_error(format!("rank {rank}: {why}"))
+}
+
+/// `[count: u64 LE][values as f64 LE]`.
+fn encode(values: &[f64]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + values.len() * 8);
+    out.extend_from_slice(&(values.len() as u64).to_le_bytes());
+    for &v in values {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out
+}
+
+/// Reads one message of exactly `count` values; a different count means the processes
+/// disagree on the model (or a stranger is talking), and is refused before reading on.
+fn receive(stream: &mut TcpStream, count: usize) -> std::result::Result<Vec<f64>, String> {
+    read_count(stream, count)?;
+    let mut bytes = vec![0u8; count * 8];
+    stream.read_exact(&mut bytes).map_err(|e| closed(&e))?;
+    Ok(bytes.chunks_exact(8).map(|b| f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])).collect())
 }
 
 fn closed(e: &std::io::Error) -> String {
@@ -215,6 +261,32 @@ mod tests {
             assert_eq!(a, &vec![3.0, 3e-8, 6.0]);
             assert_eq!(b, &vec![0.1 * 0.0 + 0.1 * 1.0 + 0.1 * 2.0]);
         }
+    }
+
+    /// A buffer of several chunks (and a partial one) is summed in every chunk, in rank order.
+    #[test]
+    fn long_buffers_are_summed_chunk_by_chunk() {
+        let n = 2 * CHUNK + 3;
+        let g = group(3, Duration::from_secs(20));
+        let value = |r: usize, i: usize| (i % 1000) as f32 * 1e-3 + r as f32 * 1e-7;
+        let got: Vec<Vec<f32>> = std::thread::scope(|s| {
+            let handles: Vec<_> = g
+                .iter()
+                .map(|m| {
+                    s.spawn(move || {
+                        let mut a: Vec<f32> = (0..n).map(|i| value(m.rank(), i)).collect();
+                        m.all_reduce_sum_f32(&mut a).unwrap();
+                        a
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for i in [0, 1, CHUNK - 1, CHUNK, 2 * CHUNK, n - 1] {
+            let want = (0..3).map(|r| f64::from(value(r, i))).sum::<f64>() as f32;
+            assert_eq!(got[0][i], want, "element {i}");
+        }
+        assert!(got.iter().all(|a| a == &got[0]), "bitwise the same everywhere");
     }
 
     #[test]
