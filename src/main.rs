@@ -890,6 +890,7 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
             bar.set_position((epoch + 1) * per_epoch);
             say(&bar, format!("epoch {epoch}: eval {eval}"));
         }
+        Event::Eval { step, epoch, eval, .. } => say(&bar, format!("step {step} (epoch {epoch}): eval {eval}")),
         Event::Transition(t) => say(
             &bar,
             format!(

@@ -32,6 +32,7 @@ fn train_config() -> TrainConfig {
         optimizer: Default::default(),
         max_grad_norm: 1.0,
         seed: 5,
+        eval_every: 0,
     }
 }
 

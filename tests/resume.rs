@@ -47,6 +47,7 @@ fn train_config() -> TrainConfig {
         optimizer: Default::default(),
         max_grad_norm: 1.0,
         seed: 5,
+        eval_every: 0,
     }
 }
 
@@ -140,5 +141,50 @@ fn failed_run_keeps_the_good_checkpoint() {
     assert!(err.to_string().contains("injected failure"));
     assert_eq!(std::fs::read(&path).unwrap(), before, "the good checkpoint is untouched");
     assert!(!path.with_extension("tmp").exists());
+    std::fs::remove_file(&path).unwrap();
+}
+
+/// `eval_every = 3` over 2 epochs of 4 steps: evaluations after steps 3 and 6 inside the
+/// epochs, the epochs' own after 4 and 8 (none twice), each what `evaluate` gives at that point;
+/// a run stopped at step 5 and resumed evaluates at step 6 all the same.
+#[test]
+fn evaluations_every_n_steps_come_between_the_epochs_and_survive_a_resume() {
+    let config = common::tiny_gpt(0.0);
+    let src = Synthetic { config: config.clone(), fail_at: None };
+    let with_every = || {
+        let dev = CpuDevice::<f32>::new(0, 2).unwrap();
+        let train = TrainConfig { eval_every: 3, ..train_config() };
+        common::trainer_on(&config, 3, vec![dev], Default::default(), train, 4)
+    };
+    let evals = |t: &mut Trainer<CpuDevice<f32>>, steps: Option<u64>| {
+        let mut seen = Vec::new();
+        let mut step = t.position.step;
+        t.fit(&src, steps, &mut (), &mut |e| match e {
+            Event::Step { step: s, .. } => step = *s,
+            Event::Eval { step: s, eval, .. } => seen.push(("eval", *s, eval.loss)),
+            Event::Epoch { eval, .. } => seen.push(("epoch", step, eval.loss)),
+            _ => {}
+        })
+        .unwrap();
+        seen
+    };
+    let mut straight = with_every();
+    let all = evals(&mut straight, None);
+    let kinds: Vec<(&str, u64)> = all.iter().map(|&(k, s, _)| (k, s)).collect();
+    assert_eq!(kinds, [("eval", 3), ("epoch", 4), ("eval", 6), ("epoch", 8)]);
+
+    // Each is the evaluation of the weights after that step.
+    let mut probe = with_every();
+    run(&mut probe, &src, Some(3));
+    assert_eq!(probe.evaluate(&src).unwrap().loss, all[0].2);
+
+    let path = tmp("ckpt-every");
+    let mut first = with_every();
+    let mut resumed = evals(&mut first, Some(5));
+    first.save_checkpoint(&path, serde_json::json!({})).unwrap();
+    let mut second = with_every();
+    second.load_checkpoint(&path).unwrap();
+    resumed.extend(evals(&mut second, None));
+    assert_eq!(resumed, all, "stopped at step 5 and resumed");
     std::fs::remove_file(&path).unwrap();
 }

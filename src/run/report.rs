@@ -51,7 +51,19 @@ fn render(log: &str, config: &RunConfig) -> String {
     let mut losses: Vec<(f64, f64)> = Vec::new();
     let mut transitions: Vec<&Value> = Vec::new();
     let mut last_step = 0.0;
+    // Every evaluation, inside epochs (`train.eval_every`) and at their ends, as (step, run
+    // clock: steps + evaluations so far, accuracy, loss): the time-to-accuracy table.
+    let mut evals: Vec<(f64, f64, f64, f64)> = Vec::new();
+    let mut clock = 0.0;
+    let mut inside_epochs = false;
     for e in &events {
+        clock += num(e, "seconds") + num(e, "eval_seconds");
+        if matches!(e["event"].as_str(), Some("eval" | "epoch")) {
+            inside_epochs |= e["event"] == "eval";
+            // An epoch's evaluation follows the epoch's last step.
+            let step = e["step"].as_f64().unwrap_or(last_step);
+            evals.push((step, clock, num(&e["eval"], "accuracy"), num(&e["eval"], "loss")));
+        }
         let u = |key: &str| e[key].as_u64().unwrap_or(0) as usize;
         let pair_after = |key: &str| e[key][1].as_u64().unwrap_or(0) as usize;
         match e["event"].as_str().unwrap_or("") {
@@ -140,7 +152,19 @@ fn render(log: &str, config: &RunConfig) -> String {
             row.loss
         );
     }
-    html.push_str("</table><h2>Training loss</h2>");
+    html.push_str("</table>");
+    if inside_epochs {
+        html.push_str("<h2>Evaluations</h2><p>Run clock: training steps and evaluations so far (transitions and loading not counted).</p><table><tr><th>step</th><th>run clock</th><th>test accuracy</th><th>test loss</th></tr>");
+        for (step, clock, accuracy, loss) in &evals {
+            let _ = write!(
+                html,
+                "<tr><td>{step:.0}</td><td>{clock:.1} s</td><td>{:.2}%</td><td>{loss:.4}</td></tr>",
+                100.0 * accuracy
+            );
+        }
+        html.push_str("</table>");
+    }
+    html.push_str("<h2>Training loss</h2>");
     html.push_str(&line_chart(&losses, &transitions, last_step));
     html.push_str("<h2>Transitions</h2>");
     html.push_str(&timeline(&transitions, last_step));
@@ -168,6 +192,11 @@ fn render(log: &str, config: &RunConfig) -> String {
     }
     html.push_str("</table></body></html>\n");
     html
+}
+
+/// A number of a logged event (0 when absent).
+fn num(v: &Value, key: &str) -> f64 {
+    v[key].as_f64().unwrap_or(0.0)
 }
 
 fn on(b: bool) -> &'static str {
@@ -260,6 +289,7 @@ mod tests {
             r#"{"event":"transition","step":1,"epoch":0,"reason":"Alpha <rule>","frozen_layers":[0,2],"frozen_units":5,"pipeline_len":[2,1],"replicas":[1,2],"micro_batches":[2,1],"stages":[{"start":0,"end":8}],"batches_per_step":1,"cache":true,"seconds":0.02}"#,
             r#"{"event":"start","resumed":true,"step":1}"#,
             r#"{"event":"step","step":2,"epoch":1,"loss":0.5,"lr":0.1,"grad_norm":1.0,"samples":4,"seconds":0.25}"#,
+            r#"{"event":"eval","step":2,"epoch":1,"eval":{"loss":0.45,"accuracy":0.8125,"count":8},"eval_seconds":0.05}"#,
             r#"{"event":"transition","step":2,"epoch":1,"reason":"mid-epoch","frozen_layers":[2,3],"frozen_units":7,"pipeline_len":[1,1],"replicas":[2,2],"micro_batches":[1,1],"stages":[{"start":0,"end":8}],"batches_per_step":1,"cache":true,"seconds":0.01}"#,
             r#"{"event":"epoch","epoch":1,"eval":{"loss":0.4,"accuracy":0.875,"perplexity":1.5,"count":8},"samples":4,"train_seconds":0.25,"eval_seconds":0.1}"#,
             r#"{"event":"cache","epoch":1,"hits":3,"misses":1,"entries":4,"memory_bytes":64,"disk_bytes":0}"#,
@@ -287,6 +317,10 @@ mod tests {
         );
         assert!(html.contains("0 → 2") && html.contains("2 → 1") && html.contains("Alpha &lt;rule&gt;"));
         assert!(html.contains("2L K1 R2 M1"), "the timeline labels the new shape");
+        // Evaluations on the run clock (steps + evaluations): 0.5 + 0.1, then + 0.25 + 0.05.
+        assert!(html.contains("<tr><td>1</td><td>0.6 s</td><td>75.00%</td>"), "{html}");
+        assert!(html.contains("<tr><td>2</td><td>0.9 s</td><td>81.25%</td><td>0.4500</td>"), "{html}");
+        assert!(html.contains("<tr><td>2</td><td>1.0 s</td><td>87.50%</td>"), "{html}");
         assert!(!html.contains("9.000"), "the first run's steps are not in the report");
         assert!(!html.contains("<script") && !html.contains("src="), "nothing to fetch or run");
     }

@@ -130,6 +130,17 @@ pub enum Event {
         /// Wall-clock seconds of the evaluation.
         eval_seconds: f64,
     },
+    /// An evaluation inside an epoch (`train.eval_every`); the epoch's end gives [`Event::Epoch`].
+    Eval {
+        /// Optimizer steps taken.
+        step: u64,
+        /// The epoch under way.
+        epoch: u64,
+        /// Evaluation metrics.
+        eval: EvalMetrics,
+        /// Wall-clock seconds of the evaluation.
+        eval_seconds: f64,
+    },
     /// The elastic controller changed the run's shape.
     Transition(Transition),
     /// The activation cache over one epoch.

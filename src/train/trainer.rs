@@ -143,7 +143,7 @@ impl<D: Device> Trainer<D> {
     }
 
     /// Trains until the end of the run or until `stop_after` more steps (for checkpointing in
-    /// between), evaluating at each epoch end. `controller` steers between steps; events go to
+    /// between), evaluating at each epoch end (and every `eval_every` steps when set). `controller` steers between steps; events go to
     /// `on_event`.
     pub fn fit(
         &mut self,
@@ -210,7 +210,15 @@ impl<D: Device> Trainer<D> {
                 seconds,
                 bubble,
             });
-            if self.position.batch == per_epoch || self.done() {
+            let epoch_end = self.position.batch == per_epoch || self.done();
+            let every = self.config.eval_every;
+            if !epoch_end && every > 0 && self.position.step % every == 0 {
+                let t = Instant::now();
+                let eval = self.evaluate(data)?;
+                let eval_seconds = t.elapsed().as_secs_f64();
+                on_event(&Event::Eval { step: self.position.step, epoch, eval, eval_seconds });
+            }
+            if epoch_end {
                 let t = Instant::now();
                 let eval = self.evaluate(data)?;
                 let eval_seconds = t.elapsed().as_secs_f64();
