@@ -65,23 +65,36 @@ pub fn step_flops<D: Device>(model: &Model<D>, dev: &D, batch: usize, seq: usize
     model.costs(dev, seq).iter().map(|c| c.forward_flops + c.backward_flops).sum::<f64>() * batch as f64
 }
 
-/// The best rate, in GFLOP/s, of `reps` f32 `n×n×n` GEMMs through [`matmul`] on a pool of
-/// `threads` threads: the machine's practical f32 peak for this engine.
-pub fn gemm_gflops(threads: usize, n: usize, reps: usize) -> crate::Result<f64> {
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads.max(1)).build().map_err(|e| {
-        crate::Error::Config { field: "threads".into(), message: format!("cannot start {threads} threads: {e}") }
-    })?;
-    let mut rng = Rng::new(1);
-    let a: Vec<f32> = rng.vec(n * n, 1.0).iter().map(|&x| x as f32).collect();
-    let b: Vec<f32> = rng.vec(n * n, 1.0).iter().map(|&x| x as f32).collect();
-    let mut c = vec![0f32; n * n];
-    let mut best = f64::INFINITY;
-    for _ in 0..reps.max(1) {
-        let t = Instant::now();
-        pool.install(|| matmul(&mut c, n, MatRef::rows(&a, n), MatRef::rows(&b, n), n, n, n, false));
-        best = best.min(t.elapsed().as_secs_f64());
+/// A pool of `threads` threads and two random `n×n` matrices: the f32 GEMM that measures this
+/// machine's practical peak for this engine ([`GemmProbe::gflops`]).
+pub struct GemmProbe {
+    pool: rayon::ThreadPool,
+    n: usize,
+    a: Vec<f32>,
+    b: Vec<f32>,
+    c: Vec<f32>,
+}
+
+impl GemmProbe {
+    /// An `n×n×n` probe on `threads` threads.
+    pub fn new(threads: usize, n: usize) -> crate::Result<Self> {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads.max(1)).build().map_err(|e| {
+            crate::Error::Config { field: "threads".into(), message: format!("cannot start {threads} threads: {e}") }
+        })?;
+        let mut rng = Rng::new(1);
+        let a: Vec<f32> = rng.vec(n * n, 1.0).iter().map(|&x| x as f32).collect();
+        let b: Vec<f32> = rng.vec(n * n, 1.0).iter().map(|&x| x as f32).collect();
+        Ok(Self { pool, n, a, b, c: vec![0f32; n * n] })
     }
-    Ok(2.0 * (n as f64).powi(3) / best / 1e9)
+
+    /// The rate of one GEMM through [`matmul`], in GFLOP/s.
+    pub fn gflops(&mut self) -> f64 {
+        let n = self.n;
+        let (a, b, c) = (&self.a, &self.b, &mut self.c);
+        let t = Instant::now();
+        self.pool.install(|| matmul(c, n, MatRef::rows(a, n), MatRef::rows(b, n), n, n, n, false));
+        2.0 * (n as f64).powi(3) / t.elapsed().as_secs_f64() / 1e9
+    }
 }
 
 /// A timed training step: the median, fastest and slowest of the timed steps, in seconds, and
@@ -96,17 +109,35 @@ pub struct StepTiming {
     pub max: f64,
     /// FLOPs of one step (forward and backward, from the units' analytic costs).
     pub flops: f64,
+    /// The median rate of the f32 GEMMs timed one after each step, when asked for: the floor
+    /// measured in the same seconds as the steps, so a VM whose speed drifts between runs
+    /// moves both alike.
+    pub gemm_gflops: Option<f64>,
+}
+
+impl StepTiming {
+    /// The median step against its FLOPs at the interleaved GEMM rate (1.0: the step runs at
+    /// the speed of its products alone).
+    pub fn floor_ratio(&self) -> Option<f64> {
+        self.gemm_gflops.map(|g| self.median / (self.flops / g / 1e9))
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 /// Times `steps` training steps (forward, backward, clipping at 1.0, AdamW) of the
 /// MiniLM-shaped encoder on `dev`, after `warmup` untimed ones, on one random batch of
-/// `batch` × `seq` tokens.
+/// `batch` × `seq` tokens; with a `floor` probe, one GEMM after each timed step.
 pub fn time_step<D: Device>(
     dev: &D,
     steps: usize,
     warmup: usize,
     batch: usize,
     seq: usize,
+    mut floor: Option<&mut GemmProbe>,
 ) -> crate::Result<StepTiming> {
     use crate::model::Batch;
     use crate::optim::{Optimizer, OptimizerConfig, train_step};
@@ -119,15 +150,18 @@ pub fn time_step<D: Device>(
     for _ in 0..warmup {
         train_step(dev, &mut model, &mut optimizer, &batch_dev, 1e-4, Some(1.0))?;
     }
-    let mut times = Vec::with_capacity(steps.max(1));
+    let (mut times, mut rates) = (Vec::with_capacity(steps.max(1)), Vec::new());
     for _ in 0..steps.max(1) {
         let t = Instant::now();
         train_step(dev, &mut model, &mut optimizer, &batch_dev, 1e-4, Some(1.0))?;
         dev.synchronize()?;
         times.push(t.elapsed().as_secs_f64());
+        if let Some(probe) = floor.as_deref_mut() {
+            rates.push(probe.gflops());
+        }
     }
-    times.sort_by(f64::total_cmp);
-    Ok(StepTiming { median: times[times.len() / 2], min: times[0], max: times[times.len() - 1], flops })
+    let (min, max) = times.iter().fold((f64::INFINITY, 0f64), |(lo, hi), &t| (lo.min(t), hi.max(t)));
+    Ok(StepTiming { median: median(times), min, max, flops, gemm_gflops: (!rates.is_empty()).then(|| median(rates)) })
 }
 
 /// The PyTorch script beside the report (`scripts/bench_torch.py`), embedded so an installed

@@ -587,12 +587,15 @@ fn bench_step(
         AnyDevice::Gpu(_) => None,
     };
     let mut rows: Vec<(String, bench::StepTiming)> = Vec::new();
+    // The roofline of the CPU backend is its own large GEMM on the same threads, timed after
+    // each step so that the floor and the step see the same moments of a drifting VM.
+    let mut probe = pool_threads.map(|t| bench::GemmProbe::new(t, 2048)).transpose()?;
     let mut time = |dev: AnyDevice, precision: Precision| -> Result<()> {
         let name = match &dev {
             AnyDevice::Cpu(d) => d.name(),
             AnyDevice::Gpu(d) => d.name(),
         };
-        let t = on_device!(dev, time_step(steps, warmup, batch, seq))?;
+        let t = on_device!(dev, time_step(steps, warmup, batch, seq, probe.as_mut()))?;
         rows.push((format!("ours, {} ({name})", format!("{precision:?}").to_lowercase()), t));
         Ok(())
     };
@@ -603,30 +606,31 @@ fn bench_step(
     let flops = rows[0].1.flops;
     println!(
         "MiniLM-shaped training step: 6 layers, hidden 384, 12 heads, MLP 1536, batch {batch} × seq {seq}, dropout \
-         0.1, clipping at 1.0, AdamW; {flops:.4e} FLOP; median of {steps} after {warmup} warm-up"
+         0.1, clipping at 1.0, AdamW; {flops:.4e} FLOP; median of {steps} after {warmup} warm-up; the GEMM floor: \
+         these FLOPs at the median rate of an f32 2048³ GEMM timed after each step"
     );
-    println!("| step | ms | min–max ms | GFLOP/s | / GEMM floor |");
+    println!("| step | ms | min–max ms | GFLOP/s | / GEMM floor (GEMM GFLOP/s in its steps) |");
     println!("|---|---|---|---|---|");
-    // The roofline of the CPU backend is its own large GEMM, measured now on the same threads.
-    let floor = match pool_threads {
-        Some(threads) => Some((bench::gemm_gflops(threads, 2048, 3)?, threads)),
-        None => None,
-    };
-    let floor_ms = floor.map(|(gemm, _)| flops / gemm / 1e6);
-    let ratio = |ms: f64| floor_ms.map_or_else(String::new, |f| format!("{:.2}×", ms / f));
     for (name, t) in &rows {
         let ms = t.median * 1e3;
+        let ratio = match (t.floor_ratio(), t.gemm_gflops) {
+            (Some(r), Some(g)) => format!("{r:.2}× ({g:.0})"),
+            _ => String::new(),
+        };
         println!(
-            "| {name} | {ms:.1} | {:.1}–{:.1} | {:.1} | {} |",
+            "| {name} | {ms:.1} | {:.1}–{:.1} | {:.1} | {ratio} |",
             t.min * 1e3,
             t.max * 1e3,
-            flops / t.median / 1e9,
-            ratio(ms)
+            flops / t.median / 1e9
         );
     }
-    if let (Some((gemm, threads)), Some(ms)) = (floor, floor_ms) {
+    // PyTorch's rows are set against the f32 row's floor.
+    let gemm = rows[0].1.gemm_gflops;
+    let floor_ms = gemm.map(|g| flops / g / 1e6);
+    let ratio = |ms: f64| floor_ms.map_or_else(String::new, |f| format!("{:.2}×", ms / f));
+    if let (Some(gemm), Some(ms), Some(threads)) = (gemm, floor_ms, pool_threads) {
         println!(
-            "| GEMM floor: these FLOPs at the f32 2048³ GEMM rate ({threads} threads) | {ms:.1} | | {gemm:.1} | 1.00× |"
+            "| GEMM floor: these FLOPs at the f32 2048³ GEMM rate ({threads} threads, timed with the f32 steps) | {ms:.1} | | {gemm:.1} | 1.00× |"
         );
     }
     if cpu && python != "none" {
@@ -653,8 +657,9 @@ fn time_step<D: Device>(
     warmup: usize,
     batch: usize,
     seq: usize,
+    floor: Option<&mut bench::GemmProbe>,
 ) -> pipetransformer::Result<bench::StepTiming> {
-    bench::time_step(dev, steps, warmup, batch, seq)
+    bench::time_step(dev, steps, warmup, batch, seq, floor)
 }
 
 fn kernels(update: Option<&Path>) -> Result<()> {
