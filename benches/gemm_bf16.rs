@@ -1,7 +1,9 @@
 //! f32 `matmul` (the `gemm` crate) against the bf16 kernel (`ops::gemm_bf16`) at the MiniLM
 //! step's linear shapes: 2048 rows (batch 16 × sequence 128), hidden 384, MLP 1536, for each of
 //! a linear layer's three products: forward `Y = X·Wᵀ`, `dX = dY·W`, `dW = dYᵀ·X` (the views the
-//! linear layer passes, transposes included). All cores, as the `cpu` device runs them.
+//! linear layer passes, transposes included), on all cores as a one-device `cpu` run does them;
+//! and at 224 rows on one thread, a micro-batch of the main job's pipeline (8 snippets of ~28
+//! tokens on a one-thread stage), where the weight's packing weighs as much as the product.
 //! Throughput is in elements/s where one element is one FLOP: criterion's `Gelem/s` reads as
 //! GFLOP/s.
 //!
@@ -13,31 +15,42 @@ use pipetransformer::ops::matmul::{MatRef, matmul};
 use pipetransformer::rng::Rng;
 use std::hint::black_box;
 
-const ROWS: usize = 16 * 128;
-
 fn random(n: usize, seed: u64) -> Vec<f32> {
     Rng::new(seed).vec(n, 1.0).iter().map(|&x| x as f32).collect()
 }
 
 fn bench_linear_products(c: &mut Criterion) {
-    let pool = rayon::ThreadPoolBuilder::new().build().unwrap();
-    eprintln!("bf16 path: {:?}, {} threads", bf16_path(), pool.current_num_threads());
-    for (in_dim, out_dim) in [(384, 384), (384, 1536), (1536, 384)] {
-        let x = random(ROWS * in_dim, 1);
+    let all = rayon::ThreadPoolBuilder::new().build().unwrap();
+    let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    eprintln!("bf16 path: {:?}, {} threads", bf16_path(), all.current_num_threads());
+    for (rows, pool, (in_dim, out_dim)) in [
+        (16 * 128, &all, (384, 384)),
+        (16 * 128, &all, (384, 1536)),
+        (16 * 128, &all, (1536, 384)),
+        (224, &one, (384, 384)),
+        (224, &one, (384, 1536)),
+    ] {
+        let threads = pool.current_num_threads();
+        let x = random(rows * in_dim, 1);
         let w = random(out_dim * in_dim, 2);
-        let dy = random(ROWS * out_dim, 3);
-        let mut y = vec![0f32; ROWS * out_dim];
-        let mut dx = vec![0f32; ROWS * in_dim];
+        let dy = random(rows * out_dim, 3);
+        let mut y = vec![0f32; rows * out_dim];
+        let mut dx = vec![0f32; rows * in_dim];
         let mut dw = vec![0f32; out_dim * in_dim];
-        let mut g = c.benchmark_group(format!("linear_{in_dim}x{out_dim}"));
+        let name = if rows == 2048 {
+            format!("linear_{in_dim}x{out_dim}")
+        } else {
+            format!("linear_{in_dim}x{out_dim}_rows{rows}_threads{threads}")
+        };
+        let mut g = c.benchmark_group(name);
         g.sample_size(20);
-        g.throughput(Throughput::Elements(2 * (ROWS * in_dim * out_dim) as u64));
+        g.throughput(Throughput::Elements(2 * (rows * in_dim * out_dim) as u64));
         // (name, C, ldc, A, B, m, n, k, accumulate) of each product.
         type Product<'a> = (&'a str, MatRef<'a, f32>, MatRef<'a, f32>, usize, usize, usize, bool);
         let products: [Product; 3] = [
-            ("forward", MatRef::rows(&x, in_dim), MatRef::rows(&w, in_dim).t(), ROWS, out_dim, in_dim, false),
-            ("dinp", MatRef::rows(&dy, out_dim), MatRef::rows(&w, in_dim), ROWS, in_dim, out_dim, false),
-            ("dweight", MatRef::rows(&dy, out_dim).t(), MatRef::rows(&x, in_dim), out_dim, in_dim, ROWS, true),
+            ("forward", MatRef::rows(&x, in_dim), MatRef::rows(&w, in_dim).t(), rows, out_dim, in_dim, false),
+            ("dinp", MatRef::rows(&dy, out_dim), MatRef::rows(&w, in_dim), rows, in_dim, out_dim, false),
+            ("dweight", MatRef::rows(&dy, out_dim).t(), MatRef::rows(&x, in_dim), out_dim, in_dim, rows, true),
         ];
         for (name, a, b, m, n, k, acc) in products {
             let out: &mut [f32] = match name {

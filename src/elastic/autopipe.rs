@@ -93,21 +93,23 @@ pub fn pick(candidates: &[Candidate]) -> Option<&Candidate> {
 /// length) per second: batches differ in length, and a step's work follows its positions.
 pub type Rates = Vec<(usize, f64)>;
 
-/// Training steps timed per candidate (their mean rate counts): one step's time on a shared
-/// machine varies by tens of percent.
-pub const STEPS_PER_CANDIDATE: usize = 2;
+/// Training steps timed per candidate; the median rate counts. The candidates take turns
+/// (round robin), so a machine that slows down for a while, or a run of long batches, falls on
+/// all of them alike instead of on whichever was being timed.
+pub const ROUNDS: usize = 3;
 
-/// A shape being tuned: its key, the candidates left to time, the rates of those timed, the
-/// rates of the candidate in force so far.
+/// A shape being tuned: its key, the candidates, the rates measured for each so far, and the
+/// index of the one in force.
 #[derive(Clone, Debug, Default, PartialEq)]
 struct Timing {
     key: String,
-    left: Vec<usize>,
-    timed: Rates,
-    steps: Vec<f64>,
+    candidates: Vec<usize>,
+    rates: Vec<Vec<f64>>,
+    at: usize,
 }
 
-/// Times micro-batch counts, one training step each, and remembers the winner per shape.
+/// Times micro-batch counts, [`ROUNDS`] training steps each in turn, and remembers the winner
+/// per shape.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Tuner {
     /// The best `M` found per shape key (see [`Tuner::key`]).
@@ -130,7 +132,8 @@ impl Tuner {
         }
         let first = candidates.first().copied().unwrap_or(1);
         if candidates.len() > 1 {
-            self.running = Some(Timing { key, left: candidates, timed: Vec::new(), steps: Vec::new() });
+            let rates = vec![Vec::new(); candidates.len()];
+            self.running = Some(Timing { key, candidates, rates, at: 0 });
         } else {
             self.best.insert(key, first);
             self.running = None;
@@ -144,22 +147,23 @@ impl Tuner {
     }
 
     /// Records a timed step of the candidate in force (`m`, `positions_per_second`). Returns
-    /// the `M` to run next: the same candidate until it has [`STEPS_PER_CANDIDATE`] steps,
-    /// another, or the winner when all are timed (with the per-candidate mean rates); `None`
-    /// when nothing is being tuned.
+    /// the `M` to run next: the next candidate in turn, or the winner once every candidate has
+    /// [`ROUNDS`] steps (with the per-candidate median rates); `None` when nothing is being
+    /// tuned.
     pub fn record(&mut self, m: usize, positions_per_second: f64) -> Option<(usize, Option<Rates>)> {
-        let Timing { key, left, timed, steps } = self.running.as_mut()?;
-        steps.push(positions_per_second);
-        if steps.len() < STEPS_PER_CANDIDATE {
-            return Some((m, None));
+        let Timing { key, candidates, rates, at } = self.running.as_mut()?;
+        let i = candidates.iter().position(|&c| c == m).unwrap_or(*at);
+        rates[i].push(positions_per_second);
+        if rates.iter().any(|r| r.len() < ROUNDS) {
+            *at = (i + 1) % candidates.len();
+            return Some((candidates[*at], None));
         }
-        timed.push((m, steps.iter().sum::<f64>() / steps.len() as f64));
-        steps.clear();
-        left.retain(|&c| c != m);
-        if let Some(&next) = left.first() {
-            return Some((next, None));
-        }
-        let timed = std::mem::take(timed);
+        let median = |r: &[f64]| {
+            let mut r = r.to_vec();
+            r.sort_by(f64::total_cmp);
+            r[r.len() / 2]
+        };
+        let timed: Rates = candidates.iter().zip(rates.iter()).map(|(&c, r)| (c, median(r))).collect();
         let winner = timed.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1)).map_or(m, |w| w.0);
         self.best.insert(std::mem::take(key), winner);
         self.running = None;
@@ -231,20 +235,27 @@ mod tests {
         assert_eq!(shape(9), (1, 8.0 * 12.0 * 4.0));
     }
     #[test]
-    fn the_tuner_times_each_candidate_once_and_remembers_the_winner() {
+    fn the_tuner_times_the_candidates_in_turn_and_remembers_the_winner() {
         assert_eq!(micro_batch_candidates(2, 32), vec![2, 4, 8]);
         assert_eq!(micro_batch_candidates(2, 3), vec![2, 3]);
         assert_eq!(micro_batch_candidates(1, 1), vec![1]);
         let mut t = Tuner::default();
         let key = Tuner::key(2, 1, 5, true, 32);
         assert_eq!(t.start(key.clone(), vec![2, 4, 8]), 2);
-        assert_eq!(STEPS_PER_CANDIDATE, 2);
-        assert_eq!(t.record(2, 12.0), Some((2, None)), "a second step of the same candidate");
-        assert_eq!(t.record(2, 8.0), Some((4, None)));
-        assert_eq!(t.record(4, 30.0), Some((4, None)));
-        assert_eq!(t.record(4, 30.0), Some((8, None)));
-        assert_eq!(t.record(8, 25.0), Some((8, None)));
-        assert_eq!(t.record(8, 15.0), Some((4, Some(vec![(2, 10.0), (4, 30.0), (8, 20.0)]))));
+        assert_eq!(ROUNDS, 3);
+        // Round robin: 2, 4, 8, 2, 4, 8, 2, 4, 8. The median ignores one bad step (M = 4's
+        // second, a slow moment or a run of long batches), where a mean would crown M = 8.
+        let rates = [(2, [12.0, 1.0, 10.0]), (4, [30.0, 2.0, 28.0]), (8, [20.0, 24.0, 25.0])];
+        for round in 0..3 {
+            for (i, (m, r)) in rates.iter().enumerate() {
+                let got = t.record(*m, r[round]);
+                if round == 2 && i == 2 {
+                    assert_eq!(got, Some((4, Some(vec![(2, 10.0), (4, 28.0), (8, 24.0)]))));
+                } else {
+                    assert_eq!(got, Some((rates[(i + 1) % 3].0, None)), "round {round}, after M = {m}");
+                }
+            }
+        }
         assert!(!t.running());
         assert_eq!(t.record(4, 1.0), None);
         assert_eq!(t.start(key, vec![2, 4, 8]), 4, "known: no timing");
