@@ -212,7 +212,7 @@ impl<D: Device> Trainer<D> {
             });
             let epoch_end = self.position.batch == per_epoch || self.done();
             let every = self.config.eval_every;
-            if !epoch_end && every > 0 && self.position.step % every == 0 {
+            if !epoch_end && every > 0 && self.position.step.is_multiple_of(every) {
                 let t = Instant::now();
                 let eval = self.evaluate(data)?;
                 let eval_seconds = t.elapsed().as_secs_f64();
