@@ -100,6 +100,10 @@ struct ElasticArgs {
     /// When the freeze rule runs: `epoch`, or every N steps.
     #[arg(long, value_parser = parse_from_str::<FreezeInterval>)]
     freeze_interval: Option<FreezeInterval>,
+    /// Freeze a layer only once it has settled: its weights moved by at most this fraction of
+    /// their norm over the last interval (e.g. 0.05), and every layer below it too.
+    #[arg(long)]
+    max_weight_change: Option<f64>,
     /// Re-partition the active layers onto a shorter pipeline after a freeze (`--auto-pipe`
     /// or `--auto-pipe false`).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
@@ -142,6 +146,7 @@ fn overrides(pipeline: &PipelineArgs, elastic: &ElasticArgs) -> Vec<String> {
     set("elastic.freeze", json(elastic.freeze.and_then(|f| serde_json::to_value(f).ok())));
     set("elastic.alpha", elastic.alpha.map(|v| format!("{v:?}")));
     set("elastic.freeze_interval", json(elastic.freeze_interval.and_then(|f| serde_json::to_value(f).ok())));
+    set("elastic.max_weight_change", elastic.max_weight_change.map(|v| format!("{v:?}")));
     set("elastic.auto_pipe", elastic.auto_pipe.map(|v| v.to_string()));
     set("elastic.auto_dp", elastic.auto_dp.map(|v| v.to_string()));
     set("elastic.cache", elastic.cache.map(|v| v.to_string()));

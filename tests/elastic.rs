@@ -328,3 +328,35 @@ fn without_the_cache_frozen_units_spread_over_the_stages() {
     assert_eq!(stages, [(3, 2, 0..3), (5, 2, 0..3)]);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The settling test caps the rule: with a bound every layer meets, the table's freezes happen
+/// as without it (and say how far each layer moved); with a bound no moving layer meets, nothing
+/// freezes; and an interval whose start was not seen (a resume, or here no `start`) freezes
+/// nothing more, whatever the bound.
+#[test]
+fn the_settling_test_holds_back_layers_that_still_move() {
+    let dir = scratch("settle");
+    let table = ElasticConfig { freeze: FreezeName::Table, table: vec![0, 1, 2], ..Default::default() };
+    let run = |max_weight_change: Option<f64>, start: bool| {
+        let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
+        let (mut t, _) = elastic_trainer(&bert(), cpus(2), &dir, FreezeInterval::Epoch);
+        let config = ElasticConfig { max_weight_change, ..table.clone() };
+        let mut elastic = Elastic::new(config, surroundings(&bert()), &dir).unwrap();
+        let mut events = Vec::new();
+        if start {
+            elastic.start(&mut t, &mut |e| events.push(e.clone())).unwrap();
+        }
+        t.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
+        freezes(&events).iter().map(|t| (t.step, t.frozen_layers.1, t.reason.clone())).collect::<Vec<_>>()
+    };
+    let plain = run(None, true);
+    assert_eq!(plain.iter().map(|f| (f.0, f.1)).collect::<Vec<_>>(), [(3, 1), (6, 2)]);
+    let loose = run(Some(1e9), true);
+    assert_eq!(loose.iter().map(|f| (f.0, f.1)).collect::<Vec<_>>(), [(3, 1), (6, 2)]);
+    assert!(loose.iter().all(|f| f.2.contains("weight change per layer [")), "{loose:?}");
+    assert!(run(Some(1e-9), true).is_empty(), "every layer moves more than 1e-9 of its norm");
+    // Without a reference for the first interval it holds; the second freezes up to the table.
+    let unseen = run(Some(1e9), false);
+    assert_eq!(unseen.iter().map(|f| (f.0, f.1)).collect::<Vec<_>>(), [(6, 2)]);
+    std::fs::remove_dir_all(&dir).ok();
+}

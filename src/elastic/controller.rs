@@ -31,6 +31,22 @@ pub fn layer_grad_sq(unit_grad_sq: &[f64], layers: usize) -> Vec<f64> {
         .collect()
 }
 
+/// `‖now − before‖ / ‖before‖` per layer.
+pub fn relative_changes(before: &[Vec<f32>], now: &[Vec<f32>]) -> Vec<f64> {
+    before
+        .iter()
+        .zip(now)
+        .map(|(b, n)| {
+            let (mut diff, mut norm) = (0.0f64, 0.0f64);
+            for (&b, &n) in b.iter().zip(n) {
+                diff += (f64::from(n) - f64::from(b)).powi(2);
+                norm += f64::from(b).powi(2);
+            }
+            if norm > 0.0 { (diff / norm).sqrt() } else if diff > 0.0 { f64::INFINITY } else { 0.0 }
+        })
+        .collect()
+}
+
 /// What a checkpoint keeps of the controller.
 #[derive(Serialize, Deserialize)]
 struct State {
@@ -70,6 +86,9 @@ pub struct Elastic {
     warming: bool,
     /// The micro-batch count in force when tuning began (what the tuned one replaces).
     tuning_from: usize,
+    /// With a settling test: each layer's weights when the interval began (`None` after a
+    /// resume, until the first interval ends: that interval freezes nothing more).
+    reference: Option<Vec<Vec<f32>>>,
 }
 
 impl Elastic {
@@ -97,6 +116,7 @@ impl Elastic {
             tuner: Tuner::default(),
             warming: false,
             tuning_from: 0,
+            reference: None,
         })
     }
 
@@ -113,6 +133,7 @@ impl Elastic {
     /// Before the first step: applies a freeze table's first entry, and with AutoPipe times
     /// the initial plan's micro-batch counts (the configured one first) as after a transition.
     pub fn start<D: Device>(&mut self, trainer: &mut Trainer<D>, on_event: &mut dyn FnMut(&Event)) -> Result<()> {
+        self.reference = self.layer_weights(trainer)?;
         let first = self.freeze.initial();
         self.freeze.frozen = first;
         if first > self.frozen_layers {
@@ -279,18 +300,53 @@ impl Elastic {
             return Ok(());
         }
         let norms = self.freeze.norms();
-        let next = self.freeze.end_interval();
+        // The settling test: each layer's relative weight change over the interval.
+        let now = self.layer_weights(trainer)?;
+        let changes = match (&self.reference, &now) {
+            (Some(before), Some(now)) => Some(relative_changes(before, now)),
+            _ => None,
+        };
+        self.reference = now;
+        let cap = self.config.max_weight_change.map(|tau| match &changes {
+            Some(c) => super::freeze::settled(self.frozen_layers, c, tau),
+            None => self.frozen_layers,
+        });
+        let next = self.freeze.end_interval(cap);
+        let shown = |v: &[f64]| v.iter().map(|n| format!("{n:.3}")).collect::<Vec<_>>().join(", ");
+        if crate::debug::level() >= 1 {
+            eprintln!(
+                "freeze interval {}: gradient norms [{}], weight changes [{}], {} → {} frozen",
+                self.freeze.intervals,
+                shown(&norms),
+                changes.as_deref().map_or_else(|| "not measured".into(), shown),
+                self.frozen_layers,
+                next
+            );
+        }
         if next > self.frozen_layers {
-            let shown: Vec<String> = norms.iter().map(|n| format!("{n:.3}")).collect();
+            let settled = match (&changes, self.config.max_weight_change) {
+                (Some(c), Some(tau)) => format!("; weight change per layer [{}], at most {tau} to freeze", shown(c)),
+                _ => String::new(),
+            };
             let reason = format!(
-                "{:?} rule after interval {}: layer gradient norms [{}]",
+                "{:?} rule after interval {}: layer gradient norms [{}]{settled}",
                 self.config.freeze,
                 self.freeze.intervals,
-                shown.join(", ")
+                shown(&norms)
             );
             self.transition(trainer, next, reason, on_event)?;
         }
         Ok(())
+    }
+
+    /// Each Transformer layer's weights (its attention and MLP units), when a settling test
+    /// runs.
+    fn layer_weights<D: Device>(&self, trainer: &Trainer<D>) -> Result<Option<Vec<Vec<f32>>>> {
+        if self.config.max_weight_change.is_none() || self.config.freeze == FreezeName::Off {
+            return Ok(None);
+        }
+        let units = trainer.pipeline.unit_values(1..1 + 2 * self.around.layers)?;
+        Ok(Some(units.chunks(2).map(|pair| pair.concat()).collect()))
     }
 
     /// Hidden-state positions of a batch.

@@ -10,6 +10,14 @@
 //! - **α bound** (the released code): `F(T) = ⌈L·(1 − (1−α)^T)⌉`, gradients ignored;
 //! - **table**: the counts the user lists, one per interval.
 //!
+//! Any rule can be capped by a settling test (`elastic.max_weight_change`, [`settled`]): a
+//! layer freezes only when it and every layer below it moved by at most a fraction `τ` of their
+//! weights' norm over the interval. The paper's signal is the gradient norm, which ranks the
+//! layers but says nothing of whether they have converged: training a ViT from scratch, the
+//! bottom layer's gradient is the largest yet the α bound still freezes it after the first
+//! epoch, when it has moved 40 % (docs/RESULTS.md); fine-tuning MiniLM, every layer moves
+//! about 2 % per epoch.
+//!
 //! The count never decreases and never exceeds `L`: the final norm and the head always train,
 //! and nothing here ever re-creates them (the released code re-initialises its classifier at
 //! every transition). `‖g_ℓ(T)‖` is the mean over the interval's steps of the L2 norm of layer
@@ -62,6 +70,13 @@ pub fn eq1(layers: usize, frozen: usize, bound: f64, norms: &[f64]) -> usize {
     let argmin = (frozen..layers.min(norms.len())).min_by(|&a, &b| norms[a].total_cmp(&norms[b]));
     let by_norm = argmin.map_or(bound, |l| l + 1);
     bound.min(by_norm).max(frozen)
+}
+
+/// The settling test: how many of the bottom layers, `frozen` of them already, have each moved
+/// by at most `max_change` of their norm over the interval (`changes[ℓ]`, relative), counting
+/// up from the first active layer and stopping at the first that has not.
+pub fn settled(frozen: usize, changes: &[f64], max_change: f64) -> usize {
+    frozen + changes.iter().skip(frozen).take_while(|&&c| c <= max_change).count()
 }
 
 /// Checks a rule against a model of `layers` Transformer layers.
@@ -136,8 +151,9 @@ impl FreezeController {
         self.norm_sums.iter().map(|s| s / n).collect()
     }
 
-    /// Ends an interval: the frozen layers for the next one (never fewer than now).
-    pub fn end_interval(&mut self) -> usize {
+    /// Ends an interval: the frozen layers for the next one (never fewer than now, never more
+    /// than `cap`: the settled layers, when a settling test runs).
+    pub fn end_interval(&mut self, cap: Option<usize>) -> usize {
         self.intervals += 1;
         let t = self.intervals;
         let next = match &self.rule {
@@ -153,7 +169,7 @@ impl FreezeController {
             }
             FreezeRule::Table(table) => table[(t as usize).min(table.len() - 1)],
         };
-        self.frozen = next.max(self.frozen).min(self.layers);
+        self.frozen = next.min(cap.unwrap_or(usize::MAX)).max(self.frozen).min(self.layers);
         self.norm_sums.iter_mut().for_each(|s| *s = 0.0);
         self.steps = 0;
         self.frozen
@@ -179,7 +195,7 @@ mod tests {
             let got: Vec<usize> = (0..10).map(|t| alpha_schedule(l, alpha, t)).collect();
             assert_eq!(got, want, "L={l} α={alpha}");
             let mut c = FreezeController::new(FreezeRule::Alpha, alpha, l).unwrap();
-            let run: Vec<usize> = std::iter::once(0).chain((1..10).map(|_| c.end_interval())).collect();
+            let run: Vec<usize> = std::iter::once(0).chain((1..10).map(|_| c.end_interval(None))).collect();
             assert_eq!(run, want, "controller, L={l} α={alpha}");
         }
     }
@@ -211,16 +227,16 @@ mod tests {
             let mut c = FreezeController::new(FreezeRule::Eq1, alpha, l).unwrap();
             for t in 1..10 {
                 c.observe(&falling);
-                assert_eq!(c.end_interval(), alpha_schedule(l, alpha, t), "L={l} α={alpha} T={t}");
+                assert_eq!(c.end_interval(None), alpha_schedule(l, alpha, t), "L={l} α={alpha} T={t}");
             }
         }
         // When the norms decide, the bound goes on from the count they chose: α = 1/2 over 8
         // layers, layer 0 flattest → 1 frozen; next bound 1 + 7/2 = 4.5 → 5.
         let mut c = FreezeController::new(FreezeRule::Eq1, 0.5, 8).unwrap();
         c.observe(&[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
-        assert_eq!(c.end_interval(), 1);
+        assert_eq!(c.end_interval(None), 1);
         c.observe(&[0.0, 9.0, 8.0, 7.0, 6.0, 5.0, 4.0, 3.0]);
-        assert_eq!(c.end_interval(), 5);
+        assert_eq!(c.end_interval(None), 5);
     }
 
     #[test]
@@ -230,13 +246,29 @@ mod tests {
         c.observe(&[16.0, 1.0, 1.0, 25.0]);
         c.observe(&[16.0, 1.0, 9.0, 25.0]);
         assert_eq!(c.norms(), vec![4.0, 1.0, 2.0, 5.0]);
-        assert_eq!(c.end_interval(), 2);
+        assert_eq!(c.end_interval(None), 2);
         assert_eq!(c.norms(), vec![0.0; 4], "a new interval starts empty");
         c.observe(&[0.0, 0.0, 9.0, 1.0]);
-        assert_eq!(c.end_interval(), 3);
+        assert_eq!(c.end_interval(None), 3);
         let mut t = FreezeController::new(FreezeRule::Table(vec![1, 1, 3]), 0.0, 4).unwrap();
         assert_eq!(t.initial(), 1);
-        assert_eq!([t.end_interval(), t.end_interval(), t.end_interval()], [1, 3, 3]);
+        assert_eq!([t.end_interval(None), t.end_interval(None), t.end_interval(None)], [1, 3, 3]);
+    }
+
+    #[test]
+    fn the_settling_test_caps_the_rule_at_the_first_layer_still_moving() {
+        // Layers 0 and 1 moved 2 %, layer 2 30 %, layer 3 1 %: two have settled (layer 3 is
+        // above one that has not).
+        assert_eq!(settled(0, &[0.02, 0.02, 0.3, 0.01], 0.05), 2);
+        assert_eq!(settled(0, &[0.4, 0.02, 0.02, 0.02], 0.05), 0, "a ViT from scratch after epoch 0");
+        // Frozen layers (no change) stay counted; the scan starts above them.
+        assert_eq!(settled(2, &[0.0, 0.0, 0.04, 0.5], 0.05), 3);
+        // The α bound would freeze 3 of 6 (α = 1/2); settled, only 1 may; next interval 3.
+        let mut c = FreezeController::new(FreezeRule::Alpha, 0.5, 6).unwrap();
+        assert_eq!(c.end_interval(Some(1)), 1);
+        assert_eq!(c.end_interval(Some(6)), alpha_schedule(6, 0.5, 2));
+        // The cap never thaws.
+        assert_eq!(c.end_interval(Some(0)), alpha_schedule(6, 0.5, 2));
     }
 
     #[test]

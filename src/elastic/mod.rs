@@ -135,6 +135,10 @@ pub struct ElasticConfig {
     pub table: Vec<usize>,
     /// When the rule runs.
     pub freeze_interval: FreezeInterval,
+    /// A layer freezes only once it has settled: its weights moved by at most this fraction of
+    /// their norm (`‖W_T − W_{T−1}‖ / ‖W_{T−1}‖`) over the last interval, it and every layer
+    /// below it. Caps whatever the rule decides; unset, the rule alone decides (the paper).
+    pub max_weight_change: Option<f64>,
     /// Re-partition the active units and shorten the pipeline after a freeze.
     pub auto_pipe: bool,
     /// Turn freed devices into replicas.
@@ -163,6 +167,7 @@ impl Default for ElasticConfig {
             alpha: default_alpha(),
             table: Vec::new(),
             freeze_interval: FreezeInterval::Epoch,
+            max_weight_change: None,
             auto_pipe: false,
             auto_dp: false,
             batch_policy: BatchPolicy::Constant,
@@ -190,6 +195,12 @@ impl ElasticConfig {
     /// layers; `augmented` says whether the training data is randomly augmented.
     pub fn validate(&self, layers: usize, augmented: bool) -> Result<()> {
         freeze::validate(&self.rule(), self.alpha, layers)?;
+        if let Some(t) = self.max_weight_change.filter(|t| !(t.is_finite() && *t > 0.0)) {
+            return Err(config_error(
+                "elastic.max_weight_change",
+                format!("must be a positive fraction of the weights' norm (e.g. 0.05), got {t}"),
+            ));
+        }
         let freezes = self.freeze != FreezeName::Off;
         let need = |on: bool, what: &str, needs: &str, ok: bool| {
             if on && !ok { Err(config_error(format!("elastic.{what}"), needs.to_string())) } else { Ok(()) }
@@ -237,6 +248,11 @@ mod tests {
         assert!(e.contains("elastic.auto_dp"), "{e}");
         let e = ElasticConfig { cache: true, ..on.clone() }.validate(6, true).unwrap_err().to_string();
         assert!(e.contains("augmented"), "{e}");
+        for bad in [0.0, -0.1, f64::NAN, f64::INFINITY] {
+            let e = ElasticConfig { max_weight_change: Some(bad), ..on.clone() }.validate(6, false).unwrap_err();
+            assert!(e.to_string().contains("elastic.max_weight_change"), "{bad}: {e}");
+        }
+        assert!(ElasticConfig { max_weight_change: Some(0.05), ..on.clone() }.validate(6, false).is_ok());
         assert!(ElasticConfig { cache: true, cache_augmented: true, ..on.clone() }.validate(6, true).is_ok());
         let e = ElasticConfig { alpha: 1.5, ..on }.validate(6, false).unwrap_err().to_string();
         assert!(e.contains("(0, 1)"), "{e}");

@@ -151,6 +151,27 @@ impl<D: Device> Pipeline<D> {
         Ok(out)
     }
 
+    /// The parameters of each unit in `units` (replica 0's), one vector per unit in model order:
+    /// what the freeze rule's settling test compares from one interval to the next.
+    pub fn unit_values(&self, units: std::ops::Range<usize>) -> Result<Vec<Vec<f32>>> {
+        let mut out = Vec::with_capacity(units.len());
+        let mut g = 0;
+        for (s, stage) in self.stages[0].iter().enumerate() {
+            let dev = &self.devices[self.plan.device(0, s)];
+            for u in stage {
+                if units.contains(&g) {
+                    let mut v = Vec::new();
+                    for p in u.params() {
+                        v.extend(dev.download(&p.value)?);
+                    }
+                    out.push(v);
+                }
+                g += 1;
+            }
+        }
+        Ok(out)
+    }
+
     /// Every parameter's name and f32 values (replica 0's), in model order: what a checkpoint
     /// stores.
     pub fn parameter_values(&self) -> Result<Vec<(String, Vec<f32>)>> {
