@@ -42,7 +42,13 @@ pub fn relative_changes(before: &[Vec<f32>], now: &[Vec<f32>]) -> Vec<f64> {
                 diff += (f64::from(n) - f64::from(b)).powi(2);
                 norm += f64::from(b).powi(2);
             }
-            if norm > 0.0 { (diff / norm).sqrt() } else if diff > 0.0 { f64::INFINITY } else { 0.0 }
+            if norm > 0.0 {
+                (diff / norm).sqrt()
+            } else if diff > 0.0 {
+                f64::INFINITY
+            } else {
+                0.0
+            }
         })
         .collect()
 }
