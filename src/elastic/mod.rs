@@ -5,7 +5,7 @@
 //!
 //! | module | paper | defines |
 //! |---|---|---|
-//! | [`freeze`] | §3.1, Eq. 1 | `FreezeController`, `eq1`, `alpha_schedule`, `FreezeRule` |
+//! | [`freeze`] | §3.1, Eq. 1 | `FreezeController`, `eq1`, `alpha_schedule`, `FreezeRule`, `settled` (the settling test, §8 item 8 of the reference) |
 //! | [`autopipe`] | §3.2, Algorithm 1 | `choose_shape` (K by the planner's predicted throughput), `Tuner` (M timed on the devices) |
 //! | [`autodp`] | §3.3 | `replicas_for`, `BatchPolicy` (`constant`, `scale-lr`), NCCL groups for the new shape |
 //! | [`cache`] | §3.4 | `ActivationCache` (host arena, bf16 option, `memmap2` spill, incremental advance) |
