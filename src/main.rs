@@ -419,12 +419,9 @@ fn main() -> Result<()> {
             let process = pipetransformer::run::ProcessEnv::from_env()?;
             let (_, count) = config.pipeline.resolve()?;
             // A launched process takes its share of the node: its own GPUs, its cores.
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             let (first, threads) = match &process {
-                Some(p) if config.output.threads == 0 => {
-                    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-                    (p.local_rank() * count, (cores / p.local_world).max(1))
-                }
-                Some(p) => (p.local_rank() * count, config.output.threads),
+                Some(p) => p.node_share(count, config.output.threads, cores),
                 None => (0, config.output.threads),
             };
             let run = TrainRun { resume, fresh, trace: trace.as_deref(), process };

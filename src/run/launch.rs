@@ -198,6 +198,15 @@ impl ProcessEnv {
         self.local_rank
     }
 
+    /// This process's share of its node for a run of `devices` devices per process: the first
+    /// of the node's devices it opens, and the cpu threads its devices may use in all
+    /// (`threads`, or when that is 0 the node's `cores` split evenly over its processes, so
+    /// that processes of cpu devices do not oversubscribe the cores).
+    pub fn node_share(&self, devices: usize, threads: usize, cores: usize) -> (usize, usize) {
+        let threads = if threads == 0 { (cores / self.local_world).max(1) } else { threads };
+        (self.local_rank * devices, threads)
+    }
+
     /// Meets the other processes; collectives then wait `PT_COLLECTIVE_TIMEOUT` seconds (default
     /// [`COLLECTIVE_TIMEOUT`]) for a peer.
     pub fn join(&self) -> Result<ProcessGroup> {
@@ -237,6 +246,11 @@ mod tests {
         ];
         let e = ProcessEnv::from_vars(vars(FULL)).unwrap().unwrap();
         assert_eq!((e.rank, e.world, e.local_world, e.addr.as_str()), (3, 4, 2, "127.0.0.1:29500"));
+        // Local rank 1 of 2 on a 16-core node, 2 devices per process: devices 2 and 3, half
+        // the cores; a thread count the run set is kept.
+        assert_eq!(e.node_share(2, 0, 16), (2, 8));
+        assert_eq!(e.node_share(2, 3, 16), (2, 3));
+        assert_eq!(e.node_share(1, 0, 1), (1, 1), "at least one thread");
         for (k, v, says) in [
             ("WORLD_SIZE", "four", "whole number"),
             ("RANK", "4", "below WORLD_SIZE"),

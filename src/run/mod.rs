@@ -45,3 +45,23 @@ pub fn open_devices_at(
     }
     Ok(if gpus.is_empty() { AnyDevices::Cpu(cpus) } else { AnyDevices::Gpu(gpus) })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// cpu devices share the threads they are given: two devices on two threads get one each,
+    /// not a pool of two each (which would run four threads on two cores).
+    #[test]
+    fn cpu_devices_split_the_threads_instead_of_each_taking_all() {
+        let threads = |count: usize, threads: usize| match open_devices(DeviceKind::Cpu, count, threads, Precision::F32)
+        {
+            Ok(AnyDevices::Cpu(d)) => d.iter().map(|d| d.threads()).collect::<Vec<_>>(),
+            _ => panic!("cpu devices expected"),
+        };
+        assert_eq!(threads(2, 2), [1, 1]);
+        assert_eq!(threads(2, 4), [2, 2]);
+        assert_eq!(threads(1, 2), [2]);
+        assert_eq!(threads(3, 2), [1, 1, 1], "never fewer than one");
+    }
+}
