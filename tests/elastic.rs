@@ -360,3 +360,53 @@ fn the_settling_test_holds_back_layers_that_still_move() {
     assert_eq!(unseen.iter().map(|f| (f.0, f.1)).collect::<Vec<_>>(), [(6, 2)]);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The settling test's reference weights travel in the checkpoint: a run stopped between two
+/// intervals and resumed freezes where the run that was not stopped freezes; without them the
+/// interval under way would hold and the freeze come an interval late (the last assertion).
+#[test]
+fn a_resumed_run_measures_the_interval_under_way_from_its_start() {
+    let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
+    let dir = scratch("settle-resume");
+    let config = ElasticConfig {
+        freeze: FreezeName::Table,
+        table: vec![0, 1, 2],
+        max_weight_change: Some(1e9),
+        ..Default::default()
+    };
+    let trainer = || {
+        let (t, _) = elastic_trainer(&bert(), cpus(2), &dir, FreezeInterval::Epoch);
+        (t, Elastic::new(config.clone(), surroundings(&bert()), &dir).unwrap())
+    };
+    let steps = |events: &[Event]| freezes(events).iter().map(|t| (t.step, t.frozen_layers.1)).collect::<Vec<_>>();
+
+    let (mut straight, mut elastic) = trainer();
+    let mut all = Vec::new();
+    elastic.start(&mut straight, &mut |e| all.push(e.clone())).unwrap();
+    straight.fit(&data, None, &mut elastic, &mut |e| all.push(e.clone())).unwrap();
+    assert_eq!(steps(&all), [(3, 1), (6, 2)]);
+
+    let path = dir.join("ckpt");
+    let (mut first, mut elastic) = trainer();
+    let mut events = Vec::new();
+    elastic.start(&mut first, &mut |e| events.push(e.clone())).unwrap();
+    first.fit(&data, Some(5), &mut elastic, &mut |e| events.push(e.clone())).unwrap();
+    let tensors = elastic.state_tensors();
+    assert_eq!(tensors.len(), 2, "one reference per layer");
+    first.save_checkpoint_with(&path, elastic.state(), tensors).unwrap();
+    drop((first, elastic));
+
+    let resume = |with_tensors: bool| {
+        let (mut second, mut elastic) = trainer();
+        let (state, tensors) = second.load_checkpoint_with(&path).unwrap();
+        elastic.restore(state).unwrap();
+        elastic.restore_tensors(if with_tensors { tensors } else { Vec::new() });
+        let mut later = events.clone();
+        second.fit(&data, None, &mut elastic, &mut |e| later.push(e.clone())).unwrap();
+        steps(&later)
+    };
+    assert_eq!(resume(true), [(3, 1), (6, 2)]);
+    // Without the reference the interval under way holds; the next one freezes.
+    assert_eq!(resume(false), [(3, 1), (9, 2)]);
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -519,3 +519,20 @@ fn marker_timed_spans_form_a_time_line_on_emulated_devices() {
         assert!(t.tail() > 0.0, "{schedule}: the optimizer runs after the pipelined part");
     }
 }
+
+/// `unit_values` reads each unit's parameters wherever its stage lives, in model order: what
+/// the freeze rule's settling test compares (units `1 + 2ℓ` and `2 + 2ℓ` are layer `ℓ`).
+#[test]
+fn unit_values_are_each_units_parameters_across_stages() {
+    let config = gpt();
+    let p = pipeline(&config, cfg(2, 1, 2, ScheduleKind::OneFOneB));
+    let by_name: std::collections::HashMap<String, Vec<f32>> = p.parameter_values().unwrap().into_iter().collect();
+    let n = p.unit_count();
+    let all = p.unit_values(0..n).unwrap();
+    assert_eq!(all.len(), n);
+    for (i, unit) in p.units().enumerate() {
+        let want: Vec<f32> = unit.params().iter().flat_map(|q| by_name[&q.name].clone()).collect();
+        assert_eq!(all[i], want, "unit {i}");
+    }
+    assert_eq!(p.unit_values(3..5).unwrap(), all[3..5].to_vec());
+}

@@ -144,16 +144,16 @@ fn failed_run_keeps_the_good_checkpoint() {
     std::fs::remove_file(&path).unwrap();
 }
 
-/// `eval_every = 3` over 2 epochs of 4 steps: evaluations after steps 3 and 6 inside the
-/// epochs, the epochs' own after 4 and 8 (none twice), each what `evaluate` gives at that point;
-/// a run stopped at step 5 and resumed evaluates at step 6 all the same.
+/// `eval_every = 2` over 2 epochs of 4 steps: evaluations after steps 2 and 6 inside the
+/// epochs, the epochs' own after 4 and 8 (not a second one there), each what `evaluate` gives
+/// at that point; a run stopped at step 5 and resumed evaluates at step 6 all the same.
 #[test]
 fn evaluations_every_n_steps_come_between_the_epochs_and_survive_a_resume() {
     let config = common::tiny_gpt(0.0);
     let src = Synthetic { config: config.clone(), fail_at: None };
     let with_every = || {
         let dev = CpuDevice::<f32>::new(0, 2).unwrap();
-        let train = TrainConfig { eval_every: 3, ..train_config() };
+        let train = TrainConfig { eval_every: 2, ..train_config() };
         common::trainer_on(&config, 3, vec![dev], Default::default(), train, 4)
     };
     let evals = |t: &mut Trainer<CpuDevice<f32>>, steps: Option<u64>| {
@@ -171,11 +171,11 @@ fn evaluations_every_n_steps_come_between_the_epochs_and_survive_a_resume() {
     let mut straight = with_every();
     let all = evals(&mut straight, None);
     let kinds: Vec<(&str, u64)> = all.iter().map(|&(k, s, _)| (k, s)).collect();
-    assert_eq!(kinds, [("eval", 3), ("epoch", 4), ("eval", 6), ("epoch", 8)]);
+    assert_eq!(kinds, [("eval", 2), ("epoch", 4), ("eval", 6), ("epoch", 8)]);
 
     // Each is the evaluation of the weights after that step.
     let mut probe = with_every();
-    run(&mut probe, &src, Some(3));
+    run(&mut probe, &src, Some(2));
     assert_eq!(probe.evaluate(&src).unwrap().loss, all[0].2);
 
     let path = tmp("ckpt-every");

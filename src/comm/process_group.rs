@@ -91,12 +91,12 @@ impl ProcessGroup {
                 }
                 // Every member has sent everything: none is blocked writing, so the sums can go.
                 for (i, peer) in members.iter_mut().enumerate() {
-                    write_f32(peer, values).map_err(|e| peer_error(i + 1, e.to_string()))?;
+                    write_f32(peer, values).map_err(|e| peer_error(i + 1, closed(&e)))?;
                 }
                 Ok(())
             }
             Links::Spoke(hub) => {
-                write_f32(hub, values).map_err(|e| peer_error(0, e.to_string()))?;
+                write_f32(hub, values).map_err(|e| peer_error(0, closed(&e)))?;
                 read_count(hub, values.len()).map_err(|e| peer_error(0, e))?;
                 let mut bytes = vec![0u8; CHUNK.min(values.len()) * 4];
                 for chunk in values.chunks_mut(CHUNK) {
@@ -144,12 +144,12 @@ impl ProcessGroup {
                 }
                 let bytes = encode(&sum);
                 for (i, peer) in members.iter_mut().enumerate() {
-                    peer.write_all(&bytes).map_err(|e| peer_error(i + 1, e.to_string()))?;
+                    peer.write_all(&bytes).map_err(|e| peer_error(i + 1, closed(&e)))?;
                 }
                 values.copy_from_slice(&sum);
             }
             Links::Spoke(hub) => {
-                hub.write_all(&encode(values)).map_err(|e| peer_error(0, e.to_string()))?;
+                hub.write_all(&encode(values)).map_err(|e| peer_error(0, closed(&e)))?;
                 let sum = receive(hub, values.len()).map_err(|e| peer_error(0, e))?;
                 values.copy_from_slice(&sum);
             }
@@ -211,9 +211,10 @@ fn receive(stream: &mut TcpStream, count: usize) -> std::result::Result<Vec<f64>
 
 fn closed(e: &std::io::Error) -> String {
     match e.kind() {
-        std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset => {
-            "closed its connection (the process ended or was killed)".into()
-        }
+        std::io::ErrorKind::UnexpectedEof
+        | std::io::ErrorKind::ConnectionReset
+        | std::io::ErrorKind::BrokenPipe
+        | std::io::ErrorKind::ConnectionAborted => "closed its connection (the process ended or was killed)".into(),
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => "did not answer within the timeout".into(),
         _ => e.to_string(),
     }

@@ -152,7 +152,8 @@ impl Tuner {
     /// tuned.
     pub fn record(&mut self, m: usize, positions_per_second: f64) -> Option<(usize, Option<Rates>)> {
         let Timing { key, candidates, rates, at } = self.running.as_mut()?;
-        let i = candidates.iter().position(|&c| c == m).unwrap_or(*at);
+        // A step of another M (none is expected) times nothing: the turn stays.
+        let Some(i) = candidates.iter().position(|&c| c == m) else { return Some((candidates[*at], None)) };
         rates[i].push(positions_per_second);
         if rates.iter().any(|r| r.len() < ROUNDS) {
             *at = (i + 1) % candidates.len();

@@ -15,6 +15,7 @@ use crate::device::Device;
 use crate::error::{Result, config_error};
 use crate::model::{Hidden, HostBatch};
 use crate::pipeline::PipelineStep;
+use crate::train::checkpoint::Tensor;
 use crate::train::{Controller, Event, Trainer, Transition};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
@@ -37,6 +38,9 @@ pub fn relative_changes(before: &[Vec<f32>], now: &[Vec<f32>]) -> Vec<f64> {
         .iter()
         .zip(now)
         .map(|(b, n)| {
+            if b.len() != n.len() {
+                return f64::INFINITY; // not the same layer: never counts as settled
+            }
             let (mut diff, mut norm) = (0.0f64, 0.0f64);
             for (&b, &n) in b.iter().zip(n) {
                 diff += (f64::from(n) - f64::from(b)).powi(2);
@@ -92,8 +96,9 @@ pub struct Elastic {
     warming: bool,
     /// The micro-batch count in force when tuning began (what the tuned one replaces).
     tuning_from: usize,
-    /// With a settling test: each layer's weights when the interval began (`None` after a
-    /// resume, until the first interval ends: that interval freezes nothing more).
+    /// With a settling test: each layer's weights when the interval began (checkpointed by
+    /// [`state_tensors`](Self::state_tensors); `None` when unknown, and then the interval
+    /// under way freezes nothing more).
     reference: Option<Vec<Vec<f32>>>,
 }
 
@@ -171,6 +176,29 @@ impl Elastic {
             cache_on: self.cache_on,
         };
         serde_json::to_value(state).unwrap_or_default()
+    }
+
+    /// What a checkpoint keeps besides [`state`](Self::state): the settling test's reference
+    /// weights (one tensor per layer), so a resumed run measures the interval under way from
+    /// its start, as the run that was not stopped does.
+    pub fn state_tensors(&self) -> Vec<Tensor> {
+        self.reference
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(|(l, w)| Tensor { name: format!("settling/{l}"), data: w.clone() })
+            .collect()
+    }
+
+    /// Restores [`state_tensors`](Self::state_tensors); without one per layer (a checkpoint
+    /// from before the settling test, or from a run without it) the interval under way freezes
+    /// nothing more.
+    pub fn restore_tensors(&mut self, tensors: Vec<Tensor>) {
+        let layers: Vec<Vec<f32>> = (0..self.around.layers)
+            .map_while(|l| tensors.iter().find(|t| t.name == format!("settling/{l}")).map(|t| t.data.clone()))
+            .collect();
+        let wanted = self.config.max_weight_change.is_some() && self.config.freeze != FreezeName::Off;
+        self.reference = (wanted && layers.len() == self.around.layers).then_some(layers);
     }
 
     /// Restores what [`state`](Self::state) saved (the trainer restores the plan and weights).

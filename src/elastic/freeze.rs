@@ -170,6 +170,11 @@ impl FreezeController {
             FreezeRule::Table(table) => table[(t as usize).min(table.len() - 1)],
         };
         self.frozen = next.min(cap.unwrap_or(usize::MAX)).max(self.frozen).min(self.layers);
+        // Held back by the settling test, Eq. 1 goes on from the count frozen (its F(T−1)), as
+        // when the norms decide, rather than from a bound that kept climbing meanwhile.
+        if matches!(self.rule, FreezeRule::Eq1) && self.frozen < next {
+            self.bound = self.frozen as f64;
+        }
         self.norm_sums.iter_mut().for_each(|s| *s = 0.0);
         self.steps = 0;
         self.frozen
@@ -269,6 +274,15 @@ mod tests {
         assert_eq!(c.end_interval(Some(6)), alpha_schedule(6, 0.5, 2));
         // The cap never thaws.
         assert_eq!(c.end_interval(Some(0)), alpha_schedule(6, 0.5, 2));
+        // Eq. 1 held back goes on from what is frozen: α = 1/2 over 8 layers, norms falling to
+        // the top (the bound decides). Bound 4, capped at 1 → 1; next bound 1 + 7/2 = 4.5 → 5,
+        // not 4 + 4/2 = 6 as it would from the uncapped bound.
+        let falling = [8.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.0, 1.0].map(|n: f64| n * n);
+        let mut e = FreezeController::new(FreezeRule::Eq1, 0.5, 8).unwrap();
+        e.observe(&falling);
+        assert_eq!(e.end_interval(Some(1)), 1);
+        e.observe(&falling);
+        assert_eq!(e.end_interval(Some(8)), 5);
     }
 
     #[test]

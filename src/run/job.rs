@@ -376,8 +376,9 @@ impl<D: Device> Job<D> {
                 source: std::io::Error::new(std::io::ErrorKind::NotFound, "no checkpoint to resume from"),
             });
         }
-        let state = self.trainer.load_checkpoint(&path)?;
+        let (state, tensors) = self.trainer.load_checkpoint_with(&path)?;
         self.elastic.restore(state)?;
+        self.elastic.restore_tensors(tensors);
         self.communicator = rebuild_communicators(&mut self.trainer.pipeline)?;
         self.resumed = true;
         Ok(())
@@ -435,7 +436,8 @@ impl<D: Device> Job<D> {
                     return Err(io_error(&metrics_path, err));
                 }
                 if writes {
-                    self.trainer.save_checkpoint(&self.checkpoint_path(), self.elastic.state())?;
+                    let (state, tensors) = (self.elastic.state(), self.elastic.state_tensors());
+                    self.trainer.save_checkpoint_with(&self.checkpoint_path(), state, tensors)?;
                     self.export()?;
                 }
             }

@@ -52,12 +52,16 @@ fn render(log: &str, config: &RunConfig) -> String {
     let mut transitions: Vec<&Value> = Vec::new();
     let mut last_step = 0.0;
     // Every evaluation, inside epochs (`train.eval_every`) and at their ends, as (step, run
-    // clock: steps + evaluations so far, accuracy, loss): the time-to-accuracy table.
+    // clock, accuracy, loss): the time-to-accuracy table. The clock adds the steps' times (a
+    // transition inside an epoch runs within its step's) and the evaluations'.
     let mut evals: Vec<(f64, f64, f64, f64)> = Vec::new();
     let mut clock = 0.0;
     let mut inside_epochs = false;
     for e in &events {
-        clock += num(e, "seconds") + num(e, "eval_seconds");
+        if e["event"] == "step" {
+            clock += num(e, "seconds");
+        }
+        clock += num(e, "eval_seconds");
         if matches!(e["event"].as_str(), Some("eval" | "epoch")) {
             inside_epochs |= e["event"] == "eval";
             // An epoch's evaluation follows the epoch's last step.
@@ -154,7 +158,7 @@ fn render(log: &str, config: &RunConfig) -> String {
     }
     html.push_str("</table>");
     if inside_epochs {
-        html.push_str("<h2>Evaluations</h2><p>Run clock: training steps and evaluations so far (transitions and loading not counted).</p><table><tr><th>step</th><th>run clock</th><th>test accuracy</th><th>test loss</th></tr>");
+        html.push_str("<h2>Evaluations</h2><p>Run clock: training steps (with the transitions inside epochs) and evaluations so far; loading and the transitions between epochs are not counted.</p><table><tr><th>step</th><th>run clock</th><th>test accuracy</th><th>test loss</th></tr>");
         for (step, clock, accuracy, loss) in &evals {
             let _ = write!(
                 html,
@@ -286,11 +290,11 @@ mod tests {
             r#"{"event":"step","step":1,"epoch":0,"loss":0.7,"lr":0.1,"grad_norm":1.0,"samples":4,"seconds":0.5}"#,
             r#"{"event":"epoch","epoch":0,"eval":{"loss":0.6,"accuracy":0.75,"perplexity":1.8,"count":8},"samples":4,"train_seconds":0.5,"eval_seconds":0.1}"#,
             r#"{"event":"cache","epoch":0,"hits":0,"misses":1,"entries":4,"memory_bytes":64,"disk_bytes":0}"#,
-            r#"{"event":"transition","step":1,"epoch":0,"reason":"Alpha <rule>","frozen_layers":[0,2],"frozen_units":5,"pipeline_len":[2,1],"replicas":[1,2],"micro_batches":[2,1],"stages":[{"start":0,"end":8}],"batches_per_step":1,"cache":true,"seconds":0.02}"#,
+            r#"{"event":"transition","step":1,"epoch":0,"reason":"Alpha <rule>","frozen_layers":[0,2],"frozen_units":5,"pipeline_len":[2,1],"replicas":[1,2],"micro_batches":[2,1],"stages":[{"start":0,"end":8}],"batches_per_step":1,"cache":true,"seconds":20.0}"#,
             r#"{"event":"start","resumed":true,"step":1}"#,
             r#"{"event":"step","step":2,"epoch":1,"loss":0.5,"lr":0.1,"grad_norm":1.0,"samples":4,"seconds":0.25}"#,
             r#"{"event":"eval","step":2,"epoch":1,"eval":{"loss":0.45,"accuracy":0.8125,"count":8},"eval_seconds":0.05}"#,
-            r#"{"event":"transition","step":2,"epoch":1,"reason":"mid-epoch","frozen_layers":[2,3],"frozen_units":7,"pipeline_len":[1,1],"replicas":[2,2],"micro_batches":[1,1],"stages":[{"start":0,"end":8}],"batches_per_step":1,"cache":true,"seconds":0.01}"#,
+            r#"{"event":"transition","step":2,"epoch":1,"reason":"mid-epoch","frozen_layers":[2,3],"frozen_units":7,"pipeline_len":[1,1],"replicas":[2,2],"micro_batches":[1,1],"stages":[{"start":0,"end":8}],"batches_per_step":1,"cache":true,"seconds":10.0}"#,
             r#"{"event":"epoch","epoch":1,"eval":{"loss":0.4,"accuracy":0.875,"perplexity":1.5,"count":8},"samples":4,"train_seconds":0.25,"eval_seconds":0.1}"#,
             r#"{"event":"cache","epoch":1,"hits":3,"misses":1,"entries":4,"memory_bytes":64,"disk_bytes":0}"#,
         ]

@@ -82,6 +82,9 @@ pub struct Trainer<D: Device> {
     epoch_work: (usize, f64),
 }
 
+/// The name prefix of a controller's tensors in a checkpoint.
+const CONTROLLER: &str = "controller/";
+
 impl<D: Device> Trainer<D> {
     /// A trainer at step 0 for a source with `batches_per_epoch` batches per epoch; `profiles`
     /// are the units' costs per sample.
@@ -309,7 +312,15 @@ impl<D: Device> Trainer<D> {
     /// Writes a checkpoint atomically: parameters, optimizer state, position, plan, frozen
     /// prefix, and `extra` (the controller's state, as JSON).
     pub fn save_checkpoint(&self, path: &Path, extra: serde_json::Value) -> Result<()> {
-        let mut tensors = Vec::new();
+        self.save_checkpoint_with(path, extra, Vec::new())
+    }
+
+    /// [`save_checkpoint`](Self::save_checkpoint) with the controller's own tensors besides its
+    /// JSON state (stored as `controller/…`; [`load_checkpoint_with`](Self::load_checkpoint_with)
+    /// gives them back).
+    pub fn save_checkpoint_with(&self, path: &Path, extra: serde_json::Value, controller: Vec<Tensor>) -> Result<()> {
+        let mut tensors: Vec<Tensor> =
+            controller.into_iter().map(|t| Tensor { name: format!("{CONTROLLER}{}", t.name), data: t.data }).collect();
         for (name, data) in self.pipeline.parameter_values()? {
             tensors.push(Tensor { name: format!("param/{name}"), data });
         }
@@ -338,6 +349,12 @@ impl<D: Device> Trainer<D> {
     /// the optimizer state. The file's integrity and every parameter's name and size are
     /// checked before anything changes. Returns the controller's state.
     pub fn load_checkpoint(&mut self, path: &Path) -> Result<serde_json::Value> {
+        Ok(self.load_checkpoint_with(path)?.0)
+    }
+
+    /// [`load_checkpoint`](Self::load_checkpoint), also returning the controller's tensors that
+    /// [`save_checkpoint_with`](Self::save_checkpoint_with) stored.
+    pub fn load_checkpoint_with(&mut self, path: &Path) -> Result<(serde_json::Value, Vec<Tensor>)> {
         let bad = |m: String| Error::State { what: format!("checkpoint {}", path.display()), message: m };
         let (meta, tensors) = checkpoint::load(path)?;
         let field = |name: &str| meta.get(name).cloned().unwrap_or(serde_json::Value::Null);
@@ -396,6 +413,11 @@ impl<D: Device> Trainer<D> {
         self.pipeline.load_optimizer_state(&opt)?;
         self.position = position;
         self.batches_per_step = batches_per_step;
-        Ok(field("controller"))
+        let mut controller: Vec<Tensor> = by_name
+            .into_iter()
+            .filter_map(|(name, data)| name.strip_prefix(CONTROLLER).map(|n| Tensor { name: n.to_string(), data }))
+            .collect();
+        controller.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok((field("controller"), controller))
     }
 }
