@@ -32,11 +32,24 @@ pub fn write_report(metrics: &Path, out: &Path, config: &RunConfig) -> Result<()
     write_atomic(out, |w| std::io::Write::write_all(w, html.as_bytes()))
 }
 
-/// The events of the last fresh run (a resume continues it).
+/// The events of the last fresh run (a resume continues it). A resume from step `s` replays
+/// what was logged after its checkpoint: those events are dropped for the replay's, so every
+/// step and evaluation counts once.
 fn events(log: &str) -> Vec<Value> {
     let all: Vec<Value> = log.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
     let start = all.iter().rposition(|e| e["event"] == "start" && e["resumed"] == false).unwrap_or(0);
-    all[start..].to_vec()
+    let mut kept: Vec<Value> = Vec::new();
+    for e in &all[start..] {
+        if e["event"] == "start" && e["resumed"] == true {
+            let from = e["step"].as_u64().unwrap_or(0);
+            let after = |x: &Value| x["event"] == "step" && x["step"].as_u64().is_some_and(|k| k > from);
+            if let Some(cut) = kept.iter().position(after) {
+                kept.truncate(cut);
+            }
+        }
+        kept.push(e.clone());
+    }
+    kept
 }
 
 fn render(log: &str, config: &RunConfig) -> String {
@@ -280,6 +293,34 @@ fn timeline(transitions: &[&Value], last: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A run checkpointed after step 1 that went on to step 2 and then died is resumed from
+    /// step 1: its replayed step 2 and evaluation count once, with the replay's values.
+    #[test]
+    fn a_resume_replaces_what_was_logged_after_its_checkpoint() {
+        let log = [
+            r#"{"event":"start","resumed":false,"step":0}"#,
+            r#"{"event":"step","step":1,"epoch":0,"loss":0.9,"lr":0.1,"grad_norm":1.0,"samples":4,"seconds":1.0}"#,
+            r#"{"event":"step","step":2,"epoch":0,"loss":0.8,"lr":0.1,"grad_norm":1.0,"samples":4,"seconds":1.0}"#,
+            r#"{"event":"eval","step":2,"epoch":0,"eval":{"loss":0.5,"accuracy":0.5,"count":8},"eval_seconds":1.0}"#,
+            r#"{"event":"start","resumed":true,"step":1}"#,
+            r#"{"event":"step","step":2,"epoch":0,"loss":0.7,"lr":0.1,"grad_norm":1.0,"samples":4,"seconds":1.0}"#,
+            r#"{"event":"eval","step":2,"epoch":0,"eval":{"loss":0.4,"accuracy":0.625,"count":8},"eval_seconds":1.0}"#,
+        ]
+        .join("\n");
+        let steps: Vec<f64> = events(&log).iter().filter(|e| e["event"] == "step").map(|e| num(e, "loss")).collect();
+        assert_eq!(steps, [0.9, 0.7]);
+        let config = RunConfig::parse(
+            "[model]\npretrained = \"w\"\n[data]\ndataset = \"digits\"\nbatch_size = 4\n[train]\nepochs = 1\nlr = 0.1\n[output]\ndir = \"runs/t\"\n",
+            "t",
+            &[],
+        )
+        .unwrap();
+        let html = render(&log, &config);
+        // One evaluation at step 2, on a clock of two steps and one evaluation: 3 s.
+        assert!(html.contains("<tr><td>2</td><td>3.0 s</td><td>62.50%</td>"), "{html}");
+        assert!(!html.contains("50.00%"), "the evaluation before the resume is replaced");
+    }
 
     #[test]
     fn the_report_shows_each_epoch_and_transition_from_the_last_fresh_start() {
