@@ -90,6 +90,18 @@ impl NcclCommunicator {
         let mut comm = std::ptr::null_mut();
         // SAFETY: NCCL writes the communicator on success; the id is the group's.
         lib.check("init", unsafe { (lib.comm_init_rank)(&mut comm, size as i32, id, rank as i32) })?;
+        Self::wrap(lib, comm, runtime, rank, size)
+    }
+
+    /// Member `rank` of `size` around an initialised `comm` on `runtime`'s GPU: collectives on a
+    /// stream of their own, ordered after the compute stream's work.
+    fn wrap(
+        lib: &'static NcclLib,
+        comm: sys::ncclComm_t,
+        runtime: &crate::device::cuda::CudaRuntime,
+        rank: usize,
+        size: usize,
+    ) -> Result<Self> {
         Ok(Self {
             lib,
             failed: false.into(),
@@ -126,17 +138,7 @@ impl NcclCommunicator {
             .into_iter()
             .zip(runtimes)
             .enumerate()
-            .map(|(rank, (comm, rt))| {
-                Ok(Self {
-                    lib,
-                    failed: false.into(),
-                    comm,
-                    compute: rt.stream().clone(),
-                    stream: rt.new_stream()?,
-                    rank,
-                    size,
-                })
-            })
+            .map(|(rank, (comm, rt))| Self::wrap(lib, comm, rt, rank, size))
             .collect()
     }
 }

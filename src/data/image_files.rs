@@ -187,16 +187,7 @@ mod tests {
 
     #[test]
     fn png_pgm_and_idx_give_channel_first_pixels_in_unit_range() {
-        // A 2×1 RGB PNG: (255, 0, 51) then (0, 255, 102).
-        let mut png_bytes = Vec::new();
-        {
-            let mut enc = png::Encoder::new(&mut png_bytes, 2, 1);
-            enc.set_color(png::ColorType::Rgb);
-            enc.set_depth(png::BitDepth::Eight);
-            let mut w = enc.write_header().unwrap_or_else(|e| panic!("{e}"));
-            w.write_image_data(&[255, 0, 51, 0, 255, 102]).unwrap_or_else(|e| panic!("{e}"));
-        }
-        let (w, h, c, px) = read_image_file(&scratch("a.png", &png_bytes)).unwrap_or_else(|e| panic!("{e}"));
+        let (w, h, c, px) = read_image_file(&scratch("a.png", &two_pixel_png())).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!((w, h, c), (2, 1, 3));
         assert_eq!(px, vec![1.0, 0.0, 0.0, 1.0, 0.2, 0.4]);
 
@@ -211,8 +202,8 @@ mod tests {
         assert_eq!(images, vec![(2, 1, 1, vec![0.0, 1.0]), (2, 1, 1, vec![0.2, 0.4])]);
     }
 
-    /// A 2×1 RGB PNG whose header then claims `width`×`height` (CRC recomputed).
-    fn png_claiming(width: u32, height: u32) -> Vec<u8> {
+    /// A 2×1 RGB PNG: (255, 0, 51) then (0, 255, 102).
+    fn two_pixel_png() -> Vec<u8> {
         let mut bytes = Vec::new();
         {
             let mut enc = png::Encoder::new(&mut bytes, 2, 1);
@@ -221,6 +212,12 @@ mod tests {
             let mut w = enc.write_header().unwrap_or_else(|e| panic!("{e}"));
             w.write_image_data(&[255, 0, 51, 0, 255, 102]).unwrap_or_else(|e| panic!("{e}"));
         }
+        bytes
+    }
+
+    /// [`two_pixel_png`] whose header then claims `width`×`height` (CRC recomputed).
+    fn png_claiming(width: u32, height: u32) -> Vec<u8> {
+        let mut bytes = two_pixel_png();
         // Signature (8), IHDR length (4) and type (4), then width and height, then the CRC
         // over type and the 13 data bytes.
         assert_eq!(&bytes[12..16], b"IHDR");

@@ -594,40 +594,13 @@ mod tests {
     fn parameter_count_matches_the_built_model() {
         use crate::device::CpuDevice;
         let dev = CpuDevice::<f32>::new(0, 1).unwrap();
-        let bert = |pooling| BertConfig {
-            vocab_size: 13,
-            hidden_size: 10,
-            num_hidden_layers: 2,
-            num_attention_heads: 2,
-            intermediate_size: 14,
-            hidden_act: "gelu".into(),
-            max_position_embeddings: 9,
-            type_vocab_size: 2,
-            layer_norm_eps: 1e-12,
-            hidden_dropout_prob: 0.0,
-            attention_probs_dropout_prob: 0.0,
-            num_labels: 3,
-            pooling,
-        };
-        let vit = VitConfig {
-            image_size: 8,
-            patch_size: 2,
-            num_channels: 3,
-            hidden_size: 8,
-            num_hidden_layers: 2,
-            num_attention_heads: 2,
-            intermediate_size: 12,
-            hidden_act: "gelu".into(),
-            layer_norm_eps: 1e-6,
-            hidden_dropout_prob: 0.0,
-            attention_probs_dropout_prob: 0.0,
-            num_labels: 10,
-        };
+        use crate::model::tiny::{tiny_bert, tiny_gpt, tiny_vit};
         for config in [
-            ModelConfig::Bert(bert(Pooling::ClsPooler)),
-            ModelConfig::Bert(bert(Pooling::Mean)),
+            tiny_bert(Pooling::ClsPooler, 0.0),
+            tiny_bert(Pooling::Mean, 0.0),
             ModelConfig::Gpt(GptConfig::without_dropout(17, 9, 8, 2, 2)),
-            ModelConfig::Vit(vit),
+            tiny_gpt(0.0),
+            tiny_vit(0.0),
         ] {
             let model = crate::model::Model::new(&dev, &config, 0).unwrap();
             assert_eq!(config.spec().unwrap().parameter_count(), Some(model.num_params()), "{config:?}");

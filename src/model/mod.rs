@@ -15,6 +15,7 @@ pub mod kv_arena;
 pub mod layers;
 pub mod param;
 pub mod replicate;
+pub mod tiny;
 pub mod unit;
 
 pub use batch::{Batch, DropoutLayout, Hidden, HostBatch, IGNORE_INDEX};

@@ -236,15 +236,31 @@ impl RunConfig {
 
     /// [`RunConfig::load`] from a string; `origin` names it in errors.
     pub fn parse(text: &str, origin: &str, overrides: &[String]) -> Result<Self> {
-        let mut table: toml::Table = text
+        let file: toml::Table = text
             .parse()
             .map_err(|e: toml::de::Error| Error::Config { field: origin.into(), message: e.to_string() })?;
+        let convert = |t: &toml::Table| -> std::result::Result<RunConfig, toml::de::Error> {
+            toml::Value::Table(t.clone()).try_into()
+        };
+        let mut table = file.clone();
         for o in overrides {
             apply_override(&mut table, o)?;
         }
-        let config: RunConfig = toml::Value::Table(table)
-            .try_into()
-            .map_err(|e: toml::de::Error| Error::Config { field: origin.into(), message: e.message().to_string() })?;
+        let config = convert(&table).map_err(|e| {
+            // A converted table carries no positions: name the first override that breaks a
+            // file that converts on its own, else the file.
+            let mut field = origin.to_string();
+            if convert(&file).is_ok() {
+                let mut t = file.clone();
+                for o in overrides {
+                    if apply_override(&mut t, o).is_ok() && convert(&t).is_err() {
+                        field = format!("--set {}", o.split_once('=').map_or(o.as_str(), |(k, _)| k.trim()));
+                        break;
+                    }
+                }
+            }
+            Error::Config { field, message: e.message().to_string() }
+        })?;
         config.validate()?;
         Ok(config)
     }
@@ -355,6 +371,11 @@ dir = "runs/x"
         assert!(err.contains("learning_rate"), "{err}");
         let err = RunConfig::parse(&BASE.replace("batch_size", "batchsize"), "file.toml", &[]).unwrap_err().to_string();
         assert!(err.contains("batchsize") && err.contains("file.toml"), "{err}");
+        // A value of the wrong type names its key, not the file.
+        let err = RunConfig::parse(BASE, "base", &["train.lr=1e-4".into(), "train.eval_every=-1".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--set train.eval_every") && err.contains("expected u64"), "{err}");
         let err = RunConfig::parse(BASE, "base", &["nokey".into()]).unwrap_err().to_string();
         assert!(err.contains("expected key=value"), "{err}");
         let err = RunConfig::parse(BASE, "base", &["data.dataset=imagenet".into()]).unwrap_err().to_string();

@@ -294,6 +294,16 @@ fn timeline(transitions: &[&Value], last: f64) -> String {
 mod tests {
     use super::*;
 
+    /// A two-epoch run on a two-stage pipeline of two micro-batches.
+    fn two_stage_run() -> RunConfig {
+        RunConfig::parse(
+            "[model]\npretrained = \"w\"\n[data]\ndataset = \"digits\"\nbatch_size = 4\n[train]\nepochs = 2\nlr = 0.1\n[output]\ndir = \"runs/t\"\n[pipeline]\npipeline_len = 2\nmicro_batches = 2\n",
+            "t",
+            &[],
+        )
+        .unwrap()
+    }
+
     /// A run checkpointed after step 1 that went on to step 2 and then died is resumed from
     /// step 1: its replayed step 2 and evaluation count once, with the replay's values.
     #[test]
@@ -310,13 +320,7 @@ mod tests {
         .join("\n");
         let steps: Vec<f64> = events(&log).iter().filter(|e| e["event"] == "step").map(|e| num(e, "loss")).collect();
         assert_eq!(steps, [0.9, 0.7]);
-        let config = RunConfig::parse(
-            "[model]\npretrained = \"w\"\n[data]\ndataset = \"digits\"\nbatch_size = 4\n[train]\nepochs = 1\nlr = 0.1\n[output]\ndir = \"runs/t\"\n",
-            "t",
-            &[],
-        )
-        .unwrap();
-        let html = render(&log, &config);
+        let html = render(&log, &two_stage_run());
         // One evaluation at step 2, on a clock of two steps and one evaluation: 3 s.
         assert!(html.contains("<tr><td>2</td><td>3.0 s</td><td>62.50%</td>"), "{html}");
         assert!(!html.contains("50.00%"), "the evaluation before the resume is replaced");
@@ -340,13 +344,7 @@ mod tests {
             r#"{"event":"cache","epoch":1,"hits":3,"misses":1,"entries":4,"memory_bytes":64,"disk_bytes":0}"#,
         ]
         .join("\n");
-        let config = RunConfig::parse(
-            "[model]\npretrained = \"w\"\n[data]\ndataset = \"digits\"\nbatch_size = 4\n[train]\nepochs = 2\nlr = 0.1\n[output]\ndir = \"runs/t\"\n[pipeline]\npipeline_len = 2\nmicro_batches = 2\n",
-            "t",
-            &[],
-        )
-        .unwrap();
-        let html = render(&log, &config);
+        let html = render(&log, &two_stage_run());
         // Epoch 0 ran at K=2, M=2 with a cold cache; epoch 1 after the transition at K=1, R=2.
         assert!(
             html.contains(
