@@ -20,7 +20,8 @@ use crate::ops;
 use crate::ops::attention::AttentionDims;
 use crate::ops::dropout::DropoutCoords;
 use crate::ops::gelu::Activation;
-use crate::ops::gemm_bf16::Products;
+use crate::ops::gemm_bf16::{PackedB, Products};
+use crate::ops::matmul::MatRef;
 use crate::ops::optim::{AdamWStep, SgdStep};
 use crate::ops::patch::PatchDims;
 use crate::ops::rows::RowCopy;
@@ -76,6 +77,22 @@ pub struct CpuBuf<T: Float> {
     data: Vec<T>,
     len: usize,
     pool: Arc<Pool<T>>,
+    /// This buffer as a linear layer's weight, packed for bf16 products.
+    packs: Mutex<WeightPacks>,
+}
+
+/// A weight packed as the B operand of bf16 products, kept while the weight does not change:
+/// packed by the first product of a step that reads it, reused by the step's other micro-batches,
+/// marked stale by any write to the buffer (every write goes through `DerefMut`, which takes
+/// `&mut`, so no product can be reading the packs then).
+#[derive(Default)]
+struct WeightPacks {
+    /// `Wᵀ`: the forward's B.
+    transposed: PackedB,
+    /// `W`: the input gradient's B.
+    plain: PackedB,
+    /// Whether each of the two holds the buffer's current values.
+    fresh: [bool; 2],
 }
 
 impl<T: Float> Deref for CpuBuf<T> {
@@ -87,6 +104,7 @@ impl<T: Float> Deref for CpuBuf<T> {
 
 impl<T: Float> DerefMut for CpuBuf<T> {
     fn deref_mut(&mut self) -> &mut [T] {
+        self.packs.get_mut().unwrap_or_else(|e| e.into_inner()).fresh = [false; 2];
         &mut self.data[..self.len]
     }
 }
@@ -172,11 +190,38 @@ impl<T: Float> CpuDevice<T> {
         self.pool.install(f)
     }
 
+    /// With bf16 products, `weight` (`[out_dim, in_dim]`) packed as the forward's B
+    /// (`transposed`) or the input gradient's, packed now if it changed since it was last packed;
+    /// None where products are not packed (f32, or a CPU without the bf16 micro-kernel).
+    fn weight_packs<'w>(
+        &self,
+        weight: &'w CpuBuf<T>,
+        transposed: bool,
+        in_dim: usize,
+        out_dim: usize,
+    ) -> Option<std::sync::MutexGuard<'w, WeightPacks>> {
+        if self.products != Products::Bf16 || weight.len != in_dim * out_dim {
+            return None;
+        }
+        let mut guard = weight.packs.lock().unwrap_or_else(|e| e.into_inner());
+        let packs = &mut *guard;
+        let (slot, fresh) = if transposed {
+            (&mut packs.transposed, &mut packs.fresh[0])
+        } else {
+            (&mut packs.plain, &mut packs.fresh[1])
+        };
+        if !*fresh {
+            let w = MatRef::rows(&weight[..], in_dim);
+            *fresh = if transposed { slot.pack(w.t(), in_dim, out_dim) } else { slot.pack(w, out_dim, in_dim) };
+        }
+        fresh.then_some(guard)
+    }
+
     /// A buffer of `len` elements: a free one of its size class, else a fresh one.
     fn take(&self, len: usize) -> CpuBuf<T> {
         let class = size_class(len);
         let data = self.buffers.take(class).unwrap_or_else(|| vec![T::ZERO; class]);
-        CpuBuf { data, len, pool: self.buffers.clone() }
+        CpuBuf { data, len, pool: self.buffers.clone(), packs: Mutex::default() }
     }
 }
 
@@ -254,7 +299,9 @@ impl<T: Float> Device for CpuDevice<T> {
         out_dim: usize,
     ) -> Result<()> {
         self.run(|| {
-            ops::linear::linear_forward_in(self.products, out, inp, weight, bias.map(|b| &b[..]), rows, in_dim, out_dim)
+            let packs = self.weight_packs(weight, true, in_dim, out_dim);
+            let wt = packs.as_ref().map(|p| &p.transposed);
+            ops::linear::linear_forward_in(self.products, out, inp, weight, wt, bias.map(|b| &b[..]), rows, in_dim, out_dim)
         })
     }
     fn linear_backward(
@@ -270,6 +317,7 @@ impl<T: Float> Device for CpuDevice<T> {
         out_dim: usize,
     ) -> Result<()> {
         self.run(|| {
+            let packs = if dinp.is_some() { self.weight_packs(weight, false, in_dim, out_dim) } else { None };
             ops::linear::linear_backward_in(
                 self.products,
                 dinp.map(|b| &mut b[..]),
@@ -278,6 +326,7 @@ impl<T: Float> Device for CpuDevice<T> {
                 dout,
                 inp,
                 weight,
+                packs.as_ref().map(|p| &p.plain),
                 rows,
                 in_dim,
                 out_dim,
@@ -526,6 +575,46 @@ impl<T: Float> Device for CpuDevice<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// With bf16 products the device packs a weight once and reuses it, and a write to the
+    /// weight (here through the AdamW kernel, then directly) is seen by the next product: every
+    /// result equals the op computed from the plain slices, to the bit.
+    #[test]
+    fn packed_weights_follow_every_write() {
+        use crate::testing::Rng;
+        let (rows, in_dim, out_dim) = (24, 40, 56);
+        let dev = CpuDevice::<f32>::with_precision(0, 1, Precision::Bf16).unwrap();
+        let mut rng = Rng::new(5);
+        let host = |rng: &mut Rng, n: usize| rng.vec(n, 1.0).into_iter().map(|x| x as f32).collect::<Vec<f32>>();
+        let (x, dy) = (host(&mut rng, rows * in_dim), host(&mut rng, rows * out_dim));
+        let (xb, dyb) = (dev.upload(&x).unwrap(), dev.upload(&dy).unwrap());
+        let mut w = dev.upload(&host(&mut rng, out_dim * in_dim)).unwrap();
+        let check = |w: &CpuBuf<f32>, when: &str| {
+            let mut y = dev.zeros(rows * out_dim).unwrap();
+            let mut dx = dev.zeros(rows * in_dim).unwrap();
+            dev.linear_forward(&mut y, &xb, w, None, rows, in_dim, out_dim).unwrap();
+            dev.linear_backward(Some(&mut dx), None, None, &dyb, &xb, w, rows, in_dim, out_dim).unwrap();
+            let mut want_y = vec![0.0; rows * out_dim];
+            let mut want_dx = vec![0.0; rows * in_dim];
+            let bf16 = Products::Bf16;
+            ops::linear::linear_forward_in(bf16, &mut want_y, &x, w, None, None, rows, in_dim, out_dim).unwrap();
+            ops::linear::linear_backward_in(bf16, Some(&mut want_dx), None, None, &dy, &x, w, None, rows, in_dim, out_dim)
+                .unwrap();
+            for (what, got, want) in [("forward", &y[..], &want_y[..]), ("input gradient", &dx[..], &want_dx[..])] {
+                let differs = got.iter().zip(want).position(|(g, w)| g.to_bits() != w.to_bits());
+                assert_eq!(differs, None, "{what} {when}: first different element");
+            }
+        };
+        check(&w, "first");
+        check(&w, "again, from the packs");
+        let grad = dev.upload(&host(&mut rng, out_dim * in_dim)).unwrap();
+        let (mut m, mut v) = (dev.zeros(out_dim * in_dim).unwrap(), dev.zeros(out_dim * in_dim).unwrap());
+        let step = AdamWStep { lr: 0.5, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, step: 1 };
+        dev.adamw_update(&mut w, &grad, &mut m, &mut v, &step).unwrap();
+        check(&w, "after an AdamW step");
+        w[3] = 7.0;
+        check(&w, "after a direct write");
+    }
 
     #[test]
     fn buffers_are_recycled_by_length() {

@@ -144,6 +144,87 @@ pub fn matmul_bf16_with<T: Float>(
     Bf16Path::Fallback
 }
 
+/// The B operand of bf16 products packed once for the `vdpbf16ps` micro-kernel, for products
+/// that share it: a linear layer's weight is B in the forward (`Wᵀ`) and in the input gradient
+/// (`W`) of every micro-batch of a step, and packing it (rounding, pairing, a transpose) costs as
+/// much as the product itself at a micro-batch's few hundred rows. Keeps its allocation across
+/// [`pack`](Self::pack)s.
+#[derive(Default)]
+pub struct PackedB {
+    words: Vec<u32>,
+    /// Where the 64-byte-aligned panels start in `words`.
+    start: usize,
+    k: usize,
+    n: usize,
+}
+
+impl PackedB {
+    /// Packs `b` (`k × n`) into this buffer, replacing what it held. Returns false, packing
+    /// nothing, where [`bf16_path`] is not the micro-kernel or `T` is not f32 (only that path
+    /// reads packed operands).
+    pub fn pack<T: Float>(&mut self, b: MatRef<T>, k: usize, n: usize) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if bf16_path() == Bf16Path::Avx512Bf16
+            && let Some(data) = as_f32(b.data)
+        {
+            let b = MatRef { data, row_stride: b.row_stride, col_stride: b.col_stride };
+            assert!(extent(&b, k, n) <= b.data.len(), "PackedB: B view exceeds its buffer");
+            let len = avx512::packed_b_len(k, n);
+            self.words.resize(len + 16, 0);
+            self.start = avx512::aligned_start(&self.words);
+            let parallel = k * n >= PARALLEL_MIN_WORK && rayon::current_num_threads() > 1;
+            if len > 0 {
+                // SAFETY: bf16_path() checked avx512f; `out` is packed_b_len(k, n) words.
+                unsafe { avx512::pack_b(b, k, n, &mut self.words[self.start..self.start + len], parallel) };
+            }
+            (self.k, self.n) = (k, n);
+            return true;
+        }
+        let _ = (b, k, n);
+        false
+    }
+
+    /// Whether this holds a packed `k × n` B.
+    pub fn holds(&self, k: usize, n: usize) -> bool {
+        !self.words.is_empty() && (self.k, self.n) == (k, n)
+    }
+}
+
+/// [`matmul_bf16`] with B packed beforehand (`b`, a `k × n` [`PackedB`]): the same result to the
+/// bit. Panics if `b` holds another shape or the element type is not f32 (a `PackedB` exists only
+/// for f32 operands on the micro-kernel's path): callers pack from the shapes they multiply.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_bf16_packed<T: Float>(
+    c: &mut [T],
+    c_row_stride: usize,
+    a: MatRef<T>,
+    b: &PackedB,
+    m: usize,
+    n: usize,
+    k: usize,
+    accumulate: bool,
+) {
+    assert!(b.holds(k, n), "matmul_bf16_packed: B packed as {}×{}, used as {k}×{n}", b.k, b.n);
+    let empty = MatRef { data: &[][..], row_stride: 0, col_stride: 0 };
+    check_views(c.len(), c_row_stride, &a, &empty, m, n, 0);
+    assert!(extent(&a, m, k) <= a.data.len(), "matmul_bf16: A view exceeds its buffer");
+    let (Some(c32), Some(a32)) = (as_f32_mut(c), as_f32(a.data)) else {
+        panic!("matmul_bf16_packed: packed products take f32 operands");
+    };
+    let a = MatRef { data: a32, row_stride: a.row_stride, col_stride: a.col_stride };
+    let parallel = m * n * k >= PARALLEL_MIN_WORK && rayon::current_num_threads() > 1;
+    #[cfg(target_arch = "x86_64")]
+    {
+        let words = &b.words[b.start..b.start + avx512::packed_b_len(k, n)];
+        avx512::gemm_packed(c32, c_row_stride, a, words, m, n, k, accumulate, parallel);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (c32, a, parallel);
+        unreachable!("a PackedB is packed only on the micro-kernel's path");
+    }
+}
+
 /// The portable path: rounds A and B to bf16 (f64 operands through f32), widens them back into
 /// contiguous copies and calls the f32/f64 [`matmul`]. Allocates the copies on every call: it
 /// serves CPUs without `avx512_bf16`, where speed is not the point of bf16.
@@ -283,10 +364,61 @@ mod avx512 {
     }
 
     thread_local! {
-        /// Scratch for the packed operands: one per thread, reused so that a product does not go
-        /// back to the kernel for pages every call. A nested call on the same thread (rayon work
-        /// stealing) finds it taken and allocates its own.
-        static SCRATCH: Cell<Vec<u32>> = const { Cell::new(Vec::new()) };
+        /// Scratch for the packed A operand, and for B when the caller did not pack it: one of
+        /// each per thread, reused so that a product does not go back to the kernel for pages
+        /// every call. A nested call on the same thread (rayon work stealing) finds one taken and
+        /// allocates its own.
+        static SCRATCH_A: Cell<Vec<u32>> = const { Cell::new(Vec::new()) };
+        static SCRATCH_B: Cell<Vec<u32>> = const { Cell::new(Vec::new()) };
+    }
+
+    /// Runs `f` on a 64-byte-aligned slice of `len` words of `scratch` (a zmm load that straddles
+    /// two cache lines costs two), then puts the buffer back.
+    fn with_scratch<R>(scratch: &'static std::thread::LocalKey<Cell<Vec<u32>>>, len: usize, f: impl FnOnce(&mut [u32]) -> R) -> R {
+        let mut buf = scratch.with(Cell::take);
+        if buf.len() < len + 16 {
+            buf.resize(len + 16, 0);
+        }
+        let skip = aligned_start(&buf);
+        let r = f(&mut buf[skip..skip + len]);
+        scratch.with(|s| {
+            // Keep the larger buffer if a nested call left one behind.
+            let other = s.take();
+            s.set(if other.len() > buf.len() { other } else { buf });
+        });
+        r
+    }
+
+    /// The first index of `words` on a 64-byte boundary (at most 15).
+    pub fn aligned_start(words: &[u32]) -> usize {
+        words.as_ptr().align_offset(64).min(15)
+    }
+
+    /// Words of B (`k × n`) packed: `n/NR` panels of every k block.
+    pub fn packed_b_len(k: usize, n: usize) -> usize {
+        n.div_ceil(NR) * k.div_ceil(KC) * KC2 * NR
+    }
+
+    /// Packs B (`k × n`, `k, n > 0`) into `out` ([`packed_b_len`] words): each column panel holds
+    /// all of k, one block of KC after another.
+    ///
+    /// # Safety
+    /// avx512f (the packers' vector code).
+    pub unsafe fn pack_b(b: MatRef<f32>, k: usize, n: usize, out: &mut [u32], parallel: bool) {
+        assert_eq!(out.len(), packed_b_len(k, n));
+        let b_op = Operand { data: b.data, x_stride: b.col_stride, k_stride: b.row_stride, x_len: n, k_len: k };
+        let (nkb, b_block) = (k.div_ceil(KC), KC2 * NR);
+        let pack = |(jp, panel): (usize, &mut [u32])| {
+            for (kb, block) in panel.chunks_mut(b_block).enumerate() {
+                // SAFETY: the caller holds avx512f.
+                unsafe { pack_b_block(&b_op, jp, kb, block) };
+            }
+        };
+        if parallel {
+            out.par_chunks_mut(nkb * b_block).enumerate().for_each(pack);
+        } else {
+            out.chunks_mut(nkb * b_block).enumerate().for_each(pack);
+        }
     }
 
     /// See [`matmul_bf16`](super::matmul_bf16); the views were checked by the caller.
@@ -296,6 +428,29 @@ mod avx512 {
         ldc: usize,
         a: MatRef<f32>,
         b: MatRef<f32>,
+        m: usize,
+        n: usize,
+        k: usize,
+        accumulate: bool,
+        parallel: bool,
+    ) {
+        if m == 0 || n == 0 || k == 0 {
+            return gemm_packed(c, ldc, a, &[], m, n, k, accumulate, parallel);
+        }
+        with_scratch(&SCRATCH_B, packed_b_len(k, n), |packed_b| {
+            // SAFETY: the caller checked this CPU has avx512f + avx512bf16.
+            unsafe { pack_b(b, k, n, packed_b, parallel) };
+            gemm_packed(c, ldc, a, packed_b, m, n, k, accumulate, parallel)
+        })
+    }
+
+    /// [`gemm`] with B already packed by [`pack_b`] (`packed_b`: its [`packed_b_len`]`(k, n)` words).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_packed(
+        c: &mut [f32],
+        ldc: usize,
+        a: MatRef<f32>,
+        packed_b: &[u32],
         m: usize,
         n: usize,
         k: usize,
@@ -314,98 +469,79 @@ mod avx512 {
             }
             return;
         }
+        assert_eq!(packed_b.len(), packed_b_len(k, n), "matmul_bf16: packed B of another shape");
         let a_op = Operand { data: a.data, x_stride: a.row_stride, k_stride: a.col_stride, x_len: m, k_len: k };
-        let b_op = Operand { data: b.data, x_stride: b.col_stride, k_stride: b.row_stride, x_len: n, k_len: k };
         let layout =
             if a.col_stride != 1 && a.row_stride == 1 && m > 1 { ALayout::PairRows } else { ALayout::RowPairs };
 
         let nkb = k.div_ceil(KC);
-        let (m_panels, n_panels) = (m.div_ceil(MR), n.div_ceil(NR));
         let (a_block, b_block) = (MR * KC2, KC2 * NR);
-        let (a_len, b_len) = (m_panels * nkb * a_block, n_panels * nkb * b_block);
-
-        let mut scratch = SCRATCH.with(Cell::take);
-        // 16 spare elements to start the panels on a 64-byte boundary: a zmm load that straddles
-        // two cache lines costs two.
-        if scratch.len() < a_len + b_len + 16 {
-            scratch.resize(a_len + b_len + 16, 0);
-        }
-        let skip = scratch.as_ptr().align_offset(64).min(15);
-        let (packed_a, rest) = scratch[skip..].split_at_mut(a_len);
-        let packed_b = &mut rest[..b_len];
-
-        // Phase 1: pack. Each panel holds all of k, one block of KC after another.
-        let pack_a = |(ip, panel): (usize, &mut [u32])| {
-            for (kb, block) in panel.chunks_mut(a_block).enumerate() {
-                // SAFETY: the caller checked this CPU has avx512f + avx512bf16.
-                unsafe { pack_a_block(&a_op, ip, kb, layout, block) };
+        let a_len = m.div_ceil(MR) * nkb * a_block;
+        with_scratch(&SCRATCH_A, a_len, |packed_a| {
+            // Phase 1: pack A. Each panel holds all of k, one block of KC after another.
+            let pack_a = |(ip, panel): (usize, &mut [u32])| {
+                for (kb, block) in panel.chunks_mut(a_block).enumerate() {
+                    // SAFETY: the caller checked this CPU has avx512f + avx512bf16.
+                    unsafe { pack_a_block(&a_op, ip, kb, layout, block) };
+                }
+            };
+            if parallel {
+                packed_a.par_chunks_mut(nkb * a_block).enumerate().for_each(pack_a);
+            } else {
+                packed_a.chunks_mut(nkb * a_block).enumerate().for_each(pack_a);
             }
-        };
-        let pack_b = |(jp, panel): (usize, &mut [u32])| {
-            for (kb, block) in panel.chunks_mut(b_block).enumerate() {
-                // SAFETY: as above.
-                unsafe { pack_b_block(&b_op, jp, kb, block) };
-            }
-        };
-        if parallel {
-            packed_a.par_chunks_mut(nkb * a_block).enumerate().for_each(pack_a);
-            packed_b.par_chunks_mut(nkb * b_block).enumerate().for_each(pack_b);
-        } else {
-            packed_a.chunks_mut(nkb * a_block).enumerate().for_each(pack_a);
-            packed_b.chunks_mut(nkb * b_block).enumerate().for_each(pack_b);
-        }
 
-        // Phase 2: multiply, a block of rows of C per task.
-        let threads = if parallel { rayon::current_num_threads() } else { 1 };
-        // Enough tasks to balance the threads (4 each), no smaller than needed.
-        let mc = m.div_ceil(4 * threads).next_multiple_of(MR).clamp(MR, MC_MAX);
-        let (packed_a, packed_b) = (&*packed_a, &*packed_b);
-        let task = |(t, c_rows): (usize, &mut [f32])| {
-            let row0 = t * mc;
-            let rows = mc.min(m - row0);
-            assert!((rows - 1) * ldc + n <= c_rows.len(), "matmul_bf16: C block exceeds its rows");
-            for j0 in (0..n).step_by(NC) {
-                let cols_blk = NC.min(n - j0);
-                for kb in 0..nkb {
-                    let kc2 = (KC.min(k - kb * KC)).div_ceil(2);
-                    let add_c = accumulate || kb > 0;
-                    for jr in (0..cols_blk).step_by(NR) {
-                        let jp = (j0 + jr) / NR;
-                        let bb = &packed_b[(jp * nkb + kb) * b_block..][..b_block];
-                        let cols = NR.min(n - j0 - jr);
-                        for ir in (0..rows).step_by(MR) {
-                            let ip = (row0 + ir) / MR;
-                            let ab = &packed_a[(ip * nkb + kb) * a_block..][..a_block];
-                            let r = MR.min(rows - ir);
-                            // The micro-kernel writes rows ir..ir+r, columns j0+jr..+cols of this block.
-                            let c_off = ir * ldc + j0 + jr;
-                            assert!(c_off + (r - 1) * ldc + cols <= c_rows.len());
-                            let cp = c_rows[c_off..].as_mut_ptr();
-                            // SAFETY: avx512f + avx512bf16 are present (caller); `ab` and `bb`
-                            // hold a whole packed block (MR·KC2 and KC2·NR pairs) and the kernel
-                            // reads pairs < kc2 ≤ KC2 of them; it writes r ≤ MR rows of `cols` ≤ NR
-                            // elements `ldc` apart from `cp`, inside `c_rows` by the assert above.
-                            unsafe {
-                                match layout {
-                                    ALayout::RowPairs => micro_kernel::<KC2, 1>(kc2, ab, bb, cp, ldc, r, cols, add_c),
-                                    ALayout::PairRows => micro_kernel::<1, MR>(kc2, ab, bb, cp, ldc, r, cols, add_c),
+            // Phase 2: multiply, a block of rows of C per task.
+            let threads = if parallel { rayon::current_num_threads() } else { 1 };
+            // Enough tasks to balance the threads (4 each), no smaller than needed.
+            let mc = m.div_ceil(4 * threads).next_multiple_of(MR).clamp(MR, MC_MAX);
+            let packed_a = &*packed_a;
+            let task = |(t, c_rows): (usize, &mut [f32])| {
+                let row0 = t * mc;
+                let rows = mc.min(m - row0);
+                assert!((rows - 1) * ldc + n <= c_rows.len(), "matmul_bf16: C block exceeds its rows");
+                for j0 in (0..n).step_by(NC) {
+                    let cols_blk = NC.min(n - j0);
+                    for kb in 0..nkb {
+                        let kc2 = (KC.min(k - kb * KC)).div_ceil(2);
+                        let add_c = accumulate || kb > 0;
+                        for jr in (0..cols_blk).step_by(NR) {
+                            let jp = (j0 + jr) / NR;
+                            let bb = &packed_b[(jp * nkb + kb) * b_block..][..b_block];
+                            let cols = NR.min(n - j0 - jr);
+                            for ir in (0..rows).step_by(MR) {
+                                let ip = (row0 + ir) / MR;
+                                let ab = &packed_a[(ip * nkb + kb) * a_block..][..a_block];
+                                let r = MR.min(rows - ir);
+                                // The micro-kernel writes rows ir..ir+r, columns j0+jr..+cols of this block.
+                                let c_off = ir * ldc + j0 + jr;
+                                assert!(c_off + (r - 1) * ldc + cols <= c_rows.len());
+                                let cp = c_rows[c_off..].as_mut_ptr();
+                                // SAFETY: avx512f + avx512bf16 are present (caller); `ab` and `bb`
+                                // hold a whole packed block (MR·KC2 and KC2·NR pairs) and the kernel
+                                // reads pairs < kc2 ≤ KC2 of them; it writes r ≤ MR rows of `cols` ≤ NR
+                                // elements `ldc` apart from `cp`, inside `c_rows` by the assert above.
+                                unsafe {
+                                    match layout {
+                                        ALayout::RowPairs => {
+                                            micro_kernel::<KC2, 1>(kc2, ab, bb, cp, ldc, r, cols, add_c)
+                                        }
+                                        ALayout::PairRows => {
+                                            micro_kernel::<1, MR>(kc2, ab, bb, cp, ldc, r, cols, add_c)
+                                        }
+                                    }
                                 }
                             }
                         }
                     }
                 }
+            };
+            if parallel {
+                c.par_chunks_mut(mc * ldc).enumerate().for_each(task);
+            } else {
+                c.chunks_mut(mc * ldc).enumerate().for_each(task);
             }
-        };
-        if parallel {
-            c.par_chunks_mut(mc * ldc).enumerate().for_each(task);
-        } else {
-            c.chunks_mut(mc * ldc).enumerate().for_each(task);
-        }
-        SCRATCH.with(|s| {
-            // Keep the larger buffer if a nested call left one behind.
-            let other = s.take();
-            s.set(if other.len() > scratch.len() { other } else { scratch });
-        });
+        })
     }
 
     /// `C[r × cols] (+)= A-block · B-block` over `kc2` pairs of k. A pair `p` of row `i` of A is at
@@ -827,6 +963,51 @@ mod tests {
                 assert_eq!(*g, bf16::from_f32(*v).to_bits() as u32, "{v:e} ({:#010x})", v.to_bits());
             }
         }
+    }
+
+    /// B packed once ([`PackedB`]) gives the same bits as packed inside each product, for a
+    /// linear layer's two uses of its weight (`Wᵀ`, a transposed view, and `W`, rows), at
+    /// shapes with edges (n not a multiple of NR, odd k, k past one KC block) and one packed B
+    /// reused by products of different row counts, with and without accumulation.
+    #[test]
+    fn packed_b_gives_the_same_bits() {
+        let mut rng = Rng::new(11);
+        for &(n, k) in &[(48, 64), (50, 33), (97, 300), (384, 384), (7, 1)] {
+            let w = f32s(&mut rng, n * k); // [n, k]: B = Wᵀ (k × n)
+            let wt = MatRef::rows(&w, k).t();
+            let w2 = f32s(&mut rng, k * n); // [k, n]: B = W (k × n)
+            let wp = MatRef::rows(&w2, n);
+            for (what, b) in [("Wᵀ", wt), ("W", wp)] {
+                let mut packed = PackedB::default();
+                if !packed.pack(b, k, n) {
+                    assert_eq!(bf16_path(), Bf16Path::Fallback, "only the fallback packs nothing");
+                    return;
+                }
+                assert!(packed.holds(k, n) && !packed.holds(n, k + 1));
+                for &(m, accumulate) in &[(1, false), (8, true), (37, false), (112, true)] {
+                    let a = f32s(&mut rng, m * k);
+                    let c0 = f32s(&mut rng, m * n);
+                    let (mut want, mut got) = (c0.clone(), c0.clone());
+                    matmul_bf16(&mut want, n, MatRef::rows(&a, k), b, m, n, k, accumulate);
+                    matmul_bf16_packed(&mut got, n, MatRef::rows(&a, k), &packed, m, n, k, accumulate);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "{what} n={n} k={k} m={m}");
+                }
+            }
+        }
+    }
+
+    /// A `PackedB` reused for another B's shape is refused, not read out of bounds.
+    #[test]
+    #[should_panic(expected = "packed as")]
+    fn packed_b_of_another_shape_is_refused() {
+        let w = vec![1.0f32; 64 * 32];
+        let mut packed = PackedB::default();
+        if !packed.pack(MatRef::rows(&w, 32), 64, 32) {
+            panic!("packed as nothing: the fallback path");
+        }
+        let mut c = vec![0.0f32; 4 * 64];
+        matmul_bf16_packed(&mut c, 64, MatRef::rows(&w[..4 * 32], 32), &packed, 4, 64, 32, false);
     }
 
     #[test]

@@ -4,10 +4,12 @@
 //!
 //! The `*_in` variants take the arithmetic of the three matrix products ([`Products`]: the
 //! element type, or bf16 operands with f32 accumulation); the bias and everything else stay in
-//! the element type.
+//! the element type. With bf16 products they also take the weight already packed as the
+//! products' B operand ([`PackedB`]: `Wᵀ` for the forward, `W` for the input gradient), which
+//! a device keeps from one micro-batch to the next while the weight does not change.
 
 use crate::error::{Result, check_len};
-use crate::ops::gemm_bf16::{Products, matmul_in};
+use crate::ops::gemm_bf16::{PackedB, Products, matmul_bf16_packed, matmul_in};
 use crate::ops::matmul::MatRef;
 use crate::scalar::Float;
 use rayon::prelude::*;
@@ -26,16 +28,18 @@ pub fn linear_forward<T: Float>(
     in_dim: usize,
     out_dim: usize,
 ) -> Result<()> {
-    linear_forward_in(Products::Native, out, inp, weight, bias, rows, in_dim, out_dim)
+    linear_forward_in(Products::Native, out, inp, weight, None, bias, rows, in_dim, out_dim)
 }
 
-/// [`linear_forward`] with the product in the arithmetic `products` names.
+/// [`linear_forward`] with the product in the arithmetic `products` names; `packed_wt`, if
+/// given, is `weightᵀ` packed for bf16 products (the same result to the bit, without packing).
 #[allow(clippy::too_many_arguments)]
 pub fn linear_forward_in<T: Float>(
     products: Products,
     out: &mut [T],
     inp: &[T],
     weight: &[T],
+    packed_wt: Option<&PackedB>,
     bias: Option<&[T]>,
     rows: usize,
     in_dim: usize,
@@ -57,8 +61,13 @@ pub fn linear_forward_in<T: Float>(
         out.par_chunks_mut(out_dim).with_min_len(rows_per_task(out_dim)).for_each(|row| row.copy_from_slice(bias));
     }
     let a = MatRef::rows(inp, in_dim);
-    let b = MatRef::rows(weight, in_dim).t();
-    matmul_in(products, out, out_dim, a, b, rows, out_dim, in_dim, bias.is_some());
+    match packed_wt {
+        Some(wt) => matmul_bf16_packed(out, out_dim, a, wt, rows, out_dim, in_dim, bias.is_some()),
+        None => {
+            let b = MatRef::rows(weight, in_dim).t();
+            matmul_in(products, out, out_dim, a, b, rows, out_dim, in_dim, bias.is_some());
+        }
+    }
     Ok(())
 }
 
@@ -76,10 +85,11 @@ pub fn linear_backward<T: Float>(
     in_dim: usize,
     out_dim: usize,
 ) -> Result<()> {
-    linear_backward_in(Products::Native, dinp, dweight, dbias, dout, inp, weight, rows, in_dim, out_dim)
+    linear_backward_in(Products::Native, dinp, dweight, dbias, dout, inp, weight, None, rows, in_dim, out_dim)
 }
 
-/// [`linear_backward`] with the two products in the arithmetic `products` names.
+/// [`linear_backward`] with the two products in the arithmetic `products` names; `packed_w`,
+/// if given, is `weight` packed for bf16 products (for `dinp`; the same result to the bit).
 #[allow(clippy::too_many_arguments)]
 pub fn linear_backward_in<T: Float>(
     products: Products,
@@ -89,6 +99,7 @@ pub fn linear_backward_in<T: Float>(
     dout: &[T],
     inp: &[T],
     weight: &[T],
+    packed_w: Option<&PackedB>,
     rows: usize,
     in_dim: usize,
     out_dim: usize,
@@ -109,7 +120,10 @@ pub fn linear_backward_in<T: Float>(
     let dout_m = MatRef::rows(dout, out_dim);
     if let Some(dinp) = dinp {
         // dinp[rows, in_dim] = dout[rows, out_dim] · weight[out_dim, in_dim]
-        matmul_in(products, dinp, in_dim, dout_m, MatRef::rows(weight, in_dim), rows, in_dim, out_dim, false);
+        match packed_w {
+            Some(w) => matmul_bf16_packed(dinp, in_dim, dout_m, w, rows, in_dim, out_dim, false),
+            None => matmul_in(products, dinp, in_dim, dout_m, MatRef::rows(weight, in_dim), rows, in_dim, out_dim, false),
+        }
     }
     if let Some(dweight) = dweight {
         // dweight[out_dim, in_dim] += doutᵀ[out_dim, rows] · inp[rows, in_dim]
