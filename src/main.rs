@@ -3,7 +3,7 @@
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use pipetransformer::bench;
-use pipetransformer::device::{AnyDevice, AnyDevices, Device, DeviceKind, Precision};
+use pipetransformer::device::{AnyDevice, AnyDevices, Device, DeviceKind, Precision, PrecisionChoice};
 use pipetransformer::elastic::{FreezeInterval, FreezeName};
 use pipetransformer::model::{Batch, BertConfig, GptConfig, HeadSpec, Model, ModelConfig, Pooling, VitConfig};
 use pipetransformer::optim::{LrSchedule, Optimizer, OptimizerConfig, train_step};
@@ -40,9 +40,11 @@ struct DeviceArgs {
     /// kernels emulated on the host: slow, for checking).
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     device: DeviceKind,
-    /// f32 (the default), or bf16: on the GPU backends bf16 activations with f32 master
-    /// weights; on cpu bf16 operands in the linear layers' products (f32 accumulation), f32
-    /// everything else. `bench-step` on cpu without it times both.
+    /// f32 (the default; for `train` the config's `output.precision`), bf16, or auto (bf16
+    /// where the hardware multiplies bf16 natively: a CPU with avx512_bf16, a GPU of compute
+    /// capability 8.0 or later; else f32). bf16 means on the GPU backends bf16 activations with
+    /// f32 master weights; on cpu bf16 operands in the linear layers' products (f32
+    /// accumulation), f32 everything else. `bench-step` on cpu without it times both.
     #[arg(long, value_enum)]
     precision: Option<PrecisionArg>,
 }
@@ -159,6 +161,7 @@ fn overrides(pipeline: &PipelineArgs, elastic: &ElasticArgs) -> Vec<String> {
 enum PrecisionArg {
     F32,
     Bf16,
+    Auto,
 }
 
 fn parse_from_str<T: std::str::FromStr<Err = pipetransformer::Error>>(s: &str) -> std::result::Result<T, String> {
@@ -190,14 +193,21 @@ fn parse_device(s: &str) -> std::result::Result<DeviceKind, String> {
 }
 
 impl DeviceArgs {
-    fn precision(self) -> Precision {
+    /// `--precision`, else `default` (a run config's `output.precision`).
+    fn choice(self, default: PrecisionChoice) -> PrecisionChoice {
         match self.precision {
-            None | Some(PrecisionArg::F32) => Precision::F32,
-            Some(PrecisionArg::Bf16) => Precision::Bf16,
+            None => default,
+            Some(PrecisionArg::F32) => PrecisionChoice::F32,
+            Some(PrecisionArg::Bf16) => PrecisionChoice::Bf16,
+            Some(PrecisionArg::Auto) => PrecisionChoice::Auto,
         }
     }
+    /// The precision of device `index` (f32 unless asked).
+    fn precision(self, index: usize) -> Result<Precision> {
+        Ok(self.choice(PrecisionChoice::F32).resolve(self.device, index)?)
+    }
     fn open(self, threads: usize) -> Result<AnyDevice> {
-        Ok(AnyDevice::open(self.device, 0, threads, self.precision())?)
+        Ok(AnyDevice::open(self.device, 0, threads, self.precision(0)?)?)
     }
 }
 
@@ -425,7 +435,8 @@ fn main() -> Result<()> {
                 None => (0, config.output.threads),
             };
             let run = TrainRun { resume, fresh, trace: trace.as_deref(), process };
-            match pipetransformer::run::open_devices_at(device.device, first, count, threads, device.precision())? {
+            let precision = device.choice(config.output.precision).resolve(device.device, first)?;
+            match pipetransformer::run::open_devices_at(device.device, first, count, threads, precision)? {
                 AnyDevices::Cpu(devs) => train(devs, config, &run),
                 AnyDevices::Gpu(devs) => train(devs, config, &run),
             }
@@ -601,7 +612,7 @@ fn bench_step(
         rows.push((format!("ours, {} ({name})", format!("{precision:?}").to_lowercase()), t));
         Ok(())
     };
-    time(first, device.precision())?;
+    time(first, device.precision(0)?)?;
     if cpu && device.precision.is_none() {
         time(AnyDevice::open(device.device, 0, threads, Precision::Bf16)?, Precision::Bf16)?;
     }

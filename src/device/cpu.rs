@@ -287,6 +287,11 @@ impl<T: Float> Device for CpuDevice<T> {
     fn synchronize(&self) -> Result<()> {
         Ok(())
     }
+    fn enter<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        // Inside, `run`'s `install` finds itself on one of the pool's threads and calls its
+        // closure directly.
+        self.pool.install(f)
+    }
 
     fn linear_forward(
         &self,

@@ -66,6 +66,13 @@ pub trait Device: Send + Sync + 'static {
     fn fill(&self, dst: &mut Self::Buf, value: f64) -> Result<()>;
     /// Waits until all queued work on this device is done.
     fn synchronize(&self) -> Result<()>;
+    /// Runs `f`, a thread's worth of this device's ops (a pipeline worker's step), where those
+    /// ops cost least to start. The cpu backend runs it inside the device's thread pool, so that
+    /// each op runs on the calling thread instead of being handed to the pool and waited for: a
+    /// thread wake-up per op, thousands per step. Elsewhere `f` runs as it is.
+    fn enter<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        f()
+    }
     /// A point in this device's work, for timing it ([`Marker`]). The default, the host clock,
     /// is right for backends whose ops return when their work is done.
     fn marker(&self) -> Result<Marker> {
@@ -322,6 +329,38 @@ impl DeviceKind {
     }
 }
 
+/// The precision a run asks for (`--precision`, `output.precision`): f32, bf16, or `auto`,
+/// which [`resolve`](Self::resolve) turns into bf16 where the hardware multiplies bf16 natively
+/// (a CPU with `avx512_bf16`, a GPU of compute capability 8.0 or later) and f32 elsewhere,
+/// including on the emulator, which is for checking, not speed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PrecisionChoice {
+    /// Every product in f32.
+    #[default]
+    F32,
+    /// bf16 products (see [`Precision::Bf16`]).
+    Bf16,
+    /// bf16 where it is native, else f32.
+    Auto,
+}
+
+impl PrecisionChoice {
+    /// The precision device `index` of `kind` runs in.
+    pub fn resolve(self, kind: DeviceKind, index: usize) -> Result<Precision> {
+        use crate::ops::gemm_bf16::{Bf16Path, bf16_path};
+        Ok(match self {
+            PrecisionChoice::F32 => Precision::F32,
+            PrecisionChoice::Bf16 => Precision::Bf16,
+            PrecisionChoice::Auto => match kind.resolve() {
+                DeviceKind::Cpu if bf16_path() == Bf16Path::Avx512Bf16 => Precision::Bf16,
+                DeviceKind::Cuda if cuda::CudaRuntime::new(index)?.arch() >= 80 => Precision::Bf16,
+                _ => Precision::F32,
+            },
+        })
+    }
+}
+
 impl std::str::FromStr for DeviceKind {
     type Err = crate::Error;
     fn from_str(s: &str) -> Result<Self> {
@@ -422,6 +461,20 @@ impl AnyDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `auto` is bf16 exactly where the CPU has the bf16 micro-kernel, f32 on the emulator; the
+    /// two explicit choices are taken as they are.
+    #[test]
+    fn auto_precision_is_bf16_where_the_hardware_has_it() {
+        use crate::ops::gemm_bf16::{Bf16Path, bf16_path};
+        let native = if bf16_path() == Bf16Path::Avx512Bf16 { Precision::Bf16 } else { Precision::F32 };
+        assert_eq!(PrecisionChoice::Auto.resolve(DeviceKind::Cpu, 0).unwrap(), native);
+        assert_eq!(PrecisionChoice::Auto.resolve(DeviceKind::CudaEmu, 0).unwrap(), Precision::F32);
+        for kind in [DeviceKind::Cpu, DeviceKind::CudaEmu] {
+            assert_eq!(PrecisionChoice::F32.resolve(kind, 0).unwrap(), Precision::F32);
+            assert_eq!(PrecisionChoice::Bf16.resolve(kind, 0).unwrap(), Precision::Bf16);
+        }
+    }
 
     #[test]
     fn host_markers_measure_the_host_clock_and_mixed_markers_are_refused() {

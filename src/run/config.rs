@@ -8,6 +8,7 @@ use crate::model::{ModelConfig, Pooling};
 use crate::pipeline::{PipelineConfig, ScheduleKind};
 use crate::terapipe::TokenSlices;
 use crate::train::TrainConfig;
+use crate::device::PrecisionChoice;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -101,6 +102,12 @@ pub struct OutputSection {
     /// CPU threads (0: all cores).
     #[serde(default)]
     pub threads: usize,
+    /// The arithmetic of the products: `f32` (the default), `bf16`, or `auto` (bf16 where the
+    /// hardware multiplies bf16 natively, else f32); `--precision` overrides it. Read where the
+    /// devices are opened: the `train` command, or a library caller resolving it
+    /// ([`PrecisionChoice::resolve`]) for [`open_devices`](crate::run::open_devices).
+    #[serde(default)]
+    pub precision: PrecisionChoice,
     /// Seconds between progress lines when the output is not a terminal (a log file, CI,
     /// `nohup`); on a terminal a progress bar shows instead.
     #[serde(default = "default_progress_every")]

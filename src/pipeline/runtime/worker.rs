@@ -104,9 +104,12 @@ impl<D: Device> Worker<'_, D> {
                     }
                 });
             }
-            let out = self.execute(&to_comm, &from_comm);
-            drop(to_comm); // ends the communication thread
-            out
+            let dev = self.dev;
+            dev.enter(move || {
+                let out = self.execute(&to_comm, &from_comm);
+                drop(to_comm); // ends the communication thread
+                out
+            })
         })
     }
 
