@@ -3,14 +3,16 @@
 //! a linear layer's three products: forward `Y = X·Wᵀ`, `dX = dY·W`, `dW = dYᵀ·X` (the views the
 //! linear layer passes, transposes included), on all cores as a one-device `cpu` run does them;
 //! and at 224 rows on one thread, a micro-batch of the main job's pipeline (8 snippets of ~28
-//! tokens on a one-thread stage), where the weight's packing weighs as much as the product.
+//! tokens on a one-thread stage), where the weight's packing weighs as much as the product;
+//! so the forward and `dX` also run with the weight packed beforehand (`bf16-packed-weight`),
+//! as a cpu device keeps it from one micro-batch to the next.
 //! Throughput is in elements/s where one element is one FLOP: criterion's `Gelem/s` reads as
 //! GFLOP/s.
 //!
 //! `cargo bench --bench gemm_bf16`
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use pipetransformer::ops::gemm_bf16::{bf16_path, matmul_bf16};
+use pipetransformer::ops::gemm_bf16::{PackedB, bf16_path, matmul_bf16, matmul_bf16_packed};
 use pipetransformer::ops::matmul::{MatRef, matmul};
 use pipetransformer::rng::Rng;
 use std::hint::black_box;
@@ -64,6 +66,14 @@ fn bench_linear_products(c: &mut Criterion) {
             g.bench_function(format!("{name}/bf16"), |bench| {
                 bench.iter(|| pool.install(|| matmul_bf16(black_box(&mut *out), n, a, b, m, n, k, acc)))
             });
+            // The weight packed once, as a cpu device keeps it across a step's micro-batches.
+            let mut packed = PackedB::default();
+            if name != "dweight" && pool.install(|| packed.pack(b, k, n)) {
+                g.bench_function(format!("{name}/bf16-packed-weight"), |bench| {
+                    bench
+                        .iter(|| pool.install(|| matmul_bf16_packed(black_box(&mut *out), n, a, &packed, m, n, k, acc)))
+                });
+            }
         }
         g.finish();
     }

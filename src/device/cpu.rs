@@ -306,7 +306,17 @@ impl<T: Float> Device for CpuDevice<T> {
         self.run(|| {
             let packs = self.weight_packs(weight, true, in_dim, out_dim);
             let wt = packs.as_ref().map(|p| &p.transposed);
-            ops::linear::linear_forward_in(self.products, out, inp, weight, wt, bias.map(|b| &b[..]), rows, in_dim, out_dim)
+            ops::linear::linear_forward_in(
+                self.products,
+                out,
+                inp,
+                weight,
+                wt,
+                bias.map(|b| &b[..]),
+                rows,
+                in_dim,
+                out_dim,
+            )
         })
     }
     fn linear_backward(
@@ -603,8 +613,20 @@ mod tests {
             let mut want_dx = vec![0.0; rows * in_dim];
             let bf16 = Products::Bf16;
             ops::linear::linear_forward_in(bf16, &mut want_y, &x, w, None, None, rows, in_dim, out_dim).unwrap();
-            ops::linear::linear_backward_in(bf16, Some(&mut want_dx), None, None, &dy, &x, w, None, rows, in_dim, out_dim)
-                .unwrap();
+            ops::linear::linear_backward_in(
+                bf16,
+                Some(&mut want_dx),
+                None,
+                None,
+                &dy,
+                &x,
+                w,
+                None,
+                rows,
+                in_dim,
+                out_dim,
+            )
+            .unwrap();
             for (what, got, want) in [("forward", &y[..], &want_y[..]), ("input gradient", &dx[..], &want_dx[..])] {
                 let differs = got.iter().zip(want).position(|(g, w)| g.to_bits() != w.to_bits());
                 assert_eq!(differs, None, "{what} {when}: first different element");

@@ -374,7 +374,11 @@ mod avx512 {
 
     /// Runs `f` on a 64-byte-aligned slice of `len` words of `scratch` (a zmm load that straddles
     /// two cache lines costs two), then puts the buffer back.
-    fn with_scratch<R>(scratch: &'static std::thread::LocalKey<Cell<Vec<u32>>>, len: usize, f: impl FnOnce(&mut [u32]) -> R) -> R {
+    fn with_scratch<R>(
+        scratch: &'static std::thread::LocalKey<Cell<Vec<u32>>>,
+        len: usize,
+        f: impl FnOnce(&mut [u32]) -> R,
+    ) -> R {
         let mut buf = scratch.with(Cell::take);
         if buf.len() < len + 16 {
             buf.resize(len + 16, 0);

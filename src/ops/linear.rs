@@ -122,7 +122,9 @@ pub fn linear_backward_in<T: Float>(
         // dinp[rows, in_dim] = dout[rows, out_dim] · weight[out_dim, in_dim]
         match packed_w {
             Some(w) => matmul_bf16_packed(dinp, in_dim, dout_m, w, rows, in_dim, out_dim, false),
-            None => matmul_in(products, dinp, in_dim, dout_m, MatRef::rows(weight, in_dim), rows, in_dim, out_dim, false),
+            None => {
+                matmul_in(products, dinp, in_dim, dout_m, MatRef::rows(weight, in_dim), rows, in_dim, out_dim, false)
+            }
         }
     }
     if let Some(dweight) = dweight {

@@ -2,13 +2,13 @@
 //! Every section denies unknown keys, so a typo is an error naming the key, never a silently
 //! ignored setting.
 
+use crate::device::PrecisionChoice;
 use crate::elastic::ElasticConfig;
 use crate::error::{Error, Result, config_error};
 use crate::model::{ModelConfig, Pooling};
 use crate::pipeline::{PipelineConfig, ScheduleKind};
 use crate::terapipe::TokenSlices;
 use crate::train::TrainConfig;
-use crate::device::PrecisionChoice;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
