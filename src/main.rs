@@ -805,11 +805,12 @@ fn predict<D: Device>(dev: D, request: PredictRequest) -> Result<()> {
 fn plan(config: RunConfig) -> Result<()> {
     let (_, count) = config.pipeline.resolve()?;
     let measured = config.pipeline.profile || config.elastic.auto_pipe;
-    let devices =
-        match pipetransformer::run::open_devices(DeviceKind::Cpu, count, config.output.threads, Precision::F32)? {
-            AnyDevices::Cpu(d) => d,
-            AnyDevices::Gpu(_) => bail!("plan runs on cpu devices"),
-        };
+    // Profiled in the precision the run would train in.
+    let precision = config.output.precision.resolve(DeviceKind::Cpu, 0)?;
+    let devices = match pipetransformer::run::open_devices(DeviceKind::Cpu, count, config.output.threads, precision)? {
+        AnyDevices::Cpu(d) => d,
+        AnyDevices::Gpu(_) => bail!("plan runs on cpu devices"),
+    };
     let job = Job::new(devices, config).context("preparing the run")?;
     println!(
         "costs: {}",

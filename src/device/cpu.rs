@@ -82,17 +82,22 @@ pub struct CpuBuf<T: Float> {
 }
 
 /// A weight packed as the B operand of bf16 products, kept while the weight does not change:
-/// packed by the first product of a step that reads it, reused by the step's other micro-batches,
-/// marked stale by any write to the buffer (every write goes through `DerefMut`, which takes
-/// `&mut`, so no product can be reading the packs then).
+/// packed by the first product that reads it after a change, reused by the products after it
+/// (the other micro-batches of a step; every step, for a frozen layer), marked stale by any
+/// write to the buffer (every write goes through `DerefMut`, which takes `&mut`, so no product
+/// can be reading the packs then). Memory: each pack is the weight in bf16 pairs with k padded
+/// to a multiple of 2 and n to one of 48, about half the f32 weight; two of them about as much
+/// again as the weight itself, which the planner's memory model does not count.
 #[derive(Default)]
 struct WeightPacks {
     /// `Wᵀ`: the forward's B.
     transposed: PackedB,
     /// `W`: the input gradient's B.
     plain: PackedB,
-    /// Whether each of the two holds the buffer's current values.
-    fresh: [bool; 2],
+    /// Whether `transposed` holds the buffer's current values.
+    transposed_fresh: bool,
+    /// Whether `plain` does.
+    plain_fresh: bool,
 }
 
 impl<T: Float> Deref for CpuBuf<T> {
@@ -104,7 +109,8 @@ impl<T: Float> Deref for CpuBuf<T> {
 
 impl<T: Float> DerefMut for CpuBuf<T> {
     fn deref_mut(&mut self) -> &mut [T] {
-        self.packs.get_mut().unwrap_or_else(|e| e.into_inner()).fresh = [false; 2];
+        let packs = self.packs.get_mut().unwrap_or_else(|e| e.into_inner());
+        (packs.transposed_fresh, packs.plain_fresh) = (false, false);
         &mut self.data[..self.len]
     }
 }
@@ -126,6 +132,8 @@ pub struct CpuDevice<T: Float> {
     products: Products,
     pool: rayon::ThreadPool,
     buffers: Arc<Pool<T>>,
+    /// Whether a thread is inside [`Device::enter`].
+    entered: std::sync::atomic::AtomicBool,
 }
 
 /// Elements the buffer pool keeps at most (1 GiB of f32): enough for every activation of a
@@ -169,6 +177,7 @@ impl<T: Float> CpuDevice<T> {
                 free: Mutex::new(FreeLists { by_class: HashMap::new(), cached: 0 }),
                 max_cached_elems: DEFAULT_POOL_ELEMS,
             }),
+            entered: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -192,7 +201,10 @@ impl<T: Float> CpuDevice<T> {
 
     /// With bf16 products, `weight` (`[out_dim, in_dim]`) packed as the forward's B
     /// (`transposed`) or the input gradient's, packed now if it changed since it was last packed;
-    /// None where products are not packed (f32, or a CPU without the bf16 micro-kernel).
+    /// None where products are not packed (f32, or a CPU without the bf16 micro-kernel), and
+    /// where another thread holds the packs: the product then packs its own copy, the same bits,
+    /// instead of waiting (a thread that waited could be one that holds them, running stolen
+    /// rayon work).
     fn weight_packs<'w>(
         &self,
         weight: &'w CpuBuf<T>,
@@ -203,17 +215,24 @@ impl<T: Float> CpuDevice<T> {
         if self.products != Products::Bf16 || weight.len != in_dim * out_dim {
             return None;
         }
-        let mut guard = weight.packs.lock().unwrap_or_else(|e| e.into_inner());
-        let packs = &mut *guard;
-        let (slot, fresh) = if transposed {
-            (&mut packs.transposed, &mut packs.fresh[0])
-        } else {
-            (&mut packs.plain, &mut packs.fresh[1])
+        let mut guard = match weight.packs.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
         };
-        if !*fresh {
-            let w = MatRef::rows(&weight[..], in_dim);
-            *fresh = if transposed { slot.pack(w.t(), in_dim, out_dim) } else { slot.pack(w, out_dim, in_dim) };
-        }
+        let packs = &mut *guard;
+        let w = MatRef::rows(&weight[..], in_dim);
+        let fresh = if transposed {
+            if !(packs.transposed_fresh && packs.transposed.holds(in_dim, out_dim)) {
+                packs.transposed_fresh = packs.transposed.pack(w.t(), in_dim, out_dim);
+            }
+            packs.transposed_fresh
+        } else {
+            if !(packs.plain_fresh && packs.plain.holds(out_dim, in_dim)) {
+                packs.plain_fresh = packs.plain.pack(w, out_dim, in_dim);
+            }
+            packs.plain_fresh
+        };
         fresh.then_some(guard)
     }
 
@@ -289,7 +308,21 @@ impl<T: Float> Device for CpuDevice<T> {
     }
     fn enter<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         // Inside, `run`'s `install` finds itself on one of the pool's threads and calls its
-        // closure directly.
+        // closure directly. One thread at a time: a second one would queue behind the first's
+        // whole step (one pool thread) or be run by a pool thread that is waiting inside an op
+        // of the first, on top of it; it runs outside instead, handing each op to the pool.
+        use std::sync::atomic::{AtomicBool, Ordering};
+        if self.entered.swap(true, Ordering::Acquire) {
+            return f();
+        }
+        /// Lets the next thread in when the step ends, also by a panic.
+        struct Leave<'a>(&'a AtomicBool);
+        impl Drop for Leave<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        let _leave = Leave(&self.entered);
         self.pool.install(f)
     }
 
@@ -332,19 +365,28 @@ impl<T: Float> Device for CpuDevice<T> {
         out_dim: usize,
     ) -> Result<()> {
         self.run(|| {
-            let packs = if dinp.is_some() { self.weight_packs(weight, false, in_dim, out_dim) } else { None };
+            let products = self.products;
+            if let Some(dinp) = dinp {
+                // The input gradient alone first, so the packs are let go before the rest.
+                let packs = self.weight_packs(weight, false, in_dim, out_dim);
+                let w = packs.as_ref().map(|p| &p.plain);
+                ops::linear::linear_backward_in(
+                    products,
+                    Some(dinp),
+                    None,
+                    None,
+                    dout,
+                    inp,
+                    weight,
+                    w,
+                    rows,
+                    in_dim,
+                    out_dim,
+                )?;
+            }
+            let (dweight, dbias) = (dweight.map(|b| &mut b[..]), dbias.map(|b| &mut b[..]));
             ops::linear::linear_backward_in(
-                self.products,
-                dinp.map(|b| &mut b[..]),
-                dweight.map(|b| &mut b[..]),
-                dbias.map(|b| &mut b[..]),
-                dout,
-                inp,
-                weight,
-                packs.as_ref().map(|p| &p.plain),
-                rows,
-                in_dim,
-                out_dim,
+                products, None, dweight, dbias, dout, inp, weight, None, rows, in_dim, out_dim,
             )
         })
     }
@@ -601,10 +643,11 @@ mod tests {
         let dev = CpuDevice::<f32>::with_precision(0, 1, Precision::Bf16).unwrap();
         let mut rng = Rng::new(5);
         let host = |rng: &mut Rng, n: usize| rng.vec(n, 1.0).into_iter().map(|x| x as f32).collect::<Vec<f32>>();
-        let (x, dy) = (host(&mut rng, rows * in_dim), host(&mut rng, rows * out_dim));
-        let (xb, dyb) = (dev.upload(&x).unwrap(), dev.upload(&dy).unwrap());
+        let (x, dy) = (host(&mut rng, rows * out_dim), host(&mut rng, rows * out_dim));
         let mut w = dev.upload(&host(&mut rng, out_dim * in_dim)).unwrap();
-        let check = |w: &CpuBuf<f32>, when: &str| {
+        let check = |w: &CpuBuf<f32>, (in_dim, out_dim): (usize, usize), when: &str| {
+            let (x, dy) = (&x[..rows * in_dim], &dy[..rows * out_dim]);
+            let (xb, dyb) = (dev.upload(x).unwrap(), dev.upload(dy).unwrap());
             let mut y = dev.zeros(rows * out_dim).unwrap();
             let mut dx = dev.zeros(rows * in_dim).unwrap();
             dev.linear_forward(&mut y, &xb, w, None, rows, in_dim, out_dim).unwrap();
@@ -612,14 +655,14 @@ mod tests {
             let mut want_y = vec![0.0; rows * out_dim];
             let mut want_dx = vec![0.0; rows * in_dim];
             let bf16 = Products::Bf16;
-            ops::linear::linear_forward_in(bf16, &mut want_y, &x, w, None, None, rows, in_dim, out_dim).unwrap();
+            ops::linear::linear_forward_in(bf16, &mut want_y, x, w, None, None, rows, in_dim, out_dim).unwrap();
             ops::linear::linear_backward_in(
                 bf16,
                 Some(&mut want_dx),
                 None,
                 None,
-                &dy,
-                &x,
+                dy,
+                x,
                 w,
                 None,
                 rows,
@@ -632,15 +675,45 @@ mod tests {
                 assert_eq!(differs, None, "{what} {when}: first different element");
             }
         };
-        check(&w, "first");
-        check(&w, "again, from the packs");
+        let dims = (in_dim, out_dim);
+        check(&w, dims, "first");
+        check(&w, dims, "again, from the packs");
+        check(&w, (out_dim, in_dim), "read as a weight of the transposed shape");
+        check(&w, dims, "in its own shape again");
         let grad = dev.upload(&host(&mut rng, out_dim * in_dim)).unwrap();
         let (mut m, mut v) = (dev.zeros(out_dim * in_dim).unwrap(), dev.zeros(out_dim * in_dim).unwrap());
         let step = AdamWStep { lr: 0.5, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, step: 1 };
         dev.adamw_update(&mut w, &grad, &mut m, &mut v, &step).unwrap();
-        check(&w, "after an AdamW step");
+        check(&w, dims, "after an AdamW step");
         w[3] = 7.0;
-        check(&w, "after a direct write");
+        check(&w, dims, "after a direct write");
+    }
+
+    /// Two threads entering one device at once both finish: the second runs outside the pool
+    /// instead of queueing behind the first, which here waits for it (a pipeline worker waits
+    /// for its peers the same way).
+    #[test]
+    fn a_second_thread_entering_runs_beside_the_first() {
+        let dev = Arc::new(CpuDevice::<f32>::new(0, 1).unwrap());
+        let barrier = Arc::new(std::sync::Barrier::new(2));
+        let (tx, rx) = std::sync::mpsc::channel();
+        for _ in 0..2 {
+            let (dev, barrier, tx) = (dev.clone(), barrier.clone(), tx.clone());
+            std::thread::spawn(move || {
+                let y = dev.enter(|| {
+                    barrier.wait();
+                    let (x, w) = (dev.upload(&[1.0, 2.0]).unwrap(), dev.upload(&[3.0, 4.0]).unwrap());
+                    let mut y = dev.zeros(1).unwrap();
+                    dev.linear_forward(&mut y, &x, &w, None, 1, 2, 1).unwrap();
+                    y[0]
+                });
+                tx.send(y).ok();
+            });
+        }
+        for _ in 0..2 {
+            let y = rx.recv_timeout(std::time::Duration::from_secs(30)).expect("neither thread waits behind the other");
+            assert_eq!(y, 11.0);
+        }
     }
 
     #[test]

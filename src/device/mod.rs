@@ -69,7 +69,8 @@ pub trait Device: Send + Sync + 'static {
     /// Runs `f`, a thread's worth of this device's ops (a pipeline worker's step), where those
     /// ops cost least to start. The cpu backend runs it inside the device's thread pool, so that
     /// each op runs on the calling thread instead of being handed to the pool and waited for: a
-    /// thread wake-up per op, thousands per step. Elsewhere `f` runs as it is.
+    /// thread wake-up per op, thousands per step. One thread enters at a time; a second one
+    /// meanwhile runs `f` as it is, as every backend but cpu always does.
     fn enter<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         f()
     }

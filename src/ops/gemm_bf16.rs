@@ -449,6 +449,8 @@ mod avx512 {
     }
 
     /// [`gemm`] with B already packed by [`pack_b`] (`packed_b`: its [`packed_b_len`]`(k, n)` words).
+    /// Safe to call only as `gemm` is: the caller holds [`bf16_path`](super::bf16_path)`() ==
+    /// Avx512Bf16` and checked A's and C's views (the module's contract, above).
     #[allow(clippy::too_many_arguments)]
     pub fn gemm_packed(
         c: &mut [f32],

@@ -32,7 +32,8 @@ pub fn linear_forward<T: Float>(
 }
 
 /// [`linear_forward`] with the product in the arithmetic `products` names; `packed_wt`, if
-/// given, is `weightᵀ` packed for bf16 products (the same result to the bit, without packing).
+/// given, is this `weight`'s transpose packed for bf16 products (the same result to the bit,
+/// without packing it again).
 #[allow(clippy::too_many_arguments)]
 pub fn linear_forward_in<T: Float>(
     products: Products,
@@ -60,6 +61,7 @@ pub fn linear_forward_in<T: Float>(
     if let Some(bias) = bias {
         out.par_chunks_mut(out_dim).with_min_len(rows_per_task(out_dim)).for_each(|row| row.copy_from_slice(bias));
     }
+    debug_assert!(packed_wt.is_none() || products == Products::Bf16, "a packed weight is for bf16 products");
     let a = MatRef::rows(inp, in_dim);
     match packed_wt {
         Some(wt) => matmul_bf16_packed(out, out_dim, a, wt, rows, out_dim, in_dim, bias.is_some()),
@@ -89,7 +91,7 @@ pub fn linear_backward<T: Float>(
 }
 
 /// [`linear_backward`] with the two products in the arithmetic `products` names; `packed_w`,
-/// if given, is `weight` packed for bf16 products (for `dinp`; the same result to the bit).
+/// if given, is this `weight` packed for bf16 products (for `dinp`; the same result to the bit).
 #[allow(clippy::too_many_arguments)]
 pub fn linear_backward_in<T: Float>(
     products: Products,
@@ -117,6 +119,7 @@ pub fn linear_backward_in<T: Float>(
     if let Some(dbias) = &dbias {
         check_len(OP, "dbias", dbias.len(), out_dim)?;
     }
+    debug_assert!(packed_w.is_none() || products == Products::Bf16, "a packed weight is for bf16 products");
     let dout_m = MatRef::rows(dout, out_dim);
     if let Some(dinp) = dinp {
         // dinp[rows, in_dim] = dout[rows, out_dim] · weight[out_dim, in_dim]
