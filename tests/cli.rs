@@ -130,6 +130,9 @@ fn train_runs_on_the_emulated_cuda_kernels() {
         let last = last.as_str();
         let summary = std::fs::read_to_string(dir.join("summary.json")).unwrap();
         assert!(summary.contains("\"steps\": 3") || summary.contains("\"steps\":3"), "{summary}");
+        // The summary names what computed it, precision included.
+        let named = if precision == "bf16" { "(Bf16)" } else { "(F32)" };
+        assert!(summary.contains("\"devices\"") && summary.contains(named), "{summary}");
         check_predict_and_evaluate(&dir, config, precision, last, &args);
     }
 }

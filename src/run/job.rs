@@ -197,6 +197,9 @@ pub struct Summary {
     pub frozen_layers: usize,
     /// The plan at the end: pipeline length, replicas, micro-batches.
     pub final_plan: (usize, usize, usize),
+    /// The devices the run held, as they name themselves (backend, index, precision, threads:
+    /// e.g. `cpu:0 (F32, bf16 products, 1 threads)`), so a result says what computed it.
+    pub devices: Vec<String>,
     /// For language models: the held-out loss of predicting each character by its training
     /// frequency alone (the unigram baseline the model must beat).
     pub unigram_baseline_loss: Option<f64>,
@@ -425,7 +428,8 @@ impl<D: Device> Job<D> {
                 }
                 on_event(e);
             };
-            log(&Event::Start { resumed: self.resumed, step: self.trainer.position.step });
+            let devices = self.trainer.pipeline.devices().iter().map(|d| d.name()).collect();
+            log(&Event::Start { resumed: self.resumed, step: self.trainer.position.step, devices });
             if !self.resumed {
                 self.elastic.start(&mut self.trainer, &mut log)?;
             }
@@ -457,6 +461,7 @@ impl<D: Device> Job<D> {
             eval: last_eval,
             frozen_layers: self.elastic.frozen_layers(),
             final_plan: (p.pipeline_len, p.replicas, p.micro_batches),
+            devices: self.trainer.pipeline.devices().iter().map(|d| d.name()).collect(),
             unigram_baseline_loss: self.unigram_baseline()?,
         };
         if writes {

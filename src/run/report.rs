@@ -152,6 +152,18 @@ fn render(log: &str, config: &RunConfig) -> String {
         on(config.elastic.auto_dp),
         on(config.elastic.cache)
     );
+    // Every distinct device set the run (and its resumes) ran on, in order.
+    let mut device_sets: Vec<String> = Vec::new();
+    for e in events.iter().filter(|e| e["event"] == "start") {
+        let names: Vec<&str> = e["devices"].as_array().into_iter().flatten().filter_map(|d| d.as_str()).collect();
+        let set = names.join(", ");
+        if !names.is_empty() && device_sets.last() != Some(&set) {
+            device_sets.push(set);
+        }
+    }
+    if !device_sets.is_empty() {
+        let _ = write!(html, "<p>Devices: {}.</p>", esc(&device_sets.join("; then, resumed on ")));
+    }
     html.push_str("<h2>Per epoch</h2><p>Shapes that changed during an epoch show as start → end.</p><table><tr><th>epoch</th><th>frozen layers</th><th>K</th><th>R</th><th>M</th><th>samples/s</th><th>cache hits (samples)</th><th>test accuracy</th><th>test loss</th></tr>");
     let span = |(a, b): (usize, usize)| if a == b { a.to_string() } else { format!("{a} → {b}") };
     for row in &rows {
@@ -309,11 +321,11 @@ mod tests {
     #[test]
     fn a_resume_replaces_what_was_logged_after_its_checkpoint() {
         let log = [
-            r#"{"event":"start","resumed":false,"step":0}"#,
+            r#"{"event":"start","resumed":false,"step":0,"devices":["cpu:0 (F32, bf16 products, 1 threads)"]}"#,
             r#"{"event":"step","step":1,"epoch":0,"loss":0.9,"lr":0.1,"grad_norm":1.0,"samples":4,"seconds":1.0}"#,
             r#"{"event":"step","step":2,"epoch":0,"loss":0.8,"lr":0.1,"grad_norm":1.0,"samples":4,"seconds":1.0}"#,
             r#"{"event":"eval","step":2,"epoch":0,"eval":{"loss":0.5,"accuracy":0.5,"count":8},"eval_seconds":1.0}"#,
-            r#"{"event":"start","resumed":true,"step":1}"#,
+            r#"{"event":"start","resumed":true,"step":1,"devices":["cpu:0 (F32, 1 threads)"]}"#,
             r#"{"event":"step","step":2,"epoch":0,"loss":0.7,"lr":0.1,"grad_norm":1.0,"samples":4,"seconds":1.0}"#,
             r#"{"event":"eval","step":2,"epoch":0,"eval":{"loss":0.4,"accuracy":0.625,"count":8},"eval_seconds":1.0}"#,
         ]
@@ -324,6 +336,9 @@ mod tests {
         // One evaluation at step 2, on a clock of two steps and one evaluation: 3 s.
         assert!(html.contains("<tr><td>2</td><td>3.0 s</td><td>62.50%</td>"), "{html}");
         assert!(!html.contains("50.00%"), "the evaluation before the resume is replaced");
+        // The report says what computed it, and that the resume changed the precision.
+        let devices = "Devices: cpu:0 (F32, bf16 products, 1 threads); then, resumed on cpu:0 (F32, 1 threads).";
+        assert!(html.contains(devices), "{html}");
     }
 
     #[test]
