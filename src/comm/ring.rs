@@ -66,27 +66,42 @@ impl RingCommunicator {
 
     /// `data ← Σ over members` on host memory (every member passes the same length).
     pub fn all_reduce_host(&self, data: &mut [f32]) -> Result<()> {
+        self.all_reduce_host_with(data, &mut Vec::new())
+    }
+
+    /// [`all_reduce_host`](Self::all_reduce_host) sending from `spare`'s allocation: chunks
+    /// travel around the ring in the buffers they were sent in, and each member ends holding
+    /// one it received, so a caller that keeps `spare` from call to call allocates nothing
+    /// after the first call (a fresh buffer of tens of megabytes comes from the kernel as new
+    /// pages, every time).
+    pub fn all_reduce_host_with(&self, data: &mut [f32], spare: &mut Vec<f32>) -> Result<()> {
         let (n, r) = (self.size, self.rank);
         if n == 1 {
             return Ok(());
         }
+        // Sends `values` in the spare buffer; returns what the left neighbour sent.
+        let pass = |values: &[f32], spare: &mut Vec<f32>| -> Result<Vec<f32>> {
+            let mut out = std::mem::take(spare);
+            out.clear();
+            out.extend_from_slice(values);
+            self.send(out)?;
+            self.recv()
+        };
         // Reduce-scatter: at step s, send chunk (r − s) and add the received chunk (r − s − 1).
         for s in 0..n - 1 {
-            let send = self.chunk(data.len(), (r + n - s) % n);
-            self.send(data[send].to_vec())?;
+            let got = pass(&data[self.chunk(data.len(), (r + n - s) % n)], spare)?;
             let recv = self.chunk(data.len(), (r + 2 * n - s - 1) % n);
-            let got = self.recv()?;
-            for (d, g) in data[recv].iter_mut().zip(got) {
+            for (d, g) in data[recv].iter_mut().zip(&got) {
                 *d += g;
             }
+            *spare = got;
         }
         // All-gather: member r now owns the full sum of chunk (r + 1); pass the sums around.
         for s in 0..n - 1 {
-            let send = self.chunk(data.len(), (r + 1 + n - s) % n);
-            self.send(data[send].to_vec())?;
+            let got = pass(&data[self.chunk(data.len(), (r + 1 + n - s) % n)], spare)?;
             let recv = self.chunk(data.len(), (r + 2 * n - s) % n);
-            let got = self.recv()?;
             data[recv].copy_from_slice(&got);
+            *spare = got;
         }
         Ok(())
     }
@@ -161,6 +176,43 @@ mod tests {
                 });
                 for out in outs {
                     assert_eq!(out, want, "n={n} len={len}");
+                }
+            }
+        }
+    }
+
+    /// One spare buffer per member kept across calls of growing and shrinking lengths: the
+    /// same sums as fresh buffers, and the spare ends holding a chunk's allocation to reuse.
+    #[test]
+    fn a_kept_spare_buffer_carries_from_call_to_call() {
+        let input = |r: usize, len: usize| -> Vec<f32> { (0..len).map(|i| (r * 1000 + i) as f32 * 0.25).collect() };
+        for n in 2..=4 {
+            let members = ring_group(n);
+            let lens = [1001, 7, 0, 64, 3000, 5];
+            let outs: Vec<Vec<Vec<f32>>> = std::thread::scope(|s| {
+                let handles: Vec<_> = members
+                    .iter()
+                    .enumerate()
+                    .map(|(r, m)| {
+                        s.spawn(move || {
+                            let mut spare = Vec::new();
+                            let mut outs = Vec::new();
+                            for len in lens {
+                                let mut data = input(r, len);
+                                m.all_reduce_host_with(&mut data, &mut spare).unwrap();
+                                assert!(len < n || spare.capacity() >= len / n, "n={n} len={len}: the spare is kept");
+                                outs.push(data);
+                            }
+                            outs
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            for (k, len) in lens.into_iter().enumerate() {
+                let want: Vec<f32> = (0..len).map(|i| (0..n).map(|r| input(r, len)[i]).sum()).collect();
+                for out in &outs {
+                    assert_eq!(out[k], want, "n={n} len={len}");
                 }
             }
         }

@@ -288,6 +288,10 @@ impl<T: Float> Device for CpuDevice<T> {
     fn download(&self, buf: &Self::Buf) -> Result<Vec<f32>> {
         Ok(buf.iter().map(|x| x.to_f64() as f32).collect())
     }
+    fn download_extend(&self, buf: &Self::Buf, out: &mut Vec<f32>) -> Result<()> {
+        out.extend(buf.iter().map(|x| x.to_f64() as f32));
+        Ok(())
+    }
     fn download_f64(&self, buf: &Self::Buf) -> Result<Vec<f64>> {
         Ok(buf.iter().map(|x| x.to_f64()).collect())
     }

@@ -56,6 +56,12 @@ pub trait Device: Send + Sync + 'static {
     fn upload_f64(&self, data: &[f64]) -> Result<Self::Buf>;
     /// Reads a buffer back as f32.
     fn download(&self, buf: &Self::Buf) -> Result<Vec<f32>>;
+    /// Appends a buffer's values as f32 to `out` (no allocation of its own where the backend
+    /// can read in place).
+    fn download_extend(&self, buf: &Self::Buf, out: &mut Vec<f32>) -> Result<()> {
+        out.extend(self.download(buf)?);
+        Ok(())
+    }
     /// Reads a buffer back as f64 (exact for f32 and f64 devices).
     fn download_f64(&self, buf: &Self::Buf) -> Result<Vec<f64>>;
     /// Copies host ids into a new id buffer.

@@ -35,7 +35,7 @@ use crate::model::{Batch, Hidden, HostBatch, Model, ModelParts, Spec, Unit, head
 use crate::optim::{Optimizer, OptimizerConfig};
 use mailbox::Shared;
 use std::sync::Arc;
-use worker::{StageUnits, StepContext, Worker, WorkerOutput};
+use worker::{BucketBuffers, StageUnits, StepContext, Worker, WorkerOutput};
 
 /// What one pipelined step reports.
 #[derive(Clone, Debug, PartialEq)]
@@ -102,6 +102,9 @@ pub struct Pipeline<D: Device> {
     /// The processes this pipeline trains with (`pipetransformer launch`): each runs its shard
     /// of every global batch, and they sum gradients and losses after the backward.
     process_group: Option<Arc<ProcessGroup>>,
+    /// Host buffers the in-process ring's gradient buckets travel in, kept from step to step:
+    /// a fresh one of tens of megabytes would come from the kernel as new pages every step.
+    bucket_buffers: BucketBuffers,
 }
 
 /// Unit names for plans (`embeddings#0`, `attention#1`, ...).
@@ -135,6 +138,7 @@ impl<D: Device> Pipeline<D> {
             fault: None,
             communicators: None,
             process_group: None,
+            bucket_buffers: BucketBuffers::default(),
         };
         p.place(owned)?;
         p.optimizers = p.fresh_optimizers()?;
@@ -323,6 +327,7 @@ impl<D: Device> Pipeline<D> {
             capture: options.capture_frozen_output,
             fault: self.fault,
             shared: &shared,
+            bucket_buffers: &self.bucket_buffers,
         };
 
         // Hand each worker its device's stages (disjoint borrows of `self.stages`).

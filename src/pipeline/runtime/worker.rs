@@ -37,6 +37,25 @@ pub(super) struct StepContext<'a> {
     pub capture: bool,
     pub fault: Option<Fault>,
     pub shared: &'a Shared,
+    pub bucket_buffers: &'a BucketBuffers,
+}
+
+/// Spare host buffers for gradient buckets and the ring's chunks (see `Pipeline`).
+#[derive(Default)]
+pub(super) struct BucketBuffers(std::sync::Mutex<Vec<Vec<f32>>>);
+
+impl BucketBuffers {
+    /// An empty buffer, with the capacity of one used before if there is one.
+    fn take(&self) -> Vec<f32> {
+        let mut v = self.0.lock().unwrap_or_else(|e| e.into_inner()).pop().unwrap_or_default();
+        v.clear();
+        v
+    }
+    fn give(&self, v: Vec<f32>) {
+        if v.capacity() > 0 {
+            self.0.lock().unwrap_or_else(|e| e.into_inner()).push(v);
+        }
+    }
 }
 
 /// What a worker returns.
@@ -95,13 +114,16 @@ impl<D: Device> Worker<'_, D> {
             let (to_comm, from_worker) = mpsc::channel::<Bucket>();
             let (to_worker, from_comm) = mpsc::channel::<Result<Bucket>>();
             if let Some(ring) = ring {
+                let buffers = self.ctx.bucket_buffers;
                 scope.spawn(move || {
+                    let mut spare = buffers.take();
                     for (stage, mut data) in from_worker {
-                        let reduced = ring.all_reduce_host(&mut data).map(|()| (stage, data));
+                        let reduced = ring.all_reduce_host_with(&mut data, &mut spare).map(|()| (stage, data));
                         if to_worker.send(reduced).is_err() {
-                            return;
+                            break;
                         }
                     }
+                    buffers.give(spare);
                 });
             }
             let dev = self.dev;
@@ -272,9 +294,9 @@ impl<D: Device> Worker<'_, D> {
                 }
                 Action::AllReduce { stage } => {
                     if ctx.plan.config.replicas > 1 {
-                        let mut flat = Vec::new();
+                        let mut flat = ctx.bucket_buffers.take();
                         for g in self.units(stage)?.iter().flat_map(Unit::params).filter_map(|p| p.grad.as_ref()) {
-                            flat.extend(dev.download(g)?);
+                            dev.download_extend(g, &mut flat)?;
                         }
                         to_comm
                             .send((stage, flat))
@@ -298,6 +320,7 @@ impl<D: Device> Worker<'_, D> {
                             *g = dev.upload(&data[at..at + n])?;
                             at += n;
                         }
+                        ctx.bucket_buffers.give(data);
                     }
                     pending = 0;
                 }
