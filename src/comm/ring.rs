@@ -72,8 +72,8 @@ impl RingCommunicator {
     /// [`all_reduce_host`](Self::all_reduce_host) sending from `spare`'s allocation: chunks
     /// travel around the ring in the buffers they were sent in, and each member ends holding
     /// one it received, so a caller that keeps `spare` from call to call allocates nothing
-    /// after the first call (a fresh buffer of tens of megabytes comes from the kernel as new
-    /// pages, every time).
+    /// while its chunks are no longer than the spare (a fresh buffer of tens of megabytes comes
+    /// from the kernel as new pages, every time). After an error the spare may be empty.
     pub fn all_reduce_host_with(&self, data: &mut [f32], spare: &mut Vec<f32>) -> Result<()> {
         let (n, r) = (self.size, self.rank);
         if n == 1 {
@@ -119,9 +119,9 @@ impl<D: Device> Communicator<D> for RingCommunicator {
     }
     fn all_reduce_sum(&self, dev: &D, bufs: &mut [&mut D::Buf]) -> Result<()> {
         // One flat bucket: one ring pass however many tensors it holds.
-        let mut flat = Vec::new();
+        let mut flat = Vec::with_capacity(bufs.iter().map(|b| D::len(b)).sum());
         for b in bufs.iter() {
-            flat.extend(dev.download(b)?);
+            dev.download_extend(b, &mut flat)?;
         }
         self.all_reduce_host(&mut flat)?;
         let mut at = 0;

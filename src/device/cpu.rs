@@ -250,7 +250,8 @@ impl<T: Float> Device for CpuDevice<T> {
 
     fn name(&self) -> String {
         let products = if self.products == Products::Bf16 { ", bf16 products" } else { "" };
-        format!("cpu:{} ({:?}{products}, {} threads)", self.index, T::DTYPE, self.threads)
+        let plural = if self.threads == 1 { "" } else { "s" };
+        format!("cpu:{} ({:?}{products}, {} thread{plural})", self.index, T::DTYPE, self.threads)
     }
     fn activation_dtype(&self) -> DType {
         // Also with bf16 products: activations are stored in `T`, rounded only as the products

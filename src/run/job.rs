@@ -197,8 +197,8 @@ pub struct Summary {
     pub frozen_layers: usize,
     /// The plan at the end: pipeline length, replicas, micro-batches.
     pub final_plan: (usize, usize, usize),
-    /// The devices the run held, as they name themselves (backend, index, precision, threads:
-    /// e.g. `cpu:0 (F32, bf16 products, 1 threads)`), so a result says what computed it.
+    /// The devices the run held, as they name themselves (backend, index, precision; threads
+    /// on cpu: e.g. `cpu:0 (F32, bf16 products, 1 thread)`), so a result says what computed it.
     pub devices: Vec<String>,
     /// For language models: the held-out loss of predicting each character by its training
     /// frequency alone (the unigram baseline the model must beat).
@@ -369,6 +369,11 @@ impl<D: Device> Job<D> {
         self.config.output.dir.join("metrics.jsonl")
     }
 
+    /// The pipeline's devices as they name themselves.
+    fn device_names(&self) -> Vec<String> {
+        self.trainer.pipeline.devices().iter().map(|d| d.name()).collect()
+    }
+
     /// Continues from this run's checkpoint: position, frozen prefix, plan, weights, optimizer
     /// state and the elastic controller's state (the activation cache is rebuilt).
     pub fn resume(&mut self) -> Result<()> {
@@ -428,8 +433,11 @@ impl<D: Device> Job<D> {
                 }
                 on_event(e);
             };
-            let devices = self.trainer.pipeline.devices().iter().map(|d| d.name()).collect();
-            log(&Event::Start { resumed: self.resumed, step: self.trainer.position.step, devices });
+            log(&Event::Start {
+                resumed: self.resumed,
+                step: self.trainer.position.step,
+                devices: self.device_names(),
+            });
             if !self.resumed {
                 self.elastic.start(&mut self.trainer, &mut log)?;
             }
@@ -461,7 +469,7 @@ impl<D: Device> Job<D> {
             eval: last_eval,
             frozen_layers: self.elastic.frozen_layers(),
             final_plan: (p.pipeline_len, p.replicas, p.micro_batches),
-            devices: self.trainer.pipeline.devices().iter().map(|d| d.name()).collect(),
+            devices: self.device_names(),
             unigram_baseline_loss: self.unigram_baseline()?,
         };
         if writes {

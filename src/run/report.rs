@@ -321,11 +321,11 @@ mod tests {
     #[test]
     fn a_resume_replaces_what_was_logged_after_its_checkpoint() {
         let log = [
-            r#"{"event":"start","resumed":false,"step":0,"devices":["cpu:0 (F32, bf16 products, 1 threads)"]}"#,
+            r#"{"event":"start","resumed":false,"step":0,"devices":["cpu:0 (F32, bf16 products, 1 thread)"]}"#,
             r#"{"event":"step","step":1,"epoch":0,"loss":0.9,"lr":0.1,"grad_norm":1.0,"samples":4,"seconds":1.0}"#,
             r#"{"event":"step","step":2,"epoch":0,"loss":0.8,"lr":0.1,"grad_norm":1.0,"samples":4,"seconds":1.0}"#,
             r#"{"event":"eval","step":2,"epoch":0,"eval":{"loss":0.5,"accuracy":0.5,"count":8},"eval_seconds":1.0}"#,
-            r#"{"event":"start","resumed":true,"step":1,"devices":["cpu:0 (F32, 1 threads)"]}"#,
+            r#"{"event":"start","resumed":true,"step":1,"devices":["cpu:0 (F32, 1 thread)"]}"#,
             r#"{"event":"step","step":2,"epoch":0,"loss":0.7,"lr":0.1,"grad_norm":1.0,"samples":4,"seconds":1.0}"#,
             r#"{"event":"eval","step":2,"epoch":0,"eval":{"loss":0.4,"accuracy":0.625,"count":8},"eval_seconds":1.0}"#,
         ]
@@ -336,8 +336,8 @@ mod tests {
         // One evaluation at step 2, on a clock of two steps and one evaluation: 3 s.
         assert!(html.contains("<tr><td>2</td><td>3.0 s</td><td>62.50%</td>"), "{html}");
         assert!(!html.contains("50.00%"), "the evaluation before the resume is replaced");
-        // The report says what computed it, and that the resume changed the precision.
-        let devices = "Devices: cpu:0 (F32, bf16 products, 1 threads); then, resumed on cpu:0 (F32, 1 threads).";
+        // The report says what computed it, and that the resume dropped the bf16 products.
+        let devices = "Devices: cpu:0 (F32, bf16 products, 1 thread); then, resumed on cpu:0 (F32, 1 thread).";
         assert!(html.contains(devices), "{html}");
     }
 

@@ -95,8 +95,8 @@ pub enum Event {
         resumed: bool,
         /// Optimizer steps already taken.
         step: u64,
-        /// The devices it runs on, as they name themselves (backend, precision, threads): a
-        /// run resumed elsewhere, or in another precision, says so in its log.
+        /// The devices it runs on, as they name themselves (backend, index, precision; threads
+        /// on cpu): a run resumed elsewhere, or in another precision, says so in its log.
         devices: Vec<String>,
     },
     /// An optimizer step finished.

@@ -14,6 +14,8 @@ impl<D: Device> Pipeline<D> {
     /// Puts units (each on the device it is on now) where the plan wants them: replica 0's
     /// copy moves only if its owner changes, the other replicas are copies of replica 0.
     pub(super) fn place(&mut self, owned: Vec<(Unit<D>, usize)>) -> Result<()> {
+        // Buckets of the old shape would not fit the new one.
+        self.bucket_buffers.clear();
         let (r_count, s_count) = (self.plan.config.replicas, self.plan.stages());
         let mut stages: Vec<Vec<Vec<Unit<D>>>> =
             (0..r_count).map(|_| (0..s_count).map(|_| Vec::new()).collect()).collect();

@@ -40,14 +40,24 @@ pub(super) struct StepContext<'a> {
     pub bucket_buffers: &'a BucketBuffers,
 }
 
-/// Spare host buffers for gradient buckets and the ring's chunks (see `Pipeline`).
+/// Spare host buffers for gradient buckets and the ring's chunks (see `Pipeline`). Balanced:
+/// each step takes and gives back as many as it uses at once (a bucket per stage and replica,
+/// a spare per ring member), and a re-plan empties it, since the sizes change. Between steps
+/// it holds about one replica's worth of gradients per replica and pipeline position, ~2×
+/// their bytes in all, which the memory model does not count.
 #[derive(Default)]
 pub(super) struct BucketBuffers(std::sync::Mutex<Vec<Vec<f32>>>);
 
 impl BucketBuffers {
-    /// An empty buffer, with the capacity of one used before if there is one.
-    fn take(&self) -> Vec<f32> {
-        let mut v = self.0.lock().unwrap_or_else(|e| e.into_inner()).pop().unwrap_or_default();
+    /// An empty buffer of at least `min` elements' capacity: the smallest kept one that fits,
+    /// else a new one of exactly `min`.
+    fn take(&self, min: usize) -> Vec<f32> {
+        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let fit = kept.iter().enumerate().filter(|(_, v)| v.capacity() >= min).min_by_key(|(_, v)| v.capacity());
+        let mut v = match fit.map(|(i, _)| i) {
+            Some(i) => kept.swap_remove(i),
+            None => Vec::with_capacity(min),
+        };
         v.clear();
         v
     }
@@ -55,6 +65,10 @@ impl BucketBuffers {
         if v.capacity() > 0 {
             self.0.lock().unwrap_or_else(|e| e.into_inner()).push(v);
         }
+    }
+    /// Drops every kept buffer.
+    pub(super) fn clear(&self) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 }
 
@@ -114,10 +128,15 @@ impl<D: Device> Worker<'_, D> {
             let (to_comm, from_worker) = mpsc::channel::<Bucket>();
             let (to_worker, from_comm) = mpsc::channel::<Result<Bucket>>();
             if let Some(ring) = ring {
-                let buffers = self.ctx.bucket_buffers;
+                let (buffers, members) = (self.ctx.bucket_buffers, self.ctx.plan.config.replicas);
                 scope.spawn(move || {
-                    let mut spare = buffers.take();
+                    let mut spare = Vec::new();
                     for (stage, mut data) in from_worker {
+                        // A chunk's worth to send from (the ring keeps what it receives).
+                        let chunk = data.len().div_ceil(members);
+                        if spare.capacity() < chunk {
+                            buffers.give(std::mem::replace(&mut spare, buffers.take(chunk)));
+                        }
                         let reduced = ring.all_reduce_host_with(&mut data, &mut spare).map(|()| (stage, data));
                         if to_worker.send(reduced).is_err() {
                             break;
@@ -294,8 +313,10 @@ impl<D: Device> Worker<'_, D> {
                 }
                 Action::AllReduce { stage } => {
                     if ctx.plan.config.replicas > 1 {
-                        let mut flat = ctx.bucket_buffers.take();
-                        for g in self.units(stage)?.iter().flat_map(Unit::params).filter_map(|p| p.grad.as_ref()) {
+                        let grads: Vec<&D::Buf> =
+                            self.units(stage)?.iter().flat_map(Unit::params).filter_map(|p| p.grad.as_ref()).collect();
+                        let mut flat = ctx.bucket_buffers.take(grads.iter().map(|g| D::len(g)).sum());
+                        for g in grads {
                             dev.download_extend(g, &mut flat)?;
                         }
                         to_comm
@@ -360,4 +381,24 @@ fn recv_bucket(from_comm: &mpsc::Receiver<Result<Bucket>>, shared: &Shared) -> R
 fn take<K: std::hash::Hash + Eq + std::fmt::Debug + Copy, V>(map: &mut HashMap<K, V>, key: K, what: &str) -> Result<V> {
     map.remove(&key)
         .ok_or_else(|| Error::Internal { what: "pipeline".into(), message: format!("no {what} for {key:?}") })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BucketBuffers;
+
+    /// The smallest kept buffer that fits, else a new one of the size asked; a re-plan's clear
+    /// drops them all.
+    #[test]
+    fn bucket_buffers_hand_out_the_smallest_that_fits() {
+        let kept = BucketBuffers::default();
+        for cap in [100, 10, 50] {
+            kept.give(Vec::with_capacity(cap));
+        }
+        assert_eq!(kept.take(20).capacity(), 50);
+        assert_eq!(kept.take(200).capacity(), 200, "none fits: a new one");
+        assert_eq!(kept.take(0).capacity(), 10);
+        kept.clear();
+        assert_eq!(kept.take(5).capacity(), 5, "cleared: a new one");
+    }
 }
