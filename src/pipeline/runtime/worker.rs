@@ -43,8 +43,8 @@ pub(super) struct StepContext<'a> {
 /// Spare host buffers for gradient buckets and the ring's chunks (see `Pipeline`). Balanced:
 /// each step takes and gives back as many as it uses at once (a bucket per stage and replica,
 /// a spare per ring member), and a re-plan empties it, since the sizes change. Between steps
-/// it holds about one replica's worth of gradients per replica and pipeline position, ~2×
-/// their bytes in all, which the memory model does not count.
+/// it holds, per replica, a bucket of its gradients and a ring chunk (1/R of that), which the
+/// memory model does not count.
 #[derive(Default)]
 pub(super) struct BucketBuffers(std::sync::Mutex<Vec<Vec<f32>>>);
 
