@@ -302,7 +302,8 @@ enum Command {
         /// `checkpoint.ckpt` (with the `model/` folder beside it).
         #[arg(long)]
         model: PathBuf,
-        /// A run configuration whose dataset's test split to score on.
+        /// A run configuration whose dataset's test split to score on, in its
+        /// `output.precision` unless `--precision` is given.
         #[arg(long, conflicts_with = "file", required_unless_present = "file")]
         config: Option<PathBuf>,
         /// Override a configuration value (repeatable).
@@ -470,7 +471,12 @@ fn main() -> Result<()> {
                 (None, Some(file)) => EvalData::Rows(file, batch_size.max(1)),
                 (None, None) => bail!("give --config (a dataset's test split) or --file (labelled rows)"),
             };
-            match device.open(threads)? {
+            // With a run's config, in the precision that run computed in: its own metrics.
+            let precision = match &data {
+                EvalData::Dataset(config) => device.choice(config.output.precision).resolve(device.device, 0)?,
+                EvalData::Rows(..) => device.precision(0)?,
+            };
+            match AnyDevice::open(device.device, 0, threads, precision)? {
                 AnyDevice::Cpu(dev) => evaluate(dev, &model, &data),
                 AnyDevice::Gpu(dev) => evaluate(dev, &model, &data),
             }
@@ -738,6 +744,8 @@ enum EvalData {
 }
 
 fn evaluate<D: Device>(dev: D, model: &Path, data: &EvalData) -> Result<()> {
+    // On stderr: stdout is the metrics alone.
+    eprintln!("evaluating {} on {}", model.display(), dev.name());
     let predictor = load_predictor(dev, model)?;
     let metrics = match data {
         EvalData::Dataset(config) => predictor.evaluate_dataset(config).context("evaluating on the dataset")?,

@@ -150,6 +150,17 @@ fn check_predict_and_evaluate(dir: &std::path::Path, config: &str, precision: &s
     assert!(ok, "{out}");
     let metrics = final_eval.trim_start_matches("final eval: ");
     assert!(out.lines().next().is_some_and(|l| l.ends_with(metrics)), "evaluate: {out}\nrun: {final_eval}");
+    assert!(out.contains(&format!("({})", if precision == "bf16" { "Bf16" } else { "F32" })), "{out}");
+    if precision == "bf16" {
+        // Without --precision, in the config's `output.precision`: bf16 named there, f32 not.
+        let emu = ["--device", "cuda-emu"];
+        let in_config = [&["evaluate", "--model", &model, "--config", config][..], &emu, &sets].concat();
+        let (ok, out) = pipetransformer(&[&in_config[..], &["--set", "output.precision=bf16"]].concat());
+        assert!(ok && out.lines().next().is_some_and(|l| l.ends_with(metrics)), "evaluate: {out}\nrun: {final_eval}");
+        assert!(out.contains("(Bf16)"), "{out}");
+        let (ok, out) = pipetransformer(&in_config);
+        assert!(ok && out.contains("(F32)"), "{out}");
+    }
 
     if config.contains("gpt") {
         let greedy = ["predict", "--model", &model, "--max-new-tokens", "5", "--temperature", "0", "To be"];
