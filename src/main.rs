@@ -193,21 +193,20 @@ fn parse_device(s: &str) -> std::result::Result<DeviceKind, String> {
 }
 
 impl DeviceArgs {
-    /// `--precision`, else `default` (a run config's `output.precision`).
-    fn choice(self, default: PrecisionChoice) -> PrecisionChoice {
-        match self.precision {
+    /// The precision of device `index`: `--precision`, else `default` (a run config's
+    /// `output.precision`; f32 without one), `auto` resolved for the device.
+    fn precision(self, default: PrecisionChoice, index: usize) -> Result<Precision> {
+        let choice = match self.precision {
             None => default,
             Some(PrecisionArg::F32) => PrecisionChoice::F32,
             Some(PrecisionArg::Bf16) => PrecisionChoice::Bf16,
             Some(PrecisionArg::Auto) => PrecisionChoice::Auto,
-        }
+        };
+        Ok(choice.resolve(self.device, index)?)
     }
-    /// The precision of device `index` (f32 unless asked).
-    fn precision(self, index: usize) -> Result<Precision> {
-        Ok(self.choice(PrecisionChoice::F32).resolve(self.device, index)?)
-    }
+    /// Device 0, in `--precision` (f32 without it).
     fn open(self, threads: usize) -> Result<AnyDevice> {
-        Ok(AnyDevice::open(self.device, 0, threads, self.precision(0)?)?)
+        Ok(AnyDevice::open(self.device, 0, threads, self.precision(PrecisionChoice::F32, 0)?)?)
     }
 }
 
@@ -436,7 +435,7 @@ fn main() -> Result<()> {
                 None => (0, config.output.threads),
             };
             let run = TrainRun { resume, fresh, trace: trace.as_deref(), process };
-            let precision = device.choice(config.output.precision).resolve(device.device, first)?;
+            let precision = device.precision(config.output.precision, first)?;
             match pipetransformer::run::open_devices_at(device.device, first, count, threads, precision)? {
                 AnyDevices::Cpu(devs) => train(devs, config, &run),
                 AnyDevices::Gpu(devs) => train(devs, config, &run),
@@ -472,10 +471,11 @@ fn main() -> Result<()> {
                 (None, None) => bail!("give --config (a dataset's test split) or --file (labelled rows)"),
             };
             // With a run's config, in the precision that run computed in: its own metrics.
-            let precision = match &data {
-                EvalData::Dataset(config) => device.choice(config.output.precision).resolve(device.device, 0)?,
-                EvalData::Rows(..) => device.precision(0)?,
+            let default = match &data {
+                EvalData::Dataset(config) => config.output.precision,
+                EvalData::Rows(..) => PrecisionChoice::F32,
             };
+            let precision = device.precision(default, 0)?;
             match AnyDevice::open(device.device, 0, threads, precision)? {
                 AnyDevice::Cpu(dev) => evaluate(dev, &model, &data),
                 AnyDevice::Gpu(dev) => evaluate(dev, &model, &data),
@@ -618,7 +618,7 @@ fn bench_step(
         rows.push((format!("ours, {} ({name})", format!("{precision:?}").to_lowercase()), t));
         Ok(())
     };
-    time(first, device.precision(0)?)?;
+    time(first, device.precision(PrecisionChoice::F32, 0)?)?;
     if cpu && device.precision.is_none() {
         time(AnyDevice::open(device.device, 0, threads, Precision::Bf16)?, Precision::Bf16)?;
     }

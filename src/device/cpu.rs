@@ -222,18 +222,17 @@ impl<T: Float> CpuDevice<T> {
         };
         let packs = &mut *guard;
         let w = MatRef::rows(&weight[..], in_dim);
-        let fresh = if transposed {
-            if !(packs.transposed_fresh && packs.transposed.holds(in_dim, out_dim)) {
-                packs.transposed_fresh = packs.transposed.pack(w.t(), in_dim, out_dim);
-            }
-            packs.transposed_fresh
+        // (pack, whether it is current, B's view and its k × n)
+        let (slot, fresh, b, k, n) = if transposed {
+            (&mut packs.transposed, &mut packs.transposed_fresh, w.t(), in_dim, out_dim)
         } else {
-            if !(packs.plain_fresh && packs.plain.holds(out_dim, in_dim)) {
-                packs.plain_fresh = packs.plain.pack(w, out_dim, in_dim);
-            }
-            packs.plain_fresh
+            (&mut packs.plain, &mut packs.plain_fresh, w, out_dim, in_dim)
         };
-        fresh.then_some(guard)
+        if !(*fresh && slot.holds(k, n)) {
+            *fresh = slot.pack(b, k, n);
+        }
+        let usable = *fresh;
+        usable.then_some(guard)
     }
 
     /// A buffer of `len` elements: a free one of its size class, else a fresh one.

@@ -197,8 +197,7 @@ impl Elastic {
         let layers: Vec<Vec<f32>> = (0..self.around.layers)
             .map_while(|l| tensors.iter().find(|t| t.name == format!("settling/{l}")).map(|t| t.data.clone()))
             .collect();
-        let wanted = self.config.max_weight_change.is_some() && self.config.freeze != FreezeName::Off;
-        self.reference = (wanted && layers.len() == self.around.layers).then_some(layers);
+        self.reference = (self.settling_test() && layers.len() == self.around.layers).then_some(layers);
     }
 
     /// Restores what [`state`](Self::state) saved (the trainer restores the plan and weights).
@@ -373,10 +372,15 @@ impl Elastic {
         Ok(())
     }
 
+    /// Whether the freeze rule runs under a settling test (`elastic.max_weight_change`).
+    fn settling_test(&self) -> bool {
+        self.config.max_weight_change.is_some() && self.config.freeze != FreezeName::Off
+    }
+
     /// Each Transformer layer's weights (its attention and MLP units), when a settling test
     /// runs.
     fn layer_weights<D: Device>(&self, trainer: &Trainer<D>) -> Result<Option<Vec<Vec<f32>>>> {
-        if self.config.max_weight_change.is_none() || self.config.freeze == FreezeName::Off {
+        if !self.settling_test() {
             return Ok(None);
         }
         let units = trainer.pipeline.unit_values(1..1 + 2 * self.around.layers)?;

@@ -73,6 +73,11 @@ pub fn bf16_path() -> Bf16Path {
 /// (The same threshold as [`matmul`].)
 const PARALLEL_MIN_WORK: usize = 48 * 48 * 48;
 
+/// Whether `work` multiply-adds (or packed elements) go to the current rayon pool.
+fn parallel(work: usize) -> bool {
+    work >= PARALLEL_MIN_WORK && rayon::current_num_threads() > 1
+}
+
 /// `C = A·B` (or `C += A·B`) in the arithmetic `products` names: the single switch between f32
 /// and bf16 products for the ops that multiply matrices.
 #[allow(clippy::too_many_arguments)]
@@ -113,8 +118,7 @@ pub fn matmul_bf16<T: Float>(
     k: usize,
     accumulate: bool,
 ) -> Bf16Path {
-    let parallel = m * n * k >= PARALLEL_MIN_WORK && rayon::current_num_threads() > 1;
-    matmul_bf16_with(c, c_row_stride, a, b, m, n, k, accumulate, parallel)
+    matmul_bf16_with(c, c_row_stride, a, b, m, n, k, accumulate, parallel(m * n * k))
 }
 
 /// [`matmul_bf16`] with the parallelism chosen by the caller (`false` inside a parallel loop).
@@ -168,14 +172,14 @@ impl PackedB {
             && let Some(data) = as_f32(b.data)
         {
             let b = MatRef { data, row_stride: b.row_stride, col_stride: b.col_stride };
-            assert!(extent(&b, k, n) <= b.data.len(), "PackedB: B view exceeds its buffer");
+            check_operand("B", &b, k, n);
             let len = avx512::packed_b_len(k, n);
             self.words.resize(len + 16, 0);
             self.start = avx512::aligned_start(&self.words);
-            let parallel = k * n >= PARALLEL_MIN_WORK && rayon::current_num_threads() > 1;
             if len > 0 {
+                let out = &mut self.words[self.start..self.start + len];
                 // SAFETY: bf16_path() checked avx512f; `out` is packed_b_len(k, n) words.
-                unsafe { avx512::pack_b(b, k, n, &mut self.words[self.start..self.start + len], parallel) };
+                unsafe { avx512::pack_b(b, k, n, out, parallel(k * n)) };
             }
             (self.k, self.n) = (k, n);
             return true;
@@ -205,14 +209,13 @@ pub fn matmul_bf16_packed<T: Float>(
     accumulate: bool,
 ) {
     assert!(b.holds(k, n), "matmul_bf16_packed: B packed as {}×{}, used as {k}×{n}", b.k, b.n);
-    let empty = MatRef { data: &[][..], row_stride: 0, col_stride: 0 };
-    check_views(c.len(), c_row_stride, &a, &empty, m, n, 0);
-    assert!(extent(&a, m, k) <= a.data.len(), "matmul_bf16: A view exceeds its buffer");
+    check_c(c.len(), c_row_stride, m, n);
+    check_operand("A", &a, m, k);
     let (Some(c32), Some(a32)) = (as_f32_mut(c), as_f32(a.data)) else {
         panic!("matmul_bf16_packed: packed products take f32 operands");
     };
     let a = MatRef { data: a32, row_stride: a.row_stride, col_stride: a.col_stride };
-    let parallel = m * n * k >= PARALLEL_MIN_WORK && rayon::current_num_threads() > 1;
+    let parallel = parallel(m * n * k);
     #[cfg(target_arch = "x86_64")]
     {
         let words = &b.words[b.start..b.start + avx512::packed_b_len(k, n)];
@@ -269,18 +272,23 @@ pub fn matmul_bf16_reference(a: MatRef<f32>, b: MatRef<f32>, m: usize, n: usize,
     c
 }
 
-/// Index one past the last element a `rows × cols` view touches (0 for an empty view).
-fn extent<T>(v: &MatRef<T>, rows: usize, cols: usize) -> usize {
-    if rows == 0 || cols == 0 { 0 } else { (rows - 1) * v.row_stride + (cols - 1) * v.col_stride + 1 }
-}
-
 /// The bounds every path relies on (see [`matmul_bf16`]).
 fn check_views<T>(c_len: usize, ldc: usize, a: &MatRef<T>, b: &MatRef<T>, m: usize, n: usize, k: usize) {
+    check_c(c_len, ldc, m, n);
+    check_operand("A", a, m, k);
+    check_operand("B", b, k, n);
+}
+
+/// C (`m × n`, row stride `ldc`) fits its buffer and its rows do not overlap.
+fn check_c(c_len: usize, ldc: usize, m: usize, n: usize) {
     let c_extent = if m == 0 || n == 0 { 0 } else { (m - 1) * ldc + n };
     assert!(c_extent <= c_len, "matmul_bf16: C view exceeds its buffer");
     assert!(m <= 1 || ldc >= n, "matmul_bf16: C rows overlap (row stride {ldc} < {n} columns)");
-    assert!(extent(a, m, k) <= a.data.len(), "matmul_bf16: A view exceeds its buffer");
-    assert!(extent(b, k, n) <= b.data.len(), "matmul_bf16: B view exceeds its buffer");
+}
+
+/// A `rows × cols` operand view stays inside its buffer.
+fn check_operand<T>(name: &str, v: &MatRef<T>, rows: usize, cols: usize) {
+    assert!(v.extent(rows, cols) <= v.data.len(), "matmul_bf16: {name} view exceeds its buffer");
 }
 
 /// `s` as `&[f32]` when `T` is f32.

@@ -29,7 +29,7 @@ impl<'a, T> MatRef<'a, T> {
         Self { data: self.data, row_stride: self.col_stride, col_stride: self.row_stride }
     }
     /// Index one past the last element a `rows × cols` view touches (0 for an empty view).
-    fn extent(&self, rows: usize, cols: usize) -> usize {
+    pub(crate) fn extent(&self, rows: usize, cols: usize) -> usize {
         if rows == 0 || cols == 0 { 0 } else { (rows - 1) * self.row_stride + (cols - 1) * self.col_stride + 1 }
     }
 }

@@ -378,6 +378,9 @@ dir = "runs/x"
         assert!(err.contains("learning_rate"), "{err}");
         let err = RunConfig::parse(&BASE.replace("batch_size", "batchsize"), "file.toml", &[]).unwrap_err().to_string();
         assert!(err.contains("batchsize") && err.contains("file.toml"), "{err}");
+        // A precision that is not one of the three names the key and the choices.
+        let err = RunConfig::parse(BASE, "base", &["output.precision=fp16".into()]).unwrap_err().to_string();
+        assert!(err.contains("--set output.precision") && err.contains("`f32`, `bf16`, `auto`"), "{err}");
         // A value of the wrong type names its key, not the file.
         let err = RunConfig::parse(BASE, "base", &["train.lr=1e-4".into(), "train.eval_every=-1".into()])
             .unwrap_err()

@@ -164,7 +164,7 @@ impl<D: Device> Pipeline<D> {
                 if units.contains(&g) {
                     let mut v = Vec::new();
                     for p in u.params() {
-                        v.extend(dev.download(&p.value)?);
+                        dev.download_extend(&p.value, &mut v)?;
                     }
                     out.push(v);
                 }
