@@ -4,7 +4,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use pipetransformer::bench;
 use pipetransformer::device::{AnyDevice, AnyDevices, Device, DeviceKind, Precision, PrecisionChoice};
-use pipetransformer::elastic::{FreezeInterval, FreezeName};
+use pipetransformer::elastic::{FreedDevices, FreezeInterval, FreezeName};
 use pipetransformer::model::{Batch, BertConfig, GptConfig, HeadSpec, Model, ModelConfig, Pooling, VitConfig};
 use pipetransformer::optim::{LrSchedule, Optimizer, OptimizerConfig, train_step};
 use pipetransformer::pipeline::ScheduleKind;
@@ -110,9 +110,16 @@ struct ElasticArgs {
     /// or `--auto-pipe false`).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     auto_pipe: Option<bool>,
-    /// Turn devices freed by a shorter pipeline into data-parallel replicas.
+    /// Put devices freed by a shorter pipeline to work: as data-parallel replicas, or (cpu
+    /// devices with `--freed-devices threads`) as threads of the devices still at work.
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     auto_dp: Option<bool>,
+    /// What AutoDP makes of freed cpu devices: replicas (the paper), or threads lent to the
+    /// devices still in the pipeline (cpu devices share one host's cores: a replica there
+    /// computes nothing a thread would not, and repeats the optimizer step). GPUs always
+    /// become replicas.
+    #[arg(long, value_parser = parse_from_str::<FreedDevices>)]
+    freed_devices: Option<FreedDevices>,
     /// Cache the frozen layers' output per sample so later epochs skip them (on only where
     /// reading is measured to be cheaper than the forward). Frozen layers run without dropout,
     /// deterministically, so a cached value is exactly what the forward would give (f32).
@@ -151,6 +158,7 @@ fn overrides(pipeline: &PipelineArgs, elastic: &ElasticArgs) -> Vec<String> {
     set("elastic.max_weight_change", elastic.max_weight_change.map(|v| format!("{v:?}")));
     set("elastic.auto_pipe", elastic.auto_pipe.map(|v| v.to_string()));
     set("elastic.auto_dp", elastic.auto_dp.map(|v| v.to_string()));
+    set("elastic.freed_devices", json(elastic.freed_devices.and_then(|f| serde_json::to_value(f).ok())));
     set("elastic.cache", elastic.cache.map(|v| v.to_string()));
     set("elastic.cache_bytes", elastic.cache_bytes.map(|v| v.to_string()));
     set("elastic.cache_dir", json(elastic.cache_dir.as_ref().map(|v| v.display().to_string().into())));
@@ -602,7 +610,7 @@ fn bench_step(
     let first = device.open(threads)?;
     let cpu = matches!(first, AnyDevice::Cpu(_));
     let pool_threads = match &first {
-        AnyDevice::Cpu(d) => Some(d.threads()),
+        AnyDevice::Cpu(d) => d.threads(),
         AnyDevice::Gpu(_) => None,
     };
     let mut rows: Vec<(String, bench::StepTiming)> = Vec::new();
@@ -863,10 +871,11 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
     let info = &job.info;
     let lm = job.trainer.pipeline.spec().head == HeadSpec::TiedLmHead;
     println!(
-        "data: {} — {} training / {} evaluation samples, {} {}",
+        "data: {} — {} training / {} {} samples, {} {}",
         info.name,
         info.train,
         info.test,
+        info.evaluated_on,
         info.classes,
         if lm { "tokens" } else { "classes" }
     );

@@ -336,8 +336,11 @@ fn bad_elastic_settings_are_clear_errors_that_write_nothing() {
     let blocker = dir.join("not-a-dir");
     std::fs::write(&blocker, b"x").unwrap();
     let unwritable = blocker.join("cache").display().to_string();
-    let cases: [(&[&str], &str); 7] = [
+    let cases: [(&[&str], &str); 10] = [
         (&["--freeze", "alpha", "--alpha", "1.5"], "elastic.alpha"),
+        (&["--freed-devices", "cores"], "not one of replicas, threads"),
+        (&["--set", "elastic.freed_devices=\"cores\""], "expected `replicas` or `threads`"),
+        (&["--set", "data.validation_fraction=1.5"], "data.validation_fraction"),
         (&["--freeze", "sometimes"], "not one of off, eq1, alpha, table"),
         (&["--freeze", "table", "--set", "elastic.table=[2, 1]"], "decreases from 2 to 1"),
         (&["--freeze", "table", "--set", "elastic.table=[0, 3]"], "the final norm and the head always train"),

@@ -9,8 +9,9 @@ mod common;
 
 use common::{Pool, params_rel};
 use pipetransformer::device::{CpuDevice, Device, GpuDevice, Precision};
+use pipetransformer::elastic::autodp::lends_threads;
 use pipetransformer::elastic::controller::Surroundings;
-use pipetransformer::elastic::{Elastic, ElasticConfig, FreezeInterval, FreezeName};
+use pipetransformer::elastic::{Elastic, ElasticConfig, FreedDevices, FreezeInterval, FreezeName};
 use pipetransformer::model::{ModelConfig, Pooling};
 use pipetransformer::optim::Decay;
 use pipetransformer::pipeline::{PipelineConfig, StepOptions};
@@ -91,6 +92,7 @@ fn elastic_trainer<D: Device>(
     devices: Vec<D>,
     cache_dir: &std::path::Path,
     interval: FreezeInterval,
+    freed_devices: FreedDevices,
 ) -> (Trainer<D>, Elastic) {
     let plan = PipelineConfig { pipeline_len: 2, micro_batches: 2, ..Default::default() };
     let mut t = common::trainer_on(model, 3, devices, plan, train_config(), 3);
@@ -106,8 +108,10 @@ fn elastic_trainer<D: Device>(
         cache: true,
         cache_bytes: 1500,
         freeze_interval: interval,
+        freed_devices,
         ..Default::default()
     };
+    t.pipeline.lend_idle_threads(lends_threads(freed_devices, t.pipeline.devices())).unwrap();
     (t, Elastic::new(config, surroundings(model), cache_dir).unwrap())
 }
 
@@ -121,7 +125,7 @@ fn surroundings(model: &ModelConfig) -> Surroundings {
 /// The BERT trained to the end on two cpu devices under `config`: the trainer and its events.
 fn fit_bert(config: ElasticConfig, dir: &std::path::Path) -> (Trainer<CpuDevice<f32>>, Vec<Event>) {
     let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
-    let (mut t, _) = elastic_trainer(&bert(), cpus(2), dir, FreezeInterval::Epoch);
+    let (mut t, _) = elastic_trainer(&bert(), cpus(2), dir, FreezeInterval::Epoch, FreedDevices::Replicas);
     let mut elastic = Elastic::new(config, surroundings(&bert()), dir).unwrap();
     let mut events = Vec::new();
     t.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
@@ -152,6 +156,7 @@ fn check_transitions_follow_by_hand<D: Device>(
     devices: Vec<D>,
     name: &str,
     interval: FreezeInterval,
+    freed_devices: FreedDevices,
 ) {
     let data = Pool::new(&model, SAMPLES, BATCH, 11);
     let every = match interval {
@@ -160,7 +165,7 @@ fn check_transitions_follow_by_hand<D: Device>(
     };
     let (want_curve, want_params) = by_hand(&model, &data, every);
     let dir = scratch(name);
-    let (mut t, mut elastic) = elastic_trainer(&model, devices, &dir, interval);
+    let (mut t, mut elastic) = elastic_trainer(&model, devices, &dir, interval, freed_devices);
     let mut events = Vec::new();
     elastic.start(&mut t, &mut |e| events.push(e.clone())).unwrap();
     t.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
@@ -169,11 +174,18 @@ fn check_transitions_follow_by_hand<D: Device>(
     assert!(e <= 1e-5, "{name}: weights differ from the run frozen by hand by {e:.2e}");
 
     // The machinery really ran: two freezes, the first shrinking the pipeline and adding a
-    // replica; the cache (counting samples) missed in epoch 1, advanced its entries in epoch 2
+    // replica (or, cpu devices lending threads, giving the first device the second's); the cache (counting samples) missed in epoch 1, advanced its entries in epoch 2
     // and served them in epoch 3, spilling past its cap.
     let freezes = freezes(&events);
     assert_eq!(freezes.len(), 2, "{name}: {freezes:?}");
-    assert_eq!((freezes[0].pipeline_len, freezes[0].replicas), ((2, 1), (1, 2)), "{name}");
+    let threads: Vec<Option<usize>> = t.pipeline.devices().iter().map(Device::threads).collect();
+    if lends_threads(freed_devices, t.pipeline.devices()) {
+        assert_eq!((freezes[0].pipeline_len, freezes[0].replicas), ((2, 1), (1, 1)), "{name}");
+        assert_eq!(threads, [Some(2), Some(1)], "{name}: the idle device's thread lent to the one at work");
+    } else {
+        assert_eq!((freezes[0].pipeline_len, freezes[0].replicas), ((2, 1), (1, 2)), "{name}");
+        assert!(threads.iter().all(|&n| n.is_none_or(|n| n == 1)), "{name}: {threads:?}");
+    }
     assert_eq!((freezes[0].frozen_units, freezes[1].frozen_units), (3, 5));
     assert!(freezes.iter().all(|t| t.cache), "{name}: the cache pays with these costs");
     let cache: Vec<(usize, usize, usize)> = events
@@ -197,15 +209,23 @@ fn check_transitions_follow_by_hand<D: Device>(
 
 #[test]
 fn transitions_with_the_cache_follow_a_run_frozen_by_hand_on_cpu() {
-    check_transitions_follow_by_hand(bert(), cpus(2), "cpu", FreezeInterval::Epoch);
+    let replicas = FreedDevices::Replicas;
+    check_transitions_follow_by_hand(bert(), cpus(2), "cpu", FreezeInterval::Epoch, replicas);
     // Every 4 steps of 3-batch epochs: the boundary moves mid-epoch.
-    check_transitions_follow_by_hand(bert(), cpus(2), "cpu-mid-epoch", FreezeInterval::Steps(4));
-    check_transitions_follow_by_hand(vit(), cpus(2), "cpu-vit", FreezeInterval::Epoch);
+    check_transitions_follow_by_hand(bert(), cpus(2), "cpu-mid-epoch", FreezeInterval::Steps(4), replicas);
+    check_transitions_follow_by_hand(vit(), cpus(2), "cpu-vit", FreezeInterval::Epoch, replicas);
+}
+
+/// Freed cpu devices lending their threads instead of becoming replicas: the same steps.
+#[test]
+fn transitions_lending_threads_follow_a_run_frozen_by_hand() {
+    check_transitions_follow_by_hand(bert(), cpus(2), "cpu-threads", FreezeInterval::Epoch, FreedDevices::Threads);
 }
 
 #[test]
 fn transitions_with_the_cache_follow_a_run_frozen_by_hand_on_emulated_cuda() {
-    check_transitions_follow_by_hand(bert(), emus(2), "emu", FreezeInterval::Epoch);
+    // GPUs have no threads to lend: asked to, they still become replicas.
+    check_transitions_follow_by_hand(bert(), emus(2), "emu", FreezeInterval::Epoch, FreedDevices::Threads);
 }
 
 #[test]
@@ -242,17 +262,20 @@ fn an_advanced_cache_entry_equals_a_fresh_forward() {
     assert!(e.contains("unit 5 trains"), "{e}");
 }
 
+/// Also with freed cpu devices lending threads: the restored plan gets them again.
 #[test]
 fn a_run_resumed_after_a_transition_continues_where_it_stopped() {
     let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
     let dir = scratch("resume");
-    let (mut straight, mut elastic) = elastic_trainer(&bert(), cpus(2), &dir.join("a"), FreezeInterval::Epoch);
+    let (mut straight, mut elastic) =
+        elastic_trainer(&bert(), cpus(2), &dir.join("a"), FreezeInterval::Epoch, FreedDevices::Threads);
     let mut all = Vec::new();
     elastic.start(&mut straight, &mut |e| all.push(e.clone())).unwrap();
     straight.fit(&data, None, &mut elastic, &mut |e| all.push(e.clone())).unwrap();
 
     let path = dir.join("ckpt");
-    let (mut first, mut elastic) = elastic_trainer(&bert(), cpus(2), &dir.join("b"), FreezeInterval::Epoch);
+    let (mut first, mut elastic) =
+        elastic_trainer(&bert(), cpus(2), &dir.join("b"), FreezeInterval::Epoch, FreedDevices::Threads);
     let mut events = Vec::new();
     first.fit(&data, Some(5), &mut elastic, &mut |e| events.push(e.clone())).unwrap();
     assert_eq!(first.pipeline.frozen_prefix(), 3, "the first freeze came at step 3");
@@ -264,12 +287,15 @@ fn a_run_resumed_after_a_transition_continues_where_it_stopped() {
     // A spill file left behind (here: garbage) is never trusted: the resumed run rebuilds.
     std::fs::create_dir_all(dir.join("c")).unwrap();
     std::fs::write(dir.join("c/activations.bin"), b"not activations").unwrap();
-    let (mut second, mut elastic) = elastic_trainer(&bert(), cpus(2), &dir.join("c"), FreezeInterval::Epoch);
+    let (mut second, mut elastic) =
+        elastic_trainer(&bert(), cpus(2), &dir.join("c"), FreezeInterval::Epoch, FreedDevices::Threads);
     let state = second.load_checkpoint(&path).unwrap();
     elastic.restore(state).unwrap();
     assert_eq!(second.pipeline.frozen_prefix(), 3);
     assert_eq!((&second.pipeline.plan().config, &second.pipeline.plan().partition.stages), (&config, &shape));
     assert_eq!(elastic.frozen_layers(), 1);
+    let threads: Vec<Option<usize>> = second.pipeline.devices().iter().map(Device::threads).collect();
+    assert_eq!(threads, [Some(2), Some(1)], "the restored one-device plan has the idle device's thread");
     second.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
     assert_follows(&curve(&events), &curve(&all), "resumed");
     let e = params_rel(&second.pipeline.parameters(0).unwrap(), &straight.pipeline.parameters(0).unwrap());
@@ -339,7 +365,7 @@ fn the_settling_test_holds_back_layers_that_still_move() {
     let table = ElasticConfig { freeze: FreezeName::Table, table: vec![0, 1, 2], ..Default::default() };
     let run = |max_weight_change: Option<f64>, start: bool| {
         let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
-        let (mut t, _) = elastic_trainer(&bert(), cpus(2), &dir, FreezeInterval::Epoch);
+        let (mut t, _) = elastic_trainer(&bert(), cpus(2), &dir, FreezeInterval::Epoch, FreedDevices::Replicas);
         let config = ElasticConfig { max_weight_change, ..table.clone() };
         let mut elastic = Elastic::new(config, surroundings(&bert()), &dir).unwrap();
         let mut events = Vec::new();
@@ -375,7 +401,7 @@ fn a_resumed_run_measures_the_interval_under_way_from_its_start() {
         ..Default::default()
     };
     let trainer = || {
-        let (t, _) = elastic_trainer(&bert(), cpus(2), &dir, FreezeInterval::Epoch);
+        let (t, _) = elastic_trainer(&bert(), cpus(2), &dir, FreezeInterval::Epoch, FreedDevices::Replicas);
         (t, Elastic::new(config.clone(), surroundings(&bert()), &dir).unwrap())
     };
     let steps = |events: &[Event]| freezes(events).iter().map(|t| (t.step, t.frozen_layers.1)).collect::<Vec<_>>();
@@ -409,4 +435,25 @@ fn a_resumed_run_measures_the_interval_under_way_from_its_start() {
     // Without the reference the interval under way holds; the next one freezes.
     assert_eq!(resume(false), [(3, 1), (9, 2)]);
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Lending spreads all the threads evenly over the devices a plan uses (the first ones one
+/// more while they do not divide), follows every re-plan, and gives each device its own count
+/// back when the plan uses them all or lending stops.
+#[test]
+fn idle_cpu_devices_lend_their_threads_evenly() {
+    let plan = PipelineConfig { pipeline_len: 4, micro_batches: 4, ..Default::default() };
+    let mut t = common::trainer_on(&bert(), 3, cpus(4), plan.clone(), train_config(), 3);
+    let threads = |t: &Trainer<CpuDevice<f32>>| -> Vec<usize> {
+        t.pipeline.devices().iter().map(|d| d.threads().unwrap()).collect()
+    };
+    t.pipeline.lend_idle_threads(true).unwrap();
+    assert_eq!(threads(&t), [1, 1, 1, 1], "every device at work: none lends");
+    let profiles = t.profiles_for(1, 0);
+    for (k, want) in [(3, [2, 1, 1, 1]), (1, [4, 1, 1, 1]), (4, [1, 1, 1, 1]), (1, [4, 1, 1, 1])] {
+        t.pipeline.replan(PipelineConfig { pipeline_len: k, ..plan.clone() }, &profiles, 0).unwrap();
+        assert_eq!(threads(&t), want, "K = {k}");
+    }
+    t.pipeline.lend_idle_threads(false).unwrap();
+    assert_eq!(threads(&t), [1, 1, 1, 1]);
 }

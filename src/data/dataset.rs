@@ -102,8 +102,14 @@ impl<S: Sample> Dataset<S> {
     /// (epochs shuffle them later), and the same seed always gives the same split.
     /// `test_fraction` must be in (0, 1) and leave both halves non-empty.
     pub fn split_stratified(self, test_fraction: f64, seed: u64) -> Result<Split<S>> {
+        self.split_stratified_as("test_fraction", test_fraction, seed)
+    }
+
+    /// [`split_stratified`](Self::split_stratified), its errors naming `field` (the setting
+    /// that asked for the fraction).
+    pub fn split_stratified_as(self, field: &str, test_fraction: f64, seed: u64) -> Result<Split<S>> {
         if !(test_fraction > 0.0 && test_fraction < 1.0) {
-            return Err(config_error("test_fraction", format!("is {test_fraction}, expected a value in (0, 1)")));
+            return Err(config_error(field, format!("is {test_fraction}, expected a value in (0, 1)")));
         }
         let mut by_class: Vec<Vec<usize>> = vec![Vec::new(); self.num_classes()];
         for (i, s) in self.samples.iter().enumerate() {
@@ -123,7 +129,7 @@ impl<S: Sample> Dataset<S> {
         let n_test = in_test.iter().filter(|&&t| t).count();
         if n_test == 0 || n_test == self.samples.len() {
             return Err(config_error(
-                "test_fraction",
+                field,
                 format!(
                     "{test_fraction} leaves an empty {} half of {} ({} samples)",
                     if n_test == 0 { "test" } else { "train" },

@@ -160,14 +160,7 @@ impl<T: Float> CpuDevice<T> {
             }
         };
         let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(move |i| format!("cpu{index}-worker{i}"))
-            .build()
-            .map_err(|e| crate::Error::Config {
-                field: "threads".into(),
-                message: format!("cannot start {threads} threads: {e}"),
-            })?;
+        let pool = thread_pool(index, threads)?;
         Ok(Self {
             index,
             threads,
@@ -179,11 +172,6 @@ impl<T: Float> CpuDevice<T> {
             }),
             entered: std::sync::atomic::AtomicBool::new(false),
         })
-    }
-
-    /// Worker threads of this device.
-    pub fn threads(&self) -> usize {
-        self.threads
     }
 
     /// The precision this device was opened with.
@@ -241,6 +229,18 @@ impl<T: Float> CpuDevice<T> {
         let data = self.buffers.take(class).unwrap_or_else(|| vec![T::ZERO; class]);
         CpuBuf { data, len, pool: self.buffers.clone(), packs: Mutex::default() }
     }
+}
+
+/// The rayon pool of cpu device `index`, `threads` threads.
+fn thread_pool(index: usize, threads: usize) -> Result<rayon::ThreadPool> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(move |i| format!("cpu{index}-worker{i}"))
+        .build()
+        .map_err(|e| crate::Error::Config {
+            field: "threads".into(),
+            message: format!("cannot start {threads} threads: {e}"),
+        })
 }
 
 impl<T: Float> Device for CpuDevice<T> {
@@ -308,6 +308,16 @@ impl<T: Float> Device for CpuDevice<T> {
         Ok(())
     }
     fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+    fn threads(&self) -> Option<usize> {
+        Some(self.threads)
+    }
+    fn set_threads(&mut self, threads: usize) -> Result<()> {
+        if threads != self.threads {
+            self.pool = thread_pool(self.index, threads.max(1))?;
+            self.threads = threads.max(1);
+        }
         Ok(())
     }
     fn enter<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {

@@ -72,6 +72,23 @@ pub trait Device: Send + Sync + 'static {
     fn fill(&self, dst: &mut Self::Buf, value: f64) -> Result<()>;
     /// Waits until all queued work on this device is done.
     fn synchronize(&self) -> Result<()>;
+    /// The host threads this device computes with, where that is a setting (cpu); `None`
+    /// elsewhere.
+    fn threads(&self) -> Option<usize> {
+        None
+    }
+    /// Computes with `threads` host threads from the next op on (cpu devices, which share one
+    /// host's cores: a device a plan leaves idle lends its threads to one at work). Other
+    /// backends have no such setting.
+    fn set_threads(&mut self, threads: usize) -> Result<()> {
+        Err(crate::error::config_error(
+            "threads",
+            format!(
+                "{} computes on its own hardware; only cpu devices take a thread count ({threads} asked)",
+                self.name()
+            ),
+        ))
+    }
     /// Runs `f`, a thread's worth of this device's ops (a pipeline worker's step), where those
     /// ops cost least to start. The cpu backend runs it inside the device's thread pool, so that
     /// each op runs on the calling thread instead of being handed to the pool and waited for: a

@@ -29,6 +29,40 @@ pub enum BatchPolicy {
     ScaleLr,
 }
 
+/// What AutoDP makes of the devices a shorter pipeline frees, where they are cpu devices (GPUs
+/// always become replicas).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FreedDevices {
+    /// New data-parallel replicas (the paper).
+    #[default]
+    Replicas,
+    /// Threads lent to the devices still at work: cpu devices share one host's cores, and a
+    /// replica there computes nothing a thread would not, while it repeats the optimizer step
+    /// and adds a gradient sum (docs/PERF.md measures the two).
+    Threads,
+}
+
+impl std::str::FromStr for FreedDevices {
+    type Err = crate::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "replicas" => Ok(Self::Replicas),
+            "threads" => Ok(Self::Threads),
+            _ => Err(crate::error::config_error(
+                "elastic.freed_devices",
+                format!("`{s}` is not one of replicas, threads"),
+            )),
+        }
+    }
+}
+
+/// Whether the freed devices of `devices` become threads under `freed`: cpu devices (those
+/// with a thread count) only.
+pub fn lends_threads<D: Device>(freed: FreedDevices, devices: &[D]) -> bool {
+    freed == FreedDevices::Threads && devices.iter().all(|d| d.threads().is_some())
+}
+
 /// Replicas for a pipeline of `k` devices: every whole pipeline the devices hold with AutoDP,
 /// else the initial count.
 pub fn replicas_for(k: usize, devices: usize, initial: usize, auto_dp: bool) -> usize {

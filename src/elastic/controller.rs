@@ -6,7 +6,7 @@
 //! to new replicas (AutoDP), decide whether the cache pays (AutoCache), and log what changed
 //! and how long it took.
 
-use super::autodp::{batches_per_step, rebuild_communicators, replicas_for};
+use super::autodp::{batches_per_step, lends_threads, rebuild_communicators, replicas_for};
 use super::autopipe::{Tuner, choose_shape, micro_batch_candidates, pick};
 use super::cache::ActivationCache;
 use super::freeze::FreezeController;
@@ -271,8 +271,14 @@ impl Elastic {
                 &profiles,
                 &names,
             )?;
-            let chosen =
+            let mut chosen =
                 pick(&candidates).ok_or_else(|| config_error("devices", "no pipeline shape fits"))?.config.clone();
+            // Freed cpu devices lending their threads: the shape predicted for replicas (the
+            // same compute), run by one pipeline whose devices have the replicas' threads.
+            let lend = auto_dp && lends_threads(self.config.freed_devices, trainer.pipeline.devices());
+            if lend {
+                chosen.replicas = 1;
+            }
             let (k, r) = (chosen.pipeline_len, chosen.replicas);
             let per_replica = global(r).div_ceil(r);
             let m = self
@@ -283,6 +289,11 @@ impl Elastic {
             if r != before.replicas {
                 let comm = rebuild_communicators(&mut trainer.pipeline)?;
                 reason = format!("{reason}; replicas sum gradients over: {comm}");
+            }
+            if lend && k < before.pipeline_len * before.replicas {
+                let threads: Vec<String> =
+                    trainer.pipeline.devices()[..k].iter().filter_map(|d| d.threads()).map(|n| n.to_string()).collect();
+                reason = format!("{reason}; freed cpu devices lend their threads: {} per device", threads.join(", "));
             }
             trainer.batches_per_step = batches_per_step(policy, r, a.initial_replicas);
             self.warming = self.tuner.running();

@@ -17,7 +17,7 @@ pub mod cache;
 pub mod controller;
 pub mod freeze;
 
-pub use autodp::BatchPolicy;
+pub use autodp::{BatchPolicy, FreedDevices};
 pub use cache::{ActivationCache, CacheDtype, CachedBatch};
 pub use controller::Elastic;
 pub use freeze::{FreezeController, FreezeRule};
@@ -141,8 +141,11 @@ pub struct ElasticConfig {
     pub max_weight_change: Option<f64>,
     /// Re-partition the active units and shorten the pipeline after a freeze.
     pub auto_pipe: bool,
-    /// Turn freed devices into replicas.
+    /// Put freed devices to work: as replicas, or (cpu devices, `freed_devices = "threads"`)
+    /// as threads of the devices still in the pipeline.
     pub auto_dp: bool,
+    /// What freed cpu devices become under AutoDP.
+    pub freed_devices: autodp::FreedDevices,
     /// The global batch when replicas change.
     pub batch_policy: BatchPolicy,
     /// Cache the frozen prefix's output (switched on only where reading it is measured to be
@@ -170,6 +173,7 @@ impl Default for ElasticConfig {
             max_weight_change: None,
             auto_pipe: false,
             auto_dp: false,
+            freed_devices: autodp::FreedDevices::Replicas,
             batch_policy: BatchPolicy::Constant,
             cache: false,
             cache_bytes: default_cache_bytes(),

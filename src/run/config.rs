@@ -68,6 +68,11 @@ pub struct DataSection {
     /// Fraction held out for testing where the dataset has no split of its own.
     #[serde(default = "default_test_fraction")]
     pub test_fraction: f64,
+    /// Carve this stratified fraction off the training half and evaluate on it instead of the
+    /// test split (0: evaluate on the test split). Recipe choices made on it never see the
+    /// test split, which is then left for the final number.
+    #[serde(default)]
+    pub validation_fraction: f64,
     /// Use at most this many training samples (0: all), e.g. for quick runs.
     #[serde(default)]
     pub train_limit: usize,
@@ -288,6 +293,21 @@ impl RunConfig {
                 message: format!("must be in (0, 1), got {}", self.data.test_fraction),
             });
         }
+        if !(0.0..1.0).contains(&self.data.validation_fraction) {
+            return Err(Error::Config {
+                field: "data.validation_fraction".into(),
+                message: format!(
+                    "must be in [0, 1) (0: evaluate on the test split), got {}",
+                    self.data.validation_fraction
+                ),
+            });
+        }
+        if self.data.validation_fraction > 0.0 && self.data.dataset == DatasetName::Hamlet {
+            return Err(Error::Config {
+                field: "data.validation_fraction".into(),
+                message: "applies to classification datasets; hamlet's held-out text is its own".into(),
+            });
+        }
         if self.data.group_by_length
             && !matches!(self.data.dataset, DatasetName::RottenTomatoes | DatasetName::ReutersR8)
         {
@@ -398,6 +418,18 @@ dir = "runs/x"
         assert!(RunConfig::parse(BASE, "f", &["data.group_by_length=true".into()]).unwrap().data.group_by_length);
         let err = RunConfig::parse(BASE, "base", &["data.batch_size=0".into()]).unwrap_err().to_string();
         assert!(err.contains("data.batch_size"), "{err}");
+        for bad in ["1.0", "-0.1"] {
+            let err = RunConfig::parse(BASE, "base", &[format!("data.validation_fraction={bad}")]).unwrap_err();
+            assert!(
+                err.to_string().contains("data.validation_fraction") && err.to_string().contains("[0, 1)"),
+                "{err}"
+            );
+        }
+        let err =
+            RunConfig::parse(&BASE.replace("rotten_tomatoes", "hamlet"), "f", &["data.validation_fraction=0.1".into()])
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("data.validation_fraction") && err.contains("hamlet"), "{err}");
     }
 
     /// Sizes a config file can make overflow are errors (they panicked in debug builds and

@@ -7,7 +7,7 @@ use super::source::{SampleSource, subset};
 use crate::data::{self, ImageSample, LmSequence, TextSample};
 use crate::device::Device;
 use crate::elastic::Elastic;
-use crate::elastic::autodp::rebuild_communicators;
+use crate::elastic::autodp::{lends_threads, rebuild_communicators};
 use crate::elastic::controller::Surroundings;
 use crate::error::{Error, Result, config_error, internal};
 use crate::files::{self, io_error};
@@ -33,6 +33,9 @@ pub struct DataInfo {
     pub train: usize,
     /// Evaluation samples.
     pub test: usize,
+    /// What the run evaluates on: `test`, or `validation` (`data.validation_fraction`, carved
+    /// off the training half; the test split is then unused).
+    pub evaluated_on: String,
     /// Whether training samples are randomly augmented (none of the built-in datasets is;
     /// AutoCache refuses such data unless told otherwise).
     pub augmented: bool,
@@ -59,6 +62,7 @@ pub fn prepare_data(config: &RunConfig) -> Result<(Box<dyn BatchSource>, DataInf
         classes: labels.len(),
         train,
         test,
+        evaluated_on: if d.validation_fraction > 0.0 { "validation" } else { "test" }.into(),
         augmented: false,
         labels: labels.to_vec(),
         chars: Vec::new(),
@@ -70,6 +74,7 @@ pub fn prepare_data(config: &RunConfig) -> Result<(Box<dyn BatchSource>, DataInf
                 DatasetName::RottenTomatoes => data::rotten_tomatoes(dir)?.split_stratified(d.test_fraction, seed)?,
                 _ => data::reuters_r8(dir)?,
             };
+            let split = hold_out_validation(split, d.validation_fraction, seed)?;
             let labels = split.train.class_names().to_vec();
             let name = split.train.name().to_string();
             let tokenizer_path = tokenizer_path(config)?;
@@ -98,6 +103,7 @@ pub fn prepare_data(config: &RunConfig) -> Result<(Box<dyn BatchSource>, DataInf
                 DatasetName::Mnist5k => data::mnist5k(dir)?.split_stratified(d.test_fraction, seed)?,
                 _ => data::digits(dir)?.split_stratified(d.test_fraction, seed)?,
             };
+            let split = hold_out_validation(split, d.validation_fraction, seed)?;
             let labels = split.train.class_names().to_vec();
             let name = split.train.name().to_string();
             let train = subset(split.train.samples().to_vec(), d.train_limit, seed);
@@ -123,6 +129,16 @@ pub fn prepare_data(config: &RunConfig) -> Result<(Box<dyn BatchSource>, DataInf
             Ok((Box::new(source), info))
         }
     }
+}
+
+/// With `data.validation_fraction` > 0, the training half split again (stratified, its own
+/// seed): the run trains on the rest and evaluates on the part carved off, so choices made by
+/// looking at its accuracy never see the test split.
+fn hold_out_validation<S: data::Sample>(split: data::Split<S>, fraction: f64, seed: u64) -> Result<data::Split<S>> {
+    if fraction == 0.0 {
+        return Ok(split);
+    }
+    split.train.split_stratified_as("data.validation_fraction", fraction, seed ^ 0x7661_6c69_6461_7465)
 }
 
 /// The tokenizer file of a text run: `tokenizer.json` in the pretrained model's directory.
@@ -330,6 +346,8 @@ impl<D: Device> Job<D> {
         let mut devices = devices;
         devices.truncate(count);
         let mut pipeline = Pipeline::new(devices, model, config.train.optimizer, plan.clone(), &profiles)?;
+        let e = &config.elastic;
+        pipeline.lend_idle_threads(e.auto_dp && lends_threads(e.freed_devices, pipeline.devices()))?;
         let communicator = rebuild_communicators(&mut pipeline)?;
         let trainer = Trainer::new(pipeline, config.train.clone(), source.batches_per_epoch(), per_sample)?;
         let positions = match spec.input {
@@ -520,4 +538,34 @@ pub fn unigram_loss(train: &[u32], held_out: &[u32], vocab: usize) -> f64 {
     let total: f64 = counts.iter().sum();
     let nll: f64 = held_out.iter().map(|&t| -(counts.get(t as usize).copied().unwrap_or(1.0) / total).ln()).sum();
     nll / held_out.len().max(1) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hold_out_validation;
+    use crate::data::{Dataset, TextSample};
+
+    fn toy(n: usize) -> Dataset<TextSample> {
+        let samples = (0..n).map(|i| TextSample { id: i as u64, text: format!("t{i}"), label: i as u32 % 2 }).collect();
+        Dataset::new("toy", vec!["a".into(), "b".into()], samples).unwrap()
+    }
+
+    /// The validation part comes out of the training half, stratified and seeded; the test
+    /// half is untouched; a fraction that empties a half is refused naming the setting.
+    #[test]
+    fn validation_is_carved_from_the_training_half() {
+        let split = toy(100).split_stratified(0.2, 3).unwrap();
+        let test = split.test.clone();
+        let held = hold_out_validation(split.clone(), 0.25, 3).unwrap();
+        assert_eq!(held.test.class_counts(), vec![10, 10]);
+        assert_eq!(held.train.class_counts(), vec![30, 30]);
+        let ids = |d: &Dataset<TextSample>| d.samples().iter().map(|s| s.id).collect::<std::collections::BTreeSet<_>>();
+        let train_ids = ids(&split.train);
+        assert!(ids(&held.test).is_subset(&train_ids) && ids(&held.train).is_subset(&train_ids));
+        assert!(ids(&held.test).is_disjoint(&ids(&held.train)) && ids(&held.test).is_disjoint(&ids(&test)));
+        assert_eq!(hold_out_validation(split.clone(), 0.25, 3).unwrap(), held, "seeded");
+        assert_eq!(hold_out_validation(split.clone(), 0.0, 3).unwrap(), split, "0: the split as it was");
+        let err = hold_out_validation(toy(4).split_stratified(0.5, 1).unwrap(), 0.01, 1).unwrap_err().to_string();
+        assert!(err.contains("data.validation_fraction"), "{err}");
+    }
 }

@@ -164,7 +164,11 @@ fn render(log: &str, config: &RunConfig) -> String {
     if !device_sets.is_empty() {
         let _ = write!(html, "<p>Devices: {}.</p>", esc(&device_sets.join("; then, resumed on ")));
     }
-    html.push_str("<h2>Per epoch</h2><p>Shapes that changed during an epoch show as start → end.</p><table><tr><th>epoch</th><th>frozen layers</th><th>K</th><th>R</th><th>M</th><th>samples/s</th><th>cache hits (samples)</th><th>test accuracy</th><th>test loss</th></tr>");
+    let held = if config.data.validation_fraction > 0.0 { "validation" } else { "test" };
+    let _ = write!(
+        html,
+        "<h2>Per epoch</h2><p>Shapes that changed during an epoch show as start → end.</p><table><tr><th>epoch</th><th>frozen layers</th><th>K</th><th>R</th><th>M</th><th>samples/s</th><th>cache hits (samples)</th><th>{held} accuracy</th><th>{held} loss</th></tr>"
+    );
     let span = |(a, b): (usize, usize)| if a == b { a.to_string() } else { format!("{a} → {b}") };
     for row in &rows {
         let hits = row.hit_rate.map_or("–".to_string(), |h| format!("{:.0}%", 100.0 * h));
@@ -183,7 +187,10 @@ fn render(log: &str, config: &RunConfig) -> String {
     }
     html.push_str("</table>");
     if inside_epochs {
-        html.push_str("<h2>Evaluations</h2><p>Run clock: training steps (with the transitions inside epochs) and evaluations so far; loading and the transitions between epochs are not counted.</p><table><tr><th>step</th><th>run clock</th><th>test accuracy</th><th>test loss</th></tr>");
+        let _ = write!(
+            html,
+            "<h2>Evaluations</h2><p>Run clock: training steps (with the transitions inside epochs) and evaluations so far; loading and the transitions between epochs are not counted.</p><table><tr><th>step</th><th>run clock</th><th>{held} accuracy</th><th>{held} loss</th></tr>"
+        );
         for (step, clock, accuracy, loss) in &evals {
             let _ = write!(
                 html,

@@ -105,6 +105,10 @@ pub struct Pipeline<D: Device> {
     /// Host buffers the in-process ring's gradient buckets travel in, kept from step to step:
     /// a fresh one of tens of megabytes would come from the kernel as new pages every step.
     bucket_buffers: BucketBuffers,
+    /// Each device's own thread count (cpu devices; `None` elsewhere), and whether devices the
+    /// plan leaves idle lend theirs to those at work ([`lend_idle_threads`](Self::lend_idle_threads)).
+    own_threads: Vec<Option<usize>>,
+    lend_threads: bool,
 }
 
 /// Unit names for plans (`embeddings#0`, `attention#1`, ...).
@@ -127,7 +131,10 @@ impl<D: Device> Pipeline<D> {
         let ModelParts { spec, units, tied } = model.into_parts();
         let plan = Plan::new(config, profiles, unit_names(&units), devices.len(), pinned)?;
         let owned: Vec<(Unit<D>, usize)> = units.into_iter().map(|u| (u, 0)).collect();
+        let own_threads = devices.iter().map(Device::threads).collect();
         let mut p = Pipeline {
+            own_threads,
+            lend_threads: false,
             devices,
             spec,
             tied,

@@ -83,7 +83,37 @@ impl<D: Device> Pipeline<D> {
             self.communicators = None;
         }
         self.place(owned)?;
+        self.share_threads()?;
         self.load_optimizer_state(&state)
+    }
+
+    /// With `on`, cpu devices the plan leaves idle lend their threads to the ones it uses, from
+    /// now on and after every re-plan; without, each device computes with its own count. cpu
+    /// devices share one host's cores, so a device with the idle ones' threads does the work of
+    /// the replicas they could have been without repeating the optimizer step or summing
+    /// gradients. Other backends have no threads to lend: nothing changes.
+    pub fn lend_idle_threads(&mut self, on: bool) -> Result<()> {
+        self.lend_threads = on;
+        self.share_threads()
+    }
+
+    /// Sets every cpu device's thread count: its own, or, lending, the used devices (the first
+    /// `R·K`) an even share of all the threads (the first ones one more while they do not
+    /// divide).
+    fn share_threads(&mut self) -> Result<()> {
+        let own: Option<Vec<usize>> = self.own_threads.iter().copied().collect();
+        let Some(own) = own else { return Ok(()) };
+        let used = (self.plan.config.replicas * self.plan.config.pipeline_len).min(own.len());
+        let total: usize = own.iter().sum();
+        for (i, dev) in self.devices.iter_mut().enumerate() {
+            let lent = self.lend_threads && used < own.len();
+            let n = match i < used {
+                true if lent => total / used + usize::from(i < total % used),
+                _ => own[i],
+            };
+            dev.set_threads(n)?;
+        }
+        Ok(())
     }
 
     /// Number of leading frozen units.
