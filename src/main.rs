@@ -753,7 +753,12 @@ enum EvalData {
 
 fn evaluate<D: Device>(dev: D, model: &Path, data: &EvalData) -> Result<()> {
     // On stderr: stdout is the metrics alone.
-    eprintln!("evaluating {} on {}", model.display(), dev.name());
+    let split = match data {
+        EvalData::Dataset(c) if c.data.validation_fraction > 0.0 => ", the validation part (data.validation_fraction)",
+        EvalData::Dataset(_) => ", the test split",
+        EvalData::Rows(..) => "",
+    };
+    eprintln!("evaluating {} on {}{split}", model.display(), dev.name());
     let predictor = load_predictor(dev, model)?;
     let metrics = match data {
         EvalData::Dataset(config) => predictor.evaluate_dataset(config).context("evaluating on the dataset")?,

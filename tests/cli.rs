@@ -336,8 +336,12 @@ fn bad_elastic_settings_are_clear_errors_that_write_nothing() {
     let blocker = dir.join("not-a-dir");
     std::fs::write(&blocker, b"x").unwrap();
     let unwritable = blocker.join("cache").display().to_string();
-    let cases: [(&[&str], &str); 10] = [
+    let elastic: &[&str] = &["--freeze", "alpha", "--auto-pipe", "--auto-dp", "--freed-devices", "threads"];
+    let scale_lr = [elastic, &["--set", "elastic.batch_policy=\"scale-lr\""]].concat();
+    let cases: [(&[&str], &str); 12] = [
         (&["--freeze", "alpha", "--alpha", "1.5"], "elastic.alpha"),
+        (&["--freeze", "alpha", "--auto-pipe", "--freed-devices", "threads"], "needs elastic.auto_dp"),
+        (&scale_lr, "choose one"),
         (&["--freed-devices", "cores"], "not one of replicas, threads"),
         (&["--set", "elastic.freed_devices=\"cores\""], "expected `replicas` or `threads`"),
         (&["--set", "data.validation_fraction=1.5"], "data.validation_fraction"),
@@ -415,6 +419,55 @@ fn the_elastic_loop_runs_on_emulated_cuda_devices() {
     let report = std::fs::read_to_string(dir.join("report.html")).unwrap();
     assert!(report.contains("<svg") && report.contains("0 → 1"), "{report}");
     assert!(std::fs::read_to_string(&trace).unwrap().contains("transition: 1 frozen layers, K=1 R=2"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Freed cpu devices lending their threads, from the command line: after the freeze the one
+/// remaining stage runs on a device with both threads, and no replica is made.
+#[test]
+fn freed_cpu_devices_lend_their_threads_from_the_command_line() {
+    if !have_digits() {
+        return;
+    }
+    let dir = scratch("elastic-threads");
+    let out_dir = format!("output.dir={}", dir.display());
+    let (ok, out) = pipetransformer(&[
+        "train",
+        "--config",
+        "configs/vit-digits.toml",
+        "--set",
+        &out_dir,
+        "--fresh",
+        "--devices",
+        "2",
+        "--pipeline-len",
+        "2",
+        "--micro-batches",
+        "2",
+        "--freeze",
+        "table",
+        "--set",
+        "elastic.table=[0, 1]",
+        "--freeze-interval",
+        "2",
+        "--auto-pipe",
+        "--auto-dp",
+        "--freed-devices",
+        "threads",
+        "--set",
+        "output.threads=2",
+        "--set",
+        "train.max_steps=4",
+        "--set",
+        "train.epochs=1",
+        "--set",
+        "data.train_limit=96",
+        "--set",
+        "data.test_limit=32",
+    ]);
+    assert!(ok, "{out}");
+    assert!(out.contains("transition at step 2: 0 → 1 frozen layers, K 2 → 1, R 1 → 1"), "{out}");
+    assert!(out.contains("freed cpu devices lend their threads: 2 per device"), "{out}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

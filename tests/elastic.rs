@@ -262,20 +262,23 @@ fn an_advanced_cache_entry_equals_a_fresh_forward() {
     assert!(e.contains("unit 5 trains"), "{e}");
 }
 
-/// Also with freed cpu devices lending threads: the restored plan gets them again.
+/// With freed devices as replicas and as lent threads (the restored plan gets them again).
 #[test]
 fn a_run_resumed_after_a_transition_continues_where_it_stopped() {
+    resumed_after_a_transition(FreedDevices::Replicas);
+    resumed_after_a_transition(FreedDevices::Threads);
+}
+
+fn resumed_after_a_transition(freed: FreedDevices) {
     let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
-    let dir = scratch("resume");
-    let (mut straight, mut elastic) =
-        elastic_trainer(&bert(), cpus(2), &dir.join("a"), FreezeInterval::Epoch, FreedDevices::Threads);
+    let dir = scratch(&format!("resume-{freed:?}"));
+    let (mut straight, mut elastic) = elastic_trainer(&bert(), cpus(2), &dir.join("a"), FreezeInterval::Epoch, freed);
     let mut all = Vec::new();
     elastic.start(&mut straight, &mut |e| all.push(e.clone())).unwrap();
     straight.fit(&data, None, &mut elastic, &mut |e| all.push(e.clone())).unwrap();
 
     let path = dir.join("ckpt");
-    let (mut first, mut elastic) =
-        elastic_trainer(&bert(), cpus(2), &dir.join("b"), FreezeInterval::Epoch, FreedDevices::Threads);
+    let (mut first, mut elastic) = elastic_trainer(&bert(), cpus(2), &dir.join("b"), FreezeInterval::Epoch, freed);
     let mut events = Vec::new();
     first.fit(&data, Some(5), &mut elastic, &mut |e| events.push(e.clone())).unwrap();
     assert_eq!(first.pipeline.frozen_prefix(), 3, "the first freeze came at step 3");
@@ -287,15 +290,16 @@ fn a_run_resumed_after_a_transition_continues_where_it_stopped() {
     // A spill file left behind (here: garbage) is never trusted: the resumed run rebuilds.
     std::fs::create_dir_all(dir.join("c")).unwrap();
     std::fs::write(dir.join("c/activations.bin"), b"not activations").unwrap();
-    let (mut second, mut elastic) =
-        elastic_trainer(&bert(), cpus(2), &dir.join("c"), FreezeInterval::Epoch, FreedDevices::Threads);
+    let (mut second, mut elastic) = elastic_trainer(&bert(), cpus(2), &dir.join("c"), FreezeInterval::Epoch, freed);
     let state = second.load_checkpoint(&path).unwrap();
     elastic.restore(state).unwrap();
     assert_eq!(second.pipeline.frozen_prefix(), 3);
     assert_eq!((&second.pipeline.plan().config, &second.pipeline.plan().partition.stages), (&config, &shape));
     assert_eq!(elastic.frozen_layers(), 1);
     let threads: Vec<Option<usize>> = second.pipeline.devices().iter().map(Device::threads).collect();
-    assert_eq!(threads, [Some(2), Some(1)], "the restored one-device plan has the idle device's thread");
+    let (lent, r) = if freed == FreedDevices::Threads { (2, 1) } else { (1, 2) };
+    assert_eq!(threads, [Some(lent), Some(1)], "{freed:?}");
+    assert_eq!(config.replicas, r, "{freed:?}");
     second.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
     assert_follows(&curve(&events), &curve(&all), "resumed");
     let e = params_rel(&second.pipeline.parameters(0).unwrap(), &straight.pipeline.parameters(0).unwrap());
@@ -456,4 +460,54 @@ fn idle_cpu_devices_lend_their_threads_evenly() {
     }
     t.pipeline.lend_idle_threads(false).unwrap();
     assert_eq!(threads(&t), [1, 1, 1, 1]);
+}
+
+/// A job resumed after a transition that lent the freed device's thread lends it again: the
+/// lending is switched on before the checkpoint's plan is restored (digits, ViT, 2 cpu
+/// devices of one thread each).
+#[test]
+fn a_job_resumed_after_lending_threads_lends_them_again() {
+    use pipetransformer::device::{AnyDevices, DeviceKind};
+    use pipetransformer::run::{Job, RunConfig, open_devices};
+    if !common::installed(&[std::path::Path::new("data/digits/digits.csv.gz")]) {
+        return;
+    }
+    let dir = scratch("job-threads");
+    let sets: Vec<String> = [
+        format!("output.dir={:?}", dir.display().to_string()),
+        "output.threads=2".into(),
+        "pipeline.devices=2".into(),
+        "pipeline.pipeline_len=2".into(),
+        "pipeline.micro_batches=2".into(),
+        "elastic.freeze=\"table\"".into(),
+        "elastic.table=[0, 1]".into(),
+        "elastic.freeze_interval=2".into(),
+        "elastic.auto_pipe=true".into(),
+        "elastic.auto_dp=true".into(),
+        "elastic.freed_devices=\"threads\"".into(),
+        "train.epochs=1".into(),
+        "train.max_steps=4".into(),
+        "data.train_limit=96".into(),
+        "data.test_limit=32".into(),
+    ]
+    .into();
+    let config = RunConfig::load(std::path::Path::new("configs/vit-digits.toml"), &sets).unwrap();
+    let job = |config: &RunConfig| {
+        let Ok(AnyDevices::Cpu(devices)) = open_devices(DeviceKind::Cpu, 2, 2, Precision::F32) else {
+            panic!("cpu devices")
+        };
+        Job::new(devices, config.clone()).unwrap()
+    };
+    let threads = |job: &Job<CpuDevice<f32>>| -> Vec<Option<usize>> {
+        job.trainer.pipeline.devices().iter().map(Device::threads).collect()
+    };
+    let mut first = job(&config);
+    assert_eq!(threads(&first), [Some(1), Some(1)]);
+    first.run(&mut |_| {}).unwrap();
+    assert_eq!(threads(&first), [Some(2), Some(1)], "lent at the freeze");
+    let mut resumed = job(&config);
+    resumed.resume().unwrap();
+    assert_eq!(resumed.trainer.pipeline.plan().config.pipeline_len, 1);
+    assert_eq!(threads(&resumed), [Some(2), Some(1)], "lent again on resume");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

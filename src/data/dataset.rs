@@ -131,8 +131,8 @@ impl<S: Sample> Dataset<S> {
             return Err(config_error(
                 field,
                 format!(
-                    "{test_fraction} leaves an empty {} half of {} ({} samples)",
-                    if n_test == 0 { "test" } else { "train" },
+                    "{test_fraction} leaves an empty {} part of {} ({} samples)",
+                    if n_test == 0 { "held-out" } else { "training" },
                     self.name,
                     self.samples.len()
                 ),

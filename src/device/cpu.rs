@@ -128,6 +128,8 @@ impl<T: Float> Drop for CpuBuf<T> {
 pub struct CpuDevice<T: Float> {
     index: usize,
     threads: usize,
+    /// The count it was opened with, which names it ([`Device::set_threads`] lends more).
+    own_threads: usize,
     /// The arithmetic of the linear layers' products (bf16 on an f32 device with `Precision::Bf16`).
     products: Products,
     pool: rayon::ThreadPool,
@@ -164,6 +166,7 @@ impl<T: Float> CpuDevice<T> {
         Ok(Self {
             index,
             threads,
+            own_threads: threads,
             products,
             pool,
             buffers: Arc::new(Pool {
@@ -249,8 +252,10 @@ impl<T: Float> Device for CpuDevice<T> {
 
     fn name(&self) -> String {
         let products = if self.products == Products::Bf16 { ", bf16 products" } else { "" };
-        let plural = if self.threads == 1 { "" } else { "s" };
-        format!("cpu:{} ({:?}{products}, {} thread{plural})", self.index, T::DTYPE, self.threads)
+        // Its own count: a device lent another's threads (and a resumed run that lends them
+        // again) is still the same device.
+        let plural = if self.own_threads == 1 { "" } else { "s" };
+        format!("cpu:{} ({:?}{products}, {} thread{plural})", self.index, T::DTYPE, self.own_threads)
     }
     fn activation_dtype(&self) -> DType {
         // Also with bf16 products: activations are stored in `T`, rounded only as the products

@@ -35,42 +35,53 @@ pub fn micro_batch_candidates(k: usize, per_replica: usize) -> Vec<usize> {
     c
 }
 
+/// What the planner knows of the run, as functions of the pipeline length `K` (or of the
+/// replicas `R`, or of samples per micro-batch).
+pub struct Shapes<'a> {
+    /// Samples per step with `R` replicas.
+    pub global: &'a dyn Fn(usize) -> usize,
+    /// Replicas of a `K`-stage pipeline.
+    pub replicas: &'a dyn Fn(usize) -> usize,
+    /// Each device's speed relative to the profiles' at `K` (> 1 where idle cpu devices lend
+    /// it their threads).
+    pub speed: &'a dyn Fn(usize) -> f64,
+    /// Micro-batches for `K` with a replica's samples.
+    pub micro: &'a dyn Fn(usize, usize) -> usize,
+    /// The units' costs for a micro-batch of that many samples.
+    pub profiles: &'a dyn Fn(usize) -> Vec<UnitProfile>,
+}
+
 /// The shape for a model whose first `pinned` units must join the first stage (the cached
-/// prefix; frozen units are known from `profiles`): for each `K` from 1 to
-/// `max_len`, `replicas(K)` replicas and `M` micro-batches (`micro(K)`), planned on the units'
-/// costs for that micro-batch (`profiles(samples)`), every one that fits memory; `global_batch(R)`
-/// samples per step with `R` replicas. [`pick`] chooses among them.
-#[allow(clippy::too_many_arguments)]
+/// prefix; frozen units are known from the profiles): for each `K` from 1 to `max_len`, the
+/// replicas, micro-batches and costs `shapes` gives, planned on the units' costs, every one
+/// that fits memory. [`pick`] chooses among them.
 pub fn choose_shape(
     base: &PipelineConfig,
     max_len: usize,
     devices: usize,
-    global_batch: &dyn Fn(usize) -> usize,
     pinned: usize,
-    replicas: &dyn Fn(usize) -> usize,
-    micro: &dyn Fn(usize, usize) -> usize,
-    profiles: &dyn Fn(usize) -> Vec<UnitProfile>,
+    shapes: &Shapes,
     names: &[String],
 ) -> Result<Vec<Candidate>> {
     let mut out = Vec::new();
     let mut last_err = None;
     for k in 1..=max_len.max(1) {
-        let r = replicas(k).max(1);
+        let r = (shapes.replicas)(k).max(1);
         if r * k > devices {
             continue;
         }
-        let global = global_batch(r);
+        let global = (shapes.global)(r);
         let per_replica = global.div_ceil(r);
-        let m = micro(k, per_replica).clamp(1, per_replica.max(1));
+        let m = (shapes.micro)(k, per_replica).clamp(1, per_replica.max(1));
         let chunks = if k == 1 { 1 } else { base.chunks };
         let schedule = if k == 1 { crate::pipeline::ScheduleKind::OneFOneB } else { base.schedule };
         let config =
             PipelineConfig { pipeline_len: k, replicas: r, micro_batches: m, chunks, schedule, ..base.clone() };
-        let units = profiles(per_replica.div_ceil(m));
+        let units = (shapes.profiles)(per_replica.div_ceil(m));
         match Plan::new(config.clone(), &units, names.to_vec(), devices, pinned) {
             Ok(plan) => {
                 let slots = (m * chunks) as f64 + (k - 1) as f64;
-                let step_time = slots * plan.partition.bottleneck();
+                let step_time = slots * plan.partition.bottleneck() / (shapes.speed)(k);
                 let throughput = if step_time > 0.0 { global as f64 / step_time } else { f64::INFINITY };
                 out.push(Candidate { config, step_time, throughput });
             }
@@ -200,7 +211,10 @@ mod tests {
     fn with_free_devices_as_replicas_the_shortest_pipeline_wins() {
         let base = PipelineConfig { pipeline_len: 4, micro_batches: 8, ..Default::default() };
         // 4 devices, 10 units of which 6 frozen: K=1 with 4 replicas has no bubble.
-        let c = choose_shape(&base, 4, 4, &|_| 32, 6, &|k| 4 / k, &|k, _| 2 * k, &units(10, 6), &names(10)).unwrap();
+        let (replicas, micro, profiles) = (|k: usize| 4 / k, |k: usize, _| 2 * k, units(10, 6));
+        let shapes =
+            Shapes { global: &|_| 32, replicas: &replicas, speed: &|_| 1.0, micro: &micro, profiles: &profiles };
+        let c = choose_shape(&base, 4, 4, 6, &shapes, &names(10)).unwrap();
         assert_eq!(c.len(), 4);
         let p = pick(&c).unwrap();
         assert_eq!((p.config.pipeline_len, p.config.replicas), (1, 4));
@@ -210,14 +224,35 @@ mod tests {
     fn without_autodp_a_balanced_pipeline_is_kept() {
         let base = PipelineConfig { pipeline_len: 2, micro_batches: 8, ..Default::default() };
         // One replica whatever K: halving K halves the devices at work, so K = 2 stays.
-        let c = choose_shape(&base, 2, 2, &|_| 32, 0, &|_| 1, &|_, _| 8, &units(8, 0), &names(8)).unwrap();
+        let (micro, profiles) = (|_, _| 8, units(8, 0));
+        let shapes = Shapes { global: &|_| 32, replicas: &|_| 1, speed: &|_| 1.0, micro: &micro, profiles: &profiles };
+        let c = choose_shape(&base, 2, 2, 0, &shapes, &names(8)).unwrap();
         assert_eq!(pick(&c).unwrap().config.pipeline_len, 2);
         // A memory limit that only the two-stage split meets: one stage would hold 8 units'
         // state (8 × 160 B) and one micro-batch's activations (8 × 400 B) = 4480 B; two hold at
         // most 4 × 160 + 2 × 4 × 400 = 3840 B.
         let tight = PipelineConfig { memory_limit: Some(4000), ..base };
-        let c = choose_shape(&tight, 2, 2, &|_| 32, 0, &|_| 1, &|_, _| 8, &units(8, 0), &names(8)).unwrap();
+        let c = choose_shape(&tight, 2, 2, 0, &shapes, &names(8)).unwrap();
         assert_eq!(c.iter().map(|c| c.config.pipeline_len).collect::<Vec<_>>(), vec![2]);
+    }
+
+    /// Idle cpu devices lending their threads: one stage on a device with both threads is
+    /// predicted as fast as two replicas would be (no bubble), so it beats the two-stage
+    /// pipeline that would win on one thread per device.
+    #[test]
+    fn a_device_with_lent_threads_is_planned_at_their_speed() {
+        let base = PipelineConfig { pipeline_len: 2, micro_batches: 8, ..Default::default() };
+        let (micro, profiles) = (|k: usize, _| 2 * k, units(8, 0));
+        let shape = |speed: &dyn Fn(usize) -> f64| {
+            let shapes = Shapes { global: &|_| 32, replicas: &|_| 1, speed, micro: &micro, profiles: &profiles };
+            let c = choose_shape(&base, 2, 2, 0, &shapes, &names(8)).unwrap();
+            let p = pick(&c).unwrap();
+            (p.config.pipeline_len, p.config.replicas, p.step_time)
+        };
+        // K = 1: 2 micro-batches of 16 samples through 8 units of 3 s per sample, at twice
+        // the speed: 384 s; K = 2: 5 slots of 4 units × 8 samples × 3 s = 480 s.
+        assert_eq!(shape(&|k| 2.0 / k as f64), (1, 1, 384.0));
+        assert_eq!(shape(&|_| 1.0), (2, 1, 480.0), "on one thread each the pipeline wins");
     }
 
     #[test]
@@ -228,7 +263,10 @@ mod tests {
         // the active one: 9 slots of 12 lose to one stage's 8 slots of 12.
         let base = PipelineConfig { pipeline_len: 2, micro_batches: 8, ..Default::default() };
         let shape = |pinned| {
-            let c = choose_shape(&base, 2, 2, &|_| 32, pinned, &|_| 1, &|_, _| 8, &units(10, 9), &names(10)).unwrap();
+            let (micro, profiles) = (|_, _| 8, units(10, 9));
+            let shapes =
+                Shapes { global: &|_| 32, replicas: &|_| 1, speed: &|_| 1.0, micro: &micro, profiles: &profiles };
+            let c = choose_shape(&base, 2, 2, pinned, &shapes, &names(10)).unwrap();
             let p = pick(&c).unwrap();
             (p.config.pipeline_len, p.step_time)
         };

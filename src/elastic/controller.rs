@@ -7,7 +7,7 @@
 //! and how long it took.
 
 use super::autodp::{batches_per_step, lends_threads, rebuild_communicators, replicas_for};
-use super::autopipe::{Tuner, choose_shape, micro_batch_candidates, pick};
+use super::autopipe::{Shapes, Tuner, choose_shape, micro_batch_candidates, pick};
 use super::cache::ActivationCache;
 use super::freeze::FreezeController;
 use super::{ElasticConfig, FreezeInterval, FreezeName};
@@ -251,7 +251,17 @@ impl Elastic {
             let cached = if self.cache_on { units } else { 0 };
             let a = self.around;
             let (policy, auto_dp) = (self.config.batch_policy, self.config.auto_dp);
-            let replicas = |k: usize| replicas_for(k, a.devices, a.initial_replicas, auto_dp);
+            // Freed cpu devices lend their threads: the replicas stay as they began, and each
+            // device of a `K`-stage pipeline computes with the threads of `devices / (K·R)`.
+            let lend = auto_dp && lends_threads(self.config.freed_devices, trainer.pipeline.devices());
+            let replicas = |k: usize| match lend {
+                true => a.initial_replicas.min(a.devices / k.max(1)).max(1),
+                false => replicas_for(k, a.devices, a.initial_replicas, auto_dp),
+            };
+            let speed = |k: usize| match lend {
+                true => (a.devices / (k * replicas(k)).max(1)).max(1) as f64,
+                false => 1.0,
+            };
             let global = |r: usize| a.batch * batches_per_step(policy, r, a.initial_replicas);
             let tuned = &self.tuner.best;
             let micro = |k: usize, per_replica: usize| {
@@ -260,25 +270,12 @@ impl Elastic {
             };
             let names = crate::pipeline::runtime::unit_names(trainer.pipeline.units());
             let profiles = |samples: usize| trainer.profiles_for(samples, cached);
-            let candidates = choose_shape(
-                &before,
-                before.pipeline_len,
-                a.devices,
-                &global,
-                cached,
-                &replicas,
-                &micro,
-                &profiles,
-                &names,
-            )?;
-            let mut chosen =
+            let shapes =
+                Shapes { global: &global, replicas: &replicas, speed: &speed, micro: &micro, profiles: &profiles };
+            let candidates = choose_shape(&before, before.pipeline_len, a.devices, cached, &shapes, &names)?;
+            let chosen =
                 pick(&candidates).ok_or_else(|| config_error("devices", "no pipeline shape fits"))?.config.clone();
-            // Freed cpu devices lending their threads: the shape predicted for replicas (the
-            // same compute), run by one pipeline whose devices have the replicas' threads.
-            let lend = auto_dp && lends_threads(self.config.freed_devices, trainer.pipeline.devices());
-            if lend {
-                chosen.replicas = 1;
-            }
+            trainer.pipeline.lend_idle_threads(lend)?;
             let (k, r) = (chosen.pipeline_len, chosen.replicas);
             let per_replica = global(r).div_ceil(r);
             let m = self

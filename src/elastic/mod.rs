@@ -221,6 +221,19 @@ impl ElasticConfig {
             "needs elastic.auto_pipe: only a shorter pipeline frees devices",
             self.auto_pipe,
         )?;
+        let lend = self.freed_devices == autodp::FreedDevices::Threads;
+        need(
+            lend,
+            "freed_devices",
+            "\"threads\" says what AutoDP makes of freed cpu devices: it needs elastic.auto_dp",
+            self.auto_dp,
+        )?;
+        need(
+            lend,
+            "batch_policy",
+            "\"scale-lr\" grows the batch with the replicas, and freed cpu devices lending threads (elastic.freed_devices = \"threads\") add none: choose one",
+            self.batch_policy == BatchPolicy::Constant,
+        )?;
         need(
             self.cache,
             "cache",

@@ -56,7 +56,9 @@ mod tests {
     fn cpu_devices_split_the_threads_instead_of_each_taking_all() {
         let threads = |count: usize, threads: usize| match open_devices(DeviceKind::Cpu, count, threads, Precision::F32)
         {
-            Ok(AnyDevices::Cpu(d)) => d.iter().map(|d| crate::device::Device::threads(d).unwrap_or(0)).collect::<Vec<_>>(),
+            Ok(AnyDevices::Cpu(d)) => {
+                d.iter().map(|d| crate::device::Device::threads(d).unwrap_or(0)).collect::<Vec<_>>()
+            }
             _ => panic!("cpu devices expected"),
         };
         assert_eq!(threads(2, 2), [1, 1]);

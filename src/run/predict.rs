@@ -242,8 +242,9 @@ impl<D: Device> Predictor<D> {
         Ok(batches)
     }
 
-    /// The metrics on the evaluation split of the dataset `config` names (its test split, with
-    /// the config's limits), after checking that the data's classes (or characters) are the
+    /// The metrics on the evaluation split of the dataset `config` names (its test split, or
+    /// with `data.validation_fraction` the validation part its runs evaluate on; with the
+    /// config's limits), after checking that the data's classes (or characters) are the
     /// model's.
     pub fn evaluate_dataset(&self, config: &RunConfig) -> Result<EvalMetrics> {
         let (source, info) = prepare_data(config)?;
