@@ -366,26 +366,17 @@ fn bad_elastic_settings_are_clear_errors_that_write_nothing() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// The whole elastic loop from the command line on emulated CUDA devices: a two-stage
-/// pipeline freezes a layer after two steps, shrinks to one stage with two replicas, caches,
-/// and reports the transition in the log, the report and the trace.
-#[test]
-fn the_elastic_loop_runs_on_emulated_cuda_devices() {
-    if !have_digits() {
-        return;
-    }
-    let dir = scratch("elastic-emu");
+/// The digits ViT on two devices through the elastic loop: a two-stage pipeline whose table
+/// freezes a layer after two steps, AutoPipe and AutoDP on, a short run; `extra` adds flags.
+fn elastic_loop(dir: &Path, extra: &[&str]) -> (bool, String) {
     let out_dir = format!("output.dir={}", dir.display());
-    let trace = dir.join("trace.json").display().to_string();
-    let (ok, out) = pipetransformer(&[
+    let mut args = vec![
         "train",
         "--config",
         "configs/vit-digits.toml",
         "--set",
         &out_dir,
         "--fresh",
-        "--device",
-        "cuda-emu",
         "--devices",
         "2",
         "--pipeline-len",
@@ -400,18 +391,29 @@ fn the_elastic_loop_runs_on_emulated_cuda_devices() {
         "2",
         "--auto-pipe",
         "--auto-dp",
-        "--cache",
-        "--set",
-        "train.max_steps=6",
         "--set",
         "train.epochs=1",
         "--set",
         "data.train_limit=96",
         "--set",
         "data.test_limit=32",
-        "--trace",
-        &trace,
-    ]);
+    ];
+    args.extend(extra);
+    pipetransformer(&args)
+}
+
+/// The whole elastic loop from the command line on emulated CUDA devices: a two-stage
+/// pipeline freezes a layer after two steps, shrinks to one stage with two replicas, caches,
+/// and reports the transition in the log, the report and the trace.
+#[test]
+fn the_elastic_loop_runs_on_emulated_cuda_devices() {
+    if !have_digits() {
+        return;
+    }
+    let dir = scratch("elastic-emu");
+    let trace = dir.join("trace.json").display().to_string();
+    let (ok, out) =
+        elastic_loop(&dir, &["--device", "cuda-emu", "--cache", "--set", "train.max_steps=6", "--trace", &trace]);
     assert!(ok, "{out}");
     assert!(out.contains("transition at step 2: 0 → 1 frozen layers, K 2 → 1, R 1 → 2"), "{out}");
     let log = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
@@ -430,41 +432,8 @@ fn freed_cpu_devices_lend_their_threads_from_the_command_line() {
         return;
     }
     let dir = scratch("elastic-threads");
-    let out_dir = format!("output.dir={}", dir.display());
-    let (ok, out) = pipetransformer(&[
-        "train",
-        "--config",
-        "configs/vit-digits.toml",
-        "--set",
-        &out_dir,
-        "--fresh",
-        "--devices",
-        "2",
-        "--pipeline-len",
-        "2",
-        "--micro-batches",
-        "2",
-        "--freeze",
-        "table",
-        "--set",
-        "elastic.table=[0, 1]",
-        "--freeze-interval",
-        "2",
-        "--auto-pipe",
-        "--auto-dp",
-        "--freed-devices",
-        "threads",
-        "--set",
-        "output.threads=2",
-        "--set",
-        "train.max_steps=4",
-        "--set",
-        "train.epochs=1",
-        "--set",
-        "data.train_limit=96",
-        "--set",
-        "data.test_limit=32",
-    ]);
+    let threads = ["--freed-devices", "threads", "--set", "output.threads=2", "--set", "train.max_steps=4"];
+    let (ok, out) = elastic_loop(&dir, &threads);
     assert!(ok, "{out}");
     assert!(out.contains("transition at step 2: 0 → 1 frozen layers, K 2 → 1, R 1 → 1"), "{out}");
     assert!(out.contains("freed cpu devices lend their threads: 2 per device"), "{out}");
