@@ -4,12 +4,14 @@
 //!
 //! A binary of its own, so no other test shares the cores while it times.
 //!
-//! The tolerance is 10 points (the first of up to three tries that meets it), not the 3 the
-//! issue asked: on the 2-core VM this was written on, the cpu side's median over 20–40 steps of
-//! ~10 ms moved between 16 % and 28 % from one run to the next (thread wake-ups are a large
-//! share of such short actions), while the emulator's stayed within 22–26 %; in 18 pairs the
-//! gap was 0.1–7.7 points, the emulator higher by ~4 on average. A timing that charged device work to the wrong action (what host timing does to
-//! queued GPU kernels) puts the bubble near 0 or near 100 %, far outside both bounds.
+//! The tolerance is 3 points (the first of up to three tries that meets it). The model is
+//! large enough that each action takes milliseconds on a cpu device: with 8 positions and
+//! hidden size 64 (an earlier version), the actions were so short that thread wake-ups between
+//! the devices added 1–8 points to the cpu side's bubble, and the tolerance had to be 10.
+//! With 16 positions and hidden size 128, on the 2-core VM this was written on, 14 pairs
+//! differed by 0.6–2.6 points (cpu 21.8–24.1 %, cuda-emu 21.0–21.9 %; the formula says 20 %).
+//! A timing that charged device work to the wrong action (what host timing does to queued GPU
+//! kernels) puts the bubble near 0 or near 100 %, far outside these bounds.
 
 use pipetransformer::device::{CpuDevice, Device, Precision};
 use pipetransformer::model::{GptConfig, HostBatch, Model, ModelConfig};
@@ -18,9 +20,10 @@ use pipetransformer::pipeline::partition::UnitProfile;
 use pipetransformer::pipeline::{Pipeline, PipelineConfig, ScheduleKind};
 use pipetransformer::rng::Rng;
 
-/// Four identical GEMM-heavy blocks, a tiny vocabulary: both backends see the same balance.
+/// Four identical GEMM-heavy blocks, a tiny vocabulary: both backends see the same balance,
+/// and each action is long enough that thread wake-ups are a small part of it.
 fn config() -> GptConfig {
-    GptConfig::without_dropout(8, 8, 64, 4, 2)
+    GptConfig::without_dropout(8, 16, 128, 4, 2)
 }
 
 fn batch(c: &GptConfig, seed: u64) -> HostBatch {
@@ -63,7 +66,7 @@ fn emulated_event_timing_and_cpu_host_timing_give_the_same_bubble() {
             eprintln!("{schedule}: cpu {:.1} %, cuda-emu {:.1} % (formula 20 %)", 100.0 * cpu, 100.0 * emu);
             tries.push((cpu, emu));
             let inside = |b: f64| (0.10..0.40).contains(&b);
-            if (cpu - emu).abs() <= 0.10 && inside(cpu) && inside(emu) {
+            if (cpu - emu).abs() <= 0.03 && inside(cpu) && inside(emu) {
                 break;
             }
             assert!(tries.len() < 3, "{schedule}: (cpu, cuda-emu) bubbles {tries:?}; the formula says 0.20");
