@@ -117,7 +117,7 @@ struct ElasticArgs {
     /// What AutoDP makes of freed cpu devices: replicas (the paper), or threads lent to the
     /// devices still in the pipeline (cpu devices share one host's cores: a replica there
     /// computes nothing a thread would not, and repeats the optimizer step). GPUs always
-    /// become replicas.
+    /// become replicas; without AutoDP freed devices stay idle.
     #[arg(long, value_parser = parse_from_str::<FreedDevices>)]
     freed_devices: Option<FreedDevices>,
     /// Cache the frozen layers' output per sample so later epochs skip them (on only where

@@ -221,13 +221,9 @@ impl ElasticConfig {
             "needs elastic.auto_pipe: only a shorter pipeline frees devices",
             self.auto_pipe,
         )?;
-        let lend = self.freed_devices == autodp::FreedDevices::Threads;
-        need(
-            lend,
-            "freed_devices",
-            "\"threads\" says what AutoDP makes of freed cpu devices: it needs elastic.auto_dp",
-            self.auto_dp,
-        )?;
+        // `freed_devices` says what AutoDP makes of freed devices: without AutoDP it has
+        // nothing to do (so switching AutoDP off in an ablation needs no second flag).
+        let lend = self.auto_dp && self.freed_devices == autodp::FreedDevices::Threads;
         need(
             lend,
             "batch_policy",
