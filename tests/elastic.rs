@@ -511,3 +511,37 @@ fn a_job_resumed_after_lending_threads_lends_them_again() {
     assert_eq!(threads(&resumed), [Some(2), Some(1)], "lent again on resume");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Lending with two replicas from the start (4 cpu devices of one thread, `K R` 2 2): the
+/// freeze that shortens each replica's pipeline keeps both replicas, and each device still at
+/// work takes the thread of the one its replica freed. The planner's lent speed is the
+/// threads' share: all four over the devices at work.
+#[test]
+fn replicas_keep_their_number_and_each_takes_its_freed_devices_threads() {
+    let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
+    let plan = PipelineConfig { pipeline_len: 2, replicas: 2, micro_batches: 2, ..Default::default() };
+    let mut t = common::trainer_on(&bert(), 3, cpus(4), plan, train_config(), 3);
+    assert_eq!([t.pipeline.lent_speed(2), t.pipeline.lent_speed(3), t.pipeline.lent_speed(4)], [2.0, 4.0 / 3.0, 1.0]);
+    let config = ElasticConfig {
+        freeze: FreezeName::Table,
+        table: vec![0, 1, 2],
+        auto_pipe: true,
+        auto_dp: true,
+        freed_devices: FreedDevices::Threads,
+        ..Default::default()
+    };
+    let around = Surroundings { devices: 4, initial_replicas: 2, ..surroundings(&bert()) };
+    let dir = scratch("lend-replicas");
+    let mut elastic = Elastic::new(config, around, &dir).unwrap();
+    t.pipeline.lend_idle_threads(true).unwrap();
+    let mut events = Vec::new();
+    elastic.start(&mut t, &mut |e| events.push(e.clone())).unwrap();
+    t.fit(&data, Some(4), &mut elastic, &mut |e| events.push(e.clone())).unwrap();
+    let freezes = freezes(&events);
+    assert_eq!((freezes[0].pipeline_len, freezes[0].replicas), ((2, 1), (2, 2)), "{freezes:?}");
+    assert!(freezes[0].reason.contains("lend their threads: 2, 2 per device"), "{}", freezes[0].reason);
+    let threads: Vec<Option<usize>> = t.pipeline.devices().iter().map(Device::threads).collect();
+    assert_eq!(threads, [Some(2), Some(2), Some(1), Some(1)]);
+    drop(elastic);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -5,7 +5,7 @@
 mod common;
 
 use pipetransformer::device::{AnyDevices, DeviceKind, Precision};
-use pipetransformer::run::{Job, RunConfig, open_devices};
+use pipetransformer::run::{Job, RunConfig, open_devices, prepare_data};
 use std::path::Path;
 
 fn have(paths: &[&str]) -> bool {
@@ -105,4 +105,22 @@ fn every_shipped_config_parses() {
         let path = entry.unwrap().path();
         RunConfig::load(&path, &[]).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     }
+}
+
+/// `data.validation_fraction` through the job's data: the run trains on the rest of the
+/// training half and evaluates on the part carved off, and says so; the test split is unused.
+#[test]
+fn a_validation_part_replaces_the_test_split() {
+    if !have(&["data/digits/digits.csv.gz"]) {
+        return;
+    }
+    let load = |sets: &[&str]| {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        prepare_data(&RunConfig::load(Path::new("configs/vit-digits.toml"), &sets).unwrap()).unwrap().1
+    };
+    let (plain, held) = (load(&[]), load(&["data.validation_fraction=0.25"]));
+    assert_eq!((plain.evaluated_on.as_str(), held.evaluated_on.as_str()), ("test", "validation"));
+    assert_eq!(held.train + held.test, plain.train, "carved from the training half");
+    let quarter = plain.train as f64 / 4.0;
+    assert!((held.test as f64 - quarter).abs() <= 10.0, "{} of {}", held.test, plain.train);
 }

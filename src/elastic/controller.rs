@@ -251,17 +251,15 @@ impl Elastic {
             let cached = if self.cache_on { units } else { 0 };
             let a = self.around;
             let (policy, auto_dp) = (self.config.batch_policy, self.config.auto_dp);
-            // Freed cpu devices lend their threads: the replicas stay as they began, and each
-            // device of a `K`-stage pipeline computes with the threads of `devices / (K·R)`.
+            // Freed cpu devices lend their threads: the replicas stay as they began, and the
+            // `K·R` devices at work share every device's threads.
             let lend = auto_dp && lends_threads(self.config.freed_devices, trainer.pipeline.devices());
             let replicas = |k: usize| match lend {
                 true => a.initial_replicas.min(a.devices / k.max(1)).max(1),
                 false => replicas_for(k, a.devices, a.initial_replicas, auto_dp),
             };
-            let speed = |k: usize| match lend {
-                true => (a.devices / (k * replicas(k)).max(1)).max(1) as f64,
-                false => 1.0,
-            };
+            let pipeline = &trainer.pipeline;
+            let speed = |k: usize| if lend { pipeline.lent_speed(k * replicas(k)) } else { 1.0 };
             let global = |r: usize| a.batch * batches_per_step(policy, r, a.initial_replicas);
             let tuned = &self.tuner.best;
             let micro = |k: usize, per_replica: usize| {
@@ -287,9 +285,10 @@ impl Elastic {
                 let comm = rebuild_communicators(&mut trainer.pipeline)?;
                 reason = format!("{reason}; replicas sum gradients over: {comm}");
             }
-            if lend && k < before.pipeline_len * before.replicas {
-                let threads: Vec<String> =
-                    trainer.pipeline.devices()[..k].iter().filter_map(|d| d.threads()).map(|n| n.to_string()).collect();
+            let used = k * r;
+            if lend && used < before.pipeline_len * before.replicas {
+                let at_work = &trainer.pipeline.devices()[..used];
+                let threads: Vec<String> = at_work.iter().filter_map(|d| d.threads()).map(|n| n.to_string()).collect();
                 reason = format!("{reason}; freed cpu devices lend their threads: {} per device", threads.join(", "));
             }
             trainer.batches_per_step = batches_per_step(policy, r, a.initial_replicas);

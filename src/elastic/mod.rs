@@ -267,6 +267,14 @@ mod tests {
         }
         assert!(ElasticConfig { max_weight_change: Some(0.05), ..on.clone() }.validate(6, false).is_ok());
         assert!(ElasticConfig { cache: true, cache_augmented: true, ..on.clone() }.validate(6, true).is_ok());
+        // Freed devices lending threads: idle without AutoDP (no error, so an ablation can
+        // switch AutoDP off alone); with it, refused beside scale-lr, which needs replicas.
+        let threads = ElasticConfig { freed_devices: FreedDevices::Threads, ..on.clone() };
+        assert!(threads.validate(6, false).is_ok());
+        let scale = ElasticConfig { auto_dp: true, batch_policy: BatchPolicy::ScaleLr, ..threads };
+        let e = scale.validate(6, false).unwrap_err().to_string();
+        assert!(e.contains("elastic.batch_policy") && e.contains("choose one"), "{e}");
+        assert!(ElasticConfig { freed_devices: FreedDevices::Replicas, ..scale }.validate(6, false).is_ok());
         let e = ElasticConfig { alpha: 1.5, ..on }.validate(6, false).unwrap_err().to_string();
         assert!(e.contains("(0, 1)"), "{e}");
     }

@@ -97,6 +97,20 @@ impl<D: Device> Pipeline<D> {
         self.share_threads()
     }
 
+    /// How fast each of the first `used` devices computes with the idle devices' threads lent
+    /// to it, relative to the first device on its own threads (where the units' profiles are
+    /// measured): all threads over `used`, over the first device's own. 1 where every device
+    /// is used or there are no threads to lend.
+    pub fn lent_speed(&self, used: usize) -> f64 {
+        let own: Option<Vec<usize>> = self.own_threads.iter().copied().collect();
+        match own {
+            Some(own) if used > 0 && used < own.len() => {
+                own.iter().sum::<usize>() as f64 / used as f64 / own[0].max(1) as f64
+            }
+            _ => 1.0,
+        }
+    }
+
     /// Sets every cpu device's thread count: its own, or, lending, the used devices (the first
     /// `R·K`) an even share of all the threads (the first ones one more while they do not
     /// divide).
