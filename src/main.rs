@@ -754,9 +754,8 @@ enum EvalData {
 fn evaluate<D: Device>(dev: D, model: &Path, data: &EvalData) -> Result<()> {
     // On stderr: stdout is the metrics alone.
     let split = match data {
-        EvalData::Dataset(c) if c.data.validation_fraction > 0.0 => ", the validation part (data.validation_fraction)",
-        EvalData::Dataset(_) => ", the test split",
-        EvalData::Rows(..) => "",
+        EvalData::Dataset(c) => format!(", the {} split", c.data.evaluated_on()),
+        EvalData::Rows(..) => String::new(),
     };
     eprintln!("evaluating {} on {}{split}", model.display(), dev.name());
     let predictor = load_predictor(dev, model)?;

@@ -254,10 +254,7 @@ impl Elastic {
             // Freed cpu devices lend their threads: the replicas stay as they began, and the
             // `K·R` devices at work share every device's threads.
             let lend = auto_dp && lends_threads(self.config.freed_devices, trainer.pipeline.devices());
-            let replicas = |k: usize| match lend {
-                true => a.initial_replicas.min(a.devices / k.max(1)).max(1),
-                false => replicas_for(k, a.devices, a.initial_replicas, auto_dp),
-            };
+            let replicas = |k: usize| replicas_for(k, a.devices, a.initial_replicas, auto_dp && !lend);
             let pipeline = &trainer.pipeline;
             let speed = |k: usize| if lend { pipeline.lent_speed(k * replicas(k)) } else { 1.0 };
             let global = |r: usize| a.batch * batches_per_step(policy, r, a.initial_replicas);

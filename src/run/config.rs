@@ -85,6 +85,13 @@ pub struct DataSection {
     pub group_by_length: bool,
 }
 
+impl DataSection {
+    /// What a run evaluates on: `"validation"` with a `validation_fraction`, else `"test"`.
+    pub fn evaluated_on(&self) -> &'static str {
+        if self.validation_fraction > 0.0 { "validation" } else { "test" }
+    }
+}
+
 fn default_data_dir() -> PathBuf {
     PathBuf::from("data")
 }

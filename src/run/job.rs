@@ -62,7 +62,7 @@ pub fn prepare_data(config: &RunConfig) -> Result<(Box<dyn BatchSource>, DataInf
         classes: labels.len(),
         train,
         test,
-        evaluated_on: if d.validation_fraction > 0.0 { "validation" } else { "test" }.into(),
+        evaluated_on: d.evaluated_on().into(),
         augmented: false,
         labels: labels.to_vec(),
         chars: Vec::new(),

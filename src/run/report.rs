@@ -164,7 +164,7 @@ fn render(log: &str, config: &RunConfig) -> String {
     if !device_sets.is_empty() {
         let _ = write!(html, "<p>Devices: {}.</p>", esc(&device_sets.join("; then, resumed on ")));
     }
-    let held = if config.data.validation_fraction > 0.0 { "validation" } else { "test" };
+    let held = config.data.evaluated_on();
     let _ = write!(
         html,
         "<h2>Per epoch</h2><p>Shapes that changed during an epoch show as start → end.</p><table><tr><th>epoch</th><th>frozen layers</th><th>K</th><th>R</th><th>M</th><th>samples/s</th><th>cache hits (samples)</th><th>{held} accuracy</th><th>{held} loss</th></tr>"

@@ -102,8 +102,7 @@ impl<D: Device> Pipeline<D> {
     /// measured): all threads over `used`, over the first device's own. 1 where every device
     /// is used or there are no threads to lend.
     pub fn lent_speed(&self, used: usize) -> f64 {
-        let own: Option<Vec<usize>> = self.own_threads.iter().copied().collect();
-        match own {
+        match self.own_thread_counts() {
             Some(own) if used > 0 && used < own.len() => {
                 own.iter().sum::<usize>() as f64 / used as f64 / own[0].max(1) as f64
             }
@@ -111,20 +110,21 @@ impl<D: Device> Pipeline<D> {
         }
     }
 
+    /// Every device's own thread count; `None` unless all are cpu devices.
+    fn own_thread_counts(&self) -> Option<Vec<usize>> {
+        self.own_threads.iter().copied().collect()
+    }
+
     /// Sets every cpu device's thread count: its own, or, lending, the used devices (the first
     /// `R·K`) an even share of all the threads (the first ones one more while they do not
     /// divide).
     fn share_threads(&mut self) -> Result<()> {
-        let own: Option<Vec<usize>> = self.own_threads.iter().copied().collect();
-        let Some(own) = own else { return Ok(()) };
+        let Some(own) = self.own_thread_counts() else { return Ok(()) };
         let used = (self.plan.config.replicas * self.plan.config.pipeline_len).min(own.len());
         let total: usize = own.iter().sum();
+        let lent = self.lend_threads && used < own.len();
         for (i, dev) in self.devices.iter_mut().enumerate() {
-            let lent = self.lend_threads && used < own.len();
-            let n = match i < used {
-                true if lent => total / used + usize::from(i < total % used),
-                _ => own[i],
-            };
+            let n = if lent && i < used { total / used + usize::from(i < total % used) } else { own[i] };
             dev.set_threads(n)?;
         }
         Ok(())
