@@ -207,7 +207,7 @@ fn bench(rt: Arc<CudaRuntime>, precision: Precision, peak: &Option<Peak>) {
         dev.zeros(n).expect("m"),
         dev.zeros(n).expect("v"),
     );
-    let hp = AdamWStep { lr: 1e-4, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, step: 1 };
+    let hp = AdamWStep { lr: 1e-4, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, step: 1, grad_scale: 1.0 };
     let secs = time(&dev, 20, || dev.adamw_update(&mut p, &grad, &mut m, &mut vv, &hp).expect("adamw"));
     row(peak, precision, "adamw_update (22.7M params)", secs, 0.0, 7.0 * n as f64 * 4.0, "");
 }

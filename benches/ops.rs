@@ -151,7 +151,7 @@ fn bench_elementwise(c: &mut Criterion) {
     let n = 4 * C * C + 2 * C * F + 9 * C + F;
     let (mut p, grad) = (random(&dev, n, 4), random(&dev, n, 5));
     let (mut m, mut v) = (dev.zeros(n).unwrap(), dev.zeros(n).unwrap());
-    let h = AdamWStep { lr: 1e-4, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, step: 3 };
+    let h = AdamWStep { lr: 1e-4, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, step: 3, grad_scale: 1.0 };
     // Reads p, g, m, v; writes p, m, v.
     g.throughput(Throughput::Bytes((7 * n * 4) as u64));
     g.bench_function("adamw_one_layer/update", |b| {

@@ -2,8 +2,9 @@
 // reference src/ops/optim.rs. Parameters, gradients and optimizer state are f32.
 //
 //   adamw_update(param, grad, m, v, n, beta1, one_minus_beta1, beta2, one_minus_beta2, eps,
-//                lr_wd, step_size, bc2_sqrt)                          grid-stride
-//   sgd_update(param, grad, momentum_buf, n, lr, momentum, weight_decay, nesterov, first)
+//                lr_wd, step_size, bc2_sqrt, grad_scale)              grid-stride
+//   sgd_update(param, grad, momentum_buf, n, lr, momentum, weight_decay, nesterov, first,
+//              grad_scale)                                            grid-stride
 //                                                                     grid-stride
 //   sum_{f32,bf16}(partials, x, n), sum_squares_{f32,bf16}(partials, x, n)
 //       SUM_THREADS threads per block; block b writes its f64 sum to partials[b], which the host
@@ -19,12 +20,13 @@
 // AdamW, PyTorch's formulation: p ← p − lr·wd·p − step_size·m / (√v / √(1−β2ᵗ) + eps), with
 // step_size = lr/(1−β1ᵗ) and √(1−β2ᵗ) computed once per call on the host in f64. The decoupled
 // decay is applied as p − (lr·wd)·p, which keeps lr·wd's digits (1 − lr·wd rounded to f32
-// would lose most of them).
+// would lose most of them). The gradient enters times grad_scale, global-norm clipping's
+// coefficient, so clipping needs no pass of its own.
 extern "C" __global__ void adamw_update(float* param, const float* grad, float* m, float* v, int n, float beta1,
                                         float one_minus_beta1, float beta2, float one_minus_beta2, float eps,
-                                        float lr_wd, float step_size, float bc2_sqrt) {
+                                        float lr_wd, float step_size, float bc2_sqrt, float grad_scale) {
     GRID_STRIDE(i, n) {
-        const float g = grad[i], p = param[i];
+        const float g = grad[i] * grad_scale, p = param[i];
         const float mi = beta1 * m[i] + one_minus_beta1 * g;
         const float vi = beta2 * v[i] + one_minus_beta2 * g * g;
         m[i] = mi;
@@ -33,14 +35,15 @@ extern "C" __global__ void adamw_update(float* param, const float* grad, float* 
     }
 }
 
-// SGD with momentum, PyTorch's formulation (dampening 0): g ← g + wd·p; buf ← momentum·buf + g
+// SGD with momentum, PyTorch's formulation (dampening 0): g ← grad_scale·grad + wd·p; buf ← momentum·buf + g
 // (buf ← g on the first step, whose buffer is never read: it may be uninitialised);
 // d = nesterov ? g + momentum·buf : buf; p ← p − lr·d.
 extern "C" __global__ void sgd_update(float* param, const float* grad, float* momentum_buf, int n, float lr,
-                                      float momentum, float weight_decay, int nesterov, int first) {
+                                      float momentum, float weight_decay, int nesterov, int first,
+                                      float grad_scale) {
     GRID_STRIDE(i, n) {
         const float p = param[i];
-        const float g = grad[i] + weight_decay * p;
+        const float g = grad[i] * grad_scale + weight_decay * p;
         const float b = first ? g : momentum * momentum_buf[i] + g;
         momentum_buf[i] = b;
         param[i] = p - lr * (nesterov ? g + momentum * b : b);

@@ -111,3 +111,39 @@ fn dev_download(dev: &CpuDevice<f32>, b: &<CpuDevice<f32> as pipetransformer::De
     use pipetransformer::Device;
     dev.download(b).unwrap()
 }
+
+/// `train_step` clips inside the optimizer's update: on f64 its weights equal those of scaling
+/// the gradients first (`clip_grad_norm`, then `Optimizer::step`) to the bit, for AdamW and SGD,
+/// on steps where clipping is due (norm above the cap) and where it is not.
+#[test]
+fn clipping_inside_the_update_equals_clipping_first() {
+    use pipetransformer::optim::clip_grad_norm;
+    let dev = CpuDevice::<f64>::new(0, 2).unwrap();
+    let config = gpt();
+    let host = random_batch(&config, 3, 8, 2);
+    for opt_config in [OptimizerConfig::adamw(), OptimizerConfig::sgd()] {
+        for max_norm in [1e-3, 1e3] {
+            let (mut fused, mut first) = (Model::new(&dev, &config, 1).unwrap(), Model::new(&dev, &config, 1).unwrap());
+            let (mut opt_fused, mut opt_first) =
+                (Optimizer::new(opt_config).unwrap(), Optimizer::new(opt_config).unwrap());
+            for step in 0..3 {
+                let batch = Batch::upload(&dev, fused.spec(), &host, true, step).unwrap();
+                let stats = train_step(&dev, &mut fused, &mut opt_fused, &batch, 1e-2, Some(max_norm)).unwrap();
+                first.zero_grad(&dev).unwrap();
+                let loss = first.forward_backward(&dev, &batch).unwrap();
+                let mut params = first.params_mut();
+                let norm = clip_grad_norm(&dev, &mut params, max_norm).unwrap();
+                opt_first.step(&dev, &mut params, 1e-2).unwrap();
+                assert_eq!((stats.loss, stats.grad_norm), (loss, norm));
+                assert_eq!(max_norm < norm, max_norm == 1e-3, "clipping due only under the small cap");
+            }
+            for (a, b) in fused.params().iter().zip(first.params()) {
+                let (a, b) = (
+                    pipetransformer::Device::download_f64(&dev, &a.value).unwrap(),
+                    pipetransformer::Device::download_f64(&dev, &b.value).unwrap(),
+                );
+                assert_eq!(a, b, "{opt_config:?} max_norm {max_norm}");
+            }
+        }
+    }
+}

@@ -65,7 +65,7 @@ fn outputs() -> Vec<(&'static str, Vec<u32>)> {
     let g = random(&mut rng, p.len(), 1e-2);
     let (mut m, mut vv) = (random(&mut rng, p.len(), 1e-3), random(&mut rng, p.len(), 1e-6));
     vv.iter_mut().for_each(|x| *x = x.abs());
-    let h = AdamWStep { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, step: 7 };
+    let h = AdamWStep { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, step: 7, grad_scale: 1.0 };
     adamw_update(&mut p, &g, &mut m, &mut vv, &h).unwrap();
     for (name, t) in [("adamw p", p), ("adamw m", m), ("adamw v", vv)] {
         out.push((name, t.iter().map(|v| v.to_bits()).collect()));

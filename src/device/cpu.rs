@@ -701,7 +701,8 @@ mod tests {
         check(&w, dims, "in its own shape again");
         let grad = dev.upload(&host(&mut rng, out_dim * in_dim)).unwrap();
         let (mut m, mut v) = (dev.zeros(out_dim * in_dim).unwrap(), dev.zeros(out_dim * in_dim).unwrap());
-        let step = AdamWStep { lr: 0.5, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, step: 1 };
+        let step =
+            AdamWStep { lr: 0.5, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, step: 1, grad_scale: 1.0 };
         dev.adamw_update(&mut w, &grad, &mut m, &mut v, &step).unwrap();
         check(&w, dims, "after an AdamW step");
         w[3] = 7.0;

@@ -32,9 +32,12 @@ pub struct AdamWStep {
     pub weight_decay: f64,
     /// 1-based step number, for bias correction.
     pub step: u64,
+    /// Factor on every gradient before it enters the moments: global-norm clipping's
+    /// coefficient, applied here instead of in a pass of its own (1 when not clipping).
+    pub grad_scale: f64,
 }
 
-/// AdamW (Loshchilov & Hutter), PyTorch's formulation:
+/// AdamW (Loshchilov & Hutter), PyTorch's formulation, on the gradient `g = grad_scale·grad`:
 /// `p ← p·(1 − lr·wd)`; `m ← β1·m + (1−β1)·g`; `v ← β2·v + (1−β2)·g²`;
 /// `p ← p − lr·(m/(1−β1ᵗ)) / (sqrt(v/(1−β2ᵗ)) + eps)`.
 ///
@@ -54,7 +57,7 @@ pub fn adamw_update<T: Float>(param: &mut [T], grad: &[T], m: &mut [T], v: &mut 
     let step_size = h.lr / (1.0 - h.beta1.powf(t));
     let bc2_sqrt = (1.0 - h.beta2.powf(t)).sqrt();
     let decay = 1.0 - h.lr * h.weight_decay;
-    let (b1, b2, eps) = (h.beta1, h.beta2, h.eps);
+    let (b1, b2, eps, scale) = (h.beta1, h.beta2, h.eps, h.grad_scale);
 
     param
         .par_chunks_mut(CHUNK)
@@ -67,7 +70,7 @@ pub fn adamw_update<T: Float>(param: &mut [T], grad: &[T], m: &mut [T], v: &mut 
                 #[inline(always)]
                 || {
                     for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
-                        let g = g.to_f64();
+                        let g = g.to_f64() * scale;
                         let mi = b1 * m.to_f64() + (1.0 - b1) * g;
                         let vi = b2 * v.to_f64() + (1.0 - b2) * g * g;
                         let pi = p.to_f64() * decay - step_size * mi / (vi.sqrt() / bc2_sqrt + eps);
@@ -92,9 +95,12 @@ pub struct SgdStep {
     pub weight_decay: f64,
     /// Nesterov momentum.
     pub nesterov: bool,
+    /// Factor on every gradient before the weight decay is added: global-norm clipping's
+    /// coefficient (1 when not clipping).
+    pub grad_scale: f64,
 }
 
-/// SGD with momentum, PyTorch's formulation (dampening 0): `g ← g + wd·p`;
+/// SGD with momentum, PyTorch's formulation (dampening 0): `g ← grad_scale·grad + wd·p`;
 /// `buf ← momentum·buf + g` (`buf ← g` when `first`); `d = nesterov ? g + momentum·buf : buf`;
 /// `p ← p − lr·d`.
 ///
@@ -109,13 +115,13 @@ pub fn sgd_update<T: Float>(
     const OP: &str = "sgd_update";
     check_len(OP, "grad", grad.len(), param.len())?;
     check_len(OP, "momentum_buf", momentum_buf.len(), param.len())?;
-    let SgdStep { lr, momentum, weight_decay, nesterov } = *h;
+    let SgdStep { lr, momentum, weight_decay, nesterov, grad_scale } = *h;
 
     param.par_chunks_mut(CHUNK).zip(grad.par_chunks(CHUNK)).zip(momentum_buf.par_chunks_mut(CHUNK)).for_each(
         |((p, g), buf)| {
             for ((p, &g), buf) in p.iter_mut().zip(g).zip(buf.iter_mut()) {
                 let pi = p.to_f64();
-                let g = g.to_f64() + weight_decay * pi;
+                let g = g.to_f64() * grad_scale + weight_decay * pi;
                 // On the first step the buffer's contents are ignored, so it may be uninitialised.
                 let b = if first { g } else { momentum * buf.to_f64() + g };
                 let d = if nesterov { g + momentum * b } else { b };
@@ -171,7 +177,7 @@ mod tests {
     use crate::testing::Rng;
 
     fn adamw_step(step: u64) -> AdamWStep {
-        AdamWStep { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, step }
+        AdamWStep { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, step, grad_scale: 1.0 }
     }
 
     fn pool(threads: usize) -> rayon::ThreadPool {
@@ -211,7 +217,7 @@ mod tests {
                 let (mut p, mut m, mut v, mut b) = (p0.clone(), vec![0.0f32; n], vec![0.0f32; n], vec![0.0f32; n]);
                 adamw_update(&mut p, &g, &mut m, &mut v, &adamw_step(1)).unwrap();
                 adamw_update(&mut p, &g, &mut m, &mut v, &adamw_step(2)).unwrap();
-                let h = SgdStep { lr: 0.1, momentum: 0.9, weight_decay: 0.01, nesterov: true };
+                let h = SgdStep { lr: 0.1, momentum: 0.9, weight_decay: 0.01, nesterov: true, grad_scale: 1.0 };
                 sgd_update(&mut p, &g, &mut b, true, &h).unwrap();
                 sgd_update(&mut p, &g, &mut b, false, &h).unwrap();
                 scale_inplace(&mut p, 0.5);
@@ -236,6 +242,30 @@ mod tests {
         assert!(crate::testing::rel_err(&p32, &p64) < 1e-6);
     }
 
+    /// Clipping's coefficient inside the update is the update on gradients scaled beforehand
+    /// (f64: the same product, so the same bits), and it is not ignored.
+    #[test]
+    fn grad_scale_is_the_update_on_scaled_gradients() {
+        let mut rng = Rng::new(11);
+        let (p0, g) = (rng.vec(1000, 1.0), rng.vec(1000, 1.0));
+        let scaled: Vec<f64> = g.iter().map(|v| v * 0.37).collect();
+        let adamw = |g: &[f64], grad_scale: f64| {
+            let (mut p, mut m, mut v) = (p0.clone(), vec![0.1; 1000], vec![0.2; 1000]);
+            adamw_update(&mut p, g, &mut m, &mut v, &AdamWStep { grad_scale, ..adamw_step(3) }).unwrap();
+            [p, m, v]
+        };
+        assert_eq!(adamw(&g, 0.37), adamw(&scaled, 1.0));
+        assert_ne!(adamw(&g, 0.37), adamw(&g, 1.0));
+        let sgd = |g: &[f64], grad_scale: f64| {
+            let (mut p, mut b) = (p0.clone(), vec![0.1; 1000]);
+            let h = SgdStep { lr: 0.1, momentum: 0.9, weight_decay: 0.01, nesterov: true, grad_scale };
+            sgd_update(&mut p, g, &mut b, false, &h).unwrap();
+            [p, b]
+        };
+        assert_eq!(sgd(&g, 0.37), sgd(&scaled, 1.0));
+        assert_ne!(sgd(&g, 0.37), sgd(&g, 1.0));
+    }
+
     #[test]
     fn scale_multiplies_every_element() {
         let mut x = vec![1.0f64, -2.0, 0.5];
@@ -252,7 +282,7 @@ mod tests {
         assert!(matches!(e, Err(Error::Shape { arg: "grad", .. })));
         let mut v = vec![0.0f64; 4];
         assert!(matches!(adamw_update(&mut p, &g, &mut m, &mut v, &adamw_step(0)), Err(Error::Config { .. })));
-        let h = SgdStep { lr: 0.1, momentum: 0.9, weight_decay: 0.0, nesterov: false };
+        let h = SgdStep { lr: 0.1, momentum: 0.9, weight_decay: 0.0, nesterov: false, grad_scale: 1.0 };
         let e = sgd_update(&mut p, &g, &mut m[..1], true, &h);
         assert!(matches!(e, Err(Error::Shape { op: "sgd_update", arg: "momentum_buf", expected: 4, got: 1 })));
     }

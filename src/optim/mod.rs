@@ -5,8 +5,10 @@
 //! gradient, so layers frozen mid-run (PipeTransformer) cost neither optimizer work nor
 //! optimizer memory.
 //!
-//! A step, in order: [`clip_grad_norm`] (optional) → [`Optimizer::step`] with
-//! [`LrSchedule::lr_at`] → zero the gradients.
+//! A step, in order: the global norm ([`global_grad_norm`]) → [`Optimizer::step_scaled`] with
+//! [`LrSchedule::lr_at`] and clipping's coefficient ([`clip_coefficient`]), which scales the
+//! gradients inside the update instead of in a pass of their own → zero the gradients.
+//! [`clip_grad_norm`] scales them in place, as `torch.nn.utils.clip_grad_norm_` does.
 
 pub mod clip;
 pub mod lr_schedule;

@@ -238,8 +238,24 @@ impl<D: Device> Optimizer<D> {
     /// Checks before touching anything: `lr` must be finite and ≥ 0, trainable names unique,
     /// and existing state the size of its parameter ([`Error::State`] otherwise).
     pub fn step<P: BorrowMut<Param<D>>>(&mut self, dev: &D, params: &mut [P], lr: f64) -> Result<()> {
+        self.step_scaled(dev, params, lr, 1.0)
+    }
+
+    /// [`Optimizer::step`] on every gradient times `grad_scale` (global-norm clipping's
+    /// coefficient, see [`crate::optim::clip_coefficient`]): the same update as scaling the
+    /// gradients first, without a pass over them of its own. The gradients are left unscaled.
+    pub fn step_scaled<P: BorrowMut<Param<D>>>(
+        &mut self,
+        dev: &D,
+        params: &mut [P],
+        lr: f64,
+        grad_scale: f64,
+    ) -> Result<()> {
         if !(lr.is_finite() && lr >= 0.0) {
             return Err(config_error("lr", format!("learning rate must be finite and ≥ 0, got {lr}")));
+        }
+        if !(grad_scale.is_finite() && grad_scale > 0.0) {
+            return Err(config_error("grad_scale", format!("must be finite and > 0, got {grad_scale}")));
         }
         self.check_params(params.iter().map(Borrow::borrow))?;
         for p in params.iter_mut() {
@@ -254,12 +270,12 @@ impl<D: Device> Optimizer<D> {
             match (self.config, &mut slot.bufs) {
                 (OptimizerConfig::AdamW { beta1, beta2, eps, weight_decay }, Buffers::AdamW { m, v }) => {
                     let weight_decay = if *decay { weight_decay } else { 0.0 };
-                    let h = AdamWStep { lr, beta1, beta2, eps, weight_decay, step: slot.step };
+                    let h = AdamWStep { lr, beta1, beta2, eps, weight_decay, step: slot.step, grad_scale };
                     dev.adamw_update(value, grad, m, v, &h)?;
                 }
                 (OptimizerConfig::Sgd { momentum, weight_decay, nesterov }, Buffers::Sgd { momentum: buf }) => {
                     let weight_decay = if *decay { weight_decay } else { 0.0 };
-                    let h = SgdStep { lr, momentum, weight_decay, nesterov };
+                    let h = SgdStep { lr, momentum, weight_decay, nesterov, grad_scale };
                     dev.sgd_update(value, grad, buf, slot.step == 1, &h)?;
                 }
                 // Slots are only ever built from `self.config`, which never changes.
@@ -670,6 +686,9 @@ mod tests {
         assert!(state_err(opt.step(&dev, &mut params, 0.1)).contains("`x`"));
         for lr in [-1.0, f64::NAN, f64::INFINITY] {
             assert!(matches!(opt.step(&dev, &mut params[..1], lr), Err(Error::Config { .. })));
+        }
+        for scale in [0.0, -0.5, f64::NAN, f64::INFINITY] {
+            assert!(matches!(opt.step_scaled(&dev, &mut params[..1], 0.1, scale), Err(Error::Config { .. })));
         }
         assert_eq!(opt.step_count(), 0);
     }

@@ -1,7 +1,7 @@
-//! One optimisation step on one device: zero the gradients, forward + loss + backward, clip,
-//! update.
+//! One optimisation step on one device: zero the gradients, forward + loss + backward, the
+//! global norm, the update (clipped by scaling the gradients inside it).
 
-use super::{Optimizer, clip_grad_norm, global_grad_norm};
+use super::{Optimizer, clip_coefficient, global_grad_norm};
 use crate::device::Device;
 use crate::error::Result;
 use crate::model::{Batch, Model};
@@ -28,16 +28,21 @@ pub fn train_step<D: Device>(
     lr: f64,
     max_grad_norm: Option<f64>,
 ) -> Result<StepStats> {
+    if let Some(max) = max_grad_norm {
+        clip_coefficient(0.0, max)?;
+    }
     model.zero_grad(dev)?;
     let loss = model.forward_backward(dev, batch)?;
     let mut params = model.params_mut();
-    let grad_norm = match max_grad_norm {
-        Some(max) => clip_grad_norm(dev, &mut params, max)?,
-        None => global_grad_norm(dev, &params)?,
+    let grad_norm = global_grad_norm(dev, &params)?;
+    // Clipping's coefficient goes into the update (no pass over the gradients of its own).
+    let coef = match max_grad_norm {
+        Some(max) => clip_coefficient(grad_norm, max)?,
+        None => None,
     };
     let applied = grad_norm.is_finite();
     if applied {
-        optimizer.step(dev, &mut params, lr)?;
+        optimizer.step_scaled(dev, &mut params, lr, coef.unwrap_or(1.0))?;
     }
     Ok(StepStats { loss, grad_norm, applied })
 }

@@ -9,7 +9,7 @@ use pipetransformer::ops::optim::{AdamWStep, SgdStep};
 const SIZES: [usize; 4] = [1, 13, 4099, 300_001];
 
 /// Two AdamW steps (the second one's bias corrections differ) with and without weight decay,
-/// on moments that start non-zero.
+/// on moments that start non-zero, the first with clipping's gradient scale.
 #[test]
 fn adamw_matches_cpu() {
     for precision in PRECISIONS {
@@ -19,8 +19,9 @@ fn adamw_matches_cpu() {
             for weight_decay in [0.0, 0.01] {
                 compare!(format!("adamw n={n} wd={weight_decay}"), precision, |dev| {
                     let (mut p, g, mut m, mut v) = (param(dev, &p0), param(dev, &g), param(dev, &m0), param(dev, &v0));
-                    for step in [1, 2] {
-                        let h = AdamWStep { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay, step };
+                    for (step, grad_scale) in [(1, 0.37), (2, 1.0)] {
+                        let h =
+                            AdamWStep { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay, step, grad_scale };
                         dev.adamw_update(&mut p, &g, &mut m, &mut v, &h).unwrap();
                     }
                     vec![("param", host(dev, &p)), ("m", host(dev, &m)), ("v", host(dev, &v))]
@@ -30,8 +31,8 @@ fn adamw_matches_cpu() {
     }
 }
 
-/// SGD: a first step (whose momentum buffer is never read: it holds NaN here) then a second,
-/// plain and Nesterov, with and without momentum.
+/// SGD: a first step (whose momentum buffer is never read: it holds NaN here) with clipping's
+/// gradient scale, then a second, plain and Nesterov, with and without momentum.
 #[test]
 fn sgd_matches_cpu() {
     for precision in PRECISIONS {
@@ -40,8 +41,8 @@ fn sgd_matches_cpu() {
             for (momentum, nesterov) in [(0.0, false), (0.9, false), (0.9, true)] {
                 compare!(format!("sgd n={n} momentum={momentum} nesterov={nesterov}"), precision, |dev| {
                     let (mut p, g, mut buf) = (param(dev, &p0), param(dev, &g), param(dev, &vec![f32::NAN; n]));
-                    let h = SgdStep { lr: 0.1, momentum, weight_decay: 1e-4, nesterov };
-                    dev.sgd_update(&mut p, &g, &mut buf, true, &h).unwrap();
+                    let h = SgdStep { lr: 0.1, momentum, weight_decay: 1e-4, nesterov, grad_scale: 1.0 };
+                    dev.sgd_update(&mut p, &g, &mut buf, true, &SgdStep { grad_scale: 0.37, ..h }).unwrap();
                     dev.sgd_update(&mut p, &g, &mut buf, false, &h).unwrap();
                     vec![("param", host(dev, &p)), ("momentum_buf", host(dev, &buf))]
                 });
@@ -83,8 +84,8 @@ fn bad_calls<D: Device>(dev: &D) -> Vec<String> {
         (dev.upload(&[0.0; 4]).unwrap(), dev.upload(&[0.0; 4]).unwrap(), dev.upload(&[0.0; 3]).unwrap());
     let (mut m, mut v, mut short_m) =
         (dev.upload(&[0.0; 4]).unwrap(), dev.upload(&[0.0; 4]).unwrap(), dev.upload(&[0.0; 3]).unwrap());
-    let h = AdamWStep { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, step: 1 };
-    let sgd = SgdStep { lr: 0.1, momentum: 0.9, weight_decay: 0.0, nesterov: false };
+    let h = AdamWStep { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, step: 1, grad_scale: 1.0 };
+    let sgd = SgdStep { lr: 0.1, momentum: 0.9, weight_decay: 0.0, nesterov: false, grad_scale: 1.0 };
     let results = [
         dev.adamw_update(&mut p, &short, &mut m, &mut v, &h),
         dev.adamw_update(&mut p, &g, &mut short_m, &mut v, &h),

@@ -1,13 +1,13 @@
-//! The end of a pipelined step's backward, as a one-device step ends: tied gradients summed,
-//! per-unit squared norms (the freeze controller's signal, read off the sums the global norm
-//! needs anyway), global-norm clipping through [`crate::optim::clip`].
+//! The end of a pipelined step's backward where the workers cannot end it themselves (tied
+//! copies, other processes): gradients summed across them, then the per-unit squared norms
+//! (the freeze controller's signal, read off the sums the global norm needs anyway).
 
 use super::Pipeline;
 use crate::comm::process_group::ProcessGroup;
 use crate::device::Device;
 use crate::error::Result;
 use crate::model::Unit;
-use crate::optim::{clip_coefficient, grad_sum_squares, scale_grads};
+use crate::optim::grad_sum_squares;
 
 impl<D: Device> Pipeline<D> {
     /// Sums every trainable gradient with the other processes of `group`, in one message: the
@@ -74,19 +74,5 @@ impl<D: Device> Pipeline<D> {
             }
         }
         Ok(out)
-    }
-
-    /// Scales every replica's gradients so the global norm `norm` becomes at most `max_norm`.
-    pub(super) fn clip_grads(&mut self, norm: f64, max_norm: f64) -> Result<()> {
-        let Some(coef) = clip_coefficient(norm, max_norm)? else { return Ok(()) };
-        for (r, replica) in self.stages.iter_mut().enumerate() {
-            for (s, units) in replica.iter_mut().enumerate() {
-                let dev = &self.devices[self.plan.device(r, s)];
-                for u in units.iter_mut() {
-                    scale_grads(dev, &mut u.params_mut(), coef)?;
-                }
-            }
-        }
-        Ok(())
     }
 }

@@ -3,9 +3,10 @@
 //! inboxes ([`mailbox`]; device → host → device: the buffers of a `cpu` device are host memory
 //! already); replicas sum their gradients by a ring all-reduce that a communication thread
 //! beside each worker runs as soon as a stage's last backward is done, overlapping the rest of
-//! the backward. After every worker has finished, the step ends as a one-device step does
-//! ([`gradients`]): tied gradients summed, the global norm clipped, each device's optimizer
-//! applied ([`optimizers`]). Units are placed, moved, frozen and read back by [`placement`].
+//! the backward. Each worker zeroes its gradients where it would first wait anyway, and reads
+//! its units' gradient norms once they are final. After every worker has finished, the step
+//! ends as a one-device step does: tied gradients summed ([`gradients`]), the global norm, each
+//! device's optimizer applied with clipping's coefficient ([`optimizers`]). Units are placed, moved, frozen and read back by [`placement`].
 //!
 //! A pipelined step is the same training step as on one device: every micro-batch keeps its
 //! samples' global positions (dropout masks), the loss gradient is scaled by the global batch's
@@ -316,14 +317,8 @@ impl<D: Device> Pipeline<D> {
             })
             .collect::<Result<_>>()?;
         let grad_scale = if count == 0 { 0.0 } else { 1.0 / count as f64 };
-        for (r, replica) in self.stages.iter_mut().enumerate() {
-            for (s, units) in replica.iter_mut().enumerate() {
-                let dev = &self.devices[self.plan.device(r, s)];
-                for p in units.iter_mut().flat_map(Unit::params_mut) {
-                    p.zero_grad(dev)?;
-                }
-            }
-        }
+        // Tied copies and other processes add to the gradients after the workers are done.
+        let unit_norms = self.tied.is_none() && self.process_group.is_none();
         let shared = Shared::new(self.devices.len());
         let ctx = StepContext {
             spec: &self.spec,
@@ -335,6 +330,7 @@ impl<D: Device> Pipeline<D> {
             fault: self.fault,
             shared: &shared,
             bucket_buffers: &self.bucket_buffers,
+            unit_norms,
         };
 
         // Hand each worker its device's stages (disjoint borrows of `self.stages`).
@@ -391,6 +387,10 @@ impl<D: Device> Pipeline<D> {
             None
         };
         let peak_activations = outputs.iter().map(|o| o.peak_activations).collect();
+        let mut unit_grad_sq = vec![0.0; self.plan.partition.stages.last().map_or(0, |s| s.end)];
+        for (u, sq) in outputs.iter().flat_map(|o| &o.unit_grad_sq) {
+            unit_grad_sq[*u] = *sq;
+        }
         let mut trace = StepTrace { per_device: outputs.into_iter().map(|o| o.spans).collect(), makespan: 0.0 };
 
         if let Some(group) = self.process_group.clone() {
@@ -399,16 +399,20 @@ impl<D: Device> Pipeline<D> {
             loss_sum = sum[0];
             self.all_reduce_across_processes(&group)?;
         }
-        // The end of a one-device step: tied copies, global norm, clipping, optimizers.
-        self.sync_tied_grads()?;
-        let unit_grad_sq = self.unit_grad_sq()?;
-        let grad_norm = unit_grad_sq.iter().sum::<f64>().sqrt();
-        if let Some(max) = options.max_grad_norm {
-            self.clip_grads(grad_norm, max)?;
+        // The end of a one-device step: tied copies, global norm, optimizers (which apply
+        // clipping's coefficient as they read the gradients).
+        if !unit_norms {
+            self.sync_tied_grads()?;
+            unit_grad_sq = self.unit_grad_sq()?;
         }
+        let grad_norm = unit_grad_sq.iter().sum::<f64>().sqrt();
+        let coef = match options.max_grad_norm {
+            Some(max) => crate::optim::clip_coefficient(grad_norm, max)?,
+            None => None,
+        };
         let applied = grad_norm.is_finite();
         if applied {
-            for (g, span) in self.optimizer_step(options.lr, &shared)?.into_iter().enumerate() {
+            for (g, span) in self.optimizer_step(options.lr, coef.unwrap_or(1.0), &shared)?.into_iter().enumerate() {
                 trace.per_device[g].push(span);
             }
         }

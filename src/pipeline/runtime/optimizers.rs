@@ -70,8 +70,9 @@ impl<D: Device> Pipeline<D> {
         }
     }
 
-    /// Every device's optimizer on its parameters, one thread per device; their spans.
-    pub(super) fn optimizer_step(&mut self, lr: f64, shared: &Shared) -> Result<Vec<Span>> {
+    /// Every device's optimizer on its parameters' gradients times `grad_scale` (clipping's
+    /// coefficient), one thread per device; their spans.
+    pub(super) fn optimizer_step(&mut self, lr: f64, grad_scale: f64, shared: &Shared) -> Result<Vec<Span>> {
         let k = self.plan.config.pipeline_len;
         let devices = &self.devices;
         // Per (replica, position): its global device, the units of its stages, its optimizer.
@@ -94,7 +95,7 @@ impl<D: Device> Pipeline<D> {
                         let start = shared.now();
                         let mut params: Vec<&mut Param<D>> =
                             units.into_iter().flat_map(|u| u.iter_mut().flat_map(Unit::params_mut)).collect();
-                        opt.step(&devices[g], &mut params, lr)?;
+                        opt.step_scaled(&devices[g], &mut params, lr, grad_scale)?;
                         devices[g].synchronize()?;
                         Ok(Span { action: Action::OptimizerStep, start, end: shared.now() })
                     })

@@ -6,6 +6,7 @@ use crate::comm::{Communicator, RingCommunicator};
 use crate::device::Device;
 use crate::error::{Error, Result, internal};
 use crate::model::{Batch, HostBatch, KvArena, Saved, Spec, Unit, head_loss};
+use crate::optim::grad_sum_squares;
 use crate::pipeline::plan::Plan;
 use crate::pipeline::schedule::{Action, MessageKey, Piece};
 use crate::pipeline::trace::Span;
@@ -38,6 +39,9 @@ pub(super) struct StepContext<'a> {
     pub fault: Option<Fault>,
     pub shared: &'a Shared,
     pub bucket_buffers: &'a BucketBuffers,
+    /// Each replica-0 worker reads its units' squared gradient norms once its gradients are
+    /// final (false when tied copies or other processes still add to them after the workers).
+    pub unit_norms: bool,
 }
 
 /// Spare host buffers for gradient buckets and the ring's chunks (see `Pipeline`). Balanced:
@@ -81,6 +85,8 @@ pub(super) struct WorkerOutput {
     /// The most activation elements this device held at once for backwards to come: saved
     /// activations of the pieces in flight, plus the key/value arenas (and their gradients).
     pub peak_activations: usize,
+    /// `(unit, Σ ‖grad‖²)` of this device's units, when the step asked the workers for them.
+    pub unit_grad_sq: Vec<(usize, f64)>,
 }
 
 /// The stages one device runs in a step: `(stage, its units)`.
@@ -154,6 +160,14 @@ impl<D: Device> Worker<'_, D> {
         })
     }
 
+    /// Zeroes the gradients of every unit this device holds.
+    fn zero_grads(&mut self) -> Result<()> {
+        for p in self.stages.iter_mut().flat_map(|(_, units)| units.iter_mut().flat_map(Unit::params_mut)) {
+            p.zero_grad(self.dev)?;
+        }
+        Ok(())
+    }
+
     fn units(&mut self, stage: usize) -> Result<&mut Vec<Unit<D>>> {
         let global = self.global;
         self.stages
@@ -185,7 +199,9 @@ impl<D: Device> Worker<'_, D> {
             spans: Vec::with_capacity(self.actions.len()),
             captured: Vec::new(),
             peak_activations: 0,
+            unit_grad_sq: Vec::new(),
         };
+        let mut zeroed = false;
         let mut saved_elements = 0usize;
         // Actions are timed by device markers (CUDA events on a GPU), placed on the step's host
         // time line at this worker's origin once the device has reached them, below.
@@ -197,6 +213,13 @@ impl<D: Device> Worker<'_, D> {
                     panic!("injected fault at action #{i} {action:?}");
                 }
                 return Err(internal("fault", format!("injected at action #{i} {action:?}")));
+            }
+            // Gradients are zeroed here rather than before the step: on every device at once,
+            // and where its first wait would leave the device idle anyway (stage 0 waits for its
+            // first gradient, later stages for their first activation).
+            if !zeroed && !matches!(action, Action::Forward { .. } | Action::SendActivation { .. }) {
+                self.zero_grads()?;
+                zeroed = true;
             }
             let start = dev.marker()?;
             match action {
@@ -351,6 +374,17 @@ impl<D: Device> Worker<'_, D> {
                 out.peak_activations = out.peak_activations.max(saved_elements + arena);
             }
             marks.push((action, start, dev.marker()?));
+        }
+        if !zeroed {
+            self.zero_grads()?;
+        }
+        if ctx.unit_norms && me < ctx.plan.config.pipeline_len {
+            for (stage, units) in &self.stages {
+                let first = ctx.plan.partition.stages[*stage].start;
+                for (i, u) in units.iter().enumerate() {
+                    out.unit_grad_sq.push((first + i, grad_sum_squares(dev, &u.params())?));
+                }
+            }
         }
         for (action, start, end) in marks {
             let (start, end) = (origin_host + origin.seconds_to(&start)?, origin_host + origin.seconds_to(&end)?);

@@ -59,6 +59,7 @@ pub fn adamw_update(
         Arg::F32((h.lr * h.weight_decay) as f32),
         Arg::F32(step_size as f32),
         Arg::F32(bc2_sqrt as f32),
+        Arg::F32(h.grad_scale as f32),
     ];
     dev.launch("adamw_update", grid_stride(param.len()), &args)
 }
@@ -87,6 +88,7 @@ pub fn sgd_update(
         Arg::F32(h.weight_decay as f32),
         Arg::I32(h.nesterov as i32),
         Arg::I32(first as i32),
+        Arg::F32(h.grad_scale as f32),
     ];
     dev.launch("sgd_update", grid_stride(param.len()), &args)
 }
