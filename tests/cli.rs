@@ -231,7 +231,11 @@ fn plan_prints_the_partition_schedule_and_bubble_and_refuses_bad_requests() {
     let (ok, out) = pipetransformer(&["plan", "--config", "configs/vit-digits.toml", "--devices", "9"]);
     assert!(!ok && out.contains("7 active units"), "{out}");
     let (ok, out) = pipetransformer(&["plan", "--config", "configs/vit-digits.toml", "--schedule", "zigzag"]);
-    assert!(!ok && out.contains("expected gpipe, 1f1b or interleaved"), "{out}");
+    assert!(!ok && out.contains("expected gpipe, 1f1b, interleaved or zb-h1"), "{out}");
+    // Zero bubble lists each backward's put-off weight gradients (`W`) on its device.
+    let (ok, out) =
+        pipetransformer(&["plan", "--config", "configs/vit-digits.toml", "--devices", "2", "--schedule", "zb-h1"]);
+    assert!(ok && out.contains("schedule zb-h1") && out.contains("B0.1 W0.1"), "{out}");
 }
 
 #[test]

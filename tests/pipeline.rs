@@ -107,6 +107,10 @@ fn run_on<D: Device>(
     p.parameters(0).unwrap()
 }
 
+/// Every schedule family; 1F1B second, zero bubble last.
+const ALL_SCHEDULES: [ScheduleKind; 4] =
+    [ScheduleKind::Gpipe, ScheduleKind::OneFOneB, ScheduleKind::Interleaved, ScheduleKind::ZeroBubble];
+
 fn cfg(k: usize, r: usize, m: usize, schedule: ScheduleKind) -> PipelineConfig {
     let chunks = if schedule == ScheduleKind::Interleaved { 2 } else { 1 };
     PipelineConfig {
@@ -127,7 +131,7 @@ fn every_schedule_trains_like_one_device() {
     for k in 1..=4 {
         for m in [1, 2, 3, 5] {
             let mut by_schedule = Vec::new();
-            for schedule in [ScheduleKind::Gpipe, ScheduleKind::OneFOneB, ScheduleKind::Interleaved] {
+            for schedule in ALL_SCHEDULES {
                 let got = run(&config, cfg(k, 1, m, schedule), 6);
                 let e = params_rel(&got, &want);
                 assert!(e <= 1e-5, "{schedule} K={k} M={m}: weights differ from one device by {e:.2e}");
@@ -137,6 +141,9 @@ fn every_schedule_trains_like_one_device() {
                 let e = params_rel(other, &by_schedule[0]);
                 assert!(e <= 1e-6, "K={k} M={m}: schedules disagree by {e:.2e}");
             }
+            // Zero bubble only moves each weight gradient's product later, in the same order:
+            // the same bits as 1F1B.
+            assert!(by_schedule[3] == by_schedule[1], "K={k} M={m}: zb-h1 and 1f1b differ");
         }
     }
 }
@@ -147,7 +154,7 @@ fn the_same_holds_on_emulated_cuda_devices() {
     let want = reference(&config, 6);
     for k in 1..=4 {
         for m in [1, 2, 3, 5] {
-            for schedule in [ScheduleKind::Gpipe, ScheduleKind::OneFOneB, ScheduleKind::Interleaved] {
+            for schedule in ALL_SCHEDULES {
                 let got = run_on(&config, cfg(k, 1, m, schedule), 6, emus(k));
                 let e = params_rel(&got, &want);
                 assert!(e <= 1e-5, "cuda-emu {schedule} K={k} M={m}: weights differ from one cpu device by {e:.2e}");
@@ -167,9 +174,11 @@ fn replicas_train_like_one_device_on_the_same_global_batch() {
         let want = reference(&config, 6);
         for r in 1..=3 {
             for k in 1..=2 {
-                let got = run(&config, cfg(k, r, 2, ScheduleKind::OneFOneB), 6);
-                let e = params_rel(&got, &want);
-                assert!(e <= 1e-5, "R={r} K={k}: weights differ from one device by {e:.2e}");
+                for schedule in [ScheduleKind::OneFOneB, ScheduleKind::ZeroBubble] {
+                    let got = run(&config, cfg(k, r, 2, schedule), 6);
+                    let e = params_rel(&got, &want);
+                    assert!(e <= 1e-5, "{schedule} R={r} K={k}: weights differ from one device by {e:.2e}");
+                }
             }
         }
     }
@@ -338,7 +347,7 @@ fn loss_and_gradient_norm_follow_one_device_at_every_step_with_unequal_targets()
     assert!(counts.iter().any(|&c| c != counts[0]), "samples must count different targets: {counts:?}");
     let (want, _) = one_device(&config, &batches);
     for (k, r, m) in [(1, 2, 1), (2, 1, 3), (2, 2, 2), (3, 1, 2), (1, 3, 2), (3, 2, 1)] {
-        for schedule in [ScheduleKind::Gpipe, ScheduleKind::OneFOneB] {
+        for schedule in [ScheduleKind::Gpipe, ScheduleKind::OneFOneB, ScheduleKind::ZeroBubble] {
             let mut p = pipeline(&config, cfg(k, r, m, schedule));
             for (s, host) in batches.iter().enumerate() {
                 let got = p.step(host, 1000 + s as u64, LR, Some(1.0)).unwrap();

@@ -5,6 +5,7 @@ use super::param::Param;
 use crate::device::Device;
 use crate::error::Result;
 use crate::rng::Rng;
+use std::collections::VecDeque;
 
 /// Standard deviation of the normal initialisation of weights and embeddings (BERT, GPT-2 and
 /// ViT all use 0.02).
@@ -25,6 +26,16 @@ pub struct Linear<D: Device> {
     pub in_dim: usize,
     /// Output features.
     pub out_dim: usize,
+    /// Weight gradients put off by backwards, oldest first, while a zero-bubble schedule runs
+    /// (`None`: each backward adds its own at once). See [`Linear::defer_weight_grads`].
+    pub deferred: Option<VecDeque<DeferredWeightGrad<D>>>,
+}
+
+/// What a put-off weight gradient needs: one backward's input rows and output gradient.
+pub struct DeferredWeightGrad<D: Device> {
+    inp: D::Buf,
+    dout: D::Buf,
+    rows: usize,
 }
 
 impl<D: Device> Linear<D> {
@@ -48,7 +59,7 @@ impl<D: Device> Linear<D> {
         let weight =
             Param::new(dev, format!("{name}.weight"), weight_shape, &normal_init(rng, in_dim * out_dim, std), true)?;
         let bias = Some(Param::new(dev, format!("{name}.bias"), &[out_dim], &vec![0.0; out_dim], false)?);
-        Ok(Self { weight, bias, in_dim, out_dim })
+        Ok(Self { weight, bias, in_dim, out_dim, deferred: None })
     }
 
     /// `out[rows, out] = inp[rows, in]·Wᵀ + b`, into a new buffer.
@@ -66,7 +77,9 @@ impl<D: Device> Linear<D> {
         Ok(out)
     }
 
-    /// Accumulates parameter gradients and returns `dinp` when `need_dinp`.
+    /// Accumulates parameter gradients and returns `dinp` when `need_dinp`. While weight
+    /// gradients are deferred, the weight's is put off (its input and `dout` kept) until
+    /// [`backward_weights`](Self::backward_weights).
     pub fn backward(
         &mut self,
         dev: &D,
@@ -76,9 +89,10 @@ impl<D: Device> Linear<D> {
         need_dinp: bool,
     ) -> Result<Option<D::Buf>> {
         let mut dinp = if need_dinp { Some(dev.alloc(rows * self.in_dim)?) } else { None };
+        let defer = self.deferred.is_some() && self.weight.grad.is_some();
         dev.linear_backward(
             dinp.as_mut(),
-            self.weight.grad.as_mut(),
+            if defer { None } else { self.weight.grad.as_mut() },
             self.bias.as_mut().and_then(|b| b.grad.as_mut()),
             dout,
             inp,
@@ -87,7 +101,39 @@ impl<D: Device> Linear<D> {
             self.in_dim,
             self.out_dim,
         )?;
+        if let (true, Some(queue)) = (defer, self.deferred.as_mut()) {
+            let keep = |src: &D::Buf| -> Result<D::Buf> {
+                let mut copy = dev.alloc(D::len(src))?;
+                dev.copy(&mut copy, src)?;
+                Ok(copy)
+            };
+            queue.push_back(DeferredWeightGrad { inp: keep(inp)?, dout: keep(dout)?, rows });
+        }
         Ok(dinp)
+    }
+
+    /// Puts off (`on`) or stops putting off the weight's gradient in [`backward`](Self::backward);
+    /// either way drops whatever was still put off.
+    pub fn defer_weight_grads(&mut self, on: bool) {
+        self.deferred = on.then(VecDeque::new);
+    }
+
+    /// Adds the oldest put-off weight gradient: `dW += doutᵀ·inp`, the product the backward
+    /// would have run, so the sum is the same to the bit. `false` when none was put off.
+    pub fn backward_weights(&mut self, dev: &D) -> Result<bool> {
+        let Some(d) = self.deferred.as_mut().and_then(VecDeque::pop_front) else { return Ok(false) };
+        dev.linear_backward(
+            None,
+            self.weight.grad.as_mut(),
+            None,
+            &d.dout,
+            &d.inp,
+            &self.weight.value,
+            d.rows,
+            self.in_dim,
+            self.out_dim,
+        )?;
+        Ok(true)
     }
 
     /// The layer's parameters.

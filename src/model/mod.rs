@@ -199,7 +199,9 @@ impl<D: Device> Model<D> {
                 };
                 let values = dev.download(&word.value)?;
                 let weight = Param::new(dev, "lm_head.weight", &word.shape, &values, true)?;
-                HeadKind::TiedLm { lm_head: Linear { weight, bias: None, in_dim: spec.hidden, out_dim: word.shape[0] } }
+                HeadKind::TiedLm {
+                    lm_head: Linear { weight, bias: None, in_dim: spec.hidden, out_dim: word.shape[0], deferred: None },
+                }
             }
         };
         units.push(Unit::Head(HeadUnit { kind, dim: spec.hidden }));

@@ -46,6 +46,7 @@ impl<D: Device> Replicate<D> for Linear<D> {
             bias: self.bias.replicate(from, to)?,
             in_dim: self.in_dim,
             out_dim: self.out_dim,
+            deferred: None,
         })
     }
 }

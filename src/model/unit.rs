@@ -8,6 +8,7 @@ use super::block::{AttentionSaved, AttentionUnit, MlpSaved, MlpUnit};
 use super::embedding::{EmbeddingKind, EmbeddingSaved, EmbeddingUnit};
 use super::head::{FinalNormSaved, FinalNormUnit, HeadKind, HeadSaved, HeadUnit};
 use super::kv_arena::KvArena;
+use super::layers::Linear;
 use super::param::Param;
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -159,6 +160,40 @@ impl<D: Device> Unit<D> {
         }
     }
 
+    /// The unit's linear layers, in the order of its parameters.
+    fn linears_mut(&mut self) -> Vec<&mut Linear<D>> {
+        match self {
+            Unit::Embedding(u) => match &mut u.kind {
+                EmbeddingKind::Tokens { .. } => Vec::new(),
+                EmbeddingKind::Patches { projection, .. } => vec![projection],
+            },
+            Unit::Attention(u) => vec![&mut u.query, &mut u.key, &mut u.value, &mut u.output],
+            Unit::Mlp(u) => vec![&mut u.fc_in, &mut u.fc_out],
+            Unit::FinalNorm(_) => Vec::new(),
+            Unit::Head(u) => match &mut u.kind {
+                HeadKind::Classifier { pooler, classifier, .. } => pooler.iter_mut().chain([classifier]).collect(),
+                HeadKind::TiedLm { lm_head } => vec![lm_head],
+            },
+        }
+    }
+
+    /// Puts off (or stops putting off) the weight gradients of the unit's linear layers in its
+    /// backward, for a zero-bubble schedule; see [`Linear::defer_weight_grads`].
+    pub fn defer_weight_grads(&mut self, on: bool) {
+        for l in self.linears_mut() {
+            l.defer_weight_grads(on);
+        }
+    }
+
+    /// Adds the oldest put-off weight gradients of each of the unit's linear layers (a zero-bubble
+    /// schedule's `W`).
+    pub fn backward_weights(&mut self, dev: &D) -> Result<()> {
+        for l in self.linears_mut() {
+            l.backward_weights(dev)?;
+        }
+        Ok(())
+    }
+
     /// The unit's parameters, read-only.
     pub fn params(&self) -> Vec<&Param<D>> {
         let mut out = Vec::new();
@@ -167,7 +202,7 @@ impl<D: Device> Unit<D> {
     }
 
     fn visit_params<'a>(&'a self, f: &mut dyn FnMut(&'a Param<D>)) {
-        use super::layers::{LayerNorm, Linear};
+        use super::layers::LayerNorm;
         fn lin<'a, D: Device>(l: &'a Linear<D>, f: &mut dyn FnMut(&'a Param<D>)) {
             f(&l.weight);
             if let Some(b) = &l.bias {

@@ -163,7 +163,8 @@ impl Plan {
     }
 
     /// The bubble the schedule implies with these stage times: `(K−1)·max t / (M·n·v·max t +
-    /// (K−1)·max t)` (`n` equal token slices, each `t/n`) reduces to
+    /// (K−1)·max t)` (`n` equal token slices, each `t/n`; zero bubble's fill and drain a third
+    /// of that) reduces to
     /// [`Schedule::bubble_formula`] for equal stages; uneven stages add the imbalance (each
     /// device idles `max t − its t` per micro-batch).
     pub fn predicted_bubble(&self) -> f64 {
@@ -176,7 +177,10 @@ impl Plan {
         // `n` token slices split each micro-batch's time `n` ways (equal slices assumed): the
         // fill and drain shrink to a slice's time.
         let n = self.schedule.slices as f64;
-        let step = (m * n * v + (k as f64 - 1.0)) * max / n;
+        // Zero bubble's fill and drain are `F + B − W` of a micro-batch's `F + B + W` per stage:
+        // a third with the three equal, as its formula assumes.
+        let fill = if self.schedule.kind == super::ScheduleKind::ZeroBubble { 1.0 / 3.0 } else { 1.0 };
+        let step = (m * n * v + fill * (k as f64 - 1.0)) * max / n;
         let busy: f64 = (0..k)
             .map(|d| (0..self.stages()).filter(|s| s % k == d).map(|s| self.partition.stage_time[s]).sum::<f64>() * m)
             .sum();
@@ -233,6 +237,7 @@ impl fmt::Display for Plan {
                 .filter_map(|a| match a {
                     super::Action::Forward { piece, stage } => Some(format!("F{piece}.{stage}")),
                     super::Action::Backward { piece, stage } => Some(format!("B{piece}.{stage}")),
+                    super::Action::BackwardWeights { piece, stage } => Some(format!("W{piece}.{stage}")),
                     _ => None,
                 })
                 .collect();
@@ -292,5 +297,20 @@ mod tests {
         assert!(text.contains("predicted bubble 33.3%"), "{text}");
         assert!(text.contains("device 2: F0.2 B0.2"), "{text}");
         assert_eq!(p.device(1, 2), 5);
+        // Equal stages: the prediction is the formula; zero bubble's is a third of the fill.
+        let zb = |m| {
+            let config = PipelineConfig {
+                pipeline_len: 3,
+                micro_batches: m,
+                schedule: crate::pipeline::ScheduleKind::ZeroBubble,
+                ..Default::default()
+            };
+            Plan::new(config, &units(6), names(6), 3, 0).unwrap()
+        };
+        for m in [1, 4, 9] {
+            let p = zb(m);
+            assert!((p.predicted_bubble() - p.schedule.bubble_formula()).abs() < 1e-12, "M={m}");
+        }
+        assert!((zb(4).predicted_bubble() - 2.0 / 14.0).abs() < 1e-12);
     }
 }

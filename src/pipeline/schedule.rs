@@ -1,8 +1,8 @@
 //! The schedule IR: per device, the ordered list of actions one pipelined training step runs
 //! (forward and backward of a piece through a stage, sends and receives of activations and
 //! gradients, the start of a stage's gradient all-reduce, the optimizer step), its generators
-//! (GPipe, 1F1B, interleaved 1F1B), and a validator that proves a schedule complete and
-//! deadlock-free before it runs.
+//! (GPipe, 1F1B, interleaved 1F1B, zero-bubble ZB-H1), and a validator that proves a schedule
+//! complete and deadlock-free before it runs.
 //!
 //! A *piece* is one token slice of one micro-batch (TeraPipe; a micro-batch whose sequences are
 //! not sliced is one piece). On a stage, slice `j` of a micro-batch runs forward after slice
@@ -14,9 +14,17 @@
 //! Stages are *virtual*: with `v` chunks per device there are `S = K·v` stages and stage `s`
 //! lives on device `s mod K` (Megatron's interleaving; `v = 1` is the plain pipeline).
 //!
-//! How schedules are generated: one list scheduler, three priority policies. The scheduler plays
-//! the step in unit time (a forward costs 1, a backward 2); whenever a device is idle it starts
-//! the ready task its policy ranks first, subject to the policy's cap on micro-batches in flight.
+//! Zero bubble (Qi et al., 2024, schedule ZB-H1) splits a backward in two: `B`, the gradient of
+//! the stage's input, which the stage below waits for, and `W`, the gradients of its weights,
+//! which nobody waits for. `W` runs where the device would otherwise idle, so the pipeline's
+//! fill and drain shrink from `(K−1)(F+B+W)` to `(K−1)(F+B−W)` while a device still holds at
+//! most 1F1B's `K − d` pieces' activations (and up to `K + 1` pieces' linear-layer inputs and
+//! output gradients, what a `W` needs, which are smaller).
+//!
+//! How schedules are generated: one list scheduler, four priority policies. The scheduler plays
+//! the step in unit time (a forward costs 1, a backward 2, or 1 for `B` and 1 for `W` when split);
+//! whenever a device is idle it starts the ready task its policy ranks first, subject to the
+//! policy's cap on micro-batches in flight.
 //! Each device's order of tasks in that play is its schedule, with the sends and receives its
 //! tasks imply. Because the play itself completed, the orders are deadlock-free for *any* real
 //! durations (sends are buffered; a receive waits for one tagged message), and any number of
@@ -71,8 +79,13 @@ pub struct MessageKey {
 pub enum Action {
     /// Run `stage` forward on `piece`, keeping what its backward needs.
     Forward { piece: Piece, stage: usize },
-    /// Run `stage` backward on `piece`, adding into its parameter gradients.
+    /// Run `stage` backward on `piece`, adding into its parameter gradients (under
+    /// [`ScheduleKind::ZeroBubble`] only the input's gradient and the cheap ones: the linear
+    /// layers' weight gradients wait for [`Action::BackwardWeights`]).
     Backward { piece: Piece, stage: usize },
+    /// Add `piece`'s weight gradients of `stage`'s linear layers, put off by its backward
+    /// (zero-bubble schedules only; a stage's in the order of its backwards).
+    BackwardWeights { piece: Piece, stage: usize },
     /// Send `stage`'s output for `piece` to device `to` (buffered: never blocks).
     SendActivation { piece: Piece, stage: usize, to: usize },
     /// Receive `stage`'s output for `piece` from device `from` (blocks until it arrives).
@@ -89,6 +102,12 @@ pub enum Action {
 }
 
 impl Action {
+    /// Whether the action computes (a forward, a backward, or put-off weight gradients) rather
+    /// than moves data or waits.
+    pub fn is_compute(&self) -> bool {
+        matches!(self, Action::Forward { .. } | Action::Backward { .. } | Action::BackwardWeights { .. })
+    }
+
     /// A send's or a receive's message and the device at the other end.
     pub fn message(&self) -> Option<(MessageKey, usize)> {
         let key = |gradient, piece, stage| MessageKey { gradient, piece, stage };
@@ -114,6 +133,11 @@ pub enum ScheduleKind {
     OneFOneB,
     /// 1F1B over `v ≥ 2` model chunks per device (Megatron's interleaved schedule).
     Interleaved,
+    /// 1F1B with each backward split into the input's gradient and the weights' (ZB-H1): the
+    /// weights' run where the device would wait, with 1F1B's activations in flight (one chunk
+    /// per device; no token slices).
+    #[serde(rename = "zb-h1", alias = "zero-bubble")]
+    ZeroBubble,
 }
 
 impl std::str::FromStr for ScheduleKind {
@@ -123,9 +147,10 @@ impl std::str::FromStr for ScheduleKind {
             "gpipe" => Ok(ScheduleKind::Gpipe),
             "1f1b" | "one-f-one-b" => Ok(ScheduleKind::OneFOneB),
             "interleaved" => Ok(ScheduleKind::Interleaved),
+            "zb-h1" | "zero-bubble" => Ok(ScheduleKind::ZeroBubble),
             _ => Err(crate::error::config_error(
                 "schedule",
-                format!("unknown schedule `{s}`; expected gpipe, 1f1b or interleaved"),
+                format!("unknown schedule `{s}`; expected gpipe, 1f1b, interleaved or zb-h1"),
             )),
         }
     }
@@ -137,6 +162,7 @@ impl std::fmt::Display for ScheduleKind {
             ScheduleKind::Gpipe => "gpipe",
             ScheduleKind::OneFOneB => "1f1b",
             ScheduleKind::Interleaved => "interleaved",
+            ScheduleKind::ZeroBubble => "zb-h1",
         })
     }
 }
@@ -184,14 +210,14 @@ impl Schedule {
         if slices == 0 {
             return bad("token_slices", "a micro-batch is at least one slice; got 0".into());
         }
-        if slices > 1 && kind == ScheduleKind::Interleaved {
-            return bad("token_slices", "the interleaved schedule does not run token slices; use gpipe or 1f1b".into());
+        if slices > 1 && matches!(kind, ScheduleKind::Interleaved | ScheduleKind::ZeroBubble) {
+            return bad("token_slices", format!("the {kind} schedule does not run token slices; use gpipe or 1f1b"));
         }
         match (kind, chunks) {
             (ScheduleKind::Interleaved, c) if c < 2 => {
                 return bad("virtual_stages", format!("interleaved needs at least 2 chunks per device; got {c}"));
             }
-            (ScheduleKind::Gpipe | ScheduleKind::OneFOneB, c) if c != 1 => {
+            (ScheduleKind::Gpipe | ScheduleKind::OneFOneB | ScheduleKind::ZeroBubble, c) if c != 1 => {
                 return bad("virtual_stages", format!("{kind} runs one chunk per device; got {c} (use interleaved)"));
             }
             _ => {}
@@ -221,15 +247,19 @@ impl Schedule {
 
     /// The idle fraction of a step with equal stage times (no communication) that the schedule
     /// implies: `(K−1)/(v·M·n + K−1)` for `n` equal slices (GPipe's convention: idle time over the
-    /// whole step; 1F1B has GPipe's bubble, interleaving divides the fill/drain by `v`).
+    /// whole step; 1F1B has GPipe's bubble, interleaving divides the fill/drain by `v`). Zero
+    /// bubble with `F = B = W` idles `(K−1)·(F+B−W)` of `M·n·(F+B+W)`: `(K−1)/(3·M·n + K−1)`.
     pub fn bubble_formula(&self) -> f64 {
         let (k, v) = (self.devices as f64, self.chunks() as f64);
         let units = (self.micro_batches * self.slices) as f64;
-        (k - 1.0) / (v * units + k - 1.0)
+        let per_piece = if self.kind == ScheduleKind::ZeroBubble { 3.0 } else { 1.0 };
+        (k - 1.0) / (per_piece * v * units + k - 1.0)
     }
 
     /// Per stage, the most pieces whose activations it holds at once (forwards run and not yet
-    /// backwarded): what its activation memory scales with.
+    /// backwarded): what its activation memory scales with. (Under zero bubble a backwarded
+    /// piece keeps its linear layers' inputs and output gradients until its weight gradients:
+    /// up to `K + 1` pieces' of those, which the memory model does not count.)
     pub fn peak_in_flight(&self) -> Vec<usize> {
         let mut peak = vec![0usize; self.stages];
         for list in &self.per_device {
@@ -253,10 +283,13 @@ impl Schedule {
     /// (from the same device or a receive) and, for a token slice, after the previous slice's
     /// forward and the next slice's backward on that stage; every send has exactly one matching
     /// receive; all-reduces follow their stage's last backward and the optimizer step ends every
-    /// list; and executing the lists with buffered sends and blocking receives finishes. The
-    /// error names the first offending action.
+    /// list; and executing the lists with buffered sends and blocking receives finishes. Under
+    /// zero bubble, every backward's weight gradients follow it on its device, a stage's in the
+    /// order of its backwards (each linear layer keeps its put-off work in that order), and the
+    /// all-reduce follows the last of them. The error names the first offending action.
     pub fn validate(&self) -> Result<()> {
         let (k, s_count, m, n) = (self.devices, self.stages, self.micro_batches, self.slices);
+        let split = self.kind == ScheduleKind::ZeroBubble;
         let fail = |d: usize, i: usize, a: Option<&Action>, msg: String| Error::Schedule {
             device: d,
             position: i,
@@ -287,6 +320,9 @@ impl Schedule {
             // What this device has done so far, to check each action's inputs.
             let mut forwarded = HashSet::new();
             let mut backwarded = HashSet::new();
+            // Zero bubble: per stage, the pieces backwarded and not yet through their weights.
+            let mut weights_due: HashMap<usize, std::collections::VecDeque<Piece>> = HashMap::new();
+            let mut weighted = HashSet::new();
             let mut have = HashSet::new(); // keys received
             let mut reduced = HashSet::new();
             let key = |gradient, piece, stage| MessageKey { gradient, piece, stage };
@@ -335,6 +371,28 @@ impl Schedule {
                                 later.slice
                             ))
                         } else {
+                            if split {
+                                weights_due.entry(stage).or_default().push_back(piece);
+                            }
+                            Ok(())
+                        }
+                    }
+                    Action::BackwardWeights { piece, stage } => {
+                        let due = weights_due.entry(stage).or_default();
+                        if !split {
+                            Err(format!("{} does not split backwards", self.kind))
+                        } else if !here(stage) || !exists(piece) {
+                            Err(format!("stage {stage} / piece {piece} does not run on device {d}"))
+                        } else if !backwarded.contains(&(piece, stage)) {
+                            Err("runs before its backward".into())
+                        } else if due.front() != Some(&piece) {
+                            Err(match due.front() {
+                                Some(first) => format!("runs before piece {first}'s, whose backward ran first"),
+                                None => "runs twice".into(),
+                            })
+                        } else {
+                            due.pop_front();
+                            weighted.insert((piece, stage));
                             Ok(())
                         }
                     }
@@ -375,6 +433,8 @@ impl Schedule {
                             Err(format!("stage {stage} does not run on device {d}"))
                         } else if self.pieces().any(|p| !backwarded.contains(&(p, stage))) {
                             Err("starts before the stage's last backward".into())
+                        } else if split && self.pieces().any(|p| !weighted.contains(&(p, stage))) {
+                            Err("starts before the stage's last weight gradients".into())
                         } else if !reduced.insert(stage) {
                             Err("runs twice".into())
                         } else {
@@ -400,6 +460,14 @@ impl Schedule {
                             list.len(),
                             None,
                             format!("piece {piece} never runs stage {stage} both ways"),
+                        ));
+                    }
+                    if split && !weighted.contains(&(piece, stage)) {
+                        return Err(fail(
+                            d,
+                            list.len(),
+                            None,
+                            format!("piece {piece} never adds stage {stage}'s weight gradients"),
                         ));
                     }
                 }
@@ -476,6 +544,8 @@ impl Schedule {
 enum Task {
     F(Piece, usize),
     B(Piece, usize),
+    /// The weight gradients a zero-bubble backward put off.
+    W(Piece, usize),
 }
 
 /// Plays the step in unit time under `kind`'s policy; returns each device's compute tasks in
@@ -485,35 +555,47 @@ fn list_schedule(kind: ScheduleKind, k: usize, s_count: usize, m: usize, n: usiz
     // Pieces a device may hold in flight (forwards started minus backwards started). 1F1B over
     // slices must forward a micro-batch's every slice before the last one's backward can start,
     // so it holds at least `n`.
+    let split = kind == ScheduleKind::ZeroBubble;
     let cap = |d: usize| -> usize {
         match kind {
             ScheduleKind::Gpipe => usize::MAX,
-            ScheduleKind::OneFOneB => (k - d).max(n),
+            // Zero bubble holds 1F1B's activations.
+            ScheduleKind::OneFOneB | ScheduleKind::ZeroBubble => (k - d).max(n),
             // Megatron's warm-up count plus the one forward of the first 1F1B pair.
             ScheduleKind::Interleaved => ((k - d - 1) * 2 + (chunks - 1) * k + 1).min(m * chunks),
         }
     };
+    // Zero bubble: backwards whose weight gradients are still due (each keeps its linear layers'
+    // inputs and output gradients, less than a forward's activations), at most `K + 1` per
+    // device: enough for every stage to run its next forward and backward first and leave its
+    // weight gradients for the drain, which shortens the fill and drain to `(K−1)·(F+B−W)`.
+    let weights_cap = |d: usize| -> usize { if split { k.max(n + d) + 1 } else { usize::MAX } };
     // Lower ranks first. Backwards of one micro-batch go last slice first.
     let rank = |t: Task| -> (usize, usize, usize, usize) {
         let chunk = |s: usize| s / k;
         match (kind, t) {
             (ScheduleKind::Gpipe, Task::F(p, s)) => (0, p.mb, p.slice, s),
             (ScheduleKind::Gpipe, Task::B(p, s)) => (1, p.mb, n - p.slice, s_count - s),
-            (ScheduleKind::OneFOneB, Task::B(p, _)) => (0, p.mb, n - p.slice, 0),
-            (ScheduleKind::OneFOneB, Task::F(p, _)) => (1, p.mb, p.slice, 0),
+            (ScheduleKind::OneFOneB | ScheduleKind::ZeroBubble, Task::B(p, _)) => (0, p.mb, n - p.slice, 0),
+            (ScheduleKind::OneFOneB | ScheduleKind::ZeroBubble, Task::F(p, _)) => (1, p.mb, p.slice, 0),
+            // Weight gradients only when nothing else can run, in the order of the backwards.
+            (_, Task::W(p, _)) => (2, p.mb, n - p.slice, 0),
             // Micro-batches in groups of K, chunk by chunk inside a group (Megatron's order).
             (ScheduleKind::Interleaved, Task::B(p, s)) => (0, p.mb / k, chunks - 1 - chunk(s), p.mb % k),
             (ScheduleKind::Interleaved, Task::F(p, s)) => (1, p.mb / k, chunk(s), p.mb % k),
         }
     };
     const FORWARD_TIME: u64 = 1;
-    const BACKWARD_TIME: u64 = 2;
+    // A whole backward costs two forwards; split, each half costs one.
+    let backward_time: u64 = if split { 1 } else { 2 };
+    const WEIGHTS_TIME: u64 = 1;
     let pieces: Vec<Piece> = (0..m).flat_map(|mb| (0..n).map(move |slice| Piece { mb, slice })).collect();
     let mut done: HashMap<Task, u64> = HashMap::new(); // finish times
     let mut busy_until = vec![0u64; k];
     let mut in_flight = vec![0usize; k];
+    let mut weights_due = vec![0usize; k];
     let mut order: Vec<Vec<Task>> = vec![Vec::new(); k];
-    let total = 2 * pieces.len() * s_count;
+    let total = if split { 3 } else { 2 } * pieces.len() * s_count;
     let mut started = HashSet::new();
     // Raised when the caps stall the play (interleaving with a micro-batch count that is not a
     // multiple of K can need one more micro-batch in flight than Megatron's warm-up count).
@@ -527,12 +609,14 @@ fn list_schedule(kind: ScheduleKind, k: usize, s_count: usize, m: usize, n: usiz
             }
             let ready = (0..s_count)
                 .filter(|&s| stage_device(s, k) == d)
-                .flat_map(|s| pieces.iter().flat_map(move |&p| [Task::F(p, s), Task::B(p, s)]))
+                .flat_map(|s| pieces.iter().flat_map(move |&p| [Task::F(p, s), Task::B(p, s), Task::W(p, s)]))
+                .filter(|task| split || !matches!(task, Task::W(..)))
                 .filter(|task| !started.contains(task))
                 .filter(|&task| match task {
                     Task::F(p, s) => {
                         let earlier = Piece { slice: p.slice.wrapping_sub(1), ..p };
                         in_flight[d] < cap(d).saturating_add(slack)
+                            && weights_due[d] < weights_cap(d).saturating_add(slack)
                             && (s == 0 || finished(Task::F(p, s - 1), &done))
                             && (p.slice == 0 || finished(Task::F(earlier, s), &done))
                     }
@@ -542,6 +626,7 @@ fn list_schedule(kind: ScheduleKind, k: usize, s_count: usize, m: usize, n: usiz
                             && (s + 1 == s_count || finished(Task::B(p, s + 1), &done))
                             && (later.slice == n || finished(Task::B(later, s), &done))
                     }
+                    Task::W(p, s) => finished(Task::B(p, s), &done),
                 })
                 .min_by_key(|&task| rank(task));
             if let Some(task) = ready {
@@ -552,7 +637,14 @@ fn list_schedule(kind: ScheduleKind, k: usize, s_count: usize, m: usize, n: usiz
                     }
                     Task::B(..) => {
                         in_flight[d] -= 1;
-                        BACKWARD_TIME
+                        if split {
+                            weights_due[d] += 1;
+                        }
+                        backward_time
+                    }
+                    Task::W(..) => {
+                        weights_due[d] -= 1;
+                        WEIGHTS_TIME
                     }
                 };
                 started.insert(task);
@@ -585,9 +677,13 @@ fn list_schedule(kind: ScheduleKind, k: usize, s_count: usize, m: usize, n: usiz
 /// each stage's all-reduce right after its last backward, and the optimizer step.
 fn with_communication(tasks: &[Task], k: usize, s_count: usize) -> Vec<Action> {
     let mut out = Vec::with_capacity(tasks.len() * 3 + 4);
+    // A stage's gradients are final after its last backward, or its last weight gradients
+    // when the backwards are split.
+    let split = tasks.iter().any(|t| matches!(t, Task::W(..)));
+    let completes = |t: &Task| matches!((t, split), (Task::B(..), false) | (Task::W(..), true));
     let mut backwards_left: HashMap<usize, usize> = HashMap::new();
-    for &t in tasks {
-        if let Task::B(_, s) = t {
+    for t in tasks.iter().filter(|t| completes(t)) {
+        if let Task::B(_, s) | Task::W(_, s) = *t {
             *backwards_left.entry(s).or_default() += 1;
         }
     }
@@ -612,11 +708,14 @@ fn with_communication(tasks: &[Task], k: usize, s_count: usize) -> Vec<Action> {
                 if s > 0 && stage_device(s - 1, k) != d {
                     out.push(Action::SendGrad { piece, stage: s, to: stage_device(s - 1, k) });
                 }
-                let left = backwards_left.entry(s).or_default();
-                *left -= 1;
-                if *left == 0 {
-                    out.push(Action::AllReduce { stage: s });
-                }
+            }
+            Task::W(piece, s) => out.push(Action::BackwardWeights { piece, stage: s }),
+        }
+        if let (true, Task::B(_, s) | Task::W(_, s)) = (completes(&t), t) {
+            let left = backwards_left.entry(s).or_default();
+            *left -= 1;
+            if *left == 0 {
+                out.push(Action::AllReduce { stage: s });
             }
         }
     }
@@ -628,12 +727,101 @@ fn with_communication(tasks: &[Task], k: usize, s_count: usize) -> Vec<Action> {
 mod tests {
     use super::*;
 
-    const KINDS: [(ScheduleKind, usize); 4] = [
+    const KINDS: [(ScheduleKind, usize); 5] = [
         (ScheduleKind::Gpipe, 1),
         (ScheduleKind::OneFOneB, 1),
         (ScheduleKind::Interleaved, 2),
         (ScheduleKind::Interleaved, 3),
+        (ScheduleKind::ZeroBubble, 1),
     ];
+
+    /// The time the lists take when every forward, backward and put-off weight gradient lasts
+    /// what `duration` says, sends are instant and each receive waits for its send.
+    fn makespan(s: &Schedule, duration: impl Fn(&Action) -> u64) -> u64 {
+        let (mut pc, mut clock) = (vec![0usize; s.devices], vec![0u64; s.devices]);
+        let mut sent: HashMap<MessageKey, u64> = HashMap::new();
+        while pc.iter().zip(&s.per_device).any(|(&p, l)| p < l.len()) {
+            for (d, list) in s.per_device.iter().enumerate() {
+                while let Some(a) = list.get(pc[d]) {
+                    match (a, a.message()) {
+                        (Action::RecvActivation { .. } | Action::RecvGrad { .. }, Some((key, _))) => {
+                            let Some(&at) = sent.get(&key) else { break };
+                            clock[d] = clock[d].max(at);
+                        }
+                        (_, Some((key, _))) => {
+                            sent.insert(key, clock[d]);
+                        }
+                        _ => clock[d] += duration(a),
+                    }
+                    pc[d] += 1;
+                }
+            }
+        }
+        clock.into_iter().max().unwrap_or(0)
+    }
+
+    /// ZB-H1: each backward's weight gradients follow it, a stage's in the order of its
+    /// backwards, with 1F1B's activations in flight; with `F = B = W` the fill and drain take
+    /// `(K−1)·(F+B−W)` instead of 1F1B's `(K−1)·(F+B+W)`, as the formula says.
+    #[test]
+    fn zero_bubble_fills_the_pipeline_with_weight_gradients() {
+        for (k, m) in [(2, 8), (4, 8), (4, 3), (3, 1)] {
+            let zb = Schedule::generate(ScheduleKind::ZeroBubble, k, 1, m, 1).unwrap();
+            let one = Schedule::generate(ScheduleKind::OneFOneB, k, 1, m, 1).unwrap();
+            assert_eq!(zb.peak_in_flight(), one.peak_in_flight(), "K={k} M={m}");
+            for list in &zb.per_device {
+                let b = list.iter().filter(|a| matches!(a, Action::Backward { .. })).count();
+                let w = list.iter().filter(|a| matches!(a, Action::BackwardWeights { .. })).count();
+                assert_eq!((b, w), (m, m), "K={k} M={m}");
+            }
+            let split = makespan(&zb, |a| a.is_compute() as u64);
+            let whole = makespan(&one, |a| match a {
+                Action::Forward { .. } => 1,
+                Action::Backward { .. } => 2,
+                _ => 0,
+            });
+            let (k, m) = (k as u64, m as u64);
+            assert_eq!(whole, 3 * m + 3 * (k - 1), "1F1B K={k} M={m}");
+            if m >= k {
+                assert_eq!(split, 3 * m + (k - 1), "zb-h1 K={k} M={m}");
+            }
+            assert!(split < whole || k == 1, "K={k} M={m}: {split} vs {whole}");
+        }
+        let f = Schedule::generate(ScheduleKind::ZeroBubble, 4, 1, 8, 1).unwrap().bubble_formula();
+        assert!((f - 3.0 / 27.0).abs() < 1e-12, "pipelines.md §C.1: (p−1)/(3m) = 0.125 idle per busy");
+        assert!(Schedule::generate(ScheduleKind::ZeroBubble, 2, 1, 2, 2).unwrap_err().to_string().contains("slices"));
+        assert!(Schedule::generate(ScheduleKind::ZeroBubble, 2, 2, 2, 1).is_err(), "one chunk per device");
+    }
+
+    /// Put-off weight gradients must follow their backward, in its order, before the
+    /// all-reduce, and only where the schedule splits backwards.
+    #[test]
+    fn validator_checks_the_weight_gradients() {
+        let w = |mb| Action::BackwardWeights { piece: Piece::whole(mb), stage: 0 };
+        let zb = Schedule::generate(ScheduleKind::ZeroBubble, 1, 1, 2, 1).unwrap();
+        let at = |s: &Schedule, a: Action| s.per_device[0].iter().position(|x| *x == a).unwrap();
+        let mut s = zb.clone();
+        let w0 = at(&s, w(0));
+        let w0 = s.per_device[0].remove(w0);
+        let w1 = at(&s, w(1));
+        s.per_device[0].insert(w1 + 1, w0);
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("before piece 0's"), "{e}");
+        let mut s = zb.clone();
+        let w1 = at(&s, w(1));
+        s.per_device[0].remove(w1);
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("before the stage's last weight gradients"), "{e}");
+        let mut s = zb.clone();
+        let b0 = at(&s, Action::Backward { piece: Piece::whole(0), stage: 0 });
+        s.per_device[0].insert(b0, w(0));
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("before its backward"), "{e}");
+        let mut s = Schedule::generate(ScheduleKind::OneFOneB, 1, 1, 1, 1).unwrap();
+        s.per_device[0].insert(2, w(0));
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("1f1b does not split backwards"), "{e}");
+    }
 
     #[test]
     fn every_kind_is_valid_for_any_micro_batch_count_including_fewer_than_stages() {

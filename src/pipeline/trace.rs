@@ -48,13 +48,8 @@ impl StepTrace {
         if end <= 0.0 || self.per_device.is_empty() {
             return 0.0;
         }
-        let busy: f64 = self
-            .per_device
-            .iter()
-            .flatten()
-            .filter(|s| matches!(s.action, Action::Forward { .. } | Action::Backward { .. }))
-            .map(|s| s.end - s.start)
-            .sum();
+        let busy: f64 =
+            self.per_device.iter().flatten().filter(|s| s.action.is_compute()).map(|s| s.end - s.start).sum();
         1.0 - busy / (end * self.per_device.len() as f64)
     }
 
@@ -101,6 +96,7 @@ fn label(a: &Action) -> (String, &'static str) {
     match *a {
         Action::Forward { piece, stage } => (format!("F mb{piece} s{stage}"), "forward"),
         Action::Backward { piece, stage } => (format!("B mb{piece} s{stage}"), "backward"),
+        Action::BackwardWeights { piece, stage } => (format!("W mb{piece} s{stage}"), "backward"),
         Action::SendActivation { piece, stage, to } => (format!("send act mb{piece} s{stage}→dev{to}"), "comm"),
         Action::RecvActivation { piece, stage, from } => (format!("recv act mb{piece} s{stage}←dev{from}"), "comm"),
         Action::SendGrad { piece, stage, to } => (format!("send grad mb{piece} s{stage}→dev{to}"), "comm"),

@@ -258,7 +258,7 @@ pub fn measure_memory<D: Device>(
         if k == 1 { (head.0 + tail.0, head.1 + tail.1) } else { (head.0.max(tail.0), head.1.max(tail.1)) };
     let resident = match pipeline.schedule {
         ScheduleKind::Gpipe | ScheduleKind::Interleaved => pipeline.micro_batches,
-        ScheduleKind::OneFOneB => pipeline.micro_batches.min(k),
+        ScheduleKind::OneFOneB | ScheduleKind::ZeroBubble => pipeline.micro_batches.min(k),
     };
     let arenas = resident * layers * 4 * b * seq * model.spec().hidden;
     Ok(MemoryModel {
@@ -282,10 +282,10 @@ pub fn plan_slices<D: Device>(
     let schedule = match pipeline.schedule {
         ScheduleKind::Gpipe => SliceSchedule::Gpipe,
         ScheduleKind::OneFOneB => SliceSchedule::OneFOneB,
-        ScheduleKind::Interleaved => {
+        ScheduleKind::Interleaved | ScheduleKind::ZeroBubble => {
             return Err(config_error(
                 "pipeline.token_slices",
-                "the interleaved schedule does not take token slices; use gpipe or 1f1b",
+                format!("the {} schedule does not take token slices; use gpipe or 1f1b", pipeline.schedule),
             ));
         }
     };

@@ -8,7 +8,7 @@ use crate::error::{Error, Result, internal};
 use crate::model::{Batch, HostBatch, KvArena, Saved, Spec, Unit, head_loss};
 use crate::optim::grad_sum_squares;
 use crate::pipeline::plan::Plan;
-use crate::pipeline::schedule::{Action, MessageKey, Piece};
+use crate::pipeline::schedule::{Action, MessageKey, Piece, ScheduleKind};
 use crate::pipeline::trace::Span;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -153,11 +153,22 @@ impl<D: Device> Worker<'_, D> {
             }
             let dev = self.dev;
             dev.enter(move || {
+                // A zero-bubble schedule's backwards put the linear layers' weight gradients off
+                // until its `BackwardWeights`; whatever happens, nothing stays put off after it.
+                let split = self.ctx.plan.schedule.kind == ScheduleKind::ZeroBubble;
+                self.defer_weight_grads(split);
                 let out = self.execute(&to_comm, &from_comm);
+                self.defer_weight_grads(false);
                 drop(to_comm); // ends the communication thread
                 out
             })
         })
+    }
+
+    fn defer_weight_grads(&mut self, on: bool) {
+        for u in self.stages.iter_mut().flat_map(|(_, units)| units.iter_mut()) {
+            u.defer_weight_grads(on);
+        }
     }
 
     /// Zeroes the gradients of every unit this device holds.
@@ -300,6 +311,13 @@ impl<D: Device> Worker<'_, D> {
                         dys.insert((piece, stage - 1), cur);
                     }
                 }
+                Action::BackwardWeights { stage, .. } => {
+                    // The stage's oldest put-off weight gradients: the validator keeps these in
+                    // the order of the stage's backwards, which is how each layer queued them.
+                    for unit in self.units(stage)? {
+                        unit.backward_weights(dev)?;
+                    }
+                }
                 Action::SendActivation { piece, stage, to } => {
                     let y = take(&mut acts, (piece, stage), "activation")?;
                     let (key, _) = message(&action)?;
@@ -369,7 +387,7 @@ impl<D: Device> Worker<'_, D> {
                     pending = 0;
                 }
             }
-            if matches!(action, Action::Forward { .. } | Action::Backward { .. }) {
+            if action.is_compute() {
                 let arena: usize = arenas.values().map(KvArena::elements).sum();
                 out.peak_activations = out.peak_activations.max(saved_elements + arena);
             }
