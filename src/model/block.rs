@@ -11,7 +11,7 @@ use super::config::{NormPlacement, Spec};
 use super::dropout::DropoutSite;
 use super::embedding::missing_saved;
 use super::kv_arena::{Kv, KvArena};
-use super::layers::{INIT_STD, LayerNorm, LayerNormSaved, Linear, len_of};
+use super::layers::{Held, INIT_STD, LayerNorm, LayerNormSaved, Linear, len_of};
 use super::param::Param;
 use crate::device::Device;
 use crate::error::Result;
@@ -273,8 +273,9 @@ impl<D: Device> AttentionUnit<D> {
         let (query, key, value, output) = (&mut self.query, &mut self.key, &mut self.value, &mut self.output);
         self.residual.backward(dev, batch, residual, dy, need_dinp, |dz, inp, need_dinp| {
             // z = attended · Woᵀ
-            let dattended =
-                output.backward(dev, dz, &s.attended, rows, true)?.ok_or_else(|| missing_saved("dattended"))?;
+            let dattended = output
+                .backward(dev, Held::Lent(dz), Held::Lent(&s.attended), rows, true)?
+                .ok_or_else(|| missing_saved("dattended"))?;
             // attended = attention(q, k, v), k and v over the whole context.
             let context;
             let (k, v) = match (&s.kv, &arena) {
@@ -298,9 +299,9 @@ impl<D: Device> AttentionUnit<D> {
                 dv = arena.grad(dev, Kv::Values, batch.position_offset, batch.seq)?;
             }
             // q, k, v = inp · W{q,k,v}ᵀ: the input gradient is the sum of the three.
-            let dinp = query.backward(dev, &dq, inp, rows, need_dinp)?;
-            let dinp_k = key.backward(dev, &dk, inp, rows, need_dinp)?;
-            let dinp_v = value.backward(dev, &dv, inp, rows, need_dinp)?;
+            let dinp = query.backward(dev, Held::Given(dq), Held::Lent(inp), rows, need_dinp)?;
+            let dinp_k = key.backward(dev, Held::Given(dk), Held::Lent(inp), rows, need_dinp)?;
+            let dinp_v = value.backward(dev, Held::Given(dv), Held::Lent(inp), rows, need_dinp)?;
             let Some(mut dinp) = dinp else { return Ok(None) };
             for part in [dinp_k, dinp_v].into_iter().flatten() {
                 dev.residual_backward(&mut dinp, &part)?;
@@ -403,14 +404,17 @@ impl<D: Device> MlpUnit<D> {
     ) -> Result<Option<D::Buf>> {
         let rows = batch.rows();
         let (fc_in, fc_out, kind) = (&mut self.fc_in, &mut self.fc_out, self.act);
+        let MlpBranchSaved { pre_act, act } = s;
         self.residual.backward(dev, batch, residual, dy, need_dinp, |dz, inp, need_dinp| {
             // z = act · W_outᵀ
-            let dact = fc_out.backward(dev, dz, &s.act, rows, true)?.ok_or_else(|| missing_saved("dact"))?;
+            let dact = fc_out
+                .backward(dev, Held::Lent(dz), Held::Given(act), rows, true)?
+                .ok_or_else(|| missing_saved("dact"))?;
             // act = gelu(pre_act)
             let mut dpre = dev.alloc(D::len(&dact))?;
-            dev.gelu_backward(&mut dpre, &s.pre_act, &dact, kind)?;
+            dev.gelu_backward(&mut dpre, &pre_act, &dact, kind)?;
             // pre_act = inp · W_inᵀ
-            fc_in.backward(dev, &dpre, inp, rows, need_dinp)
+            fc_in.backward(dev, Held::Given(dpre), Held::Lent(inp), rows, need_dinp)
         })
     }
 

@@ -3,7 +3,7 @@
 
 use super::batch::{Batch, DropoutLayout};
 use super::dropout::DropoutSite;
-use super::layers::{INIT_STD, LayerNorm, LayerNormSaved, Linear, len_of, normal_init};
+use super::layers::{Held, INIT_STD, LayerNorm, LayerNormSaved, Linear, len_of, normal_init};
 use super::param::Param;
 use crate::device::Device;
 use crate::error::{Error, Result, data_error};
@@ -207,7 +207,7 @@ impl<D: Device> EmbeddingUnit<D> {
                 dev.embedding_backward(grad_of(position)?, &batch.positions, dy, c)?;
                 let mut dprojected = dev.alloc(batch.batch * n * c)?;
                 dev.prepend_token_backward(grad_of(cls)?, Some(&mut dprojected), dy, batch.batch, n, c)?;
-                projection.backward(dev, &dprojected, patches, batch.batch * n, false)?;
+                projection.backward(dev, Held::Given(dprojected), Held::Lent(patches), batch.batch * n, false)?;
             }
         }
         Ok(())

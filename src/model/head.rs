@@ -5,7 +5,7 @@ use super::batch::{Batch, DropoutLayout};
 use super::config::Pooling;
 use super::dropout::DropoutSite;
 use super::embedding::missing_saved;
-use super::layers::{LayerNorm, LayerNormSaved, Linear, len_of};
+use super::layers::{Held, LayerNorm, LayerNormSaved, Linear, len_of};
 use super::param::Param;
 use crate::device::Device;
 use crate::error::Result;
@@ -145,7 +145,9 @@ impl<D: Device> HeadUnit<D> {
             HeadKind::Classifier { pooling, pooler, classifier, dropout } => {
                 let features = s.classifier_in.as_ref().ok_or_else(|| missing_saved("classifier input"))?;
                 let need_features_grad = need_dinp || pooler.is_some();
-                let Some(dfeatures) = classifier.backward(dev, dlogits, features, b, need_features_grad)? else {
+                let Some(dfeatures) =
+                    classifier.backward(dev, Held::Lent(dlogits), Held::Lent(features), b, need_features_grad)?
+                else {
                     return Ok(None);
                 };
                 let dropped = dropout.backward(dev, batch, &dfeatures, DropoutLayout::Samples(c))?;
@@ -154,7 +156,7 @@ impl<D: Device> HeadUnit<D> {
                     (Some(p), Some(tz)) => {
                         let mut dz = dev.alloc(b * c)?;
                         dev.tanh_backward(&mut dz, tz, &dfeatures)?;
-                        p.backward(dev, &dz, &s.x, b, need_dinp)?
+                        p.backward(dev, Held::Given(dz), Held::Lent(&s.x), b, need_dinp)?
                     }
                     _ => Some(dfeatures),
                 };
@@ -168,7 +170,9 @@ impl<D: Device> HeadUnit<D> {
                 }
                 Ok(Some(dx))
             }
-            HeadKind::TiedLm { lm_head } => lm_head.backward(dev, dlogits, &s.x, b * t, need_dinp),
+            HeadKind::TiedLm { lm_head } => {
+                lm_head.backward(dev, Held::Lent(dlogits), Held::Lent(&s.x), b * t, need_dinp)
+            }
         }
     }
 

@@ -31,6 +31,35 @@ pub struct Linear<D: Device> {
     pub deferred: Option<VecDeque<DeferredWeightGrad<D>>>,
 }
 
+/// A buffer a backward reads that its caller may give away: a put-off weight gradient keeps a
+/// given one instead of copying it.
+pub enum Held<'a, B> {
+    /// Still the caller's: copied if it must be kept.
+    Lent(&'a B),
+    /// The caller's no longer.
+    Given(B),
+}
+
+impl<B> Held<'_, B> {
+    fn get(&self) -> &B {
+        match self {
+            Held::Lent(b) => b,
+            Held::Given(b) => b,
+        }
+    }
+
+    fn keep<D: Device<Buf = B>>(self, dev: &D) -> Result<B> {
+        match self {
+            Held::Lent(src) => {
+                let mut copy = dev.alloc(D::len(src))?;
+                dev.copy(&mut copy, src)?;
+                Ok(copy)
+            }
+            Held::Given(b) => Ok(b),
+        }
+    }
+}
+
 /// What a put-off weight gradient needs: one backward's input rows and output gradient.
 pub struct DeferredWeightGrad<D: Device> {
     inp: D::Buf,
@@ -83,8 +112,8 @@ impl<D: Device> Linear<D> {
     pub fn backward(
         &mut self,
         dev: &D,
-        dout: &D::Buf,
-        inp: &D::Buf,
+        dout: Held<'_, D::Buf>,
+        inp: Held<'_, D::Buf>,
         rows: usize,
         need_dinp: bool,
     ) -> Result<Option<D::Buf>> {
@@ -94,20 +123,15 @@ impl<D: Device> Linear<D> {
             dinp.as_mut(),
             if defer { None } else { self.weight.grad.as_mut() },
             self.bias.as_mut().and_then(|b| b.grad.as_mut()),
-            dout,
-            inp,
+            dout.get(),
+            inp.get(),
             &self.weight.value,
             rows,
             self.in_dim,
             self.out_dim,
         )?;
         if let (true, Some(queue)) = (defer, self.deferred.as_mut()) {
-            let keep = |src: &D::Buf| -> Result<D::Buf> {
-                let mut copy = dev.alloc(D::len(src))?;
-                dev.copy(&mut copy, src)?;
-                Ok(copy)
-            };
-            queue.push_back(DeferredWeightGrad { inp: keep(inp)?, dout: keep(dout)?, rows });
+            queue.push_back(DeferredWeightGrad { inp: inp.keep(dev)?, dout: dout.keep(dev)?, rows });
         }
         Ok(dinp)
     }
