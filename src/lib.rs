@@ -18,7 +18,7 @@
 //! | [`model`] | configs (`BertConfig`, `GptConfig`, `VitConfig`), `Param`, the units (`Unit`: embedding, attention, MLP, final norm, head), `Model` (forward, backward, freezing, costs) |
 //! | [`comm`] | `Communicator`: the in-process ring all-reduce and NCCL (opened by its own loader); the authenticated TCP rendezvous; process groups across processes (`launch`) |
 //! | [`optim`] | `Optimizer` (AdamW, SGD + momentum), `LrSchedule` (warmup + linear/cosine), global-norm clipping, `train_step` (one step on one device) |
-//! | [`pipeline`] | unit profiles, the partitioner, the schedule IR and its generators (GPipe, 1F1B, interleaved) and validator, `Plan`, the `Pipeline` runtime (stage workers, replicas, re-planning, freezing, evaluation), traces and bubbles |
+//! | [`pipeline`] | unit profiles, the partitioner, the schedule IR and its generators (GPipe, 1F1B, interleaved, zero bubble) and validator, `Plan`, the `Pipeline` runtime (stage workers, replicas, re-planning, freezing, evaluation), traces and bubbles |
 //! | [`train`] | `Trainer` (the epoch loop over a `Pipeline`, evaluation, checkpoints), `BatchSource`, `Event`, `EvalMetrics` and `Confusion` (accuracy, per-class precision/recall/F1), the `Controller` hook |
 //! | [`elastic`] | PipeTransformer: the freeze controller (Eq. 1, α bound, table), AutoPipe, AutoDP, AutoCache (host arena + disk spill), transitions |
 //! | [`terapipe`] | TeraPipe: `TokenSlices` (the request), `LatencyModel` (`t0` table + fitted context term + comm) and its measurement on a device, `MemoryModel`, `plan` (the `t_max` DP, exact pruning, joint batch × token, memory limits) → `SlicingPlan` |

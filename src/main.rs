@@ -66,7 +66,7 @@ struct PipelineArgs {
     /// Data-parallel replicas of the pipeline (R).
     #[arg(long)]
     replicas: Option<usize>,
-    /// Pipeline schedule: gpipe, 1f1b, interleaved or zb-h1 (1F1B with each backward's weight gradients put off to where the device would wait: a shorter fill and drain, the same result to the bit).
+    /// Pipeline schedule: gpipe, 1f1b, interleaved or zb-h1 (1F1B with each backward's weight gradients put off to where the device would wait: a shorter fill and drain, the same result to the bit on cpu and cuda-emu).
     #[arg(long, value_parser = parse_from_str::<ScheduleKind>)]
     schedule: Option<ScheduleKind>,
     /// Model chunks per device for the interleaved schedule (default 2 for it).

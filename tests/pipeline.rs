@@ -545,3 +545,50 @@ fn unit_values_are_each_units_parameters_across_stages() {
     }
     assert_eq!(p.unit_values(3..5).unwrap(), all[3..5].to_vec());
 }
+
+/// Untied models, where each worker reads its units' gradient norms itself: every unit's
+/// squared gradient norm, the loss and the gradient norm as one device gives them, step by
+/// step, with a frozen prefix and replicas, under 1F1B and zero bubble (whose put-off weight
+/// gradients include BERT's pooler and ViT's patch projection).
+#[test]
+fn untied_models_give_every_units_gradient_norm_as_one_device() {
+    use pipetransformer::bench::random_batch;
+    use pipetransformer::optim::grad_sum_squares;
+    for config in [common::tiny_bert(Pooling::ClsPooler, 0.1), common::tiny_vit(0.1)] {
+        let batches: Vec<HostBatch> = (0..STEPS).map(|s| random_batch(&config, 6, 5, 20 + s)).collect();
+        for frozen in [0, 2] {
+            let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+            let mut model = Model::new(&dev, &config, 7).unwrap();
+            model.freeze_prefix(&dev, frozen).unwrap();
+            let mut opt = Optimizer::new(adamw()).unwrap();
+            let want: Vec<(f64, f64, Vec<f64>)> = batches
+                .iter()
+                .enumerate()
+                .map(|(s, host)| {
+                    let b = Batch::upload(&dev, model.spec(), host, true, 1000 + s as u64).unwrap();
+                    let st = train_step(&dev, &mut model, &mut opt, &b, LR, Some(1.0)).unwrap();
+                    let units = model.units().iter().map(|u| grad_sum_squares(&dev, &u.params()).unwrap()).collect();
+                    (st.loss, st.grad_norm, units)
+                })
+                .collect();
+            for (k, r, m) in [(2, 1, 3), (3, 1, 2), (2, 2, 3)] {
+                for schedule in [ScheduleKind::OneFOneB, ScheduleKind::ZeroBubble] {
+                    let mut p = pipeline_on(&config, cfg(k, r, m, schedule), cpus(k * r));
+                    p.freeze_prefix(frozen).unwrap();
+                    for (s, host) in batches.iter().enumerate() {
+                        let got = p.step(host, 1000 + s as u64, LR, Some(1.0)).unwrap();
+                        let (loss, norm, units) = &want[s];
+                        let at = format!("frozen {frozen} K={k} R={r} M={m} {schedule} step {s}");
+                        assert!((got.loss - loss).abs() <= 1e-5 * loss, "{at}: loss {} vs {loss}", got.loss);
+                        assert!((got.grad_norm - norm).abs() <= 1e-5 * norm, "{at}: norm {} vs {norm}", got.grad_norm);
+                        assert_eq!(got.unit_grad_sq.len(), units.len(), "{at}");
+                        for (u, (a, b)) in got.unit_grad_sq.iter().zip(units).enumerate() {
+                            assert!((a - b).abs() <= 1e-4 * b + 1e-12, "{at}: unit {u}: {a} vs {b}");
+                            assert!(u >= frozen || *a == 0.0, "{at}: frozen unit {u} has a gradient");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -80,7 +80,7 @@ pub fn choose_shape(
         let units = (shapes.profiles)(per_replica.div_ceil(m));
         match Plan::new(config.clone(), &units, names.to_vec(), devices, pinned) {
             Ok(plan) => {
-                let slots = (m * chunks) as f64 + (k - 1) as f64;
+                let slots = (m * chunks) as f64 + schedule.fill() * (k - 1) as f64;
                 let step_time = slots * plan.partition.bottleneck() / (shapes.speed)(k);
                 let throughput = if step_time > 0.0 { global as f64 / step_time } else { f64::INFINITY };
                 out.push(Candidate { config, step_time, throughput });

@@ -142,10 +142,25 @@ impl<D: Device> Linear<D> {
         self.deferred = on.then(VecDeque::new);
     }
 
+    /// Elements held by put-off weight gradients.
+    pub fn deferred_elements(&self) -> usize {
+        self.deferred.iter().flatten().map(|d| D::len(&d.inp) + D::len(&d.dout)).sum()
+    }
+
     /// Adds the oldest put-off weight gradient: `dW += doutᵀ·inp`, the product the backward
-    /// would have run, so the sum is the same to the bit. `false` when none was put off.
-    pub fn backward_weights(&mut self, dev: &D) -> Result<bool> {
-        let Some(d) = self.deferred.as_mut().and_then(VecDeque::pop_front) else { return Ok(false) };
+    /// would have run, so the sum is the same to the bit. A frozen layer has none; a training
+    /// one without any means a schedule asked for weight gradients its backwards did not put
+    /// off, an error rather than a gradient silently missing.
+    pub fn backward_weights(&mut self, dev: &D) -> Result<()> {
+        if self.weight.grad.is_none() {
+            return Ok(());
+        }
+        let Some(d) = self.deferred.as_mut().and_then(VecDeque::pop_front) else {
+            return Err(crate::error::internal(
+                self.weight.name.clone(),
+                "weight gradients asked for, but no backward put any off",
+            ));
+        };
         dev.linear_backward(
             None,
             self.weight.grad.as_mut(),
@@ -156,8 +171,7 @@ impl<D: Device> Linear<D> {
             d.rows,
             self.in_dim,
             self.out_dim,
-        )?;
-        Ok(true)
+        )
     }
 
     /// The layer's parameters.
@@ -265,5 +279,52 @@ impl<D: Device> LayerNorm<D> {
     /// The layer's parameters.
     pub fn params_mut(&mut self) -> Vec<&mut Param<D>> {
         vec![&mut self.weight, &mut self.bias]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::CpuDevice;
+
+    /// Put off, a backward adds the bias's gradient and not the weight's; the weight's, added
+    /// later, is the same bits as the backward adding it at once. Asking for weight gradients
+    /// nobody put off is an error on a training layer and nothing on a frozen one.
+    #[test]
+    fn put_off_weight_gradients_are_the_same_bits_later() {
+        let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+        let mut rng = Rng::new(4);
+        let (rows, inp, out) = (5, 3, 4);
+        let x = dev.upload(&normal_init(&mut rng, rows * inp, 1.0)).unwrap();
+        let dy = dev.upload(&normal_init(&mut rng, rows * out, 1.0)).unwrap();
+        let layer = |rng: &mut Rng| {
+            let mut l = Linear::new(&dev, rng, "l", inp, out, 0.5).unwrap();
+            for p in l.params_mut() {
+                p.grad = Some(dev.upload(&vec![0.25; D::len(&p.value)]).unwrap());
+            }
+            l
+        };
+        type D = CpuDevice<f32>;
+        let grads = |l: &Linear<D>| -> Vec<Vec<f32>> {
+            [&l.weight, l.bias.as_ref().unwrap()].iter().map(|p| p.grad.as_ref().unwrap().to_vec()).collect()
+        };
+        let (mut now, mut later) = (layer(&mut Rng::new(1)), layer(&mut Rng::new(1)));
+        later.defer_weight_grads(true);
+        for _ in 0..2 {
+            let a = now.backward(&dev, Held::Lent(&dy), Held::Lent(&x), rows, true).unwrap();
+            let b = later.backward(&dev, Held::Lent(&dy), Held::Lent(&x), rows, true).unwrap();
+            assert_eq!(a.unwrap().to_vec(), b.unwrap().to_vec(), "the input's gradient at once");
+        }
+        let before = grads(&later);
+        assert_eq!(before[0], vec![0.25; out * inp], "the weight's gradient waits");
+        assert_eq!(before[1], grads(&now)[1], "the bias's does not");
+        assert!(later.deferred_elements() == 2 * rows * (inp + out));
+        later.backward_weights(&dev).unwrap();
+        later.backward_weights(&dev).unwrap();
+        assert_eq!(grads(&later), grads(&now));
+        let e = later.backward_weights(&dev).unwrap_err().to_string();
+        assert!(e.contains("no backward put any off"), "{e}");
+        later.weight.grad = None;
+        later.backward_weights(&dev).unwrap();
     }
 }

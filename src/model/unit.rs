@@ -194,6 +194,11 @@ impl<D: Device> Unit<D> {
         Ok(())
     }
 
+    /// Elements its linear layers hold for put-off weight gradients.
+    pub fn deferred_elements(&mut self) -> usize {
+        self.linears_mut().iter().map(|l| l.deferred_elements()).sum()
+    }
+
     /// The unit's parameters, read-only.
     pub fn params(&self) -> Vec<&Param<D>> {
         let mut out = Vec::new();

@@ -254,8 +254,8 @@ impl<D: Device> Optimizer<D> {
         if !(lr.is_finite() && lr >= 0.0) {
             return Err(config_error("lr", format!("learning rate must be finite and ≥ 0, got {lr}")));
         }
-        if !(grad_scale.is_finite() && grad_scale > 0.0) {
-            return Err(config_error("grad_scale", format!("must be finite and > 0, got {grad_scale}")));
+        if !(grad_scale.is_finite() && grad_scale >= 0.0) {
+            return Err(config_error("grad_scale", format!("must be finite and ≥ 0, got {grad_scale}")));
         }
         self.check_params(params.iter().map(Borrow::borrow))?;
         for p in params.iter_mut() {
@@ -687,7 +687,7 @@ mod tests {
         for lr in [-1.0, f64::NAN, f64::INFINITY] {
             assert!(matches!(opt.step(&dev, &mut params[..1], lr), Err(Error::Config { .. })));
         }
-        for scale in [0.0, -0.5, f64::NAN, f64::INFINITY] {
+        for scale in [-0.5, f64::NAN, f64::INFINITY] {
             assert!(matches!(opt.step_scaled(&dev, &mut params[..1], 0.1, scale), Err(Error::Config { .. })));
         }
         assert_eq!(opt.step_count(), 0);

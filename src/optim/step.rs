@@ -17,9 +17,10 @@ pub struct StepStats {
     pub applied: bool,
 }
 
-/// Runs one training step. With `max_grad_norm`, gradients are clipped to that global norm
-/// first. A non-finite gradient norm skips the update (the weights stay as they were) and is
-/// reported in [`StepStats::applied`].
+/// Runs one training step. With `max_grad_norm`, the update is clipped to that global norm:
+/// its coefficient scales the gradients inside the optimizer, which leaves them unscaled. A
+/// non-finite gradient norm skips the update (the weights stay as they were) and is reported
+/// in [`StepStats::applied`].
 pub fn train_step<D: Device>(
     dev: &D,
     model: &mut Model<D>,

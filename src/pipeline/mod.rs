@@ -5,7 +5,7 @@
 //! | [`profile`] | `UnitProfile` (a unit's time and memory per micro-batch), `profile_units` (measured), `unit_profiles` (measured or from FLOPs) |
 //! | [`partition`] | `partition` (exact min-max split of the units under a memory limit, a frozen prefix pinned to stage 0), `Partition` |
 //! | [`plan`] | `PipelineConfig` (K, R, M, schedule, chunks, memory limit), `Plan` (checked, printable) |
-//! | [`schedule`] | the schedule IR (`Action`, `Schedule`), the GPipe / 1F1B / interleaved generators, the validator |
+//! | [`schedule`] | the schedule IR (`Action`, `Schedule`), the GPipe / 1F1B / interleaved / zero-bubble generators, the validator |
 //! | [`runtime`] | `Pipeline` (a model spread over devices: `step`, `evaluate`, `replan`, `freeze_prefix`, `gather`), `Fault`, `PipelineStep` |
 //! | [`trace`] | `StepTrace` (per-action times, measured bubble), `ChromeTrace` (Perfetto/chrome://tracing JSON) |
 

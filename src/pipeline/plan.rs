@@ -177,10 +177,7 @@ impl Plan {
         // `n` token slices split each micro-batch's time `n` ways (equal slices assumed): the
         // fill and drain shrink to a slice's time.
         let n = self.schedule.slices as f64;
-        // Zero bubble's fill and drain are `F + B − W` of a micro-batch's `F + B + W` per stage:
-        // a third with the three equal, as its formula assumes.
-        let fill = if self.schedule.kind == super::ScheduleKind::ZeroBubble { 1.0 / 3.0 } else { 1.0 };
-        let step = (m * n * v + fill * (k as f64 - 1.0)) * max / n;
+        let step = (m * n * v + self.schedule.kind.fill() * (k as f64 - 1.0)) * max / n;
         let busy: f64 = (0..k)
             .map(|d| (0..self.stages()).filter(|s| s % k == d).map(|s| self.partition.stage_time[s]).sum::<f64>() * m)
             .sum();

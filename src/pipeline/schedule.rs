@@ -18,8 +18,9 @@
 //! the stage's input, which the stage below waits for, and `W`, the gradients of its weights,
 //! which nobody waits for. `W` runs where the device would otherwise idle, so the pipeline's
 //! fill and drain shrink from `(K−1)(F+B+W)` to `(K−1)(F+B−W)` while a device still holds at
-//! most 1F1B's `K − d` pieces' activations (and up to `K + 1` pieces' linear-layer inputs and
-//! output gradients, what a `W` needs, which are smaller).
+//! most 1F1B's `K − d` pieces' activations; the pieces whose `W` is still due keep their
+//! linear layers' inputs and output gradients (about as much again), and forwards wait while
+//! `K + 1` of them are due.
 //!
 //! How schedules are generated: one list scheduler, four priority policies. The scheduler plays
 //! the step in unit time (a forward costs 1, a backward 2, or 1 for `B` and 1 for `W` when split);
@@ -140,6 +141,14 @@ pub enum ScheduleKind {
     ZeroBubble,
 }
 
+impl ScheduleKind {
+    /// The fill and drain at each stage boundary, in micro-batch times of a stage: 1, or a third
+    /// for zero bubble (`F + B − W` of `F + B + W` with the three equal).
+    pub fn fill(self) -> f64 {
+        if self == ScheduleKind::ZeroBubble { 1.0 / 3.0 } else { 1.0 }
+    }
+}
+
 impl std::str::FromStr for ScheduleKind {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
@@ -250,16 +259,15 @@ impl Schedule {
     /// whole step; 1F1B has GPipe's bubble, interleaving divides the fill/drain by `v`). Zero
     /// bubble with `F = B = W` idles `(K−1)·(F+B−W)` of `M·n·(F+B+W)`: `(K−1)/(3·M·n + K−1)`.
     pub fn bubble_formula(&self) -> f64 {
-        let (k, v) = (self.devices as f64, self.chunks() as f64);
+        let (fill, v) = (self.kind.fill() * (self.devices as f64 - 1.0), self.chunks() as f64);
         let units = (self.micro_batches * self.slices) as f64;
-        let per_piece = if self.kind == ScheduleKind::ZeroBubble { 3.0 } else { 1.0 };
-        (k - 1.0) / (per_piece * v * units + k - 1.0)
+        fill / (v * units + fill)
     }
 
     /// Per stage, the most pieces it holds memory for at once: forwards run and not yet
     /// backwarded (their activations), and under zero bubble also backwards whose weight
     /// gradients are still due (their linear layers' inputs and output gradients, counted here as
-    /// whole activations: an upper bound). What its activation memory scales with.
+    /// whole activations, which they about equal). What its activation memory scales with.
     pub fn peak_in_flight(&self) -> Vec<usize> {
         let split = self.kind == ScheduleKind::ZeroBubble;
         let mut peak = vec![0usize; self.stages];
@@ -567,11 +575,11 @@ fn list_schedule(kind: ScheduleKind, k: usize, s_count: usize, m: usize, n: usiz
             ScheduleKind::Interleaved => ((k - d - 1) * 2 + (chunks - 1) * k + 1).min(m * chunks),
         }
     };
-    // Zero bubble: backwards whose weight gradients are still due (each keeps its linear layers'
-    // inputs and output gradients, less than a forward's activations), at most `K + 1` per
-    // device: enough for every stage to run its next forward and backward first and leave its
-    // weight gradients for the drain, which shortens the fill and drain to `(K−1)·(F+B−W)`.
-    let weights_cap = |d: usize| -> usize { if split { k.max(n + d) + 1 } else { usize::MAX } };
+    // Zero bubble: a forward waits while `K + 1` backwards' weight gradients are due on its
+    // device (each keeps its linear layers' inputs and output gradients): room for every stage
+    // to run its next forward and backward first and leave its weight gradients for the drain,
+    // which shortens the fill and drain to `(K−1)·(F+B−W)`. (Zero bubble runs no token slices.)
+    let weights_cap = |_: usize| -> usize { if split { k + 1 } else { usize::MAX } };
     // Lower ranks first. Backwards of one micro-batch go last slice first.
     let rank = |t: Task| -> (usize, usize, usize, usize) {
         let chunk = |s: usize| s / k;
@@ -772,7 +780,7 @@ mod tests {
             let one = Schedule::generate(ScheduleKind::OneFOneB, k, 1, m, 1).unwrap();
             // Held until the weight gradients: 1F1B's pieces, and the weight gradients' wait.
             let (held, whole) = (zb.peak_in_flight(), one.peak_in_flight());
-            assert!(held.iter().zip(&whole).all(|(h, w)| h >= w && *h <= (w + k + 1).min(m)), "K={k} M={m}: {held:?}");
+            assert!(held.iter().zip(&whole).all(|(h, w)| h >= w && *h <= m), "K={k} M={m}: {held:?}");
             for list in &zb.per_device {
                 let b = list.iter().filter(|a| matches!(a, Action::Backward { .. })).count();
                 let w = list.iter().filter(|a| matches!(a, Action::BackwardWeights { .. })).count();

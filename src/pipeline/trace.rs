@@ -28,7 +28,8 @@ pub struct StepTrace {
 
 impl StepTrace {
     /// When the pipelined part of the step ended: the last forward, backward or transfer on
-    /// any device. After it come the step's tail (tied gradients, clipping, the optimizers).
+    /// any device. After it come the step's tail (gradient norms, tied gradients, the
+    /// optimizers with clipping's coefficient).
     pub fn pipeline_end(&self) -> f64 {
         self.per_device
             .iter()
@@ -40,7 +41,7 @@ impl StepTrace {
 
     /// The measured bubble, the one quantity every report uses: the fraction of the pipelined
     /// part of the step (up to [`pipeline_end`](Self::pipeline_end)) that the devices spent not
-    /// computing a forward or backward, averaged over devices. Comparable with
+    /// computing a forward, a backward or put-off weight gradients, averaged over devices. Comparable with
     /// [`Schedule::bubble_formula`](super::Schedule::bubble_formula), which counts transfers as
     /// idle too and knows nothing of the tail ([`tail`](Self::tail), reported beside it).
     pub fn bubble(&self) -> f64 {
@@ -53,7 +54,7 @@ impl StepTrace {
         1.0 - busy / (end * self.per_device.len() as f64)
     }
 
-    /// Seconds of the step after its pipelined part: tied gradients, clipping and the
+    /// Seconds of the step after its pipelined part: gradient norms, tied gradients and the
     /// optimizers, which every schedule pays alike.
     pub fn tail(&self) -> f64 {
         (self.makespan - self.pipeline_end()).max(0.0)

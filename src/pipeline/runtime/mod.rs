@@ -6,7 +6,8 @@
 //! the backward. Each worker zeroes its gradients where it would first wait anyway, and reads
 //! its units' gradient norms once they are final. After every worker has finished, the step
 //! ends as a one-device step does: tied gradients summed ([`gradients`]), the global norm, each
-//! device's optimizer applied with clipping's coefficient ([`optimizers`]). Units are placed, moved, frozen and read back by [`placement`].
+//! device's optimizer applied with clipping's coefficient ([`optimizers`]). Units are placed,
+//! moved, frozen and read back by [`placement`].
 //!
 //! A pipelined step is the same training step as on one device: every micro-batch keeps its
 //! samples' global positions (dropout masks), the loss gradient is scaled by the global batch's
@@ -56,7 +57,8 @@ pub struct PipelineStep {
     /// When each action ran.
     pub trace: StepTrace,
     /// Per device (replica-major), the most activation elements it held at once for the
-    /// backward: saved activations of the pieces in flight plus TeraPipe's key/value arenas.
+    /// backward: saved activations of the pieces in flight plus TeraPipe's key/value arenas,
+    /// and under zero bubble the inputs and output gradients of put-off weight gradients.
     pub peak_activations: Vec<usize>,
 }
 

@@ -83,7 +83,8 @@ pub(super) struct WorkerOutput {
     /// `(micro-batch, the frozen prefix's output)` when the step asked to capture it.
     pub captured: Vec<(usize, Vec<f32>)>,
     /// The most activation elements this device held at once for backwards to come: saved
-    /// activations of the pieces in flight, plus the key/value arenas (and their gradients).
+    /// activations of the pieces in flight, plus the key/value arenas (and their gradients),
+    /// plus what put-off weight gradients keep (zero bubble).
     pub peak_activations: usize,
     /// `(unit, Σ ‖grad‖²)` of this device's units, when the step asked the workers for them.
     pub unit_grad_sq: Vec<(usize, f64)>,
@@ -155,14 +156,26 @@ impl<D: Device> Worker<'_, D> {
             dev.enter(move || {
                 // A zero-bubble schedule's backwards put the linear layers' weight gradients off
                 // until its `BackwardWeights`; whatever happens, nothing stays put off after it.
+                // (A panic skips the reset; the next step's start drops what was left.)
                 let split = self.ctx.plan.schedule.kind == ScheduleKind::ZeroBubble;
                 self.defer_weight_grads(split);
-                let out = self.execute(&to_comm, &from_comm);
+                let mut out = self.execute(&to_comm, &from_comm);
+                let left = self.deferred_elements();
+                if out.is_ok() && left > 0 {
+                    out = Err(internal(
+                        format!("device {}", self.global),
+                        format!("{left} elements of put-off weight gradients were never added"),
+                    ));
+                }
                 self.defer_weight_grads(false);
                 drop(to_comm); // ends the communication thread
                 out
             })
         })
+    }
+
+    fn deferred_elements(&mut self) -> usize {
+        self.stages.iter_mut().flat_map(|(_, units)| units.iter_mut()).map(Unit::deferred_elements).sum()
     }
 
     fn defer_weight_grads(&mut self, on: bool) {
@@ -198,6 +211,7 @@ impl<D: Device> Worker<'_, D> {
         let replica_base = me - me % ctx.plan.config.pipeline_len;
         let s_count = ctx.plan.stages();
         let sliced = ctx.plan.config.slices() > 1;
+        let split = ctx.plan.schedule.kind == ScheduleKind::ZeroBubble;
         let mut batches: HashMap<Piece, Batch<D>> = HashMap::new();
         let mut acts: HashMap<(Piece, usize), D::Buf> = HashMap::new();
         let mut dys: HashMap<(Piece, usize), Option<D::Buf>> = HashMap::new();
@@ -389,7 +403,8 @@ impl<D: Device> Worker<'_, D> {
             }
             if action.is_compute() {
                 let arena: usize = arenas.values().map(KvArena::elements).sum();
-                out.peak_activations = out.peak_activations.max(saved_elements + arena);
+                let deferred = if split { self.deferred_elements() } else { 0 };
+                out.peak_activations = out.peak_activations.max(saved_elements + arena + deferred);
             }
             marks.push((action, start, dev.marker()?));
         }
