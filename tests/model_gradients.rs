@@ -63,7 +63,7 @@ fn check_unit(config: &ModelConfig, i: usize) {
     let (_, saved) = model.units()[i].forward(&dev, &batch, xin, true, None).unwrap();
     assert!(!matches!(saved, Saved::None), "{name}: a trainable unit in training mode saves activations");
     let dy = dev.upload_f64(&r).unwrap();
-    let dx = model.units_mut()[i].backward(&dev, &batch, saved, &dy, true, None).unwrap();
+    let dx = model.units_mut()[i].backward(&dev, &batch, saved, dy, true, None).unwrap();
 
     // Input gradient.
     if let Some(x) = x.as_mut() {

@@ -137,7 +137,7 @@ impl<D: Device> HeadUnit<D> {
         dev: &D,
         batch: &Batch<D>,
         s: HeadSaved<D>,
-        dlogits: &D::Buf,
+        dlogits: D::Buf,
         need_dinp: bool,
     ) -> Result<Option<D::Buf>> {
         let (b, t, c) = (batch.batch, batch.seq, self.dim);
@@ -146,7 +146,7 @@ impl<D: Device> HeadUnit<D> {
                 let features = s.classifier_in.as_ref().ok_or_else(|| missing_saved("classifier input"))?;
                 let need_features_grad = need_dinp || pooler.is_some();
                 let Some(dfeatures) =
-                    classifier.backward(dev, Held::Lent(dlogits), Held::Lent(features), b, need_features_grad)?
+                    classifier.backward(dev, Held::Given(dlogits), Held::Lent(features), b, need_features_grad)?
                 else {
                     return Ok(None);
                 };
@@ -171,7 +171,7 @@ impl<D: Device> HeadUnit<D> {
                 Ok(Some(dx))
             }
             HeadKind::TiedLm { lm_head } => {
-                lm_head.backward(dev, Held::Lent(dlogits), Held::Lent(&s.x), b * t, need_dinp)
+                lm_head.backward(dev, Held::Given(dlogits), Held::Lent(&s.x), b * t, need_dinp)
             }
         }
     }

@@ -316,7 +316,7 @@ impl<D: Device> Model<D> {
             if i < first_trainable {
                 break;
             }
-            match unit.backward(dev, batch, s, &dy, i > first_trainable, None)? {
+            match unit.backward(dev, batch, s, dy, i > first_trainable, None)? {
                 Some(dx) => dy = dx,
                 None => break,
             }
@@ -381,7 +381,7 @@ impl<D: Device> Model<D> {
                 if i < first_trainable {
                     break;
                 }
-                match unit.backward(dev, batch, s, &dy, i > first_trainable, arena.as_mut())? {
+                match unit.backward(dev, batch, s, dy, i > first_trainable, arena.as_mut())? {
                     Some(dx) => dy = dx,
                     None => break,
                 }

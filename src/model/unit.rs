@@ -123,13 +123,14 @@ impl<D: Device> Unit<D> {
 
     /// Backward of one unit: accumulates its parameter gradients and returns the gradient of
     /// its input when `need_dinp` (the unit below is trainable). A token slice passes the arena
-    /// its forward wrote, as in [`forward`](Self::forward).
+    /// its forward wrote, as in [`forward`](Self::forward). `dy` is given, not lent: the head
+    /// keeps it when its weight gradient is put off (zero bubble) instead of copying it.
     pub fn backward(
         &mut self,
         dev: &D,
         batch: &Batch<D>,
         saved: Saved<D>,
-        dy: &D::Buf,
+        dy: D::Buf,
         need_dinp: bool,
         arena: Option<&mut KvArena<D>>,
     ) -> Result<Option<D::Buf>> {
@@ -140,10 +141,10 @@ impl<D: Device> Unit<D> {
                 .into(),
         };
         match (self, saved) {
-            (Unit::Embedding(u), Saved::Embedding(s)) => u.backward(dev, batch, s, dy).map(|_| None),
-            (Unit::Attention(u), Saved::Attention(s)) => u.backward(dev, batch, s, dy, need_dinp, arena),
-            (Unit::Mlp(u), Saved::Mlp(s)) => u.backward(dev, batch, s, dy, need_dinp),
-            (Unit::FinalNorm(u), Saved::FinalNorm(s)) => u.backward(dev, batch, s, dy).map(Some),
+            (Unit::Embedding(u), Saved::Embedding(s)) => u.backward(dev, batch, s, &dy).map(|_| None),
+            (Unit::Attention(u), Saved::Attention(s)) => u.backward(dev, batch, s, &dy, need_dinp, arena),
+            (Unit::Mlp(u), Saved::Mlp(s)) => u.backward(dev, batch, s, &dy, need_dinp),
+            (Unit::FinalNorm(u), Saved::FinalNorm(s)) => u.backward(dev, batch, s, &dy).map(Some),
             (Unit::Head(u), Saved::Head(s)) => u.backward(dev, batch, s, dy, need_dinp),
             _ => Err(mismatch()),
         }

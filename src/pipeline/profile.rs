@@ -144,7 +144,7 @@ pub fn profile_units<D: Device>(
         let mut dy = loss.dlogits.ok_or_else(|| internal("profile", "no gradient"))?;
         for (i, (unit, s)) in model.units_mut().iter_mut().zip(saved).enumerate().rev() {
             let start = std::time::Instant::now();
-            let dx = unit.backward(dev, &batch, s, &dy, i > 0, None)?;
+            let dx = unit.backward(dev, &batch, s, dy, i > 0, None)?;
             let t = since(start)?;
             if rep > 0 {
                 bwd[i].push(t);

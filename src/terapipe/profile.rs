@@ -93,9 +93,9 @@ impl<D: Device> LayerProbe<D> {
             let start = Instant::now();
             let (_, attention, mlp) = self.forward(dev, model, &mut arena)?;
             let units = model.units_mut();
-            let dmid = units[self.attention + 1].backward(dev, &self.slice, mlp, &dy, true, None)?;
+            let dmid = units[self.attention + 1].backward(dev, &self.slice, mlp, dy, true, None)?;
             let dmid = dmid.ok_or_else(|| config_error("token_slices", "the MLP returned no input gradient"))?;
-            units[self.attention].backward(dev, &self.slice, attention, &dmid, true, Some(&mut arena))?;
+            units[self.attention].backward(dev, &self.slice, attention, dmid, true, Some(&mut arena))?;
             dev.synchronize()?;
             times.push(start.elapsed().as_secs_f64());
         }

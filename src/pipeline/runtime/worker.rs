@@ -315,7 +315,7 @@ impl<D: Device> Worker<'_, D> {
                             break;
                         }
                         cur =
-                            unit.backward(dev, batch, s, &y, g > ctx.first_trainable, arenas.get_mut(&(piece.mb, g)))?;
+                            unit.backward(dev, batch, s, y, g > ctx.first_trainable, arenas.get_mut(&(piece.mb, g)))?;
                     }
                     // Slice 0 runs its backward last: the micro-batch's arenas on this stage are done.
                     if piece.slice == 0 {
