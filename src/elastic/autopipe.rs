@@ -9,7 +9,7 @@
 //! remembered per (`K`, `R`, frozen prefix, batch).
 
 use crate::error::Result;
-use crate::pipeline::{PipelineConfig, Plan, UnitProfile};
+use crate::pipeline::{PipelineConfig, Plan, ScheduleKind, UnitProfile};
 use std::collections::BTreeMap;
 
 /// Shapes whose predicted throughput is within this fraction of the best count as balanced;
@@ -74,7 +74,7 @@ pub fn choose_shape(
         let per_replica = global.div_ceil(r);
         let m = (shapes.micro)(k, per_replica).clamp(1, per_replica.max(1));
         let chunks = if k == 1 { 1 } else { base.chunks };
-        let schedule = if k == 1 { crate::pipeline::ScheduleKind::OneFOneB } else { base.schedule };
+        let schedule = schedule_for(k, base.schedule);
         let config =
             PipelineConfig { pipeline_len: k, replicas: r, micro_batches: m, chunks, schedule, ..base.clone() };
         let units = (shapes.profiles)(per_replica.div_ceil(m));
@@ -92,6 +92,12 @@ pub fn choose_shape(
         (true, Some(e)) => Err(e),
         _ => Ok(out),
     }
+}
+
+/// The schedule a `k`-stage candidate runs: the run's own, or 1F1B on one stage, where every
+/// schedule is the same order and zero bubble's split would only cost.
+pub fn schedule_for(k: usize, base: ScheduleKind) -> ScheduleKind {
+    if k == 1 { ScheduleKind::OneFOneB } else { base }
 }
 
 /// The chosen candidate: the shortest pipeline within [`BALANCED`] of the best throughput.
@@ -130,9 +136,10 @@ pub struct Tuner {
 }
 
 impl Tuner {
-    /// The key of a shape: the same pipeline over the same units on the same batch.
-    pub fn key(k: usize, r: usize, frozen: usize, cached: bool, per_replica: usize) -> String {
-        format!("K={k} R={r} frozen={frozen} cached={cached} batch={per_replica}")
+    /// The key of a shape: the same pipeline over the same units on the same batch, under the
+    /// same schedule (zero bubble's shorter fill and drain favour fewer micro-batches).
+    pub fn key(k: usize, r: usize, frozen: usize, cached: bool, per_replica: usize, schedule: ScheduleKind) -> String {
+        format!("K={k} R={r} frozen={frozen} cached={cached} batch={per_replica} schedule={schedule}")
     }
 
     /// Starts timing `candidates` for `key` unless it is known; returns the `M` to run now.
@@ -279,7 +286,7 @@ mod tests {
         assert_eq!(micro_batch_candidates(2, 3), vec![2, 3]);
         assert_eq!(micro_batch_candidates(1, 1), vec![1]);
         let mut t = Tuner::default();
-        let key = Tuner::key(2, 1, 5, true, 32);
+        let key = Tuner::key(2, 1, 5, true, 32, ScheduleKind::OneFOneB);
         assert_eq!(t.start(key.clone(), vec![2, 4, 8]), 2);
         assert_eq!(ROUNDS, 3);
         // Round robin: 2, 4, 8, 2, 4, 8, 2, 4, 8. The median ignores one bad step (M = 4's
@@ -299,5 +306,11 @@ mod tests {
         assert_eq!(t.record(4, 1.0), None);
         assert_eq!(t.start(key, vec![2, 4, 8]), 4, "known: no timing");
         assert!(!t.running());
+        // The same shape under another schedule is timed afresh.
+        let zb = Tuner::key(2, 1, 5, true, 32, ScheduleKind::ZeroBubble);
+        assert_eq!(t.start(zb, vec![2, 4, 8]), 2);
+        assert!(t.running());
+        assert_eq!(schedule_for(1, ScheduleKind::ZeroBubble), ScheduleKind::OneFOneB);
+        assert_eq!(schedule_for(2, ScheduleKind::ZeroBubble), ScheduleKind::ZeroBubble);
     }
 }

@@ -7,7 +7,7 @@
 //! and how long it took.
 
 use super::autodp::{batches_per_step, lends_threads, rebuild_communicators, replicas_for};
-use super::autopipe::{Shapes, Tuner, choose_shape, micro_batch_candidates, pick};
+use super::autopipe::{Shapes, Tuner, choose_shape, micro_batch_candidates, pick, schedule_for};
 use super::cache::ActivationCache;
 use super::freeze::FreezeController;
 use super::{ElasticConfig, FreezeInterval, FreezeName};
@@ -156,7 +156,8 @@ impl Elastic {
             candidates.extend(
                 micro_batch_candidates(c.pipeline_len, per_replica).into_iter().filter(|&m| m != c.micro_batches),
             );
-            let m = self.tuner.start(Tuner::key(c.pipeline_len, c.replicas, 0, false, per_replica), candidates);
+            let key = Tuner::key(c.pipeline_len, c.replicas, 0, false, per_replica, c.schedule);
+            let m = self.tuner.start(key, candidates);
             if m != c.micro_batches {
                 let profiles = trainer.profiles_for(per_replica.div_ceil(m), 0);
                 trainer.pipeline.set_micro_batches(m, &profiles)?;
@@ -260,7 +261,7 @@ impl Elastic {
             let global = |r: usize| a.batch * batches_per_step(policy, r, a.initial_replicas);
             let tuned = &self.tuner.best;
             let micro = |k: usize, per_replica: usize| {
-                let key = Tuner::key(k, replicas(k), units, cached > 0, per_replica);
+                let key = Tuner::key(k, replicas(k), units, cached > 0, per_replica, schedule_for(k, before.schedule));
                 tuned.get(&key).copied().unwrap_or((2 * k).min(per_replica))
             };
             let names = crate::pipeline::runtime::unit_names(trainer.pipeline.units());
@@ -273,9 +274,10 @@ impl Elastic {
             trainer.pipeline.lend_idle_threads(lend)?;
             let (k, r) = (chosen.pipeline_len, chosen.replicas);
             let per_replica = global(r).div_ceil(r);
-            let m = self
-                .tuner
-                .start(Tuner::key(k, r, units, cached > 0, per_replica), micro_batch_candidates(k, per_replica));
+            let m = self.tuner.start(
+                Tuner::key(k, r, units, cached > 0, per_replica, chosen.schedule),
+                micro_batch_candidates(k, per_replica),
+            );
             let config = crate::pipeline::PipelineConfig { micro_batches: m, ..chosen };
             trainer.pipeline.replan(config, &trainer.profiles_for(per_replica.div_ceil(m), cached), cached)?;
             if r != before.replicas {
