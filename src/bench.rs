@@ -113,6 +113,9 @@ pub struct StepTiming {
     /// measured in the same seconds as the steps, so a VM whose speed drifts between runs
     /// moves both alike.
     pub gemm_gflops: Option<f64>,
+    /// The median over the timed steps of each step against the GEMM timed right after it
+    /// ([`paired_floor_ratio`]), when the floor was asked for.
+    pub paired_ratio: Option<f64>,
 }
 
 impl StepTiming {
@@ -126,6 +129,13 @@ impl StepTiming {
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+/// Each step's time against its FLOPs at the rate of the GEMM timed right after it, the
+/// median of those: a VM that drifts within a run moves a step and its own GEMM together, so
+/// the pairs cancel the drift that a ratio of the two medians keeps.
+pub fn paired_floor_ratio(times: &[f64], gflops: &[f64], flops: f64) -> f64 {
+    median(times.iter().zip(gflops).map(|(t, g)| t / (flops / g / 1e9)).collect())
 }
 
 /// Times `steps` training steps (forward, backward, clipping at 1.0, AdamW) of the
@@ -161,7 +171,9 @@ pub fn time_step<D: Device>(
         }
     }
     let (min, max) = times.iter().fold((f64::INFINITY, 0f64), |(lo, hi), &t| (lo.min(t), hi.max(t)));
-    Ok(StepTiming { median: median(times), min, max, flops, gemm_gflops: (!rates.is_empty()).then(|| median(rates)) })
+    let paired_ratio = (!rates.is_empty()).then(|| paired_floor_ratio(&times, &rates, flops));
+    let gemm_gflops = (!rates.is_empty()).then(|| median(rates));
+    Ok(StepTiming { median: median(times), min, max, flops, gemm_gflops, paired_ratio })
 }
 
 /// The PyTorch script beside the report (`scripts/bench_torch.py`), embedded so an installed
@@ -234,6 +246,24 @@ pub fn torch_step(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A VM that slows down to half speed right after the third step: the steps take 1.2× their
+    /// floor before and after; the step-by-step ratio says so, the ratio of the two medians
+    /// (three fast steps, three slow GEMMs) says 0.6×.
+    #[test]
+    fn paired_floor_ratio_cancels_drift_within_a_run() {
+        let (times, gflops) = ([0.012, 0.012, 0.012, 0.024, 0.024], [100.0, 100.0, 50.0, 50.0, 50.0]);
+        assert!((paired_floor_ratio(&times, &gflops, 1e9) - 1.2).abs() < 1e-12);
+        let t = StepTiming {
+            median: median(times.to_vec()),
+            min: 0.012,
+            max: 0.024,
+            flops: 1e9,
+            gemm_gflops: Some(median(gflops.to_vec())),
+            paired_ratio: None,
+        };
+        assert!((t.floor_ratio().unwrap() - 0.6).abs() < 1e-12);
+    }
 
     #[test]
     fn the_pytorch_comparison_is_skipped_with_a_reason_not_an_error() {

@@ -634,18 +634,22 @@ fn bench_step(
     println!(
         "MiniLM-shaped training step: 6 layers, hidden 384, 12 heads, MLP 1536, batch {batch} × seq {seq}, dropout \
          0.1, clipping at 1.0, AdamW; {flops:.4e} FLOP; median of {steps} after {warmup} warm-up; the GEMM floor: \
-         these FLOPs at the median rate of an f32 2048³ GEMM timed after each step"
+         these FLOPs at the median rate of an f32 2048³ GEMM timed after each step; step by step: the median of \
+         each step against the GEMM timed right after it"
     );
-    println!("| step | ms | min–max ms | GFLOP/s | / GEMM floor (GEMM GFLOP/s in its steps) |");
-    println!("|---|---|---|---|---|");
+    println!(
+        "| step | ms | min–max ms | GFLOP/s | / GEMM floor (GEMM GFLOP/s in its steps) | / GEMM floor, step by step |"
+    );
+    println!("|---|---|---|---|---|---|");
     for (name, t) in &rows {
         let ms = t.median * 1e3;
         let ratio = match (t.floor_ratio(), t.gemm_gflops) {
             (Some(r), Some(g)) => format!("{r:.2}× ({g:.0})"),
             _ => String::new(),
         };
+        let paired = t.paired_ratio.map_or_else(String::new, |p| format!("{p:.2}×"));
         println!(
-            "| {name} | {ms:.1} | {:.1}–{:.1} | {:.1} | {ratio} |",
+            "| {name} | {ms:.1} | {:.1}–{:.1} | {:.1} | {ratio} | {paired} |",
             t.min * 1e3,
             t.max * 1e3,
             flops / t.median / 1e9
@@ -657,7 +661,7 @@ fn bench_step(
     let ratio = |ms: f64| floor_ms.map_or_else(String::new, |f| format!("{:.2}×", ms / f));
     if let (Some(gemm), Some(ms), Some(threads)) = (gemm, floor_ms, pool_threads) {
         println!(
-            "| GEMM floor: these FLOPs at the f32 2048³ GEMM rate ({threads} threads, timed with the f32 steps) | {ms:.1} | | {gemm:.1} | 1.00× |"
+            "| GEMM floor: these FLOPs at the f32 2048³ GEMM rate ({threads} threads, timed with the f32 steps) | {ms:.1} | | {gemm:.1} | 1.00× | |"
         );
     }
     if cpu && python != "none" {
@@ -667,7 +671,7 @@ fn bench_step(
                 for (what, ms) in [("eager, f32", f32_ms), ("bf16 autocast", bf16_ms)] {
                     let rate = flops / ms / 1e6;
                     println!(
-                        "| PyTorch {version} {what} ({threads} threads) | {ms:.1} | | {rate:.1} | {} |",
+                        "| PyTorch {version} {what} ({threads} threads) | {ms:.1} | | {rate:.1} | {} | |",
                         ratio(ms)
                     );
                 }
