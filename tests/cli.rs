@@ -236,6 +236,12 @@ fn plan_prints_the_partition_schedule_and_bubble_and_refuses_bad_requests() {
     let (ok, out) =
         pipetransformer(&["plan", "--config", "configs/vit-digits.toml", "--devices", "2", "--schedule", "zb-h1"]);
     assert!(ok && out.contains("schedule zb-h1") && out.contains("B0.1 W0.1"), "{out}");
+    // ...and refuses what it does not run, naming the setting.
+    let zb = ["plan", "--config", "configs/gpt-hamlet.toml", "--devices", "2", "--schedule", "zb-h1"];
+    let (ok, out) = pipetransformer(&[&zb[..], &["--token-slices", "4"]].concat());
+    assert!(!ok && out.contains("token_slices") && out.contains("does not run token slices"), "{out}");
+    let (ok, out) = pipetransformer(&[&zb[..], &["--chunks", "2"]].concat());
+    assert!(!ok && out.contains("zb-h1 runs one chunk per device"), "{out}");
 }
 
 #[test]

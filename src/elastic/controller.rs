@@ -6,7 +6,7 @@
 //! to new replicas (AutoDP), decide whether the cache pays (AutoCache), and log what changed
 //! and how long it took.
 
-use super::autodp::{batches_per_step, lends_threads, rebuild_communicators, replicas_for};
+use super::autodp::{batches_per_step, rebuild_communicators, replicas_for};
 use super::autopipe::{Shapes, Tuner, choose_shape, micro_batch_candidates, pick, schedule_for};
 use super::cache::ActivationCache;
 use super::freeze::FreezeController;
@@ -254,7 +254,7 @@ impl Elastic {
             let (policy, auto_dp) = (self.config.batch_policy, self.config.auto_dp);
             // Freed cpu devices lend their threads: the replicas stay as they began, and the
             // `K·R` devices at work share every device's threads.
-            let lend = auto_dp && lends_threads(self.config.freed_devices, trainer.pipeline.devices());
+            let lend = self.config.lends_threads(trainer.pipeline.devices());
             let replicas = |k: usize| replicas_for(k, a.devices, a.initial_replicas, auto_dp && !lend);
             let pipeline = &trainer.pipeline;
             let speed = |k: usize| if lend { pipeline.lent_speed(k * replicas(k)) } else { 1.0 };

@@ -185,6 +185,12 @@ impl Default for ElasticConfig {
 }
 
 impl ElasticConfig {
+    /// Whether the devices a shorter pipeline frees lend their threads to `devices` at work:
+    /// AutoDP on, `freed_devices = "threads"`, and cpu devices.
+    pub fn lends_threads<D: crate::device::Device>(&self, devices: &[D]) -> bool {
+        self.auto_dp && autodp::lends_threads(self.freed_devices, devices)
+    }
+
     /// The freeze rule this config names.
     pub fn rule(&self) -> FreezeRule {
         match self.freeze {
@@ -223,9 +229,8 @@ impl ElasticConfig {
         )?;
         // `freed_devices` says what AutoDP makes of freed devices: without AutoDP it has
         // nothing to do (so switching AutoDP off in an ablation needs no second flag).
-        let lend = self.auto_dp && self.freed_devices == autodp::FreedDevices::Threads;
         need(
-            lend,
+            self.auto_dp && self.freed_devices == autodp::FreedDevices::Threads,
             "batch_policy",
             "\"scale-lr\" grows the batch with the replicas, and freed cpu devices lending threads (elastic.freed_devices = \"threads\") add none: choose one",
             self.batch_policy == BatchPolicy::Constant,

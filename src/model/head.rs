@@ -5,7 +5,7 @@ use super::batch::{Batch, DropoutLayout};
 use super::config::Pooling;
 use super::dropout::DropoutSite;
 use super::embedding::missing_saved;
-use super::layers::{Held, LayerNorm, LayerNormSaved, Linear, len_of};
+use super::layers::{Held, LayerNorm, LayerNormSaved, Linear, clone_buf, len_of};
 use super::param::Param;
 use crate::device::Device;
 use crate::error::Result;
@@ -198,11 +198,4 @@ impl<D: Device> HeadUnit<D> {
             HeadKind::TiedLm { lm_head } => lm_head.params_mut(),
         }
     }
-}
-
-/// A device-side copy of `src`.
-fn clone_buf<D: Device>(dev: &D, src: &D::Buf) -> Result<D::Buf> {
-    let mut dst = dev.alloc(D::len(src))?;
-    dev.copy(&mut dst, src)?;
-    Ok(dst)
 }

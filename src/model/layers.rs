@@ -50,14 +50,17 @@ impl<B> Held<'_, B> {
 
     fn keep<D: Device<Buf = B>>(self, dev: &D) -> Result<B> {
         match self {
-            Held::Lent(src) => {
-                let mut copy = dev.alloc(D::len(src))?;
-                dev.copy(&mut copy, src)?;
-                Ok(copy)
-            }
+            Held::Lent(src) => clone_buf(dev, src),
             Held::Given(b) => Ok(b),
         }
     }
+}
+
+/// A device-side copy of `src`.
+pub(crate) fn clone_buf<D: Device>(dev: &D, src: &D::Buf) -> Result<D::Buf> {
+    let mut dst = dev.alloc(D::len(src))?;
+    dev.copy(&mut dst, src)?;
+    Ok(dst)
 }
 
 /// What a put-off weight gradient needs: one backward's input rows and output gradient.

@@ -7,7 +7,7 @@ use super::source::{SampleSource, subset};
 use crate::data::{self, ImageSample, LmSequence, TextSample};
 use crate::device::Device;
 use crate::elastic::Elastic;
-use crate::elastic::autodp::{lends_threads, rebuild_communicators};
+use crate::elastic::autodp::rebuild_communicators;
 use crate::elastic::controller::Surroundings;
 use crate::error::{Error, Result, config_error, internal};
 use crate::files::{self, io_error};
@@ -346,8 +346,7 @@ impl<D: Device> Job<D> {
         let mut devices = devices;
         devices.truncate(count);
         let mut pipeline = Pipeline::new(devices, model, config.train.optimizer, plan.clone(), &profiles)?;
-        let e = &config.elastic;
-        pipeline.lend_idle_threads(e.auto_dp && lends_threads(e.freed_devices, pipeline.devices()))?;
+        pipeline.lend_idle_threads(config.elastic.lends_threads(pipeline.devices()))?;
         let communicator = rebuild_communicators(&mut pipeline)?;
         let trainer = Trainer::new(pipeline, config.train.clone(), source.batches_per_epoch(), per_sample)?;
         let positions = match spec.input {
