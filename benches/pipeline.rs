@@ -5,7 +5,7 @@
 //!    measured unit times;
 //! 2. the runtime's own cost per action (sends and all-reduce starts of small tensors);
 //! 3. the in-process ring all-reduce against a plain memory copy of the same bytes;
-//! 4. the process group's TCP star (what `pipetransformer launch` sums gradients with; here its
+//! 4. the process group's TCP ring (what `pipetransformer launch` sums gradients with; here its
 //!    members are threads talking over loopback, the same sockets separate processes use) against
 //!    the in-process ring, and the time for a group to meet at the rendezvous.
 //!
@@ -38,12 +38,12 @@ fn main() {
     }
 }
 
-/// The TCP star of `pipetransformer launch` against the in-process ring, same members and bytes.
+/// The TCP ring of `pipetransformer launch` against the in-process ring, same members and bytes.
 fn process_group() {
     use pipetransformer::comm::process_group::ProcessGroup;
     use pipetransformer::comm::rendezvous::Secret;
-    println!("\n## process group (TCP star over loopback) vs the in-process ring\n");
-    println!("| members | MiB per member | meet ms | TCP star ms | GB/s | ring ms | GB/s |");
+    println!("\n## process group (TCP ring over loopback) vs the in-process ring\n");
+    println!("| members | MiB per member | meet ms | TCP ring ms | GB/s | in-process ring ms | GB/s |");
     println!("|---|---|---|---|---|---|---|");
     for members in [2, 4] {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -76,7 +76,7 @@ fn process_group() {
                 times.sort_by(f64::total_cmp);
                 times[times.len() / 2]
             };
-            let star = median(&|m| {
+            let tcp = median(&|m| {
                 let mut data = vec![1.0f32; n];
                 let t = Instant::now();
                 group[m].all_reduce_sum_f32(&mut data).unwrap();
@@ -92,8 +92,8 @@ fn process_group() {
             println!(
                 "| {members} | {mib} | {:.1} | {:.1} | {:.2} | {:.1} | {:.2} |",
                 meet * 1e3,
-                star * 1e3,
-                bytes / star / 1e9,
+                tcp * 1e3,
+                bytes / tcp / 1e9,
                 in_process * 1e3,
                 bytes / in_process / 1e9
             );

@@ -538,7 +538,7 @@ fn launched_processes_train_the_weights_one_process_trains() {
         args.extend(rest.iter().map(String::as_str));
         let (ok, out) = pipetransformer(&args);
         assert!(ok, "{procs} processes: {out}");
-        assert!(out.contains(&format!("a TCP star across {procs} processes")), "{out}");
+        assert!(out.contains(&format!("a TCP ring across {procs} processes")), "{out}");
         let got = exported(&dir);
         let (mut num, mut den) = (0.0f64, 0.0f64);
         for ((a, x), (b, y)) in got.iter().zip(&want) {

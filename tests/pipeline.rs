@@ -497,8 +497,9 @@ fn a_process_that_dies_ends_the_others_with_its_rank_not_a_hang() {
     });
     let e0 = errors[0].as_deref().unwrap();
     assert!(e0.contains("rank 2") && e0.contains("closed its connection"), "{e0}");
+    // Rank 1 hears it from writing to rank 2 or from rank 0 hanging up, whichever comes first.
     let e1 = errors[1].as_deref().unwrap();
-    assert!(e1.contains("rank 0") && e1.contains("closed its connection"), "{e1}");
+    assert!((e1.contains("rank 0") || e1.contains("rank 2")) && e1.contains("closed its connection"), "{e1}");
     assert!(started.elapsed() < std::time::Duration::from_secs(25), "no one waited for the 30 s timeout");
 }
 

@@ -6,6 +6,7 @@
 
 pub mod nccl;
 pub mod nccl_lib;
+pub mod peers;
 pub mod process_group;
 pub mod rendezvous;
 pub mod ring;

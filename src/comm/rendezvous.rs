@@ -55,7 +55,7 @@ impl Secret {
         String::from_utf8_lossy(&self.0).into_owned()
     }
 
-    fn mac(&self, parts: &[&[u8]]) -> [u8; MAC] {
+    pub(super) fn mac(&self, parts: &[&[u8]]) -> [u8; MAC] {
         // HMAC takes keys of any length.
         let mut m = <HmacSha256 as Mac>::new_from_slice(&self.0).expect("HMAC accepts any key length");
         for p in parts {
@@ -64,7 +64,7 @@ impl Secret {
         m.finalize().into_bytes().into()
     }
 
-    fn verify(&self, parts: &[&[u8]], tag: &[u8]) -> bool {
+    pub(super) fn verify(&self, parts: &[&[u8]], tag: &[u8]) -> bool {
         let mut m = <HmacSha256 as Mac>::new_from_slice(&self.0).expect("HMAC accepts any key length");
         for p in parts {
             m.update(p);
@@ -79,7 +79,7 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-fn rdzv_error(what: &str, message: impl Into<String>) -> Error {
+pub(super) fn rdzv_error(what: &str, message: impl Into<String>) -> Error {
     Error::Device { what: format!("rendezvous: {what}"), message: message.into() }
 }
 
@@ -87,7 +87,7 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn random_bytes<const N: usize>() -> Result<[u8; N]> {
+pub(super) fn random_bytes<const N: usize>() -> Result<[u8; N]> {
     let mut out = [0u8; N];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut out))

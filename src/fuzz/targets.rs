@@ -428,18 +428,23 @@ fn hf_config(input: &[u8], _: &Path) -> Result<()> {
 // ---- rendezvous messages ---------------------------------------------------------------------
 
 /// What a stranger can send either side of the rendezvous: to rank 0, a hello frame; to a
-/// member, a challenge frame then a welcome frame.
+/// member, a challenge frame then a welcome frame; and at a member's ring port, a ring hello
+/// (or, over the rendezvous link, an address).
 fn rendezvous_seeds(_: &Path) -> Result<Vec<Vec<u8>>> {
     use crate::comm::rendezvous::{MAC, NONCE, frame};
     let hello = frame(&[&1u32.to_le_bytes(), &2u32.to_le_bytes(), &[7; MAC]]);
     let mut member_side = frame(&[&[3; NONCE]]);
     member_side.extend(frame(&[&[9; MAC], &[1; 128]]));
-    Ok(vec![hello, member_side])
+    let ring_hello = frame(&[&2u32.to_le_bytes(), &[4; NONCE], &[5; MAC]]);
+    let address = frame(&[b"127.0.0.1:29500"]);
+    Ok(vec![hello, member_side, ring_hello, address])
 }
 
-/// Rank 0's reading of a hello, and a member's reading of a challenge and welcome, from the
-/// same bytes: every message is framed and length-checked before any MAC is computed.
+/// Rank 0's reading of a hello, a member's reading of a challenge and welcome, and the ring's
+/// readings of a hello and an address, from the same bytes: every message is framed and
+/// length-checked before any MAC is computed.
 fn rendezvous(input: &[u8], _: &Path) -> Result<()> {
+    use crate::comm::peers::{parse_address, parse_peer_hello};
     use crate::comm::rendezvous::{parse_hello, read_challenge, read_frame, read_welcome};
     let refused = |why: String| config_error("rendezvous message", why);
     let hello = read_frame(&mut &input[..]).and_then(|body| parse_hello(&body));
@@ -448,8 +453,11 @@ fn rendezvous(input: &[u8], _: &Path) -> Result<()> {
         read_frame(&mut rest)?; // the challenge again, to reach the welcome
         read_welcome(&mut rest)
     });
-    match (hello, member) {
-        (Err(a), Err(b)) => Err(refused(format!("{a}; {b}"))),
+    let ring = read_frame(&mut &input[..]).and_then(|body| {
+        parse_peer_hello(&body).map(drop).or_else(|a| parse_address(&body).map(drop).map_err(|b| format!("{a}; {b}")))
+    });
+    match (hello, member, ring) {
+        (Err(a), Err(b), Err(c)) => Err(refused(format!("{a}; {b}; {c}"))),
         _ => Ok(()),
     }
 }

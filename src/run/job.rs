@@ -299,9 +299,9 @@ impl<D: Device> Job<D> {
             }
         }
         self.communicator = if self.trainer.pipeline.replicas() > 1 {
-            format!("{} within each process, a TCP star across {} processes", self.communicator, group.size())
+            format!("{} within each process, a TCP ring across {} processes", self.communicator, group.size())
         } else {
-            format!("a TCP star across {} processes", group.size())
+            format!("a TCP ring across {} processes", group.size())
         };
         self.trainer.pipeline.set_process_group(Some(std::sync::Arc::new(group)));
         Ok(())
