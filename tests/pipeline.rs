@@ -472,6 +472,104 @@ fn processes_train_like_one_device_with_loss_and_norm_at_every_step() {
     }
 }
 
+/// Each member of a `K`-process group builds the same `K`-stage pipeline across processes
+/// and runs `f` on it, in its own thread; returns what each returned, in rank order.
+fn across_processes<T: Send>(
+    config: &ModelConfig,
+    plan: PipelineConfig,
+    f: impl Fn(usize, Pipeline<CpuDevice<f32>>) -> T + Sync,
+) -> Vec<T> {
+    let group = process_group(plan.pipeline_len);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = group
+            .into_iter()
+            .map(|member| {
+                let (f, plan) = (&f, plan.clone());
+                s.spawn(move || {
+                    let dev = CpuDevice::new(member.rank(), 1).unwrap();
+                    let model = Model::new(&dev, config, 7).unwrap();
+                    let prof = profiles(&model, &dev);
+                    let rank = member.rank();
+                    f(rank, Pipeline::across_processes(dev, model, adamw(), plan, &prof, member).unwrap())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// A pipeline whose stages are processes computes what the same pipeline in one process
+/// computes, to the bit: the loss and gradient norm of every step (batches with unequal target
+/// counts, dropout on, clipping on, GPT's tied embedding summed across the first and last
+/// stage's processes), then every weight once the stages are shared.
+#[test]
+fn stages_across_processes_train_like_one_process_to_the_bit() {
+    let config = gpt();
+    let data = common::Pool::new(&config, 24, 12, 5);
+    let batches: Vec<HostBatch> = (0..STEPS as usize)
+        .map(|i| {
+            use pipetransformer::train::BatchSource;
+            data.train_batch(0, i % 2).unwrap()
+        })
+        .collect();
+    for (k, m, schedule) in
+        [(2, 3, ScheduleKind::OneFOneB), (3, 4, ScheduleKind::Gpipe), (2, 2, ScheduleKind::Interleaved)]
+    {
+        let mut one = pipeline(&config, cfg(k, 1, m, schedule));
+        let want: Vec<(f64, f64)> = batches
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let s = one.step(b, 1000 + i as u64, LR, Some(1.0)).unwrap();
+                (s.loss, s.grad_norm)
+            })
+            .collect();
+        let weights = one.parameters(0).unwrap();
+        let got = across_processes(&config, cfg(k, 1, m, schedule), |rank, mut p| {
+            assert_eq!(p.process_stage(), Some(rank));
+            let steps: Vec<(f64, f64)> = batches
+                .iter()
+                .enumerate()
+                .map(|(i, b)| {
+                    let s = p.step(b, 1000 + i as u64, LR, Some(1.0)).unwrap();
+                    assert!(s.trace.per_device.iter().enumerate().all(|(g, spans)| (g == rank) != spans.is_empty()));
+                    (s.loss, s.grad_norm)
+                })
+                .collect();
+            p.share_stages().unwrap();
+            (steps, p.parameters(0).unwrap())
+        });
+        for (rank, (steps, params)) in got.iter().enumerate() {
+            let what = format!("{schedule:?} K={k} M={m}, rank {rank}");
+            assert_eq!(steps, &want, "{what}: losses and gradient norms, step by step");
+            assert!(
+                params == &weights,
+                "{what}: weights differ from one process's (rel {:e})",
+                params_rel(params, &weights)
+            );
+        }
+    }
+}
+
+/// A stage's process that fails ends the others' steps at once with an error naming it.
+#[test]
+fn a_failing_stage_process_ends_the_others_naming_it() {
+    let config = gpt();
+    let host = batch(&config, 6, 0);
+    let started = std::time::Instant::now();
+    let errors = across_processes(&config, cfg(3, 1, 3, ScheduleKind::OneFOneB), |rank, mut p| {
+        if rank == 1 {
+            p.set_fault(Some(Fault { device: 1, action: 4, panic: false }));
+        }
+        p.step(&host, 1, LR, Some(1.0)).unwrap_err().to_string()
+    });
+    assert!(errors[1].contains("injected"), "{}", errors[1]);
+    for r in [0, 2] {
+        assert!(errors[r].contains("rank 1") && errors[r].contains("closed its connection"), "rank {r}: {}", errors[r]);
+    }
+    assert!(started.elapsed() < std::time::Duration::from_secs(25), "no one waited for the 30 s timeout");
+}
+
 #[test]
 fn a_process_that_dies_ends_the_others_with_its_rank_not_a_hang() {
     let config = gpt();

@@ -89,6 +89,52 @@ impl ProcessGroup {
         })
     }
 
+    /// Every process's `values[bounds[p]]` becomes process `p`'s: an all-gather over the ring,
+    /// each process sending what it owns round once. `bounds` (one range per rank, disjoint)
+    /// must be the same on every process; the values travel as they are, so the copies are
+    /// exact.
+    pub fn all_gather_f32(&self, values: &mut [f32], bounds: &[std::ops::Range<usize>]) -> Result<()> {
+        if bounds.len() != self.size || bounds.iter().any(|b| b.end > values.len() || b.start > b.end) {
+            return Err(group_error(format!(
+                "an all-gather over {} processes of {} values was given the ranges {bounds:?}",
+                self.size,
+                values.len()
+            )));
+        }
+        let n = self.size;
+        self.collective(|links| match links.ring.as_mut() {
+            Some(ring) => {
+                for t in 0..n - 1 {
+                    let (out, into) = ((self.rank + n - t) % n, (self.rank + 2 * n - t - 1) % n);
+                    let (out, into) = (bounds[out].clone(), bounds[into].clone());
+                    swap(ring, self.rank, n, values.len(), values, out, into, Land::Copy)?;
+                }
+                Ok(())
+            }
+            None => Ok(()),
+        })
+    }
+
+    /// Handles on this process's two ring links, `(to the next rank, from the previous one)`,
+    /// for point-to-point messages between collectives (a pipeline whose stages are processes
+    /// sends activations forward on the first and gradients back on the second; TCP carries
+    /// both directions). None in a group of one.
+    pub fn ring_links(&self) -> Result<Option<(TcpStream, TcpStream)>> {
+        let links = self.links.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(ring) = &links.ring else { return Ok(None) };
+        let clone = |s: &TcpStream| s.try_clone().map_err(|e| group_error(e.to_string()));
+        Ok(Some((clone(&ring.next)?, clone(&ring.prev)?)))
+    }
+
+    /// Hangs up every link of this process: the others' reads fail at once, so a process that
+    /// gives up (a failed pipeline step) ends its peers' waits instead of leaving them to time out.
+    pub fn hang_up(&self) {
+        let links = self.links.lock().unwrap_or_else(|e| e.into_inner());
+        for s in links.streams() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
     /// Every process's `values` become the element-wise sum over the group, in rank order.
     pub fn all_reduce_sum_f64(&self, values: &mut [f64]) -> Result<()> {
         self.collective(|links| Self::exchange(&mut links.star, values))

@@ -22,6 +22,7 @@ mod gradients;
 mod mailbox;
 mod optimizers;
 mod placement;
+mod processes;
 mod worker;
 
 pub use worker::Fault;
@@ -36,6 +37,7 @@ use crate::error::{Result, config_error, data_error, internal};
 use crate::model::{Batch, Hidden, HostBatch, Model, ModelParts, Spec, Unit, head_loss};
 use crate::optim::{Optimizer, OptimizerConfig};
 use mailbox::Shared;
+use processes::StageProcesses;
 use std::sync::Arc;
 use worker::{BucketBuffers, StageUnits, StepContext, Worker, WorkerOutput};
 
@@ -105,6 +107,9 @@ pub struct Pipeline<D: Device> {
     /// The processes this pipeline trains with (`pipetransformer launch`): each runs its shard
     /// of every global batch, and they sum gradients and losses after the backward.
     process_group: Option<Arc<ProcessGroup>>,
+    /// When the stages are processes ([`across_processes`](Self::across_processes)): this
+    /// process runs stage `rank` on its one device, where every stage's units are kept.
+    stage_processes: Option<StageProcesses>,
     /// Host buffers the in-process ring's gradient buckets travel in, kept from step to step:
     /// a fresh one of tens of megabytes would come from the kernel as new pages every step.
     bucket_buffers: BucketBuffers,
@@ -112,6 +117,11 @@ pub struct Pipeline<D: Device> {
     /// plan leaves idle lend theirs to those at work ([`lend_idle_threads`](Self::lend_idle_threads)).
     own_threads: Vec<Option<usize>>,
     lend_threads: bool,
+}
+
+/// [`Pipeline::device_index`] for callers that hold part of the pipeline mutably.
+fn device_slot(g: usize, across_processes: bool) -> usize {
+    if across_processes { 0 } else { g }
 }
 
 /// Unit names for plans (`embeddings#0`, `attention#1`, ...).
@@ -148,11 +158,120 @@ impl<D: Device> Pipeline<D> {
             fault: None,
             communicators: None,
             process_group: None,
+            stage_processes: None,
             bucket_buffers: BucketBuffers::default(),
         };
         p.place(owned)?;
         p.optimizers = p.fresh_optimizers()?;
         Ok(p)
+    }
+
+    /// A pipeline whose stages are the processes of `group` (`pipetransformer launch`, one
+    /// process per device): process `p` trains stage `p` of a `K = group.size()` plan on its
+    /// one `device`; activations and gradients cross between neighbouring processes over the
+    /// group's ring links. Every process builds the same plan from the same `profiles` and
+    /// keeps every stage's units on its device (weights only: the optimizer state is the
+    /// stage's own), so [`share_stages`](Self::share_stages) can bring them up to date for
+    /// evaluation and export. One replica; no re-planning, and no activation cache.
+    pub fn across_processes(
+        device: D,
+        model: Model<D>,
+        optimizer: OptimizerConfig,
+        config: PipelineConfig,
+        profiles: &[UnitProfile],
+        group: Arc<ProcessGroup>,
+    ) -> Result<Self> {
+        if config.replicas != 1 || config.pipeline_len != group.size() {
+            return Err(config_error(
+                "processes",
+                format!(
+                    "a pipeline across {} processes takes pipeline_len {} and 1 replica, not {} × {}",
+                    group.size(),
+                    group.size(),
+                    config.pipeline_len,
+                    config.replicas
+                ),
+            ));
+        }
+        let processes = StageProcesses::new(group)?;
+        let pinned = model.frozen_prefix();
+        let ModelParts { spec, units, tied } = model.into_parts();
+        let plan = Plan::new(config, profiles, unit_names(&units), processes.group.size(), pinned)?;
+        let owned: Vec<(Unit<D>, usize)> = units.into_iter().map(|u| (u, 0)).collect();
+        let mut p = Pipeline {
+            own_threads: vec![device.threads()],
+            lend_threads: false,
+            devices: vec![device],
+            spec,
+            tied,
+            plan,
+            stages: Vec::new(),
+            optimizers: Vec::new(),
+            optimizer_config: optimizer,
+            fault: None,
+            communicators: None,
+            process_group: None,
+            stage_processes: Some(processes),
+            bucket_buffers: BucketBuffers::default(),
+        };
+        p.place(owned)?;
+        p.optimizers = p.fresh_optimizers()?;
+        Ok(p)
+    }
+
+    /// The index in `devices` of the plan's device `g`: itself, or this process's one device
+    /// when the stages are processes.
+    fn device_index(&self, g: usize) -> usize {
+        device_slot(g, self.stage_processes.is_some())
+    }
+
+    /// The device of replica `r`'s stage `s`.
+    fn device_at(&self, r: usize, s: usize) -> &D {
+        &self.devices[self.device_index(self.plan.device(r, s))]
+    }
+
+    /// The stage this process runs, when the stages are processes (its pipeline position:
+    /// under an interleaved plan, every stage `s` with `s % K` equal to it).
+    pub fn process_stage(&self) -> Option<usize> {
+        self.stage_processes.as_ref().map(StageProcesses::rank)
+    }
+
+    /// Whether this process computes stage `s`'s gradients (always, unless the stages are
+    /// processes and `s` is another's).
+    fn runs_stage(&self, s: usize) -> bool {
+        self.process_stage().is_none_or(|own| own == s % self.plan.config.pipeline_len)
+    }
+
+    /// When the stages are processes: every process's copy of every stage's weights becomes
+    /// that stage's process's (an all-gather over the group, exact), so evaluation, export
+    /// and [`parameters`](Self::parameters) see the trained model. A collective: every process
+    /// of the group calls it at the same point. Does nothing otherwise.
+    pub fn share_stages(&mut self) -> Result<()> {
+        let Some(processes) = &self.stage_processes else { return Ok(()) };
+        let (dev, k) = (&self.devices[0], self.plan.config.pipeline_len);
+        // Process by process (an interleaved plan gives each several stages), stage by stage.
+        let order: Vec<usize> = (0..k).flat_map(|d| (d..self.stages[0].len()).step_by(k)).collect();
+        let mut flat = Vec::new();
+        let mut bounds = Vec::with_capacity(k);
+        for d in 0..k {
+            let start = flat.len();
+            for &s in order.iter().filter(|&&s| s % k == d) {
+                for p in self.stages[0][s].iter().flat_map(Unit::params) {
+                    dev.download_extend(&p.value, &mut flat)?;
+                }
+            }
+            bounds.push(start..flat.len());
+        }
+        processes.group.all_gather_f32(&mut flat, &bounds)?;
+        let mut at = 0;
+        for s in order {
+            for p in self.stages[0][s].iter_mut().flat_map(Unit::params_mut) {
+                let n = D::len(&p.value);
+                p.value = dev.upload(&flat[at..at + n])?;
+                at += n;
+            }
+        }
+        Ok(())
     }
 
     /// The plan in force.
@@ -262,6 +381,19 @@ impl<D: Device> Pipeline<D> {
     /// their unit, which must not be above the first trainable one. A batch too short for the
     /// plan's micro-batches (an epoch's last) runs with fewer, on the same stages.
     pub fn step_with(&mut self, host: &HostBatch, options: &StepOptions) -> Result<PipelineStep> {
+        if self.stage_processes.is_some() {
+            if options.capture_frozen_output {
+                return Err(config_error("cache", "a pipeline across processes cannot fill the activation cache"));
+            }
+            let out = self.step_shard(host, host.target_count(), options);
+            if out.is_err()
+                && let Some(p) = &self.stage_processes
+            {
+                // The others must not wait for this process: they fail at once, naming it.
+                p.group.hang_up();
+            }
+            return out;
+        }
         let Some(group) = self.process_group.clone() else {
             return self.step_shard(host, host.target_count(), options);
         };
@@ -321,7 +453,7 @@ impl<D: Device> Pipeline<D> {
         let grad_scale = if count == 0 { 0.0 } else { 1.0 / count as f64 };
         // Tied copies and other processes add to the gradients after the workers are done.
         let unit_norms = self.tied.is_none() && self.process_group.is_none();
-        let shared = Shared::new(self.devices.len());
+        let shared = Shared::new(self.plan.config.pipeline_len * self.plan.config.replicas);
         let ctx = StepContext {
             spec: &self.spec,
             plan: &self.plan,
@@ -333,6 +465,7 @@ impl<D: Device> Pipeline<D> {
             shared: &shared,
             bucket_buffers: &self.bucket_buffers,
             unit_norms,
+            processes: self.stage_processes.as_ref(),
         };
 
         // Hand each worker its device's stages (disjoint borrows of `self.stages`).
@@ -354,15 +487,19 @@ impl<D: Device> Pipeline<D> {
         let communicators = &self.communicators;
         let devices = &self.devices;
         let plan = &self.plan;
+        let processes = self.stage_processes.as_ref();
+        // With stages as processes, this process runs its own device's worker only.
+        let local = |g: usize| processes.is_none_or(|p| p.rank() == g);
         let outputs: Vec<Option<WorkerOutput>> = std::thread::scope(|scope| {
             let handles: Vec<_> = jobs
                 .into_iter()
                 .enumerate()
+                .filter(|(g, _)| local(*g))
                 .map(|(g, stages)| {
                     let (r, d) = (g / k, g % k);
                     let worker = Worker {
                         ctx: &ctx,
-                        dev: &devices[g],
+                        dev: &devices[if processes.is_some() { 0 } else { g }],
                         global: g,
                         stages,
                         actions: &plan.schedule.per_device[d],
@@ -373,7 +510,27 @@ impl<D: Device> Pipeline<D> {
                     scope.spawn(move || worker.run_guarded())
                 })
                 .collect();
-            handles.into_iter().map(|h| h.join().ok().flatten()).collect()
+            let Some(p) = processes else {
+                return handles.into_iter().map(|h| h.join().ok().flatten()).collect();
+            };
+            // A reader per link drops the neighbours' messages into this device's inbox.
+            let shared = &shared;
+            let readers: Vec<_> =
+                p.links().into_iter().map(|(link, peer)| scope.spawn(move || p.receive(link, peer, shared))).collect();
+            let outputs: Vec<Option<WorkerOutput>> = handles.into_iter().map(|h| h.join().ok().flatten()).collect();
+            match outputs.iter().all(Option::is_some) && !shared.aborted() {
+                true => {
+                    if let Err(e) = p.end() {
+                        shared.fail(p.rank(), e);
+                    }
+                }
+                // Hanging up ends the readers (and the neighbours' waits) at once.
+                false => p.group.hang_up(),
+            }
+            for r in readers {
+                let _ = r.join();
+            }
+            outputs
         });
         if let Some(e) = shared.take_error() {
             return Err(e);
@@ -383,17 +540,26 @@ impl<D: Device> Pipeline<D> {
             .collect::<Option<_>>()
             .ok_or_else(|| internal("pipeline", "a worker ended without a result"))?;
         let mut loss_sum: f64 = outputs.iter().map(|o| o.loss_sum).sum();
+        // This process's outputs are for its device only: index them by the plan's device.
+        let output_device = |i: usize| self.stage_processes.as_ref().map_or(i, StageProcesses::rank);
         let frozen_output = if options.capture_frozen_output && first_trainable > 0 {
             Some(self.assemble_capture(&outputs, m, first_trainable)?)
         } else {
             None
         };
-        let peak_activations = outputs.iter().map(|o| o.peak_activations).collect();
         let mut unit_grad_sq = vec![0.0; self.plan.partition.stages.last().map_or(0, |s| s.end)];
         for (u, sq) in outputs.iter().flat_map(|o| &o.unit_grad_sq) {
             unit_grad_sq[*u] = *sq;
         }
-        let mut trace = StepTrace { per_device: outputs.into_iter().map(|o| o.spans).collect(), makespan: 0.0 };
+        // Per plan device: what this process ran (all of them, unless the stages are processes).
+        let devices = self.plan.config.pipeline_len * self.plan.config.replicas;
+        let mut peak_activations = vec![0; devices];
+        let mut per_device = vec![Vec::new(); devices];
+        for (i, o) in outputs.into_iter().enumerate() {
+            peak_activations[output_device(i)] = o.peak_activations;
+            per_device[output_device(i)] = o.spans;
+        }
+        let mut trace = StepTrace { per_device, makespan: 0.0 };
 
         if let Some(group) = self.process_group.clone() {
             let mut sum = [loss_sum];
@@ -407,6 +573,13 @@ impl<D: Device> Pipeline<D> {
             self.sync_tied_grads()?;
             unit_grad_sq = self.unit_grad_sq()?;
         }
+        if let Some(p) = &self.stage_processes {
+            // Each process holds its stage's loss and norms (zeros elsewhere): add them up.
+            let mut sums: Vec<f64> = std::iter::once(loss_sum).chain(unit_grad_sq.iter().copied()).collect();
+            p.group.all_reduce_sum_f64(&mut sums)?;
+            loss_sum = sums[0];
+            unit_grad_sq = sums.split_off(1);
+        }
         let grad_norm = unit_grad_sq.iter().sum::<f64>().sqrt();
         let coef = match options.max_grad_norm {
             Some(max) => crate::optim::clip_coefficient(grad_norm, max)?,
@@ -414,7 +587,7 @@ impl<D: Device> Pipeline<D> {
         };
         let applied = grad_norm.is_finite();
         if applied {
-            for (g, span) in self.optimizer_step(options.lr, coef.unwrap_or(1.0), &shared)?.into_iter().enumerate() {
+            for (g, span) in self.optimizer_step(options.lr, coef.unwrap_or(1.0), &shared)? {
                 trace.per_device[g].push(span);
             }
         }
@@ -628,7 +801,7 @@ impl<D: Device> Pipeline<D> {
     ) -> Result<(D::Buf, &D, Batch<D>)> {
         let skip = host.hidden.as_ref().map_or(0, |h| h.depth);
         let first = self.plan.partition.stages[s].start;
-        let dev = &self.devices[self.plan.device(replica, s)];
+        let dev = self.device_at(replica, s);
         let batch = Batch::upload(dev, &self.spec, host, false, 0)?;
         let mut h = x.map(|v| dev.upload(&v)).transpose()?;
         for (i, unit) in self.stages[replica][s].iter().enumerate() {

@@ -31,7 +31,7 @@ impl<D: Device> Pipeline<D> {
     pub fn optimizer_state(&self) -> Result<OptimizerState> {
         let mut merged = OptimizerState { config: self.optimizer_config, step: 0, params: Vec::new() };
         for (d, opt) in self.optimizers[0].iter().enumerate() {
-            let state = opt.state_dict(&self.devices[d])?;
+            let state = opt.state_dict(&self.devices[self.device_index(d)])?;
             merged.step = merged.step.max(state.step);
             merged.params.extend(state.params);
         }
@@ -54,7 +54,8 @@ impl<D: Device> Pipeline<D> {
                     step: state.step,
                     params: state.params.iter().filter(|p| names.contains(p.name.as_str())).cloned().collect(),
                 };
-                self.optimizers[r][d].load_state_dict(&self.devices[r * k + d], &subset, &params)?;
+                let dev = &self.devices[if self.stage_processes.is_some() { 0 } else { r * k + d }];
+                self.optimizers[r][d].load_state_dict(dev, &subset, &params)?;
             }
         }
         Ok(())
@@ -71,9 +72,11 @@ impl<D: Device> Pipeline<D> {
     }
 
     /// Every device's optimizer on its parameters' gradients times `grad_scale` (clipping's
-    /// coefficient), one thread per device; their spans.
-    pub(super) fn optimizer_step(&mut self, lr: f64, grad_scale: f64, shared: &Shared) -> Result<Vec<Span>> {
+    /// coefficient), one thread per device (this process's own, when the stages are
+    /// processes); each one's plan device and span.
+    pub(super) fn optimizer_step(&mut self, lr: f64, grad_scale: f64, shared: &Shared) -> Result<Vec<(usize, Span)>> {
         let k = self.plan.config.pipeline_len;
+        let own = self.process_stage();
         let devices = &self.devices;
         // Per (replica, position): its global device, the units of its stages, its optimizer.
         type Work<'a, D> = (usize, Vec<&'a mut Vec<Unit<D>>>, &'a mut Optimizer<D>);
@@ -84,20 +87,23 @@ impl<D: Device> Pipeline<D> {
                 per_d[s % k].push(units);
             }
             for (d, (units, opt)) in per_d.into_iter().zip(opts.iter_mut()).enumerate() {
-                work.push((r * k + d, units, opt));
+                if own.is_none_or(|o| o == d) {
+                    work.push((r * k + d, units, opt));
+                }
             }
         }
-        let spans: Vec<Result<Span>> = std::thread::scope(|scope| {
+        let spans: Vec<Result<(usize, Span)>> = std::thread::scope(|scope| {
             let handles: Vec<_> = work
                 .into_iter()
                 .map(|(g, units, opt)| {
+                    let dev = &devices[if own.is_some() { 0 } else { g }];
                     scope.spawn(move || {
                         let start = shared.now();
                         let mut params: Vec<&mut Param<D>> =
                             units.into_iter().flat_map(|u| u.iter_mut().flat_map(Unit::params_mut)).collect();
-                        opt.step_scaled(&devices[g], &mut params, lr, grad_scale)?;
-                        devices[g].synchronize()?;
-                        Ok(Span { action: Action::OptimizerStep, start, end: shared.now() })
+                        opt.step_scaled(dev, &mut params, lr, grad_scale)?;
+                        dev.synchronize()?;
+                        Ok((g, Span { action: Action::OptimizerStep, start, end: shared.now() }))
                     })
                 })
                 .collect();

@@ -2,7 +2,7 @@
 //! shortens the pipeline, AutoDP adds replicas), freezing a prefix, and reading the weights
 //! back (evaluation, checkpoints, export).
 
-use super::{Pipeline, unit_names};
+use super::{Pipeline, device_slot, unit_names};
 use crate::device::Device;
 use crate::error::{Result, config_error};
 use crate::model::{Model, ModelParts, Replicate, Unit};
@@ -21,10 +21,10 @@ impl<D: Device> Pipeline<D> {
             (0..r_count).map(|_| (0..s_count).map(|_| Vec::new()).collect()).collect();
         for (g, (unit, at)) in owned.into_iter().enumerate() {
             let s = self.plan.stage_of(g);
-            let home = self.plan.device(0, s);
+            let home = self.device_index(self.plan.device(0, s));
             let unit = if at == home { unit } else { unit.replicate(&self.devices[at], &self.devices[home])? };
             for (r, replica) in stages.iter_mut().enumerate().skip(1) {
-                replica[s].push(unit.replicate(&self.devices[home], &self.devices[self.plan.device(r, s)])?);
+                replica[s].push(unit.replicate(&self.devices[home], self.device_at(r, s))?);
             }
             stages[0][s].push(unit);
         }
@@ -65,6 +65,12 @@ impl<D: Device> Pipeline<D> {
     }
 
     fn adopt(&mut self, plan: Plan) -> Result<()> {
+        if self.stage_processes.is_some() {
+            return Err(config_error(
+                "processes",
+                "a pipeline across processes keeps the stages it started with (AutoPipe and AutoDP re-plan within one process)",
+            ));
+        }
         let state = self.optimizer_state()?;
         let old = std::mem::replace(&mut self.plan, plan);
         let mut stages = std::mem::take(&mut self.stages);
@@ -149,10 +155,11 @@ impl<D: Device> Pipeline<D> {
             ));
         }
         let tied = self.tied.clone();
+        let (devices, plan, across) = (&self.devices, &self.plan, self.stage_processes.is_some());
         for (r, replica) in self.stages.iter_mut().enumerate() {
             let mut g = 0;
             for (s, stage) in replica.iter_mut().enumerate() {
-                let dev = &self.devices[self.plan.device(r, s)];
+                let dev = &devices[device_slot(plan.device(r, s), across)];
                 for u in stage.iter_mut() {
                     if g < n {
                         u.set_trainable(dev, false)?;
@@ -176,7 +183,7 @@ impl<D: Device> Pipeline<D> {
     pub fn gather(&self, to: &D) -> Result<Model<D>> {
         let mut units = Vec::new();
         for (s, stage) in self.stages[0].iter().enumerate() {
-            let at = &self.devices[self.plan.device(0, s)];
+            let at = self.device_at(0, s);
             for u in stage {
                 units.push(u.replicate(at, to)?);
             }
@@ -189,7 +196,7 @@ impl<D: Device> Pipeline<D> {
     pub fn parameters(&self, replica: usize) -> Result<Vec<(String, Vec<f64>)>> {
         let mut out = Vec::new();
         for (s, stage) in self.stages[replica].iter().enumerate() {
-            let dev = &self.devices[self.plan.device(replica, s)];
+            let dev = self.device_at(replica, s);
             for p in stage.iter().flat_map(Unit::params) {
                 out.push((p.name.clone(), dev.download_f64(&p.value)?));
             }
@@ -203,7 +210,7 @@ impl<D: Device> Pipeline<D> {
         let mut out = Vec::with_capacity(units.len());
         let mut g = 0;
         for (s, stage) in self.stages[0].iter().enumerate() {
-            let dev = &self.devices[self.plan.device(0, s)];
+            let dev = self.device_at(0, s);
             for u in stage {
                 if units.contains(&g) {
                     let mut v = Vec::new();
@@ -223,7 +230,7 @@ impl<D: Device> Pipeline<D> {
     pub fn parameter_values(&self) -> Result<Vec<(String, Vec<f32>)>> {
         let mut out = Vec::new();
         for (s, stage) in self.stages[0].iter().enumerate() {
-            let dev = &self.devices[self.plan.device(0, s)];
+            let dev = self.device_at(0, s);
             for p in stage.iter().flat_map(Unit::params) {
                 out.push((p.name.clone(), dev.download(&p.value)?));
             }
@@ -246,9 +253,10 @@ impl<D: Device> Pipeline<D> {
                 None => return Err(config_error("parameters", format!("`{}` is missing", p.name))),
             }
         }
+        let (devices, plan, across) = (&self.devices, &self.plan, self.stage_processes.is_some());
         for (r, replica) in self.stages.iter_mut().enumerate() {
             for (s, stage) in replica.iter_mut().enumerate() {
-                let dev = &self.devices[self.plan.device(r, s)];
+                let dev = &devices[device_slot(plan.device(r, s), across)];
                 for p in stage.iter_mut().flat_map(Unit::params_mut) {
                     if let Some(v) = values.get(&p.name) {
                         p.value = dev.upload(v)?;

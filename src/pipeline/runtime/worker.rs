@@ -2,6 +2,7 @@
 //! beside it that sums gradient buckets around the replicas' ring while the backward goes on.
 
 use super::mailbox::{Shared, aborted, panicked};
+use super::processes::StageProcesses;
 use crate::comm::{Communicator, RingCommunicator};
 use crate::device::Device;
 use crate::error::{Error, Result, internal};
@@ -42,6 +43,21 @@ pub(super) struct StepContext<'a> {
     /// Each replica-0 worker reads its units' squared gradient norms once its gradients are
     /// final (false when tied copies or other processes still add to them after the workers).
     pub unit_norms: bool,
+    /// When the stages are processes: where messages for the other stages go.
+    pub processes: Option<&'a StageProcesses>,
+}
+
+impl StepContext<'_> {
+    /// Delivers a message to device `to`: into its inbox, or over the link to its process.
+    fn send(&self, to: usize, key: MessageKey, data: Option<Vec<f32>>) -> Result<()> {
+        match self.processes {
+            Some(p) => p.send(to, key, data.as_deref()),
+            None => {
+                self.shared.put(to, key, data);
+                Ok(())
+            }
+        }
+    }
 }
 
 /// Spare host buffers for gradient buckets and the ring's chunks (see `Pipeline`). Balanced:
@@ -335,7 +351,7 @@ impl<D: Device> Worker<'_, D> {
                 Action::SendActivation { piece, stage, to } => {
                     let y = take(&mut acts, (piece, stage), "activation")?;
                     let (key, _) = message(&action)?;
-                    ctx.shared.put(replica_base + to, key, Some(dev.download(&y)?));
+                    ctx.send(replica_base + to, key, Some(dev.download(&y)?))?;
                 }
                 Action::RecvActivation { piece, stage, .. } => {
                     let (key, _) = message(&action)?;
@@ -347,7 +363,7 @@ impl<D: Device> Worker<'_, D> {
                 Action::SendGrad { piece, stage, to } => {
                     let g = take(&mut dys, (piece, stage - 1), "gradient")?;
                     let (key, _) = message(&action)?;
-                    ctx.shared.put(replica_base + to, key, g.map(|g| dev.download(&g)).transpose()?);
+                    ctx.send(replica_base + to, key, g.map(|g| dev.download(&g)).transpose()?)?;
                 }
                 Action::RecvGrad { piece, stage, .. } => {
                     let (key, _) = message(&action)?;

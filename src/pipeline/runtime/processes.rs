@@ -1,0 +1,186 @@
+//! A pipeline whose stages are processes (`Pipeline::across_processes`): process `p` of a
+//! [`ProcessGroup`] runs stage `p`. Activations go to the next process and gradients back to
+//! the previous one over the group's ring links (the ring's link to the next rank carries
+//! both directions), as framed messages that a receiving thread per link drops into the local
+//! device's inbox, where the worker waits for them as it waits for a local device's.
+//!
+//! A message is `[kind: u8][gradient: u8][micro-batch: u32][slice: u32][stage: u32][count:
+//! u64][values]`, the values as they lie in memory (the group's members share the byte order).
+//! After its worker is done, a process sends `END` on both links, and a step is over for a
+//! link's reader when that arrives. A process whose step fails hangs up every link, so its
+//! neighbours' readers fail at once (naming it) and their steps end with that error instead of
+//! waiting out the group's timeout.
+
+use super::mailbox::{Shared, Tag};
+use crate::comm::process_group::ProcessGroup;
+use crate::error::{Error, Result, config_error};
+use crate::pipeline::schedule::{MessageKey, Piece};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+
+/// What a message carries.
+const DATA: u8 = 0;
+/// A gradient known to be zero (nothing follows the header's count of 0).
+const ZERO: u8 = 1;
+/// The sender's step is over on this link.
+const END: u8 = 2;
+
+/// Bytes of a message's header.
+const HEADER: usize = 1 + 1 + 4 + 4 + 4 + 8;
+
+/// This process's place in a pipeline of processes and its links to its neighbours.
+pub(super) struct StageProcesses {
+    pub group: Arc<ProcessGroup>,
+    /// To the next rank (activations out, gradients in).
+    next: TcpStream,
+    /// From the previous rank (activations in, gradients out).
+    prev: TcpStream,
+}
+
+impl StageProcesses {
+    /// Process `rank` of `group` running stage `rank` of a `K = size` pipeline.
+    pub fn new(group: Arc<ProcessGroup>) -> Result<Self> {
+        let (next, prev) = group
+            .ring_links()?
+            .ok_or_else(|| config_error("processes", "a pipeline across processes needs at least 2 of them"))?;
+        Ok(StageProcesses { group, next, prev })
+    }
+
+    /// This process's stage (and its device's index in the plan).
+    pub fn rank(&self) -> usize {
+        self.group.rank()
+    }
+
+    /// Sends `data` for device `to`, which must be a neighbour's.
+    pub fn send(&self, to: usize, key: Tag, data: Option<&[f32]>) -> Result<()> {
+        let size = self.group.size();
+        let link = if to == (self.rank() + 1) % size {
+            &self.next
+        } else if to == (self.rank() + size - 1) % size {
+            &self.prev
+        } else {
+            return Err(config_error(
+                "processes",
+                format!("stage {} cannot send to stage {to}: only neighbouring stages are linked", self.rank()),
+            ));
+        };
+        let kind = if data.is_some() { DATA } else { ZERO };
+        let values = data.unwrap_or(&[]);
+        write_message(link, kind, key, values).map_err(|e| self.peer_error(to, &e))
+    }
+
+    /// Tells both neighbours this process's step is over.
+    pub fn end(&self) -> Result<()> {
+        let key = MessageKey { gradient: false, piece: Piece::whole(0), stage: 0 };
+        let size = self.group.size();
+        for (link, peer) in [(&self.next, (self.rank() + 1) % size), (&self.prev, (self.rank() + size - 1) % size)] {
+            write_message(link, END, key, &[]).map_err(|e| self.peer_error(peer, &e))?;
+        }
+        Ok(())
+    }
+
+    /// The two links with the rank at the other end of each, for the readers.
+    pub fn links(&self) -> [(&TcpStream, usize); 2] {
+        let size = self.group.size();
+        [(&self.next, (self.rank() + 1) % size), (&self.prev, (self.rank() + size - 1) % size)]
+    }
+
+    /// Reads `link` (to process `peer`) into `shared`'s inbox of this process's device until
+    /// the peer's `END`; a failed read fails the step, naming the peer.
+    pub fn receive(&self, mut link: &TcpStream, peer: usize, shared: &Shared) {
+        loop {
+            match read_message(&mut link) {
+                Ok(None) => return,
+                Ok(Some((key, data))) => shared.put(self.rank(), key, data),
+                Err(e) => {
+                    if !shared.aborted() {
+                        shared.fail(peer, self.peer_error(peer, &e));
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    fn peer_error(&self, peer: usize, e: &std::io::Error) -> Error {
+        let why = match e.kind() {
+            std::io::ErrorKind::UnexpectedEof
+            | std::io::ErrorKind::ConnectionReset
+            | std::io::ErrorKind::BrokenPipe
+            | std::io::ErrorKind::ConnectionAborted => "closed its connection (the process ended or was killed)".into(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => "did not answer within the timeout".into(),
+            _ => e.to_string(),
+        };
+        Error::Device { what: "pipeline across processes".into(), message: format!("rank {peer}: {why}") }
+    }
+}
+
+fn write_message(mut link: &TcpStream, kind: u8, key: MessageKey, values: &[f32]) -> std::io::Result<()> {
+    let mut head = Vec::with_capacity(HEADER);
+    head.extend([kind, u8::from(key.gradient)]);
+    for n in [key.piece.mb, key.piece.slice, key.stage] {
+        head.extend((n as u32).to_le_bytes());
+    }
+    head.extend((values.len() as u64).to_le_bytes());
+    link.write_all(&head)?;
+    link.write_all(bytemuck::cast_slice(values))
+}
+
+/// One message: `None` at `END`, else its key and values (`None` for a zero gradient).
+fn read_message(link: &mut impl Read) -> std::io::Result<Option<(MessageKey, Option<Vec<f32>>)>> {
+    let mut head = [0u8; HEADER];
+    link.read_exact(&mut head)?;
+    let bad = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
+    let u32_at = |i: usize| u32::from_le_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]) as usize;
+    let key =
+        MessageKey { gradient: head[1] != 0, piece: Piece { mb: u32_at(2), slice: u32_at(6) }, stage: u32_at(10) };
+    let count = u64::from_le_bytes(head[14..22].try_into().map_err(|_| bad("header".into()))?);
+    match head[0] {
+        END => Ok(None),
+        ZERO if count == 0 => Ok(Some((key, None))),
+        DATA => {
+            // The peer proved it knows the run's secret when the ring opened, so this is the
+            // size of a real activation; still refuse what no model here could send.
+            if count > 1 << 30 {
+                return Err(bad(format!("a message of {count} values")));
+            }
+            let mut values = vec![0f32; count as usize];
+            link.read_exact(bytemuck::cast_slice_mut(&mut values))?;
+            Ok(Some((key, Some(values))))
+        }
+        kind => Err(bad(format!("a message of kind {kind} with {count} values"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_read_back_as_written_and_bad_ones_are_refused() {
+        let key = MessageKey { gradient: true, piece: Piece { mb: 3, slice: 1 }, stage: 2 };
+        let (a, b) = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            (a, l.accept().unwrap().0)
+        };
+        write_message(&a, DATA, key, &[1.5, -0.0, f32::MAX]).unwrap();
+        write_message(&a, ZERO, key, &[]).unwrap();
+        write_message(&a, END, key, &[]).unwrap();
+        let mut r = &b;
+        let (k, v) = read_message(&mut r).unwrap().unwrap();
+        assert_eq!(k, key);
+        assert_eq!(
+            v.unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            [1.5f32, -0.0, f32::MAX].map(f32::to_bits)
+        );
+        assert_eq!(read_message(&mut r).unwrap().unwrap(), (key, None));
+        assert!(read_message(&mut r).unwrap().is_none());
+        let mut junk = [7u8; HEADER];
+        assert!(read_message(&mut &junk[..]).is_err(), "kind 7");
+        junk[0] = ZERO;
+        assert!(read_message(&mut &junk[..]).is_err(), "a zero gradient with values");
+        assert!(read_message(&mut &junk[..5]).is_err(), "cut short");
+    }
+}
