@@ -86,6 +86,11 @@ struct PipelineArgs {
     /// e.g. `8GiB`, `512MiB` or a byte count: the partition and TeraPipe's planner respect it.
     #[arg(long, value_parser = parse_bytes)]
     memory_limit: Option<usize>,
+    /// Under `launch`: one pipeline whose stages are the processes (process p runs stage p on
+    /// its one device; --pipeline-len must be the number of processes). Without it, every
+    /// process holds a whole pipeline and trains its share of each batch.
+    #[arg(long)]
+    across_processes: bool,
 }
 
 /// PipeTransformer (`train`, `plan`); each flag overrides the run config's `[elastic]` key of
@@ -151,6 +156,7 @@ fn overrides(pipeline: &PipelineArgs, elastic: &ElasticArgs) -> Vec<String> {
     set("pipeline.chunks", pipeline.chunks.map(|v| v.to_string()));
     set("pipeline.profile", pipeline.profile.then(|| "true".into()));
     set("pipeline.memory_limit", pipeline.memory_limit.map(|v| v.to_string()));
+    set("pipeline.across_processes", pipeline.across_processes.then(|| "true".into()));
     set("pipeline.token_slices", json(pipeline.token_slices.as_ref().and_then(|t| serde_json::to_value(t).ok())));
     set("elastic.freeze", json(elastic.freeze.and_then(|f| serde_json::to_value(f).ok())));
     set("elastic.alpha", elastic.alpha.map(|v| format!("{v:?}")));
@@ -852,11 +858,23 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
 
     let names: Vec<String> = devices.iter().map(Device::name).collect();
     println!("pipetransformer train: {} on {}", config.output.dir.display(), names.join(", "));
-    let mut job = Job::new(devices, config).context("preparing the run")?;
-    if let Some(p) = &run.process {
-        let group = p.join().with_context(|| format!("joining the launched run at {} as rank {}", p.addr, p.rank))?;
-        job.join_process_group(group)?;
-    }
+    let join = |p: &pipetransformer::run::ProcessEnv| {
+        p.join().with_context(|| format!("joining the launched run at {} as rank {}", p.addr, p.rank))
+    };
+    let mut job = match &run.process {
+        Some(p) if config.pipeline.across_processes => {
+            Job::across_processes(devices, config, join(p)?).context("preparing the run")?
+        }
+        None if config.pipeline.across_processes => {
+            bail!("pipeline.across_processes runs one stage per process: start the run with `pipetransformer launch`")
+        }
+        Some(p) => {
+            let mut job = Job::new(devices, config).context("preparing the run")?;
+            job.join_process_group(join(p)?)?;
+            job
+        }
+        None => Job::new(devices, config).context("preparing the run")?,
+    };
     let ckpt = job.checkpoint_path();
     if run.resume {
         job.resume().with_context(|| format!("resuming from {}", ckpt.display()))?;
@@ -972,10 +990,12 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
     if let Some(u) = summary.unigram_baseline_loss {
         println!("unigram baseline held-out loss: {u:.4}");
     }
-    println!(
-        "wrote {}/{{metrics.jsonl, summary.json, report.html, checkpoint.ckpt, model/}}",
-        job.config.output.dir.display()
-    );
+    if job.writes_files() {
+        println!(
+            "wrote {}/{{metrics.jsonl, summary.json, report.html, checkpoint.ckpt, model/}}",
+            job.config.output.dir.display()
+        );
+    }
     if let (Some(path), Some(trace)) = (run.trace, &job.trainer.trace) {
         trace.write(path).with_context(|| format!("writing {}", path.display()))?;
         println!("wrote the Chrome trace {}", path.display());

@@ -554,20 +554,107 @@ fn launched_processes_train_the_weights_one_process_trains() {
     std::fs::remove_dir_all(&one).unwrap();
 }
 
+/// `launch` with `--across-processes`: 2 and 3 processes, each running one stage of the
+/// pipeline, write bitwise the model and checkpoint that one process with the same pipeline on
+/// as many devices writes; a run resumed from such a checkpoint continues exactly as one
+/// process resumed from its own does.
+#[test]
+fn a_pipeline_across_launched_processes_writes_what_one_process_writes() {
+    if !have_digits() {
+        return;
+    }
+    let run = |dir: &Path, k: usize, steps: usize, procs: Option<usize>, resume: bool| {
+        let (k, steps, out) =
+            (k.to_string(), format!("train.max_steps={steps}"), format!("output.dir={}", dir.display()));
+        let (port, n) = (free_port().to_string(), procs.unwrap_or(1).to_string());
+        let rdzv = format!("127.0.0.1:{port}");
+        let mut args: Vec<&str> = match procs {
+            Some(_) => vec!["launch", "--nproc-per-node", &n, "--rdzv", &rdzv, "--", "train", "--across-processes"],
+            None => vec!["train", "--devices", &k],
+        };
+        args.extend(["--config", "configs/vit-digits.toml", "--progress-every", "0", "--pipeline-len", &k]);
+        args.extend(["--micro-batches", "4", "--set", "data.test_limit=32", "--set", &steps, "--set", &out]);
+        args.push(if resume { "--resume" } else { "--fresh" });
+        let (ok, text) = pipetransformer(&args);
+        assert!(ok, "{args:?}: {text}");
+        text
+    };
+    let bytes = |dir: &Path, file: &str| std::fs::read(dir.join(file)).unwrap();
+    for k in [2, 3] {
+        let (one, many) = (scratch(&format!("across-one-{k}")), scratch(&format!("across-{k}")));
+        run(&one, k, 4, None, false);
+        let text = run(&many, k, 4, Some(k), false);
+        assert!(text.contains(&format!("stages across {k} processes")), "{text}");
+        assert_eq!(text.matches("wrote ").count(), 1, "only rank 0 writes: {text}");
+        for file in ["model/model.safetensors", "checkpoint.ckpt"] {
+            assert!(bytes(&one, file) == bytes(&many, file), "{k} processes: {file} differs from one process's");
+        }
+        // Half the run, then the rest from the checkpoint, both ways.
+        for (dir, procs) in [(&one, None), (&many, Some(k))] {
+            run(dir, k, 2, procs, false);
+            run(dir, k, 4, procs, true);
+        }
+        assert!(
+            bytes(&one, "model/model.safetensors") == bytes(&many, "model/model.safetensors"),
+            "resumed, {k} processes"
+        );
+        std::fs::remove_dir_all(&one).unwrap();
+        std::fs::remove_dir_all(&many).unwrap();
+    }
+}
+
+/// What a pipeline across processes cannot do is refused by name before anything is written.
+#[test]
+fn a_pipeline_across_processes_refuses_what_it_cannot_do() {
+    if !have_digits() {
+        return;
+    }
+    let dir = scratch("across-refused");
+    let out = format!("output.dir={}", dir.display());
+    let base = ["train", "--config", "configs/vit-digits.toml", "--fresh", "--across-processes", "--set", &out];
+    let (ok, text) = pipetransformer(&base);
+    assert!(!ok && text.contains("pipetransformer launch"), "not launched: {text}");
+    let (ok, text) = pipetransformer(&[&base[..], &["--replicas", "2"]].concat());
+    assert!(!ok && text.contains("pipeline.across_processes") && text.contains("one replica"), "{text}");
+    for (flags, key) in [
+        (&["--pipeline-len", "2", "--freeze", "eq1"][..], "elastic.freeze"),
+        (&["--pipeline-len", "2", "--auto-pipe", "true"][..], "elastic.auto_pipe"),
+        (&["--pipeline-len", "3"][..], "pipeline_len 2"),
+    ] {
+        let port = free_port().to_string();
+        let rdzv = format!("127.0.0.1:{port}");
+        let launch = ["launch", "--nproc-per-node", "2", "--rdzv", &rdzv, "--"];
+        let (ok, text) = pipetransformer(&[&launch[..], &base[..], flags].concat());
+        assert!(!ok && text.contains(key), "{flags:?}: {text}");
+    }
+    assert!(!dir.join("checkpoint.ckpt").exists() && !dir.join("metrics.jsonl").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Killing one process of a launched run ends the other with an error naming it, well within
-/// the collective timeout.
+/// the collective timeout: processes that each hold a whole pipeline, and a pipeline whose
+/// stages are the processes.
 #[test]
 fn killing_one_process_ends_the_other_with_its_rank() {
     if !have_digits() {
         return;
     }
-    let dir = scratch("launch-kill");
+    for (name, mode) in
+        [("launch-kill", &[][..]), ("launch-kill-across", &["--across-processes", "--pipeline-len", "2"])]
+    {
+        kill_one_of_two(name, mode);
+    }
+}
+
+fn kill_one_of_two(name: &str, mode: &[&str]) {
+    let dir = scratch(name);
     let out = format!("output.dir={}", dir.display());
     let port = free_port().to_string();
     let spawn = |rank: usize| {
         Command::new(env!("CARGO_BIN_EXE_pipetransformer"))
             .args(["train", "--config", "configs/vit-digits.toml", "--fresh", "--progress-every", "0"])
             .args(["--set", "train.epochs=1000", "--set", &out])
+            .args(mode)
             .env("RANK", rank.to_string())
             .env("WORLD_SIZE", "2")
             .env("MASTER_ADDR", "127.0.0.1")
@@ -586,8 +673,12 @@ fn killing_one_process_ends_the_other_with_its_rank() {
     let killed = std::time::Instant::now();
     let result = rank0.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&result.stderr).to_string() + &String::from_utf8_lossy(&result.stdout);
-    assert!(!result.status.success(), "{text}");
-    assert!(text.contains("rank 1") && text.contains("closed its connection"), "{text}");
-    assert!(killed.elapsed() < std::time::Duration::from_secs(30), "ended {:?} after the kill", killed.elapsed());
+    assert!(!result.status.success(), "{name}: {text}");
+    assert!(text.contains("rank 1") && text.contains("closed its connection"), "{name}: {text}");
+    assert!(
+        killed.elapsed() < std::time::Duration::from_secs(30),
+        "{name}: ended {:?} after the kill",
+        killed.elapsed()
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -174,6 +174,9 @@ pub struct PipelineSection {
     /// TeraPipe's token slices (`"auto"`, a count, or lengths such as `"32,32,64"`; causal
     /// language models only).
     pub token_slices: TokenSlices,
+    /// One stage per process of a launched run (`--across-processes`): `pipeline_len` must be
+    /// the number of processes, each opening one device, with one replica.
+    pub across_processes: bool,
 }
 
 impl Default for PipelineSection {
@@ -188,13 +191,15 @@ impl Default for PipelineSection {
             memory_limit: None,
             profile: false,
             token_slices: TokenSlices::Off,
+            across_processes: false,
         }
     }
 }
 
 impl PipelineSection {
     /// The initial plan's settings and the devices the run may use. `--devices N` means the
-    /// same for every command: `N` devices, one pipeline of `N/R` unless `K` is given.
+    /// same for every command: `N` devices, one pipeline of `N/R` unless `K` is given. With
+    /// `across_processes`, the one device each stage's process opens.
     pub fn resolve(&self) -> Result<(PipelineConfig, usize)> {
         let r = self.replicas;
         for (field, value) in [
@@ -213,19 +218,34 @@ impl PipelineSection {
             (None, Some(n)) => (n / r).max(1),
             (None, None) => 1,
         };
-        let needed = k.checked_mul(r).ok_or_else(|| {
-            config_error(
-                "pipeline.replicas",
-                format!("{r} replicas × {k} pipeline stages is more devices than can exist"),
-            )
-        })?;
-        let devices = self.devices.unwrap_or(needed);
-        if devices < needed {
-            return Err(config_error(
-                "pipeline.devices",
-                format!("{r} replicas × {k} pipeline stages need {needed} devices; {devices} available"),
-            ));
-        }
+        // What this process opens: one device per stage-process, else every device of the run.
+        let devices = if self.across_processes {
+            if r != 1 || self.devices.is_some_and(|d| d != 1) {
+                return Err(config_error(
+                    "pipeline.across_processes",
+                    format!(
+                        "runs one stage per process on one device each, with one replica; not {r} replica(s) on {} device(s)",
+                        self.devices.unwrap_or(r * k)
+                    ),
+                ));
+            }
+            1
+        } else {
+            let needed = k.checked_mul(r).ok_or_else(|| {
+                config_error(
+                    "pipeline.replicas",
+                    format!("{r} replicas × {k} pipeline stages is more devices than can exist"),
+                )
+            })?;
+            let devices = self.devices.unwrap_or(needed);
+            if devices < needed {
+                return Err(config_error(
+                    "pipeline.devices",
+                    format!("{r} replicas × {k} pipeline stages need {needed} devices; {devices} available"),
+                ));
+            }
+            devices
+        };
         let chunks = self.chunks.unwrap_or(if self.schedule == ScheduleKind::Interleaved { 2 } else { 1 });
         let config = PipelineConfig {
             pipeline_len: k,

@@ -4,11 +4,12 @@
 
 use super::config::{DatasetName, RunConfig};
 use super::source::{SampleSource, subset};
+use crate::comm::process_group::ProcessGroup;
 use crate::data::{self, ImageSample, LmSequence, TextSample};
 use crate::device::Device;
-use crate::elastic::Elastic;
 use crate::elastic::autodp::rebuild_communicators;
 use crate::elastic::controller::Surroundings;
+use crate::elastic::{Elastic, FreezeName};
 use crate::error::{Error, Result, config_error, internal};
 use crate::files::{self, io_error};
 use crate::model::{Family, HeadSpec, HostBatch, InputSpec, Model, ModelConfig};
@@ -20,6 +21,7 @@ use crate::weights::{self, LoadOptions, LoadReport};
 use serde::Serialize;
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// What the data turned out to be, for building the model and for the summary.
@@ -309,7 +311,8 @@ impl<D: Device> Job<D> {
 
     /// Whether this process writes the run's files (not a launched run's ranks above 0).
     pub fn writes_files(&self) -> bool {
-        self.trainer.pipeline.process_group().is_none_or(|g| g.rank() == 0)
+        let pipeline = &self.trainer.pipeline;
+        pipeline.process_group().is_none_or(|g| g.rank() == 0) && pipeline.process_stage().is_none_or(|s| s == 0)
     }
 }
 
@@ -321,6 +324,35 @@ impl<D: Device> Job<D> {
     /// trainer and the elastic controller. Every setting is checked before anything is
     /// written.
     pub fn new(devices: Vec<D>, config: RunConfig) -> Result<Self> {
+        Self::build(devices, config, None)
+    }
+
+    /// [`new`](Self::new) for one process of a launched run whose pipeline stages are its
+    /// processes (`pipeline.across_processes`): this one trains stage `group.rank()` on
+    /// `devices[0]`. Every process plans from the units' FLOPs, so all make the same plan;
+    /// the elastic loop (which moves units within one process) and token slices must be off.
+    pub fn across_processes(devices: Vec<D>, config: RunConfig, group: ProcessGroup) -> Result<Self> {
+        let e = &config.elastic;
+        let within_one_process = [
+            (e.freeze != FreezeName::Off, "elastic.freeze", "off"),
+            (e.auto_pipe, "elastic.auto_pipe", "false"),
+            (e.auto_dp, "elastic.auto_dp", "false"),
+            (e.cache, "elastic.cache", "false"),
+            (config.pipeline.profile, "pipeline.profile", "false"),
+            (config.pipeline.token_slices != TokenSlices::Off, "pipeline.token_slices", "\"off\""),
+        ];
+        if let Some((_, key, off)) = within_one_process.into_iter().find(|(on, _, _)| *on) {
+            return Err(Error::Config {
+                field: key.into(),
+                message: format!(
+                    "works within one process; a pipeline across processes needs it off (--set {key}={off})"
+                ),
+            });
+        }
+        Self::build(devices, config, Some(group))
+    }
+
+    fn build(devices: Vec<D>, config: RunConfig, group: Option<ProcessGroup>) -> Result<Self> {
         let (plan, count) = config.pipeline.resolve()?;
         if devices.len() < count {
             return Err(config_error("devices", format!("the run needs {count} devices; {} given", devices.len())));
@@ -345,9 +377,22 @@ impl<D: Device> Job<D> {
         let profiles: Vec<UnitProfile> = per_sample.iter().map(|p| p.scaled(micro_samples as f64)).collect();
         let mut devices = devices;
         devices.truncate(count);
-        let mut pipeline = Pipeline::new(devices, model, config.train.optimizer, plan.clone(), &profiles)?;
-        pipeline.lend_idle_threads(config.elastic.lends_threads(pipeline.devices()))?;
-        let communicator = rebuild_communicators(&mut pipeline)?;
+        let (pipeline, communicator) = match group {
+            None => {
+                let mut pipeline = Pipeline::new(devices, model, config.train.optimizer, plan.clone(), &profiles)?;
+                pipeline.lend_idle_threads(config.elastic.lends_threads(pipeline.devices()))?;
+                let communicator = rebuild_communicators(&mut pipeline)?;
+                (pipeline, communicator)
+            }
+            Some(group) => {
+                let (rank, size) = (group.rank(), group.size());
+                let device = devices.into_iter().next().ok_or_else(|| config_error("devices", "none opened"))?;
+                let optimizer = config.train.optimizer;
+                let pipeline =
+                    Pipeline::across_processes(device, model, optimizer, plan.clone(), &profiles, Arc::new(group))?;
+                (pipeline, format!("stages across {size} processes over a TCP ring (this one runs stage {rank})"))
+            }
+        };
         let trainer = Trainer::new(pipeline, config.train.clone(), source.batches_per_epoch(), per_sample)?;
         let positions = match spec.input {
             InputSpec::Image { image_size, patch, .. } => (image_size / patch).pow(2) + 1,
@@ -464,6 +509,10 @@ impl<D: Device> Job<D> {
                 if let Some(err) = write_error.take() {
                     return Err(io_error(&metrics_path, err));
                 }
+                // When the stages are processes, every stage's weights and optimizer state to
+                // every process (collectives: every process gets here) before rank 0 writes.
+                self.trainer.pipeline.share_stages()?;
+                self.trainer.pipeline.share_optimizer_state()?;
                 if writes {
                     let (state, tensors) = (self.elastic.state(), self.elastic.state_tensors());
                     self.trainer.save_checkpoint_with(&self.checkpoint_path(), state, tensors)?;

@@ -242,7 +242,9 @@ impl<D: Device> Trainer<D> {
     /// saved for a backward). Each replica takes every `R`-th batch, in parallel, its stages
     /// pipelined over consecutive batches; the sums are added in batch order, so the result
     /// does not depend on `R` or `K`.
-    pub fn evaluate(&self, data: &dyn BatchSource) -> Result<EvalMetrics> {
+    pub fn evaluate(&mut self, data: &dyn BatchSource) -> Result<EvalMetrics> {
+        // When the stages are processes, each first receives every stage's weights.
+        self.pipeline.share_stages()?;
         let n = data.eval_batches();
         let r_count = self.pipeline.replicas();
         let pipeline = &self.pipeline;
@@ -403,7 +405,8 @@ impl<D: Device> Trainer<D> {
             return Err(bad(format!("frozen prefix {frozen} does not fit the model's {units} units")));
         }
         self.pipeline.freeze_prefix(frozen)?;
-        if let Some(plan) = plan {
+        let in_force = self.pipeline.plan();
+        if let Some(plan) = plan.filter(|p| p.config != in_force.config || p.stages != in_force.partition.stages) {
             let profiles = self.profiles_for(1, 0);
             self.pipeline
                 .replan_to_stages(plan.config, &profiles, plan.stages)

@@ -6,9 +6,10 @@ use super::mailbox::{Shared, panicked};
 use crate::device::Device;
 use crate::error::Result;
 use crate::model::{Param, Unit};
-use crate::optim::{Optimizer, OptimizerState};
+use crate::optim::{Optimizer, OptimizerState, ParamState};
 use crate::pipeline::schedule::Action;
 use crate::pipeline::trace::Span;
+use std::collections::HashMap;
 
 impl<D: Device> Pipeline<D> {
     pub(super) fn fresh_optimizers(&self) -> Result<Vec<Vec<Optimizer<D>>>> {
@@ -56,6 +57,80 @@ impl<D: Device> Pipeline<D> {
                 };
                 let dev = &self.devices[if self.stage_processes.is_some() { 0 } else { r * k + d }];
                 self.optimizers[r][d].load_state_dict(dev, &subset, &params)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// When the stages are processes: every process's copy of every stage's optimizer state
+    /// becomes that stage's process's (each process steps only its own), so
+    /// [`optimizer_state`](Self::optimizer_state) gives the whole model's on every process, as a
+    /// checkpoint needs. A collective, like [`share_stages`](Self::share_stages); exact (the
+    /// moments travel as f32, the per-parameter steps as f64). Does nothing otherwise.
+    pub fn share_optimizer_state(&mut self) -> Result<()> {
+        let Some(processes) = &self.stage_processes else { return Ok(()) };
+        let (k, own, dev) = (self.plan.config.pipeline_len, processes.rank(), &self.devices[0]);
+        let buffers = self.optimizer_config.state_buffers();
+        let own_state = self.optimizers[0][own].state_dict(dev)?;
+        let mine: HashMap<&str, &ParamState> = own_state.params.iter().map(|p| (p.name.as_str(), p)).collect();
+        // Every parameter, position by position: its name and length, the same on every process.
+        let params: Vec<Vec<(String, usize)>> = (0..k)
+            .map(|d| {
+                self.stages[0]
+                    .iter()
+                    .enumerate()
+                    .filter(|(s, _)| s % k == d)
+                    .flat_map(|(_, units)| units.iter().flat_map(Unit::params).map(|p| (p.name.clone(), p.numel())))
+                    .collect()
+            })
+            .collect();
+        // Which parameters hold state, and their steps: from their owner, zeros elsewhere.
+        let mut held: Vec<f64> = params
+            .iter()
+            .enumerate()
+            .flat_map(|(d, ps)| ps.iter().map(move |(name, _)| (d, name)))
+            .flat_map(|(d, name)| match mine.get(name.as_str()).filter(|_| d == own) {
+                Some(p) => [1.0, p.step as f64],
+                None => [0.0, 0.0],
+            })
+            .collect();
+        processes.group.all_reduce_sum_f64(&mut held)?;
+        // The moments, position by position; each process fills its own part.
+        let (mut flat, mut bounds, mut at) = (Vec::new(), Vec::with_capacity(k), 0);
+        for (d, ps) in params.iter().enumerate() {
+            let start = flat.len();
+            for (name, len) in ps {
+                let holds = held[2 * at] != 0.0;
+                at += 1;
+                if !holds {
+                    continue;
+                }
+                match mine.get(name.as_str()).filter(|_| d == own) {
+                    Some(p) => p.buffers.iter().for_each(|b| flat.extend_from_slice(b)),
+                    None => flat.resize(flat.len() + buffers * len, 0.0),
+                }
+            }
+            bounds.push(start..flat.len());
+        }
+        processes.group.all_gather_f32(&mut flat, &bounds)?;
+        let step = own_state.step;
+        let (mut at, mut offset) = (0, 0);
+        for (d, ps) in params.iter().enumerate() {
+            let mut states = Vec::new();
+            for (name, len) in ps {
+                let (holds, param_step) = (held[2 * at] != 0.0, held[2 * at + 1] as u64);
+                at += 1;
+                if !holds {
+                    continue;
+                }
+                let bufs = (0..buffers).map(|b| flat[offset + b * len..offset + (b + 1) * len].to_vec()).collect();
+                offset += buffers * len;
+                states.push(ParamState { name: name.clone(), len: *len, step: param_step, buffers: bufs });
+            }
+            if d != own {
+                let state = OptimizerState { config: self.optimizer_config, step, params: states };
+                let params = Self::params_at(&mut self.stages[0], k, d);
+                self.optimizers[0][d].load_state_dict(dev, &state, &params)?;
             }
         }
         Ok(())
