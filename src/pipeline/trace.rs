@@ -44,14 +44,17 @@ impl StepTrace {
     /// computing a forward, a backward or put-off weight gradients, averaged over devices. Comparable with
     /// [`Schedule::bubble_formula`](super::Schedule::bubble_formula), which counts transfers as
     /// idle too and knows nothing of the tail ([`tail`](Self::tail), reported beside it).
+    /// Devices without spans ran in another process (a pipeline across processes, where each
+    /// process times its own) and are left out.
     pub fn bubble(&self) -> f64 {
         let end = self.pipeline_end();
-        if end <= 0.0 || self.per_device.is_empty() {
+        let timed = self.per_device.iter().filter(|spans| !spans.is_empty()).count();
+        if end <= 0.0 || timed == 0 {
             return 0.0;
         }
         let busy: f64 =
             self.per_device.iter().flatten().filter(|s| s.action.is_compute()).map(|s| s.end - s.start).sum();
-        1.0 - busy / (end * self.per_device.len() as f64)
+        1.0 - busy / (end * timed as f64)
     }
 
     /// Seconds of the step after its pipelined part: gradient norms, tied gradients and the
@@ -166,6 +169,9 @@ mod tests {
         with_tail.makespan = end + 1.0;
         assert_eq!(with_tail.bubble(), t.bubble());
         assert!((with_tail.tail() - 1.0).abs() < 1e-12 && t.tail() == 0.0);
+        // A device another process ran (no spans here) is not idle time of this one's.
+        let here = StepTrace { per_device: vec![vec![f(0.0, 1.0), f(1.5, 2.0)], vec![]], makespan: 2.0 };
+        assert!((here.bubble() - 0.25).abs() < 1e-12, "{}", here.bubble());
         let json = t.chrome_events(0.0, 3);
         assert_eq!(json.len(), 2);
         assert_eq!(json[1]["tid"], 1);

@@ -224,7 +224,8 @@ impl PipelineSection {
                 return Err(config_error(
                     "pipeline.across_processes",
                     format!(
-                        "runs one stage per process on one device each, with one replica; not {r} replica(s) on {} device(s)",
+                        "runs one stage per process on one device each, with one replica: set --devices 1 and \
+                         --replicas 1 (now {} device(s), {r} replica(s))",
                         self.devices.unwrap_or(r * k)
                     ),
                 ));

@@ -12,6 +12,7 @@ use super::config::TrainConfig;
 use super::event::{Bubble, EvalMetrics, Event};
 use super::metrics::{Confusion, correct};
 use super::source::BatchSource;
+use crate::comm::process_group::ProcessGroup;
 use crate::device::Device;
 use crate::error::{Error, Result, internal};
 use crate::model::{HeadSpec, HostBatch, IGNORE_INDEX};
@@ -241,25 +242,28 @@ impl<D: Device> Trainer<D> {
     /// model's perplexity, over the source's evaluation batches (no dropout, nothing
     /// saved for a backward). Each replica takes every `R`-th batch, in parallel, its stages
     /// pipelined over consecutive batches; the sums are added in batch order, so the result
-    /// does not depend on `R` or `K`.
+    /// does not depend on `R` or `K`. When the stages are processes, each first receives every
+    /// stage's weights and evaluates every `P`-th batch on its own device, and the processes
+    /// exchange their batches' sums: the same result, to the bit, on every process.
     pub fn evaluate(&mut self, data: &dyn BatchSource) -> Result<EvalMetrics> {
-        // When the stages are processes, each first receives every stage's weights.
         self.pipeline.share_stages()?;
         let n = data.eval_batches();
         let r_count = self.pipeline.replicas();
         let pipeline = &self.pipeline;
+        let (procs, me) = pipeline.stage_group().map_or((1, 0), |g| (g.size(), g.rank()));
         let classes = match pipeline.spec().head {
             HeadSpec::Classifier { num_labels, .. } => Some(num_labels),
             HeadSpec::TiedLmHead => None,
         };
-        // Per batch: (index, loss sum, counted targets, correct predictions, confusion).
-        type Row = (usize, f64, usize, usize, Option<Confusion>);
-        let per_replica: Vec<Result<Vec<Row>>> = std::thread::scope(|scope| {
+        // This process's batches, shared out over its replicas.
+        let mine: Vec<usize> = (me..n).step_by(procs).collect();
+        let per_replica: Vec<Result<Vec<EvalRow>>> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..r_count)
                 .map(|r| {
+                    let mine = &mine;
                     scope.spawn(move || {
-                        let mut batches = (r..n).step_by(r_count);
-                        let mut index = 0;
+                        let mut batches = mine.iter().copied().skip(r).step_by(r_count);
+                        let mut order = batches.clone();
                         let mut rows = Vec::new();
                         pipeline.evaluate_all(
                             r,
@@ -272,8 +276,8 @@ impl<D: Device> Trainer<D> {
                                     m.add_logits(&out.logits, &host.targets, IGNORE_INDEX);
                                     m
                                 });
-                                rows.push((r + index * r_count, out.loss_sum, out.count, right, confusion));
-                                index += 1;
+                                let index = order.next().ok_or_else(|| internal("evaluation", "a batch too many"))?;
+                                rows.push(EvalRow { index, loss_sum: out.loss_sum, count: out.count, right, confusion });
                                 Ok(())
                             },
                         )?;
@@ -290,12 +294,15 @@ impl<D: Device> Trainer<D> {
         for r in per_replica {
             rows.extend(r?);
         }
-        rows.sort_by_key(|row| row.0);
+        if let Some(group) = pipeline.stage_group() {
+            rows = EvalRow::exchange(group, rows, n, classes)?;
+        }
+        rows.sort_by_key(|row| row.index);
         let (mut loss_sum, mut count, mut right) = (0.0, 0usize, 0usize);
         let mut confusion = classes.map(Confusion::new);
-        for (_, l, c, k, m) in rows {
-            (loss_sum, count, right) = (loss_sum + l, count + c, right + k);
-            if let (Some(all), Some(m)) = (confusion.as_mut(), m) {
+        for row in rows {
+            (loss_sum, count, right) = (loss_sum + row.loss_sum, count + row.count, right + row.right);
+            if let (Some(all), Some(m)) = (confusion.as_mut(), row.confusion) {
                 all.merge(&m);
             }
         }
@@ -422,5 +429,47 @@ impl<D: Device> Trainer<D> {
             .collect();
         controller.sort_by(|a, b| a.name.cmp(&b.name));
         Ok((field("controller"), controller))
+    }
+}
+
+/// One evaluation batch's sums.
+struct EvalRow {
+    index: usize,
+    loss_sum: f64,
+    count: usize,
+    right: usize,
+    confusion: Option<Confusion>,
+}
+
+impl EvalRow {
+    /// Every process's `rows` (of the batches it evaluated) to every process, as one f64 sum
+    /// over a table with a line per batch that only its evaluator fills: exact, since every
+    /// other entry adds zero and the counts are far below 2⁵³.
+    fn exchange(group: &ProcessGroup, rows: Vec<EvalRow>, n: usize, classes: Option<usize>) -> Result<Vec<EvalRow>> {
+        let c = classes.unwrap_or(0);
+        let width = 3 + c * c;
+        let mut table = vec![0.0; n * width];
+        for row in &rows {
+            let line = &mut table[row.index * width..(row.index + 1) * width];
+            (line[0], line[1], line[2]) = (row.loss_sum, row.count as f64, row.right as f64);
+            let counts = row.confusion.iter().flat_map(|m| m.counts.iter().flatten());
+            for (slot, &k) in line[3..].iter_mut().zip(counts) {
+                *slot = k as f64;
+            }
+        }
+        group.all_reduce_sum_f64(&mut table)?;
+        Ok(table
+            .chunks_exact(width)
+            .enumerate()
+            .map(|(index, line)| EvalRow {
+                index,
+                loss_sum: line[0],
+                count: line[1] as usize,
+                right: line[2] as usize,
+                confusion: classes.map(|c| Confusion {
+                    counts: line[3..].chunks_exact(c).map(|r| r.iter().map(|&k| k as usize).collect()).collect(),
+                }),
+            })
+            .collect())
     }
 }

@@ -236,6 +236,11 @@ impl<D: Device> Pipeline<D> {
         self.stage_processes.as_ref().map(StageProcesses::rank)
     }
 
+    /// The processes that are the stages, when they are.
+    pub fn stage_group(&self) -> Option<&ProcessGroup> {
+        self.stage_processes.as_ref().map(|p| &*p.group)
+    }
+
     /// Whether this process computes stage `s`'s gradients (always, unless the stages are
     /// processes and `s` is another's).
     fn runs_stage(&self, s: usize) -> bool {
