@@ -446,7 +446,7 @@ fn processes_train_like_one_device_with_loss_and_norm_at_every_step() {
                     let (batches, want, config) = (&batches, &want, &config);
                     s.spawn(move || {
                         let mut p = pipeline(config, cfg(k, r, 2, ScheduleKind::OneFOneB));
-                        p.set_process_group(Some(member.clone()));
+                        p.set_process_group(Some(member.clone())).unwrap();
                         for (step, host) in batches.iter().enumerate() {
                             let got = p.step(host, 1000 + step as u64, LR, Some(1.0)).unwrap();
                             let (loss, norm) = want[step];
@@ -536,7 +536,11 @@ fn stages_across_processes_train_like_one_process_to_the_bit() {
                     (s.loss, s.grad_norm)
                 })
                 .collect();
+            // Other stages' copies are out of date until shared: reading them is refused.
+            let stale = p.parameters(0).unwrap_err().to_string();
+            assert!(stale.contains("share_stages"), "{stale}");
             p.share_stages().unwrap();
+            assert!(p.optimizer_state().unwrap_err().to_string().contains("share_optimizer_state"));
             (steps, p.parameters(0).unwrap())
         });
         for (rank, (steps, params)) in got.iter().enumerate() {
@@ -548,6 +552,36 @@ fn stages_across_processes_train_like_one_process_to_the_bit() {
                 params_rel(params, &weights)
             );
         }
+    }
+}
+
+/// Processes that plan differently (here: another micro-batch count) are told so when the
+/// pipeline is built, instead of waiting for messages that never come.
+#[test]
+fn stage_processes_that_plan_differently_are_refused() {
+    let config = gpt();
+    let group = process_group(2);
+    let errors: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = group
+            .into_iter()
+            .map(|member| {
+                let config = &config;
+                s.spawn(move || {
+                    let dev = CpuDevice::<f32>::new(member.rank(), 1).unwrap();
+                    let model = Model::new(&dev, config, 7).unwrap();
+                    let prof = profiles(&model, &dev);
+                    let plan = cfg(2, 1, 3 + member.rank(), ScheduleKind::OneFOneB);
+                    match Pipeline::across_processes(dev, model, adamw(), plan, &prof, member) {
+                        Ok(_) => "built".to_string(),
+                        Err(e) => e.to_string(),
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for e in &errors {
+        assert!(e.contains("rank 1 planned a different model or pipeline"), "{e}");
     }
 }
 
@@ -583,7 +617,7 @@ fn a_process_that_dies_ends_the_others_with_its_rank_not_a_hang() {
                 s.spawn(move || {
                     let rank = member.rank();
                     let mut p = pipeline(config, cfg(1, 1, 1, ScheduleKind::OneFOneB));
-                    p.set_process_group(Some(member));
+                    p.set_process_group(Some(member)).unwrap();
                     if rank == 2 {
                         return None; // dies before its first step: its connection closes
                     }

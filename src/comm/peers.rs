@@ -177,11 +177,12 @@ fn connect_next(
     let mut last = String::from("never tried");
     while Instant::now() < deadline {
         match TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
-            Ok(mut s) => {
-                return hello(&mut s, rank, next, size, secret)
-                    .map(|()| s)
-                    .map_err(|why| rdzv_error(&format!("ring: rank {next} at {addr}"), why));
-            }
+            Ok(mut s) => match hello(&mut s, rank, next, size, secret) {
+                Ok(()) => return Ok(s),
+                Err(Refused::Fatal(why)) => return Err(rdzv_error(&format!("ring: rank {next} at {addr}"), why)),
+                // Not answered in time: the member may be busy refusing a stranger; again.
+                Err(Refused::Retry(why)) => last = why,
+            },
             Err(e) => last = e.to_string(),
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -189,22 +190,35 @@ fn connect_next(
     Err(rdzv_error("ring", format!("could not connect to rank {next} at {addr} in time ({last})")))
 }
 
+/// Why a ring handshake failed: worth another try (no challenge in time), or not (refused).
+enum Refused {
+    Retry(String),
+    Fatal(String),
+}
+
 /// The connecting side's handshake: the challenge in, our hello out, the welcome checked.
-fn hello(s: &mut TcpStream, rank: usize, next: usize, size: usize, secret: &Secret) -> std::result::Result<(), String> {
-    let io = |e: std::io::Error| e.to_string();
-    s.set_read_timeout(Some(MESSAGE_TIMEOUT)).map_err(io)?;
-    s.set_write_timeout(Some(MESSAGE_TIMEOUT)).map_err(io)?;
-    let theirs = read_frame(s)?;
+fn hello(
+    s: &mut TcpStream,
+    rank: usize,
+    next: usize,
+    size: usize,
+    secret: &Secret,
+) -> std::result::Result<(), Refused> {
+    let retry = |e: std::io::Error| Refused::Retry(e.to_string());
+    s.set_read_timeout(Some(MESSAGE_TIMEOUT)).map_err(retry)?;
+    s.set_write_timeout(Some(MESSAGE_TIMEOUT)).map_err(retry)?;
+    let theirs = read_frame(s).map_err(Refused::Retry)?;
     if theirs.len() != NONCE {
-        return Err(format!("a challenge of {} bytes; expected {NONCE}", theirs.len()));
+        return Err(Refused::Fatal(format!("a challenge of {} bytes; expected {NONCE}", theirs.len())));
     }
-    let ours = random_bytes::<NONCE>().map_err(|e| e.to_string())?;
+    let ours = random_bytes::<NONCE>().map_err(|e| Refused::Fatal(e.to_string()))?;
     let (f, t, z) = ((rank as u32).to_le_bytes(), (next as u32).to_le_bytes(), (size as u32).to_le_bytes());
     let mac = secret.mac(&hello_parts(&theirs, &f, &t, &z));
-    s.write_all(&frame(&[&f, &ours, &mac])).map_err(io)?;
-    let welcome = read_frame(s).map_err(|e| format!("the peer closed the connection ({e}): a wrong secret?"))?;
+    s.write_all(&frame(&[&f, &ours, &mac])).map_err(retry)?;
+    let welcome = read_frame(s)
+        .map_err(|e| Refused::Fatal(format!("the peer closed the connection ({e}): a wrong secret or rank?")))?;
     if !secret.verify(&[b"ring welcome", &ours, &theirs], &welcome) {
-        return Err("the peer at this address does not know the run's secret".into());
+        return Err(Refused::Fatal("the peer at this address does not know the run's secret".into()));
     }
     Ok(())
 }

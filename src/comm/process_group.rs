@@ -6,9 +6,9 @@
 //! each member sending one segment to the next rank while it reads another from the rank
 //! before, so every link carries `2(P−1)/P` of the buffer each way whatever the group's size.
 //! Partial sums travel as f32, as NCCL's do; each segment's sum runs in a fixed order and ends
-//! copied to everyone, so every process holds bitwise the same result. Losses and norms (a few
-//! values) go over the rendezvous links instead, a star where rank 0 adds them in rank order
-//! in f64. Every read and write has the group's timeout, and a peer that dies closes its
+//! copied to everyone, so every process holds bitwise the same result. The f64 sums (losses,
+//! norms, evaluation tallies: small) go over the rendezvous links instead, a star where rank 0
+//! adds them in rank order. Every read and write has the group's timeout, and a peer that dies closes its
 //! sockets, so a dead process ends the others with an error naming it instead of a hang: its
 //! neighbours see the end of file, fail, and hang up on theirs in turn.
 
@@ -90,11 +90,14 @@ impl ProcessGroup {
     }
 
     /// Every process's `values[bounds[p]]` becomes process `p`'s: an all-gather over the ring,
-    /// each process sending what it owns round once. `bounds` (one range per rank, disjoint)
-    /// must be the same on every process; the values travel as they are, so the copies are
+    /// each process sending what it owns round once. `bounds` (one range per rank, disjoint,
+    /// any of them empty) must be the same on every process; the values travel as they are, so the copies are
     /// exact.
     pub fn all_gather_f32(&self, values: &mut [f32], bounds: &[std::ops::Range<usize>]) -> Result<()> {
-        if bounds.len() != self.size || bounds.iter().any(|b| b.end > values.len() || b.start > b.end) {
+        let mut sorted: Vec<&std::ops::Range<usize>> = bounds.iter().collect();
+        sorted.sort_by_key(|b| (b.start, b.end));
+        let overlap = sorted.windows(2).any(|w| w[0].end > w[1].start);
+        if bounds.len() != self.size || overlap || bounds.iter().any(|b| b.end > values.len() || b.start > b.end) {
             return Err(group_error(format!(
                 "an all-gather over {} processes of {} values was given the ranges {bounds:?}",
                 self.size,
@@ -246,8 +249,9 @@ fn swap(
             let _ = other.shutdown(std::net::Shutdown::Both);
         }
     };
-    // Two disjoint segments of one buffer: one read by the sender, one written by the reader.
-    let (sent_part, landing) = if out.start < into.start {
+    // Two disjoint segments of one buffer (either may be empty): one read by the sender, one
+    // written by the reader.
+    let (sent_part, landing) = if out.end <= into.start {
         let (low, high) = values.split_at_mut(into.start);
         (&low[out], &mut high[..into.len()])
     } else {
@@ -432,6 +436,29 @@ mod tests {
         assert!(errors[1].contains("rank 2") || errors[1].contains("rank 0"), "{}", errors[1]);
         assert!(errors[1].contains("closed its connection"), "{}", errors[1]);
         assert!(started.elapsed() < Duration::from_secs(9), "nobody waited for the timeout");
+    }
+
+    /// Each rank's range reaches every rank exactly, empty ranges included (a position that
+    /// owns nothing, first or last); overlapping ranges are refused before any byte moves.
+    #[test]
+    fn all_gather_copies_every_owners_range_even_empty_ones() {
+        let g = group(3, Duration::from_secs(20));
+        for bounds in [vec![0..0, 0..0, 0..5], vec![0..2, 2..2, 2..7], vec![0..4, 4..9, 9..9]] {
+            let len = bounds.iter().map(|b| b.end).max().unwrap();
+            let got = on_all(&g, |m| {
+                let mut v = vec![f32::NAN; len];
+                for i in bounds[m.rank()].clone() {
+                    v[i] = (100 * m.rank() + i) as f32;
+                }
+                m.all_gather_f32(&mut v, &bounds).unwrap();
+                v
+            });
+            let want: Vec<f32> =
+                (0..len).map(|i| (100 * bounds.iter().position(|b| b.contains(&i)).unwrap() + i) as f32).collect();
+            assert!(got.iter().all(|v| v == &want), "{bounds:?}: {got:?}");
+        }
+        let err = g[0].all_gather_f32(&mut [0.0; 4], &[0..2, 1..3, 3..4]).unwrap_err().to_string();
+        assert!(err.contains("ranges"), "{err}");
     }
 
     #[test]

@@ -290,7 +290,7 @@ impl<D: Device> Job<D> {
     /// Trains as one process of `group` (`pipetransformer launch`): this process runs its shard
     /// of every global batch and only rank 0 writes the run's files. AutoDP and the activation
     /// cache work within one process, so a launched run must switch them off.
-    pub fn join_process_group(&mut self, group: crate::comm::process_group::ProcessGroup) -> Result<()> {
+    pub fn join_process_group(&mut self, group: ProcessGroup) -> Result<()> {
         let e = &self.config.elastic;
         for (on, key) in [(e.auto_dp, "elastic.auto_dp"), (e.cache, "elastic.cache")] {
             if on {
@@ -305,7 +305,7 @@ impl<D: Device> Job<D> {
         } else {
             format!("a TCP ring across {} processes", group.size())
         };
-        self.trainer.pipeline.set_process_group(Some(std::sync::Arc::new(group)));
+        self.trainer.pipeline.set_process_group(Some(Arc::new(group)))?;
         Ok(())
     }
 
@@ -330,7 +330,8 @@ impl<D: Device> Job<D> {
     /// [`new`](Self::new) for one process of a launched run whose pipeline stages are its
     /// processes (`pipeline.across_processes`): this one trains stage `group.rank()` on
     /// `devices[0]`. Every process plans from the units' FLOPs, so all make the same plan;
-    /// the elastic loop (which moves units within one process) and token slices must be off.
+    /// the elastic loop (which moves units within one process), token slices and a memory
+    /// limit (every process keeps every stage's weights) must be off.
     pub fn across_processes(devices: Vec<D>, config: RunConfig, group: ProcessGroup) -> Result<Self> {
         let e = &config.elastic;
         let within_one_process = [
@@ -339,6 +340,8 @@ impl<D: Device> Job<D> {
             (e.auto_dp, "elastic.auto_dp", "false"),
             (e.cache, "elastic.cache", "false"),
             (config.pipeline.profile, "pipeline.profile", "false"),
+            // Each process keeps every stage's weights: a per-stage memory limit would not hold.
+            (config.pipeline.memory_limit.is_some(), "pipeline.memory_limit", "none"),
             (config.pipeline.token_slices != TokenSlices::Off, "pipeline.token_slices", "\"off\""),
         ];
         if let Some((_, key, off)) = within_one_process.into_iter().find(|(on, _, _)| *on) {
@@ -449,7 +452,9 @@ impl<D: Device> Job<D> {
         let (state, tensors) = self.trainer.load_checkpoint_with(&path)?;
         self.elastic.restore(state)?;
         self.elastic.restore_tensors(tensors);
-        self.communicator = rebuild_communicators(&mut self.trainer.pipeline)?;
+        if self.trainer.pipeline.process_stage().is_none() {
+            self.communicator = rebuild_communicators(&mut self.trainer.pipeline)?;
+        }
         self.resumed = true;
         Ok(())
     }

@@ -247,6 +247,17 @@ impl<D: Device> Trainer<D> {
     /// exchange their batches' sums: the same result, to the bit, on every process.
     pub fn evaluate(&mut self, data: &dyn BatchSource) -> Result<EvalMetrics> {
         self.pipeline.share_stages()?;
+        let out = self.evaluate_shared(data);
+        if out.is_err()
+            && let Some(group) = self.pipeline.stage_group()
+        {
+            // The other processes wait for this one's sums: end their wait now.
+            group.hang_up();
+        }
+        out
+    }
+
+    fn evaluate_shared(&self, data: &dyn BatchSource) -> Result<EvalMetrics> {
         let n = data.eval_batches();
         let r_count = self.pipeline.replicas();
         let pipeline = &self.pipeline;
@@ -277,7 +288,13 @@ impl<D: Device> Trainer<D> {
                                     m
                                 });
                                 let index = order.next().ok_or_else(|| internal("evaluation", "a batch too many"))?;
-                                rows.push(EvalRow { index, loss_sum: out.loss_sum, count: out.count, right, confusion });
+                                rows.push(EvalRow {
+                                    index,
+                                    loss_sum: out.loss_sum,
+                                    count: out.count,
+                                    right,
+                                    confusion,
+                                });
                                 Ok(())
                             },
                         )?;
@@ -442,33 +459,38 @@ struct EvalRow {
 }
 
 impl EvalRow {
-    /// Every process's `rows` (of the batches it evaluated) to every process, as one f64 sum
-    /// over a table with a line per batch that only its evaluator fills: exact, since every
-    /// other entry adds zero and the counts are far below 2⁵³.
+    /// Every process's `rows` (of the batches it evaluated) to every process, in one f64 sum:
+    /// a line of (loss, count, correct) per batch that only its evaluator fills, and the
+    /// confusion counts summed (integers, exact in any order). Exact: every other entry adds
+    /// zero, and the counts are far below 2⁵³. The confusion comes back on the first row.
     fn exchange(group: &ProcessGroup, rows: Vec<EvalRow>, n: usize, classes: Option<usize>) -> Result<Vec<EvalRow>> {
         let c = classes.unwrap_or(0);
-        let width = 3 + c * c;
-        let mut table = vec![0.0; n * width];
+        let mut table = vec![0.0; 3 * n + c * c];
+        let (lines, counts) = table.split_at_mut(3 * n);
         for row in &rows {
-            let line = &mut table[row.index * width..(row.index + 1) * width];
-            (line[0], line[1], line[2]) = (row.loss_sum, row.count as f64, row.right as f64);
-            let counts = row.confusion.iter().flat_map(|m| m.counts.iter().flatten());
-            for (slot, &k) in line[3..].iter_mut().zip(counts) {
-                *slot = k as f64;
+            lines[3 * row.index..3 * row.index + 3].copy_from_slice(&[
+                row.loss_sum,
+                row.count as f64,
+                row.right as f64,
+            ]);
+            for (slot, &k) in counts.iter_mut().zip(row.confusion.iter().flat_map(|m| m.counts.iter().flatten())) {
+                *slot += k as f64;
             }
         }
         group.all_reduce_sum_f64(&mut table)?;
-        Ok(table
-            .chunks_exact(width)
+        let (lines, counts) = table.split_at(3 * n);
+        let mut confusion = classes.map(|c| Confusion {
+            counts: counts.chunks_exact(c).map(|r| r.iter().map(|&k| k as usize).collect()).collect(),
+        });
+        Ok(lines
+            .chunks_exact(3)
             .enumerate()
             .map(|(index, line)| EvalRow {
                 index,
                 loss_sum: line[0],
                 count: line[1] as usize,
                 right: line[2] as usize,
-                confusion: classes.map(|c| Confusion {
-                    counts: line[3..].chunks_exact(c).map(|r| r.iter().map(|&k| k as usize).collect()).collect(),
-                }),
+                confusion: confusion.take(),
             })
             .collect())
     }

@@ -110,6 +110,11 @@ pub struct Pipeline<D: Device> {
     /// When the stages are processes ([`across_processes`](Self::across_processes)): this
     /// process runs stage `rank` on its one device, where every stage's units are kept.
     stage_processes: Option<StageProcesses>,
+    /// When the stages are processes: whether this process's copies of the other stages'
+    /// weights (and optimizer state) are current, since [`share_stages`](Self::share_stages)
+    /// (and [`share_optimizer_state`](Self::share_optimizer_state)) after the last step.
+    stages_shared: bool,
+    optimizer_shared: bool,
     /// Host buffers the in-process ring's gradient buckets travel in, kept from step to step:
     /// a fresh one of tens of megabytes would come from the kernel as new pages every step.
     bucket_buffers: BucketBuffers,
@@ -159,6 +164,8 @@ impl<D: Device> Pipeline<D> {
             communicators: None,
             process_group: None,
             stage_processes: None,
+            stages_shared: false,
+            optimizer_shared: false,
             bucket_buffers: BucketBuffers::default(),
         };
         p.place(owned)?;
@@ -169,10 +176,13 @@ impl<D: Device> Pipeline<D> {
     /// A pipeline whose stages are the processes of `group` (`pipetransformer launch`, one
     /// process per device): process `p` trains stage `p` of a `K = group.size()` plan on its
     /// one `device`; activations and gradients cross between neighbouring processes over the
-    /// group's ring links. Every process builds the same plan from the same `profiles` and
-    /// keeps every stage's units on its device (weights only: the optimizer state is the
-    /// stage's own), so [`share_stages`](Self::share_stages) can bring them up to date for
-    /// evaluation and export. One replica; no re-planning, and no activation cache.
+    /// group's ring links. Every process must build the same plan from the same `profiles`
+    /// (checked: a fingerprint of the plan and the parameters' shapes is compared across the
+    /// group). Each keeps every stage's units on its device, so
+    /// [`share_stages`](Self::share_stages) can bring the others' weights up to date for
+    /// evaluation and export: the device holds the whole model's weights and (untouched, zero)
+    /// gradient buffers, while the optimizer state is its own stage's except transiently for a
+    /// checkpoint. One replica; no re-planning, and no activation cache.
     pub fn across_processes(
         device: D,
         model: Model<D>,
@@ -197,6 +207,7 @@ impl<D: Device> Pipeline<D> {
         let pinned = model.frozen_prefix();
         let ModelParts { spec, units, tied } = model.into_parts();
         let plan = Plan::new(config, profiles, unit_names(&units), processes.group.size(), pinned)?;
+        processes.agree(&plan, &units)?;
         let owned: Vec<(Unit<D>, usize)> = units.into_iter().map(|u| (u, 0)).collect();
         let mut p = Pipeline {
             own_threads: vec![device.threads()],
@@ -212,6 +223,8 @@ impl<D: Device> Pipeline<D> {
             communicators: None,
             process_group: None,
             stage_processes: Some(processes),
+            stages_shared: true,
+            optimizer_shared: true,
             bucket_buffers: BucketBuffers::default(),
         };
         p.place(owned)?;
@@ -228,6 +241,21 @@ impl<D: Device> Pipeline<D> {
     /// The device of replica `r`'s stage `s`.
     fn device_at(&self, r: usize, s: usize) -> &D {
         &self.devices[self.device_index(self.plan.device(r, s))]
+    }
+
+    /// Refuses to read every stage's weights (or, with `optimizer`, optimizer state) where
+    /// this process's copies of the other stages' may be out of date: the stages are processes
+    /// and they have trained since they last shared.
+    fn check_shared(&self, what: &str, optimizer: bool) -> Result<()> {
+        let shared = self.stages_shared && (!optimizer || self.optimizer_shared);
+        if self.stage_processes.is_some() && !shared {
+            let call = if optimizer { "share_stages and share_optimizer_state" } else { "share_stages" };
+            return Err(config_error(
+                "processes",
+                format!("{what} reads every stage, and other processes train them: call {call} on every process first"),
+            ));
+        }
+        Ok(())
     }
 
     /// The stage this process runs, when the stages are processes (its pipeline position:
@@ -267,15 +295,20 @@ impl<D: Device> Pipeline<D> {
             }
             bounds.push(start..flat.len());
         }
-        processes.group.all_gather_f32(&mut flat, &bounds)?;
+        let group = &processes.group;
+        group.all_gather_f32(&mut flat, &bounds).inspect_err(|_| group.hang_up())?;
         let mut at = 0;
         for s in order {
             for p in self.stages[0][s].iter_mut().flat_map(Unit::params_mut) {
                 let n = D::len(&p.value);
-                p.value = dev.upload(&flat[at..at + n])?;
+                // This process's own stages are already current (and may not be f32).
+                if s % k != processes.rank() {
+                    p.value = dev.upload(&flat[at..at + n])?;
+                }
                 at += n;
             }
         }
+        self.stages_shared = true;
         Ok(())
     }
 
@@ -354,8 +387,12 @@ impl<D: Device> Pipeline<D> {
     /// [`HostBatch::split`] cuts, so every sample keeps its dropout mask) and sums gradients and
     /// loss with the other processes before clipping and the optimizer. The activation cache
     /// is not available then (a process captures only its shard).
-    pub fn set_process_group(&mut self, group: Option<Arc<ProcessGroup>>) {
+    pub fn set_process_group(&mut self, group: Option<Arc<ProcessGroup>>) -> Result<()> {
+        if self.stage_processes.is_some() {
+            return Err(config_error("processes", "a pipeline whose stages are processes has no replica processes"));
+        }
         self.process_group = group;
+        Ok(())
     }
 
     /// The process group, if this pipeline trains with other processes.
@@ -386,10 +423,19 @@ impl<D: Device> Pipeline<D> {
     /// their unit, which must not be above the first trainable one. A batch too short for the
     /// plan's micro-batches (an epoch's last) runs with fewer, on the same stages.
     pub fn step_with(&mut self, host: &HostBatch, options: &StepOptions) -> Result<PipelineStep> {
-        if self.stage_processes.is_some() {
+        if let Some(p) = &self.stage_processes {
             if options.capture_frozen_output {
                 return Err(config_error("cache", "a pipeline across processes cannot fill the activation cache"));
             }
+            // The other stages' copies go out of date; their optimizer state (shared for a
+            // checkpoint) is not kept on this device.
+            let own = p.rank();
+            if self.optimizer_shared {
+                for (_, opt) in self.optimizers[0].iter_mut().enumerate().filter(|(d, _)| *d != own) {
+                    *opt = Optimizer::new(self.optimizer_config)?;
+                }
+            }
+            (self.stages_shared, self.optimizer_shared) = (false, false);
             let out = self.step_shard(host, host.target_count(), options);
             if out.is_err()
                 && let Some(p) = &self.stage_processes
@@ -520,13 +566,17 @@ impl<D: Device> Pipeline<D> {
             };
             // A reader per link drops the neighbours' messages into this device's inbox.
             let shared = &shared;
-            let readers: Vec<_> =
-                p.links().into_iter().map(|(link, peer)| scope.spawn(move || p.receive(link, peer, shared))).collect();
+            let readers: Vec<_> = p
+                .incoming(plan)
+                .into_iter()
+                .map(|(link, peer)| scope.spawn(move || p.receive(link, peer, shared)))
+                .collect();
             let outputs: Vec<Option<WorkerOutput>> = handles.into_iter().map(|h| h.join().ok().flatten()).collect();
             match outputs.iter().all(Option::is_some) && !shared.aborted() {
                 true => {
-                    if let Err(e) = p.end() {
+                    if let Err(e) = p.end(plan) {
                         shared.fail(p.rank(), e);
+                        p.group.hang_up();
                     }
                 }
                 // Hanging up ends the readers (and the neighbours' waits) at once.
@@ -666,6 +716,7 @@ impl<D: Device> Pipeline<D> {
     /// Runs `host` forward through replica `replica`'s stages, one after another (no dropout,
     /// nothing saved), and returns its loss and logits.
     pub fn evaluate(&self, replica: usize, host: &HostBatch) -> Result<EvalOutput> {
+        self.check_shared("evaluate", false)?;
         if let Some(h) = &host.hidden {
             self.check_hidden(host, h, self.frozen_prefix())?;
         }
@@ -683,6 +734,7 @@ impl<D: Device> Pipeline<D> {
         next: &mut (dyn FnMut() -> Option<Result<HostBatch>> + Send),
         each: &mut dyn FnMut(&HostBatch, EvalOutput) -> Result<()>,
     ) -> Result<()> {
+        self.check_shared("evaluate_all", false)?;
         let end = self.unit_count();
         let last = self.stages[replica].len() - 1;
         // What travels between stages: the batch and the hidden states leaving a stage.
@@ -744,6 +796,7 @@ impl<D: Device> Pipeline<D> {
     /// are shared out over the replicas, which run in parallel. `to` must not pass the first
     /// trainable unit.
     pub fn advance(&self, host: &HostBatch, to: usize) -> Result<Hidden> {
+        self.check_shared("advance", false)?;
         let frozen = self.frozen_prefix();
         let from = host.hidden.as_ref().map_or(0, |h| h.depth);
         if let Some(h) = &host.hidden {

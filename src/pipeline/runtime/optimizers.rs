@@ -30,6 +30,7 @@ impl<D: Device> Pipeline<D> {
 
     /// The optimizer state of the whole model on the host (replica 0's; replicas are equal).
     pub fn optimizer_state(&self) -> Result<OptimizerState> {
+        self.check_shared("optimizer_state", true)?;
         let mut merged = OptimizerState { config: self.optimizer_config, step: 0, params: Vec::new() };
         for (d, opt) in self.optimizers[0].iter().enumerate() {
             let state = opt.state_dict(&self.devices[self.device_index(d)])?;
@@ -59,6 +60,7 @@ impl<D: Device> Pipeline<D> {
                 self.optimizers[r][d].load_state_dict(dev, &subset, &params)?;
             }
         }
+        self.optimizer_shared = true;
         Ok(())
     }
 
@@ -94,7 +96,7 @@ impl<D: Device> Pipeline<D> {
                 None => [0.0, 0.0],
             })
             .collect();
-        processes.group.all_reduce_sum_f64(&mut held)?;
+        processes.group.all_reduce_sum_f64(&mut held).inspect_err(|_| processes.group.hang_up())?;
         // The moments, position by position; each process fills its own part.
         let (mut flat, mut bounds, mut at) = (Vec::new(), Vec::with_capacity(k), 0);
         for (d, ps) in params.iter().enumerate() {
@@ -112,7 +114,7 @@ impl<D: Device> Pipeline<D> {
             }
             bounds.push(start..flat.len());
         }
-        processes.group.all_gather_f32(&mut flat, &bounds)?;
+        processes.group.all_gather_f32(&mut flat, &bounds).inspect_err(|_| processes.group.hang_up())?;
         let step = own_state.step;
         let (mut at, mut offset) = (0, 0);
         for (d, ps) in params.iter().enumerate() {
@@ -133,6 +135,7 @@ impl<D: Device> Pipeline<D> {
                 self.optimizers[0][d].load_state_dict(dev, &state, &params)?;
             }
         }
+        self.optimizer_shared = true;
         Ok(())
     }
 

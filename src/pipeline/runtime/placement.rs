@@ -38,6 +38,7 @@ impl<D: Device> Pipeline<D> {
     /// now own them, new replicas copy replica 0's (freed buffers return to each device's pool
     /// and are reused). The new plan is checked first; if it is refused, the old one stays.
     pub fn replan(&mut self, config: PipelineConfig, profiles: &[UnitProfile], pinned: usize) -> Result<()> {
+        self.refuse_across_processes("replan")?;
         let names = unit_names(self.stages[0].iter().flatten());
         let plan = Plan::new(config, profiles, names, self.devices.len(), pinned)?;
         self.adopt(plan)
@@ -50,6 +51,7 @@ impl<D: Device> Pipeline<D> {
         profiles: &[UnitProfile],
         stages: Vec<std::ops::Range<usize>>,
     ) -> Result<()> {
+        self.refuse_across_processes("replan")?;
         let names = unit_names(self.stages[0].iter().flatten());
         let plan = Plan::with_stages(config, profiles, names, self.devices.len(), stages)?;
         self.adopt(plan)
@@ -58,19 +60,28 @@ impl<D: Device> Pipeline<D> {
     /// Runs `m` micro-batches per replica from the next step: a new schedule over the same
     /// stages, so nothing moves (how AutoPipe times its candidates cheaply).
     pub fn set_micro_batches(&mut self, m: usize, profiles: &[UnitProfile]) -> Result<()> {
+        self.refuse_across_processes("set_micro_batches")?;
         let config = PipelineConfig { micro_batches: m, ..self.plan.config.clone() };
         let stages = self.plan.partition.stages.clone();
         self.plan = Plan::with_stages(config, profiles, self.plan.unit_names.clone(), self.devices.len(), stages)?;
         Ok(())
     }
 
-    fn adopt(&mut self, plan: Plan) -> Result<()> {
+    /// A pipeline across processes keeps the plan every process started with: changing it on
+    /// some would leave the others' schedules waiting for messages that never come.
+    fn refuse_across_processes(&self, what: &str) -> Result<()> {
         if self.stage_processes.is_some() {
             return Err(config_error(
                 "processes",
-                "a pipeline across processes keeps the stages it started with (AutoPipe and AutoDP re-plan within one process)",
+                format!(
+                    "{what}: a pipeline across processes keeps the plan it started with (AutoPipe and AutoDP re-plan within one process)"
+                ),
             ));
         }
+        Ok(())
+    }
+
+    fn adopt(&mut self, plan: Plan) -> Result<()> {
         let state = self.optimizer_state()?;
         let old = std::mem::replace(&mut self.plan, plan);
         let mut stages = std::mem::take(&mut self.stages);
@@ -181,6 +192,7 @@ impl<D: Device> Pipeline<D> {
 
     /// A copy of replica 0's units on `to` as one model (export, tests).
     pub fn gather(&self, to: &D) -> Result<Model<D>> {
+        self.check_shared("gather", false)?;
         let mut units = Vec::new();
         for (s, stage) in self.stages[0].iter().enumerate() {
             let at = self.device_at(0, s);
@@ -194,6 +206,7 @@ impl<D: Device> Pipeline<D> {
     /// Every parameter of replica `replica` as host values, in model order (tests compare runs
     /// with it).
     pub fn parameters(&self, replica: usize) -> Result<Vec<(String, Vec<f64>)>> {
+        self.check_shared("parameters", false)?;
         let mut out = Vec::new();
         for (s, stage) in self.stages[replica].iter().enumerate() {
             let dev = self.device_at(replica, s);
@@ -207,6 +220,7 @@ impl<D: Device> Pipeline<D> {
     /// The parameters of each unit in `units` (replica 0's), one vector per unit in model order:
     /// what the freeze rule's settling test compares from one interval to the next.
     pub fn unit_values(&self, units: std::ops::Range<usize>) -> Result<Vec<Vec<f32>>> {
+        self.check_shared("unit_values", false)?;
         let mut out = Vec::with_capacity(units.len());
         let mut g = 0;
         for (s, stage) in self.stages[0].iter().enumerate() {
@@ -228,6 +242,7 @@ impl<D: Device> Pipeline<D> {
     /// Every parameter's name and f32 values (replica 0's), in model order: what a checkpoint
     /// stores.
     pub fn parameter_values(&self) -> Result<Vec<(String, Vec<f32>)>> {
+        self.check_shared("parameter_values", false)?;
         let mut out = Vec::new();
         for (s, stage) in self.stages[0].iter().enumerate() {
             let dev = self.device_at(0, s);
@@ -264,6 +279,8 @@ impl<D: Device> Pipeline<D> {
                 }
             }
         }
+        // Every process loads the same values: every stage's copy is current.
+        self.stages_shared = true;
         Ok(())
     }
 }

@@ -6,15 +6,17 @@
 //!
 //! A message is `[kind: u8][gradient: u8][micro-batch: u32][slice: u32][stage: u32][count:
 //! u64][values]`, the values as they lie in memory (the group's members share the byte order).
-//! After its worker is done, a process sends `END` on both links, and a step is over for a
-//! link's reader when that arrives. A process whose step fails hangs up every link, so its
+//! After its worker is done, a process sends `END` on each link it sent messages on, and a step
+//! is over for a link's reader when that arrives (links the schedule leaves idle are neither
+//! read nor ended). A process whose step fails hangs up every link, so its
 //! neighbours' readers fail at once (naming it) and their steps end with that error instead of
 //! waiting out the group's timeout.
 
 use super::mailbox::{Shared, Tag};
 use crate::comm::process_group::ProcessGroup;
 use crate::error::{Error, Result, config_error};
-use crate::pipeline::schedule::{MessageKey, Piece};
+use crate::pipeline::plan::Plan;
+use crate::pipeline::schedule::{Action, MessageKey, Piece};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
@@ -47,6 +49,34 @@ impl StageProcesses {
         Ok(StageProcesses { group, next, prev })
     }
 
+    /// Checks that every process made the same `plan` for the same `units` (names and
+    /// parameter shapes): processes that read different configs or data would otherwise wait
+    /// for messages that never come, or receive activations of the wrong size. A collective.
+    pub fn agree<D: crate::device::Device>(&self, plan: &Plan, units: &[crate::model::Unit<D>]) -> Result<()> {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::hash::DefaultHasher::new();
+        format!("{:?}", plan.config).hash(&mut h);
+        plan.partition.stages.hash(&mut h);
+        for p in units.iter().flat_map(crate::model::Unit::params) {
+            (&p.name, &p.shape).hash(&mut h);
+        }
+        let (me, size, print) = (self.rank(), self.group.size(), h.finish());
+        // Each process's fingerprint in its own slot (two exact halves), summed over the group.
+        let mut all = vec![0.0; 2 * size];
+        (all[2 * me], all[2 * me + 1]) = (f64::from((print >> 32) as u32), f64::from(print as u32));
+        self.group.all_reduce_sum_f64(&mut all)?;
+        if let Some(r) = (1..size).find(|&r| all[2 * r..2 * r + 2] != all[..2]) {
+            self.group.hang_up();
+            return Err(config_error(
+                "processes",
+                format!(
+                    "rank {r} planned a different model or pipeline than rank 0: do all processes read the same config, weights and data?"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// This process's stage (and its device's index in the plan).
     pub fn rank(&self) -> usize {
         self.group.rank()
@@ -70,20 +100,55 @@ impl StageProcesses {
         write_message(link, kind, key, values).map_err(|e| self.peer_error(to, &e))
     }
 
-    /// Tells both neighbours this process's step is over.
-    pub fn end(&self) -> Result<()> {
+    /// Tells the neighbours this process sent messages to under `plan` that its step is over.
+    pub fn end(&self, plan: &Plan) -> Result<()> {
         let key = MessageKey { gradient: false, piece: Piece::whole(0), stage: 0 };
         let size = self.group.size();
-        for (link, peer) in [(&self.next, (self.rank() + 1) % size), (&self.prev, (self.rank() + size - 1) % size)] {
-            write_message(link, END, key, &[]).map_err(|e| self.peer_error(peer, &e))?;
+        let links = [(&self.next, (self.rank() + 1) % size), (&self.prev, (self.rank() + size - 1) % size)];
+        for ((link, peer), (sends, _)) in links.into_iter().zip(self.traffic(plan)) {
+            if sends {
+                write_message(link, END, key, &[]).map_err(|e| self.peer_error(peer, &e))?;
+            }
         }
         Ok(())
     }
 
-    /// The two links with the rank at the other end of each, for the readers.
-    pub fn links(&self) -> [(&TcpStream, usize); 2] {
+    /// The links this step's messages come in on, with the rank at the other end of each: a
+    /// reader waits on those only (an idle link's reader would wait out the group's timeout
+    /// on a long step), and each peer ends exactly the links it sends on ([`end`](Self::end)).
+    pub fn incoming(&self, plan: &Plan) -> Vec<(&TcpStream, usize)> {
+        let [(_, into_next), (_, into_prev)] = self.traffic(plan);
         let size = self.group.size();
-        [(&self.next, (self.rank() + 1) % size), (&self.prev, (self.rank() + size - 1) % size)]
+        let mut links = Vec::new();
+        if into_next {
+            links.push((&self.next, (self.rank() + 1) % size));
+        }
+        if into_prev {
+            links.push((&self.prev, (self.rank() + size - 1) % size));
+        }
+        links
+    }
+
+    /// Per link (to the next rank, from the previous one): whether this process sends on it,
+    /// and whether messages for it arrive on it, under `plan`'s schedule. A message from `a` to
+    /// `b` goes on `a`'s link to the next rank when `b` is that rank, else on its other link,
+    /// which is `b`'s other link.
+    fn traffic(&self, plan: &Plan) -> [(bool, bool); 2] {
+        let (me, size) = (self.rank(), self.group.size());
+        let mut t = [(false, false); 2];
+        for (from, actions) in plan.schedule.per_device.iter().enumerate() {
+            for a in actions {
+                let (Action::SendActivation { to, .. } | Action::SendGrad { to, .. }) = *a else { continue };
+                let forward = to == (from + 1) % size; // on the sender's link to the next rank
+                if from == me {
+                    t[usize::from(!forward)].0 = true;
+                }
+                if to == me {
+                    t[usize::from(forward)].1 = true;
+                }
+            }
+        }
+        t
     }
 
     /// Reads `link` (to process `peer`) into `shared`'s inbox of this process's device until
