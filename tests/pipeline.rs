@@ -479,14 +479,24 @@ fn across_processes<T: Send>(
     plan: PipelineConfig,
     f: impl Fn(usize, Pipeline<CpuDevice<f32>>) -> T + Sync,
 ) -> Vec<T> {
+    across_processes_on(config, plan, |rank| CpuDevice::new(rank, 1).unwrap(), f)
+}
+
+/// [`across_processes`] with each rank's device from `device`.
+fn across_processes_on<D: Device, T: Send>(
+    config: &ModelConfig,
+    plan: PipelineConfig,
+    device: impl Fn(usize) -> D + Sync,
+    f: impl Fn(usize, Pipeline<D>) -> T + Sync,
+) -> Vec<T> {
     let group = process_group(plan.pipeline_len);
     std::thread::scope(|s| {
         let handles: Vec<_> = group
             .into_iter()
             .map(|member| {
-                let (f, plan) = (&f, plan.clone());
+                let (f, plan, device) = (&f, plan.clone(), &device);
                 s.spawn(move || {
-                    let dev = CpuDevice::new(member.rank(), 1).unwrap();
+                    let dev = device(member.rank());
                     let model = Model::new(&dev, config, 7).unwrap();
                     let prof = profiles(&model, &dev);
                     let rank = member.rank();
@@ -552,6 +562,32 @@ fn stages_across_processes_train_like_one_process_to_the_bit() {
                 params_rel(params, &weights)
             );
         }
+    }
+}
+
+/// The same on emulated CUDA devices, one per process, against the same pipeline in one
+/// process: every step's loss and gradient norm, then every weight, to the bit.
+#[test]
+fn stages_across_processes_on_emulated_cuda_devices() {
+    let config = gpt();
+    let batches: Vec<HostBatch> = (0..STEPS).map(|i| batch(&config, 6, i)).collect();
+    let plan = cfg(2, 1, 3, ScheduleKind::OneFOneB);
+    let mut one = pipeline_on(&config, plan.clone(), emus(2));
+    let run = |p: &mut Pipeline<GpuDevice>| -> Vec<(f64, f64)> {
+        let steps = batches.iter().enumerate();
+        steps.map(|(i, b)| p.step(b, 1000 + i as u64, LR, Some(1.0)).map(|s| (s.loss, s.grad_norm)).unwrap()).collect()
+    };
+    let want = run(&mut one);
+    let weights = one.parameters(0).unwrap();
+    let emu = |rank: usize| pipetransformer::device::emu::device(rank, Precision::F32, 1 + rank as u64).unwrap();
+    let got = across_processes_on(&config, plan, emu, |_, mut p| {
+        let steps = run(&mut p);
+        p.share_stages().unwrap();
+        (steps, p.parameters(0).unwrap())
+    });
+    for (rank, (steps, params)) in got.iter().enumerate() {
+        assert_eq!(steps, &want, "rank {rank}");
+        assert!(params == &weights, "rank {rank}: weights differ (rel {:e})", params_rel(params, &weights));
     }
 }
 
