@@ -344,7 +344,8 @@ fn receive(stream: &mut TcpStream, count: usize) -> std::result::Result<Vec<f64>
     Ok(bytes.chunks_exact(8).map(|b| f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])).collect())
 }
 
-fn closed(e: &std::io::Error) -> String {
+/// What an I/O error on a link to a peer means, in words: it is gone, or silent.
+pub(crate) fn closed(e: &std::io::Error) -> String {
     match e.kind() {
         std::io::ErrorKind::UnexpectedEof
         | std::io::ErrorKind::ConnectionReset

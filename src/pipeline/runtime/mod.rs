@@ -148,6 +148,19 @@ impl<D: Device> Pipeline<D> {
         let pinned = model.frozen_prefix();
         let ModelParts { spec, units, tied } = model.into_parts();
         let plan = Plan::new(config, profiles, unit_names(&units), devices.len(), pinned)?;
+        Self::assemble(devices, ModelParts { spec, units, tied }, plan, optimizer, None)
+    }
+
+    /// The pipeline of `plan` over `devices`, its units (all on `devices[0]`) placed where the
+    /// plan says, each position with a fresh optimizer.
+    fn assemble(
+        devices: Vec<D>,
+        parts: ModelParts<D>,
+        plan: Plan,
+        optimizer: OptimizerConfig,
+        stage_processes: Option<StageProcesses>,
+    ) -> Result<Self> {
+        let ModelParts { spec, units, tied } = parts;
         let owned: Vec<(Unit<D>, usize)> = units.into_iter().map(|u| (u, 0)).collect();
         let own_threads = devices.iter().map(Device::threads).collect();
         let mut p = Pipeline {
@@ -163,9 +176,10 @@ impl<D: Device> Pipeline<D> {
             fault: None,
             communicators: None,
             process_group: None,
-            stage_processes: None,
-            stages_shared: false,
-            optimizer_shared: false,
+            // Every process starts from the same weights: each one's copies are current.
+            stages_shared: true,
+            optimizer_shared: true,
+            stage_processes,
             bucket_buffers: BucketBuffers::default(),
         };
         p.place(owned)?;
@@ -205,31 +219,10 @@ impl<D: Device> Pipeline<D> {
         }
         let processes = StageProcesses::new(group)?;
         let pinned = model.frozen_prefix();
-        let ModelParts { spec, units, tied } = model.into_parts();
-        let plan = Plan::new(config, profiles, unit_names(&units), processes.group.size(), pinned)?;
-        processes.agree(&plan, &units)?;
-        let owned: Vec<(Unit<D>, usize)> = units.into_iter().map(|u| (u, 0)).collect();
-        let mut p = Pipeline {
-            own_threads: vec![device.threads()],
-            lend_threads: false,
-            devices: vec![device],
-            spec,
-            tied,
-            plan,
-            stages: Vec::new(),
-            optimizers: Vec::new(),
-            optimizer_config: optimizer,
-            fault: None,
-            communicators: None,
-            process_group: None,
-            stage_processes: Some(processes),
-            stages_shared: true,
-            optimizer_shared: true,
-            bucket_buffers: BucketBuffers::default(),
-        };
-        p.place(owned)?;
-        p.optimizers = p.fresh_optimizers()?;
-        Ok(p)
+        let parts = model.into_parts();
+        let plan = Plan::new(config, profiles, unit_names(&parts.units), processes.group.size(), pinned)?;
+        processes.agree(&plan, &parts.units)?;
+        Self::assemble(vec![device], parts, plan, optimizer, Some(processes))
     }
 
     /// The index in `devices` of the plan's device `g`: itself, or this process's one device

@@ -169,14 +169,7 @@ impl StageProcesses {
     }
 
     fn peer_error(&self, peer: usize, e: &std::io::Error) -> Error {
-        let why = match e.kind() {
-            std::io::ErrorKind::UnexpectedEof
-            | std::io::ErrorKind::ConnectionReset
-            | std::io::ErrorKind::BrokenPipe
-            | std::io::ErrorKind::ConnectionAborted => "closed its connection (the process ended or was killed)".into(),
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => "did not answer within the timeout".into(),
-            _ => e.to_string(),
-        };
+        let why = crate::comm::process_group::closed(e);
         Error::Device { what: "pipeline across processes".into(), message: format!("rank {peer}: {why}") }
     }
 }
