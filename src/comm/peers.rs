@@ -294,6 +294,23 @@ mod tests {
         });
     }
 
+    /// A member held up behind silent strangers at its next rank's port gets no challenge in
+    /// time, and tries again instead of failing the run.
+    #[test]
+    fn a_member_held_up_by_silent_strangers_still_links() {
+        let secret = Secret::new("ring-patience").unwrap();
+        let listener = TcpListener::bind((loopback(), 0)).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        std::thread::scope(|s| {
+            let silent: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(addr).unwrap()).collect();
+            let admitted = s.spawn(|| admit_prev(&listener, 1, 0, 2, &secret, deadline));
+            let real = connect_next(addr, 0, 1, 2, &secret, deadline).unwrap();
+            assert_eq!(admitted.join().unwrap().unwrap().peer_addr().unwrap(), real.local_addr().unwrap());
+            drop(silent);
+        });
+    }
+
     #[test]
     fn malformed_ring_messages_are_refused() {
         assert!(parse_address(b"127.0.0.1:80").is_ok());

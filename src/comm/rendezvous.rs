@@ -325,27 +325,37 @@ fn join(
             Ok(mut s) => match handshake(&mut s, rank, size, secret) {
                 Ok(payload) => return Ok((payload, s)),
                 // Rank 0 refused us (or is an impostor): a wrong secret will not get better.
-                Err(why) => return Err(rdzv_error(&format!("at {addr}"), why)),
+                Err(Handshake::Refused(why)) => return Err(rdzv_error(&format!("at {addr}"), why)),
+                // No challenge in time: rank 0 may be busy turning a stranger away; again.
+                Err(Handshake::Unanswered(why)) => last = why,
             },
             Err(e) => last = e.to_string(),
         }
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(20));
     }
     Err(rdzv_error(&format!("at {addr}"), format!("could not connect to rank 0 within {timeout:?} ({last})")))
 }
 
-fn handshake(s: &mut TcpStream, rank: usize, size: usize, secret: &Secret) -> std::result::Result<Vec<u8>, String> {
-    let io = |e: std::io::Error| e.to_string();
-    s.set_read_timeout(Some(MESSAGE_TIMEOUT)).map_err(io)?;
-    s.set_write_timeout(Some(MESSAGE_TIMEOUT)).map_err(io)?;
-    let nonce = read_challenge(s)?;
+/// Why a member's handshake failed: worth another try, or not.
+enum Handshake {
+    /// No challenge came in time (rank 0 admits one connection at a time).
+    Unanswered(String),
+    /// Rank 0 turned us away, or is not who it says.
+    Refused(String),
+}
+
+fn handshake(s: &mut TcpStream, rank: usize, size: usize, secret: &Secret) -> std::result::Result<Vec<u8>, Handshake> {
+    let again = |e: std::io::Error| Handshake::Unanswered(e.to_string());
+    s.set_read_timeout(Some(MESSAGE_TIMEOUT)).map_err(again)?;
+    s.set_write_timeout(Some(MESSAGE_TIMEOUT)).map_err(again)?;
+    let nonce = read_challenge(s).map_err(Handshake::Unanswered)?;
     let (r, z) = ((rank as u32).to_le_bytes(), (size as u32).to_le_bytes());
     let mac = secret.mac(&[b"hello", &nonce, &r, &z]);
-    send(s, &with_magic(&[&r, &z, &mac])).map_err(io)?;
-    let (tag, payload) =
-        read_welcome(s).map_err(|e| format!("rank 0 closed the connection ({e}): a wrong secret or rank?"))?;
+    send(s, &with_magic(&[&r, &z, &mac])).map_err(again)?;
+    let (tag, payload) = read_welcome(s)
+        .map_err(|e| Handshake::Refused(format!("rank 0 closed the connection ({e}): a wrong secret or rank?")))?;
     if !secret.verify(&[b"welcome", &nonce, &payload], &tag) {
-        return Err("the peer at this address does not know the run's secret".into());
+        return Err(Handshake::Refused("the peer at this address does not know the run's secret".into()));
     }
     Ok(payload)
 }
@@ -405,6 +415,29 @@ mod tests {
             assert!(e.contains("closed the connection"), "{e}");
             // The real member still gets in.
             assert_eq!(meet(&addr, 1, 2, &secret, None, Duration::from_secs(10)).unwrap(), b"id");
+            host.join().unwrap().unwrap();
+        });
+    }
+
+    /// Strangers who connect and say nothing hold rank 0 for a message timeout each; a member
+    /// who arrives behind them gets no challenge in time, and tries again instead of failing.
+    #[test]
+    fn a_member_held_up_by_silent_strangers_still_gets_in() {
+        let (addr, secret) = (free_addr(), Secret::new("patience").unwrap());
+        std::thread::scope(|s| {
+            let host = s.spawn(|| meet(&addr, 0, 2, &secret, Some(b"id"), Duration::from_secs(30)));
+            let silent: Vec<TcpStream> = (0..2)
+                .map(|_| {
+                    loop {
+                        if let Ok(c) = TcpStream::connect(&addr) {
+                            break c;
+                        }
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                })
+                .collect();
+            assert_eq!(meet(&addr, 1, 2, &secret, None, Duration::from_secs(30)).unwrap(), b"id");
+            drop(silent);
             host.join().unwrap().unwrap();
         });
     }
