@@ -537,6 +537,12 @@ fn stages_across_processes_train_like_one_process_to_the_bit() {
         let weights = one.parameters(0).unwrap();
         let got = across_processes(&config, cfg(k, 1, m, schedule), |rank, mut p| {
             assert_eq!(p.process_stage(), Some(rank));
+            // Gradient buffers only for this process's stages (the others' units are weights).
+            for (s, range) in p.plan().partition.stages.clone().into_iter().enumerate() {
+                let here = s % k == rank;
+                assert!(p.units().skip(range.start).take(range.len()).all(|u| u.trainable() == here), "stage {s}");
+            }
+            assert_eq!(p.frozen_prefix(), 0);
             let steps: Vec<(f64, f64)> = batches
                 .iter()
                 .enumerate()

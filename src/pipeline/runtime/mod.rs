@@ -115,6 +115,9 @@ pub struct Pipeline<D: Device> {
     /// (and [`share_optimizer_state`](Self::share_optimizer_state)) after the last step.
     stages_shared: bool,
     optimizer_shared: bool,
+    /// When the stages are processes: the frozen prefix, which the units cannot tell (the
+    /// other stages' units hold no gradient buffers here, so they all look frozen).
+    frozen_units: usize,
     /// Host buffers the in-process ring's gradient buckets travel in, kept from step to step:
     /// a fresh one of tens of megabytes would come from the kernel as new pages every step.
     bucket_buffers: BucketBuffers,
@@ -161,6 +164,7 @@ impl<D: Device> Pipeline<D> {
         stage_processes: Option<StageProcesses>,
     ) -> Result<Self> {
         let ModelParts { spec, units, tied } = parts;
+        let frozen_units = units.iter().take_while(|u| !u.trainable()).count();
         let owned: Vec<(Unit<D>, usize)> = units.into_iter().map(|u| (u, 0)).collect();
         let own_threads = devices.iter().map(Device::threads).collect();
         let mut p = Pipeline {
@@ -179,10 +183,20 @@ impl<D: Device> Pipeline<D> {
             // Every process starts from the same weights: each one's copies are current.
             stages_shared: true,
             optimizer_shared: true,
+            frozen_units,
             stage_processes,
             bucket_buffers: BucketBuffers::default(),
         };
         p.place(owned)?;
+        if let Some(own) = p.process_stage() {
+            // Other processes train the other stages: their units here need no gradients.
+            let (k, dev) = (p.plan.config.pipeline_len, &p.devices[0]);
+            for (_, units) in p.stages[0].iter_mut().enumerate().filter(|(s, _)| s % k != own) {
+                for param in units.iter_mut().flat_map(Unit::params_mut) {
+                    param.set_trainable(dev, false)?;
+                }
+            }
+        }
         p.optimizers = p.fresh_optimizers()?;
         Ok(p)
     }
@@ -194,9 +208,9 @@ impl<D: Device> Pipeline<D> {
     /// (checked: a fingerprint of the plan and the parameters' shapes is compared across the
     /// group). Each keeps every stage's units on its device, so
     /// [`share_stages`](Self::share_stages) can bring the others' weights up to date for
-    /// evaluation and export: the device holds the whole model's weights and (untouched, zero)
-    /// gradient buffers, while the optimizer state is its own stage's except transiently for a
-    /// checkpoint. One replica; no re-planning, and no activation cache.
+    /// evaluation and export: the device holds the whole model's weights, but gradients and
+    /// optimizer state only for its own stage (the others' optimizer state transiently, for a
+    /// checkpoint). One replica; no re-planning, and no activation cache.
     pub fn across_processes(
         device: D,
         model: Model<D>,

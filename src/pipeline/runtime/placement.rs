@@ -149,6 +149,9 @@ impl<D: Device> Pipeline<D> {
 
     /// Number of leading frozen units.
     pub fn frozen_prefix(&self) -> usize {
+        if self.stage_processes.is_some() {
+            return self.frozen_units;
+        }
         self.stages[0].iter().flatten().take_while(|u| !u.trainable()).count()
     }
 
@@ -187,6 +190,7 @@ impl<D: Device> Pipeline<D> {
             }
         }
         self.release_frozen_state();
+        self.frozen_units = n;
         Ok(())
     }
 
