@@ -429,7 +429,8 @@ fn hf_config(input: &[u8], _: &Path) -> Result<()> {
 
 /// What a stranger can send either side of the rendezvous: to rank 0, a hello frame; to a
 /// member, a challenge frame then a welcome frame; and at a member's ring port, a ring hello
-/// (or, over the rendezvous link, an address).
+/// (or, over the rendezvous link, an address); and what a pipeline stage's process reads from
+/// its neighbours (after the ring's handshake).
 fn rendezvous_seeds(_: &Path) -> Result<Vec<Vec<u8>>> {
     use crate::comm::rendezvous::{MAC, NONCE, frame};
     let hello = frame(&[&1u32.to_le_bytes(), &2u32.to_le_bytes(), &[7; MAC]]);
@@ -437,7 +438,14 @@ fn rendezvous_seeds(_: &Path) -> Result<Vec<Vec<u8>>> {
     member_side.extend(frame(&[&[9; MAC], &[1; 128]]));
     let ring_hello = frame(&[&2u32.to_le_bytes(), &[4; NONCE], &[5; MAC]]);
     let address = frame(&[b"127.0.0.1:29500"]);
-    Ok(vec![hello, member_side, ring_hello, address])
+    // A stage's activation of 3 values, a zero gradient, and the end of its step.
+    let mut stage = vec![0u8, 0];
+    stage.extend([1u32, 0, 2].iter().flat_map(|n| n.to_le_bytes()));
+    stage.extend(3u64.to_le_bytes());
+    stage.extend([1.5f32, -2.0, 0.25].iter().flat_map(|v| v.to_le_bytes()));
+    stage.extend([1u8, 1].iter().chain(&[0; 12]).chain(&0u64.to_le_bytes()));
+    stage.extend([2u8, 0].iter().chain(&[0; 20]));
+    Ok(vec![hello, member_side, ring_hello, address, stage])
 }
 
 /// Rank 0's reading of a hello, a member's reading of a challenge and welcome, and the ring's
@@ -456,8 +464,14 @@ fn rendezvous(input: &[u8], _: &Path) -> Result<()> {
     let ring = read_frame(&mut &input[..]).and_then(|body| {
         parse_peer_hello(&body).map(drop).or_else(|a| parse_address(&body).map(drop).map_err(|b| format!("{a}; {b}")))
     });
-    match (hello, member, ring) {
-        (Err(a), Err(b), Err(c)) => Err(refused(format!("{a}; {b}; {c}"))),
+    // A pipeline stage's messages, one after another, as a reader takes them off its link.
+    let mut rest = input;
+    let stage = std::iter::from_fn(|| crate::pipeline::runtime::processes::read_message(&mut rest).transpose())
+        .take(64)
+        .try_for_each(|m| m.map(drop))
+        .map_err(|e| e.to_string());
+    match (hello, member, ring, stage) {
+        (Err(a), Err(b), Err(c), Err(d)) => Err(refused(format!("{a}; {b}; {c}; {d}"))),
         _ => Ok(()),
     }
 }

@@ -22,7 +22,7 @@ mod gradients;
 mod mailbox;
 mod optimizers;
 mod placement;
-mod processes;
+pub(crate) mod processes;
 mod worker;
 
 pub use worker::Fault;

@@ -186,7 +186,7 @@ fn write_message(mut link: &TcpStream, kind: u8, key: MessageKey, values: &[f32]
 }
 
 /// One message: `None` at `END`, else its key and values (`None` for a zero gradient).
-fn read_message(link: &mut impl Read) -> std::io::Result<Option<(MessageKey, Option<Vec<f32>>)>> {
+pub(crate) fn read_message(link: &mut impl Read) -> std::io::Result<Option<(MessageKey, Option<Vec<f32>>)>> {
     let mut head = [0u8; HEADER];
     link.read_exact(&mut head)?;
     let bad = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
@@ -199,12 +199,18 @@ fn read_message(link: &mut impl Read) -> std::io::Result<Option<(MessageKey, Opt
         ZERO if count == 0 => Ok(Some((key, None))),
         DATA => {
             // The peer proved it knows the run's secret when the ring opened, so this is the
-            // size of a real activation; still refuse what no model here could send.
-            if count > 1 << 30 {
+            // size of a real activation; still refuse what no model here could send, and grow
+            // the buffer as the values arrive, so a header that lies costs no more memory than
+            // the bytes that follow it.
+            if count > 1 << 32 {
                 return Err(bad(format!("a message of {count} values")));
             }
-            let mut values = vec![0f32; count as usize];
-            link.read_exact(bytemuck::cast_slice_mut(&mut values))?;
+            let mut values = Vec::new();
+            while values.len() < count as usize {
+                let at = values.len();
+                values.resize((at + (1 << 20)).min(count as usize), 0f32);
+                link.read_exact(bytemuck::cast_slice_mut(&mut values[at..]))?;
+            }
             Ok(Some((key, Some(values))))
         }
         kind => Err(bad(format!("a message of kind {kind} with {count} values"))),
