@@ -11,7 +11,7 @@
 //! rendezvous: a stranger who finds the port is refused with a logged reason and never holds
 //! up the run, and the listener closes once the expected member is in.
 
-use super::rendezvous::{Links, MAC, NONCE, Secret, frame, random_bytes, rdzv_error, read_frame};
+use super::rendezvous::{Links, MAC, NONCE, Secret, first_byte, frame, random_bytes, rdzv_error, read_frame};
 use crate::error::Result;
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -177,7 +177,7 @@ fn connect_next(
     let mut last = String::from("never tried");
     while Instant::now() < deadline {
         match TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
-            Ok(mut s) => match hello(&mut s, rank, next, size, secret) {
+            Ok(mut s) => match hello(&mut s, rank, next, size, secret, deadline) {
                 Ok(()) => return Ok(s),
                 Err(Refused::Fatal(why)) => return Err(rdzv_error(&format!("ring: rank {next} at {addr}"), why)),
                 // Not answered in time: the member may be busy refusing a stranger; again.
@@ -190,7 +190,8 @@ fn connect_next(
     Err(rdzv_error("ring", format!("could not connect to rank {next} at {addr} in time ({last})")))
 }
 
-/// Why a ring handshake failed: worth another try (no challenge in time), or not (refused).
+/// Why a ring handshake failed: worth another try (nothing in time), or not (refused, or
+/// not a challenge).
 enum Refused {
     Retry(String),
     Fatal(String),
@@ -203,11 +204,11 @@ fn hello(
     next: usize,
     size: usize,
     secret: &Secret,
+    deadline: Instant,
 ) -> std::result::Result<(), Refused> {
     let retry = |e: std::io::Error| Refused::Retry(e.to_string());
-    s.set_read_timeout(Some(MESSAGE_TIMEOUT)).map_err(retry)?;
-    s.set_write_timeout(Some(MESSAGE_TIMEOUT)).map_err(retry)?;
-    let theirs = read_frame(s).map_err(Refused::Retry)?;
+    first_byte(s, deadline).map_err(Refused::Retry)?;
+    let theirs = read_frame(s).map_err(Refused::Fatal)?;
     if theirs.len() != NONCE {
         return Err(Refused::Fatal(format!("a challenge of {} bytes; expected {NONCE}", theirs.len())));
     }

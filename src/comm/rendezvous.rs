@@ -322,7 +322,7 @@ fn join(
     let mut last = String::from("never tried");
     while Instant::now() < deadline {
         match TcpStream::connect_timeout(&target, Duration::from_millis(500)) {
-            Ok(mut s) => match handshake(&mut s, rank, size, secret) {
+            Ok(mut s) => match handshake(&mut s, rank, size, secret, deadline) {
                 Ok(payload) => return Ok((payload, s)),
                 // Rank 0 refused us (or is an impostor): a wrong secret will not get better.
                 Err(Handshake::Refused(why)) => return Err(rdzv_error(&format!("at {addr}"), why)),
@@ -338,17 +338,37 @@ fn join(
 
 /// Why a member's handshake failed: worth another try, or not.
 enum Handshake {
-    /// No challenge came in time (rank 0 admits one connection at a time).
+    /// Nothing came in time (rank 0 admits one connection at a time, and may be busy turning
+    /// a stranger away).
     Unanswered(String),
-    /// Rank 0 turned us away, or is not who it says.
+    /// Rank 0 turned us away, sent something that is not a challenge, or is not who it says.
     Refused(String),
 }
 
-fn handshake(s: &mut TcpStream, rank: usize, size: usize, secret: &Secret) -> std::result::Result<Vec<u8>, Handshake> {
+/// Waits (at most `MESSAGE_TIMEOUT`, and not past `deadline`) for the first byte of the other
+/// side's first message: none in time, or a hang-up before it, is worth another try.
+pub(super) fn first_byte(s: &TcpStream, deadline: Instant) -> std::result::Result<(), String> {
+    let wait = MESSAGE_TIMEOUT.min(deadline.saturating_duration_since(Instant::now())).max(Duration::from_millis(1));
+    let io = |e: std::io::Error| e.to_string();
+    s.set_read_timeout(Some(wait)).map_err(io)?;
+    s.set_write_timeout(Some(wait)).map_err(io)?;
+    match s.peek(&mut [0u8]) {
+        Ok(0) => Err("the connection closed before any message".into()),
+        Ok(_) => Ok(()),
+        Err(e) => Err(io(e)),
+    }
+}
+
+fn handshake(
+    s: &mut TcpStream,
+    rank: usize,
+    size: usize,
+    secret: &Secret,
+    deadline: Instant,
+) -> std::result::Result<Vec<u8>, Handshake> {
     let again = |e: std::io::Error| Handshake::Unanswered(e.to_string());
-    s.set_read_timeout(Some(MESSAGE_TIMEOUT)).map_err(again)?;
-    s.set_write_timeout(Some(MESSAGE_TIMEOUT)).map_err(again)?;
-    let nonce = read_challenge(s).map_err(Handshake::Unanswered)?;
+    first_byte(s, deadline).map_err(Handshake::Unanswered)?;
+    let nonce = read_challenge(s).map_err(Handshake::Refused)?;
     let (r, z) = ((rank as u32).to_le_bytes(), (size as u32).to_le_bytes());
     let mac = secret.mac(&[b"hello", &nonce, &r, &z]);
     send(s, &with_magic(&[&r, &z, &mac])).map_err(again)?;
@@ -440,6 +460,23 @@ mod tests {
             drop(silent);
             host.join().unwrap().unwrap();
         });
+    }
+
+    /// Something that is not a rank 0 on the port (here: one that answers with garbage) is a
+    /// final refusal at once, not something to wait out until the deadline.
+    #[test]
+    fn a_wrong_service_at_the_address_fails_at_once() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            for mut c in listener.incoming().flatten() {
+                let _ = c.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
+            }
+        });
+        let started = Instant::now();
+        let e = meet(&addr, 1, 2, &Secret::new("s").unwrap(), None, Duration::from_secs(20)).unwrap_err().to_string();
+        assert!(e.contains("frame"), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(5), "failed after {:?}", started.elapsed());
     }
 
     #[test]

@@ -141,9 +141,11 @@ impl<D: Device> Pipeline<D> {
 
     /// Drops the optimizer state of parameters that no longer train (a frozen prefix).
     pub(super) fn release_frozen_state(&mut self) {
-        let k = self.plan.config.pipeline_len;
+        let (k, own) = (self.plan.config.pipeline_len, self.process_stage());
         for (replica, opts) in self.stages.iter_mut().zip(self.optimizers.iter_mut()) {
-            for (d, opt) in opts.iter_mut().enumerate() {
+            // When the stages are processes, the other positions' units hold no gradients
+            // here (they are not frozen) and their optimizers only a shared copy of the state.
+            for (d, opt) in opts.iter_mut().enumerate().filter(|(d, _)| own.is_none_or(|o| o == *d)) {
                 opt.release_frozen(&Self::params_at(replica, k, d));
             }
         }

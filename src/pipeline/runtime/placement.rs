@@ -190,11 +190,20 @@ impl<D: Device> Pipeline<D> {
             }
         }
         self.release_frozen_state();
-        self.frozen_units = n;
+        // As one process counts it: a unit whose only parameter is the tied copy of a frozen
+        // one is frozen too (GPT's LM head just above the prefix).
+        let tied_head = self.tied.as_ref().is_some_and(|[(ua, _), (ub, nb)]| {
+            *ua < n
+                && *ub == n
+                && self.stages[0].iter().flatten().nth(n).is_some_and(|u| u.params().iter().all(|p| p.name == *nb))
+        });
+        self.frozen_units = n + usize::from(tied_head);
         Ok(())
     }
 
-    /// A copy of replica 0's units on `to` as one model (export, tests).
+    /// A copy of replica 0's units on `to` as one model (export, tests). When the stages are
+    /// processes, the other stages' copies come without gradient buffers (they look frozen):
+    /// the weights are the model's, its trainability is this process's view.
     pub fn gather(&self, to: &D) -> Result<Model<D>> {
         self.check_shared("gather", false)?;
         let mut units = Vec::new();

@@ -200,15 +200,18 @@ pub(crate) fn read_message(link: &mut impl Read) -> std::io::Result<Option<(Mess
         DATA => {
             // The peer proved it knows the run's secret when the ring opened, so this is the
             // size of a real activation; still refuse what no model here could send, and grow
-            // the buffer as the values arrive, so a header that lies costs no more memory than
-            // the bytes that follow it.
+            // the buffer (doubling, from 1 Mi values, to exactly `count`) as the values arrive,
+            // so a header that lies costs at most about twice the bytes that follow it.
             if count > 1 << 32 {
                 return Err(bad(format!("a message of {count} values")));
             }
-            let mut values = Vec::new();
-            while values.len() < count as usize {
+            let count = count as usize;
+            let mut values: Vec<f32> = Vec::new();
+            while values.len() < count {
                 let at = values.len();
-                values.resize((at + (1 << 20)).min(count as usize), 0f32);
+                let next = (2 * at).max(1 << 20).min(count);
+                values.reserve_exact(next - at);
+                values.resize(next, 0.0);
                 link.read_exact(bytemuck::cast_slice_mut(&mut values[at..]))?;
             }
             Ok(Some((key, Some(values))))
