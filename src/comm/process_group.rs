@@ -106,14 +106,7 @@ impl ProcessGroup {
         }
         let n = self.size;
         self.collective(|links| match links.ring.as_mut() {
-            Some(ring) => {
-                for t in 0..n - 1 {
-                    let (out, into) = ((self.rank + n - t) % n, (self.rank + 2 * n - t - 1) % n);
-                    let (out, into) = (bounds[out].clone(), bounds[into].clone());
-                    swap(ring, self.rank, n, values.len(), values, out, into, Land::Copy)?;
-                }
-                Ok(())
-            }
+            Some(ring) => ring_pass(ring, self.rank, n, values, |k| bounds[k].clone(), 0, Land::Copy),
             None => Ok(()),
         })
     }
@@ -199,13 +192,28 @@ fn segment(len: usize, n: usize, k: usize) -> std::ops::Range<usize> {
 /// All-gather: the finished segments go round once more, copied instead of added.
 fn ring_all_reduce(ring: &mut RingLinks, rank: usize, n: usize, values: &mut [f32]) -> Result<()> {
     let len = values.len();
+    ring_pass(ring, rank, n, values, |k| segment(len, n, k), 0, Land::Add)?;
+    ring_pass(ring, rank, n, values, |k| segment(len, n, k), 1, Land::Copy)
+}
+
+/// One trip round the ring in `n − 1` steps: at step `t` member `rank` sends part
+/// `rank + shift − t` of `values` (parts as `part` cuts them) and lands the previous rank's
+/// part `rank + shift − t − 1`. With `shift` 0 each member starts from its own part (a
+/// reduce-scatter when adding, an all-gather when copying); with 1, from the part a
+/// reduce-scatter finished there.
+fn ring_pass(
+    ring: &mut RingLinks,
+    rank: usize,
+    n: usize,
+    values: &mut [f32],
+    part: impl Fn(usize) -> std::ops::Range<usize>,
+    shift: usize,
+    land: Land,
+) -> Result<()> {
+    let total = values.len();
     for t in 0..n - 1 {
-        let (out, into) = ((rank + n - t) % n, (rank + 2 * n - t - 1) % n);
-        swap(ring, rank, n, len, values, segment(len, n, out), segment(len, n, into), Land::Add)?;
-    }
-    for t in 0..n - 1 {
-        let (out, into) = ((rank + 1 + n - t) % n, (rank + n - t) % n);
-        swap(ring, rank, n, len, values, segment(len, n, out), segment(len, n, into), Land::Copy)?;
+        let (out, into) = ((rank + shift + n - t) % n, (rank + shift + 2 * n - t - 1) % n);
+        swap(ring, rank, n, total, values, part(out), part(into), land)?;
     }
     Ok(())
 }

@@ -285,9 +285,10 @@ impl<D: Device> Pipeline<D> {
     /// When the stages are processes: every process's copy of every stage's weights becomes
     /// that stage's process's (an all-gather over the group, exact), so evaluation, export
     /// and [`parameters`](Self::parameters) see the trained model. A collective: every process
-    /// of the group calls it at the same point. Does nothing otherwise.
+    /// of the group calls it at the same point. Does nothing otherwise, or when nothing has
+    /// trained since the last share (every process knows that alike).
     pub fn share_stages(&mut self) -> Result<()> {
-        let Some(processes) = &self.stage_processes else { return Ok(()) };
+        let Some(processes) = self.stage_processes.as_ref().filter(|_| !self.stages_shared) else { return Ok(()) };
         let (dev, k) = (&self.devices[0], self.plan.config.pipeline_len);
         // Process by process (an interleaved plan gives each several stages), stage by stage.
         let order: Vec<usize> = (0..k).flat_map(|d| (d..self.stages[0].len()).step_by(k)).collect();
@@ -436,19 +437,19 @@ impl<D: Device> Pipeline<D> {
             }
             // The other stages' copies go out of date; their optimizer state (shared for a
             // checkpoint) is not kept on this device.
-            let own = p.rank();
+            let (own, group) = (p.rank(), p.group.clone());
             if self.optimizer_shared {
-                for (_, opt) in self.optimizers[0].iter_mut().enumerate().filter(|(d, _)| *d != own) {
-                    *opt = Optimizer::new(self.optimizer_config)?;
+                for (d, opt) in self.optimizers[0].iter_mut().enumerate() {
+                    if d != own {
+                        *opt = Optimizer::new(self.optimizer_config)?;
+                    }
                 }
             }
             (self.stages_shared, self.optimizer_shared) = (false, false);
             let out = self.step_shard(host, host.target_count(), options);
-            if out.is_err()
-                && let Some(p) = &self.stage_processes
-            {
+            if out.is_err() {
                 // The others must not wait for this process: they fail at once, naming it.
-                p.group.hang_up();
+                group.hang_up();
             }
             return out;
         }
@@ -557,7 +558,7 @@ impl<D: Device> Pipeline<D> {
                     let (r, d) = (g / k, g % k);
                     let worker = Worker {
                         ctx: &ctx,
-                        dev: &devices[if processes.is_some() { 0 } else { g }],
+                        dev: &devices[device_slot(g, processes.is_some())],
                         global: g,
                         stages,
                         actions: &plan.schedule.per_device[d],

@@ -1,8 +1,8 @@
 //! The optimizer, sharded: each (replica, pipeline position) steps the parameters it holds, and
 //! the whole model's state can be gathered (checkpoints, re-plans) and handed back out.
 
-use super::Pipeline;
 use super::mailbox::{Shared, panicked};
+use super::{Pipeline, device_slot};
 use crate::device::Device;
 use crate::error::Result;
 use crate::model::{Param, Unit};
@@ -56,7 +56,7 @@ impl<D: Device> Pipeline<D> {
                     step: state.step,
                     params: state.params.iter().filter(|p| names.contains(p.name.as_str())).cloned().collect(),
                 };
-                let dev = &self.devices[if self.stage_processes.is_some() { 0 } else { r * k + d }];
+                let dev = &self.devices[device_slot(r * k + d, self.stage_processes.is_some())];
                 self.optimizers[r][d].load_state_dict(dev, &subset, &params)?;
             }
         }
@@ -68,9 +68,10 @@ impl<D: Device> Pipeline<D> {
     /// becomes that stage's process's (each process steps only its own), so
     /// [`optimizer_state`](Self::optimizer_state) gives the whole model's on every process, as a
     /// checkpoint needs. A collective, like [`share_stages`](Self::share_stages); exact (the
-    /// moments travel as f32, the per-parameter steps as f64). Does nothing otherwise.
+    /// moments travel as f32, the per-parameter steps as f64). Does nothing otherwise, or when
+    /// it is already shared since the last step.
     pub fn share_optimizer_state(&mut self) -> Result<()> {
-        let Some(processes) = &self.stage_processes else { return Ok(()) };
+        let Some(processes) = self.stage_processes.as_ref().filter(|_| !self.optimizer_shared) else { return Ok(()) };
         let (k, own, dev) = (self.plan.config.pipeline_len, processes.rank(), &self.devices[0]);
         let buffers = self.optimizer_config.state_buffers();
         let own_state = self.optimizers[0][own].state_dict(dev)?;
@@ -176,7 +177,7 @@ impl<D: Device> Pipeline<D> {
             let handles: Vec<_> = work
                 .into_iter()
                 .map(|(g, units, opt)| {
-                    let dev = &devices[if own.is_some() { 0 } else { g }];
+                    let dev = &devices[device_slot(g, own.is_some())];
                     scope.spawn(move || {
                         let start = shared.now();
                         let mut params: Vec<&mut Param<D>> =

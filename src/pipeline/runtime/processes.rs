@@ -82,14 +82,16 @@ impl StageProcesses {
         self.group.rank()
     }
 
-    /// Sends `data` for device `to`, which must be a neighbour's.
+    /// The two links, each with the rank at its other end: to the next rank, from the previous.
+    fn links(&self) -> [(&TcpStream, usize); 2] {
+        let (me, size) = (self.rank(), self.group.size());
+        [(&self.next, (me + 1) % size), (&self.prev, (me + size - 1) % size)]
+    }
+
+    /// Sends `data` for device `to`, which must be a neighbour's: on the link to the next rank
+    /// when `to` is that rank, else on the other (the rule [`traffic`](Self::traffic) follows).
     pub fn send(&self, to: usize, key: Tag, data: Option<&[f32]>) -> Result<()> {
-        let size = self.group.size();
-        let link = if to == (self.rank() + 1) % size {
-            &self.next
-        } else if to == (self.rank() + size - 1) % size {
-            &self.prev
-        } else {
+        let Some((link, _)) = self.links().into_iter().find(|(_, peer)| *peer == to) else {
             return Err(config_error(
                 "processes",
                 format!("stage {} cannot send to stage {to}: only neighbouring stages are linked", self.rank()),
@@ -103,9 +105,7 @@ impl StageProcesses {
     /// Tells the neighbours this process sent messages to under `plan` that its step is over.
     pub fn end(&self, plan: &Plan) -> Result<()> {
         let key = MessageKey { gradient: false, piece: Piece::whole(0), stage: 0 };
-        let size = self.group.size();
-        let links = [(&self.next, (self.rank() + 1) % size), (&self.prev, (self.rank() + size - 1) % size)];
-        for ((link, peer), (sends, _)) in links.into_iter().zip(self.traffic(plan)) {
+        for ((link, peer), (sends, _)) in self.links().into_iter().zip(self.traffic(plan)) {
             if sends {
                 write_message(link, END, key, &[]).map_err(|e| self.peer_error(peer, &e))?;
             }
@@ -117,16 +117,8 @@ impl StageProcesses {
     /// reader waits on those only (an idle link's reader would wait out the group's timeout
     /// on a long step), and each peer ends exactly the links it sends on ([`end`](Self::end)).
     pub fn incoming(&self, plan: &Plan) -> Vec<(&TcpStream, usize)> {
-        let [(_, into_next), (_, into_prev)] = self.traffic(plan);
-        let size = self.group.size();
-        let mut links = Vec::new();
-        if into_next {
-            links.push((&self.next, (self.rank() + 1) % size));
-        }
-        if into_prev {
-            links.push((&self.prev, (self.rank() + size - 1) % size));
-        }
-        links
+        let traffic = self.traffic(plan);
+        self.links().into_iter().zip(traffic).filter(|(_, (_, arrives))| *arrives).map(|(link, _)| link).collect()
     }
 
     /// Per link (to the next rank, from the previous one): whether this process sends on it,
