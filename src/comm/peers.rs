@@ -17,19 +17,23 @@ use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-/// A member's two links in the ring.
+/// A member's two links in its ring, with the ranks at their other ends.
 pub struct RingLinks {
-    /// To rank `(rank + 1) % size`: this member only writes to it.
+    /// To the next member: this member only writes to it.
     pub next: TcpStream,
-    /// From rank `(rank + size − 1) % size`: this member only reads from it.
+    /// From the member before: this member only reads from it.
     pub prev: TcpStream,
+    /// The next member's rank in the group the ring was opened over.
+    pub next_rank: usize,
+    /// The rank of the member before.
+    pub prev_rank: usize,
 }
 
 /// How long one handshake message may take (the rendezvous's own bound).
 const MESSAGE_TIMEOUT: Duration = super::rendezvous::MESSAGE_TIMEOUT;
 
 /// Opens this member's ring over the rendezvous links `star` (rank 0's `Hub`, a member's
-/// `Spoke`), within `timeout`. None for a group of one.
+/// `Spoke`), within `timeout`: the ranks `0..size` in order. None for a group of one.
 pub fn open_ring(
     star: &mut Links,
     rank: usize,
@@ -37,6 +41,40 @@ pub fn open_ring(
     secret: &Secret,
     timeout: Duration,
 ) -> Result<Option<RingLinks>> {
+    open_rings(star, rank, &[(0..size).collect()], b"group", secret, timeout)
+}
+
+/// Opens several rings at once over the rendezvous links `star`: `rings` (the same on every
+/// member) lists each ring's members by rank, in ring order, and holds every rank of the group
+/// once. This member joins the ring it is in; `label` names the set, and a handshake proves
+/// it as it proves the secret, so links of one set can never be taken for another's. None for
+/// a member alone in its ring. Every member of the group calls it at the same point.
+pub fn open_rings(
+    star: &mut Links,
+    rank: usize,
+    rings: &[Vec<usize>],
+    label: &[u8],
+    secret: &Secret,
+    timeout: Duration,
+) -> Result<Option<RingLinks>> {
+    let size = rings.iter().map(Vec::len).sum();
+    let mut seen = vec![false; size];
+    for &m in rings.iter().flatten() {
+        if m >= size || std::mem::replace(&mut seen[m], true) {
+            return Err(rdzv_error("ring", format!("{rings:?} do not hold each of the ranks 0..{size} once")));
+        }
+    }
+    // Every rank's neighbours in its ring, and its ring's length.
+    let mut next_of = vec![0; size];
+    let mut prev_of = vec![0; size];
+    let mut len_of = vec![0; size];
+    for ring in rings {
+        for (i, &m) in ring.iter().enumerate() {
+            next_of[m] = ring[(i + 1) % ring.len()];
+            prev_of[m] = ring[(i + ring.len() - 1) % ring.len()];
+            len_of[m] = ring.len();
+        }
+    }
     if size < 2 {
         return Ok(None);
     }
@@ -50,19 +88,32 @@ pub fn open_ring(
     .ip();
     let listener = TcpListener::bind((ip, 0)).map_err(|e| rdzv_error(&format!("ring: bind {ip}"), e.to_string()))?;
     let mine = listener.local_addr().map_err(|e| rdzv_error("ring", e.to_string()))?;
-    let next_addr = exchange_addresses(star, mine, size, timeout)?;
-    let (next_rank, prev_rank) = ((rank + 1) % size, (rank + size - 1) % size);
+    // Every member takes part in the exchange, a member alone in its ring too.
+    let next_addr = exchange_addresses(star, mine, &next_of, timeout)?;
+    if len_of[rank] < 2 {
+        return Ok(None);
+    }
+    let me = Member { rank, ring_len: len_of[rank], label, secret };
+    let (next_rank, prev_rank) = (next_of[rank], prev_of[rank]);
     let (next, prev) = std::thread::scope(|s| {
-        let admitted = s.spawn(|| admit_prev(&listener, rank, prev_rank, size, secret, deadline));
-        let next = connect_next(next_addr, rank, next_rank, size, secret, deadline);
+        let admitted = s.spawn(|| admit_prev(&listener, &me, prev_rank, deadline));
+        let next = connect_next(next_addr, &me, next_rank, deadline);
         (next, admitted.join().unwrap_or_else(|_| Err(rdzv_error("ring", "the admitting thread panicked"))))
     });
-    Ok(Some(RingLinks { next: next?, prev: prev? }))
+    Ok(Some(RingLinks { next: next?, prev: prev?, next_rank, prev_rank }))
 }
 
-/// Every member's listening address to rank 0, and back to each the address of the rank after
-/// it. Returns this member's next rank's address.
-fn exchange_addresses(star: &mut Links, mine: SocketAddr, size: usize, timeout: Duration) -> Result<SocketAddr> {
+/// Who this member is in a ring being opened: what its handshakes prove.
+struct Member<'a> {
+    rank: usize,
+    ring_len: usize,
+    label: &'a [u8],
+    secret: &'a Secret,
+}
+
+/// Every member's listening address to rank 0, and back to each the address of its next
+/// member (`next_of[rank]`). Returns this member's next member's address.
+fn exchange_addresses(star: &mut Links, mine: SocketAddr, next_of: &[usize], timeout: Duration) -> Result<SocketAddr> {
     let io = |who: usize| move |e: std::io::Error| rdzv_error(&format!("ring: rank {who}"), e.to_string());
     match star {
         Links::Hub(members) => {
@@ -73,10 +124,10 @@ fn exchange_addresses(star: &mut Links, mine: SocketAddr, size: usize, timeout: 
                 addrs.push(parse_address(&body).map_err(|e| rdzv_error(&format!("ring: rank {}", i + 1), e))?);
             }
             for (i, m) in members.iter_mut().enumerate() {
-                let next = addrs[(i + 2) % size].to_string();
+                let next = addrs[next_of[i + 1]].to_string();
                 m.write_all(&frame(&[next.as_bytes()])).map_err(io(i + 1))?;
             }
-            Ok(addrs[1])
+            Ok(addrs[next_of[0]])
         }
         Links::Spoke(hub) => {
             hub.write_all(&frame(&[mine.to_string().as_bytes()])).map_err(io(0))?;
@@ -106,20 +157,21 @@ pub fn parse_peer_hello(body: &[u8]) -> std::result::Result<(u32, [u8; NONCE], [
     Ok((rank, nonce, mac))
 }
 
-/// What the hello's MAC covers: who says it, to whom, in which group, against whose nonce.
-fn hello_parts<'a>(nonce: &'a [u8], from: &'a [u8; 4], to: &'a [u8; 4], size: &'a [u8; 4]) -> [&'a [u8]; 5] {
-    [b"ring hello", nonce, from, to, size]
+/// What the hello's MAC covers: who says it, to whom, in which ring (its length and the set's
+/// label), against whose nonce.
+fn hello_parts<'a>(
+    nonce: &'a [u8],
+    from: &'a [u8; 4],
+    to: &'a [u8; 4],
+    len: &'a [u8; 4],
+    label: &'a [u8],
+) -> [&'a [u8]; 6] {
+    [b"ring hello", nonce, from, to, len, label]
 }
 
 /// Waits on `listener` for rank `prev` and admits it; refuses (and logs) anyone else.
-fn admit_prev(
-    listener: &TcpListener,
-    rank: usize,
-    prev: usize,
-    size: usize,
-    secret: &Secret,
-    deadline: Instant,
-) -> Result<TcpStream> {
+fn admit_prev(listener: &TcpListener, me: &Member, prev: usize, deadline: Instant) -> Result<TcpStream> {
+    let rank = me.rank;
     listener.set_nonblocking(true).map_err(|e| rdzv_error("ring listener", e.to_string()))?;
     loop {
         let (mut peer, from) = match listener.accept() {
@@ -133,7 +185,7 @@ fn admit_prev(
             }
             Err(e) => return Err(rdzv_error("ring: accept", e.to_string())),
         };
-        match challenge(&mut peer, rank, prev, size, secret) {
+        match challenge(&mut peer, me, prev) {
             Ok(()) => return Ok(peer),
             Err(why) => eprintln!("ring of rank {rank}: refused a connection from {from}: {why}"),
         }
@@ -141,13 +193,7 @@ fn admit_prev(
 }
 
 /// The admitting side's handshake: our nonce out, the hello in and checked, our MAC back.
-fn challenge(
-    peer: &mut TcpStream,
-    rank: usize,
-    prev: usize,
-    size: usize,
-    secret: &Secret,
-) -> std::result::Result<(), String> {
+fn challenge(peer: &mut TcpStream, me: &Member, prev: usize) -> std::result::Result<(), String> {
     let io = |e: std::io::Error| e.to_string();
     peer.set_nonblocking(false).map_err(io)?;
     peer.set_read_timeout(Some(MESSAGE_TIMEOUT)).map_err(io)?;
@@ -155,29 +201,23 @@ fn challenge(
     let ours = random_bytes::<NONCE>().map_err(|e| e.to_string())?;
     peer.write_all(&frame(&[&ours])).map_err(io)?;
     let (from, theirs, mac) = parse_peer_hello(&read_frame(peer)?)?;
-    let (f, t, z) = (from.to_le_bytes(), (rank as u32).to_le_bytes(), (size as u32).to_le_bytes());
-    if !secret.verify(&hello_parts(&ours, &f, &t, &z), &mac) {
-        return Err("wrong secret (the MAC does not verify)".into());
+    let (f, t, z) = (from.to_le_bytes(), (me.rank as u32).to_le_bytes(), (me.ring_len as u32).to_le_bytes());
+    if !me.secret.verify(&hello_parts(&ours, &f, &t, &z, me.label), &mac) {
+        return Err("wrong secret or ring (the MAC does not verify)".into());
     }
     if from as usize != prev {
         return Err(format!("rank {from} knocked; expected rank {prev}"));
     }
-    peer.write_all(&frame(&[&secret.mac(&[b"ring welcome", &theirs, &ours])])).map_err(io)
+    peer.write_all(&frame(&[&me.secret.mac(&[b"ring welcome", &theirs, &ours])])).map_err(io)
 }
 
-/// Connects to the next rank at `addr` (retrying until `deadline`) and proves who we are.
-fn connect_next(
-    addr: SocketAddr,
-    rank: usize,
-    next: usize,
-    size: usize,
-    secret: &Secret,
-    deadline: Instant,
-) -> Result<TcpStream> {
+/// Connects to the next member, rank `next` at `addr` (retrying until `deadline`), and proves
+/// who we are.
+fn connect_next(addr: SocketAddr, me: &Member, next: usize, deadline: Instant) -> Result<TcpStream> {
     let mut last = String::from("never tried");
     while Instant::now() < deadline {
         match TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
-            Ok(mut s) => match hello(&mut s, rank, next, size, secret, deadline) {
+            Ok(mut s) => match hello(&mut s, me, next, deadline) {
                 Ok(()) => return Ok(s),
                 Err(Refused::Fatal(why)) => return Err(rdzv_error(&format!("ring: rank {next} at {addr}"), why)),
                 // Not answered in time: the member may be busy refusing a stranger; again.
@@ -198,14 +238,7 @@ enum Refused {
 }
 
 /// The connecting side's handshake: the challenge in, our hello out, the welcome checked.
-fn hello(
-    s: &mut TcpStream,
-    rank: usize,
-    next: usize,
-    size: usize,
-    secret: &Secret,
-    deadline: Instant,
-) -> std::result::Result<(), Refused> {
+fn hello(s: &mut TcpStream, me: &Member, next: usize, deadline: Instant) -> std::result::Result<(), Refused> {
     let retry = |e: std::io::Error| Refused::Retry(e.to_string());
     first_byte(s, deadline).map_err(Refused::Retry)?;
     let theirs = read_frame(s).map_err(Refused::Fatal)?;
@@ -213,12 +246,12 @@ fn hello(
         return Err(Refused::Fatal(format!("a challenge of {} bytes; expected {NONCE}", theirs.len())));
     }
     let ours = random_bytes::<NONCE>().map_err(|e| Refused::Fatal(e.to_string()))?;
-    let (f, t, z) = ((rank as u32).to_le_bytes(), (next as u32).to_le_bytes(), (size as u32).to_le_bytes());
-    let mac = secret.mac(&hello_parts(&theirs, &f, &t, &z));
+    let (f, t, z) = ((me.rank as u32).to_le_bytes(), (next as u32).to_le_bytes(), (me.ring_len as u32).to_le_bytes());
+    let mac = me.secret.mac(&hello_parts(&theirs, &f, &t, &z, me.label));
     s.write_all(&frame(&[&f, &ours, &mac])).map_err(retry)?;
     let welcome = read_frame(s)
         .map_err(|e| Refused::Fatal(format!("the peer closed the connection ({e}): a wrong secret or rank?")))?;
-    if !secret.verify(&[b"ring welcome", &ours, &theirs], &welcome) {
+    if !me.secret.verify(&[b"ring welcome", &ours, &theirs], &welcome) {
         return Err(Refused::Fatal("the peer at this address does not know the run's secret".into()));
     }
     Ok(())
@@ -233,6 +266,11 @@ mod tests {
 
     fn loopback() -> IpAddr {
         IpAddr::from([127, 0, 0, 1])
+    }
+
+    /// Rank `rank` of a ring of two.
+    fn member(rank: usize, secret: &Secret) -> Member<'_> {
+        Member { rank, ring_len: 2, label: b"group", secret }
     }
 
     fn members(size: usize, secret: &Secret) -> Vec<(Links, Option<RingLinks>)> {
@@ -281,15 +319,17 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
         std::thread::scope(|s| {
-            let admitted = s.spawn(|| admit_prev(&listener, 1, 0, 2, &secret, deadline));
+            let admitted = s.spawn(|| admit_prev(&listener, &member(1, &secret), 0, deadline));
             let wrong = Secret::new("other").unwrap();
-            assert!(connect_next(addr, 0, 1, 2, &wrong, deadline).is_err(), "a wrong secret");
-            assert!(connect_next(addr, 1, 1, 2, &secret, deadline).is_err(), "the wrong rank");
+            assert!(connect_next(addr, &member(0, &wrong), 1, deadline).is_err(), "a wrong secret");
+            assert!(connect_next(addr, &member(1, &secret), 1, deadline).is_err(), "the wrong rank");
+            let other_ring = Member { label: b"another set of rings", ..member(0, &secret) };
+            assert!(connect_next(addr, &other_ring, 1, deadline).is_err(), "a ring of another set");
             let mut junk = TcpStream::connect(addr).unwrap();
             junk.write_all(&u32::MAX.to_le_bytes()).unwrap();
             let mut sink = Vec::new();
             let _ = junk.read_to_end(&mut sink); // refused: the member hangs up
-            let real = connect_next(addr, 0, 1, 2, &secret, deadline).unwrap();
+            let real = connect_next(addr, &member(0, &secret), 1, deadline).unwrap();
             let peer = admitted.join().unwrap().unwrap();
             assert_eq!(peer.peer_addr().unwrap(), real.local_addr().unwrap());
         });
@@ -305,8 +345,8 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(30);
         std::thread::scope(|s| {
             let silent: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(addr).unwrap()).collect();
-            let admitted = s.spawn(|| admit_prev(&listener, 1, 0, 2, &secret, deadline));
-            let real = connect_next(addr, 0, 1, 2, &secret, deadline).unwrap();
+            let admitted = s.spawn(|| admit_prev(&listener, &member(1, &secret), 0, deadline));
+            let real = connect_next(addr, &member(0, &secret), 1, deadline).unwrap();
             assert_eq!(admitted.join().unwrap().unwrap().peer_addr().unwrap(), real.local_addr().unwrap());
             drop(silent);
         });

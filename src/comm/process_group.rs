@@ -12,7 +12,7 @@
 //! sockets, so a dead process ends the others with an error naming it instead of a hang: its
 //! neighbours see the end of file, fail, and hang up on theirs in turn.
 
-use super::peers::{RingLinks, open_ring};
+use super::peers::{RingLinks, open_ring, open_rings};
 use super::rendezvous::{Links, Secret, gather};
 use crate::error::{Error, Result};
 use std::io::{Read, Write};
@@ -27,20 +27,36 @@ pub const COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(300);
 pub struct ProcessGroup {
     rank: usize,
     size: usize,
+    /// Each member's rank in the group this one was split from (itself when joined), to name
+    /// peers the way the user numbered the processes.
+    ranks: Vec<usize>,
     links: Mutex<Connections>,
+    /// What opening more rings needs ([`split`](Self::split)).
+    secret: Secret,
+    timeout: Duration,
 }
 
-/// The rendezvous links (the star) and the ring.
+/// The rendezvous links (the star: a joined group's; a split-off group has none) and the ring.
 struct Connections {
-    star: Links,
+    star: Option<Links>,
     ring: Option<RingLinks>,
 }
 
 impl Connections {
     fn streams(&self) -> Vec<&TcpStream> {
-        let mut all = self.star.streams();
+        let mut all = self.star.as_ref().map(Links::streams).unwrap_or_default();
         all.extend(self.ring.iter().flat_map(|r| [&r.next, &r.prev]));
         all
+    }
+
+    /// Sets the group's timeout on every link, and sends small messages at once.
+    fn configure(&self, timeout: Duration) -> Result<()> {
+        for s in self.streams() {
+            s.set_read_timeout(Some(timeout)).map_err(|e| group_error(e.to_string()))?;
+            s.set_write_timeout(Some(timeout)).map_err(|e| group_error(e.to_string()))?;
+            s.set_nodelay(true).map_err(|e| group_error(e.to_string()))?;
+        }
+        Ok(())
     }
 }
 
@@ -61,13 +77,42 @@ impl ProcessGroup {
     pub fn join(addr: &str, rank: usize, size: usize, secret: &Secret, timeout: Duration) -> Result<Self> {
         let (_, mut star) = gather(addr, rank, size, secret, Some(b"process group"), timeout)?;
         let ring = open_ring(&mut star, rank, size, secret, timeout)?;
-        let links = Connections { star, ring };
-        for s in links.streams() {
-            s.set_read_timeout(Some(timeout)).map_err(|e| group_error(e.to_string()))?;
-            s.set_write_timeout(Some(timeout)).map_err(|e| group_error(e.to_string()))?;
-            s.set_nodelay(true).map_err(|e| group_error(e.to_string()))?;
-        }
-        Ok(ProcessGroup { rank, size, links: Mutex::new(links) })
+        let links = Connections { star: Some(star), ring };
+        links.configure(timeout)?;
+        let (ranks, secret) = ((0..size).collect(), secret.clone());
+        Ok(ProcessGroup { rank, size, ranks, links: Mutex::new(links), secret, timeout })
+    }
+
+    /// Cuts the group into smaller ones, each with its own ring: `parts` (the same on every
+    /// process) lists each part's members by rank here, in the order that becomes their rank
+    /// there, and holds every rank once. Returns the part this process is in. A collective
+    /// over this group (every member calls it at the same point); `label` tells one cut's
+    /// rings from another's. Peers in the part are still named by their rank here. Only a
+    /// joined group can be cut (its rendezvous links carry the addresses).
+    pub fn split(&self, parts: &[Vec<usize>], label: &str) -> Result<ProcessGroup> {
+        let mine = parts
+            .iter()
+            .find(|p| p.contains(&self.rank))
+            .ok_or_else(|| group_error(format!("rank {} is in none of the parts {parts:?}", self.rank)))?;
+        let ring = self.collective(|links| {
+            let star = links.star.as_mut().ok_or_else(|| group_error("only a joined group can be split"))?;
+            open_rings(star, self.rank, parts, label.as_bytes(), &self.secret, self.timeout)
+        })?;
+        let links = Connections { star: None, ring };
+        links.configure(self.timeout)?;
+        Ok(ProcessGroup {
+            rank: mine.iter().position(|&m| m == self.rank).unwrap_or(0),
+            size: mine.len(),
+            ranks: mine.iter().map(|&m| self.ranks[m]).collect(),
+            links: Mutex::new(links),
+            secret: self.secret.clone(),
+            timeout: self.timeout,
+        })
+    }
+
+    /// Member `rank`'s rank in the group this one was split from (its own rank in a joined group).
+    pub fn outer_rank(&self, rank: usize) -> usize {
+        self.ranks.get(rank).copied().unwrap_or(rank)
     }
 
     /// This process's rank.
@@ -131,13 +176,31 @@ impl ProcessGroup {
         }
     }
 
-    /// Every process's `values` become the element-wise sum over the group, in rank order.
+    /// Every process's `values` become the element-wise sum over the group, in rank order:
+    /// over the star, or (a split-off group) every member's values gathered round the ring and
+    /// added by each alike.
     pub fn all_reduce_sum_f64(&self, values: &mut [f64]) -> Result<()> {
-        self.collective(|links| Self::exchange(&mut links.star, values))
+        let (rank, n) = (self.rank, self.size);
+        self.collective(|links| match (&mut links.star, &mut links.ring) {
+            (Some(star), _) => Self::exchange(star, values),
+            (None, Some(ring)) => {
+                let len = values.len();
+                let mut all = vec![0.0f64; n * len];
+                all[rank * len..(rank + 1) * len].copy_from_slice(values);
+                // Copied as bits (two f32 words per value), so the sums are every member's own.
+                let words: &mut [f32] = bytemuck::cast_slice_mut(&mut all);
+                ring_pass(ring, rank, n, words, |k| 2 * k * len..2 * (k + 1) * len, 0, Land::Copy)?;
+                for (i, v) in values.iter_mut().enumerate() {
+                    *v = (1..n).fold(all[i], |sum, k| sum + all[k * len + i]);
+                }
+                Ok(())
+            }
+            (None, None) => Ok(()),
+        })
     }
 
     /// Runs one collective over the links; on failure hangs up on everyone.
-    fn collective(&self, f: impl FnOnce(&mut Connections) -> Result<()>) -> Result<()> {
+    fn collective<T>(&self, f: impl FnOnce(&mut Connections) -> Result<T>) -> Result<T> {
         let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
         let result = f(&mut links);
         if result.is_err() {
@@ -213,7 +276,7 @@ fn ring_pass(
     let total = values.len();
     for t in 0..n - 1 {
         let (out, into) = ((rank + shift + n - t) % n, (rank + shift + 2 * n - t - 1) % n);
-        swap(ring, rank, n, total, values, part(out), part(into), land)?;
+        swap(ring, total, values, part(out), part(into), land)?;
     }
     Ok(())
 }
@@ -233,11 +296,8 @@ const CHUNK: usize = 1 << 16;
 /// segment's, which must agree. The side that fails first hangs up the other's link, so
 /// neither outlives it, and its error is the one returned: it names the peer that is gone,
 /// where the other's is a consequence.
-#[allow(clippy::too_many_arguments)]
 fn swap(
     ring: &mut RingLinks,
-    rank: usize,
-    n: usize,
     total: usize,
     values: &mut [f32],
     out: std::ops::Range<usize>,
@@ -248,7 +308,7 @@ fn swap(
     const NONE: u8 = 0;
     const SEND: u8 = 1;
     const READ: u8 = 2;
-    let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+    let (next, prev) = (ring.next_rank, ring.prev_rank);
     let link = |s: &TcpStream, peer| s.try_clone().map_err(|e| peer_error(peer, e.to_string()));
     let (next_link, prev_link) = (link(&ring.next, next)?, link(&ring.prev, prev)?);
     let first = AtomicU8::new(NONE);
@@ -266,7 +326,7 @@ fn swap(
         let (low, high) = values.split_at_mut(out.start);
         (&high[..out.len()], &mut low[into])
     };
-    let RingLinks { next: to, prev: from } = ring;
+    let RingLinks { next: to, prev: from, .. } = ring;
     std::thread::scope(|s| {
         let sent = s.spawn(|| write_segment(to, total, sent_part).inspect_err(|_| failed(SEND, &prev_link)));
         let got = read_segment(from, total, landing, land).inspect_err(|_| failed(READ, &next_link));
@@ -426,6 +486,59 @@ mod tests {
             let want = (0..n).fold(0.0, |s, r| s + 0.1 * r as f64);
             assert!(f64s.iter().all(|b| b == &vec![want, n as f64]), "{f64s:?}");
         }
+    }
+
+    /// Six processes cut into rows of three and columns of two, as a pipeline of three stages
+    /// with two replicas is: each part sums only its own members' values (f32 in the ring's
+    /// order, f64 in rank order), bitwise alike on every member, and the parts' rings run at
+    /// the same time without crossing.
+    #[test]
+    fn a_split_group_sums_within_each_part() {
+        let g = group(6, Duration::from_secs(20));
+        let rows: Vec<Vec<usize>> = (0..2).map(|r| (3 * r..3 * r + 3).collect()).collect();
+        let columns: Vec<Vec<usize>> = (0..3).map(|s| vec![s, s + 3]).collect();
+        let value = |world: usize, i: usize| (i % 13) as f32 * 0.37 + world as f32 * 1e-3;
+        let len = 2 * CHUNK + 5;
+        let got = on_all(&g, |m| {
+            let row = m.split(&rows, "rows").unwrap();
+            let column = m.split(&columns, "columns").unwrap();
+            let world = m.rank();
+            assert_eq!((row.rank(), row.size(), row.outer_rank(row.rank())), (world % 3, 3, world));
+            assert_eq!((column.rank(), column.size()), (world / 3, 2));
+            let mut a: Vec<f32> = (0..len).map(|i| value(world, i)).collect();
+            row.all_reduce_sum_f32(&mut a).unwrap();
+            let mut b: Vec<f32> = (0..len).map(|i| value(world, i)).collect();
+            column.all_reduce_sum_f32(&mut b).unwrap();
+            let mut c = vec![0.1 * world as f64, 1.0, f64::from(value(world, 1))];
+            row.all_reduce_sum_f64(&mut c).unwrap();
+            (a, b, c)
+        });
+        for (world, (a, b, c)) in got.iter().enumerate() {
+            let (r, s) = (world / 3, world % 3);
+            for i in [0, 1, CHUNK, len - 1] {
+                let in_row = |k: usize, i: usize| value(3 * r + k, i);
+                assert_eq!(a[i], ring_order_sum(in_row, len, 3, i), "rank {world}, element {i}: its row's sum");
+                assert_eq!(b[i], value(s, i) + value(s + 3, i), "rank {world}, element {i}: its column's sum");
+            }
+            let want = (1..3).fold(0.1 * (3 * r) as f64, |sum, k| sum + 0.1 * (3 * r + k) as f64);
+            assert_eq!(c[..2], [want, 3.0], "rank {world}: f64 in rank order");
+            assert_eq!(a, &got[3 * r].0, "bitwise alike along the row");
+            assert_eq!(c, &got[3 * r].2);
+        }
+        // Every rank once, or it is refused before any link opens.
+        let err = g[0].split(&[vec![0, 1], vec![1, 2, 3, 4, 5]], "bad").unwrap_err().to_string();
+        assert!(err.contains("once"), "{err}");
+    }
+
+    /// In a part, a dead peer is named by its rank in the whole group.
+    #[test]
+    fn a_dead_peer_in_a_part_is_named_by_its_rank_in_the_group() {
+        let g = group(4, Duration::from_secs(10));
+        let columns = [vec![0, 2], vec![1, 3]];
+        let mut parts = on_all(&g, |m| m.split(&columns, "columns").unwrap());
+        drop(parts.remove(3)); // rank 3, rank 1's only peer in its column, ends
+        let err = parts[1].all_reduce_sum_f32(&mut [1.0; 8]).unwrap_err().to_string();
+        assert!(err.contains("rank 3") && err.contains("closed its connection"), "{err}");
     }
 
     #[test]
