@@ -86,9 +86,10 @@ struct PipelineArgs {
     /// e.g. `8GiB`, `512MiB` or a byte count: the partition and TeraPipe's planner respect it.
     #[arg(long, value_parser = parse_bytes)]
     memory_limit: Option<usize>,
-    /// Under `launch`: one pipeline whose stages are the processes (process p runs stage p on
-    /// its one device; --pipeline-len must be the number of processes). Without it, every
-    /// process holds a whole pipeline and trains its share of each batch.
+    /// Under `launch`: pipelines whose stages are the processes, one device each. The
+    /// processes make rows of --pipeline-len stages, each row a replica: process p runs stage
+    /// p % K of replica p / K (the process count a multiple of K). Without it, every process
+    /// holds a whole pipeline and trains its share of each batch.
     #[arg(long)]
     across_processes: bool,
 }

@@ -555,22 +555,22 @@ fn launched_processes_train_the_weights_one_process_trains() {
 }
 
 /// `launch` with `--across-processes`: 2 and 3 processes, each running one stage of the
-/// pipeline, write bitwise the model and checkpoint that one process with the same pipeline on
-/// as many devices writes; a run resumed from such a checkpoint continues exactly as one
-/// process resumed from its own does.
+/// pipeline, and 4 running two replicas of a two-stage pipeline, write bitwise the model and
+/// checkpoint that one process with the same pipeline on as many devices writes; a run
+/// resumed from such a checkpoint continues exactly as one process resumed from its own does.
 #[test]
 fn a_pipeline_across_launched_processes_writes_what_one_process_writes() {
     if !have_digits() {
         return;
     }
-    let run = |dir: &Path, k: usize, steps: usize, procs: Option<usize>, resume: bool| {
-        let (k, steps, out) =
-            (k.to_string(), format!("train.max_steps={steps}"), format!("output.dir={}", dir.display()));
-        let (port, n) = (free_port().to_string(), procs.unwrap_or(1).to_string());
+    let run = |dir: &Path, k: usize, procs: usize, steps: usize, launched: bool, resume: bool| {
+        let (r, k) = ((procs / k).to_string(), k.to_string());
+        let (steps, out) = (format!("train.max_steps={steps}"), format!("output.dir={}", dir.display()));
+        let (port, n) = (free_port().to_string(), procs.to_string());
         let rdzv = format!("127.0.0.1:{port}");
-        let mut args: Vec<&str> = match procs {
-            Some(_) => vec!["launch", "--nproc-per-node", &n, "--rdzv", &rdzv, "--", "train", "--across-processes"],
-            None => vec!["train", "--devices", &k],
+        let mut args: Vec<&str> = match launched {
+            true => vec!["launch", "--nproc-per-node", &n, "--rdzv", &rdzv, "--", "train", "--across-processes"],
+            false => vec!["train", "--devices", &n, "--replicas", &r],
         };
         args.extend(["--config", "configs/vit-digits.toml", "--progress-every", "0", "--pipeline-len", &k]);
         args.extend(["--micro-batches", "4", "--set", "data.test_limit=32", "--set", &steps, "--set", &out]);
@@ -580,23 +580,37 @@ fn a_pipeline_across_launched_processes_writes_what_one_process_writes() {
         text
     };
     let bytes = |dir: &Path, file: &str| std::fs::read(dir.join(file)).unwrap();
-    for k in [2, 3] {
-        let (one, many) = (scratch(&format!("across-one-{k}")), scratch(&format!("across-{k}")));
-        run(&one, k, 4, None, false);
-        let text = run(&many, k, 4, Some(k), false);
-        assert!(text.contains(&format!("stages across {k} processes")), "{text}");
+    for (k, procs, says) in [
+        (2, 2, "stages across 2 processes"),
+        (3, 3, "stages across 3 processes"),
+        (2, 4, "2 replicas × 2 stages across 4 processes"),
+    ] {
+        let (one, many) = (scratch(&format!("across-one-{procs}")), scratch(&format!("across-{procs}")));
+        run(&one, k, procs, 4, false, false);
+        let text = run(&many, k, procs, 4, true, false);
+        assert!(text.contains(says), "{text}");
         assert_eq!(text.matches("wrote ").count(), 1, "only rank 0 writes: {text}");
-        for file in ["model/model.safetensors", "checkpoint.ckpt"] {
-            assert!(bytes(&one, file) == bytes(&many, file), "{k} processes: {file} differs from one process's");
+        let model = "model/model.safetensors";
+        assert!(bytes(&one, model) == bytes(&many, model), "{procs} processes: the model differs from one process's");
+        // The checkpoint too, but for the plan it records: replicas that are processes are
+        // not the plan's (it is each process's own, of one replica).
+        let load = |dir: &Path| pipetransformer::train::checkpoint::load(&dir.join("checkpoint.ckpt")).unwrap();
+        let ((mut meta_one, tensors_one), (mut meta_many, tensors_many)) = (load(&one), load(&many));
+        assert!(tensors_one == tensors_many, "{procs} processes: the checkpoint's weights and optimizer state");
+        if procs == k {
+            assert!(bytes(&one, "checkpoint.ckpt") == bytes(&many, "checkpoint.ckpt"), "{procs} processes");
         }
+        meta_one["plan"]["config"]["replicas"] = 1.into();
+        meta_many["plan"]["config"]["replicas"] = 1.into();
+        assert_eq!(meta_one, meta_many, "{procs} processes: the checkpoint's state");
         // Half the run, then the rest from the checkpoint, both ways.
-        for (dir, procs) in [(&one, None), (&many, Some(k))] {
-            run(dir, k, 2, procs, false);
-            run(dir, k, 4, procs, true);
+        for (dir, launched) in [(&one, false), (&many, true)] {
+            run(dir, k, procs, 2, launched, false);
+            run(dir, k, procs, 4, launched, true);
         }
         assert!(
             bytes(&one, "model/model.safetensors") == bytes(&many, "model/model.safetensors"),
-            "resumed, {k} processes"
+            "resumed, {procs} processes"
         );
         std::fs::remove_dir_all(&one).unwrap();
         std::fs::remove_dir_all(&many).unwrap();
@@ -615,11 +629,11 @@ fn a_pipeline_across_processes_refuses_what_it_cannot_do() {
     let (ok, text) = pipetransformer(&base);
     assert!(!ok && text.contains("pipetransformer launch"), "not launched: {text}");
     let (ok, text) = pipetransformer(&[&base[..], &["--replicas", "2"]].concat());
-    assert!(!ok && text.contains("pipeline.across_processes") && text.contains("one replica"), "{text}");
+    assert!(!ok && text.contains("pipeline.across_processes") && text.contains("--replicas 1"), "{text}");
     for (flags, key) in [
         (&["--pipeline-len", "2", "--freeze", "eq1"][..], "elastic.freeze"),
         (&["--pipeline-len", "2", "--auto-pipe", "true"][..], "elastic.auto_pipe"),
-        (&["--pipeline-len", "3"][..], "pipeline_len 2"),
+        (&["--pipeline-len", "3"][..], "divisor of 2"),
     ] {
         let port = free_port().to_string();
         let rdzv = format!("127.0.0.1:{port}");
@@ -639,14 +653,28 @@ fn killing_one_process_ends_the_other_with_its_rank() {
     if !have_digits() {
         return;
     }
-    for (name, mode) in
-        [("launch-kill", &[][..]), ("launch-kill-across", &["--across-processes", "--pipeline-len", "2"])]
-    {
-        kill_one_of_two(name, mode);
+    let across = ["--across-processes", "--pipeline-len", "2"];
+    for (name, mode, world) in [("launch-kill", &[][..], 2), ("launch-kill-across", &across[..], 2)] {
+        kill_the_last(name, mode, world);
     }
 }
 
-fn kill_one_of_two(name: &str, mode: &[&str]) {
+/// Two replicas of a two-stage pipeline, four processes: when the last is killed, the other
+/// three end with an error naming a peer that closed its connection: its row's, its
+/// column's, and the process in neither, which hears it from those two hanging up.
+#[test]
+fn killing_one_process_of_a_grid_ends_every_other() {
+    if !have_digits() {
+        return;
+    }
+    kill_the_last("launch-kill-grid", &["--across-processes", "--pipeline-len", "2"], 4);
+}
+
+/// Starts `world` processes of a long run (as `launch` would), kills the last once they
+/// train, and checks that every other one fails within 30 s, well inside the 60 s collective
+/// timeout, naming a peer that closed its connection (the killed one, where it was a
+/// neighbour).
+fn kill_the_last(name: &str, mode: &[&str], world: usize) {
     let dir = scratch(name);
     let out = format!("output.dir={}", dir.display());
     let port = free_port().to_string();
@@ -656,7 +684,7 @@ fn kill_one_of_two(name: &str, mode: &[&str]) {
             .args(["--set", "train.epochs=1000", "--set", &out])
             .args(mode)
             .env("RANK", rank.to_string())
-            .env("WORLD_SIZE", "2")
+            .env("WORLD_SIZE", world.to_string())
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", &port)
             .env("PT_RDZV_TOKEN", "kill-test")
@@ -666,19 +694,29 @@ fn kill_one_of_two(name: &str, mode: &[&str]) {
             .spawn()
             .unwrap()
     };
-    let (rank0, mut rank1) = (spawn(0), spawn(1));
-    std::thread::sleep(std::time::Duration::from_secs(8)); // both are training by now
-    rank1.kill().unwrap();
-    let _ = rank1.wait();
+    let _ = std::fs::remove_file(dir.join("metrics.jsonl")); // the log appends: no earlier run's steps
+    let mut all: Vec<_> = (0..world).map(spawn).collect();
+    let mut last = all.pop().unwrap();
+    // Rank 0 logs its first step only once every process trains (each step waits for its
+    // row and column, and theirs for theirs); a process killed while the rings open would
+    // cost the others the whole timeout instead.
+    let metrics = dir.join("metrics.jsonl");
+    let started = std::time::Instant::now();
+    while !std::fs::read_to_string(&metrics).is_ok_and(|m| m.matches("\"event\":\"step\"").count() >= 2) {
+        assert!(started.elapsed() < std::time::Duration::from_secs(120), "{name}: no step logged");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    last.kill().unwrap();
+    let _ = last.wait();
     let killed = std::time::Instant::now();
-    let result = rank0.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&result.stderr).to_string() + &String::from_utf8_lossy(&result.stdout);
-    assert!(!result.status.success(), "{name}: {text}");
-    assert!(text.contains("rank 1") && text.contains("closed its connection"), "{name}: {text}");
-    assert!(
-        killed.elapsed() < std::time::Duration::from_secs(30),
-        "{name}: ended {:?} after the kill",
-        killed.elapsed()
-    );
+    for (rank, process) in all.into_iter().enumerate() {
+        let result = process.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&result.stderr).to_string() + &String::from_utf8_lossy(&result.stdout);
+        assert!(!result.status.success(), "{name}, rank {rank}: {text}");
+        assert!(text.contains("closed its connection"), "{name}, rank {rank}: {text}");
+        let killed_rank = format!("rank {}", world - 1);
+        assert!(world > 2 || text.contains(&killed_rank), "{name}, rank {rank}: {text}");
+    }
+    assert!(killed.elapsed() < std::time::Duration::from_secs(30), "{name}: ended {:?} after the kill", killed.elapsed());
     std::fs::remove_dir_all(&dir).unwrap();
 }

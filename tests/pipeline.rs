@@ -472,24 +472,27 @@ fn processes_train_like_one_device_with_loss_and_norm_at_every_step() {
     }
 }
 
-/// Each member of a `K`-process group builds the same `K`-stage pipeline across processes
-/// and runs `f` on it, in its own thread; returns what each returned, in rank order.
+/// Each member of a group of `procs` processes builds the same pipeline across processes
+/// (`procs / K` replicas of `plan`'s `K` stages) and runs `f` on it, in its own thread;
+/// returns what each returned, in rank order.
 fn across_processes<T: Send>(
     config: &ModelConfig,
     plan: PipelineConfig,
+    procs: usize,
     f: impl Fn(usize, Pipeline<CpuDevice<f32>>) -> T + Sync,
 ) -> Vec<T> {
-    across_processes_on(config, plan, |rank| CpuDevice::new(rank, 1).unwrap(), f)
+    across_processes_on(config, plan, procs, |rank| CpuDevice::new(rank, 1).unwrap(), f)
 }
 
 /// [`across_processes`] with each rank's device from `device`.
 fn across_processes_on<D: Device, T: Send>(
     config: &ModelConfig,
     plan: PipelineConfig,
+    procs: usize,
     device: impl Fn(usize) -> D + Sync,
     f: impl Fn(usize, Pipeline<D>) -> T + Sync,
 ) -> Vec<T> {
-    let group = process_group(plan.pipeline_len);
+    let group = process_group(procs);
     std::thread::scope(|s| {
         let handles: Vec<_> = group
             .into_iter()
@@ -535,7 +538,7 @@ fn stages_across_processes_train_like_one_process_to_the_bit() {
             })
             .collect();
         let weights = one.parameters(0).unwrap();
-        let got = across_processes(&config, cfg(k, 1, m, schedule), |rank, mut p| {
+        let got = across_processes(&config, cfg(k, 1, m, schedule), k, |rank, mut p| {
             assert_eq!(p.process_stage(), Some(rank));
             // Gradient buffers only for this process's stages (the others' units are weights).
             for (s, range) in p.plan().partition.stages.clone().into_iter().enumerate() {
@@ -571,6 +574,101 @@ fn stages_across_processes_train_like_one_process_to_the_bit() {
     }
 }
 
+/// `K·R` processes as `R` replicas of a `K`-stage pipeline train as the same pipeline with
+/// `R` replicas in one process: every step's loss and gradient norm, then every weight, on
+/// batches with unequal target counts, GPT's tied embedding summed across each row's first
+/// and last stage. With two replicas every sum has two terms, so the results are the same
+/// to the bit; with three, the rings add in another order (1e-5). Each stage's replicas hold
+/// bitwise the same weights; an interleaved schedule wraps round its row's own ring.
+#[test]
+fn stages_and_replicas_across_processes_train_like_one_process() {
+    use pipetransformer::train::BatchSource;
+    let config = gpt();
+    let data = common::Pool::new(&config, 24, 12, 5);
+    let batches: Vec<HostBatch> = (0..STEPS as usize).map(|i| data.train_batch(0, i % 2).unwrap()).collect();
+    for (k, r, m, schedule) in [
+        (2, 2, 3, ScheduleKind::OneFOneB),
+        (2, 2, 2, ScheduleKind::Interleaved),
+        (3, 2, 2, ScheduleKind::Gpipe),
+        (2, 3, 2, ScheduleKind::OneFOneB),
+    ] {
+        let mut one = pipeline(&config, cfg(k, r, m, schedule));
+        let run = |p: &mut Pipeline<CpuDevice<f32>>| -> Vec<(f64, f64)> {
+            let steps = batches.iter().enumerate();
+            steps.map(|(i, b)| p.step(b, 1000 + i as u64, LR, Some(1.0)).map(|s| (s.loss, s.grad_norm)).unwrap()).collect()
+        };
+        let want = run(&mut one);
+        let weights = one.parameters(0).unwrap();
+        let got = across_processes(&config, cfg(k, 1, m, schedule), k * r, |rank, mut p| {
+            assert_eq!(p.process_stage(), Some(rank % k));
+            assert_eq!(p.process_group().map(|g| (g.rank(), g.size())), Some((rank / k, r)));
+            let steps = run(&mut p);
+            p.share_stages().unwrap();
+            (steps, p.parameters(0).unwrap())
+        });
+        let what = format!("{schedule:?} K={k} R={r} M={m}");
+        for (rank, (steps, params)) in got.iter().enumerate() {
+            assert_eq!(params, &got[rank % k].1, "{what}, rank {rank}: the same weights as its stage's replicas");
+            if r == 2 {
+                assert_eq!(steps, &want, "{what}, rank {rank}: losses and gradient norms, step by step");
+                assert!(params == &weights, "{what}, rank {rank}: weights (rel {:e})", params_rel(params, &weights));
+                continue;
+            }
+            for ((loss, norm), (want_loss, want_norm)) in steps.iter().zip(&want) {
+                assert!((loss - want_loss).abs() <= 1e-5 * want_loss, "{what}, rank {rank}: loss {loss} vs {want_loss}");
+                assert!((norm - want_norm).abs() <= 1e-5 * want_norm, "{what}, rank {rank}: norm {norm} vs {want_norm}");
+            }
+            let rel = params_rel(params, &weights);
+            assert!(rel <= 1e-5, "{what}, rank {rank}: weights differ from one process's by {rel:e}");
+        }
+    }
+}
+
+/// A process of one replica that fails ends every process of the run at once, its row's
+/// and the other replicas', each with an error naming a peer that is gone, not a hang.
+#[test]
+fn a_failing_process_ends_every_row_and_column_naming_a_peer() {
+    let config = gpt();
+    let host = batch(&config, 8, 0);
+    let started = std::time::Instant::now();
+    let errors = across_processes(&config, cfg(2, 1, 2, ScheduleKind::OneFOneB), 4, |rank, mut p| {
+        if rank == 3 {
+            p.set_fault(Some(Fault { device: 1, action: 2, panic: false }));
+        }
+        p.step(&host, 1, LR, Some(1.0)).unwrap_err().to_string()
+    });
+    assert!(errors[3].contains("injected"), "{}", errors[3]);
+    for (rank, e) in errors.iter().enumerate().take(3) {
+        assert!(e.contains("closed its connection"), "rank {rank}: {e}");
+    }
+    assert!(errors[2].contains("rank 3"), "rank 3's own row names it: {}", errors[2]);
+    assert!(started.elapsed() < std::time::Duration::from_secs(25), "no one waited for the 30 s timeout");
+}
+
+/// Processes that do not make whole rows of the pipeline are refused by name.
+#[test]
+fn processes_that_do_not_make_whole_rows_are_refused() {
+    let config = gpt();
+    let group = process_group(3);
+    let errors: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = group
+            .into_iter()
+            .map(|member| {
+                let config = &config;
+                s.spawn(move || {
+                    let dev = CpuDevice::<f32>::new(member.rank(), 1).unwrap();
+                    let model = Model::new(&dev, config, 7).unwrap();
+                    let prof = profiles(&model, &dev);
+                    let plan = cfg(2, 1, 2, ScheduleKind::OneFOneB);
+                    Pipeline::across_processes(dev, model, adamw(), plan, &prof, member).err().unwrap().to_string()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(errors.iter().all(|e| e.contains("divisor of 3")), "{errors:?}");
+}
+
 /// The same on emulated CUDA devices, one per process, against the same pipeline in one
 /// process: every step's loss and gradient norm, then every weight, to the bit.
 #[test]
@@ -586,7 +684,7 @@ fn stages_across_processes_on_emulated_cuda_devices() {
     let want = run(&mut one);
     let weights = one.parameters(0).unwrap();
     let emu = |rank: usize| pipetransformer::device::emu::device(rank, Precision::F32, 1 + rank as u64).unwrap();
-    let got = across_processes_on(&config, plan, emu, |_, mut p| {
+    let got = across_processes_on(&config, plan, 2, emu, |_, mut p| {
         let steps = run(&mut p);
         p.share_stages().unwrap();
         (steps, p.parameters(0).unwrap())
@@ -633,7 +731,7 @@ fn a_failing_stage_process_ends_the_others_naming_it() {
     let config = gpt();
     let host = batch(&config, 6, 0);
     let started = std::time::Instant::now();
-    let errors = across_processes(&config, cfg(3, 1, 3, ScheduleKind::OneFOneB), |rank, mut p| {
+    let errors = across_processes(&config, cfg(3, 1, 3, ScheduleKind::OneFOneB), 3, |rank, mut p| {
         if rank == 1 {
             p.set_fault(Some(Fault { device: 1, action: 4, panic: false }));
         }

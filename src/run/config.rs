@@ -174,8 +174,9 @@ pub struct PipelineSection {
     /// TeraPipe's token slices (`"auto"`, a count, or lengths such as `"32,32,64"`; causal
     /// language models only).
     pub token_slices: TokenSlices,
-    /// One stage per process of a launched run (`--across-processes`): `pipeline_len` must be
-    /// the number of processes, each opening one device, with one replica.
+    /// One stage per process of a launched run (`--across-processes`): the processes, each
+    /// opening one device, make rows of `pipeline_len` stages, each row a replica
+    /// (`replicas` stays 1).
     pub across_processes: bool,
 }
 
@@ -224,8 +225,8 @@ impl PipelineSection {
                 return Err(config_error(
                     "pipeline.across_processes",
                     format!(
-                        "runs one stage per process on one device each, with one replica: set --devices 1 and \
-                         --replicas 1 (now {} device(s), {r} replica(s))",
+                        "runs one stage per process on one device each, and more processes than stages make \
+                         the replicas: set --devices 1 and --replicas 1 (now {} device(s), {r} replica(s))",
                         self.devices.unwrap_or(r * k)
                     ),
                 ));

@@ -328,7 +328,8 @@ impl<D: Device> Job<D> {
     }
 
     /// [`new`](Self::new) for one process of a launched run whose pipeline stages are its
-    /// processes (`pipeline.across_processes`): this one trains stage `group.rank()` on
+    /// processes (`pipeline.across_processes`): its `K·R` processes are `R` replicas of a
+    /// `K`-stage pipeline, and this one trains stage `rank % K` of replica `rank / K` on
     /// `devices[0]`. Every process plans from the units' FLOPs, so all make the same plan;
     /// the elastic loop (which moves units within one process), token slices and a memory
     /// limit (every process keeps every stage's weights) must be off.
@@ -393,7 +394,17 @@ impl<D: Device> Job<D> {
                 let optimizer = config.train.optimizer;
                 let pipeline =
                     Pipeline::across_processes(device, model, optimizer, plan.clone(), &profiles, Arc::new(group))?;
-                (pipeline, format!("stages across {size} processes over a TCP ring (this one runs stage {rank})"))
+                let (k, replicas) = (plan.pipeline_len, size / plan.pipeline_len.max(1));
+                let text = match replicas {
+                    1 => format!("stages across {size} processes over a TCP ring (this one runs stage {rank})"),
+                    _ => format!(
+                        "{replicas} replicas × {k} stages across {size} processes over TCP rings (this one runs stage {} \
+                         of replica {})",
+                        rank % k,
+                        rank / k
+                    ),
+                };
+                (pipeline, text)
             }
         };
         let trainer = Trainer::new(pipeline, config.train.clone(), source.batches_per_epoch(), per_sample)?;

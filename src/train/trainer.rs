@@ -248,11 +248,9 @@ impl<D: Device> Trainer<D> {
     pub fn evaluate(&mut self, data: &dyn BatchSource) -> Result<EvalMetrics> {
         self.pipeline.share_stages()?;
         let out = self.evaluate_shared(data);
-        if out.is_err()
-            && let Some(group) = self.pipeline.stage_group()
-        {
+        if out.is_err() {
             // The other processes wait for this one's sums: end their wait now.
-            group.hang_up();
+            self.pipeline.hang_up_processes();
         }
         out
     }
@@ -261,7 +259,7 @@ impl<D: Device> Trainer<D> {
         let n = data.eval_batches();
         let r_count = self.pipeline.replicas();
         let pipeline = &self.pipeline;
-        let (procs, me) = pipeline.stage_group().map_or((1, 0), |g| (g.size(), g.rank()));
+        let (procs, me) = pipeline.all_processes().map_or((1, 0), |g| (g.size(), g.rank()));
         let classes = match pipeline.spec().head {
             HeadSpec::Classifier { num_labels, .. } => Some(num_labels),
             HeadSpec::TiedLmHead => None,
@@ -311,7 +309,7 @@ impl<D: Device> Trainer<D> {
         for r in per_replica {
             rows.extend(r?);
         }
-        if let Some(group) = pipeline.stage_group() {
+        if let Some(group) = pipeline.all_processes() {
             rows = EvalRow::exchange(group, rows, n, classes)?;
         }
         rows.sort_by_key(|row| row.index);

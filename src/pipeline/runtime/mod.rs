@@ -105,10 +105,12 @@ pub struct Pipeline<D: Device> {
     /// means the in-process host ring, run by a thread beside each worker.
     communicators: Option<Vec<Vec<Arc<dyn Communicator<D>>>>>,
     /// The processes this pipeline trains with (`pipetransformer launch`): each runs its shard
-    /// of every global batch, and they sum gradients and losses after the backward.
+    /// of every global batch, and they sum gradients and losses after the backward. When the
+    /// stages are processes too, the other replicas of this process's stage (its column).
     process_group: Option<Arc<ProcessGroup>>,
     /// When the stages are processes ([`across_processes`](Self::across_processes)): this
-    /// process runs stage `rank` on its one device, where every stage's units are kept.
+    /// process runs one stage (its rank in its row) on its one device, where every stage's
+    /// units are kept.
     stage_processes: Option<StageProcesses>,
     /// When the stages are processes: whether this process's copies of the other stages'
     /// weights (and optimizer state) are current, since [`share_stages`](Self::share_stages)
@@ -202,15 +204,18 @@ impl<D: Device> Pipeline<D> {
     }
 
     /// A pipeline whose stages are the processes of `group` (`pipetransformer launch`, one
-    /// process per device): process `p` trains stage `p` of a `K = group.size()` plan on its
-    /// one `device`; activations and gradients cross between neighbouring processes over the
-    /// group's ring links. Every process must build the same plan from the same `profiles`
-    /// (checked: a fingerprint of the plan and the parameters' shapes is compared across the
-    /// group). Each keeps every stage's units on its device, so
-    /// [`share_stages`](Self::share_stages) can bring the others' weights up to date for
-    /// evaluation and export: the device holds the whole model's weights, but gradients and
-    /// optimizer state only for its own stage (the others' optimizer state transiently, for a
-    /// checkpoint). One replica; no re-planning, and no activation cache.
+    /// process per device): the group's `K·R` processes make `R` replicas of a `K`-stage
+    /// pipeline (`K = config.pipeline_len`), process `r·K + s` training stage `s` of replica
+    /// `r` on its one `device` and its shard of every global batch (shard `r` of `R`, cut as
+    /// the replicas of one process cut it). Activations and gradients cross between a row's
+    /// neighbouring processes over its own ring; a stage's gradients are summed over its
+    /// column's. Every process must build the same plan from the same `profiles` (checked: a
+    /// fingerprint of the plan and the parameters' shapes is compared across the group). Each
+    /// keeps every stage's units on its device, so [`share_stages`](Self::share_stages) can
+    /// bring the others' weights up to date for evaluation and export: the device holds the
+    /// whole model's weights, but gradients and optimizer state only for its own stage (the
+    /// others' optimizer state transiently, for a checkpoint). `config.replicas` is 1 (the
+    /// replicas are processes); no re-planning, and no activation cache.
     pub fn across_processes(
         device: D,
         model: Model<D>,
@@ -219,24 +224,33 @@ impl<D: Device> Pipeline<D> {
         profiles: &[UnitProfile],
         group: Arc<ProcessGroup>,
     ) -> Result<Self> {
-        if config.replicas != 1 || config.pipeline_len != group.size() {
+        let (k, size) = (config.pipeline_len, group.size());
+        if config.replicas != 1 || k < 2 || size % k != 0 {
             return Err(config_error(
                 "processes",
                 format!(
-                    "a pipeline across {} processes takes pipeline_len {} and 1 replica, not {} × {}",
-                    group.size(),
-                    group.size(),
-                    config.pipeline_len,
-                    config.replicas
+                    "a pipeline across processes makes the {size} processes rows of pipeline_len stages (at least 2, \
+                     and a divisor of {size}), each row a replica; it takes 1 replica per process, not {} × {}",
+                    config.pipeline_len, config.replicas
                 ),
             ));
         }
-        let processes = StageProcesses::new(group)?;
         let pinned = model.frozen_prefix();
         let parts = model.into_parts();
-        let plan = Plan::new(config, profiles, unit_names(&parts.units), processes.group.size(), pinned)?;
-        processes.agree(&plan, &parts.units)?;
-        Self::assemble(vec![device], parts, plan, optimizer, Some(processes))
+        let plan = Plan::new(config, profiles, unit_names(&parts.units), k, pinned)?;
+        processes::agree(&group, &plan, &parts.units)?;
+        let (rows, columns) = (size / k, (0..k).map(|s| (s..size).step_by(k).collect()).collect::<Vec<Vec<usize>>>());
+        let (row, column) = if rows == 1 {
+            (group.clone(), None)
+        } else {
+            let row: Vec<Vec<usize>> = (0..rows).map(|r| (r * k..(r + 1) * k).collect()).collect();
+            let split = |parts: &[Vec<usize>], label| group.split(parts, label).inspect_err(|_| group.hang_up());
+            (Arc::new(split(&row, "pipeline rows")?), Some(Arc::new(split(&columns, "replica columns")?)))
+        };
+        let processes = StageProcesses::new(row, group)?;
+        let mut pipeline = Self::assemble(vec![device], parts, plan, optimizer, Some(processes))?;
+        pipeline.process_group = column;
+        Ok(pipeline)
     }
 
     /// The index in `devices` of the plan's device `g`: itself, or this process's one device
@@ -271,9 +285,25 @@ impl<D: Device> Pipeline<D> {
         self.stage_processes.as_ref().map(StageProcesses::rank)
     }
 
-    /// The processes that are the stages, when they are.
+    /// The processes that are the stages of this process's replica, when they are.
     pub fn stage_group(&self) -> Option<&ProcessGroup> {
         self.stage_processes.as_ref().map(|p| &*p.group)
+    }
+
+    /// Every process of the run, when the stages are processes (every row, every replica).
+    pub fn all_processes(&self) -> Option<&ProcessGroup> {
+        self.stage_processes.as_ref().map(|p| &*p.all)
+    }
+
+    /// Hangs up every link to another process (the stages' and the replicas'), so that none
+    /// waits for this one: its peers fail at once, naming it.
+    pub fn hang_up_processes(&self) {
+        if let Some(p) = &self.stage_processes {
+            p.hang_up();
+        }
+        if let Some(g) = &self.process_group {
+            g.hang_up();
+        }
     }
 
     /// Whether this process computes stage `s`'s gradients (always, unless the stages are
@@ -397,7 +427,10 @@ impl<D: Device> Pipeline<D> {
     /// is not available then (a process captures only its shard).
     pub fn set_process_group(&mut self, group: Option<Arc<ProcessGroup>>) -> Result<()> {
         if self.stage_processes.is_some() {
-            return Err(config_error("processes", "a pipeline whose stages are processes has no replica processes"));
+            return Err(config_error(
+                "processes",
+                "a pipeline whose stages are processes takes its replicas from its own group",
+            ));
         }
         self.process_group = group;
         Ok(())
@@ -431,13 +464,13 @@ impl<D: Device> Pipeline<D> {
     /// their unit, which must not be above the first trainable one. A batch too short for the
     /// plan's micro-batches (an epoch's last) runs with fewer, on the same stages.
     pub fn step_with(&mut self, host: &HostBatch, options: &StepOptions) -> Result<PipelineStep> {
-        if let Some(p) = &self.stage_processes {
-            if options.capture_frozen_output {
-                return Err(config_error("cache", "a pipeline across processes cannot fill the activation cache"));
-            }
+        let across = self.stage_processes.is_some();
+        if options.capture_frozen_output && (across || self.process_group.is_some()) {
+            return Err(config_error("cache", "a multi-process run cannot fill the activation cache"));
+        }
+        if let Some(own) = self.process_stage() {
             // The other stages' copies go out of date; their optimizer state (shared for a
             // checkpoint) is not kept on this device.
-            let (own, group) = (p.rank(), p.group.clone());
             if self.optimizer_shared {
                 for (d, opt) in self.optimizers[0].iter_mut().enumerate() {
                     if d != own {
@@ -446,27 +479,23 @@ impl<D: Device> Pipeline<D> {
                 }
             }
             (self.stages_shared, self.optimizer_shared) = (false, false);
-            let out = self.step_shard(host, host.target_count(), options);
-            if out.is_err() {
-                // The others must not wait for this process: they fail at once, naming it.
-                group.hang_up();
-            }
-            return out;
         }
-        let Some(group) = self.process_group.clone() else {
-            return self.step_shard(host, host.target_count(), options);
-        };
-        if options.capture_frozen_output {
-            return Err(config_error("cache", "a multi-process run cannot fill the activation cache"));
-        }
-        if host.batch < group.size() {
-            return Err(config_error(
+        let out = match self.process_group.clone() {
+            None => self.step_shard(host, host.target_count(), options),
+            Some(group) if host.batch < group.size() => Err(config_error(
                 "processes",
                 format!("a batch of {} samples cannot feed {} processes", host.batch, group.size()),
-            ));
+            )),
+            Some(group) => {
+                let shard = host.split(group.size()).map(|mut s| s.swap_remove(group.rank()));
+                shard.and_then(|shard| self.step_shard(&shard, host.target_count(), options))
+            }
+        };
+        if out.is_err() && across {
+            // The others must not wait for this process: they fail at once, naming it.
+            self.hang_up_processes();
         }
-        let shard = host.split(group.size())?.swap_remove(group.rank());
-        self.step_shard(&shard, host.target_count(), options)
+        out
     }
 
     /// A step on `host` (this process's shard of a global batch of `count` targets).

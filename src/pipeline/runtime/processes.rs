@@ -1,8 +1,11 @@
-//! A pipeline whose stages are processes (`Pipeline::across_processes`): process `p` of a
-//! [`ProcessGroup`] runs stage `p`. Activations go to the next process and gradients back to
-//! the previous one over the group's ring links (the ring's link to the next rank carries
-//! both directions), as framed messages that a receiving thread per link drops into the local
-//! device's inbox, where the worker waits for them as it waits for a local device's.
+//! A pipeline whose stages are processes (`Pipeline::across_processes`): the `K·R` processes
+//! of a [`ProcessGroup`] form `R` rows of `K`, and process `r·K + s` runs stage `s` of replica
+//! `r`. Each row is a group of its own (split off the whole), whose ring links carry the
+//! row's activations to the next process and gradients back to the previous one (a link
+//! carries both directions; the ring's closing link serves an interleaved schedule's wrap),
+//! as framed messages that a receiving thread per link drops into the local device's inbox,
+//! where the worker waits for them as it waits for a local device's. Each column (one stage's
+//! replicas) is another group, over which that stage's gradients are summed.
 //!
 //! A message is `[kind: u8][gradient: u8][micro-batch: u32][slice: u32][stage: u32][count:
 //! u64][values]`, the values as they lie in memory (the group's members share the byte order).
@@ -33,7 +36,10 @@ const HEADER: usize = 1 + 1 + 4 + 4 + 4 + 8;
 
 /// This process's place in a pipeline of processes and its links to its neighbours.
 pub(super) struct StageProcesses {
+    /// This process's row: the `K` processes of its replica, ranked by stage.
     pub group: Arc<ProcessGroup>,
+    /// Every process of the run (the row itself when there is one replica).
+    pub all: Arc<ProcessGroup>,
     /// To the next rank (activations out, gradients in).
     next: TcpStream,
     /// From the previous rank (activations in, gradients out).
@@ -41,40 +47,19 @@ pub(super) struct StageProcesses {
 }
 
 impl StageProcesses {
-    /// Process `rank` of `group` running stage `rank` of a `K = size` pipeline.
-    pub fn new(group: Arc<ProcessGroup>) -> Result<Self> {
+    /// Process `rank` of the row `group` (split off `all`) running stage `rank`.
+    pub fn new(group: Arc<ProcessGroup>, all: Arc<ProcessGroup>) -> Result<Self> {
         let (next, prev) = group
             .ring_links()?
-            .ok_or_else(|| config_error("processes", "a pipeline across processes needs at least 2 of them"))?;
-        Ok(StageProcesses { group, next, prev })
+            .ok_or_else(|| config_error("processes", "a pipeline across processes needs at least 2 stages"))?;
+        Ok(StageProcesses { group, all, next, prev })
     }
 
-    /// Checks that every process made the same `plan` for the same `units` (names and
-    /// parameter shapes): processes that read different configs or data would otherwise wait
-    /// for messages that never come, or receive activations of the wrong size. A collective.
-    pub fn agree<D: crate::device::Device>(&self, plan: &Plan, units: &[crate::model::Unit<D>]) -> Result<()> {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::hash::DefaultHasher::new();
-        format!("{:?}", plan.config).hash(&mut h);
-        plan.partition.stages.hash(&mut h);
-        for p in units.iter().flat_map(crate::model::Unit::params) {
-            (&p.name, &p.shape).hash(&mut h);
-        }
-        let (me, size, print) = (self.rank(), self.group.size(), h.finish());
-        // Each process's fingerprint in its own slot (two exact halves), summed over the group.
-        let mut all = vec![0.0; 2 * size];
-        (all[2 * me], all[2 * me + 1]) = (f64::from((print >> 32) as u32), f64::from(print as u32));
-        self.group.all_reduce_sum_f64(&mut all)?;
-        if let Some(r) = (1..size).find(|&r| all[2 * r..2 * r + 2] != all[..2]) {
-            self.group.hang_up();
-            return Err(config_error(
-                "processes",
-                format!(
-                    "rank {r} planned a different model or pipeline than rank 0: do all processes read the same config, weights and data?"
-                ),
-            ));
-        }
-        Ok(())
+    /// Hangs up every link of this process (its row's, and the whole group's), so no peer
+    /// waits for it: a process whose step failed calls it.
+    pub fn hang_up(&self) {
+        self.group.hang_up();
+        self.all.hang_up();
     }
 
     /// This process's stage (and its device's index in the plan).
@@ -160,10 +145,43 @@ impl StageProcesses {
         }
     }
 
+    /// An error on the link to stage `peer`, naming its process by its rank in the run.
     fn peer_error(&self, peer: usize, e: &std::io::Error) -> Error {
-        let why = crate::comm::process_group::closed(e);
-        Error::Device { what: "pipeline across processes".into(), message: format!("rank {peer}: {why}") }
+        let (why, rank) = (crate::comm::process_group::closed(e), self.group.outer_rank(peer));
+        Error::Device { what: "pipeline across processes".into(), message: format!("rank {rank}: {why}") }
     }
+}
+
+/// Checks that every process of `group` made the same `plan` for the same `units` (names and
+/// parameter shapes): processes that read different configs or data would otherwise wait for
+/// messages that never come, or receive activations of the wrong size. A collective.
+pub(super) fn agree<D: crate::device::Device>(
+    group: &ProcessGroup,
+    plan: &Plan,
+    units: &[crate::model::Unit<D>],
+) -> Result<()> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    format!("{:?}", plan.config).hash(&mut h);
+    plan.partition.stages.hash(&mut h);
+    for p in units.iter().flat_map(crate::model::Unit::params) {
+        (&p.name, &p.shape).hash(&mut h);
+    }
+    let (me, size, print) = (group.rank(), group.size(), h.finish());
+    // Each process's fingerprint in its own slot (two exact halves), summed over the group.
+    let mut all = vec![0.0; 2 * size];
+    (all[2 * me], all[2 * me + 1]) = (f64::from((print >> 32) as u32), f64::from(print as u32));
+    group.all_reduce_sum_f64(&mut all)?;
+    if let Some(r) = (1..size).find(|&r| all[2 * r..2 * r + 2] != all[..2]) {
+        group.hang_up();
+        return Err(config_error(
+            "processes",
+            format!(
+                "rank {r} planned a different model or pipeline than rank 0: do all processes read the same config, weights and data?"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn write_message(mut link: &TcpStream, kind: u8, key: MessageKey, values: &[f32]) -> std::io::Result<()> {
