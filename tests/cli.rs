@@ -717,6 +717,10 @@ fn kill_the_last(name: &str, mode: &[&str], world: usize) {
         let killed_rank = format!("rank {}", world - 1);
         assert!(world > 2 || text.contains(&killed_rank), "{name}, rank {rank}: {text}");
     }
-    assert!(killed.elapsed() < std::time::Duration::from_secs(30), "{name}: ended {:?} after the kill", killed.elapsed());
+    assert!(
+        killed.elapsed() < std::time::Duration::from_secs(30),
+        "{name}: ended {:?} after the kill",
+        killed.elapsed()
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

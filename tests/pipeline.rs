@@ -595,7 +595,9 @@ fn stages_and_replicas_across_processes_train_like_one_process() {
         let mut one = pipeline(&config, cfg(k, r, m, schedule));
         let run = |p: &mut Pipeline<CpuDevice<f32>>| -> Vec<(f64, f64)> {
             let steps = batches.iter().enumerate();
-            steps.map(|(i, b)| p.step(b, 1000 + i as u64, LR, Some(1.0)).map(|s| (s.loss, s.grad_norm)).unwrap()).collect()
+            steps
+                .map(|(i, b)| p.step(b, 1000 + i as u64, LR, Some(1.0)).map(|s| (s.loss, s.grad_norm)).unwrap())
+                .collect()
         };
         let want = run(&mut one);
         let weights = one.parameters(0).unwrap();
@@ -615,8 +617,14 @@ fn stages_and_replicas_across_processes_train_like_one_process() {
                 continue;
             }
             for ((loss, norm), (want_loss, want_norm)) in steps.iter().zip(&want) {
-                assert!((loss - want_loss).abs() <= 1e-5 * want_loss, "{what}, rank {rank}: loss {loss} vs {want_loss}");
-                assert!((norm - want_norm).abs() <= 1e-5 * want_norm, "{what}, rank {rank}: norm {norm} vs {want_norm}");
+                assert!(
+                    (loss - want_loss).abs() <= 1e-5 * want_loss,
+                    "{what}, rank {rank}: loss {loss} vs {want_loss}"
+                );
+                assert!(
+                    (norm - want_norm).abs() <= 1e-5 * want_norm,
+                    "{what}, rank {rank}: norm {norm} vs {want_norm}"
+                );
             }
             let rel = params_rel(params, &weights);
             assert!(rel <= 1e-5, "{what}, rank {rank}: weights differ from one process's by {rel:e}");

@@ -554,6 +554,8 @@ impl<D: Device> Pipeline<D> {
             bucket_buffers: &self.bucket_buffers,
             unit_norms,
             processes: self.stage_processes.as_ref(),
+            // A stage's replicas that are processes sum its gradients as its backward ends.
+            column: self.process_group.as_deref().filter(|_| self.stage_processes.is_some()),
         };
 
         // Hand each worker its device's stages (disjoint borrows of `self.stages`).
@@ -657,7 +659,10 @@ impl<D: Device> Pipeline<D> {
             let mut sum = [loss_sum];
             group.all_reduce_sum_f64(&mut sum)?;
             loss_sum = sum[0];
-            self.all_reduce_across_processes(&group)?;
+            // (The workers summed a column's gradients already.)
+            if self.stage_processes.is_none() {
+                self.all_reduce_across_processes(&group)?;
+            }
         }
         // The end of a one-device step: tied copies, global norm, optimizers (which apply
         // clipping's coefficient as they read the gradients).

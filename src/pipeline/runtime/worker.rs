@@ -3,6 +3,7 @@
 
 use super::mailbox::{Shared, aborted, panicked};
 use super::processes::StageProcesses;
+use crate::comm::process_group::ProcessGroup;
 use crate::comm::{Communicator, RingCommunicator};
 use crate::device::Device;
 use crate::error::{Error, Result, internal};
@@ -45,6 +46,9 @@ pub(super) struct StepContext<'a> {
     pub unit_norms: bool,
     /// When the stages are processes: where messages for the other stages go.
     pub processes: Option<&'a StageProcesses>,
+    /// When the stages are processes with replicas: the processes of this one's stage, over
+    /// which its communication thread sums the gradients as a stage's backward ends.
+    pub column: Option<&'a ProcessGroup>,
 }
 
 impl StepContext<'_> {
@@ -146,8 +150,10 @@ impl<D: Device> Worker<'_, D> {
 
     fn run(mut self) -> Result<WorkerOutput> {
         let ring = self.ring.take();
+        let column = self.ctx.column;
         std::thread::scope(|scope| {
-            // The communication thread sums buckets around the ring while the worker goes on.
+            // The communication thread sums buckets around the ring (or the stage's other
+            // processes) while the worker goes on.
             let (to_comm, from_worker) = mpsc::channel::<Bucket>();
             let (to_worker, from_comm) = mpsc::channel::<Result<Bucket>>();
             if let Some(ring) = ring {
@@ -160,12 +166,25 @@ impl<D: Device> Worker<'_, D> {
                         if spare.capacity() < chunk {
                             buffers.give(std::mem::replace(&mut spare, buffers.take(chunk)));
                         }
-                        let reduced = ring.all_reduce_host_with(&mut data, &mut spare).map(|()| (stage, data));
+                        // In-process, a ring fails only when a member's worker has already failed.
+                        let reduced = ring
+                            .all_reduce_host_with(&mut data, &mut spare)
+                            .map(|()| (stage, data))
+                            .map_err(|e| aborted(format!("all-reduce: {e}")));
                         if to_worker.send(reduced).is_err() {
                             break;
                         }
                     }
                     buffers.give(spare);
+                });
+            } else if let Some(column) = column {
+                scope.spawn(move || {
+                    for (stage, mut data) in from_worker {
+                        let reduced = column.all_reduce_sum_f32(&mut data).map(|()| (stage, data));
+                        if to_worker.send(reduced).is_err() {
+                            break;
+                        }
+                    }
                 });
             }
             let dev = self.dev;
@@ -383,7 +402,7 @@ impl<D: Device> Worker<'_, D> {
                     comm.all_reduce_sum(dev, &mut grads)?;
                 }
                 Action::AllReduce { stage } => {
-                    if ctx.plan.config.replicas > 1 {
+                    if ctx.plan.config.replicas > 1 || ctx.column.is_some() {
                         let grads: Vec<&D::Buf> =
                             self.units(stage)?.iter().flat_map(Unit::params).filter_map(|p| p.grad.as_ref()).collect();
                         let mut flat = ctx.bucket_buffers.take(grads.iter().map(|g| D::len(g)).sum());
@@ -452,8 +471,7 @@ fn message(action: &Action) -> Result<(MessageKey, usize)> {
 fn recv_bucket(from_comm: &mpsc::Receiver<Result<Bucket>>, shared: &Shared) -> Result<Bucket> {
     loop {
         match from_comm.recv_timeout(std::time::Duration::from_millis(20)) {
-            // In-process, a ring fails only when a member's worker has already failed.
-            Ok(reduced) => return reduced.map_err(|e| aborted(format!("all-reduce: {e}"))),
+            Ok(reduced) => return reduced,
             Err(mpsc::RecvTimeoutError::Timeout) if !shared.aborted() => continue,
             Err(_) => return Err(aborted("all-reduce: the ring stopped".into())),
         }
