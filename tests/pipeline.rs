@@ -555,7 +555,13 @@ fn stages_across_processes_train_like_one_process_to_the_bit() {
                     (s.loss, s.grad_norm)
                 })
                 .collect();
-            // Other stages' copies are out of date until shared: reading them is refused.
+            // Other stages' copies are out of date until shared, and dropped: while it trains
+            // a process holds its own stage's weights only. Reading them is refused.
+            for (s, range) in p.plan().partition.stages.clone().into_iter().enumerate() {
+                let held = p.units().skip(range.start).take(range.len()).flat_map(|u| u.params());
+                let lens: Vec<usize> = held.map(|q| <CpuDevice<f32> as Device>::len(&q.value)).collect();
+                assert!(lens.iter().all(|&n| (n > 0) == (s % k == rank)), "stage {s} on rank {rank}: {lens:?}");
+            }
             let stale = p.parameters(0).unwrap_err().to_string();
             assert!(stale.contains("share_stages"), "{stale}");
             p.share_stages().unwrap();

@@ -332,7 +332,8 @@ impl<D: Device> Job<D> {
     /// `K`-stage pipeline, and this one trains stage `rank % K` of replica `rank / K` on
     /// `devices[0]`. Every process plans from the units' FLOPs, so all make the same plan;
     /// the elastic loop (which moves units within one process), token slices and a memory
-    /// limit (every process keeps every stage's weights) must be off.
+    /// limit (evaluations and checkpoints bring every stage's weights to every process) must
+    /// be off.
     pub fn across_processes(devices: Vec<D>, config: RunConfig, group: ProcessGroup) -> Result<Self> {
         let e = &config.elastic;
         let within_one_process = [
@@ -341,7 +342,8 @@ impl<D: Device> Job<D> {
             (e.auto_dp, "elastic.auto_dp", "false"),
             (e.cache, "elastic.cache", "false"),
             (config.pipeline.profile, "pipeline.profile", "false"),
-            // Each process keeps every stage's weights: a per-stage memory limit would not hold.
+            // Evaluations and checkpoints bring every stage's weights to every process: a
+            // per-stage memory limit would not hold then.
             (config.pipeline.memory_limit.is_some(), "pipeline.memory_limit", "none"),
             (config.pipeline.token_slices != TokenSlices::Off, "pipeline.token_slices", "\"off\""),
         ];

@@ -210,12 +210,14 @@ impl<D: Device> Pipeline<D> {
     /// the replicas of one process cut it). Activations and gradients cross between a row's
     /// neighbouring processes over its own ring; a stage's gradients are summed over its
     /// column's. Every process must build the same plan from the same `profiles` (checked: a
-    /// fingerprint of the plan and the parameters' shapes is compared across the group). Each
-    /// keeps every stage's units on its device, so [`share_stages`](Self::share_stages) can
-    /// bring the others' weights up to date for evaluation and export: the device holds the
-    /// whole model's weights, but gradients and optimizer state only for its own stage (the
-    /// others' optimizer state transiently, for a checkpoint). `config.replicas` is 1 (the
-    /// replicas are processes); no re-planning, and no activation cache.
+    /// fingerprint of the plan and the parameters' shapes is compared across the group). While
+    /// it trains, a process holds weights, gradients and optimizer state for its own stage
+    /// only: its first step drops the copies of the other stages' weights it was built with.
+    /// [`share_stages`](Self::share_stages) brings them back, current, for an evaluation or
+    /// an export (and [`share_optimizer_state`](Self::share_optimizer_state) the others'
+    /// optimizer state, for a checkpoint), until the next step drops them again.
+    /// `config.replicas` is 1 (the replicas are processes); no re-planning, and no activation
+    /// cache.
     pub fn across_processes(
         device: D,
         model: Model<D>,
@@ -322,13 +324,18 @@ impl<D: Device> Pipeline<D> {
         let (dev, k) = (&self.devices[0], self.plan.config.pipeline_len);
         // Process by process (an interleaved plan gives each several stages), stage by stage.
         let order: Vec<usize> = (0..k).flat_map(|d| (d..self.stages[0].len()).step_by(k)).collect();
+        let own = processes.rank();
         let mut flat = Vec::new();
         let mut bounds = Vec::with_capacity(k);
         for d in 0..k {
             let start = flat.len();
             for &s in order.iter().filter(|&&s| s % k == d) {
                 for p in self.stages[0][s].iter().flat_map(Unit::params) {
-                    dev.download_extend(&p.value, &mut flat)?;
+                    match d == own {
+                        true => dev.download_extend(&p.value, &mut flat)?,
+                        // Another's (dropped): room for what arrives.
+                        false => flat.resize(flat.len() + p.numel(), 0.0),
+                    }
                 }
             }
             bounds.push(start..flat.len());
@@ -338,15 +345,30 @@ impl<D: Device> Pipeline<D> {
         let mut at = 0;
         for s in order {
             for p in self.stages[0][s].iter_mut().flat_map(Unit::params_mut) {
-                let n = D::len(&p.value);
+                let n = p.numel();
                 // This process's own stages are already current (and may not be f32).
-                if s % k != processes.rank() {
+                if s % k != own {
                     p.value = dev.upload(&flat[at..at + n])?;
                 }
                 at += n;
             }
         }
         self.stages_shared = true;
+        Ok(())
+    }
+
+    /// When the stages are processes: drops this process's copies of the other stages'
+    /// weights, which its next step leaves out of date (until the next
+    /// [`share_stages`](Self::share_stages)), so that while it trains a process holds only
+    /// its own stage's weights, gradients and optimizer state.
+    fn drop_other_stages(&mut self) -> Result<()> {
+        let Some(own) = self.process_stage() else { return Ok(()) };
+        let (dev, k) = (&self.devices[0], self.plan.config.pipeline_len);
+        for (_, units) in self.stages[0].iter_mut().enumerate().filter(|(s, _)| s % k != own) {
+            for p in units.iter_mut().flat_map(Unit::params_mut) {
+                p.value = dev.upload(&[])?;
+            }
+        }
         Ok(())
     }
 
@@ -477,6 +499,9 @@ impl<D: Device> Pipeline<D> {
                         *opt = Optimizer::new(self.optimizer_config)?;
                     }
                 }
+            }
+            if self.stages_shared {
+                self.drop_other_stages()?;
             }
             (self.stages_shared, self.optimizer_shared) = (false, false);
         }
