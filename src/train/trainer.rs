@@ -242,11 +242,10 @@ impl<D: Device> Trainer<D> {
     /// model's perplexity, over the source's evaluation batches (no dropout, nothing
     /// saved for a backward). Each replica takes every `R`-th batch, in parallel, its stages
     /// pipelined over consecutive batches; the sums are added in batch order, so the result
-    /// does not depend on `R` or `K`. When the stages are processes, each first receives every
-    /// stage's weights and evaluates every `P`-th batch on its own device, and the processes
+    /// does not depend on `R` or `K`. When the stages are processes, each row of them (a
+    /// replica) takes every `R`-th batch through its stages' processes, and the processes
     /// exchange their batches' sums: the same result, to the bit, on every process.
-    pub fn evaluate(&mut self, data: &dyn BatchSource) -> Result<EvalMetrics> {
-        self.pipeline.share_stages()?;
+    pub fn evaluate(&self, data: &dyn BatchSource) -> Result<EvalMetrics> {
         let out = self.evaluate_shared(data);
         if out.is_err() {
             // The other processes wait for this one's sums: end their wait now.
@@ -259,7 +258,7 @@ impl<D: Device> Trainer<D> {
         let n = data.eval_batches();
         let r_count = self.pipeline.replicas();
         let pipeline = &self.pipeline;
-        let (procs, me) = pipeline.all_processes().map_or((1, 0), |g| (g.size(), g.rank()));
+        let (me, procs) = pipeline.evaluation_share();
         let classes = match pipeline.spec().head {
             HeadSpec::Classifier { num_labels, .. } => Some(num_labels),
             HeadSpec::TiedLmHead => None,

@@ -780,6 +780,16 @@ impl<D: Device> Pipeline<D> {
         self.plan.config.replicas
     }
 
+    /// This process's share of an evaluation's batches, `(index, count)`: every `count`-th
+    /// batch from `index`. Stage processes share them out by rows (replicas that are
+    /// processes); a process alone, or one that holds a whole pipeline, takes them all.
+    pub fn evaluation_share(&self) -> (usize, usize) {
+        match (&self.stage_processes, &self.process_group) {
+            (Some(_), Some(column)) => (column.rank(), column.size()),
+            _ => (0, 1),
+        }
+    }
+
     /// Runs `host` forward through replica `replica`'s stages, one after another (no dropout,
     /// nothing saved), and returns its loss and logits.
     pub fn evaluate(&self, replica: usize, host: &HostBatch) -> Result<EvalOutput> {
@@ -794,13 +804,18 @@ impl<D: Device> Pipeline<D> {
     /// Evaluates every batch `next` yields on replica `replica` as a forward-only pipeline:
     /// one thread per stage, stage `s` on a batch while stage `s + 1` works on the one before,
     /// so a K-stage replica keeps its K devices busy instead of taking turns. Calls `each`
-    /// with every batch and its output, in order; stops at the first error of either.
+    /// with every batch and its output, in order; stops at the first error of either. When
+    /// the stages are processes, every process of a row calls it with the same batches, and
+    /// only the last stage's calls `each` (a collective of the row, on its own stages' weights).
     pub fn evaluate_all(
         &self,
         replica: usize,
         next: &mut (dyn FnMut() -> Option<Result<HostBatch>> + Send),
         each: &mut dyn FnMut(&HostBatch, EvalOutput) -> Result<()>,
     ) -> Result<()> {
+        if let Some(p) = &self.stage_processes {
+            return self.evaluate_across(p, next, each);
+        }
         self.check_shared("evaluate_all", false)?;
         let end = self.unit_count();
         let last = self.stages[replica].len() - 1;

@@ -16,8 +16,11 @@
 //! waiting out the group's timeout.
 
 use super::mailbox::{Shared, Tag};
+use super::{EvalOutput, Pipeline};
 use crate::comm::process_group::ProcessGroup;
+use crate::device::Device;
 use crate::error::{Error, Result, config_error};
+use crate::model::HostBatch;
 use crate::pipeline::plan::Plan;
 use crate::pipeline::schedule::{Action, MessageKey, Piece};
 use std::io::{Read, Write};
@@ -145,10 +148,66 @@ impl StageProcesses {
         }
     }
 
+    /// Reads the next message from the previous rank, which must be the hidden states `key`
+    /// names (an evaluation's: the processes of a row take their batches in the same order).
+    fn receive_hidden(&self, key: MessageKey) -> Result<Vec<f32>> {
+        let peer = (self.rank() + self.group.size() - 1) % self.group.size();
+        match read_message(&mut &self.prev).map_err(|e| self.peer_error(peer, &e))? {
+            Some((got, Some(data))) if got == key => Ok(data),
+            got => Err(Error::Device {
+                what: "pipeline across processes".into(),
+                message: format!(
+                    "rank {} sent {:?} where hidden states {key:?} were due",
+                    self.group.outer_rank(peer),
+                    got.map(|(k, _)| k)
+                ),
+            }),
+        }
+    }
+
     /// An error on the link to stage `peer`, naming its process by its rank in the run.
     fn peer_error(&self, peer: usize, e: &std::io::Error) -> Error {
         let (why, rank) = (crate::comm::process_group::closed(e), self.group.outer_rank(peer));
         Error::Device { what: "pipeline across processes".into(), message: format!("rank {rank}: {why}") }
+    }
+}
+
+impl<D: Device> Pipeline<D> {
+    /// [`evaluate_all`](Pipeline::evaluate_all) when the stages are processes `p`: the row's
+    /// processes all take the same batches from `next`, and each runs its own stages on every
+    /// one (no dropout, nothing saved), the hidden states passing to the next process over
+    /// the row's links; the last stage's process calls `each`. A process moves on to the next
+    /// batch as soon as it has sent this one's, so the row works as a pipeline. Nobody needs
+    /// another stage's weights.
+    pub(super) fn evaluate_across(
+        &self,
+        p: &StageProcesses,
+        next: &mut (dyn FnMut() -> Option<Result<HostBatch>> + Send),
+        each: &mut dyn FnMut(&HostBatch, EvalOutput) -> Result<()>,
+    ) -> Result<()> {
+        let (k, own, end) = (self.plan.config.pipeline_len, p.rank(), self.unit_count());
+        let last = self.stages[0].len() - 1;
+        let key = |index: usize, stage: usize| MessageKey { gradient: false, piece: Piece::whole(index), stage };
+        let mut index = 0;
+        while let Some(host) = next() {
+            let host = host?;
+            if let Some(hidden) = &host.hidden {
+                self.check_hidden(&host, hidden, self.frozen_prefix())?;
+            }
+            for s in (own..=last).step_by(k) {
+                let x = match s {
+                    0 => host.hidden.as_ref().map(|h| h.data.clone()),
+                    _ => Some(p.receive_hidden(key(index, s - 1))?),
+                };
+                let (h, dev, batch) = self.stage_forward(0, s, &host, x, end)?;
+                match s == last {
+                    true => each(&host, self.eval_output(0, dev, &batch, &h)?)?,
+                    false => p.send((s + 1) % k, key(index, s), Some(&dev.download(&h)?))?,
+                }
+            }
+            index += 1;
+        }
+        Ok(())
     }
 }
 
