@@ -627,11 +627,20 @@ fn stages_and_replicas_across_processes_train_like_one_process() {
             let steps = run(&mut p);
             // Each row evaluates its batches on its stages' own weights (nothing shared).
             let outs = evaluate(&p, rank / k, r);
+            // A checkpoint's collection: everything on rank 0, nothing more anywhere else.
+            p.collect_on_rank_zero().unwrap();
+            let collected = (rank == 0).then(|| (p.parameters(0).unwrap(), p.optimizer_state().unwrap()));
+            if rank != 0 {
+                assert!(p.parameters(0).is_err() && p.optimizer_state().is_err(), "rank {rank} holds no copies");
+            }
             p.share_stages().unwrap();
-            (steps, p.parameters(0).unwrap(), outs)
+            (steps, p.parameters(0).unwrap(), outs, collected)
         });
         let what = format!("{schedule:?} K={k} R={r} M={m}");
-        for (rank, (steps, params, outs)) in got.iter().enumerate() {
+        let (params0, state0) = got[0].3.as_ref().unwrap();
+        assert!(params0 == &weights, "{what}: rank 0 collects the weights");
+        assert!(state0 == &one.optimizer_state().unwrap(), "{what}: rank 0 collects the optimizer state");
+        for (rank, (steps, params, outs, _)) in got.iter().enumerate() {
             assert_eq!(params, &got[rank % k].1, "{what}, rank {rank}: the same weights as its stage's replicas");
             match rank % k == k - 1 {
                 true => {

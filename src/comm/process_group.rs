@@ -139,20 +139,44 @@ impl ProcessGroup {
     /// any of them empty) must be the same on every process; the values travel as they are, so the copies are
     /// exact.
     pub fn all_gather_f32(&self, values: &mut [f32], bounds: &[std::ops::Range<usize>]) -> Result<()> {
-        let mut sorted: Vec<&std::ops::Range<usize>> = bounds.iter().collect();
-        sorted.sort_by_key(|b| (b.start, b.end));
-        let overlap = sorted.windows(2).any(|w| w[0].end > w[1].start);
-        if bounds.len() != self.size || overlap || bounds.iter().any(|b| b.end > values.len() || b.start > b.end) {
-            return Err(group_error(format!(
-                "an all-gather over {} processes of {} values was given the ranges {bounds:?}",
-                self.size,
-                values.len()
-            )));
-        }
+        check_bounds(self.size, values.len(), bounds)?;
         let n = self.size;
         self.collective(|links| match links.ring.as_mut() {
             Some(ring) => ring_pass(ring, self.rank, n, values, |k| bounds[k].clone(), 0, Land::Copy),
             None => Ok(()),
+        })
+    }
+
+    /// Rank 0's `values[bounds[p]]` become process `p`'s `segment`, over the rendezvous links
+    /// (a joined group's): what one process needs of everyone's, as a checkpoint does, without
+    /// every process receiving everything. Every process passes its own segment (rank 0's
+    /// lands in its range too); rank 0 also passes `values` and every rank's range (`bounds`,
+    /// disjoint, any of them empty), which the others leave `None`. Exact, like
+    /// [`all_gather_f32`](Self::all_gather_f32).
+    pub fn gather_f32(&self, segment: &[f32], into: Option<(&mut [f32], &[std::ops::Range<usize>])>) -> Result<()> {
+        if let Some((values, bounds)) = &into {
+            check_bounds(self.size, values.len(), bounds)?;
+            if bounds[self.rank].len() != segment.len() {
+                return Err(group_error(format!(
+                    "rank {} gathers a segment of {} values into a range of {}",
+                    self.rank,
+                    segment.len(),
+                    bounds[self.rank].len()
+                )));
+            }
+        }
+        self.collective(|links| match (links.star.as_mut(), into) {
+            (Some(Links::Hub(members)), Some((values, bounds))) => {
+                values[bounds[0].clone()].copy_from_slice(segment);
+                for (i, m) in members.iter_mut().enumerate() {
+                    let range = bounds[i + 1].clone();
+                    read_segment(m, range.len(), &mut values[range], Land::Copy).map_err(|e| peer_error(i + 1, e))?;
+                }
+                Ok(())
+            }
+            (Some(Links::Spoke(hub)), None) => write_segment(hub, segment.len(), segment).map_err(|e| peer_error(0, e)),
+            (None, _) => Err(group_error("only a joined group gathers to rank 0 (a split-off one has no links to it)")),
+            (Some(_), _) => Err(group_error("rank 0, and only rank 0, passes the buffer a gather fills")),
         })
     }
 
@@ -239,6 +263,19 @@ impl ProcessGroup {
         }
         Ok(())
     }
+}
+
+/// Refuses ranges for a gather that are not one per member, disjoint and within `len` values.
+fn check_bounds(size: usize, len: usize, bounds: &[std::ops::Range<usize>]) -> Result<()> {
+    let mut sorted: Vec<&std::ops::Range<usize>> = bounds.iter().collect();
+    sorted.sort_by_key(|b| (b.start, b.end));
+    let overlap = sorted.windows(2).any(|w| w[0].end > w[1].start);
+    if bounds.len() != size || overlap || bounds.iter().any(|b| b.end > len || b.start > b.end) {
+        return Err(group_error(format!(
+            "a gather over {size} processes of {len} values was given the ranges {bounds:?}"
+        )));
+    }
+    Ok(())
 }
 
 /// The values of segment `k` when `len` values are cut into `n`: the first `len % n` segments
@@ -581,6 +618,25 @@ mod tests {
         }
         let err = g[0].all_gather_f32(&mut [0.0; 4], &[0..2, 1..3, 3..4]).unwrap_err().to_string();
         assert!(err.contains("ranges"), "{err}");
+    }
+
+    /// A gather fills rank 0's buffer with every rank's segment, empty ones included, and
+    /// nobody else receives anything; a segment of the wrong length is refused.
+    #[test]
+    fn a_gather_fills_rank_zeros_buffer_only() {
+        let g = group(3, Duration::from_secs(20));
+        let bounds = [0..2, 2..2, 2..7];
+        let got = on_all(&g, |m| {
+            let segment: Vec<f32> = bounds[m.rank()].clone().map(|i| (100 * m.rank() + i) as f32).collect();
+            let mut all = vec![f32::NAN; 7];
+            let into = (m.rank() == 0).then_some((&mut all[..], &bounds[..]));
+            m.gather_f32(&segment, into).unwrap();
+            all
+        });
+        assert_eq!(got[0], [0.0, 1.0, 202.0, 203.0, 204.0, 205.0, 206.0]);
+        assert!(got[1..].iter().all(|v| v.iter().all(|x| x.is_nan())), "the others receive nothing");
+        let err = g[0].gather_f32(&[1.0], Some((&mut [0.0; 7], &bounds))).unwrap_err().to_string();
+        assert!(err.contains("segment of 1"), "{err}");
     }
 
     #[test]

@@ -528,9 +528,8 @@ impl<D: Device> Job<D> {
                     return Err(io_error(&metrics_path, err));
                 }
                 // When the stages are processes, every stage's weights and optimizer state to
-                // every process (collectives: every process gets here) before rank 0 writes.
-                self.trainer.pipeline.share_stages()?;
-                self.trainer.pipeline.share_optimizer_state()?;
+                // rank 0 (a collective: every process gets here) before it writes.
+                self.trainer.pipeline.collect_on_rank_zero()?;
                 if writes {
                     let (state, tensors) = (self.elastic.state(), self.elastic.state_tensors());
                     self.trainer.save_checkpoint_with(&self.checkpoint_path(), state, tensors)?;

@@ -112,11 +112,10 @@ pub struct Pipeline<D: Device> {
     /// process runs one stage (its rank in its row) on its one device, where every stage's
     /// units are kept.
     stage_processes: Option<StageProcesses>,
-    /// When the stages are processes: whether this process's copies of the other stages'
-    /// weights (and optimizer state) are current, since [`share_stages`](Self::share_stages)
-    /// (and [`share_optimizer_state`](Self::share_optimizer_state)) after the last step.
-    stages_shared: bool,
-    optimizer_shared: bool,
+    /// When the stages are processes: where copies of the other stages' weights (and
+    /// optimizer state) are current since the last step, alike on every process.
+    stage_copies: Copies,
+    optimizer_copies: Copies,
     /// When the stages are processes: the frozen prefix, which the units cannot tell (the
     /// other stages' units hold no gradient buffers here, so they all look frozen).
     frozen_units: usize,
@@ -127,6 +126,17 @@ pub struct Pipeline<D: Device> {
     /// plan leaves idle lend theirs to those at work ([`lend_idle_threads`](Self::lend_idle_threads)).
     own_threads: Vec<Option<usize>>,
     lend_threads: bool,
+}
+
+/// When the stages are processes, where copies of the other stages' weights (or optimizer
+/// state) are current: nowhere (a step has run since they were sent), on rank 0 (which writes
+/// the run's files: [`Pipeline::collect_on_rank_zero`]), or on every process
+/// ([`Pipeline::share_stages`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Copies {
+    Stale,
+    OnRankZero,
+    Everywhere,
 }
 
 /// [`Pipeline::device_index`] for callers that hold part of the pipeline mutably.
@@ -183,8 +193,8 @@ impl<D: Device> Pipeline<D> {
             communicators: None,
             process_group: None,
             // Every process starts from the same weights: each one's copies are current.
-            stages_shared: true,
-            optimizer_shared: true,
+            stage_copies: Copies::Everywhere,
+            optimizer_copies: Copies::Everywhere,
             frozen_units,
             stage_processes,
             bucket_buffers: BucketBuffers::default(),
@@ -213,9 +223,10 @@ impl<D: Device> Pipeline<D> {
     /// fingerprint of the plan and the parameters' shapes is compared across the group). While
     /// it trains, a process holds weights, gradients and optimizer state for its own stage
     /// only: its first step drops the copies of the other stages' weights it was built with.
-    /// [`share_stages`](Self::share_stages) brings them back, current, for an evaluation or
-    /// an export (and [`share_optimizer_state`](Self::share_optimizer_state) the others'
-    /// optimizer state, for a checkpoint), until the next step drops them again.
+    /// Evaluation runs through the row's processes as a forward pipeline; for a checkpoint or
+    /// an export, [`collect_on_rank_zero`](Self::collect_on_rank_zero) brings every stage's
+    /// weights and optimizer state to rank 0 alone ([`share_stages`](Self::share_stages) to
+    /// every process), until the next step drops them again.
     /// `config.replicas` is 1 (the replicas are processes); no re-planning, and no activation
     /// cache.
     pub fn across_processes(
@@ -270,7 +281,7 @@ impl<D: Device> Pipeline<D> {
     /// this process's copies of the other stages' may be out of date: the stages are processes
     /// and they have trained since they last shared.
     fn check_shared(&self, what: &str, optimizer: bool) -> Result<()> {
-        let shared = self.stages_shared && (!optimizer || self.optimizer_shared);
+        let shared = self.holds(self.stage_copies) && (!optimizer || self.holds(self.optimizer_copies));
         if self.stage_processes.is_some() && !shared {
             let call = if optimizer { "share_stages and share_optimizer_state" } else { "share_stages" };
             return Err(config_error(
@@ -279,6 +290,15 @@ impl<D: Device> Pipeline<D> {
             ));
         }
         Ok(())
+    }
+
+    /// Whether this process holds current copies where `copies` says they are.
+    fn holds(&self, copies: Copies) -> bool {
+        match copies {
+            Copies::Everywhere => true,
+            Copies::OnRankZero => self.all_processes().is_none_or(|g| g.rank() == 0),
+            Copies::Stale => false,
+        }
     }
 
     /// The stage this process runs, when the stages are processes (its pipeline position:
@@ -315,46 +335,100 @@ impl<D: Device> Pipeline<D> {
     }
 
     /// When the stages are processes: every process's copy of every stage's weights becomes
-    /// that stage's process's (an all-gather over the group, exact), so evaluation, export
-    /// and [`parameters`](Self::parameters) see the trained model. A collective: every process
-    /// of the group calls it at the same point. Does nothing otherwise, or when nothing has
-    /// trained since the last share (every process knows that alike).
+    /// that stage's process's (an all-gather over the row, exact), so
+    /// [`parameters`](Self::parameters), [`gather`](Self::gather) and the like see the trained
+    /// model. A collective: every process of the group calls it at the same point. Does
+    /// nothing otherwise, or when nothing has trained since the last share (every process
+    /// knows that alike).
     pub fn share_stages(&mut self) -> Result<()> {
-        let Some(processes) = self.stage_processes.as_ref().filter(|_| !self.stages_shared) else { return Ok(()) };
-        let (dev, k) = (&self.devices[0], self.plan.config.pipeline_len);
+        self.spread_stages(Copies::Everywhere)
+    }
+
+    /// When the stages are processes: every stage's weights and optimizer state to rank 0 of
+    /// the run only (which writes the checkpoint and the exported model), each process sending
+    /// its own stage's over its link to rank 0: no other process ever holds more than its
+    /// stage. A collective, like [`share_stages`](Self::share_stages); does nothing otherwise.
+    pub fn collect_on_rank_zero(&mut self) -> Result<()> {
+        self.spread_stages(Copies::OnRankZero)?;
+        self.spread_optimizer_state(Copies::OnRankZero)
+    }
+
+    /// Sends this process's stage's weights to where `to` says the copies go; see
+    /// [`share_stages`](Self::share_stages) and [`collect_on_rank_zero`](Self::collect_on_rank_zero).
+    fn spread_stages(&mut self, to: Copies) -> Result<()> {
+        let Some(processes) = self.stage_processes.as_ref() else { return Ok(()) };
+        if self.stage_copies == Copies::Everywhere || self.stage_copies == to {
+            return Ok(());
+        }
+        let (dev, k, own) = (&self.devices[0], self.plan.config.pipeline_len, processes.rank());
         // Process by process (an interleaved plan gives each several stages), stage by stage.
         let order: Vec<usize> = (0..k).flat_map(|d| (d..self.stages[0].len()).step_by(k)).collect();
-        let own = processes.rank();
-        let mut flat = Vec::new();
         let mut bounds = Vec::with_capacity(k);
+        let mut mine = Vec::new();
         for d in 0..k {
-            let start = flat.len();
-            for &s in order.iter().filter(|&&s| s % k == d) {
-                for p in self.stages[0][s].iter().flat_map(Unit::params) {
-                    match d == own {
-                        true => dev.download_extend(&p.value, &mut flat)?,
-                        // Another's (dropped): room for what arrives.
-                        false => flat.resize(flat.len() + p.numel(), 0.0),
+            let start = bounds.last().map_or(0, |b: &std::ops::Range<usize>| b.end);
+            let params =
+                order.iter().filter(|&&s| s % k == d).flat_map(|&s| self.stages[0][s].iter().flat_map(Unit::params));
+            let mut len = 0;
+            for p in params {
+                len += p.numel();
+                if d == own {
+                    dev.download_extend(&p.value, &mut mine)?;
+                }
+            }
+            bounds.push(start..start + len);
+        }
+        let receives = self.spread(&mut mine, &bounds, to)?;
+        if receives {
+            let mut at = 0;
+            for s in order {
+                for p in self.stages[0][s].iter_mut().flat_map(Unit::params_mut) {
+                    let n = p.numel();
+                    // This process's own stages are already current (and may not be f32).
+                    if s % k != own {
+                        p.value = dev.upload(&mine[at..at + n])?;
                     }
+                    at += n;
                 }
             }
-            bounds.push(start..flat.len());
         }
-        let group = &processes.group;
-        group.all_gather_f32(&mut flat, &bounds).inspect_err(|_| group.hang_up())?;
-        let mut at = 0;
-        for s in order {
-            for p in self.stages[0][s].iter_mut().flat_map(Unit::params_mut) {
-                let n = p.numel();
-                // This process's own stages are already current (and may not be f32).
-                if s % k != own {
-                    p.value = dev.upload(&flat[at..at + n])?;
-                }
-                at += n;
-            }
-        }
-        self.stages_shared = true;
+        self.stage_copies = to;
         Ok(())
+    }
+
+    /// When the stages are processes: `values` holds this process's part of a buffer cut by
+    /// position as `bounds` says; afterwards, on every process (`to` everywhere: an all-gather
+    /// over the row) or on rank 0 only (a gather over its links, in which the other rows'
+    /// processes send nothing), it holds the whole buffer. Returns whether this one received
+    /// it. On failure, hangs up on everyone.
+    fn spread(&self, values: &mut Vec<f32>, bounds: &[std::ops::Range<usize>], to: Copies) -> Result<bool> {
+        let Some(p) = &self.stage_processes else { return Ok(false) };
+        let own = bounds[p.rank()].clone();
+        let whole = |mine: &[f32]| {
+            let mut all = vec![0.0; bounds.last().map_or(0, |b| b.end)];
+            all[own.clone()].copy_from_slice(mine);
+            all
+        };
+        let result = match to {
+            Copies::Everywhere => {
+                *values = whole(values);
+                p.group.all_gather_f32(values, bounds).map(|()| true)
+            }
+            _ => {
+                // Rank 0's row sends; the other rows hold the same and send nothing.
+                let (rank, k) = (p.all.rank(), bounds.len());
+                let segment = if rank < k { std::mem::take(values) } else { Vec::new() };
+                let world: Vec<std::ops::Range<usize>> =
+                    (0..p.all.size()).map(|w| if w < k { bounds[w].clone() } else { 0..0 }).collect();
+                if rank == 0 {
+                    *values = whole(&segment);
+                    p.all.gather_f32(&segment, Some((values, &world))).map(|()| true)
+                } else {
+                    p.all.gather_f32(&segment, None).map(|()| false)
+                }
+            }
+        };
+        result.inspect_err(|_| self.hang_up_processes())
     }
 
     /// When the stages are processes: drops this process's copies of the other stages'
@@ -493,17 +567,17 @@ impl<D: Device> Pipeline<D> {
         if let Some(own) = self.process_stage() {
             // The other stages' copies go out of date; their optimizer state (shared for a
             // checkpoint) is not kept on this device.
-            if self.optimizer_shared {
+            if self.holds(self.optimizer_copies) {
                 for (d, opt) in self.optimizers[0].iter_mut().enumerate() {
                     if d != own {
                         *opt = Optimizer::new(self.optimizer_config)?;
                     }
                 }
             }
-            if self.stages_shared {
+            if self.holds(self.stage_copies) {
                 self.drop_other_stages()?;
             }
-            (self.stages_shared, self.optimizer_shared) = (false, false);
+            (self.stage_copies, self.optimizer_copies) = (Copies::Stale, Copies::Stale);
         }
         let out = match self.process_group.clone() {
             None => self.step_shard(host, host.target_count(), options),

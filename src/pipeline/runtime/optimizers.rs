@@ -2,7 +2,7 @@
 //! the whole model's state can be gathered (checkpoints, re-plans) and handed back out.
 
 use super::mailbox::{Shared, panicked};
-use super::{Pipeline, device_slot};
+use super::{Copies, Pipeline, device_slot};
 use crate::device::Device;
 use crate::error::Result;
 use crate::model::{Param, Unit};
@@ -60,7 +60,7 @@ impl<D: Device> Pipeline<D> {
                 self.optimizers[r][d].load_state_dict(dev, &subset, &params)?;
             }
         }
-        self.optimizer_shared = true;
+        self.optimizer_copies = Copies::Everywhere;
         Ok(())
     }
 
@@ -71,7 +71,16 @@ impl<D: Device> Pipeline<D> {
     /// moments travel as f32, the per-parameter steps as f64). Does nothing otherwise, or when
     /// it is already shared since the last step.
     pub fn share_optimizer_state(&mut self) -> Result<()> {
-        let Some(processes) = self.stage_processes.as_ref().filter(|_| !self.optimizer_shared) else { return Ok(()) };
+        self.spread_optimizer_state(Copies::Everywhere)
+    }
+
+    /// Sends this process's optimizer state to where `to` says the copies go (every process,
+    /// or rank 0 only: [`collect_on_rank_zero`](Self::collect_on_rank_zero)).
+    pub(super) fn spread_optimizer_state(&mut self, to: Copies) -> Result<()> {
+        let Some(processes) = self.stage_processes.as_ref() else { return Ok(()) };
+        if self.optimizer_copies == Copies::Everywhere || self.optimizer_copies == to {
+            return Ok(());
+        }
         let (k, own, dev) = (self.plan.config.pipeline_len, processes.rank(), &self.devices[0]);
         let buffers = self.optimizer_config.state_buffers();
         let own_state = self.optimizers[0][own].state_dict(dev)?;
@@ -98,24 +107,28 @@ impl<D: Device> Pipeline<D> {
             })
             .collect();
         processes.group.all_reduce_sum_f64(&mut held).inspect_err(|_| processes.group.hang_up())?;
-        // The moments, position by position; each process fills its own part.
+        // The moments, position by position; this process's own part, and where each lies.
         let (mut flat, mut bounds, mut at) = (Vec::new(), Vec::with_capacity(k), 0);
         for (d, ps) in params.iter().enumerate() {
-            let start = flat.len();
+            let start = bounds.last().map_or(0, |b: &std::ops::Range<usize>| b.end);
+            let mut size = 0;
             for (name, len) in ps {
                 let holds = held[2 * at] != 0.0;
                 at += 1;
                 if !holds {
                     continue;
                 }
-                match mine.get(name.as_str()).filter(|_| d == own) {
-                    Some(p) => p.buffers.iter().for_each(|b| flat.extend_from_slice(b)),
-                    None => flat.resize(flat.len() + buffers * len, 0.0),
+                size += buffers * len;
+                if let Some(p) = mine.get(name.as_str()).filter(|_| d == own) {
+                    p.buffers.iter().for_each(|b| flat.extend_from_slice(b));
                 }
             }
-            bounds.push(start..flat.len());
+            bounds.push(start..start + size);
         }
-        processes.group.all_gather_f32(&mut flat, &bounds).inspect_err(|_| processes.group.hang_up())?;
+        if !self.spread(&mut flat, &bounds, to)? {
+            self.optimizer_copies = to;
+            return Ok(());
+        }
         let step = own_state.step;
         let (mut at, mut offset) = (0, 0);
         for (d, ps) in params.iter().enumerate() {
@@ -136,7 +149,7 @@ impl<D: Device> Pipeline<D> {
                 self.optimizers[0][d].load_state_dict(dev, &state, &params)?;
             }
         }
-        self.optimizer_shared = true;
+        self.optimizer_copies = to;
         Ok(())
     }
 

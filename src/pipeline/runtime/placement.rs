@@ -293,7 +293,7 @@ impl<D: Device> Pipeline<D> {
             }
         }
         // Every process loads the same values: every stage's copy is current.
-        self.stages_shared = true;
+        self.stage_copies = super::Copies::Everywhere;
         Ok(())
     }
 }
