@@ -603,6 +603,13 @@ fn a_pipeline_across_launched_processes_writes_what_one_process_writes() {
         meta_one["plan"]["config"]["replicas"] = 1.into();
         meta_many["plan"]["config"]["replicas"] = 1.into();
         assert_eq!(meta_one, meta_many, "{procs} processes: the checkpoint's state");
+        // The evaluation too (each row scores its share of the batches through its stages).
+        let eval = |dir: &Path| {
+            let summary: serde_json::Value = serde_json::from_slice(&bytes(dir, "summary.json")).unwrap();
+            summary["eval"].clone()
+        };
+        assert!(eval(&one)["count"].as_u64().is_some_and(|n| n > 0), "{:?}", eval(&one));
+        assert_eq!(eval(&one), eval(&many), "{procs} processes: the evaluation");
         // Half the run, then the rest from the checkpoint, both ways.
         for (dir, launched) in [(&one, false), (&many, true)] {
             run(dir, k, procs, 2, launched, false);
@@ -709,14 +716,18 @@ fn kill_the_last(name: &str, mode: &[&str], world: usize) {
     last.kill().unwrap();
     let _ = last.wait();
     let killed = std::time::Instant::now();
+    let killed_rank = format!("rank {}", world - 1);
+    let mut named = 0;
     for (rank, process) in all.into_iter().enumerate() {
         let result = process.wait_with_output().unwrap();
         let text = String::from_utf8_lossy(&result.stderr).to_string() + &String::from_utf8_lossy(&result.stdout);
         assert!(!result.status.success(), "{name}, rank {rank}: {text}");
         assert!(text.contains("closed its connection"), "{name}, rank {rank}: {text}");
-        let killed_rank = format!("rank {}", world - 1);
-        assert!(world > 2 || text.contains(&killed_rank), "{name}, rank {rank}: {text}");
+        named += usize::from(text.contains(&killed_rank));
     }
+    // The first to notice is a neighbour of the killed one, and names it; in a grid the others
+    // may hear it from a neighbour that hung up first.
+    assert!(named >= 1 && (world > 2 || named == world - 1), "{name}: {named} named {killed_rank}");
     assert!(
         killed.elapsed() < std::time::Duration::from_secs(30),
         "{name}: ended {:?} after the kill",

@@ -620,6 +620,7 @@ fn stages_and_replicas_across_processes_train_like_one_process() {
             outs
         };
         let evaluated = evaluate(&one, 0, 1);
+        let want_state = one.optimizer_state().unwrap();
         let got = across_processes(&config, cfg(k, 1, m, schedule), k * r, |rank, mut p| {
             assert_eq!(p.process_stage(), Some(rank % k));
             assert_eq!(p.process_group().map(|g| (g.rank(), g.size())), Some((rank / k, r)));
@@ -627,19 +628,25 @@ fn stages_and_replicas_across_processes_train_like_one_process() {
             let steps = run(&mut p);
             // Each row evaluates its batches on its stages' own weights (nothing shared).
             let outs = evaluate(&p, rank / k, r);
-            // A checkpoint's collection: everything on rank 0, nothing more anywhere else.
+            // A checkpoint's collection: everything in rank 0's host memory, nothing more on any
+            // device (rank 0's evaluates nothing from it), nothing anywhere else.
             p.collect_on_rank_zero().unwrap();
             let collected = (rank == 0).then(|| (p.parameters(0).unwrap(), p.optimizer_state().unwrap()));
             if rank != 0 {
                 assert!(p.parameters(0).is_err() && p.optimizer_state().is_err(), "rank {rank} holds no copies");
             }
-            p.share_stages().unwrap();
+            let others = p.units().flat_map(|u| u.params()).filter(|q| <CpuDevice<f32> as Device>::len(&q.value) == 0);
+            assert!(others.count() > 0, "rank {rank}: the other stages' weights stay off the device");
+            assert!(p.gather(&CpuDevice::new(9, 1).unwrap()).is_err(), "rank {rank}: no device copy to gather");
+            // Sharing the optimizer state alone brings the weights it needs along.
+            p.share_optimizer_state().unwrap();
+            assert!(p.optimizer_state().unwrap() == want_state, "rank {rank}: every stage's optimizer state");
             (steps, p.parameters(0).unwrap(), outs, collected)
         });
         let what = format!("{schedule:?} K={k} R={r} M={m}");
         let (params0, state0) = got[0].3.as_ref().unwrap();
         assert!(params0 == &weights, "{what}: rank 0 collects the weights");
-        assert!(state0 == &one.optimizer_state().unwrap(), "{what}: rank 0 collects the optimizer state");
+        assert!(state0 == &want_state, "{what}: rank 0 collects the optimizer state");
         for (rank, (steps, params, outs, _)) in got.iter().enumerate() {
             assert_eq!(params, &got[rank % k].1, "{what}, rank {rank}: the same weights as its stage's replicas");
             match rank % k == k - 1 {

@@ -8,7 +8,8 @@
 //! Partial sums travel as f32, as NCCL's do; each segment's sum runs in a fixed order and ends
 //! copied to everyone, so every process holds bitwise the same result. The f64 sums (losses,
 //! norms, evaluation tallies: small) go over the rendezvous links instead, a star where rank 0
-//! adds them in rank order. Every read and write has the group's timeout, and a peer that dies closes its
+//! adds them in rank order (in a group split off another, which has no star, every member's
+//! values go round the ring and each adds them in rank order). Every read and write has the group's timeout, and a peer that dies closes its
 //! sockets, so a dead process ends the others with an error naming it instead of a hang: its
 //! neighbours see the end of file, fail, and hang up on theirs in turn.
 
@@ -90,6 +91,10 @@ impl ProcessGroup {
     /// rings from another's. Peers in the part are still named by their rank here. Only a
     /// joined group can be cut (its rendezvous links carry the addresses).
     pub fn split(&self, parts: &[Vec<usize>], label: &str) -> Result<ProcessGroup> {
+        // Refused alike on every process (they pass the same parts), before any link opens.
+        if parts.iter().map(Vec::len).sum::<usize>() != self.size {
+            return Err(group_error(format!("{parts:?} do not hold each of the ranks 0..{} once", self.size)));
+        }
         let mine = parts
             .iter()
             .find(|p| p.contains(&self.rank))
@@ -168,6 +173,8 @@ impl ProcessGroup {
         self.collective(|links| match (links.star.as_mut(), into) {
             (Some(Links::Hub(members)), Some((values, bounds))) => {
                 values[bounds[0].clone()].copy_from_slice(segment);
+                // One member after another: a later one's write waits in its socket's buffer
+                // (within the group's timeout) until rank 0 reads it.
                 for (i, m) in members.iter_mut().enumerate() {
                     let range = bounds[i + 1].clone();
                     read_segment(m, range.len(), &mut values[range], Land::Copy).map_err(|e| peer_error(i + 1, e))?;
@@ -563,8 +570,10 @@ mod tests {
             assert_eq!(c, &got[3 * r].2);
         }
         // Every rank once, or it is refused before any link opens.
-        let err = g[0].split(&[vec![0, 1], vec![1, 2, 3, 4, 5]], "bad").unwrap_err().to_string();
-        assert!(err.contains("once"), "{err}");
+        for bad in [vec![vec![0, 1], vec![1, 2, 3, 4, 5]], vec![vec![0, 1, 2]]] {
+            let err = g[0].split(&bad, "bad").unwrap_err().to_string();
+            assert!(err.contains("once"), "{err}");
+        }
     }
 
     /// In a part, a dead peer is named by its rank in the whole group.

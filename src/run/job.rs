@@ -332,8 +332,8 @@ impl<D: Device> Job<D> {
     /// `K`-stage pipeline, and this one trains stage `rank % K` of replica `rank / K` on
     /// `devices[0]`. Every process plans from the units' FLOPs, so all make the same plan;
     /// the elastic loop (which moves units within one process), token slices and a memory
-    /// limit (evaluations and checkpoints bring every stage's weights to every process) must
-    /// be off.
+    /// limit (each process builds the whole model on its device before its first step drops
+    /// the other stages' weights) must be off.
     pub fn across_processes(devices: Vec<D>, config: RunConfig, group: ProcessGroup) -> Result<Self> {
         let e = &config.elastic;
         let within_one_process = [
@@ -342,8 +342,8 @@ impl<D: Device> Job<D> {
             (e.auto_dp, "elastic.auto_dp", "false"),
             (e.cache, "elastic.cache", "false"),
             (config.pipeline.profile, "pipeline.profile", "false"),
-            // Evaluations and checkpoints bring every stage's weights to every process: a
-            // per-stage memory limit would not hold then.
+            // Each process builds the whole model on its device first: a per-stage memory
+            // limit would not hold until its first step drops the other stages' weights.
             (config.pipeline.memory_limit.is_some(), "pipeline.memory_limit", "none"),
             (config.pipeline.token_slices != TokenSlices::Off, "pipeline.token_slices", "\"off\""),
         ];
@@ -568,8 +568,7 @@ impl<D: Device> Job<D> {
     /// with label names, tokenizer or vocabulary, preprocessing): at every checkpoint and at
     /// the end, so `predict` and `evaluate` can read a run that is still going.
     pub fn export(&self) -> Result<()> {
-        let dev = &self.trainer.pipeline.devices()[0];
-        let model = self.trainer.pipeline.gather(dev)?;
+        let pipeline = &self.trainer.pipeline;
         let extras = weights::ExportExtras {
             labels: &self.info.labels,
             tokenizer_dir: self.config.model.pretrained.as_deref(),
@@ -577,7 +576,8 @@ impl<D: Device> Job<D> {
             max_seq_length: Some(self.config.data.max_len),
             pixel_max: self.info.pixel_max,
         };
-        weights::export_model(&model, dev, &self.model_config, &extras, self.config.output.dir.join("model"))?;
+        let (values, dir) = (pipeline.parameter_tensors()?, self.config.output.dir.join("model"));
+        weights::export_values(pipeline.spec(), values, &self.model_config, &extras, dir)?;
         Ok(())
     }
 

@@ -12,7 +12,7 @@ use super::safetensors::{TensorRef, write_safetensors};
 use crate::device::Device;
 use crate::error::{Error, Result, config_error};
 use crate::files::write_atomic;
-use crate::model::{Family, HeadSpec, Model, ModelConfig};
+use crate::model::{Family, HeadSpec, Model, ModelConfig, Spec};
 
 /// File name of the weights inside an exported directory.
 pub const WEIGHTS_FILE: &str = "model.safetensors";
@@ -59,15 +59,32 @@ pub fn export_model<D: Device>(
     extras: &ExportExtras<'_>,
     dir: impl AsRef<Path>,
 ) -> Result<ExportReport> {
+    let mut values = Vec::new();
+    for p in model.params() {
+        values.push(HostTensor { name: p.name.clone(), shape: p.shape.clone(), values: dev.download(&p.value)? });
+    }
+    export_values(model.spec(), values, config, extras, dir)
+}
+
+/// [`export_model`] from the parameters' host values (under the model's names, in model
+/// order) of a model with `spec`: what a pipeline hands over without a copy of the model on
+/// any device (whose stages may be other processes').
+pub fn export_values(
+    spec: &Spec,
+    values: Vec<HostTensor>,
+    config: &ModelConfig,
+    extras: &ExportExtras<'_>,
+    dir: impl AsRef<Path>,
+) -> Result<ExportReport> {
     let dir = dir.as_ref();
-    if config.spec()? != *model.spec() {
+    if config.spec()? != *spec {
         return Err(config_error("config", "does not describe the model being exported (its spec differs)"));
     }
     // Checked (labels against num_labels) before anything is written.
     let json = hf_config_json(config, extras.labels)?;
     std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.display().to_string(), source })?;
 
-    let (host, skipped) = hf_tensors(model, dev)?;
+    let (host, skipped) = hf_tensors(spec, values)?;
     let tensors: Vec<TensorRef<'_>> =
         host.iter().map(|t| TensorRef { name: &t.name, shape: &t.shape, values: &t.values }).collect();
     let weights = dir.join(WEIGHTS_FILE);
@@ -78,23 +95,23 @@ pub fn export_model<D: Device>(
     Ok(ExportReport { weights, config: config_path, tensors: tensors.len(), skipped, companions })
 }
 
-/// The model's parameters on the host, under the names and in the layout of the Hugging Face
-/// class that loads the family; the names of parameters left out (the tied LM head).
-fn hf_tensors<D: Device>(model: &Model<D>, dev: &D) -> Result<(Vec<HostTensor>, Vec<String>)> {
-    let tied = model.spec().head == HeadSpec::TiedLmHead;
-    let family = model.spec().family;
+/// The parameters of a model with `spec`, under the names and in the layout of the Hugging
+/// Face class that loads the family; the names of parameters left out (the tied LM head).
+fn hf_tensors(spec: &Spec, values: Vec<HostTensor>) -> Result<(Vec<HostTensor>, Vec<String>)> {
+    let tied = spec.head == HeadSpec::TiedLmHead;
+    let family = spec.family;
     let mut skipped = Vec::new();
     let mut host = Vec::new();
-    for p in model.params() {
-        if tied && p.name == "lm_head.weight" {
-            skipped.push(p.name.clone());
+    for HostTensor { name, shape, values } in values {
+        if tied && name == "lm_head.weight" {
+            skipped.push(name);
             continue;
         }
         let name = match family {
-            Family::Bert => bert_export_name(&p.name),
-            Family::Vit | Family::Gpt => p.name.clone(),
+            Family::Bert => bert_export_name(&name),
+            Family::Vit | Family::Gpt => name,
         };
-        host.push(HostTensor { name, shape: p.shape.clone(), values: dev.download(&p.value)? });
+        host.push(HostTensor { name, shape, values });
     }
     let host = if family == Family::Gpt { to_gpt2(host)? } else { host };
     Ok((host, skipped))

@@ -121,8 +121,9 @@ pub(crate) fn gpt2_with_prefix(name: &str) -> Option<String> {
     top.iter().any(|p| name.starts_with(p)).then(|| format!("transformer.{name}"))
 }
 
-/// One tensor of an export, on the host.
-pub(crate) struct HostTensor {
+/// One tensor on the host: a parameter's, or one of an export.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostTensor {
     /// Name in the file.
     pub name: String,
     /// Shape in the file.

@@ -70,8 +70,9 @@ pub mod read;
 pub mod safetensors;
 
 pub use companions::{ExportExtras, PREPROCESSOR_FILE, TOKENIZER_FILE, VOCAB_FILE};
-pub use export::{CONFIG_FILE, ExportReport, WEIGHTS_FILE, export_model};
+pub use export::{CONFIG_FILE, ExportReport, WEIGHTS_FILE, export_model, export_values};
 pub use hf_config::{OWN_GPT_MODEL_TYPE, hf_architecture, hf_config_json, parse_hf_config, read_hf_config};
+pub use layout::HostTensor;
 pub use load::{LoadOptions, LoadReport, load_into_model};
 pub use read::{ExportedModel, read_export};
 pub use safetensors::{Dtype, TensorFile, TensorInfo, TensorRef, load_safetensors, write_safetensors};

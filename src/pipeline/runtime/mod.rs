@@ -110,12 +110,15 @@ pub struct Pipeline<D: Device> {
     process_group: Option<Arc<ProcessGroup>>,
     /// When the stages are processes ([`across_processes`](Self::across_processes)): this
     /// process runs one stage (its rank in its row) on its one device, where every stage's
-    /// units are kept.
+    /// units are kept, the other stages' without weights while it trains.
     stage_processes: Option<StageProcesses>,
     /// When the stages are processes: where copies of the other stages' weights (and
     /// optimizer state) are current since the last step, alike on every process.
     stage_copies: Copies,
     optimizer_copies: Copies,
+    /// On rank 0 after [`collect_on_rank_zero`](Self::collect_on_rank_zero): the other
+    /// stages' weights and optimizer state, on the host (its device keeps its own stage only).
+    collected: Collected,
     /// When the stages are processes: the frozen prefix, which the units cannot tell (the
     /// other stages' units hold no gradient buffers here, so they all look frozen).
     frozen_units: usize,
@@ -137,6 +140,14 @@ enum Copies {
     Stale,
     OnRankZero,
     Everywhere,
+}
+
+/// The other stages' weights (by name) and optimizer state that rank 0 collected for a
+/// checkpoint or an export.
+#[derive(Default)]
+struct Collected {
+    weights: std::collections::HashMap<String, Vec<f32>>,
+    optimizer: Vec<crate::optim::ParamState>,
 }
 
 /// [`Pipeline::device_index`] for callers that hold part of the pipeline mutably.
@@ -195,6 +206,7 @@ impl<D: Device> Pipeline<D> {
             // Every process starts from the same weights: each one's copies are current.
             stage_copies: Copies::Everywhere,
             optimizer_copies: Copies::Everywhere,
+            collected: Collected::default(),
             frozen_units,
             stage_processes,
             bucket_buffers: BucketBuffers::default(),
@@ -279,10 +291,12 @@ impl<D: Device> Pipeline<D> {
 
     /// Refuses to read every stage's weights (or, with `optimizer`, optimizer state) where
     /// this process's copies of the other stages' may be out of date: the stages are processes
-    /// and they have trained since they last shared.
-    fn check_shared(&self, what: &str, optimizer: bool) -> Result<()> {
-        let shared = self.holds(self.stage_copies) && (!optimizer || self.holds(self.optimizer_copies));
-        if self.stage_processes.is_some() && !shared {
+    /// and they have trained since they last shared. Reads `on_device` need them on this
+    /// process's device; the others take rank 0's host copies too.
+    fn check_shared(&self, what: &str, optimizer: bool, on_device: bool) -> Result<()> {
+        let holds = |c| self.holds(c, on_device);
+        if self.stage_processes.is_some() && !(holds(self.stage_copies) && (!optimizer || holds(self.optimizer_copies)))
+        {
             let call = if optimizer { "share_stages and share_optimizer_state" } else { "share_stages" };
             return Err(config_error(
                 "processes",
@@ -292,11 +306,12 @@ impl<D: Device> Pipeline<D> {
         Ok(())
     }
 
-    /// Whether this process holds current copies where `copies` says they are.
-    fn holds(&self, copies: Copies) -> bool {
+    /// Whether this process holds current copies where `copies` says they are (`on_device`:
+    /// on its device; rank 0's collected copies are on the host).
+    fn holds(&self, copies: Copies, on_device: bool) -> bool {
         match copies {
             Copies::Everywhere => true,
-            Copies::OnRankZero => self.all_processes().is_none_or(|g| g.rank() == 0),
+            Copies::OnRankZero => !on_device && self.all_processes().is_none_or(|g| g.rank() == 0),
             Copies::Stale => false,
         }
     }
@@ -344,13 +359,16 @@ impl<D: Device> Pipeline<D> {
         self.spread_stages(Copies::Everywhere)
     }
 
-    /// When the stages are processes: every stage's weights and optimizer state to rank 0 of
-    /// the run only (which writes the checkpoint and the exported model), each process sending
-    /// its own stage's over its link to rank 0: no other process ever holds more than its
-    /// stage. A collective, like [`share_stages`](Self::share_stages); does nothing otherwise.
+    /// When the stages are processes: every stage's weights and optimizer state to the host
+    /// memory of rank 0 of the run only (which writes the checkpoint and the exported model:
+    /// [`parameter_values`](Self::parameter_values) and
+    /// [`optimizer_state`](Self::optimizer_state) read them there): the processes of rank 0's
+    /// row send their stages' over their links to rank 0, the other rows (which hold the
+    /// same) nothing. No device ever holds more than its stage. A collective, like
+    /// [`share_stages`](Self::share_stages); does nothing otherwise.
     pub fn collect_on_rank_zero(&mut self) -> Result<()> {
-        self.spread_stages(Copies::OnRankZero)?;
-        self.spread_optimizer_state(Copies::OnRankZero)
+        let out = self.spread_stages(Copies::OnRankZero).and_then(|()| self.spread_optimizer_state(Copies::OnRankZero));
+        out.inspect_err(|_| self.hang_up_processes())
     }
 
     /// Sends this process's stage's weights to where `to` says the copies go; see
@@ -386,7 +404,12 @@ impl<D: Device> Pipeline<D> {
                     let n = p.numel();
                     // This process's own stages are already current (and may not be f32).
                     if s % k != own {
-                        p.value = dev.upload(&mine[at..at + n])?;
+                        let values = &mine[at..at + n];
+                        match to {
+                            Copies::Everywhere => p.value = dev.upload(values)?,
+                            // Rank 0 keeps them on the host: its device holds its stage only.
+                            _ => drop(self.collected.weights.insert(p.name.clone(), values.to_vec())),
+                        }
                     }
                     at += n;
                 }
@@ -532,7 +555,9 @@ impl<D: Device> Pipeline<D> {
         Ok(())
     }
 
-    /// The process group, if this pipeline trains with other processes.
+    /// The process group this pipeline sums gradients with, if it trains with other
+    /// processes: when the stages are processes, the other replicas of this one's stage (its
+    /// column; `None` with one row).
     pub fn process_group(&self) -> Option<&ProcessGroup> {
         self.process_group.as_deref()
     }
@@ -567,17 +592,18 @@ impl<D: Device> Pipeline<D> {
         if let Some(own) = self.process_stage() {
             // The other stages' copies go out of date; their optimizer state (shared for a
             // checkpoint) is not kept on this device.
-            if self.holds(self.optimizer_copies) {
+            if self.holds(self.optimizer_copies, true) {
                 for (d, opt) in self.optimizers[0].iter_mut().enumerate() {
                     if d != own {
                         *opt = Optimizer::new(self.optimizer_config)?;
                     }
                 }
             }
-            if self.holds(self.stage_copies) {
+            if self.holds(self.stage_copies, true) {
                 self.drop_other_stages()?;
             }
             (self.stage_copies, self.optimizer_copies) = (Copies::Stale, Copies::Stale);
+            self.collected = Collected::default();
         }
         let out = match self.process_group.clone() {
             None => self.step_shard(host, host.target_count(), options),
@@ -867,7 +893,7 @@ impl<D: Device> Pipeline<D> {
     /// Runs `host` forward through replica `replica`'s stages, one after another (no dropout,
     /// nothing saved), and returns its loss and logits.
     pub fn evaluate(&self, replica: usize, host: &HostBatch) -> Result<EvalOutput> {
-        self.check_shared("evaluate", false)?;
+        self.check_shared("evaluate", false, true)?;
         if let Some(h) = &host.hidden {
             self.check_hidden(host, h, self.frozen_prefix())?;
         }
@@ -890,7 +916,7 @@ impl<D: Device> Pipeline<D> {
         if let Some(p) = &self.stage_processes {
             return self.evaluate_across(p, next, each);
         }
-        self.check_shared("evaluate_all", false)?;
+        self.check_shared("evaluate_all", false, true)?;
         let end = self.unit_count();
         let last = self.stages[replica].len() - 1;
         // What travels between stages: the batch and the hidden states leaving a stage.
@@ -952,7 +978,7 @@ impl<D: Device> Pipeline<D> {
     /// are shared out over the replicas, which run in parallel. `to` must not pass the first
     /// trainable unit.
     pub fn advance(&self, host: &HostBatch, to: usize) -> Result<Hidden> {
-        self.check_shared("advance", false)?;
+        self.check_shared("advance", false, true)?;
         let frozen = self.frozen_prefix();
         let from = host.hidden.as_ref().map_or(0, |h| h.depth);
         if let Some(h) = &host.hidden {

@@ -30,12 +30,16 @@ impl<D: Device> Pipeline<D> {
 
     /// The optimizer state of the whole model on the host (replica 0's; replicas are equal).
     pub fn optimizer_state(&self) -> Result<OptimizerState> {
-        self.check_shared("optimizer_state", true)?;
+        self.check_shared("optimizer_state", true, false)?;
         let mut merged = OptimizerState { config: self.optimizer_config, step: 0, params: Vec::new() };
         for (d, opt) in self.optimizers[0].iter().enumerate() {
             let state = opt.state_dict(&self.devices[self.device_index(d)])?;
             merged.step = merged.step.max(state.step);
             merged.params.extend(state.params);
+        }
+        // Rank 0's collected copies of the other stages' (empty elsewhere and otherwise).
+        if self.optimizer_copies == Copies::OnRankZero {
+            merged.params.extend(self.collected.optimizer.iter().cloned());
         }
         merged.params.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(merged)
@@ -77,10 +81,13 @@ impl<D: Device> Pipeline<D> {
     /// Sends this process's optimizer state to where `to` says the copies go (every process,
     /// or rank 0 only: [`collect_on_rank_zero`](Self::collect_on_rank_zero)).
     pub(super) fn spread_optimizer_state(&mut self, to: Copies) -> Result<()> {
-        let Some(processes) = self.stage_processes.as_ref() else { return Ok(()) };
-        if self.optimizer_copies == Copies::Everywhere || self.optimizer_copies == to {
+        if self.stage_processes.is_none() || self.optimizer_copies == Copies::Everywhere || self.optimizer_copies == to
+        {
             return Ok(());
         }
+        // Loading a state sizes it by its parameters' values: those must be there first.
+        self.spread_stages(to)?;
+        let Some(processes) = self.stage_processes.as_ref() else { return Ok(()) };
         let (k, own, dev) = (self.plan.config.pipeline_len, processes.rank(), &self.devices[0]);
         let buffers = self.optimizer_config.state_buffers();
         let own_state = self.optimizers[0][own].state_dict(dev)?;
@@ -144,6 +151,11 @@ impl<D: Device> Pipeline<D> {
                 states.push(ParamState { name: name.clone(), len: *len, step: param_step, buffers: bufs });
             }
             if d != own {
+                if to != Copies::Everywhere {
+                    // Rank 0 keeps them on the host, for the checkpoint.
+                    self.collected.optimizer.extend(states);
+                    continue;
+                }
                 let state = OptimizerState { config: self.optimizer_config, step, params: states };
                 let params = Self::params_at(&mut self.stages[0], k, d);
                 self.optimizers[0][d].load_state_dict(dev, &state, &params)?;

@@ -205,7 +205,7 @@ impl<D: Device> Pipeline<D> {
     /// processes, the other stages' copies come without gradient buffers (they look frozen):
     /// the weights are the model's, its trainability is this process's view.
     pub fn gather(&self, to: &D) -> Result<Model<D>> {
-        self.check_shared("gather", false)?;
+        self.check_shared("gather", false, true)?;
         let mut units = Vec::new();
         for (s, stage) in self.stages[0].iter().enumerate() {
             let at = self.device_at(0, s);
@@ -219,21 +219,31 @@ impl<D: Device> Pipeline<D> {
     /// Every parameter of replica `replica` as host values, in model order (tests compare runs
     /// with it).
     pub fn parameters(&self, replica: usize) -> Result<Vec<(String, Vec<f64>)>> {
-        self.check_shared("parameters", false)?;
+        self.check_shared("parameters", false, false)?;
         let mut out = Vec::new();
         for (s, stage) in self.stages[replica].iter().enumerate() {
             let dev = self.device_at(replica, s);
             for p in stage.iter().flat_map(Unit::params) {
-                out.push((p.name.clone(), dev.download_f64(&p.value)?));
+                let values = match self.collected_value(s, p) {
+                    Some(v) => v.iter().copied().map(f64::from).collect(),
+                    None => dev.download_f64(&p.value)?,
+                };
+                out.push((p.name.clone(), values));
             }
         }
         Ok(out)
     }
 
+    /// Rank 0's host copy of `p` of stage `s`, where a collection brought another's stage there.
+    fn collected_value(&self, s: usize, p: &crate::model::Param<D>) -> Option<&Vec<f32>> {
+        let other = !self.runs_stage(s);
+        (other && self.stage_copies == super::Copies::OnRankZero).then(|| self.collected.weights.get(&p.name)).flatten()
+    }
+
     /// The parameters of each unit in `units` (replica 0's), one vector per unit in model order:
     /// what the freeze rule's settling test compares from one interval to the next.
     pub fn unit_values(&self, units: std::ops::Range<usize>) -> Result<Vec<Vec<f32>>> {
-        self.check_shared("unit_values", false)?;
+        self.check_shared("unit_values", false, true)?;
         let mut out = Vec::with_capacity(units.len());
         let mut g = 0;
         for (s, stage) in self.stages[0].iter().enumerate() {
@@ -255,12 +265,22 @@ impl<D: Device> Pipeline<D> {
     /// Every parameter's name and f32 values (replica 0's), in model order: what a checkpoint
     /// stores.
     pub fn parameter_values(&self) -> Result<Vec<(String, Vec<f32>)>> {
-        self.check_shared("parameter_values", false)?;
+        Ok(self.parameter_tensors()?.into_iter().map(|t| (t.name, t.values)).collect())
+    }
+
+    /// Every parameter's name, shape and f32 values (replica 0's), in model order, on the
+    /// host: what an export writes, without a copy of the model on any device.
+    pub fn parameter_tensors(&self) -> Result<Vec<crate::weights::HostTensor>> {
+        self.check_shared("parameter_values", false, false)?;
         let mut out = Vec::new();
         for (s, stage) in self.stages[0].iter().enumerate() {
             let dev = self.device_at(0, s);
             for p in stage.iter().flat_map(Unit::params) {
-                out.push((p.name.clone(), dev.download(&p.value)?));
+                let values = match self.collected_value(s, p) {
+                    Some(v) => v.clone(),
+                    None => dev.download(&p.value)?,
+                };
+                out.push(crate::weights::HostTensor { name: p.name.clone(), shape: p.shape.clone(), values });
             }
         }
         Ok(out)
