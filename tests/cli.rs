@@ -624,6 +624,55 @@ fn a_pipeline_across_launched_processes_writes_what_one_process_writes() {
     }
 }
 
+/// PipeTransformer's freezing with the stages and replicas as processes: four launched
+/// processes (two replicas of two stages) freeze the same layers at the same steps as one
+/// process with the same pipeline on four devices, and write the same model to the bit.
+#[test]
+fn launched_stage_processes_freeze_as_one_process_does() {
+    if !have_digits() {
+        return;
+    }
+    let run = |dir: &Path, launched: bool| {
+        let out = format!("output.dir={}", dir.display());
+        let port = free_port().to_string();
+        let rdzv = format!("127.0.0.1:{port}");
+        let mut args: Vec<&str> = match launched {
+            true => vec!["launch", "--nproc-per-node", "4", "--rdzv", &rdzv, "--", "train", "--across-processes"],
+            false => vec!["train", "--devices", "4", "--replicas", "2"],
+        };
+        args.extend(["--config", "configs/vit-digits.toml", "--fresh", "--progress-every", "0", "--pipeline-len", "2"]);
+        args.extend(["--freeze", "eq1", "--alpha", "0.3", "--freeze-interval", "8"]);
+        args.extend(["--auto-pipe", "false", "--auto-dp", "false", "--cache", "false"]);
+        args.extend(["--set", "train.max_steps=24", "--set", "data.test_limit=32", "--set", &out]);
+        let (ok, text) = pipetransformer(&args);
+        assert!(ok, "{args:?}: {text}");
+        text
+    };
+    let (one, many) = (scratch("freeze-one"), scratch("freeze-across"));
+    let want = run(&one, false);
+    let got = run(&many, true);
+    // What was frozen when, and on which gradient norms (not the shape each process reports
+    // for itself, nor how long the transition took).
+    let transitions = |text: &str| -> Vec<String> {
+        let lines = text.lines().filter(|l| l.starts_with("transition at step"));
+        lines
+            .map(|l| format!("{} ({}", l.split(", K").next().unwrap_or(l), l.split_once(" (").map_or("", |x| x.1)))
+            .collect()
+    };
+    let want_transitions = transitions(&want);
+    assert!(!want_transitions.is_empty(), "the run freezes something: {want}");
+    // Every process logs the same transitions, which are one process's.
+    let mut expected: Vec<String> = want_transitions.iter().flat_map(|t| std::iter::repeat_n(t.clone(), 4)).collect();
+    let mut all = transitions(&got);
+    expected.sort();
+    all.sort();
+    assert_eq!(all, expected, "{got}");
+    let model = |dir: &Path| std::fs::read(dir.join("model/model.safetensors")).unwrap();
+    assert!(model(&one) == model(&many), "the same model as one process");
+    std::fs::remove_dir_all(&one).unwrap();
+    std::fs::remove_dir_all(&many).unwrap();
+}
+
 /// What a pipeline across processes cannot do is refused by name before anything is written.
 #[test]
 fn a_pipeline_across_processes_refuses_what_it_cannot_do() {
@@ -638,7 +687,7 @@ fn a_pipeline_across_processes_refuses_what_it_cannot_do() {
     let (ok, text) = pipetransformer(&[&base[..], &["--replicas", "2"]].concat());
     assert!(!ok && text.contains("pipeline.across_processes") && text.contains("--replicas 1"), "{text}");
     for (flags, key) in [
-        (&["--pipeline-len", "2", "--freeze", "eq1"][..], "elastic.freeze"),
+        (&["--pipeline-len", "2", "--freeze", "eq1", "--max-weight-change", "0.05"][..], "elastic.max_weight_change"),
         (&["--pipeline-len", "2", "--auto-pipe", "true"][..], "elastic.auto_pipe"),
         (&["--pipeline-len", "3"][..], "divisor of 2"),
     ] {

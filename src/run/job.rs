@@ -330,14 +330,17 @@ impl<D: Device> Job<D> {
     /// [`new`](Self::new) for one process of a launched run whose pipeline stages are its
     /// processes (`pipeline.across_processes`): its `K·R` processes are `R` replicas of a
     /// `K`-stage pipeline, and this one trains stage `rank % K` of replica `rank / K` on
-    /// `devices[0]`. Every process plans from the units' FLOPs, so all make the same plan;
-    /// the elastic loop (which moves units within one process), token slices and a memory
-    /// limit (each process builds the whole model on its device before its first step drops
-    /// the other stages' weights) must be off.
+    /// `devices[0]`. Every process plans from the units' FLOPs, so all make the same plan.
+    /// Freezing works (every process sees the same summed gradient norms, so all freeze the
+    /// same layers at the same step), but not its settling test; AutoPipe, AutoDP and the
+    /// cache (which move units within one process), token slices and a memory limit (each
+    /// process builds the whole model on its device before its first step drops the other
+    /// stages' weights) must be off.
     pub fn across_processes(devices: Vec<D>, config: RunConfig, group: ProcessGroup) -> Result<Self> {
         let e = &config.elastic;
         let within_one_process = [
-            (e.freeze != FreezeName::Off, "elastic.freeze", "off"),
+            // The settling test compares every layer's weights, which no process holds.
+            (e.freeze != FreezeName::Off && e.max_weight_change.is_some(), "elastic.max_weight_change", "none"),
             (e.auto_pipe, "elastic.auto_pipe", "false"),
             (e.auto_dp, "elastic.auto_dp", "false"),
             (e.cache, "elastic.cache", "false"),
