@@ -754,8 +754,7 @@ fn kill_the_last(name: &str, mode: &[&str], world: usize) {
     let mut all: Vec<_> = (0..world).map(spawn).collect();
     let mut last = all.pop().unwrap();
     // Rank 0 logs its first step only once every process trains (each step waits for its
-    // row and column, and theirs for theirs); a process killed while the rings open would
-    // cost the others the whole timeout instead.
+    // row and column, and theirs for theirs): the kill comes during training.
     let metrics = dir.join("metrics.jsonl");
     let started = std::time::Instant::now();
     while !std::fs::read_to_string(&metrics).is_ok_and(|m| m.matches("\"event\":\"step\"").count() >= 2) {

@@ -10,11 +10,19 @@
 //! HMAC over a nonce the other chose, so the listener is the same closed door as the
 //! rendezvous: a stranger who finds the port is refused with a logged reason and never holds
 //! up the run, and the listener closes once the expected member is in.
+//!
+//! A member that dies while the rings open must not leave the others waiting for their
+//! deadline: while its links open, each member watches its rendezvous links (rank 0 all of
+//! them, a member its link to rank 0), and afterwards every member reports to rank 0, which
+//! answers all with the verdict. Rank 0 sees a dead member's link end and calls the opening
+//! off; the others see that on their link to it and stop at once.
 
 use super::rendezvous::{Links, MAC, NONCE, Secret, first_byte, frame, random_bytes, rdzv_error, read_frame};
 use crate::error::Result;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// A member's two links in its ring, with the ranks at their other ends.
@@ -90,25 +98,144 @@ pub fn open_rings(
     let mine = listener.local_addr().map_err(|e| rdzv_error("ring", e.to_string()))?;
     // Every member takes part in the exchange, a member alone in its ring too.
     let next_addr = exchange_addresses(star, mine, &next_of, timeout)?;
-    if len_of[rank] < 2 {
-        return Ok(None);
-    }
-    let me = Member { rank, ring_len: len_of[rank], label, secret };
     let (next_rank, prev_rank) = (next_of[rank], prev_of[rank]);
-    let (next, prev) = std::thread::scope(|s| {
-        let admitted = s.spawn(|| admit_prev(&listener, &me, prev_rank, deadline));
-        let next = connect_next(next_addr, &me, next_rank, deadline);
-        (next, admitted.join().unwrap_or_else(|_| Err(rdzv_error("ring", "the admitting thread panicked"))))
-    });
-    Ok(Some(RingLinks { next: next?, prev: prev?, next_rank, prev_rank }))
+    let gone = Mutex::new(None);
+    let me = Member { rank, ring_len: len_of[rank], label, secret, gone: &gone };
+    let linked = if len_of[rank] < 2 {
+        Ok(None)
+    } else {
+        let done = AtomicBool::new(false);
+        let (next, prev) = std::thread::scope(|s| {
+            // While the links open, a member that dies (or rank 0 calling the opening off)
+            // must end the wait at once, not at the deadline.
+            let watcher = s.spawn(|| watch(star, &done, &gone));
+            let admitted = s.spawn(|| admit_prev(&listener, &me, prev_rank, deadline));
+            let next = connect_next(next_addr, &me, next_rank, deadline);
+            let prev = admitted.join().unwrap_or_else(|_| Err(rdzv_error("ring", "the admitting thread panicked")));
+            done.store(true, Ordering::Release);
+            let _ = watcher.join();
+            (next, prev)
+        });
+        next.and_then(|next| Ok(Some(RingLinks { next, prev: prev?, next_rank, prev_rank })))
+    };
+    // Nobody goes on before every ring is open: a member that failed or died fails them all.
+    let verdict = agree_opened(star, linked.is_ok(), deadline);
+    let links = linked?;
+    verdict?;
+    Ok(links)
 }
 
-/// Who this member is in a ring being opened: what its handshakes prove.
+/// What a member reports to rank 0 once its ring links are open (or not), and what rank 0
+/// answers every member.
+const OPENED: u8 = 1;
+const FAILED: u8 = 0;
+
+/// Until `done`, looks at the rendezvous links every few milliseconds for the end of a peer's
+/// stream (a member that died), or, on a member's link to rank 0, for anything at all (rank 0
+/// calling the opening off); records the rank in `gone`.
+fn watch(star: &Links, done: &AtomicBool, gone: &Mutex<Option<usize>>) {
+    let streams: Vec<(usize, &TcpStream)> = match star {
+        Links::Hub(members) => members.iter().enumerate().map(|(i, m)| (i + 1, m)).collect(),
+        Links::Spoke(hub) => vec![(0, hub)],
+    };
+    let spoke = matches!(star, Links::Spoke(_));
+    let set = |blocking: bool| streams.iter().all(|(_, s)| s.set_nonblocking(!blocking).is_ok());
+    if !set(false) {
+        return;
+    }
+    while !done.load(Ordering::Acquire) {
+        let ended = streams.iter().find(|(_, s)| match s.peek(&mut [0u8]) {
+            Ok(0) => true,
+            Ok(_) => spoke,
+            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+        });
+        if let Some(&(r, _)) = ended {
+            *gone.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    set(true);
+}
+
+/// The barrier after the rings open: every member tells rank 0 whether its links opened, and
+/// rank 0, watching all of them at once (a member that died ends the wait), answers each with
+/// the verdict. An error when any member failed or died.
+fn agree_opened(star: &mut Links, opened: bool, deadline: Instant) -> Result<()> {
+    let fail = |m: String| rdzv_error("ring", m);
+    match star {
+        Links::Hub(members) => {
+            let mut verdict = if opened { Ok(()) } else { Err(fail("rank 0 could not open its ring links".into())) };
+            let mut pending: Vec<usize> = (0..members.len()).collect();
+            while verdict.is_ok() && !pending.is_empty() {
+                let mut still = Vec::new();
+                for i in pending {
+                    let m = &mut members[i];
+                    let _ = m.set_nonblocking(true);
+                    let seen = m.peek(&mut [0u8]);
+                    let _ = m.set_nonblocking(false);
+                    match seen {
+                        Ok(0) => {
+                            verdict = Err(fail(format!("rank {} closed its connection while the rings opened", i + 1)))
+                        }
+                        Ok(_) => {
+                            let mut b = [0u8];
+                            let read = m.read_exact(&mut b);
+                            if read.is_err() || b[0] != OPENED {
+                                verdict = Err(fail(format!("rank {} could not open its ring links", i + 1)));
+                            }
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => still.push(i),
+                        Err(e) => verdict = Err(fail(format!("rank {}: {e}", i + 1))),
+                    }
+                }
+                pending = still;
+                if verdict.is_ok() && !pending.is_empty() {
+                    if Instant::now() >= deadline {
+                        verdict = Err(fail(format!("rank {} did not open its ring links in time", pending[0] + 1)));
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+            let answer = if verdict.is_ok() { OPENED } else { FAILED };
+            for m in members.iter_mut() {
+                let _ = m.write_all(&[answer]);
+            }
+            verdict
+        }
+        Links::Spoke(hub) => {
+            let _ = hub.write_all(&[if opened { OPENED } else { FAILED }]);
+            let mut b = [0u8];
+            match hub.read_exact(&mut b) {
+                Ok(()) if b[0] == OPENED => Ok(()),
+                Ok(()) => Err(fail("another member could not open its ring links (rank 0's error names it)".into())),
+                Err(e) => Err(fail(format!("rank 0: {}", super::process_group::closed(&e)))),
+            }
+        }
+    }
+}
+
+/// Who this member is in a ring being opened: what its handshakes prove; and whether a peer
+/// was seen to die meanwhile (the rank [`watch`] found gone).
 struct Member<'a> {
     rank: usize,
     ring_len: usize,
     label: &'a [u8],
     secret: &'a Secret,
+    gone: &'a Mutex<Option<usize>>,
+}
+
+impl Member<'_> {
+    /// An error when a peer died while the links opened: no use waiting for the deadline.
+    fn check_peers(&self) -> Result<()> {
+        match *self.gone.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(0) if self.rank != 0 => {
+                Err(rdzv_error("ring", "rank 0 called the opening off (another member failed)"))
+            }
+            Some(r) => Err(rdzv_error("ring", format!("rank {r} closed its connection while the rings opened"))),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Every member's listening address to rank 0, and back to each the address of its next
@@ -177,6 +304,7 @@ fn admit_prev(listener: &TcpListener, me: &Member, prev: usize, deadline: Instan
         let (mut peer, from) = match listener.accept() {
             Ok(p) => p,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                me.check_peers()?;
                 if Instant::now() >= deadline {
                     return Err(rdzv_error("ring", format!("rank {prev} did not connect to rank {rank} in time")));
                 }
@@ -216,6 +344,7 @@ fn challenge(peer: &mut TcpStream, me: &Member, prev: usize) -> std::result::Res
 fn connect_next(addr: SocketAddr, me: &Member, next: usize, deadline: Instant) -> Result<TcpStream> {
     let mut last = String::from("never tried");
     while Instant::now() < deadline {
+        me.check_peers()?;
         match TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
             Ok(mut s) => match hello(&mut s, me, next, deadline) {
                 Ok(()) => return Ok(s),
@@ -269,8 +398,9 @@ mod tests {
     }
 
     /// Rank `rank` of a ring of two.
-    fn member(rank: usize, secret: &Secret) -> Member<'_> {
-        Member { rank, ring_len: 2, label: b"group", secret }
+    fn member<'a>(rank: usize, secret: &'a Secret) -> Member<'a> {
+        static NOBODY_GONE: Mutex<Option<usize>> = Mutex::new(None);
+        Member { rank, ring_len: 2, label: b"group", secret, gone: &NOBODY_GONE }
     }
 
     fn members(size: usize, secret: &Secret) -> Vec<(Links, Option<RingLinks>)> {
@@ -350,6 +480,43 @@ mod tests {
             assert_eq!(admitted.join().unwrap().unwrap().peer_addr().unwrap(), real.local_addr().unwrap());
             drop(silent);
         });
+    }
+
+    /// A member that dies after the address exchange, before it links up, ends every other
+    /// member's opening at once (rank 0 sees its link end and calls the opening off), not at
+    /// the 20 s deadline; rank 0 names it.
+    #[test]
+    fn a_member_that_dies_while_the_rings_open_fails_them_all_at_once() {
+        let secret = Secret::new("ring-death").unwrap();
+        let port = TcpListener::bind((loopback(), 0)).unwrap().local_addr().unwrap().port();
+        let addr = format!("127.0.0.1:{port}");
+        let rings = [vec![0, 2], vec![1, 3]];
+        let t = Duration::from_secs(20);
+        let started = Instant::now();
+        let errors: Vec<Option<String>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4)
+                .map(|r| {
+                    let (addr, secret, rings) = (&addr, &secret, &rings);
+                    s.spawn(move || {
+                        let (_, mut star) = gather(addr, r, 4, secret, Some(b"p"), t).unwrap();
+                        if r == 3 {
+                            // Hands its address over, then dies before it links up.
+                            let listener = TcpListener::bind((loopback(), 0)).unwrap();
+                            let next_of = [2, 3, 0, 1];
+                            exchange_addresses(&mut star, listener.local_addr().unwrap(), &next_of, t).unwrap();
+                            return None;
+                        }
+                        Some(open_rings(&mut star, r, rings, b"columns", secret, t).err().map(|e| e.to_string()))
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap().flatten()).collect()
+        });
+        assert!(started.elapsed() < Duration::from_secs(10), "ended {:?} after the start", started.elapsed());
+        assert!(errors[0].as_deref().is_some_and(|e| e.contains("rank 3")), "{:?}", errors[0]);
+        for r in [1, 2] {
+            assert!(errors[r].is_some(), "rank {r} fails too");
+        }
     }
 
     #[test]
