@@ -669,6 +669,15 @@ fn launched_stage_processes_freeze_as_one_process_does() {
     assert_eq!(all, expected, "{got}");
     let model = |dir: &Path| std::fs::read(dir.join("model/model.safetensors")).unwrap();
     assert!(model(&one) == model(&many), "the same model as one process");
+    // The checkpoint: weights, the optimizer state the freezes left, the frozen prefix and
+    // the controller's state (the plan's replica count aside: each process's is 1).
+    let load = |dir: &Path| pipetransformer::train::checkpoint::load(&dir.join("checkpoint.ckpt")).unwrap();
+    let ((mut meta_one, tensors_one), (mut meta_many, tensors_many)) = (load(&one), load(&many));
+    assert!(meta_one["frozen_prefix"].as_u64().is_some_and(|n| n > 0), "{}", meta_one["frozen_prefix"]);
+    assert!(tensors_one == tensors_many, "the checkpoint's tensors");
+    meta_one["plan"]["config"]["replicas"] = 1.into();
+    meta_many["plan"]["config"]["replicas"] = 1.into();
+    assert_eq!(meta_one, meta_many, "the checkpoint's state");
     std::fs::remove_dir_all(&one).unwrap();
     std::fs::remove_dir_all(&many).unwrap();
 }

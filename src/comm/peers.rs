@@ -11,11 +11,12 @@
 //! rendezvous: a stranger who finds the port is refused with a logged reason and never holds
 //! up the run, and the listener closes once the expected member is in.
 //!
-//! A member that dies while the rings open must not leave the others waiting for their
-//! deadline: while its links open, each member watches its rendezvous links (rank 0 all of
-//! them, a member its link to rank 0), and afterwards every member reports to rank 0, which
-//! answers all with the verdict. Rank 0 sees a dead member's link end and calls the opening
-//! off; the others see that on their link to it and stop at once.
+//! A member that dies or fails while the rings open must not leave the others waiting for
+//! their deadline: while its links open, a member watches its rendezvous links (rank 0 all of
+//! them, the others their link to rank 0), and then every member reports to rank 0, which
+//! watches the members it still waits for and answers all with the verdict. Rank 0 sees a dead
+//! member's link end, or its report of failure, and calls the opening off; the others see
+//! that on their link to it and stop at once.
 
 use super::rendezvous::{Links, MAC, NONCE, Secret, first_byte, frame, random_bytes, rdzv_error, read_frame};
 use crate::error::Result;
@@ -100,7 +101,7 @@ pub fn open_rings(
     let next_addr = exchange_addresses(star, mine, &next_of, timeout)?;
     let (next_rank, prev_rank) = (next_of[rank], prev_of[rank]);
     let gone = Mutex::new(None);
-    let me = Member { rank, ring_len: len_of[rank], label, secret, gone: &gone };
+    let me = Member { rank, ring_len: len_of[rank], label, secret, stop: &gone };
     let linked = if len_of[rank] < 2 {
         Ok(None)
     } else {
@@ -111,6 +112,9 @@ pub fn open_rings(
             let watcher = s.spawn(|| watch(star, &done, &gone));
             let admitted = s.spawn(|| admit_prev(&listener, &me, prev_rank, deadline));
             let next = connect_next(next_addr, &me, next_rank, deadline);
+            if next.is_err() {
+                me.stop_with(Stop::Failed(rank)); // no use admitting the member before
+            }
             let prev = admitted.join().unwrap_or_else(|_| Err(rdzv_error("ring", "the admitting thread panicked")));
             done.store(true, Ordering::Release);
             let _ = watcher.join();
@@ -130,31 +134,47 @@ pub fn open_rings(
 const OPENED: u8 = 1;
 const FAILED: u8 = 0;
 
-/// Until `done`, looks at the rendezvous links every few milliseconds for the end of a peer's
-/// stream (a member that died), or, on a member's link to rank 0, for anything at all (rank 0
-/// calling the opening off); records the rank in `gone`.
-fn watch(star: &Links, done: &AtomicBool, gone: &Mutex<Option<usize>>) {
+/// Why a member stops waiting for its ring links before the deadline.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Stop {
+    /// A peer's rendezvous link ended: that process is gone.
+    Died(usize),
+    /// That member reported it could not link up (or, this member's own rank: it could not).
+    Failed(usize),
+    /// Rank 0 answered before this member reported: another member failed.
+    CalledOff,
+}
+
+/// Until `done`, looks at the rendezvous links every few milliseconds for a reason to stop
+/// waiting: the end of a peer's stream (a process that died), a member's report that it
+/// failed (rank 0's links), or any answer from rank 0 (a member's link: rank 0 called the
+/// opening off). Records it in `stop`.
+fn watch(star: &Links, done: &AtomicBool, stop: &Mutex<Option<Stop>>) {
     let streams: Vec<(usize, &TcpStream)> = match star {
         Links::Hub(members) => members.iter().enumerate().map(|(i, m)| (i + 1, m)).collect(),
         Links::Spoke(hub) => vec![(0, hub)],
     };
     let spoke = matches!(star, Links::Spoke(_));
     let set = |blocking: bool| streams.iter().all(|(_, s)| s.set_nonblocking(!blocking).is_ok());
-    if !set(false) {
-        return;
-    }
-    while !done.load(Ordering::Acquire) {
-        let ended = streams.iter().find(|(_, s)| match s.peek(&mut [0u8]) {
-            Ok(0) => true,
-            Ok(_) => spoke,
-            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
-        });
-        if let Some(&(r, _)) = ended {
-            *gone.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
-            break;
+    if set(false) {
+        while !done.load(Ordering::Acquire) {
+            let mut byte = [0u8];
+            let seen = streams.iter().find_map(|&(r, s)| match s.peek(&mut byte) {
+                Ok(0) => Some(Stop::Died(r)),
+                Ok(_) if spoke => Some(Stop::CalledOff),
+                Ok(_) if byte[0] == FAILED => Some(Stop::Failed(r)),
+                Ok(_) => None,
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted) => None,
+                Err(_) => Some(Stop::Died(r)),
+            });
+            if let Some(why) = seen {
+                *stop.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
-        std::thread::sleep(Duration::from_millis(10));
     }
+    // Blocking again whatever happened: the barrier after reads these links.
     set(true);
 }
 
@@ -215,26 +235,33 @@ fn agree_opened(star: &mut Links, opened: bool, deadline: Instant) -> Result<()>
     }
 }
 
-/// Who this member is in a ring being opened: what its handshakes prove; and whether a peer
-/// was seen to die meanwhile (the rank [`watch`] found gone).
+/// Who this member is in a ring being opened: what its handshakes prove; and whether it should
+/// stop waiting (what [`watch`] saw, or its own failure to link up).
 struct Member<'a> {
     rank: usize,
     ring_len: usize,
     label: &'a [u8],
     secret: &'a Secret,
-    gone: &'a Mutex<Option<usize>>,
+    stop: &'a Mutex<Option<Stop>>,
 }
 
 impl Member<'_> {
-    /// An error when a peer died while the links opened: no use waiting for the deadline.
+    fn stop_with(&self, why: Stop) {
+        self.stop.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(why);
+    }
+
+    /// An error when there is no use waiting for the deadline any more.
     fn check_peers(&self) -> Result<()> {
-        match *self.gone.lock().unwrap_or_else(|e| e.into_inner()) {
-            Some(0) if self.rank != 0 => {
-                Err(rdzv_error("ring", "rank 0 called the opening off (another member failed)"))
+        let why = match *self.stop.lock().unwrap_or_else(|e| e.into_inner()) {
+            None => return Ok(()),
+            Some(Stop::Died(r)) => format!("rank {r} closed its connection (the process ended or was killed)"),
+            Some(Stop::Failed(r)) if r == self.rank => "this member could not link up".into(),
+            Some(Stop::Failed(r)) => format!("rank {r} could not open its ring links"),
+            Some(Stop::CalledOff) => {
+                "rank 0 called the opening off: another member failed (rank 0's error names it)".into()
             }
-            Some(r) => Err(rdzv_error("ring", format!("rank {r} closed its connection while the rings opened"))),
-            None => Ok(()),
-        }
+        };
+        Err(rdzv_error("ring", why))
     }
 }
 
@@ -399,8 +426,8 @@ mod tests {
 
     /// Rank `rank` of a ring of two.
     fn member<'a>(rank: usize, secret: &'a Secret) -> Member<'a> {
-        static NOBODY_GONE: Mutex<Option<usize>> = Mutex::new(None);
-        Member { rank, ring_len: 2, label: b"group", secret, gone: &NOBODY_GONE }
+        static GO_ON: Mutex<Option<Stop>> = Mutex::new(None);
+        Member { rank, ring_len: 2, label: b"group", secret, stop: &GO_ON }
     }
 
     fn members(size: usize, secret: &Secret) -> Vec<(Links, Option<RingLinks>)> {
@@ -484,38 +511,48 @@ mod tests {
 
     /// A member that dies after the address exchange, before it links up, ends every other
     /// member's opening at once (rank 0 sees its link end and calls the opening off), not at
-    /// the 20 s deadline; rank 0 names it.
+    /// the 20 s deadline, whether it is rank 0's ring partner or another's; rank 0 names it.
     #[test]
     fn a_member_that_dies_while_the_rings_open_fails_them_all_at_once() {
-        let secret = Secret::new("ring-death").unwrap();
-        let port = TcpListener::bind((loopback(), 0)).unwrap().local_addr().unwrap().port();
-        let addr = format!("127.0.0.1:{port}");
-        let rings = [vec![0, 2], vec![1, 3]];
-        let t = Duration::from_secs(20);
-        let started = Instant::now();
-        let errors: Vec<Option<String>> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..4)
-                .map(|r| {
-                    let (addr, secret, rings) = (&addr, &secret, &rings);
-                    s.spawn(move || {
-                        let (_, mut star) = gather(addr, r, 4, secret, Some(b"p"), t).unwrap();
-                        if r == 3 {
-                            // Hands its address over, then dies before it links up.
-                            let listener = TcpListener::bind((loopback(), 0)).unwrap();
-                            let next_of = [2, 3, 0, 1];
-                            exchange_addresses(&mut star, listener.local_addr().unwrap(), &next_of, t).unwrap();
-                            return None;
-                        }
-                        Some(open_rings(&mut star, r, rings, b"columns", secret, t).err().map(|e| e.to_string()))
+        for rings in [[vec![0, 2], vec![1, 3]], [vec![0, 3], vec![1, 2]]] {
+            let secret = Secret::new("ring-death").unwrap();
+            let port = TcpListener::bind((loopback(), 0)).unwrap().local_addr().unwrap().port();
+            let addr = format!("127.0.0.1:{port}");
+            let t = Duration::from_secs(20);
+            let started = Instant::now();
+            let errors: Vec<Option<String>> = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..4)
+                    .map(|r| {
+                        let (addr, secret, rings) = (&addr, &secret, &rings);
+                        s.spawn(move || {
+                            let (_, mut star) = gather(addr, r, 4, secret, Some(b"p"), t).unwrap();
+                            if r == 3 {
+                                // Hands its address over, then dies before it links up.
+                                let listener = TcpListener::bind((loopback(), 0)).unwrap();
+                                let mut next_of = [0; 4];
+                                for ring in rings {
+                                    for (i, &m) in ring.iter().enumerate() {
+                                        next_of[m] = ring[(i + 1) % ring.len()];
+                                    }
+                                }
+                                exchange_addresses(&mut star, listener.local_addr().unwrap(), &next_of, t).unwrap();
+                                return None;
+                            }
+                            Some(open_rings(&mut star, r, rings, b"columns", secret, t).err().map(|e| e.to_string()))
+                        })
                     })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap().flatten()).collect()
-        });
-        assert!(started.elapsed() < Duration::from_secs(10), "ended {:?} after the start", started.elapsed());
-        assert!(errors[0].as_deref().is_some_and(|e| e.contains("rank 3")), "{:?}", errors[0]);
-        for r in [1, 2] {
-            assert!(errors[r].is_some(), "rank {r} fails too");
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap().flatten()).collect()
+            });
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{rings:?}: ended {:?} after the start",
+                started.elapsed()
+            );
+            assert!(errors[0].as_deref().is_some_and(|e| e.contains("rank 3")), "{rings:?}: {:?}", errors[0]);
+            for r in [1, 2] {
+                assert!(errors[r].is_some(), "{rings:?}: rank {r} fails too");
+            }
         }
     }
 

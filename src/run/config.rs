@@ -363,7 +363,8 @@ impl RunConfig {
 }
 
 /// Sets `a.b.c = value` in `table`. The key's sections must exist in the schema; the value is
-/// parsed as TOML (`3`, `1e-4`, `true`, `"text"`, `[1, 2]`) and otherwise taken as a string.
+/// parsed as TOML (`3`, `1e-4`, `true`, `"text"`, `[1, 2]`) and otherwise taken as a string;
+/// a bare `none` removes the key, so an optional setting goes back to unset (its default).
 fn apply_override(table: &mut toml::Table, assignment: &str) -> Result<()> {
     let (key, value) = assignment
         .split_once('=')
@@ -385,8 +386,17 @@ fn apply_override(table: &mut toml::Table, assignment: &str) -> Result<()> {
             .as_table_mut()
             .ok_or_else(|| run_error(format!("--set `{key}`: `{part}` is a value, not a section")))?;
     }
-    node.insert(parts[parts.len() - 1].to_string(), value);
+    let last = parts[parts.len() - 1].to_string();
+    match value {
+        toml::Value::String(v) if v == "none" && !value_is_quoted(assignment) => drop(node.remove(&last)),
+        value => drop(node.insert(last, value)),
+    }
     Ok(())
+}
+
+/// Whether the value of `key=value` is written in quotes (`"none"` is the text, `none` unset).
+fn value_is_quoted(assignment: &str) -> bool {
+    assignment.split_once('=').is_some_and(|(_, v)| v.trim().starts_with(['"', '\'']))
 }
 
 #[cfg(test)]
@@ -435,6 +445,12 @@ dir = "runs/x"
             .unwrap_err()
             .to_string();
         assert!(err.contains("--set train.eval_every") && err.contains("expected u64"), "{err}");
+        // A bare `none` unsets an optional setting that the file set.
+        let mut table: toml::Table = "[pipeline]\nmemory_limit = 5\n".parse().unwrap();
+        apply_override(&mut table, "pipeline.memory_limit=none").unwrap();
+        assert!(table["pipeline"].as_table().unwrap().get("memory_limit").is_none());
+        apply_override(&mut table, "pipeline.memory_limit=\"none\"").unwrap();
+        assert_eq!(table["pipeline"]["memory_limit"].as_str(), Some("none"), "quoted, it is text");
         let err = RunConfig::parse(BASE, "base", &["nokey".into()]).unwrap_err().to_string();
         assert!(err.contains("expected key=value"), "{err}");
         let err = RunConfig::parse(BASE, "base", &["data.dataset=imagenet".into()]).unwrap_err().to_string();

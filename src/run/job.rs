@@ -339,8 +339,6 @@ impl<D: Device> Job<D> {
     pub fn across_processes(devices: Vec<D>, config: RunConfig, group: ProcessGroup) -> Result<Self> {
         let e = &config.elastic;
         let within_one_process = [
-            // The settling test compares every layer's weights, which no process holds.
-            (e.freeze != FreezeName::Off && e.max_weight_change.is_some(), "elastic.max_weight_change", "none"),
             (e.auto_pipe, "elastic.auto_pipe", "false"),
             (e.auto_dp, "elastic.auto_dp", "false"),
             (e.cache, "elastic.cache", "false"),
@@ -350,6 +348,14 @@ impl<D: Device> Job<D> {
             (config.pipeline.memory_limit.is_some(), "pipeline.memory_limit", "none"),
             (config.pipeline.token_slices != TokenSlices::Off, "pipeline.token_slices", "\"off\""),
         ];
+        if e.freeze != FreezeName::Off && e.max_weight_change.is_some() {
+            return Err(Error::Config {
+                field: "elastic.max_weight_change".into(),
+                message: "the settling test compares every layer's weights, which no process of a pipeline across \
+                          processes holds: set it to none (--set elastic.max_weight_change=none)"
+                    .into(),
+            });
+        }
         if let Some((_, key, off)) = within_one_process.into_iter().find(|(on, _, _)| *on) {
             return Err(Error::Config {
                 field: key.into(),

@@ -132,9 +132,9 @@ pub struct Pipeline<D: Device> {
 }
 
 /// When the stages are processes, where copies of the other stages' weights (or optimizer
-/// state) are current: nowhere (a step has run since they were sent), on rank 0 (which writes
-/// the run's files: [`Pipeline::collect_on_rank_zero`]), or on every process
-/// ([`Pipeline::share_stages`]).
+/// state) are current: nowhere (a step has run since they were sent), in rank 0's host memory
+/// (rank 0 writes the run's files: [`Pipeline::collect_on_rank_zero`]), or on every process's
+/// device ([`Pipeline::share_stages`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Copies {
     Stale,

@@ -190,6 +190,15 @@ impl<D: Device> Pipeline<D> {
             }
         }
         self.release_frozen_state();
+        if let Some(own) = self.process_stage() {
+            // The other positions' owners just released their frozen state: this process's
+            // shared copies of it (and rank 0's collection) are stale until shared again.
+            for (_, opt) in self.optimizers[0].iter_mut().enumerate().filter(|(d, _)| *d != own) {
+                *opt = crate::optim::Optimizer::new(self.optimizer_config)?;
+            }
+            self.collected.optimizer.clear();
+            self.optimizer_copies = super::Copies::Stale;
+        }
         // As one process counts it: a unit whose only parameter is the tied copy of a frozen
         // one is frozen too (GPT's LM head just above the prefix).
         let tied_head = self.tied.as_ref().is_some_and(|[(ua, _), (ub, nb)]| {
@@ -224,7 +233,7 @@ impl<D: Device> Pipeline<D> {
         for (s, stage) in self.stages[replica].iter().enumerate() {
             let dev = self.device_at(replica, s);
             for p in stage.iter().flat_map(Unit::params) {
-                let values = match self.collected_value(s, p) {
+                let values = match self.collected_value(s, p)? {
                     Some(v) => v.iter().copied().map(f64::from).collect(),
                     None => dev.download_f64(&p.value)?,
                 };
@@ -234,10 +243,14 @@ impl<D: Device> Pipeline<D> {
         Ok(out)
     }
 
-    /// Rank 0's host copy of `p` of stage `s`, where a collection brought another's stage there.
-    fn collected_value(&self, s: usize, p: &crate::model::Param<D>) -> Option<&Vec<f32>> {
-        let other = !self.runs_stage(s);
-        (other && self.stage_copies == super::Copies::OnRankZero).then(|| self.collected.weights.get(&p.name)).flatten()
+    /// Rank 0's host copy of `p` of stage `s`, where a collection brought another's stage there
+    /// (an error if it is missing: the device's copy is empty).
+    fn collected_value(&self, s: usize, p: &crate::model::Param<D>) -> Result<Option<&Vec<f32>>> {
+        if self.runs_stage(s) || self.stage_copies != super::Copies::OnRankZero {
+            return Ok(None);
+        }
+        let missing = || crate::error::internal("collection", format!("no collected copy of `{}`", p.name));
+        self.collected.weights.get(&p.name).map(Some).ok_or_else(missing)
     }
 
     /// The parameters of each unit in `units` (replica 0's), one vector per unit in model order:
@@ -271,12 +284,12 @@ impl<D: Device> Pipeline<D> {
     /// Every parameter's name, shape and f32 values (replica 0's), in model order, on the
     /// host: what an export writes, without a copy of the model on any device.
     pub fn parameter_tensors(&self) -> Result<Vec<crate::weights::HostTensor>> {
-        self.check_shared("parameter_values", false, false)?;
+        self.check_shared("parameter_tensors", false, false)?;
         let mut out = Vec::new();
         for (s, stage) in self.stages[0].iter().enumerate() {
             let dev = self.device_at(0, s);
             for p in stage.iter().flat_map(Unit::params) {
-                let values = match self.collected_value(s, p) {
+                let values = match self.collected_value(s, p)? {
                     Some(v) => v.clone(),
                     None => dev.download(&p.value)?,
                 };
