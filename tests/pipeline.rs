@@ -689,25 +689,34 @@ fn a_failing_process_ends_every_row_and_column_naming_a_peer() {
 /// Processes that do not make whole rows of the pipeline are refused by name.
 #[test]
 fn processes_that_do_not_make_whole_rows_are_refused() {
+    let errors = build_across_processes(3, |_| cfg(2, 1, 2, ScheduleKind::OneFOneB));
+    assert!(errors.iter().all(|e| e.contains("divisor of 3")), "{errors:?}");
+}
+
+/// Each of `procs` processes builds a GPT pipeline across them with the plan `plan(rank)`;
+/// what each got: "built", or its error.
+fn build_across_processes(procs: usize, plan: impl Fn(usize) -> PipelineConfig + Sync) -> Vec<String> {
     let config = gpt();
-    let group = process_group(3);
-    let errors: Vec<String> = std::thread::scope(|s| {
+    let group = process_group(procs);
+    std::thread::scope(|s| {
         let handles: Vec<_> = group
             .into_iter()
             .map(|member| {
-                let config = &config;
+                let (config, plan) = (&config, &plan);
                 s.spawn(move || {
                     let dev = CpuDevice::<f32>::new(member.rank(), 1).unwrap();
                     let model = Model::new(&dev, config, 7).unwrap();
                     let prof = profiles(&model, &dev);
-                    let plan = cfg(2, 1, 2, ScheduleKind::OneFOneB);
-                    Pipeline::across_processes(dev, model, adamw(), plan, &prof, member).err().unwrap().to_string()
+                    let plan = plan(member.rank());
+                    match Pipeline::across_processes(dev, model, adamw(), plan, &prof, member) {
+                        Ok(_) => "built".to_string(),
+                        Err(e) => e.to_string(),
+                    }
                 })
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    assert!(errors.iter().all(|e| e.contains("divisor of 3")), "{errors:?}");
+    })
 }
 
 /// The same on emulated CUDA devices, one per process, against the same pipeline in one
@@ -740,27 +749,7 @@ fn stages_across_processes_on_emulated_cuda_devices() {
 /// pipeline is built, instead of waiting for messages that never come.
 #[test]
 fn stage_processes_that_plan_differently_are_refused() {
-    let config = gpt();
-    let group = process_group(2);
-    let errors: Vec<String> = std::thread::scope(|s| {
-        let handles: Vec<_> = group
-            .into_iter()
-            .map(|member| {
-                let config = &config;
-                s.spawn(move || {
-                    let dev = CpuDevice::<f32>::new(member.rank(), 1).unwrap();
-                    let model = Model::new(&dev, config, 7).unwrap();
-                    let prof = profiles(&model, &dev);
-                    let plan = cfg(2, 1, 3 + member.rank(), ScheduleKind::OneFOneB);
-                    match Pipeline::across_processes(dev, model, adamw(), plan, &prof, member) {
-                        Ok(_) => "built".to_string(),
-                        Err(e) => e.to_string(),
-                    }
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let errors = build_across_processes(2, |rank| cfg(2, 1, 3 + rank, ScheduleKind::OneFOneB));
     for e in &errors {
         assert!(e.contains("rank 1 planned a different model or pipeline"), "{e}");
     }
