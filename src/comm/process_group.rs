@@ -173,13 +173,38 @@ impl ProcessGroup {
         self.collective(|links| match (links.star.as_mut(), into) {
             (Some(Links::Hub(members)), Some((values, bounds))) => {
                 values[bounds[0].clone()].copy_from_slice(segment);
-                // One member after another: a later one's write waits in its socket's buffer
-                // (within the group's timeout) until rank 0 reads it.
-                for (i, m) in members.iter_mut().enumerate() {
-                    let range = bounds[i + 1].clone();
-                    read_segment(m, range.len(), &mut values[range], Land::Copy).map_err(|e| peer_error(i + 1, e))?;
+                // Every member's range as its own slice, so that all are read at once: one
+                // read after another would leave a late member's write waiting on rank 0 for
+                // as long as the others' take, which for a large model on a slow link could
+                // pass the group's timeout.
+                let mut order: Vec<usize> = (1..self.size).collect();
+                // As `check_bounds` orders them: an empty range before one that starts there.
+                order.sort_by_key(|&r| (bounds[r].start, bounds[r].end));
+                let mut slices: Vec<Option<&mut [f32]>> = (0..self.size).map(|_| None).collect();
+                let (mut rest, mut at) = (&mut values[..], 0);
+                for r in order {
+                    let (_, tail) = std::mem::take(&mut rest).split_at_mut(bounds[r].start - at);
+                    let (mine, tail) = tail.split_at_mut(bounds[r].len());
+                    (rest, at, slices[r]) = (tail, bounds[r].end, Some(mine));
                 }
-                Ok(())
+                std::thread::scope(|s| {
+                    let reads: Vec<_> = members
+                        .iter_mut()
+                        .zip(slices.into_iter().skip(1))
+                        .enumerate()
+                        .map(|(i, (m, into))| {
+                            s.spawn(move || {
+                                let into = into.unwrap_or_default();
+                                read_segment(m, into.len(), into, Land::Copy).map_err(|e| peer_error(i + 1, e))
+                            })
+                        })
+                        .collect();
+                    let results: Vec<Result<()>> = reads
+                        .into_iter()
+                        .map(|h| h.join().unwrap_or_else(|_| Err(group_error("a reading thread panicked"))))
+                        .collect();
+                    results.into_iter().collect::<Result<()>>()
+                })
             }
             (Some(Links::Spoke(hub)), None) => write_segment(hub, segment.len(), segment).map_err(|e| peer_error(0, e)),
             (None, _) => Err(group_error("only a joined group gathers to rank 0 (a split-off one has no links to it)")),
@@ -634,16 +659,21 @@ mod tests {
     #[test]
     fn a_gather_fills_rank_zeros_buffer_only() {
         let g = group(3, Duration::from_secs(20));
+        // Ranges out of rank order, and empty ones where another starts (rank 0's too).
+        for bounds in [[0..2, 2..2, 2..7], [3..7, 0..0, 0..3], [0..0, 0..7, 0..0]] {
+            let got = on_all(&g, |m| {
+                let segment: Vec<f32> = bounds[m.rank()].clone().map(|i| (100 * m.rank() + i) as f32).collect();
+                let mut all = vec![f32::NAN; 7];
+                let into = (m.rank() == 0).then_some((&mut all[..], &bounds[..]));
+                m.gather_f32(&segment, into).unwrap();
+                all
+            });
+            let want: Vec<f32> =
+                (0..7).map(|i| (100 * bounds.iter().position(|b| b.contains(&i)).unwrap() + i) as f32).collect();
+            assert_eq!(got[0], want, "{bounds:?}");
+            assert!(got[1..].iter().all(|v| v.iter().all(|x| x.is_nan())), "the others receive nothing");
+        }
         let bounds = [0..2, 2..2, 2..7];
-        let got = on_all(&g, |m| {
-            let segment: Vec<f32> = bounds[m.rank()].clone().map(|i| (100 * m.rank() + i) as f32).collect();
-            let mut all = vec![f32::NAN; 7];
-            let into = (m.rank() == 0).then_some((&mut all[..], &bounds[..]));
-            m.gather_f32(&segment, into).unwrap();
-            all
-        });
-        assert_eq!(got[0], [0.0, 1.0, 202.0, 203.0, 204.0, 205.0, 206.0]);
-        assert!(got[1..].iter().all(|v| v.iter().all(|x| x.is_nan())), "the others receive nothing");
         let err = g[0].gather_f32(&[1.0], Some((&mut [0.0; 7], &bounds))).unwrap_err().to_string();
         assert!(err.contains("segment of 1"), "{err}");
     }
