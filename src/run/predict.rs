@@ -68,20 +68,32 @@ impl<D: Device> Predictor<D> {
     /// `dev`. A folder that is not an export of ours, or is incomplete, is an error naming the
     /// file and what was expected.
     pub fn load(dev: D, dir: &Path) -> Result<Self> {
+        Self::load_from(dev, dir, |model, dev, export| {
+            let file = weights::load_safetensors(&export.weights)?;
+            let report = weights::load_into_model(model, dev, &file, &LoadOptions::default())?;
+            if !report.missing.is_empty() {
+                return Err(config_error(
+                    "model",
+                    format!(
+                        "{}: the weights lack {} (damaged or not an export of this engine)",
+                        dir.display(),
+                        report.missing.join(", ")
+                    ),
+                ));
+            }
+            Ok(())
+        })
+    }
+
+    /// The export in `dir` but its weights, which `fill` puts into the model it built.
+    fn load_from(
+        dev: D,
+        dir: &Path,
+        fill: impl FnOnce(&mut Model<D>, &D, &weights::ExportedModel) -> Result<()>,
+    ) -> Result<Self> {
         let export = weights::read_export(dir)?;
         let mut model = Model::new(&dev, &export.config, 0)?;
-        let file = weights::load_safetensors(&export.weights)?;
-        let report = weights::load_into_model(&mut model, &dev, &file, &LoadOptions::default())?;
-        if !report.missing.is_empty() {
-            return Err(config_error(
-                "model",
-                format!(
-                    "{}: the weights lack {} (damaged or not an export of this engine)",
-                    dir.display(),
-                    report.missing.join(", ")
-                ),
-            ));
-        }
+        fill(&mut model, &dev, &export)?;
         let spec = model.spec().clone();
         let reader = match (spec.family, spec.input) {
             (Family::Gpt, _) => {
@@ -271,26 +283,28 @@ impl<D: Device> Predictor<D> {
     /// every checkpoint). Every parameter must be in the checkpoint with its size.
     pub fn load_checkpoint(dev: D, path: &Path) -> Result<Self> {
         let run = path.parent().unwrap_or(Path::new("."));
-        let mut predictor = Self::load(dev, &run.join("model"))?;
         let (_, tensors) = checkpoint::load(path)?;
         let values: HashMap<&str, &Vec<f32>> =
             tensors.iter().filter_map(|t| t.name.strip_prefix("param/").map(|n| (n, &t.data))).collect();
-        let dev = &predictor.dev;
-        for p in predictor.model.params_mut() {
-            let Some(v) = values.get(p.name.as_str()).filter(|v| v.len() == p.numel()) else {
-                return Err(config_error(
-                    "model",
-                    format!(
-                        "{}: no parameter `{}` of {} values (not a checkpoint of this model)",
-                        path.display(),
-                        p.name,
-                        p.numel()
-                    ),
-                ));
-            };
-            p.value = dev.upload(v)?;
-        }
-        Ok(predictor)
+        // The export's config, labels and reader, and the checkpoint's weights (the export's
+        // are not copied onto the device first).
+        Self::load_from(dev, &run.join("model"), |model, dev, _| {
+            for p in model.params_mut() {
+                let Some(v) = values.get(p.name.as_str()).filter(|v| v.len() == p.numel()) else {
+                    return Err(config_error(
+                        "model",
+                        format!(
+                            "{}: no parameter `{}` of {} values (not a checkpoint of this model)",
+                            path.display(),
+                            p.name,
+                            p.numel()
+                        ),
+                    ));
+                };
+                p.value = dev.upload(v)?;
+            }
+            Ok(())
+        })
     }
 
     /// The model's family.
