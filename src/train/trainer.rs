@@ -246,7 +246,7 @@ impl<D: Device> Trainer<D> {
     /// replica) takes every `R`-th batch through its stages' processes, and the processes
     /// exchange their batches' sums: the same result, to the bit, on every process.
     pub fn evaluate(&self, data: &dyn BatchSource) -> Result<EvalMetrics> {
-        let out = self.evaluate_shared(data);
+        let out = self.evaluate_batches(data);
         if out.is_err() {
             // The other processes wait for this one's sums: end their wait now.
             self.pipeline.hang_up_processes();
@@ -254,7 +254,7 @@ impl<D: Device> Trainer<D> {
         out
     }
 
-    fn evaluate_shared(&self, data: &dyn BatchSource) -> Result<EvalMetrics> {
+    fn evaluate_batches(&self, data: &dyn BatchSource) -> Result<EvalMetrics> {
         let n = data.eval_batches();
         let r_count = self.pipeline.replicas();
         let pipeline = &self.pipeline;

@@ -142,6 +142,13 @@ enum Copies {
     Everywhere,
 }
 
+impl Copies {
+    /// Whether copies that stand here already are where `to` asks for them.
+    fn reach(self, to: Copies) -> bool {
+        self == Copies::Everywhere || self == to
+    }
+}
+
 /// The other stages' weights (by name) and optimizer state that rank 0 collected for a
 /// checkpoint or an export.
 #[derive(Default)]
@@ -322,11 +329,6 @@ impl<D: Device> Pipeline<D> {
         self.stage_processes.as_ref().map(StageProcesses::rank)
     }
 
-    /// The processes that are the stages of this process's replica, when they are.
-    pub fn stage_group(&self) -> Option<&ProcessGroup> {
-        self.stage_processes.as_ref().map(|p| &*p.group)
-    }
-
     /// Every process of the run, when the stages are processes (every row, every replica).
     pub fn all_processes(&self) -> Option<&ProcessGroup> {
         self.stage_processes.as_ref().map(|p| &*p.all)
@@ -375,7 +377,7 @@ impl<D: Device> Pipeline<D> {
     /// [`share_stages`](Self::share_stages) and [`collect_on_rank_zero`](Self::collect_on_rank_zero).
     fn spread_stages(&mut self, to: Copies) -> Result<()> {
         let Some(processes) = self.stage_processes.as_ref() else { return Ok(()) };
-        if self.stage_copies == Copies::Everywhere || self.stage_copies == to {
+        if self.stage_copies.reach(to) {
             return Ok(());
         }
         let (dev, k, own) = (&self.devices[0], self.plan.config.pipeline_len, processes.rank());
@@ -593,11 +595,7 @@ impl<D: Device> Pipeline<D> {
             // The other stages' copies go out of date; their optimizer state (shared for a
             // checkpoint) is not kept on this device.
             if self.holds(self.optimizer_copies, true) {
-                for (d, opt) in self.optimizers[0].iter_mut().enumerate() {
-                    if d != own {
-                        *opt = Optimizer::new(self.optimizer_config)?;
-                    }
-                }
+                self.forget_other_optimizer_state(own)?;
             }
             if self.holds(self.stage_copies, true) {
                 self.drop_other_stages()?;

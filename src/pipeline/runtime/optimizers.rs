@@ -81,8 +81,7 @@ impl<D: Device> Pipeline<D> {
     /// Sends this process's optimizer state to where `to` says the copies go (every process,
     /// or rank 0 only: [`collect_on_rank_zero`](Self::collect_on_rank_zero)).
     pub(super) fn spread_optimizer_state(&mut self, to: Copies) -> Result<()> {
-        if self.stage_processes.is_none() || self.optimizer_copies == Copies::Everywhere || self.optimizer_copies == to
-        {
+        if self.stage_processes.is_none() || self.optimizer_copies.reach(to) {
             return Ok(());
         }
         // Loading a state sizes it by its parameters' values: those must be there first.
@@ -162,6 +161,17 @@ impl<D: Device> Pipeline<D> {
             }
         }
         self.optimizer_copies = to;
+        Ok(())
+    }
+
+    /// When the stages are processes: drops this process's copies of the other positions'
+    /// optimizer state (position `own` is its own), which their owners change from now on.
+    pub(super) fn forget_other_optimizer_state(&mut self, own: usize) -> Result<()> {
+        for (d, opt) in self.optimizers[0].iter_mut().enumerate() {
+            if d != own {
+                *opt = Optimizer::new(self.optimizer_config)?;
+            }
+        }
         Ok(())
     }
 

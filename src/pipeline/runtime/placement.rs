@@ -193,9 +193,7 @@ impl<D: Device> Pipeline<D> {
         if let Some(own) = self.process_stage() {
             // The other positions' owners just released their frozen state: this process's
             // shared copies of it (and rank 0's collection) are stale until shared again.
-            for (_, opt) in self.optimizers[0].iter_mut().enumerate().filter(|(d, _)| *d != own) {
-                *opt = crate::optim::Optimizer::new(self.optimizer_config)?;
-            }
+            self.forget_other_optimizer_state(own)?;
             self.collected.optimizer.clear();
             self.optimizer_copies = super::Copies::Stale;
         }
