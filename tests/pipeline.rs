@@ -51,6 +51,12 @@ fn cpus(n: usize) -> Vec<CpuDevice<f32>> {
     (0..n).map(|i| CpuDevice::new(i, 1).unwrap()).collect()
 }
 
+/// `n` cpu devices computing on one pool of `threads` threads, as a run opens them.
+fn pooled_cpus(n: usize, threads: usize) -> Vec<CpuDevice<f32>> {
+    let pool = pipetransformer::device::HostPool::new("test", threads).unwrap();
+    (0..n).map(|i| CpuDevice::sharing(i, pool.clone(), 1, Precision::F32).unwrap()).collect()
+}
+
 /// Emulated CUDA devices (f32 mode), each with its own thread-order seed.
 fn emus(n: usize) -> Vec<GpuDevice> {
     (0..n).map(|i| pipetransformer::device::emu::device(i, Precision::F32, 1 + i as u64).unwrap()).collect()
@@ -276,17 +282,60 @@ fn replanning_twice_mid_run_follows_the_same_trajectory() {
 fn a_failing_worker_stops_the_step_with_its_error_and_changes_nothing() {
     let config = gpt();
     for (panic, device, action) in [(false, 1, 3), (true, 2, 0), (false, 0, 5), (true, 3, 7)] {
-        let mut p = pipeline(&config, cfg(2, 2, 2, ScheduleKind::OneFOneB));
-        let before = p.parameters(0).unwrap();
-        p.set_fault(Some(Fault { device, action, panic }));
-        let e = p.step(&batch(&config, 6, 0), 1000, LR, Some(1.0)).unwrap_err().to_string();
-        assert!(e.contains(&format!("device {device}")), "{e}");
-        assert!(e.contains(if panic { "panicked" } else { "injected" }), "{e}");
-        assert_eq!(p.parameters(0).unwrap(), before, "an optimizer step was applied");
-        // The pipeline is still usable.
-        p.set_fault(None);
-        p.step(&batch(&config, 6, 0), 1000, LR, Some(1.0)).unwrap();
+        // Workers on threads of their own, and on the threads of a pool their devices share
+        // (where waits lend the thread instead of sleeping, and must still see the abort).
+        for mut p in [
+            pipeline(&config, cfg(2, 2, 2, ScheduleKind::OneFOneB)),
+            pipeline_on(&config, cfg(2, 2, 2, ScheduleKind::OneFOneB), pooled_cpus(4, 4)),
+        ] {
+            let before = p.parameters(0).unwrap();
+            p.set_fault(Some(Fault { device, action, panic }));
+            let e = p.step(&batch(&config, 6, 0), 1000, LR, Some(1.0)).unwrap_err().to_string();
+            assert!(e.contains(&format!("device {device}")), "{e}");
+            assert!(e.contains(if panic { "panicked" } else { "injected" }), "{e}");
+            assert_eq!(p.parameters(0).unwrap(), before, "an optimizer step was applied");
+            // The pipeline is still usable.
+            p.set_fault(None);
+            p.step(&batch(&config, 6, 0), 1000, LR, Some(1.0)).unwrap();
+        }
     }
+}
+
+/// Devices that share one pool run the workers on its threads, and a waiting worker computes
+/// pieces of the others' ops: which thread computes a piece changes nothing. Loss, gradient
+/// norm and weights at every step are those of devices with a thread each, to the bit, for
+/// every schedule and with replicas; where the pool has fewer threads than workers, the step
+/// runs them on threads of their own instead, with the same result.
+#[test]
+fn devices_sharing_one_pool_train_bitwise_as_devices_with_their_own() {
+    let config = gpt();
+    for (k, r, m, threads) in [(2, 1, 4, 2), (1, 2, 2, 2), (2, 2, 2, 4), (3, 1, 3, 2)] {
+        for schedule in ALL_SCHEDULES {
+            let plan = cfg(k, r, m, schedule);
+            let mut own = pipeline(&config, plan.clone());
+            let mut pooled = pipeline_on(&config, plan, pooled_cpus(k * r, threads));
+            for step in 0..STEPS {
+                let host = batch(&config, 6, step);
+                let (a, b) = (
+                    own.step(&host, 1000 + step, LR, Some(1.0)).unwrap(),
+                    pooled.step(&host, 1000 + step, LR, Some(1.0)).unwrap(),
+                );
+                let what = format!("K={k} R={r} M={m} {schedule} step {step}");
+                assert_eq!(
+                    (a.loss.to_bits(), a.grad_norm.to_bits()),
+                    (b.loss.to_bits(), b.grad_norm.to_bits()),
+                    "{what}"
+                );
+                assert!(!a.pooled, "{what}: devices with pools of their own");
+                assert_eq!(b.pooled, k * r <= threads, "{what}: on the pool's threads where it has one per worker");
+            }
+            assert!(own.parameters(0).unwrap() == pooled.parameters(0).unwrap(), "K={k} R={r} M={m} {schedule}");
+        }
+    }
+    // The planner reckons with the threads the profiles ran on: all of the shared pool's, so
+    // one device at work computes at that speed and each of two at half of it.
+    let p = pipeline_on(&config, cfg(2, 1, 2, ScheduleKind::OneFOneB), pooled_cpus(2, 2));
+    assert_eq!([p.lent_speed(1), p.lent_speed(2)], [1.0, 0.5]);
 }
 
 #[test]

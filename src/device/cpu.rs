@@ -14,6 +14,7 @@
 //! ([`crate::ops::gemm_bf16`]); activations, parameters, gradients and optimizer state stay f32
 //! (the f32 masters), and every other op is unchanged.
 
+use super::host_pool::HostPool;
 use super::{Device, Precision};
 use crate::error::{Result, check_len};
 use crate::ops;
@@ -132,10 +133,11 @@ pub struct CpuDevice<T: Float> {
     own_threads: usize,
     /// The arithmetic of the linear layers' products (bf16 on an f32 device with `Precision::Bf16`).
     products: Products,
-    pool: rayon::ThreadPool,
+    /// The threads its ops run on: its own, or those it shares with the run's other cpu devices.
+    threads_pool: Arc<HostPool>,
+    /// Whether `threads_pool` is shared (its thread count is then the run's, not this device's).
+    shares_pool: bool,
     buffers: Arc<Pool<T>>,
-    /// Whether a thread is inside [`Device::enter`].
-    entered: std::sync::atomic::AtomicBool,
 }
 
 /// Elements the buffer pool keeps at most (1 GiB of f32): enough for every activation of a
@@ -151,30 +153,41 @@ impl<T: Float> CpuDevice<T> {
     /// [`new`](Self::new) with a precision: `Bf16` (f32 devices only) rounds the operands of the
     /// linear layers' products to bf16 and accumulates in f32; everything else stays in `T`.
     pub fn with_precision(index: usize, threads: usize, precision: Precision) -> Result<Self> {
-        let products = match precision {
-            Precision::F32 => Products::Native,
-            Precision::Bf16 if T::DTYPE == DType::F32 => Products::Bf16,
-            Precision::Bf16 => {
-                return Err(crate::error::config_error(
-                    "precision",
-                    format!("bf16 products need an f32 cpu device, not {:?}", T::DTYPE),
-                ));
-            }
-        };
+        let products = Self::products_for(precision)?;
         let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
-        let pool = thread_pool(index, threads)?;
+        Self::on(index, HostPool::new(&format!("cpu{index}"), threads)?, false, threads, products)
+    }
+
+    /// CPU device number `index` computing on `pool`, which it shares with other devices of
+    /// the run (see [`HostPool`]); `threads` is its share, the count a planner reckons with.
+    pub fn sharing(index: usize, pool: Arc<HostPool>, threads: usize, precision: Precision) -> Result<Self> {
+        Self::on(index, pool, true, threads.max(1), Self::products_for(precision)?)
+    }
+
+    fn on(index: usize, pool: Arc<HostPool>, shares_pool: bool, threads: usize, products: Products) -> Result<Self> {
         Ok(Self {
             index,
             threads,
             own_threads: threads,
             products,
-            pool,
+            threads_pool: pool,
+            shares_pool,
             buffers: Arc::new(Pool {
                 free: Mutex::new(FreeLists { by_class: HashMap::new(), cached: 0 }),
                 max_cached_elems: DEFAULT_POOL_ELEMS,
             }),
-            entered: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    fn products_for(precision: Precision) -> Result<Products> {
+        match precision {
+            Precision::F32 => Ok(Products::Native),
+            Precision::Bf16 if T::DTYPE == DType::F32 => Ok(Products::Bf16),
+            Precision::Bf16 => Err(crate::error::config_error(
+                "precision",
+                format!("bf16 products need an f32 cpu device, not {:?}", T::DTYPE),
+            )),
+        }
     }
 
     /// The precision this device was opened with.
@@ -187,7 +200,7 @@ impl<T: Float> CpuDevice<T> {
 
     /// Runs `f` on this device's thread pool.
     fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        self.pool.install(f)
+        self.threads_pool.install(f)
     }
 
     /// With bf16 products, `weight` (`[out_dim, in_dim]`) packed as the forward's B
@@ -232,18 +245,6 @@ impl<T: Float> CpuDevice<T> {
         let data = self.buffers.take(class).unwrap_or_else(|| vec![T::ZERO; class]);
         CpuBuf { data, len, pool: self.buffers.clone(), packs: Mutex::default() }
     }
-}
-
-/// The rayon pool of cpu device `index`, `threads` threads.
-fn thread_pool(index: usize, threads: usize) -> Result<rayon::ThreadPool> {
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .thread_name(move |i| format!("cpu{index}-worker{i}"))
-        .build()
-        .map_err(|e| crate::Error::Config {
-            field: "threads".into(),
-            message: format!("cannot start {threads} threads: {e}"),
-        })
 }
 
 impl<T: Float> Device for CpuDevice<T> {
@@ -319,30 +320,19 @@ impl<T: Float> Device for CpuDevice<T> {
         Some(self.threads)
     }
     fn set_threads(&mut self, threads: usize) -> Result<()> {
-        if threads != self.threads {
-            self.pool = thread_pool(self.index, threads.max(1))?;
-            self.threads = threads.max(1);
+        // A shared pool's idle threads already take pieces of this device's ops: only the
+        // count the planner reckons with changes.
+        if threads != self.threads && !self.shares_pool {
+            self.threads_pool = HostPool::new(&format!("cpu{}", self.index), threads)?;
         }
+        self.threads = threads.max(1);
         Ok(())
     }
+    fn host_pool(&self) -> Option<&Arc<HostPool>> {
+        Some(&self.threads_pool)
+    }
     fn enter<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        // Inside, `run`'s `install` finds itself on one of the pool's threads and calls its
-        // closure directly. One thread at a time: a second one would queue behind the first's
-        // whole step (one pool thread) or be run by a pool thread that is waiting inside an op
-        // of the first, on top of it; it runs outside instead, handing each op to the pool.
-        use std::sync::atomic::{AtomicBool, Ordering};
-        if self.entered.swap(true, Ordering::Acquire) {
-            return f();
-        }
-        /// Lets the next thread in when the step ends, also by a panic.
-        struct Leave<'a>(&'a AtomicBool);
-        impl Drop for Leave<'_> {
-            fn drop(&mut self) {
-                self.0.store(false, Ordering::Release);
-            }
-        }
-        let _leave = Leave(&self.entered);
-        self.pool.install(f)
+        self.threads_pool.enter(f)
     }
 
     fn linear_forward(

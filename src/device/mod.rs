@@ -10,10 +10,12 @@ pub mod cpu;
 pub mod cuda;
 pub mod emu;
 pub mod gpu;
+pub mod host_pool;
 pub mod kernels;
 
 pub use cpu::{CpuBuf, CpuDevice};
 pub use gpu::{GpuBuf, GpuDevice, GpuIds, Precision};
+pub use host_pool::HostPool;
 
 use crate::error::Result;
 use crate::ops::attention::AttentionDims;
@@ -92,10 +94,15 @@ pub trait Device: Send + Sync + 'static {
     /// Runs `f`, a thread's worth of this device's ops (a pipeline worker's step), where those
     /// ops cost least to start. The cpu backend runs it inside the device's thread pool, so that
     /// each op runs on the calling thread instead of being handed to the pool and waited for: a
-    /// thread wake-up per op, thousands per step. One thread enters at a time; a second one
-    /// meanwhile runs `f` as it is, as every backend but cpu always does.
+    /// thread wake-up per op, thousands per step. One thread enters a pool at a time; a second
+    /// one meanwhile runs `f` as it is, as every backend but cpu always does.
     fn enter<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         f()
+    }
+    /// The host threads this device's ops run on (cpu), which the run's cpu devices share;
+    /// `None` elsewhere.
+    fn host_pool(&self) -> Option<&std::sync::Arc<HostPool>> {
+        None
     }
     /// A point in this device's work, for timing it ([`Marker`]). The default, the host clock,
     /// is right for backends whose ops return when their work is done.

@@ -16,11 +16,12 @@ pub use predict::{ClassPrediction, Predictor, Sampling};
 pub use progress::ProgressLines;
 pub use source::{SampleSource, subset};
 
-use crate::device::{AnyDevices, DeviceKind, Precision};
+use crate::device::{AnyDevice, AnyDevices, CpuDevice, DeviceKind, HostPool, Precision};
 
 /// Opens the `count` devices of a run: GPUs as `kind` says, or `count` cpu devices that share
 /// the machine's cores (`threads` in all; 0: every core), so the devices together use the
-/// machine once.
+/// machine once. The cpu devices compute on one pool of those threads (at least one per
+/// device), each reckoned by the planner at its even share ([`crate::device::HostPool`]).
 pub fn open_devices(kind: DeviceKind, count: usize, threads: usize, precision: Precision) -> crate::Result<AnyDevices> {
     open_devices_at(kind, 0, count, threads, precision)
 }
@@ -34,16 +35,26 @@ pub fn open_devices_at(
     precision: Precision,
 ) -> crate::Result<AnyDevices> {
     let cores = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
-    let per_device = (cores / count.max(1)).max(1);
-    let mut cpus = Vec::new();
+    let count = count.max(1);
+    let per_device = (cores / count).max(1);
+    let indices = first..first + count;
+    if kind.resolve() == DeviceKind::Cpu {
+        let pool = HostPool::new("cpu", cores.max(count))?;
+        return indices
+            .map(|i| CpuDevice::sharing(i, pool.clone(), per_device, precision))
+            .collect::<crate::Result<_>>()
+            .map(AnyDevices::Cpu);
+    }
     let mut gpus = Vec::new();
-    for i in first..first + count.max(1) {
-        match crate::device::AnyDevice::open(kind, i, per_device, precision)? {
-            crate::device::AnyDevice::Cpu(d) => cpus.push(d),
-            crate::device::AnyDevice::Gpu(d) => gpus.push(d),
+    for i in indices {
+        match AnyDevice::open(kind, i, per_device, precision)? {
+            AnyDevice::Gpu(d) => gpus.push(d),
+            AnyDevice::Cpu(_) => {
+                return Err(crate::error::internal("devices", format!("{kind:?} opened a cpu device")));
+            }
         }
     }
-    Ok(if gpus.is_empty() { AnyDevices::Cpu(cpus) } else { AnyDevices::Gpu(gpus) })
+    Ok(AnyDevices::Gpu(gpus))
 }
 
 #[cfg(test)]

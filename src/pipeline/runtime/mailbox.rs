@@ -26,6 +26,9 @@ pub(super) struct Shared {
     /// another's (a worker woken by the abort, a ring whose peer is gone).
     errors: Mutex<Vec<(usize, Error, bool)>>,
     start: Instant,
+    /// Whether a wait lends its thread to the host pool the workers run on
+    /// ([`crate::device::HostPool::run_each`]) instead of sleeping.
+    lend_waits: AtomicBool,
 }
 
 /// What a worker reports when it stops because the step was aborted elsewhere.
@@ -53,6 +56,7 @@ impl Shared {
             abort: AtomicBool::new(false),
             errors: Mutex::new(Vec::new()),
             start: Instant::now(),
+            lend_waits: AtomicBool::new(false),
         }
     }
 
@@ -63,6 +67,11 @@ impl Shared {
 
     pub fn aborted(&self) -> bool {
         self.abort.load(Ordering::Acquire)
+    }
+
+    /// Whether waits lend their thread to the workers' pool (set before the workers start).
+    pub fn lend_waits(&self, on: bool) {
+        self.lend_waits.store(on, Ordering::Release);
     }
 
     /// Delivers `data` (`None`: a gradient that is known to be zero) to `device`'s inbox.
@@ -82,6 +91,17 @@ impl Shared {
             }
             if self.aborted() {
                 return Err(aborted(format!("device {device} stopped waiting for {tag:?}")));
+            }
+            if self.lend_waits.load(Ordering::Acquire) {
+                // Another worker's op may have a piece waiting for this thread: run it, or
+                // give the core away for a moment, then look again. (Sleeping would leave the
+                // piece to a thread that is busy with its own stage.)
+                drop(slots);
+                if !crate::device::host_pool::lend_thread() {
+                    std::thread::yield_now();
+                }
+                slots = mb.slots.lock().unwrap_or_else(|e| e.into_inner());
+                continue;
             }
             slots = mb.arrived.wait(slots).unwrap_or_else(|e| e.into_inner());
         }

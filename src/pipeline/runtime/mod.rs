@@ -32,13 +32,13 @@ use super::plan::{PipelineConfig, Plan};
 use super::trace::StepTrace;
 use crate::comm::process_group::ProcessGroup;
 use crate::comm::{Communicator, RingCommunicator, ring_group};
-use crate::device::Device;
+use crate::device::{Device, HostPool};
 use crate::error::{Result, config_error, data_error, internal};
 use crate::model::{Batch, Hidden, HostBatch, Model, ModelParts, Spec, Unit, head_loss};
 use crate::optim::{Optimizer, OptimizerConfig};
 use mailbox::Shared;
 use processes::StageProcesses;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use worker::{BucketBuffers, StageUnits, StepContext, Worker, WorkerOutput};
 
 /// What one pipelined step reports.
@@ -62,6 +62,9 @@ pub struct PipelineStep {
     /// backward: saved activations of the pieces in flight plus TeraPipe's key/value arenas,
     /// and under zero bubble the inputs and output gradients of put-off weight gradients.
     pub peak_activations: Vec<usize>,
+    /// Whether the workers ran on the threads of the pool their devices share, each wait
+    /// lending its thread to the others' ops ([`crate::device::HostPool::run_each`]).
+    pub pooled: bool,
 }
 
 /// How to run one step besides its batch.
@@ -129,6 +132,9 @@ pub struct Pipeline<D: Device> {
     /// plan leaves idle lend theirs to those at work ([`lend_idle_threads`](Self::lend_idle_threads)).
     own_threads: Vec<Option<usize>>,
     lend_threads: bool,
+    /// The threads device 0's ops ran on when the units' profiles were measured: its own, or
+    /// all of the pool the devices share.
+    profiled_threads: usize,
 }
 
 /// When the stages are processes, where copies of the other stages' weights (or optimizer
@@ -155,6 +161,12 @@ impl Copies {
 struct Collected {
     weights: std::collections::HashMap<String, Vec<f32>>,
     optimizer: Vec<crate::optim::ParamState>,
+}
+
+/// The pool every one of `devices` computes on, where they share one (a run's cpu devices).
+fn common_pool<D: Device>(devices: &[D]) -> Option<&Arc<HostPool>> {
+    let first = devices.first()?.host_pool()?;
+    devices.iter().all(|d| d.host_pool().is_some_and(|p| Arc::ptr_eq(p, first))).then_some(first)
 }
 
 /// [`Pipeline::device_index`] for callers that hold part of the pipeline mutably.
@@ -197,9 +209,11 @@ impl<D: Device> Pipeline<D> {
         let frozen_units = units.iter().take_while(|u| !u.trainable()).count();
         let owned: Vec<(Unit<D>, usize)> = units.into_iter().map(|u| (u, 0)).collect();
         let own_threads = devices.iter().map(Device::threads).collect();
+        let profiled_threads = devices.first().and_then(|d| d.host_pool()).map_or(1, |p| p.threads());
         let mut p = Pipeline {
             own_threads,
             lend_threads: false,
+            profiled_threads,
             devices,
             spec,
             tied,
@@ -703,51 +717,67 @@ impl<D: Device> Pipeline<D> {
         let processes = self.stage_processes.as_ref();
         // With stages as processes, this process runs its own device's worker only.
         let local = |g: usize| processes.is_none_or(|p| p.rank() == g);
-        let outputs: Vec<Option<WorkerOutput>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = jobs
-                .into_iter()
-                .enumerate()
-                .filter(|(g, _)| local(*g))
-                .map(|(g, stages)| {
-                    let (r, d) = (g / k, g % k);
-                    let worker = Worker {
-                        ctx: &ctx,
-                        dev: &devices[device_slot(g, processes.is_some())],
-                        global: g,
-                        stages,
-                        actions: &plan.schedule.per_device[d],
-                        micro: &micro[r],
-                        ring: rings[d][r].take(),
-                        communicator: communicators.as_ref().map(|c| c[d][r].clone()),
-                    };
-                    scope.spawn(move || worker.run_guarded())
-                })
-                .collect();
-            let Some(p) = processes else {
-                return handles.into_iter().map(|h| h.join().ok().flatten()).collect();
-            };
-            // A reader per link drops the neighbours' messages into this device's inbox.
-            let shared = &shared;
-            let readers: Vec<_> = p
-                .incoming(plan)
-                .into_iter()
-                .map(|(link, peer)| scope.spawn(move || p.receive(link, peer, shared)))
-                .collect();
-            let outputs: Vec<Option<WorkerOutput>> = handles.into_iter().map(|h| h.join().ok().flatten()).collect();
-            match outputs.iter().all(Option::is_some) && !shared.aborted() {
-                true => {
-                    if let Err(e) = p.end(plan) {
-                        shared.fail(p.rank(), e);
-                        p.group.hang_up();
-                    }
-                }
-                // Hanging up ends the readers (and the neighbours' waits) at once.
-                false => p.group.hang_up(),
-            }
-            for r in readers {
-                let _ = r.join();
-            }
+        let workers: Vec<Mutex<Option<Worker<D>>>> = jobs
+            .into_iter()
+            .enumerate()
+            .filter(|(g, _)| local(*g))
+            .map(|(g, stages)| {
+                let (r, d) = (g / k, g % k);
+                Mutex::new(Some(Worker {
+                    ctx: &ctx,
+                    dev: &devices[device_slot(g, processes.is_some())],
+                    global: g,
+                    stages,
+                    actions: &plan.schedule.per_device[d],
+                    micro: &micro[r],
+                    ring: rings[d][r].take(),
+                    communicator: communicators.as_ref().map(|c| c[d][r].clone()),
+                }))
+            })
+            .collect();
+        let run = |w: &Mutex<Option<Worker<D>>>| {
+            let worker = w.lock().unwrap_or_else(|e| e.into_inner()).take();
+            worker.and_then(Worker::run_guarded)
+        };
+        // Devices that share a host pool run the workers on its threads, and a worker's wait
+        // for a message lends its thread to the others' ops instead of idling.
+        let pool = if processes.is_none() { common_pool(devices) } else { None };
+        let pooled = pool.and_then(|pool| {
+            shared.lend_waits(true);
+            let outputs = pool.run_each(workers.len(), |i| run(&workers[i]));
+            shared.lend_waits(outputs.is_some());
             outputs
+        });
+        let pooled_step = pooled.is_some();
+        let outputs: Vec<Option<WorkerOutput>> = pooled.unwrap_or_else(|| {
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = workers.iter().map(|w| scope.spawn(move || run(w))).collect();
+                let Some(p) = processes else {
+                    return handles.into_iter().map(|h| h.join().ok().flatten()).collect();
+                };
+                // A reader per link drops the neighbours' messages into this device's inbox.
+                let shared = &shared;
+                let readers: Vec<_> = p
+                    .incoming(plan)
+                    .into_iter()
+                    .map(|(link, peer)| scope.spawn(move || p.receive(link, peer, shared)))
+                    .collect();
+                let outputs: Vec<Option<WorkerOutput>> = handles.into_iter().map(|h| h.join().ok().flatten()).collect();
+                match outputs.iter().all(Option::is_some) && !shared.aborted() {
+                    true => {
+                        if let Err(e) = p.end(plan) {
+                            shared.fail(p.rank(), e);
+                            p.group.hang_up();
+                        }
+                    }
+                    // Hanging up ends the readers (and the neighbours' waits) at once.
+                    false => p.group.hang_up(),
+                }
+                for r in readers {
+                    let _ = r.join();
+                }
+                outputs
+            })
         });
         if let Some(e) = shared.take_error() {
             return Err(e);
@@ -820,6 +850,7 @@ impl<D: Device> Pipeline<D> {
             frozen_output,
             trace,
             peak_activations,
+            pooled: pooled_step,
         })
     }
 

@@ -115,14 +115,12 @@ impl<D: Device> Pipeline<D> {
     }
 
     /// How fast each of the first `used` devices computes with the idle devices' threads lent
-    /// to it, relative to the first device on its own threads (where the units' profiles are
-    /// measured): all threads over `used`, over the first device's own. 1 where every device
-    /// is used or there are no threads to lend.
+    /// to it, relative to the units' profiles: all threads over `used`, over the threads the
+    /// profiles were measured on (the first device's own, or the whole pool the devices
+    /// share). 1 where there are no threads to lend.
     pub fn lent_speed(&self, used: usize) -> f64 {
         match self.own_thread_counts() {
-            Some(own) if used > 0 && used < own.len() => {
-                own.iter().sum::<usize>() as f64 / used as f64 / own[0].max(1) as f64
-            }
+            Some(own) if used > 0 => own.iter().sum::<usize>() as f64 / used as f64 / self.profiled_threads as f64,
             _ => 1.0,
         }
     }
