@@ -37,6 +37,12 @@ impl HostPool {
         self.threads.current_num_threads()
     }
 
+    /// Whether it has more threads than the machine has cores. Its waiting workers then sleep
+    /// instead of lending their thread: a spinning one would take a core from a thread at work.
+    pub fn oversubscribed(&self) -> bool {
+        std::thread::available_parallelism().is_ok_and(|cores| self.threads() > cores.get())
+    }
+
     /// Runs one op's `f` on the pool (on the calling thread when it is one of the pool's).
     pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         self.threads.install(f)

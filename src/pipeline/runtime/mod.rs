@@ -740,12 +740,13 @@ impl<D: Device> Pipeline<D> {
             worker.and_then(Worker::run_guarded)
         };
         // Devices that share a host pool run the workers on its threads, and a worker's wait
-        // for a message lends its thread to the others' ops instead of idling.
+        // for a message lends its thread to the others' ops instead of idling (unless the pool
+        // has more threads than the cores, where a spinning waiter would slow a busy one).
         let pool = if processes.is_none() { common_pool(devices) } else { None };
         let pooled = pool.and_then(|pool| {
-            shared.lend_waits(true);
+            shared.lend_waits(!pool.oversubscribed());
             let outputs = pool.run_each(workers.len(), |i| run(&workers[i]));
-            shared.lend_waits(outputs.is_some());
+            shared.lend_waits(false);
             outputs
         });
         let pooled_step = pooled.is_some();
