@@ -53,8 +53,12 @@ fn cpus(n: usize) -> Vec<CpuDevice<f32>> {
 
 /// `n` cpu devices computing on one pool of `threads` threads, as a run opens them.
 fn pooled_cpus(n: usize, threads: usize) -> Vec<CpuDevice<f32>> {
+    pooled_cpus_in(n, threads, Precision::F32)
+}
+
+fn pooled_cpus_in(n: usize, threads: usize, precision: Precision) -> Vec<CpuDevice<f32>> {
     let pool = pipetransformer::device::HostPool::new("test", threads).unwrap();
-    (0..n).map(|i| CpuDevice::sharing(i, pool.clone(), 1, Precision::F32).unwrap()).collect()
+    (0..n).map(|i| CpuDevice::sharing(i, pool.clone(), 1, precision).unwrap()).collect()
 }
 
 /// Emulated CUDA devices (f32 mode), each with its own thread-order seed.
@@ -332,6 +336,27 @@ fn devices_sharing_one_pool_train_bitwise_as_devices_with_their_own() {
             assert!(own.parameters(0).unwrap() == pooled.parameters(0).unwrap(), "K={k} R={r} M={m} {schedule}");
         }
     }
+    // bf16 products (whose row blocks follow the pool's thread count) too.
+    let bf16 = |n: usize| -> Vec<CpuDevice<f32>> {
+        (0..n).map(|i| CpuDevice::with_precision(i, 1, Precision::Bf16).unwrap()).collect()
+    };
+    let plan = cfg(2, 1, 4, ScheduleKind::OneFOneB);
+    let mut own = pipeline_on(&config, plan.clone(), bf16(2));
+    let mut pooled = pipeline_on(&config, plan, pooled_cpus_in(2, 2, Precision::Bf16));
+    for step in 0..STEPS {
+        let host = batch(&config, 6, step);
+        let (a, b) = (
+            own.step(&host, 1000 + step, LR, Some(1.0)).unwrap(),
+            pooled.step(&host, 1000 + step, LR, Some(1.0)).unwrap(),
+        );
+        assert_eq!(
+            (a.loss.to_bits(), a.grad_norm.to_bits()),
+            (b.loss.to_bits(), b.grad_norm.to_bits()),
+            "bf16 step {step}"
+        );
+        assert!(b.pooled);
+    }
+    assert!(own.parameters(0).unwrap() == pooled.parameters(0).unwrap(), "bf16");
     // The planner reckons with the threads the profiles ran on: all of the shared pool's, so
     // one device at work computes at that speed and each of two at half of it.
     let p = pipeline_on(&config, cfg(2, 1, 2, ScheduleKind::OneFOneB), pooled_cpus(2, 2));

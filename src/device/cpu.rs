@@ -155,7 +155,7 @@ impl<T: Float> CpuDevice<T> {
     pub fn with_precision(index: usize, threads: usize, precision: Precision) -> Result<Self> {
         let products = Self::products_for(precision)?;
         let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
-        Self::on(index, HostPool::new(&format!("cpu{index}"), threads)?, false, threads, products)
+        Self::on(index, own_pool(index, threads)?, false, threads, products)
     }
 
     /// CPU device number `index` computing on `pool`, which it shares with other devices of
@@ -247,6 +247,11 @@ impl<T: Float> CpuDevice<T> {
     }
 }
 
+/// The pool of a device that has one of its own.
+fn own_pool(index: usize, threads: usize) -> Result<Arc<HostPool>> {
+    HostPool::new(&format!("cpu{index}"), threads)
+}
+
 impl<T: Float> Device for CpuDevice<T> {
     type Buf = CpuBuf<T>;
     type Ids = Vec<u32>;
@@ -322,16 +327,23 @@ impl<T: Float> Device for CpuDevice<T> {
     fn set_threads(&mut self, threads: usize) -> Result<()> {
         // A shared pool's idle threads already take pieces of this device's ops: only the
         // count the planner reckons with changes.
+        let threads = threads.max(1);
         if threads != self.threads && !self.shares_pool {
-            self.threads_pool = HostPool::new(&format!("cpu{}", self.index), threads)?;
+            self.threads_pool = own_pool(self.index, threads)?;
         }
-        self.threads = threads.max(1);
+        self.threads = threads;
         Ok(())
     }
     fn host_pool(&self) -> Option<&Arc<HostPool>> {
         Some(&self.threads_pool)
     }
     fn enter<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        // On a shared pool another device's ops are queued on it too, and a pool thread waiting
+        // inside one of them could pick up this whole step and wait in it for that device: a
+        // deadlock. Steps there run on the pool's threads by `HostPool::run_each` instead.
+        if self.shares_pool {
+            return f();
+        }
         self.threads_pool.enter(f)
     }
 

@@ -18,6 +18,8 @@ pub struct HostPool {
     /// Whether a thread runs a whole step inside the pool ([`enter`](Self::enter) or
     /// [`run_each`](Self::run_each)).
     entered: AtomicBool,
+    /// More threads than the machine has cores.
+    oversubscribed: bool,
 }
 
 impl HostPool {
@@ -29,7 +31,9 @@ impl HostPool {
             .thread_name(move |i| format!("{prefix}-worker{i}"))
             .build()
             .map_err(|e| crate::error::config_error("threads", format!("cannot start {threads} threads: {e}")))?;
-        Ok(Arc::new(HostPool { threads, entered: AtomicBool::new(false) }))
+        let oversubscribed =
+            std::thread::available_parallelism().is_ok_and(|cores| threads.current_num_threads() > cores.get());
+        Ok(Arc::new(HostPool { threads, entered: AtomicBool::new(false), oversubscribed }))
     }
 
     /// Its thread count.
@@ -40,7 +44,7 @@ impl HostPool {
     /// Whether it has more threads than the machine has cores. Its waiting workers then sleep
     /// instead of lending their thread: a spinning one would take a core from a thread at work.
     pub fn oversubscribed(&self) -> bool {
-        std::thread::available_parallelism().is_ok_and(|cores| self.threads() > cores.get())
+        self.oversubscribed
     }
 
     /// Runs one op's `f` on the pool (on the calling thread when it is one of the pool's).
@@ -64,9 +68,9 @@ impl HostPool {
     /// returns the results in order; the pool's other threads take pieces of their ops. `None`,
     /// running nothing, where the pool has fewer than `n` threads or a thread is inside it.
     ///
-    /// A `work` may wait for another (a pipeline's message): it must then wait by
-    /// [`lend_thread`], never by blocking, or a piece of its op that another thread is
-    /// waiting for could sit on a thread that sleeps.
+    /// A `work` may wait for another (a pipeline's message) by blocking: a thread holds pieces
+    /// of an op only while it is inside that op, so a blocked one holds nothing another needs.
+    /// Waiting by [`lend_thread`] instead puts the thread to work meanwhile.
     pub fn run_each<R: Send>(&self, n: usize, work: impl Fn(usize) -> R + Sync) -> Option<Vec<R>> {
         if n > self.threads() {
             return None;

@@ -456,21 +456,6 @@ pub enum AnyDevices {
     Gpu(Vec<GpuDevice>),
 }
 
-impl AnyDevices {
-    /// Devices `0..count` of `kind`, each with `threads` CPU threads (`cpu`) or `precision`.
-    pub fn open(kind: DeviceKind, count: usize, threads: usize, precision: Precision) -> Result<Self> {
-        let mut cpus = Vec::new();
-        let mut gpus = Vec::new();
-        for i in 0..count {
-            match AnyDevice::open(kind, i, threads, precision)? {
-                AnyDevice::Cpu(d) => cpus.push(d),
-                AnyDevice::Gpu(d) => gpus.push(d),
-            }
-        }
-        Ok(if gpus.is_empty() { AnyDevices::Cpu(cpus) } else { AnyDevices::Gpu(gpus) })
-    }
-}
-
 impl AnyDevice {
     /// Device number `index` of `kind` in `precision`, with `threads` CPU threads for `cpu` (where
     /// bf16 means bf16 operands in the linear layers' products, f32 everything else).

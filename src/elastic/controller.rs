@@ -257,7 +257,9 @@ impl Elastic {
             let lend = self.config.lends_threads(trainer.pipeline.devices());
             let replicas = |k: usize| replicas_for(k, a.devices, a.initial_replicas, auto_dp && !lend);
             let pipeline = &trainer.pipeline;
-            let speed = |k: usize| if lend { pipeline.lent_speed(k * replicas(k)) } else { 1.0 };
+            // Devices that share a pool compute at their share of it, lent threads or not.
+            let shared = pipeline.shared_pool().is_some();
+            let speed = |k: usize| if lend || shared { pipeline.lent_speed(k * replicas(k)) } else { 1.0 };
             let global = |r: usize| a.batch * batches_per_step(policy, r, a.initial_replicas);
             let tuned = &self.tuner.best;
             let micro = |k: usize, per_replica: usize| {

@@ -115,14 +115,22 @@ impl<D: Device> Pipeline<D> {
     }
 
     /// How fast each of the first `used` devices computes with the idle devices' threads lent
-    /// to it, relative to the units' profiles: all threads over `used`, over the threads the
-    /// profiles were measured on (the first device's own, or the whole pool the devices
-    /// share). 1 where there are no threads to lend.
+    /// to it, relative to the units' profiles: all threads (every device's own, or the pool
+    /// they share) over `used`, over the threads the profiles were measured on (the first
+    /// device's own, or the whole shared pool). 1 for devices without threads.
     pub fn lent_speed(&self, used: usize) -> f64 {
-        match self.own_thread_counts() {
-            Some(own) if used > 0 => own.iter().sum::<usize>() as f64 / used as f64 / self.profiled_threads as f64,
-            _ => 1.0,
-        }
+        let total = match (self.shared_pool(), self.own_thread_counts()) {
+            (Some(pool), _) => pool.threads(),
+            (None, Some(own)) => own.iter().sum(),
+            (None, None) => return 1.0,
+        };
+        if used == 0 { 1.0 } else { total as f64 / used as f64 / self.profiled_threads as f64 }
+    }
+
+    /// The pool the devices share, where there are several and they share one: each then
+    /// computes at its share of the pool whether or not freed devices lend their threads.
+    pub fn shared_pool(&self) -> Option<&std::sync::Arc<crate::device::HostPool>> {
+        super::common_pool(&self.devices).filter(|_| self.devices.len() > 1)
     }
 
     /// Every device's own thread count; `None` unless all are cpu devices.
