@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 /// A rayon pool and who is inside it.
 pub struct HostPool {
-    threads: rayon::ThreadPool,
+    pool: rayon::ThreadPool,
     /// Whether a thread runs a whole step inside the pool ([`enter`](Self::enter) or
     /// [`run_each`](Self::run_each)).
     entered: AtomicBool,
@@ -26,19 +26,19 @@ impl HostPool {
     /// A pool of `threads` threads (at least one), named `{name}-worker{i}`.
     pub fn new(name: &str, threads: usize) -> Result<Arc<Self>> {
         let prefix = name.to_string();
-        let threads = rayon::ThreadPoolBuilder::new()
+        let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads.max(1))
             .thread_name(move |i| format!("{prefix}-worker{i}"))
             .build()
             .map_err(|e| crate::error::config_error("threads", format!("cannot start {threads} threads: {e}")))?;
         let oversubscribed =
-            std::thread::available_parallelism().is_ok_and(|cores| threads.current_num_threads() > cores.get());
-        Ok(Arc::new(HostPool { threads, entered: AtomicBool::new(false), oversubscribed }))
+            std::thread::available_parallelism().is_ok_and(|cores| pool.current_num_threads() > cores.get());
+        Ok(Arc::new(HostPool { pool, entered: AtomicBool::new(false), oversubscribed }))
     }
 
     /// Its thread count.
     pub fn threads(&self) -> usize {
-        self.threads.current_num_threads()
+        self.pool.current_num_threads()
     }
 
     /// Whether it has more threads than the machine has cores. Its waiting workers then sleep
@@ -49,7 +49,7 @@ impl HostPool {
 
     /// Runs one op's `f` on the pool (on the calling thread when it is one of the pool's).
     pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        self.threads.install(f)
+        self.pool.install(f)
     }
 
     /// Runs `f`, a thread's worth of ops, inside the pool, so that each op runs on the calling
@@ -59,7 +59,7 @@ impl HostPool {
     /// second); it runs outside instead, handing each op to the pool.
     pub fn enter<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         match self.hold() {
-            Some(_held) => self.threads.install(f),
+            Some(_held) => self.pool.install(f),
             None => f(),
         }
     }
@@ -78,7 +78,7 @@ impl HostPool {
         let _held = self.hold()?;
         // A broadcast runs its closure once on each thread of the pool, and only there: no
         // thread can pick up another's `work` while it waits.
-        let out: Vec<Option<R>> = self.threads.broadcast(|ctx| (ctx.index() < n).then(|| work(ctx.index())));
+        let out: Vec<Option<R>> = self.pool.broadcast(|ctx| (ctx.index() < n).then(|| work(ctx.index())));
         Some(out.into_iter().flatten().collect())
     }
 
