@@ -57,7 +57,7 @@ fn pooled_cpus(n: usize, threads: usize) -> Vec<CpuDevice<f32>> {
 }
 
 fn pooled_cpus_in(n: usize, threads: usize, precision: Precision) -> Vec<CpuDevice<f32>> {
-    let pool = pipetransformer::device::HostPool::new("test", threads).unwrap();
+    let pool = pipetransformer::device::HostPool::shared("test", threads).unwrap();
     (0..n).map(|i| CpuDevice::sharing(i, pool.clone(), 1, precision).unwrap()).collect()
 }
 

@@ -135,8 +135,6 @@ pub struct CpuDevice<T: Float> {
     products: Products,
     /// The threads its ops run on: its own, or those it shares with the run's other cpu devices.
     threads_pool: Arc<HostPool>,
-    /// Whether `threads_pool` is shared (its thread count is then the run's, not this device's).
-    shares_pool: bool,
     buffers: Arc<Pool<T>>,
 }
 
@@ -155,23 +153,25 @@ impl<T: Float> CpuDevice<T> {
     pub fn with_precision(index: usize, threads: usize, precision: Precision) -> Result<Self> {
         let products = Self::products_for(precision)?;
         let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
-        Self::on(index, own_pool(index, threads)?, false, threads, products)
+        Self::on(index, own_pool(index, threads)?, threads, products)
     }
 
-    /// CPU device number `index` computing on `pool`, which it shares with other devices of
-    /// the run (see [`HostPool`]); `threads` is its share, the count a planner reckons with.
+    /// CPU device number `index` computing on `pool` ([`HostPool::shared`]), which it shares
+    /// with other devices of the run; `threads` is its share, the count a planner reckons with.
     pub fn sharing(index: usize, pool: Arc<HostPool>, threads: usize, precision: Precision) -> Result<Self> {
-        Self::on(index, pool, true, threads.max(1), Self::products_for(precision)?)
+        if !pool.is_shared() {
+            return Err(crate::error::config_error("threads", "devices share only a pool made by HostPool::shared"));
+        }
+        Self::on(index, pool, threads.max(1), Self::products_for(precision)?)
     }
 
-    fn on(index: usize, pool: Arc<HostPool>, shares_pool: bool, threads: usize, products: Products) -> Result<Self> {
+    fn on(index: usize, pool: Arc<HostPool>, threads: usize, products: Products) -> Result<Self> {
         Ok(Self {
             index,
             threads,
             own_threads: threads,
             products,
             threads_pool: pool,
-            shares_pool,
             buffers: Arc::new(Pool {
                 free: Mutex::new(FreeLists { by_class: HashMap::new(), cached: 0 }),
                 max_cached_elems: DEFAULT_POOL_ELEMS,
@@ -328,7 +328,7 @@ impl<T: Float> Device for CpuDevice<T> {
         // A shared pool's idle threads already take pieces of this device's ops: only the
         // count the planner reckons with changes.
         let threads = threads.max(1);
-        if threads != self.threads && !self.shares_pool {
+        if threads != self.threads && !self.threads_pool.is_shared() {
             self.threads_pool = own_pool(self.index, threads)?;
         }
         self.threads = threads;
@@ -338,12 +338,6 @@ impl<T: Float> Device for CpuDevice<T> {
         Some(&self.threads_pool)
     }
     fn enter<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        // On a shared pool another device's ops are queued on it too, and a pool thread waiting
-        // inside one of them could pick up this whole step and wait in it for that device: a
-        // deadlock. Steps there run on the pool's threads by `HostPool::run_each` instead.
-        if self.shares_pool {
-            return f();
-        }
         self.threads_pool.enter(f)
     }
 
@@ -736,6 +730,16 @@ mod tests {
             let y = rx.recv_timeout(std::time::Duration::from_secs(30)).expect("neither thread waits behind the other");
             assert_eq!(y, 11.0);
         }
+    }
+
+    /// Only a pool made to be shared takes several devices: a device's own pool installs
+    /// whole steps, which on a pool other devices queue ops on could deadlock.
+    #[test]
+    fn devices_share_only_a_shared_pool() {
+        let own = HostPool::new("t", 1).unwrap();
+        let e = CpuDevice::<f32>::sharing(0, own, 1, Precision::F32).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("HostPool::shared"), "{e}");
+        assert!(CpuDevice::<f32>::sharing(0, HostPool::shared("t", 1).unwrap(), 1, Precision::F32).is_ok());
     }
 
     #[test]

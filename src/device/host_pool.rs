@@ -20,11 +20,22 @@ pub struct HostPool {
     entered: AtomicBool,
     /// More threads than the machine has cores.
     oversubscribed: bool,
+    /// Whether several devices compute on it ([`shared`](Self::shared)).
+    shared: bool,
 }
 
 impl HostPool {
-    /// A pool of `threads` threads (at least one), named `{name}-worker{i}`.
-    pub fn new(name: &str, threads: usize) -> Result<Arc<Self>> {
+    /// A pool of `threads` threads (at least one), named `{name}-worker{i}`, for one device.
+    pub(crate) fn new(name: &str, threads: usize) -> Result<Arc<Self>> {
+        Self::build(name, threads, false)
+    }
+
+    /// A pool of `threads` threads for several devices to share ([`crate::device::CpuDevice::sharing`]).
+    pub fn shared(name: &str, threads: usize) -> Result<Arc<Self>> {
+        Self::build(name, threads, true)
+    }
+
+    fn build(name: &str, threads: usize, shared: bool) -> Result<Arc<Self>> {
         let prefix = name.to_string();
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads.max(1))
@@ -33,7 +44,7 @@ impl HostPool {
             .map_err(|e| crate::error::config_error("threads", format!("cannot start {threads} threads: {e}")))?;
         let oversubscribed =
             std::thread::available_parallelism().is_ok_and(|cores| pool.current_num_threads() > cores.get());
-        Ok(Arc::new(HostPool { pool, entered: AtomicBool::new(false), oversubscribed }))
+        Ok(Arc::new(HostPool { pool, entered: AtomicBool::new(false), oversubscribed, shared }))
     }
 
     /// Its thread count.
@@ -47,6 +58,11 @@ impl HostPool {
         self.oversubscribed
     }
 
+    /// Whether several devices compute on it.
+    pub fn is_shared(&self) -> bool {
+        self.shared
+    }
+
     /// Runs one op's `f` on the pool (on the calling thread when it is one of the pool's).
     pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         self.pool.install(f)
@@ -57,7 +73,14 @@ impl HostPool {
     /// second one would queue behind the first's whole step, or be run by a pool thread that
     /// waits inside an op of the first, on top of it (a deadlock where the first waits for the
     /// second); it runs outside instead, handing each op to the pool.
+    ///
+    /// A shared pool runs `f` as it is: other devices' ops are queued on it too, and a pool
+    /// thread waiting inside one of them could pick up this whole step and wait in it for that
+    /// device. Steps there take the pool's threads by [`run_each`](Self::run_each) instead.
     pub fn enter<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        if self.shared {
+            return f();
+        }
         match self.hold() {
             Some(_held) => self.pool.install(f),
             None => f(),
@@ -99,10 +122,12 @@ impl Drop for Held<'_> {
 }
 
 /// Runs one pending piece of work of the pool the calling thread belongs to (a waiting worker
-/// of [`HostPool::run_each`] lends itself so); false where there was none, or the caller is
-/// no pool's thread.
-pub fn lend_thread() -> bool {
-    matches!(rayon::yield_now(), Some(rayon::Yield::Executed))
+/// of [`HostPool::run_each`] lends itself so), or, where there is none, gives the core away
+/// for a moment.
+pub fn lend_thread() {
+    if !matches!(rayon::yield_now(), Some(rayon::Yield::Executed)) {
+        std::thread::yield_now();
+    }
 }
 
 #[cfg(test)]
@@ -164,14 +189,10 @@ mod tests {
         let pool = HostPool::new("t", 2).unwrap();
         let done = AtomicBool::new(false);
         let pieces_by = Mutex::new(vec![0usize; 2]);
-        let waited = AtomicUsize::new(0);
         pool.run_each(2, |i| {
             if i == 0 {
                 while !done.load(Ordering::Acquire) {
-                    if !lend_thread() {
-                        std::thread::yield_now();
-                    }
-                    waited.fetch_add(1, Ordering::Relaxed);
+                    lend_thread();
                 }
             } else {
                 (0..64).into_par_iter().with_max_len(1).for_each(|_| {

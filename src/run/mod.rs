@@ -39,7 +39,7 @@ pub fn open_devices_at(
     let per_device = (cores / count).max(1);
     let indices = first..first + count;
     if kind.resolve() == DeviceKind::Cpu {
-        let pool = HostPool::new("cpu", cores.max(count))?;
+        let pool = HostPool::shared("cpu", cores.max(count))?;
         return indices
             .map(|i| CpuDevice::sharing(i, pool.clone(), per_device, precision))
             .collect::<crate::Result<_>>()

@@ -97,9 +97,7 @@ impl Shared {
                 // give the core away for a moment, then look again. (Sleeping would leave the
                 // piece to a thread that is busy with its own stage.)
                 drop(slots);
-                if !crate::device::host_pool::lend_thread() {
-                    std::thread::yield_now();
-                }
+                crate::device::host_pool::lend_thread();
                 slots = mb.slots.lock().unwrap_or_else(|e| e.into_inner());
                 continue;
             }
