@@ -626,7 +626,8 @@ fn a_pipeline_across_launched_processes_writes_what_one_process_writes() {
 
 /// PipeTransformer's freezing with the stages and replicas as processes: four launched
 /// processes (two replicas of two stages) freeze the same layers at the same steps as one
-/// process with the same pipeline on four devices, and write the same model to the bit.
+/// process with the same pipeline on four devices, and write the same model to the bit. Both
+/// under a per-stage memory limit (which each stage process holds from the start).
 #[test]
 fn launched_stage_processes_freeze_as_one_process_does() {
     if !have_digits() {
@@ -644,6 +645,7 @@ fn launched_stage_processes_freeze_as_one_process_does() {
         args.extend(["--freeze", "eq1", "--alpha", "0.3", "--freeze-interval", "8"]);
         args.extend(["--auto-pipe", "false", "--auto-dp", "false", "--cache", "false"]);
         args.extend(["--set", "train.max_steps=24", "--set", "data.test_limit=32", "--set", &out]);
+        args.extend(["--set", "pipeline.memory_limit=100000000"]);
         let (ok, text) = pipetransformer(&args);
         assert!(ok, "{args:?}: {text}");
         text
@@ -699,6 +701,9 @@ fn a_pipeline_across_processes_refuses_what_it_cannot_do() {
         (&["--pipeline-len", "2", "--freeze", "eq1", "--max-weight-change", "0.05"][..], "elastic.max_weight_change"),
         (&["--pipeline-len", "2", "--auto-pipe", "true"][..], "elastic.auto_pipe"),
         (&["--pipeline-len", "3"][..], "divisor of 2"),
+        // Each process holds its own stage only, so a memory limit applies per stage (below:
+        // one that holds is taken) and one no stage fits is refused.
+        (&["--pipeline-len", "2", "--set", "pipeline.memory_limit=1000"][..], "memory_limit"),
     ] {
         let port = free_port().to_string();
         let rdzv = format!("127.0.0.1:{port}");

@@ -574,9 +574,13 @@ fn across_processes_on<D: Device, T: Send>(
                 let (f, plan, device) = (&f, plan.clone(), &device);
                 s.spawn(move || {
                     let dev = device(member.rank());
-                    let model = Model::new(&dev, config, 7).unwrap();
-                    let prof = profiles(&model, &dev);
-                    let rank = member.rank();
+                    // As a launched stage process builds it: the shapes first, which give the
+                    // plan, then its own stages' values only.
+                    let (rank, size) = (member.rank(), member.size());
+                    let shapes = Model::new_keeping(&dev, config, 7, &|_| false).unwrap();
+                    let prof = profiles(&shapes, &dev);
+                    let own = Pipeline::units_of_process(&shapes, plan.clone(), &prof, rank, size).unwrap();
+                    let model = Model::new_keeping(&dev, config, 7, &|u| own[u]).unwrap();
                     f(rank, Pipeline::across_processes(dev, model, adamw(), plan, &prof, member).unwrap())
                 })
             })
@@ -760,6 +764,43 @@ fn a_failing_process_ends_every_row_and_column_naming_a_peer() {
     assert!(started.elapsed() < std::time::Duration::from_secs(25), "no one waited for the 30 s timeout");
 }
 
+/// A stage process holds its own stages' weights only, from the start: the model it builds
+/// (`Model::new_keeping` for `units_of_process`) has the other units hollow, its own with the
+/// values a whole build gives, to the bit; a model built whole has the other stages' values
+/// dropped as the pipeline takes it.
+#[test]
+fn a_stage_process_holds_only_its_own_stages_weights() {
+    let config = gpt();
+    let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+    let whole = Model::new(&dev, &config, 7).unwrap();
+    let values = |m: &Model<CpuDevice<f32>>| -> Vec<Vec<Vec<f32>>> {
+        m.units().iter().map(|u| u.params().iter().map(|p| dev.download(&p.value).unwrap()).collect()).collect()
+    };
+    let want = values(&whole);
+    // Interleaved: each process runs two stages (units in two runs).
+    let plan = cfg(2, 1, 4, ScheduleKind::Interleaved);
+    let held = across_processes(&config, plan.clone(), 2, |rank, p| {
+        let own: Vec<bool> = (0..p.unit_count()).map(|u| p.plan().stage_of(u) % 2 == rank).collect();
+        let hollow: Vec<bool> = p.units().map(|u| u.params().iter().all(|q| q.is_hollow())).collect();
+        let got: Vec<Vec<Vec<f32>>> = p
+            .units()
+            .map(|u| u.params().iter().map(|q| p.devices()[0].download(&q.value).unwrap()).collect())
+            .collect();
+        (own, hollow, got)
+    });
+    for (rank, (own, hollow, got)) in held.iter().enumerate() {
+        assert!(own.iter().any(|&o| o) && own.iter().any(|&o| !o), "rank {rank} runs some units: {own:?}");
+        for (u, &mine) in own.iter().enumerate() {
+            assert_eq!(hollow[u], !mine, "rank {rank}, unit {u}: hollow exactly where another process trains");
+            if mine {
+                assert!(got[u] == want[u], "rank {rank}, unit {u}: the values a whole build gives");
+            }
+        }
+    }
+    let built_whole = build_across_processes(2, |_| plan.clone());
+    assert!(built_whole.iter().all(|b| b == "built"), "{built_whole:?}");
+}
+
 /// Processes that do not make whole rows of the pipeline are refused by name.
 #[test]
 fn processes_that_do_not_make_whole_rows_are_refused() {
@@ -782,8 +823,20 @@ fn build_across_processes(procs: usize, plan: impl Fn(usize) -> PipelineConfig +
                     let model = Model::new(&dev, config, 7).unwrap();
                     let prof = profiles(&model, &dev);
                     let plan = plan(member.rank());
+                    let rank = member.rank();
                     match Pipeline::across_processes(dev, model, adamw(), plan, &prof, member) {
-                        Ok(_) => "built".to_string(),
+                        // A model built whole: the other stages' values are dropped as the
+                        // pipeline takes it.
+                        Ok(p) => {
+                            let k = p.plan().config.pipeline_len;
+                            let mut units = p.units().enumerate();
+                            match units.all(|(u, x)| {
+                                x.params().iter().all(|q| q.is_hollow()) == (p.plan().stage_of(u) % k != rank % k)
+                            }) {
+                                true => "built".to_string(),
+                                false => "built, holding other stages' weights".to_string(),
+                            }
+                        }
                         Err(e) => e.to_string(),
                     }
                 })

@@ -109,7 +109,26 @@ impl<D: Device> Model<D> {
     /// Builds a randomly initialised model (weights N(0, 0.02²), GPT-2's residual projections
     /// scaled by `1/√(2·layers)`, LayerNorms 1/0, biases 0), every unit trainable.
     pub fn new(dev: &D, config: &ModelConfig, seed: u64) -> Result<Self> {
+        Self::new_keeping(dev, config, seed, &|_| true)
+    }
+
+    /// [`new`](Self::new), keeping the values of the units `keep` names only: the others are
+    /// [hollow](Param::hollow) as soon as they are built (a stage process builds the whole
+    /// model's shapes, but holds its own stages' weights alone). The kept units' values are
+    /// those `new` gives, to the bit: every unit draws its initialisation in turn. A tied LM
+    /// head copies the embedding's values, so the embedding is hollowed only once the head is
+    /// built.
+    pub fn new_keeping(dev: &D, config: &ModelConfig, seed: u64, keep: &dyn Fn(usize) -> bool) -> Result<Self> {
         let spec = config.spec()?;
+        let tied_head = spec.head == HeadSpec::TiedLmHead;
+        let hollow_unless_kept = |units: &mut Vec<Unit<D>>, i: usize| -> Result<()> {
+            if !keep(i) {
+                for p in units[i].params_mut() {
+                    p.hollow(dev)?;
+                }
+            }
+            Ok(())
+        };
         let mut rng = Rng::new(seed);
         let site = |unit: usize, local: u64| DropoutSite { p: 0.0, site: unit as u64 * 16 + local };
         let with_p = |s: DropoutSite, p: f32| DropoutSite { p, ..s };
@@ -145,6 +164,9 @@ impl<D: Device> Model<D> {
                 EmbeddingUnit::patches(dev, &mut rng, channels, image_size, patch, spec.hidden, embed_drop)?
             }
         }));
+        if !tied_head {
+            hollow_unless_kept(&mut units, 0)?;
+        }
 
         // Blocks.
         let out_scale = match spec.family {
@@ -157,8 +179,10 @@ impl<D: Device> Model<D> {
             let a_drop = with_p(site(u, 0), spec.attn_dropout);
             let o_drop = with_p(site(u, 1), spec.hidden_dropout);
             units.push(Unit::Attention(AttentionUnit::new(dev, &mut rng, &attn, &spec, out_scale, a_drop, o_drop)?));
+            hollow_unless_kept(&mut units, u)?;
             let m_drop = with_p(site(u + 1, 0), spec.hidden_dropout);
             units.push(Unit::Mlp(MlpUnit::new(dev, &mut rng, &mlp, &spec, out_scale, m_drop)?));
+            hollow_unless_kept(&mut units, u + 1)?;
         }
 
         // Final norm (pre-LN) and head.
@@ -170,6 +194,10 @@ impl<D: Device> Model<D> {
                 norm: LayerNorm::new(dev, "vit.layernorm", spec.hidden, spec.eps)?,
             })),
             Family::Bert => {}
+        }
+        if let Some(Unit::FinalNorm(_)) = units.last() {
+            let last = units.len() - 1;
+            hollow_unless_kept(&mut units, last)?;
         }
         let head_index = units.len();
         let kind = match spec.head {
@@ -205,8 +233,12 @@ impl<D: Device> Model<D> {
             }
         };
         units.push(Unit::Head(HeadUnit { kind, dim: spec.hidden }));
-        let tied = (spec.head == HeadSpec::TiedLmHead)
-            .then(|| [(0, "transformer.wte.weight".to_string()), (head_index, "lm_head.weight".to_string())]);
+        hollow_unless_kept(&mut units, head_index)?;
+        if tied_head {
+            hollow_unless_kept(&mut units, 0)?;
+        }
+        let tied =
+            tied_head.then(|| [(0, "transformer.wte.weight".to_string()), (head_index, "lm_head.weight".to_string())]);
         Ok(Self { spec, units, tied })
     }
 

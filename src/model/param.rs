@@ -47,6 +47,19 @@ impl<D: Device> Param<D> {
         }
         Ok(())
     }
+    /// Drops the values (and a gradient's memory) but keeps the name, shape and whether it
+    /// trains: a stage process's copy of a parameter another process trains and holds.
+    pub fn hollow(&mut self, dev: &D) -> Result<()> {
+        self.value = dev.upload(&[])?;
+        if self.grad.is_some() {
+            self.grad = Some(dev.upload(&[])?);
+        }
+        Ok(())
+    }
+    /// Whether [`hollow`](Self::hollow) left it without values.
+    pub fn is_hollow(&self) -> bool {
+        D::len(&self.value) == 0 && self.numel() > 0
+    }
     /// Sets the gradient to zero (if trainable).
     pub fn zero_grad(&mut self, dev: &D) -> Result<()> {
         if let Some(g) = &mut self.grad {

@@ -156,10 +156,13 @@ fn tokenizer_path(config: &RunConfig) -> Result<PathBuf> {
 
 /// Builds the model: a pretrained Hugging Face checkpoint with a new head sized for the data,
 /// or an architecture from scratch (its label count or vocabulary set from the data).
+/// The run's model on `dev`, pretrained or new, keeping the values of the units `keep` names
+/// (the others [hollow](Model::new_keeping)).
 pub fn build_model<D: Device>(
     dev: &D,
     config: &RunConfig,
     info: &DataInfo,
+    keep: &dyn Fn(usize) -> bool,
 ) -> Result<(Model<D>, ModelConfig, Option<LoadReport>)> {
     let m = &config.model;
     match (&m.pretrained, &m.config) {
@@ -175,7 +178,7 @@ pub fn build_model<D: Device>(
                 ModelConfig::Vit(c) => c.num_labels = info.classes,
                 ModelConfig::Gpt(_) => {}
             }
-            let mut model = Model::new(dev, &model_config, m.seed)?;
+            let mut model = Model::new_keeping(dev, &model_config, m.seed, keep)?;
             let file = weights::load_safetensors(dir.join(weights::WEIGHTS_FILE))?;
             let report = weights::load_into_model(&mut model, dev, &file, &LoadOptions::default())?;
             Ok((model, model_config, Some(report)))
@@ -187,7 +190,7 @@ pub fn build_model<D: Device>(
                 ModelConfig::Vit(c) => c.num_labels = info.classes,
                 ModelConfig::Gpt(c) => c.vocab_size = info.classes,
             }
-            let model = Model::new(dev, &model_config, m.seed)?;
+            let model = Model::new_keeping(dev, &model_config, m.seed, keep)?;
             Ok((model, model_config, None))
         }
         (None, None) => Err(Error::Config { field: "model".into(), message: "set `pretrained` or `config`".into() }),
@@ -227,6 +230,25 @@ pub struct Summary {
 /// (a causal language model) and the rest of the run (no activation cache) before any work;
 /// `auto` measures the model's layer on `dev` and runs TeraPipe's planner for `plan`'s
 /// pipeline and micro-batches (its plan returned beside the lengths).
+/// The units' costs the planner balances, for one micro-batch of the first training batch
+/// under `plan`: measured where AutoPipe balances on them (or when asked), else from FLOPs.
+/// Returns them per sample and per micro-batch.
+fn planning_profiles<D: Device>(
+    config: &RunConfig,
+    dev: &D,
+    model: &mut Model<D>,
+    first: &HostBatch,
+    plan: &PipelineConfig,
+) -> Result<(Vec<UnitProfile>, Vec<UnitProfile>)> {
+    let micro = first.split((plan.replicas * plan.micro_batches).clamp(1, first.batch))?.swap_remove(0);
+    let measure = config.pipeline.profile || config.elastic.auto_pipe;
+    let per_sample: Vec<UnitProfile> =
+        unit_profiles(dev, model, &micro, measure)?.iter().map(|p| p.scaled(1.0 / micro.batch as f64)).collect();
+    let micro_samples = first.batch.div_ceil(plan.replicas).div_ceil(plan.micro_batches);
+    let profiles = per_sample.iter().map(|p| p.scaled(micro_samples as f64)).collect();
+    Ok((per_sample, profiles))
+}
+
 fn token_slices<D: Device>(
     config: &RunConfig,
     dev: &D,
@@ -331,11 +353,11 @@ impl<D: Device> Job<D> {
     /// processes (`pipeline.across_processes`): its `K·R` processes are `R` replicas of a
     /// `K`-stage pipeline, and this one trains stage `rank % K` of replica `rank / K` on
     /// `devices[0]`. Every process plans from the units' FLOPs, so all make the same plan.
+    /// Each process builds only its own stages' weights (the other units
+    /// [hollow](Model::new_keeping)), so a per-stage memory limit holds from the start.
     /// Freezing works (every process sees the same summed gradient norms, so all freeze the
     /// same layers at the same step), but not its settling test; AutoPipe, AutoDP and the
-    /// cache (which move units within one process), token slices and a memory limit (each
-    /// process builds the whole model on its device before its first step drops the other
-    /// stages' weights) must be off.
+    /// cache (which move units within one process) and token slices must be off.
     pub fn across_processes(devices: Vec<D>, config: RunConfig, group: ProcessGroup) -> Result<Self> {
         let e = &config.elastic;
         let within_one_process = [
@@ -343,9 +365,6 @@ impl<D: Device> Job<D> {
             (e.auto_dp, "elastic.auto_dp", "false"),
             (e.cache, "elastic.cache", "false"),
             (config.pipeline.profile, "pipeline.profile", "false"),
-            // Each process builds the whole model on its device first: a per-stage memory
-            // limit would not hold until its first step drops the other stages' weights.
-            (config.pipeline.memory_limit.is_some(), "pipeline.memory_limit", "none"),
             (config.pipeline.token_slices != TokenSlices::Off, "pipeline.token_slices", "\"off\""),
         ];
         if e.freeze != FreezeName::Off && e.max_weight_change.is_some() {
@@ -373,23 +392,26 @@ impl<D: Device> Job<D> {
             return Err(config_error("devices", format!("the run needs {count} devices; {} given", devices.len())));
         }
         let (source, info) = prepare_data(&config)?;
-        let (mut model, model_config, load_report) = build_model(&devices[0], &config, &info)?;
+        let first = source.train_batch(0, 0)?;
+        // A stage process holds its own stages' weights only, from the start. Every process
+        // plans alike from the units' FLOPs, which their shapes give: a first build keeps no
+        // values and says which units are this process's.
+        let own_units = match &group {
+            None => None,
+            Some(group) => {
+                let (mut shapes, _, _) = build_model(&devices[0], &config, &info, &|_| false)?;
+                let (_, profiles) = planning_profiles(&config, &devices[0], &mut shapes, &first, &plan)?;
+                Some(Pipeline::units_of_process(&shapes, plan.clone(), &profiles, group.rank(), group.size())?)
+            }
+        };
+        let keep = |u: usize| own_units.as_ref().is_none_or(|own| own[u]);
+        let (mut model, model_config, load_report) = build_model(&devices[0], &config, &info, &keep)?;
         let spec = model.spec().clone();
         config.elastic.validate(spec.layers, info.augmented)?;
-        // The units' costs, measured where AutoPipe balances on them, for one micro-batch of
-        // the first training batch; kept per sample.
-        let first = source.train_batch(0, 0)?;
         let mut plan = plan;
         let slicing;
         (plan.token_slices, slicing) = token_slices(&config, &devices[0], &mut model, &first, &plan)?;
-        let micro = first.split((plan.replicas * plan.micro_batches).clamp(1, first.batch))?.swap_remove(0);
-        let measure = config.pipeline.profile || config.elastic.auto_pipe;
-        let per_sample: Vec<UnitProfile> = unit_profiles(&devices[0], &mut model, &micro, measure)?
-            .iter()
-            .map(|p| p.scaled(1.0 / micro.batch as f64))
-            .collect();
-        let micro_samples = first.batch.div_ceil(plan.replicas).div_ceil(plan.micro_batches);
-        let profiles: Vec<UnitProfile> = per_sample.iter().map(|p| p.scaled(micro_samples as f64)).collect();
+        let (per_sample, profiles) = planning_profiles(&config, &devices[0], &mut model, &first, &plan)?;
         let mut devices = devices;
         devices.truncate(count);
         let (pipeline, communicator) = match group {

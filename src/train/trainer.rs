@@ -399,15 +399,18 @@ impl<D: Device> Trainer<D> {
         };
         let batches_per_step = field("batches_per_step").as_u64().unwrap_or(1).max(1) as usize;
         let mut by_name: HashMap<String, Vec<f32>> = tensors.into_iter().map(|t| (t.name, t.data)).collect();
-        // Check every parameter before touching any.
+        // Check every parameter before touching any (by its shape: a stage process holds the
+        // other stages' without values).
         let mut values = HashMap::new();
-        for (name, now) in self.pipeline.parameter_values()? {
+        let expected: Vec<(String, usize)> =
+            self.pipeline.units().flat_map(|u| u.params()).map(|p| (p.name.clone(), p.numel())).collect();
+        for (name, numel) in expected {
             match by_name.remove(&format!("param/{name}")) {
-                Some(v) if v.len() == now.len() => {
+                Some(v) if v.len() == numel => {
                     values.insert(name, v);
                 }
                 Some(v) => {
-                    return Err(bad(format!("`{name}` has {} values, the model expects {}", v.len(), now.len())));
+                    return Err(bad(format!("`{name}` has {} values, the model expects {numel}", v.len())));
                 }
                 None => return Err(bad(format!("parameter `{name}` is missing"))),
             }

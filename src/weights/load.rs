@@ -81,6 +81,9 @@ pub struct LoadReport {
     pub unexpected: Vec<String>,
     /// File tensors skipped on purpose ([`LoadOptions::ignore`]).
     pub ignored: Vec<String>,
+    /// Parameters matched and checked but not set: [hollow](crate::model::Param::hollow)
+    /// here, since another stage process holds them.
+    pub held_elsewhere: Vec<String>,
 }
 
 impl fmt::Display for LoadReport {
@@ -96,6 +99,9 @@ impl fmt::Display for LoadReport {
             if !names.is_empty() {
                 write!(f, "; {what}: {}", names.join(", "))?;
             }
+        }
+        if !self.held_elsewhere.is_empty() {
+            write!(f, "; {} held by other processes", self.held_elsewhere.len())?;
         }
         Ok(())
     }
@@ -260,6 +266,10 @@ pub fn load_into_model<'f, D: Device>(
     let wide = dev.activation_dtype() == DType::F64;
     for p in model.params_mut() {
         let Some((t, view)) = source.get(&p.name) else { continue };
+        if p.is_hollow() {
+            report.held_elsewhere.push(p.name.clone());
+            continue;
+        }
         p.value = if wide {
             dev.upload_f64(&view.apply(file.read_f64(t)?, &t.shape))?
         } else {

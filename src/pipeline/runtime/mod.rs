@@ -253,9 +253,11 @@ impl<D: Device> Pipeline<D> {
     /// the replicas of one process cut it). Activations and gradients cross between a row's
     /// neighbouring processes over its own ring; a stage's gradients are summed over its
     /// column's. Every process must build the same plan from the same `profiles` (checked: a
-    /// fingerprint of the plan and the parameters' shapes is compared across the group). While
-    /// it trains, a process holds weights, gradients and optimizer state for its own stage
-    /// only: its first step drops the copies of the other stages' weights it was built with.
+    /// fingerprint of the plan and the parameters' shapes is compared across the group). A
+    /// process holds weights, gradients and optimizer state for its own stage only: the other
+    /// stages' units keep their shapes, [hollow](crate::model::Param::hollow) (a `model` built
+    /// whole has their values dropped here; one built by [`Model::new_keeping`] for
+    /// [`units_of_process`](Self::units_of_process) never had them).
     /// Evaluation runs through the row's processes as a forward pipeline; for a checkpoint or
     /// an export, [`collect_on_rank_zero`](Self::collect_on_rank_zero) brings every stage's
     /// weights and optimizer state to rank 0 alone ([`share_stages`](Self::share_stages) to
@@ -271,19 +273,8 @@ impl<D: Device> Pipeline<D> {
         group: Arc<ProcessGroup>,
     ) -> Result<Self> {
         let (k, size) = (config.pipeline_len, group.size());
-        if config.replicas != 1 || k < 2 || size % k != 0 {
-            return Err(config_error(
-                "processes",
-                format!(
-                    "a pipeline across processes makes the {size} processes rows of pipeline_len stages (at least 2, \
-                     and a divisor of {size}), each row a replica; it takes 1 replica per process, not {} × {}",
-                    config.pipeline_len, config.replicas
-                ),
-            ));
-        }
-        let pinned = model.frozen_prefix();
+        let plan = Self::plan_across_processes(&model, config, profiles, size)?;
         let parts = model.into_parts();
-        let plan = Plan::new(config, profiles, unit_names(&parts.units), k, pinned)?;
         processes::agree(&group, &plan, &parts.units)?;
         let (rows, columns) = (size / k, (0..k).map(|s| (s..size).step_by(k).collect()).collect::<Vec<Vec<usize>>>());
         let (row, column) = if rows == 1 {
@@ -296,7 +287,47 @@ impl<D: Device> Pipeline<D> {
         let processes = StageProcesses::new(row, group)?;
         let mut pipeline = Self::assemble(vec![device], parts, plan, optimizer, Some(processes))?;
         pipeline.process_group = column;
+        // From the start, this process holds its own stages' weights only.
+        pipeline.drop_other_stages()?;
+        pipeline.stage_copies = Copies::Stale;
         Ok(pipeline)
+    }
+
+    /// Which of `model`'s units process `rank` of a group of `size` would run in
+    /// [`across_processes`](Self::across_processes) with the same arguments: a stage process
+    /// builds its model [keeping](Model::new_keeping) only those units' values. Every process
+    /// plans from the same `profiles`, so `model` may be all [hollow](crate::model::Param::hollow).
+    pub fn units_of_process(
+        model: &Model<D>,
+        config: PipelineConfig,
+        profiles: &[UnitProfile],
+        rank: usize,
+        size: usize,
+    ) -> Result<Vec<bool>> {
+        let k = config.pipeline_len;
+        let plan = Self::plan_across_processes(model, config, profiles, size)?;
+        Ok((0..model.units().len()).map(|u| plan.stage_of(u) % k == rank % k).collect())
+    }
+
+    /// The plan every process of a pipeline across `size` processes makes alike.
+    fn plan_across_processes(
+        model: &Model<D>,
+        config: PipelineConfig,
+        profiles: &[UnitProfile],
+        size: usize,
+    ) -> Result<Plan> {
+        let k = config.pipeline_len;
+        if config.replicas != 1 || k < 2 || !size.is_multiple_of(k) {
+            return Err(config_error(
+                "processes",
+                format!(
+                    "a pipeline across processes makes the {size} processes rows of pipeline_len stages (at least 2, \
+                     and a divisor of {size}), each row a replica; it takes 1 replica per process, not {} × {}",
+                    config.pipeline_len, config.replicas
+                ),
+            ));
+        }
+        Plan::new(config, profiles, unit_names(model.units()), k, model.frozen_prefix())
     }
 
     /// The index in `devices` of the plan's device `g`: itself, or this process's one device
@@ -479,7 +510,7 @@ impl<D: Device> Pipeline<D> {
         let (dev, k) = (&self.devices[0], self.plan.config.pipeline_len);
         for (_, units) in self.stages[0].iter_mut().enumerate().filter(|(s, _)| s % k != own) {
             for p in units.iter_mut().flat_map(Unit::params_mut) {
-                p.value = dev.upload(&[])?;
+                p.hollow(dev)?;
             }
         }
         Ok(())

@@ -50,9 +50,10 @@ impl<D: Device> Pipeline<D> {
     /// new replicas receive the moments of the replica they copy.
     pub fn load_optimizer_state(&mut self, state: &OptimizerState) -> Result<()> {
         self.optimizers = self.fresh_optimizers()?;
-        let k = self.plan.config.pipeline_len;
+        let (k, own) = (self.plan.config.pipeline_len, self.process_stage());
         for (r, replica) in self.stages.iter_mut().enumerate() {
-            for d in 0..k {
+            // A stage process keeps its own position's state only.
+            for d in (0..k).filter(|d| own.is_none_or(|o| o == *d)) {
                 let params = Self::params_at(replica, k, d);
                 let names: std::collections::HashSet<&str> = params.iter().map(|p| p.name.as_str()).collect();
                 let subset = OptimizerState {
@@ -64,7 +65,7 @@ impl<D: Device> Pipeline<D> {
                 self.optimizers[r][d].load_state_dict(dev, &subset, &params)?;
             }
         }
-        self.optimizer_copies = Copies::Everywhere;
+        self.optimizer_copies = if own.is_some() { Copies::Stale } else { Copies::Everywhere };
         Ok(())
     }
 

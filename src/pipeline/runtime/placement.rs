@@ -319,8 +319,12 @@ impl<D: Device> Pipeline<D> {
             }
         }
         let (devices, plan, across) = (&self.devices, &self.plan, self.stage_processes.is_some());
+        let own = self.process_stage();
         for (r, replica) in self.stages.iter_mut().enumerate() {
-            for (s, stage) in replica.iter_mut().enumerate() {
+            // A stage process sets its own stages' only: it holds no other.
+            for (s, stage) in
+                replica.iter_mut().enumerate().filter(|(s, _)| own.is_none_or(|o| s % plan.config.pipeline_len == o))
+            {
                 let dev = &devices[device_slot(plan.device(r, s), across)];
                 for p in stage.iter_mut().flat_map(Unit::params_mut) {
                     if let Some(v) = values.get(&p.name) {
@@ -329,8 +333,9 @@ impl<D: Device> Pipeline<D> {
                 }
             }
         }
-        // Every process loads the same values: every stage's copy is current.
-        self.stage_copies = super::Copies::Everywhere;
+        if across {
+            self.stage_copies = super::Copies::Stale;
+        }
         Ok(())
     }
 }

@@ -131,6 +131,13 @@ pub(super) struct Worker<'a, D: Device> {
 /// A gradient bucket on its way through the ring: `(stage, flat gradients)`.
 type Bucket = (usize, Vec<f32>);
 
+/// Where a worker's communication thread sums its buckets: around the in-process replicas'
+/// ring, or over the other processes of its stage (its column).
+enum GradientSum<'a> {
+    Ring(RingCommunicator),
+    Column(&'a ProcessGroup),
+}
+
 impl<D: Device> Worker<'_, D> {
     /// Runs the worker; an error or a panic is recorded for the whole step.
     pub fn run_guarded(self) -> Option<WorkerOutput> {
@@ -156,35 +163,30 @@ impl<D: Device> Worker<'_, D> {
             // processes) while the worker goes on.
             let (to_comm, from_worker) = mpsc::channel::<Bucket>();
             let (to_worker, from_comm) = mpsc::channel::<Result<Bucket>>();
-            if let Some(ring) = ring {
+            let sum = ring.map(GradientSum::Ring).or(column.map(GradientSum::Column));
+            if let Some(sum) = sum {
                 let (buffers, members) = (self.ctx.bucket_buffers, self.ctx.plan.config.replicas);
                 scope.spawn(move || {
+                    // A chunk's worth to send from (the ring keeps what it receives).
                     let mut spare = Vec::new();
                     for (stage, mut data) in from_worker {
-                        // A chunk's worth to send from (the ring keeps what it receives).
-                        let chunk = data.len().div_ceil(members);
-                        if spare.capacity() < chunk {
-                            buffers.give(std::mem::replace(&mut spare, buffers.take(chunk)));
-                        }
-                        // In-process, a ring fails only when a member's worker has already failed.
-                        let reduced = ring
-                            .all_reduce_host_with(&mut data, &mut spare)
-                            .map(|()| (stage, data))
-                            .map_err(|e| aborted(format!("all-reduce: {e}")));
-                        if to_worker.send(reduced).is_err() {
+                        let summed = match &sum {
+                            GradientSum::Ring(ring) => {
+                                let chunk = data.len().div_ceil(members);
+                                if spare.capacity() < chunk {
+                                    buffers.give(std::mem::replace(&mut spare, buffers.take(chunk)));
+                                }
+                                // In-process, a ring fails only when a member's worker has already failed.
+                                ring.all_reduce_host_with(&mut data, &mut spare)
+                                    .map_err(|e| aborted(format!("all-reduce: {e}")))
+                            }
+                            GradientSum::Column(column) => column.all_reduce_sum_f32(&mut data),
+                        };
+                        if to_worker.send(summed.map(|()| (stage, data))).is_err() {
                             break;
                         }
                     }
                     buffers.give(spare);
-                });
-            } else if let Some(column) = column {
-                scope.spawn(move || {
-                    for (stage, mut data) in from_worker {
-                        let reduced = column.all_reduce_sum_f32(&mut data).map(|()| (stage, data));
-                        if to_worker.send(reduced).is_err() {
-                            break;
-                        }
-                    }
                 });
             }
             let dev = self.dev;
