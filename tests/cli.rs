@@ -615,6 +615,42 @@ fn a_pipeline_across_launched_processes_writes_what_one_process_writes() {
             run(dir, k, procs, 2, launched, false);
             run(dir, k, procs, 4, launched, true);
         }
+        // Resumed with no step left: the run only evaluates and writes (rank 0 collects the
+        // other stages first).
+        run(&many, k, procs, 4, true, true);
+        // Started from the exported model: each process loads its own stages' weights only.
+        let exported = format!("model.pretrained={}", many.join("model").display());
+        let port = free_port().to_string();
+        let rdzv = format!("127.0.0.1:{port}");
+        let (n, k) = (procs.to_string(), k.to_string());
+        let out = format!("output.dir={}", many.join("again").display());
+        let (ok, text) = pipetransformer(&[
+            "launch",
+            "--nproc-per-node",
+            &n,
+            "--rdzv",
+            &rdzv,
+            "--",
+            "train",
+            "--across-processes",
+            "--config",
+            "configs/vit-digits.toml",
+            "--fresh",
+            "--progress-every",
+            "0",
+            "--pipeline-len",
+            &k,
+            "--set",
+            &exported,
+            "--set",
+            "train.max_steps=1",
+            "--set",
+            "data.test_limit=32",
+            "--set",
+            &out,
+        ]);
+        assert!(ok, "{text}");
+        assert_eq!(text.matches("held by other processes").count(), procs, "{text}");
         assert!(
             bytes(&one, "model/model.safetensors") == bytes(&many, "model/model.safetensors"),
             "resumed, {procs} processes"
@@ -703,7 +739,7 @@ fn a_pipeline_across_processes_refuses_what_it_cannot_do() {
         (&["--pipeline-len", "3"][..], "divisor of 2"),
         // Each process holds its own stage only, so a memory limit applies per stage (below:
         // one that holds is taken) and one no stage fits is refused.
-        (&["--pipeline-len", "2", "--set", "pipeline.memory_limit=1000"][..], "memory_limit"),
+        (&["--pipeline-len", "2", "--set", "pipeline.memory_limit=1000"][..], "fits in 1000 bytes per device"),
     ] {
         let port = free_port().to_string();
         let rdzv = format!("127.0.0.1:{port}");

@@ -200,46 +200,55 @@ fn round_trip_gpt_restores_the_tied_head() {
     assert!(!report.loaded.iter().any(|n| n == "lm_head.weight"));
 }
 
-/// A `BertForSequenceClassification`-style file (`bert.` prefix, its own classifier) loads
-/// into our BERT; the classifier comes from the file.
 /// A stage process's model (`Model::new_keeping`) loads the values of the units it keeps
 /// only: the others stay hollow and are reported as held by other processes, after the file
-/// was checked against every parameter's shape.
+/// was checked against every parameter's shape. GPT keeps its last two units (the tied head,
+/// whose embedding is hollow, and the final norm), BERT every other unit.
 #[test]
 fn a_hollow_unit_is_checked_but_not_loaded() {
-    let config = common::tiny_gpt(0.0);
     let dev = CpuDevice::<f32>::new(0, 1).unwrap();
     let dir = temp_dir("hollow");
-    let source = Model::new(&dev, &config, 1).unwrap();
-    let exported = export_model(&source, &dev, &config, &ExportExtras::default(), &dir).unwrap();
-    let file = load_safetensors(&exported.weights).unwrap();
-    // The last stage's units: the tied head (whose embedding is hollow) and the final norm.
-    let n = source.units().len();
-    let mut target = Model::new_keeping(&dev, &config, 2, &|u| u + 2 >= n).unwrap();
-    let report = load_into_model(&mut target, &dev, &file, &LoadOptions::strict()).unwrap();
-    for (u, (a, b)) in source.units().iter().zip(target.units()).enumerate() {
-        for (p, q) in a.params().iter().zip(b.params()) {
-            let held_elsewhere = report.held_elsewhere.contains(&q.name);
-            assert_eq!(q.is_hollow(), u + 2 < n, "{}", q.name);
-            assert_eq!(held_elsewhere, q.is_hollow(), "{}", q.name);
-            if !q.is_hollow() {
-                assert_eq!(dev.download(&p.value).unwrap(), dev.download(&q.value).unwrap(), "{}", q.name);
+    let gpt = common::tiny_gpt(0.0);
+    let last_two = |n: usize| move |u: usize| u + 2 >= n;
+    for (config, keep) in [
+        (gpt.clone(), Box::new(last_two(7)) as Box<dyn Fn(usize) -> bool>),
+        (common::tiny_bert(Pooling::ClsPooler, 0.1), Box::new(|u: usize| u % 2 == 1)),
+    ] {
+        let source = Model::new(&dev, &config, 1).unwrap();
+        let exported = export_model(&source, &dev, &config, &ExportExtras::default(), &dir).unwrap();
+        let file = load_safetensors(&exported.weights).unwrap();
+        let mut target = Model::new_keeping(&dev, &config, 2, &keep).unwrap();
+        let report = load_into_model(&mut target, &dev, &file, &LoadOptions::strict()).unwrap();
+        for (u, (a, b)) in source.units().iter().zip(target.units()).enumerate() {
+            for (p, q) in a.params().iter().zip(b.params()) {
+                let held_elsewhere = report.held_elsewhere.contains(&q.name);
+                assert_eq!(q.is_hollow(), !keep(u), "{}", q.name);
+                assert_eq!(held_elsewhere, q.is_hollow(), "{}", q.name);
+                if !q.is_hollow() {
+                    assert_eq!(dev.download(&p.value).unwrap(), dev.download(&q.value).unwrap(), "{}", q.name);
+                }
             }
         }
+        let held = format!("{} held by other processes", report.held_elsewhere.len());
+        assert!(report.to_string().contains(&held), "{report}");
     }
-    assert!(report.to_string().contains(&format!("{} held by other processes", report.held_elsewhere.len())));
-    // A wrong shape is refused for a hollow parameter too (the position table, in the
+    // A wrong shape is refused for a hollow parameter too (GPT's position table, in the
     // hollow embedding only).
-    let mut wrong = config.clone();
+    let exported =
+        export_model(&Model::new(&dev, &gpt, 1).unwrap(), &dev, &gpt, &ExportExtras::default(), &dir).unwrap();
+    let file = load_safetensors(&exported.weights).unwrap();
+    let mut wrong = gpt.clone();
     if let ModelConfig::Gpt(c) = &mut wrong {
         c.n_positions += 1;
     }
-    let mut other = Model::new_keeping(&dev, &wrong, 2, &|u| u + 2 >= n).unwrap();
+    let mut other = Model::new_keeping(&dev, &wrong, 2, &last_two(7)).unwrap();
     let e = load_into_model(&mut other, &dev, &file, &LoadOptions::strict()).unwrap_err().to_string();
     assert!(e.contains("shape") && e.contains("wpe"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A `BertForSequenceClassification`-style file (`bert.` prefix, its own classifier) loads
+/// into our BERT; the classifier comes from the file.
 #[test]
 fn bert_prefix_is_stripped() {
     let config = common::tiny_bert(Pooling::ClsPooler, 0.0);

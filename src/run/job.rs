@@ -155,9 +155,8 @@ fn tokenizer_path(config: &RunConfig) -> Result<PathBuf> {
 }
 
 /// Builds the model: a pretrained Hugging Face checkpoint with a new head sized for the data,
-/// or an architecture from scratch (its label count or vocabulary set from the data).
-/// The run's model on `dev`, pretrained or new, keeping the values of the units `keep` names
-/// (the others [hollow](Model::new_keeping)).
+/// or an architecture from scratch (its label count or vocabulary set from the data), keeping
+/// the values of the units `keep` names only (the others [hollow](Model::new_keeping)).
 pub fn build_model<D: Device>(
     dev: &D,
     config: &RunConfig,
@@ -226,10 +225,6 @@ pub struct Summary {
     pub unigram_baseline_loss: Option<f64>,
 }
 
-/// The token slices `config` asks for, for sequences like `first`'s: checked against the model
-/// (a causal language model) and the rest of the run (no activation cache) before any work;
-/// `auto` measures the model's layer on `dev` and runs TeraPipe's planner for `plan`'s
-/// pipeline and micro-batches (its plan returned beside the lengths).
 /// The units' costs the planner balances, for one micro-batch of the first training batch
 /// under `plan`: measured where AutoPipe balances on them (or when asked), else from FLOPs.
 /// Returns them per sample and per micro-batch.
@@ -249,6 +244,10 @@ fn planning_profiles<D: Device>(
     Ok((per_sample, profiles))
 }
 
+/// The token slices `config` asks for, for sequences like `first`'s: checked against the model
+/// (a causal language model) and the rest of the run (no activation cache) before any work;
+/// `auto` measures the model's layer on `dev` and runs TeraPipe's planner for `plan`'s
+/// pipeline and micro-batches (its plan returned beside the lengths).
 fn token_slices<D: Device>(
     config: &RunConfig,
     dev: &D,
@@ -586,6 +585,8 @@ impl<D: Device> Job<D> {
             devices: self.device_names(),
             unigram_baseline_loss: self.unigram_baseline()?,
         };
+        // (A resumed run with no step left has collected nothing yet.)
+        self.trainer.pipeline.collect_on_rank_zero()?;
         if writes {
             let json = serde_json::to_vec_pretty(&summary).map_err(|e| internal("summary", e.to_string()))?;
             files::write_atomic(&out.join("summary.json"), |w| w.write_all(&json))?;

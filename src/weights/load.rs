@@ -267,7 +267,9 @@ pub fn load_into_model<'f, D: Device>(
     for p in model.params_mut() {
         let Some((t, view)) = source.get(&p.name) else { continue };
         if p.is_hollow() {
-            report.held_elsewhere.push(p.name.clone());
+            if !report.tied.contains(&p.name) {
+                report.held_elsewhere.push(p.name.clone());
+            }
             continue;
         }
         p.value = if wide {

@@ -113,7 +113,7 @@ pub struct Pipeline<D: Device> {
     process_group: Option<Arc<ProcessGroup>>,
     /// When the stages are processes ([`across_processes`](Self::across_processes)): this
     /// process runs one stage (its rank in its row) on its one device, where every stage's
-    /// units are kept, the other stages' without weights while it trains.
+    /// units are kept, the other stages' hollow (without weights) but after a share.
     stage_processes: Option<StageProcesses>,
     /// When the stages are processes: where copies of the other stages' weights (and
     /// optimizer state) are current since the last step, alike on every process.
@@ -224,9 +224,9 @@ impl<D: Device> Pipeline<D> {
             fault: None,
             communicators: None,
             process_group: None,
-            // Every process starts from the same weights: each one's copies are current.
-            stage_copies: Copies::Everywhere,
-            optimizer_copies: Copies::Everywhere,
+            // A stage process holds its own stages only (`across_processes` drops the rest).
+            stage_copies: if stage_processes.is_some() { Copies::Stale } else { Copies::Everywhere },
+            optimizer_copies: if stage_processes.is_some() { Copies::Stale } else { Copies::Everywhere },
             collected: Collected::default(),
             frozen_units,
             stage_processes,
@@ -289,7 +289,6 @@ impl<D: Device> Pipeline<D> {
         pipeline.process_group = column;
         // From the start, this process holds its own stages' weights only.
         pipeline.drop_other_stages()?;
-        pipeline.stage_copies = Copies::Stale;
         Ok(pipeline)
     }
 

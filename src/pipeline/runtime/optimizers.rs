@@ -47,7 +47,8 @@ impl<D: Device> Pipeline<D> {
 
     /// Replaces every device's optimizer state with its parameters' part of `state` (a whole
     /// model's, as [`optimizer_state`](Self::optimizer_state) or a one-device optimizer gives):
-    /// new replicas receive the moments of the replica they copy.
+    /// new replicas receive the moments of the replica they copy; a stage process keeps its
+    /// own position's part only.
     pub fn load_optimizer_state(&mut self, state: &OptimizerState) -> Result<()> {
         self.optimizers = self.fresh_optimizers()?;
         let (k, own) = (self.plan.config.pipeline_len, self.process_stage());
@@ -65,7 +66,10 @@ impl<D: Device> Pipeline<D> {
                 self.optimizers[r][d].load_state_dict(dev, &subset, &params)?;
             }
         }
-        self.optimizer_copies = if own.is_some() { Copies::Stale } else { Copies::Everywhere };
+        if own.is_some() {
+            self.optimizer_copies = Copies::Stale;
+            self.collected.optimizer.clear();
+        }
         Ok(())
     }
 

@@ -303,8 +303,9 @@ impl<D: Device> Pipeline<D> {
         Ok(out)
     }
 
-    /// Sets every replica's parameters from `values` (by name). Every parameter must be present
-    /// with its size; this is checked before anything changes.
+    /// Sets every replica's parameters from `values` (by name); a stage process sets its own
+    /// stages' only. Every parameter must be present with its size; this is checked before
+    /// anything changes.
     pub fn load_parameters(&mut self, values: &HashMap<String, Vec<f32>>) -> Result<()> {
         for p in self.stages[0].iter().flatten().flat_map(Unit::params) {
             match values.get(&p.name) {
@@ -334,7 +335,10 @@ impl<D: Device> Pipeline<D> {
             }
         }
         if across {
+            // Shared copies of the other stages are out of date now.
+            self.drop_other_stages()?;
             self.stage_copies = super::Copies::Stale;
+            self.collected.weights.clear();
         }
         Ok(())
     }
