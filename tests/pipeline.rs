@@ -194,6 +194,35 @@ fn replicas_train_like_one_device_on_the_same_global_batch() {
     }
 }
 
+/// A stage's last backward sends its units' gradients to be summed as it goes, in buckets of
+/// at least `set_bucket_elements` values. One unit per bucket changes no bit with two replicas
+/// (a + b either way) and stays within 1e-5 of one device with three (the ring's order of
+/// addition follows its chunks, which follow the buckets); under every schedule family, zero
+/// bubble included (whose weight gradients come after the last backward: one bucket per stage).
+#[test]
+fn gradients_summed_unit_by_unit_as_the_backward_goes_change_nothing() {
+    let config = gpt();
+    let want = reference(&config, 6);
+    let run_with = |plan: PipelineConfig, bucket: usize| {
+        let mut p = pipeline(&config, plan);
+        p.set_bucket_elements(bucket);
+        for step in 0..STEPS {
+            assert!(p.step(&batch(&config, 6, step), 1000 + step, LR, Some(1.0)).unwrap().applied);
+        }
+        p.parameters(0).unwrap()
+    };
+    for schedule in ALL_SCHEDULES {
+        for (k, r) in [(1, 2), (2, 2), (1, 3)] {
+            let per_unit = run_with(cfg(k, r, 2, schedule), 1);
+            if r == 2 {
+                assert!(per_unit == run_with(cfg(k, r, 2, schedule), usize::MAX), "{schedule} K={k} R={r}");
+            }
+            let e = params_rel(&per_unit, &want);
+            assert!(e <= 1e-5, "{schedule} K={k} R={r}: weights differ from one device by {e:.2e}");
+        }
+    }
+}
+
 #[test]
 fn supplied_communicators_replace_the_host_ring() {
     use pipetransformer::comm::{Communicator, ring_group};
@@ -202,9 +231,13 @@ fn supplied_communicators_replace_the_host_ring() {
     let want = reference(&config, 6);
     let (k, r) = (2, 3);
     let mut p = pipeline(&config, cfg(k, r, 2, ScheduleKind::OneFOneB));
-    // Each member counts the `complete` calls: the runtime must wait for a device
-    // communicator's sums before the optimizer reads them (NCCL runs them on its own stream).
-    struct Counting(pipetransformer::comm::RingCommunicator, std::sync::atomic::AtomicUsize);
+    // A sum per unit, started as each unit's backward ends.
+    p.set_bucket_elements(1);
+    // Each member counts the `complete` calls (the runtime must wait for a device
+    // communicator's sums before the optimizer reads them: NCCL runs them on its own stream)
+    // and the sums.
+    use std::sync::atomic::AtomicUsize;
+    struct Counting(pipetransformer::comm::RingCommunicator, AtomicUsize, AtomicUsize);
     type Buf = <CpuDevice<f32> as Device>::Buf;
     impl Communicator<CpuDevice<f32>> for Counting {
         fn rank(&self) -> usize {
@@ -217,6 +250,7 @@ fn supplied_communicators_replace_the_host_ring() {
             "counting ring".into()
         }
         fn all_reduce_sum(&self, dev: &CpuDevice<f32>, bufs: &mut [&mut Buf]) -> pipetransformer::Result<()> {
+            self.2.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             self.0.all_reduce_sum(dev, bufs)
         }
         fn complete(&self, _: &CpuDevice<f32>) -> pipetransformer::Result<()> {
@@ -227,8 +261,9 @@ fn supplied_communicators_replace_the_host_ring() {
             self.0.broadcast(dev, buf, root)
         }
     }
-    let members: Vec<Vec<Arc<Counting>>> =
-        (0..k).map(|_| ring_group(r).into_iter().map(|m| Arc::new(Counting(m, 0.into()))).collect()).collect();
+    let members: Vec<Vec<Arc<Counting>>> = (0..k)
+        .map(|_| ring_group(r).into_iter().map(|m| Arc::new(Counting(m, 0.into(), 0.into()))).collect())
+        .collect();
     let groups: Vec<Vec<Arc<dyn Communicator<CpuDevice<f32>>>>> = members
         .iter()
         .map(|g| g.iter().map(|m| m.clone() as Arc<dyn Communicator<CpuDevice<f32>>>).collect())
@@ -243,8 +278,11 @@ fn supplied_communicators_replace_the_host_ring() {
     let e = params_rel(&p.parameters(0).unwrap(), &want);
     assert!(e <= 1e-5, "weights differ from one device by {e:.2e}");
     assert_eq!(p.parameters(2).unwrap(), p.parameters(0).unwrap(), "replicas diverged");
-    for m in members.iter().flatten() {
+    let units: Vec<usize> = (0..k).map(|s| p.plan().partition.stages[s].len()).collect();
+    for (s, m) in members.iter().enumerate().flat_map(|(s, g)| g.iter().map(move |m| (s, m))) {
         assert_eq!(m.1.load(std::sync::atomic::Ordering::Relaxed), STEPS as usize, "one wait per step and device");
+        let sums = m.2.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(sums, STEPS as usize * units[s], "stage {s}: one sum per unit and step");
     }
 }
 
@@ -511,7 +549,9 @@ fn processes_train_like_one_device_with_loss_and_norm_at_every_step() {
     let batches: Vec<HostBatch> = (0..STEPS as usize).map(|i| data.train_batch(0, i % 2).unwrap()).collect();
     let (want, reference) = one_device(&config, &batches);
     // (processes, K, R per process): 2 and 4 processes, pipelines and in-process replicas inside.
-    for (procs, k, r) in [(2, 1, 1), (2, 2, 1), (4, 1, 1), (2, 1, 2)] {
+    // (K = R = 1 here: the workers sum over the processes unit by unit as the backward goes,
+    // in buckets of 2²⁰ values or of one unit; else after the step.)
+    for (procs, k, r, bucket) in [(2, 1, 1, 1 << 20), (2, 1, 1, 1), (2, 2, 1, 1), (4, 1, 1, 1), (2, 1, 2, 1)] {
         let group = process_group(procs);
         let finals: Vec<Vec<(String, Vec<f64>)>> = std::thread::scope(|s| {
             let handles: Vec<_> = group
@@ -521,6 +561,7 @@ fn processes_train_like_one_device_with_loss_and_norm_at_every_step() {
                     s.spawn(move || {
                         let mut p = pipeline(config, cfg(k, r, 2, ScheduleKind::OneFOneB));
                         p.set_process_group(Some(member.clone())).unwrap();
+                        p.set_bucket_elements(bucket);
                         for (step, host) in batches.iter().enumerate() {
                             let got = p.step(host, 1000 + step as u64, LR, Some(1.0)).unwrap();
                             let (loss, norm) = want[step];

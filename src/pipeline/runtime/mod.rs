@@ -108,8 +108,9 @@ pub struct Pipeline<D: Device> {
     /// means the in-process host ring, run by a thread beside each worker.
     communicators: Option<Vec<Vec<Arc<dyn Communicator<D>>>>>,
     /// The processes this pipeline trains with (`pipetransformer launch`): each runs its shard
-    /// of every global batch, and they sum gradients and losses after the backward. When the
-    /// stages are processes too, the other replicas of this process's stage (its column).
+    /// of every global batch, and they sum gradients (as the backward goes, where one worker
+    /// runs here; else after it) and losses. When the stages are processes too, the other
+    /// replicas of this process's stage (its column).
     process_group: Option<Arc<ProcessGroup>>,
     /// When the stages are processes ([`across_processes`](Self::across_processes)): this
     /// process runs one stage (its rank in its row) on its one device, where every stage's
@@ -128,6 +129,8 @@ pub struct Pipeline<D: Device> {
     /// Host buffers the in-process ring's gradient buckets travel in, kept from step to step:
     /// a fresh one of tens of megabytes would come from the kernel as new pages every step.
     bucket_buffers: BucketBuffers,
+    /// The least gradient elements a bucket sent to be summed during a backward holds.
+    bucket_elements: usize,
     /// Each device's own thread count (cpu devices; `None` elsewhere), and whether devices the
     /// plan leaves idle lend theirs to those at work ([`lend_idle_threads`](Self::lend_idle_threads)).
     own_threads: Vec<Option<usize>>,
@@ -231,6 +234,7 @@ impl<D: Device> Pipeline<D> {
             frozen_units,
             stage_processes,
             bucket_buffers: BucketBuffers::default(),
+            bucket_elements: worker::BUCKET_ELEMENTS,
         };
         p.place(owned)?;
         if let Some(own) = p.process_stage() {
@@ -608,6 +612,14 @@ impl<D: Device> Pipeline<D> {
         self.process_group.as_deref()
     }
 
+    /// Sets the least gradient elements a bucket holds when a stage's last backward sends its
+    /// units' gradients to be summed (across replicas or processes) as it goes, from the top
+    /// unit down (PyTorch DDP's `bucket_cap_mb`; default 2²⁰, about one MiniLM layer). Smaller
+    /// starts the sums earlier, in more messages. Does not change what is summed.
+    pub fn set_bucket_elements(&mut self, elements: usize) {
+        self.bucket_elements = elements.max(1);
+    }
+
     /// Injects (or clears) a fault for the next steps.
     pub fn set_fault(&mut self, fault: Option<Fault>) {
         self.fault = fault;
@@ -708,6 +720,11 @@ impl<D: Device> Pipeline<D> {
         let grad_scale = if count == 0 { 0.0 } else { 1.0 / count as f64 };
         // Tied copies and other processes add to the gradients after the workers are done.
         let unit_norms = self.tied.is_none() && self.process_group.is_none();
+        // Other processes' gradients are summed by the workers as each stage's backward ends
+        // when the stages are processes, or when this process runs a single worker (more would
+        // use the group at once); else after the step.
+        let workers_sum_processes =
+            self.process_group.is_some() && (self.stage_processes.is_some() || r_count * k == 1);
         let shared = Shared::new(self.plan.config.pipeline_len * self.plan.config.replicas);
         let ctx = StepContext {
             spec: &self.spec,
@@ -719,10 +736,10 @@ impl<D: Device> Pipeline<D> {
             fault: self.fault,
             shared: &shared,
             bucket_buffers: &self.bucket_buffers,
+            bucket_elements: self.bucket_elements,
             unit_norms,
             processes: self.stage_processes.as_ref(),
-            // A stage's replicas that are processes sum its gradients as its backward ends.
-            column: self.process_group.as_deref().filter(|_| self.stage_processes.is_some()),
+            column: self.process_group.as_deref().filter(|_| workers_sum_processes),
         };
 
         // Hand each worker its device's stages (disjoint borrows of `self.stages`).
@@ -843,8 +860,7 @@ impl<D: Device> Pipeline<D> {
             let mut sum = [loss_sum];
             group.all_reduce_sum_f64(&mut sum)?;
             loss_sum = sum[0];
-            // (The workers summed a column's gradients already.)
-            if self.stage_processes.is_none() {
+            if !workers_sum_processes {
                 self.all_reduce_across_processes(&group)?;
             }
         }

@@ -41,13 +41,16 @@ pub(super) struct StepContext<'a> {
     pub fault: Option<Fault>,
     pub shared: &'a Shared,
     pub bucket_buffers: &'a BucketBuffers,
+    /// The least gradient elements a bucket sent during a backward holds.
+    pub bucket_elements: usize,
     /// Each replica-0 worker reads its units' squared gradient norms once its gradients are
     /// final (false when tied copies or other processes still add to them after the workers).
     pub unit_norms: bool,
     /// When the stages are processes: where messages for the other stages go.
     pub processes: Option<&'a StageProcesses>,
-    /// When the stages are processes with replicas: the processes of this one's stage, over
-    /// which its communication thread sums the gradients as a stage's backward ends.
+    /// The processes over which this worker's communication thread sums its gradients as each
+    /// stage's backward ends: the replicas of its stage when the stages are processes, or all
+    /// of them when each process runs one whole pipeline on one device.
     pub column: Option<&'a ProcessGroup>,
 }
 
@@ -128,8 +131,14 @@ pub(super) struct Worker<'a, D: Device> {
     pub communicator: Option<Arc<dyn Communicator<D>>>,
 }
 
-/// A gradient bucket on its way through the ring: `(stage, flat gradients)`.
-type Bucket = (usize, Vec<f32>);
+/// A gradient bucket on its way through the ring: `(stage, its units (local indices) whose
+/// gradients it holds, flat gradients)`.
+type Bucket = (usize, std::ops::Range<usize>, Vec<f32>);
+
+/// The least gradient elements a bucket sent during a backward holds, unless set otherwise
+/// (4 MiB of f32, about one MiniLM layer): a message per unit would cost a ring trip per few
+/// thousand values.
+pub(super) const BUCKET_ELEMENTS: usize = 1 << 20;
 
 /// Where a worker's communication thread sums its buckets: around the in-process replicas'
 /// ring, or over the other processes of its stage (its column).
@@ -169,7 +178,7 @@ impl<D: Device> Worker<'_, D> {
                 scope.spawn(move || {
                     // A chunk's worth to send from (the ring keeps what it receives).
                     let mut spare = Vec::new();
-                    for (stage, mut data) in from_worker {
+                    for (stage, units, mut data) in from_worker {
                         let summed = match &sum {
                             GradientSum::Ring(ring) => {
                                 let chunk = data.len().div_ceil(members);
@@ -182,7 +191,7 @@ impl<D: Device> Worker<'_, D> {
                             }
                             GradientSum::Column(column) => column.all_reduce_sum_f32(&mut data),
                         };
-                        if to_worker.send(summed.map(|()| (stage, data))).is_err() {
+                        if to_worker.send(summed.map(|()| (stage, units, data))).is_err() {
                             break;
                         }
                     }
@@ -265,6 +274,24 @@ impl<D: Device> Worker<'_, D> {
         };
         let mut zeroed = false;
         let mut saved_elements = 0usize;
+        // Whether this device's gradients are summed with other replicas' (on a device
+        // communicator, or by the communication thread), and the action that completes each
+        // stage's gradients: its last backward, unless zero bubble puts weight gradients after it.
+        let sums = ctx.plan.config.replicas > 1 || ctx.column.is_some();
+        let comm = self.communicator.clone();
+        let completes: HashMap<usize, usize> = match sums && !split {
+            true => self
+                .actions
+                .iter()
+                .enumerate()
+                .filter_map(|(i, a)| match a {
+                    Action::Backward { stage, .. } => Some((*stage, i)),
+                    _ => None,
+                })
+                .collect(),
+            false => HashMap::new(),
+        };
+        let mut summed: Vec<usize> = Vec::new();
         // Actions are timed by device markers (CUDA events on a GPU), placed on the step's host
         // time line at this worker's origin once the device has reached them, below.
         let (origin, origin_host) = (dev.marker()?, ctx.shared.now());
@@ -341,18 +368,41 @@ impl<D: Device> Worker<'_, D> {
                     let kept = take(&mut saved, (piece, stage), "saved activations")?;
                     saved_elements -= kept.iter().map(Saved::elements).sum::<usize>();
                     let batch = &batches[&piece];
+                    let completing = completes.get(&stage) == Some(&i);
                     let units = self.units(stage)?;
                     // As `Model::backward`: stop at the frozen boundary; the unit just above it
                     // is not asked for its input gradient.
                     let mut cur = dy;
-                    for (i, (unit, s)) in units.iter_mut().zip(kept).enumerate().rev() {
+                    let mut kept = kept;
+                    // The stage's last backward: each unit's gradients are final once its own
+                    // backward is done, and go to be summed (from `u` up to `sent`, in buckets)
+                    // while the units below run theirs.
+                    let mut sent = units.len();
+                    for u in (0..units.len()).rev() {
+                        let s = kept.pop().ok_or_else(|| internal("pipeline", "a unit saved nothing"))?;
                         let Some(y) = cur.take() else { break };
-                        let g = first + i;
+                        let g = first + u;
                         if g < ctx.first_trainable {
                             break;
                         }
-                        cur =
-                            unit.backward(dev, batch, s, y, g > ctx.first_trainable, arenas.get_mut(&(piece.mb, g)))?;
+                        cur = units[u].backward(
+                            dev,
+                            batch,
+                            s,
+                            y,
+                            g > ctx.first_trainable,
+                            arenas.get_mut(&(piece.mb, g)),
+                        )?;
+                        if completing && grad_elements(&units[u..sent]) >= ctx.bucket_elements {
+                            pending +=
+                                start_sum(dev, comm.as_ref(), ctx.bucket_buffers, to_comm, stage, units, u..sent)?;
+                            sent = u;
+                        }
+                    }
+                    if completing {
+                        // The rest (frozen units below hold no gradients).
+                        pending += start_sum(dev, comm.as_ref(), ctx.bucket_buffers, to_comm, stage, units, 0..sent)?;
+                        summed.push(stage);
                     }
                     // Slice 0 runs its backward last: the micro-batch's arenas on this stage are done.
                     if piece.slice == 0 {
@@ -391,30 +441,13 @@ impl<D: Device> Worker<'_, D> {
                     let data = ctx.shared.take(me, key)?;
                     dys.insert((piece, stage - 1), data.map(|d| dev.upload(&d)).transpose()?);
                 }
-                Action::AllReduce { stage } if self.communicator.is_some() => {
-                    // A device communicator (NCCL queues on a stream of its own, ordered after the
-                    // gradients, so it overlaps the compute after it without a thread of ours).
-                    let comm = self.communicator.clone().ok_or_else(|| internal("all-reduce", "no communicator"))?;
-                    let mut grads: Vec<&mut D::Buf> = self
-                        .units(stage)?
-                        .iter_mut()
-                        .flat_map(Unit::params_mut)
-                        .filter_map(|p| p.grad.as_mut())
-                        .collect();
-                    comm.all_reduce_sum(dev, &mut grads)?;
-                }
                 Action::AllReduce { stage } => {
-                    if ctx.plan.config.replicas > 1 || ctx.column.is_some() {
-                        let grads: Vec<&D::Buf> =
-                            self.units(stage)?.iter().flat_map(Unit::params).filter_map(|p| p.grad.as_ref()).collect();
-                        let mut flat = ctx.bucket_buffers.take(grads.iter().map(|g| D::len(g)).sum());
-                        for g in grads {
-                            dev.download_extend(g, &mut flat)?;
-                        }
-                        to_comm
-                            .send((stage, flat))
-                            .map_err(|_| internal("all-reduce", "the communication thread has stopped"))?;
-                        pending += 1;
+                    // Whatever its last backward did not start already (zero bubble's weight
+                    // gradients come after it).
+                    if sums && !summed.contains(&stage) {
+                        let units = self.units(stage)?;
+                        let all = 0..units.len();
+                        pending += start_sum(dev, comm.as_ref(), ctx.bucket_buffers, to_comm, stage, units, all)?;
                     }
                 }
                 Action::OptimizerStep => {
@@ -424,10 +457,12 @@ impl<D: Device> Worker<'_, D> {
                     }
                     // Wait for this device's buckets; the update itself follows the global norm.
                     for _ in 0..pending {
-                        let (stage, data) = recv_bucket(from_comm, ctx.shared)?;
+                        let (stage, units, data) = recv_bucket(from_comm, ctx.shared)?;
                         let mut at = 0;
-                        for g in
-                            self.units(stage)?.iter_mut().flat_map(Unit::params_mut).filter_map(|p| p.grad.as_mut())
+                        for g in self.units(stage)?[units]
+                            .iter_mut()
+                            .flat_map(Unit::params_mut)
+                            .filter_map(|p| p.grad.as_mut())
                         {
                             let n = D::len(g);
                             *g = dev.upload(&data[at..at + n])?;
@@ -462,6 +497,45 @@ impl<D: Device> Worker<'_, D> {
         }
         Ok(out)
     }
+}
+
+/// The gradient elements `units` hold.
+fn grad_elements<D: Device>(units: &[Unit<D>]) -> usize {
+    units.iter().flat_map(Unit::params).filter_map(|p| p.grad.as_ref()).map(|g| D::len(g)).sum()
+}
+
+/// Starts summing the gradients of `units[range]` (of `stage`) with the other replicas': on a
+/// device communicator (NCCL queues it on a stream of its own, ordered after the gradients, so
+/// it overlaps the compute after it without a thread of ours), or as one bucket, in model
+/// order, sent to the communication thread. Returns the buckets sent to the thread (none when
+/// the units hold no gradients).
+fn start_sum<D: Device>(
+    dev: &D,
+    comm: Option<&Arc<dyn Communicator<D>>>,
+    buffers: &BucketBuffers,
+    to_comm: &mpsc::Sender<Bucket>,
+    stage: usize,
+    units: &mut [Unit<D>],
+    range: std::ops::Range<usize>,
+) -> Result<usize> {
+    if let Some(comm) = comm {
+        let mut grads: Vec<&mut D::Buf> =
+            units[range].iter_mut().flat_map(Unit::params_mut).filter_map(|p| p.grad.as_mut()).collect();
+        if !grads.is_empty() {
+            comm.all_reduce_sum(dev, &mut grads)?;
+        }
+        return Ok(0);
+    }
+    let elements = grad_elements(&units[range.clone()]);
+    if elements == 0 {
+        return Ok(0);
+    }
+    let mut flat = buffers.take(elements);
+    for g in units[range.clone()].iter().flat_map(Unit::params).filter_map(|p| p.grad.as_ref()) {
+        dev.download_extend(g, &mut flat)?;
+    }
+    to_comm.send((stage, range, flat)).map_err(|_| internal("all-reduce", "the communication thread has stopped"))?;
+    Ok(1)
 }
 
 /// A send's or receive's message key and peer.
