@@ -88,7 +88,8 @@ struct PipelineArgs {
     memory_limit: Option<usize>,
     /// Under `launch`: pipelines whose stages are the processes, one device each. The
     /// processes make rows of --pipeline-len stages, each row a replica: process p runs stage
-    /// p % K of replica p / K (the process count a multiple of K). Without it, every process
+    /// p % K of replica p / K (the process count a multiple of K); each builds and holds its own
+    /// stage's weights only, so --memory-limit applies per stage. Without it, every process
     /// holds a whole pipeline and trains its share of each batch.
     #[arg(long)]
     across_processes: bool,

@@ -712,13 +712,16 @@ fn stages_and_replicas_across_processes_train_like_one_process() {
     let config = gpt();
     let data = common::Pool::new(&config, 24, 12, 5);
     let batches: Vec<HostBatch> = (0..STEPS as usize).map(|i| data.train_batch(0, i % 2).unwrap()).collect();
-    for (k, r, m, schedule) in [
-        (2, 2, 3, ScheduleKind::OneFOneB),
-        (2, 2, 2, ScheduleKind::Interleaved),
-        (3, 2, 2, ScheduleKind::Gpipe),
-        (2, 3, 2, ScheduleKind::OneFOneB),
+    // The last with a sum per unit as the backward goes, on both sides.
+    for (k, r, m, schedule, bucket) in [
+        (2, 2, 3, ScheduleKind::OneFOneB, 1 << 20),
+        (2, 2, 2, ScheduleKind::Interleaved, 1 << 20),
+        (3, 2, 2, ScheduleKind::Gpipe, 1 << 20),
+        (2, 3, 2, ScheduleKind::OneFOneB, 1 << 20),
+        (2, 3, 2, ScheduleKind::OneFOneB, 1),
     ] {
         let mut one = pipeline(&config, cfg(k, r, m, schedule));
+        one.set_bucket_elements(bucket);
         let run = |p: &mut Pipeline<CpuDevice<f32>>| -> Vec<(f64, f64)> {
             let steps = batches.iter().enumerate();
             steps
@@ -744,6 +747,7 @@ fn stages_and_replicas_across_processes_train_like_one_process() {
             assert_eq!(p.process_stage(), Some(rank % k));
             assert_eq!(p.process_group().map(|g| (g.rank(), g.size())), Some((rank / k, r)));
             assert_eq!(p.evaluation_share(), (rank / k, r));
+            p.set_bucket_elements(bucket);
             let steps = run(&mut p);
             // Each row evaluates its batches on its stages' own weights (nothing shared).
             let outs = evaluate(&p, rank / k, r);
