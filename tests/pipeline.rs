@@ -211,6 +211,18 @@ fn gradients_summed_unit_by_unit_as_the_backward_goes_change_nothing() {
         }
         p.parameters(0).unwrap()
     };
+    // With a frozen prefix too, ending inside the first stage (its backward stops there).
+    let frozen_first = |plan: PipelineConfig, bucket: usize| {
+        let mut p = pipeline(&config, plan);
+        p.set_bucket_elements(bucket);
+        p.freeze_prefix(2).unwrap();
+        for step in 0..STEPS {
+            assert!(p.step(&batch(&config, 6, step), 1000 + step, LR, Some(1.0)).unwrap().applied);
+        }
+        p.parameters(0).unwrap()
+    };
+    let plan = cfg(2, 2, 2, ScheduleKind::OneFOneB);
+    assert!(frozen_first(plan.clone(), 1) == frozen_first(plan, usize::MAX), "a frozen prefix");
     for schedule in ALL_SCHEDULES {
         for (k, r) in [(1, 2), (2, 2), (1, 3)] {
             let per_unit = run_with(cfg(k, r, 2, schedule), 1);

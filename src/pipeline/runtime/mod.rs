@@ -615,7 +615,8 @@ impl<D: Device> Pipeline<D> {
     /// Sets the least gradient elements a bucket holds when a stage's last backward sends its
     /// units' gradients to be summed (across replicas or processes) as it goes, from the top
     /// unit down (PyTorch DDP's `bucket_cap_mb`; default 2²⁰, about one MiniLM layer). Smaller
-    /// starts the sums earlier, in more messages. Does not change what is summed.
+    /// starts the sums earlier, in more messages. Does not change what is summed; across
+    /// processes every process must set the same (the buckets are the collectives' calls).
     pub fn set_bucket_elements(&mut self, elements: usize) {
         self.bucket_elements = elements.max(1);
     }

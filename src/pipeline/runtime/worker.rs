@@ -278,7 +278,9 @@ impl<D: Device> Worker<'_, D> {
         // communicator, or by the communication thread), and the action that completes each
         // stage's gradients: its last backward, unless zero bubble puts weight gradients after it.
         let sums = ctx.plan.config.replicas > 1 || ctx.column.is_some();
-        let comm = self.communicator.clone();
+        // (With a column this device is its process's only one: nothing to sum on a device
+        // communicator, and the column must get every bucket.)
+        let comm = self.communicator.clone().filter(|_| ctx.column.is_none());
         let completes: HashMap<usize, usize> = match sums && !split {
             true => self
                 .actions
