@@ -213,6 +213,8 @@ impl<D: Device> Pipeline<D> {
         let owned: Vec<(Unit<D>, usize)> = units.into_iter().map(|u| (u, 0)).collect();
         let own_threads = devices.iter().map(Device::threads).collect();
         let profiled_threads = devices.first().and_then(|d| d.host_pool()).map_or(1, |p| p.threads());
+        // A stage process holds its own stages only (`across_processes` drops the rest).
+        let copies = if stage_processes.is_some() { Copies::Stale } else { Copies::Everywhere };
         let mut p = Pipeline {
             own_threads,
             lend_threads: false,
@@ -227,9 +229,8 @@ impl<D: Device> Pipeline<D> {
             fault: None,
             communicators: None,
             process_group: None,
-            // A stage process holds its own stages only (`across_processes` drops the rest).
-            stage_copies: if stage_processes.is_some() { Copies::Stale } else { Copies::Everywhere },
-            optimizer_copies: if stage_processes.is_some() { Copies::Stale } else { Copies::Everywhere },
+            stage_copies: copies,
+            optimizer_copies: copies,
             collected: Collected::default(),
             frozen_units,
             stage_processes,

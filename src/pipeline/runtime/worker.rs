@@ -293,7 +293,6 @@ impl<D: Device> Worker<'_, D> {
                 .collect(),
             false => HashMap::new(),
         };
-        let mut summed: Vec<usize> = Vec::new();
         // Actions are timed by device markers (CUDA events on a GPU), placed on the step's host
         // time line at this worker's origin once the device has reached them, below.
         let (origin, origin_host) = (dev.marker()?, ctx.shared.now());
@@ -404,7 +403,6 @@ impl<D: Device> Worker<'_, D> {
                     if completing {
                         // The rest (frozen units below hold no gradients).
                         pending += start_sum(dev, comm.as_ref(), ctx.bucket_buffers, to_comm, stage, units, 0..sent)?;
-                        summed.push(stage);
                     }
                     // Slice 0 runs its backward last: the micro-batch's arenas on this stage are done.
                     if piece.slice == 0 {
@@ -444,9 +442,9 @@ impl<D: Device> Worker<'_, D> {
                     dys.insert((piece, stage - 1), data.map(|d| dev.upload(&d)).transpose()?);
                 }
                 Action::AllReduce { stage } => {
-                    // Whatever its last backward did not start already (zero bubble's weight
-                    // gradients come after it).
-                    if sums && !summed.contains(&stage) {
+                    // Unless its last backward (before this) started them already: zero bubble's
+                    // weight gradients come after it.
+                    if sums && !completes.contains_key(&stage) {
                         let units = self.units(stage)?;
                         let all = 0..units.len();
                         pending += start_sum(dev, comm.as_ref(), ctx.bucket_buffers, to_comm, stage, units, all)?;
