@@ -257,7 +257,11 @@ impl<T: Float> Device for CpuDevice<T> {
     type Ids = Vec<u32>;
 
     fn name(&self) -> String {
-        let products = if self.products == Products::Bf16 { ", bf16 products" } else { "" };
+        let products = match self.products {
+            // Which kernel: a result says what computed it.
+            Products::Bf16 => format!(", bf16 products ({})", crate::ops::gemm_bf16::bf16_path().name()),
+            Products::Native => String::new(),
+        };
         // Its own count: a device lent another's threads (and a resumed run that lends them
         // again) is still the same device.
         let plural = if self.own_threads == 1 { "" } else { "s" };

@@ -384,7 +384,7 @@ impl PrecisionChoice {
             PrecisionChoice::F32 => Precision::F32,
             PrecisionChoice::Bf16 => Precision::Bf16,
             PrecisionChoice::Auto => match kind.resolve() {
-                DeviceKind::Cpu if bf16_path() == Bf16Path::Avx512Bf16 => Precision::Bf16,
+                DeviceKind::Cpu if bf16_path() != Bf16Path::Fallback => Precision::Bf16,
                 DeviceKind::Cuda if cuda::CudaRuntime::new(index)?.arch() >= 80 => Precision::Bf16,
                 _ => Precision::F32,
             },
@@ -483,7 +483,7 @@ mod tests {
     #[test]
     fn auto_precision_is_bf16_where_the_hardware_has_it() {
         use crate::ops::gemm_bf16::{Bf16Path, bf16_path};
-        let native = if bf16_path() == Bf16Path::Avx512Bf16 { Precision::Bf16 } else { Precision::F32 };
+        let native = if bf16_path() != Bf16Path::Fallback { Precision::Bf16 } else { Precision::F32 };
         assert_eq!(PrecisionChoice::Auto.resolve(DeviceKind::Cpu, 0).unwrap(), native);
         assert_eq!(PrecisionChoice::Auto.resolve(DeviceKind::CudaEmu, 0).unwrap(), Precision::F32);
         for kind in [DeviceKind::Cpu, DeviceKind::CudaEmu] {

@@ -218,7 +218,7 @@ pub struct Summary {
     /// The plan at the end: pipeline length, replicas, micro-batches.
     pub final_plan: (usize, usize, usize),
     /// The devices the run held, as they name themselves (backend, index, precision; threads
-    /// on cpu: e.g. `cpu:0 (F32, bf16 products, 1 thread)`), so a result says what computed it.
+    /// on cpu: e.g. `cpu:0 (F32, bf16 products (avx512), 1 thread)`), so a result says what computed it.
     pub devices: Vec<String>,
     /// For language models: the held-out loss of predicting each character by its training
     /// frequency alone (the unigram baseline the model must beat).
