@@ -15,12 +15,15 @@
 //! reference and tolerance as the other paths. On [`Hardware`] tiles the instructions are
 //! inline assembly, one line each. Before the first product on a CPU with AMX,
 //! [`super::bf16_path`] runs the kernel on hardware tiles against the reference and uses the
-//! `vdpbf16ps` path, with a warning, if it disagrees.
+//! `vdpbf16ps` path, with a warning, if it disagrees. (A fault that crashes instead, an
+//! instruction the CPU refuses, ends the process there: `PT_BF16_KERNEL=avx512` steps around it.)
 
 use super::MatRef;
 use super::avx512::{KC, KC2, NR, Operand, SCRATCH_A, pack_pair_of_xs, pack_pairs_of_x, transpose16, with_scratch};
 use rayon::prelude::*;
 use std::arch::x86_64::*;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Rows of an A panel and of the micro-kernel's C block: a tile's 16 rows.
 pub const MT: usize = 16;
@@ -40,8 +43,10 @@ pub trait Tiles: Sized {
     /// Configures the tiles on this thread.
     ///
     /// # Safety
-    /// On [`Hardware`]: the CPU has AMX-TILE and AMX-BF16 and the OS has let this process use
-    /// the tile data ([`Hardware::enable`]).
+    /// On [`Hardware`]: the CPU has AMX-TILE and AMX-BF16, the OS has let this process use the
+    /// tile data ([`Hardware::enable`]), and no other `Hardware` is alive on this thread (a
+    /// drop releases the thread's tiles). Tile state lives in registers between the
+    /// instructions, so nothing else on the thread may use AMX while one is alive.
     unsafe fn start() -> Self;
     /// C_j = 0.
     fn zero_c(&mut self, j: usize);
@@ -70,8 +75,11 @@ pub trait Tiles: Sized {
 }
 
 /// The CPU's tile registers: C_j in `tmm{j}`, A in `tmm3`, B_j in `tmm{4+j}`. Releases them
-/// when dropped.
-pub struct Hardware(());
+/// when dropped. Neither `Send` nor `Sync`: the tiles it configured are its thread's.
+pub struct Hardware(PhantomData<*const ()>);
+
+/// Whether [`Hardware::enable`] was granted.
+static GRANTED: AtomicBool = AtomicBool::new(false);
 
 /// `ldtilecfg`'s 64-byte operand, palette 1.
 #[repr(C, align(64))]
@@ -101,7 +109,9 @@ impl Hardware {
             const XFEATURE_XTILEDATA: libc::c_long = 18;
             // SAFETY: a request with two integer arguments; it changes only whether this
             // process may use the tile state.
-            unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
+            let granted = unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) } == 0;
+            GRANTED.fetch_or(granted, Ordering::Relaxed);
+            granted
         }
         #[cfg(not(target_os = "linux"))]
         false
@@ -110,6 +120,7 @@ impl Hardware {
 
 impl Tiles for Hardware {
     unsafe fn start() -> Self {
+        assert!(GRANTED.load(Ordering::Relaxed), "AMX tiles used before the OS granted them");
         let config = TileConfig {
             palette: 1,
             start_row: 0,
@@ -121,7 +132,7 @@ impl Tiles for Hardware {
         };
         // SAFETY: AMX is present and enabled (the caller); the operand is 64 valid bytes.
         unsafe { std::arch::asm!("ldtilecfg [{}]", in(reg) &config, options(nostack, readonly, preserves_flags)) };
-        Hardware(())
+        Hardware(PhantomData)
     }
 
     fn zero_c(&mut self, j: usize) {
@@ -219,14 +230,13 @@ pub struct Emulated {
 
 /// A bf16 (the high half of an f32) as f32, with a denormal read as zero (DAZ).
 #[cfg(test)]
-fn daz(bits: u32) -> f32 {
-    let x = f32::from_bits(bits << 16);
-    if x.is_subnormal() { 0.0 } else { x }
+fn bf16_daz(bits: u32) -> f32 {
+    daz(f32::from_bits(bits << 16))
 }
 
-/// `x` with a denormal flushed to zero (FTZ).
+/// `x` with a denormal read as zero, or flushed to zero (DAZ, FTZ: the same for one value).
 #[cfg(test)]
-fn ftz(x: f32) -> f32 {
+fn daz(x: f32) -> f32 {
     if x.is_subnormal() { 0.0 } else { x }
 }
 
@@ -264,14 +274,14 @@ impl Tiles for Emulated {
     fn dot(&mut self, j: usize) {
         for (c_row, a_row) in self.c[j].iter_mut().zip(&self.a) {
             for (col, c) in c_row.iter_mut().enumerate() {
-                // The products of two bf16 are exact in f32, so each step rounds once.
+                // Each step an FMA with denormals read as zero and flushed, as the SDM writes it.
                 let (mut even, mut odd) = (0f32, 0f32);
                 for (&a, b_row) in a_row.iter().zip(&self.b[j]) {
                     let b = b_row[col];
-                    even = ftz(even + daz(a & 0xffff) * daz(b & 0xffff));
-                    odd = ftz(odd + daz(a >> 16) * daz(b >> 16));
+                    even = daz(bf16_daz(a & 0xffff).mul_add(bf16_daz(b & 0xffff), even));
+                    odd = daz(bf16_daz(a >> 16).mul_add(bf16_daz(b >> 16), odd));
                 }
-                *c = ftz(*c + ftz(even + odd));
+                *c = daz(daz(*c) + daz(even + odd));
             }
         }
     }

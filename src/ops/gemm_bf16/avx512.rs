@@ -1,6 +1,6 @@
-//! The `vdpbf16ps` path. Every function with `#[target_feature]` is `unsafe` to call only
-//! because of the CPU features; callers hold [`bf16_path`](super::bf16_path)`() ==
-//! Avx512Bf16`. Memory accesses are bounded by asserts on the packed blocks' lengths and by
+//! The `vdpbf16ps` path, and the packing the AMX path shares. Every function with
+//! `#[target_feature]` is `unsafe` to call only because of the CPU features; callers hold
+//! [`bf16_path`](super::bf16_path)`() != Fallback` (avx512f and avx512bf16). Memory accesses are bounded by asserts on the packed blocks' lengths and by
 //! the view checks of [`check_views`](super::check_views).
 
 use super::MatRef;
@@ -148,8 +148,8 @@ pub fn gemm(
 }
 
 /// [`gemm`] with B already packed by [`pack_b`] (`packed_b`: its [`packed_b_len`]`(k, n)` words).
-/// Safe to call only as `gemm` is: the caller holds [`bf16_path`](super::bf16_path)`() ==
-/// Avx512Bf16` and checked A's and C's views (the module's contract, above).
+/// Safe to call only as `gemm` is: the caller holds [`bf16_path`](super::bf16_path)`() !=
+/// Fallback` and checked A's and C's views (the module's contract, above).
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_packed(
     c: &mut [f32],

@@ -94,11 +94,13 @@ pub fn bf16_path() -> Bf16Path {
 
 /// The path for this CPU under a `PT_BF16_KERNEL` value, and what to tell the user about it.
 fn choose_path(cap: Option<&str>) -> (Bf16Path, Option<String>) {
-    let (cap, mut note) = match cap.map(|name| (name, Bf16Path::parse(name))) {
-        None => (Bf16Path::Amx, None),
-        Some((_, Some(cap))) => (cap, None),
+    let mut notes = Vec::new();
+    let cap = match cap.map(|name| (name, Bf16Path::parse(name))) {
+        None => Bf16Path::Amx,
+        Some((_, Some(cap))) => cap,
         Some((name, None)) => {
-            (Bf16Path::Amx, Some(format!("warning: PT_BF16_KERNEL={name} ignored; expected amx, avx512 or fallback")))
+            notes.push(format!("warning: PT_BF16_KERNEL={name} ignored; expected amx, avx512 or fallback"));
+            Bf16Path::Amx
         }
     };
     let mut path = Bf16Path::Fallback;
@@ -107,26 +109,25 @@ fn choose_path(cap: Option<&str>) -> (Bf16Path, Option<String>) {
         path = Bf16Path::Avx512Bf16;
         if cap == Bf16Path::Amx && amx::Hardware::detected() {
             if !amx::Hardware::enable() {
-                note = Some("note: this CPU has AMX, but the OS did not grant this process the tile state; bf16 products use vdpbf16ps".into());
+                notes.push("note: this CPU has AMX, but the OS did not grant this process the tile state; bf16 products use vdpbf16ps".into());
             } else if let Some(wrong) = amx_disagreement() {
-                note = Some(format!(
-                    "warning: the AMX bf16 kernel disagrees with the reference on this CPU ({wrong}); bf16 products use vdpbf16ps"
-                ));
+                notes.push(format!("warning: the AMX bf16 kernel disagrees with the reference on this CPU ({wrong}); bf16 products use vdpbf16ps"));
             } else {
                 path = Bf16Path::Amx;
             }
         }
     }
-    (path.min(cap), note)
+    (path.min(cap), (!notes.is_empty()).then(|| notes.join("\n")))
 }
 
-/// The AMX kernel on this CPU's tiles against the f64 reference, at a shape with edges in every
-/// dimension (rows and columns past a tile, k past a block and odd) and both A layouts: the
-/// first disagreement beyond f32 rounding, described. The kernel was written on machines
-/// without AMX (see `amx`): this keeps a fault there from reaching a training run.
+/// The AMX kernel on this CPU's tiles against the f64 reference, at shapes with edges in every
+/// dimension (rows and columns past a tile, k past a block and odd) and without (C's tiles then
+/// read from and written to C), both A layouts, writing C and adding to it: the first
+/// disagreement beyond f32 rounding, described. The kernel was written on machines without
+/// AMX (see `amx`): this keeps a wrong result there from reaching a training run. Serial: a
+/// parallel product could steal, on this thread, work that asks for the path being chosen.
 #[cfg(target_arch = "x86_64")]
 fn amx_disagreement() -> Option<String> {
-    let (m, n, k) = (37, 53, 301);
     let mut state = 0x2545_f491u32;
     let mut values = |len: usize| -> Vec<f32> {
         (0..len)
@@ -136,13 +137,17 @@ fn amx_disagreement() -> Option<String> {
             })
             .collect()
     };
-    let (av, bv) = (values(m * k), values(k * n));
-    let b = MatRef::rows(&bv, n);
-    for a in [MatRef::rows(&av, k), MatRef::rows(&av, m).t()] {
-        let mut c = vec![0f32; m * n];
-        avx512::gemm(amx::gemm_packed::<amx::Hardware>, &mut c, n, a, b, m, n, k, false, false);
-        if let Some(wrong) = reference_mismatch(&c, n, None, a, b, m, n, k) {
-            return Some(wrong);
+    for (m, n, k) in [(37, 53, 301), (32, 96, 300)] {
+        let (av, bv, c0) = (values(m * k), values(k * n), values(m * n));
+        let b = MatRef::rows(&bv, n);
+        for a in [MatRef::rows(&av, k), MatRef::rows(&av, m).t()] {
+            for accumulate in [false, true] {
+                let mut c = c0.clone();
+                avx512::gemm(amx::gemm_packed::<amx::Hardware>, &mut c, n, a, b, m, n, k, accumulate, false);
+                if let Some(wrong) = reference_mismatch(&c, n, accumulate.then_some(&c0[..]), a, b, m, n, k) {
+                    return Some(format!("{m}×{n}×{k}, accumulate {accumulate}: {wrong}"));
+                }
+            }
         }
     }
     None
@@ -701,8 +706,9 @@ mod tests {
     /// k past a block and odd, so pairs past the end must be zero), every transpose combination
     /// (a transposed A takes the register-transposing packer, a single row the scalar one),
     /// accumulate on and off, a strided C, serial and parallel, and general strides. All on one
-    /// pool whose threads' scratch first holds NaN operands: a packer that left stale pairs past
-    /// k's end in A or B would show (0·NaN is NaN).
+    /// pool whose threads' scratch holds NaN operands before each layout: a packer that left
+    /// stale pairs past k's end in A or B would show (0·NaN is NaN). (On a CPU without avx512f
+    /// there is no AMX, and the packers' vector code cannot run: nothing to test.)
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn amx_kernel_on_emulated_tiles_matches_reference() {
@@ -711,11 +717,14 @@ mod tests {
         }
         let kernel: avx512::PackedKernel = amx::gemm_packed::<amx::Emulated>;
         let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        // Fills every pool thread's scratch past what the products below use: A panels of 80
+        // rows and B panels of 144 columns, k to 768 (three blocks).
         let poison = || {
-            let nans = vec![f32::NAN; 600 * 600];
+            let (m, n, k) = (80, 144, 768);
+            let nans = vec![f32::NAN; k * n.max(m)];
             pool.broadcast(|_| {
-                let (nan, mut c) = (MatRef::rows(&nans, 600), vec![0f32; 600 * 600]);
-                avx512::gemm(kernel, &mut c, 600, nan, nan, 600, 600, 600, false, false)
+                let mut c = vec![0f32; m * n];
+                avx512::gemm(kernel, &mut c, n, MatRef::rows(&nans, k), MatRef::rows(&nans, n), m, n, k, false, false)
             });
         };
         let mut rng = Rng::new(5);
@@ -730,7 +739,6 @@ mod tests {
         pool.install(|| avx512::gemm(kernel, &mut c, n, a, b, m, n, k, true, false));
         check("amx general strides", &c, &c0, n, a, b, m, n, k, true);
 
-        poison();
         let shapes = [
             (1, 5, 3),
             (7, 1, 2),
@@ -743,6 +751,7 @@ mod tests {
         ];
         for &(m, n, k) in &shapes {
             for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+                poison();
                 let (av, bv) = (f32s(&mut rng, m * k), f32s(&mut rng, k * n));
                 let a = if ta { MatRef::rows(&av, m).t() } else { MatRef::rows(&av, k) };
                 let b = if tb { MatRef::rows(&bv, k).t() } else { MatRef::rows(&bv, n) };
