@@ -561,9 +561,12 @@ fn processes_train_like_one_device_with_loss_and_norm_at_every_step() {
     let batches: Vec<HostBatch> = (0..STEPS as usize).map(|i| data.train_batch(0, i % 2).unwrap()).collect();
     let (want, reference) = one_device(&config, &batches);
     // (processes, K, R per process): 2 and 4 processes, pipelines and in-process replicas inside.
-    // (K = R = 1 here: the workers sum over the processes unit by unit as the backward goes,
-    // in buckets of 2²⁰ values or of one unit; else after the step.)
-    for (procs, k, r, bucket) in [(2, 1, 1, 1 << 20), (2, 1, 1, 1), (2, 2, 1, 1), (4, 1, 1, 1), (2, 1, 2, 1)] {
+    // (R = 1 here: the workers sum over the processes unit by unit as the backward goes, in
+    // buckets of 2²⁰ values or of one unit, over a ring per pipeline position where K > 1;
+    // with in-process replicas, after the step.)
+    for (procs, k, r, bucket) in
+        [(2, 1, 1, 1 << 20), (2, 1, 1, 1), (2, 2, 1, 1), (2, 2, 1, 1 << 20), (4, 2, 1, 1), (4, 1, 1, 1), (2, 1, 2, 1)]
+    {
         let group = process_group(procs);
         let finals: Vec<Vec<(String, Vec<f64>)>> = std::thread::scope(|s| {
             let handles: Vec<_> = group
@@ -574,6 +577,7 @@ fn processes_train_like_one_device_with_loss_and_norm_at_every_step() {
                         let mut p = pipeline(config, cfg(k, r, 2, ScheduleKind::OneFOneB));
                         p.set_process_group(Some(member.clone())).unwrap();
                         p.set_bucket_elements(bucket);
+                        assert_eq!(p.sums_during_backward(), r == 1, "{procs} processes K={k} R={r}");
                         for (step, host) in batches.iter().enumerate() {
                             let got = p.step(host, 1000 + step as u64, LR, Some(1.0)).unwrap();
                             let (loss, norm) = want[step];

@@ -321,12 +321,13 @@ impl<D: Device> Job<D> {
                 });
             }
         }
-        self.communicator = if self.trainer.pipeline.replicas() > 1 {
-            format!("{} within each process, a TCP ring across {} processes", self.communicator, group.size())
-        } else {
-            format!("a TCP ring across {} processes", group.size())
-        };
-        self.trainer.pipeline.set_process_group(Some(Arc::new(group)))?;
+        let across = format!("a TCP ring across {} processes", group.size());
+        let pipeline = &mut self.trainer.pipeline;
+        let within = (pipeline.replicas() > 1).then(|| format!("{} within each process, ", self.communicator));
+        pipeline.set_process_group(Some(Arc::new(group)))?;
+        let when =
+            if pipeline.sums_during_backward() { "stage by stage as the backward goes" } else { "after each step" };
+        self.communicator = format!("{}{across}, gradients summed {when}", within.unwrap_or_default());
         Ok(())
     }
 

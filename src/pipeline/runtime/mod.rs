@@ -112,6 +112,11 @@ pub struct Pipeline<D: Device> {
     /// runs here; else after it) and losses. When the stages are processes too, the other
     /// replicas of this process's stage (its column).
     process_group: Option<Arc<ProcessGroup>>,
+    /// With a process group and one whole pipeline of several stages in each process: a ring
+    /// over the processes per pipeline position, split off the group, so that each position's
+    /// worker sums its gradients as its backward ends without sharing connections with the
+    /// others ([`set_process_group`](Self::set_process_group)).
+    stage_columns: Vec<Arc<ProcessGroup>>,
     /// When the stages are processes ([`across_processes`](Self::across_processes)): this
     /// process runs one stage (its rank in its row) on its one device, where every stage's
     /// units are kept, the other stages' hollow (without weights) but after a share.
@@ -229,6 +234,7 @@ impl<D: Device> Pipeline<D> {
             fault: None,
             communicators: None,
             process_group: None,
+            stage_columns: Vec::new(),
             stage_copies: copies,
             optimizer_copies: copies,
             collected: Collected::default(),
@@ -595,6 +601,11 @@ impl<D: Device> Pipeline<D> {
     /// [`HostBatch::split`] cuts, so every sample keeps its dropout mask) and sums gradients and
     /// loss with the other processes before clipping and the optimizer. The activation cache
     /// is not available then (a process captures only its shard).
+    ///
+    /// With one whole pipeline of K > 1 stages here, this opens a ring over the processes for
+    /// each pipeline position (a collective: every process sets its group at the same point,
+    /// with the same plan), so that the stages' workers sum their gradients as each backward
+    /// ends ([`sums_during_backward`](Self::sums_during_backward)).
     pub fn set_process_group(&mut self, group: Option<Arc<ProcessGroup>>) -> Result<()> {
         if self.stage_processes.is_some() {
             return Err(config_error(
@@ -602,8 +613,27 @@ impl<D: Device> Pipeline<D> {
                 "a pipeline whose stages are processes takes its replicas from its own group",
             ));
         }
+        let PipelineConfig { pipeline_len: k, replicas: r, .. } = self.plan.config;
+        self.stage_columns = match &group {
+            Some(g) if k > 1 && r == 1 => {
+                let everyone: Vec<usize> = (0..g.size()).collect();
+                (0..k)
+                    .map(|d| g.split(std::slice::from_ref(&everyone), &format!("position {d} gradients")).map(Arc::new))
+                    .collect::<Result<_>>()?
+            }
+            _ => Vec::new(),
+        };
         self.process_group = group;
         Ok(())
+    }
+
+    /// Whether the other processes' gradients are summed by the workers as each stage's
+    /// backward ends (else after the step, all at once): when the stages are processes, or
+    /// this process runs one worker, or one pipeline with a ring per position (above).
+    pub fn sums_during_backward(&self) -> bool {
+        let PipelineConfig { pipeline_len: k, replicas: r, .. } = self.plan.config;
+        self.process_group.is_some()
+            && (self.stage_processes.is_some() || r * k == 1 || (r == 1 && self.stage_columns.len() == k))
     }
 
     /// The process group this pipeline sums gradients with, if it trains with other
@@ -722,11 +752,7 @@ impl<D: Device> Pipeline<D> {
         let grad_scale = if count == 0 { 0.0 } else { 1.0 / count as f64 };
         // Tied copies and other processes add to the gradients after the workers are done.
         let unit_norms = self.tied.is_none() && self.process_group.is_none();
-        // Other processes' gradients are summed by the workers as each stage's backward ends
-        // when the stages are processes, or when this process runs a single worker (more would
-        // use the group at once); else after the step.
-        let workers_sum_processes =
-            self.process_group.is_some() && (self.stage_processes.is_some() || r_count * k == 1);
+        let workers_sum_processes = self.sums_during_backward();
         let shared = Shared::new(self.plan.config.pipeline_len * self.plan.config.replicas);
         let ctx = StepContext {
             spec: &self.spec,
@@ -741,8 +767,11 @@ impl<D: Device> Pipeline<D> {
             bucket_elements: self.bucket_elements,
             unit_norms,
             processes: self.stage_processes.as_ref(),
-            column: self.process_group.as_deref().filter(|_| workers_sum_processes),
         };
+        // Where each pipeline position's worker sums over the processes as its backward goes:
+        // its own ring, or the group (the stages' column, or everyone's with one worker here).
+        let (stage_columns, group) = (&self.stage_columns, self.process_group.as_deref());
+        let column = |d: usize| workers_sum_processes.then(|| stage_columns.get(d).map(|c| &**c).or(group)).flatten();
 
         // Hand each worker its device's stages (disjoint borrows of `self.stages`).
         let mut jobs: Vec<StageUnits<D>> = (0..r_count * k).map(|_| Vec::new()).collect();
@@ -780,6 +809,7 @@ impl<D: Device> Pipeline<D> {
                     actions: &plan.schedule.per_device[d],
                     micro: &micro[r],
                     ring: rings[d][r].take(),
+                    column: column(d),
                     communicator: communicators.as_ref().map(|c| c[d][r].clone()),
                 }))
             })

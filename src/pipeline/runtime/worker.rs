@@ -48,10 +48,6 @@ pub(super) struct StepContext<'a> {
     pub unit_norms: bool,
     /// When the stages are processes: where messages for the other stages go.
     pub processes: Option<&'a StageProcesses>,
-    /// The processes over which this worker's communication thread sums its gradients as each
-    /// stage's backward ends: the replicas of its stage when the stages are processes, or all
-    /// of them when each process runs one whole pipeline on one device.
-    pub column: Option<&'a ProcessGroup>,
 }
 
 impl StepContext<'_> {
@@ -127,6 +123,11 @@ pub(super) struct Worker<'a, D: Device> {
     /// This replica's micro-batches, each as its token slices (one when unsliced).
     pub micro: &'a [Vec<HostBatch>],
     pub ring: Option<RingCommunicator>,
+    /// The processes over which this worker's communication thread sums its gradients as each
+    /// stage's backward ends: the replicas of its stage when the stages are processes, or every
+    /// process (the group, or this pipeline position's ring of them) when each runs whole
+    /// pipelines.
+    pub column: Option<&'a ProcessGroup>,
     /// A caller-supplied communicator, used in place of the ring.
     pub communicator: Option<Arc<dyn Communicator<D>>>,
 }
@@ -166,7 +167,7 @@ impl<D: Device> Worker<'_, D> {
 
     fn run(mut self) -> Result<WorkerOutput> {
         let ring = self.ring.take();
-        let column = self.ctx.column;
+        let column = self.column;
         std::thread::scope(|scope| {
             // The communication thread sums buckets around the ring (or the stage's other
             // processes) while the worker goes on.
@@ -277,10 +278,10 @@ impl<D: Device> Worker<'_, D> {
         // Whether this device's gradients are summed with other replicas' (on a device
         // communicator, or by the communication thread), and the action that completes each
         // stage's gradients: its last backward, unless zero bubble puts weight gradients after it.
-        let sums = ctx.plan.config.replicas > 1 || ctx.column.is_some();
+        let sums = ctx.plan.config.replicas > 1 || self.column.is_some();
         // (With a column this device is its process's only one: nothing to sum on a device
         // communicator, and the column must get every bucket.)
-        let comm = self.communicator.clone().filter(|_| ctx.column.is_none());
+        let comm = self.communicator.clone().filter(|_| self.column.is_none());
         let completes: HashMap<usize, usize> = match sums && !split {
             true => self
                 .actions
