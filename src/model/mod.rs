@@ -121,14 +121,8 @@ impl<D: Device> Model<D> {
     pub fn new_keeping(dev: &D, config: &ModelConfig, seed: u64, keep: &dyn Fn(usize) -> bool) -> Result<Self> {
         let spec = config.spec()?;
         let tied_head = spec.head == HeadSpec::TiedLmHead;
-        let hollow_unless_kept = |units: &mut Vec<Unit<D>>, i: usize| -> Result<()> {
-            if !keep(i) {
-                for p in units[i].params_mut() {
-                    p.hollow(dev)?;
-                }
-            }
-            Ok(())
-        };
+        let hollow_unless_kept =
+            |units: &mut Vec<Unit<D>>, i: usize| -> Result<()> { if keep(i) { Ok(()) } else { units[i].hollow(dev) } };
         let mut rng = Rng::new(seed);
         let site = |unit: usize, local: u64| DropoutSite { p: 0.0, site: unit as u64 * 16 + local };
         let with_p = |s: DropoutSite, p: f32| DropoutSite { p, ..s };

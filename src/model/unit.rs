@@ -268,6 +268,12 @@ impl<D: Device> Unit<D> {
         self.params().iter().any(|p| p.trainable())
     }
 
+    /// Drops every parameter's values, keeping names and shapes ([`Param::hollow`]): a unit
+    /// another process holds.
+    pub fn hollow(&mut self, dev: &D) -> Result<()> {
+        self.params_mut().into_iter().try_for_each(|p| p.hollow(dev))
+    }
+
     /// Freezes or unfreezes every parameter of the unit (a frozen unit has no gradient
     /// buffers; the optimizer keeps no state for it).
     pub fn set_trainable(&mut self, dev: &D, trainable: bool) -> Result<()> {

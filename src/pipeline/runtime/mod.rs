@@ -518,12 +518,8 @@ impl<D: Device> Pipeline<D> {
     fn drop_other_stages(&mut self) -> Result<()> {
         let Some(own) = self.process_stage() else { return Ok(()) };
         let (dev, k) = (&self.devices[0], self.plan.config.pipeline_len);
-        for (_, units) in self.stages[0].iter_mut().enumerate().filter(|(s, _)| s % k != own) {
-            for p in units.iter_mut().flat_map(Unit::params_mut) {
-                p.hollow(dev)?;
-            }
-        }
-        Ok(())
+        let others = self.stages[0].iter_mut().enumerate().filter(|(s, _)| s % k != own);
+        others.flat_map(|(_, units)| units.iter_mut()).try_for_each(|u| u.hollow(dev))
     }
 
     /// The plan in force.
