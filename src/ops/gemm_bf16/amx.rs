@@ -19,8 +19,10 @@
 //! instruction the CPU refuses, ends the process there: `PT_BF16_KERNEL=avx512` steps around it.)
 
 use super::MatRef;
-use super::avx512::{KC, KC2, NR, Operand, SCRATCH_A, pack_pair_of_xs, pack_pairs_of_x, transpose16, with_scratch};
-use rayon::prelude::*;
+use super::avx512::{
+    KC, KC2, NR, Operand, SCRATCH_A, each_chunk, pack_pair_of_xs, pack_pairs_of_x, rows_per_task, transpose16,
+    with_scratch,
+};
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -363,17 +365,7 @@ pub fn gemm_packed<U: Tiles>(
     accumulate: bool,
     parallel: bool,
 ) {
-    if m == 0 || n == 0 {
-        return;
-    }
-    let ldc = if m == 1 { n } else { ldc };
-    let c = &mut c[..(m - 1) * ldc + n];
-    if k == 0 {
-        if !accumulate {
-            (0..m).for_each(|r| c[r * ldc..r * ldc + n].fill(0.0));
-        }
-        return;
-    }
+    let Some((c, ldc)) = super::avx512::c_to_fill(c, ldc, m, n, k, accumulate) else { return };
     assert_eq!(packed_b.len(), super::avx512::packed_b_len(k, n), "matmul_bf16: packed B of another shape");
     let a_op = Operand { data: a.data, x_stride: a.row_stride, k_stride: a.col_stride, x_len: m, k_len: k };
     let nkb = k.div_ceil(KC);
@@ -385,14 +377,9 @@ pub fn gemm_packed<U: Tiles>(
                 unsafe { pack_a_block(&a_op, ip, kb, block) };
             }
         };
-        if parallel {
-            packed_a.par_chunks_mut(nkb * a_block).enumerate().for_each(pack_a);
-        } else {
-            packed_a.chunks_mut(nkb * a_block).enumerate().for_each(pack_a);
-        }
+        each_chunk(packed_a, nkb * a_block, parallel, pack_a);
 
-        let threads = if parallel { rayon::current_num_threads() } else { 1 };
-        let mc = m.div_ceil(4 * threads).next_multiple_of(MT).clamp(MT, MC_MAX);
+        let mc = rows_per_task(m, MT, MC_MAX, parallel);
         let packed_a = &*packed_a;
         let task = |(t, c_rows): (usize, &mut [f32])| {
             let row0 = t * mc;
@@ -455,10 +442,6 @@ pub fn gemm_packed<U: Tiles>(
                 }
             }
         };
-        if parallel {
-            c.par_chunks_mut(mc * ldc).enumerate().for_each(task);
-        } else {
-            c.chunks_mut(mc * ldc).enumerate().for_each(task);
-        }
+        each_chunk(c, mc * ldc, parallel, task);
     })
 }

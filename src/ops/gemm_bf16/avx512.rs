@@ -112,11 +112,7 @@ pub unsafe fn pack_b(b: MatRef<f32>, k: usize, n: usize, out: &mut [u32], parall
             unsafe { pack_b_block(&b_op, jp, kb, block) };
         }
     };
-    if parallel {
-        out.par_chunks_mut(nkb * b_block).enumerate().for_each(pack);
-    } else {
-        out.chunks_mut(nkb * b_block).enumerate().for_each(pack);
-    }
+    each_chunk(out, nkb * b_block, parallel, pack);
 }
 
 /// A kernel over a packed B: [`gemm_packed`] or [`super::amx::gemm_packed`].
@@ -147,6 +143,31 @@ pub fn gemm(
     })
 }
 
+/// C (`m × n`, row stride `ldc`) cut to its extent, with a row stride that chunks it by rows (a
+/// single row's is never used to step), for a kernel to fill; `None` where nothing is left to
+/// multiply: an empty C, or k = 0 (C zeroed unless accumulating).
+pub(super) fn c_to_fill(
+    c: &mut [f32],
+    ldc: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    accumulate: bool,
+) -> Option<(&mut [f32], usize)> {
+    if m == 0 || n == 0 {
+        return None;
+    }
+    let ldc = if m == 1 { n } else { ldc };
+    let c = &mut c[..(m - 1) * ldc + n];
+    if k == 0 {
+        if !accumulate {
+            (0..m).for_each(|r| c[r * ldc..r * ldc + n].fill(0.0));
+        }
+        return None;
+    }
+    Some((c, ldc))
+}
+
 /// [`gemm`] with B already packed by [`pack_b`] (`packed_b`: its [`packed_b_len`]`(k, n)` words).
 /// Safe to call only as `gemm` is: the caller holds [`bf16_path`](super::bf16_path)`() !=
 /// Fallback` and checked A's and C's views (the module's contract, above).
@@ -162,18 +183,7 @@ pub fn gemm_packed(
     accumulate: bool,
     parallel: bool,
 ) {
-    if m == 0 || n == 0 {
-        return;
-    }
-    // A single row's stride is never used to step: make it one that chunks C by rows.
-    let ldc = if m == 1 { n } else { ldc };
-    let c = &mut c[..(m - 1) * ldc + n];
-    if k == 0 {
-        if !accumulate {
-            (0..m).for_each(|r| c[r * ldc..r * ldc + n].fill(0.0));
-        }
-        return;
-    }
+    let Some((c, ldc)) = c_to_fill(c, ldc, m, n, k, accumulate) else { return };
     assert_eq!(packed_b.len(), packed_b_len(k, n), "matmul_bf16: packed B of another shape");
     let a_op = Operand { data: a.data, x_stride: a.row_stride, k_stride: a.col_stride, x_len: m, k_len: k };
     let layout = if a.col_stride != 1 && a.row_stride == 1 && m > 1 { ALayout::PairRows } else { ALayout::RowPairs };
@@ -189,16 +199,10 @@ pub fn gemm_packed(
                 unsafe { pack_a_block(&a_op, ip, kb, layout, block) };
             }
         };
-        if parallel {
-            packed_a.par_chunks_mut(nkb * a_block).enumerate().for_each(pack_a);
-        } else {
-            packed_a.chunks_mut(nkb * a_block).enumerate().for_each(pack_a);
-        }
+        each_chunk(packed_a, nkb * a_block, parallel, pack_a);
 
         // Phase 2: multiply, a block of rows of C per task.
-        let threads = if parallel { rayon::current_num_threads() } else { 1 };
-        // Enough tasks to balance the threads (4 each), no smaller than needed.
-        let mc = m.div_ceil(4 * threads).next_multiple_of(MR).clamp(MR, MC_MAX);
+        let mc = rows_per_task(m, MR, MC_MAX, parallel);
         let packed_a = &*packed_a;
         let task = |(t, c_rows): (usize, &mut [f32])| {
             let row0 = t * mc;
@@ -236,12 +240,30 @@ pub fn gemm_packed(
                 }
             }
         };
-        if parallel {
-            c.par_chunks_mut(mc * ldc).enumerate().for_each(task);
-        } else {
-            c.chunks_mut(mc * ldc).enumerate().for_each(task);
-        }
+        each_chunk(c, mc * ldc, parallel, task);
     })
+}
+
+/// `f((i, chunk))` for every `len`-long chunk of `data` (the last may be shorter), as tasks on
+/// the current rayon pool when `parallel`.
+pub(super) fn each_chunk<T: Send>(
+    data: &mut [T],
+    len: usize,
+    parallel: bool,
+    f: impl Fn((usize, &mut [T])) + Sync + Send,
+) {
+    if parallel {
+        data.par_chunks_mut(len).enumerate().for_each(f);
+    } else {
+        data.chunks_mut(len).enumerate().for_each(f);
+    }
+}
+
+/// Rows of C per task for `m` rows: enough tasks to balance the threads (4 each), a multiple of
+/// the kernel's `block` rows, at most `most`.
+pub(super) fn rows_per_task(m: usize, block: usize, most: usize, parallel: bool) -> usize {
+    let threads = if parallel { rayon::current_num_threads() } else { 1 };
+    m.div_ceil(4 * threads).next_multiple_of(block).clamp(block, most)
 }
 
 /// `C[r × cols] (+)= A-block · B-block` over `kc2` pairs of k. A pair `p` of row `i` of A is at

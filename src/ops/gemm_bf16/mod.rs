@@ -591,12 +591,44 @@ mod tests {
         }
     }
 
+    /// A product `C (+)= A·B` as the layout tests call it: `(c, ldc, a, b, m, n, k, accumulate,
+    /// parallel)`.
+    type Product<'p> = &'p dyn Fn(&mut [f32], usize, MatRef<f32>, MatRef<f32>, usize, usize, usize, bool, bool);
+
+    /// `product` at every shape with every transpose combination of A and B, accumulating and
+    /// not, serial and parallel, on a random C with padded rows, checked against the reference;
+    /// `before` runs before each layout.
+    fn check_every_layout(
+        seed: u64,
+        shapes: &[(usize, usize, usize)],
+        before: &dyn Fn(),
+        product: Product,
+        what: &str,
+    ) {
+        let mut rng = Rng::new(seed);
+        for &(m, n, k) in shapes {
+            for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+                before();
+                let (av, bv) = (f32s(&mut rng, m * k), f32s(&mut rng, k * n));
+                let a = if ta { MatRef::rows(&av, m).t() } else { MatRef::rows(&av, k) };
+                let b = if tb { MatRef::rows(&bv, k).t() } else { MatRef::rows(&bv, n) };
+                for (accumulate, parallel) in [(false, false), (true, true), (true, false), (false, true)] {
+                    let ldc = n + 3;
+                    let c0 = f32s(&mut rng, m * ldc);
+                    let mut c = c0.clone();
+                    product(&mut c, ldc, a, b, m, n, k, accumulate, parallel);
+                    let case = format!("{what} {m}x{n}x{k} ta {ta} tb {tb} acc {accumulate} par {parallel}");
+                    check(&case, &c, &c0, ldc, a, b, m, n, k, accumulate);
+                }
+            }
+        }
+    }
+
     /// Both paths against the reference: sizes around and past the blocks (MR = 8, NR = 48,
     /// KC = 256), 1 and odd, every transpose combination, accumulate on and off, a strided C,
     /// serial and parallel.
     #[test]
     fn matches_reference_all_layouts() {
-        let mut rng = Rng::new(1);
         let shapes = [
             (1, 1, 1),
             (1, 5, 3),
@@ -609,28 +641,15 @@ mod tests {
             (40, 97, 300),
             (65, 130, 513),
         ];
-        for &(m, n, k) in &shapes {
-            for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
-                let (av, bv) = (f32s(&mut rng, m * k), f32s(&mut rng, k * n));
-                let a = if ta { MatRef::rows(&av, m).t() } else { MatRef::rows(&av, k) };
-                let b = if tb { MatRef::rows(&bv, k).t() } else { MatRef::rows(&bv, n) };
-                for accumulate in [false, true] {
-                    for parallel in [false, true] {
-                        let ldc = n + 3;
-                        let c0 = f32s(&mut rng, m * ldc);
-                        let what = format!("{m}x{n}x{k} ta {ta} tb {tb} acc {accumulate} par {parallel}");
-                        let mut c = c0.clone();
-                        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
-                        let path = pool.install(|| matmul_bf16_with(&mut c, ldc, a, b, m, n, k, accumulate, parallel));
-                        assert_eq!(path, bf16_path());
-                        check(&format!("kernel {what}"), &c, &c0, ldc, a, b, m, n, k, accumulate);
-                        let mut cf = c0.clone();
-                        matmul_bf16_fallback(&mut cf, ldc, a, b, m, n, k, accumulate);
-                        check(&format!("fallback {what}"), &cf, &c0, ldc, a, b, m, n, k, accumulate);
-                    }
-                }
-            }
-        }
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        let kernel: Product = &|c, ldc, a, b, m, n, k, accumulate, parallel| {
+            let path = pool.install(|| matmul_bf16_with(c, ldc, a, b, m, n, k, accumulate, parallel));
+            assert_eq!(path, bf16_path());
+        };
+        check_every_layout(1, &shapes, &|| {}, kernel, "kernel");
+        let fallback: Product =
+            &|c, ldc, a, b, m, n, k, accumulate, _| matmul_bf16_fallback(c, ldc, a, b, m, n, k, accumulate);
+        check_every_layout(1, &shapes, &|| {}, fallback, "fallback");
     }
 
     /// Views that are neither row- nor column-contiguous (the packers' scalar paths), and column
@@ -727,7 +746,7 @@ mod tests {
                 avx512::gemm(kernel, &mut c, n, MatRef::rows(&nans, k), MatRef::rows(&nans, n), m, n, k, false, false)
             });
         };
-        let mut rng = Rng::new(5);
+        let mut rng = Rng::new(6);
         poison();
         let (m, n, k) = (19, 53, 70);
         let av = f32s(&mut rng, m * (2 * k + 3));
@@ -749,22 +768,10 @@ mod tests {
             (40, 97, 300),
             (65, 130, 513),
         ];
-        for &(m, n, k) in &shapes {
-            for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
-                poison();
-                let (av, bv) = (f32s(&mut rng, m * k), f32s(&mut rng, k * n));
-                let a = if ta { MatRef::rows(&av, m).t() } else { MatRef::rows(&av, k) };
-                let b = if tb { MatRef::rows(&bv, k).t() } else { MatRef::rows(&bv, n) };
-                for (accumulate, parallel) in [(false, false), (true, true), (true, false), (false, true)] {
-                    let ldc = n + 3;
-                    let c0 = f32s(&mut rng, m * ldc);
-                    let mut c = c0.clone();
-                    pool.install(|| avx512::gemm(kernel, &mut c, ldc, a, b, m, n, k, accumulate, parallel));
-                    let what = format!("amx {m}x{n}x{k} ta {ta} tb {tb} acc {accumulate} par {parallel}");
-                    check(&what, &c, &c0, ldc, a, b, m, n, k, accumulate);
-                }
-            }
-        }
+        let product: Product = &|c, ldc, a, b, m, n, k, accumulate, parallel| {
+            pool.install(|| avx512::gemm(kernel, c, ldc, a, b, m, n, k, accumulate, parallel))
+        };
+        check_every_layout(5, &shapes, &poison, product, "amx");
     }
 
     /// The emulated `tdpbf16ps` is the Intel SDM's: even and odd products summed apart over the
