@@ -110,3 +110,30 @@ fn bf16_cpu_devices_open() {
     let err = CpuDevice::<f64>::with_precision(0, 1, Precision::Bf16).err().expect("f64 + bf16 refused");
     assert!(err.to_string().contains("f32 cpu device"), "{err}");
 }
+
+/// The planner's memory model counts the bf16 packs the cpu device keeps beside each linear
+/// layer's weight: after a training step (every linear layer's forward and, but for ViT's patch
+/// projection, its input gradient ran), the packs the weights hold are the model's count to
+/// the byte, for BERT, GPT (with its tied LM head's) and ViT. An f32 device counts none.
+#[test]
+fn the_memory_model_counts_the_weight_packs() {
+    use pipetransformer::model::Model;
+    use pipetransformer::ops::gemm_bf16::{Bf16Path, bf16_path};
+    for (name, config) in [("BERT", tiny_bert(Pooling::ClsPooler, 0.1)), ("GPT", tiny_gpt(0.1)), ("ViT", tiny_vit(0.1))]
+    {
+        let dev = bf16_device();
+        let mut model = Model::new(&dev, &config, 1).expect("model");
+        let batch = Batch::upload(&dev, model.spec(), &tiny_batch(&config, 2), true, 3).expect("batch");
+        let adamw = OptimizerConfig::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 };
+        let mut opt = Optimizer::new(adamw).expect("optimizer");
+        train_step(&dev, &mut model, &mut opt, &batch, 1e-2, None).expect("step");
+        let held: usize = model.params().iter().map(|p| p.value.packed_bytes()).sum();
+        // (Any sequence length: the packs depend on the weights' shapes only.)
+        let counted: usize = model.costs(&dev, 8).iter().map(|c| c.weight_pack_bytes).sum();
+        assert_eq!(held, counted, "{name}: the packs hold {held} bytes, the model counts {counted}");
+        assert_eq!(counted > 0, bf16_path() != Bf16Path::Fallback, "{name}: packs exactly where a kernel packs");
+        let f32_dev = CpuDevice::<f32>::new(0, 1).unwrap();
+        let f32_model = Model::new(&f32_dev, &config, 1).expect("model");
+        assert!(f32_model.costs(&f32_dev, 8).iter().all(|c| c.weight_pack_bytes == 0), "{name} on f32");
+    }
+}

@@ -203,6 +203,7 @@ fn predicted_bubble_counts_slices() {
         score_bytes: 0,
         kv_bytes: 0,
         trainable: true,
+        weight_pack_bytes: 0,
     };
     let names: Vec<String> = (0..4).map(|i| format!("u{i}")).collect();
     for (slices, m, want) in [(vec![], 1, 1.0 / 2.0), (vec![8, 8, 8, 8], 1, 1.0 / 5.0), (vec![16, 16], 2, 1.0 / 5.0)] {

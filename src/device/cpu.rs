@@ -88,7 +88,8 @@ pub struct CpuBuf<T: Float> {
 /// write to the buffer (every write goes through `DerefMut`, which takes `&mut`, so no product
 /// can be reading the packs then). Memory: each pack is the weight in bf16 pairs with k padded
 /// to a multiple of 2 and n to one of 48, about half the f32 weight; two of them about as much
-/// again as the weight itself, which the planner's memory model does not count.
+/// again as the weight itself, which the planner's memory model counts
+/// ([`Device::weight_pack_bytes`]).
 #[derive(Default)]
 struct WeightPacks {
     /// `Wᵀ`: the forward's B.
@@ -99,6 +100,14 @@ struct WeightPacks {
     transposed_fresh: bool,
     /// Whether `plain` does.
     plain_fresh: bool,
+}
+
+impl<T: Float> CpuBuf<T> {
+    /// Bytes its packs for bf16 products hold (as a linear layer's weight; stale ones too).
+    pub fn packed_bytes(&self) -> usize {
+        let packs = self.packs.lock().unwrap_or_else(|e| e.into_inner());
+        packs.transposed.held_bytes() + packs.plain.held_bytes()
+    }
 }
 
 impl<T: Float> Deref for CpuBuf<T> {
@@ -266,6 +275,15 @@ impl<T: Float> Device for CpuDevice<T> {
         // again) is still the same device.
         let plural = if self.own_threads == 1 { "" } else { "s" };
         format!("cpu:{} ({:?}{products}, {} thread{plural})", self.index, T::DTYPE, self.own_threads)
+    }
+    fn weight_pack_bytes(&self, in_dim: usize, out_dim: usize, input_gradient: bool) -> usize {
+        match self.products {
+            // `Wᵀ` (k = in, n = out) for the forward, `W` (k = out, n = in) for the input gradient.
+            Products::Bf16 => {
+                PackedB::bytes(in_dim, out_dim) + if input_gradient { PackedB::bytes(out_dim, in_dim) } else { 0 }
+            }
+            Products::Native => 0,
+        }
     }
     fn activation_dtype(&self) -> DType {
         // Also with bf16 products: activations are stored in `T`, rounded only as the products

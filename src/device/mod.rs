@@ -42,6 +42,15 @@ pub trait Device: Send + Sync + 'static {
     /// f32 masters; the element type itself on the cpu backend, also where its products round
     /// their operands to bf16).
     fn activation_dtype(&self) -> DType;
+    /// Bytes this device keeps beside a linear layer's `out_dim × in_dim` weight for its
+    /// products, where the layer passes an `input_gradient` back or not: the cpu backend's bf16
+    /// packs of `Wᵀ` (the forward's) and `W` (the input gradient's;
+    /// [`crate::ops::gemm_bf16::PackedB`]), none elsewhere. The planner's memory model counts
+    /// them with the weights.
+    fn weight_pack_bytes(&self, in_dim: usize, out_dim: usize, input_gradient: bool) -> usize {
+        let _ = (in_dim, out_dim, input_gradient);
+        0
+    }
     /// Elements in `buf`.
     fn len(buf: &Self::Buf) -> usize;
     /// A buffer of `len` elements with unspecified contents (reused allocations).

@@ -205,6 +205,7 @@ mod tests {
                     score_bytes: 0,
                     kv_bytes: 0,
                     trainable: i >= frozen,
+                    weight_pack_bytes: 0,
                 })
                 .collect()
         }

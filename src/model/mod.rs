@@ -275,7 +275,7 @@ impl<D: Device> Model<D> {
     /// activations counted in the device's dtype.
     pub fn costs(&self, dev: &D, seq: usize) -> Vec<UnitCost> {
         let bytes = dev.activation_dtype().bytes();
-        self.units.iter().map(|u| u.cost(seq, bytes)).collect()
+        self.units.iter().map(|u| u.cost(dev, seq, bytes)).collect()
     }
 
     /// Runs every unit forward. Returns the logits and what each unit saved (nothing for

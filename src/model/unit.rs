@@ -78,10 +78,34 @@ pub struct UnitCost {
     /// Of those, the keys and values: under token slicing they live in the stage's key/value
     /// arena, which holds their gradients too.
     pub kv_bytes: usize,
+    /// Bytes the device keeps beside the linear layers' weights for its products (not per
+    /// sample; [`crate::device::Device::weight_pack_bytes`]), as when the unit trains: for a
+    /// unit frozen from the start, whose backward never runs, that is an upper bound.
+    pub weight_pack_bytes: usize,
 }
 
 fn wrap<S, D: Device>(r: (D::Buf, Option<S>), f: impl FnOnce(S) -> Saved<D>) -> (D::Buf, Saved<D>) {
     (r.0, r.1.map_or(Saved::None, f))
+}
+
+/// A unit's linear layers, in the order of its parameters, borrowed by `$borrow` (`&` or
+/// `&mut`; `$iter` iterates an `Option` so): written once for both.
+macro_rules! linears_of {
+    ($unit:expr, $iter:ident, $($borrow:tt)+) => {
+        match $unit {
+            Unit::Embedding(u) => match $($borrow)+ u.kind {
+                EmbeddingKind::Tokens { .. } => Vec::new(),
+                EmbeddingKind::Patches { projection, .. } => vec![projection],
+            },
+            Unit::Attention(u) => vec![$($borrow)+ u.query, $($borrow)+ u.key, $($borrow)+ u.value, $($borrow)+ u.output],
+            Unit::Mlp(u) => vec![$($borrow)+ u.fc_in, $($borrow)+ u.fc_out],
+            Unit::FinalNorm(_) => Vec::new(),
+            Unit::Head(u) => match $($borrow)+ u.kind {
+                HeadKind::Classifier { pooler, classifier, .. } => pooler.$iter().chain([classifier]).collect(),
+                HeadKind::TiedLm { lm_head } => vec![lm_head],
+            },
+        }
+    };
 }
 
 impl<D: Device> Unit<D> {
@@ -162,20 +186,13 @@ impl<D: Device> Unit<D> {
     }
 
     /// The unit's linear layers, in the order of its parameters.
+    fn linears(&self) -> Vec<&Linear<D>> {
+        linears_of!(self, iter, &)
+    }
+
+    /// [`linears`](Self::linears), to change.
     fn linears_mut(&mut self) -> Vec<&mut Linear<D>> {
-        match self {
-            Unit::Embedding(u) => match &mut u.kind {
-                EmbeddingKind::Tokens { .. } => Vec::new(),
-                EmbeddingKind::Patches { projection, .. } => vec![projection],
-            },
-            Unit::Attention(u) => vec![&mut u.query, &mut u.key, &mut u.value, &mut u.output],
-            Unit::Mlp(u) => vec![&mut u.fc_in, &mut u.fc_out],
-            Unit::FinalNorm(_) => Vec::new(),
-            Unit::Head(u) => match &mut u.kind {
-                HeadKind::Classifier { pooler, classifier, .. } => pooler.iter_mut().chain([classifier]).collect(),
-                HeadKind::TiedLm { lm_head } => vec![lm_head],
-            },
-        }
+        linears_of!(self, iter_mut, &mut)
     }
 
     /// Puts off (or stops putting off) the weight gradients of the unit's linear layers in its
@@ -284,9 +301,13 @@ impl<D: Device> Unit<D> {
     }
 
     /// Parameters, FLOPs and saved-activation bytes per sample at sequence length `seq`, for
-    /// elements of `elem_bytes` bytes.
-    pub fn cost(&self, seq: usize, elem_bytes: usize) -> UnitCost {
+    /// elements of `elem_bytes` bytes, on `dev` (which may keep bytes beside the weights).
+    pub fn cost(&self, dev: &D, seq: usize, elem_bytes: usize) -> UnitCost {
         let params = self.params().iter().map(|p| p.numel()).sum();
+        // Every linear layer passes a gradient back but ViT's patch projection (below it: pixels).
+        let input_gradient = !matches!(self, Unit::Embedding(_));
+        let weight_pack_bytes =
+            self.linears().iter().map(|l| dev.weight_pack_bytes(l.in_dim, l.out_dim, input_gradient)).sum();
         let t = seq as f64;
         // (forward flops, backward flops, saved elements) per sample.
         let (mut score, mut kv) = (0, 0);
@@ -344,6 +365,7 @@ impl<D: Device> Unit<D> {
             activation_bytes: saved * elem_bytes,
             score_bytes: score * elem_bytes,
             kv_bytes: kv * elem_bytes,
+            weight_pack_bytes,
         }
     }
 }

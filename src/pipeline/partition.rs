@@ -47,7 +47,7 @@ impl Partition {
         let time = |r: &Range<usize>| units[r.clone()].iter().map(UnitProfile::time).sum();
         let memory = |s: usize, r: &Range<usize>| {
             let us = &units[r.clone()];
-            us.iter().map(|u| param_bytes(u.params, u.trainable)).sum::<usize>()
+            us.iter().map(|u| u.state_bytes()).sum::<usize>()
                 + in_flight[s] * us.iter().filter(|u| u.trainable).map(|u| u.activation_bytes).sum::<usize>()
         };
         Ok(Partition {
@@ -100,7 +100,7 @@ pub fn partition(
     let mut acts = vec![0usize; n + 1];
     for (i, u) in units.iter().enumerate() {
         time[i + 1] = time[i] + u.time();
-        params[i + 1] = params[i] + param_bytes(u.params, u.trainable);
+        params[i + 1] = params[i] + u.state_bytes();
         acts[i + 1] = acts[i] + if u.trainable { u.activation_bytes } else { 0 };
     }
     let memory =
@@ -189,6 +189,7 @@ mod tests {
             score_bytes: 0,
             kv_bytes: 0,
             trainable: true,
+            weight_pack_bytes: 0,
         }
     }
 
@@ -208,7 +209,7 @@ mod tests {
             let mut fits = true;
             for (s, w) in bounds.windows(2).enumerate() {
                 let us = &units[w[0]..w[1]];
-                let mem: usize = us.iter().map(|u| param_bytes(u.params, u.trainable)).sum::<usize>()
+                let mem: usize = us.iter().map(|u| u.state_bytes()).sum::<usize>()
                     + in_flight[s] * us.iter().filter(|u| u.trainable).map(|u| u.activation_bytes).sum::<usize>();
                 fits &= mem <= limit;
                 worst = worst.max(us.iter().map(UnitProfile::time).sum());
@@ -234,6 +235,7 @@ mod tests {
                     score_bytes: 0,
                     kv_bytes: 0,
                     trainable: rng.below(4) != 0,
+                    weight_pack_bytes: rng.below(200) as usize,
                 })
                 .collect();
             let pinned = if trial % 3 == 0 { rng.below(n as u64) as usize } else { 0 };

@@ -257,7 +257,8 @@ mod tests {
                 activation_bytes: 1000,
                 score_bytes: 0,
                 kv_bytes: 0,
-                trainable: true
+                trainable: true,
+                weight_pack_bytes: 0,
             };
             n
         ]

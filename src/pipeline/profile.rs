@@ -26,9 +26,19 @@ pub struct UnitProfile {
     /// Whether any parameter trains. A frozen unit runs forward only, keeps no activations and
     /// has no gradients or optimizer state.
     pub trainable: bool,
+    /// Bytes the device keeps beside the linear layers' weights for its products, whatever the
+    /// micro-batch ([`UnitCost::weight_pack_bytes`]).
+    #[serde(default)]
+    pub weight_pack_bytes: usize,
 }
 
 impl UnitProfile {
+    /// Bytes held whatever the micro-batches: the weights (training: with their gradients and
+    /// AdamW's moments) and the device's packs of them.
+    pub fn state_bytes(&self) -> usize {
+        super::partition::param_bytes(self.params, self.trainable) + self.weight_pack_bytes
+    }
+
     /// Seconds per micro-batch: forward, plus backward when trainable.
     pub fn time(&self) -> f64 {
         self.forward + if self.trainable { self.backward } else { 0.0 }
@@ -45,6 +55,7 @@ impl UnitProfile {
             score_bytes: cost.score_bytes * samples,
             kv_bytes: cost.kv_bytes * samples,
             trainable,
+            weight_pack_bytes: cost.weight_pack_bytes,
         }
     }
 
@@ -169,6 +180,7 @@ pub fn profile_units<D: Device>(
             score_bytes: costs[i].score_bytes * host.batch,
             kv_bytes: costs[i].kv_bytes * host.batch,
             trainable: model.units()[i].trainable(),
+            weight_pack_bytes: costs[i].weight_pack_bytes,
         })
         .collect())
 }

@@ -209,7 +209,8 @@ pub fn measure_latency<D: Device>(
 ///   attention probabilities' `l·c` term), times the layers of the largest stage, `⌈L/K⌉`.
 /// - The larger of the units before the first layer (embeddings) and after the last (final
 ///   norm, head): their activations per token (analytic costs) and their parameters.
-/// - Fixed: the stage's parameter bytes (weights, gradients, AdamW moments: `param_bytes`)
+/// - Fixed: the stage's parameter bytes (weights, gradients, AdamW moments: `param_bytes`;
+///   the device's packs of the weights)
 ///   and the key/value arenas (keys, values and their gradients for the whole sequence) of
 ///   the micro-batches resident at once: all `M` under GPipe, at most `min(M, K)` under 1F1B.
 pub fn measure_memory<D: Device>(
@@ -243,7 +244,7 @@ pub fn measure_memory<D: Device>(
     let first = units.iter().position(is_layer).unwrap_or(units.len());
     let last = units.iter().rposition(is_layer).map_or(units.len(), |i| i + 1);
     let params = |range: std::ops::Range<usize>| -> usize {
-        range.map(|i| param_bytes(costs[i].params, units[i].trainable())).sum()
+        range.map(|i| param_bytes(costs[i].params, units[i].trainable()) + costs[i].weight_pack_bytes).sum()
     };
     let layer_params = params(first..last) / model.spec().layers.max(1);
     // The first stage also holds the embeddings and the last the final norm and head: the

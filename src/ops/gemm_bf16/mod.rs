@@ -282,6 +282,23 @@ impl PackedB {
         false
     }
 
+    /// The bytes [`pack`](Self::pack) holds for a `k × n` B of f32 on this CPU: the packed
+    /// pairs, padded to whole panels and k blocks, and the slack that aligns them; none where
+    /// nothing is packed.
+    pub fn bytes(k: usize, n: usize) -> usize {
+        #[cfg(target_arch = "x86_64")]
+        if bf16_path() != Bf16Path::Fallback {
+            return (avx512::packed_b_len(k, n) + 16) * std::mem::size_of::<u32>();
+        }
+        let _ = (k, n);
+        0
+    }
+
+    /// The bytes it holds now.
+    pub fn held_bytes(&self) -> usize {
+        self.words.len() * std::mem::size_of::<u32>()
+    }
+
     /// Whether this holds a packed `k × n` B.
     pub fn holds(&self, k: usize, n: usize) -> bool {
         !self.words.is_empty() && (self.k, self.n) == (k, n)
