@@ -56,10 +56,11 @@ fn median_bubble<D: Device>(devices: Vec<D>, schedule: ScheduleKind, steps: u64)
 #[test]
 fn emulated_event_timing_and_cpu_host_timing_give_the_same_bubble() {
     for schedule in [ScheduleKind::Gpipe, ScheduleKind::OneFOneB] {
-        // Up to three tries: a neighbour on the VM can spoil one measurement; a timing bug
-        // spoils all three.
+        // Up to five tries: a neighbour on the VM can spoil a measurement (the host-timed
+        // bubble here swings between 21 and 25 % from run to run of the same binary); a timing
+        // bug spoils all five.
         let mut tries = Vec::new();
-        for _ in 0..3 {
+        for _ in 0..5 {
             let cpu = median_bubble((0..2).map(|i| CpuDevice::<f32>::new(i, 1).unwrap()).collect(), schedule, 41);
             let emus = (0..2).map(|i| pipetransformer::device::emu::device(i, Precision::F32, 1 + i as u64).unwrap());
             let emu = median_bubble(emus.collect(), schedule, 7);
@@ -69,7 +70,7 @@ fn emulated_event_timing_and_cpu_host_timing_give_the_same_bubble() {
             if (cpu - emu).abs() <= 0.03 && inside(cpu) && inside(emu) {
                 break;
             }
-            assert!(tries.len() < 3, "{schedule}: (cpu, cuda-emu) bubbles {tries:?}; the formula says 0.20");
+            assert!(tries.len() < 5, "{schedule}: (cpu, cuda-emu) bubbles {tries:?}; the formula says 0.20");
         }
     }
 }
