@@ -603,6 +603,58 @@ fn processes_train_like_one_device_with_loss_and_norm_at_every_step() {
     }
 }
 
+/// Processes that time their units may cut different stages: each position's buckets then
+/// differ across the processes, so such a step sums after the step, as a whole, instead of on
+/// the per-position rings, and still trains as one device does (loss and gradient norm at
+/// every step), with bitwise the same weights on each process.
+#[test]
+fn processes_that_cut_different_stages_still_sum_right() {
+    use pipetransformer::train::BatchSource;
+    let config = gpt();
+    let data = common::Pool::new(&config, 24, 12, 5);
+    let batches: Vec<HostBatch> = (0..STEPS as usize).map(|i| data.train_batch(0, i % 2).unwrap()).collect();
+    let (want, reference) = one_device(&config, &batches);
+    let group = process_group(2);
+    // Per process: its stages and its weights.
+    type Outcome = (Vec<std::ops::Range<usize>>, Vec<(String, Vec<f64>)>);
+    let finals: Vec<Outcome> = std::thread::scope(|s| {
+        let handles: Vec<_> = group
+            .iter()
+            .map(|member| {
+                let (batches, want, config) = (&batches, &want, &config);
+                s.spawn(move || {
+                    let devices = cpus(2);
+                    let model = Model::new(&devices[0], config, 7).unwrap();
+                    let mut prof = profiles(&model, &devices[0]);
+                    // Rank 1 times its first unit far slower: its first stage ends sooner.
+                    prof[0].forward *= (1 + 50 * member.rank()) as f64;
+                    let plan = cfg(2, 1, 2, ScheduleKind::OneFOneB);
+                    let mut p = Pipeline::new(devices, model, adamw(), plan, &prof).unwrap();
+                    p.set_process_group(Some(member.clone())).unwrap();
+                    assert!(p.sums_during_backward(), "the rings exist");
+                    for (step, host) in batches.iter().enumerate() {
+                        let got = p.step(host, 1000 + step as u64, LR, Some(1.0)).unwrap();
+                        let (loss, norm) = want[step];
+                        let what = format!("rank {} step {step}", member.rank());
+                        assert!((got.loss - loss).abs() <= 1e-5 * loss, "{what}: loss {} vs {loss}", got.loss);
+                        assert!(
+                            (got.grad_norm - norm).abs() <= 1e-5 * norm,
+                            "{what}: norm {} vs {norm}",
+                            got.grad_norm
+                        );
+                    }
+                    (p.plan().partition.stages.clone(), p.parameters(0).unwrap())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_ne!(finals[0].0, finals[1].0, "the processes cut the same stages: nothing tested");
+    assert_eq!(finals[0].1, finals[1].1, "the processes hold bitwise the same weights");
+    let rel = params_rel(&finals[0].1, &reference);
+    assert!(rel <= 1e-5, "weights differ from one device by {rel:e}");
+}
+
 /// Each member of a group of `procs` processes builds the same pipeline across processes
 /// (`procs / K` replicas of `plan`'s `K` stages) and runs `f` on it, in its own thread;
 /// returns what each returned, in rank order.

@@ -79,8 +79,9 @@ pub struct UnitCost {
     /// arena, which holds their gradients too.
     pub kv_bytes: usize,
     /// Bytes the device keeps beside the linear layers' weights for its products (not per
-    /// sample; [`crate::device::Device::weight_pack_bytes`]), as when the unit trains: for a
-    /// unit frozen from the start, whose backward never runs, that is an upper bound.
+    /// sample; [`crate::device::Device::weight_pack_bytes`]), as when the unit trains above
+    /// trainable units: for a frozen unit, or the first trainable one above frozen units (whose
+    /// input gradient is not computed), an upper bound.
     pub weight_pack_bytes: usize,
 }
 

@@ -325,8 +325,11 @@ impl<D: Device> Job<D> {
         let pipeline = &mut self.trainer.pipeline;
         let within = (pipeline.replicas() > 1).then(|| format!("{} within each process, ", self.communicator));
         pipeline.set_process_group(Some(Arc::new(group)))?;
-        let when =
-            if pipeline.sums_during_backward() { "stage by stage as the backward goes" } else { "after each step" };
+        let when = match (pipeline.sums_during_backward(), pipeline.plan().config.pipeline_len > 1) {
+            (true, true) => "stage by stage as the backward goes (in steps whose stages every process cut alike)",
+            (true, false) => "as the backward goes",
+            (false, _) => "after each step",
+        };
         self.communicator = format!("{}{across}, gradients summed {when}", within.unwrap_or_default());
         Ok(())
     }

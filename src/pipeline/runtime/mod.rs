@@ -395,7 +395,7 @@ impl<D: Device> Pipeline<D> {
         if let Some(p) = &self.stage_processes {
             p.hang_up();
         }
-        if let Some(g) = &self.process_group {
+        for g in self.process_group.iter().chain(&self.stage_columns) {
             g.hang_up();
         }
     }
@@ -598,10 +598,10 @@ impl<D: Device> Pipeline<D> {
     /// loss with the other processes before clipping and the optimizer. The activation cache
     /// is not available then (a process captures only its shard).
     ///
-    /// With one whole pipeline of K > 1 stages here, this opens a ring over the processes for
-    /// each pipeline position (a collective: every process sets its group at the same point,
-    /// with the same plan), so that the stages' workers sum their gradients as each backward
-    /// ends ([`sums_during_backward`](Self::sums_during_backward)).
+    /// With one whole pipeline of K > 1 stages on every process, this opens a ring over the
+    /// processes for each pipeline position (a collective: every process sets its group at the
+    /// same point), so that the stages' workers can sum their gradients as each backward ends
+    /// ([`sums_during_backward`](Self::sums_during_backward)).
     pub fn set_process_group(&mut self, group: Option<Arc<ProcessGroup>>) -> Result<()> {
         if self.stage_processes.is_some() {
             return Err(config_error(
@@ -610,26 +610,46 @@ impl<D: Device> Pipeline<D> {
             ));
         }
         let PipelineConfig { pipeline_len: k, replicas: r, .. } = self.plan.config;
-        self.stage_columns = match &group {
-            Some(g) if k > 1 && r == 1 => {
-                let everyone: Vec<usize> = (0..g.size()).collect();
-                (0..k)
-                    .map(|d| g.split(std::slice::from_ref(&everyone), &format!("position {d} gradients")).map(Arc::new))
-                    .collect::<Result<_>>()?
-            }
-            _ => Vec::new(),
-        };
+        self.stage_columns = Vec::new();
+        if let Some(g) = &group
+            && processes::first_disagreeing(g, (k as u64) << 32 | r as u64)?.is_none()
+            && k > 1
+            && r == 1
+        {
+            let everyone: Vec<usize> = (0..g.size()).collect();
+            self.stage_columns = (0..k)
+                .map(|d| g.split(std::slice::from_ref(&everyone), &format!("position {d} gradients")).map(Arc::new))
+                .collect::<Result<_>>()?;
+        }
         self.process_group = group;
         Ok(())
     }
 
     /// Whether the other processes' gradients are summed by the workers as each stage's
     /// backward ends (else after the step, all at once): when the stages are processes, or
-    /// this process runs one worker, or one pipeline with a ring per position (above).
+    /// this process runs one worker, or one pipeline with a ring per position (above). In the
+    /// last case each step first checks that every process cut the same stages (processes
+    /// that time their units may not): where one did not, that step sums after it.
     pub fn sums_during_backward(&self) -> bool {
         let PipelineConfig { pipeline_len: k, replicas: r, .. } = self.plan.config;
         self.process_group.is_some()
-            && (self.stage_processes.is_some() || r * k == 1 || (r == 1 && self.stage_columns.len() == k))
+            && (self.stage_processes.is_some() || r * k == 1 || (r == 1 && self.stage_columns.len() >= k))
+    }
+
+    /// [`sums_during_backward`](Self::sums_during_backward) for the step about to run: with a
+    /// ring per position, only where every process has the same plan, frozen prefix and
+    /// buckets (a collective, at every step of every process alike: the rings exist on all
+    /// or none). Each position's buckets then match across the processes.
+    fn sums_this_step_during_backward(&self) -> Result<bool> {
+        let Some(group) = self.process_group.as_deref().filter(|_| !self.stage_columns.is_empty()) else {
+            return Ok(self.sums_during_backward());
+        };
+        use std::hash::{Hash, Hasher};
+        let mut h = std::hash::DefaultHasher::new();
+        format!("{:?}", self.plan.config).hash(&mut h);
+        self.plan.partition.stages.hash(&mut h);
+        (self.frozen_prefix(), self.bucket_elements).hash(&mut h);
+        Ok(processes::first_disagreeing(group, h.finish())?.is_none() && self.sums_during_backward())
     }
 
     /// The process group this pipeline sums gradients with, if it trains with other
@@ -698,8 +718,9 @@ impl<D: Device> Pipeline<D> {
                 shard.and_then(|shard| self.step_shard(&shard, host.target_count(), options))
             }
         };
-        if out.is_err() && across {
-            // The others must not wait for this process: they fail at once, naming it.
+        if out.is_err() && (across || !self.stage_columns.is_empty()) {
+            // The others must not wait for this process (a stage's message, a ring's sum):
+            // they fail at once, naming it.
             self.hang_up_processes();
         }
         out
@@ -748,7 +769,7 @@ impl<D: Device> Pipeline<D> {
         let grad_scale = if count == 0 { 0.0 } else { 1.0 / count as f64 };
         // Tied copies and other processes add to the gradients after the workers are done.
         let unit_norms = self.tied.is_none() && self.process_group.is_none();
-        let workers_sum_processes = self.sums_during_backward();
+        let workers_sum_processes = self.sums_this_step_during_backward()?;
         let shared = Shared::new(self.plan.config.pipeline_len * self.plan.config.replicas);
         let ctx = StepContext {
             spec: &self.spec,

@@ -226,12 +226,7 @@ pub(super) fn agree<D: crate::device::Device>(
     for p in units.iter().flat_map(crate::model::Unit::params) {
         (&p.name, &p.shape).hash(&mut h);
     }
-    let (me, size, print) = (group.rank(), group.size(), h.finish());
-    // Each process's fingerprint in its own slot (two exact halves), summed over the group.
-    let mut all = vec![0.0; 2 * size];
-    (all[2 * me], all[2 * me + 1]) = (f64::from((print >> 32) as u32), f64::from(print as u32));
-    group.all_reduce_sum_f64(&mut all)?;
-    if let Some(r) = (1..size).find(|&r| all[2 * r..2 * r + 2] != all[..2]) {
+    if let Some(r) = first_disagreeing(group, h.finish())? {
         group.hang_up();
         return Err(config_error(
             "processes",
@@ -241,6 +236,17 @@ pub(super) fn agree<D: crate::device::Device>(
         ));
     }
     Ok(())
+}
+
+/// The first rank whose `print` differs from rank 0's, the same answer on every process: a
+/// collective over `group`.
+pub(super) fn first_disagreeing(group: &ProcessGroup, print: u64) -> Result<Option<usize>> {
+    let (me, size) = (group.rank(), group.size());
+    // Each process's fingerprint in its own slot (two exact halves), summed over the group.
+    let mut all = vec![0.0; 2 * size];
+    (all[2 * me], all[2 * me + 1]) = (f64::from((print >> 32) as u32), f64::from(print as u32));
+    group.all_reduce_sum_f64(&mut all)?;
+    Ok((1..size).find(|&r| all[2 * r..2 * r + 2] != all[..2]))
 }
 
 fn write_message(mut link: &TcpStream, kind: u8, key: MessageKey, values: &[f32]) -> std::io::Result<()> {
