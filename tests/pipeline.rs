@@ -437,10 +437,12 @@ fn bad_requests_are_refused_before_any_work() {
     assert!(short.loss.is_finite());
 }
 
-/// Loss and gradient norm at every step, not only the weights after clipped AdamW (which would
-/// hide a gradient off by a constant factor): GPT batches whose samples count different numbers
-/// of targets, so a micro-batch or replica weighted by its own target count instead of the
-/// global batch's would show.
+/// A step's loss and gradient norm against one device's `(loss, norm)`, within 1e-5 relative.
+fn like_one_device(what: &str, got: &pipetransformer::pipeline::PipelineStep, (loss, norm): (f64, f64)) {
+    assert!((got.loss - loss).abs() <= 1e-5 * loss, "{what}: loss {} vs {loss}", got.loss);
+    assert!((got.grad_norm - norm).abs() <= 1e-5 * norm, "{what}: gradient norm {} vs {norm}", got.grad_norm);
+}
+
 /// Loss and gradient norm of one-device steps on `batches` (seeds 1000, 1001, ...), and the
 /// parameters after them: what every pipelined or multi-process run must reproduce.
 #[allow(clippy::type_complexity)]
@@ -461,6 +463,10 @@ fn one_device(config: &ModelConfig, batches: &[HostBatch]) -> (Vec<(f64, f64)>, 
     (per_step, params)
 }
 
+/// Loss and gradient norm at every step, not only the weights after clipped AdamW (which would
+/// hide a gradient off by a constant factor): GPT batches whose samples count different numbers
+/// of targets, so a micro-batch or replica weighted by its own target count instead of the
+/// global batch's would show.
 #[test]
 fn loss_and_gradient_norm_follow_one_device_at_every_step_with_unequal_targets() {
     use pipetransformer::train::BatchSource;
@@ -475,17 +481,8 @@ fn loss_and_gradient_norm_follow_one_device_at_every_step_with_unequal_targets()
             let mut p = pipeline(&config, cfg(k, r, m, schedule));
             for (s, host) in batches.iter().enumerate() {
                 let got = p.step(host, 1000 + s as u64, LR, Some(1.0)).unwrap();
-                let (loss, norm) = want[s];
-                assert!(
-                    (got.loss - loss).abs() <= 1e-5 * loss,
-                    "K={k} R={r} M={m} {schedule} step {s}: loss {} vs {loss}",
-                    got.loss
-                );
-                assert!(
-                    (got.grad_norm - norm).abs() <= 1e-5 * norm,
-                    "K={k} R={r} M={m} {schedule} step {s}: gradient norm {} vs {norm}",
-                    got.grad_norm
-                );
+                let norm = want[s].1;
+                like_one_device(&format!("K={k} R={r} M={m} {schedule} step {s}"), &got, want[s]);
                 let units: f64 = got.unit_grad_sq.iter().sum();
                 assert!((units.sqrt() - got.grad_norm).abs() <= 1e-9 * norm, "per-unit norms add up to the global one");
             }
@@ -580,14 +577,8 @@ fn processes_train_like_one_device_with_loss_and_norm_at_every_step() {
                         assert_eq!(p.sums_during_backward(), r == 1, "{procs} processes K={k} R={r}");
                         for (step, host) in batches.iter().enumerate() {
                             let got = p.step(host, 1000 + step as u64, LR, Some(1.0)).unwrap();
-                            let (loss, norm) = want[step];
                             let what = format!("{procs} processes K={k} R={r}, rank {} step {step}", member.rank());
-                            assert!((got.loss - loss).abs() <= 1e-5 * loss, "{what}: loss {} vs {loss}", got.loss);
-                            assert!(
-                                (got.grad_norm - norm).abs() <= 1e-5 * norm,
-                                "{what}: gradient norm {} vs {norm}",
-                                got.grad_norm
-                            );
+                            like_one_device(&what, &got, want[step]);
                         }
                         p.parameters(0).unwrap()
                     })
@@ -634,14 +625,7 @@ fn processes_that_cut_different_stages_still_sum_right() {
                     assert!(p.sums_during_backward(), "the rings exist");
                     for (step, host) in batches.iter().enumerate() {
                         let got = p.step(host, 1000 + step as u64, LR, Some(1.0)).unwrap();
-                        let (loss, norm) = want[step];
-                        let what = format!("rank {} step {step}", member.rank());
-                        assert!((got.loss - loss).abs() <= 1e-5 * loss, "{what}: loss {} vs {loss}", got.loss);
-                        assert!(
-                            (got.grad_norm - norm).abs() <= 1e-5 * norm,
-                            "{what}: norm {} vs {norm}",
-                            got.grad_norm
-                        );
+                        like_one_device(&format!("rank {} step {step}", member.rank()), &got, want[step]);
                     }
                     (p.plan().partition.stages.clone(), p.parameters(0).unwrap())
                 })
@@ -1122,8 +1106,7 @@ fn untied_models_give_every_units_gradient_norm_as_one_device() {
                         let got = p.step(host, 1000 + s as u64, LR, Some(1.0)).unwrap();
                         let (loss, norm, units) = &want[s];
                         let at = format!("frozen {frozen} K={k} R={r} M={m} {schedule} step {s}");
-                        assert!((got.loss - loss).abs() <= 1e-5 * loss, "{at}: loss {} vs {loss}", got.loss);
-                        assert!((got.grad_norm - norm).abs() <= 1e-5 * norm, "{at}: norm {} vs {norm}", got.grad_norm);
+                        like_one_device(&at, &got, (*loss, *norm));
                         assert_eq!(got.unit_grad_sq.len(), units.len(), "{at}");
                         for (u, (a, b)) in got.unit_grad_sq.iter().zip(units).enumerate() {
                             assert!((a - b).abs() <= 1e-4 * b + 1e-12, "{at}: unit {u}: {a} vs {b}");
