@@ -644,12 +644,8 @@ impl<D: Device> Pipeline<D> {
         let Some(group) = self.process_group.as_deref().filter(|_| !self.stage_columns.is_empty()) else {
             return Ok(self.sums_during_backward());
         };
-        use std::hash::{Hash, Hasher};
-        let mut h = std::hash::DefaultHasher::new();
-        format!("{:?}", self.plan.config).hash(&mut h);
-        self.plan.partition.stages.hash(&mut h);
-        (self.frozen_prefix(), self.bucket_elements).hash(&mut h);
-        Ok(processes::first_disagreeing(group, h.finish())?.is_none() && self.sums_during_backward())
+        let print = processes::plan_print(&self.plan, (self.frozen_prefix(), self.bucket_elements));
+        Ok(processes::first_disagreeing(group, print)?.is_none() && self.sums_during_backward())
     }
 
     /// The process group this pipeline sums gradients with, if it trains with other

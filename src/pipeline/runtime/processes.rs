@@ -219,14 +219,8 @@ pub(super) fn agree<D: crate::device::Device>(
     plan: &Plan,
     units: &[crate::model::Unit<D>],
 ) -> Result<()> {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::hash::DefaultHasher::new();
-    format!("{:?}", plan.config).hash(&mut h);
-    plan.partition.stages.hash(&mut h);
-    for p in units.iter().flat_map(crate::model::Unit::params) {
-        (&p.name, &p.shape).hash(&mut h);
-    }
-    if let Some(r) = first_disagreeing(group, h.finish())? {
+    let shapes: Vec<_> = units.iter().flat_map(crate::model::Unit::params).map(|p| (&p.name, &p.shape)).collect();
+    if let Some(r) = first_disagreeing(group, plan_print(plan, shapes))? {
         group.hang_up();
         return Err(config_error(
             "processes",
@@ -236,6 +230,17 @@ pub(super) fn agree<D: crate::device::Device>(
         ));
     }
     Ok(())
+}
+
+/// A fingerprint of `plan` (its configuration and stages) and of `more`, to compare across
+/// processes with [`first_disagreeing`].
+pub(super) fn plan_print(plan: &Plan, more: impl std::hash::Hash) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    format!("{:?}", plan.config).hash(&mut h);
+    plan.partition.stages.hash(&mut h);
+    more.hash(&mut h);
+    h.finish()
 }
 
 /// The first rank whose `print` differs from rank 0's, the same answer on every process: a
