@@ -46,6 +46,59 @@ fn bench_linear(c: &mut Criterion) {
     g.finish();
 }
 
+/// Attention's input projections: three `C → C` products (what the model runs) against one
+/// `C → 3C` product (what a fused q/k/v weight would run), forward and backward. What fusing
+/// them would buy.
+fn bench_qkv(c: &mut Criterion) {
+    let dev = CpuDevice::<f32>::new(0, 0).unwrap();
+    let rows = B * T;
+    let mut g = c.benchmark_group("qkv_2048x384");
+    g.sample_size(10);
+    let flops = 2.0 * (rows * C * 3 * C) as f64;
+    let inp = random(&dev, rows * C, 1);
+    let w = random(&dev, 3 * C * C, 2);
+    let ws = [random(&dev, C * C, 3), random(&dev, C * C, 4), random(&dev, C * C, 5)];
+    let bias = random(&dev, 3 * C, 6);
+    let biases = [random(&dev, C, 7), random(&dev, C, 8), random(&dev, C, 9)];
+    let mut out = dev.alloc(rows * 3 * C).unwrap();
+    let mut outs = [dev.alloc(rows * C).unwrap(), dev.alloc(rows * C).unwrap(), dev.alloc(rows * C).unwrap()];
+    g.throughput(Throughput::Elements(flops as u64));
+    g.bench_function("forward/three", |b| {
+        b.iter(|| {
+            for ((o, w), bias) in outs.iter_mut().zip(&ws).zip(&biases) {
+                dev.linear_forward(o, &inp, w, Some(bias), rows, C, C).unwrap();
+            }
+        });
+    });
+    g.bench_function("forward/one", |b| {
+        b.iter(|| dev.linear_forward(&mut out, &inp, &w, Some(&bias), rows, C, 3 * C).unwrap());
+    });
+    let mut dinp = dev.alloc(rows * C).unwrap();
+    let mut dinp_part = dev.alloc(rows * C).unwrap();
+    let mut dw = dev.zeros(3 * C * C).unwrap();
+    let mut dws = [dev.zeros(C * C).unwrap(), dev.zeros(C * C).unwrap(), dev.zeros(C * C).unwrap()];
+    let mut db = dev.zeros(3 * C).unwrap();
+    let mut dbs = [dev.zeros(C).unwrap(), dev.zeros(C).unwrap(), dev.zeros(C).unwrap()];
+    g.throughput(Throughput::Elements(2 * flops as u64));
+    g.bench_function("backward/three", |b| {
+        b.iter(|| {
+            for (i, (((dout, w), dw), db)) in outs.iter().zip(&ws).zip(dws.iter_mut()).zip(dbs.iter_mut()).enumerate() {
+                let target = if i == 0 { &mut dinp } else { &mut dinp_part };
+                dev.linear_backward(Some(target), Some(dw), Some(db), dout, &inp, w, rows, C, C).unwrap();
+                if i > 0 {
+                    dev.residual_backward(&mut dinp, &dinp_part).unwrap();
+                }
+            }
+        });
+    });
+    g.bench_function("backward/one", |b| {
+        b.iter(|| {
+            dev.linear_backward(Some(&mut dinp), Some(&mut dw), Some(&mut db), &out, &inp, &w, rows, C, 3 * C).unwrap()
+        });
+    });
+    g.finish();
+}
+
 fn bench_attention(c: &mut Criterion) {
     let dev = CpuDevice::<f32>::new(0, 0).unwrap();
     let n = B * T * C;
@@ -157,8 +210,20 @@ fn bench_elementwise(c: &mut Criterion) {
     g.bench_function("adamw_one_layer/update", |b| {
         b.iter(|| dev.adamw_update(&mut p, &grad, &mut m, &mut v, &h).unwrap())
     });
+    // What a sparse embedding gradient (only the rows a batch touches) would take off a step:
+    // zeroing the dense table gradient and reading it for the clipping norm. (AdamW still
+    // visits every row: its moments decay where the gradient is zero.)
+    let n = 30522 * C;
+    let mut table_grad = random(&dev, n, 6);
+    g.throughput(Throughput::Bytes((2 * n * 4) as u64));
+    g.bench_function("embedding_grad_30522x384/zero_and_norm", |b| {
+        b.iter(|| {
+            dev.fill(&mut table_grad, 0.0).unwrap();
+            black_box(dev.sum_squares(&table_grad).unwrap())
+        })
+    });
     g.finish();
 }
 
-criterion_group!(benches, bench_matmul, bench_linear, bench_attention, bench_layernorm, bench_elementwise);
+criterion_group!(benches, bench_matmul, bench_linear, bench_qkv, bench_attention, bench_layernorm, bench_elementwise);
 criterion_main!(benches);

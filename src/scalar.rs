@@ -72,6 +72,8 @@ pub trait Float:
     fn max(self, other: Self) -> Self;
     /// Absolute value.
     fn abs(self) -> Self;
+    /// Whether the sign bit is set (true for −0.0 too).
+    fn is_sign_negative(self) -> bool;
 }
 
 impl Float for f32 {
@@ -114,6 +116,10 @@ impl Float for f32 {
     fn abs(self) -> Self {
         f32::abs(self)
     }
+    #[inline(always)]
+    fn is_sign_negative(self) -> bool {
+        f32::is_sign_negative(self)
+    }
 }
 
 impl Float for f64 {
@@ -155,5 +161,9 @@ impl Float for f64 {
     #[inline(always)]
     fn abs(self) -> Self {
         f64::abs(self)
+    }
+    #[inline(always)]
+    fn is_sign_negative(self) -> bool {
+        f64::is_sign_negative(self)
     }
 }

@@ -236,7 +236,8 @@ pub trait Device: Send + Sync + 'static {
     /// See [`crate::ops::dropout::dropout_backward`].
     fn dropout_backward(&self, dinp: &mut Self::Buf, dout: &Self::Buf, p: f32, at: DropoutCoords) -> Result<()>;
     /// Elements of the state `attention_forward` saves for `attention_backward`: the whole
-    /// probability matrix on `cpu`, one log-sum-exp per query row on the fused GPU kernels.
+    /// probability matrix on `cpu` (sign bits carrying the dropout mask), one log-sum-exp per
+    /// query row on the fused GPU kernels.
     fn attention_saved_len(&self, d: &AttentionDims) -> usize;
     /// See [`crate::ops::attention::attention_forward`]; `saved` holds
     /// [`attention_saved_len`](Self::attention_saved_len) elements.

@@ -51,7 +51,10 @@ impl AttentionDims {
 }
 
 /// Writes `out = dropout(softmax(q·kᵀ/√head_dim + mask))·v` and saves the undropped
-/// probabilities `probs[batch, heads, q_len, kv_len]` for the backward. `key_mask[b, j] == 0`
+/// probabilities `probs[batch, heads, q_len, kv_len]` for the backward. With dropout on, an
+/// element whose dropout factor is 0 (dropped, or hidden by the causal mask) is saved with its
+/// sign bit set (`−P`; `−0.0` for a zero): probabilities are never negative, so the backward reads
+/// the mask back from `probs` instead of hashing every element again. `key_mask[b, j] == 0`
 /// hides key `j` of sequence `b`. A query that can see no key gets zero probabilities and a
 /// zero output.
 ///
@@ -112,22 +115,22 @@ pub fn attention_forward<T: Float>(
                         }
                     },
                 );
-                let p: &[T] = p;
-                // 3. Pd = dropout(P) in the scratch: `probs` keeps the undropped P.
-                let pd = if dropout {
+                // 3. Pd = dropout(P) in the scratch; `probs` keeps P, its sign bit set where
+                //    the factor is 0.
+                if dropout {
                     vectorized(
                         #[inline(always)]
                         || {
                             dropout_factors(dropped, d, b * heads + h);
-                            for (x, &p) in dropped.iter_mut().zip(p) {
-                                *x *= p;
+                            for (x, p) in dropped.iter_mut().zip(p.iter_mut()) {
+                                let factor = *x;
+                                *x = factor * *p;
+                                *p = if factor == T::ZERO { -*p } else { *p };
                             }
                         },
                     );
-                    &dropped[..]
-                } else {
-                    p
-                };
+                }
+                let pd = if dropout { &dropped[..] } else { &p[..] };
                 // 4. out_h = Pd·v_h, into head h's channels of this sequence's rows.
                 let pd = MatRef::rows(pd, kv_len);
                 let out_h = &mut out_b[h * head_dim..];
@@ -144,8 +147,9 @@ pub fn attention_forward<T: Float>(
 /// The forward's steps, reversed, for each head of each sequence (one task per sequence, as in
 /// the forward): `dv = Pdᵀ·dout`,
 /// `dP = dropout(dout·vᵀ)` (same mask and scaling as `Pd = dropout(P)`),
-/// `dS = P ⊙ (dP − rowsum(P ⊙ dP))`, `dq = dS·k·scale`, `dk = dSᵀ·q·scale`. The dropout mask is
-/// recomputed from `(dropout_seed, counter)`, never stored. Errors as in [`attention_forward`].
+/// `dS = P ⊙ (dP − rowsum(P ⊙ dP))`, `dq = dS·k·scale`, `dk = dSᵀ·q·scale`. The dropout mask
+/// is read from the sign bits of `probs`, where the forward left it. Errors as in
+/// [`attention_forward`].
 #[allow(clippy::too_many_arguments)]
 pub fn attention_backward<T: Float>(
     dq: &mut [T],
@@ -183,6 +187,7 @@ pub fn attention_backward<T: Float>(
     }
     let scale = T::from_f64(1.0 / (head_dim as f64).sqrt());
     let dropout = d.dropout > 0.0;
+    let inv_keep = T::from_f64(1.0 / (1.0 - d.dropout as f64));
 
     // One task per sequence: it owns its rows of dq, dk and dv.
     dq.par_chunks_mut(q_len * c)
@@ -191,26 +196,26 @@ pub fn attention_backward<T: Float>(
         .zip(probs.par_chunks(heads * q_len * kv_len))
         .enumerate()
         .for_each_init(
-            // Scratch: the dropout factors (kept for both uses below: hashing is the costly
-            // part of dropout) and one q_len × kv_len matrix for Pd, then dPd, then dS.
-            || (vec![T::ZERO; if dropout { q_len * kv_len } else { 0 }], vec![T::ZERO; q_len * kv_len]),
-            |(factors, scratch), (b, (((dq_b, dk_b), dv_b), probs_b))| {
+            // Scratch: one q_len × kv_len matrix for Pd, then dPd, then dS.
+            || vec![T::ZERO; q_len * kv_len],
+            |scratch, (b, (((dq_b, dk_b), dv_b), probs_b))| {
                 for (h, p) in probs_b.chunks_exact(q_len * kv_len).enumerate() {
                     let (qh, kh, vh) = (head(q, b, h, q_len, d), head(k, b, h, kv_len, d), head(v, b, h, kv_len, d));
                     let douth = head(dout, b, h, q_len, d);
                     let (dq_h, dk_h, dv_h) =
                         (&mut dq_b[h * head_dim..], &mut dk_b[h * head_dim..], &mut dv_b[h * head_dim..]);
 
-                    // 4. out_h = Pd·v_h: dv_h = Pdᵀ·dout_h, with Pd = dropout(P) recomputed
-                    //    from P and the seed; then dPd = dout_h·v_hᵀ into the scratch.
+                    // 4. out_h = Pd·v_h: dv_h = Pdᵀ·dout_h, with Pd = dropout(P) rebuilt from
+                    //    the saved P and its sign bits; then dPd = dout_h·v_hᵀ into the scratch.
                     let pd = if dropout {
                         vectorized(
                             #[inline(always)]
-                            || dropout_factors(factors, d, b * heads + h),
+                            || {
+                                for (x, &s) in scratch.iter_mut().zip(p) {
+                                    *x = saved_factor(s, inv_keep) * s.abs();
+                                }
+                            },
                         );
-                        for ((x, &f), &p) in scratch.iter_mut().zip(&factors[..]).zip(p) {
-                            *x = f * p;
-                        }
                         &scratch[..]
                     } else {
                         p
@@ -219,20 +224,26 @@ pub fn attention_backward<T: Float>(
                     matmul_with(dv_h, c, pd.t(), douth, kv_len, head_dim, q_len, false, Parallelism::None);
                     matmul_with(scratch, kv_len, douth, vh.t(), q_len, kv_len, head_dim, false, Parallelism::None);
                     // 3. Pd = P ⊙ factors: dP = dPd ⊙ factors, in place.
-                    if dropout {
-                        for (x, &f) in scratch.iter_mut().zip(&factors[..]) {
-                            *x *= f;
-                        }
-                    }
                     // 2. P = softmax(S·scale): dS = P ⊙ (dP − Σⱼ P⊙dP), times the score scale
                     //    of step 1 so the products below are dq and dk directly. Hidden keys
-                    //    have P = 0, hence dS = 0: the masks need no second look.
-                    for (ds, p) in scratch.chunks_exact_mut(kv_len).zip(p.chunks_exact(kv_len)) {
-                        let pdp = lane_dot(p, ds);
-                        for (ds, &p) in ds.iter_mut().zip(p) {
-                            *ds = p * (*ds - pdp) * scale;
-                        }
-                    }
+                    //    have P = 0, hence dS = 0: the masks need no second look. (P is the
+                    //    saved value's magnitude: with dropout off its sign bit is never set.)
+                    vectorized(
+                        #[inline(always)]
+                        || {
+                            if dropout {
+                                for (x, &s) in scratch.iter_mut().zip(p) {
+                                    *x *= saved_factor(s, inv_keep);
+                                }
+                            }
+                            for (ds, p) in scratch.chunks_exact_mut(kv_len).zip(p.chunks_exact(kv_len)) {
+                                let pdp = lane_dot_magnitude(p, ds);
+                                for (ds, &p) in ds.iter_mut().zip(p) {
+                                    *ds = p.abs() * (*ds - pdp) * scale;
+                                }
+                            }
+                        },
+                    );
                     // 1. S = q_h·k_hᵀ: dq_h = dS·k_h and dk_h = dSᵀ·q_h (the scale is in dS).
                     let ds = MatRef::rows(&scratch[..], kv_len);
                     matmul_with(dq_h, c, ds, kh, q_len, head_dim, kv_len, false, Parallelism::None);
@@ -318,6 +329,7 @@ fn softmax_row<T: Float>(row: &mut [T], end: usize, mask: Option<&[u32]>, scale:
 const LANES: usize = 16;
 
 /// The largest element of `x` (−∞ for an empty slice). NaNs are not propagated.
+#[inline(always)]
 fn lane_max<T: Float>(x: &[T]) -> T {
     let neg_inf = T::from_f64(f64::NEG_INFINITY);
     let mut acc = [neg_inf; LANES];
@@ -335,6 +347,7 @@ fn lane_max<T: Float>(x: &[T]) -> T {
 }
 
 /// `Σ xᵢ`, in [`LANES`] interleaved partial sums.
+#[inline(always)]
 fn lane_sum<T: Float>(x: &[T]) -> T {
     let mut acc = [T::ZERO; LANES];
     let chunks = x.chunks_exact(LANES);
@@ -350,18 +363,20 @@ fn lane_sum<T: Float>(x: &[T]) -> T {
     acc.into_iter().fold(T::ZERO, |s, a| s + a)
 }
 
-/// `Σ xᵢ·yᵢ` (`x` and `y` of equal length), in [`LANES`] interleaved partial sums.
-fn lane_dot<T: Float>(x: &[T], y: &[T]) -> T {
+/// `Σ |xᵢ|·yᵢ` (`x` and `y` of equal length), in [`LANES`] interleaved partial sums: `x` is
+/// saved probabilities, whose sign bits carry the dropout mask.
+#[inline(always)]
+fn lane_dot_magnitude<T: Float>(x: &[T], y: &[T]) -> T {
     let mut acc = [T::ZERO; LANES];
     let (xc, yc) = (x.chunks_exact(LANES), y.chunks_exact(LANES));
     let (xr, yr) = (xc.remainder(), yc.remainder());
     for (xc, yc) in xc.zip(yc) {
         for ((a, &v), &w) in acc.iter_mut().zip(xc).zip(yc) {
-            *a += v * w;
+            *a += v.abs() * w;
         }
     }
     for ((a, &v), &w) in acc.iter_mut().zip(xr).zip(yr) {
-        *a += v * w;
+        *a += v.abs() * w;
     }
     acc.into_iter().fold(T::ZERO, |s, a| s + a)
 }
@@ -382,9 +397,17 @@ fn dropout_factors<T: Float>(f: &mut [T], d: &AttentionDims, bh: usize) {
     }
 }
 
+/// The dropout factor of a saved probability: 0 where its sign bit is set, else `inv_keep`
+/// (`1/(1−p)`).
+#[inline(always)]
+fn saved_factor<T: Float>(saved: T, inv_keep: T) -> T {
+    if saved.is_sign_negative() { T::ZERO } else { inv_keep }
+}
+
 /// `f[e] = keep(seed, first + e, p) ? 1/(1−p) : 0`. Hashing is most of attention dropout's
-/// cost (four 64-bit multiplies per element); inside [`vectorized`] (as both passes call it)
-/// those multiplies vectorise where the CPU has AVX-512DQ (≈3× faster). Same bits either way.
+/// cost (four 64-bit multiplies per element), hence once per forward (the backward reads the
+/// mask from the saved probabilities' sign bits); inside [`vectorized`] those multiplies
+/// vectorise where the CPU has AVX-512DQ (≈3× faster). Same bits either way.
 #[inline(always)]
 fn keep_factors<T: Float>(f: &mut [T], seed: u64, first: u64, p: f32) {
     let inv_keep = T::from_f64(1.0 / (1.0 - p as f64));
@@ -425,7 +448,8 @@ mod tests {
         )
     }
 
-    /// The definition in plain loops, in f64: returns `(out, probs)`.
+    /// The definition in plain loops, in f64: returns `(out, probs)`, `probs` signed as
+    /// [`attention_forward`] saves them.
     fn reference(q: &[f64], k: &[f64], v: &[f64], mask: Option<&[u32]>, d: &AttentionDims) -> (Vec<f64>, Vec<f64>) {
         let (hd, c, prefix) = (d.head_dim, d.heads * d.head_dim, d.prefix());
         let scale = 1.0 / (hd as f64).sqrt();
@@ -449,9 +473,12 @@ mod tests {
                     let row = ((b * d.heads + h) * d.q_len + i) * d.kv_len;
                     for j in 0..d.kv_len {
                         let p = if visible(j) { (s[j] - max).exp() / sum } else { 0.0 };
-                        probs[row + j] = p;
                         let mask_row = (b * d.heads + h) * d.mask_seq + prefix + i;
                         let counter = d.dropout_offset + (mask_row * d.mask_seq + j) as u64;
+                        // Saved with the sign bit set where the dropout factor is 0.
+                        let causally_hidden = d.causal && j > prefix + i;
+                        let dropped = causally_hidden || !dropout_keep(d.dropout_seed, counter, d.dropout);
+                        probs[row + j] = if d.dropout > 0.0 && dropped { -p } else { p };
                         let pd = if d.dropout == 0.0 {
                             p
                         } else if dropout_keep(d.dropout_seed, counter, d.dropout) {
@@ -493,13 +520,16 @@ mod tests {
         (dq, dk, dv)
     }
 
-    /// Kernel forward against the plain-loop reference: 1e-12 relative (f64 rounding only).
+    /// Kernel forward against the plain-loop reference: 1e-12 relative (f64 rounding only), and
+    /// every saved probability's sign bit (the dropout mask, zeros included) exactly.
     fn check_forward(d: &AttentionDims, mask: Option<&[u32]>, seed: u64) -> (Vec<f64>, Vec<f64>) {
         let (q, k, v) = qkv(&mut Rng::new(seed), d, 2.0);
         let (want_out, want_probs) = reference(&q, &k, &v, mask, d);
         let (out, probs) = forward(&q, &k, &v, mask, d);
         assert!(rel_err(&out, &want_out) < 1e-12, "out: {:e}", rel_err(&out, &want_out));
         assert!(rel_err(&probs, &want_probs) < 1e-12, "probs: {:e}", rel_err(&probs, &want_probs));
+        let signs = |x: &[f64]| x.iter().map(|x| x.is_sign_negative()).collect::<Vec<_>>();
+        assert_eq!(signs(&probs), signs(&want_probs), "sign bits (the dropout mask)");
         (out, probs)
     }
 
