@@ -7,7 +7,7 @@ mod common;
 use common::params_rel;
 
 use pipetransformer::device::{CpuDevice, Device, GpuDevice, Precision};
-use pipetransformer::model::{Batch, GptConfig, HostBatch, Model, ModelConfig, Pooling};
+use pipetransformer::model::{Batch, GptConfig, HostBatch, Model, ModelConfig, Pooling, Unit};
 use pipetransformer::optim::{Optimizer, OptimizerConfig, train_step};
 use pipetransformer::pipeline::partition::UnitProfile;
 use pipetransformer::pipeline::{Fault, Pipeline, PipelineConfig, ScheduleKind};
@@ -176,6 +176,49 @@ fn the_same_holds_on_emulated_cuda_devices() {
         let e = params_rel(&got, &want);
         assert!(e <= 1e-5, "cuda-emu R={r} K={k}: weights differ from one cpu device by {e:.2e}");
     }
+}
+
+/// Zero bubble puts each linear layer's weight gradient off with the layer's input and output
+/// gradient. Attention's q, k and v projections read one input: their put-off gradients keep
+/// one copy of it between them (6 row blocks per attention unit: that input, dq, dk, dv, and the
+/// output projection's input and output gradient; 8 when each kept its own). Added later, the
+/// put-off products give the same bits as the backward adding them at once.
+#[test]
+fn put_off_weight_gradients_keep_attentions_input_once() {
+    let config = gpt();
+    let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+    let host = batch(&config, 6, 0);
+    let grads = |defer: bool| {
+        let mut model = Model::new(&dev, &config, 7).unwrap();
+        let b = Batch::upload(&dev, model.spec(), &host, true, 1000).unwrap();
+        let mut x = None;
+        let mut saved = Vec::new();
+        for unit in model.units() {
+            let (y, s) = unit.forward(&dev, &b, x.take(), true, None).unwrap();
+            saved.push(s);
+            x = Some(y);
+        }
+        let mut dy = model.loss(&dev, &b, &x.unwrap(), Some(1.0)).unwrap().dlogits.unwrap();
+        for (i, (unit, s)) in model.units_mut().iter_mut().zip(saved).enumerate().rev() {
+            unit.defer_weight_grads(defer);
+            match unit.backward(&dev, &b, s, dy, i > 0, None).unwrap() {
+                Some(dx) => dy = dx,
+                None => break,
+            }
+        }
+        for unit in model.units_mut() {
+            if let Unit::Attention(a) = unit {
+                let block = b.rows() * a.query.out_dim;
+                let want = if defer { 6 * block } else { 0 };
+                assert_eq!(unit.deferred_elements(), want, "elements kept for put-off weight gradients");
+            }
+            if defer {
+                unit.backward_weights(&dev).unwrap();
+            }
+        }
+        model.params().iter().map(|p| p.grad.as_ref().map(|g| g.to_vec())).collect::<Vec<_>>()
+    };
+    assert!(grads(true) == grads(false), "put-off weight gradients differ from those added at once");
 }
 
 #[test]

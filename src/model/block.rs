@@ -11,13 +11,14 @@ use super::config::{NormPlacement, Spec};
 use super::dropout::DropoutSite;
 use super::embedding::missing_saved;
 use super::kv_arena::{Kv, KvArena};
-use super::layers::{Held, INIT_STD, LayerNorm, LayerNormSaved, Linear, len_of};
+use super::layers::{Held, INIT_STD, LayerNorm, LayerNormSaved, Linear, clone_buf, len_of};
 use super::param::Param;
 use crate::device::Device;
 use crate::error::Result;
 use crate::ops::attention::AttentionDims;
 use crate::ops::gelu::Activation;
 use crate::rng::Rng;
+use std::sync::Arc;
 
 /// A branch's LayerNorm, output dropout and skip connection.
 pub struct Residual<D: Device> {
@@ -298,10 +299,13 @@ impl<D: Device> AttentionUnit<D> {
                 dk = arena.grad(dev, Kv::Keys, batch.position_offset, batch.seq)?;
                 dv = arena.grad(dev, Kv::Values, batch.position_offset, batch.seq)?;
             }
-            // q, k, v = inp · W{q,k,v}ᵀ: the input gradient is the sum of the three.
-            let dinp = query.backward(dev, Held::Given(dq), Held::Lent(inp), rows, need_dinp)?;
-            let dinp_k = key.backward(dev, Held::Given(dk), Held::Lent(inp), rows, need_dinp)?;
-            let dinp_v = value.backward(dev, Held::Given(dv), Held::Lent(inp), rows, need_dinp)?;
+            // q, k, v = inp · W{q,k,v}ᵀ: the input gradient is the sum of the three. Put-off
+            // weight gradients share one copy of the input.
+            let shared = if query.defers_weight_grads() { Some(Arc::new(clone_buf(dev, inp)?)) } else { None };
+            let held = || shared.as_ref().map_or(Held::Lent(inp), |s| Held::Shared(s.clone()));
+            let dinp = query.backward(dev, Held::Given(dq), held(), rows, need_dinp)?;
+            let dinp_k = key.backward(dev, Held::Given(dk), held(), rows, need_dinp)?;
+            let dinp_v = value.backward(dev, Held::Given(dv), held(), rows, need_dinp)?;
             let Some(mut dinp) = dinp else { return Ok(None) };
             for part in [dinp_k, dinp_v].into_iter().flatten() {
                 dev.residual_backward(&mut dinp, &part)?;

@@ -6,6 +6,7 @@ use crate::device::Device;
 use crate::error::Result;
 use crate::rng::Rng;
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 /// Standard deviation of the normal initialisation of weights and embeddings (BERT, GPT-2 and
 /// ViT all use 0.02).
@@ -38,6 +39,9 @@ pub enum Held<'a, B> {
     Lent(&'a B),
     /// The caller's no longer.
     Given(B),
+    /// Already a kept copy that several layers read (attention's q, k and v projections share
+    /// their input): each put-off weight gradient keeps a handle, not a copy.
+    Shared(Arc<B>),
 }
 
 impl<B> Held<'_, B> {
@@ -45,15 +49,23 @@ impl<B> Held<'_, B> {
         match self {
             Held::Lent(b) => b,
             Held::Given(b) => b,
+            Held::Shared(b) => b,
         }
     }
 
-    fn keep<D: Device<Buf = B>>(self, dev: &D) -> Result<B> {
+    fn keep<D: Device<Buf = B>>(self, dev: &D) -> Result<Arc<B>> {
         match self {
-            Held::Lent(src) => clone_buf(dev, src),
-            Held::Given(b) => Ok(b),
+            Held::Lent(src) => Ok(Arc::new(clone_buf(dev, src)?)),
+            Held::Given(b) => Ok(Arc::new(b)),
+            Held::Shared(b) => Ok(b),
         }
     }
+}
+
+/// Elements in `buffers`, a buffer held more than once counted once.
+pub fn held_elements<'a, D: Device>(buffers: impl IntoIterator<Item = &'a Arc<D::Buf>>) -> usize {
+    let mut seen = std::collections::HashSet::new();
+    buffers.into_iter().filter(|b| seen.insert(Arc::as_ptr(b))).map(|b| D::len(b)).sum()
 }
 
 /// A device-side copy of `src`.
@@ -63,10 +75,11 @@ pub(crate) fn clone_buf<D: Device>(dev: &D, src: &D::Buf) -> Result<D::Buf> {
     Ok(dst)
 }
 
-/// What a put-off weight gradient needs: one backward's input rows and output gradient.
+/// What a put-off weight gradient needs: one backward's input rows (perhaps shared with other
+/// layers' put-off gradients) and output gradient.
 pub struct DeferredWeightGrad<D: Device> {
-    inp: D::Buf,
-    dout: D::Buf,
+    inp: Arc<D::Buf>,
+    dout: Arc<D::Buf>,
     rows: usize,
 }
 
@@ -121,7 +134,7 @@ impl<D: Device> Linear<D> {
         need_dinp: bool,
     ) -> Result<Option<D::Buf>> {
         let mut dinp = if need_dinp { Some(dev.alloc(rows * self.in_dim)?) } else { None };
-        let defer = self.deferred.is_some() && self.weight.grad.is_some();
+        let defer = self.defers_weight_grads();
         dev.linear_backward(
             dinp.as_mut(),
             if defer { None } else { self.weight.grad.as_mut() },
@@ -145,9 +158,15 @@ impl<D: Device> Linear<D> {
         self.deferred = on.then(VecDeque::new);
     }
 
-    /// Elements held by put-off weight gradients.
-    pub fn deferred_elements(&self) -> usize {
-        self.deferred.iter().flatten().map(|d| D::len(&d.inp) + D::len(&d.dout)).sum()
+    /// Whether a training backward now puts the weight's gradient off.
+    pub fn defers_weight_grads(&self) -> bool {
+        self.deferred.is_some() && self.weight.grad.is_some()
+    }
+
+    /// The buffers put-off weight gradients hold (inputs and output gradients), each as often
+    /// as it is held: [`held_elements`] counts a shared one once.
+    pub fn deferred_buffers(&self) -> impl Iterator<Item = &Arc<D::Buf>> {
+        self.deferred.iter().flatten().flat_map(|d| [&d.inp, &d.dout])
     }
 
     /// Adds the oldest put-off weight gradient: `dW += doutᵀ·inp`, the product the backward
@@ -168,8 +187,8 @@ impl<D: Device> Linear<D> {
             None,
             self.weight.grad.as_mut(),
             None,
-            &d.dout,
-            &d.inp,
+            &*d.dout,
+            &*d.inp,
             &self.weight.value,
             d.rows,
             self.in_dim,
@@ -321,7 +340,7 @@ mod tests {
         let before = grads(&later);
         assert_eq!(before[0], vec![0.25; out * inp], "the weight's gradient waits");
         assert_eq!(before[1], grads(&now)[1], "the bias's does not");
-        assert!(later.deferred_elements() == 2 * rows * (inp + out));
+        assert_eq!(held_elements::<D>(later.deferred_buffers()), 2 * rows * (inp + out));
         later.backward_weights(&dev).unwrap();
         later.backward_weights(&dev).unwrap();
         assert_eq!(grads(&later), grads(&now));

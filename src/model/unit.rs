@@ -8,7 +8,7 @@ use super::block::{AttentionSaved, AttentionUnit, MlpSaved, MlpUnit};
 use super::embedding::{EmbeddingKind, EmbeddingSaved, EmbeddingUnit};
 use super::head::{FinalNormSaved, FinalNormUnit, HeadKind, HeadSaved, HeadUnit};
 use super::kv_arena::KvArena;
-use super::layers::Linear;
+use super::layers::{Linear, held_elements};
 use super::param::Param;
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -213,9 +213,10 @@ impl<D: Device> Unit<D> {
         Ok(())
     }
 
-    /// Elements its linear layers hold for put-off weight gradients.
-    pub fn deferred_elements(&mut self) -> usize {
-        self.linears_mut().iter().map(|l| l.deferred_elements()).sum()
+    /// Elements its linear layers hold for put-off weight gradients (an input they share
+    /// counted once).
+    pub fn deferred_elements(&self) -> usize {
+        held_elements::<D>(self.linears().into_iter().flat_map(Linear::deferred_buffers))
     }
 
     /// The unit's parameters, read-only.

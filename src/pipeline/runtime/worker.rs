@@ -221,8 +221,8 @@ impl<D: Device> Worker<'_, D> {
         })
     }
 
-    fn deferred_elements(&mut self) -> usize {
-        self.stages.iter_mut().flat_map(|(_, units)| units.iter_mut()).map(Unit::deferred_elements).sum()
+    fn deferred_elements(&self) -> usize {
+        self.stages.iter().flat_map(|(_, units)| units.iter()).map(Unit::deferred_elements).sum()
     }
 
     fn defer_weight_grads(&mut self, on: bool) {
