@@ -13,7 +13,7 @@ use common::{params_rel, tiny_batch, tiny_gpt};
 use pipetransformer::device::{CpuDevice, Device, GpuDevice, Precision};
 use pipetransformer::model::{Batch, Model, ModelConfig};
 use pipetransformer::optim::{Optimizer, OptimizerConfig, clip_grad_norm};
-use pipetransformer::pipeline::{Pipeline, PipelineConfig, ScheduleKind, unit_profiles};
+use pipetransformer::pipeline::{Pipeline, PipelineConfig, ScheduleKind, UnitProfile, unit_profiles};
 
 const STEPS: usize = 3;
 
@@ -310,8 +310,8 @@ fn the_memory_model_bounds_a_stages_measured_peak() {
             // The partition's memory check counts the same: the sliced activations and every
             // resident micro-batch's arena with gradients (the planner's model).
             let stage = pipeline.plan().partition.stages[0].clone();
-            let params: usize = profiles[stage].iter().map(|u| 16 * u.params).sum();
-            let partition = (pipeline.plan().partition.stage_memory[0] - params) as f64;
+            let state: usize = profiles[stage].iter().map(UnitProfile::state_bytes).sum();
+            let partition = (pipeline.plan().partition.stage_memory[0] - state) as f64;
             let planned = m as f64 * (per_micro + 2.0 * kv);
             assert!((partition - planned).abs() <= 1.0, "M = {m}, slices {slices:?}: {partition} vs {planned}");
             assert!(
