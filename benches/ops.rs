@@ -47,8 +47,9 @@ fn bench_linear(c: &mut Criterion) {
 }
 
 /// Attention's input projections: three `C → C` products (what the model runs) against one
-/// `C → 3C` product (what a fused q/k/v weight would run), forward and backward. What fusing
-/// them would buy.
+/// `C → 3C` product (what a fused q/k/v weight would run), forward and backward: an upper
+/// bound on what fusing them would buy (a fused output must still be split into q, k and v, and
+/// their gradients joined, for attention, which reads them apart).
 fn bench_qkv(c: &mut Criterion) {
     let dev = CpuDevice::<f32>::new(0, 0).unwrap();
     let rows = B * T;
@@ -60,8 +61,9 @@ fn bench_qkv(c: &mut Criterion) {
     let ws = [random(&dev, C * C, 3), random(&dev, C * C, 4), random(&dev, C * C, 5)];
     let bias = random(&dev, 3 * C, 6);
     let biases = [random(&dev, C, 7), random(&dev, C, 8), random(&dev, C, 9)];
-    let mut out = dev.alloc(rows * 3 * C).unwrap();
-    let mut outs = [dev.alloc(rows * C).unwrap(), dev.alloc(rows * C).unwrap(), dev.alloc(rows * C).unwrap()];
+    // Also the backward's output gradients: random, whichever benches a filter runs.
+    let mut out = random(&dev, rows * 3 * C, 10);
+    let mut outs = [random(&dev, rows * C, 11), random(&dev, rows * C, 12), random(&dev, rows * C, 13)];
     g.throughput(Throughput::Elements(flops as u64));
     g.bench_function("forward/three", |b| {
         b.iter(|| {
@@ -210,9 +212,10 @@ fn bench_elementwise(c: &mut Criterion) {
     g.bench_function("adamw_one_layer/update", |b| {
         b.iter(|| dev.adamw_update(&mut p, &grad, &mut m, &mut v, &h).unwrap())
     });
-    // What a sparse embedding gradient (only the rows a batch touches) would take off a step:
-    // zeroing the dense table gradient and reading it for the clipping norm. (AdamW still
-    // visits every row: its moments decay where the gradient is zero.)
+    // What a sparse embedding gradient (only the rows a batch touches) would take off a step
+    // on one device: zeroing the dense table gradient and reading it for the clipping norm.
+    // (AdamW still visits every row: its moments decay where the gradient is zero. Replicas
+    // would also sum fewer values, and per-unit norms read it once more.)
     let n = 30522 * C;
     let mut table_grad = random(&dev, n, 6);
     g.throughput(Throughput::Bytes((2 * n * 4) as u64));

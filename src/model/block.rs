@@ -301,7 +301,8 @@ impl<D: Device> AttentionUnit<D> {
             }
             // q, k, v = inp · W{q,k,v}ᵀ: the input gradient is the sum of the three. Put-off
             // weight gradients share one copy of the input.
-            let shared = if query.defers_weight_grads() { Some(Arc::new(clone_buf(dev, inp)?)) } else { None };
+            let defers = [&*query, &*key, &*value].iter().any(|l| l.defers_weight_grads());
+            let shared = if defers { Some(Arc::new(clone_buf(dev, inp)?)) } else { None };
             let held = || shared.as_ref().map_or(Held::Lent(inp), |s| Held::Shared(s.clone()));
             let dinp = query.backward(dev, Held::Given(dq), held(), rows, need_dinp)?;
             let dinp_k = key.backward(dev, Held::Given(dk), held(), rows, need_dinp)?;

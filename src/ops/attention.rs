@@ -67,7 +67,7 @@ impl AttentionDims {
 /// channels, so a sequence's rows are the smallest piece of `out` (and of `dq`, `dk`, `dv`)
 /// one task can own, and every product then writes straight into its head's column block with
 /// no temporaries. (Parallelism is therefore `batch`-wide.) Each task reuses one
-/// `q_len × kv_len` scratch (two in the backward with dropout) across its heads, and nothing
+/// `q_len × kv_len` scratch across its heads (none in the forward without dropout), and nothing
 /// depends on the thread count, so results are bitwise reproducible.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_forward<T: Float>(
@@ -148,8 +148,9 @@ pub fn attention_forward<T: Float>(
 /// the forward): `dv = Pdᵀ·dout`,
 /// `dP = dropout(dout·vᵀ)` (same mask and scaling as `Pd = dropout(P)`),
 /// `dS = P ⊙ (dP − rowsum(P ⊙ dP))`, `dq = dS·k·scale`, `dk = dSᵀ·q·scale`. The dropout mask
-/// is read from the sign bits of `probs`, where the forward left it. Errors as in
-/// [`attention_forward`].
+/// is read from the sign bits of `probs`, where the forward left it: `probs` must come from
+/// [`attention_forward`] with the same `d` (probabilities from elsewhere, unsigned, would read as
+/// all kept). Errors as in [`attention_forward`].
 #[allow(clippy::too_many_arguments)]
 pub fn attention_backward<T: Float>(
     dq: &mut [T],
