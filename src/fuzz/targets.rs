@@ -204,7 +204,8 @@ pub(crate) fn checkpoint_fix_up(b: &mut [u8], rng: &mut Rng) {
         return;
     }
     if rng.below(16) != 0 {
-        b[..8].copy_from_slice(checkpoint::MAGIC);
+        // Both formats' readers (they differ in the checksum only).
+        b[..8].copy_from_slice(if rng.below(4) == 0 { checkpoint::MAGIC_V1 } else { checkpoint::MAGIC });
     }
     if rng.below(4) != 0
         && let Some(end) = json_object_end(b, 16).filter(|&e| e <= b.len() - 8)
