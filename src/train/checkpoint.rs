@@ -90,7 +90,8 @@ pub fn save(path: &Path, meta: &serde_json::Value, tensors: &[Tensor]) -> Result
     })
 }
 
-/// Reads a checkpoint written by [`save`], verifying its magic, lengths and hash.
+/// Reads a checkpoint written by [`save`] (format 02 or 01), verifying its magic, lengths and
+/// checksum.
 pub fn load(path: &Path) -> Result<(serde_json::Value, Vec<Tensor>)> {
     let bytes = std::fs::read(path).map_err(|e| io_err(path, e))?;
     if bytes.len() < 24 || (&bytes[..8] != MAGIC && &bytes[..8] != MAGIC_V1) {
@@ -165,11 +166,17 @@ mod tests {
         bytes[..8].copy_from_slice(MAGIC_V1);
         std::fs::write(&path, &bytes).unwrap();
         assert!(load(&path).unwrap_err().to_string().contains("hash mismatch"), "a CRC-32 under format 01");
+        // Format 01's hash is FNV-1a 64 as published (its test vector for "a"), not whatever
+        // `fnv1a` computes today.
+        assert_eq!(fnv1a(b"a", FNV_OFFSET), 0xaf63_dc4c_8601_ec8c);
         let sum = fnv1a(&bytes[..body], FNV_OFFSET);
         bytes[body..].copy_from_slice(&sum.to_le_bytes());
         std::fs::write(&path, &bytes).unwrap();
         let (m2, t2) = load(&path).unwrap();
         assert_eq!((m2, t2), (meta, tensors));
+        bytes[..8].copy_from_slice(MAGIC);
+        std::fs::write(&path, &bytes).unwrap();
+        assert!(load(&path).unwrap_err().to_string().contains("hash mismatch"), "an FNV-1a under format 02");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
