@@ -138,12 +138,18 @@ mod tests {
         (meta, tensors)
     }
 
-    #[test]
-    fn round_trip_is_exact() {
-        let dir = std::env::temp_dir().join(format!("pt-ckpt-{}", std::process::id()));
+    /// [`sample`] saved as `c.ckpt` in a fresh folder named for `test`: (folder, file, sample).
+    fn saved(test: &str) -> (std::path::PathBuf, std::path::PathBuf, serde_json::Value, Vec<Tensor>) {
+        let dir = std::env::temp_dir().join(format!("pt-ckpt-{test}-{}", std::process::id()));
         let path = dir.join("c.ckpt");
         let (meta, tensors) = sample();
         save(&path, &meta, &tensors).unwrap();
+        (dir, path, meta, tensors)
+    }
+
+    #[test]
+    fn round_trip_is_exact() {
+        let (dir, path, meta, tensors) = saved("round-trip");
         let (m2, t2) = load(&path).unwrap();
         assert_eq!(m2, meta);
         assert_eq!(t2, tensors);
@@ -155,10 +161,7 @@ mod tests {
     /// format, neither does.
     #[test]
     fn format_01_still_loads() {
-        let dir = std::env::temp_dir().join(format!("pt-ckpt-v1-{}", std::process::id()));
-        let path = dir.join("c.ckpt");
-        let (meta, tensors) = sample();
-        save(&path, &meta, &tensors).unwrap();
+        let (dir, path, meta, tensors) = saved("v1");
         let mut bytes = std::fs::read(&path).unwrap();
         let body = bytes.len() - 8;
         assert_eq!(&bytes[..8], MAGIC);
@@ -182,10 +185,7 @@ mod tests {
 
     #[test]
     fn truncated_or_corrupt_files_are_errors() {
-        let dir = std::env::temp_dir().join(format!("pt-ckpt-bad-{}", std::process::id()));
-        let path = dir.join("c.ckpt");
-        let (meta, tensors) = sample();
-        save(&path, &meta, &tensors).unwrap();
+        let (dir, path, ..) = saved("bad");
         let good = std::fs::read(&path).unwrap();
         for (what, bytes) in [
             ("truncated", good[..good.len() - 5].to_vec()),
