@@ -486,6 +486,14 @@ fn like_one_device(what: &str, got: &pipetransformer::pipeline::PipelineStep, (l
     assert!((got.grad_norm - norm).abs() <= 1e-5 * norm, "{what}: gradient norm {} vs {norm}", got.grad_norm);
 }
 
+/// `STEPS` training batches of `batch` samples from a pool of `n` (seed `seed`): the pool's
+/// first two batches, alternating (GPT samples count different numbers of targets).
+fn step_batches(config: &ModelConfig, n: usize, batch: usize, seed: u64) -> Vec<HostBatch> {
+    use pipetransformer::train::BatchSource;
+    let data = common::Pool::new(config, n, batch, seed);
+    (0..STEPS as usize).map(|i| data.train_batch(0, i % 2).unwrap()).collect()
+}
+
 /// Loss and gradient norm of one-device steps on `batches` (seeds 1000, 1001, ...), and the
 /// parameters after them: what every pipelined or multi-process run must reproduce.
 #[allow(clippy::type_complexity)]
@@ -512,10 +520,8 @@ fn one_device(config: &ModelConfig, batches: &[HostBatch]) -> (Vec<(f64, f64)>, 
 /// global batch's would show.
 #[test]
 fn loss_and_gradient_norm_follow_one_device_at_every_step_with_unequal_targets() {
-    use pipetransformer::train::BatchSource;
     let config = gpt();
-    let data = common::Pool::new(&config, 12, 6, 3);
-    let batches: Vec<HostBatch> = (0..STEPS as usize).map(|i| data.train_batch(0, i % 2).unwrap()).collect();
+    let batches = step_batches(&config, 12, 6, 3);
     let counts: Vec<usize> = batches[0].split(6).unwrap().iter().map(HostBatch::target_count).collect();
     assert!(counts.iter().any(|&c| c != counts[0]), "samples must count different targets: {counts:?}");
     let (want, _) = one_device(&config, &batches);
@@ -595,10 +601,8 @@ fn process_group(size: usize) -> Vec<Arc<pipetransformer::comm::process_group::P
 
 #[test]
 fn processes_train_like_one_device_with_loss_and_norm_at_every_step() {
-    use pipetransformer::train::BatchSource;
     let config = gpt();
-    let data = common::Pool::new(&config, 24, 12, 5);
-    let batches: Vec<HostBatch> = (0..STEPS as usize).map(|i| data.train_batch(0, i % 2).unwrap()).collect();
+    let batches = step_batches(&config, 24, 12, 5);
     let (want, reference) = one_device(&config, &batches);
     // (processes, K, R per process): 2 and 4 processes, pipelines and in-process replicas inside.
     // (R = 1 here: the workers sum over the processes unit by unit as the backward goes, in
@@ -643,10 +647,8 @@ fn processes_train_like_one_device_with_loss_and_norm_at_every_step() {
 /// every step), with bitwise the same weights on each process.
 #[test]
 fn processes_that_cut_different_stages_still_sum_right() {
-    use pipetransformer::train::BatchSource;
     let config = gpt();
-    let data = common::Pool::new(&config, 24, 12, 5);
-    let batches: Vec<HostBatch> = (0..STEPS as usize).map(|i| data.train_batch(0, i % 2).unwrap()).collect();
+    let batches = step_batches(&config, 24, 12, 5);
     let (want, reference) = one_device(&config, &batches);
     let group = process_group(2);
     // Per process: its stages and its weights.
@@ -803,10 +805,8 @@ fn stages_across_processes_train_like_one_process_to_the_bit() {
 /// schedule wraps round its row's own ring.
 #[test]
 fn stages_and_replicas_across_processes_train_like_one_process() {
-    use pipetransformer::train::BatchSource;
     let config = gpt();
-    let data = common::Pool::new(&config, 24, 12, 5);
-    let batches: Vec<HostBatch> = (0..STEPS as usize).map(|i| data.train_batch(0, i % 2).unwrap()).collect();
+    let batches = step_batches(&config, 24, 12, 5);
     // The last with a sum per unit as the backward goes, on both sides.
     for (k, r, m, schedule, bucket) in [
         (2, 2, 3, ScheduleKind::OneFOneB, 1 << 20),

@@ -4,7 +4,7 @@
 //!
 //! Layout: magic `PTCKPT02` · u64 LE header length · JSON header · raw little-endian f32 data ·
 //! u64 LE checksum of everything before it: its CRC-32 (format 01, still read, stored an FNV-1a
-//! hash there, which runs a byte at a time: 0.3 s of every MiniLM checkpoint's 270 MB). The
+//! hash there, one serial multiply per byte: docs/PERF.md measures what the change saved). The
 //! checksum catches truncation and corruption.
 
 use crate::error::{Error, Result};

@@ -365,9 +365,7 @@ pub fn gemm_packed<U: Tiles>(
     accumulate: bool,
     parallel: bool,
 ) {
-    let Some((c, ldc)) = super::avx512::c_to_fill(c, ldc, m, n, k, accumulate) else { return };
-    assert_eq!(packed_b.len(), super::avx512::packed_b_len(k, n), "matmul_bf16: packed B of another shape");
-    let a_op = Operand { data: a.data, x_stride: a.row_stride, k_stride: a.col_stride, x_len: m, k_len: k };
+    let Some((c, ldc, a_op)) = super::avx512::start_packed(c, ldc, a, packed_b, m, n, k, accumulate) else { return };
     let nkb = k.div_ceil(KC);
     let (a_block, b_block) = (MT * KC2, KC2 * NR);
     with_scratch(&SCRATCH_A, packed_a_len(m, k), |packed_a| {

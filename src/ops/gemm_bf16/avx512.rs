@@ -143,17 +143,21 @@ pub fn gemm(
     })
 }
 
-/// C (`m × n`, row stride `ldc`) cut to its extent, with a row stride that chunks it by rows (a
-/// single row's is never used to step), for a kernel to fill; `None` where nothing is left to
-/// multiply: an empty C, or k = 0 (C zeroed unless accumulating).
-pub(super) fn c_to_fill(
-    c: &mut [f32],
+/// What both kernels' `gemm_packed` start from: C (`m × n`, row stride `ldc`) cut to its
+/// extent, with a row stride that chunks it by rows (a single row's is never used to step), and
+/// A as an [`Operand`], after checking that `packed_b` is B packed for `k × n`; `None` where
+/// nothing is left to multiply: an empty C, or k = 0 (C zeroed unless accumulating).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn start_packed<'a, 'c>(
+    c: &'c mut [f32],
     ldc: usize,
+    a: MatRef<'a, f32>,
+    packed_b: &[u32],
     m: usize,
     n: usize,
     k: usize,
     accumulate: bool,
-) -> Option<(&mut [f32], usize)> {
+) -> Option<(&'c mut [f32], usize, Operand<'a>)> {
     if m == 0 || n == 0 {
         return None;
     }
@@ -165,7 +169,8 @@ pub(super) fn c_to_fill(
         }
         return None;
     }
-    Some((c, ldc))
+    assert_eq!(packed_b.len(), packed_b_len(k, n), "matmul_bf16: packed B of another shape");
+    Some((c, ldc, Operand { data: a.data, x_stride: a.row_stride, k_stride: a.col_stride, x_len: m, k_len: k }))
 }
 
 /// [`gemm`] with B already packed by [`pack_b`] (`packed_b`: its [`packed_b_len`]`(k, n)` words).
@@ -183,9 +188,7 @@ pub fn gemm_packed(
     accumulate: bool,
     parallel: bool,
 ) {
-    let Some((c, ldc)) = c_to_fill(c, ldc, m, n, k, accumulate) else { return };
-    assert_eq!(packed_b.len(), packed_b_len(k, n), "matmul_bf16: packed B of another shape");
-    let a_op = Operand { data: a.data, x_stride: a.row_stride, k_stride: a.col_stride, x_len: m, k_len: k };
+    let Some((c, ldc, a_op)) = start_packed(c, ldc, a, packed_b, m, n, k, accumulate) else { return };
     let layout = if a.col_stride != 1 && a.row_stride == 1 && m > 1 { ALayout::PairRows } else { ALayout::RowPairs };
 
     let nkb = k.div_ceil(KC);
