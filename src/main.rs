@@ -262,7 +262,8 @@ enum Command {
         #[command(flatten)]
         elastic: ElasticArgs,
         /// Write a Chrome trace of the steps and elastic transitions (open in Perfetto or
-        /// chrome://tracing).
+        /// chrome://tracing). In a launched run rank r > 0 writes its own beside it
+        /// (`NAME.rank{r}.EXT`).
         #[arg(long)]
         trace: Option<PathBuf>,
         /// Seconds between progress lines when the output is not a terminal (CI, a log file;
@@ -280,6 +281,7 @@ enum Command {
         #[arg(long)]
         model: PathBuf,
         /// Inputs; without them (and without --file) lines are read from standard input.
+        #[arg(conflicts_with = "file")]
         inputs: Vec<String>,
         /// Read inputs from this file, one per line (`-`: standard input).
         #[arg(long)]
@@ -308,7 +310,7 @@ enum Command {
         #[command(flatten)]
         device: DeviceArgs,
     },
-    /// Score a trained model: on the test split of a run config's dataset (`--config`), or on
+    /// Score a trained model: on the evaluation split of a run config's dataset (`--config`), or on
     /// a file of labelled rows (`--file`: `label<TAB>text` for BERT, CSV pixels then the label
     /// for ViT). Prints accuracy and, for a classifier, per-class precision/recall/F1 and the
     /// confusion matrix; for a language model, loss and perplexity.
@@ -317,12 +319,13 @@ enum Command {
         /// `checkpoint.ckpt` (with the `model/` folder beside it).
         #[arg(long)]
         model: PathBuf,
-        /// A run configuration whose dataset's test split to score on, in its
+        /// A run configuration whose dataset's evaluation split to score on (its test split,
+        /// or its validation split when `data.validation_fraction` > 0), in its
         /// `output.precision` unless `--precision` is given.
         #[arg(long, conflicts_with = "file", required_unless_present = "file")]
         config: Option<PathBuf>,
-        /// Override a configuration value (repeatable).
-        #[arg(long = "set", value_name = "KEY=VALUE")]
+        /// Override a value of `--config` (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE", conflicts_with = "file")]
         set: Vec<String>,
         /// A file of labelled rows to score on.
         #[arg(long)]
@@ -843,6 +846,9 @@ fn plan(config: RunConfig) -> Result<()> {
         AnyDevices::Cpu(d) => d,
         AnyDevices::Gpu(_) => bail!("plan runs on cpu devices"),
     };
+    // Nothing is trained, so nothing is cached: no spill file in the run's directory.
+    let mut config = config;
+    config.elastic.cache = false;
     let job = Job::new(devices, config).context("preparing the run")?;
     println!(
         "costs: {}",
@@ -860,6 +866,18 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
 
     let names: Vec<String> = devices.iter().map(Device::name).collect();
     println!("pipetransformer train: {} on {}", config.output.dir.display(), names.join(", "));
+    // Refused before anything is built (a launched run refuses on rank 0 after joining, so
+    // its peers hear of it at once instead of at the rendezvous' timeout).
+    let refuse_checkpoint = |ckpt: &std::path::Path| {
+        anyhow::anyhow!(
+            "{} already holds a checkpoint: pass --resume to continue that run or --fresh to start over",
+            ckpt.display()
+        )
+    };
+    let ckpt = pipetransformer::run::checkpoint_path(&config);
+    if run.process.is_none() && !run.resume && !run.fresh && ckpt.exists() {
+        return Err(refuse_checkpoint(&ckpt));
+    }
     let join = |p: &pipetransformer::run::ProcessEnv| {
         p.join().with_context(|| format!("joining the launched run at {} as rank {}", p.addr, p.rank))
     };
@@ -877,16 +895,12 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
         }
         None => Job::new(devices, config).context("preparing the run")?,
     };
-    let ckpt = job.checkpoint_path();
     if run.resume {
         job.resume().with_context(|| format!("resuming from {}", ckpt.display()))?;
         let p = job.trainer.position;
         println!("resumed at step {} (epoch {}, batch {})", p.step, p.epoch, p.batch);
     } else if ckpt.exists() && !run.fresh && job.writes_files() {
-        bail!(
-            "{} already holds a checkpoint: pass --resume to continue that run or --fresh to start over",
-            ckpt.display()
-        );
+        return Err(refuse_checkpoint(&ckpt));
     }
     print!("{}", job.trainer.pipeline.plan());
     println!("communicator: {}", job.communicator);
@@ -912,7 +926,9 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
         println!("{report}");
     }
     let total = job.trainer.lr_schedule.total_steps;
-    let bar = ProgressBar::new(total);
+    // On stdout, with the other lines: `train … > log` keeps them all, and the bar hides (its
+    // lines print directly, every `--progress-every` seconds) when stdout is not a terminal.
+    let bar = ProgressBar::with_draw_target(Some(total), indicatif::ProgressDrawTarget::stdout());
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} batches  {msg}  [{elapsed_precise} < {eta_precise}]")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
@@ -999,6 +1015,17 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
         );
     }
     if let (Some(path), Some(trace)) = (run.trace, &job.trainer.trace) {
+        // Each process of a launched run traces its own devices: rank 0 at the path asked for,
+        // rank r beside it, so none overwrites another's.
+        let path = match &run.process {
+            Some(p) if p.rank > 0 => {
+                let stem = path.file_stem().unwrap_or_default().to_string_lossy();
+                let ext = path.extension().map(|e| format!(".{}", e.to_string_lossy())).unwrap_or_default();
+                path.with_file_name(format!("{stem}.rank{}{ext}", p.rank))
+            }
+            _ => path.to_path_buf(),
+        };
+        let path = path.as_path();
         trace.write(path).with_context(|| format!("writing {}", path.display()))?;
         println!("wrote the Chrome trace {}", path.display());
     }

@@ -63,6 +63,16 @@ fn corrupt_checkpoint_on_resume_is_an_error_and_is_not_replaced() {
     std::fs::remove_dir_all(&out_dir).unwrap();
 }
 
+/// Options that would be silently dropped are refused instead: inputs given both on the
+/// command line and by `--file`, and `--set` (which changes `--config`) with `--file`.
+#[test]
+fn inputs_that_would_be_ignored_are_refused() {
+    let (ok, out) = pipetransformer(&["predict", "--model", "m", "--file", "a.txt", "an extra input"]);
+    assert!(!ok && out.contains("--file") && out.contains("cannot be used with"), "{out}");
+    let (ok, out) = pipetransformer(&["evaluate", "--model", "m", "--file", "rows.tsv", "--set", "data.max_len=8"]);
+    assert!(!ok && out.contains("--set") && out.contains("cannot be used with"), "{out}");
+}
+
 #[test]
 fn diagnostic_commands_reject_zero_counts() {
     let (ok, out) = pipetransformer(&["overfit", "--steps", "0"]);
@@ -84,6 +94,58 @@ fn device_choices_are_checked_with_clear_errors() {
     // bf16 on cpu: bf16 products, f32 everything else (tests/cpu_bf16.rs).
     let (ok, out) = pipetransformer(&["overfit", "--device", "cpu", "--precision", "bf16", "--steps", "1"]);
     assert!(ok, "{out}");
+}
+
+/// `train … > log` from a terminal: stdout is a file, stderr still a terminal. Every line the
+/// run prints (progress, each epoch's evaluation) goes to stdout, and the bar, drawn on stdout,
+/// stays hidden there: the log holds a progress line per step and the epoch's result.
+#[test]
+fn output_redirected_from_a_terminal_keeps_every_line() {
+    use std::io::Read;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    if !common::installed(&[Path::new("data/digits/digits.csv.gz")]) {
+        return;
+    }
+    let (mut master, mut slave) = (0, 0);
+    // SAFETY: openpty writes two descriptors, owned below; no name, termios or size is asked.
+    let status =
+        unsafe { libc::openpty(&mut master, &mut slave, std::ptr::null_mut(), std::ptr::null(), std::ptr::null()) };
+    assert_eq!(status, 0, "openpty: {}", std::io::Error::last_os_error());
+    // SAFETY: both descriptors are fresh and owned by nothing else.
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    // Whatever reaches the terminal is drained (a full pty would block the run).
+    let mut terminal = std::fs::File::from(master);
+    let drain = std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = terminal.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            seen.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&seen).into_owned()
+    });
+    let dir = scratch("redirected");
+    let out_dir = format!("output.dir={}", dir.display());
+    let small = ["train.max_steps=3", "train.epochs=1", "data.test_limit=32", "data.train_limit=96"];
+    let mut args = vec!["train", "--config", "configs/vit-digits.toml", "--fresh", "--progress-every", "0"];
+    for s in small.iter().chain([&out_dir.as_str()]) {
+        args.extend(["--set", s]);
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_pipetransformer"))
+        .args(&args)
+        .stderr(std::process::Stdio::from(slave))
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{log}");
+    for step in 1..=3 {
+        assert!(log.lines().any(|l| l.starts_with(&format!("step {step}/3 ("))), "step {step} missing: {log}");
+    }
+    assert!(log.lines().any(|l| l.starts_with("epoch 0: eval")), "no epoch line: {log}");
+    drop(drain);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The default configs train from the command line on the emulated CUDA kernels (small
@@ -536,8 +598,17 @@ fn launched_processes_train_the_weights_one_process_trains() {
         let mut args = vec!["launch", "--nproc-per-node", &n, "--rdzv", &rdzv, "--"];
         let rest = train(&dir);
         args.extend(rest.iter().map(String::as_str));
+        let trace = dir.join("trace.json").display().to_string();
+        args.extend(["--trace", &trace]);
         let (ok, out) = pipetransformer(&args);
         assert!(ok, "{procs} processes: {out}");
+        // Every process's trace, none overwriting another's.
+        for r in 0..procs {
+            let name = if r == 0 { "trace.json".to_string() } else { format!("trace.rank{r}.json") };
+            let events: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join(&name)).unwrap()).unwrap();
+            assert!(events["traceEvents"].as_array().is_some_and(|e| !e.is_empty()), "{name}");
+            std::fs::remove_file(dir.join(name)).unwrap();
+        }
         assert!(out.contains(&format!("a TCP ring across {procs} processes")), "{out}");
         let got = exported(&dir);
         let (mut num, mut den) = (0.0f64, 0.0f64);

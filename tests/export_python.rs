@@ -22,6 +22,7 @@ use std::process::Command;
 use pipetransformer::device::{CpuDevice, Device};
 use pipetransformer::model::{Batch, HostBatch, Model, ModelConfig, Pooling};
 use pipetransformer::rng::Rng;
+use pipetransformer::run::Predictor;
 use pipetransformer::text::{TextInput, TextItem, TextTokenizer, text_batch};
 use pipetransformer::weights::{
     ExportExtras, LoadOptions, export_model, load_into_model, load_safetensors, read_export, read_hf_config,
@@ -239,6 +240,14 @@ fn export_bert_model(dev: &Dev, root: &Path, prefix: &str, bert: &Bert<'_>) -> P
     let export = read_export(&dir).unwrap();
     assert_eq!(export.labels, labels);
     assert_eq!(export.tokenizer, Some(dir.join("tokenizer.json")));
+    assert_eq!(export.max_seq_length, Some(max_len));
+    // `predict` cuts a text where the run cut it (`max_len`), not at the model's positions:
+    // a long text scores as its first `max_len` tokens, with a warning.
+    let predictor = Predictor::load(Dev::new(0, 1).unwrap(), &dir).unwrap();
+    let words = |n: usize| vec!["cat"; n].join(" ");
+    let got = predictor.classify_texts(&[&words(3 * max_len), &words(max_len - 2)]).unwrap();
+    assert!(got[0].warning.is_some() && got[1].warning.is_none(), "{got:?}");
+    assert_eq!(got[0].probabilities, got[1].probabilities, "{}", dir.display());
     check_read_back(dev, &dir, model, &host, num_labels);
     dir
 }

@@ -469,6 +469,10 @@ fn bad_requests_are_refused_before_any_work() {
     assert!(refuse(cfg(12, 1, 2, ScheduleKind::OneFOneB), 12).contains("11 active units"));
     assert!(refuse(cfg(2, 3, 2, ScheduleKind::OneFOneB), 4).contains("need 6 devices; 4 available"));
     assert!(refuse(cfg(2, 1, 0, ScheduleKind::OneFOneB), 4).contains("micro_batches"));
+    // Sizes that would overflow are refused, not wrapped (to 0 stages, say).
+    let chunks = PipelineConfig { chunks: usize::MAX / 2 + 1, ..cfg(2, 1, 2, ScheduleKind::Interleaved) };
+    assert!(refuse(chunks, 4).contains("chunks of stages cannot be cut"));
+    assert!(refuse(cfg(2, usize::MAX, 2, ScheduleKind::OneFOneB), 4).contains("need more devices; 4 available"));
     let tight = PipelineConfig { memory_limit: Some(1 << 10), ..cfg(2, 1, 2, ScheduleKind::OneFOneB) };
     assert!(refuse(tight, 4).contains("memory_limit"));
     let mut p = Pipeline::new(devices, model, adamw(), cfg(2, 2, 2, ScheduleKind::OneFOneB), &prof).unwrap();

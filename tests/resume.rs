@@ -127,6 +127,24 @@ fn corrupt_checkpoint_is_an_error_and_changes_nothing() {
     std::fs::remove_file(&path).unwrap();
 }
 
+/// A checkpoint's position counts batches of its run's epochs: a run whose epochs have another
+/// number of batches (a new batch size or training set) is refused by name, unchanged.
+#[test]
+fn checkpoint_from_other_epochs_is_refused() {
+    let config = common::tiny_gpt(0.0);
+    let src = Synthetic { config: config.clone(), fail_at: None };
+    let mut t = trainer(&config);
+    run(&mut t, &src, Some(3));
+    let path = tmp("epochs");
+    t.save_checkpoint(&path, serde_json::Value::Null).unwrap();
+    let dev = CpuDevice::<f32>::new(0, 2).unwrap();
+    let mut shorter = common::trainer_on(&config, 3, vec![dev], Default::default(), train_config(), 3);
+    let err = shorter.load_checkpoint(&path).unwrap_err().to_string();
+    assert!(err.contains("taken with 4 batches per epoch, this run has 3") && err.contains("data.batch_size"), "{err}");
+    assert_eq!(shorter.position.step, 0);
+    std::fs::remove_file(&path).unwrap();
+}
+
 #[test]
 fn failed_run_keeps_the_good_checkpoint() {
     let config = common::tiny_gpt(0.0);

@@ -9,8 +9,10 @@
 //! size), so the cache advances incrementally and never holds two depths of a sample. Frozen
 //! units run without dropout, so an f32 entry is exactly what the forward would give.
 //!
-//! Not reused across processes: a resumed run rebuilds its cache (the spill file is truncated
-//! when the cache is created and removed when it is dropped).
+//! Not reused across processes: a resumed run rebuilds its cache. Each cache spills to a file
+//! of its own (named by process and cache), created empty with the cache and removed with it,
+//! so a second process pointed at the same directory (`plan`, or a run refused because the
+//! directory holds a checkpoint) never touches a live run's spill.
 
 use crate::error::{Result, config_error};
 use crate::files::io_error;
@@ -96,16 +98,19 @@ struct Spill {
 
 impl Spill {
     fn create(dir: &Path) -> Result<Self> {
+        static CACHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         std::fs::create_dir_all(dir).map_err(|e| io_error(dir, e))?;
-        let path = dir.join("activations.bin");
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .map_err(|e| io_error(&path, e))?;
-        Ok(Spill { path, file, len: 0, map: None })
+        loop {
+            let n = CACHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let path = dir.join(format!("activations-{}-{n}.bin", std::process::id()));
+            // `create_new`: a file of that name is another cache's (a killed process's whose id
+            // came round again): neither truncated nor trusted; the next name is tried.
+            match File::options().read(true).write(true).create_new(true).open(&path) {
+                Ok(file) => return Ok(Spill { path, file, len: 0, map: None }),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(io_error(&path, e)),
+            }
+        }
     }
 
     fn write(&mut self, at: u64, bytes: &[u8]) -> Result<()> {
@@ -119,8 +124,8 @@ impl Spill {
     fn read(&mut self, at: u64, len: usize) -> Result<&[u8]> {
         let end = at + len as u64;
         if self.map.as_ref().is_none_or(|m| (m.len() as u64) < end) {
-            // SAFETY: the file is this cache's own, created (truncated) by it in its directory
-            // and only ever grown by it; nothing truncates it while the map lives. Writes after
+            // SAFETY: the file is this cache's own, created new under a name no other cache
+            // uses, and only ever grown by it; nothing truncates it while the map lives. Writes after
             // mapping go through the same page cache, so the map sees them.
             self.map = Some(unsafe { memmap2::Mmap::map(&self.file) }.map_err(|e| io_error(&self.path, e))?);
         }
@@ -374,6 +379,12 @@ mod tests {
         }
         assert!(cache.disk_bytes() > 0, "something spilled");
         assert_eq!(cache.entries(), 16);
+        // A second cache spilling into the same directory (another process's `plan`, or a run
+        // refused at start) comes and goes without touching this one's spill.
+        let mut other = ActivationCache::new(w, CacheDtype::F32, 0, 0, &d).unwrap();
+        other.put(&stored[0].0, &hidden(3, 4, 5, w, 7.0)).unwrap();
+        assert!(other.disk_bytes() > 0);
+        drop(other);
         for (host, h) in &stored {
             let got = cache.get(host, 5, 3).unwrap().unwrap();
             assert_eq!(got.depths, [Some(3); 4]);
@@ -399,7 +410,7 @@ mod tests {
         cache.put(&one, &hidden(7, 1, 5, w, 4.0)).unwrap();
         assert_eq!(cache.get(host, 5, 7).unwrap().unwrap().depths, [Some(5), Some(5), Some(7), Some(5)]);
         drop(cache);
-        assert!(!d.join("activations.bin").exists(), "the spill file goes with the cache");
+        assert!(std::fs::read_dir(&d).unwrap().next().is_none(), "the spill file goes with the cache");
         std::fs::remove_dir_all(&d).unwrap();
     }
 

@@ -128,18 +128,21 @@ impl Plan {
         if m == 0 {
             return Err(config_error("micro_batches", "must be at least 1"));
         }
-        if r * k > devices {
+        // Saturating: sizes from a user's flags may be absurd, and are refused, not wrapped.
+        let need = r.checked_mul(k);
+        if need.is_none_or(|n| n > devices) {
+            let need = need.map_or_else(|| "more".to_string(), |n| n.to_string());
             return Err(config_error(
                 "devices",
-                format!("{r} replicas × {k} pipeline stages need {} devices; {devices} available", r * k),
+                format!("{r} replicas × {k} pipeline stages need {need} devices; {devices} available"),
             ));
         }
-        let stages = k * config.chunks;
+        let stages = k.saturating_mul(config.chunks);
         if stages > units {
             return Err(config_error(
                 "pipeline_len",
                 format!(
-                    "{stages} stages ({k} devices × {} chunks) cannot be cut from the model's {units} active units",
+                    "{k} devices × {} chunks of stages cannot be cut from the model's {units} active units",
                     config.chunks,
                 ),
             ));

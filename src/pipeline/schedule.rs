@@ -224,10 +224,10 @@ impl Schedule {
         }
         match (kind, chunks) {
             (ScheduleKind::Interleaved, c) if c < 2 => {
-                return bad("virtual_stages", format!("interleaved needs at least 2 chunks per device; got {c}"));
+                return bad("chunks", format!("interleaved needs at least 2 chunks per device; got {c}"));
             }
             (ScheduleKind::Gpipe | ScheduleKind::OneFOneB | ScheduleKind::ZeroBubble, c) if c != 1 => {
-                return bad("virtual_stages", format!("{kind} runs one chunk per device; got {c} (use interleaved)"));
+                return bad("chunks", format!("{kind} runs one chunk per device; got {c} (use interleaved)"));
             }
             _ => {}
         }

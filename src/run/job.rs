@@ -196,6 +196,11 @@ pub fn build_model<D: Device>(
     }
 }
 
+/// Where a run of `config` keeps its checkpoint.
+pub fn checkpoint_path(config: &RunConfig) -> PathBuf {
+    config.output.dir.join("checkpoint.ckpt")
+}
+
 /// The end of a run.
 #[derive(Clone, Debug, Serialize)]
 pub struct Summary {
@@ -473,7 +478,7 @@ impl<D: Device> Job<D> {
 
     /// The checkpoint file of this run.
     pub fn checkpoint_path(&self) -> PathBuf {
-        self.config.output.dir.join("checkpoint.ckpt")
+        checkpoint_path(&self.config)
     }
 
     /// The metrics log (JSON lines) of this run.

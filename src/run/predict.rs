@@ -27,7 +27,7 @@ pub struct ClassPrediction {
     pub probability: f64,
     /// Every class's probability, by name, in label order.
     pub probabilities: Vec<(String, f64)>,
-    /// Set when the input did not fit the model as given (a text cut to the positions).
+    /// Set when the input did not fit the model as given (a text cut to the run's `max_len`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warning: Option<String>,
 }
@@ -47,7 +47,7 @@ pub struct Sampling {
 
 /// What a model reads.
 enum Reader {
-    /// A WordPiece tokenizer cut to the model's positions.
+    /// A WordPiece tokenizer cutting where the run cut (its `max_len`, at most the model's positions).
     Text(Box<TextTokenizer>),
     /// `channels × size × size` pixels in `[0, 1]`; raw CSV values are divided by `max_value`.
     Image { size: usize, channels: usize, max_value: f32 },
@@ -118,7 +118,10 @@ impl<D: Device> Predictor<D> {
                         format!("{}: a text model's export needs tokenizer.json; none found", dir.display()),
                     )
                 })?;
-                Reader::Text(Box::new(TextTokenizer::from_file(path, max_positions)?))
+                // Cut where the run cut (`data.max_len`, exported as `max_seq_length`), so an
+                // export scores a long text as `evaluate --config` does.
+                let max_len = export.max_seq_length.map_or(max_positions, |n| n.min(max_positions));
+                Reader::Text(Box::new(TextTokenizer::from_file(path, max_len)?))
             }
         };
         let mut labels = export.labels;
@@ -335,7 +338,7 @@ impl<D: Device> Predictor<D> {
         let mut out = self.classify(&batch.host)?;
         for (p, &cut) in out.iter_mut().zip(&batch.truncated) {
             if cut {
-                p.warning = Some(format!("cut to the model's {} token positions", tokenizer.max_len()));
+                p.warning = Some(format!("cut to its first {} tokens", tokenizer.max_len()));
             }
         }
         Ok(out)
@@ -618,7 +621,9 @@ pub fn predict_stream<D: Device>(
                 }
             }
         }
-        let mut done = predictor.run_batch(&pending, &options.sampling);
+        // One input may be many images (an IDX file): the model still sees `size` at a time.
+        let mut done: Vec<Outcome> =
+            pending.chunks(size).flat_map(|chunk| predictor.run_batch(chunk, &options.sampling)).collect();
         let mut failures = results.into_iter();
         for slot in order {
             let (name, outcome) = match slot {

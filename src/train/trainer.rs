@@ -361,6 +361,7 @@ impl<D: Device> Trainer<D> {
             "frozen_prefix": self.pipeline.frozen_prefix(),
             "plan": { "config": plan.config, "stages": plan.partition.stages },
             "batches_per_step": self.batches_per_step,
+            "batches_per_epoch": self.batches_per_epoch,
             "optimizer": opt,
             "controller": extra,
         });
@@ -383,6 +384,18 @@ impl<D: Device> Trainer<D> {
         let field = |name: &str| meta.get(name).cloned().unwrap_or(serde_json::Value::Null);
         let position: Position =
             serde_json::from_value(field("position")).map_err(|e| bad(format!("position: {e}")))?;
+        // The position counts batches of the run's epochs: with another batch size or
+        // training set, it would name other samples (or none).
+        let per_epoch = self.batches_per_epoch;
+        let saved_per_epoch = field("batches_per_epoch").as_u64();
+        if saved_per_epoch.is_some_and(|n| n != per_epoch as u64) || position.batch >= per_epoch {
+            let then = saved_per_epoch.map_or_else(|| "other".to_string(), |n| n.to_string());
+            return Err(bad(format!(
+                "taken with {then} batches per epoch, this run has {per_epoch}: data.batch_size, \
+                 data.train_limit or the dataset changed since; resume with the settings the run \
+                 began with, or start over with --fresh"
+            )));
+        }
         let frozen: usize =
             serde_json::from_value(field("frozen_prefix")).map_err(|e| bad(format!("frozen_prefix: {e}")))?;
         let mut opt: OptimizerState =

@@ -23,6 +23,8 @@ pub const VOCAB_FILE: &str = "vocab.json";
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
 /// `ViTImageProcessor`'s configuration.
 pub const PREPROCESSOR_FILE: &str = "preprocessor_config.json";
+/// sentence-transformers' settings, `max_seq_length` among them (BERT with a tokenizer).
+pub const SENTENCE_CONFIG_FILE: &str = "sentence_bert_config.json";
 /// sentence-transformers' module list.
 pub const MODULES_FILE: &str = "modules.json";
 /// Tokenizer files copied from a pretrained BERT's directory when present (`tokenizer.json`
@@ -137,7 +139,7 @@ fn sentence_transformers_files(hidden: usize, pooling: Pooling, max_seq: usize, 
         .map_err(|source| Error::Io { path: pooling_dir.display().to_string(), source })?;
     let files = [
         (dir.join(MODULES_FILE), modules),
-        (dir.join("sentence_bert_config.json"), json!({"max_seq_length": max_seq, "do_lower_case": false})),
+        (dir.join(SENTENCE_CONFIG_FILE), json!({"max_seq_length": max_seq, "do_lower_case": false})),
         (pooling_dir.join("config.json"), pooling_config),
     ];
     files

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
-use super::companions::{PREPROCESSOR_FILE, TOKENIZER_FILE, VOCAB_FILE};
+use super::companions::{PREPROCESSOR_FILE, SENTENCE_CONFIG_FILE, TOKENIZER_FILE, VOCAB_FILE};
 use super::export::{CONFIG_FILE, WEIGHTS_FILE};
 use super::hf_config::{num_labels, parse_hf_config};
 use super::safetensors::load_safetensors;
@@ -34,6 +34,9 @@ pub struct ExportedModel {
     /// What raw pixel values are multiplied by before the model sees them (ViT:
     /// `preprocessor_config.json`'s `rescale_factor`, e.g. 1/255); `None` without that file.
     pub pixel_scale: Option<f64>,
+    /// The longest input the run trained on, in tokens (`sentence_bert_config.json`'s
+    /// `max_seq_length`); `None` without that file.
+    pub max_seq_length: Option<usize>,
 }
 
 /// The error for a file of an export that is missing or not what this engine writes: it names
@@ -90,7 +93,8 @@ pub fn read_export(dir: impl AsRef<Path>) -> Result<ExportedModel> {
         _ => None,
     };
     let tokenizer = Some(dir.join(TOKENIZER_FILE)).filter(|p| p.is_file());
-    Ok(ExportedModel { dir: dir.to_path_buf(), config, weights, labels, tokenizer, chars, pixel_scale })
+    let max_seq_length = read_max_seq_length(&dir.join(SENTENCE_CONFIG_FILE))?;
+    Ok(ExportedModel { dir: dir.to_path_buf(), config, weights, labels, tokenizer, chars, pixel_scale, max_seq_length })
 }
 
 /// Class names from `id2label` (absent: none), checked against `num_labels` and `label2id`.
@@ -210,6 +214,21 @@ fn read_pixel_scale(path: &Path) -> Result<Option<f64>> {
     }
 }
 
+/// `max_seq_length` of sentence-transformers' settings file; `None` without the file.
+fn read_max_seq_length(path: &Path) -> Result<Option<usize>> {
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text =
+        std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.display().to_string(), source })?;
+    let json: Value = serde_json::from_str(&text).map_err(|e| export_error(path, format!("not valid JSON: {e}")))?;
+    match json.get("max_seq_length").map(Value::as_u64) {
+        None => Ok(None),
+        Some(Some(n)) if n > 0 => Ok(Some(n as usize)),
+        Some(_) => Err(export_error(path, "`max_seq_length` is not a positive whole number of tokens")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -267,6 +286,20 @@ mod tests {
         let mut json: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         edit(&mut json);
         std::fs::write(&path, json.to_string()).unwrap();
+    }
+
+    #[test]
+    fn max_seq_length_is_read_and_a_bad_one_refused_by_file() {
+        let labels = labels();
+        let dir = export("max-seq", &tiny_bert(), &ExportExtras { labels: &labels, ..Default::default() });
+        let path = dir.join(SENTENCE_CONFIG_FILE);
+        std::fs::write(&path, r#"{"max_seq_length": 4, "do_lower_case": false}"#).unwrap();
+        assert_eq!(read_export(&dir).unwrap().max_seq_length, Some(4));
+        for (bad, says) in [(r#"{"max_seq_length": 0}"#, "positive whole number"), ("{", "not valid JSON")] {
+            std::fs::write(&path, bad).unwrap();
+            assert!(error_naming(&dir, SENTENCE_CONFIG_FILE).contains(says), "{bad}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
