@@ -645,6 +645,112 @@ fn processes_train_like_one_device_with_loss_and_norm_at_every_step() {
     }
 }
 
+/// A communicator spanning processes, for cpu devices: what NCCL over every GPU of a launched
+/// run is to its processes. Each bucket crosses a process group with one member per replica
+/// of every process.
+struct Spanning(Arc<pipetransformer::comm::process_group::ProcessGroup>);
+
+impl pipetransformer::comm::Communicator<CpuDevice<f32>> for Spanning {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn size(&self) -> usize {
+        self.0.size()
+    }
+    fn name(&self) -> String {
+        "spanning".into()
+    }
+    fn all_reduce_sum(
+        &self,
+        dev: &CpuDevice<f32>,
+        bufs: &mut [&mut <CpuDevice<f32> as Device>::Buf],
+    ) -> pipetransformer::Result<()> {
+        for b in bufs.iter_mut() {
+            let mut v = dev.download(b)?;
+            self.0.all_reduce_sum_f32(&mut v)?;
+            **b = dev.upload(&v)?;
+        }
+        Ok(())
+    }
+    fn broadcast(
+        &self,
+        dev: &CpuDevice<f32>,
+        buf: &mut <CpuDevice<f32> as Device>::Buf,
+        root: usize,
+    ) -> pipetransformer::Result<()> {
+        let mut v = dev.download(buf)?;
+        if self.0.rank() != root {
+            v.fill(0.0);
+        }
+        self.0.all_reduce_sum_f32(&mut v)?;
+        *buf = dev.upload(&v)?;
+        Ok(())
+    }
+}
+
+/// Processes of a launched run whose communicators span them (NCCL over every GPU of the run)
+/// sum each replica of each process once, on those communicators as the backward goes, and
+/// nothing more after the step: loss and gradient norm as one device's at every step, with
+/// one replica per process and with two. Groups that do not fit are refused by name.
+#[test]
+fn communicators_spanning_processes_sum_every_replica_once() {
+    use pipetransformer::comm::Communicator;
+    let config = gpt();
+    let batches = step_batches(&config, 24, 12, 5);
+    let (want, reference) = one_device(&config, &batches);
+    for (procs, r) in [(2, 1), (2, 2)] {
+        let (group, members) = (process_group(procs), process_group(procs * r));
+        let finals: Vec<Vec<(String, Vec<f64>)>> = std::thread::scope(|s| {
+            let handles: Vec<_> = group
+                .iter()
+                .map(|member| {
+                    let (batches, want, config, members) = (&batches, &want, &config, &members);
+                    s.spawn(move || {
+                        let mut p = pipeline(config, cfg(1, r, 2, ScheduleKind::OneFOneB));
+                        p.set_process_group(Some(member.clone())).unwrap();
+                        let mine = |at: usize| -> Vec<Arc<dyn Communicator<CpuDevice<f32>>>> {
+                            (0..r).map(|i| Arc::new(Spanning(members[at * r + i].clone())) as _).collect()
+                        };
+                        if member.rank() == 0 {
+                            // Another process's members, or groups for two stages: refused.
+                            let e = p.set_communicators(Some(vec![mine(1)])).unwrap_err().to_string();
+                            assert!(e.contains(&format!("ranked 0..{r} of {}", procs * r)), "{e}");
+                        }
+                        p.set_communicators(Some(vec![mine(member.rank())])).unwrap();
+                        assert!(p.communicators_span_processes() && p.sums_during_backward());
+                        assert_eq!(p.communicator(), "spanning");
+                        for (step, host) in batches.iter().enumerate() {
+                            let got = p.step(host, 1000 + step as u64, LR, Some(1.0)).unwrap();
+                            let what = format!("{procs} processes R={r}, rank {} step {step}", member.rank());
+                            like_one_device(&what, &got, want[step]);
+                        }
+                        p.parameters(0).unwrap()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for f in &finals {
+            assert_eq!(f, &finals[0], "{procs} processes hold bitwise the same weights");
+        }
+        let rel = params_rel(&finals[0], &reference);
+        assert!(rel <= 1e-5, "{procs} processes R={r}: weights differ from one device by {rel:e}");
+    }
+    // Spanning groups need one stage per process.
+    let group = process_group(2);
+    std::thread::scope(|s| {
+        for member in &group {
+            s.spawn(move || {
+                let mut p = pipeline(&gpt(), cfg(2, 1, 2, ScheduleKind::OneFOneB));
+                p.set_process_group(Some(member.clone())).unwrap();
+                let span = || Arc::new(Spanning(member.clone())) as Arc<dyn Communicator<CpuDevice<f32>>>;
+                let e = p.set_communicators(Some(vec![vec![span()], vec![span()]])).unwrap_err().to_string();
+                assert!(e.contains("pipeline_len = 1"), "{e}");
+            });
+        }
+    });
+}
+
 /// Processes that time their units may cut different stages: each position's buckets then
 /// differ across the processes, so such a step sums after the step, as a whole, instead of on
 /// the per-position rings, and still trains as one device does (loss and gradient norm at

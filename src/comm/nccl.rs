@@ -6,6 +6,7 @@
 
 use super::Communicator;
 use super::nccl_lib::{FLOAT32, NcclLib, SUM, nccl};
+use super::process_group::ProcessGroup;
 use crate::device::GpuDevice;
 use crate::device::gpu::Elem;
 use crate::error::{Error, Result};
@@ -123,6 +124,42 @@ impl NcclCommunicator {
         result
     }
 
+    /// Members `first..first + runtimes.len()` of a group of `size` spanning processes, one per
+    /// GPU of `runtimes` (rank `first + i` on `runtimes[i]`), all joining the group `id` names:
+    /// one `ncclCommInitRank` per GPU inside one NCCL group, which is closed on every path.
+    pub fn ranks(
+        runtimes: &[&crate::device::cuda::CudaRuntime],
+        first: usize,
+        size: usize,
+        id: [u8; ID_BYTES],
+    ) -> Result<Vec<Self>> {
+        let lib = library()?;
+        let id = sys::ncclUniqueId { internal: id.map(|b| b as ::core::ffi::c_char) };
+        let mut comms: Vec<sys::ncclComm_t> = vec![std::ptr::null_mut(); runtimes.len()];
+        // SAFETY: opens a group that is closed below on every path.
+        lib.check("group start", unsafe { (lib.group_start)() })?;
+        let queued = runtimes.iter().zip(&mut comms).enumerate().try_for_each(|(i, (rt, comm))| {
+            rt.bind()?;
+            // SAFETY: NCCL writes the communicator on success; the id is the group's.
+            lib.check("init", unsafe { (lib.comm_init_rank)(comm, size as i32, id, (first + i) as i32) })
+        });
+        // SAFETY: closes the group opened above; the inits complete here.
+        let closed = lib.check("group end", unsafe { (lib.group_end)() });
+        if let Err(e) = queued.and(closed) {
+            for comm in comms.into_iter().filter(|c| !c.is_null()) {
+                // SAFETY: a communicator NCCL created above; its peers may never come.
+                let _ = unsafe { (lib.comm_abort)(comm) };
+            }
+            return Err(e);
+        }
+        comms
+            .into_iter()
+            .zip(runtimes)
+            .enumerate()
+            .map(|(i, (comm, rt))| Self::wrap(lib, comm, rt, first + i, size))
+            .collect()
+    }
+
     /// One communicator per GPU of one process, all in one group (`ncclCommInitAll`): rank `i`
     /// is `runtimes[i]`'s GPU, collectives queue on its stream.
     pub fn group(runtimes: &[&crate::device::cuda::CudaRuntime]) -> Result<Vec<Self>> {
@@ -173,6 +210,46 @@ pub fn pipeline_groups<D: crate::device::Device>(
                 .collect(),
         );
     }
+    let boxed: Box<dyn std::any::Any> = Box::new(groups);
+    Ok(boxed.downcast::<Vec<Vec<std::sync::Arc<dyn Communicator<D>>>>>().ok().map(|b| *b))
+}
+
+/// Communicators spanning the processes of `group` (a launched run, one whole pipeline per
+/// process): one NCCL group over the `R` replicas of every process, process `p`'s replica `r`
+/// ranked `p·R + r`, so each bucket of gradients is summed over every GPU of the run in one
+/// collective, on the GPUs. Rank 0's unique id reaches the others over the group's existing
+/// TCP links. `None` (the process group's host ring then sums) unless every process has
+/// `cuda` devices, NCCL and pipelines of one stage (`k = 1`): the processes agree first, a
+/// collective every one of them makes at the same point.
+#[allow(clippy::type_complexity)]
+pub fn process_groups<D: crate::device::Device>(
+    devices: &[D],
+    k: usize,
+    r: usize,
+    group: &ProcessGroup,
+) -> Result<Option<Vec<Vec<std::sync::Arc<dyn Communicator<D>>>>>> {
+    let runtimes: Option<Vec<&crate::device::cuda::CudaRuntime>> = devices
+        .iter()
+        .take(r)
+        .map(|d| (d as &dyn std::any::Any).downcast_ref::<GpuDevice>().and_then(crate::device::cuda::runtime_of))
+        .collect();
+    let runtimes = runtimes.filter(|rt| k == 1 && rt.len() == r && available());
+    let mut votes = [runtimes.is_some() as u8 as f64];
+    group.all_reduce_sum_f64(&mut votes)?;
+    let Some(runtimes) = runtimes.filter(|_| votes[0] == group.size() as f64) else { return Ok(None) };
+    // Bytes as f64 (exact), rank 0's and zeros elsewhere: the sum is rank 0's id everywhere.
+    let mut shared = [0f64; ID_BYTES];
+    if group.rank() == 0 {
+        for (v, b) in shared.iter_mut().zip(unique_id()?) {
+            *v = f64::from(b);
+        }
+    }
+    group.all_reduce_sum_f64(&mut shared)?;
+    let id = shared.map(|v| v as u8);
+    let members = NcclCommunicator::ranks(&runtimes, group.rank() * r, group.size() * r, id)?;
+    let groups: Vec<Vec<std::sync::Arc<dyn Communicator<GpuDevice>>>> = vec![
+        members.into_iter().map(|c| std::sync::Arc::new(c) as std::sync::Arc<dyn Communicator<GpuDevice>>).collect(),
+    ];
     let boxed: Box<dyn std::any::Any> = Box::new(groups);
     Ok(boxed.downcast::<Vec<Vec<std::sync::Arc<dyn Communicator<D>>>>>().ok().map(|b| *b))
 }
@@ -299,6 +376,34 @@ mod tests {
             note.contains("/nonexistent/nccl/lib/libnccl.so.2") && note.contains("scripts/setup.sh nccl"),
             "{note}"
         );
+    }
+
+    /// Spanning groups are a collective decision: processes whose devices cannot use NCCL
+    /// (here cpu devices, and emulated GPUs) all answer `None`, none left waiting.
+    #[test]
+    fn processes_without_nccl_agree_on_the_host_ring() {
+        use super::super::process_group::ProcessGroup;
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let (addr, secret) = (format!("127.0.0.1:{port}"), super::super::rendezvous::Secret::new("k").unwrap());
+        std::thread::scope(|s| {
+            let members: Vec<_> = (0..2)
+                .map(|rank| {
+                    let (addr, secret) = (&addr, &secret);
+                    s.spawn(move || {
+                        let g = ProcessGroup::join(addr, rank, 2, secret, Duration::from_secs(20)).unwrap();
+                        let cpus = [crate::device::CpuDevice::<f32>::new(rank, 1).unwrap()];
+                        let emus = [crate::device::emu::device(rank, crate::device::Precision::F32, 0).unwrap()];
+                        // One process with cpu devices, the other emulated GPUs: no NCCL either way.
+                        if rank == 0 {
+                            process_groups(&cpus, 1, 1, &g).unwrap().is_none()
+                        } else {
+                            process_groups(&emus, 1, 1, &g).unwrap().is_none()
+                        }
+                    })
+                })
+                .collect();
+            assert!(members.into_iter().all(|h| h.join().unwrap()));
+        });
     }
 
     #[test]

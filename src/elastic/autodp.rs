@@ -1,7 +1,8 @@
 //! AutoDP (PipeTransformer §3.3): devices freed by a shorter pipeline become new data-parallel
 //! replicas in the same process. A new replica receives the frozen and active weights and the
 //! optimizer state of the active parameters from replica 0 (`Pipeline::replan` copies them);
-//! replicas on GPUs sum gradients over NCCL groups rebuilt for the new shape. Data needs no
+//! replicas on GPUs sum gradients over NCCL groups rebuilt for the new shape (in a launched
+//! run, groups over every process's GPUs). Data needs no
 //! re-sharding beyond the step's contiguous split: the activation cache is keyed by sample id,
 //! so a sample's entry never moves when `R` changes.
 //!
@@ -11,7 +12,7 @@
 //! learning rate (the linear scaling rule), with the schedule's clock still counted in source
 //! batches so the run's length does not change.
 
-use crate::comm::nccl::{host_ring_reason, pipeline_groups};
+use crate::comm::nccl::{host_ring_reason, pipeline_groups, process_groups};
 use crate::device::Device;
 use crate::error::Result;
 use crate::pipeline::Pipeline;
@@ -80,8 +81,19 @@ pub fn batches_per_step(policy: BatchPolicy, r: usize, r0: usize) -> usize {
 /// Gives the pipeline NCCL groups for its new shape when its devices are GPUs and NCCL is
 /// installed (the host ring otherwise). Returns what the replicas now sum gradients over, for
 /// the console, with the reason when GPUs fall back to the host ring.
+///
+/// In a process of a launched run (one whole pipeline per process) this is a collective: the
+/// groups may span every process's GPUs ([`process_groups`]), and the processes agree on it.
 pub fn rebuild_communicators<D: Device>(pipeline: &mut Pipeline<D>) -> Result<String> {
     let (k, r) = (pipeline.plan().config.pipeline_len, pipeline.plan().config.replicas);
+    let spanning = match (pipeline.process_group(), pipeline.process_stage()) {
+        (Some(group), None) => process_groups(pipeline.devices(), k, r, group)?,
+        _ => None,
+    };
+    if spanning.is_some() {
+        pipeline.set_communicators(spanning)?;
+        return Ok(pipeline.communicator());
+    }
     let groups = pipeline_groups(pipeline.devices(), k, r)?;
     let nccl = groups.is_some();
     pipeline.set_communicators(groups)?;

@@ -326,10 +326,18 @@ impl<D: Device> Job<D> {
                 });
             }
         }
-        let across = format!("a TCP ring across {} processes", group.size());
+        let size = group.size();
         let pipeline = &mut self.trainer.pipeline;
-        let within = (pipeline.replicas() > 1).then(|| format!("{} within each process, ", self.communicator));
         pipeline.set_process_group(Some(Arc::new(group)))?;
+        // Every process asks at the same point: NCCL over every GPU of the run where all can.
+        let comm = rebuild_communicators(pipeline)?;
+        if pipeline.communicators_span_processes() {
+            self.communicator =
+                format!("{comm} over the GPUs of {size} processes, gradients summed as the backward goes");
+            return Ok(());
+        }
+        let across = format!("a TCP ring across {size} processes");
+        let within = (pipeline.replicas() > 1).then(|| format!("{comm} within each process, "));
         let when = match (pipeline.sums_during_backward(), pipeline.plan().config.pipeline_len > 1) {
             (true, true) => "stage by stage as the backward goes (in steps whose stages every process cut alike)",
             (true, false) => "as the backward goes",

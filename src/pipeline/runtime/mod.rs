@@ -566,15 +566,38 @@ impl<D: Device> Pipeline<D> {
     /// replica `r`'s member of the group of pipeline position `d` (for example NCCL over the
     /// GPUs at that position). `None` goes back to the in-process host ring. The layout must
     /// match the plan; a re-plan that changes `K` or `R` drops them.
+    ///
+    /// A process of a [process group](Self::set_process_group) whose pipelines have one stage
+    /// may pass groups that span the processes instead (NCCL over every GPU of the run):
+    /// `P·R` members, process `p`'s replica `r` ranked `p·R + r`. The workers then sum every
+    /// replica of every process on them as the backward goes, and nothing is summed over the
+    /// process group's host ring after the step. Every process must pass such groups at the
+    /// same point, or none.
     pub fn set_communicators(&mut self, communicators: Option<Vec<Vec<Arc<dyn Communicator<D>>>>>) -> Result<()> {
         if let Some(c) = &communicators {
             let (k, r) = (self.plan.config.pipeline_len, self.plan.config.replicas);
+            let (first, size) = match (&self.process_group, &self.stage_processes) {
+                (Some(g), None) if c.iter().flatten().any(|m| m.size() != r) => (g.rank() * r, g.size() * r),
+                _ => (0, r),
+            };
             let ok = c.len() == k
-                && c.iter().all(|g| g.len() == r && g.iter().enumerate().all(|(i, m)| m.rank() == i && m.size() == r));
+                && c.iter().all(|g| {
+                    g.len() == r && g.iter().enumerate().all(|(i, m)| m.rank() == first + i && m.size() == size)
+                });
             if !ok {
                 return Err(config_error(
                     "communicators",
-                    format!("expected {k} groups (one per pipeline position) of {r} members ranked 0..{r}"),
+                    format!(
+                        "expected {k} groups (one per pipeline position) of {r} members ranked {first}..{} of {size}",
+                        first + r
+                    ),
+                ));
+            }
+            if size > r && k > 1 {
+                return Err(config_error(
+                    "communicators",
+                    "groups spanning processes need one stage per process (pipeline_len = 1): processes may cut \
+                     their stages differently",
                 ));
             }
         }
@@ -582,11 +605,20 @@ impl<D: Device> Pipeline<D> {
         Ok(())
     }
 
+    /// Whether the communicators span the processes of the process group (see
+    /// [`set_communicators`](Self::set_communicators)).
+    pub fn communicators_span_processes(&self) -> bool {
+        let r = self.plan.config.replicas;
+        self.process_group.is_some()
+            && self.communicators.as_ref().is_some_and(|c| c.iter().flatten().any(|m| m.size() > r))
+    }
+
     /// What the replicas sum their gradients over, for the console: `none (one replica)`, the
     /// supplied communicators' name (e.g. NCCL), or the in-process `host ring`.
     pub fn communicator(&self) -> String {
+        let spanning = self.communicators_span_processes();
         match &self.communicators {
-            _ if self.plan.config.replicas < 2 => "none (one replica)".into(),
+            _ if self.plan.config.replicas < 2 && !spanning => "none (one replica)".into(),
             Some(groups) => groups.first().and_then(|g| g.first()).map_or_else(|| "none".into(), |c| c.name()),
             None => "host ring".into(),
         }
@@ -608,6 +640,10 @@ impl<D: Device> Pipeline<D> {
                 "processes",
                 "a pipeline whose stages are processes takes its replicas from its own group",
             ));
+        }
+        if self.communicators_span_processes() {
+            // They span the group being left.
+            self.communicators = None;
         }
         let PipelineConfig { pipeline_len: k, replicas: r, .. } = self.plan.config;
         self.stage_columns = Vec::new();
@@ -633,7 +669,10 @@ impl<D: Device> Pipeline<D> {
     pub fn sums_during_backward(&self) -> bool {
         let PipelineConfig { pipeline_len: k, replicas: r, .. } = self.plan.config;
         self.process_group.is_some()
-            && (self.stage_processes.is_some() || r * k == 1 || (r == 1 && self.stage_columns.len() >= k))
+            && (self.stage_processes.is_some()
+                || r * k == 1
+                || (r == 1 && self.stage_columns.len() >= k)
+                || self.communicators_span_processes())
     }
 
     /// [`sums_during_backward`](Self::sums_during_backward) for the step about to run: with a
@@ -765,7 +804,11 @@ impl<D: Device> Pipeline<D> {
         let grad_scale = if count == 0 { 0.0 } else { 1.0 / count as f64 };
         // Tied copies and other processes add to the gradients after the workers are done.
         let unit_norms = self.tied.is_none() && self.process_group.is_none();
-        let workers_sum_processes = self.sums_this_step_during_backward()?;
+        // Communicators spanning the processes sum them on the workers' device communicators;
+        // otherwise the workers may sum over the process group's rings (or nothing does until
+        // the step ends).
+        let spanning = self.communicators_span_processes();
+        let workers_sum_processes = !spanning && self.sums_this_step_during_backward()?;
         let shared = Shared::new(self.plan.config.pipeline_len * self.plan.config.replicas);
         let ctx = StepContext {
             spec: &self.spec,
@@ -905,7 +948,7 @@ impl<D: Device> Pipeline<D> {
             let mut sum = [loss_sum];
             group.all_reduce_sum_f64(&mut sum)?;
             loss_sum = sum[0];
-            if !workers_sum_processes {
+            if !workers_sum_processes && !spanning {
                 self.all_reduce_across_processes(&group)?;
             }
         }

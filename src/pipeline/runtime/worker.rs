@@ -278,7 +278,9 @@ impl<D: Device> Worker<'_, D> {
         // Whether this device's gradients are summed with other replicas' (on a device
         // communicator, or by the communication thread), and the action that completes each
         // stage's gradients: its last backward, unless zero bubble puts weight gradients after it.
-        let sums = ctx.plan.config.replicas > 1 || self.column.is_some();
+        let sums = ctx.plan.config.replicas > 1
+            || self.column.is_some()
+            || self.communicator.as_ref().is_some_and(|c| c.size() > 1);
         // (With a column this device is its process's only one: nothing to sum on a device
         // communicator, and the column must get every bucket.)
         let comm = self.communicator.clone().filter(|_| self.column.is_none());
