@@ -866,8 +866,8 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
 
     let names: Vec<String> = devices.iter().map(Device::name).collect();
     println!("pipetransformer train: {} on {}", config.output.dir.display(), names.join(", "));
-    // Refused before anything is built (a launched run refuses on rank 0 after joining, so
-    // its peers hear of it at once instead of at the rendezvous' timeout).
+    // Refused before anything is built. In a launched run rank 0, which writes the files,
+    // decides and every process hears it at once (none goes on alone into a collective).
     let refuse_checkpoint = |ckpt: &std::path::Path| {
         anyhow::anyhow!(
             "{} already holds a checkpoint: pass --resume to continue that run or --fresh to start over",
@@ -875,22 +875,33 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
         )
     };
     let ckpt = pipetransformer::run::checkpoint_path(&config);
-    if run.process.is_none() && !run.resume && !run.fresh && ckpt.exists() {
-        return Err(refuse_checkpoint(&ckpt));
-    }
-    let join = |p: &pipetransformer::run::ProcessEnv| {
-        p.join().with_context(|| format!("joining the launched run at {} as rank {}", p.addr, p.rank))
+    let starts_fresh_over = |rank: usize| rank == 0 && !run.resume && !run.fresh && ckpt.exists();
+    let group = match &run.process {
+        Some(p) => {
+            Some(p.join().with_context(|| format!("joining the launched run at {} as rank {}", p.addr, p.rank))?)
+        }
+        None => None,
     };
-    let mut job = match &run.process {
-        Some(p) if config.pipeline.across_processes => {
-            Job::across_processes(devices, config, join(p)?).context("preparing the run")?
+    let mut refused = [f64::from(u8::from(starts_fresh_over(group.as_ref().map_or(0, |g| g.rank()))))];
+    if let Some(g) = &group {
+        g.all_reduce_sum_f64(&mut refused)?;
+    }
+    if refused[0] > 0.0 {
+        return Err(match &group {
+            Some(g) if g.rank() > 0 => anyhow::anyhow!("rank 0 refused to start: {}", refuse_checkpoint(&ckpt)),
+            _ => refuse_checkpoint(&ckpt),
+        });
+    }
+    let mut job = match group {
+        Some(group) if config.pipeline.across_processes => {
+            Job::across_processes(devices, config, group).context("preparing the run")?
         }
         None if config.pipeline.across_processes => {
             bail!("pipeline.across_processes runs one stage per process: start the run with `pipetransformer launch`")
         }
-        Some(p) => {
+        Some(group) => {
             let mut job = Job::new(devices, config).context("preparing the run")?;
-            job.join_process_group(join(p)?)?;
+            job.join_process_group(group)?;
             job
         }
         None => Job::new(devices, config).context("preparing the run")?,
@@ -899,8 +910,6 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
         job.resume().with_context(|| format!("resuming from {}", ckpt.display()))?;
         let p = job.trainer.position;
         println!("resumed at step {} (epoch {}, batch {})", p.step, p.epoch, p.batch);
-    } else if ckpt.exists() && !run.fresh && job.writes_files() {
-        return Err(refuse_checkpoint(&ckpt));
     }
     print!("{}", job.trainer.pipeline.plan());
     println!("communicator: {}", job.communicator);

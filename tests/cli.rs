@@ -620,6 +620,11 @@ fn launched_processes_train_the_weights_one_process_trains() {
         let rel = (num / den).sqrt();
         assert!(rel <= 1e-5, "{procs} processes: weights differ from one process by {rel:e}");
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 5, "one set of files, from rank 0");
+        // Again into the same directory without --fresh: rank 0 refuses, and every process
+        // hears it before anything is built.
+        let again: Vec<&str> = args.iter().copied().filter(|a| *a != "--fresh").collect();
+        let (ok, out) = pipetransformer(&again);
+        assert!(!ok && out.contains("already holds a checkpoint") && out.contains("rank 0 refused to start"), "{out}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
     std::fs::remove_dir_all(&one).unwrap();

@@ -586,6 +586,14 @@ fn pipelined_evaluation_gives_each_batch_what_one_device_gives_it() {
 
 /// `size` members of one process group meeting on loopback, one per thread.
 fn process_group(size: usize) -> Vec<Arc<pipetransformer::comm::process_group::ProcessGroup>> {
+    process_group_waiting(size, std::time::Duration::from_secs(30))
+}
+
+/// [`process_group`] whose collectives wait at most `timeout` for a peer.
+fn process_group_waiting(
+    size: usize,
+    timeout: std::time::Duration,
+) -> Vec<Arc<pipetransformer::comm::process_group::ProcessGroup>> {
     use pipetransformer::comm::process_group::ProcessGroup;
     use pipetransformer::comm::rendezvous::Secret;
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -594,9 +602,7 @@ fn process_group(size: usize) -> Vec<Arc<pipetransformer::comm::process_group::P
         let handles: Vec<_> = (0..size)
             .map(|r| {
                 let (addr, secret) = (&addr, &secret);
-                s.spawn(move || {
-                    Arc::new(ProcessGroup::join(addr, r, size, secret, std::time::Duration::from_secs(30)).unwrap())
-                })
+                s.spawn(move || Arc::new(ProcessGroup::join(addr, r, size, secret, timeout).unwrap()))
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
@@ -749,6 +755,78 @@ fn communicators_spanning_processes_sum_every_replica_once() {
             });
         }
     });
+}
+
+/// A spanning communicator whose collectives wait for a peer that never comes, as NCCL's do
+/// when a process is gone: only an abort ends the wait.
+struct Stuck {
+    rank: usize,
+    size: usize,
+    aborted: std::sync::Mutex<bool>,
+    woken: std::sync::Condvar,
+}
+
+impl pipetransformer::comm::Communicator<CpuDevice<f32>> for Stuck {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn name(&self) -> String {
+        "stuck".into()
+    }
+    fn all_reduce_sum(
+        &self,
+        _: &CpuDevice<f32>,
+        _: &mut [&mut <CpuDevice<f32> as Device>::Buf],
+    ) -> pipetransformer::Result<()> {
+        let mut aborted = self.aborted.lock().unwrap();
+        while !*aborted {
+            aborted = self.woken.wait(aborted).unwrap();
+        }
+        Err(pipetransformer::Error::Device { what: "stuck".into(), message: "aborted".into() })
+    }
+    fn broadcast(
+        &self,
+        _: &CpuDevice<f32>,
+        _: &mut <CpuDevice<f32> as Device>::Buf,
+        _: usize,
+    ) -> pipetransformer::Result<()> {
+        Ok(())
+    }
+    fn abort(&self) {
+        *self.aborted.lock().unwrap() = true;
+        self.woken.notify_all();
+    }
+}
+
+/// A collective on communicators spanning the processes that never ends (a lost peer: NCCL has
+/// no timeout) is aborted by the step's watchdog at the group's timeout, and the step fails
+/// saying so, on every process, instead of hanging.
+#[test]
+fn spanning_collectives_that_never_end_are_aborted_at_the_timeout() {
+    use pipetransformer::comm::Communicator;
+    let config = gpt();
+    let batches = step_batches(&config, 24, 12, 1);
+    let group = process_group_waiting(2, std::time::Duration::from_millis(500));
+    let (done, finished) = std::sync::mpsc::channel();
+    for member in group {
+        let (done, config, host) = (done.clone(), config.clone(), batches[0].clone());
+        // Detached: were the feature gone, these would hang, and the test fails below instead.
+        std::thread::spawn(move || {
+            let mut p = pipeline(&config, cfg(1, 1, 2, ScheduleKind::OneFOneB));
+            p.set_process_group(Some(member.clone())).unwrap();
+            let stuck = Stuck { rank: member.rank(), size: 2, aborted: Default::default(), woken: Default::default() };
+            p.set_communicators(Some(vec![vec![Arc::new(stuck) as Arc<dyn Communicator<CpuDevice<f32>>>]])).unwrap();
+            let _ = done.send(p.step(&host, 1, LR, Some(1.0)).map(|_| ()).map_err(|e| e.to_string()));
+        });
+    }
+    for _ in 0..2 {
+        let got = finished.recv_timeout(std::time::Duration::from_secs(60)).expect("a step hung");
+        let e = got.expect_err("a step whose collectives never end must fail");
+        assert!(e.contains("did not end within") && e.contains("PT_COLLECTIVE_TIMEOUT"), "{e}");
+    }
 }
 
 /// Processes that time their units may cut different stages: each position's buckets then

@@ -10,6 +10,7 @@ pub mod peers;
 pub mod process_group;
 pub mod rendezvous;
 pub mod ring;
+pub mod watchdog;
 
 pub use ring::{RingCommunicator, ring_group};
 
@@ -35,4 +36,9 @@ pub trait Communicator<D: Device>: Send + Sync {
     }
     /// Every member's `buf` becomes `root`'s.
     fn broadcast(&self, dev: &D, buf: &mut D::Buf, root: usize) -> Result<()>;
+    /// Ends this member's collectives, failed: those in flight return errors, later ones fail.
+    /// Called from another thread while a collective may wait for a peer that is gone (NCCL's
+    /// `ncclCommAbort`; the [watchdog](watchdog::Watchdog)). The default, for collectives that
+    /// end with their members (the in-process ring), does nothing.
+    fn abort(&self) {}
 }

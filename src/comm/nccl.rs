@@ -1,8 +1,11 @@
 //! NCCL for the `cuda` backend, through the library [`nccl_lib`](super::nccl_lib) opens: one
-//! communicator per GPU, collectives queued on that GPU's stream (so they order with its
-//! kernels without a host wait). Members find each other through a unique id that rank 0 creates and hands to the
-//! others over a TCP rendezvous ([`rendezvous`]): a 128-byte message, enough for processes on
-//! one node or many.
+//! communicator per GPU, collectives queued on a stream of their own ordered after that GPU's
+//! kernels (so they overlap the rest of the backward without a host wait). In one process
+//! `ncclCommInitAll` makes the group; across the processes of a launched run
+//! ([`process_groups`]) rank 0's 128-byte unique id reaches the others over the process
+//! group's TCP links (or, for callers without one, the TCP [`rendezvous`]). NCCL waits for a
+//! lost peer forever: [`Communicator::abort`] (`ncclCommAbort`) ends such a wait, which the
+//! runtime's [watchdog](super::watchdog) does when the group's timeout passes.
 
 use super::Communicator;
 use super::nccl_lib::{FLOAT32, NcclLib, SUM, nccl};
@@ -13,6 +16,7 @@ use crate::error::{Error, Result};
 use cudarc::driver::CudaStream;
 use cudarc::nccl::sys;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// Bytes of an NCCL unique id.
@@ -54,12 +58,17 @@ pub fn rendezvous(
     })
 }
 
+const LIVE: u8 = 0;
+const FAILED: u8 = 1;
+const ABORTED: u8 = 2;
+
 /// One GPU's member of an NCCL group.
 pub struct NcclCommunicator {
     lib: &'static NcclLib,
-    /// Set when a collective failed: the peers may be gone, so dropping aborts the
-    /// communicator (`ncclCommDestroy` would wait for them).
-    failed: std::sync::atomic::AtomicBool,
+    /// [`LIVE`], [`FAILED`] (a collective failed: the peers may be gone, so dropping aborts
+    /// the communicator, as `ncclCommDestroy` would wait for them) or [`ABORTED`] (already:
+    /// dropping releases nothing more).
+    state: std::sync::atomic::AtomicU8,
     comm: sys::ncclComm_t,
     /// The GPU's compute stream, whose kernels produce the gradients and later read the sums.
     compute: Arc<CudaStream>,
@@ -85,48 +94,15 @@ impl NcclCommunicator {
         size: usize,
         id: [u8; ID_BYTES],
     ) -> Result<Self> {
-        let lib = library()?;
-        runtime.bind()?;
-        let id = sys::ncclUniqueId { internal: id.map(|b| b as ::core::ffi::c_char) };
-        let mut comm = std::ptr::null_mut();
-        // SAFETY: NCCL writes the communicator on success; the id is the group's.
-        lib.check("init", unsafe { (lib.comm_init_rank)(&mut comm, size as i32, id, rank as i32) })?;
-        Self::wrap(lib, comm, runtime, rank, size)
-    }
-
-    /// Member `rank` of `size` around an initialised `comm` on `runtime`'s GPU: collectives on a
-    /// stream of their own, ordered after the compute stream's work.
-    fn wrap(
-        lib: &'static NcclLib,
-        comm: sys::ncclComm_t,
-        runtime: &crate::device::cuda::CudaRuntime,
-        rank: usize,
-        size: usize,
-    ) -> Result<Self> {
-        Ok(Self {
-            lib,
-            failed: false.into(),
-            comm,
-            compute: runtime.stream().clone(),
-            stream: runtime.new_stream()?,
-            rank,
-            size,
-        })
-    }
-}
-
-impl NcclCommunicator {
-    /// Passes `result` on, remembering a failure (see `failed`).
-    fn note(&self, result: Result<()>) -> Result<()> {
-        if result.is_err() {
-            self.failed.store(true, std::sync::atomic::Ordering::Relaxed);
-        }
-        result
+        Ok(Self::ranks(&[runtime], rank, size, id)?.remove(0))
     }
 
     /// Members `first..first + runtimes.len()` of a group of `size` spanning processes, one per
     /// GPU of `runtimes` (rank `first + i` on `runtimes[i]`), all joining the group `id` names:
-    /// one `ncclCommInitRank` per GPU inside one NCCL group, which is closed on every path.
+    /// one `ncclCommInitRank` per GPU inside one NCCL group. What can fail locally (binding a
+    /// GPU, making a stream) is done before the group opens, so an init is never left waiting
+    /// for a rank of this process that was not queued; every communicator made is aborted if
+    /// the group fails.
     pub fn ranks(
         runtimes: &[&crate::device::cuda::CudaRuntime],
         first: usize,
@@ -134,6 +110,7 @@ impl NcclCommunicator {
         id: [u8; ID_BYTES],
     ) -> Result<Vec<Self>> {
         let lib = library()?;
+        let streams = runtimes.iter().map(|rt| rt.bind().and_then(|()| rt.new_stream())).collect::<Result<Vec<_>>>()?;
         let id = sys::ncclUniqueId { internal: id.map(|b| b as ::core::ffi::c_char) };
         let mut comms: Vec<sys::ncclComm_t> = vec![std::ptr::null_mut(); runtimes.len()];
         // SAFETY: opens a group that is closed below on every path.
@@ -152,18 +129,38 @@ impl NcclCommunicator {
             }
             return Err(e);
         }
-        comms
-            .into_iter()
-            .zip(runtimes)
-            .enumerate()
-            .map(|(i, (comm, rt))| Self::wrap(lib, comm, rt, first + i, size))
-            .collect()
+        let made = comms.into_iter().zip(runtimes).zip(streams).enumerate();
+        Ok(made.map(|(i, ((comm, rt), stream))| Self::wrap(lib, comm, rt, stream, first + i, size)).collect())
+    }
+
+    /// Member `rank` of `size` around an initialised `comm` on `runtime`'s GPU: collectives on
+    /// `stream`, ordered after the compute stream's work.
+    fn wrap(
+        lib: &'static NcclLib,
+        comm: sys::ncclComm_t,
+        runtime: &crate::device::cuda::CudaRuntime,
+        stream: Arc<CudaStream>,
+        rank: usize,
+        size: usize,
+    ) -> Self {
+        Self { lib, state: LIVE.into(), comm, compute: runtime.stream().clone(), stream, rank, size }
+    }
+}
+
+impl NcclCommunicator {
+    /// Passes `result` on, remembering a failure (see `state`).
+    fn note(&self, result: Result<()>) -> Result<()> {
+        if result.is_err() {
+            let _ = self.state.compare_exchange(LIVE, FAILED, Ordering::SeqCst, Ordering::SeqCst);
+        }
+        result
     }
 
     /// One communicator per GPU of one process, all in one group (`ncclCommInitAll`): rank `i`
     /// is `runtimes[i]`'s GPU, collectives queue on its stream.
     pub fn group(runtimes: &[&crate::device::cuda::CudaRuntime]) -> Result<Vec<Self>> {
         let lib = library()?;
+        let streams = runtimes.iter().map(|rt| rt.new_stream()).collect::<Result<Vec<_>>>()?;
         let ordinals: Vec<i32> = runtimes.iter().map(|r| r.ordinal() as i32).collect();
         let mut comms: Vec<sys::ncclComm_t> = vec![std::ptr::null_mut(); runtimes.len()];
         // SAFETY: NCCL writes one communicator per listed device into `comms`.
@@ -171,12 +168,8 @@ impl NcclCommunicator {
             (lib.comm_init_all)(comms.as_mut_ptr(), ordinals.len() as i32, ordinals.as_ptr())
         })?;
         let size = runtimes.len();
-        comms
-            .into_iter()
-            .zip(runtimes)
-            .enumerate()
-            .map(|(rank, (comm, rt))| Self::wrap(lib, comm, rt, rank, size))
-            .collect()
+        let made = comms.into_iter().zip(runtimes).zip(streams).enumerate();
+        Ok(made.map(|(rank, ((comm, rt), stream))| Self::wrap(lib, comm, rt, stream, rank, size)).collect())
     }
 }
 
@@ -234,9 +227,8 @@ pub fn process_groups<D: crate::device::Device>(
         .map(|d| (d as &dyn std::any::Any).downcast_ref::<GpuDevice>().and_then(crate::device::cuda::runtime_of))
         .collect();
     let runtimes = runtimes.filter(|rt| k == 1 && rt.len() == r && available());
-    let mut votes = [runtimes.is_some() as u8 as f64];
-    group.all_reduce_sum_f64(&mut votes)?;
-    let Some(runtimes) = runtimes.filter(|_| votes[0] == group.size() as f64) else { return Ok(None) };
+    let everyone = all_agree(group, runtimes.is_some())?;
+    let Some(runtimes) = runtimes.filter(|_| everyone) else { return Ok(None) };
     // Bytes as f64 (exact), rank 0's and zeros elsewhere: the sum is rank 0's id everywhere.
     let mut shared = [0f64; ID_BYTES];
     if group.rank() == 0 {
@@ -252,6 +244,14 @@ pub fn process_groups<D: crate::device::Device>(
     ];
     let boxed: Box<dyn std::any::Any> = Box::new(groups);
     Ok(boxed.downcast::<Vec<Vec<std::sync::Arc<dyn Communicator<D>>>>>().ok().map(|b| *b))
+}
+
+/// Whether every process of `group` `can`: a collective, made by every process at the same
+/// point, so that all go on alike (one NCCL group over all, or none).
+fn all_agree(group: &ProcessGroup, can: bool) -> Result<bool> {
+    let mut votes = [f64::from(u8::from(can))];
+    group.all_reduce_sum_f64(&mut votes)?;
+    Ok(votes[0] == group.size() as f64)
 }
 
 /// Why replicas on `devices` cannot use NCCL, when they are real GPUs (`cuda`) and the library
@@ -275,10 +275,10 @@ fn not_loaded(why: &str) -> String {
 
 impl Drop for NcclCommunicator {
     fn drop(&mut self) {
-        let release = if self.failed.load(std::sync::atomic::Ordering::Relaxed) {
-            self.lib.comm_abort
-        } else {
-            self.lib.comm_destroy
+        let release = match self.state.load(Ordering::SeqCst) {
+            LIVE => self.lib.comm_destroy,
+            FAILED => self.lib.comm_abort,
+            _ => return,
         };
         // SAFETY: the communicator is ours and no collective is in flight once it is dropped.
         let _ = unsafe { release(self.comm) };
@@ -326,6 +326,13 @@ impl Communicator<GpuDevice> for NcclCommunicator {
     }
     fn complete(&self, _dev: &GpuDevice) -> Result<()> {
         self.note(self.compute.join(&self.stream).map_err(|e| stream_error("wait for the all-reduce", e)))
+    }
+    fn abort(&self) {
+        if self.state.swap(ABORTED, Ordering::SeqCst) != ABORTED {
+            // SAFETY: NCCL allows aborting a communicator from another thread while a collective
+            // of it waits; the state makes this the communicator's only release.
+            let _ = unsafe { (self.lib.comm_abort)(self.comm) };
+        }
     }
     fn broadcast(&self, dev: &GpuDevice, buf: &mut crate::device::GpuBuf, root: usize) -> Result<()> {
         check_f32(buf)?;
@@ -378,10 +385,11 @@ mod tests {
         );
     }
 
-    /// Spanning groups are a collective decision: processes whose devices cannot use NCCL
-    /// (here cpu devices, and emulated GPUs) all answer `None`, none left waiting.
+    /// Spanning groups are a collective decision: where one process cannot use NCCL, none
+    /// does, and every process hears so (none is left in an NCCL init the others skip); cpu
+    /// devices and emulated GPUs never can.
     #[test]
-    fn processes_without_nccl_agree_on_the_host_ring() {
+    fn processes_use_nccl_only_when_all_can() {
         use super::super::process_group::ProcessGroup;
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let (addr, secret) = (format!("127.0.0.1:{port}"), super::super::rendezvous::Secret::new("k").unwrap());
@@ -391,18 +399,21 @@ mod tests {
                     let (addr, secret) = (&addr, &secret);
                     s.spawn(move || {
                         let g = ProcessGroup::join(addr, rank, 2, secret, Duration::from_secs(20)).unwrap();
+                        let split = all_agree(&g, rank == 0).unwrap();
+                        let both = all_agree(&g, true).unwrap();
                         let cpus = [crate::device::CpuDevice::<f32>::new(rank, 1).unwrap()];
                         let emus = [crate::device::emu::device(rank, crate::device::Precision::F32, 0).unwrap()];
-                        // One process with cpu devices, the other emulated GPUs: no NCCL either way.
-                        if rank == 0 {
-                            process_groups(&cpus, 1, 1, &g).unwrap().is_none()
-                        } else {
-                            process_groups(&emus, 1, 1, &g).unwrap().is_none()
-                        }
+                        let none = match rank {
+                            0 => process_groups(&cpus, 1, 1, &g).unwrap().is_none(),
+                            _ => process_groups(&emus, 1, 1, &g).unwrap().is_none(),
+                        };
+                        (split, both, none)
                     })
                 })
                 .collect();
-            assert!(members.into_iter().all(|h| h.join().unwrap()));
+            for m in members {
+                assert_eq!(m.join().unwrap(), (false, true, true));
+            }
         });
     }
 

@@ -125,6 +125,11 @@ impl ProcessGroup {
         self.rank
     }
 
+    /// How long a collective waits for a peer.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Processes in the group.
     pub fn size(&self) -> usize {
         self.size

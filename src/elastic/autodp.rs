@@ -1,8 +1,9 @@
 //! AutoDP (PipeTransformer §3.3): devices freed by a shorter pipeline become new data-parallel
 //! replicas in the same process. A new replica receives the frozen and active weights and the
 //! optimizer state of the active parameters from replica 0 (`Pipeline::replan` copies them);
-//! replicas on GPUs sum gradients over NCCL groups rebuilt for the new shape (in a launched
-//! run, groups over every process's GPUs). Data needs no
+//! replicas on GPUs sum gradients over NCCL groups rebuilt for the new shape
+//! ([`rebuild_communicators`], which a launched run also calls to span its processes' GPUs).
+//! Data needs no
 //! re-sharding beyond the step's contiguous split: the activation cache is keyed by sample id,
 //! so a sample's entry never moves when `R` changes.
 //!

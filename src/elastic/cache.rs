@@ -10,9 +10,9 @@
 //! units run without dropout, so an f32 entry is exactly what the forward would give.
 //!
 //! Not reused across processes: a resumed run rebuilds its cache. Each cache spills to a file
-//! of its own (named by process and cache), created empty with the cache and removed with it,
-//! so a second process pointed at the same directory (`plan`, or a run refused because the
-//! directory holds a checkpoint) never touches a live run's spill.
+//! of its own, created new under a name no other cache uses and unlinked at once, so a second
+//! process pointed at the same directory (`plan`, or a run refused because the directory holds
+//! a checkpoint) never touches a live run's spill, and a killed run leaves none behind.
 
 use crate::error::{Result, config_error};
 use crate::files::io_error;
@@ -106,7 +106,13 @@ impl Spill {
             // `create_new`: a file of that name is another cache's (a killed process's whose id
             // came round again): neither truncated nor trusted; the next name is tried.
             match File::options().read(true).write(true).create_new(true).open(&path) {
-                Ok(file) => return Ok(Spill { path, file, len: 0, map: None }),
+                Ok(file) => {
+                    // Unlinked at once: the descriptor and the map go on working, and the
+                    // system frees the bytes when the cache closes it, even in a process
+                    // that is killed (no spill is left behind to pile up).
+                    std::fs::remove_file(&path).map_err(|e| io_error(&path, e))?;
+                    return Ok(Spill { path, file, len: 0, map: None });
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
                 Err(e) => return Err(io_error(&path, e)),
             }
@@ -124,20 +130,13 @@ impl Spill {
     fn read(&mut self, at: u64, len: usize) -> Result<&[u8]> {
         let end = at + len as u64;
         if self.map.as_ref().is_none_or(|m| (m.len() as u64) < end) {
-            // SAFETY: the file is this cache's own, created new under a name no other cache
-            // uses, and only ever grown by it; nothing truncates it while the map lives. Writes after
+            // SAFETY: the file is this cache's own, created new and unlinked at once (no other
+            // process can open it), and only ever grown by it; nothing truncates it while the map lives. Writes after
             // mapping go through the same page cache, so the map sees them.
             self.map = Some(unsafe { memmap2::Mmap::map(&self.file) }.map_err(|e| io_error(&self.path, e))?);
         }
         let map = self.map.as_ref().map(|m| &m[..]).unwrap_or_default();
         Ok(&map[at as usize..end as usize])
-    }
-}
-
-impl Drop for Spill {
-    fn drop(&mut self) {
-        self.map = None;
-        let _ = std::fs::remove_file(&self.path);
     }
 }
 
@@ -378,6 +377,7 @@ mod tests {
             stored.push((host, h));
         }
         assert!(cache.disk_bytes() > 0, "something spilled");
+        assert!(std::fs::read_dir(&d).unwrap().next().is_none(), "the spill is unlinked: a killed run leaves none");
         assert_eq!(cache.entries(), 16);
         // A second cache spilling into the same directory (another process's `plan`, or a run
         // refused at start) comes and goes without touching this one's spill.

@@ -326,25 +326,32 @@ impl<D: Device> Job<D> {
                 });
             }
         }
-        let size = group.size();
         let pipeline = &mut self.trainer.pipeline;
         pipeline.set_process_group(Some(Arc::new(group)))?;
         // Every process asks at the same point: NCCL over every GPU of the run where all can.
         let comm = rebuild_communicators(pipeline)?;
+        self.communicator = self.describe_communicator(comm);
+        Ok(())
+    }
+
+    /// What the gradients are summed over, for the console, given what the replicas of this
+    /// process sum over (`comm`, from [`rebuild_communicators`]).
+    fn describe_communicator(&self, comm: String) -> String {
+        let pipeline = &self.trainer.pipeline;
+        let Some(size) = pipeline.process_group().filter(|_| pipeline.process_stage().is_none()).map(|g| g.size())
+        else {
+            return comm;
+        };
         if pipeline.communicators_span_processes() {
-            self.communicator =
-                format!("{comm} over the GPUs of {size} processes, gradients summed as the backward goes");
-            return Ok(());
+            return format!("{comm} over the GPUs of {size} processes, gradients summed as the backward goes");
         }
-        let across = format!("a TCP ring across {size} processes");
         let within = (pipeline.replicas() > 1).then(|| format!("{comm} within each process, "));
         let when = match (pipeline.sums_during_backward(), pipeline.plan().config.pipeline_len > 1) {
             (true, true) => "stage by stage as the backward goes (in steps whose stages every process cut alike)",
             (true, false) => "as the backward goes",
             (false, _) => "after each step",
         };
-        self.communicator = format!("{}{across}, gradients summed {when}", within.unwrap_or_default());
-        Ok(())
+        format!("{}a TCP ring across {size} processes, gradients summed {when}", within.unwrap_or_default())
     }
 
     /// Whether this process writes the run's files (not a launched run's ranks above 0).
@@ -513,7 +520,9 @@ impl<D: Device> Job<D> {
         self.elastic.restore(state)?;
         self.elastic.restore_tensors(tensors);
         if self.trainer.pipeline.process_stage().is_none() {
-            self.communicator = rebuild_communicators(&mut self.trainer.pipeline)?;
+            // (A collective in a launched run: every process resumes at the same point.)
+            let comm = rebuild_communicators(&mut self.trainer.pipeline)?;
+            self.communicator = self.describe_communicator(comm);
         }
         self.resumed = true;
         Ok(())

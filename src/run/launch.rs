@@ -5,8 +5,9 @@
 //! (`PT_RDZV_TOKEN`); each process finds the others at the rendezvous, trains its shard of
 //! every global batch ([`ProcessGroup`]), and only rank 0 writes the run's files. The launcher
 //! watches its children: the first to fail ends the launch with its rank and status, and the
-//! rest, whose collectives fail as soon as a peer's connection closes, are stopped if they
-//! have not ended by themselves within [`GRACE`].
+//! rest are stopped if they have not ended by themselves within [`GRACE`]. (Their TCP
+//! collectives fail as soon as a peer's connection closes; an NCCL collective waits until the
+//! step's watchdog aborts it, at the group's timeout.)
 
 use crate::comm::process_group::{COLLECTIVE_TIMEOUT, ProcessGroup};
 use crate::comm::rendezvous::Secret;

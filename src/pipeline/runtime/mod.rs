@@ -31,9 +31,10 @@ use super::partition::UnitProfile;
 use super::plan::{PipelineConfig, Plan};
 use super::trace::StepTrace;
 use crate::comm::process_group::ProcessGroup;
+use crate::comm::watchdog::Watchdog;
 use crate::comm::{Communicator, RingCommunicator, ring_group};
 use crate::device::{Device, HostPool};
-use crate::error::{Result, config_error, data_error, internal};
+use crate::error::{Error, Result, config_error, data_error, internal};
 use crate::model::{Batch, Hidden, HostBatch, Model, ModelParts, Spec, Unit, head_loss};
 use crate::optim::{Optimizer, OptimizerConfig};
 use mailbox::Shared;
@@ -605,6 +606,29 @@ impl<D: Device> Pipeline<D> {
         Ok(())
     }
 
+    /// With communicators spanning the processes, a watchdog for one step: NCCL has no
+    /// timeout of its own, so past the group's it aborts them and hangs up, and a lost peer
+    /// ends the step with an error instead of a hang.
+    fn spanning_watchdog(&self, group: &Arc<ProcessGroup>) -> Option<Watchdog> {
+        if !self.communicators_span_processes() {
+            return None;
+        }
+        let comms: Vec<Arc<dyn Communicator<D>>> = self.communicators.iter().flatten().flatten().cloned().collect();
+        let group = group.clone();
+        Some(Watchdog::start(group.timeout(), move || {
+            comms.iter().for_each(|c| c.abort());
+            group.hang_up();
+        }))
+    }
+
+    /// Aborts communicators that span the processes (their collectives may wait for a peer
+    /// that is gone); does nothing to in-process ones.
+    fn abort_spanning_communicators(&self) {
+        if self.communicators_span_processes() {
+            self.communicators.iter().flatten().flatten().for_each(|c| c.abort());
+        }
+    }
+
     /// Whether the communicators span the processes of the process group (see
     /// [`set_communicators`](Self::set_communicators)).
     pub fn communicators_span_processes(&self) -> bool {
@@ -663,7 +687,8 @@ impl<D: Device> Pipeline<D> {
 
     /// Whether the other processes' gradients are summed by the workers as each stage's
     /// backward ends (else after the step, all at once): when the stages are processes, or
-    /// this process runs one worker, or one pipeline with a ring per position (above). In the
+    /// this process runs one worker, or one pipeline with a ring per position (above), or the
+    /// communicators span the processes ([`set_communicators`](Self::set_communicators)). In the
     /// last case each step first checks that every process cut the same stages (processes
     /// that time their units may not): where one did not, that step sums after it.
     pub fn sums_during_backward(&self) -> bool {
@@ -744,18 +769,38 @@ impl<D: Device> Pipeline<D> {
         }
         let out = match self.process_group.clone() {
             None => self.step_shard(host, host.target_count(), options),
-            Some(group) if host.batch < group.size() => Err(config_error(
+            // Checked on the global batch, alike on every process (none goes on into a
+            // collective that another has left).
+            Some(group) if host.batch < group.size() * self.plan.config.replicas => Err(config_error(
                 "processes",
-                format!("a batch of {} samples cannot feed {} processes", host.batch, group.size()),
+                format!(
+                    "a batch of {} samples cannot feed {} processes of {} replica(s)",
+                    host.batch,
+                    group.size(),
+                    self.plan.config.replicas
+                ),
             )),
             Some(group) => {
+                let watchdog = self.spanning_watchdog(&group);
                 let shard = host.split(group.size()).map(|mut s| s.swap_remove(group.rank()));
-                shard.and_then(|shard| self.step_shard(&shard, host.target_count(), options))
+                let out = shard.and_then(|shard| self.step_shard(&shard, host.target_count(), options));
+                match watchdog.map(Watchdog::stop) {
+                    Some(true) => Err(Error::Device {
+                        what: "process group".into(),
+                        message: format!(
+                            "the step's collectives did not end within {:?} (PT_COLLECTIVE_TIMEOUT): a peer \
+                             process is gone or stalled; its NCCL communicators were aborted",
+                            group.timeout()
+                        ),
+                    }),
+                    _ => out,
+                }
             }
         };
-        if out.is_err() && (across || !self.stage_columns.is_empty()) {
+        if out.is_err() && (across || !self.stage_columns.is_empty() || self.communicators_span_processes()) {
             // The others must not wait for this process (a stage's message, a ring's sum):
-            // they fail at once, naming it.
+            // they fail at once, naming it. (NCCL's waits end at their own watchdog's timeout.)
+            self.abort_spanning_communicators();
             self.hang_up_processes();
         }
         out
