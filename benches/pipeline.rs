@@ -2,7 +2,8 @@
 //! many cores as devices):
 //!
 //! 1. measured bubble against the schedule's formula, GPipe and 1F1B, with stages balanced by
-//!    measured unit times;
+//!    measured unit times, and the measured step against the cluster simulator's (the plan's
+//!    schedule played against the same unit profiles, free links);
 //! 2. the runtime's own cost per action (sends and all-reduce starts of small tensors);
 //! 3. the in-process ring all-reduce against a plain memory copy of the same bytes;
 //! 4. the process group's TCP ring (what `pipetransformer launch` sums gradients with; here its
@@ -16,7 +17,7 @@ use pipetransformer::comm::ring_group;
 use pipetransformer::device::CpuDevice;
 use pipetransformer::model::{GptConfig, Model, ModelConfig};
 use pipetransformer::optim::OptimizerConfig;
-use pipetransformer::pipeline::profile_units;
+use pipetransformer::pipeline::{CostModel, Link, profile_units, simulate};
 use pipetransformer::pipeline::{Pipeline, PipelineConfig, ScheduleKind};
 use std::time::Instant;
 
@@ -110,8 +111,10 @@ fn model_config() -> ModelConfig {
 fn bubble(k: usize) {
     let config = model_config();
     println!("## bubble: measured vs formula (idle fraction of the step, GPipe convention)\n");
-    println!("| schedule | K | M | step ms | measured bubble | formula | difference | mean non-compute action µs |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!(
+        "| schedule | K | M | step ms | pipelined part ms | simulated ms | measured bubble | simulated | formula | difference | mean non-compute action µs |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for schedule in [ScheduleKind::Gpipe, ScheduleKind::OneFOneB] {
         for m in [2 * k, 4 * k] {
             let devices: Vec<CpuDevice<f32>> = (0..k).map(|i| CpuDevice::new(i, 1).unwrap()).collect();
@@ -122,21 +125,28 @@ fn bubble(k: usize) {
             let plan = PipelineConfig { pipeline_len: k, micro_batches: m, schedule, ..Default::default() };
             let mut p = Pipeline::new(devices, model, OptimizerConfig::adamw(), plan, &profiles).unwrap();
             p.step(&host, 1, 1e-4, None).unwrap(); // warm-up: buffer pools
-            let mut runs: Vec<(f64, f64, f64)> = (0..5)
+            let mut runs: Vec<(f64, f64, f64, f64)> = (0..5)
                 .map(|i| {
                     let t = Instant::now();
                     let s = p.step(&host, 2 + i, 1e-4, None).unwrap();
                     let trace = &s.trace;
-                    (t.elapsed().as_secs_f64(), trace.bubble(), trace.mean_overhead())
+                    (t.elapsed().as_secs_f64(), trace.pipeline_end(), trace.bubble(), trace.mean_overhead())
                 })
                 .collect();
             runs.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let (secs, measured, overhead) = runs[runs.len() / 2];
+            let (secs, pipelined, measured, overhead) = runs[runs.len() / 2];
             let formula = p.plan().schedule.bubble_formula();
+            // The simulator's step: what the profiles the plan was cut from predict, before
+            // the runtime's own costs (transfers, the step's tail).
+            let costs = CostModel::from_profiles(p.plan(), &profiles, Link::INSTANT).unwrap();
+            let simulated = simulate(&p.plan().schedule, &costs).unwrap();
             println!(
-                "| {schedule} | {k} | {m} | {:.1} | {:.1}% | {:.1}% | {:+.1} pp | {:.1} |",
+                "| {schedule} | {k} | {m} | {:.1} | {:.1} | {:.1} | {:.1}% | {:.1}% | {:.1}% | {:+.1} pp | {:.1} |",
                 secs * 1e3,
+                pipelined * 1e3,
+                simulated.makespan() * 1e3,
                 100.0 * measured,
+                100.0 * simulated.bubble(),
                 100.0 * formula,
                 100.0 * (measured - formula),
                 overhead * 1e6

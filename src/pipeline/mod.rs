@@ -6,6 +6,7 @@
 //! | [`partition`] | `partition` (exact min-max split of the units under a memory limit, a frozen prefix pinned to stage 0), `Partition` |
 //! | [`plan`] | `PipelineConfig` (K, R, M, schedule, chunks, memory limit), `Plan` (checked, printable) |
 //! | [`schedule`] | the schedule IR (`Action`, `Schedule`), the GPipe / 1F1B / interleaved / zero-bubble generators, the validator |
+//! | [`simulate`](mod@simulate) | the cluster simulator: `simulate` (a schedule played against a `CostModel` of stage times and a `Link`) → `Simulation` (time line, makespan, bubble) |
 //! | [`runtime`] | `Pipeline` (a model spread over devices: `step`, `evaluate`, `replan`, `freeze_prefix`, `gather`), `Fault`, `PipelineStep` |
 //! | [`trace`] | `StepTrace` (per-action times, measured bubble), `ChromeTrace` (Perfetto/chrome://tracing JSON) |
 
@@ -14,6 +15,7 @@ pub mod plan;
 pub mod profile;
 pub mod runtime;
 pub mod schedule;
+pub mod simulate;
 pub mod trace;
 
 pub use partition::{Partition, partition};
@@ -21,3 +23,4 @@ pub use plan::{PipelineConfig, Plan};
 pub use profile::{UnitProfile, profile_units, unit_profiles};
 pub use runtime::{EvalOutput, Fault, Pipeline, PipelineStep, StepOptions};
 pub use schedule::{Action, MessageKey, Piece, Schedule, ScheduleKind};
+pub use simulate::{CostModel, Link, Simulation, simulate};

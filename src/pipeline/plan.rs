@@ -4,6 +4,7 @@
 
 use super::partition::{Partition, UnitProfile, partition};
 use super::schedule::{Schedule, ScheduleKind};
+use super::simulate::{CostModel, Link, Simulation, simulate};
 use crate::error::{Result, config_error};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -186,6 +187,12 @@ impl Plan {
             .sum();
         1.0 - busy / (k as f64 * step)
     }
+
+    /// One replica's step as the cluster simulator plays it from the stage times alone, with
+    /// free links (what a printed plan knows; [`CostModel::from_stage_times`]).
+    pub fn simulate(&self) -> Result<Simulation> {
+        simulate(&self.schedule, &CostModel::from_stage_times(self, Link::INSTANT))
+    }
 }
 
 /// Per stage, the micro-batches' worth of activations in flight at the peak: pieces, counted
@@ -231,6 +238,12 @@ impl fmt::Display for Plan {
             100.0 * self.predicted_bubble(),
             100.0 * self.schedule.bubble_formula()
         )?;
+        match self.simulate() {
+            Ok(sim) => {
+                writeln!(f, "simulated: step {:.3} ms, bubble {:.1}%", sim.makespan() * 1e3, 100.0 * sim.bubble())?
+            }
+            Err(e) => writeln!(f, "simulated: {e}")?,
+        }
         for (d, list) in self.schedule.per_device.iter().enumerate() {
             let compact: Vec<String> = list
                 .iter()

@@ -736,6 +736,7 @@ fn with_communication(tasks: &[Task], k: usize, s_count: usize) -> Vec<Action> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pipeline::simulate::{CostModel, Link, simulate};
 
     const KINDS: [(ScheduleKind, usize); 5] = [
         (ScheduleKind::Gpipe, 1),
@@ -745,29 +746,12 @@ mod tests {
         (ScheduleKind::ZeroBubble, 1),
     ];
 
-    /// The time the lists take when every forward, backward and put-off weight gradient lasts
-    /// what `duration` says, sends are instant and each receive waits for its send.
-    fn makespan(s: &Schedule, duration: impl Fn(&Action) -> u64) -> u64 {
-        let (mut pc, mut clock) = (vec![0usize; s.devices], vec![0u64; s.devices]);
-        let mut sent: HashMap<MessageKey, u64> = HashMap::new();
-        while pc.iter().zip(&s.per_device).any(|(&p, l)| p < l.len()) {
-            for (d, list) in s.per_device.iter().enumerate() {
-                while let Some(a) = list.get(pc[d]) {
-                    match (a, a.message()) {
-                        (Action::RecvActivation { .. } | Action::RecvGrad { .. }, Some((key, _))) => {
-                            let Some(&at) = sent.get(&key) else { break };
-                            clock[d] = clock[d].max(at);
-                        }
-                        (_, Some((key, _))) => {
-                            sent.insert(key, clock[d]);
-                        }
-                        _ => clock[d] += duration(a),
-                    }
-                    pc[d] += 1;
-                }
-            }
-        }
-        clock.into_iter().max().unwrap_or(0)
+    /// The time the lists take when every forward, backward and put-off weight gradient of
+    /// every stage lasts `f`, `b` and `w`, with instant messages.
+    fn makespan(s: &Schedule, f: f64, b: f64, w: f64) -> f64 {
+        let costs = |t| vec![t; s.stages];
+        let model = CostModel { forward: costs(f), backward: costs(b), weights: costs(w), link: Link::INSTANT };
+        simulate(s, &model).unwrap().makespan()
     }
 
     /// ZB-H1: each backward's weight gradients follow it, a stage's in the order of its
@@ -786,18 +770,14 @@ mod tests {
                 let w = list.iter().filter(|a| matches!(a, Action::BackwardWeights { .. })).count();
                 assert_eq!((b, w), (m, m), "K={k} M={m}");
             }
-            let split = makespan(&zb, |a| a.is_compute() as u64);
-            let whole = makespan(&one, |a| match a {
-                Action::Forward { .. } => 1,
-                Action::Backward { .. } => 2,
-                _ => 0,
-            });
-            let (k, m) = (k as u64, m as u64);
-            assert_eq!(whole, 3 * m + 3 * (k - 1), "1F1B K={k} M={m}");
+            let split = makespan(&zb, 1.0, 1.0, 1.0);
+            let whole = makespan(&one, 1.0, 2.0, 0.0);
+            let (k, m) = (k as f64, m as f64);
+            assert_eq!(whole, 3.0 * m + 3.0 * (k - 1.0), "1F1B K={k} M={m}");
             if m >= k {
-                assert_eq!(split, 3 * m + (k - 1), "zb-h1 K={k} M={m}");
+                assert_eq!(split, 3.0 * m + (k - 1.0), "zb-h1 K={k} M={m}");
             }
-            assert!(split < whole || k == 1, "K={k} M={m}: {split} vs {whole}");
+            assert!(split < whole || k == 1.0, "K={k} M={m}: {split} vs {whole}");
         }
         let f = Schedule::generate(ScheduleKind::ZeroBubble, 4, 1, 8, 1).unwrap().bubble_formula();
         assert!((f - 3.0 / 27.0).abs() < 1e-12, "pipelines.md §C.1: (p−1)/(3m) = 0.125 idle per busy");
