@@ -2,8 +2,11 @@
 //! seeds), and `hash_u64`, the counter-based hash dropout masks are drawn from so that a kernel on
 //! any backend can recompute the same mask from (seed, element index) without storing it.
 
+/// SplitMix64's increment (2⁶⁴ divided by the golden ratio, odd).
+const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
 /// SplitMix64: tiny, fast, statistically fine for initialisation and shuffling, and its whole
-/// state is one `u64`, so checkpoints store it exactly.
+/// state is one `u64`, so checkpoints store it exactly (and a stream skips ahead in O(1)).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Rng {
     state: u64,
@@ -16,7 +19,7 @@ impl Rng {
     }
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        self.state = self.state.wrapping_add(GAMMA);
         mix64(self.state)
     }
     /// Uniform in [0, 1), 53 bits.
@@ -28,7 +31,11 @@ impl Rng {
         // Lemire's multiply-shift; the bias (< n / 2^64) is irrelevant at our sizes.
         ((self.next_u64() as u128 * n as u128) >> 64) as u64
     }
-    /// Standard normal, by Box–Muller.
+    /// Moves the stream past its next `n` values, as `n` calls of `next_u64` would.
+    pub fn skip(&mut self, n: u64) {
+        self.state = self.state.wrapping_add(n.wrapping_mul(GAMMA));
+    }
+    /// Standard normal, by Box–Muller (two of the stream's values).
     pub fn normal(&mut self) -> f64 {
         let u1 = 1.0 - self.uniform(); // (0, 1]: ln is finite
         let u2 = self.uniform();
@@ -62,7 +69,7 @@ pub fn mix64(mut z: u64) -> u64 {
 /// Counter-based hash of (seed, counter): the same bits on every backend and thread order.
 #[inline(always)]
 pub fn hash_u64(seed: u64, counter: u64) -> u64 {
-    mix64(seed ^ mix64(counter.wrapping_add(0x9E37_79B9_7F4A_7C15)))
+    mix64(seed ^ mix64(counter.wrapping_add(GAMMA)))
 }
 
 /// FNV-1a, 64-bit, continuing from `h` (start from [`FNV_OFFSET`]): tiny and dependency-free;
@@ -76,3 +83,23 @@ pub fn fnv1a(bytes: &[u8], mut h: u64) -> u64 {
 }
 /// FNV-1a's offset basis.
 pub const FNV_OFFSET: u64 = 0xCBF2_9CE4_8422_2325;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skip_moves_the_stream_as_draws_do() {
+        for n in [0u64, 1, 2, 7, 1 << 40] {
+            let (mut drawn, mut skipped) = (Rng::new(3), Rng::new(3));
+            for _ in 0..n.min(1000) {
+                drawn.next_u64();
+            }
+            if n > 1000 {
+                drawn.skip(n - 1000);
+            }
+            skipped.skip(n);
+            assert_eq!(drawn.next_u64(), skipped.next_u64(), "n = {n}");
+        }
+    }
+}

@@ -10,6 +10,7 @@ use super::batch::{Batch, DropoutLayout};
 use super::config::{NormPlacement, Spec};
 use super::dropout::DropoutSite;
 use super::embedding::missing_saved;
+use super::init::Init;
 use super::kv_arena::{Kv, KvArena};
 use super::layers::{Held, INIT_STD, LayerNorm, LayerNormSaved, Linear, clone_buf, len_of};
 use super::param::Param;
@@ -17,7 +18,6 @@ use crate::device::Device;
 use crate::error::Result;
 use crate::ops::attention::AttentionDims;
 use crate::ops::gelu::Activation;
-use crate::rng::Rng;
 use std::sync::Arc;
 
 /// A branch's LayerNorm, output dropout and skip connection.
@@ -181,7 +181,7 @@ impl<D: Device> AttentionUnit<D> {
     /// `out_std_scale`, GPT-2's `1/√(2·layers)`), LayerNorm at 1/0.
     pub fn new(
         dev: &D,
-        rng: &mut Rng,
+        init: &mut Init,
         names: &AttentionNames,
         spec: &Spec,
         out_std_scale: f64,
@@ -190,10 +190,10 @@ impl<D: Device> AttentionUnit<D> {
     ) -> Result<Self> {
         let c = spec.hidden;
         Ok(Self {
-            query: Linear::new(dev, rng, &names.query, c, c, INIT_STD)?,
-            key: Linear::new(dev, rng, &names.key, c, c, INIT_STD)?,
-            value: Linear::new(dev, rng, &names.value, c, c, INIT_STD)?,
-            output: Linear::new(dev, rng, &names.output, c, c, INIT_STD * out_std_scale)?,
+            query: Linear::new(dev, init, &names.query, c, c, INIT_STD)?,
+            key: Linear::new(dev, init, &names.key, c, c, INIT_STD)?,
+            value: Linear::new(dev, init, &names.value, c, c, INIT_STD)?,
+            output: Linear::new(dev, init, &names.output, c, c, INIT_STD * out_std_scale)?,
             residual: Residual {
                 norm: LayerNorm::new(dev, &names.norm, c, spec.eps)?,
                 placement: spec.norm,
@@ -368,15 +368,15 @@ impl<D: Device> MlpUnit<D> {
     /// A unit with N(0, 0.02²) weights (`fc_out` scaled by `out_std_scale`), zero biases.
     pub fn new(
         dev: &D,
-        rng: &mut Rng,
+        init: &mut Init,
         names: &MlpNames,
         spec: &Spec,
         out_std_scale: f64,
         dropout: DropoutSite,
     ) -> Result<Self> {
         Ok(Self {
-            fc_in: Linear::new(dev, rng, &names.fc_in, spec.hidden, spec.mlp_hidden, INIT_STD)?,
-            fc_out: Linear::new(dev, rng, &names.fc_out, spec.mlp_hidden, spec.hidden, INIT_STD * out_std_scale)?,
+            fc_in: Linear::new(dev, init, &names.fc_in, spec.hidden, spec.mlp_hidden, INIT_STD)?,
+            fc_out: Linear::new(dev, init, &names.fc_out, spec.mlp_hidden, spec.hidden, INIT_STD * out_std_scale)?,
             residual: Residual {
                 norm: LayerNorm::new(dev, &names.norm, spec.hidden, spec.eps)?,
                 placement: spec.norm,

@@ -3,12 +3,12 @@
 
 use super::batch::{Batch, DropoutLayout};
 use super::dropout::DropoutSite;
-use super::layers::{Held, INIT_STD, LayerNorm, LayerNormSaved, Linear, len_of, normal_init};
+use super::init::Init;
+use super::layers::{Held, INIT_STD, LayerNorm, LayerNormSaved, Linear, len_of};
 use super::param::Param;
 use crate::device::Device;
 use crate::error::{Error, Result, data_error};
 use crate::ops::patch::PatchDims;
-use crate::rng::Rng;
 
 /// How the embedding unit turns inputs into hidden states.
 pub enum EmbeddingKind<D: Device> {
@@ -71,7 +71,7 @@ impl<D: Device> EmbeddingUnit<D> {
     #[allow(clippy::too_many_arguments)]
     pub fn tokens(
         dev: &D,
-        rng: &mut Rng,
+        init: &mut Init,
         names: [&str; 4],
         vocab: usize,
         max_positions: usize,
@@ -81,16 +81,18 @@ impl<D: Device> EmbeddingUnit<D> {
         dropout: DropoutSite,
     ) -> Result<Self> {
         let [word_name, position_name, type_name, norm_name] = names;
-        let word = Param::new(dev, word_name, &[vocab, dim], &normal_init(rng, vocab * dim, INIT_STD), true)?;
+        let word = Param::new(dev, word_name, &[vocab, dim], &init.normal(word_name, vocab * dim, INIT_STD), true)?;
         let position = Param::new(
             dev,
             position_name,
             &[max_positions, dim],
-            &normal_init(rng, max_positions * dim, INIT_STD),
+            &init.normal(position_name, max_positions * dim, INIT_STD),
             true,
         )?;
         let token_type = match type_vocab {
-            Some(tv) => Some(Param::new(dev, type_name, &[tv, dim], &normal_init(rng, tv * dim, INIT_STD), true)?),
+            Some(tv) => {
+                Some(Param::new(dev, type_name, &[tv, dim], &init.normal(type_name, tv * dim, INIT_STD), true)?)
+            }
             None => None,
         };
         let norm = match norm_eps {
@@ -103,7 +105,7 @@ impl<D: Device> EmbeddingUnit<D> {
     /// ViT patch embeddings with Hugging Face names under `vit.embeddings.`.
     pub fn patches(
         dev: &D,
-        rng: &mut Rng,
+        init: &mut Init,
         channels: usize,
         image_size: usize,
         patch: usize,
@@ -113,19 +115,21 @@ impl<D: Device> EmbeddingUnit<D> {
         let n = (image_size / patch).pow(2);
         let projection = Linear::with_shape(
             dev,
-            rng,
+            init,
             "vit.embeddings.patch_embeddings.projection",
             channels * patch * patch,
             dim,
             INIT_STD,
             &[dim, channels, patch, patch],
         )?;
-        let cls = Param::new(dev, "vit.embeddings.cls_token", &[1, 1, dim], &normal_init(rng, dim, INIT_STD), true)?;
+        let cls_name = "vit.embeddings.cls_token";
+        let cls = Param::new(dev, cls_name, &[1, 1, dim], &init.normal(cls_name, dim, INIT_STD), true)?;
+        let position_name = "vit.embeddings.position_embeddings";
         let position = Param::new(
             dev,
-            "vit.embeddings.position_embeddings",
+            position_name,
             &[1, n + 1, dim],
-            &normal_init(rng, (n + 1) * dim, INIT_STD),
+            &init.normal(position_name, (n + 1) * dim, INIT_STD),
             true,
         )?;
         Ok(Self {

@@ -1,6 +1,7 @@
 //! The two parameterised building blocks units are made of, `Linear` and `LayerNorm`, each a
 //! forward/backward pair over the device's ops that knows its own parameters.
 
+use super::init::Init;
 use super::param::Param;
 use crate::device::Device;
 use crate::error::Result;
@@ -87,22 +88,22 @@ impl<D: Device> Linear<D> {
     /// A layer named `name` (parameters `name.weight`, `name.bias`), weights N(0, std²),
     /// bias zero. `weight_shape` is the shape reported for the weight (ViT's patch projection is
     /// stored as a conv weight `[out, ch, p, p]`).
-    pub fn new(dev: &D, rng: &mut Rng, name: &str, in_dim: usize, out_dim: usize, std: f64) -> Result<Self> {
-        Self::with_shape(dev, rng, name, in_dim, out_dim, std, &[out_dim, in_dim])
+    pub fn new(dev: &D, init: &mut Init, name: &str, in_dim: usize, out_dim: usize, std: f64) -> Result<Self> {
+        Self::with_shape(dev, init, name, in_dim, out_dim, std, &[out_dim, in_dim])
     }
 
     /// [`Linear::new`] with an explicit shape for the weight (same number of elements).
     pub fn with_shape(
         dev: &D,
-        rng: &mut Rng,
+        init: &mut Init,
         name: &str,
         in_dim: usize,
         out_dim: usize,
         std: f64,
         weight_shape: &[usize],
     ) -> Result<Self> {
-        let weight =
-            Param::new(dev, format!("{name}.weight"), weight_shape, &normal_init(rng, in_dim * out_dim, std), true)?;
+        let name_w = format!("{name}.weight");
+        let weight = Param::new(dev, &name_w, weight_shape, &init.normal(&name_w, in_dim * out_dim, std), true)?;
         let bias = Some(Param::new(dev, format!("{name}.bias"), &[out_dim], &vec![0.0; out_dim], false)?);
         Ok(Self { weight, bias, in_dim, out_dim, deferred: None })
     }
@@ -319,8 +320,8 @@ mod tests {
         let (rows, inp, out) = (5, 3, 4);
         let x = dev.upload(&normal_init(&mut rng, rows * inp, 1.0)).unwrap();
         let dy = dev.upload(&normal_init(&mut rng, rows * out, 1.0)).unwrap();
-        let layer = |rng: &mut Rng| {
-            let mut l = Linear::new(&dev, rng, "l", inp, out, 0.5).unwrap();
+        let layer = |init: &mut Init| {
+            let mut l = Linear::new(&dev, init, "l", inp, out, 0.5).unwrap();
             for p in l.params_mut() {
                 p.grad = Some(dev.upload(&vec![0.25; D::len(&p.value)]).unwrap());
             }
@@ -330,7 +331,7 @@ mod tests {
         let grads = |l: &Linear<D>| -> Vec<Vec<f32>> {
             [&l.weight, l.bias.as_ref().unwrap()].iter().map(|p| p.grad.as_ref().unwrap().to_vec()).collect()
         };
-        let (mut now, mut later) = (layer(&mut Rng::new(1)), layer(&mut Rng::new(1)));
+        let (mut now, mut later) = (layer(&mut Init::new(1)), layer(&mut Init::new(1)));
         later.defer_weight_grads(true);
         for _ in 0..2 {
             let a = now.backward(&dev, Held::Lent(&dy), Held::Lent(&x), rows, true).unwrap();

@@ -11,6 +11,7 @@ pub mod config;
 pub mod dropout;
 pub mod embedding;
 pub mod head;
+pub mod init;
 pub mod kv_arena;
 pub mod layers;
 pub mod param;
@@ -29,11 +30,11 @@ pub use unit::{Saved, Unit, UnitCost};
 
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::rng::Rng;
 use block::{AttentionNames, AttentionUnit, MlpNames, MlpUnit};
 use dropout::DropoutSite;
 use embedding::EmbeddingUnit;
 use head::{FinalNormUnit, HeadKind, HeadUnit};
+use init::{Deferred, Init};
 use layers::{INIT_STD, LayerNorm, Linear};
 
 /// A model: its validated spec and its units, in order.
@@ -119,11 +120,32 @@ impl<D: Device> Model<D> {
     /// head copies the embedding's values, so the embedding is hollowed only once the head is
     /// built.
     pub fn new_keeping(dev: &D, config: &ModelConfig, seed: u64, keep: &dyn Fn(usize) -> bool) -> Result<Self> {
+        Self::build(dev, config, &mut Init::new(seed), keep)
+    }
+
+    /// [`new_keeping`](Self::new_keeping) for a model whose weights are about to be loaded:
+    /// the random draws are put off ([`Init::deferred`]), and the returned [`Deferred`] draws
+    /// those a file lacks, as `new_keeping` would have drawn them. A tied LM head copies its
+    /// embedding as it is built, so such a model is drawn at once.
+    pub fn new_for_loading(
+        dev: &D,
+        config: &ModelConfig,
+        seed: u64,
+        keep: &dyn Fn(usize) -> bool,
+    ) -> Result<(Self, Deferred)> {
+        let mut init = match config.spec()?.head {
+            HeadSpec::TiedLmHead => Init::new(seed),
+            _ => Init::deferred(seed),
+        };
+        let model = Self::build(dev, config, &mut init, keep)?;
+        Ok((model, init.into_deferred()))
+    }
+
+    fn build(dev: &D, config: &ModelConfig, init: &mut Init, keep: &dyn Fn(usize) -> bool) -> Result<Self> {
         let spec = config.spec()?;
         let tied_head = spec.head == HeadSpec::TiedLmHead;
         let hollow_unless_kept =
             |units: &mut Vec<Unit<D>>, i: usize| -> Result<()> { if keep(i) { Ok(()) } else { units[i].hollow(dev) } };
-        let mut rng = Rng::new(seed);
         let site = |unit: usize, local: u64| DropoutSite { p: 0.0, site: unit as u64 * 16 + local };
         let with_p = |s: DropoutSite, p: f32| DropoutSite { p, ..s };
         let mut units = Vec::with_capacity(2 * spec.layers + 3);
@@ -142,20 +164,10 @@ impl<D: Device> Model<D> {
                     ],
                 };
                 let eps = norm.then_some(spec.eps);
-                EmbeddingUnit::tokens(
-                    dev,
-                    &mut rng,
-                    names,
-                    vocab,
-                    max_positions,
-                    type_vocab,
-                    spec.hidden,
-                    eps,
-                    embed_drop,
-                )?
+                EmbeddingUnit::tokens(dev, init, names, vocab, max_positions, type_vocab, spec.hidden, eps, embed_drop)?
             }
             InputSpec::Image { channels, image_size, patch } => {
-                EmbeddingUnit::patches(dev, &mut rng, channels, image_size, patch, spec.hidden, embed_drop)?
+                EmbeddingUnit::patches(dev, init, channels, image_size, patch, spec.hidden, embed_drop)?
             }
         }));
         if !tied_head {
@@ -172,10 +184,10 @@ impl<D: Device> Model<D> {
             let u = units.len();
             let a_drop = with_p(site(u, 0), spec.attn_dropout);
             let o_drop = with_p(site(u, 1), spec.hidden_dropout);
-            units.push(Unit::Attention(AttentionUnit::new(dev, &mut rng, &attn, &spec, out_scale, a_drop, o_drop)?));
+            units.push(Unit::Attention(AttentionUnit::new(dev, init, &attn, &spec, out_scale, a_drop, o_drop)?));
             hollow_unless_kept(&mut units, u)?;
             let m_drop = with_p(site(u + 1, 0), spec.hidden_dropout);
-            units.push(Unit::Mlp(MlpUnit::new(dev, &mut rng, &mlp, &spec, out_scale, m_drop)?));
+            units.push(Unit::Mlp(MlpUnit::new(dev, init, &mlp, &spec, out_scale, m_drop)?));
             hollow_unless_kept(&mut units, u + 1)?;
         }
 
@@ -198,7 +210,7 @@ impl<D: Device> Model<D> {
             HeadSpec::Classifier { pooling, num_labels } => {
                 let pooler = match pooling {
                     Pooling::ClsPooler => {
-                        Some(Linear::new(dev, &mut rng, "pooler.dense", spec.hidden, spec.hidden, INIT_STD)?)
+                        Some(Linear::new(dev, init, "pooler.dense", spec.hidden, spec.hidden, INIT_STD)?)
                     }
                     _ => None,
                 };
@@ -207,7 +219,7 @@ impl<D: Device> Model<D> {
                 HeadKind::Classifier {
                     pooling,
                     pooler,
-                    classifier: Linear::new(dev, &mut rng, "classifier", spec.hidden, num_labels, INIT_STD)?,
+                    classifier: Linear::new(dev, init, "classifier", spec.hidden, num_labels, INIT_STD)?,
                     dropout: with_p(site(head_index, 0), p),
                 }
             }

@@ -177,9 +177,11 @@ pub fn build_model<D: Device>(
                 ModelConfig::Vit(c) => c.num_labels = info.classes,
                 ModelConfig::Gpt(_) => {}
             }
-            let mut model = Model::new_keeping(dev, &model_config, m.seed, keep)?;
+            // Drawn only where the file has no weights (the new head), as a random build would.
+            let (mut model, deferred) = Model::new_for_loading(dev, &model_config, m.seed, keep)?;
             let file = weights::load_safetensors(dir.join(weights::WEIGHTS_FILE))?;
             let report = weights::load_into_model(&mut model, dev, &file, &LoadOptions::default())?;
+            deferred.draw(&mut model, dev, &report.missing)?;
             Ok((model, model_config, Some(report)))
         }
         (None, Some(c)) => {

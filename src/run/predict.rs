@@ -92,7 +92,9 @@ impl<D: Device> Predictor<D> {
         fill: impl FnOnce(&mut Model<D>, &D, &weights::ExportedModel) -> Result<()>,
     ) -> Result<Self> {
         let export = weights::read_export(dir)?;
-        let mut model = Model::new(&dev, &export.config, 0)?;
+        // Every weight comes from the export or the checkpoint (both fills check it): nothing
+        // is drawn first only to be overwritten.
+        let (mut model, _) = Model::new_for_loading(&dev, &export.config, 0, &|_| true)?;
         fill(&mut model, &dev, &export)?;
         let spec = model.spec().clone();
         let reader = match (spec.family, spec.input) {
