@@ -621,34 +621,50 @@ fn processes_train_like_one_device_with_loss_and_norm_at_every_step() {
     for (procs, k, r, bucket) in
         [(2, 1, 1, 1 << 20), (2, 1, 1, 1), (2, 2, 1, 1), (2, 2, 1, 1 << 20), (4, 2, 1, 1), (4, 1, 1, 1), (2, 1, 2, 1)]
     {
-        let group = process_group(procs);
-        let finals: Vec<Vec<(String, Vec<f64>)>> = std::thread::scope(|s| {
-            let handles: Vec<_> = group
-                .iter()
-                .map(|member| {
-                    let (batches, want, config) = (&batches, &want, &config);
-                    s.spawn(move || {
-                        let mut p = pipeline(config, cfg(k, r, 2, ScheduleKind::OneFOneB));
-                        p.set_process_group(Some(member.clone())).unwrap();
-                        p.set_bucket_elements(bucket);
-                        assert_eq!(p.sums_during_backward(), r == 1, "{procs} processes K={k} R={r}");
-                        for (step, host) in batches.iter().enumerate() {
-                            let got = p.step(host, 1000 + step as u64, LR, Some(1.0)).unwrap();
-                            let what = format!("{procs} processes K={k} R={r}, rank {} step {step}", member.rank());
-                            like_one_device(&what, &got, want[step]);
-                        }
-                        p.parameters(0).unwrap()
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        let what = format!("{procs} processes K={k} R={r}");
+        train_processes_like_one_device(&what, &process_group(procs), &batches, &want, &reference, |member| {
+            let mut p = pipeline(&config, cfg(k, r, 2, ScheduleKind::OneFOneB));
+            p.set_process_group(Some(member.clone())).unwrap();
+            p.set_bucket_elements(bucket);
+            assert_eq!(p.sums_during_backward(), r == 1, "{what}");
+            p
         });
-        for f in &finals {
-            assert_eq!(f, &finals[0], "{procs} processes hold bitwise the same weights");
-        }
-        let rel = params_rel(&finals[0], &reference);
-        assert!(rel <= 1e-5, "{procs} processes K={k} R={r}: weights differ from one device by {rel:e}");
     }
+}
+
+/// Trains `batches` on every member of `group` (threads standing for processes), each on the
+/// pipeline `setup` gives it: each step's loss and gradient norm as one device's (`want`),
+/// bitwise the same weights on every process, within 1e-5 of one device's (`reference`).
+fn train_processes_like_one_device(
+    what: &str,
+    group: &[Arc<pipetransformer::comm::process_group::ProcessGroup>],
+    batches: &[HostBatch],
+    want: &[(f64, f64)],
+    reference: &[(String, Vec<f64>)],
+    setup: impl Fn(&Arc<pipetransformer::comm::process_group::ProcessGroup>) -> Pipeline<CpuDevice<f32>> + Sync,
+) {
+    let finals: Vec<Vec<(String, Vec<f64>)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = group
+            .iter()
+            .map(|member| {
+                let setup = &setup;
+                s.spawn(move || {
+                    let mut p = setup(member);
+                    for (step, host) in batches.iter().enumerate() {
+                        let got = p.step(host, 1000 + step as u64, LR, Some(1.0)).unwrap();
+                        like_one_device(&format!("{what}, rank {} step {step}", member.rank()), &got, want[step]);
+                    }
+                    p.parameters(0).unwrap()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for f in &finals {
+        assert_eq!(f, &finals[0], "{what}: the processes hold bitwise the same weights");
+    }
+    let rel = params_rel(&finals[0], reference);
+    assert!(rel <= 1e-5, "{what}: weights differ from one device by {rel:e}");
 }
 
 /// A communicator spanning processes, for cpu devices: what NCCL over every GPU of a launched
@@ -706,41 +722,23 @@ fn communicators_spanning_processes_sum_every_replica_once() {
     let (want, reference) = one_device(&config, &batches);
     for (procs, r) in [(2, 1), (2, 2)] {
         let (group, members) = (process_group(procs), process_group(procs * r));
-        let finals: Vec<Vec<(String, Vec<f64>)>> = std::thread::scope(|s| {
-            let handles: Vec<_> = group
-                .iter()
-                .map(|member| {
-                    let (batches, want, config, members) = (&batches, &want, &config, &members);
-                    s.spawn(move || {
-                        let mut p = pipeline(config, cfg(1, r, 2, ScheduleKind::OneFOneB));
-                        p.set_process_group(Some(member.clone())).unwrap();
-                        let mine = |at: usize| -> Vec<Arc<dyn Communicator<CpuDevice<f32>>>> {
-                            (0..r).map(|i| Arc::new(Spanning(members[at * r + i].clone())) as _).collect()
-                        };
-                        if member.rank() == 0 {
-                            // Another process's members, or groups for two stages: refused.
-                            let e = p.set_communicators(Some(vec![mine(1)])).unwrap_err().to_string();
-                            assert!(e.contains(&format!("ranked 0..{r} of {}", procs * r)), "{e}");
-                        }
-                        p.set_communicators(Some(vec![mine(member.rank())])).unwrap();
-                        assert!(p.communicators_span_processes() && p.sums_during_backward());
-                        assert_eq!(p.communicator(), "spanning");
-                        for (step, host) in batches.iter().enumerate() {
-                            let got = p.step(host, 1000 + step as u64, LR, Some(1.0)).unwrap();
-                            let what = format!("{procs} processes R={r}, rank {} step {step}", member.rank());
-                            like_one_device(&what, &got, want[step]);
-                        }
-                        p.parameters(0).unwrap()
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        let what = format!("{procs} processes R={r}");
+        train_processes_like_one_device(&what, &group, &batches, &want, &reference, |member| {
+            let mut p = pipeline(&config, cfg(1, r, 2, ScheduleKind::OneFOneB));
+            p.set_process_group(Some(member.clone())).unwrap();
+            let mine = |at: usize| -> Vec<Arc<dyn Communicator<CpuDevice<f32>>>> {
+                (0..r).map(|i| Arc::new(Spanning(members[at * r + i].clone())) as _).collect()
+            };
+            if member.rank() == 0 {
+                // Another process's members: refused.
+                let e = p.set_communicators(Some(vec![mine(1)])).unwrap_err().to_string();
+                assert!(e.contains(&format!("ranked 0..{r} of {}", procs * r)), "{e}");
+            }
+            p.set_communicators(Some(vec![mine(member.rank())])).unwrap();
+            assert!(p.communicators_span_processes() && p.sums_during_backward());
+            assert_eq!(p.communicator(), "spanning");
+            p
         });
-        for f in &finals {
-            assert_eq!(f, &finals[0], "{procs} processes hold bitwise the same weights");
-        }
-        let rel = params_rel(&finals[0], &reference);
-        assert!(rel <= 1e-5, "{procs} processes R={r}: weights differ from one device by {rel:e}");
     }
     // Spanning groups need one stage per process.
     let group = process_group(2);

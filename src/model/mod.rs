@@ -125,18 +125,14 @@ impl<D: Device> Model<D> {
 
     /// [`new_keeping`](Self::new_keeping) for a model whose weights are about to be loaded:
     /// the random draws are put off ([`Init::deferred`]), and the returned [`Deferred`] draws
-    /// those a file lacks, as `new_keeping` would have drawn them. A tied LM head copies its
-    /// embedding as it is built, so such a model is drawn at once.
+    /// those a file lacks, as `new_keeping` would have drawn them.
     pub fn new_for_loading(
         dev: &D,
         config: &ModelConfig,
         seed: u64,
         keep: &dyn Fn(usize) -> bool,
     ) -> Result<(Self, Deferred)> {
-        let mut init = match config.spec()?.head {
-            HeadSpec::TiedLmHead => Init::new(seed),
-            _ => Init::deferred(seed),
-        };
+        let mut init = Init::deferred(seed);
         let model = Self::build(dev, config, &mut init, keep)?;
         Ok((model, init.into_deferred()))
     }

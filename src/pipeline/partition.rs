@@ -25,6 +25,8 @@ pub struct Partition {
     pub stages: Vec<Range<usize>>,
     /// Seconds per micro-batch of each stage.
     pub stage_time: Vec<f64>,
+    /// Of those, the forward's (a stage of frozen units is all forward).
+    pub stage_forward: Vec<f64>,
     /// Peak bytes of each stage (parameters and state, plus activations in flight).
     pub stage_memory: Vec<usize>,
 }
@@ -45,6 +47,7 @@ impl Partition {
             ));
         }
         let time = |r: &Range<usize>| units[r.clone()].iter().map(UnitProfile::time).sum();
+        let forward = |r: &Range<usize>| units[r.clone()].iter().map(|u| u.forward).sum();
         let memory = |s: usize, r: &Range<usize>| {
             let us = &units[r.clone()];
             us.iter().map(|u| u.state_bytes()).sum::<usize>()
@@ -52,6 +55,7 @@ impl Partition {
         };
         Ok(Partition {
             stage_time: stages.iter().map(time).collect(),
+            stage_forward: stages.iter().map(forward).collect(),
             stage_memory: stages.iter().enumerate().map(|(s, r)| memory(s, r)).collect(),
             stages,
         })
@@ -153,6 +157,7 @@ pub fn partition(
     let ranges: Vec<Range<usize>> = bounds.windows(2).map(|w| w[0]..w[1]).collect();
     Ok(Partition {
         stage_time: ranges.iter().map(stage_time).collect(),
+        stage_forward: ranges.iter().map(|r| units[r.clone()].iter().map(|u| u.forward).sum()).collect(),
         stage_memory: ranges.iter().enumerate().map(|(s, r)| memory(s, r)).collect(),
         stages: ranges,
     })

@@ -750,7 +750,13 @@ mod tests {
     /// every stage lasts `f`, `b` and `w`, with instant messages.
     fn makespan(s: &Schedule, f: f64, b: f64, w: f64) -> f64 {
         let costs = |t| vec![t; s.stages];
-        let model = CostModel { forward: costs(f), backward: costs(b), weights: costs(w), link: Link::INSTANT };
+        let model = CostModel {
+            forward: costs(f),
+            backward: costs(b),
+            weights: costs(w),
+            link: Link::INSTANT,
+            slice_shares: Vec::new(),
+        };
         simulate(s, &model).unwrap().makespan()
     }
 

@@ -23,10 +23,6 @@ use std::collections::HashMap;
 /// the two halves so (`F = B = W`, [`ScheduleKind::fill`]). Profiles time a backward whole.
 pub const WEIGHT_SHARE: f64 = 0.5;
 
-/// The share of a stage's time that is its forward when only the total is known (a plan's
-/// stage times): the analytic cost model counts a backward as twice its forward.
-pub const FORWARD_SHARE: f64 = 1.0 / 3.0;
-
 /// What a message between two stages costs.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Link {
@@ -59,6 +55,10 @@ pub struct CostModel {
     pub weights: Vec<f64>,
     /// Every message's cost.
     pub link: Link,
+    /// Each token slice's share of its micro-batch's time, by its share of the tokens (empty:
+    /// `n` equal slices). Proportional: a later slice's attention over the longer context it
+    /// sees costs more than its share, which TeraPipe's latency model counts and this does not.
+    pub slice_shares: Vec<f64>,
 }
 
 impl CostModel {
@@ -78,36 +78,43 @@ impl CostModel {
         };
         let forward = per_stage(|u| u.forward);
         let backward = per_stage(|u| if u.trainable { u.backward } else { 0.0 });
-        Ok(Self::split(plan.schedule.kind, forward, backward, link))
+        Ok(Self::split(plan, forward, backward, link))
     }
 
-    /// The costs of `plan`'s stages from its stage times alone (what a printed plan knows): a
-    /// third of each is the forward, the rest the backward ([`FORWARD_SHARE`]).
+    /// The costs of `plan`'s stages from its partition alone (what a printed plan knows): each
+    /// stage's forward, and the rest of its time as the backward.
     pub fn from_stage_times(plan: &Plan, link: Link) -> CostModel {
-        let times = &plan.partition.stage_time;
-        let forward = times.iter().map(|t| t * FORWARD_SHARE).collect();
-        let backward = times.iter().map(|t| t * (1.0 - FORWARD_SHARE)).collect();
-        Self::split(plan.schedule.kind, forward, backward, link)
+        let p = &plan.partition;
+        let backward = p.stage_time.iter().zip(&p.stage_forward).map(|(t, f)| t - f).collect();
+        Self::split(plan, p.stage_forward.clone(), backward, link)
     }
 
-    /// Whole backwards, split into input and weight gradients where `kind` runs them apart.
-    fn split(kind: ScheduleKind, forward: Vec<f64>, backward: Vec<f64>, link: Link) -> CostModel {
-        let share = if kind == ScheduleKind::ZeroBubble { WEIGHT_SHARE } else { 0.0 };
+    /// Whole backwards, split into input and weight gradients where the plan's schedule runs
+    /// them apart; token slices by their lengths.
+    fn split(plan: &Plan, forward: Vec<f64>, backward: Vec<f64>, link: Link) -> CostModel {
+        let share = if plan.schedule.kind == ScheduleKind::ZeroBubble { WEIGHT_SHARE } else { 0.0 };
         let weights = backward.iter().map(|b| b * share).collect();
         let backward = backward.iter().map(|b| b * (1.0 - share)).collect();
-        CostModel { forward, backward, weights, link }
+        let lengths = &plan.config.token_slices;
+        let tokens: usize = lengths.iter().sum();
+        let slice_shares = match lengths.len() {
+            n if n >= 2 && tokens > 0 => lengths.iter().map(|&l| l as f64 / tokens as f64).collect(),
+            _ => Vec::new(),
+        };
+        CostModel { forward, backward, weights, link, slice_shares }
     }
 
-    /// Seconds of compute action `action` on a piece that is `1/slices` of a micro-batch; `None`
-    /// for an action that is not compute.
+    /// Seconds of compute action `action` (a piece is one of `slices` of its micro-batch, its
+    /// share from `slice_shares`, else equal); `None` for an action that is not compute.
     fn compute_time(&self, action: &Action, slices: f64) -> Option<f64> {
-        let (times, stage) = match *action {
-            Action::Forward { stage, .. } => (&self.forward, stage),
-            Action::Backward { stage, .. } => (&self.backward, stage),
-            Action::BackwardWeights { stage, .. } => (&self.weights, stage),
+        let (times, stage, piece) = match *action {
+            Action::Forward { stage, piece } => (&self.forward, stage, piece),
+            Action::Backward { stage, piece } => (&self.backward, stage, piece),
+            Action::BackwardWeights { stage, piece } => (&self.weights, stage, piece),
             _ => return None,
         };
-        times.get(stage).map(|t| t / slices)
+        let share = self.slice_shares.get(piece.slice).copied().unwrap_or(1.0 / slices);
+        times.get(stage).map(|t| t * share)
     }
 }
 
@@ -213,7 +220,13 @@ mod tests {
 
     /// Every stage costs `f`, `b` and `w` per micro-batch.
     fn uniform(stages: usize, f: f64, b: f64, w: f64, link: Link) -> CostModel {
-        CostModel { forward: vec![f; stages], backward: vec![b; stages], weights: vec![w; stages], link }
+        CostModel {
+            forward: vec![f; stages],
+            backward: vec![b; stages],
+            weights: vec![w; stages],
+            link,
+            slice_shares: Vec::new(),
+        }
     }
 
     fn run(kind: ScheduleKind, k: usize, v: usize, m: usize, costs: &CostModel) -> Simulation {
@@ -381,8 +394,46 @@ mod tests {
         assert!((p.predicted_bubble() - 1.0 / 5.0).abs() < 1e-12 && (sim.bubble() - 1.0 / 3.0).abs() < 1e-12);
     }
 
-    /// The printed plan adds the simulated step (stage times split F : B = 1 : 2) after the
-    /// prediction; zero bubble puts half of each backward off.
+    /// Slices of unequal length take their share of the tokens' time. GPipe, K = 2, M = 1,
+    /// F = 1 and B = 2 per stage, slices of 24 and 8 tokens (shares 3/4, 1/4), traced by hand:
+    /// device 0 F0 0–0.75, F1 0.75–1; device 1 F0 0.75–1.5, F1 1.5–1.75, B1 1.75–2.25, B0
+    /// 2.25–3.75; device 0 B1 2.25–2.75, B0 3.75–5.25. Equal slices of 16: 4.5.
+    #[test]
+    fn unequal_slices_take_their_share() {
+        let units = vec![unit(1.0, true); 2];
+        for (lengths, want) in [(vec![24, 8], 5.25), (vec![16, 16], 4.5)] {
+            let config = PipelineConfig { pipeline_len: 2, token_slices: lengths.clone(), ..Default::default() };
+            let p = Plan::new(config, &units, names(2), 2, 0).unwrap();
+            for costs in [
+                CostModel::from_profiles(&p, &units, Link::INSTANT).unwrap(),
+                CostModel::from_stage_times(&p, Link::INSTANT),
+            ] {
+                let sim = simulate(&p.schedule, &costs).unwrap();
+                assert!((sim.makespan() - want).abs() < 1e-12, "{lengths:?}: {}", sim.makespan());
+            }
+        }
+    }
+
+    /// A plan's own stage times give the costs the profiles give, a frozen prefix included
+    /// (frozen units run forward only: their stage is mostly forward, not the 1 : 2 a trained
+    /// one is).
+    #[test]
+    fn stage_times_split_as_the_profiles_do() {
+        let mut units = vec![unit(1.0, false); 4];
+        units.extend(vec![unit(1.0, true); 3]);
+        let config = PipelineConfig { pipeline_len: 2, micro_batches: 8, ..Default::default() };
+        let p = Plan::new(config, &units, names(units.len()), 2, 4).unwrap();
+        let (a, b) = (
+            CostModel::from_profiles(&p, &units, Link::INSTANT).unwrap(),
+            CostModel::from_stage_times(&p, Link::INSTANT),
+        );
+        let close = |x: &[f64], y: &[f64]| x.iter().zip(y).all(|(x, y)| (x - y).abs() < 1e-12);
+        assert!(close(&a.forward, &b.forward) && close(&a.backward, &b.backward), "{a:?} {b:?}");
+        assert!(a.forward[0] > 2.0 * a.backward[0], "stage 0 is mostly forward: {a:?}");
+    }
+
+    /// The printed plan adds the simulated step (from the stage times) after the prediction;
+    /// zero bubble puts half of each backward off.
     #[test]
     fn a_printed_plan_shows_the_simulated_step() {
         let units = vec![unit(1e-3, true); 6];

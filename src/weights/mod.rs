@@ -36,9 +36,11 @@
 //!     c.pooling = Pooling::Mean;
 //! }
 //! let dev = CpuDevice::<f32>::new(0, 0)?;
-//! let mut model = Model::new(&dev, &config, 42)?;
+//! // Random weights only where the file has none (drawn after the load, as `Model::new` would).
+//! let (mut model, fresh) = Model::new_for_loading(&dev, &config, 42, &|_| true)?;
 //! let file = load_safetensors(format!("{dir}/model.safetensors"))?;
 //! let report = load_into_model(&mut model, &dev, &file, &LoadOptions::default())?;
+//! fresh.draw(&mut model, &dev, &report.missing)?;
 //! println!("{report}"); // classifier.* missing (fresh head), pooler.* unexpected (mean pooling)
 //! # Ok(())
 //! # }
@@ -54,7 +56,8 @@
 //! # fn main() -> pipetransformer::Result<()> {
 //! let export = read_export("runs/minilm-rt/model")?; // config, class names, tokenizer, …
 //! let dev = CpuDevice::<f32>::new(0, 0)?;
-//! let mut model = Model::new(&dev, &export.config, 0)?;
+//! // Nothing drawn at random: every weight comes from the file (strict: else an error).
+//! let (mut model, _) = Model::new_for_loading(&dev, &export.config, 0, &|_| true)?;
 //! load_into_model(&mut model, &dev, &load_safetensors(&export.weights)?, &LoadOptions::strict())?;
 //! println!("classes: {:?}, tokenizer: {:?}", export.labels, export.tokenizer);
 //! # Ok(())

@@ -1,6 +1,7 @@
 //! Reading an exported model directory back: the config, the class names, the tokenizer and
 //! the character vocabulary, each checked against the config, so that a `predict` can rebuild
-//! the model ([`crate::model::Model::new`] + [`super::load_into_model`]) and decode its output.
+//! the model ([`crate::model::Model::new_for_loading`] + [`super::load_into_model`]) and decode
+//! its output.
 
 use std::path::{Path, PathBuf};
 
