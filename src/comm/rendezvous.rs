@@ -103,7 +103,7 @@ fn send(stream: &mut TcpStream, body: &[u8]) -> std::io::Result<()> {
     stream.write_all(&frame)
 }
 
-/// Reads one frame of at most [`MAX_FRAME`] bytes that starts with [`MAGIC`]; returns the body
+/// Reads one frame of at most [`MAX_FRAME`] bytes that starts with the protocol's magic; returns the body
 /// after the magic. On a socket, its read timeout bounds each read. Nothing is allocated
 /// before the length is checked, so a stranger cannot make a peer reserve gigabytes.
 pub fn read_frame(stream: &mut impl Read) -> std::result::Result<Vec<u8>, String> {

@@ -43,7 +43,7 @@ impl BatchOrder {
     /// The permutation of `epoch` regrouped so that each batch holds samples of similar
     /// length (`lengths[i]`: sample `i`'s tokens), which cuts the padding a batch of random
     /// lengths carries (Rotten Tomatoes: about half its tokens). The shuffled order is cut
-    /// into windows of [`LENGTH_GROUP_BATCHES`] batches, each window is sorted by length
+    /// into windows of `LENGTH_GROUP_BATCHES` batches, each window is sorted by length
     /// (stable, so ties keep the shuffled order) and cut into batches, and the full batches
     /// are shuffled across the epoch by the same epoch's generator; the short remainder, if
     /// any, stays last, so [`EpochOrder::next_batch`] and resuming work as before.

@@ -3,7 +3,7 @@
 //! | module | defines |
 //! |---|---|
 //! | [`profile`] | `UnitProfile` (a unit's time and memory per micro-batch), `profile_units` (measured), `unit_profiles` (measured or from FLOPs) |
-//! | [`partition`] | `partition` (exact min-max split of the units under a memory limit, a frozen prefix pinned to stage 0), `Partition` |
+//! | [`partition`](mod@partition) | `partition` (exact min-max split of the units under a memory limit, a frozen prefix pinned to stage 0), `Partition` |
 //! | [`plan`] | `PipelineConfig` (K, R, M, schedule, chunks, memory limit), `Plan` (checked, printable) |
 //! | [`schedule`] | the schedule IR (`Action`, `Schedule`), the GPipe / 1F1B / interleaved / zero-bubble generators, the validator |
 //! | [`simulate`](mod@simulate) | the cluster simulator: `simulate` (a schedule played against a `CostModel` of stage times and a `Link`) → `Simulation` (time line, makespan, bubble) |

@@ -47,7 +47,7 @@ impl fmt::Display for EvalMetrics {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Bubble {
     /// Measured: the idle fraction of the pipelined part of the step
-    /// ([`StepTrace::bubble`](crate::pipeline::StepTrace::bubble)).
+    /// ([`StepTrace::bubble`](crate::pipeline::trace::StepTrace::bubble)).
     pub measured: f64,
     /// The schedule's formula for equal stages.
     pub formula: f64,

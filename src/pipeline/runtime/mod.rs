@@ -1,13 +1,13 @@
 //! The runtime: executes a [`Plan`] on a set of devices. One worker thread per device runs its
-//! action list ([`worker`]); activations and gradients move between stages through per-device
-//! inboxes ([`mailbox`]; device → host → device: the buffers of a `cpu` device are host memory
+//! action list (`worker`); activations and gradients move between stages through per-device
+//! inboxes (`mailbox`; device → host → device: the buffers of a `cpu` device are host memory
 //! already); replicas sum their gradients by a ring all-reduce that a communication thread
 //! beside each worker runs as soon as a stage's last backward is done, overlapping the rest of
 //! the backward. Each worker zeroes its gradients where it would first wait anyway, and reads
 //! its units' gradient norms once they are final. After every worker has finished, the step
-//! ends as a one-device step does: tied gradients summed ([`gradients`]), the global norm, each
-//! device's optimizer applied with clipping's coefficient ([`optimizers`]). Units are placed,
-//! moved, frozen and read back by [`placement`].
+//! ends as a one-device step does: tied gradients summed (`gradients`), the global norm, each
+//! device's optimizer applied with clipping's coefficient (`optimizers`). Units are placed,
+//! moved, frozen and read back by `placement`.
 //!
 //! A pipelined step is the same training step as on one device: every micro-batch keeps its
 //! samples' global positions (dropout masks), the loss gradient is scaled by the global batch's
