@@ -52,8 +52,13 @@ fn train_config() -> TrainConfig {
 }
 
 fn trainer(config: &ModelConfig) -> Trainer<CpuDevice<f32>> {
+    trainer_for_epochs_of(config, 4)
+}
+
+/// A trainer for a source of `batches_per_epoch` batches per epoch.
+fn trainer_for_epochs_of(config: &ModelConfig, batches_per_epoch: usize) -> Trainer<CpuDevice<f32>> {
     let dev = CpuDevice::<f32>::new(0, 2).unwrap();
-    common::trainer_on(config, 3, vec![dev], Default::default(), train_config(), 4)
+    common::trainer_on(config, 3, vec![dev], Default::default(), train_config(), batches_per_epoch)
 }
 
 fn run(t: &mut Trainer<CpuDevice<f32>>, src: &Synthetic, steps: Option<u64>) -> Vec<f64> {
@@ -137,8 +142,7 @@ fn checkpoint_from_other_epochs_is_refused() {
     run(&mut t, &src, Some(3));
     let path = tmp("epochs");
     t.save_checkpoint(&path, serde_json::Value::Null).unwrap();
-    let dev = CpuDevice::<f32>::new(0, 2).unwrap();
-    let mut shorter = common::trainer_on(&config, 3, vec![dev], Default::default(), train_config(), 3);
+    let mut shorter = trainer_for_epochs_of(&config, 3);
     let err = shorter.load_checkpoint(&path).unwrap_err().to_string();
     assert!(err.contains("taken with 4 batches per epoch, this run has 3") && err.contains("data.batch_size"), "{err}");
     assert_eq!(shorter.position.step, 0);

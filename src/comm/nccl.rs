@@ -193,18 +193,24 @@ pub fn pipeline_groups<D: crate::device::Device>(
     let runtimes: Option<Vec<&crate::device::cuda::CudaRuntime>> =
         gpus.iter().map(|g| crate::device::cuda::runtime_of(g)).collect();
     let Some(runtimes) = runtimes else { return Ok(None) };
-    let mut groups: Vec<Vec<std::sync::Arc<dyn Communicator<GpuDevice>>>> = Vec::with_capacity(k);
-    for d in 0..k {
-        let members: Vec<&crate::device::cuda::CudaRuntime> = (0..r).map(|i| runtimes[i * k + d]).collect();
-        groups.push(
-            NcclCommunicator::group(&members)?
-                .into_iter()
-                .map(|c| std::sync::Arc::new(c) as std::sync::Arc<dyn Communicator<GpuDevice>>)
-                .collect(),
-        );
-    }
+    let groups = (0..k)
+        .map(|d| NcclCommunicator::group(&(0..r).map(|i| runtimes[i * k + d]).collect::<Vec<_>>()))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(for_device(groups))
+}
+
+/// NCCL groups as the caller's `D`'s communicators (`D` is `GpuDevice` whenever NCCL groups
+/// were made at all).
+#[allow(clippy::type_complexity)]
+fn for_device<D: crate::device::Device>(
+    groups: Vec<Vec<NcclCommunicator>>,
+) -> Option<Vec<Vec<std::sync::Arc<dyn Communicator<D>>>>> {
+    let groups: Vec<Vec<std::sync::Arc<dyn Communicator<GpuDevice>>>> = groups
+        .into_iter()
+        .map(|g| g.into_iter().map(|c| std::sync::Arc::new(c) as std::sync::Arc<dyn Communicator<GpuDevice>>).collect())
+        .collect();
     let boxed: Box<dyn std::any::Any> = Box::new(groups);
-    Ok(boxed.downcast::<Vec<Vec<std::sync::Arc<dyn Communicator<D>>>>>().ok().map(|b| *b))
+    boxed.downcast::<Vec<Vec<std::sync::Arc<dyn Communicator<D>>>>>().ok().map(|b| *b)
 }
 
 /// Communicators spanning the processes of `group` (a launched run, one whole pipeline per
@@ -239,11 +245,7 @@ pub fn process_groups<D: crate::device::Device>(
     group.all_reduce_sum_f64(&mut shared)?;
     let id = shared.map(|v| v as u8);
     let members = NcclCommunicator::ranks(&runtimes, group.rank() * r, group.size() * r, id)?;
-    let groups: Vec<Vec<std::sync::Arc<dyn Communicator<GpuDevice>>>> = vec![
-        members.into_iter().map(|c| std::sync::Arc::new(c) as std::sync::Arc<dyn Communicator<GpuDevice>>).collect(),
-    ];
-    let boxed: Box<dyn std::any::Any> = Box::new(groups);
-    Ok(boxed.downcast::<Vec<Vec<std::sync::Arc<dyn Communicator<D>>>>>().ok().map(|b| *b))
+    Ok(for_device(vec![members]))
 }
 
 /// Whether every process of `group` `can`: a collective, made by every process at the same

@@ -110,17 +110,20 @@ impl<D: Device> Model<D> {
     /// Builds a randomly initialised model (weights N(0, 0.02²), GPT-2's residual projections
     /// scaled by `1/√(2·layers)`, LayerNorms 1/0, biases 0), every unit trainable.
     pub fn new(dev: &D, config: &ModelConfig, seed: u64) -> Result<Self> {
-        Self::new_keeping(dev, config, seed, &|_| true)
+        Self::build(dev, config, &mut Init::new(seed), &|_| true)
     }
 
     /// [`new`](Self::new), keeping the values of the units `keep` names only: the others are
     /// [hollow](Param::hollow) as soon as they are built (a stage process builds the whole
     /// model's shapes, but holds its own stages' weights alone). The kept units' values are
-    /// those `new` gives, to the bit: every unit draws its initialisation in turn. A tied LM
-    /// head copies the embedding's values, so the embedding is hollowed only once the head is
-    /// built.
+    /// those `new` gives, to the bit: drawn after the build from where each weight's draws
+    /// start in the stream ([`new_for_loading`](Self::new_for_loading)), so the hollow units
+    /// cost no draws (a tied LM head gets its embedding's draw, kept or not).
     pub fn new_keeping(dev: &D, config: &ModelConfig, seed: u64, keep: &dyn Fn(usize) -> bool) -> Result<Self> {
-        Self::build(dev, config, &mut Init::new(seed), keep)
+        let (mut model, deferred) = Self::new_for_loading(dev, config, seed, keep)?;
+        let names: Vec<String> = model.params().iter().map(|p| p.name.clone()).collect();
+        deferred.draw(&mut model, dev, &names)?;
+        Ok(model)
     }
 
     /// [`new_keeping`](Self::new_keeping) for a model whose weights are about to be loaded:

@@ -129,7 +129,7 @@ impl Plan {
         if m == 0 {
             return Err(config_error("micro_batches", "must be at least 1"));
         }
-        // Saturating: sizes from a user's flags may be absurd, and are refused, not wrapped.
+        // Checked: sizes from a user's flags may be absurd, and are refused, not wrapped.
         let need = r.checked_mul(k);
         if need.is_none_or(|n| n > devices) {
             let need = need.map_or_else(|| "more".to_string(), |n| n.to_string());

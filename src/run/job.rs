@@ -191,11 +191,7 @@ pub fn build_model<D: Device>(
                 ModelConfig::Vit(c) => c.num_labels = info.classes,
                 ModelConfig::Gpt(c) => c.vocab_size = info.classes,
             }
-            // Drawn after the build, the kept units only: a stage process draws nothing for
-            // the units it holds as shapes (the same bits as a random build).
-            let (mut model, deferred) = Model::new_for_loading(dev, &model_config, m.seed, keep)?;
-            let names: Vec<String> = model.params().iter().map(|p| p.name.clone()).collect();
-            deferred.draw(&mut model, dev, &names)?;
+            let model = Model::new_keeping(dev, &model_config, m.seed, keep)?;
             Ok((model, model_config, None))
         }
         (None, None) => Err(Error::Config { field: "model".into(), message: "set `pretrained` or `config`".into() }),

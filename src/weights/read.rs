@@ -197,12 +197,7 @@ fn chars_by_id(path: &Path, map: &Map<String, Value>, vocab_size: usize) -> Resu
 /// `None` without the file). Normalisation is refused: our image pipeline feeds rescaled
 /// pixels as they are, which is what every export of this engine describes.
 fn read_pixel_scale(path: &Path) -> Result<Option<f64>> {
-    if !path.is_file() {
-        return Ok(None);
-    }
-    let text =
-        std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.display().to_string(), source })?;
-    let json: Value = serde_json::from_str(&text).map_err(|e| export_error(path, format!("not valid JSON: {e}")))?;
+    let Some(json) = read_optional_json(path)? else { return Ok(None) };
     if json.get("do_normalize").and_then(Value::as_bool) == Some(true) {
         return Err(export_error(path, "`do_normalize` is true; expected false (pixels are fed un-normalised)"));
     }
@@ -215,14 +210,20 @@ fn read_pixel_scale(path: &Path) -> Result<Option<f64>> {
     }
 }
 
-/// `max_seq_length` of sentence-transformers' settings file; `None` without the file.
-fn read_max_seq_length(path: &Path) -> Result<Option<usize>> {
+/// An export's optional JSON file: `None` without it, an error naming it when unreadable or
+/// not JSON.
+fn read_optional_json(path: &Path) -> Result<Option<Value>> {
     if !path.is_file() {
         return Ok(None);
     }
     let text =
         std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.display().to_string(), source })?;
-    let json: Value = serde_json::from_str(&text).map_err(|e| export_error(path, format!("not valid JSON: {e}")))?;
+    serde_json::from_str(&text).map(Some).map_err(|e| export_error(path, format!("not valid JSON: {e}")))
+}
+
+/// `max_seq_length` of sentence-transformers' settings file; `None` without the file.
+fn read_max_seq_length(path: &Path) -> Result<Option<usize>> {
+    let Some(json) = read_optional_json(path)? else { return Ok(None) };
     match json.get("max_seq_length").map(Value::as_u64) {
         None => Ok(None),
         Some(Some(n)) if n > 0 => Ok(Some(n as usize)),
