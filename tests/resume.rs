@@ -107,14 +107,19 @@ fn resumed_run_is_bitwise_identical() {
     }
 }
 
+/// A tiny GPT's checkpoint after `steps` steps, at `tmp(name)`.
+fn checkpoint_after(steps: u64, name: &str) -> (ModelConfig, PathBuf) {
+    let config = common::tiny_gpt(0.0);
+    let mut t = trainer(&config);
+    run(&mut t, &Synthetic { config: config.clone(), fail_at: None }, Some(steps));
+    let path = tmp(name);
+    t.save_checkpoint(&path, serde_json::Value::Null).unwrap();
+    (config, path)
+}
+
 #[test]
 fn corrupt_checkpoint_is_an_error_and_changes_nothing() {
-    let config = common::tiny_gpt(0.0);
-    let src = Synthetic { config: config.clone(), fail_at: None };
-    let mut t = trainer(&config);
-    run(&mut t, &src, Some(2));
-    let path = tmp("corrupt");
-    t.save_checkpoint(&path, serde_json::Value::Null).unwrap();
+    let (config, path) = checkpoint_after(2, "corrupt");
     let mut bytes = std::fs::read(&path).unwrap();
     let n = bytes.len();
     bytes[n / 2] ^= 0x40;
@@ -136,12 +141,7 @@ fn corrupt_checkpoint_is_an_error_and_changes_nothing() {
 /// number of batches (a new batch size or training set) is refused by name, unchanged.
 #[test]
 fn checkpoint_from_other_epochs_is_refused() {
-    let config = common::tiny_gpt(0.0);
-    let src = Synthetic { config: config.clone(), fail_at: None };
-    let mut t = trainer(&config);
-    run(&mut t, &src, Some(3));
-    let path = tmp("epochs");
-    t.save_checkpoint(&path, serde_json::Value::Null).unwrap();
+    let (config, path) = checkpoint_after(3, "epochs");
     let mut shorter = trainer_for_epochs_of(&config, 3);
     let err = shorter.load_checkpoint(&path).unwrap_err().to_string();
     assert!(err.contains("taken with 4 batches per epoch, this run has 3") && err.contains("data.batch_size"), "{err}");
