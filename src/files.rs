@@ -1,10 +1,12 @@
 //! Files that must never be seen half-written (checkpoints, exports, reports, the activation
-//! cache's index): written to a temporary sibling, fsynced, renamed into place.
+//! cache's index): written to a temporary sibling, fsynced, renamed into place; and writes
+//! that run on a thread of their own while training goes on ([`Background`]).
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, internal};
 use std::fs::File;
 use std::io::BufWriter;
 use std::path::Path;
+use std::thread::JoinHandle;
 
 /// The I/O error of `path`.
 pub fn io_error(path: &Path, source: std::io::Error) -> Error {
@@ -39,6 +41,46 @@ pub fn write_atomic(path: &Path, write: impl FnOnce(&mut BufWriter<File>) -> std
     Ok(())
 }
 
+/// A write running on its own thread: a checkpoint and an export go to disk while the next
+/// steps train, instead of holding the step loop through the kernel's copy and the `fsync`s.
+/// Its outcome is read by [`wait`](Self::wait); dropped unread (the run failed elsewhere), it
+/// is still waited for, so a file it was writing is whole (or untouched) when the run ends.
+#[must_use = "a background write's error is only seen through wait"]
+pub struct Background {
+    what: &'static str,
+    thread: Option<JoinHandle<Result<()>>>,
+}
+
+impl Background {
+    /// Starts `write` on a new thread; `what` names it in errors.
+    pub fn spawn(what: &'static str, write: impl FnOnce() -> Result<()> + Send + 'static) -> Result<Self> {
+        let thread = std::thread::Builder::new()
+            .name(format!("write-{what}"))
+            .spawn(write)
+            .map_err(|e| internal(what, format!("cannot start its writing thread: {e}")))?;
+        Ok(Self { what, thread: Some(thread) })
+    }
+
+    /// Waits for the write to end and returns its outcome.
+    pub fn wait(mut self) -> Result<()> {
+        self.join()
+    }
+
+    fn join(&mut self) -> Result<()> {
+        match self.thread.take().map(JoinHandle::join) {
+            None | Some(Ok(Ok(()))) => Ok(()),
+            Some(Ok(Err(e))) => Err(e),
+            Some(Err(_)) => Err(internal(self.what, "its writing thread panicked")),
+        }
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.join();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -53,6 +95,26 @@ mod tests {
         assert!(err.to_string().contains("disk full"), "{err}");
         assert_eq!(std::fs::read(&path).unwrap(), b"old");
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_background_write_reports_its_error_and_is_finished_when_dropped() {
+        let dir = std::env::temp_dir().join(format!("pt-files-bg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("late.bin");
+        let p = path.clone();
+        let slow = Background::spawn("test", move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            write_atomic(&p, |w| std::io::Write::write_all(w, b"done"))
+        })
+        .unwrap();
+        drop(slow);
+        assert_eq!(std::fs::read(&path).unwrap(), b"done", "dropping waits for the write");
+        let failing = Background::spawn("test", || Err(internal("disk", "full"))).unwrap();
+        assert!(failing.wait().unwrap_err().to_string().contains("full"));
+        let panicking = Background::spawn("checkpoint", || panic!("boom")).unwrap();
+        assert!(panicking.wait().unwrap_err().to_string().contains("checkpoint"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -395,6 +395,26 @@ fn bad_pipeline_settings_and_an_unwritable_trace_are_clear_errors() {
     assert!(dir.join("checkpoint.ckpt").exists() && dir.join("summary.json").exists(), "{out}");
 }
 
+/// A checkpoint's export fails on its writing thread (`model` is a file): the run stops at the
+/// next checkpoint with the error, not at its end, and the checkpoint written beside it stays.
+#[test]
+fn a_failed_background_write_stops_the_run_at_the_next_checkpoint() {
+    if !have_digits() {
+        return;
+    }
+    let dir = scratch("write-fail");
+    std::fs::write(dir.join("model"), b"in the way").unwrap();
+    let out_dir = format!("output.dir={}", dir.display());
+    let args = ["--set", "train.max_steps=6", "--set", "output.checkpoint_every=2", "--set", "data.test_limit=32"];
+    let (ok, out) = pipetransformer(
+        &[&["train", "--config", "configs/vit-digits.toml", "--fresh", "--set", &out_dir], &args[..]].concat(),
+    );
+    assert!(!ok && out.contains("model"), "{out}");
+    let log = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    assert_eq!(log.lines().filter(|l| l.contains(r#""event":"step""#)).count(), 4, "{out}");
+    assert!(dir.join("checkpoint.ckpt").exists(), "{out}");
+}
+
 /// The PipeTransformer settings a user can get wrong: each a clear error naming the setting,
 /// before anything is written; an existing run's files stay as they were.
 #[test]

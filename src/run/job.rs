@@ -556,6 +556,8 @@ impl<D: Device> Job<D> {
         let (mut samples, mut last_eval) = (0usize, None);
         // The first failed write of the log, checked at each checkpoint.
         let write_error = std::cell::Cell::new(None);
+        // The checkpoint and export being written while the next steps train.
+        let mut writing: Option<files::Background> = None;
         {
             let mut log = |e: &Event| {
                 match e {
@@ -589,11 +591,23 @@ impl<D: Device> Job<D> {
                 // rank 0 (a collective: every process gets here) before it writes.
                 self.trainer.pipeline.collect_on_rank_zero()?;
                 if writes {
+                    // One checkpoint and export on disk at a time: the last one is whole before
+                    // this one starts (and its error, if any, ends the run here).
+                    if let Some(previous) = writing.take() {
+                        previous.wait()?;
+                    }
                     let (state, tensors) = (self.elastic.state(), self.elastic.state_tensors());
-                    self.trainer.save_checkpoint_with(&self.checkpoint_path(), state, tensors)?;
-                    self.export()?;
+                    let snapshot = self.trainer.snapshot(state, tensors)?;
+                    let (path, exporter) = (self.checkpoint_path(), self.exporter());
+                    writing = Some(files::Background::spawn("checkpoint", move || {
+                        snapshot.save(&path)?;
+                        exporter.write(snapshot.into_parameters())
+                    })?);
                 }
             }
+        }
+        if let Some(last) = writing.take() {
+            last.wait()?;
         }
         let seconds = start.elapsed().as_secs_f64();
         if last_eval.is_none() {
@@ -628,17 +642,21 @@ impl<D: Device> Job<D> {
     /// with label names, tokenizer or vocabulary, preprocessing): at every checkpoint and at
     /// the end, so `predict` and `evaluate` can read a run that is still going.
     pub fn export(&self) -> Result<()> {
-        let pipeline = &self.trainer.pipeline;
-        let extras = weights::ExportExtras {
-            labels: &self.info.labels,
-            tokenizer_dir: self.config.model.pretrained.as_deref(),
-            chars: &self.info.chars,
-            max_seq_length: Some(self.config.data.max_len),
+        self.exporter().write(self.trainer.pipeline.parameter_tensors()?)
+    }
+
+    /// What an export writes besides the weights, owned (for a checkpoint's writing thread).
+    fn exporter(&self) -> Exporter {
+        Exporter {
+            spec: self.trainer.pipeline.spec().clone(),
+            config: self.model_config.clone(),
+            labels: self.info.labels.clone(),
+            tokenizer_dir: self.config.model.pretrained.clone(),
+            chars: self.info.chars.clone(),
+            max_seq_length: self.config.data.max_len,
             pixel_max: self.info.pixel_max,
-        };
-        let (values, dir) = (pipeline.parameter_tensors()?, self.config.output.dir.join("model"));
-        weights::export_values(pipeline.spec(), values, &self.model_config, &extras, dir)?;
-        Ok(())
+            dir: self.config.output.dir.join("model"),
+        }
     }
 
     /// Held-out cross-entropy of the training set's character frequencies (language models).
@@ -648,6 +666,33 @@ impl<D: Device> Job<D> {
         }
         let corpus = data::hamlet(&self.config.data.dir)?;
         Ok(Some(unigram_loss(&corpus.train, &corpus.held_out, corpus.vocab.len())))
+    }
+}
+
+/// An export's model description, labels, tokenizer and preprocessing, and its folder.
+struct Exporter {
+    spec: crate::model::Spec,
+    config: ModelConfig,
+    labels: Vec<String>,
+    tokenizer_dir: Option<PathBuf>,
+    chars: Vec<char>,
+    max_seq_length: usize,
+    pixel_max: Option<u32>,
+    dir: PathBuf,
+}
+
+impl Exporter {
+    /// Writes the export of the parameters `values` (model names, model order).
+    fn write(&self, values: Vec<weights::HostTensor>) -> Result<()> {
+        let extras = weights::ExportExtras {
+            labels: &self.labels,
+            tokenizer_dir: self.tokenizer_dir.as_deref(),
+            chars: &self.chars,
+            max_seq_length: Some(self.max_seq_length),
+            pixel_max: self.pixel_max,
+        };
+        weights::export_values(&self.spec, values, &self.config, &extras, &self.dir)?;
+        Ok(())
     }
 }
 

@@ -290,7 +290,7 @@ impl<D: Device> Predictor<D> {
         let run = path.parent().unwrap_or(Path::new("."));
         let (_, tensors) = checkpoint::load(path)?;
         let values: HashMap<&str, &Vec<f32>> =
-            tensors.iter().filter_map(|t| t.name.strip_prefix("param/").map(|n| (n, &t.data))).collect();
+            tensors.iter().filter_map(|t| t.name.strip_prefix(checkpoint::PARAM).map(|n| (n, &t.data))).collect();
         // The export's config, labels and reader, and the checkpoint's weights (the export's
         // are not copied onto the device first).
         Self::load_from(dev, &run.join("model"), |model, dev, _| {

@@ -40,6 +40,9 @@ impl<W: Write> Checksummed<W> {
     }
 }
 
+/// The name prefix of a parameter's tensor in a checkpoint (`param/` and the model's name).
+pub const PARAM: &str = "param/";
+
 /// One named f32 tensor in a checkpoint.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Tensor {

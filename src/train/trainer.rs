@@ -7,7 +7,7 @@
 //! are saved bit for bit. So N steps, save, load, N more steps reproduce 2N uninterrupted steps
 //! exactly.
 
-use super::checkpoint::{self, Tensor};
+use super::checkpoint::{self, PARAM, Tensor};
 use super::config::TrainConfig;
 use super::event::{Bubble, EvalMetrics, Event};
 use super::metrics::{Confusion, correct};
@@ -20,6 +20,7 @@ use crate::optim::{LrSchedule, OptimizerState, ParamState};
 use crate::pipeline::trace::ChromeTrace;
 use crate::pipeline::{Pipeline, PipelineConfig, PipelineStep, StepOptions, UnitProfile};
 use crate::rng::hash_u64;
+use crate::weights::HostTensor;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::Path;
@@ -81,6 +82,29 @@ pub struct Trainer<D: Device> {
     batches_per_epoch: usize,
     /// Samples and seconds of this epoch's steps in this process (for its throughput).
     epoch_work: (usize, f64),
+}
+
+/// A checkpoint's contents taken from the pipeline between two steps ([`Trainer::snapshot`]):
+/// its own copy, so it can be written while the pipeline trains on.
+pub struct Snapshot {
+    meta: serde_json::Value,
+    tensors: Vec<Tensor>,
+    /// The parameters' shapes, in the order of their `param/…` tensors.
+    shapes: Vec<Vec<usize>>,
+}
+
+impl Snapshot {
+    /// Writes the checkpoint to `path` atomically ([`checkpoint::save`]).
+    pub fn save(&self, path: &Path) -> Result<()> {
+        checkpoint::save(path, &self.meta, &self.tensors)
+    }
+
+    /// The parameters under the model's names with their shapes, in model order: what an
+    /// export of the same moment writes.
+    pub fn into_parameters(self) -> Vec<HostTensor> {
+        let params = self.tensors.into_iter().filter_map(|t| Some((t.name.strip_prefix(PARAM)?.to_string(), t.data)));
+        params.zip(self.shapes).map(|((name, values), shape)| HostTensor { name, shape, values }).collect()
+    }
 }
 
 /// The name prefix of a controller's tensors in a checkpoint.
@@ -342,10 +366,18 @@ impl<D: Device> Trainer<D> {
     /// JSON state (stored as `controller/…`; [`load_checkpoint_with`](Self::load_checkpoint_with)
     /// gives them back).
     pub fn save_checkpoint_with(&self, path: &Path, extra: serde_json::Value, controller: Vec<Tensor>) -> Result<()> {
+        self.snapshot(extra, controller)?.save(path)
+    }
+
+    /// What [`save_checkpoint_with`](Self::save_checkpoint_with) writes, taken now; the write
+    /// itself ([`Snapshot::save`]) may then run on another thread while training goes on.
+    pub fn snapshot(&self, extra: serde_json::Value, controller: Vec<Tensor>) -> Result<Snapshot> {
         let mut tensors: Vec<Tensor> =
             controller.into_iter().map(|t| Tensor { name: format!("{CONTROLLER}{}", t.name), data: t.data }).collect();
-        for (name, data) in self.pipeline.parameter_values()? {
-            tensors.push(Tensor { name: format!("param/{name}"), data });
+        let mut shapes = Vec::new();
+        for HostTensor { name, shape, values } in self.pipeline.parameter_tensors()? {
+            tensors.push(Tensor { name: format!("{PARAM}{name}"), data: values });
+            shapes.push(shape);
         }
         let mut opt = self.pipeline.optimizer_state()?;
         for ps in &mut opt.params {
@@ -365,7 +397,7 @@ impl<D: Device> Trainer<D> {
             "optimizer": opt,
             "controller": extra,
         });
-        checkpoint::save(path, &meta, &tensors)
+        Ok(Snapshot { meta, tensors, shapes })
     }
 
     /// Restores a checkpoint written by [`Trainer::save_checkpoint`] for this model: the frozen
@@ -418,7 +450,7 @@ impl<D: Device> Trainer<D> {
         let expected: Vec<(String, usize)> =
             self.pipeline.units().flat_map(|u| u.params()).map(|p| (p.name.clone(), p.numel())).collect();
         for (name, numel) in expected {
-            match by_name.remove(&format!("param/{name}")) {
+            match by_name.remove(&format!("{PARAM}{name}")) {
                 Some(v) if v.len() == numel => {
                     values.insert(name, v);
                 }
