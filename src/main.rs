@@ -899,11 +899,7 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
         None if config.pipeline.across_processes => {
             bail!("pipeline.across_processes runs one stage per process: start the run with `pipetransformer launch`")
         }
-        Some(group) => {
-            let mut job = Job::new(devices, config).context("preparing the run")?;
-            job.join_process_group(group)?;
-            job
-        }
+        Some(group) => Job::launched(devices, config, group).context("preparing the run")?,
         None => Job::new(devices, config).context("preparing the run")?,
     };
     if run.resume {

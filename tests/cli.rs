@@ -395,6 +395,46 @@ fn bad_pipeline_settings_and_an_unwritable_trace_are_clear_errors() {
     assert!(dir.join("checkpoint.ckpt").exists() && dir.join("summary.json").exists(), "{out}");
 }
 
+/// 33 samples in batches of 8 leave one for the last batch, which two replicas cannot share:
+/// it joins the batch before, so each epoch is 4 steps over every sample.
+#[test]
+fn an_epoch_whose_last_batch_is_shorter_than_the_replicas_trains_every_sample() {
+    if !have_digits() {
+        return;
+    }
+    let dir = scratch("short-last");
+    let out_dir = format!("output.dir={}", dir.display());
+    let (ok, out) = pipetransformer(&[
+        "train",
+        "--config",
+        "configs/vit-digits.toml",
+        "--fresh",
+        "--set",
+        &out_dir,
+        "--devices",
+        "2",
+        "--replicas",
+        "2",
+        "--set",
+        "data.train_limit=33",
+        "--set",
+        "data.batch_size=8",
+        "--set",
+        "train.epochs=2",
+        "--set",
+        "data.test_limit=32",
+    ]);
+    assert!(ok, "{out}");
+    let log = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    let steps: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|v: &serde_json::Value| v["event"] == "step")
+        .collect();
+    let samples: Vec<u64> = steps.iter().map(|v| v["samples"].as_u64().unwrap()).collect();
+    assert_eq!(samples, [8, 8, 8, 9, 8, 8, 8, 9], "{out}");
+}
+
 /// A checkpoint's export fails on its writing thread (`model` is a file): the run stops at the
 /// next checkpoint with the error, not at its end, and the checkpoint written beside it stays.
 #[test]

@@ -116,7 +116,7 @@ fn a_validation_part_replaces_the_test_split() {
     }
     let load = |sets: &[&str]| {
         let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-        prepare_data(&RunConfig::load(Path::new("configs/vit-digits.toml"), &sets).unwrap()).unwrap().1
+        prepare_data(&RunConfig::load(Path::new("configs/vit-digits.toml"), &sets).unwrap(), 1).unwrap().1
     };
     let (plain, held) = (load(&[]), load(&["data.validation_fraction=0.25"]));
     assert_eq!((plain.evaluated_on.as_str(), held.evaluated_on.as_str()), ("test", "validation"));

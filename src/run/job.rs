@@ -53,8 +53,10 @@ pub struct DataInfo {
     pub pixel_max: Option<u32>,
 }
 
-/// Loads the dataset of `config` and wraps it as a batch source.
-pub fn prepare_data(config: &RunConfig) -> Result<(Box<dyn BatchSource>, DataInfo)> {
+/// Loads the dataset of `config` and wraps it as a batch source whose training steps hold at
+/// least `least_batch` samples (one per replica of every process; 1 where only evaluation
+/// matters): an epoch's last batch that would be shorter joins the one before it.
+pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn BatchSource>, DataInfo)> {
     let d = &config.data;
     let seed = config.train.seed;
     let eval_bs = d.eval_batch_size.unwrap_or(d.batch_size);
@@ -93,7 +95,8 @@ pub fn prepare_data(config: &RunConfig) -> Result<(Box<dyn BatchSource>, DataInf
                     .collect();
                 Ok(text_batch(&batch_tokenizer, &items, offset)?.host)
             });
-            let mut source = SampleSource::new(train, test, seed, d.batch_size, eval_bs, make)?;
+            let mut source =
+                SampleSource::new(train, test, seed, d.batch_size, eval_bs, make)?.least_batch(least_batch);
             if d.group_by_length {
                 source = source.group_by_length(|t| Ok(tokenizer.encode(&t.text)?.ids.len()))?;
             }
@@ -112,7 +115,7 @@ pub fn prepare_data(config: &RunConfig) -> Result<(Box<dyn BatchSource>, DataInf
             let test = subset(split.test.samples().to_vec(), d.test_limit, seed ^ 1);
             let (n_train, n_test) = (train.len(), test.len());
             let make = Box::new(|s: &[&ImageSample], offset: u64| data::image_batch(s, offset));
-            let source = SampleSource::new(train, test, seed, d.batch_size, eval_bs, make)?;
+            let source = SampleSource::new(train, test, seed, d.batch_size, eval_bs, make)?.least_batch(least_batch);
             let pixel_max = Some(if d.dataset == DatasetName::Digits { data::DIGITS_PIXEL_MAX } else { 255 });
             Ok((Box::new(source), DataInfo { pixel_max, ..info(&name, &labels, n_train, n_test) }))
         }
@@ -122,7 +125,7 @@ pub fn prepare_data(config: &RunConfig) -> Result<(Box<dyn BatchSource>, DataInf
             let test = subset(corpus.held_out_sequences(d.max_len)?, d.test_limit, seed ^ 1);
             let (n_train, n_test) = (train.len(), test.len());
             let make = Box::new(|s: &[&LmSequence], offset: u64| data::lm_batch(s, offset));
-            let source = SampleSource::new(train, test, seed, d.batch_size, eval_bs, make)?;
+            let source = SampleSource::new(train, test, seed, d.batch_size, eval_bs, make)?.least_batch(least_batch);
             let info = DataInfo {
                 classes: corpus.vocab.len(),
                 chars: corpus.vocab.chars().to_vec(),
@@ -315,10 +318,16 @@ pub struct Job<D: Device> {
 }
 
 impl<D: Device> Job<D> {
-    /// Trains as one process of `group` (`pipetransformer launch`): this process runs its shard
-    /// of every global batch and only rank 0 writes the run's files. AutoDP and the activation
-    /// cache work within one process, so a launched run must switch them off.
-    pub fn join_process_group(&mut self, group: ProcessGroup) -> Result<()> {
+    /// [`new`](Self::new) for one process of `group` (`pipetransformer launch`): this process
+    /// runs its shard of every global batch and only rank 0 writes the run's files. AutoDP and
+    /// the activation cache work within one process, so a launched run must switch them off.
+    pub fn launched(devices: Vec<D>, config: RunConfig, group: ProcessGroup) -> Result<Self> {
+        let mut job = Self::build(devices, config, None, group.size())?;
+        job.join_process_group(group)?;
+        Ok(job)
+    }
+
+    fn join_process_group(&mut self, group: ProcessGroup) -> Result<()> {
         let e = &self.config.elastic;
         for (on, key) in [(e.auto_dp, "elastic.auto_dp"), (e.cache, "elastic.cache")] {
             if on {
@@ -371,7 +380,7 @@ impl<D: Device> Job<D> {
     /// trainer and the elastic controller. Every setting is checked before anything is
     /// written.
     pub fn new(devices: Vec<D>, config: RunConfig) -> Result<Self> {
-        Self::build(devices, config, None)
+        Self::build(devices, config, None, 1)
     }
 
     /// [`new`](Self::new) for one process of a launched run whose pipeline stages are its
@@ -408,15 +417,23 @@ impl<D: Device> Job<D> {
                 ),
             });
         }
-        Self::build(devices, config, Some(group))
+        Self::build(devices, config, Some(group), 1)
     }
 
-    fn build(devices: Vec<D>, config: RunConfig, group: Option<ProcessGroup>) -> Result<Self> {
+    /// The run on `devices`, its pipeline's stages the processes of `group` when given, and
+    /// its replicas' batches shared with `processes − 1` other processes.
+    fn build(devices: Vec<D>, config: RunConfig, group: Option<ProcessGroup>, processes: usize) -> Result<Self> {
         let (plan, count) = config.pipeline.resolve()?;
         if devices.len() < count {
             return Err(config_error("devices", format!("the run needs {count} devices; {} given", devices.len())));
         }
-        let (source, info) = prepare_data(&config)?;
+        // The most replicas a step can have: one per device (AutoDP's ceiling) of every process,
+        // or, with stages as processes, one per pipeline of them.
+        let replicas = match &group {
+            Some(g) => g.size() / plan.pipeline_len.max(1),
+            None => count * processes,
+        };
+        let (source, info) = prepare_data(&config, replicas)?;
         let first = source.train_batch(0, 0)?;
         // A stage process holds its own stages' weights only, from the start. Every process
         // plans alike from the units' FLOPs, which their shapes give: a first build keeps no

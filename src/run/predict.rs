@@ -264,7 +264,7 @@ impl<D: Device> Predictor<D> {
     /// config's limits), after checking that the data's classes (or characters) are the
     /// model's.
     pub fn evaluate_dataset(&self, config: &RunConfig) -> Result<EvalMetrics> {
-        let (source, info) = prepare_data(config)?;
+        let (source, info) = prepare_data(config, 1)?;
         let matches = match &self.reader {
             Reader::Chars { chars, .. } => *chars == info.chars,
             _ => self.labels == info.labels,

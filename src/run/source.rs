@@ -25,6 +25,8 @@ pub struct SampleSource<S> {
     train_lengths: Option<Vec<usize>>,
     /// The order evaluation batches take the test samples in (file order, or by length).
     eval_order: Vec<usize>,
+    /// The fewest samples a training step can be split into ([`least_batch`](Self::least_batch)).
+    least_batch: usize,
 }
 
 impl<S> SampleSource<S> {
@@ -56,7 +58,16 @@ impl<S> SampleSource<S> {
             make_batch,
             train_lengths: None,
             eval_order,
+            least_batch: 1,
         })
+    }
+
+    /// Steps need at least `least` samples (one per replica of every process): an epoch's
+    /// last batch that would be shorter joins the one before it, so every sample is still
+    /// seen once per epoch and no step is left that the replicas cannot share.
+    pub fn least_batch(mut self, least: usize) -> Self {
+        self.least_batch = least.max(1);
+        self
     }
 
     /// Batches of similar length, given each sample's length: training batches by
@@ -115,14 +126,22 @@ pub fn subset<S>(samples: Vec<S>, limit: usize, seed: u64) -> Vec<S> {
 
 impl<S: Send + Sync> BatchSource for SampleSource<S> {
     fn batches_per_epoch(&self) -> usize {
-        self.train.len().div_ceil(self.batch_size)
+        let (len, size) = (self.train.len(), self.batch_size);
+        let batches = len.div_ceil(size);
+        match batches > 1 && len - (batches - 1) * size < self.least_batch {
+            true => batches - 1,
+            false => batches,
+        }
     }
 
     fn train_batch(&self, epoch: u64, index: usize) -> Result<HostBatch> {
         let perm = self.permutation(epoch)?;
-        let start = index * self.batch_size;
-        let end = (start + self.batch_size).min(perm.len());
-        if start >= end {
+        let (start, batches) = (index * self.batch_size, self.batches_per_epoch());
+        let end = match index + 1 == batches {
+            true => perm.len(),
+            false => (start + self.batch_size).min(perm.len()),
+        };
+        if index >= batches || start >= end {
             return Err(data_error("training batch", format!("index {index} is past the end of the epoch")));
         }
         let samples: Vec<&S> = perm[start..end].iter().map(|&i| &self.train[i]).collect();
@@ -175,6 +194,22 @@ mod tests {
         assert!(
             SampleSource::new(Vec::<u32>::new(), vec![1], 0, 1, 1, Box::new(|_, _| Ok(HostBatch::default()))).is_err()
         );
+    }
+
+    /// 10 samples in batches of 4 leave 2 for the last batch: kept when steps need at most 2
+    /// samples, joined to the batch before when they need 3 (every sample still once).
+    #[test]
+    fn a_last_batch_too_short_for_the_replicas_joins_the_one_before() {
+        for (least, sizes) in [(2, vec![4, 4, 2]), (3, vec![4, 6]), (1, vec![4, 4, 2])] {
+            let s = source().least_batch(least);
+            assert_eq!(s.batches_per_epoch(), sizes.len(), "least {least}");
+            let batches: Vec<HostBatch> = (0..sizes.len()).map(|i| s.train_batch(1, i).unwrap()).collect();
+            assert_eq!(batches.iter().map(|b| b.batch).collect::<Vec<_>>(), sizes, "least {least}");
+            let seen: Vec<u32> = batches.into_iter().flat_map(|b| b.targets).collect();
+            let want: Vec<u32> = BatchOrder::new(10, 7).permutation(1).iter().map(|&i| i as u32).collect();
+            assert_eq!(seen, want, "least {least}");
+            assert!(s.train_batch(1, sizes.len()).is_err());
+        }
     }
 
     #[test]
