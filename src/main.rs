@@ -906,6 +906,10 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
         job.resume().with_context(|| format!("resuming from {}", ckpt.display()))?;
         let p = job.trainer.position;
         println!("resumed at step {} (epoch {}, batch {})", p.step, p.epoch, p.batch);
+        let slices = &job.trainer.pipeline.plan().config.token_slices;
+        if !slices.is_empty() {
+            println!("token slices (the checkpoint's): {slices:?}");
+        }
     }
     print!("{}", job.trainer.pipeline.plan());
     println!("communicator: {}", job.communicator);

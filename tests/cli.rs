@@ -587,6 +587,27 @@ fn token_slices_are_refused_where_they_do_not_apply() {
     }
 }
 
+/// A resumed run keeps its checkpoint's token slices and says so; it does not announce a
+/// slicing planned afresh (`auto`) that the checkpoint's plan replaced.
+#[test]
+fn a_resumed_run_names_the_checkpoints_token_slices() {
+    if !common::installed(&[Path::new("data/text/hamlet.txt")]) {
+        return;
+    }
+    let dir = scratch("resume-slices");
+    let out_dir = format!("output.dir={}", dir.display());
+    let run = |flags: &[&str], steps: &str| {
+        let base = ["train", "--config", "configs/gpt-hamlet.toml", "--set", &out_dir, "--set", "data.test_limit=4"];
+        pipetransformer(&[&base[..], &["--set", steps, "--set", "data.batch_size=2"], flags].concat())
+    };
+    let (ok, out) = run(&["--fresh", "--token-slices", "3,5,120"], "train.max_steps=1");
+    assert!(ok, "{out}");
+    let (ok, out) = run(&["--resume", "--token-slices", "auto"], "train.max_steps=2");
+    assert!(ok, "{out}");
+    assert!(out.contains("token slices (the checkpoint's): [3, 5, 120]") && !out.contains("planned from"), "{out}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// `plan --token-slices auto` plans one slicing for every micro-batch under the device memory
 /// limit (`--memory-limit`, with binary units), prints it with its predicted peak, and a limit
 /// that no slicing meets is refused by name with the bytes it would need.
@@ -603,6 +624,11 @@ fn token_slices_auto_respects_the_memory_limit() {
         line.contains("2 × (8 seq: ") && line.contains("peak memory") && !line.contains("peak memory 0 B"),
         "{line}"
     );
+    // The plan in force runs that slicing: its last slice's forward is in the device's actions.
+    let n = line.split("seq: ").nth(1).and_then(|l| l.split(')').next()).unwrap().split(',').count();
+    let device0 = out.lines().find(|l| l.starts_with("device 0:")).unwrap_or_else(|| panic!("{out}"));
+    let last = if n > 1 { format!("F0/{}.0 ", n - 1) } else { "F0.0 ".into() };
+    assert!(device0.contains(&last) && !device0.contains(&format!("F0/{n}.")), "{n} slices: {device0}");
     let (ok, out) = pipetransformer(&[&gpt[..], &["--memory-limit", "3MiB"]].concat());
     assert!(!ok && out.contains("pipeline.memory_limit") && out.contains("no slicing meets the memory limit"), "{out}");
     let (ok, out) = pipetransformer(&[&gpt[..], &["--memory-limit", "3 parsecs"]].concat());

@@ -59,10 +59,17 @@ pub trait Device: Send + Sync + 'static {
     /// attention's saved state, per-row losses): f32 on every device, even where activations are
     /// bf16, because these values feed divisions and exponentials in the backward.
     fn alloc_stats(&self, len: usize) -> Result<Self::Buf>;
-    /// A buffer of `len` zeros.
+    /// A buffer of `len` zeros, of the parameters' dtype (f32 on every GPU).
     fn zeros(&self, len: usize) -> Result<Self::Buf>;
-    /// Copies host f32 values into a new buffer (rounding to the device dtype).
+    /// Copies host f32 values into a new buffer of the parameters' dtype (weights, gradients,
+    /// optimizer state: f32 on every GPU; the element type on the cpu backend).
     fn upload(&self, data: &[f32]) -> Result<Self::Buf>;
+    /// Copies host f32 values into a new buffer of the [activation dtype](Self::activation_dtype)
+    /// (rounding to bf16 on a bf16 GPU): hidden states and their gradients that reach a stage
+    /// from another device, a process or the activation cache.
+    fn upload_activations(&self, data: &[f32]) -> Result<Self::Buf> {
+        self.upload(data)
+    }
     /// Copies host f64 values into a new buffer (rounding to the device dtype).
     fn upload_f64(&self, data: &[f64]) -> Result<Self::Buf>;
     /// Reads a buffer back as f32.

@@ -81,7 +81,13 @@ impl<D: Device> KvArena<D> {
     pub fn add_grad(&mut self, dev: &D, which: Kv, g: &D::Buf) -> Result<()> {
         if self.grad.is_none() {
             let n = self.batch * self.seq * self.width;
-            self.grad = Some([dev.zeros(n)?, dev.zeros(n)?]);
+            // In the activations' dtype, as the slices' key and value gradients added into it.
+            let zeros = || -> Result<D::Buf> {
+                let mut g = dev.alloc(n)?;
+                dev.fill(&mut g, 0.0)?;
+                Ok(g)
+            };
+            self.grad = Some([zeros()?, zeros()?]);
         }
         let end = D::len(g) / (self.batch * self.width).max(1);
         let c = self.rows(0, end, true, true)?;

@@ -310,7 +310,8 @@ pub struct Job<D: Device> {
     pub elastic: Elastic,
     /// What loading pretrained weights found, if any were loaded.
     pub load_report: Option<LoadReport>,
-    /// TeraPipe's planned slicing, when the run asked for `token_slices = "auto"`.
+    /// TeraPipe's planned slicing, when the run asked for `token_slices = "auto"` (none after a
+    /// [resume](Self::resume), whose checkpoint's plan is in force).
     pub slicing: Option<SlicingPlan>,
     /// What the replicas sum gradients over (NCCL, the host ring, or why not NCCL), to announce.
     pub communicator: String,
@@ -536,6 +537,8 @@ impl<D: Device> Job<D> {
             });
         }
         let (state, tensors) = self.trainer.load_checkpoint_with(&path)?;
+        // The checkpoint's plan, token slices included, replaces the one planned here.
+        self.slicing = None;
         self.elastic.restore(state)?;
         self.elastic.restore_tensors(tensors);
         if self.trainer.pipeline.process_stage().is_none() {

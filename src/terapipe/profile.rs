@@ -26,6 +26,22 @@ pub fn grid_step(seq: usize) -> usize {
     (1..=seq).find(|d| seq.is_multiple_of(*d) && seq / d <= 32).unwrap_or(seq.max(1))
 }
 
+/// Why a `seq`-token sequence on a grid of `step` has too few grid points to measure `what`:
+/// the sequence is short, or its divisors leave only a coarse grid (a prime above 32 is one
+/// grid unit of its own length).
+fn coarse_grid(seq: usize, step: usize, what: &str) -> crate::error::Error {
+    let why = match step {
+        1 => format!("a {seq}-token sequence is too short to measure {what}"),
+        _ => format!(
+            "the planner's token grid needs a step dividing the {seq}-token sequence into at most 32 parts, and the \
+             smallest, {step}, leaves {} (too few to measure {what}); a length with small factors (such as {}) plans",
+            seq / step,
+            seq.next_multiple_of(8)
+        ),
+    };
+    config_error("token_slices", format!("{why}; or give the slices (a count or lengths)"))
+}
+
 /// One Transformer layer of a model (its first attention unit and the MLP unit after it) set
 /// up to run a slice of `len` tokens after `context` tokens of a micro-batch, through a
 /// key/value arena as the pipeline's workers use it.
@@ -68,7 +84,7 @@ impl<D: Device> LayerProbe<D> {
         let (b, width) = (self.slice.batch, model.spec().hidden);
         let mut arena = KvArena::new(dev, b, self.whole, width)?;
         if let Some(prefix) = &self.prefix {
-            let h = dev.upload(&vec![0.1; b * self.context * width])?;
+            let h = dev.upload_activations(&vec![0.1; b * self.context * width])?;
             model.units()[self.attention].forward(dev, prefix, Some(h), false, Some(&mut arena))?;
         }
         Ok(arena)
@@ -77,7 +93,7 @@ impl<D: Device> LayerProbe<D> {
     /// The slice's forward through the layer: its output and what each unit saved.
     fn forward(&self, dev: &D, model: &Model<D>, arena: &mut KvArena<D>) -> Result<(D::Buf, Saved<D>, Saved<D>)> {
         let units = model.units();
-        let x = dev.upload(&self.input)?;
+        let x = dev.upload_activations(&self.input)?;
         let (y, attention) = units[self.attention].forward(dev, &self.slice, Some(x), true, Some(arena))?;
         let (out, mlp) = units[self.attention + 1].forward(dev, &self.slice, Some(y), true, None)?;
         Ok((out, attention, mlp))
@@ -88,7 +104,7 @@ impl<D: Device> LayerProbe<D> {
         let mut times = Vec::with_capacity(REPEATS);
         for _ in 0..=REPEATS {
             let mut arena = self.arena(dev, model)?;
-            let dy = dev.upload(&self.input)?;
+            let dy = dev.upload_activations(&self.input)?;
             dev.synchronize()?;
             let start = Instant::now();
             let (_, attention, mlp) = self.forward(dev, model, &mut arena)?;
@@ -127,12 +143,12 @@ fn layer_seconds<D: Device>(
 /// Seconds to move `tokens` positions of activations across a stage boundary and their gradient
 /// back (a download and an upload each, as the runtime's mailboxes do).
 fn transfer_seconds<D: Device>(dev: &D, tokens: usize, width: usize) -> Result<f64> {
-    let buf = dev.upload(&vec![0.5; tokens * width])?;
+    let buf = dev.upload_activations(&vec![0.5; tokens * width])?;
     let mut times = Vec::with_capacity(REPEATS);
     for _ in 0..REPEATS {
         let start = Instant::now();
         let host = dev.download(&buf)?;
-        let back = dev.upload(&host)?;
+        let back = dev.upload_activations(&host)?;
         dev.synchronize()?;
         times.push(2.0 * start.elapsed().as_secs_f64());
         drop(back);
@@ -176,12 +192,7 @@ pub fn measure_latency<D: Device>(
         }
     }
     if with_context.len() < 4 {
-        return Err(config_error(
-            "token_slices",
-            format!(
-                "a {seq}-token sequence is too short to measure the context term; give the slices (a count or lengths)"
-            ),
-        ));
+        return Err(coarse_grid(seq, step, "the context term"));
     }
     points.extend(with_context);
     let samples = points
@@ -221,12 +232,7 @@ pub fn measure_memory<D: Device>(
 ) -> Result<MemoryModel> {
     let (b, seq, step) = (micro.batch, micro.seq, grid_step(micro.seq));
     if seq < 2 * step {
-        return Err(config_error(
-            "token_slices",
-            format!(
-                "a {seq}-token sequence is too short to measure a slice's memory; give the slices (a count or lengths)"
-            ),
-        ));
+        return Err(coarse_grid(seq, step, "a slice's memory"));
     }
     let bytes = dev.activation_dtype().bytes() as f64;
     let elements = |context| LayerProbe::new(dev, model, micro, step, context)?.saved_elements(dev, model);

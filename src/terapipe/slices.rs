@@ -29,6 +29,7 @@ impl FromStr for TokenSlices {
         match s.trim() {
             "" | "off" => Ok(TokenSlices::Off),
             "auto" => Ok(TokenSlices::Auto),
+            "0" => bad(format!("`0` slices: every sequence is at least one slice ({EXPECTED}; `off` for none)")),
             text => {
                 let parts: Vec<&str> = text.split(',').map(str::trim).collect();
                 let mut lengths = Vec::with_capacity(parts.len());
@@ -72,7 +73,8 @@ impl<'de> serde::Deserialize<'de> for TokenSlices {
             Text(String),
         }
         match Raw::deserialize(d)? {
-            Raw::Count(n) => Ok(if n == 0 { TokenSlices::Off } else { TokenSlices::Count(n) }),
+            // Read as its text would be, so `0` means the same in either form.
+            Raw::Count(n) => n.to_string().parse().map_err(serde::de::Error::custom),
             Raw::Text(t) => t.parse().map_err(serde::de::Error::custom),
         }
     }
@@ -141,10 +143,20 @@ mod tests {
 
     #[test]
     fn bad_requests_name_what_is_wrong() {
-        for (text, needle) in [("3,0,5", "zero-length"), ("two", "`two` is not a length"), ("4,x", "`x` is not")] {
+        for (text, needle) in
+            [("3,0,5", "zero-length"), ("two", "`two` is not a length"), ("4,x", "`x` is not"), ("0", "`0` slices")]
+        {
             let err = text.parse::<TokenSlices>().unwrap_err().to_string();
             assert!(err.contains("token_slices") && err.contains(needle), "{text}: {err}");
         }
+        // A TOML integer reads as its text: 0 is refused there too, 4 is four slices.
+        #[derive(serde::Deserialize)]
+        struct Section {
+            token_slices: TokenSlices,
+        }
+        let err = toml::from_str::<Section>("token_slices = 0").err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("`0` slices"), "{err}");
+        assert_eq!(toml::from_str::<Section>("token_slices = 4").unwrap().token_slices, TokenSlices::Count(4));
         let err = TokenSlices::Lengths(vec![5, 4]).lengths(8).unwrap_err().to_string();
         assert!(err.contains("covers 9 tokens; the sequences have 8"), "{err}");
         let err = TokenSlices::Count(9).lengths(8).unwrap_err().to_string();

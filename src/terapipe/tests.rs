@@ -450,3 +450,21 @@ fn ties_prefer_fewer_slices_then_the_lexicographically_smaller() {
     let p = plan_checked(&lat, &PlannerConfig::new(2, 24, 1));
     assert_eq!(p.micro_batches[0].slices, vec![8, 16], "{p}");
 }
+
+/// A length whose only divisors leave too coarse a grid (37 is prime: one grid unit) is
+/// refused with that reason and a length that plans, not as "too short"; 36 measures.
+#[test]
+fn a_length_without_a_fine_grid_says_so() {
+    use crate::model::{Model, ModelConfig, config::GptConfig};
+    let dev = crate::device::CpuDevice::<f32>::new(0, 1).unwrap();
+    let ModelConfig::Gpt(small) = crate::model::tiny::tiny_gpt(0.0) else { unreachable!() };
+    let config = ModelConfig::Gpt(GptConfig { n_positions: 40, ..small });
+    let mut model = Model::new(&dev, &config, 1).unwrap();
+    let batch = |seq: usize| {
+        let s = crate::data::LmSequence { id: 0, input: vec![1; seq], target: vec![2; seq] };
+        crate::data::lm_batch(&[&s], 0).unwrap()
+    };
+    let err = measure_latency(&dev, &mut model, &batch(37), 1).unwrap_err().to_string();
+    assert!(err.contains("the smallest, 37, leaves 1") && err.contains("such as 40"), "{err}");
+    assert!(measure_latency(&dev, &mut model, &batch(36), 1).is_ok());
+}

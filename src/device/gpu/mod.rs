@@ -289,6 +289,15 @@ impl Device for GpuDevice {
         let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_ne_bytes()).collect();
         self.upload_bytes(&bytes, data.len(), Elem::F32)
     }
+    fn upload_activations(&self, data: &[f32]) -> Result<Self::Buf> {
+        match self.act() {
+            Elem::F32 => self.upload(data),
+            Elem::Bf16 => {
+                let bytes: Vec<u8> = data.iter().flat_map(|&x| half::bf16::from_f32(x).to_ne_bytes()).collect();
+                self.upload_bytes(&bytes, data.len(), Elem::Bf16)
+            }
+        }
+    }
     fn upload_f64(&self, data: &[f64]) -> Result<Self::Buf> {
         let narrowed: Vec<f32> = data.iter().map(|&x| x as f32).collect();
         self.upload(&narrowed)

@@ -1252,7 +1252,7 @@ impl<D: Device> Pipeline<D> {
         let first = self.plan.partition.stages[s].start;
         let dev = self.device_at(replica, s);
         let batch = Batch::upload(dev, &self.spec, host, false, 0)?;
-        let mut h = x.map(|v| dev.upload(&v)).transpose()?;
+        let mut h = x.map(|v| dev.upload_activations(&v)).transpose()?;
         for (i, unit) in self.stages[replica][s].iter().enumerate() {
             if (skip..end).contains(&(first + i)) {
                 h = Some(unit.forward(dev, &batch, h.take(), false, None)?.0);

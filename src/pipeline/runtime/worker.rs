@@ -324,7 +324,7 @@ impl<D: Device> Worker<'_, D> {
                     let first = ctx.plan.partition.stages[stage].start;
                     // Stage 0 starts from the batch's cached hidden states when it has them.
                     let (mut x, skip) = match (stage, &host.hidden) {
-                        (0, Some(h)) => (Some(dev.upload(&h.data)?), h.depth),
+                        (0, Some(h)) => (Some(dev.upload_activations(&h.data)?), h.depth),
                         (0, None) => (None, 0),
                         _ => (Some(take(&mut acts, (piece, stage - 1), "activation")?), 0),
                     };
@@ -432,7 +432,7 @@ impl<D: Device> Worker<'_, D> {
                     let data = ctx.shared.take(me, key)?.ok_or_else(|| {
                         internal("pipeline", format!("empty activation of stage {stage}, piece {piece}"))
                     })?;
-                    acts.insert((piece, stage), dev.upload(&data)?);
+                    acts.insert((piece, stage), dev.upload_activations(&data)?);
                 }
                 Action::SendGrad { piece, stage, to } => {
                     let g = take(&mut dys, (piece, stage - 1), "gradient")?;
@@ -442,7 +442,7 @@ impl<D: Device> Worker<'_, D> {
                 Action::RecvGrad { piece, stage, .. } => {
                     let (key, _) = message(&action)?;
                     let data = ctx.shared.take(me, key)?;
-                    dys.insert((piece, stage - 1), data.map(|d| dev.upload(&d)).transpose()?);
+                    dys.insert((piece, stage - 1), data.map(|d| dev.upload_activations(&d)).transpose()?);
                 }
                 Action::AllReduce { stage } => {
                     // Unless its last backward (before this) started them already: zero bubble's
