@@ -435,6 +435,30 @@ fn an_epoch_whose_last_batch_is_shorter_than_the_replicas_trains_every_sample() 
     assert_eq!(samples, [8, 8, 8, 9, 8, 8, 8, 9], "{out}");
 }
 
+/// Resuming with another seed (another split and order over as many batches) is refused by
+/// name, and the checkpoint is kept; with the run's own settings it resumes.
+#[test]
+fn resuming_over_other_training_data_is_refused() {
+    if !have_digits() {
+        return;
+    }
+    let dir = scratch("resume-data");
+    let out_dir = format!("output.dir={}", dir.display());
+    let run = |flags: &[&str]| {
+        let base = ["train", "--config", "configs/vit-digits.toml", "--set", &out_dir, "--set", "data.test_limit=32"];
+        pipetransformer(&[&base[..], flags].concat())
+    };
+    let (ok, out) = run(&["--fresh", "--set", "train.max_steps=2"]);
+    assert!(ok, "{out}");
+    let saved = std::fs::read(dir.join("checkpoint.ckpt")).unwrap();
+    let (ok, out) = run(&["--resume", "--set", "train.max_steps=3", "--set", "train.seed=1"]);
+    assert!(!ok && out.contains("other training data") && out.contains("--fresh"), "{out}");
+    assert_eq!(std::fs::read(dir.join("checkpoint.ckpt")).unwrap(), saved);
+    let (ok, out) = run(&["--resume", "--set", "train.max_steps=3"]);
+    assert!(ok && out.contains("resumed at step 2"), "{out}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A checkpoint's export fails on its writing thread (`model` is a file): the run stops at the
 /// next checkpoint with the error, not at its end, and the checkpoint written beside it stays.
 #[test]
@@ -552,6 +576,12 @@ fn the_elastic_loop_runs_on_emulated_cuda_devices() {
     let report = std::fs::read_to_string(dir.join("report.html")).unwrap();
     assert!(report.contains("<svg") && report.contains("0 → 1"), "{report}");
     assert!(std::fs::read_to_string(&trace).unwrap().contains("transition: 1 frozen layers, K=1 R=2"));
+    std::fs::remove_dir_all(&dir).unwrap();
+    // In bf16 the hidden states stage 1 receives, and later the cache's, are bf16 on the GPU.
+    let dir = scratch("elastic-emu-bf16");
+    let (ok, out) =
+        elastic_loop(&dir, &["--device", "cuda-emu", "--precision", "bf16", "--cache", "--set", "train.epochs=2"]);
+    assert!(ok && out.contains("K 2 → 1, R 1 → 2") && out.contains("epoch 1: cache 32 hits"), "{out}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -25,6 +25,10 @@ impl BatchOrder {
     pub fn new(len: usize, seed: u64) -> Self {
         Self { len, seed }
     }
+    /// The seed the orders are drawn from.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
     /// Samples per epoch.
     pub fn len(&self) -> usize {
         self.len

@@ -100,7 +100,7 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
             if d.group_by_length {
                 source = source.group_by_length(|t| Ok(tokenizer.encode(&t.text)?.ids.len()))?;
             }
-            Ok((Box::new(source), info(&name, &labels, n_train, n_test)))
+            Ok((Box::new(source.ids(|t| t.id)), info(&name, &labels, n_train, n_test)))
         }
         DatasetName::FashionMnist | DatasetName::Mnist5k | DatasetName::Digits => {
             let split = match d.dataset {
@@ -115,7 +115,9 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
             let test = subset(split.test.samples().to_vec(), d.test_limit, seed ^ 1);
             let (n_train, n_test) = (train.len(), test.len());
             let make = Box::new(|s: &[&ImageSample], offset: u64| data::image_batch(s, offset));
-            let source = SampleSource::new(train, test, seed, d.batch_size, eval_bs, make)?.least_batch(least_batch);
+            let source = SampleSource::new(train, test, seed, d.batch_size, eval_bs, make)?
+                .least_batch(least_batch)
+                .ids(|s| s.id);
             let pixel_max = Some(if d.dataset == DatasetName::Digits { data::DIGITS_PIXEL_MAX } else { 255 });
             Ok((Box::new(source), DataInfo { pixel_max, ..info(&name, &labels, n_train, n_test) }))
         }
@@ -125,7 +127,9 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
             let test = subset(corpus.held_out_sequences(d.max_len)?, d.test_limit, seed ^ 1);
             let (n_train, n_test) = (train.len(), test.len());
             let make = Box::new(|s: &[&LmSequence], offset: u64| data::lm_batch(s, offset));
-            let source = SampleSource::new(train, test, seed, d.batch_size, eval_bs, make)?.least_batch(least_batch);
+            let source = SampleSource::new(train, test, seed, d.batch_size, eval_bs, make)?
+                .least_batch(least_batch)
+                .ids(|s| s.id);
             let info = DataInfo {
                 classes: corpus.vocab.len(),
                 chars: corpus.vocab.chars().to_vec(),
@@ -483,7 +487,8 @@ impl<D: Device> Job<D> {
                 (pipeline, text)
             }
         };
-        let trainer = Trainer::new(pipeline, config.train.clone(), source.batches_per_epoch(), per_sample)?;
+        let mut trainer = Trainer::new(pipeline, config.train.clone(), source.batches_per_epoch(), per_sample)?;
+        trainer.data_fingerprint = source.fingerprint();
         let positions = match spec.input {
             InputSpec::Image { image_size, patch, .. } => (image_size / patch).pow(2) + 1,
             InputSpec::Tokens { .. } => config.data.max_len,

@@ -5,7 +5,7 @@
 use crate::data::BatchOrder;
 use crate::error::{Result, data_error};
 use crate::model::HostBatch;
-use crate::rng::Rng;
+use crate::rng::{Rng, hash_u64};
 use crate::train::BatchSource;
 
 /// Builds a batch from samples and the position of the first one in its epoch.
@@ -27,6 +27,8 @@ pub struct SampleSource<S> {
     eval_order: Vec<usize>,
     /// The fewest samples a training step can be split into ([`least_batch`](Self::least_batch)).
     least_batch: usize,
+    /// [`BatchSource::fingerprint`], when the samples' ids are known ([`ids`](Self::ids)).
+    fingerprint: Option<u64>,
 }
 
 impl<S> SampleSource<S> {
@@ -59,7 +61,18 @@ impl<S> SampleSource<S> {
             train_lengths: None,
             eval_order,
             least_batch: 1,
+            fingerprint: None,
         })
+    }
+
+    /// Gives the training samples' stable ids (`id` of each, in order), so the source has a
+    /// [fingerprint](BatchSource::fingerprint): the ids, the order's seed and whether batches
+    /// group by length. Call after [`group_by_length`](Self::group_by_length) where used.
+    pub fn ids(mut self, id: impl Fn(&S) -> u64) -> Self {
+        let grouped = u64::from(self.train_lengths.is_some());
+        let start = hash_u64(self.order.seed(), grouped);
+        self.fingerprint = Some(self.train.iter().fold(start, |h, s| hash_u64(h, id(s))));
+        self
     }
 
     /// Steps need at least `least` samples (one per replica of every process): an epoch's
@@ -152,6 +165,10 @@ impl<S: Send + Sync> BatchSource for SampleSource<S> {
         self.test.len().div_ceil(self.eval_batch_size)
     }
 
+    fn fingerprint(&self) -> Option<u64> {
+        self.fingerprint
+    }
+
     fn eval_batch(&self, index: usize) -> Result<HostBatch> {
         let start = index * self.eval_batch_size;
         let end = (start + self.eval_batch_size).min(self.test.len());
@@ -210,6 +227,19 @@ mod tests {
             assert_eq!(seen, want, "least {least}");
             assert!(s.train_batch(1, sizes.len()).is_err());
         }
+    }
+
+    #[test]
+    fn the_fingerprint_follows_the_ids_the_seed_and_the_grouping() {
+        let fp = |s: SampleSource<u32>| s.ids(|&x| u64::from(x)).fingerprint().unwrap();
+        let make =
+            |train: Vec<u32>, seed| SampleSource::new(train, vec![100], seed, 4, 2, source().make_batch).unwrap();
+        let base = fp(source());
+        assert_eq!(base, fp(make((0..10).collect(), 7)), "the same samples and seed");
+        assert_ne!(base, fp(make((0..10).collect(), 8)), "another seed");
+        assert_ne!(base, fp(make((1..11).collect(), 7)), "other samples");
+        assert_ne!(base, fp(source().group_by_length(|&x| Ok(x as usize)).unwrap()), "grouped by length");
+        assert_eq!(source().fingerprint(), None, "no ids given");
     }
 
     #[test]

@@ -14,4 +14,11 @@ pub trait BatchSource: Send + Sync {
     fn eval_batches(&self) -> usize;
     /// Evaluation batch `index`.
     fn eval_batch(&self, index: usize) -> Result<HostBatch>;
+    /// What the training batches are made of (the training samples' ids in split order, and
+    /// what orders them): a checkpoint records it, and a resume refuses a source whose
+    /// fingerprint differs, since its saved position would name other samples. `None`: not
+    /// known, not checked.
+    fn fingerprint(&self) -> Option<u64> {
+        None
+    }
 }

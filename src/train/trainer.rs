@@ -79,6 +79,9 @@ pub struct Trainer<D: Device> {
     pub profiles: Vec<UnitProfile>,
     /// A Chrome trace of every step, when asked for.
     pub trace: Option<ChromeTrace>,
+    /// The batch source's [fingerprint](BatchSource::fingerprint): checkpoints record it, and
+    /// loading one taken over other training data is refused.
+    pub data_fingerprint: Option<u64>,
     batches_per_epoch: usize,
     /// Samples and seconds of this epoch's steps in this process (for its throughput).
     epoch_work: (usize, f64),
@@ -132,6 +135,7 @@ impl<D: Device> Trainer<D> {
             batches_per_step: 1,
             profiles,
             trace: None,
+            data_fingerprint: None,
             batches_per_epoch,
             epoch_work: (0, 0.0),
         })
@@ -394,6 +398,7 @@ impl<D: Device> Trainer<D> {
             "plan": { "config": plan.config, "stages": plan.partition.stages },
             "batches_per_step": self.batches_per_step,
             "batches_per_epoch": self.batches_per_epoch,
+            "data_fingerprint": self.data_fingerprint,
             "optimizer": opt,
             "controller": extra,
         });
@@ -426,6 +431,19 @@ impl<D: Device> Trainer<D> {
                 "taken with {then} batches per epoch, this run has {per_epoch}: data.batch_size, \
                  data.train_limit or the dataset changed since; resume with the settings the run \
                  began with, or start over with --fresh"
+            )));
+        }
+        // Same count, other samples or order (train.seed, the split's fractions or limits,
+        // data.group_by_length): the rest of the epoch would repeat some samples and skip
+        // others, and a changed split would train on what was held out.
+        let saved_data = field("data_fingerprint").as_u64();
+        if let (Some(then), Some(now)) = (saved_data, self.data_fingerprint)
+            && then != now
+        {
+            return Err(bad(format!(
+                "taken over other training data (fingerprint {then:016x}, this run's {now:016x}): train.seed, \
+                 data.test_fraction, data.validation_fraction, data.train_limit, data.group_by_length or the \
+                 dataset changed since; resume with the settings the run began with, or start over with --fresh"
             )));
         }
         let frozen: usize =
