@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::io::Write;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -454,8 +456,16 @@ fn resuming_over_other_training_data_is_refused() {
     let (ok, out) = run(&["--resume", "--set", "train.max_steps=3", "--set", "train.seed=1"]);
     assert!(!ok && out.contains("other training data") && out.contains("--fresh"), "{out}");
     assert_eq!(std::fs::read(dir.join("checkpoint.ckpt")).unwrap(), saved);
+    // A line the first run left half-written (killed mid-write) does not swallow the resume
+    // marker: it starts a line of its own.
+    let log = dir.join("metrics.jsonl");
+    std::fs::OpenOptions::new().append(true).open(&log).unwrap().write_all(br#"{"event":"cut-sh"#).unwrap();
     let (ok, out) = run(&["--resume", "--set", "train.max_steps=3"]);
     assert!(ok && out.contains("resumed at step 2"), "{out}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let after = text.split(r#"{"event":"cut-sh"#).nth(1).unwrap();
+    let marker: serde_json::Value = serde_json::from_str(after.lines().nth(1).unwrap()).unwrap();
+    assert!(marker["event"] == "start" && marker["resumed"] == true, "{text}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -221,9 +221,10 @@ pub struct Summary {
     pub parameters: usize,
     /// Optimizer steps taken in all (including before a resume).
     pub steps: u64,
-    /// Wall-clock seconds of this process's training.
+    /// Wall-clock seconds of this process's run loop: its steps, evaluations and checkpoints
+    /// (the per-epoch rates of steps alone are in `report.html` and the epoch events).
     pub seconds: f64,
-    /// Training samples per second in this process.
+    /// Samples this process trained on, per second of `seconds`.
     pub samples_per_second: f64,
     /// Final evaluation.
     pub eval: Option<EvalMetrics>,
@@ -566,13 +567,18 @@ impl<D: Device> Job<D> {
         let metrics_path = self.metrics_path();
         let writes = self.writes_files();
         let mut metrics: Box<dyn Write> = if writes {
-            Box::new(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&metrics_path)
-                    .map_err(|e| io_error(&metrics_path, e))?,
-            )
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .read(true)
+                .open(&metrics_path)
+                .map_err(|e| io_error(&metrics_path, e))?;
+            // A run killed in the middle of a line left it unfinished: end it, so this run's
+            // first event (the resume marker) stands on a line of its own.
+            if ends_mid_line(&mut file).map_err(|e| io_error(&metrics_path, e))? {
+                file.write_all(b"\n").map_err(|e| io_error(&metrics_path, e))?;
+            }
+            Box::new(file)
         } else {
             Box::new(std::io::sink())
         };
@@ -590,8 +596,9 @@ impl<D: Device> Job<D> {
                     Event::Epoch { eval, .. } => last_eval = Some(eval.clone()),
                     _ => {}
                 }
+                // One write per line, so a line is never split between two writes.
                 if let Ok(line) = serde_json::to_string(e)
-                    && let Err(err) = writeln!(metrics, "{line}")
+                    && let Err(err) = metrics.write_all(format!("{line}\n").as_bytes())
                 {
                     let first = write_error.take().unwrap_or(err);
                     write_error.set(Some(first));
@@ -719,6 +726,18 @@ impl Exporter {
         weights::export_values(&self.spec, values, &self.config, &extras, &self.dir)?;
         Ok(())
     }
+}
+
+/// Whether `file` is non-empty and its last byte is not a newline.
+fn ends_mid_line(file: &mut std::fs::File) -> std::io::Result<bool> {
+    use std::io::{Read, Seek, SeekFrom};
+    if file.metadata()?.len() == 0 {
+        return Ok(false);
+    }
+    file.seek(SeekFrom::End(-1))?;
+    let mut last = [0u8];
+    file.read_exact(&mut last)?;
+    Ok(last[0] != b'\n')
 }
 
 /// Cross-entropy (nats per token) of `held_out` under the add-one-smoothed unigram
