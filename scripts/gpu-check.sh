@@ -116,7 +116,7 @@ fi
 
 step "kernel tests on cuda" env PT_TEST_DEVICE=cuda "${TEST_KERNELS[@]}"
 step "training follows cpu on cuda" env PT_TEST_DEVICE=cuda "${TEST_TRAINING[@]}"
-step "token-sliced steps equal unsliced ones on cuda" env PT_TEST_DEVICE=cuda "${TEST_TERAPIPE[@]}"
+step "token-sliced steps equal unsliced ones on cuda (f32; bf16 slices and pipelines)" env PT_TEST_DEVICE=cuda "${TEST_TERAPIPE[@]}"
 step "training step, f32" "$PT" bench-step --device cuda --precision f32 --steps 20 --warmup 3
 step "training step, bf16" "$PT" bench-step --device cuda --precision bf16 --steps 20 --warmup 3
 step "kernel benchmarks" "${BENCH_KERNELS[@]}"

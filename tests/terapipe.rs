@@ -96,9 +96,14 @@ fn check<D: Device>(dev: &D, what: &str) {
 /// Emulated GPU `i` (f32), or the GPU itself under `PT_TEST_DEVICE=cuda` (every device of a
 /// pipeline on GPU 0).
 fn gpu(i: usize) -> GpuDevice {
+    gpu_in(i, Precision::F32)
+}
+
+/// [`gpu`] in `precision`.
+fn gpu_in(i: usize, precision: Precision) -> GpuDevice {
     match std::env::var("PT_TEST_DEVICE").as_deref() {
-        Ok("cuda") => pipetransformer::device::cuda::device(0, Precision::F32).unwrap(),
-        _ => pipetransformer::device::emu::device(i, Precision::F32, 1 + i as u64).unwrap(),
+        Ok("cuda") => pipetransformer::device::cuda::device(0, precision).unwrap(),
+        _ => pipetransformer::device::emu::device(i, precision, 1 + i as u64).unwrap(),
     }
 }
 
@@ -177,12 +182,12 @@ fn sliced_pipelines_equal_the_unsliced_step_on_cuda_emu() {
     check_pipelines(|k| (0..k).map(gpu).collect(), "cuda-emu");
 }
 
-/// On a bf16 GPU (emulated) activations and their gradients are bf16: the key/value arena,
+/// On a bf16 GPU (emulated, or the GPU under `PT_TEST_DEVICE=cuda`) activations and their gradients are bf16: the key/value arena,
 /// the hidden states a stage receives and the planner's probe must be too, or the kernels
 /// refuse them. Sliced and pipelined runs stay within bf16's rounding of the unsliced one.
 #[test]
 fn sliced_pipelines_run_in_bf16_on_cuda_emu() {
-    let bf16 = |i: usize| pipetransformer::device::emu::device(i, Precision::Bf16, 1 + i as u64).unwrap();
+    let bf16 = |i: usize| gpu_in(i, Precision::Bf16);
     let config = tiny_gpt(0.1);
     let want = run(&bf16(0), &config, None, 0);
     assert_close_run(&run(&bf16(0), &config, Some(&[2, 5]), 0), &want, 2e-2, "bf16, one device, slices [2, 5]");
