@@ -155,10 +155,11 @@ extern "C" __global__ void dropout_bf16(bf16* dst, const bf16* src, int n, unsig
 // ---- strided row copies ----------------------------------------------------------------------
 // n = runs·len threads' worth of elements; element e of run r moves src[src_offset + r·src_stride
 // + e] to dst[dst_offset + r·dst_stride + e] (added when `accumulate`). Runs never overlap in dst,
-// so each destination element has one writer.
+// so each destination element has one writer. The mixed kernels keep a sum of bf16 pieces in f32
+// (TeraPipe's key/value gradient, added to by every later token slice) and read it back as bf16.
 
-template <typename act_t>
-static __device__ void copy_rows(act_t* dst, const act_t* src, int n, int len, int dst_offset, int dst_stride,
+template <typename dst_t, typename src_t>
+static __device__ void copy_rows(dst_t* dst, const src_t* src, int n, int len, int dst_offset, int dst_stride,
                                  int src_offset, int src_stride, int accumulate) {
     GRID_STRIDE(i, n) {
         const int r = i / len, e = i % len;
@@ -169,3 +170,5 @@ static __device__ void copy_rows(act_t* dst, const act_t* src, int n, int len, i
 }
 extern "C" __global__ void copy_rows_f32(float* dst, const float* src, int n, int len, int dst_offset, int dst_stride, int src_offset, int src_stride, int accumulate) { copy_rows(dst, src, n, len, dst_offset, dst_stride, src_offset, src_stride, accumulate); }
 extern "C" __global__ void copy_rows_bf16(bf16* dst, const bf16* src, int n, int len, int dst_offset, int dst_stride, int src_offset, int src_stride, int accumulate) { copy_rows(dst, src, n, len, dst_offset, dst_stride, src_offset, src_stride, accumulate); }
+extern "C" __global__ void copy_rows_bf16_to_f32(float* dst, const bf16* src, int n, int len, int dst_offset, int dst_stride, int src_offset, int src_stride, int accumulate) { copy_rows(dst, src, n, len, dst_offset, dst_stride, src_offset, src_stride, accumulate); }
+extern "C" __global__ void copy_rows_f32_to_bf16(bf16* dst, const float* src, int n, int len, int dst_offset, int dst_stride, int src_offset, int src_stride, int accumulate) { copy_rows(dst, src, n, len, dst_offset, dst_stride, src_offset, src_stride, accumulate); }

@@ -587,12 +587,25 @@ fn the_elastic_loop_runs_on_emulated_cuda_devices() {
     assert!(report.contains("<svg") && report.contains("0 → 1"), "{report}");
     assert!(std::fs::read_to_string(&trace).unwrap().contains("transition: 1 frozen layers, K=1 R=2"));
     std::fs::remove_dir_all(&dir).unwrap();
-    // In bf16 the hidden states stage 1 receives, and later the cache's, are bf16 on the GPU.
-    let dir = scratch("elastic-emu-bf16");
-    let (ok, out) =
-        elastic_loop(&dir, &["--device", "cuda-emu", "--precision", "bf16", "--cache", "--set", "train.epochs=2"]);
-    assert!(ok && out.contains("K 2 → 1, R 1 → 2") && out.contains("epoch 1: cache 32 hits"), "{out}");
-    std::fs::remove_dir_all(&dir).unwrap();
+    // In bf16 the hidden states stage 1 receives, and later the cache's, are bf16 on the GPU;
+    // the cache keeps them as bf16 unless told f32: half the bytes, the same run.
+    let bf16 = ["--device", "cuda-emu", "--precision", "bf16", "--cache", "--set", "train.epochs=2"];
+    let runs: Vec<(String, f64)> = [&[][..], &["--set", "elastic.cache_dtype=\"f32\""]]
+        .iter()
+        .map(|dtype| {
+            let dir = scratch("elastic-emu-bf16");
+            let (ok, out) = elastic_loop(&dir, &[&bf16[..], dtype].concat());
+            assert!(ok && out.contains("K 2 → 1, R 1 → 2") && out.contains("epoch 1: cache 32 hits"), "{out}");
+            let log = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+            let mut events = log.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap());
+            let cache = events.rfind(|v| v["event"] == "cache").unwrap();
+            std::fs::remove_dir_all(&dir).unwrap();
+            let final_eval = out.lines().find(|l| l.starts_with("final eval")).unwrap().to_string();
+            (final_eval, cache["memory_bytes"].as_f64().unwrap())
+        })
+        .collect();
+    assert_eq!(runs[0].0, runs[1].0, "the same evaluation");
+    assert!(runs[0].1 > 0.0 && 2.0 * runs[0].1 == runs[1].1, "bf16 entries are half the f32 ones: {runs:?}");
 }
 
 /// Freed cpu devices lending their threads, from the command line: after the freeze the one

@@ -11,7 +11,7 @@ use common::{Pool, params_rel};
 use pipetransformer::device::{CpuDevice, Device, GpuDevice, Precision};
 use pipetransformer::elastic::autodp::lends_threads;
 use pipetransformer::elastic::controller::Surroundings;
-use pipetransformer::elastic::{Elastic, ElasticConfig, FreedDevices, FreezeInterval, FreezeName};
+use pipetransformer::elastic::{CacheDtype, Elastic, ElasticConfig, FreedDevices, FreezeInterval, FreezeName};
 use pipetransformer::model::{ModelConfig, Pooling};
 use pipetransformer::optim::Decay;
 use pipetransformer::pipeline::{PipelineConfig, StepOptions};
@@ -119,7 +119,15 @@ fn elastic_trainer<D: Device>(
 fn surroundings(model: &ModelConfig) -> Surroundings {
     // Positions per sample: BERT's longest snippet; ViT's 4 patches and the class token.
     let positions = if matches!(model, ModelConfig::Vit(_)) { 5 } else { 7 };
-    Surroundings { layers: 2, devices: 2, initial_replicas: 1, batch: BATCH, positions, width: 10 }
+    Surroundings {
+        layers: 2,
+        devices: 2,
+        initial_replicas: 1,
+        batch: BATCH,
+        positions,
+        width: 10,
+        activation_dtype: CacheDtype::F32,
+    }
 }
 
 /// The BERT trained to the end on two cpu devices under `config`: the trainer and its events.

@@ -8,7 +8,7 @@
 
 use super::autodp::{batches_per_step, rebuild_communicators, replicas_for};
 use super::autopipe::{Shapes, Tuner, choose_shape, micro_batch_candidates, pick, schedule_for};
-use super::cache::ActivationCache;
+use super::cache::{ActivationCache, CacheDtype};
 use super::freeze::FreezeController;
 use super::{ElasticConfig, FreezeInterval, FreezeName};
 use crate::device::Device;
@@ -81,6 +81,9 @@ pub struct Surroundings {
     pub positions: usize,
     /// Elements per position.
     pub width: usize,
+    /// How the devices hold activations, as the cache stores them unless told otherwise:
+    /// [`CacheDtype::Bf16`] on a bf16 GPU, [`CacheDtype::F32`] elsewhere.
+    pub activation_dtype: CacheDtype,
 }
 
 /// The PipeTransformer controller.
@@ -109,8 +112,9 @@ impl Elastic {
         let freeze = FreezeController::new(config.rule(), config.alpha, around.layers)?;
         let cache = if config.cache {
             let dir = config.cache_dir.clone().unwrap_or_else(|| cache_dir.to_path_buf());
-            let batch_bytes = around.batch * around.positions * around.width * config.cache_dtype.bytes();
-            Some(ActivationCache::new(around.width, config.cache_dtype, config.cache_bytes, batch_bytes, &dir)?)
+            let dtype = config.cache_dtype.unwrap_or(around.activation_dtype);
+            let batch_bytes = around.batch * around.positions * around.width * dtype.bytes();
+            Some(ActivationCache::new(around.width, dtype, config.cache_bytes, batch_bytes, &dir)?)
         } else {
             None
         };

@@ -156,8 +156,9 @@ pub struct ElasticConfig {
     pub cache_bytes: usize,
     /// Where the spill file goes (default: the run's output directory, `cache/`).
     pub cache_dir: Option<PathBuf>,
-    /// Storage of cached values: f32 (exact) or bf16 (half the memory, rounded).
-    pub cache_dtype: CacheDtype,
+    /// Storage of cached values: f32, or bf16 (half the memory; rounded where activations
+    /// are f32). Unset: the activations' own dtype, exact either way (bf16 on a bf16 GPU).
+    pub cache_dtype: Option<CacheDtype>,
     /// Allow caching a dataset with random augmentation (a cached sample then keeps the
     /// augmented view it was first seen with).
     pub cache_augmented: bool,
@@ -178,7 +179,7 @@ impl Default for ElasticConfig {
             cache: false,
             cache_bytes: default_cache_bytes(),
             cache_dir: None,
-            cache_dtype: CacheDtype::F32,
+            cache_dtype: None,
             cache_augmented: false,
         }
     }

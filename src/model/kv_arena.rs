@@ -81,9 +81,10 @@ impl<D: Device> KvArena<D> {
     pub fn add_grad(&mut self, dev: &D, which: Kv, g: &D::Buf) -> Result<()> {
         if self.grad.is_none() {
             let n = self.batch * self.seq * self.width;
-            // In the activations' dtype, as the slices' key and value gradients added into it.
+            // In f32 on every device: each later slice adds its piece, and a bf16 sum would
+            // round at every add where the unsliced backward rounds once.
             let zeros = || -> Result<D::Buf> {
-                let mut g = dev.alloc(n)?;
+                let mut g = dev.alloc_stats(n)?;
                 dev.fill(&mut g, 0.0)?;
                 Ok(g)
             };

@@ -9,7 +9,7 @@ use crate::data::{self, ImageSample, LmSequence, TextSample};
 use crate::device::Device;
 use crate::elastic::autodp::rebuild_communicators;
 use crate::elastic::controller::Surroundings;
-use crate::elastic::{Elastic, FreezeName};
+use crate::elastic::{CacheDtype, Elastic, FreezeName};
 use crate::error::{Error, Result, config_error, internal};
 use crate::files::{self, io_error};
 use crate::model::{Family, HeadSpec, HostBatch, InputSpec, Model, ModelConfig};
@@ -501,6 +501,10 @@ impl<D: Device> Job<D> {
             batch: config.data.batch_size,
             positions,
             width: spec.hidden,
+            activation_dtype: match trainer.pipeline.devices()[0].activation_dtype() {
+                crate::DType::Bf16 => CacheDtype::Bf16,
+                _ => CacheDtype::F32,
+            },
         };
         let elastic = Elastic::new(config.elastic.clone(), around, &config.output.dir.join("cache"))?;
         Ok(Self {

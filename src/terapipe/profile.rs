@@ -222,7 +222,7 @@ pub fn measure_latency<D: Device>(
 ///   norm, head): their activations per token (analytic costs) and their parameters.
 /// - Fixed: the stage's parameter bytes (weights, gradients, AdamW moments: `param_bytes`;
 ///   the device's packs of the weights)
-///   and the key/value arenas (keys, values and their gradients for the whole sequence) of
+///   and the key/value arenas (keys, values and their gradients' f32 sums for the whole sequence) of
 ///   the micro-batches resident at once: all `M` under GPipe, at most `min(M, K)` under 1F1B.
 pub fn measure_memory<D: Device>(
     dev: &D,
@@ -267,11 +267,13 @@ pub fn measure_memory<D: Device>(
         ScheduleKind::Gpipe | ScheduleKind::Interleaved => pipeline.micro_batches,
         ScheduleKind::OneFOneB | ScheduleKind::ZeroBubble => pipeline.micro_batches.min(k),
     };
-    let arenas = resident * layers * 4 * b * seq * model.spec().hidden;
+    // Keys and values in the activations' dtype, their gradients' sums in f32 (or wider).
+    let act = dev.activation_dtype().bytes();
+    let arena_bytes = 2 * (act + act.max(4)) * b * seq * model.spec().hidden;
     Ok(MemoryModel {
         per_token_bytes: per_token * bytes * layers as f64 + end_tokens,
         per_score_bytes: per_score * bytes * layers as f64,
-        fixed_bytes: layers * layer_params + ends + arenas * dev.activation_dtype().bytes(),
+        fixed_bytes: layers * layer_params + ends + resident * layers * arena_bytes,
     })
 }
 

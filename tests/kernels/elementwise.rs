@@ -162,7 +162,8 @@ fn dropout_matches_cpu() {
     }
 }
 
-/// Strided runs written, added and gathered, as TeraPipe's key/value arena uses them.
+/// Strided runs written, added and gathered, as TeraPipe's key/value arena uses them, also
+/// between activations and an f32 sum.
 #[test]
 fn copy_rows_matches_cpu() {
     for precision in PRECISIONS {
@@ -196,7 +197,20 @@ fn copy_rows_matches_cpu() {
                 accumulate: false,
             };
             dev.copy_rows(&mut context, &added, gather).unwrap();
-            vec![("written", host(dev, &written)), ("added", host(dev, &added)), ("context", host(dev, &context))]
+            // The slice added twice into an f32 sum, and that sum gathered back as activations
+            // (the arena's gradient: bf16 pieces summed in f32 in bf16 mode).
+            let mut sum = param(dev, &vec![0.5; batch * seq * width]);
+            dev.copy_rows(&mut sum, &src, RowCopy { accumulate: true, ..write }).unwrap();
+            dev.copy_rows(&mut sum, &src, RowCopy { accumulate: true, ..write }).unwrap();
+            let mut read = dev.alloc(batch * (start + len) * width).unwrap();
+            dev.copy_rows(&mut read, &sum, gather).unwrap();
+            vec![
+                ("written", host(dev, &written)),
+                ("added", host(dev, &added)),
+                ("context", host(dev, &context)),
+                ("f32 sum", host(dev, &sum)),
+                ("sum read back", host(dev, &read)),
+            ]
         });
     }
 }

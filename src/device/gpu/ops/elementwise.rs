@@ -2,7 +2,7 @@
 //! a grid-stride loop over the elements, launched by `map`.
 
 use crate::device::Device;
-use crate::device::gpu::{Arg, GpuBuf, GpuDevice, LaunchConfig, check_elem, int};
+use crate::device::gpu::{Arg, Elem, GpuBuf, GpuDevice, LaunchConfig, check_elem, int};
 use crate::error::{Result, check_len};
 use crate::ops::dropout::DropoutCoords;
 use crate::ops::gelu::Activation;
@@ -138,12 +138,20 @@ pub fn residual_backward(dev: &GpuDevice, dacc: &mut GpuBuf, dout: &GpuBuf) -> R
     map(dev, &kernel, dacc.len(), &[Arg::Ptr(dacc.ptr()), Arg::Ptr(dout.ptr())], &[])
 }
 
-/// See [`crate::ops::rows::copy_rows`]: one thread per element of the runs.
+/// See [`crate::ops::rows::copy_rows`]: one thread per element of the runs. Each buffer holds
+/// activations or f32 (a sum of bf16 pieces kept in f32, and read back as bf16).
 pub fn copy_rows(dev: &GpuDevice, dst: &mut GpuBuf, src: &GpuBuf, c: RowCopy) -> Result<()> {
     const OP: &str = "copy_rows";
     c.check(dst.len(), src.len())?;
-    check_acts(dev, OP, &[("dst", dst), ("src", src)])?;
-    let kernel = format!("copy_rows_{}", dev.act().suffix());
+    for (arg, buf) in [("dst", &*dst), ("src", src)] {
+        if buf.elem() != Elem::F32 {
+            check_elem(OP, arg, buf, dev.act())?;
+        }
+    }
+    let kernel = match (src.elem(), dst.elem()) {
+        (from, to) if from == to => format!("copy_rows_{}", to.suffix()),
+        (from, to) => format!("copy_rows_{}_to_{}", from.suffix(), to.suffix()),
+    };
     let n = c.rows * c.len;
     let rest = [
         Arg::I32(int(OP, "len", c.len)?),
