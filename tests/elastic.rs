@@ -553,3 +553,45 @@ fn replicas_keep_their_number_and_each_takes_its_freed_devices_threads() {
     drop(elastic);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A step whose gradient norm was not finite (the optimizer skipped it) leaves the freeze
+/// rule's interval as it was, so the controller's state stays finite and resumable; an
+/// applied step is counted. The state resumes only under the rule and α it was taken with.
+#[test]
+fn skipped_steps_do_not_feed_the_freeze_rule_and_it_resumes_only_under_its_own() {
+    use pipetransformer::pipeline::PipelineStep;
+    use pipetransformer::train::Controller;
+    let dir = scratch("skipped-step");
+    let (mut t, _) = elastic_trainer(&bert(), cpus(2), &dir, FreezeInterval::Epoch, FreedDevices::Replicas);
+    let config = ElasticConfig { freeze: FreezeName::Eq1, ..Default::default() };
+    let mut elastic = Elastic::new(config.clone(), surroundings(&bert()), &dir).unwrap();
+    let step = |applied: bool, sq: f64| PipelineStep {
+        loss: 0.7,
+        grad_norm: sq.sqrt(),
+        applied,
+        unit_grad_sq: vec![sq; 7],
+        frozen_output: None,
+        trace: Default::default(),
+        peak_activations: Vec::new(),
+        pooled: false,
+    };
+    let host = pipetransformer::model::HostBatch::default();
+    let steps = |e: &Elastic| e.state()["freeze"]["steps"].as_u64();
+    for bad in [f64::INFINITY, f64::NAN] {
+        elastic.after_step(&mut t, &host, &step(false, bad), &mut |_| {}).unwrap();
+        assert_eq!(steps(&elastic), Some(0), "{bad}");
+    }
+    let mut resumed = Elastic::new(config.clone(), surroundings(&bert()), &dir).unwrap();
+    resumed.restore(elastic.state()).unwrap();
+    // Resumed under another rule or α: refused by name, not silently the checkpoint's.
+    for (other, field) in [
+        (ElasticConfig { alpha: 0.5, ..config.clone() }, "elastic.alpha: 0.3333333333333333 then, 0.5 now"),
+        (ElasticConfig { freeze: FreezeName::Alpha, ..config.clone() }, "Eq1 then, Alpha now"),
+    ] {
+        let mut resumed = Elastic::new(other, surroundings(&bert()), &dir).unwrap();
+        let err = resumed.restore(elastic.state()).unwrap_err().to_string();
+        assert!(err.contains(field) && err.contains("--fresh"), "{err}");
+    }
+    elastic.after_step(&mut t, &host, &step(true, 4.0), &mut |_| {}).unwrap();
+    assert_eq!(steps(&elastic), Some(1));
+}

@@ -215,6 +215,15 @@ impl Elastic {
             what: "checkpoint: elastic controller".into(),
             message: e.to_string(),
         })?;
+        if let Some(change) = self.freeze.rule_change(&s.freeze) {
+            return Err(crate::Error::Config {
+                field: "elastic".into(),
+                message: format!(
+                    "the checkpoint was taken under another freeze rule ({change}); resume with the settings the \
+                     run began with, or start over with --fresh"
+                ),
+            });
+        }
         (self.freeze, self.frozen_layers, self.tuner.best) = (s.freeze, s.frozen_layers, s.tuned);
         self.cache_on = s.cache_on && self.cache.is_some();
         if let Some(c) = &mut self.cache {
@@ -461,7 +470,9 @@ impl<D: Device> Controller<D> for Elastic {
         if let (Some(cache), Some(h)) = (&mut self.cache, &step.frozen_output) {
             cache.put(host, h)?;
         }
-        if self.config.freeze != FreezeName::Off {
+        // A step the optimizer skipped (a gradient norm not finite) trained nothing and its
+        // norms are no signal: an inf would reach the checkpoint as `null`, a NaN win Eq. 1.
+        if self.config.freeze != FreezeName::Off && step.applied {
             self.freeze.observe(&layer_grad_sq(&step.unit_grad_sq, self.around.layers));
         }
         if self.warming {

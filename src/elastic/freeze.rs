@@ -129,6 +129,21 @@ impl FreezeController {
         Ok(Self { rule, alpha, layers, frozen: 0, bound: 0.0, intervals: 0, norm_sums: vec![0.0; layers], steps: 0 })
     }
 
+    /// How the rule of `saved` (a checkpoint's) differs from this one's (the config's), if it
+    /// does: a resumed run goes on under the rule it began with.
+    pub fn rule_change(&self, saved: &Self) -> Option<String> {
+        let uses_alpha = matches!(self.rule, FreezeRule::Eq1 | FreezeRule::Alpha);
+        if self.rule != saved.rule {
+            Some(format!("elastic.freeze / elastic.table: {:?} then, {:?} now", saved.rule, self.rule))
+        } else if uses_alpha && self.alpha.to_bits() != saved.alpha.to_bits() {
+            Some(format!("elastic.alpha: {} then, {} now", saved.alpha, self.alpha))
+        } else if self.layers != saved.layers {
+            Some(format!("the model's layers: {} then, {} now", saved.layers, self.layers))
+        } else {
+            None
+        }
+    }
+
     /// Frozen layers during the first interval (a table may start above 0).
     pub fn initial(&self) -> usize {
         match &self.rule {
