@@ -548,6 +548,9 @@ fn replicas_keep_their_number_and_each_takes_its_freed_devices_threads() {
     let freezes = freezes(&events);
     assert_eq!((freezes[0].pipeline_len, freezes[0].replicas), ((2, 1), (2, 2)), "{freezes:?}");
     assert!(freezes[0].reason.contains("lend their threads: 2, 2 per device"), "{}", freezes[0].reason);
+    // K changed and R did not: the replicas' communicators, dropped with the old shape, are
+    // built again for the new one.
+    assert!(freezes[0].reason.contains("replicas sum gradients over"), "{}", freezes[0].reason);
     let threads: Vec<Option<usize>> = t.pipeline.devices().iter().map(Device::threads).collect();
     assert_eq!(threads, [Some(2), Some(2), Some(1), Some(1)]);
     drop(elastic);

@@ -295,7 +295,9 @@ impl Elastic {
             );
             let config = crate::pipeline::PipelineConfig { micro_batches: m, ..chosen };
             trainer.pipeline.replan(config, &trainer.profiles_for(per_replica.div_ceil(m), cached), cached)?;
-            if r != before.replicas {
+            // A new shape drops the replicas' communicators (they group devices by position):
+            // build them again whenever K or R changed, so NCCL stays NCCL.
+            if (k, r) != (before.pipeline_len, before.replicas) {
                 let comm = rebuild_communicators(&mut trainer.pipeline)?;
                 reason = format!("{reason}; replicas sum gradients over: {comm}");
             }
