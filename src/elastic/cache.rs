@@ -225,10 +225,10 @@ impl ActivationCache {
 
     /// What the cache holds of the batch at depths of at most `max_depth` (samples may differ
     /// in depth after a boundary moved mid-epoch), padded to `positions` with zeros; `None` when
-    /// the batch carries no sample ids. Counts the samples held and not.
+    /// the batch carries no sample ids. Whether the step uses it is the caller's to
+    /// [`record`](Self::record).
     pub fn get(&mut self, host: &HostBatch, positions: usize, max_depth: usize) -> Result<Option<CachedBatch>> {
         if host.sample_ids.len() != host.batch {
-            self.stats.misses += host.batch;
             return Ok(None);
         }
         let rows = Self::rows_of(host, positions);
@@ -250,10 +250,14 @@ impl ActivationCache {
             decode(self.dtype, src, &mut data[i * positions * w..][..e.rows * w]);
         }
         let depths: Vec<Option<usize>> = entries.iter().map(|e| e.map(|e| e.depth)).collect();
-        let held = depths.iter().flatten().count();
-        self.stats.hits += held;
-        self.stats.misses += host.batch - held;
         Ok(Some(CachedBatch { depths, data }))
+    }
+
+    /// Counts a step's samples: `hits` served from the cache, `misses` run through the frozen
+    /// units (also those it held, when the step did not use it).
+    pub fn record(&mut self, hits: usize, misses: usize) {
+        self.stats.hits += hits;
+        self.stats.misses += misses;
     }
 
     /// Stores each sample's real positions of `hidden` (the batch's frozen-prefix output),
@@ -396,7 +400,7 @@ mod tests {
         let strangers = cache.get(&batch(&[0, 1, 2, 999], &lens, 5), 5, 3).unwrap().unwrap();
         assert_eq!(strangers.depths, [Some(3), Some(3), Some(3), None]);
         assert_eq!(&strangers.data[..3 * 5 * w], &masked(&stored[0].1, &lens, 5)[..3 * 5 * w]);
-        assert_eq!(cache.take_stats(), CacheStats { hits: 16 + 3, misses: 4 + 1 });
+        assert_eq!(cache.take_stats(), CacheStats::default(), "reading counts nothing; the step records");
         // Advancing in place: a new depth, the same bytes.
         let (host, _) = &stored[3];
         let deeper = hidden(5, 4, 5, w, 9.0);

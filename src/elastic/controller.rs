@@ -424,15 +424,21 @@ impl<D: Device> Controller<D> for Elastic {
         let units = frozen_units(self.frozen_layers);
         let Some(cache) = self.cache.as_mut().filter(|_| self.cache_on && units > 0) else { return Ok(false) };
         let positions = Self::positions(trainer, host);
-        let Some(cached) = cache.get(host, positions, units)? else { return Ok(false) };
+        let Some(cached) = cache.get(host, positions, units)? else {
+            cache.record(0, host.batch);
+            return Ok(false);
+        };
         // In the run's last epoch no sample comes back: nothing new is stored.
         let left = trainer.lr_schedule.total_steps - trainer.batches_done();
         let fill = left > (trainer.batches_per_epoch() - trainer.position.batch) as u64;
         // Mostly new samples: the pipeline runs the frozen units on every replica's first
-        // stage, overlapped with the rest, and returns their output for the cache.
+        // stage, overlapped with the rest, and returns their output for the cache (the few
+        // held samples run too: no hits).
         if 2 * cached.held() < host.batch {
+            cache.record(0, host.batch);
             return Ok(fill);
         }
+        cache.record(cached.held(), host.batch - cached.held());
         // Mostly held: the samples the cache lacks, or holds at a depth a boundary that moved
         // mid-epoch left behind, catch up (forward only, spread over the replicas) and are
         // written back; the pipeline starts at the first trainable unit.
