@@ -414,8 +414,8 @@ pub struct ParamState {
     /// Updates this parameter has received (AdamW's bias-correction step).
     pub step: u64,
     /// The state tensors, flattened like the parameter: AdamW `[m, v]`, SGD `[momentum]`.
-    /// Stored as f32: exact for f32 training, and f32 survives a JSON round trip bit for bit
-    /// (serde_json's default f64 parsing does not always).
+    /// Stored as f32: exact for f32 training (and JSON reads floats back bit for bit: the
+    /// crate builds serde_json with `float_roundtrip`).
     pub buffers: Vec<Vec<f32>>,
 }
 
