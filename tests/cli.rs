@@ -595,7 +595,12 @@ fn the_elastic_loop_runs_on_emulated_cuda_devices() {
         .map(|dtype| {
             let dir = scratch("elastic-emu-bf16");
             let (ok, out) = elastic_loop(&dir, &[&bf16[..], dtype].concat());
-            assert!(ok && out.contains("K 2 → 1, R 1 → 2") && out.contains("epoch 1: cache 32 hits"), "{out}");
+            // Epoch 1's batches each hold about a third of the 32 cached samples: too few to
+            // read, so every sample runs the frozen layers, and none counts as a hit.
+            assert!(
+                ok && out.contains("K 2 → 1, R 1 → 2") && out.contains("epoch 1: cache 0 hits / 96 misses, 32 samples"),
+                "{out}"
+            );
             let log = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
             let mut events = log.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap());
             let cache = events.rfind(|v| v["event"] == "cache").unwrap();
