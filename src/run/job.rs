@@ -95,12 +95,13 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
                     .collect();
                 Ok(text_batch(&batch_tokenizer, &items, offset)?.host)
             });
-            let mut source =
-                SampleSource::new(train, test, seed, d.batch_size, eval_bs, make)?.least_batch(least_batch);
+            let mut source = SampleSource::new(train, test, seed, d.batch_size, eval_bs, make)?
+                .least_batch(least_batch)
+                .ids(|t| t.id);
             if d.group_by_length {
                 source = source.group_by_length(|t| Ok(tokenizer.encode(&t.text)?.ids.len()))?;
             }
-            Ok((Box::new(source.ids(|t| t.id)), info(&name, &labels, n_train, n_test)))
+            Ok((Box::new(source), info(&name, &labels, n_train, n_test)))
         }
         DatasetName::FashionMnist | DatasetName::Mnist5k | DatasetName::Digits => {
             let split = match d.dataset {
@@ -642,6 +643,8 @@ impl<D: Device> Job<D> {
                 }
             }
         }
+        // The loop ends with a checkpoint and export of the final weights, when it ran at all.
+        let exported = writing.is_some();
         if let Some(last) = writing.take() {
             last.wait()?;
         }
@@ -668,7 +671,9 @@ impl<D: Device> Job<D> {
         if writes {
             let json = serde_json::to_vec_pretty(&summary).map_err(|e| internal("summary", e.to_string()))?;
             files::write_atomic(&out.join("summary.json"), |w| w.write_all(&json))?;
-            self.export()?;
+            if !exported {
+                self.export()?;
+            }
             super::report::write_report(&metrics_path, &out.join("report.html"), &self.config)?;
         }
         Ok(summary)

@@ -27,8 +27,9 @@ pub struct SampleSource<S> {
     eval_order: Vec<usize>,
     /// The fewest samples a training step can be split into ([`least_batch`](Self::least_batch)).
     least_batch: usize,
-    /// [`BatchSource::fingerprint`], when the samples' ids are known ([`ids`](Self::ids)).
-    fingerprint: Option<u64>,
+    /// The training samples' ids and the order's seed, hashed, when the ids are known
+    /// ([`ids`](Self::ids)): with the grouping, the [fingerprint](BatchSource::fingerprint).
+    ids_hash: Option<u64>,
 }
 
 impl<S> SampleSource<S> {
@@ -61,17 +62,15 @@ impl<S> SampleSource<S> {
             train_lengths: None,
             eval_order,
             least_batch: 1,
-            fingerprint: None,
+            ids_hash: None,
         })
     }
 
     /// Gives the training samples' stable ids (`id` of each, in order), so the source has a
     /// [fingerprint](BatchSource::fingerprint): the ids, the order's seed and whether batches
-    /// group by length. Call after [`group_by_length`](Self::group_by_length) where used.
+    /// group by length.
     pub fn ids(mut self, id: impl Fn(&S) -> u64) -> Self {
-        let grouped = u64::from(self.train_lengths.is_some());
-        let start = hash_u64(self.order.seed(), grouped);
-        self.fingerprint = Some(self.train.iter().fold(start, |h, s| hash_u64(h, id(s))));
+        self.ids_hash = Some(self.train.iter().fold(self.order.seed(), |h, s| hash_u64(h, id(s))));
         self
     }
 
@@ -166,7 +165,7 @@ impl<S: Send + Sync> BatchSource for SampleSource<S> {
     }
 
     fn fingerprint(&self) -> Option<u64> {
-        self.fingerprint
+        self.ids_hash.map(|h| hash_u64(h, u64::from(self.train_lengths.is_some())))
     }
 
     fn eval_batch(&self, index: usize) -> Result<HostBatch> {
