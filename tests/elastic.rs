@@ -598,3 +598,103 @@ fn skipped_steps_do_not_feed_the_freeze_rule_and_it_resumes_only_under_its_own()
     elastic.after_step(&mut t, &host, &step(true, 4.0), &mut |_| {}).unwrap();
     assert_eq!(steps(&elastic), Some(1));
 }
+
+/// The elastic controller, watched: every plan a step runs under, as (K, M, its largest stage's
+/// bytes).
+struct Watched {
+    elastic: Elastic,
+    plans: Vec<(usize, usize, usize)>,
+}
+
+impl pipetransformer::train::Controller<CpuDevice<f32>> for Watched {
+    fn before_step(
+        &mut self,
+        t: &Trainer<CpuDevice<f32>>,
+        host: &mut pipetransformer::model::HostBatch,
+    ) -> pipetransformer::Result<bool> {
+        let plan = t.pipeline.plan();
+        let peak = plan.partition.stage_memory.iter().copied().max().unwrap_or(0);
+        self.plans.push((plan.config.pipeline_len, plan.config.micro_batches, peak));
+        self.elastic.before_step(t, host)
+    }
+    fn after_step(
+        &mut self,
+        t: &mut Trainer<CpuDevice<f32>>,
+        host: &pipetransformer::model::HostBatch,
+        step: &pipetransformer::pipeline::PipelineStep,
+        on_event: &mut dyn FnMut(&Event),
+    ) -> pipetransformer::Result<()> {
+        self.elastic.after_step(t, host, step, on_event)
+    }
+    fn after_epoch(
+        &mut self,
+        t: &mut Trainer<CpuDevice<f32>>,
+        epoch: u64,
+        on_event: &mut dyn FnMut(&Event),
+    ) -> pipetransformer::Result<()> {
+        self.elastic.after_epoch(t, epoch, on_event)
+    }
+}
+
+/// The largest stage's bytes of `config` planned for `t`'s units at `samples` per micro-batch.
+fn peak_bytes(t: &Trainer<CpuDevice<f32>>, config: PipelineConfig, samples: usize) -> usize {
+    let profiles = t.profiles_for(samples, 0);
+    let names = (0..profiles.len()).map(|i| i.to_string()).collect();
+    let plan = pipetransformer::pipeline::Plan::new(config, &profiles, names, 2, 0).unwrap();
+    plan.partition.stage_memory.into_iter().max().unwrap()
+}
+
+/// A memory limit holds for every plan AutoPipe runs: the micro-batch counts it times at the
+/// start and after each freeze (fewer micro-batches hold more samples each, and under 1F1B
+/// as many of them in flight), and the shapes it packs.
+#[test]
+fn autopipe_runs_only_plans_within_the_memory_limit() {
+    let dir = scratch("memory-limit");
+    let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
+    let (one, two) = (PipelineConfig::default(), PipelineConfig { pipeline_len: 2, ..Default::default() });
+    let trainer = |limit: usize| {
+        let plan = PipelineConfig { micro_batches: 4, memory_limit: Some(limit), ..two.clone() };
+        common::trainer_on(&bert(), 3, cpus(2), plan, train_config(), 3)
+    };
+    let t = trainer(usize::MAX);
+    let start = peak_bytes(&t, PipelineConfig { micro_batches: 4, ..two.clone() }, 1);
+    let mut frozen = trainer(usize::MAX);
+    frozen.pipeline.freeze_prefix(3).unwrap();
+    let (one_of_2, one_of_4) = (peak_bytes(&frozen, one.clone(), 2), peak_bytes(&frozen, one, 4));
+    // Two cases. The limit is the configured plan's (K = 2, 4 micro-batches of one sample):
+    // at the start, 2 micro-batches of two samples, both in flight on the first stage, need
+    // more. The limit is one stage's after layer 0 freezes with 2 micro-batches of two samples
+    // (all the cost in the head: one stage is the fastest shape): one micro-batch of 4 needs
+    // more, and was planned first.
+    assert!(peak_bytes(&t, PipelineConfig { micro_batches: 2, ..two.clone() }, 2) > start && one_of_4 > one_of_2);
+    for (limit, cost_in_head) in [(start, false), (one_of_2, true)] {
+        assert!(start <= limit);
+        let mut t = trainer(limit);
+        if cost_in_head {
+            for (i, p) in t.profiles.iter_mut().enumerate() {
+                let cost = if i == 5 { 1.0 } else { 0.0 };
+                (p.forward, p.backward) = (cost, cost);
+            }
+        }
+        let config =
+            ElasticConfig { freeze: FreezeName::Table, table: vec![0, 1, 2], auto_pipe: true, ..Default::default() };
+        let elastic = Elastic::new(config, surroundings(&bert()), &dir).unwrap();
+        let mut watched = Watched { elastic, plans: vec![] };
+        let mut events = Vec::new();
+        watched.elastic.start(&mut t, &mut |e| events.push(e.clone())).unwrap();
+        t.fit(&data, None, &mut watched, &mut |e| events.push(e.clone())).unwrap();
+        assert!(t.done());
+        let plans = &watched.plans;
+        for &(k, m, peak) in plans {
+            assert!(peak <= limit, "K={k} M={m} plans {peak} bytes on a device, over the limit of {limit}: {plans:?}");
+        }
+        // Every freeze happened, and the tuner timed more than one count.
+        assert_eq!(freezes(&events).len(), 2, "{events:?}");
+        let counts: std::collections::BTreeSet<usize> = plans.iter().map(|p| p.1).collect();
+        assert!(counts.len() > 1, "{plans:?}");
+        if cost_in_head {
+            assert!(plans.iter().any(|p| p.0 == 1), "{plans:?}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -14,7 +14,7 @@ use super::{ElasticConfig, FreezeInterval, FreezeName};
 use crate::device::Device;
 use crate::error::{Result, config_error};
 use crate::model::{Hidden, HostBatch};
-use crate::pipeline::PipelineStep;
+use crate::pipeline::{PipelineStep, Plan};
 use crate::train::checkpoint::Tensor;
 use crate::train::{Controller, Event, Trainer, Transition};
 use serde::{Deserialize, Serialize};
@@ -156,14 +156,19 @@ impl Elastic {
         } else if self.config.auto_pipe {
             let c = trainer.pipeline.plan().config.clone();
             let per_replica = self.around.batch.div_ceil(c.replicas);
+            let profiles = |m: usize| trainer.profiles_for(per_replica.div_ceil(m), 0);
+            // Fewer micro-batches hold more samples each: only counts within the memory limit
+            // are timed.
             let mut candidates = vec![c.micro_batches];
             candidates.extend(
-                micro_batch_candidates(c.pipeline_len, per_replica).into_iter().filter(|&m| m != c.micro_batches),
+                micro_batch_candidates(c.pipeline_len, per_replica)
+                    .into_iter()
+                    .filter(|&m| m != c.micro_batches && trainer.pipeline.fits_micro_batches(m, &profiles(m))),
             );
             let key = Tuner::key(c.pipeline_len, c.replicas, 0, false, per_replica, c.schedule);
             let m = self.tuner.start(key, candidates);
             if m != c.micro_batches {
-                let profiles = trainer.profiles_for(per_replica.div_ceil(m), 0);
+                let profiles = profiles(m);
                 trainer.pipeline.set_micro_batches(m, &profiles)?;
             }
             self.warming = self.tuner.running();
@@ -289,12 +294,30 @@ impl Elastic {
             trainer.pipeline.lend_idle_threads(lend)?;
             let (k, r) = (chosen.pipeline_len, chosen.replicas);
             let per_replica = global(r).div_ceil(r);
-            let m = self.tuner.start(
-                Tuner::key(k, r, units, cached > 0, per_replica, chosen.schedule),
-                micro_batch_candidates(k, per_replica),
-            );
-            let config = crate::pipeline::PipelineConfig { micro_batches: m, ..chosen };
-            trainer.pipeline.replan(config, &trainer.profiles_for(per_replica.div_ceil(m), cached), cached)?;
+            let key = Tuner::key(k, r, units, cached > 0, per_replica, chosen.schedule);
+            let with = |m: usize| crate::pipeline::PipelineConfig { micro_batches: m, ..chosen.clone() };
+            let profiles = |t: &Trainer<D>, m: usize| t.profiles_for(per_replica.div_ceil(m), cached);
+            // The count tuned before for this shape, or the first candidate that fits memory
+            // (the shape fits at the count it was priced with, one of them), is planned; the
+            // others are timed on its stages, so only those that fit there.
+            let candidates = micro_batch_candidates(k, per_replica);
+            let m = match self.tuner.best.get(&key) {
+                Some(&m) => m,
+                None => candidates
+                    .iter()
+                    .copied()
+                    .find(|&m| Plan::new(with(m), &profiles(trainer, m), names.clone(), a.devices, cached).is_ok())
+                    .unwrap_or(chosen.micro_batches),
+            };
+            trainer.pipeline.replan(with(m), &profiles(trainer, m), cached)?;
+            let timed = std::iter::once(m)
+                .chain(
+                    candidates
+                        .into_iter()
+                        .filter(|&c| c != m && trainer.pipeline.fits_micro_batches(c, &profiles(trainer, c))),
+                )
+                .collect();
+            self.tuner.start(key, timed);
             // A new shape drops the replicas' communicators (they group devices by position):
             // build them again whenever K or R changed, so NCCL stays NCCL.
             if (k, r) != (before.pipeline_len, before.replicas) {

@@ -89,7 +89,8 @@ impl Plan {
         Ok(Plan { config, partition, schedule, unit_names })
     }
 
-    /// A plan with given stage boundaries (as a checkpoint recorded them).
+    /// A plan with given stage boundaries (as a checkpoint recorded them, or the plan in force
+    /// with another `M`); an error when a stage's peak exceeds the memory limit.
     pub fn with_stages(
         config: PipelineConfig,
         units: &[UnitProfile],
@@ -106,6 +107,16 @@ impl Plan {
         }
         let units: Vec<UnitProfile> = units.iter().map(|u| u.sliced(&config.token_slices)).collect();
         let partition = Partition::of(&units, stages, &in_flight(&schedule))?;
+        let need = partition.stage_memory.iter().copied().max().unwrap_or(0);
+        if let Some(limit) = config.memory_limit.filter(|&limit| need > limit) {
+            return Err(config_error(
+                "memory_limit",
+                format!(
+                    "stages {:?} with {} micro-batch(es) need {need} bytes on a device; the limit is {limit}",
+                    partition.stages, config.micro_batches
+                ),
+            ));
+        }
         Ok(Plan { config, partition, schedule, unit_names })
     }
 
@@ -294,6 +305,15 @@ mod tests {
         assert!(err(cfg(0, 1, 1), 4).contains("pipeline_len"));
         let tight = PipelineConfig { memory_limit: Some(1000), ..cfg(2, 1, 2) };
         assert!(err(tight, 2).contains("memory_limit"));
+        // Given stages are held to the limit too: 3 units' state (3 × 1600 B) and 2 of their
+        // micro-batches in flight (2 × 3000 B) on the first stage is 10800 B.
+        let given = |limit| {
+            let config = PipelineConfig { memory_limit: Some(limit), ..cfg(2, 1, 2) };
+            Plan::with_stages(config, &units(6), names(6), 2, vec![0..3, 3..6]).map(|p| p.partition.stage_memory)
+        };
+        assert_eq!(given(10800).unwrap()[0], 10800);
+        let e = given(10799).unwrap_err().to_string();
+        assert!(e.contains("memory_limit") && e.contains("need 10800 bytes") && e.contains("2 micro-batch"), "{e}");
     }
 
     #[test]

@@ -67,6 +67,13 @@ impl<D: Device> Pipeline<D> {
         Ok(())
     }
 
+    /// Whether `m` micro-batches per replica fit the memory limit on the stages in force.
+    pub fn fits_micro_batches(&self, m: usize, profiles: &[UnitProfile]) -> bool {
+        let config = PipelineConfig { micro_batches: m, ..self.plan.config.clone() };
+        let stages = self.plan.partition.stages.clone();
+        Plan::with_stages(config, profiles, self.plan.unit_names.clone(), self.devices.len(), stages).is_ok()
+    }
+
     /// A pipeline across processes keeps the plan every process started with: changing it on
     /// some would leave the others' schedules waiting for messages that never come.
     fn refuse_across_processes(&self, what: &str) -> Result<()> {
