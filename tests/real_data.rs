@@ -124,3 +124,27 @@ fn a_validation_part_replaces_the_test_split() {
     let quarter = plain.train as f64 / 4.0;
     assert!((held.test as f64 - quarter).abs() <= 10.0, "{} of {}", held.test, plain.train);
 }
+
+/// A `data.max_len` past the model's position table is refused by that key when the job is
+/// built, not at the first long enough batch mid-run (MiniLM holds 512 positions).
+#[test]
+fn a_max_len_past_the_position_table_is_refused_by_its_key() {
+    if !have(&["weights/all-minilm-l6-v2/model.safetensors", "data/text/rotten_tomatoes_corpus_full.csv.bz2"]) {
+        return;
+    }
+    let out = std::env::temp_dir().join(format!("pt-real-{}-max-len", std::process::id()));
+    let job = |max_len: usize| {
+        let sets =
+            [format!("data.max_len={max_len}"), "data.train_limit=64".into(), format!("output.dir={}", out.display())];
+        let config = RunConfig::load(Path::new("configs/minilm-rt.toml"), &sets).unwrap();
+        let AnyDevices::Cpu(devices) = open_devices(DeviceKind::Cpu, 2, 0, Precision::F32).unwrap() else {
+            unreachable!("cpu devices")
+        };
+        Job::new(devices, config).map(|_| ())
+    };
+    let err = job(513).unwrap_err().to_string();
+    assert!(err.contains("data.max_len") && err.contains("513") && err.contains("holds 512"), "{err}");
+    job(512).unwrap();
+    assert!(!out.join("metrics.jsonl").exists(), "nothing written by building a job");
+    std::fs::remove_dir_all(&out).ok();
+}

@@ -65,7 +65,7 @@ impl BatchOrder {
         let mut rng = Rng::new(self.seed ^ mix64(epoch.wrapping_add(EPOCH_SALT)));
         let mut perm: Vec<usize> = (0..self.len).collect();
         rng.shuffle(&mut perm);
-        for window in perm.chunks_mut(batch_size * LENGTH_GROUP_BATCHES) {
+        for window in perm.chunks_mut(batch_size.saturating_mul(LENGTH_GROUP_BATCHES)) {
             window.sort_by_key(|&i| lengths[i]);
         }
         let full = self.len / batch_size * batch_size;

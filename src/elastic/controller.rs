@@ -113,7 +113,11 @@ impl Elastic {
         let cache = if config.cache {
             let dir = config.cache_dir.clone().unwrap_or_else(|| cache_dir.to_path_buf());
             let dtype = config.cache_dtype.unwrap_or(around.activation_dtype);
-            let batch_bytes = around.batch * around.positions * around.width * dtype.bytes();
+            let batch_bytes = around
+                .batch
+                .saturating_mul(around.positions)
+                .saturating_mul(around.width)
+                .saturating_mul(dtype.bytes());
             Some(ActivationCache::new(around.width, dtype, config.cache_bytes, batch_bytes, &dir)?)
         } else {
             None

@@ -150,6 +150,10 @@ pub struct RunConfig {
     pub elastic: ElasticConfig,
 }
 
+/// The most devices, or threads, one process opens: each costs a pool thread, and a typo of
+/// a million must be an error, not a million threads.
+const MOST_PER_PROCESS: usize = 4096;
+
 /// The `[pipeline]` section: the devices a run may use and the initial plan on them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -240,6 +244,12 @@ impl PipelineSection {
                 )
             })?;
             let devices = self.devices.unwrap_or(needed);
+            if devices > MOST_PER_PROCESS {
+                return Err(config_error(
+                    "pipeline.devices",
+                    format!("{devices} devices in one process; at most {MOST_PER_PROCESS} (launch more processes)"),
+                ));
+            }
             if devices < needed {
                 return Err(config_error(
                     "pipeline.devices",
@@ -300,7 +310,7 @@ impl RunConfig {
                     }
                 }
             }
-            Error::Config { field, message: e.message().to_string() }
+            Error::Config { field, message: e.to_string().trim_end().to_string() }
         })?;
         config.validate()?;
         Ok(config)
@@ -348,9 +358,33 @@ impl RunConfig {
                 ),
             });
         }
-        if self.train.epochs == 0 && self.train.max_steps == 0 {
-            return Err(Error::Config { field: "train.epochs".into(), message: "must be at least 1".into() });
+        if self.output.threads > MOST_PER_PROCESS {
+            return Err(Error::Config {
+                field: "output.threads".into(),
+                message: format!("{}: at most {MOST_PER_PROCESS} (0: all cores)", self.output.threads),
+            });
         }
+        if self.data.eval_batch_size == Some(0) {
+            return Err(Error::Config { field: "data.eval_batch_size".into(), message: "must be at least 1".into() });
+        }
+        // A micro-batch holds at least one sample; more of them than samples would only
+        // schedule empty work (and a schedule's size grows with its square).
+        if self.pipeline.micro_batches > self.data.batch_size {
+            return Err(Error::Config {
+                field: "pipeline.micro_batches".into(),
+                message: format!(
+                    "{} micro-batches of a batch of {} samples (data.batch_size): at most one per sample",
+                    self.pipeline.micro_batches, self.data.batch_size
+                ),
+            });
+        }
+        if self.train.epochs == 0 {
+            return Err(Error::Config {
+                field: "train.epochs".into(),
+                message: "must be at least 1 (train.max_steps ends a run sooner)".into(),
+            });
+        }
+        self.train.validate()?;
         if !self.output.progress_every.is_finite() || self.output.progress_every < 0.0 {
             return Err(Error::Config {
                 field: "output.progress_every".into(),
@@ -488,5 +522,40 @@ dir = "runs/x"
         let c = RunConfig::parse(BASE, "base", &["train.epochs=9223372036854775807".into()]).unwrap();
         assert_eq!(c.train.total_batches(1000), u64::MAX);
         c.train.lr_schedule(c.train.total_batches(1000)).unwrap();
+    }
+
+    /// Settings no run can use are refused by the key a config writes, before any data or
+    /// weights are loaded: each of these reached a hang, a panic, a run that trained nothing,
+    /// or clipping silently off.
+    #[test]
+    fn unusable_settings_are_refused_by_their_key() {
+        for (set, key, says) in [
+            ("pipeline.micro_batches=33", "pipeline.micro_batches", "at most one per sample"),
+            ("train.epochs=0", "train.epochs", "at least 1"),
+            ("train.max_grad_norm=-1.0", "train.max_grad_norm", "finite and at least 0"),
+            ("train.max_grad_norm=nan", "train.max_grad_norm", "finite and at least 0"),
+            ("train.max_grad_norm=inf", "train.max_grad_norm", "finite and at least 0"),
+            ("train.lr=nan", "train.lr", "finite"),
+            ("train.min_lr=1.0", "train.min_lr", "train.lr = 0.00005"),
+            ("data.eval_batch_size=0", "data.eval_batch_size", "at least 1"),
+            ("output.threads=1000000", "output.threads", "at most 4096"),
+            ("pipeline.devices=1000000", "pipeline.devices", "at most 4096"),
+        ] {
+            let overrides: Vec<String> = [set.to_string()]
+                .into_iter()
+                .chain((set == "train.epochs=0").then(|| "train.max_steps=5".into()))
+                .collect();
+            let err = RunConfig::parse(BASE, "base", &overrides).unwrap_err();
+            let Error::Config { field, message } = &err else { panic!("{set}: {err}") };
+            assert!(field == key && message.contains(says), "{set}: {err}");
+        }
+        let optimizer =
+            "train.optimizer={ kind = \"adamw\", beta1 = 1.0, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0 }";
+        let err = RunConfig::parse(BASE, "base", &[optimizer.into()]).unwrap_err().to_string();
+        assert!(err.contains("train.optimizer.beta1"), "{err}");
+        // A bad value in the file names its key (a converted table has no line to point at).
+        let err = RunConfig::parse(&BASE.replace("batch_size = 32", "batch_size = -32"), "f.toml", &[]).unwrap_err();
+        assert!(err.to_string().contains("data.batch_size"), "{err}");
+        assert!(RunConfig::parse(BASE, "base", &["pipeline.micro_batches=32".into()]).is_ok());
     }
 }

@@ -251,7 +251,7 @@ fn planning_profiles<D: Device>(
     first: &HostBatch,
     plan: &PipelineConfig,
 ) -> Result<(Vec<UnitProfile>, Vec<UnitProfile>)> {
-    let micro = first.split((plan.replicas * plan.micro_batches).clamp(1, first.batch))?.swap_remove(0);
+    let micro = first.split(plan.replicas.saturating_mul(plan.micro_batches).clamp(1, first.batch))?.swap_remove(0);
     let measure = config.pipeline.profile || config.elastic.auto_pipe;
     let per_sample: Vec<UnitProfile> =
         unit_profiles(dev, model, &micro, measure)?.iter().map(|p| p.scaled(1.0 / micro.batch as f64)).collect();
@@ -294,7 +294,7 @@ fn token_slices<D: Device>(
     if *request != TokenSlices::Auto {
         return Ok((request.lengths(first.seq)?, None));
     }
-    let micro = first.split((plan.replicas * plan.micro_batches).clamp(1, first.batch))?.swap_remove(0);
+    let micro = first.split(plan.replicas.saturating_mul(plan.micro_batches).clamp(1, first.batch))?.swap_remove(0);
     let planned = plan_slices(dev, model, &micro, plan)?;
     let lengths = planned.micro_batches.first().map(|m| m.slices.clone()).unwrap_or_default();
     Ok((if lengths.len() > 1 { lengths } else { Vec::new() }, Some(planned)))
@@ -456,6 +456,15 @@ impl<D: Device> Job<D> {
         let keep = |u: usize| own_units.as_ref().is_none_or(|own| own[u]);
         let (mut model, model_config, load_report) = build_model(&devices[0], &config, &info, &keep)?;
         let spec = model.spec().clone();
+        if let InputSpec::Tokens { max_positions, .. } = spec.input
+            && config.data.max_len > max_positions
+        {
+            // Found now, not at the first batch long enough to overflow the table mid-run.
+            return Err(config_error(
+                "data.max_len",
+                format!("{} tokens; the model's position table holds {max_positions}", config.data.max_len),
+            ));
+        }
         config.elastic.validate(spec.layers, info.augmented)?;
         let mut plan = plan;
         let slicing;
@@ -499,7 +508,8 @@ impl<D: Device> Job<D> {
             layers: spec.layers,
             devices: count,
             initial_replicas: plan.replicas,
-            batch: config.data.batch_size,
+            // A batch larger than the training set holds the set.
+            batch: config.data.batch_size.min(first.batch),
             positions,
             width: spec.hidden,
             activation_dtype: match trainer.pipeline.devices()[0].activation_dtype() {

@@ -505,9 +505,10 @@ fn check_size(input: &str, w: usize, h: usize, c: usize, size: usize, channels: 
 
 /// Probabilities of `logits / temperature` (computed in f64).
 fn softmax(logits: &[f32], temperature: f64) -> Vec<f64> {
-    let scaled: Vec<f64> = logits.iter().map(|&v| v as f64 / temperature).collect();
-    let max = scaled.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let e: Vec<f64> = scaled.iter().map(|v| (v - max).exp()).collect();
+    // The largest logit is subtracted before dividing: at a tiny temperature the quotients
+    // overflow to ±inf, and inf − inf would make every probability NaN.
+    let max = logits.iter().map(|&v| v as f64).fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = logits.iter().map(|&v| ((v as f64 - max) / temperature).exp()).collect();
     let sum: f64 = e.iter().sum();
     e.iter().map(|v| v / sum).collect()
 }
@@ -550,6 +551,9 @@ mod tests {
         assert!(drawn.contains(&1) && drawn.contains(&3), "both drawn");
         let p = softmax(&logits, 1.0);
         assert!((p.iter().sum::<f64>() - 1.0).abs() < 1e-12 && p[1] > p[3] && p[3] > p[2]);
+        // A temperature so small that logit / T overflows: all the mass on the largest logit.
+        assert_eq!(softmax(&logits, 1e-310), [0.0, 1.0, 0.0, 0.0]);
+        assert_eq!(draw(&logits, &Sampling { temperature: 1e-310, ..top2 }, &mut rng), 1);
     }
 }
 

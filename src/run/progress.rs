@@ -48,7 +48,8 @@ impl ProgressLines {
 
 /// `h:mm:ss`.
 fn clock(seconds: f64) -> String {
-    let s = Duration::from_secs_f64(seconds.max(0.0)).as_secs();
+    // A run that never ends on its own (`epochs` near u64::MAX) has an ETA past any Duration.
+    let s = Duration::try_from_secs_f64(seconds.max(0.0)).unwrap_or(Duration::MAX).as_secs();
     format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
 }
 
@@ -83,5 +84,12 @@ mod tests {
         let line = p.step(5.0, 905, 9, 0.1, 1e-4, 4).unwrap_or_default();
         // 5 steps (900 → 905) in 5 s, 95 left; 8 samples in 5 s.
         assert!(line.contains("ETA 0:01:35") && line.contains("1.6 samples/s"), "{line}");
+    }
+
+    #[test]
+    fn a_run_that_never_ends_prints_an_eta_instead_of_panicking() {
+        let mut p = ProgressLines::new(0.0, u64::MAX);
+        let line = p.step(2.0, 1, 0, 0.1, 1e-4, 4).unwrap_or_default();
+        assert!(line.contains(&format!("ETA {}:", u64::MAX / 3600)), "{line}");
     }
 }

@@ -73,6 +73,31 @@ impl TrainConfig {
         Ok(schedule)
     }
 
+    /// Checks the settings no run can use, named as the config names them, before any data
+    /// or weights are loaded.
+    pub fn validate(&self) -> Result<()> {
+        if !(self.max_grad_norm.is_finite() && self.max_grad_norm >= 0.0) {
+            return Err(Error::Config {
+                field: "train.max_grad_norm".into(),
+                message: format!("{}: expected a norm, finite and at least 0 (0: no clipping)", self.max_grad_norm),
+            });
+        }
+        // Named as a config file writes them.
+        let named = |e: Error| match e {
+            Error::Config { field, message } => Error::Config {
+                field: match field.as_str() {
+                    "lr_schedule.base_lr" => "train.lr".into(),
+                    "lr_schedule.min_lr" => "train.min_lr".into(),
+                    _ => field.replacen("optimizer.", "train.optimizer.", 1),
+                },
+                message: message.replace("base_lr", "train.lr"),
+            },
+            e => e,
+        };
+        self.lr_schedule(1).map_err(named)?;
+        self.optimizer.validate().map_err(named)
+    }
+
     /// The global-norm clip, if any.
     pub fn clip(&self) -> Option<f64> {
         (self.max_grad_norm > 0.0).then_some(self.max_grad_norm)
