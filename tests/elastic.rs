@@ -698,3 +698,47 @@ fn autopipe_runs_only_plans_within_the_memory_limit() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A checkpoint taken while AutoPipe times its micro-batch counts keeps the timing: the resumed
+/// run times the rest and settles on a winner, instead of keeping whichever count was in force.
+#[test]
+fn a_run_resumed_while_timing_micro_batches_goes_on_timing() {
+    let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
+    let dir = scratch("resume-timing");
+    let timed = |events: &[Event]| -> Vec<(u64, String)> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Transition(t) if t.reason.starts_with("micro-batches timed") => Some((t.step, t.reason.clone())),
+                _ => None,
+            })
+            .collect()
+    };
+    // The first freeze comes at step 9, after the timing of M = 2 and 4 at the start.
+    let trainer =
+        |at: &str| elastic_trainer(&bert(), cpus(2), &dir.join(at), FreezeInterval::Steps(9), FreedDevices::Replicas);
+    let (mut first, mut elastic) = trainer("a");
+    let mut events = Vec::new();
+    elastic.start(&mut first, &mut |e| events.push(e.clone())).unwrap();
+    first.fit(&data, Some(4), &mut elastic, &mut |e| events.push(e.clone())).unwrap();
+    assert!(timed(&events).is_empty(), "still timing at step 4: {events:?}");
+    let path = dir.join("ckpt");
+    first.save_checkpoint(&path, elastic.state()).unwrap();
+    let m = first.pipeline.plan().config.micro_batches;
+    drop((first, elastic));
+
+    let (mut second, mut elastic) = trainer("b");
+    let state = second.load_checkpoint(&path).unwrap();
+    elastic.restore(state).unwrap();
+    assert_eq!(second.pipeline.plan().config.micro_batches, m);
+    let mut resumed = Vec::new();
+    second.fit(&data, None, &mut elastic, &mut |e| resumed.push(e.clone())).unwrap();
+    // Step 1 warmed up untimed and steps 2–4 timed half of the 2 counts × 3 rounds; step 5
+    // warms the resumed pipeline up, steps 6–8 time the rest.
+    let timed = timed(&resumed);
+    assert_eq!(timed.len(), 1, "{resumed:?}");
+    let (step, reason) = &timed[0];
+    assert!(*step == 8 && reason.contains("M=2: ") && reason.contains("M=4: "), "{timed:?}");
+    drop((second, elastic));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

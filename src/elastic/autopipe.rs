@@ -117,8 +117,10 @@ pub const ROUNDS: usize = 3;
 
 /// A shape being tuned: its key, the candidates, the rates measured for each so far, and the
 /// index of the one in force.
-#[derive(Clone, Debug, Default, PartialEq)]
-struct Timing {
+/// A shape's micro-batch counts being timed: kept in a checkpoint, so a resumed run goes on
+/// timing where it stopped instead of keeping whichever count was in force.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Timing {
     key: String,
     candidates: Vec<usize>,
     rates: Vec<Vec<f64>>,
@@ -162,6 +164,16 @@ impl Tuner {
     /// Whether a step is being timed.
     pub fn running(&self) -> bool {
         self.running.is_some()
+    }
+
+    /// The timing under way, for a checkpoint.
+    pub fn timing(&self) -> Option<&Timing> {
+        self.running.as_ref()
+    }
+
+    /// Goes on with a checkpoint's [`timing`](Self::timing).
+    pub fn resume_timing(&mut self, timing: Option<Timing>) {
+        self.running = timing;
     }
 
     /// Records a timed step of the candidate in force (`m`, `positions_per_second`). Returns

@@ -7,7 +7,7 @@
 //! and how long it took.
 
 use super::autodp::{batches_per_step, rebuild_communicators, replicas_for};
-use super::autopipe::{Shapes, Tuner, choose_shape, micro_batch_candidates, pick, schedule_for};
+use super::autopipe::{Shapes, Timing, Tuner, choose_shape, micro_batch_candidates, pick, schedule_for};
 use super::cache::{ActivationCache, CacheDtype};
 use super::freeze::FreezeController;
 use super::{ElasticConfig, FreezeInterval, FreezeName};
@@ -64,6 +64,9 @@ struct State {
     frozen_layers: usize,
     tuned: std::collections::BTreeMap<String, usize>,
     cache_on: bool,
+    /// The micro-batch counts being timed, and the count in force before they were.
+    #[serde(default)]
+    tuning: Option<(Timing, usize)>,
 }
 
 /// The run's shape around it, fixed when the controller is made.
@@ -188,6 +191,7 @@ impl Elastic {
             frozen_layers: self.frozen_layers,
             tuned: self.tuner.best.clone(),
             cache_on: self.cache_on,
+            tuning: self.tuner.timing().map(|t| (t.clone(), self.tuning_from)),
         };
         serde_json::to_value(state).unwrap_or_default()
     }
@@ -234,6 +238,13 @@ impl Elastic {
             });
         }
         (self.freeze, self.frozen_layers, self.tuner.best) = (s.freeze, s.frozen_layers, s.tuned);
+        // Timing goes on from the restored plan's count; its first step, on a pipeline just
+        // built, warms up untimed as after a transition.
+        self.warming = s.tuning.is_some();
+        if let Some((timing, from)) = s.tuning {
+            self.tuner.resume_timing(Some(timing));
+            self.tuning_from = from;
+        }
         self.cache_on = s.cache_on && self.cache.is_some();
         if let Some(c) = &mut self.cache {
             c.clear()?;
