@@ -27,7 +27,8 @@ pub enum BatchPolicy {
     #[default]
     Constant,
     /// Each replica keeps its share of the initial batch: the global batch and the learning
-    /// rate grow by `R/R₀`.
+    /// rate grow by `R/R₀`, in whole source batches (`⌊R/R₀⌋`: from `R₀` = 2 to `R` = 3
+    /// a step still takes one batch, each replica a third of it).
     ScaleLr,
 }
 

@@ -65,6 +65,20 @@ impl Partition {
     pub fn bottleneck(&self) -> f64 {
         self.stage_time.iter().copied().fold(0.0, f64::max)
     }
+
+    /// Each of `k` devices' bytes: a device holds its virtual stages (`s mod k`) at once.
+    pub fn device_memory(&self, k: usize) -> Vec<usize> {
+        let mut per_device = vec![0usize; k.max(1)];
+        for (s, &bytes) in self.stage_memory.iter().enumerate() {
+            per_device[super::schedule::stage_device(s, k.max(1))] += bytes;
+        }
+        per_device
+    }
+
+    /// The largest of [`device_memory`](Self::device_memory).
+    pub fn device_peak(&self, k: usize) -> usize {
+        self.device_memory(k).into_iter().max().unwrap_or(0)
+    }
 }
 
 /// Splits `units` into `stages` contiguous stages minimising the slowest stage's time, where

@@ -85,7 +85,7 @@ impl Plan {
         // Token slices change what a micro-batch keeps (TeraPipe): the partition's memory
         // counts the sliced activations and the key/value arenas.
         let units: Vec<UnitProfile> = units.iter().map(|u| u.sliced(&config.token_slices)).collect();
-        let partition = partition(&units, schedule.stages, &in_flight(&schedule), config.memory_limit, pinned)?;
+        let partition = partition_per_device(&units, &schedule, config.memory_limit, pinned)?;
         Ok(Plan { config, partition, schedule, unit_names })
     }
 
@@ -107,7 +107,7 @@ impl Plan {
         }
         let units: Vec<UnitProfile> = units.iter().map(|u| u.sliced(&config.token_slices)).collect();
         let partition = Partition::of(&units, stages, &in_flight(&schedule))?;
-        let need = partition.stage_memory.iter().copied().max().unwrap_or(0);
+        let need = partition.device_peak(config.pipeline_len);
         if let Some(limit) = config.memory_limit.filter(|&limit| need > limit) {
             return Err(config_error(
                 "memory_limit",
@@ -206,6 +206,65 @@ impl Plan {
     }
 }
 
+/// [`partition`] within `limit` bytes per device. With one stage per device that is the
+/// stages' limit. A device of an interleaved schedule holds `v` stages, which the split's
+/// dynamic programme, cutting contiguous stages, cannot sum: it runs again under each smaller
+/// per-stage limit, and the best-balanced split that fits every device wins. A search, not a
+/// proof: a split fitting only with uneven stage limits can be missed (the error says so),
+/// but no plan it returns overfills a device.
+fn partition_per_device(
+    units: &[UnitProfile],
+    schedule: &Schedule,
+    limit: Option<usize>,
+    pinned: usize,
+) -> Result<Partition> {
+    let (stages, in_flight) = (schedule.stages, in_flight(schedule));
+    let first = partition(units, stages, &in_flight, limit, pinned)?;
+    let Some(limit) = limit else { return Ok(first) };
+    let need = first.device_peak(schedule.devices);
+    if need <= limit {
+        return Ok(first);
+    }
+    // Each per-stage limit that changes the split is a stage's bytes for some run of units:
+    // every such limit below the device's, the best-balanced split that fits every device.
+    let mut caps: Vec<usize> = Vec::new();
+    for &flight in &in_flight {
+        for i in 0..units.len() {
+            let (mut params, mut acts) = (0, 0);
+            for u in &units[i..] {
+                params += u.state_bytes();
+                acts += if u.trainable { u.activation_bytes } else { 0 };
+                let bytes = params + flight * acts;
+                if bytes < limit {
+                    caps.push(bytes);
+                }
+            }
+        }
+    }
+    caps.sort_unstable();
+    caps.dedup();
+    let mut found: Option<Partition> = None;
+    for cap in caps {
+        if let Ok(p) = partition(units, stages, &in_flight, Some(cap), pinned)
+            && p.device_peak(schedule.devices) <= limit
+            && found.as_ref().is_none_or(|f| p.bottleneck() < f.bottleneck())
+        {
+            found = Some(p);
+        }
+    }
+    found.ok_or_else(|| {
+        config_error(
+            "memory_limit",
+            format!(
+                "found no split of {} units into {stages} stages, {} per device, within {limit} bytes per device \
+                 (the most balanced split needs {need} bytes on a device): raise the limit or use fewer chunks",
+                units.len(),
+                stages / schedule.devices.max(1)
+            ),
+        )
+    })
+}
+
 /// Per stage, the micro-batches' worth of activations in flight at the peak: pieces, counted
 /// as the fraction of a micro-batch a token slice is (a slice keeps about `1/n` of its
 /// micro-batch's activations; the key/value arena is not counted).
@@ -241,6 +300,15 @@ impl fmt::Display for Plan {
                 self.partition.stage_time[s] * 1e3,
                 self.partition.stage_memory[s] as f64 / (1 << 20) as f64
             )?;
+        }
+        if c.chunks > 1 {
+            let mib: Vec<String> = self
+                .partition
+                .device_memory(c.pipeline_len)
+                .iter()
+                .map(|&b| format!("{:.1}", b as f64 / (1 << 20) as f64))
+                .collect();
+            writeln!(f, "memory per device (its {} stages): {} MiB", c.chunks, mib.join(", "))?;
         }
         writeln!(
             f,
@@ -314,6 +382,41 @@ mod tests {
         assert_eq!(given(10800).unwrap()[0], 10800);
         let e = given(10799).unwrap_err().to_string();
         assert!(e.contains("memory_limit") && e.contains("need 10800 bytes") && e.contains("2 micro-batch"), "{e}");
+    }
+
+    /// A device of an interleaved schedule holds all its chunks' stages: the limit holds for
+    /// their sum, not for each stage alone.
+    #[test]
+    fn an_interleaved_plan_keeps_each_device_within_the_limit() {
+        let config = |limit| PipelineConfig {
+            pipeline_len: 2,
+            micro_batches: 4,
+            chunks: 2,
+            schedule: crate::pipeline::ScheduleKind::Interleaved,
+            memory_limit: limit,
+            ..Default::default()
+        };
+        let plan = |limit| Plan::new(config(limit), &units(8), names(8), 2, 0);
+        let free = plan(None).unwrap();
+        // The unlimited split holds 11200 bytes in its largest stage but 18400 on device 0:
+        // a limit per stage would have passed it at 11200.
+        let stage = *free.partition.stage_memory.iter().max().unwrap();
+        let device = free.partition.device_peak(2);
+        assert_eq!((stage, device), (11200, 18400));
+        for limit in (stage..=device).step_by(100) {
+            match plan(Some(limit)) {
+                Ok(p) => assert!(p.partition.device_peak(2) <= limit, "{limit}: {:?}", p.partition),
+                Err(e) => assert!(e.to_string().contains("bytes per device"), "{limit}: {e}"),
+            }
+        }
+        // Below the unlimited split's peak, another split that fits is found (a brute force
+        // over the 35 splits gives 14000 bytes as the least any reaches).
+        let tighter = plan(Some(16000)).unwrap();
+        assert!(tighter.partition.stages != free.partition.stages && tighter.partition.device_peak(2) <= 16000);
+        assert_eq!(plan(Some(device)).unwrap().partition, free.partition);
+        // Given stages are held to the devices' sums too.
+        let given = Plan::with_stages(config(Some(device - 1)), &units(8), names(8), 2, free.partition.stages.clone());
+        assert!(given.unwrap_err().to_string().contains(&format!("need {device} bytes")));
     }
 
     #[test]
