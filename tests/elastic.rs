@@ -263,6 +263,17 @@ fn an_advanced_cache_entry_equals_a_fresh_forward() {
     );
     assert_eq!((a.loss.to_bits(), a.grad_norm.to_bits()), (b.loss.to_bits(), b.grad_norm.to_bits()));
     assert_eq!(advanced.pipeline.parameters(0).unwrap(), fresh.pipeline.parameters(0).unwrap());
+    // Two stages whose boundary the frozen prefix passed without a re-plan: the output is
+    // captured on the second device, and is the same.
+    let plan = PipelineConfig { pipeline_len: 2, ..Default::default() };
+    let mut two = common::trainer_on(&bert(), 3, cpus(2), plan, train_config(), 3);
+    assert!(two.pipeline.plan().partition.stages[0].end < 5, "{:?}", two.pipeline.plan().partition.stages);
+    two.pipeline.freeze_prefix(5).unwrap();
+    let c = two.pipeline.step_with(&batch, &options).unwrap().frozen_output.unwrap();
+    assert_eq!(
+        c.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        hb.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
     // States that enter above the first trainable unit are refused.
     let mut too_deep = batch.clone();
     too_deep.hidden = Some(pipetransformer::model::Hidden { depth: 6, ..ha });

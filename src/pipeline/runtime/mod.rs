@@ -1067,12 +1067,14 @@ impl<D: Device> Pipeline<D> {
         }
     }
 
-    /// The captured micro-batches of every replica's first device, joined in sample order.
+    /// The captured micro-batches of every replica, joined in sample order: from the device
+    /// of the stage where the first trainable unit `depth` is (the first stage after a
+    /// re-plan; a later one when a prefix was frozen past a boundary without one).
     fn assemble_capture(&self, outputs: &[WorkerOutput], m: usize, depth: usize) -> Result<Hidden> {
-        let k = self.plan.config.pipeline_len;
+        let stage = self.plan.stage_of(depth);
         let mut data = Vec::new();
         for r in 0..self.plan.config.replicas {
-            let mut parts: Vec<&(usize, Vec<f32>)> = outputs[r * k].captured.iter().collect();
+            let mut parts: Vec<&(usize, Vec<f32>)> = outputs[self.plan.device(r, stage)].captured.iter().collect();
             parts.sort_by_key(|(mb, _)| *mb);
             if parts.len() != m {
                 return Err(internal("capture", format!("replica {r} captured {} of {m} micro-batches", parts.len())));
