@@ -407,3 +407,53 @@ fn auto_under_a_memory_limit_plans_one_slicing_within_it() {
     let e = plan_slices(&dev, &mut model, &micro, &tight).unwrap_err().to_string();
     assert!(e.contains("pipeline.memory_limit") && e.contains("no slicing meets the memory limit"), "{e}");
 }
+
+/// Under 1F1B over token slices a stage keeps at most what the partition planned for it (its
+/// sliced activations and the key/value arenas of the micro-batches resident at once), on
+/// every device of pipelines of 2 to 4 stages: a schedule that held one micro-batch's arena
+/// more than `in_flight` counts would overfill a memory limit the plan claims to meet.
+#[test]
+fn one_f_one_b_over_slices_keeps_within_the_planned_memory() {
+    use pipetransformer::model::GptConfig;
+    let (width, seq) = (8, 32);
+    let ModelConfig::Gpt(tiny) = tiny_gpt(0.1) else { unreachable!() };
+    let config = ModelConfig::Gpt(GptConfig {
+        n_embd: width,
+        n_head: 8,
+        n_positions: seq,
+        n_inner: Some(16),
+        n_layer: 4,
+        ..tiny
+    });
+    let host = pipetransformer::bench::random_batch(&config, 6, seq, 5);
+    let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+    for k in 2..=4 {
+        for m in [1, 2, 3, 6] {
+            for slices in [vec![16, 16], vec![5, 20, 7], vec![8; 4]] {
+                let plan = PipelineConfig {
+                    pipeline_len: k,
+                    micro_batches: m,
+                    schedule: ScheduleKind::OneFOneB,
+                    token_slices: slices.clone(),
+                    ..Default::default()
+                };
+                let mut model = Model::new(&dev, &config, 1).unwrap();
+                let micro = host.split(m).unwrap().swap_remove(0);
+                let profiles = unit_profiles(&dev, &mut model, &micro, false).unwrap();
+                let cpus = (0..k).map(|i| CpuDevice::<f32>::new(i, 1).unwrap()).collect();
+                let mut pipeline = Pipeline::new(cpus, model, OptimizerConfig::adamw(), plan, &profiles).unwrap();
+                let measured = pipeline.step(&host, 3, 1e-2, None).unwrap().peak_activations;
+                let p = pipeline.plan();
+                for (s, stage) in p.partition.stages.iter().enumerate() {
+                    let state: usize = profiles[stage.clone()].iter().map(UnitProfile::state_bytes).sum();
+                    let planned = p.partition.stage_memory[s] - state;
+                    assert!(
+                        4 * measured[s] <= planned,
+                        "K = {k}, M = {m}, slices {slices:?}, stage {s}: measured {} B over the planned {planned} B",
+                        4 * measured[s]
+                    );
+                }
+            }
+        }
+    }
+}
