@@ -1053,3 +1053,75 @@ fn kill_the_last(name: &str, mode: &[&str], world: usize) {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Killing the launcher alone (SIGTERM to its pid) ends the processes it started, within a few
+/// seconds: the kernel tells them, and none is left training on its own.
+#[test]
+fn killing_the_launcher_ends_its_processes() {
+    use std::time::{Duration, Instant};
+    /// Kills what is left of the given processes if the test fails (each still runs, or is an
+    /// unreaped child, then: its pid is not yet anyone else's).
+    struct Reap(Vec<u32>);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            for pid in &self.0 {
+                let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+            }
+        }
+    }
+    /// A process's parent and state (`Z` for a zombie), from /proc; None once it is gone.
+    fn stat(pid: u32) -> Option<(u32, char)> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let mut after = text[text.rfind(')')? + 1..].split_whitespace();
+        let state = after.next()?.chars().next()?;
+        Some((after.next()?.parse().ok()?, state))
+    }
+    let children_of = |parent: u32| -> Vec<u32> {
+        let pids = std::fs::read_dir("/proc").unwrap().flatten().filter_map(|e| e.file_name().to_str()?.parse().ok());
+        pids.filter(|&pid| stat(pid).is_some_and(|(p, _)| p == parent)).collect()
+    };
+    let dir = scratch("launch-orphans");
+    let (out, rdzv) = (format!("output.dir={}", dir.display()), format!("127.0.0.1:{}", free_port()));
+    // Two processes of a run over two nodes, on the first: they wait at the rendezvous for the
+    // second node's, which never come, for the whole collective timeout (no data needed).
+    let launch = ["launch", "--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "0", "--rdzv", &rdzv];
+    let mut launcher = Command::new(env!("CARGO_BIN_EXE_pipetransformer"))
+        .args(launch)
+        .args(["--rdzv-token", "orphans", "--", "train", "--config", "configs/vit-digits.toml", "--fresh"])
+        .args(["--set", &out])
+        .env("PT_COLLECTIVE_TIMEOUT", "120")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut reap = Reap(vec![launcher.id()]);
+    // Both children, once they run the program (past exec).
+    let started = Instant::now();
+    let children = loop {
+        let children = children_of(launcher.id());
+        for c in &children {
+            if !reap.0.contains(c) {
+                reap.0.push(*c);
+            }
+        }
+        let train = |c: Vec<u8>| c.split(|b| *b == 0).nth(1) == Some(b"train");
+        let running = |pid: &u32| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(train);
+        if children.len() == 2 && children.iter().all(running) {
+            break children;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "the launcher started {children:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    std::thread::sleep(Duration::from_millis(500)); // in the rendezvous
+    assert!(Command::new("kill").args(["-TERM", &launcher.id().to_string()]).status().unwrap().success());
+    let _ = launcher.wait();
+    reap.0.retain(|&p| p != launcher.id());
+    let killed = Instant::now();
+    // Gone, or a zombie nobody reaped yet: either way no longer running.
+    while let Some(left) = children.iter().find(|&&c| stat(c).is_some_and(|(_, state)| state != 'Z')) {
+        assert!(killed.elapsed() < Duration::from_secs(5), "process {left} still runs after its launcher was killed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    reap.0.clear(); // all gone: their pids may be another's soon
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -18,7 +18,10 @@
 //! member's link end, or its report of failure, and calls the opening off; the others see
 //! that on their link to it and stop at once.
 
-use super::rendezvous::{Links, MAC, NONCE, Secret, first_byte, frame, random_bytes, rdzv_error, read_frame};
+use super::rendezvous::{
+    Links, MAC, MAX_GROUP, NONCE, Secret, admit_concurrently, deadline_after, first_byte, frame, message_deadline,
+    random_bytes, rdzv_error, read_frame, read_frame_by,
+};
 use crate::error::Result;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -66,7 +69,10 @@ pub fn open_rings(
     secret: &Secret,
     timeout: Duration,
 ) -> Result<Option<RingLinks>> {
-    let size = rings.iter().map(Vec::len).sum();
+    let size: usize = rings.iter().map(Vec::len).sum();
+    if size > MAX_GROUP {
+        return Err(rdzv_error("ring", format!("a group of {size} processes; at most {MAX_GROUP}")));
+    }
     let mut seen = vec![false; size];
     for &m in rings.iter().flatten() {
         if m >= size || std::mem::replace(&mut seen[m], true) {
@@ -87,7 +93,7 @@ pub fn open_rings(
     if size < 2 {
         return Ok(None);
     }
-    let deadline = Instant::now() + timeout;
+    let deadline = deadline_after(timeout)?;
     let ip = match star {
         Links::Hub(members) => members.first().map(TcpStream::local_addr),
         Links::Spoke(hub) => Some(hub.local_addr()),
@@ -323,39 +329,39 @@ fn hello_parts<'a>(
     [b"ring hello", nonce, from, to, len, label]
 }
 
-/// Waits on `listener` for rank `prev` and admits it; refuses (and logs) anyone else.
+/// Waits on `listener` for rank `prev` and admits it; refuses (and logs) anyone else. The
+/// handshakes run side by side, so strangers who stall do not keep `prev` waiting.
 fn admit_prev(listener: &TcpListener, me: &Member, prev: usize, deadline: Instant) -> Result<TcpStream> {
     let rank = me.rank;
-    listener.set_nonblocking(true).map_err(|e| rdzv_error("ring listener", e.to_string()))?;
-    loop {
-        let (mut peer, from) = match listener.accept() {
-            Ok(p) => p,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                me.check_peers()?;
-                if Instant::now() >= deadline {
-                    return Err(rdzv_error("ring", format!("rank {prev} did not connect to rank {rank} in time")));
-                }
-                std::thread::sleep(Duration::from_millis(5));
-                continue;
+    let mut admitted = None;
+    admit_concurrently(
+        listener,
+        &format!("ring of rank {rank}"),
+        |peer| challenge(peer, me, prev, deadline),
+        |peer, ()| {
+            admitted = Some(peer);
+            Ok(true) // the one member this listener waits for
+        },
+        || {
+            me.check_peers()?;
+            match Instant::now() >= deadline {
+                false => Ok(()),
+                true => Err(rdzv_error("ring", format!("rank {prev} did not connect to rank {rank} in time"))),
             }
-            Err(e) => return Err(rdzv_error("ring: accept", e.to_string())),
-        };
-        match challenge(&mut peer, me, prev) {
-            Ok(()) => return Ok(peer),
-            Err(why) => eprintln!("ring of rank {rank}: refused a connection from {from}: {why}"),
-        }
-    }
+        },
+    )?;
+    admitted.ok_or_else(|| rdzv_error("ring", format!("rank {prev} did not connect to rank {rank}")))
 }
 
 /// The admitting side's handshake: our nonce out, the hello in and checked, our MAC back.
-fn challenge(peer: &mut TcpStream, me: &Member, prev: usize) -> std::result::Result<(), String> {
+fn challenge(peer: &mut TcpStream, me: &Member, prev: usize, deadline: Instant) -> std::result::Result<(), String> {
     let io = |e: std::io::Error| e.to_string();
     peer.set_nonblocking(false).map_err(io)?;
-    peer.set_read_timeout(Some(MESSAGE_TIMEOUT)).map_err(io)?;
     peer.set_write_timeout(Some(MESSAGE_TIMEOUT)).map_err(io)?;
     let ours = random_bytes::<NONCE>().map_err(|e| e.to_string())?;
     peer.write_all(&frame(&[&ours])).map_err(io)?;
-    let (from, theirs, mac) = parse_peer_hello(&read_frame(peer)?)?;
+    let (from, theirs, mac) = parse_peer_hello(&read_frame_by(peer, message_deadline(deadline))?)?;
+    // `open_rings` caps the group at MAX_GROUP: ranks and lengths fit a u32.
     let (f, t, z) = (from.to_le_bytes(), (me.rank as u32).to_le_bytes(), (me.ring_len as u32).to_le_bytes());
     if !me.secret.verify(&hello_parts(&ours, &f, &t, &z, me.label), &mac) {
         return Err("wrong secret or ring (the MAC does not verify)".into());
@@ -376,7 +382,7 @@ fn connect_next(addr: SocketAddr, me: &Member, next: usize, deadline: Instant) -
             Ok(mut s) => match hello(&mut s, me, next, deadline) {
                 Ok(()) => return Ok(s),
                 Err(Refused::Fatal(why)) => return Err(rdzv_error(&format!("ring: rank {next} at {addr}"), why)),
-                // Not answered in time: the member may be busy refusing a stranger; again.
+                // Not answered in time: the member may be busy with a crowd of strangers; again.
                 Err(Refused::Retry(why)) => last = why,
             },
             Err(e) => last = e.to_string(),
@@ -397,15 +403,16 @@ enum Refused {
 fn hello(s: &mut TcpStream, me: &Member, next: usize, deadline: Instant) -> std::result::Result<(), Refused> {
     let retry = |e: std::io::Error| Refused::Retry(e.to_string());
     first_byte(s, deadline).map_err(Refused::Retry)?;
-    let theirs = read_frame(s).map_err(Refused::Fatal)?;
+    let theirs = read_frame_by(s, message_deadline(deadline)).map_err(Refused::Fatal)?;
     if theirs.len() != NONCE {
         return Err(Refused::Fatal(format!("a challenge of {} bytes; expected {NONCE}", theirs.len())));
     }
     let ours = random_bytes::<NONCE>().map_err(|e| Refused::Fatal(e.to_string()))?;
+    // `open_rings` caps the group at MAX_GROUP: ranks and lengths fit a u32.
     let (f, t, z) = ((me.rank as u32).to_le_bytes(), (next as u32).to_le_bytes(), (me.ring_len as u32).to_le_bytes());
     let mac = me.secret.mac(&hello_parts(&theirs, &f, &t, &z, me.label));
     s.write_all(&frame(&[&f, &ours, &mac])).map_err(retry)?;
-    let welcome = read_frame(s)
+    let welcome = read_frame_by(s, message_deadline(deadline))
         .map_err(|e| Refused::Fatal(format!("the peer closed the connection ({e}): a wrong secret or rank?")))?;
     if !me.secret.verify(&[b"ring welcome", &ours, &theirs], &welcome) {
         return Err(Refused::Fatal("the peer at this address does not know the run's secret".into()));
@@ -492,8 +499,8 @@ mod tests {
         });
     }
 
-    /// A member held up behind silent strangers at its next rank's port gets no challenge in
-    /// time, and tries again instead of failing the run.
+    /// A member behind silent strangers at its next rank's port still links, instead of
+    /// failing the run.
     #[test]
     fn a_member_held_up_by_silent_strangers_still_links() {
         let secret = Secret::new("ring-patience").unwrap();
@@ -507,6 +514,80 @@ mod tests {
             assert_eq!(admitted.join().unwrap().unwrap().peer_addr().unwrap(), real.local_addr().unwrap());
             drop(silent);
         });
+    }
+
+    /// A stranger at the ring port who sends a hello a byte at a time (each byte well within
+    /// the socket's timeout) neither holds the member past a message timeout nor keeps the
+    /// real member before it out.
+    #[test]
+    fn a_stranger_who_sends_slowly_does_not_keep_the_ring_member_out() {
+        let secret = Secret::new("ring-slow").unwrap();
+        let listener = TcpListener::bind((loopback(), 0)).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(8);
+        let stop = AtomicBool::new(false);
+        let started = Instant::now();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut c = TcpStream::connect(addr).unwrap();
+                let _ = c.write_all(&(4 + NONCE as u32 + MAC as u32 + 8).to_le_bytes());
+                while !stop.load(Ordering::Relaxed) && started.elapsed() < Duration::from_secs(12) {
+                    if c.write_all(b"P").is_err() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+            });
+            std::thread::sleep(Duration::from_millis(200)); // the stranger is first in line
+            let admitted = s.spawn(|| admit_prev(&listener, &member(1, &secret), 0, deadline));
+            let real = connect_next(addr, &member(0, &secret), 1, deadline);
+            let admitted = admitted.join().unwrap();
+            stop.store(true, Ordering::Relaxed);
+            assert_eq!(admitted.unwrap().peer_addr().unwrap(), real.unwrap().local_addr().unwrap());
+            assert!(started.elapsed() < Duration::from_secs(4), "took {:?}", started.elapsed());
+        });
+    }
+
+    /// Many silent strangers at the ring port are challenged side by side: the member behind
+    /// them links at once, not after a message timeout for each.
+    #[test]
+    fn a_crowd_of_silent_strangers_does_not_hold_the_ring_member_up() {
+        let secret = Secret::new("ring-crowd").unwrap();
+        let listener = TcpListener::bind((loopback(), 0)).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        std::thread::scope(|s| {
+            let silent: Vec<TcpStream> = (0..16).map(|_| TcpStream::connect(addr).unwrap()).collect();
+            let started = Instant::now();
+            let admitted = s.spawn(|| admit_prev(&listener, &member(1, &secret), 0, deadline));
+            let real = connect_next(addr, &member(0, &secret), 1, deadline).unwrap();
+            assert_eq!(admitted.join().unwrap().unwrap().peer_addr().unwrap(), real.local_addr().unwrap());
+            assert!(started.elapsed() < MESSAGE_TIMEOUT, "the member waited {:?}", started.elapsed());
+            drop(silent);
+        });
+    }
+
+    /// A timeout too long to add to the clock is an error on every member, not a panic.
+    #[test]
+    fn a_timeout_too_long_for_the_clock_is_an_error() {
+        let secret = Secret::new("ring-forever").unwrap();
+        let port = TcpListener::bind((loopback(), 0)).unwrap().local_addr().unwrap().port();
+        let addr = format!("127.0.0.1:{port}");
+        let errors: Vec<String> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..2)
+                .map(|r| {
+                    let (addr, secret) = (&addr, &secret);
+                    s.spawn(move || {
+                        let (_, mut star) = gather(addr, r, 2, secret, Some(b"p"), Duration::from_secs(20)).unwrap();
+                        open_ring(&mut star, r, 2, secret, Duration::MAX).err().map(|e| e.to_string())
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap().unwrap_or_default()).collect()
+        });
+        for e in errors {
+            assert!(e.contains("timeout") && e.contains("too long"), "{e}");
+        }
     }
 
     /// A member that dies after the address exchange, before it links up, ends every other

@@ -4,9 +4,12 @@
 //! can crash or stall it:
 //!
 //! - rank 0 binds where the caller says (the launcher's default is loopback);
-//! - every message is a frame `[length: u32 LE][body]` of at most [`MAX_FRAME`] bytes, read
-//!   under a per-message timeout ([`MESSAGE_TIMEOUT`]): oversized, malformed or slow messages
-//!   close that connection with a logged reason and rank 0 goes on waiting for real members;
+//! - every message is a frame `[length: u32 LE][body]` of at most [`MAX_FRAME`] bytes, and the
+//!   whole of it must arrive within [`MESSAGE_TIMEOUT`] (and before the meeting's deadline), not
+//!   just each byte: oversized, malformed or slow messages close that connection with a logged
+//!   reason and rank 0 goes on waiting for real members;
+//! - rank 0 runs the handshakes of up to [`MAX_HANDSHAKES`] connections at once, so strangers
+//!   who connect and stall do not keep a member behind them waiting;
 //! - admission is a challenge and response: rank 0 sends a fresh random nonce, a member
 //!   answers with HMAC-SHA256(secret, nonce ‖ rank ‖ size); rank 0's reply carries its own MAC
 //!   over the nonce and the payload, so members know they reached the real rank 0. The secret
@@ -18,14 +21,22 @@
 use crate::error::{Error, Result};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
+use std::cell::RefCell;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// Largest frame either side accepts, in bytes (a hello is 44, a payload at most 4 KiB).
 pub const MAX_FRAME: usize = 4096 + 64;
 /// How long one message may take to arrive once a connection is open.
 pub const MESSAGE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Handshakes a listener runs at once. A stranger who connects and stalls holds one for at
+/// most [`MESSAGE_TIMEOUT`]; only this many stalling together can keep a member waiting.
+pub const MAX_HANDSHAKES: usize = 64;
+/// Most processes a group may hold: far beyond any real run, and small enough that a group's
+/// size and ranks always fit the `u32`s of the handshakes.
+pub const MAX_GROUP: usize = 1 << 16;
 /// First bytes of every frame body: the protocol and its version.
 const MAGIC: &[u8; 8] = b"PTRDZV01";
 
@@ -120,6 +131,125 @@ pub fn read_frame(stream: &mut impl Read) -> std::result::Result<Vec<u8>, String
     }
     body.drain(..MAGIC.len());
     Ok(body)
+}
+
+/// [`read_frame`] from a socket, giving up once `until` has passed: the whole message must have
+/// arrived by then, however slowly its bytes come.
+pub(super) fn read_frame_by(stream: &TcpStream, until: Instant) -> std::result::Result<Vec<u8>, String> {
+    read_frame(&mut Until { stream, until })
+}
+
+/// When the next message must have arrived: [`MESSAGE_TIMEOUT`] from now, and never past
+/// `deadline`.
+pub(super) fn message_deadline(deadline: Instant) -> Instant {
+    Instant::now().checked_add(MESSAGE_TIMEOUT).map_or(deadline, |t| t.min(deadline))
+}
+
+/// A socket read against a deadline for a whole message. A socket's read timeout bounds each
+/// `read` alone, and `read_exact` reads again after every byte, so a stranger sending a byte
+/// a second would never meet it: every read here gets only the time left.
+struct Until<'a> {
+    stream: &'a TcpStream,
+    until: Instant,
+}
+
+impl Read for Until<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let late = || {
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the whole message did not arrive in time (at most {MESSAGE_TIMEOUT:?} per message)"),
+            )
+        };
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(late());
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        let mut stream = self.stream; // `&TcpStream` reads
+        match stream.read(buf) {
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => Err(late()),
+            other => other,
+        }
+    }
+}
+
+/// Accepts connections on `listener` and runs `handshake` on each in a thread of its own (at
+/// most [`MAX_HANDSHAKES`] at once), so that a stranger who stalls holds up nobody else. Each
+/// connection whose handshake succeeds goes to `take`, which says whether everyone expected
+/// is in (`Ok(true)`: done) or refuses it; refusals are logged under `who`. Between
+/// connections `keep_waiting` says whether to go on (the caller's deadline, its peers). On
+/// return, handshakes still running are cut short.
+pub(super) fn admit_concurrently<T: Send>(
+    listener: &TcpListener,
+    who: &str,
+    handshake: impl Fn(&mut TcpStream) -> std::result::Result<T, String> + Sync,
+    mut take: impl FnMut(TcpStream, T) -> std::result::Result<bool, String>,
+    mut keep_waiting: impl FnMut() -> Result<()>,
+) -> Result<()> {
+    listener.set_nonblocking(true).map_err(|e| rdzv_error("listener", format!("{e} ({who})")))?;
+    std::thread::scope(|s| {
+        let (done, outcomes) = mpsc::channel::<Outcome<T>>();
+        // A handle to each handshake under way, to cut it short when the waiting ends.
+        let mut running: Vec<(usize, TcpStream)> = Vec::new();
+        let mut next_id = 0;
+        let result = loop {
+            if let Ok((id, from, peer, outcome)) = outcomes.try_recv() {
+                running.retain(|(i, _)| *i != id);
+                match outcome.and_then(|t| take(peer, t)) {
+                    Ok(true) => break Ok(()),
+                    Ok(false) => {}
+                    Err(why) => eprintln!("{who}: refused a connection from {from}: {why}"),
+                }
+                continue;
+            }
+            if let Err(e) = keep_waiting() {
+                break Err(e);
+            }
+            if running.len() < MAX_HANDSHAKES {
+                match listener.accept() {
+                    Ok((peer, from)) => {
+                        match start_handshake(s, peer, (next_id, from), &handshake, &done) {
+                            Ok(handle) => running.push((next_id, handle)),
+                            Err(e) => eprintln!("{who}: refused a connection from {from}: {e}"),
+                        }
+                        next_id += 1;
+                        continue;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => break Err(rdzv_error("accept", format!("{e} ({who})"))),
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        for (_, peer) in &running {
+            let _ = peer.shutdown(Shutdown::Both); // its thread's read ends at once
+        }
+        result
+    })
+}
+
+/// What a handshake thread hands back: its id, the peer's address, the connection and how
+/// the handshake went.
+type Outcome<T> = (usize, SocketAddr, TcpStream, std::result::Result<T, String>);
+
+/// Runs `handshake` on `peer` (handshake `id`, from `from`) in a thread of `scope`, which
+/// sends the outcome to `done`; returns a handle to the connection, to cut the handshake short.
+/// An error (and the connection dropped) when it cannot get a thread.
+fn start_handshake<'scope, T: Send + 'scope>(
+    scope: &'scope std::thread::Scope<'scope, '_>,
+    mut peer: TcpStream,
+    (id, from): (usize, SocketAddr),
+    handshake: &'scope (impl Fn(&mut TcpStream) -> std::result::Result<T, String> + Sync),
+    done: &mpsc::Sender<Outcome<T>>,
+) -> std::io::Result<TcpStream> {
+    let handle = peer.try_clone()?;
+    let done = done.clone();
+    std::thread::Builder::new().spawn_scoped(scope, move || {
+        let outcome = handshake(&mut peer);
+        let _ = done.send((id, from, peer, outcome)); // nobody listens once the waiting ended
+    })?;
+    Ok(handle)
 }
 
 /// A frame as [`read_frame`] reads it: `[length: u32 LE][MAGIC][parts...]`.
@@ -220,7 +350,10 @@ pub fn gather(
     if size == 0 || rank >= size {
         return Err(rdzv_error("rank", format!("{rank} of {size}; expected a rank below a group size of at least 1")));
     }
-    let deadline = Instant::now() + timeout;
+    if size > MAX_GROUP {
+        return Err(rdzv_error("group size", format!("{size} processes; at most {MAX_GROUP}")));
+    }
+    let deadline = deadline_after(timeout)?;
     if rank == 0 {
         let payload = payload.ok_or_else(|| rdzv_error("payload", "rank 0 needs the bytes to hand out"))?;
         if payload.len() > 4096 {
@@ -234,6 +367,13 @@ pub fn gather(
     }
 }
 
+/// The instant `timeout` from now; an error, not a panic, for a timeout too long to add.
+pub(super) fn deadline_after(timeout: Duration) -> Result<Instant> {
+    Instant::now().checked_add(timeout).ok_or_else(|| {
+        rdzv_error("timeout", format!("{timeout:?} is too long for the clock to count; expected at most a week"))
+    })
+}
+
 fn host(
     addr: &str,
     size: usize,
@@ -243,53 +383,51 @@ fn host(
     timeout: Duration,
 ) -> Result<Vec<TcpStream>> {
     let listener = TcpListener::bind(addr).map_err(|e| rdzv_error(&format!("bind {addr}"), e.to_string()))?;
-    listener.set_nonblocking(true).map_err(|e| rdzv_error("listener", e.to_string()))?;
-    let mut admitted = vec![false; size];
-    admitted[0] = true;
-    let mut links: Vec<Option<TcpStream>> = (0..size).map(|_| None).collect();
-    while admitted.iter().any(|a| !a) {
-        let (mut peer, from) = match listener.accept() {
-            Ok(p) => p,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    let missing: Vec<usize> = (0..size).filter(|&r| !admitted[r]).collect();
-                    return Err(rdzv_error(
-                        &format!("at {addr}"),
-                        format!("ranks {missing:?} did not join within {timeout:?}"),
-                    ));
+    // Filled in as members are admitted, and read for the ranks still missing.
+    let links: RefCell<Vec<Option<TcpStream>>> = RefCell::new((0..size).map(|_| None).collect());
+    let missing = || -> Vec<usize> { (1..size).filter(|&r| links.borrow()[r].is_none()).collect() };
+    if size > 1 {
+        // A stranger's connection costs at most a message timeout of one handshake thread, and
+        // never the run.
+        admit_concurrently(
+            &listener,
+            &format!("rendezvous at {addr}"),
+            |peer| admit(peer, size, secret, deadline),
+            |mut peer, (rank, nonce)| {
+                if links.borrow()[rank].is_some() {
+                    return Err(format!("rank {rank} has already joined"));
                 }
-                std::thread::sleep(Duration::from_millis(20));
-                continue;
-            }
-            Err(e) => return Err(rdzv_error("accept", e.to_string())),
-        };
-        // A stranger's connection costs at most two message timeouts, and never the run.
-        match admit(&mut peer, size, secret, payload, &admitted) {
-            Ok(r) => {
-                admitted[r] = true;
-                links[r] = Some(peer);
-            }
-            Err(why) => eprintln!("rendezvous at {addr}: refused a connection from {from}: {why}"),
-        }
+                let tag = secret.mac(&[b"welcome", &nonce, payload]);
+                send(&mut peer, &with_magic(&[&tag, payload])).map_err(|e| e.to_string())?;
+                links.borrow_mut()[rank] = Some(peer);
+                Ok(missing().is_empty())
+            },
+            || match Instant::now() >= deadline {
+                false => Ok(()),
+                true => Err(rdzv_error(
+                    &format!("at {addr}"),
+                    format!("ranks {:?} did not join within {timeout:?}", missing()),
+                )),
+            },
+        )?;
     }
-    Ok(links.into_iter().skip(1).flatten().collect())
+    Ok(links.into_inner().into_iter().skip(1).flatten().collect())
 }
 
-/// One connection's handshake on rank 0; returns the admitted rank.
+/// One connection's handshake on rank 0, up to the welcome: returns the rank it proved and the
+/// nonce the welcome's MAC covers.
 fn admit(
     peer: &mut TcpStream,
     size: usize,
     secret: &Secret,
-    payload: &[u8],
-    admitted: &[bool],
-) -> std::result::Result<usize, String> {
+    deadline: Instant,
+) -> std::result::Result<(usize, [u8; NONCE]), String> {
     let io = |e: std::io::Error| e.to_string();
     peer.set_nonblocking(false).map_err(io)?;
-    peer.set_read_timeout(Some(MESSAGE_TIMEOUT)).map_err(io)?;
     peer.set_write_timeout(Some(MESSAGE_TIMEOUT)).map_err(io)?;
     let nonce = random_bytes::<NONCE>().map_err(|e| e.to_string())?;
     send(peer, &with_magic(&[&nonce])).map_err(io)?;
-    let (rank, claimed, mac) = parse_hello(&read_frame(peer)?)?;
+    let (rank, claimed, mac) = parse_hello(&read_frame_by(peer, message_deadline(deadline))?)?;
     let (r, s) = (rank.to_le_bytes(), claimed.to_le_bytes());
     if !secret.verify(&[b"hello", &nonce, &r, &s], &mac) {
         return Err("wrong secret (the MAC does not verify)".into());
@@ -298,12 +436,7 @@ fn admit(
     if claimed as usize != size || rank == 0 || rank >= size {
         return Err(format!("claims rank {rank} of {claimed}; this group has ranks 1..{size} to admit"));
     }
-    if admitted[rank] {
-        return Err(format!("rank {rank} has already joined"));
-    }
-    let tag = secret.mac(&[b"welcome", &nonce, payload]);
-    send(peer, &with_magic(&[&tag, payload])).map_err(io)?;
-    Ok(rank)
+    Ok((rank, nonce))
 }
 
 fn join(
@@ -326,7 +459,7 @@ fn join(
                 Ok(payload) => return Ok((payload, s)),
                 // Rank 0 refused us (or is an impostor): a wrong secret will not get better.
                 Err(Handshake::Refused(why)) => return Err(rdzv_error(&format!("at {addr}"), why)),
-                // No challenge in time: rank 0 may be busy turning a stranger away; again.
+                // No challenge in time: rank 0 may be busy with a crowd of strangers; again.
                 Err(Handshake::Unanswered(why)) => last = why,
             },
             Err(e) => last = e.to_string(),
@@ -338,8 +471,8 @@ fn join(
 
 /// Why a member's handshake failed: worth another try, or not.
 enum Handshake {
-    /// Nothing came in time (rank 0 admits one connection at a time, and may be busy turning
-    /// a stranger away).
+    /// Nothing came in time (rank 0 runs at most MAX_HANDSHAKES handshakes at once, and may be
+    /// busy with as many strangers).
     Unanswered(String),
     /// Rank 0 turned us away, sent something that is not a challenge, or is not who it says.
     Refused(String),
@@ -368,11 +501,13 @@ fn handshake(
 ) -> std::result::Result<Vec<u8>, Handshake> {
     let again = |e: std::io::Error| Handshake::Unanswered(e.to_string());
     first_byte(s, deadline).map_err(Handshake::Unanswered)?;
-    let nonce = read_challenge(s).map_err(Handshake::Refused)?;
+    let nonce =
+        read_challenge(&mut Until { stream: s, until: message_deadline(deadline) }).map_err(Handshake::Refused)?;
+    // `gather` caps the group at MAX_GROUP: both fit a u32.
     let (r, z) = ((rank as u32).to_le_bytes(), (size as u32).to_le_bytes());
     let mac = secret.mac(&[b"hello", &nonce, &r, &z]);
     send(s, &with_magic(&[&r, &z, &mac])).map_err(again)?;
-    let (tag, payload) = read_welcome(s)
+    let (tag, payload) = read_welcome(&mut Until { stream: s, until: message_deadline(deadline) })
         .map_err(|e| Handshake::Refused(format!("rank 0 closed the connection ({e}): a wrong secret or rank?")))?;
     if !secret.verify(&[b"welcome", &nonce, &payload], &tag) {
         return Err(Handshake::Refused("the peer at this address does not know the run's secret".into()));
@@ -439,8 +574,8 @@ mod tests {
         });
     }
 
-    /// Strangers who connect and say nothing hold rank 0 for a message timeout each; a member
-    /// who arrives behind them gets no challenge in time, and tries again instead of failing.
+    /// Strangers who connect and say nothing are each challenged and dropped after a message
+    /// timeout; a member who arrives behind them still gets in.
     #[test]
     fn a_member_held_up_by_silent_strangers_still_gets_in() {
         let (addr, secret) = (free_addr(), Secret::new("patience").unwrap());
@@ -488,6 +623,89 @@ mod tests {
         assert!(e.contains("could not connect to rank 0"), "{e}");
     }
 
+    /// Connects to `addr` (retrying while nobody listens yet), announces the largest frame and
+    /// then sends one byte of it every 300 ms until `stop` (at most 12 s): each read sees a
+    /// byte well within its socket timeout, so only a deadline for the whole message ends it.
+    fn trickle(addr: &str, stop: &std::sync::atomic::AtomicBool) {
+        let mut c = loop {
+            match TcpStream::connect(addr) {
+                Ok(c) => break c,
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        };
+        let _ = c.write_all(&(MAX_FRAME as u32).to_le_bytes());
+        let started = Instant::now();
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) && started.elapsed() < Duration::from_secs(12) {
+            if c.write_all(b"P").is_err() {
+                break; // refused at last
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
+    /// A stranger who sends a frame a byte at a time neither holds rank 0 past a message
+    /// timeout nor keeps the real member out: both end well within the meeting's deadline.
+    #[test]
+    fn a_stranger_who_sends_slowly_does_not_keep_a_member_out() {
+        let (addr, secret) = (free_addr(), Secret::new("slow").unwrap());
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let started = Instant::now();
+        std::thread::scope(|s| {
+            let host = s.spawn(|| meet(&addr, 0, 2, &secret, Some(b"id"), Duration::from_secs(8)));
+            s.spawn(|| trickle(&addr, &stop));
+            std::thread::sleep(Duration::from_millis(200)); // the stranger is first in line
+            let member = meet(&addr, 1, 2, &secret, None, Duration::from_secs(8));
+            let host = host.join().unwrap();
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            assert_eq!(member.unwrap(), b"id");
+            host.unwrap();
+            assert!(started.elapsed() < Duration::from_secs(4), "took {:?}", started.elapsed());
+        });
+    }
+
+    /// Many strangers who connect and say nothing are challenged side by side: the member
+    /// behind them is answered at once, not after a message timeout for each.
+    #[test]
+    fn a_crowd_of_silent_strangers_does_not_hold_a_member_up() {
+        let (addr, secret) = (free_addr(), Secret::new("crowd").unwrap());
+        std::thread::scope(|s| {
+            let host = s.spawn(|| meet(&addr, 0, 2, &secret, Some(b"id"), Duration::from_secs(10)));
+            let silent: Vec<TcpStream> = (0..16)
+                .map(|_| {
+                    loop {
+                        if let Ok(c) = TcpStream::connect(&addr) {
+                            break c;
+                        }
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                })
+                .collect();
+            let started = Instant::now();
+            assert_eq!(meet(&addr, 1, 2, &secret, None, Duration::from_secs(10)).unwrap(), b"id");
+            host.join().unwrap().unwrap();
+            assert!(started.elapsed() < MESSAGE_TIMEOUT, "the member waited {:?}", started.elapsed());
+            drop(silent);
+        });
+    }
+
+    /// A frame whose bytes keep coming, each within the socket's timeout, is cut off at its
+    /// deadline with an error that says so.
+    #[test]
+    fn a_frame_must_arrive_whole_by_its_deadline() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| trickle(&addr, &stop));
+            let (peer, _) = listener.accept().unwrap();
+            let started = Instant::now();
+            let e = read_frame_by(&peer, started + Duration::from_secs(1)).unwrap_err();
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            assert!(e.contains("did not arrive in time"), "{e}");
+            assert!(started.elapsed() < Duration::from_millis(1500), "gave up after {:?}", started.elapsed());
+        });
+    }
+
     #[test]
     fn bad_requests_and_secrets_are_refused_before_any_network() {
         assert!(Secret::new("").unwrap_err().to_string().contains("PT_RDZV_TOKEN"));
@@ -496,6 +714,11 @@ mod tests {
         assert!(!format!("{s:?}").contains(&s.expose()), "Debug hides the secret");
         assert!(meet("127.0.0.1:1", 2, 2, &s, None, Duration::ZERO).is_err());
         assert!(meet("127.0.0.1:1", 0, 2, &s, None, Duration::ZERO).unwrap_err().to_string().contains("payload"));
+        // A timeout too long to add to the clock, and a group too large, are errors, not panics.
+        let e = meet("127.0.0.1:1", 1, 2, &s, None, Duration::MAX).unwrap_err().to_string();
+        assert!(e.contains("timeout") && e.contains("too long"), "{e}");
+        let e = meet("127.0.0.1:1", 1, MAX_GROUP + 1, &s, None, Duration::ZERO).unwrap_err().to_string();
+        assert!(e.contains("at most 65536"), "{e}");
         assert!(parse_hello(&[0; 5]).is_err());
         assert_eq!(
             parse_hello(&[1, 0, 0, 0, 2, 0, 0, 0].iter().chain(&[9; 32]).copied().collect::<Vec<_>>()).unwrap().0,

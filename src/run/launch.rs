@@ -7,16 +7,22 @@
 //! watches its children: the first to fail ends the launch with its rank and status, and the
 //! rest are stopped if they have not ended by themselves within [`GRACE`]. (Their TCP
 //! collectives fail as soon as a peer's connection closes; an NCCL collective waits until the
-//! step's watchdog aborts it, at the group's timeout.)
+//! step's watchdog aborts it, at the group's timeout.) A launcher that is killed takes its
+//! children with it: the kernel sends each SIGTERM when the launcher ends.
 
 use crate::comm::process_group::{COLLECTIVE_TIMEOUT, ProcessGroup};
-use crate::comm::rendezvous::Secret;
+use crate::comm::rendezvous::{MAX_GROUP, Secret};
 use crate::error::{Error, Result, config_error};
-use std::process::{Child, Command};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 /// How long the launcher lets the other processes end on their own after one failed.
 pub const GRACE: Duration = Duration::from_secs(20);
+
+/// The longest `PT_COLLECTIVE_TIMEOUT` taken: a week, far beyond any collective, and far from
+/// where adding it to the clock could overflow.
+const MAX_COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// What `launch` was asked.
 #[derive(Clone, Debug)]
@@ -46,7 +52,8 @@ impl LaunchOptions {
                 format!("is {}; expected below --nnodes {}", self.node_rank, self.nnodes),
             ));
         }
-        split_addr(&self.rdzv)?;
+        self.world()?;
+        split_addr(&self.rdzv, "--rdzv")?;
         if self.nnodes > 1 && self.token.is_none() {
             return Err(config_error(
                 "--rdzv-token",
@@ -55,12 +62,27 @@ impl LaunchOptions {
         }
         Ok(())
     }
+
+    /// Processes in the run: `--nproc-per-node` × `--nnodes`, at most [`MAX_GROUP`].
+    fn world(&self) -> Result<usize> {
+        let (n, nodes) = (self.nproc_per_node, self.nnodes);
+        self.nproc_per_node.checked_mul(self.nnodes).filter(|w| *w <= MAX_GROUP).ok_or_else(|| {
+            config_error(
+                "--nproc-per-node × --nnodes",
+                format!("{n} × {nodes} processes; expected at most {MAX_GROUP} in all"),
+            )
+        })
+    }
 }
 
-fn split_addr(addr: &str) -> Result<(&str, u16)> {
-    let bad = || config_error("--rdzv", format!("`{addr}`; expected HOST:PORT, e.g. 127.0.0.1:29500"));
+/// `addr` (from `what`: a flag or variables) as a host and a port other than 0: rank 0 listens
+/// on it and the others connect to it, so the OS must not pick it.
+fn split_addr<'a>(addr: &'a str, what: &str) -> Result<(&'a str, u16)> {
+    let bad = || {
+        config_error(what, format!("`{addr}`; expected HOST:PORT with a port from 1 to 65535, e.g. 127.0.0.1:29500"))
+    };
     let (host, port) = addr.rsplit_once(':').ok_or_else(bad)?;
-    let port = port.parse().map_err(|_| bad())?;
+    let port = port.parse().ok().filter(|p| *p != 0).ok_or_else(bad)?;
     if host.is_empty() {
         return Err(bad());
     }
@@ -75,12 +97,23 @@ pub fn launch(options: &LaunchOptions, program: &std::path::Path, args: &[String
         Some(t) => Secret::new(t.clone())?,
         None => Secret::random()?,
     };
-    let (host, port) = split_addr(&options.rdzv)?;
-    let world = options.nproc_per_node * options.nnodes;
+    let (host, port) = split_addr(&options.rdzv, "--rdzv")?;
+    let world = options.world()?;
+    let launcher = std::process::id();
     let mut children: Vec<(usize, Child)> = Vec::new();
     for local in 0..options.nproc_per_node {
+        // No overflow: below `world`, as node_rank < nnodes.
         let rank = options.node_rank * options.nproc_per_node + local;
-        let child = Command::new(program)
+        let mut command = Command::new(program);
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: the closure runs in the child between fork and exec, where only
+            // async-signal-safe calls are sound; `die_with_parent` makes two system calls and
+            // neither allocates nor takes a lock.
+            unsafe { command.pre_exec(move || die_with_parent(launcher)) };
+        }
+        let child = command
             .args(args)
             .env("RANK", rank.to_string())
             .env("LOCAL_RANK", local.to_string())
@@ -101,26 +134,45 @@ pub fn launch(options: &LaunchOptions, program: &std::path::Path, args: &[String
     watch(children, options.grace)
 }
 
+/// In a child, between fork and exec: asks the kernel to send it SIGTERM when the launcher
+/// ends, so that killing the launcher alone does not leave its children training. A launcher
+/// that ended before the request was made cannot send it any more: the child's parent is then
+/// another process, and the child does not start. (The kernel sends it when the thread that
+/// spawned the child ends: `launch` spawns from the thread that then watches the children.)
+/// Async-signal-safe: only `prctl` and `getppid`, and errors built from errno, which allocate
+/// nothing.
+#[cfg(target_os = "linux")]
+fn die_with_parent(launcher: u32) -> std::io::Result<()> {
+    // SAFETY: plain system calls on this process, with integer arguments.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    if i64::from(unsafe { libc::getppid() }) != i64::from(launcher) {
+        return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+    }
+    Ok(())
+}
+
 /// Waits for every child; after the first failure, gives the rest `grace` to end, then
 /// kills them.
 fn watch(mut children: Vec<(usize, Child)>, grace: Duration) -> Result<()> {
     let mut failure: Option<(usize, String, Instant)> = None;
     while !children.is_empty() {
-        let mut i = 0;
-        while i < children.len() {
-            match children[i].1.try_wait() {
-                Ok(Some(status)) => {
-                    let (rank, _) = children.swap_remove(i);
-                    if !status.success() && failure.is_none() {
-                        failure = Some((rank, status.to_string(), Instant::now()));
-                    }
-                }
-                Ok(None) => i += 1,
-                Err(e) => {
-                    let (rank, _) = children.swap_remove(i);
-                    failure.get_or_insert((rank, format!("cannot be watched: {e}"), Instant::now()));
-                }
+        let mut ended = Vec::new();
+        children.retain_mut(|(rank, child)| match child.try_wait() {
+            Ok(None) => true,
+            Ok(Some(status)) => {
+                ended.push((*rank, Ok(status)));
+                false
             }
+            Err(e) => {
+                ended.push((*rank, Err(format!("cannot be watched: {e}"))));
+                false
+            }
+        });
+        if failure.is_none() {
+            failure = first_failure(&ended).map(|(rank, why)| (rank, why, Instant::now()));
         }
         if let Some((_, _, at)) = &failure
             && at.elapsed() > grace
@@ -136,6 +188,21 @@ fn watch(mut children: Vec<(usize, Child)>, grace: Duration) -> Result<()> {
             message: format!("{status}; the other processes were ended (see rank {rank}'s error above)"),
         }),
     }
+}
+
+/// Of the children seen to have ended in one look (rank and status, in rank order), the
+/// failure to report: one killed by a signal before any other, since the others' errors are
+/// most likely about it (a process fails as soon as a peer's connection closes); else the first.
+fn first_failure(ended: &[(usize, std::result::Result<ExitStatus, String>)]) -> Option<(usize, String)> {
+    ended
+        .iter()
+        .filter_map(|(rank, status)| match status {
+            Ok(s) if s.success() => None,
+            Ok(s) => Some((*rank, s.to_string(), s.signal().is_some())),
+            Err(why) => Some((*rank, why.clone(), false)),
+        })
+        .min_by_key(|&(_, _, killed)| !killed) // the first of the least
+        .map(|(rank, why, _)| (rank, why))
 }
 
 fn stop(children: &mut Vec<(usize, Child)>) {
@@ -181,15 +248,30 @@ impl ProcessEnv {
         if world <= 1 {
             return Ok(None);
         }
+        if world > MAX_GROUP {
+            return Err(config_error("WORLD_SIZE", format!("is {world}; expected at most {MAX_GROUP}")));
+        }
         let need = |k: &str| var(k).ok_or_else(|| config_error(k, "is not set; `pipetransformer launch` sets it"));
         let rank = number("RANK")?.ok_or_else(|| config_error("RANK", "is not set"))?;
         if rank >= world {
             return Err(config_error("RANK", format!("is {rank}; expected below WORLD_SIZE {world}")));
         }
         let local_world = number("LOCAL_WORLD_SIZE")?.unwrap_or(world).max(1);
+        if local_world > world {
+            return Err(config_error(
+                "LOCAL_WORLD_SIZE",
+                format!("is {local_world}; expected at most WORLD_SIZE {world}"),
+            ));
+        }
         let local_rank = number("LOCAL_RANK")?.unwrap_or(rank % local_world);
+        if local_rank >= local_world {
+            return Err(config_error(
+                "LOCAL_RANK",
+                format!("is {local_rank}; expected below LOCAL_WORLD_SIZE {local_world}"),
+            ));
+        }
         let addr = format!("{}:{}", need("MASTER_ADDR")?, need("MASTER_PORT")?);
-        split_addr(&addr)?;
+        split_addr(&addr, "MASTER_ADDR:MASTER_PORT")?;
         let secret = Secret::new(need("PT_RDZV_TOKEN")?)?;
         Ok(Some(ProcessEnv { rank, world, local_world, local_rank, addr, secret }))
     }
@@ -205,7 +287,8 @@ impl ProcessEnv {
     /// that processes of cpu devices do not oversubscribe the cores).
     pub fn node_share(&self, devices: usize, threads: usize, cores: usize) -> (usize, usize) {
         let threads = if threads == 0 { (cores / self.local_world).max(1) } else { threads };
-        (self.local_rank * devices, threads)
+        // Saturating: a count of devices that large names no device, and opening it says so.
+        (self.local_rank.saturating_mul(devices), threads)
     }
 
     /// Meets the other processes; collectives then wait `PT_COLLECTIVE_TIMEOUT` seconds (default
@@ -216,14 +299,24 @@ impl ProcessEnv {
     }
 }
 
-/// `PT_COLLECTIVE_TIMEOUT`'s value (seconds, finite and > 0), or [`COLLECTIVE_TIMEOUT`] unset.
+/// `PT_COLLECTIVE_TIMEOUT`'s value (seconds, more than 0 and at most [`MAX_COLLECTIVE_TIMEOUT`]),
+/// or [`COLLECTIVE_TIMEOUT`] unset.
 fn collective_timeout(value: Option<&str>) -> Result<Duration> {
     let Some(v) = value else { return Ok(COLLECTIVE_TIMEOUT) };
+    // Not finite, negative or too large for a Duration: an error from try_from, not a panic.
     v.parse::<f64>()
         .ok()
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .map(Duration::from_secs_f64)
-        .ok_or_else(|| config_error("PT_COLLECTIVE_TIMEOUT", format!("`{v}`; expected seconds > 0")))
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .filter(|d| !d.is_zero() && *d <= MAX_COLLECTIVE_TIMEOUT)
+        .ok_or_else(|| {
+            config_error(
+                "PT_COLLECTIVE_TIMEOUT",
+                format!(
+                    "`{v}`; expected seconds, more than 0 and at most {} (a week)",
+                    MAX_COLLECTIVE_TIMEOUT.as_secs()
+                ),
+            )
+        })
 }
 
 #[cfg(test)]
@@ -241,6 +334,7 @@ mod tests {
             ("WORLD_SIZE", "4"),
             ("RANK", "3"),
             ("LOCAL_WORLD_SIZE", "2"),
+            ("LOCAL_RANK", "1"),
             ("MASTER_ADDR", "127.0.0.1"),
             ("MASTER_PORT", "29500"),
             ("PT_RDZV_TOKEN", "k"),
@@ -256,17 +350,22 @@ mod tests {
             ("WORLD_SIZE", "four", "whole number"),
             ("RANK", "4", "below WORLD_SIZE"),
             ("MASTER_PORT", "x", "HOST:PORT"),
+            ("MASTER_PORT", "0", "a port from 1 to 65535"),
             ("PT_RDZV_TOKEN", "", "PT_RDZV_TOKEN"),
+            ("WORLD_SIZE", "100000", "is 100000; expected at most 65536"),
+            ("LOCAL_WORLD_SIZE", "5", "is 5; expected at most WORLD_SIZE 4"),
+            ("LOCAL_RANK", "2", "is 2; expected below LOCAL_WORLD_SIZE 2"),
+            ("LOCAL_RANK", "18446744073709551615", "LOCAL_RANK"),
         ] {
             let changed: Vec<(&str, String)> =
                 FULL.iter().map(|&(n, w)| (n, if n == k { v.to_string() } else { w.to_string() })).collect();
             let e = ProcessEnv::from_vars(|q| changed.iter().find(|(n, _)| *n == q).map(|(_, v)| v.clone()));
             let e = e.unwrap_err().to_string();
-            assert!(e.contains(says), "{k}={v}: {e}");
+            assert!(e.contains(k) && e.contains(says), "{k}={v}: {e}");
         }
         assert_eq!(collective_timeout(None).unwrap(), COLLECTIVE_TIMEOUT);
         assert_eq!(collective_timeout(Some("2.5")).unwrap(), Duration::from_millis(2500));
-        for bad in ["0", "-1", "inf", "NaN", "soon"] {
+        for bad in ["0", "-1", "inf", "NaN", "soon", "1e-12", "1e19", "1e20", "604801"] {
             let e = collective_timeout(Some(bad)).unwrap_err().to_string();
             assert!(e.contains("PT_COLLECTIVE_TIMEOUT") && e.contains(bad), "{e}");
         }
@@ -288,15 +387,33 @@ mod tests {
     fn bad_launch_options_are_refused_before_anything_starts() {
         let ok = one_node(2, GRACE);
         assert!(ok.validate().is_ok());
+        let token = LaunchOptions { token: Some("k".into()), ..ok.clone() };
         for (bad, says) in [
             (LaunchOptions { nproc_per_node: 0, ..ok.clone() }, "at least 1"),
             (LaunchOptions { nnodes: 2, node_rank: 2, ..ok.clone() }, "--node-rank"),
             (LaunchOptions { rdzv: "nowhere".into(), ..ok.clone() }, "HOST:PORT"),
             (LaunchOptions { nnodes: 2, ..ok.clone() }, "--rdzv-token"),
+            (LaunchOptions { rdzv: "127.0.0.1:0".into(), ..ok.clone() }, "--rdzv"),
+            (LaunchOptions { nproc_per_node: usize::MAX, nnodes: 2, ..token.clone() }, "--nproc-per-node × --nnodes"),
+            (LaunchOptions { nproc_per_node: 1 << 9, nnodes: 1 << 8, ..token.clone() }, "at most 65536"),
         ] {
             let e = launch(&bad, std::path::Path::new("/bin/true"), &[]).unwrap_err().to_string();
             assert!(e.contains(says), "{e}");
         }
+    }
+
+    /// Of the processes seen ending in one look, one killed by a signal is the failure named
+    /// (the others most likely failed because it died), whatever its rank; else the first.
+    #[test]
+    fn a_killed_process_is_named_before_those_that_failed_with_it() {
+        let (exit, killed) =
+            (|code: i32| Ok(ExitStatus::from_raw(code << 8)), |sig: i32| Ok(ExitStatus::from_raw(sig)));
+        assert_eq!(first_failure(&[(0, exit(1)), (3, killed(9))]).map(|f| f.0), Some(3));
+        assert_eq!(first_failure(&[(0, exit(0)), (1, exit(2)), (2, exit(1))]).map(|f| f.0), Some(1));
+        assert_eq!(first_failure(&[(0, exit(0)), (1, Err("cannot be watched".into()))]).map(|f| f.0), Some(1));
+        assert_eq!(first_failure(&[(0, exit(0)), (1, exit(0))]), None);
+        let (_, why) = first_failure(&[(2, killed(15))]).unwrap();
+        assert!(why.contains("signal"), "{why}");
     }
 
     #[test]
