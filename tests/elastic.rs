@@ -710,6 +710,35 @@ fn autopipe_runs_only_plans_within_the_memory_limit() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// The micro-batch counts are timed as checked against the memory limit, at the batch the run
+/// planned with, when a step's batch holds more (an epoch's last, with a remainder joined):
+/// the step runs, and the timing goes on.
+#[test]
+fn timing_under_a_memory_limit_goes_on_through_a_batch_larger_than_planned() {
+    let dir = scratch("memory-limit-larger");
+    // Batches of 5 where the controller plans with 4 (`surroundings`).
+    let data = Pool::new(&bert(), 15, 5, 11);
+    // The limit is the configured plan's (2 micro-batches of 2): 2 of 3 samples would not fit,
+    // and 4 micro-batches, timed beside it, fit.
+    let plan = PipelineConfig { pipeline_len: 2, micro_batches: 2, ..Default::default() };
+    let unlimited = common::trainer_on(&bert(), 3, cpus(2), plan.clone(), train_config(), 3);
+    let limit = peak_bytes(&unlimited, plan.clone(), 2);
+    assert!(peak_bytes(&unlimited, plan.clone(), 3) > limit);
+    let plan = PipelineConfig { memory_limit: Some(limit), ..plan };
+    let mut t = common::trainer_on(&bert(), 3, cpus(2), plan, train_config(), 3);
+    let config = ElasticConfig { auto_pipe: true, ..Default::default() };
+    let mut elastic = Elastic::new(config, surroundings(&bert()), &dir).unwrap();
+    let mut events = Vec::new();
+    elastic.start(&mut t, &mut |e| events.push(e.clone())).unwrap();
+    t.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
+    assert!(t.done());
+    let timed = events
+        .iter()
+        .any(|e| matches!(e, Event::Transition(t) if t.reason.contains("M=2: ") && t.reason.contains("M=4: ")));
+    assert!(timed, "{events:?}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// A checkpoint taken while AutoPipe times its micro-batch counts keeps the timing: the resumed
 /// run times the rest and settles on a winner, instead of keeping whichever count was in force.
 #[test]
@@ -746,10 +775,25 @@ fn a_run_resumed_while_timing_micro_batches_goes_on_timing() {
     second.fit(&data, None, &mut elastic, &mut |e| resumed.push(e.clone())).unwrap();
     // Step 1 warmed up untimed and steps 2–4 timed half of the 2 counts × 3 rounds; step 5
     // warms the resumed pipeline up, steps 6–8 time the rest.
-    let timed = timed(&resumed);
-    assert_eq!(timed.len(), 1, "{resumed:?}");
-    let (step, reason) = &timed[0];
-    assert!(*step == 8 && reason.contains("M=2: ") && reason.contains("M=4: "), "{timed:?}");
+    let after = timed(&resumed);
+    assert_eq!(after.len(), 1, "{resumed:?}");
+    let (step, reason) = &after[0];
+    assert!(*step == 8 && reason.contains("M=2: ") && reason.contains("M=4: "), "{after:?}");
     drop((second, elastic));
+    // Resumed with AutoPipe off, the count in force stays.
+    let (mut third, _) = trainer("c");
+    let state = third.load_checkpoint(&path).unwrap();
+    let config = ElasticConfig {
+        freeze: FreezeName::Table,
+        table: vec![0, 1, 2],
+        freeze_interval: FreezeInterval::Steps(9),
+        ..Default::default()
+    };
+    let mut off = Elastic::new(config, surroundings(&bert()), &dir.join("c")).unwrap();
+    off.restore(state).unwrap();
+    let mut events = Vec::new();
+    third.fit(&data, None, &mut off, &mut |e| events.push(e.clone())).unwrap();
+    assert_eq!(third.pipeline.plan().config.micro_batches, m);
+    assert!(timed(&events).is_empty(), "{events:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

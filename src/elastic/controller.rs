@@ -240,8 +240,9 @@ impl Elastic {
         (self.freeze, self.frozen_layers, self.tuner.best) = (s.freeze, s.frozen_layers, s.tuned);
         // Timing goes on from the restored plan's count; its first step, on a pipeline just
         // built, warms up untimed as after a transition.
-        self.warming = s.tuning.is_some();
-        if let Some((timing, from)) = s.tuning {
+        let tuning = s.tuning.filter(|_| self.config.auto_pipe);
+        self.warming = tuning.is_some();
+        if let Some((timing, from)) = tuning {
             self.tuner.resume_timing(Some(timing));
             self.tuning_from = from;
         }
@@ -529,9 +530,14 @@ impl<D: Device> Controller<D> for Elastic {
                 self.tuner.record(config.micro_batches, (host.batch * host.seq.max(1)) as f64 / step.trace.makespan)
             {
                 let cached = if self.cache_on { frozen_units(self.frozen_layers) } else { 0 };
-                let per_replica = host.batch.div_ceil(config.replicas);
+                // The batch the candidates were checked against memory with, not this step's
+                // (an epoch's last batch may hold a remainder more).
+                let per_replica = (self.around.batch * trainer.batches_per_step).div_ceil(config.replicas);
                 let started = Instant::now();
-                trainer.pipeline.set_micro_batches(next, &trainer.profiles_for(per_replica.div_ceil(next), cached))?;
+                if next != config.micro_batches {
+                    let profiles = trainer.profiles_for(per_replica.div_ceil(next), cached);
+                    trainer.pipeline.set_micro_batches(next, &profiles)?;
+                }
                 if let Some(timed) = timed {
                     let rates: Vec<String> = timed.iter().map(|(m, r)| format!("M={m}: {r:.0}")).collect();
                     let reason = format!("micro-batches timed (positions/s): {}", rates.join(", "));

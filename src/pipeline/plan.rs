@@ -225,8 +225,10 @@ fn partition_per_device(
     if need <= limit {
         return Ok(first);
     }
-    // Each per-stage limit that changes the split is a stage's bytes for some run of units:
-    // every such limit below the device's, the best-balanced split that fits every device.
+    // Each per-stage limit that changes the split is a stage's bytes for some run of units.
+    // Tried from the largest down: the split's bottleneck can only grow as the limit shrinks,
+    // so the first that fits every device is the best-balanced one, and once none fits the
+    // stages, no smaller limit does.
     let mut caps: Vec<usize> = Vec::new();
     for &flight in &in_flight {
         for i in 0..units.len() {
@@ -241,15 +243,17 @@ fn partition_per_device(
             }
         }
     }
-    caps.sort_unstable();
+    caps.sort_unstable_by(|a, b| b.cmp(a));
     caps.dedup();
-    let mut found: Option<Partition> = None;
+    let mut found = None;
     for cap in caps {
-        if let Ok(p) = partition(units, stages, &in_flight, Some(cap), pinned)
-            && p.device_peak(schedule.devices) <= limit
-            && found.as_ref().is_none_or(|f| p.bottleneck() < f.bottleneck())
-        {
-            found = Some(p);
+        match partition(units, stages, &in_flight, Some(cap), pinned) {
+            Ok(p) if p.device_peak(schedule.devices) <= limit => {
+                found = Some(p);
+                break;
+            }
+            Ok(_) => {}
+            Err(_) => break,
         }
     }
     found.ok_or_else(|| {

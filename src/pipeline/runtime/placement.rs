@@ -53,8 +53,11 @@ impl<D: Device> Pipeline<D> {
     ) -> Result<()> {
         self.refuse_across_processes("replan")?;
         let names = unit_names(self.stages[0].iter().flatten());
-        let plan = Plan::with_stages(config, profiles, names, self.devices.len(), stages)?;
-        self.adopt(plan)
+        // A recorded plan ran already: it is restored as it was, not judged again against the
+        // memory limit (which later re-plans keep to).
+        let unchecked = PipelineConfig { memory_limit: None, ..config.clone() };
+        let plan = Plan::with_stages(unchecked, profiles, names, self.devices.len(), stages)?;
+        self.adopt(Plan { config, ..plan })
     }
 
     /// Runs `m` micro-batches per replica from the next step: a new schedule over the same
