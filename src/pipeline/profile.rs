@@ -97,6 +97,10 @@ impl UnitProfile {
 
 /// The units' costs for one micro-batch `micro`: measured on `dev` (the median of three runs),
 /// or their FLOPs at a nominal 100 GFLOP/s (only the ratios matter to the partitioner).
+///
+/// Every unit after the frozen prefix counts as trainable, parameters or not: its backward
+/// runs for the gradient of its input (a tied LM head whose only weight, the embedding's,
+/// froze with it, still costs its backward and keeps its activations).
 pub fn unit_profiles<D: Device>(
     dev: &D,
     model: &mut Model<D>,
@@ -111,11 +115,12 @@ pub fn unit_profiles<D: Device>(
         InputSpec::Image { image_size, patch, .. } => (image_size / patch).pow(2) + 1,
         InputSpec::Tokens { .. } => micro.seq,
     };
+    let trains = model.frozen_prefix();
     Ok(model
         .costs(dev, seq)
         .iter()
-        .zip(model.units())
-        .map(|(c, u)| UnitProfile::analytic(c, micro.batch, 1e11, u.trainable()))
+        .enumerate()
+        .map(|(i, c)| UnitProfile::analytic(c, micro.batch, 1e11, i >= trains))
         .collect())
 }
 
@@ -171,6 +176,7 @@ pub fn profile_units<D: Device>(
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).copied().unwrap_or(0.0)
     };
+    let trains = model.frozen_prefix();
     Ok((0..n)
         .map(|i| UnitProfile {
             forward: median(&mut fwd[i]),
@@ -179,8 +185,28 @@ pub fn profile_units<D: Device>(
             activation_bytes: costs[i].activation_bytes * host.batch,
             score_bytes: costs[i].score_bytes * host.batch,
             kv_bytes: costs[i].kv_bytes * host.batch,
-            trainable: model.units()[i].trainable(),
+            trainable: i >= trains,
             weight_pack_bytes: costs[i].weight_pack_bytes,
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A GPT whose embedding froze: its tied head holds no trainable weight, yet runs its
+    /// backward and keeps its activations.
+    #[test]
+    fn units_after_the_frozen_prefix_count_as_trainable() {
+        let dev = crate::device::CpuDevice::<f32>::new(0, 1).unwrap();
+        let config = crate::model::tiny::tiny_gpt(0.0);
+        let mut model = Model::new(&dev, &config, 1).unwrap();
+        model.freeze_prefix(&dev, 1).unwrap();
+        assert!(!model.units().last().unwrap().trainable(), "the head's only weight is the frozen tied copy");
+        let micro = crate::bench::random_batch(&config, 2, 7, 5);
+        let flags: Vec<bool> =
+            unit_profiles(&dev, &mut model, &micro, false).unwrap().iter().map(|p| p.trainable).collect();
+        assert!(!flags[0] && flags[1..].iter().all(|&t| t), "{flags:?}");
+    }
 }
