@@ -499,23 +499,6 @@ mod tests {
         });
     }
 
-    /// A member behind silent strangers at its next rank's port still links, instead of
-    /// failing the run.
-    #[test]
-    fn a_member_held_up_by_silent_strangers_still_links() {
-        let secret = Secret::new("ring-patience").unwrap();
-        let listener = TcpListener::bind((loopback(), 0)).unwrap();
-        let addr = listener.local_addr().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        std::thread::scope(|s| {
-            let silent: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(addr).unwrap()).collect();
-            let admitted = s.spawn(|| admit_prev(&listener, &member(1, &secret), 0, deadline));
-            let real = connect_next(addr, &member(0, &secret), 1, deadline).unwrap();
-            assert_eq!(admitted.join().unwrap().unwrap().peer_addr().unwrap(), real.local_addr().unwrap());
-            drop(silent);
-        });
-    }
-
     /// A stranger at the ring port who sends a hello a byte at a time (each byte well within
     /// the socket's timeout) neither holds the member past a message timeout nor keeps the
     /// real member before it out.

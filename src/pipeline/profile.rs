@@ -204,7 +204,13 @@ mod tests {
         let mut model = Model::new(&dev, &config, 1).unwrap();
         model.freeze_prefix(&dev, 1).unwrap();
         assert!(!model.units().last().unwrap().trainable(), "the head's only weight is the frozen tied copy");
-        let micro = crate::bench::random_batch(&config, 2, 7, 5);
+        let micro = crate::model::HostBatch {
+            batch: 2,
+            seq: 7,
+            tokens: Some((0..14).map(|t| t % 5).collect()),
+            targets: (1..15).map(|t| t % 5).collect(),
+            ..Default::default()
+        };
         let flags: Vec<bool> =
             unit_profiles(&dev, &mut model, &micro, false).unwrap().iter().map(|p| p.trainable).collect();
         assert!(!flags[0] && flags[1..].iter().all(|&t| t), "{flags:?}");
