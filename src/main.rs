@@ -486,7 +486,8 @@ fn main() -> Result<()> {
         Command::Evaluate { model, config, set, file, batch_size, threads, device } => {
             let data = match (config, file) {
                 (Some(config), _) => EvalData::Dataset(Box::new(load_config(&config, &set)?)),
-                (None, Some(file)) => EvalData::Rows(file, batch_size.max(1)),
+                (None, Some(_)) if batch_size == 0 => bail!("--batch-size must be at least 1"),
+                (None, Some(file)) => EvalData::Rows(file, batch_size),
                 (None, None) => bail!("give --config (a dataset's test split) or --file (labelled rows)"),
             };
             // With a run's config, in the precision that run computed in: its own metrics.
@@ -513,6 +514,19 @@ fn main() -> Result<()> {
         Command::BenchStep { steps, warmup, batch, seq, threads, python, device } => {
             if steps == 0 || batch == 0 || seq == 0 {
                 bail!("--steps, --batch and --seq must each be at least 1");
+            }
+            let positions = match bench::minilm_shaped() {
+                pipetransformer::model::ModelConfig::Bert(c) => c.max_position_embeddings,
+                _ => usize::MAX,
+            };
+            if seq > positions {
+                bail!("--seq {seq}: the MiniLM-shaped model holds {positions} positions");
+            }
+            // Every activation is batch × seq × 384 floats: past this the machine, not the
+            // engine, is what gets measured (or what fails).
+            const MOST_TOKENS: usize = 1 << 20;
+            if batch.checked_mul(seq).is_none_or(|t| t > MOST_TOKENS) {
+                bail!("--batch {batch} × --seq {seq}: at most {MOST_TOKENS} tokens a step");
             }
             let python = python.or_else(|| std::env::var("PT_PYTHON").ok()).unwrap_or_else(|| "python3".into());
             bench_step(device, threads, &python, steps, warmup, batch, seq)
@@ -575,7 +589,7 @@ fn small_config(family: Family) -> (ModelConfig, usize, usize) {
 fn overfit<D: Device>(dev: &D, family: Family, steps: u64, lr: f64, seed: u64) -> Result<()> {
     let (config, batch, seq) = small_config(family);
     let mut model = Model::new(dev, &config, seed)?;
-    let host = bench::random_batch(&config, batch, seq, seed + 1);
+    let host = bench::random_batch(&config, batch, seq, seed.wrapping_add(1));
     let batch = Batch::upload(dev, model.spec(), &host, true, seed)?;
     let mut optimizer =
         Optimizer::new(OptimizerConfig::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 })?;
@@ -711,7 +725,7 @@ fn kernels(update: Option<&Path>) -> Result<()> {
         None => print!("{table}"),
         Some(path) => {
             let doc = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-            let fresh = kernels::with_table(&doc, &table)?;
+            let fresh = kernels::with_table(&doc, &table).with_context(|| format!("updating {}", path.display()))?;
             pipetransformer::files::write_atomic(path, |w| std::io::Write::write_all(w, fresh.as_bytes()))?;
             println!("updated the ptxas table in {}", path.display());
         }
@@ -813,13 +827,16 @@ fn predict<D: Device>(dev: D, request: PredictRequest) -> Result<()> {
     // Someone typing at a terminal wants each line's answer at once.
     let batch_size = if from_stdin && std::io::stdin().is_terminal() { 1 } else { request.batch_size };
     let options = PredictOptions { batch_size, sampling: request.sampling, format };
-    let io =
-        |path: &Path, e: std::io::Error| pipetransformer::Error::Io { path: path.display().to_string(), source: e };
+    // A line that cannot be read (not UTF-8) is named by its number.
+    let io = |path: &Path, line: usize, e: std::io::Error| pipetransformer::Error::Io {
+        path: format!("{}, line {}", path.display(), line + 1),
+        source: e,
+    };
     let lines: Box<dyn Iterator<Item = pipetransformer::Result<String>>> = if from_stdin {
-        Box::new(std::io::stdin().lock().lines().map(move |l| l.map_err(|e| io(stdin_name, e))))
+        Box::new(std::io::stdin().lock().lines().enumerate().map(move |(i, l)| l.map_err(|e| io(stdin_name, i, e))))
     } else if let Some(path) = request.file.clone() {
         let file = std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
-        Box::new(std::io::BufReader::new(file).lines().map(move |l| l.map_err(|e| io(&path, e))))
+        Box::new(std::io::BufReader::new(file).lines().enumerate().map(move |(i, l)| l.map_err(|e| io(&path, i, e))))
     } else {
         Box::new(request.inputs.into_iter().map(Ok))
     };

@@ -83,6 +83,21 @@ fn diagnostic_commands_reject_zero_counts() {
     assert!(!ok && out.contains("must each be at least 1"), "{out}");
     let (ok, out) = pipetransformer(&["overfit", "--model", "resnet"]);
     assert!(!ok && out.contains("resnet"), "{out}");
+    // Sizes past the model or the machine are refused before anything is allocated.
+    for (args, says) in [
+        (&["bench-step", "--seq", "513"][..], "holds 512 positions"),
+        (&["bench-step", "--batch", "4611686018427387904", "--seq", "4"][..], "at most 1048576 tokens"),
+        (
+            &["evaluate", "--model", "m", "--file", "rows.csv", "--batch-size", "0"][..],
+            "--batch-size must be at least 1",
+        ),
+    ] {
+        let (ok, out) = pipetransformer(args);
+        assert!(!ok && out.contains(says) && !out.contains("panicked"), "{args:?}: {out}");
+    }
+    // The largest seed is a seed (its batch's is the next, wrapping), not an overflow.
+    let (ok, out) = pipetransformer(&["overfit", "--steps", "1", "--seed", "18446744073709551615"]);
+    assert!(ok && !out.contains("panicked"), "{out}");
 }
 
 #[test]
@@ -269,6 +284,47 @@ fn check_predict_and_evaluate(dir: &std::path::Path, config: &str, precision: &s
         let (ok, out) = pipetransformer(&[&["predict", "--model", &ckpt, pixels][..], &device].concat());
         assert!(ok, "{out}");
         assert_eq!(serde_json::from_str::<serde_json::Value>(out.trim()).unwrap(), lines[0]);
+        // Image files are told apart by their bytes, not their names: a PGM under a folder
+        // named `idx`, and IDX images (two of 8 × 8) in a file whose name does not say so.
+        let files = dir.join("idx");
+        std::fs::create_dir_all(&files).unwrap();
+        let mut pgm = b"P5\n8 8\n255\n".to_vec();
+        pgm.extend((0..64).map(|i| (i * 4) as u8));
+        std::fs::write(files.join("seven.pgm"), pgm).unwrap();
+        let mut idx = vec![0, 0, 8, 3];
+        for d in [2u32, 8, 8] {
+            idx.extend(d.to_be_bytes());
+        }
+        idx.extend((0..128).map(|i| (i * 2) as u8));
+        std::fs::write(files.join("two.bin"), idx).unwrap();
+        let (pgm, idx) = (files.join("seven.pgm").display().to_string(), files.join("two.bin").display().to_string());
+        let (ok, out) = pipetransformer(&[&["predict", "--model", &model, &pgm, &idx][..], &device].concat());
+        assert!(ok && out.lines().filter(|l| l.contains("\"probability\"")).count() == 3, "{out}");
+        // A line that is not UTF-8 ends the stream by its number, after the answers before it.
+        let inputs = dir.join("inputs.txt");
+        std::fs::write(
+            &inputs,
+            [pixels.as_bytes(), b"\n", pixels.as_bytes(), b"\ncaf\xe9\n", pixels.as_bytes()].concat(),
+        )
+        .unwrap();
+        let inputs = inputs.display().to_string();
+        let (ok, out) = pipetransformer(&[&["predict", "--model", &model, "--file", &inputs][..], &device].concat());
+        assert!(!ok && out.contains("line 3") && out.lines().filter(|l| l.starts_with('{')).count() == 2, "{out}");
+        // An export whose last weight is NaN (a flipped byte: safetensors has no checksum)
+        // answers with an error, not class 0 at a `null` probability.
+        let damaged = dir.join("damaged");
+        std::fs::create_dir_all(&damaged).unwrap();
+        for entry in std::fs::read_dir(dir.join("model")).unwrap() {
+            let path = entry.unwrap().path();
+            std::fs::copy(&path, damaged.join(path.file_name().unwrap())).unwrap();
+        }
+        let mut weights = std::fs::read(damaged.join("model.safetensors")).unwrap();
+        let n = weights.len();
+        weights[n - 4..].copy_from_slice(&f32::NAN.to_le_bytes());
+        std::fs::write(damaged.join("model.safetensors"), weights).unwrap();
+        let damaged = damaged.display().to_string();
+        let (ok, out) = pipetransformer(&[&["predict", "--model", &damaged, pixels][..], &device].concat());
+        assert!(!ok && out.contains("not finite") && !out.contains("null"), "{out}");
     }
 }
 

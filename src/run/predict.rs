@@ -160,7 +160,7 @@ impl<D: Device> Predictor<D> {
             let (logits, _) = self.model.forward(&self.dev, &batch)?;
             let loss = self.model.loss(&self.dev, &batch, &logits, None)?;
             (loss_sum, count) = (loss_sum + loss.loss_sum, count + loss.count);
-            let logits = self.dev.download(&logits)?;
+            let logits = self.outputs(&logits)?;
             let width = classes.unwrap_or(logits.len() / host.targets.len().max(1)).max(1);
             right += correct(&logits, &host.targets, width, IGNORE_INDEX);
             if let Some(m) = confusion.as_mut() {
@@ -374,8 +374,9 @@ impl<D: Device> Predictor<D> {
             return Err(config_error("input", format!("this {:?} model does not read images", self.family())));
         };
         let path = Path::new(input);
-        let lower = input.to_ascii_lowercase();
-        if lower.contains("idx") && path.is_file() {
+        // A file's first bytes say what it holds, not its name: a PNG or PGM image, else IDX
+        // images (gzipped or not).
+        if path.is_file() && !is_image_file(path)? {
             let images = read_idx_images(path)?;
             return images
                 .into_iter()
@@ -386,7 +387,7 @@ impl<D: Device> Predictor<D> {
                 })
                 .collect();
         }
-        if lower.ends_with(".png") || lower.ends_with(".pgm") {
+        if path.is_file() {
             let (w, h, c, px) = crate::data::read_image_file(path)?;
             check_size(input, w, h, c, size, channels)?;
             return Ok(vec![(input.to_string(), px)]);
@@ -420,11 +421,24 @@ impl<D: Device> Predictor<D> {
         Ok(vec![(input.to_string(), values.into_iter().map(|v| v / max_value).collect())])
     }
 
+    /// The model's outputs on the host; an error when one is not finite (a NaN would read
+    /// as class 0 with `null` probabilities, or draw the last token every time).
+    fn outputs(&self, logits: &D::Buf) -> Result<Vec<f32>> {
+        let logits = self.dev.download(logits)?;
+        if logits.iter().any(|v| !v.is_finite()) {
+            return Err(data_error(
+                "model",
+                "produced outputs that are not finite (NaN or inf): its weights are damaged or diverged",
+            ));
+        }
+        Ok(logits)
+    }
+
     /// The model's forward on a batch and the softmax of each row.
     fn classify(&self, host: &HostBatch) -> Result<Vec<ClassPrediction>> {
         let batch = Batch::upload(&self.dev, self.model.spec(), host, false, 0)?;
         let (logits, _) = self.model.forward(&self.dev, &batch)?;
-        let logits = self.dev.download(&logits)?;
+        let logits = self.outputs(&logits)?;
         let classes = self.labels.len().max(1);
         Ok(logits
             .chunks(classes)
@@ -483,7 +497,7 @@ impl<D: Device> Predictor<D> {
             };
             let batch = Batch::upload(&self.dev, self.model.spec(), &host, false, 0)?;
             let (logits, _) = self.model.forward(&self.dev, &batch)?;
-            let logits = self.dev.download(&logits)?;
+            let logits = self.outputs(&logits)?;
             let last = &logits[logits.len() - vocab..];
             let next = draw(last, sampling, &mut rng);
             tokens.push(next as u32);
@@ -491,6 +505,16 @@ impl<D: Device> Predictor<D> {
         }
         Ok(out)
     }
+}
+
+/// Whether `path` starts as a PNG or a PGM image does.
+fn is_image_file(path: &Path) -> Result<bool> {
+    use std::io::Read;
+    let mut head = Vec::with_capacity(4);
+    std::fs::File::open(path)
+        .and_then(|f| f.take(4).read_to_end(&mut head))
+        .map_err(|e| Error::Io { path: path.display().to_string(), source: e })?;
+    Ok(head.starts_with(b"\x89PNG") || head.starts_with(b"P5") || head.starts_with(b"P2"))
 }
 
 fn check_size(input: &str, w: usize, h: usize, c: usize, size: usize, channels: usize) -> Result<()> {
@@ -605,9 +629,17 @@ pub fn predict_stream<D: Device>(
         let mut results: Vec<(String, Outcome)> = Vec::new();
         pending.clear();
         let mut order = Vec::new(); // per result: Some(index into pending) or None (failed)
+        // An input that cannot be read ends the stream, after the batch read before it.
+        let mut unreadable = None;
         while pending.len() < size {
             let Some(input) = inputs.next() else { break };
-            let input = input?;
+            let input = match input {
+                Ok(input) => input,
+                Err(e) => {
+                    unreadable = Some(e);
+                    break;
+                }
+            };
             match predictor.reader {
                 Reader::Image { .. } => match predictor.read_images(&input) {
                     Ok(images) => {
@@ -645,6 +677,9 @@ pub fn predict_stream<D: Device>(
                 .map_err(|e| Error::Io { path: "output".into(), source: e })?;
         }
         out.flush().map_err(|e| Error::Io { path: "output".into(), source: e })?;
+        if let Some(e) = unreadable {
+            return Err(e);
+        }
     }
     Ok((total, failed))
 }

@@ -27,8 +27,10 @@ struct EpochRow {
 
 /// Writes the report of the run logged in `metrics` to `out`.
 pub fn write_report(metrics: &Path, out: &Path, config: &RunConfig) -> Result<()> {
-    let text = std::fs::read_to_string(metrics).map_err(|e| io_error(metrics, e))?;
-    let html = render(&text, config);
+    // Lossy: a line a hand edit left in another encoding is skipped like any unreadable line,
+    // instead of costing the whole report at the end of a finished run.
+    let bytes = std::fs::read(metrics).map_err(|e| io_error(metrics, e))?;
+    let html = render(&String::from_utf8_lossy(&bytes), config);
     write_atomic(out, |w| std::io::Write::write_all(w, html.as_bytes()))
 }
 
@@ -144,9 +146,13 @@ fn render(log: &str, config: &RunConfig) -> String {
     );
     let _ = write!(
         html,
-        "<p>{:?} on {:?}; freeze rule <b>{:?}</b>, AutoPipe {}, AutoDP {}, AutoCache {}.</p>",
+        "<p>{:?} on {}; freeze rule <b>{:?}</b>, AutoPipe {}, AutoDP {}, AutoCache {}.</p>",
         config.data.dataset,
-        config.model.pretrained.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "a new model".into()),
+        esc(&config
+            .model
+            .pretrained
+            .as_ref()
+            .map_or_else(|| "a new model".into(), |p| format!("{:?}", p.display().to_string()))),
         config.elastic.freeze,
         on(config.elastic.auto_pipe),
         on(config.elastic.auto_dp),
@@ -206,16 +212,17 @@ fn render(log: &str, config: &RunConfig) -> String {
     html.push_str(&timeline(&transitions, last_step));
     html.push_str("<table><tr><th>step</th><th>epoch</th><th>frozen layers</th><th>K</th><th>R</th><th>M</th><th>stages</th><th>cache</th><th>took</th><th style=\"text-align:left\">why</th></tr>");
     for t in &transitions {
-        let pair = |key: &str| format!("{} → {}", t[key][0], t[key][1]);
+        // Every value from the file is escaped: a hand-edited log may hold markup anywhere.
+        let pair = |key: &str| esc(&format!("{} → {}", t[key][0], t[key][1]));
         let stages: Vec<String> = t["stages"]
             .as_array()
-            .map(|a| a.iter().map(|s| format!("{}..{}", s["start"], s["end"])).collect())
+            .map(|a| a.iter().map(|s| esc(&format!("{}..{}", s["start"], s["end"]))).collect())
             .unwrap_or_default();
         let _ = write!(
             html,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.0} ms</td><td style=\"text-align:left\">{}</td></tr>",
-            t["step"],
-            t["epoch"],
+            esc(&t["step"].to_string()),
+            esc(&t["epoch"].to_string()),
             pair("frozen_layers"),
             pair("pipeline_len"),
             pair("replicas"),
@@ -346,6 +353,39 @@ mod tests {
         // The report says what computed it, and that the resume dropped the bf16 products.
         let devices = "Devices: cpu:0 (F32, bf16 products, 1 thread); then, resumed on cpu:0 (F32, 1 thread).";
         assert!(html.contains(devices), "{html}");
+    }
+
+    #[test]
+    fn markup_from_the_log_or_the_config_is_escaped() {
+        let log = [
+            r#"{"event":"start","resumed":false,"step":0}"#,
+            r#"{"event":"step","step":1,"epoch":0,"loss":0.7,"lr":0.1,"grad_norm":1.0,"samples":4,"seconds":0.5}"#,
+            r#"{"event":"transition","step":"<img src=x>","epoch":"<i>","reason":"r","frozen_layers":[0,"<script>alert(2)</script>"],"pipeline_len":[1,1],"replicas":[1,1],"micro_batches":[1,1],"stages":[{"start":"<b>x</b>","end":1}],"cache":false,"seconds":1}"#,
+        ]
+        .join("\n");
+        let mut config = two_stage_run();
+        config.model.pretrained = Some("w/<script>p</script>".into());
+        let html = render(&log, &config);
+        for raw in ["<script", "<img", "<b>x", "<i>"] {
+            assert!(!html.contains(raw), "{raw} unescaped: {html}");
+        }
+        assert!(html.contains("&lt;script&gt;alert(2)") && html.contains("&lt;script&gt;p"), "{html}");
+    }
+
+    #[test]
+    fn a_line_in_another_encoding_costs_only_that_line() {
+        let dir = std::env::temp_dir().join(format!("pt-report-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let metrics = dir.join("metrics.jsonl");
+        let mut bytes = br#"{"event":"start","resumed":false,"step":0}"#.to_vec();
+        bytes.extend_from_slice(b"\ncaf\xe9\n");
+        bytes.extend_from_slice(
+            br#"{"event":"step","step":1,"epoch":0,"loss":0.7,"lr":0.1,"grad_norm":1.0,"samples":4,"seconds":0.5}"#,
+        );
+        std::fs::write(&metrics, bytes).unwrap();
+        write_report(&metrics, &dir.join("report.html"), &two_stage_run()).unwrap();
+        assert!(std::fs::read_to_string(dir.join("report.html")).unwrap().contains("<polyline"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
