@@ -1347,3 +1347,44 @@ fn untied_models_give_every_units_gradient_norm_as_one_device() {
         }
     }
 }
+
+/// A tied weight is one parameter: the gradient norm counts GPT's token embedding once, with
+/// the summed gradient both copies hold (as PyTorch's `clip_grad_norm_` over `parameters()`
+/// does), on one device and through a two-stage pipeline, whose copies sit on different
+/// devices. Counted twice, the norm grew by up to √2 and clipping bit harder than asked.
+#[test]
+fn the_gradient_norm_counts_a_tied_weight_once() {
+    let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+    let config = common::tiny_gpt(0.0);
+    let host = common::tiny_batch(&config, 0);
+    let mut model = Model::new(&dev, &config, 1).unwrap();
+    let mut opt = Optimizer::new(OptimizerConfig::adamw()).unwrap();
+    let batch = Batch::upload(&dev, model.spec(), &host, true, 0).unwrap();
+    let stats = train_step(&dev, &mut model, &mut opt, &batch, 0.0, None).unwrap();
+    let grad = |name: &str| {
+        let p = model.params().into_iter().find(|p| p.name == name).unwrap();
+        dev.download(p.grad.as_ref().unwrap()).unwrap()
+    };
+    assert_eq!(grad("transformer.wte.weight"), grad("lm_head.weight"), "both copies hold the sum");
+    let once: f64 = model
+        .params()
+        .into_iter()
+        .filter(|p| p.name != "lm_head.weight")
+        .filter_map(|p| p.grad.as_ref())
+        .map(|g| dev.download(g).unwrap().iter().map(|&v| f64::from(v).powi(2)).sum::<f64>())
+        .sum();
+    assert!((stats.grad_norm - once.sqrt()).abs() <= 1e-6 * once.sqrt(), "{} vs {}", stats.grad_norm, once.sqrt());
+
+    let mut fresh = Model::new(&dev, &config, 1).unwrap();
+    let profiles = pipetransformer::pipeline::unit_profiles(&dev, &mut fresh, &host, false).unwrap();
+    let cpus = (0..2).map(|i| CpuDevice::<f32>::new(i, 1).unwrap()).collect();
+    let plan = PipelineConfig { pipeline_len: 2, ..Default::default() };
+    let mut pipeline = Pipeline::new(cpus, fresh, OptimizerConfig::adamw(), plan, &profiles).unwrap();
+    let step = pipeline.step(&host, 0, 0.0, None).unwrap();
+    assert!(
+        (step.grad_norm - stats.grad_norm).abs() <= 1e-5 * stats.grad_norm,
+        "{} vs {}",
+        step.grad_norm,
+        stats.grad_norm
+    );
+}

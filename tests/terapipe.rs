@@ -12,7 +12,7 @@ mod common;
 use common::{params_rel, tiny_batch, tiny_gpt};
 use pipetransformer::device::{CpuDevice, Device, GpuDevice, Precision};
 use pipetransformer::model::{Batch, Model, ModelConfig};
-use pipetransformer::optim::{Optimizer, OptimizerConfig, clip_grad_norm};
+use pipetransformer::optim::{Optimizer, OptimizerConfig, clip_coefficient, global_grad_norm, scale_grads};
 use pipetransformer::pipeline::{Pipeline, PipelineConfig, ScheduleKind, UnitProfile, unit_profiles};
 
 const STEPS: usize = 3;
@@ -54,8 +54,12 @@ fn run<D: Device>(dev: &D, config: &ModelConfig, slices: Option<&[usize]>, froze
             }
         }
         .unwrap();
+        // The norm of the distinct parameters (the tied weight once), both copies scaled.
+        let norm = global_grad_norm(dev, &model.distinct_params()).unwrap();
         let mut params = model.params_mut();
-        let norm = clip_grad_norm(dev, &mut params, 1.0).unwrap();
+        if let Some(coef) = clip_coefficient(norm, 1.0).unwrap() {
+            scale_grads(dev, &mut params, coef).unwrap();
+        }
         opt.step(dev, &mut params, 1e-2).unwrap();
         stats.push((loss, norm));
     }

@@ -113,11 +113,11 @@ fn dev_download(dev: &CpuDevice<f32>, b: &<CpuDevice<f32> as pipetransformer::De
 }
 
 /// `train_step` clips inside the optimizer's update: on f64 its weights equal those of scaling
-/// the gradients first (`clip_grad_norm`, then `Optimizer::step`) to the bit, for AdamW and SGD,
+/// the gradients first (by the norm's coefficient, then `Optimizer::step`) to the bit, for AdamW and SGD,
 /// on steps where clipping is due (norm above the cap) and where it is not.
 #[test]
 fn clipping_inside_the_update_equals_clipping_first() {
-    use pipetransformer::optim::clip_grad_norm;
+    use pipetransformer::optim::{clip_coefficient, global_grad_norm, scale_grads};
     let dev = CpuDevice::<f64>::new(0, 2).unwrap();
     let config = gpt();
     let host = random_batch(&config, 3, 8, 2);
@@ -131,8 +131,12 @@ fn clipping_inside_the_update_equals_clipping_first() {
                 let stats = train_step(&dev, &mut fused, &mut opt_fused, &batch, 1e-2, Some(max_norm)).unwrap();
                 first.zero_grad(&dev).unwrap();
                 let loss = first.forward_backward(&dev, &batch).unwrap();
+                // The tied weight's norm counted once, both copies scaled.
+                let norm = global_grad_norm(&dev, &first.distinct_params()).unwrap();
                 let mut params = first.params_mut();
-                let norm = clip_grad_norm(&dev, &mut params, max_norm).unwrap();
+                if let Some(coef) = clip_coefficient(norm, max_norm).unwrap() {
+                    scale_grads(&dev, &mut params, coef).unwrap();
+                }
                 opt_first.step(&dev, &mut params, 1e-2).unwrap();
                 assert_eq!((stats.loss, stats.grad_norm), (loss, norm));
                 assert_eq!(max_norm < norm, max_norm == 1e-3, "clipping due only under the small cap");

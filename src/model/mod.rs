@@ -267,6 +267,20 @@ impl<D: Device> Model<D> {
         self.units.iter().flat_map(|u| u.params()).collect()
     }
 
+    /// Every parameter once: a tied weight's second copy left out (it holds the first's value
+    /// and, after a backward, the same summed gradient). What a gradient norm sums over, as
+    /// PyTorch's one `Parameter` for a tied weight.
+    pub fn distinct_params(&self) -> Vec<&Param<D>> {
+        let copy = self.tied.as_ref().map(|t| &t[1]);
+        self.units
+            .iter()
+            .enumerate()
+            .flat_map(|(i, u)| u.params().into_iter().map(move |p| (i, p)))
+            .filter(|(i, p)| copy.is_none_or(|(cu, cn)| i != cu || p.name != *cn))
+            .map(|(_, p)| p)
+            .collect()
+    }
+
     /// Every parameter, mutable.
     pub fn params_mut(&mut self) -> Vec<&mut Param<D>> {
         self.units.iter_mut().flat_map(|u| u.params_mut()).collect()

@@ -34,8 +34,9 @@ pub fn train_step<D: Device>(
     }
     model.zero_grad(dev)?;
     let loss = model.forward_backward(dev, batch)?;
+    // A tied weight counts once: both copies hold its summed gradient.
+    let grad_norm = global_grad_norm(dev, &model.distinct_params())?;
     let mut params = model.params_mut();
-    let grad_norm = global_grad_norm(dev, &params)?;
     // Clipping's coefficient goes into the update (no pass over the gradients of its own).
     let coef = match max_grad_norm {
         Some(max) => clip_coefficient(grad_norm, max)?,

@@ -86,8 +86,10 @@ impl<D: Device> Pipeline<D> {
     }
 
     /// `Σ ‖grad‖²` of each unit of replica 0 (replicas hold the same summed gradients), in
-    /// model order; 0 for frozen units (and for other processes' stages).
+    /// model order; 0 for frozen units (and for other processes' stages). A tied weight is one
+    /// parameter: counted in its first copy's unit only, as the one-device step counts it.
     pub(super) fn unit_grad_sq(&self) -> Result<Vec<f64>> {
+        let copy = self.tied.as_ref().map(|t| &t[1]);
         let mut out = Vec::new();
         for (s, units) in self.stages[0].iter().enumerate() {
             // When the stages are processes, the others' norms come from them.
@@ -96,8 +98,14 @@ impl<D: Device> Pipeline<D> {
                 continue;
             }
             let dev = self.device_at(0, s);
-            for u in units {
-                out.push(grad_sum_squares(dev, &u.params())?);
+            let first = self.plan.partition.stages[s].start;
+            for (i, u) in units.iter().enumerate() {
+                let counted: Vec<_> = u
+                    .params()
+                    .into_iter()
+                    .filter(|p| copy.is_none_or(|(cu, cn)| first + i != *cu || p.name != *cn))
+                    .collect();
+                out.push(grad_sum_squares(dev, &counted)?);
             }
         }
         Ok(out)
