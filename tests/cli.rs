@@ -522,6 +522,13 @@ fn resuming_over_other_training_data_is_refused() {
     let after = text.split(r#"{"event":"cut-sh"#).nth(1).unwrap();
     let marker: serde_json::Value = serde_json::from_str(after.lines().nth(1).unwrap()).unwrap();
     assert!(marker["event"] == "start" && marker["resumed"] == true, "{text}");
+    // Another batch size over as many batches per epoch (64 samples: batches of 32 or of 40
+    // and 24) would name other samples: refused by its key.
+    let limited = |flags: &[&str]| run(&[&["--set", "data.train_limit=64"][..], flags].concat());
+    let (ok, out) = limited(&["--fresh", "--set", "train.max_steps=1"]);
+    assert!(ok, "{out}");
+    let (ok, out) = limited(&["--resume", "--set", "train.max_steps=2", "--set", "data.batch_size=40"]);
+    assert!(!ok && out.contains("data.batch_size") && out.contains("batches of 32 samples"), "{out}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

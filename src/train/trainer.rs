@@ -82,6 +82,10 @@ pub struct Trainer<D: Device> {
     /// The batch source's [fingerprint](BatchSource::fingerprint): checkpoints record it, and
     /// loading one taken over other training data is refused.
     pub data_fingerprint: Option<u64>,
+    /// Samples per source batch (`data.batch_size`), when the caller says: checkpoints record
+    /// it, and a resume under another is refused (the same count of batches per epoch would
+    /// name other samples).
+    pub batch_size: Option<usize>,
     batches_per_epoch: usize,
     /// Samples and seconds of this epoch's steps in this process (for its throughput).
     epoch_work: (usize, f64),
@@ -136,6 +140,7 @@ impl<D: Device> Trainer<D> {
             profiles,
             trace: None,
             data_fingerprint: None,
+            batch_size: None,
             batches_per_epoch,
             epoch_work: (0, 0.0),
         })
@@ -399,6 +404,7 @@ impl<D: Device> Trainer<D> {
             "batches_per_step": self.batches_per_step,
             "batches_per_epoch": self.batches_per_epoch,
             "data_fingerprint": self.data_fingerprint,
+            "batch_size": self.batch_size,
             "optimizer": opt,
             "controller": extra,
         });
@@ -431,6 +437,16 @@ impl<D: Device> Trainer<D> {
                 "taken with {then} batches per epoch, this run has {per_epoch}: data.batch_size, \
                  data.train_limit or the dataset changed since; resume with the settings the run \
                  began with, or start over with --fresh"
+            )));
+        }
+        let saved_batch = field("batch_size").as_u64();
+        if let (Some(then), Some(now)) = (saved_batch, self.batch_size)
+            && then != now as u64
+        {
+            return Err(bad(format!(
+                "taken with batches of {then} samples, this run's are of {now} (data.batch_size): the same \
+                 {per_epoch} batches per epoch would skip some samples and repeat others; resume with the \
+                 settings the run began with, or start over with --fresh"
             )));
         }
         // Same count, other samples or order (train.seed, the split's fractions or limits,
