@@ -967,19 +967,19 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
     let mut samples = 0usize;
     let mut lines = ProgressLines::new(job.config.output.progress_every, total);
     let summary = job.run(&mut |e| match e {
-        Event::Step { step, epoch, loss, lr, samples: n, bubble, .. } => {
+        Event::Step { step, batches, epoch, loss, lr, samples: n, bubble, .. } => {
             if bar.is_hidden() {
                 let now = started.elapsed().as_secs_f64();
-                if let Some(line) = lines.step(now, *step, *epoch, *loss, *lr, *n) {
+                if let Some(line) = lines.step(now, (*step, *batches), *epoch, *loss, *lr, *n) {
                     println!("{line}");
                 }
                 return;
             }
             samples += n;
             let rate = samples as f64 / started.elapsed().as_secs_f64().max(1e-9);
-            // One step takes one source batch unless AutoDP's `scale-lr` grows the batch; the
-            // epoch's end sets the bar right either way.
-            bar.inc(1);
+            // The bar counts source batches, as the schedule does (more than one a step under
+            // AutoDP's `scale-lr`).
+            bar.set_position(*batches);
             let bubble = bubble
                 .map(|b| {
                     format!(

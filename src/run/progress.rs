@@ -21,26 +21,39 @@ impl ProgressLines {
         ProgressLines { every: every.max(0.0), total_steps, first_step: None, last_print: 0.0, samples: 0 }
     }
 
-    /// A step finished at `now` seconds: the line to print, if one is due.
-    pub fn step(&mut self, now: f64, step: u64, epoch: u64, loss: f64, lr: f64, samples: usize) -> Option<String> {
+    /// A step finished at `now` seconds, `(steps, source batches)` taken so far: the line to
+    /// print, if one is due. The run's length counts source batches, which are the steps
+    /// unless AutoDP's `scale-lr` takes several a step; then both are shown.
+    pub fn step(
+        &mut self,
+        now: f64,
+        (step, batches): (u64, u64),
+        epoch: u64,
+        loss: f64,
+        lr: f64,
+        samples: usize,
+    ) -> Option<String> {
         self.samples += samples;
         // Rates count from the first step this process saw (a resumed run's earlier steps took
-        // no time here).
-        let (step0, t0) = *self.first_step.get_or_insert((step.saturating_sub(1), 0.0));
-        if now - self.last_print < self.every && step < self.total_steps {
+        // no time here); the work left is counted in batches.
+        let (batches0, t0) = *self.first_step.get_or_insert((batches.saturating_sub(1), 0.0));
+        if now - self.last_print < self.every && batches < self.total_steps {
             return None;
         }
         self.last_print = now;
         let elapsed = (now - t0).max(1e-9);
         let rate = self.samples as f64 / elapsed;
-        let done = step.saturating_sub(step0);
-        let left = self.total_steps.saturating_sub(step);
+        let done = batches.saturating_sub(batches0);
+        let left = self.total_steps.saturating_sub(batches);
         let eta = if done == 0 { "?".into() } else { clock(elapsed / done as f64 * left as f64) };
-        let percent = 100.0 * step as f64 / self.total_steps.max(1) as f64;
+        let percent = 100.0 * batches as f64 / self.total_steps.max(1) as f64;
+        let at = if batches == step {
+            format!("step {step}/{}", self.total_steps)
+        } else {
+            format!("step {step}, batch {batches}/{}", self.total_steps)
+        };
         Some(format!(
-            "step {step}/{} ({percent:.0}%), epoch {epoch}: loss {loss:.4}, lr {lr:.2e}, {rate:.1} samples/s, \
-             elapsed {}, ETA {eta}",
-            self.total_steps,
+            "{at} ({percent:.0}%), epoch {epoch}: loss {loss:.4}, lr {lr:.2e}, {rate:.1} samples/s, elapsed {}, ETA {eta}",
             clock(now)
         ))
     }
@@ -62,7 +75,7 @@ mod tests {
         let mut p = ProgressLines::new(10.0, 100);
         // Steps of 2 s and 8 samples: the first line at 10 s (step 5), the next at 20 s.
         let lines: Vec<(u64, String)> = (1..=100)
-            .filter_map(|step| p.step(2.0 * step as f64, step, step / 50, 0.5, 1e-3, 8).map(|l| (step, l)))
+            .filter_map(|step| p.step(2.0 * step as f64, (step, step), step / 50, 0.5, 1e-3, 8).map(|l| (step, l)))
             .collect();
         let steps: Vec<u64> = lines.iter().map(|l| l.0).collect();
         assert_eq!(steps[..3], [5, 10, 15]);
@@ -74,22 +87,37 @@ mod tests {
         assert!(first.contains("4.0 samples/s") && first.contains("elapsed 0:00:10, ETA 0:03:10"), "{first}");
         // Every step when the interval is 0.
         let mut every = ProgressLines::new(0.0, 3);
-        assert!((1..=3).all(|s| every.step(s as f64, s, 0, 1.0, 1.0, 1).is_some()));
+        assert!((1..=3).all(|s| every.step(s as f64, (s, s), 0, 1.0, 1.0, 1).is_some()));
     }
 
     #[test]
     fn a_resumed_run_counts_its_rate_from_its_first_step_here() {
         let mut p = ProgressLines::new(5.0, 1000);
-        assert!(p.step(1.0, 901, 9, 0.1, 1e-4, 4).is_none());
-        let line = p.step(5.0, 905, 9, 0.1, 1e-4, 4).unwrap_or_default();
+        assert!(p.step(1.0, (901, 901), 9, 0.1, 1e-4, 4).is_none());
+        let line = p.step(5.0, (905, 905), 9, 0.1, 1e-4, 4).unwrap_or_default();
         // 5 steps (900 → 905) in 5 s, 95 left; 8 samples in 5 s.
         assert!(line.contains("ETA 0:01:35") && line.contains("1.6 samples/s"), "{line}");
+    }
+
+    /// Under AutoDP's `scale-lr` a step takes two batches: the run's length, its percentage
+    /// and its time left count batches, and the line names both.
+    #[test]
+    fn steps_of_several_batches_count_the_run_in_batches() {
+        let mut p = ProgressLines::new(0.0, 100);
+        assert!(p.step(1.0, (1, 1), 0, 0.5, 1e-3, 8).is_some());
+        // Step 10 after 19 batches at 10 s (counted from the first step's start): 81 left.
+        let line = p.step(10.0, (10, 19), 0, 0.5, 1e-3, 16).unwrap_or_default();
+        assert!(line.starts_with("step 10, batch 19/100 (19%)") && line.contains("ETA 0:00:42"), "{line}");
+        // The last batch always prints.
+        let mut p = ProgressLines::new(1e9, 100);
+        assert!(p.step(1.0, (49, 98), 0, 0.5, 1e-3, 8).is_none());
+        assert!(p.step(2.0, (50, 100), 0, 0.5, 1e-3, 8).is_some());
     }
 
     #[test]
     fn a_run_that_never_ends_prints_an_eta_instead_of_panicking() {
         let mut p = ProgressLines::new(0.0, u64::MAX);
-        let line = p.step(2.0, 1, 0, 0.1, 1e-4, 4).unwrap_or_default();
+        let line = p.step(2.0, (1, 1), 0, 0.1, 1e-4, 4).unwrap_or_default();
         assert!(line.contains(&format!("ETA {}:", u64::MAX / 3600)), "{line}");
     }
 }

@@ -103,6 +103,10 @@ pub enum Event {
     Step {
         /// Steps taken so far.
         step: u64,
+        /// Source batches taken so far: the learning-rate schedule's clock, ahead of `step`
+        /// when AutoDP's `scale-lr` takes several batches a step.
+        #[serde(default)]
+        batches: u64,
         /// Epoch of the step.
         epoch: u64,
         /// Mean training loss of the batch.

@@ -239,6 +239,7 @@ impl<D: Device> Trainer<D> {
             self.epoch_work = (self.epoch_work.0 + host.batch, self.epoch_work.1 + seconds);
             on_event(&Event::Step {
                 step: step + 1,
+                batches: self.batches_done(),
                 epoch,
                 loss: report.loss,
                 lr,
