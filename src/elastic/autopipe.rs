@@ -172,8 +172,8 @@ impl Tuner {
     }
 
     /// Goes on with a checkpoint's [`timing`](Self::timing).
-    pub fn resume_timing(&mut self, timing: Option<Timing>) {
-        self.running = timing;
+    pub fn resume_timing(&mut self, timing: Timing) {
+        self.running = Some(timing);
     }
 
     /// Records a timed step of the candidate in force (`m`, `positions_per_second`). Returns

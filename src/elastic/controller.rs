@@ -243,7 +243,7 @@ impl Elastic {
         let tuning = s.tuning.filter(|_| self.config.auto_pipe);
         self.warming = tuning.is_some();
         if let Some((timing, from)) = tuning {
-            self.tuner.resume_timing(Some(timing));
+            self.tuner.resume_timing(timing);
             self.tuning_from = from;
         }
         self.cache_on = s.cache_on && self.cache.is_some();

@@ -106,6 +106,12 @@ impl<D: Device> LossOutput<D> {
     }
 }
 
+/// Whether parameter `name` of unit `unit` is the second copy of a tied weight (`tied`, as
+/// [`Model::tied`] gives it): left out wherever each weight counts once.
+pub fn is_tied_copy(tied: Option<&[(usize, String); 2]>, unit: usize, name: &str) -> bool {
+    tied.is_some_and(|[_, (u, n)]| *u == unit && n == name)
+}
+
 impl<D: Device> Model<D> {
     /// Builds a randomly initialised model (weights N(0, 0.02²), GPT-2's residual projections
     /// scaled by `1/√(2·layers)`, LayerNorms 1/0, biases 0), every unit trainable.
@@ -271,13 +277,11 @@ impl<D: Device> Model<D> {
     /// and, after a backward, the same summed gradient). What a gradient norm sums over, as
     /// PyTorch's one `Parameter` for a tied weight.
     pub fn distinct_params(&self) -> Vec<&Param<D>> {
-        let copy = self.tied.as_ref().map(|t| &t[1]);
+        let tied = self.tied.as_ref();
         self.units
             .iter()
             .enumerate()
-            .flat_map(|(i, u)| u.params().into_iter().map(move |p| (i, p)))
-            .filter(|(i, p)| copy.is_none_or(|(cu, cn)| i != cu || p.name != *cn))
-            .map(|(_, p)| p)
+            .flat_map(|(i, u)| u.params().into_iter().filter(move |p| !is_tied_copy(tied, i, &p.name)))
             .collect()
     }
 

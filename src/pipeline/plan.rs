@@ -90,7 +90,7 @@ impl Plan {
     }
 
     /// A plan with given stage boundaries (as a checkpoint recorded them, or the plan in force
-    /// with another `M`); an error when a stage's peak exceeds the memory limit.
+    /// with another `M`), not held to the memory limit: see [`within_limit`](Self::within_limit).
     pub fn with_stages(
         config: PipelineConfig,
         units: &[UnitProfile],
@@ -107,17 +107,23 @@ impl Plan {
         }
         let units: Vec<UnitProfile> = units.iter().map(|u| u.sliced(&config.token_slices)).collect();
         let partition = Partition::of(&units, stages, &in_flight(&schedule))?;
-        let need = partition.device_peak(config.pipeline_len);
-        if let Some(limit) = config.memory_limit.filter(|&limit| need > limit) {
+        Ok(Plan { config, partition, schedule, unit_names })
+    }
+
+    /// This plan, when every device's peak is within the memory limit (a plan [`new`](Self::new)
+    /// made always is; one [`with_stages`](Self::with_stages) made may not be).
+    pub fn within_limit(self) -> Result<Plan> {
+        let need = self.partition.device_peak(self.config.pipeline_len);
+        if let Some(limit) = self.config.memory_limit.filter(|&limit| need > limit) {
             return Err(config_error(
                 "memory_limit",
                 format!(
                     "stages {:?} with {} micro-batch(es) need {need} bytes on a device; the limit is {limit}",
-                    partition.stages, config.micro_batches
+                    self.partition.stages, self.config.micro_batches
                 ),
             ));
         }
-        Ok(Plan { config, partition, schedule, unit_names })
+        Ok(self)
     }
 
     /// The same stages with `m` micro-batches (a short batch at an epoch's end): a new
@@ -381,7 +387,9 @@ mod tests {
         // micro-batches in flight (2 × 3000 B) on the first stage is 10800 B.
         let given = |limit| {
             let config = PipelineConfig { memory_limit: Some(limit), ..cfg(2, 1, 2) };
-            Plan::with_stages(config, &units(6), names(6), 2, vec![0..3, 3..6]).map(|p| p.partition.stage_memory)
+            Plan::with_stages(config, &units(6), names(6), 2, vec![0..3, 3..6])
+                .and_then(Plan::within_limit)
+                .map(|p| p.partition.stage_memory)
         };
         assert_eq!(given(10800).unwrap()[0], 10800);
         let e = given(10799).unwrap_err().to_string();
@@ -419,7 +427,8 @@ mod tests {
         assert!(tighter.partition.stages != free.partition.stages && tighter.partition.device_peak(2) <= 16000);
         assert_eq!(plan(Some(device)).unwrap().partition, free.partition);
         // Given stages are held to the devices' sums too.
-        let given = Plan::with_stages(config(Some(device - 1)), &units(8), names(8), 2, free.partition.stages.clone());
+        let given = Plan::with_stages(config(Some(device - 1)), &units(8), names(8), 2, free.partition.stages.clone())
+            .and_then(Plan::within_limit);
         assert!(given.unwrap_err().to_string().contains(&format!("need {device} bytes")));
     }
 

@@ -6,7 +6,7 @@ use super::{Pipeline, device_slot};
 use crate::comm::process_group::ProcessGroup;
 use crate::device::Device;
 use crate::error::Result;
-use crate::model::Unit;
+use crate::model::{Unit, is_tied_copy};
 use crate::optim::grad_sum_squares;
 
 impl<D: Device> Pipeline<D> {
@@ -89,7 +89,6 @@ impl<D: Device> Pipeline<D> {
     /// model order; 0 for frozen units (and for other processes' stages). A tied weight is one
     /// parameter: counted in its first copy's unit only, as the one-device step counts it.
     pub(super) fn unit_grad_sq(&self) -> Result<Vec<f64>> {
-        let copy = self.tied.as_ref().map(|t| &t[1]);
         let mut out = Vec::new();
         for (s, units) in self.stages[0].iter().enumerate() {
             // When the stages are processes, the others' norms come from them.
@@ -100,11 +99,8 @@ impl<D: Device> Pipeline<D> {
             let dev = self.device_at(0, s);
             let first = self.plan.partition.stages[s].start;
             for (i, u) in units.iter().enumerate() {
-                let counted: Vec<_> = u
-                    .params()
-                    .into_iter()
-                    .filter(|p| copy.is_none_or(|(cu, cn)| first + i != *cu || p.name != *cn))
-                    .collect();
+                let counted: Vec<_> =
+                    u.params().into_iter().filter(|p| !is_tied_copy(self.tied.as_ref(), first + i, &p.name)).collect();
                 out.push(grad_sum_squares(dev, &counted)?);
             }
         }

@@ -55,9 +55,8 @@ impl<D: Device> Pipeline<D> {
         let names = unit_names(self.stages[0].iter().flatten());
         // A recorded plan ran already: it is restored as it was, not judged again against the
         // memory limit (which later re-plans keep to).
-        let unchecked = PipelineConfig { memory_limit: None, ..config.clone() };
-        let plan = Plan::with_stages(unchecked, profiles, names, self.devices.len(), stages)?;
-        self.adopt(Plan { config, ..plan })
+        let plan = Plan::with_stages(config, profiles, names, self.devices.len(), stages)?;
+        self.adopt(plan)
     }
 
     /// Runs `m` micro-batches per replica from the next step: a new schedule over the same
@@ -66,7 +65,8 @@ impl<D: Device> Pipeline<D> {
         self.refuse_across_processes("set_micro_batches")?;
         let config = PipelineConfig { micro_batches: m, ..self.plan.config.clone() };
         let stages = self.plan.partition.stages.clone();
-        self.plan = Plan::with_stages(config, profiles, self.plan.unit_names.clone(), self.devices.len(), stages)?;
+        self.plan = Plan::with_stages(config, profiles, self.plan.unit_names.clone(), self.devices.len(), stages)?
+            .within_limit()?;
         Ok(())
     }
 
@@ -74,7 +74,9 @@ impl<D: Device> Pipeline<D> {
     pub fn fits_micro_batches(&self, m: usize, profiles: &[UnitProfile]) -> bool {
         let config = PipelineConfig { micro_batches: m, ..self.plan.config.clone() };
         let stages = self.plan.partition.stages.clone();
-        Plan::with_stages(config, profiles, self.plan.unit_names.clone(), self.devices.len(), stages).is_ok()
+        Plan::with_stages(config, profiles, self.plan.unit_names.clone(), self.devices.len(), stages)
+            .and_then(Plan::within_limit)
+            .is_ok()
     }
 
     /// A pipeline across processes keeps the plan every process started with: changing it on
