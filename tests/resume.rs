@@ -149,6 +149,32 @@ fn checkpoint_from_other_epochs_is_refused() {
     std::fs::remove_file(&path).unwrap();
 }
 
+/// A checkpoint of another optimizer's state (AdamW's two moments, resumed under SGD with
+/// momentum's one) is refused by the config key before anything changes: neither the frozen
+/// prefix nor a weight.
+#[test]
+fn checkpoint_of_another_optimizer_is_refused_unchanged() {
+    let config = common::tiny_gpt(0.0);
+    let src = Synthetic { config: config.clone(), fail_at: None };
+    let mut adamw = trainer(&config);
+    run(&mut adamw, &src, Some(2));
+    adamw.pipeline.freeze_prefix(2).unwrap();
+    let path = tmp("optimizer");
+    adamw.save_checkpoint(&path, serde_json::Value::Null).unwrap();
+    let sgd = TrainConfig {
+        optimizer: pipetransformer::optim::OptimizerConfig::Sgd { momentum: 0.9, weight_decay: 0.0, nesterov: false },
+        ..train_config()
+    };
+    let dev = CpuDevice::<f32>::new(0, 2).unwrap();
+    let mut other = common::trainer_on(&config, 3, vec![dev], Default::default(), sgd, 4);
+    let before = other.pipeline.parameters(0).unwrap();
+    let err = other.load_checkpoint(&path).unwrap_err().to_string();
+    assert!(err.contains("taken with the adamw optimizer") && err.contains("train.optimizer is sgd"), "{err}");
+    assert_eq!(other.pipeline.frozen_prefix(), 0);
+    assert_eq!(other.pipeline.parameters(0).unwrap(), before);
+    std::fs::remove_file(&path).unwrap();
+}
+
 #[test]
 fn failed_run_keeps_the_good_checkpoint() {
     let config = common::tiny_gpt(0.0);

@@ -467,6 +467,13 @@ impl<D: Device> Trainer<D> {
             serde_json::from_value(field("frozen_prefix")).map_err(|e| bad(format!("frozen_prefix: {e}")))?;
         let mut opt: OptimizerState =
             serde_json::from_value(field("optimizer")).map_err(|e| bad(format!("optimizer: {e}")))?;
+        let (then, now) = (opt.config.kind(), self.config.optimizer.kind());
+        if then != now {
+            return Err(bad(format!(
+                "taken with the {then} optimizer, this run's train.optimizer is {now}: its state would not \
+                 fit; resume with the settings the run began with, or start over with --fresh"
+            )));
+        }
         #[derive(Deserialize)]
         struct SavedPlan {
             config: PipelineConfig,
