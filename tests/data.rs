@@ -139,3 +139,46 @@ fn hamlet_corpus() {
     assert_eq!(seqs[3].input[1..], seqs[3].target[..127]);
     assert_eq!(c.held_out_sequences(128).unwrap().len(), (17_517 - 1) / 128);
 }
+
+/// The held-out samples are chosen by `data.split_seed` alone: another `train.seed` (the batch
+/// order and dropout) evaluates on the same test set, another `split_seed` on another one.
+#[test]
+fn the_test_split_follows_the_split_seed_not_the_training_seed() {
+    if skip(&[data::DIGITS_FILE]) {
+        return;
+    }
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/vit-digits.toml");
+    let test_ids = |sets: &[&str]| {
+        let mut overrides = vec![format!("data.dir={}", data_dir().display())];
+        overrides.extend(sets.iter().map(|s| s.to_string()));
+        let run = pipetransformer::run::RunConfig::load(&config, &overrides).unwrap();
+        let (source, _) = pipetransformer::run::prepare_data(&run, 1).unwrap();
+        let mut ids: Vec<u64> =
+            (0..source.eval_batches()).flat_map(|i| source.eval_batch(i).unwrap().sample_ids).collect();
+        ids.sort_unstable();
+        ids
+    };
+    let base = test_ids(&[]);
+    assert_eq!(base.len(), 359);
+    assert_eq!(test_ids(&["train.seed=7"]), base, "train.seed moved the test split");
+    assert_ne!(test_ids(&["data.split_seed=7"]), base);
+}
+
+/// A sequence longer than a part of the text is refused by `data.max_len`, naming the file and
+/// the part; `data.max_len = 0` is refused when the config is read.
+#[test]
+fn a_sequence_longer_than_the_held_out_text_names_data_max_len() {
+    if skip(&[data::HAMLET_FILE]) {
+        return;
+    }
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/gpt-hamlet.toml");
+    let load = |len: &str| {
+        let overrides = [format!("data.dir={}", data_dir().display()), format!("data.max_len={len}")];
+        pipetransformer::run::RunConfig::load(&config, &overrides)
+    };
+    let run = load("20000").unwrap();
+    let err = pipetransformer::run::prepare_data(&run, 1).err().unwrap().to_string();
+    assert!(err.contains("data.max_len") && err.contains("held-out part") && err.contains("hamlet.txt"), "{err}");
+    let err = load("0").unwrap_err().to_string();
+    assert!(err.contains("data.max_len") && err.contains("at least 1"), "{err}");
+}

@@ -263,3 +263,31 @@ fn lm_batches_feed_a_gpt() {
     }
     assert_eq!(predicted, stream.len() - 1);
 }
+
+/// A pretrained model whose token table is smaller than its tokenizer's vocabulary is refused
+/// before training, naming both files (an id past the table would have ended the run at the
+/// first batch holding it).
+#[test]
+fn a_tokenizer_larger_than_the_model_is_refused_before_training() {
+    let weights = manifest("weights/all-minilm-l6-v2");
+    let data_dir = manifest("data");
+    let rt = data_dir.join(pipetransformer::data::ROTTEN_TOMATOES_FILE);
+    if !common::installed(&[&weights.join("tokenizer.json"), &rt]) {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("pt-small-table-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(weights.join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(weights.join("config.json")).unwrap()).unwrap();
+    config["vocab_size"] = 1000.into();
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let overrides = [format!("model.pretrained={}", dir.display()), format!("data.dir={}", data_dir.display())];
+    let run = pipetransformer::run::RunConfig::load(&manifest("configs/minilm-rt.toml"), &overrides).unwrap();
+    let (_, info) = pipetransformer::run::prepare_data(&run, 1).unwrap();
+    let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+    let err = pipetransformer::run::build_model(&dev, &run, &info, &|_| true).err().unwrap().to_string();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(err.contains("model.pretrained") && err.contains("tokenizer.json gives token ids up to 30521"), "{err}");
+    assert!(err.contains("the model's table holds 1000"), "{err}");
+}

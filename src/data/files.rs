@@ -34,9 +34,18 @@ pub(crate) fn dataset_error(file: &Path, line: Option<usize>, message: impl Into
     Error::Dataset { file: file.display().to_string(), line, message: message.into() }
 }
 
+/// The most bytes a compressed file may expand to: far above any dataset here (Fashion-MNIST's
+/// training images are 47 MB), and a bound on what a small hostile file can make us allocate.
+const MOST_DECOMPRESSED: u64 = 4 << 30;
+
 /// The whole file, decompressed according to its extension. A missing file is an
 /// [`Error::Dataset`] naming the setup command; a corrupt stream is one naming the format.
 pub(crate) fn read_bytes(path: &Path, group: SetupGroup) -> Result<Vec<u8>> {
+    read_bytes_within(path, group, MOST_DECOMPRESSED)
+}
+
+/// [`read_bytes`], refusing a compressed file that expands past `most` bytes.
+pub(crate) fn read_bytes_within(path: &Path, group: SetupGroup, most: u64) -> Result<Vec<u8>> {
     let file = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -45,15 +54,26 @@ pub(crate) fn read_bytes(path: &Path, group: SetupGroup) -> Result<Vec<u8>> {
         Err(source) => return Err(Error::Io { path: path.display().to_string(), source }),
     };
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let mut out = Vec::new();
-    let (read, format) = if name.ends_with(".gz") {
-        (flate2::read::GzDecoder::new(std::io::BufReader::new(file)).read_to_end(&mut out), Some("gzip"))
+    let file = std::io::BufReader::new(file);
+    // The multi-stream decoders: `pbzip2`, `bgzip` and `cat a.gz b.gz` write several streams
+    // to one file, and the single-stream ones stop silently after the first.
+    let (decoder, format): (Box<dyn Read>, _) = if name.ends_with(".gz") {
+        (Box::new(flate2::read::MultiGzDecoder::new(file)), Some("gzip"))
     } else if name.ends_with(".bz2") {
-        (bzip2::read::BzDecoder::new(std::io::BufReader::new(file)).read_to_end(&mut out), Some("bzip2"))
+        (Box::new(bzip2::read::MultiBzDecoder::new(file)), Some("bzip2"))
     } else {
-        (std::io::BufReader::new(file).read_to_end(&mut out), None)
+        (Box::new(file), None)
     };
+    let mut out = Vec::new();
+    let read = decoder.take(if format.is_some() { most + 1 } else { u64::MAX }).read_to_end(&mut out);
     match (read, format) {
+        (Ok(n), Some(format)) if n as u64 > most => Err(dataset_error(
+            path,
+            None,
+            format!(
+                "expands to more than {most} bytes of {format}-compressed data; expected a dataset file below that"
+            ),
+        )),
         (Ok(_), _) => Ok(out),
         // A decoder's error means the bytes are not a (complete) stream of that format: say so
         // rather than pass on an unexplained "unexpected end of file".
@@ -66,7 +86,11 @@ pub(crate) fn read_bytes(path: &Path, group: SetupGroup) -> Result<Vec<u8>> {
 
 /// The whole file as UTF-8 text (decompressed as [`read_bytes`] does).
 pub(crate) fn read_text(path: &Path, group: SetupGroup) -> Result<String> {
-    let bytes = read_bytes(path, group)?;
+    let mut bytes = read_bytes(path, group)?;
+    // A byte-order mark (Excel and Notepad write one) is not part of the first field's name.
+    if bytes.starts_with("\u{feff}".as_bytes()) {
+        bytes.drain(..3);
+    }
     String::from_utf8(bytes).map_err(|e| {
         let at = e.utf8_error().valid_up_to();
         let bytes = e.as_bytes();

@@ -146,6 +146,18 @@ pub fn fashion_mnist(data_dir: impl AsRef<Path>) -> Result<Split<ImageSample>> {
         TEST_FILE_ID_BASE,
         classes,
     )?;
+    // The model reads every image at one shape: a test file of other rows × columns (even
+    // with as many pixels) would be read wrongly, not refused.
+    let shape = |d: &Dataset<ImageSample>| d.samples().first().map(|s| (s.height, s.width));
+    if let (Some((h, w)), Some((th, tw))) = (shape(&train), shape(&test))
+        && (h, w) != (th, tw)
+    {
+        return Err(dataset_error(
+            &dir.join("t10k-images-idx3-ubyte.gz"),
+            None,
+            format!("holds {th}×{tw} images, expected {h}×{w} as in train-images-idx3-ubyte.gz"),
+        ));
+    }
     Ok(Split { train, test })
 }
 

@@ -5,6 +5,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use super::files::{SetupGroup, read_bytes_within, read_text};
 use super::*;
 use crate::Error;
 
@@ -232,6 +233,57 @@ fn idx_label_out_of_range_and_count_mismatch() {
     write_fashion(&dir, idx(0x803, &[2, 1, 1], &[0, 0]), idx(0x801, &[1], &[3]));
     let (_, _, message) = dataset_err(fashion_mnist(dir.path()));
     assert!(message.starts_with("holds 1 labels, expected 2"), "{message}");
+}
+
+#[test]
+fn idx_test_images_of_another_shape() {
+    let dir = TempDir::new("idx-shape");
+    write_fashion(&dir, idx(0x803, &[1, 1, 4], &[0, 1, 2, 3]), idx(0x801, &[1], &[3]));
+    let (file, _, message) = dataset_err(fashion_mnist(dir.path()));
+    assert!(file.ends_with("t10k-images-idx3-ubyte.gz"), "{file}");
+    assert_eq!(message, "holds 2×2 images, expected 1×4 as in train-images-idx3-ubyte.gz");
+}
+
+/// `pbzip2`, `bgzip` and `cat a.gz b.gz` write several streams to one file: all are read.
+#[test]
+fn compressed_files_of_several_streams_are_read_whole() {
+    let dir = TempDir::new("multi-stream");
+    let rows = [digits_row(1) + "\n", digits_row(2) + "\n"];
+    let mut gz = Vec::new();
+    let mut bz = Vec::new();
+    for row in &rows {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        e.write_all(row.as_bytes()).unwrap();
+        gz.extend(e.finish().unwrap());
+        let mut e = bzip2::write::BzEncoder::new(Vec::new(), bzip2::Compression::fast());
+        e.write_all(row.as_bytes()).unwrap();
+        bz.extend(e.finish().unwrap());
+    }
+    let text = rows.concat();
+    for (name, bytes) in [("two.csv.gz", gz), ("two.csv.bz2", bz)] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        assert_eq!(read_text(&path, SetupGroup::Images).unwrap(), text, "{name}");
+    }
+}
+
+/// A compressed file that expands past the bound is refused by name before it is held whole.
+#[test]
+fn a_compressed_file_expanding_past_the_bound_is_refused() {
+    let dir = TempDir::new("bomb");
+    let path = dir.write("zeros.gz", &[0; 10_000]);
+    assert_eq!(read_bytes_within(&path, SetupGroup::User, 10_000).unwrap().len(), 10_000);
+    let (file, _, message) = dataset_err(read_bytes_within(&path, SetupGroup::User, 9_999));
+    assert!(file.ends_with("zeros.gz"));
+    assert_eq!(message, "expands to more than 9999 bytes of gzip-compressed data; expected a dataset file below that");
+}
+
+/// A UTF-8 byte-order mark (Excel writes one) is not part of the header's first name.
+#[test]
+fn a_byte_order_mark_is_dropped() {
+    let dir = TempDir::new("bom");
+    let path = dir.write("bom.csv", "\u{feff}category,text\n".as_bytes());
+    assert_eq!(read_text(&path, SetupGroup::User).unwrap(), "category,text\n");
 }
 
 #[test]

@@ -68,6 +68,12 @@ pub struct DataSection {
     /// Fraction held out for testing where the dataset has no split of its own.
     #[serde(default = "default_test_fraction")]
     pub test_fraction: f64,
+    /// Seed of which samples are held out (the test split, the validation carve and the
+    /// `train_limit`/`test_limit` subsets); `train.seed` orders the batches and draws dropout.
+    /// Its own setting, so that runs of other `train.seed`s are scored on the same test set and
+    /// `evaluate` with another `train.seed` never tests on training samples.
+    #[serde(default)]
+    pub split_seed: u64,
     /// Carve this stratified fraction off the training half and evaluate on it instead of the
     /// test split (0: evaluate on the test split). Recipe choices made on it never see the
     /// test split, which is then left for the final number.
@@ -325,6 +331,9 @@ impl RunConfig {
         }
         if self.data.batch_size == 0 {
             return Err(Error::Config { field: "data.batch_size".into(), message: "must be at least 1".into() });
+        }
+        if self.data.max_len == 0 {
+            return Err(Error::Config { field: "data.max_len".into(), message: "must be at least 1 token".into() });
         }
         if !(0.0 < self.data.test_fraction && self.data.test_fraction < 1.0) {
             return Err(Error::Config {

@@ -51,6 +51,47 @@ pub struct DataInfo {
     /// export, so raw rows given to `predict` are scaled the same).
     #[serde(skip)]
     pub pixel_max: Option<u32>,
+    /// Text: the tokenizer's file and the ids it can give, checked against the model's tables
+    /// before training (an id past them would end the run at the first batch holding it).
+    #[serde(skip)]
+    pub tokenizer: Option<TokenizerIds>,
+}
+
+/// The ids a text run's tokenizer gives: every one below `vocab`, and `pad_type_id` as a
+/// token type.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenizerIds {
+    /// The `tokenizer.json` read.
+    pub file: String,
+    /// Its vocabulary, added tokens included.
+    pub vocab: usize,
+    /// The token type of padding.
+    pub pad_type_id: u32,
+}
+
+impl TokenizerIds {
+    /// Refuses a model whose token table (`vocab` rows) or token-type table (`types`) is
+    /// smaller than what this tokenizer gives.
+    fn fit(&self, model: &std::path::Path, vocab: usize, types: usize) -> Result<()> {
+        let refuse = |what: String| Error::Config {
+            field: "model.pretrained".into(),
+            message: format!("{}: {what}; expected the tokenizer made for this model", model.display()),
+        };
+        if self.vocab > vocab {
+            return Err(refuse(format!(
+                "{} gives token ids up to {}, the model's table holds {vocab}",
+                self.file,
+                self.vocab - 1
+            )));
+        }
+        if self.pad_type_id as usize >= types {
+            return Err(refuse(format!(
+                "{} pads with token type {}, the model's table holds {types}",
+                self.file, self.pad_type_id
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Loads the dataset of `config` and wraps it as a batch source whose training steps hold at
@@ -58,7 +99,7 @@ pub struct DataInfo {
 /// matters): an epoch's last batch that would be shorter joins the one before it.
 pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn BatchSource>, DataInfo)> {
     let d = &config.data;
-    let seed = config.train.seed;
+    let (seed, split_seed) = (config.train.seed, d.split_seed);
     let eval_bs = d.eval_batch_size.unwrap_or(d.batch_size);
     let dir = &d.dir;
     let info = |name: &str, labels: &[String], train: usize, test: usize| DataInfo {
@@ -71,20 +112,23 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
         labels: labels.to_vec(),
         chars: Vec::new(),
         pixel_max: None,
+        tokenizer: None,
     };
     match d.dataset {
         DatasetName::RottenTomatoes | DatasetName::ReutersR8 => {
             let split = match d.dataset {
-                DatasetName::RottenTomatoes => data::rotten_tomatoes(dir)?.split_stratified(d.test_fraction, seed)?,
+                DatasetName::RottenTomatoes => {
+                    data::rotten_tomatoes(dir)?.split_stratified(d.test_fraction, split_seed)?
+                }
                 _ => data::reuters_r8(dir)?,
             };
-            let split = hold_out_validation(split, d.validation_fraction, seed)?;
+            let split = hold_out_validation(split, d.validation_fraction, split_seed)?;
             let labels = split.train.class_names().to_vec();
             let name = split.train.name().to_string();
             let tokenizer_path = tokenizer_path(config)?;
             let tokenizer = TextTokenizer::from_file(&tokenizer_path, d.max_len)?;
-            let train = subset(split.train.samples().to_vec(), d.train_limit, seed);
-            let test = subset(split.test.samples().to_vec(), d.test_limit, seed ^ 1);
+            let train = subset(split.train.samples().to_vec(), d.train_limit, split_seed);
+            let test = subset(split.test.samples().to_vec(), d.test_limit, split_seed ^ 1);
             let (n_train, n_test) = (train.len(), test.len());
             let tokenizer = std::sync::Arc::new(tokenizer);
             let batch_tokenizer = tokenizer.clone();
@@ -101,19 +145,24 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
             if d.group_by_length {
                 source = source.group_by_length(|t| Ok(tokenizer.encode(&t.text)?.ids.len()))?;
             }
-            Ok((Box::new(source), info(&name, &labels, n_train, n_test)))
+            let ids = TokenizerIds {
+                file: tokenizer_path.display().to_string(),
+                vocab: tokenizer.vocab_size(),
+                pad_type_id: tokenizer.pad_type_id(),
+            };
+            Ok((Box::new(source), DataInfo { tokenizer: Some(ids), ..info(&name, &labels, n_train, n_test) }))
         }
         DatasetName::FashionMnist | DatasetName::Mnist5k | DatasetName::Digits => {
             let split = match d.dataset {
                 DatasetName::FashionMnist => data::fashion_mnist(dir)?,
-                DatasetName::Mnist5k => data::mnist5k(dir)?.split_stratified(d.test_fraction, seed)?,
-                _ => data::digits(dir)?.split_stratified(d.test_fraction, seed)?,
+                DatasetName::Mnist5k => data::mnist5k(dir)?.split_stratified(d.test_fraction, split_seed)?,
+                _ => data::digits(dir)?.split_stratified(d.test_fraction, split_seed)?,
             };
-            let split = hold_out_validation(split, d.validation_fraction, seed)?;
+            let split = hold_out_validation(split, d.validation_fraction, split_seed)?;
             let labels = split.train.class_names().to_vec();
             let name = split.train.name().to_string();
-            let train = subset(split.train.samples().to_vec(), d.train_limit, seed);
-            let test = subset(split.test.samples().to_vec(), d.test_limit, seed ^ 1);
+            let train = subset(split.train.samples().to_vec(), d.train_limit, split_seed);
+            let test = subset(split.test.samples().to_vec(), d.test_limit, split_seed ^ 1);
             let (n_train, n_test) = (train.len(), test.len());
             let make = Box::new(|s: &[&ImageSample], offset: u64| data::image_batch(s, offset));
             let source = SampleSource::new(train, test, seed, d.batch_size, eval_bs, make)?
@@ -124,8 +173,23 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
         }
         DatasetName::Hamlet => {
             let corpus = data::hamlet(dir)?;
-            let train = subset(corpus.train_sequences(d.max_len)?, d.train_limit, seed);
-            let test = subset(corpus.held_out_sequences(d.max_len)?, d.test_limit, seed ^ 1);
+            // Too short a part for one sequence is a setting to lower, named as such.
+            let part = |which: &str, tokens: usize, sequences: Result<Vec<data::LmSequence>>| {
+                sequences.map_err(|_| Error::Config {
+                    field: "data.max_len".into(),
+                    message: format!(
+                        "{} tokens per sequence, but the {which} of {} holds {tokens} characters; expected at \
+                         most {} (one sequence needs its tokens and the next one)",
+                        d.max_len,
+                        dir.join(data::HAMLET_FILE).display(),
+                        tokens.saturating_sub(1)
+                    ),
+                })
+            };
+            let train = part("training part", corpus.train.len(), corpus.train_sequences(d.max_len))?;
+            let test = part("held-out part", corpus.held_out.len(), corpus.held_out_sequences(d.max_len))?;
+            let train = subset(train, d.train_limit, split_seed);
+            let test = subset(test, d.test_limit, split_seed ^ 1);
             let (n_train, n_test) = (train.len(), test.len());
             let make = Box::new(|s: &[&LmSequence], offset: u64| data::lm_batch(s, offset));
             let source = SampleSource::new(train, test, seed, d.batch_size, eval_bs, make)?
@@ -180,6 +244,9 @@ pub fn build_model<D: Device>(
                     c.num_labels = info.classes;
                     if let Some(p) = m.pooling {
                         c.pooling = p;
+                    }
+                    if let Some(ids) = &info.tokenizer {
+                        ids.fit(dir, c.vocab_size, c.type_vocab_size)?;
                     }
                 }
                 ModelConfig::Vit(c) => c.num_labels = info.classes,

@@ -459,7 +459,7 @@ impl<D: Device> Trainer<D> {
         {
             return Err(bad(format!(
                 "taken over other training data (fingerprint {then:016x}, this run's {now:016x}): train.seed, \
-                 data.test_fraction, data.validation_fraction, data.train_limit, data.group_by_length or the \
+                 data.split_seed, data.test_fraction, data.validation_fraction, data.train_limit, data.group_by_length or the \
                  dataset changed since; resume with the settings the run began with, or start over with --fresh"
             )));
         }
