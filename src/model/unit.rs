@@ -78,6 +78,9 @@ pub struct UnitCost {
     /// Of those, the keys and values: under token slicing they live in the stage's key/value
     /// arena, which holds their gradients too.
     pub kv_bytes: usize,
+    /// The keys' and values' gradients under token slicing: the arena sums them in f32 (or the
+    /// activations' dtype where wider), so at bf16 they take twice `kv_bytes`.
+    pub kv_grad_bytes: usize,
     /// Bytes the device keeps beside the linear layers' weights for its products (not per
     /// sample; [`crate::device::Device::weight_pack_bytes`]), as when the unit trains above
     /// trainable units: for a frozen unit, or the first trainable one above frozen units (whose
@@ -367,6 +370,7 @@ impl<D: Device> Unit<D> {
             activation_bytes: saved * elem_bytes,
             score_bytes: score * elem_bytes,
             kv_bytes: kv * elem_bytes,
+            kv_grad_bytes: kv * elem_bytes.max(4),
             weight_pack_bytes,
         }
     }

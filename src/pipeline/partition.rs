@@ -207,6 +207,7 @@ mod tests {
             activation_bytes: 100,
             score_bytes: 0,
             kv_bytes: 0,
+            kv_grad_bytes: 0,
             trainable: true,
             weight_pack_bytes: 0,
         }
@@ -253,6 +254,7 @@ mod tests {
                     activation_bytes: rng.below(400) as usize,
                     score_bytes: 0,
                     kv_bytes: 0,
+                    kv_grad_bytes: 0,
                     trainable: rng.below(4) != 0,
                     weight_pack_bytes: rng.below(200) as usize,
                 })

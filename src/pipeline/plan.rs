@@ -362,6 +362,7 @@ mod tests {
                 activation_bytes: 1000,
                 score_bytes: 0,
                 kv_bytes: 0,
+                kv_grad_bytes: 0,
                 trainable: true,
                 weight_pack_bytes: 0,
             };

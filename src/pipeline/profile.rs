@@ -20,9 +20,12 @@ pub struct UnitProfile {
     /// Of those, the attention probabilities (what token slicing shrinks; [`UnitCost`]).
     #[serde(default)]
     pub score_bytes: usize,
-    /// Of those, the keys and values (under token slicing: the arena, with their gradients).
+    /// Of those, the keys and values (under token slicing: the arena).
     #[serde(default)]
     pub kv_bytes: usize,
+    /// The arena's gradients of the keys and values under token slicing ([`UnitCost`]).
+    #[serde(default)]
+    pub kv_grad_bytes: usize,
     /// Whether any parameter trains. A frozen unit runs forward only, keeps no activations and
     /// has no gradients or optimizer state.
     pub trainable: bool,
@@ -54,6 +57,7 @@ impl UnitProfile {
             activation_bytes: cost.activation_bytes * samples,
             score_bytes: cost.score_bytes * samples,
             kv_bytes: cost.kv_bytes * samples,
+            kv_grad_bytes: cost.kv_grad_bytes * samples,
             trainable,
             weight_pack_bytes: cost.weight_pack_bytes,
         }
@@ -68,6 +72,7 @@ impl UnitProfile {
             activation_bytes: (self.activation_bytes as f64 * factor).round() as usize,
             score_bytes: (self.score_bytes as f64 * factor).round() as usize,
             kv_bytes: (self.kv_bytes as f64 * factor).round() as usize,
+            kv_grad_bytes: (self.kv_grad_bytes as f64 * factor).round() as usize,
             ..*self
         }
     }
@@ -88,7 +93,7 @@ impl UnitProfile {
         }
         let scores = (self.score_bytes as f64 * kept / (whole * whole) as f64).round() as usize;
         UnitProfile {
-            activation_bytes: self.activation_bytes - self.score_bytes + scores + self.kv_bytes,
+            activation_bytes: self.activation_bytes - self.score_bytes + scores + self.kv_grad_bytes,
             score_bytes: scores,
             ..*self
         }
@@ -185,6 +190,7 @@ pub fn profile_units<D: Device>(
             activation_bytes: costs[i].activation_bytes * host.batch,
             score_bytes: costs[i].score_bytes * host.batch,
             kv_bytes: costs[i].kv_bytes * host.batch,
+            kv_grad_bytes: costs[i].kv_grad_bytes * host.batch,
             trainable: i >= trains,
             weight_pack_bytes: costs[i].weight_pack_bytes,
         })
@@ -214,5 +220,24 @@ mod tests {
         let flags: Vec<bool> =
             unit_profiles(&dev, &mut model, &micro, false).unwrap().iter().map(|p| p.trainable).collect();
         assert!(!flags[0] && flags[1..].iter().all(|&t| t), "{flags:?}");
+    }
+
+    /// Under token slicing a block's arena adds the keys' and values' gradients, summed in f32
+    /// whatever the activations' dtype: at bf16 (2 bytes) they take twice the keys and values.
+    #[test]
+    fn a_sliced_unit_counts_the_arena_gradients_in_f32() {
+        let dev = crate::device::CpuDevice::<f32>::new(0, 1).unwrap();
+        let model = Model::new(&dev, &crate::model::tiny::tiny_gpt(0.0), 1).unwrap();
+        let block = &model.units()[1];
+        for elem in [2, 4] {
+            let cost = block.cost(&dev, 8, elem);
+            assert!(cost.kv_bytes > 0 && cost.score_bytes > 0);
+            let whole = UnitProfile::analytic(&cost, 3, 1e9, true);
+            let sliced = whole.sliced(&[4, 4]);
+            // Slices of 4 keep 4·4 + 4·8 of the 8·8 scores.
+            let scores = (whole.score_bytes as f64 * 48.0 / 64.0).round() as usize;
+            let grads = 3 * cost.kv_bytes / elem * 4;
+            assert_eq!(sliced.activation_bytes, whole.activation_bytes - whole.score_bytes + scores + grads, "{elem}");
+        }
     }
 }

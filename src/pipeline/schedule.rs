@@ -217,10 +217,13 @@ impl Schedule {
             return bad("micro_batches", "a step needs at least one micro-batch; got 0".into());
         }
         if slices == 0 {
-            return bad("token_slices", "a micro-batch is at least one slice; got 0".into());
+            return bad("pipeline.token_slices", "a micro-batch is at least one slice; got 0".into());
         }
         if slices > 1 && matches!(kind, ScheduleKind::Interleaved | ScheduleKind::ZeroBubble) {
-            return bad("token_slices", format!("the {kind} schedule does not run token slices; use gpipe or 1f1b"));
+            return bad(
+                "pipeline.token_slices",
+                format!("the {kind} schedule does not run token slices; use gpipe or 1f1b"),
+            );
         }
         match (kind, chunks) {
             (ScheduleKind::Interleaved, c) if c < 2 => {

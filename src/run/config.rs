@@ -400,6 +400,12 @@ impl RunConfig {
                 message: format!("{}: expected seconds, finite and at least 0", self.output.progress_every),
             });
         }
+        if self.elastic.cache && self.pipeline.token_slices != TokenSlices::Off {
+            return Err(Error::Config {
+                field: "pipeline.token_slices".into(),
+                message: "the frozen-activation cache (elastic.cache) does not take token slices; turn one off".into(),
+            });
+        }
         self.pipeline.resolve()?;
         Ok(())
     }
@@ -549,6 +555,7 @@ dir = "runs/x"
             ("data.eval_batch_size=0", "data.eval_batch_size", "at least 1"),
             ("output.threads=1000000", "output.threads", "at most 4096"),
             ("pipeline.devices=1000000", "pipeline.devices", "at most 4096"),
+            ("data.max_len=0", "data.max_len", "at least 1 token"),
         ] {
             let overrides: Vec<String> = [set.to_string()]
                 .into_iter()
@@ -566,5 +573,9 @@ dir = "runs/x"
         let err = RunConfig::parse(&BASE.replace("batch_size = 32", "batch_size = -32"), "f.toml", &[]).unwrap_err();
         assert!(err.to_string().contains("data.batch_size"), "{err}");
         assert!(RunConfig::parse(BASE, "base", &["pipeline.micro_batches=32".into()]).is_ok());
+        // Refused where the config is read, so `plan` (which runs without a cache) refuses it too.
+        let both = ["elastic.cache=true".into(), "pipeline.token_slices=4".into()];
+        let err = RunConfig::parse(BASE, "base", &both).unwrap_err().to_string();
+        assert!(err.contains("pipeline.token_slices") && err.contains("elastic.cache"), "{err}");
     }
 }

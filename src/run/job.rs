@@ -328,7 +328,7 @@ fn planning_profiles<D: Device>(
 }
 
 /// The token slices `config` asks for, for sequences like `first`'s: checked against the model
-/// (a causal language model) and the rest of the run (no activation cache) before any work;
+/// (a causal language model; the config's own checks refuse an activation cache beside them);
 /// `auto` measures the model's layer on `dev` and runs TeraPipe's planner for `plan`'s
 /// pipeline and micro-batches (its plan returned beside the lengths).
 fn token_slices<D: Device>(
@@ -350,12 +350,6 @@ fn token_slices<D: Device>(
                 "token slicing needs a causal language model (GPT); this {:?} model attends in both directions or classifies whole sequences",
                 spec.family
             ),
-        ));
-    }
-    if config.elastic.cache {
-        return Err(config_error(
-            "pipeline.token_slices",
-            "the frozen-activation cache (elastic.cache) does not take token slices",
         ));
     }
     if *request != TokenSlices::Auto {

@@ -283,10 +283,13 @@ pub(crate) enum Constraint {
     MaxSlices(u32),
 }
 
-/// The inner problem: tables per micro-batch size, the number of stages, the constraint.
+/// The inner problem: tables per micro-batch size, the weight of the largest slice, the
+/// constraint.
 pub(crate) struct Problem {
     pub(crate) tables: Vec<Table>,
-    pub(crate) stages: usize,
+    /// The objective is `Σ t + lag · max t`: `K − 1`, or `(K − 1) / M` when `M` micro-batches
+    /// share the one slicing solved for (their step is `M` times this objective).
+    pub(crate) lag: f64,
     pub(crate) batch: usize,
     pub(crate) units: usize,
     pub(crate) constraint: Constraint,
@@ -336,7 +339,7 @@ impl Problem {
         // Micro-batches are independent (no context crosses them), so their order is not part
         // of the plan: sort them for a canonical form.
         micro.sort();
-        Outcome { step: sigma + (self.stages - 1) as f64 * max, max, count, micro }
+        Outcome { step: sigma + self.lag * max, max, count, micro }
     }
 
     fn map<T: Send>(&self, n: usize, f: impl Fn(usize) -> T + Sync + Send) -> Vec<T> {
@@ -366,7 +369,7 @@ impl Problem {
     }
 
     fn solve(&self, cap: f64, bound: f64, floor: f64, bound_only: bool) -> Eval {
-        let lag = (self.stages - 1) as f64;
+        let lag = self.lag;
         let plain: Vec<Option<Path>> = self.map(self.tables.len(), |bi| {
             let table = &self.tables[bi];
             if table.bottleneck > cap { None } else { min_sum(table, cap) }
@@ -420,7 +423,7 @@ impl Problem {
     /// splits; of the plans that fit, the least summed time is the bound and the best objective
     /// the plan.
     fn evaluate_squares(&self, cap: f64, budget: u64, bound: f64, floor: f64, least: &[f64]) -> Eval {
-        let (n, batch, lag) = (self.units as u64, self.batch, (self.stages - 1) as f64);
+        let (n, batch, lag) = (self.units as u64, self.batch, self.lag);
         let Some(dual) = self.dual(cap, budget) else {
             return Eval::NOTHING;
         };

@@ -181,13 +181,14 @@ impl LatencyModel {
             let on_grid = (1..=grid.max_batch).contains(&s.batch)
                 && s.len > 0
                 && s.len.is_multiple_of(grid.step)
+                && s.context.is_multiple_of(grid.step)
                 && s.len + s.context <= grid.max_len;
             if !on_grid {
                 return Err(config_error(
                     "terapipe.latency.samples",
                     format!(
                         "sample (batch {}, length {}, context {}) is off the grid: batch in 1..={}, length a positive \
-                         multiple of {} tokens, length + context at most {}",
+                         multiple of {} tokens and context a multiple of it, length + context at most {}",
                         s.batch, s.len, s.context, grid.max_batch, grid.step, grid.max_len
                     ),
                 ));
@@ -252,26 +253,6 @@ impl LatencyModel {
     ) -> Result<LatencyModel> {
         grid.validate()?;
         Ok(LatencyModel { grid, source: Source::Function(Arc::new(f)) })
-    }
-
-    /// The model of `copies` identical micro-batches sharing one slicing: a "batch" of `b`
-    /// copies costs `b` times one copy (they run one after another), so the planner's joint
-    /// batch × token search over `copies` sequences never merges them (a merged slice is no
-    /// cheaper and its cap is higher) and plans the slicing every micro-batch runs.
-    pub fn repeated(&self, copies: usize) -> Result<LatencyModel> {
-        if copies == 1 {
-            return Ok(self.clone());
-        }
-        if self.grid.max_batch != 1 {
-            return Err(config_error(
-                "terapipe.batch",
-                format!("repeating a model of {} sequences: expected a model of one micro-batch", self.grid.max_batch),
-            ));
-        }
-        let one = self.clone();
-        let grid = LatencyGrid { max_batch: copies, ..self.grid };
-        let step = grid.step;
-        LatencyModel::from_fn(grid, move |b, l, c| b as f64 * one.time_units(1, l / step, c / step))
     }
 
     /// The grid the model is defined on.
@@ -466,10 +447,11 @@ mod tests {
         let e = LatencyModel::from_samples(GRID, &s, CommModel::NONE).unwrap_err().to_string();
         assert!(e.contains("batch 2, length 40 tokens"), "{e}");
         // Off-grid samples are refused, not interpolated.
-        let off = [Sample { batch: 1, len: 12, context: 0, seconds: 1.0 }];
-        assert!(
-            LatencyModel::from_samples(GRID, &off, CommModel::NONE).unwrap_err().to_string().contains("off the grid")
-        );
+        for (len, context) in [(12, 0), (8, 4)] {
+            let off = [Sample { batch: 1, len, context, seconds: 1.0 }];
+            let e = LatencyModel::from_samples(GRID, &off, CommModel::NONE).unwrap_err().to_string();
+            assert!(e.contains("off the grid"), "{len} after {context}: {e}");
+        }
         // Too few context samples: the design is singular.
         let s: Vec<Sample> = samples(coefs, 0.0).into_iter().filter(|x| x.context == 0 || x.len == 8).collect();
         let e = LatencyModel::from_samples(GRID, &s[..s.len()], CommModel::NONE).unwrap_err().to_string();

@@ -70,6 +70,13 @@
 //!
 //! **Joint batch × token (A.3).** Each micro-batch gets its own slicing (without a GPipe limit,
 //! micro-batches of one size share the best one); `g[B'] = min_b g[B' − b] + f[b]`.
+//!
+//! **Shared slicing** ([`PlannerConfig::shared`], what the pipeline runtime runs): `M`
+//! micro-batches that all take one slicing. Their step is `M·Σ t + (K − 1)·max t`, which is `M`
+//! times one sequence's objective with the lag `(K − 1)/M`, and under GPipe each copy has `1/M`
+//! of the budget on `Σ l²`: the same exact search on one sequence's tables. (Under a GPipe limit
+//! the per-micro-batch optimum may trade memory between micro-batches, and the best slicing
+//! they can share is not one of its slicings.)
 
 use super::dp::{Constraint, Eval, Outcome, Problem, Table};
 use super::latency::LatencyModel;
@@ -109,6 +116,9 @@ pub struct PlannerConfig {
     pub search: Search,
     /// Evaluate candidates (and build tables) on the rayon pool. Same result either way.
     pub parallel: bool,
+    /// The `batch` is that many micro-batches of one sequence that all run one slicing (as the
+    /// pipeline runtime cuts them): the best such slicing, not the best per micro-batch.
+    pub shared: bool,
 }
 
 impl PlannerConfig {
@@ -125,6 +135,7 @@ impl PlannerConfig {
             epsilon: 0.0,
             search: Search::BranchAndBound,
             parallel: true,
+            shared: false,
         }
     }
 }
@@ -251,7 +262,7 @@ pub fn plan(latency: &LatencyModel, config: &PlannerConfig) -> Result<SlicingPla
             ),
         ));
     }
-    if batch == 0 || batch > grid.max_batch {
+    if batch == 0 || (batch > grid.max_batch && !config.shared) {
         return Err(config_error(
             "terapipe.batch",
             format!("{batch} sequences: expected 1..={} (the latency model's range)", grid.max_batch),
@@ -266,10 +277,18 @@ pub fn plan(latency: &LatencyModel, config: &PlannerConfig) -> Result<SlicingPla
     config.memory.validate()?;
     let units = len / grid.step;
     let (constraint, admit) = memory_constraint(config, grid.step, units)?;
+    // Shared: one sequence's problem. Its objective is the step over `M` copies divided by
+    // `M` (`Σ t + (K − 1)/M · max t`), and each copy has `1/M` of the GPipe budget.
+    let (copies, lag) = if config.shared { (batch, (k - 1) as f64 / batch as f64) } else { (1, (k - 1) as f64) };
+    let constraint = match constraint {
+        Constraint::Squares { budget } => Constraint::Squares { budget: budget / copies as u64 },
+        c => c,
+    };
+    let sizes = batch / copies;
 
     let build = |b: usize| Table::build(latency, b, units, &*admit, config.parallel);
-    let tables: Vec<Table> = (1..=batch).map(build).collect::<Result<_>>()?;
-    let problem = Problem { tables, stages: k, batch, units, constraint, parallel: config.parallel };
+    let tables: Vec<Table> = (1..=sizes).map(build).collect::<Result<_>>()?;
+    let problem = Problem { tables, lag, batch: sizes, units, constraint, parallel: config.parallel };
 
     // A plan without search, then the uncapped solve: the least summed time at all, and the
     // better of the two plans to prune with.
@@ -286,7 +305,7 @@ pub fn plan(latency: &LatencyModel, config: &PlannerConfig) -> Result<SlicingPla
         }
         (a, b) => a.or(b).ok_or_else(|| internal("terapipe planner", "no plan although the memory checks passed"))?,
     };
-    let lb = |s: f64, low: f64| s.max(low) + (k - 1) as f64 * low;
+    let lb = |s: f64, low: f64| s.max(low) + lag * low;
     let bottleneck = problem.tables.iter().map(|t| t.bottleneck).fold(f64::INFINITY, f64::min);
     let mut caps: Vec<f64> = problem
         .tables
@@ -311,15 +330,21 @@ pub fn plan(latency: &LatencyModel, config: &PlannerConfig) -> Result<SlicingPla
         return Err(config_error(
             "terapipe.memory_limit",
             format!(
-                "exact planning under a GPipe memory limit with a batch of {batch} sequences exceeds its work \
-                 limit (combining the micro-batches' memory/time trade-offs); plan with the 1F1B schedule (a \
-                 per-slice cap, cheap), a smaller batch, or no limit"
+                "exact planning under a GPipe memory limit for {batch} micro-batches (or sequences) exceeds its \
+                 work limit (combining their memory/time trade-offs); plan with the 1F1B schedule (a per-slice \
+                 cap, cheap), fewer micro-batches (pipeline.micro_batches), or no limit"
             ),
         ));
     }
     let best = search.best;
     let stats = SearchStats { candidates: caps.len(), evaluated: search.evaluated };
-    Ok(finish(best, config, grid.step, stats))
+    let mut planned = finish(best, config, grid.step, stats);
+    if copies > 1 {
+        planned.micro_batches = planned.micro_batches.iter().cycle().take(copies).cloned().collect();
+        planned.predicted_step_seconds = predict_step_seconds(latency, k, &planned.micro_batches)?;
+        planned.peak_memory_bytes = peak_memory_bytes(config, &planned.micro_batches);
+    }
+    Ok(planned)
 }
 
 /// The constraint the DP enforces and the slices it may use, after checking that some slicing
@@ -444,7 +469,7 @@ impl SearchState<'_> {
     /// Lower bound on any plan whose largest slice is at least `low`, when no plan under a cap
     /// at least that large sums to less than `s`.
     fn bound(&self, s: f64, low: f64) -> f64 {
-        s.max(low) + (self.problem.stages - 1) as f64 * low
+        s.max(low) + self.problem.lag * low
     }
 
     /// Level-synchronous bisection: every open range `[lo, hi)` knows `S*` at a cap above it;
@@ -489,10 +514,11 @@ impl SearchState<'_> {
         }
     }
 
-    /// The paper's search: ascending caps, stop at the first with `K·t > best`.
+    /// The paper's search: ascending caps, stop at the first with `K·t > best` (every plan
+    /// whose largest slice is `t` costs at least `t + (K − 1)·t`).
     fn scan(&mut self) {
         const BLOCK: usize = 64;
-        let k = self.problem.stages as f64;
+        let k = 1.0 + self.problem.lag;
         for start in (0..self.caps.len()).step_by(BLOCK) {
             let block: Vec<usize> = (start..(start + BLOCK).min(self.caps.len())).collect();
             if k * self.lows[block[0]] > self.best.step {

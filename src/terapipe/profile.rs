@@ -8,7 +8,7 @@
 
 use super::latency::{CommModel, LatencyGrid, LatencyModel, Sample};
 use super::memory::{MemoryModel, SliceSchedule};
-use super::planner::{MicroBatchSlicing, PlannerConfig, SlicingPlan, peak_memory_bytes, plan, predict_step_seconds};
+use super::planner::{PlannerConfig, SlicingPlan, plan};
 use crate::device::Device;
 use crate::error::{Error, Result, config_error};
 use crate::model::{Batch, HostBatch, KvArena, Model, Saved, Unit};
@@ -39,7 +39,7 @@ fn coarse_grid(seq: usize, step: usize, what: &str) -> crate::error::Error {
             seq.next_multiple_of(8)
         ),
     };
-    config_error("token_slices", format!("{why}; or give the slices (a count or lengths)"))
+    config_error("pipeline.token_slices", format!("{why}; or give the slices (a count or lengths)"))
 }
 
 /// One Transformer layer of a model (its first attention unit and the MLP unit after it) set
@@ -60,7 +60,7 @@ impl<D: Device> LayerProbe<D> {
             .units()
             .iter()
             .position(|u| matches!(u, Unit::Attention(_)))
-            .ok_or_else(|| config_error("token_slices", "the model has no attention layer to profile"))?;
+            .ok_or_else(|| config_error("pipeline.token_slices", "the model has no attention layer to profile"))?;
         let whole = micro.seq;
         let window = micro.token_slices(&if context + len < whole {
             vec![context + len, whole - context - len]
@@ -72,7 +72,7 @@ impl<D: Device> LayerProbe<D> {
         let (prefix, slice) = match parts.as_slice() {
             [p, s] => (Some(upload(p)?), upload(s)?),
             [s] => (None, upload(s)?),
-            _ => return Err(config_error("token_slices", "profiling cut a window into more than two parts")),
+            _ => return Err(config_error("pipeline.token_slices", "profiling cut a window into more than two parts")),
         };
         let mut rng = Rng::new(7);
         let input = (0..micro.batch * len * model.spec().hidden).map(|_| rng.uniform() as f32 - 0.5).collect();
@@ -110,7 +110,8 @@ impl<D: Device> LayerProbe<D> {
             let (_, attention, mlp) = self.forward(dev, model, &mut arena)?;
             let units = model.units_mut();
             let dmid = units[self.attention + 1].backward(dev, &self.slice, mlp, dy, true, None)?;
-            let dmid = dmid.ok_or_else(|| config_error("token_slices", "the MLP returned no input gradient"))?;
+            let dmid =
+                dmid.ok_or_else(|| config_error("pipeline.token_slices", "the MLP returned no input gradient"))?;
             units[self.attention].backward(dev, &self.slice, attention, dmid, true, Some(&mut arena))?;
             dev.synchronize()?;
             times.push(start.elapsed().as_secs_f64());
@@ -167,7 +168,8 @@ pub fn measure_latency<D: Device>(
 ) -> Result<LatencyModel> {
     let seq = micro.seq;
     let step = grid_step(seq);
-    let per_stage = model.spec().layers as f64 / stages.max(1) as f64;
+    // The slowest stage holds the most layers (12 layers on 8 stages: 2, not 1.5).
+    let per_stage = model.spec().layers.div_ceil(stages.max(1)) as f64;
     // The no-context table at every grid length; the context term from lengths short and
     // long at contexts across the sequence.
     let on_grid = |x: usize| (x / step).max(1) * step;
@@ -279,9 +281,8 @@ pub fn measure_memory<D: Device>(
 
 /// TeraPipe's slicing for `pipeline`'s micro-batches, each like `micro`: the layer's latency
 /// measured on `dev` and the stage's memory ([`measure_memory`]), then the planner's exact
-/// search over one slicing shared by the `M` micro-batches (the planner's batch is `M` copies
-/// of the micro-batch, each `b` copies costing `b` times one: merging them is never cheaper,
-/// so its plan is `M` micro-batches), under `pipeline.memory_limit` for its schedule.
+/// search over one slicing shared by the `M` micro-batches ([`PlannerConfig::shared`]: the
+/// runtime cuts every micro-batch alike), under `pipeline.memory_limit` for its schedule.
 pub fn plan_slices<D: Device>(
     dev: &D,
     model: &mut Model<D>,
@@ -299,10 +300,15 @@ pub fn plan_slices<D: Device>(
         }
     };
     let (k, m) = (pipeline.pipeline_len, pipeline.micro_batches.max(1));
-    let latency = measure_latency(dev, model, micro, k)?.repeated(m)?;
+    let latency = measure_latency(dev, model, micro, k)?;
     let memory = measure_memory(dev, model, micro, pipeline)?;
-    let config =
-        PlannerConfig { memory, memory_limit: pipeline.memory_limit, schedule, ..PlannerConfig::new(k, micro.seq, m) };
+    let config = PlannerConfig {
+        memory,
+        memory_limit: pipeline.memory_limit,
+        schedule,
+        shared: true,
+        ..PlannerConfig::new(k, micro.seq, m)
+    };
     // The limit is the pipeline's: name it as the user set it.
     let mut planned = plan(&latency, &config).map_err(|e| match e {
         Error::Config { field, message } if field == "terapipe.memory_limit" => {
@@ -310,39 +316,8 @@ pub fn plan_slices<D: Device>(
         }
         e => e,
     })?;
-    // The runtime cuts every micro-batch alike. Under a GPipe memory limit the planner may
-    // trade memory between micro-batches (one cut finer, another coarser); then every
-    // micro-batch takes the slicing that keeps the least (so the total stays within the
-    // limit), and the step and peak are those of that plan.
-    let kept = |m: &MicroBatchSlicing| {
-        let mut c = 0;
-        m.slices
-            .iter()
-            .map(|&l| {
-                c += l;
-                l * c
-            })
-            .sum::<usize>()
-    };
-    if planned.micro_batches.windows(2).any(|w| w[0] != w[1]) {
-        let least = planned.micro_batches.iter().min_by_key(|m| kept(m)).cloned().unwrap_or_default();
-        planned.micro_batches = vec![least; m];
-        planned.predicted_step_seconds = predict_step_seconds(&latency, k, &planned.micro_batches)?;
-        planned.peak_memory_bytes = peak_memory_bytes(&config, &planned.micro_batches);
-        planned.max_slice_seconds = max_slice_seconds(&latency, &planned.micro_batches[0])?;
-    }
     for m in &mut planned.micro_batches {
         m.samples *= micro.batch; // planner units (micro-batches) to sequences
     }
     Ok(planned)
-}
-
-/// The slowest slice of `micro` under `latency`.
-fn max_slice_seconds(latency: &LatencyModel, micro: &MicroBatchSlicing) -> Result<f64> {
-    let (mut c, mut most) = (0, 0.0f64);
-    for &l in &micro.slices {
-        most = most.max(latency.slice_time(micro.samples, l, c)?);
-        c += l;
-    }
-    Ok(most)
 }

@@ -25,7 +25,7 @@ const EXPECTED: &str = "expected `off`, `auto`, a number of slices, or lengths s
 impl FromStr for TokenSlices {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        let bad = |message: String| Err(config_error("token_slices", message));
+        let bad = |message: String| Err(config_error("pipeline.token_slices", message));
         match s.trim() {
             "" | "off" => Ok(TokenSlices::Off),
             "auto" => Ok(TokenSlices::Auto),
@@ -84,7 +84,7 @@ impl TokenSlices {
     /// The lengths this request means for sequences of `seq` tokens (empty: unsliced). `Auto`
     /// is the planner's to resolve and is an error here.
     pub fn lengths(&self, seq: usize) -> Result<Vec<usize>> {
-        let bad = |message: String| Err(config_error("token_slices", message));
+        let bad = |message: String| Err(config_error("pipeline.token_slices", message));
         match self {
             TokenSlices::Off | TokenSlices::Count(1) => Ok(Vec::new()),
             TokenSlices::Auto => {

@@ -468,3 +468,77 @@ fn a_length_without_a_fine_grid_says_so() {
     assert!(err.contains("the smallest, 37, leaves 1") && err.contains("such as 40"), "{err}");
     assert!(measure_latency(&dev, &mut model, &batch(36), 1).is_ok());
 }
+
+/// The optimum over slicings that all `M` micro-batches share, by enumeration: `M·Σ t +
+/// (K − 1)·max t` over one sequence's admitted slicings, the GPipe limit counting `M` copies.
+fn shared_brute_force(lat: &LatencyModel, config: &PlannerConfig) -> Option<f64> {
+    let (n, m) = (config.seq_len / STEP, config.batch as f64);
+    let fits = |bytes: f64| match (config.memory_limit, config.schedule) {
+        (Some(limit), SliceSchedule::Gpipe) => config.memory.fixed_bytes as f64 + m * bytes <= limit as f64,
+        _ => true,
+    };
+    options(lat, 1, n, config)
+        .into_iter()
+        .filter(|o| fits(o.2))
+        .map(|(sum, max, _)| m * sum + (config.stages - 1) as f64 * max)
+        .min_by(f64::total_cmp)
+}
+
+/// Micro-batches that share one slicing (what the runtime runs): the planner's shared mode
+/// against enumeration, with and without limits under both schedules. Under a GPipe limit the
+/// per-micro-batch optimum can trade memory between micro-batches; the best shared slicing is
+/// then none of its slicings (a review's case: 3 units, M = 2, K = 1).
+#[test]
+fn a_shared_slicing_matches_brute_force() {
+    // Time per (length, context) in units; two copies cost twice one.
+    let t = |l: usize, c: usize| match (l / STEP, c / STEP) {
+        (1, 0) => 0.5,
+        (2, 1) => 5.0,
+        _ => 1.0,
+    };
+    let lat = LatencyModel::from_fn(grid(3, 2), move |b, l, c| b as f64 * t(l, c)).unwrap();
+    let memory = MemoryModel { per_token_bytes: 0.0, per_score_bytes: 1.0, fixed_bytes: 0 };
+    // Σ over the two micro-batches of (L² + Σ l²)/2 bytes at most (2·24² + 64·12)/2.
+    let config = PlannerConfig { memory, memory_limit: Some(960), ..PlannerConfig::new(1, 3 * STEP, 2) };
+    let each = plan_checked(&lat, &config);
+    assert_eq!(each.predicted_step_seconds, 3.5, "one whole, one in three: {each}");
+    let shared = plan_checked(&lat, &PlannerConfig { shared: true, ..config.clone() });
+    assert_eq!(shared.predicted_step_seconds, 4.0, "{shared}");
+    assert!(shared.micro_batches.iter().all(|m| m.slices == [16, 8]), "{shared}");
+    for seed in 0..3 {
+        for (units, m, k) in [(5, 2, 2), (6, 3, 4), (7, 4, 1), (8, 2, 8), (4, 5, 3)] {
+            let lat = if seed % 2 == 0 {
+                structured_latency(seed + 40, units, 1)
+            } else {
+                random_latency(seed + 40, units, 1)
+            };
+            let mem = MemoryModel { per_token_bytes: 50.0, per_score_bytes: 3.0, fixed_bytes: 4096 };
+            let finest =
+                mem.fixed_bytes as f64 + m as f64 * (0..units).map(|j| mem.slice_bytes(1, STEP, j * STEP)).sum::<f64>();
+            let most = mem.fixed_bytes as f64 + m as f64 * mem.slice_bytes(1, units * STEP, 0);
+            for schedule in [SliceSchedule::Gpipe, SliceSchedule::OneFOneB] {
+                for limit in [None, Some(finest + 0.1 * (most - finest)), Some(finest + 0.5 * (most - finest))] {
+                    let config = PlannerConfig {
+                        memory: mem,
+                        memory_limit: limit.map(|l| l as usize),
+                        schedule,
+                        shared: true,
+                        ..PlannerConfig::new(k, units * STEP, m)
+                    };
+                    match (plan(&lat, &config), shared_brute_force(&lat, &config)) {
+                        (Ok(_), Some(want)) => {
+                            let p = plan_checked(&lat, &config);
+                            assert!(p.micro_batches.windows(2).all(|w| w[0] == w[1]), "{p}");
+                            assert!(
+                                close(p.predicted_step_seconds, want),
+                                "seed {seed} N {units} M {m} K {k} {schedule} {limit:?}: {p}, brute {want}"
+                            );
+                        }
+                        (Err(e), None) => assert!(e.to_string().contains("no slicing meets"), "{e}"),
+                        (got, want) => panic!("planner {got:?}, brute force {want:?}"),
+                    }
+                }
+            }
+        }
+    }
+}
