@@ -36,8 +36,8 @@ enum Family {
 /// Where a command runs (`--device`, `--precision`).
 #[derive(clap::Args, Clone, Copy)]
 struct DeviceArgs {
-    /// Backend: auto (cuda when a GPU is present, else cpu), cpu, cuda, or cuda-emu (the CUDA
-    /// kernels emulated on the host: slow, for checking).
+    /// Backend: auto (cuda when the driver sees as many GPUs as the run's devices, else cpu),
+    /// cpu, cuda, or cuda-emu (the CUDA kernels emulated on the host: slow, for checking).
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     device: DeviceKind,
     /// f32 (the default; for `train` the config's `output.precision`), bf16, or auto (bf16
@@ -454,6 +454,15 @@ fn main() -> Result<()> {
                 None => (0, config.output.threads),
             };
             let run = TrainRun { resume, fresh, trace: trace.as_deref(), process };
+            let (asked, gpus) = (device.device, pipetransformer::device::cuda::device_count());
+            let device = DeviceArgs { device: asked.resolve_for(first + count), ..device };
+            if asked == DeviceKind::Auto && device.device == DeviceKind::Cpu && gpus > 0 {
+                eprintln!(
+                    "--device auto: the run needs {} GPUs and the driver sees {gpus}; running on cpu \
+                     (--device cuda --devices {gpus} to run on the GPUs)",
+                    first + count
+                );
+            }
             let precision = device.precision(config.output.precision, first)?;
             match pipetransformer::run::open_devices_at(device.device, first, count, threads, precision)? {
                 AnyDevices::Cpu(devs) => train(devs, config, &run),

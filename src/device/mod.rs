@@ -369,8 +369,15 @@ pub enum DeviceKind {
 impl DeviceKind {
     /// `Auto` resolved against this machine.
     pub fn resolve(self) -> DeviceKind {
+        self.resolve_for(1)
+    }
+
+    /// `Auto` resolved for a run on GPUs `0..needed`: cuda when the driver sees that many,
+    /// else cpu (the main job's two devices on a one-GPU machine run on the CPU instead of
+    /// failing to open the second GPU).
+    pub fn resolve_for(self, needed: usize) -> DeviceKind {
         match self {
-            DeviceKind::Auto if cuda::available() => DeviceKind::Cuda,
+            DeviceKind::Auto if cuda::device_count() >= needed.max(1) => DeviceKind::Cuda,
             DeviceKind::Auto => DeviceKind::Cpu,
             k => k,
         }
@@ -494,6 +501,21 @@ impl AnyDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `auto` runs on cuda only when the driver sees every GPU the run needs; a named kind
+    /// stays what it is.
+    #[test]
+    fn auto_takes_the_gpus_only_when_there_are_enough() {
+        let gpus = cuda::device_count();
+        for needed in [1, 2, 8] {
+            let want = if gpus >= needed { DeviceKind::Cuda } else { DeviceKind::Cpu };
+            assert_eq!(DeviceKind::Auto.resolve_for(needed), want, "{needed} of {gpus}");
+            for named in [DeviceKind::Cpu, DeviceKind::Cuda, DeviceKind::CudaEmu] {
+                assert_eq!(named.resolve_for(needed), named);
+            }
+        }
+        assert_eq!(DeviceKind::Auto.resolve_for(gpus + 1), DeviceKind::Cpu);
+    }
 
     /// `auto` is bf16 exactly where the CPU has the bf16 micro-kernel, f32 on the emulator; the
     /// two explicit choices are taken as they are.

@@ -296,8 +296,13 @@ impl RunConfig {
         let file: toml::Table = text
             .parse()
             .map_err(|e: toml::de::Error| Error::Config { field: origin.into(), message: e.to_string() })?;
-        let convert = |t: &toml::Table| -> std::result::Result<RunConfig, toml::de::Error> {
-            toml::Value::Table(t.clone()).try_into()
+        let convert = |t: &toml::Table| -> std::result::Result<RunConfig, String> {
+            let config: RunConfig =
+                toml::Value::Table(t.clone()).try_into().map_err(|e: toml::de::Error| e.to_string())?;
+            match config.unknown_key(t) {
+                Some(key) => Err(format!("unknown key `{key}`: no setting has that name")),
+                None => Ok(config),
+            }
         };
         let mut table = file.clone();
         for o in overrides {
@@ -316,10 +321,30 @@ impl RunConfig {
                     }
                 }
             }
-            Error::Config { field, message: e.to_string().trim_end().to_string() }
+            Error::Config { field, message: e.trim_end().to_string() }
         })?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// A key of `given` (the table this config was read from) that no setting took. The
+    /// sections deny unknown keys themselves; the model's architecture and the optimizer cannot
+    /// (their types also read Hugging Face files, and are tagged enums), so their tables are
+    /// compared with what they read back as: a misspelt key there would silently keep its
+    /// default.
+    fn unknown_key(&self, given: &toml::Table) -> Option<String> {
+        let read_back = |v: Option<toml::Value>| match v {
+            Some(toml::Value::Table(t)) => t,
+            _ => toml::Table::new(),
+        };
+        let sections = [
+            ("model", "config", read_back(self.model.config.as_ref().and_then(|c| toml::Value::try_from(c).ok()))),
+            ("train", "optimizer", read_back(toml::Value::try_from(self.train.optimizer).ok())),
+        ];
+        sections.into_iter().find_map(|(section, key, known)| {
+            let table = given.get(section)?.get(key)?.as_table()?;
+            table.keys().find(|k| !known.contains_key(*k)).map(|k| format!("{section}.{key}.{k}"))
+        })
     }
 
     fn validate(&self) -> Result<()> {
@@ -573,6 +598,25 @@ dir = "runs/x"
         let err = RunConfig::parse(&BASE.replace("batch_size = 32", "batch_size = -32"), "f.toml", &[]).unwrap_err();
         assert!(err.to_string().contains("data.batch_size"), "{err}");
         assert!(RunConfig::parse(BASE, "base", &["pipeline.micro_batches=32".into()]).is_ok());
+        // A misspelt key inside the model's architecture or the optimizer is refused by its
+        // path, not dropped for the default.
+        let gpt = BASE.replace(
+            "pretrained = \"weights/all-minilm-l6-v2\"",
+            "config = { family = \"gpt\", vocab_size = 0, n_positions = 16, n_embd = 8, n_layer = 1, n_head = 2 }",
+        );
+        assert!(RunConfig::parse(&gpt, "gpt.toml", &[]).is_ok());
+        for (text, set, key) in [
+            (gpt.replace("n_head = 2", "n_head = 2, embd_dropout = 0.1"), None, "model.config.embd_dropout"),
+            (
+                BASE.to_string(),
+                Some("train.optimizer={ kind = \"adamw\", weight_deacy = 0.1 }"),
+                "train.optimizer.weight_deacy",
+            ),
+        ] {
+            let overrides: Vec<String> = set.into_iter().map(String::from).collect();
+            let err = RunConfig::parse(&text, "f.toml", &overrides).unwrap_err().to_string();
+            assert!(err.contains(&format!("unknown key `{key}`")), "{err}");
+        }
         // Refused where the config is read, so `plan` (which runs without a cache) refuses it too.
         let both = ["elastic.cache=true".into(), "pipeline.token_slices=4".into()];
         let err = RunConfig::parse(BASE, "base", &both).unwrap_err().to_string();
