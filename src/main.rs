@@ -40,7 +40,7 @@ struct DeviceArgs {
     /// cpu, cuda, or cuda-emu (the CUDA kernels emulated on the host: slow, for checking).
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     device: DeviceKind,
-    /// f32 (the default; for `train` the config's `output.precision`), bf16, or auto (bf16
+    /// f32 (the default; for `train`, and `evaluate --config`, the config's `output.precision`), bf16, or auto (bf16
     /// where the hardware multiplies bf16 natively: a CPU with avx512_bf16, a GPU of compute
     /// capability 8.0 or later; else f32). bf16 means on the GPU backends bf16 activations with
     /// f32 master weights; on cpu bf16 operands in the linear layers' products (f32
@@ -73,7 +73,8 @@ struct PipelineArgs {
     #[arg(long)]
     chunks: Option<usize>,
     /// Partition by each unit's measured forward and backward time on the device instead of
-    /// its FLOP count (always on with AutoPipe).
+    /// its FLOP count (always on with AutoPipe). Sets `pipeline.profile = true` (the flag
+    /// cannot unset it).
     #[arg(long)]
     profile: bool,
     /// TeraPipe (causal language models): cut every sequence into token slices that flow
@@ -90,7 +91,8 @@ struct PipelineArgs {
     /// processes make rows of --pipeline-len stages, each row a replica: process p runs stage
     /// p % K of replica p / K (the process count a multiple of K); each builds and holds its own
     /// stage's weights only, so --memory-limit applies per stage. Without it, every process
-    /// holds a whole pipeline and trains its share of each batch.
+    /// holds a whole pipeline and trains its share of each batch. Sets
+    /// `pipeline.across_processes = true` (the flag cannot unset it).
     #[arg(long)]
     across_processes: bool,
 }
@@ -129,11 +131,12 @@ struct ElasticArgs {
     freed_devices: Option<FreedDevices>,
     /// Cache the frozen layers' output per sample so later epochs skip them (on only where
     /// reading is measured to be cheaper than the forward). Frozen layers run without dropout,
-    /// deterministically, so a cached value is exactly what the forward would give (f32).
+    /// deterministically, so a cached value is exactly what the forward would give (in the
+    /// activations' dtype, unless `elastic.cache_dtype` says bf16).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     cache: Option<bool>,
-    /// Host-memory bytes of the cache before it spills to disk.
-    #[arg(long)]
+    /// Host memory the cache may hold before it spills to disk, e.g. `4GiB` or a byte count.
+    #[arg(long, value_parser = parse_bytes)]
     cache_bytes: Option<usize>,
     /// Directory of the cache's spill file (default: the run's output directory, `cache/`).
     #[arg(long)]
@@ -375,8 +378,10 @@ enum Command {
         device: DeviceArgs,
     },
     /// Time training steps (forward, backward, AdamW) of the MiniLM-shaped encoder — 6 layers,
-    /// hidden 384, 12 heads, MLP 1536 — in f32 on the CPU, and compare the achieved rate with
-    /// the machine's large-GEMM rate measured in the same run.
+    /// hidden 384, 12 heads, MLP 1536 — on --device at --precision, and compare the achieved
+    /// rate with the machine's large-GEMM rate measured in the same run. On cpu without
+    /// --precision it times f32 and bf16, and PyTorch's f32 and bf16-autocast steps when
+    /// PT_PYTHON (default python3) has torch.
     BenchStep {
         /// Timed steps.
         #[arg(long, default_value_t = 5)]
