@@ -147,12 +147,15 @@ pub fn profile_units<D: Device>(
         dev.synchronize()?;
         Ok(t.elapsed().as_secs_f64())
     };
+    // As a step runs them: frozen units forward only, saving nothing; the first trainable
+    // unit not asked for its input gradient.
+    let trains = model.frozen_prefix();
     for rep in 0..=repeats.max(1) {
         let mut x = None;
         let mut saved = Vec::with_capacity(n);
         for (i, unit) in model.units().iter().enumerate() {
             let start = std::time::Instant::now();
-            let (y, s) = unit.forward(dev, &batch, x.take(), true, None)?;
+            let (y, s) = unit.forward(dev, &batch, x.take(), i >= trains, None)?;
             let t = since(start)?;
             saved.push(s);
             x = Some(y);
@@ -163,9 +166,9 @@ pub fn profile_units<D: Device>(
         let logits = x.ok_or_else(|| internal("profile", "empty model"))?;
         let loss = model.loss(dev, &batch, &logits, Some(1.0))?;
         let mut dy = loss.dlogits.ok_or_else(|| internal("profile", "no gradient"))?;
-        for (i, (unit, s)) in model.units_mut().iter_mut().zip(saved).enumerate().rev() {
+        for (i, (unit, s)) in model.units_mut().iter_mut().zip(saved).enumerate().rev().take(n - trains) {
             let start = std::time::Instant::now();
-            let dx = unit.backward(dev, &batch, s, dy, i > 0, None)?;
+            let dx = unit.backward(dev, &batch, s, dy, i > trains, None)?;
             let t = since(start)?;
             if rep > 0 {
                 bwd[i].push(t);
@@ -181,7 +184,6 @@ pub fn profile_units<D: Device>(
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).copied().unwrap_or(0.0)
     };
-    let trains = model.frozen_prefix();
     Ok((0..n)
         .map(|i| UnitProfile {
             forward: median(&mut fwd[i]),
@@ -217,9 +219,11 @@ mod tests {
             targets: (1..15).map(|t| t % 5).collect(),
             ..Default::default()
         };
-        let flags: Vec<bool> =
-            unit_profiles(&dev, &mut model, &micro, false).unwrap().iter().map(|p| p.trainable).collect();
-        assert!(!flags[0] && flags[1..].iter().all(|&t| t), "{flags:?}");
+        for measure in [false, true] {
+            let flags: Vec<bool> =
+                unit_profiles(&dev, &mut model, &micro, measure).unwrap().iter().map(|p| p.trainable).collect();
+            assert!(!flags[0] && flags[1..].iter().all(|&t| t), "{flags:?}");
+        }
     }
 
     /// Under token slicing a block's arena adds the keys' and values' gradients, summed in f32
