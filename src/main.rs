@@ -380,8 +380,8 @@ enum Command {
     /// Time training steps (forward, backward, AdamW) of the MiniLM-shaped encoder — 6 layers,
     /// hidden 384, 12 heads, MLP 1536 — on --device at --precision, and compare the achieved
     /// rate with the machine's large-GEMM rate measured in the same run. On cpu without
-    /// --precision it times f32 and bf16, and PyTorch's f32 and bf16-autocast steps when
-    /// PT_PYTHON (default python3) has torch.
+    /// --precision it times f32 and bf16; on cpu it also times PyTorch's f32 and bf16-autocast
+    /// steps when PT_PYTHON (default python3; `none` skips them) has torch.
     BenchStep {
         /// Timed steps.
         #[arg(long, default_value_t = 5)]
@@ -458,16 +458,18 @@ fn main() -> Result<()> {
                 Some(p) => p.node_share(count, config.output.threads, cores),
                 None => (0, config.output.threads),
             };
-            let run = TrainRun { resume, fresh, trace: trace.as_deref(), process };
+            // Resolved for the whole node, so that every process of a launched run picks the
+            // same backend.
             let (asked, gpus) = (device.device, pipetransformer::device::cuda::device_count());
-            let device = DeviceArgs { device: asked.resolve_for(first + count), ..device };
+            let needed = process.as_ref().map_or(count, |p| p.local_world.saturating_mul(count));
+            let device = DeviceArgs { device: asked.resolve_for(needed), ..device };
             if asked == DeviceKind::Auto && device.device == DeviceKind::Cpu && gpus > 0 {
                 eprintln!(
-                    "--device auto: the run needs {} GPUs and the driver sees {gpus}; running on cpu \
-                     (--device cuda --devices {gpus} to run on the GPUs)",
-                    first + count
+                    "--device auto: the run needs {needed} GPUs and the driver sees {gpus}; running on cpu \
+                     (--device cuda --devices {gpus} --pipeline-len 1 runs on the GPUs as replicas)"
                 );
             }
+            let run = TrainRun { resume, fresh, trace: trace.as_deref(), process };
             let precision = device.precision(config.output.precision, first)?;
             match pipetransformer::run::open_devices_at(device.device, first, count, threads, precision)? {
                 AnyDevices::Cpu(devs) => train(devs, config, &run),

@@ -493,7 +493,7 @@ fn an_epoch_whose_last_batch_is_shorter_than_the_replicas_trains_every_sample() 
     assert_eq!(samples, [8, 8, 8, 9, 8, 8, 8, 9], "{out}");
 }
 
-/// Resuming with another seed (another split and order over as many batches) is refused by
+/// Resuming with another seed (another order over as many batches) is refused by
 /// name, and the checkpoint is kept; with the run's own settings it resumes.
 #[test]
 fn resuming_over_other_training_data_is_refused() {

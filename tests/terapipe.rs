@@ -247,7 +247,6 @@ fn predicted_bubble_counts_slices() {
         params: 10,
         activation_bytes: 100,
         score_bytes: 0,
-        kv_bytes: 0,
         kv_grad_bytes: 0,
         trainable: true,
         weight_pack_bytes: 0,

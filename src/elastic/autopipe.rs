@@ -215,7 +215,6 @@ mod tests {
                     params: 10,
                     activation_bytes: 100 * samples,
                     score_bytes: 0,
-                    kv_bytes: 0,
                     kv_grad_bytes: 0,
                     trainable: i >= frozen,
                     weight_pack_bytes: 0,

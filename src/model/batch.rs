@@ -186,7 +186,7 @@ impl HostBatch {
     /// batches of unpadded sequences can be sliced (a classifier's loss needs the whole
     /// sequence; a padding mask would have to cover the context as well).
     pub fn token_slices(&self, lengths: &[usize]) -> Result<Vec<HostBatch>> {
-        let bad = |message: String| Err(crate::error::config_error("token_slices", message));
+        let bad = |message: String| Err(crate::error::config_error("pipeline.token_slices", message));
         let total: usize = lengths.iter().sum();
         if lengths.is_empty() || lengths.contains(&0) {
             return bad(format!("{lengths:?} has a zero-length slice (or none); every slice needs at least one token"));

@@ -9,6 +9,13 @@ use crate::device::Device;
 use crate::error::{Result, internal};
 use crate::ops::rows::RowCopy;
 
+/// Bytes of one element of the arena's gradients, for activations of `activation_bytes`: f32
+/// on every device (each later slice adds its piece, and a bf16 sum would round at every add
+/// where the unsliced backward rounds once), or the activations' dtype where wider.
+pub fn grad_elem_bytes(activation_bytes: usize) -> usize {
+    activation_bytes.max(4)
+}
+
 /// Keys or values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kv {
@@ -81,8 +88,7 @@ impl<D: Device> KvArena<D> {
     pub fn add_grad(&mut self, dev: &D, which: Kv, g: &D::Buf) -> Result<()> {
         if self.grad.is_none() {
             let n = self.batch * self.seq * self.width;
-            // In f32 on every device: each later slice adds its piece, and a bf16 sum would
-            // round at every add where the unsliced backward rounds once.
+            // In f32 (`grad_elem_bytes`).
             let zeros = || -> Result<D::Buf> {
                 let mut g = dev.alloc_stats(n)?;
                 dev.fill(&mut g, 0.0)?;

@@ -75,11 +75,9 @@ pub struct UnitCost {
     /// Of those, the attention probabilities (`heads × seq × seq`): the part token slicing
     /// shrinks (TeraPipe keeps `l × (c + l)` per slice).
     pub score_bytes: usize,
-    /// Of those, the keys and values: under token slicing they live in the stage's key/value
-    /// arena, which holds their gradients too.
-    pub kv_bytes: usize,
-    /// The keys' and values' gradients under token slicing: the arena sums them in f32 (or the
-    /// activations' dtype where wider), so at bf16 they take twice `kv_bytes`.
+    /// What token slicing adds: the keys' and values' gradients, which the stage's key/value
+    /// arena sums ([`kv_arena::grad_elem_bytes`](super::kv_arena::grad_elem_bytes) each: at
+    /// bf16 twice the keys and values themselves).
     pub kv_grad_bytes: usize,
     /// Bytes the device keeps beside the linear layers' weights for its products (not per
     /// sample; [`crate::device::Device::weight_pack_bytes`]), as when the unit trains above
@@ -369,8 +367,7 @@ impl<D: Device> Unit<D> {
             backward_flops: bwd,
             activation_bytes: saved * elem_bytes,
             score_bytes: score * elem_bytes,
-            kv_bytes: kv * elem_bytes,
-            kv_grad_bytes: kv * elem_bytes.max(4),
+            kv_grad_bytes: kv * super::kv_arena::grad_elem_bytes(elem_bytes),
             weight_pack_bytes,
         }
     }

@@ -361,7 +361,6 @@ mod tests {
                 params: 100,
                 activation_bytes: 1000,
                 score_bytes: 0,
-                kv_bytes: 0,
                 kv_grad_bytes: 0,
                 trainable: true,
                 weight_pack_bytes: 0,

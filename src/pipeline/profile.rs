@@ -20,10 +20,7 @@ pub struct UnitProfile {
     /// Of those, the attention probabilities (what token slicing shrinks; [`UnitCost`]).
     #[serde(default)]
     pub score_bytes: usize,
-    /// Of those, the keys and values (under token slicing: the arena).
-    #[serde(default)]
-    pub kv_bytes: usize,
-    /// The arena's gradients of the keys and values under token slicing ([`UnitCost`]).
+    /// The key/value arena's gradients under token slicing ([`UnitCost`]).
     #[serde(default)]
     pub kv_grad_bytes: usize,
     /// Whether any parameter trains. A frozen unit runs forward only, keeps no activations and
@@ -56,7 +53,6 @@ impl UnitProfile {
             params: cost.params,
             activation_bytes: cost.activation_bytes * samples,
             score_bytes: cost.score_bytes * samples,
-            kv_bytes: cost.kv_bytes * samples,
             kv_grad_bytes: cost.kv_grad_bytes * samples,
             trainable,
             weight_pack_bytes: cost.weight_pack_bytes,
@@ -71,7 +67,6 @@ impl UnitProfile {
             backward: self.backward * factor,
             activation_bytes: (self.activation_bytes as f64 * factor).round() as usize,
             score_bytes: (self.score_bytes as f64 * factor).round() as usize,
-            kv_bytes: (self.kv_bytes as f64 * factor).round() as usize,
             kv_grad_bytes: (self.kv_grad_bytes as f64 * factor).round() as usize,
             ..*self
         }
@@ -191,7 +186,6 @@ pub fn profile_units<D: Device>(
             params: costs[i].params,
             activation_bytes: costs[i].activation_bytes * host.batch,
             score_bytes: costs[i].score_bytes * host.batch,
-            kv_bytes: costs[i].kv_bytes * host.batch,
             kv_grad_bytes: costs[i].kv_grad_bytes * host.batch,
             trainable: i >= trains,
             weight_pack_bytes: costs[i].weight_pack_bytes,
@@ -235,12 +229,13 @@ mod tests {
         let block = &model.units()[1];
         for elem in [2, 4] {
             let cost = block.cost(&dev, 8, elem);
-            assert!(cost.kv_bytes > 0 && cost.score_bytes > 0);
+            assert!(cost.score_bytes > 0);
             let whole = UnitProfile::analytic(&cost, 3, 1e9, true);
             let sliced = whole.sliced(&[4, 4]);
-            // Slices of 4 keep 4·4 + 4·8 of the 8·8 scores.
+            // Slices of 4 keep 4·4 + 4·8 of the 8·8 scores; 3 samples' keys and values, 8 ×
+            // hidden each, have f32 gradients.
             let scores = (whole.score_bytes as f64 * 48.0 / 64.0).round() as usize;
-            let grads = 3 * cost.kv_bytes / elem * 4;
+            let grads = 3 * 2 * 8 * model.spec().hidden * 4;
             assert_eq!(sliced.activation_bytes, whole.activation_bytes - whole.score_bytes + scores + grads, "{elem}");
         }
     }

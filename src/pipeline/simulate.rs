@@ -242,7 +242,6 @@ mod tests {
             params: 10,
             activation_bytes: 100,
             score_bytes: 0,
-            kv_bytes: 0,
             kv_grad_bytes: 0,
             trainable,
             weight_pack_bytes: 0,

@@ -30,5 +30,5 @@ pub use memory::{MemoryModel, SliceSchedule};
 pub use planner::{
     MicroBatchSlicing, PlannerConfig, Search, SearchStats, SlicingPlan, peak_memory_bytes, plan, predict_step_seconds,
 };
-pub use profile::{measure_latency, measure_memory, plan_slices};
+pub use profile::{measure_latency, measure_memory, plan_slices, shared_slicing};
 pub use slices::{TokenSlices, uniform};

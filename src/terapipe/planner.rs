@@ -74,7 +74,8 @@
 //! **Shared slicing** ([`PlannerConfig::shared`], what the pipeline runtime runs): `M`
 //! micro-batches that all take one slicing. Their step is `M·Σ t + (K − 1)·max t`, which is `M`
 //! times one sequence's objective with the lag `(K − 1)/M`, and under GPipe each copy has `1/M`
-//! of the budget on `Σ l²`: the same exact search on one sequence's tables. (Under a GPipe limit
+//! of the budget on `Σ l²`: the same exact search on one sequence's tables, every `K − 1` above
+//! (the bounds, the scan's `K·t` stop) read as that lag. (Under a GPipe limit
 //! the per-micro-batch optimum may trade memory between micro-batches, and the best slicing
 //! they can share is not one of its slicings.)
 
@@ -330,9 +331,9 @@ pub fn plan(latency: &LatencyModel, config: &PlannerConfig) -> Result<SlicingPla
         return Err(config_error(
             "terapipe.memory_limit",
             format!(
-                "exact planning under a GPipe memory limit for {batch} micro-batches (or sequences) exceeds its \
-                 work limit (combining their memory/time trade-offs); plan with the 1F1B schedule (a per-slice \
-                 cap, cheap), fewer micro-batches (pipeline.micro_batches), or no limit"
+                "exact planning under a GPipe memory limit with a batch of {batch} sequences exceeds its work \
+                 limit (combining the micro-batches' memory/time trade-offs); plan with the 1F1B schedule (a \
+                 per-slice cap, cheap), a smaller batch (terapipe.batch), or no limit"
             ),
         ));
     }
@@ -515,7 +516,8 @@ impl SearchState<'_> {
     }
 
     /// The paper's search: ascending caps, stop at the first with `K·t > best` (every plan
-    /// whose largest slice is `t` costs at least `t + (K − 1)·t`).
+    /// whose largest slice is `t` costs at least `t + lag·t`: `K·t` unless the slicing is
+    /// shared, whose lag is `(K − 1)/M`).
     fn scan(&mut self) {
         const BLOCK: usize = 64;
         let k = 1.0 + self.problem.lag;

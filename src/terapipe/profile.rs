@@ -158,6 +158,12 @@ fn transfer_seconds<D: Device>(dev: &D, tokens: usize, width: usize) -> Result<f
     Ok(times[times.len() / 2])
 }
 
+/// The layers of the largest of `stages` stages (12 layers on 8 stages: 2, not 1.5): the
+/// slowest stage, and the one holding the most.
+fn stage_layers<D: Device>(model: &Model<D>, stages: usize) -> usize {
+    model.spec().layers.div_ceil(stages.max(1))
+}
+
 /// The latency model of one stage of a `stages`-long pipeline of `model` on `dev`, for
 /// micro-batches like `micro` (the planner's batch unit is the whole micro-batch).
 pub fn measure_latency<D: Device>(
@@ -168,8 +174,7 @@ pub fn measure_latency<D: Device>(
 ) -> Result<LatencyModel> {
     let seq = micro.seq;
     let step = grid_step(seq);
-    // The slowest stage holds the most layers (12 layers on 8 stages: 2, not 1.5).
-    let per_stage = model.spec().layers.div_ceil(stages.max(1)) as f64;
+    let per_stage = stage_layers(model, stages) as f64;
     // The no-context table at every grid length; the context term from lengths short and
     // long at contexts across the sequence.
     let on_grid = |x: usize| (x / step).max(1) * step;
@@ -245,7 +250,7 @@ pub fn measure_memory<D: Device>(
     let per_token = alone / l - l * per_score;
 
     let k = pipeline.pipeline_len.max(1);
-    let layers = model.spec().layers.div_ceil(k);
+    let layers = stage_layers(model, k);
     let costs = model.costs(dev, seq);
     let is_layer = |u: &Unit<D>| matches!(u, Unit::Attention(_) | Unit::Mlp(_));
     let units = model.units();
@@ -271,7 +276,7 @@ pub fn measure_memory<D: Device>(
     };
     // Keys and values in the activations' dtype, their gradients' sums in f32 (or wider).
     let act = dev.activation_dtype().bytes();
-    let arena_bytes = 2 * (act + act.max(4)) * b * seq * model.spec().hidden;
+    let arena_bytes = 2 * (act + crate::model::kv_arena::grad_elem_bytes(act)) * b * seq * model.spec().hidden;
     Ok(MemoryModel {
         per_token_bytes: per_token * bytes * layers as f64 + end_tokens,
         per_score_bytes: per_score * bytes * layers as f64,
@@ -289,6 +294,20 @@ pub fn plan_slices<D: Device>(
     micro: &HostBatch,
     pipeline: &PipelineConfig,
 ) -> Result<SlicingPlan> {
+    let latency = measure_latency(dev, model, micro, pipeline.pipeline_len)?;
+    let memory = measure_memory(dev, model, micro, pipeline)?;
+    shared_slicing(&latency, memory, micro.seq, micro.batch, pipeline)
+}
+
+/// [`plan_slices`] from the measured models: the best slicing `pipeline`'s micro-batches (of
+/// `samples` sequences of `seq` tokens each; one planner unit) can share.
+pub fn shared_slicing(
+    latency: &LatencyModel,
+    memory: MemoryModel,
+    seq: usize,
+    samples: usize,
+    pipeline: &PipelineConfig,
+) -> Result<SlicingPlan> {
     let schedule = match pipeline.schedule {
         ScheduleKind::Gpipe => SliceSchedule::Gpipe,
         ScheduleKind::OneFOneB => SliceSchedule::OneFOneB,
@@ -300,24 +319,22 @@ pub fn plan_slices<D: Device>(
         }
     };
     let (k, m) = (pipeline.pipeline_len, pipeline.micro_batches.max(1));
-    let latency = measure_latency(dev, model, micro, k)?;
-    let memory = measure_memory(dev, model, micro, pipeline)?;
     let config = PlannerConfig {
         memory,
         memory_limit: pipeline.memory_limit,
         schedule,
         shared: true,
-        ..PlannerConfig::new(k, micro.seq, m)
+        ..PlannerConfig::new(k, seq, m)
     };
     // The limit is the pipeline's: name it as the user set it.
-    let mut planned = plan(&latency, &config).map_err(|e| match e {
+    let mut planned = plan(latency, &config).map_err(|e| match e {
         Error::Config { field, message } if field == "terapipe.memory_limit" => {
             Error::Config { field: "pipeline.memory_limit".into(), message }
         }
         e => e,
     })?;
     for m in &mut planned.micro_batches {
-        m.samples *= micro.batch; // planner units (micro-batches) to sequences
+        m.samples *= samples; // planner units (micro-batches) to sequences
     }
     Ok(planned)
 }

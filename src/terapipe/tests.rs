@@ -505,6 +505,17 @@ fn a_shared_slicing_matches_brute_force() {
     let shared = plan_checked(&lat, &PlannerConfig { shared: true, ..config.clone() });
     assert_eq!(shared.predicted_step_seconds, 4.0, "{shared}");
     assert!(shared.micro_batches.iter().all(|m| m.slices == [16, 8]), "{shared}");
+    // What the runtime is given (`plan_slices` after measuring): the shared plan, in sequences.
+    let pipeline = crate::pipeline::PipelineConfig {
+        pipeline_len: 1,
+        micro_batches: 2,
+        schedule: crate::pipeline::ScheduleKind::Gpipe,
+        memory_limit: Some(960),
+        ..Default::default()
+    };
+    let run = shared_slicing(&lat, memory, 3 * STEP, 5, &pipeline).unwrap();
+    assert_eq!(run.predicted_step_seconds, 4.0, "{run}");
+    assert!(run.micro_batches.iter().all(|m| m.slices == [16, 8] && m.samples == 5), "{run}");
     for seed in 0..3 {
         for (units, m, k) in [(5, 2, 2), (6, 3, 4), (7, 4, 1), (8, 2, 8), (4, 5, 3)] {
             let lat = if seed % 2 == 0 {

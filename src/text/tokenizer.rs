@@ -179,10 +179,11 @@ impl TextTokenizer {
         self.pad_type_id
     }
 
-    /// Vocabulary size, added tokens included (30522 for MiniLM); the model's embedding
-    /// table must have at least this many rows.
+    /// The rows a model's embedding table needs for every id this tokenizer gives: its largest
+    /// id, added tokens included, plus one (30522 for MiniLM). Not the count of tokens, which
+    /// is smaller when ids have gaps.
     pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
+        self.inner.get_vocab(true).values().max().map_or(0, |&id| id as usize + 1)
     }
 
     /// Id of a token string such as `[CLS]`, if the vocabulary has it.

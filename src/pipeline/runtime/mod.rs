@@ -832,7 +832,11 @@ impl<D: Device> Pipeline<D> {
         }
         let slicing = &self.plan.config.token_slices;
         if slicing.len() > 1 && options.capture_frozen_output {
-            return Err(config_error("token_slices", "the frozen-activation cache does not take token slices"));
+            // The run's config refuses the two together; a library caller may still ask.
+            return Err(config_error(
+                "pipeline.token_slices",
+                "the frozen-activation cache (elastic.cache) does not take token slices; turn one off",
+            ));
         }
         // Per replica, per micro-batch, its token slices (the micro-batch itself when unsliced).
         let micro: Vec<Vec<Vec<HostBatch>>> = host
