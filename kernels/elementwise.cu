@@ -67,12 +67,14 @@ static __device__ __forceinline__ float tanh_form_e(float x) {
     return expf(-fmaxf(two_u, -80.0f));
 }
 static __device__ __forceinline__ float gelu_tanh(float x) { return x / (1.0f + tanh_form_e(x)); }
-// The exact derivative of gelu_tanh: σ + 2x·u'·e·σ².
+// The exact derivative of gelu_tanh: σ + 2x·u'·(e·σ)·σ, with e·σ = 1 − σ ≤ 1 formed first
+// (2x·u'·e alone overflows from about x = −31).
 static __device__ __forceinline__ float gelu_tanh_grad(float x) {
     const float e = tanh_form_e(x);
     const float du = SQRT_2_OVER_PI * (1.0f + (3.0f * TANH_CUBIC) * (x * x));
     const float s = 1.0f / (1.0f + e);
-    return s + 2.0f * x * du * e * s * s;
+    const float es = e * s;
+    return s + 2.0f * x * du * es * s;
 }
 
 // TANH_FORM selects the formula at compile time, so each kernel's loop is branch-free.

@@ -133,12 +133,15 @@ fn gelu_tanh<T: Float>(x: T) -> T {
 }
 
 /// The exact derivative of [`gelu_tanh`] (not of the erf form it approximates):
-/// `σ + x·σ(1 − σ)·2u' = σ + 2x·u'·e·σ²`, `σ = σ(2u) = 1/(1 + e)`.
+/// `σ + x·σ(1 − σ)·2u' = σ + 2x·u'·(e·σ)·σ`, `σ = σ(2u) = 1/(1 + e)`. `e·σ = 1 − σ` is formed
+/// first: it is at most 1, where `2x·u'·e` alone overflows f32 from about `x = −31` (−∞, or NaN
+/// times a zero gradient, where the answer is −0).
 #[inline(always)]
 fn gelu_tanh_grad<T: Float>(x: T) -> T {
     let (e, du) = tanh_form_parts(x);
     let s = T::ONE / (T::ONE + e);
-    s + T::from_f64(2.0) * x * du * e * s * s
+    let es = e * s;
+    s + T::from_f64(2.0) * x * du * es * s
 }
 
 /// `out[i] = f(inp[i])` in parallel chunks. `f` is a generic parameter, so each GELU form gets
@@ -218,6 +221,23 @@ mod tests {
             gelu_backward(&mut dinp, &x, &r, kind).unwrap();
             let numeric = numeric_gradient(&mut x, FD_STEP, |x| dot(&forward(x, kind), &r));
             assert_grad(&format!("gelu {kind:?} dinp"), &dinp, &numeric);
+        }
+    }
+
+    /// Far out on both sides the f32 gradient is finite: −0 and 1 within rounding (the tanh
+    /// form's `2x·u'·e` alone overflowed to −∞ from about x = −31, NaN with a zero gradient).
+    #[test]
+    fn f32_gradients_stay_finite_far_out() {
+        let x = [-1e4f32, -100.0, -40.0, -31.0, 31.0, 40.0, 1e4];
+        for kind in KINDS {
+            for g in [1.0f32, 0.0] {
+                let mut dinp = vec![0.0f32; x.len()];
+                gelu_backward(&mut dinp, &x, &[g; 7], kind).unwrap();
+                for (&xi, &d) in x.iter().zip(&dinp) {
+                    let want = if xi > 0.0 { g } else { 0.0 };
+                    assert!((d - want).abs() <= 1e-6, "gelu {kind:?} at {xi}, gradient {g}: {d}");
+                }
+            }
         }
     }
 

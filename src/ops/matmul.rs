@@ -28,10 +28,29 @@ impl<'a, T> MatRef<'a, T> {
     pub fn t(self) -> Self {
         Self { data: self.data, row_stride: self.col_stride, col_stride: self.row_stride }
     }
-    /// Index one past the last element a `rows × cols` view touches (0 for an empty view).
-    pub(crate) fn extent(&self, rows: usize, cols: usize) -> usize {
-        if rows == 0 || cols == 0 { 0 } else { (rows - 1) * self.row_stride + (cols - 1) * self.col_stride + 1 }
+    /// Whether a `rows × cols` view stays inside its slice: the index one past the last
+    /// element it touches, computed without wrapping (a stride near `usize::MAX` must not wrap
+    /// to a small extent that passes), is at most the slice's length.
+    pub(crate) fn fits(&self, rows: usize, cols: usize) -> bool {
+        if rows == 0 || cols == 0 {
+            return true;
+        }
+        let last = (rows - 1)
+            .checked_mul(self.row_stride)
+            .and_then(|r| (cols - 1).checked_mul(self.col_stride).and_then(|c| r.checked_add(c)));
+        last.is_some_and(|last| last < self.data.len())
     }
+}
+
+/// Checks that C (`m × n`, row-major with row stride `ldc`) fits its buffer of `len` and that
+/// its rows do not overlap (threads would write the same elements). `what` names the caller.
+pub(crate) fn check_c(what: &str, len: usize, ldc: usize, m: usize, n: usize) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let extent = (m - 1).checked_mul(ldc).and_then(|r| r.checked_add(n));
+    assert!(extent.is_some_and(|e| e <= len), "{what}: C view exceeds its buffer");
+    assert!(m <= 1 || ldc >= n, "{what}: C rows overlap (row stride {ldc} < {n} columns)");
 }
 
 /// Below this many multiply-adds a product runs on the calling thread: spawning costs more.
@@ -74,10 +93,9 @@ pub fn matmul_with<T: Float>(
     accumulate: bool,
     par: Parallelism,
 ) {
-    let c_extent = if m == 0 || n == 0 { 0 } else { (m - 1) * c_row_stride + n };
-    assert!(c_extent <= c.len(), "matmul: C view exceeds its buffer");
-    assert!(a.extent(m, k) <= a.data.len(), "matmul: A view exceeds its buffer");
-    assert!(b.extent(k, n) <= b.data.len(), "matmul: B view exceeds its buffer");
+    check_c("matmul", c.len(), c_row_stride, m, n);
+    assert!(a.fits(m, k), "matmul: A view exceeds its buffer");
+    assert!(b.fits(k, n), "matmul: B view exceeds its buffer");
     if m == 0 || n == 0 {
         return;
     }
@@ -136,6 +154,24 @@ pub fn matmul_reference<T: Float>(a: MatRef<T>, b: MatRef<T>, m: usize, n: usize
 mod tests {
     use super::*;
     use crate::testing::{Rng, rel_err};
+
+    /// A stride so large that `(rows − 1)·stride` wraps to a small number is refused, not
+    /// handed to gemm (which would read far outside the slice).
+    #[test]
+    #[should_panic(expected = "matmul: A view exceeds its buffer")]
+    fn a_wrapping_stride_is_refused() {
+        let (a, b, mut c) = (vec![1.0f32; 4], vec![1.0f32; 4], vec![0.0f32; 4]);
+        let wrapping = MatRef { data: &a, row_stride: 1 << (usize::BITS - 1), col_stride: 1 };
+        matmul(&mut c, 1, wrapping, MatRef::rows(&b, 1), 3, 1, 1, false);
+    }
+
+    /// C rows that overlap would have threads write the same elements.
+    #[test]
+    #[should_panic(expected = "matmul: C rows overlap")]
+    fn overlapping_c_rows_are_refused() {
+        let (a, b, mut c) = (vec![1.0f32; 4], vec![1.0f32; 8], vec![0.0f32; 8]);
+        matmul(&mut c, 2, MatRef::rows(&a, 1), MatRef::rows(&b, 4), 2, 4, 1, false);
+    }
 
     /// gemm against the triple loop, every transpose combination, odd sizes, both dtypes.
     /// Tolerance: 1e-12 relative in f64, 1e-5 in f32 (k ≤ 300 terms of rounding).

@@ -35,10 +35,13 @@ impl VectorLevel {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::is_x86_feature_detected as has;
-            if has!("avx512f") && has!("avx512dq") && has!("avx512bw") && has!("avx512vl") {
+            // The AVX-512 copy is compiled with AVX2 and FMA too (a VM may hide those while
+            // exposing AVX-512): all must be there.
+            let avx2 = has!("avx2") && has!("fma");
+            if avx2 && has!("avx512f") && has!("avx512dq") && has!("avx512bw") && has!("avx512vl") {
                 return VectorLevel::Avx512;
             }
-            if has!("avx2") && has!("fma") {
+            if avx2 {
                 return VectorLevel::Avx2;
             }
         }
