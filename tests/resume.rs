@@ -175,6 +175,37 @@ fn checkpoint_of_another_optimizer_is_refused_unchanged() {
     std::fs::remove_file(&path).unwrap();
 }
 
+/// A checkpoint of another model is refused by name before anything changes: one with a
+/// parameter this model lacks (the pooler of a `cls_pooler` BERT resumed with mean pooling,
+/// which was silently dropped), and, where the caller records the model's configuration, one
+/// taken under another (the activation, which no parameter's shape shows).
+#[test]
+fn checkpoint_of_another_model_is_refused_by_the_field() {
+    use pipetransformer::model::{ModelConfig, Pooling};
+    let pooler = common::tiny_bert(Pooling::ClsPooler, 0.0);
+    let path = tmp("model");
+    trainer(&pooler).save_checkpoint(&path, serde_json::Value::Null).unwrap();
+    let mut mean = trainer(&common::tiny_bert(Pooling::Mean, 0.0));
+    let err = mean.load_checkpoint(&path).unwrap_err().to_string();
+    assert!(err.contains("holds parameter `pooler.dense.bias`, which this model lacks"), "{err}");
+    assert_eq!(mean.position.step, 0);
+
+    let ModelConfig::Bert(gelu) = pooler.clone() else { unreachable!() };
+    let tanh = ModelConfig::Bert(pipetransformer::model::BertConfig { hidden_act: "gelu_new".into(), ..gelu });
+    let mut saved = trainer(&pooler);
+    saved.model_config = Some(serde_json::to_value(&pooler).unwrap());
+    saved.save_checkpoint(&path, serde_json::Value::Null).unwrap();
+    let mut other = trainer(&tanh);
+    other.model_config = Some(serde_json::to_value(&tanh).unwrap());
+    let err = other.load_checkpoint(&path).unwrap_err().to_string();
+    assert!(err.contains("`hidden_act` = \"gelu\", this run's is \"gelu_new\""), "{err}");
+    // The same model resumes.
+    let mut same = trainer(&pooler);
+    same.model_config = Some(serde_json::to_value(&pooler).unwrap());
+    same.load_checkpoint(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+}
+
 #[test]
 fn failed_run_keeps_the_good_checkpoint() {
     let config = common::tiny_gpt(0.0);

@@ -562,6 +562,7 @@ impl<D: Device> Job<D> {
         let mut trainer = Trainer::new(pipeline, config.train.clone(), source.batches_per_epoch(), per_sample)?;
         trainer.data_fingerprint = source.fingerprint();
         trainer.batch_size = Some(config.data.batch_size);
+        trainer.model_config = serde_json::to_value(&model_config).ok();
         let positions = match spec.input {
             InputSpec::Image { image_size, patch, .. } => (image_size / patch).pow(2) + 1,
             InputSpec::Tokens { .. } => config.data.max_len,

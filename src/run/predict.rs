@@ -71,13 +71,17 @@ impl<D: Device> Predictor<D> {
         Self::load_from(dev, dir, |model, dev, export| {
             let file = weights::load_safetensors(&export.weights)?;
             let report = weights::load_into_model(model, dev, &file, &LoadOptions::default())?;
-            if !report.missing.is_empty() {
+            let (lack, extra) = (&report.missing, &report.unexpected);
+            if !lack.is_empty() || !extra.is_empty() {
+                let said = if lack.is_empty() { "hold" } else { "lack" };
+                let which = if lack.is_empty() { extra } else { lack };
                 return Err(config_error(
                     "model",
                     format!(
-                        "{}: the weights lack {} (damaged or not an export of this engine)",
+                        "{}: the weights {said} {} that config.json does not describe (damaged, or not an \
+                         export of this engine)",
                         dir.display(),
-                        report.missing.join(", ")
+                        which.join(", ")
                     ),
                 ));
             }
@@ -562,6 +566,34 @@ fn draw(logits: &[f32], sampling: &Sampling, rng: &mut Rng) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An export whose config.json describes less than its weights hold (one layer of two)
+    /// is refused, naming the tensors, instead of answering with a model that is not the one
+    /// trained.
+    #[test]
+    fn an_export_whose_weights_and_config_disagree_is_refused() {
+        let dev = crate::device::CpuDevice::<f32>::new(0, 1).unwrap();
+        let config = crate::model::tiny::tiny_gpt(0.0);
+        let model = Model::new(&dev, &config, 1).unwrap();
+        let dir = std::env::temp_dir().join(format!("pt-predict-disagree-{}", std::process::id()));
+        let chars: Vec<char> = "abcdefghijklmnopq".chars().collect();
+        let extras = weights::ExportExtras {
+            labels: &[],
+            tokenizer_dir: None,
+            chars: &chars,
+            max_seq_length: None,
+            pixel_max: None,
+        };
+        weights::export_model(&model, &dev, &config, &extras, &dir).unwrap();
+        assert!(Predictor::load(crate::device::CpuDevice::<f32>::new(0, 1).unwrap(), &dir).is_ok());
+        let path = dir.join("config.json");
+        let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        json["n_layer"] = 1.into();
+        std::fs::write(&path, json.to_string()).unwrap();
+        let err = Predictor::load(dev, &dir).err().unwrap().to_string();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(err.contains("the weights hold") && err.contains("transformer.h.1."), "{err}");
+    }
 
     #[test]
     fn sampling_keeps_to_the_top_k_and_is_greedy_at_temperature_zero() {

@@ -86,6 +86,10 @@ pub struct Trainer<D: Device> {
     /// it, and a resume under another is refused (the same count of batches per epoch would
     /// name other samples).
     pub batch_size: Option<usize>,
+    /// The model's configuration as its caller describes it (a run: its `ModelConfig`, the
+    /// head sized for the data): checkpoints record it, and a resume under another (another
+    /// pooling, activation or size) is refused by the field that differs.
+    pub model_config: Option<serde_json::Value>,
     batches_per_epoch: usize,
     /// Samples and seconds of this epoch's steps in this process (for its throughput).
     epoch_work: (usize, f64),
@@ -140,6 +144,7 @@ impl<D: Device> Trainer<D> {
             profiles,
             trace: None,
             data_fingerprint: None,
+            model_config: None,
             batch_size: None,
             batches_per_epoch,
             epoch_work: (0, 0.0),
@@ -406,6 +411,7 @@ impl<D: Device> Trainer<D> {
             "batches_per_epoch": self.batches_per_epoch,
             "data_fingerprint": self.data_fingerprint,
             "batch_size": self.batch_size,
+            "model": self.model_config,
             "optimizer": opt,
             "controller": extra,
         });
@@ -463,6 +469,18 @@ impl<D: Device> Trainer<D> {
                  dataset changed since; resume with the settings the run began with, or start over with --fresh"
             )));
         }
+        if let (Some(then), Some(now)) =
+            (field("model").as_object(), self.model_config.as_ref().and_then(|m| m.as_object()))
+            && let Some(key) = then.keys().chain(now.keys()).find(|k| then.get(*k) != now.get(*k))
+        {
+            let show = |v: Option<&serde_json::Value>| v.map_or_else(|| "unset".to_string(), |v| v.to_string());
+            return Err(bad(format!(
+                "taken with the model's `{key}` = {}, this run's is {}: the model (model.*) changed since; \
+                 resume with the settings the run began with, or start over with --fresh",
+                show(then.get(key)),
+                show(now.get(key))
+            )));
+        }
         let frozen: usize =
             serde_json::from_value(field("frozen_prefix")).map_err(|e| bad(format!("frozen_prefix: {e}")))?;
         let mut opt: OptimizerState =
@@ -501,6 +519,14 @@ impl<D: Device> Trainer<D> {
                 }
                 None => return Err(bad(format!("parameter `{name}` is missing"))),
             }
+        }
+        // What the checkpoint holds beyond this model's parameters is a model it was not taken
+        // of (a pooler this model lacks): refused, not dropped.
+        if let Some(extra) = by_name.keys().filter_map(|k| k.strip_prefix(PARAM)).min() {
+            return Err(bad(format!(
+                "holds parameter `{extra}`, which this model lacks: the model (model.*) changed since; resume \
+                 with the settings the run began with, or start over with --fresh"
+            )));
         }
         for ps in &mut opt.params {
             let ParamState { name, buffers, .. } = ps;

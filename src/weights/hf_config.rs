@@ -62,9 +62,17 @@ pub fn read_hf_config(path: impl AsRef<Path>, family_hint: Option<Family>) -> Re
 pub fn parse_hf_config(text: &str, origin: &str, family_hint: Option<Family>) -> Result<ModelConfig> {
     let value: Value = serde_json::from_str(text)
         .map_err(|e| config_error("config.json", format!("{origin}: not valid JSON: {e}")))?;
-    if !value.is_object() {
+    let Value::Object(mut value) = value else {
         return Err(config_error("config.json", format!("{origin}: expected a JSON object")));
+    };
+    // `transformers`' own `save_pretrained` writes `id2label` and leaves `num_labels` out: the
+    // class count is then the map's.
+    if !value.contains_key("num_labels")
+        && let Some(n) = value.get("id2label").and_then(Value::as_object).map(|m| m.len())
+    {
+        value.insert("num_labels".into(), n.into());
     }
+    let value = Value::Object(value);
     let from_type = match value.get("model_type").and_then(Value::as_str) {
         Some(t) => Some(family_of_model_type(t, origin)?),
         None => None,
@@ -104,6 +112,14 @@ pub fn parse_hf_config(text: &str, origin: &str, family_hint: Option<Family>) ->
         Family::Vit => ModelConfig::Vit(deserialize(value, origin, "vit")?),
         Family::Gpt => {
             check_gpt2_attention(&value, origin)?;
+            // Our GPT's head is its token embedding; an untied `lm_head` would be read as
+            // the embedding and exported without its own values.
+            if value.get("tie_word_embeddings").and_then(Value::as_bool) == Some(false) {
+                return Err(config_error(
+                    "gpt.tie_word_embeddings",
+                    format!("{origin}: `false` is not supported; expected the head tied to the token embedding"),
+                ));
+            }
             ModelConfig::Gpt(deserialize(value, origin, "gpt")?)
         }
     };
@@ -162,6 +178,12 @@ pub fn hf_config_json(config: &ModelConfig, labels: &[String]) -> Result<Value> 
     let Value::Object(m) = &mut fields else {
         return Err(config_error("config", "did not serialise to a JSON object"));
     };
+    // The tanh form under the name `transformers` knows it by (it has no `gelu_tanh`).
+    for key in ["hidden_act", "activation_function"] {
+        if m.get(key).and_then(Value::as_str) == Some("gelu_tanh") {
+            m.insert(key.into(), "gelu_new".into());
+        }
+    }
     m.insert("model_type".into(), model_type.into());
     m.insert("architectures".into(), serde_json::json!([hf_architecture(config)]));
     m.insert("torch_dtype".into(), "float32".into());
@@ -212,6 +234,7 @@ fn label_maps(config: &ModelConfig, labels: &[String]) -> Result<(Value, Value)>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{BertConfig, GptConfig};
 
     const MINILM: &str = r#"{
       "_name_or_path": "nreimers/MiniLM-L6-H384-uncased", "architectures": ["BertModel"],
@@ -228,6 +251,31 @@ mod tests {
         assert_eq!((c.intermediate_size, c.vocab_size, c.type_vocab_size), (1536, 30522, 2));
         assert_eq!(c.layer_norm_eps, 1e-12);
         assert_eq!(c.hidden_act, "gelu");
+    }
+
+    /// What `transformers` writes or reads differently: `save_pretrained` leaves out
+    /// `num_labels` beside `id2label`; it knows the tanh GELU as `gelu_new`, not `gelu_tanh`;
+    /// an untied GPT-2 head is refused (ours is the token embedding).
+    #[test]
+    fn configs_as_transformers_writes_and_reads_them() {
+        let saved = MINILM.replace(
+            r#""vocab_size": 30522 }"#,
+            r#""vocab_size": 30522, "id2label": {"0": "a", "1": "b", "2": "c"} }"#,
+        );
+        let ModelConfig::Bert(c) = parse_hf_config(&saved, "c", None).unwrap() else { panic!("not bert") };
+        assert_eq!(c.num_labels, 3);
+        let tanh = ModelConfig::Bert(BertConfig { hidden_act: "gelu_tanh".into(), ..c });
+        let json = hf_config_json(&tanh, &[]).unwrap();
+        assert_eq!(json["hidden_act"], "gelu_new");
+        let ModelConfig::Gpt(g) = crate::model::tiny::tiny_gpt(0.0) else { unreachable!() };
+        let gpt =
+            hf_config_json(&ModelConfig::Gpt(GptConfig { activation_function: "gelu_tanh".into(), ..g }), &[]).unwrap();
+        assert_eq!(gpt["activation_function"], "gelu_new");
+        let mut untied = gpt.clone();
+        untied["tie_word_embeddings"] = false.into();
+        let err = parse_hf_config(&untied.to_string(), "c", None).unwrap_err().to_string();
+        assert!(err.contains("gpt.tie_word_embeddings"), "{err}");
+        assert!(parse_hf_config(&gpt.to_string(), "c", None).is_ok());
     }
 
     #[test]

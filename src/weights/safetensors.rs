@@ -147,6 +147,16 @@ pub fn load_safetensors(path: impl AsRef<Path>) -> Result<TensorFile> {
         n.copy_from_slice(&map[..8]);
         let n = u64::from_le_bytes(n);
         let avail = map.len() as u64 - 8;
+        // The `safetensors` library's own bound: no real header comes near it, and a hostile
+        // one must not make us parse gigabytes of JSON.
+        const MOST_HEADER: u64 = 100_000_000;
+        if n > MOST_HEADER {
+            return Err(weights_error(
+                path,
+                None,
+                format!("header length {n} bytes; expected at most {MOST_HEADER} (the safetensors format's bound)"),
+            ));
+        }
         if n > avail {
             return Err(weights_error(
                 path,
@@ -181,7 +191,32 @@ pub fn load_safetensors(path: impl AsRef<Path>) -> Result<TensorFile> {
     }
     // The header is a JSON object, so its order is not meaningful; keep the data order, which
     // is the order writers emit and the one a reader streams best.
-    tensors.sort_by_key(|t| (t.data.start, t.name.clone()));
+    tensors.sort_by_key(|t| (t.data.start, t.data.end, t.name.clone()));
+    // As the `safetensors` library requires: the tensors tile the data section exactly. An
+    // overlap would make two parameters alias the same bytes; a gap or a tail holds bytes no
+    // tensor names.
+    let mut at = 0;
+    for t in &tensors {
+        if t.data.start != at {
+            let what = if t.data.start < at { "overlaps the tensor before it" } else { "leaves a gap before it" };
+            return Err(weights_error(
+                path,
+                Some(&t.name),
+                format!(
+                    "data_offsets [{}, {}) {what} (which ends at {at}); expected tensors that tile the data section",
+                    t.data.start, t.data.end
+                ),
+            ));
+        }
+        at = t.data.end;
+    }
+    if at != data_len {
+        return Err(weights_error(
+            path,
+            None,
+            format!("the tensors end at byte {at} of a {data_len}-byte data section; expected them to cover it"),
+        ));
+    }
     Ok(TensorFile { path: path.to_path_buf(), map, data_start, tensors, metadata })
 }
 
@@ -313,6 +348,12 @@ pub fn write_safetensors(out: &mut impl Write, tensors: &[TensorRef<'_>]) -> std
     header.insert("__metadata__".into(), serde_json::json!({ "format": "pt" }));
     let mut offset = 0usize;
     for t in tensors {
+        if header.contains_key(t.name) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("tensor `{}` is named twice; expected distinct names", t.name),
+            ));
+        }
         let n: usize = t.shape.iter().product();
         if n != t.values.len() {
             return Err(std::io::Error::new(
@@ -404,6 +445,33 @@ mod tests {
         assert_eq!(i.dtype, Dtype::Other("I64".into(), Some(64)));
         let e = f.read_f32(i).unwrap_err().to_string();
         assert!(e.contains("`i`") && e.contains("I64") && e.contains("expected F32"), "{e}");
+    }
+
+    #[test]
+    fn tensors_that_do_not_tile_the_data_are_refused() {
+        let file = |name: &str, header: &str, data: usize| {
+            let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+            bytes.extend_from_slice(header.as_bytes());
+            bytes.extend(vec![0; data]);
+            load_safetensors(temp_file(name, &bytes)).err().map(|e| e.to_string()).unwrap_or_default()
+        };
+        let two = |b: &str| {
+            format!(
+                r#"{{"a":{{"dtype":"F32","shape":[2],"data_offsets":[0,8]}},"b":{{"dtype":"F32","shape":[1],"data_offsets":{b}}}}}"#
+            )
+        };
+        let e = file("overlap.safetensors", &two("[4,8]"), 8);
+        assert!(e.contains("`b`") && e.contains("overlaps the tensor before it"), "{e}");
+        let e = file("gap.safetensors", &two("[12,16]"), 16);
+        assert!(e.contains("`b`") && e.contains("leaves a gap"), "{e}");
+        let e = file("tail.safetensors", &two("[8,12]"), 16);
+        assert!(e.contains("the tensors end at byte 12 of a 16-byte data section"), "{e}");
+        assert_eq!(file("tiled.safetensors", &two("[8,12]"), 12), "");
+        let mut out = Vec::new();
+        let twice =
+            [TensorRef { name: "a", shape: &[], values: &[1.0] }, TensorRef { name: "a", shape: &[], values: &[2.0] }];
+        let e = write_safetensors(&mut out, &twice).unwrap_err().to_string();
+        assert!(e.contains("`a` is named twice"), "{e}");
     }
 
     #[test]
