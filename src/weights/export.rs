@@ -34,9 +34,11 @@ pub struct ExportReport {
     pub companions: Vec<PathBuf>,
 }
 
-/// Exports `model` (built from `config`) into `dir` (created if needed), every file written
-/// atomically: a temporary file in the same directory, flushed and fsynced, then renamed over
-/// the target, so a reader (or a crash) never sees half a file.
+/// Exports `model` (built from `config`) as the folder `dir`, replacing whatever was there:
+/// every file is written atomically (a temporary file, flushed and fsynced, then renamed) into
+/// `dir.new` beside it, which then takes `dir`'s place, so a reader (or a crash) never sees half
+/// a file, nor files of two exports together. A crash between the two renames leaves the
+/// previous export as `dir.old`.
 ///
 /// - `model.safetensors`: values as F32 (an f64 device's parameters are rounded), named and
 ///   laid out as the Hugging Face class that loads the model expects: BERT under `bert.` with
@@ -82,17 +84,42 @@ pub fn export_values(
     }
     // Checked (labels against num_labels) before anything is written.
     let json = hf_config_json(config, extras.labels)?;
-    std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.display().to_string(), source })?;
-
     let (host, skipped) = hf_tensors(spec, values)?;
     let tensors: Vec<TensorRef<'_>> =
         host.iter().map(|t| TensorRef { name: &t.name, shape: &t.shape, values: &t.values }).collect();
-    let weights = dir.join(WEIGHTS_FILE);
-    write_atomic(&weights, |w| write_safetensors(w, &tensors))?;
-    let config_path = dir.join(CONFIG_FILE);
-    write_json(&config_path, &json)?;
-    let companions = write_companions(config, extras, dir)?;
-    Ok(ExportReport { weights, config: config_path, tensors: tensors.len(), skipped, companions })
+    // The whole folder is written beside `dir` and swapped in: a reader never sees half of
+    // one export and half of another, and no file of an earlier export (a tokenizer a model
+    // from scratch does not have) stays behind to be read with this one.
+    fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
+        move |source| Error::Io { path: path.display().to_string(), source }
+    }
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
+    let staging = dir.with_file_name(format!("{name}.new"));
+    let old = dir.with_file_name(format!("{name}.old"));
+    for leftover in [&staging, &old] {
+        if leftover.exists() {
+            std::fs::remove_dir_all(leftover).map_err(io(leftover))?;
+        }
+    }
+    std::fs::create_dir_all(&staging).map_err(io(&staging))?;
+    write_atomic(&staging.join(WEIGHTS_FILE), |w| write_safetensors(w, &tensors))?;
+    write_json(&staging.join(CONFIG_FILE), &json)?;
+    let companions = write_companions(config, extras, &staging)?;
+    if dir.exists() {
+        std::fs::rename(dir, &old).map_err(io(dir))?;
+    }
+    std::fs::rename(&staging, dir).map_err(io(dir))?;
+    if old.exists() {
+        std::fs::remove_dir_all(&old).map_err(io(&old))?;
+    }
+    let companions = companions.iter().filter_map(|p| p.strip_prefix(&staging).ok()).map(|p| dir.join(p)).collect();
+    Ok(ExportReport {
+        weights: dir.join(WEIGHTS_FILE),
+        config: dir.join(CONFIG_FILE),
+        tensors: tensors.len(),
+        skipped,
+        companions,
+    })
 }
 
 /// The parameters of a model with `spec`, under the names and in the layout of the Hugging

@@ -282,6 +282,32 @@ mod tests {
         e
     }
 
+    /// A new export replaces the folder whole: a character GPT's vocabulary and tokenizer do
+    /// not stay behind to be read with a BERT exported over it, and no staging folder is left.
+    #[test]
+    fn an_export_replaces_the_folder_whole() {
+        let chars: Vec<char> = "abcdefghijklmnopq".chars().collect();
+        let gpt_extras =
+            ExportExtras { labels: &[], tokenizer_dir: None, chars: &chars, max_seq_length: None, pixel_max: None };
+        let dir = export("replace", &crate::model::tiny::tiny_gpt(0.0), &gpt_extras);
+        assert!(dir.join("vocab.json").exists() && dir.join("tokenizer.json").exists());
+        let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+        let bert = tiny_bert();
+        let extras =
+            ExportExtras { labels: &labels(), tokenizer_dir: None, chars: &[], max_seq_length: None, pixel_max: None };
+        export_model(&Model::new(&dev, &bert, 1).unwrap(), &dev, &bert, &extras, &dir).unwrap();
+        assert!(!dir.join("vocab.json").exists() && !dir.join("tokenizer.json").exists());
+        let export = read_export(&dir).unwrap();
+        assert_eq!((export.config, export.tokenizer), (bert, None));
+        let siblings: Vec<_> = std::fs::read_dir(dir.parent().unwrap())
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with(&format!("{}.", dir.file_name().unwrap().to_string_lossy())))
+            .collect();
+        assert!(siblings.is_empty(), "{siblings:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     /// Rewrites `config.json` through `edit`.
     fn edit_config(dir: &Path, edit: impl FnOnce(&mut Value)) {
         let path = dir.join(CONFIG_FILE);
