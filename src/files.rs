@@ -13,6 +13,40 @@ pub fn io_error(path: &Path, source: std::io::Error) -> Error {
     Error::Io { path: path.display().to_string(), source }
 }
 
+/// Puts the folder `new` at `path` in one step. Where `path` exists, the two trade places
+/// (Linux's `renameat2` with `RENAME_EXCHANGE`): a reader finds one whole folder or the other
+/// at `path`, never none, and `new` then holds what `path` held, for the caller to remove.
+/// Where the file system cannot exchange, the old folder moves aside first (a moment without
+/// `path`) and ends up at `new` all the same.
+pub fn swap_in(new: &Path, path: &Path) -> Result<()> {
+    let rename = |from: &Path, to: &Path| std::fs::rename(from, to).map_err(|e| io_error(to, e));
+    if !path.exists() {
+        return rename(new, path);
+    }
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let c_path = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes());
+        if let (Ok(from), Ok(to)) = (c_path(new), c_path(path)) {
+            // SAFETY: two NUL-terminated paths that live across the call, which only reads them.
+            let rc = unsafe {
+                libc::renameat2(libc::AT_FDCWD, from.as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::RENAME_EXCHANGE)
+            };
+            if rc == 0 {
+                return Ok(());
+            }
+            let e = std::io::Error::last_os_error();
+            if !matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)) {
+                return Err(io_error(path, e));
+            }
+        }
+    }
+    let aside = new.with_extension("aside");
+    rename(path, &aside)?;
+    rename(new, path)?;
+    rename(&aside, new)
+}
+
 /// Writes `path` through a temporary sibling file that is fsynced and renamed into place; on
 /// failure the temporary file is removed and `path` is untouched.
 pub fn write_atomic(path: &Path, write: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>) -> Result<()> {
@@ -84,6 +118,25 @@ impl Drop for Background {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two folders trade places: `path` holds the new one, `new` the old one; with no folder at
+    /// `path`, the new one is simply moved there.
+    #[test]
+    fn swap_in_trades_the_folders() {
+        let root = std::env::temp_dir().join(format!("pt-swap-in-{}", std::process::id()));
+        let (new, path) = (root.join(".model.staging"), root.join("model"));
+        for (dir, marker) in [(&new, "new"), (&path, "old")] {
+            std::fs::create_dir_all(dir).unwrap();
+            std::fs::write(dir.join(marker), marker).unwrap();
+        }
+        swap_in(&new, &path).unwrap();
+        assert!(path.join("new").exists() && !path.join("old").exists());
+        assert!(new.join("old").exists() && !new.join("new").exists());
+        std::fs::remove_dir_all(&path).unwrap();
+        swap_in(&new, &path).unwrap();
+        assert!(path.join("old").exists() && !new.exists());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 
     #[test]
     fn a_failed_write_leaves_the_old_file_and_no_temporary() {

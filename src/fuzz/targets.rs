@@ -163,13 +163,15 @@ fn safetensors_seeds(_: &Path) -> Result<Vec<Vec<u8>>> {
     Ok(vec![written, mixed])
 }
 
-/// Mostly re-derives the header length from where the JSON object ends, so that an edit that
-/// grows or shrinks the header still gets the header parsed.
+/// Mostly re-derives the header length from where the JSON object ends (and the spaces that
+/// pad it to a multiple of 8 end), so that an edit that grows or shrinks the header still gets
+/// the header parsed.
 fn safetensors_fix_up(b: &mut [u8], rng: &mut Rng) {
     if b.len() >= 8
         && rng.below(4) != 0
         && let Some(end) = json_object_end(b, 8)
     {
+        let end = end + b[end..].iter().take_while(|&&c| c == b' ').count();
         b[..8].copy_from_slice(&(end as u64 - 8).to_le_bytes());
     }
 }

@@ -36,9 +36,9 @@ pub struct ExportReport {
 
 /// Exports `model` (built from `config`) as the folder `dir`, replacing whatever was there:
 /// every file is written atomically (a temporary file, flushed and fsynced, then renamed) into
-/// `dir.new` beside it, which then takes `dir`'s place, so a reader (or a crash) never sees half
-/// a file, nor files of two exports together. A crash between the two renames leaves the
-/// previous export as `dir.old`.
+/// `.NAME.staging` beside it, which then trades places with `dir` in one step
+/// ([`swap_in`](crate::files::swap_in)), so a reader (or a crash) never sees half a file, and
+/// `dir` always holds one whole export.
 ///
 /// - `model.safetensors`: values as F32 (an f64 device's parameters are rounded), named and
 ///   laid out as the Hugging Face class that loads the model expects: BERT under `bert.` with
@@ -87,31 +87,26 @@ pub fn export_values(
     let (host, skipped) = hf_tensors(spec, values)?;
     let tensors: Vec<TensorRef<'_>> =
         host.iter().map(|t| TensorRef { name: &t.name, shape: &t.shape, values: &t.values }).collect();
-    // The whole folder is written beside `dir` and swapped in: a reader never sees half of
-    // one export and half of another, and no file of an earlier export (a tokenizer a model
-    // from scratch does not have) stays behind to be read with this one.
+    // The whole folder is written beside `dir` and swapped in: no file of an earlier export
+    // (a tokenizer a model from scratch does not have) stays behind to be read with this one.
     fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
         move |source| Error::Io { path: path.display().to_string(), source }
     }
-    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
-    let staging = dir.with_file_name(format!("{name}.new"));
-    let old = dir.with_file_name(format!("{name}.old"));
-    for leftover in [&staging, &old] {
-        if leftover.exists() {
-            std::fs::remove_dir_all(leftover).map_err(io(leftover))?;
-        }
+    let Some(name) = dir.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+        return Err(config_error("export", format!("{}: expected a folder's path ending in its name", dir.display())));
+    };
+    let staging = dir.with_file_name(format!(".{name}.staging"));
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging).map_err(io(&staging))?;
     }
     std::fs::create_dir_all(&staging).map_err(io(&staging))?;
     write_atomic(&staging.join(WEIGHTS_FILE), |w| write_safetensors(w, &tensors))?;
     write_json(&staging.join(CONFIG_FILE), &json)?;
     let companions = write_companions(config, extras, &staging)?;
-    if dir.exists() {
-        std::fs::rename(dir, &old).map_err(io(dir))?;
-    }
-    std::fs::rename(&staging, dir).map_err(io(dir))?;
-    if old.exists() {
-        std::fs::remove_dir_all(&old).map_err(io(&old))?;
-    }
+    crate::files::swap_in(&staging, dir)?;
+    // The earlier export, now under the staging name: a reader may still hold its files open
+    // (on NFS that keeps the folder from going), which must not end the run.
+    let _ = std::fs::remove_dir_all(&staging);
     let companions = companions.iter().filter_map(|p| p.strip_prefix(&staging).ok()).map(|p| dir.join(p)).collect();
     Ok(ExportReport {
         weights: dir.join(WEIGHTS_FILE),

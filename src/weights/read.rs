@@ -298,14 +298,19 @@ mod tests {
         export_model(&Model::new(&dev, &bert, 1).unwrap(), &dev, &bert, &extras, &dir).unwrap();
         assert!(!dir.join("vocab.json").exists() && !dir.join("tokenizer.json").exists());
         let export = read_export(&dir).unwrap();
-        assert_eq!((export.config, export.tokenizer), (bert, None));
+        assert_eq!((export.config, export.tokenizer), (bert.clone(), None));
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
         let siblings: Vec<_> = std::fs::read_dir(dir.parent().unwrap())
             .unwrap()
             .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .filter(|n| n.starts_with(&format!("{}.", dir.file_name().unwrap().to_string_lossy())))
+            .filter(|n| n.contains(&name) && *n != name)
             .collect();
         assert!(siblings.is_empty(), "{siblings:?}");
         std::fs::remove_dir_all(&dir).unwrap();
+        // A path that names no folder (`.`, `..`) is refused before anything is written.
+        let err =
+            export_model(&Model::new(&dev, &bert, 1).unwrap(), &dev, &bert, &extras, Path::new("..")).unwrap_err();
+        assert!(err.to_string().contains("expected a folder's path ending in its name"), "{err}");
     }
 
     /// Rewrites `config.json` through `edit`.
