@@ -95,6 +95,9 @@ pub fn export_values(
     let Some(name) = dir.file_name().map(|n| n.to_string_lossy().into_owned()) else {
         return Err(config_error("export", format!("{}: expected a folder's path ending in its name", dir.display())));
     };
+    if dir.exists() && !dir.is_dir() {
+        return Err(config_error("export", format!("{} is a file; expected the export's folder there", dir.display())));
+    }
     let staging = dir.with_file_name(format!(".{name}.staging"));
     if staging.exists() {
         std::fs::remove_dir_all(&staging).map_err(io(&staging))?;
