@@ -63,7 +63,7 @@ pub struct DataInfo {
 pub struct TokenizerIds {
     /// The `tokenizer.json` read.
     pub file: String,
-    /// Its vocabulary, added tokens included.
+    /// The rows its ids need: the largest id, added tokens included, plus one.
     pub vocab: usize,
     /// The token type of padding.
     pub pad_type_id: u32,
