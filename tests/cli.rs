@@ -567,8 +567,9 @@ fn bad_elastic_settings_are_clear_errors_that_write_nothing() {
     let unwritable = blocker.join("cache").display().to_string();
     let elastic: &[&str] = &["--freeze", "alpha", "--auto-pipe", "--auto-dp", "--freed-devices", "threads"];
     let scale_lr = [elastic, &["--set", "elastic.batch_policy=\"scale-lr\""]].concat();
-    let cases: [(&[&str], &str); 11] = [
+    let cases: [(&[&str], &str); 12] = [
         (&["--freeze", "alpha", "--alpha", "1.5"], "elastic.alpha"),
+        (&["--cache-bytes", "lots"], "byte count"),
         (&scale_lr, "choose one"),
         (&["--freed-devices", "cores"], "not one of replicas, threads"),
         (&["--set", "elastic.freed_devices=\"cores\""], "expected `replicas` or `threads`"),

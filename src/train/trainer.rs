@@ -430,6 +430,9 @@ impl<D: Device> Trainer<D> {
     /// [`save_checkpoint_with`](Self::save_checkpoint_with) stored.
     pub fn load_checkpoint_with(&mut self, path: &Path) -> Result<(serde_json::Value, Vec<Tensor>)> {
         let bad = |m: String| Error::State { what: format!("checkpoint {}", path.display()), message: m };
+        // A checkpoint of another run: what differs, and the remedy every such refusal shares.
+        let changed =
+            |m: String| bad(format!("{m}; resume with the settings the run began with, or start over with --fresh"));
         let (meta, tensors) = checkpoint::load(path)?;
         let field = |name: &str| meta.get(name).cloned().unwrap_or(serde_json::Value::Null);
         let position: Position =
@@ -440,20 +443,18 @@ impl<D: Device> Trainer<D> {
         let saved_per_epoch = field("batches_per_epoch").as_u64();
         if saved_per_epoch.is_some_and(|n| n != per_epoch as u64) || position.batch >= per_epoch {
             let then = saved_per_epoch.map_or_else(|| "other".to_string(), |n| n.to_string());
-            return Err(bad(format!(
+            return Err(changed(format!(
                 "taken with {then} batches per epoch, this run has {per_epoch}: data.batch_size, \
-                 data.train_limit or the dataset changed since; resume with the settings the run \
-                 began with, or start over with --fresh"
+                 data.train_limit or the dataset changed since"
             )));
         }
         let saved_batch = field("batch_size").as_u64();
         if let (Some(then), Some(now)) = (saved_batch, self.batch_size)
             && then != now as u64
         {
-            return Err(bad(format!(
+            return Err(changed(format!(
                 "taken with batches of {then} samples, this run's are of {now} (data.batch_size): the same \
-                 {per_epoch} batches per epoch would skip some samples and repeat others; resume with the \
-                 settings the run began with, or start over with --fresh"
+                 {per_epoch} batches per epoch would skip some samples and repeat others"
             )));
         }
         // Same count, other samples or order (train.seed, the split's fractions or limits,
@@ -463,10 +464,10 @@ impl<D: Device> Trainer<D> {
         if let (Some(then), Some(now)) = (saved_data, self.data_fingerprint)
             && then != now
         {
-            return Err(bad(format!(
+            return Err(changed(format!(
                 "taken over other training data (fingerprint {then:016x}, this run's {now:016x}): train.seed, \
-                 data.split_seed, data.test_fraction, data.validation_fraction, data.train_limit, data.group_by_length or the \
-                 dataset changed since; resume with the settings the run began with, or start over with --fresh"
+                 data.split_seed, data.test_fraction, data.validation_fraction, data.train_limit, \
+                 data.group_by_length or the dataset changed since"
             )));
         }
         if let (Some(then), Some(now)) =
@@ -474,9 +475,8 @@ impl<D: Device> Trainer<D> {
             && let Some(key) = then.keys().chain(now.keys()).find(|k| then.get(*k) != now.get(*k))
         {
             let show = |v: Option<&serde_json::Value>| v.map_or_else(|| "unset".to_string(), |v| v.to_string());
-            return Err(bad(format!(
-                "taken with the model's `{key}` = {}, this run's is {}: the model (model.*) changed since; \
-                 resume with the settings the run began with, or start over with --fresh",
+            return Err(changed(format!(
+                "taken with the model's `{key}` = {}, this run's is {}: the model (model.*) changed since",
                 show(then.get(key)),
                 show(now.get(key))
             )));
@@ -487,9 +487,8 @@ impl<D: Device> Trainer<D> {
             serde_json::from_value(field("optimizer")).map_err(|e| bad(format!("optimizer: {e}")))?;
         let (then, now) = (opt.config.kind(), self.config.optimizer.kind());
         if then != now {
-            return Err(bad(format!(
-                "taken with the {then} optimizer, this run's train.optimizer is {now}: its state would not \
-                 fit; resume with the settings the run began with, or start over with --fresh"
+            return Err(changed(format!(
+                "taken with the {then} optimizer, this run's train.optimizer is {now}: its state would not fit"
             )));
         }
         #[derive(Deserialize)]
@@ -523,9 +522,8 @@ impl<D: Device> Trainer<D> {
         // What the checkpoint holds beyond this model's parameters is a model it was not taken
         // of (a pooler this model lacks): refused, not dropped.
         if let Some(extra) = by_name.keys().filter_map(|k| k.strip_prefix(PARAM)).min() {
-            return Err(bad(format!(
-                "holds parameter `{extra}`, which this model lacks: the model (model.*) changed since; resume \
-                 with the settings the run began with, or start over with --fresh"
+            return Err(changed(format!(
+                "holds parameter `{extra}`, which this model lacks: the model (model.*) changed since"
             )));
         }
         for ps in &mut opt.params {

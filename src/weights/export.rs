@@ -10,8 +10,8 @@ use super::hf_config::hf_config_json;
 use super::layout::{HostTensor, bert_export_name, to_gpt2};
 use super::safetensors::{TensorRef, write_safetensors};
 use crate::device::Device;
-use crate::error::{Error, Result, config_error};
-use crate::files::write_atomic;
+use crate::error::{Result, config_error};
+use crate::files::{io_error, write_atomic};
 use crate::model::{Family, HeadSpec, Model, ModelConfig, Spec};
 
 /// File name of the weights inside an exported directory.
@@ -89,9 +89,6 @@ pub fn export_values(
         host.iter().map(|t| TensorRef { name: &t.name, shape: &t.shape, values: &t.values }).collect();
     // The whole folder is written beside `dir` and swapped in: no file of an earlier export
     // (a tokenizer a model from scratch does not have) stays behind to be read with this one.
-    fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
-        move |source| Error::Io { path: path.display().to_string(), source }
-    }
     let Some(name) = dir.file_name().map(|n| n.to_string_lossy().into_owned()) else {
         return Err(config_error("export", format!("{}: expected a folder's path ending in its name", dir.display())));
     };
@@ -100,9 +97,9 @@ pub fn export_values(
     }
     let staging = dir.with_file_name(format!(".{name}.staging"));
     if staging.exists() {
-        std::fs::remove_dir_all(&staging).map_err(io(&staging))?;
+        std::fs::remove_dir_all(&staging).map_err(|e| io_error(&staging, e))?;
     }
-    std::fs::create_dir_all(&staging).map_err(io(&staging))?;
+    std::fs::create_dir_all(&staging).map_err(|e| io_error(&staging, e))?;
     write_atomic(&staging.join(WEIGHTS_FILE), |w| write_safetensors(w, &tensors))?;
     write_json(&staging.join(CONFIG_FILE), &json)?;
     let companions = write_companions(config, extras, &staging)?;
