@@ -130,8 +130,8 @@ extern "C" __global__ void layernorm_param_grads(float* dweight, float* dbias, c
 
 // ---- softmax ---------------------------------------------------------------------------------
 
-// Max-subtracted, so every exp is in (0, 1]. A row with no finite maximum (all −∞: everything
-// masked) gets zeros rather than NaNs, as on the cpu.
+// Max-subtracted, so every exp is in (0, 1]. A row with no finite maximum gets zeros when it is
+// all −∞ (everything masked) and NaNs when it holds a NaN (which fmaxf skips), as on the cpu.
 template <typename act_t>
 static __device__ void softmax_forward(act_t* out, const act_t* inp, int rows, int cols) {
     const int lane = threadIdx.x % 32;
@@ -144,7 +144,10 @@ static __device__ void softmax_forward(act_t* out, const act_t* inp, int rows, i
     for (int j = lane; j < cols; j += 32) mx = fmaxf(mx, ld(x, j));
     mx = warp_max(mx);
     if (mx == neg_inf) {
-        for (int j = lane; j < cols; j += 32) st(o, j, 0.0f);
+        int nan = 0;
+        for (int j = lane; j < cols; j += 32) nan |= ld(x, j) != ld(x, j);
+        const float fill = __any_sync(FULL_MASK, nan) ? __int_as_float(0x7fc00000) : 0.0f;
+        for (int j = lane; j < cols; j += 32) st(o, j, fill);
         return;
     }
     float sum = 0.0f;

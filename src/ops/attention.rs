@@ -297,7 +297,8 @@ fn visible_end(d: &AttentionDims, i: usize) -> usize {
 /// In place: `row[j] ← softmax(row·scale)[j]` over the visible keys (`j < end` and not
 /// masked), exact zeros elsewhere. Masked keys become −∞ before the max is subtracted, so
 /// `exp` maps them to exactly 0 and no visible key overflows; a row with no visible key
-/// becomes all zeros.
+/// becomes all zeros, and a row with a NaN score all NaNs (also where `lane_max` skipped them
+/// all).
 #[inline(always)]
 fn softmax_row<T: Float>(row: &mut [T], end: usize, mask: Option<&[u32]>, scale: T) {
     let neg_inf = T::from_f64(f64::NEG_INFINITY);
@@ -313,7 +314,9 @@ fn softmax_row<T: Float>(row: &mut [T], end: usize, mask: Option<&[u32]>, scale:
     }
     let max = lane_max(seen);
     if max == neg_inf {
-        seen.fill(T::ZERO); // no visible key
+        // No visible key, or only NaN scores.
+        let nan = seen.iter().any(|x| x.to_f64().is_nan());
+        seen.fill(if nan { T::from_f64(f64::NAN) } else { T::ZERO });
         return;
     }
     for x in seen.iter_mut() {

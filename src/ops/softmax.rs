@@ -16,12 +16,15 @@ fn rows_per_task(cols: usize) -> usize {
 
 /// Softmax of one row. Subtracting the row max keeps every `exp` in (0, 1], so nothing
 /// overflows; the sum is sequential, so the result does not depend on the thread count. A row
-/// with no finite maximum (all `−∞`, e.g. everything masked) gets zeros rather than NaNs.
+/// with no finite maximum gets zeros when it is all `−∞` (everything masked), and NaNs when it
+/// holds a NaN (which `max` skips), as any row with a NaN does: a diverged input must not come
+/// out as a clean zero row.
 #[inline]
 fn softmax_row<T: Float>(out: &mut [T], inp: &[T]) {
     let max = inp.iter().fold(T::from_f64(f64::NEG_INFINITY), |m, &x| m.max(x));
     if max.to_f64() == f64::NEG_INFINITY {
-        out.fill(T::ZERO);
+        let nan = inp.iter().any(|x| x.to_f64().is_nan());
+        out.fill(if nan { T::from_f64(f64::NAN) } else { T::ZERO });
         return;
     }
     let mut sum = T::ZERO;

@@ -136,6 +136,34 @@ fn attention_several_tiles() {
     check(&AttentionDims { dropout: 0.2, ..dims(3, 35, 39, 2, 128, true) }, 10);
 }
 
+/// A query whose scores are all NaN (a NaN in its row of q) gets a NaN output on every device,
+/// not the zeros of a query that sees no key; the other queries are untouched.
+#[test]
+fn attention_a_nan_query_gives_nan_not_zeros() {
+    let d = dims(1, 4, 4, 1, 8, false);
+    let mut q = rand(1, 32, 1.0);
+    q[8] = f32::NAN; // query 1
+    let (k, v) = (rand(2, 32, 1.0), rand(3, 32, 1.0));
+    fn forward<D: Device>(dev: &D, q: &[f32], k: &[f32], v: &[f32], d: &AttentionDims) -> Vec<f32> {
+        let mut out = dev.alloc(q.len()).unwrap();
+        let mut saved = dev.alloc_stats(dev.attention_saved_len(d)).unwrap();
+        dev.attention_forward(&mut out, &mut saved, &act(dev, q), &act(dev, k), &act(dev, v), None, d).unwrap();
+        host(dev, &out)
+    }
+    let mut runs = vec![("cpu".to_string(), forward(&cpu(), &q, &k, &v, &d))];
+    for precision in PRECISIONS {
+        for (i, dev) in devices(precision).iter().enumerate() {
+            runs.push((format!("{precision:?} device {i}"), forward(dev, &q, &k, &v, &d)));
+        }
+    }
+    for (who, out) in runs {
+        for (i, row) in out.chunks(8).enumerate() {
+            assert_eq!(row.iter().all(|x| x.is_nan()), i == 1, "{who}: query {i} {row:?}");
+            assert!(i == 1 || row.iter().all(|x| x.is_finite()), "{who}: query {i} {row:?}");
+        }
+    }
+}
+
 /// The cpu backend's configuration errors, plus head dimensions past the kernels' limit.
 #[test]
 fn attention_rejects_bad_dims() {

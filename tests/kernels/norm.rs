@@ -62,6 +62,38 @@ fn softmax_matches_cpu() {
     }
 }
 
+/// A NaN anywhere in a row makes the whole row NaN, also where `max` skips every entry (a row
+/// of NaNs, or NaNs beside −∞): a diverged input must not come out as the zeros of a fully
+/// masked row. The all-−∞ row stays zeros.
+#[test]
+fn softmax_rows_with_a_nan_are_nan() {
+    let (nan, inf) = (f32::NAN, f32::INFINITY);
+    let rows: [[f32; 3]; 5] = [[nan; 3], [nan, -inf, -inf], [1.0, nan, 2.0], [-inf; 3], [1.0, 2.0, 3.0]];
+    let x: Vec<f32> = rows.concat();
+    for precision in PRECISIONS {
+        let mut outs = vec![("cpu".to_string(), softmax(&harness::cpu(), &x))];
+        for (i, dev) in harness::devices(precision).iter().enumerate() {
+            outs.push((format!("{precision:?} device {i}"), softmax(dev, &x)));
+        }
+        for (who, out) in outs {
+            for (r, row) in out.chunks(3).enumerate() {
+                match r {
+                    0..=2 => assert!(row.iter().all(|v| v.is_nan()), "{who}: row {r} {row:?}"),
+                    3 => assert_eq!(row, [0.0; 3], "{who}: row {r}"),
+                    _ => assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-2, "{who}: row {r} {row:?}"),
+                }
+            }
+        }
+    }
+}
+
+fn softmax<D: Device>(dev: &D, x: &[f32]) -> Vec<f32> {
+    let inp = act(dev, x);
+    let mut out = dev.alloc(x.len()).unwrap();
+    dev.softmax_forward(&mut out, &inp, x.len() / 3, 3).unwrap();
+    host(dev, &out)
+}
+
 /// Bad calls, and the cpu's error message for each.
 fn bad_calls<D: Device>(dev: &D) -> Vec<String> {
     let (rows, dim) = (3, 4);
