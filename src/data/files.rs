@@ -51,7 +51,7 @@ pub(crate) fn read_bytes_within(path: &Path, group: SetupGroup, most: u64) -> Re
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(dataset_error(path, None, format!("not found: {}", group.remedy())));
         }
-        Err(source) => return Err(Error::Io { path: path.display().to_string(), source }),
+        Err(source) => return Err(crate::files::io_error(path, source)),
     };
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let file = std::io::BufReader::new(file);
@@ -80,7 +80,7 @@ pub(crate) fn read_bytes_within(path: &Path, group: SetupGroup, most: u64) -> Re
         (Err(e), Some(format)) => {
             Err(dataset_error(path, None, format!("is not a valid {format} stream ({e}); {}", group.remedy())))
         }
-        (Err(source), None) => Err(Error::Io { path: path.display().to_string(), source }),
+        (Err(source), None) => Err(crate::files::io_error(path, source)),
     }
 }
 

@@ -225,7 +225,7 @@ pub fn ptxas_resources(file: &str, arch: u32) -> Result<Vec<Resources>> {
     let ptx = compile_ptx(file, arch)?;
     let dir = std::env::temp_dir().join(format!("pt-ptxas-{}", std::process::id()));
     let input = dir.join(format!("{file}-sm{arch}.ptx"));
-    let io = |source| Error::Io { path: input.display().to_string(), source };
+    let io = |source| crate::files::io_error(&input, source);
     std::fs::create_dir_all(&dir).map_err(io)?;
     std::fs::write(&input, ptx).map_err(io)?;
     let ptxas = cuda_home().join("cuda_nvcc/bin/ptxas");

@@ -49,7 +49,7 @@ pub(crate) const NAMES: &[&str] =
 /// Writes `bytes` to `dir/name`.
 fn put(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf> {
     let path = dir.join(name);
-    std::fs::write(&path, bytes).map_err(|source| Error::Io { path: path.display().to_string(), source })?;
+    std::fs::write(&path, bytes).map_err(|source| crate::files::io_error(&path, source))?;
     Ok(path)
 }
 
@@ -193,7 +193,7 @@ fn checkpoint_seeds(dir: &Path) -> Result<Vec<Vec<u8>>> {
         checkpoint::Tensor { name: "opt/v".into(), data: vec![3.25; 5] },
     ];
     checkpoint::save(&path, &meta, &tensors)?;
-    let bytes = std::fs::read(&path).map_err(|source| Error::Io { path: path.display().to_string(), source })?;
+    let bytes = std::fs::read(&path).map_err(|source| crate::files::io_error(&path, source))?;
     Ok(vec![bytes])
 }
 

@@ -127,7 +127,7 @@ pub fn launch(options: &LaunchOptions, program: &std::path::Path, args: &[String
             Ok(c) => children.push((rank, c)),
             Err(e) => {
                 stop(&mut children);
-                return Err(Error::Io { path: program.display().to_string(), source: e });
+                return Err(crate::files::io_error(program, e));
             }
         }
     }

@@ -187,7 +187,7 @@ impl<D: Device> Predictor<D> {
     /// index. A bad row is an error naming its line.
     pub fn labelled_rows(&self, path: &Path, batch_size: usize) -> Result<Vec<HostBatch>> {
         let text =
-            std::fs::read_to_string(path).map_err(|e| Error::Io { path: path.display().to_string(), source: e })?;
+            std::fs::read_to_string(path).map_err(|e| crate::files::io_error(path, e))?;
         let bad = |line: usize, message: String| Error::Dataset {
             file: path.display().to_string(),
             line: Some(line),
@@ -517,7 +517,7 @@ fn is_image_file(path: &Path) -> Result<bool> {
     let mut head = Vec::with_capacity(4);
     std::fs::File::open(path)
         .and_then(|f| f.take(4).read_to_end(&mut head))
-        .map_err(|e| Error::Io { path: path.display().to_string(), source: e })?;
+        .map_err(|e| crate::files::io_error(path, e))?;
     Ok(head.starts_with(b"\x89PNG") || head.starts_with(b"P5") || head.starts_with(b"P2"))
 }
 

@@ -8,6 +8,7 @@
 //! checksum catches truncation and corruption.
 
 use crate::error::{Error, Result};
+use crate::files::io_error;
 use crate::rng::{FNV_OFFSET, fnv1a};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
@@ -58,10 +59,6 @@ struct Header {
     tensors: Vec<(String, usize)>,
 }
 
-fn io_err(path: &Path, source: std::io::Error) -> Error {
-    Error::Io { path: path.display().to_string(), source }
-}
-
 fn corrupt(path: &Path, message: impl Into<String>) -> Error {
     Error::State { what: format!("checkpoint {}", path.display()), message: message.into() }
 }
@@ -74,7 +71,7 @@ pub fn save(path: &Path, meta: &serde_json::Value, tensors: &[Tensor]) -> Result
         Header { meta: meta.clone(), tensors: tensors.iter().map(|t| (t.name.clone(), t.data.len())).collect() };
     let header = serde_json::to_vec(&header).map_err(|e| corrupt(path, format!("cannot encode header: {e}")))?;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
+        std::fs::create_dir_all(dir).map_err(|e| io_error(dir, e))?;
     }
     crate::files::write_atomic(path, |w| {
         let mut out = Checksummed { inner: w, crc: crc32fast::Hasher::new() };
@@ -96,7 +93,7 @@ pub fn save(path: &Path, meta: &serde_json::Value, tensors: &[Tensor]) -> Result
 /// Reads a checkpoint written by [`save`] (format 02 or 01), verifying its magic, lengths and
 /// checksum.
 pub fn load(path: &Path) -> Result<(serde_json::Value, Vec<Tensor>)> {
-    let bytes = std::fs::read(path).map_err(|e| io_err(path, e))?;
+    let bytes = std::fs::read(path).map_err(|e| io_error(path, e))?;
     if bytes.len() < 24 || (&bytes[..8] != MAGIC && &bytes[..8] != MAGIC_V1) {
         return Err(corrupt(path, "not a pipetransformer checkpoint (bad magic or too short)"));
     }

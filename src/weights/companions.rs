@@ -105,7 +105,7 @@ fn copy_tokenizer(source: &Path, dir: &Path) -> Result<Vec<PathBuf>> {
 }
 
 fn copy_file(from: &Path, to: &Path) -> Result<PathBuf> {
-    let bytes = std::fs::read(from).map_err(|source| Error::Io { path: from.display().to_string(), source })?;
+    let bytes = std::fs::read(from).map_err(|source| crate::files::io_error(from, source))?;
     write_atomic(to, |w| w.write_all(&bytes))?;
     Ok(to.to_path_buf())
 }
@@ -136,7 +136,7 @@ fn sentence_transformers_files(hidden: usize, pooling: Pooling, max_seq: usize, 
     });
     let pooling_dir = dir.join("1_Pooling");
     std::fs::create_dir_all(&pooling_dir)
-        .map_err(|source| Error::Io { path: pooling_dir.display().to_string(), source })?;
+        .map_err(|source| crate::files::io_error(&pooling_dir, source))?;
     let files = [
         (dir.join(MODULES_FILE), modules),
         (dir.join(SENTENCE_CONFIG_FILE), json!({"max_seq_length": max_seq, "do_lower_case": false})),

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::error::{Error, Result, config_error};
+use crate::error::{Result, config_error};
 use crate::model::{Family, ModelConfig, Pooling};
 
 /// `model_type` of this engine's earlier GPT exports, whose files keep our separate
@@ -54,7 +54,7 @@ fn family_of_architecture(arch: &str, origin: &str) -> Result<Family> {
 pub fn read_hf_config(path: impl AsRef<Path>, family_hint: Option<Family>) -> Result<ModelConfig> {
     let path = path.as_ref();
     let text =
-        std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.display().to_string(), source })?;
+        std::fs::read_to_string(path).map_err(|source| crate::files::io_error(path, source))?;
     parse_hf_config(&text, &path.display().to_string(), family_hint)
 }
 
@@ -234,6 +234,7 @@ fn label_maps(config: &ModelConfig, labels: &[String]) -> Result<(Value, Value)>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Error;
     use crate::model::{BertConfig, GptConfig};
 
     const MINILM: &str = r#"{

@@ -126,7 +126,7 @@ pub(crate) fn weights_error(path: &Path, tensor: Option<&str>, message: impl Int
 /// and, where one is to blame, the tensor.
 pub fn load_safetensors(path: impl AsRef<Path>) -> Result<TensorFile> {
     let path = path.as_ref();
-    let io = |source| Error::Io { path: path.display().to_string(), source };
+    let io = |source| crate::files::io_error(path, source);
     let file = File::open(path).map_err(io)?;
     let len = file.metadata().map_err(io)?.len();
     if len < 8 {
