@@ -11,7 +11,7 @@
 //! cudarc loads `libcuda` dynamically and panics when it is absent, so every entry point checks
 //! [`available`] first and turns its absence into an error.
 
-use crate::device::gpu::runtime::{DEFAULT_SHARED_BYTES, LaunchLimits};
+use crate::device::gpu::runtime::{LaunchLimits, needs_shared_opt_in};
 use crate::device::gpu::{DevPtr, GpuDevice, LaunchConfig, Precision, Runtime};
 use crate::device::kernels;
 use crate::error::{Error, Result};
@@ -252,8 +252,11 @@ impl Runtime for CudaRuntime {
         self.limits.check(kernel, cfg)?;
         let f = self.function(kernel)?;
         self.ctx.bind_to_thread().map_err(driver_error("bind"))?;
-        if cfg.shared_bytes > DEFAULT_SHARED_BYTES {
-            // Beyond 48 KiB a kernel must opt in (LayerNorm's backward at hidden sizes near 6144).
+        if cfg.shared_bytes > 0
+            && needs_shared_opt_in(f.shared_size_bytes().map_err(driver_error("static shared size"))? as u32, cfg.shared_bytes)
+        {
+            // Beyond 48 KiB, static and dynamic together, a kernel must opt in (LayerNorm's
+            // backward from hidden size 6081).
             let attr = cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
             f.set_attribute(attr, cfg.shared_bytes as i32).map_err(driver_error("opt into more shared memory"))?;
         }

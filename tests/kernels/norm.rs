@@ -62,6 +62,31 @@ fn softmax_matches_cpu() {
     }
 }
 
+/// Hidden sizes whose LayerNorm backward needs more than the default 48 KiB of shared memory per
+/// block (2·dim floats of accumulators plus 512 static bytes): 6144 just over it, 8192 well over;
+/// the launch opts in.
+#[test]
+fn layernorm_backward_past_48_kib_of_shared_memory() {
+    for precision in PRECISIONS {
+        for dim in [6144, 8192] {
+            let rows = 3;
+            let x = act_data(precision, rand(dim as u64, rows * dim, 2.0));
+            let dout = act_data(precision, rand(dim as u64 + 1, rows * dim, 1.0));
+            let w = rand(dim as u64 + 2, dim, 1.0);
+            compare!(format!("layernorm backward {rows}x{dim}"), precision, |dev| {
+                let (inp, dout, w) = (act(dev, &x), act(dev, &dout), param(dev, &w));
+                let mut out = dev.alloc(rows * dim).unwrap();
+                let (mut mean, mut rstd) = (dev.alloc_stats(rows).unwrap(), dev.alloc_stats(rows).unwrap());
+                dev.layernorm_forward(&mut out, &mut mean, &mut rstd, &inp, &w, &w, rows, dim, 1e-5).unwrap();
+                let mut dinp = dev.alloc(rows * dim).unwrap();
+                let (mut dw, mut db) = (param(dev, &vec![0.0; dim]), param(dev, &vec![0.0; dim]));
+                dev.layernorm_backward(&mut dinp, &mut dw, &mut db, &dout, &inp, &w, &mean, &rstd, rows, dim).unwrap();
+                vec![("dinp", host(dev, &dinp)), ("dweight", host(dev, &dw)), ("dbias", host(dev, &db))]
+            });
+        }
+    }
+}
+
 /// A NaN anywhere in a row makes the whole row NaN, also where `max` skips every entry (a row
 /// of NaNs, or NaNs beside −∞): a diverged input must not come out as the zeros of a fully
 /// masked row. The all-−∞ row stays zeros.

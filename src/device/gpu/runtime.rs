@@ -56,6 +56,13 @@ pub enum Arg {
 /// (`cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)`), up to the GPU's limit.
 pub const DEFAULT_SHARED_BYTES: u32 = 48 * 1024;
 
+/// Whether a launch with `dynamic_bytes` of shared memory must opt in first, for a kernel whose
+/// `__shared__` arrays take `static_bytes`: the default per-block limit counts both (LayerNorm's
+/// backward at hidden size 6144 takes exactly 48 KiB dynamic, plus 512 bytes static).
+pub fn needs_shared_opt_in(static_bytes: u32, dynamic_bytes: u32) -> bool {
+    static_bytes + dynamic_bytes > DEFAULT_SHARED_BYTES
+}
+
 /// What a GPU accepts in one launch (`cuLaunchKernel` refuses the rest).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LaunchLimits {
@@ -171,6 +178,13 @@ pub(crate) fn launch(rt: &dyn Runtime, kernel: &str, cfg: &LaunchConfig, args: &
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_opt_in_counts_static_shared_memory() {
+        assert!(!needs_shared_opt_in(0, DEFAULT_SHARED_BYTES));
+        assert!(needs_shared_opt_in(512, DEFAULT_SHARED_BYTES), "LayerNorm's backward at dim 6144");
+        assert!(!needs_shared_opt_in(2048, 0));
+    }
 
     #[test]
     fn launches_a_gpu_would_refuse_are_refused_by_name() {

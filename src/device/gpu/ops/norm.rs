@@ -3,6 +3,7 @@
 //! rows combined in a fixed order, so its result does not depend on thread order.
 
 use super::elementwise::threads_for_columns;
+use crate::device::gpu::runtime::LaunchLimits;
 use crate::device::gpu::{Arg, Elem, GpuBuf, GpuDevice, LaunchConfig, check_elem, int};
 use crate::error::{Error, Result, check_len};
 
@@ -15,8 +16,9 @@ const ROW_THREADS: u32 = 256;
 const BACKWARD_BLOCKS: usize = 512;
 /// Warps of `layernorm_param_grads` (its `PARAM_GRAD_WARPS`).
 const PARAM_GRAD_WARPS: u32 = 8;
-/// Dynamic shared memory a launch may take without opting in to more (48 KiB).
-const MAX_SHARED_BYTES: usize = 48 * 1024;
+/// Static shared memory of `layernorm_backward` (its `scratch[2][2][32]` floats): it counts
+/// against the same per-block limit as the dynamic accumulators.
+const BACKWARD_STATIC_SHARED: u32 = 2 * 2 * 32 * 4;
 
 /// One warp per row for `rows` rows.
 fn warp_per_row(rows: usize) -> LaunchConfig {
@@ -99,12 +101,14 @@ pub fn layernorm_backward(
     if rows == 0 || dim == 0 {
         return Ok(());
     }
-    // The block's two column accumulators live in shared memory.
+    // The block's two column accumulators live in shared memory: past 48 KiB (with the static
+    // part) the launch opts in, up to what the smallest target GPU (sm_80) allows.
     let shared = 2 * dim * 4;
-    if shared > MAX_SHARED_BYTES {
+    let max_shared = (LaunchLimits::SM80.max_shared_optin - BACKWARD_STATIC_SHARED) as usize;
+    if shared > max_shared {
         return Err(Error::Config {
             field: format!("{OP}.dim"),
-            message: format!("{dim} exceeds the {} columns the kernel's shared memory holds", MAX_SHARED_BYTES / 8),
+            message: format!("{dim} exceeds the {} columns the kernel's shared memory holds", max_shared / 8),
         });
     }
     let threads = threads_for_columns(dim);
