@@ -41,8 +41,11 @@ __device__ __forceinline__ void st(bf16* p, int i, float v) { p[i] = __float2bfl
 
 #define FULL_MASK 0xffffffffu
 
-// A grid-stride loop over `n` elements: any grid covers any `n`.
-#define GRID_STRIDE(i, n) for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += blockDim.x * gridDim.x)
+// A grid-stride loop over `n` elements: any grid covers any `n` below 2³¹. The step never forms
+// i + stride past n, which for n within a stride of 2³¹ would wrap to a negative index.
+#define GRID_STRIDE(i, n)                                                                         \
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x, i##_stride = blockDim.x * gridDim.x; i < (n); \
+         i = (n) - i > i##_stride ? i + i##_stride : (n))
 
 // ---- warp and block reductions -----------------------------------------------------------------
 __device__ __forceinline__ float warp_sum(float v) {

@@ -147,3 +147,16 @@ extern "C" __global__ void emu_test_exited_lane(float* out) {
     if (threadIdx.x == 31) return;
     out[threadIdx.x] = __shfl_xor_sync(FULL_MASK, 1.0f, 1);
 }
+
+// counts[t]: how many elements thread t of a grid-stride loop over n visits, or 0xffffffff if it
+// saw a negative index or passed `cap` (an index that wraps past 2³¹ would run on).
+extern "C" __global__ void emu_test_grid_stride(unsigned int* counts, int n, unsigned int cap) {
+    unsigned int c = 0;
+    GRID_STRIDE(i, n) {
+        if (i < 0 || ++c > cap) {
+            c = 0xffffffffu;
+            break;
+        }
+    }
+    counts[blockIdx.x * blockDim.x + threadIdx.x] = c;
+}

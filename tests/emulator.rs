@@ -151,6 +151,24 @@ fn a_partial_last_warp_leaves_missing_lanes_out() {
     }
 }
 
+/// A grid-stride loop over the largest `int` count: every thread visits its ⌈(n − t)/stride⌉
+/// elements and no index wraps negative on the last step (it did for the threads within a
+/// stride of 2³¹).
+#[test]
+fn a_grid_stride_loop_reaches_2_pow_31_without_wrapping() {
+    let rt = rt(1, 2);
+    let (blocks, threads) = (4u32, 1024u32);
+    let stride = (blocks * threads) as u64;
+    let n = i32::MAX as u64;
+    let counts = Raw::zeros(&rt, (stride * 4) as usize);
+    let cap = n.div_ceil(stride) as u32;
+    let args = [counts.arg(), Arg::I32(i32::MAX), Arg::U32(cap)];
+    launch(&rt, "emu_test_grid_stride", LaunchConfig::linear(blocks, threads), &args).unwrap();
+    for (t, &c) in as_u32(&counts.read()).iter().enumerate() {
+        assert_eq!(u64::from(c), (n - t as u64).div_ceil(stride), "thread {t}");
+    }
+}
+
 #[test]
 fn atomics_are_atomic_across_blocks_and_os_threads() {
     for threads in [1, 2] {
