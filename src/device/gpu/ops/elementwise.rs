@@ -153,6 +153,7 @@ pub fn copy_rows(dev: &GpuDevice, dst: &mut GpuBuf, src: &GpuBuf, c: RowCopy) ->
         (from, to) => format!("copy_rows_{}_to_{}", from.suffix(), to.suffix()),
     };
     let n = c.rows * c.len;
+    int_indices(&c)?;
     let rest = [
         Arg::I32(int(OP, "len", c.len)?),
         Arg::I32(int(OP, "dst_offset", c.dst_offset)?),
@@ -162,6 +163,19 @@ pub fn copy_rows(dev: &GpuDevice, dst: &mut GpuBuf, src: &GpuBuf, c: RowCopy) ->
         Arg::I32(c.accumulate as i32),
     ];
     map(dev, &kernel, n, &[Arg::Ptr(dst.ptr()), Arg::Ptr(src.ptr())], &rest)
+}
+
+/// The kernel forms `offset + r·stride + e` in an `int`: each term fitting is not enough, the
+/// last run's end must (a TeraPipe key/value arena of 16 × 16384 × 12288 has a stride that fits
+/// and an end that does not).
+fn int_indices(c: &RowCopy) -> Result<()> {
+    if c.rows > 0 {
+        for (side, offset, stride) in [("dst", c.dst_offset, c.dst_stride), ("src", c.src_offset, c.src_stride)] {
+            // No overflow: `RowCopy::check` has bounded it by the buffer's length.
+            int("copy_rows", &format!("{side} end"), offset + (c.rows - 1) * stride + c.len)?;
+        }
+    }
+    Ok(())
 }
 
 /// See [`crate::ops::dropout`]: the forward and the backward are the same map; `op` names which.
@@ -190,4 +204,28 @@ pub fn dropout(dev: &GpuDevice, op: &str, dst: &mut GpuBuf, src: &GpuBuf, p: f32
         Arg::F32(scale),
     ];
     map(dev, &kernel, dst.len(), &[Arg::Ptr(dst.ptr()), Arg::Ptr(src.ptr())], &rest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Key/value rows of 16 sequences × 16384 positions × 12288 channels: every argument is an
+    /// `int`, the last run's index is not.
+    #[test]
+    fn a_row_copy_whose_last_index_passes_2_pow_31_is_refused() {
+        let stride = 16384 * 12288;
+        let c = RowCopy {
+            rows: 16,
+            len: 512 * 12288,
+            dst_offset: 0,
+            dst_stride: stride,
+            src_offset: 0,
+            src_stride: 512 * 12288,
+            accumulate: false,
+        };
+        let err = int_indices(&c).expect_err("the end passes 2³¹").to_string();
+        assert!(err.contains("copy_rows.dst end"), "{err}");
+        assert!(int_indices(&RowCopy { rows: 10, ..c }).is_ok(), "10 runs end below 2³¹");
+    }
 }
