@@ -72,25 +72,39 @@ struct MemoryPool {
 impl MemoryPool {
     fn take(&self, bytes: usize) -> Result<DevPtr> {
         let reused = self.free.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&bytes).and_then(Vec::pop);
-        match reused {
-            Some(p) => Ok(p),
-            None => self.rt.alloc(bytes),
+        if let Some(p) = reused {
+            return Ok(p);
+        }
+        match self.rt.alloc(bytes) {
+            Ok(p) => Ok(p),
+            // The device may be full of freed buffers of other sizes (batches of other lengths
+            // leave theirs here): give them back and try once more, as PyTorch's caching
+            // allocator does.
+            Err(e) if self.release() == 0 => Err(e),
+            Err(_) => self.rt.alloc(bytes),
         }
     }
     fn give(&self, ptr: DevPtr, bytes: usize) {
         self.free.lock().unwrap_or_else(|e| e.into_inner()).entry(bytes).or_default().push(ptr);
     }
-}
-
-impl Drop for MemoryPool {
-    fn drop(&mut self) {
-        let free = std::mem::take(self.free.get_mut().unwrap_or_else(|e| e.into_inner()));
+    /// Frees every pooled buffer; returns how many.
+    fn release(&self) -> usize {
+        let free = std::mem::take(&mut *self.free.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut count = 0;
         for (bytes, ptrs) in free {
             for p in ptrs {
                 // SAFETY: every pooled pointer came from `rt.alloc(bytes)` and has no owner left.
                 unsafe { self.rt.free(p, bytes) };
+                count += 1;
             }
         }
+        count
+    }
+}
+
+impl Drop for MemoryPool {
+    fn drop(&mut self) {
+        self.release();
     }
 }
 
@@ -602,5 +616,66 @@ impl Device for GpuDevice {
     }
     fn scale(&self, x: &mut Self::Buf, s: f64) -> Result<()> {
         ops::elementwise::scale(self, x, s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::c_void;
+
+    /// A device with room for `capacity` bytes that only allocates: all the pool asks of it.
+    struct Budget {
+        capacity: usize,
+        used: Mutex<usize>,
+    }
+
+    impl Runtime for Budget {
+        fn name(&self) -> String {
+            "budget".into()
+        }
+        fn alloc(&self, bytes: usize) -> Result<DevPtr> {
+            let mut used = self.used.lock().unwrap();
+            if *used + bytes > self.capacity {
+                return Err(Error::Device { what: "budget".into(), message: format!("out of memory for {bytes}") });
+            }
+            *used += bytes;
+            Ok(*used as DevPtr)
+        }
+        unsafe fn free(&self, _: DevPtr, bytes: usize) {
+            *self.used.lock().unwrap() -= bytes;
+        }
+        fn copy_to_device(&self, _: DevPtr, _: &[u8]) -> Result<()> {
+            unreachable!("the pool only allocates")
+        }
+        fn copy_to_host(&self, _: &mut [u8], _: DevPtr) -> Result<()> {
+            unreachable!("the pool only allocates")
+        }
+        fn copy_on_device(&self, _: DevPtr, _: DevPtr, _: usize) -> Result<()> {
+            unreachable!("the pool only allocates")
+        }
+        fn launch(&self, _: &str, _: &LaunchConfig, _: &mut [*mut c_void]) -> Result<()> {
+            unreachable!("the pool only allocates")
+        }
+        fn synchronize(&self) -> Result<()> {
+            unreachable!("the pool only allocates")
+        }
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+    }
+
+    /// Freed buffers of one size do not keep a request of another size from fitting: the pool
+    /// gives them back and tries again; what cannot fit even then fails with the device's error.
+    #[test]
+    fn a_full_device_gives_pooled_buffers_back_and_tries_again() {
+        let pool = MemoryPool { rt: Arc::new(Budget { capacity: 1000, used: Mutex::new(0) }), free: Default::default() };
+        let a = pool.take(600).unwrap();
+        pool.give(a, 600);
+        let b = pool.take(700).expect("fits once the pooled 600 bytes are freed");
+        pool.give(b, 700);
+        assert_eq!(pool.take(700).unwrap(), b, "a freed buffer of the same size is reused");
+        let err = pool.take(400).expect_err("700 + 400 bytes cannot fit").to_string();
+        assert!(err.contains("out of memory for 400"), "{err}");
     }
 }
