@@ -570,7 +570,8 @@ fn replicas_keep_their_number_and_each_takes_its_freed_devices_threads() {
 
 /// A step whose gradient norm was not finite (the optimizer skipped it) leaves the freeze
 /// rule's interval as it was, so the controller's state stays finite and resumable; an
-/// applied step is counted. The state resumes only under the rule and α it was taken with.
+/// applied step is counted. The state resumes only under the rule, α, interval and settling
+/// bound it was taken with.
 #[test]
 fn skipped_steps_do_not_feed_the_freeze_rule_and_it_resumes_only_under_its_own() {
     use pipetransformer::pipeline::PipelineStep;
@@ -601,6 +602,12 @@ fn skipped_steps_do_not_feed_the_freeze_rule_and_it_resumes_only_under_its_own()
     for (other, field) in [
         (ElasticConfig { alpha: 0.5, ..config.clone() }, "elastic.alpha: 0.3333333333333333 then, 0.5 now"),
         (ElasticConfig { freeze: FreezeName::Alpha, ..config.clone() }, "Eq1 then, Alpha now"),
+        (
+            ElasticConfig { freeze_interval: FreezeInterval::Steps(50), ..config.clone() },
+            "elastic.freeze_interval \"epoch\" and max_weight_change none then, freeze_interval 50 and \
+             max_weight_change none now",
+        ),
+        (ElasticConfig { max_weight_change: Some(0.05), ..config.clone() }, "max_weight_change 0.05 now"),
     ] {
         let mut resumed = Elastic::new(other, surroundings(&bert()), &dir).unwrap();
         let err = resumed.restore(elastic.state()).unwrap_err().to_string();

@@ -253,7 +253,10 @@ impl Runtime for CudaRuntime {
         let f = self.function(kernel)?;
         self.ctx.bind_to_thread().map_err(driver_error("bind"))?;
         if cfg.shared_bytes > 0
-            && needs_shared_opt_in(f.shared_size_bytes().map_err(driver_error("static shared size"))? as u32, cfg.shared_bytes)
+            && needs_shared_opt_in(
+                f.shared_size_bytes().map_err(driver_error("static shared size"))? as u32,
+                cfg.shared_bytes,
+            )
         {
             // Beyond 48 KiB, static and dynamic together, a kernel must opt in (LayerNorm's
             // backward from hidden size 6081).

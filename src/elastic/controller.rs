@@ -67,6 +67,10 @@ struct State {
     /// The micro-batch counts being timed, and the count in force before they were.
     #[serde(default)]
     tuning: Option<(Timing, usize)>,
+    /// When the rule runs and the settling test's bound (absent in checkpoints from before
+    /// they were recorded).
+    #[serde(default)]
+    interval: Option<(FreezeInterval, Option<f64>)>,
 }
 
 /// The run's shape around it, fixed when the controller is made.
@@ -184,6 +188,11 @@ impl Elastic {
         Ok(())
     }
 
+    /// When the freeze rule runs, and the settling test's bound.
+    fn interval(&self) -> (FreezeInterval, Option<f64>) {
+        (self.config.freeze_interval, self.config.max_weight_change)
+    }
+
     /// The controller's state for a checkpoint.
     pub fn state(&self) -> serde_json::Value {
         let state = State {
@@ -192,6 +201,7 @@ impl Elastic {
             tuned: self.tuner.best.clone(),
             cache_on: self.cache_on,
             tuning: self.tuner.timing().map(|t| (t.clone(), self.tuning_from)),
+            interval: Some(self.interval()),
         };
         serde_json::to_value(state).unwrap_or_default()
     }
@@ -228,7 +238,17 @@ impl Elastic {
             what: "checkpoint: elastic controller".into(),
             message: e.to_string(),
         })?;
-        if let Some(change) = self.freeze.rule_change(&s.freeze) {
+        let interval_change = s
+            .interval
+            .filter(|&(i, tau)| self.config.freeze != FreezeName::Off && (i, tau) != self.interval())
+            .map(|then| {
+                let say = |(i, tau): (FreezeInterval, Option<f64>)| {
+                    let tau = tau.map_or("none".to_string(), |t| t.to_string());
+                    format!("freeze_interval {} and max_weight_change {tau}", serde_json::json!(i))
+                };
+                format!("elastic.{} then, {} now", say(then), say(self.interval()))
+            });
+        if let Some(change) = self.freeze.rule_change(&s.freeze).or(interval_change) {
             return Err(crate::Error::Config {
                 field: "elastic".into(),
                 message: format!(

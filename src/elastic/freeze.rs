@@ -174,6 +174,9 @@ impl FreezeController {
         let next = match &self.rule {
             FreezeRule::Off => 0,
             FreezeRule::Alpha => alpha_schedule(self.layers, self.alpha, t),
+            // No step trained in the interval (every one skipped for a gradient that was not
+            // finite): all norms read 0, and the lowest active layer would win by default.
+            FreezeRule::Eq1 if self.steps == 0 => self.frozen,
             FreezeRule::Eq1 => {
                 let bound = alpha_bound(self.layers, self.bound, self.alpha);
                 let n = eq1(self.layers, self.frozen, bound, &self.norms());
@@ -201,6 +204,16 @@ mod tests {
     /// A checkpoint keeps the interval's gradient-norm sums and the α bound bit for bit (JSON
     /// read back with serde_json's exact float parsing): a resumed Eq. 1 compares the same
     /// numbers the straight run does, near-ties included.
+    /// An interval in which no step trained (each skipped for a gradient that was not finite)
+    /// gives Eq. 1 no norms: nothing more freezes, where the lowest active layer's 0 would win.
+    #[test]
+    fn eq1_freezes_nothing_after_an_interval_without_a_step() {
+        let mut c = FreezeController::new(FreezeRule::Eq1, 1.0 / 3.0, 6).unwrap();
+        assert_eq!(c.end_interval(None), 0);
+        c.observe(&[4.0, 1.0, 9.0, 9.0, 9.0, 9.0]);
+        assert_eq!(c.end_interval(None), 2, "layer 1's norm is the smallest");
+    }
+
     #[test]
     fn the_state_survives_json_bit_for_bit() {
         let mut c = FreezeController::new(FreezeRule::Eq1, 1.0 / 3.0, 6).unwrap();

@@ -286,8 +286,7 @@ impl RunConfig {
     /// Reads `path` and applies `overrides` (`section.key=value`, value in TOML syntax, or a
     /// bare string). An unknown key — in the file or an override — is an error naming it.
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self> {
-        let text =
-            std::fs::read_to_string(path).map_err(|e| crate::files::io_error(path, e))?;
+        let text = std::fs::read_to_string(path).map_err(|e| crate::files::io_error(path, e))?;
         Self::parse(&text, &path.display().to_string(), overrides)
     }
 

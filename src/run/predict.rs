@@ -186,8 +186,7 @@ impl<D: Device> Predictor<D> {
     /// CSV rows of raw pixels then the label for an image model. A label is a class name or
     /// index. A bad row is an error naming its line.
     pub fn labelled_rows(&self, path: &Path, batch_size: usize) -> Result<Vec<HostBatch>> {
-        let text =
-            std::fs::read_to_string(path).map_err(|e| crate::files::io_error(path, e))?;
+        let text = std::fs::read_to_string(path).map_err(|e| crate::files::io_error(path, e))?;
         let bad = |line: usize, message: String| Error::Dataset {
             file: path.display().to_string(),
             line: Some(line),

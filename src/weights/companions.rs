@@ -135,8 +135,7 @@ fn sentence_transformers_files(hidden: usize, pooling: Pooling, max_seq: usize, 
         "include_prompt": true,
     });
     let pooling_dir = dir.join("1_Pooling");
-    std::fs::create_dir_all(&pooling_dir)
-        .map_err(|source| crate::files::io_error(&pooling_dir, source))?;
+    std::fs::create_dir_all(&pooling_dir).map_err(|source| crate::files::io_error(&pooling_dir, source))?;
     let files = [
         (dir.join(MODULES_FILE), modules),
         (dir.join(SENTENCE_CONFIG_FILE), json!({"max_seq_length": max_seq, "do_lower_case": false})),

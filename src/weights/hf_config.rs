@@ -53,8 +53,7 @@ fn family_of_architecture(arch: &str, origin: &str) -> Result<Family> {
 /// The result is validated with [`ModelConfig::spec`].
 pub fn read_hf_config(path: impl AsRef<Path>, family_hint: Option<Family>) -> Result<ModelConfig> {
     let path = path.as_ref();
-    let text =
-        std::fs::read_to_string(path).map_err(|source| crate::files::io_error(path, source))?;
+    let text = std::fs::read_to_string(path).map_err(|source| crate::files::io_error(path, source))?;
     parse_hf_config(&text, &path.display().to_string(), family_hint)
 }
 

@@ -74,8 +74,7 @@ pub fn read_export(dir: impl AsRef<Path>) -> Result<ExportedModel> {
             ));
         }
     }
-    let text = std::fs::read_to_string(&config_path)
-        .map_err(|source| crate::files::io_error(&config_path, source))?;
+    let text = std::fs::read_to_string(&config_path).map_err(|source| crate::files::io_error(&config_path, source))?;
     let config = parse_hf_config(&text, &config_path.display().to_string(), None)?;
     // The parse above succeeded, so the text is a JSON object.
     let json: Value = serde_json::from_str(&text).map_err(|e| export_error(&config_path, e))?;
@@ -156,8 +155,7 @@ fn read_chars(path: &Path, vocab_size: usize) -> Result<Vec<char>> {
     if !path.is_file() {
         return Ok(Vec::new());
     }
-    let text =
-        std::fs::read_to_string(path).map_err(|source| crate::files::io_error(path, source))?;
+    let text = std::fs::read_to_string(path).map_err(|source| crate::files::io_error(path, source))?;
     let json: Value = serde_json::from_str(&text).map_err(|e| export_error(path, format!("not valid JSON: {e}")))?;
     let Some(map) = json.as_object() else {
         return Err(export_error(path, "is not a JSON object; expected {\"<character>\": id, …}"));
@@ -216,8 +214,7 @@ fn read_optional_json(path: &Path) -> Result<Option<Value>> {
     if !path.is_file() {
         return Ok(None);
     }
-    let text =
-        std::fs::read_to_string(path).map_err(|source| crate::files::io_error(path, source))?;
+    let text = std::fs::read_to_string(path).map_err(|source| crate::files::io_error(path, source))?;
     serde_json::from_str(&text).map(Some).map_err(|e| export_error(path, format!("not valid JSON: {e}")))
 }
 

@@ -669,7 +669,8 @@ mod tests {
     /// gives them back and tries again; what cannot fit even then fails with the device's error.
     #[test]
     fn a_full_device_gives_pooled_buffers_back_and_tries_again() {
-        let pool = MemoryPool { rt: Arc::new(Budget { capacity: 1000, used: Mutex::new(0) }), free: Default::default() };
+        let pool =
+            MemoryPool { rt: Arc::new(Budget { capacity: 1000, used: Mutex::new(0) }), free: Default::default() };
         let a = pool.take(600).unwrap();
         pool.give(a, 600);
         let b = pool.take(700).expect("fits once the pooled 600 bytes are freed");
