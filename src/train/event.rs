@@ -81,7 +81,8 @@ pub struct Transition {
     /// Whether the frozen prefix's output is read from the cache from now on.
     pub cache: bool,
     /// Wall-clock seconds the transition took (freezing, re-planning, moving weights and
-    /// optimizer state, tuning `M`).
+    /// optimizer state, switching `M`). The steps that time `M`'s candidates train, so they
+    /// count as steps, not here.
     pub seconds: f64,
 }
 
