@@ -424,7 +424,8 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:29500")]
         rdzv: String,
         /// The run's shared secret (never printed); default PT_RDZV_TOKEN, else a random one
-        /// (single node only).
+        /// (single node only). Prefer PT_RDZV_TOKEN: other users of a node can read a flag's
+        /// value in its process list.
         #[arg(long)]
         rdzv_token: Option<String>,
         /// The command each process runs: `-- train --config ...`.

@@ -24,8 +24,8 @@ pub const GRACE: Duration = Duration::from_secs(20);
 /// where adding it to the clock could overflow.
 const MAX_COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
 
-/// What `launch` was asked.
-#[derive(Clone, Debug)]
+/// What `launch` was asked. Its `Debug` leaves the secret out.
+#[derive(Clone)]
 pub struct LaunchOptions {
     /// Processes on this node (one per device).
     pub nproc_per_node: usize,
@@ -39,6 +39,19 @@ pub struct LaunchOptions {
     pub token: Option<String>,
     /// How long the others may take to end after one failed ([`GRACE`] by default).
     pub grace: Duration,
+}
+
+impl std::fmt::Debug for LaunchOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LaunchOptions")
+            .field("nproc_per_node", &self.nproc_per_node)
+            .field("nnodes", &self.nnodes)
+            .field("node_rank", &self.node_rank)
+            .field("rdzv", &self.rdzv)
+            .field("token", &self.token.as_ref().map(|_| "(given, not shown)"))
+            .field("grace", &self.grace)
+            .finish()
+    }
 }
 
 impl LaunchOptions {
@@ -381,6 +394,16 @@ mod tests {
             token: None,
             grace,
         }
+    }
+
+    #[test]
+    fn the_secret_is_not_in_the_options_debug_output() {
+        let options = LaunchOptions { token: Some("s3cret".into()), ..one_node(2, GRACE) };
+        let shown = format!("{options:?}");
+        assert!(
+            !shown.contains("s3cret") && shown.contains("not shown") && shown.contains("nproc_per_node: 2"),
+            "{shown}"
+        );
     }
 
     #[test]
