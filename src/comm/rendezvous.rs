@@ -193,6 +193,7 @@ pub(super) fn admit_concurrently<T: Send>(
         // A handle to each handshake under way, to cut it short when the waiting ends.
         let mut running: Vec<(usize, TcpStream)> = Vec::new();
         let mut next_id = 0;
+        let mut last_accept_error = None;
         let result = loop {
             if let Ok((id, from, peer, outcome)) = outcomes.try_recv() {
                 running.retain(|(i, _)| *i != id);
@@ -217,7 +218,16 @@ pub(super) fn admit_concurrently<T: Send>(
                         continue;
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    Err(e) => break Err(rdzv_error("accept", format!("{e} ({who})"))),
+                    Err(e) if listener_broken(&e) => break Err(rdzv_error("accept", format!("{e} ({who})"))),
+                    // One connection's trouble, or a passing one (a full file table): the
+                    // deadline still bounds the wait. Said once while it repeats.
+                    Err(e) => {
+                        let text = e.to_string();
+                        if last_accept_error.as_ref() != Some(&text) {
+                            eprintln!("{who}: accepting a connection failed ({text}); still waiting");
+                            last_accept_error = Some(text);
+                        }
+                    }
                 }
             }
             std::thread::sleep(Duration::from_millis(5));
@@ -227,6 +237,14 @@ pub(super) fn admit_concurrently<T: Send>(
         }
         result
     })
+}
+
+/// Whether an `accept` error means the listener itself is unusable. Linux's `accept` also
+/// reports a pending connection's network errors (`EPROTO`, `ENETDOWN`, `EHOSTUNREACH`, …) and
+/// a full file table (`EMFILE`, `ENFILE`), which its manual says to retry like `EAGAIN`: a
+/// stranger's reset connection must not end the rendezvous.
+fn listener_broken(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EBADF | libc::EINVAL | libc::ENOTSOCK | libc::EOPNOTSUPP | libc::EFAULT))
 }
 
 /// What a handshake thread hands back: its id, the peer's address, the connection and how
@@ -522,6 +540,20 @@ mod tests {
     fn free_addr() -> String {
         let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         format!("127.0.0.1:{port}")
+    }
+
+    /// Only errors of the listener itself end the rendezvous; a connection's own (reset,
+    /// aborted, a network error `accept` passes on) and a full file table wait on.
+    #[test]
+    fn only_a_broken_listener_ends_the_accepting() {
+        use std::io::{Error, ErrorKind};
+        for errno in [libc::EMFILE, libc::ENFILE, libc::EPROTO, libc::ENETDOWN, libc::ECONNABORTED, libc::EINTR] {
+            assert!(!listener_broken(&Error::from_raw_os_error(errno)), "errno {errno}");
+        }
+        assert!(!listener_broken(&Error::from(ErrorKind::ConnectionReset)));
+        for errno in [libc::EBADF, libc::EINVAL, libc::ENOTSOCK] {
+            assert!(listener_broken(&Error::from_raw_os_error(errno)), "errno {errno}");
+        }
     }
 
     #[test]
