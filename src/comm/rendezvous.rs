@@ -465,14 +465,32 @@ fn join(
     deadline: Instant,
     timeout: Duration,
 ) -> Result<(Vec<u8>, TcpStream)> {
-    let target = addr
-        .to_socket_addrs()
-        .map_err(|e| rdzv_error(&format!("resolve {addr}"), e.to_string()))?
-        .next()
-        .ok_or_else(|| rdzv_error(&format!("resolve {addr}"), "no address"))?;
+    // Every address the name has, in turn (`localhost` may be ::1 and 127.0.0.1, and rank 0
+    // listens on the first it could bind).
+    let targets: Vec<SocketAddr> =
+        addr.to_socket_addrs().map_err(|e| rdzv_error(&format!("resolve {addr}"), e.to_string()))?.collect();
+    if targets.is_empty() {
+        return Err(rdzv_error(&format!("resolve {addr}"), "no address"));
+    }
+    join_any(&targets, addr, rank, size, secret, deadline, timeout)
+}
+
+/// [`join`] at the first of `targets` (the addresses `addr` names) where rank 0 answers.
+fn join_any(
+    targets: &[SocketAddr],
+    addr: &str,
+    rank: usize,
+    size: usize,
+    secret: &Secret,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<(Vec<u8>, TcpStream)> {
     let mut last = String::from("never tried");
-    while Instant::now() < deadline {
-        match TcpStream::connect_timeout(&target, Duration::from_millis(500)) {
+    for target in targets.iter().cycle() {
+        if Instant::now() >= deadline {
+            break;
+        }
+        match TcpStream::connect_timeout(target, Duration::from_millis(500)) {
             Ok(mut s) => match handshake(&mut s, rank, size, secret, deadline) {
                 Ok(payload) => return Ok((payload, s)),
                 // Rank 0 refused us (or is an impostor): a wrong secret will not get better.
@@ -602,6 +620,22 @@ mod tests {
             assert!(e.contains("closed the connection"), "{e}");
             // The real member still gets in.
             assert_eq!(meet(&addr, 1, 2, &secret, None, Duration::from_secs(10)).unwrap(), b"id");
+            host.join().unwrap().unwrap();
+        });
+    }
+
+    /// A member tries every address the rendezvous name resolves to, not only the first
+    /// (`localhost` as ::1 where rank 0 could bind only 127.0.0.1).
+    #[test]
+    fn a_member_tries_every_address_of_the_name() {
+        let (addr, secret) = (free_addr(), Secret::new("k3y-A9").unwrap());
+        let nobody: SocketAddr = free_addr().parse().unwrap();
+        std::thread::scope(|s| {
+            let host = s.spawn(|| meet(&addr, 0, 2, &secret, Some(b"id"), Duration::from_secs(20)));
+            let targets = [nobody, addr.parse().unwrap()];
+            let timeout = Duration::from_secs(10);
+            let (payload, _) = join_any(&targets, "both", 1, 2, &secret, Instant::now() + timeout, timeout).unwrap();
+            assert_eq!(payload, b"id");
             host.join().unwrap().unwrap();
         });
     }
