@@ -149,6 +149,18 @@ impl NcclCommunicator {
 
 impl NcclCommunicator {
     /// Passes `result` on, remembering a failure (see `state`).
+    /// An error once the group is aborted: `ncclCommAbort` freed the communicator, and a
+    /// collective on it would pass NCCL a dangling handle.
+    fn live(&self) -> Result<()> {
+        if self.state.load(Ordering::SeqCst) == ABORTED {
+            return Err(Error::Device {
+                what: "nccl".into(),
+                message: "the group was aborted (a peer failed or stalled); no collective runs on it".into(),
+            });
+        }
+        Ok(())
+    }
+
     fn note(&self, result: Result<()>) -> Result<()> {
         if result.is_err() {
             let _ = self.state.compare_exchange(LIVE, FAILED, Ordering::SeqCst, Ordering::SeqCst);
@@ -306,6 +318,7 @@ impl Communicator<GpuDevice> for NcclCommunicator {
         format!("NCCL {} ({})", self.lib.version_string(), self.lib.path.display())
     }
     fn all_reduce_sum(&self, _dev: &GpuDevice, bufs: &mut [&mut crate::device::GpuBuf]) -> Result<()> {
+        self.live()?;
         for b in bufs.iter() {
             check_f32(b)?;
         }
@@ -327,6 +340,7 @@ impl Communicator<GpuDevice> for NcclCommunicator {
         self.note(queued.and(closed))
     }
     fn complete(&self, _dev: &GpuDevice) -> Result<()> {
+        self.live()?;
         self.note(self.compute.join(&self.stream).map_err(|e| stream_error("wait for the all-reduce", e)))
     }
     fn abort(&self) {
@@ -337,6 +351,7 @@ impl Communicator<GpuDevice> for NcclCommunicator {
         }
     }
     fn broadcast(&self, dev: &GpuDevice, buf: &mut crate::device::GpuBuf, root: usize) -> Result<()> {
+        self.live()?;
         check_f32(buf)?;
         let p = buf.ptr() as *mut ::core::ffi::c_void;
         let lib = self.lib;

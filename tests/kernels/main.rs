@@ -11,5 +11,6 @@ mod elementwise;
 mod embedding;
 mod loss;
 mod matmul;
+mod nccl;
 mod norm;
 mod optim;
