@@ -804,3 +804,51 @@ fn a_run_resumed_while_timing_micro_batches_goes_on_timing() {
     assert!(timed(&events).is_empty(), "{events:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Launched processes time their own steps, so each would choose its own shape at a
+/// transition, and one that changed K alone would meet the others' next collective with
+/// another (a hang, or sums of mismatched buffers). Rank 0's choice holds on every process:
+/// here rank 0's timings make its head dearer than all else (one device is as fast as two),
+/// rank 1's do not (a pipeline of 2 pays).
+#[test]
+fn launched_processes_take_rank_0s_shape_at_a_transition() {
+    use pipetransformer::comm::process_group::ProcessGroup;
+    use pipetransformer::comm::rendezvous::Secret;
+    use std::sync::Arc;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (addr, secret) = (format!("127.0.0.1:{port}"), Secret::new("test").unwrap());
+    let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
+    let shapes: Vec<Vec<(usize, usize)>> = std::thread::scope(|s| {
+        let ranks: Vec<_> = (0..2)
+            .map(|rank| {
+                let (addr, secret, data) = (&addr, &secret, &data);
+                s.spawn(move || {
+                    let timeout = std::time::Duration::from_secs(20);
+                    let group = Arc::new(ProcessGroup::join(addr, rank, 2, secret, timeout).unwrap());
+                    let dir = scratch(&format!("launched-shape-{rank}"));
+                    let (mut t, _) =
+                        elastic_trainer(&bert(), cpus(2), &dir, FreezeInterval::Epoch, FreedDevices::Replicas);
+                    if rank == 0 {
+                        let head = t.profiles.last_mut().unwrap();
+                        (head.forward, head.backward) = (100.0, 100.0);
+                    }
+                    t.pipeline.set_process_group(Some(group)).unwrap();
+                    let config = ElasticConfig {
+                        freeze: FreezeName::Table,
+                        table: vec![0, 1],
+                        auto_pipe: true,
+                        ..Default::default()
+                    };
+                    let mut elastic = Elastic::new(config, surroundings(&bert()), &dir).unwrap();
+                    let mut events = Vec::new();
+                    elastic.start(&mut t, &mut |e| events.push(e.clone())).unwrap();
+                    t.fit(data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
+                    freezes(&events).iter().map(|t| (t.pipeline_len.1, t.replicas.1)).collect()
+                })
+            })
+            .collect();
+        ranks.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(shapes[0], [(1, 1)], "rank 0 shortens the pipeline");
+    assert_eq!(shapes[1], shapes[0], "rank 1 takes rank 0's shape");
+}

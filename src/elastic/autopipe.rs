@@ -8,7 +8,8 @@
 //! chosen by timing the candidates on the real devices, one training step each ([`Tuner`]), and
 //! remembered per (`K`, `R`, frozen prefix, batch).
 
-use crate::error::Result;
+use crate::comm::process_group::ProcessGroup;
+use crate::error::{Result, config_error};
 use crate::pipeline::{PipelineConfig, Plan, ScheduleKind, UnitProfile};
 use std::collections::BTreeMap;
 
@@ -104,6 +105,31 @@ pub fn schedule_for(k: usize, base: ScheduleKind) -> ScheduleKind {
 pub fn pick(candidates: &[Candidate]) -> Option<&Candidate> {
     let best = candidates.iter().map(|c| c.throughput).fold(0.0, f64::max);
     candidates.iter().filter(|c| c.throughput >= best * (1.0 - BALANCED)).min_by_key(|c| c.config.pipeline_len)
+}
+
+/// The candidate every process of a launched run takes: rank 0's [`pick`]. Each process times
+/// its own steps and may prefer another shape, and one that changed `K` alone would meet the
+/// others' next collective with another. Every process calls this at the same transition (the
+/// freeze rule decides on the summed gradients); without a process group, `chosen` itself.
+pub fn agree<'a>(
+    group: Option<&ProcessGroup>,
+    chosen: &'a Candidate,
+    candidates: &'a [Candidate],
+) -> Result<&'a Candidate> {
+    let Some(group) = group else { return Ok(chosen) };
+    let mut k = [if group.rank() == 0 { chosen.config.pipeline_len as f64 } else { 0.0 }];
+    group.all_reduce_sum_f64(&mut k)?;
+    let k = k[0] as usize;
+    candidates
+        .iter()
+        .filter(|c| c.config.pipeline_len == k)
+        .max_by(|a, b| a.throughput.total_cmp(&b.throughput))
+        .ok_or_else(|| {
+            config_error(
+                "elastic.auto_pipe",
+                format!("rank 0 chose a pipeline of {k} stages, which does not fit this process's devices"),
+            )
+        })
 }
 
 /// Rate measured for each micro-batch count timed, in positions (samples × padded sequence

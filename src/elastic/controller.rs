@@ -7,7 +7,7 @@
 //! and how long it took.
 
 use super::autodp::{batches_per_step, rebuild_communicators, replicas_for};
-use super::autopipe::{Shapes, Timing, Tuner, choose_shape, micro_batch_candidates, pick, schedule_for};
+use super::autopipe::{Shapes, Timing, Tuner, agree, choose_shape, micro_batch_candidates, pick, schedule_for};
 use super::cache::{ActivationCache, CacheDtype};
 use super::freeze::FreezeController;
 use super::{ElasticConfig, FreezeInterval, FreezeName};
@@ -325,8 +325,8 @@ impl Elastic {
             let shapes =
                 Shapes { global: &global, replicas: &replicas, speed: &speed, micro: &micro, profiles: &profiles };
             let candidates = choose_shape(&before, before.pipeline_len, a.devices, cached, &shapes, &names)?;
-            let chosen =
-                pick(&candidates).ok_or_else(|| config_error("devices", "no pipeline shape fits"))?.config.clone();
+            let chosen = pick(&candidates).ok_or_else(|| config_error("devices", "no pipeline shape fits"))?;
+            let chosen = agree(trainer.pipeline.process_group(), chosen, &candidates)?.config.clone();
             trainer.pipeline.lend_idle_threads(lend)?;
             let (k, r) = (chosen.pipeline_len, chosen.replicas);
             let per_replica = global(r).div_ceil(r);
