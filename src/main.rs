@@ -41,8 +41,8 @@ struct DeviceArgs {
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     device: DeviceKind,
     /// f32 (the default; for `train` and `evaluate --config`, the config's `output.precision`),
-    /// bf16, or auto (bf16 where the hardware multiplies bf16 natively: a CPU with avx512_bf16,
-    /// a GPU of compute capability 8.0 or later; else f32). bf16 means on the GPU backends bf16
+    /// bf16, or auto (bf16 where the hardware's bf16 products are the faster: a CPU with AMX, an
+    /// AMD CPU with avx512_bf16, a GPU of compute capability 8.0 or later; else f32). bf16 means on the GPU backends bf16
     /// activations with f32 master weights; on cpu bf16 operands in the linear layers' products
     /// (f32 accumulation), f32 everything else. `bench-step` on cpu without it times both.
     #[arg(long, value_enum)]

@@ -385,9 +385,10 @@ impl DeviceKind {
 }
 
 /// The precision a run asks for (`--precision`, `output.precision`): f32, bf16, or `auto`,
-/// which [`resolve`](Self::resolve) turns into bf16 where the hardware multiplies bf16 natively
-/// (a CPU with `avx512_bf16`, a GPU of compute capability 8.0 or later) and f32 elsewhere,
-/// including on the emulator, which is for checking, not speed.
+/// which [`resolve`](Self::resolve) turns into bf16 where the hardware's bf16 products are
+/// faster than its f32 ones (a CPU with AMX, or an AMD CPU with `avx512_bf16`:
+/// [`bf16_is_faster`](crate::ops::gemm_bf16::bf16_is_faster); a GPU of compute capability 8.0
+/// or later) and f32 elsewhere, including on the emulator, which is for checking, not speed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PrecisionChoice {
@@ -396,19 +397,18 @@ pub enum PrecisionChoice {
     F32,
     /// bf16 products (see [`Precision::Bf16`]).
     Bf16,
-    /// bf16 where it is native, else f32.
+    /// bf16 where it is faster, else f32.
     Auto,
 }
 
 impl PrecisionChoice {
     /// The precision device `index` of `kind` runs in.
     pub fn resolve(self, kind: DeviceKind, index: usize) -> Result<Precision> {
-        use crate::ops::gemm_bf16::{Bf16Path, bf16_path};
         Ok(match self {
             PrecisionChoice::F32 => Precision::F32,
             PrecisionChoice::Bf16 => Precision::Bf16,
             PrecisionChoice::Auto => match kind.resolve() {
-                DeviceKind::Cpu if bf16_path() != Bf16Path::Fallback => Precision::Bf16,
+                DeviceKind::Cpu if crate::ops::gemm_bf16::bf16_is_faster() => Precision::Bf16,
                 DeviceKind::Cuda if cuda::CudaRuntime::new(index)?.arch() >= 80 => Precision::Bf16,
                 _ => Precision::F32,
             },
@@ -517,12 +517,12 @@ mod tests {
         assert_eq!(DeviceKind::Auto.resolve_for(gpus + 1), DeviceKind::Cpu);
     }
 
-    /// `auto` is bf16 exactly where the CPU has the bf16 micro-kernel, f32 on the emulator; the
-    /// two explicit choices are taken as they are.
+    /// `auto` is bf16 exactly where the CPU's bf16 products are the faster, f32 on the
+    /// emulator; the two explicit choices are taken as they are.
     #[test]
     fn auto_precision_is_bf16_where_the_hardware_has_it() {
-        use crate::ops::gemm_bf16::{Bf16Path, bf16_path};
-        let native = if bf16_path() != Bf16Path::Fallback { Precision::Bf16 } else { Precision::F32 };
+        let faster = crate::ops::gemm_bf16::bf16_is_faster();
+        let native = if faster { Precision::Bf16 } else { Precision::F32 };
         assert_eq!(PrecisionChoice::Auto.resolve(DeviceKind::Cpu, 0).unwrap(), native);
         assert_eq!(PrecisionChoice::Auto.resolve(DeviceKind::CudaEmu, 0).unwrap(), Precision::F32);
         for kind in [DeviceKind::Cpu, DeviceKind::CudaEmu] {

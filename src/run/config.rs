@@ -121,7 +121,7 @@ pub struct OutputSection {
     #[serde(default)]
     pub threads: usize,
     /// The arithmetic of the products: `f32` (the default), `bf16`, or `auto` (bf16 where the
-    /// hardware multiplies bf16 natively, else f32); `--precision` overrides it. Read where the
+    /// hardware's bf16 products are faster than its f32 ones, else f32); `--precision` overrides it. Read where the
     /// devices are opened: the `train` command, or a library caller resolving it
     /// ([`PrecisionChoice::resolve`]) for [`open_devices`](crate::run::open_devices).
     #[serde(default)]

@@ -120,6 +120,37 @@ fn choose_path(cap: Option<&str>) -> (Bf16Path, Option<String>) {
     (path.min(cap), (!notes.is_empty()).then(|| notes.join("\n")))
 }
 
+/// Whether bf16 products on this CPU are faster than f32 ones, which is what `--precision auto`
+/// asks: on AMX tiles always; through `vdpbf16ps` only on AMD's cores, where it does twice the
+/// multiply-adds of an f32 FMA per cycle. Intel's cores issue it on one port where two take
+/// FMAs, so it gives the f32 rate, and the packing comes on top: a MiniLM step 918 ms in bf16
+/// against 612–640 ms in f32 on a Xeon with AMX held back (`PT_BF16_KERNEL=avx512`,
+/// docs/PERF.md). Fixed per machine, so `auto` never changes a run's arithmetic between runs.
+pub fn bf16_is_faster() -> bool {
+    bf16_faster_on(bf16_path(), cpu_is_amd())
+}
+
+/// [`bf16_is_faster`] for a path on a CPU of AMD or not.
+fn bf16_faster_on(path: Bf16Path, amd: bool) -> bool {
+    match path {
+        Bf16Path::Amx => true,
+        Bf16Path::Avx512Bf16 => amd,
+        Bf16Path::Fallback => false,
+    }
+}
+
+/// Whether the CPU's vendor string (CPUID leaf 0) is AMD's.
+fn cpu_is_amd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let id = std::arch::x86_64::__cpuid(0);
+        let vendor: Vec<u8> = [id.ebx, id.edx, id.ecx].iter().flat_map(|r| r.to_le_bytes()).collect();
+        vendor == b"AuthenticAMD"
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// The AMX kernel on this CPU's tiles against the f64 reference, at shapes with edges in every
 /// dimension (rows and columns past a tile, k past a block and odd) and without (C's tiles then
 /// read from and written to C), both A layouts, writing C and adding to it: the first
@@ -820,6 +851,21 @@ mod tests {
         assert_eq!(c[1][1], 0.0, "a denormal input reads as zero");
         assert_eq!(c[2][2].to_bits(), 0, "a denormal sum is flushed");
         assert_eq!(c[3][3], 0.0, "every element is written");
+    }
+
+    /// `auto` takes bf16 on AMX everywhere and on `vdpbf16ps` only on AMD; never on the
+    /// fallback, which rounds and then multiplies in f32.
+    #[test]
+    fn bf16_is_chosen_where_it_is_faster() {
+        for amd in [false, true] {
+            assert!(bf16_faster_on(Bf16Path::Amx, amd));
+            assert_eq!(bf16_faster_on(Bf16Path::Avx512Bf16, amd), amd);
+            assert!(!bf16_faster_on(Bf16Path::Fallback, amd));
+        }
+        let vendor = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        if vendor.contains("vendor_id") {
+            assert_eq!(cpu_is_amd(), vendor.contains("AuthenticAMD"));
+        }
     }
 
     /// `PT_BF16_KERNEL` caps the path, never raises it; an unknown value is ignored with a
