@@ -371,7 +371,7 @@ impl<D: Device> Batch<D> {
                 DropoutCoords {
                     seed,
                     offset: self.sample_offset * stride + (self.position_offset * width) as u64,
-                    row: u32::try_from(self.seq * width).unwrap_or(u32::MAX),
+                    row: (self.seq * width) as u64,
                     stride,
                 }
             }

@@ -27,8 +27,9 @@ pub struct DropoutCoords {
     pub seed: u64,
     /// Counter of element 0.
     pub offset: u64,
-    /// Elements per row (consecutive counters).
-    pub row: u32,
+    /// Elements per row (consecutive counters). 64 bits: a whole tensor is one row, and one of
+    /// more than 2³² elements must not draw its first elements' counters again.
+    pub row: u64,
     /// Counter distance between the starts of consecutive rows.
     pub stride: u64,
 }
@@ -36,13 +37,13 @@ pub struct DropoutCoords {
 impl DropoutCoords {
     /// Element `i` draws counter `offset + i`.
     pub fn contiguous(seed: u64, offset: u64) -> Self {
-        DropoutCoords { seed, offset, row: u32::MAX, stride: 0 }
+        DropoutCoords { seed, offset, row: u64::MAX, stride: 0 }
     }
 
     /// The counter of element `i`.
     #[inline(always)]
     pub fn counter(&self, i: usize) -> u64 {
-        let (r, i) = (u64::from(self.row), i as u64);
+        let (r, i) = (self.row, i as u64);
         self.offset.wrapping_add((i / r).wrapping_mul(self.stride)).wrapping_add(i % r)
     }
 }
@@ -68,7 +69,7 @@ fn apply<T: Float>(dst: &mut [T], src: &[T], p: f32, at: DropoutCoords) {
         return;
     }
     let scale = T::from_f64(1.0 / (1.0 - p as f64));
-    let row = at.row as usize;
+    let row = usize::try_from(at.row).unwrap_or(usize::MAX);
     dst.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).enumerate().for_each(|(c, (mut dst, mut src))| {
         // Row by row: the counter advances by one along a row (a run the hash vectorises over)
         // and jumps by the stride between rows.
@@ -245,7 +246,7 @@ mod tests {
         let at = DropoutCoords {
             seed: 5,
             offset: 1000 + (start * width) as u64,
-            row: (len * width) as u32,
+            row: (len * width) as u64,
             stride: (seq * width) as u64,
         };
         let mut sliced = vec![0.0f32; batch * len * width];
@@ -254,7 +255,7 @@ mod tests {
         assert!(sliced.contains(&0.0) && sliced.iter().any(|&v| v != 0.0));
         // A row no longer than a chunk and one longer than several: the chunked walk agrees with
         // `counter`.
-        for row in [7u32, (3 * CHUNK + 1) as u32] {
+        for row in [7u64, (3 * CHUNK + 1) as u64] {
             let at = DropoutCoords { seed: 1, offset: 3, row, stride: 100_000 };
             let ones = vec![1.0f32; 4 * CHUNK + 9];
             let mut out = vec![0.0f32; ones.len()];
@@ -262,6 +263,16 @@ mod tests {
             for (i, &v) in out.iter().enumerate() {
                 assert_eq!(v != 0.0, dropout_keep(1, at.counter(i), 0.5), "row {row}, element {i}");
             }
+        }
+    }
+
+    /// A whole tensor is one row: past 2³² elements the counters go on, where a 32-bit row
+    /// length started them again and repeated the first elements' mask.
+    #[test]
+    fn a_whole_tensor_never_repeats_its_counters() {
+        let at = DropoutCoords::contiguous(3, 10);
+        for i in [0usize, 1 << 31, (1 << 32) - 1, 1 << 32, (1 << 32) + 5, 1 << 40] {
+            assert_eq!(at.counter(i), 10 + i as u64, "element {i}");
         }
     }
 }

@@ -198,7 +198,9 @@ pub fn dropout(dev: &GpuDevice, op: &str, dst: &mut GpuBuf, src: &GpuBuf, p: f32
     let rest = [
         Arg::U64(at.seed),
         Arg::U64(at.offset),
-        Arg::U32(at.row),
+        // The kernel's indices stay below 2³¹ (`n` is an int), so a longer row reads the same
+        // as u32::MAX: every index falls in its first row.
+        Arg::U32(u32::try_from(at.row).unwrap_or(u32::MAX)),
         Arg::U64(at.stride),
         Arg::U64(threshold),
         Arg::F32(scale),
