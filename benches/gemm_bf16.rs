@@ -79,5 +79,39 @@ fn bench_linear_products(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench_linear_products);
+/// The weight gradient as a pipelined step accumulates it: `dW += dYᵀ·X` over a micro-batch of
+/// 120 rows (the main job's 8 micro-batches of 4 snippets), into a `dW` that the rest of the
+/// step has pushed out of this core's caches since the last micro-batch. Twelve MLP-sized
+/// gradients (384 × 1536, 28 MB together, past every L2) are visited in turn, so each product
+/// reads and writes a `C` that is not in L2, as the step's layers do. One thread.
+fn bench_cold_weight_gradient(c: &mut Criterion) {
+    let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    let (rows, in_dim, out_dim, layers) = (120, 384, 1536, 12);
+    let x = random(rows * in_dim, 1);
+    let dy = random(rows * out_dim, 3);
+    let mut dws: Vec<Vec<f32>> = (0..layers).map(|l| random(out_dim * in_dim, 10 + l as u64)).collect();
+    let mut g = c.benchmark_group(format!("dweight_cold_{in_dim}x{out_dim}_rows{rows}_threads1"));
+    g.sample_size(20);
+    g.throughput(Throughput::Elements(2 * (rows * in_dim * out_dim) as u64));
+    let (a, b) = (MatRef::rows(&dy, out_dim).t(), MatRef::rows(&x, in_dim));
+    let mut next = 0;
+    for (name, bf16) in [("f32", false), ("bf16", true)] {
+        g.bench_function(name, |bench| {
+            bench.iter(|| {
+                let dw = &mut dws[next % layers];
+                next += 1;
+                one.install(|| {
+                    if bf16 {
+                        matmul_bf16(black_box(dw), in_dim, a, b, out_dim, in_dim, rows, true);
+                    } else {
+                        matmul(black_box(dw), in_dim, a, b, out_dim, in_dim, rows, true)
+                    }
+                })
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench_linear_products, bench_cold_weight_gradient);
 criterion_main!(benches);
