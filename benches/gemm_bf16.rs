@@ -6,6 +6,8 @@
 //! tokens on a one-thread stage), where the weight's packing weighs as much as the product;
 //! so the forward and `dX` also run with the weight packed beforehand (`bf16-packed-weight`),
 //! as a cpu device keeps it from one micro-batch to the next.
+//! And the weight gradient accumulated into gradients out of cache (`dweight_cold_*`), over one
+//! micro-batch and over a step's eight at once.
 //! Throughput is in elements/s where one element is one FLOP: criterion's `Gelem/s` reads as
 //! GFLOP/s.
 //!
@@ -81,36 +83,39 @@ fn bench_linear_products(c: &mut Criterion) {
 
 /// The weight gradient as a pipelined step accumulates it: `dW += dYᵀ·X` over a micro-batch of
 /// 120 rows (the main job's 8 micro-batches of 4 snippets), into a `dW` that the rest of the
-/// step has pushed out of this core's caches since the last micro-batch. Twelve MLP-sized
-/// gradients (384 × 1536, 28 MB together, past every L2) are visited in turn, so each product
-/// reads and writes a `C` that is not in L2, as the step's layers do. One thread.
+/// step has pushed out of this core's caches since the last micro-batch; and over the 960 rows
+/// of all eight at once, what summing a step's micro-batches in one product would run. Twelve
+/// MLP-sized gradients (384 × 1536, 28 MB together, past every L2) are visited in turn, so each
+/// product reads and writes a `C` that is not in L2, as the step's layers do. One thread.
 fn bench_cold_weight_gradient(c: &mut Criterion) {
     let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-    let (rows, in_dim, out_dim, layers) = (120, 384, 1536, 12);
-    let x = random(rows * in_dim, 1);
-    let dy = random(rows * out_dim, 3);
+    let (in_dim, out_dim, layers) = (384, 1536, 12);
     let mut dws: Vec<Vec<f32>> = (0..layers).map(|l| random(out_dim * in_dim, 10 + l as u64)).collect();
-    let mut g = c.benchmark_group(format!("dweight_cold_{in_dim}x{out_dim}_rows{rows}_threads1"));
-    g.sample_size(20);
-    g.throughput(Throughput::Elements(2 * (rows * in_dim * out_dim) as u64));
-    let (a, b) = (MatRef::rows(&dy, out_dim).t(), MatRef::rows(&x, in_dim));
-    let mut next = 0;
-    for (name, bf16) in [("f32", false), ("bf16", true)] {
-        g.bench_function(name, |bench| {
-            bench.iter(|| {
-                let dw = &mut dws[next % layers];
-                next += 1;
-                one.install(|| {
-                    if bf16 {
-                        matmul_bf16(black_box(dw), in_dim, a, b, out_dim, in_dim, rows, true);
-                    } else {
-                        matmul(black_box(dw), in_dim, a, b, out_dim, in_dim, rows, true)
-                    }
+    for rows in [120, 960] {
+        let x = random(rows * in_dim, 1);
+        let dy = random(rows * out_dim, 3);
+        let mut g = c.benchmark_group(format!("dweight_cold_{in_dim}x{out_dim}_rows{rows}_threads1"));
+        g.sample_size(20);
+        g.throughput(Throughput::Elements(2 * (rows * in_dim * out_dim) as u64));
+        let (a, b) = (MatRef::rows(&dy, out_dim).t(), MatRef::rows(&x, in_dim));
+        let mut next = 0;
+        for (name, bf16) in [("f32", false), ("bf16", true)] {
+            g.bench_function(name, |bench| {
+                bench.iter(|| {
+                    let dw = &mut dws[next % layers];
+                    next += 1;
+                    one.install(|| {
+                        if bf16 {
+                            matmul_bf16(black_box(dw), in_dim, a, b, out_dim, in_dim, rows, true);
+                        } else {
+                            matmul(black_box(dw), in_dim, a, b, out_dim, in_dim, rows, true)
+                        }
+                    })
                 })
-            })
-        });
+            });
+        }
+        g.finish();
     }
-    g.finish();
 }
 
 criterion_group!(benches, bench_linear_products, bench_cold_weight_gradient);
