@@ -751,7 +751,11 @@ fn kernels(update: Option<&Path>) -> Result<()> {
 }
 
 fn load_config(path: &Path, overrides: &[String]) -> Result<RunConfig> {
-    RunConfig::load(path, overrides).with_context(|| format!("reading {}", path.display()))
+    let config = RunConfig::load(path, overrides).with_context(|| format!("reading {}", path.display()))?;
+    for w in &config.warnings {
+        eprintln!("warning: {w}");
+    }
+    Ok(config)
 }
 
 /// What `train` was asked besides the run config.

@@ -186,6 +186,44 @@ impl Default for ElasticConfig {
 }
 
 impl ElasticConfig {
+    /// The settings `given` (the keys a user wrote in `[elastic]`, or set by a flag or `--set`)
+    /// that this config's switches leave unread, each as a sentence for a warning: a cache size
+    /// with the cache off, α under a table, a freed-device policy without AutoDP. A setting
+    /// left at its default is never named; a switch given as off names nothing.
+    pub fn inert_settings(&self, given: &dyn Fn(&str) -> bool) -> Vec<String> {
+        let freeze = match self.freeze {
+            FreezeName::Off => "off",
+            FreezeName::Eq1 => "eq1",
+            FreezeName::Alpha => "alpha",
+            FreezeName::Table => "table",
+        };
+        let freezes = self.freeze != FreezeName::Off;
+        // (key, whether its switch leaves it unread, the switch as the user would write it)
+        let rules: [(&str, bool, String); 12] = [
+            (
+                "alpha",
+                matches!(self.freeze, FreezeName::Off | FreezeName::Table),
+                format!("elastic.freeze is {freeze}"),
+            ),
+            ("table", self.freeze != FreezeName::Table, format!("elastic.freeze is {freeze}")),
+            ("freeze_interval", !freezes, "elastic.freeze is off".into()),
+            ("max_weight_change", !freezes, "elastic.freeze is off".into()),
+            ("auto_dp", self.auto_dp && !freezes, "elastic.freeze is off: no device is ever freed".into()),
+            ("cache", self.cache && !freezes, "elastic.freeze is off: nothing is ever frozen to cache".into()),
+            ("freed_devices", !self.auto_dp, "elastic.auto_dp is off".into()),
+            ("batch_policy", !self.auto_dp, "elastic.auto_dp is off".into()),
+            ("cache_bytes", !self.cache, "elastic.cache is off".into()),
+            ("cache_dir", !self.cache, "elastic.cache is off".into()),
+            ("cache_dtype", !self.cache, "elastic.cache is off".into()),
+            ("cache_augmented", !self.cache, "elastic.cache is off".into()),
+        ];
+        rules
+            .into_iter()
+            .filter(|(key, unread, _)| *unread && given(key))
+            .map(|(key, _, why)| format!("elastic.{key} is set, but {why}: it has no effect"))
+            .collect()
+    }
+
     /// Whether the devices a shorter pipeline frees lend their threads to `devices` at work:
     /// AutoDP on, `freed_devices = "threads"`, and cpu devices.
     pub fn lends_threads<D: crate::device::Device>(&self, devices: &[D]) -> bool {

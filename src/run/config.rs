@@ -154,6 +154,10 @@ pub struct RunConfig {
     /// PipeTransformer: freezing, AutoPipe, AutoDP, AutoCache (all off unless set).
     #[serde(default)]
     pub elastic: ElasticConfig,
+    /// Settings given that the others leave without effect, each a sentence to warn with
+    /// ([`ElasticConfig::inert_settings`]); filled by [`RunConfig::parse`], not a setting.
+    #[serde(skip)]
+    pub warnings: Vec<String>,
 }
 
 /// The most devices, or threads, one process opens: each costs a pool thread, and a typo of
@@ -323,7 +327,9 @@ impl RunConfig {
             Error::Config { field, message: e.trim_end().to_string() }
         })?;
         config.validate()?;
-        Ok(config)
+        let given = table.get("elastic").and_then(toml::Value::as_table);
+        let warnings = config.elastic.inert_settings(&|key| given.is_some_and(|t| t.contains_key(key)));
+        Ok(RunConfig { warnings, ..config })
     }
 
     /// A key of `given` (the table this config was read from) that no setting took. The
@@ -502,6 +508,36 @@ dir = "runs/x"
         assert_eq!(c.data.max_len, 64);
         assert_eq!(c.output.dir, PathBuf::from("runs/y"));
         assert_eq!(c.data.dataset, DatasetName::RottenTomatoes);
+    }
+
+    /// A setting its switch leaves unread is named for a warning (a cache size with the cache
+    /// off, α under a table, freed devices without AutoDP, on switches with nothing to freeze);
+    /// a default, a switch given as off, or a setting that is read is not. The shipped configs
+    /// warn of nothing.
+    #[test]
+    fn settings_left_without_effect_are_named() {
+        let warned = |sets: &[&str]| {
+            let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+            RunConfig::parse(BASE, "base", &sets).unwrap().warnings
+        };
+        assert!(warned(&[]).is_empty());
+        assert!(warned(&["elastic.cache=false", "elastic.auto_dp=false", "elastic.freeze=\"off\""]).is_empty());
+        let w = warned(&["elastic.cache_bytes=1000", "elastic.freed_devices=\"threads\""]);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].contains("elastic.freed_devices") && w[0].contains("elastic.auto_dp is off"), "{w:?}");
+        assert!(w[1].contains("elastic.cache_bytes") && w[1].contains("elastic.cache is off"), "{w:?}");
+        let on = ["elastic.freeze=\"eq1\"", "elastic.cache=true", "elastic.cache_bytes=1000", "elastic.alpha=0.2"];
+        assert!(warned(&on).is_empty(), "{:?}", warned(&on));
+        let table = warned(&["elastic.freeze=\"table\"", "elastic.table=[0, 1]", "elastic.alpha=0.2"]);
+        assert_eq!(table.len(), 1, "{table:?}");
+        assert!(table[0].starts_with("elastic.alpha is set, but elastic.freeze is table"), "{table:?}");
+        let idle = warned(&["elastic.auto_dp=true", "elastic.cache=true", "elastic.max_weight_change=0.05"]);
+        assert_eq!(idle.len(), 3, "nothing freezes: {idle:?}");
+        for path in std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/configs")).unwrap() {
+            let path = path.unwrap().path();
+            let config = RunConfig::load(&path, &[]).unwrap();
+            assert!(config.warnings.is_empty(), "{}: {:?}", path.display(), config.warnings);
+        }
     }
 
     #[test]
