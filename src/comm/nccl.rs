@@ -148,7 +148,6 @@ impl NcclCommunicator {
 }
 
 impl NcclCommunicator {
-    /// Passes `result` on, remembering a failure (see `state`).
     /// An error once the group is aborted: `ncclCommAbort` freed the communicator, and a
     /// collective on it would pass NCCL a dangling handle.
     fn live(&self) -> Result<()> {
@@ -161,6 +160,7 @@ impl NcclCommunicator {
         Ok(())
     }
 
+    /// Passes `result` on, remembering a failure (see `state`).
     fn note(&self, result: Result<()>) -> Result<()> {
         if result.is_err() {
             let _ = self.state.compare_exchange(LIVE, FAILED, Ordering::SeqCst, Ordering::SeqCst);

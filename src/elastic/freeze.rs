@@ -169,6 +169,9 @@ impl FreezeController {
     /// Ends an interval: the frozen layers for the next one (never fewer than now, never more
     /// than `cap`: the settled layers, when a settling test runs).
     pub fn end_interval(&mut self, cap: Option<usize>) -> usize {
+        // No step trained in the interval: no weight moved, so every layer passes a settling
+        // test without having settled. The test then holds the count where it is.
+        let cap = if self.steps == 0 { cap.map(|_| self.frozen) } else { cap };
         self.intervals += 1;
         let t = self.intervals;
         let next = match &self.rule {
@@ -201,11 +204,22 @@ impl FreezeController {
 
 #[cfg(test)]
 mod tests {
-    /// A checkpoint keeps the interval's gradient-norm sums and the α bound bit for bit (JSON
-    /// read back with serde_json's exact float parsing): a resumed Eq. 1 compares the same
-    /// numbers the straight run does, near-ties included.
     /// An interval in which no step trained (each skipped for a gradient that was not finite)
     /// gives Eq. 1 no norms: nothing more freezes, where the lowest active layer's 0 would win.
+    /// Under a settling test, an interval without a trained step freezes nothing for any rule:
+    /// its weight changes are all 0 because nothing trained, not because the layers settled.
+    #[test]
+    fn a_settling_test_holds_after_an_interval_without_a_step() {
+        for rule in [FreezeRule::Table(vec![0, 2, 4]), FreezeRule::Alpha] {
+            let mut c = FreezeController::new(rule.clone(), 1.0 / 3.0, 6).unwrap();
+            assert_eq!(c.end_interval(Some(6)), 0, "{rule:?}: no step, every layer 'settled'");
+            c.observe(&[1.0; 6]);
+            assert!(c.end_interval(Some(6)) > 0, "{rule:?}: a trained interval freezes as the rule says");
+        }
+        let mut c = FreezeController::new(FreezeRule::Table(vec![0, 2]), 1.0 / 3.0, 6).unwrap();
+        assert_eq!(c.end_interval(None), 2, "without a settling test the table decides alone");
+    }
+
     #[test]
     fn eq1_freezes_nothing_after_an_interval_without_a_step() {
         let mut c = FreezeController::new(FreezeRule::Eq1, 1.0 / 3.0, 6).unwrap();
@@ -214,6 +228,9 @@ mod tests {
         assert_eq!(c.end_interval(None), 2, "layer 1's norm is the smallest");
     }
 
+    /// A checkpoint keeps the interval's gradient-norm sums and the α bound bit for bit (JSON
+    /// read back with serde_json's exact float parsing): a resumed Eq. 1 compares the same
+    /// numbers the straight run does, near-ties included.
     #[test]
     fn the_state_survives_json_bit_for_bit() {
         let mut c = FreezeController::new(FreezeRule::Eq1, 1.0 / 3.0, 6).unwrap();
@@ -315,11 +332,17 @@ mod tests {
         // Frozen layers (no change) stay counted; the scan starts above them.
         assert_eq!(settled(2, &[0.0, 0.0, 0.04, 0.5], 0.05), 3);
         // The α bound would freeze 3 of 6 (α = 1/2); settled, only 1 may; next interval 3.
+        // (Each interval trained a step: `a_settling_test_holds_after_an_interval_without_a_step`
+        // has one that did not.)
         let mut c = FreezeController::new(FreezeRule::Alpha, 0.5, 6).unwrap();
-        assert_eq!(c.end_interval(Some(1)), 1);
-        assert_eq!(c.end_interval(Some(6)), alpha_schedule(6, 0.5, 2));
+        let mut end = |cap| {
+            c.observe(&[1.0; 6]);
+            c.end_interval(Some(cap))
+        };
+        assert_eq!(end(1), 1);
+        assert_eq!(end(6), alpha_schedule(6, 0.5, 2));
         // The cap never thaws.
-        assert_eq!(c.end_interval(Some(0)), alpha_schedule(6, 0.5, 2));
+        assert_eq!(end(0), alpha_schedule(6, 0.5, 2));
         // Eq. 1 held back goes on from what is frozen: α = 1/2 over 8 layers, norms falling to
         // the top (the bound decides). Bound 4, capped at 1 → 1; next bound 1 + 7/2 = 4.5 → 5,
         // not 4 + 4/2 = 6 as it would from the uncapped bound.
