@@ -475,7 +475,10 @@ fn join(
     join_any(&targets, addr, rank, size, secret, deadline, timeout)
 }
 
-/// [`join`] at the first of `targets` (the addresses `addr` names) where rank 0 answers.
+/// [`join`] at the first of `targets` (the addresses `addr` names) where rank 0 answers. An
+/// address whose peer refuses us is not tried again, and the next one is: another service (or
+/// another run's rank 0) may hold `::1` at the port where ours bound 127.0.0.1. The refusal is
+/// final once every address has refused.
 fn join_any(
     targets: &[SocketAddr],
     addr: &str,
@@ -486,15 +489,34 @@ fn join_any(
     timeout: Duration,
 ) -> Result<(Vec<u8>, TcpStream)> {
     let mut last = String::from("never tried");
-    for target in targets.iter().cycle() {
+    let mut refused: Vec<Option<String>> = vec![None; targets.len()];
+    for (i, target) in targets.iter().enumerate().cycle() {
         if Instant::now() >= deadline {
             break;
+        }
+        if refused[i].is_some() {
+            continue;
         }
         match TcpStream::connect_timeout(target, Duration::from_millis(500)) {
             Ok(mut s) => match handshake(&mut s, rank, size, secret, deadline) {
                 Ok(payload) => return Ok((payload, s)),
-                // Rank 0 refused us (or is an impostor): a wrong secret will not get better.
-                Err(Handshake::Refused(why)) => return Err(rdzv_error(&format!("at {addr}"), why)),
+                // Refused here (or an impostor): a wrong secret will not get better at this
+                // address, and every address refusing is final.
+                Err(Handshake::Refused(why)) => {
+                    refused[i] = Some(why);
+                    if refused.iter().all(Option::is_some) {
+                        let why: Vec<String> = match &refused[..] {
+                            [only] => only.iter().cloned().collect(),
+                            all => targets
+                                .iter()
+                                .zip(all)
+                                .map(|(t, w)| format!("{t}: {}", w.as_deref().unwrap_or("")))
+                                .collect(),
+                        };
+                        return Err(rdzv_error(&format!("at {addr}"), why.join("; ")));
+                    }
+                    continue;
+                }
                 // No challenge in time: rank 0 may be busy with a crowd of strangers; again.
                 Err(Handshake::Unanswered(why)) => last = why,
             },
@@ -638,6 +660,42 @@ mod tests {
             assert_eq!(payload, b"id");
             host.join().unwrap().unwrap();
         });
+    }
+
+    /// A stranger at the first address the name gives (here: a rendezvous of another run, with
+    /// another secret) refuses us; the member goes on to the next address, where its rank 0 is.
+    #[test]
+    fn a_refusal_at_one_address_moves_on_to_the_next() {
+        let (ours, theirs) = (Secret::new("ours-1").unwrap(), Secret::new("theirs-2").unwrap());
+        let (addr, other) = (free_addr(), free_addr());
+        std::thread::scope(|s| {
+            // The other run's rank 0 waits for a member that never comes; it ends at its timeout.
+            let stranger = s.spawn(|| meet(&other, 0, 2, &theirs, Some(b"no"), Duration::from_secs(3)));
+            let host = s.spawn(|| meet(&addr, 0, 2, &ours, Some(b"id"), Duration::from_secs(20)));
+            std::thread::sleep(Duration::from_millis(100));
+            let targets = [other.parse().unwrap(), addr.parse().unwrap()];
+            let timeout = Duration::from_secs(10);
+            let (payload, _) = join_any(&targets, "both", 1, 2, &ours, Instant::now() + timeout, timeout).unwrap();
+            assert_eq!(payload, b"id");
+            host.join().unwrap().unwrap();
+            assert!(stranger.join().unwrap().is_err());
+        });
+        // Refused at every address: final at once, each address named with its reason.
+        let garbage = || {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let at = listener.local_addr().unwrap();
+            std::thread::spawn(move || {
+                for mut c in listener.incoming().flatten() {
+                    let _ = c.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
+                }
+            });
+            at
+        };
+        let targets = [garbage(), garbage()];
+        let (timeout, started) = (Duration::from_secs(20), Instant::now());
+        let e = join_any(&targets, "both", 1, 2, &ours, started + timeout, timeout).unwrap_err().to_string();
+        assert!(e.contains(&targets[0].to_string()) && e.contains(&targets[1].to_string()), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(5), "failed after {:?}", started.elapsed());
     }
 
     /// Something that is not a rank 0 on the port (here: one that answers with garbage) is a
