@@ -47,6 +47,10 @@ __device__ __forceinline__ void st(bf16* p, int i, float v) { p[i] = __float2bfl
     for (int i = blockIdx.x * blockDim.x + threadIdx.x, i##_stride = blockDim.x * gridDim.x; i < (n); \
          i = (n) - i > i##_stride ? i + i##_stride : (n))
 
+// A block-stride loop over `n` elements, one block's threads taking every blockDim.x-th: like
+// GRID_STRIDE, the step never forms i + blockDim.x past n.
+#define BLOCK_STRIDE(i, n) for (int i = threadIdx.x; i < (n); i = (n) - i > (int)blockDim.x ? i + (int)blockDim.x : (n))
+
 // ---- warp and block reductions -----------------------------------------------------------------
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);

@@ -178,7 +178,7 @@ static __device__ void mean_pool_backward(act_t* dinp, const act_t* dout, const 
     __shared__ float scratch[32];
     const int b = blockIdx.x;
     const float scale = mean_scale(mask, seq, scratch);
-    for (int i = threadIdx.x; i < seq * dim; i += blockDim.x) {
+    BLOCK_STRIDE(i, seq * dim) {
         const int t = i / dim, j = i - t * dim;
         const bool real = !mask || mask[b * seq + t];
         st(dinp, b * seq * dim + i, real ? ld(dout, b * dim + j) * scale : 0.0f);

@@ -160,3 +160,15 @@ extern "C" __global__ void emu_test_grid_stride(unsigned int* counts, int n, uns
     }
     counts[blockIdx.x * blockDim.x + threadIdx.x] = c;
 }
+
+// The same for a block-stride loop: counts[t] for thread t of one block.
+extern "C" __global__ void emu_test_block_stride(unsigned int* counts, int n, unsigned int cap) {
+    unsigned int c = 0;
+    BLOCK_STRIDE(i, n) {
+        if (i < 0 || ++c > cap) {
+            c = 0xffffffffu;
+            break;
+        }
+    }
+    counts[threadIdx.x] = c;
+}

@@ -169,6 +169,22 @@ fn a_grid_stride_loop_reaches_2_pow_31_without_wrapping() {
     }
 }
 
+/// The same for a block-stride loop (mean pooling's backward walks a sequence's `seq·dim`
+/// elements with one block): no index wraps negative within a block of 2³¹.
+#[test]
+fn a_block_stride_loop_reaches_2_pow_31_without_wrapping() {
+    let rt = rt(1, 1);
+    let threads = 1024u32;
+    let n = i32::MAX as u64;
+    let counts = Raw::zeros(&rt, threads as usize * 4);
+    let cap = n.div_ceil(u64::from(threads)) as u32;
+    let args = [counts.arg(), Arg::I32(i32::MAX), Arg::U32(cap)];
+    launch(&rt, "emu_test_block_stride", LaunchConfig::linear(1, threads), &args).unwrap();
+    for (t, &c) in as_u32(&counts.read()).iter().enumerate() {
+        assert_eq!(u64::from(c), (n - t as u64).div_ceil(u64::from(threads)), "thread {t}");
+    }
+}
+
 #[test]
 fn atomics_are_atomic_across_blocks_and_os_threads() {
     for threads in [1, 2] {
