@@ -15,9 +15,9 @@ use crate::device::gpu::Elem;
 use crate::error::{Error, Result};
 use cudarc::driver::CudaStream;
 use cudarc::nccl::sys;
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 /// Bytes of an NCCL unique id.
 pub const ID_BYTES: usize = 128;
@@ -62,13 +62,79 @@ const LIVE: u8 = 0;
 const FAILED: u8 = 1;
 const ABORTED: u8 = 2;
 
-/// One GPU's member of an NCCL group.
-pub struct NcclCommunicator {
-    lib: &'static NcclLib,
+/// How long an abort waits for a collective that is still queueing its calls: queueing takes
+/// microseconds, unless it hangs inside NCCL on a peer that is gone, which is what aborting
+/// ends.
+const QUEUEING_GRACE: Duration = Duration::from_secs(2);
+
+/// A communicator's state, and the one way past it to NCCL. A collective checks that the group
+/// is not aborted and queues its calls while it holds `queueing`; [`abort`](Self::abort) marks
+/// the group aborted at once (no later collective starts), waits for a collective still
+/// queueing to leave, and only then releases the communicator. Without the wait, a collective
+/// that had passed the check could call NCCL with the handle `ncclCommAbort` had just freed
+/// (the watchdog aborts from its own thread).
+struct AbortGate {
     /// [`LIVE`], [`FAILED`] (a collective failed: the peers may be gone, so dropping aborts
     /// the communicator, as `ncclCommDestroy` would wait for them) or [`ABORTED`] (already:
     /// dropping releases nothing more).
-    state: std::sync::atomic::AtomicU8,
+    state: AtomicU8,
+    queueing: Mutex<()>,
+}
+
+impl AbortGate {
+    fn new() -> Self {
+        AbortGate { state: LIVE.into(), queueing: Mutex::new(()) }
+    }
+
+    /// Leave to queue NCCL calls, held until the guard drops; an error once aborted.
+    fn enter(&self) -> Result<MutexGuard<'_, ()>> {
+        let guard = self.queueing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.live()?;
+        Ok(guard)
+    }
+
+    /// An error once the group is aborted: `ncclCommAbort` freed the communicator.
+    fn live(&self) -> Result<()> {
+        if self.state.load(Ordering::SeqCst) == ABORTED {
+            return Err(Error::Device {
+                what: "nccl".into(),
+                message: "the group was aborted (a peer failed or stalled); no collective runs on it".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Remembers a failed collective (unless aborted already).
+    fn fail(&self) {
+        let _ = self.state.compare_exchange(LIVE, FAILED, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    /// Marks the group aborted and, the first time, runs `release` once no collective is
+    /// queueing, or after `grace` if one hangs inside NCCL (the release is what frees it).
+    fn abort(&self, grace: Duration, release: impl FnOnce()) {
+        if self.state.swap(ABORTED, Ordering::SeqCst) == ABORTED {
+            return;
+        }
+        let until = Instant::now() + grace;
+        let _quiet = loop {
+            match self.queueing.try_lock() {
+                Ok(guard) => break Some(guard),
+                Err(std::sync::TryLockError::Poisoned(p)) => break Some(p.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) if Instant::now() < until => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                Err(std::sync::TryLockError::WouldBlock) => break None,
+            }
+        };
+        release();
+    }
+}
+
+/// One GPU's member of an NCCL group.
+pub struct NcclCommunicator {
+    lib: &'static NcclLib,
+    /// Its state, and the collectives' way to NCCL past an abort.
+    gate: AbortGate,
     comm: sys::ncclComm_t,
     /// The GPU's compute stream, whose kernels produce the gradients and later read the sums.
     compute: Arc<CudaStream>,
@@ -143,27 +209,15 @@ impl NcclCommunicator {
         rank: usize,
         size: usize,
     ) -> Self {
-        Self { lib, state: LIVE.into(), comm, compute: runtime.stream().clone(), stream, rank, size }
+        Self { lib, gate: AbortGate::new(), comm, compute: runtime.stream().clone(), stream, rank, size }
     }
 }
 
 impl NcclCommunicator {
-    /// An error once the group is aborted: `ncclCommAbort` freed the communicator, and a
-    /// collective on it would pass NCCL a dangling handle.
-    fn live(&self) -> Result<()> {
-        if self.state.load(Ordering::SeqCst) == ABORTED {
-            return Err(Error::Device {
-                what: "nccl".into(),
-                message: "the group was aborted (a peer failed or stalled); no collective runs on it".into(),
-            });
-        }
-        Ok(())
-    }
-
-    /// Passes `result` on, remembering a failure (see `state`).
+    /// Passes `result` on, remembering a failure (see [`AbortGate`]).
     fn note(&self, result: Result<()>) -> Result<()> {
         if result.is_err() {
-            let _ = self.state.compare_exchange(LIVE, FAILED, Ordering::SeqCst, Ordering::SeqCst);
+            self.gate.fail();
         }
         result
     }
@@ -289,7 +343,7 @@ fn not_loaded(why: &str) -> String {
 
 impl Drop for NcclCommunicator {
     fn drop(&mut self) {
-        let release = match self.state.load(Ordering::SeqCst) {
+        let release = match self.gate.state.load(Ordering::SeqCst) {
             LIVE => self.lib.comm_destroy,
             FAILED => self.lib.comm_abort,
             _ => return,
@@ -318,7 +372,7 @@ impl Communicator<GpuDevice> for NcclCommunicator {
         format!("NCCL {} ({})", self.lib.version_string(), self.lib.path.display())
     }
     fn all_reduce_sum(&self, _dev: &GpuDevice, bufs: &mut [&mut crate::device::GpuBuf]) -> Result<()> {
-        self.live()?;
+        let _queueing = self.gate.enter()?;
         for b in bufs.iter() {
             check_f32(b)?;
         }
@@ -340,18 +394,21 @@ impl Communicator<GpuDevice> for NcclCommunicator {
         self.note(queued.and(closed))
     }
     fn complete(&self, _dev: &GpuDevice) -> Result<()> {
-        self.live()?;
+        // Stream order only: no NCCL call, so no need to enter the gate.
+        self.gate.live()?;
         self.note(self.compute.join(&self.stream).map_err(|e| stream_error("wait for the all-reduce", e)))
     }
     fn abort(&self) {
-        if self.state.swap(ABORTED, Ordering::SeqCst) != ABORTED {
-            // SAFETY: NCCL allows aborting a communicator from another thread while a collective
-            // of it waits; the state makes this the communicator's only release.
+        // The gate makes this the communicator's only release, and makes it after any
+        // collective between its check and its NCCL call has made that call.
+        self.gate.abort(QUEUEING_GRACE, || {
+            // SAFETY: NCCL allows aborting a communicator from another thread while a
+            // collective of it waits inside NCCL.
             let _ = unsafe { (self.lib.comm_abort)(self.comm) };
-        }
+        });
     }
     fn broadcast(&self, dev: &GpuDevice, buf: &mut crate::device::GpuBuf, root: usize) -> Result<()> {
-        self.live()?;
+        let _queueing = self.gate.enter()?;
         check_f32(buf)?;
         let p = buf.ptr() as *mut ::core::ffi::c_void;
         let lib = self.lib;
@@ -370,6 +427,42 @@ impl Communicator<GpuDevice> for NcclCommunicator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An abort waits for a collective that is queueing its calls (it passed the check, and
+    /// its call must not meet a freed communicator), releases once it has left, and refuses
+    /// every later one; a collective hung inside NCCL past the grace is released under it.
+    #[test]
+    fn an_abort_releases_only_after_a_queueing_collective_has_left() {
+        use std::sync::atomic::AtomicBool;
+        for (hold, grace, waits) in [
+            (Duration::from_millis(300), Duration::from_secs(10), true),
+            (Duration::from_secs(3), Duration::from_millis(100), false),
+        ] {
+            let gate = AbortGate::new();
+            let (left, released) = (AtomicBool::new(false), AtomicBool::new(false));
+            let entered = std::sync::Barrier::new(2);
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    let _queueing = gate.enter().unwrap();
+                    entered.wait();
+                    std::thread::sleep(hold);
+                    left.store(true, Ordering::SeqCst);
+                });
+                entered.wait();
+                let started = Instant::now();
+                gate.abort(grace, || {
+                    assert_eq!(left.load(Ordering::SeqCst), waits, "released after the collective left: {waits}");
+                    released.store(true, Ordering::SeqCst);
+                });
+                assert!(released.load(Ordering::SeqCst));
+                assert!(started.elapsed() < hold.min(grace) + Duration::from_secs(1), "{:?}", started.elapsed());
+            });
+            let e = gate.enter().expect_err("aborted").to_string();
+            assert!(e.contains("aborted"), "{e}");
+            // A second abort releases nothing more.
+            gate.abort(grace, || panic!("released twice"));
+        }
+    }
 
     #[test]
     fn the_nccl_id_travels_through_the_rendezvous() {
