@@ -125,7 +125,8 @@ fn choose_path(cap: Option<&str>) -> (Bf16Path, Option<String>) {
 /// multiply-adds of an f32 FMA per cycle. Intel's cores issue it on one port where two take
 /// FMAs, so it gives the f32 rate, and the packing comes on top: a MiniLM step 918 ms in bf16
 /// against 612–640 ms in f32 on a Xeon with AMX held back (`PT_BF16_KERNEL=avx512`,
-/// docs/PERF.md). Fixed per machine, so `auto` never changes a run's arithmetic between runs.
+/// docs/PERF.md). Decided by the CPU and `PT_BF16_KERNEL` (which caps the path), never by a
+/// timing: the same machine and environment give `auto` the same arithmetic every run.
 pub fn bf16_is_faster() -> bool {
     bf16_faster_on(bf16_path(), cpu_is_amd())
 }
