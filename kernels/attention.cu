@@ -90,7 +90,7 @@ struct AttnParams {
 template <typename act_t>
 __device__ __forceinline__ void attn_load_rows(float* dst, const act_t* x, int len, int r0, const AttnParams& a) {
     const int T = blockDim.x / 4, hd = a.hd, channels = a.heads * hd;
-    for (int idx = threadIdx.x; idx < T * hd; idx += blockDim.x) {
+    BLOCK_STRIDE(idx, T * hd) {
         const int r = idx / hd, e = idx % hd, row = r0 + r;
         dst[r * (hd + 1) + e] = row < len ? ld(x, (a.b * len + row) * channels + a.h * hd + e) : 0.0f;
     }

@@ -185,6 +185,27 @@ fn a_block_stride_loop_reaches_2_pow_31_without_wrapping() {
     }
 }
 
+/// Every block loop whose bound is a product (`seq * dim`, `T * hd`: sizes that can near 2³¹)
+/// steps through `BLOCK_STRIDE`, which the test above checks; `+= blockDim.x` wraps there. A
+/// loop bounded by one dimension (a row of `dim`, a vocabulary) cannot come near 2³¹.
+#[test]
+fn block_loops_over_a_product_use_block_stride() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels");
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "cu") {
+            continue;
+        }
+        let source = std::fs::read_to_string(&path).unwrap();
+        for (n, line) in source.lines().enumerate() {
+            let bound = line.split_once("; ").and_then(|(_, rest)| rest.split_once(';')).map(|(cond, _)| cond);
+            if line.contains("+= blockDim.x") && bound.is_some_and(|b| b.contains('*')) {
+                panic!("{}:{}: a block loop over a product steps by += blockDim.x: {line}", path.display(), n + 1);
+            }
+        }
+    }
+}
+
 #[test]
 fn atomics_are_atomic_across_blocks_and_os_threads() {
     for threads in [1, 2] {

@@ -204,8 +204,6 @@ impl FreezeController {
 
 #[cfg(test)]
 mod tests {
-    /// An interval in which no step trained (each skipped for a gradient that was not finite)
-    /// gives Eq. 1 no norms: nothing more freezes, where the lowest active layer's 0 would win.
     /// Under a settling test, an interval without a trained step freezes nothing for any rule:
     /// its weight changes are all 0 because nothing trained, not because the layers settled.
     #[test]
@@ -220,6 +218,8 @@ mod tests {
         assert_eq!(c.end_interval(None), 2, "without a settling test the table decides alone");
     }
 
+    /// An interval in which no step trained (each skipped for a gradient that was not finite)
+    /// gives Eq. 1 no norms: nothing more freezes, where the lowest active layer's 0 would win.
     #[test]
     fn eq1_freezes_nothing_after_an_interval_without_a_step() {
         let mut c = FreezeController::new(FreezeRule::Eq1, 1.0 / 3.0, 6).unwrap();
