@@ -186,11 +186,12 @@ impl Default for ElasticConfig {
 }
 
 impl ElasticConfig {
-    /// The settings `given` (the keys a user wrote in `[elastic]`, or set by a flag or `--set`)
-    /// that this config's switches leave unread, each as a sentence for a warning: a cache size
-    /// with the cache off, α under a table, a freed-device policy without AutoDP. A setting
-    /// left at its default is never named; a switch given as off names nothing.
-    pub fn inert_settings(&self, given: &dyn Fn(&str) -> bool) -> Vec<String> {
+    /// The keys among `given` (keys of `[elastic]` that were written down) that this config's
+    /// switches leave unread, each with a sentence for a warning: a cache size with the cache
+    /// off, α under a table, a freed-device policy without AutoDP. A setting left at its
+    /// default is never named; a switch given as off names nothing. (AutoDP and the cache
+    /// without freezing need no rule: [`validate`](Self::validate) refuses them.)
+    pub fn inert_settings(&self, given: &dyn Fn(&str) -> bool) -> Vec<(&'static str, String)> {
         let freeze = match self.freeze {
             FreezeName::Off => "off",
             FreezeName::Eq1 => "eq1",
@@ -199,7 +200,7 @@ impl ElasticConfig {
         };
         let freezes = self.freeze != FreezeName::Off;
         // (key, whether its switch leaves it unread, the switch as the user would write it)
-        let rules: [(&str, bool, String); 12] = [
+        let rules: [(&str, bool, String); 10] = [
             (
                 "alpha",
                 matches!(self.freeze, FreezeName::Off | FreezeName::Table),
@@ -208,8 +209,6 @@ impl ElasticConfig {
             ("table", self.freeze != FreezeName::Table, format!("elastic.freeze is {freeze}")),
             ("freeze_interval", !freezes, "elastic.freeze is off".into()),
             ("max_weight_change", !freezes, "elastic.freeze is off".into()),
-            ("auto_dp", self.auto_dp && !freezes, "elastic.freeze is off: no device is ever freed".into()),
-            ("cache", self.cache && !freezes, "elastic.freeze is off: nothing is ever frozen to cache".into()),
             ("freed_devices", !self.auto_dp, "elastic.auto_dp is off".into()),
             ("batch_policy", !self.auto_dp, "elastic.auto_dp is off".into()),
             ("cache_bytes", !self.cache, "elastic.cache is off".into()),
@@ -220,7 +219,7 @@ impl ElasticConfig {
         rules
             .into_iter()
             .filter(|(key, unread, _)| *unread && given(key))
-            .map(|(key, _, why)| format!("elastic.{key} is set, but {why}: it has no effect"))
+            .map(|(key, _, why)| (key, format!("elastic.{key} is set, but {why}: it has no effect")))
             .collect()
     }
 

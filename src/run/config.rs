@@ -327,8 +327,7 @@ impl RunConfig {
             Error::Config { field, message: e.trim_end().to_string() }
         })?;
         config.validate()?;
-        let given = table.get("elastic").and_then(toml::Value::as_table);
-        let warnings = config.elastic.inert_settings(&|key| given.is_some_and(|t| t.contains_key(key)));
+        let warnings = inert_warnings(&config, convert(&file).ok().as_ref(), &file, &table);
         Ok(RunConfig { warnings, ..config })
     }
 
@@ -441,6 +440,35 @@ impl RunConfig {
     }
 }
 
+/// Warnings for `[elastic]` settings that do nothing in `config` (read from `table`, the file
+/// `file` with the command line's settings): a setting the command line wrote, or one the file
+/// wrote that its own switches already leave unread. A file's setting that a command-line
+/// switch turns off is not named: the ablations switch modules off over a config that sets
+/// their options (`file_config`: the file alone, where it reads on its own).
+fn inert_warnings(
+    config: &RunConfig,
+    file_config: Option<&RunConfig>,
+    file: &toml::Table,
+    table: &toml::Table,
+) -> Vec<String> {
+    let elastic = |t: &toml::Table| t.get("elastic").and_then(toml::Value::as_table).cloned().unwrap_or_default();
+    let (in_file, now) = (elastic(file), elastic(table));
+    let typed = |key: &str| now.get(key).is_some_and(|v| in_file.get(key) != Some(v));
+    let mut warnings: Vec<String> = config.elastic.inert_settings(&typed).into_iter().map(|(_, w)| w).collect();
+    let from_file = |key: &str| in_file.contains_key(key) && !typed(key);
+    let unread_in_file: Vec<&str> =
+        file_config.map_or(Vec::new(), |f| f.elastic.inert_settings(&from_file).into_iter().map(|(k, _)| k).collect());
+    warnings.extend(
+        config
+            .elastic
+            .inert_settings(&from_file)
+            .into_iter()
+            .filter(|(k, _)| unread_in_file.contains(k))
+            .map(|(_, w)| w),
+    );
+    warnings
+}
+
 /// Sets `a.b.c = value` in `table`. The key's sections must exist in the schema; the value is
 /// parsed as TOML (`3`, `1e-4`, `true`, `"text"`, `[1, 2]`) and otherwise taken as a string;
 /// a bare `none` removes the key, so an optional setting goes back to unset (its default).
@@ -511,28 +539,46 @@ dir = "runs/x"
     }
 
     /// A setting its switch leaves unread is named for a warning (a cache size with the cache
-    /// off, α under a table, freed devices without AutoDP, on switches with nothing to freeze);
-    /// a default, a switch given as off, or a setting that is read is not. The shipped configs
-    /// warn of nothing.
+    /// off, α under a table, freed devices without AutoDP) when the command line wrote it, or
+    /// when the file wrote it beside its own switch turned off; a file's setting that a
+    /// command-line switch turns off is not (the ablations do that), nor a default, a switch
+    /// given as off, or a setting that is read. The shipped configs warn of nothing, alone or
+    /// under the ablation rows' switches.
     #[test]
     fn settings_left_without_effect_are_named() {
-        let warned = |sets: &[&str]| {
+        let warned = |file: &str, sets: &[&str]| {
             let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-            RunConfig::parse(BASE, "base", &sets).unwrap().warnings
+            RunConfig::parse(file, "base", &sets).unwrap().warnings
         };
-        assert!(warned(&[]).is_empty());
-        assert!(warned(&["elastic.cache=false", "elastic.auto_dp=false", "elastic.freeze=\"off\""]).is_empty());
-        let w = warned(&["elastic.cache_bytes=1000", "elastic.freed_devices=\"threads\""]);
+        assert!(warned(BASE, &[]).is_empty());
+        assert!(warned(BASE, &["elastic.cache=false", "elastic.auto_dp=false", "elastic.freeze=\"off\""]).is_empty());
+        let w = warned(BASE, &["elastic.cache_bytes=1000", "elastic.freed_devices=\"threads\""]);
         assert_eq!(w.len(), 2, "{w:?}");
         assert!(w[0].contains("elastic.freed_devices") && w[0].contains("elastic.auto_dp is off"), "{w:?}");
         assert!(w[1].contains("elastic.cache_bytes") && w[1].contains("elastic.cache is off"), "{w:?}");
-        let on = ["elastic.freeze=\"eq1\"", "elastic.cache=true", "elastic.cache_bytes=1000", "elastic.alpha=0.2"];
-        assert!(warned(&on).is_empty(), "{:?}", warned(&on));
-        let table = warned(&["elastic.freeze=\"table\"", "elastic.table=[0, 1]", "elastic.alpha=0.2"]);
+        let on = ["elastic.freeze=\"eq1\"", "elastic.auto_pipe=true", "elastic.cache=true", "elastic.cache_bytes=1000"];
+        assert!(warned(BASE, &on).is_empty(), "{:?}", warned(BASE, &on));
+        let table = warned(BASE, &["elastic.freeze=\"table\"", "elastic.table=[0, 1]", "elastic.alpha=0.2"]);
         assert_eq!(table.len(), 1, "{table:?}");
         assert!(table[0].starts_with("elastic.alpha is set, but elastic.freeze is table"), "{table:?}");
-        let idle = warned(&["elastic.auto_dp=true", "elastic.cache=true", "elastic.max_weight_change=0.05"]);
-        assert_eq!(idle.len(), 3, "nothing freezes: {idle:?}");
+        // The file itself sets a cache size beside the cache off: named without a flag.
+        let file = format!("{BASE}[elastic]\ncache = false\ncache_bytes = 1000\nalpha = 0.2\n");
+        assert_eq!(warned(&file, &[]).len(), 2, "{:?}", warned(&file, &[]));
+        // A flag switching the cache on makes the file's size read: nothing to name about it.
+        let cached = warned(&file, &["elastic.freeze=\"eq1\"", "elastic.auto_pipe=true", "elastic.cache=true"]);
+        assert!(cached.is_empty(), "{cached:?}");
+        let main_job = concat!(env!("CARGO_MANIFEST_DIR"), "/configs/minilm-rt.toml");
+        let ablations: [&[&str]; 4] = [
+            &["elastic.freeze=\"off\"", "elastic.auto_pipe=false", "elastic.auto_dp=false", "elastic.cache=false"],
+            &["elastic.auto_pipe=false", "elastic.auto_dp=false", "elastic.cache=false"],
+            &["elastic.auto_dp=false", "elastic.cache=false"],
+            &["elastic.freeze=\"table\"", "elastic.table=[0, 1]"],
+        ];
+        for sets in ablations {
+            let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+            let w = RunConfig::load(Path::new(main_job), &sets).unwrap().warnings;
+            assert!(w.is_empty(), "{sets:?}: {w:?}");
+        }
         for path in std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/configs")).unwrap() {
             let path = path.unwrap().path();
             let config = RunConfig::load(&path, &[]).unwrap();
