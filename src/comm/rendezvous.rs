@@ -472,13 +472,20 @@ fn join(
     if targets.is_empty() {
         return Err(rdzv_error(&format!("resolve {addr}"), "no address"));
     }
-    join_any(&targets, addr, rank, size, secret, deadline, timeout)
+    join_any(&targets, addr, rank, size, secret, deadline, timeout, REFUSED_GRACE)
 }
+
+/// How long a member refused at one address goes on trying the others, where nothing answers
+/// yet, before the refusal is final: the ranks of a run start together, so its rank 0 is up by
+/// then, and a wrong secret must not wait out the whole timeout.
+const REFUSED_GRACE: Duration = Duration::from_secs(10);
 
 /// [`join`] at the first of `targets` (the addresses `addr` names) where rank 0 answers. An
 /// address whose peer refuses us is not tried again, and the next one is: another service (or
 /// another run's rank 0) may hold `::1` at the port where ours bound 127.0.0.1. The refusal is
-/// final once every address has refused.
+/// final once every address has refused, or `grace` after the first refusal while the others
+/// still do not answer; every error names each address's refusal.
+#[allow(clippy::too_many_arguments)]
 fn join_any(
     targets: &[SocketAddr],
     addr: &str,
@@ -487,12 +494,29 @@ fn join_any(
     secret: &Secret,
     deadline: Instant,
     timeout: Duration,
+    grace: Duration,
 ) -> Result<(Vec<u8>, TcpStream)> {
     let mut last = String::from("never tried");
     let mut refused: Vec<Option<String>> = vec![None; targets.len()];
+    let mut first_refusal: Option<Instant> = None;
+    let refusals = |refused: &[Option<String>]| -> String {
+        match refused {
+            [only] => only.clone().unwrap_or_default(),
+            all => targets
+                .iter()
+                .zip(all)
+                .filter_map(|(t, w)| w.as_ref().map(|w| format!("{t}: {w}")))
+                .collect::<Vec<_>>()
+                .join("; "),
+        }
+    };
     for (i, target) in targets.iter().enumerate().cycle() {
         if Instant::now() >= deadline {
             break;
+        }
+        if first_refusal.is_some_and(|at| at.elapsed() >= grace) {
+            let why = format!("{} (no rank 0 answered elsewhere within {grace:?}: {last})", refusals(&refused));
+            return Err(rdzv_error(&format!("at {addr}"), why));
         }
         if refused[i].is_some() {
             continue;
@@ -504,16 +528,9 @@ fn join_any(
                 // address, and every address refusing is final.
                 Err(Handshake::Refused(why)) => {
                     refused[i] = Some(why);
+                    first_refusal.get_or_insert_with(Instant::now);
                     if refused.iter().all(Option::is_some) {
-                        let why: Vec<String> = match &refused[..] {
-                            [only] => only.iter().cloned().collect(),
-                            all => targets
-                                .iter()
-                                .zip(all)
-                                .map(|(t, w)| format!("{t}: {}", w.as_deref().unwrap_or("")))
-                                .collect(),
-                        };
-                        return Err(rdzv_error(&format!("at {addr}"), why.join("; ")));
+                        return Err(rdzv_error(&format!("at {addr}"), refusals(&refused)));
                     }
                     continue;
                 }
@@ -524,7 +541,12 @@ fn join_any(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    Err(rdzv_error(&format!("at {addr}"), format!("could not connect to rank 0 within {timeout:?} ({last})")))
+    let refused_too =
+        if first_refusal.is_some() { format!("; refused at {}", refusals(&refused)) } else { String::new() };
+    Err(rdzv_error(
+        &format!("at {addr}"),
+        format!("could not connect to rank 0 within {timeout:?} ({last}){refused_too}"),
+    ))
 }
 
 /// Why a member's handshake failed: worth another try, or not.
@@ -656,7 +678,8 @@ mod tests {
             let host = s.spawn(|| meet(&addr, 0, 2, &secret, Some(b"id"), Duration::from_secs(20)));
             let targets = [nobody, addr.parse().unwrap()];
             let timeout = Duration::from_secs(10);
-            let (payload, _) = join_any(&targets, "both", 1, 2, &secret, Instant::now() + timeout, timeout).unwrap();
+            let (payload, _) =
+                join_any(&targets, "both", 1, 2, &secret, Instant::now() + timeout, timeout, REFUSED_GRACE).unwrap();
             assert_eq!(payload, b"id");
             host.join().unwrap().unwrap();
         });
@@ -675,7 +698,8 @@ mod tests {
             std::thread::sleep(Duration::from_millis(100));
             let targets = [other.parse().unwrap(), addr.parse().unwrap()];
             let timeout = Duration::from_secs(10);
-            let (payload, _) = join_any(&targets, "both", 1, 2, &ours, Instant::now() + timeout, timeout).unwrap();
+            let (payload, _) =
+                join_any(&targets, "both", 1, 2, &ours, Instant::now() + timeout, timeout, REFUSED_GRACE).unwrap();
             assert_eq!(payload, b"id");
             host.join().unwrap().unwrap();
             assert!(stranger.join().unwrap().is_err());
@@ -693,8 +717,17 @@ mod tests {
         };
         let targets = [garbage(), garbage()];
         let (timeout, started) = (Duration::from_secs(20), Instant::now());
-        let e = join_any(&targets, "both", 1, 2, &ours, started + timeout, timeout).unwrap_err().to_string();
+        let e =
+            join_any(&targets, "both", 1, 2, &ours, started + timeout, timeout, REFUSED_GRACE).unwrap_err().to_string();
         assert!(e.contains(&targets[0].to_string()) && e.contains(&targets[1].to_string()), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(5), "failed after {:?}", started.elapsed());
+        // Refused at one address while nobody listens at the other: final after the grace, not
+        // the deadline, and the error says why it was refused.
+        let nobody: SocketAddr = free_addr().parse().unwrap();
+        let (targets, started) = ([garbage(), nobody], Instant::now());
+        let grace = Duration::from_millis(500);
+        let e = join_any(&targets, "both", 1, 2, &ours, started + timeout, timeout, grace).unwrap_err().to_string();
+        assert!(e.contains(&targets[0].to_string()) && e.contains("frame") && e.contains("within 500ms"), "{e}");
         assert!(started.elapsed() < Duration::from_secs(5), "failed after {:?}", started.elapsed());
     }
 
