@@ -7,7 +7,9 @@
 //!
 //! Why a kernel of our own: the `gemm` crate has no bf16 × bf16 → f32 path, and on CPUs with
 //! `avx512_bf16` one `vdpbf16ps` does 32 multiply-adds (16 lanes × a pair of k) where an f32
-//! FMA does 16: twice the f32 peak, half the bytes per operand.
+//! FMA does 16, at half the bytes per operand: twice the f32 peak on AMD's cores. Intel's issue
+//! it on one port where FMAs go to two, so there it only matches f32 (and the packing makes it
+//! slower: [`bf16_is_faster`]); Intel's fast path is AMX (below).
 //!
 //! How (`avx512` below, chosen at run time):
 //! 1. **Pack** A and B into bf16 pairs: one `u32` holds two consecutive k of one row of A (or one
