@@ -120,16 +120,13 @@ pub fn agree<'a>(
     let mut k = [if group.rank() == 0 { chosen.config.pipeline_len as f64 } else { 0.0 }];
     group.all_reduce_sum_f64(&mut k)?;
     let k = k[0] as usize;
-    candidates
-        .iter()
-        .filter(|c| c.config.pipeline_len == k)
-        .max_by(|a, b| a.throughput.total_cmp(&b.throughput))
-        .ok_or_else(|| {
-            config_error(
-                "elastic.auto_pipe",
-                format!("rank 0 chose a pipeline of {k} stages, which does not fit this process's devices"),
-            )
-        })
+    // `choose_shape` prices one candidate per `K`.
+    candidates.iter().find(|c| c.config.pipeline_len == k).ok_or_else(|| {
+        config_error(
+            "elastic.auto_pipe",
+            format!("rank 0 chose a pipeline of {k} stages, which does not fit this process's devices"),
+        )
+    })
 }
 
 /// Rate measured for each micro-batch count timed, in positions (samples × padded sequence

@@ -41,16 +41,28 @@ pub enum FreezeName {
     Table,
 }
 
+impl FreezeName {
+    /// Every rule, in the order `--help` lists them.
+    const ALL: [FreezeName; 4] = [FreezeName::Off, FreezeName::Eq1, FreezeName::Alpha, FreezeName::Table];
+
+    /// Its name in a config and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            FreezeName::Off => "off",
+            FreezeName::Eq1 => "eq1",
+            FreezeName::Alpha => "alpha",
+            FreezeName::Table => "table",
+        }
+    }
+}
+
 impl std::str::FromStr for FreezeName {
     type Err = crate::Error;
     fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "off" => Ok(Self::Off),
-            "eq1" => Ok(Self::Eq1),
-            "alpha" => Ok(Self::Alpha),
-            "table" => Ok(Self::Table),
-            _ => Err(config_error("elastic.freeze", format!("`{s}` is not one of off, eq1, alpha, table"))),
-        }
+        Self::ALL.into_iter().find(|f| f.name() == s).ok_or_else(|| {
+            let names: Vec<&str> = Self::ALL.iter().map(|f| f.name()).collect();
+            config_error("elastic.freeze", format!("`{s}` is not one of {}", names.join(", ")))
+        })
     }
 }
 
@@ -192,12 +204,7 @@ impl ElasticConfig {
     /// default is never named; a switch given as off names nothing. (AutoDP and the cache
     /// without freezing need no rule: [`validate`](Self::validate) refuses them.)
     pub fn inert_settings(&self, given: &dyn Fn(&str) -> bool) -> Vec<(&'static str, String)> {
-        let freeze = match self.freeze {
-            FreezeName::Off => "off",
-            FreezeName::Eq1 => "eq1",
-            FreezeName::Alpha => "alpha",
-            FreezeName::Table => "table",
-        };
+        let freeze = self.freeze.name();
         let freezes = self.freeze != FreezeName::Off;
         // (key, whether its switch leaves it unread, the switch as the user would write it)
         let rules: [(&str, bool, String); 10] = [
