@@ -60,7 +60,7 @@ fn outputs() -> Vec<(&'static str, Vec<u32>)> {
     for (name, g) in [("attention dq", dq), ("attention dk", dk), ("attention dv", dv)] {
         out.push((name, g.iter().map(|v| v.to_bits()).collect()));
     }
-    // AdamW: f64 arithmetic, sqrt and division.
+    // AdamW: f32 arithmetic, sqrt and division.
     let mut p = random(&mut rng, 5_003, 1.0);
     let g = random(&mut rng, p.len(), 1e-2);
     let (mut m, mut vv) = (random(&mut rng, p.len(), 1e-3), random(&mut rng, p.len(), 1e-6));

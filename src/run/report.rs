@@ -68,7 +68,8 @@ fn render(log: &str, config: &RunConfig) -> String {
     let mut last_step = 0.0;
     // Every evaluation, inside epochs (`train.eval_every`) and at their ends, as (step, run
     // clock, accuracy, loss): the time-to-accuracy table. The clock adds the steps' times (a
-    // transition inside an epoch runs within its step's) and the evaluations'.
+    // transition inside an epoch runs within its step's), the evaluations' and the transitions'
+    // between epochs (which run in no step).
     let mut evals: Vec<(f64, f64, f64, f64)> = Vec::new();
     let mut clock = 0.0;
     let mut inside_epochs = false;
@@ -100,6 +101,7 @@ fn render(log: &str, config: &RunConfig) -> String {
                 );
                 if between_epochs {
                     began = (frozen, k, r, m);
+                    clock += num(e, "seconds");
                 }
                 transitions.push(e);
             }
@@ -195,7 +197,7 @@ fn render(log: &str, config: &RunConfig) -> String {
     if inside_epochs {
         let _ = write!(
             html,
-            "<h2>Evaluations</h2><p>Run clock: training steps (with the transitions inside epochs) and evaluations so far; loading and the transitions between epochs are not counted.</p><table><tr><th>step</th><th>run clock</th><th>{held} accuracy</th><th>{held} loss</th></tr>"
+            "<h2>Evaluations</h2><p>Run clock: training steps, transitions and evaluations so far; loading is not counted.</p><table><tr><th>step</th><th>run clock</th><th>{held} accuracy</th><th>{held} loss</th></tr>"
         );
         for (step, clock, accuracy, loss) in &evals {
             let _ = write!(
@@ -423,10 +425,12 @@ mod tests {
         );
         assert!(html.contains("0 → 2") && html.contains("2 → 1") && html.contains("Alpha &lt;rule&gt;"));
         assert!(html.contains("2L K1 R2 M1"), "the timeline labels the new shape");
-        // Evaluations on the run clock (steps + evaluations): 0.5 + 0.1, then + 0.25 + 0.05.
+        // Evaluations on the run clock (steps + evaluations + transitions between epochs): 0.5 +
+        // 0.1, then + 20 (the transition after epoch 0; the one inside epoch 1 is in its step's
+        // time) + 0.25 + 0.05.
         assert!(html.contains("<tr><td>1</td><td>0.6 s</td><td>75.00%</td>"), "{html}");
-        assert!(html.contains("<tr><td>2</td><td>0.9 s</td><td>81.25%</td><td>0.4500</td>"), "{html}");
-        assert!(html.contains("<tr><td>2</td><td>1.0 s</td><td>87.50%</td>"), "{html}");
+        assert!(html.contains("<tr><td>2</td><td>20.9 s</td><td>81.25%</td><td>0.4500</td>"), "{html}");
+        assert!(html.contains("<tr><td>2</td><td>21.0 s</td><td>87.50%</td>"), "{html}");
         assert!(!html.contains("9.000"), "the first run's steps are not in the report");
         assert!(!html.contains("<script") && !html.contains("src="), "nothing to fetch or run");
     }
