@@ -100,10 +100,12 @@ fn elastic_trainer<D: Device>(
     for p in &mut t.profiles {
         p.forward = 1.0;
     }
+    // The shapes are asserted below: the planner decides them here, not a timing.
     let config = ElasticConfig {
         freeze: FreezeName::Table,
         table: vec![0, 1, 2],
         auto_pipe: true,
+        time_pipeline_len: false,
         auto_dp: true,
         cache: true,
         cache_bytes: 1500,
@@ -504,6 +506,7 @@ fn a_job_resumed_after_lending_threads_lends_them_again() {
         "elastic.auto_pipe=true".into(),
         "elastic.auto_dp=true".into(),
         "elastic.freed_devices=\"threads\"".into(),
+        "elastic.time_pipeline_len=false".into(),
         "train.epochs=1".into(),
         "train.max_steps=4".into(),
         "data.train_limit=96".into(),
@@ -545,6 +548,7 @@ fn replicas_keep_their_number_and_each_takes_its_freed_devices_threads() {
         freeze: FreezeName::Table,
         table: vec![0, 1, 2],
         auto_pipe: true,
+        time_pipeline_len: false,
         auto_dp: true,
         freed_devices: FreedDevices::Threads,
         ..Default::default()
@@ -566,6 +570,68 @@ fn replicas_keep_their_number_and_each_takes_its_freed_devices_threads() {
     assert_eq!(threads, [Some(2), Some(2), Some(1), Some(1)]);
     drop(elastic);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Where AutoPipe's price of a shorter pipeline is a guess (cpu devices lending their threads),
+/// it times the length it chose against the one in force, each at its best micro-batch count,
+/// and keeps the faster: the log shows both rates and the kept length is the faster one's. The
+/// trial changes how the steps run, never what they compute: the run follows the same run
+/// without a trial, step by step.
+#[test]
+fn a_trial_of_pipeline_lengths_keeps_the_faster_and_computes_the_same() {
+    let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
+    let run = |time_pipeline_len: bool| {
+        let train = TrainConfig { epochs: 10, ..train_config() };
+        let plan = PipelineConfig { pipeline_len: 2, micro_batches: 2, ..Default::default() };
+        let mut t = common::trainer_on(&bert(), 3, cpus(2), plan, train, 3);
+        let config = ElasticConfig {
+            freeze: FreezeName::Table,
+            table: vec![0, 1],
+            freeze_interval: FreezeInterval::Steps(3),
+            auto_pipe: true,
+            time_pipeline_len,
+            auto_dp: true,
+            freed_devices: FreedDevices::Threads,
+            ..Default::default()
+        };
+        let dir = scratch(&format!("shape-trial-{time_pipeline_len}"));
+        let mut elastic = Elastic::new(config, surroundings(&bert()), &dir).unwrap();
+        t.pipeline.lend_idle_threads(true).unwrap();
+        let mut events = Vec::new();
+        elastic.start(&mut t, &mut |e| events.push(e.clone())).unwrap();
+        t.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
+        drop(elastic);
+        let _ = std::fs::remove_dir_all(&dir);
+        (t.pipeline.plan().config.pipeline_len, events)
+    };
+    let reasons = |events: &[Event]| -> Vec<(String, usize, usize)> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Transition(t) => Some((t.reason.clone(), t.pipeline_len.0, t.pipeline_len.1)),
+                _ => None,
+            })
+            .collect()
+    };
+
+    let (k_without, without) = run(false);
+    assert_eq!(k_without, 1, "the planner's choice stands");
+    assert!(!reasons(&without).iter().any(|r| r.0.contains("AutoPipe times")), "{:?}", reasons(&without));
+
+    let (k, with) = run(true);
+    let log = reasons(&with);
+    let trial = log.iter().position(|r| r.0.starts_with("AutoPipe times K=2 against K=1")).expect("the trial began");
+    assert_eq!((log[trial].1, log[trial].2), (1, 2), "the length left is run again: {log:?}");
+    let verdict = log[trial..].iter().find(|r| r.0.starts_with("pipeline lengths timed")).expect("the trial ended");
+    // "pipeline lengths timed (positions/s): K=1: a, K=2: b; K=x kept over K=y"
+    let rate = |len: usize| -> f64 {
+        let tail = verdict.0.split(&format!("K={len}: ")).nth(1).expect("a rate per length");
+        tail.split([',', ';']).next().unwrap().parse().unwrap()
+    };
+    let faster = if rate(1) > rate(2) { 1 } else { 2 };
+    assert!(verdict.0.contains(&format!("; K={faster} kept over K={}", 3 - faster)), "{}", verdict.0);
+    assert_eq!((verdict.2, k), (faster, faster), "the faster length runs to the end: {log:?}");
+    assert_follows(&curve(&with), &curve(&without), "with a trial of pipeline lengths");
 }
 
 /// A step whose gradient norm was not finite (the optimizer skipped it) leaves the freeze

@@ -6,7 +6,11 @@
 //! becomes the smallest that fits memory and runs within a few percent of the best predicted
 //! throughput — any `K`, not only halves. The number of micro-batches `M` for that `K` is then
 //! chosen by timing the candidates on the real devices, one training step each ([`Tuner`]), and
-//! remembered per (`K`, `R`, frozen prefix, batch).
+//! remembered per (`K`, `R`, frozen prefix, batch). Where the price of a shorter pipeline rests
+//! on a guess (cpu devices sharing a pool or lending their threads: the planner takes their
+//! speed with more threads to be ideal, and two 1-thread stages on a 2-core CPU beat one
+//! 2-thread device), the controller times the chosen `K` against the one in force, each at its
+//! best `M`, and keeps the faster (`elastic.time_pipeline_len`).
 
 use crate::comm::process_group::ProcessGroup;
 use crate::error::{Result, config_error};
@@ -173,14 +177,25 @@ impl Tuner {
             self.running = None;
             return m;
         }
-        let first = candidates.first().copied().unwrap_or(1);
         if candidates.len() > 1 {
-            let rates = vec![Vec::new(); candidates.len()];
-            self.running = Some(Timing { key, candidates, rates, at: 0 });
-        } else {
-            self.best.insert(key, first);
-            self.running = None;
+            return self.time(key, candidates);
         }
+        let first = candidates.first().copied().unwrap_or(1);
+        self.best.insert(key, first);
+        self.running = None;
+        first
+    }
+
+    /// Times `candidates` for `key` even when its winner is known or there is only one (a
+    /// trial of pipeline lengths needs each one's rate); returns the `M` to run now.
+    pub fn time(&mut self, key: String, candidates: Vec<usize>) -> usize {
+        self.best.remove(&key);
+        let Some(&first) = candidates.first() else {
+            self.running = None;
+            return 1;
+        };
+        let rates = vec![Vec::new(); candidates.len()];
+        self.running = Some(Timing { key, candidates, rates, at: 0 });
         first
     }
 
@@ -348,5 +363,25 @@ mod tests {
         assert!(t.running());
         assert_eq!(schedule_for(1, ScheduleKind::ZeroBubble), ScheduleKind::OneFOneB);
         assert_eq!(schedule_for(2, ScheduleKind::ZeroBubble), ScheduleKind::ZeroBubble);
+    }
+
+    /// A trial of pipeline lengths needs each one's rate: `time` measures a shape whose
+    /// winner is known, and one with a single candidate, which `start` would not.
+    #[test]
+    fn timing_a_shape_on_trial_measures_even_a_known_or_single_count() {
+        let mut t = Tuner::default();
+        let key = Tuner::key(1, 1, 3, false, 4, ScheduleKind::OneFOneB);
+        assert_eq!(t.start(key.clone(), vec![4]), 4);
+        assert!(!t.running(), "one candidate: nothing to choose");
+        assert_eq!(t.time(key.clone(), vec![4]), 4);
+        for round in 0..ROUNDS {
+            let got = t.record(4, 10.0 + round as f64);
+            assert_eq!(got, Some((4, (round + 1 == ROUNDS).then(|| vec![(4, 11.0)]))));
+        }
+        assert_eq!(t.best.get(&key), Some(&4));
+        assert_eq!(t.time(key, vec![2, 4]), 2, "known, timed again from the first");
+        assert!(t.running());
+        assert_eq!(t.time(Tuner::key(2, 1, 3, false, 4, ScheduleKind::OneFOneB), Vec::new()), 1);
+        assert!(!t.running(), "nothing to time");
     }
 }

@@ -71,6 +71,20 @@ struct State {
     /// they were recorded).
     #[serde(default)]
     interval: Option<(FreezeInterval, Option<f64>)>,
+    /// A trial of pipeline lengths under way (absent in checkpoints from before trials).
+    #[serde(default)]
+    shape_trial: Option<ShapeTrial>,
+}
+
+/// AutoPipe's trial of two pipeline lengths after a freeze: the one it chose runs first and
+/// its micro-batch counts are timed; then the length that was in force, timed the same way;
+/// the faster is kept.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct ShapeTrial {
+    /// The shape to time once the one running is timed (`None` once it runs).
+    other: Option<crate::pipeline::PipelineConfig>,
+    /// The shape timed first, at its best micro-batch count, and its rate in positions/s.
+    first: Option<(crate::pipeline::PipelineConfig, f64)>,
 }
 
 /// The run's shape around it, fixed when the controller is made.
@@ -106,6 +120,8 @@ pub struct Elastic {
     warming: bool,
     /// The micro-batch count in force when tuning began (what the tuned one replaces).
     tuning_from: usize,
+    /// AutoPipe's trial of pipeline lengths, while one is under way.
+    shape_trial: Option<ShapeTrial>,
     /// With a settling test: each layer's weights when the interval began (checkpointed by
     /// [`state_tensors`](Self::state_tensors); `None` when unknown, and then the interval
     /// under way freezes nothing more).
@@ -142,6 +158,7 @@ impl Elastic {
             tuner: Tuner::default(),
             warming: false,
             tuning_from: 0,
+            shape_trial: None,
             reference: None,
         })
     }
@@ -202,6 +219,7 @@ impl Elastic {
             cache_on: self.cache_on,
             tuning: self.tuner.timing().map(|t| (t.clone(), self.tuning_from)),
             interval: Some(self.interval()),
+            shape_trial: self.shape_trial.clone(),
         };
         serde_json::to_value(state).unwrap_or_default()
     }
@@ -266,6 +284,7 @@ impl Elastic {
             self.tuner.resume_timing(timing);
             self.tuning_from = from;
         }
+        self.shape_trial = s.shape_trial.filter(|_| self.config.auto_pipe && self.config.time_pipeline_len);
         self.cache_on = s.cache_on && self.cache.is_some();
         if let Some(c) = &mut self.cache {
             c.clear()?;
@@ -327,51 +346,121 @@ impl Elastic {
             let candidates = choose_shape(&before, before.pipeline_len, a.devices, cached, &shapes, &names)?;
             let chosen = pick(&candidates).ok_or_else(|| config_error("devices", "no pipeline shape fits"))?;
             let chosen = agree(trainer.pipeline.process_group(), chosen, &candidates)?.config.clone();
-            trainer.pipeline.lend_idle_threads(lend)?;
-            let (k, r) = (chosen.pipeline_len, chosen.replicas);
-            let per_replica = global(r).div_ceil(r);
-            let key = Tuner::key(k, r, units, cached > 0, per_replica, chosen.schedule);
-            let with = |m: usize| crate::pipeline::PipelineConfig { micro_batches: m, ..chosen.clone() };
-            let profiles = |t: &Trainer<D>, m: usize| t.profiles_for(per_replica.div_ceil(m), cached);
-            // The count tuned before for this shape, or the first candidate that fits memory
-            // (the shape fits at the count it was priced with, one of them), is planned; the
-            // others are timed on its stages, so only those that fit there.
-            let candidates = micro_batch_candidates(k, per_replica);
-            let m = match self.tuner.best.get(&key) {
-                Some(&m) => m,
-                None => candidates
-                    .iter()
-                    .copied()
-                    .find(|&m| Plan::new(with(m), &profiles(trainer, m), names.clone(), a.devices, cached).is_ok())
-                    .unwrap_or(chosen.micro_batches),
-            };
-            trainer.pipeline.replan(with(m), &profiles(trainer, m), cached)?;
-            let timed = std::iter::once(m)
-                .chain(
-                    candidates
-                        .into_iter()
-                        .filter(|&c| c != m && trainer.pipeline.fits_micro_batches(c, &profiles(trainer, c))),
-                )
-                .collect();
-            self.tuner.start(key, timed);
-            // A new shape drops the replicas' communicators (they group devices by position):
-            // build them again whenever K or R changed, so NCCL stays NCCL.
-            if (k, r) != (before.pipeline_len, before.replicas) {
-                let comm = rebuild_communicators(&mut trainer.pipeline)?;
-                reason = format!("{reason}; replicas sum gradients over: {comm}");
-            }
-            let used = k * r;
-            if lend && used < before.pipeline_len * before.replicas {
-                let at_work = &trainer.pipeline.devices()[..used];
-                let threads: Vec<String> = at_work.iter().filter_map(|d| d.threads()).map(|n| n.to_string()).collect();
-                reason = format!("{reason}; freed cpu devices lend their threads: {} per device", threads.join(", "));
-            }
-            trainer.batches_per_step = batches_per_step(policy, r, a.initial_replicas);
-            self.warming = self.tuner.running();
-            self.tuning_from = m;
+            // The price of a shorter pipeline on cpu devices rests on ideal thread scaling:
+            // time it against the length in force (each at its best M) before keeping it.
+            let guessed = lend || shared;
+            let timed_against = candidates
+                .iter()
+                .find(|c| c.config.pipeline_len == before.pipeline_len)
+                .filter(|_| self.config.time_pipeline_len && guessed && trainer.pipeline.process_group().is_none())
+                .filter(|c| c.config.pipeline_len != chosen.pipeline_len)
+                .map(|c| c.config.clone());
+            reason += &self.adopt_shape(trainer, chosen, &before, timed_against.is_some())?;
+            self.shape_trial = timed_against.map(|other| ShapeTrial { other: Some(other), first: None });
         }
         self.emit(trainer, reason, (layers_before, layers), before, started, on_event);
         Ok(())
+    }
+
+    /// Runs the pipeline in `chosen`'s shape from the next step: freed cpu devices lend their
+    /// threads (where configured), the plan is rebuilt on the units' costs at the micro-batch
+    /// count tuned before for this shape or the first that fits, the other counts are queued
+    /// for timing, and the replicas' communicators are rebuilt when `K` or `R` changed from
+    /// `before`. Returns what the transition's log line adds.
+    fn adopt_shape<D: Device>(
+        &mut self,
+        trainer: &mut Trainer<D>,
+        chosen: crate::pipeline::PipelineConfig,
+        before: &crate::pipeline::PipelineConfig,
+        measure: bool,
+    ) -> Result<String> {
+        let units = frozen_units(self.frozen_layers);
+        let cached = if self.cache_on { units } else { 0 };
+        let a = self.around;
+        let lend = self.config.lends_threads(trainer.pipeline.devices());
+        trainer.pipeline.lend_idle_threads(lend)?;
+        let (k, r) = (chosen.pipeline_len, chosen.replicas);
+        let per_replica = (a.batch * batches_per_step(self.config.batch_policy, r, a.initial_replicas)).div_ceil(r);
+        let key = Tuner::key(k, r, units, cached > 0, per_replica, chosen.schedule);
+        let with = |m: usize| crate::pipeline::PipelineConfig { micro_batches: m, ..chosen.clone() };
+        let profiles = |t: &Trainer<D>, m: usize| t.profiles_for(per_replica.div_ceil(m), cached);
+        let names = crate::pipeline::runtime::unit_names(trainer.pipeline.units());
+        // The count tuned before for this shape, or the first candidate that fits memory
+        // (the shape fits at the count it was priced with, one of them), is planned; the
+        // others are timed on its stages, so only those that fit there. A shape on trial
+        // (`measure`) is timed even when its count is known.
+        let candidates = micro_batch_candidates(k, per_replica);
+        let m = match self.tuner.best.get(&key).filter(|_| !measure) {
+            Some(&m) => m,
+            None => candidates
+                .iter()
+                .copied()
+                .find(|&m| Plan::new(with(m), &profiles(trainer, m), names.clone(), a.devices, cached).is_ok())
+                .unwrap_or(chosen.micro_batches),
+        };
+        trainer.pipeline.replan(with(m), &profiles(trainer, m), cached)?;
+        let timed = std::iter::once(m)
+            .chain(
+                candidates
+                    .into_iter()
+                    .filter(|&c| c != m && trainer.pipeline.fits_micro_batches(c, &profiles(trainer, c))),
+            )
+            .collect();
+        if measure {
+            self.tuner.time(key, timed);
+        } else {
+            self.tuner.start(key, timed);
+        }
+        let mut reason = String::new();
+        // A new shape drops the replicas' communicators (they group devices by position):
+        // build them again whenever K or R changed, so NCCL stays NCCL.
+        if (k, r) != (before.pipeline_len, before.replicas) {
+            let comm = rebuild_communicators(&mut trainer.pipeline)?;
+            reason = format!("; replicas sum gradients over: {comm}");
+        }
+        let used = k * r;
+        if lend && used < before.pipeline_len * before.replicas {
+            let at_work = &trainer.pipeline.devices()[..used];
+            let threads: Vec<String> = at_work.iter().filter_map(|d| d.threads()).map(|n| n.to_string()).collect();
+            reason = format!("{reason}; freed cpu devices lend their threads: {} per device", threads.join(", "));
+        }
+        trainer.batches_per_step = batches_per_step(self.config.batch_policy, r, a.initial_replicas);
+        self.warming = self.tuner.running();
+        self.tuning_from = m;
+        Ok(reason)
+    }
+
+    /// At the end of timing a shape's micro-batch counts (`rate`: the winner's positions per
+    /// second), goes on with AutoPipe's trial of pipeline lengths, if one is under way: times
+    /// the other length next, or, both timed, keeps the faster. Returns the transition's
+    /// reason when the shape changes or the trial ends.
+    fn go_on_with_shape_trial<D: Device>(&mut self, trainer: &mut Trainer<D>, rate: f64) -> Result<Option<String>> {
+        let Some(trial) = self.shape_trial.take() else { return Ok(None) };
+        let now = trainer.pipeline.plan().config.clone();
+        match trial {
+            ShapeTrial { other: Some(other), .. } => {
+                let k = other.pipeline_len;
+                let mut reason = format!(
+                    "AutoPipe times K={k} against K={} ({rate:.0} positions/s at M={})",
+                    now.pipeline_len, now.micro_batches
+                );
+                reason += &self.adopt_shape(trainer, other, &now, true)?;
+                self.shape_trial = Some(ShapeTrial { other: None, first: Some((now, rate)) });
+                Ok(Some(reason))
+            }
+            ShapeTrial { other: None, first: Some((first, first_rate)) } => {
+                let (faster, slower) = if first_rate > rate { (&first, &now) } else { (&now, &first) };
+                let mut reason = format!(
+                    "pipeline lengths timed (positions/s): K={}: {first_rate:.0}, K={}: {rate:.0}; K={} kept over K={}",
+                    first.pipeline_len, now.pipeline_len, faster.pipeline_len, slower.pipeline_len
+                );
+                if first_rate > rate {
+                    reason += &self.adopt_shape(trainer, first, &now, false)?;
+                }
+                Ok(Some(reason))
+            }
+            ShapeTrial { other: None, first: None } => Ok(None),
+        }
     }
 
     fn emit<D: Device>(
@@ -564,6 +653,11 @@ impl<D: Device> Controller<D> for Elastic {
                     let layers = (self.frozen_layers, self.frozen_layers);
                     let before = crate::pipeline::PipelineConfig { micro_batches: self.tuning_from, ..config };
                     self.emit(trainer, reason, layers, before, started, on_event);
+                    let best = timed.iter().map(|&(_, r)| r).fold(0.0, f64::max);
+                    let (started, before) = (Instant::now(), trainer.pipeline.plan().config.clone());
+                    if let Some(reason) = self.go_on_with_shape_trial(trainer, best)? {
+                        self.emit(trainer, reason, layers, before, started, on_event);
+                    }
                 }
             }
         }

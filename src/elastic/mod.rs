@@ -128,6 +128,10 @@ fn default_alpha() -> f64 {
     1.0 / 3.0
 }
 
+fn default_true() -> bool {
+    true
+}
+
 fn default_cache_bytes() -> usize {
     4 << 30
 }
@@ -153,6 +157,12 @@ pub struct ElasticConfig {
     pub max_weight_change: Option<f64>,
     /// Re-partition the active units and shorten the pipeline after a freeze.
     pub auto_pipe: bool,
+    /// Where AutoPipe's price of a shorter pipeline rests on a guess (cpu devices that share a
+    /// pool or lend their threads, whose speed with more threads it takes to be ideal), time
+    /// the pipeline length it chose against the one in force, each at its best micro-batch
+    /// count, and keep the faster. On by default; off, the planner's price alone decides.
+    #[serde(default = "default_true")]
+    pub time_pipeline_len: bool,
     /// Put freed devices to work: as replicas, or (cpu devices, `freed_devices = "threads"`)
     /// as threads of the devices still in the pipeline.
     pub auto_dp: bool,
@@ -185,6 +195,7 @@ impl Default for ElasticConfig {
             freeze_interval: FreezeInterval::Epoch,
             max_weight_change: None,
             auto_pipe: false,
+            time_pipeline_len: true,
             auto_dp: false,
             freed_devices: autodp::FreedDevices::Replicas,
             batch_policy: BatchPolicy::Constant,
@@ -207,7 +218,7 @@ impl ElasticConfig {
         let freeze = self.freeze.name();
         let freezes = self.freeze != FreezeName::Off;
         // (key, whether its switch leaves it unread, the switch as the user would write it)
-        let rules: [(&str, bool, String); 10] = [
+        let rules: [(&str, bool, String); 11] = [
             (
                 "alpha",
                 matches!(self.freeze, FreezeName::Off | FreezeName::Table),
@@ -216,6 +227,7 @@ impl ElasticConfig {
             ("table", self.freeze != FreezeName::Table, format!("elastic.freeze is {freeze}")),
             ("freeze_interval", !freezes, "elastic.freeze is off".into()),
             ("max_weight_change", !freezes, "elastic.freeze is off".into()),
+            ("time_pipeline_len", !self.auto_pipe, "elastic.auto_pipe is off".into()),
             ("freed_devices", !self.auto_dp, "elastic.auto_dp is off".into()),
             ("batch_policy", !self.auto_dp, "elastic.auto_dp is off".into()),
             ("cache_bytes", !self.cache, "elastic.cache is off".into()),
