@@ -10,7 +10,7 @@ use super::autodp::{batches_per_step, rebuild_communicators, replicas_for};
 use super::autopipe::{Shapes, Timing, Tuner, agree, choose_shape, micro_batch_candidates, pick, schedule_for};
 use super::cache::{ActivationCache, CacheDtype};
 use super::freeze::FreezeController;
-use super::{ElasticConfig, FreezeInterval, FreezeName};
+use super::{BatchPolicy, ElasticConfig, FreezeInterval, FreezeName};
 use crate::device::Device;
 use crate::error::{Result, config_error};
 use crate::model::{Hidden, HostBatch};
@@ -343,17 +343,27 @@ impl Elastic {
             let profiles = |samples: usize| trainer.profiles_for(samples, cached);
             let shapes =
                 Shapes { global: &global, replicas: &replicas, speed: &speed, micro: &micro, profiles: &profiles };
-            let candidates = choose_shape(&before, before.pipeline_len, a.devices, cached, &shapes, &names)?;
+            // A freeze while a trial's first length runs prices against the length the trial
+            // left (the longest allowed: K only shrinks) and times against it, as if the
+            // trial had not begun.
+            let incumbent = match &self.shape_trial {
+                Some(ShapeTrial { other: Some(other), .. }) => other.pipeline_len.max(before.pipeline_len),
+                _ => before.pipeline_len,
+            };
+            let candidates = choose_shape(&before, incumbent, a.devices, cached, &shapes, &names)?;
             let chosen = pick(&candidates).ok_or_else(|| config_error("devices", "no pipeline shape fits"))?;
             let chosen = agree(trainer.pipeline.process_group(), chosen, &candidates)?.config.clone();
             // The price of a shorter pipeline on cpu devices rests on ideal thread scaling:
-            // time it against the length in force (each at its best M) before keeping it.
+            // time it against the length in force (each at its best M) before keeping it. Not
+            // across processes (each would time its own), nor where the two shapes' replicas
+            // would run different recipes (`scale-lr`: the batch and learning rate follow R).
             let guessed = lend || shared;
             let timed_against = candidates
                 .iter()
-                .find(|c| c.config.pipeline_len == before.pipeline_len)
+                .find(|c| c.config.pipeline_len == incumbent)
                 .filter(|_| self.config.time_pipeline_len && guessed && trainer.pipeline.process_group().is_none())
                 .filter(|c| c.config.pipeline_len != chosen.pipeline_len)
+                .filter(|c| policy == BatchPolicy::Constant || c.config.replicas == chosen.replicas)
                 .map(|c| c.config.clone());
             reason += &self.adopt_shape(trainer, chosen, &before, timed_against.is_some())?;
             self.shape_trial = timed_against.map(|other| ShapeTrial { other: Some(other), first: None });

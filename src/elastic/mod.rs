@@ -160,7 +160,10 @@ pub struct ElasticConfig {
     /// Where AutoPipe's price of a shorter pipeline rests on a guess (cpu devices that share a
     /// pool or lend their threads, whose speed with more threads it takes to be ideal), time
     /// the pipeline length it chose against the one in force, each at its best micro-batch
-    /// count, and keep the faster. On by default; off, the planner's price alone decides.
+    /// count, and keep the faster. Not in launched multi-process runs (rank 0's plan rules
+    /// there), nor between shapes whose replica counts differ under `batch_policy =
+    /// "scale-lr"`, where the trial would change the recipe. A run resumed with it off keeps
+    /// the length in force. On by default; off, the planner's price alone decides.
     #[serde(default = "default_true")]
     pub time_pipeline_len: bool,
     /// Put freed devices to work: as replicas, or (cpu devices, `freed_devices = "threads"`)

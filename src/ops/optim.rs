@@ -6,10 +6,12 @@
 //! checks) in f64. It was f64 for every type once, one rounding from the exact update; that
 //! made it bound by f64 square roots and divisions, not memory (1.7× the f32 update's time
 //! over MiniLM's 23 M parameters on an Intel Xeon: docs/PERF.md), for differences far below
-//! a weight's own f32 rounding. SGD and scaling stay in f64: they are bound by memory. Work is split into fixed chunks of [`CHUNK`]
-//! elements run in parallel on the caller's rayon pool; element-wise updates do not depend on the
-//! split at all, and the one reduction ([`sum_squares`]) combines chunk sums in chunk order, so
-//! every result is bitwise the same for any thread count.
+//! a weight's own f32 rounding. SGD and scaling stay in f64: they are bound by memory.
+//!
+//! Work is split into fixed chunks of [`CHUNK`] elements run in parallel on the caller's rayon
+//! pool; element-wise updates do not depend on the split at all, and the one reduction
+//! ([`sum_squares`]) combines chunk sums in chunk order, so every result is bitwise the same for
+//! any thread count.
 
 use crate::error::{Result, check_len, config_error};
 use crate::ops::simd::vectorized;

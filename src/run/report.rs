@@ -99,7 +99,10 @@ fn render(log: &str, config: &RunConfig) -> String {
                     pair_after("replicas"),
                     pair_after("micro_batches"),
                 );
-                if between_epochs {
+                // Between epochs: no step since the epoch's last. A transition made in a step
+                // (`after_step`, logged before that step's event) carries the next step's
+                // number, and its time is inside that step's.
+                if between_epochs && e["step"].as_f64() == Some(last_step) {
                     began = (frozen, k, r, m);
                     clock += num(e, "seconds");
                 }
@@ -401,9 +404,10 @@ mod tests {
             r#"{"event":"cache","epoch":0,"hits":0,"misses":1,"entries":4,"memory_bytes":64,"disk_bytes":0}"#,
             r#"{"event":"transition","step":1,"epoch":0,"reason":"Alpha <rule>","frozen_layers":[0,2],"frozen_units":5,"pipeline_len":[2,1],"replicas":[1,2],"micro_batches":[2,1],"stages":[{"start":0,"end":8}],"batches_per_step":1,"cache":true,"seconds":20.0}"#,
             r#"{"event":"start","resumed":true,"step":1}"#,
+            // Made in step 2 (after it ran, before its event): inside that step's time.
+            r#"{"event":"transition","step":2,"epoch":1,"reason":"mid-epoch","frozen_layers":[2,3],"frozen_units":7,"pipeline_len":[1,1],"replicas":[2,2],"micro_batches":[1,1],"stages":[{"start":0,"end":8}],"batches_per_step":1,"cache":true,"seconds":10.0}"#,
             r#"{"event":"step","step":2,"epoch":1,"loss":0.5,"lr":0.1,"grad_norm":1.0,"samples":4,"seconds":0.25}"#,
             r#"{"event":"eval","step":2,"epoch":1,"eval":{"loss":0.45,"accuracy":0.8125,"count":8},"eval_seconds":0.05}"#,
-            r#"{"event":"transition","step":2,"epoch":1,"reason":"mid-epoch","frozen_layers":[2,3],"frozen_units":7,"pipeline_len":[1,1],"replicas":[2,2],"micro_batches":[1,1],"stages":[{"start":0,"end":8}],"batches_per_step":1,"cache":true,"seconds":10.0}"#,
             r#"{"event":"epoch","epoch":1,"eval":{"loss":0.4,"accuracy":0.875,"perplexity":1.5,"count":8},"samples":4,"train_seconds":0.25,"eval_seconds":0.1}"#,
             // More entries than the epoch's lookups: the rate is of lookups (3 of 4), not entries.
             r#"{"event":"cache","epoch":1,"hits":3,"misses":1,"entries":10,"memory_bytes":64,"disk_bytes":0}"#,
