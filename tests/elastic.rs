@@ -572,6 +572,80 @@ fn replicas_keep_their_number_and_each_takes_its_freed_devices_threads() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Ten epochs of the BERT on two cpu devices lending their threads, the table freezing a
+/// layer every 3 steps, AutoPipe on (its trial of pipeline lengths as `time_pipeline_len`).
+fn trial_trainer(
+    time_pipeline_len: bool,
+    table: Vec<usize>,
+    dir: &std::path::Path,
+) -> (Trainer<CpuDevice<f32>>, Elastic) {
+    let train = TrainConfig { epochs: 10, ..train_config() };
+    let plan = PipelineConfig { pipeline_len: 2, micro_batches: 2, ..Default::default() };
+    let mut t = common::trainer_on(&bert(), 3, cpus(2), plan, train, 3);
+    let config = ElasticConfig {
+        freeze: FreezeName::Table,
+        table,
+        freeze_interval: FreezeInterval::Steps(3),
+        auto_pipe: true,
+        time_pipeline_len,
+        auto_dp: true,
+        freed_devices: FreedDevices::Threads,
+        ..Default::default()
+    };
+    t.pipeline.lend_idle_threads(true).unwrap();
+    (t, Elastic::new(config, surroundings(&bert()), dir).unwrap())
+}
+
+/// Every transition's reason and pipeline length before and after.
+fn transition_log(events: &[Event]) -> Vec<(String, usize, usize)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Transition(t) => Some((t.reason.clone(), t.pipeline_len.0, t.pipeline_len.1)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A run checkpointed while AutoPipe times the first pipeline length of its trial, and
+/// resumed, goes on with the trial (the second length is timed after the resume, then one is
+/// kept) and follows the run that was not stopped.
+#[test]
+fn a_run_resumed_during_a_trial_of_pipeline_lengths_goes_on_with_it() {
+    let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
+    let dir = scratch("trial-resume");
+    let (mut straight, mut elastic) = trial_trainer(true, vec![0, 1], &dir.join("a"));
+    let mut all = Vec::new();
+    elastic.start(&mut straight, &mut |e| all.push(e.clone())).unwrap();
+    straight.fit(&data, None, &mut elastic, &mut |e| all.push(e.clone())).unwrap();
+
+    let path = dir.join("ckpt");
+    let (mut first, mut elastic) = trial_trainer(true, vec![0, 1], &dir.join("b"));
+    let mut events = Vec::new();
+    elastic.start(&mut first, &mut |e| events.push(e.clone())).unwrap();
+    first.fit(&data, Some(8), &mut elastic, &mut |e| events.push(e.clone())).unwrap();
+    let log = transition_log(&events);
+    assert!(
+        log.iter().any(|r| r.0.starts_with("Table rule after interval 1"))
+            && !log.iter().any(|r| r.0.starts_with("AutoPipe times")),
+        "checkpointed while the first length is timed: {log:?}"
+    );
+    first.save_checkpoint(&path, elastic.state()).unwrap();
+    drop((first, elastic));
+
+    let (mut second, mut elastic) = trial_trainer(true, vec![0, 1], &dir.join("c"));
+    let state = second.load_checkpoint(&path).unwrap();
+    elastic.restore(state).unwrap();
+    let resumed_at = events.len();
+    second.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
+    let after = transition_log(&events[resumed_at..]);
+    let trial = after.iter().position(|r| r.0.starts_with("AutoPipe times K=2 against K=1")).expect("{after:?}");
+    assert!(after[trial..].iter().any(|r| r.0.starts_with("pipeline lengths timed")), "{after:?}");
+    assert_follows(&curve(&events), &curve(&all), "resumed during a trial");
+    drop((straight, second, elastic));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Where AutoPipe's price of a shorter pipeline is a guess (cpu devices lending their threads),
 /// it times the length it chose against the one in force, each at its best micro-batch count,
 /// and keeps the faster: the log shows both rates and the kept length is the faster one's. The
@@ -581,22 +655,8 @@ fn replicas_keep_their_number_and_each_takes_its_freed_devices_threads() {
 fn a_trial_of_pipeline_lengths_keeps_the_faster_and_computes_the_same() {
     let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
     let run = |time_pipeline_len: bool, table: Vec<usize>| {
-        let train = TrainConfig { epochs: 10, ..train_config() };
-        let plan = PipelineConfig { pipeline_len: 2, micro_batches: 2, ..Default::default() };
-        let mut t = common::trainer_on(&bert(), 3, cpus(2), plan, train, 3);
-        let config = ElasticConfig {
-            freeze: FreezeName::Table,
-            table,
-            freeze_interval: FreezeInterval::Steps(3),
-            auto_pipe: true,
-            time_pipeline_len,
-            auto_dp: true,
-            freed_devices: FreedDevices::Threads,
-            ..Default::default()
-        };
-        let dir = scratch(&format!("shape-trial-{time_pipeline_len}"));
-        let mut elastic = Elastic::new(config, surroundings(&bert()), &dir).unwrap();
-        t.pipeline.lend_idle_threads(true).unwrap();
+        let dir = scratch(&format!("shape-trial-{time_pipeline_len}-{}", table.len()));
+        let (mut t, mut elastic) = trial_trainer(time_pipeline_len, table, &dir);
         let mut events = Vec::new();
         elastic.start(&mut t, &mut |e| events.push(e.clone())).unwrap();
         t.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
@@ -604,15 +664,7 @@ fn a_trial_of_pipeline_lengths_keeps_the_faster_and_computes_the_same() {
         let _ = std::fs::remove_dir_all(&dir);
         (t.pipeline.plan().config.pipeline_len, events)
     };
-    let reasons = |events: &[Event]| -> Vec<(String, usize, usize)> {
-        events
-            .iter()
-            .filter_map(|e| match e {
-                Event::Transition(t) => Some((t.reason.clone(), t.pipeline_len.0, t.pipeline_len.1)),
-                _ => None,
-            })
-            .collect()
-    };
+    let reasons = transition_log;
 
     let (k_without, without) = run(false, vec![0, 1]);
     assert_eq!(k_without, 1, "the planner's choice stands");
