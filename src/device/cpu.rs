@@ -43,6 +43,11 @@ struct Pool<T> {
     max_cached_elems: usize,
 }
 
+/// Classes above its own a request may take a free buffer from (each an eighth of a power of
+/// two larger): batches a little shorter than the last reuse its buffers instead of faulting
+/// fresh pages in, as evaluation's batches, longest first, all are.
+const LARGER_CLASSES: usize = 2;
+
 /// The size class of a `len`-element buffer: `len` rounded up to a multiple of an eighth of its
 /// largest power of two, so a buffer wastes under 12.5 % and lengths a few percent apart share
 /// a class.
@@ -55,12 +60,19 @@ fn size_class(len: usize) -> usize {
 }
 
 impl<T> Pool<T> {
-    /// A free buffer of `class` elements (a [`size_class`]), if one is cached.
+    /// A free buffer of `class` elements (a [`size_class`]), else of one of the next
+    /// [`LARGER_CLASSES`] classes up, if one is cached.
     fn take(&self, class: usize) -> Option<Vec<T>> {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        let v = free.by_class.get_mut(&class)?.pop()?;
-        free.cached -= class;
-        Some(v)
+        let mut c = class;
+        for _ in 0..=LARGER_CLASSES {
+            if let Some(v) = free.by_class.get_mut(&c).and_then(Vec::pop) {
+                free.cached -= c;
+                return Some(v);
+            }
+            c = size_class(c + 1);
+        }
+        None
     }
     fn give(&self, v: Vec<T>) {
         let len = v.len();
@@ -795,6 +807,27 @@ mod tests {
         let z = dev.zeros(32 * 63 * 384).unwrap();
         assert_eq!(z.as_ptr(), ptr);
         assert!(z.iter().all(|&x| x == 0.0));
+    }
+
+    /// A request a class or two below a freed buffer takes it (evaluation's batches, longest
+    /// first, each a little shorter than the last); further below, a fresh one.
+    #[test]
+    fn a_slightly_shorter_batch_reuses_a_larger_free_buffer() {
+        let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+        let a = dev.alloc(32 * 64 * 384).unwrap();
+        let ptr = a.as_ptr();
+        drop(a);
+        // 56 tokens: one class below 64's.
+        assert_eq!(size_class(32 * 64 * 384), size_class(size_class(32 * 56 * 384) + 1));
+        let b = dev.zeros(32 * 56 * 384).unwrap();
+        assert_eq!(b.as_ptr(), ptr, "one class up is taken");
+        assert_eq!(b.len(), 32 * 56 * 384);
+        assert!(b.iter().all(|&x| x == 0.0));
+        drop(b);
+        // The buffer goes back to its own class: a 64-token batch finds it there.
+        assert_eq!(dev.alloc(32 * 64 * 384).unwrap().as_ptr(), ptr);
+        // 32 tokens: half the size, too far below to hold on to twice the memory.
+        assert_ne!(dev.alloc(32 * 32 * 384).unwrap().as_ptr(), ptr);
     }
 
     #[test]
