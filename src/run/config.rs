@@ -86,7 +86,7 @@ pub struct DataSection {
     #[serde(default)]
     pub test_limit: usize,
     /// Text: batch samples of similar token count together (training batches grouped in
-    /// shuffled windows, evaluation in length order), so batches carry little padding.
+    /// shuffled windows, evaluation in length order, longest first), so batches carry little padding.
     #[serde(default)]
     pub group_by_length: bool,
 }
