@@ -788,13 +788,16 @@ mod tests {
         assert!(z.iter().all(|&x| x == 0.0));
     }
 
+    /// Where a buffer of `len` elements lay, now back in `dev`'s pool.
+    fn freed_buffer(dev: &CpuDevice<f32>, len: usize) -> *const f32 {
+        dev.alloc(len).unwrap().as_ptr()
+    }
+
     #[test]
     fn lengths_in_one_size_class_share_buffers() {
         // A batch padded to 61 tokens reuses the buffers of one padded to 64.
         let dev = CpuDevice::<f32>::new(0, 1).unwrap();
-        let a = dev.alloc(32 * 64 * 384).unwrap();
-        let ptr = a.as_ptr();
-        drop(a);
+        let ptr = freed_buffer(&dev, 32 * 64 * 384);
         let mut b = dev.alloc(32 * 61 * 384).unwrap();
         assert_eq!(b.as_ptr(), ptr, "a freed buffer of the same size class is reused");
         assert_eq!(CpuDevice::len(&b), 32 * 61 * 384);
@@ -814,9 +817,7 @@ mod tests {
     #[test]
     fn a_slightly_shorter_batch_reuses_a_larger_free_buffer() {
         let dev = CpuDevice::<f32>::new(0, 1).unwrap();
-        let a = dev.alloc(32 * 64 * 384).unwrap();
-        let ptr = a.as_ptr();
-        drop(a);
+        let ptr = freed_buffer(&dev, 32 * 64 * 384);
         // 56 tokens: one class below 64's.
         assert_eq!(size_class(32 * 64 * 384), size_class(size_class(32 * 56 * 384) + 1));
         let b = dev.zeros(32 * 56 * 384).unwrap();
