@@ -80,11 +80,12 @@ struct State {
 /// its micro-batch counts are timed; then the length that was in force, timed the same way;
 /// the faster is kept.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-struct ShapeTrial {
-    /// The shape to time once the one running is timed (`None` once it runs).
-    other: Option<crate::pipeline::PipelineConfig>,
-    /// The shape timed first, at its best micro-batch count, and its rate in positions/s.
-    first: Option<(crate::pipeline::PipelineConfig, f64)>,
+enum ShapeTrial {
+    /// The chosen shape is being timed; this one, the length that was in force, comes next.
+    Next(crate::pipeline::PipelineConfig),
+    /// The chosen shape was timed (at its best micro-batch count, with its rate in
+    /// positions/s); the other is being timed.
+    Timed(crate::pipeline::PipelineConfig, f64),
 }
 
 /// The run's shape around it, fixed when the controller is made.
@@ -347,7 +348,7 @@ impl Elastic {
             // left (the longest allowed: K only shrinks) and times against it, as if the
             // trial had not begun.
             let incumbent = match &self.shape_trial {
-                Some(ShapeTrial { other: Some(other), .. }) => other.pipeline_len.max(before.pipeline_len),
+                Some(ShapeTrial::Next(other)) => other.pipeline_len.max(before.pipeline_len),
                 _ => before.pipeline_len,
             };
             let candidates = choose_shape(&before, incumbent, a.devices, cached, &shapes, &names)?;
@@ -366,7 +367,7 @@ impl Elastic {
                 .filter(|c| policy == BatchPolicy::Constant || c.config.replicas == chosen.replicas)
                 .map(|c| c.config.clone());
             reason += &self.adopt_shape(trainer, chosen, &before, timed_against.is_some())?;
-            self.shape_trial = timed_against.map(|other| ShapeTrial { other: Some(other), first: None });
+            self.shape_trial = timed_against.map(ShapeTrial::Next);
         }
         self.emit(trainer, reason, (layers_before, layers), before, started, on_event);
         Ok(())
@@ -448,28 +449,27 @@ impl Elastic {
         let Some(trial) = self.shape_trial.take() else { return Ok(None) };
         let now = trainer.pipeline.plan().config.clone();
         match trial {
-            ShapeTrial { other: Some(other), .. } => {
-                let k = other.pipeline_len;
+            ShapeTrial::Next(other) => {
                 let mut reason = format!(
-                    "AutoPipe times K={k} against K={} ({rate:.0} positions/s at M={})",
-                    now.pipeline_len, now.micro_batches
+                    "AutoPipe times K={} against K={} ({rate:.0} positions/s at M={})",
+                    other.pipeline_len, now.pipeline_len, now.micro_batches
                 );
                 reason += &self.adopt_shape(trainer, other, &now, true)?;
-                self.shape_trial = Some(ShapeTrial { other: None, first: Some((now, rate)) });
+                self.shape_trial = Some(ShapeTrial::Timed(now, rate));
                 Ok(Some(reason))
             }
-            ShapeTrial { other: None, first: Some((first, first_rate)) } => {
-                let (faster, slower) = if first_rate > rate { (&first, &now) } else { (&now, &first) };
+            ShapeTrial::Timed(first, first_rate) => {
+                let first_wins = first_rate > rate;
+                let (kept, over) = if first_wins { (&first, &now) } else { (&now, &first) };
                 let mut reason = format!(
                     "pipeline lengths timed (positions/s): K={}: {first_rate:.0}, K={}: {rate:.0}; K={} kept over K={}",
-                    first.pipeline_len, now.pipeline_len, faster.pipeline_len, slower.pipeline_len
+                    first.pipeline_len, now.pipeline_len, kept.pipeline_len, over.pipeline_len
                 );
-                if first_rate > rate {
+                if first_wins {
                     reason += &self.adopt_shape(trainer, first, &now, false)?;
                 }
                 Ok(Some(reason))
             }
-            ShapeTrial { other: None, first: None } => Ok(None),
         }
     }
 

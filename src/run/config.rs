@@ -552,10 +552,14 @@ dir = "runs/x"
         };
         assert!(warned(BASE, &[]).is_empty());
         assert!(warned(BASE, &["elastic.cache=false", "elastic.auto_dp=false", "elastic.freeze=\"off\""]).is_empty());
-        let w = warned(BASE, &["elastic.cache_bytes=1000", "elastic.freed_devices=\"threads\""]);
-        assert_eq!(w.len(), 2, "{w:?}");
-        assert!(w[0].contains("elastic.freed_devices") && w[0].contains("elastic.auto_dp is off"), "{w:?}");
-        assert!(w[1].contains("elastic.cache_bytes") && w[1].contains("elastic.cache is off"), "{w:?}");
+        let w = warned(
+            BASE,
+            &["elastic.cache_bytes=1000", "elastic.freed_devices=\"threads\"", "elastic.time_pipeline_len=false"],
+        );
+        assert_eq!(w.len(), 3, "{w:?}");
+        assert!(w[0].contains("elastic.time_pipeline_len") && w[0].contains("elastic.auto_pipe is off"), "{w:?}");
+        assert!(w[1].contains("elastic.freed_devices") && w[1].contains("elastic.auto_dp is off"), "{w:?}");
+        assert!(w[2].contains("elastic.cache_bytes") && w[2].contains("elastic.cache is off"), "{w:?}");
         let on = ["elastic.freeze=\"eq1\"", "elastic.auto_pipe=true", "elastic.cache=true", "elastic.cache_bytes=1000"];
         assert!(warned(BASE, &on).is_empty(), "{:?}", warned(BASE, &on));
         let table = warned(BASE, &["elastic.freeze=\"table\"", "elastic.table=[0, 1]", "elastic.alpha=0.2"]);
@@ -595,6 +599,9 @@ dir = "runs/x"
         // A precision that is not one of the three names the key and the choices.
         let err = RunConfig::parse(BASE, "base", &["output.precision=fp16".into()]).unwrap_err().to_string();
         assert!(err.contains("--set output.precision") && err.contains("`f32`, `bf16`, `auto`"), "{err}");
+        // AutoPipe's trial is a switch: anything but true or false names the key.
+        let err = RunConfig::parse(BASE, "base", &["elastic.time_pipeline_len=3".into()]).unwrap_err().to_string();
+        assert!(err.contains("--set elastic.time_pipeline_len") && err.contains("bool"), "{err}");
         // A value of the wrong type names its key, not the file.
         let err = RunConfig::parse(BASE, "base", &["train.lr=1e-4".into(), "train.eval_every=-1".into()])
             .unwrap_err()
