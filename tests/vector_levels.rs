@@ -6,7 +6,10 @@
 use pipetransformer::ops::attention::{AttentionDims, attention_backward, attention_forward};
 use pipetransformer::ops::dropout::{DropoutCoords, dropout_forward};
 use pipetransformer::ops::gelu::{Activation, gelu_backward, gelu_forward};
-use pipetransformer::ops::optim::{AdamWStep, adamw_update};
+use pipetransformer::ops::layernorm::{layernorm_backward, layernorm_forward};
+use pipetransformer::ops::linear::linear_backward;
+use pipetransformer::ops::optim::{AdamWStep, CHUNK, adamw_update, scale_inplace, sum_squares};
+use pipetransformer::ops::residual::{residual_backward, residual_forward};
 use pipetransformer::ops::simd::{VectorLevel, cap_vector_level};
 use pipetransformer::rng::Rng;
 
@@ -70,7 +73,44 @@ fn outputs() -> Vec<(&'static str, Vec<u32>)> {
     for (name, t) in [("adamw p", p), ("adamw m", m), ("adamw v", vv)] {
         out.push((name, t.iter().map(|v| v.to_bits()).collect()));
     }
+    // Clipping's sum of squares (f64 lanes) over more than one chunk and a ragged tail.
+    let big = random(&mut rng, 2 * CHUNK + 13, 3.0);
+    out.push(("sum_squares", sum_squares(&big).to_bits().to_le_bytes().chunks(4).map(bits).collect()));
+    let mut scaled = big.clone();
+    scale_inplace(&mut scaled, 0.37);
+    out.push(("scale_inplace", scaled.iter().map(|v| v.to_bits()).collect()));
+    // LayerNorm on rows wider than the lanes with a ragged tail, forward and backward.
+    let (rows, dim) = (37, 389);
+    let (x, w, b) = (random(&mut rng, rows * dim, 4.0), random(&mut rng, dim, 1.0), random(&mut rng, dim, 1.0));
+    let (mut y, mut mean, mut rstd) = (vec![0.0f32; x.len()], vec![0.0f32; rows], vec![0.0f32; rows]);
+    layernorm_forward(&mut y, &mut mean, &mut rstd, &x, &w, &b, rows, dim, 1e-12).unwrap();
+    let dy = random(&mut rng, x.len(), 1.0);
+    let (mut dx, mut dw, mut db) = (vec![0.0f32; x.len()], vec![0.5f32; dim], vec![0.25f32; dim]);
+    layernorm_backward(&mut dx, &mut dw, &mut db, &dy, &x, &w, &mean, &rstd, rows, dim).unwrap();
+    for (name, t) in [("layernorm y", y), ("layernorm dx", dx), ("layernorm dw", dw), ("layernorm db", db)] {
+        out.push((name, t.iter().map(|v| v.to_bits()).collect()));
+    }
+    // Residual add and its backward; a linear layer's bias gradient.
+    let (a, c) = (random(&mut rng, CHUNK + 7, 1.0), random(&mut rng, CHUNK + 7, 1.0));
+    let mut sum = vec![0.0f32; a.len()];
+    residual_forward(&mut sum, &a, &c).unwrap();
+    residual_backward(&mut sum, &c).unwrap();
+    out.push(("residual", sum.iter().map(|v| v.to_bits()).collect()));
+    let (in_dim, out_dim, rows) = (5, 83, 29);
+    let (inp, weight, dout) = (
+        random(&mut rng, rows * in_dim, 1.0),
+        random(&mut rng, out_dim * in_dim, 1.0),
+        random(&mut rng, rows * out_dim, 1.0),
+    );
+    let mut dbias = vec![0.125f32; out_dim];
+    linear_backward(None, None, Some(&mut dbias), &dout, &inp, &weight, rows, in_dim, out_dim).unwrap();
+    out.push(("linear dbias", dbias.iter().map(|v| v.to_bits()).collect()));
     out
+}
+
+/// Four bytes as one word, for outputs that are not f32.
+fn bits(b: &[u8]) -> u32 {
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
 }
 
 #[test]

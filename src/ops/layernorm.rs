@@ -3,6 +3,7 @@
 //! for the backward.
 
 use crate::error::{Result, check_len};
+use crate::ops::simd::vectorized;
 use crate::scalar::Float;
 use rayon::prelude::*;
 
@@ -38,16 +39,21 @@ pub fn layernorm_forward<T: Float>(
         .zip(mean.par_iter_mut().zip(rstd.par_iter_mut()))
         .with_min_len(rows_per_task(dim))
         .for_each(|((o, x), (mean, rstd))| {
-            // Two passes in f64: the variance of a row with a large mean loses nothing to
-            // cancellation, and f32 rows cost no more than the conversions.
-            let m = lane_sum(x) * inv_dim;
-            let var = lane_sum_sq_dev(x, m) * inv_dim;
-            let (m, s) = (T::from_f64(m), T::from_f64(1.0 / (var + eps).sqrt()));
-            *mean = m;
-            *rstd = s;
-            for (((o, &x), &w), &b) in o.iter_mut().zip(x).zip(weight).zip(bias) {
-                *o = (x - m) * s * w + b;
-            }
+            vectorized(
+                #[inline(always)]
+                || {
+                    // Two passes in f64: the variance of a row with a large mean loses nothing
+                    // to cancellation, and f32 rows cost no more than the conversions.
+                    let m = lane_sum(x) * inv_dim;
+                    let var = lane_sum_sq_dev(x, m) * inv_dim;
+                    let (m, s) = (T::from_f64(m), T::from_f64(1.0 / (var + eps).sqrt()));
+                    *mean = m;
+                    *rstd = s;
+                    for (((o, &x), &w), &b) in o.iter_mut().zip(x).zip(weight).zip(bias) {
+                        *o = (x - m) * s * w + b;
+                    }
+                },
+            )
         });
     Ok(())
 }
@@ -80,23 +86,28 @@ pub fn layernorm_backward<T: Float>(
     let mut partial = vec![T::ZERO; rows.div_ceil(BLOCK_ROWS) * 2 * dim];
     dinp.par_chunks_mut(block).zip(partial.par_chunks_mut(2 * dim)).enumerate().for_each(|(k, (dinp, part))| {
         let (pw, pb) = part.split_at_mut(dim);
-        for (j, di) in dinp.chunks_exact_mut(dim).enumerate() {
-            let r = k * BLOCK_ROWS + j;
-            let (x, d) = (&inp[r * dim..(r + 1) * dim], &dout[r * dim..(r + 1) * dim]);
-            let (m, s) = (mean[r], rstd[r]);
-            // With g = w⊙dout and x̂ = (x − mean)·rstd:
-            // dinp = rstd·(g − mean(g) − x̂·mean(g⊙x̂)).
-            let (sum_g, sum_gxc) = lane_sums_backward(weight, d, x, m.to_f64());
-            let mean_g = T::from_f64(sum_g * inv_dim);
-            let mean_gxhat = T::from_f64(sum_gxc * s.to_f64() * inv_dim);
-            let cols = di.iter_mut().zip(pw.iter_mut().zip(pb.iter_mut())).zip(x.iter().zip(d).zip(weight));
-            for ((di, (pw, pb)), ((&x, &d), &w)) in cols {
-                let xhat = (x - m) * s;
-                *di = s * (w * d - mean_g - xhat * mean_gxhat);
-                *pw += d * xhat;
-                *pb += d;
-            }
-        }
+        vectorized(
+            #[inline(always)]
+            || {
+                for (j, di) in dinp.chunks_exact_mut(dim).enumerate() {
+                    let r = k * BLOCK_ROWS + j;
+                    let (x, d) = (&inp[r * dim..(r + 1) * dim], &dout[r * dim..(r + 1) * dim]);
+                    let (m, s) = (mean[r], rstd[r]);
+                    // With g = w⊙dout and x̂ = (x − mean)·rstd:
+                    // dinp = rstd·(g − mean(g) − x̂·mean(g⊙x̂)).
+                    let (sum_g, sum_gxc) = lane_sums_backward(weight, d, x, m.to_f64());
+                    let mean_g = T::from_f64(sum_g * inv_dim);
+                    let mean_gxhat = T::from_f64(sum_gxc * s.to_f64() * inv_dim);
+                    let cols = di.iter_mut().zip(pw.iter_mut().zip(pb.iter_mut())).zip(x.iter().zip(d).zip(weight));
+                    for ((di, (pw, pb)), ((&x, &d), &w)) in cols {
+                        let xhat = (x - m) * s;
+                        *di = s * (w * d - mean_g - xhat * mean_gxhat);
+                        *pw += d * xhat;
+                        *pb += d;
+                    }
+                }
+            },
+        )
     });
     // Combine the block partials in block order, parallel over columns.
     dweight.par_chunks_mut(REDUCE_COLS).zip(dbias.par_chunks_mut(REDUCE_COLS)).enumerate().for_each(|(c, (dw, db))| {
@@ -104,22 +115,28 @@ pub fn layernorm_backward<T: Float>(
         let mut aw = [T::ZERO; REDUCE_COLS];
         let mut ab = [T::ZERO; REDUCE_COLS];
         let (aw, ab) = (&mut aw[..dw.len()], &mut ab[..dw.len()]);
-        for part in partial.chunks_exact(2 * dim) {
-            let (pw, pb) = (&part[c0..c0 + aw.len()], &part[dim + c0..dim + c0 + ab.len()]);
-            for ((a, &p), (b, &q)) in aw.iter_mut().zip(pw).zip(ab.iter_mut().zip(pb)) {
-                *a += p;
-                *b += q;
-            }
-        }
-        for ((w, &a), (b, &q)) in dw.iter_mut().zip(aw.iter()).zip(db.iter_mut().zip(ab.iter())) {
-            *w += a;
-            *b += q;
-        }
+        vectorized(
+            #[inline(always)]
+            || {
+                for part in partial.chunks_exact(2 * dim) {
+                    let (pw, pb) = (&part[c0..c0 + aw.len()], &part[dim + c0..dim + c0 + ab.len()]);
+                    for ((a, &p), (b, &q)) in aw.iter_mut().zip(pw).zip(ab.iter_mut().zip(pb)) {
+                        *a += p;
+                        *b += q;
+                    }
+                }
+                for ((w, &a), (b, &q)) in dw.iter_mut().zip(aw.iter()).zip(db.iter_mut().zip(ab.iter())) {
+                    *w += a;
+                    *b += q;
+                }
+            },
+        )
     });
     Ok(())
 }
 
 /// `Σ x`, in f64, summed in [`LANES`] fixed interleaved lanes.
+#[inline(always)]
 fn lane_sum<T: Float>(x: &[T]) -> f64 {
     let mut acc = [0.0f64; LANES];
     let chunks = x.chunks_exact(LANES);
@@ -133,6 +150,7 @@ fn lane_sum<T: Float>(x: &[T]) -> f64 {
 }
 
 /// `Σ (x − m)²`, in f64, in [`LANES`] fixed interleaved lanes.
+#[inline(always)]
 fn lane_sum_sq_dev<T: Float>(x: &[T], m: f64) -> f64 {
     let mut acc = [0.0f64; LANES];
     let chunks = x.chunks_exact(LANES);
@@ -151,6 +169,7 @@ fn lane_sum_sq_dev<T: Float>(x: &[T], m: f64) -> f64 {
 }
 
 /// `(Σ w⊙d, Σ w⊙d⊙(x − m))` in f64, in [`LANES`] fixed interleaved lanes.
+#[inline(always)]
 fn lane_sums_backward<T: Float>(w: &[T], d: &[T], x: &[T], m: f64) -> (f64, f64) {
     let (mut a1, mut a2) = ([0.0f64; LANES], [0.0f64; LANES]);
     let (wc, dc, xc) = (w.chunks_exact(LANES), d.chunks_exact(LANES), x.chunks_exact(LANES));

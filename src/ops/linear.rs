@@ -11,6 +11,7 @@
 use crate::error::{Result, check_len};
 use crate::ops::gemm_bf16::{PackedB, Products, matmul_bf16_packed, matmul_in};
 use crate::ops::matmul::MatRef;
+use crate::ops::simd::vectorized;
 use crate::scalar::Float;
 use rayon::prelude::*;
 
@@ -147,15 +148,20 @@ fn bias_backward<T: Float>(dbias: &mut [T], dout: &[T], rows: usize, out_dim: us
         let c0 = blk * BIAS_COLS;
         let mut acc = [T::ZERO; BIAS_COLS];
         let acc = &mut acc[..db.len()];
-        for r in 0..rows {
-            let src = &dout[r * out_dim + c0..r * out_dim + c0 + acc.len()];
-            for (a, &d) in acc.iter_mut().zip(src) {
-                *a += d;
-            }
-        }
-        for (b, &a) in db.iter_mut().zip(acc.iter()) {
-            *b += a;
-        }
+        vectorized(
+            #[inline(always)]
+            || {
+                for r in 0..rows {
+                    let src = &dout[r * out_dim + c0..r * out_dim + c0 + acc.len()];
+                    for (a, &d) in acc.iter_mut().zip(src) {
+                        *a += d;
+                    }
+                }
+                for (b, &a) in db.iter_mut().zip(acc.iter()) {
+                    *b += a;
+                }
+            },
+        )
     });
 }
 

@@ -146,11 +146,21 @@ pub fn sgd_update<T: Float>(
 /// Each [`CHUNK`] is summed on its own with eight interleaved accumulators (so the loop can
 /// vectorise while its order stays fixed); the chunk sums are then added in chunk order.
 pub fn sum_squares<T: Float>(x: &[T]) -> f64 {
-    let chunk_sums: Vec<f64> = x.par_chunks(CHUNK).map(chunk_sum_squares).collect();
+    let chunk_sums: Vec<f64> = x
+        .par_chunks(CHUNK)
+        .map(|c| {
+            vectorized(
+                #[inline(always)]
+                || chunk_sum_squares(c),
+            )
+        })
+        .collect();
     chunk_sums.iter().sum()
 }
 
-/// The sum of squares of one chunk, in a fixed order.
+/// The sum of squares of one chunk, in a fixed order: lane `l` sums elements `l`, `l + 8`, …,
+/// so a vector of eight f64 lanes computes exactly these sums.
+#[inline(always)]
 fn chunk_sum_squares<T: Float>(x: &[T]) -> f64 {
     const LANES: usize = 8;
     let mut acc = [0.0f64; LANES];
@@ -172,9 +182,14 @@ fn chunk_sum_squares<T: Float>(x: &[T]) -> f64 {
 /// `x[i] *= s` (the product is taken in f64 and rounded once).
 pub fn scale_inplace<T: Float>(x: &mut [T], s: f64) {
     x.par_chunks_mut(CHUNK).for_each(|c| {
-        for v in c {
-            *v = T::from_f64(v.to_f64() * s);
-        }
+        vectorized(
+            #[inline(always)]
+            || {
+                for v in c {
+                    *v = T::from_f64(v.to_f64() * s);
+                }
+            },
+        )
     });
 }
 

@@ -2,6 +2,7 @@
 //! do by accumulating the branch's input gradient onto the skip path's.
 
 use crate::error::{Result, check_len};
+use crate::ops::simd::vectorized;
 use crate::scalar::Float;
 use rayon::prelude::*;
 
@@ -14,9 +15,14 @@ pub fn residual_forward<T: Float>(out: &mut [T], a: &[T], b: &[T]) -> Result<()>
     check_len(OP, "a", a.len(), out.len())?;
     check_len(OP, "b", b.len(), out.len())?;
     out.par_chunks_mut(CHUNK).zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK))).for_each(|(o, (a, b))| {
-        for ((o, &a), &b) in o.iter_mut().zip(a).zip(b) {
-            *o = a + b;
-        }
+        vectorized(
+            #[inline(always)]
+            || {
+                for ((o, &a), &b) in o.iter_mut().zip(a).zip(b) {
+                    *o = a + b;
+                }
+            },
+        )
     });
     Ok(())
 }
@@ -25,9 +31,14 @@ pub fn residual_forward<T: Float>(out: &mut [T], a: &[T], b: &[T]) -> Result<()>
 pub fn residual_backward<T: Float>(dacc: &mut [T], dout: &[T]) -> Result<()> {
     check_len("residual_backward", "dout", dout.len(), dacc.len())?;
     dacc.par_chunks_mut(CHUNK).zip(dout.par_chunks(CHUNK)).for_each(|(acc, d)| {
-        for (acc, &d) in acc.iter_mut().zip(d) {
-            *acc += d;
-        }
+        vectorized(
+            #[inline(always)]
+            || {
+                for (acc, &d) in acc.iter_mut().zip(d) {
+                    *acc += d;
+                }
+            },
+        )
     });
     Ok(())
 }
