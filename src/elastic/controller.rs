@@ -391,7 +391,8 @@ impl Elastic {
         let lend = self.config.lends_threads(trainer.pipeline.devices());
         trainer.pipeline.lend_idle_threads(lend)?;
         let (k, r) = (chosen.pipeline_len, chosen.replicas);
-        let per_replica = (a.batch * batches_per_step(self.config.batch_policy, r, a.initial_replicas)).div_ceil(r);
+        let per_step = batches_per_step(self.config.batch_policy, r, a.initial_replicas);
+        let per_replica = (a.batch * per_step).div_ceil(r);
         let key = Tuner::key(k, r, units, cached > 0, per_replica, chosen.schedule);
         let with = |m: usize| crate::pipeline::PipelineConfig { micro_batches: m, ..chosen.clone() };
         let profiles = |t: &Trainer<D>, m: usize| t.profiles_for(per_replica.div_ceil(m), cached);
@@ -435,7 +436,7 @@ impl Elastic {
             let threads: Vec<String> = at_work.iter().filter_map(|d| d.threads()).map(|n| n.to_string()).collect();
             reason = format!("{reason}; freed cpu devices lend their threads: {} per device", threads.join(", "));
         }
-        trainer.batches_per_step = batches_per_step(self.config.batch_policy, r, a.initial_replicas);
+        trainer.batches_per_step = per_step;
         self.warming = self.tuner.running();
         self.tuning_from = m;
         Ok(reason)

@@ -41,18 +41,7 @@ pub fn layernorm_forward<T: Float>(
         .for_each(|((o, x), (mean, rstd))| {
             vectorized(
                 #[inline(always)]
-                || {
-                    // Two passes in f64: the variance of a row with a large mean loses nothing
-                    // to cancellation, and f32 rows cost no more than the conversions.
-                    let m = lane_sum(x) * inv_dim;
-                    let var = lane_sum_sq_dev(x, m) * inv_dim;
-                    let (m, s) = (T::from_f64(m), T::from_f64(1.0 / (var + eps).sqrt()));
-                    *mean = m;
-                    *rstd = s;
-                    for (((o, &x), &w), &b) in o.iter_mut().zip(x).zip(weight).zip(bias) {
-                        *o = (x - m) * s * w + b;
-                    }
-                },
+                || (*mean, *rstd) = row_forward(o, x, weight, bias, inv_dim, eps),
             )
         });
     Ok(())
@@ -86,27 +75,13 @@ pub fn layernorm_backward<T: Float>(
     let mut partial = vec![T::ZERO; rows.div_ceil(BLOCK_ROWS) * 2 * dim];
     dinp.par_chunks_mut(block).zip(partial.par_chunks_mut(2 * dim)).enumerate().for_each(|(k, (dinp, part))| {
         let (pw, pb) = part.split_at_mut(dim);
+        let first = k * BLOCK_ROWS;
+        let rows = first..first + dinp.len() / dim;
+        let (x, d) = (&inp[rows.start * dim..rows.end * dim], &dout[rows.start * dim..rows.end * dim]);
+        let stats = (&mean[rows.clone()], &rstd[rows]);
         vectorized(
             #[inline(always)]
-            || {
-                for (j, di) in dinp.chunks_exact_mut(dim).enumerate() {
-                    let r = k * BLOCK_ROWS + j;
-                    let (x, d) = (&inp[r * dim..(r + 1) * dim], &dout[r * dim..(r + 1) * dim]);
-                    let (m, s) = (mean[r], rstd[r]);
-                    // With g = w⊙dout and x̂ = (x − mean)·rstd:
-                    // dinp = rstd·(g − mean(g) − x̂·mean(g⊙x̂)).
-                    let (sum_g, sum_gxc) = lane_sums_backward(weight, d, x, m.to_f64());
-                    let mean_g = T::from_f64(sum_g * inv_dim);
-                    let mean_gxhat = T::from_f64(sum_gxc * s.to_f64() * inv_dim);
-                    let cols = di.iter_mut().zip(pw.iter_mut().zip(pb.iter_mut())).zip(x.iter().zip(d).zip(weight));
-                    for ((di, (pw, pb)), ((&x, &d), &w)) in cols {
-                        let xhat = (x - m) * s;
-                        *di = s * (w * d - mean_g - xhat * mean_gxhat);
-                        *pw += d * xhat;
-                        *pb += d;
-                    }
-                }
-            },
+            || block_backward(dinp, pw, pb, x, d, weight, stats, inv_dim),
         )
     });
     // Combine the block partials in block order, parallel over columns.
@@ -133,6 +108,53 @@ pub fn layernorm_backward<T: Float>(
         )
     });
     Ok(())
+}
+
+/// One row's forward into `o`; returns its `(mean, rstd)`. Two passes in f64: the variance of
+/// a row with a large mean loses nothing to cancellation, and f32 rows cost no more than the
+/// conversions.
+#[inline(always)]
+fn row_forward<T: Float>(o: &mut [T], x: &[T], weight: &[T], bias: &[T], inv_dim: f64, eps: f64) -> (T, T) {
+    let m = lane_sum(x) * inv_dim;
+    let var = lane_sum_sq_dev(x, m) * inv_dim;
+    let (m, s) = (T::from_f64(m), T::from_f64(1.0 / (var + eps).sqrt()));
+    for (((o, &x), &w), &b) in o.iter_mut().zip(x).zip(weight).zip(bias) {
+        *o = (x - m) * s * w + b;
+    }
+    (m, s)
+}
+
+/// One block's rows of the backward: writes their `dinp` rows and adds their parameter
+/// gradients into the block's partial sums `pw` (`Σ dout⊙x̂`) and `pb` (`Σ dout`). `x`, `d` and
+/// `stats` (`mean`, `rstd`) are the block's rows.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn block_backward<T: Float>(
+    dinp: &mut [T],
+    pw: &mut [T],
+    pb: &mut [T],
+    x: &[T],
+    d: &[T],
+    weight: &[T],
+    (mean, rstd): (&[T], &[T]),
+    inv_dim: f64,
+) {
+    let dim = weight.len();
+    let rows = dinp.chunks_exact_mut(dim).zip(x.chunks_exact(dim).zip(d.chunks_exact(dim)));
+    for ((di, (x, d)), (&m, &s)) in rows.zip(mean.iter().zip(rstd)) {
+        // With g = w⊙dout and x̂ = (x − mean)·rstd:
+        // dinp = rstd·(g − mean(g) − x̂·mean(g⊙x̂)).
+        let (sum_g, sum_gxc) = lane_sums_backward(weight, d, x, m.to_f64());
+        let mean_g = T::from_f64(sum_g * inv_dim);
+        let mean_gxhat = T::from_f64(sum_gxc * s.to_f64() * inv_dim);
+        let cols = di.iter_mut().zip(pw.iter_mut().zip(pb.iter_mut())).zip(x.iter().zip(d).zip(weight));
+        for ((di, (pw, pb)), ((&x, &d), &w)) in cols {
+            let xhat = (x - m) * s;
+            *di = s * (w * d - mean_g - xhat * mean_gxhat);
+            *pw += d * xhat;
+            *pb += d;
+        }
+    }
 }
 
 /// `Σ x`, in f64, summed in [`LANES`] fixed interleaved lanes.
