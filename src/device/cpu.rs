@@ -23,7 +23,7 @@ use crate::ops::dropout::DropoutCoords;
 use crate::ops::gelu::Activation;
 use crate::ops::gemm_bf16::{PackedB, Products};
 use crate::ops::matmul::MatRef;
-use crate::ops::optim::{AdamWStep, SgdStep};
+use crate::ops::optim::{AdamWStep, LiveRows, SgdStep};
 use crate::ops::patch::PatchDims;
 use crate::ops::rows::RowCopy;
 use crate::scalar::{DType, Float};
@@ -92,6 +92,12 @@ pub struct CpuBuf<T: Float> {
     pool: Arc<Pool<T>>,
     /// This buffer as a linear layer's weight, packed for bf16 products.
     packs: Mutex<WeightPacks>,
+    /// The rows that may hold non-zeros, every other row being +0, where known: an embedding
+    /// table's gradient after a step's backwards, and its AdamW moments. Set by the ops that
+    /// know it (a fill with zeros, the embedding backward, AdamW), cleared by any other write
+    /// (`DerefMut`). Zeroing, the sum of squares and AdamW then skip the other rows: the
+    /// same bits, a fraction of the memory traffic (docs/PERF.md).
+    live: Option<LiveRows>,
 }
 
 /// A weight packed as the B operand of bf16 products, kept while the weight does not change:
@@ -131,6 +137,7 @@ impl<T: Float> Deref for CpuBuf<T> {
 
 impl<T: Float> DerefMut for CpuBuf<T> {
     fn deref_mut(&mut self) -> &mut [T] {
+        self.live = None;
         let packs = self.packs.get_mut().unwrap_or_else(|e| e.into_inner());
         (packs.transposed_fresh, packs.plain_fresh) = (false, false);
         &mut self.data[..self.len]
@@ -264,7 +271,7 @@ impl<T: Float> CpuDevice<T> {
     fn take(&self, len: usize) -> CpuBuf<T> {
         let class = size_class(len);
         let data = self.buffers.take(class).unwrap_or_else(|| vec![T::ZERO; class]);
-        CpuBuf { data, len, pool: self.buffers.clone(), packs: Mutex::default() }
+        CpuBuf { data, len, pool: self.buffers.clone(), packs: Mutex::default(), live: None }
     }
 }
 
@@ -314,6 +321,7 @@ impl<T: Float> Device for CpuDevice<T> {
     fn zeros(&self, len: usize) -> Result<Self::Buf> {
         let mut b = self.alloc(len)?;
         b.fill(T::ZERO);
+        b.live = Some(LiveRows::none());
         Ok(b)
     }
     fn upload(&self, data: &[f32]) -> Result<Self::Buf> {
@@ -349,7 +357,21 @@ impl<T: Float> Device for CpuDevice<T> {
         Ok(())
     }
     fn fill(&self, dst: &mut Self::Buf, value: f64) -> Result<()> {
-        dst.fill(T::from_f64(value));
+        // Zeros (+0, not −0) where only some rows can be non-zero: those rows alone.
+        let zero = value.to_bits() == 0;
+        match dst.live.take() {
+            Some(live) if zero && live.row_len > 0 => {
+                let row_len = live.row_len;
+                let data = &mut dst[..];
+                let len = data.len();
+                for r in live.rows() {
+                    data[(r * row_len).min(len)..((r + 1) * row_len).min(len)].fill(T::ZERO);
+                }
+            }
+            Some(_) if zero => {}
+            _ => dst.fill(T::from_f64(value)),
+        }
+        dst.live = zero.then(LiveRows::none);
         Ok(())
     }
     fn synchronize(&self) -> Result<()> {
@@ -450,7 +472,12 @@ impl<T: Float> Device for CpuDevice<T> {
         self.run(|| ops::embedding::embedding_forward(out, ids, table, dim, accumulate))
     }
     fn embedding_backward(&self, dtable: &mut Self::Buf, ids: &Self::Ids, dout: &Self::Buf, dim: usize) -> Result<()> {
-        self.run(|| ops::embedding::embedding_backward(dtable, ids, dout, dim))
+        let live = dtable.live.take();
+        self.run(|| ops::embedding::embedding_backward(dtable, ids, dout, dim))?;
+        // Only the rows `ids` names were added to.
+        dtable.live =
+            live.filter(|_| dim > 0).and_then(|mut l| l.add(ids.iter().map(|&i| i as usize), dim).then_some(l));
+        Ok(())
     }
     fn patch_forward(&self, out: &mut Self::Buf, img: &Self::Buf, d: PatchDims) -> Result<()> {
         self.run(|| ops::patch::patch_forward(out, img, d))
@@ -654,7 +681,15 @@ impl<T: Float> Device for CpuDevice<T> {
         v: &mut Self::Buf,
         h: &AdamWStep,
     ) -> Result<()> {
-        self.run(|| ops::optim::adamw_update(param, grad, m, v, h))
+        // Rows where the gradient and both moments are +0 take only their weight decay.
+        let live = match (&grad.live, &m.live, &v.live) {
+            (Some(g), Some(m), Some(v)) => g.union(m).and_then(|gm| gm.union(v)),
+            _ => None,
+        };
+        self.run(|| ops::optim::adamw_update_live(param, grad, m, v, h, live.as_ref()))?;
+        // The moments stay +0 outside the rows the gradient or they already reached.
+        (m.live, v.live) = (live.clone(), live);
+        Ok(())
     }
     fn sgd_update(
         &self,
@@ -667,7 +702,7 @@ impl<T: Float> Device for CpuDevice<T> {
         self.run(|| ops::optim::sgd_update(param, grad, momentum_buf, first, h))
     }
     fn sum_squares(&self, x: &Self::Buf) -> Result<f64> {
-        Ok(self.run(|| ops::optim::sum_squares(x)))
+        Ok(self.run(|| ops::optim::sum_squares_live(x, x.live.as_ref())))
     }
     fn sum(&self, x: &Self::Buf) -> Result<f64> {
         Ok(x.iter().map(|v| v.to_f64()).sum())
@@ -681,6 +716,57 @@ impl<T: Float> Device for CpuDevice<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An embedding table's gradient and AdamW moments know their live rows through a run of
+    /// steps (zero, backward, norm, update), and every value equals the full ops on plain slices
+    /// to the bit: the gradient, its sum of squares, the weights and both moments. The live
+    /// rows are the batches' ids (the moments': every id so far); any other write forgets them.
+    #[test]
+    fn live_rows_follow_an_embedding_through_steps() {
+        use crate::testing::Rng;
+        let (rows, dim) = (700, 24);
+        let dev = CpuDevice::<f32>::new(0, 2).unwrap();
+        let mut rng = Rng::new(8);
+        let table: Vec<f32> = rng.vec(rows * dim, 1.0).into_iter().map(|x| x as f32).collect();
+        let mut p = dev.upload(&table).unwrap();
+        let (mut g, mut m, mut v) =
+            (dev.zeros(rows * dim).unwrap(), dev.zeros(rows * dim).unwrap(), dev.zeros(rows * dim).unwrap());
+        let (mut want_p, mut want_m, mut want_v) = (table.clone(), vec![0f32; rows * dim], vec![0f32; rows * dim]);
+        let mut seen = std::collections::BTreeSet::new();
+        for step in 1..=4u64 {
+            dev.fill(&mut g, 0.0).unwrap();
+            let ids: Vec<u32> = (0..9).map(|i| ((i * 131 + step * 17) % rows as u64) as u32).collect();
+            let dout: Vec<f32> = rng.vec(ids.len() * dim, 1.0).into_iter().map(|x| x as f32).collect();
+            dev.embedding_backward(&mut g, &ids, &dev.upload(&dout).unwrap(), dim).unwrap();
+            let mut want_g = vec![0f32; rows * dim];
+            ops::embedding::embedding_backward(&mut want_g, &ids, &dout, dim).unwrap();
+            let batch: std::collections::BTreeSet<usize> = ids.iter().map(|&i| i as usize).collect();
+            assert_eq!(g.live.as_ref().unwrap().rows().collect::<Vec<_>>(), batch.iter().copied().collect::<Vec<_>>());
+            assert_eq!(dev.sum_squares(&g).unwrap().to_bits(), ops::optim::sum_squares(&want_g).to_bits());
+            let h =
+                AdamWStep { lr: 1e-2, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.1, step, grad_scale: 0.5 };
+            dev.adamw_update(&mut p, &g, &mut m, &mut v, &h).unwrap();
+            ops::optim::adamw_update(&mut want_p, &want_g, &mut want_m, &mut want_v, &h).unwrap();
+            seen.extend(batch);
+            assert_eq!(m.live.as_ref().unwrap().rows().collect::<Vec<_>>(), seen.iter().copied().collect::<Vec<_>>());
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&g), bits(&want_g), "step {step}: gradient");
+            assert_eq!(bits(&p), bits(&want_p), "step {step}: weights");
+            assert_eq!((bits(&m), bits(&v)), (bits(&want_m), bits(&want_v)), "step {step}: moments");
+        }
+        // A write the bookkeeping cannot follow (here into a row no batch reached): the rows are
+        // forgotten, so the norm and the next zeroing see it.
+        let dead = (0..rows).find(|r| !seen.contains(r)).unwrap();
+        g[dead * dim] = 3.0;
+        assert!(g.live.is_none());
+        assert!(dev.sum_squares(&g).unwrap() >= 9.0);
+        dev.fill(&mut g, 0.0).unwrap();
+        assert!(g.iter().all(|&x| x.to_bits() == 0));
+        assert_eq!(g.live, Some(LiveRows::none()));
+        // A fill with anything but +0 leaves nothing known.
+        dev.fill(&mut g, -0.0).unwrap();
+        assert!(g.live.is_none());
+    }
 
     /// With bf16 products the device packs a weight once and reuses it, and a write to the
     /// weight (here through the AdamW kernel, then directly) is seen by the next product: every

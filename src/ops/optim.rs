@@ -51,6 +51,17 @@ pub struct AdamWStep {
 /// which every element's update runs. The decay is `p − (lr·wd)·p`, which keeps lr·wd's digits
 /// (`1 − lr·wd` rounded to f32 would lose most of them). `h.step` must be ≥ 1.
 pub fn adamw_update<T: Float>(param: &mut [T], grad: &[T], m: &mut [T], v: &mut [T], h: &AdamWStep) -> Result<()> {
+    adamw_rows(param, grad, m, v, h, None)
+}
+
+fn adamw_rows<T: Float>(
+    param: &mut [T],
+    grad: &[T],
+    m: &mut [T],
+    v: &mut [T],
+    h: &AdamWStep,
+    live: Option<&LiveRows>,
+) -> Result<()> {
     const OP: &str = "adamw_update";
     check_len(OP, "grad", grad.len(), param.len())?;
     check_len(OP, "m", m.len(), param.len())?;
@@ -68,28 +79,144 @@ pub fn adamw_update<T: Float>(param: &mut [T], grad: &[T], m: &mut [T], v: &mut 
     let (b2, one_minus_b2) = (T::from_f64(h.beta2), T::from_f64(1.0 - h.beta2));
     let (eps, scale) = (T::from_f64(h.eps), T::from_f64(h.grad_scale));
 
-    param
-        .par_chunks_mut(CHUNK)
-        .zip(grad.par_chunks(CHUNK))
-        .zip(m.par_chunks_mut(CHUNK))
-        .zip(v.par_chunks_mut(CHUNK))
-        .for_each(|(((p, g), m), v)| {
-            // One pass over the four arrays, vectorised for the CPU.
-            vectorized(
-                #[inline(always)]
-                || {
-                    for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
-                        let g = g * scale;
-                        let mi = b1 * *m + one_minus_b1 * g;
-                        let vi = b2 * *v + one_minus_b2 * g * g;
-                        *m = mi;
-                        *v = vi;
-                        *p = *p - lr_wd * *p - step_size * mi / (vi.sqrt() / bc2_sqrt + eps);
+    // One pass over the four arrays, vectorised for the CPU.
+    let update = |p: &mut [T], g: &[T], m: &mut [T], v: &mut [T]| {
+        vectorized(
+            #[inline(always)]
+            || {
+                for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+                    let g = g * scale;
+                    let mi = b1 * *m + one_minus_b1 * g;
+                    let vi = b2 * *v + one_minus_b2 * g * g;
+                    *m = mi;
+                    *v = vi;
+                    *p = *p - lr_wd * *p - step_size * mi / (vi.sqrt() / bc2_sqrt + eps);
+                }
+            },
+        )
+    };
+    // (A non-finite clipping coefficient, or eps of zero, makes NaNs of the zero rows'
+    // moments or steps in the full formula: those updates take it.)
+    match live.filter(|_| scale.to_f64().is_finite() && eps > T::ZERO) {
+        None => param
+            .par_chunks_mut(CHUNK)
+            .zip(grad.par_chunks(CHUNK))
+            .zip(m.par_chunks_mut(CHUNK))
+            .zip(v.par_chunks_mut(CHUNK))
+            .for_each(|(((p, g), m), v)| update(p, g, m, v)),
+        Some(live) => {
+            // A row whose gradient and moments are +0 keeps its moments at +0 (β·0 + (1−β)·0),
+            // and its step is `0/(0 + eps) = 0`: `p − lr·wd·p − 0`, the same bits as the full
+            // formula, from the parameter alone.
+            let rows = if live.row_len > 0 { live.row_len } else { CHUNK };
+            let per_task = CHUNK.div_ceil(rows).max(1) * rows;
+            param
+                .par_chunks_mut(per_task)
+                .zip(grad.par_chunks(per_task))
+                .zip(m.par_chunks_mut(per_task))
+                .zip(v.par_chunks_mut(per_task))
+                .enumerate()
+                .for_each(|(t, (((p, g), m), v))| {
+                    let first_row = t * per_task / rows;
+                    let rows_here =
+                        p.chunks_mut(rows).zip(g.chunks(rows)).zip(m.chunks_mut(rows)).zip(v.chunks_mut(rows));
+                    for (r, (((p, g), m), v)) in rows_here.enumerate() {
+                        if live.contains(first_row + r) {
+                            update(p, g, m, v);
+                        } else {
+                            vectorized(
+                                #[inline(always)]
+                                || p.iter_mut().for_each(|p| *p = *p - lr_wd * *p),
+                            )
+                        }
                     }
-                },
-            )
-        });
+                });
+        }
+    }
     Ok(())
+}
+
+/// Rows of a `row_len`-wide tensor (an embedding table's gradient, or its moments) that may
+/// hold non-zeros: every row outside the set is +0 throughout. A batch reaches a few hundred
+/// of an embedding table's tens of thousands of rows, so the ops that know this skip the rest.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LiveRows {
+    /// Elements per row (0 while no row is live: the whole tensor is +0).
+    pub row_len: usize,
+    /// Bit `r` set: row `r` may hold non-zeros.
+    bits: Vec<u64>,
+}
+
+impl LiveRows {
+    /// No live row: the whole tensor is +0.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// Whether row `r` may hold non-zeros.
+    pub fn contains(&self, r: usize) -> bool {
+        self.bits.get(r / 64).is_some_and(|w| w >> (r % 64) & 1 == 1)
+    }
+
+    /// Marks `rows` of `row_len` elements live. Returns false, changing nothing, if live rows
+    /// of another width are already held (the set describes one layout).
+    pub fn add(&mut self, rows: impl IntoIterator<Item = usize>, row_len: usize) -> bool {
+        if self.row_len != row_len && self.bits.iter().any(|&w| w != 0) {
+            return false;
+        }
+        self.row_len = row_len;
+        for r in rows {
+            if self.bits.len() <= r / 64 {
+                self.bits.resize(r / 64 + 1, 0);
+            }
+            self.bits[r / 64] |= 1 << (r % 64);
+        }
+        true
+    }
+
+    /// The union with `other`; None where both hold live rows of different widths.
+    pub fn union(&self, other: &LiveRows) -> Option<LiveRows> {
+        let (wide, narrow) = if self.bits.len() >= other.bits.len() { (self, other) } else { (other, self) };
+        let (a_live, b_live) = (self.bits.iter().any(|&w| w != 0), other.bits.iter().any(|&w| w != 0));
+        if a_live && b_live && self.row_len != other.row_len {
+            return None;
+        }
+        let mut out = wide.clone();
+        out.row_len = if a_live { self.row_len } else { other.row_len };
+        out.bits.iter_mut().zip(&narrow.bits).for_each(|(o, n)| *o |= n);
+        Some(out)
+    }
+
+    /// Live rows, in order.
+    pub fn rows(&self) -> impl Iterator<Item = usize> + '_ {
+        self.bits
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &w)| (0..64).filter(move |b| w >> b & 1 == 1).map(move |b| i * 64 + b))
+    }
+
+    /// Whether any element of `start..end` lies in a live row.
+    fn touches(&self, start: usize, end: usize) -> bool {
+        if self.row_len == 0 || start >= end {
+            return false;
+        }
+        (start / self.row_len..=(end - 1) / self.row_len).any(|r| self.contains(r))
+    }
+}
+
+/// [`adamw_update`] where `live` (if given) holds every row in which the gradient or either
+/// moment may be non-zero: the other rows take only their weight decay, the same bits as the
+/// full update gives them, reading and writing the parameter alone (an embedding table's
+/// untouched rows: 8 bytes an element moved instead of 28). Without `live`, the full update.
+pub fn adamw_update_live<T: Float>(
+    param: &mut [T],
+    grad: &[T],
+    m: &mut [T],
+    v: &mut [T],
+    h: &AdamWStep,
+    live: Option<&LiveRows>,
+) -> Result<()> {
+    adamw_rows(param, grad, m, v, h, live)
 }
 
 /// Hyper-parameters of one SGD update of one tensor.
@@ -146,9 +273,20 @@ pub fn sgd_update<T: Float>(
 /// Each [`CHUNK`] is summed on its own with eight interleaved accumulators (so the loop can
 /// vectorise while its order stays fixed); the chunk sums are then added in chunk order.
 pub fn sum_squares<T: Float>(x: &[T]) -> f64 {
+    sum_squares_live(x, None)
+}
+
+/// [`sum_squares`] where `live` (if given) holds every row that may be non-zero: a chunk of
+/// other rows only is not read. Its sum would be +0, and adding +0 changes no sum, so the
+/// result is the same bits.
+pub fn sum_squares_live<T: Float>(x: &[T], live: Option<&LiveRows>) -> f64 {
     let chunk_sums: Vec<f64> = x
         .par_chunks(CHUNK)
-        .map(|c| {
+        .enumerate()
+        .map(|(i, c)| {
+            if live.is_some_and(|l| !l.touches(i * CHUNK, i * CHUNK + c.len())) {
+                return 0.0;
+            }
             vectorized(
                 #[inline(always)]
                 || chunk_sum_squares(c),
@@ -248,6 +386,90 @@ mod tests {
             })
         };
         assert_eq!(run(1), run(2));
+    }
+
+    /// With the rows outside a live set +0 in the gradient and both moments, the live-row AdamW
+    /// and sum of squares give the full ones' bits: over three steps whose gradients reach
+    /// different rows (the moments' live rows growing as an embedding's do), rows wider and
+    /// narrower than a chunk, on 1 and 2 threads; a non-finite clipping coefficient (whose full
+    /// update makes NaNs of the zero rows' moments too) and zero eps included.
+    #[test]
+    fn live_rows_give_the_full_updates_bits() {
+        let mut rng = Rng::new(21);
+        for (rows, row_len) in [(300, 130), (7, 3 * CHUNK + 5)] {
+            let n = rows * row_len;
+            let p0: Vec<f32> = rng.vec(n, 1.0).iter().map(|&x| x as f32).collect();
+            for (grad_scale, eps) in [(0.37, 1e-8), (f64::INFINITY, 1e-8), (1.0, 0.0)] {
+                let run = |threads: usize, live_aware: bool| {
+                    pool(threads).install(|| {
+                        let (mut p, mut m, mut v) = (p0.clone(), vec![0f32; n], vec![0f32; n]);
+                        let mut moments = LiveRows::none();
+                        let mut out = Vec::new();
+                        for step in 1..=3 {
+                            // Each step's gradient reaches a few rows, some of them again.
+                            let touched: Vec<usize> = (0..3).map(|i| (i * 37 + step as usize * 11) % rows).collect();
+                            let mut g = vec![0f32; n];
+                            for &r in &touched {
+                                for (j, x) in g[r * row_len..(r + 1) * row_len].iter_mut().enumerate() {
+                                    *x = ((j + step as usize) % 7) as f32 - 3.0;
+                                }
+                            }
+                            let mut grad_live = LiveRows::none();
+                            assert!(grad_live.add(touched.iter().copied(), row_len));
+                            let live = grad_live.union(&moments).unwrap();
+                            let h = AdamWStep { grad_scale, eps, ..adamw_step(step) };
+                            let norm = if live_aware {
+                                adamw_update_live(&mut p, &g, &mut m, &mut v, &h, Some(&live)).unwrap();
+                                sum_squares_live(&g, Some(&grad_live))
+                            } else {
+                                adamw_update(&mut p, &g, &mut m, &mut v, &h).unwrap();
+                                sum_squares(&g)
+                            };
+                            moments = live;
+                            out.push(norm.to_bits());
+                        }
+                        out.extend(p.iter().chain(&m).chain(&v).map(|x| u64::from(x.to_bits())));
+                        out
+                    })
+                };
+                let full = run(1, false);
+                let case = format!("{rows} rows of {row_len}, grad_scale {grad_scale}, eps {eps}");
+                assert!(full == run(1, true), "{case}: live rows on one thread");
+                assert!(full == run(2, true), "{case}: live rows on two threads");
+            }
+        }
+    }
+
+    /// The live-row sum of squares does skip: a non-zero outside the set (which the callers'
+    /// bookkeeping rules out) is not read, and inside it is.
+    #[test]
+    fn sum_squares_reads_only_live_rows() {
+        let (rows, row_len) = (4 * CHUNK / 100, 100);
+        let mut x = vec![0f32; rows * row_len];
+        x[3 * CHUNK] = 2.0;
+        let mut live = LiveRows::none();
+        assert!(live.add([0], row_len));
+        assert_eq!(sum_squares_live(&x, Some(&live)), 0.0);
+        assert!(live.add([3 * CHUNK / row_len], row_len));
+        assert_eq!(sum_squares_live(&x, Some(&live)), 4.0);
+        assert_eq!(sum_squares_live(&x, Some(&LiveRows::none())), 0.0);
+        assert_eq!(sum_squares_live(&x, None), 4.0);
+    }
+
+    /// A set holds one row width: rows of another are refused while it holds any, and a union
+    /// of two widths is unknown; an empty set takes any width.
+    #[test]
+    fn live_rows_hold_one_width() {
+        let mut a = LiveRows::none();
+        assert!(a.add([1, 70], 8));
+        assert!(!a.add([2], 16));
+        assert_eq!(a.rows().collect::<Vec<_>>(), [1, 70]);
+        let mut b = LiveRows::none();
+        assert!(b.add([2], 16));
+        assert!(a.union(&b).is_none());
+        let u = a.union(&LiveRows::none()).unwrap();
+        assert_eq!((u.row_len, u.rows().collect::<Vec<_>>()), (8, vec![1, 70]));
+        assert_eq!(LiveRows::none().union(&a).unwrap(), u);
     }
 
     /// An f32 update runs in f32 (the CUDA kernel's arithmetic); over a few steps it stays within
