@@ -360,8 +360,8 @@ impl<T: Float> Device for CpuDevice<T> {
         // Zeros (+0, not −0) where only some rows can be non-zero: those rows alone.
         let zero = value.to_bits() == 0;
         match dst.live.take() {
-            Some(live) if zero && live.row_len > 0 => {
-                let row_len = live.row_len;
+            Some(live) if zero && live.row_len() > 0 => {
+                let row_len = live.row_len();
                 let data = &mut dst[..];
                 let len = data.len();
                 for r in live.rows() {
@@ -686,8 +686,9 @@ impl<T: Float> Device for CpuDevice<T> {
             (Some(g), Some(m), Some(v)) => g.union(m).and_then(|gm| gm.union(v)),
             _ => None,
         };
-        self.run(|| ops::optim::adamw_update_live(param, grad, m, v, h, live.as_ref()))?;
+        let zero_outside = self.run(|| ops::optim::adamw_update_live(param, grad, m, v, h, live.as_ref()))?;
         // The moments stay +0 outside the rows the gradient or they already reached.
+        let live = live.filter(|_| zero_outside);
         (m.live, v.live) = (live.clone(), live);
         Ok(())
     }
@@ -766,6 +767,22 @@ mod tests {
         // A fill with anything but +0 leaves nothing known.
         dev.fill(&mut g, -0.0).unwrap();
         assert!(g.live.is_none());
+        // Nor does an update whose clipping coefficient is not finite: it makes NaNs of the
+        // moments' unreached rows.
+        let mut g = dev.zeros(rows * dim).unwrap();
+        dev.embedding_backward(&mut g, &vec![3], &dev.upload(&vec![1.0; dim]).unwrap(), dim).unwrap();
+        let h = AdamWStep {
+            lr: 1e-2,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            step: 5,
+            grad_scale: f64::INFINITY,
+        };
+        dev.adamw_update(&mut p, &g, &mut m, &mut v, &h).unwrap();
+        assert!(m.live.is_none() && v.live.is_none());
+        assert!(m[dead * dim].is_nan());
     }
 
     /// With bf16 products the device packs a weight once and reuses it, and a write to the

@@ -12,6 +12,11 @@
 //! pool; element-wise updates do not depend on the split at all, and the one reduction
 //! ([`sum_squares`]) combines chunk sums in chunk order, so every result is bitwise the same for
 //! any thread count.
+//!
+//! An embedding table's gradient reaches only the rows a batch names; a row no gradient has
+//! reached yet has gradient and moments at +0, so its AdamW update is its weight decay alone.
+//! [`LiveRows`] names the rows that may be non-zero, and [`adamw_update_live`] and
+//! [`sum_squares_live`] skip the others: the same bits, a fraction of the memory traffic.
 
 use crate::error::{Result, check_len, config_error};
 use crate::ops::simd::vectorized;
@@ -51,17 +56,23 @@ pub struct AdamWStep {
 /// which every element's update runs. The decay is `p − (lr·wd)·p`, which keeps lr·wd's digits
 /// (`1 − lr·wd` rounded to f32 would lose most of them). `h.step` must be ≥ 1.
 pub fn adamw_update<T: Float>(param: &mut [T], grad: &[T], m: &mut [T], v: &mut [T], h: &AdamWStep) -> Result<()> {
-    adamw_rows(param, grad, m, v, h, None)
+    adamw_update_live(param, grad, m, v, h, None).map(|_| ())
 }
 
-fn adamw_rows<T: Float>(
+/// [`adamw_update`] where `live` (if given) holds every row in which the gradient or either
+/// moment may be non-zero: the other rows take only their weight decay, the same bits as the
+/// full update gives them, reading and writing the parameter alone (an embedding table's
+/// untouched rows: 8 bytes an element moved instead of 28). Without `live`, the full update.
+/// Returns whether the moments are still +0 outside `live`: not where the clipping
+/// coefficient is not finite (the full update then makes NaNs of them, and runs).
+pub fn adamw_update_live<T: Float>(
     param: &mut [T],
     grad: &[T],
     m: &mut [T],
     v: &mut [T],
     h: &AdamWStep,
     live: Option<&LiveRows>,
-) -> Result<()> {
+) -> Result<bool> {
     const OP: &str = "adamw_update";
     check_len(OP, "grad", grad.len(), param.len())?;
     check_len(OP, "m", m.len(), param.len())?;
@@ -95,9 +106,10 @@ fn adamw_rows<T: Float>(
             },
         )
     };
-    // (A non-finite clipping coefficient, or eps of zero, makes NaNs of the zero rows'
-    // moments or steps in the full formula: those updates take it.)
-    match live.filter(|_| scale.to_f64().is_finite() && eps > T::ZERO) {
+    // A non-finite clipping coefficient makes NaNs of the zero rows' moments in the full
+    // formula, and eps of zero of their steps (0/0): those updates take it.
+    let finite = scale.to_f64().is_finite();
+    match live.filter(|_| finite && eps > T::ZERO) {
         None => param
             .par_chunks_mut(CHUNK)
             .zip(grad.par_chunks(CHUNK))
@@ -133,7 +145,7 @@ fn adamw_rows<T: Float>(
                 });
         }
     }
-    Ok(())
+    Ok(finite)
 }
 
 /// Rows of a `row_len`-wide tensor (an embedding table's gradient, or its moments) that may
@@ -142,7 +154,7 @@ fn adamw_rows<T: Float>(
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LiveRows {
     /// Elements per row (0 while no row is live: the whole tensor is +0).
-    pub row_len: usize,
+    row_len: usize,
     /// Bit `r` set: row `r` may hold non-zeros.
     bits: Vec<u64>,
 }
@@ -151,6 +163,11 @@ impl LiveRows {
     /// No live row: the whole tensor is +0.
     pub fn none() -> Self {
         Self::default()
+    }
+
+    /// Elements per row (0 while no row is live).
+    pub fn row_len(&self) -> usize {
+        self.row_len
     }
 
     /// Whether row `r` may hold non-zeros.
@@ -202,21 +219,6 @@ impl LiveRows {
         }
         (start / self.row_len..=(end - 1) / self.row_len).any(|r| self.contains(r))
     }
-}
-
-/// [`adamw_update`] where `live` (if given) holds every row in which the gradient or either
-/// moment may be non-zero: the other rows take only their weight decay, the same bits as the
-/// full update gives them, reading and writing the parameter alone (an embedding table's
-/// untouched rows: 8 bytes an element moved instead of 28). Without `live`, the full update.
-pub fn adamw_update_live<T: Float>(
-    param: &mut [T],
-    grad: &[T],
-    m: &mut [T],
-    v: &mut [T],
-    h: &AdamWStep,
-    live: Option<&LiveRows>,
-) -> Result<()> {
-    adamw_rows(param, grad, m, v, h, live)
 }
 
 /// Hyper-parameters of one SGD update of one tensor.
