@@ -360,15 +360,13 @@ impl<T: Float> Device for CpuDevice<T> {
         // Zeros (+0, not −0) where only some rows can be non-zero: those rows alone.
         let zero = value.to_bits() == 0;
         match dst.live.take() {
-            Some(live) if zero && live.row_len() > 0 => {
-                let row_len = live.row_len();
-                let data = &mut dst[..];
+            Some(live) if zero => {
+                let (row_len, data) = (live.row_len(), &mut dst[..]);
                 let len = data.len();
                 for r in live.rows() {
                     data[(r * row_len).min(len)..((r + 1) * row_len).min(len)].fill(T::ZERO);
                 }
             }
-            Some(_) if zero => {}
             _ => dst.fill(T::from_f64(value)),
         }
         dst.live = zero.then(LiveRows::none);

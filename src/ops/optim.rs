@@ -178,7 +178,7 @@ impl LiveRows {
     /// Marks `rows` of `row_len` elements live. Returns false, changing nothing, if live rows
     /// of another width are already held (the set describes one layout).
     pub fn add(&mut self, rows: impl IntoIterator<Item = usize>, row_len: usize) -> bool {
-        if self.row_len != row_len && self.bits.iter().any(|&w| w != 0) {
+        if self.row_len != row_len && self.any() {
             return false;
         }
         self.row_len = row_len;
@@ -193,15 +193,22 @@ impl LiveRows {
 
     /// The union with `other`; None where both hold live rows of different widths.
     pub fn union(&self, other: &LiveRows) -> Option<LiveRows> {
-        let (wide, narrow) = if self.bits.len() >= other.bits.len() { (self, other) } else { (other, self) };
-        let (a_live, b_live) = (self.bits.iter().any(|&w| w != 0), other.bits.iter().any(|&w| w != 0));
-        if a_live && b_live && self.row_len != other.row_len {
+        // Word by word, from the longer of the two.
+        let (long, short) = if other.bits.len() > self.bits.len() { (other, self) } else { (self, other) };
+        if long.any() && short.any() && long.row_len != short.row_len {
             return None;
         }
-        let mut out = wide.clone();
-        out.row_len = if a_live { self.row_len } else { other.row_len };
-        out.bits.iter_mut().zip(&narrow.bits).for_each(|(o, n)| *o |= n);
+        let mut out = long.clone();
+        if !long.any() {
+            out.row_len = short.row_len;
+        }
+        out.bits.iter_mut().zip(&short.bits).for_each(|(o, w)| *o |= w);
         Some(out)
+    }
+
+    /// Whether any row is live.
+    fn any(&self) -> bool {
+        self.bits.iter().any(|&w| w != 0)
     }
 
     /// Live rows, in order.
