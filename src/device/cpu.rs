@@ -126,6 +126,13 @@ impl<T: Float> CpuBuf<T> {
         let packs = self.packs.lock().unwrap_or_else(|e| e.into_inner());
         packs.transposed.held_bytes() + packs.plain.held_bytes()
     }
+
+    /// Whether its packs hold its current values: (`Wᵀ`, the forward's; `W`, the input
+    /// gradient's).
+    pub fn packs_fresh(&self) -> (bool, bool) {
+        let packs = self.packs.lock().unwrap_or_else(|e| e.into_inner());
+        (packs.transposed_fresh, packs.plain_fresh)
+    }
 }
 
 impl<T: Float> Deref for CpuBuf<T> {
@@ -303,6 +310,21 @@ impl<T: Float> Device for CpuDevice<T> {
             }
             Products::Native => 0,
         }
+    }
+    fn pack_weight(
+        &self,
+        weight: &Self::Buf,
+        in_dim: usize,
+        out_dim: usize,
+        forward: bool,
+        input_gradient: bool,
+    ) -> Result<()> {
+        self.run(|| {
+            for transposed in [true, false].into_iter().filter(|&t| if t { forward } else { input_gradient }) {
+                drop(self.weight_packs(weight, transposed, in_dim, out_dim));
+            }
+        });
+        Ok(())
     }
     fn activation_dtype(&self) -> DType {
         // Also with bf16 products: activations are stored in `T`, rounded only as the products
@@ -838,6 +860,16 @@ mod tests {
         check(&w, dims, "after an AdamW step");
         w[3] = 7.0;
         check(&w, dims, "after a direct write");
+        // Packed ahead (what a pipeline stage does while it waits): the packs asked for, and
+        // only those, become current, and the products read them.
+        let packs = crate::ops::gemm_bf16::bf16_path() != crate::ops::gemm_bf16::Bf16Path::Fallback;
+        w[5] = -3.0;
+        assert_eq!(w.packs_fresh(), (false, false), "a write leaves no pack current");
+        dev.pack_weight(&w, in_dim, out_dim, true, false).unwrap();
+        assert_eq!(w.packs_fresh(), (packs, false), "the forward's pack alone");
+        dev.pack_weight(&w, in_dim, out_dim, false, true).unwrap();
+        assert_eq!(w.packs_fresh(), (packs, packs), "and the input gradient's");
+        check(&w, dims, "packed ahead");
     }
 
     /// Two threads entering one device at once both finish: the second runs outside the pool

@@ -51,6 +51,21 @@ pub trait Device: Send + Sync + 'static {
         let _ = (in_dim, out_dim, input_gradient);
         0
     }
+    /// Makes those packs of `weight` now, where they are stale: the forward's (`forward`),
+    /// the input gradient's (`input_gradient`), or both. The products would make them at
+    /// their first use; a pipeline stage calls this where it would otherwise wait, so that
+    /// work leaves the step's critical path. Changes no result. A no-op where nothing is packed.
+    fn pack_weight(
+        &self,
+        weight: &Self::Buf,
+        in_dim: usize,
+        out_dim: usize,
+        forward: bool,
+        input_gradient: bool,
+    ) -> Result<()> {
+        let _ = (weight, in_dim, out_dim, forward, input_gradient);
+        Ok(())
+    }
     /// Elements in `buf`.
     fn len(buf: &Self::Buf) -> usize;
     /// A buffer of `len` elements with unspecified contents (reused allocations).

@@ -197,6 +197,26 @@ impl<D: Device> Unit<D> {
         linears_of!(self, iter_mut, &mut)
     }
 
+    /// Has `dev` pack its linear layers' weights ([`Device::pack_weight`]) for the products
+    /// ahead where they are stale: the forward's (`forward`), and the input gradients the
+    /// backward computes (`backward`; those of the layers reading the unit's input only when
+    /// `need_dinp`, as in [`backward`](Self::backward)). For a pipeline stage's idle moments.
+    pub fn pack_weights(&self, dev: &D, forward: bool, backward: bool, need_dinp: bool) -> Result<()> {
+        // How many of `linears()`, from the first, read the unit's input (an embedding's
+        // projection reads pixels: no gradient of those is ever asked for).
+        let reading_input = match self {
+            Unit::Embedding(_) => usize::MAX,
+            Unit::Attention(_) => 3,
+            Unit::Mlp(_) | Unit::Head(_) => 1,
+            Unit::FinalNorm(_) => 0,
+        };
+        for (i, l) in self.linears().into_iter().enumerate() {
+            let input_gradient = backward && (i >= reading_input || need_dinp && !matches!(self, Unit::Embedding(_)));
+            dev.pack_weight(&l.weight.value, l.in_dim, l.out_dim, forward, input_gradient)?;
+        }
+        Ok(())
+    }
+
     /// Puts off (or stops putting off) the weight gradients of the unit's linear layers in its
     /// backward, for a zero-bubble schedule; see [`Linear::defer_weight_grads`].
     pub fn defer_weight_grads(&mut self, on: bool) {
@@ -370,5 +390,40 @@ impl<D: Device> Unit<D> {
             kv_grad_bytes: kv * super::kv_arena::grad_elem_bytes(elem_bytes),
             weight_pack_bytes,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::Precision;
+    use crate::device::cpu::{CpuBuf, CpuDevice};
+    use crate::model::{Model, Pooling, tiny::tiny_bert};
+    use crate::ops::gemm_bf16::{Bf16Path, bf16_path};
+
+    /// `pack_weights` packs what the products ahead will read, as the backward reads it: the
+    /// input gradients of the layers that read a unit's input only when the unit below is
+    /// trainable, the others' always, a forward's only when asked.
+    #[test]
+    fn pack_weights_packs_what_the_products_read() {
+        let dev = CpuDevice::<f32>::with_precision(0, 1, Precision::Bf16).unwrap();
+        let model = Model::new(&dev, &tiny_bert(Pooling::Mean, 0.0), 3).unwrap();
+        let p = bf16_path() != Bf16Path::Fallback; // whether this CPU packs at all
+        let fresh = |u: &Unit<CpuDevice<f32>>| -> Vec<(bool, bool)> {
+            u.linears().iter().map(|l| CpuBuf::packs_fresh(&l.weight.value)).collect()
+        };
+        let unit = |kind: &str| model.units.iter().find(|u| u.kind_name() == kind).unwrap();
+        let (attention, mlp, head) = (unit("attention"), unit("mlp"), unit("head"));
+
+        attention.pack_weights(&dev, true, true, false).unwrap();
+        assert_eq!(fresh(attention), [(p, false), (p, false), (p, false), (p, p)], "q, k, v, output");
+        attention.pack_weights(&dev, false, true, true).unwrap();
+        assert_eq!(fresh(attention), [(p, p); 4], "with the unit's input gradient");
+
+        mlp.pack_weights(&dev, false, true, false).unwrap();
+        assert_eq!(fresh(mlp), [(false, false), (false, p)], "fc_in, fc_out: backward only");
+
+        head.pack_weights(&dev, true, false, true).unwrap();
+        assert!(fresh(head).iter().all(|&f| f == (p, false)), "forward only: {:?}", fresh(head));
     }
 }

@@ -239,6 +239,21 @@ impl<D: Device> Worker<'_, D> {
         Ok(())
     }
 
+    /// Packs the weights of every trainable unit this device holds for the step's products
+    /// (a no-op for those still current: [`Device::pack_weight`]). Frozen units are left to
+    /// their first forward, which packs them once for good, or never runs where the cache
+    /// holds their output.
+    fn pack_weights(&self) -> Result<()> {
+        let first_trainable = self.ctx.first_trainable;
+        for (stage, units) in &self.stages {
+            let start = self.ctx.plan.partition.stages[*stage].start;
+            for (g, unit) in (start..).zip(units.iter()).filter(|(g, _)| *g >= first_trainable) {
+                unit.pack_weights(self.dev, true, true, g > first_trainable)?;
+            }
+        }
+        Ok(())
+    }
+
     fn units(&mut self, stage: usize) -> Result<&mut Vec<Unit<D>>> {
         let global = self.global;
         self.stages
@@ -309,9 +324,12 @@ impl<D: Device> Worker<'_, D> {
             }
             // Gradients are zeroed here rather than before the step: on every device at once,
             // and where its first wait would leave the device idle anyway (stage 0 waits for its
-            // first gradient, later stages for their first activation).
+            // first gradient, later stages for their first activation). The weights the step's
+            // products will read are packed there too, instead of in its first forward and
+            // backward, which the other stages wait for.
             if !zeroed && !matches!(action, Action::Forward { .. } | Action::SendActivation { .. }) {
                 self.zero_grads()?;
+                self.pack_weights()?;
                 zeroed = true;
             }
             let start = dev.marker()?;
