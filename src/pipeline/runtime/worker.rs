@@ -299,18 +299,21 @@ impl<D: Device> Worker<'_, D> {
         // (With a column this device is its process's only one: nothing to sum on a device
         // communicator, and the column must get every bucket.)
         let comm = self.communicator.clone().filter(|_| self.column.is_none());
-        let completes: HashMap<usize, usize> = match sums && !split {
-            true => self
-                .actions
-                .iter()
-                .enumerate()
-                .filter_map(|(i, a)| match a {
-                    Action::Backward { stage, .. } => Some((*stage, i)),
-                    _ => None,
-                })
-                .collect(),
-            false => HashMap::new(),
+        let completes: HashMap<usize, usize> = if split {
+            HashMap::new()
+        } else {
+            let backwards = self.actions.iter().enumerate().filter_map(|(i, a)| match a {
+                Action::Backward { stage, .. } => Some((*stage, i)),
+                _ => None,
+            });
+            backwards.collect()
         };
+        // This device's share of the gradient norm (replica 0's devices give it), unit by unit,
+        // in the backward that completes its gradients, right after each unit's own: while they
+        // are in cache, and on the last stage while it would wait for the first. Summed
+        // gradients are final only later (at `OptimizerStep`); those norms come at the end.
+        let early_norms = ctx.unit_norms && me < ctx.plan.config.pipeline_len && !sums;
+        let mut normed = std::collections::HashSet::new();
         // Actions are timed by device markers (CUDA events on a GPU), placed on the step's host
         // time line at this worker's origin once the device has reached them, below.
         let (origin, origin_host) = (dev.marker()?, ctx.shared.now());
@@ -391,6 +394,7 @@ impl<D: Device> Worker<'_, D> {
                     saved_elements -= kept.iter().map(Saved::elements).sum::<usize>();
                     let batch = &batches[&piece];
                     let completing = completes.get(&stage) == Some(&i);
+                    let sending = completing && sums;
                     let units = self.units(stage)?;
                     // As `Model::backward`: stop at the frozen boundary; the unit just above it
                     // is not asked for its input gradient.
@@ -415,13 +419,17 @@ impl<D: Device> Worker<'_, D> {
                             g > ctx.first_trainable,
                             arenas.get_mut(&(piece.mb, g)),
                         )?;
-                        if completing && grad_elements(&units[u..sent]) >= ctx.bucket_elements {
+                        if completing && early_norms {
+                            out.unit_grad_sq.push((g, grad_sum_squares(dev, &units[u].params())?));
+                            normed.insert(g);
+                        }
+                        if sending && grad_elements(&units[u..sent]) >= ctx.bucket_elements {
                             pending +=
                                 start_sum(dev, comm.as_ref(), ctx.bucket_buffers, to_comm, stage, units, u..sent)?;
                             sent = u;
                         }
                     }
-                    if completing {
+                    if sending {
                         // The rest (frozen units below hold no gradients).
                         pending += start_sum(dev, comm.as_ref(), ctx.bucket_buffers, to_comm, stage, units, 0..sent)?;
                     }
@@ -507,7 +515,7 @@ impl<D: Device> Worker<'_, D> {
         if ctx.unit_norms && me < ctx.plan.config.pipeline_len {
             for (stage, units) in &self.stages {
                 let first = ctx.plan.partition.stages[*stage].start;
-                for (i, u) in units.iter().enumerate() {
+                for (i, u) in units.iter().enumerate().filter(|(i, _)| !normed.contains(&(first + i))) {
                     out.unit_grad_sq.push((first + i, grad_sum_squares(dev, &u.params())?));
                 }
             }
