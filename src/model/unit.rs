@@ -202,16 +202,16 @@ impl<D: Device> Unit<D> {
     /// backward computes (`backward`; those of the layers reading the unit's input only when
     /// `need_dinp`, as in [`backward`](Self::backward)). For a pipeline stage's idle moments.
     pub fn pack_weights(&self, dev: &D, forward: bool, backward: bool, need_dinp: bool) -> Result<()> {
-        // How many of `linears()`, from the first, read the unit's input (an embedding's
-        // projection reads pixels: no gradient of those is ever asked for).
+        // How many of `linears()`, from the first, read the unit's input. (An embedding's
+        // projection reads pixels: no gradient of those is ever asked for.)
         let reading_input = match self {
-            Unit::Embedding(_) => usize::MAX,
             Unit::Attention(_) => 3,
             Unit::Mlp(_) | Unit::Head(_) => 1,
-            Unit::FinalNorm(_) => 0,
+            Unit::Embedding(_) | Unit::FinalNorm(_) => 0,
         };
+        let backward = backward && !matches!(self, Unit::Embedding(_));
         for (i, l) in self.linears().into_iter().enumerate() {
-            let input_gradient = backward && (i >= reading_input || need_dinp && !matches!(self, Unit::Embedding(_)));
+            let input_gradient = backward && (i >= reading_input || need_dinp);
             dev.pack_weight(&l.weight.value, l.in_dim, l.out_dim, forward, input_gradient)?;
         }
         Ok(())
@@ -398,7 +398,7 @@ mod tests {
     use super::*;
     use crate::device::Precision;
     use crate::device::cpu::{CpuBuf, CpuDevice};
-    use crate::model::{Model, Pooling, tiny::tiny_bert};
+    use crate::model::{Model, Pooling, tiny::tiny_bert, tiny::tiny_vit};
     use crate::ops::gemm_bf16::{Bf16Path, bf16_path};
 
     /// `pack_weights` packs what the products ahead will read, as the backward reads it: the
@@ -425,5 +425,11 @@ mod tests {
 
         head.pack_weights(&dev, true, false, true).unwrap();
         assert!(fresh(head).iter().all(|&f| f == (p, false)), "forward only: {:?}", fresh(head));
+
+        // A ViT's patch projection reads pixels: never an input gradient.
+        let vit = Model::new(&dev, &tiny_vit(0.0), 3).unwrap();
+        let patches = &vit.units[0];
+        patches.pack_weights(&dev, true, true, true).unwrap();
+        assert_eq!(fresh(patches), [(p, false)], "the patch projection");
     }
 }
