@@ -551,20 +551,32 @@ fn pipelined_evaluation_gives_each_batch_what_one_device_gives_it() {
     let batches: Vec<HostBatch> = (0..6).map(|i| data.train_batch(0, i).unwrap()).collect();
     let one = pipeline(&config, cfg(1, 1, 1, ScheduleKind::OneFOneB));
     let want: Vec<_> = batches.iter().map(|b| one.evaluate(0, b).unwrap()).collect();
-    for (k, r) in [(1, 1), (2, 1), (3, 1), (2, 2)] {
-        let p = pipeline(&config, cfg(k, r, 1, ScheduleKind::OneFOneB));
+    // Devices with pools of their own (a thread per stage), and sharing one pool, as a run
+    // opens them (the stages on its threads).
+    let setups = [(1, 1, false), (2, 1, false), (3, 1, false), (2, 2, false), (2, 1, true), (3, 1, true), (2, 2, true)];
+    for (k, r, pooled) in setups {
+        let plan = cfg(k, r, 1, ScheduleKind::OneFOneB);
+        let p = if pooled { pipeline_on(&config, plan, pooled_cpus(k * r, 3)) } else { pipeline(&config, plan) };
         for replica in 0..r {
             let mut queue = batches.clone().into_iter();
             let mut got = Vec::new();
+            let mut on_pool = Vec::new();
             p.evaluate_all(replica, &mut || queue.next().map(Ok), &mut |host, out| {
                 got.push((host.sample_ids.clone(), out));
+                on_pool.push(rayon::current_thread_index().is_some());
                 Ok(())
             })
             .unwrap();
-            assert_eq!(got.len(), batches.len(), "K={k} R={r}");
+            // On a pool's threads wherever the devices have one in common (one device, its own).
+            let common = pooled || k * r == 1;
+            assert!(on_pool.iter().all(|&on| on == common), "K={k} R={r} pooled {pooled}: {on_pool:?}");
+            assert_eq!(got.len(), batches.len(), "K={k} R={r} pooled {pooled}");
             for ((ids, out), (b, w)) in got.iter().zip(batches.iter().zip(&want)) {
-                assert_eq!(ids, &b.sample_ids, "K={k}: batches come back in order");
-                assert_eq!(out, w, "K={k} R={r} replica {replica}: the same loss and logits, bit for bit");
+                assert_eq!(ids, &b.sample_ids, "K={k} pooled {pooled}: batches come back in order");
+                assert_eq!(
+                    out, w,
+                    "K={k} R={r} pooled {pooled} replica {replica}: the same loss and logits, bit for bit"
+                );
             }
         }
         // A batch that fails to load ends the evaluation with its error, after the ones before.
@@ -579,8 +591,14 @@ fn pipelined_evaluation_gives_each_batch_what_one_device_gives_it() {
             seen += 1;
             Ok(())
         });
-        assert!(err.unwrap_err().to_string().contains("unreadable"), "K={k}");
-        assert_eq!(seen, 2, "K={k}");
+        assert!(err.unwrap_err().to_string().contains("unreadable"), "K={k} pooled {pooled}");
+        assert_eq!(seen, 2, "K={k} pooled {pooled}");
+        // A failing `each` ends it with its own error, the stages before stopping too.
+        let mut queue = batches.clone().into_iter().map(Ok);
+        let err = p.evaluate_all(0, &mut || queue.next(), &mut |_, _| {
+            Err(pipetransformer::Error::Data { what: "metrics".into(), message: "full".into() })
+        });
+        assert!(err.unwrap_err().to_string().contains("full"), "K={k} pooled {pooled}");
     }
 }
 

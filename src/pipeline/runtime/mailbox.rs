@@ -127,3 +127,36 @@ impl Shared {
         })
     }
 }
+
+/// The next message of `inbox` (`None` once its sender is gone). A thread that `lend`s runs
+/// other threads' pending op pieces while it waits.
+pub(super) fn receive<T>(inbox: &std::sync::mpsc::Receiver<T>, lend: bool) -> Option<T> {
+    if !lend {
+        return inbox.recv().ok();
+    }
+    loop {
+        match inbox.try_recv() {
+            Ok(v) => return Some(v),
+            Err(std::sync::mpsc::TryRecvError::Empty) => crate::device::host_pool::lend_thread(),
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => return None,
+        }
+    }
+}
+
+/// Sends `v` on `feed`, lending the thread while the channel is full, as [`receive`]; false
+/// when the receiver is gone.
+pub(super) fn send<T>(feed: &std::sync::mpsc::SyncSender<T>, mut v: T, lend: bool) -> bool {
+    if !lend {
+        return feed.send(v).is_ok();
+    }
+    loop {
+        match feed.try_send(v) {
+            Ok(()) => return true,
+            Err(std::sync::mpsc::TrySendError::Full(back)) => {
+                v = back;
+                crate::device::host_pool::lend_thread();
+            }
+            Err(std::sync::mpsc::TrySendError::Disconnected(_)) => return false,
+        }
+    }
+}

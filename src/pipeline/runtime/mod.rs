@@ -1117,16 +1117,18 @@ impl<D: Device> Pipeline<D> {
     }
 
     /// Evaluates every batch `next` yields on replica `replica` as a forward-only pipeline:
-    /// one thread per stage, stage `s` on a batch while stage `s + 1` works on the one before,
-    /// so a K-stage replica keeps its K devices busy instead of taking turns. Calls `each`
-    /// with every batch and its output, in order; stops at the first error of either. When
+    /// one thread per stage (a thread of the devices' host pool where they share one),
+    /// stage `s` on a batch while stage `s + 1` works on the one before, so a K-stage replica
+    /// keeps its K devices busy instead of taking turns. Calls `each` (from the last stage's
+    /// thread) with every batch and its output, in order; stops at the first error of either,
+    /// and of several, returns the first stage's. When
     /// the stages are processes, every process of a row calls it with the same batches, and
     /// only the last stage's calls `each` (a collective of the row, on its own stages' weights).
     pub fn evaluate_all(
         &self,
         replica: usize,
         next: &mut (dyn FnMut() -> Option<Result<HostBatch>> + Send),
-        each: &mut dyn FnMut(&HostBatch, EvalOutput) -> Result<()>,
+        each: &mut (dyn FnMut(&HostBatch, EvalOutput) -> Result<()> + Send),
     ) -> Result<()> {
         if let Some(p) = &self.stage_processes {
             return self.evaluate_across(p, next, each);
@@ -1136,8 +1138,44 @@ impl<D: Device> Pipeline<D> {
         let last = self.stages[replica].len() - 1;
         // What travels between stages: the batch and the hidden states leaving a stage.
         type Handoff = Result<(HostBatch, Option<Vec<f32>>)>;
+        let mut links = Vec::with_capacity(last + 1);
+        let (feed, mut inbox) = std::sync::mpsc::sync_channel::<Handoff>(1);
+        for _ in 0..last {
+            let (next_feed, next_inbox) = std::sync::mpsc::sync_channel::<Handoff>(1);
+            links.push((std::mem::replace(&mut inbox, next_inbox), Some(next_feed)));
+        }
+        links.push((inbox, None));
+        // Devices that share a host pool run the stages on its threads, as a training step's
+        // workers do: each op then runs on the calling thread instead of being handed to the
+        // pool and waited for, and a stage waiting for its neighbour lends its thread to the
+        // other's ops (unless the pool has more threads than the cores).
+        let pool = common_pool(&self.devices).filter(|p| p.threads() > last);
+        let lend = pool.is_some_and(|p| !p.oversubscribed());
+        let each = Mutex::new(each);
+        let links: Vec<Mutex<Option<_>>> = links.into_iter().map(|l| Mutex::new(Some(l))).collect();
+        let stage = |s: usize| -> Result<()> {
+            let Some((inbox, feed)) = links[s].lock().unwrap_or_else(|e| e.into_inner()).take() else {
+                return Err(internal("evaluate", format!("stage {s} ran twice")));
+            };
+            while let Some(handoff) = mailbox::receive(&inbox, lend) {
+                let (host, x) = handoff?;
+                let (h, dev, batch) = self.stage_forward(replica, s, &host, x, end)?;
+                match &feed {
+                    Some(feed) => {
+                        let h = dev.download(&h)?;
+                        if !mailbox::send(feed, Ok((host, Some(h))), lend) {
+                            return Ok(()); // the next stage stopped: it reports why
+                        }
+                    }
+                    None => {
+                        let out = self.eval_output(replica, dev, &batch, &h)?;
+                        (*each.lock().unwrap_or_else(|e| e.into_inner()))(&host, out)?;
+                    }
+                }
+            }
+            Ok(())
+        };
         std::thread::scope(|scope| {
-            let (feed, mut inbox) = std::sync::mpsc::sync_channel::<Handoff>(1);
             scope.spawn(move || {
                 while let Some(host) = next() {
                     let host = host.and_then(|h| {
@@ -1153,30 +1191,19 @@ impl<D: Device> Pipeline<D> {
                     }
                 }
             });
-            for s in 0..last {
-                let (feed, next_inbox) = std::sync::mpsc::sync_channel::<Handoff>(1);
-                let stage_inbox = std::mem::replace(&mut inbox, next_inbox);
-                scope.spawn(move || {
-                    for handoff in stage_inbox {
-                        let out = handoff.and_then(|(host, x)| {
-                            let (h, dev, _) = self.stage_forward(replica, s, &host, x, end)?;
-                            let h = dev.download(&h)?;
-                            Ok((host, Some(h)))
-                        });
-                        let failed = out.is_err();
-                        if feed.send(out).is_err() || failed {
-                            return;
-                        }
-                    }
-                });
-            }
-            for handoff in inbox {
-                let (host, x) = handoff?;
-                let (logits, dev, batch) = self.stage_forward(replica, last, &host, x, end)?;
-                let out = self.eval_output(replica, dev, &batch, &logits)?;
-                each(&host, out)?;
-            }
-            Ok(())
+            // A stage that fails drops its links: the one before stops at its next send, the
+            // one after at its next receive; the first error in stage order is the answer.
+            let results = match pool.and_then(|p| p.run_each(last + 1, stage)) {
+                Some(results) => results,
+                None => {
+                    let handles: Vec<_> = (0..=last).map(|s| scope.spawn(move || stage(s))).collect();
+                    handles
+                        .into_iter()
+                        .map(|h| h.join().unwrap_or_else(|p| Err(mailbox::panicked("evaluate", p.as_ref()))))
+                        .collect()
+                }
+            };
+            results.into_iter().collect::<Result<Vec<()>>>().map(|_| ())
         })
     }
 
