@@ -320,8 +320,11 @@ impl<T: Float> Device for CpuDevice<T> {
         input_gradient: bool,
     ) -> Result<()> {
         self.run(|| {
-            for transposed in [true, false].into_iter().filter(|&t| if t { forward } else { input_gradient }) {
-                drop(self.weight_packs(weight, transposed, in_dim, out_dim));
+            // `Wᵀ` (the forward's) and `W` (the input gradient's), each where asked for.
+            for (transposed, wanted) in [(true, forward), (false, input_gradient)] {
+                if wanted {
+                    drop(self.weight_packs(weight, transposed, in_dim, out_dim));
+                }
             }
         });
         Ok(())

@@ -1138,13 +1138,12 @@ impl<D: Device> Pipeline<D> {
         let last = self.stages[replica].len() - 1;
         // What travels between stages: the batch and the hidden states leaving a stage.
         type Handoff = Result<(HostBatch, Option<Vec<f32>>)>;
-        let mut links = Vec::with_capacity(last + 1);
-        let (feed, mut inbox) = std::sync::mpsc::sync_channel::<Handoff>(1);
-        for _ in 0..last {
-            let (next_feed, next_inbox) = std::sync::mpsc::sync_channel::<Handoff>(1);
-            links.push((std::mem::replace(&mut inbox, next_inbox), Some(next_feed)));
-        }
-        links.push((inbox, None));
+        // Channel `s` feeds stage `s`: the feeder sends on the first, stage `s` on channel `s + 1`.
+        let (feeds, inboxes): (Vec<_>, Vec<_>) =
+            (0..=last).map(|_| std::sync::mpsc::sync_channel::<Handoff>(1)).unzip();
+        let mut feeds = feeds.into_iter();
+        let feed = feeds.next().ok_or_else(|| internal("evaluate", "a replica without stages"))?;
+        let links = inboxes.into_iter().zip(feeds.map(Some).chain([None]));
         // Devices that share a host pool run the stages on its threads, as a training step's
         // workers do: each op then runs on the calling thread instead of being handed to the
         // pool and waited for, and a stage waiting for its neighbour lends its thread to the
@@ -1152,7 +1151,7 @@ impl<D: Device> Pipeline<D> {
         let pool = common_pool(&self.devices).filter(|p| p.threads() > last);
         let lend = pool.is_some_and(|p| !p.oversubscribed());
         let each = Mutex::new(each);
-        let links: Vec<Mutex<Option<_>>> = links.into_iter().map(|l| Mutex::new(Some(l))).collect();
+        let links: Vec<Mutex<Option<_>>> = links.map(|l| Mutex::new(Some(l))).collect();
         let stage = |s: usize| -> Result<()> {
             let Some((inbox, feed)) = links[s].lock().unwrap_or_else(|e| e.into_inner()).take() else {
                 return Err(internal("evaluate", format!("stage {s} ran twice")));
