@@ -15,7 +15,7 @@ use crate::files::{self, io_error};
 use crate::model::{Family, HeadSpec, HostBatch, InputSpec, Model, ModelConfig};
 use crate::pipeline::{Pipeline, PipelineConfig, UnitProfile, unit_profiles};
 use crate::terapipe::{SlicingPlan, TokenSlices, plan_slices};
-use crate::text::{TextInput, TextItem, TextTokenizer, text_batch};
+use crate::text::{Encoded, EncodedItem, TextInput, TextTokenizer, encoded_batch};
 use crate::train::{BatchSource, EvalMetrics, Event, Trainer};
 use crate::weights::{self, LoadOptions, LoadReport};
 use serde::Serialize;
@@ -130,20 +130,21 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
             let train = subset(split.train.samples().to_vec(), d.train_limit, split_seed);
             let test = subset(split.test.samples().to_vec(), d.test_limit, split_seed ^ 1);
             let (n_train, n_test) = (train.len(), test.len());
+            // Each sample is tokenised once, here: the epochs' batches and every evaluation
+            // only pad the ids (and a text the tokenizer rejects stops the run before it starts).
+            let (train, test) = (encode_texts(&tokenizer, train)?, encode_texts(&tokenizer, test)?);
             let tokenizer = std::sync::Arc::new(tokenizer);
             let batch_tokenizer = tokenizer.clone();
-            let make = Box::new(move |s: &[&TextSample], offset: u64| {
-                let items: Vec<TextItem> = s
-                    .iter()
-                    .map(|t| TextItem { id: t.id, input: TextInput::Single(&t.text), label: t.label })
-                    .collect();
-                Ok(text_batch(&batch_tokenizer, &items, offset)?.host)
+            let make = Box::new(move |s: &[&EncodedSample], offset: u64| {
+                let items: Vec<EncodedItem> =
+                    s.iter().map(|t| EncodedItem { id: t.id, encoded: &t.encoded, label: t.label }).collect();
+                Ok(encoded_batch(&batch_tokenizer, &items, offset)?.host)
             });
             let mut source = SampleSource::new(train, test, seed, d.batch_size, eval_bs, make)?
                 .least_batch(least_batch)
                 .ids(|t| t.id);
             if d.group_by_length {
-                source = source.group_by_length(|t| Ok(tokenizer.encode(&t.text)?.ids.len()))?;
+                source = source.group_by_length(|t| Ok(t.encoded.ids.len()))?;
             }
             let ids = TokenizerIds {
                 file: tokenizer_path.display().to_string(),
@@ -213,6 +214,20 @@ fn hold_out_validation<S: data::Sample>(split: data::Split<S>, fraction: f64, se
         return Ok(split);
     }
     split.train.split_stratified_as("data.validation_fraction", fraction, seed ^ 0x7661_6c69_6461_7465)
+}
+
+/// A text sample with its tokens: what a text run keeps of each sample.
+struct EncodedSample {
+    id: u64,
+    label: u32,
+    encoded: Encoded,
+}
+
+/// Tokenises `samples` (all at once: the tokenizer spreads them over the cores).
+fn encode_texts(tokenizer: &TextTokenizer, samples: Vec<TextSample>) -> Result<Vec<EncodedSample>> {
+    let inputs: Vec<TextInput> = samples.iter().map(|t| TextInput::Single(&t.text)).collect();
+    let encoded = tokenizer.encode_batch(&inputs)?;
+    Ok(samples.iter().zip(encoded).map(|(t, encoded)| EncodedSample { id: t.id, label: t.label, encoded }).collect())
 }
 
 /// The tokenizer file of a text run: `tokenizer.json` in the pretrained model's directory.

@@ -1,6 +1,7 @@
-//! `text_batch`: labelled texts to a padded [`HostBatch`] for a BERT sequence classifier.
+//! `text_batch`: labelled texts to a padded [`HostBatch`] for a BERT sequence classifier;
+//! `encoded_batch`: the same from texts tokenised beforehand.
 
-use super::tokenizer::{TextInput, TextTokenizer};
+use super::tokenizer::{Encoded, TextInput, TextTokenizer};
 use crate::error::{Result, data_error};
 use crate::model::HostBatch;
 
@@ -27,6 +28,18 @@ pub struct TextBatch {
     pub truncated: Vec<bool>,
 }
 
+/// A labelled sample tokenised beforehand ([`TextTokenizer::encode_batch`]): a training run
+/// tokenises its samples once and pads them into batches every epoch ([`encoded_batch`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EncodedItem<'a> {
+    /// As [`TextItem::id`].
+    pub id: u64,
+    /// Its ids and type ids.
+    pub encoded: &'a Encoded,
+    /// Class index.
+    pub label: u32,
+}
+
 /// Tokenises `items` and pads them to the longest one in the batch (not to `max_len`, so a
 /// batch of short texts stays short). Padding positions get the tokenizer's pad id, its pad
 /// type id and attention mask 0; `targets` are the labels; `sample_offset` is the global
@@ -40,8 +53,24 @@ pub fn text_batch(tokenizer: &TextTokenizer, items: &[TextItem<'_>], sample_offs
     }
     let inputs: Vec<TextInput<'_>> = items.iter().map(|item| item.input).collect();
     let encodings = tokenizer.encode_batch(&inputs)?;
+    let encoded: Vec<EncodedItem<'_>> = items
+        .iter()
+        .zip(&encodings)
+        .map(|(item, encoded)| EncodedItem { id: item.id, encoded, label: item.label })
+        .collect();
+    encoded_batch(tokenizer, &encoded, sample_offset)
+}
+
+/// [`text_batch`] of samples `tokenizer` has already encoded: the same batch, padded from
+/// their ids without tokenising again.
+///
+/// Errors: an empty `items`, or items that are all empty ([`Error::Data`](crate::Error::Data)).
+pub fn encoded_batch(tokenizer: &TextTokenizer, items: &[EncodedItem<'_>], sample_offset: u64) -> Result<TextBatch> {
+    if items.is_empty() {
+        return Err(data_error("text batch", "is empty; expected at least one item"));
+    }
     let batch = items.len();
-    let seq = encodings.iter().map(|e| e.ids.len()).max().unwrap_or(0);
+    let seq = items.iter().map(|item| item.encoded.ids.len()).max().unwrap_or(0);
     if seq == 0 {
         // Only possible with a tokenizer that adds no special tokens, on empty texts.
         return Err(data_error("text batch", "every item tokenised to no tokens"));
@@ -49,7 +78,8 @@ pub fn text_batch(tokenizer: &TextTokenizer, items: &[TextItem<'_>], sample_offs
     let mut tokens = vec![tokenizer.pad_id(); batch * seq];
     let mut token_types = vec![tokenizer.pad_type_id(); batch * seq];
     let mut mask = vec![0u32; batch * seq];
-    for (row, enc) in encodings.iter().enumerate() {
+    for (row, item) in items.iter().enumerate() {
+        let enc = item.encoded;
         let n = enc.ids.len();
         let at = row * seq;
         tokens[at..at + n].copy_from_slice(&enc.ids);
@@ -72,8 +102,8 @@ pub fn text_batch(tokenizer: &TextTokenizer, items: &[TextItem<'_>], sample_offs
     };
     Ok(TextBatch {
         host,
-        lengths: encodings.iter().map(|e| e.ids.len()).collect(),
-        truncated: encodings.iter().map(|e| e.truncated).collect(),
+        lengths: items.iter().map(|item| item.encoded.ids.len()).collect(),
+        truncated: items.iter().map(|item| item.encoded.truncated).collect(),
     })
 }
 
@@ -138,5 +168,28 @@ mod tests {
             Err(Error::Data { what, .. }) => assert_eq!(what, "text batch"),
             other => panic!("expected a data error, got {other:?}"),
         }
+        match encoded_batch(&tiny(8), &[], 0) {
+            Err(Error::Data { what, .. }) => assert_eq!(what, "text batch"),
+            other => panic!("expected a data error, got {other:?}"),
+        }
+    }
+
+    /// Samples encoded once and batched later give the batch that tokenising them in the batch
+    /// gives: ids, types, mask, labels, sample ids, lengths and truncation (one item cut).
+    #[test]
+    fn encoded_once_batches_as_tokenised_in_the_batch() {
+        let tokenizer = tiny(6);
+        let items = [
+            item(40, TextInput::Single("the cat sat on a mat"), 1),
+            item(41, TextInput::Pair("the cat", "dog"), 0),
+            item(42, TextInput::Single("dog"), 2),
+        ];
+        let inputs: Vec<TextInput<'_>> = items.iter().map(|i| i.input).collect();
+        let encoded = tokenizer.encode_batch(&inputs).unwrap();
+        let later: Vec<EncodedItem<'_>> =
+            items.iter().zip(&encoded).map(|(i, encoded)| EncodedItem { id: i.id, encoded, label: i.label }).collect();
+        let want = text_batch(&tokenizer, &items, 9).unwrap();
+        assert_eq!(encoded_batch(&tokenizer, &later, 9).unwrap(), want);
+        assert_eq!((want.host.seq, want.truncated.iter().filter(|&&t| t).count()), (6, 1));
     }
 }

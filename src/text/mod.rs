@@ -11,6 +11,6 @@ pub mod batch;
 pub mod lm;
 pub mod tokenizer;
 
-pub use batch::{TextBatch, TextItem, text_batch};
+pub use batch::{EncodedItem, TextBatch, TextItem, encoded_batch, text_batch};
 pub use lm::{lm_batch, lm_batches};
 pub use tokenizer::{Encoded, TextInput, TextTokenizer};
