@@ -48,9 +48,6 @@ pub struct EncodedItem<'a> {
 ///
 /// Errors: an empty `items` ([`Error::Data`](crate::Error::Data)), or a tokenizer failure.
 pub fn text_batch(tokenizer: &TextTokenizer, items: &[TextItem<'_>], sample_offset: u64) -> Result<TextBatch> {
-    if items.is_empty() {
-        return Err(data_error("text batch", "is empty; expected at least one item"));
-    }
     let inputs: Vec<TextInput<'_>> = items.iter().map(|item| item.input).collect();
     let encodings = tokenizer.encode_batch(&inputs)?;
     let encoded: Vec<EncodedItem<'_>> = items
@@ -174,10 +171,11 @@ mod tests {
         }
     }
 
-    /// Samples encoded once and batched later give the batch that tokenising them in the batch
-    /// gives: ids, types, mask, labels, sample ids, lengths and truncation (one item cut).
+    /// What a training run does: encode every sample once, then batch any of them in any order
+    /// later. Each such batch equals tokenising its items in the batch: ids, types, mask,
+    /// labels, sample ids, lengths and truncation (one item cut at `max_len`).
     #[test]
-    fn encoded_once_batches_as_tokenised_in_the_batch() {
+    fn samples_encoded_once_batch_as_tokenised_in_the_batch() {
         let tokenizer = tiny(6);
         let items = [
             item(40, TextInput::Single("the cat sat on a mat"), 1),
@@ -185,11 +183,17 @@ mod tests {
             item(42, TextInput::Single("dog"), 2),
         ];
         let inputs: Vec<TextInput<'_>> = items.iter().map(|i| i.input).collect();
-        let encoded = tokenizer.encode_batch(&inputs).unwrap();
-        let later: Vec<EncodedItem<'_>> =
-            items.iter().zip(&encoded).map(|(i, encoded)| EncodedItem { id: i.id, encoded, label: i.label }).collect();
-        let want = text_batch(&tokenizer, &items, 9).unwrap();
-        assert_eq!(encoded_batch(&tokenizer, &later, 9).unwrap(), want);
-        assert_eq!((want.host.seq, want.truncated.iter().filter(|&&t| t).count()), (6, 1));
+        let kept = tokenizer.encode_batch(&inputs).unwrap();
+        for (picks, offset) in [(vec![2, 0], 9), (vec![1], 0), (vec![0, 1, 2], 3)] {
+            let later: Vec<EncodedItem<'_>> = picks
+                .iter()
+                .map(|&i| EncodedItem { id: items[i].id, encoded: &kept[i], label: items[i].label })
+                .collect();
+            let want: Vec<TextItem<'_>> = picks.iter().map(|&i| items[i]).collect();
+            let want = text_batch(&tokenizer, &want, offset).unwrap();
+            assert_eq!(encoded_batch(&tokenizer, &later, offset).unwrap(), want, "items {picks:?}");
+        }
+        let all = text_batch(&tokenizer, &items, 0).unwrap();
+        assert_eq!((all.host.seq, all.truncated), (6, vec![true, false, false]));
     }
 }
