@@ -5,9 +5,8 @@
 //! units are re-partitioned on their measured costs, and the pipeline length `K`
 //! becomes the smallest that fits memory and runs within a few percent of the best predicted
 //! throughput — any `K`, not only halves. The number of micro-batches `M` for that `K` is then
-//! chosen by timing the candidates on the real devices, a few training steps each in turn, and
-//! more where two come out close ([`Tuner`]), and remembered per (`K`, `R`, frozen prefix,
-//! batch). Where the price of a shorter pipeline rests
+//! chosen by timing the candidates on the real devices, one training step each ([`Tuner`]), and
+//! remembered per (`K`, `R`, frozen prefix, batch). Where the price of a shorter pipeline rests
 //! on a guess (cpu devices sharing a pool or lending their threads: the planner takes their
 //! speed with more threads to be ideal, and two 1-thread stages on a 2-core CPU beat one
 //! 2-thread device), the controller times the chosen `K` against the one in force, each at its
@@ -143,16 +142,6 @@ pub type Rates = Vec<(usize, f64)>;
 /// all of them alike instead of on whichever was being timed.
 pub const ROUNDS: usize = 3;
 
-/// After [`ROUNDS`], the candidates whose median rate is within this fraction of the best are
-/// a close call: they go on taking turns (the others drop out) until each has [`MAX_ROUNDS`]
-/// steps. Three steps' medians differ by up to 14 % on the same batches from run to run on a
-/// 2-core VM (docs/PERF.md), more than the few percent between good counts.
-pub const CLOSE: f64 = 0.10;
-
-/// Steps a candidate in a close call is timed for at most. The extra steps run candidates
-/// within [`CLOSE`] of the best, so they cost little.
-pub const MAX_ROUNDS: usize = 9;
-
 /// A shape being tuned: its key, the candidates, the rates measured for each so far, and the
 /// index of the one in force.
 /// A shape's micro-batch counts being timed: kept in a checkpoint, so a resumed run goes on
@@ -165,8 +154,8 @@ pub struct Timing {
     at: usize,
 }
 
-/// Times micro-batch counts, [`ROUNDS`] training steps each in turn and up to [`MAX_ROUNDS`]
-/// for a close call, and remembers the winner per shape.
+/// Times micro-batch counts, [`ROUNDS`] training steps each in turn, and remembers the winner
+/// per shape.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Tuner {
     /// The best `M` found per shape key (see [`Tuner::key`]).
@@ -227,8 +216,8 @@ impl Tuner {
 
     /// Records a timed step of the candidate in force (`m`, `positions_per_second`). Returns
     /// the `M` to run next: the next candidate in turn, or the winner once every candidate has
-    /// [`ROUNDS`] steps and no close call is left to time (with the per-candidate median
-    /// rates); `None` when nothing is being tuned.
+    /// [`ROUNDS`] steps (with the per-candidate median rates); `None` when nothing is being
+    /// tuned.
     pub fn record(&mut self, m: usize, positions_per_second: f64) -> Option<(usize, Option<Rates>)> {
         let Timing { key, candidates, rates, at } = self.running.as_mut()?;
         // A step of another M (none is expected) times nothing: the turn stays.
@@ -244,18 +233,6 @@ impl Tuner {
             r[r.len() / 2]
         };
         let timed: Rates = candidates.iter().zip(rates.iter()).map(|(&c, r)| (c, median(r))).collect();
-        // A close call: the candidates near the best take turns, fewest steps first (the next
-        // after this one among equals), until each has MAX_ROUNDS. Each step adds to one with
-        // fewer, so this ends.
-        let best = timed.iter().map(|t| t.1).fold(f64::MIN, f64::max);
-        let close = |j: &usize| timed[*j].1 >= best * (1.0 - CLOSE);
-        let n = candidates.len();
-        let contenders = (0..n).filter(close).count();
-        let next = (1..=n).map(|d| (i + d) % n).filter(close).min_by_key(|&j| rates[j].len());
-        if let Some(next) = next.filter(|&j| contenders > 1 && rates[j].len() < MAX_ROUNDS) {
-            *at = next;
-            return Some((candidates[next], None));
-        }
         let winner = timed.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1)).map_or(m, |w| w.0);
         self.best.insert(std::mem::take(key), winner);
         self.running = None;
@@ -386,41 +363,6 @@ mod tests {
         assert!(t.running());
         assert_eq!(schedule_for(1, ScheduleKind::ZeroBubble), ScheduleKind::OneFOneB);
         assert_eq!(schedule_for(2, ScheduleKind::ZeroBubble), ScheduleKind::ZeroBubble);
-    }
-
-    /// Two counts within [`CLOSE`] of each other after [`ROUNDS`] go on taking turns, the
-    /// third no more, until each has [`MAX_ROUNDS`] steps; then the better median wins, here
-    /// the one that trailed after three steps.
-    #[test]
-    fn a_close_call_is_timed_longer_between_the_close_ones_only() {
-        let mut t = Tuner::default();
-        let key = Tuner::key(2, 1, 0, false, 32, ScheduleKind::OneFOneB);
-        assert_eq!(t.start(key.clone(), vec![8, 2, 4]), 8);
-        let rate = |m: usize, step: usize| match m {
-            // M = 8 starts ahead, then runs at 100; M = 4 runs at 104 after a slow start.
-            8 => [110.0, 108.0, 106.0][..].get(step).copied().unwrap_or(100.0),
-            4 => [95.0, 99.0, 101.0][..].get(step).copied().unwrap_or(104.0),
-            _ => 60.0,
-        };
-        let mut steps = std::collections::HashMap::<usize, usize>::new();
-        let (mut m, mut order) = (8, Vec::new());
-        let result = loop {
-            let step = steps.entry(m).or_default();
-            let got = t.record(m, rate(m, *step)).expect("timing");
-            *step += 1;
-            order.push(m);
-            match got {
-                (_, Some(rates)) => break (got.0, rates),
-                (next, None) => m = next,
-            }
-        };
-        // Three rounds of all three, then 8 and 4 in turn until both have MAX_ROUNDS.
-        assert_eq!(order[..9], [8, 2, 4, 8, 2, 4, 8, 2, 4]);
-        assert!(order[9..].iter().all(|&m| m != 2), "dropped out: {order:?}");
-        assert_eq!((steps[&8], steps[&4], steps[&2]), (MAX_ROUNDS, MAX_ROUNDS, ROUNDS));
-        assert_eq!(result, (4, vec![(8, 100.0), (2, 60.0), (4, 104.0)]));
-        assert_eq!(t.best.get(&key), Some(&4));
-        assert!(!t.running());
     }
 
     /// A trial of pipeline lengths needs each one's rate: `time` measures a shape whose
