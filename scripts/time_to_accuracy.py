@@ -13,10 +13,14 @@ reports for the first evaluation at or above the target:
   that shows the accuracy are in).
 
 Usage: scripts/time_to_accuracy.py OUT_DIR [--target 83.0] [--binary PATH] [-- extra flags]
+
+OUT_DIR must not exist yet or be empty: a run there starts fresh, and an earlier run's
+metrics or checkpoint are not overwritten.
 """
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -24,7 +28,7 @@ import time
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out", help="the run's output folder (replaced)")
+    ap.add_argument("out", help="the run's output folder (new, or empty)")
     ap.add_argument("--target", type=float, default=83.0, help="test accuracy in percent")
     ap.add_argument("--binary", default="target/release/pipetransformer")
     ap.add_argument("--config", default="configs/minilm-rt.toml")
@@ -32,6 +36,11 @@ def main():
     cut = argv.index("--") if "--" in argv else len(argv)
     a = ap.parse_args(argv[:cut])
     a.extra = argv[cut + 1 :]  # more flags for `train`
+
+    if os.path.isdir(a.out) and os.listdir(a.out):
+        sys.exit(f"{a.out} already holds files; expected a new or empty folder (a fresh run would overwrite them)")
+    if not os.access(a.binary, os.X_OK):
+        sys.exit(f"{a.binary}: no such program; expected the pipetransformer binary (cargo build --release, or --binary PATH)")
 
     cmd = [a.binary, "train", "--config", a.config, "--fresh", "--set", "train.eval_every=64",
            "--set", f'output.dir="{a.out}"', *a.extra]

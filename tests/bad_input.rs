@@ -116,3 +116,32 @@ fn configs_round_trip_through_json_with_hugging_face_names() {
     let back: ModelConfig = serde_json::from_str(&serde_json::to_string(&config).unwrap()).unwrap();
     assert_eq!(back, config);
 }
+
+/// `scripts/time_to_accuracy.py` refuses, before running anything, an output folder that
+/// already holds files (a fresh run would overwrite them: the file stays as it was) and a
+/// binary that is not there, each with a message naming it. Skipped without `python3`.
+#[test]
+fn the_time_to_accuracy_script_refuses_a_used_folder_and_a_missing_binary() {
+    use std::process::Command;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/time_to_accuracy.py");
+    if Command::new("python3").arg("--version").output().is_err() {
+        eprintln!("python3 not found: skipped");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("pt-time-to-accuracy-{}", std::process::id()));
+    let used = dir.join("used");
+    std::fs::create_dir_all(&used).unwrap();
+    std::fs::write(used.join("metrics.jsonl"), "earlier run\n").unwrap();
+    let run = |out: &std::path::Path, binary: &str| {
+        let o = Command::new("python3").arg(script).arg(out).args(["--binary", binary]).output().unwrap();
+        (o.status.success(), String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    let (ok, err) = run(&used, "/bin/true");
+    assert!(!ok && err.contains("already holds files") && !err.contains("Traceback"), "{err}");
+    assert_eq!(std::fs::read_to_string(used.join("metrics.jsonl")).unwrap(), "earlier run\n");
+    let missing = dir.join("no-such-binary");
+    let (ok, err) = run(&dir.join("new"), missing.to_str().unwrap());
+    assert!(!ok && err.contains("no such program") && !err.contains("Traceback"), "{err}");
+    assert!(!dir.join("new").exists(), "nothing made for a run that did not start");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
