@@ -134,28 +134,23 @@ pub fn agree<'a>(
 }
 
 /// Rate measured for each micro-batch count timed, in positions (samples × padded sequence
-/// length) per second, for a step of the tuner's [`reference`](Tuner::reference) size.
+/// length) per second: batches differ in length, and a step's work follows its positions.
 pub type Rates = Vec<(usize, f64)>;
 
-/// Training steps timed per candidate; the median counts. The candidates take turns (round
-/// robin), so a machine that slows down for a while falls on all of them alike instead of on
-/// whichever was being timed.
+/// Training steps timed per candidate; the median rate counts. The candidates take turns
+/// (round robin), so a machine that slows down for a while, or a run of long batches, falls on
+/// all of them alike instead of on whichever was being timed.
 pub const ROUNDS: usize = 3;
 
-/// One timed training step: its positions and its seconds.
-pub type TimedStep = (f64, f64);
-
-/// A shape's micro-batch counts being timed: its key, the candidates, the steps timed for each
-/// so far and the index of the one in force. Kept in a checkpoint, so a resumed run goes on
+/// A shape being tuned: its key, the candidates, the rates measured for each so far, and the
+/// index of the one in force.
+/// A shape's micro-batch counts being timed: kept in a checkpoint, so a resumed run goes on
 /// timing where it stopped instead of keeping whichever count was in force.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Timing {
     key: String,
     candidates: Vec<usize>,
-    /// Per candidate (absent in checkpoints from before steps were kept whole: timing starts
-    /// over).
-    #[serde(default)]
-    steps: Vec<Vec<TimedStep>>,
+    rates: Vec<Vec<f64>>,
     at: usize,
 }
 
@@ -165,10 +160,6 @@ pub struct Timing {
 pub struct Tuner {
     /// The best `M` found per shape key (see [`Tuner::key`]).
     pub best: BTreeMap<String, usize>,
-    /// The step size, in positions, at which every timing compares its candidates: the mean of
-    /// the run's first timed steps, then kept, so that rates of different timings (a pipeline
-    /// length against another, before and after a freeze) compare too.
-    pub reference: Option<f64>,
     #[serde(skip)]
     running: Option<Timing>,
 }
@@ -203,8 +194,8 @@ impl Tuner {
             self.running = None;
             return 1;
         };
-        let steps = vec![Vec::new(); candidates.len()];
-        self.running = Some(Timing { key, candidates, steps, at: 0 });
+        let rates = vec![Vec::new(); candidates.len()];
+        self.running = Some(Timing { key, candidates, rates, at: 0 });
         first
     }
 
@@ -219,69 +210,34 @@ impl Tuner {
     }
 
     /// Goes on with a checkpoint's [`timing`](Self::timing).
-    pub fn resume_timing(&mut self, mut timing: Timing) {
-        if timing.steps.len() != timing.candidates.len() {
-            (timing.steps, timing.at) = (vec![Vec::new(); timing.candidates.len()], 0);
-        }
+    pub fn resume_timing(&mut self, timing: Timing) {
         self.running = Some(timing);
     }
 
-    /// Records a timed step of the candidate in force (`m`): `positions` in `seconds`. Returns
+    /// Records a timed step of the candidate in force (`m`, `positions_per_second`). Returns
     /// the `M` to run next: the next candidate in turn, or the winner once every candidate has
-    /// [`ROUNDS`] steps (with the candidates' [`Rates`]); `None` when nothing is being tuned.
-    pub fn record(&mut self, m: usize, positions: f64, seconds: f64) -> Option<(usize, Option<Rates>)> {
-        let Timing { key, candidates, steps, at } = self.running.as_mut()?;
+    /// [`ROUNDS`] steps (with the per-candidate median rates); `None` when nothing is being
+    /// tuned.
+    pub fn record(&mut self, m: usize, positions_per_second: f64) -> Option<(usize, Option<Rates>)> {
+        let Timing { key, candidates, rates, at } = self.running.as_mut()?;
         // A step of another M (none is expected) times nothing: the turn stays.
         let Some(i) = candidates.iter().position(|&c| c == m) else { return Some((candidates[*at], None)) };
-        steps[i].push((positions, seconds));
-        if steps.iter().any(|s| s.len() < ROUNDS) {
+        rates[i].push(positions_per_second);
+        if rates.iter().any(|r| r.len() < ROUNDS) {
             *at = (i + 1) % candidates.len();
             return Some((candidates[*at], None));
         }
-        let all = steps.iter().flatten();
-        let reference = *self.reference.get_or_insert(all.clone().map(|s| s.0).sum::<f64>() / all.count() as f64);
-        let timed: Rates =
-            candidates.iter().zip(steps.iter()).map(|(&c, s)| (c, rate_at(s, steps, reference))).collect();
+        let median = |r: &[f64]| {
+            let mut r = r.to_vec();
+            r.sort_by(f64::total_cmp);
+            r[r.len() / 2]
+        };
+        let timed: Rates = candidates.iter().zip(rates.iter()).map(|(&c, r)| (c, median(r))).collect();
         let winner = timed.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1)).map_or(m, |w| w.0);
         self.best.insert(std::mem::take(key), winner);
         self.running = None;
         Some((winner, Some(timed)))
     }
-}
-
-/// A candidate's rate for a step of `reference` positions, from its timed `steps`.
-///
-/// Steps differ in size (batches grouped by length hold 400 to 1,500 positions here) and a
-/// step is not all proportional work: the optimizer, packing and the pipeline's fill and drain
-/// cost the same for a short batch, so positions per second favour whichever candidate drew
-/// the long batches (by 5–10 % on the main job, more than the candidates differ). Each step's
-/// time is moved to the reference size along the cost per position — the median of the slopes
-/// between two steps of one candidate, over every candidate (`all`), which ignores a step that
-/// ran slow — and the median of those times counts. Where no two steps of one candidate differ
-/// in size (or the slope would make the time negative), positions per second.
-fn rate_at(steps: &[TimedStep], all: &[Vec<TimedStep>], reference: f64) -> f64 {
-    let mut slopes: Vec<f64> = all
-        .iter()
-        .flat_map(|s| s.iter().enumerate().flat_map(move |(i, a)| s[i + 1..].iter().map(move |b| (a, b))))
-        .filter(|(a, b)| a.0 != b.0)
-        .map(|(a, b)| (b.1 - a.1) / (b.0 - a.0))
-        .collect();
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let mut proportional: Vec<f64> = steps.iter().map(|&(p, t)| t * reference / p).collect();
-    let time = match slopes.is_empty() {
-        true => median(&mut proportional),
-        false => {
-            let slope = median(&mut slopes);
-            match median(&mut steps.iter().map(|&(p, t)| t + slope * (reference - p)).collect()) {
-                t if t > 0.0 => t,
-                _ => median(&mut proportional),
-            }
-        }
-    };
-    reference / time
 }
 
 #[cfg(test)]
@@ -385,12 +341,11 @@ mod tests {
         assert_eq!(t.start(key.clone(), vec![2, 4, 8]), 2);
         assert_eq!(ROUNDS, 3);
         // Round robin: 2, 4, 8, 2, 4, 8, 2, 4, 8. The median ignores one bad step (M = 4's
-        // second, a slow moment), where a mean would crown M = 8. Steps of one size: the rates
-        // are positions per second.
+        // second, a slow moment or a run of long batches), where a mean would crown M = 8.
         let rates = [(2, [12.0, 1.0, 10.0]), (4, [30.0, 2.0, 28.0]), (8, [20.0, 24.0, 25.0])];
         for round in 0..3 {
             for (i, (m, r)) in rates.iter().enumerate() {
-                let got = t.record(*m, 60.0, 60.0 / r[round]);
+                let got = t.record(*m, r[round]);
                 if round == 2 && i == 2 {
                     assert_eq!(got, Some((4, Some(vec![(2, 10.0), (4, 28.0), (8, 24.0)]))));
                 } else {
@@ -399,8 +354,7 @@ mod tests {
             }
         }
         assert!(!t.running());
-        assert_eq!(t.reference, Some(60.0), "the first timing's mean step");
-        assert_eq!(t.record(4, 1.0, 1.0), None);
+        assert_eq!(t.record(4, 1.0), None);
         assert_eq!(t.start(key, vec![2, 4, 8]), 4, "known: no timing");
         assert!(!t.running());
         // The same shape under another schedule is timed afresh.
@@ -409,49 +363,6 @@ mod tests {
         assert!(t.running());
         assert_eq!(schedule_for(1, ScheduleKind::ZeroBubble), ScheduleKind::OneFOneB);
         assert_eq!(schedule_for(2, ScheduleKind::ZeroBubble), ScheduleKind::ZeroBubble);
-    }
-
-    /// Steps of different sizes are compared at one size. Each candidate's step costs a fixed
-    /// part (the optimizer, the pipeline's fill and drain) and a part per position; `M` = 8 has
-    /// the larger fixed part but draws the long batches, so its positions per second beat
-    /// `M` = 4's by 7 % while at any one size it is the slower by 3 %. A later timing (another
-    /// pipeline length) compares at the same size.
-    #[test]
-    fn candidates_compare_at_one_step_size_whatever_batches_they_drew() {
-        let cost = |m: usize, p: f64| if m == 8 { 0.060 } else { 0.055 } + 1e-4 * p;
-        let drawn = [(8, [448.0, 1344.0, 1344.0]), (4, [736.0, 1152.0, 992.0])];
-        let mut t = Tuner::default();
-        t.start(Tuner::key(2, 1, 0, false, 32, ScheduleKind::OneFOneB), vec![8, 4]);
-        let mut got = None;
-        for round in 0..ROUNDS {
-            for (m, p) in drawn {
-                got = t.record(m, p[round], cost(m, p[round]));
-            }
-        }
-        let per_second = |m: usize| {
-            let mut r: Vec<f64> = drawn.iter().find(|d| d.0 == m).unwrap().1.iter().map(|&p| p / cost(m, p)).collect();
-            r.sort_by(f64::total_cmp);
-            r[1]
-        };
-        assert!(per_second(8) > 1.05 * per_second(4), "positions per second would take M = 8");
-        let reference = (448.0 + 1344.0 + 1344.0 + 736.0 + 1152.0 + 992.0) / 6.0;
-        assert_eq!(t.reference, Some(reference));
-        let Some((winner, Some(rates))) = got.clone() else { panic!("timing did not finish: {got:?}") };
-        assert_eq!(winner, 4);
-        for (m, rate) in rates {
-            let want = reference / cost(m, reference);
-            assert!((rate - want).abs() < 1e-9 * want, "M = {m}: {rate} against {want}");
-        }
-        // Another shape's timing, on other batches, compares at the first timing's size.
-        t.time(Tuner::key(1, 1, 0, false, 32, ScheduleKind::OneFOneB), vec![2, 4]);
-        for round in 0..ROUNDS {
-            for m in [2, 4] {
-                got = t.record(m, 300.0 + 100.0 * (round + m) as f64, cost(m, 300.0 + 100.0 * (round + m) as f64));
-            }
-        }
-        assert_eq!(t.reference, Some(reference));
-        let Some((_, Some(rates))) = got else { panic!("timing did not finish: {got:?}") };
-        assert!(rates.iter().all(|&(m, r)| (r - reference / cost(m, reference)).abs() < 1e-9 * r), "{rates:?}");
     }
 
     /// A trial of pipeline lengths needs each one's rate: `time` measures a shape whose
@@ -464,7 +375,7 @@ mod tests {
         assert!(!t.running(), "one candidate: nothing to choose");
         assert_eq!(t.time(key.clone(), vec![4]), 4);
         for round in 0..ROUNDS {
-            let got = t.record(4, 1.0, 1.0 / (10.0 + round as f64));
+            let got = t.record(4, 10.0 + round as f64);
             assert_eq!(got, Some((4, (round + 1 == ROUNDS).then(|| vec![(4, 11.0)]))));
         }
         assert_eq!(t.best.get(&key), Some(&4));

@@ -63,9 +63,6 @@ struct State {
     freeze: FreezeController,
     frozen_layers: usize,
     tuned: std::collections::BTreeMap<String, usize>,
-    /// The step size the tuner compares at (absent in checkpoints from before it was kept).
-    #[serde(default)]
-    tuning_reference: Option<f64>,
     cache_on: bool,
     /// The micro-batch counts being timed, and the count in force before they were.
     #[serde(default)]
@@ -220,7 +217,6 @@ impl Elastic {
             freeze: self.freeze.clone(),
             frozen_layers: self.frozen_layers,
             tuned: self.tuner.best.clone(),
-            tuning_reference: self.tuner.reference,
             cache_on: self.cache_on,
             tuning: self.tuner.timing().map(|t| (t.clone(), self.tuning_from)),
             interval: Some(self.interval()),
@@ -281,7 +277,6 @@ impl Elastic {
             });
         }
         (self.freeze, self.frozen_layers, self.tuner.best) = (s.freeze, s.frozen_layers, s.tuned);
-        self.tuner.reference = s.tuning_reference;
         // Timing goes on from the restored plan's count; its first step, on a pipeline just
         // built, warms up untimed as after a transition.
         let tuning = s.tuning.filter(|_| self.config.auto_pipe);
@@ -652,7 +647,7 @@ impl<D: Device> Controller<D> for Elastic {
         } else if self.tuner.running() && step.trace.makespan > 0.0 {
             let config = trainer.pipeline.plan().config.clone();
             if let Some((next, timed)) =
-                self.tuner.record(config.micro_batches, (host.batch * host.seq.max(1)) as f64, step.trace.makespan)
+                self.tuner.record(config.micro_batches, (host.batch * host.seq.max(1)) as f64 / step.trace.makespan)
             {
                 let cached = if self.cache_on { frozen_units(self.frozen_layers) } else { 0 };
                 // The batch the candidates were checked against memory with, not this step's
@@ -665,11 +660,7 @@ impl<D: Device> Controller<D> for Elastic {
                 }
                 if let Some(timed) = timed {
                     let rates: Vec<String> = timed.iter().map(|(m, r)| format!("M={m}: {r:.0}")).collect();
-                    let at = self.tuner.reference.unwrap_or_default();
-                    let reason = format!(
-                        "micro-batches timed (positions/s, at a step of {at:.0} positions): {}",
-                        rates.join(", ")
-                    );
+                    let reason = format!("micro-batches timed (positions/s): {}", rates.join(", "));
                     let layers = (self.frozen_layers, self.frozen_layers);
                     let before = crate::pipeline::PipelineConfig { micro_batches: self.tuning_from, ..config };
                     self.emit(trainer, reason, layers, before, started, on_event);
