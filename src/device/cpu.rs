@@ -705,6 +705,16 @@ impl<T: Float> Device for CpuDevice<T> {
         h: &AdamWStep,
     ) -> Result<()> {
         // Rows where the gradient and both moments are +0 take only their weight decay.
+        // Moments that came without the record of their rows (a checkpoint's, or a new
+        // replica's copy) are scanned for it once, at the width of the gradient's rows: a
+        // resumed run then skips the rows no batch has reached, as the run before it did.
+        if let Some(row_len) = grad.live.as_ref().map(LiveRows::row_len).filter(|&r| r > 0) {
+            for moments in [&mut *m, &mut *v] {
+                if moments.live.is_none() {
+                    moments.live = Some(LiveRows::reached(&moments[..], row_len));
+                }
+            }
+        }
         let live = match (&grad.live, &m.live, &v.live) {
             (Some(g), Some(m), Some(v)) => g.union(m).and_then(|gm| gm.union(v)),
             _ => None,
@@ -778,6 +788,30 @@ mod tests {
             assert_eq!(bits(&p), bits(&want_p), "step {step}: weights");
             assert_eq!((bits(&m), bits(&v)), (bits(&want_m), bits(&want_v)), "step {step}: moments");
         }
+        // A resume: the moments come back from a checkpoint without their rows' record (and
+        // here with a −0 in a row no batch reached, which the full update turns into +0). The
+        // update finds the rows they reach, and from then on skips the others again: the same
+        // bits as the full update, and the moments' record holds every row reached so far.
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let unreached = (0..rows).find(|r| !seen.contains(r)).unwrap();
+        want_v[unreached * dim + 1] = -0.0;
+        (m, v) = (dev.upload(&want_m).unwrap(), dev.upload(&want_v).unwrap());
+        assert!(m.live.is_none() && v.live.is_none(), "loaded moments come without a record");
+        dev.fill(&mut g, 0.0).unwrap();
+        let ids: Vec<u32> = vec![3, 3, 11];
+        let dout: Vec<f32> = rng.vec(ids.len() * dim, 1.0).into_iter().map(|x| x as f32).collect();
+        dev.embedding_backward(&mut g, &ids, &dev.upload(&dout).unwrap(), dim).unwrap();
+        let mut want_g = vec![0f32; rows * dim];
+        ops::embedding::embedding_backward(&mut want_g, &ids, &dout, dim).unwrap();
+        let h =
+            AdamWStep { lr: 1e-2, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.1, step: 5, grad_scale: 0.5 };
+        dev.adamw_update(&mut p, &g, &mut m, &mut v, &h).unwrap();
+        ops::optim::adamw_update(&mut want_p, &want_g, &mut want_m, &mut want_v, &h).unwrap();
+        assert_eq!(bits(&p), bits(&want_p), "after the resume: weights");
+        assert_eq!((bits(&m), bits(&v)), (bits(&want_m), bits(&want_v)), "after the resume: moments");
+        seen.extend([3, 11, unreached]);
+        assert_eq!(m.live.as_ref().unwrap().rows().collect::<Vec<_>>(), seen.iter().copied().collect::<Vec<_>>());
+        assert_eq!(LiveRows::reached(&[0.0f32, 0.0, f32::NAN, 0.0, 0.0, 0.0], 2).rows().collect::<Vec<_>>(), [1]);
         // A write the bookkeeping cannot follow (here into a row no batch reached): the rows are
         // forgotten, so the norm and the next zeroing see it.
         let dead = (0..rows).find(|r| !seen.contains(r)).unwrap();

@@ -170,6 +170,16 @@ impl LiveRows {
         self.row_len
     }
 
+    /// The rows of `data` (`row_len` elements each, `row_len > 0`) holding anything but +0 (a
+    /// −0 or a NaN counts): the record of a tensor that came without one, as a checkpoint's
+    /// moments do.
+    pub fn reached<T: Float>(data: &[T], row_len: usize) -> Self {
+        let mut live = Self::none();
+        let rows = data.chunks(row_len.max(1)).enumerate();
+        live.add(rows.filter(|(_, row)| row.iter().any(|x| x.to_f64().to_bits() != 0)).map(|(r, _)| r), row_len);
+        live
+    }
+
     /// Whether row `r` may hold non-zeros.
     pub fn contains(&self, r: usize) -> bool {
         self.bits.get(r / 64).is_some_and(|w| w >> (r % 64) & 1 == 1)
