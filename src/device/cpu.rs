@@ -705,9 +705,10 @@ impl<T: Float> Device for CpuDevice<T> {
         h: &AdamWStep,
     ) -> Result<()> {
         // Rows where the gradient and both moments are +0 take only their weight decay.
-        // Moments that came without the record of their rows (a checkpoint's, or a new
-        // replica's copy) are scanned for it once, at the width of the gradient's rows: a
-        // resumed run then skips the rows no batch has reached, as the run before it did.
+        // Moments that came without the record of their rows (loaded from a checkpoint, or
+        // handed to another device by a re-plan) are scanned for it once, at the width of the
+        // gradient's rows: from then on the update skips the rows no batch has reached, as it
+        // did before.
         if let Some(row_len) = grad.live.as_ref().map(LiveRows::row_len).filter(|&r| r > 0) {
             for moments in [&mut *m, &mut *v] {
                 if moments.live.is_none() {
