@@ -71,7 +71,9 @@ def main():
     if hit is None:
         sys.exit(f"no evaluation reached {a.target} %")
     step, accuracy, steps_to = hit
-    shown = next(t for t, line in printed if line.startswith(f"step {step} ") and "eval" in line)
+    shown = next((t for t, line in printed if line.startswith(f"step {step} ") and "eval" in line), None)
+    if shown is None:
+        sys.exit(f"the run printed no evaluation line for step {step}; expected one beginning \"step {step} \"")
     print(f"first at or above {a.target} %: step {step} ({accuracy:.2f} %)")
     print(f"to target: steps {steps_to:.1f} s + epoch 0's evaluation {first_epoch_eval:.2f} s "
           f"+ transitions {transitions:.2f} s = {steps_to + first_epoch_eval + transitions:.1f} s")

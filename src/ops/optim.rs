@@ -170,13 +170,15 @@ impl LiveRows {
         self.row_len
     }
 
-    /// The rows of `data` (`row_len` elements each, `row_len > 0`) holding anything but +0 (a
-    /// −0 or a NaN counts): the record of a tensor that came without one, as a checkpoint's
-    /// moments do.
+    /// The rows of `data` (`row_len` elements each) holding anything but +0 (a −0 or a NaN
+    /// counts): the record of a tensor that came without one, as a checkpoint's moments do.
+    /// None with `row_len` 0 (no row width to record).
     pub fn reached<T: Float>(data: &[T], row_len: usize) -> Self {
         let mut live = Self::none();
-        let rows = data.chunks(row_len.max(1)).enumerate();
-        live.add(rows.filter(|(_, row)| row.iter().any(|x| x.to_f64().to_bits() != 0)).map(|(r, _)| r), row_len);
+        if row_len > 0 {
+            let rows = data.chunks(row_len).enumerate();
+            live.add(rows.filter(|(_, row)| row.iter().any(|x| x.to_f64().to_bits() != 0)).map(|(r, _)| r), row_len);
+        }
         live
     }
 

@@ -133,12 +133,16 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
             // Each sample is tokenised once, here: the epochs' batches and every evaluation
             // only pad the ids (and a text the tokenizer rejects stops the run before it starts).
             let (train, test) = (encode_texts(&tokenizer, train)?, encode_texts(&tokenizer, test)?);
-            let tokenizer = std::sync::Arc::new(tokenizer);
-            let batch_tokenizer = tokenizer.clone();
+            let ids = TokenizerIds {
+                file: tokenizer_path.display().to_string(),
+                vocab: tokenizer.vocab_size(),
+                pad_type_id: tokenizer.pad_type_id(),
+            };
+            // Batches only pad from here on: the tokenizer goes to the batch builder.
             let make = Box::new(move |s: &[&EncodedSample], offset: u64| {
                 let items: Vec<EncodedItem> =
                     s.iter().map(|t| EncodedItem { id: t.id, encoded: &t.encoded, label: t.label }).collect();
-                Ok(encoded_batch(&batch_tokenizer, &items, offset)?.host)
+                Ok(encoded_batch(&tokenizer, &items, offset)?.host)
             });
             let mut source = SampleSource::new(train, test, seed, d.batch_size, eval_bs, make)?
                 .least_batch(least_batch)
@@ -146,11 +150,6 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
             if d.group_by_length {
                 source = source.group_by_length(|t| Ok(t.encoded.ids.len()))?;
             }
-            let ids = TokenizerIds {
-                file: tokenizer_path.display().to_string(),
-                vocab: tokenizer.vocab_size(),
-                pad_type_id: tokenizer.pad_type_id(),
-            };
             Ok((Box::new(source), DataInfo { tokenizer: Some(ids), ..info(&name, &labels, n_train, n_test) }))
         }
         DatasetName::FashionMnist | DatasetName::Mnist5k | DatasetName::Digits => {
