@@ -127,7 +127,7 @@ impl<D: Device> Communicator<D> for RingCommunicator {
         let mut at = 0;
         for b in bufs.iter_mut() {
             let n = D::len(b);
-            **b = dev.upload(&flat[at..at + n])?;
+            dev.upload_into(b, &flat[at..at + n])?;
             at += n;
         }
         Ok(())

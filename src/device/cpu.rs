@@ -356,6 +356,31 @@ impl<T: Float> Device for CpuDevice<T> {
         }
         Ok(b)
     }
+    fn upload_into(&self, dst: &mut Self::Buf, data: &[f32]) -> Result<()> {
+        check_len("upload_into", "data", data.len(), dst.len())?;
+        let Some(own) = dst.live.take().filter(|l| l.row_len() > 0) else {
+            for (d, &s) in dst.iter_mut().zip(data) {
+                *d = T::from_f64(s as f64);
+            }
+            return Ok(());
+        };
+        // Rows outside `own` are +0 here already: of those, only the ones the sum reaches
+        // (another replica's rows) are written. One read of `data`, and a record of its rows.
+        let row_len = own.row_len();
+        let mut reached = LiveRows::none();
+        let rows = dst.chunks_mut(row_len).zip(data.chunks(row_len)).enumerate();
+        let written = rows.filter_map(|(r, (d, s))| {
+            // Any bit set: a value other than +0 (a −0 counts).
+            let nonzero = s.iter().fold(0u32, |acc, x| acc | x.to_bits()) != 0;
+            if nonzero || own.contains(r) {
+                d.iter_mut().zip(s).for_each(|(d, &s)| *d = T::from_f64(s as f64));
+            }
+            nonzero.then_some(r)
+        });
+        reached.add(written, row_len);
+        dst.live = Some(reached);
+        Ok(())
+    }
     fn upload_f64(&self, data: &[f64]) -> Result<Self::Buf> {
         let mut b = self.alloc(data.len())?;
         for (d, &s) in b.iter_mut().zip(data) {
@@ -841,6 +866,53 @@ mod tests {
         dev.adamw_update(&mut p, &g, &mut m, &mut v, &h).unwrap();
         assert!(m.live.is_none() && v.live.is_none());
         assert!(m[dead * dim].is_nan());
+    }
+
+    /// An embedding table's gradient summed across two replicas (on the host, as the ring
+    /// does) and written back keeps a record of its rows: the union of the replicas' rows, less
+    /// any that the sum made +0, with a −0 counted. Zeroing, the norm and AdamW then give the
+    /// full update's bits; a gradient written back without a record stays without one.
+    #[test]
+    fn a_gradient_summed_across_replicas_keeps_its_rows() {
+        let (rows, dim) = (300, 16);
+        let dev = CpuDevice::<f32>::new(0, 2).unwrap();
+        let mut grads = [dev.zeros(rows * dim).unwrap(), dev.zeros(rows * dim).unwrap()];
+        // Replica 0 reaches rows 4, 9 and 40; replica 1 rows 9, 77 and 250. Row 40's values
+        // cancel in the sum (+0); row 77 carries a −0 beside its zeros.
+        let dout = |vals: [f32; 3]| dev.upload(&vals.iter().flat_map(|&v| vec![v; dim]).collect::<Vec<_>>()).unwrap();
+        dev.embedding_backward(&mut grads[0], &vec![4, 9, 40], &dout([1.0, 2.0, 0.5]), dim).unwrap();
+        dev.embedding_backward(&mut grads[1], &vec![9, 77, 250], &dout([3.0, 0.0, -1.5]), dim).unwrap();
+        let mut sum: Vec<f32> = grads[0].iter().zip(grads[1].iter()).map(|(a, b)| a + b).collect();
+        sum[40 * dim..41 * dim].fill(0.0);
+        sum[77 * dim + 3] = -0.0;
+        for g in &mut grads {
+            dev.upload_into(g, &sum).unwrap();
+            assert_eq!(&g[..], &sum[..]);
+            assert_eq!(g.live.as_ref().unwrap().rows().collect::<Vec<_>>(), [4, 9, 77, 250]);
+        }
+        let (mut p, mut m, mut v) = (
+            dev.upload(&vec![0.25; rows * dim]).unwrap(),
+            dev.zeros(rows * dim).unwrap(),
+            dev.zeros(rows * dim).unwrap(),
+        );
+        let (mut want_p, mut want_m, mut want_v) =
+            (vec![0.25f32; rows * dim], vec![0f32; rows * dim], vec![0f32; rows * dim]);
+        let h =
+            AdamWStep { lr: 1e-2, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.1, step: 1, grad_scale: 0.5 };
+        dev.adamw_update(&mut p, &grads[0], &mut m, &mut v, &h).unwrap();
+        ops::optim::adamw_update(&mut want_p, &sum, &mut want_m, &mut want_v, &h).unwrap();
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!((bits(&p), bits(&m), bits(&v)), (bits(&want_p), bits(&want_m), bits(&want_v)));
+        assert_eq!(m.live.as_ref().unwrap().rows().collect::<Vec<_>>(), [4, 9, 77, 250]);
+        assert_eq!(dev.sum_squares(&grads[0]).unwrap().to_bits(), ops::optim::sum_squares(&sum).to_bits());
+        dev.fill(&mut grads[0], 0.0).unwrap();
+        assert!(grads[0].iter().all(|&x| x.to_bits() == 0), "the zeroing reaches every row of the sum");
+        // A dense gradient (no record) written back stays dense.
+        let mut dense = dev.upload(&vec![1.0; rows * dim]).unwrap();
+        dev.upload_into(&mut dense, &sum).unwrap();
+        assert!(dense.live.is_none());
+        assert_eq!(&dense[..], &sum[..]);
+        assert!(dev.upload_into(&mut dense, &sum[1..]).is_err(), "a length that does not match");
     }
 
     /// With bf16 products the device packs a weight once and reuses it, and a write to the

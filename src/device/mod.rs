@@ -17,7 +17,7 @@ pub use cpu::{CpuBuf, CpuDevice};
 pub use gpu::{GpuBuf, GpuDevice, GpuIds, Precision};
 pub use host_pool::HostPool;
 
-use crate::error::Result;
+use crate::error::{Result, check_len};
 use crate::ops::attention::AttentionDims;
 use crate::ops::dropout::DropoutCoords;
 use crate::ops::gelu::Activation;
@@ -79,6 +79,15 @@ pub trait Device: Send + Sync + 'static {
     /// Copies host f32 values into a new buffer of the parameters' dtype (weights, gradients,
     /// optimizer state: f32 on every GPU; the element type on the cpu backend).
     fn upload(&self, data: &[f32]) -> Result<Self::Buf>;
+    /// `dst ← data` (same length): a gradient summed with other replicas' or processes'. Where
+    /// the backend records the rows that may be non-zero (an embedding table's gradient on the
+    /// cpu), the sum keeps a record: the rows of `data` not all +0, the union of the replicas'
+    /// rows, so that zeroing, the norm and AdamW go on skipping the others.
+    fn upload_into(&self, dst: &mut Self::Buf, data: &[f32]) -> Result<()> {
+        check_len("upload_into", "data", data.len(), Self::len(dst))?;
+        *dst = self.upload(data)?;
+        Ok(())
+    }
     /// Copies host f32 values into a new buffer of the [activation dtype](Self::activation_dtype)
     /// (rounding to bf16 on a bf16 GPU): hidden states and their gradients that reach a stage
     /// from another device, a process or the activation cache.

@@ -29,7 +29,7 @@ impl<D: Device> Pipeline<D> {
                 let dev = &devices[device_slot(plan.device(r, s), across)];
                 for g in units.iter_mut().flat_map(Unit::params_mut).filter_map(|p| p.grad.as_mut()) {
                     let n = D::len(g);
-                    *g = dev.upload(&flat[at..at + n])?;
+                    dev.upload_into(g, &flat[at..at + n])?;
                     at += n;
                 }
             }
@@ -78,7 +78,7 @@ impl<D: Device> Pipeline<D> {
                     .find(|p| p.name == name)
                     .and_then(|p| p.grad.as_mut())
                 {
-                    *g = dev.upload(&sum)?;
+                    dev.upload_into(g, &sum)?;
                 }
             }
         }

@@ -494,7 +494,7 @@ impl<D: Device> Worker<'_, D> {
                             .filter_map(|p| p.grad.as_mut())
                         {
                             let n = D::len(g);
-                            *g = dev.upload(&data[at..at + n])?;
+                            dev.upload_into(g, &data[at..at + n])?;
                             at += n;
                         }
                         ctx.bucket_buffers.give(data);
