@@ -160,6 +160,7 @@ pub fn time_step<D: Device>(
     for _ in 0..warmup {
         train_step(dev, &mut model, &mut optimizer, &batch_dev, 1e-4, Some(1.0))?;
     }
+    crate::debug::take_op_times(); // the warm-up's
     let (mut times, mut rates) = (Vec::with_capacity(steps.max(1)), Vec::new());
     for _ in 0..steps.max(1) {
         let t = Instant::now();
@@ -170,6 +171,7 @@ pub fn time_step<D: Device>(
             rates.push(probe.gflops());
         }
     }
+    crate::debug::print_op_times(&format!("{} timed steps", times.len()));
     let (min, max) = times.iter().fold((f64::INFINITY, 0f64), |(lo, hi), &t| (lo.min(t), hi.max(t)));
     let paired_ratio = (!rates.is_empty()).then(|| paired_floor_ratio(&times, &rates, flops));
     let gemm_gflops = (!rates.is_empty()).then(|| median(rates));

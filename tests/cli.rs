@@ -416,6 +416,41 @@ fn pipelined_train_follows_one_device_and_writes_a_chrome_trace() {
     assert!(events.iter().any(|e| e["cat"] == "backward") && events.iter().any(|e| e["cat"] == "comm"));
 }
 
+/// `PT_DEBUG=2` prints, per epoch, the time each op took on the cpu devices: the steps' table
+/// holds the backward and AdamW, the evaluation's only forwards.
+#[test]
+fn pt_debug_2_prints_the_time_per_op() {
+    if !have_digits() {
+        return;
+    }
+    let dir = scratch("op-times");
+    let out_dir = format!("output.dir={}", dir.display());
+    let args = ["train", "--config", "configs/vit-digits.toml", "--set", &out_dir, "--fresh", "--devices", "2"];
+    let more = ["--set", "train.max_steps=2", "--set", "train.epochs=1", "--set", "data.test_limit=64"];
+    let out = Command::new(env!("CARGO_BIN_EXE_pipetransformer"))
+        .args(args.iter().chain(&more))
+        .env("PT_DEBUG", "2")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{err}");
+    let table = |title: &str| -> Vec<String> {
+        let start = err.find(title).unwrap_or_else(|| panic!("no table `{title}` in:\n{err}"));
+        err[start..].lines().skip(1).take_while(|l| !l.trim_start().starts_with("total")).map(str::to_owned).collect()
+    };
+    let (steps, eval) = (table("op times, epoch 0's steps"), table("op times, epoch 0's evaluation"));
+    let has = |rows: &[String], op: &str| rows.iter().any(|r| r.split_whitespace().next() == Some(op));
+    for op in ["linear_forward", "linear_backward", "attention_backward", "adamw_update_live"] {
+        assert!(has(&steps, op), "{op} missing from the steps' table: {steps:#?}");
+    }
+    assert!(
+        has(&eval, "linear_forward") && !has(&eval, "linear_backward") && !has(&eval, "adamw_update_live"),
+        "{eval:#?}"
+    );
+    let (ok, quiet) = pipetransformer(&[&args[..], &more[..]].concat());
+    assert!(ok && !quiet.contains("op times"), "without PT_DEBUG nothing is timed: {quiet}");
+}
+
 #[test]
 fn bad_pipeline_settings_and_an_unwritable_trace_are_clear_errors() {
     let (ok, out) = pipetransformer(&["plan", "--config", "configs/vit-digits.toml", "--set", "pipeline.bogus=1"]);

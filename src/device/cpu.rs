@@ -16,6 +16,7 @@
 
 use super::host_pool::HostPool;
 use super::{Device, Precision};
+use crate::debug;
 use crate::error::{Result, check_len};
 use crate::ops;
 use crate::ops::attention::AttentionDims;
@@ -233,9 +234,9 @@ impl<T: Float> CpuDevice<T> {
         }
     }
 
-    /// Runs `f` on this device's thread pool.
-    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        self.threads_pool.install(f)
+    /// Runs op `op` (`f`) on this device's thread pool, timed at `PT_DEBUG=2` ([`debug::timed`]).
+    fn run<R: Send>(&self, op: &'static str, f: impl FnOnce() -> R + Send) -> R {
+        debug::timed(op, || self.threads_pool.install(f))
     }
 
     /// With bf16 products, `weight` (`[out_dim, in_dim]`) packed as the forward's B
@@ -319,7 +320,7 @@ impl<T: Float> Device for CpuDevice<T> {
         forward: bool,
         input_gradient: bool,
     ) -> Result<()> {
-        self.run(|| {
+        self.run("pack_weight", || {
             // `Wᵀ` (the forward's) and `W` (the input gradient's), each where asked for.
             for (transposed, wanted) in [(true, forward), (false, input_gradient)] {
                 if wanted {
@@ -407,20 +408,22 @@ impl<T: Float> Device for CpuDevice<T> {
         Ok(())
     }
     fn fill(&self, dst: &mut Self::Buf, value: f64) -> Result<()> {
-        // Zeros (+0, not −0) where only some rows can be non-zero: those rows alone.
-        let zero = value.to_bits() == 0;
-        match dst.live.take() {
-            Some(live) if zero => {
-                let (row_len, data) = (live.row_len(), &mut dst[..]);
-                let len = data.len();
-                for r in live.rows() {
-                    data[(r * row_len).min(len)..((r + 1) * row_len).min(len)].fill(T::ZERO);
+        debug::timed("fill", || {
+            // Zeros (+0, not −0) where only some rows can be non-zero: those rows alone.
+            let zero = value.to_bits() == 0;
+            match dst.live.take() {
+                Some(live) if zero => {
+                    let (row_len, data) = (live.row_len(), &mut dst[..]);
+                    let len = data.len();
+                    for r in live.rows() {
+                        data[(r * row_len).min(len)..((r + 1) * row_len).min(len)].fill(T::ZERO);
+                    }
                 }
+                _ => dst.fill(T::from_f64(value)),
             }
-            _ => dst.fill(T::from_f64(value)),
-        }
-        dst.live = zero.then(LiveRows::none);
-        Ok(())
+            dst.live = zero.then(LiveRows::none);
+            Ok(())
+        })
     }
     fn synchronize(&self) -> Result<()> {
         Ok(())
@@ -455,7 +458,7 @@ impl<T: Float> Device for CpuDevice<T> {
         in_dim: usize,
         out_dim: usize,
     ) -> Result<()> {
-        self.run(|| {
+        self.run("linear_forward", || {
             let packs = self.weight_packs(weight, true, in_dim, out_dim);
             let wt = packs.as_ref().map(|p| &p.transposed);
             ops::linear::linear_forward_in(
@@ -483,7 +486,7 @@ impl<T: Float> Device for CpuDevice<T> {
         in_dim: usize,
         out_dim: usize,
     ) -> Result<()> {
-        self.run(|| {
+        self.run("linear_backward", || {
             let products = self.products;
             if let Some(dinp) = dinp {
                 // The input gradient alone first, so the packs are let go before the rest.
@@ -517,21 +520,21 @@ impl<T: Float> Device for CpuDevice<T> {
         dim: usize,
         accumulate: bool,
     ) -> Result<()> {
-        self.run(|| ops::embedding::embedding_forward(out, ids, table, dim, accumulate))
+        self.run("embedding_forward", || ops::embedding::embedding_forward(out, ids, table, dim, accumulate))
     }
     fn embedding_backward(&self, dtable: &mut Self::Buf, ids: &Self::Ids, dout: &Self::Buf, dim: usize) -> Result<()> {
         let live = dtable.live.take();
-        self.run(|| ops::embedding::embedding_backward(dtable, ids, dout, dim))?;
+        self.run("embedding_backward", || ops::embedding::embedding_backward(dtable, ids, dout, dim))?;
         // Only the rows `ids` names were added to.
         dtable.live =
             live.filter(|_| dim > 0).and_then(|mut l| l.add(ids.iter().map(|&i| i as usize), dim).then_some(l));
         Ok(())
     }
     fn patch_forward(&self, out: &mut Self::Buf, img: &Self::Buf, d: PatchDims) -> Result<()> {
-        self.run(|| ops::patch::patch_forward(out, img, d))
+        self.run("patch_forward", || ops::patch::patch_forward(out, img, d))
     }
     fn patch_backward(&self, dimg: &mut Self::Buf, dout: &Self::Buf, d: PatchDims) -> Result<()> {
-        self.run(|| ops::patch::patch_backward(dimg, dout, d))
+        self.run("patch_backward", || ops::patch::patch_backward(dimg, dout, d))
     }
     fn prepend_token_forward(
         &self,
@@ -542,7 +545,7 @@ impl<T: Float> Device for CpuDevice<T> {
         seq: usize,
         dim: usize,
     ) -> Result<()> {
-        self.run(|| ops::patch::prepend_token_forward(out, token, inp, batch, seq, dim))
+        self.run("prepend_token_forward", || ops::patch::prepend_token_forward(out, token, inp, batch, seq, dim))
     }
     fn prepend_token_backward(
         &self,
@@ -553,7 +556,9 @@ impl<T: Float> Device for CpuDevice<T> {
         seq: usize,
         dim: usize,
     ) -> Result<()> {
-        self.run(|| ops::patch::prepend_token_backward(dtoken, dinp.map(|b| &mut b[..]), dout, batch, seq, dim))
+        self.run("prepend_token_backward", || {
+            ops::patch::prepend_token_backward(dtoken, dinp.map(|b| &mut b[..]), dout, batch, seq, dim)
+        })
     }
     fn layernorm_forward(
         &self,
@@ -567,7 +572,9 @@ impl<T: Float> Device for CpuDevice<T> {
         dim: usize,
         eps: f64,
     ) -> Result<()> {
-        self.run(|| ops::layernorm::layernorm_forward(out, mean, rstd, inp, weight, bias, rows, dim, eps))
+        self.run("layernorm_forward", || {
+            ops::layernorm::layernorm_forward(out, mean, rstd, inp, weight, bias, rows, dim, eps)
+        })
     }
     fn layernorm_backward(
         &self,
@@ -582,16 +589,18 @@ impl<T: Float> Device for CpuDevice<T> {
         rows: usize,
         dim: usize,
     ) -> Result<()> {
-        self.run(|| ops::layernorm::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, rows, dim))
+        self.run("layernorm_backward", || {
+            ops::layernorm::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, rows, dim)
+        })
     }
     fn gelu_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, kind: Activation) -> Result<()> {
-        self.run(|| ops::gelu::gelu_forward(out, inp, kind))
+        self.run("gelu_forward", || ops::gelu::gelu_forward(out, inp, kind))
     }
     fn gelu_backward(&self, dinp: &mut Self::Buf, inp: &Self::Buf, dout: &Self::Buf, kind: Activation) -> Result<()> {
-        self.run(|| ops::gelu::gelu_backward(dinp, inp, dout, kind))
+        self.run("gelu_backward", || ops::gelu::gelu_backward(dinp, inp, dout, kind))
     }
     fn softmax_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, rows: usize, cols: usize) -> Result<()> {
-        self.run(|| ops::softmax::softmax_forward(out, inp, rows, cols))
+        self.run("softmax_forward", || ops::softmax::softmax_forward(out, inp, rows, cols))
     }
     fn softmax_backward(
         &self,
@@ -601,28 +610,28 @@ impl<T: Float> Device for CpuDevice<T> {
         rows: usize,
         cols: usize,
     ) -> Result<()> {
-        self.run(|| ops::softmax::softmax_backward(dinp, out, dout, rows, cols))
+        self.run("softmax_backward", || ops::softmax::softmax_backward(dinp, out, dout, rows, cols))
     }
     fn tanh_forward(&self, out: &mut Self::Buf, inp: &Self::Buf) -> Result<()> {
-        self.run(|| ops::tanh::tanh_forward(out, inp))
+        self.run("tanh_forward", || ops::tanh::tanh_forward(out, inp))
     }
     fn tanh_backward(&self, dinp: &mut Self::Buf, out: &Self::Buf, dout: &Self::Buf) -> Result<()> {
-        self.run(|| ops::tanh::tanh_backward(dinp, out, dout))
+        self.run("tanh_backward", || ops::tanh::tanh_backward(dinp, out, dout))
     }
     fn residual_forward(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf) -> Result<()> {
-        self.run(|| ops::residual::residual_forward(out, a, b))
+        self.run("residual_forward", || ops::residual::residual_forward(out, a, b))
     }
     fn residual_backward(&self, dacc: &mut Self::Buf, dout: &Self::Buf) -> Result<()> {
-        self.run(|| ops::residual::residual_backward(dacc, dout))
+        self.run("residual_backward", || ops::residual::residual_backward(dacc, dout))
     }
     fn copy_rows(&self, dst: &mut Self::Buf, src: &Self::Buf, c: RowCopy) -> Result<()> {
-        self.run(|| ops::rows::copy_rows(dst, src, c))
+        self.run("copy_rows", || ops::rows::copy_rows(dst, src, c))
     }
     fn dropout_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, p: f32, at: DropoutCoords) -> Result<()> {
-        self.run(|| ops::dropout::dropout_forward(out, inp, p, at))
+        self.run("dropout_forward", || ops::dropout::dropout_forward(out, inp, p, at))
     }
     fn dropout_backward(&self, dinp: &mut Self::Buf, dout: &Self::Buf, p: f32, at: DropoutCoords) -> Result<()> {
-        self.run(|| ops::dropout::dropout_backward(dinp, dout, p, at))
+        self.run("dropout_backward", || ops::dropout::dropout_backward(dinp, dout, p, at))
     }
     fn attention_saved_len(&self, d: &AttentionDims) -> usize {
         d.batch * d.heads * d.q_len * d.kv_len
@@ -637,7 +646,9 @@ impl<T: Float> Device for CpuDevice<T> {
         key_mask: Option<&Self::Ids>,
         d: &AttentionDims,
     ) -> Result<()> {
-        self.run(|| ops::attention::attention_forward(out, probs, q, k, v, key_mask.map(|m| &m[..]), d))
+        self.run("attention_forward", || {
+            ops::attention::attention_forward(out, probs, q, k, v, key_mask.map(|m| &m[..]), d)
+        })
     }
     fn attention_backward(
         &self,
@@ -653,7 +664,9 @@ impl<T: Float> Device for CpuDevice<T> {
         key_mask: Option<&Self::Ids>,
         d: &AttentionDims,
     ) -> Result<()> {
-        self.run(|| ops::attention::attention_backward(dq, dk, dv, dout, q, k, v, probs, key_mask.map(|m| &m[..]), d))
+        self.run("attention_backward", || {
+            ops::attention::attention_backward(dq, dk, dv, dout, q, k, v, probs, key_mask.map(|m| &m[..]), d)
+        })
     }
     fn first_token_pool_forward(
         &self,
@@ -663,7 +676,7 @@ impl<T: Float> Device for CpuDevice<T> {
         seq: usize,
         dim: usize,
     ) -> Result<()> {
-        self.run(|| ops::pooling::first_token_pool_forward(out, inp, batch, seq, dim))
+        self.run("first_token_pool_forward", || ops::pooling::first_token_pool_forward(out, inp, batch, seq, dim))
     }
     fn first_token_pool_backward(
         &self,
@@ -673,7 +686,7 @@ impl<T: Float> Device for CpuDevice<T> {
         seq: usize,
         dim: usize,
     ) -> Result<()> {
-        self.run(|| ops::pooling::first_token_pool_backward(dinp, dout, batch, seq, dim))
+        self.run("first_token_pool_backward", || ops::pooling::first_token_pool_backward(dinp, dout, batch, seq, dim))
     }
     fn mean_pool_forward(
         &self,
@@ -684,7 +697,9 @@ impl<T: Float> Device for CpuDevice<T> {
         seq: usize,
         dim: usize,
     ) -> Result<()> {
-        self.run(|| ops::pooling::mean_pool_forward(out, inp, mask.map(|m| &m[..]), batch, seq, dim))
+        self.run("mean_pool_forward", || {
+            ops::pooling::mean_pool_forward(out, inp, mask.map(|m| &m[..]), batch, seq, dim)
+        })
     }
     fn mean_pool_backward(
         &self,
@@ -695,7 +710,9 @@ impl<T: Float> Device for CpuDevice<T> {
         seq: usize,
         dim: usize,
     ) -> Result<()> {
-        self.run(|| ops::pooling::mean_pool_backward(dinp, dout, mask.map(|m| &m[..]), batch, seq, dim))
+        self.run("mean_pool_backward", || {
+            ops::pooling::mean_pool_backward(dinp, dout, mask.map(|m| &m[..]), batch, seq, dim)
+        })
     }
     fn cross_entropy_forward_backward(
         &self,
@@ -708,7 +725,7 @@ impl<T: Float> Device for CpuDevice<T> {
         ignore_index: u32,
         grad_scale: f64,
     ) -> Result<usize> {
-        self.run(|| {
+        self.run("cross_entropy_forward_backward", || {
             ops::cross_entropy::cross_entropy_forward_backward(
                 losses,
                 dlogits.map(|b| &mut b[..]),
@@ -745,7 +762,8 @@ impl<T: Float> Device for CpuDevice<T> {
             (Some(g), Some(m), Some(v)) => g.union(m).and_then(|gm| gm.union(v)),
             _ => None,
         };
-        let zero_outside = self.run(|| ops::optim::adamw_update_live(param, grad, m, v, h, live.as_ref()))?;
+        let zero_outside =
+            self.run("adamw_update_live", || ops::optim::adamw_update_live(param, grad, m, v, h, live.as_ref()))?;
         // The moments stay +0 outside the rows the gradient or they already reached.
         let live = live.filter(|_| zero_outside);
         (m.live, v.live) = (live.clone(), live);
@@ -759,16 +777,16 @@ impl<T: Float> Device for CpuDevice<T> {
         first: bool,
         h: &SgdStep,
     ) -> Result<()> {
-        self.run(|| ops::optim::sgd_update(param, grad, momentum_buf, first, h))
+        self.run("sgd_update", || ops::optim::sgd_update(param, grad, momentum_buf, first, h))
     }
     fn sum_squares(&self, x: &Self::Buf) -> Result<f64> {
-        Ok(self.run(|| ops::optim::sum_squares_live(x, x.live.as_ref())))
+        Ok(self.run("sum_squares_live", || ops::optim::sum_squares_live(x, x.live.as_ref())))
     }
     fn sum(&self, x: &Self::Buf) -> Result<f64> {
         Ok(x.iter().map(|v| v.to_f64()).sum())
     }
     fn scale(&self, x: &mut Self::Buf, s: f64) -> Result<()> {
-        self.run(|| ops::optim::scale_inplace(x, s));
+        self.run("scale_inplace", || ops::optim::scale_inplace(x, s));
         Ok(())
     }
 }

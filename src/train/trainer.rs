@@ -262,9 +262,11 @@ impl<D: Device> Trainer<D> {
                 on_event(&Event::Eval { step: self.position.step, epoch, eval, eval_seconds });
             }
             if epoch_end {
+                crate::debug::print_op_times(&format!("epoch {epoch}'s steps"));
                 let t = Instant::now();
                 let eval = self.evaluate(data)?;
                 let eval_seconds = t.elapsed().as_secs_f64();
+                crate::debug::print_op_times(&format!("epoch {epoch}'s evaluation"));
                 let (samples, train_seconds) = std::mem::take(&mut self.epoch_work);
                 on_event(&Event::Epoch { epoch, eval, samples, train_seconds, eval_seconds });
                 controller.after_epoch(self, epoch, on_event)?;
