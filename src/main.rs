@@ -443,6 +443,7 @@ enum Command {
 }
 
 fn main() -> Result<()> {
+    pipetransformer::run::keep_freed_memory();
     match Cli::parse().command {
         Command::Train { config, mut set, resume, fresh, device, pipeline, elastic, trace, progress_every } => {
             set.extend(overrides(&pipeline, &elastic));

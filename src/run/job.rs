@@ -720,8 +720,16 @@ impl<D: Device> Job<D> {
                     if let Some(previous) = writing.take() {
                         previous.wait()?;
                     }
+                    let taken = Instant::now();
                     let (state, tensors) = (self.elastic.state(), self.elastic.state_tensors());
                     let snapshot = self.trainer.snapshot(state, tensors)?;
+                    if crate::debug::level() >= 1 {
+                        eprintln!(
+                            "checkpoint at step {}: snapshot {:.1} ms",
+                            self.trainer.position.step,
+                            taken.elapsed().as_secs_f64() * 1e3
+                        );
+                    }
                     let (path, exporter) = (self.checkpoint_path(), self.exporter());
                     writing = Some(files::Background::spawn("checkpoint", move || {
                         snapshot.save(&path)?;
