@@ -1,7 +1,8 @@
 //! Debug output by environment variable level, as tinygrad does: `PT_DEBUG=1` prints where each
 //! training step's time goes (batch, cache, pipeline, bookkeeping) to stderr; `PT_DEBUG=2` also
-//! times every op a cpu device runs ([`timed`]) and prints the totals per op at each epoch's end
-//! (and after each `bench-step` precision); 0 or unset prints nothing and times nothing.
+//! times every op a cpu device runs ([`timed`]) and prints the totals per op at each evaluation
+//! (the steps since the last one, then the evaluation) and after each `bench-step` precision; 0
+//! or unset prints nothing and times nothing.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock};

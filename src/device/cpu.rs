@@ -368,18 +368,20 @@ impl<T: Float> Device for CpuDevice<T> {
         // Rows outside `own` are +0 here already: of those, only the ones the sum reaches
         // (another replica's rows) are written. One read of `data`, and a record of its rows.
         let row_len = own.row_len();
-        let mut reached = LiveRows::none();
-        let rows = dst.chunks_mut(row_len).zip(data.chunks(row_len)).enumerate();
-        let written = rows.filter_map(|(r, (d, s))| {
+        let mut reached = Vec::new();
+        for (r, (d, s)) in dst.chunks_mut(row_len).zip(data.chunks(row_len)).enumerate() {
             // Any bit set: a value other than +0 (a −0 counts).
             let nonzero = s.iter().fold(0u32, |acc, x| acc | x.to_bits()) != 0;
             if nonzero || own.contains(r) {
                 d.iter_mut().zip(s).for_each(|(d, &s)| *d = T::from_f64(s as f64));
             }
-            nonzero.then_some(r)
-        });
-        reached.add(written, row_len);
-        dst.live = Some(reached);
+            if nonzero {
+                reached.push(r);
+            }
+        }
+        let mut live = LiveRows::none();
+        live.add(reached, row_len);
+        dst.live = Some(live);
         Ok(())
     }
     fn upload_f64(&self, data: &[f64]) -> Result<Self::Buf> {

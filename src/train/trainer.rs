@@ -256,13 +256,16 @@ impl<D: Device> Trainer<D> {
             let epoch_end = self.position.batch == per_epoch || self.done();
             let every = self.config.eval_every;
             if !epoch_end && every > 0 && self.position.step.is_multiple_of(every) {
+                let at = self.position.step;
+                crate::debug::print_op_times(&format!("epoch {epoch}'s steps to step {at}"));
                 let t = Instant::now();
                 let eval = self.evaluate(data)?;
                 let eval_seconds = t.elapsed().as_secs_f64();
+                crate::debug::print_op_times(&format!("the evaluation at step {at}"));
                 on_event(&Event::Eval { step: self.position.step, epoch, eval, eval_seconds });
             }
             if epoch_end {
-                crate::debug::print_op_times(&format!("epoch {epoch}'s steps"));
+                crate::debug::print_op_times(&format!("epoch {epoch}'s steps (since its last evaluation)"));
                 let t = Instant::now();
                 let eval = self.evaluate(data)?;
                 let eval_seconds = t.elapsed().as_secs_f64();
