@@ -256,20 +256,15 @@ impl<D: Device> Trainer<D> {
             let epoch_end = self.position.batch == per_epoch || self.done();
             let every = self.config.eval_every;
             if !epoch_end && every > 0 && self.position.step.is_multiple_of(every) {
-                let at = self.position.step;
-                crate::debug::print_op_times(&format!("epoch {epoch}'s steps to step {at}"));
                 let t = Instant::now();
                 let eval = self.evaluate(data)?;
                 let eval_seconds = t.elapsed().as_secs_f64();
-                crate::debug::print_op_times(&format!("the evaluation at step {at}"));
                 on_event(&Event::Eval { step: self.position.step, epoch, eval, eval_seconds });
             }
             if epoch_end {
-                crate::debug::print_op_times(&format!("epoch {epoch}'s steps (since its last evaluation)"));
                 let t = Instant::now();
                 let eval = self.evaluate(data)?;
                 let eval_seconds = t.elapsed().as_secs_f64();
-                crate::debug::print_op_times(&format!("epoch {epoch}'s evaluation"));
                 let (samples, train_seconds) = std::mem::take(&mut self.epoch_work);
                 on_event(&Event::Epoch { epoch, eval, samples, train_seconds, eval_seconds });
                 controller.after_epoch(self, epoch, on_event)?;
@@ -290,7 +285,11 @@ impl<D: Device> Trainer<D> {
     /// replica) takes every `R`-th batch through its stages' processes, and the processes
     /// exchange their batches' sums: the same result, to the bit, on every process.
     pub fn evaluate(&self, data: &dyn BatchSource) -> Result<EvalMetrics> {
+        // At PT_DEBUG=2, the ops' times of the steps since the last evaluation, then its own.
+        let Position { step, epoch, .. } = self.position;
+        crate::debug::print_op_times(&format!("epoch {epoch}'s steps to step {step}"));
         let out = self.evaluate_batches(data);
+        crate::debug::print_op_times(&format!("epoch {epoch}'s evaluation at step {step}"));
         if out.is_err() {
             // The other processes wait for this one's sums: end their wait now.
             self.pipeline.hang_up_processes();
