@@ -65,7 +65,8 @@ fn corrupt(path: &Path, message: impl Into<String>) -> Error {
 
 /// Writes `meta` and `tensors` to `path` atomically: the bytes go to `path.tmp`, which is
 /// fsynced and then renamed over `path`; the directory is fsynced too. The tensors stream
-/// out as they are (no copy of the file in memory), checksummed on the way.
+/// out as they are (no copy of the file in memory), checksummed on the way, past the page
+/// cache ([`crate::files::write_atomic_uncached`]).
 pub fn save(path: &Path, meta: &serde_json::Value, tensors: &[Tensor]) -> Result<()> {
     let header =
         Header { meta: meta.clone(), tensors: tensors.iter().map(|t| (t.name.clone(), t.data.len())).collect() };
@@ -73,7 +74,7 @@ pub fn save(path: &Path, meta: &serde_json::Value, tensors: &[Tensor]) -> Result
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| io_error(dir, e))?;
     }
-    crate::files::write_atomic(path, |w| {
+    crate::files::write_atomic_uncached(path, |w| {
         let mut out = Checksummed { inner: w, crc: crc32fast::Hasher::new() };
         out.put(MAGIC)?;
         out.put(&(header.len() as u64).to_le_bytes())?;

@@ -11,7 +11,7 @@ use super::layout::{HostTensor, bert_export_name, to_gpt2};
 use super::safetensors::{TensorRef, write_safetensors};
 use crate::device::Device;
 use crate::error::{Result, config_error};
-use crate::files::{io_error, write_atomic};
+use crate::files::{io_error, write_atomic_uncached};
 use crate::model::{Family, HeadSpec, Model, ModelConfig, Spec};
 
 /// File name of the weights inside an exported directory.
@@ -100,7 +100,7 @@ pub fn export_values(
         std::fs::remove_dir_all(&staging).map_err(|e| io_error(&staging, e))?;
     }
     std::fs::create_dir_all(&staging).map_err(|e| io_error(&staging, e))?;
-    write_atomic(&staging.join(WEIGHTS_FILE), |w| write_safetensors(w, &tensors))?;
+    write_atomic_uncached(&staging.join(WEIGHTS_FILE), |w| write_safetensors(w, &tensors))?;
     write_json(&staging.join(CONFIG_FILE), &json)?;
     let companions = write_companions(config, extras, &staging)?;
     crate::files::swap_in(&staging, dir)?;
