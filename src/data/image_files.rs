@@ -179,10 +179,27 @@ fn decode_pgm(path: &Path, bytes: &[u8]) -> Result<ImagePixels> {
 mod tests {
     use super::*;
 
-    fn scratch(name: &str, bytes: &[u8]) -> std::path::PathBuf {
+    /// A file of `bytes` in the temp dir, removed when the returned guard drops (at the end of
+    /// the statement that reads it).
+    fn scratch(name: &str, bytes: &[u8]) -> Scratch {
         let path = std::env::temp_dir().join(format!("pt-image-{}-{name}", std::process::id()));
         std::fs::write(&path, bytes).unwrap_or_else(|e| panic!("{e}"));
-        path
+        Scratch(path)
+    }
+
+    struct Scratch(std::path::PathBuf);
+
+    impl std::ops::Deref for Scratch {
+        type Target = Path;
+        fn deref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
     }
 
     #[test]
