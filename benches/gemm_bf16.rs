@@ -7,7 +7,8 @@
 //! so the forward and `dX` also run with the weight packed beforehand (`bf16-packed-weight`),
 //! as a cpu device keeps it from one micro-batch to the next.
 //! And the weight gradient accumulated into gradients out of cache (`dweight_cold_*`), over one
-//! micro-batch and over a step's eight at once.
+//! micro-batch and over a step's eight at once; and a micro-batch's forward with its packed
+//! weight in L2 or out of it (`forward_*_rows133_*`).
 //! Throughput is in elements/s where one element is one FLOP: criterion's `Gelem/s` reads as
 //! GFLOP/s.
 //!
@@ -18,6 +19,21 @@ use pipetransformer::ops::gemm_bf16::{PackedB, bf16_path, matmul_bf16, matmul_bf
 use pipetransformer::ops::matmul::{MatRef, matmul};
 use pipetransformer::rng::Rng;
 use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+/// Runs `f` `iters` times inside `pool` and returns the time taken: one hand-off to the pool
+/// per sample, not per call. A hand-off to a sleeping pool thread and back costs 70 µs on the
+/// VMs of docs/PERF.md, as much as a micro-batch's product; the engine's ops run on the
+/// pool's threads already and pay none.
+fn time_in<R>(pool: &rayon::ThreadPool, iters: u64, mut f: impl FnMut() -> R + Send) -> Duration {
+    pool.install(|| {
+        let start = Instant::now();
+        for _ in 0..iters {
+            black_box(f());
+        }
+        start.elapsed()
+    })
+}
 
 fn random(n: usize, seed: u64) -> Vec<f32> {
     Rng::new(seed).vec(n, 1.0).iter().map(|&x| x as f32).collect()
@@ -63,17 +79,20 @@ fn bench_linear_products(c: &mut Criterion) {
                 _ => &mut dw,
             };
             g.bench_function(format!("{name}/f32"), |bench| {
-                bench.iter(|| pool.install(|| matmul(black_box(&mut *out), n, a, b, m, n, k, acc)))
+                bench.iter_custom(|iters| time_in(pool, iters, || matmul(black_box(&mut *out), n, a, b, m, n, k, acc)))
             });
             g.bench_function(format!("{name}/bf16"), |bench| {
-                bench.iter(|| pool.install(|| matmul_bf16(black_box(&mut *out), n, a, b, m, n, k, acc)))
+                bench.iter_custom(|iters| {
+                    time_in(pool, iters, || matmul_bf16(black_box(&mut *out), n, a, b, m, n, k, acc))
+                })
             });
             // The weight packed once, as a cpu device keeps it across a step's micro-batches.
             let mut packed = PackedB::default();
             if name != "dweight" && pool.install(|| packed.pack(b, k, n)) {
                 g.bench_function(format!("{name}/bf16-packed-weight"), |bench| {
-                    bench
-                        .iter(|| pool.install(|| matmul_bf16_packed(black_box(&mut *out), n, a, &packed, m, n, k, acc)))
+                    bench.iter_custom(|iters| {
+                        time_in(pool, iters, || matmul_bf16_packed(black_box(&mut *out), n, a, &packed, m, n, k, acc))
+                    })
                 });
             }
         }
@@ -101,10 +120,10 @@ fn bench_cold_weight_gradient(c: &mut Criterion) {
         let mut next = 0;
         for (name, bf16) in [("f32", false), ("bf16", true)] {
             g.bench_function(name, |bench| {
-                bench.iter(|| {
-                    let dw = &mut dws[next % layers];
-                    next += 1;
-                    one.install(|| {
+                bench.iter_custom(|iters| {
+                    time_in(&one, iters, || {
+                        let dw = &mut dws[next % layers];
+                        next += 1;
                         if bf16 {
                             matmul_bf16(black_box(dw), in_dim, a, b, out_dim, in_dim, rows, true);
                         } else {
@@ -118,5 +137,44 @@ fn bench_cold_weight_gradient(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench_linear_products, bench_cold_weight_gradient);
+/// A micro-batch's forward `Y = X·Wᵀ` (133 rows: the main job's 4 snippets of ~33 positions,
+/// one thread) with its weight packed beforehand, as a cpu device keeps it: from L2 when the
+/// same weight is used again at once (`hot`), and with twelve weights visited in turn (`cold`:
+/// 14 MB of packed MLP weights, past every L2), as a stage's layers use theirs once per
+/// micro-batch each.
+fn bench_cold_weight_forward(c: &mut Criterion) {
+    let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    let (rows, layers) = (133, 12);
+    for (in_dim, out_dim) in [(384, 384), (384, 1536), (1536, 384)] {
+        let xs: Vec<Vec<f32>> = (0..layers).map(|l| random(rows * in_dim, 100 + l as u64)).collect();
+        let packs: Vec<PackedB> = (0..layers)
+            .map(|l| {
+                let w = random(out_dim * in_dim, 200 + l as u64);
+                let mut p = PackedB::default();
+                assert!(one.install(|| p.pack(MatRef::rows(&w, in_dim).t(), in_dim, out_dim)), "bf16 path packs");
+                p
+            })
+            .collect();
+        let mut y = vec![0f32; rows * out_dim];
+        let mut g = c.benchmark_group(format!("forward_{in_dim}x{out_dim}_rows{rows}_threads1"));
+        g.sample_size(20);
+        g.throughput(Throughput::Elements(2 * (rows * in_dim * out_dim) as u64));
+        for (name, visited) in [("hot", 1), ("cold", layers)] {
+            let mut next = 0;
+            g.bench_function(name, |bench| {
+                bench.iter_custom(|iters| {
+                    time_in(&one, iters, || {
+                        let l = next % visited;
+                        next += 1;
+                        let x = MatRef::rows(&xs[l], in_dim);
+                        matmul_bf16_packed(black_box(&mut y), out_dim, x, &packs[l], rows, out_dim, in_dim, false)
+                    })
+                })
+            });
+        }
+        g.finish();
+    }
+}
+
+criterion_group!(benches, bench_linear_products, bench_cold_weight_gradient, bench_cold_weight_forward);
 criterion_main!(benches);
