@@ -63,8 +63,9 @@ fn corrupt(path: &Path, message: impl Into<String>) -> Error {
     Error::State { what: format!("checkpoint {}", path.display()), message: message.into() }
 }
 
-/// Writes `meta` and `tensors` to `path` atomically: the bytes go to `path.tmp`, which is
-/// fsynced and then renamed over `path`; the directory is fsynced too. The tensors stream
+/// Writes `meta` and `tensors` to `path` atomically: the bytes go to a temporary sibling
+/// (`.{name}.tmp-{pid}`), which is fsynced and then renamed over `path`; the directory is
+/// fsynced too. The tensors stream
 /// out as they are (no copy of the file in memory), checksummed on the way, past the page
 /// cache ([`crate::files::write_atomic_uncached`]).
 pub fn save(path: &Path, meta: &serde_json::Value, tensors: &[Tensor]) -> Result<()> {
