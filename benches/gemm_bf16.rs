@@ -8,7 +8,8 @@
 //! as a cpu device keeps it from one micro-batch to the next.
 //! And the weight gradient accumulated into gradients out of cache (`dweight_cold_*`), over one
 //! micro-batch and over a step's eight at once; and a micro-batch's forward with its packed
-//! weight in L2 or out of it (`forward_*_rows133_*`).
+//! weight in L2 or out of it (`forward_*_rows133_*`); and what a hand-off to a pool costs
+//! (`pool_hand_off_threads1`), which the products' figures leave out.
 //! Throughput is in elements/s where one element is one FLOP: criterion's `Gelem/s` reads as
 //! GFLOP/s.
 //!
@@ -176,5 +177,18 @@ fn bench_cold_weight_forward(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench_linear_products, bench_cold_weight_gradient, bench_cold_weight_forward);
+/// What `time_in` keeps out of the figures above: handing one empty job to a one-thread pool
+/// from outside it and waiting for it (a wake-up each way), per call.
+fn bench_pool_hand_off(c: &mut Criterion) {
+    let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    c.bench_function("pool_hand_off_threads1", |bench| bench.iter(|| one.install(|| black_box(0))));
+}
+
+criterion_group!(
+    benches,
+    bench_linear_products,
+    bench_cold_weight_gradient,
+    bench_cold_weight_forward,
+    bench_pool_hand_off
+);
 criterion_main!(benches);

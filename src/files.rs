@@ -256,6 +256,14 @@ impl Drop for Background {
 mod tests {
     use super::*;
 
+    /// An empty folder of this process's under the temp dir, for one test to remove.
+    fn scratch_dir(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("pt-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
     /// Two folders trade places: `path` holds the new one, `new` the old one; with no folder at
     /// `path`, the new one is simply moved there.
     #[test]
@@ -277,8 +285,7 @@ mod tests {
 
     #[test]
     fn a_failed_write_leaves_the_old_file_and_no_temporary() {
-        let dir = std::env::temp_dir().join(format!("pt-files-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch_dir("files");
         let path = dir.join("x.json");
         write_atomic(&path, |w| std::io::Write::write_all(w, b"old")).unwrap();
         let err = write_atomic(&path, |_| Err(std::io::Error::other("disk full"))).unwrap_err();
@@ -293,8 +300,7 @@ mod tests {
     /// the file system takes it and through the cache where not (or where asked).
     #[test]
     fn uncached_files_hold_exactly_what_was_written() {
-        let dir = std::env::temp_dir().join(format!("pt-files-uncached-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch_dir("files-uncached");
         let path = dir.join("big.bin");
         let chunk = UNCACHED_CHUNK;
         for len in [0, 1, 4095, 4096, 4097, chunk - 1, chunk, chunk + 1, 2 * chunk + 4097] {
@@ -329,8 +335,7 @@ mod tests {
     /// the file goes through the reopened file on every file system.
     #[test]
     fn a_refused_direct_write_goes_on_through_the_cache() {
-        let dir = std::env::temp_dir().join(format!("pt-files-refused-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch_dir("files-refused");
         let path = dir.join("odd.bin");
         let bytes: Vec<u8> = (0..UNCACHED_CHUNK + 100).map(|i| (i % 251) as u8).collect();
         let mut w = Uncached::create(&path, true).unwrap();
@@ -348,8 +353,7 @@ mod tests {
 
     #[test]
     fn a_background_write_reports_its_error_and_is_finished_when_dropped() {
-        let dir = std::env::temp_dir().join(format!("pt-files-bg-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch_dir("files-bg");
         let path = dir.join("late.bin");
         let p = path.clone();
         let slow = Background::spawn("test", move || {

@@ -178,6 +178,33 @@ fn common_pool<D: Device>(devices: &[D]) -> Option<&Arc<HostPool>> {
     devices.iter().all(|d| d.host_pool().is_some_and(|p| Arc::ptr_eq(p, first))).then_some(first)
 }
 
+/// Runs `work` on each of `items` at once, each on a thread of its own, and returns the results
+/// in order: on `pool`'s threads where one is given and takes them ([`HostPool::run_each`]:
+/// each op then runs on its calling thread instead of being handed to the pool and waited
+/// for), else on scoped threads. A panic is `what`'s error on either path.
+fn on_threads_each<T: Send, R: Send>(
+    pool: Option<&HostPool>,
+    items: Vec<T>,
+    what: &str,
+    work: impl Fn(T) -> Result<R> + Sync,
+) -> Vec<Result<R>> {
+    // `run_each` hands out indices: each index takes its item out of its slot, once.
+    let slots: Vec<Mutex<Option<T>>> = items.into_iter().map(|t| Mutex::new(Some(t))).collect();
+    let run = |i: usize| {
+        let item = slots[i].lock().unwrap_or_else(|e| e.into_inner()).take();
+        let item = item.ok_or_else(|| internal(what, format!("thread {i} ran twice")))?;
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(item)))
+            .unwrap_or_else(|p| Err(mailbox::panicked(what, p.as_ref())))
+    };
+    if let Some(out) = pool.and_then(|p| p.run_each(slots.len(), run)) {
+        return out;
+    }
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..slots.len()).map(|i| scope.spawn(move || run(i))).collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|p| Err(mailbox::panicked(what, p.as_ref())))).collect()
+    })
+}
+
 /// [`Pipeline::device_index`] for callers that hold part of the pipeline mutably.
 fn device_slot(g: usize, across_processes: bool) -> usize {
     if across_processes { 0 } else { g }
@@ -1151,11 +1178,7 @@ impl<D: Device> Pipeline<D> {
         let pool = common_pool(&self.devices).filter(|p| p.threads() > last);
         let lend = pool.is_some_and(|p| !p.oversubscribed());
         let each = Mutex::new(each);
-        let links: Vec<Mutex<Option<_>>> = links.map(|l| Mutex::new(Some(l))).collect();
-        let stage = |s: usize| -> Result<()> {
-            let Some((inbox, feed)) = links[s].lock().unwrap_or_else(|e| e.into_inner()).take() else {
-                return Err(internal("evaluate", format!("stage {s} ran twice")));
-            };
+        let stage = |(s, (inbox, feed)): (usize, (_, Option<_>))| -> Result<()> {
             while let Some(handoff) = mailbox::receive(&inbox, lend) {
                 let (host, x) = handoff?;
                 let (h, dev, batch) = self.stage_forward(replica, s, &host, x, end)?;
@@ -1192,16 +1215,7 @@ impl<D: Device> Pipeline<D> {
             });
             // A stage that fails drops its links: the one before stops at its next send, the
             // one after at its next receive; the first error in stage order is the answer.
-            let results = match pool.and_then(|p| p.run_each(last + 1, stage)) {
-                Some(results) => results,
-                None => {
-                    let handles: Vec<_> = (0..=last).map(|s| scope.spawn(move || stage(s))).collect();
-                    handles
-                        .into_iter()
-                        .map(|h| h.join().unwrap_or_else(|p| Err(mailbox::panicked("evaluate", p.as_ref()))))
-                        .collect()
-                }
-            };
+            let results = on_threads_each(pool.map(|p| &**p), links.enumerate().collect(), "evaluate", stage);
             results.into_iter().collect::<Result<Vec<()>>>().map(|_| ())
         })
     }

@@ -1,16 +1,15 @@
 //! The optimizer, sharded: each (replica, pipeline position) steps the parameters it holds, and
 //! the whole model's state can be gathered (checkpoints, re-plans) and handed back out.
 
-use super::mailbox::{Shared, panicked};
-use super::{Copies, Pipeline, common_pool, device_slot};
+use super::mailbox::Shared;
+use super::{Copies, Pipeline, common_pool, device_slot, on_threads_each};
 use crate::device::Device;
-use crate::error::{Result, internal};
+use crate::error::Result;
 use crate::model::{Param, Unit};
 use crate::optim::{Optimizer, OptimizerState, ParamState};
 use crate::pipeline::schedule::Action;
 use crate::pipeline::trace::Span;
 use std::collections::HashMap;
-use std::sync::Mutex;
 
 impl<D: Device> Pipeline<D> {
     pub(super) fn fresh_optimizers(&self) -> Result<Vec<Vec<Optimizer<D>>>> {
@@ -205,7 +204,7 @@ impl<D: Device> Pipeline<D> {
         let devices = &self.devices;
         // Per (replica, position): its global device, the units of its stages, its optimizer.
         type Work<'a, D> = (usize, Vec<&'a mut Vec<Unit<D>>>, &'a mut Optimizer<D>);
-        let mut work: Vec<Mutex<Option<Work<D>>>> = Vec::new();
+        let mut work: Vec<Work<D>> = Vec::new();
         for (r, (replica, opts)) in self.stages.iter_mut().zip(self.optimizers.iter_mut()).enumerate() {
             let mut per_d: Vec<Vec<&mut Vec<Unit<D>>>> = (0..k).map(|_| Vec::new()).collect();
             for (s, units) in replica.iter_mut().enumerate() {
@@ -213,13 +212,12 @@ impl<D: Device> Pipeline<D> {
             }
             for (d, (units, opt)) in per_d.into_iter().zip(opts.iter_mut()).enumerate() {
                 if own.is_none_or(|o| o == d) {
-                    work.push(Mutex::new(Some((r * k + d, units, opt))));
+                    work.push((r * k + d, units, opt));
                 }
             }
         }
-        let step = |w: &Mutex<Option<Work<D>>>| -> Result<(usize, Span)> {
-            let taken = w.lock().unwrap_or_else(|e| e.into_inner()).take();
-            let (g, units, opt) = taken.ok_or_else(|| internal("optimizer", "a device's update ran twice"))?;
+        let pool = if own.is_none() { common_pool(devices) } else { None };
+        let spans = on_threads_each(pool.map(|p| &**p), work, "optimizer", |(g, units, opt)| {
             let dev = &devices[device_slot(g, own.is_some())];
             let start = shared.now();
             let mut params: Vec<&mut Param<D>> =
@@ -227,23 +225,7 @@ impl<D: Device> Pipeline<D> {
             opt.step_scaled(dev, &mut params, lr, grad_scale)?;
             dev.synchronize()?;
             Ok((g, Span { action: Action::OptimizerStep, start, end: shared.now() }))
-        };
-        let pool = if own.is_none() { common_pool(devices) } else { None };
-        // A panic is the optimizer's error on either path, as a thread's is.
-        let guarded = |i: usize| {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| step(&work[i])))
-                .unwrap_or_else(|p| Err(panicked("optimizer", p.as_ref())))
-        };
-        let spans = match pool.and_then(|p| p.run_each(work.len(), guarded)) {
-            Some(spans) => spans,
-            None => std::thread::scope(|scope| {
-                let handles: Vec<_> = work.iter().map(|w| scope.spawn(move || step(w))).collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().unwrap_or_else(|p| Err(panicked("optimizer", p.as_ref()))))
-                    .collect()
-            }),
-        };
+        });
         spans.into_iter().collect()
     }
 }
