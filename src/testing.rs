@@ -70,3 +70,45 @@ pub fn assert_grad(name: &str, analytic: &[f64], numeric: &[f64]) {
         &numeric[..numeric.len().min(8)]
     );
 }
+
+/// A fresh, empty folder under the system's temp dir for one test (`pt-<label>-<pid>`, emptied
+/// first if an earlier run left it), removed again when dropped, unless the test is failing,
+/// so what it wrote can be read after the failure. Derefs to its path.
+pub struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    /// Creates the folder. Panics where the temp dir cannot be written (a test's setup).
+    pub fn new(label: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("pt-{label}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        Scratch(dir)
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::path::Path> for Scratch {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for Scratch {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_os_str()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}

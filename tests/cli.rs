@@ -5,6 +5,7 @@ mod common;
 
 use std::io::Write;
 
+use pipetransformer::testing::Scratch;
 use std::path::Path;
 use std::process::Command;
 
@@ -13,10 +14,9 @@ fn pipetransformer(args: &[&str]) -> (bool, String) {
     (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
 }
 
-fn scratch(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("pt-cli-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh folder for one test's runs, removed when the test passes.
+fn scratch(name: &str) -> Scratch {
+    Scratch::new(&format!("cli-{name}"))
 }
 
 #[test]

@@ -3,11 +3,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use pipetransformer::Error;
 use pipetransformer::device::{CpuDevice, Device};
 use pipetransformer::model::{Batch, HostBatch, Model, ModelConfig, Pooling};
+use pipetransformer::testing::Scratch;
 use pipetransformer::weights::{
     ExportExtras, LoadOptions, export_model, load_into_model, load_safetensors, read_hf_config, write_safetensors,
 };
@@ -15,12 +16,9 @@ use serde::Deserialize;
 
 const MINILM_DIR: &str = "weights/all-minilm-l6-v2";
 
-/// A fresh, empty directory for one test.
-fn temp_dir(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pipetransformer-weights-{}-{test}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh, empty directory for one test, removed when it passes.
+fn temp_dir(test: &str) -> Scratch {
+    Scratch::new(&format!("weights-{test}"))
 }
 
 /// A safetensors file written by hand: `(name, dtype, shape, raw bytes)` per tensor, laid out in
@@ -266,7 +264,8 @@ fn bert_prefix_is_stripped() {
         host.iter().map(|(n, s, v)| pipetransformer::weights::TensorRef { name: n, shape: s, values: v }).collect();
     let mut bytes = Vec::new();
     write_safetensors(&mut bytes, &refs).unwrap();
-    let path = temp_dir("prefix").join("model.safetensors");
+    let scratch = temp_dir("prefix");
+    let path = scratch.join("model.safetensors");
     std::fs::write(&path, bytes).unwrap();
     let mut target = Model::new(&dev, &config, 4).unwrap();
     let report = load_into_model(&mut target, &dev, &load_safetensors(&path).unwrap(), &LoadOptions::strict()).unwrap();
@@ -278,7 +277,8 @@ fn bert_prefix_is_stripped() {
 
 #[test]
 fn missing_file_is_an_io_error_naming_it() {
-    let path = temp_dir("missing").join("nope.safetensors");
+    let scratch = temp_dir("missing");
+    let path = scratch.join("nope.safetensors");
     match load_safetensors(&path) {
         Err(Error::Io { path: p, .. }) => assert!(p.ends_with("nope.safetensors"), "{p}"),
         other => panic!("expected Error::Io, got {:?}", other.err()),
@@ -287,7 +287,8 @@ fn missing_file_is_an_io_error_naming_it() {
 
 #[test]
 fn shorter_than_the_length_field() {
-    let path = temp_dir("short").join("short.safetensors");
+    let scratch = temp_dir("short");
+    let path = scratch.join("short.safetensors");
     std::fs::write(&path, [1, 2, 3]).unwrap();
     let (file, tensor, message) = weights_error(load_safetensors(&path).err().unwrap());
     assert!(file.ends_with("short.safetensors") && tensor.is_none());
@@ -296,7 +297,8 @@ fn shorter_than_the_length_field() {
 
 #[test]
 fn header_length_past_the_end() {
-    let path = temp_dir("header").join("header.safetensors");
+    let scratch = temp_dir("header");
+    let path = scratch.join("header.safetensors");
     let mut bytes = handmade(&[("w", "F32", &[2], f32_bytes(2, 1.0))], None);
     bytes[..8].copy_from_slice(&10_000u64.to_le_bytes());
     std::fs::write(&path, &bytes).unwrap();
@@ -307,7 +309,8 @@ fn header_length_past_the_end() {
 
 #[test]
 fn data_past_the_end() {
-    let path = temp_dir("data").join("data.safetensors");
+    let scratch = temp_dir("data");
+    let path = scratch.join("data.safetensors");
     let entries = [("a", "F32", &[2][..], f32_bytes(2, 1.0)), ("b", "F32", &[3][..], f32_bytes(3, 2.0))];
     std::fs::write(&path, handmade(&entries, Some(16))).unwrap();
     let (file, tensor, message) = weights_error(load_safetensors(&path).err().unwrap());
@@ -318,7 +321,8 @@ fn data_past_the_end() {
 
 #[test]
 fn header_not_json() {
-    let path = temp_dir("json").join("json.safetensors");
+    let scratch = temp_dir("json");
+    let path = scratch.join("json.safetensors");
     let mut bytes = 5u64.to_le_bytes().to_vec();
     bytes.extend_from_slice(b"{oops");
     std::fs::write(&path, &bytes).unwrap();
@@ -333,7 +337,8 @@ fn wrong_shape_names_both_shapes_and_leaves_the_model_unchanged() {
     let dev = CpuDevice::<f32>::new(0, 1).unwrap();
     let mut model = Model::new(&dev, &config, 0).unwrap();
     let before = bits(&dev, &model);
-    let path = temp_dir("shape").join("shape.safetensors");
+    let scratch = temp_dir("shape");
+    let path = scratch.join("shape.safetensors");
     let entries = [
         ("embeddings.LayerNorm.weight", "F32", &[10][..], f32_bytes(10, 2.0)),
         ("embeddings.word_embeddings.weight", "F32", &[10, 13][..], f32_bytes(130, 0.5)),
@@ -353,7 +358,8 @@ fn integer_dtype_for_a_weight() {
     let config = common::tiny_bert(Pooling::Mean, 0.0);
     let dev = CpuDevice::<f32>::new(0, 1).unwrap();
     let mut model = Model::new(&dev, &config, 0).unwrap();
-    let path = temp_dir("dtype").join("dtype.safetensors");
+    let scratch = temp_dir("dtype");
+    let path = scratch.join("dtype.safetensors");
     let entries = [("embeddings.word_embeddings.weight", "I64", &[13, 10][..], vec![0u8; 8 * 130])];
     std::fs::write(&path, handmade(&entries, None)).unwrap();
     let file = load_safetensors(&path).unwrap();
@@ -385,7 +391,8 @@ fn missing_tensors() {
             .collect();
         let mut bytes = Vec::new();
         write_safetensors(&mut bytes, &refs).unwrap();
-        let path = temp_dir(name).join("m.safetensors");
+        let scratch = temp_dir(name);
+        let path = scratch.join("m.safetensors");
         std::fs::write(&path, bytes).unwrap();
         load_safetensors(path).unwrap()
     };
@@ -442,7 +449,8 @@ fn unexpected_tensors_are_reported_or_refused() {
 
 #[test]
 fn unsupported_architecture_in_config_json() {
-    let path = temp_dir("llama").join("config.json");
+    let scratch = temp_dir("llama");
+    let path = scratch.join("config.json");
     std::fs::write(&path, r#"{"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 576}"#)
         .unwrap();
     match read_hf_config(&path, None) {
