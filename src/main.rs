@@ -969,7 +969,12 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
         info.classes,
         if lm { "tokens" } else { "classes" }
     );
-    println!("model: {:?}, {} parameters", job.trainer.pipeline.spec().family, job.trainer.pipeline.num_params());
+    println!(
+        "model: {:?}, {} parameters{}",
+        job.trainer.pipeline.spec().family,
+        job.trainer.pipeline.num_params(),
+        if job.config.train.freeze_embeddings { ", the embedding frozen (train.freeze_embeddings)" } else { "" }
+    );
     if let Some(report) = &job.load_report {
         println!("{report}");
     }

@@ -15,8 +15,8 @@ use pipetransformer::elastic::{CacheDtype, Elastic, ElasticConfig, FreedDevices,
 use pipetransformer::model::{ModelConfig, Pooling};
 use pipetransformer::optim::Decay;
 use pipetransformer::pipeline::{PipelineConfig, StepOptions};
+use pipetransformer::testing::Scratch;
 use pipetransformer::train::{BatchSource, Event, TrainConfig, Trainer, Transition};
-use std::path::PathBuf;
 
 const EPOCHS: u64 = 4;
 const SAMPLES: usize = 12;
@@ -34,6 +34,7 @@ fn train_config() -> TrainConfig {
         max_grad_norm: 1.0,
         seed: 5,
         eval_every: 0,
+        freeze_embeddings: false,
     }
 }
 
@@ -55,8 +56,9 @@ fn emus(n: usize) -> Vec<GpuDevice> {
     (0..n).map(|i| pipetransformer::device::emu::device(i, Precision::F32, 3 + i as u64).unwrap()).collect()
 }
 
-fn scratch(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("pt-elastic-{}-{name}", std::process::id()))
+/// A fresh folder for one test's cache, removed when the test passes.
+fn scratch(name: &str) -> Scratch {
+    Scratch::new(&format!("elastic-{name}"))
 }
 
 /// Per step: (loss, gradient norm).
@@ -72,9 +74,19 @@ fn curve(events: &[Event]) -> Curve {
 /// One layer frozen after `every` steps, the second after `2·every` (units 0..3, then 0..5),
 /// by hand on one device: no plan changes, no cache.
 fn by_hand(model: &ModelConfig, data: &Pool, every: u64) -> (Curve, Vec<(String, Vec<f64>)>) {
+    by_hand_from(model, data, every, None)
+}
+
+/// [`by_hand`] with units `0..n` frozen before the first step when `first` is `Some(n)`.
+fn by_hand_from(
+    model: &ModelConfig,
+    data: &Pool,
+    every: u64,
+    first: Option<usize>,
+) -> (Curve, Vec<(String, Vec<f64>)>) {
     let mut t = common::trainer_on(model, 3, cpus(1), PipelineConfig::default(), train_config(), 3);
     let mut events = Vec::new();
-    for frozen in [None, Some(3), Some(5)] {
+    for frozen in [first, Some(3), Some(5)] {
         if let Some(n) = frozen {
             t.pipeline.freeze_prefix(n).unwrap();
         }
@@ -161,6 +173,46 @@ fn assert_follows(got: &Curve, want: &Curve, what: &str) {
     }
 }
 
+/// `train.freeze_embeddings` under the whole system: the embedding never trains, the table's
+/// freezes still take units 0..3 and then 0..5, and every step's loss and gradient norm follow
+/// a one-device run that froze the embedding by hand before its first step (dropout included:
+/// a frozen unit drops nothing).
+#[test]
+fn embeddings_frozen_from_the_start_follow_a_run_frozen_by_hand() {
+    let model = bert();
+    let data = Pool::new(&model, SAMPLES, BATCH, 11);
+    let (want_curve, want_params) = by_hand_from(&model, &data, 3, Some(1));
+    let dir = scratch("frozen-embeddings");
+    let plan = PipelineConfig { pipeline_len: 2, micro_batches: 2, ..Default::default() };
+    let train = TrainConfig { freeze_embeddings: true, ..train_config() };
+    let mut t = common::trainer_on(&model, 3, cpus(2), plan, train, 3);
+    assert_eq!(t.pipeline.frozen_prefix(), 1);
+    let embedding = |params: Vec<(String, Vec<f64>)>| -> Vec<(String, Vec<f64>)> {
+        params.into_iter().filter(|(name, _)| name.starts_with("embeddings.")).collect()
+    };
+    let initial = embedding(t.pipeline.parameters(0).unwrap());
+    assert!(!initial.is_empty());
+    let config = ElasticConfig {
+        freeze: FreezeName::Table,
+        table: vec![0, 1, 2],
+        auto_pipe: true,
+        time_pipeline_len: false,
+        auto_dp: true,
+        cache: true,
+        ..Default::default()
+    };
+    let mut elastic = Elastic::new(config, surroundings(&model), &dir).unwrap();
+    let mut events = Vec::new();
+    elastic.start(&mut t, &mut |e| events.push(e.clone())).unwrap();
+    t.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
+    assert_follows(&curve(&events), &want_curve, "frozen embeddings");
+    let e = params_rel(&t.pipeline.parameters(0).unwrap(), &want_params);
+    assert!(e <= 1e-5, "weights differ from the run frozen by hand by {e:.2e}");
+    assert_eq!(embedding(t.pipeline.parameters(0).unwrap()), initial, "the embedding moved");
+    let freezes = freezes(&events);
+    assert_eq!(freezes.iter().map(|t| t.frozen_units).collect::<Vec<_>>(), [3, 5]);
+}
+
 fn check_transitions_follow_by_hand<D: Device>(
     model: ModelConfig,
     devices: Vec<D>,
@@ -214,7 +266,6 @@ fn check_transitions_follow_by_hand<D: Device>(
     }
     assert!(cache[3].2 > 0, "{name}: the cache spilled to disk");
     drop(elastic);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -326,7 +377,6 @@ fn resumed_after_a_transition(freed: FreedDevices) {
     let e = params_rel(&second.pipeline.parameters(0).unwrap(), &straight.pipeline.parameters(0).unwrap());
     assert!(e <= 1e-5, "weights differ from the straight run by {e:.2e}");
     drop((straight, second, elastic));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// AutoDP's `scale-lr` policy: when a second replica joins, each keeps its share of the batch,
@@ -359,7 +409,6 @@ fn scale_lr_takes_more_batches_per_step_and_keeps_the_run_length() {
     assert!((steps[4].2 - t.lr_schedule.lr_at(5)).abs() < 1e-12);
     let transition = events.iter().find_map(|e| if let Event::Transition(t) = e { Some(t.clone()) } else { None });
     assert_eq!(transition.map(|t| (t.replicas, t.batches_per_step)), Some(((1, 2), 2)));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Without the cache, AutoPipe spreads the frozen units over the stages like any forward-only
@@ -377,7 +426,6 @@ fn without_the_cache_frozen_units_spread_over_the_stages() {
     // of three, the first holding the three frozen units, then five frozen units over both.
     // Pinned, the first stage would also need an active unit: 0..4, then 0..6 or one stage.
     assert_eq!(stages, [(3, 2, 0..3), (5, 2, 0..3)]);
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// The settling test caps the rule: with a bound every layer meets, the table's freezes happen
@@ -409,7 +457,6 @@ fn the_settling_test_holds_back_layers_that_still_move() {
     // Without a reference for the first interval it holds; the second freezes up to the table.
     let unseen = run(Some(1e9), false);
     assert_eq!(unseen.iter().map(|f| (f.0, f.1)).collect::<Vec<_>>(), [(6, 2)]);
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// The settling test's reference weights travel in the checkpoint: a run stopped between two
@@ -459,7 +506,6 @@ fn a_resumed_run_measures_the_interval_under_way_from_its_start() {
     assert_eq!(resume(true), [(3, 1), (6, 2)]);
     // Without the reference the interval under way holds; the next one freezes.
     assert_eq!(resume(false), [(3, 1), (9, 2)]);
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// Lending spreads all the threads evenly over the devices a plan uses (the first ones one
@@ -531,7 +577,6 @@ fn a_job_resumed_after_lending_threads_lends_them_again() {
     resumed.resume().unwrap();
     assert_eq!(resumed.trainer.pipeline.plan().config.pipeline_len, 1);
     assert_eq!(threads(&resumed), [Some(2), Some(1)], "lent again on resume");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Lending with two replicas from the start (4 cpu devices of one thread, `K R` 2 2): the
@@ -569,7 +614,6 @@ fn replicas_keep_their_number_and_each_takes_its_freed_devices_threads() {
     let threads: Vec<Option<usize>> = t.pipeline.devices().iter().map(Device::threads).collect();
     assert_eq!(threads, [Some(2), Some(2), Some(1), Some(1)]);
     drop(elastic);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Ten epochs of the BERT on two cpu devices lending their threads, the table freezing a
@@ -643,7 +687,6 @@ fn a_run_resumed_during_a_trial_of_pipeline_lengths_goes_on_with_it() {
     assert!(after[trial..].iter().any(|r| r.0.starts_with("pipeline lengths timed")), "{after:?}");
     assert_follows(&curve(&events), &curve(&all), "resumed during a trial");
     drop((straight, second, elastic));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Where AutoPipe's price of a shorter pipeline is a guess (cpu devices lending their threads),
@@ -661,7 +704,6 @@ fn a_trial_of_pipeline_lengths_keeps_the_faster_and_computes_the_same() {
         elastic.start(&mut t, &mut |e| events.push(e.clone())).unwrap();
         t.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
         drop(elastic);
-        let _ = std::fs::remove_dir_all(&dir);
         (t.pipeline.plan().config.pipeline_len, events)
     };
     let reasons = transition_log;
@@ -845,7 +887,6 @@ fn autopipe_runs_only_plans_within_the_memory_limit() {
             assert!(plans.iter().any(|p| p.0 == 1), "{plans:?}");
         }
     }
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// The micro-batch counts are timed as checked against the memory limit, at the batch the run
@@ -874,7 +915,6 @@ fn timing_under_a_memory_limit_goes_on_through_a_batch_larger_than_planned() {
         .iter()
         .any(|e| matches!(e, Event::Transition(t) if t.reason.contains("M=2: ") && t.reason.contains("M=4: ")));
     assert!(timed, "{events:?}");
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// A checkpoint taken while AutoPipe times its micro-batch counts keeps the timing: the resumed
@@ -933,7 +973,6 @@ fn a_run_resumed_while_timing_micro_batches_goes_on_timing() {
     third.fit(&data, None, &mut off, &mut |e| events.push(e.clone())).unwrap();
     assert_eq!(third.pipeline.plan().config.micro_batches, m);
     assert!(timed(&events).is_empty(), "{events:?}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Launched processes time their own steps, so each would choose its own shape at a

@@ -48,6 +48,7 @@ fn train_config() -> TrainConfig {
         max_grad_norm: 1.0,
         seed: 5,
         eval_every: 0,
+        freeze_embeddings: false,
     }
 }
 
@@ -105,6 +106,49 @@ fn resumed_run_is_bitwise_identical() {
         }
         std::fs::remove_file(&path).unwrap();
     }
+}
+
+/// `train.freeze_embeddings` survives a resume (the embedding never moves, before or after
+/// the checkpoint), and a checkpoint whose run trained the embedding is refused by a run that
+/// keeps it frozen, by name, before anything is loaded.
+#[test]
+fn frozen_embeddings_resume_and_refuse_a_checkpoint_that_trained_them() {
+    let config = common::tiny_bert(pipetransformer::model::Pooling::Mean, 0.1);
+    let src = Synthetic { config: config.clone(), fail_at: None };
+    let frozen = |batches| {
+        let dev = CpuDevice::<f32>::new(0, 2).unwrap();
+        let train = TrainConfig { freeze_embeddings: true, ..train_config() };
+        common::trainer_on(&config, 3, vec![dev], Default::default(), train, batches)
+    };
+    let embedding = |t: &Trainer<CpuDevice<f32>>| {
+        let all = t.pipeline.parameters(0).unwrap();
+        all.into_iter().filter(|(name, _)| name.starts_with("embeddings.")).collect::<Vec<_>>()
+    };
+    let mut straight = frozen(4);
+    let before = embedding(&straight);
+    assert!(!before.is_empty());
+    assert_eq!(straight.pipeline.frozen_prefix(), 1);
+    let all = run(&mut straight, &src, None);
+
+    let path = tmp("frozen-embeddings");
+    let mut first = frozen(4);
+    let mut resumed = run(&mut first, &src, Some(3));
+    first.save_checkpoint(&path, serde_json::Value::Null).unwrap();
+    let mut second = frozen(4);
+    second.load_checkpoint(&path).unwrap();
+    resumed.extend(run(&mut second, &src, None));
+    assert_eq!(all, resumed, "losses straight vs 3 + resume + 5");
+    assert_eq!(embedding(&second), before, "the embedding moved");
+    assert_ne!(second.pipeline.parameters(0).unwrap(), frozen(4).pipeline.parameters(0).unwrap(), "nothing trained");
+
+    let mut trained = trainer(&config);
+    run(&mut trained, &src, Some(2));
+    trained.save_checkpoint(&path, serde_json::Value::Null).unwrap();
+    let mut refusing = frozen(4);
+    let err = refusing.load_checkpoint(&path).unwrap_err().to_string();
+    assert!(err.contains("train.freeze_embeddings") && err.contains("--fresh"), "{err}");
+    assert_eq!(refusing.position.step, 0);
+    std::fs::remove_file(&path).unwrap();
 }
 
 /// A tiny GPT's checkpoint after `steps` steps, at `tmp(name)`.

@@ -490,7 +490,7 @@ impl Elastic {
             epoch: trainer.position.epoch,
             reason,
             frozen_layers,
-            frozen_units: frozen_units(frozen_layers.1),
+            frozen_units: trainer.pipeline.frozen_prefix(),
             pipeline_len: (before.pipeline_len, after.pipeline_len),
             replicas: (before.replicas, after.replicas),
             micro_batches: (before.micro_batches, after.micro_batches),

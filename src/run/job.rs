@@ -325,6 +325,12 @@ pub struct Summary {
 /// The units' costs the planner balances, for one micro-batch of the first training batch
 /// under `plan`: measured where AutoPipe balances on them (or when asked), else from FLOPs.
 /// Returns them per sample and per micro-batch.
+/// `train.freeze_embeddings` applied to the model before it is planned, so that the plan charges
+/// the embedding its forward only (the trainer applies it too, for pipelines built elsewhere).
+fn freeze_embeddings<D: Device>(config: &RunConfig, dev: &D, model: &mut Model<D>) -> Result<()> {
+    if config.train.freeze_embeddings { model.freeze_prefix(dev, 1) } else { Ok(()) }
+}
+
 fn planning_profiles<D: Device>(
     config: &RunConfig,
     dev: &D,
@@ -524,12 +530,14 @@ impl<D: Device> Job<D> {
             None => None,
             Some(group) => {
                 let (mut shapes, _, _) = build_model(&devices[0], &config, &info, &|_| false)?;
+                freeze_embeddings(&config, &devices[0], &mut shapes)?;
                 let (_, profiles) = planning_profiles(&config, &devices[0], &mut shapes, &first, &plan)?;
                 Some(Pipeline::units_of_process(&shapes, plan.clone(), &profiles, group.rank(), group.size())?)
             }
         };
         let keep = |u: usize| own_units.as_ref().is_none_or(|own| own[u]);
         let (mut model, model_config, load_report) = build_model(&devices[0], &config, &info, &keep)?;
+        freeze_embeddings(&config, &devices[0], &mut model)?;
         let spec = model.spec().clone();
         if let InputSpec::Tokens { max_positions, .. } = spec.input
             && config.data.max_len > max_positions

@@ -37,6 +37,15 @@ pub struct TrainConfig {
     /// end): a finer time-to-accuracy, each evaluation's time counted in the run's clock.
     #[serde(default)]
     pub eval_every: u64,
+    /// Keep the model's first unit, its input embedding (the token, position and type tables
+    /// and their LayerNorm; a ViT's patch projection), frozen from the first step: no gradient,
+    /// no optimizer state and, as in every frozen unit, no dropout on its output. Fine-tuning
+    /// pretrained weights, it saves the embedding table's share of each step (half of MiniLM's
+    /// parameters) at no measured cost in accuracy (docs/RESULTS.md). The freeze rule
+    /// (`[elastic]`) counts the layers above it. With tied embeddings (GPT) the LM head's copy
+    /// stays fixed too.
+    #[serde(default)]
+    pub freeze_embeddings: bool,
 }
 
 fn default_decay() -> Decay {

@@ -66,7 +66,8 @@ pub struct Transition {
     pub reason: String,
     /// Frozen Transformer layers, before → after.
     pub frozen_layers: (usize, usize),
-    /// Frozen units (embedding + two per layer), after.
+    /// Frozen units after it: the embedding and two per frozen layer (the embedding alone
+    /// where `train.freeze_embeddings` froze it before any layer).
     pub frozen_units: usize,
     /// Pipeline length `K`, before → after.
     pub pipeline_len: (usize, usize),

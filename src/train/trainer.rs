@@ -125,7 +125,7 @@ impl<D: Device> Trainer<D> {
     /// A trainer at step 0 for a source with `batches_per_epoch` batches per epoch; `profiles`
     /// are the units' costs per sample.
     pub fn new(
-        pipeline: Pipeline<D>,
+        mut pipeline: Pipeline<D>,
         config: TrainConfig,
         batches_per_epoch: usize,
         profiles: Vec<UnitProfile>,
@@ -135,6 +135,9 @@ impl<D: Device> Trainer<D> {
         }
         let lr_schedule = config.lr_schedule(config.total_batches(batches_per_epoch))?;
         config.optimizer.validate()?;
+        if config.freeze_embeddings {
+            pipeline.freeze_prefix(pipeline.frozen_prefix().max(1))?;
+        }
         Ok(Self {
             pipeline,
             config,
@@ -487,6 +490,13 @@ impl<D: Device> Trainer<D> {
         }
         let frozen: usize =
             serde_json::from_value(field("frozen_prefix")).map_err(|e| bad(format!("frozen_prefix: {e}")))?;
+        // A run frozen from the start (train.freeze_embeddings) has no state for what its
+        // checkpoint's run trained.
+        if frozen < self.pipeline.frozen_prefix() {
+            return Err(changed(
+                "its run trained the embedding, which this run keeps frozen (train.freeze_embeddings)".into(),
+            ));
+        }
         let mut opt: OptimizerState =
             serde_json::from_value(field("optimizer")).map_err(|e| bad(format!("optimizer: {e}")))?;
         let (then, now) = (opt.config.kind(), self.config.optimizer.kind());
@@ -540,7 +550,7 @@ impl<D: Device> Trainer<D> {
             }
         }
         let units = self.pipeline.unit_count();
-        if frozen > units || frozen < self.pipeline.frozen_prefix() {
+        if frozen > units {
             return Err(bad(format!("frozen prefix {frozen} does not fit the model's {units} units")));
         }
         self.pipeline.freeze_prefix(frozen)?;
