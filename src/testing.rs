@@ -71,15 +71,19 @@ pub fn assert_grad(name: &str, analytic: &[f64], numeric: &[f64]) {
     );
 }
 
-/// A fresh, empty folder under the system's temp dir for one test (`pt-<label>-<pid>`, emptied
-/// first if an earlier run left it), removed again when dropped, unless the test is failing,
-/// so what it wrote can be read after the failure. Derefs to its path.
+/// A fresh, empty folder under the system's temp dir for one test (`pt-<label>-<pid>-<n>`, `n`
+/// counting this process's folders, so two tests that share a label do not share a folder;
+/// emptied first if an earlier process of the same id left it), removed again when dropped,
+/// unless the test is failing, so what it wrote can be read after the failure. Derefs to its
+/// path.
 pub struct Scratch(std::path::PathBuf);
 
 impl Scratch {
     /// Creates the folder. Panics where the temp dir cannot be written (a test's setup).
     pub fn new(label: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("pt-{label}-{}", std::process::id()));
+        static MADE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("pt-{label}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
         Scratch(dir)

@@ -34,7 +34,6 @@ fn missing_config_and_missing_dataset_say_what_to_do() {
     let dir = format!("data.dir={}", empty.display());
     let (ok, out) = pipetransformer(&["train", "--config", "configs/vit-digits.toml", "--set", &dir]);
     assert!(!ok && out.contains("digits.csv.gz") && out.contains("scripts/setup.sh"), "{out}");
-    std::fs::remove_dir_all(&empty).unwrap();
 }
 
 #[test]
@@ -62,7 +61,6 @@ fn corrupt_checkpoint_on_resume_is_an_error_and_is_not_replaced() {
     let (ok, out) = pipetransformer(&resume);
     assert!(!ok && out.contains("checkpoint.ckpt") && out.contains("corrupt"), "{out}");
     assert_eq!(std::fs::read(&ckpt).unwrap(), bytes);
-    std::fs::remove_dir_all(&out_dir).unwrap();
 }
 
 /// Options that would be silently dropped are refused instead: inputs given both on the
@@ -162,7 +160,6 @@ fn output_redirected_from_a_terminal_keeps_every_line() {
     }
     assert!(log.lines().any(|l| l.starts_with("epoch 0: eval")), "no epoch line: {log}");
     drop(drain);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The default configs train from the command line on the emulated CUDA kernels (small
@@ -564,7 +561,6 @@ fn resuming_over_other_training_data_is_refused() {
     assert!(ok, "{out}");
     let (ok, out) = limited(&["--resume", "--set", "train.max_steps=2", "--set", "data.batch_size=40"]);
     assert!(!ok && out.contains("data.batch_size") && out.contains("batches of 32 samples"), "{out}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A checkpoint's export fails on its writing thread (`model` is a file): the run stops at the
@@ -627,7 +623,6 @@ fn bad_elastic_settings_are_clear_errors_that_write_nothing() {
         std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     names.sort();
     assert_eq!(names, ["checkpoint.ckpt", "not-a-dir"], "nothing written");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The digits ViT on two devices through the elastic loop: a two-stage pipeline whose table
@@ -703,7 +698,6 @@ fn the_elastic_loop_runs_on_emulated_cuda_devices() {
             let log = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
             let mut events = log.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap());
             let cache = events.rfind(|v| v["event"] == "cache").unwrap();
-            std::fs::remove_dir_all(&dir).unwrap();
             let final_eval = out.lines().find(|l| l.starts_with("final eval")).unwrap().to_string();
             (final_eval, cache["memory_bytes"].as_f64().unwrap())
         })
@@ -725,7 +719,6 @@ fn freed_cpu_devices_lend_their_threads_from_the_command_line() {
     assert!(ok, "{out}");
     assert!(out.contains("transition at step 2: 0 → 1 frozen layers, K 2 → 1, R 1 → 1"), "{out}");
     assert!(out.contains("freed cpu devices lend their threads: 2 per device"), "{out}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// `--token-slices`: refused for a model that is not a causal language model, and a malformed
@@ -762,7 +755,6 @@ fn a_resumed_run_names_the_checkpoints_token_slices() {
     let (ok, out) = run(&["--resume", "--token-slices", "auto"], "train.max_steps=2");
     assert!(ok, "{out}");
     assert!(out.contains("token slices (the checkpoint's): [3, 5, 120]") && !out.contains("planned from"), "{out}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// `plan --token-slices auto` plans one slicing for every micro-batch under the device memory
@@ -873,9 +865,7 @@ fn launched_processes_train_the_weights_one_process_trains() {
         let again: Vec<&str> = args.iter().copied().filter(|a| *a != "--fresh").collect();
         let (ok, out) = pipetransformer(&again);
         assert!(!ok && out.contains("already holds a checkpoint") && out.contains("rank 0 refused to start"), "{out}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
-    std::fs::remove_dir_all(&one).unwrap();
 }
 
 /// `launch` with `--across-processes`: 2 and 3 processes, each running one stage of the
@@ -979,8 +969,6 @@ fn a_pipeline_across_launched_processes_writes_what_one_process_writes() {
             bytes(&one, "model/model.safetensors") == bytes(&many, "model/model.safetensors"),
             "resumed, {procs} processes"
         );
-        std::fs::remove_dir_all(&one).unwrap();
-        std::fs::remove_dir_all(&many).unwrap();
     }
 }
 
@@ -1040,8 +1028,6 @@ fn launched_stage_processes_freeze_as_one_process_does() {
     meta_one["plan"]["config"]["replicas"] = 1.into();
     meta_many["plan"]["config"]["replicas"] = 1.into();
     assert_eq!(meta_one, meta_many, "the checkpoint's state");
-    std::fs::remove_dir_all(&one).unwrap();
-    std::fs::remove_dir_all(&many).unwrap();
 }
 
 /// What a pipeline across processes cannot do is refused by name before anything is written.
@@ -1072,7 +1058,6 @@ fn a_pipeline_across_processes_refuses_what_it_cannot_do() {
         assert!(!ok && text.contains(key), "{flags:?}: {text}");
     }
     assert!(!dir.join("checkpoint.ckpt").exists() && !dir.join("metrics.jsonl").exists());
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Killing one process of a launched run ends the other with an error naming it, well within
@@ -1124,7 +1109,6 @@ fn kill_the_last(name: &str, mode: &[&str], world: usize) {
             .spawn()
             .unwrap()
     };
-    let _ = std::fs::remove_file(dir.join("metrics.jsonl")); // the log appends: no earlier run's steps
     let mut all: Vec<_> = (0..world).map(spawn).collect();
     let mut last = all.pop().unwrap();
     // Rank 0 logs its first step only once every process trains (each step waits for its
@@ -1155,7 +1139,6 @@ fn kill_the_last(name: &str, mode: &[&str], world: usize) {
         "{name}: ended {:?} after the kill",
         killed.elapsed()
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Killing the launcher alone (SIGTERM to its pid) ends the processes it started, within a few
@@ -1227,5 +1210,4 @@ fn killing_the_launcher_ends_its_processes() {
         std::thread::sleep(Duration::from_millis(50));
     }
     reap.0.clear(); // all gone: their pids may be another's soon
-    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -211,6 +211,13 @@ fn embeddings_frozen_from_the_start_follow_a_run_frozen_by_hand() {
     assert_eq!(embedding(t.pipeline.parameters(0).unwrap()), initial, "the embedding moved");
     let freezes = freezes(&events);
     assert_eq!(freezes.iter().map(|t| t.frozen_units).collect::<Vec<_>>(), [3, 5]);
+    // Every transition records the prefix in force: the embedding alone before the first freeze.
+    for e in &events {
+        if let Event::Transition(t) = e {
+            let want = if t.frozen_layers.1 == 0 { 1 } else { 1 + 2 * t.frozen_layers.1 };
+            assert_eq!(t.frozen_units, want, "{t:?}");
+        }
+    }
 }
 
 fn check_transitions_follow_by_hand<D: Device>(

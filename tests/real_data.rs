@@ -151,3 +151,39 @@ fn a_max_len_past_the_position_table_is_refused_by_its_key() {
     assert!(!out.join("metrics.jsonl").exists(), "nothing written by building a job");
     std::fs::remove_dir_all(&out).ok();
 }
+
+/// `train.freeze_embeddings` reaches the plan, not only the training (the trainer alone would
+/// freeze the embedding after the plan was made): its profile is charged the forward only, and
+/// stage 0's planned memory holds no gradient or moments for the word table.
+#[test]
+fn a_frozen_embedding_is_planned_as_frozen() {
+    if !have(&["weights/all-minilm-l6-v2/model.safetensors", "data/text/rotten_tomatoes_corpus_full.csv.bz2"]) {
+        return;
+    }
+    let out = pipetransformer::testing::Scratch::new("real-planned");
+    let planned = |frozen: bool| {
+        // Costs from FLOPs, not timed (AutoPipe off): the same stages whatever else runs.
+        let sets = [
+            format!("train.freeze_embeddings={frozen}"),
+            "data.train_limit=64".into(),
+            "elastic.freeze=\"off\"".into(),
+            "elastic.auto_pipe=false".into(),
+            "elastic.auto_dp=false".into(),
+            "elastic.cache=false".into(),
+            format!("output.dir={}", out.display()),
+        ];
+        let config = RunConfig::load(Path::new("configs/minilm-rt.toml"), &sets).unwrap();
+        let AnyDevices::Cpu(devices) = open_devices(DeviceKind::Cpu, 2, 0, Precision::F32).unwrap() else {
+            unreachable!("cpu devices")
+        };
+        let job = Job::new(devices, config).unwrap();
+        let plan = job.trainer.pipeline.plan();
+        (job.trainer.profiles[0].trainable, plan.partition.stage_memory[0], plan.partition.stages.clone())
+    };
+    let ((trains, trained_bytes, stages), (still_trains, frozen_bytes, same)) = (planned(false), planned(true));
+    assert!(trains && !still_trains);
+    assert_eq!(stages, same);
+    // The word table's gradient and two moments: 3 × 30,522 × 384 f32.
+    let table_state = 3 * 30_522 * 384 * 4;
+    assert!(trained_bytes >= frozen_bytes + table_state, "stage 0: {trained_bytes} B trained, {frozen_bytes} B frozen");
+}

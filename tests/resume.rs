@@ -109,8 +109,8 @@ fn resumed_run_is_bitwise_identical() {
 }
 
 /// `train.freeze_embeddings` survives a resume (the embedding never moves, before or after
-/// the checkpoint), and a checkpoint whose run trained the embedding is refused by a run that
-/// keeps it frozen, by name, before anything is loaded.
+/// the checkpoint), and a change of it between the checkpoint's run and the resuming one is
+/// refused by name, both ways, before anything is loaded.
 #[test]
 fn frozen_embeddings_resume_and_refuse_a_checkpoint_that_trained_them() {
     let config = common::tiny_bert(pipetransformer::model::Pooling::Mean, 0.1);
@@ -146,8 +146,15 @@ fn frozen_embeddings_resume_and_refuse_a_checkpoint_that_trained_them() {
     trained.save_checkpoint(&path, serde_json::Value::Null).unwrap();
     let mut refusing = frozen(4);
     let err = refusing.load_checkpoint(&path).unwrap_err().to_string();
-    assert!(err.contains("train.freeze_embeddings") && err.contains("--fresh"), "{err}");
+    assert!(err.contains("trained the embedding") && err.contains("train.freeze_embeddings"), "{err}");
+    assert!(err.contains("--fresh"), "{err}");
     assert_eq!(refusing.position.step, 0);
+    // ...and the other way round: a run that trains it does not resume one that kept it frozen.
+    first.save_checkpoint(&path, serde_json::Value::Null).unwrap();
+    let mut training = trainer(&config);
+    let err = training.load_checkpoint(&path).unwrap_err().to_string();
+    assert!(err.contains("kept the embedding frozen") && err.contains("train.freeze_embeddings"), "{err}");
+    assert_eq!((training.position.step, training.pipeline.frozen_prefix()), (0, 0));
     std::fs::remove_file(&path).unwrap();
 }
 

@@ -394,7 +394,7 @@ fn missing_tensors() {
         let scratch = temp_dir(name);
         let path = scratch.join("m.safetensors");
         std::fs::write(&path, bytes).unwrap();
-        load_safetensors(path).unwrap()
+        (load_safetensors(path).unwrap(), scratch)
     };
 
     let mut model = Model::new(&dev, &config, 6).unwrap();
@@ -402,7 +402,7 @@ fn missing_tensors() {
         .into_iter()
         .filter(|(n, _)| n.starts_with("classifier.") || n.starts_with("pooler."))
         .collect();
-    let report = load_into_model(&mut model, &dev, &write(0, "missing-head"), &LoadOptions::default()).unwrap();
+    let report = load_into_model(&mut model, &dev, &write(0, "missing-head").0, &LoadOptions::default()).unwrap();
     assert_eq!(report.missing, ["pooler.dense.weight", "pooler.dense.bias", "classifier.weight", "classifier.bias"]);
     let head_after: Vec<_> = bits(&dev, &model)
         .into_iter()
@@ -410,11 +410,11 @@ fn missing_tensors() {
         .collect();
     assert_eq!(head_before, head_after);
     // Strict loading refuses the same file.
-    let e = load_into_model(&mut model, &dev, &write(0, "missing-strict"), &LoadOptions::strict()).err().unwrap();
+    let e = load_into_model(&mut model, &dev, &write(0, "missing-strict").0, &LoadOptions::strict()).err().unwrap();
     assert_eq!(weights_error(e).1.as_deref(), Some("pooler.dense.weight"));
 
     // Without the word embeddings the load fails and names them.
-    let e = load_into_model(&mut model, &dev, &write(1, "missing-encoder"), &LoadOptions::default()).err().unwrap();
+    let e = load_into_model(&mut model, &dev, &write(1, "missing-encoder").0, &LoadOptions::default()).err().unwrap();
     let (_, tensor, message) = weights_error(e);
     assert_eq!(tensor.as_deref(), Some("embeddings.word_embeddings.weight"));
     assert!(message.contains("embeddings.word_embeddings.weight [13, 10] is not in the file"), "{message}");

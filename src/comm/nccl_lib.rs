@@ -175,7 +175,7 @@ mod tests {
 
     #[test]
     fn libnccl_so_2_is_found_where_the_wheel_puts_it_and_its_errors_are_nccls_words() {
-        let home = std::env::temp_dir().join(format!("pt-fake-nccl-{}", std::process::id()));
+        let home = crate::testing::Scratch::new("fake-nccl");
         let Some(_) = fake_nccl(&home.join("nccl/lib")) else { return };
         let lib = load(&candidates(None, &home)).unwrap();
         assert_eq!(lib.path, home.join("nccl/lib/libnccl.so.2"));
@@ -189,7 +189,6 @@ mod tests {
         // PT_NCCL_LIB alone is tried when set.
         let only = candidates(Some(home.join("elsewhere.so")), &home);
         assert_eq!(only, [home.join("elsewhere.so")]);
-        std::fs::remove_dir_all(&home).unwrap();
     }
 
     #[test]

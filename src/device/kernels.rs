@@ -223,12 +223,15 @@ pub struct Resources {
 /// resources.
 pub fn ptxas_resources(file: &str, arch: u32) -> Result<Vec<Resources>> {
     let ptx = compile_ptx(file, arch)?;
-    // A folder of its own per call (calls run at once in tests), removed when ptxas is done.
+    // A folder of its own per call (calls run at once in tests), removed when ptxas succeeds.
     static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("pt-ptxas-{}-{call}", std::process::id()));
     let result = run_ptxas(&dir, file, arch, &ptx);
-    let _ = std::fs::remove_dir_all(&dir);
+    if result.is_ok() {
+        // Kept where ptxas failed: its log names lines of the PTX there.
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     result
 }
 

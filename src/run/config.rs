@@ -327,7 +327,13 @@ impl RunConfig {
             Error::Config { field, message: e.trim_end().to_string() }
         })?;
         config.validate()?;
-        let warnings = inert_warnings(&config, convert(&file).ok().as_ref(), &file, &table);
+        let mut warnings = inert_warnings(&config, convert(&file).ok().as_ref(), &file, &table);
+        if config.train.freeze_embeddings && config.model.pretrained.is_none() {
+            warnings.push(
+                "train.freeze_embeddings keeps the embedding at its random initialisation: model.pretrained is not set"
+                    .into(),
+            );
+        }
         Ok(RunConfig { warnings, ..config })
     }
 
@@ -565,6 +571,12 @@ dir = "runs/x"
         let table = warned(BASE, &["elastic.freeze=\"table\"", "elastic.table=[0, 1]", "elastic.alpha=0.2"]);
         assert_eq!(table.len(), 1, "{table:?}");
         assert!(table[0].starts_with("elastic.alpha is set, but elastic.freeze is table"), "{table:?}");
+        // An embedding kept frozen: with pretrained weights, nothing to say; at its random
+        // initialisation (a model trained from scratch), named.
+        assert!(warned(BASE, &["train.freeze_embeddings=true"]).is_empty());
+        let scratch = concat!(env!("CARGO_MANIFEST_DIR"), "/configs/vit-digits.toml");
+        let frozen = RunConfig::load(Path::new(scratch), &["train.freeze_embeddings=true".into()]).unwrap().warnings;
+        assert!(frozen.len() == 1 && frozen[0].contains("model.pretrained is not set"), "{frozen:?}");
         // The file itself sets a cache size beside the cache off: named without a flag.
         let file = format!("{BASE}[elastic]\ncache = false\ncache_bytes = 1000\nalpha = 0.2\n");
         assert_eq!(warned(&file, &[]).len(), 2, "{:?}", warned(&file, &[]));

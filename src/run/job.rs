@@ -322,15 +322,15 @@ pub struct Summary {
     pub unigram_baseline_loss: Option<f64>,
 }
 
-/// The units' costs the planner balances, for one micro-batch of the first training batch
-/// under `plan`: measured where AutoPipe balances on them (or when asked), else from FLOPs.
-/// Returns them per sample and per micro-batch.
 /// `train.freeze_embeddings` applied to the model before it is planned, so that the plan charges
 /// the embedding its forward only (the trainer applies it too, for pipelines built elsewhere).
 fn freeze_embeddings<D: Device>(config: &RunConfig, dev: &D, model: &mut Model<D>) -> Result<()> {
     if config.train.freeze_embeddings { model.freeze_prefix(dev, 1) } else { Ok(()) }
 }
 
+/// The units' costs the planner balances, for one micro-batch of the first training batch
+/// under `plan`: measured where AutoPipe balances on them (or when asked), else from FLOPs.
+/// Returns them per sample and per micro-batch.
 fn planning_profiles<D: Device>(
     config: &RunConfig,
     dev: &D,

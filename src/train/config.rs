@@ -38,7 +38,8 @@ pub struct TrainConfig {
     #[serde(default)]
     pub eval_every: u64,
     /// Keep the model's first unit, its input embedding (the token, position and type tables
-    /// and their LayerNorm; a ViT's patch projection), frozen from the first step: no gradient,
+    /// and their LayerNorm; a ViT's patch projection, class token and position table), frozen
+    /// from the first step: no gradient,
     /// no optimizer state and, as in every frozen unit, no dropout on its output. Fine-tuning
     /// pretrained weights, it saves the embedding table's share of each step (half of MiniLM's
     /// parameters) at no measured cost in accuracy (docs/RESULTS.md). The freeze rule

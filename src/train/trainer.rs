@@ -135,8 +135,8 @@ impl<D: Device> Trainer<D> {
         }
         let lr_schedule = config.lr_schedule(config.total_batches(batches_per_epoch))?;
         config.optimizer.validate()?;
-        if config.freeze_embeddings {
-            pipeline.freeze_prefix(pipeline.frozen_prefix().max(1))?;
+        if config.freeze_embeddings && pipeline.frozen_prefix() == 0 {
+            pipeline.freeze_prefix(1)?;
         }
         Ok(Self {
             pipeline,
@@ -490,12 +490,16 @@ impl<D: Device> Trainer<D> {
         }
         let frozen: usize =
             serde_json::from_value(field("frozen_prefix")).map_err(|e| bad(format!("frozen_prefix: {e}")))?;
-        // A run frozen from the start (train.freeze_embeddings) has no state for what its
-        // checkpoint's run trained.
-        if frozen < self.pipeline.frozen_prefix() {
-            return Err(changed(
-                "its run trained the embedding, which this run keeps frozen (train.freeze_embeddings)".into(),
-            ));
+        // `train.freeze_embeddings` changed: a run that keeps the embedding frozen has no state
+        // for the one its checkpoint's run trained; the other way round, the checkpoint would
+        // keep it frozen against this run's config.
+        let embedding =
+            |then: &str, now: &str| changed(format!("its run {then}, which this run {now} (train.freeze_embeddings)"));
+        if self.config.freeze_embeddings && frozen == 0 {
+            return Err(embedding("trained the embedding", "keeps frozen"));
+        }
+        if !self.config.freeze_embeddings && frozen == 1 {
+            return Err(embedding("kept the embedding frozen", "trains"));
         }
         let mut opt: OptimizerState =
             serde_json::from_value(field("optimizer")).map_err(|e| bad(format!("optimizer: {e}")))?;
@@ -550,7 +554,7 @@ impl<D: Device> Trainer<D> {
             }
         }
         let units = self.pipeline.unit_count();
-        if frozen > units {
+        if frozen > units || frozen < self.pipeline.frozen_prefix() {
             return Err(bad(format!("frozen prefix {frozen} does not fit the model's {units} units")));
         }
         self.pipeline.freeze_prefix(frozen)?;

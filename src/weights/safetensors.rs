@@ -389,12 +389,12 @@ pub fn write_safetensors(out: &mut impl Write, tensors: &[TensorRef<'_>]) -> std
 mod tests {
     use super::*;
 
-    fn temp_file(name: &str, bytes: &[u8]) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("pt-weights-unit-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+    /// `bytes` in a file `name` of a fresh folder, which goes when the folder is dropped.
+    fn temp_file(name: &str, bytes: &[u8]) -> (crate::testing::Scratch, PathBuf) {
+        let dir = crate::testing::Scratch::new("weights-unit");
         let p = dir.join(name);
         std::fs::write(&p, bytes).unwrap();
-        p
+        (dir, p)
     }
 
     #[test]
@@ -408,7 +408,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(u64::from_le_bytes(buf[..8].try_into().unwrap()) % 8, 0);
-        let f = load_safetensors(temp_file("rw.safetensors", &buf)).unwrap();
+        let (_dir, path) = temp_file("rw.safetensors", &buf);
+        let f = load_safetensors(path).unwrap();
         assert_eq!(f.metadata().get("format").map(String::as_str), Some("pt"));
         let names: Vec<_> = f.tensors().iter().map(|t| t.name.as_str()).collect();
         assert_eq!(names, ["a", "b"]);
@@ -437,7 +438,8 @@ mod tests {
         for part in [&f16s, &bf16s, &f64s, &i64s] {
             bytes.extend_from_slice(part);
         }
-        let f = load_safetensors(temp_file("dtypes.safetensors", &bytes)).unwrap();
+        let (_dir, path) = temp_file("dtypes.safetensors", &bytes);
+        let f = load_safetensors(path).unwrap();
         assert_eq!(f.read_f32(f.get("h").unwrap()).unwrap(), [1.0, -0.5]);
         assert_eq!(f.read_f32(f.get("b").unwrap()).unwrap(), [2.0, 0.25]);
         assert_eq!(f.read_f64(f.get("d").unwrap()).unwrap(), [0.1]);
@@ -454,7 +456,8 @@ mod tests {
             let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
             bytes.extend_from_slice(header.as_bytes());
             bytes.extend(vec![0; data]);
-            load_safetensors(temp_file(name, &bytes)).err().map(|e| e.to_string()).unwrap_or_default()
+            let (_dir, path) = temp_file(name, &bytes);
+            load_safetensors(path).err().map(|e| e.to_string()).unwrap_or_default()
         };
         let two = |b: &str| {
             format!(
@@ -481,7 +484,8 @@ mod tests {
         let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
         bytes.extend_from_slice(header.as_bytes());
         bytes.extend_from_slice(&[0; 8]);
-        let e = load_safetensors(temp_file("count.safetensors", &bytes)).err().unwrap().to_string();
+        let (_dir, path) = temp_file("count.safetensors", &bytes);
+        let e = load_safetensors(path).err().unwrap().to_string();
         assert!(e.contains("`w`") && e.contains("hold 8 bytes") && e.contains("need 12"), "{e}");
     }
 }
