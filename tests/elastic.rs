@@ -106,8 +106,20 @@ fn elastic_trainer<D: Device>(
     interval: FreezeInterval,
     freed_devices: FreedDevices,
 ) -> (Trainer<D>, Elastic) {
+    elastic_trainer_with(train_config(), model, devices, cache_dir, interval, freed_devices)
+}
+
+/// [`elastic_trainer`] under `train`.
+fn elastic_trainer_with<D: Device>(
+    train: TrainConfig,
+    model: &ModelConfig,
+    devices: Vec<D>,
+    cache_dir: &std::path::Path,
+    interval: FreezeInterval,
+    freed_devices: FreedDevices,
+) -> (Trainer<D>, Elastic) {
     let plan = PipelineConfig { pipeline_len: 2, micro_batches: 2, ..Default::default() };
-    let mut t = common::trainer_on(model, 3, devices, plan, train_config(), 3);
+    let mut t = common::trainer_on(model, 3, devices, plan, train, 3);
     // Frozen units cost a second per sample: reading the cache always pays here.
     for p in &mut t.profiles {
         p.forward = 1.0;
@@ -183,25 +195,15 @@ fn embeddings_frozen_from_the_start_follow_a_run_frozen_by_hand() {
     let data = Pool::new(&model, SAMPLES, BATCH, 11);
     let (want_curve, want_params) = by_hand_from(&model, &data, 3, Some(1));
     let dir = scratch("frozen-embeddings");
-    let plan = PipelineConfig { pipeline_len: 2, micro_batches: 2, ..Default::default() };
     let train = TrainConfig { freeze_embeddings: true, ..train_config() };
-    let mut t = common::trainer_on(&model, 3, cpus(2), plan, train, 3);
+    let (mut t, mut elastic) =
+        elastic_trainer_with(train, &model, cpus(2), &dir, FreezeInterval::Epoch, FreedDevices::Replicas);
     assert_eq!(t.pipeline.frozen_prefix(), 1);
     let embedding = |params: Vec<(String, Vec<f64>)>| -> Vec<(String, Vec<f64>)> {
         params.into_iter().filter(|(name, _)| name.starts_with("embeddings.")).collect()
     };
     let initial = embedding(t.pipeline.parameters(0).unwrap());
     assert!(!initial.is_empty());
-    let config = ElasticConfig {
-        freeze: FreezeName::Table,
-        table: vec![0, 1, 2],
-        auto_pipe: true,
-        time_pipeline_len: false,
-        auto_dp: true,
-        cache: true,
-        ..Default::default()
-    };
-    let mut elastic = Elastic::new(config, surroundings(&model), &dir).unwrap();
     let mut events = Vec::new();
     elastic.start(&mut t, &mut |e| events.push(e.clone())).unwrap();
     t.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
