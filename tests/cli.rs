@@ -975,12 +975,20 @@ fn a_pipeline_across_launched_processes_writes_what_one_process_writes() {
 /// PipeTransformer's freezing with the stages and replicas as processes: four launched
 /// processes (two replicas of two stages) freeze the same layers at the same steps as one
 /// process with the same pipeline on four devices, and write the same model to the bit. Both
-/// under a per-stage memory limit (which each stage process holds from the start).
+/// under a per-stage memory limit (which each stage process holds from the start); then again
+/// with the embedding frozen from the first step (`train.freeze_embeddings`).
 #[test]
 fn launched_stage_processes_freeze_as_one_process_does() {
     if !have_digits() {
         return;
     }
+    for frozen_embedding in [false, true] {
+        freeze_across_processes_as_in_one(frozen_embedding);
+    }
+}
+
+fn freeze_across_processes_as_in_one(frozen_embedding: bool) {
+    let embedding = format!("train.freeze_embeddings={frozen_embedding}");
     let run = |dir: &Path, launched: bool| {
         let out = format!("output.dir={}", dir.display());
         let port = free_port().to_string();
@@ -993,14 +1001,17 @@ fn launched_stage_processes_freeze_as_one_process_does() {
         args.extend(["--freeze", "eq1", "--alpha", "0.3", "--freeze-interval", "8"]);
         args.extend(["--auto-pipe", "false", "--auto-dp", "false", "--cache", "false"]);
         args.extend(["--set", "train.max_steps=24", "--set", "data.test_limit=32", "--set", &out]);
-        args.extend(["--set", "pipeline.memory_limit=100000000"]);
+        args.extend(["--set", "pipeline.memory_limit=100000000", "--set", &embedding]);
         let (ok, text) = pipetransformer(&args);
         assert!(ok, "{args:?}: {text}");
         text
     };
-    let (one, many) = (scratch("freeze-one"), scratch("freeze-across"));
+    let (one, many) = (scratch(&format!("freeze-one-{embedding}")), scratch(&format!("freeze-across-{embedding}")));
     let want = run(&one, false);
     let got = run(&many, true);
+    for text in [&want, &got] {
+        assert_eq!(text.contains("the embedding frozen (train.freeze_embeddings)"), frozen_embedding, "{text}");
+    }
     // What was frozen when, and on which gradient norms (not the shape each process reports
     // for itself, nor how long the transition took).
     let transitions = |text: &str| -> Vec<String> {
@@ -1023,7 +1034,7 @@ fn launched_stage_processes_freeze_as_one_process_does() {
     // the controller's state (the plan's replica count aside: each process's is 1).
     let load = |dir: &Path| pipetransformer::train::checkpoint::load(&dir.join("checkpoint.ckpt")).unwrap();
     let ((mut meta_one, tensors_one), (mut meta_many, tensors_many)) = (load(&one), load(&many));
-    assert!(meta_one["frozen_prefix"].as_u64().is_some_and(|n| n > 0), "{}", meta_one["frozen_prefix"]);
+    assert!(meta_one["frozen_prefix"].as_u64().is_some_and(|n| n > 1), "{}", meta_one["frozen_prefix"]);
     assert!(tensors_one == tensors_many, "the checkpoint's tensors");
     meta_one["plan"]["config"]["replicas"] = 1.into();
     meta_many["plan"]["config"]["replicas"] = 1.into();
