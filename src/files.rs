@@ -255,20 +255,13 @@ impl Drop for Background {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// An empty folder of this process's under the temp dir, for one test to remove.
-    fn scratch_dir(name: &str) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("pt-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    }
+    use crate::testing::Scratch;
 
     /// Two folders trade places: `path` holds the new one, `new` the old one; with no folder at
     /// `path`, the new one is simply moved there.
     #[test]
     fn swap_in_trades_the_folders() {
-        let root = std::env::temp_dir().join(format!("pt-swap-in-{}", std::process::id()));
+        let root = Scratch::new("swap-in");
         let (new, path) = (root.join(".model.staging"), root.join("model"));
         for (dir, marker) in [(&new, "new"), (&path, "old")] {
             std::fs::create_dir_all(dir).unwrap();
@@ -280,19 +273,17 @@ mod tests {
         std::fs::remove_dir_all(&path).unwrap();
         swap_in(&new, &path).unwrap();
         assert!(path.join("old").exists() && !new.exists());
-        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]
     fn a_failed_write_leaves_the_old_file_and_no_temporary() {
-        let dir = scratch_dir("files");
+        let dir = Scratch::new("files");
         let path = dir.join("x.json");
         write_atomic(&path, |w| std::io::Write::write_all(w, b"old")).unwrap();
         let err = write_atomic(&path, |_| Err(std::io::Error::other("disk full"))).unwrap_err();
         assert!(err.to_string().contains("disk full"), "{err}");
         assert_eq!(std::fs::read(&path).unwrap(), b"old");
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// Whatever the length and however it arrives in pieces, an uncached file holds exactly
@@ -300,7 +291,7 @@ mod tests {
     /// the file system takes it and through the cache where not (or where asked).
     #[test]
     fn uncached_files_hold_exactly_what_was_written() {
-        let dir = scratch_dir("files-uncached");
+        let dir = Scratch::new("files-uncached");
         let path = dir.join("big.bin");
         let chunk = UNCACHED_CHUNK;
         for len in [0, 1, 4095, 4096, 4097, chunk - 1, chunk, chunk + 1, 2 * chunk + 4097] {
@@ -325,7 +316,6 @@ mod tests {
         write_atomic_uncached(&path, |w| std::io::Write::write_all(w, b"whole")).unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"whole");
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "no temporary file left");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A write the file system refuses as direct (here: a length that is not whole blocks,
@@ -335,7 +325,7 @@ mod tests {
     /// the file goes through the reopened file on every file system.
     #[test]
     fn a_refused_direct_write_goes_on_through_the_cache() {
-        let dir = scratch_dir("files-refused");
+        let dir = Scratch::new("files-refused");
         let path = dir.join("odd.bin");
         let bytes: Vec<u8> = (0..UNCACHED_CHUNK + 100).map(|i| (i % 251) as u8).collect();
         let mut w = Uncached::create(&path, true).unwrap();
@@ -348,12 +338,11 @@ mod tests {
         std::io::Write::write_all(&mut w, &bytes[UNCACHED_CHUNK + 50..]).unwrap();
         drop(w.finish().unwrap());
         assert_eq!(std::fs::read(&path).unwrap(), bytes, "direct at the start: {direct}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn a_background_write_reports_its_error_and_is_finished_when_dropped() {
-        let dir = scratch_dir("files-bg");
+        let dir = Scratch::new("files-bg");
         let path = dir.join("late.bin");
         let p = path.clone();
         let slow = Background::spawn("test", move || {
@@ -367,6 +356,5 @@ mod tests {
         assert!(failing.wait().unwrap_err().to_string().contains("full"));
         let panicking = Background::spawn("checkpoint", || panic!("boom")).unwrap();
         assert!(panicking.wait().unwrap_err().to_string().contains("checkpoint"));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -9,15 +9,12 @@ use super::files::{SetupGroup, read_bytes_within, read_text};
 use super::*;
 use crate::Error;
 
-/// A fresh directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
+/// A fresh directory under the system temp dir, removed when the test passes.
+struct TempDir(crate::testing::Scratch);
 
 impl TempDir {
     fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("pipetransformer-data-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
+        Self(crate::testing::Scratch::new(&format!("data-{name}")))
     }
     /// Writes `bytes` to `rel`, compressed by its extension (`.gz`, `.bz2`).
     fn write(&self, rel: &str, bytes: &[u8]) -> PathBuf {
@@ -39,12 +36,6 @@ impl TempDir {
     }
     fn path(&self) -> &Path {
         &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 

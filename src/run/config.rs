@@ -614,6 +614,12 @@ dir = "runs/x"
         // AutoPipe's trial is a switch: anything but true or false names the key.
         let err = RunConfig::parse(BASE, "base", &["elastic.time_pipeline_len=3".into()]).unwrap_err().to_string();
         assert!(err.contains("--set elastic.time_pipeline_len") && err.contains("bool"), "{err}");
+        // So is the frozen embedding, from a flag or from the file.
+        let err = RunConfig::parse(BASE, "base", &["train.freeze_embeddings=maybe".into()]).unwrap_err().to_string();
+        assert!(err.contains("--set train.freeze_embeddings") && err.contains("boolean"), "{err}");
+        let file = BASE.replace("[train]\n", "[train]\nfreeze_embeddings = 1\n");
+        let err = RunConfig::parse(&file, "file.toml", &[]).unwrap_err().to_string();
+        assert!(err.contains("freeze_embeddings") && err.contains("file.toml"), "{err}");
         // A value of the wrong type names its key, not the file.
         let err = RunConfig::parse(BASE, "base", &["train.lr=1e-4".into(), "train.eval_every=-1".into()])
             .unwrap_err()
