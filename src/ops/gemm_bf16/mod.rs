@@ -40,8 +40,10 @@
 //! `PT_BF16_KERNEL=amx|avx512|fallback` caps the path (like `PT_VECTOR`), for comparing speeds.
 
 use crate::ops::matmul::{MatRef, check_c, matmul};
+use crate::ops::simd::vectorized;
 use crate::scalar::Float;
 use half::bf16;
+use rayon::prelude::*;
 use std::any::TypeId;
 
 /// The arithmetic of the CPU backend's matrix products.
@@ -374,9 +376,11 @@ pub fn matmul_bf16_packed<T: Float>(
     }
 }
 
-/// The portable path: rounds A and B to bf16 (f64 operands through f32), widens them back into
-/// contiguous copies and calls the f32/f64 [`matmul`]. Allocates the copies on every call: it
-/// serves CPUs without `avx512_bf16`, where speed is not the point of bf16.
+/// The portable path: rounds A and B to bf16 (f64 operands through f32) into contiguous copies
+/// of the same orientation (a transposed view stays transposed, so each copy reads and writes
+/// whole lines) and calls the f32/f64 [`matmul`] on them. The rounding is a vectorised pass
+/// over the operands, on the pool when they are large: this path serves CPUs without
+/// `avx512_bf16` or AMX, where a bf16 step should cost an f32 step and the copies, not more.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_bf16_fallback<T: Float>(
     c: &mut [T],
@@ -389,16 +393,68 @@ pub fn matmul_bf16_fallback<T: Float>(
     accumulate: bool,
 ) {
     check_views(c.len(), c_row_stride, &a, &b, m, n, k);
-    let round = |x: T| T::from_f64(bf16::from_f32(x.to_f64() as f32).to_f64());
-    let mut ar = Vec::with_capacity(m * k);
-    for i in 0..m {
-        ar.extend((0..k).map(|p| round(a.data[i * a.row_stride + p * a.col_stride])));
+    let (mut ar, mut br) = (Vec::new(), Vec::new());
+    let a = rounded_copy(a, m, k, &mut ar);
+    let b = rounded_copy(b, k, n, &mut br);
+    matmul(c, c_row_stride, a, b, m, n, k, accumulate);
+}
+
+/// `x` rounded to the nearest bf16 and widened back: bit for bit `half::bf16::from_f32(x)`
+/// (ties to even, carries into the exponent and to infinity, subnormals kept, a NaN made quiet),
+/// written without branches so that a loop of it vectorises. Adding `0x7fff` plus the kept
+/// part's last bit carries into the kept half exactly when the dropped half is above a tie, or
+/// a tie with an odd kept half.
+#[inline(always)]
+pub fn round_to_bf16(x: f32) -> f32 {
+    let bits = x.to_bits();
+    let high = bits >> 16;
+    let rounded = bits.wrapping_add(0x7fff + (high & 1)) >> 16;
+    let nan = bits & 0x7fff_ffff > 0x7f80_0000;
+    f32::from_bits(if nan { high | 0x40 } else { rounded } << 16)
+}
+
+/// The `rows × cols` operand `view` with each value rounded to bf16 ([`round_to_bf16`]; f64
+/// through f32), copied into `out`: row-major when the view's rows are contiguous lines,
+/// column-major when its columns are (a transposed matrix), gathered row-major otherwise.
+/// Returns the copy's view.
+fn rounded_copy<'o, T: Float>(view: MatRef<T>, rows: usize, cols: usize, out: &'o mut Vec<T>) -> MatRef<'o, T> {
+    let round = |x: T| T::from_f64(round_to_bf16(x.to_f64() as f32) as f64);
+    out.resize(rows * cols, T::ZERO);
+    if rows == 0 || cols == 0 {
+        return MatRef::rows(out, cols.max(1));
     }
-    let mut br = Vec::with_capacity(k * n);
-    for p in 0..k {
-        br.extend((0..n).map(|j| round(b.data[p * b.row_stride + j * b.col_stride])));
+    // Lines of `len` contiguous elements, `stride` apart in the source; the copy's strides.
+    let (lines, len, stride, copy_strides) = if view.col_stride == 1 || cols == 1 {
+        (rows, cols, view.row_stride, (cols, 1))
+    } else if view.row_stride == 1 || rows == 1 {
+        (cols, rows, view.col_stride, (1, rows))
+    } else {
+        for (i, dst) in out.chunks_mut(cols).enumerate() {
+            for (j, d) in dst.iter_mut().enumerate() {
+                *d = round(view.data[i * view.row_stride + j * view.col_stride]);
+            }
+        }
+        return MatRef::rows(out, cols);
+    };
+    // Tasks of whole lines, about 16 K values each: a line may be one attention head's 32.
+    let per_task = (16_384 / len).max(1);
+    let src = view.data;
+    let round_lines = |(t, dst): (usize, &mut [T])| {
+        for (l, dst) in dst.chunks_mut(len).enumerate() {
+            let start = (t * per_task + l) * stride;
+            let src = &src[start..start + len];
+            vectorized(
+                #[inline(always)]
+                || dst.iter_mut().zip(src).for_each(|(d, &s)| *d = round(s)),
+            );
+        }
+    };
+    if parallel(lines * len) {
+        out.par_chunks_mut(per_task * len).enumerate().for_each(round_lines);
+    } else {
+        out.chunks_mut(per_task * len).enumerate().for_each(round_lines);
     }
-    matmul(c, c_row_stride, MatRef::rows(&ar, k), MatRef::rows(&br, n), m, n, k, accumulate);
+    MatRef { data: out, row_stride: copy_strides.0, col_stride: copy_strides.1 }
 }
 
 /// The triple loop in f64 over the bf16-rounded operands: what [`matmul_bf16`] computes, up to
@@ -537,10 +593,10 @@ mod tests {
         }
     }
 
-    /// The rounding the packers use is `half`'s, bit for bit: ties to even, carries into the
-    /// exponent and to infinity, subnormals kept (not flushed), NaNs quiet.
-    #[test]
-    fn vector_rounding_equals_half() {
+    /// Values where rounding to bf16 can go wrong: signed zeros, infinities, NaNs of both signs
+    /// and payloads, the largest finite values (which carry to infinity), subnormals, ties
+    /// with an even and an odd kept half, just past a tie; then 100 000 random bit patterns.
+    fn rounding_cases() -> Vec<f32> {
         let mut rng = Rng::new(7);
         let mut values: Vec<f32> = vec![
             0.0,
@@ -568,6 +624,14 @@ mod tests {
             f32::from_bits(0x0001_8000),
         ];
         values.extend((0..100_000).map(|_| f32::from_bits(rng.next_u64() as u32)));
+        values
+    }
+
+    /// The rounding the packers use is `half`'s, bit for bit: ties to even, carries into the
+    /// exponent and to infinity, subnormals kept (not flushed), NaNs quiet.
+    #[test]
+    fn vector_rounding_equals_half() {
+        let mut values = rounding_cases();
         values.resize(values.len().next_multiple_of(16), 0.0);
         for chunk in values.chunks(16) {
             let x: [f32; 16] = chunk.try_into().unwrap();
@@ -575,6 +639,19 @@ mod tests {
             for (g, v) in got.iter().zip(&x) {
                 assert_eq!(*g, bf16::from_f32(*v).to_bits() as u32, "{v:e} ({:#010x})", v.to_bits());
             }
+        }
+    }
+
+    /// The fallback's branch-free rounding is `half`'s, bit for bit: on the cases above, and
+    /// on every kept half (all 65 536) with each dropped half a rounding can turn on (zero,
+    /// one, just below, at and just above a tie, all ones).
+    #[test]
+    fn scalar_rounding_equals_half() {
+        let boundaries = (0..=0xffffu32)
+            .flat_map(|high| [0, 1, 0x7fff, 0x8000, 0x8001, 0xffff].map(|low| f32::from_bits(high << 16 | low)));
+        for v in rounding_cases().into_iter().chain(boundaries) {
+            let want = bf16::from_f32(v).to_f32().to_bits();
+            assert_eq!(round_to_bf16(v).to_bits(), want, "{v:e} ({:#010x})", v.to_bits());
         }
     }
 
@@ -700,6 +777,33 @@ mod tests {
         check_every_layout(1, &shapes, &|| {}, fallback, "fallback");
     }
 
+    /// The fallback is the f32 product of operands rounded by `half`, to the bit, at sizes whose
+    /// rounding goes to the pool in tasks of many lines (an attention head's 32 values a line,
+    /// a transposed weight's 384) as well as one: rows and columns of the copies where they
+    /// belong whichever way round the operands are.
+    #[test]
+    fn fallback_is_the_product_of_rounded_operands() {
+        fn view(v: &[f32], rows: usize, cols: usize, t: bool) -> MatRef<'_, f32> {
+            if t { MatRef::rows(v, rows).t() } else { MatRef::rows(v, cols) }
+        }
+        let mut rng = Rng::new(5);
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        for &(m, n, k) in &[(4000, 40, 32), (300, 384, 400), (3, 2, 1)] {
+            for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+                let (av, bv) = (f32s(&mut rng, m * k), f32s(&mut rng, k * n));
+                let round = |v: &[f32]| v.iter().map(|&x| bf16::from_f32(x).to_f32()).collect::<Vec<f32>>();
+                let (ar, br) = (round(&av), round(&bv));
+                let mut want = vec![0f32; m * n];
+                pool.install(|| matmul(&mut want, n, view(&ar, m, k, ta), view(&br, k, n, tb), m, n, k, false));
+                let mut got = vec![1f32; m * n];
+                let (a, b) = (view(&av, m, k, ta), view(&bv, k, n, tb));
+                pool.install(|| matmul_bf16_fallback(&mut got, n, a, b, m, n, k, false));
+                let same = got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(same, "{m}x{n}x{k} ta {ta} tb {tb}: not the product of the rounded operands");
+            }
+        }
+    }
+
     /// Views that are neither row- nor column-contiguous (the packers' scalar paths), and column
     /// slices of wider matrices (row stride > columns).
     #[test]
@@ -715,22 +819,17 @@ mod tests {
                 MatRef::strided(&bv, n + 5),
                 MatRef { data: &bv[..], row_stride: 2 * n + 1, col_stride: 2 },
             ] {
-                for accumulate in [false, true] {
+                for (accumulate, fallback) in [(false, false), (true, false), (false, true), (true, true)] {
                     let c0 = f32s(&mut rng, m * n);
                     let mut c = c0.clone();
-                    matmul_bf16(&mut c, n, a, b, m, n, k, accumulate);
-                    check(
-                        &format!("{m}x{n}x{k} b strides {} {}", b.row_stride, b.col_stride),
-                        &c,
-                        &c0,
-                        n,
-                        a,
-                        b,
-                        m,
-                        n,
-                        k,
-                        accumulate,
-                    );
+                    if fallback {
+                        matmul_bf16_fallback(&mut c, n, a, b, m, n, k, accumulate);
+                    } else {
+                        matmul_bf16(&mut c, n, a, b, m, n, k, accumulate);
+                    }
+                    let (rs, cs) = (b.row_stride, b.col_stride);
+                    let case = format!("{m}x{n}x{k} b strides {rs} {cs}, fallback {fallback}");
+                    check(&case, &c, &c0, n, a, b, m, n, k, accumulate);
                 }
             }
         }
