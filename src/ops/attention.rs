@@ -8,7 +8,7 @@
 //! sees keys `j ≤ prefix + i`.
 
 use crate::error::{Result, check_len, config_error};
-use crate::ops::dropout::dropout_keep;
+use crate::ops::dropout::{keep_threshold, kept};
 use crate::ops::matmul::{MatRef, matmul_with};
 use crate::ops::simd::{exp, vectorized};
 use crate::scalar::Float;
@@ -415,8 +415,9 @@ fn saved_factor<T: Float>(saved: T, inv_keep: T) -> T {
 #[inline(always)]
 fn keep_factors<T: Float>(f: &mut [T], seed: u64, first: u64, p: f32) {
     let inv_keep = T::from_f64(1.0 / (1.0 - p as f64));
+    let threshold = keep_threshold(p);
     for (e, x) in f.iter_mut().enumerate() {
-        *x = if dropout_keep(seed, first.wrapping_add(e as u64), p) { inv_keep } else { T::ZERO };
+        *x = if kept(seed, first.wrapping_add(e as u64), threshold) { inv_keep } else { T::ZERO };
     }
 }
 
@@ -424,6 +425,7 @@ fn keep_factors<T: Float>(f: &mut [T], seed: u64, first: u64, p: f32) {
 mod tests {
     use super::*;
     use crate::error::Error;
+    use crate::ops::dropout::dropout_keep;
     use crate::testing::{FD_STEP, Rng, assert_grad, dot, numeric_gradient, rel_err};
 
     fn dims(batch: usize, q_len: usize, kv_len: usize, heads: usize, head_dim: usize, causal: bool) -> AttentionDims {

@@ -12,7 +12,20 @@ use rayon::prelude::*;
 /// Whether element `counter` survives dropout with drop probability `p` (0 ≤ p < 1).
 #[inline(always)]
 pub fn dropout_keep(seed: u64, counter: u64, p: f32) -> bool {
-    let threshold = (p as f64 * 18_446_744_073_709_551_616.0) as u64; // p·2⁶⁴, saturating
+    kept(seed, counter, keep_threshold(p))
+}
+
+/// `p·2⁶⁴`, saturating: the hash of a kept element is at least this. Loops take it once:
+/// where a loop stays scalar (no 64-bit vector multiply before AVX-512DQ), LLVM recomputed the
+/// f64 product and its saturating conversion for every element.
+#[inline(always)]
+pub fn keep_threshold(p: f32) -> u64 {
+    (p as f64 * 18_446_744_073_709_551_616.0) as u64
+}
+
+/// [`dropout_keep`] with its [`keep_threshold`] taken beforehand.
+#[inline(always)]
+pub fn kept(seed: u64, counter: u64, threshold: u64) -> bool {
     hash_u64(seed, counter) >= threshold
 }
 
@@ -69,6 +82,7 @@ fn apply<T: Float>(dst: &mut [T], src: &[T], p: f32, at: DropoutCoords) {
         return;
     }
     let scale = T::from_f64(1.0 / (1.0 - p as f64));
+    let threshold = keep_threshold(p);
     let row = usize::try_from(at.row).unwrap_or(usize::MAX);
     dst.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).enumerate().for_each(|(c, (mut dst, mut src))| {
         // Row by row: the counter advances by one along a row (a run the hash vectorises over)
@@ -81,15 +95,21 @@ fn apply<T: Float>(dst: &mut [T], src: &[T], p: f32, at: DropoutCoords) {
             let (s, rest_src) = src.split_at(len);
             vectorized(
                 #[inline(always)]
-                || {
-                    for (e, (d, &x)) in d.iter_mut().zip(s).enumerate() {
-                        *d = if dropout_keep(at.seed, first.wrapping_add(e as u64), p) { x * scale } else { T::ZERO };
-                    }
-                },
+                || mask_run(d, s, at.seed, first, threshold, scale),
             );
             (dst, src, i) = (rest, rest_src, i + len);
         }
     });
+}
+
+/// One row of [`apply`]: counters `first..`. The mask's parameters come in by value: read
+/// through the caller's references, LLVM must assume the stores to `d` may change them, and
+/// reloads them (and converts `p` again) for every element instead of vectorising the loop.
+#[inline(always)]
+fn mask_run<T: Float>(d: &mut [T], s: &[T], seed: u64, first: u64, threshold: u64, scale: T) {
+    for (e, (d, &x)) in d.iter_mut().zip(s).enumerate() {
+        *d = if kept(seed, first.wrapping_add(e as u64), threshold) { x * scale } else { T::ZERO };
+    }
 }
 
 /// `out[i] = keep(i) ? inp[i]/(1−p) : 0`. `p = 0` is the identity (a copy).
