@@ -6,8 +6,10 @@
 use pipetransformer::ops::attention::{AttentionDims, attention_backward, attention_forward};
 use pipetransformer::ops::dropout::{DropoutCoords, dropout_forward};
 use pipetransformer::ops::gelu::{Activation, gelu_backward, gelu_forward};
+use pipetransformer::ops::gemm_bf16::{matmul_bf16_fallback, round_to_bf16};
 use pipetransformer::ops::layernorm::{layernorm_backward, layernorm_forward};
 use pipetransformer::ops::linear::linear_backward;
+use pipetransformer::ops::matmul::MatRef;
 use pipetransformer::ops::optim::{AdamWStep, CHUNK, adamw_update, scale_inplace, sum_squares};
 use pipetransformer::ops::residual::{residual_backward, residual_forward};
 use pipetransformer::ops::simd::{VectorLevel, cap_vector_level};
@@ -105,6 +107,15 @@ fn outputs() -> Vec<(&'static str, Vec<u32>)> {
     let mut dbias = vec![0.125f32; out_dim];
     linear_backward(None, None, Some(&mut dbias), &dout, &inp, &weight, rows, in_dim, out_dim).unwrap();
     out.push(("linear dbias", dbias.iter().map(|v| v.to_bits()).collect()));
+    // The bf16 fallback's rounding pass (lines of 23: the vector body and a tail), read back
+    // through a product with the identity, which adds exact zeros to each rounded value.
+    let (m, k) = (435, 23);
+    let (a, eye) = (random(&mut rng, m * k, 12.0), (0..k * k).map(|i| f32::from(i % (k + 1) == 0)).collect::<Vec<_>>());
+    let mut rounded = vec![0.0f32; m * k];
+    matmul_bf16_fallback(&mut rounded, k, MatRef::rows(&a, k), MatRef::rows(&eye, k), m, k, k, false);
+    let read_back = rounded.iter().zip(&a).all(|(r, &x)| r.to_bits() == round_to_bf16(x).to_bits());
+    assert!(read_back, "the product with the identity is not the rounded operand");
+    out.push(("bf16 fallback rounding", rounded.iter().map(|v| v.to_bits()).collect()));
     out
 }
 
