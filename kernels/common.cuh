@@ -93,8 +93,8 @@ __device__ __forceinline__ unsigned long long pt_mix64(unsigned long long z) {
 __device__ __forceinline__ unsigned long long pt_hash_u64(unsigned long long seed, unsigned long long counter) {
     return pt_mix64(seed ^ pt_mix64(counter + 0x9E3779B97F4A7C15ull));
 }
-// `threshold` = (p as f64 · 2⁶⁴) as u64, computed on the host exactly as `dropout_keep` in Rust
-// does, so the device needs no f64.
+// `threshold` = (p as f64 · 2⁶⁴) as u64, computed on the host by `keep_threshold` in
+// src/ops/dropout.rs, so the device needs no f64.
 __device__ __forceinline__ bool dropout_keep(unsigned long long seed, unsigned long long counter,
                                              unsigned long long threshold) {
     return pt_hash_u64(seed, counter) >= threshold;

@@ -110,7 +110,12 @@ fn outputs() -> Vec<(&'static str, Vec<u32>)> {
     // The bf16 fallback's rounding pass (lines of 23: the vector body and a tail), read back
     // through a product with the identity, which adds exact zeros to each rounded value.
     let (m, k) = (435, 23);
-    let (a, eye) = (random(&mut rng, m * k, 12.0), (0..k * k).map(|i| f32::from(i % (k + 1) == 0)).collect::<Vec<_>>());
+    let mut a = random(&mut rng, m * k, 12.0);
+    // Ties to even both ways, just past a tie, subnormals, the largest bf16 (nothing that
+    // rounds to infinity: its products with the identity's zeros would be NaN).
+    let edges = [0x3f80_8000u32, 0x3f81_8000, 0x3f80_8001, 0x0000_8000, 0x0001_8000, 0x807f_ffff, 0x7f7f_0000];
+    a.iter_mut().step_by(97).zip(edges).for_each(|(x, e)| *x = f32::from_bits(e));
+    let eye: Vec<f32> = (0..k * k).map(|i| f32::from(i % (k + 1) == 0)).collect();
     let mut rounded = vec![0.0f32; m * k];
     matmul_bf16_fallback(&mut rounded, k, MatRef::rows(&a, k), MatRef::rows(&eye, k), m, k, k, false);
     let read_back = rounded.iter().zip(&a).all(|(r, &x)| r.to_bits() == round_to_bf16(x).to_bits());

@@ -411,7 +411,7 @@ fn saved_factor<T: Float>(saved: T, inv_keep: T) -> T {
 /// `f[e] = keep(seed, first + e, p) ? 1/(1−p) : 0`. Hashing is most of attention dropout's
 /// cost (four 64-bit multiplies per element), hence once per forward (the backward reads the
 /// mask from the saved probabilities' sign bits); inside [`vectorized`] those multiplies
-/// vectorise where the CPU has AVX-512DQ (≈3× faster). Same bits either way.
+/// vectorise (AVX-512DQ's `vpmullq`, or AVX2's 32-bit pieces). Same bits either way.
 #[inline(always)]
 fn keep_factors<T: Float>(f: &mut [T], seed: u64, first: u64, p: f32) {
     let inv_keep = T::from_f64(1.0 / (1.0 - p as f64));

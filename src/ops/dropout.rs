@@ -1,5 +1,5 @@
 //! Inverted dropout with a counter-based mask: element `i` is kept iff `hash_u64(seed, counter(i))`
-//! falls above `p·2⁶⁴`, and kept values are scaled by `1/(1−p)`. Nothing is stored: the backward
+//! is at least `p·2⁶⁴`, and kept values are scaled by `1/(1−p)`. Nothing is stored: the backward
 //! (and a CUDA kernel, and a micro-batch or a token slice of the same samples) recomputes the same
 //! mask from the element's coordinates ([`DropoutCoords`]).
 
@@ -15,9 +15,8 @@ pub fn dropout_keep(seed: u64, counter: u64, p: f32) -> bool {
     kept(seed, counter, keep_threshold(p))
 }
 
-/// `p·2⁶⁴`, saturating: the hash of a kept element is at least this. Loops take it once:
-/// where a loop stays scalar (no 64-bit vector multiply before AVX-512DQ), LLVM recomputed the
-/// f64 product and its saturating conversion for every element.
+/// `p·2⁶⁴`, saturating: the hash of a kept element is at least this. Every backend takes it
+/// from here (the GPU kernels receive it as an argument), once per call, outside the loops.
 #[inline(always)]
 pub fn keep_threshold(p: f32) -> u64 {
     (p as f64 * 18_446_744_073_709_551_616.0) as u64
@@ -102,9 +101,10 @@ fn apply<T: Float>(dst: &mut [T], src: &[T], p: f32, at: DropoutCoords) {
     });
 }
 
-/// One row of [`apply`]: counters `first..`. The mask's parameters come in by value: read
-/// through the caller's references, LLVM must assume the stores to `d` may change them, and
-/// reloads them (and converts `p` again) for every element instead of vectorising the loop.
+/// One row of [`apply`]: counters `first..`. The mask's parameters come in by value: captured
+/// by reference, LLVM must assume each store to `d` may change them, reloads them for every
+/// element and, where 64-bit vector multiplies are dear (AVX2), leaves the loop scalar (3.6×
+/// slower there: docs/PERF.md).
 #[inline(always)]
 fn mask_run<T: Float>(d: &mut [T], s: &[T], seed: u64, first: u64, threshold: u64, scale: T) {
     for (e, (d, &x)) in d.iter_mut().zip(s).enumerate() {

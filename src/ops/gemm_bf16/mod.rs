@@ -29,9 +29,10 @@
 //!    reproducible across thread counts.
 //!
 //! Elsewhere (no `avx512_bf16`, another architecture, f64 operands) [`matmul_bf16`] rounds the
-//! operands to bf16, widens them back and calls the f32 [`matmul`]: the same rounding of the
-//! inputs, f32 accumulation in another order. [`matmul_bf16_reference`] is the triple loop in f64
-//! over the rounded inputs that both are tested against.
+//! operands to bf16 in a vectorised pass, into copies of the same orientation, and calls
+//! [`matmul`] on them: the same rounding of the inputs, accumulation in the element type (f32,
+//! or f64 for f64 operands) in another order. [`matmul_bf16_reference`] is the triple loop in
+//! f64 over the rounded inputs that both are tested against.
 //!
 //! On CPUs with AMX (`amx` below) the same packing feeds `tdpbf16ps` on tiles instead: written
 //! without AMX hardware, tested on an emulation of the tile instructions, and checked against
@@ -39,9 +40,10 @@
 //!
 //! `PT_BF16_KERNEL=amx|avx512|fallback` caps the path (like `PT_VECTOR`), for comparing speeds.
 
-use crate::ops::matmul::{MatRef, check_c, matmul};
+use crate::ops::matmul::{MatRef, check_c, matmul, matmul_with};
 use crate::ops::simd::vectorized;
 use crate::scalar::Float;
+use gemm::Parallelism;
 use half::bf16;
 use rayon::prelude::*;
 use std::any::TypeId;
@@ -264,7 +266,7 @@ pub fn matmul_bf16_with<T: Float>(
         avx512::gemm(kernel, c32, c_row_stride, a, b, m, n, k, accumulate, parallel);
         return bf16_path();
     }
-    matmul_bf16_fallback(c, c_row_stride, a, b, m, n, k, accumulate);
+    fallback(c, c_row_stride, a, b, m, n, k, accumulate, parallel);
     Bf16Path::Fallback
 }
 
@@ -376,11 +378,11 @@ pub fn matmul_bf16_packed<T: Float>(
     }
 }
 
-/// The portable path: rounds A and B to bf16 (f64 operands through f32) into contiguous copies
-/// of the same orientation (a transposed view stays transposed, so each copy reads and writes
-/// whole lines) and calls the f32/f64 [`matmul`] on them. The rounding is a vectorised pass
-/// over the operands, on the pool when they are large: this path serves CPUs without
-/// `avx512_bf16` or AMX, where a bf16 step should cost an f32 step and the copies, not more.
+/// The portable path: rounds A and B to bf16 (f64 operands through f32) into copies of the
+/// same orientation (a transposed view stays transposed, so each copy reads and writes whole
+/// lines) and calls [`matmul`] on them, which accumulates in the element type. The rounding is a
+/// vectorised pass over the operands, on the pool when they are large: this path serves CPUs
+/// without `avx512_bf16` or AMX, where a bf16 step should cost an f32 step and the copies, not more.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_bf16_fallback<T: Float>(
     c: &mut [T],
@@ -393,13 +395,30 @@ pub fn matmul_bf16_fallback<T: Float>(
     accumulate: bool,
 ) {
     check_views(c.len(), c_row_stride, &a, &b, m, n, k);
-    let (mut ar, mut br) = (Vec::new(), Vec::new());
-    let a = rounded_copy(a, m, k, &mut ar);
-    let b = rounded_copy(b, k, n, &mut br);
-    matmul(c, c_row_stride, a, b, m, n, k, accumulate);
+    fallback(c, c_row_stride, a, b, m, n, k, accumulate, parallel(m * n * k));
 }
 
-/// `x` rounded to the nearest bf16 and widened back: bit for bit `half::bf16::from_f32(x)`
+/// [`matmul_bf16_fallback`] on checked views, on the pool only where `parallel`.
+#[allow(clippy::too_many_arguments)]
+fn fallback<T: Float>(
+    c: &mut [T],
+    c_row_stride: usize,
+    a: MatRef<T>,
+    b: MatRef<T>,
+    m: usize,
+    n: usize,
+    k: usize,
+    accumulate: bool,
+    parallel: bool,
+) {
+    let (mut ar, mut br) = (Vec::new(), Vec::new());
+    let a = rounded_copy(a, m, k, &mut ar, parallel);
+    let b = rounded_copy(b, k, n, &mut br, parallel);
+    let par = if parallel { Parallelism::Rayon(rayon::current_num_threads()) } else { Parallelism::None };
+    matmul_with(c, c_row_stride, a, b, m, n, k, accumulate, par);
+}
+
+/// `x` rounded to the nearest bf16 and widened back: bit for bit `half::bf16::from_f32(x).to_f32()`
 /// (ties to even, carries into the exponent and to infinity, subnormals kept, a NaN made quiet),
 /// written without branches so that a loop of it vectorises. Adding `0x7fff` plus the kept
 /// part's last bit carries into the kept half exactly when the dropped half is above a tie, or
@@ -410,46 +429,56 @@ pub fn round_to_bf16(x: f32) -> f32 {
     let high = bits >> 16;
     let rounded = bits.wrapping_add(0x7fff + (high & 1)) >> 16;
     let nan = bits & 0x7fff_ffff > 0x7f80_0000;
-    f32::from_bits(if nan { high | 0x40 } else { rounded } << 16)
+    let kept = if nan { high | 0x40 } else { rounded };
+    f32::from_bits(kept << 16)
 }
 
 /// The `rows × cols` operand `view` with each value rounded to bf16 ([`round_to_bf16`]; f64
 /// through f32), copied into `out`: row-major when the view's rows are contiguous lines,
 /// column-major when its columns are (a transposed matrix), gathered row-major otherwise.
-/// Returns the copy's view.
-fn rounded_copy<'o, T: Float>(view: MatRef<T>, rows: usize, cols: usize, out: &'o mut Vec<T>) -> MatRef<'o, T> {
+/// Returns the copy's view. Large copies go to the pool where `parallel`.
+fn rounded_copy<'o, T: Float>(
+    view: MatRef<T>,
+    rows: usize,
+    cols: usize,
+    out: &'o mut Vec<T>,
+    parallel: bool,
+) -> MatRef<'o, T> {
     let round = |x: T| T::from_f64(round_to_bf16(x.to_f64() as f32) as f64);
-    out.resize(rows * cols, T::ZERO);
-    if rows == 0 || cols == 0 {
-        return MatRef::rows(out, cols.max(1));
-    }
+    // Zeroed pages from the allocator: the writers below fault them in, not a memset first.
+    *out = vec![T::ZERO; rows * cols];
     // Lines of `len` contiguous elements, `stride` apart in the source; the copy's strides.
-    let (lines, len, stride, copy_strides) = if view.col_stride == 1 || cols == 1 {
-        (rows, cols, view.row_stride, (cols, 1))
-    } else if view.row_stride == 1 || rows == 1 {
-        (cols, rows, view.col_stride, (1, rows))
+    let (len, stride, copy_strides) = if view.col_stride == 1 {
+        (cols, view.row_stride, (cols, 1))
+    } else if view.row_stride == 1 {
+        (rows, view.col_stride, (1, rows))
     } else {
-        for (i, dst) in out.chunks_mut(cols).enumerate() {
+        for (i, dst) in out.chunks_mut(cols.max(1)).enumerate() {
             for (j, d) in dst.iter_mut().enumerate() {
                 *d = round(view.data[i * view.row_stride + j * view.col_stride]);
             }
         }
         return MatRef::rows(out, cols);
     };
-    // Tasks of whole lines, about 16 K values each: a line may be one attention head's 32.
+    if len == 0 {
+        return MatRef { data: out, row_stride: copy_strides.0, col_stride: copy_strides.1 };
+    }
+    // Tasks of whole lines, about 16 K values each (a line is a layer's width, or a
+    // micro-batch's rows, as few as a token slice's).
     let per_task = (16_384 / len).max(1);
     let src = view.data;
     let round_lines = |(t, dst): (usize, &mut [T])| {
-        for (l, dst) in dst.chunks_mut(len).enumerate() {
-            let start = (t * per_task + l) * stride;
-            let src = &src[start..start + len];
-            vectorized(
-                #[inline(always)]
-                || dst.iter_mut().zip(src).for_each(|(d, &s)| *d = round(s)),
-            );
-        }
+        vectorized(
+            #[inline(always)]
+            || {
+                for (l, dst) in dst.chunks_mut(len).enumerate() {
+                    let start = (t * per_task + l) * stride;
+                    dst.iter_mut().zip(&src[start..start + len]).for_each(|(d, &s)| *d = round(s));
+                }
+            },
+        )
     };
-    if parallel(lines * len) {
+    if parallel && out.len() >= PARALLEL_MIN_WORK {
         out.par_chunks_mut(per_task * len).enumerate().for_each(round_lines);
     } else {
         out.chunks_mut(per_task * len).enumerate().for_each(round_lines);
@@ -772,15 +801,17 @@ mod tests {
             assert_eq!(path, bf16_path());
         };
         check_every_layout(1, &shapes, &|| {}, kernel, "kernel");
-        let fallback: Product =
-            &|c, ldc, a, b, m, n, k, accumulate, _| matmul_bf16_fallback(c, ldc, a, b, m, n, k, accumulate);
+        let fallback: Product = &|c, ldc, a, b, m, n, k, accumulate, parallel| {
+            pool.install(|| super::fallback(c, ldc, a, b, m, n, k, accumulate, parallel))
+        };
         check_every_layout(1, &shapes, &|| {}, fallback, "fallback");
     }
 
     /// The fallback is the f32 product of operands rounded by `half`, to the bit, at sizes whose
-    /// rounding goes to the pool in tasks of many lines (an attention head's 32 values a line,
-    /// a transposed weight's 384) as well as one: rows and columns of the copies where they
-    /// belong whichever way round the operands are.
+    /// rounding goes to the pool in tasks of many lines (lines of 32 values, and of 300 to
+    /// 400) as well as one: rows and columns of the copies where they belong whichever way
+    /// round the operands are. Then, against the reference: a column slice of a wider matrix
+    /// rounded on the pool, and products with nothing to sum (k = 0).
     #[test]
     fn fallback_is_the_product_of_rounded_operands() {
         fn view(v: &[f32], rows: usize, cols: usize, t: bool) -> MatRef<'_, f32> {
@@ -801,6 +832,20 @@ mod tests {
                 let same = got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits());
                 assert!(same, "{m}x{n}x{k} ta {ta} tb {tb}: not the product of the rounded operands");
             }
+        }
+        let (m, n, k) = (300, 384, 400);
+        let (av, bv) = (f32s(&mut rng, m * k), f32s(&mut rng, k * (n + 5)));
+        let (a, b) = (MatRef::rows(&av, k), MatRef::strided(&bv, n + 5));
+        for accumulate in [false, true] {
+            let c0 = f32s(&mut rng, m * n);
+            let mut c = c0.clone();
+            pool.install(|| matmul_bf16_fallback(&mut c, n, a, b, m, n, k, accumulate));
+            check(&format!("strided B, accumulate {accumulate}"), &c, &c0, n, a, b, m, n, k, accumulate);
+        }
+        for accumulate in [false, true] {
+            let mut c = vec![3f32; 6];
+            matmul_bf16_fallback(&mut c, 3, MatRef::rows(&[], 0), MatRef::rows(&[], 3), 2, 3, 0, accumulate);
+            assert_eq!(c, vec![if accumulate { 3.0 } else { 0.0 }; 6], "k = 0, accumulate {accumulate}");
         }
     }
 
@@ -864,6 +909,11 @@ mod tests {
         assert_eq!(c[0], 4.0);
         let mut c = vec![0f32; 1];
         matmul_bf16_fallback(&mut c, 1, MatRef::rows(&a, 4), MatRef::rows(&b, 1), 1, 1, 4, false);
+        assert_eq!(c[0], 4.0);
+        // f64 operands take the fallback, rounded through f32 alike.
+        let (a, b) = (vec![1.0 + 1.0 / 1024.0; 4], vec![1.0f64; 4]);
+        let mut c = vec![0f64; 1];
+        matmul_bf16(&mut c, 1, MatRef::rows(&a, 4), MatRef::rows(&b, 1), 1, 1, 4, false);
         assert_eq!(c[0], 4.0);
     }
 

@@ -83,7 +83,7 @@ fn check_dims(op: &'static str, d: &AttentionDims) -> Result<()> {
 /// backend computes them (threshold `p·2⁶⁴`, scale `1/(1−p)`, rounded from f64).
 fn mask_and_dims(d: &AttentionDims, key_mask: Option<&GpuIds>) -> [Arg; 12] {
     let (threshold, keep_scale) = if d.dropout > 0.0 {
-        ((d.dropout as f64 * 18_446_744_073_709_551_616.0) as u64, (1.0 / (1.0 - d.dropout as f64)) as f32)
+        (crate::ops::dropout::keep_threshold(d.dropout), (1.0 / (1.0 - d.dropout as f64)) as f32)
     } else {
         (0, 1.0)
     };

@@ -192,7 +192,7 @@ pub fn dropout(dev: &GpuDevice, op: &str, dst: &mut GpuBuf, src: &GpuBuf, p: f32
         // Keeps every element at scale 1: a copy, as on the cpu.
         return dev.copy(dst, src);
     }
-    let threshold = (p as f64 * 18_446_744_073_709_551_616.0) as u64; // p·2⁶⁴, as `dropout_keep`
+    let threshold = crate::ops::dropout::keep_threshold(p);
     let scale = (1.0 / (1.0 - p as f64)) as f32;
     let kernel = format!("dropout_{}", dev.act().suffix());
     let rest = [
