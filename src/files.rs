@@ -1,7 +1,8 @@
 //! Files that must never be seen half-written (checkpoints, exports, reports, the activation
 //! cache's index): written to a temporary sibling, fsynced, renamed into place, the large
 //! ones past the page cache ([`write_atomic_uncached`]); and writes that run on a thread of
-//! their own while training goes on ([`Background`]).
+//! their own while training goes on ([`Background`]). And [`Scratch`], a temp folder that goes
+//! when its user is done with it.
 
 use crate::error::{Error, Result, internal};
 use std::fs::File;
@@ -12,6 +13,64 @@ use std::thread::JoinHandle;
 /// The I/O error of `path`.
 pub fn io_error(path: &Path, source: std::io::Error) -> Error {
     Error::Io { path: path.display().to_string(), source }
+}
+
+/// A fresh, empty folder under the system's temp dir (`pt-<label>-<pid>-<n>`, `n` counting this
+/// process's folders, so two users of one label never share a folder; emptied first if an
+/// earlier process of the same id left it), removed again when dropped, unless the thread is
+/// panicking (a failing test's files stay to be read) or it was [`kept`](Self::keep). Derefs to
+/// its path.
+pub struct Scratch(Option<std::path::PathBuf>);
+
+impl Scratch {
+    /// Creates the folder.
+    pub fn create(label: &str) -> Result<Self> {
+        static MADE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("pt-{label}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| io_error(&dir, e))?;
+        Ok(Scratch(Some(dir)))
+    }
+
+    /// [`create`](Self::create) for a test's setup: panics where the temp dir cannot be written.
+    pub fn new(label: &str) -> Self {
+        Self::create(label).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Leaves the folder where it is, to be read after an error; returns its path.
+    pub fn keep(mut self) -> std::path::PathBuf {
+        self.0.take().expect("a Scratch holds its path until kept")
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        self.0.as_deref().expect("a Scratch holds its path until kept")
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        self
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for Scratch {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.as_os_str()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.0
+            && !std::thread::panicking()
+        {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 /// Puts the folder `new` at `path` in one step. Where `path` exists, the two trade places
@@ -255,7 +314,6 @@ impl Drop for Background {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::Scratch;
 
     /// Two folders trade places: `path` holds the new one, `new` the old one; with no folder at
     /// `path`, the new one is simply moved there.

@@ -71,48 +71,5 @@ pub fn assert_grad(name: &str, analytic: &[f64], numeric: &[f64]) {
     );
 }
 
-/// A fresh, empty folder under the system's temp dir for one test (`pt-<label>-<pid>-<n>`, `n`
-/// counting this process's folders, so two tests that share a label do not share a folder;
-/// emptied first if an earlier process of the same id left it), removed again when dropped,
-/// unless the test is failing, so what it wrote can be read after the failure. Derefs to its
-/// path.
-pub struct Scratch(std::path::PathBuf);
-
-impl Scratch {
-    /// Creates the folder. Panics where the temp dir cannot be written (a test's setup).
-    pub fn new(label: &str) -> Self {
-        static MADE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("pt-{label}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
-        Scratch(dir)
-    }
-}
-
-impl std::ops::Deref for Scratch {
-    type Target = std::path::Path;
-    fn deref(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl AsRef<std::path::Path> for Scratch {
-    fn as_ref(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl AsRef<std::ffi::OsStr> for Scratch {
-    fn as_ref(&self) -> &std::ffi::OsStr {
-        self.0.as_os_str()
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
+/// A test's own temp folder, removed when the test passes (see [`crate::files::Scratch`]).
+pub use crate::files::Scratch;

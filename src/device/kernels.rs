@@ -223,14 +223,12 @@ pub struct Resources {
 /// resources.
 pub fn ptxas_resources(file: &str, arch: u32) -> Result<Vec<Resources>> {
     let ptx = compile_ptx(file, arch)?;
-    // A folder of its own per call (calls run at once in tests), removed when ptxas succeeds.
-    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("pt-ptxas-{}-{call}", std::process::id()));
+    // A folder of its own per call (calls run at once in tests), removed when ptxas succeeds
+    // and kept where it failed: its log names lines of the PTX there.
+    let dir = crate::files::Scratch::create("ptxas")?;
     let result = run_ptxas(&dir, file, arch, &ptx);
-    if result.is_ok() {
-        // Kept where ptxas failed: its log names lines of the PTX there.
-        let _ = std::fs::remove_dir_all(&dir);
+    if result.is_err() {
+        dir.keep();
     }
     result
 }
@@ -238,9 +236,7 @@ pub fn ptxas_resources(file: &str, arch: u32) -> Result<Vec<Resources>> {
 /// [`ptxas_resources`] with the PTX written into `dir`.
 fn run_ptxas(dir: &Path, file: &str, arch: u32, ptx: &str) -> Result<Vec<Resources>> {
     let input = dir.join(format!("{file}-sm{arch}.ptx"));
-    let io = |source| crate::files::io_error(&input, source);
-    std::fs::create_dir_all(dir).map_err(io)?;
-    std::fs::write(&input, ptx).map_err(io)?;
+    std::fs::write(&input, ptx).map_err(|source| crate::files::io_error(&input, source))?;
     let ptxas = cuda_home().join("cuda_nvcc/bin/ptxas");
     let out = std::process::Command::new(&ptxas)
         .arg(format!("-arch=sm_{arch}"))
