@@ -128,7 +128,7 @@ fn the_time_to_accuracy_script_refuses_a_used_folder_and_a_missing_binary() {
         eprintln!("python3 not found: skipped");
         return;
     }
-    let dir = std::env::temp_dir().join(format!("pt-time-to-accuracy-{}", std::process::id()));
+    let dir = pipetransformer::testing::Scratch::new("time-to-accuracy");
     let used = dir.join("used");
     std::fs::create_dir_all(&used).unwrap();
     std::fs::write(used.join("metrics.jsonl"), "earlier run\n").unwrap();
@@ -143,5 +143,4 @@ fn the_time_to_accuracy_script_refuses_a_used_folder_and_a_missing_binary() {
     let (ok, err) = run(&dir.join("new"), missing.to_str().unwrap());
     assert!(!ok && err.contains("no such program") && !err.contains("Traceback"), "{err}");
     assert!(!dir.join("new").exists(), "nothing made for a run that did not start");
-    std::fs::remove_dir_all(&dir).unwrap();
 }

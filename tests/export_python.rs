@@ -37,13 +37,6 @@ const CHECK_FILE: &str = "pipetransformer_check.json";
 
 type Dev = CpuDevice<f32>;
 
-fn temp_dir(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pipetransformer-export-{}-{test}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 fn write_json(path: &Path, value: &Value) {
     std::fs::write(path, serde_json::to_string_pretty(value).unwrap()).unwrap();
 }
@@ -334,7 +327,7 @@ fn python() -> Result<String, String> {
 
 #[test]
 fn exports_load_in_transformers_and_sentence_transformers() {
-    let root = temp_dir("python");
+    let root = pipetransformer::testing::Scratch::new("export-python");
     let dev = Dev::new(0, 1).unwrap();
     let tokenizer_dir = root.join("pretrained");
     tiny_bert_tokenizer(&tokenizer_dir);
@@ -353,7 +346,6 @@ fn exports_load_in_transformers_and_sentence_transformers() {
                 "SKIP the Python comparison: {why}. Set PT_PYTHON to an interpreter with torch, transformers, \
                  sentence-transformers and pillow to run it."
             );
-            let _ = std::fs::remove_dir_all(&root);
             return;
         }
     };
@@ -364,5 +356,4 @@ fn exports_load_in_transformers_and_sentence_transformers() {
     // Python's warnings (e.g. BertModel's freshly initialised pooler for a mean-pooling export).
     eprintln!("{stderr}");
     assert!(out.status.success(), "check_export.py failed:\n{stdout}\n{stderr}");
-    let _ = std::fs::remove_dir_all(&root);
 }

@@ -18,7 +18,8 @@ fn run(config: &str, overrides: &[&str]) -> pipetransformer::run::Summary {
 
 /// [`run`], then `check` on the run's output directory and config before it is removed.
 fn run_then(config: &str, overrides: &[&str], check: impl FnOnce(&Path, &RunConfig)) -> pipetransformer::run::Summary {
-    let out = std::env::temp_dir().join(format!("pt-real-{}-{}", std::process::id(), config.replace('/', "_")));
+    let scratch = pipetransformer::testing::Scratch::new(&format!("real-{}", config.replace('/', "_")));
+    let out = scratch.join("out");
     let mut sets: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
     sets.push(format!("output.dir={}", out.display()));
     let config = RunConfig::load(Path::new(config), &sets).unwrap();
@@ -29,7 +30,6 @@ fn run_then(config: &str, overrides: &[&str], check: impl FnOnce(&Path, &RunConf
     let mut job = Job::new(devices, config.clone()).unwrap();
     let summary = job.run(&mut |_| {}).unwrap();
     check(&out, &config);
-    std::fs::remove_dir_all(&out).unwrap();
     summary
 }
 
@@ -135,7 +135,8 @@ fn a_max_len_past_the_position_table_is_refused_by_its_key() {
     if !have(&["weights/all-minilm-l6-v2/model.safetensors", "data/text/rotten_tomatoes_corpus_full.csv.bz2"]) {
         return;
     }
-    let out = std::env::temp_dir().join(format!("pt-real-{}-max-len", std::process::id()));
+    let scratch = pipetransformer::testing::Scratch::new("real-max-len");
+    let out = scratch.join("out");
     let job = |max_len: usize| {
         let sets =
             [format!("data.max_len={max_len}"), "data.train_limit=64".into(), format!("output.dir={}", out.display())];
@@ -149,7 +150,6 @@ fn a_max_len_past_the_position_table_is_refused_by_its_key() {
     assert!(err.contains("data.max_len") && err.contains("513") && err.contains("holds 512"), "{err}");
     job(512).unwrap();
     assert!(!out.join("metrics.jsonl").exists(), "nothing written by building a job");
-    std::fs::remove_dir_all(&out).ok();
 }
 
 /// `train.freeze_embeddings` reaches the plan, not only the training (the trainer alone would

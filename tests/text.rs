@@ -275,8 +275,7 @@ fn a_tokenizer_larger_than_the_model_is_refused_before_training() {
     if !common::installed(&[&weights.join("tokenizer.json"), &rt]) {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("pt-small-table-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = pipetransformer::testing::Scratch::new("small-table");
     std::fs::copy(weights.join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
     let mut config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(weights.join("config.json")).unwrap()).unwrap();
@@ -287,7 +286,6 @@ fn a_tokenizer_larger_than_the_model_is_refused_before_training() {
     let (_, info) = pipetransformer::run::prepare_data(&run, 1).unwrap();
     let dev = CpuDevice::<f32>::new(0, 1).unwrap();
     let err = pipetransformer::run::build_model(&dev, &run, &info, &|_| true).err().unwrap().to_string();
-    std::fs::remove_dir_all(&dir).unwrap();
     assert!(err.contains("model.pretrained") && err.contains("tokenizer.json gives token ids up to 30521"), "{err}");
     assert!(err.contains("the model's table holds 1000"), "{err}");
 }

@@ -193,7 +193,7 @@ mod tests {
 
     #[test]
     fn without_libnccl_the_error_lists_every_place_tried() {
-        let home = std::env::temp_dir().join(format!("pt-no-nccl-{}", std::process::id()));
+        let home = crate::files::Scratch::new("no-nccl");
         let paths = candidates(None, &home);
         assert_eq!(paths.last().unwrap(), Path::new("libnccl.so"));
         // Only the absent wheel path: the bare names may exist on a GPU machine.
@@ -205,7 +205,6 @@ mod tests {
         let e = load(&[libc]).err().unwrap();
         assert!(e.contains("no `ncclGetVersion`"), "{e}");
         assert!(load(&[home.join("absent.so"), fake]).is_ok(), "the next candidate is tried");
-        std::fs::remove_dir_all(&home).unwrap();
     }
 
     #[test]

@@ -338,8 +338,10 @@ fn decode(dtype: CacheDtype, bytes: &[u8], out: &mut [f32]) {
 mod tests {
     use super::*;
 
-    fn dir(name: &str) -> PathBuf {
-        std::env::temp_dir().join(format!("pt-cache-{}-{name}", std::process::id()))
+    /// A test's own temp folder; the cache directory is a subfolder of it that does not exist
+    /// yet (the cache makes it).
+    fn scratch(name: &str) -> crate::files::Scratch {
+        crate::files::Scratch::new(&format!("cache-{name}"))
     }
 
     /// A text-like batch: `ids`, `seq` positions, sample i real for `lens[i]` of them.
@@ -367,7 +369,8 @@ mod tests {
     fn spilled_entries_read_back_bitwise_and_the_cap_holds() {
         let w = 3;
         let one = 5 * 4 * w * 4; // one batch: 4 samples × 5 positions
-        let d = dir("spill");
+        let scratch = scratch("spill");
+        let d = scratch.join("cache");
         // Room for about one and a half batches in memory: the rest spills.
         let mut cache = ActivationCache::new(w, CacheDtype::F32, one + one / 2, one, &d).unwrap();
         let lens = [5, 2, 4, 1];
@@ -415,12 +418,12 @@ mod tests {
         assert_eq!(cache.get(host, 5, 7).unwrap().unwrap().depths, [Some(5), Some(5), Some(7), Some(5)]);
         drop(cache);
         assert!(std::fs::read_dir(&d).unwrap().next().is_none(), "the spill file goes with the cache");
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn bf16_entries_are_the_values_rounded() {
-        let d = dir("bf16");
+        let scratch = scratch("bf16");
+        let d = scratch.join("cache");
         let mut cache = ActivationCache::new(2, CacheDtype::Bf16, 1 << 20, 0, &d).unwrap();
         let host = batch(&[1, 2], &[3, 3], 3);
         let h = hidden(1, 2, 3, 2, 0.0);
@@ -429,17 +432,16 @@ mod tests {
         let got = cache.get(&host, 3, 1).unwrap().unwrap();
         let want: Vec<f32> = h.data.iter().map(|&v| bf16::from_f32(v).to_f32()).collect();
         assert_eq!(got.data, want);
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn a_cap_below_one_batch_or_an_unwritable_directory_is_refused() {
-        let e = ActivationCache::new(4, CacheDtype::F32, 100, 101, &dir("small")).err().unwrap().to_string();
+        let scratch = scratch("refused");
+        let e = ActivationCache::new(4, CacheDtype::F32, 100, 101, &scratch.join("small")).err().unwrap().to_string();
         assert!(e.contains("elastic.cache_bytes") && e.contains("101 bytes"), "{e}");
-        let file = dir("file");
+        let file = scratch.join("file");
         std::fs::write(&file, b"x").unwrap();
         let e = ActivationCache::new(4, CacheDtype::F32, 1 << 20, 0, &file.join("sub")).err().unwrap().to_string();
         assert!(e.contains("elastic.cache_dir") && e.contains("cannot be written"), "{e}");
-        std::fs::remove_file(&file).unwrap();
     }
 }

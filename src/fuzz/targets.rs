@@ -538,10 +538,8 @@ fn image(input: &[u8], dir: &Path) -> Result<()> {
 mod tests {
     use super::*;
 
-    fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("pt-fuzz-targets-{}-{name}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+    fn scratch(name: &str) -> crate::files::Scratch {
+        crate::files::Scratch::new(&format!("fuzz-targets-{name}"))
     }
 
     #[test]
@@ -580,7 +578,6 @@ mod tests {
             }
         }
         assert!(reached > 48, "only {reached} of 64 fix-ups got past the hash");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -596,6 +593,5 @@ mod tests {
                 }
             }
         }
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -574,7 +574,8 @@ mod tests {
         let dev = crate::device::CpuDevice::<f32>::new(0, 1).unwrap();
         let config = crate::model::tiny::tiny_gpt(0.0);
         let model = Model::new(&dev, &config, 1).unwrap();
-        let dir = std::env::temp_dir().join(format!("pt-predict-disagree-{}", std::process::id()));
+        let scratch = crate::files::Scratch::new("predict-disagree");
+        let dir = scratch.join("export");
         let chars: Vec<char> = "abcdefghijklmnopq".chars().collect();
         let extras = weights::ExportExtras {
             labels: &[],
@@ -590,7 +591,6 @@ mod tests {
         json["n_layer"] = 1.into();
         std::fs::write(&path, json.to_string()).unwrap();
         let err = Predictor::load(dev, &dir).err().unwrap().to_string();
-        std::fs::remove_dir_all(&dir).unwrap();
         assert!(err.contains("the weights hold") && err.contains("transformer.h.1."), "{err}");
     }
 

@@ -379,8 +379,7 @@ mod tests {
 
     #[test]
     fn a_line_in_another_encoding_costs_only_that_line() {
-        let dir = std::env::temp_dir().join(format!("pt-report-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::files::Scratch::new("report");
         let metrics = dir.join("metrics.jsonl");
         let mut bytes = br#"{"event":"start","resumed":false,"step":0}"#.to_vec();
         bytes.extend_from_slice(b"\ncaf\xe9\n");
@@ -390,7 +389,6 @@ mod tests {
         std::fs::write(&metrics, bytes).unwrap();
         write_report(&metrics, &dir.join("report.html"), &two_stage_run()).unwrap();
         assert!(std::fs::read_to_string(dir.join("report.html")).unwrap().contains("<polyline"));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -381,13 +381,11 @@ pub(crate) mod tests {
     /// a JSON syntax error inside `"decoder"`; we check the syntax before handing it over.
     #[test]
     fn a_syntax_error_inside_the_decoder_is_an_error_not_a_panic() {
-        let dir = std::env::temp_dir().join(format!("pt-tokenizer-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::files::Scratch::new("tokenizer");
         let path = dir.join("bad-decoder.json");
         std::fs::write(&path, TINY_JSON.replace("\"decoder\": null", "\"decoder\": nul")).unwrap();
         let message = tokenizer_error_message(TextTokenizer::from_file(&path, 8));
         assert!(message.contains("is not valid JSON") && message.contains("line 142"), "{message}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// Found by fuzzing: templates read from a file are not validated by the crate. A special

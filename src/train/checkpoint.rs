@@ -140,30 +140,33 @@ mod tests {
         (meta, tensors)
     }
 
-    /// [`sample`] saved as `c.ckpt` in a fresh folder named for `test`: (folder, file, sample).
-    fn saved(test: &str) -> (std::path::PathBuf, std::path::PathBuf, serde_json::Value, Vec<Tensor>) {
-        let dir = std::env::temp_dir().join(format!("pt-ckpt-{test}-{}", std::process::id()));
+    /// [`sample`] saved as `c.ckpt` in a folder named for `test` that `save` makes, inside a
+    /// scratch folder removed when the test passes: (scratch, folder, file, sample).
+    fn saved(
+        test: &str,
+    ) -> (crate::files::Scratch, std::path::PathBuf, std::path::PathBuf, serde_json::Value, Vec<Tensor>) {
+        let scratch = crate::files::Scratch::new(&format!("ckpt-{test}"));
+        let dir = scratch.join(test);
         let path = dir.join("c.ckpt");
         let (meta, tensors) = sample();
         save(&path, &meta, &tensors).unwrap();
-        (dir, path, meta, tensors)
+        (scratch, dir, path, meta, tensors)
     }
 
     #[test]
     fn round_trip_is_exact() {
-        let (dir, path, meta, tensors) = saved("round-trip");
+        let (_scratch, dir, path, meta, tensors) = saved("round-trip");
         let (m2, t2) = load(&path).unwrap();
         assert_eq!(m2, meta);
         assert_eq!(t2, tensors);
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "the temp file is renamed away");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A checkpoint of format 01 (FNV-1a checksum) still loads; with a wrong checksum for its
     /// format, neither does.
     #[test]
     fn format_01_still_loads() {
-        let (dir, path, meta, tensors) = saved("v1");
+        let (_scratch, _, path, meta, tensors) = saved("v1");
         let mut bytes = std::fs::read(&path).unwrap();
         let body = bytes.len() - 8;
         assert_eq!(&bytes[..8], MAGIC);
@@ -182,12 +185,11 @@ mod tests {
         bytes[..8].copy_from_slice(MAGIC);
         std::fs::write(&path, &bytes).unwrap();
         assert!(load(&path).unwrap_err().to_string().contains("hash mismatch"), "an FNV-1a under format 02");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn truncated_or_corrupt_files_are_errors() {
-        let (dir, path, ..) = saved("bad");
+        let (_scratch, dir, path, ..) = saved("bad");
         let good = std::fs::read(&path).unwrap();
         for (what, bytes) in [
             ("truncated", good[..good.len() - 5].to_vec()),
@@ -203,6 +205,5 @@ mod tests {
             assert!(err.contains("c.ckpt"), "{what}: {err}");
         }
         assert!(load(&dir.join("missing.ckpt")).unwrap_err().to_string().contains("missing.ckpt"));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -235,11 +235,8 @@ mod tests {
     use crate::model::{BertConfig, GptConfig, Model, Pooling};
     use crate::weights::{ExportExtras, export_model};
 
-    fn temp_dir(test: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("pipetransformer-read-export-{}-{test}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+    fn temp_dir(test: &str) -> crate::files::Scratch {
+        crate::files::Scratch::new(&format!("read-export-{test}"))
     }
 
     fn tiny_bert() -> ModelConfig {
@@ -260,8 +257,8 @@ mod tests {
         })
     }
 
-    /// Exports a tiny model of `config` into a fresh directory.
-    fn export(test: &str, config: &ModelConfig, extras: &ExportExtras<'_>) -> PathBuf {
+    /// Exports a tiny model of `config` into a fresh directory, removed when the test passes.
+    fn export(test: &str, config: &ModelConfig, extras: &ExportExtras<'_>) -> crate::files::Scratch {
         let dir = temp_dir(test);
         let dev = CpuDevice::<f32>::new(0, 1).unwrap();
         export_model(&Model::new(&dev, config, 1).unwrap(), &dev, config, extras, &dir).unwrap();
@@ -303,7 +300,6 @@ mod tests {
             .filter(|n| n.contains(&name) && *n != name)
             .collect();
         assert!(siblings.is_empty(), "{siblings:?}");
-        std::fs::remove_dir_all(&dir).unwrap();
         // A path that names no folder (`.`, `..`) is refused before anything is written.
         let err =
             export_model(&Model::new(&dev, &bert, 1).unwrap(), &dev, &bert, &extras, Path::new("..")).unwrap_err();
@@ -329,7 +325,6 @@ mod tests {
             std::fs::write(&path, bad).unwrap();
             assert!(error_naming(&dir, SENTENCE_CONFIG_FILE).contains(says), "{bad}");
         }
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
@@ -339,7 +334,6 @@ mod tests {
         let e = read_export(&dir).unwrap();
         assert_eq!((e.config, e.labels, e.tokenizer, e.chars), (tiny_bert(), labels, None, vec![]));
         assert_eq!(e.weights, dir.join(WEIGHTS_FILE));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
@@ -356,7 +350,6 @@ mod tests {
         assert!(error_naming(&dir, "config.json").contains("not valid JSON"));
         std::fs::remove_file(dir.join(CONFIG_FILE)).unwrap();
         assert!(error_naming(&dir, "config.json").contains("is missing"));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
@@ -377,7 +370,6 @@ mod tests {
         assert!(e.contains("`label2id` maps `pos` to 0, but `id2label` gives it id 2"), "{e}");
         edit_config(&dir, |j| j["id2label"] = "neg".into());
         assert!(error_naming(&dir, "config.json").contains("`id2label` is not an object"));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
@@ -407,7 +399,6 @@ mod tests {
         json["rescale_factor"] = (-1.0).into();
         std::fs::write(&path, json.to_string()).unwrap();
         assert!(error_naming(&dir, "preprocessor_config.json").contains("`rescale_factor`"));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
@@ -427,6 +418,5 @@ mod tests {
         assert!(error_naming(&dir, "vocab.json").contains("expected an integer in 0..3"));
         std::fs::write(&vocab, "[1, 2]").unwrap();
         assert!(error_naming(&dir, "vocab.json").contains("is not a JSON object"));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
