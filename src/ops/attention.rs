@@ -123,9 +123,9 @@ pub fn attention_forward<T: Float>(
                         || {
                             dropout_factors(dropped, d, b * heads + h);
                             // Every element stored, kept or not: written as "negate where
-                            // dropped", the loop vectorises to masked stores, which AMD's cores
-                            // run many times slower than plain ones (a quarter of this
-                            // forward's time on a Zen 3). `|P|` is `P` (never negative here).
+                            // dropped", the loop vectorises to masked stores, slow on AMD's
+                            // cores (this forward 5 % faster without them on a Zen 3:
+                            // docs/PERF.md). `|P|` is `P`: probabilities are never negative.
                             for (x, p) in dropped.iter_mut().zip(p.iter_mut()) {
                                 let (factor, prob) = (*x, p.abs());
                                 *x = factor * prob;
