@@ -25,9 +25,15 @@ pub struct Scratch(Option<std::path::PathBuf>);
 impl Scratch {
     /// Creates the folder.
     pub fn create(label: &str) -> Result<Self> {
+        Self::create_in(&std::env::temp_dir(), label)
+    }
+
+    /// [`create`](Self::create) under `base` instead of the temp dir (e.g. `/dev/shm`, for a
+    /// folder written thousands of times a second).
+    pub fn create_in(base: &Path, label: &str) -> Result<Self> {
         static MADE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("pt-{label}-{}-{n}", std::process::id()));
+        let dir = base.join(format!("pt-{label}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).map_err(|e| io_error(&dir, e))?;
         Ok(Scratch(Some(dir)))

@@ -25,11 +25,12 @@ mod targets;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::panic::{AssertUnwindSafe, PanicHookInfo};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::files::Scratch;
 use crate::rng::{FNV_OFFSET, Rng, fnv1a};
 
 /// Inputs never grow past this (mutations stop short of it): parsers see files of realistic
@@ -171,8 +172,8 @@ pub fn run_with(target: &str, options: &Options) -> Result<Report, String> {
 
 fn run_target(t: &targets::Target, options: &Options) -> Result<Report, String> {
     let target = t.name;
-    let scratch = Scratch::new(target)?;
-    let seeds = (t.seeds)(scratch.path()).map_err(|e| format!("fuzz target {target}: cannot build its seeds: {e}"))?;
+    let scratch = scratch(target)?;
+    let seeds = (t.seeds)(&scratch).map_err(|e| format!("fuzz target {target}: cannot build its seeds: {e}"))?;
     let mut corpus = Corpus::new(seeds);
     let _quiet = QuietPanics::install();
     let watchdog = Watchdog::start(target, options.hang_limit);
@@ -208,7 +209,7 @@ fn run_target(t: &targets::Target, options: &Options) -> Result<Report, String> 
                 data
             }
         };
-        let outcome = execute(t, &input, scratch.path(), &watchdog);
+        let outcome = execute(t, &input, &scratch, &watchdog);
         report.inputs += 1;
         report.slowest = report.slowest.max(outcome.elapsed.as_secs_f64());
         report.allocation_checked |= outcome.largest_allocation > 0;
@@ -282,8 +283,8 @@ fn outcome_note(result: &Result<crate::Result<()>, Panicked>) -> String {
 /// silencing the hook: for reproducing a finding with `RUST_BACKTRACE=1` or a debugger.
 pub fn replay(target: &str, input: &[u8]) -> Result<crate::Result<()>, String> {
     let t = find(target)?;
-    let scratch = Scratch::new(target)?;
-    Ok((t.run)(input, scratch.path()))
+    let scratch = scratch(target)?;
+    Ok((t.run)(input, &scratch))
 }
 
 // ---- the corpus -----------------------------------------------------------------------------
@@ -527,29 +528,10 @@ impl Drop for Watchdog {
 
 /// A folder of its own for a run's files, on tmpfs where there is one (a million small
 /// writes), removed when the run ends.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(target: &str) -> Result<Self, String> {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let shm = Path::new("/dev/shm");
-        let base = if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() };
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let dir = base.join(format!("pipetransformer-fuzz-{}-{target}-{n}", std::process::id()));
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| format!("cannot create the scratch folder {}: {e}", dir.display()))?;
-        Ok(Self(dir))
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+fn scratch(target: &str) -> Result<Scratch, String> {
+    let shm = Path::new("/dev/shm");
+    let base = if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() };
+    Scratch::create_in(&base, &format!("fuzz-{target}")).map_err(|e| format!("cannot create the scratch folder: {e}"))
 }
 
 #[cfg(test)]
