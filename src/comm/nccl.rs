@@ -5,10 +5,13 @@
 //! ([`process_groups`]) rank 0's 128-byte unique id reaches the others over the process
 //! group's TCP links (or, for callers without one, the TCP [`rendezvous`]). NCCL waits for a
 //! lost peer forever: [`Communicator::abort`] (`ncclCommAbort`) ends such a wait, which the
-//! runtime's [watchdog](super::watchdog) does when the group's timeout passes.
+//! runtime's [watchdog](super::watchdog) does when the group's timeout passes. A group that
+//! spans processes is made of nonblocking communicators (NCCL ≥ 2.14), so its init, too, ends
+//! with an error when a peer does not join within the process group's timeout, instead of
+//! waiting for it forever.
 
 use super::Communicator;
-use super::nccl_lib::{FLOAT32, NcclLib, SUM, nccl};
+use super::nccl_lib::{FLOAT32, IN_PROGRESS, InitConfig, NcclLib, SUM, nccl};
 use super::process_group::ProcessGroup;
 use crate::device::GpuDevice;
 use crate::device::gpu::Elem;
@@ -144,6 +147,9 @@ pub struct NcclCommunicator {
     stream: Arc<CudaStream>,
     rank: usize,
     size: usize,
+    /// How long a call NCCL answered with `ncclInProgress` may go on (nonblocking
+    /// communicators only; a blocking one's calls return when done).
+    settle_within: Option<Duration>,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread as long as calls on it are not
@@ -153,50 +159,37 @@ unsafe impl Send for NcclCommunicator {}
 unsafe impl Sync for NcclCommunicator {}
 
 impl NcclCommunicator {
-    /// Member `rank` of `size`, on `runtime`'s GPU and stream, joining the group `id` names.
+    /// Member `rank` of `size`, on `runtime`'s GPU and stream, joining the group `id` names
+    /// within `timeout`.
     pub fn new(
         runtime: &crate::device::cuda::CudaRuntime,
         rank: usize,
         size: usize,
         id: [u8; ID_BYTES],
+        timeout: Duration,
     ) -> Result<Self> {
-        Ok(Self::ranks(&[runtime], rank, size, id)?.remove(0))
+        Ok(Self::ranks(&[runtime], rank, size, id, timeout)?.remove(0))
     }
 
     /// Members `first..first + runtimes.len()` of a group of `size` spanning processes, one per
-    /// GPU of `runtimes` (rank `first + i` on `runtimes[i]`), all joining the group `id` names:
-    /// one `ncclCommInitRank` per GPU inside one NCCL group. What can fail locally (binding a
-    /// GPU, making a stream) is done before the group opens, so an init is never left waiting
-    /// for a rank of this process that was not queued; every communicator made is aborted if
-    /// the group fails.
+    /// GPU of `runtimes` (rank `first + i` on `runtimes[i]`), all joining the group `id` names
+    /// ([`join`]): an error, never a hang, when the others have not all joined within `timeout`.
+    /// What can fail locally (binding a GPU, making a stream) is done before the group opens.
     pub fn ranks(
         runtimes: &[&crate::device::cuda::CudaRuntime],
         first: usize,
         size: usize,
         id: [u8; ID_BYTES],
+        timeout: Duration,
     ) -> Result<Vec<Self>> {
         let lib = library()?;
         let streams = runtimes.iter().map(|rt| rt.bind().and_then(|()| rt.new_stream())).collect::<Result<Vec<_>>>()?;
-        let id = sys::ncclUniqueId { internal: id.map(|b| b as ::core::ffi::c_char) };
-        let mut comms: Vec<sys::ncclComm_t> = vec![std::ptr::null_mut(); runtimes.len()];
-        // SAFETY: opens a group that is closed below on every path.
-        lib.check("group start", unsafe { (lib.group_start)() })?;
-        let queued = runtimes.iter().zip(&mut comms).enumerate().try_for_each(|(i, (rt, comm))| {
-            rt.bind()?;
-            // SAFETY: NCCL writes the communicator on success; the id is the group's.
-            lib.check("init", unsafe { (lib.comm_init_rank)(comm, size as i32, id, (first + i) as i32) })
-        });
-        // SAFETY: closes the group opened above; the inits complete here.
-        let closed = lib.check("group end", unsafe { (lib.group_end)() });
-        if let Err(e) = queued.and(closed) {
-            for comm in comms.into_iter().filter(|c| !c.is_null()) {
-                // SAFETY: a communicator NCCL created above; its peers may never come.
-                let _ = unsafe { (lib.comm_abort)(comm) };
-            }
-            return Err(e);
-        }
+        let comms = join(lib, runtimes.len(), first, size, id, timeout, |i| runtimes[i].bind())?;
+        let settle_within = lib.nonblocking.map(|_| timeout);
         let made = comms.into_iter().zip(runtimes).zip(streams).enumerate();
-        Ok(made.map(|(i, ((comm, rt), stream))| Self::wrap(lib, comm, rt, stream, first + i, size)).collect())
+        Ok(made
+            .map(|(i, ((comm, rt), stream))| Self::wrap(lib, comm, rt, stream, first + i, size, settle_within))
+            .collect())
     }
 
     /// Member `rank` of `size` around an initialised `comm` on `runtime`'s GPU: collectives on
@@ -208,8 +201,9 @@ impl NcclCommunicator {
         stream: Arc<CudaStream>,
         rank: usize,
         size: usize,
+        settle_within: Option<Duration>,
     ) -> Self {
-        Self { lib, gate: AbortGate::new(), comm, compute: runtime.stream().clone(), stream, rank, size }
+        Self { lib, gate: AbortGate::new(), comm, compute: runtime.stream().clone(), stream, rank, size, settle_within }
     }
 }
 
@@ -220,6 +214,23 @@ impl NcclCommunicator {
             self.gate.fail();
         }
         result
+    }
+
+    /// `code`, NCCL's answer to `what`, as a result: on a nonblocking communicator an
+    /// `ncclInProgress` is waited out (the queueing goes on in the background, connecting to
+    /// the peers on first use), ending early once the group is aborted.
+    fn finish(&self, what: &str, code: i32) -> Result<()> {
+        match self.settle_within {
+            Some(within) if code == IN_PROGRESS => {
+                settle(self.lib, &[self.comm], Instant::now() + within, what, || self.gate.live())?.ok_or_else(|| {
+                    Error::Device {
+                        what: format!("nccl: {what}"),
+                        message: format!("still in progress after {within:?}: a peer has stalled or ended"),
+                    }
+                })
+            }
+            _ => self.lib.check(what, code),
+        }
     }
 
     /// One communicator per GPU of one process, all in one group (`ncclCommInitAll`): rank `i`
@@ -235,7 +246,102 @@ impl NcclCommunicator {
         })?;
         let size = runtimes.len();
         let made = comms.into_iter().zip(runtimes).zip(streams).enumerate();
-        Ok(made.map(|(rank, ((comm, rt), stream))| Self::wrap(lib, comm, rt, stream, rank, size)).collect())
+        Ok(made.map(|(rank, ((comm, rt), stream))| Self::wrap(lib, comm, rt, stream, rank, size, None)).collect())
+    }
+}
+
+/// How often a wait on nonblocking communicators asks NCCL how they are going.
+const POLL: Duration = Duration::from_millis(1);
+
+/// Makes members `first..first + count` of the `size` ranks of the group `id` names, inside
+/// one NCCL group (`bind(i)` makes member `i`'s GPU current before its init is queued). With
+/// NCCL ≥ 2.14 the communicators are nonblocking: the init returns at once and is
+/// [settled](settle) until `timeout`, so a peer that died after the id was shared ends the
+/// init with an error instead of a wait without end. An older NCCL's blocking init has no
+/// such limit. Every communicator made is aborted if any part fails.
+fn join(
+    lib: &NcclLib,
+    count: usize,
+    first: usize,
+    size: usize,
+    id: [u8; ID_BYTES],
+    timeout: Duration,
+    bind: impl Fn(usize) -> Result<()>,
+) -> Result<Vec<sys::ncclComm_t>> {
+    let deadline = Instant::now() + timeout;
+    let id = sys::ncclUniqueId { internal: id.map(|b| b as ::core::ffi::c_char) };
+    let mut comms: Vec<sys::ncclComm_t> = vec![std::ptr::null_mut(); count];
+    // SAFETY: opens a group that is closed below on every path.
+    lib.check("group start", unsafe { (lib.group_start)() })?;
+    let queued = comms.iter_mut().enumerate().try_for_each(|(i, comm)| {
+        bind(i)?;
+        let rank = (first + i) as i32;
+        // SAFETY: NCCL writes the communicator; the id is the group's, the config outlives the call.
+        let code = match lib.nonblocking {
+            Some(nb) => unsafe {
+                (nb.comm_init_rank_config)(comm, size as i32, id, rank, &mut InitConfig::nonblocking())
+            },
+            None => unsafe { (lib.comm_init_rank)(comm, size as i32, id, rank) },
+        };
+        lib.check("init", if code == IN_PROGRESS { 0 } else { code })
+    });
+    // SAFETY: closes the group opened above; blocking inits complete here, nonblocking ones
+    // go on in the background.
+    let code = unsafe { (lib.group_end)() };
+    let closed = lib.check("group end", if code == IN_PROGRESS { 0 } else { code });
+    let joined = queued.and(closed).and_then(|()| {
+        settle(lib, &comms, deadline, "init", || Ok(()))?.ok_or_else(|| Error::Device {
+            what: "nccl: init".into(),
+            message: format!(
+                "the group of {size} ranks was not complete after {timeout:?}: a peer process has ended or \
+                 never started (its own error says why)"
+            ),
+        })
+    });
+    if let Err(e) = joined {
+        for comm in comms.into_iter().filter(|c| !c.is_null()) {
+            // SAFETY: a communicator NCCL created above; its peers may never come.
+            let _ = unsafe { (lib.comm_abort)(comm) };
+        }
+        return Err(e);
+    }
+    Ok(comms)
+}
+
+/// Waits until the work NCCL queued on each of the nonblocking `comms` has ended, asking
+/// every [`POLL`]: `Some(())` once all succeeded, `None` if some are still at work at
+/// `deadline`; an error when NCCL reports one for `what`, or when `live` does (checked before
+/// each question: an aborted communicator must not be asked). Blocking communicators (an NCCL
+/// without nonblocking ones) have nothing to wait for.
+fn settle(
+    lib: &NcclLib,
+    comms: &[sys::ncclComm_t],
+    deadline: Instant,
+    what: &str,
+    live: impl Fn() -> Result<()>,
+) -> Result<Option<()>> {
+    let Some(nb) = lib.nonblocking else { return Ok(Some(())) };
+    let mut pending: Vec<sys::ncclComm_t> = comms.to_vec();
+    loop {
+        live()?;
+        let mut still = Vec::new();
+        for &comm in &pending {
+            let mut state = IN_PROGRESS;
+            // SAFETY: a live communicator of ours (checked above); NCCL writes its state.
+            lib.check(what, unsafe { (nb.get_async_error)(comm, &mut state) })?;
+            match state {
+                IN_PROGRESS => still.push(comm),
+                state => lib.check(what, state)?,
+            }
+        }
+        if still.is_empty() {
+            return Ok(Some(()));
+        }
+        if Instant::now() >= deadline {
+            return Ok(None);
+        }
+        pending = still;
+        std::thread::sleep(POLL);
     }
 }
 
@@ -310,7 +416,7 @@ pub fn process_groups<D: crate::device::Device>(
     }
     group.all_reduce_sum_f64(&mut shared)?;
     let id = shared.map(|v| v as u8);
-    let members = NcclCommunicator::ranks(&runtimes, group.rank() * r, group.size() * r, id)?;
+    let members = NcclCommunicator::ranks(&runtimes, group.rank() * r, group.size() * r, id, group.timeout())?;
     Ok(for_device(vec![members]))
 }
 
@@ -385,12 +491,14 @@ impl Communicator<GpuDevice> for NcclCommunicator {
         let queued = bufs.iter().try_for_each(|b| {
             let p = b.ptr() as *mut ::core::ffi::c_void;
             // SAFETY: in-place sum over `len` f32 elements of device memory this GPU owns.
-            lib.check("all-reduce", unsafe { (lib.all_reduce)(p, p, b.len(), FLOAT32, SUM, self.comm, stream) })
+            let code = unsafe { (lib.all_reduce)(p, p, b.len(), FLOAT32, SUM, self.comm, stream) };
+            // Inside a group a nonblocking call may say "in progress": the group's end settles it.
+            lib.check("all-reduce", if code == IN_PROGRESS { 0 } else { code })
         });
         // An open group must be closed even when queueing failed, or every later NCCL call of
         // this thread joins the broken group.
         // SAFETY: closes the group opened above.
-        let closed = lib.check("group end", unsafe { (lib.group_end)() });
+        let closed = self.finish("group end", unsafe { (lib.group_end)() });
         self.note(queued.and(closed))
     }
     fn complete(&self, _dev: &GpuDevice) -> Result<()> {
@@ -415,11 +523,9 @@ impl Communicator<GpuDevice> for NcclCommunicator {
         let stream = self.stream.cu_stream() as sys::cudaStream_t;
         self.note(self.stream.join(&self.compute).map_err(|e| stream_error("order the broadcast", e)))?;
         // SAFETY: in-place broadcast of `len` f32 elements.
-        self.note(
-            lib.check("broadcast", unsafe {
-                (lib.broadcast)(p, p, buf.len(), FLOAT32, root as i32, self.comm, stream)
-            }),
-        )?;
+        self.note(self.finish("broadcast", unsafe {
+            (lib.broadcast)(p, p, buf.len(), FLOAT32, root as i32, self.comm, stream)
+        }))?;
         self.complete(dev)
     }
 }
@@ -462,6 +568,129 @@ mod tests {
             // A second abort releases nothing more.
             gate.abort(grace, || panic!("released twice"));
         }
+    }
+
+    /// A stand-in NCCL 2.23.4 with nonblocking communicators whose behaviour a test sets:
+    /// the code inits and group ends return, how many questions stay "in progress" (−1: for
+    /// ever, a peer that never comes) and the state after them; it counts aborts and keeps what
+    /// the last init's config said.
+    const FAKE_NONBLOCKING: &str = r#"
+        #include <stddef.h>
+        typedef struct { char internal[128]; } id_t;
+        typedef struct { size_t size; unsigned magic, version; int blocking, cga; } config_t;
+        static int code = 7, polls = -1, final_state = 0, aborts = 0;
+        static config_t seen;
+        static char comms[64];
+        void fake_behave(int c, int p, int f) { code = c; polls = p; final_state = f; aborts = 0; }
+        int fake_aborts(void) { return aborts; }
+        void fake_seen(config_t *c) { *c = seen; }
+        int ncclGetVersion(int *v) { *v = 22304; return 0; }
+        int ncclGetUniqueId(id_t *id) { return 0; }
+        int ncclCommInitRank(void **c, int n, id_t id, int r) { return 5; }
+        int ncclCommInitRankConfig(void **c, int n, id_t id, int r, config_t *cfg) {
+            seen = *cfg; *c = &comms[r % 64]; return code;
+        }
+        int ncclCommGetAsyncError(void *c, int *state) {
+            if (polls == 0) { *state = final_state; return 0; }
+            if (polls > 0) polls--;
+            *state = 7; return 0;
+        }
+        int ncclCommInitAll(void **c, int n, const int *d) { return 5; }
+        int ncclCommDestroy(void *c) { return 0; }
+        int ncclCommAbort(void *c) { aborts++; return 0; }
+        int ncclGroupStart(void) { return 0; }
+        int ncclGroupEnd(void) { return code; }
+        int ncclAllReduce(const void *s, void *r, unsigned long n, int t, int o, void *c, void *st) { return 5; }
+        int ncclBroadcast(const void *s, void *r, unsigned long n, int t, int root, void *c, void *st) { return 5; }
+        const char *ncclGetErrorString(int c) { return c == 6 ? "remote process exited or there was a network error (fake)" : "other"; }
+    "#;
+
+    /// A group that spans processes joins within its timeout or fails: a peer that never comes
+    /// ends the init with an error after the timeout (not a wait without end) and every
+    /// communicator made is aborted; peers that come late are waited for; an error a peer
+    /// causes is NCCL's own words; a collective's wait ends as soon as the group is aborted.
+    #[test]
+    fn a_spanning_group_joins_within_its_timeout_or_fails() {
+        let home = crate::testing::Scratch::new("fake-nccl-nonblocking");
+        let Some(path) = super::super::nccl_lib::build_fake(&home, "libnccl-nonblocking.so", FAKE_NONBLOCKING) else {
+            return;
+        };
+        let lib = super::super::nccl_lib::load(std::slice::from_ref(&path)).unwrap();
+        assert!(lib.nonblocking.is_some(), "2.23 with ncclCommInitRankConfig: nonblocking");
+        // SAFETY: the fake's own C functions, under their C signatures.
+        let fake = unsafe { libloading::Library::new(&path) }.unwrap();
+        let behave = unsafe { fake.get::<unsafe extern "C" fn(i32, i32, i32)>(b"fake_behave") }.unwrap();
+        let aborts = unsafe { fake.get::<unsafe extern "C" fn() -> i32>(b"fake_aborts") }.unwrap();
+        let seen = unsafe { fake.get::<unsafe extern "C" fn(*mut InitConfig)>(b"fake_seen") }.unwrap();
+        let bound = std::sync::Mutex::new(Vec::new());
+        let bind = |i: usize| {
+            bound.lock().unwrap().push(i);
+            Ok(())
+        };
+
+        // A peer that never comes: an error after the timeout, both communicators aborted.
+        unsafe { behave(IN_PROGRESS, -1, 0) };
+        let started = Instant::now();
+        let e = join(&lib, 2, 2, 4, [0; ID_BYTES], Duration::from_millis(300), bind).unwrap_err().to_string();
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(300) && took < Duration::from_secs(10), "{took:?}");
+        assert!(e.contains("nccl: init") && e.contains("group of 4 ranks was not complete after 300ms"), "{e}");
+        assert_eq!(unsafe { aborts() }, 2);
+        assert_eq!(*bound.lock().unwrap(), [0, 1], "each member's GPU bound before its init");
+        // What NCCL was handed: a 2.14 config head asking for a nonblocking communicator.
+        let mut config = InitConfig::nonblocking();
+        unsafe { seen(&mut config) };
+        let bytes = |c: &InitConfig| unsafe {
+            std::slice::from_raw_parts((c as *const InitConfig).cast::<u8>(), std::mem::size_of::<InitConfig>())
+                .to_vec()
+        };
+        assert_eq!(bytes(&config), bytes(&InitConfig::nonblocking()));
+        assert_eq!(std::mem::size_of::<InitConfig>(), 24);
+        assert_eq!(&bytes(&config)[..24], {
+            let mut want = 24usize.to_ne_bytes().to_vec();
+            want.extend(0xcafe_beefu32.to_ne_bytes());
+            want.extend(21400u32.to_ne_bytes());
+            want.extend(0i32.to_ne_bytes()); // blocking = 0
+            want.extend(i32::MIN.to_ne_bytes());
+            want
+        });
+
+        // Peers that come after a while: the communicators are made, none aborted.
+        unsafe { behave(IN_PROGRESS, 5, 0) };
+        let comms = join(&lib, 2, 0, 2, [0; ID_BYTES], Duration::from_secs(30), |_| Ok(())).unwrap();
+        assert!(comms.iter().all(|c| !c.is_null()) && comms[0] != comms[1]);
+        assert_eq!(unsafe { aborts() }, 0);
+
+        // A peer's failure: NCCL's words for it, the communicators aborted.
+        unsafe { behave(IN_PROGRESS, 2, 6) };
+        let e = join(&lib, 1, 0, 2, [0; ID_BYTES], Duration::from_secs(30), |_| Ok(())).unwrap_err().to_string();
+        assert!(e.contains("nccl: init") && e.contains("remote process exited") && e.contains("code 6"), "{e}");
+        assert_eq!(unsafe { aborts() }, 1);
+
+        // A GPU that cannot be bound: the error, and no init left queued.
+        unsafe { behave(0, 0, 0) };
+        let refuse = |i: usize| {
+            if i == 1 { Err(Error::Device { what: "gpu 1".into(), message: "gone".into() }) } else { Ok(()) }
+        };
+        let e = join(&lib, 2, 0, 2, [0; ID_BYTES], Duration::from_secs(30), refuse).unwrap_err().to_string();
+        assert!(e.contains("gpu 1"), "{e}");
+        assert_eq!(unsafe { aborts() }, 1, "the one communicator made");
+
+        // A collective's wait on a stalled peer ends as soon as the group is aborted, without
+        // asking NCCL about the freed communicator again.
+        unsafe { behave(IN_PROGRESS, -1, 0) };
+        let gate = AbortGate::new();
+        let started = Instant::now();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(200));
+                gate.abort(QUEUEING_GRACE, || {});
+            });
+            let waited = settle(&lib, &comms, Instant::now() + Duration::from_secs(60), "all-reduce", || gate.live());
+            let e = waited.unwrap_err().to_string();
+            assert!(e.contains("aborted"), "{e}");
+        });
+        assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
     }
 
     #[test]

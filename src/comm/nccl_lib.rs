@@ -15,6 +15,9 @@ use std::sync::OnceLock;
 pub const FLOAT32: c_int = 7;
 /// NCCL's `ncclSum`.
 pub const SUM: c_int = 0;
+/// NCCL's `ncclInProgress`: a nonblocking communicator's call has been queued and goes on in
+/// the background (ask [`Nonblocking::get_async_error`] how it ends).
+pub const IN_PROGRESS: c_int = 7;
 
 type Code = c_int;
 
@@ -38,6 +41,8 @@ pub struct NcclLib {
     pub(super) broadcast:
         unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, ncclComm_t, cudaStream_t) -> Code,
     get_error_string: unsafe extern "C" fn(Code) -> *const c_char,
+    /// NCCL ≥ 2.14's nonblocking communicators, `None` in an older library.
+    pub(super) nonblocking: Option<Nonblocking>,
     /// Kept open for the process's life: the function pointers above point into it.
     _lib: libloading::Library,
 }
@@ -63,6 +68,43 @@ impl NcclLib {
             unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned()
         };
         Err(crate::Error::Device { what: format!("nccl: {what}"), message: format!("{text} (code {code})") })
+    }
+}
+
+/// The entry points of nonblocking communicators (NCCL ≥ 2.14): an init that returns at once
+/// and is asked how it is going, so that a wait for a peer that never comes can end.
+#[derive(Clone, Copy)]
+pub(super) struct Nonblocking {
+    pub(super) comm_init_rank_config:
+        unsafe extern "C" fn(*mut ncclComm_t, c_int, ncclUniqueId, c_int, *mut InitConfig) -> Code,
+    /// The communicator's state: [`IN_PROGRESS`] while queued work goes on, then success or
+    /// the error it ended with.
+    pub(super) get_async_error: unsafe extern "C" fn(ncclComm_t, *mut Code) -> Code,
+}
+
+/// The head of NCCL's `ncclConfig_t` as version 2.14 defined it, `cgaClusterSize` (2.17's
+/// first field) spelt out where the padding would be. NCCL copies `size` bytes of a config and
+/// gives every field its version predates the default, so this head is a whole config to any
+/// NCCL from 2.14 on; only `blocking` is set.
+#[repr(C)]
+pub(super) struct InitConfig {
+    size: usize,
+    magic: u32,
+    version: u32,
+    blocking: c_int,
+    cga_cluster_size: c_int,
+}
+
+impl InitConfig {
+    /// A nonblocking communicator, everything else NCCL's default.
+    pub(super) fn nonblocking() -> Self {
+        InitConfig {
+            size: std::mem::size_of::<Self>(),
+            magic: 0xcafe_beef, // NCCL_API_MAGIC: "made by NCCL_CONFIG_INITIALIZER"
+            version: 21400,     // NCCL_VERSION(2, 14, 0)
+            blocking: 0,
+            cga_cluster_size: c_int::MIN, // NCCL_CONFIG_UNDEF_INT (reset anyway: version < 2.17)
+        }
     }
 }
 
@@ -118,6 +160,16 @@ fn open(path: &Path) -> Result<NcclLib, String> {
             all_reduce: sym(&lib, "ncclAllReduce")?,
             broadcast: sym(&lib, "ncclBroadcast")?,
             get_error_string: sym(&lib, "ncclGetErrorString")?,
+            nonblocking: match version >= 21400 {
+                true => sym(&lib, "ncclCommInitRankConfig")
+                    .and_then(|init| Ok((init, sym(&lib, "ncclCommGetAsyncError")?)))
+                    .ok()
+                    .map(|(comm_init_rank_config, get_async_error)| Nonblocking {
+                        comm_init_rank_config,
+                        get_async_error,
+                    }),
+                false => None,
+            },
             _lib: lib,
         })
     }
@@ -133,6 +185,23 @@ pub fn nccl() -> Result<&'static NcclLib, &'static str> {
     })
     .as_ref()
     .map_err(String::as_str)
+}
+
+/// Builds the C `source` of a stand-in libnccl as `<dir>/<file>` with the system C compiler
+/// (the one Rust links with); `None` where there is none, which CI does not accept.
+#[cfg(test)]
+pub(super) fn build_fake(dir: &Path, file: &str, source: &str) -> Option<PathBuf> {
+    std::fs::create_dir_all(dir).unwrap();
+    let (src, lib) = (dir.join(format!("{file}.c")), dir.join(file));
+    std::fs::write(&src, source).unwrap();
+    let built = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(built || std::env::var_os("CI").is_none(), "CI needs a C compiler to build a fake libnccl");
+    built.then_some(lib)
 }
 
 #[cfg(test)]
@@ -157,20 +226,9 @@ mod tests {
         const char *ncclGetErrorString(int code) { return code == 5 ? "invalid usage (fake)" : "other"; }
     "#;
 
-    /// Builds `FAKE` as `<dir>/libnccl.so.2` with the system C compiler (the one Rust links
-    /// with); `None` where there is none, which CI does not accept.
+    /// Builds `FAKE` as `<dir>/libnccl.so.2`.
     fn fake_nccl(dir: &Path) -> Option<PathBuf> {
-        std::fs::create_dir_all(dir).unwrap();
-        let (src, lib) = (dir.join("fake_nccl.c"), dir.join("libnccl.so.2"));
-        std::fs::write(&src, FAKE).unwrap();
-        let built = std::process::Command::new("cc")
-            .args(["-shared", "-fPIC", "-Wl,-soname,libnccl.so.2", "-o"])
-            .arg(&lib)
-            .arg(&src)
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(built || std::env::var_os("CI").is_none(), "CI needs a C compiler to build the fake libnccl");
-        built.then_some(lib)
+        build_fake(dir, "libnccl.so.2", FAKE)
     }
 
     #[test]
@@ -180,6 +238,7 @@ mod tests {
         let lib = load(&candidates(None, &home)).unwrap();
         assert_eq!(lib.path, home.join("nccl/lib/libnccl.so.2"));
         assert_eq!(lib.version_string(), "2.32.3");
+        assert!(lib.nonblocking.is_none(), "no ncclCommInitRankConfig in the fake: blocking inits");
         let mut id = ncclUniqueId { internal: [0; 128] };
         // SAFETY: the fake writes 128 bytes into `id`.
         lib.check("unique id", unsafe { (lib.get_unique_id)(&mut id) }).unwrap();
@@ -214,6 +273,14 @@ mod tests {
         if let Ok(lib) = nccl() {
             assert!(lib.version >= 20000, "{}: version code {}", lib.path.display(), lib.version);
             println!("{} from {}", lib.version_string(), lib.path.display());
+            // Spanning groups are made of nonblocking communicators wherever NCCL has them.
+            assert_eq!(
+                lib.nonblocking.is_some(),
+                lib.version >= 21400,
+                "{}: version code {}",
+                lib.path.display(),
+                lib.version
+            );
         }
     }
 }
