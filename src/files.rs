@@ -1,8 +1,9 @@
 //! Files that must never be seen half-written (checkpoints, exports, reports, the activation
 //! cache's index): written to a temporary sibling, fsynced, renamed into place, the large
 //! ones past the page cache ([`write_atomic_uncached`]); and writes that run on a thread of
-//! their own while training goes on ([`Background`]). And [`Scratch`], a temp folder that goes
-//! when its user is done with it.
+//! their own while training goes on ([`Background`]); a folder one process writes at a time
+//! ([`lock_folder`]), and a path checked for writing before the work that ends in it
+//! ([`check_writable`]). And [`Scratch`], a temp folder that goes when its user is done with it.
 
 use crate::error::{Error, Result, internal};
 use std::fs::File;
@@ -77,6 +78,71 @@ impl Drop for Scratch {
             let _ = std::fs::remove_dir_all(dir);
         }
     }
+}
+
+/// Takes `dir/.lock` (an advisory lock the kernel releases when the returned file is dropped
+/// or the process ends, however it ends) so that two runs never write one folder at once: the
+/// second is refused, naming the first's process, instead of interleaving its metrics and
+/// overwriting its checkpoints.
+pub fn lock_folder(dir: &Path) -> Result<File> {
+    use std::io::{Read, Seek, Write};
+    let path = dir.join(".lock");
+    let mut file = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| io_error(&path, e))?;
+    match file.try_lock() {
+        Ok(()) => {
+            // Whose lock it is, for the message of a run refused while this one goes on.
+            let pid = std::process::id().to_string();
+            file.set_len(0).and_then(|()| file.write_all(pid.as_bytes())).map_err(|e| io_error(&path, e))?;
+            Ok(file)
+        }
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = file.rewind().and_then(|_| file.read_to_string(&mut holder));
+            let holder = match holder.trim().parse::<u32>() {
+                Ok(pid) => format!("process {pid}"),
+                Err(_) => "another process".into(),
+            };
+            Err(io_error(
+                dir,
+                std::io::Error::new(
+                    std::io::ErrorKind::ResourceBusy,
+                    format!(
+                        "another run ({holder}) is writing to this folder; wait for it to end, or give this run \
+                         another output.dir"
+                    ),
+                ),
+            ))
+        }
+        Err(std::fs::TryLockError::Error(e)) => Err(io_error(&path, e)),
+    }
+}
+
+/// Checks that a file can be written at `path` (its folder exists and takes a new file;
+/// `path` itself is not a folder) by creating and removing a probe beside it: for a file
+/// written at the end of a long run, checked before the run starts.
+pub fn check_writable(path: &Path) -> Result<()> {
+    let not = |message: String| io_error(path, std::io::Error::other(message));
+    if path.is_dir() {
+        return Err(not("is a folder; expected the path of a file to write".into()));
+    }
+    let name = path.file_name().ok_or_else(|| not("names no file".into()))?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(not(format!("{} is not a folder: create it first", dir.display())));
+    }
+    let probe = dir.join(format!(".{}.probe-{}", name.to_string_lossy(), std::process::id()));
+    File::options().write(true).create_new(true).open(&probe).map_err(|e| io_error(path, e))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
 }
 
 /// Puts the folder `new` at `path` in one step. Where `path` exists, the two trade places
@@ -337,6 +403,35 @@ mod tests {
         std::fs::remove_dir_all(&path).unwrap();
         swap_in(&new, &path).unwrap();
         assert!(path.join("old").exists() && !new.exists());
+    }
+
+    /// One holder at a time, named to the one refused; free again once dropped.
+    #[test]
+    fn a_locked_folder_refuses_a_second_writer_until_released() {
+        let dir = Scratch::new("lock");
+        let first = lock_folder(&dir).unwrap();
+        let e = lock_folder(&dir).unwrap_err().to_string();
+        assert!(e.contains(&format!("another run (process {})", std::process::id())), "{e}");
+        assert!(e.contains("output.dir"), "{e}");
+        drop(first);
+        lock_folder(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_path_that_cannot_be_written_is_refused_before_the_work() {
+        let dir = Scratch::new("writable");
+        check_writable(&dir.join("trace.json")).unwrap();
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "the probe is gone");
+        let file = dir.join("afile");
+        std::fs::write(&file, "x").unwrap();
+        for (path, says) in [
+            (file.join("trace.json"), "is not a folder"),
+            (dir.join("missing/trace.json"), "is not a folder"),
+            (dir.to_path_buf(), "is a folder"),
+        ] {
+            let e = check_writable(&path).unwrap_err().to_string();
+            assert!(e.contains(&path.display().to_string()) && e.contains(says), "{e}");
+        }
     }
 
     #[test]

@@ -243,7 +243,8 @@ macro_rules! on_device {
 enum Command {
     /// Train as a run configuration says: load the data and the (pretrained) model, train with
     /// a progress bar, evaluate each epoch, checkpoint, and write metrics.jsonl, summary.json and
-    /// the exported model (safetensors + config.json) to the run's output directory.
+    /// the exported model (safetensors + config.json) to the run's output directory. One run
+    /// writes a directory at a time: a second is refused while the first goes on.
     Train {
         /// Run configuration (TOML; see configs/).
         #[arg(long, default_value = "configs/minilm-rt.toml")]
@@ -255,7 +256,8 @@ enum Command {
         #[arg(long, conflicts_with = "fresh")]
         resume: bool,
         /// Start over even if the output directory holds a checkpoint (it is replaced at the
-        /// first save, not before).
+        /// first save, not before). A run that starts over moves an earlier metrics.jsonl
+        /// aside to metrics.previous.jsonl.
         #[arg(long)]
         fresh: bool,
         #[command(flatten)]
@@ -442,7 +444,47 @@ enum Command {
     },
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprint!("{}", error_report(&e));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// `Error: ` and the error, then each cause on a line of its own, as anyhow prints them, but
+/// without a cause the line above already quotes (the library's errors print their source's
+/// words beside the path or field they name) and without a backtrace, even under
+/// `RUST_BACKTRACE=1`: what reaches here is a user's mistake or the machine's, and its words
+/// say what to change.
+fn error_report(e: &anyhow::Error) -> String {
+    let mut said = e.to_string();
+    let mut report = format!("Error: {said}\n");
+    let causes: Vec<String> = e
+        .chain()
+        .skip(1)
+        .map(|c| c.to_string())
+        .filter(|c| {
+            let new = !said.contains(c.as_str());
+            said = c.clone();
+            new
+        })
+        .collect();
+    if !causes.is_empty() {
+        report += "\nCaused by:\n";
+        for (i, c) in causes.iter().enumerate() {
+            report += &match causes.len() {
+                1 => format!("    {c}\n"),
+                _ => format!("    {i}: {c}\n"),
+            };
+        }
+    }
+    report
+}
+
+fn run() -> Result<()> {
     pipetransformer::run::keep_freed_memory();
     match Cli::parse().command {
         Command::Train { config, mut set, resume, fresh, device, pipeline, elastic, trace, progress_every } => {
@@ -738,11 +780,18 @@ fn time_step<D: Device>(
 
 fn kernels(update: Option<&Path>) -> Result<()> {
     use pipetransformer::device::kernels;
-    let table = kernels::resource_table()?;
-    match update {
-        None => print!("{table}"),
-        Some(path) => {
+    // The document to update is read, and its markers checked, before the kernels compile.
+    let doc = update
+        .map(|path| -> Result<String> {
             let doc = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            kernels::with_table(&doc, "").with_context(|| format!("updating {}", path.display()))?;
+            Ok(doc)
+        })
+        .transpose()?;
+    let table = kernels::resource_table()?;
+    match update.zip(doc) {
+        None => print!("{table}"),
+        Some((path, doc)) => {
             let fresh = kernels::with_table(&doc, &table).with_context(|| format!("updating {}", path.display()))?;
             pipetransformer::files::write_atomic(path, |w| std::io::Write::write_all(w, fresh.as_bytes()))?;
             println!("updated the ptxas table in {}", path.display());
@@ -752,7 +801,10 @@ fn kernels(update: Option<&Path>) -> Result<()> {
 }
 
 fn load_config(path: &Path, overrides: &[String]) -> Result<RunConfig> {
-    let config = RunConfig::load(path, overrides).with_context(|| format!("reading {}", path.display()))?;
+    let config = RunConfig::load(path, overrides).with_context(|| match overrides.is_empty() {
+        true => format!("the run config {}", path.display()),
+        false => format!("the run config {} with the command line's settings (--set and flags)", path.display()),
+    })?;
     for w in &config.warnings {
         eprintln!("warning: {w}");
     }
@@ -885,9 +937,7 @@ fn plan(config: RunConfig) -> Result<()> {
         AnyDevices::Cpu(d) => d,
         AnyDevices::Gpu(_) => bail!("plan runs on cpu devices"),
     };
-    // Nothing is trained, so nothing is cached: no spill file in the run's directory.
-    let mut config = config;
-    config.elastic.cache = false;
+    // (Checked as `train` checks it, the cache too: its folder is made and removed again.)
     let job = Job::new(devices, config).context("preparing the run")?;
     println!(
         "costs: {}",
@@ -913,6 +963,10 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
             ckpt.display()
         )
     };
+    if let Some(path) = run.trace {
+        // Written when the run ends: a path that cannot take it is refused before it starts.
+        pipetransformer::files::check_writable(path).context("--trace")?;
+    }
     let ckpt = pipetransformer::run::checkpoint_path(&config);
     let starts_fresh_over = |rank: usize| rank == 0 && !run.resume && !run.fresh && ckpt.exists();
     let group = match &run.process {
@@ -992,6 +1046,7 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
     let say = |bar: &ProgressBar, line: String| if bar.is_hidden() { println!("{line}") } else { bar.println(line) };
     let started = Instant::now();
     let mut samples = 0usize;
+    let mut started_at = 0u64;
     let mut lines = ProgressLines::new(job.config.output.progress_every, total);
     let summary = job.run(&mut |e| match e {
         Event::Step { step, batches, epoch, loss, lr, samples: n, bubble, .. } => {
@@ -1051,10 +1106,18 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
                 *disk_bytes as f64 / (1 << 20) as f64
             ),
         ),
-        Event::Start { .. } => {}
+        Event::Start { step, .. } => started_at = *step,
     })?;
     bar.finish_and_clear();
-    println!("done: {} steps in {:.1} s ({:.1} samples/s)", summary.steps, summary.seconds, summary.samples_per_second);
+    // A resumed run's clock and rate cover the steps this process took, not the run's total.
+    let this_process = match summary.steps - started_at {
+        n if started_at > 0 => format!(" ({n} of them since step {started_at}, in"),
+        _ => " (in".into(),
+    };
+    println!(
+        "done: {} steps{this_process} {:.1} s, {:.1} samples/s)",
+        summary.steps, summary.seconds, summary.samples_per_second
+    );
     if let Some(eval) = &summary.eval {
         println!("final eval: {eval}");
     }

@@ -359,6 +359,9 @@ fn plan_prints_the_partition_schedule_and_bubble_and_refuses_bad_requests() {
     assert!(!ok && out.contains("token_slices") && out.contains("does not run token slices"), "{out}");
     let (ok, out) = pipetransformer(&[&zb[..], &["--chunks", "2"]].concat());
     assert!(!ok && out.contains("zb-h1 runs one chunk per device"), "{out}");
+    // The elastic switches are checked as `train` checks them.
+    let (ok, out) = pipetransformer(&["plan", "--config", "configs/vit-digits.toml", "--freeze", "eq1", "--cache"]);
+    assert!(!ok && out.contains("elastic.cache") && out.contains("needs elastic.auto_pipe"), "{out}");
 }
 
 #[test]
@@ -458,7 +461,7 @@ fn bad_pipeline_settings_and_an_unwritable_trace_are_clear_errors() {
     if !have_digits() {
         return;
     }
-    // The run finishes and keeps its outputs; only the trace, whose folder does not exist, fails.
+    // A trace whose folder does not exist is refused before the run starts: nothing written.
     let dir = scratch("trace-fail");
     let out_dir = format!("output.dir={}", dir.display());
     let (ok, out) = pipetransformer(&[
@@ -481,8 +484,71 @@ fn bad_pipeline_settings_and_an_unwritable_trace_are_clear_errors() {
         "--trace",
         "/nonexistent-dir/trace.json",
     ]);
-    assert!(!ok && out.contains("/nonexistent-dir/trace.json"), "{out}");
-    assert!(dir.join("checkpoint.ckpt").exists() && dir.join("summary.json").exists(), "{out}");
+    assert!(!ok && out.contains("/nonexistent-dir/trace.json") && out.contains("is not a folder"), "{out}");
+    assert!(!out.contains("done:") && std::fs::read_dir(&dir).unwrap().next().is_none(), "{out}");
+}
+
+/// A run's folder holds one run at a time and one run's log: an empty `output.dir` is refused,
+/// a run that starts over moves the earlier log aside, a resumed one continues it (and says how
+/// many steps it took itself), and a second run is refused while another holds the folder.
+#[test]
+fn a_run_folder_holds_one_run_and_its_log() {
+    if !have_digits() {
+        return;
+    }
+    let (ok, out) = pipetransformer(&["train", "--config", "configs/vit-digits.toml", "--set", "output.dir=\"\""]);
+    assert!(!ok && out.contains("output.dir") && out.contains("is empty"), "{out}");
+    let dir = scratch("one-run");
+    let out_dir = format!("output.dir={}", dir.display());
+    let train = |steps: &str, flag: &str| {
+        let steps = format!("train.max_steps={steps}");
+        let args = ["train", "--config", "configs/vit-digits.toml", "--set", &out_dir, "--set", &steps];
+        pipetransformer(&[&args[..], &["--set", "data.test_limit=32", flag]].concat())
+    };
+    let starts = |file: &str| {
+        let text = std::fs::read_to_string(dir.join(file)).unwrap();
+        text.lines().filter(|l| l.contains("\"start\"")).map(|l| l.contains("\"resumed\":true")).collect::<Vec<_>>()
+    };
+    let (ok, out) = train("2", "--fresh");
+    assert!(ok, "{out}");
+    let (ok, out) = train("3", "--fresh");
+    assert!(ok, "{out}");
+    assert_eq!(starts("metrics.jsonl"), [false], "the log holds the second run alone");
+    assert_eq!(starts("metrics.previous.jsonl"), [false], "the first run's log, moved aside");
+    let (ok, out) = train("5", "--resume");
+    assert!(ok && out.contains("done: 5 steps (2 of them since step 3, in"), "{out}");
+    assert_eq!(starts("metrics.jsonl"), [false, true], "a resumed run continues the log");
+    // Another run holds the folder (here this test, through the same lock): refused, untouched.
+    let held = pipetransformer::files::lock_folder(&dir).unwrap();
+    let before = std::fs::read(dir.join("checkpoint.ckpt")).unwrap();
+    let (ok, out) = train("2", "--fresh");
+    let holder = format!("another run (process {}) is writing to this folder", std::process::id());
+    assert!(!ok && out.contains(&holder), "{out}");
+    assert_eq!(std::fs::read(dir.join("checkpoint.ckpt")).unwrap(), before);
+    assert_eq!(starts("metrics.jsonl"), [false, true]);
+    drop(held);
+}
+
+/// A user's error is printed as its message and causes, each once, and no backtrace even
+/// where `RUST_BACKTRACE` asks for them (this is no crash).
+#[test]
+fn errors_print_each_cause_once_and_no_backtrace() {
+    let out = Command::new(env!("CARGO_BIN_EXE_pipetransformer"))
+        .args(["train", "--config", "/nonexistent/run.toml"])
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.starts_with("Error: the run config /nonexistent/run.toml"), "{err}");
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+    assert!(!err.contains("backtrace") && !err.contains("main.rs"), "{err}");
+    // A document without the table's markers is refused by its own name, before any compiling.
+    let doc = scratch("kernels-doc");
+    let path = doc.join("notes.md");
+    std::fs::write(&path, "no markers here\n").unwrap();
+    let (ok, out) = pipetransformer(&["kernels", "--update", &path.display().to_string()]);
+    assert!(!ok && out.contains(&format!("updating {}", path.display())) && out.contains("markers"), "{out}");
+    assert!(!out.contains("KERNELS.md` is") && std::fs::read_to_string(&path).unwrap() == "no markers here\n", "{out}");
 }
 
 /// 33 samples in batches of 8 leave one for the last batch, which two replicas cannot share:

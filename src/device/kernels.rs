@@ -328,9 +328,9 @@ pub fn resource_table() -> Result<String> {
 
 /// `doc` with the text between [`TABLE_BEGIN`] and [`TABLE_END`] replaced by `table`.
 pub fn with_table(doc: &str, table: &str) -> Result<String> {
-    let missing = || Error::Device {
-        what: "docs/KERNELS.md".into(),
-        message: format!("the markers `{TABLE_BEGIN}` and `{TABLE_END}` are missing"),
+    let missing = || Error::Data {
+        what: "the document to update".into(),
+        message: format!("the markers `{TABLE_BEGIN}` and `{TABLE_END}` that bound the table are missing"),
     };
     let start = doc.find(TABLE_BEGIN).ok_or_else(missing)? + TABLE_BEGIN.len();
     let end = doc[start..].find(TABLE_END).ok_or_else(missing)? + start;

@@ -164,8 +164,20 @@ impl ActivationCache {
                 format!("{cap} bytes cannot hold one batch ({batch_bytes} bytes); raise it or turn the cache off"),
             ));
         }
+        // Folders made only for this check go again (the spill file is unlinked at once, and
+        // its folder made again if it is ever replaced): a run refused before it trains, or
+        // `plan`, leaves no empty folder behind.
+        let made =
+            dir.ancestors().take_while(|a| !a.as_os_str().is_empty() && !a.exists()).last().map(Path::to_path_buf);
         let spill =
             Spill::create(dir).map_err(|e| config_error("elastic.cache_dir", format!("cannot be written: {e}")))?;
+        if let Some(top) = made {
+            for d in dir.ancestors() {
+                if std::fs::remove_dir(d).is_err() || d == top {
+                    break;
+                }
+            }
+        }
         Ok(Self {
             width,
             dtype,
@@ -384,7 +396,10 @@ mod tests {
             stored.push((host, h));
         }
         assert!(cache.disk_bytes() > 0, "something spilled");
-        assert!(std::fs::read_dir(&d).unwrap().next().is_none(), "the spill is unlinked: a killed run leaves none");
+        // The spill is unlinked, and its folder, made for it, gone again: a killed run, or one
+        // refused before it trains, leaves neither.
+        assert!(!d.exists() && scratch.exists(), "{} is left", d.display());
+        std::fs::create_dir(&d).unwrap();
         assert_eq!(cache.entries(), 16);
         // A second cache spilling into the same directory (another process's `plan`, or a run
         // refused at start) comes and goes without touching this one's spill.
@@ -392,6 +407,7 @@ mod tests {
         other.put(&stored[0].0, &hidden(3, 4, 5, w, 7.0)).unwrap();
         assert!(other.disk_bytes() > 0);
         drop(other);
+        assert!(std::fs::read_dir(&d).unwrap().next().is_none(), "a folder that was there stays, empty");
         for (host, h) in &stored {
             let got = cache.get(host, 5, 3).unwrap().unwrap();
             assert_eq!(got.depths, [Some(3); 4]);

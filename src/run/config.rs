@@ -402,6 +402,14 @@ impl RunConfig {
                 ),
             });
         }
+        if self.output.dir.as_os_str().is_empty() {
+            return Err(Error::Config {
+                field: "output.dir".into(),
+                message: "is empty: name the folder the run writes its metrics, checkpoint and model to \
+                          (e.g. \"runs/my-run\")"
+                    .into(),
+            });
+        }
         if self.output.threads > MOST_PER_PROCESS {
             return Err(Error::Config {
                 field: "output.threads".into(),
@@ -687,6 +695,7 @@ dir = "runs/x"
             ("output.threads=1000000", "output.threads", "at most 4096"),
             ("pipeline.devices=1000000", "pipeline.devices", "at most 4096"),
             ("data.max_len=0", "data.max_len", "at least 1 token"),
+            ("output.dir=\"\"", "output.dir", "is empty"),
         ] {
             let overrides: Vec<String> = [set.to_string()]
                 .into_iter()
@@ -723,7 +732,7 @@ dir = "runs/x"
             let err = RunConfig::parse(&text, "f.toml", &overrides).unwrap_err().to_string();
             assert!(err.contains(&format!("unknown key `{key}`")), "{err}");
         }
-        // Refused where the config is read, so `plan` (which runs without a cache) refuses it too.
+        // Refused where the config is read, before any device or model is made.
         let both = ["elastic.cache=true".into(), "pipeline.token_slices=4".into()];
         let err = RunConfig::parse(BASE, "base", &both).unwrap_err().to_string();
         assert!(err.contains("pipeline.token_slices") && err.contains("elastic.cache"), "{err}");

@@ -659,13 +659,26 @@ impl<D: Device> Job<D> {
     /// Trains to the end, checkpointing every `output.checkpoint_every` steps and at the end,
     /// appending every event to the metrics log and passing it to `on_event`; then writes
     /// `summary.json`, `report.html` and the exported model to `output.dir/model/`.
+    ///
+    /// The output folder is [locked](files::lock_folder) while the run writes it: a second run
+    /// given the same folder is refused. A run that starts over (not resumed) moves an earlier
+    /// `metrics.jsonl` aside to `metrics.previous.jsonl` (replacing an older one there), so the
+    /// log, and the report drawn from it, hold this run's events alone.
     pub fn run(&mut self, on_event: &mut dyn FnMut(&Event)) -> Result<Summary> {
         let out = self.config.output.dir.clone();
-        if self.writes_files() {
-            std::fs::create_dir_all(&out).map_err(|e| io_error(&out, e))?;
-        }
         let metrics_path = self.metrics_path();
         let writes = self.writes_files();
+        let _lock = match writes {
+            true => {
+                std::fs::create_dir_all(&out).map_err(|e| io_error(&out, e))?;
+                Some(files::lock_folder(&out)?)
+            }
+            false => None,
+        };
+        if writes && !self.resumed && metrics_path.metadata().is_ok_and(|m| m.len() > 0) {
+            let aside = out.join("metrics.previous.jsonl");
+            std::fs::rename(&metrics_path, &aside).map_err(|e| io_error(&aside, e))?;
+        }
         let mut metrics: Box<dyn Write> = if writes {
             let mut file = std::fs::OpenOptions::new()
                 .create(true)
