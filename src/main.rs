@@ -430,7 +430,8 @@ enum Command {
         /// value in its process list.
         #[arg(long)]
         rdzv_token: Option<String>,
-        /// The command each process runs: `-- train --config ...`.
+        /// The command each process runs: `-- train --config ...` (only `train` joins a
+        /// launched run).
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
@@ -592,6 +593,14 @@ fn run() -> Result<()> {
             bench_step(device, threads, &python, steps, warmup, batch, seq)
         }
         Command::Launch { nproc_per_node, nnodes, node_rank, rdzv, rdzv_token, command } => {
+            // Only `train` joins a launched run; any other command would run once per process.
+            if command.first().map(String::as_str) != Some("train") {
+                bail!(
+                    "launch runs `train` in each process (`launch ... -- train --config ...`); got `{}`, which \
+                     runs on its own: start it without launch",
+                    command.join(" ")
+                );
+            }
             let token = rdzv_token.or_else(|| std::env::var("PT_RDZV_TOKEN").ok());
             let grace = pipetransformer::run::launch::GRACE;
             let options = pipetransformer::run::LaunchOptions { nproc_per_node, nnodes, node_rank, rdzv, token, grace };

@@ -286,6 +286,34 @@ fn run_error(message: impl Into<String>) -> Error {
     Error::Config { field: "run".into(), message: message.into() }
 }
 
+/// Why no setting took `key`: most often a typo, but an optimizer setting of another kind
+/// than the table's (`--set train.optimizer.kind="sgd"` over an AdamW table leaves AdamW's
+/// `beta1` behind) is named as such, with the way to switch kinds.
+fn unknown_because(key: &str, config: &RunConfig) -> String {
+    let kind_keys = |kind: &str| -> Option<(String, toml::Table)> {
+        let table: toml::Table = [("kind".to_string(), toml::Value::from(kind))].into_iter().collect();
+        let read: crate::optim::OptimizerConfig = toml::Value::Table(table).try_into().ok()?;
+        match toml::Value::try_from(read).ok()? {
+            toml::Value::Table(t) => Some((kind.to_string(), t)),
+            _ => None,
+        }
+    };
+    let kind = match toml::Value::try_from(config.train.optimizer) {
+        Ok(toml::Value::Table(t)) => t.get("kind").and_then(|k| k.as_str().map(String::from)),
+        _ => None,
+    };
+    let owner = key
+        .strip_prefix("train.optimizer.")
+        .and_then(|name| ["adamw", "sgd"].into_iter().filter_map(kind_keys).find(|(_, keys)| keys.contains_key(name)));
+    match (owner, kind) {
+        (Some((other, _)), Some(kind)) if other != kind => format!(
+            "a setting of kind \"{other}\", and this table's kind is \"{kind}\"; to switch kinds give the whole \
+             table: --set 'train.optimizer={{ kind = \"{kind}\" }}' with the settings it takes"
+        ),
+        _ => "no setting has that name".into(),
+    }
+}
+
 impl RunConfig {
     /// Reads `path` and applies `overrides` (`section.key=value`, value in TOML syntax, or a
     /// bare string). An unknown key — in the file or an override — is an error naming it.
@@ -303,7 +331,7 @@ impl RunConfig {
             let config: RunConfig =
                 toml::Value::Table(t.clone()).try_into().map_err(|e: toml::de::Error| e.to_string())?;
             match config.unknown_key(t) {
-                Some(key) => Err(format!("unknown key `{key}`: no setting has that name")),
+                Some(key) => Err(format!("unknown key `{key}`: {}", unknown_because(&key, &config))),
                 None => Ok(config),
             }
         };
@@ -705,6 +733,15 @@ dir = "runs/x"
             let Error::Config { field, message } = &err else { panic!("{set}: {err}") };
             assert!(field == key && message.contains(says), "{set}: {err}");
         }
+        // Switching the optimizer's kind key by key leaves the other kind's settings behind:
+        // named as such, with the way to switch.
+        let switched =
+            ["train.optimizer={ kind = \"adamw\", beta1 = 0.9 }".into(), "train.optimizer.kind=\"sgd\"".into()];
+        let err = RunConfig::parse(BASE, "base", &switched).unwrap_err().to_string();
+        assert!(
+            err.contains("a setting of kind \"adamw\"") && err.contains("train.optimizer={ kind = \"sgd\" }"),
+            "{err}"
+        );
         let optimizer =
             "train.optimizer={ kind = \"adamw\", beta1 = 1.0, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0 }";
         let err = RunConfig::parse(BASE, "base", &[optimizer.into()]).unwrap_err().to_string();
