@@ -287,6 +287,26 @@ pub fn build_model<D: Device>(
     }
 }
 
+/// An image model whose input does not fit the dataset's images is refused by its settings
+/// when the run is built, not by the first step's upload.
+fn check_images(spec: &crate::model::Spec, first: &HostBatch, info: &DataInfo) -> Result<()> {
+    let (InputSpec::Image { channels, image_size, .. }, Some(pixels)) = (spec.input, &first.pixels) else {
+        return Ok(());
+    };
+    let (want, got) = (channels * image_size * image_size, pixels.len() / first.batch.max(1));
+    if want == got {
+        return Ok(());
+    }
+    Err(Error::Config {
+        field: "model.config".into(),
+        message: format!(
+            "num_channels {channels} × image_size {image_size}² = {want} values per image, but {}'s images have \
+             {got}: set the model's num_channels and image_size to the dataset's",
+            info.name
+        ),
+    })
+}
+
 /// Where a run of `config` keeps its checkpoint.
 pub fn checkpoint_path(config: &RunConfig) -> PathBuf {
     config.output.dir.join("checkpoint.ckpt")
@@ -530,6 +550,7 @@ impl<D: Device> Job<D> {
             None => None,
             Some(group) => {
                 let (mut shapes, _, _) = build_model(&devices[0], &config, &info, &|_| false)?;
+                check_images(shapes.spec(), &first, &info)?;
                 freeze_embeddings(&config, &devices[0], &mut shapes)?;
                 let (_, profiles) = planning_profiles(&config, &devices[0], &mut shapes, &first, &plan)?;
                 Some(Pipeline::units_of_process(&shapes, plan.clone(), &profiles, group.rank(), group.size())?)
@@ -539,6 +560,7 @@ impl<D: Device> Job<D> {
         let (mut model, model_config, load_report) = build_model(&devices[0], &config, &info, &keep)?;
         freeze_embeddings(&config, &devices[0], &mut model)?;
         let spec = model.spec().clone();
+        check_images(&spec, &first, &info)?;
         if let InputSpec::Tokens { max_positions, .. } = spec.input
             && config.data.max_len > max_positions
         {
