@@ -1288,3 +1288,84 @@ fn killing_the_launcher_ends_its_processes() {
     }
     reap.0.clear(); // all gone: their pids may be another's soon
 }
+
+/// A tiny ViT export for scikit-learn's digits (8 × 8, pixels 0..=16, classes 0–9) in `dir`,
+/// made without training: what `predict` and `evaluate` read from a run's `model/`.
+fn tiny_digits_vit(dir: &Path) {
+    use pipetransformer::model::{Model, ModelConfig, VitConfig};
+    let config = ModelConfig::Vit(VitConfig {
+        image_size: 8,
+        patch_size: 4,
+        num_channels: 1,
+        hidden_size: 8,
+        num_hidden_layers: 1,
+        num_attention_heads: 2,
+        intermediate_size: 8,
+        hidden_act: "gelu".into(),
+        layer_norm_eps: 1e-6,
+        hidden_dropout_prob: 0.0,
+        attention_probs_dropout_prob: 0.0,
+        num_labels: 10,
+    });
+    let dev = pipetransformer::device::CpuDevice::<f32>::new(0, 1).unwrap();
+    let labels: Vec<String> = (0..10).map(|d| d.to_string()).collect();
+    let extras = pipetransformer::weights::ExportExtras { labels: &labels, pixel_max: Some(16), ..Default::default() };
+    let model = Model::new(&dev, &config, 3).unwrap();
+    pipetransformer::weights::export_model(&model, &dev, &config, &extras, dir).unwrap();
+}
+
+/// A tiny character GPT export over `chars` in `dir`.
+fn tiny_char_gpt(dir: &Path, chars: &str) {
+    use pipetransformer::model::{GptConfig, Model, ModelConfig};
+    let chars: Vec<char> = chars.chars().collect();
+    let config = ModelConfig::Gpt(GptConfig::without_dropout(chars.len(), 8, 8, 1, 2));
+    let dev = pipetransformer::device::CpuDevice::<f32>::new(0, 1).unwrap();
+    let extras = pipetransformer::weights::ExportExtras { chars: &chars, ..Default::default() };
+    let model = Model::new(&dev, &config, 3).unwrap();
+    pipetransformer::weights::export_model(&model, &dev, &config, &extras, dir).unwrap();
+}
+
+/// 64 raw digit pixels (0..=16) as a CSV row, different for each `seed`.
+fn digit_pixels(seed: usize) -> String {
+    (0..64).map(|i| ((i * 7 + seed * 5) % 17).to_string()).collect::<Vec<_>>().join(",")
+}
+
+/// The JSON lines of `out`.
+fn json_lines(out: &str) -> Vec<serde_json::Value> {
+    out.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// An image model's export without `preprocessor_config.json` does not say what scale its
+/// pixels were trained at: refused, naming the file, what it holds and why it is needed,
+/// instead of scored at a guessed 1/255 (a digits model trained at 1/16 fell from 92 % to
+/// 16 % so).
+#[test]
+fn an_image_model_without_its_pixel_scale_is_refused() {
+    let dir = scratch("no-preprocessor");
+    let model = dir.join("model");
+    tiny_digits_vit(&model);
+    let rows = dir.join("rows.csv");
+    std::fs::write(&rows, (0..3).map(|i| format!("{},{i}\n", digit_pixels(i))).collect::<String>()).unwrap();
+    let (model_arg, rows_arg) = (model.display().to_string(), rows.display().to_string());
+    let (ok, out) = pipetransformer(&["evaluate", "--model", &model_arg, "--file", &rows_arg]);
+    assert!(ok && out.contains("3 targets"), "{out}");
+    let (ok, with) = pipetransformer(&["predict", "--model", &model_arg, &digit_pixels(1)]);
+    assert!(ok, "{with}");
+    // Another scale, another answer: the file's value is what the model reads raw pixels at.
+    let preprocessor = model.join("preprocessor_config.json");
+    let text = std::fs::read_to_string(&preprocessor).unwrap();
+    std::fs::write(&preprocessor, text.replace("0.0625", "0.00392156862745098")).unwrap();
+    let (ok, at_255) = pipetransformer(&["predict", "--model", &model_arg, &digit_pixels(1)]);
+    assert!(ok && json_lines(&at_255)[0]["probabilities"] != json_lines(&with)[0]["probabilities"], "{at_255}");
+    std::fs::remove_file(&preprocessor).unwrap();
+    for args in [&["evaluate", "--file", &rows_arg][..], &["predict", &digit_pixels(1)][..]] {
+        let (ok, out) = pipetransformer(&[&args[..1], &["--model", &model_arg], &args[1..]].concat());
+        assert!(!ok && !out.contains("targets") && !out.contains("probabilit"), "{args:?}: {out}");
+        assert!(
+            out.contains("preprocessor_config.json: is missing")
+                && out.contains("rescale_factor")
+                && out.contains("wrong predictions"),
+            "{args:?}: {out}"
+        );
+    }
+}

@@ -112,11 +112,14 @@ impl<D: Device> Predictor<D> {
                 let ids = export.chars.iter().enumerate().map(|(i, &c)| (c, i as u32)).collect();
                 Reader::Chars { chars: export.chars, ids }
             }
-            (_, InputSpec::Image { image_size, channels, .. }) => Reader::Image {
-                size: image_size,
-                channels,
-                max_value: (1.0 / export.pixel_scale.unwrap_or(1.0 / 255.0)) as f32,
-            },
+            (_, InputSpec::Image { image_size, channels, .. }) => {
+                // `read_export` refuses an image model's export without its scale: never guessed.
+                let scale = export.pixel_scale.ok_or_else(|| Error::Internal {
+                    what: "predict".into(),
+                    message: format!("{}: an image model's export read without its pixel scale", dir.display()),
+                })?;
+                Reader::Image { size: image_size, channels, max_value: (1.0 / scale) as f32 }
+            }
             (_, InputSpec::Tokens { max_positions, .. }) => {
                 let path = export.tokenizer.ok_or_else(|| {
                     config_error(

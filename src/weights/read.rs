@@ -33,7 +33,8 @@ pub struct ExportedModel {
     /// A character-level GPT's vocabulary by token id (`vocab.json`); empty otherwise.
     pub chars: Vec<char>,
     /// What raw pixel values are multiplied by before the model sees them (ViT:
-    /// `preprocessor_config.json`'s `rescale_factor`, e.g. 1/255); `None` without that file.
+    /// `preprocessor_config.json`'s `rescale_factor`, e.g. 1/255 or 1/16): always set for a
+    /// ViT (an export without that file is refused), `None` for the other families.
     pub pixel_scale: Option<f64>,
     /// The longest input the run trained on, in tokens (`sentence_bert_config.json`'s
     /// `max_seq_length`); `None` without that file.
@@ -54,8 +55,9 @@ fn export_error(path: &Path, message: impl std::fmt::Display) -> Error {
 /// valid JSON or not a supported model; the safetensors header is damaged; `id2label` is not
 /// `{"0": name, …}` with one name per class (`num_labels`) or disagrees with `label2id`;
 /// `vocab.json` is not `{"<char>": id}` with one distinct character per token id
-/// (`vocab_size`); `preprocessor_config.json` normalises or rescales in a way our image
-/// pipeline does not.
+/// (`vocab_size`); a ViT's `preprocessor_config.json` is missing (it alone says what scale
+/// the model's pixels were trained at), or normalises or rescales in a way our image pipeline
+/// does not.
 pub fn read_export(dir: impl AsRef<Path>) -> Result<ExportedModel> {
     let dir = dir.as_ref();
     if !dir.is_dir() {
@@ -89,7 +91,7 @@ pub fn read_export(dir: impl AsRef<Path>) -> Result<ExportedModel> {
         _ => Vec::new(),
     };
     let pixel_scale = match &config {
-        ModelConfig::Vit(_) => read_pixel_scale(&dir.join(PREPROCESSOR_FILE))?,
+        ModelConfig::Vit(_) => Some(read_pixel_scale(&dir.join(PREPROCESSOR_FILE))?),
         _ => None,
     };
     let tokenizer = Some(dir.join(TOKENIZER_FILE)).filter(|p| p.is_file());
@@ -191,19 +193,33 @@ fn chars_by_id(path: &Path, map: &Map<String, Value>, vocab_size: usize) -> Resu
     Ok(chars.into_iter().flatten().collect())
 }
 
-/// `rescale_factor` of a ViT's `preprocessor_config.json` (1 when `do_rescale` is false;
-/// `None` without the file). Normalisation is refused: our image pipeline feeds rescaled
-/// pixels as they are, which is what every export of this engine describes.
-fn read_pixel_scale(path: &Path) -> Result<Option<f64>> {
-    let Some(json) = read_optional_json(path)? else { return Ok(None) };
+/// `rescale_factor` of a ViT's `preprocessor_config.json` (1 when `do_rescale` is false).
+/// Normalisation is refused: our image pipeline feeds rescaled pixels as they are, which is
+/// what every export of this engine describes.
+///
+/// The file is required: the scale differs by dataset (1/255 for 8-bit images, 1/16 for
+/// scikit-learn's digits) and nothing else in the export records it, so a guessed one would
+/// score raw pixel rows at the wrong scale without a word (a digits model read at 1/255 falls
+/// from 92 % to chance). Every ViT export of this engine has written it.
+fn read_pixel_scale(path: &Path) -> Result<f64> {
+    let Some(json) = read_optional_json(path)? else {
+        return Err(export_error(
+            path,
+            "is missing; an image model's export needs it: it holds the scale the model's pixels were trained \
+             at (`rescale_factor`: raw values are multiplied by it, 1/255 for 8-bit images, 1/16 for \
+             scikit-learn's digits), without which raw pixel rows would be read at a guessed scale and give \
+             wrong predictions. Export the model again, or write the file, e.g. \
+             {\"do_rescale\": true, \"rescale_factor\": 0.0625, \"do_normalize\": false} for digits",
+        ));
+    };
     if json.get("do_normalize").and_then(Value::as_bool) == Some(true) {
         return Err(export_error(path, "`do_normalize` is true; expected false (pixels are fed un-normalised)"));
     }
     if json.get("do_rescale").and_then(Value::as_bool) == Some(false) {
-        return Ok(Some(1.0));
+        return Ok(1.0);
     }
     match json.get("rescale_factor").and_then(Value::as_f64) {
-        Some(f) if f > 0.0 && f.is_finite() => Ok(Some(f)),
+        Some(f) if f > 0.0 && f.is_finite() => Ok(f),
         _ => Err(export_error(path, "`rescale_factor` is missing or not a positive number; expected e.g. 1/255")),
     }
 }
@@ -399,6 +415,25 @@ mod tests {
         json["rescale_factor"] = (-1.0).into();
         std::fs::write(&path, json.to_string()).unwrap();
         assert!(error_naming(&dir, "preprocessor_config.json").contains("`rescale_factor`"));
+        // Without the file the scale is unknown: refused, saying what the file holds and why
+        // it is needed, rather than read at a guessed 1/255.
+        std::fs::remove_file(&path).unwrap();
+        let e = error_naming(&dir, "preprocessor_config.json");
+        assert!(e.contains("is missing") && e.contains("rescale_factor") && e.contains("wrong predictions"), "{e}");
+    }
+
+    /// Only an image model needs a preprocessor: a text model's and a character GPT's exports
+    /// are read without one, as MiniLM's pretrained folder has none.
+    #[test]
+    fn text_models_need_no_preprocessor() {
+        let labels = labels();
+        let dir = export("no-preprocessor", &tiny_bert(), &ExportExtras { labels: &labels, ..Default::default() });
+        assert!(!dir.join(PREPROCESSOR_FILE).exists());
+        assert_eq!(read_export(&dir).unwrap().pixel_scale, None);
+        let chars = ['a', 'b', '\n'];
+        let config = ModelConfig::Gpt(GptConfig::without_dropout(3, 4, 4, 1, 2));
+        let dir = export("no-preprocessor-gpt", &config, &ExportExtras { chars: &chars, ..Default::default() });
+        assert_eq!(read_export(&dir).unwrap().pixel_scale, None);
     }
 
     #[test]
