@@ -1369,3 +1369,69 @@ fn an_image_model_without_its_pixel_scale_is_refused() {
         );
     }
 }
+
+/// A CSV file named as a `predict` input is read as rows of raw pixels (gzip-compressed or
+/// not, whatever its name): one answer per row, named `file:line`, each the answer to the row
+/// given as an argument. A labelled row is refused, pointing at `evaluate --file`, which reads
+/// the same files gzip-compressed too.
+#[test]
+fn a_csv_file_given_to_predict_is_read_as_rows() {
+    let dir = scratch("predict-csv-file");
+    let model = dir.join("model");
+    tiny_digits_vit(&model);
+    let model = model.display().to_string();
+    let rows = format!("{}\n\n{}\n", digit_pixels(1), digit_pixels(2));
+    let plain = dir.join("rows.csv");
+    std::fs::write(&plain, &rows).unwrap();
+    let gz = dir.join("rows.csv.gz");
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    encoder.write_all(rows.as_bytes()).unwrap();
+    std::fs::write(&gz, encoder.finish().unwrap()).unwrap();
+    let unnamed = dir.join("pixels");
+    std::fs::write(&unnamed, &rows).unwrap();
+    let files: Vec<String> = [&plain, &gz, &unnamed].iter().map(|p| p.display().to_string()).collect();
+    let (one, two) = (digit_pixels(1), digit_pixels(2));
+    let args = [&["predict", "--model", &model, &one, &two][..], &files.iter().map(String::as_str).collect::<Vec<_>>()];
+    let (ok, out) = pipetransformer(&args.concat());
+    assert!(ok, "{out}");
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 8, "{out}");
+    for (i, file) in files.iter().enumerate() {
+        for (row, line) in [(0, 1), (1, 3)] {
+            let v = &lines[2 + 2 * i + row];
+            assert_eq!(v["input"], format!("{file}:{line}"), "{out}");
+            assert_eq!(v["probabilities"], lines[row]["probabilities"], "{out}");
+        }
+    }
+    // Labelled rows (a dataset's file): refused by line, saying where they go.
+    let labelled = dir.join("labelled.csv");
+    std::fs::write(&labelled, format!("{one},1\n{two},2\n")).unwrap();
+    let labelled = labelled.display().to_string();
+    let (ok, out) = pipetransformer(&["predict", "--model", &model, &labelled]);
+    assert!(!ok && out.contains("line 1: a CSV row of 65 values; expected 1×8×8 = 64 pixels"), "{out}");
+    assert!(out.contains("`evaluate --file` scores labelled rows") && !out.contains("IDX"), "{out}");
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    encoder.write_all(format!("{one},1\n{two},2\n").as_bytes()).unwrap();
+    let labelled_gz = dir.join("labelled.csv.gz");
+    std::fs::write(&labelled_gz, encoder.finish().unwrap()).unwrap();
+    let (ok, out) = pipetransformer(&["evaluate", "--model", &model, "--file", &labelled_gz.display().to_string()]);
+    assert!(ok && out.contains("2 targets"), "{out}");
+}
+
+/// `evaluate --file` on rows of pixels alone says a label is missing, counting the values as
+/// they are (not taking the last pixel for the label).
+#[test]
+fn unlabelled_rows_for_evaluate_say_a_label_is_expected() {
+    let dir = scratch("evaluate-unlabelled");
+    let model = dir.join("model");
+    tiny_digits_vit(&model);
+    let rows = dir.join("rows.csv");
+    std::fs::write(&rows, format!("{}\n", digit_pixels(0))).unwrap();
+    let (model, rows) = (model.display().to_string(), rows.display().to_string());
+    let (ok, out) = pipetransformer(&["evaluate", "--model", &model, "--file", &rows]);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("line 1: a CSV row of 64 values; expected 1×8×8 = 64 pixels then a label (65 values)"),
+        "{out}"
+    );
+}

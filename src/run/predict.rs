@@ -185,11 +185,11 @@ impl<D: Device> Predictor<D> {
         })
     }
 
-    /// Labelled rows of a file as batches of `batch_size`: `label<TAB>text` for a text model,
-    /// CSV rows of raw pixels then the label for an image model. A label is a class name or
-    /// index. A bad row is an error naming its line.
+    /// Labelled rows of a file (gzip-compressed or not) as batches of `batch_size`:
+    /// `label<TAB>text` for a text model, CSV rows of raw pixels then the label for an image
+    /// model. A label is a class name or index. A bad row is an error naming its line.
     pub fn labelled_rows(&self, path: &Path, batch_size: usize) -> Result<Vec<HostBatch>> {
-        let text = std::fs::read_to_string(path).map_err(|e| crate::files::io_error(path, e))?;
+        let text = read_user_text(path)?;
         let bad = |line: usize, message: String| Error::Dataset {
             file: path.display().to_string(),
             line: Some(line),
@@ -237,14 +237,26 @@ impl<D: Device> Predictor<D> {
                     batches.push(text_batch(tokenizer, &items, (i * size) as u64)?.host);
                 }
             }
-            Reader::Image { .. } => {
+            &Reader::Image { size: side, channels, max_value } => {
+                let n = channels * side * side;
                 let mut images = Vec::with_capacity(rows.len());
                 for &(line, row) in &rows {
-                    let (pixels, label) =
-                        row.rsplit_once(',').ok_or_else(|| bad(line, "expected pixels then a label".into()))?;
+                    // Counted first: a row of pixels alone must not lend its last pixel as a label.
+                    let fields = row.split(',').count();
+                    if fields != n + 1 {
+                        return Err(bad(
+                            line,
+                            format!(
+                                "a CSV row of {fields} values; expected {channels}×{side}×{side} = {n} pixels then a \
+                                 label ({} values)",
+                                n + 1
+                            ),
+                        ));
+                    }
+                    let (pixels, label) = row.rsplit_once(',').unwrap_or((row, ""));
                     let label = label_of(line, label)?;
-                    let image = self.read_images(pixels).map_err(|e| bad(line, e.to_string()))?;
-                    images.push((image.into_iter().next().map(|i| i.1).unwrap_or_default(), label));
+                    let image = pixel_row(pixels, max_value).map_err(|e| bad(line, e))?;
+                    images.push((image, label));
                 }
                 for chunk in images.chunks(size) {
                     batches.push(HostBatch {
@@ -374,57 +386,81 @@ impl<D: Device> Predictor<D> {
     }
 
     /// The images one input names: an image file (PNG or PGM), an IDX file (every image in
-    /// it), or a CSV row of raw pixel values. Each comes with a name for the output.
+    /// it), a CSV file (every row: raw pixel values, no label; gzip-compressed or not), or a
+    /// CSV row of raw pixel values. Files are told apart by their first bytes, not their names.
+    /// Each image comes with a name for the output: the input, `file#i` for the `i`-th image
+    /// (from 0) of an IDX file, `file:line` for a CSV file's row.
     pub fn read_images(&self, input: &str) -> Result<Vec<(String, Vec<f32>)>> {
         let Reader::Image { size, channels, max_value } = self.reader else {
             return Err(config_error("input", format!("this {:?} model does not read images", self.family())));
         };
+        let n = channels * size * size;
         let path = Path::new(input);
-        // A file's first bytes say what it holds, not its name: a PNG or PGM image, else IDX
-        // images (gzipped or not).
-        if path.is_file() && !is_image_file(path)? {
-            let images = read_idx_images(path)?;
-            return images
-                .into_iter()
-                .enumerate()
-                .map(|(i, (w, h, c, px))| {
-                    check_size(input, w, h, c, size, channels)?;
-                    Ok((format!("{input}#{i}"), px))
-                })
-                .collect();
-        }
         if path.is_file() {
-            let (w, h, c, px) = crate::data::read_image_file(path)?;
-            check_size(input, w, h, c, size, channels)?;
-            return Ok(vec![(input.to_string(), px)]);
+            return match input_file_kind(path)? {
+                InputFile::Image => {
+                    let (w, h, c, px) = crate::data::read_image_file(path)?;
+                    check_size(input, w, h, c, size, channels)?;
+                    Ok(vec![(input.to_string(), px)])
+                }
+                InputFile::Idx => read_idx_images(path)?
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (w, h, c, px))| {
+                        check_size(input, w, h, c, size, channels)?;
+                        Ok((format!("{input}#{i}"), px))
+                    })
+                    .collect(),
+                InputFile::Csv => {
+                    let text = read_user_text(path)?;
+                    let bad = |line: usize, message: String| Error::Dataset {
+                        file: input.to_string(),
+                        line: Some(line),
+                        message,
+                    };
+                    let mut images = Vec::new();
+                    for (line, row) in text.lines().enumerate().map(|(i, l)| (i + 1, l)) {
+                        if row.trim().is_empty() {
+                            continue;
+                        }
+                        let count = row.split(',').count();
+                        if count != n {
+                            let labelled = if count == n + 1 {
+                                " (pixels then a label? `predict` reads pixels alone; `evaluate --file` scores \
+                                 labelled rows)"
+                            } else {
+                                ""
+                            };
+                            return Err(bad(
+                                line,
+                                format!(
+                                    "a CSV row of {count} values; expected {channels}×{size}×{size} = {n} pixels{labelled}"
+                                ),
+                            ));
+                        }
+                        images.push((format!("{input}:{line}"), pixel_row(row, max_value).map_err(|e| bad(line, e))?));
+                    }
+                    if images.is_empty() {
+                        return Err(Error::Dataset {
+                            file: input.to_string(),
+                            line: None,
+                            message: "has no rows; expected CSV rows of raw pixel values".into(),
+                        });
+                    }
+                    Ok(images)
+                }
+            };
         }
         // A CSV row of raw values.
-        let values: Vec<f32> = input
-            .split(',')
-            .enumerate()
-            .map(|(i, v)| {
-                v.trim().parse::<f32>().ok().filter(|x| x.is_finite() && *x >= 0.0 && *x <= max_value).ok_or_else(
-                    || {
-                        data_error(
-                            "input",
-                            format!(
-                                "value {} `{}` is not a pixel in 0..={max_value} (nor is the input an image file)",
-                                i + 1,
-                                v.trim()
-                            ),
-                        )
-                    },
-                )
-            })
-            .collect::<Result<_>>()?;
-        let n = channels * size * size;
+        let values = pixel_row(input, max_value)
+            .map_err(|e| data_error("input", format!("{e} (nor is the input an image or CSV file)")))?;
         if values.len() != n {
             return Err(data_error(
                 "input",
                 format!("a CSV row of {} values; expected {channels}×{size}×{size} = {n} pixels", values.len()),
             ));
         }
-        Ok(vec![(input.to_string(), values.into_iter().map(|v| v / max_value).collect())])
+        Ok(vec![(input.to_string(), values)])
     }
 
     /// The model's outputs on the host; an error when one is not finite (a NaN would read
@@ -513,15 +549,81 @@ impl<D: Device> Predictor<D> {
     }
 }
 
-/// Whether `path` starts as a PNG or a PGM image does.
-fn is_image_file(path: &Path) -> Result<bool> {
-    use std::io::Read;
-    let mut head = Vec::with_capacity(4);
-    std::fs::File::open(path)
-        .and_then(|f| f.take(4).read_to_end(&mut head))
-        .map_err(|e| crate::files::io_error(path, e))?;
-    Ok(head.starts_with(b"\x89PNG") || head.starts_with(b"P5") || head.starts_with(b"P2"))
+/// What a file named as an input holds, by its first bytes (after gzip's, for a compressed
+/// file), not by its name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum InputFile {
+    /// A PNG or PGM image.
+    Image,
+    /// Text starting as a number does: CSV rows of raw pixel values.
+    Csv,
+    /// Anything else is read as IDX images (whose reader names what it found instead).
+    Idx,
 }
+
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+/// The most bytes a compressed input may expand to: a bound on what a small hostile file can
+/// make us allocate.
+const MOST_DECOMPRESSED: u64 = 4 << 30;
+
+fn input_file_kind(path: &Path) -> Result<InputFile> {
+    use std::io::Read;
+    let open = || std::fs::File::open(path).map_err(|e| crate::files::io_error(path, e));
+    let mut head = Vec::with_capacity(4);
+    open()?.take(4).read_to_end(&mut head).map_err(|e| crate::files::io_error(path, e))?;
+    if head.starts_with(&GZIP_MAGIC) {
+        head.clear();
+        // A damaged stream gives fewer bytes: the IDX reader then names the problem.
+        let _ = flate2::read::MultiGzDecoder::new(open()?).take(4).read_to_end(&mut head);
+    }
+    Ok(match head.first() {
+        _ if head.starts_with(b"\x89PNG") || head.starts_with(b"P5") || head.starts_with(b"P2") => InputFile::Image,
+        Some(b) if b.is_ascii_digit() || b"+-. \t\r\n".contains(b) => InputFile::Csv,
+        _ => InputFile::Idx,
+    })
+}
+
+/// The text of a file a user named, decompressed when it starts as gzip does.
+fn read_user_text(path: &Path) -> Result<String> {
+    use std::io::Read;
+    let bad = |line: Option<usize>, message: String| Error::Dataset { file: path.display().to_string(), line, message };
+    let raw = std::fs::read(path).map_err(|e| crate::files::io_error(path, e))?;
+    let bytes = if raw.starts_with(&GZIP_MAGIC) {
+        let mut out = Vec::new();
+        flate2::read::MultiGzDecoder::new(&raw[..])
+            .take(MOST_DECOMPRESSED + 1)
+            .read_to_end(&mut out)
+            .map_err(|e| bad(None, format!("is not a valid gzip stream ({e})")))?;
+        if out.len() as u64 > MOST_DECOMPRESSED {
+            return Err(bad(None, format!("expands to more than {MOST_DECOMPRESSED} bytes; expected less")));
+        }
+        out
+    } else {
+        raw
+    };
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let line = 1 + e.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count();
+        bad(Some(line), "is not valid UTF-8; expected text".into())
+    })
+}
+
+/// The pixels of a CSV row of raw values, each in `0..=max_value`, divided by `max_value`;
+/// the error says which value is not a pixel.
+fn pixel_row(row: &str, max_value: f32) -> std::result::Result<Vec<f32>, String> {
+    row.split(',')
+        .enumerate()
+        .map(|(i, v)| {
+            v.trim()
+                .parse::<f32>()
+                .ok()
+                .filter(|x| x.is_finite() && *x >= 0.0 && *x <= max_value)
+                .map(|x| x / max_value)
+                .ok_or_else(|| format!("value {} `{}` is not a pixel in 0..={max_value}", i + 1, v.trim()))
+        })
+        .collect()
+}
+
 
 fn check_size(input: &str, w: usize, h: usize, c: usize, size: usize, channels: usize) -> Result<()> {
     if (w, h, c) == (size, size, channels) {
