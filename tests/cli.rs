@@ -1435,3 +1435,31 @@ fn unlabelled_rows_for_evaluate_say_a_label_is_expected() {
         "{out}"
     );
 }
+
+/// Scoring a model on a dataset of another kind says what each is.
+#[test]
+fn a_dataset_of_another_kind_is_refused_saying_what_each_is() {
+    if !have_digits() || !common::installed(&[Path::new("data/text/hamlet.txt")]) {
+        return;
+    }
+    let dir = scratch("evaluate-kind");
+    let (gpt, vit) = (dir.join("gpt"), dir.join("vit"));
+    tiny_char_gpt(&gpt, "abc");
+    tiny_digits_vit(&vit);
+    let (gpt, vit) = (gpt.display().to_string(), vit.display().to_string());
+    let (ok, out) = pipetransformer(&["evaluate", "--model", &gpt, "--config", "configs/vit-digits.toml"]);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains(
+            "the model is a character-level GPT (3 characters); this config's dataset digits is image \
+             classification with 10 classes (0, 1, 2, …, 8, 9)"
+        ),
+        "{out}"
+    );
+    let (ok, out) = pipetransformer(&["evaluate", "--model", &vit, "--config", "configs/gpt-hamlet.toml"]);
+    assert!(!ok && out.contains("the model is a ViT image classifier with 10 classes"), "{out}");
+    assert!(out.contains("this config's dataset hamlet is character-level text"), "{out}");
+    // The same kind, other characters: said so.
+    let (ok, out) = pipetransformer(&["evaluate", "--model", &gpt, "--config", "configs/gpt-hamlet.toml"]);
+    assert!(!ok && out.contains("expected the characters the model was trained on"), "{out}");
+}

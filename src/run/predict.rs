@@ -283,18 +283,41 @@ impl<D: Device> Predictor<D> {
     /// model's.
     pub fn evaluate_dataset(&self, config: &RunConfig) -> Result<EvalMetrics> {
         let (source, info) = prepare_data(config, 1)?;
+        let data_kind = if !info.chars.is_empty() {
+            Kind::Chars
+        } else if info.pixel_max.is_some() {
+            Kind::Images
+        } else {
+            Kind::Texts
+        };
+        let model_kind = match self.reader {
+            Reader::Chars { .. } => Kind::Chars,
+            Reader::Image { .. } => Kind::Images,
+            Reader::Text(_) => Kind::Texts,
+        };
         let matches = match &self.reader {
             Reader::Chars { chars, .. } => *chars == info.chars,
             _ => self.labels == info.labels,
         };
-        if !matches {
+        if model_kind != data_kind || !matches {
+            // As the config spells it (`dataset = "digits"`).
+            let dataset = serde_json::to_value(config.data.dataset)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_else(|| info.name.clone());
+            let what = if model_kind != data_kind {
+                "expected a dataset of the model's kind"
+            } else if model_kind == Kind::Chars {
+                "expected the characters the model was trained on, by the same ids"
+            } else {
+                "expected the classes the model was trained on, in the same order"
+            };
             return Err(config_error(
                 "data.dataset",
                 format!(
-                    "{}'s classes or characters are not the model's (model: {}; data: {})",
-                    info.name,
-                    self.labels.join(", "),
-                    info.labels.join(", ")
+                    "the model is {}; this config's dataset {dataset} is {}: {what}",
+                    self.describe(),
+                    describe_data(data_kind, &info),
                 ),
             ));
         }
@@ -328,6 +351,15 @@ impl<D: Device> Predictor<D> {
             }
             Ok(())
         })
+    }
+
+    /// The model in words, e.g. "a character-level GPT (65 characters)".
+    fn describe(&self) -> String {
+        match &self.reader {
+            Reader::Chars { chars, .. } => format!("a character-level GPT ({} characters)", chars.len()),
+            Reader::Image { .. } => format!("a ViT image classifier with {}", class_list(&self.labels)),
+            Reader::Text(_) => format!("a BERT text classifier with {}", class_list(&self.labels)),
+        }
     }
 
     /// The model's family.
@@ -546,6 +578,34 @@ impl<D: Device> Predictor<D> {
             out.push(chars[next]);
         }
         Ok(out)
+    }
+}
+
+/// What a model reads or a dataset holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Texts,
+    Images,
+    Chars,
+}
+
+/// "10 classes (0, 1, …, 9)": the count, and the names (the first and last few of many).
+fn class_list(labels: &[String]) -> String {
+    let names = if labels.len() > 8 {
+        [&labels[..3], &["…".to_string()], &labels[labels.len() - 2..]].concat().join(", ")
+    } else {
+        labels.join(", ")
+    };
+    let plural = if labels.len() == 1 { "" } else { "es" };
+    format!("{} class{plural} ({names})", labels.len())
+}
+
+/// A dataset of `kind` in words, e.g. "image classification with 10 classes (0, 1, …, 9)".
+fn describe_data(kind: Kind, info: &super::job::DataInfo) -> String {
+    match kind {
+        Kind::Chars => format!("character-level text ({} characters)", info.chars.len()),
+        Kind::Images => format!("image classification with {}", class_list(&info.labels)),
+        Kind::Texts => format!("text classification with {}", class_list(&info.labels)),
     }
 }
 
