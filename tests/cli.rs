@@ -1463,3 +1463,36 @@ fn a_dataset_of_another_kind_is_refused_saying_what_each_is() {
     let (ok, out) = pipetransformer(&["evaluate", "--model", &gpt, "--config", "configs/gpt-hamlet.toml"]);
     assert!(!ok && out.contains("expected the characters the model was trained on"), "{out}");
 }
+
+/// Sampling flags are checked once, before any input: a bad temperature is one error, not
+/// one per prompt, and a model that does not generate refuses them instead of ignoring them.
+#[test]
+fn sampling_flags_are_checked_once_before_any_input() {
+    let dir = scratch("predict-flags");
+    let (gpt, vit) = (dir.join("gpt"), dir.join("vit"));
+    tiny_char_gpt(&gpt, "HAMLET: obe");
+    tiny_digits_vit(&vit);
+    let (gpt, vit) = (gpt.display().to_string(), vit.display().to_string());
+    let (ok, out) = pipetransformer(&["predict", "--model", &gpt, "HAMLET: To be", "To be", "--temperature=-1"]);
+    assert!(!ok && out.matches("--temperature").count() == 1 && out.contains("is -1"), "{out}");
+    assert!(json_lines(&out).is_empty(), "{out}");
+    let (ok, out) = pipetransformer(&["predict", "--model", &gpt, "To be", "--temperature=0", "--max-new-tokens=2"]);
+    assert!(ok && json_lines(&out).len() == 1, "{out}");
+    let (ok, out) = pipetransformer(&["predict", "--model", &vit, &digit_pixels(0), "--max-new-tokens", "5"]);
+    assert!(!ok && json_lines(&out).is_empty(), "{out}");
+    assert!(out.contains("--max-new-tokens 5 only applies to text generation (a GPT)"), "{out}");
+    assert!(out.contains("the model is a ViT image classifier with 10 classes"), "{out}");
+}
+
+/// `predict --format table` starts with a header naming its columns.
+#[test]
+fn a_predict_table_has_a_header() {
+    let dir = scratch("predict-table");
+    tiny_digits_vit(&dir.join("model"));
+    let model = dir.join("model").display().to_string();
+    let (ok, out) = pipetransformer(&["predict", "--model", &model, "--format", "table", &digit_pixels(0)]);
+    let lines: Vec<&str> = out.lines().filter(|l| !l.is_empty()).collect();
+    assert!(ok && lines.len() == 2, "{out}");
+    assert_eq!(lines[0].split_whitespace().collect::<Vec<_>>(), ["input", "label", "probability"], "{out}");
+    assert!(lines[1].ends_with('%'), "{out}");
+}

@@ -32,7 +32,8 @@ pub struct ClassPrediction {
     pub warning: Option<String>,
 }
 
-/// How a generated continuation is drawn.
+/// How a generated continuation is drawn. The default is `predict`'s: 200 characters at
+/// temperature 0.8 from every character, seed 0.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Sampling {
     /// Tokens to generate.
@@ -43,6 +44,51 @@ pub struct Sampling {
     pub top_k: usize,
     /// Seed of the draws.
     pub seed: u64,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Sampling { max_new_tokens: 200, temperature: 0.8, top_k: 0, seed: 0 }
+    }
+}
+
+impl Sampling {
+    /// Refuses settings no generation can use (named by `predict`'s flags): a temperature
+    /// that is negative or not finite, no characters to generate.
+    pub fn check(&self) -> Result<()> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(config_error(
+                "--temperature",
+                format!(
+                    "is {}; expected a finite number ≥ 0 (0: always the most probable character)",
+                    self.temperature
+                ),
+            ));
+        }
+        if self.max_new_tokens == 0 {
+            return Err(config_error("--max-new-tokens", "is 0; expected at least 1 character to generate"));
+        }
+        Ok(())
+    }
+
+    /// The flags (with their values) that differ from the defaults, which only a GPT reads.
+    fn changed_flags(&self) -> Vec<String> {
+        let d = Sampling::default();
+        let mut flags = Vec::new();
+        if self.max_new_tokens != d.max_new_tokens {
+            flags.push(format!("--max-new-tokens {}", self.max_new_tokens));
+        }
+        if self.temperature != d.temperature {
+            flags.push(format!("--temperature {}", self.temperature));
+        }
+        if self.top_k != d.top_k {
+            flags.push(format!("--top-k {}", self.top_k));
+        }
+        if self.seed != d.seed {
+            flags.push(format!("--seed {}", self.seed));
+        }
+        flags
+    }
 }
 
 /// What a model reads.
@@ -185,10 +231,13 @@ impl<D: Device> Predictor<D> {
         })
     }
 
-    /// Labelled rows of a file (gzip-compressed or not) as batches of `batch_size`:
-    /// `label<TAB>text` for a text model, CSV rows of raw pixels then the label for an image
-    /// model. A label is a class name or index. A bad row is an error naming its line.
+    /// Labelled rows of a file (gzip-compressed or not) as batches of `batch_size` (at least
+    /// 1): `label<TAB>text` for a text model, CSV rows of raw pixels then the label for an
+    /// image model. A label is a class name or index. A bad row is an error naming its line.
     pub fn labelled_rows(&self, path: &Path, batch_size: usize) -> Result<Vec<HostBatch>> {
+        if batch_size == 0 {
+            return Err(batch_size_error());
+        }
         let text = read_user_text(path)?;
         let bad = |line: usize, message: String| Error::Dataset {
             file: path.display().to_string(),
@@ -211,7 +260,7 @@ impl<D: Device> Predictor<D> {
         if rows.is_empty() {
             return Err(bad(1, "has no rows; expected labelled inputs".into()));
         }
-        let size = batch_size.max(1);
+        let size = batch_size;
         let mut batches = Vec::new();
         match &self.reader {
             Reader::Text(tokenizer) => {
@@ -536,9 +585,7 @@ impl<D: Device> Predictor<D> {
         let Reader::Chars { chars, ids } = &self.reader else {
             return Err(config_error("input", format!("this {:?} model does not generate text", self.family())));
         };
-        if !(sampling.temperature.is_finite() && sampling.temperature >= 0.0) {
-            return Err(config_error("temperature", format!("{}: expected a finite value ≥ 0", sampling.temperature)));
-        }
+        sampling.check()?;
         let mut tokens: Vec<u32> = prompt
             .chars()
             .enumerate()
@@ -684,6 +731,10 @@ fn pixel_row(row: &str, max_value: f32) -> std::result::Result<Vec<f32>, String>
         .collect()
 }
 
+/// The error for a batch size of 0, wherever it comes from.
+fn batch_size_error() -> Error {
+    config_error("--batch-size", "is 0; expected at least 1 input per forward pass")
+}
 
 fn check_size(input: &str, w: usize, h: usize, c: usize, size: usize, channels: usize) -> Result<()> {
     if (w, h, c) == (size, size, channels) {
@@ -759,6 +810,130 @@ mod tests {
         assert!(err.contains("the weights hold") && err.contains("transformer.h.1."), "{err}");
     }
 
+    /// A tiny character GPT's export, loaded (`vocab` its characters).
+    fn tiny_gpt_predictor(
+        name: &str,
+        vocab: &str,
+    ) -> (crate::files::Scratch, Predictor<crate::device::CpuDevice<f32>>) {
+        let dev = crate::device::CpuDevice::<f32>::new(0, 1).unwrap();
+        let chars: Vec<char> = vocab.chars().collect();
+        let config = crate::model::ModelConfig::Gpt(crate::model::GptConfig::without_dropout(chars.len(), 8, 8, 1, 2));
+        let scratch = crate::files::Scratch::new(name);
+        let extras = weights::ExportExtras { chars: &chars, ..Default::default() };
+        weights::export_model(&Model::new(&dev, &config, 1).unwrap(), &dev, &config, &extras, &scratch).unwrap();
+        let predictor = Predictor::load(dev, &scratch).unwrap();
+        (scratch, predictor)
+    }
+
+    /// A tiny 4×4 ViT's export (pixels 0..=16, classes `a`, `b`), loaded.
+    fn tiny_vit_predictor(name: &str) -> (crate::files::Scratch, Predictor<crate::device::CpuDevice<f32>>) {
+        let dev = crate::device::CpuDevice::<f32>::new(0, 1).unwrap();
+        let config = crate::model::ModelConfig::Vit(crate::model::VitConfig {
+            image_size: 4,
+            patch_size: 2,
+            num_channels: 1,
+            hidden_size: 4,
+            num_hidden_layers: 1,
+            num_attention_heads: 2,
+            intermediate_size: 6,
+            hidden_act: "gelu".into(),
+            layer_norm_eps: 1e-12,
+            hidden_dropout_prob: 0.0,
+            attention_probs_dropout_prob: 0.0,
+            num_labels: 2,
+        });
+        let scratch = crate::files::Scratch::new(name);
+        let labels = ["a".to_string(), "b".to_string()];
+        let extras = weights::ExportExtras { labels: &labels, pixel_max: Some(16), ..Default::default() };
+        weights::export_model(&Model::new(&dev, &config, 1).unwrap(), &dev, &config, &extras, &scratch).unwrap();
+        let predictor = Predictor::load(dev, &scratch).unwrap();
+        (scratch, predictor)
+    }
+
+    fn options(batch_size: usize, sampling: Sampling, format: OutputFormat) -> PredictOptions {
+        PredictOptions { batch_size, sampling, format }
+    }
+
+    fn run(
+        predictor: &Predictor<crate::device::CpuDevice<f32>>,
+        inputs: &[&str],
+        options: &PredictOptions,
+    ) -> (Result<(usize, usize)>, String) {
+        let mut out = Vec::new();
+        let r = predict_stream(predictor, inputs.iter().map(|s| Ok(s.to_string())), options, &mut out);
+        (r, String::from_utf8(out).unwrap())
+    }
+
+    /// Options no input could use are refused once, before any input is read or any line
+    /// written: a bad temperature (not an error per prompt), a batch size of 0, and sampling
+    /// flags for a model that does not generate.
+    #[test]
+    fn bad_options_are_refused_once_before_any_input() {
+        let (_gpt_dir, gpt) = tiny_gpt_predictor("predict-options-gpt", "abc ");
+        let json = OutputFormat::JsonLines;
+        let bad = Sampling { temperature: -1.0, max_new_tokens: 2, ..Sampling::default() };
+        let (r, out) = run(&gpt, &["ab", "ba", "c"], &options(4, bad, json));
+        let e = r.unwrap_err().to_string();
+        assert!(e.contains("--temperature") && e.contains("is -1") && out.is_empty(), "{e} / {out}");
+        for t in [f64::NAN, f64::INFINITY] {
+            let (r, _) = run(&gpt, &["ab"], &options(1, Sampling { temperature: t, ..bad }, json));
+            assert!(r.unwrap_err().to_string().contains("--temperature"));
+        }
+        let none = Sampling { max_new_tokens: 0, ..Sampling::default() };
+        let (r, _) = run(&gpt, &["ab"], &options(1, none, json));
+        assert!(r.unwrap_err().to_string().contains("--max-new-tokens"));
+        let good = Sampling { max_new_tokens: 2, temperature: 0.0, ..Sampling::default() };
+        let (r, out) = run(&gpt, &["ab", "ba"], &options(1, good, json));
+        assert_eq!((r.unwrap(), out.lines().count()), ((2, 0), 2), "{out}");
+        let (r, out) = run(&gpt, &["ab"], &options(0, good, json));
+        assert!(r.unwrap_err().to_string().contains("--batch-size") && out.is_empty());
+
+        let (vit_dir, vit) = tiny_vit_predictor("predict-options-vit");
+        let row = ["0"; 16].join(",");
+        let (r, out) = run(&vit, &[&row], &options(0, Sampling::default(), json));
+        assert!(r.unwrap_err().to_string().contains("--batch-size") && out.is_empty());
+        let gpt_only = Sampling { temperature: 0.5, top_k: 3, ..Sampling::default() };
+        let (r, out) = run(&vit, &[&row], &options(8, gpt_only, json));
+        let e = r.unwrap_err().to_string();
+        assert!(out.is_empty(), "{out}");
+        assert!(
+            e.contains("--temperature 0.5 and --top-k 3 only apply to text generation")
+                && e.contains("a ViT image classifier with 2 classes (a, b)"),
+            "{e}"
+        );
+        let (r, out) = run(&vit, &[&row], &options(8, Sampling::default(), json));
+        assert_eq!((r.unwrap(), out.lines().count()), ((1, 0), 1), "{out}");
+        // Labelled rows in batches of 0 are refused too, not read one by one.
+        let rows = vit_dir.join("rows.csv");
+        std::fs::write(&rows, format!("{row},a\n")).unwrap();
+        assert!(vit.labelled_rows(&rows, 0).unwrap_err().to_string().contains("--batch-size"));
+        assert_eq!(vit.labelled_rows(&rows, 1).unwrap().len(), 1);
+    }
+
+    /// A table starts with a header naming its columns, above the rows it heads.
+    #[test]
+    fn a_table_has_a_header_row() {
+        let (_vit_dir, vit) = tiny_vit_predictor("predict-table");
+        let row = ["16"; 16].join(",");
+        let (r, out) = run(&vit, &[&row, "1,2"], &options(8, Sampling::default(), OutputFormat::Table));
+        assert_eq!(r.unwrap(), (2, 1));
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 3, "{out}");
+        let header: Vec<&str> = lines[0].split_whitespace().collect();
+        assert_eq!(header, ["input", "label", "probability"], "{out}");
+        // The probability ends where its header does.
+        assert_eq!(lines[1].find('%').map(|i| i + 1), Some(lines[0].len()), "{out}");
+        assert!(lines[2].contains("error:"), "{out}");
+        let (_gpt_dir, gpt) = tiny_gpt_predictor("predict-table-gpt", "abc ");
+        let sampling = Sampling { max_new_tokens: 3, temperature: 0.0, ..Sampling::default() };
+        let (r, out) = run(&gpt, &["ab"], &options(1, sampling, OutputFormat::Table));
+        assert_eq!(r.unwrap(), (1, 0));
+        assert!(out.starts_with("prompt, then the generated text\nab") && out.lines().count() == 2, "{out}");
+        // JSON lines have no header.
+        let (_, out) = run(&vit, &[&row], &options(8, Sampling::default(), OutputFormat::JsonLines));
+        assert!(out.starts_with('{'), "{out}");
+    }
+
     #[test]
     fn sampling_keeps_to_the_top_k_and_is_greedy_at_temperature_zero() {
         let logits = [0.0f32, 3.0, 1.0, 2.9];
@@ -790,9 +965,9 @@ pub enum OutputFormat {
 /// What [`predict_stream`] does with its inputs.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PredictOptions {
-    /// Inputs per forward pass (texts and images).
+    /// Inputs per forward pass (texts and images): at least 1.
     pub batch_size: usize,
-    /// How a GPT continues a prompt.
+    /// How a GPT continues a prompt; [`Sampling::default`] for any other model.
     pub sampling: Sampling,
     /// How each result is written.
     pub format: OutputFormat,
@@ -805,18 +980,58 @@ enum Outcome {
     Failed(String),
 }
 
+impl PredictOptions {
+    /// Refuses, once and before any input, what no input could use: a batch size of 0,
+    /// sampling no generation can use, and (for a model that does not generate) sampling
+    /// flags other than the defaults, which it would ignore.
+    pub fn check<D: Device>(&self, predictor: &Predictor<D>) -> Result<()> {
+        if self.batch_size == 0 {
+            return Err(batch_size_error());
+        }
+        if let Reader::Chars { .. } = predictor.reader {
+            return self.sampling.check();
+        }
+        let flags = self.sampling.changed_flags();
+        if !flags.is_empty() {
+            let (them, apply) = if flags.len() == 1 { ("it", "applies") } else { ("them", "apply") };
+            let listed = match flags.split_last() {
+                Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+                _ => flags.join(""),
+            };
+            return Err(config_error(
+                "sampling",
+                format!(
+                    "{} only {apply} to text generation (a GPT); the model is {}, which generates nothing: \
+                     leave {them} out",
+                    listed,
+                    predictor.describe()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Runs `predictor` on every input of `inputs` (texts, image paths or CSV rows, prompts, as
-/// the model reads) in batches, writing one result per input, in order, to `out` as it goes. An
-/// input that fails (an empty line, an unreadable image, an unknown character) gets an error
-/// result and the rest go on; an error reading the inputs themselves stops the run. Returns
-/// (inputs, failed).
+/// the model reads) in batches, writing one result per input, in order, to `out` as it goes
+/// (a table starts with its header). The options are checked first ([`PredictOptions::check`]):
+/// a bad one is an error before any input is read. An input that fails (an empty line, an
+/// unreadable image, an unknown character) gets an error result and the rest go on; an error
+/// reading the inputs themselves stops the run. Returns (inputs, failed).
 pub fn predict_stream<D: Device>(
     predictor: &Predictor<D>,
     inputs: impl Iterator<Item = Result<String>>,
     options: &PredictOptions,
     out: &mut dyn std::io::Write,
 ) -> Result<(usize, usize)> {
-    let size = options.batch_size.max(1);
+    options.check(predictor)?;
+    let size = options.batch_size;
+    if options.format == OutputFormat::Table {
+        let generates = matches!(predictor.reader, Reader::Chars { .. });
+        write_table_header(out, generates)
+            .and_then(|()| out.flush())
+            .map_err(|e| Error::Io { path: "output".into(), source: e })?;
+    }
     let (mut total, mut failed) = (0, 0);
     let mut pending: Vec<(String, Option<Vec<f32>>)> = Vec::new();
     let mut inputs = inputs.peekable();
@@ -919,6 +1134,18 @@ impl<D: Device> Predictor<D> {
     }
 }
 
+/// Width of a table's input column.
+const INPUT_COLUMN: usize = 48;
+
+/// A table's header: the columns of a classifier's rows, or what a generated row holds.
+fn write_table_header(out: &mut dyn std::io::Write, generates: bool) -> std::io::Result<()> {
+    if generates {
+        writeln!(out, "prompt, then the generated text")
+    } else {
+        writeln!(out, "{:<INPUT_COLUMN$}  {:<16} {:>11}", "input", "label", "probability")
+    }
+}
+
 fn write_outcome(
     out: &mut dyn std::io::Write,
     format: OutputFormat,
@@ -944,14 +1171,14 @@ fn write_outcome(
             writeln!(out, "{value}")
         }
         OutputFormat::Table => {
-            let shown = shorten(input, 48);
+            let shown = shorten(input, INPUT_COLUMN);
             match outcome {
                 Outcome::Class(p) => {
                     let warning = p.warning.as_ref().map(|w| format!("  ({w})")).unwrap_or_default();
-                    writeln!(out, "{shown:<48}  {:<16} {:>6.2}%{warning}", p.label, 100.0 * p.probability)
+                    writeln!(out, "{shown:<INPUT_COLUMN$}  {:<16} {:>10.2}%{warning}", p.label, 100.0 * p.probability)
                 }
                 Outcome::Generated(text) => writeln!(out, "{input}{text}"),
-                Outcome::Failed(e) => writeln!(out, "{shown:<48}  error: {e}"),
+                Outcome::Failed(e) => writeln!(out, "{shown:<INPUT_COLUMN$}  error: {e}"),
             }
         }
     }
