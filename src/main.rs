@@ -40,13 +40,35 @@ struct DeviceArgs {
     /// cpu, cuda, or cuda-emu (the CUDA kernels emulated on the host: slow, for checking).
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     device: DeviceKind,
-    /// f32 (the default; for `train` and `evaluate --config`, the config's `output.precision`),
+    /// f32 (the default; for `train`, the config's `output.precision`),
     /// bf16, or auto (bf16 where the hardware's bf16 products are the faster: a CPU with AMX, an
     /// AMD CPU with avx512_bf16, a GPU of compute capability 8.0 or later; else f32). bf16 means on the GPU backends bf16
     /// activations with f32 master weights; on cpu bf16 operands in the linear layers' products
     /// (f32 accumulation), f32 everything else. `bench-step` on cpu without it times both.
     #[arg(long, value_enum)]
     precision: Option<PrecisionArg>,
+}
+
+/// Where `predict` and `evaluate` run a model (`--device`, `--precision`): one device.
+#[derive(clap::Args, Clone, Copy)]
+struct ModelDeviceArgs {
+    /// Backend: auto (cuda when the driver sees a GPU, else cpu), cpu, cuda, or cuda-emu (the
+    /// CUDA kernels emulated on the host: slow, for checking).
+    #[arg(long, default_value = "auto", value_parser = parse_device)]
+    device: DeviceKind,
+    /// f32 (the default; for `evaluate --config`, the config's `output.precision`), bf16, or
+    /// auto (bf16 where the hardware's bf16 products are the faster: a CPU with AMX, an AMD
+    /// CPU with avx512_bf16, a GPU of compute capability 8.0 or later; else f32). bf16 means on
+    /// the GPU backends bf16 activations with f32 master weights; on cpu bf16 operands in the
+    /// linear layers' products (f32 accumulation), f32 everything else.
+    #[arg(long, value_enum)]
+    precision: Option<PrecisionArg>,
+}
+
+impl From<ModelDeviceArgs> for DeviceArgs {
+    fn from(d: ModelDeviceArgs) -> Self {
+        DeviceArgs { device: d.device, precision: d.precision }
+    }
 }
 
 /// How a step is spread over devices (`train`, `plan`); each flag overrides the run config's
@@ -207,6 +229,15 @@ fn parse_bytes(s: &str) -> std::result::Result<usize, String> {
         .ok_or_else(|| format!("`{s}` is not a byte count: expected e.g. 8GiB, 512MiB or 1000000"))
 }
 
+/// A batch size: a whole number, at least 1.
+fn parse_batch_size(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1 (inputs per forward pass)".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("`{s}` is not a whole number of inputs")),
+    }
+}
+
 fn parse_device(s: &str) -> std::result::Result<DeviceKind, String> {
     s.parse().map_err(|e: pipetransformer::Error| e.to_string())
 }
@@ -277,9 +308,10 @@ enum Command {
         progress_every: Option<f64>,
     },
     /// Run a trained model on new inputs: texts (BERT), images (ViT: PNG or PGM files, IDX
-    /// files, or CSV rows of raw pixel values), or prompts to continue (GPT). Writes one JSON
-    /// object per input and line (a table on a terminal); an input that fails gets an error
-    /// line and the rest go on (the exit status is then 1).
+    /// files, CSV files of raw pixel rows without labels (gzip-compressed or not), or one such
+    /// row given as the input itself), or prompts to continue (GPT). Writes one JSON object
+    /// per input and line (a table with a header on a terminal); an input that fails gets an
+    /// error line and the rest go on (the exit status is then 1).
     Predict {
         /// An exported model folder (a run's `model/`), a run's output folder, or a run's
         /// `checkpoint.ckpt` (with the `model/` folder beside it).
@@ -291,29 +323,29 @@ enum Command {
         /// Read inputs from this file, one per line (`-`: standard input).
         #[arg(long)]
         file: Option<PathBuf>,
-        /// Inputs per forward pass.
-        #[arg(long, default_value_t = 32)]
+        /// Inputs per forward pass (at least 1).
+        #[arg(long, default_value_t = 32, value_parser = parse_batch_size)]
         batch_size: usize,
         /// json (one object per line) or table; default: table on a terminal, else json.
         #[arg(long, value_enum)]
         format: Option<FormatArg>,
-        /// GPT: characters to generate.
-        #[arg(long, default_value_t = 200)]
+        /// GPT: characters to generate (at least 1).
+        #[arg(long, default_value_t = Sampling::default().max_new_tokens)]
         max_new_tokens: usize,
-        /// GPT: softmax temperature (0: always the most probable character).
-        #[arg(long, default_value_t = 0.8)]
+        /// GPT: softmax temperature, finite and ≥ 0 (0: always the most probable character).
+        #[arg(long, default_value_t = Sampling::default().temperature)]
         temperature: f64,
         /// GPT: draw from the k most probable characters only (0: all).
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = Sampling::default().top_k)]
         top_k: usize,
         /// GPT: seed of the draws.
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = Sampling::default().seed)]
         seed: u64,
         /// CPU threads (0: all cores).
         #[arg(long, default_value_t = 0)]
         threads: usize,
         #[command(flatten)]
-        device: DeviceArgs,
+        device: ModelDeviceArgs,
     },
     /// Score a trained model: on the evaluation split of a run config's dataset (`--config`), or on
     /// a file of labelled rows (`--file`: `label<TAB>text` for BERT, CSV pixels then the label
@@ -327,7 +359,7 @@ enum Command {
         /// A run configuration whose dataset's evaluation split to score on (its test split,
         /// or its validation split when `data.validation_fraction` > 0), in its
         /// `output.precision` unless `--precision` is given.
-        #[arg(long, conflicts_with = "file", required_unless_present = "file")]
+        #[arg(long, conflicts_with = "file")]
         config: Option<PathBuf>,
         /// Override a value of `--config` (repeatable).
         #[arg(long = "set", value_name = "KEY=VALUE", conflicts_with = "file")]
@@ -335,14 +367,16 @@ enum Command {
         /// A file of labelled rows to score on.
         #[arg(long)]
         file: Option<PathBuf>,
-        /// Inputs per forward pass (rows of `--file`).
-        #[arg(long, default_value_t = 64)]
-        batch_size: usize,
+        /// Inputs per forward pass (at least 1): rows of `--file` (default 64), or the
+        /// dataset's evaluation batches (default: the config's `data.eval_batch_size`, else
+        /// its `data.batch_size`).
+        #[arg(long, value_parser = parse_batch_size)]
+        batch_size: Option<usize>,
         /// CPU threads (0: all cores).
         #[arg(long, default_value_t = 0)]
         threads: usize,
         #[command(flatten)]
-        device: DeviceArgs,
+        device: ModelDeviceArgs,
     },
     /// Print how a run would be spread over devices: the partition with each stage's time and
     /// memory, the schedule, and its predicted bubble. Nothing is trained.
@@ -534,21 +568,27 @@ fn run() -> Result<()> {
             threads,
             device,
         } => {
-            if batch_size == 0 {
-                bail!("--batch-size must be at least 1");
-            }
             let sampling = Sampling { max_new_tokens, temperature, top_k, seed };
+            // Before anything loads: a usage error, once.
+            if let Err(e) = sampling.check() {
+                use clap::CommandFactory;
+                Cli::command().error(clap::error::ErrorKind::ValueValidation, e).exit();
+            }
+            let device = DeviceArgs::from(device);
             let request = PredictRequest { model, inputs, file, batch_size, format, sampling };
             match device.open(threads)? {
                 AnyDevice::Cpu(dev) => predict(dev, request),
                 AnyDevice::Gpu(dev) => predict(dev, request),
             }
         }
-        Command::Evaluate { model, config, set, file, batch_size, threads, device } => {
+        Command::Evaluate { model, config, mut set, file, batch_size, threads, device } => {
+            let device = DeviceArgs::from(device);
             let data = match (config, file) {
-                (Some(config), _) => EvalData::Dataset(Box::new(load_config(&config, &set)?)),
-                (None, Some(_)) if batch_size == 0 => bail!("--batch-size must be at least 1"),
-                (None, Some(file)) => EvalData::Rows(file, batch_size),
+                (Some(config), _) => {
+                    set.extend(batch_size.map(|n| format!("data.eval_batch_size={n}")));
+                    EvalData::Dataset(Box::new(load_config(&config, &set)?))
+                }
+                (None, Some(file)) => EvalData::Rows(file, batch_size.unwrap_or(64)),
                 (None, None) => bail!("give --config (a dataset's test split) or --file (labelled rows)"),
             };
             // With a run's config, in the precision that run computed in: its own metrics.

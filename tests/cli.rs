@@ -85,10 +85,7 @@ fn diagnostic_commands_reject_zero_counts() {
     for (args, says) in [
         (&["bench-step", "--seq", "513"][..], "holds 512 positions"),
         (&["bench-step", "--batch", "4611686018427387904", "--seq", "4"][..], "at most 1048576 tokens"),
-        (
-            &["evaluate", "--model", "m", "--file", "rows.csv", "--batch-size", "0"][..],
-            "--batch-size must be at least 1",
-        ),
+        (&["evaluate", "--model", "m", "--file", "rows.csv", "--batch-size", "0"][..], "must be at least 1"),
     ] {
         let (ok, out) = pipetransformer(args);
         assert!(!ok && out.contains(says) && !out.contains("panicked"), "{args:?}: {out}");
@@ -529,6 +526,26 @@ fn a_run_folder_holds_one_run_and_its_log() {
     drop(held);
 }
 
+/// An image model that does not fit the dataset's images is refused by its settings before
+/// anything trains or is written (it used to fail at the first step's upload).
+#[test]
+fn an_image_model_that_does_not_fit_the_images_is_refused_by_its_settings() {
+    if !have_digits() {
+        return;
+    }
+    let dir = scratch("image-fit");
+    let out_dir = format!("output.dir={}", dir.join("run").display());
+    for (set, says) in [
+        ("model.config.num_channels=3", "num_channels 3 × image_size 8² = 192"),
+        ("model.config.image_size=16", "image_size 16² = 256"),
+    ] {
+        let (ok, out) =
+            pipetransformer(&["train", "--config", "configs/vit-digits.toml", "--set", set, "--set", &out_dir]);
+        assert!(!ok && out.contains("model.config") && out.contains(says) && out.contains("have 64"), "{out}");
+    }
+    assert!(!dir.join("run").exists(), "nothing written");
+}
+
 /// A user's error is printed as its message and causes, each once, and no backtrace even
 /// where `RUST_BACKTRACE` asks for them (this is no crash).
 #[test]
@@ -542,6 +559,9 @@ fn errors_print_each_cause_once_and_no_backtrace() {
     assert!(!out.status.success() && err.starts_with("Error: the run config /nonexistent/run.toml"), "{err}");
     assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
     assert!(!err.contains("backtrace") && !err.contains("main.rs"), "{err}");
+    // Only `train` joins a launched run: another command would run once per process.
+    let (ok, out) = pipetransformer(&["launch", "--nproc-per-node", "2", "--", "predict", "--model", "x"]);
+    assert!(!ok && out.contains("launch runs `train` in each process") && out.contains("predict --model x"), "{out}");
     // A document without the table's markers is refused by its own name, before any compiling.
     let doc = scratch("kernels-doc");
     let path = doc.join("notes.md");
@@ -925,7 +945,11 @@ fn launched_processes_train_the_weights_one_process_trains() {
         }
         let rel = (num / den).sqrt();
         assert!(rel <= 1e-5, "{procs} processes: weights differ from one process by {rel:e}");
-        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 5, "one set of files, from rank 0");
+        let mut names: Vec<String> =
+            std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        names.sort();
+        let one_set = [".lock", "checkpoint.ckpt", "metrics.jsonl", "model", "report.html", "summary.json"];
+        assert_eq!(names, one_set, "one set of files, from rank 0 (which alone locks the folder)");
         // Again into the same directory without --fresh: rank 0 refuses, and every process
         // hears it before anything is built.
         let again: Vec<&str> = args.iter().copied().filter(|a| *a != "--fresh").collect();
@@ -1495,4 +1519,32 @@ fn a_predict_table_has_a_header() {
     assert!(ok && lines.len() == 2, "{out}");
     assert_eq!(lines[0].split_whitespace().collect::<Vec<_>>(), ["input", "label", "probability"], "{out}");
     assert!(lines[1].ends_with('%'), "{out}");
+}
+
+/// `--batch-size 0` is refused the same way by every path of `predict` and `evaluate` (with
+/// `--config` too, where the flag sets the evaluation batches), as a usage error before
+/// anything loads; `evaluate` without data names both choices; bad sampling is a usage error
+/// before the model loads.
+#[test]
+fn predict_and_evaluate_usage_errors_are_said_once_up_front() {
+    let usage = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_pipetransformer")).args(args).output().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.code(), text)
+    };
+    for args in [
+        &["evaluate", "--model", "m", "--config", "configs/gpt-hamlet.toml", "--batch-size", "0"][..],
+        &["evaluate", "--model", "m", "--file", "rows.csv", "--batch-size", "0"][..],
+        &["predict", "--model", "m", "--batch-size", "0", "1,2"][..],
+    ] {
+        let (code, err) = usage(args);
+        assert!(code == Some(2) && err.contains("'--batch-size <BATCH_SIZE>': must be at least 1"), "{args:?}: {err}");
+    }
+    let (code, err) = usage(&["evaluate", "--model", "m"]);
+    assert!(code != Some(0) && err.contains("--config") && err.contains("--file"), "{err}");
+    let (code, err) = usage(&["predict", "--model", "m", "To be", "--temperature=-1"]);
+    assert!(code == Some(2) && err.matches("--temperature").count() == 1 && !err.contains("loading"), "{err}");
+    let (code, help) = usage(&["predict", "--help"]);
+    assert_eq!(code, Some(0));
+    assert!(!help.contains("run's devices") && !help.contains("bench-step") && help.contains("CSV files"), "{help}");
 }
