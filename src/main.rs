@@ -306,6 +306,10 @@ enum Command {
         /// `output.progress_every`, default 30); a terminal shows a progress bar.
         #[arg(long)]
         progress_every: Option<f64>,
+        /// CPU threads of the run's cpu devices, shared by them (`output.threads`; 0: all
+        /// cores).
+        #[arg(long)]
+        threads: Option<usize>,
     },
     /// Run a trained model on new inputs: texts (BERT), images (ViT: PNG or PGM files, IDX
     /// files, CSV files of raw pixel rows without labels (gzip-compressed or not), or one such
@@ -522,12 +526,24 @@ fn error_report(e: &anyhow::Error) -> String {
 fn run() -> Result<()> {
     pipetransformer::run::keep_freed_memory();
     match Cli::parse().command {
-        Command::Train { config, mut set, resume, fresh, device, pipeline, elastic, trace, progress_every } => {
+        Command::Train {
+            config,
+            mut set,
+            resume,
+            fresh,
+            device,
+            pipeline,
+            elastic,
+            trace,
+            progress_every,
+            threads,
+        } => {
             set.extend(overrides(&pipeline, &elastic));
             if let Some(s) = progress_every.filter(|s| !(s.is_finite() && *s >= 0.0)) {
                 bail!("--progress-every {s}: expected seconds, finite and at least 0 (output.progress_every)");
             }
             set.extend(progress_every.map(|s| format!("output.progress_every={s:?}")));
+            set.extend(threads.map(|n| format!("output.threads={n}")));
             let config = load_config(&config, &set)?;
             let process = pipetransformer::run::ProcessEnv::from_env()?;
             let (_, count) = config.pipeline.resolve()?;

@@ -106,6 +106,17 @@ fn device_choices_are_checked_with_clear_errors() {
     // bf16 on cpu: bf16 products, f32 everything else (tests/cpu_bf16.rs).
     let (ok, out) = pipetransformer(&["overfit", "--device", "cpu", "--precision", "bf16", "--steps", "1"]);
     assert!(ok, "{out}");
+    // `train --threads` is `output.threads`, as `predict`, `evaluate` and `overfit` take it.
+    let (ok, out) = pipetransformer(&["train", "--config", "configs/vit-digits.toml", "--threads", "1000000"]);
+    assert!(!ok && out.contains("output.threads") && out.contains("at most 4096"), "{out}");
+    if have_digits() {
+        let dir = scratch("threads");
+        let out_dir = format!("output.dir={}", dir.display());
+        let args = ["train", "--config", "configs/vit-digits.toml", "--threads", "1", "--set", &out_dir];
+        let (ok, out) =
+            pipetransformer(&[&args[..], &["--set", "train.max_steps=1", "--set", "data.test_limit=32"]].concat());
+        assert!(ok && out.contains("on cpu:0 (F32, 1 thread)"), "{out}");
+    }
 }
 
 /// `train … > log` from a terminal: stdout is a file, stderr still a terminal. Every line the

@@ -57,3 +57,23 @@ pub fn tiny_vit(dropout: f32) -> ModelConfig {
         num_labels: 3,
     })
 }
+
+/// A 1-layer ViT on 4×4 one-channel images cut into 2×2 patches (hidden 4, 2 heads, MLP 6,
+/// 2 labels): the smallest that reads digit-like pixel rows, for the export and `predict`
+/// tests.
+pub fn tiny_gray_vit() -> ModelConfig {
+    ModelConfig::Vit(VitConfig {
+        image_size: 4,
+        patch_size: 2,
+        num_channels: 1,
+        hidden_size: 4,
+        num_hidden_layers: 1,
+        num_attention_heads: 2,
+        intermediate_size: 6,
+        hidden_act: "gelu".into(),
+        layer_norm_eps: 1e-12,
+        hidden_dropout_prob: 0.0,
+        attention_probs_dropout_prob: 0.0,
+        num_labels: 2,
+    })
+}

@@ -828,20 +828,7 @@ mod tests {
     /// A tiny 4×4 ViT's export (pixels 0..=16, classes `a`, `b`), loaded.
     fn tiny_vit_predictor(name: &str) -> (crate::files::Scratch, Predictor<crate::device::CpuDevice<f32>>) {
         let dev = crate::device::CpuDevice::<f32>::new(0, 1).unwrap();
-        let config = crate::model::ModelConfig::Vit(crate::model::VitConfig {
-            image_size: 4,
-            patch_size: 2,
-            num_channels: 1,
-            hidden_size: 4,
-            num_hidden_layers: 1,
-            num_attention_heads: 2,
-            intermediate_size: 6,
-            hidden_act: "gelu".into(),
-            layer_norm_eps: 1e-12,
-            hidden_dropout_prob: 0.0,
-            attention_probs_dropout_prob: 0.0,
-            num_labels: 2,
-        });
+        let config = crate::model::tiny::tiny_gray_vit();
         let scratch = crate::files::Scratch::new(name);
         let labels = ["a".to_string(), "b".to_string()];
         let extras = weights::ExportExtras { labels: &labels, pixel_max: Some(16), ..Default::default() };

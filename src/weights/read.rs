@@ -390,20 +390,7 @@ mod tests {
 
     #[test]
     fn an_image_preprocessor_must_describe_our_pipeline() {
-        let config = ModelConfig::Vit(crate::model::VitConfig {
-            image_size: 4,
-            patch_size: 2,
-            num_channels: 1,
-            hidden_size: 4,
-            num_hidden_layers: 1,
-            num_attention_heads: 2,
-            intermediate_size: 6,
-            hidden_act: "gelu".into(),
-            layer_norm_eps: 1e-12,
-            hidden_dropout_prob: 0.0,
-            attention_probs_dropout_prob: 0.0,
-            num_labels: 2,
-        });
+        let config = crate::model::tiny::tiny_gray_vit();
         let dir = export("vit", &config, &ExportExtras { pixel_max: Some(16), ..Default::default() });
         assert_eq!(read_export(&dir).unwrap().pixel_scale, Some(1.0 / 16.0));
         let path = dir.join(PREPROCESSOR_FILE);
