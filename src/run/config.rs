@@ -28,6 +28,10 @@ pub struct ModelSection {
     /// Seed of the initialisation of new weights.
     #[serde(default)]
     pub seed: u64,
+    /// The label count `config` was written with (`num_labels` in the file or a `--set`),
+    /// which the dataset's classes must match; `None` where the data is left to set it.
+    #[serde(skip)]
+    pub num_labels_written: Option<usize>,
 }
 
 /// The datasets a run can train on.
@@ -324,9 +328,8 @@ impl RunConfig {
 
     /// [`RunConfig::load`] from a string; `origin` names it in errors.
     pub fn parse(text: &str, origin: &str, overrides: &[String]) -> Result<Self> {
-        let file: toml::Table = text
-            .parse()
-            .map_err(|e: toml::de::Error| Error::Config { field: origin.into(), message: e.to_string() })?;
+        let file: toml::Table =
+            text.parse().map_err(|e: toml::de::Error| Error::Data { what: origin.into(), message: e.to_string() })?;
         let convert = |t: &toml::Table| -> std::result::Result<RunConfig, String> {
             let config: RunConfig =
                 toml::Value::Table(t.clone()).try_into().map_err(|e: toml::de::Error| e.to_string())?;
@@ -355,6 +358,9 @@ impl RunConfig {
             Error::Config { field, message: e.trim_end().to_string() }
         })?;
         config.validate()?;
+        let written = table.get("model").and_then(|m| m.get("config")).and_then(|c| c.get("num_labels"));
+        let num_labels_written = written.and_then(toml::Value::as_integer).and_then(|n| usize::try_from(n).ok());
+        let config = RunConfig { model: ModelSection { num_labels_written, ..config.model }, ..config };
         let mut warnings = inert_warnings(&config, convert(&file).ok().as_ref(), &file, &table);
         if config.train.freeze_embeddings && config.model.pretrained.is_none() {
             warnings.push(
@@ -746,6 +752,10 @@ dir = "runs/x"
             "train.optimizer={ kind = \"adamw\", beta1 = 1.0, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0 }";
         let err = RunConfig::parse(BASE, "base", &[optimizer.into()]).unwrap_err().to_string();
         assert!(err.contains("train.optimizer.beta1"), "{err}");
+        // A file that is not TOML is named with the parser's line and column, not as a field.
+        let err = RunConfig::parse("[data\nbatch_size = 3\n", "f.toml", &[]).unwrap_err();
+        let Error::Data { what, message } = &err else { panic!("{err}") };
+        assert!(what == "f.toml" && message.contains("line 1"), "{err}");
         // A bad value in the file names its key (a converted table has no line to point at).
         let err = RunConfig::parse(&BASE.replace("batch_size = 32", "batch_size = -32"), "f.toml", &[]).unwrap_err();
         assert!(err.to_string().contains("data.batch_size"), "{err}");

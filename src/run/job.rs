@@ -274,6 +274,15 @@ pub fn build_model<D: Device>(
             Ok((model, model_config, Some(report)))
         }
         (None, Some(c)) => {
+            if let Some(n) = m.num_labels_written.filter(|n| *n != info.classes) {
+                return Err(Error::Config {
+                    field: "model.config.num_labels".into(),
+                    message: format!(
+                        "is {n}, but {} has {} classes: set it to {} or leave it out (the data sets it)",
+                        info.name, info.classes, info.classes
+                    ),
+                });
+            }
             let mut model_config = c.clone();
             match &mut model_config {
                 ModelConfig::Bert(c) => c.num_labels = info.classes,
