@@ -499,18 +499,10 @@ fn main() -> std::process::ExitCode {
 /// `RUST_BACKTRACE=1`: what reaches here is a user's mistake or the machine's, and its words
 /// say what to change.
 fn error_report(e: &anyhow::Error) -> String {
-    let mut said = e.to_string();
-    let mut report = format!("Error: {said}\n");
-    let causes: Vec<String> = e
-        .chain()
-        .skip(1)
-        .map(|c| c.to_string())
-        .filter(|c| {
-            let new = !said.contains(c.as_str());
-            said = c.clone();
-            new
-        })
-        .collect();
+    let messages: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+    let mut report = format!("Error: {}\n", messages[0]);
+    // A cause is left out where the message before it (printed or not) already quotes it.
+    let causes: Vec<&String> = messages.windows(2).filter(|w| !w[0].contains(w[1].as_str())).map(|w| &w[1]).collect();
     if !causes.is_empty() {
         report += "\nCaused by:\n";
         for (i, c) in causes.iter().enumerate() {

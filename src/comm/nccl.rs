@@ -250,6 +250,12 @@ impl NcclCommunicator {
     }
 }
 
+/// `code` with "in progress" read as success: a nonblocking call's work was queued, and what
+/// becomes of it is [settled](settle) after the group's end.
+fn as_queued(code: i32) -> i32 {
+    if code == IN_PROGRESS { 0 } else { code }
+}
+
 /// How often a wait on nonblocking communicators asks NCCL how they are going.
 const POLL: Duration = Duration::from_millis(1);
 
@@ -283,12 +289,12 @@ fn join(
             },
             None => unsafe { (lib.comm_init_rank)(comm, size as i32, id, rank) },
         };
-        lib.check("init", if code == IN_PROGRESS { 0 } else { code })
+        lib.check("init", as_queued(code))
     });
     // SAFETY: closes the group opened above; blocking inits complete here, nonblocking ones
     // go on in the background.
     let code = unsafe { (lib.group_end)() };
-    let closed = lib.check("group end", if code == IN_PROGRESS { 0 } else { code });
+    let closed = lib.check("group end", as_queued(code));
     let joined = queued.and(closed).and_then(|()| {
         settle(lib, &comms, deadline, "init", || Ok(()))?.ok_or_else(|| Error::Device {
             what: "nccl: init".into(),
@@ -493,7 +499,7 @@ impl Communicator<GpuDevice> for NcclCommunicator {
             // SAFETY: in-place sum over `len` f32 elements of device memory this GPU owns.
             let code = unsafe { (lib.all_reduce)(p, p, b.len(), FLOAT32, SUM, self.comm, stream) };
             // Inside a group a nonblocking call may say "in progress": the group's end settles it.
-            lib.check("all-reduce", if code == IN_PROGRESS { 0 } else { code })
+            lib.check("all-reduce", as_queued(code))
         });
         // An open group must be closed even when queueing failed, or every later NCCL call of
         // this thread joins the broken group.

@@ -1,6 +1,7 @@
 //! Reading dataset files: a missing file becomes an error that says how to fetch it, and the
-//! compression is chosen by the file name (`.gz`, `.bz2`, else plain), so that tests can hand
-//! the parsers small uncompressed files.
+//! compression is chosen by the file name (`.gz`, `.bz2`, else plain; a gzip stream also by its
+//! first bytes, as a user's file need not be named for it), so that tests can hand the parsers
+//! small uncompressed files.
 
 use std::io::Read;
 use std::path::Path;
@@ -54,10 +55,13 @@ pub(crate) fn read_bytes_within(path: &Path, group: SetupGroup, most: u64) -> Re
         Err(source) => return Err(crate::files::io_error(path, source)),
     };
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let file = std::io::BufReader::new(file);
+    let mut file = std::io::BufReader::new(file);
+    let gzip_bytes = std::io::BufRead::fill_buf(&mut file)
+        .map_err(|source| crate::files::io_error(path, source))?
+        .starts_with(&[0x1f, 0x8b]);
     // The multi-stream decoders: `pbzip2`, `bgzip` and `cat a.gz b.gz` write several streams
     // to one file, and the single-stream ones stop silently after the first.
-    let (decoder, format): (Box<dyn Read>, _) = if name.ends_with(".gz") {
+    let (decoder, format): (Box<dyn Read>, _) = if name.ends_with(".gz") || gzip_bytes {
         (Box::new(flate2::read::MultiGzDecoder::new(file)), Some("gzip"))
     } else if name.ends_with(".bz2") {
         (Box::new(bzip2::read::MultiBzDecoder::new(file)), Some("bzip2"))
@@ -97,6 +101,12 @@ pub(crate) fn read_text(path: &Path, group: SetupGroup) -> Result<String> {
         let line = 1 + bytes[..at].iter().filter(|&&b| b == b'\n').count();
         dataset_error(path, Some(line), format!("is not valid UTF-8 (byte offset {at}); expected UTF-8 text"))
     })
+}
+
+/// A text file a user named (`predict`'s and `evaluate`'s inputs), decompressed as
+/// [`read_bytes`] does.
+pub fn read_user_text(path: &Path) -> Result<String> {
+    read_text(path, SetupGroup::User)
 }
 
 /// Lines of `text` with their 1-based numbers (`str::lines` also drops the `\r` of CRLF files).

@@ -238,7 +238,7 @@ impl<D: Device> Predictor<D> {
         if batch_size == 0 {
             return Err(batch_size_error());
         }
-        let text = read_user_text(path)?;
+        let text = crate::data::read_user_text(path)?;
         let bad = |line: usize, message: String| Error::Dataset {
             file: path.display().to_string(),
             line: Some(line),
@@ -493,7 +493,7 @@ impl<D: Device> Predictor<D> {
                     })
                     .collect(),
                 InputFile::Csv => {
-                    let text = read_user_text(path)?;
+                    let text = crate::data::read_user_text(path)?;
                     let bad = |line: usize, message: String| Error::Dataset {
                         file: input.to_string(),
                         line: Some(line),
@@ -669,9 +669,6 @@ enum InputFile {
 }
 
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
-/// The most bytes a compressed input may expand to: a bound on what a small hostile file can
-/// make us allocate.
-const MOST_DECOMPRESSED: u64 = 4 << 30;
 
 fn input_file_kind(path: &Path) -> Result<InputFile> {
     use std::io::Read;
@@ -687,31 +684,6 @@ fn input_file_kind(path: &Path) -> Result<InputFile> {
         _ if head.starts_with(b"\x89PNG") || head.starts_with(b"P5") || head.starts_with(b"P2") => InputFile::Image,
         Some(b) if b.is_ascii_digit() || b"+-. \t\r\n".contains(b) => InputFile::Csv,
         _ => InputFile::Idx,
-    })
-}
-
-/// The text of a file a user named, decompressed when it starts as gzip does.
-fn read_user_text(path: &Path) -> Result<String> {
-    use std::io::Read;
-    let bad = |line: Option<usize>, message: String| Error::Dataset { file: path.display().to_string(), line, message };
-    let raw = std::fs::read(path).map_err(|e| crate::files::io_error(path, e))?;
-    let bytes = if raw.starts_with(&GZIP_MAGIC) {
-        let mut out = Vec::new();
-        flate2::read::MultiGzDecoder::new(&raw[..])
-            .take(MOST_DECOMPRESSED + 1)
-            .read_to_end(&mut out)
-            .map_err(|e| bad(None, format!("is not a valid gzip stream ({e})")))?;
-        if out.len() as u64 > MOST_DECOMPRESSED {
-            return Err(bad(None, format!("expands to more than {MOST_DECOMPRESSED} bytes; expected less")));
-        }
-        out
-    } else {
-        raw
-    };
-    String::from_utf8(bytes).map_err(|e| {
-        let at = e.utf8_error().valid_up_to();
-        let line = 1 + e.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count();
-        bad(Some(line), "is not valid UTF-8; expected text".into())
     })
 }
 
