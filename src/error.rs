@@ -15,10 +15,11 @@ pub enum Error {
         /// Elements actually passed.
         got: usize,
     },
-    /// A configuration field holds a value the engine cannot use.
-    #[error("config field `{field}`: {message}")]
+    /// A configuration field, or a command-line flag, holds a value the engine cannot use.
+    #[error("{} `{field}`: {message}", if .field.starts_with("--") { "flag" } else { "config field" })]
     Config {
-        /// Dotted field name, e.g. `bert.num_attention_heads`.
+        /// Dotted field name, e.g. `bert.num_attention_heads`, or a flag with its dashes,
+        /// e.g. `--device`.
         field: String,
         /// What was wrong and what was expected.
         message: String,

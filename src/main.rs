@@ -238,6 +238,13 @@ fn parse_batch_size(s: &str) -> std::result::Result<usize, String> {
     }
 }
 
+fn parse_lr(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(lr) if lr.is_finite() && lr >= 0.0 => Ok(lr),
+        _ => Err(format!("`{s}` is not a learning rate: expected a number, finite and ≥ 0")),
+    }
+}
+
 fn parse_device(s: &str) -> std::result::Result<DeviceKind, String> {
     s.parse().map_err(|e: pipetransformer::Error| e.to_string())
 }
@@ -406,7 +413,7 @@ enum Command {
         #[arg(long, default_value_t = 200)]
         steps: u64,
         /// Peak learning rate (linear warmup over the first 10% of steps, cosine decay after).
-        #[arg(long, default_value_t = 3e-3)]
+        #[arg(long, default_value_t = 3e-3, value_parser = parse_lr)]
         lr: f64,
         /// Seed of the weights and the batch.
         #[arg(long, default_value_t = 0)]

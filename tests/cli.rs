@@ -466,8 +466,21 @@ fn bad_pipeline_settings_and_an_unwritable_trace_are_clear_errors() {
     let (ok, out) =
         pipetransformer(&["plan", "--config", "configs/vit-digits.toml", "--set", "pipeline.micro_batches=0"]);
     assert!(!ok && out.contains("micro_batches"), "{out}");
+    // Flags are called flags; settings the pipeline and the model refuse are named by the keys
+    // the config writes, not by the library's struct fields.
+    let (ok, out) = pipetransformer(&["launch", "--nproc-per-node", "0", "--", "train"]);
+    assert!(!ok && out.contains("flag `--nproc-per-node`: is 0"), "{out}");
+    let (ok, out) = pipetransformer(&["overfit", "--lr", "nan"]);
+    assert!(!ok && out.contains("`nan` is not a learning rate"), "{out}");
     if !have_digits() {
         return;
+    }
+    for (set, key) in [
+        ("pipeline.chunks=2", "config field `pipeline.chunks`"),
+        ("model.config.hidden_dropout_prob=2.0", "config field `model.config.hidden_dropout_prob`"),
+    ] {
+        let (ok, out) = pipetransformer(&["plan", "--config", "configs/vit-digits.toml", "--set", set]);
+        assert!(!ok && out.contains(key), "{out}");
     }
     // A trace whose folder does not exist is refused before the run starts: nothing written.
     let dir = scratch("trace-fail");

@@ -286,8 +286,27 @@ impl PipelineSection {
     }
 }
 
-fn run_error(message: impl Into<String>) -> Error {
-    Error::Config { field: "run".into(), message: message.into() }
+/// `e` with its field named as a run config writes it, where a layer below named it by its own
+/// struct: the pipeline's settings are `[pipeline]` keys, and a model described in the config
+/// (`inline_model`; not one read from a pretrained folder's `config.json`) is `model.config`.
+pub(super) fn named_as_written(e: Error, inline_model: bool) -> Error {
+    let Error::Config { field, message } = e else { return e };
+    let field = match field.as_str() {
+        "chunks" | "micro_batches" | "pipeline_len" | "replicas" | "devices" | "memory_limit" => {
+            format!("pipeline.{field}")
+        }
+        "terapipe.memory_limit" => "pipeline.memory_limit".into(),
+        "max_grad_norm" => "train.max_grad_norm".into(),
+        named => match named.split_once('.') {
+            Some(("bert" | "vit" | "gpt", key)) if inline_model => format!("model.config.{key}"),
+            _ => field,
+        },
+    };
+    Error::Config { field, message }
+}
+
+fn set_error(message: impl Into<String>) -> Error {
+    config_error("--set", message)
 }
 
 /// Why no setting took `key`: most often a typo, but an optimizer setting of another kind
@@ -368,7 +387,37 @@ impl RunConfig {
                     .into(),
             );
         }
+        warnings.extend(config.idle_resources());
         Ok(RunConfig { warnings, ..config })
+    }
+
+    /// Devices or threads the run asks for and cannot use, each a sentence to warn with:
+    /// devices beyond the initial plan's that AutoDP, off, never puts to work, and more
+    /// threads than the machine has cores (they take turns, and each product waits for the
+    /// last of them).
+    fn idle_resources(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if let Ok((plan, devices)) = self.pipeline.resolve() {
+            let used = plan.replicas * plan.pipeline_len;
+            if devices > used && !self.elastic.auto_dp && !self.pipeline.across_processes {
+                warnings.push(format!(
+                    "pipeline.devices = {devices}, but the plan uses {used} ({} replica(s) × {} stage(s)) and \
+                     elastic.auto_dp is off: {} device(s) stay idle",
+                    plan.replicas,
+                    plan.pipeline_len,
+                    devices - used
+                ));
+            }
+        }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if self.output.threads > cores {
+            warnings.push(format!(
+                "output.threads = {}, but this machine has {cores} cores: the threads beyond them take turns, and \
+                 every product waits for the last (0: all cores)",
+                self.output.threads
+            ));
+        }
+        warnings
     }
 
     /// A key of `given` (the table this config was read from) that no setting took. The
@@ -523,11 +572,11 @@ fn inert_warnings(
 fn apply_override(table: &mut toml::Table, assignment: &str) -> Result<()> {
     let (key, value) = assignment
         .split_once('=')
-        .ok_or_else(|| run_error(format!("--set `{assignment}`: expected key=value, e.g. train.lr=3e-5")))?;
+        .ok_or_else(|| set_error(format!("`{assignment}`: expected key=value, e.g. train.lr=3e-5")))?;
     let key = key.trim();
     let parts: Vec<&str> = key.split('.').collect();
     if parts.iter().any(|p| p.is_empty()) {
-        return Err(run_error(format!("--set `{assignment}`: `{key}` is not a dotted key")));
+        return Err(set_error(format!("`{assignment}`: `{key}` is not a dotted key")));
     }
     let value: toml::Value = match format!("v = {}", value.trim()).parse::<toml::Table>() {
         Ok(mut t) => t.remove("v").unwrap_or_else(|| toml::Value::String(value.trim().into())),
@@ -539,7 +588,7 @@ fn apply_override(table: &mut toml::Table, assignment: &str) -> Result<()> {
             .entry(part.to_string())
             .or_insert_with(|| toml::Value::Table(Default::default()))
             .as_table_mut()
-            .ok_or_else(|| run_error(format!("--set `{key}`: `{part}` is a value, not a section")))?;
+            .ok_or_else(|| set_error(format!("`{key}`: `{part}` is a value, not a section")))?;
     }
     let last = parts[parts.len() - 1].to_string();
     match value {
@@ -642,6 +691,51 @@ dir = "runs/x"
             let config = RunConfig::load(&path, &[]).unwrap();
             assert!(config.warnings.is_empty(), "{}: {:?}", path.display(), config.warnings);
         }
+    }
+
+    /// Devices that no replica or stage ever uses, and more threads than cores, are named; the
+    /// devices AutoDP will put to work, and threads up to the cores, are not.
+    #[test]
+    fn devices_and_threads_left_idle_are_named() {
+        let warned = |sets: &[&str]| {
+            let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+            RunConfig::parse(BASE, "base", &sets).unwrap().warnings
+        };
+        let idle = warned(&["pipeline.devices=4", "pipeline.pipeline_len=2"]);
+        assert!(idle.len() == 1 && idle[0].contains("2 device(s) stay idle"), "{idle:?}");
+        assert!(warned(&["pipeline.devices=4", "pipeline.pipeline_len=2", "pipeline.replicas=2"]).is_empty());
+        let autodp =
+            ["pipeline.devices=4", "pipeline.pipeline_len=2", "elastic.freeze=\"eq1\"", "elastic.auto_dp=true"];
+        assert!(warned(&autodp).is_empty(), "{:?}", warned(&autodp));
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert!(warned(&[&format!("output.threads={cores}")]).is_empty());
+        let over = warned(&[&format!("output.threads={}", cores + 1)]);
+        assert!(over.len() == 1 && over[0].contains(&format!("this machine has {cores} cores")), "{over:?}");
+    }
+
+    /// The layers below name a setting by their own struct's field; a run names it by the key
+    /// its config writes, and an inline model's settings (not a pretrained folder's) are
+    /// `model.config`'s.
+    #[test]
+    fn settings_refused_below_are_named_as_the_config_writes_them() {
+        let named = |field: &str, inline: bool| match named_as_written(config_error(field, "m"), inline) {
+            Error::Config { field, message } => {
+                assert_eq!(message, "m");
+                field
+            }
+            e => panic!("{e}"),
+        };
+        assert_eq!(named("chunks", false), "pipeline.chunks");
+        assert_eq!(named("memory_limit", true), "pipeline.memory_limit");
+        assert_eq!(named("terapipe.memory_limit", true), "pipeline.memory_limit");
+        assert_eq!(named("vit.hidden_dropout_prob", true), "model.config.hidden_dropout_prob");
+        assert_eq!(named("bert.hidden_act", false), "bert.hidden_act");
+        assert_eq!(named("elastic.alpha", true), "elastic.alpha");
+        let data = named_as_written(Error::Data { what: "chunks".into(), message: "m".into() }, true);
+        assert!(matches!(data, Error::Data { what, .. } if what == "chunks"));
+        // A flag is called one, a key a config field.
+        assert_eq!(config_error("--set", "m").to_string(), "flag `--set`: m");
+        assert_eq!(config_error("data.max_len", "m").to_string(), "config field `data.max_len`: m");
     }
 
     #[test]

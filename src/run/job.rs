@@ -2,7 +2,7 @@
 //! trains with checkpoints, logs metrics as JSON lines, and writes a summary and the exported
 //! model. The `train` command of the binary is this plus a progress bar.
 
-use super::config::{DatasetName, RunConfig};
+use super::config::{DatasetName, RunConfig, named_as_written};
 use super::source::{SampleSource, subset};
 use crate::comm::process_group::ProcessGroup;
 use crate::data::{self, ImageSample, LmSequence, TextSample};
@@ -538,8 +538,14 @@ impl<D: Device> Job<D> {
     }
 
     /// The run on `devices`, its pipeline's stages the processes of `group` when given, and
-    /// its replicas' batches shared with `processes − 1` other processes.
+    /// its replicas' batches shared with `processes − 1` other processes. A setting the layers
+    /// below refuse is named as the run config writes it.
     fn build(devices: Vec<D>, config: RunConfig, group: Option<ProcessGroup>, processes: usize) -> Result<Self> {
+        let inline_model = config.model.config.is_some();
+        Self::assemble(devices, config, group, processes).map_err(|e| named_as_written(e, inline_model))
+    }
+
+    fn assemble(devices: Vec<D>, config: RunConfig, group: Option<ProcessGroup>, processes: usize) -> Result<Self> {
         let (plan, count) = config.pipeline.resolve()?;
         if devices.len() < count {
             return Err(config_error("devices", format!("the run needs {count} devices; {} given", devices.len())));

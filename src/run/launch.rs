@@ -56,8 +56,10 @@ impl std::fmt::Debug for LaunchOptions {
 
 impl LaunchOptions {
     fn validate(&self) -> Result<()> {
-        if self.nproc_per_node == 0 || self.nnodes == 0 {
-            return Err(config_error("launch", "--nproc-per-node and --nnodes must be at least 1"));
+        for (flag, value) in [("--nproc-per-node", self.nproc_per_node), ("--nnodes", self.nnodes)] {
+            if value == 0 {
+                return Err(config_error(flag, "is 0; expected at least 1"));
+            }
         }
         if self.node_rank >= self.nnodes {
             return Err(config_error(

@@ -45,9 +45,16 @@ pub fn open_devices_at(
             .collect::<crate::Result<_>>()
             .map(AnyDevices::Cpu);
     }
+    // The backend is the command line's choice: named as its flag.
+    let flag = |e| match e {
+        crate::Error::Config { field, message } if field == "device" => {
+            crate::Error::Config { field: "--device".into(), message }
+        }
+        e => e,
+    };
     let mut gpus = Vec::new();
     for i in indices {
-        match AnyDevice::open(kind, i, per_device, precision)? {
+        match AnyDevice::open(kind, i, per_device, precision).map_err(flag)? {
             AnyDevice::Gpu(d) => gpus.push(d),
             AnyDevice::Cpu(_) => {
                 return Err(crate::error::internal("devices", format!("{kind:?} opened a cpu device")));
