@@ -965,6 +965,10 @@ fn launched_processes_train_the_weights_one_process_trains() {
             std::fs::remove_file(dir.join(name)).unwrap();
         }
         assert!(out.contains(&format!("a TCP ring across {procs} processes")), "{out}");
+        // Each process's lines come through the launcher led by its rank.
+        for r in 0..procs {
+            assert!(out.lines().any(|l| l.starts_with(&format!("[rank {r}] done: 4 steps"))), "rank {r}: {out}");
+        }
         let got = exported(&dir);
         let (mut num, mut den) = (0.0f64, 0.0f64);
         for ((a, x), (b, y)) in got.iter().zip(&want) {
@@ -1133,20 +1137,19 @@ fn freeze_across_processes_as_in_one(frozen_embedding: bool) {
     }
     // What was frozen when, and on which gradient norms (not the shape each process reports
     // for itself, nor how long the transition took).
-    let transitions = |text: &str| -> Vec<String> {
-        let lines = text.lines().filter(|l| l.starts_with("transition at step"));
+    let transitions = |text: &str, rank: &str| -> Vec<String> {
+        let lines = text.lines().filter_map(|l| l.strip_prefix(rank)).filter(|l| l.starts_with("transition at step"));
         lines
             .map(|l| format!("{} ({}", l.split(", K").next().unwrap_or(l), l.split_once(" (").map_or("", |x| x.1)))
             .collect()
     };
-    let want_transitions = transitions(&want);
+    let want_transitions = transitions(&want, "");
     assert!(!want_transitions.is_empty(), "the run freezes something: {want}");
-    // Every process logs the same transitions, which are one process's.
-    let mut expected: Vec<String> = want_transitions.iter().flat_map(|t| std::iter::repeat_n(t.clone(), 4)).collect();
-    let mut all = transitions(&got);
-    expected.sort();
-    all.sort();
-    assert_eq!(all, expected, "{got}");
+    // Every process logs the same transitions, which are one process's (the launcher leads
+    // each process's lines with its rank).
+    for rank in 0..4 {
+        assert_eq!(transitions(&got, &format!("[rank {rank}] ")), want_transitions, "rank {rank}: {got}");
+    }
     let model = |dir: &Path| std::fs::read(dir.join("model/model.safetensors")).unwrap();
     assert!(model(&one) == model(&many), "the same model as one process");
     // The checkpoint: weights, the optimizer state the freezes left, the frozen prefix and

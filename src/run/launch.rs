@@ -8,13 +8,16 @@
 //! rest are stopped if they have not ended by themselves within [`GRACE`]. (Their TCP
 //! collectives fail as soon as a peer's connection closes; an NCCL collective waits until the
 //! step's watchdog aborts it, at the group's timeout.) A launcher that is killed takes its
-//! children with it: the kernel sends each SIGTERM when the launcher ends.
+//! children with it: the kernel sends each SIGTERM when the launcher ends. The children's
+//! output passes through the launcher, each line led by its process's rank (`[rank 1] …`).
 
 use crate::comm::process_group::{COLLECTIVE_TIMEOUT, ProcessGroup};
 use crate::comm::rendezvous::{MAX_GROUP, Secret};
 use crate::error::{Error, Result, config_error};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::ExitStatusExt;
-use std::process::{Child, Command, ExitStatus};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// How long the launcher lets the other processes end on their own after one failed.
@@ -116,6 +119,7 @@ pub fn launch(options: &LaunchOptions, program: &std::path::Path, args: &[String
     let world = options.world()?;
     let launcher = std::process::id();
     let mut children: Vec<(usize, Child)> = Vec::new();
+    let mut relays = Vec::new();
     for local in 0..options.nproc_per_node {
         // No overflow: below `world`, as node_rank < nnodes.
         let rank = options.node_rank * options.nproc_per_node + local;
@@ -137,16 +141,60 @@ pub fn launch(options: &LaunchOptions, program: &std::path::Path, args: &[String
             .env("MASTER_ADDR", host)
             .env("MASTER_PORT", port.to_string())
             .env("PT_RDZV_TOKEN", secret.expose())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             .spawn();
         match child {
-            Ok(c) => children.push((rank, c)),
+            Ok(mut c) => {
+                relays
+                    .extend(c.stdout.take().map(|out| relay_thread(rank, out, || Box::new(std::io::stdout().lock()))));
+                relays
+                    .extend(c.stderr.take().map(|err| relay_thread(rank, err, || Box::new(std::io::stderr().lock()))));
+                children.push((rank, c));
+            }
             Err(e) => {
                 stop(&mut children);
                 return Err(crate::files::io_error(program, e));
             }
         }
     }
-    watch(children, options.grace)
+    let watched = watch(children, options.grace);
+    // Every child has ended, so its pipes are at their end: the last lines go out before the
+    // launcher's own verdict. (Unless a process the child started holds them open: that
+    // one's lines are not waited for beyond a second.)
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while relays.iter().any(|r| !r.is_finished()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    watched
+}
+
+type Sink = Box<dyn Write>;
+
+fn relay_thread(rank: usize, from: impl Read + Send + 'static, to: fn() -> Sink) -> JoinHandle<()> {
+    std::thread::spawn(move || relay(rank, BufReader::new(from), to))
+}
+
+/// Copies one stream of a child to `to` line by line, each line led by the child's rank and
+/// written whole under `to`'s lock, so that the lines of several processes can be told apart
+/// and none is cut into another's. A last line without its newline gets one. When the
+/// launcher's own output is gone (a closed pipe) the child's is still read and dropped, so the
+/// child never blocks on a full pipe.
+fn relay(rank: usize, mut from: impl BufRead, mut to: impl FnMut() -> Sink) {
+    let prefix = format!("[rank {rank}] ");
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match from.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        if !line.ends_with(b"\n") {
+            line.push(b'\n');
+        }
+        let mut sink = to();
+        let _ = sink.write_all(prefix.as_bytes()).and_then(|()| sink.write_all(&line)).and_then(|()| sink.flush());
+    }
 }
 
 /// In a child, between fork and exec: asks the kernel to send it SIGTERM when the launcher
@@ -337,6 +385,37 @@ fn collective_timeout(value: Option<&str>) -> Result<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// A sink the test reads back, or one whose reader is gone.
+    struct Shared(Arc<Mutex<Vec<u8>>>, bool);
+
+    impl Write for Shared {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if self.1 {
+                return Err(std::io::ErrorKind::BrokenPipe.into());
+            }
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_childs_lines_are_relayed_whole_and_led_by_its_rank() {
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let child = b"step 1/4\n\xffraw bytes\n\nno newline at the end";
+        let mut from = std::io::Cursor::new(&child[..]);
+        relay(3, &mut from, || Box::new(Shared(out.clone(), false)));
+        let want = b"[rank 3] step 1/4\n[rank 3] \xffraw bytes\n[rank 3] \n[rank 3] no newline at the end\n";
+        assert_eq!(String::from_utf8_lossy(&out.lock().unwrap()), String::from_utf8_lossy(want));
+        // A launcher that cannot write any more still reads the child's output to its end.
+        let mut from = std::io::Cursor::new(&child[..]);
+        relay(0, &mut from, || Box::new(Shared(out.clone(), true)));
+        assert_eq!(from.position(), child.len() as u64);
+    }
 
     #[test]
     fn the_environment_is_read_strictly() {
