@@ -1078,15 +1078,11 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
     }
     let info = &job.info;
     let lm = job.trainer.pipeline.spec().head == HeadSpec::TiedLmHead;
-    println!(
-        "data: {} — {} training / {} {} samples, {} {}",
-        info.name,
-        info.train,
-        info.test,
-        info.evaluated_on,
-        info.classes,
-        if lm { "tokens" } else { "classes" }
-    );
+    let labels = match lm {
+        true => format!("a vocabulary of {} characters", info.classes),
+        false => format!("{} classes", info.classes),
+    };
+    println!("data: {} — {} training / {} {} samples, {labels}", info.name, info.train, info.test, info.evaluated_on);
     println!(
         "model: {:?}, {} parameters{}",
         job.trainer.pipeline.spec().family,

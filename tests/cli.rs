@@ -561,12 +561,12 @@ fn a_model_that_does_not_fit_the_data_is_refused_by_its_settings() {
     let dir = scratch("image-fit");
     let out_dir = format!("output.dir={}", dir.join("run").display());
     for (set, says) in [
-        ("model.config.num_labels=3", "num_labels`: is 3, but digits/train has 10 classes"),
+        ("model.config.num_labels=3", "num_labels`: is 3, but digits has 10 classes"),
         (
             "model.config.num_channels=3",
-            "num_channels 3 × image_size 8² = 192 values per image, but digits/train's images have 64",
+            "num_channels 3 × image_size 8² = 192 values per image, but the images of digits have 64",
         ),
-        ("model.config.image_size=16", "image_size 16² = 256 values per image, but digits/train's images have 64"),
+        ("model.config.image_size=16", "image_size 16² = 256 values per image, but the images of digits have 64"),
     ] {
         let (ok, out) =
             pipetransformer(&["train", "--config", "configs/vit-digits.toml", "--set", set, "--set", &out_dir]);

@@ -52,6 +52,20 @@ pub enum DatasetName {
     Hamlet,
 }
 
+impl DatasetName {
+    /// The name as a config spells it (`dataset = "digits"`).
+    pub fn key(self) -> &'static str {
+        match self {
+            DatasetName::RottenTomatoes => "rotten_tomatoes",
+            DatasetName::ReutersR8 => "reuters_r8",
+            DatasetName::FashionMnist => "fashion_mnist",
+            DatasetName::Mnist5k => "mnist5k",
+            DatasetName::Digits => "digits",
+            DatasetName::Hamlet => "hamlet",
+        }
+    }
+}
+
 /// What to train on and how to batch it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -633,6 +647,10 @@ dir = "runs/x"
         assert_eq!(c.data.max_len, 64);
         assert_eq!(c.output.dir, PathBuf::from("runs/y"));
         assert_eq!(c.data.dataset, DatasetName::RottenTomatoes);
+        for name in ["rotten_tomatoes", "reuters_r8", "fashion_mnist", "mnist5k", "digits", "hamlet"] {
+            let c = RunConfig::parse(BASE, "base", &[format!("data.dataset=\"{name}\"")]).unwrap();
+            assert_eq!(c.data.dataset.key(), name);
+        }
     }
 
     /// A setting its switch leaves unread is named for a warning (a cache size with the cache

@@ -27,7 +27,7 @@ use std::time::Instant;
 /// What the data turned out to be, for building the model and for the summary.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct DataInfo {
-    /// Dataset name.
+    /// Dataset name, as the config spells it.
     pub name: String,
     /// Classes (classifiers) or vocabulary size (language models).
     pub classes: usize,
@@ -102,8 +102,8 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
     let (seed, split_seed) = (config.train.seed, d.split_seed);
     let eval_bs = d.eval_batch_size.unwrap_or(d.batch_size);
     let dir = &d.dir;
-    let info = |name: &str, labels: &[String], train: usize, test: usize| DataInfo {
-        name: name.into(),
+    let info = |labels: &[String], train: usize, test: usize| DataInfo {
+        name: d.dataset.key().into(),
         classes: labels.len(),
         train,
         test,
@@ -124,7 +124,6 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
             };
             let split = hold_out_validation(split, d.validation_fraction, split_seed)?;
             let labels = split.train.class_names().to_vec();
-            let name = split.train.name().to_string();
             let tokenizer_path = tokenizer_path(config)?;
             let tokenizer = TextTokenizer::from_file(&tokenizer_path, d.max_len)?;
             let train = subset(split.train.samples().to_vec(), d.train_limit, split_seed);
@@ -150,7 +149,7 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
             if d.group_by_length {
                 source = source.group_by_length(|t| Ok(t.encoded.ids.len()))?;
             }
-            Ok((Box::new(source), DataInfo { tokenizer: Some(ids), ..info(&name, &labels, n_train, n_test) }))
+            Ok((Box::new(source), DataInfo { tokenizer: Some(ids), ..info(&labels, n_train, n_test) }))
         }
         DatasetName::FashionMnist | DatasetName::Mnist5k | DatasetName::Digits => {
             let split = match d.dataset {
@@ -160,7 +159,6 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
             };
             let split = hold_out_validation(split, d.validation_fraction, split_seed)?;
             let labels = split.train.class_names().to_vec();
-            let name = split.train.name().to_string();
             let train = subset(split.train.samples().to_vec(), d.train_limit, split_seed);
             let test = subset(split.test.samples().to_vec(), d.test_limit, split_seed ^ 1);
             let (n_train, n_test) = (train.len(), test.len());
@@ -169,7 +167,7 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
                 .least_batch(least_batch)
                 .ids(|s| s.id);
             let pixel_max = Some(if d.dataset == DatasetName::Digits { data::DIGITS_PIXEL_MAX } else { 255 });
-            Ok((Box::new(source), DataInfo { pixel_max, ..info(&name, &labels, n_train, n_test) }))
+            Ok((Box::new(source), DataInfo { pixel_max, ..info(&labels, n_train, n_test) }))
         }
         DatasetName::Hamlet => {
             let corpus = data::hamlet(dir)?;
@@ -198,7 +196,7 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
             let info = DataInfo {
                 classes: corpus.vocab.len(),
                 chars: corpus.vocab.chars().to_vec(),
-                ..info("hamlet", &[], n_train, n_test)
+                ..info(&[], n_train, n_test)
             };
             Ok((Box::new(source), info))
         }
@@ -309,8 +307,8 @@ fn check_images(spec: &crate::model::Spec, first: &HostBatch, info: &DataInfo) -
     Err(Error::Config {
         field: "model.config".into(),
         message: format!(
-            "num_channels {channels} × image_size {image_size}² = {want} values per image, but {}'s images have \
-             {got}: set the model's num_channels and image_size to the dataset's",
+            "num_channels {channels} × image_size {image_size}² = {want} values per image, but the images of {} \
+             have {got}: set the model's num_channels and image_size to the dataset's",
             info.name
         ),
     })

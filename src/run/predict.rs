@@ -349,11 +349,7 @@ impl<D: Device> Predictor<D> {
             _ => self.labels == info.labels,
         };
         if model_kind != data_kind || !matches {
-            // As the config spells it (`dataset = "digits"`).
-            let dataset = serde_json::to_value(config.data.dataset)
-                .ok()
-                .and_then(|v| v.as_str().map(String::from))
-                .unwrap_or_else(|| info.name.clone());
+            let dataset = config.data.dataset.key();
             let what = if model_kind != data_kind {
                 "expected a dataset of the model's kind"
             } else if model_kind == Kind::Chars {
