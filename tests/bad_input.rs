@@ -144,3 +144,12 @@ fn the_time_to_accuracy_script_refuses_a_used_folder_and_a_missing_binary() {
     assert!(!ok && err.contains("no such program") && !err.contains("Traceback"), "{err}");
     assert!(!dir.join("new").exists(), "nothing made for a run that did not start");
 }
+
+/// A sample index past the batch is an error naming it, not a slice panic.
+#[test]
+fn selecting_a_sample_past_the_batch() {
+    let host = HostBatch { batch: 2, seq: 8, tokens: Some(vec![1; 16]), targets: vec![0, 1], ..Default::default() };
+    assert_eq!(host.select(&[1, 0]).unwrap().tokens.map(|t| t.len()), Some(16));
+    let Err(Error::Data { what, message }) = host.select(&[0, 5]) else { panic!("expected a data error") };
+    assert!(what == "sample index" && message.contains("5 selected from a batch of 2 samples"), "{message}");
+}

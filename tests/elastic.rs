@@ -580,8 +580,16 @@ fn a_job_resumed_after_lending_threads_lends_them_again() {
     };
     let mut first = job(&config);
     assert_eq!(threads(&first), [Some(1), Some(1)]);
-    first.run(&mut |_| {}).unwrap();
+    let summary = first.run(&mut |_| {}).unwrap();
     assert_eq!(threads(&first), [Some(2), Some(1)], "lent at the freeze");
+    // A job that has reached its end runs no more: a second call returns its summary, sends
+    // no event, and leaves the run's files as they were.
+    let files = || ["metrics.jsonl", "summary.json", "report.html"].map(|f| std::fs::read(dir.join(f)).unwrap());
+    let before = files();
+    let mut events = 0;
+    let again = first.run(&mut |_| events += 1).unwrap();
+    assert_eq!((again.steps, again.seconds, events), (summary.steps, summary.seconds, 0));
+    assert!(files() == before && !dir.join("metrics.previous.jsonl").exists());
     let mut resumed = job(&config);
     resumed.resume().unwrap();
     assert_eq!(resumed.trainer.pipeline.plan().config.pipeline_len, 1);

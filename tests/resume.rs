@@ -200,6 +200,21 @@ fn checkpoint_from_other_epochs_is_refused() {
     std::fs::remove_file(&path).unwrap();
 }
 
+/// A position set by hand past its epoch's batches is refused by `fit`, not a panic (or a
+/// wrapped subtraction asking the data for batches it does not have), and nothing trains.
+#[test]
+fn a_position_past_its_epoch_is_refused() {
+    let config = common::tiny_gpt(0.0);
+    let src = Synthetic { config: config.clone(), fail_at: None };
+    for batch in [4, 10] {
+        let mut t = trainer(&config);
+        t.position.batch = batch;
+        let err = t.fit(&src, Some(1), &mut (), &mut |_| {}).unwrap_err().to_string();
+        assert!(err.contains(&format!("batch {batch} of epoch 0")) && err.contains("has 4 batches"), "{err}");
+        assert_eq!(t.position.step, 0);
+    }
+}
+
 /// A checkpoint of another optimizer's state (AdamW's two moments, resumed under SGD with
 /// momentum's one) is refused by the config key before anything changes: neither the frozen
 /// prefix nor a weight.

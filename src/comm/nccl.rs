@@ -173,7 +173,7 @@ impl NcclCommunicator {
 
     /// Members `first..first + runtimes.len()` of a group of `size` spanning processes, one per
     /// GPU of `runtimes` (rank `first + i` on `runtimes[i]`), all joining the group `id` names
-    /// ([`join`]): an error, never a hang, when the others have not all joined within `timeout`.
+    /// (`join`): an error, never a hang, when the others have not all joined within `timeout`.
     /// What can fail locally (binding a GPU, making a stream) is done before the group opens.
     pub fn ranks(
         runtimes: &[&crate::device::cuda::CudaRuntime],

@@ -16,7 +16,7 @@ pub const FLOAT32: c_int = 7;
 /// NCCL's `ncclSum`.
 pub const SUM: c_int = 0;
 /// NCCL's `ncclInProgress`: a nonblocking communicator's call has been queued and goes on in
-/// the background (ask [`Nonblocking::get_async_error`] how it ends).
+/// the background (NCCL's `ncclCommGetAsyncError` says how it ends).
 pub const IN_PROGRESS: c_int = 7;
 
 type Code = c_int;

@@ -104,7 +104,7 @@ pub(crate) fn read_text(path: &Path, group: SetupGroup) -> Result<String> {
 }
 
 /// A text file a user named (`predict`'s and `evaluate`'s inputs), decompressed as
-/// [`read_bytes`] does.
+/// the dataset readers do (gzip by its name or first bytes).
 pub fn read_user_text(path: &Path) -> Result<String> {
     read_text(path, SetupGroup::User)
 }

@@ -429,7 +429,7 @@ mod tests {
         let got = cache.get(host, 5, 5).unwrap().unwrap();
         assert_eq!((got.depths, got.data), (vec![Some(5); 4], masked(&deeper, &lens, 5)));
         // One sample advanced alone: the batch reads back at mixed depths.
-        let one = host.select(&[2]);
+        let one = host.select(&[2]).unwrap();
         cache.put(&one, &hidden(7, 1, 5, w, 4.0)).unwrap();
         assert_eq!(cache.get(host, 5, 7).unwrap().unwrap().depths, [Some(5), Some(5), Some(7), Some(5)]);
         drop(cache);

@@ -609,7 +609,7 @@ impl<D: Device> Controller<D> for Elastic {
         behind.dedup();
         for depth in behind {
             let idx: Vec<usize> = (0..host.batch).filter(|&i| cached.depths[i] == depth).collect();
-            let mut sub = host.select(&idx);
+            let mut sub = host.select(&idx)?;
             sub.hidden = depth.map(|depth| Hidden {
                 depth,
                 width,

@@ -102,8 +102,14 @@ impl HostBatch {
 
     /// The samples at `indices`, in that order, keeping the batch's padding and offsets (a
     /// sample's dropout position changes with its index; select only for work without dropout,
-    /// such as running a frozen prefix).
-    pub fn select(&self, indices: &[usize]) -> HostBatch {
+    /// such as running a frozen prefix). An index past the batch is an error.
+    pub fn select(&self, indices: &[usize]) -> Result<HostBatch> {
+        if let Some(&i) = indices.iter().find(|&&i| i >= self.batch) {
+            return Err(crate::error::data_error(
+                "sample index",
+                format!("{i} selected from a batch of {} samples (0 to {})", self.batch, self.batch.saturating_sub(1)),
+            ));
+        }
         let rows = |v: &Vec<u32>, per: usize| {
             indices.iter().flat_map(|&i| v[i * per..(i + 1) * per].iter().copied()).collect()
         };
@@ -112,7 +118,7 @@ impl HostBatch {
             let per = v.len() / self.batch.max(1);
             indices.iter().flat_map(|&i| v[i * per..(i + 1) * per].iter().copied()).collect()
         };
-        HostBatch {
+        Ok(HostBatch {
             batch: indices.len(),
             seq: self.seq,
             tokens: self.tokens.as_ref().map(|v| rows(v, self.seq)),
@@ -125,7 +131,7 @@ impl HostBatch {
             sample_offset: self.sample_offset,
             sample_ids: indices.iter().filter_map(|&i| self.sample_ids.get(i).copied()).collect(),
             hidden: self.hidden.as_ref().map(|h| Hidden { depth: h.depth, width: h.width, data: floats(&h.data) }),
-        }
+        })
     }
 
     /// Joins consecutive batches into one (a step that takes several of the source's batches).

@@ -95,6 +95,18 @@ impl UnitProfile {
     }
 }
 
+/// [`unit_profiles`] per sample of `micro`: the costs a trainer keeps, and scales to each
+/// plan's micro-batch as the plan changes.
+pub fn unit_profiles_per_sample<D: Device>(
+    dev: &D,
+    model: &mut Model<D>,
+    micro: &HostBatch,
+    measure: bool,
+) -> Result<Vec<UnitProfile>> {
+    let per_micro_batch = unit_profiles(dev, model, micro, measure)?;
+    Ok(per_micro_batch.iter().map(|p| p.scaled(1.0 / micro.batch.max(1) as f64)).collect())
+}
+
 /// The units' costs for one micro-batch `micro`: measured on `dev` (the median of three runs),
 /// or their FLOPs at a nominal 100 GFLOP/s (only the ratios matter to the partitioner).
 ///

@@ -789,7 +789,10 @@ mod tests {
             assert!(split < whole || k == 1.0, "K={k} M={m}: {split} vs {whole}");
         }
         let f = Schedule::generate(ScheduleKind::ZeroBubble, 4, 1, 8, 1).unwrap().bubble_formula();
-        assert!((f - 3.0 / 27.0).abs() < 1e-12, "pipelines.md §C.1: (p−1)/(3m) = 0.125 idle per busy");
+        assert!(
+            (f - 3.0 / 27.0).abs() < 1e-12,
+            "pipelines.md §C.1: (p−1)/(3m) = 0.125 idle per busy, 3/27 of the time"
+        );
         assert!(Schedule::generate(ScheduleKind::ZeroBubble, 2, 1, 2, 2).unwrap_err().to_string().contains("slices"));
         assert!(Schedule::generate(ScheduleKind::ZeroBubble, 2, 2, 2, 1).is_err(), "one chunk per device");
     }

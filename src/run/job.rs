@@ -13,7 +13,7 @@ use crate::elastic::{CacheDtype, Elastic, FreezeName};
 use crate::error::{Error, Result, config_error, internal};
 use crate::files::{self, io_error};
 use crate::model::{Family, HeadSpec, HostBatch, InputSpec, Model, ModelConfig};
-use crate::pipeline::{Pipeline, PipelineConfig, UnitProfile, unit_profiles};
+use crate::pipeline::{Pipeline, PipelineConfig, UnitProfile, unit_profiles_per_sample};
 use crate::terapipe::{SlicingPlan, TokenSlices, plan_slices};
 use crate::text::{Encoded, EncodedItem, TextInput, TextTokenizer, encoded_batch};
 use crate::train::{BatchSource, EvalMetrics, Event, Trainer};
@@ -367,8 +367,7 @@ fn planning_profiles<D: Device>(
 ) -> Result<(Vec<UnitProfile>, Vec<UnitProfile>)> {
     let micro = first.split(plan.replicas.saturating_mul(plan.micro_batches).clamp(1, first.batch))?.swap_remove(0);
     let measure = config.pipeline.profile || config.elastic.auto_pipe;
-    let per_sample: Vec<UnitProfile> =
-        unit_profiles(dev, model, &micro, measure)?.iter().map(|p| p.scaled(1.0 / micro.batch as f64)).collect();
+    let per_sample = unit_profiles_per_sample(dev, model, &micro, measure)?;
     let micro_samples = first.batch.div_ceil(plan.replicas).div_ceil(plan.micro_batches);
     let profiles = per_sample.iter().map(|p| p.scaled(micro_samples as f64)).collect();
     Ok((per_sample, profiles))
@@ -429,7 +428,12 @@ pub struct Job<D: Device> {
     pub slicing: Option<SlicingPlan>,
     /// What the replicas sum gradients over (NCCL, the host ring, or why not NCCL), to announce.
     pub communicator: String,
+    /// Whether the state continues an earlier run's: a checkpoint's, or an earlier call of
+    /// [`run`](Self::run) that failed (its log is continued, not moved aside).
     resumed: bool,
+    /// What the run that reached the end returned: a later call of [`run`](Self::run) returns
+    /// it again and writes nothing.
+    finished: Option<Summary>,
 }
 
 impl<D: Device> Job<D> {
@@ -649,6 +653,7 @@ impl<D: Device> Job<D> {
             slicing,
             communicator,
             resumed: false,
+            finished: None,
         })
     }
 
@@ -698,8 +703,14 @@ impl<D: Device> Job<D> {
     /// The output folder is [locked](files::lock_folder) while the run writes it: a second run
     /// given the same folder is refused. A run that starts over (not resumed) moves an earlier
     /// `metrics.jsonl` aside to `metrics.previous.jsonl` (replacing an older one there), so the
-    /// log, and the report drawn from it, hold this run's events alone.
+    /// log, and the report drawn from it, hold this run's events alone. A call after one
+    /// that failed appends to the log instead of moving it aside (the trainer stands where the
+    /// failure left it). Once a run has reached its end, `run` returns its summary again and
+    /// writes nothing.
     pub fn run(&mut self, on_event: &mut dyn FnMut(&Event)) -> Result<Summary> {
+        if let Some(summary) = &self.finished {
+            return Ok(summary.clone());
+        }
         let out = self.config.output.dir.clone();
         let metrics_path = self.metrics_path();
         let writes = self.writes_files();
@@ -761,6 +772,8 @@ impl<D: Device> Job<D> {
             if !self.resumed {
                 self.elastic.start(&mut self.trainer, &mut log)?;
             }
+            // From here on the state is this run's: a later call continues it.
+            self.resumed = true;
             while !self.trainer.done() {
                 let chunk = (every > 0).then_some(every);
                 self.trainer.fit(self.source.as_ref(), chunk, &mut self.elastic, &mut log)?;
@@ -827,6 +840,7 @@ impl<D: Device> Job<D> {
             }
             super::report::write_report(&metrics_path, &out.join("report.html"), &self.config)?;
         }
+        self.finished = Some(summary.clone());
         Ok(summary)
     }
 

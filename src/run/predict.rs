@@ -199,7 +199,8 @@ impl<D: Device> Predictor<D> {
 
     /// Loss and accuracy over `batches` (labelled), with a classifier's confusion matrix and
     /// macro F1 or a language model's perplexity: [`crate::train::Trainer::evaluate`]'s
-    /// metrics, for a model outside a run.
+    /// metrics, for a model outside a run. No target to score (no batch, or every target
+    /// ignored) is an error.
     pub fn evaluate(&self, batches: impl Iterator<Item = Result<HostBatch>>) -> Result<EvalMetrics> {
         let classes = match self.model.spec().head {
             HeadSpec::Classifier { num_labels, .. } => Some(num_labels),
@@ -220,10 +221,14 @@ impl<D: Device> Predictor<D> {
                 m.add_logits(&logits, &host.targets, IGNORE_INDEX);
             }
         }
-        let loss = if count == 0 { 0.0 } else { loss_sum / count as f64 };
+        if count == 0 {
+            // As a forward of no input is refused: metrics of nothing would read as 0 %.
+            return Err(data_error("evaluation", "has no labelled target to score; expected at least one"));
+        }
+        let loss = loss_sum / count as f64;
         Ok(EvalMetrics {
             loss,
-            accuracy: if count == 0 { 0.0 } else { right as f64 / count as f64 },
+            accuracy: right as f64 / count as f64,
             count,
             perplexity: classes.is_none().then(|| loss.exp()),
             macro_f1: confusion.as_ref().map(Confusion::macro_f1),
@@ -776,6 +781,25 @@ mod tests {
         std::fs::write(&path, json.to_string()).unwrap();
         let err = Predictor::load(dev, &dir).err().unwrap().to_string();
         assert!(err.contains("the weights hold") && err.contains("transformer.h.1."), "{err}");
+    }
+
+    /// Nothing to score is an error, as a forward of no input is, not metrics of 0 %.
+    #[test]
+    fn an_evaluation_of_nothing_is_an_error() {
+        let (_scratch, p) = tiny_gpt_predictor("predict-empty-eval", "abcd");
+        let err = p.evaluate(std::iter::empty()).unwrap_err().to_string();
+        assert!(err.contains("no labelled target to score"), "{err}");
+        let ignored = HostBatch {
+            batch: 1,
+            seq: 2,
+            tokens: Some(vec![1, 2]),
+            targets: vec![IGNORE_INDEX; 2],
+            ..Default::default()
+        };
+        assert!(p.evaluate(std::iter::once(Ok(ignored))).is_err());
+        let scored =
+            HostBatch { batch: 1, seq: 2, tokens: Some(vec![1, 2]), targets: vec![2, 3], ..Default::default() };
+        assert_eq!(p.evaluate(std::iter::once(Ok(scored))).unwrap().count, 2);
     }
 
     /// A tiny character GPT's export, loaded (`vocab` its characters).

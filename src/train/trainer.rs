@@ -123,7 +123,8 @@ const CONTROLLER: &str = "controller/";
 
 impl<D: Device> Trainer<D> {
     /// A trainer at step 0 for a source with `batches_per_epoch` batches per epoch; `profiles`
-    /// are the units' costs per sample.
+    /// are the units' costs per sample
+    /// ([`unit_profiles_per_sample`](crate::pipeline::unit_profiles_per_sample)).
     pub fn new(
         mut pipeline: Pipeline<D>,
         config: TrainConfig,
@@ -198,6 +199,17 @@ impl<D: Device> Trainer<D> {
         on_event: &mut dyn FnMut(&Event),
     ) -> Result<()> {
         let per_epoch = self.batches_per_epoch;
+        if self.position.batch >= per_epoch {
+            return Err(Error::State {
+                what: "trainer position".into(),
+                message: format!(
+                    "batch {} of epoch {}: an epoch of this data has {per_epoch} batches (0 to {})",
+                    self.position.batch,
+                    self.position.epoch,
+                    per_epoch.saturating_sub(1)
+                ),
+            });
+        }
         let mut taken = 0;
         while !self.done() && stop_after.is_none_or(|n| taken < n) {
             let started = Instant::now();

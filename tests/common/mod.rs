@@ -73,10 +73,9 @@ pub fn trainer_on<D: pipetransformer::Device>(
     batches_per_epoch: usize,
 ) -> pipetransformer::train::Trainer<D> {
     use pipetransformer::model::Model;
-    use pipetransformer::pipeline::{Pipeline, unit_profiles};
+    use pipetransformer::pipeline::{Pipeline, unit_profiles_per_sample};
     let mut model = Model::new(&devices[0], config, seed).unwrap();
-    let one = unit_profiles(&devices[0], &mut model, &tiny_batch(config, 0).split(1).unwrap()[0], false).unwrap();
-    let per_sample: Vec<_> = one.iter().map(|p| p.scaled(1.0 / tiny_batch(config, 0).batch as f64)).collect();
+    let per_sample = unit_profiles_per_sample(&devices[0], &mut model, &tiny_batch(config, 0), false).unwrap();
     let pipeline = Pipeline::new(devices, model, train.optimizer, plan, &per_sample).unwrap();
     pipetransformer::train::Trainer::new(pipeline, train, batches_per_epoch, per_sample).unwrap()
 }
