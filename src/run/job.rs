@@ -409,7 +409,9 @@ fn token_slices<D: Device>(
 
 /// A run: its config, data, trainer, elastic controller and output paths.
 pub struct Job<D: Device> {
-    /// The configuration.
+    /// The configuration the job was built from: the model, data, plan, trainer and the
+    /// cache's folder were made from it, so a change made here afterwards does not reach
+    /// them (the output folder's files would follow a new `output.dir`, the cache's would not).
     pub config: RunConfig,
     /// Batches.
     pub source: Box<dyn BatchSource>,

@@ -54,6 +54,25 @@ fn default_decay() -> Decay {
 }
 
 impl TrainConfig {
+    /// `epochs` at a peak learning rate `lr`, everything else as a `[train]` section that
+    /// sets only those two reads: no step limit, warmup, clipping or floor on the rate, linear
+    /// decay, AdamW's defaults, seed 0. Change the rest with struct update syntax.
+    pub fn new(epochs: u64, lr: f64) -> Self {
+        TrainConfig {
+            epochs,
+            max_steps: 0,
+            lr,
+            min_lr: 0.0,
+            warmup_fraction: 0.0,
+            decay: default_decay(),
+            optimizer: OptimizerConfig::default(),
+            max_grad_norm: 0.0,
+            seed: 0,
+            eval_every: 0,
+            freeze_embeddings: false,
+        }
+    }
+
     /// The source batches the run will take with `batches_per_epoch` batches per epoch: the
     /// clock of the learning-rate schedule, whatever the number of batches one optimizer step
     /// takes.
@@ -111,5 +130,18 @@ impl TrainConfig {
     /// The global-norm clip, if any.
     pub fn clip(&self) -> Option<f64> {
         (self.max_grad_norm > 0.0).then_some(self.max_grad_norm)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `new` is what a `[train]` section of only `epochs` and `lr` reads as, default for default.
+    #[test]
+    fn new_is_the_section_with_only_epochs_and_lr() {
+        let read: TrainConfig = toml::from_str("epochs = 2\nlr = 1e-3\n").unwrap();
+        assert_eq!(TrainConfig::new(2, 1e-3), read);
+        assert!(TrainConfig::new(2, 1e-3).validate().is_ok());
     }
 }

@@ -66,11 +66,14 @@ impl<D: Device> Controller<D> for () {}
 pub struct Trainer<D: Device> {
     /// The model, spread over its devices with its optimizer state: the only copy.
     pub pipeline: Pipeline<D>,
-    /// Hyper-parameters.
+    /// Hyper-parameters, as given to [`new`](Self::new), which fixed the learning-rate
+    /// schedule, the run's length, the optimizer and the frozen embedding from them: changed
+    /// afterwards, only the clipping, the seed and `eval_every` take effect.
     pub config: TrainConfig,
-    /// Learning rate by source batch.
+    /// Learning rate by source batch; its `total_steps` is the run's length.
     pub lr_schedule: LrSchedule,
-    /// Where the run stands.
+    /// Where the run stands (set by a checkpoint's load; [`fit`](Self::fit) refuses a batch
+    /// past its epoch).
     pub position: Position,
     /// Source batches one optimizer step takes; the learning rate is scaled by the batches a
     /// step actually takes (the linear scaling rule of AutoDP's `scale-lr` policy).
