@@ -36,17 +36,39 @@ enum Family {
 /// Where a command runs (`--device`, `--precision`).
 #[derive(clap::Args, Clone, Copy)]
 struct DeviceArgs {
-    /// Backend: auto (cuda when the driver sees a GPU, as many as a run's devices, else cpu),
+    /// Backend: auto (cuda when the driver sees as many GPUs as the run's devices, else cpu),
     /// cpu, cuda, or cuda-emu (the CUDA kernels emulated on the host: slow, for checking).
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     device: DeviceKind,
-    /// f32 (the default; for `train` and `evaluate --config`, the config's `output.precision`),
+    /// f32 (the default; for `train`, the config's `output.precision`),
     /// bf16, or auto (bf16 where the hardware's bf16 products are the faster: a CPU with AMX, an
     /// AMD CPU with avx512_bf16, a GPU of compute capability 8.0 or later; else f32). bf16 means on the GPU backends bf16
     /// activations with f32 master weights; on cpu bf16 operands in the linear layers' products
     /// (f32 accumulation), f32 everything else. `bench-step` on cpu without it times both.
     #[arg(long, value_enum)]
     precision: Option<PrecisionArg>,
+}
+
+/// Where `predict` and `evaluate` run a model (`--device`, `--precision`): one device.
+#[derive(clap::Args, Clone, Copy)]
+struct ModelDeviceArgs {
+    /// Backend: auto (cuda when the driver sees a GPU, else cpu), cpu, cuda, or cuda-emu (the
+    /// CUDA kernels emulated on the host: slow, for checking).
+    #[arg(long, default_value = "auto", value_parser = parse_device)]
+    device: DeviceKind,
+    /// f32 (the default; for `evaluate --config`, the config's `output.precision`), bf16, or
+    /// auto (bf16 where the hardware's bf16 products are the faster: a CPU with AMX, an AMD
+    /// CPU with avx512_bf16, a GPU of compute capability 8.0 or later; else f32). bf16 means on
+    /// the GPU backends bf16 activations with f32 master weights; on cpu bf16 operands in the
+    /// linear layers' products (f32 accumulation), f32 everything else.
+    #[arg(long, value_enum)]
+    precision: Option<PrecisionArg>,
+}
+
+impl From<ModelDeviceArgs> for DeviceArgs {
+    fn from(d: ModelDeviceArgs) -> Self {
+        DeviceArgs { device: d.device, precision: d.precision }
+    }
 }
 
 /// How a step is spread over devices (`train`, `plan`); each flag overrides the run config's
@@ -334,7 +356,7 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         threads: usize,
         #[command(flatten)]
-        device: DeviceArgs,
+        device: ModelDeviceArgs,
     },
     /// Score a trained model: on the evaluation split of a run config's dataset (`--config`), or on
     /// a file of labelled rows (`--file`: `label<TAB>text` for BERT, CSV pixels then the label
@@ -365,7 +387,7 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         threads: usize,
         #[command(flatten)]
-        device: DeviceArgs,
+        device: ModelDeviceArgs,
     },
     /// Print how a run would be spread over devices: the partition with each stage's time and
     /// memory, the schedule, and its predicted bubble. Nothing is trained.
@@ -567,6 +589,7 @@ fn run() -> Result<()> {
                 use clap::CommandFactory;
                 Cli::command().error(clap::error::ErrorKind::ValueValidation, e).exit();
             }
+            let device = DeviceArgs::from(device);
             let request = PredictRequest { model, inputs, file, batch_size, format, sampling };
             match device.open(threads)? {
                 AnyDevice::Cpu(dev) => predict(dev, request),
@@ -574,6 +597,7 @@ fn run() -> Result<()> {
             }
         }
         Command::Evaluate { model, config, mut set, file, batch_size, threads, device } => {
+            let device = DeviceArgs::from(device);
             let data = match (config, file) {
                 (Some(config), _) => {
                     set.extend(batch_size.map(|n| format!("data.eval_batch_size={n}")));
