@@ -7,6 +7,7 @@
 //! Without a GPU it says so and exits: the emulator's timings mean nothing.
 
 use cudarc::cublas::{CudaBlas, result as blas, sys as blas_sys};
+use pipetransformer::bench::{GpuPeak, gpu_peak};
 use pipetransformer::device::cuda::CudaRuntime;
 use pipetransformer::device::{Device, GpuDevice, Precision};
 use pipetransformer::ops::attention::AttentionDims;
@@ -14,25 +15,6 @@ use pipetransformer::ops::gelu::Activation;
 use pipetransformer::ops::optim::AdamWStep;
 use std::sync::Arc;
 use std::time::Instant;
-
-/// Peak dense rates of the GPUs this project targets: (name fragment, bf16 tensor TFLOP/s,
-/// f32 SIMT TFLOP/s, memory TB/s). From NVIDIA's H100/H200 datasheets (SXM parts).
-const PEAKS: [(&str, f64, f64, f64); 3] =
-    [("H200", 989.4, 66.9, 4.8), ("H100 PCIe", 756.0, 51.2, 2.0), ("H100", 989.4, 66.9, 3.35)];
-
-struct Peak {
-    bf16: f64,
-    f32: f64,
-    bandwidth: f64,
-}
-
-fn peak(name: &str) -> Option<Peak> {
-    PEAKS.iter().find(|(n, ..)| name.contains(n)).map(|&(_, bf16, f32, bw)| Peak {
-        bf16: bf16 * 1e12,
-        f32: f32 * 1e12,
-        bandwidth: bw * 1e12,
-    })
-}
 
 /// Median seconds of `f` over `iters` runs (after 3 warm-up runs), synchronising each time.
 fn time(dev: &GpuDevice, iters: usize, mut f: impl FnMut()) -> f64 {
@@ -52,7 +34,7 @@ fn time(dev: &GpuDevice, iters: usize, mut f: impl FnMut()) -> f64 {
     t[iters / 2]
 }
 
-fn row(peak: &Option<Peak>, precision: Precision, name: &str, secs: f64, flops: f64, bytes: f64, extra: &str) {
+fn row(peak: &Option<GpuPeak>, precision: Precision, name: &str, secs: f64, flops: f64, bytes: f64, extra: &str) {
     let floor = peak.as_ref().map(|p| {
         let compute = if precision == Precision::Bf16 && flops > 0.0 { p.bf16 } else { p.f32 };
         (flops / compute).max(bytes / p.bandwidth)
@@ -66,7 +48,7 @@ fn row(peak: &Option<Peak>, precision: Precision, name: &str, secs: f64, flops: 
     );
 }
 
-fn bench(rt: Arc<CudaRuntime>, precision: Precision, peak: &Option<Peak>) {
+fn bench(rt: Arc<CudaRuntime>, precision: Precision, peak: &Option<GpuPeak>) {
     let dev = GpuDevice::new(rt.clone(), precision, false);
     let (b, t, c, h, ff) = (16usize, 128usize, 384usize, 12usize, 1536usize);
     let rows = b * t;
@@ -219,7 +201,7 @@ fn main() {
     }
     let rt = Arc::new(CudaRuntime::new(0).expect("cuda:0"));
     let name = rt.name_string();
-    let peak = peak(&name);
+    let peak = gpu_peak(&name);
     println!("# kernels on {name}");
     for precision in [Precision::F32, Precision::Bf16] {
         bench(rt.clone(), precision, &peak);

@@ -10,13 +10,19 @@
 #                                                   gpu-check-report.md
 #   scripts/gpu-check.sh --bundle DIR               on a machine with cargo and tools/cuda (no GPU
 #                                                   needed): write DIR with the stripped binaries,
-#                                                   NVRTC and the CUDA headers (xz), and the data
-#                                                   the training steps read (~48 MiB)
+#                                                   NVRTC and the CUDA headers (xz), the kernels'
+#                                                   cubins, and the data the training steps read
+#                                                   (~48 MiB)
 #   scripts/gpu-check.sh --prebuilt DIR [REPORT]    on a GPU machine without cargo or network
 #                                                   (a cluster node): the same checks from DIR
 #
 # Needs: the NVIDIA driver (libcuda); NVRTC and the headers from scripts/setup.sh's CUDA wheels
-# (or the bundle). The exit status is non-zero if any step failed; the report says which.
+# (or the bundle). cuBLAS (the kernel benchmarks' reference) and NCCL are taken from where the
+# machine has them (a CUDA toolkit, or the nvidia-* Python wheels beside PyTorch). The exit
+# status is non-zero if any step failed; the report says which.
+#
+# GPU_CHECK_STEP_TIMEOUT (seconds, default 1200) ends a step that runs longer, as a failure, so
+# that one hang does not spend a lease's minutes.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -52,6 +58,14 @@ if [[ "${1:-}" == "--bundle" ]]; then
     tar -C tools -cf - cuda/cuda_nvrtc/lib/libnvrtc.so.12 cuda/cuda_nvrtc/lib/libnvrtc-builtins.so.12.9 \
         cuda/cuda_runtime/include cuda/cuda_nvcc/include | xz -9 -T0 >"$DIR/cuda.tar.xz"
     cp data/text/hamlet.txt "$DIR/data/text/" && cp -r data/digits "$DIR/data/"
+    # The kernels' cubins, compiled here so that a GPU node spends no minutes in NVRTC: for the
+    # architectures in BUNDLE_ARCHS (default 90, the H100/H200; each adds ~2 MiB, and a lease
+    # carries 64 MiB at most). Another GPU compiles its own with the bundled NVRTC on first use.
+    XDG_CACHE_HOME="$DIR/cache" "$(pick test kernel_build)" --exact every_kernel_file_compiles_to_a_cubin_for_each_architecture >/dev/null
+    keep="$(for a in ${BUNDLE_ARCHS:-90}; do printf -- '-sm%s-\n' "$a"; done)"
+    for f in "$DIR"/cache/pipetransformer/kernels/*.cubin; do
+        grep -qF -- "$(basename "$f" | grep -o -- '-sm[0-9]*-')" <<<"$keep" || rm "$f"
+    done
     du -sh "$DIR"
     exit 0
 fi
@@ -63,6 +77,7 @@ if [[ "${1:-}" == "--prebuilt" ]]; then
 fi
 REPORT="${1:-$ROOT/gpu-check-report.md}"
 FAILED=0
+STEP_TIMEOUT="${GPU_CHECK_STEP_TIMEOUT:-1200}"
 
 step() { # step TITLE COMMAND...: runs COMMAND, appends its output and its time to the report.
     local title="$1" start=$SECONDS
@@ -74,7 +89,8 @@ step() { # step TITLE COMMAND...: runs COMMAND, appends its output and its time 
         echo '```'
         echo "\$ $*"
     } >>"$REPORT"
-    if "$@" 2>&1 | tee -a "$REPORT"; then
+    # Through bash, so that a step may be one of this script's (exported) functions.
+    if timeout -k 10 "$STEP_TIMEOUT" bash -c '"$@"' step "$@" 2>&1 | tee -a "$REPORT"; then
         echo '```' >>"$REPORT"
     else
         echo '```' >>"$REPORT"
@@ -84,6 +100,52 @@ step() { # step TITLE COMMAND...: runs COMMAND, appends its output and its time 
     echo "($((SECONDS - start)) s)" >>"$REPORT"
     echo >>"$REPORT"
 }
+
+# A GPT-2-small-shaped model (12 layers, hidden 768) trained for one epoch of hamlet.txt as a
+# K-stage 1F1B pipeline on one GPU: K devices, each on streams of its own (PT_SHARE_GPUS), 8
+# micro-batches of 8. Prints the median step, and for K > 1 the measured bubble, over the
+# epoch's steps after the first.
+bubble_on_one_gpu() {
+    set -o pipefail
+    local k="$1" dir
+    dir="$(mktemp -d)"
+    PT_SHARE_GPUS=1 "$PT" train --config configs/gpt-hamlet.toml --device cuda --precision bf16 --devices "$k" \
+        --pipeline-len "$k" --micro-batches 8 --schedule 1f1b --fresh --set train.epochs=1 --set data.batch_size=64 \
+        --set model.config.n_embd=768 --set model.config.n_layer=12 --set model.config.n_head=12 \
+        --set "output.dir=$dir" | tail -3 || return 1
+    python3 - "$dir/metrics.jsonl" <<'PY'
+import json, statistics, sys
+steps = [e for e in map(json.loads, open(sys.argv[1])) if e.get("event") == "step"][1:]
+m = statistics.median
+line = f"{len(steps)} steps: step {1e3 * m(e['seconds'] for e in steps):.1f} ms"
+b = [e["bubble"] for e in steps if e.get("bubble")]
+if b:
+    line += (f", bubble {100 * m(x['measured'] for x in b):.1f} % (formula {100 * b[0]['formula']:.1f} %),"
+             f" after the pipeline {1e3 * m(x['tail_seconds'] for x in b):.1f} ms")
+print(line)
+PY
+    local status=$?
+    rm -rf "$dir"
+    return $status
+}
+
+# One epoch of the GPT on hamlet in two ways that share one GPU between two devices: `replicas`,
+# one process of two data-parallel replicas; `processes`, two launched processes of one replica
+# each (a TCP ring between them); `stages`, two launched processes as the stages of one pipeline.
+# The same global batch of 16 every way: the losses agree up to the order of the sums.
+two_on_one_gpu() {
+    set -o pipefail
+    local dir run
+    dir="$(mktemp -d)"
+    run=(train --config configs/gpt-hamlet.toml --device cuda --fresh --set train.epochs=1 --set "output.dir=$dir")
+    case "$1" in
+    replicas) PT_SHARE_GPUS=1 "$PT" "${run[@]}" --devices 2 --replicas 2 ;;
+    processes) PT_SHARE_GPUS=1 "$PT" launch --nproc-per-node 2 -- "${run[@]}" ;;
+    stages) PT_SHARE_GPUS=1 "$PT" launch --nproc-per-node 2 -- "${run[@]}" --across-processes --pipeline-len 2 ;;
+    esac | grep -E "communicator|done|final eval" || return 1
+    rm -rf "$dir"
+}
+export -f bubble_on_one_gpu two_on_one_gpu
 
 {
     echo "# GPU check, $(date -u +%Y-%m-%dT%H:%MZ)"
@@ -96,7 +158,7 @@ step() { # step TITLE COMMAND...: runs COMMAND, appends its output and its time 
 } >"$REPORT"
 
 if [[ -n "$PREBUILT" ]]; then
-    export PT_CUDA_HOME="$PREBUILT/cuda"
+    export PT_CUDA_HOME="$PREBUILT/cuda" XDG_CACHE_HOME="$PREBUILT/cache"
     [[ -d "$PT_CUDA_HOME" ]] || tar -C "$PREBUILT" -xJf "$PREBUILT/cuda.tar.xz"
     mkdir -p data && cp -rn "$PREBUILT/data/." data/
     PT="$PREBUILT/bin/pipetransformer"
@@ -114,12 +176,39 @@ else
     BENCH_KERNELS=(cargo bench --bench kernels)
 fi
 
+export PT
+
+# A library cudarc or the NCCL loader can open, from where this machine has it: cudarc asks for
+# `libcublas.so` or `.so.12` (a CUDA 13 machine has `.so.13`), so a link of that name goes into a
+# folder put first on the loader's path. NCCL is named by PT_NCCL_LIB.
+find_lib() { find / -xdev -name "$1" -not -path '/proc/*' 2>/dev/null | head -1; }
+if ! ldconfig -p | grep -q 'libcublas\.so\.12 '; then
+    cublas="$(find_lib 'libcublas.so.1[0-9]')"
+    if [[ -n "$cublas" ]]; then
+        links="$(mktemp -d)"
+        ln -s "$cublas" "$links/libcublas.so"
+        export LD_LIBRARY_PATH="$links:$(dirname "$cublas")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    fi
+fi
+if [[ -z "${PT_NCCL_LIB:-}" ]] && ! ldconfig -p | grep -q 'libnccl\.so\.2 '; then
+    nccl="$(find_lib 'libnccl.so.2')"
+    [[ -n "$nccl" ]] && export PT_NCCL_LIB="$nccl"
+fi
+echo "cuBLAS: ${cublas:-as installed}; NCCL: ${PT_NCCL_LIB:-as installed, if at all}" | tee -a "$REPORT"
+
 step "kernel tests on cuda" env PT_TEST_DEVICE=cuda "${TEST_KERNELS[@]}"
 step "training follows cpu on cuda" env PT_TEST_DEVICE=cuda "${TEST_TRAINING[@]}"
 step "token-sliced steps equal unsliced ones on cuda (f32; bf16 slices and pipelines)" env PT_TEST_DEVICE=cuda "${TEST_TERAPIPE[@]}"
 step "training step, f32" "$PT" bench-step --device cuda --precision f32 --steps 20 --warmup 3
 step "training step, bf16" "$PT" bench-step --device cuda --precision bf16 --steps 20 --warmup 3
+step "training step, bf16, batch 128 (MFU)" "$PT" bench-step --device cuda --precision bf16 --batch 128 --steps 10 --warmup 3
 step "kernel benchmarks" "${BENCH_KERNELS[@]}"
+step "GPT-2-small shape on one GPU, one device (no pipeline)" bubble_on_one_gpu 1
+step "pipeline bubble on one GPU, K = 2" bubble_on_one_gpu 2
+step "pipeline bubble on one GPU, K = 4" bubble_on_one_gpu 4
+for way in replicas processes stages; do
+    step "two devices on one GPU: $way" two_on_one_gpu "$way"
+done
 RUNS="$(mktemp -d)"
 step "GPT on hamlet, cuda f32" "$PT" train --config configs/gpt-hamlet.toml --device cuda --fresh --set "output.dir=$RUNS/hamlet"
 step "ViT on digits, cuda bf16" "$PT" train --config configs/vit-digits.toml --device cuda --precision bf16 --fresh --set "output.dir=$RUNS/digits"

@@ -178,6 +178,33 @@ pub fn time_step<D: Device>(
     Ok(StepTiming { median: median(times), min, max, flops, gemm_gflops, paired_ratio })
 }
 
+/// A GPU's datasheet peaks, in FLOP/s and bytes/s: what a step's MFU and a kernel's roofline
+/// floor are measured against.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GpuPeak {
+    /// Dense bf16 on the tensor cores (f32 accumulation).
+    pub bf16: f64,
+    /// f32 on the SIMT cores (no TF32).
+    pub f32: f64,
+    /// Memory bandwidth.
+    pub bandwidth: f64,
+}
+
+/// Datasheet peaks of the GPUs this project targets (SXM parts unless named): the name's
+/// fragment as the driver reports it, dense bf16 and f32 TFLOP/s, memory TB/s. Longer
+/// fragments first: "H100 PCIe" is not an SXM H100.
+const GPU_PEAKS: [(&str, f64, f64, f64); 3] =
+    [("H200", 989.4, 66.9, 4.8), ("H100 PCIe", 756.0, 51.2, 2.0), ("H100", 989.4, 66.9, 3.35)];
+
+/// The peaks of the GPU the driver calls `name` (e.g. `NVIDIA H200`), if it is one of ours.
+pub fn gpu_peak(name: &str) -> Option<GpuPeak> {
+    GPU_PEAKS.iter().find(|(n, ..)| name.contains(n)).map(|&(_, bf16, f32, bw)| GpuPeak {
+        bf16: bf16 * 1e12,
+        f32: f32 * 1e12,
+        bandwidth: bw * 1e12,
+    })
+}
+
 /// The PyTorch script beside the report (`scripts/bench_torch.py`), embedded so an installed
 /// binary carries it.
 const TORCH_SCRIPT: &str = include_str!("../scripts/bench_torch.py");
@@ -200,7 +227,8 @@ pub enum TorchStep {
     Absent(String),
 }
 
-/// Runs the embedded PyTorch script with `python` on the same step shape. A Python without
+/// Runs the embedded PyTorch script with `python` on the same step shape, on `device` (`cpu`
+/// or `cuda`). A Python without
 /// torch (or no Python) is [`TorchStep::Absent`]; a script that fails otherwise is an error.
 pub fn torch_step(
     python: &str,
@@ -209,10 +237,11 @@ pub fn torch_step(
     batch: usize,
     seq: usize,
     threads: usize,
+    device: &str,
 ) -> crate::Result<TorchStep> {
     let args = [("--steps", steps), ("--warmup", warmup), ("--batch", batch), ("--seq", seq), ("--threads", threads)];
     let mut command = std::process::Command::new(python);
-    command.arg("-c").arg(TORCH_SCRIPT);
+    command.arg("-c").arg(TORCH_SCRIPT).arg("--device").arg(device);
     for (flag, value) in args {
         command.arg(flag).arg(value.to_string());
     }
@@ -233,7 +262,7 @@ pub fn torch_step(
     let line = stdout.lines().last().unwrap_or_default();
     let v: serde_json::Value = serde_json::from_str(line).map_err(|e| failed(format!("printed `{line}`: {e}")))?;
     if let Some(why) = v.get("absent").and_then(|w| w.as_str()) {
-        return Ok(TorchStep::Absent(format!("`{python}` has no torch/transformers ({why})")));
+        return Ok(TorchStep::Absent(format!("`{python}`: {why}")));
     }
     let num =
         |k: &str| v.get(k).and_then(serde_json::Value::as_f64).ok_or_else(|| failed(format!("no `{k}` in `{line}`")));
@@ -269,16 +298,32 @@ mod tests {
 
     #[test]
     fn the_pytorch_comparison_is_skipped_with_a_reason_not_an_error() {
-        let none = torch_step("/nonexistent/python3", 1, 0, 1, 8, 1).unwrap();
+        let none = torch_step("/nonexistent/python3", 1, 0, 1, 8, 1, "cpu").unwrap();
         assert!(matches!(&none, TorchStep::Absent(why) if why.contains("cannot run")), "{none:?}");
-        // `python3`: absent, or without torch (the usual CI machine), each said so; or with
-        // torch, timing both precisions.
-        match torch_step("python3", 1, 0, 1, 8, 1) {
-            Ok(TorchStep::Absent(why)) => assert!(why.contains("no torch") || why.contains("cannot run"), "{why}"),
-            Ok(TorchStep::Timed { f32_ms, bf16_ms, threads, .. }) => {
-                assert!(f32_ms > 0.0 && bf16_ms > 0.0 && threads == 1)
+        // `python3`: absent, or without torch (the usual CI machine), or (for cuda) without a
+        // GPU, each said so; or with torch, timing both precisions.
+        for device in ["cpu", "cuda"] {
+            match torch_step("python3", 1, 0, 1, 8, 1, device) {
+                Ok(TorchStep::Absent(why)) => assert!(
+                    why.contains("no torch")
+                        || why.contains("cannot run")
+                        || (device == "cuda" && why.contains("no CUDA GPU")),
+                    "{why}"
+                ),
+                Ok(TorchStep::Timed { f32_ms, bf16_ms, threads, .. }) => {
+                    assert!(f32_ms > 0.0 && bf16_ms > 0.0 && (device == "cuda" || threads == 1))
+                }
+                Err(e) => panic!("{device}: {e}"),
             }
-            Err(e) => panic!("{e}"),
         }
+    }
+
+    /// The driver's names find their datasheet rows; a PCIe H100 is not taken for an SXM one.
+    #[test]
+    fn gpus_are_found_by_the_drivers_name() {
+        assert_eq!(gpu_peak("cuda:0 (NVIDIA H200, sm_90)").map(|p| p.bandwidth), Some(4.8e12));
+        assert_eq!(gpu_peak("NVIDIA H100 PCIe").map(|p| p.bf16), Some(756e12));
+        assert_eq!(gpu_peak("NVIDIA H100 80GB HBM3").map(|p| p.bandwidth), Some(3.35e12));
+        assert_eq!(gpu_peak("Tesla T4"), None);
     }
 }

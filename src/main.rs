@@ -426,9 +426,10 @@ enum Command {
     },
     /// Time training steps (forward, backward, AdamW) of the MiniLM-shaped encoder — 6 layers,
     /// hidden 384, 12 heads, MLP 1536 — on --device at --precision, and compare the achieved
-    /// rate with the machine's large-GEMM rate measured in the same run. On cpu without
-    /// --precision it times f32 and bf16; on cpu it also times PyTorch's f32 and bf16-autocast
-    /// steps when PT_PYTHON (default python3; `none` skips them) has torch.
+    /// rate with the machine's large-GEMM rate measured in the same run (on a GPU: the MFU
+    /// against its datasheet peak). On cpu without --precision it times f32 and bf16; on cpu
+    /// and cuda it also times PyTorch's f32 and bf16-autocast steps on the same device when
+    /// PT_PYTHON (default python3; `none` skips them) has torch.
     BenchStep {
         /// Timed steps.
         #[arg(long, default_value_t = 5)]
@@ -763,15 +764,25 @@ fn bench_step(
         AnyDevice::Gpu(_) => None,
     };
     let mut rows: Vec<(String, bench::StepTiming)> = Vec::new();
+    // On a GPU the step's model FLOPs per second against the datasheet peak in its precision.
+    let mut mfu: Vec<String> = Vec::new();
     // The roofline of the CPU backend is its own large GEMM on the same threads, timed after
     // each step so that the floor and the step see the same moments of a drifting VM.
     let mut probe = pool_threads.map(|t| bench::GemmProbe::new(t, 2048)).transpose()?;
     let mut time = |dev: AnyDevice, precision: Precision| -> Result<()> {
-        let name = match &dev {
-            AnyDevice::Cpu(d) => d.name(),
-            AnyDevice::Gpu(d) => d.name(),
+        let (name, gpu) = match &dev {
+            AnyDevice::Cpu(d) => (d.name(), false),
+            AnyDevice::Gpu(d) => (d.name(), true),
         };
         let t = on_device!(dev, time_step(steps, warmup, batch, seq, probe.as_mut()))?;
+        if let (true, Some(peak)) = (gpu, bench::gpu_peak(&name)) {
+            let peak = if precision == Precision::Bf16 { peak.bf16 } else { peak.f32 };
+            mfu.push(format!(
+                "MFU, {precision:?}: {:.1} % of the datasheet's {:.1} TFLOP/s",
+                100.0 * t.flops / t.median / peak,
+                peak / 1e12
+            ));
+        }
         rows.push((format!("ours, {} ({name})", format!("{precision:?}").to_lowercase()), t));
         Ok(())
     };
@@ -813,9 +824,18 @@ fn bench_step(
             "| GEMM floor: these FLOPs at the f32 2048³ GEMM rate ({threads} threads, timed with the f32 steps) | {ms:.1} | | {gemm:.1} | 1.00× | |"
         );
     }
-    if cpu && python != "none" {
+    for line in &mfu {
+        println!("{line}");
+    }
+    // PyTorch on the same kind of device: the CPU, or a real GPU (not the emulator).
+    let torch_device = match device.device.resolve() {
+        DeviceKind::Cpu => Some("cpu"),
+        DeviceKind::Cuda => Some("cuda"),
+        _ => None,
+    };
+    if let (Some(torch_device), false) = (torch_device, python == "none") {
         let torch_threads = pool_threads.unwrap_or(threads);
-        match bench::torch_step(python, steps, warmup, batch, seq, torch_threads)? {
+        match bench::torch_step(python, steps, warmup, batch, seq, torch_threads, torch_device)? {
             bench::TorchStep::Timed { version, threads, f32_ms, bf16_ms } => {
                 for (what, ms) in [("eager, f32", f32_ms), ("bf16 autocast", bf16_ms)] {
                     let rate = flops / ms / 1e6;

@@ -371,10 +371,25 @@ pub fn pipeline_groups<D: crate::device::Device>(
     let runtimes: Option<Vec<&crate::device::cuda::CudaRuntime>> =
         gpus.iter().map(|g| crate::device::cuda::runtime_of(g)).collect();
     let Some(runtimes) = runtimes else { return Ok(None) };
+    let ordinals: Vec<usize> = runtimes.iter().map(|rt| rt.ordinal()).collect();
+    if !one_gpu_per_rank(&ordinals, k, r) {
+        return Ok(None);
+    }
     let groups = (0..k)
         .map(|d| NcclCommunicator::group(&(0..r).map(|i| runtimes[i * k + d]).collect::<Vec<_>>()))
         .collect::<Result<Vec<_>>>()?;
     Ok(for_device(groups))
+}
+
+/// Whether each position's group of replicas (`ordinals[i·k + d]` for `i < r`) has its ranks on
+/// GPUs of their own: NCCL refuses two ranks on one GPU, which devices sharing GPUs
+/// ([`SHARE_GPUS`](crate::device::cuda::SHARE_GPUS)) would ask of it.
+fn one_gpu_per_rank(ordinals: &[usize], k: usize, r: usize) -> bool {
+    (0..k).all(|d| {
+        let mut group: Vec<usize> = (0..r).map(|i| ordinals[i * k + d]).collect();
+        group.sort_unstable();
+        group.windows(2).all(|w| w[0] != w[1])
+    })
 }
 
 /// NCCL groups as the caller's `D`'s communicators (`D` is `GpuDevice` whenever NCCL groups
@@ -410,7 +425,9 @@ pub fn process_groups<D: crate::device::Device>(
         .take(r)
         .map(|d| (d as &dyn std::any::Any).downcast_ref::<GpuDevice>().and_then(crate::device::cuda::runtime_of))
         .collect();
-    let runtimes = runtimes.filter(|rt| k == 1 && rt.len() == r && available());
+    // A process whose device shares a GPU votes no: it cannot see whether another process's
+    // rank sits on the same GPU, which NCCL would refuse.
+    let runtimes = runtimes.filter(|rt| k == 1 && rt.len() == r && available() && !rt.iter().any(|rt| rt.shares_gpu()));
     let everyone = all_agree(group, runtimes.is_some())?;
     let Some(runtimes) = runtimes.filter(|_| everyone) else { return Ok(None) };
     // Bytes as f64 (exact), rank 0's and zeros elsewhere: the sum is rank 0's id everywhere.
@@ -445,7 +462,20 @@ pub fn host_ring_reason<D: crate::device::Device>(devices: &[D]) -> Option<Strin
     if devices.is_empty() || !devices.iter().all(real_gpu) {
         return None;
     }
-    nccl().err().map(not_loaded)
+    let shared = devices.iter().any(|d| {
+        (d as &dyn std::any::Any)
+            .downcast_ref::<GpuDevice>()
+            .and_then(crate::device::cuda::runtime_of)
+            .is_some_and(|rt| rt.shares_gpu())
+    });
+    match nccl() {
+        Err(why) => Some(not_loaded(why)),
+        Ok(_) if shared => Some(format!(
+            "devices share GPUs ({}=1), and NCCL refuses two ranks on one GPU",
+            crate::device::cuda::SHARE_GPUS
+        )),
+        Ok(_) => None,
+    }
 }
 
 /// The console's words for NCCL failing to load with `why`.
@@ -539,6 +569,17 @@ impl Communicator<GpuDevice> for NcclCommunicator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two replicas of a two-stage pipeline on two GPUs have a GPU per rank when each stage's
+    /// replicas sit on different GPUs; on one shared GPU (or with a stage's replicas placed on
+    /// one GPU) they do not, and NCCL is not asked.
+    #[test]
+    fn nccl_only_where_every_rank_of_a_group_has_its_own_gpu() {
+        assert!(one_gpu_per_rank(&[0, 1, 2, 3], 2, 2));
+        assert!(one_gpu_per_rank(&[0, 0, 1, 1], 2, 2), "stages share a GPU, each group's ranks do not");
+        assert!(!one_gpu_per_rank(&[0, 1, 0, 1], 2, 2), "replicas of a stage on one GPU");
+        assert!(!one_gpu_per_rank(&[0, 0, 0, 0], 1, 4));
+    }
 
     /// An abort waits for a collective that is queueing its calls (it passed the check, and
     /// its call must not meet a freed communicator), releases once it has left, and refuses

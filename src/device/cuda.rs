@@ -38,6 +38,29 @@ pub fn device_count() -> usize {
     CudaContext::device_count().map(|n| n.max(0) as usize).unwrap_or(0)
 }
 
+/// The environment variable that lets a run have more `cuda` devices than the machine has
+/// GPUs: with `PT_SHARE_GPUS=1` device `i` runs on GPU `i mod count`, on streams of its own, so
+/// a pipeline's plan, schedule and measured bubble can be tried on one GPU. Nothing runs faster
+/// for it, and NCCL (which refuses two ranks on one GPU) gives way to the host ring.
+pub const SHARE_GPUS: &str = "PT_SHARE_GPUS";
+
+/// The GPU that device `index` runs on when the driver sees `count` GPUs: its own, or with
+/// `share` ([`SHARE_GPUS`]) the one it wraps around to.
+fn gpu_for(index: usize, count: usize, share: bool) -> Result<usize> {
+    match count {
+        0 => Err(Error::Config { field: "device".into(), message: "the CUDA driver sees no GPU".into() }),
+        _ if index < count => Ok(index),
+        _ if share => Ok(index % count),
+        _ => Err(Error::Config {
+            field: "device".into(),
+            message: format!(
+                "cuda:{index} requested but the CUDA driver sees {count} GPU(s); {SHARE_GPUS}=1 runs several \
+                 devices on one GPU, each on streams of its own (to try a plan, not for speed)"
+            ),
+        }),
+    }
+}
+
 /// Pinned staging buffers: those whose upload may still be running (with the event that marks
 /// its end), and those free for reuse.
 #[derive(Default)]
@@ -49,6 +72,9 @@ struct Staging {
 /// One GPU: its context, the stream every kernel is queued on, the upload stream, and the
 /// kernels loaded so far.
 pub struct CudaRuntime {
+    /// The device's index in the run (`cuda:<index>`): the GPU's ordinal, unless
+    /// [`SHARE_GPUS`] put it on another device's GPU.
+    index: usize,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     copy_stream: Arc<CudaStream>,
@@ -70,14 +96,8 @@ impl CudaRuntime {
                 message: "no CUDA driver (libcuda) on this machine; use --device cpu or --device cuda-emu".into(),
             });
         }
-        let count = device_count();
-        if ordinal >= count {
-            return Err(Error::Config {
-                field: "device".into(),
-                message: format!("cuda:{ordinal} requested but the CUDA driver sees {count} GPU(s)"),
-            });
-        }
-        let ctx = CudaContext::new(ordinal).map_err(driver_error("context"))?;
+        let gpu = gpu_for(ordinal, device_count(), std::env::var_os(SHARE_GPUS).is_some_and(|v| v == "1"))?;
+        let ctx = CudaContext::new(gpu).map_err(driver_error("context"))?;
         let (major, minor) = ctx.compute_capability().map_err(driver_error("compute capability"))?;
         let stream = ctx.new_stream().map_err(driver_error("stream"))?;
         let copy_stream = ctx.new_stream().map_err(driver_error("copy stream"))?;
@@ -100,6 +120,7 @@ impl CudaRuntime {
             max_shared_optin: limit(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
         };
         Ok(Self {
+            index: ordinal,
             limits,
             ctx,
             stream,
@@ -125,6 +146,11 @@ impl CudaRuntime {
     /// The GPU's ordinal.
     pub fn ordinal(&self) -> usize {
         self.ctx.ordinal()
+    }
+
+    /// Whether [`SHARE_GPUS`] put this device on a GPU of another device's index.
+    pub fn shares_gpu(&self) -> bool {
+        self.index != self.ctx.ordinal()
     }
 
     /// Makes this GPU's context current on the calling thread.
@@ -198,7 +224,10 @@ pub fn device(ordinal: usize, precision: Precision) -> Result<GpuDevice> {
 impl Runtime for CudaRuntime {
     fn name(&self) -> String {
         let name = self.ctx.name().unwrap_or_else(|_| "GPU".into());
-        format!("cuda:{} ({name}, sm_{})", self.ctx.ordinal(), self.arch)
+        match self.ctx.ordinal() {
+            gpu if gpu == self.index => format!("cuda:{gpu} ({name}, sm_{})", self.arch),
+            gpu => format!("cuda:{} (a stream of GPU {gpu}, {name}, sm_{})", self.index, self.arch),
+        }
     }
     fn alloc(&self, bytes: usize) -> Result<DevPtr> {
         self.ctx.bind_to_thread().map_err(driver_error("bind"))?;
@@ -289,5 +318,24 @@ impl Runtime for CudaRuntime {
         let flags = cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
         let event = self.stream.record_event(Some(flags)).map_err(driver_error("record a timing event"))?;
         Ok(crate::device::Marker::Event(std::sync::Arc::new(event)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Devices past the GPU count are refused, naming the way to share, unless sharing is on;
+    /// then they wrap around the GPUs in order.
+    #[test]
+    fn devices_past_the_gpus_share_them_only_when_asked() {
+        assert_eq!(gpu_for(1, 2, false).unwrap(), 1);
+        let refused = gpu_for(2, 2, false).unwrap_err().to_string();
+        assert!(
+            refused.contains("cuda:2") && refused.contains("2 GPU(s)") && refused.contains(SHARE_GPUS),
+            "{refused}"
+        );
+        assert_eq!((0..5).map(|i| gpu_for(i, 2, true).unwrap()).collect::<Vec<_>>(), [0, 1, 0, 1, 0]);
+        assert!(gpu_for(0, 0, true).is_err(), "no GPU to share");
     }
 }

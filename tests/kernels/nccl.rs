@@ -1,16 +1,17 @@
-//! NCCL on a real GPU (`PT_TEST_DEVICE=cuda` with NCCL installed; elsewhere there is no
-//! communicator to make, and these return at once).
+//! NCCL on a real GPU (`PT_TEST_DEVICE=cuda`, where NCCL must load: a GPU check that could not
+//! find it says so instead of passing; elsewhere there is no communicator to make, and these
+//! return at once).
 
 use crate::harness::{devices, host, param};
 use pipetransformer::comm::Communicator;
-use pipetransformer::comm::nccl::{NcclCommunicator, available};
+use pipetransformer::comm::nccl::NcclCommunicator;
 use pipetransformer::device::{Precision, cuda};
 
 /// A one-GPU group sums in place (to itself); once aborted, its collectives are refused
 /// instead of reaching NCCL with the freed communicator.
 #[test]
 fn an_aborted_group_refuses_collectives() {
-    if std::env::var("PT_TEST_DEVICE").as_deref() != Ok("cuda") || !available() {
+    if std::env::var("PT_TEST_DEVICE").as_deref() != Ok("cuda") {
         return;
     }
     let dev = devices(Precision::F32).remove(0);
