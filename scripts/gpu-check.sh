@@ -21,8 +21,8 @@
 # machine has them (a CUDA toolkit, or the nvidia-* Python wheels beside PyTorch). The exit
 # status is non-zero if any step failed; the report says which.
 #
-# GPU_CHECK_STEP_TIMEOUT (seconds, default 1200) ends a step that runs longer, as a failure, so
-# that one hang does not spend a lease's minutes.
+# GPU_CHECK_STEP_TIMEOUT (seconds, default 1200) ends a check that runs longer (setup and build
+# excepted), reported as timed out, so that one hang does not spend a lease's minutes.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -66,6 +66,7 @@ if [[ "${1:-}" == "--bundle" ]]; then
     for f in "$DIR"/cache/pipetransformer/kernels/*.cubin; do
         grep -qF -- "$(basename "$f" | grep -o -- '-sm[0-9]*-')" <<<"$keep" || rm "$f"
     done
+    ls "$DIR"/cache/pipetransformer/kernels/*.cubin >/dev/null # none: NVRTC or ptxas was missing
     du -sh "$DIR"
     exit 0
 fi
@@ -89,14 +90,16 @@ step() { # step TITLE COMMAND...: runs COMMAND, appends its output and its time 
         echo '```'
         echo "\$ $*"
     } >>"$REPORT"
-    # Through bash, so that a step may be one of this script's (exported) functions.
-    if timeout -k 10 "$STEP_TIMEOUT" bash -c '"$@"' step "$@" 2>&1 | tee -a "$REPORT"; then
-        echo '```' >>"$REPORT"
-    else
-        echo '```' >>"$REPORT"
-        echo "**FAILED**" >>"$REPORT"
-        FAILED=1
-    fi
+    # Through bash, so that a step may be one of this script's (exported) functions. A limit of
+    # 0 is none (timeout's convention).
+    timeout -k 10 "$STEP_TIMEOUT" bash -c '"$@"' step "$@" 2>&1 | tee -a "$REPORT"
+    local status="${PIPESTATUS[0]}"
+    echo '```' >>"$REPORT"
+    case "$status" in
+    0) ;;
+    124 | 137) echo "**FAILED**: timed out after $STEP_TIMEOUT s" | tee -a "$REPORT"; FAILED=1 ;;
+    *) echo "**FAILED**" >>"$REPORT"; FAILED=1 ;;
+    esac
     echo "($((SECONDS - start)) s)" >>"$REPORT"
     echo >>"$REPORT"
 }
@@ -112,10 +115,12 @@ bubble_on_one_gpu() {
     PT_SHARE_GPUS=1 "$PT" train --config configs/gpt-hamlet.toml --device cuda --precision bf16 --devices "$k" \
         --pipeline-len "$k" --micro-batches 8 --schedule 1f1b --fresh --set train.epochs=1 --set data.batch_size=64 \
         --set model.config.n_embd=768 --set model.config.n_layer=12 --set model.config.n_head=12 \
-        --set "output.dir=$dir" | tail -3 || return 1
-    python3 - "$dir/metrics.jsonl" <<'PY'
+        --set "output.dir=$dir" | tail -3 &&
+        python3 - "$dir/metrics.jsonl" <<'PY'
 import json, statistics, sys
 steps = [e for e in map(json.loads, open(sys.argv[1])) if e.get("event") == "step"][1:]
+if not steps:
+    sys.exit("no step after the first to time")
 m = statistics.median
 line = f"{len(steps)} steps: step {1e3 * m(e['seconds'] for e in steps):.1f} ms"
 b = [e["bubble"] for e in steps if e.get("bubble")]
@@ -129,7 +134,7 @@ PY
     return $status
 }
 
-# One epoch of the GPT on hamlet in two ways that share one GPU between two devices: `replicas`,
+# One epoch of the GPT on hamlet in three ways that share one GPU between two devices: `replicas`,
 # one process of two data-parallel replicas; `processes`, two launched processes of one replica
 # each (a TCP ring between them); `stages`, two launched processes as the stages of one pipeline.
 # The same global batch of 16 every way: the losses agree up to the order of the sums.
@@ -142,8 +147,10 @@ two_on_one_gpu() {
     replicas) PT_SHARE_GPUS=1 "$PT" "${run[@]}" --devices 2 --replicas 2 ;;
     processes) PT_SHARE_GPUS=1 "$PT" launch --nproc-per-node 2 -- "${run[@]}" ;;
     stages) PT_SHARE_GPUS=1 "$PT" launch --nproc-per-node 2 -- "${run[@]}" --across-processes --pipeline-len 2 ;;
-    esac | grep -E "communicator|done|final eval" || return 1
+    esac | grep -E "communicator|done|final eval"
+    local status=$?
     rm -rf "$dir"
+    return $status
 }
 export -f bubble_on_one_gpu two_on_one_gpu
 
@@ -167,8 +174,8 @@ if [[ -n "$PREBUILT" ]]; then
     TEST_TERAPIPE=("$PREBUILT/bin/test-terapipe" cuda_emu)
     BENCH_KERNELS=("$PREBUILT/bin/bench-kernels" --bench)
 else
-    step "setup (CUDA wheels, data)" bash scripts/setup.sh cuda nccl hamlet digits
-    step "build" cargo build --release --all-targets
+    STEP_TIMEOUT=0 step "setup (CUDA wheels, data)" bash scripts/setup.sh cuda nccl hamlet digits
+    STEP_TIMEOUT=0 step "build" cargo build --release --all-targets
     PT="target/release/pipetransformer"
     TEST_KERNELS=(cargo test --release --test kernels --)
     TEST_TRAINING=(cargo test --release --test emu_training --)
@@ -179,18 +186,24 @@ fi
 export PT
 
 # A library cudarc or the NCCL loader can open, from where this machine has it: cudarc asks for
-# `libcublas.so` or `.so.12` (a CUDA 13 machine has `.so.13`), so a link of that name goes into a
-# folder put first on the loader's path. NCCL is named by PT_NCCL_LIB.
+# `libcublas.so` or `.so.12`. A `.so.12` outside the loader's cache has its folder put on the
+# loader's path; failing that, another major version (a CUDA 13 machine has `.so.13`) is linked
+# as `libcublas.so` in a folder put first. NCCL is named by PT_NCCL_LIB.
 find_lib() { find / -xdev -name "$1" -not -path '/proc/*' 2>/dev/null | head -1; }
-if ! ldconfig -p | grep -q 'libcublas\.so\.12 '; then
-    cublas="$(find_lib 'libcublas.so.1[0-9]')"
-    if [[ -n "$cublas" ]]; then
-        links="$(mktemp -d)"
-        ln -s "$cublas" "$links/libcublas.so"
-        export LD_LIBRARY_PATH="$links:$(dirname "$cublas")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+cached() { grep -q "$1" <<<"$(/sbin/ldconfig -p 2>/dev/null || ldconfig -p 2>/dev/null)"; }
+if ! cached 'libcublas\.so\.12 '; then
+    cublas="$(find_lib 'libcublas.so.12')"
+    if [[ -z "$cublas" ]]; then
+        cublas="$(find_lib 'libcublas.so.1[0-9]')"
+        if [[ -n "$cublas" ]]; then
+            links="$(mktemp -d)"
+            ln -s "$cublas" "$links/libcublas.so"
+            export LD_LIBRARY_PATH="$links${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        fi
     fi
+    [[ -n "$cublas" ]] && export LD_LIBRARY_PATH="$(dirname "$cublas")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
-if [[ -z "${PT_NCCL_LIB:-}" ]] && ! ldconfig -p | grep -q 'libnccl\.so\.2 '; then
+if [[ -z "${PT_NCCL_LIB:-}" ]] && ! cached 'libnccl\.so\.2 '; then
     nccl="$(find_lib 'libnccl.so.2')"
     [[ -n "$nccl" ]] && export PT_NCCL_LIB="$nccl"
 fi

@@ -178,6 +178,17 @@ pub fn time_step<D: Device>(
     Ok(StepTiming { median: median(times), min, max, flops, gemm_gflops, paired_ratio })
 }
 
+/// Where PyTorch's side of `bench-step` runs for our device kind: the CPU, or a real GPU; none
+/// for the emulator, whose timings mean nothing.
+pub fn torch_device(kind: crate::device::DeviceKind) -> Option<&'static str> {
+    use crate::device::DeviceKind;
+    match kind {
+        DeviceKind::Cpu => Some("cpu"),
+        DeviceKind::Cuda => Some("cuda"),
+        DeviceKind::CudaEmu | DeviceKind::Auto => None,
+    }
+}
+
 /// A GPU's datasheet peaks, in FLOP/s and bytes/s: what a step's MFU and a kernel's roofline
 /// floor are measured against.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -227,8 +238,8 @@ pub enum TorchStep {
     Absent(String),
 }
 
-/// Runs the embedded PyTorch script with `python` on the same step shape, on `device` (`cpu`
-/// or `cuda`). A Python without
+/// Runs the embedded PyTorch script with `python` on the same step shape, on `device` (`cpu` or
+/// `cuda`). A Python without
 /// torch (or no Python) is [`TorchStep::Absent`]; a script that fails otherwise is an error.
 pub fn torch_step(
     python: &str,
@@ -316,6 +327,15 @@ mod tests {
                 Err(e) => panic!("{device}: {e}"),
             }
         }
+    }
+
+    /// PyTorch is timed on the CPU and on a real GPU, never beside the emulator.
+    #[test]
+    fn pytorch_runs_where_our_step_does_except_on_the_emulator() {
+        use crate::device::DeviceKind;
+        assert_eq!(torch_device(DeviceKind::Cpu), Some("cpu"));
+        assert_eq!(torch_device(DeviceKind::Cuda), Some("cuda"));
+        assert_eq!(torch_device(DeviceKind::CudaEmu), None);
     }
 
     /// The driver's names find their datasheet rows; a PCIe H100 is not taken for an SXM one.

@@ -446,8 +446,8 @@ enum Command {
         /// CPU threads (0: all cores).
         #[arg(long, default_value_t = 0)]
         threads: usize,
-        /// The Python whose PyTorch times the same step for comparison on cpu (skipped, with
-        /// a note, when it has no torch); `none` skips it. Default: `PT_PYTHON`, else python3.
+        /// The Python whose PyTorch times the same step for comparison on cpu or cuda (skipped,
+        /// with a note, when it has no torch); `none` skips it. Default: `PT_PYTHON`, else python3.
         #[arg(long)]
         python: Option<String>,
         #[command(flatten)]
@@ -793,9 +793,13 @@ fn bench_step(
     let flops = rows[0].1.flops;
     println!(
         "MiniLM-shaped training step: 6 layers, hidden 384, 12 heads, MLP 1536, batch {batch} × seq {seq}, dropout \
-         0.1, clipping at 1.0, AdamW; {flops:.4e} FLOP; median of {steps} after {warmup} warm-up; the GEMM floor: \
-         these FLOPs at the median rate of an f32 2048³ GEMM timed after each step; step by step: the median of \
-         each step against the GEMM timed right after it"
+         0.1, clipping at 1.0, AdamW; {flops:.4e} FLOP; median of {steps} after {warmup} warm-up{}",
+        match probe {
+            Some(_) =>
+                "; the GEMM floor: these FLOPs at the median rate of an f32 2048³ GEMM timed after each \
+                        step; step by step: the median of each step against the GEMM timed right after it",
+            None => "",
+        }
     );
     println!(
         "| step | ms | min–max ms | GFLOP/s | / GEMM floor (GEMM GFLOP/s in its steps) | / GEMM floor, step by step |"
@@ -824,29 +828,22 @@ fn bench_step(
             "| GEMM floor: these FLOPs at the f32 2048³ GEMM rate ({threads} threads, timed with the f32 steps) | {ms:.1} | | {gemm:.1} | 1.00× | |"
         );
     }
-    for line in &mfu {
-        println!("{line}");
-    }
-    // PyTorch on the same kind of device: the CPU, or a real GPU (not the emulator).
-    let torch_device = match device.device.resolve() {
-        DeviceKind::Cpu => Some("cpu"),
-        DeviceKind::Cuda => Some("cuda"),
-        _ => None,
-    };
-    if let (Some(torch_device), false) = (torch_device, python == "none") {
+    if let (Some(torch_device), false) = (bench::torch_device(device.device.resolve()), python == "none") {
         let torch_threads = pool_threads.unwrap_or(threads);
         match bench::torch_step(python, steps, warmup, batch, seq, torch_threads, torch_device)? {
             bench::TorchStep::Timed { version, threads, f32_ms, bf16_ms } => {
+                let on = if torch_device == "cpu" { format!("{threads} threads") } else { torch_device.to_string() };
                 for (what, ms) in [("eager, f32", f32_ms), ("bf16 autocast", bf16_ms)] {
                     let rate = flops / ms / 1e6;
-                    println!(
-                        "| PyTorch {version} {what} ({threads} threads) | {ms:.1} | | {rate:.1} | {} | |",
-                        ratio(ms)
-                    );
+                    println!("| PyTorch {version} {what} ({on}) | {ms:.1} | | {rate:.1} | {} | |", ratio(ms));
                 }
             }
             bench::TorchStep::Absent(why) => println!("PyTorch comparison skipped: {why}"),
         }
+    }
+    // After the table, which a line inside it would end.
+    for line in &mfu {
+        println!("{line}");
     }
     Ok(())
 }

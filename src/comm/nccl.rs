@@ -420,14 +420,11 @@ pub fn process_groups<D: crate::device::Device>(
     r: usize,
     group: &ProcessGroup,
 ) -> Result<Option<Vec<Vec<std::sync::Arc<dyn Communicator<D>>>>>> {
-    let runtimes: Option<Vec<&crate::device::cuda::CudaRuntime>> = devices
-        .iter()
-        .take(r)
-        .map(|d| (d as &dyn std::any::Any).downcast_ref::<GpuDevice>().and_then(crate::device::cuda::runtime_of))
-        .collect();
+    let runtimes: Option<Vec<&crate::device::cuda::CudaRuntime>> = devices.iter().take(r).map(cuda_runtime).collect();
     // A process whose device shares a GPU votes no: it cannot see whether another process's
     // rank sits on the same GPU, which NCCL would refuse.
-    let runtimes = runtimes.filter(|rt| k == 1 && rt.len() == r && available() && !rt.iter().any(|rt| rt.shares_gpu()));
+    let runtimes =
+        runtimes.filter(|rt| k == 1 && rt.len() == r && available() && !rt.iter().any(|rt| rt.borrows_gpu()));
     let everyone = all_agree(group, runtimes.is_some())?;
     let Some(runtimes) = runtimes.filter(|_| everyone) else { return Ok(None) };
     // Bytes as f64 (exact), rank 0's and zeros elsewhere: the sum is rank 0's id everywhere.
@@ -451,26 +448,20 @@ fn all_agree(group: &ProcessGroup, can: bool) -> Result<bool> {
     Ok(votes[0] == group.size() as f64)
 }
 
-/// Why replicas on `devices` cannot use NCCL, when they are real GPUs (`cuda`) and the library
-/// did not load: the places it was looked for. `None` for other devices or when NCCL loaded.
+/// The CUDA runtime under `d`, if `d` is a `cuda` device (not `cuda-emu`, not `cpu`).
+fn cuda_runtime<D: crate::device::Device>(d: &D) -> Option<&crate::device::cuda::CudaRuntime> {
+    (d as &dyn std::any::Any).downcast_ref::<GpuDevice>().and_then(crate::device::cuda::runtime_of)
+}
+
+/// Why replicas on `devices` cannot use NCCL, when they are real GPUs (`cuda`): the library did
+/// not load (the places it was looked for), or devices share GPUs. `None` for other devices or
+/// when NCCL can be used.
 pub fn host_ring_reason<D: crate::device::Device>(devices: &[D]) -> Option<String> {
-    let real_gpu = |d: &D| {
-        (d as &dyn std::any::Any)
-            .downcast_ref::<GpuDevice>()
-            .is_some_and(|g| crate::device::cuda::runtime_of(g).is_some())
-    };
-    if devices.is_empty() || !devices.iter().all(real_gpu) {
-        return None;
-    }
-    let shared = devices.iter().any(|d| {
-        (d as &dyn std::any::Any)
-            .downcast_ref::<GpuDevice>()
-            .and_then(crate::device::cuda::runtime_of)
-            .is_some_and(|rt| rt.shares_gpu())
-    });
+    let runtimes: Option<Vec<_>> = devices.iter().map(cuda_runtime).collect();
+    let runtimes = runtimes.filter(|r| !r.is_empty())?;
     match nccl() {
         Err(why) => Some(not_loaded(why)),
-        Ok(_) if shared => Some(format!(
+        Ok(_) if runtimes.iter().any(|rt| rt.borrows_gpu()) => Some(format!(
             "devices share GPUs ({}=1), and NCCL refuses two ranks on one GPU",
             crate::device::cuda::SHARE_GPUS
         )),

@@ -148,8 +148,9 @@ impl CudaRuntime {
         self.ctx.ordinal()
     }
 
-    /// Whether [`SHARE_GPUS`] put this device on a GPU of another device's index.
-    pub fn shares_gpu(&self) -> bool {
+    /// Whether [`SHARE_GPUS`] put this device on a GPU that is another index's own (device
+    /// `i` past the GPU count, on GPU `i mod count`). Device `cuda:0` of a shared GPU is not.
+    pub fn borrows_gpu(&self) -> bool {
         self.index != self.ctx.ordinal()
     }
 
@@ -226,7 +227,7 @@ impl Runtime for CudaRuntime {
         let name = self.ctx.name().unwrap_or_else(|_| "GPU".into());
         match self.ctx.ordinal() {
             gpu if gpu == self.index => format!("cuda:{gpu} ({name}, sm_{})", self.arch),
-            gpu => format!("cuda:{} (a stream of GPU {gpu}, {name}, sm_{})", self.index, self.arch),
+            gpu => format!("cuda:{} (on GPU {gpu}, shared, {name}, sm_{})", self.index, self.arch),
         }
     }
     fn alloc(&self, bytes: usize) -> Result<DevPtr> {
