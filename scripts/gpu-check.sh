@@ -62,9 +62,9 @@ if [[ "${1:-}" == "--bundle" ]]; then
     # architectures in BUNDLE_ARCHS (default 90, the H100/H200; each adds ~2 MiB, and a lease
     # carries 64 MiB at most). Another GPU compiles its own with the bundled NVRTC on first use.
     XDG_CACHE_HOME="$DIR/cache" "$(pick test kernel_build)" --exact every_kernel_file_compiles_to_a_cubin_for_each_architecture >/dev/null
-    keep="$(for a in ${BUNDLE_ARCHS:-90}; do printf -- '-sm%s-\n' "$a"; done)"
     for f in "$DIR"/cache/pipetransformer/kernels/*.cubin; do
-        grep -qF -- "$(basename "$f" | grep -o -- '-sm[0-9]*-')" <<<"$keep" || rm "$f"
+        arch="${f##*-sm}" && arch="${arch%%-*}" # FILE-sm90-HASH.cubin
+        [[ " ${BUNDLE_ARCHS:-90} " == *" $arch "* ]] || rm "$f"
     done
     ls "$DIR"/cache/pipetransformer/kernels/*.cubin >/dev/null # none: NVRTC or ptxas was missing
     du -sh "$DIR"

@@ -15,11 +15,12 @@ pub enum Error {
         /// Elements actually passed.
         got: usize,
     },
-    /// A configuration field, or a command-line flag, holds a value the engine cannot use.
-    #[error("{} `{field}`: {message}", if .field.starts_with("--") { "flag" } else { "config field" })]
+    /// A configuration field, a command-line flag or an environment variable holds a value the
+    /// engine cannot use.
+    #[error("{} `{field}`: {message}", setting_kind(field))]
     Config {
-        /// Dotted field name, e.g. `bert.num_attention_heads`, or a flag with its dashes,
-        /// e.g. `--device`.
+        /// Dotted field name, e.g. `bert.num_attention_heads`, a flag with its dashes, e.g.
+        /// `--device`, or an environment variable in its capitals, e.g. `RANK`.
         field: String,
         /// What was wrong and what was expected.
         message: String,
@@ -139,6 +140,18 @@ fn tensor_label(tensor: &Option<String>) -> String {
     tensor.as_ref().map_or(String::new(), |t| format!(": tensor `{t}`"))
 }
 
+/// What kind of setting [`Error::Config`]'s `field` names, by how it is written: a flag with its
+/// dashes, an environment variable in capitals (config keys are lower case), else a config field.
+fn setting_kind(field: &str) -> &'static str {
+    if field.starts_with("--") {
+        "flag"
+    } else if !field.is_empty() && field.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_') {
+        "environment variable"
+    } else {
+        "config field"
+    }
+}
+
 /// Shorthand for an [`Error::Config`].
 pub fn config_error(field: impl Into<String>, message: impl Into<String>) -> Error {
     Error::Config { field: field.into(), message: message.into() }
@@ -152,4 +165,20 @@ pub fn internal(what: impl Into<String>, message: impl Into<String>) -> Error {
 /// Shorthand for an [`Error::Data`].
 pub fn data_error(what: impl Into<String>, message: impl Into<String>) -> Error {
     Error::Data { what: what.into(), message: message.into() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The message names a setting as the user wrote it: a flag, an environment variable or a
+    /// config field.
+    #[test]
+    fn a_refused_setting_is_named_by_its_kind() {
+        assert!(config_error("--device", "x").to_string().starts_with("flag `--device`: "));
+        assert!(config_error("RANK", "x").to_string().starts_with("environment variable `RANK`: "));
+        assert!(config_error("PT_SHARE_GPUS", "x").to_string().starts_with("environment variable `PT_SHARE_GPUS`: "));
+        assert!(config_error("pipeline.chunks", "x").to_string().starts_with("config field `pipeline.chunks`: "));
+        assert!(config_error("vit.num_labels", "x").to_string().starts_with("config field "));
+    }
 }

@@ -361,16 +361,11 @@ pub fn pipeline_groups<D: crate::device::Device>(
     k: usize,
     r: usize,
 ) -> Result<Option<Vec<Vec<std::sync::Arc<dyn Communicator<D>>>>>> {
-    // `D` is `GpuDevice` exactly when every element downcasts to one.
-    let gpus: Option<Vec<&GpuDevice>> =
-        devices.iter().map(|d| (d as &dyn std::any::Any).downcast_ref::<GpuDevice>()).collect();
-    let Some(gpus) = gpus else { return Ok(None) };
-    if r < 2 || !available() || gpus.len() < k * r {
+    // Every device a `cuda` one (so `D` is `GpuDevice`), or no NCCL.
+    let Some(runtimes) = devices.iter().map(cuda_runtime).collect::<Option<Vec<_>>>() else { return Ok(None) };
+    if r < 2 || !available() || runtimes.len() < k * r {
         return Ok(None);
     }
-    let runtimes: Option<Vec<&crate::device::cuda::CudaRuntime>> =
-        gpus.iter().map(|g| crate::device::cuda::runtime_of(g)).collect();
-    let Some(runtimes) = runtimes else { return Ok(None) };
     let ordinals: Vec<usize> = runtimes.iter().map(|rt| rt.ordinal()).collect();
     if !one_gpu_per_rank(&ordinals, k, r) {
         return Ok(None);

@@ -61,6 +61,19 @@ fn gpu_for(index: usize, count: usize, share: bool) -> Result<usize> {
     }
 }
 
+/// [`SHARE_GPUS`]'s value read: unset, empty or `0` is off, `1` on; anything else is refused
+/// rather than taken for off.
+fn sharing(value: Option<&str>) -> Result<bool> {
+    match value {
+        None | Some("" | "0") => Ok(false),
+        Some("1") => Ok(true),
+        Some(other) => Err(Error::Config {
+            field: SHARE_GPUS.into(),
+            message: format!("is `{other}`; expected 1 (several devices on one GPU) or 0"),
+        }),
+    }
+}
+
 /// Pinned staging buffers: those whose upload may still be running (with the event that marks
 /// its end), and those free for reuse.
 #[derive(Default)]
@@ -96,7 +109,8 @@ impl CudaRuntime {
                 message: "no CUDA driver (libcuda) on this machine; use --device cpu or --device cuda-emu".into(),
             });
         }
-        let gpu = gpu_for(ordinal, device_count(), std::env::var_os(SHARE_GPUS).is_some_and(|v| v == "1"))?;
+        let share = sharing(std::env::var(SHARE_GPUS).ok().as_deref())?;
+        let gpu = gpu_for(ordinal, device_count(), share)?;
         let ctx = CudaContext::new(gpu).map_err(driver_error("context"))?;
         let (major, minor) = ctx.compute_capability().map_err(driver_error("compute capability"))?;
         let stream = ctx.new_stream().map_err(driver_error("stream"))?;
@@ -338,5 +352,17 @@ mod tests {
         );
         assert_eq!((0..5).map(|i| gpu_for(i, 2, true).unwrap()).collect::<Vec<_>>(), [0, 1, 0, 1, 0]);
         assert!(gpu_for(0, 0, true).is_err(), "no GPU to share");
+    }
+
+    /// The variable is on only at `1`; a value that is neither on nor off is named back.
+    #[test]
+    fn sharing_is_on_at_1_and_refuses_other_words() {
+        assert!(!sharing(None).unwrap() && !sharing(Some("")).unwrap() && !sharing(Some("0")).unwrap());
+        assert!(sharing(Some("1")).unwrap());
+        let refused = sharing(Some("yes")).unwrap_err().to_string();
+        assert!(
+            refused.contains("PT_SHARE_GPUS") && refused.contains("`yes`") && refused.contains("expected 1"),
+            "{refused}"
+        );
     }
 }
