@@ -201,19 +201,181 @@ pub struct GpuPeak {
     pub bandwidth: f64,
 }
 
-/// Datasheet peaks of the GPUs this project targets (SXM parts unless named): the name's
-/// fragment as the driver reports it, dense bf16 and f32 TFLOP/s, memory TB/s. Longer
-/// fragments first: "H100 PCIe" is not an SXM H100.
-const GPU_PEAKS: [(&str, f64, f64, f64); 3] =
-    [("H200", 989.4, 66.9, 4.8), ("H100 PCIe", 756.0, 51.2, 2.0), ("H100", 989.4, 66.9, 3.35)];
+/// Datasheet peaks of the GPUs this project targets: the name's fragment as the driver reports
+/// it, dense bf16 and f32 TFLOP/s, memory TB/s (NVIDIA's datasheets; bf16 is half the sparse
+/// figure they lead with). A bare `H100` or `H200` is the SXM part.
+const GPU_PEAKS: [(&str, f64, f64, f64); 5] = [
+    ("H200", 989.4, 66.9, 4.8),
+    ("H200 NVL", 835.5, 60.0, 4.8),
+    ("H100", 989.4, 66.9, 3.35),
+    ("H100 NVL", 835.5, 60.0, 3.9),
+    ("H100 PCIe", 756.0, 51.2, 2.0),
+];
 
-/// The peaks of the GPU the driver calls `name` (e.g. `NVIDIA H200`), if it is one of ours.
+/// The peaks of the GPU the driver calls `name` (e.g. `NVIDIA H200`), if it is one of ours: the
+/// row of the longest fragment in the name, so an `H100 NVL` is not taken for an SXM `H100`.
 pub fn gpu_peak(name: &str) -> Option<GpuPeak> {
-    GPU_PEAKS.iter().find(|(n, ..)| name.contains(n)).map(|&(_, bf16, f32, bw)| GpuPeak {
-        bf16: bf16 * 1e12,
-        f32: f32 * 1e12,
-        bandwidth: bw * 1e12,
-    })
+    GPU_PEAKS
+        .iter()
+        .filter(|(n, ..)| name.contains(n))
+        .max_by_key(|(n, ..)| n.len())
+        .map(|&(_, bf16, f32, bw)| GpuPeak { bf16: bf16 * 1e12, f32: f32 * 1e12, bandwidth: bw * 1e12 })
+}
+
+/// What `bench-step` times: `steps` steps after `warmup` untimed ones, of `batch` sequences of
+/// `seq` tokens, and PyTorch's steps with `python` (`none`: not).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepBench {
+    /// Timed steps.
+    pub steps: usize,
+    /// Untimed steps first.
+    pub warmup: usize,
+    /// Sequences per batch.
+    pub batch: usize,
+    /// Tokens per sequence.
+    pub seq: usize,
+    /// The Python whose PyTorch times the same step, or `none`.
+    pub python: String,
+    /// Threads for PyTorch where our device has no pool of its own (a GPU's host side).
+    pub threads: usize,
+}
+
+/// `bench-step`'s report, printed as a markdown table: our steps, the GEMM floor on cpu,
+/// PyTorch's steps against that floor, and on a GPU the MFU against its datasheet peak.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepReport {
+    /// The shape timed.
+    pub bench: StepBench,
+    /// Our steps, each with its row's name; the first row's GEMM rate is the floor's.
+    pub rows: Vec<(String, StepTiming)>,
+    /// Threads of the cpu pool that timed the steps and the floor (none on a GPU).
+    pub floor_threads: Option<usize>,
+    /// PyTorch's steps and the device they ran on (`cpu`, `cuda`), when asked for.
+    pub torch: Option<(TorchStep, &'static str)>,
+    /// On a GPU: the step's model FLOPs per second against the datasheet peak, per row.
+    pub mfu: Vec<String>,
+}
+
+/// Times the MiniLM-shaped step on `first` in `precision`, then on the device `bf16` opens (cpu
+/// without an asked precision: both are shown), with the GEMM floor on a cpu pool's threads and
+/// PyTorch's step on the same kind of device (`kind`; never beside the emulator).
+pub fn bench_step(
+    first: crate::device::AnyDevice,
+    precision: crate::device::Precision,
+    bf16: Option<impl FnOnce() -> crate::Result<crate::device::AnyDevice>>,
+    kind: crate::device::DeviceKind,
+    bench: StepBench,
+) -> crate::Result<StepReport> {
+    use crate::device::{AnyDevice, Precision};
+    let pool_threads = match &first {
+        AnyDevice::Cpu(d) => d.threads(),
+        AnyDevice::Gpu(_) => None,
+    };
+    let mut report = StepReport { bench, rows: Vec::new(), floor_threads: pool_threads, torch: None, mfu: Vec::new() };
+    // The roofline of the CPU backend is its own large GEMM on the same threads, timed after
+    // each step so that the floor and the step see the same moments of a drifting VM.
+    let mut probe = pool_threads.map(|t| GemmProbe::new(t, 2048)).transpose()?;
+    let b = &report.bench;
+    let mut time = |dev: AnyDevice, precision: Precision| -> crate::Result<()> {
+        let (name, t, peak) = match &dev {
+            AnyDevice::Cpu(d) => (d.name(), time_step(d, b.steps, b.warmup, b.batch, b.seq, probe.as_mut())?, None),
+            AnyDevice::Gpu(d) => {
+                (d.name(), time_step(d, b.steps, b.warmup, b.batch, b.seq, None)?, gpu_peak(&d.name()))
+            }
+        };
+        if let Some(peak) = peak {
+            let peak = if precision == Precision::Bf16 { peak.bf16 } else { peak.f32 };
+            report.mfu.push(format!(
+                "MFU, {precision:?}: {:.1} % of the datasheet's {:.1} TFLOP/s",
+                100.0 * t.flops / t.median / peak,
+                peak / 1e12
+            ));
+        }
+        report.rows.push((format!("ours, {} ({name})", format!("{precision:?}").to_lowercase()), t));
+        Ok(())
+    };
+    time(first, precision)?;
+    if let Some(open) = bf16 {
+        time(open()?, Precision::Bf16)?;
+    }
+    if let (Some(device), false) = (torch_device(kind), report.bench.python == "none") {
+        let b = &report.bench;
+        let threads = pool_threads.unwrap_or(b.threads);
+        report.torch = Some((torch_step(&b.python, b.steps, b.warmup, b.batch, b.seq, threads, device)?, device));
+    }
+    Ok(report)
+}
+
+impl std::fmt::Display for StepReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let b = &self.bench;
+        let Some(flops) = self.rows.first().map(|(_, t)| t.flops) else { return Ok(()) };
+        let gemm = self.rows[0].1.gemm_gflops;
+        writeln!(
+            f,
+            "MiniLM-shaped training step: 6 layers, hidden 384, 12 heads, MLP 1536, batch {} × seq {}, dropout 0.1, \
+             clipping at 1.0, AdamW; {flops:.4e} FLOP; median of {} after {} warm-up{}",
+            b.batch,
+            b.seq,
+            b.steps,
+            b.warmup,
+            match gemm {
+                Some(_) =>
+                    "; the GEMM floor: these FLOPs at the median rate of an f32 2048³ GEMM timed after each step; \
+                     step by step: the median of each step against the GEMM timed right after it",
+                None => "",
+            }
+        )?;
+        writeln!(
+            f,
+            "| step | ms | min–max ms | GFLOP/s | / GEMM floor (GEMM GFLOP/s in its steps) | / GEMM floor, step by step |"
+        )?;
+        writeln!(f, "|---|---|---|---|---|---|")?;
+        for (name, t) in &self.rows {
+            let ratio = match (t.floor_ratio(), t.gemm_gflops) {
+                (Some(r), Some(g)) => format!("{r:.2}× ({g:.0})"),
+                _ => String::new(),
+            };
+            let paired = t.paired_ratio.map_or_else(String::new, |p| format!("{p:.2}×"));
+            writeln!(
+                f,
+                "| {name} | {:.1} | {:.1}–{:.1} | {:.1} | {ratio} | {paired} |",
+                t.median * 1e3,
+                t.min * 1e3,
+                t.max * 1e3,
+                flops / t.median / 1e9
+            )?;
+        }
+        // PyTorch's rows are set against the first row's floor.
+        let floor_ms = gemm.map(|g| flops / g / 1e6);
+        if let (Some(gemm), Some(ms), Some(threads)) = (gemm, floor_ms, self.floor_threads) {
+            writeln!(
+                f,
+                "| GEMM floor: these FLOPs at the f32 2048³ GEMM rate ({threads} threads, timed with the f32 steps) | \
+                 {ms:.1} | | {gemm:.1} | 1.00× | |"
+            )?;
+        }
+        match &self.torch {
+            Some((TorchStep::Timed { version, threads, f32_ms, bf16_ms }, device)) => {
+                let on = if *device == "cpu" { format!("{threads} threads") } else { device.to_string() };
+                for (what, ms) in [("eager, f32", f32_ms), ("bf16 autocast", bf16_ms)] {
+                    let ratio = floor_ms.map_or_else(String::new, |floor| format!("{:.2}×", ms / floor));
+                    writeln!(
+                        f,
+                        "| PyTorch {version} {what} ({on}) | {ms:.1} | | {:.1} | {ratio} | |",
+                        flops / ms / 1e6
+                    )?;
+                }
+            }
+            Some((TorchStep::Absent(why), _)) => writeln!(f, "PyTorch comparison skipped: {why}")?,
+            None => {}
+        }
+        // After the table, which a line inside it would end.
+        for line in &self.mfu {
+            writeln!(f, "{line}")?;
+        }
+        Ok(())
+    }
 }
 
 /// The PyTorch script beside the report (`scripts/bench_torch.py`), embedded so an installed
@@ -338,12 +500,63 @@ mod tests {
         assert_eq!(torch_device(DeviceKind::CudaEmu), None);
     }
 
+    /// The table: our rows with their floor ratios, the floor's row from the first row's GEMM
+    /// rate, PyTorch's rows against that floor, and MFU lines only after the table.
+    #[test]
+    fn the_step_report_sets_every_row_against_the_first_rows_floor() {
+        let timing = |median: f64, gemm: Option<f64>| StepTiming {
+            median,
+            min: median * 0.9,
+            max: median * 1.1,
+            flops: 1e11,
+            gemm_gflops: gemm,
+            paired_ratio: gemm.map(|_| 1.5),
+        };
+        let bench = StepBench { steps: 4, warmup: 1, batch: 16, seq: 128, python: "python3".into(), threads: 2 };
+        let mut report = StepReport {
+            bench,
+            // 1e11 FLOP at 100 GFLOP/s: a floor of 1 s.
+            rows: vec![
+                ("ours, f32 (cpu:0)".into(), timing(1.2, Some(100.0))),
+                ("ours, bf16 (cpu:0)".into(), timing(0.8, Some(50.0))),
+            ],
+            floor_threads: Some(2),
+            torch: Some((
+                TorchStep::Timed { version: "2.15.0".into(), threads: 2, f32_ms: 1500.0, bf16_ms: 900.0 },
+                "cpu",
+            )),
+            mfu: Vec::new(),
+        };
+        let text = report.to_string();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].contains("batch 16 × seq 128") && lines[0].contains("median of 4 after 1 warm-up"), "{text}");
+        assert!(lines[0].contains("the GEMM floor"), "{text}");
+        assert_eq!(lines[3], "| ours, f32 (cpu:0) | 1200.0 | 1080.0–1320.0 | 83.3 | 1.20× (100) | 1.50× |");
+        assert_eq!(lines[4], "| ours, bf16 (cpu:0) | 800.0 | 720.0–880.0 | 125.0 | 0.40× (50) | 1.50× |");
+        assert!(lines[5].starts_with("| GEMM floor") && lines[5].ends_with("| 1000.0 | | 100.0 | 1.00× | |"), "{text}");
+        assert_eq!(lines[6], "| PyTorch 2.15.0 eager, f32 (2 threads) | 1500.0 | | 66.7 | 1.50× | |");
+        assert_eq!(lines[7], "| PyTorch 2.15.0 bf16 autocast (2 threads) | 900.0 | | 111.1 | 0.90× | |");
+        assert_eq!(lines.len(), 8);
+        // On a GPU: no floor, PyTorch on cuda, the MFU after the table.
+        report.rows = vec![("ours, bf16 (cuda:0)".into(), timing(0.01, None))];
+        report.floor_threads = None;
+        report.torch = Some((TorchStep::Absent("no torch".into()), "cuda"));
+        report.mfu = vec!["MFU, Bf16: 1.0 % of the datasheet's 989.4 TFLOP/s".into()];
+        let text = report.to_string();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(!lines[0].contains("GEMM floor"), "{text}");
+        assert_eq!(lines[3], "| ours, bf16 (cuda:0) | 10.0 | 9.0–11.0 | 10000.0 |  |  |");
+        assert_eq!(lines[4..], ["PyTorch comparison skipped: no torch", report.mfu[0].as_str()]);
+    }
+
     /// The driver's names find their datasheet rows; a PCIe H100 is not taken for an SXM one.
     #[test]
     fn gpus_are_found_by_the_drivers_name() {
         assert_eq!(gpu_peak("cuda:0 (NVIDIA H200, sm_90)").map(|p| p.bandwidth), Some(4.8e12));
         assert_eq!(gpu_peak("NVIDIA H100 PCIe").map(|p| p.bf16), Some(756e12));
         assert_eq!(gpu_peak("NVIDIA H100 80GB HBM3").map(|p| p.bandwidth), Some(3.35e12));
+        assert_eq!(gpu_peak("NVIDIA H100 NVL").map(|p| (p.f32, p.bandwidth)), Some((60e12, 3.9e12)));
+        assert_eq!(gpu_peak("NVIDIA H200 NVL").map(|p| (p.bf16, p.bandwidth)), Some((835.5e12, 4.8e12)));
         assert_eq!(gpu_peak("Tesla T4"), None);
     }
 }

@@ -5,10 +5,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 use pipetransformer::bench;
 use pipetransformer::device::{AnyDevice, AnyDevices, Device, DeviceKind, Precision, PrecisionChoice};
 use pipetransformer::elastic::{FreedDevices, FreezeInterval, FreezeName};
-use pipetransformer::model::{Batch, BertConfig, GptConfig, HeadSpec, Model, ModelConfig, Pooling, VitConfig};
-use pipetransformer::optim::{LrSchedule, Optimizer, OptimizerConfig, train_step};
+use pipetransformer::model::HeadSpec;
 use pipetransformer::pipeline::ScheduleKind;
+use pipetransformer::run::overfit::overfit;
 use pipetransformer::run::predict::{OutputFormat, PredictOptions, predict_stream};
+use pipetransformer::run::progress::event_line;
 use pipetransformer::run::{Job, Predictor, ProgressLines, RunConfig, Sampling};
 use pipetransformer::terapipe::TokenSlices;
 use pipetransformer::train::Event;
@@ -626,7 +627,17 @@ fn run() -> Result<()> {
             if steps == 0 {
                 bail!("--steps must be at least 1");
             }
-            on_device!(device.open(threads)?, overfit(model, steps, lr, seed))
+            let family = match model {
+                Family::Bert => pipetransformer::model::Family::Bert,
+                Family::Gpt => pipetransformer::model::Family::Gpt,
+                Family::Vit => pipetransformer::model::Family::Vit,
+            };
+            let start = Instant::now();
+            let losses =
+                on_device!(device.open(threads)?, overfit(family, steps, lr, seed, |line| println!("{line}")))?;
+            let last = losses.last().copied().unwrap_or(f64::NAN);
+            println!("final loss {last:.5} after {steps} steps in {:.1} s", start.elapsed().as_secs_f64());
+            Ok(())
         }
         Command::BenchStep { steps, warmup, batch, seq, threads, python, device } => {
             if steps == 0 || batch == 0 || seq == 0 {
@@ -646,7 +657,14 @@ fn run() -> Result<()> {
                 bail!("--batch {batch} × --seq {seq}: at most {MOST_TOKENS} tokens a step");
             }
             let python = python.or_else(|| std::env::var("PT_PYTHON").ok()).unwrap_or_else(|| "python3".into());
-            bench_step(device, threads, &python, steps, warmup, batch, seq)
+            // On cpu without --precision: f32, then bf16.
+            let first = device.open(threads)?;
+            let precision = device.precision(PrecisionChoice::F32, 0)?;
+            let bf16 = (matches!(first, AnyDevice::Cpu(_)) && device.precision.is_none())
+                .then_some(|| AnyDevice::open(device.device, 0, threads, Precision::Bf16));
+            let bench = bench::StepBench { steps, warmup, batch, seq, python, threads };
+            print!("{}", bench::bench_step(first, precision, bf16, device.device.resolve(), bench)?);
+            Ok(())
         }
         Command::Launch { nproc_per_node, nnodes, node_rank, rdzv, rdzv_token, command } => {
             // Only `train` joins a launched run; any other command would run once per process.
@@ -665,198 +683,6 @@ fn run() -> Result<()> {
         }
         Command::Kernels { update } => kernels(update.as_deref()),
     }
-}
-
-/// Small configurations for `overfit`, without dropout so memorisation is exact.
-fn small_config(family: Family) -> (ModelConfig, usize, usize) {
-    match family {
-        Family::Bert => (
-            ModelConfig::Bert(BertConfig {
-                vocab_size: 100,
-                hidden_size: 64,
-                num_hidden_layers: 2,
-                num_attention_heads: 4,
-                intermediate_size: 256,
-                hidden_act: "gelu".into(),
-                max_position_embeddings: 64,
-                type_vocab_size: 2,
-                layer_norm_eps: 1e-12,
-                hidden_dropout_prob: 0.0,
-                attention_probs_dropout_prob: 0.0,
-                num_labels: 4,
-                pooling: Pooling::ClsPooler,
-            }),
-            16,
-            32,
-        ),
-        Family::Gpt => (ModelConfig::Gpt(GptConfig::without_dropout(64, 64, 64, 2, 4)), 4, 32),
-        Family::Vit => (
-            ModelConfig::Vit(VitConfig {
-                image_size: 8,
-                patch_size: 4,
-                num_channels: 1,
-                hidden_size: 64,
-                num_hidden_layers: 2,
-                num_attention_heads: 4,
-                intermediate_size: 256,
-                hidden_act: "gelu".into(),
-                layer_norm_eps: 1e-12,
-                hidden_dropout_prob: 0.0,
-                attention_probs_dropout_prob: 0.0,
-                num_labels: 10,
-            }),
-            32,
-            0,
-        ),
-    }
-}
-
-fn overfit<D: Device>(dev: &D, family: Family, steps: u64, lr: f64, seed: u64) -> Result<()> {
-    let (config, batch, seq) = small_config(family);
-    let mut model = Model::new(dev, &config, seed)?;
-    let host = bench::random_batch(&config, batch, seq, seed.wrapping_add(1));
-    let batch = Batch::upload(dev, model.spec(), &host, true, seed)?;
-    let mut optimizer =
-        Optimizer::new(OptimizerConfig::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 })?;
-    let lr_schedule = LrSchedule {
-        base_lr: lr,
-        min_lr: lr / 10.0,
-        warmup_steps: steps / 10,
-        total_steps: steps,
-        decay: pipetransformer::optim::Decay::Cosine,
-    };
-    lr_schedule.validate().context("learning-rate schedule")?;
-    println!(
-        "overfit: {:?} with {} parameters on {} — one batch of {} samples",
-        model.spec().family,
-        model.num_params(),
-        dev.name(),
-        batch.batch
-    );
-    let start = Instant::now();
-    let mut last = f64::NAN;
-    for step in 0..steps {
-        let stats = train_step(dev, &mut model, &mut optimizer, &batch, lr_schedule.lr_at(step), Some(1.0))?;
-        last = stats.loss;
-        if step % 20 == 0 || step + 1 == steps {
-            println!("step {step:4}  loss {:.5}  grad-norm {:.3}", stats.loss, stats.grad_norm);
-        }
-    }
-    println!("final loss {last:.5} after {steps} steps in {:.1} s", start.elapsed().as_secs_f64());
-    Ok(())
-}
-
-/// `bench-step`: our step at the asked precision (on cpu without one: f32 and bf16), the
-/// GEMM floor on cpu, and PyTorch's f32 and bf16-autocast steps when `python` has torch.
-fn bench_step(
-    device: DeviceArgs,
-    threads: usize,
-    python: &str,
-    steps: usize,
-    warmup: usize,
-    batch: usize,
-    seq: usize,
-) -> Result<()> {
-    let first = device.open(threads)?;
-    let cpu = matches!(first, AnyDevice::Cpu(_));
-    let pool_threads = match &first {
-        AnyDevice::Cpu(d) => d.threads(),
-        AnyDevice::Gpu(_) => None,
-    };
-    let mut rows: Vec<(String, bench::StepTiming)> = Vec::new();
-    // On a GPU the step's model FLOPs per second against the datasheet peak in its precision.
-    let mut mfu: Vec<String> = Vec::new();
-    // The roofline of the CPU backend is its own large GEMM on the same threads, timed after
-    // each step so that the floor and the step see the same moments of a drifting VM.
-    let mut probe = pool_threads.map(|t| bench::GemmProbe::new(t, 2048)).transpose()?;
-    let mut time = |dev: AnyDevice, precision: Precision| -> Result<()> {
-        let (name, gpu) = match &dev {
-            AnyDevice::Cpu(d) => (d.name(), false),
-            AnyDevice::Gpu(d) => (d.name(), true),
-        };
-        let t = on_device!(dev, time_step(steps, warmup, batch, seq, probe.as_mut()))?;
-        if let (true, Some(peak)) = (gpu, bench::gpu_peak(&name)) {
-            let peak = if precision == Precision::Bf16 { peak.bf16 } else { peak.f32 };
-            mfu.push(format!(
-                "MFU, {precision:?}: {:.1} % of the datasheet's {:.1} TFLOP/s",
-                100.0 * t.flops / t.median / peak,
-                peak / 1e12
-            ));
-        }
-        rows.push((format!("ours, {} ({name})", format!("{precision:?}").to_lowercase()), t));
-        Ok(())
-    };
-    time(first, device.precision(PrecisionChoice::F32, 0)?)?;
-    if cpu && device.precision.is_none() {
-        time(AnyDevice::open(device.device, 0, threads, Precision::Bf16)?, Precision::Bf16)?;
-    }
-    let flops = rows[0].1.flops;
-    println!(
-        "MiniLM-shaped training step: 6 layers, hidden 384, 12 heads, MLP 1536, batch {batch} × seq {seq}, dropout \
-         0.1, clipping at 1.0, AdamW; {flops:.4e} FLOP; median of {steps} after {warmup} warm-up{}",
-        match probe {
-            Some(_) =>
-                "; the GEMM floor: these FLOPs at the median rate of an f32 2048³ GEMM timed after each \
-                        step; step by step: the median of each step against the GEMM timed right after it",
-            None => "",
-        }
-    );
-    println!(
-        "| step | ms | min–max ms | GFLOP/s | / GEMM floor (GEMM GFLOP/s in its steps) | / GEMM floor, step by step |"
-    );
-    println!("|---|---|---|---|---|---|");
-    for (name, t) in &rows {
-        let ms = t.median * 1e3;
-        let ratio = match (t.floor_ratio(), t.gemm_gflops) {
-            (Some(r), Some(g)) => format!("{r:.2}× ({g:.0})"),
-            _ => String::new(),
-        };
-        let paired = t.paired_ratio.map_or_else(String::new, |p| format!("{p:.2}×"));
-        println!(
-            "| {name} | {ms:.1} | {:.1}–{:.1} | {:.1} | {ratio} | {paired} |",
-            t.min * 1e3,
-            t.max * 1e3,
-            flops / t.median / 1e9
-        );
-    }
-    // PyTorch's rows are set against the f32 row's floor.
-    let gemm = rows[0].1.gemm_gflops;
-    let floor_ms = gemm.map(|g| flops / g / 1e6);
-    let ratio = |ms: f64| floor_ms.map_or_else(String::new, |f| format!("{:.2}×", ms / f));
-    if let (Some(gemm), Some(ms), Some(threads)) = (gemm, floor_ms, pool_threads) {
-        println!(
-            "| GEMM floor: these FLOPs at the f32 2048³ GEMM rate ({threads} threads, timed with the f32 steps) | {ms:.1} | | {gemm:.1} | 1.00× | |"
-        );
-    }
-    if let (Some(torch_device), false) = (bench::torch_device(device.device.resolve()), python == "none") {
-        let torch_threads = pool_threads.unwrap_or(threads);
-        match bench::torch_step(python, steps, warmup, batch, seq, torch_threads, torch_device)? {
-            bench::TorchStep::Timed { version, threads, f32_ms, bf16_ms } => {
-                let on = if torch_device == "cpu" { format!("{threads} threads") } else { torch_device.to_string() };
-                for (what, ms) in [("eager, f32", f32_ms), ("bf16 autocast", bf16_ms)] {
-                    let rate = flops / ms / 1e6;
-                    println!("| PyTorch {version} {what} ({on}) | {ms:.1} | | {rate:.1} | {} | |", ratio(ms));
-                }
-            }
-            bench::TorchStep::Absent(why) => println!("PyTorch comparison skipped: {why}"),
-        }
-    }
-    // After the table, which a line inside it would end.
-    for line in &mfu {
-        println!("{line}");
-    }
-    Ok(())
-}
-
-fn time_step<D: Device>(
-    dev: &D,
-    steps: usize,
-    warmup: usize,
-    batch: usize,
-    seq: usize,
-    floor: Option<&mut bench::GemmProbe>,
-) -> pipetransformer::Result<bench::StepTiming> {
-    bench::time_step(dev, steps, warmup, batch, seq, floor)
 }
 
 fn kernels(update: Option<&Path>) -> Result<()> {
@@ -1151,39 +977,15 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
                 .unwrap_or_default();
             bar.set_message(format!("step {step}  loss {loss:.4}  lr {lr:.2e}  {rate:.1} samples/s{bubble}"));
         }
-        Event::Epoch { epoch, eval, .. } => {
-            bar.set_position((epoch + 1) * per_epoch);
-            say(&bar, format!("epoch {epoch}: eval {eval}"));
-        }
-        Event::Eval { step, epoch, eval, .. } => say(&bar, format!("step {step} (epoch {epoch}): eval {eval}")),
-        Event::Transition(t) => say(
-            &bar,
-            format!(
-                "transition at step {}: {} → {} frozen layers, K {} → {}, R {} → {}, M {} → {}, stages {:?}, cache {}, {:.0} ms ({})",
-                t.step,
-                t.frozen_layers.0,
-                t.frozen_layers.1,
-                t.pipeline_len.0,
-                t.pipeline_len.1,
-                t.replicas.0,
-                t.replicas.1,
-                t.micro_batches.0,
-                t.micro_batches.1,
-                t.stages,
-                if t.cache { "on" } else { "off" },
-                t.seconds * 1e3,
-                t.reason
-            ),
-        ),
-        Event::Cache { epoch, hits, misses, entries, memory_bytes, disk_bytes } => say(
-            &bar,
-            format!(
-                "epoch {epoch}: cache {hits} hits / {misses} misses, {entries} samples, {:.1} MiB in memory, {:.1} MiB on disk",
-                *memory_bytes as f64 / (1 << 20) as f64,
-                *disk_bytes as f64 / (1 << 20) as f64
-            ),
-        ),
         Event::Start { step, .. } => started_at = *step,
+        other => {
+            if let Event::Epoch { epoch, .. } = other {
+                bar.set_position((epoch + 1) * per_epoch);
+            }
+            if let Some(line) = event_line(other) {
+                say(&bar, line);
+            }
+        }
     })?;
     bar.finish_and_clear();
     // A resumed run's clock and rate cover the steps this process took, not the run's total.
@@ -1210,14 +1012,7 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
     if let (Some(path), Some(trace)) = (run.trace, &job.trainer.trace) {
         // Each process of a launched run traces its own devices: rank 0 at the path asked for,
         // rank r beside it, so none overwrites another's.
-        let path = match &run.process {
-            Some(p) if p.rank > 0 => {
-                let stem = path.file_stem().unwrap_or_default().to_string_lossy();
-                let ext = path.extension().map(|e| format!(".{}", e.to_string_lossy())).unwrap_or_default();
-                path.with_file_name(format!("{stem}.rank{}{ext}", p.rank))
-            }
-            _ => path.to_path_buf(),
-        };
+        let path = run.process.as_ref().map_or_else(|| path.to_path_buf(), |p| p.own_file(path));
         let path = path.as_path();
         trace.write(path).with_context(|| format!("writing {}", path.display()))?;
         println!("wrote the Chrome trace {}", path.display());

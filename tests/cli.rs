@@ -217,6 +217,9 @@ fn train_runs_on_the_emulated_cuda_kernels() {
         // The summary names what computed it, precision included.
         let named = if precision == "bf16" { "(Bf16)" } else { "(F32)" };
         assert!(summary.contains("\"devices\"") && summary.contains(named), "{summary}");
+        // The final plan by name, not as an unlabelled triple.
+        let json: serde_json::Value = serde_json::from_str(&summary).unwrap();
+        assert!(json["final_plan"]["pipeline_len"].as_u64().is_some_and(|k| k >= 1), "{summary}");
         check_predict_and_evaluate(&dir, config, precision, last, &args);
     }
 }

@@ -77,17 +77,19 @@ fn minilm_on_a_slice_of_rotten_tomatoes_beats_70_percent() {
     assert_eq!(labels, ["fresh", "rotten"]);
     let acc = s.eval.unwrap().accuracy;
     eprintln!(
-        "MiniLM on Rotten Tomatoes slice: {} steps, accuracy {:.2}%, {} frozen layers, K R M = {:?}",
+        "MiniLM on Rotten Tomatoes slice: {} steps, accuracy {:.2}%, {} frozen layers, K R M = {} {} {}",
         s.steps,
         100.0 * acc,
         s.frozen_layers,
-        s.final_plan
+        s.final_plan.pipeline_len,
+        s.final_plan.replicas,
+        s.final_plan.micro_batches
     );
     assert_eq!(s.steps, 200);
     assert!(s.frozen_layers >= 2, "the freeze rule ran three times: {}", s.frozen_layers);
     // The config's `freed_devices = "threads"`: the freed device lends its thread instead of
     // becoming a replica.
-    assert_eq!((s.final_plan.0, s.final_plan.1), (1, 1), "one stage on one device at the end");
+    assert_eq!((s.final_plan.pipeline_len, s.final_plan.replicas), (1, 1), "one stage on one device at the end");
     assert!(acc > 0.70, "accuracy {acc}");
 }
 

@@ -454,13 +454,19 @@ fn cuda_runtime<D: crate::device::Device>(d: &D) -> Option<&crate::device::cuda:
 pub fn host_ring_reason<D: crate::device::Device>(devices: &[D]) -> Option<String> {
     let runtimes: Option<Vec<_>> = devices.iter().map(cuda_runtime).collect();
     let runtimes = runtimes.filter(|r| !r.is_empty())?;
-    match nccl() {
+    ring_reason(nccl().map(|_| ()), runtimes.iter().any(|rt| rt.borrows_gpu()))
+}
+
+/// [`host_ring_reason`] for real GPUs, given whether NCCL loaded and whether a device borrows
+/// another's GPU.
+fn ring_reason(loaded: std::result::Result<(), &str>, sharing: bool) -> Option<String> {
+    match loaded {
         Err(why) => Some(not_loaded(why)),
-        Ok(_) if runtimes.iter().any(|rt| rt.borrows_gpu()) => Some(format!(
+        Ok(()) if sharing => Some(format!(
             "devices share GPUs ({}=1), and NCCL refuses two ranks on one GPU",
             crate::device::cuda::SHARE_GPUS
         )),
-        Ok(_) => None,
+        Ok(()) => None,
     }
 }
 
@@ -755,6 +761,12 @@ mod tests {
             note.contains("/nonexistent/nccl/lib/libnccl.so.2") && note.contains("scripts/setup.sh nccl"),
             "{note}"
         );
+        // On real GPUs: a missing NCCL says so first; a loaded one is skipped only where
+        // devices share GPUs, naming the variable that made them.
+        assert_eq!(ring_reason(Err(&why), true), Some(note));
+        assert_eq!(ring_reason(Ok(()), false), None);
+        let shared = ring_reason(Ok(()), true).unwrap_or_default();
+        assert!(shared.contains("PT_SHARE_GPUS=1") && shared.contains("two ranks on one GPU"), "{shared}");
     }
 
     /// Spanning groups are a collective decision: where one process cannot use NCCL, none

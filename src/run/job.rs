@@ -339,8 +339,9 @@ pub struct Summary {
     pub eval: Option<EvalMetrics>,
     /// Frozen Transformer layers at the end.
     pub frozen_layers: usize,
-    /// The plan at the end: pipeline length, replicas, micro-batches.
-    pub final_plan: (usize, usize, usize),
+    /// The plan at the end: pipeline length `K`, replicas `R`, micro-batches `M`, schedule and
+    /// token slices, as the elastic transitions left them.
+    pub final_plan: PipelineConfig,
     /// The devices the run held, as they name themselves (backend, index, precision; threads
     /// on cpu: e.g. `cpu:0 (F32, bf16 products (avx512), 1 thread)`), so a result says what computed it.
     pub devices: Vec<String>,
@@ -818,7 +819,6 @@ impl<D: Device> Job<D> {
         if last_eval.is_none() {
             last_eval = Some(self.trainer.evaluate(self.source.as_ref())?);
         }
-        let p = self.trainer.pipeline.plan().config.clone();
         let summary = Summary {
             data: self.info.clone(),
             family: self.trainer.pipeline.spec().family,
@@ -828,7 +828,7 @@ impl<D: Device> Job<D> {
             samples_per_second: samples as f64 / seconds.max(1e-9),
             eval: last_eval,
             frozen_layers: self.elastic.frozen_layers(),
-            final_plan: (p.pipeline_len, p.replicas, p.micro_batches),
+            final_plan: self.trainer.pipeline.plan().config.clone(),
             devices: self.device_names(),
             unigram_baseline_loss: self.unigram_baseline()?,
         };

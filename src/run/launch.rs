@@ -354,12 +354,28 @@ impl ProcessEnv {
         (self.local_rank.saturating_mul(devices), threads)
     }
 
+    /// Where this process writes a file the user named `path` for the whole run (`--trace`):
+    /// rank 0 at `path`, rank r beside it as `STEM.rank{r}.EXT`, so none overwrites another's.
+    pub fn own_file(&self, path: &std::path::Path) -> std::path::PathBuf {
+        rank_file(path, self.rank)
+    }
+
     /// Meets the other processes; collectives then wait `PT_COLLECTIVE_TIMEOUT` seconds (default
     /// [`COLLECTIVE_TIMEOUT`]) for a peer.
     pub fn join(&self) -> Result<ProcessGroup> {
         let timeout = collective_timeout(std::env::var("PT_COLLECTIVE_TIMEOUT").ok().as_deref())?;
         ProcessGroup::join(&self.addr, self.rank, self.world, &self.secret, timeout)
     }
+}
+
+/// [`ProcessEnv::own_file`] for `rank`.
+fn rank_file(path: &std::path::Path, rank: usize) -> std::path::PathBuf {
+    if rank == 0 {
+        return path.to_path_buf();
+    }
+    let stem = path.file_stem().unwrap_or_default().to_string_lossy();
+    let ext = path.extension().map(|e| format!(".{}", e.to_string_lossy())).unwrap_or_default();
+    path.with_file_name(format!("{stem}.rank{rank}{ext}"))
 }
 
 /// `PT_COLLECTIVE_TIMEOUT`'s value (seconds, more than 0 and at most [`MAX_COLLECTIVE_TIMEOUT`]),
@@ -385,7 +401,16 @@ fn collective_timeout(value: Option<&str>) -> Result<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
     use std::sync::{Arc, Mutex};
+
+    #[test]
+    fn each_rank_writes_its_own_file_beside_rank_zeros() {
+        assert_eq!(rank_file(Path::new("out/trace.json"), 0), Path::new("out/trace.json"));
+        assert_eq!(rank_file(Path::new("out/trace.json"), 3), Path::new("out/trace.rank3.json"));
+        assert_eq!(rank_file(Path::new("trace"), 1), Path::new("trace.rank1"));
+        assert_eq!(rank_file(Path::new("a.b/t.tar.gz"), 2), Path::new("a.b/t.tar.rank2.gz"));
+    }
 
     /// A sink the test reads back, or one whose reader is gone.
     struct Shared(Arc<Mutex<Vec<u8>>>, bool);

@@ -4,6 +4,7 @@
 pub mod config;
 pub mod job;
 pub mod launch;
+pub mod overfit;
 pub mod predict;
 pub mod progress;
 pub mod report;

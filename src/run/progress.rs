@@ -2,6 +2,7 @@
 //! line every `every` seconds with the step, epoch, loss, learning rate, throughput and the time
 //! left, so a reader can tell the run is alive. On a terminal the binary shows a bar instead.
 
+use crate::train::Event;
 use std::time::Duration;
 
 /// Decides when to print a progress line and writes it. Time is passed in (seconds since the
@@ -59,6 +60,23 @@ impl ProgressLines {
     }
 }
 
+/// The console's line for a run's event other than a step (steps go to the bar or to
+/// [`ProgressLines`]): an epoch's or a mid-epoch evaluation, a transition, the cache's epoch.
+pub fn event_line(event: &Event) -> Option<String> {
+    const MIB: f64 = (1 << 20) as f64;
+    match event {
+        Event::Epoch { epoch, eval, .. } => Some(format!("epoch {epoch}: eval {eval}")),
+        Event::Eval { step, epoch, eval, .. } => Some(format!("step {step} (epoch {epoch}): eval {eval}")),
+        Event::Transition(t) => Some(t.to_string()),
+        Event::Cache { epoch, hits, misses, entries, memory_bytes, disk_bytes } => Some(format!(
+            "epoch {epoch}: cache {hits} hits / {misses} misses, {entries} samples, {:.1} MiB in memory, {:.1} MiB on disk",
+            *memory_bytes as f64 / MIB,
+            *disk_bytes as f64 / MIB
+        )),
+        Event::Start { .. } | Event::Step { .. } => None,
+    }
+}
+
 /// `h:mm:ss`.
 fn clock(seconds: f64) -> String {
     // A run that never ends on its own (`epochs` near u64::MAX) has an ETA past any Duration.
@@ -112,6 +130,45 @@ mod tests {
         let mut p = ProgressLines::new(1e9, 100);
         assert!(p.step(1.0, (49, 98), 0, 0.5, 1e-3, 8).is_none());
         assert!(p.step(2.0, (50, 100), 0, 0.5, 1e-3, 8).is_some());
+    }
+
+    /// Each event other than a step has its line; a step and a start have none (the bar and
+    /// [`ProgressLines`] show steps).
+    #[test]
+    fn events_read_as_the_console_prints_them() {
+        use crate::train::{EvalMetrics, Transition};
+        let eval =
+            EvalMetrics { loss: 0.25, accuracy: 0.8125, count: 16, perplexity: None, macro_f1: None, confusion: None };
+        let line = |e: Event| event_line(&e).unwrap_or_default();
+        assert_eq!(
+            line(Event::Epoch { epoch: 1, eval: eval.clone(), samples: 8, train_seconds: 1.0, eval_seconds: 0.5 }),
+            "epoch 1: eval loss 0.2500, accuracy 81.25%"
+        );
+        assert_eq!(
+            line(Event::Eval { step: 40, epoch: 0, eval, eval_seconds: 0.5 }),
+            "step 40 (epoch 0): eval loss 0.2500, accuracy 81.25%"
+        );
+        let t = Transition {
+            step: 268,
+            epoch: 0,
+            reason: "eq1".into(),
+            frozen_layers: (0, 2),
+            frozen_units: 5,
+            pipeline_len: (2, 1),
+            replicas: (1, 2),
+            micro_batches: (8, 4),
+            stages: vec![5..9, 9..14],
+            batches_per_step: 1,
+            cache: true,
+            seconds: 0.0484,
+        };
+        assert_eq!(
+            line(Event::Transition(t)),
+            "transition at step 268: 0 → 2 frozen layers, K 2 → 1, R 1 → 2, M 8 → 4, stages [5..9, 9..14], cache on, 48 ms (eq1)"
+        );
+        let cache = Event::Cache { epoch: 1, hits: 30, misses: 2, entries: 32, memory_bytes: 3 << 19, disk_bytes: 0 };
+        assert_eq!(line(cache), "epoch 1: cache 30 hits / 2 misses, 32 samples, 1.5 MiB in memory, 0.0 MiB on disk");
+        assert_eq!(event_line(&Event::Start { resumed: false, step: 0, devices: vec![] }), None);
     }
 
     #[test]

@@ -87,6 +87,25 @@ pub struct Transition {
     pub seconds: f64,
 }
 
+impl fmt::Display for Transition {
+    /// `transition at step 40: 0 → 1 frozen layers, K 2 → 1, R 1 → 2, M 8 → 4, stages [1..9],
+    /// cache on, 48 ms (reason)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ((l0, l1), (k0, k1), (r0, r1), (m0, m1)) =
+            (self.frozen_layers, self.pipeline_len, self.replicas, self.micro_batches);
+        write!(
+            f,
+            "transition at step {}: {l0} → {l1} frozen layers, K {k0} → {k1}, R {r0} → {r1}, M {m0} → {m1}, stages \
+             {:?}, cache {}, {:.0} ms ({})",
+            self.step,
+            self.stages,
+            if self.cache { "on" } else { "off" },
+            self.seconds * 1e3,
+            self.reason
+        )
+    }
+}
+
 /// Something that happened during a run, for progress bars and metric logs.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
