@@ -744,15 +744,9 @@ struct PredictRequest {
     sampling: Sampling,
 }
 
-/// The export in `path`, in `path/model/` (a run's output folder), or a run's checkpoint
-/// file, loaded on `dev`.
+/// [`Predictor::open`] with the path named in its error.
 fn load_predictor<D: Device>(dev: D, path: &Path) -> Result<Predictor<D>> {
-    if path.is_file() {
-        return Predictor::load_checkpoint(dev, path)
-            .with_context(|| format!("loading the checkpoint {}", path.display()));
-    }
-    let dir = if path.join("model").join("config.json").exists() { path.join("model") } else { path.to_path_buf() };
-    Predictor::load(dev, &dir).with_context(|| format!("loading the model in {}", dir.display()))
+    Predictor::open(dev, path).with_context(|| format!("loading the model {}", path.display()))
 }
 
 /// What `evaluate` scores on.

@@ -110,6 +110,17 @@ pub struct Predictor<D: Device> {
 }
 
 impl<D: Device> Predictor<D> {
+    /// Whatever a user points at, loaded onto `dev`: a run's checkpoint file (see
+    /// [`load_checkpoint`](Self::load_checkpoint)), a run's output folder (its `model/`), or an
+    /// export folder (see [`load`](Self::load)).
+    pub fn open(dev: D, path: &Path) -> Result<Self> {
+        if path.is_file() {
+            return Self::load_checkpoint(dev, path);
+        }
+        let run_export = path.join("model");
+        Self::load(dev, if run_export.join("config.json").exists() { &run_export } else { path })
+    }
+
     /// Loads the export in `dir` (config, weights, labels, tokenizer or vocabulary) onto
     /// `dev`. A folder that is not an export of ours, or is incomplete, is an error naming the
     /// file and what was expected.
@@ -781,6 +792,24 @@ mod tests {
         std::fs::write(&path, json.to_string()).unwrap();
         let err = Predictor::load(dev, &dir).err().unwrap().to_string();
         assert!(err.contains("the weights hold") && err.contains("transformer.h.1."), "{err}");
+    }
+
+    /// `open` takes an export folder or a run's folder with the export in `model/`; a folder
+    /// with neither is refused by the export's missing file.
+    #[test]
+    fn a_model_opens_from_its_export_or_its_runs_folder() {
+        let dev = || crate::device::CpuDevice::<f32>::new(0, 1).unwrap();
+        let config = crate::model::ModelConfig::Gpt(crate::model::GptConfig::without_dropout(4, 8, 8, 1, 2));
+        let scratch = crate::files::Scratch::new("predict-open");
+        let chars: Vec<char> = "abcd".chars().collect();
+        let extras = weights::ExportExtras { chars: &chars, ..Default::default() };
+        let export = scratch.join("model");
+        weights::export_model(&Model::new(&dev(), &config, 1).unwrap(), &dev(), &config, &extras, &export).unwrap();
+        for path in [&export, &scratch.to_path_buf()] {
+            assert!(Predictor::open(dev(), path).is_ok(), "{}", path.display());
+        }
+        let err = Predictor::open(dev(), &scratch.join("elsewhere")).err().unwrap().to_string();
+        assert!(err.contains("config.json"), "{err}");
     }
 
     /// Nothing to score is an error, as a forward of no input is, not metrics of 0 %.
