@@ -120,7 +120,7 @@ fn bubble(k: usize) {
             let devices: Vec<CpuDevice<f32>> = (0..k).map(|i| CpuDevice::new(i, 1).unwrap()).collect();
             let mut model = Model::new(&devices[0], &config, 1).unwrap();
             let micro = 4;
-            let host = pipetransformer::bench::random_batch(&config, micro * m, 64, 2);
+            let host = pipetransformer::model::HostBatch::random(&config, micro * m, 64, 2);
             let profiles = profile_units(&devices[0], &mut model, &host.split(m).unwrap()[0], 3).unwrap();
             let plan = PipelineConfig { pipeline_len: k, micro_batches: m, schedule, ..Default::default() };
             let mut p = Pipeline::new(devices, model, OptimizerConfig::adamw(), plan, &profiles).unwrap();

@@ -43,7 +43,7 @@ fn main() {
         let (latency, chosen) = {
             let dev = CpuDevice::<f32>::new(0, 1).unwrap();
             let mut model = Model::new(&dev, &config, 1).unwrap();
-            let host = pipetransformer::bench::random_batch(&config, batch, seq, 2);
+            let host = pipetransformer::model::HostBatch::random(&config, batch, seq, 2);
             let latency = measure_latency(&dev, &mut model, &host, k).unwrap();
             let planned = plan(&latency, &PlannerConfig::new(k, seq, 1)).unwrap();
             (latency, planned.micro_batches[0].slices.clone())
@@ -61,7 +61,7 @@ fn main() {
         for (schedule, n) in runs {
             let devices: Vec<CpuDevice<f32>> = (0..k).map(|i| CpuDevice::new(i, 1).unwrap()).collect();
             let mut model = Model::new(&devices[0], &config, 1).unwrap();
-            let host = pipetransformer::bench::random_batch(&config, batch, seq, 2);
+            let host = pipetransformer::model::HostBatch::random(&config, batch, seq, 2);
             // Stages cut by FLOPs, the same for every row (measured times would move the cuts,
             // and with them each device's memory, from row to row).
             let profiles = unit_profiles(&devices[0], &mut model, &host, false).unwrap();

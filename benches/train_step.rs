@@ -6,14 +6,14 @@
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use pipetransformer::bench;
 use pipetransformer::device::CpuDevice;
-use pipetransformer::model::{Batch, Model};
+use pipetransformer::model::{Batch, HostBatch, Model};
 use pipetransformer::optim::{Optimizer, OptimizerConfig, train_step};
 
 fn bench_step(c: &mut Criterion) {
     let dev = CpuDevice::<f32>::new(0, 0).unwrap();
     let config = bench::minilm_shaped();
     let mut model = Model::new(&dev, &config, 0).unwrap();
-    let batch = Batch::upload(&dev, model.spec(), &bench::random_batch(&config, 16, 128, 1), true, 2).unwrap();
+    let batch = Batch::upload(&dev, model.spec(), &HostBatch::random(&config, 16, 128, 1), true, 2).unwrap();
     let mut opt = Optimizer::new(OptimizerConfig::adamw()).unwrap();
     let flops = bench::step_flops(&model, &dev, 16, 128);
     let mut g = c.benchmark_group("minilm_train_step");

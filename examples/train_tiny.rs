@@ -1,9 +1,8 @@
 //! Builds a tiny GPT, freezes its embedding, and trains it for a few steps on a synthetic
 //! next-token batch through the public API.
 
-use pipetransformer::bench::random_batch;
 use pipetransformer::device::CpuDevice;
-use pipetransformer::model::{Batch, GptConfig, Model, ModelConfig};
+use pipetransformer::model::{Batch, GptConfig, HostBatch, Model, ModelConfig};
 use pipetransformer::optim::{Optimizer, OptimizerConfig, train_step};
 
 fn main() -> pipetransformer::Result<()> {
@@ -11,7 +10,7 @@ fn main() -> pipetransformer::Result<()> {
     let dev = CpuDevice::<f32>::new(0, 0)?;
     let mut model = Model::new(&dev, &config, 42)?;
     model.freeze_prefix(&dev, 1)?;
-    let batch = Batch::upload(&dev, model.spec(), &random_batch(&config, 4, 16, 1), true, 7)?;
+    let batch = Batch::upload(&dev, model.spec(), &HostBatch::random(&config, 4, 16, 1), true, 7)?;
     let mut opt = Optimizer::new(OptimizerConfig::adamw())?;
     for step in 0..20 {
         let stats = train_step(&dev, &mut model, &mut opt, &batch, 3e-3, Some(1.0))?;

@@ -3,7 +3,7 @@
 //! counts and the machine's large-GEMM rate (the roofline the step is compared against).
 
 use crate::device::Device;
-use crate::model::{BertConfig, HostBatch, IGNORE_INDEX, Model, ModelConfig, Pooling};
+use crate::model::{BertConfig, HostBatch, Model, ModelConfig, Pooling};
 use crate::ops::matmul::{MatRef, matmul};
 use crate::rng::Rng;
 use std::time::Instant;
@@ -26,37 +26,6 @@ pub fn minilm_shaped() -> ModelConfig {
         num_labels: 2,
         pooling: Pooling::Mean,
     })
-}
-
-/// A batch of random inputs for `config`: `batch` sequences of `seq` tokens (text), or
-/// `batch` random images; random labels (next tokens for a language model).
-pub fn random_batch(config: &ModelConfig, batch: usize, seq: usize, seed: u64) -> HostBatch {
-    let mut rng = Rng::new(seed);
-    let ids = |rng: &mut Rng, n: usize, below: usize| -> Vec<u32> {
-        (0..n).map(|_| rng.below(below as u64) as u32).collect()
-    };
-    match config {
-        ModelConfig::Bert(c) => HostBatch {
-            batch,
-            seq,
-            tokens: Some(ids(&mut rng, batch * seq, c.vocab_size)),
-            targets: ids(&mut rng, batch, c.num_labels),
-            ..Default::default()
-        },
-        ModelConfig::Gpt(c) => {
-            let tokens = ids(&mut rng, batch * seq, c.vocab_size);
-            // Next-token targets: the sequence shifted left, the last position ignored.
-            let targets =
-                (0..batch * seq).map(|i| if (i + 1) % seq == 0 { IGNORE_INDEX } else { tokens[i + 1] }).collect();
-            HostBatch { batch, seq, tokens: Some(tokens), targets, ..Default::default() }
-        }
-        ModelConfig::Vit(c) => {
-            let n = batch * c.num_channels * c.image_size * c.image_size;
-            let pixels = (0..n).map(|_| rng.uniform() as f32).collect();
-            let targets = ids(&mut rng, batch, c.num_labels);
-            HostBatch { batch, pixels: Some(pixels), targets, ..Default::default() }
-        }
-    }
 }
 
 /// FLOPs of one training step (forward + backward) of `batch` samples at hidden-state length
@@ -153,7 +122,7 @@ pub fn time_step<D: Device>(
     use crate::optim::{Optimizer, OptimizerConfig, train_step};
     let config = minilm_shaped();
     let mut model = Model::new(dev, &config, 0)?;
-    let host = random_batch(&config, batch, seq, 1);
+    let host = HostBatch::random(&config, batch, seq, 1);
     let batch_dev = Batch::upload(dev, model.spec(), &host, true, 2)?;
     let mut optimizer = Optimizer::new(OptimizerConfig::adamw())?;
     let flops = step_flops(&model, dev, batch, seq);
@@ -213,13 +182,19 @@ const GPU_PEAKS: [(&str, f64, f64, f64); 5] = [
 ];
 
 /// The peaks of the GPU the driver calls `name` (e.g. `NVIDIA H200`), if it is one of ours: the
-/// row of the longest fragment in the name, so an `H100 NVL` is not taken for an SXM `H100`.
+/// row whose fragment is the longest run of whole words in the name, so an `H100 NVL` is not
+/// taken for an SXM `H100`, nor a `GH200` (another memory) for an `H200`.
 pub fn gpu_peak(name: &str) -> Option<GpuPeak> {
-    GPU_PEAKS
-        .iter()
-        .filter(|(n, ..)| name.contains(n))
-        .max_by_key(|(n, ..)| n.len())
-        .map(|&(_, bf16, f32, bw)| GpuPeak { bf16: bf16 * 1e12, f32: f32 * 1e12, bandwidth: bw * 1e12 })
+    let words: Vec<&str> = name.split(|c: char| !c.is_ascii_alphanumeric()).filter(|w| !w.is_empty()).collect();
+    let named = |fragment: &str| {
+        let fragment: Vec<&str> = fragment.split(' ').collect();
+        words.windows(fragment.len()).any(|w| w == fragment)
+    };
+    GPU_PEAKS.iter().filter(|(n, ..)| named(n)).max_by_key(|(n, ..)| n.len()).map(|&(_, bf16, f32, bw)| GpuPeak {
+        bf16: bf16 * 1e12,
+        f32: f32 * 1e12,
+        bandwidth: bw * 1e12,
+    })
 }
 
 /// What `bench-step` times: `steps` steps after `warmup` untimed ones, of `batch` sequences of
@@ -252,17 +227,19 @@ pub struct StepReport {
     pub floor_threads: Option<usize>,
     /// PyTorch's steps and the device they ran on (`cpu`, `cuda`), when asked for.
     pub torch: Option<(TorchStep, &'static str)>,
-    /// On a GPU: the step's model FLOPs per second against the datasheet peak, per row.
-    pub mfu: Vec<String>,
+    /// On a GPU, per row: the precision, its model FLOPs per second as a fraction of the
+    /// datasheet peak, and that peak (FLOP/s).
+    pub mfu: Vec<(crate::device::Precision, f64, f64)>,
 }
 
-/// Times the MiniLM-shaped step on `first` in `precision`, then on the device `bf16` opens (cpu
-/// without an asked precision: both are shown), with the GEMM floor on a cpu pool's threads and
-/// PyTorch's step on the same kind of device (`kind`; never beside the emulator).
+/// Times the MiniLM-shaped step on `first` in `precision`, then, when `second` is given, on the
+/// device it opens in its precision (after `first` is dropped), with the GEMM floor on a cpu
+/// pool's threads and PyTorch's step on the same kind of device (`kind`; never beside the
+/// emulator). PyTorch failing is in the report ([`TorchStep::Failed`]), so our timings stand.
 pub fn bench_step(
     first: crate::device::AnyDevice,
     precision: crate::device::Precision,
-    bf16: Option<impl FnOnce() -> crate::Result<crate::device::AnyDevice>>,
+    second: Option<(crate::device::Precision, impl FnOnce() -> crate::Result<crate::device::AnyDevice>)>,
     kind: crate::device::DeviceKind,
     bench: StepBench,
 ) -> crate::Result<StepReport> {
@@ -285,23 +262,24 @@ pub fn bench_step(
         };
         if let Some(peak) = peak {
             let peak = if precision == Precision::Bf16 { peak.bf16 } else { peak.f32 };
-            report.mfu.push(format!(
-                "MFU, {precision:?}: {:.1} % of the datasheet's {:.1} TFLOP/s",
-                100.0 * t.flops / t.median / peak,
-                peak / 1e12
-            ));
+            report.mfu.push((precision, t.flops / t.median / peak, peak));
         }
         report.rows.push((format!("ours, {} ({name})", format!("{precision:?}").to_lowercase()), t));
         Ok(())
     };
     time(first, precision)?;
-    if let Some(open) = bf16 {
-        time(open()?, Precision::Bf16)?;
+    if let Some((precision, open)) = second {
+        time(open()?, precision)?;
     }
     if let (Some(device), false) = (torch_device(kind), report.bench.python == "none") {
         let b = &report.bench;
         let threads = pool_threads.unwrap_or(b.threads);
-        report.torch = Some((torch_step(&b.python, b.steps, b.warmup, b.batch, b.seq, threads, device)?, device));
+        let step =
+            torch_step(&b.python, b.steps, b.warmup, b.batch, b.seq, threads, device).unwrap_or_else(|e| match e {
+                crate::Error::Data { message, .. } => TorchStep::Failed(message),
+                e => TorchStep::Failed(e.to_string()),
+            });
+        report.torch = Some((step, device));
     }
     Ok(report)
 }
@@ -368,11 +346,12 @@ impl std::fmt::Display for StepReport {
                 }
             }
             Some((TorchStep::Absent(why), _)) => writeln!(f, "PyTorch comparison skipped: {why}")?,
+            Some((TorchStep::Failed(why), _)) => writeln!(f, "PyTorch comparison failed: {why}")?,
             None => {}
         }
         // After the table, which a line inside it would end.
-        for line in &self.mfu {
-            writeln!(f, "{line}")?;
+        for (precision, fraction, peak) in &self.mfu {
+            writeln!(f, "MFU, {precision:?}: {:.1} % of the datasheet's {:.1} TFLOP/s", 100.0 * fraction, peak / 1e12)?;
         }
         Ok(())
     }
@@ -398,6 +377,8 @@ pub enum TorchStep {
     },
     /// Why there is no comparison (no such Python, or no torch in it).
     Absent(String),
+    /// The script ran and failed (what [`torch_step`] returned as an error).
+    Failed(String),
 }
 
 /// Runs the embedded PyTorch script with `python` on the same step shape, on `device` (`cpu` or
@@ -425,11 +406,9 @@ pub fn torch_step(
     let failed =
         |why: String| crate::Error::Data { what: "PyTorch comparison (scripts/bench_torch.py)".into(), message: why };
     if !out.status.success() {
-        return Err(failed(format!(
-            "`{python}` exited with {}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let said = if stderr.trim().is_empty() { String::new() } else { format!(": {}", stderr.trim()) };
+        return Err(failed(format!("`{python}` exited with {}{said}", out.status)));
     }
     let stdout = String::from_utf8_lossy(&out.stdout);
     let line = stdout.lines().last().unwrap_or_default();
@@ -486,6 +465,7 @@ mod tests {
                 Ok(TorchStep::Timed { f32_ms, bf16_ms, threads, .. }) => {
                     assert!(f32_ms > 0.0 && bf16_ms > 0.0 && (device == "cuda" || threads == 1))
                 }
+                Ok(TorchStep::Failed(why)) => panic!("{device}: torch_step returns failures as errors: {why}"),
                 Err(e) => panic!("{device}: {e}"),
             }
         }
@@ -541,12 +521,37 @@ mod tests {
         report.rows = vec![("ours, bf16 (cuda:0)".into(), timing(0.01, None))];
         report.floor_threads = None;
         report.torch = Some((TorchStep::Absent("no torch".into()), "cuda"));
-        report.mfu = vec!["MFU, Bf16: 1.0 % of the datasheet's 989.4 TFLOP/s".into()];
+        report.mfu = vec![(crate::device::Precision::Bf16, 0.01, 989.4e12)];
         let text = report.to_string();
         let lines: Vec<&str> = text.lines().collect();
         assert!(!lines[0].contains("GEMM floor"), "{text}");
         assert_eq!(lines[3], "| ours, bf16 (cuda:0) | 10.0 | 9.0–11.0 | 10000.0 |  |  |");
-        assert_eq!(lines[4..], ["PyTorch comparison skipped: no torch", report.mfu[0].as_str()]);
+        assert_eq!(
+            lines[4..],
+            ["PyTorch comparison skipped: no torch", "MFU, Bf16: 1.0 % of the datasheet's 989.4 TFLOP/s"]
+        );
+    }
+
+    /// A PyTorch that fails is in the report beside our rows (f32, then the second device's
+    /// bf16), which it does not take down with it; the floor is timed on our pool's threads.
+    #[test]
+    fn a_failing_pytorch_leaves_our_timings_in_the_report() {
+        use crate::device::{AnyDevice, CpuDevice, DeviceKind, Precision};
+        let first = AnyDevice::Cpu(CpuDevice::new(0, 1).unwrap());
+        let second = Some((Precision::Bf16, || AnyDevice::open(DeviceKind::Cpu, 0, 1, Precision::Bf16)));
+        let bench = StepBench { steps: 1, warmup: 0, batch: 1, seq: 8, python: "/bin/false".into(), threads: 2 };
+        let report = bench_step(first, Precision::F32, second, DeviceKind::Cpu, bench).unwrap();
+        let names: Vec<&str> = report.rows.iter().map(|(n, _)| n.as_str()).collect();
+        assert!(
+            names.len() == 2 && names[0].starts_with("ours, f32 (cpu:0") && names[1].starts_with("ours, bf16 (cpu:0")
+        );
+        assert!(report.rows.iter().all(|(_, t)| t.median > 0.0 && t.gemm_gflops.is_some()), "{report}");
+        assert_eq!(report.floor_threads, Some(1));
+        assert!(
+            matches!(&report.torch, Some((TorchStep::Failed(why), "cpu")) if why.contains("/bin/false")),
+            "{report}"
+        );
+        assert!(report.to_string().lines().any(|l| l.starts_with("PyTorch comparison failed: ")), "{report}");
     }
 
     /// The driver's names find their datasheet rows; a PCIe H100 is not taken for an SXM one.
@@ -558,5 +563,6 @@ mod tests {
         assert_eq!(gpu_peak("NVIDIA H100 NVL").map(|p| (p.f32, p.bandwidth)), Some((60e12, 3.9e12)));
         assert_eq!(gpu_peak("NVIDIA H200 NVL").map(|p| (p.bf16, p.bandwidth)), Some((835.5e12, 4.8e12)));
         assert_eq!(gpu_peak("Tesla T4"), None);
+        assert_eq!(gpu_peak("NVIDIA GH200 480GB"), None, "not an H200");
     }
 }

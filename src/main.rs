@@ -34,6 +34,16 @@ enum Family {
     Vit,
 }
 
+impl From<Family> for pipetransformer::model::Family {
+    fn from(f: Family) -> Self {
+        match f {
+            Family::Bert => Self::Bert,
+            Family::Gpt => Self::Gpt,
+            Family::Vit => Self::Vit,
+        }
+    }
+}
+
 /// Where a command runs (`--device`, `--precision`).
 #[derive(clap::Args, Clone, Copy)]
 struct DeviceArgs {
@@ -627,16 +637,7 @@ fn run() -> Result<()> {
             if steps == 0 {
                 bail!("--steps must be at least 1");
             }
-            let family = match model {
-                Family::Bert => pipetransformer::model::Family::Bert,
-                Family::Gpt => pipetransformer::model::Family::Gpt,
-                Family::Vit => pipetransformer::model::Family::Vit,
-            };
-            let start = Instant::now();
-            let losses =
-                on_device!(device.open(threads)?, overfit(family, steps, lr, seed, |line| println!("{line}")))?;
-            let last = losses.last().copied().unwrap_or(f64::NAN);
-            println!("final loss {last:.5} after {steps} steps in {:.1} s", start.elapsed().as_secs_f64());
+            on_device!(device.open(threads)?, overfit(model.into(), steps, lr, seed, |line| println!("{line}")))?;
             Ok(())
         }
         Command::BenchStep { steps, warmup, batch, seq, threads, python, device } => {
@@ -661,9 +662,13 @@ fn run() -> Result<()> {
             let first = device.open(threads)?;
             let precision = device.precision(PrecisionChoice::F32, 0)?;
             let bf16 = (matches!(first, AnyDevice::Cpu(_)) && device.precision.is_none())
-                .then_some(|| AnyDevice::open(device.device, 0, threads, Precision::Bf16));
+                .then_some((Precision::Bf16, || AnyDevice::open(device.device, 0, threads, Precision::Bf16)));
             let bench = bench::StepBench { steps, warmup, batch, seq, python, threads };
-            print!("{}", bench::bench_step(first, precision, bf16, device.device.resolve(), bench)?);
+            let report = bench::bench_step(first, precision, bf16, device.device.resolve(), bench)?;
+            print!("{report}");
+            if let Some((bench::TorchStep::Failed(_), _)) = report.torch {
+                bail!("the PyTorch comparison failed (the last line above); our timings stand");
+            }
             Ok(())
         }
         Command::Launch { nproc_per_node, nnodes, node_rank, rdzv, rdzv_token, command } => {
@@ -746,7 +751,8 @@ struct PredictRequest {
 
 /// [`Predictor::open`] with the path named in its error.
 fn load_predictor<D: Device>(dev: D, path: &Path) -> Result<Predictor<D>> {
-    Predictor::open(dev, path).with_context(|| format!("loading the model {}", path.display()))
+    let what = if path.is_file() { "the checkpoint" } else { "the model in" };
+    Predictor::open(dev, path).with_context(|| format!("loading {what} {}", path.display()))
 }
 
 /// What `evaluate` scores on.

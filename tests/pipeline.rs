@@ -1326,10 +1326,9 @@ fn unit_values_are_each_units_parameters_across_stages() {
 /// gradients include BERT's pooler and ViT's patch projection).
 #[test]
 fn untied_models_give_every_units_gradient_norm_as_one_device() {
-    use pipetransformer::bench::random_batch;
     use pipetransformer::optim::grad_sum_squares;
     for config in [common::tiny_bert(Pooling::ClsPooler, 0.1), common::tiny_vit(0.1)] {
-        let batches: Vec<HostBatch> = (0..STEPS).map(|s| random_batch(&config, 6, 5, 20 + s)).collect();
+        let batches: Vec<HostBatch> = (0..STEPS).map(|s| HostBatch::random(&config, 6, 5, 20 + s)).collect();
         for frozen in [0, 2] {
             let dev = CpuDevice::<f32>::new(0, 1).unwrap();
             let mut model = Model::new(&dev, &config, 7).unwrap();

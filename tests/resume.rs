@@ -4,7 +4,6 @@
 mod common;
 
 use pipetransformer::Result;
-use pipetransformer::bench::random_batch;
 use pipetransformer::device::CpuDevice;
 use pipetransformer::model::{HostBatch, ModelConfig};
 use pipetransformer::train::{BatchSource, Event, TrainConfig, Trainer};
@@ -24,7 +23,7 @@ impl BatchSource for Synthetic {
         if self.fail_at == Some(index) {
             return Err(pipetransformer::Error::Data { what: "batch".into(), message: "injected failure".into() });
         }
-        let mut b = random_batch(&self.config, 2, 7, epoch * 100 + index as u64);
+        let mut b = HostBatch::random(&self.config, 2, 7, epoch * 100 + index as u64);
         b.sample_offset = (index * 2) as u64;
         Ok(b)
     }
@@ -32,7 +31,7 @@ impl BatchSource for Synthetic {
         1
     }
     fn eval_batch(&self, _: usize) -> Result<HostBatch> {
-        Ok(random_batch(&self.config, 2, 7, 999))
+        Ok(HostBatch::random(&self.config, 2, 7, 999))
     }
 }
 

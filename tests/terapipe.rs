@@ -317,7 +317,7 @@ fn the_memory_model_bounds_a_stages_measured_peak() {
     let (width, seq) = (8, 32);
     let ModelConfig::Gpt(tiny) = tiny_gpt(0.1) else { unreachable!() };
     let config = ModelConfig::Gpt(GptConfig { n_embd: width, n_head: 8, n_positions: seq, n_inner: Some(16), ..tiny });
-    let host = pipetransformer::bench::random_batch(&config, 2, seq, 5);
+    let host = pipetransformer::model::HostBatch::random(&config, 2, seq, 5);
     let dev = CpuDevice::<f32>::new(0, 1).unwrap();
     for m in [1, 2] {
         for slices in [vec![16, 16], vec![5, 20, 7], vec![4; 8]] {
@@ -429,7 +429,7 @@ fn one_f_one_b_over_slices_keeps_within_the_planned_memory() {
         n_layer: 4,
         ..tiny
     });
-    let host = pipetransformer::bench::random_batch(&config, 6, seq, 5);
+    let host = pipetransformer::model::HostBatch::random(&config, 6, seq, 5);
     let dev = CpuDevice::<f32>::new(0, 1).unwrap();
     for k in 2..=4 {
         for m in [1, 2, 3, 6] {

@@ -3,9 +3,8 @@
 
 mod common;
 
-use pipetransformer::bench::random_batch;
 use pipetransformer::device::CpuDevice;
-use pipetransformer::model::{Batch, GptConfig, Model, ModelConfig, VitConfig};
+use pipetransformer::model::{Batch, GptConfig, HostBatch, Model, ModelConfig, VitConfig};
 use pipetransformer::optim::{Optimizer, OptimizerConfig, train_step};
 
 fn gpt() -> ModelConfig {
@@ -33,7 +32,7 @@ fn vit() -> ModelConfig {
 fn train(config: &ModelConfig, batch: usize, seq: usize, steps: usize, lr: f64, threads: usize) -> Vec<f64> {
     let dev = CpuDevice::<f32>::new(0, threads).unwrap();
     let mut model = Model::new(&dev, config, 1).unwrap();
-    let host = random_batch(config, batch, seq, 2);
+    let host = HostBatch::random(config, batch, seq, 2);
     let batch = Batch::upload(&dev, model.spec(), &host, true, 3).unwrap();
     let mut opt =
         Optimizer::new(OptimizerConfig::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 }).unwrap();
@@ -81,7 +80,7 @@ fn freezing_mid_run_keeps_frozen_weights_and_drops_their_optimizer_state() {
     let dev = CpuDevice::<f32>::new(0, 1).unwrap();
     let config = gpt();
     let mut model = Model::new(&dev, &config, 1).unwrap();
-    let batch = Batch::upload(&dev, model.spec(), &random_batch(&config, 2, 12, 2), true, 3).unwrap();
+    let batch = Batch::upload(&dev, model.spec(), &HostBatch::random(&config, 2, 12, 2), true, 3).unwrap();
     let mut opt = Optimizer::new(OptimizerConfig::adamw()).unwrap();
     for _ in 0..3 {
         train_step(&dev, &mut model, &mut opt, &batch, 1e-2, None).unwrap();
@@ -120,7 +119,7 @@ fn clipping_inside_the_update_equals_clipping_first() {
     use pipetransformer::optim::{clip_coefficient, global_grad_norm, scale_grads};
     let dev = CpuDevice::<f64>::new(0, 2).unwrap();
     let config = gpt();
-    let host = random_batch(&config, 3, 8, 2);
+    let host = HostBatch::random(&config, 3, 8, 2);
     for opt_config in [OptimizerConfig::adamw(), OptimizerConfig::sgd()] {
         for max_norm in [1e-3, 1e3] {
             let (mut fused, mut first) = (Model::new(&dev, &config, 1).unwrap(), Model::new(&dev, &config, 1).unwrap());

@@ -1,10 +1,11 @@
 //! Batches: `HostBatch` as the data pipeline builds it, `Batch` as a device sees it (validated,
 //! uploaded, with position ids and the dropout coordinates).
 
-use super::config::{HeadSpec, InputSpec, Spec};
+use super::config::{HeadSpec, InputSpec, ModelConfig, Spec};
 use crate::device::Device;
 use crate::error::{Result, data_error};
 use crate::ops::dropout::DropoutCoords;
+use crate::rng::Rng;
 
 /// Label value that contributes no loss (padding positions of a language-model batch).
 pub const IGNORE_INDEX: u32 = u32::MAX;
@@ -59,6 +60,38 @@ pub struct Hidden {
 }
 
 impl HostBatch {
+    /// A batch of random inputs for `config`, drawn from `seed`: `batch` sequences of `seq`
+    /// tokens (text), or `batch` random images; random labels (next tokens for a language
+    /// model). The benchmarks' and the tests' synthetic workload.
+    pub fn random(config: &ModelConfig, batch: usize, seq: usize, seed: u64) -> HostBatch {
+        let mut rng = Rng::new(seed);
+        let ids = |rng: &mut Rng, n: usize, below: usize| -> Vec<u32> {
+            (0..n).map(|_| rng.below(below as u64) as u32).collect()
+        };
+        match config {
+            ModelConfig::Bert(c) => HostBatch {
+                batch,
+                seq,
+                tokens: Some(ids(&mut rng, batch * seq, c.vocab_size)),
+                targets: ids(&mut rng, batch, c.num_labels),
+                ..Default::default()
+            },
+            ModelConfig::Gpt(c) => {
+                let tokens = ids(&mut rng, batch * seq, c.vocab_size);
+                // Next-token targets: the sequence shifted left, the last position ignored.
+                let targets =
+                    (0..batch * seq).map(|i| if (i + 1) % seq == 0 { IGNORE_INDEX } else { tokens[i + 1] }).collect();
+                HostBatch { batch, seq, tokens: Some(tokens), targets, ..Default::default() }
+            }
+            ModelConfig::Vit(c) => {
+                let n = batch * c.num_channels * c.image_size * c.image_size;
+                let pixels = (0..n).map(|_| rng.uniform() as f32).collect();
+                let targets = ids(&mut rng, batch, c.num_labels);
+                HostBatch { batch, pixels: Some(pixels), targets, ..Default::default() }
+            }
+        }
+    }
+
     /// Cuts the batch into `parts` contiguous pieces of near-equal size (the first
     /// `batch mod parts` get one sample more), each keeping its samples' global positions (so
     /// dropout masks, and hence the training step, do not depend on the cut).

@@ -339,8 +339,8 @@ pub struct Summary {
     pub eval: Option<EvalMetrics>,
     /// Frozen Transformer layers at the end.
     pub frozen_layers: usize,
-    /// The plan at the end: pipeline length `K`, replicas `R`, micro-batches `M`, schedule and
-    /// token slices, as the elastic transitions left them.
+    /// The pipeline configuration at the end (`K`, `R`, `M`, schedule, chunks, memory limit,
+    /// token slices), as the elastic transitions left it.
     pub final_plan: PipelineConfig,
     /// The devices the run held, as they name themselves (backend, index, precision; threads
     /// on cpu: e.g. `cpu:0 (F32, bf16 products (avx512), 1 thread)`), so a result says what computed it.

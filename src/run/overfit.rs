@@ -2,15 +2,14 @@
 //! backward and AdamW have to work together for the loss to reach zero, so this is the quickest
 //! end-to-end check of a device (seconds, no data to install).
 
-use crate::bench::random_batch;
 use crate::device::Device;
 use crate::error::{Result, config_error};
-use crate::model::{Batch, BertConfig, Family, GptConfig, Model, ModelConfig, Pooling, VitConfig};
+use crate::model::{Batch, BertConfig, Family, GptConfig, HostBatch, Model, ModelConfig, Pooling, VitConfig};
 use crate::optim::{Decay, LrSchedule, Optimizer, OptimizerConfig, train_step};
 
 /// A small model of `family` without dropout (so memorisation is exact), with the batch size
 /// and sequence length of its batch (0 for images).
-pub fn small_config(family: Family) -> (ModelConfig, usize, usize) {
+fn small_config(family: Family) -> (ModelConfig, usize, usize) {
     match family {
         Family::Bert => (
             ModelConfig::Bert(BertConfig {
@@ -53,13 +52,13 @@ pub fn small_config(family: Family) -> (ModelConfig, usize, usize) {
     }
 }
 
-/// Trains [`small_config`]`(family)` for `steps` AdamW steps (clipped at 1.0) on one random
-/// batch, the learning rate warming up over the first tenth to `lr` and decaying by a cosine to
-/// `lr/10`. `say` receives the console's lines: what runs where, then the loss every 20 steps
-/// and at the last. Returns the losses, one per step.
+/// Trains a small model of `family` (two layers of width 64, no dropout) for `steps` AdamW
+/// steps (clipped at 1.0) on one random batch, the learning rate warming up over the first
+/// tenth to `lr` and decaying by a cosine to `lr/10`. `say` receives the console's lines: what runs where, the loss every 20 steps and at
+/// the last, and the final loss with the steps' time. Returns the losses, one per step.
 ///
-/// Errors: `steps` of 0 or a learning rate the schedule refuses are [`crate::Error::Config`]s
-/// on `steps` and `lr`; a device's failure as the device reports it.
+/// Errors: `steps` of 0 or a learning rate that is not finite and ≥ 0 are
+/// [`crate::Error::Config`]s on `steps` and `lr`; a device's failure as the device reports it.
 pub fn overfit<D: Device>(
     dev: &D,
     family: Family,
@@ -71,6 +70,9 @@ pub fn overfit<D: Device>(
     if steps == 0 {
         return Err(config_error("steps", "must be at least 1"));
     }
+    if !(lr.is_finite() && lr >= 0.0) {
+        return Err(config_error("lr", format!("{lr} is not a learning rate: expected a number, finite and ≥ 0")));
+    }
     let lr_schedule = LrSchedule {
         base_lr: lr,
         min_lr: lr / 10.0,
@@ -81,7 +83,7 @@ pub fn overfit<D: Device>(
     lr_schedule.validate()?;
     let (config, batch, seq) = small_config(family);
     let mut model = Model::new(dev, &config, seed)?;
-    let host = random_batch(&config, batch, seq, seed.wrapping_add(1));
+    let host = HostBatch::random(&config, batch, seq, seed.wrapping_add(1));
     let batch = Batch::upload(dev, model.spec(), &host, true, seed)?;
     let mut optimizer =
         Optimizer::new(OptimizerConfig::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 })?;
@@ -91,6 +93,7 @@ pub fn overfit<D: Device>(
         dev.name(),
         batch.batch
     ));
+    let start = std::time::Instant::now();
     let mut losses = Vec::with_capacity(steps as usize);
     for step in 0..steps {
         let stats = train_step(dev, &mut model, &mut optimizer, &batch, lr_schedule.lr_at(step), Some(1.0))?;
@@ -99,6 +102,8 @@ pub fn overfit<D: Device>(
             say(format!("step {step:4}  loss {:.5}  grad-norm {:.3}", stats.loss, stats.grad_norm));
         }
     }
+    let last = losses.last().copied().unwrap_or(f64::NAN);
+    say(format!("final loss {last:.5} after {steps} steps in {:.1} s", start.elapsed().as_secs_f64()));
     Ok(losses)
 }
 
@@ -119,8 +124,9 @@ mod tests {
             let (first, last) = (losses[0], losses[99]);
             assert!((first - classes.ln()).abs() < 0.5, "{family:?}: first loss {first}");
             assert!(last < first / 10.0, "{family:?}: loss {first} → {last}");
-            assert_eq!(lines.len(), 1 + 5 + 1, "{family:?}: {lines:?}");
+            assert_eq!(lines.len(), 1 + 5 + 1 + 1, "{family:?}: {lines:?}");
             assert!(lines[0].starts_with(&format!("overfit: {family:?} with")), "{lines:?}");
+            assert!(lines[7].starts_with(&format!("final loss {last:.5} after 100 steps in ")), "{lines:?}");
         }
     }
 
@@ -129,6 +135,9 @@ mod tests {
         let dev = CpuDevice::<f32>::new(0, 1).unwrap();
         let e = overfit(&dev, Family::Gpt, 0, 1e-3, 0, |_| {}).unwrap_err();
         assert!(e.to_string().contains("steps") && e.to_string().contains("at least 1"), "{e}");
-        assert!(overfit(&dev, Family::Gpt, 5, f64::NAN, 0, |_| {}).is_err());
+        for lr in [f64::NAN, -1e-3] {
+            let e = overfit(&dev, Family::Gpt, 5, lr, 0, |_| {}).unwrap_err().to_string();
+            assert!(e.contains("`lr`") && e.contains("not a learning rate"), "{e}");
+        }
     }
 }

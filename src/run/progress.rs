@@ -1,6 +1,8 @@
-//! Progress as plain lines, for output that is not a terminal (a CI log, `nohup`, a file): one
-//! line every `every` seconds with the step, epoch, loss, learning rate, throughput and the time
-//! left, so a reader can tell the run is alive. On a terminal the binary shows a bar instead.
+//! A run's console lines. Steps, for output that is not a terminal (a CI log, `nohup`, a file):
+//! one line every `every` seconds with the step, epoch, loss, learning rate, throughput and the
+//! time left, so a reader can tell the run is alive (on a terminal the binary shows a bar
+//! instead). Every other event (evaluations, transitions, the cache's epochs): one line each,
+//! on a terminal or not.
 
 use crate::train::Event;
 use std::time::Duration;
