@@ -47,7 +47,7 @@ impl From<Family> for pipetransformer::model::Family {
 /// Where a command runs (`--device`, `--precision`).
 #[derive(clap::Args, Clone, Copy)]
 struct DeviceArgs {
-    /// Backend: auto (cuda when the driver sees as many GPUs as the run's devices, else cpu),
+    /// Backend: auto (cuda when the driver sees a GPU for each device the command uses, else cpu),
     /// cpu, cuda, or cuda-emu (the CUDA kernels emulated on the host: slow, for checking).
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     device: DeviceKind,
@@ -862,36 +862,23 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
 
     let names: Vec<String> = devices.iter().map(Device::name).collect();
     println!("pipetransformer train: {} on {}", config.output.dir.display(), names.join(", "));
-    // Refused before anything is built. In a launched run rank 0, which writes the files,
-    // decides and every process hears it at once (none goes on alone into a collective).
-    let refuse_checkpoint = |ckpt: &std::path::Path| {
-        anyhow::anyhow!(
-            "{} already holds a checkpoint: pass --resume to continue that run or --fresh to start over",
-            ckpt.display()
-        )
-    };
     if let Some(path) = run.trace {
         // Written when the run ends: a path that cannot take it is refused before it starts.
+        // Its folder is made as the run's output folder is (`--trace runs/trace.json` on a
+        // fresh checkout).
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
+            std::fs::create_dir_all(dir).with_context(|| format!("--trace: creating {}", dir.display()))?;
+        }
         pipetransformer::files::check_writable(path).context("--trace")?;
     }
-    let ckpt = pipetransformer::run::checkpoint_path(&config);
-    let starts_fresh_over = |rank: usize| rank == 0 && !run.resume && !run.fresh && ckpt.exists();
     let group = match &run.process {
         Some(p) => {
             Some(p.join().with_context(|| format!("joining the launched run at {} as rank {}", p.addr, p.rank))?)
         }
         None => None,
     };
-    let mut refused = [f64::from(u8::from(starts_fresh_over(group.as_ref().map_or(0, |g| g.rank()))))];
-    if let Some(g) = &group {
-        g.all_reduce_sum_f64(&mut refused)?;
-    }
-    if refused[0] > 0.0 {
-        return Err(match &group {
-            Some(g) if g.rank() > 0 => anyhow::anyhow!("rank 0 refused to start: {}", refuse_checkpoint(&ckpt)),
-            _ => refuse_checkpoint(&ckpt),
-        });
-    }
+    pipetransformer::run::check_start(&config, run.resume, run.fresh, group.as_ref())?;
+    let ckpt = pipetransformer::run::checkpoint_path(&config);
     let mut job = match group {
         Some(group) if config.pipeline.across_processes => {
             Job::across_processes(devices, config, group).context("preparing the run")?

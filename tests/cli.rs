@@ -389,7 +389,8 @@ fn pipelined_train_follows_one_device_and_writes_a_chrome_trace() {
     assert!(ok, "{out}");
     let piped = scratch("piped");
     let piped_dir = format!("output.dir={}", piped.display());
-    let trace = piped.join("trace.json");
+    // In a folder that does not exist yet: it is made, as the run's output folder is.
+    let trace = piped.join("traces").join("trace.json");
     let trace_arg = trace.display().to_string();
     let mut args = vec!["train", "--config", "configs/vit-digits.toml", "--set", &piped_dir, "--devices", "4"];
     args.extend([
@@ -485,9 +486,13 @@ fn bad_pipeline_settings_and_an_unwritable_trace_are_clear_errors() {
         let (ok, out) = pipetransformer(&["plan", "--config", "configs/vit-digits.toml", "--set", set]);
         assert!(!ok && out.contains(key), "{out}");
     }
-    // A trace whose folder does not exist is refused before the run starts: nothing written.
+    // A trace whose folder cannot be made (a file is in the way) is refused before the run
+    // starts: nothing written.
     let dir = scratch("trace-fail");
     let out_dir = format!("output.dir={}", dir.display());
+    let blocked = scratch("trace-blocked");
+    std::fs::write(blocked.join("file"), b"").unwrap();
+    let trace = blocked.join("file").join("trace.json").display().to_string();
     let (ok, out) = pipetransformer(&[
         "train",
         "--config",
@@ -506,9 +511,9 @@ fn bad_pipeline_settings_and_an_unwritable_trace_are_clear_errors() {
         "--pipeline-len",
         "2",
         "--trace",
-        "/nonexistent-dir/trace.json",
+        &trace,
     ]);
-    assert!(!ok && out.contains("/nonexistent-dir/trace.json") && out.contains("is not a folder"), "{out}");
+    assert!(!ok && out.contains("--trace: creating") && out.contains("trace-blocked"), "{out}");
     assert!(!out.contains("done:") && std::fs::read_dir(&dir).unwrap().next().is_none(), "{out}");
 }
 

@@ -130,7 +130,7 @@ pub enum ScheduleKind {
     Gpipe,
     /// One forward, one backward (PipeDream-Flush): at most `K − d` micro-batches in flight on
     /// device `d`.
-    #[serde(alias = "1f1b")]
+    #[serde(rename = "1f1b", alias = "one-f-one-b")]
     OneFOneB,
     /// 1F1B over `v ≥ 2` model chunks per device (Megatron's interleaved schedule).
     Interleaved,

@@ -227,10 +227,26 @@ fn encode_texts(tokenizer: &TextTokenizer, samples: Vec<TextSample>) -> Result<V
     Ok(samples.iter().zip(encoded).map(|(t, encoded)| EncodedSample { id: t.id, label: t.label, encoded }).collect())
 }
 
+/// Refuses a `model.pretrained` that is not a folder, naming the setting and how the configs'
+/// folders are installed (a missing one otherwise surfaced as its first file's read error).
+fn check_pretrained(dir: &std::path::Path) -> Result<()> {
+    match dir.is_dir() {
+        true => Ok(()),
+        false => Err(config_error(
+            "model.pretrained",
+            format!(
+                "{} is not a folder; expected a Hugging Face model folder (config.json, model.safetensors, \
+                 tokenizer.json): `make setup` (scripts/setup.sh) installs the ones configs/ name",
+                dir.display()
+            ),
+        )),
+    }
+}
+
 /// The tokenizer file of a text run: `tokenizer.json` in the pretrained model's directory.
 fn tokenizer_path(config: &RunConfig) -> Result<PathBuf> {
     match &config.model.pretrained {
-        Some(dir) => Ok(dir.join("tokenizer.json")),
+        Some(dir) => check_pretrained(dir).map(|()| dir.join("tokenizer.json")),
         None => Err(Error::Config {
             field: "model.pretrained".into(),
             message: "text datasets need a pretrained model directory holding tokenizer.json".into(),
@@ -250,6 +266,7 @@ pub fn build_model<D: Device>(
     let m = &config.model;
     match (&m.pretrained, &m.config) {
         (Some(dir), _) => {
+            check_pretrained(dir)?;
             let mut model_config = weights::read_hf_config(dir.join(weights::CONFIG_FILE), None)?;
             match &mut model_config {
                 ModelConfig::Bert(c) => {
@@ -317,6 +334,32 @@ fn check_images(spec: &crate::model::Spec, first: &HostBatch, info: &DataInfo) -
 /// Where a run of `config` keeps its checkpoint.
 pub fn checkpoint_path(config: &RunConfig) -> PathBuf {
     config.output.dir.join("checkpoint.ckpt")
+}
+
+/// Whether a run of `config` may start in its `output.dir`: one that neither resumes nor starts
+/// over (`fresh`) is refused where a checkpoint is already there, before anything is built, so
+/// an earlier run's files are not overwritten by mistake. In a launched run (`group`) rank 0,
+/// which writes the files, decides and every process hears it at once: none goes on alone into
+/// a collective the others have left.
+///
+/// Errors: an [`Error::Config`] on `output.dir` naming the checkpoint and the two ways on
+/// (`--resume`, `--fresh`); on ranks above 0 it says rank 0 refused; a collective's failure.
+pub fn check_start(config: &RunConfig, resume: bool, fresh: bool, group: Option<&ProcessGroup>) -> Result<()> {
+    let ckpt = checkpoint_path(config);
+    let rank = group.map_or(0, |g| g.rank());
+    let mut refused = [f64::from(u8::from(rank == 0 && !resume && !fresh && ckpt.exists()))];
+    if let Some(g) = group {
+        g.all_reduce_sum_f64(&mut refused)?;
+    }
+    if refused[0] == 0.0 {
+        return Ok(());
+    }
+    let why = format!(
+        "{} already holds a checkpoint ({}): pass --resume to continue that run or --fresh to start over",
+        config.output.dir.display(),
+        ckpt.file_name().unwrap_or_default().to_string_lossy()
+    );
+    Err(config_error("output.dir", if rank == 0 { why } else { format!("rank 0 refused to start: {why}") }))
 }
 
 /// The end of a run.
@@ -938,6 +981,43 @@ mod tests {
     fn toy(n: usize) -> Dataset<TextSample> {
         let samples = (0..n).map(|i| TextSample { id: i as u64, text: format!("t{i}"), label: i as u32 % 2 }).collect();
         Dataset::new("toy", vec!["a".into(), "b".into()], samples).unwrap()
+    }
+
+    /// A folder with a checkpoint is refused unless the run resumes or starts over; an empty
+    /// one starts. (A launched run's ranks hearing rank 0 refuse: tests/cli.rs.)
+    #[test]
+    fn a_checkpoint_in_the_way_is_refused_unless_resuming_or_starting_over() {
+        let scratch = crate::files::Scratch::new("check-start");
+        let config = super::RunConfig::parse(
+            "[model]\npretrained = \"w\"\n[data]\ndataset = \"digits\"\nbatch_size = 8\n[train]\nepochs = 1\nlr = 1e-4\n",
+            "test",
+            &[format!("output.dir={:?}", scratch.display().to_string())],
+        )
+        .unwrap();
+        assert!(super::check_start(&config, false, false, None).is_ok(), "nothing there yet");
+        std::fs::write(super::checkpoint_path(&config), b"an earlier run").unwrap();
+        let e = super::check_start(&config, false, false, None).unwrap_err().to_string();
+        assert!(e.contains("output.dir") && e.contains("already holds a checkpoint (checkpoint.ckpt)"), "{e}");
+        assert!(e.contains("--resume") && e.contains("--fresh") && !e.contains("rank 0"), "{e}");
+        assert!(
+            super::check_start(&config, true, false, None).is_ok()
+                && super::check_start(&config, false, true, None).is_ok()
+        );
+    }
+
+    /// A pretrained folder that is not there is named by its setting, with the way to install it.
+    #[test]
+    fn a_missing_pretrained_folder_is_named_by_its_setting() {
+        let config = super::RunConfig::parse(
+            "[model]\npretrained = \"weights/pt-no-such-model\"\n[data]\ndataset = \"rotten_tomatoes\"\nbatch_size = 8\n\
+             [train]\nepochs = 1\nlr = 1e-4\n[output]\ndir = \"runs/x\"\n",
+            "test",
+            &[],
+        )
+        .unwrap();
+        let e = super::tokenizer_path(&config).unwrap_err().to_string();
+        assert!(e.contains("model.pretrained") && e.contains("pt-no-such-model is not a folder"), "{e}");
+        assert!(e.contains("make setup"), "{e}");
     }
 
     /// The validation part comes out of the training half, stratified and seeded; the test

@@ -114,7 +114,22 @@ impl<D: Device> Predictor<D> {
     /// [`load_checkpoint`](Self::load_checkpoint)), a run's output folder (its `model/`), or an
     /// export folder (see [`load`](Self::load)).
     pub fn open(dev: D, path: &Path) -> Result<Self> {
+        const EXPECTED: &str = "expected an exported model folder (a run's `model/`), a run's output folder, or a run's \
+                                checkpoint.ckpt";
+        let refuse = |message: String| Error::Weights { file: path.display().to_string(), tensor: None, message };
+        if !path.exists() {
+            return Err(refuse(format!("does not exist; {EXPECTED}")));
+        }
         if path.is_file() {
+            // A file of an export (its weights, its config.json) is not the export: say which
+            // folder is.
+            let folder = path.parent().filter(|d| d.join(weights::CONFIG_FILE).is_file());
+            if let (Some(folder), false) = (folder, path.extension().is_some_and(|e| e == "ckpt")) {
+                return Err(refuse(format!(
+                    "is a file of the exported model in {}: pass that folder",
+                    folder.display()
+                )));
+            }
             return Self::load_checkpoint(dev, path);
         }
         let run_export = path.join("model");
@@ -544,9 +559,23 @@ impl<D: Device> Predictor<D> {
                 }
             };
         }
-        // A CSV row of raw values.
-        let values = pixel_row(input, max_value)
-            .map_err(|e| data_error("input", format!("{e} (nor is the input an image or CSV file)")))?;
+        // A CSV row of raw values; one that is not, but reads as a file's name (a folder in it,
+        // or an extension of letters), is a file that is not there.
+        let values = pixel_row(input, max_value).map_err(|e| {
+            let extension = path.extension().and_then(|e| e.to_str()).unwrap_or_default();
+            let named = input.contains('/')
+                || extension.starts_with(|c: char| c.is_ascii_alphabetic())
+                    && extension.chars().all(|c| c.is_ascii_alphanumeric());
+            match named {
+                true => data_error(
+                    "input",
+                    format!(
+                        "`{input}`: no such file; expected an image (PNG, PGM), IDX or CSV file, or a CSV row of pixels"
+                    ),
+                ),
+                false => data_error("input", format!("{e} (nor is the input an image or CSV file)")),
+            }
+        })?;
         if values.len() != n {
             return Err(data_error(
                 "input",
@@ -809,7 +838,32 @@ mod tests {
             assert!(Predictor::open(dev(), path).is_ok(), "{}", path.display());
         }
         let err = Predictor::open(dev(), &scratch.join("elsewhere")).err().unwrap().to_string();
+        assert!(
+            err.contains("elsewhere") && err.contains("does not exist") && err.contains("checkpoint.ckpt"),
+            "{err}"
+        );
+        // A file inside the export: pointed to its folder.
+        let err = Predictor::open(dev(), &export.join(weights::WEIGHTS_FILE)).err().unwrap().to_string();
+        assert!(err.contains("is a file of the exported model in") && err.contains("pass that folder"), "{err}");
+        // A folder that holds neither an export nor a run's: the export's missing file.
+        std::fs::create_dir(scratch.join("empty")).unwrap();
+        let err = Predictor::open(dev(), &scratch.join("empty")).err().unwrap().to_string();
         assert!(err.contains("config.json"), "{err}");
+    }
+
+    /// An input that is neither a file nor a row of pixels: a name that reads as a file's is
+    /// said to be missing; anything else is named by its first value that is not a pixel.
+    #[test]
+    fn a_missing_image_file_is_called_missing() {
+        let (_scratch, p) = tiny_vit_predictor("predict-missing");
+        for input in ["/tmp/pt-no-such-dir/7.png", "seven.png", "rows.csv.gz"] {
+            let e = p.read_images(input).unwrap_err().to_string();
+            assert!(e.contains(&format!("`{input}`: no such file")), "{input}: {e}");
+        }
+        for input in ["1,2,x", "1.5e3", "0.5,0.25"] {
+            let e = p.read_images(input).unwrap_err().to_string();
+            assert!(!e.contains("no such file"), "{input}: {e}");
+        }
     }
 
     /// Nothing to score is an error, as a forward of no input is, not metrics of 0 %.
