@@ -513,7 +513,10 @@ fn bad_pipeline_settings_and_an_unwritable_trace_are_clear_errors() {
         "--trace",
         &trace,
     ]);
-    assert!(!ok && out.contains("--trace") && out.contains("trace-blocked/file is not a folder"), "{out}");
+    assert!(
+        !ok && out.contains("--trace") && out.contains("trace-blocked") && out.contains("/file is not a folder"),
+        "{out}"
+    );
     assert!(!out.contains("done:") && std::fs::read_dir(&dir).unwrap().next().is_none(), "{out}");
 }
 
