@@ -254,12 +254,11 @@ pub fn bench_step(
     let mut probe = pool_threads.map(|t| GemmProbe::new(t, 2048)).transpose()?;
     let b = &report.bench;
     let mut time = |dev: AnyDevice, precision: Precision| -> crate::Result<()> {
-        let (name, t, peak) = match &dev {
-            AnyDevice::Cpu(d) => (d.name(), time_step(d, b.steps, b.warmup, b.batch, b.seq, probe.as_mut())?, None),
-            AnyDevice::Gpu(d) => {
-                (d.name(), time_step(d, b.steps, b.warmup, b.batch, b.seq, None)?, gpu_peak(&d.name()))
-            }
+        let (name, t) = match &dev {
+            AnyDevice::Cpu(d) => (d.name(), time_step(d, b.steps, b.warmup, b.batch, b.seq, probe.as_mut())?),
+            AnyDevice::Gpu(d) => (d.name(), time_step(d, b.steps, b.warmup, b.batch, b.seq, None)?),
         };
+        let peak = matches!(dev, AnyDevice::Gpu(_)).then(|| gpu_peak(&name)).flatten();
         if let Some(peak) = peak {
             let peak = if precision == Precision::Bf16 { peak.bf16 } else { peak.f32 };
             report.mfu.push((precision, t.flops / t.median / peak, peak));

@@ -116,7 +116,7 @@ impl<D: Device> Predictor<D> {
     pub fn open(dev: D, path: &Path) -> Result<Self> {
         const EXPECTED: &str = "expected an exported model folder (a run's `model/`), a run's output folder, or a run's \
                                 checkpoint.ckpt";
-        let refuse = |message: String| Error::Weights { file: path.display().to_string(), tensor: None, message };
+        let refuse = |message: String| weights::read::export_error(path, message);
         if !path.exists() {
             return Err(refuse(format!("does not exist; {EXPECTED}")));
         }

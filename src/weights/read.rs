@@ -43,7 +43,7 @@ pub struct ExportedModel {
 
 /// The error for a file of an export that is missing or not what this engine writes: it names
 /// the file and says what was expected.
-fn export_error(path: &Path, message: impl std::fmt::Display) -> Error {
+pub(crate) fn export_error(path: &Path, message: impl std::fmt::Display) -> Error {
     Error::Weights { file: path.display().to_string(), tensor: None, message: message.to_string() }
 }
 
