@@ -11,6 +11,7 @@
 //! | [`scalar`] | `Float` (f32/f64 element types), `DType` |
 //! | [`error`] | `Error`, `Result`, `check_len` |
 //! | [`rng`] | `Rng` (seeded SplitMix64), `hash_u64` (counter-based hash for dropout masks) |
+//! | [`bytes`](mod@bytes) | byte counts as written (`8GiB`, `512MiB`, `1000000`): `parse`, and serde readers for config fields |
 //! | [`files`] | `write_atomic` (temp file, fsync, rename) |
 //! | [`debug`] | `level()`: the `PT_DEBUG` environment variable (1: per-step timings on stderr) |
 //! | [`ops`] | reference kernels, each a `*_forward`/`*_backward` pair: `matmul`, `gemm_bf16` (bf16 products with f32 accumulation: `vdpbf16ps` and AMX kernels, fallback, reference), `linear`, `embedding`, `patch` (+ class token), `layernorm`, `gelu`, `softmax`, `tanh`, `residual`, `dropout`, `attention`, `pooling`, `cross_entropy`, `optim` (AdamW, SGD, norms); `simd` (`vectorized`: element-wise loops compiled for the CPU's widest vector unit, chosen at run time; a vectorisable `exp_f32`) |
@@ -45,6 +46,7 @@
 #![warn(missing_docs)]
 
 pub mod bench;
+pub mod bytes;
 pub mod comm;
 pub mod data;
 pub mod debug;

@@ -118,7 +118,7 @@ struct PipelineArgs {
     token_slices: Option<TokenSlices>,
     /// Bytes each device may hold (weights, gradients, optimizer state, activations in flight),
     /// e.g. `8GiB`, `512MiB` or a byte count: the partition and TeraPipe's planner respect it.
-    #[arg(long, value_parser = parse_bytes)]
+    #[arg(long, value_parser = pipetransformer::bytes::parse)]
     memory_limit: Option<usize>,
     /// Under `launch`: pipelines whose stages are the processes, one device each. The
     /// processes make rows of --pipeline-len stages, each row a replica: process p runs stage
@@ -169,7 +169,7 @@ struct ElasticArgs {
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     cache: Option<bool>,
     /// Host memory the cache may hold before it spills to disk, e.g. `4GiB` or a byte count.
-    #[arg(long, value_parser = parse_bytes)]
+    #[arg(long, value_parser = pipetransformer::bytes::parse)]
     cache_bytes: Option<usize>,
     /// Directory of the cache's spill file (default: the run's output directory, `cache/`).
     #[arg(long)]
@@ -218,26 +218,6 @@ enum PrecisionArg {
 
 fn parse_from_str<T: std::str::FromStr<Err = pipetransformer::Error>>(s: &str) -> std::result::Result<T, String> {
     s.parse().map_err(|e: pipetransformer::Error| e.to_string())
-}
-
-/// A byte count with an optional binary suffix: `123`, `64KiB`, `512MiB`, `8GiB`.
-fn parse_bytes(s: &str) -> std::result::Result<usize, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (digits, suffix) = s.split_at(split);
-    let scale: usize = match suffix.trim() {
-        "" | "B" => 1,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        "TiB" => 1 << 40,
-        other => return Err(format!("unknown unit `{other}`: expected a byte count with B, KiB, MiB, GiB or TiB")),
-    };
-    digits
-        .parse::<usize>()
-        .ok()
-        .and_then(|n| n.checked_mul(scale))
-        .ok_or_else(|| format!("`{s}` is not a byte count: expected e.g. 8GiB, 512MiB or 1000000"))
 }
 
 /// A batch size: a whole number, at least 1.
@@ -890,9 +870,12 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
         None => Job::new(devices, config).context("preparing the run")?,
     };
     if run.resume {
-        job.resume().with_context(|| format!("resuming from {}", ckpt.display()))?;
+        let plan = job.resume().with_context(|| format!("resuming from {}", ckpt.display()))?;
         let p = job.trainer.position;
         println!("resumed at step {} (epoch {}, batch {})", p.step, p.epoch, p.batch);
+        if plan != pipetransformer::run::ResumedPlan::Checkpoint {
+            println!("{plan}");
+        }
         let slices = &job.trainer.pipeline.plan().config.token_slices;
         if !slices.is_empty() {
             println!("token slices (the checkpoint's): {slices:?}");

@@ -16,7 +16,7 @@ use pipetransformer::model::{ModelConfig, Pooling};
 use pipetransformer::optim::Decay;
 use pipetransformer::pipeline::{PipelineConfig, StepOptions};
 use pipetransformer::testing::Scratch;
-use pipetransformer::train::{BatchSource, Event, TrainConfig, Trainer, Transition};
+use pipetransformer::train::{BatchSource, Event, RecordedPlan, TrainConfig, Trainer, Transition};
 
 const EPOCHS: u64 = 4;
 const SAMPLES: usize = 12;
@@ -505,7 +505,8 @@ fn a_resumed_run_measures_the_interval_under_way_from_its_start() {
 
     let resume = |with_tensors: bool| {
         let (mut second, mut elastic) = trainer();
-        let (state, tensors) = second.load_checkpoint_with(&path).unwrap();
+        let restored = second.load_checkpoint_with(&path, RecordedPlan::Restore).unwrap();
+        let (state, tensors) = (restored.controller, restored.tensors);
         elastic.restore(state).unwrap();
         elastic.restore_tensors(if with_tensors { tensors } else { Vec::new() });
         let mut later = events.clone();
@@ -990,6 +991,37 @@ fn a_run_resumed_while_timing_micro_batches_goes_on_timing() {
     third.fit(&data, None, &mut off, &mut |e| events.push(e.clone())).unwrap();
     assert_eq!(third.pipeline.plan().config.micro_batches, m);
     assert!(timed(&events).is_empty(), "{events:?}");
+}
+
+/// A run that ends while AutoPipe times its micro-batch counts ends on the fastest count timed
+/// so far, with a transition that says so: not on whichever count was on trial.
+#[test]
+fn a_run_that_ends_while_timing_keeps_the_fastest_count_timed() {
+    let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
+    let dir = scratch("end-timing");
+    // Timing M = 2 and 4 takes a warm-up step and 2 × 3 rounds; the run has 4 steps.
+    let train = TrainConfig { max_steps: 4, ..train_config() };
+    let interval = FreezeInterval::Steps(9);
+    let (mut t, mut elastic) = elastic_trainer_with(train, &bert(), cpus(2), &dir, interval, FreedDevices::Replicas);
+    let mut events = Vec::new();
+    elastic.start(&mut t, &mut |e| events.push(e.clone())).unwrap();
+    t.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
+    assert!(t.done());
+    let Some(Event::Transition(last)) = events.iter().rfind(|e| matches!(e, Event::Transition(_))) else {
+        panic!("no transition: {events:?}")
+    };
+    let m = t.pipeline.plan().config.micro_batches;
+    assert_eq!(last.step, 4);
+    assert_eq!(last.micro_batches.1, m);
+    let rate = |m: usize| -> f64 {
+        let at = last.reason.find(&format!("M={m}: ")).unwrap_or_else(|| panic!("M={m} untimed: {}", last.reason));
+        last.reason[at + 5..].split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+    };
+    assert!(last.reason.starts_with("the run ended during AutoPipe's timing of micro-batch counts"), "{}", last.reason);
+    assert!(last.reason.ends_with(&format!("M={m} kept")), "{}", last.reason);
+    let other = if m == 2 { 4 } else { 2 };
+    assert!(rate(m) >= rate(other), "{}", last.reason);
+    assert!(elastic.state()["tuning"].is_null(), "nothing left on trial in the checkpoint");
 }
 
 /// Launched processes time their own steps, so each would choose its own shape at a

@@ -6,7 +6,8 @@ mod common;
 use pipetransformer::Result;
 use pipetransformer::device::CpuDevice;
 use pipetransformer::model::{HostBatch, ModelConfig};
-use pipetransformer::train::{BatchSource, Event, TrainConfig, Trainer};
+use pipetransformer::pipeline::PipelineConfig;
+use pipetransformer::train::{BatchSource, Event, RecordedPlan, TrainConfig, Trainer};
 use std::path::PathBuf;
 
 /// Four random batches per epoch, one eval batch; optionally failing at one batch.
@@ -102,6 +103,57 @@ fn resumed_run_is_bitwise_identical() {
         assert_eq!(all, resumed, "losses of 8 straight steps vs 5 + resume + 3");
         for (a, b) in straight.pipeline.parameters(0).unwrap().iter().zip(second.pipeline.parameters(0).unwrap()) {
             assert_eq!(a, &b, "{}", a.0);
+        }
+        std::fs::remove_file(&path).unwrap();
+    }
+}
+
+/// A run resumed in another shape (one device → a pipeline of two, and back) keeps that shape
+/// when asked to ([`RecordedPlan::UnlessReshaped`]) and follows the straight run step by step:
+/// the same losses and gradient norms, where a weight or moment loaded onto the wrong stage,
+/// or left behind, would change both. [`RecordedPlan::Restore`] restores the checkpoint's.
+#[test]
+fn a_run_resumed_in_another_shape_keeps_it_and_follows_the_straight_run() {
+    let config = common::tiny_bert(pipetransformer::model::Pooling::Mean, 0.1);
+    let src = Synthetic { config: config.clone(), fail_at: None };
+    let on = |k: usize| {
+        let devices = (0..k).map(|i| CpuDevice::<f32>::new(i, 1).unwrap()).collect();
+        let plan = PipelineConfig { pipeline_len: k, ..Default::default() };
+        common::trainer_on(&config, 3, devices, plan, train_config(), 4)
+    };
+    let steps = |t: &mut Trainer<CpuDevice<f32>>, n: Option<u64>| {
+        let mut seen = Vec::new();
+        t.fit(&src, n, &mut (), &mut |e| {
+            if let Event::Step { loss, grad_norm, .. } = e {
+                seen.push((*loss, *grad_norm))
+            }
+        })
+        .unwrap();
+        seen
+    };
+    let straight = steps(&mut on(1), None);
+    for (from, to) in [(1, 2), (2, 1)] {
+        let path = tmp(&format!("reshape-{from}-{to}"));
+        let mut first = on(from);
+        let mut resumed = steps(&mut first, Some(3));
+        first.save_checkpoint(&path, serde_json::Value::Null).unwrap();
+        drop(first);
+        let mut second = on(to);
+        let restored = second.load_checkpoint_with(&path, RecordedPlan::UnlessReshaped).unwrap();
+        assert_eq!(restored.reshaped_from.map(|c| c.pipeline_len), Some(from));
+        assert_eq!(second.pipeline.plan().config.pipeline_len, to, "the shape asked for stays");
+        resumed.extend(steps(&mut second, None));
+        assert_eq!(resumed.len(), straight.len());
+        for (i, ((l, g), (want_l, want_g))) in resumed.iter().zip(&straight).enumerate() {
+            assert!(
+                (l - want_l).abs() <= 1e-5 && (g - want_g).abs() <= 1e-5 * want_g,
+                "step {i}: {l} {g} vs {want_l} {want_g}"
+            );
+        }
+        if to == 2 {
+            let mut third = on(2);
+            assert!(third.load_checkpoint_with(&path, RecordedPlan::Restore).unwrap().reshaped_from.is_none());
+            assert_eq!(third.pipeline.plan().config.pipeline_len, 1, "the checkpoint's shape restored");
         }
         std::fs::remove_file(&path).unwrap();
     }

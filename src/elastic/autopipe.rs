@@ -142,9 +142,8 @@ pub type Rates = Vec<(usize, f64)>;
 /// all of them alike instead of on whichever was being timed.
 pub const ROUNDS: usize = 3;
 
-/// A shape being tuned: its key, the candidates, the rates measured for each so far, and the
-/// index of the one in force.
-/// A shape's micro-batch counts being timed: kept in a checkpoint, so a resumed run goes on
+/// A shape's micro-batch counts being timed (its key, the candidates, the rates measured for
+/// each so far, the index of the one in force): kept in a checkpoint, so a resumed run goes on
 /// timing where it stopped instead of keeping whichever count was in force.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Timing {
@@ -227,17 +226,37 @@ impl Tuner {
             *at = (i + 1) % candidates.len();
             return Some((candidates[*at], None));
         }
-        let median = |r: &[f64]| {
-            let mut r = r.to_vec();
-            r.sort_by(f64::total_cmp);
-            r[r.len() / 2]
-        };
-        let timed: Rates = candidates.iter().zip(rates.iter()).map(|(&c, r)| (c, median(r))).collect();
-        let winner = timed.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1)).map_or(m, |w| w.0);
+        let timed = medians(candidates, rates);
+        let winner = fastest(&timed).unwrap_or(m);
         self.best.insert(std::mem::take(key), winner);
         self.running = None;
         Some((winner, Some(timed)))
     }
+
+    /// Ends the timing under way before every candidate had its rounds (the run is over):
+    /// returns the count with the best median of the steps timed (the first candidate, the one
+    /// planned, where none was timed) and the medians of those timed. Nothing is remembered
+    /// for the shape: a rate of fewer rounds is not a result. `None` when nothing is timed.
+    pub fn cut_short(&mut self) -> Option<(usize, Rates)> {
+        let Timing { candidates, rates, .. } = self.running.take()?;
+        let timed: Rates = medians(&candidates, &rates).into_iter().filter(|(_, r)| r.is_finite()).collect();
+        Some((fastest(&timed).or(candidates.first().copied()).unwrap_or(1), timed))
+    }
+}
+
+/// Each candidate's median rate (NaN where none was measured).
+fn medians(candidates: &[usize], rates: &[Vec<f64>]) -> Rates {
+    let median = |r: &[f64]| {
+        let mut r = r.to_vec();
+        r.sort_by(f64::total_cmp);
+        r.get(r.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    candidates.iter().zip(rates).map(|(&c, r)| (c, median(r))).collect()
+}
+
+/// The count of the highest rate.
+fn fastest(timed: &Rates) -> Option<usize> {
+    timed.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1)).map(|w| w.0)
 }
 
 #[cfg(test)]
@@ -383,5 +402,23 @@ mod tests {
         assert!(t.running());
         assert_eq!(t.time(Tuner::key(2, 1, 3, false, 4, ScheduleKind::OneFOneB), Vec::new()), 1);
         assert!(!t.running(), "nothing to time");
+    }
+
+    /// A timing the run's end cuts short keeps the best count timed so far (the planned first
+    /// candidate where none was), and remembers nothing for the shape.
+    #[test]
+    fn a_timing_cut_short_keeps_the_best_so_far_and_remembers_nothing() {
+        let mut t = Tuner::default();
+        assert_eq!(t.cut_short(), None, "nothing under way");
+        let key = Tuner::key(2, 1, 0, false, 32, ScheduleKind::OneFOneB);
+        t.start(key.clone(), vec![2, 4, 8]);
+        assert_eq!(t.cut_short(), Some((2, Vec::new())), "none timed: the planned count");
+        assert!(!t.running());
+        t.start(key.clone(), vec![2, 4, 8]);
+        for (m, rate) in [(2, 10.0), (4, 30.0), (8, 20.0), (2, 12.0)] {
+            t.record(m, rate);
+        }
+        assert_eq!(t.cut_short(), Some((4, vec![(2, 12.0), (4, 30.0), (8, 20.0)])));
+        assert!(!t.running() && t.best.get(&key).is_none());
     }
 }

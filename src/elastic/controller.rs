@@ -474,6 +474,53 @@ impl Elastic {
         }
     }
 
+    /// At the run's end, ends AutoPipe's timing of micro-batch counts and its trial of
+    /// pipeline lengths where either is under way, so the run ends (and its summary and
+    /// checkpoint record) a shape that was chosen, not one on trial: the length the trial
+    /// timed first (the one AutoPipe chose) and, on it, the fastest count timed so far.
+    fn settle_at_end<D: Device>(&mut self, trainer: &mut Trainer<D>, on_event: &mut dyn FnMut(&Event)) -> Result<()> {
+        let (started, before) = (Instant::now(), trainer.pipeline.plan().config.clone());
+        let timing = self.tuner.cut_short();
+        let reason = match (self.shape_trial.take(), timing) {
+            (None, None) => return Ok(()),
+            (Some(ShapeTrial::Timed(first, rate)), _) => {
+                let mut reason = format!(
+                    "the run ended during AutoPipe's trial of pipeline lengths: K={} ({rate:.0} positions/s) kept, \
+                     K={} not timed to the end",
+                    first.pipeline_len, before.pipeline_len
+                );
+                reason += &self.adopt_shape(trainer, first, &before, false)?;
+                reason
+            }
+            (trial, timing) => {
+                let mut reason = String::from("the run ended during AutoPipe's timing");
+                if let Some((m, timed)) = timing {
+                    let rates: Vec<String> = timed.iter().map(|(m, r)| format!("M={m}: {r:.0}")).collect();
+                    let rates = if rates.is_empty() { "none timed".into() } else { rates.join(", ") };
+                    reason += &format!(" of micro-batch counts (positions/s: {rates}): M={m} kept");
+                    if m != before.micro_batches {
+                        let cached = if self.cache_on { frozen_units(self.frozen_layers) } else { 0 };
+                        let per_replica = (self.around.batch * trainer.batches_per_step).div_ceil(before.replicas);
+                        trainer
+                            .pipeline
+                            .set_micro_batches(m, &trainer.profiles_for(per_replica.div_ceil(m), cached))?;
+                    }
+                }
+                if let Some(ShapeTrial::Next(other)) = trial {
+                    reason += &format!(
+                        "; K={} kept, K={} (in force before) not timed",
+                        before.pipeline_len, other.pipeline_len
+                    );
+                }
+                reason
+            }
+        };
+        self.warming = false;
+        let layers = (self.frozen_layers, self.frozen_layers);
+        self.emit(trainer, reason, layers, before, started, on_event);
+        Ok(())
+    }
+
     fn emit<D: Device>(
         &self,
         trainer: &mut Trainer<D>,
@@ -676,6 +723,9 @@ impl<D: Device> Controller<D> for Elastic {
             && trainer.position.step.is_multiple_of(n)
         {
             self.end_interval(trainer, on_event)?;
+        }
+        if trainer.done() {
+            self.settle_at_end(trainer, on_event)?;
         }
         Ok(())
     }

@@ -176,8 +176,9 @@ pub struct ElasticConfig {
     /// Cache the frozen prefix's output (switched on only where reading it is measured to be
     /// cheaper than the forward it replaces).
     pub cache: bool,
-    /// Bytes of host memory the cache may hold before it spills to disk.
-    #[serde(default = "default_cache_bytes")]
+    /// Bytes of host memory the cache may hold before it spills to disk: a count, or text
+    /// with a unit (`"4GiB"`).
+    #[serde(default = "default_cache_bytes", deserialize_with = "crate::bytes::deserialize")]
     pub cache_bytes: usize,
     /// Where the spill file goes (default: the run's output directory, `cache/`).
     pub cache_dir: Option<PathBuf>,

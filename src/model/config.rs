@@ -339,6 +339,15 @@ impl Spec {
 }
 
 impl ModelConfig {
+    /// The family's name as people write it: `BERT`, `GPT`, `ViT`.
+    pub fn family_name(&self) -> &'static str {
+        match self {
+            ModelConfig::Bert(_) => "BERT",
+            ModelConfig::Gpt(_) => "GPT",
+            ModelConfig::Vit(_) => "ViT",
+        }
+    }
+
     /// Validates the configuration and derives the [`Spec`]. Every error names the field.
     pub fn spec(&self) -> Result<Spec> {
         let spec = self.spec_fields()?;

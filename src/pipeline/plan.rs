@@ -40,6 +40,12 @@ impl PipelineConfig {
     pub fn slices(&self) -> usize {
         self.token_slices.len().max(1)
     }
+
+    /// Whether `other` asks for the same pipelines: all but the token slices, which `auto`
+    /// measures afresh in every run.
+    pub fn same_shape(&self, other: &PipelineConfig) -> bool {
+        *self == PipelineConfig { token_slices: self.token_slices.clone(), ..other.clone() }
+    }
 }
 
 impl Default for PipelineConfig {

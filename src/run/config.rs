@@ -199,7 +199,9 @@ pub struct PipelineSection {
     pub schedule: ScheduleKind,
     /// Model chunks per device (default 2 for the interleaved schedule, else 1).
     pub chunks: Option<usize>,
-    /// Bytes each device may hold (weights, gradients, optimizer state, activations in flight).
+    /// Bytes each device may hold (weights, gradients, optimizer state, activations in flight):
+    /// a count, or text with a unit (`"8GiB"`).
+    #[serde(deserialize_with = "crate::bytes::deserialize_option")]
     pub memory_limit: Option<usize>,
     /// Partition by each unit's measured time on the device instead of its FLOPs.
     pub profile: bool,
@@ -377,18 +379,26 @@ impl RunConfig {
         }
         let config = convert(&table).map_err(|e| {
             // A converted table carries no positions: name the first override that breaks a
-            // file that converts on its own, else the file.
-            let mut field = origin.to_string();
+            // file that converts on its own, else the key in the file (serde's `in `key``), else
+            // the file.
+            let e = e.trim_end();
+            let (message, key) = match e.rsplit_once("\nin `") {
+                Some((message, key)) => (message, key.strip_suffix('`')),
+                None => (e, None),
+            };
             if convert(&file).is_ok() {
                 let mut t = file.clone();
                 for o in overrides {
                     if apply_override(&mut t, o).is_ok() && convert(&t).is_err() {
-                        field = format!("--set {}", o.split_once('=').map_or(o.as_str(), |(k, _)| k.trim()));
-                        break;
+                        let field = format!("--set {}", o.split_once('=').map_or(o.as_str(), |(k, _)| k.trim()));
+                        return Error::Config { field, message: message.into() };
                     }
                 }
             }
-            Error::Config { field, message: e.trim_end().to_string() }
+            match key {
+                Some(key) => Error::Config { field: key.into(), message: format!("{message} (in {origin})") },
+                None => Error::Data { what: origin.into(), message: message.into() },
+            }
         })?;
         config.validate()?;
         let written = table.get("model").and_then(|m| m.get("config")).and_then(|c| c.get("num_labels"));
@@ -538,12 +548,6 @@ impl RunConfig {
             return Err(Error::Config {
                 field: "output.progress_every".into(),
                 message: format!("{}: expected seconds, finite and at least 0", self.output.progress_every),
-            });
-        }
-        if self.elastic.cache && self.pipeline.token_slices != TokenSlices::Off {
-            return Err(Error::Config {
-                field: "pipeline.token_slices".into(),
-                message: "the frozen-activation cache (elastic.cache) does not take token slices; turn one off".into(),
             });
         }
         self.pipeline.resolve()?;

@@ -16,7 +16,7 @@ use crate::model::{Family, HeadSpec, HostBatch, InputSpec, Model, ModelConfig};
 use crate::pipeline::{Pipeline, PipelineConfig, UnitProfile, unit_profiles_per_sample};
 use crate::terapipe::{SlicingPlan, TokenSlices, plan_slices};
 use crate::text::{Encoded, EncodedItem, TextInput, TextTokenizer, encoded_batch};
-use crate::train::{BatchSource, EvalMetrics, Event, Trainer};
+use crate::train::{BatchSource, EvalMetrics, Event, RecordedPlan, Trainer};
 use crate::weights::{self, LoadOptions, LoadReport};
 use serde::Serialize;
 use std::io::Write;
@@ -281,6 +281,16 @@ pub fn build_model<D: Device>(
                 ModelConfig::Vit(c) => c.num_labels = info.classes,
                 ModelConfig::Gpt(_) => {}
             }
+            if m.pooling.is_some() && !matches!(model_config, ModelConfig::Bert(_)) {
+                return Err(config_error(
+                    "model.pooling",
+                    format!(
+                        "chooses a BERT classifier's pooling; {} holds a {}, whose head has none to choose: leave it out",
+                        dir.display(),
+                        model_config.family_name()
+                    ),
+                ));
+            }
             // Drawn only where the file has no weights (the new head), as a random build would.
             let (mut model, deferred) = Model::new_for_loading(dev, &model_config, m.seed, keep)?;
             let file = weights::load_safetensors(dir.join(weights::WEIGHTS_FILE))?;
@@ -289,6 +299,19 @@ pub fn build_model<D: Device>(
             Ok((model, model_config, Some(report)))
         }
         (None, Some(c)) => {
+            if m.pooling.is_some() {
+                let own = match c {
+                    ModelConfig::Bert(_) => "set it in the architecture: model.config.pooling",
+                    _ => "its head has none to choose: leave it out",
+                };
+                return Err(config_error(
+                    "model.pooling",
+                    format!(
+                        "chooses a pretrained BERT's pooling; this run builds a {} from model.config: {own}",
+                        c.family_name()
+                    ),
+                ));
+            }
             if let Some(n) = m.num_labels_written.filter(|n| *n != info.classes) {
                 return Err(Error::Config {
                     field: "model.config.num_labels".into(),
@@ -418,7 +441,7 @@ fn planning_profiles<D: Device>(
 }
 
 /// The token slices `config` asks for, for sequences like `first`'s: checked against the model
-/// (a causal language model; the config's own checks refuse an activation cache beside them);
+/// (a causal language model) and the activation cache (which takes whole sequences);
 /// `auto` measures the model's layer on `dev` and runs TeraPipe's planner for `plan`'s
 /// pipeline and micro-batches (its plan returned beside the lengths).
 fn token_slices<D: Device>(
@@ -442,6 +465,12 @@ fn token_slices<D: Device>(
             ),
         ));
     }
+    if config.elastic.cache {
+        return Err(config_error(
+            "pipeline.token_slices",
+            "the frozen-activation cache (elastic.cache) does not take token slices; turn one off",
+        ));
+    }
     if *request != TokenSlices::Auto {
         return Ok((request.lengths(first.seq)?, None));
     }
@@ -449,6 +478,44 @@ fn token_slices<D: Device>(
     let planned = plan_slices(dev, model, &micro, plan)?;
     let lengths = planned.micro_batches.first().map(|m| m.slices.clone()).unwrap_or_default();
     Ok((if lengths.len() > 1 { lengths } else { Vec::new() }, Some(planned)))
+}
+
+/// The plan a [resumed](Job::resume) run goes on with.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ResumedPlan {
+    /// The checkpoint's, the shape this run's settings ask for.
+    Checkpoint,
+    /// The shape this run's settings ask for, which replaced the checkpoint's (`was`).
+    Replanned {
+        /// The checkpoint's plan.
+        was: PipelineConfig,
+    },
+    /// The checkpoint's, which AutoPipe chose and goes on from; this run's settings asked for
+    /// another shape to start from (`asked`).
+    KeptByAutoPipe {
+        /// The shape the settings give a run's start.
+        asked: PipelineConfig,
+    },
+}
+
+impl std::fmt::Display for ResumedPlan {
+    /// Empty for [`ResumedPlan::Checkpoint`]; else a sentence on what became of the shape.
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        let shape =
+            |c: &PipelineConfig| format!("K={} R={} M={} {}", c.pipeline_len, c.replicas, c.micro_batches, c.schedule);
+        match self {
+            ResumedPlan::Checkpoint => Ok(()),
+            ResumedPlan::Replanned { was } => {
+                write!(f, "the checkpoint's plan ({}) gives way to the shape this run asks for", shape(was))
+            }
+            ResumedPlan::KeptByAutoPipe { asked } => write!(
+                f,
+                "the checkpoint's plan stands: AutoPipe (elastic.auto_pipe) chose it and goes on from it; the shape \
+                 asked for ({}) is where a fresh run starts",
+                shape(asked)
+            ),
+        }
+    }
 }
 
 /// A run: its config, data, trainer, elastic controller and output paths.
@@ -719,8 +786,12 @@ impl<D: Device> Job<D> {
     }
 
     /// Continues from this run's checkpoint: position, frozen prefix, plan, weights, optimizer
-    /// state and the elastic controller's state (the activation cache is rebuilt).
-    pub fn resume(&mut self) -> Result<()> {
+    /// state and the elastic controller's state (the activation cache is rebuilt). A run
+    /// whose settings ask for another shape than the checkpoint's (`--devices 2
+    /// --pipeline-len 2` after a run on one device) goes on in that shape, its weights and
+    /// optimizer state moved as a re-plan moves them; with AutoPipe on, the shape is
+    /// AutoPipe's and the checkpoint's stands. Returns which plan the run goes on with.
+    pub fn resume(&mut self) -> Result<ResumedPlan> {
         let path = self.checkpoint_path();
         if !path.exists() {
             return Err(Error::Io {
@@ -728,18 +799,33 @@ impl<D: Device> Job<D> {
                 source: std::io::Error::new(std::io::ErrorKind::NotFound, "no checkpoint to resume from"),
             });
         }
-        let (state, tensors) = self.trainer.load_checkpoint_with(&path)?;
-        // The checkpoint's plan, token slices included, replaces the one planned here.
-        self.slicing = None;
-        self.elastic.restore(state)?;
-        self.elastic.restore_tensors(tensors);
+        // With AutoPipe, the shape is its choice, and the run goes on from it; stages as
+        // processes take theirs from the launch, which must match the checkpoint's.
+        let auto_pipe = self.config.elastic.auto_pipe;
+        let fixed = auto_pipe || self.trainer.pipeline.process_stage().is_some();
+        let plan = if fixed { RecordedPlan::Restore } else { RecordedPlan::UnlessReshaped };
+        let asked = self.trainer.pipeline.plan().config.clone();
+        let restored = self.trainer.load_checkpoint_with(&path, plan)?;
+        self.elastic.restore(restored.controller)?;
+        self.elastic.restore_tensors(restored.tensors);
+        let resumed = match restored.reshaped_from {
+            Some(was) => ResumedPlan::Replanned { was },
+            None if auto_pipe && !asked.same_shape(&self.trainer.pipeline.plan().config) => {
+                ResumedPlan::KeptByAutoPipe { asked }
+            }
+            None => ResumedPlan::Checkpoint,
+        };
+        if !matches!(resumed, ResumedPlan::Replanned { .. }) {
+            // The checkpoint's plan, token slices included, replaces the one planned here.
+            self.slicing = None;
+        }
         if self.trainer.pipeline.process_stage().is_none() {
             // (A collective in a launched run: every process resumes at the same point.)
             let comm = rebuild_communicators(&mut self.trainer.pipeline)?;
             self.communicator = self.describe_communicator(comm);
         }
         self.resumed = true;
-        Ok(())
+        Ok(resumed)
     }
 
     /// Trains to the end, checkpointing every `output.checkpoint_every` steps and at the end,

@@ -11,7 +11,9 @@ pub mod report;
 pub mod source;
 
 pub use config::{DataSection, DatasetName, ModelSection, OutputSection, PipelineSection, RunConfig};
-pub use job::{DataInfo, Job, Summary, build_model, check_start, checkpoint_path, prepare_data, unigram_loss};
+pub use job::{
+    DataInfo, Job, ResumedPlan, Summary, build_model, check_start, checkpoint_path, prepare_data, unigram_loss,
+};
 pub use launch::{LaunchOptions, ProcessEnv, launch};
 pub use predict::{ClassPrediction, Predictor, Sampling};
 pub use progress::ProgressLines;

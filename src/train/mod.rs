@@ -21,4 +21,4 @@ pub use config::TrainConfig;
 pub use event::{Bubble, EvalMetrics, Event, Transition};
 pub use metrics::{ClassScores, Confusion};
 pub use source::BatchSource;
-pub use trainer::{Controller, Position, Snapshot, Trainer};
+pub use trainer::{Controller, Position, RecordedPlan, Restored, Snapshot, Trainer};

@@ -445,12 +445,13 @@ impl<D: Device> Trainer<D> {
     /// the optimizer state. The file's integrity and every parameter's name and size are
     /// checked before anything changes. Returns the controller's state.
     pub fn load_checkpoint(&mut self, path: &Path) -> Result<serde_json::Value> {
-        Ok(self.load_checkpoint_with(path)?.0)
+        Ok(self.load_checkpoint_with(path, RecordedPlan::Restore)?.controller)
     }
 
     /// [`load_checkpoint`](Self::load_checkpoint), also returning the controller's tensors that
-    /// [`save_checkpoint_with`](Self::save_checkpoint_with) stored.
-    pub fn load_checkpoint_with(&mut self, path: &Path) -> Result<(serde_json::Value, Vec<Tensor>)> {
+    /// [`save_checkpoint_with`](Self::save_checkpoint_with) stored; `plan` says whether the
+    /// checkpoint's plan replaces the one in force.
+    pub fn load_checkpoint_with(&mut self, path: &Path, plan: RecordedPlan) -> Result<Restored> {
         let bad = |m: String| Error::State { what: format!("checkpoint {}", path.display()), message: m };
         // A checkpoint of another run: what differs, and the remedy every such refusal shares.
         let changed =
@@ -530,7 +531,7 @@ impl<D: Device> Trainer<D> {
             stages: Vec<std::ops::Range<usize>>,
         }
         // Format 1 (before plans were saved) resumes on the plan in force.
-        let plan: Option<SavedPlan> = match field("plan") {
+        let recorded: Option<SavedPlan> = match field("plan") {
             serde_json::Value::Null => None,
             v => Some(serde_json::from_value(v).map_err(|e| bad(format!("plan: {e}")))?),
         };
@@ -574,12 +575,15 @@ impl<D: Device> Trainer<D> {
         }
         self.pipeline.freeze_prefix(frozen)?;
         let in_force = self.pipeline.plan();
-        if let Some(plan) = plan.filter(|p| p.config != in_force.config || p.stages != in_force.partition.stages) {
-            let profiles = self.profiles_for(1, 0);
-            self.pipeline
-                .replan_to_stages(plan.config, &profiles, plan.stages)
-                .map_err(|e| bad(format!("plan: {e}")))?;
-        }
+        let reshaped_from = match recorded {
+            Some(r) if plan == RecordedPlan::UnlessReshaped && !r.config.same_shape(&in_force.config) => Some(r.config),
+            Some(r) if r.config != in_force.config || r.stages != in_force.partition.stages => {
+                let profiles = self.profiles_for(1, 0);
+                self.pipeline.replan_to_stages(r.config, &profiles, r.stages).map_err(|e| bad(format!("plan: {e}")))?;
+                None
+            }
+            _ => None,
+        };
         self.pipeline.load_parameters(&values)?;
         self.pipeline.load_optimizer_state(&opt)?;
         self.position = position;
@@ -589,8 +593,31 @@ impl<D: Device> Trainer<D> {
             .filter_map(|(name, data)| name.strip_prefix(CONTROLLER).map(|n| Tensor { name: n.to_string(), data }))
             .collect();
         controller.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok((field("controller"), controller))
+        Ok(Restored { controller: field("controller"), tensors: controller, reshaped_from })
     }
+}
+
+/// What a checkpoint's load does with the plan the checkpoint recorded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordedPlan {
+    /// It replaces the plan in force, so the run goes on where it was (a controller that
+    /// chose the shape goes on from its choice).
+    Restore,
+    /// It replaces the plan in force unless that one has another shape (pipeline length,
+    /// replicas, micro-batches, schedule, chunks, memory limit): a run resumed in a shape of
+    /// its own keeps it, the weights and optimizer state loaded into it.
+    UnlessReshaped,
+}
+
+/// What [`Trainer::load_checkpoint_with`] gives back besides the state it restored.
+pub struct Restored {
+    /// The controller's JSON state.
+    pub controller: serde_json::Value,
+    /// The controller's tensors.
+    pub tensors: Vec<Tensor>,
+    /// The checkpoint's plan, where the plan in force was kept over it
+    /// ([`RecordedPlan::UnlessReshaped`]).
+    pub reshaped_from: Option<PipelineConfig>,
 }
 
 /// One evaluation batch's sums.

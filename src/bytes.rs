@@ -1,0 +1,90 @@
+//! Byte counts as people write them: `8GiB`, `512MiB`, `64KiB`, `1000000`. One reading for
+//! every place a size is given (a flag, `--set`, a TOML file), so a spelling that works in one
+//! works in all.
+
+use serde::de::{Deserializer, Visitor};
+
+/// A byte count with an optional binary unit: `123`, `123B`, `64KiB`, `512MiB`, `8GiB`, `1TiB`.
+pub fn parse(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let scale: usize = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "TiB" => 1 << 40,
+        other => return Err(format!("unknown unit `{other}`: expected a byte count with B, KiB, MiB, GiB or TiB")),
+    };
+    digits
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .ok_or_else(|| format!("`{s}` is not a byte count: expected e.g. 8GiB, 512MiB or 1000000"))
+}
+
+/// Reads a byte count written as a whole number or as text with a unit ([`parse`]); for
+/// `#[serde(deserialize_with = "crate::bytes::deserialize")]`.
+pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    d.deserialize_any(ByteCount)
+}
+
+/// [`deserialize`] for an optional count (with `#[serde(default)]`).
+pub fn deserialize_option<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+    deserialize(d).map(Some)
+}
+
+struct ByteCount;
+
+impl Visitor<'_> for ByteCount {
+    type Value = usize;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a byte count: a whole number, or text such as \"512MiB\" or \"8GiB\"")
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<usize, E> {
+        usize::try_from(v).map_err(|_| E::custom(format!("{v} bytes is more than this machine can address")))
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<usize, E> {
+        u64::try_from(v)
+            .map_err(|_| E::custom(format!("{v}: a byte count is not negative")))
+            .and_then(|v| self.visit_u64(v))
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<usize, E> {
+        parse(v).map_err(E::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(serde::Deserialize, Debug)]
+    struct Sizes {
+        #[serde(deserialize_with = "deserialize")]
+        cap: usize,
+        #[serde(default, deserialize_with = "deserialize_option")]
+        limit: Option<usize>,
+    }
+
+    #[test]
+    fn units_read_alike_in_text_and_in_toml() {
+        assert_eq!(parse("123"), Ok(123));
+        assert_eq!(parse(" 64KiB "), Ok(64 << 10));
+        assert_eq!(parse("512 MiB"), Ok(512 << 20));
+        assert_eq!(parse("8GiB"), Ok(8 << 30));
+        let read = |t: &str| toml::from_str::<Sizes>(t).map_err(|e| e.to_string());
+        let s = read("cap = \"512MiB\"\nlimit = 4096").unwrap();
+        assert_eq!((s.cap, s.limit), (512 << 20, Some(4096)));
+        assert_eq!(read("cap = 7").unwrap().limit, None);
+        assert!(read("cap = \"8GB\"").unwrap_err().contains("unknown unit `GB`"));
+        assert!(read("cap = -1").unwrap_err().contains("not negative"));
+        assert!(read("cap = 1.5").unwrap_err().contains("a byte count"));
+        assert!(parse("MiB").unwrap_err().contains("not a byte count"));
+        assert!(parse("99999999999TiB").unwrap_err().contains("not a byte count"));
+    }
+}
