@@ -459,9 +459,10 @@ enum Command {
         /// This node's index, 0..nnodes.
         #[arg(long, default_value_t = 0)]
         node_rank: usize,
-        /// Where rank 0 listens and the others connect: HOST:PORT (loopback by default).
-        #[arg(long, default_value = "127.0.0.1:29500")]
-        rdzv: String,
+        /// Where rank 0 listens and the others connect: HOST:PORT. Default 127.0.0.1:29500,
+        /// this machine alone: a run over several nodes names node 0's address.
+        #[arg(long)]
+        rdzv: Option<String>,
         /// The run's shared secret (never printed); default PT_RDZV_TOKEN, else a random one
         /// (single node only). Prefer PT_RDZV_TOKEN: other users of a node can read a flag's
         /// value in its process list.
@@ -812,6 +813,14 @@ fn predict<D: Device>(dev: D, request: PredictRequest) -> Result<()> {
         eprintln!("{failed} of {total} inputs failed (their lines say why)");
         std::process::exit(1);
     }
+    if total == 0 {
+        // Nothing to do is not a failure (an empty file through a pipe), but it is said.
+        let source = match &request.file {
+            Some(path) if !from_stdin => path.display().to_string(),
+            _ => "standard input".into(),
+        };
+        eprintln!("no inputs: {source} held none (give one per line, in --file, or as arguments)");
+    }
     Ok(())
 }
 
@@ -831,6 +840,9 @@ fn plan(config: RunConfig) -> Result<()> {
         if measured { "measured on this machine's CPU, one micro-batch" } else { "FLOPs at a nominal 100 GFLOP/s" }
     );
     print!("{}", job.trainer.pipeline.plan());
+    if let Some(line) = job.devices_waiting() {
+        println!("{line}");
+    }
     if let Some(slicing) = &job.slicing {
         println!("token slices (planned from this machine's layer latency): {slicing}");
     }
@@ -882,6 +894,9 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
         }
     }
     print!("{}", job.trainer.pipeline.plan());
+    if let Some(line) = job.devices_waiting() {
+        println!("{line}");
+    }
     println!("communicator: {}", job.communicator);
     if let Some(slicing) = &job.slicing {
         println!("token slices (planned from this machine's layer latency): {slicing}");

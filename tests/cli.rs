@@ -318,6 +318,9 @@ fn check_predict_and_evaluate(dir: &std::path::Path, config: &str, precision: &s
         let inputs = inputs.display().to_string();
         let (ok, out) = pipetransformer(&[&["predict", "--model", &model, "--file", &inputs][..], &device].concat());
         assert!(!ok && out.contains("line 3") && out.lines().filter(|l| l.starts_with('{')).count() == 2, "{out}");
+        // No input at all (standard input empty) is not a failure, but it is said.
+        let (ok, out) = pipetransformer(&[&["predict", "--model", &model][..], &device].concat());
+        assert!(ok && out.contains("no inputs: standard input held none"), "{out}");
         // An export whose last weight is NaN (a flipped byte: safetensors has no checksum)
         // answers with an error, not class 0 at a `null` probability.
         let damaged = dir.join("damaged");
@@ -373,6 +376,30 @@ fn plan_prints_the_partition_schedule_and_bubble_and_refuses_bad_requests() {
     // The elastic switches are checked as `train` checks them.
     let (ok, out) = pipetransformer(&["plan", "--config", "configs/vit-digits.toml", "--freeze", "eq1", "--cache"]);
     assert!(!ok && out.contains("elastic.cache") && out.contains("needs elastic.auto_pipe"), "{out}");
+    // Devices beyond the plan that AutoDP holds for later are said to wait, and for what.
+    let elastic = ["--freeze", "alpha", "--auto-pipe", "--auto-dp", "--devices", "4", "--pipeline-len", "2"];
+    let (ok, out) = pipetransformer(&[&["plan", "--config", "configs/vit-digits.toml"][..], &elastic].concat());
+    assert!(ok && out.contains("2 more device(s) wait for AutoDP") && out.contains("they become replicas"), "{out}");
+    let threads = ["--freed-devices", "threads"];
+    let (ok, out) =
+        pipetransformer(&[&["plan", "--config", "configs/vit-digits.toml"][..], &elastic, &threads].concat());
+    assert!(ok && out.contains("they lend their threads"), "{out}");
+    // A model that is not causal is named as the reason token slices are refused, before the
+    // cache beside them (which would send the user to turn the cache off for nothing).
+    let (ok, out) = pipetransformer(
+        &[&["plan", "--config", "configs/vit-digits.toml", "--token-slices", "4", "--cache"][..], &elastic[..6]]
+            .concat(),
+    );
+    assert!(!ok && out.contains("needs a causal language model") && !out.contains("elastic.cache"), "{out}");
+    // On a causal model the cache is what stands in the way.
+    let (ok, out) = pipetransformer(
+        &[&["plan", "--config", "configs/gpt-hamlet.toml", "--token-slices", "4", "--cache"][..], &elastic[..6]]
+            .concat(),
+    );
+    assert!(!ok && out.contains("pipeline.token_slices") && out.contains("elastic.cache"), "{out}");
+    // A pooling no head takes is refused, not silently dropped.
+    let (ok, out) = pipetransformer(&["plan", "--config", "configs/vit-digits.toml", "--set", "model.pooling=mean"]);
+    assert!(!ok && out.contains("model.pooling") && out.contains("builds a ViT"), "{out}");
 }
 
 #[test]
@@ -651,8 +678,8 @@ fn an_epoch_whose_last_batch_is_shorter_than_the_replicas_trains_every_sample() 
     assert_eq!(samples, [8, 8, 8, 9, 8, 8, 8, 9], "{out}");
 }
 
-/// Resuming with another seed (another order over as many batches) is refused by
-/// name, and the checkpoint is kept; with the run's own settings it resumes.
+/// Resuming with another seed (another order over as many batches) is refused naming the
+/// seed alone, and the checkpoint is kept; with the run's own settings it resumes.
 #[test]
 fn resuming_over_other_training_data_is_refused() {
     if !have_digits() {
@@ -669,6 +696,8 @@ fn resuming_over_other_training_data_is_refused() {
     let saved = std::fs::read(dir.join("checkpoint.ckpt")).unwrap();
     let (ok, out) = run(&["--resume", "--set", "train.max_steps=3", "--set", "train.seed=1"]);
     assert!(!ok && out.contains("other training data") && out.contains("--fresh"), "{out}");
+    // Named alone: the one setting that changed, with both values.
+    assert!(out.contains("with train.seed = 0, this run's is 1;") && !out.contains("data.split_seed"), "{out}");
     assert_eq!(std::fs::read(dir.join("checkpoint.ckpt")).unwrap(), saved);
     // A line the first run left half-written (killed mid-write) does not swallow the resume
     // marker: it starts a line of its own.

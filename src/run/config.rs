@@ -778,6 +778,21 @@ dir = "runs/x"
         let file = BASE.replace("[train]\n", "[train]\nfreeze_embeddings = 1\n");
         let err = RunConfig::parse(&file, "file.toml", &[]).unwrap_err().to_string();
         assert!(err.contains("freeze_embeddings") && err.contains("file.toml"), "{err}");
+        // A value of the wrong type in the file names its key, with the file.
+        let file = BASE.replace("batch_size = 32", "batch_size = \"many\"");
+        let err = RunConfig::parse(&file, "file.toml", &[]).unwrap_err().to_string();
+        assert!(
+            err.starts_with("config field `data.batch_size`: invalid type") && err.ends_with("(in file.toml)"),
+            "{err}"
+        );
+        // Byte counts take units in the file and in --set alike.
+        let c = RunConfig::parse(
+            BASE,
+            "base",
+            &["pipeline.memory_limit=\"2GiB\"".into(), "elastic.cache_bytes=64MiB".into()],
+        )
+        .unwrap();
+        assert_eq!((c.pipeline.memory_limit, c.elastic.cache_bytes), (Some(2 << 30), 64 << 20));
         // A value of the wrong type names its key, not the file.
         let err = RunConfig::parse(BASE, "base", &["train.lr=1e-4".into(), "train.eval_every=-1".into()])
             .unwrap_err()
@@ -895,9 +910,5 @@ dir = "runs/x"
             let err = RunConfig::parse(&text, "f.toml", &overrides).unwrap_err().to_string();
             assert!(err.contains(&format!("unknown key `{key}`")), "{err}");
         }
-        // Refused where the config is read, before any device or model is made.
-        let both = ["elastic.cache=true".into(), "pipeline.token_slices=4".into()];
-        let err = RunConfig::parse(BASE, "base", &both).unwrap_err().to_string();
-        assert!(err.contains("pipeline.token_slices") && err.contains("elastic.cache"), "{err}");
     }
 }

@@ -735,6 +735,16 @@ impl<D: Device> Job<D> {
         };
         let mut trainer = Trainer::new(pipeline, config.train.clone(), source.batches_per_epoch(), per_sample)?;
         trainer.data_fingerprint = source.fingerprint();
+        let d = &config.data;
+        trainer.data_settings = Some(serde_json::json!({
+            "data.dataset": d.dataset,
+            "train.seed": config.train.seed,
+            "data.split_seed": d.split_seed,
+            "data.test_fraction": d.test_fraction,
+            "data.validation_fraction": d.validation_fraction,
+            "data.train_limit": d.train_limit,
+            "data.group_by_length": d.group_by_length,
+        }));
         trainer.batch_size = Some(config.data.batch_size);
         trainer.model_config = serde_json::to_value(&model_config).ok();
         let positions = match spec.input {
@@ -778,6 +788,27 @@ impl<D: Device> Job<D> {
     /// The metrics log (JSON lines) of this run.
     pub fn metrics_path(&self) -> PathBuf {
         self.config.output.dir.join("metrics.jsonl")
+    }
+
+    /// A sentence on the devices beyond the plan's that AutoDP holds for later (the plan
+    /// printed alone would leave them unexplained); `None` where there are none, or AutoDP is
+    /// off (the config then warns that they stay idle).
+    pub fn devices_waiting(&self) -> Option<String> {
+        let pipeline = &self.trainer.pipeline;
+        let c = &pipeline.plan().config;
+        let waiting = pipeline.devices().len().checked_sub(c.pipeline_len * c.replicas).filter(|&n| n > 0)?;
+        let elastic = &self.config.elastic;
+        if !elastic.auto_dp {
+            return None;
+        }
+        let what = if elastic.lends_threads(pipeline.devices()) {
+            "lend their threads to the devices at work"
+        } else {
+            "become replicas"
+        };
+        Some(format!(
+            "{waiting} more device(s) wait for AutoDP (elastic.auto_dp): when a freeze shortens the pipeline, they {what}"
+        ))
     }
 
     /// The pipeline's devices as they name themselves.

@@ -27,6 +27,9 @@ pub const GRACE: Duration = Duration::from_secs(20);
 /// where adding it to the clock could overflow.
 const MAX_COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// Where rank 0 listens when `--rdzv` is not given: loopback, one node.
+pub const LOOPBACK_RDZV: &str = "127.0.0.1:29500";
+
 /// What `launch` was asked. Its `Debug` leaves the secret out.
 #[derive(Clone)]
 pub struct LaunchOptions {
@@ -36,8 +39,9 @@ pub struct LaunchOptions {
     pub nnodes: usize,
     /// This node's index.
     pub node_rank: usize,
-    /// Where rank 0 listens: `HOST:PORT` (loopback by default).
-    pub rdzv: String,
+    /// Where rank 0 listens: `HOST:PORT`; `None`, [`LOOPBACK_RDZV`], which reaches this
+    /// machine alone, so a run over several nodes must name it.
+    pub rdzv: Option<String>,
     /// The run's secret (`--rdzv-token` or `PT_RDZV_TOKEN`); a random one on a single node.
     pub token: Option<String>,
     /// How long the others may take to end after one failed ([`GRACE`] by default).
@@ -71,7 +75,17 @@ impl LaunchOptions {
             ));
         }
         self.world()?;
-        split_addr(&self.rdzv, "--rdzv")?;
+        if self.nnodes > 1 && self.rdzv.is_none() {
+            return Err(config_error(
+                "--rdzv",
+                format!(
+                    "a run over {} nodes needs the address of node 0, HOST:PORT, on every node (the default, \
+                     {LOOPBACK_RDZV}, reaches this machine alone: give it to run every node here)",
+                    self.nnodes
+                ),
+            ));
+        }
+        split_addr(self.rdzv(), "--rdzv")?;
         if self.nnodes > 1 && self.token.is_none() {
             return Err(config_error(
                 "--rdzv-token",
@@ -79,6 +93,11 @@ impl LaunchOptions {
             ));
         }
         Ok(())
+    }
+
+    /// Where rank 0 listens.
+    fn rdzv(&self) -> &str {
+        self.rdzv.as_deref().unwrap_or(LOOPBACK_RDZV)
     }
 
     /// Processes in the run: `--nproc-per-node` × `--nnodes`, at most [`MAX_GROUP`].
@@ -115,7 +134,7 @@ pub fn launch(options: &LaunchOptions, program: &std::path::Path, args: &[String
         Some(t) => Secret::new(t.clone())?,
         None => Secret::random()?,
     };
-    let (host, port) = split_addr(&options.rdzv, "--rdzv")?;
+    let (host, port) = split_addr(options.rdzv(), "--rdzv")?;
     let world = options.world()?;
     let launcher = std::process::id();
     let mut children: Vec<(usize, Child)> = Vec::new();
@@ -492,14 +511,7 @@ mod tests {
 
     /// `nproc` processes on one node, loopback rendezvous, no token.
     fn one_node(nproc: usize, grace: Duration) -> LaunchOptions {
-        LaunchOptions {
-            nproc_per_node: nproc,
-            nnodes: 1,
-            node_rank: 0,
-            rdzv: "127.0.0.1:29500".into(),
-            token: None,
-            grace,
-        }
+        LaunchOptions { nproc_per_node: nproc, nnodes: 1, node_rank: 0, rdzv: None, token: None, grace }
     }
 
     #[test]
@@ -517,14 +529,16 @@ mod tests {
         let ok = one_node(2, GRACE);
         assert!(ok.validate().is_ok());
         let token = LaunchOptions { token: Some("k".into()), ..ok.clone() };
+        let remote = LaunchOptions { rdzv: Some("10.0.0.1:29500".into()), ..token.clone() };
         for (bad, says) in [
             (LaunchOptions { nproc_per_node: 0, ..ok.clone() }, "at least 1"),
             (LaunchOptions { nnodes: 2, node_rank: 2, ..ok.clone() }, "--node-rank"),
-            (LaunchOptions { rdzv: "nowhere".into(), ..ok.clone() }, "HOST:PORT"),
-            (LaunchOptions { nnodes: 2, ..ok.clone() }, "--rdzv-token"),
-            (LaunchOptions { rdzv: "127.0.0.1:0".into(), ..ok.clone() }, "--rdzv"),
-            (LaunchOptions { nproc_per_node: usize::MAX, nnodes: 2, ..token.clone() }, "--nproc-per-node × --nnodes"),
-            (LaunchOptions { nproc_per_node: 1 << 9, nnodes: 1 << 8, ..token.clone() }, "at most 65536"),
+            (LaunchOptions { rdzv: Some("nowhere".into()), ..ok.clone() }, "HOST:PORT"),
+            (LaunchOptions { nnodes: 2, rdzv: Some("10.0.0.1:29500".into()), ..ok.clone() }, "--rdzv-token"),
+            (LaunchOptions { nnodes: 2, ..token.clone() }, "reaches this machine alone"),
+            (LaunchOptions { rdzv: Some("127.0.0.1:0".into()), ..ok.clone() }, "--rdzv"),
+            (LaunchOptions { nproc_per_node: usize::MAX, nnodes: 2, ..remote.clone() }, "--nproc-per-node × --nnodes"),
+            (LaunchOptions { nproc_per_node: 1 << 9, nnodes: 1 << 8, ..remote.clone() }, "at most 65536"),
         ] {
             let e = launch(&bad, std::path::Path::new("/bin/true"), &[]).unwrap_err().to_string();
             assert!(e.contains(says), "{e}");

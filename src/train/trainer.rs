@@ -85,6 +85,10 @@ pub struct Trainer<D: Device> {
     /// The batch source's [fingerprint](BatchSource::fingerprint): checkpoints record it, and
     /// loading one taken over other training data is refused.
     pub data_fingerprint: Option<u64>,
+    /// The settings the fingerprint follows, by the names a config gives them
+    /// (`{"train.seed": 0, …}`), when the caller says: checkpoints record them, so a resume
+    /// refused for other data names the setting that changed.
+    pub data_settings: Option<serde_json::Value>,
     /// Samples per source batch (`data.batch_size`), when the caller says: checkpoints record
     /// it, and a resume under another is refused (the same count of batches per epoch would
     /// name other samples).
@@ -151,6 +155,7 @@ impl<D: Device> Trainer<D> {
             profiles,
             trace: None,
             data_fingerprint: None,
+            data_settings: None,
             model_config: None,
             batch_size: None,
             batches_per_epoch,
@@ -432,6 +437,7 @@ impl<D: Device> Trainer<D> {
             "batches_per_step": self.batches_per_step,
             "batches_per_epoch": self.batches_per_epoch,
             "data_fingerprint": self.data_fingerprint,
+            "data_settings": self.data_settings,
             "batch_size": self.batch_size,
             "model": self.model_config,
             "optimizer": opt,
@@ -487,11 +493,23 @@ impl<D: Device> Trainer<D> {
         if let (Some(then), Some(now)) = (saved_data, self.data_fingerprint)
             && then != now
         {
-            return Err(changed(format!(
-                "taken over other training data (fingerprint {then:016x}, this run's {now:016x}): train.seed, \
-                 data.split_seed, data.test_fraction, data.validation_fraction, data.train_limit, \
-                 data.group_by_length or the dataset changed since"
-            )));
+            let (saved, ours) = (field("data_settings"), self.data_settings.clone().unwrap_or_default());
+            let differ: Vec<String> = match (saved.as_object(), ours.as_object()) {
+                (Some(saved), Some(ours)) => saved
+                    .iter()
+                    .filter(|&(k, v)| ours.get(k).is_some_and(|now| now != v))
+                    .map(|(k, v)| format!("{k} = {v}, this run's is {}", ours[k]))
+                    .collect(),
+                _ => Vec::new(),
+            };
+            return Err(changed(match differ.is_empty() {
+                true => format!(
+                    "taken over other training data (fingerprint {then:016x}, this run's {now:016x}): train.seed, \
+                     data.split_seed, data.test_fraction, data.validation_fraction, data.train_limit, \
+                     data.group_by_length or the dataset changed since"
+                ),
+                false => format!("taken over other training data: with {}", differ.join("; with ")),
+            }));
         }
         if let (Some(then), Some(now)) =
             (field("model").as_object(), self.model_config.as_ref().and_then(|m| m.as_object()))
