@@ -9,6 +9,9 @@ pub fn parse(s: &str) -> Result<usize, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (digits, unit) = s.split_at(split);
+    if unit.starts_with(['.', ',']) {
+        return Err(format!("`{s}`: expected a whole number of bytes or of a unit (1536MiB, not 1.5GiB)"));
+    }
     let scale: usize = match unit.trim() {
         "" | "B" => 1,
         "KiB" => 1 << 10,
@@ -30,9 +33,31 @@ pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
     d.deserialize_any(ByteCount)
 }
 
-/// [`deserialize`] for an optional count (with `#[serde(default)]`).
+/// [`deserialize`] for an optional count (with `#[serde(default)]`; a JSON `null` is none).
 pub fn deserialize_option<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
-    deserialize(d).map(Some)
+    d.deserialize_option(MaybeByteCount)
+}
+
+struct MaybeByteCount;
+
+impl<'de> Visitor<'de> for MaybeByteCount {
+    type Value = Option<usize>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        ByteCount.expecting(f)
+    }
+
+    fn visit_none<E: serde::de::Error>(self) -> Result<Option<usize>, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Option<usize>, E> {
+        Ok(None)
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Option<usize>, D::Error> {
+        deserialize(d).map(Some)
+    }
 }
 
 struct ByteCount;
@@ -85,6 +110,10 @@ mod tests {
         assert!(read("cap = -1").unwrap_err().contains("not negative"));
         assert!(read("cap = 1.5").unwrap_err().contains("a byte count"));
         assert!(parse("MiB").unwrap_err().contains("not a byte count"));
+        assert!(parse("1.5GiB").unwrap_err().contains("whole number"));
+        let json = |t: &str| serde_json::from_str::<Sizes>(t).map(|s| s.limit).map_err(|e| e.to_string());
+        assert_eq!(json(r#"{"cap": 1, "limit": null}"#), Ok(None));
+        assert_eq!(json(r#"{"cap": 1, "limit": "1KiB"}"#), Ok(Some(1024)));
         assert!(parse("99999999999TiB").unwrap_err().contains("not a byte count"));
     }
 }

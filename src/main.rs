@@ -816,8 +816,9 @@ fn predict<D: Device>(dev: D, request: PredictRequest) -> Result<()> {
     if total == 0 {
         // Nothing to do is not a failure (an empty file through a pipe), but it is said.
         let source = match &request.file {
-            Some(path) if !from_stdin => path.display().to_string(),
-            _ => "standard input".into(),
+            _ if from_stdin => "standard input".to_string(),
+            Some(path) => path.display().to_string(),
+            None => "the arguments".into(),
         };
         eprintln!("no inputs: {source} held none (give one per line, in --file, or as arguments)");
     }
@@ -885,11 +886,12 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
         let plan = job.resume().with_context(|| format!("resuming from {}", ckpt.display()))?;
         let p = job.trainer.position;
         println!("resumed at step {} (epoch {}, batch {})", p.step, p.epoch, p.batch);
+        let reshaped = matches!(plan, pipetransformer::run::ResumedPlan::Replanned { .. });
         if plan != pipetransformer::run::ResumedPlan::Checkpoint {
             println!("{plan}");
         }
         let slices = &job.trainer.pipeline.plan().config.token_slices;
-        if !slices.is_empty() {
+        if !slices.is_empty() && !reshaped {
             println!("token slices (the checkpoint's): {slices:?}");
         }
     }

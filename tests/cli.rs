@@ -678,6 +678,45 @@ fn an_epoch_whose_last_batch_is_shorter_than_the_replicas_trains_every_sample() 
     assert_eq!(samples, [8, 8, 8, 9, 8, 8, 8, 9], "{out}");
 }
 
+/// A run resumed with shape flags goes on in that shape, and says so; the summary's final
+/// plan is that shape.
+#[test]
+fn a_run_resumed_with_shape_flags_takes_that_shape() {
+    if !have_digits() {
+        return;
+    }
+    let dir = scratch("resume-shape");
+    let out_dir = format!("output.dir={}", dir.display());
+    let run = |flags: &[&str]| {
+        let base = ["train", "--config", "configs/vit-digits.toml", "--set", &out_dir, "--set", "data.test_limit=32"];
+        pipetransformer(&[&base[..], flags].concat())
+    };
+    let (ok, out) = run(&["--fresh", "--set", "train.max_steps=2"]);
+    assert!(ok, "{out}");
+    let (ok, out) = run(&[
+        "--resume",
+        "--set",
+        "train.max_steps=4",
+        "--devices",
+        "2",
+        "--pipeline-len",
+        "2",
+        "--micro-batches",
+        "2",
+    ]);
+    assert!(ok && out.contains("resumed at step 2"), "{out}");
+    assert!(
+        out.contains(
+            "the checkpoint's plan (K=1 R=1 M=1 1f1b) gives way to the one this run asks for (K=2 R=1 M=2 1f1b)"
+        ),
+        "{out}"
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["final_plan"]["pipeline_len"], 2, "{summary}");
+    assert_eq!(summary["steps"], 4, "{summary}");
+}
+
 /// Resuming with another seed (another order over as many batches) is refused naming the
 /// seed alone, and the checkpoint is kept; with the run's own settings it resumes.
 #[test]

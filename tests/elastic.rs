@@ -641,7 +641,17 @@ fn trial_trainer(
     table: Vec<usize>,
     dir: &std::path::Path,
 ) -> (Trainer<CpuDevice<f32>>, Elastic) {
-    let train = TrainConfig { epochs: 10, ..train_config() };
+    trial_trainer_until(time_pipeline_len, table, dir, 0)
+}
+
+/// [`trial_trainer`] for a run that ends after `max_steps` (0: the ten epochs).
+fn trial_trainer_until(
+    time_pipeline_len: bool,
+    table: Vec<usize>,
+    dir: &std::path::Path,
+    max_steps: u64,
+) -> (Trainer<CpuDevice<f32>>, Elastic) {
+    let train = TrainConfig { epochs: 10, max_steps, ..train_config() };
     let plan = PipelineConfig { pipeline_len: 2, micro_batches: 2, ..Default::default() };
     let mut t = common::trainer_on(&bert(), 3, cpus(2), plan, train, 3);
     let config = ElasticConfig {
@@ -1022,6 +1032,46 @@ fn a_run_that_ends_while_timing_keeps_the_fastest_count_timed() {
     let other = if m == 2 { 4 } else { 2 };
     assert!(rate(m) >= rate(other), "{}", last.reason);
     assert!(elastic.state()["tuning"].is_null(), "nothing left on trial in the checkpoint");
+}
+
+/// A run that ends during AutoPipe's trial of pipeline lengths ends on the length AutoPipe
+/// chose (the one timed first), with a transition that says so: while the chosen length is
+/// timed, it stays; while the other is, the chosen one comes back.
+#[test]
+fn a_run_that_ends_during_a_trial_of_pipeline_lengths_keeps_the_chosen_length() {
+    let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
+    let run = |max_steps: u64| {
+        let dir = scratch(&format!("end-trial-{max_steps}"));
+        let (mut t, mut elastic) = trial_trainer_until(true, vec![0, 1], &dir, max_steps);
+        let mut events = Vec::new();
+        elastic.start(&mut t, &mut |e| events.push(e.clone())).unwrap();
+        t.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
+        let state = elastic.state();
+        assert!(state["shape_trial"].is_null() && state["tuning"].is_null(), "{state}");
+        (t.pipeline.plan().config.pipeline_len, events)
+    };
+    let step_of = |events: &[Event], starts: &str| {
+        events
+            .iter()
+            .find_map(|e| match e {
+                Event::Transition(t) if t.reason.starts_with(starts) => Some(t.step),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no `{starts}`: {:?}", transition_log(events)))
+    };
+    let (_, whole) = run(0);
+    // The freeze that chose K = 1 and begins the trial; the switch to K = 2 for its timing.
+    let (chosen, other) = (step_of(&whole, "Table rule"), step_of(&whole, "AutoPipe times K=2 against K=1"));
+    for (end, says) in [
+        (chosen + 2, "; K=1 kept, K=2 (in force before) not timed"),
+        (other + 2, "the run ended during AutoPipe's trial of pipeline lengths: K=1 ("),
+    ] {
+        let (k, events) = run(end);
+        let log = transition_log(&events);
+        let last = log.last().unwrap();
+        assert!(last.0.contains(says) && last.2 == 1 && k == 1, "ending at step {end}: {log:?}");
+        assert_eq!(step_of(&events, "the run ended"), end);
+    }
 }
 
 /// Launched processes time their own steps, so each would choose its own shape at a

@@ -139,7 +139,7 @@ fn a_run_resumed_in_another_shape_keeps_it_and_follows_the_straight_run() {
         first.save_checkpoint(&path, serde_json::Value::Null).unwrap();
         drop(first);
         let mut second = on(to);
-        let restored = second.load_checkpoint_with(&path, RecordedPlan::UnlessReshaped).unwrap();
+        let restored = second.load_checkpoint_with(&path, RecordedPlan::UnlessReshaped { slices: false }).unwrap();
         assert_eq!(restored.reshaped_from.map(|c| c.pipeline_len), Some(from));
         assert_eq!(second.pipeline.plan().config.pipeline_len, to, "the shape asked for stays");
         resumed.extend(steps(&mut second, None));

@@ -236,7 +236,8 @@ impl Tuner {
     /// Ends the timing under way before every candidate had its rounds (the run is over):
     /// returns the count with the best median of the steps timed (the first candidate, the one
     /// planned, where none was timed) and the medians of those timed. Nothing is remembered
-    /// for the shape: a rate of fewer rounds is not a result. `None` when nothing is timed.
+    /// for the shape: a rate of fewer rounds is not a result. `None` when no timing is under
+    /// way.
     pub fn cut_short(&mut self) -> Option<(usize, Rates)> {
         let Timing { candidates, rates, .. } = self.running.take()?;
         let timed: Rates = medians(&candidates, &rates).into_iter().filter(|(_, r)| r.is_finite()).collect();
@@ -419,6 +420,6 @@ mod tests {
             t.record(m, rate);
         }
         assert_eq!(t.cut_short(), Some((4, vec![(2, 12.0), (4, 30.0), (8, 20.0)])));
-        assert!(!t.running() && t.best.get(&key).is_none());
+        assert!(!t.running() && !t.best.contains_key(&key));
     }
 }

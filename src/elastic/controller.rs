@@ -474,6 +474,17 @@ impl Elastic {
         }
     }
 
+    /// Runs `m` micro-batches per replica on the stages in force, planned on the batch the
+    /// candidates were checked against memory with, not a step's (an epoch's last batch may
+    /// hold a remainder more).
+    fn set_micro_batches<D: Device>(&self, trainer: &mut Trainer<D>, m: usize) -> Result<()> {
+        let cached = if self.cache_on { frozen_units(self.frozen_layers) } else { 0 };
+        let replicas = trainer.pipeline.plan().config.replicas;
+        let per_replica = (self.around.batch * trainer.batches_per_step).div_ceil(replicas);
+        let profiles = trainer.profiles_for(per_replica.div_ceil(m), cached);
+        trainer.pipeline.set_micro_batches(m, &profiles)
+    }
+
     /// At the run's end, ends AutoPipe's timing of micro-batch counts and its trial of
     /// pipeline lengths where either is under way, so the run ends (and its summary and
     /// checkpoint record) a shape that was chosen, not one on trial: the length the trial
@@ -490,6 +501,8 @@ impl Elastic {
                     first.pipeline_len, before.pipeline_len
                 );
                 reason += &self.adopt_shape(trainer, first, &before, false)?;
+                // (Its count is known from its timing: nothing is left to time.)
+                self.tuner.cut_short();
                 reason
             }
             (trial, timing) => {
@@ -499,11 +512,7 @@ impl Elastic {
                     let rates = if rates.is_empty() { "none timed".into() } else { rates.join(", ") };
                     reason += &format!(" of micro-batch counts (positions/s: {rates}): M={m} kept");
                     if m != before.micro_batches {
-                        let cached = if self.cache_on { frozen_units(self.frozen_layers) } else { 0 };
-                        let per_replica = (self.around.batch * trainer.batches_per_step).div_ceil(before.replicas);
-                        trainer
-                            .pipeline
-                            .set_micro_batches(m, &trainer.profiles_for(per_replica.div_ceil(m), cached))?;
+                        self.set_micro_batches(trainer, m)?;
                     }
                 }
                 if let Some(ShapeTrial::Next(other)) = trial {
@@ -696,14 +705,9 @@ impl<D: Device> Controller<D> for Elastic {
             if let Some((next, timed)) =
                 self.tuner.record(config.micro_batches, (host.batch * host.seq.max(1)) as f64 / step.trace.makespan)
             {
-                let cached = if self.cache_on { frozen_units(self.frozen_layers) } else { 0 };
-                // The batch the candidates were checked against memory with, not this step's
-                // (an epoch's last batch may hold a remainder more).
-                let per_replica = (self.around.batch * trainer.batches_per_step).div_ceil(config.replicas);
                 let started = Instant::now();
                 if next != config.micro_batches {
-                    let profiles = trainer.profiles_for(per_replica.div_ceil(next), cached);
-                    trainer.pipeline.set_micro_batches(next, &profiles)?;
+                    self.set_micro_batches(trainer, next)?;
                 }
                 if let Some(timed) = timed {
                     let rates: Vec<String> = timed.iter().map(|(m, r)| format!("M={m}: {r:.0}")).collect();

@@ -210,6 +210,17 @@ pub enum Family {
     Vit,
 }
 
+impl std::fmt::Display for Family {
+    /// The name as people write it: `BERT`, `GPT`, `ViT`.
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(match self {
+            Family::Bert => "BERT",
+            Family::Gpt => "GPT",
+            Family::Vit => "ViT",
+        })
+    }
+}
+
 /// What the embedding unit consumes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum InputSpec {
@@ -339,12 +350,12 @@ impl Spec {
 }
 
 impl ModelConfig {
-    /// The family's name as people write it: `BERT`, `GPT`, `ViT`.
-    pub fn family_name(&self) -> &'static str {
+    /// Which family this is.
+    pub fn family(&self) -> Family {
         match self {
-            ModelConfig::Bert(_) => "BERT",
-            ModelConfig::Gpt(_) => "GPT",
-            ModelConfig::Vit(_) => "ViT",
+            ModelConfig::Bert(_) => Family::Bert,
+            ModelConfig::Gpt(_) => Family::Gpt,
+            ModelConfig::Vit(_) => Family::Vit,
         }
     }
 

@@ -471,6 +471,21 @@ impl RunConfig {
                 message: "set `pretrained` (a Hugging Face model directory) or `config` (an architecture)".into(),
             });
         }
+        if let (Some(_), Some(c)) = (self.model.pooling, &self.model.config)
+            && self.model.pretrained.is_none()
+        {
+            let own = match c {
+                crate::model::ModelConfig::Bert(_) => "set it in the architecture: model.config.pooling",
+                _ => "its head has none to choose: leave it out",
+            };
+            return Err(config_error(
+                "model.pooling",
+                format!(
+                    "chooses a pretrained BERT's pooling; this run builds a {} from model.config: {own}",
+                    c.family()
+                ),
+            ));
+        }
         if self.data.batch_size == 0 {
             return Err(Error::Config { field: "data.batch_size".into(), message: "must be at least 1".into() });
         }
@@ -897,6 +912,10 @@ dir = "runs/x"
             "pretrained = \"weights/all-minilm-l6-v2\"",
             "config = { family = \"gpt\", vocab_size = 0, n_positions = 16, n_embd = 8, n_layer = 1, n_head = 2 }",
         );
+        // A pooling beside an architecture that has none to choose is refused, not dropped.
+        let err = RunConfig::parse(&gpt, "gpt.toml", &[]).unwrap_err().to_string();
+        assert!(err.contains("model.pooling") && err.contains("builds a GPT"), "{err}");
+        let gpt = gpt.replace("pooling = \"mean\"\n", "");
         assert!(RunConfig::parse(&gpt, "gpt.toml", &[]).is_ok());
         for (text, set, key) in [
             (gpt.replace("n_head = 2", "n_head = 2, embd_dropout = 0.1"), None, "model.config.embd_dropout"),

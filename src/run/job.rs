@@ -287,7 +287,7 @@ pub fn build_model<D: Device>(
                     format!(
                         "chooses a BERT classifier's pooling; {} holds a {}, whose head has none to choose: leave it out",
                         dir.display(),
-                        model_config.family_name()
+                        model_config.family()
                     ),
                 ));
             }
@@ -299,19 +299,6 @@ pub fn build_model<D: Device>(
             Ok((model, model_config, Some(report)))
         }
         (None, Some(c)) => {
-            if m.pooling.is_some() {
-                let own = match c {
-                    ModelConfig::Bert(_) => "set it in the architecture: model.config.pooling",
-                    _ => "its head has none to choose: leave it out",
-                };
-                return Err(config_error(
-                    "model.pooling",
-                    format!(
-                        "chooses a pretrained BERT's pooling; this run builds a {} from model.config: {own}",
-                        c.family_name()
-                    ),
-                ));
-            }
             if let Some(n) = m.num_labels_written.filter(|n| *n != info.classes) {
                 return Err(Error::Config {
                     field: "model.config.num_labels".into(),
@@ -460,7 +447,7 @@ fn token_slices<D: Device>(
         return Err(config_error(
             "pipeline.token_slices",
             format!(
-                "token slicing needs a causal language model (GPT); this {:?} model attends in both directions or classifies whole sequences",
+                "token slicing needs a causal language model (GPT); this {} model attends in both directions or classifies whole sequences",
                 spec.family
             ),
         ));
@@ -485,37 +472,62 @@ fn token_slices<D: Device>(
 pub enum ResumedPlan {
     /// The checkpoint's, the shape this run's settings ask for.
     Checkpoint,
-    /// The shape this run's settings ask for, which replaced the checkpoint's (`was`).
+    /// The shape this run's settings ask for (`now`), which replaced the checkpoint's (`was`).
     Replanned {
         /// The checkpoint's plan.
         was: PipelineConfig,
+        /// The plan in force.
+        now: PipelineConfig,
     },
-    /// The checkpoint's, which AutoPipe chose and goes on from; this run's settings asked for
-    /// another shape to start from (`asked`).
+    /// The checkpoint's (`now`): with AutoPipe on, a resumed run goes on in the shape it
+    /// stopped in, and this run's settings (`asked`) give only a fresh run's start.
     KeptByAutoPipe {
-        /// The shape the settings give a run's start.
+        /// The shape the settings ask a run to start in.
         asked: PipelineConfig,
+        /// The plan in force.
+        now: PipelineConfig,
     },
 }
 
 impl std::fmt::Display for ResumedPlan {
     /// Empty for [`ResumedPlan::Checkpoint`]; else a sentence on what became of the shape.
     fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        let shape =
-            |c: &PipelineConfig| format!("K={} R={} M={} {}", c.pipeline_len, c.replicas, c.micro_batches, c.schedule);
         match self {
             ResumedPlan::Checkpoint => Ok(()),
-            ResumedPlan::Replanned { was } => {
-                write!(f, "the checkpoint's plan ({}) gives way to the shape this run asks for", shape(was))
-            }
-            ResumedPlan::KeptByAutoPipe { asked } => write!(
+            ResumedPlan::Replanned { was, now } => write!(
                 f,
-                "the checkpoint's plan stands: AutoPipe (elastic.auto_pipe) chose it and goes on from it; the shape \
-                 asked for ({}) is where a fresh run starts",
-                shape(asked)
+                "the checkpoint's plan ({}) gives way to the one this run asks for ({})",
+                shape_text(was, now),
+                shape_text(now, was)
+            ),
+            ResumedPlan::KeptByAutoPipe { asked, now } => write!(
+                f,
+                "the checkpoint's plan ({}) stands: with AutoPipe on (elastic.auto_pipe), a resumed run goes on \
+                 in the shape it stopped in; the one asked for ({}) is where a fresh run starts",
+                shape_text(now, asked),
+                shape_text(asked, now)
             ),
         }
     }
+}
+
+/// `c`'s pipelines in brief: `K R M` and the schedule, and each of its chunks, memory limit
+/// and token slices that is set or that differs from `other`'s.
+fn shape_text(c: &PipelineConfig, other: &PipelineConfig) -> String {
+    let mut text = format!("K={} R={} M={} {}", c.pipeline_len, c.replicas, c.micro_batches, c.schedule);
+    if c.chunks != 1 || c.chunks != other.chunks {
+        text += &format!(", {} chunk(s) per device", c.chunks);
+    }
+    if c.memory_limit != other.memory_limit || c.memory_limit.is_some() {
+        match c.memory_limit {
+            Some(limit) => text += &format!(", memory limit {limit} B"),
+            None => text += ", no memory limit",
+        }
+    }
+    if c.token_slices != other.token_slices {
+        text += &format!(", token slices {:?}", c.token_slices);
+    }
+    text
 }
 
 /// A run: its config, data, trainer, elastic controller and output paths.
@@ -537,7 +549,7 @@ pub struct Job<D: Device> {
     /// What loading pretrained weights found, if any were loaded.
     pub load_report: Option<LoadReport>,
     /// TeraPipe's planned slicing, when the run asked for `token_slices = "auto"` (none after a
-    /// [resume](Self::resume), whose checkpoint's plan is in force).
+    /// [resume](Self::resume) that restored the checkpoint's plan).
     pub slicing: Option<SlicingPlan>,
     /// What the replicas sum gradients over (NCCL, the host ring, or why not NCCL), to announce.
     pub communicator: String,
@@ -700,10 +712,12 @@ impl<D: Device> Job<D> {
                 format!("{} tokens; the model's position table holds {max_positions}", config.data.max_len),
             ));
         }
-        config.elastic.validate(spec.layers, info.augmented)?;
         let mut plan = plan;
         let slicing;
+        // (Token slices first: a model that is not causal is the reason to name before any
+        // elastic setting beside them.)
         (plan.token_slices, slicing) = token_slices(&config, &devices[0], &mut model, &first, &plan)?;
+        config.elastic.validate(spec.layers, info.augmented)?;
         let (per_sample, profiles) = planning_profiles(&config, &devices[0], &mut model, &first, &plan)?;
         let mut devices = devices;
         devices.truncate(count);
@@ -834,15 +848,18 @@ impl<D: Device> Job<D> {
         // processes take theirs from the launch, which must match the checkpoint's.
         let auto_pipe = self.config.elastic.auto_pipe;
         let fixed = auto_pipe || self.trainer.pipeline.process_stage().is_some();
-        let plan = if fixed { RecordedPlan::Restore } else { RecordedPlan::UnlessReshaped };
+        let slices = !matches!(self.config.pipeline.token_slices, TokenSlices::Auto | TokenSlices::Off);
+        let plan = if fixed { RecordedPlan::Restore } else { RecordedPlan::UnlessReshaped { slices } };
         let asked = self.trainer.pipeline.plan().config.clone();
         let restored = self.trainer.load_checkpoint_with(&path, plan)?;
         self.elastic.restore(restored.controller)?;
         self.elastic.restore_tensors(restored.tensors);
+        let now = self.trainer.pipeline.plan().config.clone();
         let resumed = match restored.reshaped_from {
-            Some(was) => ResumedPlan::Replanned { was },
-            None if auto_pipe && !asked.same_shape(&self.trainer.pipeline.plan().config) => {
-                ResumedPlan::KeptByAutoPipe { asked }
+            Some(was) => ResumedPlan::Replanned { was, now },
+            // (AutoPipe tunes the micro-batch count itself: only another K or R is news.)
+            None if auto_pipe && (asked.pipeline_len, asked.replicas) != (now.pipeline_len, now.replicas) => {
+                ResumedPlan::KeptByAutoPipe { asked, now }
             }
             None => ResumedPlan::Checkpoint,
         };

@@ -502,13 +502,18 @@ impl<D: Device> Trainer<D> {
                     .collect(),
                 _ => Vec::new(),
             };
-            return Err(changed(match differ.is_empty() {
-                true => format!(
-                    "taken over other training data (fingerprint {then:016x}, this run's {now:016x}): train.seed, \
-                     data.split_seed, data.test_fraction, data.validation_fraction, data.train_limit, \
-                     data.group_by_length or the dataset changed since"
+            let named: Vec<&str> = ours.as_object().map_or(Vec::new(), |o| o.keys().map(String::as_str).collect());
+            return Err(changed(match (differ.is_empty(), named.is_empty()) {
+                (false, _) => format!("taken over other training data: with {}", differ.join("; with ")),
+                (true, false) => format!(
+                    "taken over other training data (fingerprint {then:016x}, this run's {now:016x}): one of {} \
+                     changed since",
+                    named.join(", ")
                 ),
-                false => format!("taken over other training data: with {}", differ.join("; with ")),
+                (true, true) => format!(
+                    "taken over other training data (fingerprint {then:016x}, this run's {now:016x}): the data or \
+                     its order changed since"
+                ),
             }));
         }
         if let (Some(then), Some(now)) =
@@ -593,8 +598,22 @@ impl<D: Device> Trainer<D> {
         }
         self.pipeline.freeze_prefix(frozen)?;
         let in_force = self.pipeline.plan();
+        let reshaped = |r: &PipelineConfig, slices: bool| {
+            !r.same_shape(&in_force.config) || (slices && r.token_slices != in_force.config.token_slices)
+        };
         let reshaped_from = match recorded {
-            Some(r) if plan == RecordedPlan::UnlessReshaped && !r.config.same_shape(&in_force.config) => Some(r.config),
+            Some(r) if matches!(plan, RecordedPlan::UnlessReshaped { slices } if reshaped(&r.config, slices)) => {
+                Some(r.config)
+            }
+            Some(r) if self.pipeline.process_stage().is_some() && !r.config.same_shape(&in_force.config) => {
+                let shape = |c: &PipelineConfig| format!("{} stage(s) × {} replica(s)", c.pipeline_len, c.replicas);
+                return Err(changed(format!(
+                    "taken on {} across processes, and this launch makes {}: launch as the run began \
+                     (--pipeline-len, the process count)",
+                    shape(&r.config),
+                    shape(&in_force.config)
+                )));
+            }
             Some(r) if r.config != in_force.config || r.stages != in_force.partition.stages => {
                 let profiles = self.profiles_for(1, 0);
                 self.pipeline.replan_to_stages(r.config, &profiles, r.stages).map_err(|e| bad(format!("plan: {e}")))?;
@@ -605,7 +624,9 @@ impl<D: Device> Trainer<D> {
         self.pipeline.load_parameters(&values)?;
         self.pipeline.load_optimizer_state(&opt)?;
         self.position = position;
-        self.batches_per_step = batches_per_step;
+        // A shape of the caller's own takes a batch a step, as a fresh run of it does (only
+        // a controller, `scale-lr`, takes more, and it chose the checkpoint's shape).
+        self.batches_per_step = if reshaped_from.is_some() { 1 } else { batches_per_step };
         let mut controller: Vec<Tensor> = by_name
             .into_iter()
             .filter_map(|(name, data)| name.strip_prefix(CONTROLLER).map(|n| Tensor { name: n.to_string(), data }))
@@ -622,9 +643,14 @@ pub enum RecordedPlan {
     /// chose the shape goes on from its choice).
     Restore,
     /// It replaces the plan in force unless that one has another shape (pipeline length,
-    /// replicas, micro-batches, schedule, chunks, memory limit): a run resumed in a shape of
-    /// its own keeps it, the weights and optimizer state loaded into it.
-    UnlessReshaped,
+    /// replicas, micro-batches, schedule, chunks, memory limit, and the token slices where
+    /// `slices`: where they were asked for as such, not measured afresh by `auto`): a run
+    /// resumed in a shape of its own keeps it, the weights and optimizer state loaded into it,
+    /// a batch a step.
+    UnlessReshaped {
+        /// Whether the token slices count as shape.
+        slices: bool,
+    },
 }
 
 /// What [`Trainer::load_checkpoint_with`] gives back besides the state it restored.
