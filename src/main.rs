@@ -254,7 +254,7 @@ impl DeviceArgs {
     }
     /// Device 0, in `--precision` (f32 without it).
     fn open(self, threads: usize) -> Result<AnyDevice> {
-        Ok(AnyDevice::open(self.device, 0, threads, self.precision(PrecisionChoice::F32, 0)?)?)
+        Ok(pipetransformer::run::open_device(self.device, 0, threads, self.precision(PrecisionChoice::F32, 0)?)?)
     }
 }
 
@@ -605,7 +605,7 @@ fn run() -> Result<()> {
                 EvalData::Rows(..) => PrecisionChoice::F32,
             };
             let precision = device.precision(default, 0)?;
-            match AnyDevice::open(device.device, 0, threads, precision)? {
+            match pipetransformer::run::open_device(device.device, 0, threads, precision)? {
                 AnyDevice::Cpu(dev) => evaluate(dev, &model, &data),
                 AnyDevice::Gpu(dev) => evaluate(dev, &model, &data),
             }
@@ -643,7 +643,9 @@ fn run() -> Result<()> {
             let first = device.open(threads)?;
             let precision = device.precision(PrecisionChoice::F32, 0)?;
             let bf16 = (matches!(first, AnyDevice::Cpu(_)) && device.precision.is_none())
-                .then_some((Precision::Bf16, || AnyDevice::open(device.device, 0, threads, Precision::Bf16)));
+                .then_some((Precision::Bf16, || {
+                    pipetransformer::run::open_device(device.device, 0, threads, Precision::Bf16)
+                }));
             let bench = bench::StepBench { steps, warmup, batch, seq, python, threads };
             let report = bench::bench_step(first, precision, bf16, device.device.resolve(), bench)?;
             print!("{report}");
@@ -883,13 +885,11 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
         None => Job::new(devices, config).context("preparing the run")?,
     };
     if run.resume {
-        let plan = job.resume().with_context(|| format!("resuming from {}", ckpt.display()))?;
+        let resumed = job.resume().with_context(|| format!("resuming from {}", ckpt.display()))?;
         let p = job.trainer.position;
         println!("resumed at step {} (epoch {}, batch {})", p.step, p.epoch, p.batch);
-        let reshaped = matches!(plan, pipetransformer::run::ResumedPlan::Replanned { .. });
-        if plan != pipetransformer::run::ResumedPlan::Checkpoint {
-            println!("{plan}");
-        }
+        print!("{resumed}");
+        let reshaped = matches!(resumed.plan, pipetransformer::run::ResumedPlan::Replanned { .. });
         let slices = &job.trainer.pipeline.plan().config.token_slices;
         if !slices.is_empty() && !reshaped {
             println!("token slices (the checkpoint's): {slices:?}");

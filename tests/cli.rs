@@ -237,6 +237,12 @@ fn check_predict_and_evaluate(dir: &std::path::Path, config: &str, precision: &s
     assert!(ok, "{out}");
     let metrics = final_eval.trim_start_matches("final eval: ");
     assert!(out.lines().next().is_some_and(|l| l.ends_with(metrics)), "evaluate: {out}\nrun: {final_eval}");
+    // Another split of the same data would hold samples the model trained on: refused.
+    if !config.contains("gpt") {
+        let other = [&["evaluate", "--model", &model, "--config", config][..], &device, &sets].concat();
+        let (ok, out) = pipetransformer(&[&other[..], &["--set", "data.split_seed=5"]].concat());
+        assert!(!ok && out.contains("data.split_seed = 0 (here 5)") && out.contains("samples it trained on"), "{out}");
+    }
     assert!(out.contains(&format!("({})", if precision == "bf16" { "Bf16" } else { "F32" })), "{out}");
     if precision == "bf16" {
         // Without --precision, in the config's `output.precision`: bf16 named there, f32 not.
@@ -705,6 +711,7 @@ fn a_run_resumed_with_shape_flags_takes_that_shape() {
         "2",
     ]);
     assert!(ok && out.contains("resumed at step 2"), "{out}");
+    assert!(out.contains("settings changed since the checkpoint, taken from here on: train.max_steps 2 → 4"), "{out}");
     assert!(
         out.contains(
             "the checkpoint's plan (K=1 R=1 M=1 1f1b) gives way to the one this run asks for (K=2 R=1 M=2 1f1b)"

@@ -50,7 +50,13 @@ pub(crate) fn read_bytes_within(path: &Path, group: SetupGroup, most: u64) -> Re
     let file = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(dataset_error(path, None, format!("not found: {}", group.remedy())));
+            // A relative path is read from the current folder, which may not be the one the
+            // data was installed under (a run started from elsewhere).
+            let from = match std::env::current_dir() {
+                Ok(cwd) if path.is_relative() => format!(" (a relative path, read from {})", cwd.display()),
+                _ => String::new(),
+            };
+            return Err(dataset_error(path, None, format!("not found{from}: {}", group.remedy())));
         }
         Err(source) => return Err(crate::files::io_error(path, source)),
     };

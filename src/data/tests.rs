@@ -85,7 +85,9 @@ fn missing_files_say_how_to_fetch_them() {
 #[test]
 fn missing_default_dir_message_reads_well() {
     let err = hamlet("no-such-data-dir").unwrap_err().to_string();
-    assert_eq!(err, "no-such-data-dir/text/hamlet.txt: not found: run scripts/setup.sh text");
+    let cwd = std::env::current_dir().unwrap();
+    let from = format!("a relative path, read from {}", cwd.display());
+    assert_eq!(err, format!("no-such-data-dir/text/hamlet.txt: not found ({from}): run scripts/setup.sh text"));
 }
 
 #[test]

@@ -504,10 +504,21 @@ pub enum AnyDevices {
     Gpu(Vec<GpuDevice>),
 }
 
+/// The threads a user's request gets: all the machine's cores for 0, and never more than them.
+/// A pool's workers wait for work by spinning, so threads beyond the cores do not take turns
+/// gently: every product waits for the last to be scheduled (a thousand on two cores made a
+/// three-step run of a tiny model take minutes).
+pub fn usable_threads(asked: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if asked == 0 { cores } else { asked.min(cores) }
+}
+
 impl AnyDevice {
-    /// Device number `index` of `kind` in `precision`, with `threads` CPU threads for `cpu` (where
-    /// bf16 means bf16 operands in the linear layers' products, f32 everything else).
+    /// Device number `index` of `kind` in `precision`, with `threads` CPU threads
+    /// ([`usable_threads`]) for `cpu` (where bf16 means bf16 operands in the linear layers'
+    /// products, f32 everything else).
     pub fn open(kind: DeviceKind, index: usize, threads: usize, precision: Precision) -> Result<Self> {
+        let threads = usable_threads(threads);
         match kind.resolve() {
             DeviceKind::Cpu => Ok(AnyDevice::Cpu(CpuDevice::with_precision(index, threads, precision)?)),
             DeviceKind::Cuda => Ok(AnyDevice::Gpu(cuda::device(index, precision)?)),

@@ -122,7 +122,11 @@ impl OptimizerConfig {
                 check_non_negative("optimizer.weight_decay", weight_decay)
             }
             Self::Sgd { momentum, weight_decay, nesterov } => {
-                check_non_negative("optimizer.momentum", momentum)?;
+                // At 1 or above the velocity never decays: each step adds the whole history
+                // of gradients again, and the steps grow without bound.
+                if !(0.0..1.0).contains(&momentum) {
+                    return Err(config_error("optimizer.momentum", format!("must be in [0, 1), got {momentum}")));
+                }
                 check_non_negative("optimizer.weight_decay", weight_decay)?;
                 if nesterov && momentum == 0.0 {
                     return Err(config_error("optimizer.nesterov", "Nesterov momentum needs momentum > 0"));
@@ -708,6 +712,8 @@ mod tests {
         assert_eq!(field_of(adamw(0.9, 0.999, 1e-8, -0.01)), "optimizer.weight_decay");
         let sgd = |momentum, weight_decay, nesterov| OptimizerConfig::Sgd { momentum, weight_decay, nesterov };
         assert_eq!(field_of(sgd(-0.5, 0.0, false)), "optimizer.momentum");
+        assert_eq!(field_of(sgd(1.0, 0.0, false)), "optimizer.momentum");
+        assert_eq!(field_of(sgd(f64::NAN, 0.0, false)), "optimizer.momentum");
         assert_eq!(field_of(sgd(0.9, -1.0, false)), "optimizer.weight_decay");
         assert_eq!(field_of(sgd(0.0, 0.0, true)), "optimizer.nesterov");
         adamw(0.0, 0.0, 1e-8, 0.0).validate().unwrap();

@@ -377,6 +377,7 @@ impl RunConfig {
         for o in overrides {
             apply_override(&mut table, o)?;
         }
+        default_optimizer_kind(&mut table);
         let config = convert(&table).map_err(|e| {
             // A converted table carries no positions: name the first override that breaks a
             // file that converts on its own, else the key in the file (serde's `in `key``), else
@@ -411,14 +412,19 @@ impl RunConfig {
                     .into(),
             );
         }
+        if config.train.decay == crate::optim::Decay::Constant && config.train.min_lr != 0.0 {
+            warnings.push(format!(
+                "train.min_lr = {} has no effect: train.decay = \"constant\" stays at train.lr",
+                config.train.min_lr
+            ));
+        }
         warnings.extend(config.idle_resources());
         Ok(RunConfig { warnings, ..config })
     }
 
     /// Devices or threads the run asks for and cannot use, each a sentence to warn with:
     /// devices beyond the initial plan's that AutoDP, off, never puts to work, and more
-    /// threads than the machine has cores (they take turns, and each product waits for the
-    /// last of them).
+    /// threads than the machine has cores (only as many as the cores are used).
     fn idle_resources(&self) -> Vec<String> {
         let mut warnings = Vec::new();
         if let Ok((plan, devices)) = self.pipeline.resolve() {
@@ -436,8 +442,8 @@ impl RunConfig {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         if self.output.threads > cores {
             warnings.push(format!(
-                "output.threads = {}, but this machine has {cores} cores: the threads beyond them take turns, and \
-                 every product waits for the last (0: all cores)",
+                "output.threads = {}, but this machine has {cores} cores: {cores} are used (threads beyond the \
+                 cores would take turns, and every product wait for the last; 0: all cores)",
                 self.output.threads
             ));
         }
@@ -597,6 +603,19 @@ fn inert_warnings(
             .map(|(_, w)| w),
     );
     warnings
+}
+
+/// An optimizer table without its `kind` (`--set train.optimizer.beta1=0.5` over a config
+/// that leaves the optimizer at its default) is of the default's kind, AdamW: its settings go
+/// to it, and another kind's are named as such.
+fn default_optimizer_kind(table: &mut toml::Table) {
+    let optimizer = table.get_mut("train").and_then(|t| t.get_mut("optimizer")).and_then(toml::Value::as_table_mut);
+    if let Some(optimizer) = optimizer.filter(|o| !o.contains_key("kind"))
+        && let Ok(toml::Value::Table(default)) = toml::Value::try_from(crate::optim::OptimizerConfig::default())
+        && let Some(kind) = default.get("kind")
+    {
+        optimizer.insert("kind".into(), kind.clone());
+    }
 }
 
 /// Sets `a.b.c = value` in `table`. The key's sections must exist in the schema; the value is
@@ -813,6 +832,16 @@ dir = "runs/x"
             .unwrap_err()
             .to_string();
         assert!(err.contains("--set train.eval_every") && err.contains("expected u64"), "{err}");
+        // An optimizer setting over the default optimizer goes to it (AdamW).
+        let c = RunConfig::parse(BASE, "base", &["train.optimizer.beta1=0.5".into()]).unwrap();
+        let crate::optim::OptimizerConfig::AdamW { beta1, beta2, .. } = c.train.optimizer else { panic!("not AdamW") };
+        assert_eq!((beta1, beta2), (0.5, 0.999));
+        let err = RunConfig::parse(BASE, "base", &["train.optimizer.momentum=0.5".into()]).unwrap_err().to_string();
+        assert!(err.contains("a setting of kind \"sgd\""), "{err}");
+        // A final rate under a constant rate is named as having no effect.
+        let c =
+            RunConfig::parse(BASE, "base", &["train.decay=\"constant\"".into(), "train.min_lr=1e-5".into()]).unwrap();
+        assert!(c.warnings.iter().any(|w| w.starts_with("train.min_lr = 0.00001 has no effect")), "{:?}", c.warnings);
         // A bare `none` unsets an optional setting that the file set.
         let mut table: toml::Table = "[pipeline]\nmemory_limit = 5\n".parse().unwrap();
         apply_override(&mut table, "pipeline.memory_limit=none").unwrap();

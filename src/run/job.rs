@@ -341,6 +341,22 @@ fn check_images(spec: &crate::model::Spec, first: &HostBatch, info: &DataInfo) -
     })
 }
 
+/// The settings that choose a run's training samples and their order, by the names a config
+/// gives them: checkpoints record them (a resume over other data names the one that changed)
+/// and exports (an evaluation on a split holding training samples is refused).
+pub(crate) fn data_settings(config: &RunConfig) -> serde_json::Value {
+    let d = &config.data;
+    serde_json::json!({
+        "data.dataset": d.dataset,
+        "train.seed": config.train.seed,
+        "data.split_seed": d.split_seed,
+        "data.test_fraction": d.test_fraction,
+        "data.validation_fraction": d.validation_fraction,
+        "data.train_limit": d.train_limit,
+        "data.group_by_length": d.group_by_length,
+    })
+}
+
 /// Where a run of `config` keeps its checkpoint.
 pub fn checkpoint_path(config: &RunConfig) -> PathBuf {
     config.output.dir.join("checkpoint.ckpt")
@@ -353,22 +369,30 @@ pub fn checkpoint_path(config: &RunConfig) -> PathBuf {
 /// a collective the others have left.
 ///
 /// Errors: an [`Error::Config`] on `output.dir` naming the checkpoint and the two ways on
-/// (`--resume`, `--fresh`); on ranks above 0 it says rank 0 refused; a collective's failure.
+/// (`--resume`, `--fresh`), or a file where the folder goes; on ranks above 0 it says rank 0
+/// refused; a collective's failure.
 pub fn check_start(config: &RunConfig, resume: bool, fresh: bool, group: Option<&ProcessGroup>) -> Result<()> {
-    let ckpt = checkpoint_path(config);
+    let (ckpt, dir) = (checkpoint_path(config), &config.output.dir);
     let rank = group.map_or(0, |g| g.rank());
-    let mut refused = [f64::from(u8::from(rank == 0 && !resume && !fresh && ckpt.exists()))];
+    let why = if dir.exists() && !dir.is_dir() {
+        Some(format!("{} is a file, not a folder: name a folder for the run's files", dir.display()))
+    } else if !resume && !fresh && ckpt.exists() {
+        Some(format!(
+            "{} already holds a checkpoint ({}): pass --resume to continue that run or --fresh to start over",
+            dir.display(),
+            ckpt.file_name().unwrap_or_default().to_string_lossy()
+        ))
+    } else {
+        None
+    };
+    let mut refused = [f64::from(u8::from(rank == 0 && why.is_some()))];
     if let Some(g) = group {
         g.all_reduce_sum_f64(&mut refused)?;
     }
     if refused[0] == 0.0 {
         return Ok(());
     }
-    let why = format!(
-        "{} already holds a checkpoint ({}): pass --resume to continue that run or --fresh to start over",
-        config.output.dir.display(),
-        ckpt.file_name().unwrap_or_default().to_string_lossy()
-    );
+    let why = why.unwrap_or_else(|| "its output.dir is in the way".into());
     Err(config_error("output.dir", if rank == 0 { why } else { format!("rank 0 refused to start: {why}") }))
 }
 
@@ -465,6 +489,30 @@ fn token_slices<D: Device>(
     let planned = plan_slices(dev, model, &micro, plan)?;
     let lengths = planned.micro_batches.first().map(|m| m.slices.clone()).unwrap_or_default();
     Ok((if lengths.len() > 1 { lengths } else { Vec::new() }, Some(planned)))
+}
+
+/// What a [resume](Job::resume) found: the plan the run goes on with, and the training
+/// settings that changed since the checkpoint (`train.lr 0.001 → 0.01`), which it takes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Resumed {
+    /// The plan.
+    pub plan: ResumedPlan,
+    /// The settings that changed.
+    pub changed: Vec<String>,
+}
+
+impl std::fmt::Display for Resumed {
+    /// A line for the plan unless it is the checkpoint's, and one for the changed settings
+    /// where there are some; nothing else.
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        if self.plan != ResumedPlan::Checkpoint {
+            writeln!(f, "{}", self.plan)?;
+        }
+        if !self.changed.is_empty() {
+            writeln!(f, "settings changed since the checkpoint, taken from here on: {}", self.changed.join(", "))?;
+        }
+        Ok(())
+    }
 }
 
 /// The plan a [resumed](Job::resume) run goes on with.
@@ -749,16 +797,7 @@ impl<D: Device> Job<D> {
         };
         let mut trainer = Trainer::new(pipeline, config.train.clone(), source.batches_per_epoch(), per_sample)?;
         trainer.data_fingerprint = source.fingerprint();
-        let d = &config.data;
-        trainer.data_settings = Some(serde_json::json!({
-            "data.dataset": d.dataset,
-            "train.seed": config.train.seed,
-            "data.split_seed": d.split_seed,
-            "data.test_fraction": d.test_fraction,
-            "data.validation_fraction": d.validation_fraction,
-            "data.train_limit": d.train_limit,
-            "data.group_by_length": d.group_by_length,
-        }));
+        trainer.data_settings = Some(data_settings(&config));
         trainer.batch_size = Some(config.data.batch_size);
         trainer.model_config = serde_json::to_value(&model_config).ok();
         let positions = match spec.input {
@@ -836,7 +875,7 @@ impl<D: Device> Job<D> {
     /// --pipeline-len 2` after a run on one device) goes on in that shape, its weights and
     /// optimizer state moved as a re-plan moves them; with AutoPipe on, the shape is
     /// AutoPipe's and the checkpoint's stands. Returns which plan the run goes on with.
-    pub fn resume(&mut self) -> Result<ResumedPlan> {
+    pub fn resume(&mut self) -> Result<Resumed> {
         let path = self.checkpoint_path();
         if !path.exists() {
             return Err(Error::Io {
@@ -873,7 +912,7 @@ impl<D: Device> Job<D> {
             self.communicator = self.describe_communicator(comm);
         }
         self.resumed = true;
-        Ok(resumed)
+        Ok(Resumed { plan: resumed, changed: restored.changed })
     }
 
     /// Trains to the end, checkpointing every `output.checkpoint_every` steps and at the end,
@@ -1040,6 +1079,7 @@ impl<D: Device> Job<D> {
             chars: self.info.chars.clone(),
             max_seq_length: self.config.data.max_len,
             pixel_max: self.info.pixel_max,
+            trained_on: data_settings(&self.config),
             dir: self.config.output.dir.join("model"),
         }
     }
@@ -1063,6 +1103,7 @@ struct Exporter {
     chars: Vec<char>,
     max_seq_length: usize,
     pixel_max: Option<u32>,
+    trained_on: serde_json::Value,
     dir: PathBuf,
 }
 
@@ -1075,6 +1116,7 @@ impl Exporter {
             chars: &self.chars,
             max_seq_length: Some(self.max_seq_length),
             pixel_max: self.pixel_max,
+            trained_on: Some(&self.trained_on),
         };
         weights::export_values(&self.spec, values, &self.config, &extras, &self.dir)?;
         Ok(())
@@ -1137,6 +1179,15 @@ mod tests {
             super::check_start(&config, true, false, None).is_ok()
                 && super::check_start(&config, false, true, None).is_ok()
         );
+        // A file where the folder goes is named as such, resuming or not.
+        let file = super::RunConfig {
+            output: super::super::OutputSection { dir: super::checkpoint_path(&config), ..config.output.clone() },
+            ..config.clone()
+        };
+        for (resume, fresh) in [(false, false), (true, false), (false, true)] {
+            let e = super::check_start(&file, resume, fresh, None).unwrap_err().to_string();
+            assert!(e.contains("output.dir") && e.contains("checkpoint.ckpt is a file, not a folder"), "{e}");
+        }
     }
 
     /// A pretrained folder that is not there is named by its setting, with the way to install it.

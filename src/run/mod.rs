@@ -37,7 +37,7 @@ pub fn open_devices_at(
     threads: usize,
     precision: Precision,
 ) -> crate::Result<AnyDevices> {
-    let cores = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
+    let cores = crate::device::usable_threads(threads);
     let count = count.max(1);
     let per_device = (cores / count).max(1);
     let indices = first..first + count;
@@ -48,16 +48,9 @@ pub fn open_devices_at(
             .collect::<crate::Result<_>>()
             .map(AnyDevices::Cpu);
     }
-    // The backend is the command line's choice: named as its flag.
-    let flag = |e| match e {
-        crate::Error::Config { field, message } if field == "device" => {
-            crate::Error::Config { field: "--device".into(), message }
-        }
-        e => e,
-    };
     let mut gpus = Vec::new();
     for i in indices {
-        match AnyDevice::open(kind, i, per_device, precision).map_err(flag)? {
+        match open_device(kind, i, per_device, precision)? {
             AnyDevice::Gpu(d) => gpus.push(d),
             AnyDevice::Cpu(_) => {
                 return Err(crate::error::internal("devices", format!("{kind:?} opened a cpu device")));
@@ -65,6 +58,17 @@ pub fn open_devices_at(
         }
     }
     Ok(AnyDevices::Gpu(gpus))
+}
+
+/// [`AnyDevice::open`] for the command line: a backend that cannot open is named as the flag
+/// that chose it (`--device`).
+pub fn open_device(kind: DeviceKind, index: usize, threads: usize, precision: Precision) -> crate::Result<AnyDevice> {
+    AnyDevice::open(kind, index, threads, precision).map_err(|e| match e {
+        crate::Error::Config { field, message } if field == "device" => {
+            crate::Error::Config { field: "--device".into(), message }
+        }
+        e => e,
+    })
 }
 
 /// Has the C allocator keep the large buffers a training process frees and reuse them, instead
@@ -98,9 +102,12 @@ mod tests {
             }
             _ => panic!("cpu devices expected"),
         };
+        // Never more threads than cores: the pool's workers spin while they wait.
+        let cores = crate::device::usable_threads(0);
         assert_eq!(threads(2, 2), [1, 1]);
-        assert_eq!(threads(2, 4), [2, 2]);
-        assert_eq!(threads(1, 2), [2]);
+        assert_eq!(threads(2, 4), vec![(cores.min(4) / 2).max(1); 2]);
+        assert_eq!(threads(1, 1000), [cores]);
+        assert_eq!(threads(1, 2), [cores.min(2)]);
         assert_eq!(threads(3, 2), [1, 1, 1], "never fewer than one");
     }
 }

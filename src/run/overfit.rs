@@ -96,6 +96,10 @@ pub fn overfit<D: Device>(
     let mut losses = Vec::with_capacity(steps as usize);
     for step in 0..steps {
         let stats = train_step(dev, &mut model, &mut optimizer, &batch, lr_schedule.lr_at(step), Some(1.0))?;
+        if !stats.loss.is_finite() {
+            say(format!("step {step:4}  loss {}", stats.loss));
+            return Err(crate::Error::Diverged { step, loss: stats.loss });
+        }
         losses.push(stats.loss);
         if step % 20 == 0 || step + 1 == steps {
             say(format!("step {step:4}  loss {:.5}  grad-norm {:.3}", stats.loss, stats.grad_norm));
@@ -138,5 +142,10 @@ mod tests {
             let e = overfit(&dev, Family::Gpt, 5, lr, 0, |_| {}).unwrap_err().to_string();
             assert!(e.contains("`lr`") && e.contains("not a learning rate"), "{e}");
         }
+        // A rate that blows the loss up ends the command with an error, not a NaN "result".
+        let mut lines = Vec::new();
+        let e = overfit(&dev, Family::Vit, 3, 1e9, 0, |l| lines.push(l)).unwrap_err();
+        assert!(matches!(e, crate::Error::Diverged { .. }), "{e}");
+        assert!(lines.last().is_some_and(|l| l.contains("NaN") || l.contains("inf")), "{lines:?}");
     }
 }

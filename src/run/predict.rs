@@ -4,7 +4,7 @@
 //! on with the rest.
 
 use super::config::RunConfig;
-use super::job::prepare_data;
+use super::job::{data_settings, prepare_data};
 use crate::data::read_idx_images;
 use crate::device::Device;
 use crate::error::{Error, Result, config_error, data_error};
@@ -107,6 +107,8 @@ pub struct Predictor<D: Device> {
     model: Model<D>,
     labels: Vec<String>,
     reader: Reader,
+    /// The settings that chose the samples the model trained on, where its export says.
+    trained_on: Option<serde_json::Value>,
 }
 
 impl<D: Device> Predictor<D> {
@@ -220,7 +222,7 @@ impl<D: Device> Predictor<D> {
                 format!("{}: {} label names for a {num_labels}-class head", dir.display(), labels.len()),
             ));
         }
-        Ok(Predictor { dev, model, labels, reader })
+        Ok(Predictor { dev, model, labels, reader, trained_on: export.trained_on })
     }
 
     /// Loss and accuracy over `batches` (labelled), with a classifier's confusion matrix and
@@ -349,7 +351,7 @@ impl<D: Device> Predictor<D> {
             }
             Reader::Chars { .. } => {
                 return Err(config_error(
-                    "file",
+                    "--file",
                     "a language model is evaluated on a configured text (--config), not labelled rows",
                 ));
             }
@@ -357,11 +359,43 @@ impl<D: Device> Predictor<D> {
         Ok(batches)
     }
 
+    /// Refuses an evaluation split of the model's own dataset that may hold samples it trained
+    /// on: one cut with another split seed or test fraction than its run's, or a validation
+    /// part carved otherwise (its export records its run's settings; one without them is not
+    /// checked).
+    fn check_split(&self, config: &RunConfig) -> Result<()> {
+        let (Some(then), now) = (self.trained_on.as_ref().and_then(|v| v.as_object()), data_settings(config)) else {
+            return Ok(());
+        };
+        let null = serde_json::Value::Null;
+        let was = |k: &str| then.get(k).unwrap_or(&null);
+        let is = |k: &str| now.get(k).unwrap_or(&null);
+        if was("data.dataset") != is("data.dataset") {
+            return Ok(());
+        }
+        let mut keys: Vec<&str> =
+            ["data.split_seed", "data.test_fraction"].into_iter().filter(|k| was(k) != is(k)).collect();
+        if config.data.validation_fraction > 0.0 && was("data.validation_fraction") != is("data.validation_fraction") {
+            keys.push("data.validation_fraction");
+        }
+        let Some(&first) = keys.first() else { return Ok(()) };
+        let said: Vec<String> = keys.iter().map(|k| format!("{k} = {} (here {})", was(k), is(k))).collect();
+        Err(config_error(
+            first,
+            format!(
+                "the model was trained under {}: this split would hold samples it trained on; evaluate under its \
+                 run's settings",
+                said.join(", ")
+            ),
+        ))
+    }
+
     /// The metrics on the evaluation split of the dataset `config` names (its test split, or
     /// with `data.validation_fraction` the validation part its runs evaluate on; with the
     /// config's limits), after checking that the data's classes (or characters) are the
     /// model's.
     pub fn evaluate_dataset(&self, config: &RunConfig) -> Result<EvalMetrics> {
+        self.check_split(config)?;
         let (source, info) = prepare_data(config, 1)?;
         let data_kind = if !info.chars.is_empty() {
             Kind::Chars
@@ -806,13 +840,7 @@ mod tests {
         let scratch = crate::files::Scratch::new("predict-disagree");
         let dir = scratch.join("export");
         let chars: Vec<char> = "abcdefghijklmnopq".chars().collect();
-        let extras = weights::ExportExtras {
-            labels: &[],
-            tokenizer_dir: None,
-            chars: &chars,
-            max_seq_length: None,
-            pixel_max: None,
-        };
+        let extras = weights::ExportExtras { chars: &chars, ..Default::default() };
         weights::export_model(&model, &dev, &config, &extras, &dir).unwrap();
         assert!(Predictor::load(crate::device::CpuDevice::<f32>::new(0, 1).unwrap(), &dir).is_ok());
         let path = dir.join("config.json");
@@ -1060,8 +1088,10 @@ impl PredictOptions {
                 Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
                 _ => flags.join(""),
             };
+            // Named by the first flag given (`--temperature`), as a flag.
+            let field = flags[0].split(' ').next().unwrap_or("--temperature").to_string();
             return Err(config_error(
-                "sampling",
+                field,
                 format!(
                     "{} only {apply} to text generation (a GPT); the model is {}, which generates nothing: \
                      leave {them} out",

@@ -632,7 +632,14 @@ impl<D: Device> Trainer<D> {
             .filter_map(|(name, data)| name.strip_prefix(CONTROLLER).map(|n| Tensor { name: n.to_string(), data }))
             .collect();
         controller.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(Restored { controller: field("controller"), tensors: controller, reshaped_from })
+        let changed = match (field("train"), serde_json::to_value(&self.config)) {
+            (serde_json::Value::Object(then), Ok(serde_json::Value::Object(now))) => now
+                .iter()
+                .filter_map(|(k, v)| then.get(k).filter(|t| *t != v).map(|t| format!("train.{k} {t} → {v}")))
+                .collect(),
+            _ => Vec::new(),
+        };
+        Ok(Restored { controller: field("controller"), tensors: controller, reshaped_from, changed })
     }
 }
 
@@ -662,6 +669,10 @@ pub struct Restored {
     /// The checkpoint's plan, where the plan in force was kept over it
     /// ([`RecordedPlan::UnlessReshaped`]).
     pub reshaped_from: Option<PipelineConfig>,
+    /// The training settings that differ from the checkpoint's run, which the resumed run
+    /// takes (`train.lr 0.001 → 0.01`; a longer run's schedule, for one, moves its
+    /// learning rate).
+    pub changed: Vec<String>,
 }
 
 /// One evaluation batch's sums.

@@ -53,7 +53,15 @@ pub struct ExportExtras<'a> {
     /// The raw pixel value the image data maps to 1.0 (pixels were `value / pixel_max`): 255
     /// for 8-bit images (the default), 16 for scikit-learn's digits.
     pub pixel_max: Option<u32>,
+    /// The settings that chose the samples the model trained on (dataset, split seed,
+    /// fractions), written into `config.json` as [`TRAINED_ON_KEY`], so an evaluation on a split
+    /// that holds some of them can be refused.
+    pub trained_on: Option<&'a serde_json::Value>,
 }
+
+/// The key of [`ExportExtras::trained_on`] in `config.json` (Hugging Face keeps unknown keys as
+/// attributes of the config).
+pub const TRAINED_ON_KEY: &str = "pipetransformer_trained_on";
 
 /// Writes `value` as pretty JSON to `path`, atomically.
 pub(crate) fn write_json(path: &Path, value: &Value) -> Result<()> {

@@ -83,7 +83,10 @@ pub fn export_values(
         return Err(config_error("config", "does not describe the model being exported (its spec differs)"));
     }
     // Checked (labels against num_labels) before anything is written.
-    let json = hf_config_json(config, extras.labels)?;
+    let mut json = hf_config_json(config, extras.labels)?;
+    if let (Some(trained_on), Some(object)) = (extras.trained_on, json.as_object_mut()) {
+        object.insert(super::companions::TRAINED_ON_KEY.into(), trained_on.clone());
+    }
     let (host, skipped) = hf_tensors(spec, values)?;
     let tensors: Vec<TensorRef<'_>> =
         host.iter().map(|t| TensorRef { name: &t.name, shape: &t.shape, values: &t.values }).collect();

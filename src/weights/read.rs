@@ -39,6 +39,9 @@ pub struct ExportedModel {
     /// The longest input the run trained on, in tokens (`sentence_bert_config.json`'s
     /// `max_seq_length`); `None` without that file.
     pub max_seq_length: Option<usize>,
+    /// The settings that chose the samples the model trained on (see
+    /// [`super::ExportExtras::trained_on`]); `None` in an export without them.
+    pub trained_on: Option<Value>,
 }
 
 /// The error for a file of an export that is missing or not what this engine writes: it names
@@ -96,7 +99,18 @@ pub fn read_export(dir: impl AsRef<Path>) -> Result<ExportedModel> {
     };
     let tokenizer = Some(dir.join(TOKENIZER_FILE)).filter(|p| p.is_file());
     let max_seq_length = read_max_seq_length(&dir.join(SENTENCE_CONFIG_FILE))?;
-    Ok(ExportedModel { dir: dir.to_path_buf(), config, weights, labels, tokenizer, chars, pixel_scale, max_seq_length })
+    let trained_on = json.get(super::companions::TRAINED_ON_KEY).cloned();
+    Ok(ExportedModel {
+        dir: dir.to_path_buf(),
+        config,
+        weights,
+        labels,
+        tokenizer,
+        chars,
+        pixel_scale,
+        max_seq_length,
+        trained_on,
+    })
 }
 
 /// Class names from `id2label` (absent: none), checked against `num_labels` and `label2id`.
@@ -297,14 +311,12 @@ mod tests {
     #[test]
     fn an_export_replaces_the_folder_whole() {
         let chars: Vec<char> = "abcdefghijklmnopq".chars().collect();
-        let gpt_extras =
-            ExportExtras { labels: &[], tokenizer_dir: None, chars: &chars, max_seq_length: None, pixel_max: None };
+        let gpt_extras = ExportExtras { chars: &chars, ..Default::default() };
         let dir = export("replace", &crate::model::tiny::tiny_gpt(0.0), &gpt_extras);
         assert!(dir.join("vocab.json").exists() && dir.join("tokenizer.json").exists());
         let dev = CpuDevice::<f32>::new(0, 1).unwrap();
         let bert = tiny_bert();
-        let extras =
-            ExportExtras { labels: &labels(), tokenizer_dir: None, chars: &[], max_seq_length: None, pixel_max: None };
+        let extras = ExportExtras { labels: &labels(), ..Default::default() };
         export_model(&Model::new(&dev, &bert, 1).unwrap(), &dev, &bert, &extras, &dir).unwrap();
         assert!(!dir.join("vocab.json").exists() && !dir.join("tokenizer.json").exists());
         let export = read_export(&dir).unwrap();
