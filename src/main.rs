@@ -343,7 +343,7 @@ enum Command {
         /// GPT: seed of the draws.
         #[arg(long, default_value_t = Sampling::default().seed)]
         seed: u64,
-        /// CPU threads (0: all cores).
+        /// CPU threads (0: all cores; never more than the cores).
         #[arg(long, default_value_t = 0)]
         threads: usize,
         #[command(flatten)]
@@ -360,7 +360,8 @@ enum Command {
         model: PathBuf,
         /// A run configuration whose dataset's evaluation split to score on (its test split,
         /// or its validation split when `data.validation_fraction` > 0), in its
-        /// `output.precision` unless `--precision` is given.
+        /// `output.precision` unless `--precision` is given. A split that would hold samples the
+        /// model trained on (another `data.split_seed` or fraction than its run's) is refused.
         #[arg(long, conflicts_with = "file")]
         config: Option<PathBuf>,
         /// Override a value of `--config` (repeatable).
@@ -374,7 +375,7 @@ enum Command {
         /// its `data.batch_size`).
         #[arg(long, value_parser = parse_batch_size)]
         batch_size: Option<usize>,
-        /// CPU threads (0: all cores).
+        /// CPU threads (0: all cores; never more than the cores).
         #[arg(long, default_value_t = 0)]
         threads: usize,
         #[command(flatten)]
@@ -409,7 +410,7 @@ enum Command {
         /// Seed of the weights and the batch.
         #[arg(long, default_value_t = 0)]
         seed: u64,
-        /// CPU threads (0: all cores).
+        /// CPU threads (0: all cores; never more than the cores).
         #[arg(long, default_value_t = 0)]
         threads: usize,
         #[command(flatten)]
@@ -434,7 +435,7 @@ enum Command {
         /// Tokens per sequence.
         #[arg(long, default_value_t = 128)]
         seq: usize,
-        /// CPU threads (0: all cores).
+        /// CPU threads (0: all cores; never more than the cores).
         #[arg(long, default_value_t = 0)]
         threads: usize,
         /// The Python whose PyTorch times the same step for comparison on cpu or cuda (skipped,

@@ -684,28 +684,41 @@ fn an_epoch_whose_last_batch_is_shorter_than_the_replicas_trains_every_sample() 
     assert_eq!(samples, [8, 8, 8, 9, 8, 8, 8, 9], "{out}");
 }
 
-/// A tiny digits run of two steps in a folder of its own: the folder, and `train` in it again
-/// with more flags. `None` without the digits.
-fn two_digits_steps(name: &str) -> Option<(Scratch, impl Fn(&[&str]) -> (bool, String))> {
-    if !have_digits() {
-        return None;
+/// A tiny digits run of two steps in a folder of its own, to run `train` in again with more
+/// flags.
+struct DigitsRun {
+    dir: Scratch,
+    out_dir: String,
+}
+
+impl DigitsRun {
+    /// The run's first two steps; `None` without the digits.
+    fn start(name: &str) -> Option<DigitsRun> {
+        if !have_digits() {
+            return None;
+        }
+        let dir = scratch(name);
+        let out_dir = format!("output.dir={}", dir.display());
+        let run = DigitsRun { dir, out_dir };
+        let (ok, out) = run.train(&["--fresh", "--set", "train.max_steps=2"]);
+        assert!(ok, "{out}");
+        Some(run)
     }
-    let dir = scratch(name);
-    let out_dir = format!("output.dir={}", dir.display());
-    let run = move |flags: &[&str]| {
-        let base = ["train", "--config", "configs/vit-digits.toml", "--set", &out_dir, "--set", "data.test_limit=32"];
+
+    /// `train` in the run's folder with `flags`.
+    fn train(&self, flags: &[&str]) -> (bool, String) {
+        let base =
+            ["train", "--config", "configs/vit-digits.toml", "--set", &self.out_dir, "--set", "data.test_limit=32"];
         pipetransformer(&[&base[..], flags].concat())
-    };
-    let (ok, out) = run(&["--fresh", "--set", "train.max_steps=2"]);
-    assert!(ok, "{out}");
-    Some((dir, run))
+    }
 }
 
 /// A run resumed with shape flags goes on in that shape, and says so; the summary's final
 /// plan is that shape.
 #[test]
 fn a_run_resumed_with_shape_flags_takes_that_shape() {
-    let Some((dir, run)) = two_digits_steps("resume-shape") else { return };
+    let Some(digits) = DigitsRun::start("resume-shape") else { return };
+    let (dir, run) = (&digits.dir, |flags: &[&str]| digits.train(flags));
     let (ok, out) = run(&[
         "--resume",
         "--set",
@@ -735,7 +748,8 @@ fn a_run_resumed_with_shape_flags_takes_that_shape() {
 /// seed alone, and the checkpoint is kept; with the run's own settings it resumes.
 #[test]
 fn resuming_over_other_training_data_is_refused() {
-    let Some((dir, run)) = two_digits_steps("resume-data") else { return };
+    let Some(digits) = DigitsRun::start("resume-data") else { return };
+    let (dir, run) = (&digits.dir, |flags: &[&str]| digits.train(flags));
     let saved = std::fs::read(dir.join("checkpoint.ckpt")).unwrap();
     let (ok, out) = run(&["--resume", "--set", "train.max_steps=3", "--set", "train.seed=1"]);
     assert!(!ok && out.contains("other training data") && out.contains("--fresh"), "{out}");

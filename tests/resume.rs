@@ -141,6 +141,7 @@ fn a_run_resumed_in_another_shape_keeps_it_and_follows_the_straight_run() {
         let mut second = on(to);
         let restored = second.load_checkpoint_with(&path, RecordedPlan::UnlessReshaped { slices: false }).unwrap();
         assert_eq!(restored.reshaped_from.map(|c| c.pipeline_len), Some(from));
+        assert!(restored.changed.is_empty(), "the same settings: {:?}", restored.changed);
         assert_eq!(second.pipeline.plan().config.pipeline_len, to, "the shape asked for stays");
         resumed.extend(steps(&mut second, None));
         assert_eq!(resumed.len(), straight.len());
@@ -157,6 +158,30 @@ fn a_run_resumed_in_another_shape_keeps_it_and_follows_the_straight_run() {
         }
         std::fs::remove_file(&path).unwrap();
     }
+}
+
+/// A resume lists the training settings that changed since the checkpoint, a table's by its
+/// own keys, and nothing else.
+#[test]
+fn a_resume_names_the_training_settings_that_changed() {
+    let config = common::tiny_gpt(0.0);
+    let src = Synthetic { config: config.clone(), fail_at: None };
+    let path = tmp("changed-settings");
+    let mut first = trainer(&config);
+    run(&mut first, &src, Some(2));
+    first.save_checkpoint(&path, serde_json::Value::Null).unwrap();
+    let optimizer =
+        pipetransformer::optim::OptimizerConfig::AdamW { beta1: 0.5, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 };
+    let train = TrainConfig { lr: 2e-2, max_steps: 7, optimizer, ..train_config() };
+    let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+    let mut second = common::trainer_on(&config, 3, vec![dev], Default::default(), train, 4);
+    let restored = second.load_checkpoint_with(&path, RecordedPlan::Restore).unwrap();
+    assert_eq!(
+        restored.changed,
+        ["train.lr 0.01 → 0.02", "train.max_steps 0 → 7", "train.optimizer.beta1 0.9 → 0.5"],
+        "by name"
+    );
+    std::fs::remove_file(&path).unwrap();
 }
 
 /// `train.freeze_embeddings` survives a resume (the embedding never moves, before or after

@@ -524,8 +524,6 @@ impl AnyDevice {
             DeviceKind::Cuda => Ok(AnyDevice::Gpu(cuda::device(index, precision)?)),
             DeviceKind::CudaEmu | DeviceKind::Auto => {
                 // Natural thread order (seed 0); the launch's blocks spread over `threads` threads.
-                let threads =
-                    if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
                 let rt = emu::EmuRuntime::new(index, 0, threads)?;
                 Ok(AnyDevice::Gpu(GpuDevice::new(std::sync::Arc::new(rt), precision, true)))
             }

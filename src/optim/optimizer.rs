@@ -41,7 +41,7 @@ pub enum OptimizerConfig {
     /// SGD with (optionally Nesterov) momentum, dampening 0.
     #[serde(rename = "sgd")]
     Sgd {
-        /// Momentum factor, ≥ 0 (0: plain SGD).
+        /// Momentum factor in [0, 1) (0: plain SGD).
         #[serde(default = "default_momentum")]
         momentum: f64,
         /// L2 weight decay added to the gradient, ≥ 0; applied only to parameters with `decay`.

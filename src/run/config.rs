@@ -328,7 +328,9 @@ fn set_error(message: impl Into<String>) -> Error {
 /// Why no setting took `key`: most often a typo, but an optimizer setting of another kind
 /// than the table's (`--set train.optimizer.kind="sgd"` over an AdamW table leaves AdamW's
 /// `beta1` behind) is named as such, with the way to switch kinds.
-fn unknown_because(key: &str, config: &RunConfig) -> String {
+/// `kind_written`: whether the table names its kind (else it took the default's, AdamW, and the
+/// user means the other kind).
+fn unknown_because(key: &str, config: &RunConfig, kind_written: bool) -> String {
     let kind_keys = |kind: &str| -> Option<(String, toml::Table)> {
         let table: toml::Table = [("kind".to_string(), toml::Value::from(kind))].into_iter().collect();
         let read: crate::optim::OptimizerConfig = toml::Value::Table(table).try_into().ok()?;
@@ -346,8 +348,10 @@ fn unknown_because(key: &str, config: &RunConfig) -> String {
         .and_then(|name| ["adamw", "sgd"].into_iter().filter_map(kind_keys).find(|(_, keys)| keys.contains_key(name)));
     match (owner, kind) {
         (Some((other, _)), Some(kind)) if other != kind => format!(
-            "a setting of kind \"{other}\", and this table's kind is \"{kind}\"; to switch kinds give the whole \
-             table: --set 'train.optimizer={{ kind = \"{kind}\" }}' with the settings it takes"
+            "a setting of kind \"{other}\", and this table's kind is \"{kind}\"{}; to switch kinds give the whole \
+             table: --set 'train.optimizer={{ kind = \"{}\" }}' with the settings it takes",
+            if kind_written { "" } else { " (the default, none being written)" },
+            if kind_written { &kind } else { &other }
         ),
         _ => "no setting has that name".into(),
     }
@@ -366,10 +370,14 @@ impl RunConfig {
         let file: toml::Table =
             text.parse().map_err(|e: toml::de::Error| Error::Data { what: origin.into(), message: e.to_string() })?;
         let convert = |t: &toml::Table| -> std::result::Result<RunConfig, String> {
+            let optimizer = t.get("train").and_then(|t| t.get("optimizer"));
+            let kind_written = optimizer.is_some_and(|o| o.get("kind").is_some());
+            let mut t = t.clone();
+            default_optimizer_kind(&mut t);
             let config: RunConfig =
                 toml::Value::Table(t.clone()).try_into().map_err(|e: toml::de::Error| e.to_string())?;
-            match config.unknown_key(t) {
-                Some(key) => Err(format!("unknown key `{key}`: {}", unknown_because(&key, &config))),
+            match config.unknown_key(&t) {
+                Some(key) => Err(format!("unknown key `{key}`: {}", unknown_because(&key, &config, kind_written))),
                 None => Ok(config),
             }
         };
@@ -377,7 +385,6 @@ impl RunConfig {
         for o in overrides {
             apply_override(&mut table, o)?;
         }
-        default_optimizer_kind(&mut table);
         let config = convert(&table).map_err(|e| {
             // A converted table carries no positions: name the first override that breaks a
             // file that converts on its own, else the key in the file (serde's `in `key``), else
@@ -837,7 +844,7 @@ dir = "runs/x"
         let crate::optim::OptimizerConfig::AdamW { beta1, beta2, .. } = c.train.optimizer else { panic!("not AdamW") };
         assert_eq!((beta1, beta2), (0.5, 0.999));
         let err = RunConfig::parse(BASE, "base", &["train.optimizer.momentum=0.5".into()]).unwrap_err().to_string();
-        assert!(err.contains("a setting of kind \"sgd\""), "{err}");
+        assert!(err.contains("a setting of kind \"sgd\"") && err.contains("{ kind = \"sgd\" }"), "{err}");
         // A final rate under a constant rate is named as having no effect.
         let c =
             RunConfig::parse(BASE, "base", &["train.decay=\"constant\"".into(), "train.min_lr=1e-5".into()]).unwrap();

@@ -874,7 +874,8 @@ impl<D: Device> Job<D> {
     /// whose settings ask for another shape than the checkpoint's (`--devices 2
     /// --pipeline-len 2` after a run on one device) goes on in that shape, its weights and
     /// optimizer state moved as a re-plan moves them; with AutoPipe on, the shape is
-    /// AutoPipe's and the checkpoint's stands. Returns which plan the run goes on with.
+    /// AutoPipe's and the checkpoint's stands. Returns which plan the run goes on with and the
+    /// training settings that changed since the checkpoint (which the run takes).
     pub fn resume(&mut self) -> Result<Resumed> {
         let path = self.checkpoint_path();
         if !path.exists() {

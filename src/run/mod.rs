@@ -12,7 +12,7 @@ pub mod source;
 
 pub use config::{DataSection, DatasetName, ModelSection, OutputSection, PipelineSection, RunConfig};
 pub use job::{
-    DataInfo, Job, ResumedPlan, Summary, build_model, check_start, checkpoint_path, prepare_data, unigram_loss,
+    DataInfo, Job, Resumed, ResumedPlan, Summary, build_model, check_start, checkpoint_path, prepare_data, unigram_loss,
 };
 pub use launch::{LaunchOptions, ProcessEnv, launch};
 pub use predict::{ClassPrediction, Predictor, Sampling};
@@ -22,8 +22,8 @@ pub use source::{SampleSource, subset};
 use crate::device::{AnyDevice, AnyDevices, CpuDevice, DeviceKind, HostPool, Precision};
 
 /// Opens the `count` devices of a run: GPUs as `kind` says, or `count` cpu devices that share
-/// the machine's cores (`threads` in all; 0: every core), so the devices together use the
-/// machine once. The cpu devices compute on one pool of those threads (at least one per
+/// the machine's cores (`threads` in all; 0, or more than the cores: every core), so the
+/// devices together use the machine once. The cpu devices compute on one pool of those threads (at least one per
 /// device), each reckoned by the planner at its even share ([`crate::device::HostPool`]).
 pub fn open_devices(kind: DeviceKind, count: usize, threads: usize, precision: Precision) -> crate::Result<AnyDevices> {
     open_devices_at(kind, 0, count, threads, precision)

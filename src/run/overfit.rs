@@ -58,7 +58,8 @@ fn small_config(family: Family) -> (ModelConfig, usize, usize) {
 /// the last, and the final loss with the steps' time. Returns the losses, one per step.
 ///
 /// Errors: `steps` of 0 or a learning rate that is not finite and ≥ 0 are
-/// [`crate::Error::Config`]s on `steps` and `lr`; a device's failure as the device reports it.
+/// [`crate::Error::Config`]s on `steps` and `lr`; a loss that stops being finite is
+/// [`crate::Error::Diverged`]; a device's failure as the device reports it.
 pub fn overfit<D: Device>(
     dev: &D,
     family: Family,

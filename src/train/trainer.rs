@@ -632,15 +632,30 @@ impl<D: Device> Trainer<D> {
             .filter_map(|(name, data)| name.strip_prefix(CONTROLLER).map(|n| Tensor { name: n.to_string(), data }))
             .collect();
         controller.sort_by(|a, b| a.name.cmp(&b.name));
-        let changed = match (field("train"), serde_json::to_value(&self.config)) {
-            (serde_json::Value::Object(then), Ok(serde_json::Value::Object(now))) => now
-                .iter()
-                .filter_map(|(k, v)| then.get(k).filter(|t| *t != v).map(|t| format!("train.{k} {t} → {v}")))
-                .collect(),
-            _ => Vec::new(),
+        let changed = match serde_json::to_value(&self.config) {
+            Ok(now) => changed_settings("train", &field("train"), &now),
+            Err(_) => Vec::new(),
         };
         Ok(Restored { controller: field("controller"), tensors: controller, reshaped_from, changed })
     }
+}
+
+/// The settings of `now` whose values differ from `then`'s, as `prefix.key then → now`, a
+/// table's by its own keys (`train.optimizer.beta1 0.9 → 0.5`). A key one side lacks (a
+/// setting a later version added) is not a change.
+fn changed_settings(prefix: &str, then: &serde_json::Value, now: &serde_json::Value) -> Vec<String> {
+    let (Some(then), Some(now)) = (then.as_object(), now.as_object()) else { return Vec::new() };
+    let mut changed = Vec::new();
+    for (key, value) in now {
+        let Some(was) = then.get(key).filter(|was| *was != value) else { continue };
+        let name = format!("{prefix}.{key}");
+        match (was.is_object() && value.is_object(), was.get("kind") == value.get("kind")) {
+            // The same kind of table: its settings one by one.
+            (true, true) => changed.extend(changed_settings(&name, was, value)),
+            _ => changed.push(format!("{name} {was} → {value}")),
+        }
+    }
+    changed
 }
 
 /// What a checkpoint's load does with the plan the checkpoint recorded.
