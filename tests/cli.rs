@@ -684,6 +684,9 @@ fn an_epoch_whose_last_batch_is_shorter_than_the_replicas_trains_every_sample() 
     assert_eq!(samples, [8, 8, 8, 9, 8, 8, 8, 9], "{out}");
 }
 
+/// A pipeline of two stages on two devices, two micro-batches a step.
+const TWO_STAGES_TWO_MICRO_BATCHES: [&str; 6] = ["--devices", "2", "--pipeline-len", "2", "--micro-batches", "2"];
+
 /// A tiny digits run of two steps in a folder of its own, to run `train` in again with more
 /// flags.
 struct DigitsRun {
@@ -719,17 +722,7 @@ impl DigitsRun {
 fn a_run_resumed_with_shape_flags_takes_that_shape() {
     let Some(digits) = DigitsRun::start("resume-shape") else { return };
     let (dir, run) = (&digits.dir, |flags: &[&str]| digits.train(flags));
-    let (ok, out) = run(&[
-        "--resume",
-        "--set",
-        "train.max_steps=4",
-        "--devices",
-        "2",
-        "--pipeline-len",
-        "2",
-        "--micro-batches",
-        "2",
-    ]);
+    let (ok, out) = run(&[&["--resume", "--set", "train.max_steps=4"][..], &TWO_STAGES_TWO_MICRO_BATCHES].concat());
     assert!(ok && out.contains("resumed at step 2"), "{out}");
     assert!(out.contains("settings changed since the checkpoint, taken from here on: train.max_steps 2 → 4"), "{out}");
     assert!(
@@ -841,19 +834,9 @@ fn bad_elastic_settings_are_clear_errors_that_write_nothing() {
 /// freezes a layer after two steps, AutoPipe and AutoDP on, a short run; `extra` adds flags.
 fn elastic_loop(dir: &Path, extra: &[&str]) -> (bool, String) {
     let out_dir = format!("output.dir={}", dir.display());
-    let mut args = vec![
-        "train",
-        "--config",
-        "configs/vit-digits.toml",
-        "--set",
-        &out_dir,
-        "--fresh",
-        "--devices",
-        "2",
-        "--pipeline-len",
-        "2",
-        "--micro-batches",
-        "2",
+    let mut args = vec!["train", "--config", "configs/vit-digits.toml", "--set", &out_dir, "--fresh"];
+    args.extend(TWO_STAGES_TWO_MICRO_BATCHES);
+    args.extend([
         "--freeze",
         "table",
         "--set",
@@ -868,7 +851,7 @@ fn elastic_loop(dir: &Path, extra: &[&str]) -> (bool, String) {
         "data.train_limit=96",
         "--set",
         "data.test_limit=32",
-    ];
+    ]);
     args.extend(extra);
     pipetransformer(&args)
 }
