@@ -375,9 +375,10 @@ enum Command {
         /// its `data.batch_size`).
         #[arg(long, value_parser = parse_batch_size)]
         batch_size: Option<usize>,
-        /// CPU threads (0: all cores; never more than the cores).
-        #[arg(long, default_value_t = 0)]
-        threads: usize,
+        /// CPU threads (0: all cores; never more than the cores). Default: the `--config`'s
+        /// `output.threads`, else all cores.
+        #[arg(long)]
+        threads: Option<usize>,
         #[command(flatten)]
         device: ModelDeviceArgs,
     },
@@ -595,10 +596,16 @@ fn run() -> Result<()> {
             let data = match (config, file) {
                 (Some(config), _) => {
                     set.extend(batch_size.map(|n| format!("data.eval_batch_size={n}")));
+                    // The flag goes through the config, so its warning names the count used.
+                    set.extend(threads.map(|n| format!("output.threads={n}")));
                     EvalData::Dataset(Box::new(load_config(&config, &set)?))
                 }
                 (None, Some(file)) => EvalData::Rows(file, batch_size.unwrap_or(64)),
                 (None, None) => bail!("give --config (a dataset's test split) or --file (labelled rows)"),
+            };
+            let threads = match &data {
+                EvalData::Dataset(config) => config.output.threads,
+                EvalData::Rows(..) => threads.unwrap_or(0),
             };
             // With a run's config, in the precision that run computed in: its own metrics.
             let default = match &data {
@@ -657,10 +664,14 @@ fn run() -> Result<()> {
         }
         Command::Launch { nproc_per_node, nnodes, node_rank, rdzv, rdzv_token, command } => {
             // Only `train` joins a launched run; any other command would run once per process.
-            if command.first().map(String::as_str) != Some("train") {
+            let first = command.first().map(String::as_str).unwrap_or_default();
+            if first != "train" {
+                let why = match <Cli as clap::CommandFactory>::command().find_subcommand(first) {
+                    Some(_) => "which runs on its own: start it without launch",
+                    None => "which is not a command of this program",
+                };
                 bail!(
-                    "launch runs `train` in each process (`launch ... -- train --config ...`); got `{}`, which \
-                     runs on its own: start it without launch",
+                    "launch runs `train` in each process (`launch ... -- train --config ...`); got `{}`, {why}",
                     command.join(" ")
                 );
             }

@@ -73,6 +73,20 @@ fn inputs_that_would_be_ignored_are_refused() {
     assert!(!ok && out.contains("--set") && out.contains("cannot be used with"), "{out}");
 }
 
+/// `evaluate --threads` is the config's `output.threads`: the count warned about is the one
+/// used, not a config's value the flag replaces.
+#[test]
+fn evaluate_threads_is_the_configs_thread_count() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let many = format!("{}", cores + 1);
+    let evaluate = ["evaluate", "--model", "no-such-model", "--config", "configs/vit-digits.toml"];
+    let (_, out) =
+        pipetransformer(&[&evaluate[..], &["--set", &format!("output.threads={many}"), "--threads", "1"]].concat());
+    assert!(!out.contains("output.threads"), "{out}");
+    let (_, out) = pipetransformer(&[&evaluate[..], &["--threads", &many]].concat());
+    assert!(out.contains(&format!("output.threads = {many}, but this machine has {cores} cores")), "{out}");
+}
+
 #[test]
 fn diagnostic_commands_reject_zero_counts() {
     let (ok, out) = pipetransformer(&["overfit", "--steps", "0"]);
@@ -635,6 +649,9 @@ fn errors_print_each_cause_once_and_no_backtrace() {
     // Only `train` joins a launched run: another command would run once per process.
     let (ok, out) = pipetransformer(&["launch", "--nproc-per-node", "2", "--", "predict", "--model", "x"]);
     assert!(!ok && out.contains("launch runs `train` in each process") && out.contains("predict --model x"), "{out}");
+    assert!(out.contains("runs on its own"), "{out}");
+    let (ok, out) = pipetransformer(&["launch", "--nproc-per-node", "2", "--", "tarin", "--config", "x"]);
+    assert!(!ok && out.contains("got `tarin --config x`, which is not a command of this program"), "{out}");
     // A document without the table's markers is refused by its own name, before any compiling.
     let doc = scratch("kernels-doc");
     let path = doc.join("notes.md");

@@ -1072,9 +1072,14 @@ mod tests {
         assert!(lines[2].contains("error:"), "{out}");
         let (_gpt_dir, gpt) = tiny_gpt_predictor("predict-table-gpt", "abc ");
         let sampling = Sampling { max_new_tokens: 3, temperature: 0.0, ..Sampling::default() };
-        let (r, out) = run(&gpt, &["ab"], &options(1, sampling, OutputFormat::Table));
-        assert_eq!(r.unwrap(), (1, 0));
-        assert!(out.starts_with("prompt, then the generated text\nab") && out.lines().count() == 2, "{out}");
+        let (r, out) = run(&gpt, &["ab", "ba"], &options(1, sampling, OutputFormat::Table));
+        assert_eq!(r.unwrap(), (2, 0));
+        // Each generation ends at a rule (its text may break lines): the header's, one under each.
+        let blocks: Vec<&str> = out.split(&format!("{GENERATION_RULE}\n")).collect();
+        assert_eq!(blocks.len(), 4, "{out}");
+        assert_eq!(blocks[0], "prompt, then the generated text; a rule under each\n", "{out}");
+        assert!(blocks[1].starts_with("ab") && blocks[1].len() > "ab\n".len(), "{out}");
+        assert!(blocks[2].starts_with("ba") && blocks[3].is_empty(), "{out}");
         // JSON lines have no header.
         let (_, out) = run(&vit, &[&row], &options(8, Sampling::default(), OutputFormat::JsonLines));
         assert!(out.starts_with('{'), "{out}");
@@ -1285,10 +1290,15 @@ impl<D: Device> Predictor<D> {
 /// Width of a table's input column.
 const INPUT_COLUMN: usize = 48;
 
+/// The line under each generation in a table: generated text holds line breaks of its own,
+/// so without it one generation runs into the next.
+const GENERATION_RULE: &str = "────────────────────────────────────────────────";
+
 /// A table's header: the columns of a classifier's rows, or what a generated row holds.
 fn write_table_header(out: &mut dyn std::io::Write, generates: bool) -> std::io::Result<()> {
     if generates {
-        writeln!(out, "prompt, then the generated text")
+        writeln!(out, "prompt, then the generated text; a rule under each")?;
+        writeln!(out, "{GENERATION_RULE}")
     } else {
         writeln!(out, "{:<INPUT_COLUMN$}  {:<16} {:>11}", "input", "label", "probability")
     }
@@ -1325,7 +1335,7 @@ fn write_outcome(
                     let warning = p.warning.as_ref().map(|w| format!("  ({w})")).unwrap_or_default();
                     writeln!(out, "{shown:<INPUT_COLUMN$}  {:<16} {:>10.2}%{warning}", p.label, 100.0 * p.probability)
                 }
-                Outcome::Generated(text) => writeln!(out, "{input}{text}"),
+                Outcome::Generated(text) => writeln!(out, "{input}{text}\n{GENERATION_RULE}"),
                 Outcome::Failed(e) => writeln!(out, "{shown:<INPUT_COLUMN$}  error: {e}"),
             }
         }
