@@ -1018,6 +1018,66 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// Two nodes launched with different settings are refused on both before anything is built,
+/// naming the settings (nodes apart in `train.lr` would train apart while their all-reduced
+/// losses looked as one); where each node keeps its files may differ.
+#[test]
+fn nodes_launched_with_other_settings_are_refused() {
+    let (dirs, rdzv) = ([scratch("nodes-0"), scratch("nodes-1")], format!("127.0.0.1:{}", free_port()));
+    let node = |rank: usize, more: &[&str]| {
+        let out = format!("output.dir={}", dirs[rank].display());
+        let launch = ["launch", "--nnodes", "2", "--node-rank", &rank.to_string(), "--rdzv", &rdzv];
+        Command::new(env!("CARGO_BIN_EXE_pipetransformer"))
+            .args(launch)
+            .args(["--rdzv-token", "nodes", "--", "train", "--config", "configs/vit-digits.toml"])
+            .args(["--set", &out])
+            .args(more)
+            .env("PT_COLLECTIVE_TIMEOUT", "60")
+            .output()
+            .unwrap()
+    };
+    let second = std::thread::scope(|s| {
+        let second =
+            s.spawn(|| node(1, &["--fresh", "--set", "train.lr=0.5", "--set", "train.seed=9", "--threads", "1"]));
+        let first = node(0, &["--fresh"]);
+        let text = |o: &std::process::Output| {
+            format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+        };
+        let second = second.join().unwrap();
+        for (o, who) in [(&first, "node 0"), (&second, "node 1")] {
+            let out = text(o);
+            assert!(!o.status.success(), "{who}: {out}");
+            // (Not output.dir nor output.threads, which differ too.)
+            assert!(out.contains("settings differ from rank 0's (rank 1: train.lr, train.seed)"), "{who}: {out}");
+        }
+        second
+    });
+    assert!(!dirs[0].join("metrics.jsonl").exists() && !dirs[1].join("metrics.jsonl").exists(), "{second:?}");
+    // Each node resuming from its own folder's checkpoint, of other steps: refused on both.
+    if !have_digits() {
+        return;
+    }
+    for (dir, steps) in dirs.iter().zip(["2", "3"]) {
+        let out = format!("output.dir={}", dir.display());
+        let small = ["--set", "data.test_limit=16", "--set", &format!("train.max_steps={steps}"), "--set", &out];
+        let (ok, out) =
+            pipetransformer(&[&["train", "--config", "configs/vit-digits.toml", "--fresh"][..], &small].concat());
+        assert!(ok, "{out}");
+    }
+    let resume = ["--resume", "--set", "train.max_steps=4", "--set", "data.test_limit=16"];
+    let outputs = std::thread::scope(|s| {
+        let second = s.spawn(|| node(1, &resume));
+        [node(0, &resume), second.join().unwrap()]
+    });
+    for (o, who) in outputs.iter().zip(["node 0", "node 1"]) {
+        let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(
+            !o.status.success() && out.contains("rank 1's checkpoint is of step 3, rank 0's of step 2"),
+            "{who}: {out}"
+        );
+    }
+}
+
 /// The exported weights of a run directory, by name.
 fn exported(dir: &Path) -> Vec<(String, Vec<f32>)> {
     let file = pipetransformer::weights::load_safetensors(dir.join("model/model.safetensors")).unwrap();

@@ -185,10 +185,13 @@ fn export_bert_model(dev: &Dev, root: &Path, prefix: &str, bert: &Bert<'_>) -> P
         Pooling::Mean => "mean",
     };
     let dir = root.join(format!("{prefix}-{name}"));
+    // A run's export records its data settings in config.json; transformers must still load it.
+    let trained_on = json!({"data.dataset": "rotten_tomatoes", "data.split_seed": 0, "data.test_fraction": 0.1});
     let extras = ExportExtras {
         labels,
         tokenizer_dir: Some(tokenizer_dir),
         max_seq_length: Some(max_len),
+        trained_on: Some(&trained_on),
         ..Default::default()
     };
     let report = export_model(model, dev, config, &extras, &dir).unwrap();

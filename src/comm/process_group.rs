@@ -237,6 +237,29 @@ impl ProcessGroup {
         }
     }
 
+    /// Every process's `values`, by rank, on every process: exact (each value travels as two
+    /// 32-bit halves in slots of its own, summed over the group). The lists may differ in
+    /// length between processes.
+    pub fn all_gather_u64(&self, values: &[u64]) -> Result<Vec<Vec<u64>>> {
+        let (rank, n) = (self.rank, self.size);
+        let mut lens = vec![0.0; n];
+        lens[rank] = values.len() as f64;
+        self.all_reduce_sum_f64(&mut lens)?;
+        let lens: Vec<usize> = lens.iter().map(|&l| l as usize).collect();
+        let width = lens.iter().copied().max().unwrap_or(0);
+        let mut all = vec![0.0; 2 * width * n];
+        for (i, v) in values.iter().enumerate() {
+            let at = 2 * (rank * width + i);
+            (all[at], all[at + 1]) = (f64::from((v >> 32) as u32), f64::from(*v as u32));
+        }
+        self.all_reduce_sum_f64(&mut all)?;
+        let value = |r: usize, i: usize| {
+            let at = 2 * (r * width + i);
+            ((all[at] as u64) << 32) | all[at + 1] as u64
+        };
+        Ok(lens.iter().enumerate().map(|(r, &len)| (0..len).map(|i| value(r, i)).collect()).collect())
+    }
+
     /// Every process's `values` become the element-wise sum over the group, in rank order:
     /// over the star, or (a split-off group) every member's values gathered round the ring and
     /// added by each alike.
@@ -499,9 +522,10 @@ pub(crate) fn closed(e: &std::io::Error) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
+    /// `size` members of one group on loopback, joined at once (each on its own thread).
     pub(crate) fn group(size: usize, timeout: Duration) -> Vec<ProcessGroup> {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let (addr, secret) = (format!("127.0.0.1:{port}"), Secret::new("t").unwrap());
@@ -560,6 +584,17 @@ mod tests {
             let want = (0..n).fold(0.0, |s, r| s + 0.1 * r as f64);
             assert!(f64s.iter().all(|b| b == &vec![want, n as f64]), "{f64s:?}");
         }
+    }
+
+    /// Every process gets every process's list, exact to the last bit of each u64, whatever
+    /// the lists' lengths.
+    #[test]
+    fn every_process_gathers_every_list_exactly() {
+        let g = group(3, Duration::from_secs(20));
+        let list = |r: usize| -> Vec<u64> { (0..r + 1).map(|i| u64::MAX - (r * 7 + i) as u64).collect() };
+        let got = on_all(&g, |m| m.all_gather_u64(&list(m.rank())).unwrap());
+        let want: Vec<Vec<u64>> = (0..3).map(list).collect();
+        assert!(got.iter().all(|all| all == &want), "{got:?}");
     }
 
     /// Six processes cut into rows of three and columns of two, as a pipeline of three stages

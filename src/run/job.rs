@@ -366,11 +366,16 @@ pub fn checkpoint_path(config: &RunConfig) -> PathBuf {
 /// over (`fresh`) is refused where a checkpoint is already there, before anything is built, so
 /// an earlier run's files are not overwritten by mistake. In a launched run (`group`) rank 0,
 /// which writes the files, decides and every process hears it at once: none goes on alone into
-/// a collective the others have left.
+/// a collective the others have left. There, too, every process must have been given the
+/// same settings (but for [`PER_NODE_SETTINGS`]): nodes launched with other `--set` flags would
+/// otherwise train apart while their losses, all-reduced, looked as one; and every process
+/// resuming must find the checkpoint (each reads its own `output.dir`).
 ///
 /// Errors: an [`Error::Config`] on `output.dir` naming the checkpoint and the two ways on
 /// (`--resume`, `--fresh`), or a file where the folder goes; on ranks above 0 it says rank 0
-/// refused; a collective's failure.
+/// refused; on the first setting that differs, naming the ranks and every setting that
+/// differs; on `output.dir`, the ranks that find no checkpoint to resume; a collective's
+/// failure.
 pub fn check_start(config: &RunConfig, resume: bool, fresh: bool, group: Option<&ProcessGroup>) -> Result<()> {
     let (ckpt, dir) = (checkpoint_path(config), &config.output.dir);
     let rank = group.map_or(0, |g| g.rank());
@@ -385,15 +390,95 @@ pub fn check_start(config: &RunConfig, resume: bool, fresh: bool, group: Option<
     } else {
         None
     };
-    let mut refused = [f64::from(u8::from(rank == 0 && why.is_some()))];
-    if let Some(g) = group {
-        g.all_reduce_sum_f64(&mut refused)?;
+    let Some(group) = group else {
+        return why.map_or(Ok(()), |why| Err(config_error("output.dir", why)));
+    };
+    // Each process's answers in one gather: rank 0's refusal, whether it resumes and finds
+    // no checkpoint to, then its settings' fingerprints.
+    const HEAD: usize = 3;
+    let settings = shared_settings(config)?;
+    let refused = u64::from(rank == 0 && why.is_some());
+    let missing = u64::from(resume && !ckpt.exists());
+    let head = [refused, u64::from(resume), missing];
+    let mine: Vec<u64> = head.into_iter().chain(settings.iter().map(|(_, print)| *print)).collect();
+    let all = group.all_gather_u64(&mine)?;
+    if all[0][0] != 0 {
+        let why = why.unwrap_or_else(|| "its output.dir is in the way".into());
+        return Err(config_error(
+            "output.dir",
+            if rank == 0 { why } else { format!("rank 0 refused to start: {why}") },
+        ));
     }
-    if refused[0] == 0.0 {
-        return Ok(());
+    let mut differing: Vec<(usize, Vec<&str>)> = Vec::new();
+    for (r, theirs) in all.iter().enumerate().skip(1) {
+        if theirs.len() != all[0].len() {
+            return Err(config_error(
+                "launch",
+                format!(
+                    "rank {r} runs another build of pipetransformer than rank 0: launch the same program on every node"
+                ),
+            ));
+        }
+        if theirs[1] != all[0][1] {
+            let (zero, them) = if all[0][1] != 0 { ("resumes", "starts afresh") } else { ("starts afresh", "resumes") };
+            return Err(config_error(
+                "--resume",
+                format!("rank 0 {zero} and rank {r} {them}: give every process of a launched run the same flags"),
+            ));
+        }
+        let keys: Vec<&str> = settings
+            .iter()
+            .zip(&theirs[HEAD..])
+            .zip(&all[0][HEAD..])
+            .filter(|((_, a), b)| a != b)
+            .map(|((s, _), _)| s.0.as_str())
+            .collect();
+        if !keys.is_empty() {
+            differing.push((r, keys));
+        }
     }
-    let why = why.unwrap_or_else(|| "its output.dir is in the way".into());
-    Err(config_error("output.dir", if rank == 0 { why } else { format!("rank 0 refused to start: {why}") }))
+    if let Some((_, keys)) = differing.first() {
+        let ranks: Vec<String> = differing.iter().map(|(r, keys)| format!("rank {r}: {}", keys.join(", "))).collect();
+        let per_node = PER_NODE_SETTINGS.join(", ");
+        return Err(config_error(
+            keys[0],
+            format!(
+                "settings differ from rank 0's ({}): give every process of a launched run the same config and --set \
+                 flags (only {per_node} may differ between nodes)",
+                ranks.join("; ")
+            ),
+        ));
+    }
+    let missing: Vec<usize> = (0..all.len()).filter(|&r| all[r][2] != 0).collect();
+    if !missing.is_empty() {
+        return Err(config_error(
+            "output.dir",
+            format!(
+                "rank(s) {missing:?} find no checkpoint to resume at {}: every process of a launched run reads \
+                 it from its own output.dir, which must therefore be a folder all nodes share",
+                ckpt.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Settings each node of a launched run may give its own way: where its files are, its
+/// threads and its console.
+pub const PER_NODE_SETTINGS: [&str; 6] =
+    ["model.pretrained", "data.dir", "output.dir", "output.threads", "output.progress_every", "elastic.cache_dir"];
+
+/// Every setting of `config` the processes of a launched run must share (`section.key`, by
+/// name), each with a fingerprint of its value.
+fn shared_settings(config: &RunConfig) -> Result<Vec<(String, u64)>> {
+    let value = serde_json::to_value(config).map_err(|e| internal("the run's settings", e.to_string()))?;
+    let sections = value.as_object().into_iter().flatten();
+    let keys = sections.flat_map(|(section, v)| {
+        v.as_object().into_iter().flatten().map(move |(key, v)| (format!("{section}.{key}"), v))
+    });
+    keys.filter(|(key, _)| !PER_NODE_SETTINGS.contains(&key.as_str()))
+        .map(|(key, v)| Ok((key, crate::rng::fnv1a(v.to_string().as_bytes(), crate::rng::FNV_OFFSET))))
+        .collect()
 }
 
 /// The end of a run.
@@ -892,6 +977,21 @@ impl<D: Device> Job<D> {
         let plan = if fixed { RecordedPlan::Restore } else { RecordedPlan::UnlessReshaped { slices } };
         let asked = self.trainer.pipeline.plan().config.clone();
         let restored = self.trainer.load_checkpoint_with(&path, plan)?;
+        // Each process read its own output.dir's checkpoint: they must have read the same one.
+        let step = self.trainer.position.step;
+        if let Some(group) = self.trainer.pipeline.process_group() {
+            let steps = group.all_gather_u64(&[step])?;
+            if let Some(r) = (1..steps.len()).find(|&r| steps[r] != steps[0]) {
+                return Err(config_error(
+                    "output.dir",
+                    format!(
+                        "rank {r}'s checkpoint is of step {}, rank 0's of step {}: every process of a launched run \
+                         must resume from the same checkpoint, in an output.dir all nodes share",
+                        steps[r][0], steps[0][0]
+                    ),
+                ));
+            }
+        }
         self.elastic.restore(restored.controller)?;
         self.elastic.restore_tensors(restored.tensors);
         let now = self.trainer.pipeline.plan().config.clone();
@@ -1188,6 +1288,60 @@ mod tests {
         for (resume, fresh) in [(false, false), (true, false), (false, true)] {
             let e = super::check_start(&file, resume, fresh, None).unwrap_err().to_string();
             assert!(e.contains("output.dir") && e.contains("checkpoint.ckpt is a file, not a folder"), "{e}");
+        }
+    }
+
+    /// In a launched run every process must be given the same settings but where its files
+    /// are, must agree on resuming, and must each find the checkpoint it resumes; each
+    /// refusal names the ranks and what differs, on every process.
+    #[test]
+    fn launched_processes_must_agree_on_settings_and_resuming() {
+        let scratch = crate::files::Scratch::new("check-start-group");
+        let config = |sets: &[&str]| {
+            let mut sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+            sets.push(format!("output.dir={:?}", scratch.display().to_string()));
+            super::RunConfig::parse(
+                "[model]\npretrained = \"w\"\n[data]\ndataset = \"digits\"\nbatch_size = 8\n[train]\nepochs = 1\nlr = 1e-4\n",
+                "test",
+                &sets,
+            )
+            .unwrap()
+        };
+        let group = crate::comm::process_group::tests::group(3, std::time::Duration::from_secs(20));
+        let on_all = |configs: [&super::RunConfig; 3], resume: [bool; 3]| -> Vec<String> {
+            std::thread::scope(|s| {
+                let runs: Vec<_> = (0..3)
+                    .map(|r| {
+                        let (config, g) = (configs[r], &group[r]);
+                        s.spawn(move || {
+                            super::check_start(config, resume[r], false, Some(g)).err().map(|e| e.to_string())
+                        })
+                    })
+                    .collect();
+                runs.into_iter().map(|h| h.join().unwrap().unwrap_or_default()).collect()
+            })
+        };
+        let same = config(&[]);
+        // Where files are, and threads, are each node's own.
+        let own = config(&["output.threads=1", "data.dir=\"elsewhere\""]);
+        assert_eq!(on_all([&same, &own, &same], [false; 3]), ["", "", ""]);
+        let apart = config(&["train.lr=0.5", "data.batch_size=4"]);
+        let apart_too = config(&["train.lr=0.5"]);
+        for e in on_all([&same, &apart, &apart_too], [false; 3]) {
+            assert!(
+                e.contains("train.lr") && e.contains("(rank 1: data.batch_size, train.lr; rank 2: train.lr)"),
+                "{e}"
+            );
+        }
+        for e in on_all([&same, &same, &same], [true, false, true]) {
+            assert!(e.contains("--resume") && e.contains("rank 0 resumes and rank 1 starts afresh"), "{e}");
+        }
+        // No checkpoint anywhere: every rank resuming is named.
+        for e in on_all([&same, &same, &same], [true; 3]) {
+            assert!(
+                e.contains("rank(s) [0, 1, 2] find no checkpoint to resume") && e.contains("all nodes share"),
+                "{e}"
+            );
         }
     }
 

@@ -246,12 +246,8 @@ pub(super) fn plan_print(plan: &Plan, more: impl std::hash::Hash) -> u64 {
 /// The first rank whose `print` differs from rank 0's, the same answer on every process: a
 /// collective over `group`.
 pub(super) fn first_disagreeing(group: &ProcessGroup, print: u64) -> Result<Option<usize>> {
-    let (me, size) = (group.rank(), group.size());
-    // Each process's fingerprint in its own slot (two exact halves), summed over the group.
-    let mut all = vec![0.0; 2 * size];
-    (all[2 * me], all[2 * me + 1]) = (f64::from((print >> 32) as u32), f64::from(print as u32));
-    group.all_reduce_sum_f64(&mut all)?;
-    Ok((1..size).find(|&r| all[2 * r..2 * r + 2] != all[..2]))
+    let all = group.all_gather_u64(&[print])?;
+    Ok((1..all.len()).find(|&r| all[r] != all[0]))
 }
 
 fn write_message(mut link: &TcpStream, kind: u8, key: MessageKey, values: &[f32]) -> std::io::Result<()> {
