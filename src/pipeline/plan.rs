@@ -189,26 +189,44 @@ impl Plan {
         self.partition.stages.iter().position(|r| r.contains(&unit)).unwrap_or(0)
     }
 
-    /// The bubble the schedule implies with these stage times: `(K−1)·max t / (M·n·v·max t +
-    /// (K−1)·max t)` (`n` equal token slices, each `t/n`; zero bubble's fill and drain a third
-    /// of that) reduces to
-    /// [`Schedule::bubble_formula`] for equal stages; uneven stages add the imbalance (each
-    /// device idles `max t − its t` per micro-batch).
+    /// The bubble the schedule implies with these stage times: the step is `(v·M + f)·max t`
+    /// with the fill and drain `f` of [`Plan::bubble_formula`] (`(K−1)/n` for `n` equal token
+    /// slices; the largest slice's share of the tokens for uneven ones), so equal stages give
+    /// that formula; uneven stages add the imbalance (each device idles `max t − its t` per
+    /// micro-batch).
     pub fn predicted_bubble(&self) -> f64 {
         let k = self.config.pipeline_len;
         let max = self.partition.bottleneck();
         if max == 0.0 {
-            return self.schedule.bubble_formula();
+            return self.bubble_formula();
         }
         let (m, v) = (self.config.micro_batches as f64, self.config.chunks as f64);
-        // `n` token slices split each micro-batch's time `n` ways (equal slices assumed): the
-        // fill and drain shrink to a slice's time.
-        let n = self.schedule.slices as f64;
-        let step = (m * n * v + self.schedule.kind.fill() * (k as f64 - 1.0)) * max / n;
+        // Token slices split each micro-batch's time by their tokens: the fill and drain
+        // shrink to the largest slice's time.
+        let step = (m * v + self.fill_slots()) * max;
         let busy: f64 = (0..k)
             .map(|d| (0..self.stages()).filter(|s| s % k == d).map(|s| self.partition.stage_time[s]).sum::<f64>() * m)
             .sum();
         1.0 - busy / (k as f64 * step)
+    }
+
+    /// [`Schedule::bubble_formula`] with token slices of any lengths: `f / (v·M + f)` where the
+    /// fill and drain `f` is `(K−1)` times the largest slice's share of the tokens (`1/n` for
+    /// `n` equal slices; a third of that under zero bubble).
+    pub fn bubble_formula(&self) -> f64 {
+        let fill = self.fill_slots();
+        fill / (self.config.micro_batches as f64 * self.config.chunks as f64 + fill)
+    }
+
+    /// The fill and drain in micro-batch times: `K − 1` of the largest slice (a share of the
+    /// micro-batch's tokens, and of its time, in the cost model), scaled by the schedule's fill.
+    fn fill_slots(&self) -> f64 {
+        let lens = &self.config.token_slices;
+        let share = match lens.iter().max() {
+            Some(&most) if lens.len() > 1 => most as f64 / lens.iter().sum::<usize>() as f64,
+            _ => 1.0,
+        };
+        self.schedule.kind.fill() * (self.config.pipeline_len as f64 - 1.0) * share
     }
 
     /// One replica's step as the cluster simulator plays it from the stage times alone, with
@@ -331,7 +349,7 @@ impl fmt::Display for Plan {
             "bottleneck {:.3} ms per micro-batch; predicted bubble {:.1}% (formula for equal stages {:.1}%)",
             self.partition.bottleneck() * 1e3,
             100.0 * self.predicted_bubble(),
-            100.0 * self.schedule.bubble_formula()
+            100.0 * self.bubble_formula()
         )?;
         match self.simulate() {
             Ok(sim) => {

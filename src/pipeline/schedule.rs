@@ -566,14 +566,16 @@ enum Task {
 fn list_schedule(kind: ScheduleKind, k: usize, s_count: usize, m: usize, n: usize) -> Result<Vec<Vec<Task>>> {
     let chunks = s_count / k;
     // Pieces a device may hold in flight (forwards started minus backwards started). 1F1B over
-    // slices must forward a micro-batch's every slice before the last one's backward can start,
-    // so it holds at least `n`.
+    // slices holds 1F1B's `K − d` micro-batches, each all `n` of its slices: a micro-batch's
+    // last slice must be forwarded before its backwards start, and the next micro-batches'
+    // forwards must keep the stages below busy meanwhile (with fewer, each micro-batch paid
+    // the whole fill and drain).
     let split = kind == ScheduleKind::ZeroBubble;
     let cap = |d: usize| -> usize {
         match kind {
             ScheduleKind::Gpipe => usize::MAX,
             // Zero bubble holds 1F1B's activations.
-            ScheduleKind::OneFOneB | ScheduleKind::ZeroBubble => (k - d).max(n),
+            ScheduleKind::OneFOneB | ScheduleKind::ZeroBubble => (k - d) * n,
             // Megatron's warm-up count plus the one forward of the first 1F1B pair.
             ScheduleKind::Interleaved => ((k - d - 1) * 2 + (chunks - 1) * k + 1).min(m * chunks),
         }
@@ -946,8 +948,11 @@ mod tests {
                             match kind {
                                 // TeraPipe's order holds every piece.
                                 ScheduleKind::Gpipe => assert_eq!(p, m * n, "K={k} M={m} n={n} device {d}"),
-                                // 1F1B over slices: a micro-batch's slices, or the warm-up.
-                                _ => assert!(p <= (k - d).max(n) && p <= m * n, "K={k} M={m} n={n} device {d}: {p}"),
+                                // 1F1B over slices: at most 1F1B's warm-up in micro-batches, every
+                                // slice of each; at least one micro-batch's slices.
+                                _ => {
+                                    assert!((n..=(k - d).min(m) * n).contains(&p), "K={k} M={m} n={n} device {d}: {p}")
+                                }
                             }
                         }
                     }
@@ -956,7 +961,7 @@ mod tests {
         }
         // With many micro-batches of few slices, 1F1B keeps far fewer pieces than GPipe.
         let one = Schedule::generate(ScheduleKind::OneFOneB, 4, 1, 8, 2).unwrap();
-        assert_eq!(one.peak_in_flight()[0], 4);
+        assert_eq!(one.peak_in_flight()[0], 8);
         assert!((one.bubble_formula() - 3.0 / 19.0).abs() < 1e-12);
         assert!(Schedule::generate(ScheduleKind::Interleaved, 2, 2, 2, 2).unwrap_err().to_string().contains("slices"));
     }

@@ -27,15 +27,9 @@ pub(crate) struct Table {
 }
 
 impl Table {
-    /// The table of micro-batch size `batch` over `units` grid units, keeping the slices `admit`
-    /// accepts (`admit(batch, len, context)`, lengths in units). Errors on a time that is negative or not finite.
-    pub(crate) fn build(
-        latency: &LatencyModel,
-        batch: usize,
-        units: usize,
-        admit: &(dyn Fn(usize, usize, usize) -> bool + Sync),
-        parallel: bool,
-    ) -> Result<Table> {
+    /// The table of micro-batch size `batch` over `units` grid units. Errors on a time that is
+    /// negative or not finite.
+    pub(crate) fn build(latency: &LatencyModel, batch: usize, units: usize, parallel: bool) -> Result<Table> {
         let step = latency.grid().step;
         let row = |i: usize| -> Result<Vec<(f64, u32)>> {
             let mut v = Vec::with_capacity(units - i);
@@ -52,9 +46,7 @@ impl Table {
                         ),
                     ));
                 }
-                if admit(batch, k, i) {
-                    v.push((t, k as u32));
-                }
+                v.push((t, k as u32));
             }
             v.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
             Ok(v)
@@ -261,26 +253,16 @@ impl Frontier {
         }
         Path { sigma, max, lens }
     }
-
-    /// The cheapest root (ties: fewer slices, then smaller first piece).
-    fn cheapest(&self) -> Option<usize> {
-        let r = self.roots();
-        (0..r.len()).min_by(|&a, &b| {
-            r[a].sigma.total_cmp(&r[b].sigma).then(r[a].count.cmp(&r[b].count)).then(r[a].piece.cmp(&r[b].piece))
-        })
-    }
 }
 
 /// The memory constraint as the DP sees it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum Constraint {
-    /// None (or one already applied by leaving slices out of the tables).
+    /// None.
     Free,
-    /// GPipe: `Σ over micro-batches of b·Σ k²` (grid units²) at most `budget`; the activation
-    /// bytes are affine in it (module `memory`: `L²/2 + Σ l²/2`).
+    /// `Σ over the resident micro-batches of b·Σ k²` (grid units²) at most `budget`; the
+    /// activation bytes are affine in it (module `memory`: `L²/2 + Σ l²/2`).
     Squares { budget: u64 },
-    /// 1F1B: at most this many slices per micro-batch (the per-slice cap is in the tables).
-    MaxSlices(u32),
 }
 
 /// The inner problem: tables per micro-batch size, the weight of the largest slice, the
@@ -369,38 +351,16 @@ impl Problem {
     }
 
     fn solve(&self, cap: f64, bound: f64, floor: f64, bound_only: bool) -> Eval {
-        let lag = self.lag;
-        let plain: Vec<Option<Path>> = self.map(self.tables.len(), |bi| {
+        let per_size: Vec<Option<Path>> = self.map(self.tables.len(), |bi| {
             let table = &self.tables[bi];
             if table.bottleneck > cap { None } else { min_sum(table, cap) }
         });
-        // Least summed time of the other micro-batches of a plan, memory ignored: a lower bound.
-        let (least, _) = split_batch(self.batch, &plain);
-        let others = |b: usize| least[self.batch - b];
-        let mut per_size = plain;
-        if let Constraint::MaxSlices(most) = self.constraint {
-            let over: Vec<usize> = (0..per_size.len())
-                .filter(|&bi| per_size[bi].as_ref().is_some_and(|p| p.lens.len() > most as usize))
-                .collect();
-            let fixed: Vec<Option<Path>> = self.map(over.len(), |oi| {
-                let table = &self.tables[over[oi]];
-                let prefix = prefix_priced(table, cap, 0.0);
-                let rest = others(table.batch);
-                // Every plan with this micro-batch has a slice of at least its bottleneck.
-                let lagged = lag * table.bottleneck.max(floor);
-                let drop = |i: usize, sigma: f64, _| beyond(prefix[i] + sigma + rest + lagged, bound);
-                let f = Frontier::build(table, cap, |_| 1, most as u64, |i| (i > 0) as u64, drop);
-                f.cheapest().map(|r| f.path(r))
-            });
-            for (bi, p) in over.into_iter().zip(fixed) {
-                per_size[bi] = p;
-            }
-        }
-        let (least_now, sizes) = split_batch(self.batch, &per_size);
+        // Least summed time of `r` sequences' micro-batches, memory ignored: a lower bound.
+        let (least, sizes) = split_batch(self.batch, &per_size);
         let Some(sizes) = sizes else {
             return Eval::NOTHING;
         };
-        let sigma = least_now[self.batch];
+        let sigma = least[self.batch];
         let parts: Vec<(usize, Path)> =
             sizes.into_iter().filter_map(|b| per_size[b - 1].clone().map(|p| (b, p))).collect();
         if let Constraint::Squares { budget } = self.constraint {
@@ -562,7 +522,6 @@ impl Problem {
                 let lens: Vec<u32> = (0..n).step_by(k).map(|i| k.min(n - i) as u32).collect();
                 let (mut start, mut sigma, mut max) = (0, 0.0, 0.0f64);
                 for &l in &lens {
-                    // NaN: the slice is not in the table (the 1F1B per-slice cap left it out).
                     let t = slice_time(table, start, l);
                     sigma += t;
                     max = max.max(t);
@@ -572,7 +531,6 @@ impl Problem {
                 let fits = match self.constraint {
                     Constraint::Free => true,
                     Constraint::Squares { budget } => self.batch as u64 * squares(&path) <= budget,
-                    Constraint::MaxSlices(most) => path.lens.len() <= most as usize,
                 };
                 if !fits || !sigma.is_finite() {
                     continue;

@@ -17,9 +17,12 @@ pub struct MemoryModel {
     pub per_token_bytes: f64,
     /// Bytes per query·key attention-probability element of one sample on a stage.
     pub per_score_bytes: f64,
-    /// Bytes that do not depend on the slicing: weights, gradients, optimizer state, the K/V
-    /// arena.
+    /// Bytes that do not depend on the slicing: weights, gradients, optimizer state.
     pub fixed_bytes: usize,
+    /// Bytes only a sliced plan keeps: the key/value arenas of the resident micro-batches
+    /// (each slice attends to the keys and values of the slices before it). A plan of one
+    /// slice per micro-batch does without them.
+    pub sliced_bytes: usize,
 }
 
 impl MemoryModel {
@@ -50,13 +53,10 @@ pub enum SliceSchedule {
     /// every slice of every micro-batch is resident at once. Peak = fixed + Σ over all slices.
     #[default]
     Gpipe,
-    /// 1F1B over slices: at most `K` slices resident on a stage, peak ≤ fixed + K·(largest
-    /// slice). The backward runs a micro-batch's slices last-first (each needs the K/V
-    /// gradients of the later ones), so a stage holds every slice of a micro-batch at the moment
-    /// that micro-batch's last forward ends; the `K` bound therefore needs at most `K` slices
-    /// per micro-batch, and the planner enforces that under a limit. (With `n > K` slices the
-    /// peak is one micro-batch's slices, or `K` × the largest if that is more.) A schedule meets the bound when stage
-    /// `s` (0-based) runs `max(K − s, n)` forwards before its first backward.
+    /// 1F1B over slices: stage `s` (0-based) forwards `K − s` micro-batches, every slice of
+    /// each, before its first backward, and then each backward frees a slice as a forward adds
+    /// one: at most `K` micro-batches resident (1F1B's bound, in its tokens), the slices only
+    /// shortening the fill and drain. Peak = fixed + Σ over the `K` largest micro-batches' slices.
     OneFOneB,
 }
 
@@ -86,7 +86,7 @@ mod tests {
 
     #[test]
     fn slice_bytes_sum_to_the_closed_form() {
-        let m = MemoryModel { per_token_bytes: 3.0, per_score_bytes: 2.0, fixed_bytes: 0 };
+        let m = MemoryModel { per_token_bytes: 3.0, per_score_bytes: 2.0, ..Default::default() };
         // Slices 16, 8, 40 of a 64-token sequence: Σ l(c+l) = L²/2 + Σ l²/2.
         let (mut c, mut total) = (0, 0.0);
         for l in [16, 8, 40] {

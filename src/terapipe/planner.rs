@@ -169,8 +169,8 @@ pub struct SlicingPlan {
     /// The largest slice time.
     pub max_slice_seconds: f64,
     /// Predicted peak bytes per device under the configured schedule (0 without a memory
-    /// model): GPipe, fixed + every slice; 1F1B, fixed + K × the largest slice (the bound the
-    /// limit is checked against; one micro-batch's slices when it has more than `K`).
+    /// model): fixed (and, sliced, the key/value arenas) + GPipe, every slice; 1F1B, every
+    /// slice of the `K` largest micro-batches.
     pub peak_memory_bytes: usize,
     /// Search effort.
     pub stats: SearchStats,
@@ -202,17 +202,21 @@ impl fmt::Display for SlicingPlan {
         let mbs = &self.micro_batches;
         while i < mbs.len() {
             let n = mbs[i..].iter().take_while(|m| *m == &mbs[i]).count();
-            let one = format!("{} seq: {}", mbs[i].samples, runs(&mbs[i].slices));
+            let one = format!("{} seq: {} tokens", mbs[i].samples, runs(&mbs[i].slices));
             groups.push(if n > 1 { format!("{n} × ({one})") } else { format!("({one})") });
             i += n;
         }
+        let sliced = match self.micro_batches.iter().all(|m| m.slices.len() == 1) {
+            true => "unsliced".to_string(),
+            false => format!("{} slices", self.slice_count()),
+        };
         write!(
             f,
-            "{}; step {:.3} ms, max slice {:.3} ms, {} slices, peak memory {}",
+            "{}; {sliced}; predicted step {:.3} ms, largest slice {:.3} ms (its forward and backward on one \
+             stage), peak memory {} per device",
             groups.join(" + "),
             self.predicted_step_seconds * 1e3,
             self.max_slice_seconds * 1e3,
-            self.slice_count(),
             human_bytes(self.peak_memory_bytes)
         )
     }
@@ -277,17 +281,29 @@ pub fn plan(latency: &LatencyModel, config: &PlannerConfig) -> Result<SlicingPla
     }
     config.memory.validate()?;
     let units = len / grid.step;
-    let (constraint, admit) = memory_constraint(config, grid.step, units)?;
+    // Under a limit, the unsliced plan is weighed apart (it keeps no key/value arena), and
+    // stands alone where no sliced one fits.
+    let unsliced = match config.memory_limit.is_some() && config.memory.sliced_bytes > 0 {
+        true => unsliced_plan(latency, config)?,
+        false => None,
+    };
+    let constraint = match (memory_constraint(config, grid.step, units), unsliced.clone()) {
+        (Ok(c), _) => c,
+        (Err(_), Some(whole)) => return Ok(whole),
+        (Err(e), None) => return Err(e),
+    };
     // Shared: one sequence's problem. Its objective is the step over `M` copies divided by
-    // `M` (`Σ t + (K − 1)/M · max t`), and each copy has `1/M` of the GPipe budget.
+    // `M` (`Σ t + (K − 1)/M · max t`), and each resident copy has its share of the budget.
     let (copies, lag) = if config.shared { (batch, (k - 1) as f64 / batch as f64) } else { (1, (k - 1) as f64) };
     let constraint = match constraint {
-        Constraint::Squares { budget } => Constraint::Squares { budget: budget / copies as u64 },
+        Constraint::Squares { budget } if config.shared => {
+            Constraint::Squares { budget: budget / resident_sequences(config) as u64 }
+        }
         c => c,
     };
     let sizes = batch / copies;
 
-    let build = |b: usize| Table::build(latency, b, units, &*admit, config.parallel);
+    let build = |b: usize| Table::build(latency, b, units, config.parallel);
     let tables: Vec<Table> = (1..=sizes).map(build).collect::<Result<_>>()?;
     let problem = Problem { tables, lag, batch: sizes, units, constraint, parallel: config.parallel };
 
@@ -345,82 +361,58 @@ pub fn plan(latency: &LatencyModel, config: &PlannerConfig) -> Result<SlicingPla
         planned.predicted_step_seconds = predict_step_seconds(latency, k, &planned.micro_batches)?;
         planned.peak_memory_bytes = peak_memory_bytes(config, &planned.micro_batches);
     }
-    Ok(planned)
+    Ok(match unsliced {
+        Some(whole) if whole.predicted_step_seconds <= planned.predicted_step_seconds => whole,
+        _ => planned,
+    })
 }
 
-/// The constraint the DP enforces and the slices it may use, after checking that some slicing
-/// meets the limit at all.
-#[allow(clippy::type_complexity)]
-fn memory_constraint(
-    config: &PlannerConfig,
-    step: usize,
-    units: usize,
-) -> Result<(Constraint, Box<dyn Fn(usize, usize, usize) -> bool + Sync>)> {
+/// Sequences whose every slice a stage holds at once under `config`'s schedule: every one
+/// under GPipe (every forward, then every backward); under 1F1B over slices, `K` micro-batches'
+/// (stage `s` forwards `K − s` micro-batches, every slice of each, before its first backward):
+/// `min(K, M)` sequences where `M` micro-batches of one sequence share one slicing. Planned per
+/// micro-batch (not shared), the micro-batches' sizes are the search's own, and every sequence
+/// is counted: a bound the schedule keeps within, not the least.
+fn resident_sequences(config: &PlannerConfig) -> usize {
+    match (config.schedule, config.shared) {
+        (SliceSchedule::OneFOneB, true) => config.batch.min(config.stages),
+        _ => config.batch,
+    }
+}
+
+/// The constraint the DP enforces over the resident sequences ([`resident_sequences`]), after
+/// checking that some slicing meets the limit at all.
+fn memory_constraint(config: &PlannerConfig, step: usize, units: usize) -> Result<Constraint> {
     let Some(limit) = config.memory_limit else {
-        return Ok((Constraint::Free, Box::new(|_, _, _| true)));
+        return Ok(Constraint::Free);
     };
-    let m = config.memory;
-    let (k, batch, limit_f, fixed) = (config.stages, config.batch, limit as f64, m.fixed_bytes as f64);
-    let no_plan = |needs: f64, what: &str| {
-        config_error(
+    let (m, resident) = (config.memory, resident_sequences(config));
+    // (The unsliced plan, which keeps no arena, is weighed apart: [`unsliced_plan`].)
+    let (limit_f, fixed) = (limit as f64, (m.fixed_bytes + m.sliced_bytes) as f64);
+    // Finest slicing: the least Σ l² there is, and memory is linear in the sequences.
+    let finest = fixed + resident as f64 * (0..units).map(|j| m.slice_bytes(1, step, j * step)).sum::<f64>();
+    if finest > limit_f {
+        return Err(config_error(
             "terapipe.memory_limit",
             format!(
-                "no slicing meets the memory limit: needs at least {} bytes ({}; {what}, {}), limit {limit} ({})",
-                needs.ceil(),
-                human_bytes(needs.ceil() as usize),
+                "no slicing meets the memory limit: needs at least {} bytes ({}; finest slicing, {}), limit {limit} ({})",
+                finest.ceil(),
+                human_bytes(finest.ceil() as usize),
                 config.schedule,
                 human_bytes(limit)
             ),
-        )
-    };
-    match config.schedule {
-        SliceSchedule::Gpipe => {
-            // Finest slicing: the least Σ l² there is, and memory is linear in the batch.
-            let finest = fixed + batch as f64 * (0..units).map(|j| m.slice_bytes(1, step, j * step)).sum::<f64>();
-            if finest > limit_f {
-                return Err(no_plan(finest, "finest slicing"));
-            }
-            if m.per_score_bytes == 0.0 {
-                return Ok((Constraint::Free, Box::new(|_, _, _| true)));
-            }
-            let (b, l, n) = (batch as f64, (units * step) as f64, units as u64);
-            let room = limit_f - fixed - b * l * m.per_token_bytes - b * m.per_score_bytes * l * l / 2.0;
-            let squares = room * 2.0 / (m.per_score_bytes * (step * step) as f64);
-            // Rounding must not refuse the finest slicing the check above accepted.
-            let most = batch as u64 * n * n;
-            let budget = if squares >= most as f64 { most } else { (squares.floor() as u64).max(batch as u64 * n) };
-            Ok((Constraint::Squares { budget }, Box::new(|_, _, _| true)))
-        }
-        SliceSchedule::OneFOneB => {
-            // The least possible largest slice of one sample with at most K slices: b = 1
-            // micro-batches are always a split.
-            let least = min_max_slice_bytes(&m, step, units, k);
-            let needs = fixed + k as f64 * least;
-            if needs > limit_f {
-                return Err(no_plan(needs, "K × the largest slice of the best split of one sequence into ≤ K slices"));
-            }
-            let admit = move |b: usize, len: usize, ctx: usize| {
-                fixed + k as f64 * m.slice_bytes(b, len * step, ctx * step) <= limit_f
-            };
-            Ok((Constraint::MaxSlices(k.min(u32::MAX as usize) as u32), Box::new(admit)))
-        }
+        ));
     }
-}
-
-/// `min over slicings of one sequence into at most K slices of the largest slice's bytes`.
-fn min_max_slice_bytes(m: &MemoryModel, step: usize, units: usize, k: usize) -> f64 {
-    let mut best = vec![f64::INFINITY; units + 1];
-    best[units] = 0.0;
-    for _ in 0..k.min(units) {
-        let prev = best.clone();
-        for i in 0..units {
-            for len in 1..=units - i {
-                let v = m.slice_bytes(1, len * step, i * step).max(prev[i + len]);
-                best[i] = best[i].min(v);
-            }
-        }
+    if m.per_score_bytes == 0.0 {
+        return Ok(Constraint::Free);
     }
-    best[0]
+    let (b, l, n) = (resident as f64, (units * step) as f64, units as u64);
+    let room = limit_f - fixed - b * l * m.per_token_bytes - b * m.per_score_bytes * l * l / 2.0;
+    let squares = room * 2.0 / (m.per_score_bytes * (step * step) as f64);
+    // Rounding must not refuse the finest slicing the check above accepted.
+    let most = resident as u64 * n * n;
+    let budget = if squares >= most as f64 { most } else { (squares.floor() as u64).max(resident as u64 * n) };
+    Ok(Constraint::Squares { budget })
 }
 
 /// Merges candidates within `epsilon` of a cluster's first into the cluster's largest; returns
@@ -577,18 +569,32 @@ pub fn peak_memory_bytes(config: &PlannerConfig, micro_batches: &[MicroBatchSlic
                 .collect()
         })
         .collect();
-    let largest = bytes.iter().flatten().copied().fold(0.0, f64::max);
+    let mut per_micro_batch: Vec<f64> = bytes.iter().map(|m| m.iter().sum()).collect();
     let activations: f64 = match config.schedule {
-        SliceSchedule::Gpipe => bytes.iter().flatten().sum(),
-        // With at most K slices per micro-batch: the bound the limit is checked against (K ×
-        // the largest slice), so that a limit equal to a plan's reported peak admits it.
-        // Without a limit a micro-batch may have n > K slices; the first backward then waits
-        // for all n, and from there each backward frees a slice as a forward adds one: any n
-        // pieces in a row hold one micro-batch's slices (SliceSchedule docs).
-        SliceSchedule::OneFOneB if bytes.iter().all(|m| m.len() <= config.stages) => config.stages as f64 * largest,
+        SliceSchedule::Gpipe => per_micro_batch.iter().sum(),
+        // `K` micro-batches resident at once, every slice of each: at most the K largest.
         SliceSchedule::OneFOneB => {
-            bytes.iter().map(|m| m.iter().sum::<f64>()).fold(0.0, f64::max).max(config.stages as f64 * largest)
+            per_micro_batch.sort_by(|a, b| b.total_cmp(a));
+            per_micro_batch.iter().take(config.stages).sum()
         }
     };
-    (config.memory.fixed_bytes as f64 + activations).ceil() as usize
+    let sliced = if micro_batches.iter().any(|m| m.slices.len() > 1) { config.memory.sliced_bytes } else { 0 };
+    ((config.memory.fixed_bytes + sliced) as f64 + activations).ceil() as usize
+}
+
+/// Micro-batches that share one slicing, unsliced (no key/value arena), when that fits the
+/// limit: the DP charges every plan the arena, which only a sliced one keeps.
+fn unsliced_plan(latency: &LatencyModel, config: &PlannerConfig) -> Result<Option<SlicingPlan>> {
+    let whole = vec![MicroBatchSlicing { samples: 1, slices: vec![config.seq_len] }; config.batch];
+    let peak = peak_memory_bytes(config, &whole);
+    if !config.shared || config.memory_limit.is_some_and(|limit| peak > limit) {
+        return Ok(None);
+    }
+    Ok(Some(SlicingPlan {
+        predicted_step_seconds: predict_step_seconds(latency, config.stages, &whole)?,
+        max_slice_seconds: latency.slice_time(1, config.seq_len, 0)?,
+        peak_memory_bytes: peak,
+        micro_batches: whole,
+        stats: SearchStats::default(),
+    }))
 }

@@ -280,7 +280,8 @@ pub fn measure_memory<D: Device>(
     Ok(MemoryModel {
         per_token_bytes: per_token * bytes * layers as f64 + end_tokens,
         per_score_bytes: per_score * bytes * layers as f64,
-        fixed_bytes: layers * layer_params + ends + resident * layers * arena_bytes,
+        fixed_bytes: layers * layer_params + ends,
+        sliced_bytes: resident * layers * arena_bytes,
     })
 }
 

@@ -65,18 +65,49 @@ impl serde::Serialize for TokenSlices {
 
 impl<'de> serde::Deserialize<'de> for TokenSlices {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        // A TOML integer (`token_slices = 4`) or string (`"auto"`, `"32,32,64"`).
-        #[derive(serde::Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Count(usize),
-            Text(String),
+        use serde::de::Error as _;
+        // A TOML integer (`token_slices = 4`), string (`"auto"`, `"32,32,64"`) or list of
+        // lengths (`[32, 32, 64]`), each read as its text would be (so `0` means the same in
+        // every form); the message alone, the caller names the key.
+        fn text<E: serde::de::Error>(t: &str) -> std::result::Result<TokenSlices, E> {
+            t.parse().map_err(|e| match e {
+                Error::Config { message, .. } => E::custom(message),
+                e => E::custom(e),
+            })
         }
-        match Raw::deserialize(d)? {
-            // Read as its text would be, so `0` means the same in either form.
-            Raw::Count(n) => n.to_string().parse().map_err(serde::de::Error::custom),
-            Raw::Text(t) => t.parse().map_err(serde::de::Error::custom),
+        struct Request;
+        impl<'de> serde::de::Visitor<'de> for Request {
+            type Value = TokenSlices;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("`off`, `auto`, a number of slices, or lengths such as \"32,32,64\" or [32, 32, 64]")
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> std::result::Result<TokenSlices, E> {
+                text(&n.to_string())
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> std::result::Result<TokenSlices, E> {
+                match u64::try_from(n) {
+                    Ok(n) => self.visit_u64(n),
+                    Err(_) => Err(E::custom(format!("{n} slices: {EXPECTED}"))),
+                }
+            }
+            fn visit_str<E: serde::de::Error>(self, t: &str) -> std::result::Result<TokenSlices, E> {
+                text(t)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<TokenSlices, A::Error> {
+                let mut lengths: Vec<String> = Vec::new();
+                while let Some(n) = seq.next_element::<u64>()? {
+                    lengths.push(n.to_string());
+                }
+                if lengths.len() < 2 {
+                    let what = if lengths.is_empty() { "an empty list" } else { "a list of one length" };
+                    return Err(A::Error::custom(format!(
+                        "{what} is no slicing: `off` for whole sequences, or at least two lengths"
+                    )));
+                }
+                text(&lengths.join(","))
+            }
         }
+        d.deserialize_any(Request)
     }
 }
 
@@ -157,6 +188,22 @@ mod tests {
         let err = toml::from_str::<Section>("token_slices = 0").err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("`0` slices"), "{err}");
         assert_eq!(toml::from_str::<Section>("token_slices = 4").unwrap().token_slices, TokenSlices::Count(4));
+        // A list of lengths is TOML's own form for them; the key is named once, by the caller.
+        let lengths = toml::from_str::<Section>("token_slices = [64, 64]").unwrap().token_slices;
+        assert_eq!(lengths, TokenSlices::Lengths(vec![64, 64]));
+        for (toml, says) in [
+            ("token_slices = [64]", "a list of one length is no slicing"),
+            ("token_slices = []", "an empty list is no slicing"),
+            ("token_slices = [64, 0]", "zero-length slice"),
+            ("token_slices = [64, \"a\"]", "expected u64"),
+            ("token_slices = -4", "-4 slices: expected `off`"),
+            ("token_slices = 4.0", "expected `off`, `auto`, a number of slices, or lengths"),
+            ("token_slices = true", "expected `off`, `auto`, a number of slices, or lengths"),
+            ("token_slices = \"two\"", "`two` is not a length"),
+        ] {
+            let err = toml::from_str::<Section>(toml).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(err.contains(says) && !err.contains("config field"), "{toml}: {err}");
+        }
         let err = TokenSlices::Lengths(vec![5, 4]).lengths(8).unwrap_err().to_string();
         assert!(err.contains("covers 9 tokens; the sequences have 8"), "{err}");
         let err = TokenSlices::Count(9).lengths(8).unwrap_err().to_string();

@@ -70,24 +70,14 @@ fn partitions(b: usize, most: usize) -> Vec<Vec<usize>> {
 /// objective and the GPipe limit only grow with each).
 fn options(lat: &LatencyModel, b: usize, n: usize, config: &PlannerConfig) -> Vec<(f64, f64, f64)> {
     let mut all = Vec::new();
-    'next: for comp in compositions(n) {
+    for comp in compositions(n) {
         let (mut c, mut sum, mut max, mut bytes) = (0, 0.0, 0.0f64, 0.0);
-        if config.memory_limit.is_some() && config.schedule == SliceSchedule::OneFOneB && comp.len() > config.stages {
-            continue;
-        }
         for &k in &comp {
             let (l, ctx) = (k * STEP, c * STEP);
             let t = lat.slice_time(b, l, ctx).unwrap();
             sum += t;
             max = max.max(t);
             bytes += config.memory.slice_bytes(1, l, ctx);
-            if let (Some(limit), SliceSchedule::OneFOneB) = (config.memory_limit, config.schedule) {
-                let peak =
-                    config.memory.fixed_bytes as f64 + config.stages as f64 * config.memory.slice_bytes(b, l, ctx);
-                if peak > limit as f64 {
-                    continue 'next;
-                }
-            }
             c += k;
         }
         all.push((sum, max, bytes));
@@ -109,7 +99,8 @@ fn brute_force(lat: &LatencyModel, config: &PlannerConfig) -> Option<f64> {
         let mut stack = vec![(0usize, 0.0f64, 0.0f64, 0.0f64)];
         while let Some((depth, sum, max, bytes)) = stack.pop() {
             if depth == split.len() {
-                if let (Some(limit), SliceSchedule::Gpipe) = (config.memory_limit, config.schedule)
+                // Every sequence resident: GPipe's peak, and 1F1B's bound per micro-batch.
+                if let Some(limit) = config.memory_limit
                     && config.memory.fixed_bytes as f64 + bytes > limit as f64
                 {
                     continue;
@@ -150,9 +141,6 @@ fn plan_checked(lat: &LatencyModel, config: &PlannerConfig) -> SlicingPlan {
     assert!(close(again, p.predicted_step_seconds), "plan scores {again}, claims {}", p.predicted_step_seconds);
     if let Some(limit) = config.memory_limit {
         assert!(p.peak_memory_bytes <= limit, "peak {} over limit {limit}: {p}", p.peak_memory_bytes);
-        if config.schedule == SliceSchedule::OneFOneB {
-            assert!(p.micro_batches.iter().all(|m| m.slices.len() <= config.stages), "{p}");
-        }
     }
     p
 }
@@ -229,7 +217,7 @@ fn memory_case(units: usize, batch: usize) -> (LatencyModel, MemoryModel) {
     let lat =
         LatencyModel::from_fn(grid(units, batch), |b, l, c| 1.0 + 1e-3 * (b * l) as f64 + 1e-6 * (b * l * c) as f64)
             .unwrap();
-    (lat, MemoryModel { per_token_bytes: 100.0, per_score_bytes: 10.0, fixed_bytes: 1_000_000 })
+    (lat, MemoryModel { per_token_bytes: 100.0, per_score_bytes: 10.0, fixed_bytes: 1_000_000, sliced_bytes: 0 })
 }
 
 #[test]
@@ -258,7 +246,7 @@ fn gpipe_memory_limit_is_exact_and_changes_the_answer() {
             } else {
                 random_latency(seed + 20, units, batch)
             };
-            let mem = MemoryModel { per_token_bytes: 50.0, per_score_bytes: 3.0, fixed_bytes: 4096 };
+            let mem = MemoryModel { per_token_bytes: 50.0, per_score_bytes: 3.0, fixed_bytes: 4096, sliced_bytes: 0 };
             let finest = mem.fixed_bytes as f64
                 + batch as f64 * (0..units).map(|j| mem.slice_bytes(1, STEP, j * STEP)).sum::<f64>();
             let most = mem.fixed_bytes as f64 + batch as f64 * mem.slice_bytes(1, units * STEP, 0);
@@ -277,30 +265,42 @@ fn gpipe_memory_limit_is_exact_and_changes_the_answer() {
     }
 }
 
+/// Under 1F1B over slices a stage holds `K` micro-batches, every slice of each: micro-batches
+/// sharing one slicing count `min(K, M)` copies against the limit (a limit GPipe's `M` copies
+/// cannot meet is met, and the reported peak is those copies'); planned per micro-batch, every
+/// sequence is counted, as the enumeration counts them.
 #[test]
-fn one_f_one_b_cap_is_exact_and_changes_the_answer() {
-    let (units, batch) = (8, 2);
-    let (lat, memory) = memory_case(units, batch);
-    let base =
-        PlannerConfig { memory, schedule: SliceSchedule::OneFOneB, ..PlannerConfig::new(4, units * STEP, batch) };
-    let free = plan_checked(&lat, &base);
-    assert_eq!(free.slice_count(), 1, "{free}");
-    // Room for K = 4 slices of at most half the sequence each (for one sample).
-    let limit = memory.fixed_bytes + 4 * memory.slice_bytes(1, units * STEP / 2, units * STEP / 2) as usize;
-    let config = PlannerConfig { memory_limit: Some(limit), ..base.clone() };
+fn one_f_one_b_holds_k_micro_batches() {
+    let (units, m, k) = (8, 4, 2);
+    let (lat, memory) = memory_case(units, 1);
+    let finest = |copies: usize| {
+        memory.fixed_bytes as f64
+            + copies as f64 * (0..units).map(|j| memory.slice_bytes(1, STEP, j * STEP)).sum::<f64>()
+    };
+    let limit = ((finest(k) + finest(m)) / 2.0) as usize;
+    let shared = |schedule| PlannerConfig {
+        memory,
+        memory_limit: Some(limit),
+        schedule,
+        shared: true,
+        ..PlannerConfig::new(k, units * STEP, m)
+    };
+    let e = plan(&lat, &shared(SliceSchedule::Gpipe)).unwrap_err().to_string();
+    assert!(e.contains("no slicing meets the memory limit") && e.contains("GPipe"), "{e}");
+    let config = shared(SliceSchedule::OneFOneB);
     let p = plan_checked(&lat, &config);
-    assert!(p.micro_batches.iter().all(|m| m.slices.len() >= 2), "{p}");
-    assert!(close(p.predicted_step_seconds, brute_force(&lat, &config).unwrap()), "{p}");
-    // At most K slices per micro-batch: t ∝ l wants every unit its own slice.
-    let lat2 = LatencyModel::from_fn(grid(units, 1), |b, l, _| 1e-3 * (b * l) as f64).unwrap();
-    let c2 = PlannerConfig { memory_limit: Some(usize::MAX), batch: 1, stages: 2, ..base.clone() };
-    let p2 = plan_checked(&lat2, &c2);
-    assert_eq!(p2.micro_batches[0].slices.len(), 2, "{p2}");
+    assert!(close(p.predicted_step_seconds, shared_brute_force(&lat, &config).unwrap()), "{p}");
+    let one: Vec<f64> = {
+        let mut c = 0;
+        p.micro_batches[0].slices.iter().map(|&l| (memory.slice_bytes(1, l, c), c += l).0).collect()
+    };
+    let want = (memory.fixed_bytes as f64 + k as f64 * one.iter().sum::<f64>()).ceil() as usize;
+    assert_eq!(p.peak_memory_bytes, want, "{p}");
     for seed in 0..3 {
         for (units, batch, k) in [(6, 1, 2), (6, 3, 4), (8, 2, 3), (7, 2, 8)] {
             let lat = structured_latency(seed + 30, units, batch);
-            let mem = MemoryModel { per_token_bytes: 50.0, per_score_bytes: 3.0, fixed_bytes: 4096 };
-            let most = mem.fixed_bytes as f64 + k as f64 * mem.slice_bytes(1, units * STEP, 0);
+            let mem = MemoryModel { per_token_bytes: 50.0, per_score_bytes: 3.0, fixed_bytes: 4096, sliced_bytes: 0 };
+            let most = mem.fixed_bytes as f64 + batch as f64 * mem.slice_bytes(1, units * STEP, 0);
             for frac in [0.3, 0.6, 1.0] {
                 let limit = (most * frac) as usize;
                 let config = PlannerConfig {
@@ -319,6 +319,37 @@ fn one_f_one_b_cap_is_exact_and_changes_the_answer() {
                 }
             }
         }
+    }
+}
+
+/// The key/value arenas only a sliced plan keeps (`sliced_bytes`) are not charged to the
+/// unsliced one: under a limit that fits it alone, it is the plan (the arenas once made that
+/// limit refuse every plan), and its reported peak leaves them out.
+#[test]
+fn an_unsliced_plan_keeps_no_arena() {
+    let (units, m) = (8, 2);
+    let (lat, memory) = memory_case(units, 1);
+    let memory = MemoryModel { sliced_bytes: 50_000, ..memory };
+    let whole = memory.fixed_bytes as f64 + m as f64 * memory.slice_bytes(1, units * STEP, 0);
+    for schedule in [SliceSchedule::Gpipe, SliceSchedule::OneFOneB] {
+        let config = |limit: usize| PlannerConfig {
+            memory,
+            memory_limit: Some(limit),
+            schedule,
+            shared: true,
+            ..PlannerConfig::new(2, units * STEP, m)
+        };
+        let p = plan(&lat, &config(whole.ceil() as usize)).unwrap();
+        assert!(p.micro_batches.iter().all(|mb| mb.slices == [units * STEP]), "{schedule}: {p}");
+        assert_eq!(p.peak_memory_bytes, whole.ceil() as usize, "{schedule}: {p}");
+        let e = plan(&lat, &config(whole.ceil() as usize - 1)).unwrap_err().to_string();
+        assert!(e.contains("no slicing meets the memory limit"), "{schedule}: {e}");
+        // Sliced plans pay the arenas in their peak.
+        let sliced = vec![MicroBatchSlicing { samples: 1, slices: vec![STEP; units] }; m];
+        let finest = memory.fixed_bytes as f64
+            + memory.sliced_bytes as f64
+            + m as f64 * (0..units).map(|j| memory.slice_bytes(1, STEP, j * STEP)).sum::<f64>();
+        assert_eq!(peak_memory_bytes(&config(usize::MAX), &sliced), finest.ceil() as usize, "{schedule}");
     }
 }
 
@@ -420,8 +451,8 @@ fn display_is_compact() {
     };
     assert_eq!(
         p.to_string(),
-        "2 × (2 seq: 512, 3×256, 2×128, 512) + (4 seq: 2048); step 50.600 ms, max slice 1.050 ms, 15 slices, \
-         peak memory 3.000 GiB"
+        "2 × (2 seq: 512, 3×256, 2×128, 512 tokens) + (4 seq: 2048 tokens); 15 slices; predicted step 50.600 ms, \
+         largest slice 1.050 ms (its forward and backward on one stage), peak memory 3.000 GiB per device"
     );
 }
 
@@ -473,9 +504,13 @@ fn a_length_without_a_fine_grid_says_so() {
 /// (K − 1)·max t` over one sequence's admitted slicings, the GPipe limit counting `M` copies.
 fn shared_brute_force(lat: &LatencyModel, config: &PlannerConfig) -> Option<f64> {
     let (n, m) = (config.seq_len / STEP, config.batch as f64);
-    let fits = |bytes: f64| match (config.memory_limit, config.schedule) {
-        (Some(limit), SliceSchedule::Gpipe) => config.memory.fixed_bytes as f64 + m * bytes <= limit as f64,
-        _ => true,
+    // Resident at once: every copy under GPipe, K of them under 1F1B.
+    let resident = match config.schedule {
+        SliceSchedule::Gpipe => m,
+        SliceSchedule::OneFOneB => m.min(config.stages as f64),
+    };
+    let fits = |bytes: f64| {
+        config.memory_limit.is_none_or(|limit| config.memory.fixed_bytes as f64 + resident * bytes <= limit as f64)
     };
     options(lat, 1, n, config)
         .into_iter()
@@ -497,7 +532,7 @@ fn a_shared_slicing_matches_brute_force() {
         _ => 1.0,
     };
     let lat = LatencyModel::from_fn(grid(3, 2), move |b, l, c| b as f64 * t(l, c)).unwrap();
-    let memory = MemoryModel { per_token_bytes: 0.0, per_score_bytes: 1.0, fixed_bytes: 0 };
+    let memory = MemoryModel { per_token_bytes: 0.0, per_score_bytes: 1.0, fixed_bytes: 0, sliced_bytes: 0 };
     // Σ over the two micro-batches of (L² + Σ l²)/2 bytes at most (2·24² + 64·12)/2.
     let config = PlannerConfig { memory, memory_limit: Some(960), ..PlannerConfig::new(1, 3 * STEP, 2) };
     let each = plan_checked(&lat, &config);
@@ -523,7 +558,7 @@ fn a_shared_slicing_matches_brute_force() {
             } else {
                 random_latency(seed + 40, units, 1)
             };
-            let mem = MemoryModel { per_token_bytes: 50.0, per_score_bytes: 3.0, fixed_bytes: 4096 };
+            let mem = MemoryModel { per_token_bytes: 50.0, per_score_bytes: 3.0, fixed_bytes: 4096, sliced_bytes: 0 };
             let finest =
                 mem.fixed_bytes as f64 + m as f64 * (0..units).map(|j| mem.slice_bytes(1, STEP, j * STEP)).sum::<f64>();
             let most = mem.fixed_bytes as f64 + m as f64 * mem.slice_bytes(1, units * STEP, 0);

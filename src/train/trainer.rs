@@ -245,7 +245,7 @@ impl<D: Device> Trainer<D> {
             }
             let bubble = (self.pipeline.plan().config.pipeline_len > 1).then(|| Bubble {
                 measured: report.trace.bubble(),
-                formula: self.pipeline.plan().schedule.bubble_formula(),
+                formula: self.pipeline.plan().bubble_formula(),
                 tail_seconds: report.trace.tail(),
             });
             taken += 1;
