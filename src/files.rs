@@ -83,7 +83,8 @@ impl Drop for Scratch {
 /// Takes `dir/.lock` (an advisory lock the kernel releases when the returned file is dropped
 /// or the process ends, however it ends) so that two runs never write one folder at once: the
 /// second is refused, naming the first's process, instead of interleaving its metrics and
-/// overwriting its checkpoints.
+/// overwriting its checkpoints. Having taken it, removes the temporary files of writers
+/// that died mid-write there.
 pub fn lock_folder(dir: &Path) -> Result<File> {
     use std::io::{Read, Seek, Write};
     let path = dir.join(".lock");
@@ -99,6 +100,7 @@ pub fn lock_folder(dir: &Path) -> Result<File> {
             // Whose lock it is, for the message of a run refused while this one goes on.
             let pid = std::process::id().to_string();
             file.set_len(0).and_then(|()| file.write_all(pid.as_bytes())).map_err(|e| io_error(&path, e))?;
+            remove_stale_temporaries(dir);
             Ok(file)
         }
         Err(std::fs::TryLockError::WouldBlock) => {
@@ -202,6 +204,26 @@ pub fn write_atomic_uncached(path: &Path, write: impl FnOnce(&mut Uncached) -> s
     })
 }
 
+/// What names a temporary file of [`through_temporary`]: `.NAME` + this + the writer's pid.
+const TEMPORARY_TAG: &str = ".tmp-";
+
+/// Removes the temporary files writers killed mid-write left in `dir` (a checkpoint's is its
+/// whole size, and each crash left one more under its pid): called by the holder of the
+/// folder's lock, when no other writer can be at work. Best-effort: a file that will not go
+/// stays.
+fn remove_stale_temporaries(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let pid = name.rsplit_once(TEMPORARY_TAG).map(|(_, pid)| pid);
+        let ours = name.starts_with('.') && pid.is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+        if ours && entry.file_type().is_ok_and(|t| t.is_file()) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 /// Writes a temporary sibling of `path` by `write`, fsyncs it and renames it into place, then
 /// fsyncs the folder; on failure removes the temporary file and leaves `path` untouched.
 fn through_temporary(path: &Path, write: impl FnOnce(&Path) -> std::io::Result<File>) -> Result<()> {
@@ -209,7 +231,7 @@ fn through_temporary(path: &Path, write: impl FnOnce(&Path) -> std::io::Result<F
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     // Same directory, so the rename cannot cross file systems; the pid keeps two concurrent
     // writers from sharing a temporary file.
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let tmp = dir.join(format!(".{name}{TEMPORARY_TAG}{}", std::process::id()));
     let result = (|| {
         let file = write(&tmp).map_err(|e| io_error(&tmp, e))?;
         file.sync_all().map_err(|e| io_error(&tmp, e))?;
@@ -415,6 +437,25 @@ mod tests {
         assert!(e.contains("output.dir"), "{e}");
         drop(first);
         lock_folder(&dir).unwrap();
+    }
+
+    /// A writer killed mid-write leaves its temporary file (a whole checkpoint's size, one more
+    /// per crash); the next holder of the lock removes those, and nothing else.
+    #[test]
+    fn the_lock_holder_removes_temporaries_killed_writers_left() {
+        use std::io::Write;
+        let dir = Scratch::new("stale");
+        let names = [".checkpoint.ckpt.tmp-4242", ".summary.json.tmp-17", ".notes.tmp-abc", "run.tmp-9", "kept.ckpt"];
+        for name in names {
+            std::fs::write(dir.join(name), b"x").unwrap();
+        }
+        // A real write leaves no temporary of its own, and its file stays.
+        write_atomic(&dir.join("kept.json"), |w| w.write_all(b"{}")).unwrap();
+        let _lock = lock_folder(&dir).unwrap();
+        let mut left: Vec<String> =
+            std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        left.sort();
+        assert_eq!(left, [".lock", ".notes.tmp-abc", "kept.ckpt", "kept.json", "run.tmp-9"]);
     }
 
     #[test]

@@ -519,7 +519,15 @@ fn error_report(e: &anyhow::Error) -> String {
 
 fn run() -> Result<()> {
     pipetransformer::run::keep_freed_memory();
-    match Cli::parse().command {
+    let command = Cli::parse().command;
+    if !matches!(command, Command::Train { .. } | Command::Launch { .. }) {
+        // A report piped into `head` ends quietly when the pipe closes, as any Unix tool's
+        // does (Rust ignores SIGPIPE, and `println!` then panics). Training and its launcher
+        // keep ignoring it: they write checkpoints and speak to their peers over sockets.
+        // SAFETY: restoring a signal's default disposition, before any thread is started.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
+    match command {
         Command::Train {
             config,
             mut set,
@@ -547,6 +555,9 @@ fn run() -> Result<()> {
                 Some(p) => p.node_share(count, config.output.threads, cores),
                 None => (0, config.output.threads),
             };
+            if let Some(w) = process.as_ref().and_then(|p| p.oversubscribes(config.output.threads, cores)) {
+                eprintln!("warning: {w}");
+            }
             // Resolved for the whole node, so that every process of a launched run picks the
             // same backend.
             let (asked, gpus) = (device.device, pipetransformer::device::cuda::device_count());

@@ -73,6 +73,24 @@ fn inputs_that_would_be_ignored_are_refused() {
     assert!(!ok && out.contains("--set") && out.contains("cannot be used with"), "{out}");
 }
 
+/// A report whose reader has gone (`plan ... | head -2`) ends the program quietly, as a
+/// closed pipe ends any Unix tool, instead of a panic about printing.
+#[test]
+fn a_closed_pipe_ends_a_report_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pipetransformer"))
+        .args(["plan", "--config", "configs/gpt-hamlet.toml", "--devices", "2"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // closed before the first line is printed
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{:?}: {err}", out.status);
+    assert!(!err.contains("panicked"), "{err}");
+}
+
 /// `evaluate --threads` is the config's `output.threads`: the count warned about is the one
 /// used, not a config's value the flag replaces.
 #[test]
@@ -590,10 +608,14 @@ fn a_run_folder_holds_one_run_and_its_log() {
     };
     let (ok, out) = train("2", "--fresh");
     assert!(ok, "{out}");
+    let first = std::fs::read(dir.join("checkpoint.ckpt")).unwrap();
     let (ok, out) = train("3", "--fresh");
     assert!(ok, "{out}");
     assert_eq!(starts("metrics.jsonl"), [false], "the log holds the second run alone");
     assert_eq!(starts("metrics.previous.jsonl"), [false], "the first run's log, moved aside");
+    // And its checkpoint: a resume continues the second run, or (had it died before its
+    // first checkpoint) none, never the first under the second's log.
+    assert_eq!(std::fs::read(dir.join("checkpoint.previous.ckpt")).unwrap(), first);
     let (ok, out) = train("5", "--resume");
     assert!(ok && out.contains("done: 5 steps (2 of them since step 3, in"), "{out}");
     assert_eq!(starts("metrics.jsonl"), [false, true], "a resumed run continues the log");
@@ -606,6 +628,15 @@ fn a_run_folder_holds_one_run_and_its_log() {
     assert_eq!(std::fs::read(dir.join("checkpoint.ckpt")).unwrap(), before);
     assert_eq!(starts("metrics.jsonl"), [false, true]);
     drop(held);
+    // A log that cannot be written (here every write fails as on a full disk) ends the run,
+    // named, once the weights it trained are checkpointed and exported.
+    let full = scratch("full-log");
+    std::os::unix::fs::symlink("/dev/full", full.join("metrics.jsonl")).unwrap();
+    let out_dir = format!("output.dir={}", full.display());
+    let args = ["train", "--config", "configs/vit-digits.toml", "--set", &out_dir, "--set", "train.max_steps=2"];
+    let (ok, out) = pipetransformer(&[&args[..], &["--set", "data.test_limit=32"]].concat());
+    assert!(!ok && out.contains("metrics.jsonl") && out.contains("No space left on device"), "{out}");
+    assert!(full.join("checkpoint.ckpt").exists() && full.join("model/model.safetensors").exists(), "{out}");
 }
 
 /// A model that does not fit the dataset (its images, its classes) is refused by its settings

@@ -516,7 +516,10 @@ pub(crate) fn closed(e: &std::io::Error) -> String {
         | std::io::ErrorKind::ConnectionReset
         | std::io::ErrorKind::BrokenPipe
         | std::io::ErrorKind::ConnectionAborted => "closed its connection (the process ended or was killed)".into(),
-        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => "did not answer within the timeout".into(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => format!(
+            "did not answer within the collective timeout (PT_COLLECTIVE_TIMEOUT seconds, default {})",
+            COLLECTIVE_TIMEOUT.as_secs()
+        ),
         _ => e.to_string(),
     }
 }

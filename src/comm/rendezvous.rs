@@ -404,6 +404,10 @@ fn host(
     // Filled in as members are admitted, and read for the ranks still missing.
     let links: RefCell<Vec<Option<TcpStream>>> = RefCell::new((0..size).map(|_| None).collect());
     let missing = || -> Vec<usize> { (1..size).filter(|&r| links.borrow()[r].is_none()).collect() };
+    // A member that proved the secret but counts the run another size: the nodes were
+    // launched with other --nnodes or --nproc-per-node, and waiting on cannot mend that.
+    let launched_apart: RefCell<Option<String>> = RefCell::new(None);
+    let mut said = Instant::now();
     if size > 1 {
         // A stranger's connection costs at most a message timeout of one handshake thread, and
         // never the run.
@@ -411,7 +415,15 @@ fn host(
             &listener,
             &format!("rendezvous at {addr}"),
             |peer| admit(peer, size, secret, deadline),
-            |mut peer, (rank, nonce)| {
+            |mut peer, (rank, claimed, nonce)| {
+                if claimed != size {
+                    let why = format!(
+                        "a process counts the run as {claimed} processes (its rank {rank}), this one as {size}: launch \
+                         every node with the same --nnodes and --nproc-per-node"
+                    );
+                    launched_apart.replace(Some(why.clone()));
+                    return Err(why);
+                }
                 if links.borrow()[rank].is_some() {
                     return Err(format!("rank {rank} has already joined"));
                 }
@@ -420,26 +432,42 @@ fn host(
                 links.borrow_mut()[rank] = Some(peer);
                 Ok(missing().is_empty())
             },
-            || match Instant::now() >= deadline {
-                false => Ok(()),
-                true => Err(rdzv_error(
-                    &format!("at {addr}"),
-                    format!("ranks {:?} did not join within {timeout:?}", missing()),
-                )),
+            || {
+                if let Some(why) = launched_apart.take() {
+                    return Err(rdzv_error(&format!("at {addr}"), why));
+                }
+                let now = Instant::now();
+                if now >= deadline {
+                    let why = format!("ranks {:?} did not join within {timeout:?}", missing());
+                    return Err(rdzv_error(&format!("at {addr}"), why));
+                }
+                // A long wait says what it waits for (a node not started yet, a wrong address).
+                if now.duration_since(said) >= WAITING_NOTE {
+                    said = now;
+                    let (gone, left) = (missing(), deadline.duration_since(now).as_secs());
+                    eprintln!(
+                        "rendezvous at {addr}: waiting for ranks {gone:?} ({} of {size} in; giving up in {left} s)",
+                        size - gone.len()
+                    );
+                }
+                Ok(())
             },
         )?;
     }
     Ok(links.into_inner().into_iter().skip(1).flatten().collect())
 }
 
-/// One connection's handshake on rank 0, up to the welcome: returns the rank it proved and the
-/// nonce the welcome's MAC covers.
+/// How often a rendezvous still waiting says so.
+const WAITING_NOTE: Duration = Duration::from_secs(30);
+
+/// One connection's handshake on rank 0, up to the welcome: returns the rank it proved, the
+/// size of run it counts, and the nonce the welcome's MAC covers.
 fn admit(
     peer: &mut TcpStream,
     size: usize,
     secret: &Secret,
     deadline: Instant,
-) -> std::result::Result<(usize, [u8; NONCE]), String> {
+) -> std::result::Result<(usize, usize, [u8; NONCE]), String> {
     let io = |e: std::io::Error| e.to_string();
     peer.set_nonblocking(false).map_err(io)?;
     peer.set_write_timeout(Some(MESSAGE_TIMEOUT)).map_err(io)?;
@@ -450,11 +478,12 @@ fn admit(
     if !secret.verify(&[b"hello", &nonce, &r, &s], &mac) {
         return Err("wrong secret (the MAC does not verify)".into());
     }
-    let rank = rank as usize;
-    if claimed as usize != size || rank == 0 || rank >= size {
+    let (rank, claimed) = (rank as usize, claimed as usize);
+    // (Another size is the caller's to judge: the member proved the secret.)
+    if rank == 0 || rank >= size.max(claimed) {
         return Err(format!("claims rank {rank} of {claimed}; this group has ranks 1..{size} to admit"));
     }
-    Ok((rank, nonce))
+    Ok((rank, claimed, nonce))
 }
 
 fn join(
@@ -659,10 +688,8 @@ mod tests {
                 c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
                 let _ = c.read_to_end(&mut sink); // rank 0 hangs up
             }
-            // A right hello with a claimed size that does not match is refused as well.
-            let e = meet(&addr, 1, 3, &secret, None, Duration::from_secs(5)).unwrap_err().to_string();
-            assert!(e.contains("closed the connection"), "{e}");
-            // The real member still gets in.
+            // (A right hello with a claimed size that does not match ends the rendezvous:
+            // `a_member_counting_another_size_ends_the_wait`.) The real member still gets in.
             assert_eq!(meet(&addr, 1, 2, &secret, None, Duration::from_secs(10)).unwrap(), b"id");
             host.join().unwrap().unwrap();
         });
@@ -755,6 +782,25 @@ mod tests {
         assert!(e.contains("ranks [1, 2] did not join"), "{e}");
         let e = meet(&free_addr(), 1, 2, &secret, None, Duration::from_millis(300)).unwrap_err().to_string();
         assert!(e.contains("could not connect to rank 0"), "{e}");
+    }
+
+    /// A member that proves the secret but counts the run another size (nodes launched with
+    /// other --nnodes) ends rank 0's wait at once, saying so, instead of at the timeout.
+    #[test]
+    fn a_member_counting_another_size_ends_the_wait() {
+        let (addr, secret) = (free_addr(), Secret::new("x").unwrap());
+        let started = Instant::now();
+        let host = std::thread::scope(|s| {
+            let host = s.spawn(|| meet(&addr, 0, 2, &secret, Some(b"id"), Duration::from_secs(20)));
+            let _ = meet(&addr, 1, 3, &secret, None, Duration::from_secs(3));
+            host.join().unwrap()
+        });
+        let e = host.unwrap_err().to_string();
+        assert!(
+            e.contains("counts the run as 3 processes (its rank 1), this one as 2") && e.contains("--nnodes"),
+            "{e}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(10), "ended after {:?}", started.elapsed());
     }
 
     /// Connects to `addr` (retrying while nobody listens yet), announces the largest frame and

@@ -372,7 +372,7 @@ pub fn checkpoint_path(config: &RunConfig) -> PathBuf {
 /// resuming must find the checkpoint (each reads its own `output.dir`).
 ///
 /// Errors: an [`Error::Config`] on `output.dir` naming the checkpoint and the two ways on
-/// (`--resume`, `--fresh`), or a file where the folder goes; on ranks above 0 it says rank 0
+/// (`--resume`, `--fresh`), a file where the folder goes, or no checkpoint to resume; on ranks above 0 it says rank 0
 /// refused; on the first setting that differs, naming the ranks and every setting that
 /// differs; on `output.dir`, the ranks that find no checkpoint to resume; a collective's
 /// failure.
@@ -391,7 +391,14 @@ pub fn check_start(config: &RunConfig, resume: bool, fresh: bool, group: Option<
         None
     };
     let Some(group) = group else {
-        return why.map_or(Ok(()), |why| Err(config_error("output.dir", why)));
+        if let Some(why) = why {
+            return Err(config_error("output.dir", why));
+        }
+        if resume && !ckpt.exists() {
+            // Said before the data and model are built, not after.
+            return Err(config_error("output.dir", format!("no checkpoint to resume from at {}", ckpt.display())));
+        }
+        return Ok(());
     };
     // Each process's answers in one gather: rank 0's refusal, whether it resumes and finds
     // no checkpoint to, then its settings' fingerprints.
@@ -1022,11 +1029,13 @@ impl<D: Device> Job<D> {
     ///
     /// The output folder is [locked](files::lock_folder) while the run writes it: a second run
     /// given the same folder is refused. A run that starts over (not resumed) moves an earlier
-    /// `metrics.jsonl` aside to `metrics.previous.jsonl` (replacing an older one there), so the
-    /// log, and the report drawn from it, hold this run's events alone. A call after one
-    /// that failed appends to the log instead of moving it aside (the trainer stands where the
-    /// failure left it). Once a run has reached its end, `run` returns its summary again and
-    /// writes nothing.
+    /// `metrics.jsonl` aside to `metrics.previous.jsonl` and an earlier `checkpoint.ckpt` to
+    /// `checkpoint.previous.ckpt` (replacing older ones there), so the log, and the report
+    /// drawn from it, hold this run's events alone, and a resume continues this run or none. A
+    /// call after one that failed appends to the log instead of moving it aside (the trainer
+    /// stands where the failure left it). A log that cannot be written ends the run at the
+    /// next checkpoint, after the checkpoint and export are written. Once a run has reached its
+    /// end, `run` returns its summary again and writes nothing.
     pub fn run(&mut self, on_event: &mut dyn FnMut(&Event)) -> Result<Summary> {
         if let Some(summary) = &self.finished {
             return Ok(summary.clone());
@@ -1044,6 +1053,14 @@ impl<D: Device> Job<D> {
         if writes && !self.resumed && metrics_path.metadata().is_ok_and(|m| m.len() > 0) {
             let aside = out.join("metrics.previous.jsonl");
             std::fs::rename(&metrics_path, &aside).map_err(|e| io_error(&aside, e))?;
+        }
+        // Likewise the earlier run's checkpoint (`--fresh`): left in place, a `--resume` after
+        // this run died before its first checkpoint went on with the earlier run, under this
+        // run's log.
+        let checkpoint = self.checkpoint_path();
+        if writes && !self.resumed && checkpoint.exists() {
+            let aside = out.join("checkpoint.previous.ckpt");
+            std::fs::rename(&checkpoint, &aside).map_err(|e| io_error(&aside, e))?;
         }
         let mut metrics: Box<dyn Write> = if writes {
             let mut file = std::fs::OpenOptions::new()
@@ -1097,9 +1114,8 @@ impl<D: Device> Job<D> {
             while !self.trainer.done() {
                 let chunk = (every > 0).then_some(every);
                 self.trainer.fit(self.source.as_ref(), chunk, &mut self.elastic, &mut log)?;
-                if let Some(err) = write_error.take() {
-                    return Err(io_error(&metrics_path, err));
-                }
+                // A log that failed ends the run, once the weights it trained are written.
+                let log_failed = write_error.take();
                 // When the stages are processes, every stage's weights and optimizer state to
                 // rank 0 (a collective: every process gets here) before it writes.
                 self.trainer.pipeline.collect_on_rank_zero()?;
@@ -1124,6 +1140,12 @@ impl<D: Device> Job<D> {
                         snapshot.save(&path)?;
                         exporter.write(snapshot.into_parameters())
                     })?);
+                }
+                if let Some(err) = log_failed {
+                    if let Some(last) = writing.take() {
+                        last.wait()?;
+                    }
+                    return Err(io_error(&metrics_path, err));
                 }
             }
         }
@@ -1280,6 +1302,11 @@ mod tests {
             super::check_start(&config, true, false, None).is_ok()
                 && super::check_start(&config, false, true, None).is_ok()
         );
+        // Resuming where no checkpoint is: said before anything is built.
+        std::fs::remove_file(super::checkpoint_path(&config)).unwrap();
+        let e = super::check_start(&config, true, false, None).unwrap_err().to_string();
+        assert!(e.contains("output.dir") && e.contains("no checkpoint to resume from at"), "{e}");
+        std::fs::write(super::checkpoint_path(&config), b"an earlier run").unwrap();
         // A file where the folder goes is named as such, resuming or not.
         let file = super::RunConfig {
             output: super::super::OutputSection { dir: super::checkpoint_path(&config), ..config.output.clone() },

@@ -240,6 +240,8 @@ fn die_with_parent(launcher: u32) -> std::io::Result<()> {
 /// kills them.
 fn watch(mut children: Vec<(usize, Child)>, grace: Duration) -> Result<()> {
     let mut failure: Option<(usize, String, Instant)> = None;
+    // Those still running `grace` after the failure, killed then.
+    let mut killed = Vec::new();
     while !children.is_empty() {
         let mut ended = Vec::new();
         children.retain_mut(|(rank, child)| match child.try_wait() {
@@ -259,17 +261,25 @@ fn watch(mut children: Vec<(usize, Child)>, grace: Duration) -> Result<()> {
         if let Some((_, _, at)) = &failure
             && at.elapsed() > grace
         {
+            killed.extend(children.iter().map(|(rank, _)| *rank));
             stop(&mut children);
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    match failure {
-        None => Ok(()),
-        Some((rank, status, _)) => Err(Error::Device {
-            what: format!("launch: rank {rank}"),
-            message: format!("{status}; the other processes were ended (see rank {rank}'s error above)"),
-        }),
-    }
+    let Some((rank, status, _)) = failure else {
+        return Ok(());
+    };
+    // A process ended by a signal printed nothing of its own: say where the signal may have
+    // come from.
+    let cause = match status.contains("signal") {
+        true => "a signal from outside the run: a kill, or the kernel's out-of-memory killer (`dmesg` tells)".into(),
+        false => format!("see rank {rank}'s error above"),
+    };
+    let rest = match killed.is_empty() {
+        true => String::new(),
+        false => format!("; ranks {killed:?} had not ended {grace:?} after it and were killed"),
+    };
+    Err(Error::Device { what: format!("launch: rank {rank}"), message: format!("{status} ({cause}){rest}") })
 }
 
 /// Of the children seen to have ended in one look (rank and status, in rank order), the
@@ -371,6 +381,20 @@ impl ProcessEnv {
         let threads = if threads == 0 { (cores / self.local_world).max(1) } else { threads };
         // Saturating: a count of devices that large names no device, and opening it says so.
         (self.local_rank.saturating_mul(devices), threads)
+    }
+
+    /// A warning where `threads` set for each process (0: the cores split, never this) give the
+    /// node's processes together more threads than its `cores`: their pools' spinning workers
+    /// then contend for the cores.
+    pub fn oversubscribes(&self, threads: usize, cores: usize) -> Option<String> {
+        let total = threads.saturating_mul(self.local_world);
+        (total > cores).then(|| {
+            format!(
+                "output.threads = {threads} in each of this node's {} processes is {total} threads on {cores} cores: \
+                 they contend for them (0 splits the cores among the processes)",
+                self.local_world
+            )
+        })
     }
 
     /// Where this process writes a file the user named `path` for the whole run (`--trace`):
@@ -484,6 +508,10 @@ mod tests {
         assert_eq!(e.node_share(2, 0, 16), (2, 8));
         assert_eq!(e.node_share(2, 3, 16), (2, 3));
         assert_eq!(e.node_share(1, 0, 1), (1, 1), "at least one thread");
+        // Threads set per process beyond the node's cores are warned about; the split is not.
+        let warned = e.oversubscribes(2, 2).unwrap_or_default();
+        assert!(warned.contains("output.threads = 2 in each of this node's 2 processes is 4 threads on 2 cores"));
+        assert_eq!((e.oversubscribes(0, 2), e.oversubscribes(1, 2)), (None, None));
         for (k, v, says) in [
             ("WORLD_SIZE", "four", "whole number"),
             ("RANK", "4", "below WORLD_SIZE"),
@@ -567,7 +595,12 @@ mod tests {
         let script = "if [ \"$RANK\" = 1 ]; then exit 3; fi; sleep 60".to_string();
         let started = Instant::now();
         let e = launch(&opts, std::path::Path::new("/bin/sh"), &["-c".into(), script]).unwrap_err().to_string();
-        assert!(e.contains("rank 1") && e.contains("3"), "{e}");
+        assert!(e.contains("rank 1") && e.contains("3") && e.contains("see rank 1's error above"), "{e}");
+        assert!(e.contains("ranks [0, 2] had not ended 1s after it and were killed"), "{e}");
+        // A process killed from outside printed nothing: the verdict says where to look.
+        let script = "if [ \"$RANK\" = 1 ]; then kill -9 $$; fi; sleep 60".to_string();
+        let e = launch(&opts, std::path::Path::new("/bin/sh"), &["-c".into(), script]).unwrap_err().to_string();
+        assert!(e.contains("rank 1: signal: 9 (SIGKILL) (a signal from outside the run"), "{e}");
         assert!(started.elapsed() < Duration::from_secs(30), "the sleepers were stopped: {:?}", started.elapsed());
         assert!(
             launch(&opts, std::path::Path::new("/bin/sh"), &["-c".into(), "test -n \"$PT_RDZV_TOKEN\"".into()]).is_ok()
