@@ -62,6 +62,13 @@ pub enum Error {
         /// The backend's own message.
         message: String,
     },
+    /// Training was asked to stop ([`crate::train::request_stop`]: a signal) before its end,
+    /// and the checkpoint of the step it stopped at is written.
+    #[error("interrupted at step {step}: its checkpoint is written, and `train --resume` continues from it")]
+    Interrupted {
+        /// The last step taken.
+        step: u64,
+    },
     /// Training diverged: the loss stopped being a finite number.
     #[error("training diverged: the loss became {loss} at step {step}; lower the learning rate")]
     Diverged {

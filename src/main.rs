@@ -273,7 +273,8 @@ enum Command {
     /// Train as a run configuration says: load the data and the (pretrained) model, train with
     /// a progress bar, evaluate each epoch, checkpoint, and write metrics.jsonl, summary.json and
     /// the exported model (safetensors + config.json) to the run's output directory. One run
-    /// writes a directory at a time: a second is refused while the first goes on.
+    /// writes a directory at a time: a second is refused while the first goes on. Ctrl-C or
+    /// SIGTERM stops after the step under way, its checkpoint written (`--resume` goes on).
     Train {
         /// Run configuration (TOML; see configs/).
         #[arg(long, default_value = "configs/minilm-rt.toml")]
@@ -450,7 +451,8 @@ enum Command {
     /// one per device, with torchrun's conventions: each gets RANK, LOCAL_RANK, WORLD_SIZE,
     /// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and the run's secret PT_RDZV_TOKEN, trains
     /// its shard of every global batch and sums gradients with the others; rank 0 writes the
-    /// files. The first process to fail ends the launch with its rank.
+    /// files. The first process to fail ends the launch with its rank. A collective waits
+    /// PT_COLLECTIVE_TIMEOUT seconds (default 300) for a peer, and the rendezvous as long.
     Launch {
         /// Processes on this node (one per GPU, or cpu processes sharing the cores).
         #[arg(long, default_value_t = 1)]
@@ -729,6 +731,26 @@ fn load_config(path: &Path, overrides: &[String]) -> Result<RunConfig> {
     Ok(config)
 }
 
+/// Ctrl-C (SIGINT) or a scheduler's SIGTERM asks the run to stop after the step under way and
+/// write its checkpoint (`train::request_stop`); a second signal ends the process at once (the
+/// handler resets itself). Only for a run of one process: a launched run's processes would
+/// stop at steps of their own, so their launcher's signal ends them.
+fn stop_on_signals() {
+    extern "C" fn on_signal(_: libc::c_int) {
+        pipetransformer::train::request_stop(); // one atomic store: async-signal-safe
+    }
+    // SAFETY: a zeroed sigaction is valid; the handler only stores to an atomic.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        action.sa_flags = libc::SA_RESETHAND;
+        libc::sigemptyset(&mut action.sa_mask);
+        for signal in [libc::SIGINT, libc::SIGTERM] {
+            libc::sigaction(signal, &action, std::ptr::null_mut());
+        }
+    }
+}
+
 /// What `train` was asked besides the run config.
 struct TrainRun<'a> {
     resume: bool,
@@ -961,6 +983,9 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
     let mut samples = 0usize;
     let mut started_at = 0u64;
     let mut lines = ProgressLines::new(job.config.output.progress_every, total);
+    if run.process.is_none() {
+        stop_on_signals();
+    }
     let summary = job.run(&mut |e| match e {
         Event::Step { step, batches, epoch, loss, lr, samples: n, bubble, .. } => {
             if bar.is_hidden() {

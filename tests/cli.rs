@@ -639,6 +639,51 @@ fn a_run_folder_holds_one_run_and_its_log() {
     assert!(full.join("checkpoint.ckpt").exists() && full.join("model/model.safetensors").exists(), "{out}");
 }
 
+/// Ctrl-C (or a scheduler's SIGTERM) stops a run after the step under way, with its checkpoint
+/// written: the run says where it stopped, and `--resume` goes on from that step.
+#[test]
+fn an_interrupted_run_checkpoints_and_resumes() {
+    use std::time::{Duration, Instant};
+    if !have_digits() {
+        return;
+    }
+    let dir = scratch("interrupted");
+    let out_dir = format!("output.dir={}", dir.display());
+    let long = ["--set", "train.max_steps=100000000", "--set", "train.epochs=1000000", "--set", "data.test_limit=16"];
+    let args = ["train", "--config", "configs/vit-digits.toml", "--fresh", "--progress-every", "0", "--set", &out_dir];
+    let child = Command::new(env!("CARGO_BIN_EXE_pipetransformer"))
+        .args(args)
+        .args(long)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Some steps in (the log holds them), then the signal.
+    let started = Instant::now();
+    while std::fs::read_to_string(dir.join("metrics.jsonl")).map_or(0, |t| t.matches("\"step\"").count()) < 3 {
+        assert!(started.elapsed() < Duration::from_secs(60), "no steps logged");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: a signal to the child this test started.
+    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) }, 0);
+    let out = child.wait_with_output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "{text}");
+    let step: u64 = text
+        .split("interrupted at step ")
+        .nth(1)
+        .and_then(|rest| rest.split(':').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(text.contains("`train --resume` continues from it"), "{text}");
+    let resume = format!("train.max_steps={}", step + 2);
+    let args = ["train", "--config", "configs/vit-digits.toml", "--resume", "--set", &out_dir, "--set", &resume];
+    let (ok, out) =
+        pipetransformer(&[&args[..], &["--set", "data.test_limit=16", "--set", "train.epochs=1000000"]].concat());
+    let done = format!("done: {} steps (2 of them since step {step}, in", step + 2);
+    assert!(ok && out.contains(&done), "{out}");
+}
+
 /// A model that does not fit the dataset (its images, its classes) is refused by its settings
 /// before anything trains or is written (the images used to fail at the first step's upload,
 /// and a written `num_labels` was silently replaced by the data's).

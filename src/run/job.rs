@@ -1034,8 +1034,10 @@ impl<D: Device> Job<D> {
     /// drawn from it, hold this run's events alone, and a resume continues this run or none. A
     /// call after one that failed appends to the log instead of moving it aside (the trainer
     /// stands where the failure left it). A log that cannot be written ends the run at the
-    /// next checkpoint, after the checkpoint and export are written. Once a run has reached its
-    /// end, `run` returns its summary again and writes nothing.
+    /// next checkpoint, after the checkpoint and export are written; so does a
+    /// [stop request](crate::train::request_stop), after the step under way, with
+    /// [`Error::Interrupted`]. Once a run has reached its end, `run` returns its summary again
+    /// and writes nothing.
     pub fn run(&mut self, on_event: &mut dyn FnMut(&Event)) -> Result<Summary> {
         if let Some(summary) = &self.finished {
             return Ok(summary.clone());
@@ -1146,6 +1148,14 @@ impl<D: Device> Job<D> {
                         last.wait()?;
                     }
                     return Err(io_error(&metrics_path, err));
+                }
+                // Asked to stop (a signal): the step's checkpoint is on its way; end once it is
+                // whole.
+                if crate::train::stop_requested() && !self.trainer.done() {
+                    if let Some(last) = writing.take() {
+                        last.wait()?;
+                    }
+                    return Err(Error::Interrupted { step: self.trainer.position.step });
                 }
             }
         }

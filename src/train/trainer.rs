@@ -219,7 +219,7 @@ impl<D: Device> Trainer<D> {
             });
         }
         let mut taken = 0;
-        while !self.done() && stop_after.is_none_or(|n| taken < n) {
+        while !self.done() && stop_after.is_none_or(|n| taken < n) && !super::stop_requested() {
             let started = Instant::now();
             let Position { step, epoch, batch: index } = self.position;
             let left = (self.lr_schedule.total_steps - self.batches_done()) as usize;
