@@ -43,8 +43,8 @@ fn cases() -> Vec<Case> {
         }
     }
     // Memory limits that bind: GPipe half-way between the finest slicing's need and the free
-    // plan's; 1F1B the tightest of a few fractions of the free plan's bound that some slicing
-    // meets.
+    // plan's; 1F1B, over micro-batches that share one slicing (what the runtime plans), the
+    // tightest of a few fractions of the free plan's peak that some slicing meets.
     let m = memory();
     for (len, k, batch) in [(2048, 48, 1), (2048, 8, 2), (8192, 48, 1)] {
         let lat = latency(len, batch);
@@ -58,10 +58,13 @@ fn cases() -> Vec<Case> {
     }
     for (len, k, batch) in [(2048, 48, 1), (2048, 8, 8), (8192, 48, 1)] {
         let lat = latency(len, batch);
-        let free = PlannerConfig { memory: m, schedule: SliceSchedule::OneFOneB, ..PlannerConfig::new(k, len, batch) };
+        let free = PlannerConfig {
+            memory: m,
+            schedule: SliceSchedule::OneFOneB,
+            shared: true,
+            ..PlannerConfig::new(k, len, batch)
+        };
         let peak = plan(&lat, &free).expect("plan").peak_memory_bytes;
-        // The free plan may use more than K slices, which a limit forbids: its peak (one
-        // micro-batch's slices) can be below what any limited plan needs.
         let config = [0.5, 0.7, 0.9, 1.5, 3.0, 8.0, 64.0]
             .iter()
             .map(|f| {

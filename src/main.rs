@@ -469,7 +469,8 @@ enum Command {
         rdzv: Option<String>,
         /// The run's shared secret (never printed); default PT_RDZV_TOKEN, else a random one
         /// (single node only). Prefer PT_RDZV_TOKEN: other users of a node can read a flag's
-        /// value in its process list.
+        /// value in its process list. A process that knows it but counts the run another size
+        /// (another launch on the same address) ends the rendezvous: give each run its own.
         #[arg(long)]
         rdzv_token: Option<String>,
         /// The command each process runs: `-- train --config ...` (only `train` joins a
@@ -743,7 +744,8 @@ fn stop_on_signals() {
     unsafe {
         let mut action: libc::sigaction = std::mem::zeroed();
         action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-        action.sa_flags = libc::SA_RESETHAND;
+        // (SA_RESTART: a read or accept under way goes on rather than failing with EINTR.)
+        action.sa_flags = libc::SA_RESETHAND | libc::SA_RESTART;
         libc::sigemptyset(&mut action.sa_mask);
         for signal in [libc::SIGINT, libc::SIGTERM] {
             libc::sigaction(signal, &action, std::ptr::null_mut());

@@ -78,6 +78,9 @@ fn inputs_that_would_be_ignored_are_refused() {
 #[test]
 fn a_closed_pipe_ends_a_report_quietly() {
     use std::os::unix::process::ExitStatusExt;
+    if !common::installed(&[Path::new("data/text/hamlet.txt")]) {
+        return;
+    }
     let mut child = Command::new(env!("CARGO_BIN_EXE_pipetransformer"))
         .args(["plan", "--config", "configs/gpt-hamlet.toml", "--devices", "2"])
         .stdout(std::process::Stdio::piped())
@@ -1145,13 +1148,29 @@ fn nodes_launched_with_other_settings_are_refused() {
         let second = s.spawn(|| node(1, &resume));
         [node(0, &resume), second.join().unwrap()]
     });
-    for (o, who) in outputs.iter().zip(["node 0", "node 1"]) {
-        let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-        assert!(
-            !o.status.success() && out.contains("rank 1's checkpoint is of step 3, rank 0's of step 2"),
-            "{who}: {out}"
-        );
+    let refused = |outputs: &[std::process::Output; 2]| {
+        for (o, who) in outputs.iter().zip(["node 0", "node 1"]) {
+            let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+            let says = "rank 1's checkpoint is of step 3, rank 0's of step 2";
+            assert!(!o.status.success() && out.contains(says), "{who}: {out}");
+        }
+    };
+    refused(&outputs);
+    // The same with the stages as processes (their own group is a column of one).
+    let stages = ["--across-processes", "--pipeline-len", "2", "--set", "data.test_limit=16"];
+    for (dir, steps) in dirs.iter().zip(["2", "3"]) {
+        let rdzv = format!("127.0.0.1:{}", free_port());
+        let launch = ["launch", "--nproc-per-node", "2", "--rdzv", &rdzv, "--", "train", "--config"];
+        let (out, steps) = (format!("output.dir={}", dir.display()), format!("train.max_steps={steps}"));
+        let run = ["configs/vit-digits.toml", "--fresh", "--set", &out, "--set", &steps];
+        let (ok, out) = pipetransformer(&[&launch[..], &run, &stages].concat());
+        assert!(ok, "{out}");
     }
+    let resume = [&["--resume", "--set", "train.max_steps=4"][..], &stages].concat();
+    refused(&std::thread::scope(|s| {
+        let second = s.spawn(|| node(1, &resume));
+        [node(0, &resume), second.join().unwrap()]
+    }));
 }
 
 /// The exported weights of a run directory, by name.

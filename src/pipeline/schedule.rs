@@ -9,7 +9,8 @@
 //! `j−1` (it attends to the keys and values they left in the stage's arena) and backward after
 //! slice `j+1` (whose backward adds into the gradients of slice `j`'s keys and values). GPipe over
 //! pieces is TeraPipe's own order; 1F1B over pieces starts a piece's backward as soon as it can,
-//! so a stage holds about `max(K, slices)` pieces' activations instead of all of them.
+//! so stage `d` holds at most `K − d` micro-batches' pieces (every slice of each) instead of all
+//! of them.
 //!
 //! Stages are *virtual*: with `v` chunks per device there are `S = K·v` stages and stage `s`
 //! lives on device `s mod K` (Megatron's interleaving; `v = 1` is the plain pipeline).

@@ -372,8 +372,8 @@ pub fn checkpoint_path(config: &RunConfig) -> PathBuf {
 /// resuming must find the checkpoint (each reads its own `output.dir`).
 ///
 /// Errors: an [`Error::Config`] on `output.dir` naming the checkpoint and the two ways on
-/// (`--resume`, `--fresh`), a file where the folder goes, or no checkpoint to resume; on ranks above 0 it says rank 0
-/// refused; on the first setting that differs, naming the ranks and every setting that
+/// (`--resume`, `--fresh`), a file where the folder goes, or no checkpoint to resume; on
+/// ranks above 0 it says rank 0 refused; on the first setting that differs, naming the ranks and every setting that
 /// differs; on `output.dir`, the ranks that find no checkpoint to resume; a collective's
 /// failure.
 pub fn check_start(config: &RunConfig, resume: bool, fresh: bool, group: Option<&ProcessGroup>) -> Result<()> {
@@ -986,7 +986,9 @@ impl<D: Device> Job<D> {
         let restored = self.trainer.load_checkpoint_with(&path, plan)?;
         // Each process read its own output.dir's checkpoint: they must have read the same one.
         let step = self.trainer.position.step;
-        if let Some(group) = self.trainer.pipeline.process_group() {
+        let pipeline = &self.trainer.pipeline;
+        // Every process of the launch: stage processes' own group is their column alone.
+        if let Some(group) = pipeline.all_processes().or(pipeline.process_group()) {
             let steps = group.all_gather_u64(&[step])?;
             if let Some(r) = (1..steps.len()).find(|&r| steps[r] != steps[0]) {
                 return Err(config_error(
@@ -1124,9 +1126,7 @@ impl<D: Device> Job<D> {
                 if writes {
                     // One checkpoint and export on disk at a time: the last one is whole before
                     // this one starts (and its error, if any, ends the run here).
-                    if let Some(previous) = writing.take() {
-                        previous.wait()?;
-                    }
+                    finish(&mut writing)?;
                     let taken = Instant::now();
                     let (state, tensors) = (self.elastic.state(), self.elastic.state_tensors());
                     let snapshot = self.trainer.snapshot(state, tensors)?;
@@ -1144,26 +1144,20 @@ impl<D: Device> Job<D> {
                     })?);
                 }
                 if let Some(err) = log_failed {
-                    if let Some(last) = writing.take() {
-                        last.wait()?;
-                    }
+                    finish(&mut writing)?;
                     return Err(io_error(&metrics_path, err));
                 }
                 // Asked to stop (a signal): the step's checkpoint is on its way; end once it is
                 // whole.
                 if crate::train::stop_requested() && !self.trainer.done() {
-                    if let Some(last) = writing.take() {
-                        last.wait()?;
-                    }
+                    finish(&mut writing)?;
                     return Err(Error::Interrupted { step: self.trainer.position.step });
                 }
             }
         }
         // The loop ends with a checkpoint and export of the final weights, when it ran at all.
         let exported = writing.is_some();
-        if let Some(last) = writing.take() {
-            last.wait()?;
-        }
+        finish(&mut writing)?;
         let seconds = start.elapsed().as_secs_f64();
         if last_eval.is_none() {
             last_eval = Some(self.trainer.evaluate(self.source.as_ref())?);
@@ -1254,6 +1248,12 @@ impl Exporter {
         weights::export_values(&self.spec, values, &self.config, &extras, &self.dir)?;
         Ok(())
     }
+}
+
+/// Waits for the checkpoint and export being written, if one is: its error, if any, is the
+/// run's.
+fn finish(writing: &mut Option<files::Background>) -> Result<()> {
+    writing.take().map_or(Ok(()), files::Background::wait)
 }
 
 /// Whether `file` is non-empty and its last byte is not a newline.

@@ -271,7 +271,8 @@ fn watch(mut children: Vec<(usize, Child)>, grace: Duration) -> Result<()> {
     };
     // A process ended by a signal printed nothing of its own: say where the signal may have
     // come from.
-    let cause = match status.contains("signal") {
+    let outside = ["SIGKILL", "SIGTERM", "SIGINT", "SIGHUP"].iter().any(|s| status.contains(&format!("({s})")));
+    let cause = match outside {
         true => "a signal from outside the run: a kill, or the kernel's out-of-memory killer (`dmesg` tells)".into(),
         false => format!("see rank {rank}'s error above"),
     };

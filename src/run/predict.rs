@@ -1072,14 +1072,16 @@ mod tests {
         assert!(lines[2].contains("error:"), "{out}");
         let (_gpt_dir, gpt) = tiny_gpt_predictor("predict-table-gpt", "abc ");
         let sampling = Sampling { max_new_tokens: 3, temperature: 0.0, ..Sampling::default() };
-        let (r, out) = run(&gpt, &["ab", "ba"], &options(1, sampling, OutputFormat::Table));
-        assert_eq!(r.unwrap(), (2, 0));
-        // Each generation ends at a rule (its text may break lines): the header's, one under each.
+        let (r, out) = run(&gpt, &["ab", "z", "ba"], &options(1, sampling, OutputFormat::Table));
+        assert_eq!(r.unwrap(), (3, 1));
+        // Each generation, or prompt that failed, ends at a rule (a text may break lines): the
+        // header's, then one under each.
         let blocks: Vec<&str> = out.split(&format!("{GENERATION_RULE}\n")).collect();
-        assert_eq!(blocks.len(), 4, "{out}");
+        assert_eq!(blocks.len(), 5, "{out}");
         assert_eq!(blocks[0], "prompt, then the generated text; a rule under each\n", "{out}");
         assert!(blocks[1].starts_with("ab") && blocks[1].len() > "ab\n".len(), "{out}");
-        assert!(blocks[2].starts_with("ba") && blocks[3].is_empty(), "{out}");
+        assert!(blocks[2].starts_with("z  error:"), "{out}");
+        assert!(blocks[3].starts_with("ba") && blocks[4].is_empty(), "{out}");
         // JSON lines have no header.
         let (_, out) = run(&vit, &[&row], &options(8, Sampling::default(), OutputFormat::JsonLines));
         assert!(out.starts_with('{'), "{out}");
@@ -1179,8 +1181,8 @@ pub fn predict_stream<D: Device>(
 ) -> Result<(usize, usize)> {
     options.check(predictor)?;
     let size = options.batch_size;
+    let generates = matches!(predictor.reader, Reader::Chars { .. });
     if options.format == OutputFormat::Table {
-        let generates = matches!(predictor.reader, Reader::Chars { .. });
         write_table_header(out, generates)
             .and_then(|()| out.flush())
             .map_err(|e| Error::Io { path: "output".into(), source: e })?;
@@ -1237,7 +1239,7 @@ pub fn predict_stream<D: Device>(
             };
             total += 1;
             failed += matches!(outcome, Outcome::Failed(_)) as usize;
-            write_outcome(out, options.format, &name, &outcome)
+            write_outcome(out, options.format, generates, &name, &outcome)
                 .map_err(|e| Error::Io { path: "output".into(), source: e })?;
         }
         out.flush().map_err(|e| Error::Io { path: "output".into(), source: e })?;
@@ -1307,6 +1309,7 @@ fn write_table_header(out: &mut dyn std::io::Write, generates: bool) -> std::io:
 fn write_outcome(
     out: &mut dyn std::io::Write,
     format: OutputFormat,
+    generates: bool,
     input: &str,
     outcome: &Outcome,
 ) -> std::io::Result<()> {
@@ -1336,6 +1339,7 @@ fn write_outcome(
                     writeln!(out, "{shown:<INPUT_COLUMN$}  {:<16} {:>10.2}%{warning}", p.label, 100.0 * p.probability)
                 }
                 Outcome::Generated(text) => writeln!(out, "{input}{text}\n{GENERATION_RULE}"),
+                Outcome::Failed(e) if generates => writeln!(out, "{input}  error: {e}\n{GENERATION_RULE}"),
                 Outcome::Failed(e) => writeln!(out, "{shown:<INPUT_COLUMN$}  error: {e}"),
             }
         }

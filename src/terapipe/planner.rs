@@ -47,15 +47,13 @@
 //!
 //! **Memory.** See [`SliceSchedule`].
 //!
-//! - *1F1B over slices*: a slice is admissible only if `fixed + K·bytes(slice) ≤ limit` (at most
-//!   `K` slices resident: the sound bound, with `K` rather than `min(K, slices)` so that the cap is
-//!   per slice), and no micro-batch has more than `K` slices (the backward runs a micro-batch's
-//!   slices last-first, so a stage holds all of them at once). Both are enforced inside the DP:
-//!   the cap by leaving slices out of the tables, the count by a small Pareto DP over (time,
-//!   slices) when the free optimum has too many. Cheap and exact.
 //! - *GPipe over slices*: every slice is resident, and the bytes are
 //!   `fixed + Σ b·(L·per_token + per_score·(L² + Σ l²)/2)`, affine in `Σ b·Σ l²`, so the limit is a
-//!   budget on that integer. The DP first ignores it (its plan is kept when it fits); otherwise it
+//!   budget on that integer (sliced plans also pay the key/value arenas, `sliced_bytes`; the
+//!   unsliced plan, which keeps none, is weighed apart where micro-batches share one slicing).
+//! - *1F1B over slices*: a stage holds `K` micro-batches, every slice of each: the same budget
+//!   over the resident sequences (`min(K, M)` where `M` micro-batches share one slicing; every
+//!   sequence, a bound, where each micro-batch has its own). The DP first ignores it (its plan is kept when it fits); otherwise it
 //!   keeps, per start position, the Pareto frontier of (time, `Σ l²`) of the suffixes, pruned by a
 //!   Lagrangian bound (the budget priced at the multiplier that maximises the dual, found by
 //!   bisection with plain DPs), and combines micro-batch sizes as Pareto sums. Exact. Cost,
@@ -63,8 +61,8 @@
 //!   need and the free plan's: B = 1, L = 2048: ~0.1 s; L = 8192: 2–12 s; B = 2–4, L = 2048:
 //!   0.2–8 s. Combining many micro-batches is the part with no polynomial bound (Pareto sums of
 //!   frontiers with thousands of points); past a work limit per solve the planner retries in a
-//!   narrower range and, if a single candidate still exceeds it, returns an error naming the
-//!   1F1B schedule as the cheap alternative (B = 8, K = 8, L = 2048 does, after about a minute).
+//!   narrower range and, if a single candidate still exceeds it, returns an error (B = 8, K = 8,
+//!   L = 2048 does, after about a minute); shared slicing, what the runtime plans, has one.
 //!   The finest grid slicing needs the least memory of any plan, so when it does not fit the
 //!   error says so at once, with the bytes it needs.
 //!
@@ -73,8 +71,8 @@
 //!
 //! **Shared slicing** ([`PlannerConfig::shared`], what the pipeline runtime runs): `M`
 //! micro-batches that all take one slicing. Their step is `M·Σ t + (K − 1)·max t`, which is `M`
-//! times one sequence's objective with the lag `(K − 1)/M`, and under GPipe each copy has `1/M`
-//! of the budget on `Σ l²`: the same exact search on one sequence's tables, every `K − 1` above
+//! times one sequence's objective with the lag `(K − 1)/M`, and each resident copy (`M` under
+//! GPipe, `min(K, M)` under 1F1B) its share of the budget on `Σ l²`: the same exact search on one sequence's tables, every `K − 1` above
 //! (the bounds, the scan's `K·t` stop) read as that lag. (Under a GPipe limit
 //! the per-micro-batch optimum may trade memory between micro-batches, and the best slicing
 //! they can share is not one of its slicings.)
@@ -281,8 +279,9 @@ pub fn plan(latency: &LatencyModel, config: &PlannerConfig) -> Result<SlicingPla
     }
     config.memory.validate()?;
     let units = len / grid.step;
-    // Under a limit, the unsliced plan is weighed apart (it keeps no key/value arena), and
-    // stands alone where no sliced one fits.
+    // Under a limit, micro-batches sharing one slicing weigh the unsliced plan apart (it keeps
+    // no key/value arena), which stands alone where no sliced one fits. (Planned per
+    // micro-batch, every plan is charged the arenas: a bound.)
     let unsliced = match config.memory_limit.is_some() && config.memory.sliced_bytes > 0 {
         true => unsliced_plan(latency, config)?,
         false => None,
@@ -347,9 +346,9 @@ pub fn plan(latency: &LatencyModel, config: &PlannerConfig) -> Result<SlicingPla
         return Err(config_error(
             "terapipe.memory_limit",
             format!(
-                "exact planning under a GPipe memory limit with a batch of {batch} sequences exceeds its work \
-                 limit (combining the micro-batches' memory/time trade-offs); plan with the 1F1B schedule (a \
-                 per-slice cap, cheap), a smaller batch (terapipe.batch), or no limit"
+                "exact planning under a memory limit with a batch of {batch} sequences exceeds its work limit \
+                 (combining the micro-batches' memory/time trade-offs); plan one slicing the micro-batches \
+                 share (PlannerConfig::shared), a smaller batch (terapipe.batch), or no limit"
             ),
         ));
     }

@@ -228,9 +228,10 @@ pub fn measure_latency<D: Device>(
 /// - The larger of the units before the first layer (embeddings) and after the last (final
 ///   norm, head): their activations per token (analytic costs) and their parameters.
 /// - Fixed: the stage's parameter bytes (weights, gradients, AdamW moments: `param_bytes`;
-///   the device's packs of the weights)
-///   and the key/value arenas (keys, values and their gradients' f32 sums for the whole sequence) of
-///   the micro-batches resident at once: all `M` under GPipe, at most `min(M, K)` under 1F1B.
+///   the device's packs of the weights).
+/// - Sliced only (`sliced_bytes`): the key/value arenas (keys, values and their gradients' f32
+///   sums for the whole sequence) of the micro-batches resident at once: all `M` under GPipe,
+///   at most `min(M, K)` under 1F1B.
 pub fn measure_memory<D: Device>(
     dev: &D,
     model: &Model<D>,
