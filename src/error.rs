@@ -62,8 +62,8 @@ pub enum Error {
         /// The backend's own message.
         message: String,
     },
-    /// Training was asked to stop ([`crate::train::request_stop`]: a signal) before its end,
-    /// and the checkpoint of the step it stopped at is written.
+    /// Training was asked to stop (a signal's stop request) before its end, and the checkpoint
+    /// of the step it stopped at is written.
     #[error("interrupted at step {step}: its checkpoint is written, and `train --resume` continues from it")]
     Interrupted {
         /// The last step taken.
