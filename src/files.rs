@@ -232,9 +232,11 @@ fn through_temporary(path: &Path, write: impl FnOnce(&Path) -> std::io::Result<F
     // Same directory, so the rename cannot cross file systems; the pid keeps two concurrent
     // writers from sharing a temporary file.
     let tmp = dir.join(format!(".{name}{TEMPORARY_TAG}{}", std::process::id()));
+    // Errors name the file being written, not its temporary (`checkpoint.ckpt: No space left
+    // on device`, which the user can act on).
     let result = (|| {
-        let file = write(&tmp).map_err(|e| io_error(&tmp, e))?;
-        file.sync_all().map_err(|e| io_error(&tmp, e))?;
+        let file = write(&tmp).map_err(|e| io_error(path, e))?;
+        file.sync_all().map_err(|e| io_error(path, e))?;
         std::fs::rename(&tmp, path).map_err(|e| io_error(path, e))
     })();
     if result.is_err() {
@@ -451,6 +453,9 @@ mod tests {
         }
         // A real write leaves no temporary of its own, and its file stays.
         write_atomic(&dir.join("kept.json"), |w| w.write_all(b"{}")).unwrap();
+        // A write that fails names the file it was writing, not its temporary, and leaves none.
+        let e = write_atomic(&dir.join("failing.json"), |_| Err(std::io::Error::other("disk full"))).unwrap_err();
+        assert!(e.to_string().contains("failing.json: disk full") && !e.to_string().contains(".tmp-"), "{e}");
         let _lock = lock_folder(&dir).unwrap();
         let mut left: Vec<String> =
             std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
