@@ -11,7 +11,12 @@ use std::process::Command;
 
 fn pipetransformer(args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_pipetransformer")).args(args).output().unwrap();
-    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    (out.status.success(), output_text(&out))
+}
+
+/// A finished process's stdout, then its stderr.
+fn output_text(out: &std::process::Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
 }
 
 /// A fresh folder for one test's runs, removed when the test passes.
@@ -670,7 +675,7 @@ fn an_interrupted_run_checkpoints_and_resumes() {
     // SAFETY: a signal to the child this test started.
     assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) }, 0);
     let out = child.wait_with_output().unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let text = output_text(&out);
     assert!(!out.status.success(), "{text}");
     let step: u64 = text
         .split("interrupted at step ")
@@ -1119,12 +1124,9 @@ fn nodes_launched_with_other_settings_are_refused() {
         let second =
             s.spawn(|| node(1, &["--fresh", "--set", "train.lr=0.5", "--set", "train.seed=9", "--threads", "1"]));
         let first = node(0, &["--fresh"]);
-        let text = |o: &std::process::Output| {
-            format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-        };
         let second = second.join().unwrap();
         for (o, who) in [(&first, "node 0"), (&second, "node 1")] {
-            let out = text(o);
+            let out = output_text(o);
             assert!(!o.status.success(), "{who}: {out}");
             // (Not output.dir nor output.threads, which differ too.)
             assert!(out.contains("settings differ from rank 0's (rank 1: train.lr, train.seed)"), "{who}: {out}");
@@ -1150,7 +1152,7 @@ fn nodes_launched_with_other_settings_are_refused() {
     });
     let refused = |outputs: &[std::process::Output; 2]| {
         for (o, who) in outputs.iter().zip(["node 0", "node 1"]) {
-            let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+            let out = output_text(o);
             let says = "rank 1's checkpoint is of step 3, rank 0's of step 2";
             assert!(!o.status.success() && out.contains(says), "{who}: {out}");
         }
@@ -1813,7 +1815,7 @@ fn a_predict_table_has_a_header() {
 fn predict_and_evaluate_usage_errors_are_said_once_up_front() {
     let usage = |args: &[&str]| {
         let out = Command::new(env!("CARGO_BIN_EXE_pipetransformer")).args(args).output().unwrap();
-        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let text = output_text(&out);
         (out.status.code(), text)
     };
     for args in [

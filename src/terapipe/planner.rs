@@ -286,10 +286,9 @@ pub fn plan(latency: &LatencyModel, config: &PlannerConfig) -> Result<SlicingPla
         true => unsliced_plan(latency, config)?,
         false => None,
     };
-    let constraint = match (memory_constraint(config, grid.step, units), unsliced.clone()) {
-        (Ok(c), _) => c,
-        (Err(_), Some(whole)) => return Ok(whole),
-        (Err(e), None) => return Err(e),
+    let constraint = match memory_constraint(config, grid.step, units) {
+        Ok(c) => c,
+        Err(e) => return unsliced.ok_or(e),
     };
     // Shared: one sequence's problem. Its objective is the step over `M` copies divided by
     // `M` (`Σ t + (K − 1)/M · max t`), and each resident copy has its share of the budget.
