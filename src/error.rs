@@ -63,11 +63,11 @@ pub enum Error {
         message: String,
     },
     /// Training was asked to stop (a signal's stop request) before its end, and the checkpoint
-    /// of the step it stopped at is written.
-    #[error("interrupted at step {step}: its checkpoint is written, and `train --resume` continues from it")]
+    /// of the step it stopped at is written. The process exits with [`INTERRUPTED_EXIT_CODE`].
+    #[error("{}", interrupted_message(*.step))]
     Interrupted {
-        /// The last step taken.
-        step: u64,
+        /// The last step taken; `None` for a launcher, whose processes each name it.
+        step: Option<u64>,
     },
     /// Training diverged: the loss stopped being a finite number.
     #[error("training diverged: the loss became {loss} at step {step}; lower the learning rate")]
@@ -136,6 +136,21 @@ pub enum Error {
 
 /// `Result` with the library's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The exit status of a run that stopped on a signal's request with its checkpoint written
+/// (the shell's 128 + SIGINT), so that a launcher or a job script tells it from a failure.
+pub const INTERRUPTED_EXIT_CODE: u8 = 130;
+
+fn interrupted_message(step: Option<u64>) -> String {
+    match step {
+        Some(step) => {
+            format!("interrupted at step {step}: its checkpoint is written, and `train --resume` continues from it")
+        }
+        None => "interrupted: every process stopped after the same step with its checkpoint written (their lines say \
+                 which), and `train --resume` under the same launch continues from it"
+            .into(),
+    }
+}
 
 /// Checks that `arg` of `op` holds exactly `expected` elements.
 #[inline]

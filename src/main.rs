@@ -493,7 +493,10 @@ fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprint!("{}", error_report(&e));
-            std::process::ExitCode::FAILURE
+            match e.chain().any(|c| matches!(c.downcast_ref(), Some(pipetransformer::Error::Interrupted { .. }))) {
+                true => std::process::ExitCode::from(pipetransformer::error::INTERRUPTED_EXIT_CODE),
+                false => std::process::ExitCode::FAILURE,
+            }
         }
     }
 }
@@ -734,8 +737,8 @@ fn load_config(path: &Path, overrides: &[String]) -> Result<RunConfig> {
 
 /// Ctrl-C (SIGINT) or a scheduler's SIGTERM asks the run to stop after the step under way and
 /// write its checkpoint (`train::request_stop`); a second signal ends the process at once (the
-/// handler resets itself). Only for a run of one process: a launched run's processes would
-/// stop at steps of their own, so their launcher's signal ends them.
+/// handler resets itself). A launched run's processes agree on it, so that one asked stops
+/// them all after the same step (their launcher passes its own signals on as SIGTERM).
 fn stop_on_signals() {
     extern "C" fn on_signal(_: libc::c_int) {
         pipetransformer::train::request_stop(); // one atomic store: async-signal-safe
@@ -985,9 +988,7 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
     let mut samples = 0usize;
     let mut started_at = 0u64;
     let mut lines = ProgressLines::new(job.config.output.progress_every, total);
-    if run.process.is_none() {
-        stop_on_signals();
-    }
+    stop_on_signals();
     let summary = job.run(&mut |e| match e {
         Event::Step { step, batches, epoch, loss, lr, samples: n, bubble, .. } => {
             if bar.is_hidden() {

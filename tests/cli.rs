@@ -676,18 +676,93 @@ fn an_interrupted_run_checkpoints_and_resumes() {
     assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) }, 0);
     let out = child.wait_with_output().unwrap();
     let text = output_text(&out);
-    assert!(!out.status.success(), "{text}");
-    let step: u64 = text
-        .split("interrupted at step ")
-        .nth(1)
-        .and_then(|rest| rest.split(':').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(out.status.code(), Some(130), "{text}");
+    let step = interrupted_steps(&text)[0];
     assert!(text.contains("`train --resume` continues from it"), "{text}");
     let resume = format!("train.max_steps={}", step + 2);
     let args = ["train", "--config", "configs/vit-digits.toml", "--resume", "--set", &out_dir, "--set", &resume];
     let (ok, out) =
         pipetransformer(&[&args[..], &["--set", "data.test_limit=16", "--set", "train.epochs=1000000"]].concat());
+    let done = format!("done: {} steps (2 of them since step {step}, in", step + 2);
+    assert!(ok && out.contains(&done), "{out}");
+}
+
+/// Kills what is left of the given processes if a test fails (each still runs, or is an
+/// unreaped child, then: its pid is not yet anyone else's).
+struct Reap(Vec<u32>);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+        }
+    }
+}
+
+/// The steps named by each "interrupted at step N" in `text`, in order.
+fn interrupted_steps(text: &str) -> Vec<u64> {
+    let steps: Vec<u64> = text
+        .split("interrupted at step ")
+        .skip(1)
+        .map(|rest| rest.split(':').next().and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{text}")))
+        .collect();
+    assert!(!steps.is_empty(), "{text}");
+    steps
+}
+
+/// A signal to one process of a launched run stops them all after the same step, with the
+/// checkpoint written (each on its own would stop at a step of its own, or train on until its
+/// peer's leaving failed it); the launch ends interrupted, and resumes from that step.
+#[test]
+fn a_signal_to_one_launched_process_stops_them_all_after_one_step() {
+    use std::time::{Duration, Instant};
+    if !have_digits() {
+        return;
+    }
+    let dir = scratch("interrupted-launch");
+    let out_dir = format!("output.dir={}", dir.display());
+    let rdzv = format!("127.0.0.1:{}", free_port());
+    let launch = ["launch", "--nproc-per-node", "2", "--rdzv", &rdzv, "--", "train", "--config"];
+    let long = ["--set", "train.max_steps=100000000", "--set", "train.epochs=1000000", "--set", "data.test_limit=16"];
+    let run = ["configs/vit-digits.toml", "--fresh", "--progress-every", "0", "--set", &out_dir, "--threads", "1"];
+    let launcher = Command::new(env!("CARGO_BIN_EXE_pipetransformer"))
+        .args(launch)
+        .args(run)
+        .args(long)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // (Killed, its processes stop after a step: they take the kernel's SIGTERM as a stop.)
+    let mut reap = Reap(vec![launcher.id()]);
+    let started = Instant::now();
+    while std::fs::read_to_string(dir.join("metrics.jsonl")).map_or(0, |t| t.matches("\"step\"").count()) < 3 {
+        assert!(started.elapsed() < Duration::from_secs(120), "no steps logged");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Rank 1, found among the launcher's children by its environment, and only it.
+    let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", launcher.id())).unwrap();
+    let rank_1 = children
+        .split_whitespace()
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|e| e.split(|&b| b == 0).any(|v| v == b"RANK=1"))
+        })
+        .unwrap_or_else(|| panic!("no rank 1 among {children}"));
+    // SAFETY: a signal to a process this test's launcher started.
+    assert_eq!(unsafe { libc::kill(rank_1.parse().unwrap(), libc::SIGINT) }, 0);
+    let out = launcher.wait_with_output().unwrap();
+    reap.0.clear(); // reaped: its pid may be another's soon
+    let text = output_text(&out);
+    assert_eq!(out.status.code(), Some(130), "{text}");
+    assert!(text.contains("interrupted: every process stopped after the same step"), "{text}");
+    let steps = interrupted_steps(&text);
+    assert!(steps.len() == 2 && steps[0] == steps[1], "{text}");
+    let step = steps[0];
+    let resume = format!("train.max_steps={}", step + 2);
+    let args = ["configs/vit-digits.toml", "--resume", "--set", &out_dir, "--set", &resume, "--threads", "1"];
+    let (ok, out) = pipetransformer(
+        &[&launch[..], &args, &["--set", "data.test_limit=16", "--set", "train.epochs=1000000"]].concat(),
+    );
     let done = format!("done: {} steps (2 of them since step {step}, in", step + 2);
     assert!(ok && out.contains(&done), "{out}");
 }
@@ -1533,16 +1608,6 @@ fn kill_the_last(name: &str, mode: &[&str], world: usize) {
 #[test]
 fn killing_the_launcher_ends_its_processes() {
     use std::time::{Duration, Instant};
-    /// Kills what is left of the given processes if the test fails (each still runs, or is an
-    /// unreaped child, then: its pid is not yet anyone else's).
-    struct Reap(Vec<u32>);
-    impl Drop for Reap {
-        fn drop(&mut self) {
-            for pid in &self.0 {
-                let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
-            }
-        }
-    }
     /// A process's parent and state (`Z` for a zombie), from /proc; None once it is gone.
     fn stat(pid: u32) -> Option<(u32, char)> {
         let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -987,8 +987,8 @@ impl<D: Device> Job<D> {
         // Each process read its own output.dir's checkpoint: they must have read the same one.
         let step = self.trainer.position.step;
         let pipeline = &self.trainer.pipeline;
-        // Every process of the launch: stage processes' own group is their column alone.
-        if let Some(group) = pipeline.all_processes().or(pipeline.process_group()) {
+        // Every process of the launch (stage processes' own group is their column alone).
+        if let Some(group) = pipeline.every_process() {
             let steps = group.all_gather_u64(&[step])?;
             if let Some(r) = (1..steps.len()).find(|&r| steps[r] != steps[0]) {
                 return Err(config_error(
@@ -1149,9 +1149,9 @@ impl<D: Device> Job<D> {
                 }
                 // Asked to stop (a signal): the step's checkpoint is on its way; end once it is
                 // whole.
-                if crate::train::stop_requested() && !self.trainer.done() {
+                if self.trainer.stopping() && !self.trainer.done() {
                     finish(&mut writing)?;
-                    return Err(Error::Interrupted { step: self.trainer.position.step });
+                    return Err(Error::Interrupted { step: Some(self.trainer.position.step) });
                 }
             }
         }

@@ -10,13 +10,19 @@
 //! step's watchdog aborts it, at the group's timeout.) A launcher that is killed takes its
 //! children with it: the kernel sends each SIGTERM when the launcher ends. The children's
 //! output passes through the launcher, each line led by its process's rank (`[rank 1] …`).
+//!
+//! A signal to the launcher (Ctrl-C, a scheduler's SIGTERM) is passed on to every process as
+//! SIGTERM, a request to stop: the processes agree on it and end after the same step with
+//! their checkpoint written, each exiting with [`INTERRUPTED_EXIT_CODE`], and the launch ends
+//! with [`Error::Interrupted`]. A second signal kills them at once.
 
 use crate::comm::process_group::{COLLECTIVE_TIMEOUT, ProcessGroup};
 use crate::comm::rendezvous::{MAX_GROUP, Secret};
-use crate::error::{Error, Result, config_error};
+use crate::error::{Error, INTERRUPTED_EXIT_CODE, Result, config_error};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -172,12 +178,20 @@ pub fn launch(options: &LaunchOptions, program: &std::path::Path, args: &[String
                 children.push((rank, c));
             }
             Err(e) => {
+                let started = match children.len() {
+                    0 => String::new(),
+                    n => format!("; the {n} started before it were stopped"),
+                };
                 stop(&mut children);
-                return Err(crate::files::io_error(program, e));
+                return Err(Error::Device {
+                    what: format!("launch: rank {rank}"),
+                    message: format!("cannot start {}: {e}{started}", program.display()),
+                });
             }
         }
     }
-    let watched = watch(children, options.grace);
+    pass_signals_on();
+    let watched = watch(children, options.grace, &|| SIGNALS.load(Ordering::Relaxed));
     // Every child has ended, so its pipes are at their end: the last lines go out before the
     // launcher's own verdict. (Unless a process the child started holds them open: that
     // one's lines are not waited for beyond a second.)
@@ -236,13 +250,63 @@ fn die_with_parent(launcher: u32) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Signals the launcher has taken (SIGINT, SIGTERM, SIGHUP), counted by its handler.
+static SIGNALS: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts the launcher's signals in [`SIGNALS`] instead of letting them end it: [`watch`]
+/// passes them on to the children.
+fn pass_signals_on() {
+    extern "C" fn on_signal(_: libc::c_int) {
+        SIGNALS.fetch_add(1, Ordering::Relaxed); // one atomic add: async-signal-safe
+    }
+    // SAFETY: a zeroed sigaction is valid; the handler only adds to an atomic.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        action.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut action.sa_mask);
+        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaction(signal, &action, std::ptr::null_mut());
+        }
+    }
+}
+
 /// Waits for every child; after the first failure, gives the rest `grace` to end, then
-/// kills them.
-fn watch(mut children: Vec<(usize, Child)>, grace: Duration) -> Result<()> {
+/// kills them. `signals` counts the signals the launcher has taken: at the first, each child
+/// is sent SIGTERM (a request to stop after its step); at the second, each is killed. A child
+/// that ends with [`INTERRUPTED_EXIT_CODE`] stopped on such a request, and so, once the
+/// launcher has passed one on, does a child that SIGINT or SIGTERM ended (before it trained).
+fn watch(mut children: Vec<(usize, Child)>, grace: Duration, signals: &dyn Fn() -> usize) -> Result<()> {
     let mut failure: Option<(usize, String, Instant)> = None;
     // Those still running `grace` after the failure, killed then.
     let mut killed = Vec::new();
+    // Signals passed on so far, and the ranks that stopped on a request.
+    let (mut passed_on, mut interrupted) = (0, Vec::new());
     while !children.is_empty() {
+        let taken = signals();
+        if taken > passed_on {
+            if passed_on == 0 {
+                eprintln!(
+                    "launch: stopping: every rank ends after the step under way with its checkpoint written (a second \
+                     signal ends them at once)"
+                );
+                for (_, child) in &children {
+                    // SAFETY: a signal to a child this launcher started and has not reaped.
+                    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+                }
+            }
+            if taken >= 2 {
+                let ranks: Vec<usize> = children.iter().map(|(rank, _)| *rank).collect();
+                stop(&mut children);
+                return Err(Error::Device {
+                    what: "launch".into(),
+                    message: format!(
+                        "a second signal: ranks {ranks:?} were killed (each keeps the last checkpoint it wrote)"
+                    ),
+                });
+            }
+            passed_on = taken;
+        }
         let mut ended = Vec::new();
         children.retain_mut(|(rank, child)| match child.try_wait() {
             Ok(None) => true,
@@ -254,6 +318,16 @@ fn watch(mut children: Vec<(usize, Child)>, grace: Duration) -> Result<()> {
                 ended.push((*rank, Err(format!("cannot be watched: {e}"))));
                 false
             }
+        });
+        ended.retain(|(rank, status)| {
+            let stopped = status.as_ref().is_ok_and(|s| {
+                s.code() == Some(i32::from(INTERRUPTED_EXIT_CODE))
+                    || (passed_on > 0 && matches!(s.signal(), Some(libc::SIGINT | libc::SIGTERM)))
+            });
+            if stopped {
+                interrupted.push(*rank);
+            }
+            !stopped
         });
         if failure.is_none() {
             failure = first_failure(&ended).map(|(rank, why)| (rank, why, Instant::now()));
@@ -267,7 +341,10 @@ fn watch(mut children: Vec<(usize, Child)>, grace: Duration) -> Result<()> {
         std::thread::sleep(Duration::from_millis(50));
     }
     let Some((rank, status, _)) = failure else {
-        return Ok(());
+        return match interrupted.is_empty() {
+            true => Ok(()),
+            false => Err(Error::Interrupted { step: None }),
+        };
     };
     // A process ended by a signal printed nothing of its own: say where the signal may have
     // come from.
@@ -606,5 +683,43 @@ mod tests {
         assert!(
             launch(&opts, std::path::Path::new("/bin/sh"), &["-c".into(), "test -n \"$PT_RDZV_TOKEN\"".into()]).is_ok()
         );
+        // A program that cannot start is named with its rank.
+        let e = launch(&opts, std::path::Path::new("/nonexistent/pipetransformer"), &[]).unwrap_err().to_string();
+        assert!(e.contains("launch: rank 0") && e.contains("cannot start /nonexistent/pipetransformer"), "{e}");
+    }
+
+    /// Children of the shell scripts given, ranked in order.
+    fn shells(scripts: &[&str]) -> Vec<(usize, Child)> {
+        let spawn = |s: &&str| Command::new("/bin/sh").args(["-c", s]).spawn().unwrap();
+        scripts.iter().map(spawn).enumerate().collect()
+    }
+
+    /// The launcher's first signal reaches every child as SIGTERM; children that stop on it
+    /// (exit 130, or end by the signal before they could take it) make the launch
+    /// interrupted, not failed; a second signal kills those that go on.
+    #[test]
+    fn the_launchers_signals_stop_its_children() {
+        let signals_after = |at: Instant, first: f64, second: f64| {
+            move || [first, second].iter().filter(|&&t| at.elapsed().as_secs_f64() > t).count()
+        };
+        // Rank 0 stops on the request (exits 130), rank 1 is ended by it.
+        let stops = "trap 'kill $!; exit 130' TERM; sleep 60 & wait";
+        let started = Instant::now();
+        let e = watch(shells(&[stops, "sleep 60"]), GRACE, &signals_after(started, 0.2, 1e9)).unwrap_err();
+        assert!(matches!(e, Error::Interrupted { step: None }), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
+        // Without a signal to the launcher, a child's 130 is still a stop, not a failure.
+        let e = watch(shells(&["exit 130", "exit 0"]), GRACE, &|| 0).unwrap_err();
+        assert!(matches!(e, Error::Interrupted { step: None }), "{e}");
+        // A child that fails on the request is a failure, named.
+        let fails = "trap 'kill $!; exit 3' TERM; sleep 60 & wait";
+        let e = watch(shells(&[stops, fails]), GRACE, &signals_after(Instant::now(), 0.2, 1e9)).unwrap_err();
+        assert!(e.to_string().contains("launch: rank 1: exit status: 3"), "{e}");
+        // One that takes no notice is killed at the second signal.
+        let deaf = "trap '' TERM; exec sleep 60";
+        let started = Instant::now();
+        let e = watch(shells(&[deaf]), GRACE, &signals_after(started, 0.1, 0.4)).unwrap_err().to_string();
+        assert!(e.contains("a second signal: ranks [0] were killed"), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
     }
 }

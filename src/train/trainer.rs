@@ -100,6 +100,9 @@ pub struct Trainer<D: Device> {
     batches_per_epoch: usize,
     /// Samples and seconds of this epoch's steps in this process (for its throughput).
     epoch_work: (usize, f64),
+    /// Whether [`fit`](Self::fit) ended on a [stop request](super::request_stop) that every
+    /// process of the run agreed on.
+    stopping: bool,
 }
 
 /// A checkpoint's contents taken from the pipeline between two steps ([`Trainer::snapshot`]):
@@ -160,6 +163,7 @@ impl<D: Device> Trainer<D> {
             batch_size: None,
             batches_per_epoch,
             epoch_work: (0, 0.0),
+            stopping: false,
         })
     }
 
@@ -176,6 +180,29 @@ impl<D: Device> Trainer<D> {
     /// Whether the run has taken all its batches.
     pub fn done(&self) -> bool {
         self.batches_done() >= self.lr_schedule.total_steps
+    }
+
+    /// Whether the last [`fit`](Self::fit) ended on a [stop request](super::request_stop): the
+    /// run should write its checkpoint and end.
+    pub fn stopping(&self) -> bool {
+        self.stopping
+    }
+
+    /// Whether to stop before the next step: asked in this process or, in a launched run, in
+    /// any of its processes. The processes of a launch agree on it before every step (one
+    /// collective of one value), so that they stop after the same step, where their
+    /// checkpoint is one whole state; each on its own would stop at a step of its own.
+    fn stop_agreed(&mut self) -> Result<bool> {
+        let asked = super::stop_requested();
+        self.stopping = match self.pipeline.every_process() {
+            Some(group) => {
+                let mut votes = [f64::from(u8::from(asked))];
+                group.all_reduce_sum_f64(&mut votes)?;
+                votes[0] > 0.0
+            }
+            None => asked,
+        };
+        Ok(self.stopping)
     }
 
     /// The units' profiles for a micro-batch of `samples`, with frozen units charged their
@@ -219,7 +246,9 @@ impl<D: Device> Trainer<D> {
             });
         }
         let mut taken = 0;
-        while !self.done() && stop_after.is_none_or(|n| taken < n) && !super::stop_requested() {
+        // (The same count of agreements in every process: `done` and `taken` are the same in
+        // each.)
+        while !self.done() && stop_after.is_none_or(|n| taken < n) && !self.stop_agreed()? {
             let started = Instant::now();
             let Position { step, epoch, batch: index } = self.position;
             let left = (self.lr_schedule.total_steps - self.batches_done()) as usize;

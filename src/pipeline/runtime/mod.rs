@@ -417,6 +417,12 @@ impl<D: Device> Pipeline<D> {
         self.stage_processes.as_ref().map(|p| &*p.all)
     }
 
+    /// Every process of a launched run, however its processes divide the work (stages,
+    /// replicas or both); `None` for a run of one process.
+    pub fn every_process(&self) -> Option<&ProcessGroup> {
+        self.all_processes().or(self.process_group())
+    }
+
     /// Hangs up every link to another process (the stages' and the replicas'), so that none
     /// waits for this one: its peers fail at once, naming it.
     pub fn hang_up_processes(&self) {
