@@ -712,59 +712,66 @@ fn interrupted_steps(text: &str) -> Vec<u64> {
 
 /// A signal to one process of a launched run stops them all after the same step, with the
 /// checkpoint written (each on its own would stop at a step of its own, or train on until its
-/// peer's leaving failed it); the launch ends interrupted, and resumes from that step.
+/// peer's leaving failed it); the launch ends interrupted, and resumes from that step. Both
+/// ways of dividing the work: replicas, and a grid of two pipelines of two stage processes
+/// (the stop asked by the last stage of the second, whose vote crosses its column and rows).
 #[test]
 fn a_signal_to_one_launched_process_stops_them_all_after_one_step() {
     use std::time::{Duration, Instant};
     if !have_digits() {
         return;
     }
-    let dir = scratch("interrupted-launch");
-    let out_dir = format!("output.dir={}", dir.display());
-    let rdzv = format!("127.0.0.1:{}", free_port());
-    let launch = ["launch", "--nproc-per-node", "2", "--rdzv", &rdzv, "--", "train", "--config"];
-    let long = ["--set", "train.max_steps=100000000", "--set", "train.epochs=1000000", "--set", "data.test_limit=16"];
-    let run = ["configs/vit-digits.toml", "--fresh", "--progress-every", "0", "--set", &out_dir, "--threads", "1"];
-    let launcher = Command::new(env!("CARGO_BIN_EXE_pipetransformer"))
-        .args(launch)
-        .args(run)
-        .args(long)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    // (Killed, its processes stop after a step: they take the kernel's SIGTERM as a stop.)
-    let mut reap = Reap(vec![launcher.id()]);
-    let started = Instant::now();
-    while std::fs::read_to_string(dir.join("metrics.jsonl")).map_or(0, |t| t.matches("\"step\"").count()) < 3 {
-        assert!(started.elapsed() < Duration::from_secs(120), "no steps logged");
-        std::thread::sleep(Duration::from_millis(20));
+    let grid = ["--across-processes", "--pipeline-len", "2"];
+    for (processes, layout) in [(2, &[][..]), (4, &grid[..])] {
+        let dir = scratch("interrupted-launch");
+        let out_dir = format!("output.dir={}", dir.display());
+        let (rdzv, n) = (format!("127.0.0.1:{}", free_port()), processes.to_string());
+        let launch = ["launch", "--nproc-per-node", &n, "--rdzv", &rdzv, "--", "train", "--config"];
+        let small = ["--set", "data.test_limit=16", "--set", "train.epochs=1000000", "--threads", "1"];
+        let run = ["configs/vit-digits.toml", "--fresh", "--progress-every", "0", "--set", &out_dir];
+        let launcher = Command::new(env!("CARGO_BIN_EXE_pipetransformer"))
+            .args(launch)
+            .args(run)
+            .args(small)
+            .args(layout)
+            .args(["--set", "train.max_steps=100000000"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // (Killed, its processes stop after a step: they take the kernel's SIGTERM as a stop.)
+        let mut reap = Reap(vec![launcher.id()]);
+        let started = Instant::now();
+        while std::fs::read_to_string(dir.join("metrics.jsonl")).map_or(0, |t| t.matches("\"step\"").count()) < 3 {
+            assert!(started.elapsed() < Duration::from_secs(120), "no steps logged");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The last rank, found among the launcher's children by its environment, and only it.
+        let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", launcher.id())).unwrap();
+        let rank = format!("RANK={}", processes - 1);
+        let last = children
+            .split_whitespace()
+            .find(|pid| {
+                let environ = std::fs::read(format!("/proc/{pid}/environ"));
+                environ.is_ok_and(|e| e.split(|&b| b == 0).any(|v| v == rank.as_bytes()))
+            })
+            .unwrap_or_else(|| panic!("no {rank} among {children}"));
+        // SAFETY: a signal to a process this test's launcher started.
+        assert_eq!(unsafe { libc::kill(last.parse().unwrap(), libc::SIGINT) }, 0);
+        let out = launcher.wait_with_output().unwrap();
+        reap.0.clear(); // reaped: its pid may be another's soon
+        let text = output_text(&out);
+        assert_eq!(out.status.code(), Some(130), "{text}");
+        assert!(text.contains("interrupted: every process stopped after the same step"), "{text}");
+        let steps = interrupted_steps(&text);
+        assert!(steps.len() == processes && steps.iter().all(|&s| s == steps[0]), "{text}");
+        let step = steps[0];
+        let resume = format!("train.max_steps={}", step + 2);
+        let args = ["configs/vit-digits.toml", "--resume", "--set", &out_dir, "--set", &resume];
+        let (ok, out) = pipetransformer(&[&launch[..], &args, &small, layout].concat());
+        let done = format!("done: {} steps (2 of them since step {step}, in", step + 2);
+        assert!(ok && out.contains(&done), "{out}");
     }
-    // Rank 1, found among the launcher's children by its environment, and only it.
-    let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", launcher.id())).unwrap();
-    let rank_1 = children
-        .split_whitespace()
-        .find(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|e| e.split(|&b| b == 0).any(|v| v == b"RANK=1"))
-        })
-        .unwrap_or_else(|| panic!("no rank 1 among {children}"));
-    // SAFETY: a signal to a process this test's launcher started.
-    assert_eq!(unsafe { libc::kill(rank_1.parse().unwrap(), libc::SIGINT) }, 0);
-    let out = launcher.wait_with_output().unwrap();
-    reap.0.clear(); // reaped: its pid may be another's soon
-    let text = output_text(&out);
-    assert_eq!(out.status.code(), Some(130), "{text}");
-    assert!(text.contains("interrupted: every process stopped after the same step"), "{text}");
-    let steps = interrupted_steps(&text);
-    assert!(steps.len() == 2 && steps[0] == steps[1], "{text}");
-    let step = steps[0];
-    let resume = format!("train.max_steps={}", step + 2);
-    let args = ["configs/vit-digits.toml", "--resume", "--set", &out_dir, "--set", &resume, "--threads", "1"];
-    let (ok, out) = pipetransformer(
-        &[&launch[..], &args, &["--set", "data.test_limit=16", "--set", "train.epochs=1000000"]].concat(),
-    );
-    let done = format!("done: {} steps (2 of them since step {step}, in", step + 2);
-    assert!(ok && out.contains(&done), "{out}");
 }
 
 /// A model that does not fit the dataset (its images, its classes) is refused by its settings

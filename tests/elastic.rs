@@ -302,7 +302,13 @@ fn transitions_with_the_cache_follow_a_run_frozen_by_hand_on_emulated_cuda() {
 fn an_advanced_cache_entry_equals_a_fresh_forward() {
     let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
     let batch = data.train_batch(0, 0).unwrap();
-    let options = StepOptions { dropout_seed: 9, lr: 1e-2, max_grad_norm: Some(1.0), capture_frozen_output: true };
+    let options = StepOptions {
+        dropout_seed: 9,
+        lr: 1e-2,
+        max_grad_norm: Some(1.0),
+        capture_frozen_output: true,
+        stop_requested: false,
+    };
     let trainer = |frozen: usize| {
         let mut t = common::trainer_on(&bert(), 3, cpus(1), PipelineConfig::default(), train_config(), 3);
         t.pipeline.freeze_prefix(frozen).unwrap();
@@ -788,6 +794,7 @@ fn skipped_steps_do_not_feed_the_freeze_rule_and_it_resumes_only_under_its_own()
         unit_grad_sq: vec![sq; 7],
         frozen_output: None,
         trace: Default::default(),
+        stop_requested: false,
         peak_activations: Vec::new(),
         pooled: false,
     };

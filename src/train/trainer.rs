@@ -182,27 +182,10 @@ impl<D: Device> Trainer<D> {
         self.batches_done() >= self.lr_schedule.total_steps
     }
 
-    /// Whether the last [`fit`](Self::fit) ended on a [stop request](super::request_stop): the
-    /// run should write its checkpoint and end.
+    /// Whether the last [`fit`](Self::fit) ended on a [stop request](super::request_stop) (the
+    /// run's processes agree on it): the run should write its checkpoint and end.
     pub fn stopping(&self) -> bool {
         self.stopping
-    }
-
-    /// Whether to stop before the next step: asked in this process or, in a launched run, in
-    /// any of its processes. The processes of a launch agree on it before every step (one
-    /// collective of one value), so that they stop after the same step, where their
-    /// checkpoint is one whole state; each on its own would stop at a step of its own.
-    fn stop_agreed(&mut self) -> Result<bool> {
-        let asked = super::stop_requested();
-        self.stopping = match self.pipeline.every_process() {
-            Some(group) => {
-                let mut votes = [f64::from(u8::from(asked))];
-                group.all_reduce_sum_f64(&mut votes)?;
-                votes[0] > 0.0
-            }
-            None => asked,
-        };
-        Ok(self.stopping)
     }
 
     /// The units' profiles for a micro-batch of `samples`, with frozen units charged their
@@ -246,9 +229,8 @@ impl<D: Device> Trainer<D> {
             });
         }
         let mut taken = 0;
-        // (The same count of agreements in every process: `done` and `taken` are the same in
-        // each.)
-        while !self.done() && stop_after.is_none_or(|n| taken < n) && !self.stop_agreed()? {
+        self.stopping = false;
+        while !self.done() && stop_after.is_none_or(|n| taken < n) && !self.stopping {
             let started = Instant::now();
             let Position { step, epoch, batch: index } = self.position;
             let left = (self.lr_schedule.total_steps - self.batches_done()) as usize;
@@ -264,11 +246,16 @@ impl<D: Device> Trainer<D> {
                 lr,
                 max_grad_norm: self.config.clip(),
                 capture_frozen_output: capture,
+                stop_requested: super::stop_requested(),
             };
             let report = self.pipeline.step_with(&host, &options)?;
             if !report.loss.is_finite() {
                 return Err(Error::Diverged { step, loss: report.loss });
             }
+            // Asked in this process or, in a launched run, in any: every process learns it
+            // from the step's own sums, so all stop after this same step (each on its own
+            // would stop at a step of its own, and its checkpoint would not be one state).
+            self.stopping = report.stop_requested;
             if let Some(t) = &mut self.trace {
                 t.push(step, &report.trace);
             }

@@ -59,6 +59,9 @@ pub struct PipelineStep {
     pub frozen_output: Option<Hidden>,
     /// When each action ran.
     pub trace: StepTrace,
+    /// Whether any process of the run asked to stop after this step (with one process, its
+    /// own [`StepOptions::stop_requested`]), agreed in the step's own sums.
+    pub stop_requested: bool,
     /// Per device (replica-major), the most activation elements it held at once for the
     /// backward: saved activations of the pieces in flight plus TeraPipe's key/value arenas,
     /// and under zero bubble the inputs and output gradients of put-off weight gradients.
@@ -79,6 +82,9 @@ pub struct StepOptions {
     pub max_grad_norm: Option<f64>,
     /// Return the frozen prefix's output ([`PipelineStep::frozen_output`]).
     pub capture_frozen_output: bool,
+    /// This process asks the run to stop after this step: its vote rides on the step's loss
+    /// sum across processes, so every process learns the outcome at no extra collective.
+    pub stop_requested: bool,
 }
 
 /// The loss and logits of one evaluation batch.
@@ -777,7 +783,10 @@ impl<D: Device> Pipeline<D> {
         lr: f64,
         max_grad_norm: Option<f64>,
     ) -> Result<PipelineStep> {
-        self.step_with(host, &StepOptions { dropout_seed, lr, max_grad_norm, capture_frozen_output: false })
+        self.step_with(
+            host,
+            &StepOptions { dropout_seed, lr, max_grad_norm, capture_frozen_output: false, stop_requested: false },
+        )
     }
 
     /// [`step`](Self::step) with every option. A batch that carries [`Hidden`] states starts at
@@ -1026,10 +1035,13 @@ impl<D: Device> Pipeline<D> {
         }
         let mut trace = StepTrace { per_device, makespan: 0.0 };
 
+        // Stop votes are summed with the loss: over the replicas' processes, then over the
+        // stages', so every process of a grid counts every vote.
+        let mut stop_votes = f64::from(u8::from(options.stop_requested));
         if let Some(group) = self.process_group.clone() {
-            let mut sum = [loss_sum];
+            let mut sum = [loss_sum, stop_votes];
             group.all_reduce_sum_f64(&mut sum)?;
-            loss_sum = sum[0];
+            (loss_sum, stop_votes) = (sum[0], sum[1]);
             if !workers_sum_processes && !spanning {
                 self.all_reduce_across_processes(&group)?;
             }
@@ -1042,10 +1054,10 @@ impl<D: Device> Pipeline<D> {
         }
         if let Some(p) = &self.stage_processes {
             // Each process holds its stage's loss and norms (zeros elsewhere): add them up.
-            let mut sums: Vec<f64> = std::iter::once(loss_sum).chain(unit_grad_sq.iter().copied()).collect();
+            let mut sums: Vec<f64> = [loss_sum, stop_votes].into_iter().chain(unit_grad_sq.iter().copied()).collect();
             p.group.all_reduce_sum_f64(&mut sums)?;
-            loss_sum = sums[0];
-            unit_grad_sq = sums.split_off(1);
+            (loss_sum, stop_votes) = (sums[0], sums[1]);
+            unit_grad_sq = sums.split_off(2);
         }
         let grad_norm = unit_grad_sq.iter().sum::<f64>().sqrt();
         let coef = match options.max_grad_norm {
@@ -1066,6 +1078,7 @@ impl<D: Device> Pipeline<D> {
             unit_grad_sq,
             frozen_output,
             trace,
+            stop_requested: stop_votes > 0.0,
             peak_activations,
             pooled: pooled_step,
         })
