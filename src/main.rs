@@ -897,9 +897,20 @@ fn plan(config: RunConfig) -> Result<()> {
         println!("{line}");
     }
     if let Some(slicing) = &job.slicing {
-        println!("token slices (planned from this machine's layer latency): {slicing}");
+        print!("{}", planned_slicing(slicing));
     }
     Ok(())
+}
+
+/// What `auto` planned, and how to keep it: the latencies it rests on are measured afresh by
+/// every run, and a plan near others in time can give way to one of them.
+fn planned_slicing(slicing: &pipetransformer::terapipe::SlicingPlan) -> String {
+    let mut out = format!("token slices (planned from this machine's layer latency): {slicing}\n");
+    if let Some(lengths) = slicing.micro_batches.first().map(|m| &m.slices).filter(|l| l.len() > 1) {
+        let list = lengths.iter().map(usize::to_string).collect::<Vec<_>>();
+        out += &format!("  (--token-slices {} keeps this slicing in later runs)\n", list.join(","));
+    }
+    out
 }
 
 fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Result<()> {
@@ -951,7 +962,7 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
     }
     println!("communicator: {}", job.communicator);
     if let Some(slicing) = &job.slicing {
-        println!("token slices (planned from this machine's layer latency): {slicing}");
+        print!("{}", planned_slicing(slicing));
     }
     if run.trace.is_some() {
         job.trainer.trace = Some(Default::default());

@@ -99,6 +99,25 @@ fn a_closed_pipe_ends_a_report_quietly() {
     assert!(!err.contains("panicked"), "{err}");
 }
 
+/// `--token-slices auto` says what it planned and how to keep it: the lengths it names, given
+/// back, are taken and run the same schedule.
+#[test]
+fn an_auto_slicing_says_how_to_keep_it() {
+    if !common::installed(&[Path::new("data/text/hamlet.txt")]) {
+        return;
+    }
+    let plan = ["plan", "--config", "configs/gpt-hamlet.toml", "--devices", "2", "--micro-batches", "2"];
+    let (ok, auto) = pipetransformer(&[&plan[..], &["--token-slices", "auto"]].concat());
+    assert!(ok && auto.contains("token slices (planned from this machine's layer latency)"), "{auto}");
+    let schedule = |out: &str| out.lines().filter(|l| l.starts_with("device ")).map(str::to_owned).collect::<Vec<_>>();
+    let Some(kept) = auto.split("(--token-slices ").nth(1).and_then(|rest| rest.split(' ').next()) else {
+        assert!(auto.contains("unsliced"), "a sliced plan names its lengths: {auto}");
+        return;
+    };
+    let (ok, pinned) = pipetransformer(&[&plan[..], &["--token-slices", kept]].concat());
+    assert!(ok && schedule(&pinned) == schedule(&auto) && !schedule(&auto).is_empty(), "{auto}\n{pinned}");
+}
+
 /// `evaluate --threads` is the config's `output.threads`: the count warned about is the one
 /// used, not a config's value the flag replaces.
 #[test]

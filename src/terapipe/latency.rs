@@ -223,7 +223,13 @@ impl LatencyModel {
                 ),
             ));
         }
-        let t0: Vec<f64> = sum.iter().zip(&count).map(|(s, &n)| s / n as f64).collect();
+        // Each batch's row of the table, made non-decreasing in length (a slice of more
+        // tokens never takes less time; a dip in measured times is noise the planner would
+        // otherwise seize, and the plan would change from one measurement to the next).
+        let means: Vec<f64> = sum.iter().zip(&count).map(|(s, &n)| s / n as f64).collect();
+        let weights: Vec<f64> = count.iter().map(|&n| n as f64).collect();
+        let t0: Vec<f64> =
+            means.chunks(units).zip(weights.chunks(units)).flat_map(|(row, w)| non_decreasing(row, w)).collect();
         let (x, y): (Vec<[f64; 4]>, Vec<f64>) = compute
             .iter()
             .filter(|s| s.context > 0)
@@ -321,6 +327,26 @@ impl LatencyModel {
 /// Least squares by the normal equations. Columns are scaled to unit largest magnitude first
 /// (features span 1 to ~1e10 tokens², and unscaled normal equations would square that range);
 /// `None` when there are fewer points than features or the scaled Gram matrix is singular.
+/// The non-decreasing sequence nearest `values` in least squares weighted by `weights`
+/// (pool adjacent violators: a run that falls is replaced by its weighted mean, repeatedly).
+/// Values already non-decreasing come back unchanged.
+fn non_decreasing(values: &[f64], weights: &[f64]) -> Vec<f64> {
+    // Pooled blocks: (mean, weight, members).
+    let mut blocks: Vec<(f64, f64, usize)> = Vec::with_capacity(values.len());
+    for (&v, &w) in values.iter().zip(weights) {
+        let mut block = (v, w, 1);
+        while let Some(&(mean, weight, n)) = blocks.last()
+            && mean > block.0
+        {
+            blocks.pop();
+            let pooled = weight + block.1;
+            block = ((mean * weight + block.0 * block.1) / pooled, pooled, n + block.2);
+        }
+        blocks.push(block);
+    }
+    blocks.into_iter().flat_map(|(mean, _, n)| std::iter::repeat_n(mean, n)).collect()
+}
+
 fn least_squares<const P: usize>(x: &[[f64; P]], y: &[f64]) -> Option<[f64; P]> {
     if x.len() < P {
         return None;
@@ -428,6 +454,32 @@ mod tests {
         let noisy = LatencyModel::from_samples(GRID, &samples(coefs, 1e-7), CommModel::NONE).unwrap();
         let r2 = noisy.r_squared().unwrap();
         assert!(r2 < 1.0 && r2 > 0.99, "R² {r2}");
+    }
+
+    /// A measured table that dips is pooled into its nearest non-decreasing one (a dip is
+    /// noise: more tokens never take less time), and one that does not dip is kept as it is.
+    #[test]
+    fn the_no_context_table_never_falls_with_length() {
+        assert_eq!(non_decreasing(&[1.0, 3.0, 2.0, 4.0], &[1.0; 4]), [1.0, 2.5, 2.5, 4.0]);
+        assert_eq!(non_decreasing(&[5.0, 1.0, 1.0, 9.0], &[1.0, 1.0, 2.0, 1.0]), [2.0, 2.0, 2.0, 9.0]);
+        let rising = [0.5, 0.5, 0.7, 2.0];
+        assert_eq!(non_decreasing(&rising, &[1.0; 4]), rising);
+        // Through the model: batch 2's 24-token time measured below its 16-token one.
+        let coefs = [2e-5, 3e-7, 5e-8, 1e-9];
+        let mut s = samples(coefs, 0.0);
+        let at = |s: &[Sample], len| s.iter().position(|x| (x.batch, x.len, x.context) == (2, len, 0)).unwrap();
+        let (t16, t24) = (s[at(&s, 16)].seconds, s[at(&s, 24)].seconds);
+        let dip = at(&s, 24);
+        s[dip].seconds = t16 - 4e-6;
+        let model = LatencyModel::from_samples(GRID, &s, CommModel::NONE).unwrap();
+        let pooled = (t16 + t16 - 4e-6) / 2.0;
+        for len in [16, 24] {
+            assert!((model.slice_time(2, len, 0).unwrap() - pooled).abs() < 1e-15, "{len}");
+        }
+        // Other rows and lengths as measured.
+        assert_eq!(model.slice_time(2, 32, 0).unwrap(), s[at(&s, 32)].seconds);
+        assert_eq!(model.slice_time(1, 24, 0).unwrap(), 1e-3 + 24e-6);
+        assert!(t24 > t16);
     }
 
     #[test]

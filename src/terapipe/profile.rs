@@ -8,7 +8,7 @@
 
 use super::latency::{CommModel, LatencyGrid, LatencyModel, Sample};
 use super::memory::{MemoryModel, SliceSchedule};
-use super::planner::{PlannerConfig, SlicingPlan, plan};
+use super::planner::{MicroBatchSlicing, PlannerConfig, SlicingPlan, peak_memory_bytes, plan};
 use crate::device::Device;
 use crate::error::{Error, Result, config_error};
 use crate::model::{Batch, HostBatch, KvArena, Model, Saved, Unit};
@@ -17,8 +17,13 @@ use crate::pipeline::{PipelineConfig, ScheduleKind};
 use crate::rng::Rng;
 use std::time::Instant;
 
-/// Timed runs per point (the median is kept).
-const REPEATS: usize = 3;
+/// Timed rounds over every point (after a warm-up round). Each point keeps its least time:
+/// what else runs on the machine only ever adds time. The rounds go over all the points in
+/// turn rather than repeating one point at a time, so that a slow stretch of the machine,
+/// which lasts longer than a point's few runs, costs each point one round at most (five runs
+/// of one point in a row, or a median of three, left tables that dipped and rose by 50 % over
+/// neighbouring lengths, and the planner's choice changed from run to run).
+const ROUNDS: usize = 5;
 
 /// The token grid for sequences of `seq` tokens: the smallest step dividing `seq` that leaves
 /// at most 32 grid units (the planner's work grows as the fourth power of the units).
@@ -90,63 +95,78 @@ impl<D: Device> LayerProbe<D> {
         Ok(arena)
     }
 
-    /// The slice's forward through the layer: its output and what each unit saved.
-    fn forward(&self, dev: &D, model: &Model<D>, arena: &mut KvArena<D>) -> Result<(D::Buf, Saved<D>, Saved<D>)> {
+    /// The slice's forward through the layer from its input `x`: its output and what each
+    /// unit saved.
+    fn forward(
+        &self,
+        dev: &D,
+        model: &Model<D>,
+        x: D::Buf,
+        arena: &mut KvArena<D>,
+    ) -> Result<(D::Buf, Saved<D>, Saved<D>)> {
         let units = model.units();
-        let x = dev.upload_activations(&self.input)?;
         let (y, attention) = units[self.attention].forward(dev, &self.slice, Some(x), true, Some(arena))?;
         let (out, mlp) = units[self.attention + 1].forward(dev, &self.slice, Some(y), true, None)?;
         Ok((out, attention, mlp))
     }
 
-    /// Seconds of the slice's forward and backward (median of [`REPEATS`], after a warm-up).
+    /// Seconds of one run of the slice's forward and backward, its input and output gradient
+    /// already on the device (the pipeline's transfers are timed apart, [`transfer_seconds`]).
     fn seconds(&self, dev: &D, model: &mut Model<D>) -> Result<f64> {
-        let mut times = Vec::with_capacity(REPEATS);
-        for _ in 0..=REPEATS {
-            let mut arena = self.arena(dev, model)?;
-            let dy = dev.upload_activations(&self.input)?;
-            dev.synchronize()?;
-            let start = Instant::now();
-            let (_, attention, mlp) = self.forward(dev, model, &mut arena)?;
-            let units = model.units_mut();
-            let dmid = units[self.attention + 1].backward(dev, &self.slice, mlp, dy, true, None)?;
-            let dmid =
-                dmid.ok_or_else(|| config_error("pipeline.token_slices", "the MLP returned no input gradient"))?;
-            units[self.attention].backward(dev, &self.slice, attention, dmid, true, Some(&mut arena))?;
-            dev.synchronize()?;
-            times.push(start.elapsed().as_secs_f64());
-        }
-        times.remove(0); // the warm-up run
-        times.sort_by(f64::total_cmp);
-        Ok(times[times.len() / 2])
+        let mut arena = self.arena(dev, model)?;
+        let x = dev.upload_activations(&self.input)?;
+        let dy = dev.upload_activations(&self.input)?;
+        dev.synchronize()?;
+        let start = Instant::now();
+        let (_, attention, mlp) = self.forward(dev, model, x, &mut arena)?;
+        let units = model.units_mut();
+        let dmid = units[self.attention + 1].backward(dev, &self.slice, mlp, dy, true, None)?;
+        let dmid = dmid.ok_or_else(|| config_error("pipeline.token_slices", "the MLP returned no input gradient"))?;
+        units[self.attention].backward(dev, &self.slice, attention, dmid, true, Some(&mut arena))?;
+        dev.synchronize()?;
+        Ok(start.elapsed().as_secs_f64())
     }
 
     /// Activation elements the slice's forward keeps for its backward.
     fn saved_elements(&self, dev: &D, model: &Model<D>) -> Result<usize> {
         let mut arena = self.arena(dev, model)?;
-        let (_, attention, mlp) = self.forward(dev, model, &mut arena)?;
+        let x = dev.upload_activations(&self.input)?;
+        let (_, attention, mlp) = self.forward(dev, model, x, &mut arena)?;
         Ok(attention.elements() + mlp.elements())
     }
 }
 
-/// Seconds of one slice (forward and backward) of `len` tokens after `context` through one
-/// layer of `model` for `micro`'s sequences.
+/// Seconds of one slice (forward and backward) through one layer of `model` for `micro`'s
+/// sequences, at each `(length, context)` of `points`: the least of [`ROUNDS`] rounds over
+/// all of them, after a warm-up round.
 fn layer_seconds<D: Device>(
     dev: &D,
     model: &mut Model<D>,
     micro: &HostBatch,
-    len: usize,
-    context: usize,
-) -> Result<f64> {
-    LayerProbe::new(dev, model, micro, len, context)?.seconds(dev, model)
+    points: &[(usize, usize)],
+) -> Result<Vec<f64>> {
+    let probes = points
+        .iter()
+        .map(|&(len, context)| LayerProbe::new(dev, model, micro, len, context))
+        .collect::<Result<Vec<_>>>()?;
+    let mut least = vec![f64::INFINITY; probes.len()];
+    for round in 0..=ROUNDS {
+        for (probe, least) in probes.iter().zip(&mut least) {
+            let seconds = probe.seconds(dev, model)?;
+            if round > 0 {
+                *least = least.min(seconds);
+            }
+        }
+    }
+    Ok(least)
 }
 
 /// Seconds to move `tokens` positions of activations across a stage boundary and their gradient
 /// back (a download and an upload each, as the runtime's mailboxes do).
 fn transfer_seconds<D: Device>(dev: &D, tokens: usize, width: usize) -> Result<f64> {
     let buf = dev.upload_activations(&vec![0.5; tokens * width])?;
-    let mut times = Vec::with_capacity(REPEATS);
-    for _ in 0..REPEATS {
+    let mut times = Vec::with_capacity(ROUNDS);
+    for _ in 0..ROUNDS {
         let start = Instant::now();
         let host = dev.download(&buf)?;
         let back = dev.upload_activations(&host)?;
@@ -154,8 +174,7 @@ fn transfer_seconds<D: Device>(dev: &D, tokens: usize, width: usize) -> Result<f
         times.push(2.0 * start.elapsed().as_secs_f64());
         drop(back);
     }
-    times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
+    Ok(times.into_iter().fold(f64::INFINITY, f64::min))
 }
 
 /// The layers of the largest of `stages` stages (12 layers on 8 stages: 2, not 1.5): the
@@ -202,13 +221,19 @@ pub fn measure_latency<D: Device>(
         return Err(coarse_grid(seq, step, "the context term"));
     }
     points.extend(with_context);
-    let samples = points
+    let seconds = layer_seconds(dev, model, micro, &points)?;
+    let samples: Vec<Sample> = points
         .into_iter()
-        .map(|(len, context)| {
-            let seconds = per_stage * layer_seconds(dev, model, micro, len, context)?;
-            Ok(Sample { batch: 1, len, context, seconds })
-        })
-        .collect::<Result<Vec<_>>>()?;
+        .zip(seconds)
+        .map(|((len, context), seconds)| Sample { batch: 1, len, context, seconds: per_stage * seconds })
+        .collect();
+    if crate::debug::level() >= 2 {
+        let row = |s: &Sample| format!("{}@{} {:.1}", s.len, s.context, s.seconds * 1e6);
+        eprintln!(
+            "terapipe latency, one stage, µs (length@context time): {}",
+            samples.iter().map(row).collect::<Vec<_>>().join(", ")
+        );
+    }
     let comm = if stages > 1 {
         let width = model.spec().hidden;
         let points = [step, seq].map(|len| transfer_seconds(dev, micro.batch * len, width).map(|t| (len, t)));
@@ -329,14 +354,66 @@ pub fn shared_slicing(
         ..PlannerConfig::new(k, seq, m)
     };
     // The limit is the pipeline's: name it as the user set it.
-    let mut planned = plan(latency, &config).map_err(|e| match e {
+    let planned = plan(latency, &config).map_err(|e| match e {
         Error::Config { field, message } if field == "terapipe.memory_limit" => {
             Error::Config { field: "pipeline.memory_limit".into(), message }
         }
         e => e,
     })?;
+    let mut planned = even_if_near(latency, &config, planned)?;
     for m in &mut planned.micro_batches {
         m.samples *= samples; // planner units (micro-batches) to sequences
     }
     Ok(planned)
+}
+
+/// How much slower than the planner's optimum (as predicted) an even slicing may be and still
+/// be chosen in its place. The prediction rests on measured times, which move by more than
+/// this between two measurements on a busy machine; over such a table the optimum is flat,
+/// and which of several near-equal uneven slicings won changed from run to run (and with it
+/// the step's arithmetic). An even slicing within this margin keeps `auto` steady.
+pub const EVEN_WITHIN: f64 = 0.03;
+
+/// `best`, or in its place the fewest equal slices (on the grid; the longer first, as
+/// [`uniform`](super::uniform) cuts), no more than `best` has, predicted within
+/// [`EVEN_WITHIN`] of it and within the memory limit. For micro-batches that share one
+/// slicing.
+fn even_if_near(latency: &LatencyModel, config: &PlannerConfig, best: SlicingPlan) -> Result<SlicingPlan> {
+    let step = latency.grid().step;
+    let most = best.micro_batches.first().map_or(1, |m| m.slices.len());
+    for n in 1..=most {
+        let slices: Vec<usize> = super::uniform(config.seq_len / step, n).iter().map(|u| u * step).collect();
+        let micro_batches = vec![MicroBatchSlicing { samples: 1, slices }; config.batch];
+        if best.micro_batches.iter().all(|m| m == &micro_batches[0]) {
+            return Ok(best); // the optimum is even already
+        }
+        let peak = peak_memory_bytes(config, &micro_batches);
+        if config.memory_limit.is_some_and(|limit| peak > limit) {
+            continue;
+        }
+        let predicted = super::predict_step_seconds(latency, config.stages, &micro_batches)?;
+        if crate::debug::level() >= 2 {
+            eprintln!(
+                "terapipe: {n} equal slices predicted {:.3} ms against the optimum's {:.3} ms",
+                predicted * 1e3,
+                best.predicted_step_seconds * 1e3
+            );
+        }
+        if predicted <= best.predicted_step_seconds * (1.0 + EVEN_WITHIN) {
+            let mut context = 0;
+            let mut max_slice_seconds = 0.0f64;
+            for &l in &micro_batches[0].slices {
+                max_slice_seconds = max_slice_seconds.max(latency.slice_time(1, l, context)?);
+                context += l;
+            }
+            return Ok(SlicingPlan {
+                micro_batches,
+                predicted_step_seconds: predicted,
+                max_slice_seconds,
+                peak_memory_bytes: peak,
+                stats: best.stats,
+            });
+        }
+    }
+    Ok(best)
 }

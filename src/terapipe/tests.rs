@@ -588,3 +588,50 @@ fn a_shared_slicing_matches_brute_force() {
         }
     }
 }
+
+/// `auto` takes the fewest equal slices predicted within [`EVEN_WITHIN`] of the optimum (and
+/// within the memory limit) in place of an uneven optimum: on 3 grid units, `[8, 16]` is the
+/// optimum and `[16, 8]` the even cut in two, `δ` slower.
+#[test]
+fn auto_takes_equal_slices_near_the_optimum() {
+    use crate::pipeline::{PipelineConfig, ScheduleKind};
+    use crate::terapipe::profile::EVEN_WITHIN;
+    let latency = |whole: f64, delta: f64| {
+        let t = move |l: usize, c: usize| match (l / STEP, c / STEP) {
+            (3, 0) => whole,
+            (1, 0) | (2, 1) => 1.0,
+            (2, 0) => 1.0 + delta,
+            (1, 2) => 1.0,
+            _ => 10.0,
+        };
+        LatencyModel::from_fn(grid(3, 1), move |_, l, c| t(l, c)).unwrap()
+    };
+    let memory = MemoryModel { per_token_bytes: 0.0, per_score_bytes: 1.0, fixed_bytes: 0, sliced_bytes: 0 };
+    let pipeline = |limit| PipelineConfig {
+        pipeline_len: 1,
+        micro_batches: 1,
+        schedule: ScheduleKind::Gpipe,
+        memory_limit: limit,
+        ..Default::default()
+    };
+    // `[16, 8]` takes 2 + δ against the optimum's 2: 0.9 of the margin slower, or twice it.
+    let (near, far) = (0.9 * 2.0 * EVEN_WITHIN, 2.0 * 2.0 * EVEN_WITHIN);
+    for (whole, delta, limit, want) in [
+        (10.0, near, None, vec![16, 8]),
+        (10.0, far, None, vec![8, 16]),
+        (2.0, near, None, vec![24]),
+        // The whole sequence needs (24² + 24²)/2 = 576 bytes, either cut in two 448.
+        (2.0, near, Some(500), vec![16, 8]),
+    ] {
+        let lat = latency(whole, delta);
+        let exact = plan(&lat, &PlannerConfig { shared: true, ..PlannerConfig::new(1, 3 * STEP, 1) }).unwrap();
+        assert_eq!(exact.micro_batches[0].slices, [8, 16], "the optimum: {exact}");
+        let got = shared_slicing(&lat, memory, 3 * STEP, 4, &pipeline(limit)).unwrap();
+        assert_eq!(got.micro_batches[0].slices, want, "whole {whole}, δ {delta}, limit {limit:?}: {got}");
+        assert_eq!(got.micro_batches[0].samples, 4);
+        let predicted = predict_step_seconds(&lat, 1, &[MicroBatchSlicing { samples: 1, slices: want.clone() }]);
+        assert_eq!(got.predicted_step_seconds, predicted.unwrap(), "{got}");
+        let most = want.iter().scan(0, |c, &l| Some((lat.slice_time(1, l, std::mem::replace(c, *c + l)).unwrap())));
+        assert_eq!(got.max_slice_seconds, most.fold(0.0, f64::max), "{got}");
+    }
+}
