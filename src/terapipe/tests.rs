@@ -631,7 +631,7 @@ fn auto_takes_equal_slices_near_the_optimum() {
         assert_eq!(got.micro_batches[0].samples, 4);
         let predicted = predict_step_seconds(&lat, 1, &[MicroBatchSlicing { samples: 1, slices: want.clone() }]);
         assert_eq!(got.predicted_step_seconds, predicted.unwrap(), "{got}");
-        let most = want.iter().scan(0, |c, &l| Some((lat.slice_time(1, l, std::mem::replace(c, *c + l)).unwrap())));
+        let most = want.iter().scan(0, |c, &l| Some(lat.slice_time(1, l, std::mem::replace(c, *c + l)).unwrap()));
         assert_eq!(got.max_slice_seconds, most.fold(0.0, f64::max), "{got}");
     }
 }
