@@ -147,6 +147,32 @@ pub fn check_writable(path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Checks that files can be written in the folder `dir`, or, where it does not exist yet, in
+/// the nearest folder above it that does (where it would be made): a file is made there and
+/// removed. So a run learns before it builds anything that its folder cannot take its files
+/// (a read-only mount, a folder of another user's).
+pub fn check_folder_writable(dir: &Path) -> Result<()> {
+    let mut at = dir;
+    while !at.exists() {
+        at = match at.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+    }
+    let probe = at.join(format!(".write-check-{}", std::process::id()));
+    match File::options().write(true).create_new(true).open(&probe) {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) if at == dir => Err(io_error(dir, std::io::Error::new(e.kind(), format!("cannot write in it: {e}")))),
+        Err(e) => Err(io_error(
+            dir,
+            std::io::Error::new(e.kind(), format!("cannot be made: {} does not take new files ({e})", at.display())),
+        )),
+    }
+}
+
 /// Puts the folder `new` at `path` in one step. Where `path` exists, the two trade places
 /// (Linux's `renameat2` with `RENAME_EXCHANGE`): a reader finds one whole folder or the other
 /// at `path`, never none, and `new` then holds what `path` held, for the caller to remove.

@@ -387,6 +387,9 @@ pub fn check_start(config: &RunConfig, resume: bool, fresh: bool, group: Option<
             dir.display(),
             ckpt.file_name().unwrap_or_default().to_string_lossy()
         ))
+    } else if rank == 0 {
+        // The process that writes the run's files: told now, not after the build.
+        files::check_folder_writable(dir).err().map(|e| e.to_string())
     } else {
         None
     };
@@ -1326,6 +1329,20 @@ mod tests {
             let e = super::check_start(&file, resume, fresh, None).unwrap_err().to_string();
             assert!(e.contains("output.dir") && e.contains("checkpoint.ckpt is a file, not a folder"), "{e}");
         }
+        // A folder that cannot take files, or cannot be made (sysfs takes no new files, for
+        // root too): said before anything is built. One yet to be made where it can be is
+        // fine, and is not made by the check.
+        let at = |dir: &str| super::RunConfig {
+            output: super::super::OutputSection { dir: dir.into(), ..config.output.clone() },
+            ..config.clone()
+        };
+        let e = super::check_start(&at("/sys/pt-run/deeper"), false, true, None).unwrap_err().to_string();
+        assert!(e.contains("output.dir") && e.contains("cannot be made: /sys does not take new files"), "{e}");
+        let e = super::check_start(&at("/sys"), false, true, None).unwrap_err().to_string();
+        assert!(e.contains("output.dir") && e.contains("/sys: cannot write in it"), "{e}");
+        let later = scratch.join("later/run");
+        assert!(super::check_start(&at(later.to_str().unwrap()), false, false, None).is_ok());
+        assert!(!scratch.join("later").exists() && std::fs::read_dir(&*scratch).unwrap().count() == 1);
     }
 
     /// In a launched run every process must be given the same settings but where its files
