@@ -429,6 +429,39 @@ fn scale_lr_takes_more_batches_per_step_and_keeps_the_run_length() {
 /// Without the cache, AutoPipe spreads the frozen units over the stages like any forward-only
 /// work; pinned to the first stage (where the cache's hidden states enter) they would load it
 /// with all of them.
+/// A GPT pipelined over token slices through the elastic loop: the freeze that leaves one
+/// stage (and a second replica) turns the slices off, which on one stage would only add their
+/// overhead, and every step's loss and gradient norm still follow a one-device, unsliced run
+/// that freezes the same units at the same steps.
+#[test]
+fn one_stage_left_runs_without_token_slices_and_computes_the_same() {
+    let model = common::tiny_gpt(0.1);
+    let data = Pool::new(&model, SAMPLES, BATCH, 11);
+    let (want_curve, want_params) = by_hand(&model, &data, 3);
+    let plan = PipelineConfig { pipeline_len: 2, micro_batches: 2, token_slices: vec![3, 4], ..Default::default() };
+    let mut t = common::trainer_on(&model, 3, cpus(2), plan, train_config(), 3);
+    let config = ElasticConfig {
+        freeze: FreezeName::Table,
+        table: vec![0, 1, 2],
+        auto_pipe: true,
+        time_pipeline_len: false,
+        auto_dp: true,
+        ..Default::default()
+    };
+    let dir = scratch("gpt-slices");
+    let mut elastic = Elastic::new(config, surroundings(&model), &dir).unwrap();
+    let mut events = Vec::new();
+    elastic.start(&mut t, &mut |e| events.push(e.clone())).unwrap();
+    t.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
+    let freezes = freezes(&events);
+    assert_eq!((freezes[0].pipeline_len, freezes[0].replicas), ((2, 1), (1, 2)), "{freezes:?}");
+    assert!(freezes[0].reason.contains("token slices off (one stage)"), "{}", freezes[0].reason);
+    assert!(t.pipeline.plan().config.token_slices.is_empty());
+    assert_follows(&curve(&events), &want_curve, "gpt over slices");
+    let e = params_rel(&t.pipeline.parameters(0).unwrap(), &want_params);
+    assert!(e <= 1e-5, "weights differ from the run frozen by hand by {e:.2e}");
+}
+
 #[test]
 fn without_the_cache_frozen_units_spread_over_the_stages() {
     let dir = scratch("spread");

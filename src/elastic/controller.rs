@@ -391,6 +391,16 @@ impl Elastic {
         let lend = self.config.lends_threads(trainer.pipeline.devices());
         trainer.pipeline.lend_idle_threads(lend)?;
         let (k, r) = (chosen.pipeline_len, chosen.replicas);
+        let mut reason = String::new();
+        // One stage has no fill or drain for TeraPipe's token slices to shorten: they would
+        // only add each slice's overhead.
+        let chosen = match k == 1 && !chosen.token_slices.is_empty() {
+            true => {
+                reason += "; token slices off (one stage)";
+                crate::pipeline::PipelineConfig { token_slices: Vec::new(), ..chosen }
+            }
+            false => chosen,
+        };
         let per_step = batches_per_step(self.config.batch_policy, r, a.initial_replicas);
         let per_replica = (a.batch * per_step).div_ceil(r);
         let key = Tuner::key(k, r, units, cached > 0, per_replica, chosen.schedule);
@@ -423,12 +433,11 @@ impl Elastic {
         } else {
             self.tuner.start(key, timed);
         }
-        let mut reason = String::new();
         // A new shape drops the replicas' communicators (they group devices by position):
         // build them again whenever K or R changed, so NCCL stays NCCL.
         if (k, r) != (before.pipeline_len, before.replicas) {
             let comm = rebuild_communicators(&mut trainer.pipeline)?;
-            reason = format!("; replicas sum gradients over: {comm}");
+            reason += &format!("; replicas sum gradients over: {comm}");
         }
         let used = k * r;
         if lend && used < before.pipeline_len * before.replicas {
