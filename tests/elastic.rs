@@ -557,6 +557,50 @@ fn a_resumed_run_measures_the_interval_under_way_from_its_start() {
     assert_eq!(resume(false), [(3, 1), (9, 2)]);
 }
 
+/// A run whose last step ends a freeze interval applies the rule there, so the same run
+/// resumed under more epochs freezes where a run of that length froze from the start, and
+/// every step follows it (the rule used to be skipped on the last step: the resumed run froze
+/// its second layer an interval late).
+#[test]
+fn a_run_resumed_for_more_epochs_freezes_where_the_longer_run_froze() {
+    use pipetransformer::optim::Decay;
+    let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
+    let dir = scratch("longer");
+    // A learning rate that does not depend on the run's length.
+    let train = |epochs| TrainConfig { epochs, warmup_fraction: 0.0, decay: Decay::Constant, ..train_config() };
+    let trainer = |epochs| {
+        let (t, e) =
+            elastic_trainer_with(train(epochs), &bert(), cpus(2), &dir, FreezeInterval::Epoch, FreedDevices::Replicas);
+        (t, e)
+    };
+    let steps = |events: &[Event]| freezes(events).iter().map(|t| (t.step, t.frozen_layers.1)).collect::<Vec<_>>();
+
+    let (mut straight, mut elastic) = trainer(EPOCHS);
+    let mut all = Vec::new();
+    elastic.start(&mut straight, &mut |e| all.push(e.clone())).unwrap();
+    straight.fit(&data, None, &mut elastic, &mut |e| all.push(e.clone())).unwrap();
+    assert_eq!(steps(&all), [(3, 1), (6, 2)]);
+
+    let path = dir.join("ckpt");
+    let (mut short, mut elastic) = trainer(2);
+    let mut events = Vec::new();
+    elastic.start(&mut short, &mut |e| events.push(e.clone())).unwrap();
+    short.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
+    assert!(short.done());
+    assert_eq!(steps(&events), [(3, 1), (6, 2)], "the rule applied on the run's last step");
+    short.save_checkpoint_with(&path, elastic.state(), elastic.state_tensors()).unwrap();
+    drop((short, elastic));
+
+    let (mut longer, mut elastic) = trainer(EPOCHS);
+    let restored = longer.load_checkpoint_with(&path, RecordedPlan::Restore).unwrap();
+    elastic.restore(restored.controller).unwrap();
+    elastic.restore_tensors(restored.tensors);
+    assert_eq!(elastic.frozen_layers(), 2);
+    longer.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
+    assert_eq!(steps(&events), steps(&all));
+    assert_follows(&curve(&events), &curve(&all), "resumed for more epochs");
+}
+
 /// Lending spreads all the threads evenly over the devices a plan uses (the first ones one
 /// more while they do not divide), follows every re-plan, and gives each device its own count
 /// back when the plan uses them all or lending stops.

@@ -574,9 +574,12 @@ impl Elastic {
         on_event(&Event::Transition(t));
     }
 
-    /// Applies the freeze rule at an interval's end.
+    /// Applies the freeze rule at an interval's end, the run's last step included: a run
+    /// resumed under more epochs or steps then freezes where one run of that length would
+    /// have (skipped there, the interval's count, norm sums and freeze were lost, and the
+    /// resumed run froze an interval late).
     fn end_interval<D: Device>(&mut self, trainer: &mut Trainer<D>, on_event: &mut dyn FnMut(&Event)) -> Result<()> {
-        if self.config.freeze == FreezeName::Off || trainer.done() {
+        if self.config.freeze == FreezeName::Off {
             return Ok(());
         }
         let norms = self.freeze.norms();
