@@ -939,6 +939,25 @@ fn a_run_resumed_with_shape_flags_takes_that_shape() {
     assert_eq!(summary["steps"], 4, "{summary}");
 }
 
+/// With AutoPipe on, a resume goes on in the checkpoint's plan and says so whenever the flags
+/// ask for another, a schedule or a memory limit as much as K or R (those were dropped
+/// silently); and a resume of a finished run keeps the summary of the run that trained.
+#[test]
+fn a_resume_under_autopipe_names_the_plan_it_keeps() {
+    let Some(digits) = DigitsRun::start("resume-autopipe") else { return };
+    let (dir, run) = (&digits.dir, |flags: &[&str]| digits.train(flags));
+    let elastic = ["--devices", "2", "--pipeline-len", "2", "--freeze", "eq1", "--auto-pipe"];
+    let (ok, out) = run(&[&["--fresh", "--set", "train.max_steps=2"][..], &elastic].concat());
+    assert!(ok, "{out}");
+    let (ok, out) = run(&[&["--resume", "--set", "train.max_steps=3", "--schedule", "gpipe"][..], &elastic].concat());
+    assert!(ok && out.contains("the checkpoint's plan (K=2 R=1") && out.contains("stands"), "{out}");
+    assert!(out.contains("the one asked for (K=2 R=1") && out.contains("gpipe)"), "{out}");
+    let summary = std::fs::read(dir.join("summary.json")).unwrap();
+    let (ok, out) = run(&[&["--resume", "--set", "train.max_steps=3"][..], &elastic].concat());
+    assert!(ok && out.contains("0 of them since step 3"), "{out}");
+    assert_eq!(std::fs::read(dir.join("summary.json")).unwrap(), summary, "the summary of the steps trained stays");
+}
+
 /// Resuming with another seed (another order over as many batches) is refused naming the
 /// seed alone, and the checkpoint is kept; with the run's own settings it resumes.
 #[test]

@@ -1009,8 +1009,8 @@ impl<D: Device> Job<D> {
         let now = self.trainer.pipeline.plan().config.clone();
         let resumed = match restored.reshaped_from {
             Some(was) => ResumedPlan::Replanned { was, now },
-            // (AutoPipe tunes the micro-batch count itself: only another K or R is news.)
-            None if auto_pipe && (asked.pipeline_len, asked.replicas) != (now.pipeline_len, now.replicas) => {
+            // (AutoPipe tunes the micro-batch count itself: that one is no news.)
+            None if auto_pipe && PipelineConfig { micro_batches: now.micro_batches, ..asked.clone() } != now => {
                 ResumedPlan::KeptByAutoPipe { asked, now }
             }
             None => ResumedPlan::Checkpoint,
@@ -1180,9 +1180,14 @@ impl<D: Device> Job<D> {
         };
         // (A resumed run with no step left has collected nothing yet.)
         self.trainer.pipeline.collect_on_rank_zero()?;
-        if writes {
+        // A resume with no step left trains nothing: the summary of the run that trained
+        // (its time and rate) stays.
+        let summary_path = out.join("summary.json");
+        if writes && (samples > 0 || !summary_path.exists()) {
             let json = serde_json::to_vec_pretty(&summary).map_err(|e| internal("summary", e.to_string()))?;
-            files::write_atomic(&out.join("summary.json"), |w| w.write_all(&json))?;
+            files::write_atomic(&summary_path, |w| w.write_all(&json))?;
+        }
+        if writes {
             if !exported {
                 self.export()?;
             }
