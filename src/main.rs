@@ -197,9 +197,11 @@ fn overrides(pipeline: &PipelineArgs, elastic: &ElasticArgs) -> Vec<String> {
     set("pipeline.across_processes", pipeline.across_processes.then(|| "true".into()));
     set("pipeline.token_slices", json(pipeline.token_slices.as_ref().and_then(|t| serde_json::to_value(t).ok())));
     set("elastic.freeze", json(elastic.freeze.and_then(|f| serde_json::to_value(f).ok())));
-    set("elastic.alpha", elastic.alpha.map(|v| format!("{v:?}")));
+    // (TOML spells the float's specials in lowercase: `nan`, `inf`; Rust's `NaN` is a string.)
+    let float = |v: f64| if v.is_finite() { format!("{v:?}") } else { format!("{v}").to_lowercase() };
+    set("elastic.alpha", elastic.alpha.map(float));
     set("elastic.freeze_interval", json(elastic.freeze_interval.and_then(|f| serde_json::to_value(f).ok())));
-    set("elastic.max_weight_change", elastic.max_weight_change.map(|v| format!("{v:?}")));
+    set("elastic.max_weight_change", elastic.max_weight_change.map(float));
     set("elastic.auto_pipe", elastic.auto_pipe.map(|v| v.to_string()));
     set("elastic.auto_dp", elastic.auto_dp.map(|v| v.to_string()));
     set("elastic.freed_devices", json(elastic.freed_devices.and_then(|f| serde_json::to_value(f).ok())));

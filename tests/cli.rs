@@ -1024,8 +1024,10 @@ fn bad_elastic_settings_are_clear_errors_that_write_nothing() {
     let unwritable = blocker.join("cache").display().to_string();
     let elastic: &[&str] = &["--freeze", "alpha", "--auto-pipe", "--auto-dp", "--freed-devices", "threads"];
     let scale_lr = [elastic, &["--set", "elastic.batch_policy=\"scale-lr\""]].concat();
-    let cases: [(&[&str], &str); 12] = [
+    let cases: [(&[&str], &str); 13] = [
         (&["--freeze", "alpha", "--alpha", "1.5"], "elastic.alpha"),
+        // (Refused by its range, not as a string TOML does not read.)
+        (&["--freeze", "alpha", "--alpha", "nan"], "`elastic.alpha`: must be in (0, 1), got NaN"),
         (&["--cache-bytes", "lots"], "byte count"),
         (&scale_lr, "choose one"),
         (&["--freed-devices", "cores"], "not one of replicas, threads"),
