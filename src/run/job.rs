@@ -1112,6 +1112,7 @@ impl<D: Device> Job<D> {
                 resumed: self.resumed,
                 step: self.trainer.position.step,
                 devices: self.device_names(),
+                plan: self.trainer.pipeline.plan().config.clone(),
             });
             if !self.resumed {
                 self.elastic.start(&mut self.trainer, &mut log)?;

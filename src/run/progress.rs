@@ -170,7 +170,10 @@ mod tests {
         );
         let cache = Event::Cache { epoch: 1, hits: 30, misses: 2, entries: 32, memory_bytes: 3 << 19, disk_bytes: 0 };
         assert_eq!(line(cache), "epoch 1: cache 30 hits / 2 misses, 32 samples, 1.5 MiB in memory, 0.0 MiB on disk");
-        assert_eq!(event_line(&Event::Start { resumed: false, step: 0, devices: vec![] }), None);
+        assert_eq!(
+            event_line(&Event::Start { resumed: false, step: 0, devices: vec![], plan: Default::default() }),
+            None
+        );
     }
 
     #[test]

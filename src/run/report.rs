@@ -56,7 +56,11 @@ fn events(log: &str) -> Vec<Value> {
 
 fn render(log: &str, config: &RunConfig) -> String {
     let events = events(log);
-    let (plan, _) = config.pipeline.resolve().unwrap_or_default();
+    // The shape the run started in, as its log says (a log of an older version has none: the
+    // config's then, which a resume's flags may have changed).
+    let started: Option<crate::pipeline::PipelineConfig> =
+        events.first().filter(|e| e["event"] == "start").and_then(|e| serde_json::from_value(e["plan"].clone()).ok());
+    let plan = started.unwrap_or_else(|| config.pipeline.resolve().unwrap_or_default().0);
     let (mut frozen, mut k, mut r, mut m) = (0, plan.pipeline_len, plan.replicas, plan.micro_batches);
     // The shape when the current epoch began, and whether no step has run since an epoch ended
     // (a transition then shapes the next epoch from its start).
@@ -389,6 +393,28 @@ mod tests {
         std::fs::write(&metrics, bytes).unwrap();
         write_report(&metrics, &dir.join("report.html"), &two_stage_run()).unwrap();
         assert!(std::fs::read_to_string(dir.join("report.html")).unwrap().contains("<polyline"));
+    }
+
+    /// The first shape is the one the run's log says it started in, not the one the config
+    /// asks for now (a resume's flags can ask for another, which never ran).
+    #[test]
+    fn the_first_shape_is_the_logged_one() {
+        let log = |start: &str| {
+            [
+                start,
+                r#"{"event":"step","step":1,"epoch":0,"loss":0.7,"lr":0.1,"grad_norm":1.0,"samples":4,"seconds":0.5}"#,
+                r#"{"event":"epoch","epoch":0,"eval":{"loss":0.6,"accuracy":0.75,"count":8},"samples":4,"train_seconds":0.5,"eval_seconds":0.1}"#,
+            ]
+            .join("\n")
+        };
+        let row = |k: usize, m: usize| format!("<tr><td>0</td><td>0</td><td>{k}</td><td>1</td><td>{m}</td>");
+        let logged =
+            r#"{"event":"start","resumed":false,"step":0,"plan":{"pipeline_len":3,"replicas":1,"micro_batches":4}}"#;
+        let html = render(&log(logged), &two_stage_run());
+        assert!(html.contains(&row(3, 4)), "{html}");
+        // A log without it (an older version's): the config's.
+        let html = render(&log(r#"{"event":"start","resumed":false,"step":0}"#), &two_stage_run());
+        assert!(html.contains(&row(2, 2)), "{html}");
     }
 
     #[test]

@@ -119,6 +119,9 @@ pub enum Event {
         /// The devices it runs on, as they name themselves (backend, index, precision; threads
         /// on cpu): a run resumed elsewhere, or in another precision, says so in its log.
         devices: Vec<String>,
+        /// The plan it starts in (a resumed run: the checkpoint's, or its own where it
+        /// reshaped): the report's first shape, whatever a later command's flags ask.
+        plan: crate::pipeline::PipelineConfig,
     },
     /// An optimizer step finished.
     Step {
