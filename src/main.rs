@@ -889,11 +889,15 @@ fn plan(config: RunConfig) -> Result<()> {
         AnyDevices::Gpu(_) => bail!("plan runs on cpu devices"),
     };
     // (Checked as `train` checks it, the cache too: its folder is made and removed again.)
-    let job = Job::new(devices, config).context("preparing the run")?;
+    let mut job = Job::new(devices, config).context("preparing the run")?;
     println!(
         "costs: {}",
         if measured { "measured on this machine's CPU, one micro-batch" } else { "FLOPs at a nominal 100 GFLOP/s" }
     );
+    // What the first step runs: a freeze table's first entry freezes before it.
+    for line in job.start_elastic().context("the elastic loop's start")? {
+        println!("before the first step: {line}");
+    }
     print!("{}", job.trainer.pipeline.plan());
     if let Some(line) = job.devices_waiting() {
         println!("{line}");

@@ -408,6 +408,23 @@ fn have_digits() -> bool {
     common::installed(&[Path::new("data/digits/digits.csv.gz")])
 }
 
+/// `plan` shows what the first step runs: a freeze table whose first entry freezes a layer
+/// does so before it (and AutoPipe reshapes), as `train` does.
+#[test]
+fn plan_shows_the_freeze_before_the_first_step() {
+    if !have_digits() {
+        return;
+    }
+    let args = ["plan", "--config", "configs/vit-digits.toml", "--devices", "2", "--freeze", "table"];
+    let (ok, out) =
+        pipetransformer(&[&args[..], &["--set", "elastic.table=[1,2]", "--auto-pipe", "--auto-dp"]].concat());
+    assert!(ok && out.contains("before the first step: transition at step 0: 0 → 1 frozen layers, K 2 → 1"), "{out}");
+    assert!(out.contains("plan: 2 replica(s) × 1 device(s)"), "{out}");
+    let (ok, out) =
+        pipetransformer(&[&args[..], &["--set", "elastic.table=[0,2]", "--auto-pipe", "--auto-dp"]].concat());
+    assert!(ok && !out.contains("before the first step") && out.contains("plan: 1 replica(s) × 2 device(s)"), "{out}");
+}
+
 #[test]
 fn plan_prints_the_partition_schedule_and_bubble_and_refuses_bad_requests() {
     if !have_digits() {

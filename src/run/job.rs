@@ -1028,6 +1028,16 @@ impl<D: Device> Job<D> {
         Ok(Resumed { plan: resumed, changed: restored.changed })
     }
 
+    /// The elastic loop's start as [`run`](Self::run) takes it, for a plan that shows what the
+    /// first step runs: a freeze table's first entry freezes layers (and AutoPipe reshapes)
+    /// before it. Returns the lines of what changed (none when nothing did). Not for a run
+    /// that goes on to [`run`](Self::run), which starts the loop itself.
+    pub fn start_elastic(&mut self) -> Result<Vec<String>> {
+        let mut lines = Vec::new();
+        self.elastic.start(&mut self.trainer, &mut |e| lines.extend(super::progress::event_line(e)))?;
+        Ok(lines)
+    }
+
     /// Trains to the end, checkpointing every `output.checkpoint_every` steps and at the end,
     /// appending every event to the metrics log and passing it to `on_event`; then writes
     /// `summary.json`, `report.html` and the exported model to `output.dir/model/`.
