@@ -300,7 +300,9 @@ impl Elastic {
         let a = self.around;
         let forward: f64 = trainer.profiles.iter().take(units).map(|p| p.forward).sum::<f64>() * a.batch as f64;
         let read = cache.measure_read(a.batch * a.positions * a.width);
-        (read < forward, format!("cache read {:.2} ms vs frozen forward {:.2} ms per batch", read * 1e3, forward * 1e3))
+        // (Microseconds where milliseconds would round to 0.00: a small model's read.)
+        let time = |t: f64| if t < 1e-4 { format!("{:.1} µs", t * 1e6) } else { format!("{:.2} ms", t * 1e3) };
+        (read < forward, format!("cache read {} vs frozen forward {} per batch", time(read), time(forward)))
     }
 
     fn transition<D: Device>(
