@@ -319,11 +319,7 @@ impl Elastic {
         trainer.pipeline.freeze_prefix(units)?;
         self.frozen_layers = layers;
         let mut reason = reason;
-        if self.config.auto_pipe && trainer.done() {
-            // No step left to run faster: the shape is for a resume to change, at its next
-            // freeze.
-            reason += "; the run's last step: the shape stays";
-        } else if self.config.auto_pipe {
+        if self.config.auto_pipe {
             let (pays, why) = self.cache_pays(trainer, units);
             self.cache_on = self.cache.is_some() && units > 0 && pays;
             if self.cache.is_some() {
