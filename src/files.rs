@@ -159,7 +159,9 @@ pub fn check_folder_writable(dir: &Path) -> Result<()> {
             _ => Path::new("."),
         };
     }
-    let probe = at.join(format!(".write-check-{}", std::process::id()));
+    // (Named by process and time: a probe a killed process left cannot stand in the way.)
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let probe = at.join(format!(".write-check-{}-{}", std::process::id(), now.as_nanos()));
     match File::options().write(true).create_new(true).open(&probe) {
         Ok(_) => {
             let _ = std::fs::remove_file(&probe);

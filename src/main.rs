@@ -738,10 +738,12 @@ fn load_config(path: &Path, overrides: &[String]) -> Result<RunConfig> {
 }
 
 /// Ctrl-C (SIGINT) or a scheduler's SIGTERM asks the run to stop after the step under way and
-/// write its checkpoint (`train::request_stop`); a second signal ends the process at once (the
-/// handler resets itself). A launched run's processes agree on it, so that one asked stops
-/// them all after the same step (their launcher passes its own signals on as SIGTERM).
-fn stop_on_signals() {
+/// write its checkpoint (`train::request_stop`); a second signal ends a process of its own at
+/// once (the handler resets itself). A launched run's processes agree on it, so that one asked
+/// stops them all after the same step; they take every signal as that request (a scheduler
+/// that signals the whole job reaches them twice, itself and through the launcher) and leave
+/// ending them at once to the launcher, which kills them at its own second signal.
+fn stop_on_signals(launched: bool) {
     extern "C" fn on_signal(_: libc::c_int) {
         pipetransformer::train::request_stop(); // one atomic store: async-signal-safe
     }
@@ -750,7 +752,7 @@ fn stop_on_signals() {
         let mut action: libc::sigaction = std::mem::zeroed();
         action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
         // (SA_RESTART: a read or accept under way goes on rather than failing with EINTR.)
-        action.sa_flags = libc::SA_RESETHAND | libc::SA_RESTART;
+        action.sa_flags = if launched { libc::SA_RESTART } else { libc::SA_RESETHAND | libc::SA_RESTART };
         libc::sigemptyset(&mut action.sa_mask);
         for signal in [libc::SIGINT, libc::SIGTERM] {
             libc::sigaction(signal, &action, std::ptr::null_mut());
@@ -903,16 +905,18 @@ fn plan(config: RunConfig) -> Result<()> {
         println!("{line}");
     }
     if let Some(slicing) = &job.slicing {
-        print!("{}", planned_slicing(slicing));
+        print!("{}", planned_slicing(slicing, &job.trainer.pipeline.plan().config.token_slices));
     }
     Ok(())
 }
 
-/// What `auto` planned, and how to keep it: the latencies it rests on are measured afresh by
-/// every run, and a plan near others in time can give way to one of them.
-fn planned_slicing(slicing: &pipetransformer::terapipe::SlicingPlan) -> String {
+/// What `auto` planned, and how to keep it while the plan in force runs it (`in_force`: an
+/// elastic start that left one stage turned it off): the latencies it rests on are measured
+/// afresh by every run, and a plan near others in time can give way to one of them.
+fn planned_slicing(slicing: &pipetransformer::terapipe::SlicingPlan, in_force: &[usize]) -> String {
     let mut out = format!("token slices (planned from this machine's layer latency): {slicing}\n");
-    if let Some(lengths) = slicing.micro_batches.first().map(|m| &m.slices).filter(|l| l.len() > 1) {
+    let planned = slicing.micro_batches.first().map(|m| &m.slices);
+    if let Some(lengths) = planned.filter(|l| l.len() > 1 && l.as_slice() == in_force) {
         let list = lengths.iter().map(usize::to_string).collect::<Vec<_>>();
         out += &format!("  (--token-slices {} keeps this slicing in later runs)\n", list.join(","));
     }
@@ -968,7 +972,7 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
     }
     println!("communicator: {}", job.communicator);
     if let Some(slicing) = &job.slicing {
-        print!("{}", planned_slicing(slicing));
+        print!("{}", planned_slicing(slicing, &job.trainer.pipeline.plan().config.token_slices));
     }
     if run.trace.is_some() {
         job.trainer.trace = Some(Default::default());
@@ -1005,7 +1009,7 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
     let mut samples = 0usize;
     let mut started_at = 0u64;
     let mut lines = ProgressLines::new(job.config.output.progress_every, total);
-    stop_on_signals();
+    stop_on_signals(run.process.is_some());
     let summary = job.run(&mut |e| match e {
         Event::Step { step, batches, epoch, loss, lr, samples: n, bubble, .. } => {
             if bar.is_hidden() {

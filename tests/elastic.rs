@@ -426,9 +426,6 @@ fn scale_lr_takes_more_batches_per_step_and_keeps_the_run_length() {
     assert_eq!(transition.map(|t| (t.replicas, t.batches_per_step)), Some(((1, 2), 2)));
 }
 
-/// Without the cache, AutoPipe spreads the frozen units over the stages like any forward-only
-/// work; pinned to the first stage (where the cache's hidden states enter) they would load it
-/// with all of them.
 /// A GPT pipelined over token slices through the elastic loop: the freeze that leaves one
 /// stage (and a second replica) turns the slices off, which on one stage would only add their
 /// overhead, and every step's loss and gradient norm still follow a one-device, unsliced run
@@ -462,6 +459,9 @@ fn one_stage_left_runs_without_token_slices_and_computes_the_same() {
     assert!(e <= 1e-5, "weights differ from the run frozen by hand by {e:.2e}");
 }
 
+/// Without the cache, AutoPipe spreads the frozen units over the stages like any forward-only
+/// work; pinned to the first stage (where the cache's hidden states enter) they would load it
+/// with all of them.
 #[test]
 fn without_the_cache_frozen_units_spread_over_the_stages() {
     let dir = scratch("spread");

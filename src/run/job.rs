@@ -1009,8 +1009,15 @@ impl<D: Device> Job<D> {
         let now = self.trainer.pipeline.plan().config.clone();
         let resumed = match restored.reshaped_from {
             Some(was) => ResumedPlan::Replanned { was, now },
-            // (AutoPipe tunes the micro-batch count itself: that one is no news.)
-            None if auto_pipe && PipelineConfig { micro_batches: now.micro_batches, ..asked.clone() } != now => {
+            // (AutoPipe tunes the micro-batch count itself, and `auto` slices were measured
+            // afresh: those are no news.)
+            None if auto_pipe
+                && PipelineConfig {
+                    micro_batches: now.micro_batches,
+                    token_slices: if slices { asked.token_slices.clone() } else { now.token_slices.clone() },
+                    ..asked.clone()
+                } != now =>
+            {
                 ResumedPlan::KeptByAutoPipe { asked, now }
             }
             None => ResumedPlan::Checkpoint,

@@ -8,7 +8,7 @@
 //! rest are stopped if they have not ended by themselves within [`GRACE`]. (Their TCP
 //! collectives fail as soon as a peer's connection closes; an NCCL collective waits until the
 //! step's watchdog aborts it, at the group's timeout.) A launcher that is killed takes its
-//! children with it: the kernel sends each SIGTERM when the launcher ends. The children's
+//! children with it: the kernel kills each when the launcher ends. The children's
 //! output passes through the launcher, each line led by its process's rank (`[rank 1] …`).
 //!
 //! A signal to the launcher (Ctrl-C, a scheduler's SIGTERM) is passed on to every process as
@@ -156,6 +156,9 @@ pub fn launch(options: &LaunchOptions, program: &std::path::Path, args: &[String
             // async-signal-safe calls are sound; `die_with_parent` makes two system calls and
             // neither allocates nor takes a lock.
             unsafe { command.pre_exec(move || die_with_parent(launcher)) };
+            // A process group of its own: the terminal's Ctrl-C reaches the launcher alone,
+            // which passes it on once (each child would otherwise take it twice).
+            command.process_group(0);
         }
         let child = command
             .args(args)
@@ -230,8 +233,10 @@ fn relay(rank: usize, mut from: impl BufRead, mut to: impl FnMut() -> Sink) {
     }
 }
 
-/// In a child, between fork and exec: asks the kernel to send it SIGTERM when the launcher
-/// ends, so that killing the launcher alone does not leave its children training. A launcher
+/// In a child, between fork and exec: asks the kernel to kill it (SIGKILL) when the launcher
+/// ends, so that killing the launcher alone does not leave its children training. (Not
+/// SIGTERM: a launched process takes that as a request to stop after a step, and its console
+/// went with the launcher.) A launcher
 /// that ended before the request was made cannot send it any more: the child's parent is then
 /// another process, and the child does not start. (The kernel sends it when the thread that
 /// spawned the child ends: `launch` spawns from the thread that then watches the children.)
@@ -240,7 +245,7 @@ fn relay(rank: usize, mut from: impl BufRead, mut to: impl FnMut() -> Sink) {
 #[cfg(target_os = "linux")]
 fn die_with_parent(launcher: u32) -> std::io::Result<()> {
     // SAFETY: plain system calls on this process, with integer arguments.
-    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) } != 0 {
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: as above.
@@ -274,8 +279,8 @@ fn pass_signals_on() {
 /// Waits for every child; after the first failure, gives the rest `grace` to end, then
 /// kills them. `signals` counts the signals the launcher has taken: at the first, each child
 /// is sent SIGTERM (a request to stop after its step); at the second, each is killed. A child
-/// that ends with [`INTERRUPTED_EXIT_CODE`] stopped on such a request, and so, once the
-/// launcher has passed one on, does a child that SIGINT or SIGTERM ended (before it trained).
+/// that ends with [`INTERRUPTED_EXIT_CODE`] stopped on such a request; one that the signal
+/// itself ended (before it took requests: at the rendezvous, or building) failed, and says so.
 fn watch(mut children: Vec<(usize, Child)>, grace: Duration, signals: &dyn Fn() -> usize) -> Result<()> {
     let mut failure: Option<(usize, String, Instant)> = None;
     // Those still running `grace` after the failure, killed then.
@@ -320,10 +325,7 @@ fn watch(mut children: Vec<(usize, Child)>, grace: Duration, signals: &dyn Fn() 
             }
         });
         ended.retain(|(rank, status)| {
-            let stopped = status.as_ref().is_ok_and(|s| {
-                s.code() == Some(i32::from(INTERRUPTED_EXIT_CODE))
-                    || (passed_on > 0 && matches!(s.signal(), Some(libc::SIGINT | libc::SIGTERM)))
-            });
+            let stopped = status.as_ref().is_ok_and(|s| s.code() == Some(i32::from(INTERRUPTED_EXIT_CODE)));
             if stopped {
                 interrupted.push(*rank);
             }
@@ -350,6 +352,11 @@ fn watch(mut children: Vec<(usize, Child)>, grace: Duration, signals: &dyn Fn() 
     // come from.
     let outside = ["SIGKILL", "SIGTERM", "SIGINT", "SIGHUP"].iter().any(|s| status.contains(&format!("({s})")));
     let cause = match outside {
+        true if passed_on > 0 && !status.contains("(SIGKILL)") => {
+            "the signal passed on ended it before it took stop requests (at the rendezvous, or building): it wrote \
+             no checkpoint"
+                .into()
+        }
         true => "a signal from outside the run: a kill, or the kernel's out-of-memory killer (`dmesg` tells)".into(),
         false => format!("see rank {rank}'s error above"),
     };
@@ -702,12 +709,16 @@ mod tests {
         let signals_after = |at: Instant, first: f64, second: f64| {
             move || [first, second].iter().filter(|&&t| at.elapsed().as_secs_f64() > t).count()
         };
-        // Rank 0 stops on the request (exits 130), rank 1 is ended by it.
+        // Both stop on the request (exit 130).
         let stops = "trap 'kill $!; exit 130' TERM; sleep 60 & wait";
         let started = Instant::now();
-        let e = watch(shells(&[stops, "sleep 60"]), GRACE, &signals_after(started, 0.2, 1e9)).unwrap_err();
+        let e = watch(shells(&[stops, stops]), GRACE, &signals_after(started, 0.2, 1e9)).unwrap_err();
         assert!(matches!(e, Error::Interrupted { step: None }), "{e}");
         assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
+        // One that the request ended (it took none yet) wrote no checkpoint: a failure, said so.
+        let e = watch(shells(&[stops, "sleep 60"]), GRACE, &signals_after(Instant::now(), 0.2, 1e9)).unwrap_err();
+        let e = e.to_string();
+        assert!(e.contains("launch: rank 1: signal: 15 (SIGTERM)") && e.contains("it wrote no checkpoint"), "{e}");
         // Without a signal to the launcher, a child's 130 is still a stop, not a failure.
         let e = watch(shells(&["exit 130", "exit 0"]), GRACE, &|| 0).unwrap_err();
         assert!(matches!(e, Error::Interrupted { step: None }), "{e}");

@@ -96,6 +96,15 @@ fn render(log: &str, config: &RunConfig) -> String {
                 last_step = e["step"].as_f64().unwrap_or(0.0);
                 losses.push((last_step, e["loss"].as_f64().unwrap_or(f64::NAN)));
             }
+            // A resume goes on in the plan it logs (another where it reshaped).
+            "start" if e["resumed"] == true => {
+                if let Ok(p) = serde_json::from_value::<crate::pipeline::PipelineConfig>(e["plan"].clone()) {
+                    (k, r, m) = (p.pipeline_len, p.replicas, p.micro_batches);
+                    if between_epochs {
+                        began = (frozen, k, r, m);
+                    }
+                }
+            }
             "transition" => {
                 (frozen, k, r, m) = (
                     pair_after("frozen_layers"),
@@ -412,6 +421,11 @@ mod tests {
             r#"{"event":"start","resumed":false,"step":0,"plan":{"pipeline_len":3,"replicas":1,"micro_batches":4}}"#;
         let html = render(&log(logged), &two_stage_run());
         assert!(html.contains(&row(3, 4)), "{html}");
+        // A resume that reshaped at the epoch's start: its plan from there on.
+        let resumed =
+            r#"{"event":"start","resumed":true,"step":0,"plan":{"pipeline_len":1,"replicas":2,"micro_batches":1}}"#;
+        let html = render(&log(&[logged, resumed].join("\n")), &two_stage_run());
+        assert!(html.contains("<tr><td>0</td><td>0</td><td>1</td><td>2</td><td>1</td>"), "{html}");
         // A log without it (an older version's): the config's.
         let html = render(&log(r#"{"event":"start","resumed":false,"step":0}"#), &two_stage_run());
         assert!(html.contains(&row(2, 2)), "{html}");

@@ -324,9 +324,6 @@ impl LatencyModel {
     }
 }
 
-/// Least squares by the normal equations. Columns are scaled to unit largest magnitude first
-/// (features span 1 to ~1e10 tokens², and unscaled normal equations would square that range);
-/// `None` when there are fewer points than features or the scaled Gram matrix is singular.
 /// The non-decreasing sequence nearest `values` in least squares weighted by `weights`
 /// (pool adjacent violators: a run that falls is replaced by its weighted mean, repeatedly).
 /// Values already non-decreasing come back unchanged.
@@ -347,6 +344,9 @@ fn non_decreasing(values: &[f64], weights: &[f64]) -> Vec<f64> {
     blocks.into_iter().flat_map(|(mean, _, n)| std::iter::repeat_n(mean, n)).collect()
 }
 
+/// Least squares by the normal equations. Columns are scaled to unit largest magnitude first
+/// (features span 1 to ~1e10 tokens², and unscaled normal equations would square that range);
+/// `None` when there are fewer points than features or the scaled Gram matrix is singular.
 fn least_squares<const P: usize>(x: &[[f64; P]], y: &[f64]) -> Option<[f64; P]> {
     if x.len() < P {
         return None;

@@ -1,8 +1,8 @@
 //! A request to stop training between steps, as a signal handler makes one (Ctrl-C, a job
 //! scheduler's SIGTERM before it kills): [`Trainer::fit`](super::Trainer::fit) ends after the
 //! step under way, and the run writes its checkpoint before it ends, so `--resume` loses
-//! nothing. One flag for the process; the processes of a launched run agree on theirs before
-//! every step, so that all stop after the same one.
+//! nothing. One flag for the process; the processes of a launched run vote with theirs in
+//! every step's sums, so that all stop after the same step (the one after the request's).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

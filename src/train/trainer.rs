@@ -229,7 +229,10 @@ impl<D: Device> Trainer<D> {
             });
         }
         let mut taken = 0;
-        self.stopping = false;
+        // A run of one process decides alone, at once; a launched run's processes at their
+        // next step's sums.
+        let alone = self.pipeline.every_process().is_none();
+        self.stopping = alone && super::stop_requested();
         while !self.done() && stop_after.is_none_or(|n| taken < n) && !self.stopping {
             let started = Instant::now();
             let Position { step, epoch, batch: index } = self.position;
@@ -254,8 +257,10 @@ impl<D: Device> Trainer<D> {
             }
             // Asked in this process or, in a launched run, in any: every process learns it
             // from the step's own sums, so all stop after this same step (each on its own
-            // would stop at a step of its own, and its checkpoint would not be one state).
-            self.stopping = report.stop_requested;
+            // would stop at a step of its own, and its checkpoint would not be one state). The
+            // vote was cast as the step began: a request during it stops a launched run after
+            // the next one, and a run of one process, which asks its flag again, after this.
+            self.stopping = report.stop_requested || (alone && super::stop_requested());
             if let Some(t) = &mut self.trace {
                 t.push(step, &report.trace);
             }
