@@ -747,17 +747,7 @@ fn stop_on_signals(launched: bool) {
     extern "C" fn on_signal(_: libc::c_int) {
         pipetransformer::train::request_stop(); // one atomic store: async-signal-safe
     }
-    // SAFETY: a zeroed sigaction is valid; the handler only stores to an atomic.
-    unsafe {
-        let mut action: libc::sigaction = std::mem::zeroed();
-        action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-        // (SA_RESTART: a read or accept under way goes on rather than failing with EINTR.)
-        action.sa_flags = if launched { libc::SA_RESTART } else { libc::SA_RESETHAND | libc::SA_RESTART };
-        libc::sigemptyset(&mut action.sa_mask);
-        for signal in [libc::SIGINT, libc::SIGTERM] {
-            libc::sigaction(signal, &action, std::ptr::null_mut());
-        }
-    }
+    pipetransformer::run::launch::catch_signals(&[libc::SIGINT, libc::SIGTERM], on_signal, !launched);
 }
 
 /// What `train` was asked besides the run config.

@@ -264,13 +264,21 @@ fn pass_signals_on() {
     extern "C" fn on_signal(_: libc::c_int) {
         SIGNALS.fetch_add(1, Ordering::Relaxed); // one atomic add: async-signal-safe
     }
-    // SAFETY: a zeroed sigaction is valid; the handler only adds to an atomic.
+    catch_signals(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP], on_signal, false);
+}
+
+/// Runs `handler` on each of `signals` instead of their default action; `once`: only the
+/// first of each, the next ending the process as by default. `SA_RESTART`: a read or accept
+/// under way goes on rather than failing with EINTR. The handler must be async-signal-safe
+/// (an atomic store, say).
+pub fn catch_signals(signals: &[libc::c_int], handler: extern "C" fn(libc::c_int), once: bool) {
+    // SAFETY: a zeroed sigaction is valid; the caller's handler is async-signal-safe.
     unsafe {
         let mut action: libc::sigaction = std::mem::zeroed();
-        action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-        action.sa_flags = libc::SA_RESTART;
+        action.sa_sigaction = handler as libc::sighandler_t;
+        action.sa_flags = if once { libc::SA_RESETHAND | libc::SA_RESTART } else { libc::SA_RESTART };
         libc::sigemptyset(&mut action.sa_mask);
-        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        for &signal in signals {
             libc::sigaction(signal, &action, std::ptr::null_mut());
         }
     }

@@ -223,6 +223,15 @@ impl fmt::Display for SlicingPlan {
 /// The objective of a given slicing (to compare with a plan, or score a hand-made one):
 /// `Σ t + (K − 1)·max t` over every slice of every micro-batch.
 pub fn predict_step_seconds(latency: &LatencyModel, stages: usize, micro_batches: &[MicroBatchSlicing]) -> Result<f64> {
+    predict_step_and_largest_slice(latency, stages, micro_batches).map(|(step, _)| step)
+}
+
+/// [`predict_step_seconds`] and the largest slice's time, as a [`SlicingPlan`] reports them.
+pub fn predict_step_and_largest_slice(
+    latency: &LatencyModel,
+    stages: usize,
+    micro_batches: &[MicroBatchSlicing],
+) -> Result<(f64, f64)> {
     if stages == 0 {
         return Err(config_error("terapipe.stages", "a pipeline needs at least one stage"));
     }
@@ -246,7 +255,7 @@ pub fn predict_step_seconds(latency: &LatencyModel, stages: usize, micro_batches
             context += l;
         }
     }
-    Ok(sum + (stages - 1) as f64 * max)
+    Ok((sum + (stages - 1) as f64 * max, max))
 }
 
 /// Plans the slicing of a batch for `config` under `latency`.

@@ -391,7 +391,8 @@ fn even_if_near(latency: &LatencyModel, config: &PlannerConfig, best: SlicingPla
         if config.memory_limit.is_some_and(|limit| peak > limit) {
             continue;
         }
-        let predicted = super::predict_step_seconds(latency, config.stages, &micro_batches)?;
+        let (predicted, max_slice_seconds) =
+            super::planner::predict_step_and_largest_slice(latency, config.stages, &micro_batches)?;
         if crate::debug::level() >= 2 {
             eprintln!(
                 "terapipe: {n} equal slices predicted {:.3} ms against the optimum's {:.3} ms",
@@ -400,12 +401,6 @@ fn even_if_near(latency: &LatencyModel, config: &PlannerConfig, best: SlicingPla
             );
         }
         if predicted <= best.predicted_step_seconds * (1.0 + EVEN_WITHIN) {
-            let mut context = 0;
-            let mut max_slice_seconds = 0.0f64;
-            for &l in &micro_batches[0].slices {
-                max_slice_seconds = max_slice_seconds.max(latency.slice_time(1, l, context)?);
-                context += l;
-            }
             return Ok(SlicingPlan {
                 micro_batches,
                 predicted_step_seconds: predicted,
