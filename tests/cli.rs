@@ -981,6 +981,32 @@ fn a_resume_under_autopipe_names_the_plan_it_keeps() {
     assert_eq!(std::fs::read(dir.join("summary.json")).unwrap(), summary, "the summary of the steps trained stays");
 }
 
+/// A resume names the `[elastic]` settings and the precision that changed since the
+/// checkpoint, and takes them: under `constant` a step of two replicas takes one source batch,
+/// where `scale-lr` took one for each.
+#[test]
+fn a_resume_names_and_takes_changed_elastic_settings_and_precision() {
+    let Some(digits) = DigitsRun::start("resume-elastic-settings") else { return };
+    let (dir, run) = (&digits.dir, |flags: &[&str]| digits.train(flags));
+    let elastic = ["--devices", "2", "--freeze", "table", "--set", "elastic.table=[1,2]", "--auto-pipe", "--auto-dp"];
+    let scale_lr = ["--set", "elastic.batch_policy=\"scale-lr\""];
+    let (ok, out) = run(&[&["--fresh", "--set", "train.max_steps=2"][..], &elastic, &scale_lr].concat());
+    assert!(ok && out.contains("R 1 → 2"), "{out}");
+    let (ok, out) = run(&[&["--resume", "--set", "train.max_steps=4", "--precision", "bf16"][..], &elastic].concat());
+    assert!(ok, "{out}");
+    let changed = [r#"elastic.batch_policy "scale-lr" → "constant""#, r#"output.precision "f32" → "bf16""#];
+    assert!(changed.iter().all(|c| out.contains(c)), "{out}");
+    let log = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    let samples: Vec<u64> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["event"] == "step")
+        .filter_map(|e| e["samples"].as_u64())
+        .collect();
+    // A step of both replicas' batches (the log starts at the fresh start), then one batch a step.
+    assert_eq!(samples, [64, 32, 32], "{log}");
+}
+
 /// Resuming with another seed (another order over as many batches) is refused naming the
 /// seed alone, and the checkpoint is kept; with the run's own settings it resumes.
 #[test]

@@ -454,6 +454,13 @@ fn one_stage_left_runs_without_token_slices_and_computes_the_same() {
     assert_eq!((freezes[0].pipeline_len, freezes[0].replicas), ((2, 1), (1, 2)), "{freezes:?}");
     assert!(freezes[0].reason.contains("token slices off (one stage)"), "{}", freezes[0].reason);
     assert!(t.pipeline.plan().config.token_slices.is_empty());
+    // The transition logs the stages it started from and those it left.
+    assert_eq!((freezes[0].stages_before.len(), freezes[0].stages.len()), (2, 1), "{freezes:?}");
+    let all: Vec<&Transition> =
+        events.iter().filter_map(|e| if let Event::Transition(t) = e { Some(t) } else { None }).collect();
+    for pair in all.windows(2) {
+        assert_eq!(pair[1].stages_before, pair[0].stages, "{all:?}");
+    }
     assert_follows(&curve(&events), &want_curve, "gpt over slices");
     let e = params_rel(&t.pipeline.parameters(0).unwrap(), &want_params);
     assert!(e <= 1e-5, "weights differ from the run frozen by hand by {e:.2e}");

@@ -4,7 +4,7 @@
 mod common;
 
 use pipetransformer::Result;
-use pipetransformer::device::CpuDevice;
+use pipetransformer::device::{CpuDevice, Precision};
 use pipetransformer::model::{HostBatch, ModelConfig};
 use pipetransformer::pipeline::PipelineConfig;
 use pipetransformer::train::{BatchSource, Event, RecordedPlan, TrainConfig, Trainer};
@@ -173,14 +173,24 @@ fn a_resume_names_the_training_settings_that_changed() {
     let optimizer =
         pipetransformer::optim::OptimizerConfig::AdamW { beta1: 0.5, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 };
     let train = TrainConfig { lr: 2e-2, max_steps: 7, optimizer, ..train_config() };
-    let dev = CpuDevice::<f32>::new(0, 1).unwrap();
-    let mut second = common::trainer_on(&config, 3, vec![dev], Default::default(), train, 4);
+    let dev = CpuDevice::<f32>::with_precision(0, 1, Precision::Bf16).unwrap();
+    let mut second = common::trainer_on(&config, 3, vec![dev], Default::default(), train.clone(), 4);
     let restored = second.load_checkpoint_with(&path, RecordedPlan::Restore).unwrap();
     assert_eq!(
         restored.changed,
-        ["train.lr 0.01 → 0.02", "train.max_steps 0 → 7", "train.optimizer.beta1 0.9 → 0.5"],
+        [
+            "train.lr 0.01 → 0.02",
+            "train.max_steps 0 → 7",
+            "train.optimizer.beta1 0.9 → 0.5",
+            r#"output.precision "f32" → "bf16""#
+        ],
         "by name"
     );
+    // The same precision is no change.
+    let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+    let mut third = common::trainer_on(&config, 3, vec![dev], Default::default(), train, 4);
+    let restored = third.load_checkpoint_with(&path, RecordedPlan::Restore).unwrap();
+    assert!(!restored.changed.iter().any(|c| c.starts_with("output.")), "{:?}", restored.changed);
     std::fs::remove_file(&path).unwrap();
 }
 

@@ -226,14 +226,6 @@ impl<T: Float> CpuDevice<T> {
         }
     }
 
-    /// The precision this device was opened with.
-    pub fn precision(&self) -> Precision {
-        match self.products {
-            Products::Native => Precision::F32,
-            Products::Bf16 => Precision::Bf16,
-        }
-    }
-
     /// Runs op `op` (`f`) on this device's thread pool, timed at `PT_DEBUG=2` ([`debug::timed`]).
     fn run<R: Send>(&self, op: &'static str, f: impl FnOnce() -> R + Send) -> R {
         debug::timed(op, || self.threads_pool.install(f))
@@ -330,6 +322,13 @@ impl<T: Float> Device for CpuDevice<T> {
         });
         Ok(())
     }
+    fn precision(&self) -> Precision {
+        match self.products {
+            Products::Native => Precision::F32,
+            Products::Bf16 => Precision::Bf16,
+        }
+    }
+
     fn activation_dtype(&self) -> DType {
         // Also with bf16 products: activations are stored in `T`, rounded only as the products
         // pack them (what the memory model must count).

@@ -42,6 +42,9 @@ pub trait Device: Send + Sync + 'static {
     /// f32 masters; the element type itself on the cpu backend, also where its products round
     /// their operands to bf16).
     fn activation_dtype(&self) -> DType;
+    /// The precision the device was opened with (`--precision`): what a checkpoint records,
+    /// so that a run resumed in another names the change.
+    fn precision(&self) -> Precision;
     /// Bytes this device keeps beside a linear layer's `out_dim × in_dim` weight for its
     /// products, where the layer passes an `input_gradient` back or not: the cpu backend's bf16
     /// packs of `Wᵀ` (the forward's) and `W` (the input gradient's;

@@ -20,6 +20,15 @@ use crate::train::{Controller, Event, Trainer, Transition};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
+/// A pipeline's shape: its plan's config and stages (a transition's before).
+type Shape = (crate::pipeline::PipelineConfig, Vec<std::ops::Range<usize>>);
+
+/// The shape `trainer`'s pipeline runs in now.
+fn shape<D: Device>(trainer: &Trainer<D>) -> Shape {
+    let plan = trainer.pipeline.plan();
+    (plan.config.clone(), plan.partition.stages.clone())
+}
+
 /// Units frozen with `layers` Transformer layers frozen: the embedding and two per layer.
 pub fn frozen_units(layers: usize) -> usize {
     if layers == 0 { 0 } else { 1 + 2 * layers }
@@ -74,6 +83,10 @@ struct State {
     /// A trial of pipeline lengths under way (absent in checkpoints from before trials).
     #[serde(default)]
     shape_trial: Option<ShapeTrial>,
+    /// The `[elastic]` settings the run had (absent in checkpoints from before they were
+    /// recorded): a resume names those it changes.
+    #[serde(default)]
+    config: Option<serde_json::Value>,
 }
 
 /// AutoPipe's trial of two pipeline lengths after a freeze: the one it chose runs first and
@@ -221,6 +234,7 @@ impl Elastic {
             tuning: self.tuner.timing().map(|t| (t.clone(), self.tuning_from)),
             interval: Some(self.interval()),
             shape_trial: self.shape_trial.clone(),
+            config: serde_json::to_value(&self.config).ok(),
         };
         serde_json::to_value(state).unwrap_or_default()
     }
@@ -248,10 +262,12 @@ impl Elastic {
     }
 
     /// Restores what [`state`](Self::state) saved (the trainer restores the plan and weights).
-    /// The cache starts empty: a resumed run rebuilds it.
-    pub fn restore(&mut self, value: serde_json::Value) -> Result<()> {
+    /// The cache starts empty: a resumed run rebuilds it. A checkpoint of another freeze rule
+    /// or interval is refused; the other `[elastic]` settings that changed since are taken from
+    /// here on, and returned as `elastic.batch_policy "constant" → "scale-lr"`.
+    pub fn restore(&mut self, value: serde_json::Value) -> Result<Vec<String>> {
         if value.is_null() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let s: State = serde_json::from_value(value).map_err(|e| crate::Error::State {
             what: "checkpoint: elastic controller".into(),
@@ -290,7 +306,18 @@ impl Elastic {
         if let Some(c) = &mut self.cache {
             c.clear()?;
         }
-        Ok(())
+        // (The rule's own settings were checked above: a change there is refused.)
+        let rule = ["freeze", "alpha", "table", "freeze_interval", "max_weight_change"];
+        let now = serde_json::to_value(&self.config).unwrap_or_default();
+        let changed =
+            s.config.map_or_else(Vec::new, |then| crate::train::trainer::changed_settings("elastic", &then, &now));
+        Ok(changed.into_iter().filter(|c| !rule.iter().any(|key| c.starts_with(&format!("elastic.{key} ")))).collect())
+    }
+
+    /// Source batches a step takes with `replicas` replicas under the batch policy in force
+    /// (a resumed run's, which may not be the checkpoint's).
+    pub fn batches_per_step(&self, replicas: usize) -> usize {
+        batches_per_step(self.config.batch_policy, replicas, self.around.initial_replicas)
     }
 
     /// Whether reading a batch from the cache is cheaper than running the frozen prefix on it:
@@ -313,7 +340,7 @@ impl Elastic {
         on_event: &mut dyn FnMut(&Event),
     ) -> Result<()> {
         let started = Instant::now();
-        let before = trainer.pipeline.plan().config.clone();
+        let (before, stages_before) = shape(trainer);
         let layers_before = self.frozen_layers;
         let units = frozen_units(layers);
         trainer.pipeline.freeze_prefix(units)?;
@@ -371,7 +398,7 @@ impl Elastic {
             reason += &self.adopt_shape(trainer, chosen, &before, timed_against.is_some())?;
             self.shape_trial = timed_against.map(ShapeTrial::Next);
         }
-        self.emit(trainer, reason, (layers_before, layers), before, started, on_event);
+        self.emit(trainer, reason, (layers_before, layers), (before, stages_before), started, on_event);
         Ok(())
     }
 
@@ -501,7 +528,7 @@ impl Elastic {
     /// checkpoint record) a shape that was chosen, not one on trial: the length the trial
     /// timed first (the one AutoPipe chose) and, on it, the fastest count timed so far.
     fn settle_at_end<D: Device>(&mut self, trainer: &mut Trainer<D>, on_event: &mut dyn FnMut(&Event)) -> Result<()> {
-        let (started, before) = (Instant::now(), trainer.pipeline.plan().config.clone());
+        let (started, (before, stages_before)) = (Instant::now(), shape(trainer));
         let timing = self.tuner.cut_short();
         let reason = match (self.shape_trial.take(), timing) {
             (None, None) => return Ok(()),
@@ -537,7 +564,7 @@ impl Elastic {
         };
         self.warming = false;
         let layers = (self.frozen_layers, self.frozen_layers);
-        self.emit(trainer, reason, layers, before, started, on_event);
+        self.emit(trainer, reason, layers, (before, stages_before), started, on_event);
         Ok(())
     }
 
@@ -546,7 +573,7 @@ impl Elastic {
         trainer: &mut Trainer<D>,
         reason: String,
         frozen_layers: (usize, usize),
-        before: crate::pipeline::PipelineConfig,
+        (before, stages_before): Shape,
         started: Instant,
         on_event: &mut dyn FnMut(&Event),
     ) {
@@ -561,6 +588,7 @@ impl Elastic {
             pipeline_len: (before.pipeline_len, after.pipeline_len),
             replicas: (before.replicas, after.replicas),
             micro_batches: (before.micro_batches, after.micro_batches),
+            stages_before,
             stages: plan.partition.stages.clone(),
             batches_per_step: trainer.batches_per_step,
             cache: self.cache_on,
@@ -727,10 +755,12 @@ impl<D: Device> Controller<D> for Elastic {
                     let rates: Vec<String> = timed.iter().map(|(m, r)| format!("M={m}: {r:.0}")).collect();
                     let reason = format!("micro-batches timed (positions/s): {}", rates.join(", "));
                     let layers = (self.frozen_layers, self.frozen_layers);
+                    // (Another micro-batch count keeps the stages.)
                     let before = crate::pipeline::PipelineConfig { micro_batches: self.tuning_from, ..config };
-                    self.emit(trainer, reason, layers, before, started, on_event);
+                    let stages = trainer.pipeline.plan().partition.stages.clone();
+                    self.emit(trainer, reason, layers, (before, stages), started, on_event);
                     let best = timed.iter().map(|&(_, r)| r).fold(0.0, f64::max);
-                    let (started, before) = (Instant::now(), trainer.pipeline.plan().config.clone());
+                    let (started, before) = (Instant::now(), shape(trainer));
                     if let Some(reason) = self.go_on_with_shape_trial(trainer, best)? {
                         self.emit(trainer, reason, layers, before, started, on_event);
                     }

@@ -1004,8 +1004,14 @@ impl<D: Device> Job<D> {
                 ));
             }
         }
-        self.elastic.restore(restored.controller)?;
+        let mut changed = restored.changed;
+        changed.extend(self.elastic.restore(restored.controller)?);
         self.elastic.restore_tensors(restored.tensors);
+        // The batch policy in force sets the global batch for the restored replicas (the one
+        // the checkpoint recorded came from the policy it was taken under).
+        if restored.reshaped_from.is_none() {
+            self.trainer.batches_per_step = self.elastic.batches_per_step(self.trainer.pipeline.plan().config.replicas);
+        }
         let now = self.trainer.pipeline.plan().config.clone();
         let resumed = match restored.reshaped_from {
             Some(was) => ResumedPlan::Replanned { was, now },
@@ -1032,7 +1038,7 @@ impl<D: Device> Job<D> {
             self.communicator = self.describe_communicator(comm);
         }
         self.resumed = true;
-        Ok(Resumed { plan: resumed, changed: restored.changed })
+        Ok(Resumed { plan: resumed, changed })
     }
 
     /// The elastic loop's start as [`run`](Self::run) takes it, for a plan that shows what the

@@ -159,15 +159,18 @@ mod tests {
             pipeline_len: (2, 1),
             replicas: (1, 2),
             micro_batches: (8, 4),
+            stages_before: vec![0..7, 7..14],
             stages: vec![5..9, 9..14],
             batches_per_step: 1,
             cache: true,
             seconds: 0.0484,
         };
         assert_eq!(
-            line(Event::Transition(t)),
-            "transition at step 268: 0 → 2 frozen layers, K 2 → 1, R 1 → 2, M 8 → 4, stages [5..9, 9..14], cache on, 48 ms (eq1)"
+            line(Event::Transition(t.clone())),
+            "transition at step 268: 0 → 2 frozen layers, K 2 → 1, R 1 → 2, M 8 → 4, stages [0..7, 7..14] → [5..9, 9..14], cache on, 48 ms (eq1)"
         );
+        let kept = Transition { stages_before: t.stages.clone(), ..t };
+        assert!(line(Event::Transition(kept)).contains(", stages [5..9, 9..14], cache on"));
         let cache = Event::Cache { epoch: 1, hits: 30, misses: 2, entries: 32, memory_bytes: 3 << 19, disk_bytes: 0 };
         assert_eq!(line(cache), "epoch 1: cache 30 hits / 2 misses, 32 samples, 1.5 MiB in memory, 0.0 MiB on disk");
         assert_eq!(

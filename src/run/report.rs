@@ -19,7 +19,8 @@ struct EpochRow {
     k: (usize, usize),
     r: (usize, usize),
     m: (usize, usize),
-    samples_per_second: f64,
+    samples: f64,
+    train_seconds: f64,
     hit_rate: Option<f64>,
     accuracy: f64,
     loss: f64,
@@ -122,33 +123,39 @@ fn render(log: &str, config: &RunConfig) -> String {
                 transitions.push(e);
             }
             "epoch" => {
-                let secs = e["train_seconds"].as_f64().unwrap_or(0.0);
-                rows.push(EpochRow {
+                let mut row = EpochRow {
                     epoch: e["epoch"].as_u64().unwrap_or(0),
                     frozen: (began.0, frozen),
                     k: (began.1, k),
                     r: (began.2, r),
                     m: (began.3, m),
-                    samples_per_second: if secs > 0.0 { u("samples") as f64 / secs } else { 0.0 },
+                    samples: u("samples") as f64,
+                    train_seconds: num(e, "train_seconds"),
                     hit_rate: None,
                     accuracy: e["eval"]["accuracy"].as_f64().unwrap_or(0.0),
                     loss: e["eval"]["loss"].as_f64().unwrap_or(0.0),
-                });
+                };
+                // A run that ended inside an epoch (`train.max_steps`) evaluated there; resumed
+                // for more steps, it ends that epoch later: one row, the epoch's start shape,
+                // its steps' throughput, the evaluation at its end.
+                if let Some(part) = rows.pop_if(|last| last.epoch == row.epoch) {
+                    (row.frozen.0, row.k.0, row.r.0, row.m.0) = (part.frozen.0, part.k.0, part.r.0, part.m.0);
+                    (row.samples, row.train_seconds) =
+                        (part.samples + row.samples, part.train_seconds + row.train_seconds);
+                }
+                rows.push(row);
                 began = (frozen, k, r, m);
                 between_epochs = true;
             }
             _ => {}
         }
     }
-    // An epoch's cache event follows its epoch event: attach it to the row it belongs to.
-    for e in &events {
-        if e["event"] == "cache" {
-            let epoch = e["epoch"].as_u64().unwrap_or(0);
-            let (h, miss) = (e["hits"].as_f64().unwrap_or(0.0), e["misses"].as_f64().unwrap_or(0.0));
-            if let Some(row) = rows.iter_mut().find(|row| row.epoch == epoch) {
-                row.hit_rate = (h + miss > 0.0).then(|| h / (h + miss));
-            }
-        }
+    // An epoch's cache events (two where a resume ended it) follow its epoch events: their
+    // lookups summed on the row they belong to.
+    for row in &mut rows {
+        let cache = events.iter().filter(|e| e["event"] == "cache" && e["epoch"].as_u64() == Some(row.epoch));
+        let (h, miss) = cache.fold((0.0, 0.0), |(h, miss), e| (h + num(e, "hits"), miss + num(e, "misses")));
+        row.hit_rate = (h + miss > 0.0).then(|| h / (h + miss));
     }
 
     let mut html = String::new();
@@ -204,7 +211,7 @@ fn render(log: &str, config: &RunConfig) -> String {
             span(row.k),
             span(row.r),
             span(row.m),
-            row.samples_per_second,
+            if row.train_seconds > 0.0 { row.samples / row.train_seconds } else { 0.0 },
             100.0 * row.accuracy,
             row.loss
         );
@@ -232,10 +239,13 @@ fn render(log: &str, config: &RunConfig) -> String {
     for t in &transitions {
         // Every value from the file is escaped: a hand-edited log may hold markup anywhere.
         let pair = |key: &str| esc(&format!("{} → {}", t[key][0], t[key][1]));
-        let stages: Vec<String> = t["stages"]
-            .as_array()
-            .map(|a| a.iter().map(|s| esc(&format!("{}..{}", s["start"], s["end"]))).collect())
-            .unwrap_or_default();
+        let stages = |key: &str| -> String {
+            let each = t[key].as_array().map(|a| a.iter().map(|s| esc(&format!("{}..{}", s["start"], s["end"]))));
+            each.map(|e| e.collect::<Vec<_>>().join(" | ")).unwrap_or_default()
+        };
+        // Before → after where they moved (a log of an older version has the new ones alone).
+        let (before, after) = (stages("stages_before"), stages("stages"));
+        let stages = if before.is_empty() || before == after { after } else { format!("{before} → {after}") };
         let _ = write!(
             html,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.0} ms</td><td style=\"text-align:left\">{}</td></tr>",
@@ -245,7 +255,7 @@ fn render(log: &str, config: &RunConfig) -> String {
             pair("pipeline_len"),
             pair("replicas"),
             pair("micro_batches"),
-            stages.join(" | "),
+            stages,
             on(t["cache"] == true),
             t["seconds"].as_f64().unwrap_or(0.0) * 1e3,
             esc(t["reason"].as_str().unwrap_or(""))
@@ -431,6 +441,31 @@ mod tests {
         assert!(html.contains(&row(2, 2)), "{html}");
     }
 
+    /// A run that ended inside epoch 0 (`train.max_steps`) evaluated there; resumed for more
+    /// steps it ends the epoch: one row for the epoch, its shape at the start, the samples per
+    /// second of all its steps, the cache's lookups of both parts, the evaluation at its end.
+    #[test]
+    fn an_epoch_a_resume_finished_is_one_row() {
+        let log = [
+            r#"{"event":"start","resumed":false,"step":0,"plan":{"pipeline_len":2,"replicas":1,"micro_batches":2}}"#,
+            r#"{"event":"step","step":1,"epoch":0,"loss":0.7,"lr":0.1,"grad_norm":1.0,"samples":4,"seconds":1.0}"#,
+            r#"{"event":"epoch","epoch":0,"eval":{"loss":0.6,"accuracy":0.5,"count":8},"samples":4,"train_seconds":1.0,"eval_seconds":0.1}"#,
+            r#"{"event":"cache","epoch":0,"hits":0,"misses":4,"entries":4,"memory_bytes":64,"disk_bytes":0}"#,
+            r#"{"event":"start","resumed":true,"step":1,"plan":{"pipeline_len":1,"replicas":2,"micro_batches":1}}"#,
+            r#"{"event":"step","step":2,"epoch":0,"loss":0.6,"lr":0.1,"grad_norm":1.0,"samples":4,"seconds":0.25}"#,
+            r#"{"event":"step","step":3,"epoch":0,"loss":0.5,"lr":0.1,"grad_norm":1.0,"samples":4,"seconds":0.25}"#,
+            r#"{"event":"epoch","epoch":0,"eval":{"loss":0.4,"accuracy":0.875,"count":8},"samples":8,"train_seconds":0.5,"eval_seconds":0.1}"#,
+            r#"{"event":"cache","epoch":0,"hits":8,"misses":0,"entries":4,"memory_bytes":64,"disk_bytes":0}"#,
+        ]
+        .join("\n");
+        let html = render(&log, &two_stage_run());
+        // 12 samples in 1.5 s; 8 hits of 12 lookups.
+        let row =
+            "<tr><td>0</td><td>0</td><td>2 → 1</td><td>1 → 2</td><td>2 → 1</td><td>8.0</td><td>67%</td><td>87.50%</td>";
+        assert!(html.contains(row), "{html}");
+        assert_eq!(html.matches("<tr><td>0</td>").count(), 1, "{html}");
+    }
+
     #[test]
     fn the_report_shows_each_epoch_and_transition_from_the_last_fresh_start() {
         let log = [
@@ -440,7 +475,7 @@ mod tests {
             r#"{"event":"step","step":1,"epoch":0,"loss":0.7,"lr":0.1,"grad_norm":1.0,"samples":4,"seconds":0.5}"#,
             r#"{"event":"epoch","epoch":0,"eval":{"loss":0.6,"accuracy":0.75,"perplexity":1.8,"count":8},"samples":4,"train_seconds":0.5,"eval_seconds":0.1}"#,
             r#"{"event":"cache","epoch":0,"hits":0,"misses":1,"entries":4,"memory_bytes":64,"disk_bytes":0}"#,
-            r#"{"event":"transition","step":1,"epoch":0,"reason":"Alpha <rule>","frozen_layers":[0,2],"frozen_units":5,"pipeline_len":[2,1],"replicas":[1,2],"micro_batches":[2,1],"stages":[{"start":0,"end":8}],"batches_per_step":1,"cache":true,"seconds":20.0}"#,
+            r#"{"event":"transition","step":1,"epoch":0,"reason":"Alpha <rule>","frozen_layers":[0,2],"frozen_units":5,"pipeline_len":[2,1],"replicas":[1,2],"micro_batches":[2,1],"stages_before":[{"start":0,"end":4},{"start":4,"end":8}],"stages":[{"start":0,"end":8}],"batches_per_step":1,"cache":true,"seconds":20.0}"#,
             r#"{"event":"start","resumed":true,"step":1}"#,
             // Made in step 2 (after it ran, before its event): inside that step's time.
             r#"{"event":"transition","step":2,"epoch":1,"reason":"mid-epoch","frozen_layers":[2,3],"frozen_units":7,"pipeline_len":[1,1],"replicas":[2,2],"micro_batches":[1,1],"stages":[{"start":0,"end":8}],"batches_per_step":1,"cache":true,"seconds":10.0}"#,
@@ -467,6 +502,8 @@ mod tests {
         );
         assert!(html.contains("0 → 2") && html.contains("2 → 1") && html.contains("Alpha &lt;rule&gt;"));
         assert!(html.contains("2L K1 R2 M1"), "the timeline labels the new shape");
+        assert!(html.contains("<td>0..4 | 4..8 → 0..8</td>"), "the stages before and after: {html}");
+        assert!(html.contains("<td>0..8</td><td>on</td><td>10000 ms</td>"), "an older log's: {html}");
         // Evaluations on the run clock (steps + evaluations + transitions between epochs): 0.5 +
         // 0.1, then + 20 (the transition after epoch 0; the one inside epoch 1 is in its step's
         // time) + 0.25 + 0.05.

@@ -75,6 +75,8 @@ pub struct Transition {
     pub replicas: (usize, usize),
     /// Micro-batches `M`, before → after.
     pub micro_batches: (usize, usize),
+    /// The partition before: units of each stage.
+    pub stages_before: Vec<Range<usize>>,
     /// The new partition: units of each stage.
     pub stages: Vec<Range<usize>>,
     /// Source batches per optimizer step after (the `scale-lr` policy grows it with `R`).
@@ -88,17 +90,20 @@ pub struct Transition {
 }
 
 impl fmt::Display for Transition {
-    /// `transition at step 40: 0 → 1 frozen layers, K 2 → 1, R 1 → 2, M 8 → 4, stages [1..9],
-    /// cache on, 48 ms (reason)`.
+    /// `transition at step 40: 0 → 1 frozen layers, K 2 → 1, R 1 → 2, M 8 → 4, stages [0..5,
+    /// 5..9] → [1..9], cache on, 48 ms (reason)` (the stages once where they stayed).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ((l0, l1), (k0, k1), (r0, r1), (m0, m1)) =
             (self.frozen_layers, self.pipeline_len, self.replicas, self.micro_batches);
+        let stages = match self.stages_before == self.stages {
+            true => format!("{:?}", self.stages),
+            false => format!("{:?} → {:?}", self.stages_before, self.stages),
+        };
         write!(
             f,
             "transition at step {}: {l0} → {l1} frozen layers, K {k0} → {k1}, R {r0} → {r1}, M {m0} → {m1}, stages \
-             {:?}, cache {}, {:.0} ms ({})",
+             {stages}, cache {}, {:.0} ms ({})",
             self.step,
-            self.stages,
             if self.cache { "on" } else { "off" },
             self.seconds * 1e3,
             self.reason

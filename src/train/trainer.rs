@@ -454,6 +454,7 @@ impl<D: Device> Trainer<D> {
             "position": self.position,
             "train": self.config,
             "frozen_prefix": self.pipeline.frozen_prefix(),
+            "precision": self.precision(),
             "plan": { "config": plan.config, "stages": plan.partition.stages },
             "batches_per_step": self.batches_per_step,
             "batches_per_epoch": self.batches_per_epoch,
@@ -653,18 +654,30 @@ impl<D: Device> Trainer<D> {
             .filter_map(|(name, data)| name.strip_prefix(CONTROLLER).map(|n| Tensor { name: n.to_string(), data }))
             .collect();
         controller.sort_by(|a, b| a.name.cmp(&b.name));
-        let changed = match serde_json::to_value(&self.config) {
+        let mut changed = match serde_json::to_value(&self.config) {
             Ok(now) => changed_settings("train", &field("train"), &now),
             Err(_) => Vec::new(),
         };
+        // The products' precision (master weights and optimizer state are f32 in either).
+        let now = serde_json::json!(self.precision());
+        if let Some(then) = Some(field("precision")).filter(|then| !then.is_null() && *then != now) {
+            changed.push(format!("output.precision {then} → {now}"));
+        }
         Ok(Restored { controller: field("controller"), tensors: controller, reshaped_from, changed })
+    }
+}
+
+impl<D: Device> Trainer<D> {
+    /// The precision the pipeline's devices compute in (one for all: they are opened alike).
+    fn precision(&self) -> Option<crate::device::Precision> {
+        self.pipeline.devices().first().map(Device::precision)
     }
 }
 
 /// The settings of `now` whose values differ from `then`'s, as `prefix.key then → now`, a
 /// table's by its own keys (`train.optimizer.beta1 0.9 → 0.5`). A key one side lacks (a
 /// setting a later version added) is not a change.
-fn changed_settings(prefix: &str, then: &serde_json::Value, now: &serde_json::Value) -> Vec<String> {
+pub fn changed_settings(prefix: &str, then: &serde_json::Value, now: &serde_json::Value) -> Vec<String> {
     let (Some(then), Some(now)) = (then.as_object(), now.as_object()) else { return Vec::new() };
     let mut changed = Vec::new();
     for (key, value) in now {

@@ -201,11 +201,6 @@ impl GpuDevice {
         Self { rt, pool, precision, poison }
     }
 
-    /// The storage precision.
-    pub fn precision(&self) -> Precision {
-        self.precision
-    }
-
     /// The element type of the buffers [`Device::alloc`] returns (activations).
     pub fn act(&self) -> Elem {
         match self.precision {
@@ -278,6 +273,9 @@ impl Device for GpuDevice {
 
     fn name(&self) -> String {
         format!("{} ({:?})", self.rt.name(), self.precision)
+    }
+    fn precision(&self) -> Precision {
+        self.precision
     }
     fn activation_dtype(&self) -> DType {
         match self.precision {
