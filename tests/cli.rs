@@ -9,6 +9,16 @@ use pipetransformer::testing::Scratch;
 use std::path::Path;
 use std::process::Command;
 
+/// A child whose stdout and stderr the test reads.
+trait SpawnPiped {
+    fn spawn_piped(&mut self) -> std::process::Child;
+}
+
+impl SpawnPiped for Command {
+    fn spawn_piped(&mut self) -> std::process::Child {
+        self.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap()
+    }
+}
 fn pipetransformer(args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_pipetransformer")).args(args).output().unwrap();
     (out.status.success(), output_text(&out))
@@ -88,10 +98,7 @@ fn a_closed_pipe_ends_a_report_quietly() {
     }
     let mut child = Command::new(env!("CARGO_BIN_EXE_pipetransformer"))
         .args(["plan", "--config", "configs/gpt-hamlet.toml", "--devices", "2"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+        .spawn_piped();
     drop(child.stdout.take()); // closed before the first line is printed
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -695,13 +702,7 @@ fn an_interrupted_run_checkpoints_and_resumes() {
     let out_dir = format!("output.dir={}", dir.display());
     let long = ["--set", "train.max_steps=100000000", "--set", "train.epochs=1000000", "--set", "data.test_limit=16"];
     let args = ["train", "--config", "configs/vit-digits.toml", "--fresh", "--progress-every", "0", "--set", &out_dir];
-    let child = Command::new(env!("CARGO_BIN_EXE_pipetransformer"))
-        .args(args)
-        .args(long)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_pipetransformer")).args(args).args(long).spawn_piped();
     // Some steps in (the log holds them), then the signal.
     let started = Instant::now();
     while std::fs::read_to_string(dir.join("metrics.jsonl")).map_or(0, |t| t.matches("\"step\"").count()) < 3 {
@@ -771,10 +772,7 @@ fn a_signal_to_one_launched_process_stops_them_all_after_one_step() {
             .args(small)
             .args(layout)
             .args(["--set", "train.max_steps=100000000"])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+            .spawn_piped();
         // (Killed, its processes stop after a step: they take the kernel's SIGTERM as a stop.)
         let mut reap = Reap(vec![launcher.id()]);
         let started = Instant::now();
@@ -1662,10 +1660,7 @@ fn kill_the_last(name: &str, mode: &[&str], world: usize) {
             .env("MASTER_PORT", &port)
             .env("PT_RDZV_TOKEN", "kill-test")
             .env("PT_COLLECTIVE_TIMEOUT", "60")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap()
+            .spawn_piped()
     };
     let mut all: Vec<_> = (0..world).map(spawn).collect();
     let mut last = all.pop().unwrap();

@@ -426,10 +426,11 @@ fn scale_lr_takes_more_batches_per_step_and_keeps_the_run_length() {
     assert_eq!(transition.map(|t| (t.replicas, t.batches_per_step)), Some(((1, 2), 2)));
 }
 
-/// A GPT pipelined over token slices through the elastic loop: the freeze that leaves one
-/// stage (and a second replica) turns the slices off, which on one stage would only add their
-/// overhead, and every step's loss and gradient norm still follow a one-device, unsliced run
-/// that freezes the same units at the same steps.
+/// A GPT pipelined over token slices through the elastic loop: each micro-batch count AutoPipe
+/// times runs the slicing planned for it (here a stand-in for `auto`'s planner: another cut
+/// for each count), the freeze that leaves one stage (and a second replica) turns the slices
+/// off, which on one stage would only add their overhead, and every step's loss and gradient
+/// norm still follow a one-device, unsliced run that freezes the same units at the same steps.
 #[test]
 fn one_stage_left_runs_without_token_slices_and_computes_the_same() {
     let model = common::tiny_gpt(0.1);
@@ -447,12 +448,26 @@ fn one_stage_left_runs_without_token_slices_and_computes_the_same() {
     };
     let dir = scratch("gpt-slices");
     let mut elastic = Elastic::new(config, surroundings(&model), &dir).unwrap();
+    let slices = |m: usize| if m == 2 { vec![3, 4] } else { vec![5, 2] };
+    let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = asked.clone();
+    elastic.plan_token_slices_with(Box::new(move |c, samples| {
+        seen.lock().unwrap().push((c.pipeline_len, c.micro_batches, samples));
+        Ok(slices(c.micro_batches))
+    }));
     let mut events = Vec::new();
     elastic.start(&mut t, &mut |e| events.push(e.clone())).unwrap();
     t.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
+    // Planned for each count timed on two stages, with its micro-batches' sequences; never
+    // for one stage.
+    let asked = asked.lock().unwrap().clone();
+    assert!(asked.iter().any(|&(_, m, _)| m != 2), "{asked:?}");
+    assert!(asked.iter().all(|&(k, m, samples)| k == 2 && samples == BATCH.div_ceil(m)), "{asked:?}");
     let freezes = freezes(&events);
     assert_eq!((freezes[0].pipeline_len, freezes[0].replicas), ((2, 1), (1, 2)), "{freezes:?}");
-    assert!(freezes[0].reason.contains("token slices off (one stage)"), "{}", freezes[0].reason);
+    let m = freezes[0].micro_batches.0;
+    let off = format!("token slices {} → none (one stage)", if m == 2 { "3,4" } else { "5,2" });
+    assert!(freezes[0].reason.contains(&off), "{}", freezes[0].reason);
     assert!(t.pipeline.plan().config.token_slices.is_empty());
     // The transition logs the stages it started from and those it left.
     assert_eq!((freezes[0].stages_before.len(), freezes[0].stages.len()), (2, 1), "{freezes:?}");

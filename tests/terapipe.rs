@@ -381,6 +381,59 @@ fn the_memory_model_bounds_a_stages_measured_peak() {
     assert_eq!(memory(4, ScheduleKind::OneFOneB), memory(2, ScheduleKind::Gpipe));
 }
 
+/// One measurement plans every shape an elastic run changes to: a stage's latency is its
+/// layers' (`⌈L/K⌉`: 4, 2, 2, 1 of 4 layers) and scales with the micro-batch's sequences, as the
+/// transfer's bytes do (not its fixed cost); its memory is exactly what measuring that shape
+/// gives, for any `K`, `M`, schedule and micro-batch.
+#[test]
+fn a_slicing_profile_models_every_shape_from_one_measurement() {
+    use pipetransformer::model::GptConfig;
+    use pipetransformer::terapipe::{SlicingProfile, measure_memory};
+    let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+    let ModelConfig::Gpt(tiny) = tiny_gpt(0.1) else { unreachable!() };
+    let config =
+        ModelConfig::Gpt(GptConfig { n_embd: 8, n_head: 8, n_positions: 32, n_inner: Some(16), n_layer: 4, ..tiny });
+    let mut model = Model::new(&dev, &config, 1).unwrap();
+    let host = pipetransformer::model::HostBatch::random(&config, 2, 32, 5);
+    let one = host.split(2).unwrap().swap_remove(0);
+    let profile = SlicingProfile::measure(&dev, &mut model, &host).unwrap();
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.abs().max(1.0);
+    for k in 1..=4 {
+        for m in [1, 2, 4] {
+            for schedule in [ScheduleKind::Gpipe, ScheduleKind::OneFOneB] {
+                for micro in [&host, &one] {
+                    let plan = PipelineConfig { pipeline_len: k, micro_batches: m, schedule, ..Default::default() };
+                    let (got, want) =
+                        (profile.memory(&plan, micro.batch), measure_memory(&dev, &model, micro, &plan).unwrap());
+                    let what = format!("K={k} M={m} {schedule} {} sequences: {got:?} vs {want:?}", micro.batch);
+                    assert!(close(got.per_token_bytes, want.per_token_bytes), "{what}");
+                    assert!(close(got.per_score_bytes, want.per_score_bytes), "{what}");
+                    assert_eq!((got.fixed_bytes, got.sliced_bytes), (want.fixed_bytes, want.sliced_bytes), "{what}");
+                }
+            }
+        }
+    }
+    // The compute part of a slice's time (the transfer's taken off).
+    let compute = |k: usize, samples: usize, len: usize, context: usize| {
+        let latency = profile.latency(k, samples).unwrap();
+        let comm = latency.comm().map_or(0.0, |c| c.seconds(len));
+        (latency.slice_time(1, len, context).unwrap() - comm, latency.comm().copied())
+    };
+    for (len, context) in [(1, 0), (32, 0), (8, 16), (4, 20)] {
+        let (all, none) = compute(1, 2, len, context);
+        assert!(all > 0.0 && none.is_none_or(|c| c.fixed_seconds == 0.0 && c.seconds_per_token == 0.0));
+        for (k, samples, share) in [(2, 2, 0.5), (3, 2, 0.5), (4, 2, 0.25), (2, 1, 0.25)] {
+            let (part, _) = compute(k, samples, len, context);
+            assert!(close(part, all * share), "K={k}, {samples} sequences, {len}@{context}: {part} vs {all} × {share}");
+        }
+    }
+    let (_, two) = compute(2, 2, 1, 0);
+    let (_, half) = compute(2, 1, 1, 0);
+    let (two, half) = (two.unwrap(), half.unwrap());
+    assert!(close(half.seconds_per_token, two.seconds_per_token / 2.0), "{two:?} {half:?}");
+    assert_eq!(half.fixed_seconds, two.fixed_seconds);
+}
+
 /// `auto` under a GPipe memory limit between the finest slicing's peak and the unsliced one's:
 /// every micro-batch gets the same slicing (the runtime cuts them alike), and its predicted
 /// peak is within the limit.
@@ -408,7 +461,7 @@ fn auto_under_a_memory_limit_plans_one_slicing_within_it() {
     assert!(finest < whole, "{finest} vs {whole}");
     for limit in [finest, (finest + whole) / 2, whole] {
         let request = PipelineConfig { memory_limit: Some(limit), ..base.clone() };
-        let planned = plan_slices(&dev, &mut model, &micro, &request).unwrap();
+        let (planned, _) = plan_slices(&dev, &mut model, &micro, &request).unwrap();
         let first = &planned.micro_batches[0];
         assert_eq!(planned.micro_batches.len(), 2, "{planned}");
         assert!(planned.micro_batches.iter().all(|m| m == first), "{planned}");

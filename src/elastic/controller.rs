@@ -20,8 +20,19 @@ use crate::train::{Controller, Event, Trainer, Transition};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
+/// Plans TeraPipe's token slices for a pipeline shape, with micro-batches of so many sequences:
+/// a run's `auto` slicing, from its one measurement (none: the micro-batches run whole).
+pub type Slicer = Box<dyn Fn(&crate::pipeline::PipelineConfig, usize) -> Result<Vec<usize>> + Send>;
+
 /// A pipeline's shape: its plan's config and stages (a transition's before).
 type Shape = (crate::pipeline::PipelineConfig, Vec<std::ops::Range<usize>>);
+
+/// Sequences in each of `m` micro-batches of a replica of `trainer`'s pipeline in force, for
+/// steps of `batch`-sample source batches.
+fn micro_samples<D: Device>(trainer: &Trainer<D>, batch: usize, m: usize) -> usize {
+    let replicas = trainer.pipeline.plan().config.replicas;
+    (batch * trainer.batches_per_step).div_ceil(replicas).div_ceil(m)
+}
 
 /// The shape `trainer`'s pipeline runs in now.
 fn shape<D: Device>(trainer: &Trainer<D>) -> Shape {
@@ -140,6 +151,8 @@ pub struct Elastic {
     /// [`state_tensors`](Self::state_tensors); `None` when unknown, and then the interval
     /// under way freezes nothing more).
     reference: Option<Vec<Vec<f32>>>,
+    /// The run's `auto` token slicing, planned afresh for each shape and micro-batch count.
+    slicer: Option<Slicer>,
 }
 
 impl Elastic {
@@ -174,7 +187,26 @@ impl Elastic {
             tuning_from: 0,
             shape_trial: None,
             reference: None,
+            slicer: None,
         })
+    }
+
+    /// Plans the token slices of each shape the run changes to with `slicer` (a run with
+    /// `token_slices = "auto"`); without one, a shape keeps the slices in force (a given list
+    /// is the user's), and drops them on one stage.
+    pub fn plan_token_slices_with(&mut self, slicer: Slicer) {
+        self.slicer = Some(slicer);
+    }
+
+    /// The token slices for `config`'s shape with micro-batches of `samples` sequences: the
+    /// slicer's plan, or those in force; none on one stage, which has no fill or drain for
+    /// them to shorten (they would only add each slice's overhead).
+    fn token_slices(&self, config: &crate::pipeline::PipelineConfig, samples: usize) -> Result<Vec<usize>> {
+        match &self.slicer {
+            _ if config.pipeline_len == 1 => Ok(Vec::new()),
+            Some(plan) => plan(config, samples),
+            None => Ok(config.token_slices.clone()),
+        }
     }
 
     /// Frozen Transformer layers now.
@@ -210,8 +242,7 @@ impl Elastic {
             let key = Tuner::key(c.pipeline_len, c.replicas, 0, false, per_replica, c.schedule);
             let m = self.tuner.start(key, candidates);
             if m != c.micro_batches {
-                let profiles = profiles(m);
-                trainer.pipeline.set_micro_batches(m, &profiles)?;
+                self.set_micro_batches(trainer, m)?;
             }
             self.warming = self.tuner.running();
             self.tuning_from = c.micro_batches;
@@ -421,15 +452,6 @@ impl Elastic {
         trainer.pipeline.lend_idle_threads(lend)?;
         let (k, r) = (chosen.pipeline_len, chosen.replicas);
         let mut reason = String::new();
-        // One stage has no fill or drain for TeraPipe's token slices to shorten: they would
-        // only add each slice's overhead.
-        let chosen = match k == 1 && !chosen.token_slices.is_empty() {
-            true => {
-                reason += "; token slices off (one stage)";
-                crate::pipeline::PipelineConfig { token_slices: Vec::new(), ..chosen }
-            }
-            false => chosen,
-        };
         let per_step = batches_per_step(self.config.batch_policy, r, a.initial_replicas);
         let per_replica = (a.batch * per_step).div_ceil(r);
         let key = Tuner::key(k, r, units, cached > 0, per_replica, chosen.schedule);
@@ -449,7 +471,9 @@ impl Elastic {
                 .find(|&m| Plan::new(with(m), &profiles(trainer, m), names.clone(), a.devices, cached).is_ok())
                 .unwrap_or(chosen.micro_batches),
         };
-        trainer.pipeline.replan(with(m), &profiles(trainer, m), cached)?;
+        let token_slices = self.token_slices(&with(m), per_replica.div_ceil(m))?;
+        let planned = crate::pipeline::PipelineConfig { token_slices, ..with(m) };
+        trainer.pipeline.replan(planned, &profiles(trainer, m), cached)?;
         let timed = std::iter::once(m)
             .chain(
                 candidates
@@ -517,10 +541,10 @@ impl Elastic {
     /// hold a remainder more).
     fn set_micro_batches<D: Device>(&self, trainer: &mut Trainer<D>, m: usize) -> Result<()> {
         let cached = if self.cache_on { frozen_units(self.frozen_layers) } else { 0 };
-        let replicas = trainer.pipeline.plan().config.replicas;
-        let per_replica = (self.around.batch * trainer.batches_per_step).div_ceil(replicas);
-        let profiles = trainer.profiles_for(per_replica.div_ceil(m), cached);
-        trainer.pipeline.set_micro_batches(m, &profiles)
+        let profiles = trainer.profiles_for(micro_samples(trainer, self.around.batch, m), cached);
+        let config = crate::pipeline::PipelineConfig { micro_batches: m, ..trainer.pipeline.plan().config.clone() };
+        let token_slices = self.token_slices(&config, micro_samples(trainer, self.around.batch, m))?;
+        trainer.pipeline.set_micro_batches(m, token_slices, &profiles)
     }
 
     /// At the run's end, ends AutoPipe's timing of micro-batch counts and its trial of
@@ -579,6 +603,15 @@ impl Elastic {
     ) {
         let plan = trainer.pipeline.plan();
         let after = plan.config.clone();
+        let mut reason = reason;
+        if before.token_slices != after.token_slices {
+            let list = |s: &[usize]| match s.is_empty() {
+                true => "none".to_string(),
+                false => s.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
+            };
+            let why = if after.pipeline_len == 1 { " (one stage)" } else { "" };
+            reason += &format!("; token slices {} → {}{why}", list(&before.token_slices), list(&after.token_slices));
+        }
         let t = Transition {
             step: trainer.position.step,
             epoch: trainer.position.epoch,
@@ -755,8 +788,13 @@ impl<D: Device> Controller<D> for Elastic {
                     let rates: Vec<String> = timed.iter().map(|(m, r)| format!("M={m}: {r:.0}")).collect();
                     let reason = format!("micro-batches timed (positions/s): {}", rates.join(", "));
                     let layers = (self.frozen_layers, self.frozen_layers);
-                    // (Another micro-batch count keeps the stages.)
-                    let before = crate::pipeline::PipelineConfig { micro_batches: self.tuning_from, ..config };
+                    // (Another micro-batch count keeps the stages; `auto` slices are planned
+                    // for each count.)
+                    let mut before = crate::pipeline::PipelineConfig { micro_batches: self.tuning_from, ..config };
+                    if self.slicer.is_some() {
+                        let samples = micro_samples(trainer, self.around.batch, self.tuning_from);
+                        before.token_slices = self.token_slices(&before, samples)?;
+                    }
                     let stages = trainer.pipeline.plan().partition.stages.clone();
                     self.emit(trainer, reason, layers, (before, stages), started, on_event);
                     let best = timed.iter().map(|&(_, r)| r).fold(0.0, f64::max);

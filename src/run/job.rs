@@ -14,7 +14,7 @@ use crate::error::{Error, Result, config_error, internal};
 use crate::files::{self, io_error};
 use crate::model::{Family, HeadSpec, HostBatch, InputSpec, Model, ModelConfig};
 use crate::pipeline::{Pipeline, PipelineConfig, UnitProfile, unit_profiles_per_sample};
-use crate::terapipe::{SlicingPlan, TokenSlices, plan_slices};
+use crate::terapipe::{SlicingPlan, SlicingProfile, TokenSlices, plan_slices};
 use crate::text::{Encoded, EncodedItem, TextInput, TextTokenizer, encoded_batch};
 use crate::train::{BatchSource, EvalMetrics, Event, RecordedPlan, Trainer};
 use crate::weights::{self, LoadOptions, LoadReport};
@@ -549,14 +549,15 @@ fn planning_profiles<D: Device>(
 /// The token slices `config` asks for, for sequences like `first`'s: checked against the model
 /// (a causal language model) and the activation cache (which takes whole sequences);
 /// `auto` measures the model's layer on `dev` and runs TeraPipe's planner for `plan`'s
-/// pipeline and micro-batches (its plan returned beside the lengths).
+/// pipeline and micro-batches (its plan returned beside the lengths, and the measurement, to
+/// plan the shapes AutoPipe changes to).
 fn token_slices<D: Device>(
     config: &RunConfig,
     dev: &D,
     model: &mut Model<D>,
     first: &HostBatch,
     plan: &PipelineConfig,
-) -> Result<(Vec<usize>, Option<SlicingPlan>)> {
+) -> Result<(Vec<usize>, Option<(SlicingPlan, SlicingProfile)>)> {
     let request = &config.pipeline.token_slices;
     if *request == TokenSlices::Off {
         return Ok((Vec::new(), None));
@@ -581,9 +582,14 @@ fn token_slices<D: Device>(
         return Ok((request.lengths(first.seq)?, None));
     }
     let micro = first.split(plan.replicas.saturating_mul(plan.micro_batches).clamp(1, first.batch))?.swap_remove(0);
-    let planned = plan_slices(dev, model, &micro, plan)?;
+    let (planned, profile) = plan_slices(dev, model, &micro, plan)?;
+    Ok((lengths(&planned), Some((planned, profile))))
+}
+
+/// The token slices `planned` cuts every micro-batch into; none where it keeps them whole.
+fn lengths(planned: &SlicingPlan) -> Vec<usize> {
     let lengths = planned.micro_batches.first().map(|m| m.slices.clone()).unwrap_or_default();
-    Ok((if lengths.len() > 1 { lengths } else { Vec::new() }, Some(planned)))
+    if lengths.len() > 1 { lengths } else { Vec::new() }
 }
 
 /// What a [resume](Job::resume) found: the plan the run goes on with, and the training
@@ -856,10 +862,10 @@ impl<D: Device> Job<D> {
             ));
         }
         let mut plan = plan;
-        let slicing;
+        let planned;
         // (Token slices first: a model that is not causal is the reason to name before any
         // elastic setting beside them.)
-        (plan.token_slices, slicing) = token_slices(&config, &devices[0], &mut model, &first, &plan)?;
+        (plan.token_slices, planned) = token_slices(&config, &devices[0], &mut model, &first, &plan)?;
         config.elastic.validate(spec.layers, info.augmented)?;
         let (per_sample, profiles) = planning_profiles(&config, &devices[0], &mut model, &first, &plan)?;
         let mut devices = devices;
@@ -912,7 +918,13 @@ impl<D: Device> Job<D> {
                 _ => CacheDtype::F32,
             },
         };
-        let elastic = Elastic::new(config.elastic.clone(), around, &config.output.dir.join("cache"))?;
+        let mut elastic = Elastic::new(config.elastic.clone(), around, &config.output.dir.join("cache"))?;
+        // `auto` slices each shape AutoPipe runs from the one measurement.
+        let slicing = planned.map(|(plan, profile)| {
+            elastic
+                .plan_token_slices_with(Box::new(move |config, samples| Ok(lengths(&profile.plan(config, samples)?))));
+            plan
+        });
         Ok(Self {
             config,
             source,

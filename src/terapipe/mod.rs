@@ -12,7 +12,7 @@
 //! |---|---|---|
 //! | [`slices`] | — | `TokenSlices` (`--token-slices off|auto|N|l1,l2,...`) and the lengths it means |
 //! | [`latency`] | A.4 | `LatencyModel` (`t0` table + fitted context term `Δ` + `comm`), `Sample`, `CommModel`, `ContextFit`, `LatencyGrid` |
-//! | [`profile`] | A.4, A.5 | `measure_latency` (one layer's slice times on a device), `measure_memory` (a stage's bytes), `plan_slices` (both, then the planner, for a pipeline plan) |
+//! | [`profile`] | A.4, A.5 | `SlicingProfile` (one layer measured on a device: the latency and memory models of any pipeline shape, and its slicing), `measure_latency`, `measure_memory`, `plan_slices` (measure, then the planner, for a pipeline plan) |
 //! | [`memory`] | A.5, A.9 | `MemoryModel` (activation bytes of a slice), `SliceSchedule` (GPipe / 1F1B over slices) |
 //! | [`planner`] | A.2, A.3 | `plan` (the `t_max` DP with exact pruning, joint batch × token, memory limits), `PlannerConfig`, `SlicingPlan`, `predict_step_seconds` |
 
@@ -30,5 +30,5 @@ pub use memory::{MemoryModel, SliceSchedule};
 pub use planner::{
     MicroBatchSlicing, PlannerConfig, Search, SearchStats, SlicingPlan, peak_memory_bytes, plan, predict_step_seconds,
 };
-pub use profile::{measure_latency, measure_memory, plan_slices, shared_slicing};
+pub use profile::{SlicingProfile, measure_latency, measure_memory, plan_slices, shared_slicing};
 pub use slices::{TokenSlices, uniform};

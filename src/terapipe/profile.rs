@@ -177,25 +177,114 @@ fn transfer_seconds<D: Device>(dev: &D, tokens: usize, width: usize) -> Result<f
     Ok(times.into_iter().fold(f64::INFINITY, f64::min))
 }
 
-/// The layers of the largest of `stages` stages (12 layers on 8 stages: 2, not 1.5): the
-/// slowest stage, and the one holding the most.
-fn stage_layers<D: Device>(model: &Model<D>, stages: usize) -> usize {
-    model.spec().layers.div_ceil(stages.max(1))
+/// What TeraPipe's planner needs of a model on a device, measured once on one Transformer
+/// layer for micro-batches of `samples` sequences: the latency model and the memory model of
+/// a stage of any pipeline shape follow from it ([`latency`](Self::latency),
+/// [`memory`](Self::memory)), so an elastic transition that changes `K` or `M` plans its
+/// slicing afresh without measuring again ([`plan`](Self::plan)). A stage's time is its layers'
+/// (the largest stage's, `⌈L/K⌉`) and scales with the micro-batch's sequences; so do its
+/// activations.
+#[derive(Clone, Debug)]
+pub struct SlicingProfile {
+    grid: LatencyGrid,
+    /// One layer's slice times at the measured micro-batch.
+    layer: Vec<Sample>,
+    /// A slice's transfer across a stage boundary, at the measured micro-batch.
+    comm: CommModel,
+    /// Sequences in the measured micro-batch.
+    samples: usize,
+    /// Transformer layers of the model.
+    layers: usize,
+    memory: LayerMemory,
 }
 
-/// The latency model of one stage of a `stages`-long pipeline of `model` on `dev`, for
-/// micro-batches like `micro` (the planner's batch unit is the whole micro-batch).
-pub fn measure_latency<D: Device>(
-    dev: &D,
-    model: &mut Model<D>,
-    micro: &HostBatch,
+/// The memory a stage holds, per layer and at its ends, for the measured micro-batch
+/// ([`measure_memory`] assembles it for a pipeline).
+#[derive(Clone, Copy, Debug)]
+struct LayerMemory {
+    /// One layer's activation bytes per token and per attention score.
+    per_token: f64,
+    per_score: f64,
+    /// One layer's parameter bytes (weights, gradients, optimizer state, packs).
+    layer_params: usize,
+    /// The units before the first layer and after the last: parameter bytes and activation
+    /// bytes per token.
+    head: (usize, f64),
+    tail: (usize, f64),
+    /// One layer's key/value arena for one micro-batch.
+    arena: f64,
+}
+
+impl SlicingProfile {
+    /// Measures one layer of `model` on `dev` for micro-batches like `micro`: its slice times
+    /// over the token grid ([`layer_seconds`]), a transfer's time, and its memory.
+    pub fn measure<D: Device>(dev: &D, model: &mut Model<D>, micro: &HostBatch) -> Result<SlicingProfile> {
+        let (grid, layer) = layer_samples(dev, model, micro)?;
+        let width = model.spec().hidden;
+        let (step, seq) = (grid.step, grid.max_len);
+        let points = [step, seq].map(|len| transfer_seconds(dev, micro.batch * len, width).map(|t| (len, t)));
+        let comm = CommModel::fit(&points.into_iter().collect::<Result<Vec<_>>>()?)?;
+        let memory = LayerMemory::measure(dev, model, micro)?;
+        Ok(SlicingProfile { grid, layer, comm, samples: micro.batch, layers: model.spec().layers, memory })
+    }
+
+    /// The latency model of one stage of a `stages`-long pipeline for micro-batches of
+    /// `samples` sequences (the planner's batch unit is the whole micro-batch).
+    pub fn latency(&self, stages: usize, samples: usize) -> Result<LatencyModel> {
+        let share = samples as f64 / self.samples.max(1) as f64;
+        let comm = CommModel { seconds_per_token: self.comm.seconds_per_token * share, ..self.comm };
+        stage_latency(self.grid, &self.layer, comm, stage_layers(self.layers, stages), share, stages)
+    }
+
+    /// The memory model of a stage of `pipeline`'s plan for micro-batches of `samples`
+    /// sequences ([`measure_memory`]).
+    pub fn memory(&self, pipeline: &PipelineConfig, samples: usize) -> MemoryModel {
+        self.memory.stage(pipeline, self.layers, samples as f64 / self.samples.max(1) as f64)
+    }
+
+    /// TeraPipe's slicing for `pipeline`'s micro-batches of `samples` sequences each
+    /// ([`shared_slicing`] over [`latency`](Self::latency) and [`memory`](Self::memory)).
+    pub fn plan(&self, pipeline: &PipelineConfig, samples: usize) -> Result<SlicingPlan> {
+        let latency = self.latency(pipeline.pipeline_len, samples)?;
+        shared_slicing(&latency, self.memory(pipeline, samples), self.grid.max_len, samples, pipeline)
+    }
+}
+
+/// The layers of the largest of `stages` stages of a model of `layers` (12 layers on 8
+/// stages: 2, not 1.5): the slowest stage, and the one holding the most.
+fn stage_layers(layers: usize, stages: usize) -> usize {
+    layers.div_ceil(stages.max(1))
+}
+
+/// One stage of a `stages`-long pipeline, of `layers` layers, from one layer's slice times
+/// (`layer`) measured at a micro-batch `share` times smaller than the planned one's; `comm`
+/// a slice's transfer at the planned micro-batch (none on one stage).
+fn stage_latency(
+    grid: LatencyGrid,
+    layer: &[Sample],
+    comm: CommModel,
+    layers: usize,
+    share: f64,
     stages: usize,
 ) -> Result<LatencyModel> {
+    let compute: Vec<Sample> =
+        layer.iter().map(|s| Sample { seconds: s.seconds * layers as f64 * share, ..*s }).collect();
+    if crate::debug::level() >= 2 {
+        let row = |s: &Sample| format!("{}@{} {:.1}", s.len, s.context, s.seconds * 1e6);
+        eprintln!(
+            "terapipe latency, one stage, µs (length@context time): {}",
+            compute.iter().map(row).collect::<Vec<_>>().join(", ")
+        );
+    }
+    LatencyModel::from_samples(grid, &compute, if stages > 1 { comm } else { CommModel::NONE })
+}
+
+/// One layer's slice times for `micro`'s sequences over the token grid: the no-context table at
+/// every grid length, and the context term's points (lengths short and long at contexts
+/// across the sequence).
+fn layer_samples<D: Device>(dev: &D, model: &mut Model<D>, micro: &HostBatch) -> Result<(LatencyGrid, Vec<Sample>)> {
     let seq = micro.seq;
     let step = grid_step(seq);
-    let per_stage = stage_layers(model, stages) as f64;
-    // The no-context table at every grid length; the context term from lengths short and
-    // long at contexts across the sequence.
     let on_grid = |x: usize| (x / step).max(1) * step;
     let mut points: Vec<(usize, usize)> = (step..=seq).step_by(step).map(|len| (len, 0)).collect();
     let mut with_context = Vec::new();
@@ -222,26 +311,29 @@ pub fn measure_latency<D: Device>(
     }
     points.extend(with_context);
     let seconds = layer_seconds(dev, model, micro, &points)?;
-    let samples: Vec<Sample> = points
-        .into_iter()
-        .zip(seconds)
-        .map(|((len, context), seconds)| Sample { batch: 1, len, context, seconds: per_stage * seconds })
-        .collect();
-    if crate::debug::level() >= 2 {
-        let row = |s: &Sample| format!("{}@{} {:.1}", s.len, s.context, s.seconds * 1e6);
-        eprintln!(
-            "terapipe latency, one stage, µs (length@context time): {}",
-            samples.iter().map(row).collect::<Vec<_>>().join(", ")
-        );
-    }
+    let samples =
+        points.into_iter().zip(seconds).map(|((len, context), seconds)| Sample { batch: 1, len, context, seconds });
+    Ok((LatencyGrid { step, max_len: seq, max_batch: 1 }, samples.collect()))
+}
+
+/// The latency model of one stage of a `stages`-long pipeline of `model` on `dev`, for
+/// micro-batches like `micro` (the planner's batch unit is the whole micro-batch).
+pub fn measure_latency<D: Device>(
+    dev: &D,
+    model: &mut Model<D>,
+    micro: &HostBatch,
+    stages: usize,
+) -> Result<LatencyModel> {
+    let (grid, layer) = layer_samples(dev, model, micro)?;
     let comm = if stages > 1 {
         let width = model.spec().hidden;
-        let points = [step, seq].map(|len| transfer_seconds(dev, micro.batch * len, width).map(|t| (len, t)));
+        let points =
+            [grid.step, grid.max_len].map(|len| transfer_seconds(dev, micro.batch * len, width).map(|t| (len, t)));
         CommModel::fit(&points.into_iter().collect::<Result<Vec<_>>>()?)?
     } else {
         CommModel::NONE
     };
-    LatencyModel::from_samples(LatencyGrid { step, max_len: seq, max_batch: 1 }, &samples, comm)
+    stage_latency(grid, &layer, comm, stage_layers(model.spec().layers, stages), 1.0, stages)
 }
 
 /// Bytes a stage of a `pipeline`'s plan keeps for micro-batches like `micro`, as the planner
@@ -263,67 +355,87 @@ pub fn measure_memory<D: Device>(
     micro: &HostBatch,
     pipeline: &PipelineConfig,
 ) -> Result<MemoryModel> {
-    let (b, seq, step) = (micro.batch, micro.seq, grid_step(micro.seq));
-    if seq < 2 * step {
-        return Err(coarse_grid(seq, step, "a slice's memory"));
-    }
-    let bytes = dev.activation_dtype().bytes() as f64;
-    let elements = |context| LayerProbe::new(dev, model, micro, step, context)?.saved_elements(dev, model);
-    let (alone, after) = (elements(0)? as f64, elements(step)? as f64);
-    // Per micro-batch, the planner's batch unit (`plan_slices`).
-    let l = step as f64;
-    let per_score = (after - alone) / (l * l);
-    let per_token = alone / l - l * per_score;
+    Ok(LayerMemory::measure(dev, model, micro)?.stage(pipeline, model.spec().layers, 1.0))
+}
 
-    let k = pipeline.pipeline_len.max(1);
-    let layers = stage_layers(model, k);
-    let costs = model.costs(dev, seq);
-    let is_layer = |u: &Unit<D>| matches!(u, Unit::Attention(_) | Unit::Mlp(_));
-    let units = model.units();
-    let first = units.iter().position(is_layer).unwrap_or(units.len());
-    let last = units.iter().rposition(is_layer).map_or(units.len(), |i| i + 1);
-    let params = |range: std::ops::Range<usize>| -> usize {
-        range.map(|i| param_bytes(costs[i].params, units[i].trainable()) + costs[i].weight_pack_bytes).sum()
-    };
-    let layer_params = params(first..last) / model.spec().layers.max(1);
-    // The first stage also holds the embeddings and the last the final norm and head: the
-    // model is of the larger end (both ends when there is one stage). Their activations are
-    // per token (the analytic costs, for the micro-batch's sequences).
-    let end = |range: std::ops::Range<usize>| -> (usize, f64) {
-        let tokens = range.clone().map(|i| costs[i].activation_bytes as f64 * b as f64 / seq as f64).sum();
-        (params(range), tokens)
-    };
-    let (head, tail) = (end(0..first), end(last..units.len()));
-    let (ends, end_tokens) =
-        if k == 1 { (head.0 + tail.0, head.1 + tail.1) } else { (head.0.max(tail.0), head.1.max(tail.1)) };
-    let resident = match pipeline.schedule {
-        ScheduleKind::Gpipe | ScheduleKind::Interleaved => pipeline.micro_batches,
-        ScheduleKind::OneFOneB | ScheduleKind::ZeroBubble => pipeline.micro_batches.min(k),
-    };
-    // Keys and values in the activations' dtype, their gradients' sums in f32 (or wider).
-    let act = dev.activation_dtype().bytes();
-    let arena_bytes = 2 * (act + crate::model::kv_arena::grad_elem_bytes(act)) * b * seq * model.spec().hidden;
-    Ok(MemoryModel {
-        per_token_bytes: per_token * bytes * layers as f64 + end_tokens,
-        per_score_bytes: per_score * bytes * layers as f64,
-        fixed_bytes: layers * layer_params + ends,
-        sliced_bytes: resident * layers * arena_bytes,
-    })
+impl LayerMemory {
+    /// One layer's memory for micro-batches like `micro` ([`measure_memory`]).
+    fn measure<D: Device>(dev: &D, model: &Model<D>, micro: &HostBatch) -> Result<LayerMemory> {
+        let (b, seq, step) = (micro.batch, micro.seq, grid_step(micro.seq));
+        if seq < 2 * step {
+            return Err(coarse_grid(seq, step, "a slice's memory"));
+        }
+        let bytes = dev.activation_dtype().bytes() as f64;
+        let elements = |context| LayerProbe::new(dev, model, micro, step, context)?.saved_elements(dev, model);
+        let (alone, after) = (elements(0)? as f64, elements(step)? as f64);
+        // Per micro-batch, the planner's batch unit (`plan_slices`).
+        let l = step as f64;
+        let per_score = (after - alone) / (l * l);
+        let per_token = alone / l - l * per_score;
+        let costs = model.costs(dev, seq);
+        let is_layer = |u: &Unit<D>| matches!(u, Unit::Attention(_) | Unit::Mlp(_));
+        let units = model.units();
+        let first = units.iter().position(is_layer).unwrap_or(units.len());
+        let last = units.iter().rposition(is_layer).map_or(units.len(), |i| i + 1);
+        let params = |range: std::ops::Range<usize>| -> usize {
+            range.map(|i| param_bytes(costs[i].params, units[i].trainable()) + costs[i].weight_pack_bytes).sum()
+        };
+        // The ends' activations are per token (the analytic costs, for the micro-batch's
+        // sequences).
+        let end = |range: std::ops::Range<usize>| -> (usize, f64) {
+            let tokens = range.clone().map(|i| costs[i].activation_bytes as f64 * b as f64 / seq as f64).sum();
+            (params(range), tokens)
+        };
+        // Keys and values in the activations' dtype, their gradients' sums in f32 (or wider).
+        let act = dev.activation_dtype().bytes();
+        let arena = 2 * (act + crate::model::kv_arena::grad_elem_bytes(act)) * b * seq * model.spec().hidden;
+        Ok(LayerMemory {
+            per_token: per_token * bytes,
+            per_score: per_score * bytes,
+            layer_params: params(first..last) / model.spec().layers.max(1),
+            head: end(0..first),
+            tail: end(last..units.len()),
+            arena: arena as f64,
+        })
+    }
+
+    /// A stage of `pipeline`'s plan of a model of `layers`, for micro-batches `share` times
+    /// the measured one's sequences.
+    fn stage(&self, pipeline: &PipelineConfig, layers: usize, share: f64) -> MemoryModel {
+        let k = pipeline.pipeline_len.max(1);
+        let layers = stage_layers(layers, k);
+        // The first stage also holds the embeddings and the last the final norm and head: the
+        // model is of the larger end (both ends when there is one stage).
+        let (ends, end_tokens) = match k {
+            1 => (self.head.0 + self.tail.0, self.head.1 + self.tail.1),
+            _ => (self.head.0.max(self.tail.0), self.head.1.max(self.tail.1)),
+        };
+        let resident = match pipeline.schedule {
+            ScheduleKind::Gpipe | ScheduleKind::Interleaved => pipeline.micro_batches,
+            ScheduleKind::OneFOneB | ScheduleKind::ZeroBubble => pipeline.micro_batches.min(k),
+        };
+        MemoryModel {
+            per_token_bytes: (self.per_token * layers as f64 + end_tokens) * share,
+            per_score_bytes: self.per_score * layers as f64 * share,
+            fixed_bytes: layers * self.layer_params + ends,
+            sliced_bytes: (resident as f64 * layers as f64 * self.arena * share).round() as usize,
+        }
+    }
 }
 
 /// TeraPipe's slicing for `pipeline`'s micro-batches, each like `micro`: the layer's latency
-/// measured on `dev` and the stage's memory ([`measure_memory`]), then the planner's exact
+/// and memory measured on `dev` ([`SlicingProfile::measure`]), then the planner's exact
 /// search over one slicing shared by the `M` micro-batches ([`PlannerConfig::shared`]: the
 /// runtime cuts every micro-batch alike), under `pipeline.memory_limit` for its schedule.
+/// The profile comes back beside it, to plan other shapes from.
 pub fn plan_slices<D: Device>(
     dev: &D,
     model: &mut Model<D>,
     micro: &HostBatch,
     pipeline: &PipelineConfig,
-) -> Result<SlicingPlan> {
-    let latency = measure_latency(dev, model, micro, pipeline.pipeline_len)?;
-    let memory = measure_memory(dev, model, micro, pipeline)?;
-    shared_slicing(&latency, memory, micro.seq, micro.batch, pipeline)
+) -> Result<(SlicingPlan, SlicingProfile)> {
+    let profile = SlicingProfile::measure(dev, model, micro)?;
+    Ok((profile.plan(pipeline, micro.batch)?, profile))
 }
 
 /// [`plan_slices`] from the measured models: the best slicing `pipeline`'s micro-batches (of

@@ -59,11 +59,12 @@ impl<D: Device> Pipeline<D> {
         self.adopt(plan)
     }
 
-    /// Runs `m` micro-batches per replica from the next step: a new schedule over the same
-    /// stages, so nothing moves (how AutoPipe times its candidates cheaply).
-    pub fn set_micro_batches(&mut self, m: usize, profiles: &[UnitProfile]) -> Result<()> {
+    /// Runs `m` micro-batches per replica, each cut into `token_slices` (none: whole), from the
+    /// next step: a new schedule over the same stages, so nothing moves (how AutoPipe times its
+    /// candidates cheaply).
+    pub fn set_micro_batches(&mut self, m: usize, token_slices: Vec<usize>, profiles: &[UnitProfile]) -> Result<()> {
         self.refuse_across_processes("set_micro_batches")?;
-        let config = PipelineConfig { micro_batches: m, ..self.plan.config.clone() };
+        let config = PipelineConfig { micro_batches: m, token_slices, ..self.plan.config.clone() };
         let stages = self.plan.partition.stages.clone();
         self.plan = Plan::with_stages(config, profiles, self.plan.unit_names.clone(), self.devices.len(), stages)?
             .within_limit()?;
