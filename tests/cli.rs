@@ -1003,6 +1003,14 @@ fn a_resume_names_and_takes_changed_elastic_settings_and_precision() {
         .collect();
     // A step of both replicas' batches (the log starts at the fresh start), then one batch a step.
     assert_eq!(samples, [64, 32, 32], "{log}");
+    // Back to `scale-lr`, with flags that would start a fresh run at two replicas: the run's
+    // own start (one replica) still measures the growth, so a step takes both batches again.
+    let again = ["--resume", "--set", "train.max_steps=6", "--pipeline-len", "1", "--replicas", "2"];
+    let (ok, out) = run(&[&again[..], &elastic, &scale_lr].concat());
+    assert!(ok && out.contains(r#"elastic.batch_policy "constant" → "scale-lr""#), "{out}");
+    let log = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    let last = log.lines().rev().find(|l| l.contains(r#""event":"step""#)).unwrap();
+    assert!(last.contains(r#""samples":64"#), "{log}");
 }
 
 /// Resuming with another seed (another order over as many batches) is refused naming the

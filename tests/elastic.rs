@@ -11,7 +11,9 @@ use common::{Pool, params_rel};
 use pipetransformer::device::{CpuDevice, Device, GpuDevice, Precision};
 use pipetransformer::elastic::autodp::lends_threads;
 use pipetransformer::elastic::controller::Surroundings;
-use pipetransformer::elastic::{CacheDtype, Elastic, ElasticConfig, FreedDevices, FreezeInterval, FreezeName};
+use pipetransformer::elastic::{
+    BatchPolicy, CacheDtype, Elastic, ElasticConfig, FreedDevices, FreezeInterval, FreezeName,
+};
 use pipetransformer::model::{ModelConfig, Pooling};
 use pipetransformer::optim::Decay;
 use pipetransformer::pipeline::{PipelineConfig, StepOptions};
@@ -426,11 +428,11 @@ fn scale_lr_takes_more_batches_per_step_and_keeps_the_run_length() {
     assert_eq!(transition.map(|t| (t.replicas, t.batches_per_step)), Some(((1, 2), 2)));
 }
 
-/// A GPT pipelined over token slices through the elastic loop: each micro-batch count AutoPipe
-/// times runs the slicing planned for it (here a stand-in for `auto`'s planner: another cut
-/// for each count), the freeze that leaves one stage (and a second replica) turns the slices
-/// off, which on one stage would only add their overhead, and every step's loss and gradient
-/// norm still follow a one-device, unsliced run that freezes the same units at the same steps.
+/// A GPT pipelined over token slices through the elastic loop: every step runs the slicing
+/// planned for its shape and micro-batch count (here a stand-in for `auto`'s planner: another
+/// cut for each count, none on one stage), the counts AutoPipe times and the freeze that leaves
+/// one stage (and a second replica) included, and every step's loss and gradient norm still
+/// follow a one-device, unsliced run that freezes the same units at the same steps.
 #[test]
 fn one_stage_left_runs_without_token_slices_and_computes_the_same() {
     let model = common::tiny_gpt(0.1);
@@ -447,22 +449,34 @@ fn one_stage_left_runs_without_token_slices_and_computes_the_same() {
         ..Default::default()
     };
     let dir = scratch("gpt-slices");
-    let mut elastic = Elastic::new(config, surroundings(&model), &dir).unwrap();
-    let slices = |m: usize| if m == 2 { vec![3, 4] } else { vec![5, 2] };
+    // (The plan's own [3, 4] for two micro-batches on two stages, as the job's `auto` would.)
+    let slices = |k: usize, m: usize| match (k, m) {
+        (1, _) => vec![],
+        (_, 2) => vec![3, 4],
+        _ => vec![5, 2],
+    };
     let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen = asked.clone();
+    let mut elastic = Elastic::new(config, surroundings(&model), &dir).unwrap();
     elastic.plan_token_slices_with(Box::new(move |c, samples| {
-        seen.lock().unwrap().push((c.pipeline_len, c.micro_batches, samples));
-        Ok(slices(c.micro_batches))
+        seen.lock().unwrap().push((c.pipeline_len, c.replicas, c.micro_batches, samples));
+        Ok(slices(c.pipeline_len, c.micro_batches))
     }));
+    let mut watched = Watched { elastic, plans: vec![], slices: vec![] };
     let mut events = Vec::new();
-    elastic.start(&mut t, &mut |e| events.push(e.clone())).unwrap();
-    t.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
-    // Planned for each count timed on two stages, with its micro-batches' sequences; never
-    // for one stage.
+    watched.elastic.start(&mut t, &mut |e| events.push(e.clone())).unwrap();
+    t.fit(&data, None, &mut watched, &mut |e| events.push(e.clone())).unwrap();
+    // Asked with each count's micro-batch sequences; every step ran what it said.
     let asked = asked.lock().unwrap().clone();
-    assert!(asked.iter().any(|&(_, m, _)| m != 2), "{asked:?}");
-    assert!(asked.iter().all(|&(k, m, samples)| k == 2 && samples == BATCH.div_ceil(m)), "{asked:?}");
+    assert!(asked.iter().all(|&(_, r, m, samples)| samples == (BATCH.div_ceil(r)).div_ceil(m)), "{asked:?}");
+    for (&(k, m, _), ran) in watched.plans.iter().zip(&watched.slices) {
+        assert_eq!(ran, &slices(k, m), "K={k} M={m}: {:?}", watched.plans);
+    }
+    assert!(
+        watched.plans.iter().any(|&(k, m, _)| k == 2 && m != 2),
+        "a count timed on two stages: {:?}",
+        watched.plans
+    );
     let freezes = freezes(&events);
     assert_eq!((freezes[0].pipeline_len, freezes[0].replicas), ((2, 1), (1, 2)), "{freezes:?}");
     let m = freezes[0].micro_batches.0;
@@ -904,7 +918,12 @@ fn skipped_steps_do_not_feed_the_freeze_rule_and_it_resumes_only_under_its_own()
         assert_eq!(steps(&elastic), Some(0), "{bad}");
     }
     let mut resumed = Elastic::new(config.clone(), surroundings(&bert()), &dir).unwrap();
-    resumed.restore(elastic.state()).unwrap();
+    assert_eq!(resumed.restore(elastic.state()).unwrap(), Vec::<String>::new(), "the same settings are no news");
+    // Settings beside the rule are taken and named; an unread one of the rule's (a table
+    // under Eq. 1) is not.
+    let other = ElasticConfig { batch_policy: BatchPolicy::ScaleLr, table: vec![0, 1], ..config.clone() };
+    let mut taking = Elastic::new(other, surroundings(&bert()), &dir).unwrap();
+    assert_eq!(taking.restore(elastic.state()).unwrap(), [r#"elastic.batch_policy "constant" → "scale-lr""#]);
     // Resumed under another rule or α: refused by name, not silently the checkpoint's.
     for (other, field) in [
         (ElasticConfig { alpha: 0.5, ..config.clone() }, "elastic.alpha: 0.3333333333333333 then, 0.5 now"),
@@ -925,10 +944,11 @@ fn skipped_steps_do_not_feed_the_freeze_rule_and_it_resumes_only_under_its_own()
 }
 
 /// The elastic controller, watched: every plan a step runs under, as (K, M, its largest stage's
-/// bytes).
+/// bytes), and its token slices.
 struct Watched {
     elastic: Elastic,
     plans: Vec<(usize, usize, usize)>,
+    slices: Vec<Vec<usize>>,
 }
 
 impl pipetransformer::train::Controller<CpuDevice<f32>> for Watched {
@@ -940,6 +960,7 @@ impl pipetransformer::train::Controller<CpuDevice<f32>> for Watched {
         let plan = t.pipeline.plan();
         let peak = plan.partition.stage_memory.iter().copied().max().unwrap_or(0);
         self.plans.push((plan.config.pipeline_len, plan.config.micro_batches, peak));
+        self.slices.push(plan.config.token_slices.clone());
         self.elastic.before_step(t, host)
     }
     fn after_step(
@@ -1004,7 +1025,7 @@ fn autopipe_runs_only_plans_within_the_memory_limit() {
         let config =
             ElasticConfig { freeze: FreezeName::Table, table: vec![0, 1, 2], auto_pipe: true, ..Default::default() };
         let elastic = Elastic::new(config, surroundings(&bert()), &dir).unwrap();
-        let mut watched = Watched { elastic, plans: vec![] };
+        let mut watched = Watched { elastic, plans: vec![], slices: vec![] };
         let mut events = Vec::new();
         watched.elastic.start(&mut t, &mut |e| events.push(e.clone())).unwrap();
         t.fit(&data, None, &mut watched, &mut |e| events.push(e.clone())).unwrap();

@@ -98,6 +98,13 @@ struct State {
     /// recorded): a resume names those it changes.
     #[serde(default)]
     config: Option<serde_json::Value>,
+    /// The token slices of the count timing began from (absent before they were recorded).
+    #[serde(default)]
+    tuning_slices: Vec<usize>,
+    /// The replicas the run started with under AutoDP (`R₀`, which `scale-lr` measures `R`
+    /// against), whatever a resume's flags ask a fresh run to start with.
+    #[serde(default)]
+    initial_replicas: Option<usize>,
 }
 
 /// AutoPipe's trial of two pipeline lengths after a freeze: the one it chose runs first and
@@ -143,8 +150,10 @@ pub struct Elastic {
     tuner: Tuner,
     /// The next step warms the new shape up and is not timed.
     warming: bool,
-    /// The micro-batch count in force when tuning began (what the tuned one replaces).
+    /// The micro-batch count in force when tuning began (what the tuned one replaces), and
+    /// its token slices.
     tuning_from: usize,
+    tuning_slices: Vec<usize>,
     /// AutoPipe's trial of pipeline lengths, while one is under way.
     shape_trial: Option<ShapeTrial>,
     /// With a settling test: each layer's weights when the interval began (checkpointed by
@@ -185,28 +194,40 @@ impl Elastic {
             tuner: Tuner::default(),
             warming: false,
             tuning_from: 0,
+            tuning_slices: Vec::new(),
             shape_trial: None,
             reference: None,
             slicer: None,
         })
     }
 
-    /// Plans the token slices of each shape the run changes to with `slicer` (a run with
-    /// `token_slices = "auto"`); without one, a shape keeps the slices in force (a given list
-    /// is the user's), and drops them on one stage.
+    /// Plans the token slices of each shape and micro-batch count the run changes to with
+    /// `slicer` (a run with `token_slices = "auto"`); without one, the slices in force stay (a
+    /// given list is the user's), except that a shape of one stage drops them.
     pub fn plan_token_slices_with(&mut self, slicer: Slicer) {
         self.slicer = Some(slicer);
     }
 
-    /// The token slices for `config`'s shape with micro-batches of `samples` sequences: the
-    /// slicer's plan, or those in force; none on one stage, which has no fill or drain for
-    /// them to shorten (they would only add each slice's overhead).
-    fn token_slices(&self, config: &crate::pipeline::PipelineConfig, samples: usize) -> Result<Vec<usize>> {
+    /// The token slices `config`'s shape runs with micro-batches of `samples` sequences: the
+    /// slicer's plan (whole micro-batches where it finds no slicing within the memory limit:
+    /// the plan's own check then decides), or `config`'s.
+    fn token_slices(&self, config: &crate::pipeline::PipelineConfig, samples: usize) -> Vec<usize> {
         match &self.slicer {
-            _ if config.pipeline_len == 1 => Ok(Vec::new()),
-            Some(plan) => plan(config, samples),
-            None => Ok(config.token_slices.clone()),
+            Some(plan) => plan(config, samples).unwrap_or_default(),
+            None => config.token_slices.clone(),
         }
+    }
+
+    /// `config` at `m` micro-batches of `samples` sequences each, cut as
+    /// [`token_slices`](Self::token_slices) says.
+    fn with_micro_batches(
+        &self,
+        config: &crate::pipeline::PipelineConfig,
+        m: usize,
+        samples: usize,
+    ) -> crate::pipeline::PipelineConfig {
+        let config = crate::pipeline::PipelineConfig { micro_batches: m, ..config.clone() };
+        crate::pipeline::PipelineConfig { token_slices: self.token_slices(&config, samples), ..config }
     }
 
     /// Frozen Transformer layers now.
@@ -232,12 +253,16 @@ impl Elastic {
             let per_replica = self.around.batch.div_ceil(c.replicas);
             let profiles = |m: usize| trainer.profiles_for(per_replica.div_ceil(m), 0);
             // Fewer micro-batches hold more samples each: only counts within the memory limit
-            // are timed.
+            // (with their slices) are timed.
+            let fits = |m: usize| {
+                let slices = self.with_micro_batches(&c, m, per_replica.div_ceil(m)).token_slices;
+                trainer.pipeline.fits_micro_batches(m, slices, &profiles(m))
+            };
             let mut candidates = vec![c.micro_batches];
             candidates.extend(
                 micro_batch_candidates(c.pipeline_len, per_replica)
                     .into_iter()
-                    .filter(|&m| m != c.micro_batches && trainer.pipeline.fits_micro_batches(m, &profiles(m))),
+                    .filter(|&m| m != c.micro_batches && fits(m)),
             );
             let key = Tuner::key(c.pipeline_len, c.replicas, 0, false, per_replica, c.schedule);
             let m = self.tuner.start(key, candidates);
@@ -245,7 +270,7 @@ impl Elastic {
                 self.set_micro_batches(trainer, m)?;
             }
             self.warming = self.tuner.running();
-            self.tuning_from = c.micro_batches;
+            (self.tuning_from, self.tuning_slices) = (c.micro_batches, c.token_slices);
         }
         Ok(())
     }
@@ -266,6 +291,9 @@ impl Elastic {
             interval: Some(self.interval()),
             shape_trial: self.shape_trial.clone(),
             config: serde_json::to_value(&self.config).ok(),
+            tuning_slices: self.tuning_slices.clone(),
+            // (Read only by AutoDP's replica count and `scale-lr`.)
+            initial_replicas: self.config.auto_dp.then_some(self.around.initial_replicas),
         };
         serde_json::to_value(state).unwrap_or_default()
     }
@@ -330,8 +358,9 @@ impl Elastic {
         self.warming = tuning.is_some();
         if let Some((timing, from)) = tuning {
             self.tuner.resume_timing(timing);
-            self.tuning_from = from;
+            (self.tuning_from, self.tuning_slices) = (from, s.tuning_slices);
         }
+        self.around.initial_replicas = s.initial_replicas.unwrap_or(self.around.initial_replicas);
         self.shape_trial = s.shape_trial.filter(|_| self.config.auto_pipe && self.config.time_pipeline_len);
         self.cache_on = s.cache_on && self.cache.is_some();
         if let Some(c) = &mut self.cache {
@@ -346,9 +375,13 @@ impl Elastic {
     }
 
     /// Source batches a step takes with `replicas` replicas under the batch policy in force
-    /// (a resumed run's, which may not be the checkpoint's).
+    /// (a resumed run's, which may not be the checkpoint's; one without AutoDP, which alone
+    /// adds replicas).
     pub fn batches_per_step(&self, replicas: usize) -> usize {
-        batches_per_step(self.config.batch_policy, replicas, self.around.initial_replicas)
+        match self.config.auto_dp {
+            true => batches_per_step(self.config.batch_policy, replicas, self.around.initial_replicas),
+            false => 1,
+        }
     }
 
     /// Whether reading a batch from the cache is cheaper than running the frozen prefix on it:
@@ -452,10 +485,16 @@ impl Elastic {
         trainer.pipeline.lend_idle_threads(lend)?;
         let (k, r) = (chosen.pipeline_len, chosen.replicas);
         let mut reason = String::new();
+        // One stage has no fill or drain for given token slices to shorten: they would only
+        // add each slice's overhead (`auto` plans for one stage as for any).
+        let chosen = match k == 1 && self.slicer.is_none() {
+            true => crate::pipeline::PipelineConfig { token_slices: Vec::new(), ..chosen },
+            false => chosen,
+        };
         let per_step = batches_per_step(self.config.batch_policy, r, a.initial_replicas);
         let per_replica = (a.batch * per_step).div_ceil(r);
         let key = Tuner::key(k, r, units, cached > 0, per_replica, chosen.schedule);
-        let with = |m: usize| crate::pipeline::PipelineConfig { micro_batches: m, ..chosen.clone() };
+        let with = |m: usize| self.with_micro_batches(&chosen, m, per_replica.div_ceil(m));
         let profiles = |t: &Trainer<D>, m: usize| t.profiles_for(per_replica.div_ceil(m), cached);
         let names = crate::pipeline::runtime::unit_names(trainer.pipeline.units());
         // The count tuned before for this shape, or the first candidate that fits memory
@@ -471,16 +510,11 @@ impl Elastic {
                 .find(|&m| Plan::new(with(m), &profiles(trainer, m), names.clone(), a.devices, cached).is_ok())
                 .unwrap_or(chosen.micro_batches),
         };
-        let token_slices = self.token_slices(&with(m), per_replica.div_ceil(m))?;
-        let planned = crate::pipeline::PipelineConfig { token_slices, ..with(m) };
+        let planned = with(m);
+        let slices = planned.token_slices.clone();
         trainer.pipeline.replan(planned, &profiles(trainer, m), cached)?;
-        let timed = std::iter::once(m)
-            .chain(
-                candidates
-                    .into_iter()
-                    .filter(|&c| c != m && trainer.pipeline.fits_micro_batches(c, &profiles(trainer, c))),
-            )
-            .collect();
+        let fits = |c: usize| trainer.pipeline.fits_micro_batches(c, with(c).token_slices, &profiles(trainer, c));
+        let timed = std::iter::once(m).chain(candidates.into_iter().filter(|&c| c != m && fits(c))).collect();
         if measure {
             self.tuner.time(key, timed);
         } else {
@@ -500,7 +534,7 @@ impl Elastic {
         }
         trainer.batches_per_step = per_step;
         self.warming = self.tuner.running();
-        self.tuning_from = m;
+        (self.tuning_from, self.tuning_slices) = (m, slices);
         Ok(reason)
     }
 
@@ -541,10 +575,10 @@ impl Elastic {
     /// hold a remainder more).
     fn set_micro_batches<D: Device>(&self, trainer: &mut Trainer<D>, m: usize) -> Result<()> {
         let cached = if self.cache_on { frozen_units(self.frozen_layers) } else { 0 };
-        let profiles = trainer.profiles_for(micro_samples(trainer, self.around.batch, m), cached);
-        let config = crate::pipeline::PipelineConfig { micro_batches: m, ..trainer.pipeline.plan().config.clone() };
-        let token_slices = self.token_slices(&config, micro_samples(trainer, self.around.batch, m))?;
-        trainer.pipeline.set_micro_batches(m, token_slices, &profiles)
+        let samples = micro_samples(trainer, self.around.batch, m);
+        let profiles = trainer.profiles_for(samples, cached);
+        let slices = self.with_micro_batches(&trainer.pipeline.plan().config, m, samples).token_slices;
+        trainer.pipeline.set_micro_batches(m, slices, &profiles)
     }
 
     /// At the run's end, ends AutoPipe's timing of micro-batch counts and its trial of
@@ -790,11 +824,11 @@ impl<D: Device> Controller<D> for Elastic {
                     let layers = (self.frozen_layers, self.frozen_layers);
                     // (Another micro-batch count keeps the stages; `auto` slices are planned
                     // for each count.)
-                    let mut before = crate::pipeline::PipelineConfig { micro_batches: self.tuning_from, ..config };
-                    if self.slicer.is_some() {
-                        let samples = micro_samples(trainer, self.around.batch, self.tuning_from);
-                        before.token_slices = self.token_slices(&before, samples)?;
-                    }
+                    let before = crate::pipeline::PipelineConfig {
+                        micro_batches: self.tuning_from,
+                        token_slices: self.tuning_slices.clone(),
+                        ..config
+                    };
                     let stages = trainer.pipeline.plan().partition.stages.clone();
                     self.emit(trainer, reason, layers, (before, stages), started, on_event);
                     let best = timed.iter().map(|&(_, r)| r).fold(0.0, f64::max);

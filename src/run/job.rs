@@ -1020,10 +1020,9 @@ impl<D: Device> Job<D> {
         changed.extend(self.elastic.restore(restored.controller)?);
         self.elastic.restore_tensors(restored.tensors);
         // The batch policy in force sets the global batch for the restored replicas (the one
-        // the checkpoint recorded came from the policy it was taken under).
-        if restored.reshaped_from.is_none() {
-            self.trainer.batches_per_step = self.elastic.batches_per_step(self.trainer.pipeline.plan().config.replicas);
-        }
+        // the checkpoint recorded came from the policy it was taken under; a shape of the
+        // run's own has its initial replicas, one batch a step).
+        self.trainer.batches_per_step = self.elastic.batches_per_step(self.trainer.pipeline.plan().config.replicas);
         let now = self.trainer.pipeline.plan().config.clone();
         let resumed = match restored.reshaped_from {
             Some(was) => ResumedPlan::Replanned { was, now },

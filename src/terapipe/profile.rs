@@ -220,10 +220,7 @@ impl SlicingProfile {
     /// over the token grid ([`layer_seconds`]), a transfer's time, and its memory.
     pub fn measure<D: Device>(dev: &D, model: &mut Model<D>, micro: &HostBatch) -> Result<SlicingProfile> {
         let (grid, layer) = layer_samples(dev, model, micro)?;
-        let width = model.spec().hidden;
-        let (step, seq) = (grid.step, grid.max_len);
-        let points = [step, seq].map(|len| transfer_seconds(dev, micro.batch * len, width).map(|t| (len, t)));
-        let comm = CommModel::fit(&points.into_iter().collect::<Result<Vec<_>>>()?)?;
+        let comm = measure_comm(dev, model, micro, grid)?;
         let memory = LayerMemory::measure(dev, model, micro)?;
         Ok(SlicingProfile { grid, layer, comm, samples: micro.batch, layers: model.spec().layers, memory })
     }
@@ -248,6 +245,14 @@ impl SlicingProfile {
         let latency = self.latency(pipeline.pipeline_len, samples)?;
         shared_slicing(&latency, self.memory(pipeline, samples), self.grid.max_len, samples, pipeline)
     }
+}
+
+/// A slice's transfer across a stage boundary for `micro`'s sequences, fitted to the grid's
+/// shortest slice and the whole sequence ([`transfer_seconds`]).
+fn measure_comm<D: Device>(dev: &D, model: &Model<D>, micro: &HostBatch, grid: LatencyGrid) -> Result<CommModel> {
+    let width = model.spec().hidden;
+    let points = [grid.step, grid.max_len].map(|len| transfer_seconds(dev, micro.batch * len, width).map(|t| (len, t)));
+    CommModel::fit(&points.into_iter().collect::<Result<Vec<_>>>()?)
 }
 
 /// The layers of the largest of `stages` stages of a model of `layers` (12 layers on 8
@@ -325,14 +330,7 @@ pub fn measure_latency<D: Device>(
     stages: usize,
 ) -> Result<LatencyModel> {
     let (grid, layer) = layer_samples(dev, model, micro)?;
-    let comm = if stages > 1 {
-        let width = model.spec().hidden;
-        let points =
-            [grid.step, grid.max_len].map(|len| transfer_seconds(dev, micro.batch * len, width).map(|t| (len, t)));
-        CommModel::fit(&points.into_iter().collect::<Result<Vec<_>>>()?)?
-    } else {
-        CommModel::NONE
-    };
+    let comm = if stages > 1 { measure_comm(dev, model, micro, grid)? } else { CommModel::NONE };
     stage_latency(grid, &layer, comm, stage_layers(model.spec().layers, stages), 1.0, stages)
 }
 

@@ -419,6 +419,11 @@ impl<D: Device> Trainer<D> {
         })
     }
 
+    /// The precision the pipeline's devices compute in (one for all: they are opened alike).
+    fn precision(&self) -> Option<crate::device::Precision> {
+        self.pipeline.devices().first().map(Device::precision)
+    }
+
     /// Writes a checkpoint atomically: parameters, optimizer state, position, plan, frozen
     /// prefix, and `extra` (the controller's state, as JSON).
     pub fn save_checkpoint(&self, path: &Path, extra: serde_json::Value) -> Result<()> {
@@ -664,13 +669,6 @@ impl<D: Device> Trainer<D> {
             changed.push(format!("output.precision {then} → {now}"));
         }
         Ok(Restored { controller: field("controller"), tensors: controller, reshaped_from, changed })
-    }
-}
-
-impl<D: Device> Trainer<D> {
-    /// The precision the pipeline's devices compute in (one for all: they are opened alike).
-    fn precision(&self) -> Option<crate::device::Precision> {
-        self.pipeline.devices().first().map(Device::precision)
     }
 }
 

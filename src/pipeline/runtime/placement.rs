@@ -71,9 +71,10 @@ impl<D: Device> Pipeline<D> {
         Ok(())
     }
 
-    /// Whether `m` micro-batches per replica fit the memory limit on the stages in force.
-    pub fn fits_micro_batches(&self, m: usize, profiles: &[UnitProfile]) -> bool {
-        let config = PipelineConfig { micro_batches: m, ..self.plan.config.clone() };
+    /// Whether `m` micro-batches per replica, each cut into `token_slices`, fit the memory
+    /// limit on the stages in force.
+    pub fn fits_micro_batches(&self, m: usize, token_slices: Vec<usize>, profiles: &[UnitProfile]) -> bool {
+        let config = PipelineConfig { micro_batches: m, token_slices, ..self.plan.config.clone() };
         let stages = self.plan.partition.stages.clone();
         Plan::with_stages(config, profiles, self.plan.unit_names.clone(), self.devices.len(), stages)
             .and_then(Plan::within_limit)
