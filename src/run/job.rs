@@ -546,6 +546,9 @@ fn planning_profiles<D: Device>(
     Ok((per_sample, profiles))
 }
 
+/// What `auto` slicing planned for the initial shape, and the measurement it planned from.
+type AutoSlicing = (SlicingPlan, SlicingProfile);
+
 /// The token slices `config` asks for, for sequences like `first`'s: checked against the model
 /// (a causal language model) and the activation cache (which takes whole sequences);
 /// `auto` measures the model's layer on `dev` and runs TeraPipe's planner for `plan`'s
@@ -557,7 +560,7 @@ fn token_slices<D: Device>(
     model: &mut Model<D>,
     first: &HostBatch,
     plan: &PipelineConfig,
-) -> Result<(Vec<usize>, Option<(SlicingPlan, SlicingProfile)>)> {
+) -> Result<(Vec<usize>, Option<AutoSlicing>)> {
     let request = &config.pipeline.token_slices;
     if *request == TokenSlices::Off {
         return Ok((Vec::new(), None));
