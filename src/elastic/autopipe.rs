@@ -54,6 +54,8 @@ pub struct Shapes<'a> {
     pub micro: &'a dyn Fn(usize, usize) -> usize,
     /// The units' costs for a micro-batch of that many samples.
     pub profiles: &'a dyn Fn(usize) -> Vec<UnitProfile>,
+    /// The token slices a shape runs with micro-batches of that many samples (TeraPipe).
+    pub slices: &'a dyn Fn(&PipelineConfig, usize) -> Vec<usize>,
 }
 
 /// The shape for a model whose first `pinned` units must join the first stage (the cached
@@ -82,10 +84,15 @@ pub fn choose_shape(
         let schedule = schedule_for(k, base.schedule);
         let config =
             PipelineConfig { pipeline_len: k, replicas: r, micro_batches: m, chunks, schedule, ..base.clone() };
+        let config = PipelineConfig { token_slices: (shapes.slices)(&config, per_replica.div_ceil(m)), ..config };
         let units = (shapes.profiles)(per_replica.div_ceil(m));
+        // Token slices fill and drain the pipeline in their largest's time (TeraPipe), not a
+        // whole micro-batch's.
+        let whole: usize = config.token_slices.iter().sum();
+        let largest = config.token_slices.iter().max().map_or(1.0, |&l| l as f64 / whole.max(1) as f64);
         match Plan::new(config.clone(), &units, names.to_vec(), devices, pinned) {
             Ok(plan) => {
-                let slots = (m * chunks) as f64 + schedule.fill() * (k - 1) as f64;
+                let slots = (m * chunks) as f64 + schedule.fill() * (k - 1) as f64 * largest;
                 let step_time = slots * plan.partition.bottleneck() / (shapes.speed)(k);
                 let throughput = if step_time > 0.0 { global as f64 / step_time } else { f64::INFINITY };
                 out.push(Candidate { config, step_time, throughput });
@@ -285,13 +292,50 @@ mod tests {
         (0..n).map(|i| format!("u{i}")).collect()
     }
 
+    /// Micro-batches run whole.
+    fn whole(_: &PipelineConfig, _: usize) -> Vec<usize> {
+        Vec::new()
+    }
+
+    /// A pipeline over token slices fills and drains in the largest slice's time: `K − 1`
+    /// slots of a quarter micro-batch each with four equal slices, of a half with 3 and 1
+    /// (the larger counts), and the slices are what the plan runs.
+    #[test]
+    fn token_slices_shorten_the_priced_fill() {
+        let base = PipelineConfig { pipeline_len: 2, micro_batches: 2, ..Default::default() };
+        let (micro, profiles) = (|_, _| 2, units(8, 0));
+        let step = |slices: &dyn Fn(&PipelineConfig, usize) -> Vec<usize>| {
+            let shapes = Shapes {
+                global: &|_| 4,
+                replicas: &|_| 1,
+                speed: &|_| 1.0,
+                micro: &micro,
+                profiles: &profiles,
+                slices,
+            };
+            let c = choose_shape(&base, 2, 2, 0, &shapes, &names(8)).unwrap();
+            let two = c.iter().find(|c| c.config.pipeline_len == 2).unwrap();
+            (two.step_time, two.config.token_slices.clone())
+        };
+        // Two stages of 4 units × 2 samples × 3 s = 24 s per micro-batch; 2 micro-batches.
+        assert_eq!(step(&whole), (3.0 * 24.0, vec![]));
+        assert_eq!(step(&|_, _| vec![8; 4]), (2.25 * 24.0, vec![8; 4]));
+        assert_eq!(step(&|_, _| vec![24, 8]), (2.75 * 24.0, vec![24, 8]));
+    }
+
     #[test]
     fn with_free_devices_as_replicas_the_shortest_pipeline_wins() {
         let base = PipelineConfig { pipeline_len: 4, micro_batches: 8, ..Default::default() };
         // 4 devices, 10 units of which 6 frozen: K=1 with 4 replicas has no bubble.
         let (replicas, micro, profiles) = (|k: usize| 4 / k, |k: usize, _| 2 * k, units(10, 6));
-        let shapes =
-            Shapes { global: &|_| 32, replicas: &replicas, speed: &|_| 1.0, micro: &micro, profiles: &profiles };
+        let shapes = Shapes {
+            global: &|_| 32,
+            replicas: &replicas,
+            speed: &|_| 1.0,
+            micro: &micro,
+            profiles: &profiles,
+            slices: &whole,
+        };
         let c = choose_shape(&base, 4, 4, 6, &shapes, &names(10)).unwrap();
         assert_eq!(c.len(), 4);
         let p = pick(&c).unwrap();
@@ -303,7 +347,14 @@ mod tests {
         let base = PipelineConfig { pipeline_len: 2, micro_batches: 8, ..Default::default() };
         // One replica whatever K: halving K halves the devices at work, so K = 2 stays.
         let (micro, profiles) = (|_, _| 8, units(8, 0));
-        let shapes = Shapes { global: &|_| 32, replicas: &|_| 1, speed: &|_| 1.0, micro: &micro, profiles: &profiles };
+        let shapes = Shapes {
+            global: &|_| 32,
+            replicas: &|_| 1,
+            speed: &|_| 1.0,
+            micro: &micro,
+            profiles: &profiles,
+            slices: &whole,
+        };
         let c = choose_shape(&base, 2, 2, 0, &shapes, &names(8)).unwrap();
         assert_eq!(pick(&c).unwrap().config.pipeline_len, 2);
         // A memory limit that only the two-stage split meets: one stage would hold 8 units'
@@ -322,7 +373,8 @@ mod tests {
         let base = PipelineConfig { pipeline_len: 2, micro_batches: 8, ..Default::default() };
         let (micro, profiles) = (|k: usize, _| 2 * k, units(8, 0));
         let shape = |speed: &dyn Fn(usize) -> f64| {
-            let shapes = Shapes { global: &|_| 32, replicas: &|_| 1, speed, micro: &micro, profiles: &profiles };
+            let shapes =
+                Shapes { global: &|_| 32, replicas: &|_| 1, speed, micro: &micro, profiles: &profiles, slices: &whole };
             let c = choose_shape(&base, 2, 2, 0, &shapes, &names(8)).unwrap();
             let p = pick(&c).unwrap();
             (p.config.pipeline_len, p.config.replicas, p.step_time)
@@ -342,8 +394,14 @@ mod tests {
         let base = PipelineConfig { pipeline_len: 2, micro_batches: 8, ..Default::default() };
         let shape = |pinned| {
             let (micro, profiles) = (|_, _| 8, units(10, 9));
-            let shapes =
-                Shapes { global: &|_| 32, replicas: &|_| 1, speed: &|_| 1.0, micro: &micro, profiles: &profiles };
+            let shapes = Shapes {
+                global: &|_| 32,
+                replicas: &|_| 1,
+                speed: &|_| 1.0,
+                micro: &micro,
+                profiles: &profiles,
+                slices: &whole,
+            };
             let c = choose_shape(&base, 2, 2, pinned, &shapes, &names(10)).unwrap();
             let p = pick(&c).unwrap();
             (p.config.pipeline_len, p.step_time)

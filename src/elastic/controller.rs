@@ -218,6 +218,13 @@ impl Elastic {
         }
     }
 
+    /// Whether a shape of `k` stages AutoPipe adopts drops the token slices in force: one
+    /// stage has no fill or drain for given slices to shorten, and they would only add each
+    /// slice's overhead (`auto` plans for one stage as for any).
+    fn drops_slices(&self, k: usize) -> bool {
+        k == 1 && self.slicer.is_none()
+    }
+
     /// `config` at `m` micro-batches of `samples` sequences each, cut as
     /// [`token_slices`](Self::token_slices) says.
     fn with_micro_batches(
@@ -435,8 +442,19 @@ impl Elastic {
             };
             let names = crate::pipeline::runtime::unit_names(trainer.pipeline.units());
             let profiles = |samples: usize| trainer.profiles_for(samples, cached);
-            let shapes =
-                Shapes { global: &global, replicas: &replicas, speed: &speed, micro: &micro, profiles: &profiles };
+            // The slices each shape would run, for its price.
+            let slices = |c: &crate::pipeline::PipelineConfig, samples: usize| match self.drops_slices(c.pipeline_len) {
+                true => Vec::new(),
+                false => self.token_slices(c, samples),
+            };
+            let shapes = Shapes {
+                global: &global,
+                replicas: &replicas,
+                speed: &speed,
+                micro: &micro,
+                profiles: &profiles,
+                slices: &slices,
+            };
             // A freeze while a trial's first length runs prices against the length the trial
             // left (the longest allowed: K only shrinks) and times against it, as if the
             // trial had not begun.
@@ -485,9 +503,7 @@ impl Elastic {
         trainer.pipeline.lend_idle_threads(lend)?;
         let (k, r) = (chosen.pipeline_len, chosen.replicas);
         let mut reason = String::new();
-        // One stage has no fill or drain for given token slices to shorten: they would only
-        // add each slice's overhead (`auto` plans for one stage as for any).
-        let chosen = match k == 1 && self.slicer.is_none() {
+        let chosen = match self.drops_slices(k) {
             true => crate::pipeline::PipelineConfig { token_slices: Vec::new(), ..chosen },
             false => chosen,
         };
