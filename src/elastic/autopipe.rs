@@ -297,6 +297,14 @@ mod tests {
         Vec::new()
     }
 
+    /// One replica of 32 samples a step at the profiles' speed, micro-batches whole.
+    fn one_replica<'a>(
+        micro: &'a dyn Fn(usize, usize) -> usize,
+        profiles: &'a dyn Fn(usize) -> Vec<UnitProfile>,
+    ) -> Shapes<'a> {
+        Shapes { global: &|_| 32, replicas: &|_| 1, speed: &|_| 1.0, micro, profiles, slices: &whole }
+    }
+
     /// A pipeline over token slices fills and drains in the largest slice's time: `K − 1`
     /// slots of a quarter micro-batch each with four equal slices, of a half with 3 and 1
     /// (the larger counts), and the slices are what the plan runs.
@@ -347,14 +355,7 @@ mod tests {
         let base = PipelineConfig { pipeline_len: 2, micro_batches: 8, ..Default::default() };
         // One replica whatever K: halving K halves the devices at work, so K = 2 stays.
         let (micro, profiles) = (|_, _| 8, units(8, 0));
-        let shapes = Shapes {
-            global: &|_| 32,
-            replicas: &|_| 1,
-            speed: &|_| 1.0,
-            micro: &micro,
-            profiles: &profiles,
-            slices: &whole,
-        };
+        let shapes = one_replica(&micro, &profiles);
         let c = choose_shape(&base, 2, 2, 0, &shapes, &names(8)).unwrap();
         assert_eq!(pick(&c).unwrap().config.pipeline_len, 2);
         // A memory limit that only the two-stage split meets: one stage would hold 8 units'
@@ -394,14 +395,7 @@ mod tests {
         let base = PipelineConfig { pipeline_len: 2, micro_batches: 8, ..Default::default() };
         let shape = |pinned| {
             let (micro, profiles) = (|_, _| 8, units(10, 9));
-            let shapes = Shapes {
-                global: &|_| 32,
-                replicas: &|_| 1,
-                speed: &|_| 1.0,
-                micro: &micro,
-                profiles: &profiles,
-                slices: &whole,
-            };
+            let shapes = one_replica(&micro, &profiles);
             let c = choose_shape(&base, 2, 2, pinned, &shapes, &names(10)).unwrap();
             let p = pick(&c).unwrap();
             (p.config.pipeline_len, p.step_time)
