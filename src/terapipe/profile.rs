@@ -217,7 +217,7 @@ struct LayerMemory {
 
 impl SlicingProfile {
     /// Measures one layer of `model` on `dev` for micro-batches like `micro`: its slice times
-    /// over the token grid ([`layer_seconds`]), a transfer's time, and its memory.
+    /// over the token grid, a transfer's time, and its memory.
     pub fn measure<D: Device>(dev: &D, model: &mut Model<D>, micro: &HostBatch) -> Result<SlicingProfile> {
         let (grid, layer) = layer_samples(dev, model, micro)?;
         let comm = measure_comm(dev, model, micro, grid)?;
