@@ -584,15 +584,21 @@ fn token_slices<D: Device>(
     if *request != TokenSlices::Auto {
         return Ok((request.lengths(first.seq)?, None));
     }
+    // One stage has no fill or drain for slices to shorten (and never grows under AutoPipe):
+    // `auto` keeps its micro-batches whole, whatever noisy timings would predict.
+    if plan.pipeline_len == 1 {
+        return Ok((Vec::new(), None));
+    }
     let micro = first.split(plan.replicas.saturating_mul(plan.micro_batches).clamp(1, first.batch))?.swap_remove(0);
     let (planned, profile) = plan_slices(dev, model, &micro, plan)?;
-    Ok((lengths(&planned), Some((planned, profile))))
+    Ok((lengths(&planned, plan), Some((planned, profile))))
 }
 
-/// The token slices `planned` cuts every micro-batch into; none where it keeps them whole.
-fn lengths(planned: &SlicingPlan) -> Vec<usize> {
+/// The token slices `planned` cuts every micro-batch of `pipeline` into; none where it keeps
+/// them whole, or where `pipeline` is one stage (as above).
+fn lengths(planned: &SlicingPlan, pipeline: &PipelineConfig) -> Vec<usize> {
     let lengths = planned.micro_batches.first().map(|m| m.slices.clone()).unwrap_or_default();
-    if lengths.len() > 1 { lengths } else { Vec::new() }
+    if lengths.len() > 1 && pipeline.pipeline_len > 1 { lengths } else { Vec::new() }
 }
 
 /// What a [resume](Job::resume) found: the plan the run goes on with, and the training
@@ -924,8 +930,10 @@ impl<D: Device> Job<D> {
         let mut elastic = Elastic::new(config.elastic.clone(), around, &config.output.dir.join("cache"))?;
         // `auto` slices each shape AutoPipe runs from the one measurement.
         let slicing = planned.map(|(plan, profile)| {
-            elastic
-                .plan_token_slices_with(Box::new(move |config, samples| Ok(lengths(&profile.plan(config, samples)?))));
+            elastic.plan_token_slices_with(Box::new(move |config, samples| match config.pipeline_len {
+                1 => Ok(Vec::new()),
+                _ => Ok(lengths(&profile.plan(config, samples)?, config)),
+            }));
             plan
         });
         Ok(Self {
