@@ -218,11 +218,15 @@ impl Elastic {
         }
     }
 
-    /// Whether a shape of `k` stages AutoPipe adopts drops the token slices in force: one
-    /// stage has no fill or drain for given slices to shorten, and they would only add each
-    /// slice's overhead (`auto` plans for one stage as for any).
-    fn drops_slices(&self, k: usize) -> bool {
-        k == 1 && self.slicer.is_none()
+    /// The token slices a shape AutoPipe adopts runs ([`token_slices`](Self::token_slices)),
+    /// except that a given list is dropped on one stage: it has no fill or drain for them to
+    /// shorten, and they would only add each slice's overhead (`auto` decides for one stage
+    /// as for any).
+    fn adopted_slices(&self, config: &crate::pipeline::PipelineConfig, samples: usize) -> Vec<usize> {
+        match config.pipeline_len == 1 && self.slicer.is_none() {
+            true => Vec::new(),
+            false => self.token_slices(config, samples),
+        }
     }
 
     /// `config` at `m` micro-batches of `samples` sequences each, cut as
@@ -443,10 +447,7 @@ impl Elastic {
             let names = crate::pipeline::runtime::unit_names(trainer.pipeline.units());
             let profiles = |samples: usize| trainer.profiles_for(samples, cached);
             // The slices each shape would run, for its price.
-            let slices = |c: &crate::pipeline::PipelineConfig, samples: usize| match self.drops_slices(c.pipeline_len) {
-                true => Vec::new(),
-                false => self.token_slices(c, samples),
-            };
+            let slices = |c: &crate::pipeline::PipelineConfig, samples: usize| self.adopted_slices(c, samples);
             let shapes = Shapes {
                 global: &global,
                 replicas: &replicas,
@@ -503,34 +504,44 @@ impl Elastic {
         trainer.pipeline.lend_idle_threads(lend)?;
         let (k, r) = (chosen.pipeline_len, chosen.replicas);
         let mut reason = String::new();
-        let chosen = match self.drops_slices(k) {
-            true => crate::pipeline::PipelineConfig { token_slices: Vec::new(), ..chosen },
-            false => chosen,
-        };
         let per_step = batches_per_step(self.config.batch_policy, r, a.initial_replicas);
         let per_replica = (a.batch * per_step).div_ceil(r);
         let key = Tuner::key(k, r, units, cached > 0, per_replica, chosen.schedule);
-        let with = |m: usize| self.with_micro_batches(&chosen, m, per_replica.div_ceil(m));
+        let with = |m: usize| {
+            let config = crate::pipeline::PipelineConfig { micro_batches: m, ..chosen.clone() };
+            crate::pipeline::PipelineConfig {
+                token_slices: self.adopted_slices(&config, per_replica.div_ceil(m)),
+                ..config
+            }
+        };
         let profiles = |t: &Trainer<D>, m: usize| t.profiles_for(per_replica.div_ceil(m), cached);
         let names = crate::pipeline::runtime::unit_names(trainer.pipeline.units());
         // The count tuned before for this shape, or the first candidate that fits memory
         // (the shape fits at the count it was priced with, one of them), is planned; the
         // others are timed on its stages, so only those that fit there. A shape on trial
         // (`measure`) is timed even when its count is known.
-        let candidates = micro_batch_candidates(k, per_replica);
+        // (Each count's slicing planned once: `auto`'s is a search.)
+        let candidates: Vec<crate::pipeline::PipelineConfig> =
+            micro_batch_candidates(k, per_replica).into_iter().map(with).collect();
         let m = match self.tuner.best.get(&key).filter(|_| !measure) {
             Some(&m) => m,
             None => candidates
                 .iter()
-                .copied()
-                .find(|&m| Plan::new(with(m), &profiles(trainer, m), names.clone(), a.devices, cached).is_ok())
-                .unwrap_or(chosen.micro_batches),
+                .find(|c| {
+                    Plan::new((*c).clone(), &profiles(trainer, c.micro_batches), names.clone(), a.devices, cached)
+                        .is_ok()
+                })
+                .map_or(chosen.micro_batches, |c| c.micro_batches),
         };
-        let planned = with(m);
+        let planned = candidates.iter().find(|c| c.micro_batches == m).cloned().unwrap_or_else(|| with(m));
         let slices = planned.token_slices.clone();
         trainer.pipeline.replan(planned, &profiles(trainer, m), cached)?;
-        let fits = |c: usize| trainer.pipeline.fits_micro_batches(c, with(c).token_slices, &profiles(trainer, c));
-        let timed = std::iter::once(m).chain(candidates.into_iter().filter(|&c| c != m && fits(c))).collect();
+        let fits = |c: &crate::pipeline::PipelineConfig| {
+            let m = c.micro_batches;
+            trainer.pipeline.fits_micro_batches(m, c.token_slices.clone(), &profiles(trainer, m))
+        };
+        let others = candidates.iter().filter(|c| c.micro_batches != m && fits(c)).map(|c| c.micro_batches);
+        let timed = std::iter::once(m).chain(others).collect();
         if measure {
             self.tuner.time(key, timed);
         } else {

@@ -591,14 +591,13 @@ fn token_slices<D: Device>(
     }
     let micro = first.split(plan.replicas.saturating_mul(plan.micro_batches).clamp(1, first.batch))?.swap_remove(0);
     let (planned, profile) = plan_slices(dev, model, &micro, plan)?;
-    Ok((lengths(&planned, plan), Some((planned, profile))))
+    Ok((lengths(&planned), Some((planned, profile))))
 }
 
-/// The token slices `planned` cuts every micro-batch of `pipeline` into; none where it keeps
-/// them whole, or where `pipeline` is one stage (as above).
-fn lengths(planned: &SlicingPlan, pipeline: &PipelineConfig) -> Vec<usize> {
+/// The token slices `planned` cuts every micro-batch into; none where it keeps them whole.
+fn lengths(planned: &SlicingPlan) -> Vec<usize> {
     let lengths = planned.micro_batches.first().map(|m| m.slices.clone()).unwrap_or_default();
-    if lengths.len() > 1 && pipeline.pipeline_len > 1 { lengths } else { Vec::new() }
+    if lengths.len() > 1 { lengths } else { Vec::new() }
 }
 
 /// What a [resume](Job::resume) found: the plan the run goes on with, and the training
@@ -931,8 +930,9 @@ impl<D: Device> Job<D> {
         // `auto` slices each shape AutoPipe runs from the one measurement.
         let slicing = planned.map(|(plan, profile)| {
             elastic.plan_token_slices_with(Box::new(move |config, samples| match config.pipeline_len {
+                // One stage, as at the start: whole.
                 1 => Ok(Vec::new()),
-                _ => Ok(lengths(&profile.plan(config, samples)?, config)),
+                _ => Ok(lengths(&profile.plan(config, samples)?)),
             }));
             plan
         });

@@ -664,8 +664,8 @@ impl<D: Device> Trainer<D> {
             Err(_) => Vec::new(),
         };
         // The products' precision (master weights and optimizer state are f32 in either).
-        let now = serde_json::json!(self.precision());
-        if let Some(then) = Some(field("precision")).filter(|then| !then.is_null() && *then != now) {
+        let (then, now) = (field("precision"), serde_json::json!(self.precision()));
+        if !then.is_null() && then != now {
             changed.push(format!("output.precision {then} → {now}"));
         }
         Ok(Restored { controller: field("controller"), tensors: controller, reshaped_from, changed })
