@@ -458,8 +458,9 @@ fn one_stage_left_runs_without_token_slices_and_computes_the_same() {
     let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen = asked.clone();
     let mut elastic = Elastic::new(config, surroundings(&model), &dir).unwrap();
-    elastic.plan_token_slices_with(Box::new(move |c, samples| {
-        seen.lock().unwrap().push((c.pipeline_len, c.replicas, c.micro_batches, samples));
+    elastic.plan_token_slices_with(Box::new(move |c, samples, units| {
+        let frozen = units.iter().take_while(|u| !u.trainable).count();
+        seen.lock().unwrap().push((c.pipeline_len, c.replicas, c.micro_batches, samples, frozen, units.len()));
         Ok(slices(c.pipeline_len, c.micro_batches))
     }));
     let mut watched = Watched { elastic, plans: vec![], slices: vec![] };
@@ -468,7 +469,12 @@ fn one_stage_left_runs_without_token_slices_and_computes_the_same() {
     t.fit(&data, None, &mut watched, &mut |e| events.push(e.clone())).unwrap();
     // Asked with each count's micro-batch sequences; every step ran what it said.
     let asked = asked.lock().unwrap().clone();
-    assert!(asked.iter().all(|&(_, r, m, samples)| samples == (BATCH.div_ceil(r)).div_ceil(m)), "{asked:?}");
+    assert!(asked.iter().all(|&(_, r, m, samples, ..)| samples == (BATCH.div_ceil(r)).div_ceil(m)), "{asked:?}");
+    // Over every unit of the model, the frozen ones marked as the freezes went (the slowest
+    // stage's time counts their forward only).
+    let units = t.pipeline.units().count();
+    assert!(asked.iter().all(|&(.., n)| n == units), "{asked:?}");
+    assert!(asked.windows(2).all(|w| w[0].4 <= w[1].4) && asked.last().is_some_and(|a| a.4 >= 3), "{asked:?}");
     for (&(k, m, _), ran) in watched.plans.iter().zip(&watched.slices) {
         assert_eq!(ran, &slices(k, m), "K={k} M={m}: {:?}", watched.plans);
     }

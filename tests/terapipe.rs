@@ -403,8 +403,10 @@ fn a_slicing_profile_models_every_shape_from_one_measurement() {
             for schedule in [ScheduleKind::Gpipe, ScheduleKind::OneFOneB] {
                 for micro in [&host, &one] {
                     let plan = PipelineConfig { pipeline_len: k, micro_batches: m, schedule, ..Default::default() };
-                    let (got, want) =
-                        (profile.memory(&plan, micro.batch), measure_memory(&dev, &model, micro, &plan).unwrap());
+                    let (got, want) = (
+                        profile.memory(&profile.uniform_stage(k), &plan, micro.batch),
+                        measure_memory(&dev, &model, micro, &plan).unwrap(),
+                    );
                     let what = format!("K={k} M={m} {schedule} {} sequences: {got:?} vs {want:?}", micro.batch);
                     assert!(close(got.per_token_bytes, want.per_token_bytes), "{what}");
                     assert!(close(got.per_score_bytes, want.per_score_bytes), "{what}");
@@ -415,7 +417,7 @@ fn a_slicing_profile_models_every_shape_from_one_measurement() {
     }
     // The compute part of a slice's time (the transfer's taken off).
     let compute = |k: usize, samples: usize, len: usize, context: usize| {
-        let latency = profile.latency(k, samples).unwrap();
+        let latency = profile.latency(&profile.uniform_stage(k), k, samples).unwrap();
         let comm = latency.comm().map_or(0.0, |c| c.seconds(len));
         (latency.slice_time(1, len, context).unwrap() - comm, latency.comm().copied())
     };
@@ -434,6 +436,30 @@ fn a_slicing_profile_models_every_shape_from_one_measurement() {
     assert_eq!(half.fixed_seconds, two.fixed_seconds);
 }
 
+/// A stage's memory from its load: only trained layers keep activations, and a frozen
+/// attention unit's arena holds keys and values without their gradients (its latency: the
+/// unit test `a_stage_adds_its_ends_per_token`).
+#[test]
+fn a_stages_memory_frees_its_frozen_layers() {
+    use pipetransformer::model::GptConfig;
+    use pipetransformer::terapipe::{SlicingProfile, StageLoad};
+    let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+    let ModelConfig::Gpt(tiny) = tiny_gpt(0.1) else { unreachable!() };
+    let config = ModelConfig::Gpt(GptConfig { n_embd: 8, n_head: 8, n_positions: 32, n_inner: Some(16), ..tiny });
+    let mut model = Model::new(&dev, &config, 1).unwrap();
+    let host = pipetransformer::model::HostBatch::random(&config, 2, 32, 5);
+    let profile = SlicingProfile::measure(&dev, &mut model, &host).unwrap();
+    let one = StageLoad::of_layers(1);
+    let half_frozen = StageLoad { trained_layers: 0.5, frozen_attention: 1, ..one.clone() };
+    let plan =
+        PipelineConfig { pipeline_len: 2, micro_batches: 2, schedule: ScheduleKind::Gpipe, ..Default::default() };
+    let (a, b) = (profile.memory(&one, &plan, 2), profile.memory(&half_frozen, &plan, 2));
+    assert_eq!((b.per_token_bytes, b.per_score_bytes), (a.per_token_bytes / 2.0, a.per_score_bytes / 2.0));
+    // Two micro-batches resident under GPipe, each with one more layer's keys and values
+    // (2 sequences × 32 tokens × width 8, f32), and no more gradients.
+    assert_eq!(b.sliced_bytes - a.sliced_bytes, 2 * (2 * 2 * 32 * 8 * 4));
+}
+
 /// `auto` under a GPipe memory limit between the finest slicing's peak and the unsliced one's:
 /// every micro-batch gets the same slicing (the runtime cuts them alike), and its predicted
 /// peak is within the limit.
@@ -441,7 +467,7 @@ fn a_slicing_profile_models_every_shape_from_one_measurement() {
 fn auto_under_a_memory_limit_plans_one_slicing_within_it() {
     use pipetransformer::model::GptConfig;
     use pipetransformer::terapipe::{
-        MicroBatchSlicing, PlannerConfig, SliceSchedule, measure_memory, peak_memory_bytes, plan_slices,
+        MicroBatchSlicing, PlannerConfig, SliceSchedule, SlicingProfile, peak_memory_bytes, plan_slices,
     };
     let dev = CpuDevice::<f32>::new(0, 1).unwrap();
     // Many heads over a narrow width: the attention scores slicing saves outweigh the
@@ -454,14 +480,17 @@ fn auto_under_a_memory_limit_plans_one_slicing_within_it() {
     let micro = host.split(2).unwrap().swap_remove(0);
     let base =
         PipelineConfig { pipeline_len: 2, micro_batches: 2, schedule: ScheduleKind::Gpipe, ..Default::default() };
-    let memory = measure_memory(&dev, &model, &micro, &base).unwrap();
+    // The planner's model of the pipeline's slowest stage.
+    let units = unit_profiles(&dev, &mut model, &micro, false).unwrap();
+    let profile = SlicingProfile::measure(&dev, &mut model, &micro).unwrap();
+    let memory = profile.memory(&profile.stage(&base, &units, micro.batch).unwrap(), &base, micro.batch);
     let planner = PlannerConfig { memory, schedule: SliceSchedule::Gpipe, ..PlannerConfig::new(2, host.seq, 2) };
     let peak = |slices: Vec<usize>| peak_memory_bytes(&planner, &vec![MicroBatchSlicing { samples: 1, slices }; 2]);
     let (finest, whole) = (peak(vec![1; host.seq]), peak(vec![host.seq]));
     assert!(finest < whole, "{finest} vs {whole}");
     for limit in [finest, (finest + whole) / 2, whole] {
         let request = PipelineConfig { memory_limit: Some(limit), ..base.clone() };
-        let (planned, _) = plan_slices(&dev, &mut model, &micro, &request).unwrap();
+        let (planned, _) = plan_slices(&dev, &mut model, &micro, &request, &units).unwrap();
         let first = &planned.micro_batches[0];
         assert_eq!(planned.micro_batches.len(), 2, "{planned}");
         assert!(planned.micro_batches.iter().all(|m| m == first), "{planned}");
@@ -469,7 +498,7 @@ fn auto_under_a_memory_limit_plans_one_slicing_within_it() {
         assert!(planned.peak_memory_bytes <= limit, "{planned}: limit {limit}");
     }
     let tight = PipelineConfig { memory_limit: Some(finest - 1), ..base };
-    let e = plan_slices(&dev, &mut model, &micro, &tight).unwrap_err().to_string();
+    let e = plan_slices(&dev, &mut model, &micro, &tight, &units).unwrap_err().to_string();
     assert!(e.contains("pipeline.memory_limit") && e.contains("no slicing meets the memory limit"), "{e}");
 }
 

@@ -40,6 +40,10 @@ pub fn micro_batch_candidates(k: usize, per_replica: usize) -> Vec<usize> {
     c
 }
 
+/// The token slices a shape runs with micro-batches of so many samples over units of those
+/// costs (TeraPipe; none: whole).
+pub type ShapeSlices<'a> = dyn Fn(&PipelineConfig, usize, &[UnitProfile]) -> Vec<usize> + 'a;
+
 /// What the planner knows of the run, as functions of the pipeline length `K` (or of the
 /// replicas `R`, or of samples per micro-batch).
 pub struct Shapes<'a> {
@@ -54,8 +58,9 @@ pub struct Shapes<'a> {
     pub micro: &'a dyn Fn(usize, usize) -> usize,
     /// The units' costs for a micro-batch of that many samples.
     pub profiles: &'a dyn Fn(usize) -> Vec<UnitProfile>,
-    /// The token slices a shape runs with micro-batches of that many samples (TeraPipe).
-    pub slices: &'a dyn Fn(&PipelineConfig, usize) -> Vec<usize>,
+    /// The token slices a shape runs with micro-batches of that many samples over units of
+    /// those costs (TeraPipe).
+    pub slices: &'a ShapeSlices<'a>,
 }
 
 /// The shape for a model whose first `pinned` units must join the first stage (the cached
@@ -84,8 +89,9 @@ pub fn choose_shape(
         let schedule = schedule_for(k, base.schedule);
         let config =
             PipelineConfig { pipeline_len: k, replicas: r, micro_batches: m, chunks, schedule, ..base.clone() };
-        let config = PipelineConfig { token_slices: (shapes.slices)(&config, per_replica.div_ceil(m)), ..config };
         let units = (shapes.profiles)(per_replica.div_ceil(m));
+        let config =
+            PipelineConfig { token_slices: (shapes.slices)(&config, per_replica.div_ceil(m), &units), ..config };
         // Token slices fill and drain the pipeline in their largest's time (TeraPipe), not a
         // whole micro-batch's.
         let whole: usize = config.token_slices.iter().sum();
@@ -293,7 +299,7 @@ mod tests {
     }
 
     /// Micro-batches run whole.
-    fn whole(_: &PipelineConfig, _: usize) -> Vec<usize> {
+    fn whole(_: &PipelineConfig, _: usize, _: &[UnitProfile]) -> Vec<usize> {
         Vec::new()
     }
 
@@ -312,7 +318,7 @@ mod tests {
     fn token_slices_shorten_the_priced_fill() {
         let base = PipelineConfig { pipeline_len: 2, micro_batches: 2, ..Default::default() };
         let (micro, profiles) = (|_, _| 2, units(8, 0));
-        let step = |slices: &dyn Fn(&PipelineConfig, usize) -> Vec<usize>| {
+        let step = |slices: &ShapeSlices<'_>| {
             let shapes = Shapes {
                 global: &|_| 4,
                 replicas: &|_| 1,
@@ -327,8 +333,8 @@ mod tests {
         };
         // Two stages of 4 units × 2 samples × 3 s = 24 s per micro-batch; 2 micro-batches.
         assert_eq!(step(&whole), (3.0 * 24.0, vec![]));
-        assert_eq!(step(&|_, _| vec![8; 4]), (2.25 * 24.0, vec![8; 4]));
-        assert_eq!(step(&|_, _| vec![24, 8]), (2.75 * 24.0, vec![24, 8]));
+        assert_eq!(step(&|_, _, _| vec![8; 4]), (2.25 * 24.0, vec![8; 4]));
+        assert_eq!(step(&|_, _, _| vec![24, 8]), (2.75 * 24.0, vec![24, 8]));
     }
 
     #[test]

@@ -14,15 +14,16 @@ use super::{BatchPolicy, ElasticConfig, FreezeInterval, FreezeName};
 use crate::device::Device;
 use crate::error::{Result, config_error};
 use crate::model::{Hidden, HostBatch};
-use crate::pipeline::{PipelineStep, Plan};
+use crate::pipeline::{PipelineStep, Plan, UnitProfile};
 use crate::train::checkpoint::Tensor;
 use crate::train::{Controller, Event, Trainer, Transition};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
-/// Plans TeraPipe's token slices for a pipeline shape, with micro-batches of so many sequences:
-/// a run's `auto` slicing, from its one measurement (none: the micro-batches run whole).
-pub type Slicer = Box<dyn Fn(&crate::pipeline::PipelineConfig, usize) -> Result<Vec<usize>> + Send>;
+/// Plans TeraPipe's token slices for a pipeline shape, with micro-batches of so many sequences
+/// over units costing so much each (for such a micro-batch; the frozen ones marked): a run's
+/// `auto` slicing, from its one measurement (none: the micro-batches run whole).
+pub type Slicer = Box<dyn Fn(&crate::pipeline::PipelineConfig, usize, &[UnitProfile]) -> Result<Vec<usize>> + Send>;
 
 /// A pipeline's shape: its plan's config and stages (a transition's before).
 type Shape = (crate::pipeline::PipelineConfig, Vec<std::ops::Range<usize>>);
@@ -208,12 +209,17 @@ impl Elastic {
         self.slicer = Some(slicer);
     }
 
-    /// The token slices `config`'s shape runs with micro-batches of `samples` sequences: the
-    /// slicer's plan (whole micro-batches where it finds no slicing within the memory limit:
-    /// the plan's own check then decides), or `config`'s.
-    fn token_slices(&self, config: &crate::pipeline::PipelineConfig, samples: usize) -> Vec<usize> {
+    /// The token slices `config`'s shape runs with micro-batches of `samples` sequences over
+    /// units costing `units`: the slicer's plan (whole micro-batches where it finds no slicing
+    /// within the memory limit: the plan's own check then decides), or `config`'s.
+    fn token_slices(
+        &self,
+        config: &crate::pipeline::PipelineConfig,
+        samples: usize,
+        units: &[UnitProfile],
+    ) -> Vec<usize> {
         match &self.slicer {
-            Some(plan) => plan(config, samples).unwrap_or_default(),
+            Some(plan) => plan(config, samples, units).unwrap_or_default(),
             None => config.token_slices.clone(),
         }
     }
@@ -222,10 +228,15 @@ impl Elastic {
     /// except that a given list is dropped on one stage: it has no fill or drain for them to
     /// shorten, and they would only add each slice's overhead (`auto` decides for one stage
     /// as for any).
-    fn adopted_slices(&self, config: &crate::pipeline::PipelineConfig, samples: usize) -> Vec<usize> {
+    fn adopted_slices(
+        &self,
+        config: &crate::pipeline::PipelineConfig,
+        samples: usize,
+        units: &[UnitProfile],
+    ) -> Vec<usize> {
         match config.pipeline_len == 1 && self.slicer.is_none() {
             true => Vec::new(),
-            false => self.token_slices(config, samples),
+            false => self.token_slices(config, samples, units),
         }
     }
 
@@ -236,9 +247,10 @@ impl Elastic {
         config: &crate::pipeline::PipelineConfig,
         m: usize,
         samples: usize,
+        units: &[UnitProfile],
     ) -> crate::pipeline::PipelineConfig {
         let config = crate::pipeline::PipelineConfig { micro_batches: m, ..config.clone() };
-        crate::pipeline::PipelineConfig { token_slices: self.token_slices(&config, samples), ..config }
+        crate::pipeline::PipelineConfig { token_slices: self.token_slices(&config, samples, units), ..config }
     }
 
     /// Frozen Transformer layers now.
@@ -266,8 +278,9 @@ impl Elastic {
             // Fewer micro-batches hold more samples each: only counts within the memory limit
             // (with their slices) are timed.
             let fits = |m: usize| {
-                let slices = self.with_micro_batches(&c, m, per_replica.div_ceil(m)).token_slices;
-                trainer.pipeline.fits_micro_batches(m, slices, &profiles(m))
+                let units = profiles(m);
+                let slices = self.with_micro_batches(&c, m, per_replica.div_ceil(m), &units).token_slices;
+                trainer.pipeline.fits_micro_batches(m, slices, &units)
             };
             let mut candidates = vec![c.micro_batches];
             candidates.extend(
@@ -447,7 +460,9 @@ impl Elastic {
             let names = crate::pipeline::runtime::unit_names(trainer.pipeline.units());
             let profiles = |samples: usize| trainer.profiles_for(samples, cached);
             // The slices each shape would run, for its price.
-            let slices = |c: &crate::pipeline::PipelineConfig, samples: usize| self.adopted_slices(c, samples);
+            let slices = |c: &crate::pipeline::PipelineConfig, samples: usize, units: &[UnitProfile]| {
+                self.adopted_slices(c, samples, units)
+            };
             let shapes = Shapes {
                 global: &global,
                 replicas: &replicas,
@@ -507,14 +522,15 @@ impl Elastic {
         let per_step = batches_per_step(self.config.batch_policy, r, a.initial_replicas);
         let per_replica = (a.batch * per_step).div_ceil(r);
         let key = Tuner::key(k, r, units, cached > 0, per_replica, chosen.schedule);
+        let profiles = |t: &Trainer<D>, m: usize| t.profiles_for(per_replica.div_ceil(m), cached);
         let with = |m: usize| {
             let config = crate::pipeline::PipelineConfig { micro_batches: m, ..chosen.clone() };
+            let samples = per_replica.div_ceil(m);
             crate::pipeline::PipelineConfig {
-                token_slices: self.adopted_slices(&config, per_replica.div_ceil(m)),
+                token_slices: self.adopted_slices(&config, samples, &profiles(trainer, m)),
                 ..config
             }
         };
-        let profiles = |t: &Trainer<D>, m: usize| t.profiles_for(per_replica.div_ceil(m), cached);
         let names = crate::pipeline::runtime::unit_names(trainer.pipeline.units());
         // The count tuned before for this shape, or the first candidate that fits memory
         // (the shape fits at the count it was priced with, one of them), is planned; the
@@ -604,7 +620,7 @@ impl Elastic {
         let cached = if self.cache_on { frozen_units(self.frozen_layers) } else { 0 };
         let samples = micro_samples(trainer, self.around.batch, m);
         let profiles = trainer.profiles_for(samples, cached);
-        let slices = self.with_micro_batches(&trainer.pipeline.plan().config, m, samples).token_slices;
+        let slices = self.with_micro_batches(&trainer.pipeline.plan().config, m, samples, &profiles).token_slices;
         trainer.pipeline.set_micro_batches(m, slices, &profiles)
     }
 

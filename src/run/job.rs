@@ -12,7 +12,7 @@ use crate::elastic::controller::Surroundings;
 use crate::elastic::{CacheDtype, Elastic, FreezeName};
 use crate::error::{Error, Result, config_error, internal};
 use crate::files::{self, io_error};
-use crate::model::{Family, HeadSpec, HostBatch, InputSpec, Model, ModelConfig};
+use crate::model::{Family, HeadSpec, HostBatch, InputSpec, Model, ModelConfig, Spec};
 use crate::pipeline::{Pipeline, PipelineConfig, UnitProfile, unit_profiles_per_sample};
 use crate::terapipe::{SlicingPlan, SlicingProfile, TokenSlices, plan_slices};
 use crate::text::{Encoded, EncodedItem, TextInput, TextTokenizer, encoded_batch};
@@ -549,23 +549,12 @@ fn planning_profiles<D: Device>(
 /// What `auto` slicing planned for the initial shape, and the measurement it planned from.
 type AutoSlicing = (SlicingPlan, SlicingProfile);
 
-/// The token slices `config` asks for, for sequences like `first`'s: checked against the model
-/// (a causal language model) and the activation cache (which takes whole sequences);
-/// `auto` measures the model's layer on `dev` and runs TeraPipe's planner for `plan`'s
-/// pipeline and micro-batches (its plan returned beside the lengths, and the measurement, to
-/// plan the shapes AutoPipe changes to).
-fn token_slices<D: Device>(
-    config: &RunConfig,
-    dev: &D,
-    model: &mut Model<D>,
-    first: &HostBatch,
-    plan: &PipelineConfig,
-) -> Result<(Vec<usize>, Option<AutoSlicing>)> {
-    let request = &config.pipeline.token_slices;
-    if *request == TokenSlices::Off {
-        return Ok((Vec::new(), None));
+/// Whether the model and the activation cache take the token slices `config` asks for: token
+/// slicing needs a causal language model, and the cache holds whole sequences.
+fn check_token_slices(config: &RunConfig, spec: &Spec) -> Result<()> {
+    if config.pipeline.token_slices == TokenSlices::Off {
+        return Ok(());
     }
-    let spec = model.spec();
     if !spec.causal || spec.head != HeadSpec::TiedLmHead {
         return Err(config_error(
             "pipeline.token_slices",
@@ -581,8 +570,26 @@ fn token_slices<D: Device>(
             "the frozen-activation cache (elastic.cache) does not take token slices; turn one off",
         ));
     }
-    if *request != TokenSlices::Auto {
-        return Ok((request.lengths(first.seq)?, None));
+    Ok(())
+}
+
+/// The token slices `config` asks for, for sequences like `first`'s ([`check_token_slices`]
+/// first); `auto` measures the model's layer on `dev` and runs TeraPipe's planner for `plan`'s
+/// pipeline of units costing `units` per micro-batch (its plan returned beside the lengths,
+/// and the measurement, to plan the shapes AutoPipe changes to).
+fn token_slices<D: Device>(
+    config: &RunConfig,
+    dev: &D,
+    model: &mut Model<D>,
+    first: &HostBatch,
+    plan: &PipelineConfig,
+    units: &[UnitProfile],
+) -> Result<(Vec<usize>, Option<AutoSlicing>)> {
+    let request = &config.pipeline.token_slices;
+    match request {
+        TokenSlices::Off => return Ok((Vec::new(), None)),
+        TokenSlices::Auto => {}
+        _ => return Ok((request.lengths(first.seq)?, None)),
     }
     // One stage has no fill or drain for slices to shorten (and never grows under AutoPipe):
     // `auto` keeps its micro-batches whole, whatever noisy timings would predict.
@@ -590,7 +597,7 @@ fn token_slices<D: Device>(
         return Ok((Vec::new(), None));
     }
     let micro = first.split(plan.replicas.saturating_mul(plan.micro_batches).clamp(1, first.batch))?.swap_remove(0);
-    let (planned, profile) = plan_slices(dev, model, &micro, plan)?;
+    let (planned, profile) = plan_slices(dev, model, &micro, plan, units)?;
     Ok((lengths(&planned), Some((planned, profile))))
 }
 
@@ -869,13 +876,14 @@ impl<D: Device> Job<D> {
                 format!("{} tokens; the model's position table holds {max_positions}", config.data.max_len),
             ));
         }
-        let mut plan = plan;
-        let planned;
         // (Token slices first: a model that is not causal is the reason to name before any
         // elastic setting beside them.)
-        (plan.token_slices, planned) = token_slices(&config, &devices[0], &mut model, &first, &plan)?;
+        check_token_slices(&config, &spec)?;
         config.elastic.validate(spec.layers, info.augmented)?;
         let (per_sample, profiles) = planning_profiles(&config, &devices[0], &mut model, &first, &plan)?;
+        let mut plan = plan;
+        let planned;
+        (plan.token_slices, planned) = token_slices(&config, &devices[0], &mut model, &first, &plan, &profiles)?;
         let mut devices = devices;
         devices.truncate(count);
         let (pipeline, communicator) = match group {
@@ -929,10 +937,10 @@ impl<D: Device> Job<D> {
         let mut elastic = Elastic::new(config.elastic.clone(), around, &config.output.dir.join("cache"))?;
         // `auto` slices each shape AutoPipe runs from the one measurement.
         let slicing = planned.map(|(plan, profile)| {
-            elastic.plan_token_slices_with(Box::new(move |config, samples| match config.pipeline_len {
+            elastic.plan_token_slices_with(Box::new(move |config, samples, units| match config.pipeline_len {
                 // One stage, as at the start: whole.
                 1 => Ok(Vec::new()),
-                _ => Ok(lengths(&profile.plan(config, samples)?)),
+                _ => Ok(lengths(&profile.plan(config, samples, &profile.stage(config, units, samples)?)?)),
             }));
             plan
         });

@@ -9,11 +9,12 @@
 use super::latency::{CommModel, LatencyGrid, LatencyModel, Sample};
 use super::memory::{MemoryModel, SliceSchedule};
 use super::planner::{MicroBatchSlicing, PlannerConfig, SlicingPlan, peak_memory_bytes, plan};
+use super::stage::{StageLoad, UnitRole};
 use crate::device::Device;
 use crate::error::{Error, Result, config_error};
 use crate::model::{Batch, HostBatch, KvArena, Model, Saved, Unit};
 use crate::pipeline::partition::param_bytes;
-use crate::pipeline::{PipelineConfig, ScheduleKind};
+use crate::pipeline::{PipelineConfig, ScheduleKind, UnitProfile};
 use crate::rng::Rng;
 use std::time::Instant;
 
@@ -61,11 +62,7 @@ struct LayerProbe<D: Device> {
 
 impl<D: Device> LayerProbe<D> {
     fn new(dev: &D, model: &Model<D>, micro: &HostBatch, len: usize, context: usize) -> Result<Self> {
-        let attention = model
-            .units()
-            .iter()
-            .position(|u| matches!(u, Unit::Attention(_)))
-            .ok_or_else(|| config_error("pipeline.token_slices", "the model has no attention layer to profile"))?;
+        let attention = probed_attention(model)?;
         let whole = micro.seq;
         let window = micro.token_slices(&if context + len < whole {
             vec![context + len, whole - context - len]
@@ -178,12 +175,13 @@ fn transfer_seconds<D: Device>(dev: &D, tokens: usize, width: usize) -> Result<f
 }
 
 /// What TeraPipe's planner needs of a model on a device, measured once on one Transformer
-/// layer for micro-batches of `samples` sequences: the latency model and the memory model of
-/// a stage of any pipeline shape follow from it ([`latency`](Self::latency),
-/// [`memory`](Self::memory)), so an elastic transition that changes `K` or `M` plans its
-/// slicing afresh without measuring again ([`plan`](Self::plan)). A stage's time is its layers'
-/// (the largest stage's, `⌈L/K⌉`) and scales with the micro-batch's sequences; so do its
-/// activations.
+/// layer for micro-batches of `samples` sequences: the latency and memory models of any stage
+/// of any pipeline shape follow from it ([`latency`](Self::latency), [`memory`](Self::memory)),
+/// so an elastic transition that changes `K`, `M` or the frozen layers plans its slicing afresh
+/// without measuring again ([`plan`](Self::plan)). A stage is a [`StageLoad`]: the slowest of a
+/// pipeline's, from the units' costs ([`stage`](Self::stage)), or `⌈L/K⌉` trained layers
+/// ([`uniform_stage`](Self::uniform_stage)); its time and activations scale with the
+/// micro-batch's sequences.
 #[derive(Clone, Debug)]
 pub struct SlicingProfile {
     grid: LatencyGrid,
@@ -195,6 +193,9 @@ pub struct SlicingProfile {
     samples: usize,
     /// Transformer layers of the model.
     layers: usize,
+    /// Each unit's role, and the measured layer's attention unit among them.
+    roles: Vec<UnitRole>,
+    reference: usize,
     memory: LayerMemory,
 }
 
@@ -211,8 +212,9 @@ struct LayerMemory {
     /// bytes per token.
     head: (usize, f64),
     tail: (usize, f64),
-    /// One layer's key/value arena for one micro-batch.
-    arena: f64,
+    /// One layer's keys and values for one micro-batch, and their gradients' sums.
+    kv: f64,
+    kv_grad: f64,
 }
 
 impl SlicingProfile {
@@ -222,29 +224,72 @@ impl SlicingProfile {
         let (grid, layer) = layer_samples(dev, model, micro)?;
         let comm = measure_comm(dev, model, micro, grid)?;
         let memory = LayerMemory::measure(dev, model, micro)?;
-        Ok(SlicingProfile { grid, layer, comm, samples: micro.batch, layers: model.spec().layers, memory })
+        let roles = model.units().iter().map(role).collect();
+        Ok(SlicingProfile {
+            grid,
+            layer,
+            comm,
+            samples: micro.batch,
+            layers: model.spec().layers,
+            roles,
+            reference: probed_attention(model)?,
+            memory,
+        })
     }
 
-    /// The latency model of one stage of a `stages`-long pipeline for micro-batches of
+    /// The slowest stage of `pipeline` over the model's units costing `units` for a
+    /// micro-batch of `samples` sequences ([`StageLoad::slowest`]).
+    pub fn stage(&self, pipeline: &PipelineConfig, units: &[UnitProfile], samples: usize) -> Result<StageLoad> {
+        StageLoad::slowest(pipeline, units, &self.roles, self.reference, self.grid.max_len, samples)
+    }
+
+    /// The stage of a `stages`-long pipeline as TeraPipe models one: the layers of the largest
+    /// stage, `⌈L/K⌉` (12 layers on 8 stages: 2, not 1.5), all trained, and the larger end's
+    /// memory (both ends' on one stage), not its time.
+    pub fn uniform_stage(&self, stages: usize) -> StageLoad {
+        self.memory.uniform(self.layers, stages, self.samples)
+    }
+
+    /// The latency model of `stage` in a `stages`-long pipeline for micro-batches of
     /// `samples` sequences (the planner's batch unit is the whole micro-batch).
-    pub fn latency(&self, stages: usize, samples: usize) -> Result<LatencyModel> {
+    pub fn latency(&self, stage: &StageLoad, stages: usize, samples: usize) -> Result<LatencyModel> {
         let share = samples as f64 / self.samples.max(1) as f64;
         let comm = CommModel { seconds_per_token: self.comm.seconds_per_token * share, ..self.comm };
-        stage_latency(self.grid, &self.layer, comm, stage_layers(self.layers, stages), share, stages)
+        stage_latency(self.grid, &self.layer, comm, stage, share, stages)
     }
 
-    /// The memory model of a stage of `pipeline`'s plan for micro-batches of `samples`
+    /// The memory model of `stage` under `pipeline`'s schedule and micro-batches of `samples`
     /// sequences ([`measure_memory`]).
-    pub fn memory(&self, pipeline: &PipelineConfig, samples: usize) -> MemoryModel {
-        self.memory.stage(pipeline, self.layers, samples as f64 / self.samples.max(1) as f64)
+    pub fn memory(&self, stage: &StageLoad, pipeline: &PipelineConfig, samples: usize) -> MemoryModel {
+        self.memory.stage(stage, pipeline, samples, samples as f64 / self.samples.max(1) as f64)
     }
 
-    /// TeraPipe's slicing for `pipeline`'s micro-batches of `samples` sequences each
-    /// ([`shared_slicing`] over [`latency`](Self::latency) and [`memory`](Self::memory)).
-    pub fn plan(&self, pipeline: &PipelineConfig, samples: usize) -> Result<SlicingPlan> {
-        let latency = self.latency(pipeline.pipeline_len, samples)?;
-        shared_slicing(&latency, self.memory(pipeline, samples), self.grid.max_len, samples, pipeline)
+    /// TeraPipe's slicing for `pipeline`'s micro-batches of `samples` sequences each, whose
+    /// slowest stage is `stage` ([`shared_slicing`] over [`latency`](Self::latency) and
+    /// [`memory`](Self::memory)).
+    pub fn plan(&self, pipeline: &PipelineConfig, samples: usize, stage: &StageLoad) -> Result<SlicingPlan> {
+        let latency = self.latency(stage, pipeline.pipeline_len, samples)?;
+        shared_slicing(&latency, self.memory(stage, pipeline, samples), self.grid.max_len, samples, pipeline)
     }
+}
+
+/// A unit's role in the slicing models.
+fn role<D: Device>(unit: &Unit<D>) -> UnitRole {
+    match unit {
+        Unit::Attention(_) => UnitRole::Attention,
+        Unit::Mlp(_) => UnitRole::Mlp,
+        _ => UnitRole::End,
+    }
+}
+
+/// The attention unit the profile measures (the model's first; the MLP after it completes the
+/// layer).
+fn probed_attention<D: Device>(model: &Model<D>) -> Result<usize> {
+    model
+        .units()
+        .iter()
+        .position(|u| matches!(u, Unit::Attention(_)))
+        .ok_or_else(|| config_error("pipeline.token_slices", "the model has no attention layer to profile"))
 }
 
 /// A slice's transfer across a stage boundary for `micro`'s sequences, fitted to the grid's
@@ -261,23 +306,30 @@ fn stage_layers(layers: usize, stages: usize) -> usize {
     layers.div_ceil(stages.max(1))
 }
 
-/// One stage of a `stages`-long pipeline, of `layers` layers, from one layer's slice times
-/// (`layer`) measured at a micro-batch `share` times smaller than the planned one's; `comm`
-/// a slice's transfer at the planned micro-batch (none on one stage).
+/// `stage` of a `stages`-long pipeline from one layer's slice times (`layer`) measured at a
+/// micro-batch `share` times smaller than the planned one's: its layers' times at each point,
+/// plus its other units' per token (a share of the whole sequence's time without context);
+/// `comm` a slice's transfer at the planned micro-batch (none on one stage).
 fn stage_latency(
     grid: LatencyGrid,
     layer: &[Sample],
     comm: CommModel,
-    layers: usize,
+    stage: &StageLoad,
     share: f64,
     stages: usize,
 ) -> Result<LatencyModel> {
-    let compute: Vec<Sample> =
-        layer.iter().map(|s| Sample { seconds: s.seconds * layers as f64 * share, ..*s }).collect();
+    let whole = layer.iter().find(|s| s.len == grid.max_len && s.context == 0).map_or(0.0, |s| s.seconds);
+    let per_token = stage.end_time * whole / grid.max_len.max(1) as f64;
+    let compute: Vec<Sample> = layer
+        .iter()
+        .map(|s| Sample { seconds: (s.seconds * stage.layer_time + per_token * s.len as f64) * share, ..*s })
+        .collect();
     if crate::debug::level() >= 2 {
         let row = |s: &Sample| format!("{}@{} {:.1}", s.len, s.context, s.seconds * 1e6);
         eprintln!(
-            "terapipe latency, one stage, µs (length@context time): {}",
+            "terapipe latency, one stage ({:.2} layers, ends {:.2}), µs (length@context time): {}",
+            stage.layer_time,
+            stage.end_time,
             compute.iter().map(row).collect::<Vec<_>>().join(", ")
         );
     }
@@ -331,29 +383,33 @@ pub fn measure_latency<D: Device>(
 ) -> Result<LatencyModel> {
     let (grid, layer) = layer_samples(dev, model, micro)?;
     let comm = if stages > 1 { measure_comm(dev, model, micro, grid)? } else { CommModel::NONE };
-    stage_latency(grid, &layer, comm, stage_layers(model.spec().layers, stages), 1.0, stages)
+    let stage = StageLoad::of_layers(stage_layers(model.spec().layers, stages));
+    stage_latency(grid, &layer, comm, &stage, 1.0, stages)
 }
 
 /// Bytes a stage of a `pipeline`'s plan keeps for micro-batches like `micro`, as the planner
-/// models them ([`MemoryModel`], its "sample" being one whole micro-batch).
+/// models them ([`MemoryModel`], its "sample" being one whole micro-batch), for TeraPipe's
+/// stage ([`SlicingProfile::uniform_stage`]: `⌈L/K⌉` trained layers and the larger end).
 ///
 /// - Activations: the elements one layer's forward keeps for a slice, measured at two points
 ///   (`l` tokens with no context and after `l` tokens of context: the difference is the
-///   attention probabilities' `l·c` term), times the layers of the largest stage, `⌈L/K⌉`.
-/// - The larger of the units before the first layer (embeddings) and after the last (final
-///   norm, head): their activations per token (analytic costs) and their parameters.
-/// - Fixed: the stage's parameter bytes (weights, gradients, AdamW moments: `param_bytes`;
-///   the device's packs of the weights).
-/// - Sliced only (`sliced_bytes`): the key/value arenas (keys, values and their gradients' f32
-///   sums for the whole sequence) of the micro-batches resident at once: all `M` under GPipe,
-///   at most `min(M, K)` under 1F1B.
+///   attention probabilities' `l·c` term), times the stage's trained layers.
+/// - The units before the first layer (embeddings) and after the last (final norm, head):
+///   their activations per token (analytic costs) and their parameters.
+/// - Fixed: the stage's parameter bytes (weights, and for trained units gradients and AdamW
+///   moments: `param_bytes`; the device's packs of the weights).
+/// - Sliced only (`sliced_bytes`): the key/value arenas (keys, values and, for a trained
+///   layer, their gradients' f32 sums for the whole sequence) of the micro-batches resident at
+///   once: all `M` under GPipe, at most `min(M, K)` under 1F1B.
 pub fn measure_memory<D: Device>(
     dev: &D,
     model: &Model<D>,
     micro: &HostBatch,
     pipeline: &PipelineConfig,
 ) -> Result<MemoryModel> {
-    Ok(LayerMemory::measure(dev, model, micro)?.stage(pipeline, model.spec().layers, 1.0))
+    let memory = LayerMemory::measure(dev, model, micro)?;
+    let stage = memory.uniform(model.spec().layers, pipeline.pipeline_len, micro.batch);
+    Ok(memory.stage(&stage, pipeline, micro.batch, 1.0))
 }
 
 impl LayerMemory {
@@ -386,54 +442,71 @@ impl LayerMemory {
         };
         // Keys and values in the activations' dtype, their gradients' sums in f32 (or wider).
         let act = dev.activation_dtype().bytes();
-        let arena = 2 * (act + crate::model::kv_arena::grad_elem_bytes(act)) * b * seq * model.spec().hidden;
+        let kv = 2 * act * b * seq * model.spec().hidden;
+        let kv_grad = 2 * crate::model::kv_arena::grad_elem_bytes(act) * b * seq * model.spec().hidden;
         Ok(LayerMemory {
             per_token: per_token * bytes,
             per_score: per_score * bytes,
             layer_params: params(first..last) / model.spec().layers.max(1),
             head: end(0..first),
             tail: end(last..units.len()),
-            arena: arena as f64,
+            kv: kv as f64,
+            kv_grad: kv_grad as f64,
         })
     }
 
-    /// A stage of `pipeline`'s plan of a model of `layers`, for micro-batches `share` times
-    /// the measured one's sequences.
-    fn stage(&self, pipeline: &PipelineConfig, layers: usize, share: f64) -> MemoryModel {
-        let k = pipeline.pipeline_len.max(1);
+    /// TeraPipe's stage of a `stages`-long pipeline of a model of `layers`, measured on
+    /// micro-batches of `samples` sequences: `⌈L/K⌉` trained layers, and the first stage's
+    /// embeddings or the last's final norm and head, whichever hold more (both on one stage).
+    fn uniform(&self, layers: usize, stages: usize, samples: usize) -> StageLoad {
+        let k = stages.max(1);
         let layers = stage_layers(layers, k);
-        // The first stage also holds the embeddings and the last the final norm and head: the
-        // model is of the larger end (both ends when there is one stage).
         let (ends, end_tokens) = match k {
             1 => (self.head.0 + self.tail.0, self.head.1 + self.tail.1),
             _ => (self.head.0.max(self.tail.0), self.head.1.max(self.tail.1)),
         };
+        StageLoad {
+            state_bytes: layers * self.layer_params + ends,
+            end_bytes_per_token: end_tokens / samples.max(1) as f64,
+            ..StageLoad::of_layers(layers)
+        }
+    }
+
+    /// `stage` under `pipeline`'s schedule, for micro-batches of `samples` sequences, `share`
+    /// times the measured one's.
+    fn stage(&self, stage: &StageLoad, pipeline: &PipelineConfig, samples: usize, share: f64) -> MemoryModel {
         let resident = match pipeline.schedule {
             ScheduleKind::Gpipe | ScheduleKind::Interleaved => pipeline.micro_batches,
-            ScheduleKind::OneFOneB | ScheduleKind::ZeroBubble => pipeline.micro_batches.min(k),
+            ScheduleKind::OneFOneB | ScheduleKind::ZeroBubble => pipeline.micro_batches.min(pipeline.pipeline_len),
         };
+        let arenas =
+            stage.trained_attention as f64 * (self.kv + self.kv_grad) + stage.frozen_attention as f64 * self.kv;
         MemoryModel {
-            per_token_bytes: (self.per_token * layers as f64 + end_tokens) * share,
-            per_score_bytes: self.per_score * layers as f64 * share,
-            fixed_bytes: layers * self.layer_params + ends,
-            sliced_bytes: (resident as f64 * layers as f64 * self.arena * share).round() as usize,
+            per_token_bytes: self.per_token * stage.trained_layers * share + stage.end_bytes_per_token * samples as f64,
+            per_score_bytes: self.per_score * stage.trained_layers * share,
+            fixed_bytes: stage.state_bytes,
+            sliced_bytes: (resident as f64 * arenas * share).round() as usize,
         }
     }
 }
 
-/// TeraPipe's slicing for `pipeline`'s micro-batches, each like `micro`: the layer's latency
-/// and memory measured on `dev` ([`SlicingProfile::measure`]), then the planner's exact
-/// search over one slicing shared by the `M` micro-batches ([`PlannerConfig::shared`]: the
-/// runtime cuts every micro-batch alike), under `pipeline.memory_limit` for its schedule.
-/// The profile comes back beside it, to plan other shapes from.
+/// TeraPipe's slicing for `pipeline`'s micro-batches, each like `micro`, whose units cost
+/// `units` (for such a micro-batch): the layer's latency and memory measured on `dev`
+/// ([`SlicingProfile::measure`]), the pipeline's slowest stage ([`SlicingProfile::stage`]),
+/// then the planner's exact search over one slicing shared by the `M` micro-batches
+/// ([`PlannerConfig::shared`]: the runtime cuts every micro-batch alike), under
+/// `pipeline.memory_limit` for its schedule. The profile comes back beside it, to plan other
+/// shapes from.
 pub fn plan_slices<D: Device>(
     dev: &D,
     model: &mut Model<D>,
     micro: &HostBatch,
     pipeline: &PipelineConfig,
+    units: &[UnitProfile],
 ) -> Result<(SlicingPlan, SlicingProfile)> {
     let profile = SlicingProfile::measure(dev, model, micro)?;
-    Ok((profile.plan(pipeline, micro.batch)?, profile))
+    let stage = profile.stage(pipeline, units, micro.batch)?;
+    Ok((profile.plan(pipeline, micro.batch, &stage)?, profile))
 }
 
 /// [`plan_slices`] from the measured models: the best slicing `pipeline`'s micro-batches (of
@@ -521,4 +594,31 @@ fn even_if_near(latency: &LatencyModel, config: &PlannerConfig, best: SlicingPla
         }
     }
     Ok(best)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stage's latency is the measured layer's slice times times its layers, plus its ends
+    /// per token (their share of the whole sequence's time, with no context term), on a table
+    /// the model reproduces exactly (non-decreasing, its context term of the fitted form).
+    #[test]
+    fn a_stage_adds_its_ends_per_token() {
+        let grid = LatencyGrid { step: 1, max_len: 8, max_batch: 1 };
+        let t = |l: usize, c: usize| {
+            let (l, c) = (l as f64, c as f64);
+            1.0 + l + if c > 0.0 { 0.5 + 0.1 * l + 0.2 * c + 0.01 * l * c } else { 0.0 }
+        };
+        let points = (1..=8).map(|l| (l, 0)).chain([(1, 1), (2, 3), (1, 6), (4, 2), (3, 5), (2, 2), (5, 1)]);
+        let layer: Vec<Sample> =
+            points.map(|(len, context)| Sample { batch: 1, len, context, seconds: t(len, context) }).collect();
+        let stage = StageLoad { layer_time: 1.5, end_time: 2.0, ..StageLoad::of_layers(1) };
+        let model = stage_latency(grid, &layer, CommModel::NONE, &stage, 0.5, 1).unwrap();
+        for (l, c) in [(1, 0), (8, 0), (3, 4), (1, 7), (6, 2)] {
+            let want = 0.5 * (1.5 * t(l, c) + 2.0 * t(8, 0) * l as f64 / 8.0);
+            let got = model.slice_time(1, l, c).unwrap();
+            assert!((got - want).abs() <= 1e-9 * want, "{l}@{c}: {got} vs {want}");
+        }
+    }
 }
