@@ -248,6 +248,8 @@ fn predicted_bubble_counts_slices() {
         activation_bytes: 100,
         score_bytes: 0,
         kv_grad_bytes: 0,
+        kv_bytes: 0,
+        frozen_arena_bytes: 0,
         trainable: true,
         weight_pack_bytes: 0,
     };
@@ -379,6 +381,53 @@ fn the_memory_model_bounds_a_stages_measured_peak() {
     assert_eq!((one.sliced_bytes, four.sliced_bytes), (arena, 4 * arena));
     assert_eq!(one.fixed_bytes, four.fixed_bytes);
     assert_eq!(memory(4, ScheduleKind::OneFOneB), memory(2, ScheduleKind::Gpipe));
+}
+
+/// A frozen layer of a sliced pipeline keeps no activations, but its key/value arena holds
+/// every resident micro-batch's keys and values for the later slices: the partition's memory
+/// (what a memory limit is checked against) counts them. On stage 0 of a K = 2 GPipe pipeline
+/// over slices with the embedding and two of three layers frozen, the step's measured peak
+/// lies within the partition's bytes, less at most the trained layer's key/value gradients
+/// (GPipe's peak comes before most backwards allocate them). The frozen arenas outweigh those
+/// gradients: a partition that left them out would claim less than the step keeps.
+#[test]
+fn a_frozen_layers_arena_counts_in_a_sliced_plans_memory() {
+    use pipetransformer::model::GptConfig;
+    let ModelConfig::Gpt(tiny) = tiny_gpt(0.1) else { unreachable!() };
+    let config =
+        ModelConfig::Gpt(GptConfig { n_embd: 8, n_head: 2, n_positions: 32, n_inner: Some(16), n_layer: 3, ..tiny });
+    let host = pipetransformer::model::HostBatch::random(&config, 2, 32, 5);
+    let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+    let mut model = Model::new(&dev, &config, 1).unwrap();
+    model.freeze_prefix(&dev, 5).unwrap();
+    let micro = host.split(2).unwrap().swap_remove(0);
+    let profiles = unit_profiles(&dev, &mut model, &micro, false).unwrap();
+    let plan = PipelineConfig {
+        pipeline_len: 2,
+        micro_batches: 2,
+        schedule: ScheduleKind::Gpipe,
+        token_slices: vec![8, 16, 8],
+        ..Default::default()
+    };
+    let cpus = (0..2).map(|i| CpuDevice::<f32>::new(i, 1).unwrap()).collect();
+    let mut pipeline = Pipeline::new(cpus, model, OptimizerConfig::adamw(), plan, &profiles).unwrap();
+    let stage = pipeline.plan().partition.stages[0].clone();
+    let names = &pipeline.plan().unit_names[stage.clone()];
+    assert_eq!(names.iter().filter(|n| n.starts_with("attention")).count(), 3, "{names:?}");
+    let state: usize = profiles[stage.clone()].iter().map(UnitProfile::state_bytes).sum();
+    let planned = (pipeline.plan().partition.stage_memory[0] - state) as f64;
+    // Two micro-batches resident: layers 0 and 1's keys and values (1 sequence × 32 tokens ×
+    // width 8, f32), and layer 2's gradients of its own.
+    let frozen = (2 * 2 * (2 * 32 * 8 * 4)) as f64;
+    let trained_grads =
+        2.0 * profiles[stage].iter().filter(|u| u.trainable).map(|u| u.kv_grad_bytes).sum::<usize>() as f64;
+    assert!(frozen > trained_grads && trained_grads > 0.0, "{frozen} vs {trained_grads}");
+    let measured = 4.0 * pipeline.step(&host, 3, 1e-2, None).unwrap().peak_activations[0] as f64;
+    assert!(
+        planned - trained_grads <= measured + 1e-6 && measured <= planned + 1e-6,
+        "measured {measured} B; planned {planned} B, of which {frozen} B the frozen arenas and {trained_grads} B the \
+         trained layer's key/value gradients"
+    );
 }
 
 /// One measurement plans every shape an elastic run changes to: a stage's latency is its

@@ -287,6 +287,8 @@ mod tests {
                     activation_bytes: 100 * samples,
                     score_bytes: 0,
                     kv_grad_bytes: 0,
+                    kv_bytes: 0,
+                    frozen_arena_bytes: 0,
                     trainable: i >= frozen,
                     weight_pack_bytes: 0,
                 })

@@ -79,6 +79,10 @@ pub struct UnitCost {
     /// arena sums ([`kv_arena::grad_elem_bytes`](super::kv_arena::grad_elem_bytes) each: at
     /// bf16 twice the keys and values themselves).
     pub kv_grad_bytes: usize,
+    /// The keys and values themselves, which a sliced attention unit keeps in its arena for
+    /// the later slices: among the activations a trained unit keeps, and all a frozen one
+    /// keeps.
+    pub kv_bytes: usize,
     /// Bytes the device keeps beside the linear layers' weights for its products (not per
     /// sample; [`crate::device::Device::weight_pack_bytes`]), as when the unit trains above
     /// trainable units: for a frozen unit, or the first trainable one above frozen units (whose
@@ -388,6 +392,7 @@ impl<D: Device> Unit<D> {
             activation_bytes: saved * elem_bytes,
             score_bytes: score * elem_bytes,
             kv_grad_bytes: kv * super::kv_arena::grad_elem_bytes(elem_bytes),
+            kv_bytes: kv * elem_bytes,
             weight_pack_bytes,
         }
     }

@@ -51,7 +51,7 @@ impl Partition {
         let memory = |s: usize, r: &Range<usize>| {
             let us = &units[r.clone()];
             us.iter().map(|u| u.state_bytes()).sum::<usize>()
-                + in_flight[s] * us.iter().filter(|u| u.trainable).map(|u| u.activation_bytes).sum::<usize>()
+                + in_flight[s] * us.iter().map(UnitProfile::in_flight_bytes).sum::<usize>()
         };
         Ok(Partition {
             stage_time: stages.iter().map(time).collect(),
@@ -112,14 +112,14 @@ pub fn partition(
     if in_flight.len() != stages {
         return Err(config_error("pipeline", format!("{} in-flight counts for {stages} stages", in_flight.len())));
     }
-    // Prefix sums: time, parameter bytes, activation bytes (trainable units only).
+    // Prefix sums: time, parameter bytes, bytes per micro-batch in flight.
     let mut time = vec![0.0; n + 1];
     let mut params = vec![0usize; n + 1];
     let mut acts = vec![0usize; n + 1];
     for (i, u) in units.iter().enumerate() {
         time[i + 1] = time[i] + u.time();
         params[i + 1] = params[i] + u.state_bytes();
-        acts[i + 1] = acts[i] + if u.trainable { u.activation_bytes } else { 0 };
+        acts[i + 1] = acts[i] + u.in_flight_bytes();
     }
     let memory =
         |s: usize, r: &Range<usize>| params[r.end] - params[r.start] + in_flight[s] * (acts[r.end] - acts[r.start]);
@@ -207,6 +207,8 @@ mod tests {
             activation_bytes: 100,
             score_bytes: 0,
             kv_grad_bytes: 0,
+            kv_bytes: 0,
+            frozen_arena_bytes: 0,
             trainable: true,
             weight_pack_bytes: 0,
         }
@@ -229,7 +231,7 @@ mod tests {
             for (s, w) in bounds.windows(2).enumerate() {
                 let us = &units[w[0]..w[1]];
                 let mem: usize = us.iter().map(|u| u.state_bytes()).sum::<usize>()
-                    + in_flight[s] * us.iter().filter(|u| u.trainable).map(|u| u.activation_bytes).sum::<usize>();
+                    + in_flight[s] * us.iter().map(UnitProfile::in_flight_bytes).sum::<usize>();
                 fits &= mem <= limit;
                 worst = worst.max(us.iter().map(UnitProfile::time).sum());
             }
@@ -253,6 +255,8 @@ mod tests {
                     activation_bytes: rng.below(400) as usize,
                     score_bytes: 0,
                     kv_grad_bytes: 0,
+                    kv_bytes: 0,
+                    frozen_arena_bytes: 0,
                     trainable: rng.below(4) != 0,
                     weight_pack_bytes: rng.below(200) as usize,
                 })

@@ -265,7 +265,7 @@ fn partition_per_device(
             let (mut params, mut acts) = (0, 0);
             for u in &units[i..] {
                 params += u.state_bytes();
-                acts += if u.trainable { u.activation_bytes } else { 0 };
+                acts += u.in_flight_bytes();
                 let bytes = params + flight * acts;
                 if bytes < limit {
                     caps.push(bytes);
@@ -386,6 +386,8 @@ mod tests {
                 activation_bytes: 1000,
                 score_bytes: 0,
                 kv_grad_bytes: 0,
+                kv_bytes: 0,
+                frozen_arena_bytes: 0,
                 trainable: true,
                 weight_pack_bytes: 0,
             };

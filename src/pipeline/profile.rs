@@ -23,6 +23,14 @@ pub struct UnitProfile {
     /// The key/value arena's gradients under token slicing ([`UnitCost`]).
     #[serde(default)]
     pub kv_grad_bytes: usize,
+    /// The keys and values a sliced attention unit keeps in its arena ([`UnitCost`]).
+    #[serde(default)]
+    pub kv_bytes: usize,
+    /// What a frozen unit keeps per micro-batch in flight: nothing whole, its arena's keys and
+    /// values under token slicing (set by [`sliced`](Self::sliced); a trained unit's are among
+    /// its activations).
+    #[serde(default)]
+    pub frozen_arena_bytes: usize,
     /// Whether any parameter trains. A frozen unit runs forward only, keeps no activations and
     /// has no gradients or optimizer state.
     pub trainable: bool,
@@ -37,6 +45,12 @@ impl UnitProfile {
     /// AdamW's moments) and the device's packs of them.
     pub fn state_bytes(&self) -> usize {
         super::partition::param_bytes(self.params, self.trainable) + self.weight_pack_bytes
+    }
+
+    /// Bytes kept per micro-batch in flight: a trained unit's activations, a frozen one's
+    /// arena.
+    pub fn in_flight_bytes(&self) -> usize {
+        if self.trainable { self.activation_bytes } else { self.frozen_arena_bytes }
     }
 
     /// Seconds per micro-batch: forward, plus backward when trainable.
@@ -54,6 +68,8 @@ impl UnitProfile {
             activation_bytes: cost.activation_bytes * samples,
             score_bytes: cost.score_bytes * samples,
             kv_grad_bytes: cost.kv_grad_bytes * samples,
+            kv_bytes: cost.kv_bytes * samples,
+            frozen_arena_bytes: 0,
             trainable,
             weight_pack_bytes: cost.weight_pack_bytes,
         }
@@ -68,13 +84,16 @@ impl UnitProfile {
             activation_bytes: (self.activation_bytes as f64 * factor).round() as usize,
             score_bytes: (self.score_bytes as f64 * factor).round() as usize,
             kv_grad_bytes: (self.kv_grad_bytes as f64 * factor).round() as usize,
+            kv_bytes: (self.kv_bytes as f64 * factor).round() as usize,
+            frozen_arena_bytes: (self.frozen_arena_bytes as f64 * factor).round() as usize,
             ..*self
         }
     }
 
     /// The same unit when each sequence runs as token slices of `lengths` (TeraPipe): the
     /// attention probabilities shrink to `Σ l·(c + l) / L²` of the whole sequence's, and the
-    /// key/value arena adds the keys' and values' gradients.
+    /// key/value arena adds the keys' and values' gradients; a frozen unit keeps its arena's
+    /// keys and values for the later slices.
     pub fn sliced(&self, lengths: &[usize]) -> Self {
         let whole: usize = lengths.iter().sum();
         if lengths.len() < 2 || whole == 0 {
@@ -90,6 +109,7 @@ impl UnitProfile {
         UnitProfile {
             activation_bytes: self.activation_bytes - self.score_bytes + scores + self.kv_grad_bytes,
             score_bytes: scores,
+            frozen_arena_bytes: self.kv_bytes,
             ..*self
         }
     }
@@ -199,6 +219,8 @@ pub fn profile_units<D: Device>(
             activation_bytes: costs[i].activation_bytes * host.batch,
             score_bytes: costs[i].score_bytes * host.batch,
             kv_grad_bytes: costs[i].kv_grad_bytes * host.batch,
+            kv_bytes: costs[i].kv_bytes * host.batch,
+            frozen_arena_bytes: 0,
             trainable: i >= trains,
             weight_pack_bytes: costs[i].weight_pack_bytes,
         })
