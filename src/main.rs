@@ -903,9 +903,12 @@ fn plan(config: RunConfig) -> Result<()> {
 /// What `auto` planned, and how to keep it while the plan in force runs it (`in_force`: an
 /// elastic start that left one stage turned it off): the latencies it rests on are measured
 /// afresh by every run, and a plan near others in time can give way to one of them.
-fn planned_slicing(slicing: &pipetransformer::terapipe::SlicingPlan, in_force: &[usize]) -> String {
-    let mut out = format!("token slices (planned from this machine's layer latency): {slicing}\n");
-    let planned = slicing.micro_batches.first().map(|m| &m.slices);
+fn planned_slicing(slicing: &pipetransformer::run::PlannedSlicing, in_force: &[usize]) -> String {
+    let mut out = format!(
+        "token slices (planned from this machine's layer latency, for the slowest stage: {}): {}\n",
+        slicing.stage, slicing.plan
+    );
+    let planned = slicing.plan.micro_batches.first().map(|m| &m.slices);
     if let Some(lengths) = planned.filter(|l| l.len() > 1 && l.as_slice() == in_force) {
         let list = lengths.iter().map(usize::to_string).collect::<Vec<_>>();
         out += &format!("  (--token-slices {} keeps this slicing in later runs)\n", list.join(","));

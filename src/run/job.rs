@@ -14,7 +14,7 @@ use crate::error::{Error, Result, config_error, internal};
 use crate::files::{self, io_error};
 use crate::model::{Family, HeadSpec, HostBatch, InputSpec, Model, ModelConfig, Spec};
 use crate::pipeline::{Pipeline, PipelineConfig, UnitProfile, unit_profiles_per_sample};
-use crate::terapipe::{SlicingPlan, SlicingProfile, TokenSlices, plan_slices};
+use crate::terapipe::{SlicingPlan, SlicingProfile, StageLoad, TokenSlices};
 use crate::text::{Encoded, EncodedItem, TextInput, TextTokenizer, encoded_batch};
 use crate::train::{BatchSource, EvalMetrics, Event, RecordedPlan, Trainer};
 use crate::weights::{self, LoadOptions, LoadReport};
@@ -547,7 +547,16 @@ fn planning_profiles<D: Device>(
 }
 
 /// What `auto` slicing planned for the initial shape, and the measurement it planned from.
-type AutoSlicing = (SlicingPlan, SlicingProfile);
+type AutoSlicing = (PlannedSlicing, SlicingProfile);
+
+/// TeraPipe's slicing for a pipeline, and the stage it modelled (the slowest).
+#[derive(Clone, Debug)]
+pub struct PlannedSlicing {
+    /// The slicing.
+    pub plan: SlicingPlan,
+    /// The stage.
+    pub stage: StageLoad,
+}
 
 /// Whether the model and the activation cache take the token slices `config` asks for: token
 /// slicing needs a causal language model, and the cache holds whole sequences.
@@ -597,8 +606,10 @@ fn token_slices<D: Device>(
         return Ok((Vec::new(), None));
     }
     let micro = first.split(plan.replicas.saturating_mul(plan.micro_batches).clamp(1, first.batch))?.swap_remove(0);
-    let (planned, profile) = plan_slices(dev, model, &micro, plan, units)?;
-    Ok((lengths(&planned), Some((planned, profile))))
+    let profile = SlicingProfile::measure(dev, model, &micro)?;
+    let stage = profile.stage(plan, units, micro.batch)?;
+    let planned = profile.plan(plan, micro.batch, &stage)?;
+    Ok((lengths(&planned), Some((PlannedSlicing { plan: planned, stage }, profile))))
 }
 
 /// The token slices `planned` cuts every micro-batch into; none where it keeps them whole.
@@ -714,7 +725,7 @@ pub struct Job<D: Device> {
     pub load_report: Option<LoadReport>,
     /// TeraPipe's planned slicing, when the run asked for `token_slices = "auto"` (none after a
     /// [resume](Self::resume) that restored the checkpoint's plan).
-    pub slicing: Option<SlicingPlan>,
+    pub slicing: Option<PlannedSlicing>,
     /// What the replicas sum gradients over (NCCL, the host ring, or why not NCCL), to announce.
     pub communicator: String,
     /// Whether the state continues an earlier run's: a checkpoint's, or an earlier call of
@@ -936,13 +947,13 @@ impl<D: Device> Job<D> {
         };
         let mut elastic = Elastic::new(config.elastic.clone(), around, &config.output.dir.join("cache"))?;
         // `auto` slices each shape AutoPipe runs from the one measurement.
-        let slicing = planned.map(|(plan, profile)| {
+        let slicing = planned.map(|(planned, profile)| {
             elastic.plan_token_slices_with(Box::new(move |config, samples, units| match config.pipeline_len {
                 // One stage, as at the start: whole.
                 1 => Ok(Vec::new()),
                 _ => Ok(lengths(&profile.plan(config, samples, &profile.stage(config, units, samples)?)?)),
             }));
-            plan
+            planned
         });
         Ok(Self {
             config,

@@ -327,9 +327,7 @@ fn stage_latency(
     if crate::debug::level() >= 2 {
         let row = |s: &Sample| format!("{}@{} {:.1}", s.len, s.context, s.seconds * 1e6);
         eprintln!(
-            "terapipe latency, one stage ({:.2} layers, ends {:.2}), µs (length@context time): {}",
-            stage.layer_time,
-            stage.end_time,
+            "terapipe latency, one stage ({stage}), µs (length@context time): {}",
             compute.iter().map(row).collect::<Vec<_>>().join(", ")
         );
     }

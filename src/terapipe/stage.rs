@@ -111,6 +111,20 @@ impl StageLoad {
     }
 }
 
+impl std::fmt::Display for StageLoad {
+    /// `2.00 layers` / `1.39 layers (1 frozen, forward only), ends 0.04 of a layer`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:.2} layers", self.layer_time)?;
+        if self.frozen_attention > 0 {
+            write!(f, " ({} frozen, forward only)", self.frozen_attention)?;
+        }
+        if self.end_time > 0.0 {
+            write!(f, ", ends {:.2} of a layer", self.end_time)?;
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,6 +188,7 @@ mod tests {
             end_bytes_per_token: 100.0 / 8.0,
         };
         assert_eq!(load, want);
+        assert_eq!(load.to_string(), "1.33 layers (1 frozen, forward only), ends 1.58 of a layer");
         // A costs list that is not the model's is refused, not misread.
         let e = StageLoad::slowest(&one, &units[..5], &ROLES, 1, 4, 2).unwrap_err().to_string();
         assert!(e.contains("5 unit costs given for a model of 6 units"), "{e}");
