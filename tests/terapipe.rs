@@ -246,12 +246,8 @@ fn predicted_bubble_counts_slices() {
         backward: 2.0,
         params: 10,
         activation_bytes: 100,
-        score_bytes: 0,
-        kv_grad_bytes: 0,
-        kv_bytes: 0,
-        frozen_arena_bytes: 0,
         trainable: true,
-        weight_pack_bytes: 0,
+        ..Default::default()
     };
     let names: Vec<String> = (0..4).map(|i| format!("u{i}")).collect();
     for (slices, m, want) in [(vec![], 1, 1.0 / 2.0), (vec![8, 8, 8, 8], 1, 1.0 / 5.0), (vec![16, 16], 2, 1.0 / 5.0)] {

@@ -285,12 +285,8 @@ mod tests {
                     backward: 2.0 * samples as f64,
                     params: 10,
                     activation_bytes: 100 * samples,
-                    score_bytes: 0,
-                    kv_grad_bytes: 0,
-                    kv_bytes: 0,
-                    frozen_arena_bytes: 0,
                     trainable: i >= frozen,
-                    weight_pack_bytes: 0,
+                    ..Default::default()
                 })
                 .collect()
         }

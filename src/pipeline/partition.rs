@@ -205,12 +205,8 @@ mod tests {
             backward: 2.0 * t / 3.0,
             params: 10,
             activation_bytes: 100,
-            score_bytes: 0,
-            kv_grad_bytes: 0,
-            kv_bytes: 0,
-            frozen_arena_bytes: 0,
             trainable: true,
-            weight_pack_bytes: 0,
+            ..Default::default()
         }
     }
 
@@ -253,12 +249,9 @@ mod tests {
                     backward: 2.0 * rng.uniform(),
                     params: rng.below(50) as usize,
                     activation_bytes: rng.below(400) as usize,
-                    score_bytes: 0,
-                    kv_grad_bytes: 0,
-                    kv_bytes: 0,
-                    frozen_arena_bytes: 0,
                     trainable: rng.below(4) != 0,
                     weight_pack_bytes: rng.below(200) as usize,
+                    ..Default::default()
                 })
                 .collect();
             let pinned = if trial % 3 == 0 { rng.below(n as u64) as usize } else { 0 };

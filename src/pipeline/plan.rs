@@ -384,12 +384,8 @@ mod tests {
                 backward: 2.0,
                 params: 100,
                 activation_bytes: 1000,
-                score_bytes: 0,
-                kv_grad_bytes: 0,
-                kv_bytes: 0,
-                frozen_arena_bytes: 0,
                 trainable: true,
-                weight_pack_bytes: 0,
+                ..Default::default()
             };
             n
         ]

@@ -7,7 +7,7 @@ use crate::model::{Batch, HostBatch, InputSpec, Model, UnitCost};
 use serde::{Deserialize, Serialize};
 
 /// What the partitioner knows about one unit, per micro-batch.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct UnitProfile {
     /// Forward seconds (or any consistent unit).
     pub forward: f64,

@@ -241,12 +241,8 @@ mod tests {
             backward: 2.0 * f,
             params: 10,
             activation_bytes: 100,
-            score_bytes: 0,
-            kv_grad_bytes: 0,
-            kv_bytes: 0,
-            frozen_arena_bytes: 0,
             trainable,
-            weight_pack_bytes: 0,
+            ..Default::default()
         }
     }
 

@@ -528,6 +528,12 @@ fn freeze_embeddings<D: Device>(config: &RunConfig, dev: &D, model: &mut Model<D
     if config.train.freeze_embeddings { model.freeze_prefix(dev, 1) } else { Ok(()) }
 }
 
+/// The first micro-batch `plan` cuts the first training batch into (what the planners
+/// measure on).
+fn first_micro_batch(first: &HostBatch, plan: &PipelineConfig) -> Result<HostBatch> {
+    Ok(first.split(plan.replicas.saturating_mul(plan.micro_batches).clamp(1, first.batch))?.swap_remove(0))
+}
+
 /// The units' costs the planner balances, for one micro-batch of the first training batch
 /// under `plan`: measured where AutoPipe balances on them (or when asked), else from FLOPs.
 /// Returns them per sample and per micro-batch.
@@ -538,7 +544,7 @@ fn planning_profiles<D: Device>(
     first: &HostBatch,
     plan: &PipelineConfig,
 ) -> Result<(Vec<UnitProfile>, Vec<UnitProfile>)> {
-    let micro = first.split(plan.replicas.saturating_mul(plan.micro_batches).clamp(1, first.batch))?.swap_remove(0);
+    let micro = first_micro_batch(first, plan)?;
     let measure = config.pipeline.profile || config.elastic.auto_pipe;
     let per_sample = unit_profiles_per_sample(dev, model, &micro, measure)?;
     let micro_samples = first.batch.div_ceil(plan.replicas).div_ceil(plan.micro_batches);
@@ -605,7 +611,7 @@ fn token_slices<D: Device>(
     if plan.pipeline_len == 1 {
         return Ok((Vec::new(), None));
     }
-    let micro = first.split(plan.replicas.saturating_mul(plan.micro_batches).clamp(1, first.batch))?.swap_remove(0);
+    let micro = first_micro_batch(first, plan)?;
     let profile = SlicingProfile::measure(dev, model, &micro)?;
     let stage = profile.stage(plan, units, micro.batch)?;
     let planned = profile.plan(plan, micro.batch, &stage)?;
