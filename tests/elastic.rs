@@ -458,23 +458,31 @@ fn one_stage_left_runs_without_token_slices_and_computes_the_same() {
     let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen = asked.clone();
     let mut elastic = Elastic::new(config, surroundings(&model), &dir).unwrap();
-    elastic.plan_token_slices_with(Box::new(move |c, samples, units| {
+    elastic.plan_token_slices_with(Box::new(move |c, samples, units, stages| {
         let frozen = units.iter().take_while(|u| !u.trainable).count();
-        seen.lock().unwrap().push((c.pipeline_len, c.replicas, c.micro_batches, samples, frozen, units.len()));
+        let call = (c.pipeline_len, c.replicas, c.micro_batches, samples, frozen, units.len(), stages.to_vec());
+        seen.lock().unwrap().push(call);
         Ok(slices(c.pipeline_len, c.micro_batches))
     }));
-    let mut watched = Watched { elastic, plans: vec![], slices: vec![] };
+    let mut watched = Watched { elastic, plans: vec![], slices: vec![], stages: vec![] };
     let mut events = Vec::new();
     watched.elastic.start(&mut t, &mut |e| events.push(e.clone())).unwrap();
     t.fit(&data, None, &mut watched, &mut |e| events.push(e.clone())).unwrap();
     // Asked with each count's micro-batch sequences; every step ran what it said.
     let asked = asked.lock().unwrap().clone();
     assert!(asked.iter().all(|&(_, r, m, samples, ..)| samples == (BATCH.div_ceil(r)).div_ceil(m)), "{asked:?}");
-    // Over every unit of the model, the frozen ones marked as the freezes went (the slowest
-    // stage's time counts their forward only).
+    // Over every unit of the model, the frozen ones marked as the freezes went (a stage's time
+    // counts their forward only), cut into the stages each sliced step then ran: after a
+    // freeze without the cache, AutoPipe spreads the frozen units like any other work.
     let units = t.pipeline.units().count();
-    assert!(asked.iter().all(|&(.., n)| n == units), "{asked:?}");
+    assert!(asked.iter().all(|a| a.5 == units), "{asked:?}");
     assert!(asked.windows(2).all(|w| w[0].4 <= w[1].4) && asked.last().is_some_and(|a| a.4 >= 3), "{asked:?}");
+    for ((&(k, m, _), stages), slices) in watched.plans.iter().zip(&watched.stages).zip(&watched.slices) {
+        let given = |a: &&(usize, usize, usize, usize, usize, usize, Vec<std::ops::Range<usize>>)| {
+            a.0 == k && a.2 == m && &a.6 == stages
+        };
+        assert!(slices.is_empty() || asked.iter().any(|a| given(&a)), "K={k} M={m} {stages:?}: {asked:?}");
+    }
     for (&(k, m, _), ran) in watched.plans.iter().zip(&watched.slices) {
         assert_eq!(ran, &slices(k, m), "K={k} M={m}: {:?}", watched.plans);
     }
@@ -950,11 +958,12 @@ fn skipped_steps_do_not_feed_the_freeze_rule_and_it_resumes_only_under_its_own()
 }
 
 /// The elastic controller, watched: every plan a step runs under, as (K, M, its largest stage's
-/// bytes), and its token slices.
+/// bytes), its token slices and its stages.
 struct Watched {
     elastic: Elastic,
     plans: Vec<(usize, usize, usize)>,
     slices: Vec<Vec<usize>>,
+    stages: Vec<Vec<std::ops::Range<usize>>>,
 }
 
 impl pipetransformer::train::Controller<CpuDevice<f32>> for Watched {
@@ -967,6 +976,7 @@ impl pipetransformer::train::Controller<CpuDevice<f32>> for Watched {
         let peak = plan.partition.stage_memory.iter().copied().max().unwrap_or(0);
         self.plans.push((plan.config.pipeline_len, plan.config.micro_batches, peak));
         self.slices.push(plan.config.token_slices.clone());
+        self.stages.push(plan.partition.stages.clone());
         self.elastic.before_step(t, host)
     }
     fn after_step(
@@ -1031,7 +1041,7 @@ fn autopipe_runs_only_plans_within_the_memory_limit() {
         let config =
             ElasticConfig { freeze: FreezeName::Table, table: vec![0, 1, 2], auto_pipe: true, ..Default::default() };
         let elastic = Elastic::new(config, surroundings(&bert()), &dir).unwrap();
-        let mut watched = Watched { elastic, plans: vec![], slices: vec![] };
+        let mut watched = Watched { elastic, plans: vec![], slices: vec![], stages: vec![] };
         let mut events = Vec::new();
         watched.elastic.start(&mut t, &mut |e| events.push(e.clone())).unwrap();
         t.fit(&data, None, &mut watched, &mut |e| events.push(e.clone())).unwrap();

@@ -13,7 +13,7 @@ use common::{params_rel, tiny_batch, tiny_gpt};
 use pipetransformer::device::{CpuDevice, Device, GpuDevice, Precision};
 use pipetransformer::model::{Batch, Model, ModelConfig};
 use pipetransformer::optim::{Optimizer, OptimizerConfig, clip_coefficient, global_grad_norm, scale_grads};
-use pipetransformer::pipeline::{Pipeline, PipelineConfig, ScheduleKind, UnitProfile, unit_profiles};
+use pipetransformer::pipeline::{Pipeline, PipelineConfig, Plan, ScheduleKind, UnitProfile, unit_profiles};
 
 const STEPS: usize = 3;
 
@@ -481,11 +481,12 @@ fn a_slicing_profile_models_every_shape_from_one_measurement() {
     assert_eq!(half.fixed_seconds, two.fixed_seconds);
 }
 
-/// A stage's memory from its load: only trained layers keep activations, and a frozen
-/// attention unit's arena holds keys and values without their gradients (its latency: the
-/// unit test `a_stage_adds_its_ends_per_token`).
+/// A stage's memory from its load: attention and MLP units keep their own activations (the
+/// attention probabilities the attention's alone), only trained ones; a frozen attention
+/// unit's arena holds keys and values without their gradients (its latency: the unit test
+/// `a_stage_adds_its_ends_per_token`).
 #[test]
-fn a_stages_memory_frees_its_frozen_layers() {
+fn a_stages_memory_counts_its_units_and_frees_its_frozen_layers() {
     use pipetransformer::model::GptConfig;
     use pipetransformer::terapipe::{SlicingProfile, StageLoad};
     let dev = CpuDevice::<f32>::new(0, 1).unwrap();
@@ -494,15 +495,21 @@ fn a_stages_memory_frees_its_frozen_layers() {
     let mut model = Model::new(&dev, &config, 1).unwrap();
     let host = pipetransformer::model::HostBatch::random(&config, 2, 32, 5);
     let profile = SlicingProfile::measure(&dev, &mut model, &host).unwrap();
-    let one = StageLoad::of_layers(1);
-    let half_frozen = StageLoad { trained_layers: 0.5, frozen_attention: 1, ..one.clone() };
     let plan =
         PipelineConfig { pipeline_len: 2, micro_batches: 2, schedule: ScheduleKind::Gpipe, ..Default::default() };
-    let (a, b) = (profile.memory(&one, &plan, 2), profile.memory(&half_frozen, &plan, 2));
-    assert_eq!((b.per_token_bytes, b.per_score_bytes), (a.per_token_bytes / 2.0, a.per_score_bytes / 2.0));
+    let memory = |load: &StageLoad| profile.memory(load, &plan, 2);
+    let one = memory(&StageLoad::of_layers(1));
+    let attention = memory(&StageLoad { trained_mlp: 0, ..StageLoad::of_layers(1) });
+    let mlp = memory(&StageLoad { trained_attention: 0, ..StageLoad::of_layers(1) });
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.abs();
+    assert!(close(attention.per_token_bytes + mlp.per_token_bytes, one.per_token_bytes), "{attention:?} {mlp:?}");
+    assert!(mlp.per_token_bytes > 0.0 && attention.per_token_bytes > 0.0, "{attention:?} {mlp:?}");
+    assert_eq!((attention.per_score_bytes, mlp.per_score_bytes), (one.per_score_bytes, 0.0));
+    let frozen = memory(&StageLoad { frozen_attention: 1, ..StageLoad::of_layers(1) });
+    assert_eq!((frozen.per_token_bytes, frozen.per_score_bytes), (one.per_token_bytes, one.per_score_bytes));
     // Two micro-batches resident under GPipe, each with one more layer's keys and values
     // (2 sequences × 32 tokens × width 8, f32), and no more gradients.
-    assert_eq!(b.sliced_bytes - a.sliced_bytes, 2 * (2 * 2 * 32 * 8 * 4));
+    assert_eq!(frozen.sliced_bytes - one.sliced_bytes, 2 * (2 * 2 * 32 * 8 * 4));
 }
 
 /// `auto` under a GPipe memory limit between the finest slicing's peak and the unsliced one's:
@@ -528,14 +535,15 @@ fn auto_under_a_memory_limit_plans_one_slicing_within_it() {
     // The planner's model of the pipeline's slowest stage.
     let units = unit_profiles(&dev, &mut model, &micro, false).unwrap();
     let profile = SlicingProfile::measure(&dev, &mut model, &micro).unwrap();
-    let memory = profile.memory(&profile.stage(&base, &units, micro.batch).unwrap(), &base, micro.batch);
+    let stages = Plan::time_cut(&base, &units, 0).unwrap();
+    let memory = profile.pipeline_memory(&profile.stages(&units, &stages, micro.batch).unwrap(), &base, micro.batch);
     let planner = PlannerConfig { memory, schedule: SliceSchedule::Gpipe, ..PlannerConfig::new(2, host.seq, 2) };
     let peak = |slices: Vec<usize>| peak_memory_bytes(&planner, &vec![MicroBatchSlicing { samples: 1, slices }; 2]);
     let (finest, whole) = (peak(vec![1; host.seq]), peak(vec![host.seq]));
     assert!(finest < whole, "{finest} vs {whole}");
     for limit in [finest, (finest + whole) / 2, whole] {
         let request = PipelineConfig { memory_limit: Some(limit), ..base.clone() };
-        let (planned, _) = plan_slices(&dev, &mut model, &micro, &request, &units).unwrap();
+        let (planned, _) = plan_slices(&dev, &mut model, &micro, &request, &units, &stages).unwrap();
         let first = &planned.micro_batches[0];
         assert_eq!(planned.micro_batches.len(), 2, "{planned}");
         assert!(planned.micro_batches.iter().all(|m| m == first), "{planned}");
@@ -543,7 +551,7 @@ fn auto_under_a_memory_limit_plans_one_slicing_within_it() {
         assert!(planned.peak_memory_bytes <= limit, "{planned}: limit {limit}");
     }
     let tight = PipelineConfig { memory_limit: Some(finest - 1), ..base };
-    let e = plan_slices(&dev, &mut model, &micro, &tight, &units).unwrap_err().to_string();
+    let e = plan_slices(&dev, &mut model, &micro, &tight, &units, &stages).unwrap_err().to_string();
     assert!(e.contains("pipeline.memory_limit") && e.contains("no slicing meets the memory limit"), "{e}");
 }
 

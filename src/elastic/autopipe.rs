@@ -41,8 +41,8 @@ pub fn micro_batch_candidates(k: usize, per_replica: usize) -> Vec<usize> {
 }
 
 /// The token slices a shape runs with micro-batches of so many samples over units of those
-/// costs (TeraPipe; none: whole).
-pub type ShapeSlices<'a> = dyn Fn(&PipelineConfig, usize, &[UnitProfile]) -> Vec<usize> + 'a;
+/// costs, so many of them pinned to the first stage (TeraPipe; none: whole).
+pub type ShapeSlices<'a> = dyn Fn(&PipelineConfig, usize, &[UnitProfile], usize) -> Vec<usize> + 'a;
 
 /// What the planner knows of the run, as functions of the pipeline length `K` (or of the
 /// replicas `R`, or of samples per micro-batch).
@@ -59,7 +59,7 @@ pub struct Shapes<'a> {
     /// The units' costs for a micro-batch of that many samples.
     pub profiles: &'a dyn Fn(usize) -> Vec<UnitProfile>,
     /// The token slices a shape runs with micro-batches of that many samples over units of
-    /// those costs (TeraPipe).
+    /// those costs, so many pinned to the first stage (TeraPipe).
     pub slices: &'a ShapeSlices<'a>,
 }
 
@@ -90,8 +90,10 @@ pub fn choose_shape(
         let config =
             PipelineConfig { pipeline_len: k, replicas: r, micro_batches: m, chunks, schedule, ..base.clone() };
         let units = (shapes.profiles)(per_replica.div_ceil(m));
-        let config =
-            PipelineConfig { token_slices: (shapes.slices)(&config, per_replica.div_ceil(m), &units), ..config };
+        let config = PipelineConfig {
+            token_slices: (shapes.slices)(&config, per_replica.div_ceil(m), &units, pinned),
+            ..config
+        };
         // Token slices fill and drain the pipeline in their largest's time (TeraPipe), not a
         // whole micro-batch's.
         let whole: usize = config.token_slices.iter().sum();
@@ -297,7 +299,7 @@ mod tests {
     }
 
     /// Micro-batches run whole.
-    fn whole(_: &PipelineConfig, _: usize, _: &[UnitProfile]) -> Vec<usize> {
+    fn whole(_: &PipelineConfig, _: usize, _: &[UnitProfile], _: usize) -> Vec<usize> {
         Vec::new()
     }
 
@@ -331,8 +333,8 @@ mod tests {
         };
         // Two stages of 4 units × 2 samples × 3 s = 24 s per micro-batch; 2 micro-batches.
         assert_eq!(step(&whole), (3.0 * 24.0, vec![]));
-        assert_eq!(step(&|_, _, _| vec![8; 4]), (2.25 * 24.0, vec![8; 4]));
-        assert_eq!(step(&|_, _, _| vec![24, 8]), (2.75 * 24.0, vec![24, 8]));
+        assert_eq!(step(&|_, _, _, _| vec![8; 4]), (2.25 * 24.0, vec![8; 4]));
+        assert_eq!(step(&|_, _, _, _| vec![24, 8]), (2.75 * 24.0, vec![24, 8]));
     }
 
     #[test]

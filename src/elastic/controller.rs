@@ -21,9 +21,13 @@ use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
 /// Plans TeraPipe's token slices for a pipeline shape, with micro-batches of so many sequences
-/// over units costing so much each (for such a micro-batch; the frozen ones marked): a run's
-/// `auto` slicing, from its one measurement (none: the micro-batches run whole).
-pub type Slicer = Box<dyn Fn(&crate::pipeline::PipelineConfig, usize, &[UnitProfile]) -> Result<Vec<usize>> + Send>;
+/// over units costing so much each (for such a micro-batch; the frozen ones marked), cut into
+/// those stages: a run's `auto` slicing, from its one measurement (none: the micro-batches run
+/// whole).
+pub type Slicer = Box<
+    dyn Fn(&crate::pipeline::PipelineConfig, usize, &[UnitProfile], &[std::ops::Range<usize>]) -> Result<Vec<usize>>
+        + Send,
+>;
 
 /// A pipeline's shape: its plan's config and stages (a transition's before).
 type Shape = (crate::pipeline::PipelineConfig, Vec<std::ops::Range<usize>>);
@@ -210,47 +214,61 @@ impl Elastic {
     }
 
     /// The token slices `config`'s shape runs with micro-batches of `samples` sequences over
-    /// units costing `units`: the slicer's plan (whole micro-batches where it finds no slicing
-    /// within the memory limit: the plan's own check then decides), or `config`'s.
+    /// units costing `units`, cut into `stages`: the slicer's plan (whole micro-batches where
+    /// it finds no slicing within the memory limit: the plan's own check then decides), or
+    /// `config`'s.
     fn token_slices(
         &self,
         config: &crate::pipeline::PipelineConfig,
         samples: usize,
         units: &[UnitProfile],
+        stages: &[std::ops::Range<usize>],
     ) -> Vec<usize> {
         match &self.slicer {
-            Some(plan) => plan(config, samples, units).unwrap_or_default(),
+            Some(plan) => plan(config, samples, units, stages).unwrap_or_else(|e| {
+                if crate::debug::level() >= 1 {
+                    eprintln!("terapipe: no slicing for K={} M={}: {e}", config.pipeline_len, config.micro_batches);
+                }
+                Vec::new()
+            }),
             None => config.token_slices.clone(),
         }
     }
 
     /// The token slices a shape AutoPipe adopts runs ([`token_slices`](Self::token_slices)),
-    /// except that a given list is dropped on one stage: it has no fill or drain for them to
-    /// shorten, and they would only add each slice's overhead (`auto` decides for one stage
-    /// as for any).
+    /// on the stages a plan of it cuts, the first `pinned` units on the first
+    /// ([`Plan::time_cut`]), except that a given list is dropped on one stage: it has no fill
+    /// or drain for them to shorten, and they would only add each slice's overhead (`auto`
+    /// decides for one stage as for any).
     fn adopted_slices(
         &self,
         config: &crate::pipeline::PipelineConfig,
         samples: usize,
         units: &[UnitProfile],
+        pinned: usize,
     ) -> Vec<usize> {
-        match config.pipeline_len == 1 && self.slicer.is_none() {
-            true => Vec::new(),
-            false => self.token_slices(config, samples, units),
+        if self.slicer.is_none() {
+            return if config.pipeline_len == 1 { Vec::new() } else { config.token_slices.clone() };
+        }
+        match Plan::time_cut(config, units, pinned) {
+            Ok(stages) => self.token_slices(config, samples, units, &stages),
+            // (A plan of the shape fails alike, and says why.)
+            Err(_) => Vec::new(),
         }
     }
 
-    /// `config` at `m` micro-batches of `samples` sequences each, cut as
-    /// [`token_slices`](Self::token_slices) says.
+    /// `config` at `m` micro-batches of `samples` sequences each over units costing `units`,
+    /// cut into `stages`, sliced as [`token_slices`](Self::token_slices) says.
     fn with_micro_batches(
         &self,
         config: &crate::pipeline::PipelineConfig,
         m: usize,
         samples: usize,
         units: &[UnitProfile],
+        stages: &[std::ops::Range<usize>],
     ) -> crate::pipeline::PipelineConfig {
         let config = crate::pipeline::PipelineConfig { micro_batches: m, ..config.clone() };
-        crate::pipeline::PipelineConfig { token_slices: self.token_slices(&config, samples, units), ..config }
+        crate::pipeline::PipelineConfig { token_slices: self.token_slices(&config, samples, units, stages), ..config }
     }
 
     /// Frozen Transformer layers now.
@@ -273,13 +291,14 @@ impl Elastic {
             self.transition(trainer, first, "the freeze table's first interval".into(), on_event)?;
         } else if self.config.auto_pipe {
             let c = trainer.pipeline.plan().config.clone();
-            let per_replica = self.around.batch.div_ceil(c.replicas);
-            let profiles = |m: usize| trainer.profiles_for(per_replica.div_ceil(m), 0);
+            let per_replica = micro_samples(trainer, self.around.batch, 1);
+            let profiles = |m: usize| trainer.profiles_for(micro_samples(trainer, self.around.batch, m), 0);
             // Fewer micro-batches hold more samples each: only counts within the memory limit
             // (with their slices) are timed.
             let fits = |m: usize| {
                 let units = profiles(m);
-                let slices = self.with_micro_batches(&c, m, per_replica.div_ceil(m), &units).token_slices;
+                let stages = &trainer.pipeline.plan().partition.stages;
+                let slices = self.with_micro_batches(&c, m, per_replica.div_ceil(m), &units, stages).token_slices;
                 trainer.pipeline.fits_micro_batches(m, slices, &units)
             };
             let mut candidates = vec![c.micro_batches];
@@ -460,8 +479,8 @@ impl Elastic {
             let names = crate::pipeline::runtime::unit_names(trainer.pipeline.units());
             let profiles = |samples: usize| trainer.profiles_for(samples, cached);
             // The slices each shape would run, for its price.
-            let slices = |c: &crate::pipeline::PipelineConfig, samples: usize, units: &[UnitProfile]| {
-                self.adopted_slices(c, samples, units)
+            let slices = |c: &crate::pipeline::PipelineConfig, samples: usize, units: &[UnitProfile], pinned: usize| {
+                self.adopted_slices(c, samples, units, pinned)
             };
             let shapes = Shapes {
                 global: &global,
@@ -527,7 +546,7 @@ impl Elastic {
             let config = crate::pipeline::PipelineConfig { micro_batches: m, ..chosen.clone() };
             let samples = per_replica.div_ceil(m);
             crate::pipeline::PipelineConfig {
-                token_slices: self.adopted_slices(&config, samples, &profiles(trainer, m)),
+                token_slices: self.adopted_slices(&config, samples, &profiles(trainer, m), cached),
                 ..config
             }
         };
@@ -620,7 +639,8 @@ impl Elastic {
         let cached = if self.cache_on { frozen_units(self.frozen_layers) } else { 0 };
         let samples = micro_samples(trainer, self.around.batch, m);
         let profiles = trainer.profiles_for(samples, cached);
-        let slices = self.with_micro_batches(&trainer.pipeline.plan().config, m, samples, &profiles).token_slices;
+        let plan = trainer.pipeline.plan();
+        let slices = self.with_micro_batches(&plan.config, m, samples, &profiles, &plan.partition.stages).token_slices;
         trainer.pipeline.set_micro_batches(m, slices, &profiles)
     }
 

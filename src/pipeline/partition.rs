@@ -251,6 +251,8 @@ mod tests {
                     activation_bytes: rng.below(400) as usize,
                     trainable: rng.below(4) != 0,
                     weight_pack_bytes: rng.below(200) as usize,
+                    // (Counted for frozen units only: a sliced frozen attention's arena.)
+                    frozen_arena_bytes: rng.below(100) as usize,
                     ..Default::default()
                 })
                 .collect();

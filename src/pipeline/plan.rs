@@ -95,6 +95,19 @@ impl Plan {
         Ok(Plan { config, partition, schedule, unit_names })
     }
 
+    /// The stages [`new`](Self::new) cuts `units` into for `config`'s pipeline on their time
+    /// alone (unsliced, without the memory limit), the first `pinned` on the first stage: the
+    /// stages TeraPipe's slicing is planned for before the slices are known.
+    pub fn time_cut(
+        config: &PipelineConfig,
+        units: &[UnitProfile],
+        pinned: usize,
+    ) -> Result<Vec<std::ops::Range<usize>>> {
+        let config = PipelineConfig { token_slices: Vec::new(), memory_limit: None, ..config.clone() };
+        let devices = config.pipeline_len.saturating_mul(config.replicas);
+        Ok(Plan::new(config, units, Vec::new(), devices, pinned)?.partition.stages)
+    }
+
     /// A plan with given stage boundaries (as a checkpoint recorded them, or the plan in force
     /// with another `M`), not held to the memory limit: see [`within_limit`](Self::within_limit).
     pub fn with_stages(

@@ -13,7 +13,7 @@ use crate::elastic::{CacheDtype, Elastic, FreezeName};
 use crate::error::{Error, Result, config_error, internal};
 use crate::files::{self, io_error};
 use crate::model::{Family, HeadSpec, HostBatch, InputSpec, Model, ModelConfig, Spec};
-use crate::pipeline::{Pipeline, PipelineConfig, UnitProfile, unit_profiles_per_sample};
+use crate::pipeline::{Pipeline, PipelineConfig, Plan, UnitProfile, unit_profiles_per_sample};
 use crate::terapipe::{SlicingPlan, SlicingProfile, StageLoad, TokenSlices};
 use crate::text::{Encoded, EncodedItem, TextInput, TextTokenizer, encoded_batch};
 use crate::train::{BatchSource, EvalMetrics, Event, RecordedPlan, Trainer};
@@ -555,7 +555,7 @@ fn planning_profiles<D: Device>(
 /// What `auto` slicing planned for the initial shape, and the measurement it planned from.
 type AutoSlicing = (PlannedSlicing, SlicingProfile);
 
-/// TeraPipe's slicing for a pipeline, and the stage it modelled (the slowest).
+/// TeraPipe's slicing for a pipeline, and the slowest of the stages it modelled.
 #[derive(Clone, Debug)]
 pub struct PlannedSlicing {
     /// The slicing.
@@ -613,8 +613,11 @@ fn token_slices<D: Device>(
     }
     let micro = first_micro_batch(first, plan)?;
     let profile = SlicingProfile::measure(dev, model, &micro)?;
-    let stage = profile.stage(plan, units, micro.batch)?;
-    let planned = profile.plan(plan, micro.batch, &stage)?;
+    // The stages the pipeline will cut (its frozen prefix on the first, as `Pipeline::new`).
+    let stages = Plan::time_cut(plan, units, model.frozen_prefix())?;
+    let loads = profile.stages(units, &stages, micro.batch)?;
+    let planned = profile.plan(plan, micro.batch, &loads)?;
+    let stage = loads.into_iter().max_by(|a, b| a.time().total_cmp(&b.time())).unwrap_or(StageLoad::of_layers(0));
     Ok((lengths(&planned), Some((PlannedSlicing { plan: planned, stage }, profile))))
 }
 
@@ -954,10 +957,10 @@ impl<D: Device> Job<D> {
         let mut elastic = Elastic::new(config.elastic.clone(), around, &config.output.dir.join("cache"))?;
         // `auto` slices each shape AutoPipe runs from the one measurement.
         let slicing = planned.map(|(planned, profile)| {
-            elastic.plan_token_slices_with(Box::new(move |config, samples, units| match config.pipeline_len {
+            elastic.plan_token_slices_with(Box::new(move |config, samples, units, stages| match config.pipeline_len {
                 // One stage, as at the start: whole.
                 1 => Ok(Vec::new()),
-                _ => Ok(lengths(&profile.plan(config, samples, &profile.stage(config, units, samples)?)?)),
+                _ => Ok(lengths(&profile.plan(config, samples, &profile.stages(units, stages, samples)?)?)),
             }));
             planned
         });

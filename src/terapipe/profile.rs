@@ -9,13 +9,14 @@
 use super::latency::{CommModel, LatencyGrid, LatencyModel, Sample};
 use super::memory::{MemoryModel, SliceSchedule};
 use super::planner::{MicroBatchSlicing, PlannerConfig, SlicingPlan, peak_memory_bytes, plan};
-use super::stage::{StageLoad, UnitRole};
+use super::stage::{StageLoad, UnitRole, trained_layer_time};
 use crate::device::Device;
 use crate::error::{Error, Result, config_error};
 use crate::model::{Batch, HostBatch, KvArena, Model, Saved, Unit};
 use crate::pipeline::partition::param_bytes;
 use crate::pipeline::{PipelineConfig, ScheduleKind, UnitProfile};
 use crate::rng::Rng;
+use std::ops::Range;
 use std::time::Instant;
 
 /// Timed rounds over every point (after a warm-up round). Each point keeps its least time:
@@ -124,12 +125,13 @@ impl<D: Device> LayerProbe<D> {
         Ok(start.elapsed().as_secs_f64())
     }
 
-    /// Activation elements the slice's forward keeps for its backward.
-    fn saved_elements(&self, dev: &D, model: &Model<D>) -> Result<usize> {
+    /// Activation elements the slice's forward keeps for its backward: the attention unit's
+    /// and the MLP's.
+    fn saved_elements(&self, dev: &D, model: &Model<D>) -> Result<(usize, usize)> {
         let mut arena = self.arena(dev, model)?;
         let x = dev.upload_activations(&self.input)?;
         let (_, attention, mlp) = self.forward(dev, model, x, &mut arena)?;
-        Ok(attention.elements() + mlp.elements())
+        Ok((attention.elements(), mlp.elements()))
     }
 }
 
@@ -193,9 +195,8 @@ pub struct SlicingProfile {
     samples: usize,
     /// Transformer layers of the model.
     layers: usize,
-    /// Each unit's role, and the measured layer's attention unit among them.
+    /// Each unit's role.
     roles: Vec<UnitRole>,
-    reference: usize,
     memory: LayerMemory,
 }
 
@@ -203,8 +204,10 @@ pub struct SlicingProfile {
 /// ([`measure_memory`] assembles it for a pipeline).
 #[derive(Clone, Copy, Debug)]
 struct LayerMemory {
-    /// One layer's activation bytes per token and per attention score.
-    per_token: f64,
+    /// One layer's activation bytes per token, its attention's and its MLP's, and per
+    /// attention score.
+    attention_per_token: f64,
+    mlp_per_token: f64,
     per_score: f64,
     /// One layer's parameter bytes (weights, gradients, optimizer state, packs).
     layer_params: usize,
@@ -225,22 +228,32 @@ impl SlicingProfile {
         let comm = measure_comm(dev, model, micro, grid)?;
         let memory = LayerMemory::measure(dev, model, micro)?;
         let roles = model.units().iter().map(role).collect();
-        Ok(SlicingProfile {
-            grid,
-            layer,
-            comm,
-            samples: micro.batch,
-            layers: model.spec().layers,
-            roles,
-            reference: probed_attention(model)?,
-            memory,
-        })
+        Ok(SlicingProfile { grid, layer, comm, samples: micro.batch, layers: model.spec().layers, roles, memory })
     }
 
-    /// The slowest stage of `pipeline` over the model's units costing `units` for a
-    /// micro-batch of `samples` sequences ([`StageLoad::slowest`]).
-    pub fn stage(&self, pipeline: &PipelineConfig, units: &[UnitProfile], samples: usize) -> Result<StageLoad> {
-        StageLoad::slowest(pipeline, units, &self.roles, self.reference, self.grid.max_len, samples)
+    /// The pipeline's stages `stages` (unit ranges) over the model's units costing `units`
+    /// for a micro-batch of `samples` sequences ([`StageLoad::of`]; times relative to one
+    /// trained layer's at those costs, [`trained_layer_time`]).
+    pub fn stages(&self, units: &[UnitProfile], stages: &[Range<usize>], samples: usize) -> Result<Vec<StageLoad>> {
+        let covers = units.len() == self.roles.len()
+            && stages.first().is_some_and(|r| r.start == 0)
+            && stages.last().is_some_and(|r| r.end == units.len())
+            && stages.windows(2).all(|w| w[0].end == w[1].start);
+        if !covers {
+            return Err(config_error(
+                "pipeline.token_slices",
+                format!(
+                    "stages {stages:?} over {} unit costs do not cover the model's {} units",
+                    units.len(),
+                    self.roles.len()
+                ),
+            ));
+        }
+        let layer = trained_layer_time(units, &self.roles);
+        Ok(stages
+            .iter()
+            .map(|r| StageLoad::of(units, r.clone(), &self.roles, layer, self.grid.max_len, samples))
+            .collect())
     }
 
     /// The stage of a `stages`-long pipeline as TeraPipe models one: the layers of the largest
@@ -264,12 +277,29 @@ impl SlicingProfile {
         self.memory.stage(stage, pipeline, samples, samples as f64 / self.samples.max(1) as f64)
     }
 
-    /// TeraPipe's slicing for `pipeline`'s micro-batches of `samples` sequences each, whose
-    /// slowest stage is `stage` ([`shared_slicing`] over [`latency`](Self::latency) and
-    /// [`memory`](Self::memory)).
-    pub fn plan(&self, pipeline: &PipelineConfig, samples: usize, stage: &StageLoad) -> Result<SlicingPlan> {
-        let latency = self.latency(stage, pipeline.pipeline_len, samples)?;
-        shared_slicing(&latency, self.memory(stage, pipeline, samples), self.grid.max_len, samples, pipeline)
+    /// The memory model of a pipeline of stages `stages`: the most any of them keeps of each
+    /// kind (the planner checks one model against the limit, an upper bound of every stage's;
+    /// the plan's partition then checks each stage).
+    pub fn pipeline_memory(&self, stages: &[StageLoad], pipeline: &PipelineConfig, samples: usize) -> MemoryModel {
+        stages.iter().map(|s| self.memory(s, pipeline, samples)).fold(MemoryModel::default(), |a, b| MemoryModel {
+            per_token_bytes: a.per_token_bytes.max(b.per_token_bytes),
+            per_score_bytes: a.per_score_bytes.max(b.per_score_bytes),
+            fixed_bytes: a.fixed_bytes.max(b.fixed_bytes),
+            sliced_bytes: a.sliced_bytes.max(b.sliced_bytes),
+        })
+    }
+
+    /// TeraPipe's slicing for `pipeline`'s micro-batches of `samples` sequences each, over
+    /// stages `stages` ([`shared_slicing`]): the [`latency`](Self::latency) of the slowest and
+    /// the [`pipeline_memory`](Self::pipeline_memory).
+    pub fn plan(&self, pipeline: &PipelineConfig, samples: usize, stages: &[StageLoad]) -> Result<SlicingPlan> {
+        let slowest = stages
+            .iter()
+            .max_by(|a, b| a.time().total_cmp(&b.time()))
+            .ok_or_else(|| config_error("pipeline.token_slices", "a pipeline of no stages"))?;
+        let latency = self.latency(slowest, pipeline.pipeline_len, samples)?;
+        let memory = self.pipeline_memory(stages, pipeline, samples);
+        shared_slicing(&latency, memory, self.grid.max_len, samples, pipeline)
     }
 }
 
@@ -419,11 +449,11 @@ impl LayerMemory {
         }
         let bytes = dev.activation_dtype().bytes() as f64;
         let elements = |context| LayerProbe::new(dev, model, micro, step, context)?.saved_elements(dev, model);
-        let (alone, after) = (elements(0)? as f64, elements(step)? as f64);
+        let ((alone, mlp), (after, _)) = (elements(0)?, elements(step)?);
         // Per micro-batch, the planner's batch unit (`plan_slices`).
         let l = step as f64;
-        let per_score = (after - alone) / (l * l);
-        let per_token = alone / l - l * per_score;
+        let per_score = (after as f64 - alone as f64) / (l * l);
+        let attention_per_token = alone as f64 / l - l * per_score;
         let costs = model.costs(dev, seq);
         let is_layer = |u: &Unit<D>| matches!(u, Unit::Attention(_) | Unit::Mlp(_));
         let units = model.units();
@@ -443,7 +473,8 @@ impl LayerMemory {
         let kv = 2 * act * b * seq * model.spec().hidden;
         let kv_grad = 2 * crate::model::kv_arena::grad_elem_bytes(act) * b * seq * model.spec().hidden;
         Ok(LayerMemory {
-            per_token: per_token * bytes,
+            attention_per_token: attention_per_token * bytes,
+            mlp_per_token: mlp as f64 / l * bytes,
             per_score: per_score * bytes,
             layer_params: params(first..last) / model.spec().layers.max(1),
             head: end(0..first),
@@ -480,8 +511,11 @@ impl LayerMemory {
         let arenas =
             stage.trained_attention as f64 * (self.kv + self.kv_grad) + stage.frozen_attention as f64 * self.kv;
         MemoryModel {
-            per_token_bytes: self.per_token * stage.trained_layers * share + stage.end_bytes_per_token * samples as f64,
-            per_score_bytes: self.per_score * stage.trained_layers * share,
+            per_token_bytes: (self.attention_per_token * stage.trained_attention as f64
+                + self.mlp_per_token * stage.trained_mlp as f64)
+                * share
+                + stage.end_bytes_per_token * samples as f64,
+            per_score_bytes: self.per_score * stage.trained_attention as f64 * share,
             fixed_bytes: stage.state_bytes,
             sliced_bytes: (resident as f64 * arenas * share).round() as usize,
         }
@@ -489,9 +523,10 @@ impl LayerMemory {
 }
 
 /// TeraPipe's slicing for `pipeline`'s micro-batches, each like `micro`, whose units cost
-/// `units` (for such a micro-batch): the layer's latency and memory measured on `dev`
-/// ([`SlicingProfile::measure`]), the pipeline's slowest stage ([`SlicingProfile::stage`]),
-/// then the planner's exact search over one slicing shared by the `M` micro-batches
+/// `units` (for such a micro-batch) and run as the stages `stages` (unit ranges;
+/// [`Plan::time_cut`](crate::pipeline::Plan::time_cut) cuts them as a plan would): the
+/// layer's latency and memory measured on `dev` ([`SlicingProfile::measure`]), the stages'
+/// loads ([`SlicingProfile::stages`]), then the planner's exact search over one slicing shared by the `M` micro-batches
 /// ([`PlannerConfig::shared`]: the runtime cuts every micro-batch alike), under
 /// `pipeline.memory_limit` for its schedule. The profile comes back beside it, to plan other
 /// shapes from.
@@ -501,10 +536,11 @@ pub fn plan_slices<D: Device>(
     micro: &HostBatch,
     pipeline: &PipelineConfig,
     units: &[UnitProfile],
+    stages: &[Range<usize>],
 ) -> Result<(SlicingPlan, SlicingProfile)> {
     let profile = SlicingProfile::measure(dev, model, micro)?;
-    let stage = profile.stage(pipeline, units, micro.batch)?;
-    Ok((profile.plan(pipeline, micro.batch, &stage)?, profile))
+    let loads = profile.stages(units, stages, micro.batch)?;
+    Ok((profile.plan(pipeline, micro.batch, &loads)?, profile))
 }
 
 /// [`plan_slices`] from the measured models: the best slicing `pipeline`'s micro-batches (of

@@ -1,12 +1,13 @@
 //! What one pipeline stage runs and holds, in the terms of the one Transformer layer a
 //! [`SlicingProfile`](super::SlicingProfile) measures: the planner's latency and memory models
-//! of a stage follow from it. TeraPipe's DP models identical stages; a real pipeline's differ
-//! (the first holds the embeddings and PipeTransformer's frozen layers, which run forward only;
-//! the last the final norm and the head, which for a large vocabulary costs several layers),
-//! so the stage modelled is the pipeline's slowest, as the partitioner cuts the units.
+//! of a stage follow from it. TeraPipe's DP models identical stages; a real pipeline's differ:
+//! the first holds the embeddings, the last the final norm and the head (for a large vocabulary
+//! several layers' time), and PipeTransformer's frozen layers run forward only and keep nothing
+//! for a backward but their keys and values. So the stages modelled are the pipeline's own, as
+//! the partitioner cuts the units: the slowest one's time, and the most any one holds.
 
-use crate::error::{Result, config_error};
-use crate::pipeline::{PipelineConfig, Plan, UnitProfile};
+use crate::pipeline::UnitProfile;
+use std::ops::Range;
 
 /// A model unit as the slicing models see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,12 +29,12 @@ pub struct StageLoad {
     /// Time of its other units, in the measured layer's time over the whole unsliced sequence:
     /// they cost per token, with no context term.
     pub end_time: f64,
-    /// Trained layers, whose activations stay for the backward (an attention or MLP unit
-    /// alone is half a layer).
-    pub trained_layers: f64,
-    /// Attention units that train: keys, values and their gradients' sums in the arena.
+    /// Attention units that train: their activations (attention probabilities among them),
+    /// and keys, values and their gradients' sums in the arena.
     pub trained_attention: usize,
-    /// Frozen attention units: keys and values only (they run no backward).
+    /// MLP units that train: their activations.
+    pub trained_mlp: usize,
+    /// Frozen attention units: keys and values only (they keep nothing for a backward).
     pub frozen_attention: usize,
     /// Bytes held whatever the micro-batches: weights, gradients and optimizer state of the
     /// trained units, the device's packs.
@@ -48,45 +49,27 @@ impl StageLoad {
         StageLoad {
             layer_time: layers as f64,
             end_time: 0.0,
-            trained_layers: layers as f64,
             trained_attention: layers,
+            trained_mlp: layers,
             frozen_attention: 0,
             state_bytes: 0,
             end_bytes_per_token: 0.0,
         }
     }
 
-    /// The slowest stage of `pipeline` (its `K`, `v` and schedule) cut by the partitioner from
-    /// `units` (their costs for one micro-batch of `samples` sequences of `seq` tokens; the
-    /// leading frozen ones pinned to the first stage, as AutoPipe plans), whose roles are
-    /// `roles`; times relative to `reference`, the measured layer's attention unit (the MLP
-    /// after it completes the layer). The cut is the partitioner's on time alone: the memory
-    /// limit is the slicing planner's to meet.
-    pub fn slowest(
-        pipeline: &PipelineConfig,
+    /// The stage of `units[stage]`, the units costing `units` for one micro-batch of `samples`
+    /// sequences of `seq` tokens, in the roles `roles`, with times relative to `layer`, one
+    /// trained layer's forward and backward at the same costs.
+    pub fn of(
         units: &[UnitProfile],
+        stage: Range<usize>,
         roles: &[UnitRole],
-        reference: usize,
+        layer: f64,
         seq: usize,
         samples: usize,
-    ) -> Result<StageLoad> {
-        if units.len() != roles.len() || reference + 1 >= units.len() {
-            return Err(config_error(
-                "pipeline.token_slices",
-                format!("{} unit costs given for a model of {} units", units.len(), roles.len()),
-            ));
-        }
-        let config = PipelineConfig { token_slices: Vec::new(), memory_limit: None, ..pipeline.clone() };
-        let devices = config.pipeline_len.saturating_mul(config.replicas);
-        let pinned = units.iter().take_while(|u| !u.trainable).count();
-        let plan = Plan::new(config, units, Vec::new(), devices, pinned)?;
-        let times = &plan.partition.stage_time;
-        let slowest = (0..times.len()).max_by(|&a, &b| times[a].total_cmp(&times[b])).unwrap_or(0);
-        let stage = plan.partition.stages[slowest].clone();
-        // The measured layer as it trains (whatever it is now).
-        let layer: f64 = units[reference..reference + 2].iter().map(|u| u.forward + u.backward).sum();
+    ) -> StageLoad {
         let layer = if layer > 0.0 { layer } else { 1.0 };
-        let mut load = StageLoad::of_layers(0);
+        let mut load = StageLoad { layer_time: 0.0, trained_attention: 0, trained_mlp: 0, ..StageLoad::of_layers(0) };
         for (u, role) in units[stage.clone()].iter().zip(&roles[stage]) {
             load.state_bytes += u.state_bytes();
             match role {
@@ -96,19 +79,36 @@ impl StageLoad {
                         load.end_bytes_per_token += u.activation_bytes as f64 / (seq * samples).max(1) as f64;
                     }
                 }
-                UnitRole::Attention | UnitRole::Mlp => {
-                    load.layer_time += u.time() / layer;
-                    load.trained_layers += if u.trainable { 0.5 } else { 0.0 };
-                }
+                UnitRole::Attention | UnitRole::Mlp => load.layer_time += u.time() / layer,
             }
             match (role, u.trainable) {
                 (UnitRole::Attention, true) => load.trained_attention += 1,
                 (UnitRole::Attention, false) => load.frozen_attention += 1,
+                (UnitRole::Mlp, true) => load.trained_mlp += 1,
                 _ => {}
             }
         }
-        Ok(load)
+        load
     }
+
+    /// Time over the whole unsliced sequence, in the measured layer's: what ranks stages.
+    pub fn time(&self) -> f64 {
+        self.layer_time + self.end_time
+    }
+}
+
+/// One trained layer's forward and backward at `units`' costs, for a model whose units have
+/// `roles`: the median over its layers (an attention unit and the MLP after it) whose backward
+/// was timed. (The first trainable unit above frozen ones runs no input gradient, and a unit
+/// frozen when timed has no backward time: the median passes over both.)
+pub fn trained_layer_time(units: &[UnitProfile], roles: &[UnitRole]) -> f64 {
+    let mut times: Vec<f64> = (0..units.len().min(roles.len()).saturating_sub(1))
+        .filter(|&i| roles[i] == UnitRole::Attention && roles[i + 1] == UnitRole::Mlp)
+        .filter(|&i| units[i].backward > 0.0 && units[i + 1].backward > 0.0)
+        .map(|i| units[i].forward + units[i].backward + units[i + 1].forward + units[i + 1].backward)
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times.get(times.len() / 2).copied().unwrap_or(0.0)
 }
 
 impl std::fmt::Display for StageLoad {
@@ -128,6 +128,7 @@ impl std::fmt::Display for StageLoad {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pipeline::{PipelineConfig, Plan};
     use UnitRole::{Attention, End, Mlp};
 
     /// Units of `time` (a third forward, two thirds backward), 10 parameters and 100
@@ -146,47 +147,52 @@ mod tests {
 
     const ROLES: [UnitRole; 6] = [End, Attention, Mlp, Attention, Mlp, End];
 
-    /// A head as slow as one and a half layers: the partitioner's best cut over two stages is
-    /// 7 | 8 (embedding and a layer and a half | the last MLP and the head), and the stage
-    /// modelled is the second, half a layer and the head, not TeraPipe's one whole layer.
+    /// A stage of the last MLP and a head as slow as one and a half layers: half a layer's
+    /// time and the head's, one trained MLP's activations and no attention's, the head's per
+    /// token, both units' weights (the stage the partitioner cuts for two stages: 7 | 8).
     #[test]
-    fn the_slowest_stage_is_the_partitions_and_counts_its_head() {
+    fn a_stage_counts_its_units_by_role() {
         let units = units(&[1.0, 2.0, 2.0, 2.0, 2.0, 6.0], 0);
-        let two = PipelineConfig { pipeline_len: 2, ..Default::default() };
-        let load = StageLoad::slowest(&two, &units, &ROLES, 1, 4, 1).unwrap();
+        let load = StageLoad::of(&units, 4..6, &ROLES, 4.0, 4, 1);
         let want = StageLoad {
             layer_time: 0.5,
             end_time: 1.5,
-            trained_layers: 0.5,
             trained_attention: 0,
+            trained_mlp: 1,
             frozen_attention: 0,
             state_bytes: 2 * 160,
             end_bytes_per_token: 25.0,
         };
         assert_eq!(load, want);
+        let two = PipelineConfig { pipeline_len: 2, ..Default::default() };
+        assert_eq!(Plan::time_cut(&two, &units, 0).unwrap(), vec![0..4, 4..6]);
     }
 
-    /// The frozen first layer (pinned to the first stage with the embedding) counts its forward
-    /// only, keeps no activations and holds keys and values without their gradients; its
-    /// weights hold no gradients or moments.
+    /// A frozen first layer counts its forward only, keeps no activations and holds keys and
+    /// values without their gradients; its weights hold no gradients or moments. The reference
+    /// layer is a trained one's: the median over layers whose backward was timed.
     #[test]
     fn frozen_layers_count_their_forward_only() {
-        let units = units(&[1.0, 2.0, 2.0, 2.0, 2.0, 6.0], 3);
-        let one = PipelineConfig::default();
-        let load = StageLoad::slowest(&one, &units, &ROLES, 1, 4, 2).unwrap();
+        let mut units = units(&[1.0, 2.0, 2.0, 2.0, 2.0, 6.0], 3);
+        let layer = trained_layer_time(&units, &ROLES);
+        assert_eq!(layer, 4.0);
+        let load = StageLoad::of(&units, 0..6, &ROLES, layer, 4, 2);
         let want = StageLoad {
             layer_time: (2.0 * 2.0 / 3.0 + 4.0) / 4.0,
             end_time: (1.0 / 3.0 + 6.0) / 4.0,
-            trained_layers: 1.0,
             trained_attention: 1,
+            trained_mlp: 1,
             frozen_attention: 1,
             state_bytes: 3 * 40 + 3 * 160,
             end_bytes_per_token: 100.0 / 8.0,
         };
         assert_eq!(load, want);
         assert_eq!(load.to_string(), "1.33 layers (1 frozen, forward only), ends 1.58 of a layer");
-        // A costs list that is not the model's is refused, not misread.
-        let e = StageLoad::slowest(&one, &units[..5], &ROLES, 1, 4, 2).unwrap_err().to_string();
-        assert!(e.contains("5 unit costs given for a model of 6 units"), "{e}");
+        // A layer timed frozen (no backward) or without its input gradient (less) is passed over.
+        units[1].backward = 0.0;
+        units[3].backward *= 0.5;
+        units.extend(self::units(&[2.0, 2.0, 2.0, 2.0], 0));
+        let roles = [&ROLES[..], &[Attention, Mlp, Attention, Mlp]].concat();
+        assert_eq!(trained_layer_time(&units, &roles), 4.0);
     }
 }
