@@ -253,7 +253,12 @@ impl Elastic {
         match Plan::time_cut(config, units, pinned) {
             Ok(stages) => self.token_slices(config, samples, units, &stages),
             // (A plan of the shape fails alike, and says why.)
-            Err(_) => Vec::new(),
+            Err(e) => {
+                if crate::debug::level() >= 1 {
+                    eprintln!("terapipe: no stages to slice for K={}: {e}", config.pipeline_len);
+                }
+                Vec::new()
+            }
         }
     }
 

@@ -13,7 +13,7 @@
 //! | [`slices`] | — | `TokenSlices` (`--token-slices off|auto|N|l1,l2,...`) and the lengths it means |
 //! | [`latency`] | A.4 | `LatencyModel` (`t0` table + fitted context term `Δ` + `comm`), `Sample`, `CommModel`, `ContextFit`, `LatencyGrid` |
 //! | [`profile`] | A.4, A.5 | `SlicingProfile` (one layer measured on a device: the latency and memory models of any stage of any pipeline shape, and its slicing), `measure_latency`, `measure_memory`, `plan_slices` (measure, then the planner, for a pipeline plan) |
-//! | [`stage`] | — | `StageLoad` (what a pipeline's slowest stage runs and holds, in the measured layer's terms: its layers, frozen ones forward only, and its embeddings or head) |
+//! | [`stage`] | — | `StageLoad` (what a pipeline stage runs and holds, in a trained layer's terms: its layers, frozen ones forward only, and its embeddings or head) |
 //! | [`memory`] | A.5, A.9 | `MemoryModel` (activation bytes of a slice), `SliceSchedule` (GPipe / 1F1B over slices) |
 //! | [`planner`] | A.2, A.3 | `plan` (the `t_max` DP with exact pruning, joint batch × token, memory limits), `PlannerConfig`, `SlicingPlan`, `predict_step_seconds` |
 

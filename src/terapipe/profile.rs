@@ -180,8 +180,8 @@ fn transfer_seconds<D: Device>(dev: &D, tokens: usize, width: usize) -> Result<f
 /// layer for micro-batches of `samples` sequences: the latency and memory models of any stage
 /// of any pipeline shape follow from it ([`latency`](Self::latency), [`memory`](Self::memory)),
 /// so an elastic transition that changes `K`, `M` or the frozen layers plans its slicing afresh
-/// without measuring again ([`plan`](Self::plan)). A stage is a [`StageLoad`]: the slowest of a
-/// pipeline's, from the units' costs ([`stage`](Self::stage)), or `⌈L/K⌉` trained layers
+/// without measuring again ([`plan`](Self::plan)). A stage is a [`StageLoad`]: one of the
+/// pipeline's, from the units' costs ([`stages`](Self::stages)), or `⌈L/K⌉` trained layers
 /// ([`uniform_stage`](Self::uniform_stage)); its time and activations scale with the
 /// micro-batch's sequences.
 #[derive(Clone, Debug)]
@@ -238,7 +238,8 @@ impl SlicingProfile {
         let covers = units.len() == self.roles.len()
             && stages.first().is_some_and(|r| r.start == 0)
             && stages.last().is_some_and(|r| r.end == units.len())
-            && stages.windows(2).all(|w| w[0].end == w[1].start);
+            && stages.windows(2).all(|w| w[0].end == w[1].start)
+            && stages.iter().all(|r| r.start < r.end);
         if !covers {
             return Err(config_error(
                 "pipeline.token_slices",
@@ -250,6 +251,12 @@ impl SlicingProfile {
             ));
         }
         let layer = trained_layer_time(units, &self.roles);
+        if layer <= 0.0 {
+            return Err(config_error(
+                "pipeline.token_slices",
+                "no layer of the model has a timed forward and backward among the unit costs to measure stages by",
+            ));
+        }
         Ok(stages
             .iter()
             .map(|r| StageLoad::of(units, r.clone(), &self.roles, layer, self.grid.max_len, samples))

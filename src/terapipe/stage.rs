@@ -91,20 +91,22 @@ impl StageLoad {
         load
     }
 
-    /// Time over the whole unsliced sequence, in the measured layer's: what ranks stages.
+    /// Time over the whole unsliced sequence, in trained layers' (the reference `of` was
+    /// given): what ranks stages.
     pub fn time(&self) -> f64 {
         self.layer_time + self.end_time
     }
 }
 
 /// One trained layer's forward and backward at `units`' costs, for a model whose units have
-/// `roles`: the median over its layers (an attention unit and the MLP after it) whose backward
-/// was timed. (The first trainable unit above frozen ones runs no input gradient, and a unit
-/// frozen when timed has no backward time: the median passes over both.)
+/// `roles`: the median over its layers (an attention unit and the MLP after it) whose forward
+/// and backward were both timed; 0 where none were. (The first trainable unit above frozen ones
+/// runs no input gradient, a unit frozen when timed has no backward time, and one the cache
+/// feeds no forward time: the median passes over them.)
 pub fn trained_layer_time(units: &[UnitProfile], roles: &[UnitRole]) -> f64 {
     let mut times: Vec<f64> = (0..units.len().min(roles.len()).saturating_sub(1))
         .filter(|&i| roles[i] == UnitRole::Attention && roles[i + 1] == UnitRole::Mlp)
-        .filter(|&i| units[i].backward > 0.0 && units[i + 1].backward > 0.0)
+        .filter(|&i| units[i..i + 2].iter().all(|u| u.forward > 0.0 && u.backward > 0.0))
         .map(|i| units[i].forward + units[i].backward + units[i + 1].forward + units[i + 1].backward)
         .collect();
     times.sort_by(f64::total_cmp);
@@ -194,5 +196,11 @@ mod tests {
         units.extend(self::units(&[2.0, 2.0, 2.0, 2.0], 0));
         let roles = [&ROLES[..], &[Attention, Mlp, Attention, Mlp]].concat();
         assert_eq!(trained_layer_time(&units, &roles), 4.0);
+        // Layers the cache feeds (no forward) too; and with none left, nothing to measure by.
+        units[6].forward = 0.0;
+        units[8].forward = 0.0;
+        assert_eq!(trained_layer_time(&units, &roles), (2.0 + 2.0) / 3.0 + 2.0);
+        units[3].forward = 0.0;
+        assert_eq!(trained_layer_time(&units[..5], &ROLES[..5]), 0.0);
     }
 }
