@@ -89,11 +89,9 @@ pub fn choose_shape(
         let schedule = schedule_for(k, base.schedule);
         let config =
             PipelineConfig { pipeline_len: k, replicas: r, micro_batches: m, chunks, schedule, ..base.clone() };
-        let units = (shapes.profiles)(per_replica.div_ceil(m));
-        let config = PipelineConfig {
-            token_slices: (shapes.slices)(&config, per_replica.div_ceil(m), &units, pinned),
-            ..config
-        };
+        let samples = per_replica.div_ceil(m);
+        let units = (shapes.profiles)(samples);
+        let config = PipelineConfig { token_slices: (shapes.slices)(&config, samples, &units, pinned), ..config };
         // Token slices fill and drain the pipeline in their largest's time (TeraPipe), not a
         // whole micro-batch's.
         let whole: usize = config.token_slices.iter().sum();

@@ -297,13 +297,13 @@ impl Elastic {
         } else if self.config.auto_pipe {
             let c = trainer.pipeline.plan().config.clone();
             let per_replica = micro_samples(trainer, self.around.batch, 1);
-            let profiles = |m: usize| trainer.profiles_for(micro_samples(trainer, self.around.batch, m), 0);
             // Fewer micro-batches hold more samples each: only counts within the memory limit
             // (with their slices) are timed.
             let fits = |m: usize| {
-                let units = profiles(m);
+                let samples = per_replica.div_ceil(m);
+                let units = trainer.profiles_for(samples, 0);
                 let stages = &trainer.pipeline.plan().partition.stages;
-                let slices = self.with_micro_batches(&c, m, per_replica.div_ceil(m), &units, stages).token_slices;
+                let slices = self.with_micro_batches(&c, m, samples, &units, stages).token_slices;
                 trainer.pipeline.fits_micro_batches(m, slices, &units)
             };
             let mut candidates = vec![c.micro_batches];
@@ -546,41 +546,36 @@ impl Elastic {
         let per_step = batches_per_step(self.config.batch_policy, r, a.initial_replicas);
         let per_replica = (a.batch * per_step).div_ceil(r);
         let key = Tuner::key(k, r, units, cached > 0, per_replica, chosen.schedule);
-        let profiles = |t: &Trainer<D>, m: usize| t.profiles_for(per_replica.div_ceil(m), cached);
+        // Each count's config, sliced, and its units' costs.
         let with = |m: usize| {
             let config = crate::pipeline::PipelineConfig { micro_batches: m, ..chosen.clone() };
             let samples = per_replica.div_ceil(m);
-            crate::pipeline::PipelineConfig {
-                token_slices: self.adopted_slices(&config, samples, &profiles(trainer, m), cached),
-                ..config
-            }
+            let units = trainer.profiles_for(samples, cached);
+            let token_slices = self.adopted_slices(&config, samples, &units, cached);
+            (crate::pipeline::PipelineConfig { token_slices, ..config }, units)
         };
         let names = crate::pipeline::runtime::unit_names(trainer.pipeline.units());
         // The count tuned before for this shape, or the first candidate that fits memory
         // (the shape fits at the count it was priced with, one of them), is planned; the
         // others are timed on its stages, so only those that fit there. A shape on trial
         // (`measure`) is timed even when its count is known.
-        // (Each count's slicing planned once: `auto`'s is a search.)
-        let candidates: Vec<crate::pipeline::PipelineConfig> =
-            micro_batch_candidates(k, per_replica).into_iter().map(with).collect();
+        // (Each count's slicing and costs made once here: `auto`'s slicing is a search.)
+        let candidates: Vec<_> = micro_batch_candidates(k, per_replica).into_iter().map(with).collect();
         let m = match self.tuner.best.get(&key).filter(|_| !measure) {
             Some(&m) => m,
             None => candidates
                 .iter()
-                .find(|c| {
-                    Plan::new((*c).clone(), &profiles(trainer, c.micro_batches), names.clone(), a.devices, cached)
-                        .is_ok()
-                })
-                .map_or(chosen.micro_batches, |c| c.micro_batches),
+                .find(|(c, units)| Plan::new(c.clone(), units, names.clone(), a.devices, cached).is_ok())
+                .map_or(chosen.micro_batches, |(c, _)| c.micro_batches),
         };
-        let planned = candidates.iter().find(|c| c.micro_batches == m).cloned().unwrap_or_else(|| with(m));
+        let (planned, units) =
+            candidates.iter().find(|(c, _)| c.micro_batches == m).cloned().unwrap_or_else(|| with(m));
         let slices = planned.token_slices.clone();
-        trainer.pipeline.replan(planned, &profiles(trainer, m), cached)?;
-        let fits = |c: &crate::pipeline::PipelineConfig| {
-            let m = c.micro_batches;
-            trainer.pipeline.fits_micro_batches(m, c.token_slices.clone(), &profiles(trainer, m))
+        trainer.pipeline.replan(planned, &units, cached)?;
+        let fits = |(c, units): &(crate::pipeline::PipelineConfig, Vec<UnitProfile>)| {
+            trainer.pipeline.fits_micro_batches(c.micro_batches, c.token_slices.clone(), units)
         };
-        let others = candidates.iter().filter(|c| c.micro_batches != m && fits(c)).map(|c| c.micro_batches);
+        let others = candidates.iter().filter(|c| c.0.micro_batches != m && fits(c)).map(|c| c.0.micro_batches);
         let timed = std::iter::once(m).chain(others).collect();
         if measure {
             self.tuner.time(key, timed);

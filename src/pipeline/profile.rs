@@ -215,14 +215,7 @@ pub fn profile_units<D: Device>(
         .map(|i| UnitProfile {
             forward: median(&mut fwd[i]),
             backward: median(&mut bwd[i]),
-            params: costs[i].params,
-            activation_bytes: costs[i].activation_bytes * host.batch,
-            score_bytes: costs[i].score_bytes * host.batch,
-            kv_grad_bytes: costs[i].kv_grad_bytes * host.batch,
-            kv_bytes: costs[i].kv_bytes * host.batch,
-            frozen_arena_bytes: 0,
-            trainable: i >= trains,
-            weight_pack_bytes: costs[i].weight_pack_bytes,
+            ..UnitProfile::analytic(&costs[i], host.batch, 1.0, i >= trains)
         })
         .collect())
 }

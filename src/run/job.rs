@@ -615,9 +615,7 @@ fn token_slices<D: Device>(
     let profile = SlicingProfile::measure(dev, model, &micro)?;
     // The stages the pipeline will cut (its frozen prefix on the first, as `Pipeline::new`).
     let stages = Plan::time_cut(plan, units, model.frozen_prefix())?;
-    let loads = profile.stages(units, &stages, micro.batch)?;
-    let planned = profile.plan(plan, micro.batch, &loads)?;
-    let stage = loads.into_iter().max_by(|a, b| a.time().total_cmp(&b.time())).unwrap_or(StageLoad::of_layers(0));
+    let (planned, stage) = profile.plan_stages(plan, micro.batch, units, &stages)?;
     Ok((lengths(&planned), Some((PlannedSlicing { plan: planned, stage }, profile))))
 }
 
@@ -960,7 +958,7 @@ impl<D: Device> Job<D> {
             elastic.plan_token_slices_with(Box::new(move |config, samples, units, stages| match config.pipeline_len {
                 // One stage, as at the start: whole.
                 1 => Ok(Vec::new()),
-                _ => Ok(lengths(&profile.plan(config, samples, &profile.stages(units, stages, samples)?)?)),
+                _ => Ok(lengths(&profile.plan_stages(config, samples, units, stages)?.0)),
             }));
             planned
         });

@@ -284,6 +284,21 @@ impl SlicingProfile {
         self.memory.stage(stage, pipeline, samples, samples as f64 / self.samples.max(1) as f64)
     }
 
+    /// [`plan`](Self::plan) for the stages `stages` (unit ranges) over units costing `units`
+    /// ([`stages`](Self::stages)), and the slowest of them.
+    pub fn plan_stages(
+        &self,
+        pipeline: &PipelineConfig,
+        samples: usize,
+        units: &[UnitProfile],
+        stages: &[Range<usize>],
+    ) -> Result<(SlicingPlan, StageLoad)> {
+        let loads = self.stages(units, stages, samples)?;
+        let plan = self.plan(pipeline, samples, &loads)?;
+        let slowest = StageLoad::slowest(&loads).cloned().unwrap_or(StageLoad::of_layers(0));
+        Ok((plan, slowest))
+    }
+
     /// The memory model of a pipeline of stages `stages`: the most any of them keeps of each
     /// kind (the planner checks one model against the limit, an upper bound of every stage's;
     /// the plan's partition then checks each stage).
@@ -300,9 +315,7 @@ impl SlicingProfile {
     /// stages `stages` ([`shared_slicing`]): the [`latency`](Self::latency) of the slowest and
     /// the [`pipeline_memory`](Self::pipeline_memory).
     pub fn plan(&self, pipeline: &PipelineConfig, samples: usize, stages: &[StageLoad]) -> Result<SlicingPlan> {
-        let slowest = stages
-            .iter()
-            .max_by(|a, b| a.time().total_cmp(&b.time()))
+        let slowest = StageLoad::slowest(stages)
             .ok_or_else(|| config_error("pipeline.token_slices", "a pipeline of no stages"))?;
         let latency = self.latency(slowest, pipeline.pipeline_len, samples)?;
         let memory = self.pipeline_memory(stages, pipeline, samples);
@@ -546,8 +559,8 @@ pub fn plan_slices<D: Device>(
     stages: &[Range<usize>],
 ) -> Result<(SlicingPlan, SlicingProfile)> {
     let profile = SlicingProfile::measure(dev, model, micro)?;
-    let loads = profile.stages(units, stages, micro.batch)?;
-    Ok((profile.plan(pipeline, micro.batch, &loads)?, profile))
+    let (plan, _) = profile.plan_stages(pipeline, micro.batch, units, stages)?;
+    Ok((plan, profile))
 }
 
 /// [`plan_slices`] from the measured models: the best slicing `pipeline`'s micro-batches (of

@@ -69,19 +69,17 @@ impl StageLoad {
         samples: usize,
     ) -> StageLoad {
         let layer = if layer > 0.0 { layer } else { 1.0 };
-        let mut load = StageLoad { layer_time: 0.0, trained_attention: 0, trained_mlp: 0, ..StageLoad::of_layers(0) };
+        let mut load = StageLoad::of_layers(0);
         for (u, role) in units[stage.clone()].iter().zip(&roles[stage]) {
             load.state_bytes += u.state_bytes();
             match role {
-                UnitRole::End => {
-                    load.end_time += u.time() / layer;
-                    if u.trainable {
-                        load.end_bytes_per_token += u.activation_bytes as f64 / (seq * samples).max(1) as f64;
-                    }
-                }
-                UnitRole::Attention | UnitRole::Mlp => load.layer_time += u.time() / layer,
+                UnitRole::End => load.end_time += u.time() / layer,
+                _ => load.layer_time += u.time() / layer,
             }
             match (role, u.trainable) {
+                (UnitRole::End, true) => {
+                    load.end_bytes_per_token += u.activation_bytes as f64 / (seq * samples).max(1) as f64
+                }
                 (UnitRole::Attention, true) => load.trained_attention += 1,
                 (UnitRole::Attention, false) => load.frozen_attention += 1,
                 (UnitRole::Mlp, true) => load.trained_mlp += 1,
@@ -89,6 +87,11 @@ impl StageLoad {
             }
         }
         load
+    }
+
+    /// The slowest of `stages` (by [`time`](Self::time)).
+    pub fn slowest(stages: &[StageLoad]) -> Option<&StageLoad> {
+        stages.iter().max_by(|a, b| a.time().total_cmp(&b.time()))
     }
 
     /// Time over the whole unsliced sequence, in trained layers' (the reference `of` was
