@@ -314,7 +314,11 @@ fn partition_per_device(
 
 /// Per stage, the micro-batches' worth of activations in flight at the peak: pieces, counted
 /// as the fraction of a micro-batch a token slice is (a slice keeps about `1/n` of its
-/// micro-batch's activations; the key/value arena is not counted).
+/// micro-batch's activations). It is also the count of micro-batches whose key/value arenas
+/// the stage holds at once ([`UnitProfile::in_flight_bytes`] counts them per micro-batch): no
+/// schedule opens a micro-batch its pieces do not fill (tested in `schedule`). So it bounds the
+/// pieces' activations too, whatever the slices' lengths: they belong to that many
+/// micro-batches.
 fn in_flight(schedule: &Schedule) -> Vec<usize> {
     schedule.peak_in_flight().iter().map(|p| p.div_ceil(schedule.slices)).collect()
 }

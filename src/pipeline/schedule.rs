@@ -967,6 +967,38 @@ mod tests {
         assert!(Schedule::generate(ScheduleKind::Interleaved, 2, 2, 2, 2).unwrap_err().to_string().contains("slices"));
     }
 
+    /// The partition counts a stage's key/value arenas (TeraPipe) by its pieces in flight:
+    /// `⌈pieces / n⌉` micro-batches' worth of activations, a trained unit's arena among them
+    /// and a frozen one's beside them (`UnitProfile::sliced`). That holds only while the stage
+    /// never has more micro-batches open (first slice forwarded, slice 0 not yet backwarded:
+    /// the arena's lifetime in the runtime) than that. 1F1B over slices caps pieces, not
+    /// micro-batches, so it could start the next micro-batch's first slice while the oldest
+    /// still holds its arena; its order prefers the oldest's backwards, and this checks that it
+    /// never does.
+    #[test]
+    fn a_stage_opens_no_more_micro_batches_than_its_pieces_fill() {
+        for kind in [ScheduleKind::Gpipe, ScheduleKind::OneFOneB] {
+            for (k, m, n) in (1..=5).flat_map(|k| (1..=8).flat_map(move |m| (1..=6).map(move |n| (k, m, n)))) {
+                let s = Schedule::generate(kind, k, 1, m, n).unwrap();
+                let peak = s.peak_in_flight();
+                for (d, list) in s.per_device.iter().enumerate() {
+                    let (mut open, mut most) = (0usize, 0usize);
+                    for a in list {
+                        match *a {
+                            Action::Forward { piece, .. } if piece.slice == 0 => {
+                                open += 1;
+                                most = most.max(open);
+                            }
+                            Action::Backward { piece, .. } if piece.slice == 0 => open -= 1,
+                            _ => {}
+                        }
+                    }
+                    assert_eq!(most, peak[d].div_ceil(n), "{kind} K={k} M={m} n={n} device {d}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn validator_enforces_the_slice_order() {
         // One device, one micro-batch of two slices: forwards 0, 1, then backwards 1, 0.
