@@ -24,7 +24,7 @@ fn latency(max_len: usize, max_batch: usize) -> LatencyModel {
 /// bf16 activations of a GPT-3-13B-like stage (h = 5120, 40 heads, one layer per stage):
 /// ~34·h bytes per token, 40 heads × 2 bytes per score (probabilities kept for the backward).
 fn memory() -> MemoryModel {
-    MemoryModel { per_token_bytes: 34.0 * 5120.0, per_score_bytes: 80.0, fixed_bytes: 4 << 30, sliced_bytes: 0 }
+    MemoryModel { per_token_bytes: 34.0 * 5120.0, per_score_bytes: 80.0, fixed_bytes: 4 << 30, ..Default::default() }
 }
 
 struct Case {

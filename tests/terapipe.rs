@@ -379,6 +379,48 @@ fn the_memory_model_bounds_a_stages_measured_peak() {
     assert_eq!(memory(4, ScheduleKind::OneFOneB), memory(2, ScheduleKind::Gpipe));
 }
 
+/// Run whole, a trained attention layer saves its keys and values with its activations; the
+/// memory model's per-token bytes, measured on a slice, have them in the arena instead, so the
+/// model counts them apart for the unsliced plan (`unsliced_bytes`): with them, its modelled
+/// peak for stage 0 of a K = 2 GPipe pipeline is what the step measures, and without them it
+/// falls short by a micro-batch's keys and values per micro-batch.
+#[test]
+fn the_memory_model_counts_an_unsliced_plans_keys_and_values() {
+    use pipetransformer::model::GptConfig;
+    use pipetransformer::terapipe::measure_memory;
+    let (width, seq) = (8, 32);
+    let ModelConfig::Gpt(tiny) = tiny_gpt(0.1) else { unreachable!() };
+    let config = ModelConfig::Gpt(GptConfig { n_embd: width, n_head: 8, n_positions: seq, n_inner: Some(16), ..tiny });
+    let host = pipetransformer::model::HostBatch::random(&config, 2, seq, 5);
+    let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+    for m in [1, 2] {
+        let plan =
+            PipelineConfig { pipeline_len: 2, micro_batches: m, schedule: ScheduleKind::Gpipe, ..Default::default() };
+        let mut model = Model::new(&dev, &config, 1).unwrap();
+        let micro = host.split(m).unwrap().swap_remove(0);
+        let memory = measure_memory(&dev, &model, &micro, &plan).unwrap();
+        let kv = (2 * micro.batch * seq * width * 4) as f64;
+        assert_eq!(memory.unsliced_bytes as f64, m as f64 * kv, "M = {m}");
+        // As above: the model is of the last stage's end (final norm and head, per token);
+        // stage 0's embeddings keep nothing for GPT.
+        let costs = model.costs(&dev, seq);
+        let tail = model.units().iter().rposition(|u| u.kind_name().starts_with("mlp")).unwrap() + 1;
+        let end: f64 = costs[tail..].iter().map(|c| (c.activation_bytes * micro.batch) as f64).sum();
+        let modelled = m as f64 * (memory.slice_bytes(1, seq, 0) - end) + memory.unsliced_bytes as f64;
+
+        let profiles = unit_profiles(&dev, &mut model, &micro, false).unwrap();
+        let cpus = (0..2).map(|i| CpuDevice::<f32>::new(i, 1).unwrap()).collect();
+        let mut pipeline = Pipeline::new(cpus, model, OptimizerConfig::adamw(), plan, &profiles).unwrap();
+        let stage0 = &pipeline.plan().unit_names[pipeline.plan().partition.stages[0].clone()];
+        assert_eq!(stage0.iter().filter(|n| n.starts_with("attention")).count(), 1, "{stage0:?}");
+        let measured = 4.0 * pipeline.step(&host, 3, 1e-2, None).unwrap().peak_activations[0] as f64;
+        assert!(
+            (measured - modelled).abs() <= 1e-9 * measured,
+            "M = {m}: measured {measured} B, modelled {modelled} B"
+        );
+    }
+}
+
 /// A frozen layer of a sliced pipeline keeps no activations, but its key/value arena holds
 /// every resident micro-batch's keys and values for the later slices: the partition's memory
 /// (what a memory limit is checked against) counts them. On stage 0 of a K = 2 GPipe pipeline

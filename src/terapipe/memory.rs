@@ -23,6 +23,10 @@ pub struct MemoryModel {
     /// (each slice attends to the keys and values of the slices before it). A plan of one
     /// slice per micro-batch does without them.
     pub sliced_bytes: usize,
+    /// Bytes only an unsliced plan keeps: the keys and values its trained attention saves
+    /// with the activations, which `per_token_bytes` leaves out (a sliced plan keeps them in
+    /// the arenas of `sliced_bytes`, which hold as much and their gradients).
+    pub unsliced_bytes: usize,
 }
 
 impl MemoryModel {
@@ -32,8 +36,19 @@ impl MemoryModel {
         b * (l * self.per_token_bytes + l * (c + l) * self.per_score_bytes)
     }
 
-    /// Checks that the per-element sizes are finite and non-negative.
+    /// Checks that the per-element sizes are finite and non-negative, and that the unsliced
+    /// plan's keys and values are no more than the arenas that hold them (the search charges
+    /// every plan the arenas: a bound only then).
     pub fn validate(&self) -> Result<()> {
+        if self.unsliced_bytes > self.sliced_bytes {
+            return Err(config_error(
+                "terapipe.memory.unsliced_bytes",
+                format!(
+                    "{} bytes of keys and values exceed the {} bytes of the arenas that hold them and their gradients",
+                    self.unsliced_bytes, self.sliced_bytes
+                ),
+            ));
+        }
         for (field, v) in [("per_token_bytes", self.per_token_bytes), ("per_score_bytes", self.per_score_bytes)] {
             if !v.is_finite() || v < 0.0 {
                 return Err(config_error(
@@ -99,6 +114,8 @@ mod tests {
         assert_eq!(total, closed);
         assert!(MemoryModel { per_token_bytes: -1.0, ..m }.validate().is_err());
         assert!(MemoryModel { per_score_bytes: f64::NAN, ..m }.validate().is_err());
+        assert!(MemoryModel { unsliced_bytes: 2, sliced_bytes: 1, ..m }.validate().is_err());
+        assert!(MemoryModel { unsliced_bytes: 1, sliced_bytes: 2, ..m }.validate().is_ok());
         assert_eq!(human_bytes(1536), "1.500 KiB");
     }
 }

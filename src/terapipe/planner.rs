@@ -50,7 +50,8 @@
 //! - *GPipe over slices*: every slice is resident, and the bytes are
 //!   `fixed + Σ b·(L·per_token + per_score·(L² + Σ l²)/2)`, affine in `Σ b·Σ l²`, so the limit is a
 //!   budget on that integer (sliced plans also pay the key/value arenas, `sliced_bytes`; the
-//!   unsliced plan, which keeps none, is weighed apart where micro-batches share one slicing).
+//!   unsliced plan, which keeps none but saves its keys and values with its activations,
+//!   `unsliced_bytes`, is weighed apart where micro-batches share one slicing).
 //! - *1F1B over slices*: a stage holds `K` micro-batches, every slice of each: the same budget
 //!   over the resident sequences (`min(K, M)` where `M` micro-batches share one slicing; every
 //!   sequence, a bound, where each micro-batch has its own). The DP first ignores it (its plan is kept when it fits); otherwise it
@@ -289,9 +290,9 @@ pub fn plan(latency: &LatencyModel, config: &PlannerConfig) -> Result<SlicingPla
     config.memory.validate()?;
     let units = len / grid.step;
     // Under a limit, micro-batches sharing one slicing weigh the unsliced plan apart (it keeps
-    // no key/value arena), which stands alone where no sliced one fits. (Planned per
-    // micro-batch, every plan is charged the arenas: a bound.)
-    let unsliced = match config.memory_limit.is_some() && config.memory.sliced_bytes > 0 {
+    // no key/value arena, only its keys and values), which stands alone where no sliced one
+    // fits. (Planned per micro-batch, every plan is charged the arenas: a bound.)
+    let unsliced = match config.memory_limit.is_some() && config.memory.sliced_bytes > config.memory.unsliced_bytes {
         true => unsliced_plan(latency, config)?,
         false => None,
     };
@@ -585,8 +586,12 @@ pub fn peak_memory_bytes(config: &PlannerConfig, micro_batches: &[MicroBatchSlic
             per_micro_batch.iter().take(config.stages).sum()
         }
     };
-    let sliced = if micro_batches.iter().any(|m| m.slices.len() > 1) { config.memory.sliced_bytes } else { 0 };
-    ((config.memory.fixed_bytes + sliced) as f64 + activations).ceil() as usize
+    // Any sliced micro-batch: the arenas (which bound an unsliced one's keys and values too).
+    let keys_and_values = match micro_batches.iter().any(|m| m.slices.len() > 1) {
+        true => config.memory.sliced_bytes,
+        false => config.memory.unsliced_bytes,
+    };
+    ((config.memory.fixed_bytes + keys_and_values) as f64 + activations).ceil() as usize
 }
 
 /// Micro-batches that share one slicing, unsliced (no key/value arena), when that fits the

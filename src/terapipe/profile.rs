@@ -308,6 +308,7 @@ impl SlicingProfile {
             per_score_bytes: a.per_score_bytes.max(b.per_score_bytes),
             fixed_bytes: a.fixed_bytes.max(b.fixed_bytes),
             sliced_bytes: a.sliced_bytes.max(b.sliced_bytes),
+            unsliced_bytes: a.unsliced_bytes.max(b.unsliced_bytes),
         })
     }
 
@@ -449,6 +450,8 @@ pub fn measure_latency<D: Device>(
 /// - Sliced only (`sliced_bytes`): the key/value arenas (keys, values and, for a trained
 ///   layer, their gradients' f32 sums for the whole sequence) of the micro-batches resident at
 ///   once: all `M` under GPipe, at most `min(M, K)` under 1F1B.
+/// - Unsliced only (`unsliced_bytes`): the keys and values a trained layer saves with its
+///   activations when the sequence runs whole, for the same micro-batches.
 pub fn measure_memory<D: Device>(
     dev: &D,
     model: &Model<D>,
@@ -530,6 +533,10 @@ impl LayerMemory {
         };
         let arenas =
             stage.trained_attention as f64 * (self.kv + self.kv_grad) + stage.frozen_attention as f64 * self.kv;
+        // Unsliced, a trained attention saves its keys and values with its activations (the
+        // per-token bytes, measured on a slice, have them in the arena); a frozen one saves
+        // nothing.
+        let saved_kv = stage.trained_attention as f64 * self.kv;
         MemoryModel {
             per_token_bytes: (self.attention_per_token * stage.trained_attention as f64
                 + self.mlp_per_token * stage.trained_mlp as f64)
@@ -538,6 +545,7 @@ impl LayerMemory {
             per_score_bytes: self.per_score * stage.trained_attention as f64 * share,
             fixed_bytes: stage.state_bytes,
             sliced_bytes: (resident as f64 * arenas * share).round() as usize,
+            unsliced_bytes: (resident as f64 * saved_kv * share).round() as usize,
         }
     }
 }

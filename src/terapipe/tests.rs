@@ -217,7 +217,7 @@ fn memory_case(units: usize, batch: usize) -> (LatencyModel, MemoryModel) {
     let lat =
         LatencyModel::from_fn(grid(units, batch), |b, l, c| 1.0 + 1e-3 * (b * l) as f64 + 1e-6 * (b * l * c) as f64)
             .unwrap();
-    (lat, MemoryModel { per_token_bytes: 100.0, per_score_bytes: 10.0, fixed_bytes: 1_000_000, sliced_bytes: 0 })
+    (lat, MemoryModel { per_token_bytes: 100.0, per_score_bytes: 10.0, fixed_bytes: 1_000_000, ..Default::default() })
 }
 
 #[test]
@@ -246,7 +246,8 @@ fn gpipe_memory_limit_is_exact_and_changes_the_answer() {
             } else {
                 random_latency(seed + 20, units, batch)
             };
-            let mem = MemoryModel { per_token_bytes: 50.0, per_score_bytes: 3.0, fixed_bytes: 4096, sliced_bytes: 0 };
+            let mem =
+                MemoryModel { per_token_bytes: 50.0, per_score_bytes: 3.0, fixed_bytes: 4096, ..Default::default() };
             let finest = mem.fixed_bytes as f64
                 + batch as f64 * (0..units).map(|j| mem.slice_bytes(1, STEP, j * STEP)).sum::<f64>();
             let most = mem.fixed_bytes as f64 + batch as f64 * mem.slice_bytes(1, units * STEP, 0);
@@ -299,7 +300,8 @@ fn one_f_one_b_holds_k_micro_batches() {
     for seed in 0..3 {
         for (units, batch, k) in [(6, 1, 2), (6, 3, 4), (8, 2, 3), (7, 2, 8)] {
             let lat = structured_latency(seed + 30, units, batch);
-            let mem = MemoryModel { per_token_bytes: 50.0, per_score_bytes: 3.0, fixed_bytes: 4096, sliced_bytes: 0 };
+            let mem =
+                MemoryModel { per_token_bytes: 50.0, per_score_bytes: 3.0, fixed_bytes: 4096, ..Default::default() };
             let most = mem.fixed_bytes as f64 + batch as f64 * mem.slice_bytes(1, units * STEP, 0);
             for frac in [0.3, 0.6, 1.0] {
                 let limit = (most * frac) as usize;
@@ -323,14 +325,16 @@ fn one_f_one_b_holds_k_micro_batches() {
 }
 
 /// The key/value arenas only a sliced plan keeps (`sliced_bytes`) are not charged to the
-/// unsliced one: under a limit that fits it alone, it is the plan (the arenas once made that
-/// limit refuse every plan), and its reported peak leaves them out.
+/// unsliced one, which keeps its keys and values with its activations instead
+/// (`unsliced_bytes`): under a limit that fits it alone, it is the plan (the arenas once made
+/// that limit refuse every plan), and its reported peak counts its keys and values, not the
+/// arenas.
 #[test]
-fn an_unsliced_plan_keeps_no_arena() {
+fn an_unsliced_plan_keeps_its_keys_and_values_but_no_arena() {
     let (units, m) = (8, 2);
     let (lat, memory) = memory_case(units, 1);
-    let memory = MemoryModel { sliced_bytes: 50_000, ..memory };
-    let whole = memory.fixed_bytes as f64 + m as f64 * memory.slice_bytes(1, units * STEP, 0);
+    let memory = MemoryModel { sliced_bytes: 80_000, unsliced_bytes: 20_000, ..memory };
+    let whole = (memory.fixed_bytes + memory.unsliced_bytes) as f64 + m as f64 * memory.slice_bytes(1, units * STEP, 0);
     for schedule in [SliceSchedule::Gpipe, SliceSchedule::OneFOneB] {
         let config = |limit: usize| PlannerConfig {
             memory,
@@ -532,7 +536,7 @@ fn a_shared_slicing_matches_brute_force() {
         _ => 1.0,
     };
     let lat = LatencyModel::from_fn(grid(3, 2), move |b, l, c| b as f64 * t(l, c)).unwrap();
-    let memory = MemoryModel { per_token_bytes: 0.0, per_score_bytes: 1.0, fixed_bytes: 0, sliced_bytes: 0 };
+    let memory = MemoryModel { per_token_bytes: 0.0, per_score_bytes: 1.0, fixed_bytes: 0, ..Default::default() };
     // Σ over the two micro-batches of (L² + Σ l²)/2 bytes at most (2·24² + 64·12)/2.
     let config = PlannerConfig { memory, memory_limit: Some(960), ..PlannerConfig::new(1, 3 * STEP, 2) };
     let each = plan_checked(&lat, &config);
@@ -558,7 +562,8 @@ fn a_shared_slicing_matches_brute_force() {
             } else {
                 random_latency(seed + 40, units, 1)
             };
-            let mem = MemoryModel { per_token_bytes: 50.0, per_score_bytes: 3.0, fixed_bytes: 4096, sliced_bytes: 0 };
+            let mem =
+                MemoryModel { per_token_bytes: 50.0, per_score_bytes: 3.0, fixed_bytes: 4096, ..Default::default() };
             let finest =
                 mem.fixed_bytes as f64 + m as f64 * (0..units).map(|j| mem.slice_bytes(1, STEP, j * STEP)).sum::<f64>();
             let most = mem.fixed_bytes as f64 + m as f64 * mem.slice_bytes(1, units * STEP, 0);
@@ -606,7 +611,7 @@ fn auto_takes_equal_slices_near_the_optimum() {
         };
         LatencyModel::from_fn(grid(3, 1), move |_, l, c| t(l, c)).unwrap()
     };
-    let memory = MemoryModel { per_token_bytes: 0.0, per_score_bytes: 1.0, fixed_bytes: 0, sliced_bytes: 0 };
+    let memory = MemoryModel { per_token_bytes: 0.0, per_score_bytes: 1.0, fixed_bytes: 0, ..Default::default() };
     let pipeline = |limit| PipelineConfig {
         pipeline_len: 1,
         micro_batches: 1,
