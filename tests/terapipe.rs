@@ -418,6 +418,11 @@ fn the_memory_model_counts_an_unsliced_plans_keys_and_values() {
             (measured - modelled).abs() <= 1e-9 * measured,
             "M = {m}: measured {measured} B, modelled {modelled} B"
         );
+        // The partition's memory check (analytic costs) counts the same.
+        let stage = pipeline.plan().partition.stages[0].clone();
+        let state: usize = profiles[stage].iter().map(UnitProfile::state_bytes).sum();
+        let partition = (pipeline.plan().partition.stage_memory[0] - state) as f64;
+        assert!((partition - measured).abs() <= 1.0, "M = {m}: partition {partition} B, measured {measured} B");
     }
 }
 
