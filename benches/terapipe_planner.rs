@@ -38,7 +38,7 @@ fn cases() -> Vec<Case> {
     for (len, batch) in [(2048, 1), (8192, 1), (2048, 8), (8192, 8)] {
         let lat = latency(len, batch);
         for k in [8, 48] {
-            let config = PlannerConfig { memory: memory(), ..PlannerConfig::new(k, len, batch) };
+            let config = PlannerConfig { memory: vec![memory()], ..PlannerConfig::new(k, len, batch) };
             out.push(Case { name: format!("L{len}_K{k}_B{batch}"), latency: lat.clone(), config });
         }
     }
@@ -48,7 +48,7 @@ fn cases() -> Vec<Case> {
     let m = memory();
     for (len, k, batch) in [(2048, 48, 1), (2048, 8, 2), (8192, 48, 1)] {
         let lat = latency(len, batch);
-        let free = PlannerConfig { memory: m, ..PlannerConfig::new(k, len, batch) };
+        let free = PlannerConfig { memory: vec![m], ..PlannerConfig::new(k, len, batch) };
         let peak = plan(&lat, &free).expect("plan").peak_memory_bytes;
         let finest = m.fixed_bytes as f64
             + batch as f64 * (0..len / STEP).map(|j| m.slice_bytes(1, STEP, j * STEP)).sum::<f64>();
@@ -59,7 +59,7 @@ fn cases() -> Vec<Case> {
     for (len, k, batch) in [(2048, 48, 1), (2048, 8, 8), (8192, 48, 1)] {
         let lat = latency(len, batch);
         let free = PlannerConfig {
-            memory: m,
+            memory: vec![m],
             schedule: SliceSchedule::OneFOneB,
             shared: true,
             ..PlannerConfig::new(k, len, batch)

@@ -426,6 +426,57 @@ fn the_memory_model_counts_an_unsliced_plans_keys_and_values() {
     }
 }
 
+/// The planner models each stage apart: the first holds the embeddings' weights, the last
+/// the head's logits, and under 1F1B stage `s` holds `min(M, K − s)` micro-batches (here 2
+/// and 1). Unsliced, each stage's model (activations, keys and values, weights) counts what
+/// the partition counts for it, and bounds the step's measured peak.
+#[test]
+fn each_stages_memory_model_counts_what_the_partition_counts() {
+    use pipetransformer::model::GptConfig;
+    use pipetransformer::terapipe::SlicingProfile;
+    let ModelConfig::Gpt(tiny) = tiny_gpt(0.1) else { unreachable!() };
+    let config = ModelConfig::Gpt(GptConfig {
+        vocab_size: 65,
+        n_embd: 16,
+        n_head: 4,
+        n_positions: 32,
+        n_inner: None,
+        n_layer: 4,
+        ..tiny
+    });
+    let host = pipetransformer::model::HostBatch::random(&config, 4, 32, 5);
+    let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+    let mut model = Model::new(&dev, &config, 1).unwrap();
+    let micro = host.split(2).unwrap().swap_remove(0);
+    let units = unit_profiles(&dev, &mut model, &micro, false).unwrap();
+    let plan =
+        PipelineConfig { pipeline_len: 2, micro_batches: 2, schedule: ScheduleKind::OneFOneB, ..Default::default() };
+    let profile = SlicingProfile::measure(&dev, &mut model, &micro).unwrap();
+    let stages = Plan::time_cut(&plan, &units, 0).unwrap();
+    let models = profile.pipeline_memory(&profile.stages(&units, &stages, micro.batch).unwrap(), &plan, micro.batch);
+    // The planner counts `min(M, K)` sequences resident on every stage: 2 of one sequence here.
+    let modelled: Vec<f64> = models
+        .iter()
+        .map(|m| (m.fixed_bytes + m.unsliced_bytes) as f64 + 2.0 * m.slice_bytes(1, host.seq, 0))
+        .collect();
+    let cpus = (0..2).map(|i| CpuDevice::<f32>::new(i, 1).unwrap()).collect();
+    let mut pipeline = Pipeline::new(cpus, model, OptimizerConfig::adamw(), plan, &units).unwrap();
+    assert_eq!(pipeline.plan().partition.stages, stages);
+    let measured = pipeline.step(&host, 3, 1e-2, None).unwrap().peak_activations;
+    for (s, range) in stages.iter().enumerate() {
+        let partition = pipeline.plan().partition.stage_memory[s] as f64;
+        assert!(
+            (modelled[s] - partition).abs() <= 1.0,
+            "stage {s}: modelled {} B, partition {partition} B",
+            modelled[s]
+        );
+        let state: usize = units[range.clone()].iter().map(UnitProfile::state_bytes).sum();
+        let kept = (4 * measured[s] + state) as f64;
+        assert!(kept <= modelled[s] + 1e-6, "stage {s}: measured {kept} B, modelled {} B", modelled[s]);
+    }
+    assert!(modelled[1] < modelled[0], "the last stage holds one micro-batch: {modelled:?}");
+}
+
 /// A frozen layer of a sliced pipeline keeps no activations, but its key/value arena holds
 /// every resident micro-batch's keys and values for the later slices: the partition's memory
 /// (what a memory limit is checked against) counts them. On stage 0 of a K = 2 GPipe pipeline

@@ -104,8 +104,11 @@ pub struct PlannerConfig {
     pub seq_len: usize,
     /// Sequences per step `B`, to split into micro-batches.
     pub batch: usize,
-    /// Activation bytes per slice, and what is resident regardless.
-    pub memory: MemoryModel,
+    /// Each pipeline stage's memory: activation bytes per slice, and what is resident
+    /// regardless. Every stage runs the one slicing, and each must fit the limit (stages
+    /// differ: the first holds the embeddings, the last the head's logits); the peak reported
+    /// is the largest. None: nothing is kept.
+    pub memory: Vec<MemoryModel>,
     /// Bytes of one device, if memory is to be checked.
     pub memory_limit: Option<usize>,
     /// The schedule whose residency the memory limit and the reported peak refer to.
@@ -129,7 +132,7 @@ impl PlannerConfig {
             stages,
             seq_len,
             batch,
-            memory: MemoryModel::default(),
+            memory: Vec::new(),
             memory_limit: None,
             schedule: SliceSchedule::Gpipe,
             epsilon: 0.0,
@@ -287,12 +290,15 @@ pub fn plan(latency: &LatencyModel, config: &PlannerConfig) -> Result<SlicingPla
             format!("{}: expected a finite, non-negative gap", config.epsilon),
         ));
     }
-    config.memory.validate()?;
+    for m in &config.memory {
+        m.validate()?;
+    }
     let units = len / grid.step;
     // Under a limit, micro-batches sharing one slicing weigh the unsliced plan apart (it keeps
     // no key/value arena, only its keys and values), which stands alone where no sliced one
     // fits. (Planned per micro-batch, every plan is charged the arenas: a bound.)
-    let unsliced = match config.memory_limit.is_some() && config.memory.sliced_bytes > config.memory.unsliced_bytes {
+    let apart = config.memory.iter().any(|m| m.sliced_bytes > m.unsliced_bytes);
+    let unsliced = match config.memory_limit.is_some() && apart {
         true => unsliced_plan(latency, config)?,
         false => None,
     };
@@ -389,12 +395,31 @@ fn resident_sequences(config: &PlannerConfig) -> usize {
 }
 
 /// The constraint the DP enforces over the resident sequences ([`resident_sequences`]), after
-/// checking that some slicing meets the limit at all.
+/// checking that some slicing meets the limit at all: the tightest stage's.
 fn memory_constraint(config: &PlannerConfig, step: usize, units: usize) -> Result<Constraint> {
     let Some(limit) = config.memory_limit else {
         return Ok(Constraint::Free);
     };
-    let (m, resident) = (config.memory, resident_sequences(config));
+    let mut constraint = Constraint::Free;
+    for m in &config.memory {
+        match (stage_constraint(config, m, limit, step, units)?, constraint) {
+            (Constraint::Squares { budget }, Constraint::Squares { budget: tighter }) if tighter <= budget => {}
+            (Constraint::Free, _) => {}
+            (c, _) => constraint = c,
+        }
+    }
+    Ok(constraint)
+}
+
+/// [`memory_constraint`] for one stage of memory `m`.
+fn stage_constraint(
+    config: &PlannerConfig,
+    m: &MemoryModel,
+    limit: usize,
+    step: usize,
+    units: usize,
+) -> Result<Constraint> {
+    let resident = resident_sequences(config);
     // (The unsliced plan, which keeps no arena, is weighed apart: [`unsliced_plan`].)
     let (limit_f, fixed) = (limit as f64, (m.fixed_bytes + m.sliced_bytes) as f64);
     // Finest slicing: the least Σ l² there is, and memory is linear in the sequences.
@@ -559,9 +584,14 @@ fn finish(best: Outcome, config: &PlannerConfig, step: usize, stats: SearchStats
     }
 }
 
-/// Predicted peak bytes per device of `micro_batches` under `config`'s memory model and
-/// schedule (what [`SlicingPlan::peak_memory_bytes`] reports).
+/// Predicted peak bytes per device of `micro_batches` under `config`'s memory models and
+/// schedule (what [`SlicingPlan::peak_memory_bytes`] reports): the largest stage's.
 pub fn peak_memory_bytes(config: &PlannerConfig, micro_batches: &[MicroBatchSlicing]) -> usize {
+    config.memory.iter().map(|m| stage_peak_bytes(config, m, micro_batches)).max().unwrap_or(0)
+}
+
+/// [`peak_memory_bytes`] of one stage of memory `memory`.
+fn stage_peak_bytes(config: &PlannerConfig, memory: &MemoryModel, micro_batches: &[MicroBatchSlicing]) -> usize {
     // Bytes of each slice, per micro-batch.
     let bytes: Vec<Vec<f64>> = micro_batches
         .iter()
@@ -570,7 +600,7 @@ pub fn peak_memory_bytes(config: &PlannerConfig, micro_batches: &[MicroBatchSlic
             m.slices
                 .iter()
                 .map(|&l| {
-                    let b = config.memory.slice_bytes(m.samples, l, c);
+                    let b = memory.slice_bytes(m.samples, l, c);
                     c += l;
                     b
                 })
@@ -588,10 +618,10 @@ pub fn peak_memory_bytes(config: &PlannerConfig, micro_batches: &[MicroBatchSlic
     };
     // Any sliced micro-batch: the arenas (which bound an unsliced one's keys and values too).
     let keys_and_values = match micro_batches.iter().any(|m| m.slices.len() > 1) {
-        true => config.memory.sliced_bytes,
-        false => config.memory.unsliced_bytes,
+        true => memory.sliced_bytes,
+        false => memory.unsliced_bytes,
     };
-    ((config.memory.fixed_bytes + keys_and_values) as f64 + activations).ceil() as usize
+    ((memory.fixed_bytes + keys_and_values) as f64 + activations).ceil() as usize
 }
 
 /// Micro-batches that share one slicing, unsliced (no key/value arena), when that fits the

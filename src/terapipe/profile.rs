@@ -279,9 +279,15 @@ impl SlicingProfile {
     }
 
     /// The memory model of `stage` under `pipeline`'s schedule and micro-batches of `samples`
-    /// sequences ([`measure_memory`]).
+    /// sequences ([`measure_memory`]), as the first stage, which holds the most micro-batches.
     pub fn memory(&self, stage: &StageLoad, pipeline: &PipelineConfig, samples: usize) -> MemoryModel {
-        self.memory.stage(stage, pipeline, samples, samples as f64 / self.samples.max(1) as f64)
+        self.stage_memory(stage, 0, pipeline, samples)
+    }
+
+    /// [`memory`](Self::memory) of `stage` as stage `index` of the pipeline, which under 1F1B
+    /// holds `min(M, K − index)` micro-batches.
+    fn stage_memory(&self, stage: &StageLoad, index: usize, pipeline: &PipelineConfig, samples: usize) -> MemoryModel {
+        self.memory.stage(stage, index, pipeline, samples, samples as f64 / self.samples.max(1) as f64)
     }
 
     /// [`plan`](Self::plan) for the stages `stages` (unit ranges) over units costing `units`
@@ -299,17 +305,12 @@ impl SlicingProfile {
         Ok((plan, slowest))
     }
 
-    /// The memory model of a pipeline of stages `stages`: the most any of them keeps of each
-    /// kind (the planner checks one model against the limit, an upper bound of every stage's;
-    /// the plan's partition then checks each stage).
-    pub fn pipeline_memory(&self, stages: &[StageLoad], pipeline: &PipelineConfig, samples: usize) -> MemoryModel {
-        stages.iter().map(|s| self.memory(s, pipeline, samples)).fold(MemoryModel::default(), |a, b| MemoryModel {
-            per_token_bytes: a.per_token_bytes.max(b.per_token_bytes),
-            per_score_bytes: a.per_score_bytes.max(b.per_score_bytes),
-            fixed_bytes: a.fixed_bytes.max(b.fixed_bytes),
-            sliced_bytes: a.sliced_bytes.max(b.sliced_bytes),
-            unsliced_bytes: a.unsliced_bytes.max(b.unsliced_bytes),
-        })
+    /// The memory models of a pipeline of stages `stages` (in order), one each: the planner
+    /// holds the limit on every one. The stages differ in kind (the first keeps the embeddings'
+    /// weights, the last the head's logits per token: the most of each kind together would be
+    /// no stage's), and under 1F1B in the micro-batches they hold.
+    pub fn pipeline_memory(&self, stages: &[StageLoad], pipeline: &PipelineConfig, samples: usize) -> Vec<MemoryModel> {
+        stages.iter().enumerate().map(|(i, s)| self.stage_memory(s, i, pipeline, samples)).collect()
     }
 
     /// TeraPipe's slicing for `pipeline`'s micro-batches of `samples` sequences each, over
@@ -320,7 +321,7 @@ impl SlicingProfile {
             .ok_or_else(|| config_error("pipeline.token_slices", "a pipeline of no stages"))?;
         let latency = self.latency(slowest, pipeline.pipeline_len, samples)?;
         let memory = self.pipeline_memory(stages, pipeline, samples);
-        shared_slicing(&latency, memory, self.grid.max_len, samples, pipeline)
+        shared_slicing(&latency, &memory, self.grid.max_len, samples, pipeline)
     }
 }
 
@@ -460,7 +461,7 @@ pub fn measure_memory<D: Device>(
 ) -> Result<MemoryModel> {
     let memory = LayerMemory::measure(dev, model, micro)?;
     let stage = memory.uniform(model.spec().layers, pipeline.pipeline_len, micro.batch);
-    Ok(memory.stage(&stage, pipeline, micro.batch, 1.0))
+    Ok(memory.stage(&stage, 0, pipeline, micro.batch, 1.0))
 }
 
 impl LayerMemory {
@@ -524,13 +525,25 @@ impl LayerMemory {
         }
     }
 
-    /// `stage` under `pipeline`'s schedule, for micro-batches of `samples` sequences, `share`
-    /// times the measured one's.
-    fn stage(&self, stage: &StageLoad, pipeline: &PipelineConfig, samples: usize, share: f64) -> MemoryModel {
-        let resident = match pipeline.schedule {
-            ScheduleKind::Gpipe | ScheduleKind::Interleaved => pipeline.micro_batches,
-            ScheduleKind::OneFOneB | ScheduleKind::ZeroBubble => pipeline.micro_batches.min(pipeline.pipeline_len),
+    /// `stage` as stage `index` under `pipeline`'s schedule, for micro-batches of `samples`
+    /// sequences, `share` times the measured one's.
+    fn stage(
+        &self,
+        stage: &StageLoad,
+        index: usize,
+        pipeline: &PipelineConfig,
+        samples: usize,
+        share: f64,
+    ) -> MemoryModel {
+        let (m, k) = (pipeline.micro_batches, pipeline.pipeline_len);
+        // The micro-batches the planner counts resident (the first stage's), and this stage's:
+        // under 1F1B stage `s` holds `min(M, K − s)`, so its activations count that share (for
+        // micro-batches that share one slicing, as the runtime's do).
+        let (counted, resident) = match pipeline.schedule {
+            ScheduleKind::Gpipe | ScheduleKind::Interleaved => (m, m),
+            ScheduleKind::OneFOneB | ScheduleKind::ZeroBubble => (m.min(k), m.min(k.saturating_sub(index).max(1))),
         };
+        let held = resident as f64 / counted.max(1) as f64;
         let arenas =
             stage.trained_attention as f64 * (self.kv + self.kv_grad) + stage.frozen_attention as f64 * self.kv;
         // Unsliced, a trained attention saves its keys and values with its activations (the
@@ -538,11 +551,12 @@ impl LayerMemory {
         // nothing.
         let saved_kv = stage.trained_attention as f64 * self.kv;
         MemoryModel {
-            per_token_bytes: (self.attention_per_token * stage.trained_attention as f64
+            per_token_bytes: ((self.attention_per_token * stage.trained_attention as f64
                 + self.mlp_per_token * stage.trained_mlp as f64)
                 * share
-                + stage.end_bytes_per_token * samples as f64,
-            per_score_bytes: self.per_score * stage.trained_attention as f64 * share,
+                + stage.end_bytes_per_token * samples as f64)
+                * held,
+            per_score_bytes: self.per_score * stage.trained_attention as f64 * share * held,
             fixed_bytes: stage.state_bytes,
             sliced_bytes: (resident as f64 * arenas * share).round() as usize,
             unsliced_bytes: (resident as f64 * saved_kv * share).round() as usize,
@@ -575,7 +589,7 @@ pub fn plan_slices<D: Device>(
 /// `samples` sequences of `seq` tokens each; one planner unit) can share.
 pub fn shared_slicing(
     latency: &LatencyModel,
-    memory: MemoryModel,
+    memory: &[MemoryModel],
     seq: usize,
     samples: usize,
     pipeline: &PipelineConfig,
@@ -592,7 +606,7 @@ pub fn shared_slicing(
     };
     let (k, m) = (pipeline.pipeline_len, pipeline.micro_batches.max(1));
     let config = PlannerConfig {
-        memory,
+        memory: memory.to_vec(),
         memory_limit: pipeline.memory_limit,
         schedule,
         shared: true,

@@ -4,7 +4,7 @@
 //! the first holds the embeddings, the last the final norm and the head (for a large vocabulary
 //! several layers' time), and PipeTransformer's frozen layers run forward only and keep nothing
 //! for a backward but their keys and values. So the stages modelled are the pipeline's own, as
-//! the partitioner cuts the units: the slowest one's time, and the most any one holds.
+//! the partitioner cuts the units: the slowest one's time, and what each one holds.
 
 use crate::pipeline::UnitProfile;
 use std::ops::Range;

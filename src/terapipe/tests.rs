@@ -69,6 +69,7 @@ fn partitions(b: usize, most: usize) -> Vec<Vec<usize>> {
 /// of `b` sequences that the memory rule admits, reduced to the non-dominated ones (the
 /// objective and the GPipe limit only grow with each).
 fn options(lat: &LatencyModel, b: usize, n: usize, config: &PlannerConfig) -> Vec<(f64, f64, f64)> {
+    let memory = one_stage_memory(config);
     let mut all = Vec::new();
     for comp in compositions(n) {
         let (mut c, mut sum, mut max, mut bytes) = (0, 0.0, 0.0f64, 0.0);
@@ -77,7 +78,7 @@ fn options(lat: &LatencyModel, b: usize, n: usize, config: &PlannerConfig) -> Ve
             let t = lat.slice_time(b, l, ctx).unwrap();
             sum += t;
             max = max.max(t);
-            bytes += config.memory.slice_bytes(1, l, ctx);
+            bytes += memory.slice_bytes(1, l, ctx);
             c += k;
         }
         all.push((sum, max, bytes));
@@ -87,6 +88,12 @@ fn options(lat: &LatencyModel, b: usize, n: usize, config: &PlannerConfig) -> Ve
     kept.sort_by(|a, b| a.partial_cmp(b).unwrap());
     kept.dedup();
     kept
+}
+
+/// The one stage's memory model these enumerations take (none: nothing kept).
+fn one_stage_memory(config: &PlannerConfig) -> MemoryModel {
+    assert!(config.memory.len() <= 1, "the enumeration of split batches takes one stage's memory");
+    config.memory.first().copied().unwrap_or_default()
 }
 
 /// The optimum by enumeration: every batch split, every (non-dominated) slicing of each
@@ -101,7 +108,7 @@ fn brute_force(lat: &LatencyModel, config: &PlannerConfig) -> Option<f64> {
             if depth == split.len() {
                 // Every sequence resident: GPipe's peak, and 1F1B's bound per micro-batch.
                 if let Some(limit) = config.memory_limit
-                    && config.memory.fixed_bytes as f64 + bytes > limit as f64
+                    && one_stage_memory(config).fixed_bytes as f64 + bytes > limit as f64
                 {
                     continue;
                 }
@@ -224,14 +231,19 @@ fn memory_case(units: usize, batch: usize) -> (LatencyModel, MemoryModel) {
 fn gpipe_memory_limit_is_exact_and_changes_the_answer() {
     let (units, batch) = (8, 2);
     let (lat, memory) = memory_case(units, batch);
-    let free = plan_checked(&lat, &PlannerConfig { memory, ..PlannerConfig::new(4, units * STEP, batch) });
+    let free =
+        plan_checked(&lat, &PlannerConfig { memory: vec![memory], ..PlannerConfig::new(4, units * STEP, batch) });
     assert_eq!(free.slice_count(), 1, "{free}");
     let whole = free.peak_memory_bytes;
     let finest = memory.fixed_bytes as f64
         + batch as f64 * (0..units).map(|j| memory.slice_bytes(1, STEP, j * STEP)).sum::<f64>();
     for frac in [0.05, 0.3, 0.6, 0.9] {
         let limit = (finest + frac * (whole as f64 - finest)) as usize;
-        let config = PlannerConfig { memory, memory_limit: Some(limit), ..PlannerConfig::new(4, units * STEP, batch) };
+        let config = PlannerConfig {
+            memory: vec![memory],
+            memory_limit: Some(limit),
+            ..PlannerConfig::new(4, units * STEP, batch)
+        };
         let p = plan_checked(&lat, &config);
         let want = brute_force(&lat, &config).unwrap();
         assert!(close(p.predicted_step_seconds, want), "limit {limit}: DP {p}, brute {want}");
@@ -254,7 +266,7 @@ fn gpipe_memory_limit_is_exact_and_changes_the_answer() {
             for frac in [0.02, 0.1, 0.2, 0.35, 0.5, 0.8] {
                 let limit = (finest + frac * (most - finest)) as usize;
                 let config = PlannerConfig {
-                    memory: mem,
+                    memory: vec![mem],
                     memory_limit: Some(limit),
                     ..PlannerConfig::new(k, units * STEP, batch)
                 };
@@ -280,7 +292,7 @@ fn one_f_one_b_holds_k_micro_batches() {
     };
     let limit = ((finest(k) + finest(m)) / 2.0) as usize;
     let shared = |schedule| PlannerConfig {
-        memory,
+        memory: vec![memory],
         memory_limit: Some(limit),
         schedule,
         shared: true,
@@ -306,7 +318,7 @@ fn one_f_one_b_holds_k_micro_batches() {
             for frac in [0.3, 0.6, 1.0] {
                 let limit = (most * frac) as usize;
                 let config = PlannerConfig {
-                    memory: mem,
+                    memory: vec![mem],
                     memory_limit: Some(limit),
                     schedule: SliceSchedule::OneFOneB,
                     ..PlannerConfig::new(k, units * STEP, batch)
@@ -337,7 +349,7 @@ fn an_unsliced_plan_keeps_its_keys_and_values_but_no_arena() {
     let whole = (memory.fixed_bytes + memory.unsliced_bytes) as f64 + m as f64 * memory.slice_bytes(1, units * STEP, 0);
     for schedule in [SliceSchedule::Gpipe, SliceSchedule::OneFOneB] {
         let config = |limit: usize| PlannerConfig {
-            memory,
+            memory: vec![memory],
             memory_limit: Some(limit),
             schedule,
             shared: true,
@@ -363,8 +375,11 @@ fn memory_limits_nothing_meets_are_refused() {
     let (lat, memory) = memory_case(units, batch);
     let finest = memory.fixed_bytes as f64
         + batch as f64 * (0..units).map(|j| memory.slice_bytes(1, STEP, j * STEP)).sum::<f64>();
-    let config =
-        PlannerConfig { memory, memory_limit: Some(finest as usize - 1), ..PlannerConfig::new(4, units * STEP, batch) };
+    let config = PlannerConfig {
+        memory: vec![memory],
+        memory_limit: Some(finest as usize - 1),
+        ..PlannerConfig::new(4, units * STEP, batch)
+    };
     let e = plan(&lat, &config).unwrap_err().to_string();
     let needs = format!("needs at least {} bytes (", finest.ceil());
     assert!(
@@ -422,7 +437,7 @@ fn bad_input_is_refused_with_the_field() {
         (PlannerConfig { epsilon: -1.0, ..ok.clone() }, "terapipe.epsilon"),
         (PlannerConfig { epsilon: f64::NAN, ..ok.clone() }, "terapipe.epsilon"),
         (
-            PlannerConfig { memory: MemoryModel { per_token_bytes: -1.0, ..Default::default() }, ..ok.clone() },
+            PlannerConfig { memory: vec![MemoryModel { per_token_bytes: -1.0, ..Default::default() }], ..ok.clone() },
             "terapipe.memory.per_token_bytes",
         ),
     ];
@@ -513,13 +528,26 @@ fn shared_brute_force(lat: &LatencyModel, config: &PlannerConfig) -> Option<f64>
         SliceSchedule::Gpipe => m,
         SliceSchedule::OneFOneB => m.min(config.stages as f64),
     };
-    let fits = |bytes: f64| {
-        config.memory_limit.is_none_or(|limit| config.memory.fixed_bytes as f64 + resident * bytes <= limit as f64)
+    // Every stage's memory within the limit.
+    let fits = |slices: &[usize]| {
+        config.memory_limit.is_none_or(|limit| {
+            config.memory.iter().all(|mem| {
+                let mut c = 0;
+                let bytes: f64 = slices.iter().map(|&k| (mem.slice_bytes(1, k * STEP, c * STEP), c += k).0).sum();
+                mem.fixed_bytes as f64 + resident * bytes <= limit as f64
+            })
+        })
     };
-    options(lat, 1, n, config)
+    compositions(n)
         .into_iter()
-        .filter(|o| fits(o.2))
-        .map(|(sum, max, _)| m * sum + (config.stages - 1) as f64 * max)
+        .filter(|comp| fits(comp))
+        .map(|comp| {
+            let mut c = 0;
+            let times: Vec<f64> =
+                comp.iter().map(|&k| (lat.slice_time(1, k * STEP, c * STEP).unwrap(), c += k).0).collect();
+            let max = times.iter().copied().fold(0.0, f64::max);
+            m * times.iter().sum::<f64>() + (config.stages - 1) as f64 * max
+        })
         .min_by(f64::total_cmp)
 }
 
@@ -538,7 +566,7 @@ fn a_shared_slicing_matches_brute_force() {
     let lat = LatencyModel::from_fn(grid(3, 2), move |b, l, c| b as f64 * t(l, c)).unwrap();
     let memory = MemoryModel { per_token_bytes: 0.0, per_score_bytes: 1.0, fixed_bytes: 0, ..Default::default() };
     // Σ over the two micro-batches of (L² + Σ l²)/2 bytes at most (2·24² + 64·12)/2.
-    let config = PlannerConfig { memory, memory_limit: Some(960), ..PlannerConfig::new(1, 3 * STEP, 2) };
+    let config = PlannerConfig { memory: vec![memory], memory_limit: Some(960), ..PlannerConfig::new(1, 3 * STEP, 2) };
     let each = plan_checked(&lat, &config);
     assert_eq!(each.predicted_step_seconds, 3.5, "one whole, one in three: {each}");
     let shared = plan_checked(&lat, &PlannerConfig { shared: true, ..config.clone() });
@@ -552,7 +580,7 @@ fn a_shared_slicing_matches_brute_force() {
         memory_limit: Some(960),
         ..Default::default()
     };
-    let run = shared_slicing(&lat, memory, 3 * STEP, 5, &pipeline).unwrap();
+    let run = shared_slicing(&lat, &[memory], 3 * STEP, 5, &pipeline).unwrap();
     assert_eq!(run.predicted_step_seconds, 4.0, "{run}");
     assert!(run.micro_batches.iter().all(|m| m.slices == [16, 8] && m.samples == 5), "{run}");
     for seed in 0..3 {
@@ -564,13 +592,20 @@ fn a_shared_slicing_matches_brute_force() {
             };
             let mem =
                 MemoryModel { per_token_bytes: 50.0, per_score_bytes: 3.0, fixed_bytes: 4096, ..Default::default() };
-            let finest =
-                mem.fixed_bytes as f64 + m as f64 * (0..units).map(|j| mem.slice_bytes(1, STEP, j * STEP)).sum::<f64>();
-            let most = mem.fixed_bytes as f64 + m as f64 * mem.slice_bytes(1, units * STEP, 0);
+            // Odd seeds: a second stage that keeps more per token and less in weights.
+            let other =
+                MemoryModel { per_token_bytes: 120.0, per_score_bytes: 1.0, fixed_bytes: 1024, ..Default::default() };
+            let stages = if seed % 2 == 1 { vec![mem, other] } else { vec![mem] };
+            let peak = |mem: &MemoryModel, slices: usize| {
+                let l = units * STEP / slices;
+                mem.fixed_bytes as f64 + m as f64 * (0..slices).map(|j| mem.slice_bytes(1, l, j * l)).sum::<f64>()
+            };
+            let finest = stages.iter().map(|s| peak(s, units)).fold(0.0, f64::max);
+            let most = stages.iter().map(|s| peak(s, 1)).fold(0.0, f64::max);
             for schedule in [SliceSchedule::Gpipe, SliceSchedule::OneFOneB] {
                 for limit in [None, Some(finest + 0.1 * (most - finest)), Some(finest + 0.5 * (most - finest))] {
                     let config = PlannerConfig {
-                        memory: mem,
+                        memory: stages.clone(),
                         memory_limit: limit.map(|l| l as usize),
                         schedule,
                         shared: true,
@@ -592,6 +627,31 @@ fn a_shared_slicing_matches_brute_force() {
             }
         }
     }
+}
+
+/// Every stage runs the one slicing and each is held to the limit on its own: a stage that
+/// keeps the embeddings' weights and one that keeps the head's logits per token can both fit
+/// where a model with the most of each kind together (no stage's) does not. The reported peak
+/// is the larger stage's.
+#[test]
+fn every_stage_is_held_to_the_limit_not_the_most_of_each_kind() {
+    let units = 3;
+    let lat = LatencyModel::from_fn(grid(units, 1), |b, l, c| (b * l) as f64 * (1.0 + 0.01 * c as f64)).unwrap();
+    let weights = MemoryModel { per_token_bytes: 0.0, per_score_bytes: 1.0, fixed_bytes: 1000, ..Default::default() };
+    let logits = MemoryModel { per_token_bytes: 20.0, per_score_bytes: 1.0, fixed_bytes: 0, ..Default::default() };
+    let merged = MemoryModel { fixed_bytes: 1000, ..logits };
+    let finest = |mem: &MemoryModel| {
+        mem.fixed_bytes as f64 + (0..units).map(|j| mem.slice_bytes(1, STEP, j * STEP)).sum::<f64>()
+    };
+    let limit = finest(&weights).max(finest(&logits)).ceil() as usize;
+    assert!(finest(&merged) > limit as f64);
+    let config = |memory| PlannerConfig { memory, memory_limit: Some(limit), ..PlannerConfig::new(2, units * STEP, 1) };
+    let p = plan_checked(&lat, &config(vec![weights, logits]));
+    let peak_of = |mem| peak_memory_bytes(&config(vec![mem]), &p.micro_batches);
+    assert_eq!(p.peak_memory_bytes, peak_of(weights).max(peak_of(logits)), "{p}");
+    assert!(p.peak_memory_bytes <= limit, "{p}");
+    let e = plan(&lat, &config(vec![merged])).unwrap_err().to_string();
+    assert!(e.contains("no slicing meets the memory limit"), "{e}");
 }
 
 /// `auto` takes the fewest equal slices predicted within [`EVEN_WITHIN`] of the optimum (and
@@ -631,7 +691,7 @@ fn auto_takes_equal_slices_near_the_optimum() {
         let lat = latency(whole, delta);
         let exact = plan(&lat, &PlannerConfig { shared: true, ..PlannerConfig::new(1, 3 * STEP, 1) }).unwrap();
         assert_eq!(exact.micro_batches[0].slices, [8, 16], "the optimum: {exact}");
-        let got = shared_slicing(&lat, memory, 3 * STEP, 4, &pipeline(limit)).unwrap();
+        let got = shared_slicing(&lat, &[memory], 3 * STEP, 4, &pipeline(limit)).unwrap();
         assert_eq!(got.micro_batches[0].slices, want, "whole {whole}, δ {delta}, limit {limit:?}: {got}");
         assert_eq!(got.micro_batches[0].samples, 4);
         let predicted = predict_step_seconds(&lat, 1, &[MicroBatchSlicing { samples: 1, slices: want.clone() }]);
