@@ -400,9 +400,35 @@ fn memory_constraint(config: &PlannerConfig, step: usize, units: usize) -> Resul
     let Some(limit) = config.memory_limit else {
         return Ok(Constraint::Free);
     };
+    let resident = resident_sequences(config) as f64;
+    // Finest slicing: the least Σ l² there is, and memory is linear in the sequences. Every
+    // stage must fit; the one that needs the most says what the limit must be.
+    // (The unsliced plan, which keeps no arena, is weighed apart: [`unsliced_plan`].)
+    let finest = |m: &MemoryModel| {
+        (m.fixed_bytes + m.sliced_bytes) as f64
+            + resident * (0..units).map(|j| m.slice_bytes(1, step, j * step)).sum::<f64>()
+    };
+    let need = config.memory.iter().map(finest).fold(0.0, f64::max).ceil() as usize;
+    if need > limit {
+        // Where the micro-batches share one slicing, whole sequences may need less.
+        let whole = vec![MicroBatchSlicing { samples: 1, slices: vec![config.seq_len] }; config.batch];
+        let (need, what) = match peak_memory_bytes(config, &whole) {
+            unsliced if config.shared && unsliced < need => (unsliced, "unsliced"),
+            _ => (need, "finest slicing"),
+        };
+        return Err(config_error(
+            "terapipe.memory_limit",
+            format!(
+                "no slicing meets the memory limit: needs at least {need} bytes ({}; {what}, {}), limit {limit} ({})",
+                human_bytes(need),
+                config.schedule,
+                human_bytes(limit)
+            ),
+        ));
+    }
     let mut constraint = Constraint::Free;
     for m in &config.memory {
-        match (stage_constraint(config, m, limit, step, units)?, constraint) {
+        match (stage_constraint(config, m, limit, step, units), constraint) {
             (Constraint::Squares { budget }, Constraint::Squares { budget: tighter }) if tighter <= budget => {}
             (Constraint::Free, _) => {}
             (c, _) => constraint = c,
@@ -411,41 +437,20 @@ fn memory_constraint(config: &PlannerConfig, step: usize, units: usize) -> Resul
     Ok(constraint)
 }
 
-/// [`memory_constraint`] for one stage of memory `m`.
-fn stage_constraint(
-    config: &PlannerConfig,
-    m: &MemoryModel,
-    limit: usize,
-    step: usize,
-    units: usize,
-) -> Result<Constraint> {
+/// [`memory_constraint`] for one stage of memory `m`, whose finest slicing fits `limit`.
+fn stage_constraint(config: &PlannerConfig, m: &MemoryModel, limit: usize, step: usize, units: usize) -> Constraint {
     let resident = resident_sequences(config);
-    // (The unsliced plan, which keeps no arena, is weighed apart: [`unsliced_plan`].)
     let (limit_f, fixed) = (limit as f64, (m.fixed_bytes + m.sliced_bytes) as f64);
-    // Finest slicing: the least Σ l² there is, and memory is linear in the sequences.
-    let finest = fixed + resident as f64 * (0..units).map(|j| m.slice_bytes(1, step, j * step)).sum::<f64>();
-    if finest > limit_f {
-        return Err(config_error(
-            "terapipe.memory_limit",
-            format!(
-                "no slicing meets the memory limit: needs at least {} bytes ({}; finest slicing, {}), limit {limit} ({})",
-                finest.ceil(),
-                human_bytes(finest.ceil() as usize),
-                config.schedule,
-                human_bytes(limit)
-            ),
-        ));
-    }
     if m.per_score_bytes == 0.0 {
-        return Ok(Constraint::Free);
+        return Constraint::Free;
     }
     let (b, l, n) = (resident as f64, (units * step) as f64, units as u64);
     let room = limit_f - fixed - b * l * m.per_token_bytes - b * m.per_score_bytes * l * l / 2.0;
     let squares = room * 2.0 / (m.per_score_bytes * (step * step) as f64);
-    // Rounding must not refuse the finest slicing the check above accepted.
+    // Rounding must not refuse the finest slicing `memory_constraint` accepted.
     let most = resident as u64 * n * n;
     let budget = if squares >= most as f64 { most } else { (squares.floor() as u64).max(resident as u64 * n) };
-    Ok(Constraint::Squares { budget })
+    Constraint::Squares { budget }
 }
 
 /// Merges candidates within `epsilon` of a cluster's first into the cluster's largest; returns

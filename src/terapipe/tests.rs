@@ -652,6 +652,17 @@ fn every_stage_is_held_to_the_limit_not_the_most_of_each_kind() {
     assert!(p.peak_memory_bytes <= limit, "{p}");
     let e = plan(&lat, &config(vec![merged])).unwrap_err().to_string();
     assert!(e.contains("no slicing meets the memory limit"), "{e}");
+    // Refused, the need named is the stage that needs the most's, whichever fails first.
+    let low = finest(&weights).min(finest(&logits)) as usize - 1;
+    let tight = PlannerConfig { memory_limit: Some(low), ..config(vec![logits, weights]) };
+    let e = plan(&lat, &tight).unwrap_err().to_string();
+    assert!(e.contains(&format!("needs at least {limit} bytes (")) && e.contains("finest slicing"), "{e}");
+    // Shared, whole sequences (no arenas) can need less than the finest slicing (with them).
+    let arenas = MemoryModel { sliced_bytes: 5000, ..weights };
+    let shared = PlannerConfig { memory: vec![arenas], memory_limit: Some(1000), shared: true, ..tight };
+    let whole = peak_memory_bytes(&shared, &[MicroBatchSlicing { samples: 1, slices: vec![units * STEP] }]);
+    let e = plan(&lat, &shared).unwrap_err().to_string();
+    assert!(e.contains(&format!("needs at least {whole} bytes (")) && e.contains("unsliced"), "{e}");
 }
 
 /// `auto` takes the fewest equal slices predicted within [`EVEN_WITHIN`] of the optimum (and
