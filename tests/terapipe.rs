@@ -428,8 +428,8 @@ fn the_memory_model_counts_an_unsliced_plans_keys_and_values() {
 
 /// The planner models each stage apart: the first holds the embeddings' weights, the last
 /// the head's logits, and under 1F1B stage `s` holds `min(M, K − s)` micro-batches (here 2
-/// and 1). Unsliced, each stage's model (activations, keys and values, weights) counts what
-/// the partition counts for it, and bounds the step's measured peak.
+/// and 1). Whole and sliced, each stage's model (activations, keys and values or their arenas,
+/// weights) counts what the partition counts for it, and bounds the step's measured peak.
 #[test]
 fn each_stages_memory_model_counts_what_the_partition_counts() {
     use pipetransformer::model::GptConfig;
@@ -446,35 +446,52 @@ fn each_stages_memory_model_counts_what_the_partition_counts() {
     });
     let host = pipetransformer::model::HostBatch::random(&config, 4, 32, 5);
     let dev = CpuDevice::<f32>::new(0, 1).unwrap();
-    let mut model = Model::new(&dev, &config, 1).unwrap();
     let micro = host.split(2).unwrap().swap_remove(0);
-    let units = unit_profiles(&dev, &mut model, &micro, false).unwrap();
-    let plan =
-        PipelineConfig { pipeline_len: 2, micro_batches: 2, schedule: ScheduleKind::OneFOneB, ..Default::default() };
-    let profile = SlicingProfile::measure(&dev, &mut model, &micro).unwrap();
-    let stages = Plan::time_cut(&plan, &units, 0).unwrap();
-    let models = profile.pipeline_memory(&profile.stages(&units, &stages, micro.batch).unwrap(), &plan, micro.batch);
-    // The planner counts `min(M, K)` sequences resident on every stage: 2 of one sequence here.
-    let modelled: Vec<f64> = models
-        .iter()
-        .map(|m| (m.fixed_bytes + m.unsliced_bytes) as f64 + 2.0 * m.slice_bytes(1, host.seq, 0))
-        .collect();
-    let cpus = (0..2).map(|i| CpuDevice::<f32>::new(i, 1).unwrap()).collect();
-    let mut pipeline = Pipeline::new(cpus, model, OptimizerConfig::adamw(), plan, &units).unwrap();
-    assert_eq!(pipeline.plan().partition.stages, stages);
-    let measured = pipeline.step(&host, 3, 1e-2, None).unwrap().peak_activations;
-    for (s, range) in stages.iter().enumerate() {
-        let partition = pipeline.plan().partition.stage_memory[s] as f64;
-        assert!(
-            (modelled[s] - partition).abs() <= 1.0,
-            "stage {s}: modelled {} B, partition {partition} B",
-            modelled[s]
-        );
-        let state: usize = units[range.clone()].iter().map(UnitProfile::state_bytes).sum();
-        let kept = (4 * measured[s] + state) as f64;
-        assert!(kept <= modelled[s] + 1e-6, "stage {s}: measured {kept} B, modelled {} B", modelled[s]);
+    for slices in [vec![], vec![8, 8, 16]] {
+        let mut model = Model::new(&dev, &config, 1).unwrap();
+        let units = unit_profiles(&dev, &mut model, &micro, false).unwrap();
+        let plan = PipelineConfig {
+            pipeline_len: 2,
+            micro_batches: 2,
+            schedule: ScheduleKind::OneFOneB,
+            token_slices: slices.clone(),
+            ..Default::default()
+        };
+        let profile = SlicingProfile::measure(&dev, &mut model, &micro).unwrap();
+        let stages = Plan::time_cut(&plan, &units, 0).unwrap();
+        let loads = profile.stages(&units, &stages, micro.batch).unwrap();
+        // The planner counts `min(M, K)` sequences resident on every stage: 2 of one sequence
+        // here, each stage's share in its model.
+        let modelled: Vec<f64> = profile
+            .pipeline_memory(&loads, &plan, micro.batch)
+            .iter()
+            .map(|m| match slices.is_empty() {
+                true => (m.fixed_bytes + m.unsliced_bytes) as f64 + 2.0 * m.slice_bytes(1, host.seq, 0),
+                false => {
+                    let mut context = 0;
+                    let each: f64 = slices.iter().map(|&l| (m.slice_bytes(1, l, context), context += l).0).sum();
+                    (m.fixed_bytes + m.sliced_bytes) as f64 + 2.0 * each
+                }
+            })
+            .collect();
+        let cpus = (0..2).map(|i| CpuDevice::<f32>::new(i, 1).unwrap()).collect();
+        let mut pipeline = Pipeline::new(cpus, model, OptimizerConfig::adamw(), plan, &units).unwrap();
+        assert_eq!(pipeline.plan().partition.stages, stages);
+        let measured = pipeline.step(&host, 3, 1e-2, None).unwrap().peak_activations;
+        for (s, range) in stages.iter().enumerate() {
+            let partition = pipeline.plan().partition.stage_memory[s] as f64;
+            let what = format!("slices {slices:?}, stage {s}");
+            assert!(
+                (modelled[s] - partition).abs() <= 1.0,
+                "{what}: modelled {} B, partition {partition} B",
+                modelled[s]
+            );
+            let state: usize = units[range.clone()].iter().map(UnitProfile::state_bytes).sum();
+            let kept = (4 * measured[s] + state) as f64;
+            assert!(kept <= modelled[s] + 1e-6, "{what}: measured {kept} B, modelled {} B", modelled[s]);
+        }
+        assert!(modelled[1] < modelled[0], "the last stage holds one micro-batch: {modelled:?}");
     }
-    assert!(modelled[1] < modelled[0], "the last stage holds one micro-batch: {modelled:?}");
 }
 
 /// A frozen layer of a sliced pipeline keeps no activations, but its key/value arena holds
