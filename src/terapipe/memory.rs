@@ -65,15 +65,15 @@ impl MemoryModel {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SliceSchedule {
     /// GPipe over slices (TeraPipe's official code): every forward, then every backward, so
-    /// every slice of every micro-batch is resident at once. Peak = fixed (+ `sliced_bytes` when
-    /// sliced) + Σ over all slices.
+    /// every slice of every micro-batch is resident at once. Peak = fixed + `sliced_bytes` when
+    /// sliced (else `unsliced_bytes`) + Σ over all slices.
     #[default]
     Gpipe,
     /// 1F1B over slices: stage `s` (0-based) forwards `K − s` micro-batches, every slice of
     /// each, before its first backward, and then each backward frees a slice as a forward adds
-    /// one: at most `K` micro-batches resident (1F1B's bound, in its tokens), the slices only
-    /// shortening the fill and drain. Peak = fixed (+ `sliced_bytes` when sliced) + Σ over the
-    /// `K` largest micro-batches' slices.
+    /// one: at most `K` micro-batches resident (1F1B's bound, in its tokens, stage 0's), the
+    /// slices only shortening the fill and drain. Peak = fixed + `sliced_bytes` when sliced
+    /// (else `unsliced_bytes`) + Σ over the `K` largest micro-batches' slices.
     OneFOneB,
 }
 

@@ -52,9 +52,10 @@
 //!   budget on that integer (sliced plans also pay the key/value arenas, `sliced_bytes`; the
 //!   unsliced plan, which keeps none but saves its keys and values with its activations,
 //!   `unsliced_bytes`, is weighed apart where micro-batches share one slicing).
-//! - *1F1B over slices*: a stage holds `K` micro-batches, every slice of each: the same budget
+//! - *1F1B over slices*: stage 0 holds `K` micro-batches, every slice of each: the same budget
 //!   over the resident sequences (`min(K, M)` where `M` micro-batches share one slicing; every
-//!   sequence, a bound, where each micro-batch has its own). The DP first ignores it (its plan is kept when it fits); otherwise it
+//!   sequence, a bound, where each micro-batch has its own; a later stage, which holds fewer,
+//!   carries its share in its memory model). The DP first ignores it (its plan is kept when it fits); otherwise it
 //!   keeps, per start position, the Pareto frontier of (time, `Σ l²`) of the suffixes, pruned by a
 //!   Lagrangian bound (the budget priced at the multiplier that maximises the dual, found by
 //!   bisection with plain DPs), and combines micro-batch sizes as Pareto sums. Exact. Cost,
@@ -64,8 +65,13 @@
 //!   frontiers with thousands of points); past a work limit per solve the planner retries in a
 //!   narrower range and, if a single candidate still exceeds it, returns an error (B = 8, K = 8,
 //!   L = 2048 does, after about a minute); shared slicing, what the runtime plans, has one.
-//!   The finest grid slicing needs the least memory of any plan, so when it does not fit the
-//!   error says so at once, with the bytes it needs.
+//!   The finest grid slicing needs the least memory of any sliced plan, so when it does not
+//!   fit on every stage the error says so at once, with the bytes the least plan needs (the
+//!   finest slicing's, or the unsliced plan's where it shares one slicing and keeps no arena).
+//!
+//! **Stages.** Every stage runs the one slicing, and each has its own memory model
+//! ([`PlannerConfig::memory`]): the DP's budget is the tightest stage's (each stage's bytes grow
+//! with the same `Σ b·Σ l²`), and a plan's peak the largest stage's.
 //!
 //! **Joint batch × token (A.3).** Each micro-batch gets its own slicing (without a GPipe limit,
 //! micro-batches of one size share the best one); `g[B'] = min_b g[B' − b] + f[b]`.
@@ -104,10 +110,15 @@ pub struct PlannerConfig {
     pub seq_len: usize,
     /// Sequences per step `B`, to split into micro-batches.
     pub batch: usize,
-    /// Each pipeline stage's memory: activation bytes per slice, and what is resident
-    /// regardless. Every stage runs the one slicing, and each must fit the limit (stages
-    /// differ: the first holds the embeddings, the last the head's logits); the peak reported
-    /// is the largest. None: nothing is kept.
+    /// Memory models, one per pipeline stage (or any set whose every member must fit):
+    /// activation bytes per slice, and what is resident regardless. Every stage runs the one
+    /// slicing, and each must fit the limit (stages differ: the first holds the embeddings,
+    /// the last the head's logits); the peak reported is the largest. The planner counts the
+    /// schedule's resident sequences on each ([`SliceSchedule`]: stage 0's under 1F1B); a stage
+    /// that holds fewer carries its share in its model, as
+    /// [`SlicingProfile::pipeline_memory`](super::SlicingProfile::pipeline_memory)'s do (for
+    /// micro-batches that share one slicing). None: nothing is kept, and no limit can be
+    /// checked.
     pub memory: Vec<MemoryModel>,
     /// Bytes of one device, if memory is to be checked.
     pub memory_limit: Option<usize>,
@@ -293,6 +304,9 @@ pub fn plan(latency: &LatencyModel, config: &PlannerConfig) -> Result<SlicingPla
     for m in &config.memory {
         m.validate()?;
     }
+    if config.memory_limit.is_some() && config.memory.is_empty() {
+        return Err(config_error("terapipe.memory", "a memory limit needs a memory model of the stages to check"));
+    }
     let units = len / grid.step;
     // Under a limit, micro-batches sharing one slicing weigh the unsliced plan apart (it keeps
     // no key/value arena, only its keys and values), which stands alone where no sliced one
@@ -411,9 +425,8 @@ fn memory_constraint(config: &PlannerConfig, step: usize, units: usize) -> Resul
     let need = config.memory.iter().map(finest).fold(0.0, f64::max).ceil() as usize;
     if need > limit {
         // Where the micro-batches share one slicing, whole sequences may need less.
-        let whole = vec![MicroBatchSlicing { samples: 1, slices: vec![config.seq_len] }; config.batch];
-        let (need, what) = match peak_memory_bytes(config, &whole) {
-            unsliced if config.shared && unsliced < need => (unsliced, "unsliced"),
+        let (need, what) = match config.shared.then(|| peak_memory_bytes(config, &whole_sequences(config))) {
+            Some(unsliced) if unsliced < need => (unsliced, "unsliced"),
             _ => (need, "finest slicing"),
         };
         return Err(config_error(
@@ -426,15 +439,11 @@ fn memory_constraint(config: &PlannerConfig, step: usize, units: usize) -> Resul
             ),
         ));
     }
-    let mut constraint = Constraint::Free;
-    for m in &config.memory {
-        match (stage_constraint(config, m, limit, step, units), constraint) {
-            (Constraint::Squares { budget }, Constraint::Squares { budget: tighter }) if tighter <= budget => {}
-            (Constraint::Free, _) => {}
-            (c, _) => constraint = c,
-        }
-    }
-    Ok(constraint)
+    let budgets = config.memory.iter().filter_map(|m| match stage_constraint(config, m, limit, step, units) {
+        Constraint::Squares { budget } => Some(budget),
+        Constraint::Free => None,
+    });
+    Ok(budgets.min().map_or(Constraint::Free, |budget| Constraint::Squares { budget }))
 }
 
 /// [`memory_constraint`] for one stage of memory `m`, whose finest slicing fits `limit`.
@@ -629,10 +638,15 @@ fn stage_peak_bytes(config: &PlannerConfig, memory: &MemoryModel, micro_batches:
     ((memory.fixed_bytes + keys_and_values) as f64 + activations).ceil() as usize
 }
 
+/// `config`'s micro-batches (one sequence each, the planner's unit), unsliced.
+fn whole_sequences(config: &PlannerConfig) -> Vec<MicroBatchSlicing> {
+    vec![MicroBatchSlicing { samples: 1, slices: vec![config.seq_len] }; config.batch]
+}
+
 /// Micro-batches that share one slicing, unsliced (no key/value arena), when that fits the
 /// limit: the DP charges every plan the arena, which only a sliced one keeps.
 fn unsliced_plan(latency: &LatencyModel, config: &PlannerConfig) -> Result<Option<SlicingPlan>> {
-    let whole = vec![MicroBatchSlicing { samples: 1, slices: vec![config.seq_len] }; config.batch];
+    let whole = whole_sequences(config);
     let peak = peak_memory_bytes(config, &whole);
     if !config.shared || config.memory_limit.is_some_and(|limit| peak > limit) {
         return Ok(None);

@@ -509,8 +509,11 @@ impl LayerMemory {
     }
 
     /// TeraPipe's stage of a `stages`-long pipeline of a model of `layers`, measured on
-    /// micro-batches of `samples` sequences: `⌈L/K⌉` trained layers, and the first stage's
-    /// embeddings or the last's final norm and head, whichever hold more (both on one stage).
+    /// micro-batches of `samples` sequences: `⌈L/K⌉` trained layers, and of the ends (the
+    /// first stage's embeddings, the last's final norm and head) the larger weights and the
+    /// larger activations per token, which no one stage need hold together (both on one
+    /// stage): a bound, for [`measure_memory`] and [`SlicingProfile::uniform_stage`], which
+    /// know no stages.
     fn uniform(&self, layers: usize, stages: usize, samples: usize) -> StageLoad {
         let k = stages.max(1);
         let layers = stage_layers(layers, k);
@@ -541,7 +544,9 @@ impl LayerMemory {
         // micro-batches that share one slicing, as the runtime's do).
         let (counted, resident) = match pipeline.schedule {
             ScheduleKind::Gpipe | ScheduleKind::Interleaved => (m, m),
-            ScheduleKind::OneFOneB | ScheduleKind::ZeroBubble => (m.min(k), m.min(k.saturating_sub(index).max(1))),
+            ScheduleKind::OneFOneB => (m.min(k), m.min(k.saturating_sub(index).max(1))),
+            // Put-off weight gradients keep more in flight on later stages: stage 0's on each.
+            ScheduleKind::ZeroBubble => (m.min(k), m.min(k)),
         };
         let held = resident as f64 / counted.max(1) as f64;
         let arenas =
@@ -675,6 +680,44 @@ fn even_if_near(latency: &LatencyModel, config: &PlannerConfig, best: SlicingPla
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stage's memory model counts the micro-batches that stage holds: every one under
+    /// GPipe; under 1F1B stage `s` holds `min(M, K − s)` while the planner counts stage 0's
+    /// `min(M, K)` resident on each, so the model carries the share (arenas and saved keys
+    /// and values count the stage's own); zero bubble's later stages hold as many as stage 0.
+    #[test]
+    fn a_stages_memory_counts_the_micro_batches_it_holds() {
+        use crate::pipeline::{PipelineConfig, ScheduleKind};
+        let layer = LayerMemory {
+            attention_per_token: 3.0,
+            mlp_per_token: 5.0,
+            per_score: 7.0,
+            layer_params: 0,
+            head: (0, 0.0),
+            tail: (0, 0.0),
+            kv: 11.0,
+            kv_grad: 13.0,
+        };
+        let stage = StageLoad { end_bytes_per_token: 2.0, ..StageLoad::of_layers(1) };
+        for (k, m) in (1..=5).flat_map(|k| (1..=7).map(move |m| (k, m))) {
+            for schedule in [ScheduleKind::Gpipe, ScheduleKind::OneFOneB, ScheduleKind::ZeroBubble] {
+                let pipeline = PipelineConfig { pipeline_len: k, micro_batches: m, schedule, ..Default::default() };
+                let counted = if schedule == ScheduleKind::Gpipe { m } else { m.min(k) };
+                for s in 0..k {
+                    let holds = match schedule {
+                        ScheduleKind::OneFOneB => m.min(k - s),
+                        _ => counted,
+                    };
+                    let got = layer.stage(&stage, s, &pipeline, 1, 1.0);
+                    let what = format!("{schedule} K={k} M={m} stage {s}");
+                    let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.abs().max(1.0);
+                    assert!(close(got.per_token_bytes * counted as f64, (3.0 + 5.0 + 2.0) * holds as f64), "{what}");
+                    assert!(close(got.per_score_bytes * counted as f64, 7.0 * holds as f64), "{what}");
+                    assert_eq!((got.sliced_bytes, got.unsliced_bytes), (24 * holds, 11 * holds), "{what}");
+                }
+            }
+        }
+    }
 
     /// A stage's latency is the measured layer's slice times times its layers, plus its ends
     /// per token (their share of the whole sequence's time, with no context term), on a table

@@ -636,7 +636,8 @@ fn a_shared_slicing_matches_brute_force() {
 #[test]
 fn every_stage_is_held_to_the_limit_not_the_most_of_each_kind() {
     let units = 3;
-    let lat = LatencyModel::from_fn(grid(units, 1), |b, l, c| (b * l) as f64 * (1.0 + 0.01 * c as f64)).unwrap();
+    // A slice's fixed cost makes the whole sequence the plan without a limit.
+    let lat = LatencyModel::from_fn(grid(units, 1), |b, l, c| 20.0 + (b * l) as f64 * (1.0 + 0.01 * c as f64)).unwrap();
     let weights = MemoryModel { per_token_bytes: 0.0, per_score_bytes: 1.0, fixed_bytes: 1000, ..Default::default() };
     let logits = MemoryModel { per_token_bytes: 20.0, per_score_bytes: 1.0, fixed_bytes: 0, ..Default::default() };
     let merged = MemoryModel { fixed_bytes: 1000, ..logits };
@@ -646,6 +647,8 @@ fn every_stage_is_held_to_the_limit_not_the_most_of_each_kind() {
     let limit = finest(&weights).max(finest(&logits)).ceil() as usize;
     assert!(finest(&merged) > limit as f64);
     let config = |memory| PlannerConfig { memory, memory_limit: Some(limit), ..PlannerConfig::new(2, units * STEP, 1) };
+    let free = plan_checked(&lat, &PlannerConfig { memory_limit: None, ..config(vec![weights, logits]) });
+    assert_eq!(free.micro_batches[0].slices, [units * STEP], "{free}");
     let p = plan_checked(&lat, &config(vec![weights, logits]));
     let peak_of = |mem| peak_memory_bytes(&config(vec![mem]), &p.micro_batches);
     assert_eq!(p.peak_memory_bytes, peak_of(weights).max(peak_of(logits)), "{p}");
