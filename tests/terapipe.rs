@@ -299,6 +299,25 @@ fn the_planned_slicing_beats_every_uniform_one_under_its_model() {
     }
 }
 
+/// The memory tests' GPT: 8 heads over `seq` tokens of width `width`, so that the attention
+/// probabilities outweigh the rest of a layer's activations; two sequences.
+fn many_headed_gpt(width: usize, seq: usize) -> (ModelConfig, pipetransformer::model::HostBatch) {
+    use pipetransformer::model::GptConfig;
+    let ModelConfig::Gpt(tiny) = tiny_gpt(0.1) else { unreachable!() };
+    let config = ModelConfig::Gpt(GptConfig { n_embd: width, n_head: 8, n_positions: seq, n_inner: Some(16), ..tiny });
+    let host = pipetransformer::model::HostBatch::random(&config, 2, seq, 5);
+    (config, host)
+}
+
+/// Activation bytes a micro-batch like `micro` keeps in the last stage's end (final norm and
+/// head, per token): `measure_memory`'s model is of the larger end stage, here the last, while
+/// stage 0's end (GPT's embeddings) keeps nothing.
+fn tail_bytes(dev: &CpuDevice<f32>, model: &Model<CpuDevice<f32>>, micro: &pipetransformer::model::HostBatch) -> f64 {
+    let costs = model.costs(dev, micro.seq);
+    let tail = model.units().iter().rposition(|u| u.kind_name().starts_with("mlp")).unwrap() + 1;
+    costs[tail..].iter().map(|c| (c.activation_bytes * micro.batch) as f64).sum()
+}
+
 /// The planner's memory model (measured on one layer) bounds what a stage really keeps. On
 /// stage 0 of a K = 2 GPipe pipeline over slices (GPT's embeddings keep nothing, so the stage's
 /// activations are its one layer's), the measured peak (saved activations and key/value arenas,
@@ -310,12 +329,9 @@ fn the_planned_slicing_beats_every_uniform_one_under_its_model() {
 /// memory check (`UnitProfile::sliced`) counts the same bytes as the planner.
 #[test]
 fn the_memory_model_bounds_a_stages_measured_peak() {
-    use pipetransformer::model::GptConfig;
     use pipetransformer::terapipe::measure_memory;
     let (width, seq) = (8, 32);
-    let ModelConfig::Gpt(tiny) = tiny_gpt(0.1) else { unreachable!() };
-    let config = ModelConfig::Gpt(GptConfig { n_embd: width, n_head: 8, n_positions: seq, n_inner: Some(16), ..tiny });
-    let host = pipetransformer::model::HostBatch::random(&config, 2, seq, 5);
+    let (config, host) = many_headed_gpt(width, seq);
     let dev = CpuDevice::<f32>::new(0, 1).unwrap();
     for m in [1, 2] {
         for slices in [vec![16, 16], vec![5, 20, 7], vec![4; 8]] {
@@ -334,12 +350,7 @@ fn the_memory_model_bounds_a_stages_measured_peak() {
                 per_micro += memory.slice_bytes(1, l, context);
                 context += l;
             }
-            // The model is of the larger end stage (here the last: final norm and head, per
-            // token); stage 0 holds the embeddings, which keep nothing for GPT.
-            let costs = model.costs(&dev, seq);
-            let tail = model.units().iter().rposition(|u| u.kind_name().starts_with("mlp")).unwrap() + 1;
-            let end: f64 = costs[tail..].iter().map(|c| (c.activation_bytes * micro.batch) as f64).sum();
-            let per_micro = per_micro - end;
+            let per_micro = per_micro - tail_bytes(&dev, &model, &micro);
             // Keys and values of one layer, one micro-batch (their gradients as much again).
             let kv = (2 * micro.batch * seq * width * 4) as f64;
             let low = m as f64 * (per_micro + kv);
@@ -386,12 +397,9 @@ fn the_memory_model_bounds_a_stages_measured_peak() {
 /// falls short by a micro-batch's keys and values per micro-batch.
 #[test]
 fn the_memory_model_counts_an_unsliced_plans_keys_and_values() {
-    use pipetransformer::model::GptConfig;
     use pipetransformer::terapipe::measure_memory;
     let (width, seq) = (8, 32);
-    let ModelConfig::Gpt(tiny) = tiny_gpt(0.1) else { unreachable!() };
-    let config = ModelConfig::Gpt(GptConfig { n_embd: width, n_head: 8, n_positions: seq, n_inner: Some(16), ..tiny });
-    let host = pipetransformer::model::HostBatch::random(&config, 2, seq, 5);
+    let (config, host) = many_headed_gpt(width, seq);
     let dev = CpuDevice::<f32>::new(0, 1).unwrap();
     for m in [1, 2] {
         let plan =
@@ -401,11 +409,7 @@ fn the_memory_model_counts_an_unsliced_plans_keys_and_values() {
         let memory = measure_memory(&dev, &model, &micro, &plan).unwrap();
         let kv = (2 * micro.batch * seq * width * 4) as f64;
         assert_eq!(memory.unsliced_bytes as f64, m as f64 * kv, "M = {m}");
-        // As above: the model is of the last stage's end (final norm and head, per token);
-        // stage 0's embeddings keep nothing for GPT.
-        let costs = model.costs(&dev, seq);
-        let tail = model.units().iter().rposition(|u| u.kind_name().starts_with("mlp")).unwrap() + 1;
-        let end: f64 = costs[tail..].iter().map(|c| (c.activation_bytes * micro.batch) as f64).sum();
+        let end = tail_bytes(&dev, &model, &micro);
         let modelled = m as f64 * (memory.slice_bytes(1, seq, 0) - end) + memory.unsliced_bytes as f64;
 
         let profiles = unit_profiles(&dev, &mut model, &micro, false).unwrap();
