@@ -128,6 +128,25 @@ fn an_auto_slicing_says_how_to_keep_it() {
     assert!(ok && schedule(&pinned) == schedule(&auto) && !schedule(&auto).is_empty(), "{auto}\n{pinned}");
 }
 
+/// Under a memory limit that no slicing of the time-balanced stages meets (stage 0 then holds
+/// two micro-batches of the embeddings and two layers: at least 46.5 MiB), `auto` plans for
+/// the stages the limit forces on whole sequences (a unit fewer on stage 0) instead of refusing.
+/// A limit no cut meets is still refused.
+#[test]
+fn auto_slicing_plans_for_the_stages_a_memory_limit_forces() {
+    if !common::installed(&[Path::new("data/text/hamlet.txt")]) {
+        return;
+    }
+    let plan = ["plan", "--config", "configs/gpt-hamlet.toml", "--devices", "2", "--micro-batches", "2"];
+    let auto = [&plan[..], &["--token-slices", "auto", "--set"]].concat();
+    let (ok, out) = pipetransformer(&[&auto[..], &["pipeline.memory_limit=40MiB"]].concat());
+    assert!(ok && out.contains("| 0 | 0 | 0..3 (4 units") && out.contains("token slices (planned"), "{out}");
+    let (ok, out) = pipetransformer(&[&plan[..], &["--set", "pipeline.memory_limit=40MiB"]].concat());
+    assert!(ok && out.contains("| 0 | 0 | 0..3 (4 units"), "the cut of whole sequences: {out}");
+    let (ok, out) = pipetransformer(&[&auto[..], &["pipeline.memory_limit=30MiB"]].concat());
+    assert!(!ok && out.contains("no slicing meets the memory limit"), "{out}");
+}
+
 /// `evaluate --threads` is the config's `output.threads`: the count warned about is the one
 /// used, not a config's value the flag replaces.
 #[test]

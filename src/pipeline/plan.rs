@@ -103,7 +103,19 @@ impl Plan {
         units: &[UnitProfile],
         pinned: usize,
     ) -> Result<Vec<std::ops::Range<usize>>> {
-        let config = PipelineConfig { token_slices: Vec::new(), memory_limit: None, ..config.clone() };
+        Self::whole_cut(&PipelineConfig { memory_limit: None, ..config.clone() }, units, pinned)
+    }
+
+    /// The stages [`new`](Self::new) cuts `units` into for `config`'s pipeline of whole
+    /// sequences (unsliced) under its memory limit, the first `pinned` on the first stage:
+    /// where no token slicing fits the [`time_cut`](Self::time_cut), the stages the limit
+    /// forces, on which the sequences fit whole at least.
+    pub fn whole_cut(
+        config: &PipelineConfig,
+        units: &[UnitProfile],
+        pinned: usize,
+    ) -> Result<Vec<std::ops::Range<usize>>> {
+        let config = PipelineConfig { token_slices: Vec::new(), ..config.clone() };
         let devices = config.pipeline_len.saturating_mul(config.replicas);
         Ok(Plan::new(config, units, Vec::new(), devices, pinned)?.partition.stages)
     }
