@@ -18,6 +18,14 @@ pub fn param_bytes(params: usize, trainable: bool) -> usize {
     params * if trainable { 16 } else { 4 }
 }
 
+/// Whether `stages` cut `units` units into non-empty runs, in order, covering them all.
+pub fn covers(stages: &[Range<usize>], units: usize) -> bool {
+    stages.first().is_some_and(|r| r.start == 0)
+        && stages.last().is_some_and(|r| r.end == units)
+        && stages.windows(2).all(|w| w[0].end == w[1].start)
+        && stages.iter().all(|r| !r.is_empty())
+}
+
 /// Stage boundaries and what each stage costs.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Partition {
@@ -35,12 +43,7 @@ impl Partition {
     /// The costs of given stage boundaries (a plan restored from a checkpoint). Errors when
     /// the ranges do not cover `units` in order with non-empty stages.
     pub fn of(units: &[UnitProfile], stages: Vec<Range<usize>>, in_flight: &[usize]) -> Result<Partition> {
-        let covers = stages.first().is_some_and(|r| r.start == 0)
-            && stages.last().is_some_and(|r| r.end == units.len())
-            && stages.windows(2).all(|w| w[0].end == w[1].start)
-            && stages.iter().all(|r| !r.is_empty())
-            && in_flight.len() == stages.len();
-        if !covers {
+        if !covers(&stages, units.len()) || in_flight.len() != stages.len() {
             return Err(config_error(
                 "partition",
                 format!("stages {stages:?} do not cover the model's {} units in order", units.len()),

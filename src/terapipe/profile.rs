@@ -235,12 +235,7 @@ impl SlicingProfile {
     /// for a micro-batch of `samples` sequences ([`StageLoad::of`]; times relative to one
     /// trained layer's at those costs, [`trained_layer_time`]).
     pub fn stages(&self, units: &[UnitProfile], stages: &[Range<usize>], samples: usize) -> Result<Vec<StageLoad>> {
-        let covers = units.len() == self.roles.len()
-            && stages.first().is_some_and(|r| r.start == 0)
-            && stages.last().is_some_and(|r| r.end == units.len())
-            && stages.windows(2).all(|w| w[0].end == w[1].start)
-            && stages.iter().all(|r| r.start < r.end);
-        if !covers {
+        if units.len() != self.roles.len() || !crate::pipeline::partition::covers(stages, units.len()) {
             return Err(config_error(
                 "pipeline.token_slices",
                 format!(

@@ -655,6 +655,9 @@ fn every_stage_is_held_to_the_limit_not_the_most_of_each_kind() {
     assert!(p.peak_memory_bytes <= limit, "{p}");
     let e = plan(&lat, &config(vec![merged])).unwrap_err().to_string();
     assert!(e.contains("no slicing meets the memory limit"), "{e}");
+    // A limit with no stage to hold it to is refused, not passed.
+    let e = plan(&lat, &config(Vec::new())).unwrap_err().to_string();
+    assert!(e.contains("terapipe.memory") && e.contains("a memory limit needs a memory model"), "{e}");
     // Refused, the need named is the stage that needs the most's, whichever fails first.
     let low = finest(&weights).min(finest(&logits)) as usize - 1;
     let tight = PlannerConfig { memory_limit: Some(low), ..config(vec![logits, weights]) };
