@@ -6,7 +6,7 @@ use pipetransformer::bench;
 use pipetransformer::device::{AnyDevice, AnyDevices, Device, DeviceKind, Precision, PrecisionChoice};
 use pipetransformer::elastic::{FreedDevices, FreezeInterval, FreezeName};
 use pipetransformer::model::HeadSpec;
-use pipetransformer::pipeline::ScheduleKind;
+use pipetransformer::pipeline::{Recompute, ScheduleKind};
 use pipetransformer::run::overfit::overfit;
 use pipetransformer::run::predict::{OutputFormat, PredictOptions, predict_stream};
 use pipetransformer::run::progress::event_line;
@@ -120,6 +120,13 @@ struct PipelineArgs {
     /// e.g. `8GiB`, `512MiB` or a byte count: the partition and TeraPipe's planner respect it.
     #[arg(long, value_parser = pipetransformer::bytes::parse)]
     memory_limit: Option<usize>,
+    /// Activation recomputation: `off`; `all` (every stage keeps of each micro-batch in flight
+    /// only its first trained unit's input, and runs its forward again in the backward: less
+    /// memory for a third more compute, the same gradients to the bit); `auto` (only the
+    /// stages whose activations would not fit --memory-limit, chosen with the partition).
+    /// Whole micro-batches only: not with --token-slices.
+    #[arg(long, value_parser = parse_from_str::<Recompute>)]
+    recompute: Option<Recompute>,
     /// Under `launch`: pipelines whose stages are the processes, one device each. The
     /// processes make rows of --pipeline-len stages, each row a replica: process p runs stage
     /// p % K of replica p / K (the process count a multiple of K); each builds and holds its own
@@ -194,6 +201,7 @@ fn overrides(pipeline: &PipelineArgs, elastic: &ElasticArgs) -> Vec<String> {
     set("pipeline.chunks", pipeline.chunks.map(|v| v.to_string()));
     set("pipeline.profile", pipeline.profile.then(|| "true".into()));
     set("pipeline.memory_limit", pipeline.memory_limit.map(|v| v.to_string()));
+    set("pipeline.recompute", json(pipeline.recompute.and_then(|r| serde_json::to_value(r).ok())));
     set("pipeline.across_processes", pipeline.across_processes.then(|| "true".into()));
     set("pipeline.token_slices", json(pipeline.token_slices.as_ref().and_then(|t| serde_json::to_value(t).ok())));
     set("elastic.freeze", json(elastic.freeze.and_then(|f| serde_json::to_value(f).ok())));

@@ -147,6 +147,30 @@ fn auto_slicing_plans_for_the_stages_a_memory_limit_forces() {
     assert!(!ok && out.contains("no slicing meets the memory limit"), "{out}");
 }
 
+/// `--recompute auto` plans, under a limit that no split keeping every micro-batch's
+/// activations meets, the one stage that needs it recomputing (stage 0, which holds the most
+/// micro-batches under 1F1B); `all` marks every stage. An unknown policy, or one with token
+/// slices, is refused naming what is expected.
+#[test]
+fn recomputation_plans_what_a_memory_limit_refuses_without_it() {
+    if !common::installed(&[Path::new("data/text/hamlet.txt")]) {
+        return;
+    }
+    let plan = ["plan", "--config", "configs/gpt-hamlet.toml", "--devices", "2", "--micro-batches", "4"];
+    let limited = [&plan[..], &["--memory-limit", "20MiB"]].concat();
+    let (ok, out) = pipetransformer(&limited);
+    assert!(!ok && out.contains("no split of 11 units into 2 stages fits"), "{out}");
+    let (ok, out) = pipetransformer(&[&limited[..], &["--recompute", "auto"]].concat());
+    assert!(ok && out.contains("| 0 | 0 | 0..4 (5 units") && out.contains("MiB, recomputed |"), "{out}");
+    assert_eq!(out.matches(", recomputed").count(), 1, "only the stage that needs it: {out}");
+    let (ok, out) = pipetransformer(&[&plan[..], &["--recompute", "all"]].concat());
+    assert!(ok && out.matches(", recomputed").count() == 2, "{out}");
+    let (ok, out) = pipetransformer(&[&plan[..], &["--recompute", "sometimes"]].concat());
+    assert!(!ok && out.contains("expected off, all or auto"), "{out}");
+    let (ok, out) = pipetransformer(&[&plan[..], &["--recompute", "all", "--token-slices", "2"]].concat());
+    assert!(!ok && out.contains("pipeline.recompute") && out.contains("whole micro-batches only"), "{out}");
+}
+
 /// `evaluate --threads` is the config's `output.threads`: the count warned about is the one
 /// used, not a config's value the flag replaces.
 #[test]

@@ -10,7 +10,7 @@ use pipetransformer::device::{CpuDevice, Device, GpuDevice, Precision};
 use pipetransformer::model::{Batch, GptConfig, HostBatch, Model, ModelConfig, Pooling, Unit};
 use pipetransformer::optim::{Optimizer, OptimizerConfig, train_step};
 use pipetransformer::pipeline::partition::UnitProfile;
-use pipetransformer::pipeline::{Fault, Pipeline, PipelineConfig, ScheduleKind};
+use pipetransformer::pipeline::{Fault, Pipeline, PipelineConfig, Recompute, ScheduleKind};
 use std::sync::Arc;
 
 const STEPS: u64 = 3;
@@ -131,6 +131,7 @@ fn cfg(k: usize, r: usize, m: usize, schedule: ScheduleKind) -> PipelineConfig {
         chunks,
         memory_limit: None,
         token_slices: Vec::new(),
+        recompute: Recompute::Off,
     }
 }
 
@@ -274,6 +275,66 @@ fn gradients_summed_unit_by_unit_as_the_backward_goes_change_nothing() {
             }
             let e = params_rel(&per_unit, &want);
             assert!(e <= 1e-5, "{schedule} K={k} R={r}: weights differ from one device by {e:.2e}");
+        }
+    }
+}
+
+/// Recomputing every stage's activations in its backwards changes nothing a step gives, to the
+/// bit: loss, gradient norm and per-unit norms at every step and the weights after, for every
+/// schedule, also with a frozen prefix ending inside the first stage (dropout is on: the second
+/// forward must draw the first one's masks). And it keeps less: each stage's measured peak is
+/// within the partition's count, which over-counts it by at most one micro-batch's input (the
+/// first trained unit keeps its input among its activations) and the logits; stage 0's (the
+/// embeddings read the batch: nothing kept) is counted exactly, and is below the plain run's.
+#[test]
+fn recomputed_activations_train_to_the_bit_and_keep_less() {
+    let config = gpt();
+    let batches = step_batches(&config, 12, 6, 3);
+    for schedule in ALL_SCHEDULES {
+        for frozen in [0, 2] {
+            let run = |recompute| {
+                let mut p = pipeline(&config, PipelineConfig { recompute, ..cfg(2, 1, 3, schedule) });
+                p.freeze_prefix(frozen).unwrap();
+                let steps: Vec<_> =
+                    batches.iter().enumerate().map(|(s, h)| p.step(h, 1000 + s as u64, LR, Some(1.0)).unwrap()).collect();
+                (steps, p.parameters(0).unwrap(), p.plan().clone())
+            };
+            let (plain, plain_weights, plain_plan) = run(Recompute::Off);
+            let (again, again_weights, plan) = run(Recompute::All);
+            let what = format!("{schedule}, {frozen} units frozen");
+            assert_eq!(plan.partition.stages, plain_plan.partition.stages, "{what}");
+            assert!(plan.partition.recompute.iter().all(|&r| r), "{what}: {:?}", plan.partition.recompute);
+            assert!(plain_plan.partition.recompute.iter().all(|&r| !r), "{what}");
+            for (s, (a, b)) in plain.iter().zip(&again).enumerate() {
+                assert!(a.applied && b.applied, "{what}, step {s}");
+                assert_eq!(a.loss.to_bits(), b.loss.to_bits(), "{what}, step {s}: loss");
+                assert_eq!(a.grad_norm.to_bits(), b.grad_norm.to_bits(), "{what}, step {s}: gradient norm");
+                assert!(a.unit_grad_sq == b.unit_grad_sq, "{what}, step {s}: per-unit norms");
+            }
+            assert!(plain_weights == again_weights, "{what}: weights");
+            if frozen > 0 || schedule == ScheduleKind::ZeroBubble || schedule == ScheduleKind::Interleaved {
+                continue;
+            }
+            let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+            let units = profiles(&Model::new(&dev, &config, 7).unwrap(), &dev);
+            let (measured, plain_measured) = (&again.last().unwrap().peak_activations, &plain[2].peak_activations);
+            for (s, stage) in plan.partition.stages.iter().enumerate() {
+                let state: usize = units[stage.clone()].iter().map(UnitProfile::state_bytes).sum();
+                let counted = plan.partition.stage_memory[s] - state;
+                let kept = 4 * measured[s];
+                // Over-counted: one micro-batch's input, and on the last stage its logits, which
+                // a second forward does not keep (the loss took them in the first): 2 samples ×
+                // 7 tokens × 17 classes of f32.
+                let logits = if s + 1 == plan.stages() { 2 * 7 * 17 * 4 } else { 0 };
+                let slack = units[stage.start].input_bytes + logits;
+                assert!(
+                    kept <= counted && counted - kept <= slack,
+                    "{what}, stage {s}: measured {kept} B, counted {counted} B (slack {slack} B)"
+                );
+            }
+            let state: usize = units[plan.partition.stages[0].clone()].iter().map(UnitProfile::state_bytes).sum();
+            assert_eq!(4 * measured[0], plan.partition.stage_memory[0] - state, "{what}");
+            assert!(measured[0] < plain_measured[0], "{what}: {measured:?} vs {plain_measured:?}");
         }
     }
 }

@@ -709,6 +709,10 @@ impl Elastic {
             let why = if after.pipeline_len == 1 { " (one stage)" } else { "" };
             reason += &format!("; token slices {} → {}{why}", list(&before.token_slices), list(&after.token_slices));
         }
+        let recomputed: Vec<usize> = (0..plan.stages()).filter(|&s| plan.partition.recompute[s]).collect();
+        if !recomputed.is_empty() {
+            reason += &format!("; stages that recompute their activations: {recomputed:?}");
+        }
         let t = Transition {
             step: trainer.position.step,
             epoch: trainer.position.epoch,

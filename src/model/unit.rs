@@ -83,6 +83,10 @@ pub struct UnitCost {
     /// the later slices: among the activations a trained unit keeps, and all a frozen one
     /// keeps.
     pub kv_bytes: usize,
+    /// The hidden states the unit reads, per sample: what a pipeline stage that recomputes
+    /// its activations keeps of a micro-batch when this is its first trained unit (none for
+    /// the embeddings, which read the batch itself).
+    pub input_bytes: usize,
     /// Bytes the device keeps beside the linear layers' weights for its products (not per
     /// sample; [`crate::device::Device::weight_pack_bytes`]), as when the unit trains above
     /// trainable units: for a frozen unit, or the first trainable one above frozen units (whose
@@ -385,6 +389,13 @@ impl<D: Device> Unit<D> {
                 }
             },
         };
+        let input = match self {
+            Unit::Embedding(_) => 0,
+            Unit::Attention(u) => seq * u.query.in_dim,
+            Unit::Mlp(u) => seq * u.fc_in.in_dim,
+            Unit::FinalNorm(u) => seq * u.norm.dim,
+            Unit::Head(u) => seq * u.dim,
+        };
         UnitCost {
             params,
             forward_flops: fwd,
@@ -393,6 +404,7 @@ impl<D: Device> Unit<D> {
             score_bytes: score * elem_bytes,
             kv_grad_bytes: kv * super::kv_arena::grad_elem_bytes(elem_bytes),
             kv_bytes: kv * elem_bytes,
+            input_bytes: input * elem_bytes,
             weight_pack_bytes,
         }
     }

@@ -6,10 +6,15 @@
 //! A *pinned* prefix (PipeTransformer's frozen layers, AutoPipe) always joins the first stage:
 //! its cost counts there, but the other stages are cut from the active units only, and every
 //! stage holds at least one active unit.
+//!
+//! A stage may *recompute* its activations ([`Recompute`]): it keeps of each micro-batch in
+//! flight only the input of its first trained unit, and runs its trained units' forward again
+//! in that micro-batch's backward. The choice is made stage by stage inside the same search,
+//! with the extra forward counted in the stage's time.
 
 pub use super::profile::UnitProfile;
 use crate::error::{Error, Result, config_error};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::ops::Range;
 
 /// Bytes per parameter: f32 weights, plus f32 gradients and AdamW's two f32 moments if the
@@ -26,42 +31,82 @@ pub fn covers(stages: &[Range<usize>], units: usize) -> bool {
         && stages.iter().all(|r| !r.is_empty())
 }
 
+/// Activation recomputation (`pipeline.recompute`; GPipe's re-materialisation): which stages
+/// keep, of each micro-batch in flight, only the input of their first trained unit, and run
+/// their trained units' forward again in its backward to get back what those saved. Less
+/// memory for one more forward; the gradients are the same to the bit (dropout's masks are
+/// counter-based, so the second forward draws the first one's).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Recompute {
+    /// No stage recomputes.
+    #[default]
+    Off,
+    /// Every stage with a trained unit recomputes.
+    All,
+    /// A stage recomputes only where its activations would not fit the memory limit: the
+    /// partitioner chooses stage by stage, pricing the forward it adds.
+    Auto,
+}
+
+impl std::str::FromStr for Recompute {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "off" => Ok(Recompute::Off),
+            "all" => Ok(Recompute::All),
+            "auto" => Ok(Recompute::Auto),
+            _ => Err(config_error("recompute", format!("unknown recompute policy `{s}`; expected off, all or auto"))),
+        }
+    }
+}
+
+impl std::fmt::Display for Recompute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Recompute::Off => "off",
+            Recompute::All => "all",
+            Recompute::Auto => "auto",
+        })
+    }
+}
+
 /// Stage boundaries and what each stage costs.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Partition {
     /// Units of each stage, in order, covering all units.
     pub stages: Vec<Range<usize>>,
-    /// Seconds per micro-batch of each stage.
+    /// Seconds per micro-batch of each stage (with a recomputing stage's second forward).
     pub stage_time: Vec<f64>,
     /// Of those, the forward's (a stage of frozen units is all forward).
     pub stage_forward: Vec<f64>,
     /// Peak bytes of each stage (parameters and state, plus activations in flight).
     pub stage_memory: Vec<usize>,
+    /// Whether each stage recomputes its activations in its backwards ([`Recompute`]).
+    pub recompute: Vec<bool>,
 }
 
 impl Partition {
-    /// The costs of given stage boundaries (a plan restored from a checkpoint). Errors when
-    /// the ranges do not cover `units` in order with non-empty stages.
-    pub fn of(units: &[UnitProfile], stages: Vec<Range<usize>>, in_flight: &[usize]) -> Result<Partition> {
+    /// The costs of given stage boundaries (a plan restored from a checkpoint), each stage
+    /// recomputing as `recompute` decides within `limit` (not held to it: see
+    /// [`Plan::within_limit`](super::Plan::within_limit)). Errors when the ranges do not cover
+    /// `units` in order with non-empty stages.
+    pub fn of(
+        units: &[UnitProfile],
+        stages: Vec<Range<usize>>,
+        in_flight: &[usize],
+        recompute: Recompute,
+        limit: Option<usize>,
+    ) -> Result<Partition> {
         if !covers(&stages, units.len()) || in_flight.len() != stages.len() {
             return Err(config_error(
                 "partition",
                 format!("stages {stages:?} do not cover the model's {} units in order", units.len()),
             ));
         }
-        let time = |r: &Range<usize>| units[r.clone()].iter().map(UnitProfile::time).sum();
-        let forward = |r: &Range<usize>| units[r.clone()].iter().map(|u| u.forward).sum();
-        let memory = |s: usize, r: &Range<usize>| {
-            let us = &units[r.clone()];
-            us.iter().map(|u| u.state_bytes()).sum::<usize>()
-                + in_flight[s] * us.iter().map(UnitProfile::in_flight_bytes).sum::<usize>()
-        };
-        Ok(Partition {
-            stage_time: stages.iter().map(time).collect(),
-            stage_forward: stages.iter().map(forward).collect(),
-            stage_memory: stages.iter().enumerate().map(|(s, r)| memory(s, r)).collect(),
-            stages,
-        })
+        let costs = StageCosts::new(units, in_flight, recompute);
+        let limit = limit.unwrap_or(usize::MAX);
+        Ok(costs.partition(stages.iter().enumerate().map(|(s, r)| costs.chosen(s, r, limit)).collect(), stages))
     }
 
     /// The slowest stage's time per micro-batch.
@@ -84,10 +129,151 @@ impl Partition {
     }
 }
 
+/// One stage's cost per micro-batch as planned.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct StageCost {
+    time: f64,
+    forward: f64,
+    memory: usize,
+    recompute: bool,
+}
+
+/// What any run of the units costs as a stage, in O(1) from prefix sums: plain, or
+/// recomputing its activations, as a [`Recompute`] policy allows.
+struct StageCosts<'a> {
+    units: &'a [UnitProfile],
+    in_flight: &'a [usize],
+    recompute: Recompute,
+    /// Prefix sums: time, forward time, the trained units' forward time, state bytes, bytes
+    /// per micro-batch in flight.
+    time: Vec<f64>,
+    forward: Vec<f64>,
+    trained_forward: Vec<f64>,
+    state: Vec<usize>,
+    acts: Vec<usize>,
+    /// The first trained unit at or after each index (`N` where none is).
+    next_trained: Vec<usize>,
+}
+
+impl<'a> StageCosts<'a> {
+    fn new(units: &'a [UnitProfile], in_flight: &'a [usize], recompute: Recompute) -> Self {
+        let n = units.len();
+        let mut c = StageCosts {
+            units,
+            in_flight,
+            recompute,
+            time: vec![0.0; n + 1],
+            forward: vec![0.0; n + 1],
+            trained_forward: vec![0.0; n + 1],
+            state: vec![0; n + 1],
+            acts: vec![0; n + 1],
+            next_trained: vec![n; n + 1],
+        };
+        for (i, u) in units.iter().enumerate() {
+            c.time[i + 1] = c.time[i] + u.time();
+            c.forward[i + 1] = c.forward[i] + u.forward;
+            c.trained_forward[i + 1] = c.trained_forward[i] + if u.trainable { u.forward } else { 0.0 };
+            c.state[i + 1] = c.state[i] + u.state_bytes();
+            c.acts[i + 1] = c.acts[i] + u.in_flight_bytes();
+        }
+        for i in (0..n).rev() {
+            c.next_trained[i] = if units[i].trainable { i } else { c.next_trained[i + 1] };
+        }
+        c
+    }
+
+    /// Stage `s` as the units `r`, keeping every micro-batch's activations.
+    fn plain(&self, s: usize, r: &Range<usize>) -> StageCost {
+        let acts = self.acts[r.end] - self.acts[r.start];
+        StageCost {
+            time: self.time[r.end] - self.time[r.start],
+            forward: self.forward[r.end] - self.forward[r.start],
+            memory: self.state[r.end] - self.state[r.start] + self.in_flight[s] * acts,
+            recompute: false,
+        }
+    }
+
+    /// Stage `s` as the units `r`, recomputing: each micro-batch in flight keeps the first
+    /// trained unit's input, and the one whose backward runs all its activations again; its
+    /// trained units' forward runs twice. `None` where the stage trains nothing.
+    fn recomputing(&self, s: usize, r: &Range<usize>) -> Option<StageCost> {
+        let first = self.next_trained[r.start];
+        if first >= r.end {
+            return None;
+        }
+        let plain = self.plain(s, r);
+        let acts = self.acts[r.end] - self.acts[r.start];
+        Some(StageCost {
+            time: plain.time + self.trained_forward[r.end] - self.trained_forward[r.start],
+            memory: self.state[r.end] - self.state[r.start] + self.in_flight[s] * self.units[first].input_bytes + acts,
+            recompute: true,
+            ..plain
+        })
+    }
+
+    /// Stage `s` as the units `r` as the policy plans it for `limit` (which the cost may
+    /// still exceed): `auto` recomputes only where the plain stage does not fit.
+    fn chosen(&self, s: usize, r: &Range<usize>, limit: usize) -> StageCost {
+        let plain = self.plain(s, r);
+        match self.recompute {
+            Recompute::Off => plain,
+            Recompute::All => self.recomputing(s, r).unwrap_or(plain),
+            Recompute::Auto if plain.memory <= limit => plain,
+            Recompute::Auto => self.recomputing(s, r).unwrap_or(plain),
+        }
+    }
+
+    /// [`chosen`](Self::chosen) where it fits `limit`.
+    fn within(&self, s: usize, r: &Range<usize>, limit: usize) -> Option<StageCost> {
+        Some(self.chosen(s, r, limit)).filter(|c| c.memory <= limit)
+    }
+
+    /// The least memory the policy lets stage `s` as the units `r` take.
+    fn least_memory(&self, s: usize, r: &Range<usize>) -> usize {
+        let (plain, recomputing) = (self.plain(s, r).memory, self.recomputing(s, r).map(|c| c.memory));
+        match self.recompute {
+            Recompute::Off => plain,
+            Recompute::All => recomputing.unwrap_or(plain),
+            Recompute::Auto => recomputing.map_or(plain, |m| m.min(plain)),
+        }
+    }
+
+    /// The partition of `stages` at `costs`.
+    fn partition(&self, costs: Vec<StageCost>, stages: Vec<Range<usize>>) -> Partition {
+        Partition {
+            stage_time: costs.iter().map(|c| c.time).collect(),
+            stage_forward: costs.iter().map(|c| c.forward).collect(),
+            stage_memory: costs.iter().map(|c| c.memory).collect(),
+            recompute: costs.iter().map(|c| c.recompute).collect(),
+            stages,
+        }
+    }
+}
+
+/// Every memory a stage of `units` could take under `recompute`, for any run of them and any
+/// of the counts `in_flight`: the per-stage limits that change a split
+/// ([`Plan`](super::Plan)'s search for an interleaved schedule's devices).
+pub(super) fn stage_memories(units: &[UnitProfile], in_flight: &[usize], recompute: Recompute) -> Vec<usize> {
+    let costs = StageCosts::new(units, in_flight, recompute);
+    let mut all = Vec::new();
+    for s in 0..in_flight.len() {
+        for i in 0..units.len() {
+            for j in i + 1..=units.len() {
+                all.push(costs.plain(s, &(i..j)).memory);
+                if recompute != Recompute::Off {
+                    all.extend(costs.recomputing(s, &(i..j)).map(|c| c.memory));
+                }
+            }
+        }
+    }
+    all
+}
+
 /// Splits `units` into `stages` contiguous stages minimising the slowest stage's time, where
 /// stage `s` holds `in_flight[s]` micro-batches of activations at its peak, every stage's
-/// memory stays within `memory_limit` bytes (when given), the first `pinned` units belong to
-/// stage 0, and every stage holds at least one unit after them.
+/// memory stays within `memory_limit` bytes (when given), each stage recomputing its
+/// activations as `recompute` allows, the first `pinned` units belong to stage 0, and every
+/// stage holds at least one unit after them.
 ///
 /// Errors, before any work: more stages than units to cut, no stage, or a limit no partition
 /// meets (the message gives the smallest peak any partition reaches).
@@ -97,6 +283,7 @@ pub fn partition(
     in_flight: &[usize],
     memory_limit: Option<usize>,
     pinned: usize,
+    recompute: Recompute,
 ) -> Result<Partition> {
     let n = units.len();
     if stages == 0 {
@@ -115,18 +302,7 @@ pub fn partition(
     if in_flight.len() != stages {
         return Err(config_error("pipeline", format!("{} in-flight counts for {stages} stages", in_flight.len())));
     }
-    // Prefix sums: time, parameter bytes, bytes per micro-batch in flight.
-    let mut time = vec![0.0; n + 1];
-    let mut params = vec![0usize; n + 1];
-    let mut acts = vec![0usize; n + 1];
-    for (i, u) in units.iter().enumerate() {
-        time[i + 1] = time[i] + u.time();
-        params[i + 1] = params[i] + u.state_bytes();
-        acts[i + 1] = acts[i] + u.in_flight_bytes();
-    }
-    let memory =
-        |s: usize, r: &Range<usize>| params[r.end] - params[r.start] + in_flight[s] * (acts[r.end] - acts[r.start]);
-    let stage_time = |r: &Range<usize>| time[r.end] - time[r.start];
+    let costs = StageCosts::new(units, in_flight, recompute);
 
     // best[s][j]: the smallest bottleneck of units 0..j in stages 0..=s; cut[s][j] the start of
     // stage s in that split.
@@ -134,16 +310,18 @@ pub fn partition(
     let mut best = vec![vec![f64::INFINITY; n + 1]; stages];
     let mut cut = vec![vec![0usize; n + 1]; stages];
     for (j, b) in best[0].iter_mut().enumerate().skip(pinned + 1) {
-        if memory(0, &(0..j)) <= limit {
-            *b = stage_time(&(0..j));
+        if let Some(c) = costs.within(0, &(0..j), limit) {
+            *b = c.time;
         }
     }
     for s in 1..stages {
         for j in pinned + s + 1..=n {
             for i in pinned + s..j {
-                let r = i..j;
-                if best[s - 1][i].is_finite() && memory(s, &r) <= limit {
-                    let b = best[s - 1][i].max(stage_time(&r));
+                if !best[s - 1][i].is_finite() {
+                    continue;
+                }
+                if let Some(c) = costs.within(s, &(i..j), limit) {
+                    let b = best[s - 1][i].max(c.time);
                     // Ties go to the later cut, which leaves the earlier stages (that hold more
                     // micro-batches in flight) smaller.
                     if b <= best[s][j] {
@@ -155,7 +333,7 @@ pub fn partition(
         }
     }
     if !best[stages - 1][n].is_finite() {
-        let need = min_peak_memory(n, stages, pinned, &memory);
+        let need = min_peak_memory(n, stages, pinned, &|s, r| costs.least_memory(s, r));
         return Err(Error::Config {
             field: "memory_limit".into(),
             message: format!(
@@ -172,12 +350,7 @@ pub fn partition(
     bounds.push(0);
     bounds.reverse();
     let ranges: Vec<Range<usize>> = bounds.windows(2).map(|w| w[0]..w[1]).collect();
-    Ok(Partition {
-        stage_time: ranges.iter().map(stage_time).collect(),
-        stage_forward: ranges.iter().map(|r| units[r.clone()].iter().map(|u| u.forward).sum()).collect(),
-        stage_memory: ranges.iter().enumerate().map(|(s, r)| memory(s, r)).collect(),
-        stages: ranges,
-    })
+    Ok(costs.partition(ranges.iter().enumerate().map(|(s, r)| costs.chosen(s, r, limit)).collect(), ranges))
 }
 
 /// The smallest peak memory over all splits (for the error message).
@@ -213,8 +386,18 @@ mod tests {
         }
     }
 
-    /// Every split by brute force: the smallest bottleneck among those within the limit.
-    fn brute(units: &[UnitProfile], stages: usize, in_flight: &[usize], limit: usize, pinned: usize) -> Option<f64> {
+    /// Every split by brute force: the smallest bottleneck among those within the limit, each
+    /// stage plain or recomputing as `policy` allows (written out here from the definition:
+    /// a recomputing stage keeps its first trained unit's input per micro-batch in flight and
+    /// one micro-batch's activations, and runs its trained units' forward twice).
+    fn brute(
+        units: &[UnitProfile],
+        stages: usize,
+        in_flight: &[usize],
+        limit: usize,
+        pinned: usize,
+        policy: Recompute,
+    ) -> Option<f64> {
         let n = units.len();
         let mut best: Option<f64> = None;
         // Choose stages−1 cut points among pinned+1..n.
@@ -229,10 +412,23 @@ mod tests {
             let mut fits = true;
             for (s, w) in bounds.windows(2).enumerate() {
                 let us = &units[w[0]..w[1]];
-                let mem: usize = us.iter().map(|u| u.state_bytes()).sum::<usize>()
-                    + in_flight[s] * us.iter().map(UnitProfile::in_flight_bytes).sum::<usize>();
-                fits &= mem <= limit;
-                worst = worst.max(us.iter().map(UnitProfile::time).sum());
+                let state: usize = us.iter().map(|u| u.state_bytes()).sum();
+                let acts: usize = us.iter().map(UnitProfile::in_flight_bytes).sum();
+                let time: f64 = us.iter().map(UnitProfile::time).sum();
+                let plain = (time, state + in_flight[s] * acts);
+                let again = us.iter().position(|u| u.trainable).map(|first| {
+                    let forward: f64 = us.iter().filter(|u| u.trainable).map(|u| u.forward).sum();
+                    (time + forward, state + in_flight[s] * us[first].input_bytes + acts)
+                });
+                let options = match policy {
+                    Recompute::Off => vec![plain],
+                    Recompute::All => vec![again.unwrap_or(plain)],
+                    Recompute::Auto => std::iter::once(plain).chain(again).collect(),
+                };
+                match options.into_iter().filter(|o| o.1 <= limit).map(|o| o.0).min_by(f64::total_cmp) {
+                    Some(t) => worst = worst.max(t),
+                    None => fits = false,
+                }
             }
             if fits {
                 best = Some(best.map_or(worst, |b| b.min(worst)));
@@ -244,8 +440,9 @@ mod tests {
     #[test]
     fn matches_brute_force_on_uneven_units_and_limits() {
         let mut rng = crate::rng::Rng::new(3);
-        for trial in 0..200 {
-            let n = 2 + trial % 9;
+        for trial in 0..600 {
+            let policy = [Recompute::Off, Recompute::All, Recompute::Auto][trial % 3];
+            let n = 2 + (trial / 3) % 9;
             let units: Vec<UnitProfile> = (0..n)
                 .map(|_| UnitProfile {
                     forward: rng.uniform(),
@@ -256,30 +453,70 @@ mod tests {
                     weight_pack_bytes: rng.below(200) as usize,
                     // (Counted for frozen units only: a sliced frozen attention's arena.)
                     frozen_arena_bytes: rng.below(100) as usize,
+                    input_bytes: rng.below(150) as usize,
                     ..Default::default()
                 })
                 .collect();
-            let pinned = if trial % 3 == 0 { rng.below(n as u64) as usize } else { 0 };
+            let pinned = if trial % 4 == 0 { rng.below(n as u64) as usize } else { 0 };
             let stages = 1 + trial % (n - pinned);
             let in_flight: Vec<usize> = (0..stages).map(|s| stages - s).collect();
             let limit = 300 + rng.below(3000) as usize;
-            let want = brute(&units, stages, &in_flight, limit, pinned);
-            match partition(&units, stages, &in_flight, Some(limit), pinned) {
+            let want = brute(&units, stages, &in_flight, limit, pinned, policy);
+            let what = format!("trial {trial}, recompute {policy}");
+            match partition(&units, stages, &in_flight, Some(limit), pinned, policy) {
                 Ok(p) => {
-                    let want = want.unwrap_or_else(|| panic!("trial {trial}: brute force found no split"));
-                    assert!((p.bottleneck() - want).abs() < 1e-9, "trial {trial}: {} vs {want}", p.bottleneck());
+                    let want = want.unwrap_or_else(|| panic!("{what}: brute force found no split"));
+                    assert!((p.bottleneck() - want).abs() < 1e-9, "{what}: {} vs {want}", p.bottleneck());
                     assert!(p.stages.iter().all(|r| !r.is_empty()));
-                    assert!(p.stages[0].end > pinned, "trial {trial}: stage 0 holds only pinned units");
+                    assert!(p.stages[0].end > pinned, "{what}: stage 0 holds only pinned units");
                     assert!(p.stage_memory.iter().all(|&m| m <= limit));
+                    // The costs of its own stages, recounted, are the ones it reports.
+                    let again = Partition::of(&units, p.stages.clone(), &in_flight, policy, Some(limit)).unwrap();
+                    assert_eq!(again, p, "{what}");
+                    if policy == Recompute::Off {
+                        assert!(p.recompute.iter().all(|&r| !r), "{what}");
+                    }
                 }
-                Err(e) => assert_eq!(want, None, "trial {trial}: {e}"),
+                Err(e) => assert_eq!(want, None, "{what}: {e}"),
             }
         }
     }
 
+    /// `auto` recomputes only the stage that would not fit, and prices its second forward:
+    /// four equal units at 1F1B's counts (2, 1) under a limit that holds stage 0's state and
+    /// one micro-batch but not two.
+    #[test]
+    fn auto_recomputes_only_the_stages_that_need_it() {
+        let units: Vec<UnitProfile> = (0..4).map(|_| UnitProfile { input_bytes: 10, ..unit(3.0) }).collect();
+        // Plain 2 | 2: 2·160 + 2·200 = 720 B on stage 0, 520 B on stage 1; recomputing, stage 0
+        // keeps 2·10 + 200 = 220 B of activations: 540 B.
+        let limit = Some(600);
+        assert!(partition(&units, 2, &[2, 1], limit, 0, Recompute::Off).is_err());
+        let p = partition(&units, 2, &[2, 1], limit, 0, Recompute::Auto).unwrap();
+        assert_eq!(p.stages, vec![0..2, 2..4]);
+        assert_eq!(p.recompute, vec![true, false]);
+        assert_eq!(p.stage_memory, vec![2 * 160 + 2 * 10 + 200, 2 * 160 + 200]);
+        assert_eq!(p.stage_time, vec![6.0 + 2.0, 6.0], "one more forward (1 of each unit's 3) on stage 0");
+        assert_eq!(p.stage_forward, vec![2.0, 2.0]);
+        // `all` recomputes both; without a limit `auto` recomputes none.
+        let all = partition(&units, 2, &[2, 1], limit, 0, Recompute::All).unwrap();
+        assert_eq!(all.recompute, vec![true, true]);
+        assert_eq!(partition(&units, 2, &[2, 1], None, 0, Recompute::Auto).unwrap().recompute, vec![false, false]);
+        // A frozen stage has nothing to recompute: it keeps nothing anyway.
+        let mut frozen = units.clone();
+        frozen[0].trainable = false;
+        frozen[1].trainable = false;
+        assert_eq!(partition(&frozen, 2, &[2, 1], None, 2, Recompute::All).unwrap().recompute, vec![true, true]);
+        let p = Partition::of(&frozen, vec![0..2, 2..4], &[2, 1], Recompute::All, None).unwrap();
+        assert_eq!(p.recompute, vec![false, true]);
+        // The refusal names the least any split needs, recomputing.
+        let e = partition(&units, 2, &[2, 1], Some(500), 0, Recompute::Auto).unwrap_err().to_string();
+        assert!(e.contains("best split needs 540 bytes"), "{e}");
+    }
+
     #[test]
     fn balances_equal_units_evenly() {
-        let p = partition(&vec![unit(1.0); 12], 4, &[4, 3, 2, 1], None, 0).unwrap();
+        let p = partition(&vec![unit(1.0); 12], 4, &[4, 3, 2, 1], None, 0, Recompute::Off).unwrap();
         assert_eq!(p.stages, vec![0..3, 3..6, 6..9, 9..12]);
     }
 
@@ -289,7 +526,7 @@ mod tests {
         units[0].trainable = false;
         units[1].trainable = false;
         // Times 1, 1, 3, 3 (frozen units run forward only): the best cut is after unit 2 (5 | 3).
-        let p = partition(&units, 2, &[2, 1], None, 0).unwrap();
+        let p = partition(&units, 2, &[2, 1], None, 0, Recompute::Off).unwrap();
         assert_eq!(p.stages, vec![0..3, 3..4]);
         assert_eq!(p.stage_memory[0], 2 * 40 + 160 + 2 * 100);
     }
@@ -297,12 +534,12 @@ mod tests {
     #[test]
     fn impossible_requests_are_refused_before_any_work() {
         let units = vec![unit(1.0); 3];
-        let e = partition(&units, 4, &[1; 4], None, 0).unwrap_err().to_string();
+        let e = partition(&units, 4, &[1; 4], None, 0, Recompute::Off).unwrap_err().to_string();
         assert!(e.contains("4 stages") && e.contains("3 units"), "{e}");
-        let e = partition(&units, 3, &[1; 3], Some(100), 0).unwrap_err().to_string();
+        let e = partition(&units, 3, &[1; 3], Some(100), 0, Recompute::Off).unwrap_err().to_string();
         assert!(e.contains("best split needs 260 bytes"), "{e}");
-        assert!(partition(&units, 0, &[], None, 0).is_err());
-        let e = partition(&units, 2, &[1; 2], None, 2).unwrap_err().to_string();
+        assert!(partition(&units, 0, &[], None, 0, Recompute::Off).is_err());
+        let e = partition(&units, 2, &[1; 2], None, 2, Recompute::Off).unwrap_err().to_string();
         assert!(e.contains("1 units after the 2 frozen ones"), "{e}");
     }
 
@@ -314,7 +551,7 @@ mod tests {
         for u in &mut units[..4] {
             u.trainable = false;
         }
-        let p = partition(&units, 2, &[2, 1], None, 4).unwrap();
+        let p = partition(&units, 2, &[2, 1], None, 4, Recompute::Off).unwrap();
         assert_eq!(p.stages, vec![0..5, 5..6]);
     }
 }

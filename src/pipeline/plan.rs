@@ -2,7 +2,7 @@
 //! and the schedule — a pure function of the units' costs and the devices, printable
 //! (`pipetransformer plan`) and checked before any work starts.
 
-use super::partition::{Partition, UnitProfile, partition};
+use super::partition::{Partition, Recompute, UnitProfile, partition, stage_memories};
 use super::schedule::{Schedule, ScheduleKind};
 use super::simulate::{CostModel, Link, Simulation, simulate};
 use crate::error::{Result, config_error};
@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// What a user asks for (`--pipeline-len`, `--replicas`, `--micro-batches`, `--schedule`,
-/// `--token-slices`).
+/// `--token-slices`, `--recompute`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PipelineConfig {
@@ -28,6 +28,8 @@ pub struct PipelineConfig {
     pub memory_limit: Option<usize>,
     /// TeraPipe: the token slices every sequence is cut into, as lengths (empty: unsliced).
     pub token_slices: Vec<usize>,
+    /// Which stages recompute their activations in their backwards.
+    pub recompute: Recompute,
 }
 
 impl PipelineConfig {
@@ -58,6 +60,7 @@ impl Default for PipelineConfig {
             chunks: 1,
             memory_limit: None,
             token_slices: Vec::new(),
+            recompute: Recompute::Off,
         }
     }
 }
@@ -91,7 +94,7 @@ impl Plan {
         // Token slices change what a micro-batch keeps (TeraPipe): the partition's memory
         // counts the sliced activations and the key/value arenas.
         let units: Vec<UnitProfile> = units.iter().map(|u| u.sliced(&config.token_slices)).collect();
-        let partition = partition_per_device(&units, &schedule, config.memory_limit, pinned)?;
+        let partition = partition_per_device(&units, &schedule, config.memory_limit, pinned, config.recompute)?;
         Ok(Plan { config, partition, schedule, unit_names })
     }
 
@@ -137,7 +140,7 @@ impl Plan {
             ));
         }
         let units: Vec<UnitProfile> = units.iter().map(|u| u.sliced(&config.token_slices)).collect();
-        let partition = Partition::of(&units, stages, &in_flight(&schedule))?;
+        let partition = Partition::of(&units, stages, &in_flight(&schedule), config.recompute, config.memory_limit)?;
         Ok(Plan { config, partition, schedule, unit_names })
     }
 
@@ -176,6 +179,19 @@ impl Plan {
         }
         if m == 0 {
             return Err(config_error("micro_batches", "must be at least 1"));
+        }
+        // Recomputation is planned and run on whole micro-batches: what a sliced stage keeps
+        // (pieces, key/value arenas) while it recomputes is not modelled, so not offered.
+        if config.recompute != Recompute::Off && config.slices() > 1 {
+            return Err(config_error(
+                "recompute",
+                format!(
+                    "recompute = \"{}\" with {} token slices: recomputation runs on whole micro-batches only; \
+                     set one of them off",
+                    config.recompute,
+                    config.slices()
+                ),
+            ));
         }
         // Checked: sizes from a user's flags may be absurd, and are refused, not wrapped.
         let need = r.checked_mul(k);
@@ -272,9 +288,10 @@ fn partition_per_device(
     schedule: &Schedule,
     limit: Option<usize>,
     pinned: usize,
+    recompute: Recompute,
 ) -> Result<Partition> {
     let (stages, in_flight) = (schedule.stages, in_flight(schedule));
-    let first = partition(units, stages, &in_flight, limit, pinned)?;
+    let first = partition(units, stages, &in_flight, limit, pinned, recompute)?;
     let Some(limit) = limit else { return Ok(first) };
     let need = first.device_peak(schedule.devices);
     if need <= limit {
@@ -284,25 +301,12 @@ fn partition_per_device(
     // Tried from the largest down: the split's bottleneck can only grow as the limit shrinks,
     // so the first that fits every device is the best-balanced one, and once none fits the
     // stages, no smaller limit does.
-    let mut caps: Vec<usize> = Vec::new();
-    for &flight in &in_flight {
-        for i in 0..units.len() {
-            let (mut params, mut acts) = (0, 0);
-            for u in &units[i..] {
-                params += u.state_bytes();
-                acts += u.in_flight_bytes();
-                let bytes = params + flight * acts;
-                if bytes < limit {
-                    caps.push(bytes);
-                }
-            }
-        }
-    }
+    let mut caps: Vec<usize> = stage_memories(units, &in_flight, recompute).into_iter().filter(|&b| b < limit).collect();
     caps.sort_unstable_by(|a, b| b.cmp(a));
     caps.dedup();
     let mut found = None;
     for cap in caps {
-        match partition(units, stages, &in_flight, Some(cap), pinned) {
+        match partition(units, stages, &in_flight, Some(cap), pinned, recompute) {
             Ok(p) if p.device_peak(schedule.devices) <= limit => {
                 found = Some(p);
                 break;
@@ -358,10 +362,11 @@ impl fmt::Display for Plan {
             };
             writeln!(
                 f,
-                "| {s} | {} | {units} | {:.3} ms | {:.1} MiB |",
+                "| {s} | {} | {units} | {:.3} ms | {:.1} MiB{} |",
                 self.device(0, s),
                 self.partition.stage_time[s] * 1e3,
-                self.partition.stage_memory[s] as f64 / (1 << 20) as f64
+                self.partition.stage_memory[s] as f64 / (1 << 20) as f64,
+                if self.partition.recompute.get(s) == Some(&true) { ", recomputed" } else { "" }
             )?;
         }
         if c.chunks > 1 {

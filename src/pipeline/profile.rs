@@ -31,6 +31,10 @@ pub struct UnitProfile {
     /// its activations).
     #[serde(default)]
     pub frozen_arena_bytes: usize,
+    /// The hidden states the unit reads ([`UnitCost::input_bytes`]): what a stage that
+    /// recomputes keeps of each micro-batch in flight when this is its first trained unit.
+    #[serde(default)]
+    pub input_bytes: usize,
     /// Whether any parameter trains. A frozen unit runs forward only, keeps no activations and
     /// has no gradients or optimizer state.
     pub trainable: bool,
@@ -70,6 +74,7 @@ impl UnitProfile {
             kv_grad_bytes: cost.kv_grad_bytes * samples,
             kv_bytes: cost.kv_bytes * samples,
             frozen_arena_bytes: 0,
+            input_bytes: cost.input_bytes * samples,
             trainable,
             weight_pack_bytes: cost.weight_pack_bytes,
         }
@@ -86,6 +91,7 @@ impl UnitProfile {
             kv_grad_bytes: (self.kv_grad_bytes as f64 * factor).round() as usize,
             kv_bytes: (self.kv_bytes as f64 * factor).round() as usize,
             frozen_arena_bytes: (self.frozen_arena_bytes as f64 * factor).round() as usize,
+            input_bytes: (self.input_bytes as f64 * factor).round() as usize,
             ..*self
         }
     }

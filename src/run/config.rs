@@ -6,7 +6,7 @@ use crate::device::PrecisionChoice;
 use crate::elastic::ElasticConfig;
 use crate::error::{Error, Result, config_error};
 use crate::model::{ModelConfig, Pooling};
-use crate::pipeline::{PipelineConfig, ScheduleKind};
+use crate::pipeline::{PipelineConfig, Recompute, ScheduleKind};
 use crate::terapipe::TokenSlices;
 use crate::train::TrainConfig;
 use serde::{Deserialize, Serialize};
@@ -208,6 +208,10 @@ pub struct PipelineSection {
     /// TeraPipe's token slices (`"auto"`, a count, or lengths such as `"32,32,64"`; causal
     /// language models only).
     pub token_slices: TokenSlices,
+    /// Activation recomputation (`"off"`, `"all"`, `"auto"`: only the stages whose
+    /// activations would not fit `memory_limit`); whole micro-batches only, so not with
+    /// `token_slices`.
+    pub recompute: Recompute,
     /// One stage per process of a launched run (`--across-processes`): the processes, each
     /// opening one device, make rows of `pipeline_len` stages, each row a replica
     /// (`replicas` stays 1).
@@ -226,6 +230,7 @@ impl Default for PipelineSection {
             memory_limit: None,
             profile: false,
             token_slices: TokenSlices::Off,
+            recompute: Recompute::Off,
             across_processes: false,
         }
     }
@@ -247,6 +252,16 @@ impl PipelineSection {
             if value == Some(0) {
                 return Err(config_error(field, "must be at least 1"));
             }
+        }
+        if self.recompute != Recompute::Off && !matches!(self.token_slices, TokenSlices::Off) {
+            return Err(config_error(
+                "pipeline.recompute",
+                format!(
+                    "recompute = \"{}\" with token slices: recomputation runs on whole micro-batches only; set \
+                     pipeline.recompute = \"off\" or drop pipeline.token_slices",
+                    self.recompute
+                ),
+            ));
         }
         let k = match (self.pipeline_len, self.devices) {
             (Some(k), _) => k,
@@ -297,6 +312,7 @@ impl PipelineSection {
             chunks,
             memory_limit: self.memory_limit,
             token_slices: Vec::new(),
+            recompute: self.recompute,
         };
         Ok((config, devices))
     }
@@ -308,7 +324,7 @@ impl PipelineSection {
 pub(super) fn named_as_written(e: Error, inline_model: bool) -> Error {
     let Error::Config { field, message } = e else { return e };
     let field = match field.as_str() {
-        "chunks" | "micro_batches" | "pipeline_len" | "replicas" | "devices" | "memory_limit" => {
+        "chunks" | "micro_batches" | "pipeline_len" | "replicas" | "devices" | "memory_limit" | "recompute" => {
             format!("pipeline.{field}")
         }
         "terapipe.memory_limit" => "pipeline.memory_limit".into(),

@@ -278,6 +278,9 @@ impl<D: Device> Worker<'_, D> {
         let mut acts: HashMap<(Piece, usize), D::Buf> = HashMap::new();
         let mut dys: HashMap<(Piece, usize), Option<D::Buf>> = HashMap::new();
         let mut saved: HashMap<(Piece, usize), Vec<Saved<D>>> = HashMap::new();
+        // A recomputing stage's first trained unit's input, by (piece, stage): all it keeps of
+        // a piece until the piece's backward runs the forward again.
+        let mut inputs: HashMap<(Piece, usize), D::Buf> = HashMap::new();
         // TeraPipe: each attention unit's keys and values of a micro-batch, by (mb, unit).
         let mut arenas: HashMap<(usize, usize), KvArena<D>> = HashMap::new();
         let mut pending = 0usize;
@@ -350,6 +353,7 @@ impl<D: Device> Worker<'_, D> {
                         _ => (Some(take(&mut acts, (piece, stage - 1), "activation")?), 0),
                     };
                     let batch = &batches[&piece];
+                    let recompute = ctx.plan.partition.recompute.get(stage).copied().unwrap_or(false);
                     let units = self.units(stage)?;
                     let mut kept = Vec::with_capacity(units.len());
                     for (i, unit) in units.iter().enumerate() {
@@ -362,6 +366,13 @@ impl<D: Device> Worker<'_, D> {
                             let h = x.as_ref().ok_or_else(|| internal("capture", "no hidden states"))?;
                             out.captured.push((piece.mb, dev.download(h)?));
                         }
+                        // (The embeddings read the batch, which stays: nothing to keep.)
+                        if let Some(h) = x.as_ref().filter(|_| recompute && g == first.max(ctx.first_trainable)) {
+                            let mut copy = dev.alloc(D::len(h))?;
+                            dev.copy(&mut copy, h)?;
+                            saved_elements += D::len(&copy);
+                            inputs.insert((piece, stage), copy);
+                        }
                         let arena = match unit {
                             Unit::Attention(_) if sliced => Some(match arenas.entry((piece.mb, g)) {
                                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
@@ -372,7 +383,8 @@ impl<D: Device> Worker<'_, D> {
                             _ => None,
                         };
                         let (y, s) = unit.forward(dev, batch, x.take(), g >= ctx.first_trainable, arena)?;
-                        kept.push(s);
+                        // A recomputing stage drops what the forward saved; its backward makes it again.
+                        kept.push(if recompute { Saved::None } else { s });
                         x = Some(y);
                     }
                     let y = x.ok_or_else(|| internal(format!("stage {stage}"), "has no units"))?;
@@ -390,16 +402,28 @@ impl<D: Device> Worker<'_, D> {
                 Action::Backward { piece, stage } => {
                     let first = ctx.plan.partition.stages[stage].start;
                     let dy = take(&mut dys, (piece, stage), "gradient")?;
-                    let kept = take(&mut saved, (piece, stage), "saved activations")?;
+                    let mut kept = take(&mut saved, (piece, stage), "saved activations")?;
                     saved_elements -= kept.iter().map(Saved::elements).sum::<usize>();
                     let batch = &batches[&piece];
+                    if ctx.plan.partition.recompute.get(stage).copied().unwrap_or(false) {
+                        let input = inputs.remove(&(piece, stage));
+                        saved_elements -= input.as_ref().map_or(0, D::len);
+                        // (A stage frozen whole since its plan was made has nothing to run again.)
+                        let units = self.units(stage)?;
+                        let from = (first.max(ctx.first_trainable) - first).min(units.len());
+                        kept.truncate(from);
+                        kept.extend(forward_again(dev, batch, &units[from..], input)?);
+                        // Its peak: what the other pieces keep, and this one's activations again.
+                        let regained = kept.iter().map(Saved::elements).sum::<usize>();
+                        let deferred = if split { self.deferred_elements() } else { 0 };
+                        out.peak_activations = out.peak_activations.max(saved_elements + regained + deferred);
+                    }
                     let completing = completes.get(&stage) == Some(&i);
                     let sending = completing && sums;
                     let units = self.units(stage)?;
                     // As `Model::backward`: stop at the frozen boundary; the unit just above it
                     // is not asked for its input gradient.
                     let mut cur = dy;
-                    let mut kept = kept;
                     // The stage's last backward: each unit's gradients are final once its own
                     // backward is done, and go to be summed (from `u` up to `sent`, in buckets)
                     // while the units below run theirs.
@@ -526,6 +550,21 @@ impl<D: Device> Worker<'_, D> {
         }
         Ok(out)
     }
+}
+
+/// What `units` (trained, in order) save in a forward of `batch` from `input` (`None`: the
+/// batch itself, for the embeddings), run again for a stage that recomputes: the same values
+/// as the first forward, dropout's masks included (they are drawn from the batch's
+/// coordinates, not from a running generator).
+fn forward_again<D: Device>(dev: &D, batch: &Batch<D>, units: &[Unit<D>], input: Option<D::Buf>) -> Result<Vec<Saved<D>>> {
+    let mut x = input;
+    let mut saved = Vec::with_capacity(units.len());
+    for unit in units {
+        let (y, s) = unit.forward(dev, batch, x.take(), true, None)?;
+        saved.push(s);
+        x = Some(y);
+    }
+    Ok(saved)
 }
 
 /// The gradient elements `units` hold.
