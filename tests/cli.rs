@@ -171,6 +171,70 @@ fn recomputation_plans_what_a_memory_limit_refuses_without_it() {
     assert!(!ok && out.contains("pipeline.recompute") && out.contains("whole micro-batches only"), "{out}");
 }
 
+/// A run whose stages recompute their activations logs the loss and gradient norm of the run
+/// that keeps them, to the bit, at every step, through a freeze that moves the frozen boundary
+/// into the first stage (dropout on; the transition names the stages that recompute).
+#[test]
+fn a_run_that_recomputes_trains_to_the_bit_through_a_freeze() {
+    if !common::installed(&[Path::new("data/text/hamlet.txt")]) {
+        return;
+    }
+    let dir = scratch("recompute");
+    let steps = |recompute: &str| {
+        let out_dir = format!("output.dir={}", dir.join(recompute).display());
+        let (ok, out) = pipetransformer(&[
+            "train",
+            "--config",
+            "configs/gpt-hamlet.toml",
+            "--devices",
+            "2",
+            "--micro-batches",
+            "2",
+            "--recompute",
+            recompute,
+            "--freeze",
+            "table",
+            "--set",
+            "elastic.table=[0,1]",
+            "--freeze-interval",
+            "4",
+            "--auto-pipe",
+            "false",
+            "--auto-dp",
+            "false",
+            "--cache",
+            "false",
+            "--set",
+            "train.max_steps=8",
+            "--set",
+            &out_dir,
+            "--set",
+            "output.checkpoint_every=0",
+            "--progress-every",
+            "0",
+            "--fresh",
+        ]);
+        assert!(ok, "{out}");
+        let log = std::fs::read_to_string(dir.join(recompute).join("metrics.jsonl")).unwrap();
+        let events: Vec<serde_json::Value> = log.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let transitions: Vec<String> =
+            events.iter().filter(|v| v["event"] == "transition").map(|v| v["reason"].to_string()).collect();
+        let steps: Vec<(u64, u64)> = events
+            .iter()
+            .filter(|v| v["event"] == "step")
+            .map(|v| (v["loss"].as_f64().unwrap().to_bits(), v["grad_norm"].as_f64().unwrap().to_bits()))
+            .collect();
+        (steps, transitions)
+    };
+    let (kept, kept_transitions) = steps("off");
+    let (again, transitions) = steps("all");
+    assert_eq!(kept.len(), 8);
+    assert_eq!(kept, again, "loss and gradient norm bits, step by step");
+    assert_eq!(kept_transitions.len(), 1, "{kept_transitions:?}");
+    assert!(!kept_transitions[0].contains("recompute"), "{kept_transitions:?}");
+    assert!(transitions[0].contains("stages that recompute their activations: [0, 1]"), "{transitions:?}");
+}
+
 /// `evaluate --threads` is the config's `output.threads`: the count warned about is the one
 /// used, not a config's value the flag replaces.
 #[test]

@@ -295,8 +295,11 @@ fn recomputed_activations_train_to_the_bit_and_keep_less() {
             let run = |recompute| {
                 let mut p = pipeline(&config, PipelineConfig { recompute, ..cfg(2, 1, 3, schedule) });
                 p.freeze_prefix(frozen).unwrap();
-                let steps: Vec<_> =
-                    batches.iter().enumerate().map(|(s, h)| p.step(h, 1000 + s as u64, LR, Some(1.0)).unwrap()).collect();
+                let steps: Vec<_> = batches
+                    .iter()
+                    .enumerate()
+                    .map(|(s, h)| p.step(h, 1000 + s as u64, LR, Some(1.0)).unwrap())
+                    .collect();
                 (steps, p.parameters(0).unwrap(), p.plan().clone())
             };
             let (plain, plain_weights, plain_plan) = run(Recompute::Off);

@@ -140,7 +140,23 @@ impl Plan {
             ));
         }
         let units: Vec<UnitProfile> = units.iter().map(|u| u.sliced(&config.token_slices)).collect();
-        let partition = Partition::of(&units, stages, &in_flight(&schedule), config.recompute, config.memory_limit)?;
+        let in_flight = in_flight(&schedule);
+        let of = |cap| Partition::of(&units, stages.clone(), &in_flight, config.recompute, cap);
+        let mut partition = of(config.memory_limit)?;
+        // `auto` recomputes a stage that does not fit alone; a device of an interleaved
+        // schedule sums its stages, and may need more of them to recompute: as `new`'s search,
+        // under each smaller per-stage limit in turn, the first that fits every device.
+        if let Some(limit) = config.memory_limit.filter(|&l| partition.device_peak(schedule.devices) > l) {
+            if config.recompute == Recompute::Auto {
+                for cap in per_stage_caps(&units, &in_flight, limit, config.recompute) {
+                    let p = of(Some(cap))?;
+                    if p.device_peak(schedule.devices) <= limit {
+                        partition = p;
+                        break;
+                    }
+                }
+            }
+        }
         Ok(Plan { config, partition, schedule, unit_names })
     }
 
@@ -301,11 +317,8 @@ fn partition_per_device(
     // Tried from the largest down: the split's bottleneck can only grow as the limit shrinks,
     // so the first that fits every device is the best-balanced one, and once none fits the
     // stages, no smaller limit does.
-    let mut caps: Vec<usize> = stage_memories(units, &in_flight, recompute).into_iter().filter(|&b| b < limit).collect();
-    caps.sort_unstable_by(|a, b| b.cmp(a));
-    caps.dedup();
     let mut found = None;
-    for cap in caps {
+    for cap in per_stage_caps(units, &in_flight, limit, recompute) {
         match partition(units, stages, &in_flight, Some(cap), pinned, recompute) {
             Ok(p) if p.device_peak(schedule.devices) <= limit => {
                 found = Some(p);
@@ -326,6 +339,15 @@ fn partition_per_device(
             ),
         )
     })
+}
+
+/// The per-stage limits below `limit` that change a split or a stage's recomputation: every
+/// memory a stage of `units` could take ([`stage_memories`]), largest first.
+fn per_stage_caps(units: &[UnitProfile], in_flight: &[usize], limit: usize, recompute: Recompute) -> Vec<usize> {
+    let mut caps: Vec<usize> = stage_memories(units, in_flight, recompute).into_iter().filter(|&b| b < limit).collect();
+    caps.sort_unstable_by(|a, b| b.cmp(a));
+    caps.dedup();
+    caps
 }
 
 /// Per stage, the micro-batches' worth of activations in flight at the peak: pieces, counted
@@ -486,6 +508,33 @@ mod tests {
         let given = Plan::with_stages(config(Some(device - 1)), &units(8), names(8), 2, free.partition.stages.clone())
             .and_then(Plan::within_limit);
         assert!(given.unwrap_err().to_string().contains(&format!("need {device} bytes")));
+    }
+
+    /// The per-device search of an interleaved schedule counts recomputing stages too, and a
+    /// plan of the stages it found (a resumed run's) recomputes the same ones; a sliced
+    /// pipeline does not recompute.
+    #[test]
+    fn recomputation_fits_interleaved_devices_and_given_stages() {
+        let config = |recompute| PipelineConfig {
+            pipeline_len: 2,
+            micro_batches: 4,
+            chunks: 2,
+            schedule: crate::pipeline::ScheduleKind::Interleaved,
+            memory_limit: Some(12000),
+            recompute,
+            ..Default::default()
+        };
+        let units: Vec<UnitProfile> = units(8).into_iter().map(|u| UnitProfile { input_bytes: 100, ..u }).collect();
+        let e = Plan::new(config(Recompute::Off), &units, names(8), 2, 0).unwrap_err().to_string();
+        assert!(e.contains("within 12000 bytes per device"), "{e}");
+        let p = Plan::new(config(Recompute::Auto), &units, names(8), 2, 0).unwrap();
+        assert!(p.partition.device_peak(2) <= 12000, "{:?}", p.partition);
+        assert!(p.partition.recompute.iter().any(|&r| r) && !p.partition.recompute.iter().all(|&r| r));
+        let given = Plan::with_stages(config(Recompute::Auto), &units, names(8), 2, p.partition.stages.clone());
+        assert_eq!(given.and_then(Plan::within_limit).unwrap().partition, p.partition);
+        let sliced = PipelineConfig { token_slices: vec![4, 3], ..config(Recompute::All) };
+        let e = Plan::new(sliced, &units, names(8), 2, 0).unwrap_err().to_string();
+        assert!(e.contains("recompute") && e.contains("whole micro-batches only"), "{e}");
     }
 
     #[test]

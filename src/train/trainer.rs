@@ -276,13 +276,23 @@ impl<D: Device> Trainer<D> {
             controller.after_step(self, &host, &report, on_event)?;
             let seconds = started.elapsed().as_secs_f64();
             if crate::debug::level() >= 1 {
+                // (Elements the workers counted, at the activations' width: the stages' own
+                // count of what they kept for backwards, to set beside the plan's memory.)
+                let bytes = self.pipeline.devices().first().map_or(4, |d| d.activation_dtype().bytes());
+                let kept: Vec<String> = report
+                    .peak_activations
+                    .iter()
+                    .map(|&e| format!("{:.2}", (e * bytes) as f64 / (1 << 20) as f64))
+                    .collect();
                 eprintln!(
-                    "step {step}: batch {:.1} ms, before {:.1} ms, pipeline {:.1} ms (makespan {:.1}), after {:.1} ms",
+                    "step {step}: batch {:.1} ms, before {:.1} ms, pipeline {:.1} ms (makespan {:.1}), after {:.1} ms; \
+                     activations kept at most {} MiB per device",
                     fetched * 1e3,
                     (prepared - fetched) * 1e3,
                     (stepped - prepared) * 1e3,
                     report.trace.makespan * 1e3,
-                    (seconds - stepped) * 1e3
+                    (seconds - stepped) * 1e3,
+                    kept.join(", ")
                 );
             }
             self.epoch_work = (self.epoch_work.0 + host.batch, self.epoch_work.1 + seconds);

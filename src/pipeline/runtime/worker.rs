@@ -556,7 +556,12 @@ impl<D: Device> Worker<'_, D> {
 /// batch itself, for the embeddings), run again for a stage that recomputes: the same values
 /// as the first forward, dropout's masks included (they are drawn from the batch's
 /// coordinates, not from a running generator).
-fn forward_again<D: Device>(dev: &D, batch: &Batch<D>, units: &[Unit<D>], input: Option<D::Buf>) -> Result<Vec<Saved<D>>> {
+fn forward_again<D: Device>(
+    dev: &D,
+    batch: &Batch<D>,
+    units: &[Unit<D>],
+    input: Option<D::Buf>,
+) -> Result<Vec<Saved<D>>> {
     let mut x = input;
     let mut saved = Vec::with_capacity(units.len());
     for unit in units {
