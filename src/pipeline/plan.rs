@@ -146,14 +146,13 @@ impl Plan {
         // `auto` recomputes a stage that does not fit alone; a device of an interleaved
         // schedule sums its stages, and may need more of them to recompute: as `new`'s search,
         // under each smaller per-stage limit in turn, the first that fits every device.
-        if let Some(limit) = config.memory_limit.filter(|&l| partition.device_peak(schedule.devices) > l) {
-            if config.recompute == Recompute::Auto {
-                for cap in per_stage_caps(&units, &in_flight, limit, config.recompute) {
-                    let p = of(Some(cap))?;
-                    if p.device_peak(schedule.devices) <= limit {
-                        partition = p;
-                        break;
-                    }
+        let overfilled = config.memory_limit.filter(|&l| partition.device_peak(schedule.devices) > l);
+        if let Some(limit) = overfilled.filter(|_| config.recompute == Recompute::Auto) {
+            for cap in per_stage_caps(&units, &in_flight, limit, config.recompute) {
+                let p = of(Some(cap))?;
+                if p.device_peak(schedule.devices) <= limit {
+                    partition = p;
+                    break;
                 }
             }
         }
