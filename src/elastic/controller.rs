@@ -235,11 +235,11 @@ impl Elastic {
         }
     }
 
-    /// The token slices a shape AutoPipe adopts runs ([`token_slices`](Self::token_slices)),
-    /// on the stages a plan of it cuts, the first `pinned` units on the first
-    /// ([`Plan::time_cut`]), except that a given list is dropped on one stage: it has no fill
-    /// or drain for them to shorten, and they would only add each slice's overhead (`auto`
-    /// decides for one stage as for any).
+    /// The token slices a shape AutoPipe adopts runs: the slicer's plan for the stages a plan
+    /// of it cuts, the first `pinned` units on the first, as a run's first plan is sliced
+    /// ([`Plan::slice_cut`]; whole micro-batches where none fits), except that a given list is
+    /// dropped on one stage: it has no fill or drain for them to shorten, and they would only
+    /// add each slice's overhead (`auto` decides for one stage as for any).
     fn adopted_slices(
         &self,
         config: &crate::pipeline::PipelineConfig,
@@ -247,19 +247,16 @@ impl Elastic {
         units: &[UnitProfile],
         pinned: usize,
     ) -> Vec<usize> {
-        if self.slicer.is_none() {
+        let Some(slicer) = &self.slicer else {
             return if config.pipeline_len == 1 { Vec::new() } else { config.token_slices.clone() };
-        }
-        match Plan::time_cut(config, units, pinned) {
-            Ok(stages) => self.token_slices(config, samples, units, &stages),
-            // (A plan of the shape fails alike, and says why.)
-            Err(e) => {
-                if crate::debug::level() >= 1 {
-                    eprintln!("terapipe: no stages to slice for K={}: {e}", config.pipeline_len);
-                }
-                Vec::new()
+        };
+        // (Where no stages can be cut, a plan of the shape fails alike, and says why.)
+        Plan::slice_cut(config, units, pinned, |stages| slicer(config, samples, units, stages)).unwrap_or_else(|e| {
+            if crate::debug::level() >= 1 {
+                eprintln!("terapipe: no slicing for K={} M={}: {e}", config.pipeline_len, config.micro_batches);
             }
-        }
+            Vec::new()
+        })
     }
 
     /// `config` at `m` micro-batches of `samples` sequences each over units costing `units`,

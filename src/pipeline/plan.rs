@@ -123,6 +123,34 @@ impl Plan {
         Ok(Plan::new(config, units, Vec::new(), devices, pinned)?.partition.stages)
     }
 
+    /// What `slice` (TeraPipe's slicing of a pipeline cut into the stages it is given) gives
+    /// for `config`'s pipeline, the first `pinned` units on the first stage: for the stages
+    /// cut on time alone ([`time_cut`](Self::time_cut)); where it refuses those under a memory
+    /// limit, for the stages the limit forces on whole sequences
+    /// ([`whole_cut`](Self::whole_cut)), on which the sequences fit whole at least. Where both
+    /// fail, the first refusal stands. The one rule for a run's first plan and for each shape
+    /// an elastic run changes to.
+    pub fn slice_cut<T>(
+        config: &PipelineConfig,
+        units: &[UnitProfile],
+        pinned: usize,
+        slice: impl Fn(&[std::ops::Range<usize>]) -> Result<T>,
+    ) -> Result<T> {
+        let stages = Self::time_cut(config, units, pinned)?;
+        match slice(&stages) {
+            Err(refused) if config.memory_limit.is_some() => match Self::whole_cut(config, units, pinned) {
+                Ok(forced) if forced != stages => {
+                    if crate::debug::level() >= 1 {
+                        eprintln!("token slicing: {refused}; planned for the stages the limit forces, {forced:?}");
+                    }
+                    slice(&forced).map_err(|_| refused)
+                }
+                _ => Err(refused),
+            },
+            sliced => sliced,
+        }
+    }
+
     /// A plan with given stage boundaries (as a checkpoint recorded them, or the plan in force
     /// with another `M`), not held to the memory limit: see [`within_limit`](Self::within_limit).
     pub fn with_stages(
@@ -534,6 +562,32 @@ mod tests {
         let sliced = PipelineConfig { token_slices: vec![4, 3], ..config(Recompute::All) };
         let e = Plan::new(sliced, &units, names(8), 2, 0).unwrap_err().to_string();
         assert!(e.contains("recompute") && e.contains("whole micro-batches only"), "{e}");
+    }
+
+    /// TeraPipe's slicing is planned for the stages cut on time; where the slicer refuses those
+    /// under a memory limit, for the stages the limit forces on whole sequences; where both
+    /// fail, or there is no limit, the first refusal stands.
+    #[test]
+    fn slicing_falls_back_to_the_cut_a_memory_limit_forces() {
+        use std::ops::Range;
+        let config =
+            |limit| PipelineConfig { pipeline_len: 2, micro_batches: 2, memory_limit: limit, ..Default::default() };
+        // Stage 0 of the time cut holds 3 × 1600 B of state and two micro-batches of 3000 B:
+        // 10800 B; the forced cut, 7200 B and 10400 B.
+        let (time, forced) = (vec![0..3, 3..6], vec![0..2, 2..6]);
+        let refused = |stages: &[Range<usize>]| config_error("token_slices", format!("{stages:?} refused"));
+        let picky = |stages: &[Range<usize>]| match stages == forced.as_slice() {
+            true => Ok(stages.to_vec()),
+            false => Err(refused(stages)),
+        };
+        assert_eq!(Plan::slice_cut(&config(Some(10400)), &units(6), 0, picky).unwrap(), forced);
+        let e = Plan::slice_cut(&config(None), &units(6), 0, picky).unwrap_err().to_string();
+        assert!(e.contains("[0..3, 3..6] refused"), "{e}");
+        let none = |stages: &[Range<usize>]| -> Result<()> { Err(refused(stages)) };
+        let e = Plan::slice_cut(&config(Some(10400)), &units(6), 0, none).unwrap_err().to_string();
+        assert!(e.contains("[0..3, 3..6] refused"), "{e}");
+        let any = |stages: &[Range<usize>]| Ok(stages.to_vec());
+        assert_eq!(Plan::slice_cut(&config(Some(10400)), &units(6), 0, any).unwrap(), time);
     }
 
     #[test]

@@ -615,21 +615,8 @@ fn token_slices<D: Device>(
     let profile = SlicingProfile::measure(dev, model, &micro)?;
     // The stages the pipeline will cut (its frozen prefix on the first, as `Pipeline::new`).
     let pinned = model.frozen_prefix();
-    let stages = Plan::time_cut(plan, units, pinned)?;
-    let (planned, stage) = match profile.plan_stages(plan, micro.batch, units, &stages) {
-        // No slicing fits those stages under the memory limit: plan for the stages the limit
-        // forces on whole sequences, where there are such (else the first refusal stands).
-        Err(refused) if plan.memory_limit.is_some() => match Plan::whole_cut(plan, units, pinned) {
-            Ok(forced) if forced != stages => {
-                if crate::debug::level() >= 1 {
-                    eprintln!("token slicing: {refused}; planned for the stages the limit forces, {forced:?}");
-                }
-                profile.plan_stages(plan, micro.batch, units, &forced).map_err(|_| refused)?
-            }
-            _ => return Err(refused),
-        },
-        planned => planned?,
-    };
+    let (planned, stage) =
+        Plan::slice_cut(plan, units, pinned, |stages| profile.plan_stages(plan, micro.batch, units, stages))?;
     Ok((lengths(&planned), Some((PlannedSlicing { plan: planned, stage }, profile))))
 }
 
