@@ -121,10 +121,12 @@ struct PipelineArgs {
     #[arg(long, value_parser = pipetransformer::bytes::parse)]
     memory_limit: Option<usize>,
     /// Activation recomputation: `off`; `all` (every stage keeps of each micro-batch in flight
-    /// only its first trained unit's input, and runs its forward again in the backward: less
-    /// memory for a third more compute, the same gradients to the bit); `auto` (only the
+    /// only its first trained unit's input, and runs its forward again in the backward: a
+    /// third more compute, the same gradients to the bit, and less memory where a stage holds
+    /// several micro-batches; one holding a single micro-batch saves nothing); `auto` (only the
     /// stages whose activations would not fit --memory-limit, chosen with the partition).
-    /// Whole micro-batches only: not with --token-slices.
+    /// Whole micro-batches only: not with --token-slices, nor with zb-h1 (whose put-off
+    /// weight gradients keep those activations).
     #[arg(long, value_parser = parse_from_str::<Recompute>)]
     recompute: Option<Recompute>,
     /// Under `launch`: pipelines whose stages are the processes, one device each. The

@@ -173,7 +173,8 @@ fn recomputation_plans_what_a_memory_limit_refuses_without_it() {
 
 /// A run whose stages recompute their activations logs the loss and gradient norm of the run
 /// that keeps them, to the bit, at every step, through a freeze that moves the frozen boundary
-/// into the first stage (dropout on; the transition names the stages that recompute).
+/// into the first stage (dropout on; the transition names the stages that recompute), and its
+/// first device keeps less for its backwards.
 #[test]
 fn a_run_that_recomputes_trains_to_the_bit_through_a_freeze() {
     if !common::installed(&[Path::new("data/text/hamlet.txt")]) {
@@ -182,7 +183,7 @@ fn a_run_that_recomputes_trains_to_the_bit_through_a_freeze() {
     let dir = scratch("recompute");
     let steps = |recompute: &str| {
         let out_dir = format!("output.dir={}", dir.join(recompute).display());
-        let (ok, out) = pipetransformer(&[
+        let args = [
             "train",
             "--config",
             "configs/gpt-hamlet.toml",
@@ -213,8 +214,13 @@ fn a_run_that_recomputes_trains_to_the_bit_through_a_freeze() {
             "--progress-every",
             "0",
             "--fresh",
-        ]);
-        assert!(ok, "{out}");
+        ];
+        let run = Command::new(env!("CARGO_BIN_EXE_pipetransformer")).env("PT_DEBUG", "1").args(args).output().unwrap();
+        let out = output_text(&run);
+        assert!(run.status.success(), "{out}");
+        // What the first device's workers kept for backwards at the last step (PT_DEBUG=1).
+        let line = out.lines().rfind(|l| l.contains("activations kept at most")).expect("a step's line");
+        let kept: f64 = line.split("at most ").nth(1).and_then(|t| t.split(',').next()).unwrap().parse().unwrap();
         let log = std::fs::read_to_string(dir.join(recompute).join("metrics.jsonl")).unwrap();
         let events: Vec<serde_json::Value> = log.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
         let transitions: Vec<String> =
@@ -224,15 +230,61 @@ fn a_run_that_recomputes_trains_to_the_bit_through_a_freeze() {
             .filter(|v| v["event"] == "step")
             .map(|v| (v["loss"].as_f64().unwrap().to_bits(), v["grad_norm"].as_f64().unwrap().to_bits()))
             .collect();
-        (steps, transitions)
+        (steps, transitions, kept)
     };
-    let (kept, kept_transitions) = steps("off");
-    let (again, transitions) = steps("all");
+    let (kept, kept_transitions, plain_mib) = steps("off");
+    let (again, transitions, again_mib) = steps("all");
     assert_eq!(kept.len(), 8);
     assert_eq!(kept, again, "loss and gradient norm bits, step by step");
+    assert!(again_mib < plain_mib, "device 0 kept {again_mib} MiB recomputing, {plain_mib} MiB not");
     assert_eq!(kept_transitions.len(), 1, "{kept_transitions:?}");
     assert!(!kept_transitions[0].contains("recompute"), "{kept_transitions:?}");
     assert!(transitions[0].contains("stages that recompute their activations: [0, 1]"), "{transitions:?}");
+}
+
+/// A checkpoint's plan resumes with the run's own `--recompute` (it moves nothing between
+/// devices): a run checkpointed keeping its activations goes on recomputing them, and says no
+/// plan gave way.
+#[test]
+fn a_checkpoint_resumes_with_the_runs_own_recompute() {
+    if !common::installed(&[Path::new("data/text/hamlet.txt")]) {
+        return;
+    }
+    let dir = scratch("recompute-resume");
+    let out_dir = format!("output.dir={}", dir.display());
+    let train = |recompute: &str, steps: &str, start: &str| {
+        let args = [
+            "train",
+            "--config",
+            "configs/gpt-hamlet.toml",
+            "--devices",
+            "2",
+            "--micro-batches",
+            "4",
+            "--recompute",
+            recompute,
+            "--set",
+            steps,
+            "--set",
+            &out_dir,
+            "--set",
+            "output.checkpoint_every=2",
+            "--progress-every",
+            "0",
+            start,
+        ];
+        let run = Command::new(env!("CARGO_BIN_EXE_pipetransformer")).env("PT_DEBUG", "1").args(args).output().unwrap();
+        let out = output_text(&run);
+        assert!(run.status.success(), "{out}");
+        let line = out.lines().rfind(|l| l.contains("activations kept at most")).expect("a step's line").to_string();
+        (out, line)
+    };
+    let (_, plain) = train("off", "train.max_steps=2", "--fresh");
+    let (out, again) = train("all", "train.max_steps=4", "--resume");
+    assert!(out.contains("resumed at step 2") && !out.contains("gives way"), "{out}");
+    let first =
+        |l: &str| -> f64 { l.split("at most ").nth(1).and_then(|t| t.split(',').next()).unwrap().parse().unwrap() };
+    assert!(first(&again) < first(&plain), "{again} / {plain}");
 }
 
 /// `evaluate --threads` is the config's `output.threads`: the count warned about is the one

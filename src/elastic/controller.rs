@@ -706,7 +706,7 @@ impl Elastic {
             let why = if after.pipeline_len == 1 { " (one stage)" } else { "" };
             reason += &format!("; token slices {} → {}{why}", list(&before.token_slices), list(&after.token_slices));
         }
-        let recomputed: Vec<usize> = (0..plan.stages()).filter(|&s| plan.partition.recompute[s]).collect();
+        let recomputed: Vec<usize> = (0..plan.stages()).filter(|&s| plan.partition.recomputes[s]).collect();
         if !recomputed.is_empty() {
             reason += &format!("; stages that recompute their activations: {recomputed:?}");
         }

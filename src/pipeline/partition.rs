@@ -34,8 +34,12 @@ pub fn covers(stages: &[Range<usize>], units: usize) -> bool {
 /// Activation recomputation (`pipeline.recompute`; GPipe's re-materialisation): which stages
 /// keep, of each micro-batch in flight, only the input of their first trained unit, and run
 /// their trained units' forward again in its backward to get back what those saved. Less
-/// memory for one more forward; the gradients are the same to the bit (dropout's masks are
-/// counter-based, so the second forward draws the first one's).
+/// memory for one more forward where a stage holds several micro-batches (one holding a single
+/// micro-batch saves nothing: it keeps that micro-batch's input besides); the gradients are the
+/// same to the bit (dropout's masks are counter-based, so the second forward draws the first
+/// one's). The planner counts one micro-batch's activations per recomputing stage, and a
+/// device of an interleaved schedule sums its stages': a bound, as only one backward runs at a
+/// time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Recompute {
@@ -83,7 +87,7 @@ pub struct Partition {
     /// Peak bytes of each stage (parameters and state, plus activations in flight).
     pub stage_memory: Vec<usize>,
     /// Whether each stage recomputes its activations in its backwards ([`Recompute`]).
-    pub recompute: Vec<bool>,
+    pub recomputes: Vec<bool>,
 }
 
 impl Partition {
@@ -135,7 +139,7 @@ struct StageCost {
     time: f64,
     forward: f64,
     memory: usize,
-    recompute: bool,
+    recomputes: bool,
 }
 
 /// What any run of the units costs as a stage, in O(1) from prefix sums: plain, or
@@ -189,7 +193,7 @@ impl<'a> StageCosts<'a> {
             time: self.time[r.end] - self.time[r.start],
             forward: self.forward[r.end] - self.forward[r.start],
             memory: self.state[r.end] - self.state[r.start] + self.in_flight[s] * acts,
-            recompute: false,
+            recomputes: false,
         }
     }
 
@@ -206,7 +210,7 @@ impl<'a> StageCosts<'a> {
         Some(StageCost {
             time: plain.time + self.trained_forward[r.end] - self.trained_forward[r.start],
             memory: self.state[r.end] - self.state[r.start] + self.in_flight[s] * self.units[first].input_bytes + acts,
-            recompute: true,
+            recomputes: true,
             ..plain
         })
     }
@@ -244,7 +248,7 @@ impl<'a> StageCosts<'a> {
             stage_time: costs.iter().map(|c| c.time).collect(),
             stage_forward: costs.iter().map(|c| c.forward).collect(),
             stage_memory: costs.iter().map(|c| c.memory).collect(),
-            recompute: costs.iter().map(|c| c.recompute).collect(),
+            recomputes: costs.iter().map(|c| c.recomputes).collect(),
             stages,
         }
     }
@@ -474,7 +478,7 @@ mod tests {
                     let again = Partition::of(&units, p.stages.clone(), &in_flight, policy, Some(limit)).unwrap();
                     assert_eq!(again, p, "{what}");
                     if policy == Recompute::Off {
-                        assert!(p.recompute.iter().all(|&r| !r), "{what}");
+                        assert!(p.recomputes.iter().all(|&r| !r), "{what}");
                     }
                 }
                 Err(e) => assert_eq!(want, None, "{what}: {e}"),
@@ -494,21 +498,21 @@ mod tests {
         assert!(partition(&units, 2, &[2, 1], limit, 0, Recompute::Off).is_err());
         let p = partition(&units, 2, &[2, 1], limit, 0, Recompute::Auto).unwrap();
         assert_eq!(p.stages, vec![0..2, 2..4]);
-        assert_eq!(p.recompute, vec![true, false]);
+        assert_eq!(p.recomputes, vec![true, false]);
         assert_eq!(p.stage_memory, vec![2 * 160 + 2 * 10 + 200, 2 * 160 + 200]);
         assert_eq!(p.stage_time, vec![6.0 + 2.0, 6.0], "one more forward (1 of each unit's 3) on stage 0");
         assert_eq!(p.stage_forward, vec![2.0, 2.0]);
         // `all` recomputes both; without a limit `auto` recomputes none.
         let all = partition(&units, 2, &[2, 1], limit, 0, Recompute::All).unwrap();
-        assert_eq!(all.recompute, vec![true, true]);
-        assert_eq!(partition(&units, 2, &[2, 1], None, 0, Recompute::Auto).unwrap().recompute, vec![false, false]);
+        assert_eq!(all.recomputes, vec![true, true]);
+        assert_eq!(partition(&units, 2, &[2, 1], None, 0, Recompute::Auto).unwrap().recomputes, vec![false, false]);
         // A frozen stage has nothing to recompute: it keeps nothing anyway.
         let mut frozen = units.clone();
         frozen[0].trainable = false;
         frozen[1].trainable = false;
-        assert_eq!(partition(&frozen, 2, &[2, 1], None, 2, Recompute::All).unwrap().recompute, vec![true, true]);
+        assert_eq!(partition(&frozen, 2, &[2, 1], None, 2, Recompute::All).unwrap().recomputes, vec![true, true]);
         let p = Partition::of(&frozen, vec![0..2, 2..4], &[2, 1], Recompute::All, None).unwrap();
-        assert_eq!(p.recompute, vec![false, true]);
+        assert_eq!(p.recomputes, vec![false, true]);
         // The refusal names the least any split needs, recomputing.
         let e = partition(&units, 2, &[2, 1], Some(500), 0, Recompute::Auto).unwrap_err().to_string();
         assert!(e.contains("best split needs 540 bytes"), "{e}");

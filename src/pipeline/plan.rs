@@ -168,22 +168,7 @@ impl Plan {
             ));
         }
         let units: Vec<UnitProfile> = units.iter().map(|u| u.sliced(&config.token_slices)).collect();
-        let in_flight = in_flight(&schedule);
-        let of = |cap| Partition::of(&units, stages.clone(), &in_flight, config.recompute, cap);
-        let mut partition = of(config.memory_limit)?;
-        // `auto` recomputes a stage that does not fit alone; a device of an interleaved
-        // schedule sums its stages, and may need more of them to recompute: as `new`'s search,
-        // under each smaller per-stage limit in turn, the first that fits every device.
-        let overfilled = config.memory_limit.filter(|&l| partition.device_peak(schedule.devices) > l);
-        if let Some(limit) = overfilled.filter(|_| config.recompute == Recompute::Auto) {
-            for cap in per_stage_caps(&units, &in_flight, limit, config.recompute) {
-                let p = of(Some(cap))?;
-                if p.device_peak(schedule.devices) <= limit {
-                    partition = p;
-                    break;
-                }
-            }
-        }
+        let partition = partition_of_stages(&units, stages, &schedule, config.memory_limit, config.recompute)?;
         Ok(Plan { config, partition, schedule, unit_names })
     }
 
@@ -225,6 +210,18 @@ impl Plan {
         }
         // Recomputation is planned and run on whole micro-batches: what a sliced stage keeps
         // (pieces, key/value arenas) while it recomputes is not modelled, so not offered.
+        // Zero bubble's put-off weight gradients keep the linear layers' inputs, the very
+        // activations a recomputing stage would drop, until after the backward: not offered.
+        if config.recompute != Recompute::Off && config.schedule == ScheduleKind::ZeroBubble {
+            return Err(config_error(
+                "recompute",
+                format!(
+                    "recompute = \"{}\" with the zb-h1 schedule: its put-off weight gradients keep the activations \
+                     recomputation would drop; use gpipe, 1f1b or interleaved, or recompute = \"off\"",
+                    config.recompute
+                ),
+            ));
+        }
         if config.recompute != Recompute::Off && config.slices() > 1 {
             return Err(config_error(
                 "recompute",
@@ -347,8 +344,10 @@ fn partition_per_device(
     let mut found = None;
     for cap in per_stage_caps(units, &in_flight, limit, recompute) {
         match partition(units, stages, &in_flight, Some(cap), pinned, recompute) {
+            // Its stages' recomputation chosen again against the devices' limit: the cap
+            // that found the split may recompute stages the devices do not need to.
             Ok(p) if p.device_peak(schedule.devices) <= limit => {
-                found = Some(p);
+                found = Some(partition_of_stages(units, p.stages, schedule, Some(limit), recompute)?);
                 break;
             }
             Ok(_) => {}
@@ -366,6 +365,33 @@ fn partition_per_device(
             ),
         )
     })
+}
+
+/// The costs of `stages` under `schedule`, each recomputing as `recompute` decides within
+/// `limit` bytes per device: `auto` recomputes a stage that does not fit alone, and where a
+/// device of an interleaved schedule, which sums its stages, is still overfilled, recomputes
+/// as under the largest smaller per-stage limit that fits every device (the fewest stages
+/// that must). Not held to the limit (see [`Plan::within_limit`]).
+fn partition_of_stages(
+    units: &[UnitProfile],
+    stages: Vec<std::ops::Range<usize>>,
+    schedule: &Schedule,
+    limit: Option<usize>,
+    recompute: Recompute,
+) -> Result<Partition> {
+    let in_flight = in_flight(schedule);
+    let of = |cap| Partition::of(units, stages.clone(), &in_flight, recompute, cap);
+    let partition = of(limit)?;
+    let overfilled = limit.filter(|&l| partition.device_peak(schedule.devices) > l);
+    if let Some(limit) = overfilled.filter(|_| recompute == Recompute::Auto) {
+        for cap in per_stage_caps(units, &in_flight, limit, recompute) {
+            let p = of(Some(cap))?;
+            if p.device_peak(schedule.devices) <= limit {
+                return Ok(p);
+            }
+        }
+    }
+    Ok(partition)
 }
 
 /// The per-stage limits below `limit` that change a split or a stage's recomputation: every
@@ -415,7 +441,7 @@ impl fmt::Display for Plan {
                 self.device(0, s),
                 self.partition.stage_time[s] * 1e3,
                 self.partition.stage_memory[s] as f64 / (1 << 20) as f64,
-                if self.partition.recompute.get(s) == Some(&true) { ", recomputed" } else { "" }
+                if self.partition.recomputes.get(s) == Some(&true) { ", recomputed" } else { "" }
             )?;
         }
         if c.chunks > 1 {
@@ -556,7 +582,7 @@ mod tests {
         assert!(e.contains("within 12000 bytes per device"), "{e}");
         let p = Plan::new(config(Recompute::Auto), &units, names(8), 2, 0).unwrap();
         assert!(p.partition.device_peak(2) <= 12000, "{:?}", p.partition);
-        assert!(p.partition.recompute.iter().any(|&r| r) && !p.partition.recompute.iter().all(|&r| r));
+        assert!(p.partition.recomputes.iter().any(|&r| r) && !p.partition.recomputes.iter().all(|&r| r));
         let given = Plan::with_stages(config(Recompute::Auto), &units, names(8), 2, p.partition.stages.clone());
         assert_eq!(given.and_then(Plan::within_limit).unwrap().partition, p.partition);
         let sliced = PipelineConfig { token_slices: vec![4, 3], ..config(Recompute::All) };

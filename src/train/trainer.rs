@@ -638,6 +638,10 @@ impl<D: Device> Trainer<D> {
         let reshaped = |r: &PipelineConfig, slices: bool| {
             !r.same_shape(&in_force.config) || (slices && r.token_slices != in_force.config.token_slices)
         };
+        // Recomputation moves nothing between devices or processes: the run's own setting
+        // holds over the checkpoint's (one taken before the setting existed reads as off).
+        let recompute = in_force.config.recompute;
+        let recorded = recorded.map(|r| SavedPlan { config: PipelineConfig { recompute, ..r.config }, ..r });
         let reshaped_from = match recorded {
             Some(r) if matches!(plan, RecordedPlan::UnlessReshaped { slices } if reshaped(&r.config, slices)) => {
                 Some(r.config)

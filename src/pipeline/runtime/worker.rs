@@ -353,7 +353,7 @@ impl<D: Device> Worker<'_, D> {
                         _ => (Some(take(&mut acts, (piece, stage - 1), "activation")?), 0),
                     };
                     let batch = &batches[&piece];
-                    let recompute = ctx.plan.partition.recompute.get(stage).copied().unwrap_or(false);
+                    let recompute = ctx.plan.partition.recomputes.get(stage).copied().unwrap_or(false);
                     let units = self.units(stage)?;
                     let mut kept = Vec::with_capacity(units.len());
                     for (i, unit) in units.iter().enumerate() {
@@ -405,7 +405,7 @@ impl<D: Device> Worker<'_, D> {
                     let mut kept = take(&mut saved, (piece, stage), "saved activations")?;
                     saved_elements -= kept.iter().map(Saved::elements).sum::<usize>();
                     let batch = &batches[&piece];
-                    if ctx.plan.partition.recompute.get(stage).copied().unwrap_or(false) {
+                    if ctx.plan.partition.recomputes.get(stage).copied().unwrap_or(false) {
                         let input = inputs.remove(&(piece, stage));
                         saved_elements -= input.as_ref().map_or(0, D::len);
                         // (A stage frozen whole since its plan was made has nothing to run again.)
