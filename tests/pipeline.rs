@@ -177,6 +177,13 @@ fn the_same_holds_on_emulated_cuda_devices() {
         let e = params_rel(&got, &want);
         assert!(e <= 1e-5, "cuda-emu R={r} K={k}: weights differ from one cpu device by {e:.2e}");
     }
+    // Stages that recompute their activations run the same kernels a second time (the
+    // emulator's thread orders differ between runs: compared within the tolerance).
+    for schedule in [ScheduleKind::Gpipe, ScheduleKind::OneFOneB] {
+        let plan = PipelineConfig { recompute: Recompute::All, ..cfg(2, 1, 3, schedule) };
+        let e = params_rel(&run_on(&config, plan, 6, emus(2)), &want);
+        assert!(e <= 1e-5, "cuda-emu {schedule}, recomputing: weights differ from one cpu device by {e:.2e}");
+    }
 }
 
 /// Zero bubble puts each linear layer's weight gradient off with the layer's input and output
