@@ -918,6 +918,15 @@ fn planned_slicing(slicing: &pipetransformer::run::PlannedSlicing, in_force: &[u
         "token slices (planned from this machine's layer latency, for the slowest stage: {}): {}\n",
         slicing.stage, slicing.plan
     );
+    let times: Vec<String> = slicing
+        .slice_seconds
+        .iter()
+        .map(|(len, context, seconds)| format!("{len} after {context}: {:.3} ms", seconds * 1e3))
+        .collect();
+    if times.len() > 1 {
+        out +=
+            &format!("  each slice's forward and backward on that stage, tokens after context: {}\n", times.join("; "));
+    }
     let planned = slicing.plan.micro_batches.first().map(|m| &m.slices);
     if let Some(lengths) = planned.filter(|l| l.len() > 1 && l.as_slice() == in_force) {
         let list = lengths.iter().map(usize::to_string).collect::<Vec<_>>();

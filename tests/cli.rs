@@ -130,8 +130,8 @@ fn an_auto_slicing_says_how_to_keep_it() {
 
 /// Under a memory limit that no slicing of the time-balanced stages meets (stage 0 then holds
 /// two micro-batches of the embeddings and two layers: at least 46.5 MiB), `auto` plans for
-/// the stages the limit forces on whole sequences (a unit fewer on stage 0) instead of refusing.
-/// A limit no cut meets is still refused.
+/// the stages the limit forces on whole sequences (a unit fewer on stage 0) instead of refusing,
+/// and prints each slice's predicted time. A limit no cut meets is still refused.
 #[test]
 fn auto_slicing_plans_for_the_stages_a_memory_limit_forces() {
     if !common::installed(&[Path::new("data/text/hamlet.txt")]) {
@@ -141,6 +141,13 @@ fn auto_slicing_plans_for_the_stages_a_memory_limit_forces() {
     let auto = [&plan[..], &["--token-slices", "auto", "--set"]].concat();
     let (ok, out) = pipetransformer(&[&auto[..], &["pipeline.memory_limit=40MiB"]].concat());
     assert!(ok && out.contains("| 0 | 0 | 0..3 (4 units") && out.contains("token slices (planned"), "{out}");
+    // Each slice's predicted time is printed, the largest the plan's largest slice.
+    let ms = |t: &str| -> f64 { t.split(" ms").next().unwrap().trim().parse().unwrap() };
+    let line = out.lines().find(|l| l.contains("each slice's forward and backward")).expect("slice times");
+    let slices = line.split("after context: ").nth(1).unwrap().split("; ");
+    let times: Vec<f64> = slices.map(|t| ms(t.rsplit(": ").next().unwrap())).collect();
+    let largest = ms(out.split("largest slice ").nth(1).unwrap());
+    assert_eq!((times.len(), times.iter().copied().fold(0.0, f64::max)), (2, largest), "{out}");
     let (ok, out) = pipetransformer(&[&plan[..], &["--set", "pipeline.memory_limit=40MiB"]].concat());
     assert!(ok && out.contains("| 0 | 0 | 0..3 (4 units"), "the cut of whole sequences: {out}");
     let (ok, out) = pipetransformer(&[&auto[..], &["pipeline.memory_limit=30MiB"]].concat());

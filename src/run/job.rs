@@ -562,6 +562,10 @@ pub struct PlannedSlicing {
     pub plan: SlicingPlan,
     /// The stage.
     pub stage: StageLoad,
+    /// Each slice of a micro-batch as `(tokens, context, seconds)`: its forward and backward
+    /// on that stage after the slices before it, as the latency model predicts (later slices
+    /// attend to more context, which is why `auto` may make them shorter).
+    pub slice_seconds: Vec<(usize, usize, f64)>,
 }
 
 /// Whether the model and the activation cache take the token slices `config` asks for: token
@@ -617,7 +621,16 @@ fn token_slices<D: Device>(
     let pinned = model.frozen_prefix();
     let (planned, stage) =
         Plan::slice_cut(plan, units, pinned, |stages| profile.plan_stages(plan, micro.batch, units, stages))?;
-    Ok((lengths(&planned), Some((PlannedSlicing { plan: planned, stage }, profile))))
+    let latency = profile.latency(&stage, plan.pipeline_len, micro.batch)?;
+    let mut context = 0;
+    let mut slice_seconds = Vec::new();
+    for &len in planned.micro_batches.first().map_or(&[][..], |m| &m.slices) {
+        // (The planner's unit is one micro-batch: the model's batch dimension is 1.)
+        slice_seconds.push((len, context, latency.slice_time(1, len, context)?));
+        context += len;
+    }
+    let slicing = PlannedSlicing { plan: planned, stage, slice_seconds };
+    Ok((lengths(&slicing.plan), Some((slicing, profile))))
 }
 
 /// The token slices `planned` cuts every micro-batch into; none where it keeps them whole.
