@@ -94,6 +94,16 @@ impl<D: Device> HeadSaved<D> {
 }
 
 impl<D: Device> HeadUnit<D> {
+    /// What [`forward`](Self::forward) saves, where its logits are not needed (a stage that
+    /// recomputes its activations gets them back for the backward): the LM head saves its
+    /// input alone, so its vocabulary projection is skipped; a classifier runs its forward.
+    pub fn saved_again(&self, dev: &D, batch: &Batch<D>, x: D::Buf, train: bool) -> Result<Option<HeadSaved<D>>> {
+        match &self.kind {
+            HeadKind::TiedLm { .. } => Ok(train.then_some(HeadSaved { x, pooled_tanh: None, classifier_in: None })),
+            HeadKind::Classifier { .. } => Ok(self.forward(dev, batch, x, train)?.1),
+        }
+    }
+
     /// Logits: `[B, num_labels]` for a classifier, `[B·T, vocab]` for the LM head.
     pub fn forward(&self, dev: &D, batch: &Batch<D>, x: D::Buf, train: bool) -> Result<(D::Buf, Option<HeadSaved<D>>)> {
         let (b, t, c) = (batch.batch, batch.seq, self.dim);

@@ -155,6 +155,27 @@ impl<D: Device> Unit<D> {
         })
     }
 
+    /// What [`forward`](Self::forward) saves, where its output is not needed: the last unit of
+    /// a stage that recomputes its activations (the LM head then skips its vocabulary
+    /// projection, which its backward does not read).
+    pub fn saved_again(
+        &self,
+        dev: &D,
+        batch: &Batch<D>,
+        x: Option<D::Buf>,
+        train: bool,
+        arena: Option<&mut KvArena<D>>,
+    ) -> Result<Saved<D>> {
+        match self {
+            Unit::Head(u) => {
+                let x =
+                    x.ok_or_else(|| Error::Internal { what: "head".into(), message: "no input hidden states".into() })?;
+                Ok(u.saved_again(dev, batch, x, train)?.map_or(Saved::None, Saved::Head))
+            }
+            _ => Ok(self.forward(dev, batch, x, train, arena)?.1),
+        }
+    }
+
     /// Backward of one unit: accumulates its parameter gradients and returns the gradient of
     /// its input when `need_dinp` (the unit below is trainable). A token slice passes the arena
     /// its forward wrote, as in [`forward`](Self::forward). `dy` is given, not lent: the head

@@ -555,20 +555,23 @@ impl<D: Device> Worker<'_, D> {
 /// What `units` (trained, in order) save in a forward of `batch` from `input` (`None`: the
 /// batch itself, for the embeddings), run again for a stage that recomputes: the same values
 /// as the first forward, dropout's masks included (they are drawn from the batch's
-/// coordinates, not from a running generator).
+/// coordinates, not from a running generator). The last unit's output is not needed
+/// ([`Unit::saved_again`]).
 fn forward_again<D: Device>(
     dev: &D,
     batch: &Batch<D>,
     units: &[Unit<D>],
     input: Option<D::Buf>,
 ) -> Result<Vec<Saved<D>>> {
+    let Some((last, before)) = units.split_last() else { return Ok(Vec::new()) };
     let mut x = input;
     let mut saved = Vec::with_capacity(units.len());
-    for unit in units {
+    for unit in before {
         let (y, s) = unit.forward(dev, batch, x.take(), true, None)?;
         saved.push(s);
         x = Some(y);
     }
+    saved.push(last.saved_again(dev, batch, x, true, None)?);
     Ok(saved)
 }
 
