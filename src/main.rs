@@ -925,7 +925,7 @@ fn planned_slicing(slicing: &pipetransformer::run::PlannedSlicing, in_force: &[u
         .collect();
     if times.len() > 1 {
         out +=
-            &format!("  each slice's forward and backward on that stage, tokens after context: {}\n", times.join("; "));
+            &format!("  each slice's time on that stage (as the largest slice's), tokens after context: {}\n", times.join("; "));
     }
     let planned = slicing.plan.micro_batches.first().map(|m| &m.slices);
     if let Some(lengths) = planned.filter(|l| l.len() > 1 && l.as_slice() == in_force) {

@@ -53,6 +53,19 @@ pub enum Recompute {
     Auto,
 }
 
+impl Recompute {
+    /// Whether this policy recomputes at least the stages `other` does, for the same stages
+    /// and limit (`all` ⊇ `auto` ⊇ `off`).
+    pub fn at_least(self, other: Recompute) -> bool {
+        let rank = |r: Recompute| match r {
+            Recompute::Off => 0,
+            Recompute::Auto => 1,
+            Recompute::All => 2,
+        };
+        rank(self) >= rank(other)
+    }
+}
+
 impl std::str::FromStr for Recompute {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
@@ -223,7 +236,8 @@ impl<'a> StageCosts<'a> {
             Recompute::Off => plain,
             Recompute::All => self.recomputing(s, r).unwrap_or(plain),
             Recompute::Auto if plain.memory <= limit => plain,
-            Recompute::Auto => self.recomputing(s, r).unwrap_or(plain),
+            // (Not where it would keep no less: a stage holding one micro-batch.)
+            Recompute::Auto => self.recomputing(s, r).filter(|c| c.memory < plain.memory).unwrap_or(plain),
         }
     }
 

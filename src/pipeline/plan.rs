@@ -43,6 +43,12 @@ impl PipelineConfig {
         self.token_slices.len().max(1)
     }
 
+    /// Whether this pipeline's stages may recompute their activations: whole micro-batches, and
+    /// a schedule that does not put weight gradients off (zb-h1 keeps those activations).
+    pub fn allows_recompute(&self) -> bool {
+        self.slices() <= 1 && self.schedule != ScheduleKind::ZeroBubble
+    }
+
     /// Whether `other` asks for the same pipelines: all but the token slices, which `auto`
     /// measures afresh in every run.
     pub fn same_shape(&self, other: &PipelineConfig) -> bool {
@@ -370,8 +376,8 @@ fn partition_per_device(
 /// The costs of `stages` under `schedule`, each recomputing as `recompute` decides within
 /// `limit` bytes per device: `auto` recomputes a stage that does not fit alone, and where a
 /// device of an interleaved schedule, which sums its stages, is still overfilled, recomputes
-/// as under the largest smaller per-stage limit that fits every device (the fewest stages
-/// that must). Not held to the limit (see [`Plan::within_limit`]).
+/// as under the largest smaller per-stage limit that fits every device. Not held to the limit
+/// (see [`Plan::within_limit`]).
 fn partition_of_stages(
     units: &[UnitProfile],
     stages: Vec<std::ops::Range<usize>>,

@@ -563,8 +563,9 @@ pub struct PlannedSlicing {
     /// The stage.
     pub stage: StageLoad,
     /// Each slice of a micro-batch as `(tokens, context, seconds)`: its forward and backward
-    /// on that stage after the slices before it, as the latency model predicts (later slices
-    /// attend to more context, which is why `auto` may make them shorter).
+    /// on that stage after the slices before it, with its transfers across the stage's
+    /// boundary, as the latency model predicts (later slices attend to more context, which
+    /// is why `auto` may make them shorter).
     pub slice_seconds: Vec<(usize, usize, f64)>,
 }
 
@@ -722,6 +723,9 @@ fn shape_text(c: &PipelineConfig, other: &PipelineConfig) -> String {
     }
     if c.token_slices != other.token_slices {
         text += &format!(", token slices {:?}", c.token_slices);
+    }
+    if c.recompute != other.recompute {
+        text += &format!(", recompute {}", c.recompute);
     }
     text
 }

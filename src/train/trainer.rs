@@ -639,9 +639,18 @@ impl<D: Device> Trainer<D> {
             !r.same_shape(&in_force.config) || (slices && r.token_slices != in_force.config.token_slices)
         };
         // Recomputation moves nothing between devices or processes: the run's own setting
-        // holds over the checkpoint's (one taken before the setting existed reads as off).
+        // holds over the checkpoint's (one taken before the setting existed reads as off)
+        // where the recorded plan can carry it (whole micro-batches, not zb-h1) and, under a
+        // memory limit, it recomputes no less (restored stages are not judged against the
+        // limit again). Otherwise the two differ in shape.
         let recompute = in_force.config.recompute;
-        let recorded = recorded.map(|r| SavedPlan { config: PipelineConfig { recompute, ..r.config }, ..r });
+        let limited = in_force.config.memory_limit.is_some();
+        let recorded = recorded.map(|r| {
+            match r.config.allows_recompute() && (!limited || recompute.at_least(r.config.recompute)) {
+                true => SavedPlan { config: PipelineConfig { recompute, ..r.config }, ..r },
+                false => r,
+            }
+        });
         let reshaped_from = match recorded {
             Some(r) if matches!(plan, RecordedPlan::UnlessReshaped { slices } if reshaped(&r.config, slices)) => {
                 Some(r.config)
