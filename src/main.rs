@@ -924,8 +924,10 @@ fn planned_slicing(slicing: &pipetransformer::run::PlannedSlicing, in_force: &[u
         .map(|(len, context, seconds)| format!("{len} after {context}: {:.3} ms", seconds * 1e3))
         .collect();
     if times.len() > 1 {
-        out +=
-            &format!("  each slice's time on that stage (as the largest slice's), tokens after context: {}\n", times.join("; "));
+        out += &format!(
+            "  each slice's time on that stage (as the largest slice's), tokens after context: {}\n",
+            times.join("; ")
+        );
     }
     let planned = slicing.plan.micro_batches.first().map(|m| &m.slices);
     if let Some(lengths) = planned.filter(|l| l.len() > 1 && l.as_slice() == in_force) {

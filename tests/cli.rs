@@ -311,7 +311,8 @@ fn a_sliced_checkpoint_gives_way_to_a_run_that_recomputes() {
     let out_dir = format!("output.dir={}", dir.display());
     let train = |extra: &[&str], steps: &str, start: &str| {
         let head = ["train", "--config", "configs/gpt-hamlet.toml", "--devices", "2", "--micro-batches", "2"];
-        let tail = ["--set", steps, "--set", &out_dir, "--set", "output.checkpoint_every=2", "--progress-every", "0", start];
+        let tail =
+            ["--set", steps, "--set", &out_dir, "--set", "output.checkpoint_every=2", "--progress-every", "0", start];
         pipetransformer(&[&head[..], extra, &tail[..]].concat())
     };
     let (ok, out) = train(&["--token-slices", "2"], "train.max_steps=2", "--fresh");
