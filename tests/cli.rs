@@ -184,6 +184,25 @@ fn recomputation_plans_what_a_memory_limit_refuses_without_it() {
     assert!(!ok && out.contains("pipeline.recompute") && out.contains("whole micro-batches only"), "{out}");
 }
 
+/// A `train` of the hamlet GPT on 2 cpu devices with `args` after the config, `PT_DEBUG=1`,
+/// writing to `dir`, a checkpoint every 2 steps: its output, and what the first device kept
+/// for backwards at its last step (MiB, from the debug line).
+fn hamlet_train(dir: &Path, args: &[&str]) -> (String, f64) {
+    let out_dir = format!("output.dir={}", dir.display());
+    let head = ["train", "--config", "configs/gpt-hamlet.toml", "--devices", "2", "--progress-every", "0"];
+    let tail = ["--set", &out_dir, "--set", "output.checkpoint_every=2"];
+    let run = Command::new(env!("CARGO_BIN_EXE_pipetransformer"))
+        .env("PT_DEBUG", "1")
+        .args([&head[..], args, &tail[..]].concat())
+        .output()
+        .unwrap();
+    let out = output_text(&run);
+    assert!(run.status.success(), "{out}");
+    let line = out.lines().rfind(|l| l.contains("activations kept at most")).expect("a step's debug line");
+    let kept = line.split("at most ").nth(1).and_then(|t| t.split(',').next()).unwrap().parse().unwrap();
+    (out, kept)
+}
+
 /// A run whose stages recompute their activations logs the loss and gradient norm of the run
 /// that keeps them, to the bit, at every step, through a freeze that moves the frozen boundary
 /// into the first stage (dropout on; the transition names the stages that recompute), and its
@@ -195,45 +214,10 @@ fn a_run_that_recomputes_trains_to_the_bit_through_a_freeze() {
     }
     let dir = scratch("recompute");
     let steps = |recompute: &str| {
-        let out_dir = format!("output.dir={}", dir.join(recompute).display());
-        let args = [
-            "train",
-            "--config",
-            "configs/gpt-hamlet.toml",
-            "--devices",
-            "2",
-            "--micro-batches",
-            "2",
-            "--recompute",
-            recompute,
-            "--freeze",
-            "table",
-            "--set",
-            "elastic.table=[0,1]",
-            "--freeze-interval",
-            "4",
-            "--auto-pipe",
-            "false",
-            "--auto-dp",
-            "false",
-            "--cache",
-            "false",
-            "--set",
-            "train.max_steps=8",
-            "--set",
-            &out_dir,
-            "--set",
-            "output.checkpoint_every=0",
-            "--progress-every",
-            "0",
-            "--fresh",
-        ];
-        let run = Command::new(env!("CARGO_BIN_EXE_pipetransformer")).env("PT_DEBUG", "1").args(args).output().unwrap();
-        let out = output_text(&run);
-        assert!(run.status.success(), "{out}");
-        // What the first device's workers kept for backwards at the last step (PT_DEBUG=1).
-        let line = out.lines().rfind(|l| l.contains("activations kept at most")).expect("a step's line");
-        let kept: f64 = line.split("at most ").nth(1).and_then(|t| t.split(',').next()).unwrap().parse().unwrap();
+        let freeze = ["--freeze", "table", "--set", "elastic.table=[0,1]", "--freeze-interval", "4"];
+        let fixed = ["--auto-pipe", "false", "--auto-dp", "false", "--cache", "false"];
+        let run = ["--micro-batches", "2", "--recompute", recompute, "--set", "train.max_steps=8", "--fresh"];
+        let (_, kept) = hamlet_train(&dir.join(recompute), &[&freeze[..], &fixed[..], &run[..]].concat());
         let log = std::fs::read_to_string(dir.join(recompute).join("metrics.jsonl")).unwrap();
         let events: Vec<serde_json::Value> = log.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
         let transitions: Vec<String> =
@@ -257,68 +241,26 @@ fn a_run_that_recomputes_trains_to_the_bit_through_a_freeze() {
 
 /// A checkpoint's plan resumes with the run's own `--recompute` (it moves nothing between
 /// devices): a run checkpointed keeping its activations goes on recomputing them, and says no
-/// plan gave way.
+/// plan gave way. A checkpoint of token slices cannot carry recomputation: a run that asks for
+/// it resumes in its own plan (the checkpoint's gives way), not refused.
 #[test]
 fn a_checkpoint_resumes_with_the_runs_own_recompute() {
     if !common::installed(&[Path::new("data/text/hamlet.txt")]) {
         return;
     }
     let dir = scratch("recompute-resume");
-    let out_dir = format!("output.dir={}", dir.display());
-    let train = |recompute: &str, steps: &str, start: &str| {
-        let args = [
-            "train",
-            "--config",
-            "configs/gpt-hamlet.toml",
-            "--devices",
-            "2",
-            "--micro-batches",
-            "4",
-            "--recompute",
-            recompute,
-            "--set",
-            steps,
-            "--set",
-            &out_dir,
-            "--set",
-            "output.checkpoint_every=2",
-            "--progress-every",
-            "0",
-            start,
-        ];
-        let run = Command::new(env!("CARGO_BIN_EXE_pipetransformer")).env("PT_DEBUG", "1").args(args).output().unwrap();
-        let out = output_text(&run);
-        assert!(run.status.success(), "{out}");
-        let line = out.lines().rfind(|l| l.contains("activations kept at most")).expect("a step's line").to_string();
-        (out, line)
-    };
-    let (_, plain) = train("off", "train.max_steps=2", "--fresh");
-    let (out, again) = train("all", "train.max_steps=4", "--resume");
+    let m4 = ["--micro-batches", "4"];
+    let (_, plain) = hamlet_train(&dir, &[&m4[..], &["--set", "train.max_steps=2", "--fresh"]].concat());
+    let (out, again) =
+        hamlet_train(&dir, &[&m4[..], &["--recompute", "all", "--set", "train.max_steps=4", "--resume"]].concat());
     assert!(out.contains("resumed at step 2") && !out.contains("gives way"), "{out}");
-    let first =
-        |l: &str| -> f64 { l.split("at most ").nth(1).and_then(|t| t.split(',').next()).unwrap().parse().unwrap() };
-    assert!(first(&again) < first(&plain), "{again} / {plain}");
-}
-
-/// A checkpoint of token slices cannot carry recomputation: a run that asks for it resumes
-/// in its own plan (the checkpoint's gives way), not refused.
-#[test]
-fn a_sliced_checkpoint_gives_way_to_a_run_that_recomputes() {
-    if !common::installed(&[Path::new("data/text/hamlet.txt")]) {
-        return;
-    }
-    let dir = scratch("recompute-sliced");
-    let out_dir = format!("output.dir={}", dir.display());
-    let train = |extra: &[&str], steps: &str, start: &str| {
-        let head = ["train", "--config", "configs/gpt-hamlet.toml", "--devices", "2", "--micro-batches", "2"];
-        let tail =
-            ["--set", steps, "--set", &out_dir, "--set", "output.checkpoint_every=2", "--progress-every", "0", start];
-        pipetransformer(&[&head[..], extra, &tail[..]].concat())
-    };
-    let (ok, out) = train(&["--token-slices", "2"], "train.max_steps=2", "--fresh");
-    assert!(ok, "{out}");
-    let (ok, out) = train(&["--recompute", "all"], "train.max_steps=4", "--resume");
-    assert!(ok && out.contains("resumed at step 2") && out.contains("gives way"), "{out}");
+    assert!(again < plain, "device 0 kept {again} MiB recomputing, {plain} MiB not");
+    let sliced = dir.join("sliced");
+    let m2 = ["--micro-batches", "2"];
+    hamlet_train(&sliced, &[&m2[..], &["--token-slices", "2", "--set", "train.max_steps=2", "--fresh"]].concat());
+    let (out, _) =
+        hamlet_train(&sliced, &[&m2[..], &["--recompute", "all", "--set", "train.max_steps=4", "--resume"]].concat());
+    assert!(out.contains("resumed at step 2") && out.contains("gives way"), "{out}");
 }
 
 /// `evaluate --threads` is the config's `output.threads`: the count warned about is the one

@@ -143,16 +143,18 @@ impl<D: Device> Unit<D> {
         train: bool,
         arena: Option<&mut KvArena<D>>,
     ) -> Result<(D::Buf, Saved<D>)> {
-        let needs_input = |x: Option<D::Buf>| {
-            x.ok_or_else(|| Error::Internal { what: self.kind_name().into(), message: "no input hidden states".into() })
-        };
         Ok(match self {
             Unit::Embedding(u) => wrap(u.forward(dev, batch, train)?, Saved::Embedding),
-            Unit::Attention(u) => wrap(u.forward(dev, batch, needs_input(x)?, train, arena)?, Saved::Attention),
-            Unit::Mlp(u) => wrap(u.forward(dev, batch, needs_input(x)?, train)?, Saved::Mlp),
-            Unit::FinalNorm(u) => wrap(u.forward(dev, batch, needs_input(x)?, train)?, Saved::FinalNorm),
-            Unit::Head(u) => wrap(u.forward(dev, batch, needs_input(x)?, train)?, Saved::Head),
+            Unit::Attention(u) => wrap(u.forward(dev, batch, self.input(x)?, train, arena)?, Saved::Attention),
+            Unit::Mlp(u) => wrap(u.forward(dev, batch, self.input(x)?, train)?, Saved::Mlp),
+            Unit::FinalNorm(u) => wrap(u.forward(dev, batch, self.input(x)?, train)?, Saved::FinalNorm),
+            Unit::Head(u) => wrap(u.forward(dev, batch, self.input(x)?, train)?, Saved::Head),
         })
+    }
+
+    /// The input hidden states every unit but the embeddings reads.
+    fn input(&self, x: Option<D::Buf>) -> Result<D::Buf> {
+        x.ok_or_else(|| Error::Internal { what: self.kind_name().into(), message: "no input hidden states".into() })
     }
 
     /// What [`forward`](Self::forward) saves, where its output is not needed: the last unit of
@@ -167,11 +169,7 @@ impl<D: Device> Unit<D> {
         arena: Option<&mut KvArena<D>>,
     ) -> Result<Saved<D>> {
         match self {
-            Unit::Head(u) => {
-                let x =
-                    x.ok_or_else(|| Error::Internal { what: "head".into(), message: "no input hidden states".into() })?;
-                Ok(u.saved_again(dev, batch, x, train)?.map_or(Saved::None, Saved::Head))
-            }
+            Unit::Head(u) => Ok(u.saved_again(dev, batch, self.input(x)?, train)?.map_or(Saved::None, Saved::Head)),
             _ => Ok(self.forward(dev, batch, x, train, arena)?.1),
         }
     }
