@@ -162,8 +162,8 @@ fn auto_slicing_plans_for_the_stages_a_memory_limit_forces() {
 
 /// `--recompute auto` plans, under a limit that no split keeping every micro-batch's
 /// activations meets, the one stage that needs it recomputing (stage 0, which holds the most
-/// micro-batches under 1F1B); `all` marks every stage. An unknown policy, or one with token
-/// slices, is refused naming what is expected.
+/// micro-batches under 1F1B); `all` marks every stage. An unknown policy (flag or config key),
+/// or one with token slices or zb-h1, is refused naming what is expected.
 #[test]
 fn recomputation_plans_what_a_memory_limit_refuses_without_it() {
     if !common::installed(&[Path::new("data/text/hamlet.txt")]) {
@@ -182,6 +182,10 @@ fn recomputation_plans_what_a_memory_limit_refuses_without_it() {
     assert!(!ok && out.contains("expected off, all or auto"), "{out}");
     let (ok, out) = pipetransformer(&[&plan[..], &["--recompute", "all", "--token-slices", "2"]].concat());
     assert!(!ok && out.contains("pipeline.recompute") && out.contains("whole micro-batches only"), "{out}");
+    let (ok, out) = pipetransformer(&[&plan[..], &["--set", "pipeline.recompute=\"sometimes\""]].concat());
+    assert!(!ok && out.contains("pipeline.recompute") && out.contains("expected one of `off`, `all`, `auto`"), "{out}");
+    let (ok, out) = pipetransformer(&[&plan[..], &["--schedule", "zb-h1", "--recompute", "auto"]].concat());
+    assert!(!ok && out.contains("pipeline.recompute") && out.contains("zb-h1 schedule"), "{out}");
 }
 
 /// A `train` of the hamlet GPT on 2 cpu devices with `args` after the config, `PT_DEBUG=1`,
@@ -242,7 +246,8 @@ fn a_run_that_recomputes_trains_to_the_bit_through_a_freeze() {
 /// A checkpoint's plan resumes with the run's own `--recompute` (it moves nothing between
 /// devices): a run checkpointed keeping its activations goes on recomputing them, and says no
 /// plan gave way. A checkpoint of token slices cannot carry recomputation: a run that asks for
-/// it resumes in its own plan (the checkpoint's gives way), not refused.
+/// it resumes in its own plan (the checkpoint's gives way), not refused. A refused request
+/// (recomputation with token slices) loses nothing already written.
 #[test]
 fn a_checkpoint_resumes_with_the_runs_own_recompute() {
     if !common::installed(&[Path::new("data/text/hamlet.txt")]) {
@@ -261,6 +266,14 @@ fn a_checkpoint_resumes_with_the_runs_own_recompute() {
     let (out, _) =
         hamlet_train(&sliced, &[&m2[..], &["--recompute", "all", "--set", "train.max_steps=4", "--resume"]].concat());
     assert!(out.contains("resumed at step 2") && out.contains("gives way"), "{out}");
+    // A refused request loses nothing the runs wrote: the log and checkpoint stay as they were.
+    let files = ["metrics.jsonl", "checkpoint.ckpt"].map(|f| std::fs::read(sliced.join(f)).unwrap());
+    let dir_set = format!("output.dir={}", sliced.display());
+    let refused = ["train", "--config", "configs/gpt-hamlet.toml", "--devices", "2", "--recompute", "all"];
+    let (ok, out) = pipetransformer(&[&refused[..], &["--token-slices", "2", "--set", &dir_set, "--fresh"]].concat());
+    assert!(!ok && out.contains("pipeline.recompute"), "{out}");
+    assert_eq!(files, ["metrics.jsonl", "checkpoint.ckpt"].map(|f| std::fs::read(sliced.join(f)).unwrap()));
+    assert!(!sliced.join("metrics.previous.jsonl").exists());
 }
 
 /// `evaluate --threads` is the config's `output.threads`: the count warned about is the one

@@ -318,6 +318,27 @@ fn tail_bytes(dev: &CpuDevice<f32>, model: &Model<CpuDevice<f32>>, micro: &pipet
     costs[tail..].iter().map(|c| (c.activation_bytes * micro.batch) as f64).sum()
 }
 
+/// One step of `model` as `plan`'s 2-stage pipeline on `host` (micro-batches like `micro`),
+/// its stage 0 holding one attention layer: the bytes that stage kept for backwards at its
+/// peak (4-byte elements), and the partition's count of them (its memory less the state).
+fn stage_zero_bytes(
+    dev: &CpuDevice<f32>,
+    mut model: Model<CpuDevice<f32>>,
+    micro: &pipetransformer::model::HostBatch,
+    plan: PipelineConfig,
+    host: &pipetransformer::model::HostBatch,
+) -> (f64, f64) {
+    let profiles = unit_profiles(dev, &mut model, micro, false).unwrap();
+    let cpus = (0..2).map(|i| CpuDevice::<f32>::new(i, 1).unwrap()).collect();
+    let mut pipeline = Pipeline::new(cpus, model, OptimizerConfig::adamw(), plan, &profiles).unwrap();
+    let stage = pipeline.plan().partition.stages[0].clone();
+    let names = &pipeline.plan().unit_names[stage.clone()];
+    assert_eq!(names.iter().filter(|n| n.starts_with("attention")).count(), 1, "{names:?}");
+    let measured = 4.0 * pipeline.step(host, 3, 1e-2, None).unwrap().peak_activations[0] as f64;
+    let state: usize = profiles[stage].iter().map(UnitProfile::state_bytes).sum();
+    (measured, (pipeline.plan().partition.stage_memory[0] - state) as f64)
+}
+
 /// The planner's memory model (measured on one layer) bounds what a stage really keeps. On
 /// stage 0 of a K = 2 GPipe pipeline over slices (GPT's embeddings keep nothing, so the stage's
 /// activations are its one layer's), the measured peak (saved activations and key/value arenas,
@@ -342,7 +363,7 @@ fn the_memory_model_bounds_a_stages_measured_peak() {
                 token_slices: slices.clone(),
                 ..Default::default()
             };
-            let mut model = Model::new(&dev, &config, 1).unwrap();
+            let model = Model::new(&dev, &config, 1).unwrap();
             let micro = host.split(m).unwrap().swap_remove(0);
             let memory = measure_memory(&dev, &model, &micro, &plan).unwrap();
             let (mut context, mut per_micro) = (0, 0.0);
@@ -356,17 +377,9 @@ fn the_memory_model_bounds_a_stages_measured_peak() {
             let low = m as f64 * (per_micro + kv);
             let high = low + kv;
 
-            let profiles = unit_profiles(&dev, &mut model, &micro, false).unwrap();
-            let cpus = (0..2).map(|i| CpuDevice::<f32>::new(i, 1).unwrap()).collect();
-            let mut pipeline = Pipeline::new(cpus, model, OptimizerConfig::adamw(), plan, &profiles).unwrap();
-            let stage0 = &pipeline.plan().unit_names[pipeline.plan().partition.stages[0].clone()];
-            assert_eq!(stage0.iter().filter(|n| n.starts_with("attention")).count(), 1, "{stage0:?}");
-            let measured = 4.0 * pipeline.step(&host, 3, 1e-2, None).unwrap().peak_activations[0] as f64;
+            let (measured, partition) = stage_zero_bytes(&dev, model, &micro, plan, &host);
             // The partition's memory check counts the same: the sliced activations and every
             // resident micro-batch's arena with gradients (the planner's model).
-            let stage = pipeline.plan().partition.stages[0].clone();
-            let state: usize = profiles[stage].iter().map(UnitProfile::state_bytes).sum();
-            let partition = (pipeline.plan().partition.stage_memory[0] - state) as f64;
             let planned = m as f64 * (per_micro + 2.0 * kv);
             assert!((partition - planned).abs() <= 1.0, "M = {m}, slices {slices:?}: {partition} vs {planned}");
             assert!(
@@ -404,7 +417,7 @@ fn the_memory_model_counts_an_unsliced_plans_keys_and_values() {
     for m in [1, 2] {
         let plan =
             PipelineConfig { pipeline_len: 2, micro_batches: m, schedule: ScheduleKind::Gpipe, ..Default::default() };
-        let mut model = Model::new(&dev, &config, 1).unwrap();
+        let model = Model::new(&dev, &config, 1).unwrap();
         let micro = host.split(m).unwrap().swap_remove(0);
         let memory = measure_memory(&dev, &model, &micro, &plan).unwrap();
         let kv = (2 * micro.batch * seq * width * 4) as f64;
@@ -412,20 +425,12 @@ fn the_memory_model_counts_an_unsliced_plans_keys_and_values() {
         let end = tail_bytes(&dev, &model, &micro);
         let modelled = m as f64 * (memory.slice_bytes(1, seq, 0) - end) + memory.unsliced_bytes as f64;
 
-        let profiles = unit_profiles(&dev, &mut model, &micro, false).unwrap();
-        let cpus = (0..2).map(|i| CpuDevice::<f32>::new(i, 1).unwrap()).collect();
-        let mut pipeline = Pipeline::new(cpus, model, OptimizerConfig::adamw(), plan, &profiles).unwrap();
-        let stage0 = &pipeline.plan().unit_names[pipeline.plan().partition.stages[0].clone()];
-        assert_eq!(stage0.iter().filter(|n| n.starts_with("attention")).count(), 1, "{stage0:?}");
-        let measured = 4.0 * pipeline.step(&host, 3, 1e-2, None).unwrap().peak_activations[0] as f64;
+        let (measured, partition) = stage_zero_bytes(&dev, model, &micro, plan, &host);
         assert!(
             (measured - modelled).abs() <= 1e-9 * measured,
             "M = {m}: measured {measured} B, modelled {modelled} B"
         );
         // The partition's memory check (analytic costs) counts the same.
-        let stage = pipeline.plan().partition.stages[0].clone();
-        let state: usize = profiles[stage].iter().map(UnitProfile::state_bytes).sum();
-        let partition = (pipeline.plan().partition.stage_memory[0] - state) as f64;
         assert!((partition - measured).abs() <= 1.0, "M = {m}: partition {partition} B, measured {measured} B");
     }
 }

@@ -214,29 +214,21 @@ impl Plan {
         if m == 0 {
             return Err(config_error("micro_batches", "must be at least 1"));
         }
-        // Recomputation is planned and run on whole micro-batches: what a sliced stage keeps
-        // (pieces, key/value arenas) while it recomputes is not modelled, so not offered.
-        // Zero bubble's put-off weight gradients keep the linear layers' inputs, the very
-        // activations a recomputing stage would drop, until after the backward: not offered.
-        if config.recompute != Recompute::Off && config.schedule == ScheduleKind::ZeroBubble {
+        // Recomputation is planned and run on whole micro-batches (what a sliced stage keeps
+        // while it recomputes is not modelled), and zero bubble's put-off weight gradients keep
+        // the linear layers' inputs, the very activations a recomputing stage would drop.
+        if config.recompute != Recompute::Off && !config.allows_recompute() {
+            let why = match config.slices() > 1 {
+                true => {
+                    format!("with {} token slices: recomputation runs on whole micro-batches only", config.slices())
+                }
+                false => "with the zb-h1 schedule: its put-off weight gradients keep the activations recomputation \
+                          would drop; use gpipe, 1f1b or interleaved"
+                    .to_string(),
+            };
             return Err(config_error(
                 "recompute",
-                format!(
-                    "recompute = \"{}\" with the zb-h1 schedule: its put-off weight gradients keep the activations \
-                     recomputation would drop; use gpipe, 1f1b or interleaved, or recompute = \"off\"",
-                    config.recompute
-                ),
-            ));
-        }
-        if config.recompute != Recompute::Off && config.slices() > 1 {
-            return Err(config_error(
-                "recompute",
-                format!(
-                    "recompute = \"{}\" with {} token slices: recomputation runs on whole micro-batches only; \
-                     set one of them off",
-                    config.recompute,
-                    config.slices()
-                ),
+                format!("recompute = \"{}\" {why}; or set recompute = \"off\"", config.recompute),
             ));
         }
         // Checked: sizes from a user's flags may be absurd, and are refused, not wrapped.
