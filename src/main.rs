@@ -124,7 +124,8 @@ struct PipelineArgs {
     /// only its first trained unit's input, and runs its forward again in the backward: a
     /// third more compute, the same gradients to the bit, and less memory where a stage holds
     /// several micro-batches; one holding a single micro-batch saves nothing); `auto` (only the
-    /// stages whose activations would not fit --memory-limit, chosen with the partition).
+    /// stages whose activations would not fit --memory-limit, and of those only the fewest
+    /// trained units from the first that make them fit, chosen with the partition).
     /// Whole micro-batches only: not with --token-slices, nor with zb-h1 (whose put-off
     /// weight gradients keep those activations).
     #[arg(long, value_parser = parse_from_str::<Recompute>)]

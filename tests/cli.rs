@@ -162,7 +162,7 @@ fn auto_slicing_plans_for_the_stages_a_memory_limit_forces() {
 
 /// `--recompute auto` plans, under a limit that no split keeping every micro-batch's
 /// activations meets, the one stage that needs it recomputing (stage 0, which holds the most
-/// micro-batches under 1F1B); `all` marks every stage. An unknown policy (flag or config key),
+/// micro-batches under 1F1B), and only the units it needs; `all` every stage's units. An unknown policy (flag or config key),
 /// or one with token slices or zb-h1, is refused naming what is expected.
 #[test]
 fn recomputation_plans_what_a_memory_limit_refuses_without_it() {
@@ -174,10 +174,11 @@ fn recomputation_plans_what_a_memory_limit_refuses_without_it() {
     let (ok, out) = pipetransformer(&limited);
     assert!(!ok && out.contains("no split of 11 units into 2 stages fits"), "{out}");
     let (ok, out) = pipetransformer(&[&limited[..], &["--recompute", "auto"]].concat());
-    assert!(ok && out.contains("| 0 | 0 | 0..4 (5 units") && out.contains("MiB, recomputed |"), "{out}");
-    assert_eq!(out.matches(", recomputed").count(), 1, "only the stage that needs it: {out}");
+    // (Stage 0's first four units: its fifth's activations fit.)
+    assert!(ok && out.contains("| 0 | 0 | 0..4 (5 units") && out.contains("MiB, recomputes units 0..3 |"), "{out}");
+    assert_eq!(out.matches(", recomputes").count(), 1, "only the stage that needs it: {out}");
     let (ok, out) = pipetransformer(&[&plan[..], &["--recompute", "all"]].concat());
-    assert!(ok && out.matches(", recomputed").count() == 2, "{out}");
+    assert!(ok && out.contains("recomputes units 0..4 |") && out.contains("recomputes units 5..10 |"), "{out}");
     let (ok, out) = pipetransformer(&[&plan[..], &["--recompute", "sometimes"]].concat());
     assert!(!ok && out.contains("expected off, all or auto"), "{out}");
     let (ok, out) = pipetransformer(&[&plan[..], &["--recompute", "all", "--token-slices", "2"]].concat());
@@ -209,7 +210,7 @@ fn hamlet_train(dir: &Path, args: &[&str]) -> (String, f64) {
 
 /// A run whose stages recompute their activations logs the loss and gradient norm of the run
 /// that keeps them, to the bit, at every step, through a freeze that moves the frozen boundary
-/// into the first stage (dropout on; the transition names the stages that recompute), and its
+/// into the first stage (dropout on; the transition names the units that recompute), and its
 /// first device keeps less for its backwards.
 #[test]
 fn a_run_that_recomputes_trains_to_the_bit_through_a_freeze() {
@@ -240,7 +241,8 @@ fn a_run_that_recomputes_trains_to_the_bit_through_a_freeze() {
     assert!(again_mib < plain_mib, "device 0 kept {again_mib} MiB recomputing, {plain_mib} MiB not");
     assert_eq!(kept_transitions.len(), 1, "{kept_transitions:?}");
     assert!(!kept_transitions[0].contains("recompute"), "{kept_transitions:?}");
-    assert!(transitions[0].contains("stages that recompute their activations: [0, 1]"), "{transitions:?}");
+    // (Stage 0's units 0..2 are frozen now: its others recompute.)
+    assert!(transitions[0].contains("recomputing their activations: units 3..4, units 5..10"), "{transitions:?}");
 }
 
 /// A checkpoint's plan resumes with the run's own `--recompute` (it moves nothing between

@@ -10,7 +10,7 @@ use pipetransformer::device::{CpuDevice, Device, GpuDevice, Precision};
 use pipetransformer::model::{Batch, GptConfig, HostBatch, Model, ModelConfig, Pooling, Unit};
 use pipetransformer::optim::{Optimizer, OptimizerConfig, train_step};
 use pipetransformer::pipeline::partition::UnitProfile;
-use pipetransformer::pipeline::{Fault, Pipeline, PipelineConfig, Recompute, ScheduleKind};
+use pipetransformer::pipeline::{Fault, Pipeline, PipelineConfig, Plan, Recompute, ScheduleKind};
 use std::sync::Arc;
 
 const STEPS: u64 = 3;
@@ -182,7 +182,7 @@ fn the_same_holds_on_emulated_cuda_devices() {
     for schedule in [ScheduleKind::Gpipe, ScheduleKind::OneFOneB] {
         let plan = PipelineConfig { recompute: Recompute::All, ..cfg(2, 1, 3, schedule) };
         let mut p = pipeline_on(&config, plan, emus(2));
-        assert!(p.plan().partition.recomputes.iter().all(|&r| r));
+        assert!(p.plan().partition.recomputed.iter().all(|r| !r.is_empty()));
         for step in 0..STEPS {
             assert!(p.step(&batch(&config, 6, step), 1000 + step, LR, Some(1.0)).unwrap().applied);
         }
@@ -291,26 +291,48 @@ fn gradients_summed_unit_by_unit_as_the_backward_goes_change_nothing() {
     }
 }
 
-/// Recomputing every stage's activations in its backwards changes nothing a step gives, to the
-/// bit: loss, gradient norm and per-unit norms at every step and the weights after, for GPipe,
-/// 1F1B and interleaved, also with a frozen prefix ending inside the first stage (dropout is on:
-/// the second forward must draw the first one's masks). And it keeps less: every device's
-/// measured peak is within the partition's count of its stages and below the plain run's on
-/// device 0. Without a frozen prefix, each stage of GPipe and 1F1B is counted within one
-/// micro-batch's input (the first trained unit keeps its input among its activations) and the
-/// logits, and stage 0 (the embeddings read the batch: nothing kept) exactly. Zero bubble is
-/// refused.
+/// Recomputing activations in the backwards changes nothing a step gives, to the bit: loss,
+/// gradient norm and per-unit norms at every step and the weights after, for GPipe, 1F1B and
+/// interleaved, every stage recomputing all its trained units (`all`) or some stage only some
+/// of them (`auto` under a memory limit), also with a frozen prefix ending inside the first
+/// stage (dropout is on: the second forward must draw the first one's masks). And it keeps
+/// less: every device's measured peak is within the partition's count of its stages, below the
+/// plain run's where a recomputing stage holds several micro-batches, and a partial
+/// recomputation's no lower than `all`'s.
+/// Without a frozen prefix, each stage of GPipe and 1F1B is counted within one micro-batch's
+/// input (the first recomputed unit keeps its input) and the logits, and stage 0 (the
+/// embeddings read the batch: nothing kept) exactly. Zero bubble is refused.
 #[test]
 fn recomputed_activations_train_to_the_bit_and_keep_less() {
     let config = gpt();
     let batches = step_batches(&config, 12, 6, 3);
     let dev = CpuDevice::<f32>::new(0, 1).unwrap();
     let units = profiles(&Model::new(&dev, &config, 7).unwrap(), &dev);
+    let names: Vec<String> = (0..units.len()).map(|u| format!("unit {u}")).collect();
     let state = |r: &std::ops::Range<usize>| units[r.clone()].iter().map(UnitProfile::state_bytes).sum::<usize>();
     for schedule in [ScheduleKind::Gpipe, ScheduleKind::OneFOneB, ScheduleKind::Interleaved] {
+        let plain_config = cfg(2, 1, 3, schedule);
+        let all_config = PipelineConfig { recompute: Recompute::All, ..plain_config.clone() };
+        // A limit under which `auto` recomputes some of a stage's units but not all, on the
+        // plain plan's stages: the largest below that plan's peak, in 400ths of it.
+        let plain_plan = Plan::new(plain_config.clone(), &units, names.clone(), 2, 0).unwrap();
+        let peak = plain_plan.partition.device_peak(2);
+        let partial_config = (1..400)
+            .map(|i| PipelineConfig {
+                recompute: Recompute::Auto,
+                memory_limit: Some(peak - i * peak / 400),
+                ..plain_config.clone()
+            })
+            .find(|c| {
+                let Ok(p) = Plan::new(c.clone(), &units, names.clone(), 2, 0) else { return false };
+                let mut stages = p.partition.stages.iter().zip(&p.partition.recomputed);
+                p.partition.stages == plain_plan.partition.stages
+                    && stages.any(|(s, again)| !again.is_empty() && again.end < s.end)
+            })
+            .unwrap_or_else(|| panic!("{schedule}: no limit makes `auto` recompute part of a stage"));
         for frozen in [0, 2] {
-            let run = |recompute| {
-                let mut p = pipeline(&config, PipelineConfig { recompute, ..cfg(2, 1, 3, schedule) });
+            let run = |plan: &PipelineConfig| {
+                let mut p = pipeline(&config, plan.clone());
                 p.freeze_prefix(frozen).unwrap();
                 let steps: Vec<_> = batches
                     .iter()
@@ -319,53 +341,72 @@ fn recomputed_activations_train_to_the_bit_and_keep_less() {
                     .collect();
                 (steps, p.parameters(0).unwrap(), p.plan().clone())
             };
-            let (plain, plain_weights, plain_plan) = run(Recompute::Off);
-            let (again, again_weights, plan) = run(Recompute::All);
-            let what = format!("{schedule}, {frozen} units frozen");
-            assert_eq!(plan.partition.stages, plain_plan.partition.stages, "{what}");
-            assert!(plan.partition.recomputes.iter().all(|&r| r), "{what}: {:?}", plan.partition.recomputes);
-            assert!(plain_plan.partition.recomputes.iter().all(|&r| !r), "{what}");
-            for (s, (a, b)) in plain.iter().zip(&again).enumerate() {
-                assert!(a.applied && b.applied, "{what}, step {s}");
-                assert_eq!(a.loss.to_bits(), b.loss.to_bits(), "{what}, step {s}: loss");
-                assert_eq!(a.grad_norm.to_bits(), b.grad_norm.to_bits(), "{what}, step {s}: gradient norm");
-                assert!(a.unit_grad_sq == b.unit_grad_sq, "{what}, step {s}: per-unit norms");
+            let (plain, plain_weights, plain_plan) = run(&plain_config);
+            assert!(plain_plan.partition.recomputed.iter().all(|r| r.is_empty()));
+            let mut all_measured = Vec::new();
+            for (policy, plan_config) in [("all", &all_config), ("auto", &partial_config)] {
+                let (again, again_weights, plan) = run(plan_config);
+                let what = format!("{schedule}, {frozen} units frozen, recompute {policy}");
+                let p = &plan.partition;
+                assert_eq!(p.stages, plain_plan.partition.stages, "{what}");
+                for (s, (stage, again)) in p.stages.iter().zip(&p.recomputed).enumerate() {
+                    let whole = stage.start..stage.end;
+                    assert!(policy == "auto" || *again == whole, "{what}, stage {s}: {again:?}");
+                }
+                for (s, (a, b)) in plain.iter().zip(&again).enumerate() {
+                    assert!(a.applied && b.applied, "{what}, step {s}");
+                    assert_eq!(a.loss.to_bits(), b.loss.to_bits(), "{what}, step {s}: loss");
+                    assert_eq!(a.grad_norm.to_bits(), b.grad_norm.to_bits(), "{what}, step {s}: gradient norm");
+                    assert!(a.unit_grad_sq == b.unit_grad_sq, "{what}, step {s}: per-unit norms");
+                }
+                assert!(plain_weights == again_weights, "{what}: weights");
+                // What each device kept, against the partition's count of its stages (the plan
+                // was made before the freeze, with every unit trained: a bound).
+                let (measured, plain_measured) = (&again[2].peak_activations, &plain[2].peak_activations);
+                let mut per_device = [0usize; 2];
+                let mut recomputing = [false; 2];
+                for (s, r) in p.stages.iter().enumerate() {
+                    per_device[s % 2] += p.stage_memory[s] - state(r);
+                    recomputing[s % 2] |= !p.recomputed_units(s, frozen).is_empty();
+                }
+                for d in 0..2 {
+                    let (kept, counted) = (4 * measured[d], per_device[d]);
+                    assert!(kept <= counted, "{what}, device {d}: {kept} B over {counted} B");
+                    // (1F1B's last stage holds one micro-batch: recomputing keeps no less there.)
+                    let several = schedule != ScheduleKind::OneFOneB || d == 0;
+                    assert!(measured[d] <= plain_measured[d], "{what}: {measured:?} vs {plain_measured:?}");
+                    if recomputing[d] && several {
+                        assert!(measured[d] < plain_measured[d], "{what}: {measured:?} vs {plain_measured:?}");
+                    }
+                }
+                if policy == "all" {
+                    assert!(recomputing[0], "{what}");
+                    all_measured = measured.clone();
+                } else {
+                    assert!((0..2).all(|d| measured[d] >= all_measured[d]), "{what}: {measured:?} vs {all_measured:?}");
+                }
+                if frozen > 0 || schedule == ScheduleKind::Interleaved {
+                    continue;
+                }
+                for (s, stage) in p.stages.iter().enumerate() {
+                    let (kept, counted) = (4 * measured[s], p.stage_memory[s] - state(stage));
+                    // Over-counted: one micro-batch's input to the recomputed units, and on the
+                    // last stage the logits the head's activations count, which the loss took
+                    // in the forward (2 samples × 7 tokens × 17 classes of f32): once where the
+                    // head is recomputed, else for each micro-batch in flight.
+                    let again = &p.recomputed[s];
+                    let input = if again.is_empty() { 0 } else { units[again.start].input_bytes };
+                    let in_flight = if schedule == ScheduleKind::Gpipe { 3 } else { 2 - s };
+                    let heads = if again.end == stage.end { 1 } else { in_flight };
+                    let logits = if s + 1 == plan.stages() { heads * 2 * 7 * 17 * 4 } else { 0 };
+                    let slack = input + logits;
+                    assert!(
+                        counted - kept <= slack,
+                        "{what}, stage {s}: measured {kept} B, counted {counted} B (slack {slack} B)"
+                    );
+                }
+                assert_eq!(4 * measured[0], p.stage_memory[0] - state(&p.stages[0]), "{what}");
             }
-            assert!(plain_weights == again_weights, "{what}: weights");
-            // What each device kept, against the partition's count of its stages (the plan was
-            // made before the freeze, with every unit trained: a bound).
-            let (measured, plain_measured) = (&again[2].peak_activations, &plain[2].peak_activations);
-            let p = &plan.partition;
-            let counted = p.stages.iter().enumerate().map(|(s, r)| p.stage_memory[s] - state(r));
-            let mut per_device = [0usize; 2];
-            for (s, bytes) in counted.enumerate() {
-                per_device[s % 2] += bytes;
-            }
-            for d in 0..2 {
-                assert!(
-                    4 * measured[d] <= per_device[d],
-                    "{what}, device {d}: {} B over {} B",
-                    4 * measured[d],
-                    per_device[d]
-                );
-            }
-            assert!(measured[0] < plain_measured[0], "{what}: {measured:?} vs {plain_measured:?}");
-            if frozen > 0 || schedule == ScheduleKind::Interleaved {
-                continue;
-            }
-            for (s, stage) in p.stages.iter().enumerate() {
-                let (kept, counted) = (4 * measured[s], p.stage_memory[s] - state(stage));
-                // Over-counted: one micro-batch's input, and on the last stage its logits, which
-                // a second forward does not keep (the loss took them in the first): 2 samples ×
-                // 7 tokens × 17 classes of f32.
-                let logits = if s + 1 == plan.stages() { 2 * 7 * 17 * 4 } else { 0 };
-                let slack = units[stage.start].input_bytes + logits;
-                assert!(
-                    counted - kept <= slack,
-                    "{what}, stage {s}: measured {kept} B, counted {counted} B (slack {slack} B)"
-                );
-            }
-            assert_eq!(4 * measured[0], p.stage_memory[0] - state(&p.stages[0]), "{what}");
         }
     }
     let model = Model::new(&dev, &config, 7).unwrap();

@@ -706,9 +706,11 @@ impl Elastic {
             let why = if after.pipeline_len == 1 { " (one stage)" } else { "" };
             reason += &format!("; token slices {} → {}{why}", list(&before.token_slices), list(&after.token_slices));
         }
-        let recomputed: Vec<usize> = (0..plan.stages()).filter(|&s| plan.partition.recomputes[s]).collect();
+        let frozen = trainer.pipeline.frozen_prefix();
+        let recomputed: Vec<String> =
+            (0..plan.stages()).filter_map(|s| plan.partition.recomputed_text(s, frozen)).collect();
         if !recomputed.is_empty() {
-            reason += &format!("; stages that recompute their activations: {recomputed:?}");
+            reason += &format!("; recomputing their activations: {}", recomputed.join(", "));
         }
         let t = Transition {
             step: trainer.position.step,

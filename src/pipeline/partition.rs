@@ -7,10 +7,11 @@
 //! its cost counts there, but the other stages are cut from the active units only, and every
 //! stage holds at least one active unit.
 //!
-//! A stage may *recompute* its activations ([`Recompute`]): it keeps of each micro-batch in
-//! flight only the input of its first trained unit, and runs its trained units' forward again
-//! in that micro-batch's backward. The choice is made stage by stage inside the same search,
-//! with the extra forward counted in the stage's time.
+//! A stage may *recompute* activations ([`Recompute`]): of each micro-batch in flight it keeps
+//! the input of its first trained unit instead of what its first `r` trained units save, and
+//! runs those units' forward again in that micro-batch's backward (Megatron's "block" method).
+//! `r` is chosen stage by stage inside the same search, with the extra forward counted in the
+//! stage's time.
 
 pub use super::profile::UnitProfile;
 use crate::error::{Error, Result, config_error};
@@ -31,30 +32,32 @@ pub fn covers(stages: &[Range<usize>], units: usize) -> bool {
         && stages.iter().all(|r| !r.is_empty())
 }
 
-/// Activation recomputation (`pipeline.recompute`; GPipe's re-materialisation): which stages
-/// keep, of each micro-batch in flight, only the input of their first trained unit, and run
-/// their trained units' forward again in its backward to get back what those saved. Less
-/// memory for one more forward where a stage holds several micro-batches (one holding a single
+/// Activation recomputation (`pipeline.recompute`; GPipe's re-materialisation): which of a
+/// stage's trained units keep, of each micro-batch in flight, nothing but the input of the
+/// first of them, and run their forward again in its backward to get back what they saved.
+/// Always a run of the stage's trained units from the first ([`Partition::recomputed`]). Less
+/// memory for more forward where a stage holds several micro-batches (one holding a single
 /// micro-batch saves nothing: it keeps that micro-batch's input besides); the gradients are the
 /// same to the bit (dropout's masks are counter-based, so the second forward draws the first
-/// one's). The planner counts one micro-batch's activations per recomputing stage, and a
-/// device of an interleaved schedule sums its stages': a bound, as only one backward runs at a
-/// time.
+/// one's). The planner counts one micro-batch's activations of the recomputed units per
+/// recomputing stage, and a device of an interleaved schedule sums its stages': a bound, as
+/// only one backward runs at a time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Recompute {
     /// No stage recomputes.
     #[default]
     Off,
-    /// Every stage with a trained unit recomputes.
+    /// Every stage recomputes all its trained units.
     All,
-    /// A stage recomputes only where its activations would not fit the memory limit: the
-    /// partitioner chooses stage by stage, pricing the forward it adds.
+    /// A stage recomputes only where its activations would not fit the memory limit, and
+    /// then the fewest of its trained units that make them fit: the partitioner chooses stage
+    /// by stage, pricing the forward it adds.
     Auto,
 }
 
 impl Recompute {
-    /// Whether this policy recomputes at least the stages `other` does, for the same stages
+    /// Whether this policy recomputes at least the units `other` does, for the same stages
     /// and limit (`all` ⊇ `auto` ⊇ `off`).
     pub fn at_least(self, other: Recompute) -> bool {
         let rank = |r: Recompute| match r {
@@ -99,8 +102,9 @@ pub struct Partition {
     pub stage_forward: Vec<f64>,
     /// Peak bytes of each stage (parameters and state, plus activations in flight).
     pub stage_memory: Vec<usize>,
-    /// Whether each stage recomputes its activations in its backwards ([`Recompute`]).
-    pub recomputes: Vec<bool>,
+    /// The units each stage runs forward again in its backwards ([`Recompute`]): its trained
+    /// units from the first, all or some; empty where it keeps every activation.
+    pub recomputed: Vec<Range<usize>>,
 }
 
 impl Partition {
@@ -144,19 +148,38 @@ impl Partition {
     pub fn device_peak(&self, k: usize) -> usize {
         self.device_memory(k).into_iter().max().unwrap_or(0)
     }
+
+    /// The units stage `s` runs forward again once the units below `first_trainable` are
+    /// frozen: a freeze since the plan was made leaves fewer to run (and their input is the
+    /// first still trained one's). Empty where the stage recomputes nothing.
+    pub fn recomputed_units(&self, s: usize, first_trainable: usize) -> Range<usize> {
+        let r = self.recomputed.get(s).cloned().unwrap_or_default();
+        r.start.max(first_trainable).min(r.end)..r.end
+    }
+
+    /// [`recomputed_units`](Self::recomputed_units) in words, as the plan's table numbers
+    /// units: "units 0..3" (inclusive), "unit 5"; `None` where there are none.
+    pub fn recomputed_text(&self, s: usize, first_trainable: usize) -> Option<String> {
+        let r = self.recomputed_units(s, first_trainable);
+        match r.len() {
+            0 => None,
+            1 => Some(format!("unit {}", r.start)),
+            _ => Some(format!("units {}..{}", r.start, r.end - 1)),
+        }
+    }
 }
 
 /// One stage's cost per micro-batch as planned.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 struct StageCost {
     time: f64,
     forward: f64,
     memory: usize,
-    recomputes: bool,
+    recomputed: Range<usize>,
 }
 
 /// What any run of the units costs as a stage, in O(1) from prefix sums: plain, or
-/// recomputing its activations, as a [`Recompute`] policy allows.
+/// recomputing some of its activations, as a [`Recompute`] policy allows.
 struct StageCosts<'a> {
     units: &'a [UnitProfile],
     in_flight: &'a [usize],
@@ -206,39 +229,66 @@ impl<'a> StageCosts<'a> {
             time: self.time[r.end] - self.time[r.start],
             forward: self.forward[r.end] - self.forward[r.start],
             memory: self.state[r.end] - self.state[r.start] + self.in_flight[s] * acts,
-            recomputes: false,
+            recomputed: r.start..r.start,
         }
     }
 
-    /// Stage `s` as the units `r`, recomputing: each micro-batch in flight keeps the first
-    /// trained unit's input, and the one whose backward runs all its activations again; its
-    /// trained units' forward runs twice. `None` where the stage trains nothing.
-    fn recomputing(&self, s: usize, r: &Range<usize>) -> Option<StageCost> {
+    /// Stage `s` as the units `r`, recomputing each of them: a run from its first trained
+    /// unit, shortest first. Empty where the stage trains nothing.
+    fn recomputings<'b>(&'b self, s: usize, r: &'b Range<usize>) -> impl DoubleEndedIterator<Item = StageCost> + 'b {
         let first = self.next_trained[r.start];
-        if first >= r.end {
-            return None;
-        }
+        (first + 1..=r.end).map(move |end| self.recomputing(s, r, first..end))
+    }
+
+    /// Stage `s` as the units `r`, recomputing the units `again` (from its first trained one):
+    /// each micro-batch in flight keeps their input and what the units after them save, and
+    /// the one whose backward runs their activations too; their forward runs twice.
+    fn recomputing(&self, s: usize, r: &Range<usize>, again: Range<usize>) -> StageCost {
         let plain = self.plain(s, r);
         let acts = self.acts[r.end] - self.acts[r.start];
-        Some(StageCost {
-            time: plain.time + self.trained_forward[r.end] - self.trained_forward[r.start],
-            memory: self.state[r.end] - self.state[r.start] + self.in_flight[s] * self.units[first].input_bytes + acts,
-            recomputes: true,
+        let regained = self.acts[again.end] - self.acts[again.start];
+        let kept = self.units[again.start].input_bytes + acts - regained;
+        StageCost {
+            time: plain.time + self.trained_forward[again.end] - self.trained_forward[again.start],
+            memory: self.state[r.end] - self.state[r.start] + self.in_flight[s] * kept + regained,
+            recomputed: again,
             ..plain
-        })
+        }
     }
 
     /// Stage `s` as the units `r` as the policy plans it for `limit` (which the cost may
-    /// still exceed): `auto` recomputes only where the plain stage does not fit.
+    /// still exceed): `auto` recomputes only where the plain stage does not fit, and then the
+    /// fewest units that fit (the least time), or where none does, the least memory.
     fn chosen(&self, s: usize, r: &Range<usize>, limit: usize) -> StageCost {
         let plain = self.plain(s, r);
         match self.recompute {
             Recompute::Off => plain,
-            Recompute::All => self.recomputing(s, r).unwrap_or(plain),
+            Recompute::All => self.recomputings(s, r).next_back().unwrap_or(plain),
             Recompute::Auto if plain.memory <= limit => plain,
-            // (Not where it would keep no less: a stage holding one micro-batch.)
-            Recompute::Auto => self.recomputing(s, r).filter(|c| c.memory < plain.memory).unwrap_or(plain),
+            // Recomputing all its trained units keeps the least (not less than plain where the
+            // stage holds a single micro-batch: it then stays plain).
+            Recompute::Auto => match self.recomputings(s, r).next_back().filter(|c| c.memory < plain.memory) {
+                Some(least) => self.fewest_within(s, r, limit.max(least.memory)),
+                None => plain,
+            },
         }
+    }
+
+    /// Stage `s` as the units `r`, recomputing the fewest trained units that bring it within
+    /// `cap`, which recomputing all of them meets. A binary search: each unit more recomputed
+    /// keeps its activations for one micro-batch instead of for each in flight, so the memory
+    /// falls (or stays) with every unit added where the stage holds at least one.
+    fn fewest_within(&self, s: usize, r: &Range<usize>, cap: usize) -> StageCost {
+        let first = self.next_trained[r.start];
+        let (mut lo, mut hi) = (first + 1, r.end);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            match self.recomputing(s, r, first..mid).memory <= cap {
+                true => hi = mid,
+                false => lo = mid + 1,
+            }
+        }
+        self.recomputing(s, r, first..lo)
     }
 
     /// [`chosen`](Self::chosen) where it fits `limit`.
@@ -248,11 +298,9 @@ impl<'a> StageCosts<'a> {
 
     /// The least memory the policy lets stage `s` as the units `r` take.
     fn least_memory(&self, s: usize, r: &Range<usize>) -> usize {
-        let (plain, recomputing) = (self.plain(s, r).memory, self.recomputing(s, r).map(|c| c.memory));
         match self.recompute {
-            Recompute::Off => plain,
-            Recompute::All => recomputing.unwrap_or(plain),
-            Recompute::Auto => recomputing.map_or(plain, |m| m.min(plain)),
+            Recompute::Off | Recompute::All => self.chosen(s, r, usize::MAX).memory,
+            Recompute::Auto => self.chosen(s, r, 0).memory,
         }
     }
 
@@ -262,25 +310,38 @@ impl<'a> StageCosts<'a> {
             stage_time: costs.iter().map(|c| c.time).collect(),
             stage_forward: costs.iter().map(|c| c.forward).collect(),
             stage_memory: costs.iter().map(|c| c.memory).collect(),
-            recomputes: costs.iter().map(|c| c.recomputes).collect(),
+            recomputed: costs.iter().map(|c| c.recomputed.clone()).collect(),
             stages,
         }
     }
 }
 
-/// Every memory a stage of `units` could take under `recompute`, for any run of them and any
-/// of the counts `in_flight`: the per-stage limits that change a split
-/// ([`Plan`](super::Plan)'s search for an interleaved schedule's devices).
-pub(super) fn stage_memories(units: &[UnitProfile], in_flight: &[usize], recompute: Recompute) -> Vec<usize> {
+/// Every memory a stage of `units` could take under `recompute`, as any run of them (or as
+/// `given`, stage `s` as `given[s]`) with the counts `in_flight`: the per-stage limits that
+/// change a split or what its stages recompute ([`Plan`](super::Plan)'s search for an
+/// interleaved schedule's devices).
+pub(super) fn stage_memories(
+    units: &[UnitProfile],
+    in_flight: &[usize],
+    recompute: Recompute,
+    given: Option<&[Range<usize>]>,
+) -> Vec<usize> {
     let costs = StageCosts::new(units, in_flight, recompute);
+    let n = units.len();
+    let runs = |s: usize| -> Vec<Range<usize>> {
+        match given {
+            Some(stages) => stages.get(s).cloned().into_iter().collect(),
+            None => (0..n).flat_map(|i| (i + 1..=n).map(move |j| i..j)).collect(),
+        }
+    };
     let mut all = Vec::new();
     for s in 0..in_flight.len() {
-        for i in 0..units.len() {
-            for j in i + 1..=units.len() {
-                all.push(costs.plain(s, &(i..j)).memory);
-                if recompute != Recompute::Off {
-                    all.extend(costs.recomputing(s, &(i..j)).map(|c| c.memory));
-                }
+        for r in runs(s) {
+            all.push(costs.plain(s, &r).memory);
+            match recompute {
+                Recompute::Off => {}
+                Recompute::All => all.extend(costs.recomputings(s, &r).next_back().map(|c| c.memory)),
+                Recompute::Auto => all.extend(costs.recomputings(s, &r).map(|c| c.memory)),
             }
         }
     }
@@ -405,9 +466,10 @@ mod tests {
     }
 
     /// Every split by brute force: the smallest bottleneck among those within the limit, each
-    /// stage plain or recomputing as `policy` allows (written out here from the definition:
-    /// a recomputing stage keeps its first trained unit's input per micro-batch in flight and
-    /// one micro-batch's activations, and runs its trained units' forward twice).
+    /// stage plain or recomputing as `policy` allows (written out here from the definition: a
+    /// stage recomputing its trained units from the first up to some unit keeps, per
+    /// micro-batch in flight, the first one's input and the later units' activations, plus
+    /// one micro-batch's activations of the recomputed units, and runs their forward twice).
     fn brute(
         units: &[UnitProfile],
         stages: usize,
@@ -434,13 +496,19 @@ mod tests {
                 let acts: usize = us.iter().map(UnitProfile::in_flight_bytes).sum();
                 let time: f64 = us.iter().map(UnitProfile::time).sum();
                 let plain = (time, state + in_flight[s] * acts);
-                let again = us.iter().position(|u| u.trainable).map(|first| {
-                    let forward: f64 = us.iter().filter(|u| u.trainable).map(|u| u.forward).sum();
-                    (time + forward, state + in_flight[s] * us[first].input_bytes + acts)
-                });
+                let first = us.iter().position(|u| u.trainable).unwrap_or(us.len());
+                let again: Vec<(f64, usize)> = (first + 1..=us.len())
+                    .map(|end| {
+                        let again = &us[first..end];
+                        let forward: f64 = again.iter().filter(|u| u.trainable).map(|u| u.forward).sum();
+                        let regained: usize = again.iter().map(UnitProfile::in_flight_bytes).sum();
+                        let kept = us[first].input_bytes + acts - regained;
+                        (time + forward, state + in_flight[s] * kept + regained)
+                    })
+                    .collect();
                 let options = match policy {
                     Recompute::Off => vec![plain],
-                    Recompute::All => vec![again.unwrap_or(plain)],
+                    Recompute::All => vec![again.last().copied().unwrap_or(plain)],
                     Recompute::Auto => std::iter::once(plain).chain(again).collect(),
                 };
                 match options.into_iter().filter(|o| o.1 <= limit).map(|o| o.0).min_by(f64::total_cmp) {
@@ -492,7 +560,12 @@ mod tests {
                     let again = Partition::of(&units, p.stages.clone(), &in_flight, policy, Some(limit)).unwrap();
                     assert_eq!(again, p, "{what}");
                     if policy == Recompute::Off {
-                        assert!(p.recomputes.iter().all(|&r| !r), "{what}");
+                        assert!(p.recomputed.iter().all(Range::is_empty), "{what}");
+                    }
+                    // What each stage recomputes is a run of its units from its first trained one.
+                    for (r, again) in p.stages.iter().zip(&p.recomputed) {
+                        let first = (r.start..r.end).find(|&u| units[u].trainable);
+                        assert!(again.is_empty() || (Some(again.start) == first && again.end <= r.end), "{what}");
                     }
                 }
                 Err(e) => assert_eq!(want, None, "{what}: {e}"),
@@ -500,33 +573,44 @@ mod tests {
         }
     }
 
-    /// `auto` recomputes only the stage that would not fit, and prices its second forward:
-    /// four equal units at 1F1B's counts (2, 1) under a limit that holds stage 0's state and
-    /// one micro-batch but not two.
+    /// `auto` recomputes only the stage that would not fit, only as many of its units as it
+    /// needs, and prices their second forward: four equal units at 1F1B's counts (2, 1) under
+    /// limits that hold stage 0's state and one micro-batch but not two.
     #[test]
-    fn auto_recomputes_only_the_stages_that_need_it() {
+    fn auto_recomputes_only_the_units_that_need_it() {
         let units: Vec<UnitProfile> = (0..4).map(|_| UnitProfile { input_bytes: 10, ..unit(3.0) }).collect();
-        // Plain 2 | 2: 2·160 + 2·200 = 720 B on stage 0, 520 B on stage 1; recomputing, stage 0
-        // keeps 2·10 + 200 = 220 B of activations: 540 B.
-        let limit = Some(600);
-        assert!(partition(&units, 2, &[2, 1], limit, 0, Recompute::Off).is_err());
-        let p = partition(&units, 2, &[2, 1], limit, 0, Recompute::Auto).unwrap();
+        // Plain 2 | 2: 2·160 + 2·200 = 720 B on stage 0, 520 B on stage 1. Recomputing unit 0,
+        // stage 0 keeps per micro-batch its input and unit 1's activations (10 + 100 B) and
+        // one micro-batch's of unit 0 (100 B): 640 B. Recomputing both, 2·10 + 200: 540 B.
+        assert!(partition(&units, 2, &[2, 1], Some(650), 0, Recompute::Off).is_err());
+        let p = partition(&units, 2, &[2, 1], Some(650), 0, Recompute::Auto).unwrap();
         assert_eq!(p.stages, vec![0..2, 2..4]);
-        assert_eq!(p.recomputes, vec![true, false]);
-        assert_eq!(p.stage_memory, vec![2 * 160 + 2 * 10 + 200, 2 * 160 + 200]);
-        assert_eq!(p.stage_time, vec![6.0 + 2.0, 6.0], "one more forward (1 of each unit's 3) on stage 0");
+        assert_eq!(p.recomputed, vec![0..1, 2..2]);
+        assert_eq!(p.stage_memory, vec![2 * 160 + 2 * (10 + 100) + 100, 2 * 160 + 200]);
+        assert_eq!(p.stage_time, vec![6.0 + 1.0, 6.0], "one more forward (1 of each unit's 3) of unit 0");
         assert_eq!(p.stage_forward, vec![2.0, 2.0]);
-        // `all` recomputes both; without a limit `auto` recomputes none.
-        let all = partition(&units, 2, &[2, 1], limit, 0, Recompute::All).unwrap();
-        assert_eq!(all.recomputes, vec![true, true]);
-        assert_eq!(partition(&units, 2, &[2, 1], None, 0, Recompute::Auto).unwrap().recomputes, vec![false, false]);
-        // A frozen stage has nothing to recompute: it keeps nothing anyway.
+        let p = partition(&units, 2, &[2, 1], Some(600), 0, Recompute::Auto).unwrap();
+        assert_eq!(p.recomputed, vec![0..2, 2..2]);
+        assert_eq!(p.stage_memory, vec![2 * 160 + 2 * 10 + 200, 2 * 160 + 200]);
+        assert_eq!(p.stage_time, vec![6.0 + 2.0, 6.0]);
+        // `all` recomputes every trained unit; without a limit `auto` recomputes none.
+        let all = partition(&units, 2, &[2, 1], Some(650), 0, Recompute::All).unwrap();
+        assert_eq!(all.recomputed, vec![0..2, 2..4]);
+        assert!(
+            partition(&units, 2, &[2, 1], None, 0, Recompute::Auto).unwrap().recomputed.iter().all(Range::is_empty)
+        );
+        // A frozen unit is not recomputed: it keeps nothing anyway.
         let mut frozen = units.clone();
         frozen[0].trainable = false;
         frozen[1].trainable = false;
-        assert_eq!(partition(&frozen, 2, &[2, 1], None, 2, Recompute::All).unwrap().recomputes, vec![true, true]);
+        assert_eq!(partition(&frozen, 2, &[2, 1], None, 2, Recompute::All).unwrap().recomputed, vec![2..3, 3..4]);
         let p = Partition::of(&frozen, vec![0..2, 2..4], &[2, 1], Recompute::All, None).unwrap();
-        assert_eq!(p.recomputes, vec![false, true]);
+        assert_eq!(p.recomputed, vec![0..0, 2..4]);
+        // A freeze after the plan leaves fewer units to run again.
+        assert_eq!(all.recomputed_units(0, 1), 1..2);
+        assert!(all.recomputed_units(0, 2).is_empty());
+        let texts: Vec<_> = [0, 1, 2].iter().map(|&f| all.recomputed_text(0, f)).collect();
+        assert_eq!(texts, [Some("units 0..1".to_string()), Some("unit 1".to_string()), None]);
         // The refusal names the least any split needs, recomputing.
         let e = partition(&units, 2, &[2, 1], Some(500), 0, Recompute::Auto).unwrap_err().to_string();
         assert!(e.contains("best split needs 540 bytes"), "{e}");

@@ -339,8 +339,14 @@ fn partition_per_device(
     // Tried from the largest down: the split's bottleneck can only grow as the limit shrinks,
     // so the first that fits every device is the best-balanced one, and once none fits the
     // stages, no smaller limit does.
+    // A split found under one cap is found again under any cap its largest stage still
+    // meets: the next cap worth a try is below that stage.
     let mut found = None;
-    for cap in per_stage_caps(units, &in_flight, limit, recompute) {
+    let mut below = usize::MAX;
+    for cap in per_stage_caps(units, &in_flight, limit, recompute, None) {
+        if cap >= below {
+            continue;
+        }
         match partition(units, stages, &in_flight, Some(cap), pinned, recompute) {
             // Its stages' recomputation chosen again against the devices' limit: the cap
             // that found the split may recompute stages the devices do not need to.
@@ -348,7 +354,7 @@ fn partition_per_device(
                 found = Some(partition_of_stages(units, p.stages, schedule, Some(limit), recompute)?);
                 break;
             }
-            Ok(_) => {}
+            Ok(p) => below = p.stage_memory.iter().copied().max().unwrap_or(0),
             Err(_) => break,
         }
     }
@@ -382,7 +388,7 @@ fn partition_of_stages(
     let partition = of(limit)?;
     let overfilled = limit.filter(|&l| partition.device_peak(schedule.devices) > l);
     if let Some(limit) = overfilled.filter(|_| recompute == Recompute::Auto) {
-        for cap in per_stage_caps(units, &in_flight, limit, recompute) {
+        for cap in per_stage_caps(units, &in_flight, limit, recompute, Some(&stages)) {
             let p = of(Some(cap))?;
             if p.device_peak(schedule.devices) <= limit {
                 return Ok(p);
@@ -392,10 +398,18 @@ fn partition_of_stages(
     Ok(partition)
 }
 
-/// The per-stage limits below `limit` that change a split or a stage's recomputation: every
-/// memory a stage of `units` could take ([`stage_memories`]), largest first.
-fn per_stage_caps(units: &[UnitProfile], in_flight: &[usize], limit: usize, recompute: Recompute) -> Vec<usize> {
-    let mut caps: Vec<usize> = stage_memories(units, in_flight, recompute).into_iter().filter(|&b| b < limit).collect();
+/// The per-stage limits below `limit` that change a split or a stage's recomputation (of the
+/// `given` stages only, when given): every memory such a stage could take
+/// ([`stage_memories`]), largest first.
+fn per_stage_caps(
+    units: &[UnitProfile],
+    in_flight: &[usize],
+    limit: usize,
+    recompute: Recompute,
+    given: Option<&[std::ops::Range<usize>]>,
+) -> Vec<usize> {
+    let memories = stage_memories(units, in_flight, recompute, given);
+    let mut caps: Vec<usize> = memories.into_iter().filter(|&b| b < limit).collect();
     caps.sort_unstable_by(|a, b| b.cmp(a));
     caps.dedup();
     caps
@@ -439,7 +453,7 @@ impl fmt::Display for Plan {
                 self.device(0, s),
                 self.partition.stage_time[s] * 1e3,
                 self.partition.stage_memory[s] as f64 / (1 << 20) as f64,
-                if self.partition.recomputes.get(s) == Some(&true) { ", recomputed" } else { "" }
+                self.partition.recomputed_text(s, 0).map(|t| format!(", recomputes {t}")).unwrap_or_default()
             )?;
         }
         if c.chunks > 1 {
@@ -580,7 +594,8 @@ mod tests {
         assert!(e.contains("within 12000 bytes per device"), "{e}");
         let p = Plan::new(config(Recompute::Auto), &units, names(8), 2, 0).unwrap();
         assert!(p.partition.device_peak(2) <= 12000, "{:?}", p.partition);
-        assert!(p.partition.recomputes.iter().any(|&r| r) && !p.partition.recomputes.iter().all(|&r| r));
+        assert!(p.partition.recomputed.iter().any(|r| !r.is_empty()), "{:?}", p.partition);
+        assert!(p.partition.recomputed.iter().any(|r| r.is_empty()), "{:?}", p.partition);
         let given = Plan::with_stages(config(Recompute::Auto), &units, names(8), 2, p.partition.stages.clone());
         assert_eq!(given.and_then(Plan::within_limit).unwrap().partition, p.partition);
         let sliced = PipelineConfig { token_slices: vec![4, 3], ..config(Recompute::All) };

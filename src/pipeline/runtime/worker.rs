@@ -279,7 +279,7 @@ impl<D: Device> Worker<'_, D> {
         let mut dys: HashMap<(Piece, usize), Option<D::Buf>> = HashMap::new();
         let mut saved: HashMap<(Piece, usize), Vec<Saved<D>>> = HashMap::new();
         // A recomputing stage's first trained unit's input, by (piece, stage): all it keeps of
-        // a piece until the piece's backward runs the forward again.
+        // a piece for its recomputed units until the piece's backward runs their forward again.
         let mut inputs: HashMap<(Piece, usize), D::Buf> = HashMap::new();
         // TeraPipe: each attention unit's keys and values of a micro-batch, by (mb, unit).
         let mut arenas: HashMap<(usize, usize), KvArena<D>> = HashMap::new();
@@ -353,7 +353,7 @@ impl<D: Device> Worker<'_, D> {
                         _ => (Some(take(&mut acts, (piece, stage - 1), "activation")?), 0),
                     };
                     let batch = &batches[&piece];
-                    let recompute = ctx.plan.partition.recomputes.get(stage).copied().unwrap_or(false);
+                    let again = ctx.plan.partition.recomputed_units(stage, ctx.first_trainable);
                     let units = self.units(stage)?;
                     let mut kept = Vec::with_capacity(units.len());
                     for (i, unit) in units.iter().enumerate() {
@@ -367,7 +367,7 @@ impl<D: Device> Worker<'_, D> {
                             out.captured.push((piece.mb, dev.download(h)?));
                         }
                         // (The embeddings read the batch, which stays: nothing to keep.)
-                        if let Some(h) = x.as_ref().filter(|_| recompute && g == first.max(ctx.first_trainable)) {
+                        if let Some(h) = x.as_ref().filter(|_| g == again.start && again.contains(&g)) {
                             let mut copy = dev.alloc(D::len(h))?;
                             dev.copy(&mut copy, h)?;
                             saved_elements += D::len(&copy);
@@ -383,8 +383,8 @@ impl<D: Device> Worker<'_, D> {
                             _ => None,
                         };
                         let (y, s) = unit.forward(dev, batch, x.take(), g >= ctx.first_trainable, arena)?;
-                        // A recomputing stage drops what the forward saved; its backward makes it again.
-                        kept.push(if recompute { Saved::None } else { s });
+                        // A recomputed unit drops what the forward saved; the backward makes it again.
+                        kept.push(if again.contains(&g) { Saved::None } else { s });
                         x = Some(y);
                     }
                     let y = x.ok_or_else(|| internal(format!("stage {stage}"), "has no units"))?;
@@ -405,18 +405,18 @@ impl<D: Device> Worker<'_, D> {
                     let mut kept = take(&mut saved, (piece, stage), "saved activations")?;
                     saved_elements -= kept.iter().map(Saved::elements).sum::<usize>();
                     let batch = &batches[&piece];
-                    if ctx.plan.partition.recomputes.get(stage).copied().unwrap_or(false) {
+                    // (Units frozen since the plan was made have nothing to run again.)
+                    let again = ctx.plan.partition.recomputed_units(stage, ctx.first_trainable);
+                    if !again.is_empty() {
                         let input = inputs.remove(&(piece, stage));
                         saved_elements -= input.as_ref().map_or(0, D::len);
-                        // (A stage frozen whole since its plan was made has nothing to run again.)
-                        let units = self.units(stage)?;
-                        let from = (first.max(ctx.first_trainable) - first).min(units.len());
-                        kept.truncate(from);
-                        kept.extend(forward_again(dev, batch, &units[from..], input)?);
+                        let again = again.start - first..again.end - first;
+                        let regained = forward_again(dev, batch, &self.units(stage)?[again.clone()], input)?;
+                        kept.splice(again, regained);
                         // Its peak: what the other pieces keep, and this one's activations again.
-                        let regained = kept.iter().map(Saved::elements).sum::<usize>();
+                        let held = kept.iter().map(Saved::elements).sum::<usize>();
                         let deferred = if split { self.deferred_elements() } else { 0 };
-                        out.peak_activations = out.peak_activations.max(saved_elements + regained + deferred);
+                        out.peak_activations = out.peak_activations.max(saved_elements + held + deferred);
                     }
                     let completing = completes.get(&stage) == Some(&i);
                     let sending = completing && sums;
@@ -553,8 +553,8 @@ impl<D: Device> Worker<'_, D> {
 }
 
 /// What `units` (trained, in order) save in a forward of `batch` from `input` (`None`: the
-/// batch itself, for the embeddings), run again for a stage that recomputes: the same values
-/// as the first forward, dropout's masks included (they are drawn from the batch's
+/// batch itself, for the embeddings), run again for a stage that recomputes them: the same
+/// values as the first forward, dropout's masks included (they are drawn from the batch's
 /// coordinates, not from a running generator). The last unit's output is not needed
 /// ([`Unit::saved_again`]).
 fn forward_again<D: Device>(
