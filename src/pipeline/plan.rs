@@ -342,7 +342,7 @@ fn partition_per_device(
     // A split found under one cap is found again under any cap its largest stage still
     // meets: the next cap worth a try is below that stage.
     let mut found = None;
-    let mut below = usize::MAX;
+    let (mut below, mut tightest) = (usize::MAX, need);
     for cap in per_stage_caps(units, &in_flight, limit, recompute, None) {
         if cap >= below {
             continue;
@@ -354,7 +354,10 @@ fn partition_per_device(
                 found = Some(partition_of_stages(units, p.stages, schedule, Some(limit), recompute)?);
                 break;
             }
-            Ok(p) => below = p.stage_memory.iter().copied().max().unwrap_or(0),
+            Ok(p) => {
+                below = p.stage_memory.iter().copied().max().unwrap_or(0);
+                tightest = tightest.min(p.device_peak(schedule.devices));
+            }
             Err(_) => break,
         }
     }
@@ -363,7 +366,7 @@ fn partition_per_device(
             "memory_limit",
             format!(
                 "found no split of {} units into {stages} stages, {} per device, within {limit} bytes per device \
-                 (the most balanced split needs {need} bytes on a device): raise the limit or use fewer chunks",
+                 (the tightest split it found needs {tightest} bytes on a device): raise the limit or use fewer chunks",
                 units.len(),
                 stages / schedule.devices.max(1)
             ),
@@ -568,6 +571,12 @@ mod tests {
         // over the 35 splits gives 14000 bytes as the least any reaches).
         let tighter = plan(Some(16000)).unwrap();
         assert!(tighter.partition.stages != free.partition.stages && tighter.partition.device_peak(2) <= 16000);
+        // Below that least, the refusal names the tightest split the search met (it balances
+        // time first, so not the 14000-byte one), a limit that plans, not the unlimited
+        // split's peak.
+        let e = plan(Some(13999)).unwrap_err().to_string();
+        assert!(e.contains("the tightest split it found needs 15000 bytes on a device"), "{e}");
+        assert!(plan(Some(15000)).is_ok());
         assert_eq!(plan(Some(device)).unwrap().partition, free.partition);
         // Given stages are held to the devices' sums too.
         let given = Plan::with_stages(config(Some(device - 1)), &units(8), names(8), 2, free.partition.stages.clone())
