@@ -126,8 +126,9 @@ struct PipelineArgs {
     /// several micro-batches; one holding a single micro-batch saves nothing); `auto` (only the
     /// stages whose activations would not fit --memory-limit, and of those only the fewest
     /// trained units from the first that make them fit, chosen with the partition).
-    /// Whole micro-batches only: not with --token-slices, nor with zb-h1 (whose put-off
-    /// weight gradients keep those activations).
+    /// Over token slices too (each slice's forward runs again in its backward; with
+    /// `--token-slices auto` the slicing is planned for time and recomputation meets the
+    /// limit). Not with zb-h1 (whose put-off weight gradients keep those activations).
     #[arg(long, value_parser = parse_from_str::<Recompute>)]
     recompute: Option<Recompute>,
     /// Under `launch`: pipelines whose stages are the processes, one device each. The
@@ -906,7 +907,7 @@ fn plan(config: RunConfig) -> Result<()> {
         println!("{line}");
     }
     if let Some(slicing) = &job.slicing {
-        print!("{}", planned_slicing(slicing, &job.trainer.pipeline.plan().config.token_slices));
+        print!("{}", planned_slicing(slicing, &job.trainer.pipeline.plan().config));
     }
     Ok(())
 }
@@ -914,7 +915,10 @@ fn plan(config: RunConfig) -> Result<()> {
 /// What `auto` planned, and how to keep it while the plan in force runs it (`in_force`: an
 /// elastic start that left one stage turned it off): the latencies it rests on are measured
 /// afresh by every run, and a plan near others in time can give way to one of them.
-fn planned_slicing(slicing: &pipetransformer::run::PlannedSlicing, in_force: &[usize]) -> String {
+fn planned_slicing(
+    slicing: &pipetransformer::run::PlannedSlicing,
+    in_force: &pipetransformer::pipeline::PipelineConfig,
+) -> String {
     let mut out = format!(
         "token slices (planned from this machine's layer latency, for the slowest stage: {}): {}\n",
         slicing.stage, slicing.plan
@@ -930,8 +934,12 @@ fn planned_slicing(slicing: &pipetransformer::run::PlannedSlicing, in_force: &[u
             times.join("; ")
         );
     }
+    if in_force.recompute != Recompute::Off {
+        out += "  (its peak as if every activation were kept: with recomputation the slicing is planned for time, \
+                and the stages meet the memory limit by recomputing, as the table above shows)\n";
+    }
     let planned = slicing.plan.micro_batches.first().map(|m| &m.slices);
-    if let Some(lengths) = planned.filter(|l| l.len() > 1 && l.as_slice() == in_force) {
+    if let Some(lengths) = planned.filter(|l| l.len() > 1 && l.as_slice() == in_force.token_slices) {
         let list = lengths.iter().map(usize::to_string).collect::<Vec<_>>();
         out += &format!("  (--token-slices {} keeps this slicing in later runs)\n", list.join(","));
     }
@@ -987,7 +995,7 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
     }
     println!("communicator: {}", job.communicator);
     if let Some(slicing) = &job.slicing {
-        print!("{}", planned_slicing(slicing, &job.trainer.pipeline.plan().config.token_slices));
+        print!("{}", planned_slicing(slicing, &job.trainer.pipeline.plan().config));
     }
     if run.trace.is_some() {
         job.trainer.trace = Some(Default::default());

@@ -162,8 +162,9 @@ fn auto_slicing_plans_for_the_stages_a_memory_limit_forces() {
 
 /// `--recompute auto` plans, under a limit that no split keeping every micro-batch's
 /// activations meets, the one stage that needs it recomputing (stage 0, which holds the most
-/// micro-batches under 1F1B), and only the units it needs; `all` every stage's units. An unknown policy (flag or config key),
-/// or one with token slices or zb-h1, is refused naming what is expected.
+/// micro-batches under 1F1B), and only the units it needs; `all` every stage's units, also over
+/// token slices. An unknown policy (flag or config key), or one with zb-h1, is refused naming
+/// what is expected.
 #[test]
 fn recomputation_plans_what_a_memory_limit_refuses_without_it() {
     if !common::installed(&[Path::new("data/text/hamlet.txt")]) {
@@ -181,8 +182,9 @@ fn recomputation_plans_what_a_memory_limit_refuses_without_it() {
     assert!(ok && out.contains("recomputes units 0..4 |") && out.contains("recomputes units 5..10 |"), "{out}");
     let (ok, out) = pipetransformer(&[&plan[..], &["--recompute", "sometimes"]].concat());
     assert!(!ok && out.contains("expected off, all or auto"), "{out}");
+    // Over token slices too.
     let (ok, out) = pipetransformer(&[&plan[..], &["--recompute", "all", "--token-slices", "2"]].concat());
-    assert!(!ok && out.contains("pipeline.recompute") && out.contains("whole micro-batches only"), "{out}");
+    assert!(ok && out.contains("recomputes units 0..4 |") && out.contains(" F0/1.0 "), "{out}");
     let (ok, out) = pipetransformer(&[&plan[..], &["--set", "pipeline.recompute=\"sometimes\""]].concat());
     assert!(!ok && out.contains("pipeline.recompute") && out.contains("expected one of `off`, `all`, `auto`"), "{out}");
     let (ok, out) = pipetransformer(&[&plan[..], &["--schedule", "zb-h1", "--recompute", "auto"]].concat());
@@ -242,14 +244,16 @@ fn a_run_that_recomputes_trains_to_the_bit_through_a_freeze() {
     assert_eq!(kept_transitions.len(), 1, "{kept_transitions:?}");
     assert!(!kept_transitions[0].contains("recompute"), "{kept_transitions:?}");
     // (Stage 0's units 0..2 are frozen now: its others recompute.)
-    assert!(transitions[0].contains("recomputing their activations: units 3..4, units 5..10"), "{transitions:?}");
+    assert!(
+        transitions[0].contains("activations recomputed by stage 0 units 3..4, stage 1 units 5..10"),
+        "{transitions:?}"
+    );
 }
 
 /// A checkpoint's plan resumes with the run's own `--recompute` (it moves nothing between
 /// devices): a run checkpointed keeping its activations goes on recomputing them, and says no
-/// plan gave way. A checkpoint of token slices cannot carry recomputation: a run that asks for
-/// it resumes in its own plan (the checkpoint's gives way), not refused. A refused request
-/// (recomputation with token slices) loses nothing already written.
+/// plan gave way, also over token slices. A refused request (recomputation with zb-h1) loses
+/// nothing already written.
 #[test]
 fn a_checkpoint_resumes_with_the_runs_own_recompute() {
     if !common::installed(&[Path::new("data/text/hamlet.txt")]) {
@@ -264,16 +268,18 @@ fn a_checkpoint_resumes_with_the_runs_own_recompute() {
     assert!(again < plain, "device 0 kept {again} MiB recomputing, {plain} MiB not");
     let sliced = dir.join("sliced");
     let m2 = ["--micro-batches", "2"];
-    hamlet_train(&sliced, &[&m2[..], &["--token-slices", "2", "--set", "train.max_steps=2", "--fresh"]].concat());
-    let (out, _) =
+    let (_, plain) =
+        hamlet_train(&sliced, &[&m2[..], &["--token-slices", "2", "--set", "train.max_steps=2", "--fresh"]].concat());
+    let (out, again) =
         hamlet_train(&sliced, &[&m2[..], &["--recompute", "all", "--set", "train.max_steps=4", "--resume"]].concat());
-    assert!(out.contains("resumed at step 2") && out.contains("gives way"), "{out}");
+    assert!(out.contains("resumed at step 2") && !out.contains("gives way"), "{out}");
+    assert!(again < plain, "sliced, device 0 kept {again} MiB recomputing, {plain} MiB not");
     // A refused request loses nothing the runs wrote: the log and checkpoint stay as they were.
     let files = ["metrics.jsonl", "checkpoint.ckpt"].map(|f| std::fs::read(sliced.join(f)).unwrap());
     let dir_set = format!("output.dir={}", sliced.display());
     let refused = ["train", "--config", "configs/gpt-hamlet.toml", "--devices", "2", "--recompute", "all"];
-    let (ok, out) = pipetransformer(&[&refused[..], &["--token-slices", "2", "--set", &dir_set, "--fresh"]].concat());
-    assert!(!ok && out.contains("pipeline.recompute"), "{out}");
+    let (ok, out) = pipetransformer(&[&refused[..], &["--schedule", "zb-h1", "--set", &dir_set, "--fresh"]].concat());
+    assert!(!ok && out.contains("pipeline.recompute") && out.contains("zb-h1"), "{out}");
     assert_eq!(files, ["metrics.jsonl", "checkpoint.ckpt"].map(|f| std::fs::read(sliced.join(f)).unwrap()));
     assert!(!sliced.join("metrics.previous.jsonl").exists());
 }

@@ -503,6 +503,94 @@ fn each_stages_memory_model_counts_what_the_partition_counts() {
     }
 }
 
+/// Recomputation over token slices: a stage that recomputes runs each slice's forward again in
+/// that slice's backward, its attention reading its context from the key/value arena and
+/// writing its own keys and values there again. The loss and gradient norm of every step
+/// equal the plain sliced run's to the bit and the weights after them too, for GPipe and 1F1B,
+/// every stage recomputing (`all`) and `auto` recomputing part of a stage under a limit; every
+/// stage keeps no more than the partition counts (which keeps the arenas and the logits'
+/// gradient per micro-batch in flight), and stage 0 less than without recomputation.
+#[test]
+fn sliced_pipelines_that_recompute_train_to_the_bit_and_keep_less() {
+    use pipetransformer::model::GptConfig;
+    use pipetransformer::pipeline::Recompute;
+    let ModelConfig::Gpt(tiny) = tiny_gpt(0.1) else { unreachable!() };
+    let config = ModelConfig::Gpt(GptConfig {
+        vocab_size: 65,
+        n_embd: 16,
+        n_head: 4,
+        n_positions: 32,
+        n_inner: None,
+        n_layer: 4,
+        ..tiny
+    });
+    let host = pipetransformer::model::HostBatch::random(&config, 4, 32, 5);
+    let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+    let micro = host.split(2).unwrap().swap_remove(0);
+    let units = unit_profiles(&dev, &mut Model::new(&dev, &config, 1).unwrap(), &micro, false).unwrap();
+    let names: Vec<String> = (0..units.len()).map(|u| format!("unit {u}")).collect();
+    let state = |r: &std::ops::Range<usize>| units[r.clone()].iter().map(UnitProfile::state_bytes).sum::<usize>();
+    for schedule in [ScheduleKind::Gpipe, ScheduleKind::OneFOneB] {
+        let plain = PipelineConfig {
+            pipeline_len: 2,
+            micro_batches: 2,
+            schedule,
+            token_slices: vec![8, 8, 16],
+            ..Default::default()
+        };
+        let run = |plan: &PipelineConfig| {
+            let cpus = (0..2).map(|i| CpuDevice::<f32>::new(i, 1).unwrap()).collect();
+            let model = Model::new(&dev, &config, 1).unwrap();
+            let mut pipeline = Pipeline::new(cpus, model, OptimizerConfig::adamw(), plan.clone(), &units).unwrap();
+            let steps: Vec<_> =
+                (0..STEPS).map(|s| pipeline.step(&host, 3 + s as u64, 1e-2, Some(1.0)).unwrap()).collect();
+            let weights: Vec<Vec<f64>> = pipeline
+                .units()
+                .flat_map(|u| u.params())
+                .map(|p| pipeline.devices()[0].download_f64(&p.value).unwrap())
+                .collect();
+            (steps, weights, pipeline.plan().clone())
+        };
+        // A limit under which `auto` recomputes part of a stage, on the plain plan's stages.
+        let plain_plan = Plan::new(plain.clone(), &units, names.clone(), 2, 0).unwrap();
+        let peak = plain_plan.partition.device_peak(2);
+        let partial = (1..400)
+            .map(|i| PipelineConfig {
+                recompute: Recompute::Auto,
+                memory_limit: Some(peak - i * peak / 400),
+                ..plain.clone()
+            })
+            .find(|c| {
+                let Ok(p) = Plan::new(c.clone(), &units, names.clone(), 2, 0) else { return false };
+                let mut stages = p.partition.stages.iter().zip(&p.partition.recomputed);
+                p.partition.stages == plain_plan.partition.stages
+                    && stages.any(|(s, again)| !again.is_empty() && again.end < s.end)
+            })
+            .unwrap_or_else(|| panic!("{schedule}: no limit makes `auto` recompute part of a stage"));
+        let (want, want_weights, _) = run(&plain);
+        let all = PipelineConfig { recompute: Recompute::All, ..plain.clone() };
+        for (policy, config) in [("all", &all), ("auto", &partial)] {
+            let (got, got_weights, plan) = run(config);
+            let what = format!("{schedule}, recompute {policy}");
+            assert!(plan.partition.recomputed.iter().any(|r| !r.is_empty()), "{what}");
+            for (s, (a, b)) in want.iter().zip(&got).enumerate() {
+                assert_eq!(a.loss.to_bits(), b.loss.to_bits(), "{what}, step {s}: loss");
+                assert_eq!(a.grad_norm.to_bits(), b.grad_norm.to_bits(), "{what}, step {s}: gradient norm");
+            }
+            assert!(want_weights == got_weights, "{what}: weights");
+            let p = &plan.partition;
+            for (s, r) in p.stages.iter().enumerate() {
+                let (kept, counted) = (4 * got[2].peak_activations[s], p.stage_memory[s] - state(r));
+                assert!(kept <= counted, "{what}, stage {s}: measured {kept} B, counted {counted} B");
+            }
+            if !p.recomputed[0].is_empty() {
+                let (kept, plain_kept) = (got[2].peak_activations[0], want[2].peak_activations[0]);
+                assert!(kept < plain_kept, "{what}: stage 0 kept {kept}, {plain_kept} without recomputing");
+            }
+        }
+    }
+}
+
 /// A frozen layer of a sliced pipeline keeps no activations, but its key/value arena holds
 /// every resident micro-batch's keys and values for the later slices: the partition's memory
 /// (what a memory limit is checked against) counts them. On stage 0 of a K = 2 GPipe pipeline

@@ -251,6 +251,7 @@ impl Elastic {
             return if config.pipeline_len == 1 { Vec::new() } else { config.token_slices.clone() };
         };
         // (Where no stages can be cut, a plan of the shape fails alike, and says why.)
+        let config = &config.for_slicing();
         Plan::slice_cut(config, units, pinned, |stages| slicer(config, samples, units, stages)).unwrap_or_else(|e| {
             if crate::debug::level() >= 1 {
                 eprintln!("terapipe: no slicing for K={} M={}: {e}", config.pipeline_len, config.micro_batches);
@@ -707,10 +708,11 @@ impl Elastic {
             reason += &format!("; token slices {} → {}{why}", list(&before.token_slices), list(&after.token_slices));
         }
         let frozen = trainer.pipeline.frozen_prefix();
-        let recomputed: Vec<String> =
-            (0..plan.stages()).filter_map(|s| plan.partition.recomputed_text(s, frozen)).collect();
+        let recomputed: Vec<String> = (0..plan.stages())
+            .filter_map(|s| plan.partition.recomputed_text(s, frozen).map(|t| format!("stage {s} {t}")))
+            .collect();
         if !recomputed.is_empty() {
-            reason += &format!("; recomputing their activations: {}", recomputed.join(", "));
+            reason += &format!("; activations recomputed by {}", recomputed.join(", "));
         }
         let t = Transition {
             step: trainer.position.step,

@@ -84,9 +84,13 @@ pub struct UnitCost {
     /// keeps.
     pub kv_bytes: usize,
     /// The hidden states the unit reads, per sample: what a pipeline stage that recomputes
-    /// its activations keeps of a micro-batch when this is its first trained unit (none for
+    /// activations keeps of a micro-batch when this is the first unit it recomputes (none for
     /// the embeddings, which read the batch itself).
     pub input_bytes: usize,
+    /// Of the activations, the loss's gradient with respect to the head's logits, which the
+    /// last stage holds from the forward (where the loss is taken) to the backward: held for
+    /// each micro-batch in flight even where the head recomputes.
+    pub loss_grad_bytes: usize,
     /// Bytes the device keeps beside the linear layers' weights for its products (not per
     /// sample; [`crate::device::Device::weight_pack_bytes`]), as when the unit trains above
     /// trainable units: for a frozen unit, or the first trainable one above frozen units (whose
@@ -157,8 +161,8 @@ impl<D: Device> Unit<D> {
         x.ok_or_else(|| Error::Internal { what: self.kind_name().into(), message: "no input hidden states".into() })
     }
 
-    /// What [`forward`](Self::forward) saves, where its output is not needed: the last unit of
-    /// a stage that recomputes its activations (the LM head then skips its vocabulary
+    /// What [`forward`](Self::forward) saves, where its output is not needed: the last unit a
+    /// pipeline stage recomputes (the LM head then skips its vocabulary
     /// projection, which its backward does not read).
     pub fn saved_again(
         &self,
@@ -399,7 +403,8 @@ impl<D: Device> Unit<D> {
                 HeadKind::Classifier { pooler, classifier, .. } => {
                     let c = u.dim as f64;
                     let fwd = 2.0 * c * classifier.out_dim as f64 + pooler.as_ref().map_or(0.0, |_| 2.0 * c * c);
-                    (fwd, 2.0 * fwd, 3 * u.dim)
+                    // Pooled features, plus the class scores' gradient, held from the loss on.
+                    (fwd, 2.0 * fwd, 3 * u.dim + classifier.out_dim)
                 }
                 HeadKind::TiedLm { lm_head } => {
                     let fwd = 2.0 * t * u.dim as f64 * lm_head.out_dim as f64;
@@ -407,6 +412,13 @@ impl<D: Device> Unit<D> {
                     (fwd, 2.0 * fwd, seq * u.dim + seq * lm_head.out_dim)
                 }
             },
+        };
+        let loss_grad = match self {
+            Unit::Head(u) => match &u.kind {
+                HeadKind::TiedLm { lm_head } => seq * lm_head.out_dim,
+                HeadKind::Classifier { classifier, .. } => classifier.out_dim,
+            },
+            _ => 0,
         };
         let input = match self {
             Unit::Embedding(_) => 0,
@@ -424,6 +436,7 @@ impl<D: Device> Unit<D> {
             kv_grad_bytes: kv * super::kv_arena::grad_elem_bytes(elem_bytes),
             kv_bytes: kv * elem_bytes,
             input_bytes: input * elem_bytes,
+            loss_grad_bytes: loss_grad * elem_bytes,
             weight_pack_bytes,
         }
     }

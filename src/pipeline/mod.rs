@@ -3,7 +3,7 @@
 //! | module | defines |
 //! |---|---|
 //! | [`profile`] | `UnitProfile` (a unit's time and memory per micro-batch), `profile_units` (measured), `unit_profiles` (measured or from FLOPs; `unit_profiles_per_sample`, what a `Trainer` keeps) |
-//! | [`partition`](mod@partition) | `partition` (exact min-max split of the units under a memory limit, a frozen prefix pinned to stage 0, each stage recomputing its activations where `Recompute` says), `Partition` |
+//! | [`partition`](mod@partition) | `partition` (exact min-max split of the units under a memory limit, a frozen prefix pinned to stage 0, each stage recomputing the activations of a run of its units where `Recompute` says), `Partition` |
 //! | [`plan`] | `PipelineConfig` (K, R, M, schedule, chunks, memory limit, token slices, recompute), `Plan` (checked, printable) |
 //! | [`schedule`] | the schedule IR (`Action`, `Schedule`), the GPipe / 1F1B / interleaved / zero-bubble generators, the validator |
 //! | [`simulate`](mod@simulate) | the cluster simulator: `simulate` (a schedule played against a `CostModel` of stage times and a `Link`) → `Simulation` (time line, makespan, bubble) |

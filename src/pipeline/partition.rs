@@ -185,12 +185,13 @@ struct StageCosts<'a> {
     in_flight: &'a [usize],
     recompute: Recompute,
     /// Prefix sums: time, forward time, the trained units' forward time, state bytes, bytes
-    /// per micro-batch in flight.
+    /// per micro-batch in flight, and of those the ones a recomputing stage keeps once.
     time: Vec<f64>,
     forward: Vec<f64>,
     trained_forward: Vec<f64>,
     state: Vec<usize>,
     acts: Vec<usize>,
+    recomputable: Vec<usize>,
     /// The first trained unit at or after each index (`N` where none is).
     next_trained: Vec<usize>,
 }
@@ -207,6 +208,7 @@ impl<'a> StageCosts<'a> {
             trained_forward: vec![0.0; n + 1],
             state: vec![0; n + 1],
             acts: vec![0; n + 1],
+            recomputable: vec![0; n + 1],
             next_trained: vec![n; n + 1],
         };
         for (i, u) in units.iter().enumerate() {
@@ -215,6 +217,7 @@ impl<'a> StageCosts<'a> {
             c.trained_forward[i + 1] = c.trained_forward[i] + if u.trainable { u.forward } else { 0.0 };
             c.state[i + 1] = c.state[i] + u.state_bytes();
             c.acts[i + 1] = c.acts[i] + u.in_flight_bytes();
+            c.recomputable[i + 1] = c.recomputable[i] + u.recomputable_bytes();
         }
         for i in (0..n).rev() {
             c.next_trained[i] = if units[i].trainable { i } else { c.next_trained[i + 1] };
@@ -241,12 +244,13 @@ impl<'a> StageCosts<'a> {
     }
 
     /// Stage `s` as the units `r`, recomputing the units `again` (from its first trained one):
-    /// each micro-batch in flight keeps their input and what the units after them save, and
-    /// the one whose backward runs their activations too; their forward runs twice.
+    /// each micro-batch in flight keeps their input and what the units after them save (and
+    /// under token slicing their key/value arenas), and the one whose backward runs their
+    /// activations too; their forward runs twice.
     fn recomputing(&self, s: usize, r: &Range<usize>, again: Range<usize>) -> StageCost {
         let plain = self.plain(s, r);
         let acts = self.acts[r.end] - self.acts[r.start];
-        let regained = self.acts[again.end] - self.acts[again.start];
+        let regained = self.recomputable[again.end] - self.recomputable[again.start];
         let kept = self.units[again.start].input_bytes + acts - regained;
         StageCost {
             time: plain.time + self.trained_forward[again.end] - self.trained_forward[again.start],
@@ -468,8 +472,9 @@ mod tests {
     /// Every split by brute force: the smallest bottleneck among those within the limit, each
     /// stage plain or recomputing as `policy` allows (written out here from the definition: a
     /// stage recomputing its trained units from the first up to some unit keeps, per
-    /// micro-batch in flight, the first one's input and the later units' activations, plus
-    /// one micro-batch's activations of the recomputed units, and runs their forward twice).
+    /// micro-batch in flight, the first one's input, the later units' activations and the
+    /// recomputed units' key/value arenas, plus one micro-batch's rest of the recomputed
+    /// units' activations, and runs their forward twice).
     fn brute(
         units: &[UnitProfile],
         stages: usize,
@@ -499,11 +504,8 @@ mod tests {
                 let first = us.iter().position(|u| u.trainable).unwrap_or(us.len());
                 let again: Vec<(f64, usize)> = (first + 1..=us.len())
                     .map(|end| {
-                        let again = &us[first..end];
-                        let forward: f64 = again.iter().filter(|u| u.trainable).map(|u| u.forward).sum();
-                        let regained: usize = again.iter().map(UnitProfile::in_flight_bytes).sum();
-                        let kept = us[first].input_bytes + acts - regained;
-                        (time + forward, state + in_flight[s] * kept + regained)
+                        let forward: f64 = us[first..end].iter().filter(|u| u.trainable).map(|u| u.forward).sum();
+                        (time + forward, memory_of(us, in_flight[s], end - first))
                     })
                     .collect();
                 let options = match policy {
@@ -523,6 +525,30 @@ mod tests {
         best
     }
 
+    /// A stage of `us` holding `in_flight` micro-batches, recomputing its first `n` trained
+    /// units (none: plain), by the definition in [`brute`].
+    fn memory_of(us: &[UnitProfile], in_flight: usize, n: usize) -> usize {
+        let state: usize = us.iter().map(|u| u.state_bytes()).sum();
+        let acts: usize = us.iter().map(UnitProfile::in_flight_bytes).sum();
+        let first = us.iter().position(|u| u.trainable).unwrap_or(us.len());
+        if n == 0 {
+            return state + in_flight * acts;
+        }
+        let regained: usize = us[first..first + n].iter().map(recomputable).sum();
+        state + in_flight * (us[first].input_bytes + acts - regained) + regained
+    }
+
+    /// All a unit keeps but a token slicing's key/value arena (its keys and values,
+    /// `frozen_arena_bytes` once sliced, and a trained unit's gradients of them) and the
+    /// logits' gradient: what a stage recomputing it keeps once.
+    fn recomputable(u: &UnitProfile) -> usize {
+        let kv = match u.frozen_arena_bytes {
+            0 => 0,
+            kv => kv + if u.trainable { u.kv_grad_bytes } else { 0 },
+        };
+        u.in_flight_bytes().saturating_sub(kv + if u.trainable { u.loss_grad_bytes } else { 0 })
+    }
+
     #[test]
     fn matches_brute_force_on_uneven_units_and_limits() {
         let mut rng = crate::rng::Rng::new(3);
@@ -537,8 +563,11 @@ mod tests {
                     activation_bytes: rng.below(400) as usize,
                     trainable: rng.below(4) != 0,
                     weight_pack_bytes: rng.below(200) as usize,
-                    // (Counted for frozen units only: a sliced frozen attention's arena.)
-                    frozen_arena_bytes: rng.below(100) as usize,
+                    // (A sliced attention's arena: what a frozen unit keeps, and what a trained
+                    // one's recomputation cannot drop.)
+                    frozen_arena_bytes: if rng.below(2) == 0 { rng.below(100) as usize } else { 0 },
+                    kv_grad_bytes: rng.below(80) as usize,
+                    loss_grad_bytes: if rng.below(4) == 0 { rng.below(120) as usize } else { 0 },
                     input_bytes: rng.below(150) as usize,
                     ..Default::default()
                 })
@@ -562,10 +591,15 @@ mod tests {
                     if policy == Recompute::Off {
                         assert!(p.recomputed.iter().all(Range::is_empty), "{what}");
                     }
-                    // What each stage recomputes is a run of its units from its first trained one.
-                    for (r, again) in p.stages.iter().zip(&p.recomputed) {
+                    // What each stage recomputes is a run of its units from its first trained one;
+                    // under `auto`, no shorter run (nor none) fits the limit.
+                    for (s, (r, again)) in p.stages.iter().zip(&p.recomputed).enumerate() {
                         let first = (r.start..r.end).find(|&u| units[u].trainable);
                         assert!(again.is_empty() || (Some(again.start) == first && again.end <= r.end), "{what}");
+                        if policy == Recompute::Auto && !again.is_empty() {
+                            let shorter = memory_of(&units[r.clone()], in_flight[s], again.len() - 1);
+                            assert!(shorter > limit, "{what}, stage {s}: {again:?} where one unit fewer fits");
+                        }
                     }
                 }
                 Err(e) => assert_eq!(want, None, "{what}: {e}"),

@@ -28,7 +28,8 @@ pub struct PipelineConfig {
     pub memory_limit: Option<usize>,
     /// TeraPipe: the token slices every sequence is cut into, as lengths (empty: unsliced).
     pub token_slices: Vec<usize>,
-    /// Which stages recompute their activations in their backwards.
+    /// Which stages, and which of their units, recompute their activations in their
+    /// backwards.
     pub recompute: Recompute,
 }
 
@@ -43,10 +44,21 @@ impl PipelineConfig {
         self.token_slices.len().max(1)
     }
 
-    /// Whether this pipeline's stages may recompute their activations: whole micro-batches, and
-    /// a schedule that does not put weight gradients off (zb-h1 keeps those activations).
+    /// Whether this pipeline's stages may recompute their activations: a schedule that does
+    /// not put weight gradients off (zb-h1 keeps those activations).
     pub fn allows_recompute(&self) -> bool {
-        self.slices() <= 1 && self.schedule != ScheduleKind::ZeroBubble
+        self.schedule != ScheduleKind::ZeroBubble
+    }
+
+    /// The pipeline TeraPipe's `auto` slicing is planned for: this one, but where its stages
+    /// may recompute, without the memory limit, which the partition then meets by recomputing
+    /// (the slicer's memory model keeps every activation, so it would refuse what
+    /// recomputation fits).
+    pub fn for_slicing(&self) -> PipelineConfig {
+        match self.recompute {
+            Recompute::Off => self.clone(),
+            _ => PipelineConfig { memory_limit: None, ..self.clone() },
+        }
     }
 
     /// Whether `other` asks for the same pipelines: all but the token slices, which `auto`
@@ -214,21 +226,16 @@ impl Plan {
         if m == 0 {
             return Err(config_error("micro_batches", "must be at least 1"));
         }
-        // Recomputation is planned and run on whole micro-batches (what a sliced stage keeps
-        // while it recomputes is not modelled), and zero bubble's put-off weight gradients keep
-        // the linear layers' inputs, the very activations a recomputing stage would drop.
+        // Zero bubble's put-off weight gradients keep the linear layers' inputs, the very
+        // activations a recomputing stage would drop.
         if config.recompute != Recompute::Off && !config.allows_recompute() {
-            let why = match config.slices() > 1 {
-                true => {
-                    format!("with {} token slices: recomputation runs on whole micro-batches only", config.slices())
-                }
-                false => "with the zb-h1 schedule: its put-off weight gradients keep the activations recomputation \
-                          would drop; use gpipe, 1f1b or interleaved"
-                    .to_string(),
-            };
             return Err(config_error(
                 "recompute",
-                format!("recompute = \"{}\" {why}; or set recompute = \"off\"", config.recompute),
+                format!(
+                    "recompute = \"{}\" with the zb-h1 schedule: its put-off weight gradients keep the \
+                     activations recomputation would drop; use gpipe, 1f1b or interleaved, or set recompute = \"off\"",
+                    config.recompute
+                ),
             ));
         }
         // Checked: sizes from a user's flags may be absurd, and are refused, not wrapped.
@@ -586,7 +593,7 @@ mod tests {
 
     /// The per-device search of an interleaved schedule counts recomputing stages too, and a
     /// plan of the stages it found (a resumed run's) recomputes the same ones; a sliced
-    /// pipeline does not recompute.
+    /// pipeline recomputes, zb-h1 does not.
     #[test]
     fn recomputation_fits_interleaved_devices_and_given_stages() {
         let config = |recompute| PipelineConfig {
@@ -607,9 +614,22 @@ mod tests {
         assert!(p.partition.recomputed.iter().any(|r| r.is_empty()), "{:?}", p.partition);
         let given = Plan::with_stages(config(Recompute::Auto), &units, names(8), 2, p.partition.stages.clone());
         assert_eq!(given.and_then(Plan::within_limit).unwrap().partition, p.partition);
-        let sliced = PipelineConfig { token_slices: vec![4, 3], ..config(Recompute::All) };
-        let e = Plan::new(sliced, &units, names(8), 2, 0).unwrap_err().to_string();
-        assert!(e.contains("recompute") && e.contains("whole micro-batches only"), "{e}");
+        // Over token slices too; not with zb-h1. TeraPipe's slicer plans a recomputing
+        // pipeline without the limit, which the recomputation meets.
+        let gpipe = |recompute, token_slices| PipelineConfig {
+            chunks: 1,
+            schedule: crate::pipeline::ScheduleKind::Gpipe,
+            token_slices,
+            ..config(recompute)
+        };
+        let sliced = Plan::new(gpipe(Recompute::All, vec![4, 3]), &units, names(8), 2, 0).unwrap();
+        assert!(sliced.partition.recomputed.iter().all(|r| !r.is_empty()), "{:?}", sliced.partition);
+        assert_eq!(gpipe(Recompute::Auto, vec![]).for_slicing().memory_limit, None);
+        assert_eq!(gpipe(Recompute::Off, vec![]).for_slicing().memory_limit, Some(12000));
+        let zb =
+            PipelineConfig { schedule: crate::pipeline::ScheduleKind::ZeroBubble, ..gpipe(Recompute::All, vec![]) };
+        let e = Plan::new(zb, &units, names(8), 2, 0).unwrap_err().to_string();
+        assert!(e.contains("recompute") && e.contains("zb-h1"), "{e}");
     }
 
     /// TeraPipe's slicing is planned for the stages cut on time; where the slicer refuses those

@@ -32,9 +32,14 @@ pub struct UnitProfile {
     #[serde(default)]
     pub frozen_arena_bytes: usize,
     /// The hidden states the unit reads ([`UnitCost::input_bytes`]): what a stage that
-    /// recomputes keeps of each micro-batch in flight when this is its first trained unit.
+    /// recomputes keeps of each micro-batch in flight when this is the first unit it
+    /// recomputes.
     #[serde(default)]
     pub input_bytes: usize,
+    /// Of the activations, the logits' gradient the last stage holds per micro-batch in
+    /// flight, recomputing or not ([`UnitCost::loss_grad_bytes`]).
+    #[serde(default)]
+    pub loss_grad_bytes: usize,
     /// Whether any parameter trains. A frozen unit runs forward only, keeps no activations and
     /// has no gradients or optimizer state.
     pub trainable: bool,
@@ -57,6 +62,20 @@ impl UnitProfile {
         if self.trainable { self.activation_bytes } else { self.frozen_arena_bytes }
     }
 
+    /// Of [`in_flight_bytes`](Self::in_flight_bytes), what a stage recomputing this unit
+    /// keeps for one micro-batch at a time instead of for each in flight: all but the
+    /// key/value arena of token slicing (its keys and values, and a trained unit's gradients
+    /// of them), which later slices read and the backward fills whatever runs again, and the
+    /// logits' gradient, which the loss gives in the forward.
+    pub fn recomputable_bytes(&self) -> usize {
+        let arena = match self.frozen_arena_bytes {
+            0 => 0,
+            kv => kv + if self.trainable { self.kv_grad_bytes } else { 0 },
+        };
+        let loss_grad = if self.trainable { self.loss_grad_bytes } else { 0 };
+        self.in_flight_bytes().saturating_sub(arena + loss_grad)
+    }
+
     /// Seconds per micro-batch: forward, plus backward when trainable.
     pub fn time(&self) -> f64 {
         self.forward + if self.trainable { self.backward } else { 0.0 }
@@ -75,6 +94,7 @@ impl UnitProfile {
             kv_bytes: cost.kv_bytes * samples,
             frozen_arena_bytes: 0,
             input_bytes: cost.input_bytes * samples,
+            loss_grad_bytes: cost.loss_grad_bytes * samples,
             trainable,
             weight_pack_bytes: cost.weight_pack_bytes,
         }
@@ -92,6 +112,7 @@ impl UnitProfile {
             kv_bytes: (self.kv_bytes as f64 * factor).round() as usize,
             frozen_arena_bytes: (self.frozen_arena_bytes as f64 * factor).round() as usize,
             input_bytes: (self.input_bytes as f64 * factor).round() as usize,
+            loss_grad_bytes: (self.loss_grad_bytes as f64 * factor).round() as usize,
             ..*self
         }
     }

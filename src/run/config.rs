@@ -209,8 +209,9 @@ pub struct PipelineSection {
     /// language models only).
     pub token_slices: TokenSlices,
     /// Activation recomputation (`"off"`, `"all"`, `"auto"`: only the stages whose
-    /// activations would not fit `memory_limit`); whole micro-batches only, so not with
-    /// `token_slices`.
+    /// activations would not fit `memory_limit`, and there the fewest units that make them
+    /// fit); not with the zb-h1 schedule. `token_slices = "auto"` chooses its slicing as
+    /// without recomputation.
     pub recompute: Recompute,
     /// One stage per process of a launched run (`--across-processes`): the processes, each
     /// opening one device, make rows of `pipeline_len` stages, each row a replica
@@ -252,16 +253,6 @@ impl PipelineSection {
             if value == Some(0) {
                 return Err(config_error(field, "must be at least 1"));
             }
-        }
-        if self.recompute != Recompute::Off && !matches!(self.token_slices, TokenSlices::Off) {
-            return Err(config_error(
-                "pipeline.recompute",
-                format!(
-                    "recompute = \"{}\" with token slices: recomputation runs on whole micro-batches only; set \
-                     pipeline.recompute = \"off\" or drop pipeline.token_slices",
-                    self.recompute
-                ),
-            ));
         }
         let k = match (self.pipeline_len, self.devices) {
             (Some(k), _) => k,

@@ -620,6 +620,7 @@ fn token_slices<D: Device>(
     let profile = SlicingProfile::measure(dev, model, &micro)?;
     // The stages the pipeline will cut (its frozen prefix on the first, as `Pipeline::new`).
     let pinned = model.frozen_prefix();
+    let plan = &plan.for_slicing();
     let (planned, stage) =
         Plan::slice_cut(plan, units, pinned, |stages| profile.plan_stages(plan, micro.batch, units, stages))?;
     let latency = profile.latency(&stage, plan.pipeline_len, micro.batch)?;

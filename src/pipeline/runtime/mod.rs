@@ -63,8 +63,9 @@ pub struct PipelineStep {
     /// own [`StepOptions::stop_requested`]), agreed in the step's own sums.
     pub stop_requested: bool,
     /// Per device (replica-major), the most activation elements it held at once for the
-    /// backward: saved activations of the pieces in flight plus TeraPipe's key/value arenas,
-    /// and under zero bubble the inputs and output gradients of put-off weight gradients.
+    /// backward: saved activations of the pieces in flight plus TeraPipe's key/value arenas and
+    /// the last stage's gradients of the logits (held from the loss to the backward), and
+    /// under zero bubble the inputs and output gradients of put-off weight gradients.
     pub peak_activations: Vec<usize>,
     /// Whether the workers ran on the threads of the pool their devices share, each wait
     /// lending its thread to the others' ops ([`crate::device::HostPool::run_each`]).

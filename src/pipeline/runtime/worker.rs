@@ -278,8 +278,8 @@ impl<D: Device> Worker<'_, D> {
         let mut acts: HashMap<(Piece, usize), D::Buf> = HashMap::new();
         let mut dys: HashMap<(Piece, usize), Option<D::Buf>> = HashMap::new();
         let mut saved: HashMap<(Piece, usize), Vec<Saved<D>>> = HashMap::new();
-        // A recomputing stage's first trained unit's input, by (piece, stage): all it keeps of
-        // a piece for its recomputed units until the piece's backward runs their forward again.
+        // The input of the first unit a stage recomputes, by (piece, stage): all it keeps of a
+        // piece for its recomputed units until the piece's backward runs their forward again.
         let mut inputs: HashMap<(Piece, usize), D::Buf> = HashMap::new();
         // TeraPipe: each attention unit's keys and values of a micro-batch, by (mb, unit).
         let mut arenas: HashMap<(usize, usize), KvArena<D>> = HashMap::new();
@@ -293,6 +293,9 @@ impl<D: Device> Worker<'_, D> {
         };
         let mut zeroed = false;
         let mut saved_elements = 0usize;
+        // The last stage's gradients of the logits, held from each piece's forward (where the
+        // loss is taken) to the end of its backward.
+        let mut loss_grads = 0usize;
         // Whether this device's gradients are summed with other replicas' (on a device
         // communicator, or by the communication thread), and the action that completes each
         // stage's gradients: its last backward, unless zero bubble puts weight gradients after it.
@@ -367,7 +370,7 @@ impl<D: Device> Worker<'_, D> {
                             out.captured.push((piece.mb, dev.download(h)?));
                         }
                         // (The embeddings read the batch, which stays: nothing to keep.)
-                        if let Some(h) = x.as_ref().filter(|_| g == again.start && again.contains(&g)) {
+                        if let Some(h) = x.as_ref().filter(|_| g == again.start && !again.is_empty()) {
                             let mut copy = dev.alloc(D::len(h))?;
                             dev.copy(&mut copy, h)?;
                             saved_elements += D::len(&copy);
@@ -394,6 +397,7 @@ impl<D: Device> Worker<'_, D> {
                         let head = units.last().ok_or_else(|| internal("pipeline", "empty last stage"))?;
                         let loss = head_loss(dev, ctx.spec, head, batch, &y, Some(ctx.grad_scale))?;
                         out.loss_sum += loss.loss_sum;
+                        loss_grads += loss.dlogits.as_ref().map_or(0, D::len);
                         dys.insert((piece, stage), loss.dlogits);
                     } else {
                         acts.insert((piece, stage), y);
@@ -402,6 +406,7 @@ impl<D: Device> Worker<'_, D> {
                 Action::Backward { piece, stage } => {
                     let first = ctx.plan.partition.stages[stage].start;
                     let dy = take(&mut dys, (piece, stage), "gradient")?;
+                    let loss_grad = if stage + 1 == s_count { dy.as_ref().map_or(0, D::len) } else { 0 };
                     let mut kept = take(&mut saved, (piece, stage), "saved activations")?;
                     saved_elements -= kept.iter().map(Saved::elements).sum::<usize>();
                     let batch = &batches[&piece];
@@ -410,13 +415,16 @@ impl<D: Device> Worker<'_, D> {
                     if !again.is_empty() {
                         let input = inputs.remove(&(piece, stage));
                         saved_elements -= input.as_ref().map_or(0, D::len);
-                        let again = again.start - first..again.end - first;
-                        let regained = forward_again(dev, batch, &self.units(stage)?[again.clone()], input)?;
-                        kept.splice(again, regained);
-                        // Its peak: what the other pieces keep, and this one's activations again.
+                        let units = &self.units(stage)?[again.start - first..again.end - first];
+                        let regained = forward_again(dev, batch, units, (piece.mb, again.start), input, &mut arenas)?;
+                        kept.splice(again.start - first..again.end - first, regained);
+                        // Its peak: what the other pieces keep, this one's activations again, and
+                        // the arenas of token slicing.
                         let held = kept.iter().map(Saved::elements).sum::<usize>();
+                        let arena: usize = arenas.values().map(KvArena::elements).sum();
                         let deferred = if split { self.deferred_elements() } else { 0 };
-                        out.peak_activations = out.peak_activations.max(saved_elements + held + deferred);
+                        let peak = saved_elements + held + arena + deferred + loss_grads;
+                        out.peak_activations = out.peak_activations.max(peak);
                     }
                     let completing = completes.get(&stage) == Some(&i);
                     let sending = completing && sums;
@@ -461,6 +469,7 @@ impl<D: Device> Worker<'_, D> {
                     if piece.slice == 0 {
                         arenas.retain(|&(mb, g), _| mb != piece.mb || !ctx.plan.partition.stages[stage].contains(&g));
                     }
+                    loss_grads -= loss_grad;
                     if stage > 0 {
                         dys.insert((piece, stage - 1), cur);
                     }
@@ -529,7 +538,7 @@ impl<D: Device> Worker<'_, D> {
             if action.is_compute() {
                 let arena: usize = arenas.values().map(KvArena::elements).sum();
                 let deferred = if split { self.deferred_elements() } else { 0 };
-                out.peak_activations = out.peak_activations.max(saved_elements + arena + deferred);
+                out.peak_activations = out.peak_activations.max(saved_elements + arena + deferred + loss_grads);
             }
             marks.push((action, start, dev.marker()?));
         }
@@ -555,23 +564,27 @@ impl<D: Device> Worker<'_, D> {
 /// What `units` (trained, in order) save in a forward of `batch` from `input` (`None`: the
 /// batch itself, for the embeddings), run again for a stage that recomputes them: the same
 /// values as the first forward, dropout's masks included (they are drawn from the batch's
-/// coordinates, not from a running generator). The last unit's output is not needed
-/// ([`Unit::saved_again`]).
+/// coordinates, not from a running generator). `(mb, first)`: the micro-batch and the first
+/// unit's index, by which `arenas` holds a token slice's keys and values; its attention reads
+/// its context there and writes its own keys and values there again, the same as before. The
+/// last unit's output is not needed ([`Unit::saved_again`]).
 fn forward_again<D: Device>(
     dev: &D,
     batch: &Batch<D>,
     units: &[Unit<D>],
+    (mb, first): (usize, usize),
     input: Option<D::Buf>,
+    arenas: &mut HashMap<(usize, usize), KvArena<D>>,
 ) -> Result<Vec<Saved<D>>> {
     let Some((last, before)) = units.split_last() else { return Ok(Vec::new()) };
     let mut x = input;
     let mut saved = Vec::with_capacity(units.len());
-    for unit in before {
-        let (y, s) = unit.forward(dev, batch, x.take(), true, None)?;
+    for (i, unit) in before.iter().enumerate() {
+        let (y, s) = unit.forward(dev, batch, x.take(), true, arenas.get_mut(&(mb, first + i)))?;
         saved.push(s);
         x = Some(y);
     }
-    saved.push(last.saved_again(dev, batch, x, true, None)?);
+    saved.push(last.saved_again(dev, batch, x, true, arenas.get_mut(&(mb, first + before.len())))?);
     Ok(saved)
 }
 
