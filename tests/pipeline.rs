@@ -10,7 +10,7 @@ use pipetransformer::device::{CpuDevice, Device, GpuDevice, Precision};
 use pipetransformer::model::{Batch, GptConfig, HostBatch, Model, ModelConfig, Pooling, Unit};
 use pipetransformer::optim::{Optimizer, OptimizerConfig, train_step};
 use pipetransformer::pipeline::partition::UnitProfile;
-use pipetransformer::pipeline::{Fault, Pipeline, PipelineConfig, Plan, Recompute, ScheduleKind};
+use pipetransformer::pipeline::{Fault, Pipeline, PipelineConfig, Recompute, ScheduleKind};
 use std::sync::Arc;
 
 const STEPS: u64 = 3;
@@ -309,28 +309,11 @@ fn recomputed_activations_train_to_the_bit_and_keep_less() {
     let batches = step_batches(&config, 12, 6, 3);
     let dev = CpuDevice::<f32>::new(0, 1).unwrap();
     let units = profiles(&Model::new(&dev, &config, 7).unwrap(), &dev);
-    let names: Vec<String> = (0..units.len()).map(|u| format!("unit {u}")).collect();
     let state = |r: &std::ops::Range<usize>| units[r.clone()].iter().map(UnitProfile::state_bytes).sum::<usize>();
     for schedule in [ScheduleKind::Gpipe, ScheduleKind::OneFOneB, ScheduleKind::Interleaved] {
         let plain_config = cfg(2, 1, 3, schedule);
         let all_config = PipelineConfig { recompute: Recompute::All, ..plain_config.clone() };
-        // A limit under which `auto` recomputes some of a stage's units but not all, on the
-        // plain plan's stages: the largest below that plan's peak, in 400ths of it.
-        let plain_plan = Plan::new(plain_config.clone(), &units, names.clone(), 2, 0).unwrap();
-        let peak = plain_plan.partition.device_peak(2);
-        let partial_config = (1..400)
-            .map(|i| PipelineConfig {
-                recompute: Recompute::Auto,
-                memory_limit: Some(peak - i * peak / 400),
-                ..plain_config.clone()
-            })
-            .find(|c| {
-                let Ok(p) = Plan::new(c.clone(), &units, names.clone(), 2, 0) else { return false };
-                let mut stages = p.partition.stages.iter().zip(&p.partition.recomputed);
-                p.partition.stages == plain_plan.partition.stages
-                    && stages.any(|(s, again)| !again.is_empty() && again.end < s.end)
-            })
-            .unwrap_or_else(|| panic!("{schedule}: no limit makes `auto` recompute part of a stage"));
+        let partial_config = common::partial_recompute(&plain_config, &units);
         for frozen in [0, 2] {
             let run = |plan: &PipelineConfig| {
                 let mut p = pipeline(&config, plan.clone());

@@ -309,6 +309,24 @@ fn many_headed_gpt(width: usize, seq: usize) -> (ModelConfig, pipetransformer::m
     (config, host)
 }
 
+/// A 4-layer GPT over a 65-character vocabulary, 16 wide, 4 heads, and four sequences of 32
+/// tokens: big enough for two stages of two layers each.
+fn four_layer_gpt() -> (ModelConfig, pipetransformer::model::HostBatch) {
+    use pipetransformer::model::GptConfig;
+    let ModelConfig::Gpt(tiny) = tiny_gpt(0.1) else { unreachable!() };
+    let config = ModelConfig::Gpt(GptConfig {
+        vocab_size: 65,
+        n_embd: 16,
+        n_head: 4,
+        n_positions: 32,
+        n_inner: None,
+        n_layer: 4,
+        ..tiny
+    });
+    let host = pipetransformer::model::HostBatch::random(&config, 4, 32, 5);
+    (config, host)
+}
+
 /// Activation bytes a micro-batch like `micro` keeps in the last stage's end (final norm and
 /// head, per token): `measure_memory`'s model is of the larger end stage, here the last, while
 /// stage 0's end (GPT's embeddings) keeps nothing.
@@ -441,19 +459,8 @@ fn the_memory_model_counts_an_unsliced_plans_keys_and_values() {
 /// weights) counts what the partition counts for it, and bounds the step's measured peak.
 #[test]
 fn each_stages_memory_model_counts_what_the_partition_counts() {
-    use pipetransformer::model::GptConfig;
     use pipetransformer::terapipe::SlicingProfile;
-    let ModelConfig::Gpt(tiny) = tiny_gpt(0.1) else { unreachable!() };
-    let config = ModelConfig::Gpt(GptConfig {
-        vocab_size: 65,
-        n_embd: 16,
-        n_head: 4,
-        n_positions: 32,
-        n_inner: None,
-        n_layer: 4,
-        ..tiny
-    });
-    let host = pipetransformer::model::HostBatch::random(&config, 4, 32, 5);
+    let (config, host) = four_layer_gpt();
     let dev = CpuDevice::<f32>::new(0, 1).unwrap();
     let micro = host.split(2).unwrap().swap_remove(0);
     for slices in [vec![], vec![8, 8, 16]] {
@@ -512,23 +519,11 @@ fn each_stages_memory_model_counts_what_the_partition_counts() {
 /// gradient per micro-batch in flight), and stage 0 less than without recomputation.
 #[test]
 fn sliced_pipelines_that_recompute_train_to_the_bit_and_keep_less() {
-    use pipetransformer::model::GptConfig;
     use pipetransformer::pipeline::Recompute;
-    let ModelConfig::Gpt(tiny) = tiny_gpt(0.1) else { unreachable!() };
-    let config = ModelConfig::Gpt(GptConfig {
-        vocab_size: 65,
-        n_embd: 16,
-        n_head: 4,
-        n_positions: 32,
-        n_inner: None,
-        n_layer: 4,
-        ..tiny
-    });
-    let host = pipetransformer::model::HostBatch::random(&config, 4, 32, 5);
+    let (config, host) = four_layer_gpt();
     let dev = CpuDevice::<f32>::new(0, 1).unwrap();
     let micro = host.split(2).unwrap().swap_remove(0);
     let units = unit_profiles(&dev, &mut Model::new(&dev, &config, 1).unwrap(), &micro, false).unwrap();
-    let names: Vec<String> = (0..units.len()).map(|u| format!("unit {u}")).collect();
     let state = |r: &std::ops::Range<usize>| units[r.clone()].iter().map(UnitProfile::state_bytes).sum::<usize>();
     for schedule in [ScheduleKind::Gpipe, ScheduleKind::OneFOneB] {
         let plain = PipelineConfig {
@@ -551,22 +546,7 @@ fn sliced_pipelines_that_recompute_train_to_the_bit_and_keep_less() {
                 .collect();
             (steps, weights, pipeline.plan().clone())
         };
-        // A limit under which `auto` recomputes part of a stage, on the plain plan's stages.
-        let plain_plan = Plan::new(plain.clone(), &units, names.clone(), 2, 0).unwrap();
-        let peak = plain_plan.partition.device_peak(2);
-        let partial = (1..400)
-            .map(|i| PipelineConfig {
-                recompute: Recompute::Auto,
-                memory_limit: Some(peak - i * peak / 400),
-                ..plain.clone()
-            })
-            .find(|c| {
-                let Ok(p) = Plan::new(c.clone(), &units, names.clone(), 2, 0) else { return false };
-                let mut stages = p.partition.stages.iter().zip(&p.partition.recomputed);
-                p.partition.stages == plain_plan.partition.stages
-                    && stages.any(|(s, again)| !again.is_empty() && again.end < s.end)
-            })
-            .unwrap_or_else(|| panic!("{schedule}: no limit makes `auto` recompute part of a stage"));
+        let partial = common::partial_recompute(&plain, &units);
         let (want, want_weights, _) = run(&plain);
         let all = PipelineConfig { recompute: Recompute::All, ..plain.clone() };
         for (policy, config) in [("all", &all), ("auto", &partial)] {

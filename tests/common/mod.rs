@@ -167,3 +167,30 @@ pub fn params_rel(a: &[(String, Vec<f64>)], b: &[(String, Vec<f64>)]) -> f64 {
     }
     (num / den).sqrt()
 }
+
+/// `plain` (a pipeline of 2 stages on 2 devices that recomputes nothing) recomputing `auto`
+/// under the largest memory limit, in 400ths below its plan's peak, at which `auto` recomputes
+/// part of a stage's units but not all, on the plain plan's stages: what a test of partial
+/// recomputation runs. Panics where no limit does.
+pub fn partial_recompute(
+    plain: &pipetransformer::pipeline::PipelineConfig,
+    units: &[pipetransformer::pipeline::UnitProfile],
+) -> pipetransformer::pipeline::PipelineConfig {
+    use pipetransformer::pipeline::{PipelineConfig, Plan, Recompute};
+    let names: Vec<String> = (0..units.len()).map(|u| format!("unit {u}")).collect();
+    let plain_plan = Plan::new(plain.clone(), units, names.clone(), 2, 0).unwrap();
+    let peak = plain_plan.partition.device_peak(2);
+    (1..400)
+        .map(|i| PipelineConfig {
+            recompute: Recompute::Auto,
+            memory_limit: Some(peak - i * peak / 400),
+            ..plain.clone()
+        })
+        .find(|c| {
+            let Ok(p) = Plan::new(c.clone(), units, names.clone(), 2, 0) else { return false };
+            let mut stages = p.partition.stages.iter().zip(&p.partition.recomputed);
+            p.partition.stages == plain_plan.partition.stages
+                && stages.any(|(s, again)| !again.is_empty() && again.end < s.end)
+        })
+        .unwrap_or_else(|| panic!("{}: no limit makes `auto` recompute part of a stage", plain.schedule))
+}
