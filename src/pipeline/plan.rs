@@ -347,7 +347,8 @@ fn partition_per_device(
     // so the first that fits every device is the best-balanced one, and once none fits the
     // stages, no smaller limit does.
     // A split found under one cap is found again under any cap its largest stage still
-    // meets: the next cap worth a try is below that stage.
+    // meets (each of its stages costs the same there, a lower cap only takes options away, and
+    // the search takes the latest of tied cuts alike): the next cap worth a try is below it.
     let mut found = None;
     let (mut below, mut tightest) = (usize::MAX, need);
     for cap in per_stage_caps(units, &in_flight, limit, recompute, None) {
