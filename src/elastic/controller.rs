@@ -214,7 +214,8 @@ impl Elastic {
     }
 
     /// The token slices `config`'s shape runs with micro-batches of `samples` sequences over
-    /// units costing `units`, cut into `stages`: the slicer's plan (whole micro-batches where
+    /// units costing `units`, cut into `stages`: the slicer's plan (planned for time where the
+    /// stages recompute and that fits, [`Plan::recomputing_slicing`]; whole micro-batches where
     /// it finds no slicing within the memory limit: the plan's own check then decides), or
     /// `config`'s.
     fn token_slices(
@@ -224,15 +225,16 @@ impl Elastic {
         units: &[UnitProfile],
         stages: &[std::ops::Range<usize>],
     ) -> Vec<usize> {
-        match &self.slicer {
-            Some(plan) => plan(config, samples, units, stages).unwrap_or_else(|e| {
+        let Some(plan) = &self.slicer else { return config.token_slices.clone() };
+        let slice = |c: &crate::pipeline::PipelineConfig| plan(c, samples, units, stages);
+        Plan::recomputing_slicing(config, units, 0, Some(stages), slice, Vec::clone)
+            .map(Option::unwrap_or_default)
+            .unwrap_or_else(|e| {
                 if crate::debug::level() >= 1 {
                     eprintln!("terapipe: no slicing for K={} M={}: {e}", config.pipeline_len, config.micro_batches);
                 }
                 Vec::new()
-            }),
-            None => config.token_slices.clone(),
-        }
+            })
     }
 
     /// The token slices a shape AutoPipe adopts runs: the slicer's plan for the stages a plan
@@ -251,13 +253,16 @@ impl Elastic {
             return if config.pipeline_len == 1 { Vec::new() } else { config.token_slices.clone() };
         };
         // (Where no stages can be cut, a plan of the shape fails alike, and says why.)
-        let config = &config.for_slicing();
-        Plan::slice_cut(config, units, pinned, |stages| slicer(config, samples, units, stages)).unwrap_or_else(|e| {
-            if crate::debug::level() >= 1 {
-                eprintln!("terapipe: no slicing for K={} M={}: {e}", config.pipeline_len, config.micro_batches);
-            }
-            Vec::new()
-        })
+        let slice =
+            |c: &crate::pipeline::PipelineConfig| Plan::slice_cut(c, units, pinned, |s| slicer(c, samples, units, s));
+        Plan::recomputing_slicing(config, units, pinned, None, slice, Vec::clone)
+            .map(Option::unwrap_or_default)
+            .unwrap_or_else(|e| {
+                if crate::debug::level() >= 1 {
+                    eprintln!("terapipe: no slicing for K={} M={}: {e}", config.pipeline_len, config.micro_batches);
+                }
+                Vec::new()
+            })
     }
 
     /// `config` at `m` micro-batches of `samples` sequences each over units costing `units`,

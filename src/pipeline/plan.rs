@@ -50,10 +50,10 @@ impl PipelineConfig {
         self.schedule != ScheduleKind::ZeroBubble
     }
 
-    /// The pipeline TeraPipe's `auto` slicing is planned for: this one, but where its stages
-    /// may recompute, without the memory limit, which the partition then meets by recomputing
-    /// (the slicer's memory model keeps every activation, so it would refuse what
-    /// recomputation fits).
+    /// The pipeline TeraPipe's `auto` slicing is first planned for
+    /// ([`Plan::recomputing_slicing`]): this one, but where its stages may recompute, without
+    /// the memory limit, which the partition then meets by recomputing (the slicer's memory
+    /// model keeps every activation, so it would refuse what recomputation fits).
     pub fn for_slicing(&self) -> PipelineConfig {
         match self.recompute {
             Recompute::Off => self.clone(),
@@ -166,6 +166,49 @@ impl Plan {
                 _ => Err(refused),
             },
             sliced => sliced,
+        }
+    }
+
+    /// TeraPipe's slicing (`slice`, for a pipeline config) of `config`'s pipeline, where its
+    /// stages may recompute under a memory limit: planned for time first
+    /// ([`PipelineConfig::for_slicing`]), kept where a plan of the slices it gives (`lengths`)
+    /// meets the limit by recomputing, on the given `stages` or as cut afresh with the first
+    /// `pinned` units on the first; otherwise as for a run that does not recompute, the slicer
+    /// held to the limit; where that refuses too, whole micro-batches (`None`) if they fit
+    /// recomputing (a slice's arenas are kept, not recomputed, so slicing can need more),
+    /// else the slicer's refusal.
+    pub fn recomputing_slicing<T>(
+        config: &PipelineConfig,
+        units: &[UnitProfile],
+        pinned: usize,
+        stages: Option<&[std::ops::Range<usize>]>,
+        slice: impl Fn(&PipelineConfig) -> Result<T>,
+        lengths: impl Fn(&T) -> Vec<usize>,
+    ) -> Result<Option<T>> {
+        if config.recompute == Recompute::Off || config.memory_limit.is_none() {
+            return slice(config).map(Some);
+        }
+        let plan = |token_slices: Vec<usize>| {
+            let sliced = PipelineConfig { token_slices, ..config.clone() };
+            let (names, devices) = (vec![String::new(); units.len()], config.pipeline_len * config.replicas);
+            match stages {
+                Some(s) => Self::with_stages(sliced, units, names, devices, s.to_vec()).and_then(Self::within_limit),
+                None => Self::new(sliced, units, names, devices, pinned),
+            }
+        };
+        if let Some(timed) = slice(&config.for_slicing()).ok().filter(|t| plan(lengths(t)).is_ok()) {
+            return Ok(Some(timed));
+        }
+        match slice(config) {
+            Ok(held) => Ok(Some(held)),
+            // (The refusal of whole micro-batches, recomputing, names the least a plan needs:
+            // the slicer's counts every activation kept.)
+            Err(_) => plan(Vec::new()).map(|_| {
+                if crate::debug::level() >= 1 {
+                    eprintln!("token slicing: no slicing fits the memory limit; whole micro-batches do, recomputing");
+                }
+                None
+            }),
         }
     }
 
@@ -631,6 +674,55 @@ mod tests {
             PipelineConfig { schedule: crate::pipeline::ScheduleKind::ZeroBubble, ..gpipe(Recompute::All, vec![]) };
         let e = Plan::new(zb, &units, names(8), 2, 0).unwrap_err().to_string();
         assert!(e.contains("recompute") && e.contains("zb-h1"), "{e}");
+    }
+
+    /// Where stages recompute under a memory limit, TeraPipe's slicing is planned for time and
+    /// kept where its plan fits recomputing; else planned under the limit as without
+    /// recomputation; else whole micro-batches where they fit recomputing; else the refusal
+    /// names what whole micro-batches need recomputing. Four equal units, 2 stages × 2 units,
+    /// GPipe, `M = 2`: unsliced a stage takes 3200 B of state plus 2 × 2000 B of activations,
+    /// 5400 B recomputing both units (2 × 100 B of input + 2000 B); over slices [2, 2] the
+    /// arenas add 400 B of key/value gradients a unit and are kept: 8800 B, 7400 B recomputing.
+    #[test]
+    fn recomputing_slicing_plans_for_time_then_falls_back() {
+        use std::cell::RefCell;
+        let units: Vec<UnitProfile> = units(4)
+            .into_iter()
+            .map(|u| UnitProfile { kv_bytes: 200, kv_grad_bytes: 400, input_bytes: 100, ..u })
+            .collect();
+        let config = |recompute, limit| PipelineConfig {
+            pipeline_len: 2,
+            micro_batches: 2,
+            schedule: crate::pipeline::ScheduleKind::Gpipe,
+            memory_limit: Some(limit),
+            recompute,
+            ..Default::default()
+        };
+        // A slicer that plans [2, 2] without a limit and refuses under one, noting the limits
+        // it was asked for.
+        let asked = RefCell::new(Vec::new());
+        let slicer = |c: &PipelineConfig| {
+            asked.borrow_mut().push(c.memory_limit);
+            match c.memory_limit {
+                None => Ok(vec![2, 2]),
+                Some(_) => Err(config_error("memory_limit", "no slicing meets the memory limit")),
+            }
+        };
+        let given = [0..2, 2..4];
+        for stages in [None, Some(&given[..])] {
+            let run = |recompute, limit| {
+                asked.borrow_mut().clear();
+                let got = Plan::recomputing_slicing(&config(recompute, limit), &units, 0, stages, slicer, Vec::clone);
+                (got.map_err(|e| e.to_string()), asked.borrow().clone())
+            };
+            assert_eq!(run(Recompute::Auto, 7400), (Ok(Some(vec![2, 2])), vec![None]), "{stages:?}");
+            let whole = run(Recompute::Auto, 7399);
+            assert_eq!(whole, (Ok(None), vec![None, Some(7399)]), "{stages:?}");
+            let (refused, _) = run(Recompute::Auto, 5399);
+            assert!(refused.as_ref().is_err_and(|e| e.contains("5400 bytes")), "{stages:?}: {refused:?}");
+            let (off, asked) = run(Recompute::Off, 7400);
+            assert!(off.is_err_and(|e| e.contains("no slicing")) && asked == [Some(7400)], "{stages:?}");
+        }
     }
 
     /// TeraPipe's slicing is planned for the stages cut on time; where the slicer refuses those

@@ -210,8 +210,8 @@ pub struct PipelineSection {
     pub token_slices: TokenSlices,
     /// Activation recomputation (`"off"`, `"all"`, `"auto"`: only the stages whose
     /// activations would not fit `memory_limit`, and there the fewest units that make them
-    /// fit); not with the zb-h1 schedule. `token_slices = "auto"` chooses its slicing as
-    /// without recomputation.
+    /// fit); not with the zb-h1 schedule. `token_slices = "auto"` then plans its slicing for
+    /// time where recomputation meets the limit ([`crate::pipeline::Plan::recomputing_slicing`]).
     pub recompute: Recompute,
     /// One stage per process of a launched run (`--across-processes`): the processes, each
     /// opening one device, make rows of `pipeline_len` stages, each row a replica

@@ -620,9 +620,13 @@ fn token_slices<D: Device>(
     let profile = SlicingProfile::measure(dev, model, &micro)?;
     // The stages the pipeline will cut (its frozen prefix on the first, as `Pipeline::new`).
     let pinned = model.frozen_prefix();
-    let plan = &plan.for_slicing();
-    let (planned, stage) =
-        Plan::slice_cut(plan, units, pinned, |stages| profile.plan_stages(plan, micro.batch, units, stages))?;
+    let slice =
+        |c: &PipelineConfig| Plan::slice_cut(c, units, pinned, |s| profile.plan_stages(c, micro.batch, units, s));
+    // (None: no slicing fits, but whole micro-batches do, recomputing.)
+    let Some((planned, stage)) = Plan::recomputing_slicing(plan, units, pinned, None, slice, |(p, _)| lengths(p))?
+    else {
+        return Ok((Vec::new(), None));
+    };
     let latency = profile.latency(&stage, plan.pipeline_len, micro.batch)?;
     let mut context = 0;
     let mut slice_seconds = Vec::new();

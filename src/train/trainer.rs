@@ -640,7 +640,7 @@ impl<D: Device> Trainer<D> {
         };
         // Recomputation moves nothing between devices or processes: the run's own setting
         // holds over the checkpoint's (one taken before the setting existed reads as off)
-        // where the recorded plan can carry it (whole micro-batches, not zb-h1) and, under a
+        // where the recorded plan can carry it (not zb-h1) and, under a
         // memory limit, it recomputes no less (restored stages are not judged against the
         // limit again). Otherwise the two differ in shape.
         let recompute = in_force.config.recompute;
