@@ -46,7 +46,12 @@ impl<D: Device> KvArena<D> {
 
     /// Elements the arena holds (keys, values and their gradients once the backward started).
     pub fn elements(&self) -> usize {
-        self.batch * self.seq * self.width * if self.grad.is_some() { 4 } else { 2 }
+        self.elements_in_backward() / if self.grad.is_some() { 1 } else { 2 }
+    }
+
+    /// Elements the arena holds once a backward has run: keys, values and their gradients.
+    pub fn elements_in_backward(&self) -> usize {
+        self.batch * self.seq * self.width * 4
     }
 
     /// The copy between positions `start..start+len` of the arena and a `[batch, len, width]`

@@ -419,9 +419,20 @@ impl<D: Device> Worker<'_, D> {
                         let regained = forward_again(dev, batch, units, (piece.mb, again.start), input, &mut arenas)?;
                         kept.splice(again.start - first..again.end - first, regained);
                         // Its peak: what the other pieces keep, this one's activations again, and
-                        // the arenas of token slicing.
+                        // the arenas of token slicing, this micro-batch's trained ones on this
+                        // stage with the gradients their backward is about to make.
                         let held = kept.iter().map(Saved::elements).sum::<usize>();
-                        let arena: usize = arenas.values().map(KvArena::elements).sum();
+                        let stage_units = &ctx.plan.partition.stages[stage];
+                        let in_backward =
+                            |mb, g| mb == piece.mb && stage_units.contains(&g) && g >= ctx.first_trainable;
+                        let arena: usize = arenas
+                            .iter()
+                            .map(
+                                |(&(mb, g), a)| {
+                                    if in_backward(mb, g) { a.elements_in_backward() } else { a.elements() }
+                                },
+                            )
+                            .sum();
                         let deferred = if split { self.deferred_elements() } else { 0 };
                         let peak = saved_elements + held + arena + deferred + loss_grads;
                         out.peak_activations = out.peak_activations.max(peak);
