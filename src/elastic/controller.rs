@@ -29,6 +29,33 @@ pub type Slicer = Box<
         + Send,
 >;
 
+/// `slicer`'s token slices for `config`'s shape, with micro-batches of `samples` sequences
+/// over units costing `units`: on `stages` when given, or on the stages a plan of it cuts,
+/// the first `pinned` units on the first ([`Plan::slice_cut`]), as a run's first plan is
+/// sliced, with [`Plan::recomputing_slicing`]'s rule where the stages recompute; whole
+/// micro-batches where no slicing fits (the plan's own check then decides).
+fn sliced_by(
+    slicer: &Slicer,
+    config: &crate::pipeline::PipelineConfig,
+    samples: usize,
+    units: &[UnitProfile],
+    pinned: usize,
+    stages: Option<&[std::ops::Range<usize>]>,
+) -> Vec<usize> {
+    let slice = |c: &crate::pipeline::PipelineConfig| match stages {
+        Some(given) => slicer(c, samples, units, given),
+        None => Plan::slice_cut(c, units, pinned, |cut| slicer(c, samples, units, cut)),
+    };
+    Plan::recomputing_slicing(config, units, pinned, stages, slice, Vec::clone)
+        .map(Option::unwrap_or_default)
+        .unwrap_or_else(|e| {
+            if crate::debug::level() >= 1 {
+                eprintln!("terapipe: no slicing for K={} M={}: {e}", config.pipeline_len, config.micro_batches);
+            }
+            Vec::new()
+        })
+}
+
 /// A pipeline's shape: its plan's config and stages (a transition's before).
 type Shape = (crate::pipeline::PipelineConfig, Vec<std::ops::Range<usize>>);
 
@@ -214,9 +241,7 @@ impl Elastic {
     }
 
     /// The token slices `config`'s shape runs with micro-batches of `samples` sequences over
-    /// units costing `units`, cut into `stages`: the slicer's plan (planned for time where the
-    /// stages recompute and that fits, [`Plan::recomputing_slicing`]; whole micro-batches where
-    /// it finds no slicing within the memory limit: the plan's own check then decides), or
+    /// units costing `units`, cut into `stages`: the slicer's plan ([`sliced_by`]), or
     /// `config`'s.
     fn token_slices(
         &self,
@@ -225,23 +250,17 @@ impl Elastic {
         units: &[UnitProfile],
         stages: &[std::ops::Range<usize>],
     ) -> Vec<usize> {
-        let Some(plan) = &self.slicer else { return config.token_slices.clone() };
-        let slice = |c: &crate::pipeline::PipelineConfig| plan(c, samples, units, stages);
-        Plan::recomputing_slicing(config, units, 0, Some(stages), slice, Vec::clone)
-            .map(Option::unwrap_or_default)
-            .unwrap_or_else(|e| {
-                if crate::debug::level() >= 1 {
-                    eprintln!("terapipe: no slicing for K={} M={}: {e}", config.pipeline_len, config.micro_batches);
-                }
-                Vec::new()
-            })
+        match &self.slicer {
+            Some(slicer) => sliced_by(slicer, config, samples, units, 0, Some(stages)),
+            None => config.token_slices.clone(),
+        }
     }
 
     /// The token slices a shape AutoPipe adopts runs: the slicer's plan for the stages a plan
     /// of it cuts, the first `pinned` units on the first, as a run's first plan is sliced
-    /// ([`Plan::slice_cut`]; whole micro-batches where none fits), except that a given list is
-    /// dropped on one stage: it has no fill or drain for them to shorten, and they would only
-    /// add each slice's overhead (`auto` decides for one stage as for any).
+    /// ([`sliced_by`]), except that a given list is dropped on one stage: it has no fill or
+    /// drain for them to shorten, and they would only add each slice's overhead (`auto`
+    /// decides for one stage as for any).
     fn adopted_slices(
         &self,
         config: &crate::pipeline::PipelineConfig,
@@ -249,20 +268,12 @@ impl Elastic {
         units: &[UnitProfile],
         pinned: usize,
     ) -> Vec<usize> {
-        let Some(slicer) = &self.slicer else {
-            return if config.pipeline_len == 1 { Vec::new() } else { config.token_slices.clone() };
-        };
-        // (Where no stages can be cut, a plan of the shape fails alike, and says why.)
-        let slice =
-            |c: &crate::pipeline::PipelineConfig| Plan::slice_cut(c, units, pinned, |s| slicer(c, samples, units, s));
-        Plan::recomputing_slicing(config, units, pinned, None, slice, Vec::clone)
-            .map(Option::unwrap_or_default)
-            .unwrap_or_else(|e| {
-                if crate::debug::level() >= 1 {
-                    eprintln!("terapipe: no slicing for K={} M={}: {e}", config.pipeline_len, config.micro_batches);
-                }
-                Vec::new()
-            })
+        match &self.slicer {
+            // (Where no stages can be cut, a plan of the shape fails alike, and says why.)
+            Some(slicer) => sliced_by(slicer, config, samples, units, pinned, None),
+            None if config.pipeline_len == 1 => Vec::new(),
+            None => config.token_slices.clone(),
+        }
     }
 
     /// `config` at `m` micro-batches of `samples` sequences each over units costing `units`,

@@ -300,12 +300,10 @@ impl<'a> StageCosts<'a> {
         Some(self.chosen(s, r, limit)).filter(|c| c.memory <= limit)
     }
 
-    /// The least memory the policy lets stage `s` as the units `r` take.
+    /// The least memory the policy lets stage `s` as the units `r` take: as planned for no
+    /// room at all.
     fn least_memory(&self, s: usize, r: &Range<usize>) -> usize {
-        match self.recompute {
-            Recompute::Off | Recompute::All => self.chosen(s, r, usize::MAX).memory,
-            Recompute::Auto => self.chosen(s, r, 0).memory,
-        }
+        self.chosen(s, r, 0).memory
     }
 
     /// The partition of `stages` at `costs`.

@@ -415,24 +415,16 @@ impl<D: Device> Worker<'_, D> {
                     if !again.is_empty() {
                         let input = inputs.remove(&(piece, stage));
                         saved_elements -= input.as_ref().map_or(0, D::len);
-                        let units = &self.units(stage)?[again.start - first..again.end - first];
+                        let run = again.start - first..again.end - first;
+                        let units = &self.units(stage)?[run.clone()];
                         let regained = forward_again(dev, batch, units, (piece.mb, again.start), input, &mut arenas)?;
-                        kept.splice(again.start - first..again.end - first, regained);
+                        kept.splice(run, regained);
                         // Its peak: what the other pieces keep, this one's activations again, and
-                        // the arenas of token slicing, this micro-batch's trained ones on this
-                        // stage with the gradients their backward is about to make.
+                        // the arenas of token slicing, with the gradients this backward is about
+                        // to make in its micro-batch's trained ones.
                         let held = kept.iter().map(Saved::elements).sum::<usize>();
-                        let stage_units = &ctx.plan.partition.stages[stage];
-                        let in_backward =
-                            |mb, g| mb == piece.mb && stage_units.contains(&g) && g >= ctx.first_trainable;
-                        let arena: usize = arenas
-                            .iter()
-                            .map(
-                                |(&(mb, g), a)| {
-                                    if in_backward(mb, g) { a.elements_in_backward() } else { a.elements() }
-                                },
-                            )
-                            .sum();
+                        let trained = first.max(ctx.first_trainable)..ctx.plan.partition.stages[stage].end;
+                        let arena = arena_elements(&arenas, Some((piece.mb, trained)));
                         let deferred = if split { self.deferred_elements() } else { 0 };
                         let peak = saved_elements + held + arena + deferred + loss_grads;
                         out.peak_activations = out.peak_activations.max(peak);
@@ -547,7 +539,7 @@ impl<D: Device> Worker<'_, D> {
                 }
             }
             if action.is_compute() {
-                let arena: usize = arenas.values().map(KvArena::elements).sum();
+                let arena = arena_elements(&arenas, None);
                 let deferred = if split { self.deferred_elements() } else { 0 };
                 out.peak_activations = out.peak_activations.max(saved_elements + arena + deferred + loss_grads);
             }
@@ -597,6 +589,20 @@ fn forward_again<D: Device>(
     }
     saved.push(last.saved_again(dev, batch, x, true, arenas.get_mut(&(mb, first + before.len())))?);
     Ok(saved)
+}
+
+/// The elements token slicing's key/value `arenas` (by micro-batch and unit) hold, counting
+/// the gradients a backward of micro-batch `mb` is about to make in the arenas of `units`.
+fn arena_elements<D: Device>(
+    arenas: &HashMap<(usize, usize), KvArena<D>>,
+    backward: Option<(usize, std::ops::Range<usize>)>,
+) -> usize {
+    let in_backward = |mb: usize, g: usize| backward.as_ref().is_some_and(|(m, units)| *m == mb && units.contains(&g));
+    let elements = |(&(mb, g), a): (&(usize, usize), &KvArena<D>)| match in_backward(mb, g) {
+        true => a.elements_in_backward(),
+        false => a.elements(),
+    };
+    arenas.iter().map(elements).sum()
 }
 
 /// The gradient elements `units` hold.
