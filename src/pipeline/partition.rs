@@ -40,7 +40,7 @@ pub fn covers(stages: &[Range<usize>], units: usize) -> bool {
 /// micro-batch saves nothing: it keeps that micro-batch's input besides); the gradients are the
 /// same to the bit (dropout's masks are counter-based, so the second forward draws the first
 /// one's). The planner counts one micro-batch's activations of the recomputed units per
-/// recomputing stage, and a device of an interleaved schedule sums its stages': a bound, as
+/// recomputing stage (under token slicing one slice's, the largest each unit regains), and a device of an interleaved schedule sums its stages': a bound, as
 /// only one backward runs at a time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -185,13 +185,15 @@ struct StageCosts<'a> {
     in_flight: &'a [usize],
     recompute: Recompute,
     /// Prefix sums: time, forward time, the trained units' forward time, state bytes, bytes
-    /// per micro-batch in flight, and of those the ones a recomputing stage keeps once.
+    /// per micro-batch in flight, of those the ones a recomputing stage drops, and what it
+    /// holds again while one backward runs.
     time: Vec<f64>,
     forward: Vec<f64>,
     trained_forward: Vec<f64>,
     state: Vec<usize>,
     acts: Vec<usize>,
     recomputable: Vec<usize>,
+    regained: Vec<usize>,
     /// The first trained unit at or after each index (`N` where none is).
     next_trained: Vec<usize>,
 }
@@ -209,6 +211,7 @@ impl<'a> StageCosts<'a> {
             state: vec![0; n + 1],
             acts: vec![0; n + 1],
             recomputable: vec![0; n + 1],
+            regained: vec![0; n + 1],
             next_trained: vec![n; n + 1],
         };
         for (i, u) in units.iter().enumerate() {
@@ -218,6 +221,7 @@ impl<'a> StageCosts<'a> {
             c.state[i + 1] = c.state[i] + u.state_bytes();
             c.acts[i + 1] = c.acts[i] + u.in_flight_bytes();
             c.recomputable[i + 1] = c.recomputable[i] + u.recomputable_bytes();
+            c.regained[i + 1] = c.regained[i] + u.regained_bytes();
         }
         for i in (0..n).rev() {
             c.next_trained[i] = if units[i].trainable { i } else { c.next_trained[i + 1] };
@@ -245,13 +249,15 @@ impl<'a> StageCosts<'a> {
 
     /// Stage `s` as the units `r`, recomputing the units `again` (from its first trained one):
     /// each micro-batch in flight keeps their input and what the units after them save (and
-    /// under token slicing their key/value arenas), and the one whose backward runs their
-    /// activations too; their forward runs twice.
+    /// under token slicing their key/value arenas), and the backward that runs holds their
+    /// activations again (of one micro-batch, or under token slicing of one slice); their
+    /// forward runs twice.
     fn recomputing(&self, s: usize, r: &Range<usize>, again: Range<usize>) -> StageCost {
         let plain = self.plain(s, r);
         let acts = self.acts[r.end] - self.acts[r.start];
-        let regained = self.recomputable[again.end] - self.recomputable[again.start];
-        let kept = self.units[again.start].input_bytes + acts - regained;
+        let dropped = self.recomputable[again.end] - self.recomputable[again.start];
+        let regained = self.regained[again.end] - self.regained[again.start];
+        let kept = self.units[again.start].input_bytes + acts - dropped;
         StageCost {
             time: plain.time + self.trained_forward[again.end] - self.trained_forward[again.start],
             memory: self.state[r.end] - self.state[r.start] + self.in_flight[s] * kept + regained,
@@ -280,8 +286,8 @@ impl<'a> StageCosts<'a> {
 
     /// Stage `s` as the units `r`, recomputing the fewest trained units that bring it within
     /// `cap`, which recomputing all of them meets. A binary search: each unit more recomputed
-    /// keeps its activations for one micro-batch instead of for each in flight, so the memory
-    /// falls (or stays) with every unit added where the stage holds at least one.
+    /// keeps its activations for one micro-batch (or slice) instead of for each in flight, so
+    /// the memory falls (or stays) with every unit added where the stage holds at least one.
     fn fewest_within(&self, s: usize, r: &Range<usize>, cap: usize) -> StageCost {
         let first = self.next_trained[r.start];
         let (mut lo, mut hi) = (first + 1, r.end);
@@ -532,8 +538,10 @@ mod tests {
         if n == 0 {
             return state + in_flight * acts;
         }
-        let regained: usize = us[first..first + n].iter().map(recomputable).sum();
-        state + in_flight * (us[first].input_bytes + acts - regained) + regained
+        let dropped: usize = us[first..first + n].iter().map(recomputable).sum();
+        let regained: usize =
+            us[first..first + n].iter().map(|u| u.slice_regained_bytes.unwrap_or(recomputable(u))).sum();
+        state + in_flight * (us[first].input_bytes + acts - dropped) + regained
     }
 
     /// All a unit keeps but a token slicing's key/value arena (its keys and values,
@@ -568,6 +576,16 @@ mod tests {
                     loss_grad_bytes: if rng.below(4) == 0 { rng.below(120) as usize } else { 0 },
                     input_bytes: rng.below(150) as usize,
                     ..Default::default()
+                })
+                .collect();
+            // (Under token slicing a backward regains one slice's activations: at most all.)
+            let units: Vec<UnitProfile> = units
+                .into_iter()
+                .map(|u| match rng.below(2) {
+                    0 => {
+                        UnitProfile { slice_regained_bytes: Some(rng.below(recomputable(&u) as u64 + 1) as usize), ..u }
+                    }
+                    _ => u,
                 })
                 .collect();
             let pinned = if trial % 4 == 0 { rng.below(n as u64) as usize } else { 0 };

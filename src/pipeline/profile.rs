@@ -40,6 +40,12 @@ pub struct UnitProfile {
     /// flight, recomputing or not ([`UnitCost::loss_grad_bytes`]).
     #[serde(default)]
     pub loss_grad_bytes: usize,
+    /// Under token slicing (set by [`sliced`](Self::sliced)), what a stage recomputing this
+    /// unit gets back for one slice's backward at a time: the most any slice regains of
+    /// [`recomputable_bytes`](Self::recomputable_bytes). `None` for whole sequences, whose
+    /// backward regains all of it.
+    #[serde(default)]
+    pub slice_regained_bytes: Option<usize>,
     /// Whether any parameter trains. A frozen unit runs forward only, keeps no activations and
     /// has no gradients or optimizer state.
     pub trainable: bool,
@@ -76,6 +82,13 @@ impl UnitProfile {
         self.in_flight_bytes().saturating_sub(arena + loss_grad)
     }
 
+    /// What a stage recomputing this unit holds again while one backward runs: a whole
+    /// micro-batch's [`recomputable_bytes`](Self::recomputable_bytes), or under token slicing
+    /// one slice's, the largest.
+    pub fn regained_bytes(&self) -> usize {
+        self.slice_regained_bytes.unwrap_or_else(|| self.recomputable_bytes())
+    }
+
     /// Seconds per micro-batch: forward, plus backward when trainable.
     pub fn time(&self) -> f64 {
         self.forward + if self.trainable { self.backward } else { 0.0 }
@@ -95,6 +108,7 @@ impl UnitProfile {
             frozen_arena_bytes: 0,
             input_bytes: cost.input_bytes * samples,
             loss_grad_bytes: cost.loss_grad_bytes * samples,
+            slice_regained_bytes: None,
             trainable,
             weight_pack_bytes: cost.weight_pack_bytes,
         }
@@ -113,6 +127,7 @@ impl UnitProfile {
             frozen_arena_bytes: (self.frozen_arena_bytes as f64 * factor).round() as usize,
             input_bytes: (self.input_bytes as f64 * factor).round() as usize,
             loss_grad_bytes: (self.loss_grad_bytes as f64 * factor).round() as usize,
+            slice_regained_bytes: self.slice_regained_bytes.map(|b| (b as f64 * factor).ceil() as usize),
             ..*self
         }
     }
@@ -120,24 +135,39 @@ impl UnitProfile {
     /// The same unit when each sequence runs as token slices of `lengths` (TeraPipe): the
     /// attention probabilities shrink to `Σ l·(c + l) / L²` of the whole sequence's, and the
     /// key/value arena adds the keys' and values' gradients; a frozen unit keeps its arena's
-    /// keys and values for the later slices.
+    /// keys and values for the later slices. What recomputation regains per slice is the rest
+    /// of its activations by the slice's share of the tokens, `l / L`, and its scores by
+    /// `l·(c + l) / L²`, rounded up (a bound).
     pub fn sliced(&self, lengths: &[usize]) -> Self {
         let whole: usize = lengths.iter().sum();
         if lengths.len() < 2 || whole == 0 {
             return *self;
         }
-        let mut context = 0;
-        let mut kept = 0.0;
+        let by_tokens = if self.trainable {
+            (self.activation_bytes - self.score_bytes).saturating_sub(self.kv_bytes + self.loss_grad_bytes)
+        } else {
+            0
+        };
+        let (mut context, mut kept, mut most_regained) = (0, 0.0, 0.0f64);
         for &l in lengths {
             kept += (l * (context + l)) as f64;
+            if self.trainable {
+                let (tokens, scores) = (l as f64 / whole as f64, (l * (context + l)) as f64 / (whole * whole) as f64);
+                most_regained = most_regained.max(by_tokens as f64 * tokens + self.score_bytes as f64 * scores);
+            }
             context += l;
         }
         let scores = (self.score_bytes as f64 * kept / (whole * whole) as f64).round() as usize;
-        UnitProfile {
+        let sliced = UnitProfile {
             activation_bytes: self.activation_bytes - self.score_bytes + scores + self.kv_grad_bytes,
             score_bytes: scores,
             frozen_arena_bytes: self.kv_bytes,
             ..*self
+        };
+        // (No slice regains more than all of them together, whatever the rounding.)
+        UnitProfile {
+            slice_regained_bytes: Some((most_regained.ceil() as usize).min(sliced.recomputable_bytes())),
+            ..sliced
         }
     }
 }
@@ -292,5 +322,30 @@ mod tests {
             let grads = 3 * 2 * 8 * model.spec().hidden * 4;
             assert_eq!(sliced.activation_bytes, whole.activation_bytes - whole.score_bytes + scores + grads, "{elem}");
         }
+    }
+
+    /// A recomputing stage's backward regains a whole micro-batch's activations, or one slice's
+    /// under token slicing: the largest, here the last of [2, 6], whose 6 of 8 tokens see all
+    /// 8 of context (6·8 of the 8·8 scores), against the first's 2 tokens and 2·2 scores.
+    #[test]
+    fn a_slice_regains_its_share_of_the_activations() {
+        let dev = crate::device::CpuDevice::<f32>::new(0, 1).unwrap();
+        let model = Model::new(&dev, &crate::model::tiny::tiny_gpt(0.0), 1).unwrap();
+        let whole = UnitProfile::analytic(&model.units()[1].cost(&dev, 8, 4), 3, 1e9, true);
+        assert_eq!(whole.regained_bytes(), whole.recomputable_bytes());
+        for lengths in [[2, 6], [6, 2]] {
+            let sliced = whole.sliced(&lengths);
+            let by_tokens = (whole.activation_bytes - whole.score_bytes - whole.kv_bytes) as f64;
+            let slice = |l: usize, context: usize| {
+                by_tokens * l as f64 / 8.0 + whole.score_bytes as f64 * (l * (context + l)) as f64 / 64.0
+            };
+            let most = slice(lengths[0], 0).max(slice(lengths[1], lengths[0])).ceil() as usize;
+            assert_eq!(sliced.regained_bytes(), most, "{lengths:?}");
+            assert!(most < sliced.recomputable_bytes(), "{lengths:?}");
+        }
+        // The whole-micro-batch profile, scaled, keeps its meaning; a frozen unit regains nothing.
+        assert_eq!(whole.scaled(2.0).slice_regained_bytes, None);
+        let frozen = UnitProfile { trainable: false, ..whole }.sliced(&[4, 4]);
+        assert_eq!(frozen.regained_bytes(), 0);
     }
 }
