@@ -796,8 +796,9 @@ fn bad_pipeline_settings_and_an_unwritable_trace_are_clear_errors() {
 }
 
 /// A run's folder holds one run at a time and one run's log: an empty `output.dir` is refused,
-/// a run that starts over moves the earlier log aside, a resumed one continues it (and says how
-/// many steps it took itself), and a second run is refused while another holds the folder.
+/// a run that starts over moves the earlier log aside (at its first step: one that fails sooner
+/// loses nothing), a resumed one continues it (and says how many steps it took itself), and a
+/// second run is refused while another holds the folder.
 #[test]
 fn a_run_folder_holds_one_run_and_its_log() {
     if !have_digits() {
@@ -838,6 +839,34 @@ fn a_run_folder_holds_one_run_and_its_log() {
     assert_eq!(std::fs::read(dir.join("checkpoint.ckpt")).unwrap(), before);
     assert_eq!(starts("metrics.jsonl"), [false, true]);
     drop(held);
+    // A run that starts over and fails before its first step is done (a training set of one
+    // sample cannot feed two replicas) loses nothing: the earlier run's log and checkpoint
+    // stay where they were, and so do the ones set aside before.
+    let files = || {
+        ["metrics.jsonl", "checkpoint.ckpt", "metrics.previous.jsonl", "checkpoint.previous.ckpt"]
+            .map(|f| std::fs::read(dir.join(f)).unwrap())
+    };
+    let before = files();
+    let (ok, out) = pipetransformer(&[
+        "train",
+        "--config",
+        "configs/vit-digits.toml",
+        "--set",
+        &out_dir,
+        "--set",
+        "data.train_limit=1",
+        "--set",
+        "data.test_limit=32",
+        "--devices",
+        "2",
+        "--replicas",
+        "2",
+        "--fresh",
+    ]);
+    assert!(!ok && out.contains("pipeline.replicas") && out.contains("cannot feed 2 replicas"), "{out}");
+    assert!(files() == before, "{out}");
+    let (ok, out) = train("6", "--resume");
+    assert!(ok && out.contains("done: 6 steps (1 of them since step 5, in"), "{out}");
     // A log that cannot be written (here every write fails as on a full disk) ends the run,
     // named, once the weights it trained are checkpointed and exported.
     let full = scratch("full-log");

@@ -561,17 +561,6 @@ impl RunConfig {
         if self.data.eval_batch_size == Some(0) {
             return Err(Error::Config { field: "data.eval_batch_size".into(), message: "must be at least 1".into() });
         }
-        // A micro-batch holds at least one sample; more of them than samples would only
-        // schedule empty work (and a schedule's size grows with its square).
-        if self.pipeline.micro_batches > self.data.batch_size {
-            return Err(Error::Config {
-                field: "pipeline.micro_batches".into(),
-                message: format!(
-                    "{} micro-batches of a batch of {} samples (data.batch_size): at most one per sample",
-                    self.pipeline.micro_batches, self.data.batch_size
-                ),
-            });
-        }
         if self.train.epochs == 0 {
             return Err(Error::Config {
                 field: "train.epochs".into(),
@@ -586,6 +575,23 @@ impl RunConfig {
             });
         }
         self.pipeline.resolve()?;
+        // A micro-batch holds at least one sample, on every replica (each takes its share of
+        // the batch); more of them than samples would only schedule empty work (and a
+        // schedule's size grows with its square).
+        let (m, r) = (self.pipeline.micro_batches, self.pipeline.replicas.max(1));
+        if m.saturating_mul(r) > self.data.batch_size {
+            let (field, per) = match r {
+                1 => ("pipeline.micro_batches", String::new()),
+                _ => ("pipeline.replicas", format!(" on each of {r} replicas")),
+            };
+            return Err(Error::Config {
+                field: field.into(),
+                message: format!(
+                    "{m} micro-batch(es){per} of a batch of {} samples (data.batch_size): at most one per sample",
+                    self.data.batch_size
+                ),
+            });
+        }
         Ok(())
     }
 }
@@ -908,6 +914,7 @@ dir = "runs/x"
     fn unusable_settings_are_refused_by_their_key() {
         for (set, key, says) in [
             ("pipeline.micro_batches=33", "pipeline.micro_batches", "at most one per sample"),
+            ("pipeline.replicas=33", "pipeline.replicas", "1 micro-batch(es) on each of 33 replicas"),
             ("train.epochs=0", "train.epochs", "at least 1"),
             ("train.max_grad_norm=-1.0", "train.max_grad_norm", "finite and at least 0"),
             ("train.max_grad_norm=nan", "train.max_grad_norm", "finite and at least 0"),

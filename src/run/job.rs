@@ -3,6 +3,7 @@
 //! model. The `train` command of the binary is this plus a progress bar.
 
 use super::config::{DatasetName, RunConfig, named_as_written};
+use super::metrics_log::MetricsLog;
 use super::source::{SampleSource, subset};
 use crate::comm::process_group::ProcessGroup;
 use crate::data::{self, ImageSample, LmSequence, TextSample};
@@ -759,8 +760,12 @@ pub struct Job<D: Device> {
     /// What the replicas sum gradients over (NCCL, the host ring, or why not NCCL), to announce.
     pub communicator: String,
     /// Whether the state continues an earlier run's: a checkpoint's, or an earlier call of
-    /// [`run`](Self::run) that failed (its log is continued, not moved aside).
+    /// [`run`](Self::run) that failed.
     resumed: bool,
+    /// Whether the run starts over with the earlier run's log and checkpoint still in place:
+    /// until a [`run`](Self::run) that did not [resume](Self::resume) has taken its first step
+    /// (a call after one that failed later continues its log).
+    starts_over: std::cell::Cell<bool>,
     /// What the run that reached the end returned: a later call of [`run`](Self::run) returns
     /// it again and writes nothing.
     finished: Option<Summary>,
@@ -996,6 +1001,7 @@ impl<D: Device> Job<D> {
             slicing,
             communicator,
             resumed: false,
+            starts_over: std::cell::Cell::new(true),
             finished: None,
         })
     }
@@ -1109,6 +1115,7 @@ impl<D: Device> Job<D> {
             self.communicator = self.describe_communicator(comm);
         }
         self.resumed = true;
+        self.starts_over.set(false);
         Ok(Resumed { plan: resumed, changed })
     }
 
@@ -1151,33 +1158,19 @@ impl<D: Device> Job<D> {
             }
             false => None,
         };
-        if writes && !self.resumed && metrics_path.metadata().is_ok_and(|m| m.len() > 0) {
-            let aside = out.join("metrics.previous.jsonl");
-            std::fs::rename(&metrics_path, &aside).map_err(|e| io_error(&aside, e))?;
-        }
-        // Likewise the earlier run's checkpoint (`--fresh`): left in place, a `--resume` after
-        // this run died before its first checkpoint went on with the earlier run, under this
-        // run's log.
-        let checkpoint = self.checkpoint_path();
-        if writes && !self.resumed && checkpoint.exists() {
-            let aside = out.join("checkpoint.previous.ckpt");
-            std::fs::rename(&checkpoint, &aside).map_err(|e| io_error(&aside, e))?;
-        }
-        let mut metrics: Box<dyn Write> = if writes {
-            let mut file = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .read(true)
-                .open(&metrics_path)
-                .map_err(|e| io_error(&metrics_path, e))?;
-            // A run killed in the middle of a line left it unfinished: end it, so this run's
-            // first event (the resume marker) stands on a line of its own.
-            if ends_mid_line(&mut file).map_err(|e| io_error(&metrics_path, e))? {
-                file.write_all(b"\n").map_err(|e| io_error(&metrics_path, e))?;
-            }
-            Box::new(file)
-        } else {
-            Box::new(std::io::sink())
+        // A run that starts over moves the earlier run's log and checkpoint aside at its first
+        // step, not before: one that fails sooner loses nothing. (Left in place after that, a
+        // `--resume` after this run died before its first checkpoint would go on with the
+        // earlier run, under this run's log.)
+        let mut metrics = match writes {
+            false => MetricsLog::Sink,
+            true if self.starts_over.get() => MetricsLog::starting_over(
+                &metrics_path,
+                out.join("metrics.previous.jsonl"),
+                &self.checkpoint_path(),
+                out.join("checkpoint.previous.ckpt"),
+            ),
+            true => MetricsLog::continued(&metrics_path).map_err(|e| io_error(&metrics_path, e))?,
         };
         let every = self.config.output.checkpoint_every;
         let start = Instant::now();
@@ -1193,10 +1186,15 @@ impl<D: Device> Job<D> {
                     Event::Epoch { eval, .. } => last_eval = Some(eval.clone()),
                     _ => {}
                 }
-                // One write per line, so a line is never split between two writes.
-                if let Ok(line) = serde_json::to_string(e)
-                    && let Err(err) = metrics.write_all(format!("{line}\n").as_bytes())
-                {
+                let written = match serde_json::to_string(e) {
+                    Ok(line) => metrics.write_line(format!("{line}\n").as_bytes()),
+                    Err(_) => Ok(()),
+                };
+                let opened = match (e, metrics.is_held()) {
+                    (Event::Step { .. }, true) => metrics.open().map(|()| self.starts_over.set(false)),
+                    _ => Ok(()),
+                };
+                if let Err(err) = written.and(opened) {
                     let first = write_error.take().unwrap_or(err);
                     write_error.set(Some(first));
                 }
@@ -1256,6 +1254,9 @@ impl<D: Device> Job<D> {
         // The loop ends with a checkpoint and export of the final weights, when it ran at all.
         let exported = writing.is_some();
         finish(&mut writing)?;
+        // (A run that starts over with no step to take is done here.)
+        metrics.open().map_err(|e| io_error(&metrics_path, e))?;
+        self.starts_over.set(false);
         let seconds = start.elapsed().as_secs_f64();
         if last_eval.is_none() {
             last_eval = Some(self.trainer.evaluate(self.source.as_ref())?);
@@ -1357,18 +1358,6 @@ impl Exporter {
 /// run's.
 fn finish(writing: &mut Option<files::Background>) -> Result<()> {
     writing.take().map_or(Ok(()), files::Background::wait)
-}
-
-/// Whether `file` is non-empty and its last byte is not a newline.
-fn ends_mid_line(file: &mut std::fs::File) -> std::io::Result<bool> {
-    use std::io::{Read, Seek, SeekFrom};
-    if file.metadata()?.len() == 0 {
-        return Ok(false);
-    }
-    file.seek(SeekFrom::End(-1))?;
-    let mut last = [0u8];
-    file.read_exact(&mut last)?;
-    Ok(last[0] != b'\n')
 }
 
 /// Cross-entropy (nats per token) of `held_out` under the add-one-smoothed unigram

@@ -4,6 +4,7 @@
 pub mod config;
 pub mod job;
 pub mod launch;
+mod metrics_log;
 pub mod overfit;
 pub mod predict;
 pub mod progress;

@@ -854,8 +854,12 @@ impl<D: Device> Pipeline<D> {
         let PipelineConfig { replicas: r_count, micro_batches: m, .. } = self.plan.config;
         if host.batch < r_count {
             return Err(config_error(
-                "replicas",
-                format!("a batch of {} samples cannot feed {r_count} replica(s)", host.batch),
+                "pipeline.replicas",
+                format!(
+                    "a batch of {} sample(s) cannot feed {r_count} replicas, each of which needs one at least (the \
+                     training set, or an epoch's last batch, is that short)",
+                    host.batch
+                ),
             ));
         }
         if host.batch < m * r_count {

@@ -1,0 +1,132 @@
+//! A run's metrics log, `metrics.jsonl`: one JSON event a line. A run that starts over
+//! (`--fresh`) leaves the earlier run's log and checkpoint where they are until its own first
+//! step is done, its lines held in memory until then; so a run that fails before (a setting
+//! that the first step refuses, a device that fails) loses nothing already written, and the
+//! earlier run can still be resumed.
+
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+/// Where a run's log lines go.
+pub(super) enum MetricsLog {
+    /// A process that does not write the run's files.
+    Sink,
+    /// A run that starts over, before its first step: its lines so far, the log's path, and
+    /// the earlier run's files to move aside (from, to) before the log is opened.
+    Held { lines: Vec<u8>, path: PathBuf, aside: Vec<(PathBuf, PathBuf)> },
+    /// The log, appended to.
+    Open(File),
+}
+
+impl MetricsLog {
+    /// The log at `path`, continued (a resumed run, or a call after one that failed). A run
+    /// killed in the middle of a line left it unfinished: it is ended, so that the next event
+    /// stands on a line of its own.
+    pub(super) fn continued(path: &Path) -> io::Result<Self> {
+        let mut file = std::fs::OpenOptions::new().create(true).append(true).read(true).open(path)?;
+        if ends_mid_line(&mut file)? {
+            file.write_all(b"\n")?;
+        }
+        Ok(MetricsLog::Open(file))
+    }
+
+    /// The log at `path` of a run that starts over: at its first step the earlier run's log
+    /// (where not empty) moves to `log_aside` and its checkpoint (where there is one) to
+    /// `checkpoint_aside`, replacing older ones there.
+    pub(super) fn starting_over(path: &Path, log_aside: PathBuf, checkpoint: &Path, checkpoint_aside: PathBuf) -> Self {
+        let mut aside = Vec::new();
+        if path.metadata().is_ok_and(|m| m.len() > 0) {
+            aside.push((path.to_path_buf(), log_aside));
+        }
+        if checkpoint.exists() {
+            aside.push((checkpoint.to_path_buf(), checkpoint_aside));
+        }
+        MetricsLog::Held { lines: Vec::new(), path: path.to_path_buf(), aside }
+    }
+
+    /// Writes one line (`line` ends with its newline), in one write so that a line is never
+    /// split between two.
+    pub(super) fn write_line(&mut self, line: &[u8]) -> io::Result<()> {
+        match self {
+            MetricsLog::Sink => Ok(()),
+            MetricsLog::Held { lines, .. } => {
+                lines.extend_from_slice(line);
+                Ok(())
+            }
+            MetricsLog::Open(file) => file.write_all(line),
+        }
+    }
+
+    /// Whether the lines are still held (no step done yet in a run that starts over).
+    pub(super) fn is_held(&self) -> bool {
+        matches!(self, MetricsLog::Held { .. })
+    }
+
+    /// Moves the earlier run's files aside, opens the log and writes the lines held: at a run's
+    /// first step, or at its end where it took none. Nothing to do once open.
+    pub(super) fn open(&mut self) -> io::Result<()> {
+        let MetricsLog::Held { lines, path, aside } = self else { return Ok(()) };
+        for (from, to) in aside.drain(..) {
+            std::fs::rename(&from, &to).map_err(|e| {
+                io::Error::new(e.kind(), format!("moving {} aside to {}: {e}", from.display(), to.display()))
+            })?;
+        }
+        let mut file = std::fs::OpenOptions::new().create(true).truncate(true).write(true).open(&*path)?;
+        file.write_all(lines)?;
+        *self = MetricsLog::Open(file);
+        Ok(())
+    }
+}
+
+/// Whether `file` is non-empty and its last byte is not a newline.
+fn ends_mid_line(file: &mut File) -> io::Result<bool> {
+    if file.metadata()?.len() == 0 {
+        return Ok(false);
+    }
+    file.seek(SeekFrom::End(-1))?;
+    let mut last = [0u8];
+    file.read_exact(&mut last)?;
+    Ok(last[0] != b'\n')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run that starts over touches nothing of the earlier run's until it opens its log;
+    /// then the earlier log and checkpoint are aside and the log holds this run's lines alone.
+    #[test]
+    fn an_earlier_runs_files_move_aside_only_when_the_log_opens() {
+        let dir = std::env::temp_dir().join(format!("pt-metrics-log-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (log, ckpt) = (dir.join("metrics.jsonl"), dir.join("checkpoint.ckpt"));
+        let (log_aside, ckpt_aside) = (dir.join("metrics.previous.jsonl"), dir.join("checkpoint.previous.ckpt"));
+        std::fs::write(&log, b"{\"earlier\":1}\n").unwrap();
+        std::fs::write(&ckpt, b"weights").unwrap();
+        let mut m = MetricsLog::starting_over(&log, log_aside.clone(), &ckpt, ckpt_aside.clone());
+        m.write_line(b"{\"start\":1}\n").unwrap();
+        assert!(m.is_held());
+        drop(m);
+        assert_eq!(std::fs::read(&log).unwrap(), b"{\"earlier\":1}\n", "a run that stops before its first step");
+        assert_eq!(std::fs::read(&ckpt).unwrap(), b"weights");
+        assert!(!log_aside.exists() && !ckpt_aside.exists());
+        let mut m = MetricsLog::starting_over(&log, log_aside.clone(), &ckpt, ckpt_aside.clone());
+        m.write_line(b"{\"start\":2}\n").unwrap();
+        m.open().unwrap();
+        m.write_line(b"{\"step\":1}\n").unwrap();
+        assert!(!m.is_held());
+        drop(m);
+        assert_eq!(std::fs::read(&log).unwrap(), b"{\"start\":2}\n{\"step\":1}\n");
+        assert_eq!(std::fs::read(&log_aside).unwrap(), b"{\"earlier\":1}\n");
+        assert_eq!(std::fs::read(&ckpt_aside).unwrap(), b"weights");
+        assert!(!ckpt.exists());
+        // Continued after a line cut short: the next line starts on its own.
+        std::fs::write(&log, b"{\"step\":1}\n{\"st").unwrap();
+        let mut m = MetricsLog::continued(&log).unwrap();
+        m.write_line(b"{\"step\":2}\n").unwrap();
+        drop(m);
+        assert_eq!(std::fs::read(&log).unwrap(), b"{\"step\":1}\n{\"st\n{\"step\":2}\n");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
