@@ -396,6 +396,42 @@ fn resumed_after_a_transition(freed: FreedDevices) {
     drop((straight, second, elastic));
 }
 
+/// `max_steps` stopping a run inside an epoch does not end the epoch's freeze interval: the run
+/// evaluates there but freezes nothing, and resumed it freezes at the epoch's end (step 3),
+/// where a run that had not stopped froze.
+#[test]
+fn a_run_stopped_inside_an_epoch_freezes_at_the_epochs_end() {
+    let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
+    let dir = scratch("stopped-inside-an-epoch");
+    let (interval, freed) = (FreezeInterval::Epoch, FreedDevices::Replicas);
+    let stopped = TrainConfig { max_steps: 2, ..train_config() };
+    let (mut first, mut elastic) = elastic_trainer_with(stopped, &bert(), cpus(2), &dir.join("a"), interval, freed);
+    let mut events = Vec::new();
+    elastic.start(&mut first, &mut |e| events.push(e.clone())).unwrap();
+    first.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
+    assert!(first.done() && first.position.step == 2 && first.position.epoch == 0);
+    assert!(events.iter().any(|e| matches!(e, Event::Epoch { .. })), "the run's end evaluates");
+    // (Only AutoPipe's timing of micro-batch counts, cut short, may settle at the end.)
+    let freezes: Vec<String> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Transition(t) if t.frozen_layers.0 != t.frozen_layers.1 => Some(t.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert!(freezes.is_empty(), "{freezes:?}");
+    assert_eq!((first.pipeline.frozen_prefix(), elastic.frozen_layers()), (0, 0));
+    let path = dir.join("ckpt");
+    first.save_checkpoint(&path, elastic.state()).unwrap();
+    drop((first, elastic));
+
+    let (mut second, mut elastic) = elastic_trainer(&bert(), cpus(2), &dir.join("b"), interval, freed);
+    elastic.restore(second.load_checkpoint(&path).unwrap()).unwrap();
+    second.fit(&data, Some(1), &mut elastic, &mut |_| {}).unwrap();
+    assert_eq!(second.position.step, 3);
+    assert_eq!((second.pipeline.frozen_prefix(), elastic.frozen_layers()), (3, 1), "frozen at the epoch's end");
+}
+
 /// AutoDP's `scale-lr` policy: when a second replica joins, each keeps its share of the batch,
 /// so a step takes two of the source's batches at twice the learning rate, and the run still
 /// ends after the same source batches (the schedule's clock counts them).
@@ -992,9 +1028,10 @@ impl pipetransformer::train::Controller<CpuDevice<f32>> for Watched {
         &mut self,
         t: &mut Trainer<CpuDevice<f32>>,
         epoch: u64,
+        whole: bool,
         on_event: &mut dyn FnMut(&Event),
     ) -> pipetransformer::Result<()> {
-        self.elastic.after_epoch(t, epoch, on_event)
+        self.elastic.after_epoch(t, epoch, whole, on_event)
     }
 }
 

@@ -934,7 +934,13 @@ impl<D: Device> Controller<D> for Elastic {
         Ok(())
     }
 
-    fn after_epoch(&mut self, trainer: &mut Trainer<D>, epoch: u64, on_event: &mut dyn FnMut(&Event)) -> Result<()> {
+    fn after_epoch(
+        &mut self,
+        trainer: &mut Trainer<D>,
+        epoch: u64,
+        whole: bool,
+        on_event: &mut dyn FnMut(&Event),
+    ) -> Result<()> {
         if let Some(cache) = &mut self.cache {
             let stats = cache.take_stats();
             on_event(&Event::Cache {
@@ -946,7 +952,10 @@ impl<D: Device> Controller<D> for Elastic {
                 disk_bytes: cache.disk_bytes(),
             });
         }
-        if self.config.freeze_interval == FreezeInterval::Epoch {
+        // An interval of an epoch ends with the epoch, not where `max_steps` stops the run
+        // inside one: a run resumed from there goes on with the same interval, as a run that
+        // had not stopped.
+        if whole && self.config.freeze_interval == FreezeInterval::Epoch {
             self.end_interval(trainer, on_event)?;
         }
         Ok(())

@@ -54,8 +54,16 @@ pub trait Controller<D: Device> {
     ) -> Result<()> {
         Ok(())
     }
-    /// Called at the end of each epoch, after its evaluation.
-    fn after_epoch(&mut self, _trainer: &mut Trainer<D>, _epoch: u64, _on_event: &mut dyn FnMut(&Event)) -> Result<()> {
+    /// Called at the end of each epoch, after its evaluation. `whole`: the epoch ran all its
+    /// batches (not a run's last step, `max_steps`, ending it sooner; a resumed run goes on
+    /// with the same epoch).
+    fn after_epoch(
+        &mut self,
+        _trainer: &mut Trainer<D>,
+        _epoch: u64,
+        _whole: bool,
+        _on_event: &mut dyn FnMut(&Event),
+    ) -> Result<()> {
         Ok(())
     }
 }
@@ -321,8 +329,9 @@ impl<D: Device> Trainer<D> {
                 let eval_seconds = t.elapsed().as_secs_f64();
                 let (samples, train_seconds) = std::mem::take(&mut self.epoch_work);
                 on_event(&Event::Epoch { epoch, eval, samples, train_seconds, eval_seconds });
-                controller.after_epoch(self, epoch, on_event)?;
-                if self.position.batch == per_epoch {
+                let whole = self.position.batch == per_epoch;
+                controller.after_epoch(self, epoch, whole, on_event)?;
+                if whole {
                     self.position.epoch += 1;
                     self.position.batch = 0;
                 }
