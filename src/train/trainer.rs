@@ -674,7 +674,12 @@ impl<D: Device> Trainer<D> {
                 )));
             }
             Some(r) if r.config != in_force.config || r.stages != in_force.partition.stages => {
-                let profiles = self.profiles_for(1, 0);
+                // Costed for its micro-batches' samples (one each where the batch size is not
+                // known), the frozen units at their forward (the controller restored next may
+                // read them from its cache: the stages are the recorded ones either way).
+                let batch = self.batch_size.map_or(r.config.replicas * r.config.micro_batches, |b| b * batches_per_step);
+                let samples = batch.div_ceil(r.config.replicas).div_ceil(r.config.micro_batches);
+                let profiles = self.profiles_for(samples.max(1), 0);
                 self.pipeline.replan_to_stages(r.config, &profiles, r.stages).map_err(|e| bad(format!("plan: {e}")))?;
                 None
             }
