@@ -251,8 +251,8 @@ fn a_run_that_recomputes_trains_to_the_bit_through_a_freeze() {
 }
 
 /// A checkpoint's plan resumes with the run's own `--recompute` (it moves nothing between
-/// devices): a run checkpointed keeping its activations goes on recomputing them, and says no
-/// plan gave way, also over token slices. A refused request (recomputation with zb-h1) loses
+/// devices): a run checkpointed keeping its activations goes on recomputing them, and says so
+/// (a setting changed, no plan gave way), also over token slices. A refused request (recomputation with zb-h1) loses
 /// nothing already written.
 #[test]
 fn a_checkpoint_resumes_with_the_runs_own_recompute() {
@@ -265,6 +265,11 @@ fn a_checkpoint_resumes_with_the_runs_own_recompute() {
     let (out, again) =
         hamlet_train(&dir, &[&m4[..], &["--recompute", "all", "--set", "train.max_steps=4", "--resume"]].concat());
     assert!(out.contains("resumed at step 2") && !out.contains("gives way"), "{out}");
+    assert!(
+        out.contains("settings changed since the checkpoint, taken from here on: ")
+            && out.contains(", pipeline.recompute off → all"),
+        "{out}"
+    );
     assert!(again < plain, "device 0 kept {again} MiB recomputing, {plain} MiB not");
     let sliced = dir.join("sliced");
     let m2 = ["--micro-batches", "2"];
@@ -1399,7 +1404,8 @@ fn token_slices_are_refused_where_they_do_not_apply() {
 }
 
 /// A resumed run keeps its checkpoint's token slices and says so; it does not announce a
-/// slicing planned afresh (`auto`) that the checkpoint's plan replaced.
+/// slicing planned afresh (`auto`) that the checkpoint's plan replaced; `off` given as such
+/// replaces them.
 #[test]
 fn a_resumed_run_names_the_checkpoints_token_slices() {
     if !common::installed(&[Path::new("data/text/hamlet.txt")]) {
@@ -1421,6 +1427,9 @@ fn a_resumed_run_names_the_checkpoints_token_slices() {
         out.lines().filter(|l| l.starts_with("| ") || l.starts_with("simulated")).map(String::from).collect()
     };
     assert!(table(&first).len() > 2 && table(&first) == table(&out), "{first}\n{out}");
+    // Whole sequences asked for as such (`off`) replace the checkpoint's slicing.
+    let (ok, out) = run(&["--resume", "--token-slices", "off"], "train.max_steps=3");
+    assert!(ok && out.contains("gives way") && !out.contains("token slices (the checkpoint's)"), "{out}");
 }
 
 /// `plan --token-slices auto` plans one slicing for every micro-batch under the device memory

@@ -208,6 +208,11 @@ pub struct PipelineSection {
     /// TeraPipe's token slices (`"auto"`, a count, or lengths such as `"32,32,64"`; causal
     /// language models only).
     pub token_slices: TokenSlices,
+    /// Whether `token_slices` was written (in the file or on the command line): a resume
+    /// keeps its checkpoint's slicing unless the run asks for one of its own (`off`, a count
+    /// or lengths; `auto` measures afresh, which the checkpoint's replaces).
+    #[serde(skip)]
+    pub token_slices_written: bool,
     /// Activation recomputation (`"off"`, `"all"`, `"auto"`: only the stages whose
     /// activations would not fit `memory_limit`, and there the fewest units that make them
     /// fit); not with the zb-h1 schedule. `token_slices = "auto"` then plans its slicing for
@@ -231,6 +236,7 @@ impl Default for PipelineSection {
             memory_limit: None,
             profile: false,
             token_slices: TokenSlices::Off,
+            token_slices_written: false,
             recompute: Recompute::Off,
             across_processes: false,
         }
@@ -418,7 +424,12 @@ impl RunConfig {
         config.validate()?;
         let written = table.get("model").and_then(|m| m.get("config")).and_then(|c| c.get("num_labels"));
         let num_labels_written = written.and_then(toml::Value::as_integer).and_then(|n| usize::try_from(n).ok());
-        let config = RunConfig { model: ModelSection { num_labels_written, ..config.model }, ..config };
+        let token_slices_written = table.get("pipeline").and_then(|p| p.get("token_slices")).is_some();
+        let config = RunConfig {
+            model: ModelSection { num_labels_written, ..config.model },
+            pipeline: PipelineSection { token_slices_written, ..config.pipeline },
+            ..config
+        };
         let mut warnings = inert_warnings(&config, convert(&file).ok().as_ref(), &file, &table);
         if config.train.freeze_embeddings && config.model.pretrained.is_none() {
             warnings.push(

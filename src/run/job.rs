@@ -1061,7 +1061,11 @@ impl<D: Device> Job<D> {
         // processes take theirs from the launch, which must match the checkpoint's.
         let auto_pipe = self.config.elastic.auto_pipe;
         let fixed = auto_pipe || self.trainer.pipeline.process_stage().is_some();
-        let slices = !matches!(self.config.pipeline.token_slices, TokenSlices::Auto | TokenSlices::Off);
+        let slices = match self.config.pipeline.token_slices {
+            TokenSlices::Auto => false,
+            TokenSlices::Off => self.config.pipeline.token_slices_written,
+            TokenSlices::Count(_) | TokenSlices::Lengths(_) => true,
+        };
         let plan = if fixed { RecordedPlan::Restore } else { RecordedPlan::UnlessReshaped { slices } };
         let asked = self.trainer.pipeline.plan().config.clone();
         let restored = self.trainer.load_checkpoint_with(&path, plan)?;

@@ -654,9 +654,15 @@ impl<D: Device> Trainer<D> {
         // limit again). Otherwise the two differ in shape.
         let recompute = in_force.config.recompute;
         let limited = in_force.config.memory_limit.is_some();
+        let mut recompute_changed = None;
         let recorded = recorded.map(|r| {
             match r.config.allows_recompute() && (!limited || recompute.at_least(r.config.recompute)) {
-                true => SavedPlan { config: PipelineConfig { recompute, ..r.config }, ..r },
+                true => {
+                    if r.config.recompute != recompute {
+                        recompute_changed = Some(format!("pipeline.recompute {} → {recompute}", r.config.recompute));
+                    }
+                    SavedPlan { config: PipelineConfig { recompute, ..r.config }, ..r }
+                }
                 false => r,
             }
         });
@@ -677,7 +683,8 @@ impl<D: Device> Trainer<D> {
                 // Costed for its micro-batches' samples (one each where the batch size is not
                 // known), the frozen units at their forward (the controller restored next may
                 // read them from its cache: the stages are the recorded ones either way).
-                let batch = self.batch_size.map_or(r.config.replicas * r.config.micro_batches, |b| b * batches_per_step);
+                let batch =
+                    self.batch_size.map_or(r.config.replicas * r.config.micro_batches, |b| b * batches_per_step);
                 let samples = batch.div_ceil(r.config.replicas).div_ceil(r.config.micro_batches);
                 let profiles = self.profiles_for(samples.max(1), 0);
                 self.pipeline.replan_to_stages(r.config, &profiles, r.stages).map_err(|e| bad(format!("plan: {e}")))?;
@@ -700,6 +707,8 @@ impl<D: Device> Trainer<D> {
             Ok(now) => changed_settings("train", &field("train"), &now),
             Err(_) => Vec::new(),
         };
+        // (Where the plan in force was kept over the checkpoint's, its own shape is the news.)
+        changed.extend(recompute_changed.filter(|_| reshaped_from.is_none()));
         // The products' precision (master weights and optimizer state are f32 in either).
         let (then, now) = (field("precision"), serde_json::json!(self.precision()));
         if !then.is_null() && then != now {
