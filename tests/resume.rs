@@ -281,7 +281,12 @@ fn checkpoint_from_other_epochs_is_refused() {
     let (config, path) = checkpoint_after(3, "epochs");
     let mut shorter = trainer_for_epochs_of(&config, 3);
     let err = shorter.load_checkpoint(&path).unwrap_err().to_string();
-    assert!(err.contains("taken with 4 batches per epoch, this run has 3") && err.contains("data.batch_size"), "{err}");
+    assert!(
+        err.contains("taken with 4 batches per epoch, this run has 3")
+            && err.contains("data.batch_size")
+            && err.contains("the device count"),
+        "{err}"
+    );
     assert_eq!(shorter.position.step, 0);
     std::fs::remove_file(&path).unwrap();
 }

@@ -520,7 +520,8 @@ impl<D: Device> Trainer<D> {
             let then = saved_per_epoch.map_or_else(|| "other".to_string(), |n| n.to_string());
             return Err(changed(format!(
                 "taken with {then} batches per epoch, this run has {per_epoch}: data.batch_size, \
-                 data.train_limit or the dataset changed since"
+                 data.train_limit or the dataset changed since, or the device count (an epoch's last batch \
+                 holds a sample per device at least, or joins the one before)"
             )));
         }
         let saved_batch = field("batch_size").as_u64();
