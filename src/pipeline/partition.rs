@@ -440,6 +440,24 @@ pub fn partition(
     Ok(costs.partition(ranges.iter().enumerate().map(|(s, r)| costs.chosen(s, r, limit)).collect(), ranges))
 }
 
+/// The least memory any stage of a split of `units` takes at most, each stage `s` holding
+/// `in_flight[s]` micro-batches and recomputing as `recompute` allows, the first `pinned`
+/// units on the first stage, over every split or of the `given` stages: the smallest limit
+/// [`partition`] meets with them.
+pub(super) fn least_peak(
+    units: &[UnitProfile],
+    in_flight: &[usize],
+    pinned: usize,
+    recompute: Recompute,
+    given: Option<&[Range<usize>]>,
+) -> usize {
+    let costs = StageCosts::new(units, in_flight, recompute);
+    match given {
+        Some(stages) => stages.iter().enumerate().map(|(s, r)| costs.least_memory(s, r)).max().unwrap_or(0),
+        None => min_peak_memory(units.len(), in_flight.len(), pinned, &|s, r| costs.least_memory(s, r)),
+    }
+}
+
 /// The smallest peak memory over all splits (for the error message).
 fn min_peak_memory(n: usize, stages: usize, pinned: usize, memory: &dyn Fn(usize, &Range<usize>) -> usize) -> usize {
     let mut best = vec![vec![usize::MAX; n + 1]; stages];

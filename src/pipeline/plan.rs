@@ -2,10 +2,10 @@
 //! and the schedule — a pure function of the units' costs and the devices, printable
 //! (`pipetransformer plan`) and checked before any work starts.
 
-use super::partition::{Partition, Recompute, UnitProfile, partition, stage_memories};
+use super::partition::{Partition, Recompute, UnitProfile, least_peak, partition, stage_memories};
 use super::schedule::{Schedule, ScheduleKind};
 use super::simulate::{CostModel, Link, Simulation, simulate};
-use crate::error::{Result, config_error};
+use crate::error::{Error, Result, config_error};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -146,7 +146,7 @@ impl Plan {
     /// cut on time alone ([`time_cut`](Self::time_cut)); where it refuses those under a memory
     /// limit, for the stages the limit forces on whole sequences
     /// ([`whole_cut`](Self::whole_cut)), on which the sequences fit whole at least. Where both
-    /// fail, the first refusal stands. The one rule for a run's first plan and for each shape
+    /// fail, the first refusal stands, with what whole sequences need where no split fits them. The one rule for a run's first plan and for each shape
     /// an elastic run changes to.
     pub fn slice_cut<T>(
         config: &PipelineConfig,
@@ -163,7 +163,23 @@ impl Plan {
                     }
                     slice(&forced).map_err(|_| refused)
                 }
-                _ => Err(refused),
+                Ok(_) => Err(refused),
+                // Both refusals: whole sequences may plan under a lower limit than any slicing of
+                // the stages cut for time.
+                Err(whole) => {
+                    let message = |e: Error| match e {
+                        Error::Config { message, .. } => message,
+                        e => e.to_string(),
+                    };
+                    Err(config_error(
+                        "memory_limit",
+                        format!(
+                            "{} (on the stages cut for time); whole sequences: {}",
+                            message(refused),
+                            message(whole)
+                        ),
+                    ))
+                }
             },
             sliced => sliced,
         }
@@ -175,8 +191,9 @@ impl Plan {
     /// meets the limit by recomputing, on the given `stages` or as cut afresh with the first
     /// `pinned` units on the first; otherwise as for a run that does not recompute, the slicer
     /// held to the limit; where that refuses too, whole micro-batches (`None`) if they fit
-    /// recomputing (a slice's arenas are kept, not recomputed, so slicing can need more),
-    /// else the slicer's refusal.
+    /// recomputing (a slice's arenas are kept, not recomputed, so slicing can need more), else
+    /// a refusal naming the least limit that plans, whole or over the slices planned for time
+    /// (which can need less: a slice's backward regains only its own activations).
     pub fn recomputing_slicing<T>(
         config: &PipelineConfig,
         units: &[UnitProfile],
@@ -196,20 +213,56 @@ impl Plan {
                 None => Self::new(sliced, units, names, devices, pinned),
             }
         };
-        if let Some(timed) = slice(&config.for_slicing()).ok().filter(|t| plan(lengths(t)).is_ok()) {
+        let timed = slice(&config.for_slicing()).ok();
+        let timed_lengths = timed.as_ref().map(&lengths);
+        if let Some(timed) = timed.filter(|t| plan(lengths(t)).is_ok()) {
             return Ok(Some(timed));
         }
-        match slice(config) {
-            Ok(held) => Ok(Some(held)),
-            // (The refusal of whole micro-batches, recomputing, names the least a plan needs:
-            // the slicer's counts every activation kept.)
-            Err(_) => plan(Vec::new()).map(|_| {
+        let refused = match slice(config) {
+            Ok(held) => return Ok(Some(held)),
+            Err(refused) => refused,
+        };
+        let whole = match plan(Vec::new()) {
+            Ok(_) => {
                 if crate::debug::level() >= 1 {
-                    eprintln!("token slicing: no slicing fits the memory limit; whole micro-batches do, recomputing");
+                    eprintln!("token slicing: {refused}; whole micro-batches fit, recomputing");
                 }
-                None
-            }),
+                return Ok(None);
+            }
+            Err(whole) => whole,
+        };
+        // Refused: named by the least limit that plans, whole micro-batches or the slicing
+        // planned for time (each recomputing; the slicer's own count keeps every activation).
+        let least = |token_slices: Vec<usize>| {
+            Self::least_limit(&PipelineConfig { token_slices, ..config.clone() }, units, pinned, stages)
+        };
+        match timed_lengths.and_then(|l| Some((least(l.clone())?, l))).zip(least(Vec::new())) {
+            Some(((sliced, lengths), whole)) if sliced < whole => Err(config_error(
+                "memory_limit",
+                format!(
+                    "no plan fits in {} bytes per device, recomputing; the least any needs is {sliced} bytes, over \
+                     token slices of {lengths:?} ({whole} bytes whole)",
+                    config.memory_limit.unwrap_or(0)
+                ),
+            )),
+            _ => Err(whole),
         }
+    }
+
+    /// The least memory limit under which `config`'s pipeline plans (on the given `stages`, or
+    /// as cut afresh with the first `pinned` units on the first), recomputing as it asks:
+    /// `None` for an interleaved schedule's devices, which hold several stages.
+    fn least_limit(
+        config: &PipelineConfig,
+        units: &[UnitProfile],
+        pinned: usize,
+        stages: Option<&[std::ops::Range<usize>]>,
+    ) -> Option<usize> {
+        let devices = config.pipeline_len.saturating_mul(config.replicas);
+        let schedule = Self::check(config, units.len().saturating_sub(pinned), devices).ok()?;
+        let units: Vec<UnitProfile> = units.iter().map(|u| u.sliced(&config.token_slices)).collect();
+        (schedule.stages == schedule.devices)
+            .then(|| least_peak(&units, &in_flight(&schedule), pinned, config.recompute, stages))
     }
 
     /// A plan with given stage boundaries (as a checkpoint recorded them, or the plan in force
@@ -679,7 +732,7 @@ mod tests {
     /// Where stages recompute under a memory limit, TeraPipe's slicing is planned for time and
     /// kept where its plan fits recomputing; else planned under the limit as without
     /// recomputation; else whole micro-batches where they fit recomputing; else the refusal
-    /// names what whole micro-batches need recomputing. Four equal units, 2 stages × 2 units,
+    /// names the least limit that plans, whole or over those slices. Four equal units, 2 stages × 2 units,
     /// GPipe, `M = 2`: unsliced a stage takes 3200 B of state plus 2 × 2000 B of activations,
     /// 5400 B recomputing both units (2 × 100 B of input + 2000 B); over slices [2, 2] the
     /// arenas add 400 B of key/value gradients a unit and are kept: 8800 B, 6600 B recomputing
@@ -724,11 +777,27 @@ mod tests {
             let (off, asked) = run(Recompute::Off, 6600);
             assert!(off.is_err_and(|e| e.contains("no slicing")) && asked == [Some(6600)], "{stages:?}");
         }
+        // Without arenas (no attention), a slice regains half a micro-batch's activations:
+        // sliced, the stages need 4400 B recomputing, less than whole micro-batches' 5400 B,
+        // and a refusal names the lesser.
+        let units = &units[..].iter().map(|u| UnitProfile { kv_bytes: 0, kv_grad_bytes: 0, ..*u }).collect::<Vec<_>>();
+        for stages in [None, Some(&given[..])] {
+            let run = |limit| {
+                Plan::recomputing_slicing(&config(Recompute::Auto, limit), units, 0, stages, slicer, Vec::clone)
+            };
+            assert_eq!(run(4400).map_err(|e| e.to_string()), Ok(Some(vec![2, 2])), "{stages:?}");
+            let e = run(4399).unwrap_err().to_string();
+            assert!(
+                e.contains("needs is 4400 bytes, over token slices of [2, 2] (5400 bytes whole)"),
+                "{stages:?}: {e}"
+            );
+        }
     }
 
     /// TeraPipe's slicing is planned for the stages cut on time; where the slicer refuses those
     /// under a memory limit, for the stages the limit forces on whole sequences; where both
-    /// fail, or there is no limit, the first refusal stands.
+    /// fail, or there is no limit, the first refusal stands (with what whole sequences need,
+    /// where no split fits them).
     #[test]
     fn slicing_falls_back_to_the_cut_a_memory_limit_forces() {
         use std::ops::Range;
@@ -750,6 +819,10 @@ mod tests {
         assert!(e.contains("[0..3, 3..6] refused"), "{e}");
         let any = |stages: &[Range<usize>]| Ok(stages.to_vec());
         assert_eq!(Plan::slice_cut(&config(Some(10400)), &units(6), 0, any).unwrap(), time);
+        // Below what whole sequences need on any split, the refusal names that too.
+        let e = Plan::slice_cut(&config(Some(10399)), &units(6), 0, none).unwrap_err().to_string();
+        assert!(e.contains("[0..3, 3..6] refused (on the stages cut for time); whole sequences: "), "{e}");
+        assert!(e.contains("the best split needs 10400 bytes"), "{e}");
     }
 
     #[test]
