@@ -250,6 +250,25 @@ fn a_run_that_recomputes_trains_to_the_bit_through_a_freeze() {
     );
 }
 
+/// A transition while AutoPipe times micro-batch counts names the count in force, a
+/// candidate being timed, which its `M x → y` starts from (here M = 2, timed at step 2 after
+/// the first interval's M = 1).
+#[test]
+fn a_transition_during_autopipes_timing_names_the_count_in_force() {
+    if !common::installed(&[Path::new("data/text/hamlet.txt")]) {
+        return;
+    }
+    let elastic =
+        ["--micro-batches", "2", "--freeze", "table", "--set", "elastic.table=[1, 2]", "--freeze-interval", "2"];
+    let run = ["--auto-pipe", "--auto-dp", "--set", "train.max_steps=3", "--fresh"];
+    let (out, _) = hamlet_train(&scratch("timing-transition"), &[&elastic[..], &run[..]].concat());
+    let line = out.lines().find(|l| l.starts_with("transition at step 2:")).unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        line.contains("M 2 → 1") && line.contains("M=2 was in force, timed among AutoPipe's micro-batch counts"),
+        "{line}"
+    );
+}
+
 /// A checkpoint's plan resumes with the run's own `--recompute` (it moves nothing between
 /// devices): a run checkpointed keeping its activations goes on recomputing them, and says so
 /// (a setting changed, no plan gave way), also over token slices. A refused request (recomputation with zb-h1) loses

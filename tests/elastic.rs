@@ -1243,7 +1243,7 @@ fn a_run_that_ends_during_a_trial_of_pipeline_lengths_keeps_the_chosen_length() 
     // The freeze that chose K = 1 and begins the trial; the switch to K = 2 for its timing.
     let (chosen, other) = (step_of(&whole, "Table rule"), step_of(&whole, "AutoPipe times K=2 against K=1"));
     for (end, says) in [
-        (chosen + 2, "; K=1 kept, K=2 (in force before) not timed"),
+        (chosen + 2, "; K=1 kept, K=2 (in force before the trial) not timed"),
         (other + 2, "the run ended during AutoPipe's trial of pipeline lengths: K=1 ("),
     ] {
         let (k, events) = run(end);

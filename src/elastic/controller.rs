@@ -472,6 +472,10 @@ impl Elastic {
         trainer.pipeline.freeze_prefix(units)?;
         self.frozen_layers = layers;
         let mut reason = reason;
+        // (The `M` before is the one in force, which may be a candidate being timed.)
+        if self.tuner.running() {
+            reason += &format!("; M={} was in force, timed among AutoPipe's micro-batch counts", before.micro_batches);
+        }
         if self.config.auto_pipe {
             let (pays, why) = self.cache_pays(trainer, units);
             self.cache_on = self.cache.is_some() && units > 0 && pays;
@@ -690,7 +694,7 @@ impl Elastic {
                 }
                 if let Some(ShapeTrial::Next(other)) = trial {
                     reason += &format!(
-                        "; K={} kept, K={} (in force before) not timed",
+                        "; K={} kept, K={} (in force before the trial) not timed",
                         before.pipeline_len, other.pipeline_len
                     );
                 }
