@@ -371,25 +371,29 @@ impl Plan {
         self.partition.stages.iter().position(|r| r.contains(&unit)).unwrap_or(0)
     }
 
-    /// The bubble the schedule implies with these stage times: the step is `(v·M + f)·max t`
-    /// with the fill and drain `f` of [`Plan::bubble_formula`] (`(K−1)/n` for `n` equal token
-    /// slices; the largest slice's share of the tokens for uneven ones), so equal stages give
-    /// that formula; uneven stages add the imbalance (each device idles `max t − its t` per
-    /// micro-batch).
+    /// The bubble the schedule implies with these stage times: the step is `M·max W + f·max t`,
+    /// where `W` is a device's time per micro-batch (its stages' sum: `v` chunks under the
+    /// interleaved schedule) and `f` the fill and drain of [`Plan::bubble_formula`] (`(K−1)/n`
+    /// for `n` equal token slices; the largest slice's share of the tokens for uneven ones), so
+    /// equal stages give that formula; uneven ones add the imbalance (each device idles
+    /// `max W − its W` per micro-batch).
     pub fn predicted_bubble(&self) -> f64 {
         let k = self.config.pipeline_len;
         let max = self.partition.bottleneck();
         if max == 0.0 {
             return self.bubble_formula();
         }
-        let (m, v) = (self.config.micro_batches as f64, self.config.chunks as f64);
+        let m = self.config.micro_batches as f64;
+        let work: Vec<f64> = (0..k)
+            .map(|d| {
+                let on_device = (0..self.stages()).filter(|&s| super::schedule::stage_device(s, k) == d);
+                on_device.map(|s| self.partition.stage_time[s]).sum::<f64>()
+            })
+            .collect();
         // Token slices split each micro-batch's time by their tokens: the fill and drain
         // shrink to the largest slice's time.
-        let step = (m * v + self.fill_slots()) * max;
-        let busy: f64 = (0..k)
-            .map(|d| (0..self.stages()).filter(|s| s % k == d).map(|s| self.partition.stage_time[s]).sum::<f64>() * m)
-            .sum();
-        1.0 - busy / (k as f64 * step)
+        let step = m * work.iter().copied().fold(0.0, f64::max) + self.fill_slots() * max;
+        1.0 - m * work.iter().sum::<f64>() / (k as f64 * step)
     }
 
     /// [`Schedule::bubble_formula`] with token slices of any lengths: `f / (v·M + f)` where the

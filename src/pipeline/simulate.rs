@@ -340,6 +340,29 @@ mod tests {
         }
     }
 
+    /// Interleaved chunks of uneven times: a device's micro-batch takes its chunks' sum, not
+    /// `v` times the slowest chunk, so the prediction is `M·max W + (K−1)·max t` (device 0's
+    /// chunks 6 + 2, device 1's 2 + 2): nearer the simulated step than charging every chunk
+    /// at the slowest, and no shorter.
+    #[test]
+    fn interleaved_chunks_are_charged_their_own_times() {
+        let units = [unit(2.0, true), unit(2.0 / 3.0, true), unit(2.0 / 3.0, true), unit(2.0 / 3.0, true)];
+        let config = PipelineConfig {
+            pipeline_len: 2,
+            micro_batches: 4,
+            chunks: 2,
+            schedule: ScheduleKind::Interleaved,
+            ..Default::default()
+        };
+        let p = Plan::with_stages(config, &units, names(4), 2, vec![0..1, 1..2, 2..3, 3..4]).unwrap();
+        let sim = simulate(&p.schedule, &CostModel::from_profiles(&p, &units, Link::INSTANT).unwrap()).unwrap();
+        let (step, every_chunk_slowest) = (4.0 * 8.0 + 6.0, (4.0 * 2.0 + 1.0) * 6.0);
+        let busy = 4.0 * 12.0;
+        assert!((p.predicted_bubble() - (1.0 - busy / (2.0 * step))).abs() < 1e-9, "{}", p.predicted_bubble());
+        assert!(sim.makespan() <= step + 1e-9 && step < every_chunk_slowest, "simulated {}", sim.makespan());
+        assert!((step - sim.makespan()).abs() < (every_chunk_slowest - sim.makespan()).abs());
+    }
+
     /// GPipe with equal stages and a link of `c = latency + bytes/bandwidth` per message: each
     /// of the `K − 1` activations and `K − 1` gradients on the first micro-batch's way down and
     /// back arrives `c` late, and the later micro-batches follow it back-to-back (a stage's
