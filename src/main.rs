@@ -883,7 +883,15 @@ fn predict<D: Device>(dev: D, request: PredictRequest) -> Result<()> {
     Ok(())
 }
 
-fn plan(config: RunConfig) -> Result<()> {
+fn plan(mut config: RunConfig) -> Result<()> {
+    // Stages as processes are planned as one process would run them, on a device per stage:
+    // the partition and the schedule are the same.
+    if std::mem::take(&mut config.pipeline.across_processes) {
+        println!(
+            "stages as processes: planned on a device per stage in this process; a launch runs each stage in a \
+             process of its own"
+        );
+    }
     let (_, count) = config.pipeline.resolve()?;
     let measured = config.pipeline.profile || config.elastic.auto_pipe;
     // Profiled in the precision the run would train in.

@@ -269,6 +269,22 @@ fn a_transition_during_autopipes_timing_names_the_count_in_force() {
     );
 }
 
+/// `plan` plans stages as processes (`--across-processes`) as one process would run them,
+/// a device per stage, and says so: the same partition and schedule a launch runs.
+#[test]
+fn plan_shows_stages_as_processes() {
+    if !have_digits() {
+        return;
+    }
+    let plan = ["plan", "--config", "configs/vit-digits.toml", "--micro-batches", "2"];
+    let (ok, out) = pipetransformer(&[&plan[..], &["--across-processes", "--pipeline-len", "2"]].concat());
+    assert!(ok && out.contains("stages as processes: planned on a device per stage"), "{out}");
+    let (ok, local) = pipetransformer(&[&plan[..], &["--pipeline-len", "2"]].concat());
+    assert!(ok, "{local}");
+    let table = |out: &str| -> Vec<String> { out.lines().filter(|l| l.starts_with("| ")).map(String::from).collect() };
+    assert!(table(&out).len() == 3 && table(&out) == table(&local), "{out}\n{local}");
+}
+
 /// A checkpoint's plan resumes with the run's own `--recompute` (it moves nothing between
 /// devices): a run checkpointed keeping its activations goes on recomputing them, and says so
 /// (a setting changed, no plan gave way), also over token slices. A refused request (recomputation with zb-h1) loses
