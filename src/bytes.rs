@@ -9,6 +9,9 @@ pub fn parse(s: &str) -> Result<usize, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (digits, unit) = s.split_at(split);
+    if digits.is_empty() {
+        return Err(format!("`{s}` is not a byte count: expected a whole number, e.g. 8GiB, 512MiB or 1000000"));
+    }
     if unit.starts_with(['.', ',']) {
         return Err(format!("`{s}`: expected a whole number of bytes or of a unit (1536MiB, not 1.5GiB)"));
     }
@@ -24,7 +27,7 @@ pub fn parse(s: &str) -> Result<usize, String> {
         .parse::<usize>()
         .ok()
         .and_then(|n| n.checked_mul(scale))
-        .ok_or_else(|| format!("`{s}` is not a byte count: expected e.g. 8GiB, 512MiB or 1000000"))
+        .ok_or_else(|| format!("`{s}` is more bytes than this machine can count (at most {} bytes)", usize::MAX))
 }
 
 /// Reads a byte count written as a whole number or as text with a unit ([`parse`]); for
@@ -114,6 +117,7 @@ mod tests {
         let json = |t: &str| serde_json::from_str::<Sizes>(t).map(|s| s.limit).map_err(|e| e.to_string());
         assert_eq!(json(r#"{"cap": 1, "limit": null}"#), Ok(None));
         assert_eq!(json(r#"{"cap": 1, "limit": "1KiB"}"#), Ok(Some(1024)));
-        assert!(parse("99999999999TiB").unwrap_err().contains("not a byte count"));
+        assert!(parse("99999999999TiB").unwrap_err().contains("more bytes than this machine can count"));
+        assert!(parse("-1").unwrap_err().contains("`-1` is not a byte count: expected a whole number"));
     }
 }

@@ -289,6 +289,8 @@ enum Command {
     /// the exported model (safetensors + config.json) to the run's output directory. One run
     /// writes a directory at a time: a second is refused while the first goes on. Ctrl-C or
     /// SIGTERM stops after the step under way, its checkpoint written (`--resume` goes on).
+    // (A negative number is a flag's value, refused by its own check, not an unknown flag.)
+    #[command(allow_negative_numbers = true)]
     Train {
         /// Run configuration (TOML; see configs/).
         #[arg(long, default_value = "configs/minilm-rt.toml")]
@@ -399,6 +401,7 @@ enum Command {
     },
     /// Print how a run would be spread over devices: the partition with each stage's time and
     /// memory, the schedule, and its predicted bubble. Nothing is trained.
+    #[command(allow_negative_numbers = true)]
     Plan {
         /// Run configuration (TOML; see configs/).
         #[arg(long)]
@@ -1084,8 +1087,11 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
         _ => " (in".into(),
     };
     println!(
-        "done: {} steps{this_process} {:.1} s, {:.1} samples/s)",
-        summary.steps, summary.seconds, summary.samples_per_second
+        "done: {} step{}{this_process} {:.1} s, {:.1} samples/s)",
+        summary.steps,
+        if summary.steps == 1 { "" } else { "s" },
+        summary.seconds,
+        summary.samples_per_second
     );
     if let Some(eval) = &summary.eval {
         println!("final eval: {eval}");

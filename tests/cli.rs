@@ -163,8 +163,8 @@ fn auto_slicing_plans_for_the_stages_a_memory_limit_forces() {
 /// `--recompute auto` plans, under a limit that no split keeping every micro-batch's
 /// activations meets, the one stage that needs it recomputing (stage 0, which holds the most
 /// micro-batches under 1F1B), and only the units it needs; `all` every stage's units, also over
-/// token slices. An unknown policy (flag or config key), or one with zb-h1, is refused naming
-/// what is expected.
+/// token slices. A limit refused without recomputation says what recomputing would need. An
+/// unknown policy (flag or config key), or one with zb-h1, is refused naming what is expected.
 #[test]
 fn recomputation_plans_what_a_memory_limit_refuses_without_it() {
     if !common::installed(&[Path::new("data/text/hamlet.txt")]) {
@@ -174,6 +174,10 @@ fn recomputation_plans_what_a_memory_limit_refuses_without_it() {
     let limited = [&plan[..], &["--memory-limit", "20MiB"]].concat();
     let (ok, out) = pipetransformer(&limited);
     assert!(!ok && out.contains("no split of 11 units into 2 stages fits"), "{out}");
+    // The refusal says what recomputing would do: fit here, need so many bytes below.
+    assert!(out.contains("; recomputing activations fits (--recompute auto, pipeline.recompute)"), "{out}");
+    let (ok, out) = pipetransformer(&[&plan[..], &["--memory-limit", "10MiB"]].concat());
+    assert!(!ok && out.contains("; recomputing activations (--recompute auto, pipeline.recompute) needs "), "{out}");
     let (ok, out) = pipetransformer(&[&limited[..], &["--recompute", "auto"]].concat());
     // (Stage 0's first four units: its fifth's activations fit.)
     assert!(ok && out.contains("| 0 | 0 | 0..4 (5 units") && out.contains("MiB, recomputes units 0..3 |"), "{out}");
@@ -1497,6 +1501,9 @@ fn token_slices_auto_respects_the_memory_limit() {
     assert!(!ok && out.contains("pipeline.memory_limit") && out.contains("no slicing meets the memory limit"), "{out}");
     let (ok, out) = pipetransformer(&[&gpt[..], &["--memory-limit", "3 parsecs"]].concat());
     assert!(!ok && out.contains("--memory-limit") && out.contains("byte count"), "{out}");
+    // A negative number is the flag's value, refused by its own check (not an unknown flag).
+    let (ok, out) = pipetransformer(&[&gpt[..], &["--memory-limit", "-1"]].concat());
+    assert!(!ok && out.contains("--memory-limit") && out.contains("`-1` is not a byte count"), "{out}");
 }
 
 /// A progress interval that is not a finite, non-negative number of seconds is refused by name.

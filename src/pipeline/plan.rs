@@ -112,7 +112,8 @@ impl Plan {
         // Token slices change what a micro-batch keeps (TeraPipe): the partition's memory
         // counts the sliced activations and the key/value arenas.
         let units: Vec<UnitProfile> = units.iter().map(|u| u.sliced(&config.token_slices)).collect();
-        let partition = partition_per_device(&units, &schedule, config.memory_limit, pinned, config.recompute)?;
+        let partition = partition_per_device(&units, &schedule, config.memory_limit, pinned, config.recompute)
+            .map_err(|e| recompute_hint(e, &config, &units, &schedule, pinned))?;
         Ok(Plan { config, partition, schedule, unit_names })
     }
 
@@ -524,6 +525,31 @@ fn per_stage_caps(
     caps.sort_unstable_by(|a, b| b.cmp(a));
     caps.dedup();
     caps
+}
+
+/// A memory limit's refusal `e` of a pipeline that keeps its activations, with what
+/// recomputing them would need where that is less (a device per stage; not zb-h1, which
+/// cannot recompute).
+fn recompute_hint(
+    e: Error,
+    config: &PipelineConfig,
+    units: &[UnitProfile],
+    schedule: &Schedule,
+    pinned: usize,
+) -> Error {
+    let (Error::Config { field, message }, Some(limit)) = (&e, config.memory_limit) else { return e };
+    if config.recompute != Recompute::Off || !config.allows_recompute() || schedule.stages != schedule.devices {
+        return e;
+    }
+    let in_flight = in_flight(schedule);
+    let least = |recompute| least_peak(units, &in_flight, pinned, recompute, None);
+    let (kept, recomputing) = (least(Recompute::Off), least(Recompute::Auto));
+    let hint = match recomputing {
+        n if n >= kept => return e,
+        n if n <= limit => "; recomputing activations fits (--recompute auto, pipeline.recompute)".to_string(),
+        n => format!("; recomputing activations (--recompute auto, pipeline.recompute) needs {n} bytes"),
+    };
+    Error::Config { field: field.clone(), message: format!("{message}{hint}") }
 }
 
 /// Per stage, the micro-batches' worth of activations in flight at the peak: pieces, counted
