@@ -123,7 +123,8 @@ struct PipelineArgs {
     /// Activation recomputation: `off`; `all` (every stage keeps of each micro-batch in flight
     /// only its first trained unit's input, and runs its forward again in the backward: a
     /// third more compute, the same gradients to the bit, and less memory where a stage holds
-    /// several micro-batches; one holding a single micro-batch saves nothing); `auto` (only the
+    /// several micro-batches or token slices; one holding a single whole micro-batch saves
+    /// nothing); `auto` (only the
     /// stages whose activations would not fit --memory-limit, and of those only the fewest
     /// trained units from the first that make them fit, chosen with the partition).
     /// Over token slices too (each slice's forward runs again in its backward; with
@@ -301,9 +302,10 @@ enum Command {
         /// Continue from the checkpoint in the run's output directory.
         #[arg(long, conflicts_with = "fresh")]
         resume: bool,
-        /// Start over even if the output directory holds a checkpoint (it is replaced at the
-        /// first save, not before). A run that starts over moves an earlier metrics.jsonl
-        /// aside to metrics.previous.jsonl.
+        /// Start over even if the output directory holds a checkpoint. Once the first step is
+        /// done (not before: a run that fails or stops sooner changes nothing), an earlier
+        /// checkpoint.ckpt and metrics.jsonl move aside to checkpoint.previous.ckpt and
+        /// metrics.previous.jsonl.
         #[arg(long)]
         fresh: bool,
         #[command(flatten)]
@@ -890,6 +892,8 @@ fn plan(mut config: RunConfig) -> Result<()> {
     // Stages as processes are planned as one process would run them, on a device per stage:
     // the partition and the schedule are the same.
     if std::mem::take(&mut config.pipeline.across_processes) {
+        // (Each process opens one device; here the stages take one each.)
+        config.pipeline.devices = None;
         println!(
             "stages as processes: planned on a device per stage in this process; a launch runs each stage in a \
              process of its own"

@@ -281,8 +281,12 @@ fn plan_shows_stages_as_processes() {
         return;
     }
     let plan = ["plan", "--config", "configs/vit-digits.toml", "--micro-batches", "2"];
-    let (ok, out) = pipetransformer(&[&plan[..], &["--across-processes", "--pipeline-len", "2"]].concat());
+    // (`--devices 1`, as a launch's process takes it, or left out.)
+    let across = ["--across-processes", "--pipeline-len", "2"];
+    let (ok, out) = pipetransformer(&[&plan[..], &across[..], &["--devices", "1"]].concat());
     assert!(ok && out.contains("stages as processes: planned on a device per stage"), "{out}");
+    let (ok, without) = pipetransformer(&[&plan[..], &across[..]].concat());
+    assert!(ok && without == out, "{without}");
     let (ok, local) = pipetransformer(&[&plan[..], &["--pipeline-len", "2"]].concat());
     assert!(ok, "{local}");
     let table = |out: &str| -> Vec<String> { out.lines().filter(|l| l.starts_with("| ")).map(String::from).collect() };

@@ -36,12 +36,13 @@ pub fn covers(stages: &[Range<usize>], units: usize) -> bool {
 /// stage's trained units keep, of each micro-batch in flight, nothing but the input of the
 /// first of them, and run their forward again in its backward to get back what they saved.
 /// Always a run of the stage's trained units from the first ([`Partition::recomputed`]). Less
-/// memory for more forward where a stage holds several micro-batches (one holding a single
-/// micro-batch saves nothing: it keeps that micro-batch's input besides); the gradients are the
-/// same to the bit (dropout's masks are counter-based, so the second forward draws the first
-/// one's). The planner counts one micro-batch's activations of the recomputed units per
-/// recomputing stage (under token slicing one slice's, the largest each unit regains), and a device of an interleaved schedule sums its stages': a bound, as
-/// only one backward runs at a time.
+/// memory for more forward where a stage holds several micro-batches or token slices (one
+/// holding a single whole micro-batch saves nothing: it keeps that micro-batch's input
+/// besides); the gradients are the same to the bit (dropout's masks are counter-based, so the
+/// second forward draws the first one's). The planner counts one micro-batch's activations of
+/// the recomputed units per recomputing stage (under token slicing one slice's, the largest each
+/// unit regains), and a device of an interleaved schedule sums its stages': a bound, as only
+/// one backward runs at a time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Recompute {
@@ -276,7 +277,7 @@ impl<'a> StageCosts<'a> {
             Recompute::All => self.recomputings(s, r).next_back().unwrap_or(plain),
             Recompute::Auto if plain.memory <= limit => plain,
             // Recomputing all its trained units keeps the least (not less than plain where the
-            // stage holds a single micro-batch: it then stays plain).
+            // stage holds a single whole micro-batch: it then stays plain).
             Recompute::Auto => match self.recomputings(s, r).next_back().filter(|c| c.memory < plain.memory) {
                 Some(least) => self.fewest_within(s, r, limit.max(least.memory)),
                 None => plain,

@@ -241,8 +241,8 @@ impl Plan {
             Some(((sliced, lengths), whole)) if sliced < whole => Err(config_error(
                 "memory_limit",
                 format!(
-                    "no plan fits in {} bytes per device, recomputing; the least any needs is {sliced} bytes, over \
-                     token slices of {lengths:?} ({whole} bytes whole)",
+                    "no plan fits in {} bytes per device, recomputing: the token slices planned for time, \
+                     {lengths:?}, need {sliced} bytes, whole micro-batches {whole} bytes",
                     config.memory_limit.unwrap_or(0)
                 ),
             )),
@@ -817,10 +817,8 @@ mod tests {
             };
             assert_eq!(run(4400).map_err(|e| e.to_string()), Ok(Some(vec![2, 2])), "{stages:?}");
             let e = run(4399).unwrap_err().to_string();
-            assert!(
-                e.contains("needs is 4400 bytes, over token slices of [2, 2] (5400 bytes whole)"),
-                "{stages:?}: {e}"
-            );
+            let want = "the token slices planned for time, [2, 2], need 4400 bytes, whole micro-batches 5400 bytes";
+            assert!(e.contains(want), "{stages:?}: {e}");
         }
     }
 

@@ -762,10 +762,9 @@ pub struct Job<D: Device> {
     /// Whether the state continues an earlier run's: a checkpoint's, or an earlier call of
     /// [`run`](Self::run) that failed.
     resumed: bool,
-    /// Whether the run starts over with the earlier run's log and checkpoint still in place:
-    /// until a [`run`](Self::run) that did not [resume](Self::resume) has taken its first step
-    /// (a call after one that failed later continues its log).
-    starts_over: std::cell::Cell<bool>,
+    /// The metrics log, from the first call of [`run`](Self::run) on: held in memory until a
+    /// run that starts over has taken its first step, then the file.
+    metrics: std::cell::RefCell<Option<MetricsLog>>,
     /// What the run that reached the end returned: a later call of [`run`](Self::run) returns
     /// it again and writes nothing.
     finished: Option<Summary>,
@@ -1001,7 +1000,7 @@ impl<D: Device> Job<D> {
             slicing,
             communicator,
             resumed: false,
-            starts_over: std::cell::Cell::new(true),
+            metrics: std::cell::RefCell::new(None),
             finished: None,
         })
     }
@@ -1119,7 +1118,6 @@ impl<D: Device> Job<D> {
             self.communicator = self.describe_communicator(comm);
         }
         self.resumed = true;
-        self.starts_over.set(false);
         Ok(Resumed { plan: resumed, changed })
     }
 
@@ -1140,10 +1138,11 @@ impl<D: Device> Job<D> {
     /// The output folder is [locked](files::lock_folder) while the run writes it: a second run
     /// given the same folder is refused. A run that starts over (not resumed) moves an earlier
     /// `metrics.jsonl` aside to `metrics.previous.jsonl` and an earlier `checkpoint.ckpt` to
-    /// `checkpoint.previous.ckpt` (replacing older ones there), so the log, and the report
-    /// drawn from it, hold this run's events alone, and a resume continues this run or none. A
-    /// call after one that failed appends to the log instead of moving it aside (the trainer
-    /// stands where the failure left it). A log that cannot be written ends the run at the
+    /// `checkpoint.previous.ckpt` (replacing older ones there) once its first step is done, so
+    /// the log, and the report drawn from it, hold this run's events alone, a resume continues
+    /// this run or none, and a run that fails or stops before its first step changes nothing
+    /// (its lines are held until then). A call after one that failed goes on with its log (the
+    /// trainer stands where the failure left it). A log that cannot be written ends the run at the
     /// next checkpoint, after the checkpoint and export are written; so does a
     /// [stop request](crate::train::request_stop), after the step under way, with
     /// [`Error::Interrupted`]. Once a run has reached its end, `run` returns its summary again
@@ -1162,20 +1161,24 @@ impl<D: Device> Job<D> {
             }
             false => None,
         };
-        // A run that starts over moves the earlier run's log and checkpoint aside at its first
-        // step, not before: one that fails sooner loses nothing. (Left in place after that, a
-        // `--resume` after this run died before its first checkpoint would go on with the
-        // earlier run, under this run's log.)
-        let mut metrics = match writes {
-            false => MetricsLog::Sink,
-            true if self.starts_over.get() => MetricsLog::starting_over(
-                &metrics_path,
-                out.join("metrics.previous.jsonl"),
-                &self.checkpoint_path(),
-                out.join("checkpoint.previous.ckpt"),
-            ),
-            true => MetricsLog::continued(&metrics_path).map_err(|e| io_error(&metrics_path, e))?,
-        };
+        // A run that starts over moves the earlier run's log and checkpoint aside once its first
+        // step is done, not before: one that fails or stops sooner loses nothing. (Left in
+        // place after that, a `--resume` after this run died before its first checkpoint would
+        // go on with the earlier run, under this run's log.) The log is the job's: a call after
+        // one that failed goes on with it.
+        if self.metrics.get_mut().is_none() {
+            let log = match writes {
+                false => MetricsLog::Sink,
+                true if !self.resumed => MetricsLog::starting_over(
+                    &metrics_path,
+                    out.join("metrics.previous.jsonl"),
+                    &self.checkpoint_path(),
+                    out.join("checkpoint.previous.ckpt"),
+                ),
+                true => MetricsLog::continued(&metrics_path).map_err(|e| io_error(&metrics_path, e))?,
+            };
+            *self.metrics.get_mut() = Some(log);
+        }
         let every = self.config.output.checkpoint_every;
         let start = Instant::now();
         let (mut samples, mut last_eval) = (0usize, None);
@@ -1190,15 +1193,11 @@ impl<D: Device> Job<D> {
                     Event::Epoch { eval, .. } => last_eval = Some(eval.clone()),
                     _ => {}
                 }
-                let written = match serde_json::to_string(e) {
-                    Ok(line) => metrics.write_line(format!("{line}\n").as_bytes()),
-                    Err(_) => Ok(()),
-                };
-                let opened = match (e, metrics.is_held()) {
-                    (Event::Step { .. }, true) => metrics.open().map(|()| self.starts_over.set(false)),
+                let written = match (serde_json::to_string(e), self.metrics.borrow_mut().as_mut()) {
+                    (Ok(line), Some(log)) => log.write_line(format!("{line}\n").as_bytes()),
                     _ => Ok(()),
                 };
-                if let Err(err) = written.and(opened) {
+                if let Err(err) = written {
                     let first = write_error.take().unwrap_or(err);
                     write_error.set(Some(first));
                 }
@@ -1217,7 +1216,31 @@ impl<D: Device> Job<D> {
             self.resumed = true;
             while !self.trainer.done() {
                 let chunk = (every > 0).then_some(every);
-                self.trainer.fit(self.source.as_ref(), chunk, &mut self.elastic, &mut log)?;
+                if self.metrics.borrow().as_ref().is_some_and(MetricsLog::is_held) {
+                    // A run that starts over takes its first step alone, then sets the earlier
+                    // run's files aside (a failure to ends it here), then goes on to the
+                    // checkpoint's step.
+                    let before = self.trainer.position.step;
+                    self.trainer.fit(self.source.as_ref(), Some(1), &mut self.elastic, &mut log)?;
+                    if self.trainer.position.step == before {
+                        // Stopped before it (a signal): nothing of this run is kept.
+                        return Err(Error::Interrupted { step: Some(before) });
+                    }
+                    // (A move that fails ends the run before it writes over anything; a log that
+                    // cannot be written ends it at the checkpoint, as any failed write.)
+                    if let Some(log) = self.metrics.borrow_mut().as_mut() {
+                        log.set_aside().map_err(|e| io_error(&out, e))?;
+                        if let Err(err) = log.open() {
+                            write_error.set(Some(write_error.take().unwrap_or(err)));
+                        }
+                    }
+                    if chunk != Some(1) && !self.trainer.done() && !self.trainer.stopping() {
+                        let rest = chunk.map(|c| c - 1);
+                        self.trainer.fit(self.source.as_ref(), rest, &mut self.elastic, &mut log)?;
+                    }
+                } else {
+                    self.trainer.fit(self.source.as_ref(), chunk, &mut self.elastic, &mut log)?;
+                }
                 // A log that failed ends the run, once the weights it trained are written.
                 let log_failed = write_error.take();
                 // When the stages are processes, every stage's weights and optimizer state to
@@ -1259,8 +1282,9 @@ impl<D: Device> Job<D> {
         let exported = writing.is_some();
         finish(&mut writing)?;
         // (A run that starts over with no step to take is done here.)
-        metrics.open().map_err(|e| io_error(&metrics_path, e))?;
-        self.starts_over.set(false);
+        if let Some(log) = self.metrics.get_mut() {
+            log.open().map_err(|e| io_error(&metrics_path, e))?;
+        }
         let seconds = start.elapsed().as_secs_f64();
         if last_eval.is_none() {
             last_eval = Some(self.trainer.evaluate(self.source.as_ref())?);

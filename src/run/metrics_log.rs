@@ -1,8 +1,8 @@
 //! A run's metrics log, `metrics.jsonl`: one JSON event a line. A run that starts over
 //! (`--fresh`) leaves the earlier run's log and checkpoint where they are until its own first
-//! step is done, its lines held in memory until then; so a run that fails before (a setting
-//! that the first step refuses, a device that fails) loses nothing already written, and the
-//! earlier run can still be resumed.
+//! step is done, its lines held in memory until then; so a run that fails or stops before (a
+//! setting that the first step refuses, a device that fails, Ctrl-C) loses nothing already
+//! written, and the earlier run can still be resumed.
 
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -63,15 +63,27 @@ impl MetricsLog {
         matches!(self, MetricsLog::Held { .. })
     }
 
-    /// Moves the earlier run's files aside, opens the log and writes the lines held: at a run's
-    /// first step, or at its end where it took none. Nothing to do once open.
-    pub(super) fn open(&mut self) -> io::Result<()> {
-        let MetricsLog::Held { lines, path, aside } = self else { return Ok(()) };
-        for (from, to) in aside.drain(..) {
-            std::fs::rename(&from, &to).map_err(|e| {
+    /// Moves the earlier run's files aside (while the lines are held; nothing to do after).
+    /// Where a move fails, what is not yet moved stays in place, and a later call goes on
+    /// from there.
+    pub(super) fn set_aside(&mut self) -> io::Result<()> {
+        let MetricsLog::Held { aside, .. } = self else { return Ok(()) };
+        while let Some((from, to)) = aside.first() {
+            std::fs::rename(from, to).map_err(|e| {
                 io::Error::new(e.kind(), format!("moving {} aside to {}: {e}", from.display(), to.display()))
             })?;
+            aside.remove(0);
         }
+        Ok(())
+    }
+
+    /// [Sets the earlier run's files aside](Self::set_aside), opens the log and writes the
+    /// lines held: after a run's first step, or at its end where it took none. Nothing to do
+    /// once open; held still where it fails (the log is not opened over a file not moved).
+    pub(super) fn open(&mut self) -> io::Result<()> {
+        self.set_aside()?;
+        let MetricsLog::Held { lines, path, .. } = self else { return Ok(()) };
+        // (The earlier log is aside, or was empty.)
         let mut file = std::fs::OpenOptions::new().create(true).truncate(true).write(true).open(&*path)?;
         file.write_all(lines)?;
         *self = MetricsLog::Open(file);
@@ -121,6 +133,20 @@ mod tests {
         assert_eq!(std::fs::read(&log_aside).unwrap(), b"{\"earlier\":1}\n");
         assert_eq!(std::fs::read(&ckpt_aside).unwrap(), b"weights");
         assert!(!ckpt.exists());
+        // A move that fails (the place aside is a folder) keeps the earlier log where it was,
+        // whole, and the lines held: a later call goes on once the way is clear.
+        std::fs::write(&log, b"{\"second\":1}\n").unwrap();
+        std::fs::remove_file(&log_aside).unwrap();
+        std::fs::create_dir_all(log_aside.join("blocked")).unwrap();
+        let mut m = MetricsLog::starting_over(&log, log_aside.clone(), &ckpt, ckpt_aside.clone());
+        m.write_line(b"{\"start\":3}\n").unwrap();
+        assert!(m.open().is_err() && m.open().is_err() && m.is_held());
+        assert_eq!(std::fs::read(&log).unwrap(), b"{\"second\":1}\n");
+        std::fs::remove_dir_all(&log_aside).unwrap();
+        m.open().unwrap();
+        drop(m);
+        assert_eq!(std::fs::read(&log).unwrap(), b"{\"start\":3}\n");
+        assert_eq!(std::fs::read(&log_aside).unwrap(), b"{\"second\":1}\n");
         // Continued after a line cut short: the next line starts on its own.
         std::fs::write(&log, b"{\"step\":1}\n{\"st").unwrap();
         let mut m = MetricsLog::continued(&log).unwrap();

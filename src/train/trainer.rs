@@ -686,7 +686,8 @@ impl<D: Device> Trainer<D> {
                 // read them from its cache: the stages are the recorded ones either way).
                 let batch =
                     self.batch_size.map_or(r.config.replicas * r.config.micro_batches, |b| b * batches_per_step);
-                let samples = batch.div_ceil(r.config.replicas).div_ceil(r.config.micro_batches);
+                // (A count of 0, from a damaged file, is refused by the re-plan below.)
+                let samples = batch.div_ceil(r.config.replicas.max(1)).div_ceil(r.config.micro_batches.max(1));
                 let profiles = self.profiles_for(samples.max(1), 0);
                 self.pipeline.replan_to_stages(r.config, &profiles, r.stages).map_err(|e| bad(format!("plan: {e}")))?;
                 None
