@@ -333,6 +333,7 @@ enum Command {
     /// row given as the input itself), or prompts to continue (GPT). Writes one JSON object
     /// per input and line (a table with a header on a terminal); an input that fails gets an
     /// error line and the rest go on (the exit status is then 1).
+    #[command(allow_negative_numbers = true)]
     Predict {
         /// An exported model folder (a run's `model/`), a run's output folder, or a run's
         /// `checkpoint.ckpt` (with the `model/` folder beside it).
@@ -372,6 +373,7 @@ enum Command {
     /// a file of labelled rows (`--file`: `label<TAB>text` for BERT, CSV pixels then the label
     /// for ViT). Prints accuracy and, for a classifier, per-class precision/recall/F1 and the
     /// confusion matrix; for a language model, loss and perplexity.
+    #[command(allow_negative_numbers = true)]
     Evaluate {
         /// An exported model folder (a run's `model/`), a run's output folder, or a run's
         /// `checkpoint.ckpt` (with the `model/` folder beside it).
@@ -418,6 +420,7 @@ enum Command {
     },
     /// Train a small randomly initialised model on one fixed random batch until it memorises it
     /// (forward, backward and AdamW working together); prints the loss curve.
+    #[command(allow_negative_numbers = true)]
     Overfit {
         /// Model family.
         #[arg(long, value_enum, default_value = "gpt")]
@@ -443,6 +446,7 @@ enum Command {
     /// against its datasheet peak). On cpu without --precision it times f32 and bf16; on cpu
     /// and cuda it also times PyTorch's f32 and bf16-autocast steps on the same device when
     /// PT_PYTHON (default python3; `none` skips them) has torch.
+    #[command(allow_negative_numbers = true)]
     BenchStep {
         /// Timed steps.
         #[arg(long, default_value_t = 5)]

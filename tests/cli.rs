@@ -895,22 +895,9 @@ fn a_run_folder_holds_one_run_and_its_log() {
             .map(|f| std::fs::read(dir.join(f)).unwrap())
     };
     let before = files();
-    let (ok, out) = pipetransformer(&[
-        "train",
-        "--config",
-        "configs/vit-digits.toml",
-        "--set",
-        &out_dir,
-        "--set",
-        "data.train_limit=1",
-        "--set",
-        "data.test_limit=32",
-        "--devices",
-        "2",
-        "--replicas",
-        "2",
-        "--fresh",
-    ]);
+    let args = ["train", "--config", "configs/vit-digits.toml", "--set", &out_dir, "--set", "data.test_limit=32"];
+    let one_sample = ["--set", "data.train_limit=1", "--devices", "2", "--replicas", "2", "--fresh"];
+    let (ok, out) = pipetransformer(&[&args[..], &one_sample[..]].concat());
     assert!(!ok && out.contains("pipeline.replicas") && out.contains("cannot feed 2 replicas"), "{out}");
     assert!(files() == before, "{out}");
     let (ok, out) = train("6", "--resume");
