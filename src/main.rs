@@ -515,7 +515,8 @@ fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprint!("{}", error_report(&e));
+            let flags: Vec<String> = std::env::args().skip(1).collect();
+            eprint!("{}{}", error_report(&e), flag_note(&e, &flags));
             match e.chain().any(|c| matches!(c.downcast_ref(), Some(pipetransformer::Error::Interrupted { .. }))) {
                 true => std::process::ExitCode::from(pipetransformer::error::INTERRUPTED_EXIT_CODE),
                 false => std::process::ExitCode::FAILURE,
@@ -544,6 +545,24 @@ fn error_report(e: &anyhow::Error) -> String {
         }
     }
     report
+}
+
+/// Where the setting an error names (`pipeline.memory_limit`) came from a flag the user typed
+/// (`--memory-limit`, among `args`): a line that says so, as the library names settings by
+/// their config keys. Empty otherwise.
+fn flag_note(e: &anyhow::Error, args: &[String]) -> String {
+    let field = e.chain().find_map(|c| match c.downcast_ref() {
+        Some(pipetransformer::Error::Config { field, .. }) if !field.starts_with("--") => Some(field.clone()),
+        _ => None,
+    });
+    let Some(field) = field else { return String::new() };
+    let Some(key) = field.rsplit('.').next() else { return String::new() };
+    let flag = format!("--{}", key.replace('_', "-"));
+    let typed = args.iter().any(|a| *a == flag || a.starts_with(&format!("{flag}=")));
+    match typed {
+        true => format!("(`{field}` is the setting {flag} gives)\n"),
+        false => String::new(),
+    }
 }
 
 fn run() -> Result<()> {

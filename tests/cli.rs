@@ -174,8 +174,12 @@ fn recomputation_plans_what_a_memory_limit_refuses_without_it() {
     let limited = [&plan[..], &["--memory-limit", "20MiB"]].concat();
     let (ok, out) = pipetransformer(&limited);
     assert!(!ok && out.contains("no split of 11 units into 2 stages fits"), "{out}");
-    // The refusal says what recomputing would do: fit here, need so many bytes below.
+    // The refusal says what recomputing would do: fit here, need so many bytes below; and
+    // which flag gave the setting it names (not where `--set` gave it).
     assert!(out.contains("; recomputing activations fits (--recompute auto, pipeline.recompute)"), "{out}");
+    assert!(out.contains("(`pipeline.memory_limit` is the setting --memory-limit gives)"), "{out}");
+    let (ok, out) = pipetransformer(&[&plan[..], &["--set", "pipeline.memory_limit=\"20MiB\""]].concat());
+    assert!(!ok && out.contains("no split of 11 units") && !out.contains("is the setting"), "{out}");
     let (ok, out) = pipetransformer(&[&plan[..], &["--memory-limit", "10MiB"]].concat());
     assert!(!ok && out.contains("; recomputing activations (--recompute auto, pipeline.recompute) needs "), "{out}");
     let (ok, out) = pipetransformer(&[&limited[..], &["--recompute", "auto"]].concat());

@@ -341,7 +341,7 @@ impl Plan {
             let need = need.map_or_else(|| "more".to_string(), |n| n.to_string());
             return Err(config_error(
                 "devices",
-                format!("{r} replicas × {k} pipeline stages need {need} devices; {devices} available"),
+                format!("{r} replica(s) × {k} pipeline stage(s) need {need} devices; {devices} available"),
             ));
         }
         let stages = k.saturating_mul(config.chunks);

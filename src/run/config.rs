@@ -295,7 +295,7 @@ impl PipelineSection {
             if devices < needed {
                 return Err(config_error(
                     "pipeline.devices",
-                    format!("{r} replicas × {k} pipeline stages need {needed} devices; {devices} available"),
+                    format!("{r} replica(s) × {k} pipeline stage(s) need {needed} devices; {devices} available"),
                 ));
             }
             devices
