@@ -556,7 +556,7 @@ fn flag_note(e: &anyhow::Error, args: &[String]) -> String {
         _ => None,
     });
     let Some(field) = field else { return String::new() };
-    let Some(key) = field.rsplit('.').next() else { return String::new() };
+    let key = field.rsplit_once('.').map_or(field.as_str(), |(_, key)| key);
     let flag = format!("--{}", key.replace('_', "-"));
     let typed = args.iter().any(|a| *a == flag || a.starts_with(&format!("{flag}=")));
     match typed {

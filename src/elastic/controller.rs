@@ -63,7 +63,7 @@ type Shape = (crate::pipeline::PipelineConfig, Vec<std::ops::Range<usize>>);
 /// steps of `batch`-sample source batches.
 fn micro_samples<D: Device>(trainer: &Trainer<D>, batch: usize, m: usize) -> usize {
     let replicas = trainer.pipeline.plan().config.replicas;
-    (batch * trainer.batches_per_step).div_ceil(replicas).div_ceil(m)
+    crate::pipeline::samples_per_micro_batch(batch * trainer.batches_per_step, replicas, m)
 }
 
 /// The shape `trainer`'s pipeline runs in now.

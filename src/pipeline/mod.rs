@@ -20,7 +20,7 @@ pub mod trace;
 
 pub use partition::{Partition, Recompute, partition};
 pub use plan::{PipelineConfig, Plan};
-pub use profile::{UnitProfile, profile_units, unit_profiles, unit_profiles_per_sample};
+pub use profile::{UnitProfile, profile_units, samples_per_micro_batch, unit_profiles, unit_profiles_per_sample};
 pub use runtime::{EvalOutput, Fault, Pipeline, PipelineStep, StepOptions};
 pub use schedule::{Action, MessageKey, Piece, Schedule, ScheduleKind};
 pub use simulate::{CostModel, Link, Simulation, simulate};

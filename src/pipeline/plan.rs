@@ -147,8 +147,8 @@ impl Plan {
     /// cut on time alone ([`time_cut`](Self::time_cut)); where it refuses those under a memory
     /// limit, for the stages the limit forces on whole sequences
     /// ([`whole_cut`](Self::whole_cut)), on which the sequences fit whole at least. Where both
-    /// fail, the first refusal stands, with what whole sequences need where no split fits them. The one rule for a run's first plan and for each shape
-    /// an elastic run changes to.
+    /// fail, the first refusal stands, with what whole sequences need where no split fits
+    /// them. The one rule for a run's first plan and for each shape an elastic run changes to.
     pub fn slice_cut<T>(
         config: &PipelineConfig,
         units: &[UnitProfile],
@@ -262,8 +262,7 @@ impl Plan {
         let devices = config.pipeline_len.saturating_mul(config.replicas);
         let schedule = Self::check(config, units.len().saturating_sub(pinned), devices).ok()?;
         let units: Vec<UnitProfile> = units.iter().map(|u| u.sliced(&config.token_slices)).collect();
-        (schedule.stages == schedule.devices)
-            .then(|| least_peak(&units, &in_flight(&schedule), pinned, config.recompute, stages))
+        least_on_devices(&units, &schedule, pinned, config.recompute, stages)
     }
 
     /// A plan with given stage boundaries (as a checkpoint recorded them, or the plan in force
@@ -538,18 +537,30 @@ fn recompute_hint(
     pinned: usize,
 ) -> Error {
     let (Error::Config { field, message }, Some(limit)) = (&e, config.memory_limit) else { return e };
-    if config.recompute != Recompute::Off || !config.allows_recompute() || schedule.stages != schedule.devices {
+    if config.recompute != Recompute::Off || !config.allows_recompute() {
         return e;
     }
-    let in_flight = in_flight(schedule);
-    let least = |recompute| least_peak(units, &in_flight, pinned, recompute, None);
-    let (kept, recomputing) = (least(Recompute::Off), least(Recompute::Auto));
+    let least = |recompute| least_on_devices(units, schedule, pinned, recompute, None);
+    let (Some(kept), Some(recomputing)) = (least(Recompute::Off), least(Recompute::Auto)) else { return e };
     let hint = match recomputing {
         n if n >= kept => return e,
         n if n <= limit => "; recomputing activations fits (--recompute auto, pipeline.recompute)".to_string(),
         n => format!("; recomputing activations (--recompute auto, pipeline.recompute) needs {n} bytes"),
     };
     Error::Config { field: field.clone(), message: format!("{message}{hint}") }
+}
+
+/// The least memory limit a partition of `units` (sliced as the plan runs them) meets on
+/// `schedule`'s devices, recomputing as `recompute` allows, on the `given` stages or any:
+/// `None` for an interleaved schedule's devices, which hold several stages each.
+fn least_on_devices(
+    units: &[UnitProfile],
+    schedule: &Schedule,
+    pinned: usize,
+    recompute: Recompute,
+    given: Option<&[std::ops::Range<usize>]>,
+) -> Option<usize> {
+    (schedule.stages == schedule.devices).then(|| least_peak(units, &in_flight(schedule), pinned, recompute, given))
 }
 
 /// Per stage, the micro-batches' worth of activations in flight at the peak: pieces, counted
@@ -762,8 +773,8 @@ mod tests {
     /// Where stages recompute under a memory limit, TeraPipe's slicing is planned for time and
     /// kept where its plan fits recomputing; else planned under the limit as without
     /// recomputation; else whole micro-batches where they fit recomputing; else the refusal
-    /// names the least limit that plans, whole or over those slices. Four equal units, 2 stages × 2 units,
-    /// GPipe, `M = 2`: unsliced a stage takes 3200 B of state plus 2 × 2000 B of activations,
+    /// names the least limit that plans, whole or over those slices. Four equal units, 2
+    /// stages × 2 units, GPipe, `M = 2`: unsliced a stage takes 3200 B of state plus 2 × 2000 B of activations,
     /// 5400 B recomputing both units (2 × 100 B of input + 2000 B); over slices [2, 2] the
     /// arenas add 400 B of key/value gradients a unit and are kept: 8800 B, 6600 B recomputing
     /// (of which 800 B regained: one slice's activations, half a micro-batch's).

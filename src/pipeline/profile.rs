@@ -143,18 +143,15 @@ impl UnitProfile {
         if lengths.len() < 2 || whole == 0 {
             return *self;
         }
-        let by_tokens = if self.trainable {
-            (self.activation_bytes - self.score_bytes).saturating_sub(self.kv_bytes + self.loss_grad_bytes)
-        } else {
-            0
-        };
+        // (What scales with the slice's tokens; a frozen unit regains nothing, by the cap below.)
+        let by_tokens = (self.activation_bytes - self.score_bytes).saturating_sub(self.kv_bytes + self.loss_grad_bytes);
         let (mut context, mut kept, mut most_regained) = (0, 0.0, 0.0f64);
         for &l in lengths {
-            kept += (l * (context + l)) as f64;
-            if self.trainable {
-                let (tokens, scores) = (l as f64 / whole as f64, (l * (context + l)) as f64 / (whole * whole) as f64);
-                most_regained = most_regained.max(by_tokens as f64 * tokens + self.score_bytes as f64 * scores);
-            }
+            let seen = (l * (context + l)) as f64;
+            kept += seen;
+            let regained =
+                by_tokens as f64 * l as f64 / whole as f64 + self.score_bytes as f64 * seen / (whole * whole) as f64;
+            most_regained = most_regained.max(regained);
             context += l;
         }
         let scores = (self.score_bytes as f64 * kept / (whole * whole) as f64).round() as usize;
@@ -164,12 +161,19 @@ impl UnitProfile {
             frozen_arena_bytes: self.kv_bytes,
             ..*self
         };
-        // (No slice regains more than all of them together, whatever the rounding.)
+        // (No slice regains more than all of them together, whatever the rounding; a frozen unit
+        // none.)
         UnitProfile {
             slice_regained_bytes: Some((most_regained.ceil() as usize).min(sliced.recomputable_bytes())),
             ..sliced
         }
     }
+}
+
+/// Samples in each of `micro_batches` micro-batches of a replica, for steps of `batch` samples
+/// shared by `replicas` (the last micro-batch may hold fewer; counts of 0 read as 1).
+pub fn samples_per_micro_batch(batch: usize, replicas: usize, micro_batches: usize) -> usize {
+    batch.div_ceil(replicas.max(1)).div_ceil(micro_batches.max(1))
 }
 
 /// [`unit_profiles`] per sample of `micro`: the costs a trainer keeps, and scales to each

@@ -14,7 +14,7 @@ use crate::elastic::{CacheDtype, Elastic, FreezeName};
 use crate::error::{Error, Result, config_error, internal};
 use crate::files::{self, io_error};
 use crate::model::{Family, HeadSpec, HostBatch, InputSpec, Model, ModelConfig, Spec};
-use crate::pipeline::{Pipeline, PipelineConfig, Plan, UnitProfile, unit_profiles_per_sample};
+use crate::pipeline::{Pipeline, PipelineConfig, Plan, UnitProfile, samples_per_micro_batch, unit_profiles_per_sample};
 use crate::terapipe::{SlicingPlan, SlicingProfile, StageLoad, TokenSlices};
 use crate::text::{Encoded, EncodedItem, TextInput, TextTokenizer, encoded_batch};
 use crate::train::{BatchSource, EvalMetrics, Event, RecordedPlan, Trainer};
@@ -548,7 +548,7 @@ fn planning_profiles<D: Device>(
     let micro = first_micro_batch(first, plan)?;
     let measure = config.pipeline.profile || config.elastic.auto_pipe;
     let per_sample = unit_profiles_per_sample(dev, model, &micro, measure)?;
-    let micro_samples = first.batch.div_ceil(plan.replicas).div_ceil(plan.micro_batches);
+    let micro_samples = samples_per_micro_batch(first.batch, plan.replicas, plan.micro_batches);
     let profiles = per_sample.iter().map(|p| p.scaled(micro_samples as f64)).collect();
     Ok((per_sample, profiles))
 }
@@ -1184,6 +1184,10 @@ impl<D: Device> Job<D> {
         let (mut samples, mut last_eval) = (0usize, None);
         // The first failed write of the log, checked at each checkpoint.
         let write_error = std::cell::Cell::new(None);
+        let record = |err: std::io::Error| {
+            let first = write_error.take().unwrap_or(err);
+            write_error.set(Some(first));
+        };
         // The checkpoint and export being written while the next steps train.
         let mut writing: Option<files::Background> = None;
         {
@@ -1198,8 +1202,7 @@ impl<D: Device> Job<D> {
                     _ => Ok(()),
                 };
                 if let Err(err) = written {
-                    let first = write_error.take().unwrap_or(err);
-                    write_error.set(Some(first));
+                    record(err);
                 }
                 on_event(e);
             };
@@ -1218,7 +1221,7 @@ impl<D: Device> Job<D> {
                 let chunk = (every > 0).then_some(every);
                 if self.metrics.borrow().as_ref().is_some_and(MetricsLog::is_held) {
                     // A run that starts over takes its first step alone, then sets the earlier
-                    // run's files aside (a failure to ends it here), then goes on to the
+                    // run's files aside (a failure to do so ends it here), then goes on to the
                     // checkpoint's step.
                     let before = self.trainer.position.step;
                     self.trainer.fit(self.source.as_ref(), Some(1), &mut self.elastic, &mut log)?;
@@ -1231,7 +1234,7 @@ impl<D: Device> Job<D> {
                     if let Some(log) = self.metrics.borrow_mut().as_mut() {
                         log.set_aside().map_err(|e| io_error(&out, e))?;
                         if let Err(err) = log.open() {
-                            write_error.set(Some(write_error.take().unwrap_or(err)));
+                            record(err);
                         }
                     }
                     if chunk != Some(1) && !self.trainer.done() && !self.trainer.stopping() {

@@ -18,7 +18,7 @@ use crate::error::{Error, Result, internal};
 use crate::model::{HeadSpec, HostBatch, IGNORE_INDEX};
 use crate::optim::{LrSchedule, OptimizerState, ParamState};
 use crate::pipeline::trace::ChromeTrace;
-use crate::pipeline::{Pipeline, PipelineConfig, PipelineStep, StepOptions, UnitProfile};
+use crate::pipeline::{Pipeline, PipelineConfig, PipelineStep, StepOptions, UnitProfile, samples_per_micro_batch};
 use crate::rng::hash_u64;
 use crate::weights::HostTensor;
 use serde::{Deserialize, Serialize};
@@ -655,17 +655,15 @@ impl<D: Device> Trainer<D> {
         // limit again). Otherwise the two differ in shape.
         let recompute = in_force.config.recompute;
         let limited = in_force.config.memory_limit.is_some();
-        let mut recompute_changed = None;
-        let recorded = recorded.map(|r| {
-            match r.config.allows_recompute() && (!limited || recompute.at_least(r.config.recompute)) {
-                true => {
-                    if r.config.recompute != recompute {
-                        recompute_changed = Some(format!("pipeline.recompute {} → {recompute}", r.config.recompute));
-                    }
-                    SavedPlan { config: PipelineConfig { recompute, ..r.config }, ..r }
-                }
-                false => r,
-            }
+        let takes_own =
+            |r: &SavedPlan| r.config.allows_recompute() && (!limited || recompute.at_least(r.config.recompute));
+        let recompute_changed = recorded
+            .as_ref()
+            .filter(|r| takes_own(r) && r.config.recompute != recompute)
+            .map(|r| format!("pipeline.recompute {} → {recompute}", r.config.recompute));
+        let recorded = recorded.map(|r| match takes_own(&r) {
+            true => SavedPlan { config: PipelineConfig { recompute, ..r.config }, ..r },
+            false => r,
         });
         let reshaped_from = match recorded {
             Some(r) if matches!(plan, RecordedPlan::UnlessReshaped { slices } if reshaped(&r.config, slices)) => {
@@ -687,7 +685,7 @@ impl<D: Device> Trainer<D> {
                 let batch =
                     self.batch_size.map_or(r.config.replicas * r.config.micro_batches, |b| b * batches_per_step);
                 // (A count of 0, from a damaged file, is refused by the re-plan below.)
-                let samples = batch.div_ceil(r.config.replicas.max(1)).div_ceil(r.config.micro_batches.max(1));
+                let samples = samples_per_micro_batch(batch, r.config.replicas, r.config.micro_batches);
                 let profiles = self.profiles_for(samples.max(1), 0);
                 self.pipeline.replan_to_stages(r.config, &profiles, r.stages).map_err(|e| bad(format!("plan: {e}")))?;
                 None
