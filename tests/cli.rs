@@ -891,9 +891,10 @@ fn a_run_folder_holds_one_run_and_its_log() {
     assert_eq!(std::fs::read(dir.join("checkpoint.ckpt")).unwrap(), before);
     assert_eq!(starts("metrics.jsonl"), [false, true]);
     drop(held);
-    // A run that starts over and fails before its first step is done (a training set of one
-    // sample cannot feed two replicas) loses nothing: the earlier run's log and checkpoint
-    // stay where they were, and so do the ones set aside before.
+    // A run that starts over and is refused (a training set of one sample cannot feed two
+    // replicas: found as the job is built) loses nothing: the earlier run's log and checkpoint
+    // stay where they were, and so do the ones set aside before. (One that fails at its first
+    // step: `tests/elastic.rs::a_fresh_run_that_fails_at_its_first_step_loses_nothing`.)
     let files = || {
         ["metrics.jsonl", "checkpoint.ckpt", "metrics.previous.jsonl", "checkpoint.previous.ckpt"]
             .map(|f| std::fs::read(dir.join(f)).unwrap())
@@ -902,7 +903,8 @@ fn a_run_folder_holds_one_run_and_its_log() {
     let args = ["train", "--config", "configs/vit-digits.toml", "--set", &out_dir, "--set", "data.test_limit=32"];
     let one_sample = ["--set", "data.train_limit=1", "--devices", "2", "--replicas", "2", "--fresh"];
     let (ok, out) = pipetransformer(&[&args[..], &one_sample[..]].concat());
-    assert!(!ok && out.contains("pipeline.replicas") && out.contains("cannot feed 2 replicas"), "{out}");
+    let refused = "a step's batch holds 1 sample(s), the whole training set (data.train_limit); each of 2 replica(s)";
+    assert!(!ok && out.contains("pipeline.replicas") && out.contains(refused), "{out}");
     assert!(files() == before, "{out}");
     let (ok, out) = train("6", "--resume");
     assert!(ok && out.contains("done: 6 steps (1 of them since step 5, in"), "{out}");
@@ -1464,6 +1466,31 @@ fn a_resumed_run_names_the_checkpoints_token_slices() {
     // Whole sequences asked for as such (`off`) replace the checkpoint's slicing.
     let (ok, out) = run(&["--resume", "--token-slices", "off"], "train.max_steps=3");
     assert!(ok && out.contains("gives way") && !out.contains("token slices (the checkpoint's)"), "{out}");
+}
+
+/// A plan restored from a checkpoint is costed for what a step's batch holds: with a training
+/// set shorter than `data.batch_size`, the set (the resumed run's table equals the fresh one's).
+#[test]
+fn a_restored_plan_is_costed_for_a_training_set_shorter_than_the_batch() {
+    if !common::installed(&[Path::new("data/text/hamlet.txt")]) {
+        return;
+    }
+    let dir = scratch("resume-short-set");
+    let out_dir = format!("output.dir={}", dir.display());
+    let run = |flags: &[&str], steps: &str| {
+        let base = ["train", "--config", "configs/gpt-hamlet.toml", "--set", &out_dir, "--set", "data.test_limit=4"];
+        let short = ["--set", "data.batch_size=8", "--set", "data.train_limit=4", "--set", steps];
+        pipetransformer(&[&base[..], &short[..], flags].concat())
+    };
+    let (ok, first) = run(&["--fresh", "--token-slices", "3,5,120"], "train.max_steps=1");
+    assert!(ok && first.contains("4 training"), "{first}");
+    // The checkpoint's slicing replaces the one `auto` would plan: its plan is costed anew.
+    let (ok, out) = run(&["--resume", "--token-slices", "auto"], "train.max_steps=2");
+    assert!(ok && out.contains("token slices (the checkpoint's)"), "{out}");
+    let table = |out: &str| -> Vec<String> {
+        out.lines().filter(|l| l.starts_with("| ") || l.starts_with("simulated")).map(String::from).collect()
+    };
+    assert!(table(&first).len() > 2 && table(&first) == table(&out), "{first}\n{out}");
 }
 
 /// `plan --token-slices auto` plans one slicing for every micro-batch under the device memory

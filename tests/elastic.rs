@@ -708,43 +708,57 @@ fn idle_cpu_devices_lend_their_threads_evenly() {
     assert_eq!(threads(&t), [1, 1, 1, 1]);
 }
 
+/// The digits ViT's config with `output.dir` at `dir` and `sets` on top, or `None` where the
+/// dataset is not installed.
+fn digits_config(dir: &std::path::Path, sets: &[&str]) -> Option<pipetransformer::run::RunConfig> {
+    if !common::installed(&[std::path::Path::new("data/digits/digits.csv.gz")]) {
+        return None;
+    }
+    let mut all = vec![format!("output.dir={:?}", dir.display().to_string())];
+    all.extend(sets.iter().map(|s| s.to_string()));
+    Some(pipetransformer::run::RunConfig::load(std::path::Path::new("configs/vit-digits.toml"), &all).unwrap())
+}
+
+/// A job of `config` on `n` cpu devices of `threads` threads between them.
+fn cpu_job(
+    config: &pipetransformer::run::RunConfig,
+    n: usize,
+    threads: usize,
+) -> pipetransformer::run::Job<CpuDevice<f32>> {
+    use pipetransformer::device::{AnyDevices, DeviceKind};
+    let Ok(AnyDevices::Cpu(devices)) = pipetransformer::run::open_devices(DeviceKind::Cpu, n, threads, Precision::F32)
+    else {
+        panic!("cpu devices")
+    };
+    pipetransformer::run::Job::new(devices, config.clone()).unwrap()
+}
+
 /// A job resumed after a transition that lent the freed device's thread lends it again: the
 /// lending is switched on before the checkpoint's plan is restored (digits, ViT, 2 cpu
 /// devices of one thread each).
 #[test]
 fn a_job_resumed_after_lending_threads_lends_them_again() {
-    use pipetransformer::device::{AnyDevices, DeviceKind};
-    use pipetransformer::run::{Job, RunConfig, open_devices};
-    if !common::installed(&[std::path::Path::new("data/digits/digits.csv.gz")]) {
-        return;
-    }
+    use pipetransformer::run::Job;
     let dir = scratch("job-threads");
-    let sets: Vec<String> = [
-        format!("output.dir={:?}", dir.display().to_string()),
-        "output.threads=2".into(),
-        "pipeline.devices=2".into(),
-        "pipeline.pipeline_len=2".into(),
-        "pipeline.micro_batches=2".into(),
-        "elastic.freeze=\"table\"".into(),
-        "elastic.table=[0, 1]".into(),
-        "elastic.freeze_interval=2".into(),
-        "elastic.auto_pipe=true".into(),
-        "elastic.auto_dp=true".into(),
-        "elastic.freed_devices=\"threads\"".into(),
-        "elastic.time_pipeline_len=false".into(),
-        "train.epochs=1".into(),
-        "train.max_steps=4".into(),
-        "data.train_limit=96".into(),
-        "data.test_limit=32".into(),
-    ]
-    .into();
-    let config = RunConfig::load(std::path::Path::new("configs/vit-digits.toml"), &sets).unwrap();
-    let job = |config: &RunConfig| {
-        let Ok(AnyDevices::Cpu(devices)) = open_devices(DeviceKind::Cpu, 2, 2, Precision::F32) else {
-            panic!("cpu devices")
-        };
-        Job::new(devices, config.clone()).unwrap()
-    };
+    let sets = [
+        "output.threads=2",
+        "pipeline.devices=2",
+        "pipeline.pipeline_len=2",
+        "pipeline.micro_batches=2",
+        "elastic.freeze=\"table\"",
+        "elastic.table=[0, 1]",
+        "elastic.freeze_interval=2",
+        "elastic.auto_pipe=true",
+        "elastic.auto_dp=true",
+        "elastic.freed_devices=\"threads\"",
+        "elastic.time_pipeline_len=false",
+        "train.epochs=1",
+        "train.max_steps=4",
+        "data.train_limit=96",
+        "data.test_limit=32",
+    ];
+    let Some(config) = digits_config(&dir, &sets) else { return };
+    let job = |config| cpu_job(config, 2, 2);
     let threads = |job: &Job<CpuDevice<f32>>| -> Vec<Option<usize>> {
         job.trainer.pipeline.devices().iter().map(Device::threads).collect()
     };
@@ -764,6 +778,65 @@ fn a_job_resumed_after_lending_threads_lends_them_again() {
     resumed.resume().unwrap();
     assert_eq!(resumed.trainer.pipeline.plan().config.pipeline_len, 1);
     assert_eq!(threads(&resumed), [Some(2), Some(1)], "lent again on resume");
+}
+
+/// A run that starts over in a folder holding an earlier run, and fails at its first step,
+/// loses nothing: the earlier run's log and checkpoint stay byte for byte where they were,
+/// nothing is set aside, and `--resume` goes on from the earlier run. (Refusals found before
+/// the first step: `tests/cli.rs::a_run_folder_holds_one_run_and_its_log`.)
+#[test]
+fn a_fresh_run_that_fails_at_its_first_step_loses_nothing() {
+    use pipetransformer::pipeline::Fault;
+    let dir = scratch("job-first-step");
+    let sets = ["train.epochs=1", "train.max_steps=2", "data.train_limit=64", "data.test_limit=32"];
+    let Some(config) = digits_config(&dir, &sets) else { return };
+    cpu_job(&config, 1, 1).run(&mut |_| {}).unwrap();
+    let files = || ["metrics.jsonl", "checkpoint.ckpt"].map(|f| std::fs::read(dir.join(f)).unwrap());
+    let before = files();
+    let mut fresh = cpu_job(&config, 1, 1);
+    fresh.trainer.pipeline.set_fault(Some(Fault { device: 0, action: 0, panic: false }));
+    let mut steps = 0;
+    let err = fresh.run(&mut |e| steps += matches!(e, Event::Step { .. }) as usize).unwrap_err().to_string();
+    assert!(err.contains("injected"), "{err}");
+    assert_eq!(steps, 0);
+    assert!(files() == before, "the earlier run's files were changed");
+    for aside in ["metrics.previous.jsonl", "checkpoint.previous.ckpt"] {
+        assert!(!dir.join(aside).exists(), "{aside} was set aside");
+    }
+    let mut resumed = cpu_job(&config, 1, 1);
+    resumed.resume().unwrap();
+    assert_eq!(resumed.trainer.position.step, 2, "the earlier run's checkpoint");
+}
+
+/// AutoDP makes no more replicas than the step's batch can feed one sample each: a training
+/// set of 3 samples on 4 devices, whose pipeline of 2 stages shrinks to 1 at the freeze,
+/// goes on with 3 replicas of it (4 would leave one without a sample, and the step fails).
+#[test]
+fn a_training_set_shorter_than_the_devices_caps_autodps_replicas() {
+    let dir = scratch("job-short-set");
+    let sets = [
+        "pipeline.devices=4",
+        "pipeline.pipeline_len=2",
+        "pipeline.replicas=1",
+        "pipeline.micro_batches=1",
+        "elastic.freeze=\"table\"",
+        "elastic.table=[0, 1]",
+        "elastic.freeze_interval=2",
+        "elastic.auto_pipe=true",
+        "elastic.auto_dp=true",
+        "elastic.freed_devices=\"replicas\"",
+        "elastic.time_pipeline_len=false",
+        "train.epochs=4",
+        "train.max_steps=4",
+        "data.train_limit=3",
+        "data.test_limit=32",
+    ];
+    let Some(config) = digits_config(&dir, &sets) else { return };
+    let mut job = cpu_job(&config, 4, 4);
+    let summary = job.run(&mut |_| {}).unwrap();
+    assert_eq!(summary.steps, 4);
+    let shape = &job.trainer.pipeline.plan().config;
+    assert_eq!((shape.pipeline_len, shape.replicas), (1, 3));
 }
 
 /// Lending with two replicas from the start (4 cpu devices of one thread, `K R` 2 2): the

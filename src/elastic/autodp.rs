@@ -66,10 +66,15 @@ pub fn lends_threads<D: Device>(freed: FreedDevices, devices: &[D]) -> bool {
     freed == FreedDevices::Threads && devices.iter().all(|d| d.threads().is_some())
 }
 
-/// Replicas for a pipeline of `k` devices: every whole pipeline the devices hold with AutoDP,
-/// else the initial count.
-pub fn replicas_for(k: usize, devices: usize, initial: usize, auto_dp: bool) -> usize {
-    if auto_dp { (devices / k.max(1)).max(1) } else { initial }
+/// Replicas for a pipeline of `k` devices: with AutoDP, every whole pipeline the devices hold
+/// whose replica gets a sample of the step's batch (`global(r)` samples with `r` replicas: a
+/// training set shorter than the devices caps them); else the initial count.
+pub fn replicas_for(k: usize, devices: usize, initial: usize, auto_dp: bool, global: impl Fn(usize) -> usize) -> usize {
+    let most = (devices / k.max(1)).max(1);
+    match auto_dp {
+        true => (1..=most).rev().find(|&r| global(r) >= r).unwrap_or(1),
+        false => initial,
+    }
 }
 
 /// Source batches per step under `policy` with `r` replicas where the run began with `r0`.
@@ -112,10 +117,16 @@ mod tests {
 
     #[test]
     fn freed_devices_become_replicas_and_the_policy_sets_the_batch() {
-        assert_eq!(replicas_for(2, 4, 2, true), 2);
-        assert_eq!(replicas_for(1, 4, 2, true), 4);
-        assert_eq!(replicas_for(3, 4, 1, true), 1);
-        assert_eq!(replicas_for(1, 4, 1, false), 1);
+        let plenty = |_| 64;
+        assert_eq!(replicas_for(2, 4, 2, true, plenty), 2);
+        assert_eq!(replicas_for(1, 4, 2, true, plenty), 4);
+        assert_eq!(replicas_for(3, 4, 1, true, plenty), 1);
+        assert_eq!(replicas_for(1, 4, 1, false, plenty), 1);
+        // A batch of 3 samples feeds 3 of 4 replicas; under `scale-lr` from 2 replicas a
+        // batch of 2 feeds 2 (3 would share one batch) or 4 (two batches).
+        assert_eq!(replicas_for(1, 4, 1, true, |_| 3), 3);
+        assert_eq!(replicas_for(1, 3, 2, true, |r| 2 * batches_per_step(BatchPolicy::ScaleLr, r, 2)), 2);
+        assert_eq!(replicas_for(1, 4, 2, true, |r| 2 * batches_per_step(BatchPolicy::ScaleLr, r, 2)), 4);
         assert_eq!(batches_per_step(BatchPolicy::Constant, 4, 1), 1);
         assert_eq!(batches_per_step(BatchPolicy::ScaleLr, 4, 2), 2);
         assert_eq!(batches_per_step(BatchPolicy::ScaleLr, 3, 2), 1);

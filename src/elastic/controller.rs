@@ -488,12 +488,12 @@ impl Elastic {
             // Freed cpu devices lend their threads: the replicas stay as they began, and the
             // `K·R` devices at work share every device's threads.
             let lend = self.config.lends_threads(trainer.pipeline.devices());
-            let replicas = |k: usize| replicas_for(k, a.devices, a.initial_replicas, auto_dp && !lend);
+            let global = |r: usize| a.batch * batches_per_step(policy, r, a.initial_replicas);
+            let replicas = |k: usize| replicas_for(k, a.devices, a.initial_replicas, auto_dp && !lend, global);
             let pipeline = &trainer.pipeline;
             // Devices that share a pool compute at their share of it, lent threads or not.
             let shared = pipeline.shared_pool().is_some();
             let speed = |k: usize| if lend || shared { pipeline.lent_speed(k * replicas(k)) } else { 1.0 };
-            let global = |r: usize| a.batch * batches_per_step(policy, r, a.initial_replicas);
             let tuned = &self.tuner.best;
             let micro = |k: usize, per_replica: usize| {
                 let key = Tuner::key(k, replicas(k), units, cached > 0, per_replica, schedule_for(k, before.schedule));

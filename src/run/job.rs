@@ -894,6 +894,21 @@ impl<D: Device> Job<D> {
         };
         let (source, info) = prepare_data(&config, replicas)?;
         let first = source.train_batch(0, 0)?;
+        // Found now, not at the first step: only a training set shorter than the batch makes
+        // a step's batch this short (the config checked the batch), and each replica of every
+        // process needs a sample of it.
+        let fed = plan.replicas.saturating_mul(processes);
+        if group.is_none() && first.batch < fed {
+            let limit = if config.data.train_limit > 0 { " (data.train_limit)" } else { "" };
+            return Err(config_error(
+                "pipeline.replicas",
+                format!(
+                    "a step's batch holds {} sample(s), the whole training set{limit}; each of {fed} replica(s) \
+                     needs one at least",
+                    first.batch
+                ),
+            ));
+        }
         // A stage process holds its own stages' weights only, from the start. Every process
         // plans alike from the units' FLOPs, which their shapes give: a first build keeps no
         // values and says which units are this process's.
@@ -960,7 +975,9 @@ impl<D: Device> Job<D> {
         let mut trainer = Trainer::new(pipeline, config.train.clone(), source.batches_per_epoch(), per_sample)?;
         trainer.data_fingerprint = source.fingerprint();
         trainer.data_settings = Some(data_settings(&config));
-        trainer.batch_size = Some(config.data.batch_size);
+        // A batch larger than the training set holds the set.
+        let batch = config.data.batch_size.min(first.batch);
+        trainer.batch_size = Some(batch);
         trainer.model_config = serde_json::to_value(&model_config).ok();
         let positions = match spec.input {
             InputSpec::Image { image_size, patch, .. } => (image_size / patch).pow(2) + 1,
@@ -970,8 +987,7 @@ impl<D: Device> Job<D> {
             layers: spec.layers,
             devices: count,
             initial_replicas: plan.replicas,
-            // A batch larger than the training set holds the set.
-            batch: config.data.batch_size.min(first.batch),
+            batch,
             positions,
             width: spec.hidden,
             activation_dtype: match trainer.pipeline.devices()[0].activation_dtype() {

@@ -97,9 +97,10 @@ pub struct Trainer<D: Device> {
     /// (`{"train.seed": 0, …}`), when the caller says: checkpoints record them, so a resume
     /// refused for other data names the setting that changed.
     pub data_settings: Option<serde_json::Value>,
-    /// Samples per source batch (`data.batch_size`), when the caller says: checkpoints record
-    /// it, and a resume under another is refused (the same count of batches per epoch would
-    /// name other samples).
+    /// Samples per source batch (`data.batch_size`, or the training set where that is
+    /// shorter), when the caller says: checkpoints record it, a resume under another is refused
+    /// (the same count of batches per epoch would name other samples), and a plan restored from
+    /// a checkpoint is costed for it.
     pub batch_size: Option<usize>,
     /// The model's configuration as its caller describes it (a run: its `ModelConfig`, the
     /// head sized for the data): checkpoints record it, and a resume under another (another
@@ -529,7 +530,7 @@ impl<D: Device> Trainer<D> {
             && then != now as u64
         {
             return Err(changed(format!(
-                "taken with batches of {then} samples, this run's are of {now} (data.batch_size): the same \
+                "taken with batches of {then} samples, this run's are of {now} (data.batch_size, or the training set where that is shorter): the same \
                  {per_epoch} batches per epoch would skip some samples and repeat others"
             )));
         }
