@@ -555,7 +555,11 @@ fn flag_note(e: &anyhow::Error, args: &[String]) -> String {
         Some(pipetransformer::Error::Config { field, .. }) if !field.starts_with("--") => Some(field.clone()),
         _ => None,
     });
-    let Some(field) = field else { return String::new() };
+    // The typed flags set `pipeline.*` and `elastic.*` settings only (`overrides`): elsewhere a
+    // key's name can be another flag's (`model.config` is not `--config`'s file).
+    let Some(field) = field.filter(|f| f.starts_with("pipeline.") || f.starts_with("elastic.")) else {
+        return String::new();
+    };
     let key = field.rsplit_once('.').map_or(field.as_str(), |(_, key)| key);
     let flag = format!("--{}", key.replace('_', "-"));
     let typed = args.iter().any(|a| *a == flag || a.starts_with(&format!("{flag}=")));

@@ -180,6 +180,15 @@ fn recomputation_plans_what_a_memory_limit_refuses_without_it() {
     assert!(out.contains("(`pipeline.memory_limit` is the setting --memory-limit gives)"), "{out}");
     let (ok, out) = pipetransformer(&[&plan[..], &["--set", "pipeline.memory_limit=\"20MiB\""]].concat());
     assert!(!ok && out.contains("no split of 11 units") && !out.contains("is the setting"), "{out}");
+    // (Nor where a setting's key is another flag's name: `model.config` is not `--config`'s.)
+    let (ok, out) = pipetransformer(&[&plan[..], &["--set", "model.config={family=\"vit\"}"]].concat());
+    assert!(!ok && out.contains("model.config") && !out.contains("is the setting"), "{out}");
+    // A policy given as something other than a string is refused with the policies' names.
+    for value in ["true", "3"] {
+        let (ok, out) = pipetransformer(&[&plan[..], &["--set", &format!("pipeline.recompute={value}")]].concat());
+        let want = "flag `--set pipeline.recompute`: expected a string, one of `off`, `all`, `auto`";
+        assert!(!ok && out.contains(want), "{out}");
+    }
     let (ok, out) = pipetransformer(&[&plan[..], &["--memory-limit", "10MiB"]].concat());
     assert!(!ok && out.contains("; recomputing activations (--recompute auto, pipeline.recompute) needs "), "{out}");
     let (ok, out) = pipetransformer(&[&limited[..], &["--recompute", "auto"]].concat());
@@ -193,6 +202,8 @@ fn recomputation_plans_what_a_memory_limit_refuses_without_it() {
     // Over token slices too.
     let (ok, out) = pipetransformer(&[&plan[..], &["--recompute", "all", "--token-slices", "2"]].concat());
     assert!(ok && out.contains("recomputes units 0..4 |") && out.contains(" F0/1.0 "), "{out}");
+    // (Every slice printed with its index, the first too.)
+    assert!(out.contains("device 0: F0/0.0 F0/1.0 "), "{out}");
     let (ok, out) = pipetransformer(&[&plan[..], &["--set", "pipeline.recompute=\"sometimes\""]].concat());
     assert!(!ok && out.contains("pipeline.recompute") && out.contains("expected one of `off`, `all`, `auto`"), "{out}");
     let (ok, out) = pipetransformer(&[&plan[..], &["--schedule", "zb-h1", "--recompute", "auto"]].concat());
@@ -1308,8 +1319,10 @@ fn bad_elastic_settings_are_clear_errors_that_write_nothing() {
     let unwritable = blocker.join("cache").display().to_string();
     let elastic: &[&str] = &["--freeze", "alpha", "--auto-pipe", "--auto-dp", "--freed-devices", "threads"];
     let scale_lr = [elastic, &["--set", "elastic.batch_policy=\"scale-lr\""]].concat();
-    let cases: [(&[&str], &str); 13] = [
+    let cases: [(&[&str], &str); 14] = [
         (&["--freeze", "alpha", "--alpha", "1.5"], "elastic.alpha"),
+        // (Refused under a rule that does not read it too, not only warned about.)
+        (&["--freeze", "off", "--alpha", "5"], "`elastic.alpha`: must be in (0, 1), got 5"),
         // (Refused by its range, not as a string TOML does not read.)
         (&["--freeze", "alpha", "--alpha", "nan"], "`elastic.alpha`: must be in (0, 1), got NaN"),
         (&["--cache-bytes", "lots"], "byte count"),

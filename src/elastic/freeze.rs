@@ -79,10 +79,18 @@ pub fn settled(frozen: usize, changes: &[f64], max_change: f64) -> usize {
     frozen + changes.iter().skip(frozen).take_while(|&&c| c <= max_change).count()
 }
 
+/// Checks α of Eq. 1 and of the α bound: in (0, 1).
+pub fn check_alpha(alpha: f64) -> Result<()> {
+    match alpha > 0.0 && alpha < 1.0 {
+        true => Ok(()),
+        false => Err(config_error("elastic.alpha", format!("must be in (0, 1), got {alpha}"))),
+    }
+}
+
 /// Checks a rule against a model of `layers` Transformer layers.
 pub fn validate(rule: &FreezeRule, alpha: f64, layers: usize) -> Result<()> {
-    if matches!(rule, FreezeRule::Eq1 | FreezeRule::Alpha) && !(alpha > 0.0 && alpha < 1.0) {
-        return Err(config_error("elastic.alpha", format!("must be in (0, 1), got {alpha}")));
+    if matches!(rule, FreezeRule::Eq1 | FreezeRule::Alpha) {
+        check_alpha(alpha)?;
     }
     if let FreezeRule::Table(t) = rule {
         if t.is_empty() {

@@ -265,6 +265,9 @@ impl ElasticConfig {
     /// Checks the switches against each other and the rule against a model of `layers`
     /// layers; `augmented` says whether the training data is randomly augmented.
     pub fn validate(&self, layers: usize, augmented: bool) -> Result<()> {
+        // α's range under every rule: a value no rule could read is a typo that the warning
+        // for an unread setting would leave standing.
+        freeze::check_alpha(self.alpha)?;
         freeze::validate(&self.rule(), self.alpha, layers)?;
         if let Some(t) = self.max_weight_change.filter(|t| !(t.is_finite() && *t > 0.0)) {
             return Err(config_error(
@@ -341,8 +344,13 @@ mod tests {
         let e = scale.validate(6, false).unwrap_err().to_string();
         assert!(e.contains("elastic.batch_policy") && e.contains("choose one"), "{e}");
         assert!(ElasticConfig { freed_devices: FreedDevices::Replicas, ..scale }.validate(6, false).is_ok());
-        let e = ElasticConfig { alpha: 1.5, ..on }.validate(6, false).unwrap_err().to_string();
+        let e = ElasticConfig { alpha: 1.5, ..on.clone() }.validate(6, false).unwrap_err().to_string();
         assert!(e.contains("(0, 1)"), "{e}");
+        // Under a rule that does not read it too.
+        let off = ElasticConfig { freeze: FreezeName::Off, auto_pipe: false, auto_dp: false, cache: false, ..on };
+        assert!(off.validate(6, false).is_ok());
+        let e = ElasticConfig { alpha: 5.0, ..off }.validate(6, false).unwrap_err().to_string();
+        assert!(e.contains("elastic.alpha") && e.contains("(0, 1)"), "{e}");
     }
 
     #[test]

@@ -626,13 +626,17 @@ impl fmt::Display for Plan {
             }
             Err(e) => writeln!(f, "simulated: {e}")?,
         }
+        // `F3.1`: micro-batch 3's forward on stage 1; `F3/0.1`: its first token slice's, where
+        // the sequences are sliced.
+        let sliced = self.config.token_slices.len() > 1;
+        let label = |p: &super::Piece| if sliced { format!("{}/{}", p.mb, p.slice) } else { p.to_string() };
         for (d, list) in self.schedule.per_device.iter().enumerate() {
             let compact: Vec<String> = list
                 .iter()
                 .filter_map(|a| match a {
-                    super::Action::Forward { piece, stage } => Some(format!("F{piece}.{stage}")),
-                    super::Action::Backward { piece, stage } => Some(format!("B{piece}.{stage}")),
-                    super::Action::BackwardWeights { piece, stage } => Some(format!("W{piece}.{stage}")),
+                    super::Action::Forward { piece, stage } => Some(format!("F{}.{stage}", label(piece))),
+                    super::Action::Backward { piece, stage } => Some(format!("B{}.{stage}", label(piece))),
+                    super::Action::BackwardWeights { piece, stage } => Some(format!("W{}.{stage}", label(piece))),
                     _ => None,
                 })
                 .collect();

@@ -411,13 +411,17 @@ impl RunConfig {
                 let mut t = file.clone();
                 for o in overrides {
                     if apply_override(&mut t, o).is_ok() && convert(&t).is_err() {
-                        let field = format!("--set {}", o.split_once('=').map_or(o.as_str(), |(k, _)| k.trim()));
-                        return Error::Config { field, message: message.into() };
+                        let key = o.split_once('=').map_or(o.as_str(), |(k, _)| k.trim());
+                        let message = name_the_choices(message, &t, key, &convert);
+                        return Error::Config { field: format!("--set {key}"), message };
                     }
                 }
             }
             match key {
-                Some(key) => Error::Config { field: key.into(), message: format!("{message} (in {origin})") },
+                Some(key) => {
+                    let message = name_the_choices(message, &table, key, &convert);
+                    Error::Config { field: key.into(), message: format!("{message} (in {origin})") }
+                }
                 None => Error::Data { what: origin.into(), message: message.into() },
             }
         })?;
@@ -652,6 +656,26 @@ fn default_optimizer_kind(table: &mut toml::Table) {
 /// Sets `a.b.c = value` in `table`. The key's sections must exist in the schema; the value is
 /// parsed as TOML (`3`, `1e-4`, `true`, `"text"`, `[1, 2]`) and otherwise taken as a string;
 /// a bare `none` removes the key, so an optional setting goes back to unset (its default).
+/// serde's message for a setting of choices given a value that is not a string (`true`, `3`)
+/// names neither the choices nor the quotes: the choices, as serde names them for a string
+/// that is none of them, with `key` set to one in `table`.
+fn name_the_choices(
+    message: &str,
+    table: &toml::Table,
+    key: &str,
+    convert: &dyn Fn(&toml::Table) -> std::result::Result<RunConfig, String>,
+) -> String {
+    if message != "invalid type: unit variant, expected string only" {
+        return message.into();
+    }
+    let mut t = table.clone();
+    let choices = apply_override(&mut t, &format!("{key}=\"?\"")).ok().and_then(|()| convert(&t).err());
+    match choices.as_deref().and_then(|e| e.split_once("expected ")).map(|(_, c)| c.lines().next().unwrap_or(c)) {
+        Some(choices) => format!("expected a string, {choices} (e.g. --set {key}=\"…\")"),
+        None => message.into(),
+    }
+}
+
 fn apply_override(table: &mut toml::Table, assignment: &str) -> Result<()> {
     let (key, value) = assignment
         .split_once('=')
@@ -850,6 +874,11 @@ dir = "runs/x"
             err.starts_with("config field `data.batch_size`: invalid type") && err.ends_with("(in file.toml)"),
             "{err}"
         );
+        // A setting of choices given no string is refused with the choices' names.
+        let file = format!("{BASE}[pipeline]\nschedule = true\n");
+        let err = RunConfig::parse(&file, "file.toml", &[]).unwrap_err().to_string();
+        let want = "config field `pipeline.schedule`: expected a string, one of `gpipe`, `1f1b`";
+        assert!(err.starts_with(want) && err.ends_with("(in file.toml)"), "{err}");
         // Byte counts take units in the file and in --set alike.
         let c = RunConfig::parse(
             BASE,
