@@ -708,31 +708,6 @@ fn idle_cpu_devices_lend_their_threads_evenly() {
     assert_eq!(threads(&t), [1, 1, 1, 1]);
 }
 
-/// The digits ViT's config with `output.dir` at `dir` and `sets` on top, or `None` where the
-/// dataset is not installed.
-fn digits_config(dir: &std::path::Path, sets: &[&str]) -> Option<pipetransformer::run::RunConfig> {
-    if !common::installed(&[std::path::Path::new("data/digits/digits.csv.gz")]) {
-        return None;
-    }
-    let mut all = vec![format!("output.dir={:?}", dir.display().to_string())];
-    all.extend(sets.iter().map(|s| s.to_string()));
-    Some(pipetransformer::run::RunConfig::load(std::path::Path::new("configs/vit-digits.toml"), &all).unwrap())
-}
-
-/// A job of `config` on `n` cpu devices of `threads` threads between them.
-fn cpu_job(
-    config: &pipetransformer::run::RunConfig,
-    n: usize,
-    threads: usize,
-) -> pipetransformer::run::Job<CpuDevice<f32>> {
-    use pipetransformer::device::{AnyDevices, DeviceKind};
-    let Ok(AnyDevices::Cpu(devices)) = pipetransformer::run::open_devices(DeviceKind::Cpu, n, threads, Precision::F32)
-    else {
-        panic!("cpu devices")
-    };
-    pipetransformer::run::Job::new(devices, config.clone()).unwrap()
-}
-
 /// A job resumed after a transition that lent the freed device's thread lends it again: the
 /// lending is switched on before the checkpoint's plan is restored (digits, ViT, 2 cpu
 /// devices of one thread each).
@@ -757,8 +732,8 @@ fn a_job_resumed_after_lending_threads_lends_them_again() {
         "data.train_limit=96",
         "data.test_limit=32",
     ];
-    let Some(config) = digits_config(&dir, &sets) else { return };
-    let job = |config| cpu_job(config, 2, 2);
+    let Some(config) = common::digits_config(&dir, &sets) else { return };
+    let job = |config| common::cpu_job(config, 2, 2);
     let threads = |job: &Job<CpuDevice<f32>>| -> Vec<Option<usize>> {
         job.trainer.pipeline.devices().iter().map(Device::threads).collect()
     };
@@ -789,11 +764,11 @@ fn a_fresh_run_that_fails_at_its_first_step_loses_nothing() {
     use pipetransformer::pipeline::Fault;
     let dir = scratch("job-first-step");
     let sets = ["train.epochs=1", "train.max_steps=2", "data.train_limit=64", "data.test_limit=32"];
-    let Some(config) = digits_config(&dir, &sets) else { return };
-    cpu_job(&config, 1, 1).run(&mut |_| {}).unwrap();
+    let Some(config) = common::digits_config(&dir, &sets) else { return };
+    common::cpu_job(&config, 1, 1).run(&mut |_| {}).unwrap();
     let files = || ["metrics.jsonl", "checkpoint.ckpt"].map(|f| std::fs::read(dir.join(f)).unwrap());
     let before = files();
-    let mut fresh = cpu_job(&config, 1, 1);
+    let mut fresh = common::cpu_job(&config, 1, 1);
     fresh.trainer.pipeline.set_fault(Some(Fault { device: 0, action: 0, panic: false }));
     let mut steps = 0;
     let err = fresh.run(&mut |e| steps += matches!(e, Event::Step { .. }) as usize).unwrap_err().to_string();
@@ -803,7 +778,7 @@ fn a_fresh_run_that_fails_at_its_first_step_loses_nothing() {
     for aside in ["metrics.previous.jsonl", "checkpoint.previous.ckpt"] {
         assert!(!dir.join(aside).exists(), "{aside} was set aside");
     }
-    let mut resumed = cpu_job(&config, 1, 1);
+    let mut resumed = common::cpu_job(&config, 1, 1);
     resumed.resume().unwrap();
     assert_eq!(resumed.trainer.position.step, 2, "the earlier run's checkpoint");
 }
@@ -831,8 +806,8 @@ fn a_training_set_shorter_than_the_devices_caps_autodps_replicas() {
         "data.train_limit=3",
         "data.test_limit=32",
     ];
-    let Some(config) = digits_config(&dir, &sets) else { return };
-    let mut job = cpu_job(&config, 4, 4);
+    let Some(config) = common::digits_config(&dir, &sets) else { return };
+    let mut job = common::cpu_job(&config, 4, 4);
     let summary = job.run(&mut |_| {}).unwrap();
     assert_eq!(summary.steps, 4);
     let shape = &job.trainer.pipeline.plan().config;

@@ -653,9 +653,6 @@ fn default_optimizer_kind(table: &mut toml::Table) {
     }
 }
 
-/// Sets `a.b.c = value` in `table`. The key's sections must exist in the schema; the value is
-/// parsed as TOML (`3`, `1e-4`, `true`, `"text"`, `[1, 2]`) and otherwise taken as a string;
-/// a bare `none` removes the key, so an optional setting goes back to unset (its default).
 /// serde's message for a setting of choices given a value that is not a string (`true`, `3`)
 /// names neither the choices nor the quotes: the choices, as serde names them for a string
 /// that is none of them, with `key` set to one in `table`.
@@ -671,11 +668,14 @@ fn name_the_choices(
     let mut t = table.clone();
     let choices = apply_override(&mut t, &format!("{key}=\"?\"")).ok().and_then(|()| convert(&t).err());
     match choices.as_deref().and_then(|e| e.split_once("expected ")).map(|(_, c)| c.lines().next().unwrap_or(c)) {
-        Some(choices) => format!("expected a string, {choices} (e.g. --set {key}=\"…\")"),
+        Some(choices) => format!("expected a string, {choices}"),
         None => message.into(),
     }
 }
 
+/// Sets `a.b.c = value` in `table`. The key's sections must exist in the schema; the value is
+/// parsed as TOML (`3`, `1e-4`, `true`, `"text"`, `[1, 2]`) and otherwise taken as a string;
+/// a bare `none` removes the key, so an optional setting goes back to unset (its default).
 fn apply_override(table: &mut toml::Table, assignment: &str) -> Result<()> {
     let (key, value) = assignment
         .split_once('=')

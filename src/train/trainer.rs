@@ -530,8 +530,9 @@ impl<D: Device> Trainer<D> {
             && then != now as u64
         {
             return Err(changed(format!(
-                "taken with batches of {then} samples, this run's are of {now} (data.batch_size, or the training set where that is shorter): the same \
-                 {per_epoch} batches per epoch would skip some samples and repeat others"
+                "taken with batches of {then} samples, this run's are of {now} (data.batch_size, or the training \
+                 set where that is shorter): the same {per_epoch} batches per epoch would skip some samples and \
+                 repeat others"
             )));
         }
         // Same count, other samples or order (train.seed, the split's fractions or limits,

@@ -194,3 +194,29 @@ pub fn partial_recompute(
         })
         .unwrap_or_else(|| panic!("{}: no limit makes `auto` recompute part of a stage", plain.schedule))
 }
+
+/// The digits ViT's config with `output.dir` at `dir` and `sets` on top, or `None` where the
+/// dataset is not installed.
+pub fn digits_config(dir: &Path, sets: &[&str]) -> Option<pipetransformer::run::RunConfig> {
+    if !installed(&[Path::new("data/digits/digits.csv.gz")]) {
+        return None;
+    }
+    let mut all = vec![format!("output.dir={:?}", dir.display().to_string())];
+    all.extend(sets.iter().map(|s| s.to_string()));
+    Some(pipetransformer::run::RunConfig::load(Path::new("configs/vit-digits.toml"), &all).unwrap())
+}
+
+/// A job of `config` on `n` cpu devices of `threads` threads between them.
+pub fn cpu_job(
+    config: &pipetransformer::run::RunConfig,
+    n: usize,
+    threads: usize,
+) -> pipetransformer::run::Job<pipetransformer::device::CpuDevice<f32>> {
+    use pipetransformer::device::{AnyDevices, DeviceKind};
+    let Ok(AnyDevices::Cpu(devices)) =
+        pipetransformer::run::open_devices(DeviceKind::Cpu, n, threads, pipetransformer::device::Precision::F32)
+    else {
+        panic!("cpu devices")
+    };
+    pipetransformer::run::Job::new(devices, config.clone()).unwrap()
+}
