@@ -1481,6 +1481,100 @@ fn a_resumed_run_names_the_checkpoints_token_slices() {
     assert!(ok && out.contains("gives way") && !out.contains("token slices (the checkpoint's)"), "{out}");
 }
 
+/// A model of another kind than its dataset (a GPT on digits, a ViT on hamlet) is refused by
+/// `plan` and `train` as the run is built, naming `data.dataset`, with nothing written; an
+/// exported model evaluated on images of another size is refused by the dataset too. A
+/// pretrained model beside an architecture is warned about: the architecture goes unread.
+#[test]
+fn a_model_of_another_kind_than_its_dataset_is_refused_before_anything_is_written() {
+    let all = ["data/digits/digits.csv.gz", "data/text/hamlet.txt", "data/mnist5k/mnist_5k.csv.gz"];
+    if !common::installed(&all.map(Path::new)) {
+        return;
+    }
+    let dir = scratch("kinds");
+    let out_dir = format!("output.dir={}", dir.join("run").display());
+    for (config, dataset, want) in [
+        ("configs/gpt-hamlet.toml", "digits", "digits is image classification with 10 classes"),
+        ("configs/vit-digits.toml", "hamlet", "hamlet is character-level text (66 characters); the model (a ViT)"),
+    ] {
+        let data = format!("data.dataset=\"{dataset}\"");
+        for command in ["plan", "train"] {
+            let (ok, out) = pipetransformer(&[command, "--config", config, "--set", &data, "--set", &out_dir]);
+            assert!(!ok && out.contains("config field `data.dataset`") && out.contains(want), "{out}");
+            assert!(!dir.join("run").exists(), "{out}");
+        }
+    }
+    let args = ["train", "--config", "configs/vit-digits.toml", "--set", &out_dir, "--set", "train.max_steps=1"];
+    let (ok, out) = pipetransformer(&[&args[..], &["--set", "data.test_limit=8"]].concat());
+    assert!(ok, "{out}");
+    let model = dir.join("run").display().to_string();
+    let (ok, out) = pipetransformer(&[
+        "evaluate",
+        "--model",
+        &model,
+        "--config",
+        "configs/vit-digits.toml",
+        "--set",
+        "data.dataset=\"mnist5k\"",
+    ]);
+    assert!(
+        !ok && out.contains("the model reads images of 1 × 8² = 64 values; the images of mnist5k have 784"),
+        "{out}"
+    );
+    let (ok, out) = pipetransformer(&[
+        "plan",
+        "--config",
+        "configs/vit-digits.toml",
+        "--set",
+        &format!("model.pretrained={model}/model"),
+    ]);
+    assert!(ok && out.contains("warning: model.config (a ViT) is set, but model.pretrained"), "{out}");
+}
+
+/// A resume refused for a changed setting names it as a config writes it: a freeze rule as
+/// `table [1, 2]` (not Rust's `Table([1, 2])`), an f32 dropout as `0.1`, another model by its
+/// family (before the data's checks would blame the data), and a restored plan that needs more
+/// devices than the run has by `pipeline.devices`. Too many chunks are `pipeline.chunks`'.
+#[test]
+fn resume_refusals_name_the_changed_setting_as_written() {
+    if !common::installed(&[Path::new("data/digits/digits.csv.gz"), Path::new("data/text/hamlet.txt")]) {
+        return;
+    }
+    let dir = scratch("resume-names");
+    let out_dir = format!("output.dir={}", dir.display());
+    let vit = |flags: &[&str]| {
+        let base = ["train", "--config", "configs/vit-digits.toml", "--set", &out_dir, "--set", "data.test_limit=8"];
+        pipetransformer(&[&base[..], &["--set", "train.epochs=10"], flags].concat())
+    };
+    let elastic =
+        ["--freeze", "table", "--set", "elastic.table=[0, 1]", "--freeze-interval", "2", "--auto-pipe", "--auto-dp"];
+    let untimed = [&elastic[..], &["--set", "elastic.time_pipeline_len=false"]].concat();
+    let (ok, out) =
+        vit(&[&untimed[..], &["--devices", "2", "--pipeline-len", "2", "--set", "train.max_steps=4", "--fresh"]]
+            .concat());
+    assert!(ok && out.contains("K 2 → 1, R 1 → 2"), "{out}");
+    let (ok, out) = vit(&[&untimed[..], &["--devices", "1", "--set", "train.max_steps=5", "--resume"]].concat());
+    let want = "its plan (K=1 R=2 M=1) cannot run here: 2 replica(s) × 1 pipeline stage(s) need 2 devices; 1 available \
+                (pipeline.devices)";
+    assert!(!ok && out.contains(want), "{out}");
+    let (ok, out) = vit(&["--freeze", "off", "--set", "train.max_steps=5", "--resume"]);
+    assert!(!ok && out.contains("(elastic.freeze / elastic.table: table [0, 1] then, off now)"), "{out}");
+    let (ok, out) = vit(&[
+        &untimed[..],
+        &["--set", "model.config.hidden_dropout_prob=0.1", "--set", "train.max_steps=5", "--resume"],
+    ]
+    .concat());
+    assert!(!ok && out.contains("`hidden_dropout_prob` = 0, this run's is 0.1:"), "{out}");
+    let gpt =
+        ["train", "--config", "configs/gpt-hamlet.toml", "--set", &out_dir, "--set", "train.max_steps=5", "--resume"];
+    let (ok, out) = pipetransformer(&gpt);
+    assert!(!ok && out.contains("`family` = \"vit\", this run's is \"gpt\""), "{out}");
+    let chunks =
+        ["plan", "--config", "configs/vit-digits.toml", "--devices", "2", "--schedule", "interleaved", "--chunks", "4"];
+    let (ok, out) = pipetransformer(&chunks);
+    assert!(!ok && out.contains("config field `pipeline.chunks`: 2 devices × 4 chunks"), "{out}");
+}
+
 /// A plan restored from a checkpoint is costed for what a step's batch holds: with a training
 /// set shorter than `data.batch_size`, the set (the resumed run's table equals the fresh one's).
 #[test]

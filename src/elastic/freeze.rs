@@ -42,6 +42,18 @@ pub enum FreezeRule {
     Table(Vec<usize>),
 }
 
+impl std::fmt::Display for FreezeRule {
+    /// As a config writes it: `eq1`, `table [1, 2]`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FreezeRule::Off => f.write_str("off"),
+            FreezeRule::Eq1 => f.write_str("eq1"),
+            FreezeRule::Alpha => f.write_str("alpha"),
+            FreezeRule::Table(t) => write!(f, "table {t:?}"),
+        }
+    }
+}
+
 /// Slack for float noise in the α bound: `12·(1 − 2/3)` evaluates to 3.9999999999999996,
 /// whose ceiling must be 4.
 const CEIL_SLACK: f64 = 1e-9;
@@ -142,7 +154,7 @@ impl FreezeController {
     pub fn rule_change(&self, saved: &Self) -> Option<String> {
         let uses_alpha = matches!(self.rule, FreezeRule::Eq1 | FreezeRule::Alpha);
         if self.rule != saved.rule {
-            Some(format!("elastic.freeze / elastic.table: {:?} then, {:?} now", saved.rule, self.rule))
+            Some(format!("elastic.freeze / elastic.table: {} then, {} now", saved.rule, self.rule))
         } else if uses_alpha && self.alpha.to_bits() != saved.alpha.to_bits() {
             Some(format!("elastic.alpha: {} then, {} now", saved.alpha, self.alpha))
         } else if self.layers != saved.layers {

@@ -345,8 +345,9 @@ impl Plan {
         }
         let stages = k.saturating_mul(config.chunks);
         if stages > units {
+            // (Named by the setting that multiplies the stages, where there is one.)
             return Err(config_error(
-                "pipeline_len",
+                if config.chunks > 1 { "chunks" } else { "pipeline_len" },
                 format!(
                     "{k} devices × {} chunks of stages cannot be cut from the model's {units} active units",
                     config.chunks,

@@ -435,6 +435,14 @@ impl RunConfig {
             ..config
         };
         let mut warnings = inert_warnings(&config, convert(&file).ok().as_ref(), &file, &table);
+        if let (Some(dir), Some(c)) = (&config.model.pretrained, &config.model.config) {
+            warnings.push(format!(
+                "model.config (a {}) is set, but model.pretrained ({}) gives the architecture: model.config has no \
+                 effect",
+                c.family(),
+                dir.display()
+            ));
+        }
         if config.train.freeze_embeddings && config.model.pretrained.is_none() {
             warnings.push(
                 "train.freeze_embeddings keeps the embedding at its random initialisation: model.pretrained is not set"

@@ -95,6 +95,58 @@ impl TokenizerIds {
     }
 }
 
+/// What a model reads or a dataset holds: a model trains on one kind only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DataKind {
+    /// Texts, each with a class.
+    Texts,
+    /// Images, each with a class.
+    Images,
+    /// Characters, each the next one's target (a language model's).
+    Chars,
+}
+
+impl DataKind {
+    /// What a dataset holds.
+    pub(crate) fn of_data(info: &DataInfo) -> Self {
+        match (info.chars.is_empty(), info.pixel_max.is_some()) {
+            (false, _) => DataKind::Chars,
+            (true, true) => DataKind::Images,
+            (true, false) => DataKind::Texts,
+        }
+    }
+
+    /// What a model of `config` reads: a BERT classifies texts, a ViT images, and a GPT
+    /// predicts the next character.
+    pub(crate) fn of_config(config: &ModelConfig) -> Self {
+        match config {
+            ModelConfig::Bert(_) => DataKind::Texts,
+            ModelConfig::Vit(_) => DataKind::Images,
+            ModelConfig::Gpt(_) => DataKind::Chars,
+        }
+    }
+
+    /// The dataset `info`, as this kind of data.
+    pub(crate) fn describe(self, info: &DataInfo) -> String {
+        match self {
+            DataKind::Chars => format!("character-level text ({} characters)", info.chars.len()),
+            DataKind::Images => format!("image classification with {}", class_list(&info.labels)),
+            DataKind::Texts => format!("text classification with {}", class_list(&info.labels)),
+        }
+    }
+}
+
+/// "10 classes (0, 1, …, 9)": the count, and the names (the first and last few of many).
+pub(crate) fn class_list(labels: &[String]) -> String {
+    let names = if labels.len() > 8 {
+        [&labels[..3], &["…".to_string()], &labels[labels.len() - 2..]].concat().join(", ")
+    } else {
+        labels.join(", ")
+    };
+    let plural = if labels.len() == 1 { "" } else { "es" };
+    format!("{} class{plural} ({names})", labels.len())
+}
+
 /// Loads the dataset of `config` and wraps it as a batch source whose training steps hold at
 /// least `least_batch` samples (one per replica of every process; 1 where only evaluation
 /// matters): an epoch's last batch that would be shorter joins the one before it.
@@ -269,6 +321,7 @@ pub fn build_model<D: Device>(
         (Some(dir), _) => {
             check_pretrained(dir)?;
             let mut model_config = weights::read_hf_config(dir.join(weights::CONFIG_FILE), None)?;
+            check_kind(&model_config, info)?;
             match &mut model_config {
                 ModelConfig::Bert(c) => {
                     c.num_labels = info.classes;
@@ -300,6 +353,7 @@ pub fn build_model<D: Device>(
             Ok((model, model_config, Some(report)))
         }
         (None, Some(c)) => {
+            check_kind(c, info)?;
             if let Some(n) = m.num_labels_written.filter(|n| *n != info.classes) {
                 return Err(Error::Config {
                     field: "model.config.num_labels".into(),
@@ -320,6 +374,30 @@ pub fn build_model<D: Device>(
         }
         (None, None) => Err(Error::Config { field: "model".into(), message: "set `pretrained` or `config`".into() }),
     }
+}
+
+/// A model of another kind than the dataset (a GPT on digits, a ViT on hamlet) is refused by
+/// the dataset's name when the run is built, not by the first step's upload.
+fn check_kind(model: &ModelConfig, info: &DataInfo) -> Result<()> {
+    let (wants, data) = (DataKind::of_config(model), DataKind::of_data(info));
+    if wants == data {
+        return Ok(());
+    }
+    let reads = match wants {
+        DataKind::Chars => "a character-level language model",
+        DataKind::Images => "an image classifier",
+        DataKind::Texts => "a text classifier",
+    };
+    Err(config_error(
+        "data.dataset",
+        format!(
+            "{} is {}; the model (a {}) is {reads}: give a dataset of the model's kind, or a model of the \
+             dataset's (model.config or model.pretrained)",
+            info.name,
+            data.describe(info),
+            model.family()
+        ),
+    ))
 }
 
 /// An image model whose input does not fit the dataset's images is refused by its settings

@@ -4,7 +4,7 @@
 //! on with the rest.
 
 use super::config::{DatasetName, RunConfig};
-use super::job::{data_settings, prepare_data};
+use super::job::{DataKind, class_list, data_settings, prepare_data};
 use crate::data::read_idx_images;
 use crate::device::Device;
 use crate::error::{Error, Result, config_error, data_error};
@@ -415,17 +415,11 @@ impl<D: Device> Predictor<D> {
     pub fn evaluate_dataset(&self, config: &RunConfig) -> Result<EvalMetrics> {
         self.check_split(config)?;
         let (source, info) = prepare_data(config, 1)?;
-        let data_kind = if !info.chars.is_empty() {
-            Kind::Chars
-        } else if info.pixel_max.is_some() {
-            Kind::Images
-        } else {
-            Kind::Texts
-        };
+        let data_kind = DataKind::of_data(&info);
         let model_kind = match self.reader {
-            Reader::Chars { .. } => Kind::Chars,
-            Reader::Image { .. } => Kind::Images,
-            Reader::Text(_) => Kind::Texts,
+            Reader::Chars { .. } => DataKind::Chars,
+            Reader::Image { .. } => DataKind::Images,
+            Reader::Text(_) => DataKind::Texts,
         };
         let matches = match &self.reader {
             Reader::Chars { chars, .. } => *chars == info.chars,
@@ -435,7 +429,7 @@ impl<D: Device> Predictor<D> {
             let dataset = config.data.dataset.key();
             let what = if model_kind != data_kind {
                 "expected a dataset of the model's kind"
-            } else if model_kind == Kind::Chars {
+            } else if model_kind == DataKind::Chars {
                 "expected the characters the model was trained on, by the same ids"
             } else {
                 "expected the classes the model was trained on, in the same order"
@@ -445,7 +439,26 @@ impl<D: Device> Predictor<D> {
                 format!(
                     "the model is {}; this config's dataset {dataset} is {}: {what}",
                     self.describe(),
-                    describe_data(data_kind, &info),
+                    data_kind.describe(&info),
+                ),
+            ));
+        }
+        // Images of another size (MNIST's 28² for a model of digits' 8²) are refused by the
+        // dataset's name, not by the first batch's upload.
+        if let Reader::Image { size, channels, .. } = self.reader
+            && source.eval_batches() > 0
+            && let first = source.eval_batch(0)?
+            && let Some(pixels) = &first.pixels
+            && pixels.len() != first.batch * channels * size * size
+        {
+            return Err(config_error(
+                "data.dataset",
+                format!(
+                    "the model reads images of {channels} × {size}² = {} values; the images of {} have {}: expected \
+                     a dataset of the model's image size",
+                    channels * size * size,
+                    config.data.dataset.key(),
+                    pixels.len() / first.batch.max(1)
                 ),
             ));
         }
@@ -718,34 +731,6 @@ impl<D: Device> Predictor<D> {
             out.push(chars[next]);
         }
         Ok(out)
-    }
-}
-
-/// What a model reads or a dataset holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    Texts,
-    Images,
-    Chars,
-}
-
-/// "10 classes (0, 1, …, 9)": the count, and the names (the first and last few of many).
-fn class_list(labels: &[String]) -> String {
-    let names = if labels.len() > 8 {
-        [&labels[..3], &["…".to_string()], &labels[labels.len() - 2..]].concat().join(", ")
-    } else {
-        labels.join(", ")
-    };
-    let plural = if labels.len() == 1 { "" } else { "es" };
-    format!("{} class{plural} ({names})", labels.len())
-}
-
-/// A dataset of `kind` in words, e.g. "image classification with 10 classes (0, 1, …, 9)".
-fn describe_data(kind: Kind, info: &super::job::DataInfo) -> String {
-    match kind {
-        Kind::Chars => format!("character-level text ({} characters)", info.chars.len()),
-        Kind::Images => format!("image classification with {}", class_list(&info.labels)),
-        Kind::Texts => format!("text classification with {}", class_list(&info.labels)),
     }
 }
 

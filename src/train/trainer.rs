@@ -513,6 +513,30 @@ impl<D: Device> Trainer<D> {
         let field = |name: &str| meta.get(name).cloned().unwrap_or(serde_json::Value::Null);
         let position: Position =
             serde_json::from_value(field("position")).map_err(|e| bad(format!("position: {e}")))?;
+        // Another model first: the data's checks below would blame the data for it.
+        if let (Some(then), Some(now)) =
+            (field("model").as_object(), self.model_config.as_ref().and_then(|m| m.as_object()))
+            // (The family first: another architecture differs in most keys.)
+            && let Some(key) = ["family".to_string()]
+                .iter()
+                .chain(then.keys())
+                .chain(now.keys())
+                .find(|k| then.get(*k) != now.get(*k))
+        {
+            // (An f32 setting as written: 0.1, not the f64 0.10000000149011612 it widens to.)
+            let show = |v: Option<&serde_json::Value>| match v {
+                None => "unset".to_string(),
+                Some(v) => match v.as_f64().filter(|x| v.is_f64() && (*x as f32) as f64 == *x) {
+                    Some(x) => (x as f32).to_string(),
+                    None => v.to_string(),
+                },
+            };
+            return Err(changed(format!(
+                "taken with the model's `{key}` = {}, this run's is {}: the model (model.*) changed since",
+                show(then.get(key)),
+                show(now.get(key))
+            )));
+        }
         // The position counts batches of the run's epochs: with another batch size or
         // training set, it would name other samples (or none).
         let per_epoch = self.batches_per_epoch;
@@ -564,17 +588,6 @@ impl<D: Device> Trainer<D> {
                      its order changed since"
                 ),
             }));
-        }
-        if let (Some(then), Some(now)) =
-            (field("model").as_object(), self.model_config.as_ref().and_then(|m| m.as_object()))
-            && let Some(key) = then.keys().chain(now.keys()).find(|k| then.get(*k) != now.get(*k))
-        {
-            let show = |v: Option<&serde_json::Value>| v.map_or_else(|| "unset".to_string(), |v| v.to_string());
-            return Err(changed(format!(
-                "taken with the model's `{key}` = {}, this run's is {}: the model (model.*) changed since",
-                show(then.get(key)),
-                show(now.get(key))
-            )));
         }
         let frozen: usize =
             serde_json::from_value(field("frozen_prefix")).map_err(|e| bad(format!("frozen_prefix: {e}")))?;
@@ -689,7 +702,14 @@ impl<D: Device> Trainer<D> {
                 // (A count of 0, from a damaged file, is refused by the re-plan below.)
                 let samples = samples_per_micro_batch(batch, r.config.replicas, r.config.micro_batches);
                 let profiles = self.profiles_for(samples.max(1), 0);
-                self.pipeline.replan_to_stages(r.config, &profiles, r.stages).map_err(|e| bad(format!("plan: {e}")))?;
+                let shape = format!("K={} R={} M={}", r.config.pipeline_len, r.config.replicas, r.config.micro_batches);
+                self.pipeline.replan_to_stages(r.config, &profiles, r.stages).map_err(|e| match e {
+                    // (The pipeline's settings by their config keys: `devices` is pipeline.devices.)
+                    Error::Config { field, message } => {
+                        changed(format!("its plan ({shape}) cannot run here: {message} (pipeline.{field})"))
+                    }
+                    e => bad(format!("plan: {e}")),
+                })?;
                 None
             }
             _ => None,
