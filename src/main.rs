@@ -919,6 +919,14 @@ fn plan(mut config: RunConfig) -> Result<()> {
     // Stages as processes are planned as one process would run them, on a device per stage:
     // the partition and the schedule are the same.
     if std::mem::take(&mut config.pipeline.across_processes) {
+        // (Refused here as `train` refuses it under `launch`.)
+        pipetransformer::run::check_across_processes(&config)?;
+        if config.pipeline.pipeline_len.is_none() {
+            bail!(
+                "plan --across-processes needs the stage count, --pipeline-len (a launch takes the process count: \
+                 one stage per process)"
+            );
+        }
         // (Each process opens one device; here the stages take one each.)
         config.pipeline.devices = None;
         println!(

@@ -306,6 +306,12 @@ fn plan_shows_stages_as_processes() {
     assert!(ok, "{local}");
     let table = |out: &str| -> Vec<String> { out.lines().filter(|l| l.starts_with("| ")).map(String::from).collect() };
     assert!(table(&out).len() == 3 && table(&out) == table(&local), "{out}\n{local}");
+    // Refused as a launch refuses it: no stage count (a launch takes its process count), and
+    // what works within one process only.
+    let (ok, out) = pipetransformer(&[&plan[..], &["--across-processes"]].concat());
+    assert!(!ok && out.contains("needs the stage count, --pipeline-len"), "{out}");
+    let (ok, out) = pipetransformer(&[&plan[..], &across[..], &["--freeze", "table", "--auto-pipe"]].concat());
+    assert!(!ok && out.contains("elastic.auto_pipe") && out.contains("works within one process"), "{out}");
 }
 
 /// A checkpoint's plan resumes with the run's own `--recompute` (it moves nothing between
@@ -1983,7 +1989,7 @@ fn a_pipeline_across_processes_refuses_what_it_cannot_do() {
     for (flags, key) in [
         (&["--pipeline-len", "2", "--freeze", "eq1", "--max-weight-change", "0.05"][..], "elastic.max_weight_change"),
         (&["--pipeline-len", "2", "--auto-pipe", "true"][..], "elastic.auto_pipe"),
-        (&["--pipeline-len", "3"][..], "divisor of 2"),
+        (&["--pipeline-len", "3"][..], "pipeline_len must be at least 2 and divide 2 (the process count)"),
         // Each process holds its own stage only, so a memory limit applies per stage (below:
         // one that holds is taken) and one no stage fits is refused.
         (&["--pipeline-len", "2", "--set", "pipeline.memory_limit=1000"][..], "fits in 1000 bytes per device"),
@@ -1995,6 +2001,13 @@ fn a_pipeline_across_processes_refuses_what_it_cannot_do() {
         assert!(!ok && text.contains(key), "{flags:?}: {text}");
     }
     assert!(!dir.join("checkpoint.ckpt").exists() && !dir.join("metrics.jsonl").exists());
+    // Without `--pipeline-len` the stages are the processes: one pipeline of 2.
+    let port = free_port().to_string();
+    let rdzv = format!("127.0.0.1:{port}");
+    let launch = ["launch", "--nproc-per-node", "2", "--rdzv", &rdzv, "--"];
+    let short = ["--set", "train.max_steps=2", "--set", "data.test_limit=16", "--micro-batches", "2"];
+    let (ok, text) = pipetransformer(&[&launch[..], &base[..], &short[..]].concat());
+    assert!(ok && text.contains("stages across 2 processes"), "{text}");
 }
 
 /// Killing one process of a launched run ends the other with an error naming it, well within

@@ -724,6 +724,35 @@ fn lengths(planned: &SlicingPlan) -> Vec<usize> {
     if lengths.len() > 1 { lengths } else { Vec::new() }
 }
 
+/// Refuses what a pipeline whose stages are processes cannot run (`pipeline.across_processes`,
+/// for `train` under `launch` and `plan` alike): AutoPipe, AutoDP, the cache, profiling and token
+/// slices move units or measure within one process, and the settling test reads every layer.
+pub fn check_across_processes(config: &RunConfig) -> Result<()> {
+    let e = &config.elastic;
+    let within_one_process = [
+        (e.auto_pipe, "elastic.auto_pipe", "false"),
+        (e.auto_dp, "elastic.auto_dp", "false"),
+        (e.cache, "elastic.cache", "false"),
+        (config.pipeline.profile, "pipeline.profile", "false"),
+        (config.pipeline.token_slices != TokenSlices::Off, "pipeline.token_slices", "\"off\""),
+    ];
+    if e.freeze != FreezeName::Off && e.max_weight_change.is_some() {
+        return Err(Error::Config {
+            field: "elastic.max_weight_change".into(),
+            message: "the settling test compares every layer's weights, which no process of a pipeline across \
+                      processes holds: set it to none (--set elastic.max_weight_change=none)"
+                .into(),
+        });
+    }
+    match within_one_process.into_iter().find(|(on, _, _)| *on) {
+        Some((_, key, off)) => Err(Error::Config {
+            field: key.into(),
+            message: format!("works within one process; a pipeline across processes needs it off (--set {key}={off})"),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// What a [resume](Job::resume) found: the plan the run goes on with, and the training
 /// settings that changed since the checkpoint (`train.lr 0.001 → 0.01`), which it takes.
 #[derive(Clone, Debug, PartialEq)]
@@ -916,38 +945,17 @@ impl<D: Device> Job<D> {
 
     /// [`new`](Self::new) for one process of a launched run whose pipeline stages are its
     /// processes (`pipeline.across_processes`): its `K·R` processes are `R` replicas of a
-    /// `K`-stage pipeline, and this one trains stage `rank % K` of replica `rank / K` on
-    /// `devices[0]`. Every process plans from the units' FLOPs, so all make the same plan.
+    /// `K`-stage pipeline (`K` the process count unless `pipeline.pipeline_len` says), and
+    /// this one trains stage `rank % K` of replica `rank / K` on `devices[0]`. Every process plans from the units' FLOPs, so all make the same plan.
     /// Each process builds only its own stages' weights (the other units
     /// [hollow](Model::new_keeping)), so a per-stage memory limit holds from the start.
     /// Freezing works (every process sees the same summed gradient norms, so all freeze the
     /// same layers at the same step), but not its settling test; AutoPipe, AutoDP and the
     /// cache (which move units within one process) and token slices must be off.
-    pub fn across_processes(devices: Vec<D>, config: RunConfig, group: ProcessGroup) -> Result<Self> {
-        let e = &config.elastic;
-        let within_one_process = [
-            (e.auto_pipe, "elastic.auto_pipe", "false"),
-            (e.auto_dp, "elastic.auto_dp", "false"),
-            (e.cache, "elastic.cache", "false"),
-            (config.pipeline.profile, "pipeline.profile", "false"),
-            (config.pipeline.token_slices != TokenSlices::Off, "pipeline.token_slices", "\"off\""),
-        ];
-        if e.freeze != FreezeName::Off && e.max_weight_change.is_some() {
-            return Err(Error::Config {
-                field: "elastic.max_weight_change".into(),
-                message: "the settling test compares every layer's weights, which no process of a pipeline across \
-                          processes holds: set it to none (--set elastic.max_weight_change=none)"
-                    .into(),
-            });
-        }
-        if let Some((_, key, off)) = within_one_process.into_iter().find(|(on, _, _)| *on) {
-            return Err(Error::Config {
-                field: key.into(),
-                message: format!(
-                    "works within one process; a pipeline across processes needs it off (--set {key}={off})"
-                ),
-            });
-        }
+    pub fn across_processes(devices: Vec<D>, mut config: RunConfig, group: ProcessGroup) -> Result<Self> {
+        check_across_processes(&config)?;
+        // Unless given, one pipeline whose stages are all the processes.
+        config.pipeline.pipeline_len.get_or_insert(group.size());
         Self::build(devices, config, Some(group), 1)
     }
 

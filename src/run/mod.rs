@@ -13,8 +13,8 @@ pub mod source;
 
 pub use config::{DataSection, DatasetName, ModelSection, OutputSection, PipelineSection, RunConfig};
 pub use job::{
-    DataInfo, Job, PlannedSlicing, Resumed, ResumedPlan, Summary, build_model, check_start, checkpoint_path,
-    prepare_data, unigram_loss,
+    DataInfo, Job, PlannedSlicing, Resumed, ResumedPlan, Summary, build_model, check_across_processes, check_start,
+    checkpoint_path, prepare_data, unigram_loss,
 };
 pub use launch::{LaunchOptions, ProcessEnv, launch};
 pub use predict::{ClassPrediction, Predictor, Sampling};

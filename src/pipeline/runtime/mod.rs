@@ -364,10 +364,11 @@ impl<D: Device> Pipeline<D> {
         let k = config.pipeline_len;
         if config.replicas != 1 || k < 2 || !size.is_multiple_of(k) {
             return Err(config_error(
-                "processes",
+                "pipeline_len",
                 format!(
-                    "a pipeline across processes makes the {size} processes rows of pipeline_len stages (at least 2, \
-                     and a divisor of {size}), each row a replica; it takes 1 replica per process, not {} × {}",
+                    "a pipeline across processes cuts the {size} processes into rows of pipeline_len stages, each \
+                     row a replica: pipeline_len must be at least 2 and divide {size} (the process count), and \
+                     replicas be 1; now {} stage(s) and {} replica(s)",
                     config.pipeline_len, config.replicas
                 ),
             ));
