@@ -1540,7 +1540,7 @@ fn a_model_of_another_kind_than_its_dataset_is_refused_before_anything_is_writte
 /// A resume refused for a changed setting names it as a config writes it: a freeze rule as
 /// `table [1, 2]` (not Rust's `Table([1, 2])`), an f32 dropout as `0.1`, another model by its
 /// family (before the data's checks would blame the data), and a restored plan that needs more
-/// devices than the run has by `pipeline.devices`. Too many chunks are `pipeline.chunks`'.
+/// devices than the run has by `pipeline.devices`.
 #[test]
 fn resume_refusals_name_the_changed_setting_as_written() {
     if !common::installed(&[Path::new("data/digits/digits.csv.gz"), Path::new("data/text/hamlet.txt")]) {
@@ -1575,10 +1575,24 @@ fn resume_refusals_name_the_changed_setting_as_written() {
         ["train", "--config", "configs/gpt-hamlet.toml", "--set", &out_dir, "--set", "train.max_steps=5", "--resume"];
     let (ok, out) = pipetransformer(&gpt);
     assert!(!ok && out.contains("`family` = \"vit\", this run's is \"gpt\""), "{out}");
-    let chunks =
-        ["plan", "--config", "configs/vit-digits.toml", "--devices", "2", "--schedule", "interleaved", "--chunks", "4"];
-    let (ok, out) = pipetransformer(&chunks);
+}
+
+/// An interleaved plan names the setting that cuts too many stages, `pipeline.chunks`; and
+/// where its micro-batches do not fill whole groups of `K`, says that its predicted bubble
+/// leaves the last group's wait out (the simulation, printed below it, counts it).
+#[test]
+fn interleaved_plans_name_chunks_and_what_their_prediction_leaves_out() {
+    if !have_digits() {
+        return;
+    }
+    let plan = ["plan", "--config", "configs/vit-digits.toml", "--devices", "2", "--schedule", "interleaved"];
+    let (ok, out) = pipetransformer(&[&plan[..], &["--chunks", "4"]].concat());
     assert!(!ok && out.contains("config field `pipeline.chunks`: 2 devices × 4 chunks"), "{out}");
+    let note = "both leave out the wait of the last group of 1 micro-batch(es), 3 not being a multiple of K = 2";
+    let (ok, out) = pipetransformer(&[&plan[..], &["--chunks", "2", "--micro-batches", "3"]].concat());
+    assert!(ok && out.contains(note), "{out}");
+    let (ok, out) = pipetransformer(&[&plan[..], &["--chunks", "2", "--micro-batches", "4"]].concat());
+    assert!(ok && out.contains("predicted bubble") && !out.contains("leave out"), "{out}");
 }
 
 /// A plan restored from a checkpoint is costed for what a step's batch holds: with a training

@@ -614,12 +614,26 @@ impl fmt::Display for Plan {
                 .collect();
             writeln!(f, "memory per device (its {} stages): {} MiB", c.chunks, mib.join(", "))?;
         }
+        // Interleaving runs micro-batches in groups of K: a last group of fewer waits for its
+        // own chunks to come round, which neither formula counts (the simulation does).
+        let partial_group = c.chunks > 1 && !c.micro_batches.is_multiple_of(c.pipeline_len);
         writeln!(
             f,
-            "bottleneck {:.3} ms per micro-batch; predicted bubble {:.1}% (formula for equal stages {:.1}%)",
+            "bottleneck {:.3} ms per micro-batch; predicted bubble {:.1}% (formula for equal stages {:.1}%){}",
             self.partition.bottleneck() * 1e3,
             100.0 * self.predicted_bubble(),
-            100.0 * self.bubble_formula()
+            100.0 * self.bubble_formula(),
+            if partial_group {
+                format!(
+                    "; both leave out the wait of the last group of {} micro-batch(es), {} not being a multiple of \
+                     K = {}",
+                    c.micro_batches % c.pipeline_len,
+                    c.micro_batches,
+                    c.pipeline_len
+                )
+            } else {
+                String::new()
+            }
         )?;
         match self.simulate() {
             Ok(sim) => {
