@@ -1595,6 +1595,32 @@ fn interleaved_plans_name_chunks_and_what_their_prediction_leaves_out() {
     assert!(ok && out.contains("predicted bubble") && !out.contains("leave out"), "{out}");
 }
 
+/// A path of the run's folder that holds the other kind of thing than the run writes there (a
+/// file named `model`, a folder named `summary.json`) is refused before training, by name,
+/// with nothing written; not after the run, when the export or the summary fails.
+#[test]
+fn a_file_or_folder_in_the_way_of_the_runs_files_is_refused_before_training() {
+    if !have_digits() {
+        return;
+    }
+    for (name, folder, says) in [
+        ("model", false, "is a file, where the run writes its exported model's folder"),
+        ("summary.json", true, "is a folder, where the run writes a file"),
+    ] {
+        let dir = scratch(&format!("in-the-way-{name}"));
+        let path = dir.join(name);
+        match folder {
+            true => std::fs::create_dir(&path).unwrap(),
+            false => std::fs::write(&path, b"mine").unwrap(),
+        }
+        let out_dir = format!("output.dir={}", dir.display());
+        let (ok, out) = pipetransformer(&["train", "--config", "configs/vit-digits.toml", "--set", &out_dir]);
+        assert!(!ok && out.contains("output.dir") && out.contains(says), "{out}");
+        let left: Vec<_> = std::fs::read_dir(&*dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left, [name], "{out}");
+    }
+}
+
 /// A plan restored from a checkpoint is costed for what a step's batch holds: with a training
 /// set shorter than `data.batch_size`, the set (the resumed run's table equals the fresh one's).
 #[test]

@@ -21,7 +21,7 @@ use crate::train::{BatchSource, EvalMetrics, Event, RecordedPlan, Trainer};
 use crate::weights::{self, LoadOptions, LoadReport};
 use serde::Serialize;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -441,6 +441,28 @@ pub fn checkpoint_path(config: &RunConfig) -> PathBuf {
     config.output.dir.join("checkpoint.ckpt")
 }
 
+/// A path in the run's folder `dir` that holds the other kind of thing than the run writes
+/// there (a file named `model`, a folder named `summary.json`): said before training, not when
+/// the first checkpoint or the export fails.
+fn in_the_way(dir: &Path) -> Option<String> {
+    const WRITTEN: [(&str, bool); 7] = [
+        ("model", true),
+        ("checkpoint.ckpt", false),
+        ("checkpoint.previous.ckpt", false),
+        ("metrics.jsonl", false),
+        ("metrics.previous.jsonl", false),
+        ("summary.json", false),
+        ("report.html", false),
+    ];
+    WRITTEN.iter().find_map(|&(name, folder)| {
+        let path = dir.join(name);
+        (path.exists() && path.is_dir() != folder).then(|| {
+            let (is, wants) = if folder { ("a file", "its exported model's folder") } else { ("a folder", "a file") };
+            format!("{} is {is}, where the run writes {wants}: move it out of the way", path.display())
+        })
+    })
+}
+
 /// Whether a run of `config` may start in its `output.dir`: one that neither resumes nor starts
 /// over (`fresh`) is refused where a checkpoint is already there, before anything is built, so
 /// an earlier run's files are not overwritten by mistake. In a launched run (`group`) rank 0,
@@ -460,6 +482,8 @@ pub fn check_start(config: &RunConfig, resume: bool, fresh: bool, group: Option<
     let rank = group.map_or(0, |g| g.rank());
     let why = if dir.exists() && !dir.is_dir() {
         Some(format!("{} is a file, not a folder: name a folder for the run's files", dir.display()))
+    } else if let Some(why) = in_the_way(dir) {
+        Some(why)
     } else if !resume && !fresh && ckpt.exists() {
         Some(format!(
             "{} already holds a checkpoint ({}): pass --resume to continue that run or --fresh to start over",
