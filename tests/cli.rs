@@ -1490,7 +1490,8 @@ fn a_resumed_run_names_the_checkpoints_token_slices() {
 /// A model of another kind than its dataset (a GPT on digits, a ViT on hamlet) is refused by
 /// `plan` and `train` as the run is built, naming `data.dataset`, with nothing written; an
 /// exported model evaluated on images of another size is refused by the dataset too. A
-/// pretrained model beside an architecture is warned about: the architecture goes unread.
+/// pretrained model beside an architecture is warned about: the architecture goes unread. A
+/// run's folder without its exported model is named as such.
 #[test]
 fn a_model_of_another_kind_than_its_dataset_is_refused_before_anything_is_written() {
     let all = ["data/digits/digits.csv.gz", "data/text/hamlet.txt", "data/mnist5k/mnist_5k.csv.gz"];
@@ -1535,6 +1536,10 @@ fn a_model_of_another_kind_than_its_dataset_is_refused_before_anything_is_writte
         &format!("model.pretrained={model}/model"),
     ]);
     assert!(ok && out.contains("warning: model.config (a ViT) is set, but model.pretrained"), "{out}");
+    // A run's folder without its export (taken away, or not written yet) says so.
+    std::fs::remove_dir_all(dir.join("run").join("model")).unwrap();
+    let (ok, out) = pipetransformer(&["predict", "--model", &model, "1"]);
+    assert!(!ok && out.contains("is a run's folder (it holds checkpoint.ckpt) without its exported model"), "{out}");
 }
 
 /// A resume refused for a changed setting names it as a config writes it: a freeze rule as

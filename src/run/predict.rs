@@ -175,7 +175,19 @@ impl<D: Device> Predictor<D> {
             return Self::load_checkpoint(dev, path);
         }
         let run_export = path.join("model");
-        Self::load(dev, if run_export.join("config.json").exists() { &run_export } else { path })
+        if run_export.join("config.json").exists() {
+            return Self::load(dev, &run_export);
+        }
+        // A run's folder before its first checkpoint, or whose export was taken away: it has
+        // nothing to load (a checkpoint's weights need the export's config beside them).
+        let run = ["checkpoint.ckpt", "metrics.jsonl"].iter().find(|f| path.join(f).is_file());
+        if let Some(file) = run.filter(|_| !path.join("config.json").exists()) {
+            return Err(refuse(format!(
+                "is a run's folder (it holds {file}) without its exported model, model/, which the run writes with \
+                 each checkpoint: none is written yet, or it was removed; {EXPECTED}"
+            )));
+        }
+        Self::load(dev, path)
     }
 
     /// Loads the export in `dir` (config, weights, labels, tokenizer or vocabulary) onto
