@@ -231,6 +231,19 @@ enum PrecisionArg {
     Auto,
 }
 
+/// A count that must be at least 1, refused by clap as a usage error otherwise.
+fn at_least_one<T>(s: &str) -> std::result::Result<T, String>
+where
+    T: std::str::FromStr + Default + PartialEq,
+    T::Err: std::fmt::Display,
+{
+    match s.parse::<T>() {
+        Ok(n) if n == T::default() => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 fn parse_from_str<T: std::str::FromStr<Err = pipetransformer::Error>>(s: &str) -> std::result::Result<T, String> {
     s.parse().map_err(|e: pipetransformer::Error| e.to_string())
 }
@@ -426,7 +439,7 @@ enum Command {
         #[arg(long, value_enum, default_value = "gpt")]
         model: Family,
         /// Optimizer steps.
-        #[arg(long, default_value_t = 200)]
+        #[arg(long, default_value_t = 200, value_parser = at_least_one::<u64>)]
         steps: u64,
         /// Peak learning rate (linear warmup over the first 10% of steps, cosine decay after).
         #[arg(long, default_value_t = 3e-3, value_parser = parse_lr)]
@@ -449,16 +462,16 @@ enum Command {
     #[command(allow_negative_numbers = true)]
     BenchStep {
         /// Timed steps.
-        #[arg(long, default_value_t = 5)]
+        #[arg(long, default_value_t = 5, value_parser = at_least_one::<usize>)]
         steps: usize,
         /// Untimed steps first (buffer pool warm-up).
         #[arg(long, default_value_t = 1)]
         warmup: usize,
         /// Sequences per batch.
-        #[arg(long, default_value_t = 16)]
+        #[arg(long, default_value_t = 16, value_parser = at_least_one::<usize>)]
         batch: usize,
         /// Tokens per sequence.
-        #[arg(long, default_value_t = 128)]
+        #[arg(long, default_value_t = 128, value_parser = at_least_one::<usize>)]
         seq: usize,
         /// CPU threads (0: all cores; never more than the cores).
         #[arg(long, default_value_t = 0)]
@@ -645,7 +658,14 @@ fn run() -> Result<()> {
             // Before anything loads: a usage error, once.
             if let Err(e) = sampling.check() {
                 use clap::CommandFactory;
-                Cli::command().error(clap::error::ErrorKind::ValueValidation, e).exit();
+                // (With `predict`'s usage line, as clap's own refusals of its flags give.)
+                let mut cli = Cli::command();
+                cli.build();
+                let kind = clap::error::ErrorKind::ValueValidation;
+                match cli.find_subcommand_mut("predict") {
+                    Some(predict) => predict.error(kind, e).exit(),
+                    None => cli.error(kind, e).exit(),
+                }
             }
             let device = DeviceArgs::from(device);
             let request = PredictRequest { model, inputs, file, batch_size, format, sampling };

@@ -369,10 +369,21 @@ fn evaluate_threads_is_the_configs_thread_count() {
 
 #[test]
 fn diagnostic_commands_reject_zero_counts() {
-    let (ok, out) = pipetransformer(&["overfit", "--steps", "0"]);
-    assert!(!ok && out.contains("--steps must be at least 1"), "{out}");
-    let (ok, out) = pipetransformer(&["bench-step", "--batch", "0"]);
-    assert!(!ok && out.contains("must each be at least 1"), "{out}");
+    // Usage errors, as clap's own: exit status 2, the subcommand's usage line.
+    for (args, flag) in
+        [(&["overfit", "--steps", "0"][..], "--steps <STEPS>"), (&["bench-step", "--batch", "0"], "--batch <BATCH>")]
+    {
+        let out = Command::new(env!("CARGO_BIN_EXE_pipetransformer")).args(args).output().unwrap();
+        let text = output_text(&out);
+        assert_eq!(out.status.code(), Some(2), "{text}");
+        assert!(text.contains(&format!("invalid value '0' for '{flag}': must be at least 1")), "{text}");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_pipetransformer"))
+        .args(["predict", "--model", "m", "--temperature", "-1", "a"])
+        .output()
+        .unwrap();
+    let text = output_text(&out);
+    assert!(out.status.code() == Some(2) && text.contains("Usage: pipetransformer predict"), "{text}");
     let (ok, out) = pipetransformer(&["overfit", "--model", "resnet"]);
     assert!(!ok && out.contains("resnet"), "{out}");
     // Sizes past the model or the machine are refused before anything is allocated.
