@@ -1547,6 +1547,9 @@ fn a_model_of_another_kind_than_its_dataset_is_refused_before_anything_is_writte
         &format!("model.pretrained={model}/model"),
     ]);
     assert!(ok && out.contains("warning: model.config (a ViT) is set, but model.pretrained"), "{out}");
+    // An empty input to an image model is named as such (not as a value that is no pixel).
+    let (ok, out) = pipetransformer(&["predict", "--model", &model, "--format", "json", ""]);
+    assert!(!ok && out.contains("an empty input; expected a CSV row of 64 pixels"), "{out}");
     // A run's folder without its export (taken away, or not written yet) says so.
     std::fs::remove_dir_all(dir.join("run").join("model")).unwrap();
     let (ok, out) = pipetransformer(&["predict", "--model", &model, "1"]);

@@ -175,7 +175,7 @@ impl Plan {
                     Err(config_error(
                         "memory_limit",
                         format!(
-                            "{} (on the stages cut for time); whole sequences: {}",
+                            "on the stages cut for time, {}; on stages cut for memory, whole sequences: {}",
                             message(refused),
                             message(whole)
                         ),
@@ -879,7 +879,10 @@ mod tests {
         assert_eq!(Plan::slice_cut(&config(Some(10400)), &units(6), 0, any).unwrap(), time);
         // Below what whole sequences need on any split, the refusal names that too.
         let e = Plan::slice_cut(&config(Some(10399)), &units(6), 0, none).unwrap_err().to_string();
-        assert!(e.contains("[0..3, 3..6] refused (on the stages cut for time); whole sequences: "), "{e}");
+        assert!(
+            e.contains("on the stages cut for time, [0..3, 3..6] refused; on stages cut for memory, whole sequences: "),
+            "{e}"
+        );
         assert!(e.contains("the best split needs 10400 bytes"), "{e}");
     }
 

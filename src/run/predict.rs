@@ -636,6 +636,12 @@ impl<D: Device> Predictor<D> {
                 }
             };
         }
+        if input.trim().is_empty() {
+            return Err(data_error(
+                "input",
+                format!("an empty input; expected a CSV row of {n} pixels, or an image (PNG, PGM), IDX or CSV file"),
+            ));
+        }
         // A CSV row of raw values; one that is not, but reads as a file's name (a folder in it,
         // or an extension of letters), is a file that is not there.
         let values = pixel_row(input, max_value).map_err(|e| {
