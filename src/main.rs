@@ -90,7 +90,8 @@ struct PipelineArgs {
     /// initial plan's replicas × pipeline length, plus any that AutoDP turns into replicas.
     #[arg(long)]
     devices: Option<usize>,
-    /// Devices per pipeline (K); default: all the devices over the replicas.
+    /// Devices per pipeline (K); default: all the devices over the replicas (with
+    /// --across-processes under `launch`: all the processes, one pipeline).
     #[arg(long)]
     pipeline_len: Option<usize>,
     /// Micro-batches per replica per step (M).
@@ -134,7 +135,8 @@ struct PipelineArgs {
     recompute: Option<Recompute>,
     /// Under `launch`: pipelines whose stages are the processes, one device each. The
     /// processes make rows of --pipeline-len stages, each row a replica: process p runs stage
-    /// p % K of replica p / K (the process count a multiple of K); each builds and holds its own
+    /// p % K of replica p / K (the process count a multiple of K; without --pipeline-len, K is the
+    /// process count); each builds and holds its own
     /// stage's weights only, so --memory-limit applies per stage. Without it, every process
     /// holds a whole pipeline and trains its share of each batch. Sets
     /// `pipeline.across_processes = true` (the flag cannot unset it).
@@ -570,6 +572,10 @@ fn flag_note(e: &anyhow::Error, args: &[String]) -> String {
     });
     // The typed flags set `pipeline.*` and `elastic.*` settings only (`overrides`): elsewhere a
     // key's name can be another flag's (`model.config` is not `--config`'s file).
+    // (A bare pipeline field from a layer below, `devices`, is `pipeline.devices`.)
+    const PIPELINE: [&str; 7] =
+        ["chunks", "micro_batches", "pipeline_len", "replicas", "devices", "memory_limit", "recompute"];
+    let field = field.map(|f| if PIPELINE.contains(&f.as_str()) { format!("pipeline.{f}") } else { f });
     let Some(field) = field.filter(|f| f.starts_with("pipeline.") || f.starts_with("elastic.")) else {
         return String::new();
     };
@@ -706,16 +712,10 @@ fn run() -> Result<()> {
             plan(load_config(&config, &set)?)
         }
         Command::Overfit { model, steps, lr, seed, threads, device } => {
-            if steps == 0 {
-                bail!("--steps must be at least 1");
-            }
             on_device!(device.open(threads)?, overfit(model.into(), steps, lr, seed, |line| println!("{line}")))?;
             Ok(())
         }
         Command::BenchStep { steps, warmup, batch, seq, threads, python, device } => {
-            if steps == 0 || batch == 0 || seq == 0 {
-                bail!("--steps, --batch and --seq must each be at least 1");
-            }
             let positions = match bench::minilm_shaped() {
                 pipetransformer::model::ModelConfig::Bert(c) => c.max_position_embeddings,
                 _ => usize::MAX,

@@ -1301,15 +1301,16 @@ fn resuming_over_other_training_data_is_refused() {
     assert!(!ok && out.contains("data.batch_size") && out.contains("batches of 32 samples"), "{out}");
 }
 
-/// A checkpoint's export fails on its writing thread (`model` is a file): the run stops at the
-/// next checkpoint with the error, not at its end, and the checkpoint written beside it stays.
+/// A checkpoint's export fails on its writing thread (a file where it stages the export's
+/// folder; a file named `model` itself is refused before training): the run stops at the next
+/// checkpoint with the error, not at its end, and the checkpoint written beside it stays.
 #[test]
 fn a_failed_background_write_stops_the_run_at_the_next_checkpoint() {
     if !have_digits() {
         return;
     }
     let dir = scratch("write-fail");
-    std::fs::write(dir.join("model"), b"in the way").unwrap();
+    std::fs::write(dir.join(".model.staging"), b"in the way").unwrap();
     let out_dir = format!("output.dir={}", dir.display());
     let args = ["--set", "train.max_steps=6", "--set", "output.checkpoint_every=2", "--set", "data.test_limit=32"];
     let (ok, out) = pipetransformer(
@@ -1633,7 +1634,8 @@ fn a_file_or_folder_in_the_way_of_the_runs_files_is_refused_before_training() {
             false => std::fs::write(&path, b"mine").unwrap(),
         }
         let out_dir = format!("output.dir={}", dir.display());
-        let (ok, out) = pipetransformer(&["train", "--config", "configs/vit-digits.toml", "--set", &out_dir]);
+        let train = ["train", "--config", "configs/vit-digits.toml", "--set", &out_dir, "--set", "train.max_steps=1"];
+        let (ok, out) = pipetransformer(&train);
         assert!(!ok && out.contains("output.dir") && out.contains(says), "{out}");
         let left: Vec<_> = std::fs::read_dir(&*dir).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(left, [name], "{out}");
@@ -2060,6 +2062,15 @@ fn a_pipeline_across_processes_refuses_what_it_cannot_do() {
         assert!(!ok && text.contains(key), "{flags:?}: {text}");
     }
     assert!(!dir.join("checkpoint.ckpt").exists() && !dir.join("metrics.jsonl").exists());
+    // Whole pipelines per process: a batch too small for every process's replica is refused
+    // by its setting, not blamed on the training set.
+    let port = free_port().to_string();
+    let rdzv = format!("127.0.0.1:{port}");
+    let plain = ["train", "--config", "configs/vit-digits.toml", "--fresh", "--set", &out, "--micro-batches", "1"];
+    let launch = ["launch", "--nproc-per-node", "2", "--rdzv", &rdzv, "--"];
+    let (ok, text) = pipetransformer(&[&launch[..], &plain[..], &["--set", "data.batch_size=1"]].concat());
+    let want = "config field `data.batch_size`: 1 sample(s) a step, shared by 2 processes of 1 replica(s)";
+    assert!(!ok && text.contains(want), "{text}");
     // Without `--pipeline-len` the stages are the processes: one pipeline of 2.
     let port = free_port().to_string();
     let rdzv = format!("127.0.0.1:{port}");

@@ -1025,7 +1025,7 @@ fn skipped_steps_do_not_feed_the_freeze_rule_and_it_resumes_only_under_its_own()
     // Resumed under another rule or α: refused by name, not silently the checkpoint's.
     for (other, field) in [
         (ElasticConfig { alpha: 0.5, ..config.clone() }, "elastic.alpha: 0.3333333333333333 then, 0.5 now"),
-        (ElasticConfig { freeze: FreezeName::Alpha, ..config.clone() }, "Eq1 then, Alpha now"),
+        (ElasticConfig { freeze: FreezeName::Alpha, ..config.clone() }, "eq1 then, alpha now"),
         (
             ElasticConfig { freeze_interval: FreezeInterval::Steps(50), ..config.clone() },
             "elastic.freeze_interval \"epoch\" and max_weight_change none then, freeze_interval 50 and \

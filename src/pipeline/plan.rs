@@ -347,7 +347,7 @@ impl Plan {
         if stages > units {
             // (Named by the setting that multiplies the stages, where there is one.)
             return Err(config_error(
-                if config.chunks > 1 { "chunks" } else { "pipeline_len" },
+                if config.chunks > 1 && k <= units { "chunks" } else { "pipeline_len" },
                 format!(
                     "{k} devices × {} chunks of stages cannot be cut from the model's {units} active units",
                     config.chunks,

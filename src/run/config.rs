@@ -674,8 +674,11 @@ fn name_the_choices(
         return message.into();
     }
     let mut t = table.clone();
-    let choices = apply_override(&mut t, &format!("{key}=\"?\"")).ok().and_then(|()| convert(&t).err());
-    match choices.as_deref().and_then(|e| e.split_once("expected ")).map(|(_, c)| c.lines().next().unwrap_or(c)) {
+    let probe = apply_override(&mut t, &format!("{key}=\"?\"")).ok().and_then(|()| convert(&t).err());
+    // Only serde's refusal of that string names the choices (`key` may be a table's, as in
+    // `--set pipeline={schedule=true}`, whose probe is refused otherwise).
+    let choices = probe.as_deref().and_then(|e| e.strip_prefix("unknown variant `?`, expected "));
+    match choices.map(|c| c.lines().next().unwrap_or(c)) {
         Some(choices) => format!("expected a string, {choices}"),
         None => message.into(),
     }
@@ -882,6 +885,9 @@ dir = "runs/x"
             err.starts_with("config field `data.batch_size`: invalid type") && err.ends_with("(in file.toml)"),
             "{err}"
         );
+        // (A table given whole keeps serde's message: the choices belong to a key inside it.)
+        let err = RunConfig::parse(BASE, "base", &["pipeline={schedule=true}".into()]).unwrap_err().to_string();
+        assert!(err.contains("--set pipeline") && !err.contains("struct"), "{err}");
         // A setting of choices given no string is refused with the choices' names.
         let file = format!("{BASE}[pipeline]\nschedule = true\n");
         let err = RunConfig::parse(&file, "file.toml", &[]).unwrap_err().to_string();

@@ -473,7 +473,8 @@ fn in_the_way(dir: &Path) -> Option<String> {
 /// resuming must find the checkpoint (each reads its own `output.dir`).
 ///
 /// Errors: an [`Error::Config`] on `output.dir` naming the checkpoint and the two ways on
-/// (`--resume`, `--fresh`), a file where the folder goes, or no checkpoint to resume; on
+/// (`--resume`, `--fresh`), a file where the folder goes, a file or folder where the run writes
+/// the other kind (`in_the_way`), or no checkpoint to resume; on
 /// ranks above 0 it says rank 0 refused; on the first setting that differs, naming the ranks and every setting that
 /// differs; on `output.dir`, the ranks that find no checkpoint to resume; a collective's
 /// failure.
@@ -970,7 +971,8 @@ impl<D: Device> Job<D> {
     /// [`new`](Self::new) for one process of a launched run whose pipeline stages are its
     /// processes (`pipeline.across_processes`): its `K·R` processes are `R` replicas of a
     /// `K`-stage pipeline (`K` the process count unless `pipeline.pipeline_len` says), and
-    /// this one trains stage `rank % K` of replica `rank / K` on `devices[0]`. Every process plans from the units' FLOPs, so all make the same plan.
+    /// this one trains stage `rank % K` of replica `rank / K` on `devices[0]`. Every process
+    /// plans from the units' FLOPs, so all make the same plan.
     /// Each process builds only its own stages' weights (the other units
     /// [hollow](Model::new_keeping)), so a per-stage memory limit holds from the start.
     /// Freezing works (every process sees the same summed gradient norms, so all freeze the
@@ -1009,15 +1011,23 @@ impl<D: Device> Job<D> {
         // process needs a sample of it.
         let fed = plan.replicas.saturating_mul(processes);
         if group.is_none() && first.batch < fed {
+            let each = format!("each of {fed} replica(s) needs one at least");
+            let whole = first.batch < config.data.batch_size;
             let limit = if config.data.train_limit > 0 { " (data.train_limit)" } else { "" };
-            return Err(config_error(
-                "pipeline.replicas",
-                format!(
-                    "a step's batch holds {} sample(s), the whole training set{limit}; each of {fed} replica(s) \
-                     needs one at least",
-                    first.batch
+            return Err(match whole {
+                true => config_error(
+                    "pipeline.replicas",
+                    format!("a step's batch holds {} sample(s), the whole training set{limit}; {each}", first.batch),
                 ),
-            ));
+                // (Launched processes: the config checked the batch against one process's.)
+                false => config_error(
+                    "data.batch_size",
+                    format!(
+                        "{} sample(s) a step, shared by {processes} processes of {} replica(s); {each}",
+                        first.batch, plan.replicas
+                    ),
+                ),
+            });
         }
         // A stage process holds its own stages' weights only, from the start. Every process
         // plans alike from the units' FLOPs, which their shapes give: a first build keeps no

@@ -184,7 +184,8 @@ impl<D: Device> Predictor<D> {
         if let Some(file) = run.filter(|_| !path.join("config.json").exists()) {
             return Err(refuse(format!(
                 "is a run's folder (it holds {file}) without its exported model, model/, which the run writes with \
-                 each checkpoint: none is written yet, or it was removed; {EXPECTED}"
+                 each checkpoint and which its checkpoint's weights need beside them: not written yet, or removed; \
+                 expected an exported model folder"
             )));
         }
         Self::load(dev, path)

@@ -513,16 +513,18 @@ impl<D: Device> Trainer<D> {
         let field = |name: &str| meta.get(name).cloned().unwrap_or(serde_json::Value::Null);
         let position: Position =
             serde_json::from_value(field("position")).map_err(|e| bad(format!("position: {e}")))?;
-        // Another model first: the data's checks below would blame the data for it.
-        if let (Some(then), Some(now)) =
-            (field("model").as_object(), self.model_config.as_ref().and_then(|m| m.as_object()))
+        // What changed in the model since, if anything, leaving out the keys `skip` names.
+        let model_change = |skip: &[&str]| -> Option<String> {
+            let (then, now) = (field("model"), self.model_config.clone()?);
+            let (then, now) = (then.as_object()?, now.as_object()?);
             // (The family first: another architecture differs in most keys.)
-            && let Some(key) = ["family".to_string()]
+            let key = ["family".to_string()]
                 .iter()
                 .chain(then.keys())
                 .chain(now.keys())
-                .find(|k| then.get(*k) != now.get(*k))
-        {
+                .filter(|k| !skip.contains(&k.as_str()))
+                .find(|k| then.get(*k) != now.get(*k))?
+                .clone();
             // (An f32 setting as written: 0.1, not the f64 0.10000000149011612 it widens to.)
             let show = |v: Option<&serde_json::Value>| match v {
                 None => "unset".to_string(),
@@ -531,11 +533,16 @@ impl<D: Device> Trainer<D> {
                     None => v.to_string(),
                 },
             };
-            return Err(changed(format!(
+            Some(format!(
                 "taken with the model's `{key}` = {}, this run's is {}: the model (model.*) changed since",
-                show(then.get(key)),
-                show(now.get(key))
-            )));
+                show(then.get(&key)),
+                show(now.get(&key))
+            ))
+        };
+        // Another model first, the data's checks below would blame the data for it; but not
+        // by the sizes the data sets (classes, a vocabulary), which those checks name better.
+        if let Some(change) = model_change(&["num_labels", "vocab_size"]) {
+            return Err(changed(change));
         }
         // The position counts batches of the run's epochs: with another batch size or
         // training set, it would name other samples (or none).
@@ -550,8 +557,11 @@ impl<D: Device> Trainer<D> {
             )));
         }
         let saved_batch = field("batch_size").as_u64();
+        // (An epoch of one batch holds the whole training set whatever the batch size: the
+        // checkpoints of earlier versions recorded `data.batch_size` there, not the set.)
         if let (Some(then), Some(now)) = (saved_batch, self.batch_size)
             && then != now as u64
+            && per_epoch > 1
         {
             return Err(changed(format!(
                 "taken with batches of {then} samples, this run's are of {now} (data.batch_size, or the training \
@@ -588,6 +598,9 @@ impl<D: Device> Trainer<D> {
                      its order changed since"
                 ),
             }));
+        }
+        if let Some(change) = model_change(&[]) {
+            return Err(changed(change));
         }
         let frozen: usize =
             serde_json::from_value(field("frozen_prefix")).map_err(|e| bad(format!("frozen_prefix: {e}")))?;
@@ -704,9 +717,9 @@ impl<D: Device> Trainer<D> {
                 let profiles = self.profiles_for(samples.max(1), 0);
                 let shape = format!("K={} R={} M={}", r.config.pipeline_len, r.config.replicas, r.config.micro_batches);
                 self.pipeline.replan_to_stages(r.config, &profiles, r.stages).map_err(|e| match e {
-                    // (The pipeline's settings by their config keys: `devices` is pipeline.devices.)
-                    Error::Config { field, message } => {
-                        changed(format!("its plan ({shape}) cannot run here: {message} (pipeline.{field})"))
+                    // More devices than this run has: a setting of the run's, by its config key.
+                    Error::Config { field, message } if field == "devices" => {
+                        changed(format!("its plan ({shape}) cannot run here: {message} (pipeline.devices)"))
                     }
                     e => bad(format!("plan: {e}")),
                 })?;
