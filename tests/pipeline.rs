@@ -1273,7 +1273,7 @@ fn a_stage_process_holds_only_its_own_stages_weights() {
 #[test]
 fn processes_that_do_not_make_whole_rows_are_refused() {
     let errors = build_across_processes(3, |_| cfg(2, 1, 2, ScheduleKind::OneFOneB));
-    assert!(errors.iter().all(|e| e.contains("divisor of 3")), "{errors:?}");
+    assert!(errors.iter().all(|e| e.contains("pipeline_len must be at least 2 and divide 3")), "{errors:?}");
 }
 
 /// Each of `procs` processes builds a GPT pipeline across them with the plan `plan(rank)`;
