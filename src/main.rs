@@ -573,9 +573,8 @@ fn flag_note(e: &anyhow::Error, args: &[String]) -> String {
     // The typed flags set `pipeline.*` and `elastic.*` settings only (`overrides`): elsewhere a
     // key's name can be another flag's (`model.config` is not `--config`'s file).
     // (A bare pipeline field from a layer below, `devices`, is `pipeline.devices`.)
-    const PIPELINE: [&str; 7] =
-        ["chunks", "micro_batches", "pipeline_len", "replicas", "devices", "memory_limit", "recompute"];
-    let field = field.map(|f| if PIPELINE.contains(&f.as_str()) { format!("pipeline.{f}") } else { f });
+    let bare = |f: &str| pipetransformer::run::config::PIPELINE_FIELDS.contains(&f);
+    let field = field.map(|f| if bare(&f) { format!("pipeline.{f}") } else { f });
     let Some(field) = field.filter(|f| f.starts_with("pipeline.") || f.starts_with("elastic.")) else {
         return String::new();
     };

@@ -763,18 +763,15 @@ fn a_job_resumed_after_lending_threads_lends_them_again() {
 fn a_fresh_run_that_fails_at_its_first_step_loses_nothing() {
     use pipetransformer::pipeline::Fault;
     let dir = scratch("job-first-step");
-    let sets = ["train.epochs=1", "train.max_steps=2", "data.train_limit=64", "data.test_limit=32"];
-    let Some(config) = common::digits_config(&dir, &sets) else { return };
-    common::cpu_job(&config, 1, 1).run(&mut |_| {}).unwrap();
-    let files = || ["metrics.jsonl", "checkpoint.ckpt"].map(|f| std::fs::read(dir.join(f)).unwrap());
-    let before = files();
+    let Some(config) = common::earlier_run(&dir) else { return };
+    let before = common::run_files(&dir);
     let mut fresh = common::cpu_job(&config, 1, 1);
     fresh.trainer.pipeline.set_fault(Some(Fault { device: 0, action: 0, panic: false }));
     let mut steps = 0;
     let err = fresh.run(&mut |e| steps += matches!(e, Event::Step { .. }) as usize).unwrap_err().to_string();
     assert!(err.contains("injected"), "{err}");
     assert_eq!(steps, 0);
-    assert!(files() == before, "the earlier run's files were changed");
+    assert!(common::run_files(&dir) == before, "the earlier run's files were changed");
     for aside in ["metrics.previous.jsonl", "checkpoint.previous.ckpt"] {
         assert!(!dir.join(aside).exists(), "{aside} was set aside");
     }

@@ -11,18 +11,15 @@ use pipetransformer::Error;
 #[test]
 fn a_fresh_run_stopped_before_its_first_step_writes_nothing() {
     let dir = pipetransformer::testing::Scratch::new("stop-before-first-step");
-    let sets = ["train.epochs=1", "train.max_steps=2", "data.train_limit=64", "data.test_limit=32"];
-    let Some(config) = common::digits_config(&dir, &sets) else { return };
-    common::cpu_job(&config, 1, 1).run(&mut |_| {}).unwrap();
-    let files = || ["metrics.jsonl", "checkpoint.ckpt"].map(|f| std::fs::read(dir.join(f)).unwrap());
-    let before = files();
+    let Some(config) = common::earlier_run(&dir) else { return };
+    let before = common::run_files(&dir);
     let mut fresh = common::cpu_job(&config, 1, 1);
     pipetransformer::train::request_stop();
     let mut steps = 0;
     let err = fresh.run(&mut |e| steps += matches!(e, pipetransformer::train::Event::Step { .. }) as usize);
     assert!(matches!(err, Err(Error::Interrupted { step: Some(0) })), "{err:?}");
     assert_eq!(steps, 0);
-    assert!(files() == before, "the earlier run's files were changed");
+    assert!(common::run_files(&dir) == before, "the earlier run's files were changed");
     for aside in ["metrics.previous.jsonl", "checkpoint.previous.ckpt"] {
         assert!(!dir.join(aside).exists(), "{aside} was set aside");
     }

@@ -315,15 +315,17 @@ impl PipelineSection {
     }
 }
 
+/// The `[pipeline]` keys the layers below name bare (`devices` is `pipeline.devices`).
+pub const PIPELINE_FIELDS: [&str; 7] =
+    ["chunks", "micro_batches", "pipeline_len", "replicas", "devices", "memory_limit", "recompute"];
+
 /// `e` with its field named as a run config writes it, where a layer below named it by its own
 /// struct: the pipeline's settings are `[pipeline]` keys, and a model described in the config
 /// (`inline_model`; not one read from a pretrained folder's `config.json`) is `model.config`.
 pub(super) fn named_as_written(e: Error, inline_model: bool) -> Error {
     let Error::Config { field, message } = e else { return e };
     let field = match field.as_str() {
-        "chunks" | "micro_batches" | "pipeline_len" | "replicas" | "devices" | "memory_limit" | "recompute" => {
-            format!("pipeline.{field}")
-        }
+        f if PIPELINE_FIELDS.contains(&f) => format!("pipeline.{field}"),
         "terapipe.memory_limit" => "pipeline.memory_limit".into(),
         "max_grad_norm" => "train.max_grad_norm".into(),
         named => match named.split_once('.') {

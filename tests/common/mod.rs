@@ -220,3 +220,20 @@ pub fn cpu_job(
     };
     pipetransformer::run::Job::new(devices, config.clone()).unwrap()
 }
+
+/// The files a run leaves that a later run must not lose: its log and its checkpoint.
+pub const RUN_FILES: [&str; 2] = ["metrics.jsonl", "checkpoint.ckpt"];
+
+/// A two-step digits run done in `dir` (its files there, [`RUN_FILES`] among them), and its
+/// config for the runs after it; `None` where the dataset is not installed.
+pub fn earlier_run(dir: &Path) -> Option<pipetransformer::run::RunConfig> {
+    let sets = ["train.epochs=1", "train.max_steps=2", "data.train_limit=64", "data.test_limit=32"];
+    let config = digits_config(dir, &sets)?;
+    cpu_job(&config, 1, 1).run(&mut |_| {}).unwrap();
+    Some(config)
+}
+
+/// The bytes of `dir`'s [`RUN_FILES`].
+pub fn run_files(dir: &Path) -> [Vec<u8>; 2] {
+    RUN_FILES.map(|f| std::fs::read(dir.join(f)).unwrap())
+}
