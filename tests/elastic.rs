@@ -893,6 +893,30 @@ fn transition_log(events: &[Event]) -> Vec<(String, usize, usize)> {
         .collect()
 }
 
+/// The transitions read as one chain: each one's shape before (frozen layers, K, R, M) is the
+/// shape the one before it left, so no change goes unlogged.
+fn assert_chained(events: &[Event]) {
+    let shapes: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Transition(t) => {
+                Some((t.reason.clone(), t.frozen_layers, t.pipeline_len, t.replicas, t.micro_batches))
+            }
+            _ => None,
+        })
+        .collect();
+    for pair in shapes.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        assert_eq!(
+            (a.1.1, a.2.1, a.3.1, a.4.1),
+            (b.1.0, b.2.0, b.3.0, b.4.0),
+            "a change between two transitions went unlogged:\n  {}\n  {}",
+            a.0,
+            b.0
+        );
+    }
+}
+
 /// A run checkpointed while AutoPipe times the first pipeline length of its trial, and
 /// resumed, goes on with the trial (the second length is timed after the resume, then one is
 /// kept) and follows the run that was not stopped.
@@ -927,6 +951,7 @@ fn a_run_resumed_during_a_trial_of_pipeline_lengths_goes_on_with_it() {
     let after = transition_log(&events[resumed_at..]);
     let trial = after.iter().position(|r| r.0.starts_with("AutoPipe times K=2 against K=1")).expect("{after:?}");
     assert!(after[trial..].iter().any(|r| r.0.starts_with("pipeline lengths timed")), "{after:?}");
+    assert_chained(&events);
     assert_follows(&curve(&events), &curve(&all), "resumed during a trial");
     drop((straight, second, elastic));
 }
@@ -946,6 +971,7 @@ fn a_trial_of_pipeline_lengths_keeps_the_faster_and_computes_the_same() {
         elastic.start(&mut t, &mut |e| events.push(e.clone())).unwrap();
         t.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
         drop(elastic);
+        assert_chained(&events);
         (t.pipeline.plan().config.pipeline_len, events)
     };
     let reasons = transition_log;
@@ -1273,6 +1299,7 @@ fn a_run_that_ends_during_a_trial_of_pipeline_lengths_keeps_the_chosen_length() 
         t.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
         let state = elastic.state();
         assert!(state["shape_trial"].is_null() && state["tuning"].is_null(), "{state}");
+        assert_chained(&events);
         (t.pipeline.plan().config.pipeline_len, events)
     };
     let step_of = |events: &[Event], starts: &str| {

@@ -466,7 +466,8 @@ impl Elastic {
         on_event: &mut dyn FnMut(&Event),
     ) -> Result<()> {
         let started = Instant::now();
-        let (before, stages_before) = shape(trainer);
+        let (before, _) = shape(trainer);
+        let logged = self.logged_shape(trainer);
         let layers_before = self.frozen_layers;
         let units = frozen_units(layers);
         trainer.pipeline.freeze_prefix(units)?;
@@ -538,8 +539,26 @@ impl Elastic {
             reason += &self.adopt_shape(trainer, chosen, &before, timed_against.is_some())?;
             self.shape_trial = timed_against.map(ShapeTrial::Next);
         }
-        self.emit(trainer, reason, (layers_before, layers), (before, stages_before), started, on_event);
+        self.emit(trainer, reason, (layers_before, layers), logged, started, on_event);
         Ok(())
+    }
+
+    /// The shape the last transition logged: the one in force, but for the micro-batch count
+    /// (and its token slices) while AutoPipe times counts, where the steps take the candidates
+    /// in turn and only the timing's start and end are logged, so the log reads as one chain.
+    fn logged_shape<D: Device>(&self, trainer: &Trainer<D>) -> Shape {
+        let (config, stages) = shape(trainer);
+        match self.tuner.running() {
+            true => {
+                let config = crate::pipeline::PipelineConfig {
+                    micro_batches: self.tuning_from,
+                    token_slices: self.tuning_slices.clone(),
+                    ..config
+                };
+                (config, stages)
+            }
+            false => (config, stages),
+        }
     }
 
     /// Runs the pipeline in `chosen`'s shape from the next step: freed cpu devices lend their
@@ -667,7 +686,7 @@ impl Elastic {
     /// checkpoint record) a shape that was chosen, not one on trial: the length the trial
     /// timed first (the one AutoPipe chose) and, on it, the fastest count timed so far.
     fn settle_at_end<D: Device>(&mut self, trainer: &mut Trainer<D>, on_event: &mut dyn FnMut(&Event)) -> Result<()> {
-        let (started, (before, stages_before)) = (Instant::now(), shape(trainer));
+        let (started, (before, _), logged) = (Instant::now(), shape(trainer), self.logged_shape(trainer));
         let timing = self.tuner.cut_short();
         let reason = match (self.shape_trial.take(), timing) {
             (None, None) => return Ok(()),
@@ -703,7 +722,7 @@ impl Elastic {
         };
         self.warming = false;
         let layers = (self.frozen_layers, self.frozen_layers);
-        self.emit(trainer, reason, layers, (before, stages_before), started, on_event);
+        self.emit(trainer, reason, layers, logged, started, on_event);
         Ok(())
     }
 
