@@ -229,6 +229,60 @@ fn hamlet_train(dir: &Path, args: &[&str]) -> (String, f64) {
     (out, kept)
 }
 
+/// A given token-slice list and schedule come back when AutoPipe lengthens a pipeline it had
+/// shortened to one stage (which runs 1F1B, whole), even where a second freeze prices the
+/// longer shape while one stage is in force; both changes are logged.
+#[test]
+fn a_given_slicing_comes_back_with_a_longer_pipeline() {
+    if !common::installed(&[Path::new("data/text/hamlet.txt")]) {
+        return;
+    }
+    let dir = scratch("given-slices-back");
+    let out_dir = format!("output.dir={}", dir.display());
+    let tiny = ["model.config.n_embd=32", "model.config.n_layer=2", "model.config.n_head=2", "data.max_len=32"];
+    let data = ["data.batch_size=4", "data.train_limit=16", "data.test_limit=8", "train.max_steps=40"];
+    let mut args = vec!["train", "--config", "configs/gpt-hamlet.toml", "--devices", "2", "--fresh"];
+    for set in tiny.iter().chain(&data).chain([&out_dir.as_str(), &"elastic.table=[1, 2]"]) {
+        args.extend(["--set", set]);
+    }
+    args.extend(["--freeze", "table", "--freeze-interval", "3", "--auto-pipe", "--auto-dp", "--progress-every", "0"]);
+    args.extend(["--micro-batches", "2", "--schedule", "gpipe", "--token-slices", "5,27"]);
+    let (ok, out) = pipetransformer(&args);
+    assert!(ok, "{out}");
+    let log = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    let transitions: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|v: &serde_json::Value| v["event"] == "transition")
+        .collect();
+    let reasons = |from: u64, to: u64| -> Vec<String> {
+        transitions
+            .iter()
+            .filter(|v| v["pipeline_len"] == serde_json::json!([from, to]))
+            .map(|v| v["reason"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let shorter = reasons(2, 1);
+    assert!(
+        shorter.iter().any(|r| r.contains("schedule gpipe → 1f1b (one stage); token slices 5,27 → none")),
+        "{shorter:?}"
+    );
+    let longer = reasons(1, 2);
+    assert!(!longer.is_empty(), "the trial lengthens the pipeline again: {transitions:?}");
+    for r in &longer {
+        assert!(r.contains("schedule 1f1b → gpipe; token slices none → 5,27"), "{r}");
+    }
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    let plan = &summary["final_plan"];
+    if plan["pipeline_len"] == 2 {
+        assert_eq!(
+            (&plan["schedule"], &plan["token_slices"]),
+            (&serde_json::json!("gpipe"), &serde_json::json!([5, 27]))
+        );
+    }
+}
+
 /// A run whose stages recompute their activations logs the loss and gradient norm of the run
 /// that keeps them, to the bit, at every step, through a freeze that moves the frozen boundary
 /// into the first stage (dropout on; the transition names the units that recompute), and its

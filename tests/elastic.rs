@@ -16,7 +16,7 @@ use pipetransformer::elastic::{
 };
 use pipetransformer::model::{ModelConfig, Pooling};
 use pipetransformer::optim::Decay;
-use pipetransformer::pipeline::{PipelineConfig, StepOptions};
+use pipetransformer::pipeline::{PipelineConfig, ScheduleKind, StepOptions};
 use pipetransformer::testing::Scratch;
 use pipetransformer::train::{BatchSource, Event, RecordedPlan, TrainConfig, Trainer, Transition};
 
@@ -865,8 +865,19 @@ fn trial_trainer_until(
     dir: &std::path::Path,
     max_steps: u64,
 ) -> (Trainer<CpuDevice<f32>>, Elastic) {
+    trial_trainer_under(PipelineConfig::default().schedule, time_pipeline_len, table, dir, max_steps)
+}
+
+/// [`trial_trainer_until`] under another pipeline schedule.
+fn trial_trainer_under(
+    schedule: ScheduleKind,
+    time_pipeline_len: bool,
+    table: Vec<usize>,
+    dir: &std::path::Path,
+    max_steps: u64,
+) -> (Trainer<CpuDevice<f32>>, Elastic) {
     let train = TrainConfig { epochs: 10, max_steps, ..train_config() };
-    let plan = PipelineConfig { pipeline_len: 2, micro_batches: 2, ..Default::default() };
+    let plan = PipelineConfig { pipeline_len: 2, micro_batches: 2, schedule, ..Default::default() };
     let mut t = common::trainer_on(&bert(), 3, cpus(2), plan, train, 3);
     let config = ElasticConfig {
         freeze: FreezeName::Table,
@@ -1007,6 +1018,33 @@ fn a_trial_of_pipeline_lengths_keeps_the_faster_and_computes_the_same() {
         log[second..].iter().any(|r| r.0.starts_with("AutoPipe times K=2 against K=1")),
         "the second freeze's length is timed against K = 2: {log:?}"
     );
+}
+
+/// A pipeline that AutoPipe shortens to one stage (which runs 1F1B) and lengthens again runs
+/// the schedule the run asked for, even when a second freeze prices the longer shape while one
+/// stage is in force; each change of schedule is logged.
+#[test]
+fn a_pipeline_lengthened_again_runs_the_schedule_the_run_asked_for() {
+    let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
+    for table in [vec![0, 1], vec![0, 1, 2]] {
+        let dir = scratch(&format!("asked-schedule-{}", table.len()));
+        let (mut t, mut elastic) = trial_trainer_under(ScheduleKind::ZeroBubble, true, table.clone(), &dir, 0);
+        let mut events = Vec::new();
+        elastic.start(&mut t, &mut |e| events.push(e.clone())).unwrap();
+        t.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
+        let log = transition_log(&events);
+        let shorter = log.iter().find(|r| (r.1, r.2) == (2, 1)).expect("K 2 → 1");
+        assert!(shorter.0.contains("; schedule zb-h1 → 1f1b (one stage)"), "{table:?}: {}", shorter.0);
+        let longer: Vec<_> = log.iter().filter(|r| (r.1, r.2) == (1, 2)).collect();
+        assert!(!longer.is_empty(), "{table:?}: the trial lengthens the pipeline again: {log:?}");
+        for r in longer {
+            assert!(r.0.contains("; schedule 1f1b → zb-h1"), "{table:?}: {}", r.0);
+        }
+        let plan = &t.pipeline.plan().config;
+        let want = if plan.pipeline_len == 1 { ScheduleKind::OneFOneB } else { ScheduleKind::ZeroBubble };
+        assert_eq!(plan.schedule, want, "{table:?}: K={}", plan.pipeline_len);
+        drop(elastic);
+    }
 }
 
 /// A step whose gradient norm was not finite (the optimizer skipped it) leaves the freeze

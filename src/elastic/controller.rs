@@ -137,6 +137,10 @@ struct State {
     /// against), whatever a resume's flags ask a fresh run to start with.
     #[serde(default)]
     initial_replicas: Option<usize>,
+    /// The plan the run began with (absent before it was recorded: the shape in force then
+    /// stands for it).
+    #[serde(default)]
+    asked: Option<crate::pipeline::PipelineConfig>,
 }
 
 /// AutoPipe's trial of two pipeline lengths after a freeze: the one it chose runs first and
@@ -194,6 +198,10 @@ pub struct Elastic {
     reference: Option<Vec<Vec<f32>>>,
     /// The run's `auto` token slicing, planned afresh for each shape and micro-batch count.
     slicer: Option<Slicer>,
+    /// The plan the run began with: the schedule, chunks per device and given token slices
+    /// that every shape of more than one stage runs (one stage runs 1F1B, whole), so a
+    /// pipeline that AutoPipe shortens to one stage and lengthens again runs as asked.
+    asked: Option<crate::pipeline::PipelineConfig>,
 }
 
 impl Elastic {
@@ -230,12 +238,14 @@ impl Elastic {
             shape_trial: None,
             reference: None,
             slicer: None,
+            asked: None,
         })
     }
 
     /// Plans the token slices of each shape and micro-batch count the run changes to with
-    /// `slicer` (a run with `token_slices = "auto"`); without one, the slices in force stay (a
-    /// given list is the user's), except that a shape of one stage drops them.
+    /// `slicer` (a run with `token_slices = "auto"`); without one, a shape of more than one stage
+    /// runs the slices the run began with (a given list is the user's), and one of one stage
+    /// none.
     pub fn plan_token_slices_with(&mut self, slicer: Slicer) {
         self.slicer = Some(slicer);
     }
@@ -303,6 +313,7 @@ impl Elastic {
     /// Before the first step: applies a freeze table's first entry, and with AutoPipe times
     /// the initial plan's micro-batch counts (the configured one first) as after a transition.
     pub fn start<D: Device>(&mut self, trainer: &mut Trainer<D>, on_event: &mut dyn FnMut(&Event)) -> Result<()> {
+        self.asked = Some(trainer.pipeline.plan().config.clone());
         self.reference = self.layer_weights(trainer)?;
         let first = self.freeze.initial();
         self.freeze.frozen = first;
@@ -356,6 +367,7 @@ impl Elastic {
             tuning_slices: self.tuning_slices.clone(),
             // (Read only by AutoDP's replica count and `scale-lr`.)
             initial_replicas: self.config.auto_dp.then_some(self.around.initial_replicas),
+            asked: self.asked.clone(),
         };
         serde_json::to_value(state).unwrap_or_default()
     }
@@ -423,6 +435,7 @@ impl Elastic {
             (self.tuning_from, self.tuning_slices) = (from, s.tuning_slices);
         }
         self.around.initial_replicas = s.initial_replicas.unwrap_or(self.around.initial_replicas);
+        self.asked = s.asked;
         self.shape_trial = s.shape_trial.filter(|_| self.config.auto_pipe && self.config.time_pipeline_len);
         self.cache_on = s.cache_on && self.cache.is_some();
         if let Some(c) = &mut self.cache {
@@ -496,8 +509,9 @@ impl Elastic {
             let shared = pipeline.shared_pool().is_some();
             let speed = |k: usize| if lend || shared { pipeline.lent_speed(k * replicas(k)) } else { 1.0 };
             let tuned = &self.tuner.best;
+            let base = self.asked_of(&before);
             let micro = |k: usize, per_replica: usize| {
-                let key = Tuner::key(k, replicas(k), units, cached > 0, per_replica, schedule_for(k, before.schedule));
+                let key = Tuner::key(k, replicas(k), units, cached > 0, per_replica, schedule_for(k, base.schedule));
                 tuned.get(&key).copied().unwrap_or((2 * k).min(per_replica))
             };
             let names = crate::pipeline::runtime::unit_names(trainer.pipeline.units());
@@ -521,7 +535,7 @@ impl Elastic {
                 Some(ShapeTrial::Next(other)) => other.pipeline_len.max(before.pipeline_len),
                 _ => before.pipeline_len,
             };
-            let candidates = choose_shape(&before, incumbent, a.devices, cached, &shapes, &names)?;
+            let candidates = choose_shape(&base, incumbent, a.devices, cached, &shapes, &names)?;
             let chosen = pick(&candidates).ok_or_else(|| config_error("devices", "no pipeline shape fits"))?;
             let chosen = agree(trainer.pipeline.process_group(), chosen, &candidates)?.config.clone();
             // The price of a shorter pipeline on cpu devices rests on ideal thread scaling:
@@ -541,6 +555,20 @@ impl Elastic {
         }
         self.emit(trainer, reason, (layers_before, layers), logged, started, on_event);
         Ok(())
+    }
+
+    /// `shape` with the schedule, chunks and token slices the run asked for: what a candidate
+    /// of more than one stage runs, whatever a shape of one stage in force dropped.
+    fn asked_of(&self, shape: &crate::pipeline::PipelineConfig) -> crate::pipeline::PipelineConfig {
+        match &self.asked {
+            Some(a) => crate::pipeline::PipelineConfig {
+                schedule: a.schedule,
+                chunks: a.chunks,
+                token_slices: a.token_slices.clone(),
+                ..shape.clone()
+            },
+            None => shape.clone(),
+        }
     }
 
     /// The shape the last transition logged: the one in force, but for the micro-batch count
@@ -738,12 +766,19 @@ impl Elastic {
         let plan = trainer.pipeline.plan();
         let after = plan.config.clone();
         let mut reason = reason;
+        let why = if after.pipeline_len == 1 { " (one stage)" } else { "" };
+        if (before.schedule, before.chunks) != (after.schedule, after.chunks) {
+            let name = |c: &crate::pipeline::PipelineConfig| match c.chunks {
+                1 => c.schedule.to_string(),
+                v => format!("{} ({v} chunks)", c.schedule),
+            };
+            reason += &format!("; schedule {} → {}{why}", name(&before), name(&after));
+        }
         if before.token_slices != after.token_slices {
             let list = |s: &[usize]| match s.is_empty() {
                 true => "none".to_string(),
                 false => s.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
             };
-            let why = if after.pipeline_len == 1 { " (one stage)" } else { "" };
             reason += &format!("; token slices {} → {}{why}", list(&before.token_slices), list(&after.token_slices));
         }
         let frozen = trainer.pipeline.frozen_prefix();
