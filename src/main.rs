@@ -331,7 +331,8 @@ enum Command {
         elastic: ElasticArgs,
         /// Write a Chrome trace of the steps and elastic transitions (open in Perfetto or
         /// chrome://tracing). In a launched run rank r > 0 writes its own beside it
-        /// (`NAME.rank{r}.EXT`).
+        /// (`NAME.rank{r}.EXT`). The run's config file and the files it writes in its
+        /// output.dir are refused.
         #[arg(long)]
         trace: Option<PathBuf>,
         /// Seconds between progress lines when the output is not a terminal (CI, a log file;
@@ -616,7 +617,8 @@ fn run() -> Result<()> {
             }
             set.extend(progress_every.map(|s| format!("output.progress_every={s:?}")));
             set.extend(threads.map(|n| format!("output.threads={n}")));
-            let config = load_config(&config, &set)?;
+            let config_file = config;
+            let config = load_config(&config_file, &set)?;
             let process = pipetransformer::run::ProcessEnv::from_env()?;
             let (_, count) = config.pipeline.resolve()?;
             // A launched process takes its share of the node: its own GPUs, its cores.
@@ -639,7 +641,7 @@ fn run() -> Result<()> {
                      (--device cuda --devices {gpus} --pipeline-len 1 runs on the GPUs as replicas)"
                 );
             }
-            let run = TrainRun { resume, fresh, trace: trace.as_deref(), process };
+            let run = TrainRun { resume, fresh, trace: trace.as_deref(), config_file: &config_file, process };
             let precision = device.precision(config.output.precision, first)?;
             match pipetransformer::run::open_devices_at(device.device, first, count, threads, precision)? {
                 AnyDevices::Cpu(devs) => train(devs, config, &run),
@@ -818,6 +820,8 @@ struct TrainRun<'a> {
     resume: bool,
     fresh: bool,
     trace: Option<&'a Path>,
+    /// The run config's file (`--config`).
+    config_file: &'a Path,
     /// Who this process is in a launched run.
     process: Option<pipetransformer::run::ProcessEnv>,
 }
@@ -1021,6 +1025,9 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
     let names: Vec<String> = devices.iter().map(Device::name).collect();
     println!("pipetransformer train: {} on {}", config.output.dir.display(), names.join(", "));
     if let Some(path) = run.trace {
+        if let Some(why) = pipetransformer::run::trace_in_the_way(&config, path, run.config_file) {
+            bail!("--trace {}: {why}", path.display());
+        }
         // Written when the run ends: a path that cannot take it is refused before it starts.
         // Its folder is made as the run's output folder is (`--trace runs/trace.json` on a
         // fresh checkout).

@@ -929,6 +929,42 @@ fn bad_pipeline_settings_and_an_unwritable_trace_are_clear_errors() {
     assert!(!out.contains("done:") && std::fs::read_dir(&dir).unwrap().next().is_none(), "{out}");
 }
 
+/// A trace path that names the run's config file or a file the run writes in its folder (its
+/// checkpoint, through `..` too) is refused before the run starts, both left as they were;
+/// another file in the run's folder is the user's to name.
+#[test]
+fn a_trace_over_the_runs_own_files_is_refused() {
+    if !have_digits() {
+        return;
+    }
+    let dir = scratch("trace-own-files");
+    let config = dir.join("run.toml");
+    let digits = std::fs::read_to_string("configs/vit-digits.toml").unwrap();
+    let text = digits.replace("dir = \"runs/vit-digits\"", &format!("dir = {:?}", dir.join("run")));
+    std::fs::write(&config, &text).unwrap();
+    let train = |trace: &Path| {
+        let (config, trace) = (config.display().to_string(), trace.display().to_string());
+        let short = ["--set", "data.train_limit=32", "--set", "data.test_limit=16", "--set", "train.max_steps=1"];
+        pipetransformer(&[&["train", "--config", &config][..], &short, &["--fresh", "--trace", &trace]].concat())
+    };
+    let (ok, out) = train(&dir.join("elsewhere.json"));
+    assert!(ok, "{out}");
+    let ckpt = std::fs::read(dir.join("run/checkpoint.ckpt")).unwrap();
+    for (trace, says) in [
+        (config.clone(), "is the run's config file (--config)"),
+        (dir.join("run/../run/checkpoint.ckpt"), "is where the run writes its own checkpoint.ckpt"),
+        (dir.join("run/model/trace.json"), "is where the run writes its own model"),
+    ] {
+        let (ok, out) = train(&trace);
+        assert!(!ok && out.contains("--trace") && out.contains(says), "{}: {out}", trace.display());
+        assert!(!out.contains("done:"), "{out}");
+    }
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), text);
+    assert_eq!(std::fs::read(dir.join("run/checkpoint.ckpt")).unwrap(), ckpt);
+    let (ok, out) = train(&dir.join("run/trace.json"));
+    assert!(ok && out.contains("wrote the Chrome trace"), "{out}");
+}
+
 /// A run's folder holds one run at a time and one run's log: an empty `output.dir` is refused,
 /// a run that starts over moves the earlier log aside (at its first step: one that fails sooner
 /// loses nothing), a resumed one continues it (and says how many steps it took itself), and a

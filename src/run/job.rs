@@ -441,25 +441,61 @@ pub fn checkpoint_path(config: &RunConfig) -> PathBuf {
     config.output.dir.join("checkpoint.ckpt")
 }
 
+/// What a run writes in its folder, and whether each is a folder.
+const WRITTEN: [(&str, bool); 7] = [
+    ("model", true),
+    ("checkpoint.ckpt", false),
+    ("checkpoint.previous.ckpt", false),
+    ("metrics.jsonl", false),
+    ("metrics.previous.jsonl", false),
+    ("summary.json", false),
+    ("report.html", false),
+];
+
 /// A path in the run's folder `dir` that holds the other kind of thing than the run writes
 /// there (a file named `model`, a folder named `summary.json`): said before training, not when
 /// the first checkpoint or the export fails.
 fn in_the_way(dir: &Path) -> Option<String> {
-    const WRITTEN: [(&str, bool); 7] = [
-        ("model", true),
-        ("checkpoint.ckpt", false),
-        ("checkpoint.previous.ckpt", false),
-        ("metrics.jsonl", false),
-        ("metrics.previous.jsonl", false),
-        ("summary.json", false),
-        ("report.html", false),
-    ];
     WRITTEN.iter().find_map(|&(name, folder)| {
         let path = dir.join(name);
         (path.exists() && path.is_dir() != folder).then(|| {
             let (is, wants) = if folder { ("a file", "its exported model's folder") } else { ("a folder", "a file") };
             format!("{} is {is}, where the run writes {wants}: move it out of the way", path.display())
         })
+    })
+}
+
+/// Why a Chrome trace written to `trace` when the run ends would overwrite a file the run
+/// needs: the run's config file (`config_file`), or one of the files it writes in its
+/// `output.dir` (its checkpoint, log, summary, report, exported model, cache). `None` when the
+/// path is free for it.
+pub fn trace_in_the_way(config: &RunConfig, trace: &Path, config_file: &Path) -> Option<String> {
+    // (Resolved through the folders that exist, `runs/x/../x/summary.json` being the
+    // summary; the rest, not made yet, as written.)
+    let resolved = |p: &Path| -> Option<std::path::PathBuf> {
+        let p = std::path::absolute(p).ok()?;
+        let known = p.ancestors().find_map(|a| Some((a, std::fs::canonicalize(a).ok()?)))?;
+        let mut path = known.1;
+        for part in p.strip_prefix(known.0).ok()?.components() {
+            match part {
+                std::path::Component::ParentDir => _ = path.pop(),
+                std::path::Component::Normal(name) => path.push(name),
+                _ => {}
+            }
+        }
+        Some(path)
+    };
+    let at = resolved(trace)?;
+    if resolved(config_file).is_some_and(|c| c == at) {
+        return Some("is the run's config file (--config); name another file for the trace".into());
+    }
+    let dir = resolved(&config.output.dir)?;
+    let name = at.strip_prefix(&dir).ok()?.components().next()?.as_os_str().to_str()?.to_string();
+    (WRITTEN.iter().any(|&(written, _)| written == name) || name == "cache").then(|| {
+        format!(
+            "is where the run writes its own {name} (output.dir {}); name another file for the trace",
+            config.output.dir.display()
+        )
     })
 }
 

@@ -14,7 +14,7 @@ pub mod source;
 pub use config::{DataSection, DatasetName, ModelSection, OutputSection, PipelineSection, RunConfig};
 pub use job::{
     DataInfo, Job, PlannedSlicing, Resumed, ResumedPlan, Summary, build_model, check_across_processes, check_start,
-    checkpoint_path, prepare_data, unigram_loss,
+    checkpoint_path, prepare_data, trace_in_the_way, unigram_loss,
 };
 pub use launch::{LaunchOptions, ProcessEnv, launch};
 pub use predict::{ClassPrediction, Predictor, Sampling};
