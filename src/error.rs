@@ -72,7 +72,8 @@ pub enum Error {
     /// Training diverged: the loss stopped being a finite number.
     #[error("training diverged: the loss became {loss} at step {step}; lower the learning rate")]
     Diverged {
-        /// The optimizer step whose loss was not finite.
+        /// The optimizer step whose loss was not finite, counted as the command's output counts
+        /// them (`train` from 1, `overfit` from 0).
         step: u64,
         /// The loss.
         loss: f64,

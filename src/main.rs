@@ -318,9 +318,9 @@ enum Command {
         #[arg(long, conflicts_with = "fresh")]
         resume: bool,
         /// Start over even if the output directory holds a checkpoint. Once the first step is
-        /// done (not before: a run that fails or stops sooner changes nothing), an earlier
-        /// checkpoint.ckpt and metrics.jsonl move aside to checkpoint.previous.ckpt and
-        /// metrics.previous.jsonl.
+        /// done (not before: a run that fails or stops sooner changes nothing), the earlier
+        /// run's files move aside: checkpoint.ckpt to checkpoint.previous.ckpt, metrics.jsonl to
+        /// metrics.previous.jsonl, and summary.json, report.html and model/ alike.
         #[arg(long)]
         fresh: bool,
         #[command(flatten)]

@@ -929,6 +929,41 @@ fn bad_pipeline_settings_and_an_unwritable_trace_are_clear_errors() {
     assert!(!out.contains("done:") && std::fs::read_dir(&dir).unwrap().next().is_none(), "{out}");
 }
 
+/// A run that starts over and diverges at its second step (its first set the earlier run's
+/// files aside) says which step, counted as its progress lines count them; its folder holds
+/// its own log alone, the earlier run's files whole under their `previous` names, and a
+/// `--resume` there names the checkpoint set aside.
+#[test]
+fn a_fresh_run_that_diverges_after_its_first_step_leaves_its_folder_consistent() {
+    if !have_digits() {
+        return;
+    }
+    let dir = scratch("diverged");
+    let Some(config) = common::earlier_run(&dir) else { return };
+    let before = common::run_files(&dir);
+    let out_dir = format!("output.dir={}", dir.display());
+    let base = ["train", "--config", "configs/vit-digits.toml", "--set", &out_dir, "--set", "data.train_limit=64"];
+    let wild = ["--set", "data.test_limit=32", "--set", "train.lr=1e30", "--set", "train.max_grad_norm=0"];
+    let (ok, out) = pipetransformer(&[&base[..], &wild, &["--fresh", "--progress-every", "0"]].concat());
+    let said = out.lines().filter(|l| l.starts_with("step ")).count();
+    assert!(!ok && said >= 1, "{out}");
+    assert!(out.contains(&format!("the loss became NaN at step {}", said + 1)), "{said} steps said: {out}");
+    for (file, aside) in common::RUN_FILES.iter().zip(common::SET_ASIDE) {
+        let kept = before[common::RUN_FILES.iter().position(|f| f == file).unwrap()].clone();
+        assert_eq!(std::fs::read(dir.join(aside)).unwrap(), kept, "{aside}");
+        assert!(
+            file == &"metrics.jsonl" || !dir.join(file).exists(),
+            "{file}: the earlier run's, left beside the new log"
+        );
+    }
+    let (ok, out) = pipetransformer(&[&base[..], &["--resume"]].concat());
+    assert!(
+        !ok && out.contains("no checkpoint to resume from") && out.contains("rename it to checkpoint.ckpt"),
+        "{out}"
+    );
+    drop(config);
+}
+
 /// A trace path that names the run's config file or a file the run writes in its folder (its
 /// checkpoint, through `..` too) is refused before the run starts, both left as they were;
 /// another file in the run's folder is the user's to name.
@@ -997,6 +1032,13 @@ fn a_run_folder_holds_one_run_and_its_log() {
     // And its checkpoint: a resume continues the second run, or (had it died before its
     // first checkpoint) none, never the first under the second's log.
     assert_eq!(std::fs::read(dir.join("checkpoint.previous.ckpt")).unwrap(), first);
+    let steps = |file: &str| {
+        let summary: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join(file)).unwrap()).unwrap();
+        summary["steps"].as_u64()
+    };
+    assert_eq!((steps("summary.json"), steps("summary.previous.json")), (Some(3), Some(2)), "each run's own summary");
+    assert!(dir.join("report.previous.html").is_file() && dir.join("model.previous/model.safetensors").is_file());
     let (ok, out) = train("5", "--resume");
     assert!(ok && out.contains("done: 5 steps (2 of them since step 3, in"), "{out}");
     assert_eq!(starts("metrics.jsonl"), [false, true], "a resumed run continues the log");

@@ -772,7 +772,7 @@ fn a_fresh_run_that_fails_at_its_first_step_loses_nothing() {
     assert!(err.contains("injected"), "{err}");
     assert_eq!(steps, 0);
     assert!(common::run_files(&dir) == before, "the earlier run's files were changed");
-    for aside in ["metrics.previous.jsonl", "checkpoint.previous.ckpt"] {
+    for aside in common::SET_ASIDE {
         assert!(!dir.join(aside).exists(), "{aside} was set aside");
     }
     let mut resumed = common::cpu_job(&config, 1, 1);

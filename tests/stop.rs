@@ -20,7 +20,7 @@ fn a_fresh_run_stopped_before_its_first_step_writes_nothing() {
     assert!(matches!(err, Err(Error::Interrupted { step: Some(0) })), "{err:?}");
     assert_eq!(steps, 0);
     assert!(common::run_files(&dir) == before, "the earlier run's files were changed");
-    for aside in ["metrics.previous.jsonl", "checkpoint.previous.ckpt"] {
+    for aside in common::SET_ASIDE {
         assert!(!dir.join(aside).exists(), "{aside} was set aside");
     }
 }

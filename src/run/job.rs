@@ -441,15 +441,29 @@ pub fn checkpoint_path(config: &RunConfig) -> PathBuf {
     config.output.dir.join("checkpoint.ckpt")
 }
 
-/// What a run writes in its folder, and whether each is a folder.
-const WRITTEN: [(&str, bool); 7] = [
+/// What a run writes in its folder, and whether each is a folder: its own files, then where a
+/// run that starts over sets the earlier run's aside ([`SET_ASIDE`]).
+const WRITTEN: [(&str, bool); 10] = [
     ("model", true),
     ("checkpoint.ckpt", false),
-    ("checkpoint.previous.ckpt", false),
     ("metrics.jsonl", false),
-    ("metrics.previous.jsonl", false),
     ("summary.json", false),
     ("report.html", false),
+    ("model.previous", true),
+    ("checkpoint.previous.ckpt", false),
+    ("metrics.previous.jsonl", false),
+    ("summary.previous.json", false),
+    ("report.previous.html", false),
+];
+
+/// The earlier run's files that a run starting over sets aside at its first step, and where:
+/// the log, and all that would otherwise describe the earlier run beside it.
+const SET_ASIDE: [(&str, &str); 5] = [
+    ("metrics.jsonl", "metrics.previous.jsonl"),
+    ("checkpoint.ckpt", "checkpoint.previous.ckpt"),
+    ("summary.json", "summary.previous.json"),
+    ("report.html", "report.previous.html"),
+    ("model", "model.previous"),
 ];
 
 /// A path in the run's folder `dir` that holds the other kind of thing than the run writes
@@ -463,6 +477,17 @@ fn in_the_way(dir: &Path) -> Option<String> {
             format!("{} is {is}, where the run writes {wants}: move it out of the way", path.display())
         })
     })
+}
+
+/// Where a run that started over set an earlier run's checkpoint aside in `dir`: how to resume
+/// that one instead (empty where there is none).
+fn set_aside_note(dir: &Path) -> String {
+    match dir.join("checkpoint.previous.ckpt").exists() {
+        true => "; checkpoint.previous.ckpt there is an earlier run's, set aside when a run started over in this \
+                 folder (its files are the *.previous ones): rename it to checkpoint.ckpt to resume that run"
+            .into(),
+        false => String::new(),
+    }
 }
 
 /// Why a Chrome trace written to `trace` when the run ends would overwrite a file the run
@@ -539,7 +564,10 @@ pub fn check_start(config: &RunConfig, resume: bool, fresh: bool, group: Option<
         }
         if resume && !ckpt.exists() {
             // Said before the data and model are built, not after.
-            return Err(config_error("output.dir", format!("no checkpoint to resume from at {}", ckpt.display())));
+            return Err(config_error(
+                "output.dir",
+                format!("no checkpoint to resume from at {}{}", ckpt.display(), set_aside_note(dir)),
+            ));
         }
         return Ok(());
     };
@@ -1308,10 +1336,12 @@ impl<D: Device> Job<D> {
     /// `summary.json`, `report.html` and the exported model to `output.dir/model/`.
     ///
     /// The output folder is [locked](files::lock_folder) while the run writes it: a second run
-    /// given the same folder is refused. A run that starts over (not resumed) moves an earlier
-    /// `metrics.jsonl` aside to `metrics.previous.jsonl` and an earlier `checkpoint.ckpt` to
-    /// `checkpoint.previous.ckpt` (replacing older ones there) once its first step is done, so
-    /// the log, and the report drawn from it, hold this run's events alone, a resume continues
+    /// given the same folder is refused. A run that starts over (not resumed) moves the earlier
+    /// run's files aside ([`SET_ASIDE`]: `metrics.jsonl` to `metrics.previous.jsonl`,
+    /// `checkpoint.ckpt` to `checkpoint.previous.ckpt`, and its summary, report and exported
+    /// model alike, replacing older ones there) once its first step is done, so the log, and
+    /// the report drawn from it, hold this run's events alone, nothing in the folder describes
+    /// the earlier run as this one's, a resume continues
     /// this run or none, and a run that fails or stops before its first step changes nothing
     /// (its lines are held until then). A call after one that failed goes on with its log (the
     /// trainer stands where the failure left it). A log that cannot be written ends the run at the
@@ -1341,12 +1371,11 @@ impl<D: Device> Job<D> {
         if self.metrics.get_mut().is_none() {
             let log = match writes {
                 false => MetricsLog::Sink,
-                true if !self.resumed => MetricsLog::starting_over(
-                    &metrics_path,
-                    out.join("metrics.previous.jsonl"),
-                    &self.checkpoint_path(),
-                    out.join("checkpoint.previous.ckpt"),
-                ),
+                true if !self.resumed => {
+                    let (log, others) = SET_ASIDE.split_first().expect("the log first");
+                    let others: Vec<_> = others.iter().map(|(from, to)| (out.join(from), out.join(to))).collect();
+                    MetricsLog::starting_over(&metrics_path, out.join(log.1), &others)
+                }
                 true => MetricsLog::continued(&metrics_path).map_err(|e| io_error(&metrics_path, e))?,
             };
             *self.metrics.get_mut() = Some(log);

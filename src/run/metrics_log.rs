@@ -32,16 +32,15 @@ impl MetricsLog {
     }
 
     /// The log at `path` of a run that starts over: at its first step the earlier run's log
-    /// (where not empty) moves to `log_aside` and its checkpoint (where there is one) to
-    /// `checkpoint_aside`, replacing older ones there.
-    pub(super) fn starting_over(path: &Path, log_aside: PathBuf, checkpoint: &Path, checkpoint_aside: PathBuf) -> Self {
+    /// (where not empty) and its other files (each of `aside`'s `from` that exists: its
+    /// checkpoint, summary, report, exported model) move to their `to`, replacing older ones
+    /// there.
+    pub(super) fn starting_over(path: &Path, log_aside: PathBuf, others: &[(PathBuf, PathBuf)]) -> Self {
         let mut aside = Vec::new();
         if path.metadata().is_ok_and(|m| m.len() > 0) {
             aside.push((path.to_path_buf(), log_aside));
         }
-        if checkpoint.exists() {
-            aside.push((checkpoint.to_path_buf(), checkpoint_aside));
-        }
+        aside.extend(others.iter().filter(|(from, _)| from.exists()).cloned());
         MetricsLog::Held { lines: Vec::new(), path: path.to_path_buf(), aside }
     }
 
@@ -69,6 +68,11 @@ impl MetricsLog {
     pub(super) fn set_aside(&mut self) -> io::Result<()> {
         let MetricsLog::Held { aside, .. } = self else { return Ok(()) };
         while let Some((from, to)) = aside.first() {
+            // (A folder, the exported model, replaces an older one aside only once that is gone.)
+            if from.is_dir() && to.is_dir() {
+                std::fs::remove_dir_all(to)
+                    .map_err(|e| io::Error::new(e.kind(), format!("removing the older {}: {e}", to.display())))?;
+            }
             std::fs::rename(from, to).map_err(|e| {
                 io::Error::new(e.kind(), format!("moving {} aside to {}: {e}", from.display(), to.display()))
             })?;
@@ -116,14 +120,15 @@ mod tests {
         let (log_aside, ckpt_aside) = (dir.join("metrics.previous.jsonl"), dir.join("checkpoint.previous.ckpt"));
         std::fs::write(&log, b"{\"earlier\":1}\n").unwrap();
         std::fs::write(&ckpt, b"weights").unwrap();
-        let mut m = MetricsLog::starting_over(&log, log_aside.clone(), &ckpt, ckpt_aside.clone());
+        let others = [(ckpt.clone(), ckpt_aside.clone())];
+        let mut m = MetricsLog::starting_over(&log, log_aside.clone(), &others);
         m.write_line(b"{\"start\":1}\n").unwrap();
         assert!(m.is_held());
         drop(m);
         assert_eq!(std::fs::read(&log).unwrap(), b"{\"earlier\":1}\n", "a run that stops before its first step");
         assert_eq!(std::fs::read(&ckpt).unwrap(), b"weights");
         assert!(!log_aside.exists() && !ckpt_aside.exists());
-        let mut m = MetricsLog::starting_over(&log, log_aside.clone(), &ckpt, ckpt_aside.clone());
+        let mut m = MetricsLog::starting_over(&log, log_aside.clone(), &others);
         m.write_line(b"{\"start\":2}\n").unwrap();
         m.open().unwrap();
         m.write_line(b"{\"step\":1}\n").unwrap();
@@ -138,7 +143,7 @@ mod tests {
         std::fs::write(&log, b"{\"second\":1}\n").unwrap();
         std::fs::remove_file(&log_aside).unwrap();
         std::fs::create_dir_all(log_aside.join("blocked")).unwrap();
-        let mut m = MetricsLog::starting_over(&log, log_aside.clone(), &ckpt, ckpt_aside.clone());
+        let mut m = MetricsLog::starting_over(&log, log_aside.clone(), &others);
         m.write_line(b"{\"start\":3}\n").unwrap();
         assert!(m.open().is_err() && m.open().is_err() && m.is_held());
         assert_eq!(std::fs::read(&log).unwrap(), b"{\"second\":1}\n");

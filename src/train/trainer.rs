@@ -262,7 +262,8 @@ impl<D: Device> Trainer<D> {
             };
             let report = self.pipeline.step_with(&host, &options)?;
             if !report.loss.is_finite() {
-                return Err(Error::Diverged { step, loss: report.loss });
+                // (Counted from 1, as the progress lines and metrics.jsonl count steps.)
+                return Err(Error::Diverged { step: step + 1, loss: report.loss });
             }
             // Asked in this process or, in a launched run, in any: every process learns it
             // from the step's own sums, so all stop after this same step (each on its own

@@ -221,8 +221,19 @@ pub fn cpu_job(
     pipetransformer::run::Job::new(devices, config.clone()).unwrap()
 }
 
-/// The files a run leaves that a later run must not lose: its log and its checkpoint.
-pub const RUN_FILES: [&str; 2] = ["metrics.jsonl", "checkpoint.ckpt"];
+/// The files a run leaves that a later run must not lose: its log, checkpoint, summary,
+/// report and exported weights.
+pub const RUN_FILES: [&str; 5] =
+    ["metrics.jsonl", "checkpoint.ckpt", "summary.json", "report.html", "model/model.safetensors"];
+
+/// Where a run that starts over sets [`RUN_FILES`] aside, in their order.
+pub const SET_ASIDE: [&str; 5] = [
+    "metrics.previous.jsonl",
+    "checkpoint.previous.ckpt",
+    "summary.previous.json",
+    "report.previous.html",
+    "model.previous/model.safetensors",
+];
 
 /// A two-step digits run done in `dir` (its files there, [`RUN_FILES`] among them), and its
 /// config for the runs after it; `None` where the dataset is not installed.
@@ -234,6 +245,6 @@ pub fn earlier_run(dir: &Path) -> Option<pipetransformer::run::RunConfig> {
 }
 
 /// The bytes of `dir`'s [`RUN_FILES`].
-pub fn run_files(dir: &Path) -> [Vec<u8>; 2] {
+pub fn run_files(dir: &Path) -> [Vec<u8>; 5] {
     RUN_FILES.map(|f| std::fs::read(dir.join(f)).unwrap())
 }
