@@ -188,20 +188,21 @@ impl Plan {
 
     /// TeraPipe's slicing (`slice`, for a pipeline config) of `config`'s pipeline, where its
     /// stages may recompute under a memory limit: planned for time first
-    /// ([`PipelineConfig::for_slicing`]), kept where a plan of the slices it gives (`lengths`)
-    /// meets the limit by recomputing, on the given `stages` or as cut afresh with the first
+    /// ([`PipelineConfig::for_slicing`]), kept where a plan of the slices it gives (`lengths_of`;
+    /// one slice for whole micro-batches tells the sequences' length) meets the limit by recomputing, on the given `stages` or as cut afresh with the first
     /// `pinned` units on the first; otherwise as for a run that does not recompute, the slicer
     /// held to the limit; where that refuses too, whole micro-batches (`None`) if they fit
     /// recomputing (a slice's arenas are kept, not recomputed, so slicing can need more), else
     /// a refusal naming the least limit that plans, whole or over the slices planned for time
-    /// (which can need less: a slice's backward regains only its own activations).
+    /// (which can need less: a slice's backward regains only its own activations), and the
+    /// fewest equal slices that fit, recomputing, where some do.
     pub fn recomputing_slicing<T>(
         config: &PipelineConfig,
         units: &[UnitProfile],
         pinned: usize,
         stages: Option<&[std::ops::Range<usize>]>,
         slice: impl Fn(&PipelineConfig) -> Result<T>,
-        lengths: impl Fn(&T) -> Vec<usize>,
+        lengths_of: impl Fn(&T) -> Vec<usize>,
     ) -> Result<Option<T>> {
         if config.recompute == Recompute::Off || config.memory_limit.is_none() {
             return slice(config).map(Some);
@@ -214,13 +215,21 @@ impl Plan {
                 None => Self::new(sliced, units, names, devices, pinned),
             }
         };
+        // (A list of one slice is whole micro-batches, and says how long the sequences are.)
+        let lengths = |t: &T| Some(lengths_of(t)).filter(|l| l.len() > 1).unwrap_or_default();
         let timed = slice(&config.for_slicing()).ok();
+        let seq = timed.as_ref().map(|t| lengths_of(t).iter().sum::<usize>()).filter(|&n| n > 0);
         let timed_lengths = timed.as_ref().map(&lengths);
         if let Some(timed) = timed.filter(|t| plan(lengths(t)).is_ok()) {
             return Ok(Some(timed));
         }
+        // (The slicer's memory model and the partition's can part: a slicing it holds to the
+        // limit is kept only where a plan of it fits.)
         let refused = match slice(config) {
-            Ok(held) => return Ok(Some(held)),
+            Ok(held) => match plan(lengths(&held)) {
+                Ok(_) => return Ok(Some(held)),
+                Err(e) => e,
+            },
             Err(refused) => refused,
         };
         let whole = match plan(Vec::new()) {
@@ -237,16 +246,27 @@ impl Plan {
         let least = |token_slices: Vec<usize>| {
             Self::least_limit(&PipelineConfig { token_slices, ..config.clone() }, units, pinned, stages)
         };
+        // The slicer plans for time, or holds every activation to the limit; more slices of
+        // equal length, each recomputing its own, may fit where neither does: the fewest that
+        // do are named, as a setting to give.
+        let equal = seq.and_then(|seq| (2..=seq).find(|&n| plan(uniform_slices(seq, n)).is_ok()));
+        let hint = equal.map_or(String::new(), |n| {
+            format!("; {n} token slices of equal length fit, recomputing: --token-slices {n}")
+        });
+        let hinted = |e: Error| match e {
+            Error::Config { field, message } => Error::Config { field, message: message + &hint },
+            e => e,
+        };
         match timed_lengths.and_then(|l| Some((least(l.clone())?, l))).zip(least(Vec::new())) {
             Some(((sliced, lengths), whole)) if sliced < whole => Err(config_error(
                 "memory_limit",
                 format!(
                     "no plan fits in {} bytes per device, recomputing: the token slices planned for time, \
-                     {lengths:?}, need {sliced} bytes, whole micro-batches {whole} bytes",
+                     {lengths:?}, need {sliced} bytes, whole micro-batches {whole} bytes{hint}",
                     config.memory_limit.unwrap_or(0)
                 ),
             )),
-            _ => Err(whole),
+            _ => Err(hinted(whole)),
         }
     }
 
@@ -421,6 +441,12 @@ impl Plan {
     pub fn simulate(&self) -> Result<Simulation> {
         simulate(&self.schedule, &CostModel::from_stage_times(self, Link::INSTANT))
     }
+}
+
+/// `n` near-equal token-slice lengths adding up to `seq` (the first `seq mod n` one longer):
+/// what `--token-slices N` asks for.
+pub fn uniform_slices(seq: usize, n: usize) -> Vec<usize> {
+    (0..n).map(|i| seq / n + usize::from(i < seq % n)).collect()
 }
 
 /// [`partition`] within `limit` bytes per device. With one stage per device that is the
@@ -836,6 +862,11 @@ mod tests {
             assert!(refused.as_ref().is_err_and(|e| e.contains("5400 bytes")), "{stages:?}: {refused:?}");
             let (off, asked) = run(Recompute::Off, 6600);
             assert!(off.is_err_and(|e| e.contains("no slicing")) && asked == [Some(6600)], "{stages:?}");
+            // A slicer whose own memory model passes [2, 2] under the limit is not taken at its
+            // word: the plan of its slices must fit (here whole micro-batches do).
+            let lax = |_: &PipelineConfig| Ok(vec![2, 2]);
+            let got = Plan::recomputing_slicing(&config(Recompute::Auto, 6599), &units, 0, stages, lax, Vec::clone);
+            assert_eq!(got.map_err(|e| e.to_string()), Ok(None), "{stages:?}");
         }
         // Without arenas (no attention), a slice regains half a micro-batch's activations:
         // sliced, the stages need 4400 B recomputing, less than whole micro-batches' 5400 B,
@@ -849,7 +880,31 @@ mod tests {
             let e = run(4399).unwrap_err().to_string();
             let want = "the token slices planned for time, [2, 2], need 4400 bytes, whole micro-batches 5400 bytes";
             assert!(e.contains(want), "{stages:?}: {e}");
+            // More slices regain less each: the refusal names the fewest equal ones that fit,
+            // and a plan of them does fit.
+            assert!(
+                e.ends_with("; 4 token slices of equal length fit, recomputing: --token-slices 4"),
+                "{stages:?}: {e}"
+            );
+            let with = |token_slices: Vec<usize>| {
+                let c = PipelineConfig { token_slices, ..config(Recompute::Auto, 4399) };
+                Plan::new(c, units, vec![String::new(); 4], 2, 0)
+            };
+            assert!(with(vec![1, 1, 1, 1]).is_ok() && with(vec![2, 1, 1]).is_err());
         }
+        // A slicer that plans for time keeps them whole (one slice: the sequence's length):
+        // the hint still finds the equal slices that fit where whole micro-batches do not.
+        let whole_for_time = |c: &PipelineConfig| match c.memory_limit {
+            None => Ok(vec![4]),
+            Some(_) => Err(config_error("memory_limit", "no slicing meets the memory limit")),
+        };
+        let e = Plan::recomputing_slicing(&config(Recompute::Auto, 4399), units, 0, None, whole_for_time, Vec::clone)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("5400 bytes") && e.ends_with("--token-slices 4"), "{e}");
+        let fits =
+            Plan::recomputing_slicing(&config(Recompute::Auto, 5400), units, 0, None, whole_for_time, Vec::clone);
+        assert_eq!(fits.map_err(|e| e.to_string()), Ok(Some(vec![4])), "whole, as planned for time");
     }
 
     /// TeraPipe's slicing is planned for the stages cut on time; where the slicer refuses those

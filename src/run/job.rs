@@ -791,7 +791,9 @@ fn token_slices<D: Device>(
     let slice =
         |c: &PipelineConfig| Plan::slice_cut(c, units, pinned, |s| profile.plan_stages(c, micro.batch, units, s));
     // (None: no slicing fits, but whole micro-batches do, recomputing.)
-    let Some((planned, stage)) = Plan::recomputing_slicing(plan, units, pinned, None, slice, |(p, _)| lengths(p))?
+    let Some((planned, stage)) = Plan::recomputing_slicing(plan, units, pinned, None, slice, |(p, _)| {
+        p.micro_batches.first().map(|m| m.slices.clone()).unwrap_or_default()
+    })?
     else {
         return Ok((Vec::new(), None));
     };

@@ -3,6 +3,8 @@
 //! lengths a request means for a sequence of a given length.
 
 use crate::error::{Error, Result, config_error};
+/// `n` near-equal lengths adding up to `seq` (the pipeline's planner needs it too: it lives there).
+pub use crate::pipeline::plan::uniform_slices as uniform;
 use std::fmt;
 use std::str::FromStr;
 
@@ -136,11 +138,6 @@ impl TokenSlices {
             }
         }
     }
-}
-
-/// `n` near-equal lengths adding up to `seq` (the first `seq mod n` one longer).
-pub fn uniform(seq: usize, n: usize) -> Vec<usize> {
-    (0..n).map(|i| seq / n + usize::from(i < seq % n)).collect()
 }
 
 #[cfg(test)]
