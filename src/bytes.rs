@@ -30,6 +30,23 @@ pub fn parse(s: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("`{s}` is more bytes than this machine can count (at most {} bytes)", usize::MAX))
 }
 
+/// A byte count for people to read, in the largest binary unit it holds one of: `0 B`,
+/// `512 B`, `16.0 KiB`, `1.5 MiB`, `2.0 GiB` (so a small count never prints as `0.0 MiB`).
+pub fn display(n: usize) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    let (mut value, mut unit) = (n as f64, None);
+    for u in UNITS {
+        if value < 1024.0 {
+            break;
+        }
+        (value, unit) = (value / 1024.0, Some(u));
+    }
+    match unit {
+        None => format!("{n} B"),
+        Some(u) => format!("{value:.1} {u}"),
+    }
+}
+
 /// Reads a byte count written as a whole number or as text with a unit ([`parse`]); for
 /// `#[serde(deserialize_with = "crate::bytes::deserialize")]`.
 pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
@@ -97,6 +114,17 @@ mod tests {
         cap: usize,
         #[serde(default, deserialize_with = "deserialize_option")]
         limit: Option<usize>,
+    }
+
+    /// Printed in the largest unit the count holds one of.
+    #[test]
+    fn counts_print_in_the_unit_they_fill() {
+        let cases = [(0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (16384, "16.0 KiB"), (3 << 19, "1.5 MiB")];
+        for (n, want) in cases {
+            assert_eq!(display(n), want);
+        }
+        assert_eq!(display(2 << 30), "2.0 GiB");
+        assert_eq!(display(5 << 40), "5.0 TiB");
     }
 
     #[test]

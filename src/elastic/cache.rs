@@ -164,6 +164,12 @@ impl ActivationCache {
                 format!("{cap} bytes cannot hold one batch ({batch_bytes} bytes); raise it or turn the cache off"),
             ));
         }
+        if dir.exists() && !dir.is_dir() {
+            return Err(config_error(
+                "elastic.cache_dir",
+                format!("{} is a file; expected a folder for the cache's spill file", dir.display()),
+            ));
+        }
         // Folders made only for this check go again (the spill file is unlinked at once, and
         // its folder made again if it is ever replaced): a run refused before it trains, or
         // `plan`, leaves no empty folder behind.
@@ -459,5 +465,8 @@ mod tests {
         std::fs::write(&file, b"x").unwrap();
         let e = ActivationCache::new(4, CacheDtype::F32, 1 << 20, 0, &file.join("sub")).err().unwrap().to_string();
         assert!(e.contains("elastic.cache_dir") && e.contains("cannot be written"), "{e}");
+        let e = ActivationCache::new(4, CacheDtype::F32, 1 << 20, 0, &file).err().unwrap().to_string();
+        assert!(e.contains("elastic.cache_dir") && e.contains("is a file; expected a folder"), "{e}");
+        assert_eq!(std::fs::read(&file).unwrap(), b"x");
     }
 }

@@ -65,15 +65,14 @@ impl ProgressLines {
 /// The console's line for a run's event other than a step (steps go to the bar or to
 /// [`ProgressLines`]): an epoch's or a mid-epoch evaluation, a transition, the cache's epoch.
 pub fn event_line(event: &Event) -> Option<String> {
-    const MIB: f64 = (1 << 20) as f64;
     match event {
         Event::Epoch { epoch, eval, .. } => Some(format!("epoch {epoch}: eval {eval}")),
         Event::Eval { step, epoch, eval, .. } => Some(format!("step {step} (epoch {epoch}): eval {eval}")),
         Event::Transition(t) => Some(t.to_string()),
         Event::Cache { epoch, hits, misses, entries, memory_bytes, disk_bytes } => Some(format!(
-            "epoch {epoch}: cache {hits} hits / {misses} misses, {entries} samples, {:.1} MiB in memory, {:.1} MiB on disk",
-            *memory_bytes as f64 / MIB,
-            *disk_bytes as f64 / MIB
+            "epoch {epoch}: cache {hits} hits / {misses} misses, {entries} samples, {} in memory, {} on disk",
+            crate::bytes::display(*memory_bytes),
+            crate::bytes::display(*disk_bytes)
         )),
         Event::Start { .. } | Event::Step { .. } => None,
     }
@@ -172,7 +171,7 @@ mod tests {
         let kept = Transition { stages_before: t.stages.clone(), ..t };
         assert!(line(Event::Transition(kept)).contains(", stages [5..9, 9..14], cache on"));
         let cache = Event::Cache { epoch: 1, hits: 30, misses: 2, entries: 32, memory_bytes: 3 << 19, disk_bytes: 0 };
-        assert_eq!(line(cache), "epoch 1: cache 30 hits / 2 misses, 32 samples, 1.5 MiB in memory, 0.0 MiB on disk");
+        assert_eq!(line(cache), "epoch 1: cache 30 hits / 2 misses, 32 samples, 1.5 MiB in memory, 0 B on disk");
         assert_eq!(
             event_line(&Event::Start { resumed: false, step: 0, devices: vec![], plan: Default::default() }),
             None
