@@ -981,8 +981,19 @@ fn plan(mut config: RunConfig) -> Result<()> {
     }
     if let Some(slicing) = &job.slicing {
         print!("{}", planned_slicing(slicing, &job.trainer.pipeline.plan().config));
+    } else if job.config.pipeline.token_slices == pipetransformer::terapipe::TokenSlices::Auto {
+        println!("{}", whole_under_auto(&job.trainer.pipeline.plan().config));
     }
     Ok(())
+}
+
+/// Why `auto` slicing planned nothing for the plan in force: its micro-batches run whole.
+fn whole_under_auto(plan: &pipetransformer::pipeline::PipelineConfig) -> String {
+    match plan.pipeline_len {
+        1 => "token slices: none (`auto` on one stage: it has no fill or drain for slices to shorten)".into(),
+        _ => "token slices: none (`auto`: no slicing fits the memory limit, and whole micro-batches do, recomputing)"
+            .into(),
+    }
 }
 
 /// What `auto` planned, and how to keep it while the plan in force runs it (`in_force`: an
@@ -1072,6 +1083,10 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
     println!("communicator: {}", job.communicator);
     if let Some(slicing) = &job.slicing {
         print!("{}", planned_slicing(slicing, &job.trainer.pipeline.plan().config));
+    } else if job.config.pipeline.token_slices == pipetransformer::terapipe::TokenSlices::Auto
+        && job.trainer.pipeline.plan().config.token_slices.is_empty()
+    {
+        println!("{}", whole_under_auto(&job.trainer.pipeline.plan().config));
     }
     if run.trace.is_some() {
         job.trainer.trace = Some(Default::default());

@@ -119,6 +119,12 @@ fn an_auto_slicing_says_how_to_keep_it() {
     // (by FLOPs, as `plan` costs the units).
     let stage = "token slices (planned from this machine's layer latency, for the slowest stage: 2.00 layers, ends 0.";
     assert!(ok && auto.contains(stage), "{auto}");
+    // On one stage `auto` keeps micro-batches whole, and says why; an empty slicing is refused.
+    let one = ["plan", "--config", "configs/gpt-hamlet.toml", "--token-slices", "auto"];
+    let (ok, out) = pipetransformer(&one);
+    assert!(ok && out.contains("token slices: none (`auto` on one stage"), "{out}");
+    let (ok, out) = pipetransformer(&[&plan[..], &["--token-slices", ""]].concat());
+    assert!(!ok && out.contains("pipeline.token_slices") && out.contains("an empty slicing"), "{out}");
     let schedule = |out: &str| out.lines().filter(|l| l.starts_with("device ")).map(str::to_owned).collect::<Vec<_>>();
     let Some(kept) = auto.split("(--token-slices ").nth(1).and_then(|rest| rest.split(' ').next()) else {
         assert!(auto.contains("unsliced"), "a sliced plan names its lengths: {auto}");

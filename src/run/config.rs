@@ -457,6 +457,24 @@ impl RunConfig {
                 config.train.min_lr
             ));
         }
+        if config.pipeline.recompute == crate::pipeline::Recompute::Auto && config.pipeline.memory_limit.is_none() {
+            warnings.push(
+                "pipeline.recompute = \"auto\" recomputes only where pipeline.memory_limit needs it, and none is set: \
+                 it has no effect (\"all\" recomputes every stage)"
+                    .into(),
+            );
+        }
+        if config.elastic.freeze != crate::elastic::FreezeName::Off
+            && let crate::elastic::FreezeInterval::Steps(n) = config.elastic.freeze_interval
+            && config.train.max_steps > 0
+            && n >= config.train.max_steps
+        {
+            warnings.push(format!(
+                "elastic.freeze_interval = {n} steps is as long as the run or longer (train.max_steps = {}): the \
+                 freeze rule runs at its last step at the earliest, and no step trains with a layer frozen",
+                config.train.max_steps
+            ));
+        }
         warnings.extend(config.idle_resources());
         Ok(RunConfig { warnings, ..config })
     }
@@ -918,6 +936,19 @@ dir = "runs/x"
         let c =
             RunConfig::parse(BASE, "base", &["train.decay=\"constant\"".into(), "train.min_lr=1e-5".into()]).unwrap();
         assert!(c.warnings.iter().any(|w| w.starts_with("train.min_lr = 0.00001 has no effect")), "{:?}", c.warnings);
+        // Recomputing `auto` without a memory limit, and a freeze rule that cannot run before
+        // the run's end, are named; with a limit, or a shorter interval, they are not.
+        let warned = |sets: &[&str], start: &str| {
+            let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+            RunConfig::parse(BASE, "base", &sets).unwrap().warnings.iter().any(|w| w.starts_with(start))
+        };
+        let auto = "pipeline.recompute = \"auto\" recomputes only where pipeline.memory_limit needs it";
+        assert!(warned(&["pipeline.recompute=\"auto\""], auto));
+        assert!(!warned(&["pipeline.recompute=\"auto\"", "pipeline.memory_limit=\"1GiB\""], auto));
+        let freeze = ["elastic.freeze=\"eq1\"", "train.max_steps=12"];
+        let long = "elastic.freeze_interval = 12 steps is as long as the run or longer";
+        assert!(warned(&[&freeze[..], &["elastic.freeze_interval=12"]].concat(), long));
+        assert!(!warned(&[&freeze[..], &["elastic.freeze_interval=11"]].concat(), "elastic.freeze_interval"));
         // A bare `none` unsets an optional setting that the file set.
         let mut table: toml::Table = "[pipeline]\nmemory_limit = 5\n".parse().unwrap();
         apply_override(&mut table, "pipeline.memory_limit=none").unwrap();

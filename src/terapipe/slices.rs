@@ -29,7 +29,8 @@ impl FromStr for TokenSlices {
     fn from_str(s: &str) -> Result<Self> {
         let bad = |message: String| Err(config_error("pipeline.token_slices", message));
         match s.trim() {
-            "" | "off" => Ok(TokenSlices::Off),
+            "off" => Ok(TokenSlices::Off),
+            "" => bad(format!("an empty slicing; {EXPECTED}")),
             "auto" => Ok(TokenSlices::Auto),
             "0" => bad(format!("`0` slices: every sequence is at least one slice ({EXPECTED}; `off` for none)")),
             text => {
@@ -171,9 +172,13 @@ mod tests {
 
     #[test]
     fn bad_requests_name_what_is_wrong() {
-        for (text, needle) in
-            [("3,0,5", "zero-length"), ("two", "`two` is not a length"), ("4,x", "`x` is not"), ("0", "`0` slices")]
-        {
+        for (text, needle) in [
+            ("3,0,5", "zero-length"),
+            ("two", "`two` is not a length"),
+            ("4,x", "`x` is not"),
+            ("0", "`0` slices"),
+            (" ", "an empty slicing"),
+        ] {
             let err = text.parse::<TokenSlices>().unwrap_err().to_string();
             assert!(err.contains("token_slices") && err.contains(needle), "{text}: {err}");
         }
