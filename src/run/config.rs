@@ -413,8 +413,12 @@ impl RunConfig {
                 let mut t = file.clone();
                 for o in overrides {
                     if apply_override(&mut t, o).is_ok() && convert(&t).is_err() {
-                        let key = o.split_once('=').map_or(o.as_str(), |(k, _)| k.trim());
-                        let message = name_the_choices(message, &t, key, &convert);
+                        let (key, value) = o.split_once('=').map_or((o.as_str(), ""), |(k, v)| (k.trim(), v.trim()));
+                        let message = match value == "none" && message.starts_with("missing field") {
+                            // (Unset by a bare `none`: the setting has no default to fall back on.)
+                            true => format!("`none` unsets {key}, which has no default: give it a value"),
+                            false => name_the_choices(message, &t, key, &convert),
+                        };
                         return Error::Config { field: format!("--set {key}"), message };
                     }
                 }
@@ -718,6 +722,16 @@ fn apply_override(table: &mut toml::Table, assignment: &str) -> Result<()> {
     }
     let value: toml::Value = match format!("v = {}", value.trim()).parse::<toml::Table>() {
         Ok(mut t) => t.remove("v").unwrap_or_else(|| toml::Value::String(value.trim().into())),
+        // A whole number TOML cannot hold would otherwise read as text, and be refused as the
+        // wrong type.
+        Err(_) if is_too_large_integer(value.trim()) => {
+            return Err(set_error(format!(
+                "`{assignment}`: {} is beyond a TOML integer's range ({} to {})",
+                value.trim(),
+                i64::MIN,
+                i64::MAX
+            )));
+        }
         Err(_) => toml::Value::String(value.trim().into()),
     };
     let mut node = table;
@@ -734,6 +748,14 @@ fn apply_override(table: &mut toml::Table, assignment: &str) -> Result<()> {
         value => drop(node.insert(last, value)),
     }
     Ok(())
+}
+
+/// Whether `text` is a whole number (a sign before, `_` between digits) too large for TOML's
+/// 64-bit integers.
+fn is_too_large_integer(text: &str) -> bool {
+    let digits = text.strip_prefix(['+', '-']).unwrap_or(text).replace('_', "");
+    let whole = !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit()) && !digits.starts_with('0');
+    whole && digits.parse::<i64>().is_err()
 }
 
 /// Whether the value of `key=value` is written in quotes (`"none"` is the text, `none` unset).
@@ -949,6 +971,18 @@ dir = "runs/x"
         let long = "elastic.freeze_interval = 12 steps is as long as the run or longer";
         assert!(warned(&[&freeze[..], &["elastic.freeze_interval=12"]].concat(), long));
         assert!(!warned(&[&freeze[..], &["elastic.freeze_interval=11"]].concat(), "elastic.freeze_interval"));
+        // A whole number beyond TOML's integers is named as such, not as text of the wrong
+        // type; a bare `none` on a setting without a default says so.
+        let err =
+            RunConfig::parse(BASE, "base", &["train.epochs=18446744073709551615".into()]).unwrap_err().to_string();
+        assert!(err.contains("18446744073709551615 is beyond a TOML integer's range"), "{err}");
+        let err = RunConfig::parse(BASE, "base", &["train.epochs=007".into()]).unwrap_err().to_string();
+        assert!(!err.contains("beyond") && err.contains("--set train.epochs"), "{err}");
+        let err = RunConfig::parse(BASE, "base", &["data.batch_size=none".into()]).unwrap_err().to_string();
+        assert!(
+            err.contains("--set data.batch_size") && err.contains("which has no default: give it a value"),
+            "{err}"
+        );
         // A bare `none` unsets an optional setting that the file set.
         let mut table: toml::Table = "[pipeline]\nmemory_limit = 5\n".parse().unwrap();
         apply_override(&mut table, "pipeline.memory_limit=none").unwrap();
