@@ -981,6 +981,12 @@ fn plan(mut config: RunConfig) -> Result<()> {
     }
     if let Some(slicing) = &job.slicing {
         print!("{}", planned_slicing(slicing, &job.trainer.pipeline.plan().config));
+        if !measured {
+            println!(
+                "  (the slicing's times are measured on this machine; the plan's above are FLOPs at the nominal rate: \
+                 compare each with its own kind)"
+            );
+        }
     } else if job.config.pipeline.token_slices == pipetransformer::terapipe::TokenSlices::Auto {
         println!("{}", whole_under_auto(&job.trainer.pipeline.plan().config));
     }

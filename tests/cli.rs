@@ -119,6 +119,8 @@ fn an_auto_slicing_says_how_to_keep_it() {
     // (by FLOPs, as `plan` costs the units).
     let stage = "token slices (planned from this machine's layer latency, for the slowest stage: 2.00 layers, ends 0.";
     assert!(ok && auto.contains(stage), "{auto}");
+    // Its times are measured; the plan's table, here, nominal FLOPs: the output says so.
+    assert!(auto.contains("the slicing's times are measured on this machine; the plan's above are FLOPs"), "{auto}");
     // On one stage `auto` keeps micro-batches whole, and says why; an empty slicing is refused.
     let one = ["plan", "--config", "configs/gpt-hamlet.toml", "--token-slices", "auto"];
     let (ok, out) = pipetransformer(&one);
