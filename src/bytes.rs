@@ -30,9 +30,10 @@ pub fn parse(s: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("`{s}` is more bytes than this machine can count (at most {} bytes)", usize::MAX))
 }
 
-/// A byte count for people to read, in the largest binary unit it holds one of: `0 B`,
-/// `512 B`, `16.0 KiB`, `1.5 MiB`, `2.0 GiB` (so a small count never prints as `0.0 MiB`).
-pub fn display(n: usize) -> String {
+/// A byte count for people to read, in the largest binary unit it holds one of, to
+/// `decimals` places: `0 B`, `512 B`, `16.0 KiB`, `1.5 MiB`, `2.0 GiB` at 1 (so a small count
+/// never prints as `0.0 MiB`).
+pub fn display(n: usize, decimals: usize) -> String {
     const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
     let (mut value, mut unit) = (n as f64, None);
     for u in UNITS {
@@ -43,7 +44,7 @@ pub fn display(n: usize) -> String {
     }
     match unit {
         None => format!("{n} B"),
-        Some(u) => format!("{value:.1} {u}"),
+        Some(u) => format!("{value:.decimals$} {u}"),
     }
 }
 
@@ -121,10 +122,11 @@ mod tests {
     fn counts_print_in_the_unit_they_fill() {
         let cases = [(0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (16384, "16.0 KiB"), (3 << 19, "1.5 MiB")];
         for (n, want) in cases {
-            assert_eq!(display(n), want);
+            assert_eq!(display(n, 1), want);
         }
-        assert_eq!(display(2 << 30), "2.0 GiB");
-        assert_eq!(display(5 << 40), "5.0 TiB");
+        assert_eq!(display(2 << 30, 1), "2.0 GiB");
+        assert_eq!(display(5 << 40, 1), "5.0 TiB");
+        assert_eq!((display(1536, 3), display(1000, 3)), ("1.500 KiB".into(), "1000 B".into()));
     }
 
     #[test]

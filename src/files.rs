@@ -80,6 +80,9 @@ impl Drop for Scratch {
     }
 }
 
+/// The file in a run's folder that [`lock_folder`] holds.
+pub const LOCK_FILE: &str = ".lock";
+
 /// Takes `dir/.lock` (an advisory lock the kernel releases when the returned file is dropped
 /// or the process ends, however it ends) so that two runs never write one folder at once: the
 /// second is refused, naming the first's process, instead of interleaving its metrics and
@@ -87,7 +90,7 @@ impl Drop for Scratch {
 /// that died mid-write there.
 pub fn lock_folder(dir: &Path) -> Result<File> {
     use std::io::{Read, Seek, Write};
-    let path = dir.join(".lock");
+    let path = dir.join(LOCK_FILE);
     let mut file = File::options()
         .read(true)
         .write(true)

@@ -1091,6 +1091,7 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
         print!("{}", planned_slicing(slicing, &job.trainer.pipeline.plan().config));
     } else if job.config.pipeline.token_slices == pipetransformer::terapipe::TokenSlices::Auto
         && job.trainer.pipeline.plan().config.token_slices.is_empty()
+        && !run.resume
     {
         println!("{}", whole_under_auto(&job.trainer.pipeline.plan().config));
     }

@@ -121,6 +121,19 @@ fn an_auto_slicing_says_how_to_keep_it() {
     assert!(ok && auto.contains(stage), "{auto}");
     // Its times are measured; the plan's table, here, nominal FLOPs: the output says so.
     assert!(auto.contains("the slicing's times are measured on this machine; the plan's above are FLOPs"), "{auto}");
+    // Under a memory limit that no slicing `auto` plans meets, recomputing, the refusal names
+    // the fewest equal slices that fit, and they plan.
+    let tiny = ["model.config.n_embd=32", "model.config.n_layer=2", "model.config.n_head=2", "data.max_len=32"];
+    let mut small = vec!["plan", "--config", "configs/gpt-hamlet.toml", "--devices", "2", "--micro-batches", "2"];
+    for set in tiny.iter().chain(&["data.batch_size=4"]) {
+        small.extend(["--set", set]);
+    }
+    small.extend(["--schedule", "gpipe", "--memory-limit", "400KiB", "--recompute", "auto", "--token-slices"]);
+    let (ok, out) = pipetransformer(&[&small[..], &["auto"]].concat());
+    let n = out.split("token slices of equal length fit, recomputing: --token-slices ").nth(1).map(str::trim);
+    let n = n.and_then(|t| t.split_whitespace().next()).filter(|_| !ok).unwrap_or_else(|| panic!("{out}"));
+    let (ok, out) = pipetransformer(&[&small[..], &[n]].concat());
+    assert!(ok && out.contains("recomputes"), "--token-slices {n}: {out}");
     // On one stage `auto` keeps micro-batches whole, and says why; an empty slicing is refused.
     let one = ["plan", "--config", "configs/gpt-hamlet.toml", "--token-slices", "auto"];
     let (ok, out) = pipetransformer(&one);
@@ -965,10 +978,10 @@ fn a_fresh_run_that_diverges_after_its_first_step_leaves_its_folder_consistent()
         );
     }
     let (ok, out) = pipetransformer(&[&base[..], &["--resume"]].concat());
-    assert!(
-        !ok && out.contains("no checkpoint to resume from") && out.contains("rename it to checkpoint.ckpt"),
-        "{out}"
-    );
+    let back = "move each back to its own name (metrics.previous.jsonl → metrics.jsonl, checkpoint.previous.ckpt → \
+                checkpoint.ckpt, summary.previous.json → summary.json, report.previous.html → report.html, \
+                model.previous → model)";
+    assert!(!ok && out.contains("no checkpoint to resume from") && out.contains(back), "{out}");
     drop(config);
 }
 

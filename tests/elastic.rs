@@ -1047,6 +1047,25 @@ fn a_pipeline_lengthened_again_runs_the_schedule_the_run_asked_for() {
     }
 }
 
+/// A checkpoint from before the plan a run asked for was recorded resumes with the plan this
+/// run asks for (so a pipeline lengthened again runs its schedule); one that recorded it keeps
+/// its own.
+#[test]
+fn a_checkpoint_without_the_asked_plan_takes_the_runs() {
+    let dir = scratch("asked-restore");
+    let zb = PipelineConfig { pipeline_len: 2, schedule: ScheduleKind::ZeroBubble, ..Default::default() };
+    let mut earlier = Elastic::new(ElasticConfig::default(), surroundings(&bert()), &dir).unwrap();
+    let mut old = earlier.state();
+    old.as_object_mut().unwrap().remove("asked");
+    let mut resumed = Elastic::new(ElasticConfig::default(), surroundings(&bert()), &dir).unwrap();
+    resumed.ask_for(zb.clone());
+    resumed.restore(old).unwrap();
+    assert_eq!(resumed.state()["asked"]["schedule"], "zb-h1");
+    earlier.ask_for(PipelineConfig { schedule: ScheduleKind::Gpipe, ..zb });
+    resumed.restore(earlier.state()).unwrap();
+    assert_eq!(resumed.state()["asked"]["schedule"], "gpipe");
+}
+
 /// A step whose gradient norm was not finite (the optimizer skipped it) leaves the freeze
 /// rule's interval as it was, so the controller's state stays finite and resumable; an
 /// applied step is counted. The state resumes only under the rule, α, interval and settling

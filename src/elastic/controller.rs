@@ -250,6 +250,12 @@ impl Elastic {
         self.slicer = Some(slicer);
     }
 
+    /// The plan the run asks for ([`start`](Self::start) takes the plan in force instead): what a
+    /// checkpoint from before the asked plan was recorded resumes with.
+    pub fn ask_for(&mut self, plan: crate::pipeline::PipelineConfig) {
+        self.asked = Some(plan);
+    }
+
     /// The token slices `config`'s shape runs with micro-batches of `samples` sequences over
     /// units costing `units`, cut into `stages`: the slicer's plan ([`sliced_by`]), or
     /// `config`'s.
@@ -435,7 +441,8 @@ impl Elastic {
             (self.tuning_from, self.tuning_slices) = (from, s.tuning_slices);
         }
         self.around.initial_replicas = s.initial_replicas.unwrap_or(self.around.initial_replicas);
-        self.asked = s.asked;
+        // (A checkpoint from before it was recorded: the plan this run asks for.)
+        self.asked = s.asked.or(self.asked.take());
         self.shape_trial = s.shape_trial.filter(|_| self.config.auto_pipe && self.config.time_pipeline_len);
         self.cache_on = s.cache_on && self.cache.is_some();
         if let Some(c) = &mut self.cache {

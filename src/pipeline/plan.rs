@@ -188,21 +188,22 @@ impl Plan {
 
     /// TeraPipe's slicing (`slice`, for a pipeline config) of `config`'s pipeline, where its
     /// stages may recompute under a memory limit: planned for time first
-    /// ([`PipelineConfig::for_slicing`]), kept where a plan of the slices it gives (`lengths_of`;
-    /// one slice for whole micro-batches tells the sequences' length) meets the limit by recomputing, on the given `stages` or as cut afresh with the first
+    /// ([`PipelineConfig::for_slicing`]), kept where a plan of the slices it gives (`lengths`)
+    /// meets the limit by recomputing, on the given `stages` or as cut afresh with the first
     /// `pinned` units on the first; otherwise as for a run that does not recompute, the slicer
     /// held to the limit; where that refuses too, whole micro-batches (`None`) if they fit
     /// recomputing (a slice's arenas are kept, not recomputed, so slicing can need more), else
     /// a refusal naming the least limit that plans, whole or over the slices planned for time
-    /// (which can need less: a slice's backward regains only its own activations), and the
-    /// fewest equal slices that fit, recomputing, where some do.
+    /// (which can need less: a slice's backward regains only its own activations). A slicing
+    /// the slicer holds to the limit is kept only where a plan of it fits: the slicer's memory
+    /// model and the partition's can part.
     pub fn recomputing_slicing<T>(
         config: &PipelineConfig,
         units: &[UnitProfile],
         pinned: usize,
         stages: Option<&[std::ops::Range<usize>]>,
         slice: impl Fn(&PipelineConfig) -> Result<T>,
-        lengths_of: impl Fn(&T) -> Vec<usize>,
+        lengths: impl Fn(&T) -> Vec<usize>,
     ) -> Result<Option<T>> {
         if config.recompute == Recompute::Off || config.memory_limit.is_none() {
             return slice(config).map(Some);
@@ -215,16 +216,11 @@ impl Plan {
                 None => Self::new(sliced, units, names, devices, pinned),
             }
         };
-        // (A list of one slice is whole micro-batches, and says how long the sequences are.)
-        let lengths = |t: &T| Some(lengths_of(t)).filter(|l| l.len() > 1).unwrap_or_default();
         let timed = slice(&config.for_slicing()).ok();
-        let seq = timed.as_ref().map(|t| lengths_of(t).iter().sum::<usize>()).filter(|&n| n > 0);
         let timed_lengths = timed.as_ref().map(&lengths);
         if let Some(timed) = timed.filter(|t| plan(lengths(t)).is_ok()) {
             return Ok(Some(timed));
         }
-        // (The slicer's memory model and the partition's can part: a slicing it holds to the
-        // limit is kept only where a plan of it fits.)
         let refused = match slice(config) {
             Ok(held) => match plan(lengths(&held)) {
                 Ok(_) => return Ok(Some(held)),
@@ -246,28 +242,35 @@ impl Plan {
         let least = |token_slices: Vec<usize>| {
             Self::least_limit(&PipelineConfig { token_slices, ..config.clone() }, units, pinned, stages)
         };
-        // The slicer plans for time, or holds every activation to the limit; more slices of
-        // equal length, each recomputing its own, may fit where neither does: the fewest that
-        // do are named, as a setting to give.
-        let equal = seq.and_then(|seq| (2..=seq).find(|&n| plan(uniform_slices(seq, n)).is_ok()));
-        let hint = equal.map_or(String::new(), |n| {
-            format!("; {n} token slices of equal length fit, recomputing: --token-slices {n}")
-        });
-        let hinted = |e: Error| match e {
-            Error::Config { field, message } => Error::Config { field, message: message + &hint },
-            e => e,
-        };
         match timed_lengths.and_then(|l| Some((least(l.clone())?, l))).zip(least(Vec::new())) {
             Some(((sliced, lengths), whole)) if sliced < whole => Err(config_error(
                 "memory_limit",
                 format!(
                     "no plan fits in {} bytes per device, recomputing: the token slices planned for time, \
-                     {lengths:?}, need {sliced} bytes, whole micro-batches {whole} bytes{hint}",
+                     {lengths:?}, need {sliced} bytes, whole micro-batches {whole} bytes",
                     config.memory_limit.unwrap_or(0)
                 ),
             )),
-            _ => Err(hinted(whole)),
+            _ => Err(whole),
         }
+    }
+
+    /// Where no slicing [`recomputing_slicing`](Self::recomputing_slicing) plans meets
+    /// `config`'s memory limit (the slicer plans for time, or holds every activation to the
+    /// limit): the fewest equal slices of `seq`-token sequences whose plan fits, recomputing
+    /// as `config` asks (each slice's backward regains only its own activations, so more can
+    /// fit where fewer do not), from 2 to 8, then 16, 32 and 64; `None` where none does.
+    pub fn fewest_equal_slices(
+        config: &PipelineConfig,
+        units: &[UnitProfile],
+        pinned: usize,
+        seq: usize,
+    ) -> Option<usize> {
+        let devices = config.pipeline_len.saturating_mul(config.replicas);
+        (2..=8).chain([16, 32, 64]).filter(|&n| n <= seq).find(|&n| {
+            let sliced = PipelineConfig { token_slices: uniform_slices(seq, n), ..config.clone() };
+            Self::new(sliced, units, vec![String::new(); units.len()], devices, pinned).is_ok()
+        })
     }
 
     /// The least memory limit under which `config`'s pipeline plans (on the given `stages`, or
@@ -880,31 +883,17 @@ mod tests {
             let e = run(4399).unwrap_err().to_string();
             let want = "the token slices planned for time, [2, 2], need 4400 bytes, whole micro-batches 5400 bytes";
             assert!(e.contains(want), "{stages:?}: {e}");
-            // More slices regain less each: the refusal names the fewest equal ones that fit,
-            // and a plan of them does fit.
-            assert!(
-                e.ends_with("; 4 token slices of equal length fit, recomputing: --token-slices 4"),
-                "{stages:?}: {e}"
-            );
-            let with = |token_slices: Vec<usize>| {
-                let c = PipelineConfig { token_slices, ..config(Recompute::Auto, 4399) };
-                Plan::new(c, units, vec![String::new(); 4], 2, 0)
-            };
-            assert!(with(vec![1, 1, 1, 1]).is_ok() && with(vec![2, 1, 1]).is_err());
         }
-        // A slicer that plans for time keeps them whole (one slice: the sequence's length):
-        // the hint still finds the equal slices that fit where whole micro-batches do not.
-        let whole_for_time = |c: &PipelineConfig| match c.memory_limit {
-            None => Ok(vec![4]),
-            Some(_) => Err(config_error("memory_limit", "no slicing meets the memory limit")),
+        // More slices regain less each: the fewest equal ones that fit are 4, and a plan of them
+        // does fit where one of 3 does not.
+        assert_eq!(Plan::fewest_equal_slices(&config(Recompute::Auto, 4399), units, 0, 4), Some(4));
+        assert_eq!(Plan::fewest_equal_slices(&config(Recompute::Auto, 4400), units, 0, 4), Some(2));
+        assert_eq!(Plan::fewest_equal_slices(&config(Recompute::Auto, 3000), units, 0, 4), None);
+        let with = |token_slices: Vec<usize>| {
+            let c = PipelineConfig { token_slices, ..config(Recompute::Auto, 4399) };
+            Plan::new(c, units, vec![String::new(); 4], 2, 0)
         };
-        let e = Plan::recomputing_slicing(&config(Recompute::Auto, 4399), units, 0, None, whole_for_time, Vec::clone)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("5400 bytes") && e.ends_with("--token-slices 4"), "{e}");
-        let fits =
-            Plan::recomputing_slicing(&config(Recompute::Auto, 5400), units, 0, None, whole_for_time, Vec::clone);
-        assert_eq!(fits.map_err(|e| e.to_string()), Ok(Some(vec![4])), "whole, as planned for time");
+        assert!(with(vec![1, 1, 1, 1]).is_ok() && with(vec![2, 1, 1]).is_err());
     }
 
     /// TeraPipe's slicing is planned for the stages cut on time; where the slicer refuses those

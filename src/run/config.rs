@@ -468,15 +468,24 @@ impl RunConfig {
                     .into(),
             );
         }
-        if config.elastic.freeze != crate::elastic::FreezeName::Off
-            && let crate::elastic::FreezeInterval::Steps(n) = config.elastic.freeze_interval
-            && config.train.max_steps > 0
-            && n >= config.train.max_steps
+        let e = &config.elastic;
+        if e.freeze != crate::elastic::FreezeName::Off
+            && let crate::elastic::FreezeInterval::Steps(n) = e.freeze_interval
+            && let steps = config.train.max_steps
+            && steps > 0
+            && n >= steps
         {
+            // (A table's first entry freezes before the first step, whatever the interval.)
+            let table_first = e.table.first().filter(|&&f| f > 0 && e.freeze == crate::elastic::FreezeName::Table);
+            let so = match (n > steps, table_first) {
+                (true, Some(_)) => "the rule never runs: only the table's first entry, frozen from the start, applies",
+                (true, None) => "the freeze rule never runs",
+                (false, Some(_)) => "the rule runs only after the last step: only the table's first entry applies",
+                (false, None) => "the freeze rule runs only after the last step: no step trains with a layer frozen",
+            };
             warnings.push(format!(
-                "elastic.freeze_interval = {n} steps is as long as the run or longer (train.max_steps = {}): the \
-                 freeze rule runs at its last step at the earliest, and no step trains with a layer frozen",
-                config.train.max_steps
+                "elastic.freeze_interval = {n} steps is {} the run (train.max_steps = {steps}): {so}",
+                if n > steps { "longer than" } else { "as long as" }
             ));
         }
         warnings.extend(config.idle_resources());
@@ -968,9 +977,20 @@ dir = "runs/x"
         assert!(warned(&["pipeline.recompute=\"auto\""], auto));
         assert!(!warned(&["pipeline.recompute=\"auto\"", "pipeline.memory_limit=\"1GiB\""], auto));
         let freeze = ["elastic.freeze=\"eq1\"", "train.max_steps=12"];
-        let long = "elastic.freeze_interval = 12 steps is as long as the run or longer";
+        let long = "elastic.freeze_interval = 12 steps is as long as the run (train.max_steps = 12): the freeze rule \
+                    runs only after the last step";
         assert!(warned(&[&freeze[..], &["elastic.freeze_interval=12"]].concat(), long));
+        let longer = "elastic.freeze_interval = 13 steps is longer than the run (train.max_steps = 12): the freeze \
+                      rule never runs";
+        assert!(warned(&[&freeze[..], &["elastic.freeze_interval=13"]].concat(), longer));
         assert!(!warned(&[&freeze[..], &["elastic.freeze_interval=11"]].concat(), "elastic.freeze_interval"));
+        let table =
+            ["elastic.freeze=\"table\"", "elastic.table=[1, 2]", "train.max_steps=4", "elastic.freeze_interval=4"];
+        assert!(warned(
+            &table,
+            "elastic.freeze_interval = 4 steps is as long as the run (train.max_steps = 4): the rule \
+                                runs only after the last step: only the table's first entry applies"
+        ));
         // A whole number beyond TOML's integers is named as such, not as text of the wrong
         // type; a bare `none` on a setting without a default says so.
         let err =

@@ -441,36 +441,34 @@ pub fn checkpoint_path(config: &RunConfig) -> PathBuf {
     config.output.dir.join("checkpoint.ckpt")
 }
 
-/// What a run writes in its folder, and whether each is a folder: its own files, then where a
-/// run that starts over sets the earlier run's aside ([`SET_ASIDE`]).
-const WRITTEN: [(&str, bool); 10] = [
-    ("model", true),
-    ("checkpoint.ckpt", false),
-    ("metrics.jsonl", false),
-    ("summary.json", false),
-    ("report.html", false),
-    ("model.previous", true),
-    ("checkpoint.previous.ckpt", false),
-    ("metrics.previous.jsonl", false),
-    ("summary.previous.json", false),
-    ("report.previous.html", false),
+/// A run's log in its folder, and where a run that starts over sets an earlier run's aside.
+const LOG: (&str, &str) = ("metrics.jsonl", "metrics.previous.jsonl");
+
+/// The run's other files in its folder, where a run that starts over sets an earlier run's
+/// aside (all that would otherwise describe the earlier run beside the new log), and whether
+/// each is a folder.
+const SET_ASIDE: [(&str, &str, bool); 4] = [
+    ("checkpoint.ckpt", "checkpoint.previous.ckpt", false),
+    ("summary.json", "summary.previous.json", false),
+    ("report.html", "report.previous.html", false),
+    ("model", "model.previous", true),
 ];
 
-/// The earlier run's files that a run starting over sets aside at its first step, and where:
-/// the log, and all that would otherwise describe the earlier run beside it.
-const SET_ASIDE: [(&str, &str); 5] = [
-    ("metrics.jsonl", "metrics.previous.jsonl"),
-    ("checkpoint.ckpt", "checkpoint.previous.ckpt"),
-    ("summary.json", "summary.previous.json"),
-    ("report.html", "report.previous.html"),
-    ("model", "model.previous"),
-];
+/// Everything the run writes in its folder, each its own or set aside, and whether a folder;
+/// the lock and the export's staging folder too.
+fn written() -> Vec<(String, bool)> {
+    let log = [(LOG.0, LOG.1, false)];
+    let files = log.into_iter().chain(SET_ASIDE).flat_map(|(own, aside, folder)| [(own, folder), (aside, folder)]);
+    let mut all: Vec<(String, bool)> = files.map(|(name, folder)| (name.to_string(), folder)).collect();
+    all.extend([(files::LOCK_FILE.to_string(), false), (crate::weights::export::staging_name("model"), true)]);
+    all
+}
 
 /// A path in the run's folder `dir` that holds the other kind of thing than the run writes
 /// there (a file named `model`, a folder named `summary.json`): said before training, not when
 /// the first checkpoint or the export fails.
 fn in_the_way(dir: &Path) -> Option<String> {
-    WRITTEN.iter().find_map(|&(name, folder)| {
+    written().into_iter().find_map(|(name, folder)| {
         let path = dir.join(name);
         (path.exists() && path.is_dir() != folder).then(|| {
             let (is, wants) = if folder { ("a file", "its exported model's folder") } else { ("a folder", "a file") };
@@ -482,18 +480,25 @@ fn in_the_way(dir: &Path) -> Option<String> {
 /// Where a run that started over set an earlier run's checkpoint aside in `dir`: how to resume
 /// that one instead (empty where there is none).
 fn set_aside_note(dir: &Path) -> String {
-    match dir.join("checkpoint.previous.ckpt").exists() {
-        true => "; checkpoint.previous.ckpt there is an earlier run's, set aside when a run started over in this \
-                 folder (its files are the *.previous ones): rename it to checkpoint.ckpt to resume that run"
-            .into(),
-        false => String::new(),
+    if !dir.join(SET_ASIDE[0].1).exists() {
+        return String::new();
     }
+    let pairs = std::iter::once((LOG.0, LOG.1)).chain(SET_ASIDE.iter().map(|&(own, aside, _)| (own, aside)));
+    let names: Vec<String> =
+        pairs.filter(|(_, aside)| dir.join(aside).exists()).map(|(own, aside)| format!("{aside} → {own}")).collect();
+    format!(
+        "; {} there is an earlier run's, set aside with its other files when a run started over in this folder: to \
+         resume that run, move each back to its own name ({}), the log and model too, so it goes on under its own",
+        SET_ASIDE[0].1,
+        names.join(", ")
+    )
 }
 
 /// Why a Chrome trace written to `trace` when the run ends would overwrite a file the run
 /// needs: the run's config file (`config_file`), or one of the files it writes in its
-/// `output.dir` (its checkpoint, log, summary, report, exported model, cache). `None` when the
-/// path is free for it.
+/// `output.dir` (its checkpoint, log, summary, report, exported model, the earlier run's set
+/// aside, its lock), or in the activation cache's folder where the cache is on. `None` when
+/// the path is free for it.
 pub fn trace_in_the_way(config: &RunConfig, trace: &Path, config_file: &Path) -> Option<String> {
     // (Resolved through the folders that exist, `runs/x/../x/summary.json` being the
     // summary; the rest, not made yet, as written.)
@@ -514,9 +519,16 @@ pub fn trace_in_the_way(config: &RunConfig, trace: &Path, config_file: &Path) ->
     if resolved(config_file).is_some_and(|c| c == at) {
         return Some("is the run's config file (--config); name another file for the trace".into());
     }
+    if config.elastic.cache {
+        let cache = config.elastic.cache_dir.clone().unwrap_or_else(|| config.output.dir.join("cache"));
+        if resolved(&cache).is_some_and(|c| at.starts_with(c)) {
+            let said = format!("is in the activation cache's folder {}", cache.display());
+            return Some(format!("{said}, which the cache spills to; name another file for the trace"));
+        }
+    }
     let dir = resolved(&config.output.dir)?;
     let name = at.strip_prefix(&dir).ok()?.components().next()?.as_os_str().to_str()?.to_string();
-    (WRITTEN.iter().any(|&(written, _)| written == name) || name == "cache").then(|| {
+    written().iter().any(|(written, _)| *written == name).then(|| {
         format!(
             "is where the run writes its own {name} (output.dir {}); name another file for the trace",
             config.output.dir.display()
@@ -633,8 +645,9 @@ pub fn check_start(config: &RunConfig, resume: bool, fresh: bool, group: Option<
             "output.dir",
             format!(
                 "rank(s) {missing:?} find no checkpoint to resume at {}: every process of a launched run reads \
-                 it from its own output.dir, which must therefore be a folder all nodes share",
-                ckpt.display()
+                 it from its own output.dir, which must therefore be a folder all nodes share{}",
+                ckpt.display(),
+                set_aside_note(dir)
             ),
         ));
     }
@@ -791,9 +804,8 @@ fn token_slices<D: Device>(
     let slice =
         |c: &PipelineConfig| Plan::slice_cut(c, units, pinned, |s| profile.plan_stages(c, micro.batch, units, s));
     // (None: no slicing fits, but whole micro-batches do, recomputing.)
-    let Some((planned, stage)) = Plan::recomputing_slicing(plan, units, pinned, None, slice, |(p, _)| {
-        p.micro_batches.first().map(|m| m.slices.clone()).unwrap_or_default()
-    })?
+    let Some((planned, stage)) = Plan::recomputing_slicing(plan, units, pinned, None, slice, |(p, _)| lengths(p))
+        .map_err(|e| with_equal_slices(e, plan, units, pinned, first.seq))?
     else {
         return Ok((Vec::new(), None));
     };
@@ -807,6 +819,22 @@ fn token_slices<D: Device>(
     }
     let slicing = PlannedSlicing { plan: planned, stage, slice_seconds };
     Ok((lengths(&slicing.plan), Some((slicing, profile))))
+}
+
+/// `e`, a refusal of every slicing `auto` planned, naming the fewest equal slices of the
+/// `seq`-token sequences that fit ([`Plan::fewest_equal_slices`]) where some do, as a setting.
+fn with_equal_slices(e: Error, plan: &PipelineConfig, units: &[UnitProfile], pinned: usize, seq: usize) -> Error {
+    if plan.memory_limit.is_none() {
+        return e;
+    }
+    let how = if plan.recompute == crate::pipeline::Recompute::Off { "" } else { ", recomputing" };
+    match (e, Plan::fewest_equal_slices(plan, units, pinned, seq)) {
+        (Error::Config { field, message }, Some(n)) => Error::Config {
+            field,
+            message: format!("{message}; {n} token slices of equal length fit{how}: --token-slices {n}"),
+        },
+        (e, _) => e,
+    }
 }
 
 /// The token slices `planned` cuts every micro-batch into; none where it keeps them whole.
@@ -1182,6 +1210,7 @@ impl<D: Device> Job<D> {
             },
         };
         let mut elastic = Elastic::new(config.elastic.clone(), around, &config.output.dir.join("cache"))?;
+        elastic.ask_for(plan.clone());
         // `auto` slices each shape AutoPipe runs from the one measurement.
         let slicing = planned.map(|(planned, profile)| {
             elastic.plan_token_slices_with(Box::new(move |config, samples, units, stages| match config.pipeline_len {
@@ -1339,7 +1368,7 @@ impl<D: Device> Job<D> {
     ///
     /// The output folder is [locked](files::lock_folder) while the run writes it: a second run
     /// given the same folder is refused. A run that starts over (not resumed) moves the earlier
-    /// run's files aside ([`SET_ASIDE`]: `metrics.jsonl` to `metrics.previous.jsonl`,
+    /// run's files aside ([`LOG`], [`SET_ASIDE`]: `metrics.jsonl` to `metrics.previous.jsonl`,
     /// `checkpoint.ckpt` to `checkpoint.previous.ckpt`, and its summary, report and exported
     /// model alike, replacing older ones there) once its first step is done, so the log, and
     /// the report drawn from it, hold this run's events alone, nothing in the folder describes
@@ -1374,9 +1403,8 @@ impl<D: Device> Job<D> {
             let log = match writes {
                 false => MetricsLog::Sink,
                 true if !self.resumed => {
-                    let (log, others) = SET_ASIDE.split_first().expect("the log first");
-                    let others: Vec<_> = others.iter().map(|(from, to)| (out.join(from), out.join(to))).collect();
-                    MetricsLog::starting_over(&metrics_path, out.join(log.1), &others)
+                    let others: Vec<_> = SET_ASIDE.iter().map(|(from, to, _)| (out.join(from), out.join(to))).collect();
+                    MetricsLog::starting_over(&metrics_path, out.join(LOG.1), &others)
                 }
                 true => MetricsLog::continued(&metrics_path).map_err(|e| io_error(&metrics_path, e))?,
             };
@@ -1620,6 +1648,34 @@ mod tests {
 
     /// A folder with a checkpoint is refused unless the run resumes or starts over; an empty
     /// one starts. (A launched run's ranks hearing rank 0 refuse: tests/cli.rs.)
+    #[test]
+    fn a_trace_is_refused_where_the_run_writes() {
+        let scratch = crate::files::Scratch::new("trace-in-the-way");
+        let config = |sets: &[&str]| {
+            let mut sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+            sets.push(format!("output.dir={:?}", scratch.join("run").display().to_string()));
+            let text = "[model]\npretrained = \"w\"\n[data]\ndataset = \"digits\"\nbatch_size = 8\n[train]\nepochs = 1\nlr = 1e-4\n";
+            super::RunConfig::parse(text, "test", &sets).unwrap()
+        };
+        let file = scratch.join("run.toml");
+        let refused = |c: &super::RunConfig, trace: &str| super::trace_in_the_way(c, &scratch.join(trace), &file);
+        let plain = config(&[]);
+        for own in ["run/.lock", "run/.model.staging/x.json", "run/model.previous", "run/metrics.previous.jsonl"] {
+            assert!(refused(&plain, own).is_some_and(|w| w.contains("is where the run writes its own")), "{own}");
+        }
+        assert!(refused(&plain, "run.toml").is_some_and(|w| w.contains("config file")));
+        // The cache's folder only where the cache is on, wherever it is.
+        for free in ["run/cache/t.json", "elsewhere/t.json", "run/trace.json"] {
+            assert_eq!(refused(&plain, free), None, "{free}");
+        }
+        let cached = config(&["elastic.cache=true"]);
+        assert!(refused(&cached, "run/cache/t.json").is_some_and(|w| w.contains("activation cache's folder")));
+        let away = format!("elastic.cache_dir={:?}", scratch.join("spill").display().to_string());
+        let cached_away = config(&["elastic.cache=true", &away]);
+        assert!(refused(&cached_away, "spill/t.json").is_some_and(|w| w.contains("activation cache's folder")));
+        assert_eq!(refused(&cached_away, "run/cache/t.json"), None);
+    }
+
     #[test]
     fn a_checkpoint_in_the_way_is_refused_unless_resuming_or_starting_over() {
         let scratch = crate::files::Scratch::new("check-start");

@@ -71,8 +71,8 @@ pub fn event_line(event: &Event) -> Option<String> {
         Event::Transition(t) => Some(t.to_string()),
         Event::Cache { epoch, hits, misses, entries, memory_bytes, disk_bytes } => Some(format!(
             "epoch {epoch}: cache {hits} hits / {misses} misses, {entries} samples, {} in memory, {} on disk",
-            crate::bytes::display(*memory_bytes),
-            crate::bytes::display(*disk_bytes)
+            crate::bytes::display(*memory_bytes, 1),
+            crate::bytes::display(*disk_bytes, 1)
         )),
         Event::Start { .. } | Event::Step { .. } => None,
     }

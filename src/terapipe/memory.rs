@@ -86,15 +86,9 @@ impl fmt::Display for SliceSchedule {
     }
 }
 
-/// Bytes as a short human string (KiB/MiB/GiB, three significant figures).
+/// Bytes as a short human string (KiB/MiB/GiB, three decimals: limits are compared in them).
 pub(crate) fn human_bytes(bytes: usize) -> String {
-    let b = bytes as f64;
-    match bytes {
-        0..1024 => format!("{bytes} B"),
-        1024..1_048_576 => format!("{:.3} KiB", b / 1024.0),
-        1_048_576..1_073_741_824 => format!("{:.3} MiB", b / 1_048_576.0),
-        _ => format!("{:.3} GiB", b / 1_073_741_824.0),
-    }
+    crate::bytes::display(bytes, 3)
 }
 
 #[cfg(test)]

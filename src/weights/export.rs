@@ -98,7 +98,7 @@ pub fn export_values(
     if dir.exists() && !dir.is_dir() {
         return Err(config_error("export", format!("{} is a file; expected the export's folder there", dir.display())));
     }
-    let staging = dir.with_file_name(format!(".{name}.staging"));
+    let staging = dir.with_file_name(staging_name(&name));
     if staging.exists() {
         std::fs::remove_dir_all(&staging).map_err(|e| io_error(&staging, e))?;
     }
@@ -118,6 +118,12 @@ pub fn export_values(
         skipped,
         companions,
     })
+}
+
+/// The folder beside an export's folder `name` where the next export is written before the
+/// two trade places (removed, with whatever it holds, before each export).
+pub fn staging_name(name: &str) -> String {
+    format!(".{name}.staging")
 }
 
 /// The parameters of a model with `spec`, under the names and in the layout of the Hugging
