@@ -344,9 +344,10 @@ fn a_run_that_recomputes_trains_to_the_bit_through_a_freeze() {
     );
 }
 
-/// A transition while AutoPipe times micro-batch counts names the count in force, a
-/// candidate being timed, which its `M x → y` starts from (here M = 2, timed at step 2 after
-/// the first interval's M = 1).
+/// A transition while AutoPipe times micro-batch counts starts its `M x → y` from the count the
+/// timing began from, which the transition before left (the log reads as one chain), and names
+/// the count in force, a candidate being timed (here M = 2, timed at step 2 after the first
+/// interval's M = 1).
 #[test]
 fn a_transition_during_autopipes_timing_names_the_count_in_force() {
     if !common::installed(&[Path::new("data/text/hamlet.txt")]) {
@@ -358,7 +359,7 @@ fn a_transition_during_autopipes_timing_names_the_count_in_force() {
     let (out, _) = hamlet_train(&scratch("timing-transition"), &[&elastic[..], &run[..]].concat());
     let line = out.lines().find(|l| l.starts_with("transition at step 2:")).unwrap_or_else(|| panic!("{out}"));
     assert!(
-        line.contains("M 2 → 1") && line.contains("M=2 was in force, timed among AutoPipe's micro-batch counts"),
+        line.contains("M 1 → 1") && line.contains("M=2 was in force, timed among AutoPipe's micro-batch counts"),
         "{line}"
     );
 }

@@ -1058,10 +1058,10 @@ fn a_checkpoint_without_the_asked_plan_takes_the_runs() {
     let mut old = earlier.state();
     old.as_object_mut().unwrap().remove("asked");
     let mut resumed = Elastic::new(ElasticConfig::default(), surroundings(&bert()), &dir).unwrap();
-    resumed.ask_for(zb.clone());
+    resumed.ask_for(&zb);
     resumed.restore(old).unwrap();
     assert_eq!(resumed.state()["asked"]["schedule"], "zb-h1");
-    earlier.ask_for(PipelineConfig { schedule: ScheduleKind::Gpipe, ..zb });
+    earlier.ask_for(&PipelineConfig { schedule: ScheduleKind::Gpipe, ..zb });
     resumed.restore(earlier.state()).unwrap();
     assert_eq!(resumed.state()["asked"]["schedule"], "gpipe");
 }

@@ -137,10 +137,9 @@ struct State {
     /// against), whatever a resume's flags ask a fresh run to start with.
     #[serde(default)]
     initial_replicas: Option<usize>,
-    /// The plan the run began with (absent before it was recorded: the shape in force then
-    /// stands for it).
+    /// What the run asked of its pipeline (absent before it was recorded: what this run asks).
     #[serde(default)]
-    asked: Option<crate::pipeline::PipelineConfig>,
+    asked: Option<Asked>,
 }
 
 /// AutoPipe's trial of two pipeline lengths after a freeze: the one it chose runs first and
@@ -198,10 +197,24 @@ pub struct Elastic {
     reference: Option<Vec<Vec<f32>>>,
     /// The run's `auto` token slicing, planned afresh for each shape and micro-batch count.
     slicer: Option<Slicer>,
-    /// The plan the run began with: the schedule, chunks per device and given token slices
-    /// that every shape of more than one stage runs (one stage runs 1F1B, whole), so a
-    /// pipeline that AutoPipe shortens to one stage and lengthens again runs as asked.
-    asked: Option<crate::pipeline::PipelineConfig>,
+    /// What the run asked of its pipeline: the schedule, chunks and token slices that every
+    /// shape of more than one stage runs (one stage runs 1F1B, whole), so a pipeline that
+    /// AutoPipe shortens to one stage and lengthens again runs as asked.
+    asked: Option<Asked>,
+}
+
+/// The schedule, chunks per device and token slices a run asks of its pipeline.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Asked {
+    schedule: crate::pipeline::ScheduleKind,
+    chunks: usize,
+    token_slices: Vec<usize>,
+}
+
+impl Asked {
+    fn of(plan: &crate::pipeline::PipelineConfig) -> Self {
+        Asked { schedule: plan.schedule, chunks: plan.chunks, token_slices: plan.token_slices.clone() }
+    }
 }
 
 impl Elastic {
@@ -252,8 +265,8 @@ impl Elastic {
 
     /// The plan the run asks for ([`start`](Self::start) takes the plan in force instead): what a
     /// checkpoint from before the asked plan was recorded resumes with.
-    pub fn ask_for(&mut self, plan: crate::pipeline::PipelineConfig) {
-        self.asked = Some(plan);
+    pub fn ask_for(&mut self, plan: &crate::pipeline::PipelineConfig) {
+        self.asked = Some(Asked::of(plan));
     }
 
     /// The token slices `config`'s shape runs with micro-batches of `samples` sequences over
@@ -319,7 +332,7 @@ impl Elastic {
     /// Before the first step: applies a freeze table's first entry, and with AutoPipe times
     /// the initial plan's micro-batch counts (the configured one first) as after a transition.
     pub fn start<D: Device>(&mut self, trainer: &mut Trainer<D>, on_event: &mut dyn FnMut(&Event)) -> Result<()> {
-        self.asked = Some(trainer.pipeline.plan().config.clone());
+        self.asked = Some(Asked::of(&trainer.pipeline.plan().config));
         self.reference = self.layer_weights(trainer)?;
         let first = self.freeze.initial();
         self.freeze.frozen = first;

@@ -454,21 +454,17 @@ const SET_ASIDE: [(&str, &str, bool); 4] = [
     ("model", "model.previous", true),
 ];
 
-/// Everything the run writes in its folder, each its own or set aside, and whether a folder;
-/// the lock and the export's staging folder too.
-fn written() -> Vec<(String, bool)> {
+/// The files the run writes in its folder, each its own or set aside, and whether a folder.
+fn written() -> impl Iterator<Item = (&'static str, bool)> {
     let log = [(LOG.0, LOG.1, false)];
-    let files = log.into_iter().chain(SET_ASIDE).flat_map(|(own, aside, folder)| [(own, folder), (aside, folder)]);
-    let mut all: Vec<(String, bool)> = files.map(|(name, folder)| (name.to_string(), folder)).collect();
-    all.extend([(files::LOCK_FILE.to_string(), false), (crate::weights::export::staging_name("model"), true)]);
-    all
+    log.into_iter().chain(SET_ASIDE).flat_map(|(own, aside, folder)| [(own, folder), (aside, folder)])
 }
 
 /// A path in the run's folder `dir` that holds the other kind of thing than the run writes
 /// there (a file named `model`, a folder named `summary.json`): said before training, not when
 /// the first checkpoint or the export fails.
 fn in_the_way(dir: &Path) -> Option<String> {
-    written().into_iter().find_map(|(name, folder)| {
+    written().find_map(|(name, folder)| {
         let path = dir.join(name);
         (path.exists() && path.is_dir() != folder).then(|| {
             let (is, wants) = if folder { ("a file", "its exported model's folder") } else { ("a folder", "a file") };
@@ -528,7 +524,11 @@ pub fn trace_in_the_way(config: &RunConfig, trace: &Path, config_file: &Path) ->
     }
     let dir = resolved(&config.output.dir)?;
     let name = at.strip_prefix(&dir).ok()?.components().next()?.as_os_str().to_str()?.to_string();
-    written().iter().any(|(written, _)| *written == name).then(|| {
+    // (Besides its files, the folder's lock and the export's staging folder, emptied by each
+    // export.)
+    let staging = crate::weights::export::staging_name("model");
+    let taken = written().any(|(written, _)| written == name) || name == files::LOCK_FILE || name == staging;
+    taken.then(|| {
         format!(
             "is where the run writes its own {name} (output.dir {}); name another file for the trace",
             config.output.dir.display()
@@ -1210,7 +1210,7 @@ impl<D: Device> Job<D> {
             },
         };
         let mut elastic = Elastic::new(config.elastic.clone(), around, &config.output.dir.join("cache"))?;
-        elastic.ask_for(plan.clone());
+        elastic.ask_for(&plan);
         // `auto` slices each shape AutoPipe runs from the one measurement.
         let slicing = planned.map(|(planned, profile)| {
             elastic.plan_token_slices_with(Box::new(move |config, samples, units, stages| match config.pipeline_len {
