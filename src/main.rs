@@ -113,7 +113,8 @@ struct PipelineArgs {
     profile: bool,
     /// TeraPipe (causal language models): cut every sequence into token slices that flow
     /// through the pipeline one after another: `auto` (the planner's choice from the layer's
-    /// slice latency measured on the device), a number of near-equal slices, or lengths such
+    /// slice latency measured on the device; under --memory-limit, where none of its slicings
+    /// fits, the fewest equal slices that do), a number of near-equal slices, or lengths such
     /// as `32,32,64`.
     #[arg(long, value_parser = parse_from_str::<TokenSlices>)]
     token_slices: Option<TokenSlices>,
@@ -988,17 +989,26 @@ fn plan(mut config: RunConfig) -> Result<()> {
             );
         }
     } else if job.config.pipeline.token_slices == pipetransformer::terapipe::TokenSlices::Auto {
-        println!("{}", whole_under_auto(&job.trainer.pipeline.plan().config));
+        println!("{}", auto_unplanned(&job.trainer.pipeline.plan().config));
     }
     Ok(())
 }
 
-/// Why `auto` slicing planned nothing for the plan in force: its micro-batches run whole.
-fn whole_under_auto(plan: &pipetransformer::pipeline::PipelineConfig) -> String {
-    match plan.pipeline_len {
-        1 => "token slices: none (`auto` on one stage: it has no fill or drain for slices to shorten)".into(),
-        _ => "token slices: none (`auto`: no slicing fits the memory limit, and whole micro-batches do, recomputing)"
-            .into(),
+/// What `auto` slicing runs where its planner's slicing does not: whole micro-batches (one
+/// stage, or whole ones fit the memory limit recomputing where no slicing does), or the
+/// fewest equal slices that fit.
+fn auto_unplanned(plan: &pipetransformer::pipeline::PipelineConfig) -> String {
+    match (plan.token_slices.len(), plan.pipeline_len) {
+        (0, 1) => "token slices: none (`auto` on one stage: it has no fill or drain for slices to shorten)".into(),
+        (0, _) => {
+            "token slices: none (`auto`: no slicing fits the memory limit, and whole micro-batches do, recomputing)"
+                .into()
+        }
+        (n, _) => format!(
+            "token slices: {n} of equal length, {:?} (`auto`: none of its slicings fits the memory limit; these are the \
+             fewest equal ones that do, recomputing as pipeline.recompute says)",
+            plan.token_slices
+        ),
     }
 }
 
@@ -1089,11 +1099,8 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
     println!("communicator: {}", job.communicator);
     if let Some(slicing) = &job.slicing {
         print!("{}", planned_slicing(slicing, &job.trainer.pipeline.plan().config));
-    } else if job.config.pipeline.token_slices == pipetransformer::terapipe::TokenSlices::Auto
-        && job.trainer.pipeline.plan().config.token_slices.is_empty()
-        && !run.resume
-    {
-        println!("{}", whole_under_auto(&job.trainer.pipeline.plan().config));
+    } else if job.config.pipeline.token_slices == pipetransformer::terapipe::TokenSlices::Auto && !run.resume {
+        println!("{}", auto_unplanned(&job.trainer.pipeline.plan().config));
     }
     if run.trace.is_some() {
         job.trainer.trace = Some(Default::default());

@@ -121,8 +121,9 @@ fn an_auto_slicing_says_how_to_keep_it() {
     assert!(ok && auto.contains(stage), "{auto}");
     // Its times are measured; the plan's table, here, nominal FLOPs: the output says so.
     assert!(auto.contains("the slicing's times are measured on this machine; the plan's above are FLOPs"), "{auto}");
-    // Under a memory limit that no slicing `auto` plans meets, recomputing, the refusal names
-    // the fewest equal slices that fit, and they plan.
+    let schedule = |out: &str| out.lines().filter(|l| l.starts_with("device ")).map(str::to_owned).collect::<Vec<_>>();
+    // Under a memory limit that no slicing `auto` plans meets, recomputing, it runs the fewest
+    // equal slices that fit, says so, and plans as they do given.
     let tiny = ["model.config.n_embd=32", "model.config.n_layer=2", "model.config.n_head=2", "data.max_len=32"];
     let mut small = vec!["plan", "--config", "configs/gpt-hamlet.toml", "--devices", "2", "--micro-batches", "2"];
     for set in tiny.iter().chain(&["data.batch_size=4"]) {
@@ -130,17 +131,20 @@ fn an_auto_slicing_says_how_to_keep_it() {
     }
     small.extend(["--schedule", "gpipe", "--memory-limit", "400KiB", "--recompute", "auto", "--token-slices"]);
     let (ok, out) = pipetransformer(&[&small[..], &["auto"]].concat());
-    let n = out.split("token slices of equal length fit, recomputing: --token-slices ").nth(1).map(str::trim);
-    let n = n.and_then(|t| t.split_whitespace().next()).filter(|_| !ok).unwrap_or_else(|| panic!("{out}"));
-    let (ok, out) = pipetransformer(&[&small[..], &[n]].concat());
-    assert!(ok && out.contains("recomputes"), "--token-slices {n}: {out}");
+    let said = out.lines().find(|l| l.starts_with("token slices: ") && l.contains("of equal length"));
+    let n = said.and_then(|l| l["token slices: ".len()..].split(' ').next()).filter(|_| ok);
+    let n = n.unwrap_or_else(|| panic!("{out}"));
+    assert!(out.contains("(`auto`: none of its slicings fits the memory limit; these are the fewest equal"), "{out}");
+    let (ok, given) = pipetransformer(&[&small[..], &[n]].concat());
+    assert!(ok && schedule(&given) == schedule(&out) && given.contains("recomputes"), "--token-slices {n}: {given}");
+    let (ok, out) = pipetransformer(&[&small[..], &[&(n.parse::<usize>().unwrap() - 1).to_string()]].concat());
+    assert!(!ok && out.contains("pipeline.memory_limit"), "one slice fewer does not fit: {out}");
     // On one stage `auto` keeps micro-batches whole, and says why; an empty slicing is refused.
     let one = ["plan", "--config", "configs/gpt-hamlet.toml", "--token-slices", "auto"];
     let (ok, out) = pipetransformer(&one);
     assert!(ok && out.contains("token slices: none (`auto` on one stage"), "{out}");
     let (ok, out) = pipetransformer(&[&plan[..], &["--token-slices", ""]].concat());
     assert!(!ok && out.contains("pipeline.token_slices") && out.contains("an empty slicing"), "{out}");
-    let schedule = |out: &str| out.lines().filter(|l| l.starts_with("device ")).map(str::to_owned).collect::<Vec<_>>();
     let Some(kept) = auto.split("(--token-slices ").nth(1).and_then(|rest| rest.split(' ').next()) else {
         assert!(auto.contains("unsliced"), "a sliced plan names its lengths: {auto}");
         return;

@@ -804,9 +804,18 @@ fn token_slices<D: Device>(
     let slice =
         |c: &PipelineConfig| Plan::slice_cut(c, units, pinned, |s| profile.plan_stages(c, micro.batch, units, s));
     // (None: no slicing fits, but whole micro-batches do, recomputing.)
-    let Some((planned, stage)) = Plan::recomputing_slicing(plan, units, pinned, None, slice, |(p, _)| lengths(p))
-        .map_err(|e| with_equal_slices(e, plan, units, pinned, first.seq))?
-    else {
+    // Where no slicing it plans fits (it plans for time, or holds every activation to the
+    // limit), more slices of equal length, each recomputing its own, may: the fewest that do
+    // run, as if given (main says so).
+    let planned = Plan::recomputing_slicing(plan, units, pinned, None, slice, |(p, _)| lengths(p));
+    let planned = match (planned, plan.memory_limit.is_some()) {
+        (Err(e), true) => match Plan::fewest_equal_slices(plan, units, pinned, first.seq) {
+            Some(n) => return Ok((crate::pipeline::plan::uniform_slices(first.seq, n), None)),
+            None => return Err(e),
+        },
+        (planned, _) => planned?,
+    };
+    let Some((planned, stage)) = planned else {
         return Ok((Vec::new(), None));
     };
     let latency = profile.latency(&stage, plan.pipeline_len, micro.batch)?;
@@ -819,22 +828,6 @@ fn token_slices<D: Device>(
     }
     let slicing = PlannedSlicing { plan: planned, stage, slice_seconds };
     Ok((lengths(&slicing.plan), Some((slicing, profile))))
-}
-
-/// `e`, a refusal of every slicing `auto` planned, naming the fewest equal slices of the
-/// `seq`-token sequences that fit ([`Plan::fewest_equal_slices`]) where some do, as a setting.
-fn with_equal_slices(e: Error, plan: &PipelineConfig, units: &[UnitProfile], pinned: usize, seq: usize) -> Error {
-    if plan.memory_limit.is_none() {
-        return e;
-    }
-    let how = if plan.recompute == crate::pipeline::Recompute::Off { "" } else { ", recomputing" };
-    match (e, Plan::fewest_equal_slices(plan, units, pinned, seq)) {
-        (Error::Config { field, message }, Some(n)) => Error::Config {
-            field,
-            message: format!("{message}; {n} token slices of equal length fit{how}: --token-slices {n}"),
-        },
-        (e, _) => e,
-    }
 }
 
 /// The token slices `planned` cuts every micro-batch into; none where it keeps them whole.
