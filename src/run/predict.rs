@@ -457,10 +457,12 @@ impl<D: Device> Predictor<D> {
             ));
         }
         // Images of another size (MNIST's 28² for a model of digits' 8²) are refused by the
-        // dataset's name, not by the first batch's upload.
+        // dataset's name, not by the first batch's upload. (The first batch, read for it, is
+        // the evaluation's first.)
+        let batches = source.eval_batches();
+        let first = (batches > 0).then(|| source.eval_batch(0)).transpose()?;
         if let Reader::Image { size, channels, .. } = self.reader
-            && source.eval_batches() > 0
-            && let first = source.eval_batch(0)?
+            && let Some(first) = &first
             && let Some(pixels) = &first.pixels
             && pixels.len() != first.batch * channels * size * size
         {
@@ -475,7 +477,7 @@ impl<D: Device> Predictor<D> {
                 ),
             ));
         }
-        self.evaluate((0..source.eval_batches()).map(|i| source.eval_batch(i)))
+        self.evaluate(first.map(Ok).into_iter().chain((1..batches).map(|i| source.eval_batch(i))))
     }
 
     /// A run's checkpoint (`checkpoint.ckpt`) on `dev`: its parameters, with the config,
