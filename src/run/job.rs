@@ -1361,7 +1361,7 @@ impl<D: Device> Job<D> {
     ///
     /// The output folder is [locked](files::lock_folder) while the run writes it: a second run
     /// given the same folder is refused. A run that starts over (not resumed) moves the earlier
-    /// run's files aside ([`LOG`], [`SET_ASIDE`]: `metrics.jsonl` to `metrics.previous.jsonl`,
+    /// run's files aside (`metrics.jsonl` to `metrics.previous.jsonl`,
     /// `checkpoint.ckpt` to `checkpoint.previous.ckpt`, and its summary, report and exported
     /// model alike, replacing older ones there) once its first step is done, so the log, and
     /// the report drawn from it, hold this run's events alone, nothing in the folder describes
