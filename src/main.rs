@@ -1006,8 +1006,9 @@ fn auto_unplanned(plan: &pipetransformer::pipeline::PipelineConfig) -> String {
         }
         (n, _) => format!(
             "token slices: {n} of equal length, {:?} (`auto`: none of its slicings fits the memory limit; these are the \
-             fewest equal ones that do, recomputing as pipeline.recompute says)",
-            plan.token_slices
+             fewest equal ones that do{}; later shapes of the elastic loop keep them)",
+            plan.token_slices,
+            if plan.recompute == Recompute::Off { "" } else { ", recomputing where the stages need it" }
         ),
     }
 }

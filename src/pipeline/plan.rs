@@ -259,7 +259,9 @@ impl Plan {
     /// `config`'s memory limit (the slicer plans for time, or holds every activation to the
     /// limit): the fewest equal slices of `seq`-token sequences whose plan fits, recomputing
     /// as `config` asks (each slice's backward regains only its own activations, so more can
-    /// fit where fewer do not), from 2 to 8, then 16, 32 and 64; `None` where none does.
+    /// fit where fewer do not); `None` where none does. Counts 2 to 8 are tried in turn, then
+    /// 16, 32 and 64; a fit among those is narrowed down to the fewest since the last count
+    /// that did not fit (halving: memory falls as the count grows).
     pub fn fewest_equal_slices(
         config: &PipelineConfig,
         units: &[UnitProfile],
@@ -267,10 +269,19 @@ impl Plan {
         seq: usize,
     ) -> Option<usize> {
         let devices = config.pipeline_len.saturating_mul(config.replicas);
-        (2..=8).chain([16, 32, 64]).filter(|&n| n <= seq).find(|&n| {
+        let fits = |n: usize| {
             let sliced = PipelineConfig { token_slices: uniform_slices(seq, n), ..config.clone() };
             Self::new(sliced, units, vec![String::new(); units.len()], devices, pinned).is_ok()
-        })
+        };
+        let counts: Vec<usize> = (2..=8).chain([16, 32, 64]).filter(|&n| n <= seq).collect();
+        let at = counts.iter().position(|&n| fits(n))?;
+        // Fewest in (the last that did not fit, the first that did].
+        let (mut lo, mut hi) = (if at == 0 { 1 } else { counts[at - 1] }, counts[at]);
+        while hi - lo > 1 {
+            let mid = (lo + hi) / 2;
+            if fits(mid) { hi = mid } else { lo = mid }
+        }
+        Some(hi)
     }
 
     /// The least memory limit under which `config`'s pipeline plans (on the given `stages`, or

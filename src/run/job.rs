@@ -493,8 +493,8 @@ fn set_aside_note(dir: &Path) -> String {
 /// Why a Chrome trace written to `trace` when the run ends would overwrite a file the run
 /// needs: the run's config file (`config_file`), or one of the files it writes in its
 /// `output.dir` (its checkpoint, log, summary, report, exported model, the earlier run's set
-/// aside, its lock), or in the activation cache's folder where the cache is on. `None` when
-/// the path is free for it.
+/// aside, its lock). (The cache's spill files have names of their own, unlinked at once: a
+/// trace beside them is safe.) `None` when the path is free for it.
 pub fn trace_in_the_way(config: &RunConfig, trace: &Path, config_file: &Path) -> Option<String> {
     // (Resolved through the folders that exist, `runs/x/../x/summary.json` being the
     // summary; the rest, not made yet, as written.)
@@ -514,13 +514,6 @@ pub fn trace_in_the_way(config: &RunConfig, trace: &Path, config_file: &Path) ->
     let at = resolved(trace)?;
     if resolved(config_file).is_some_and(|c| c == at) {
         return Some("is the run's config file (--config); name another file for the trace".into());
-    }
-    if config.elastic.cache {
-        let cache = config.elastic.cache_dir.clone().unwrap_or_else(|| config.output.dir.join("cache"));
-        if resolved(&cache).is_some_and(|c| at.starts_with(c)) {
-            let said = format!("is in the activation cache's folder {}", cache.display());
-            return Some(format!("{said}, which the cache spills to; name another file for the trace"));
-        }
     }
     let dir = resolved(&config.output.dir)?;
     let name = at.strip_prefix(&dir).ok()?.components().next()?.as_os_str().to_str()?.to_string();
@@ -808,12 +801,14 @@ fn token_slices<D: Device>(
     // limit), more slices of equal length, each recomputing its own, may: the fewest that do
     // run, as if given (main says so).
     let planned = Plan::recomputing_slicing(plan, units, pinned, None, slice, |(p, _)| lengths(p));
-    let planned = match (planned, plan.memory_limit.is_some()) {
-        (Err(e), true) => match Plan::fewest_equal_slices(plan, units, pinned, first.seq) {
-            Some(n) => return Ok((crate::pipeline::plan::uniform_slices(first.seq, n), None)),
-            None => return Err(e),
-        },
-        (planned, _) => planned?,
+    let planned = match planned {
+        Err(Error::Config { field, message }) if field.ends_with("memory_limit") => {
+            match Plan::fewest_equal_slices(plan, units, pinned, first.seq) {
+                Some(n) => return Ok((crate::pipeline::plan::uniform_slices(first.seq, n), None)),
+                None => return Err(Error::Config { field, message }),
+            }
+        }
+        planned => planned?,
     };
     let Some((planned, stage)) = planned else {
         return Ok((Vec::new(), None));
@@ -1657,16 +1652,12 @@ mod tests {
             assert!(refused(&plain, own).is_some_and(|w| w.contains("is where the run writes its own")), "{own}");
         }
         assert!(refused(&plain, "run.toml").is_some_and(|w| w.contains("config file")));
-        // The cache's folder only where the cache is on, wherever it is.
+        // The cache's spill files have names of their own: a trace in its folder is free.
+        let cached = config(&["elastic.cache=true"]);
         for free in ["run/cache/t.json", "elsewhere/t.json", "run/trace.json"] {
             assert_eq!(refused(&plain, free), None, "{free}");
+            assert_eq!(refused(&cached, free), None, "{free}");
         }
-        let cached = config(&["elastic.cache=true"]);
-        assert!(refused(&cached, "run/cache/t.json").is_some_and(|w| w.contains("activation cache's folder")));
-        let away = format!("elastic.cache_dir={:?}", scratch.join("spill").display().to_string());
-        let cached_away = config(&["elastic.cache=true", &away]);
-        assert!(refused(&cached_away, "spill/t.json").is_some_and(|w| w.contains("activation cache's folder")));
-        assert_eq!(refused(&cached_away, "run/cache/t.json"), None);
     }
 
     #[test]

@@ -31,16 +31,24 @@ impl MetricsLog {
         Ok(MetricsLog::Open(file))
     }
 
-    /// The log at `path` of a run that starts over: at its first step the earlier run's log
-    /// (where not empty) and its other files (each of `aside`'s `from` that exists: its
-    /// checkpoint, summary, report, exported model) move to their `to`, replacing older ones
-    /// there.
+    /// The log at `path` of a run that starts over: at its first step the earlier run's files
+    /// (each of `others`' `from` that exists: its checkpoint first, then its summary, report,
+    /// exported model), then its log (where not empty, to `log_aside`), move to their `to`,
+    /// replacing older ones there. The checkpoint goes first: a move that fails after it
+    /// leaves no checkpoint for a resume to continue under a log set aside.
+    ///
+    /// An earlier run that left no checkpoint (`others[0]`, stopped or failed before its first)
+    /// while one set aside before is there keeps nothing aside: its log is replaced, and the
+    /// files set aside stay one resumable run's, not mixed with its.
     pub(super) fn starting_over(path: &Path, log_aside: PathBuf, others: &[(PathBuf, PathBuf)]) -> Self {
-        let mut aside = Vec::new();
+        let unresumable = others.first().is_some_and(|(checkpoint, aside)| !checkpoint.exists() && aside.exists());
+        let mut aside: Vec<(PathBuf, PathBuf)> = others.iter().filter(|(from, _)| from.exists()).cloned().collect();
         if path.metadata().is_ok_and(|m| m.len() > 0) {
             aside.push((path.to_path_buf(), log_aside));
         }
-        aside.extend(others.iter().filter(|(from, _)| from.exists()).cloned());
+        if unresumable {
+            aside.clear();
+        }
         MetricsLog::Held { lines: Vec::new(), path: path.to_path_buf(), aside }
     }
 
@@ -139,19 +147,31 @@ mod tests {
         assert_eq!(std::fs::read(&ckpt_aside).unwrap(), b"weights");
         assert!(!ckpt.exists());
         // A move that fails (the place aside is a folder) keeps the earlier log where it was,
-        // whole, and the lines held: a later call goes on once the way is clear.
+        // whole, and the lines held (its checkpoint, moved first, is aside: no resume goes on
+        // under the log): a later call goes on once the way is clear.
         std::fs::write(&log, b"{\"second\":1}\n").unwrap();
+        std::fs::write(&ckpt, b"second weights").unwrap();
         std::fs::remove_file(&log_aside).unwrap();
         std::fs::create_dir_all(log_aside.join("blocked")).unwrap();
         let mut m = MetricsLog::starting_over(&log, log_aside.clone(), &others);
         m.write_line(b"{\"start\":3}\n").unwrap();
         assert!(m.open().is_err() && m.open().is_err() && m.is_held());
         assert_eq!(std::fs::read(&log).unwrap(), b"{\"second\":1}\n");
+        assert!(!ckpt.exists() && std::fs::read(&ckpt_aside).unwrap() == b"second weights");
         std::fs::remove_dir_all(&log_aside).unwrap();
         m.open().unwrap();
         drop(m);
         assert_eq!(std::fs::read(&log).unwrap(), b"{\"start\":3}\n");
         assert_eq!(std::fs::read(&log_aside).unwrap(), b"{\"second\":1}\n");
+        // An earlier run that left no checkpoint (it stopped before its first) sets nothing
+        // aside over the resumable run set aside before: its log alone is replaced.
+        let mut m = MetricsLog::starting_over(&log, log_aside.clone(), &others);
+        m.write_line(b"{\"start\":4}\n").unwrap();
+        m.open().unwrap();
+        drop(m);
+        assert_eq!(std::fs::read(&log).unwrap(), b"{\"start\":4}\n");
+        assert_eq!(std::fs::read(&log_aside).unwrap(), b"{\"second\":1}\n");
+        assert_eq!(std::fs::read(&ckpt_aside).unwrap(), b"second weights");
         // Continued after a line cut short: the next line starts on its own.
         std::fs::write(&log, b"{\"step\":1}\n{\"st").unwrap();
         let mut m = MetricsLog::continued(&log).unwrap();
