@@ -595,18 +595,11 @@ impl Elastic {
     /// (and its token slices) while AutoPipe times counts, where the steps take the candidates
     /// in turn and only the timing's start and end are logged, so the log reads as one chain.
     fn logged_shape<D: Device>(&self, trainer: &Trainer<D>) -> Shape {
-        let (config, stages) = shape(trainer);
-        match self.tuner.running() {
-            true => {
-                let config = crate::pipeline::PipelineConfig {
-                    micro_batches: self.tuning_from,
-                    token_slices: self.tuning_slices.clone(),
-                    ..config
-                };
-                (config, stages)
-            }
-            false => (config, stages),
+        let (mut config, stages) = shape(trainer);
+        if self.tuner.running() {
+            (config.micro_batches, config.token_slices) = (self.tuning_from, self.tuning_slices.clone());
         }
+        (config, stages)
     }
 
     /// Runs the pipeline in `chosen`'s shape from the next step: freed cpu devices lend their
@@ -973,6 +966,9 @@ impl<D: Device> Controller<D> for Elastic {
             self.warming = false;
         } else if self.tuner.running() && step.trace.makespan > 0.0 {
             let config = trainer.pipeline.plan().config.clone();
+            // (What the timing's end logs as before: the count it began from; another count
+            // keeps the stages.)
+            let logged = self.logged_shape(trainer);
             if let Some((next, timed)) =
                 self.tuner.record(config.micro_batches, (host.batch * host.seq.max(1)) as f64 / step.trace.makespan)
             {
@@ -984,15 +980,7 @@ impl<D: Device> Controller<D> for Elastic {
                     let rates: Vec<String> = timed.iter().map(|(m, r)| format!("M={m}: {r:.0}")).collect();
                     let reason = format!("micro-batches timed (positions/s): {}", rates.join(", "));
                     let layers = (self.frozen_layers, self.frozen_layers);
-                    // (Another micro-batch count keeps the stages; `auto` slices are planned
-                    // for each count.)
-                    let before = crate::pipeline::PipelineConfig {
-                        micro_batches: self.tuning_from,
-                        token_slices: self.tuning_slices.clone(),
-                        ..config
-                    };
-                    let stages = trainer.pipeline.plan().partition.stages.clone();
-                    self.emit(trainer, reason, layers, (before, stages), started, on_event);
+                    self.emit(trainer, reason, layers, logged, started, on_event);
                     let best = timed.iter().map(|&(_, r)| r).fold(0.0, f64::max);
                     let (started, before) = (Instant::now(), shape(trainer));
                     if let Some(reason) = self.go_on_with_shape_trial(trainer, best)? {

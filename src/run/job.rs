@@ -438,17 +438,21 @@ pub(crate) fn data_settings(config: &RunConfig) -> serde_json::Value {
 
 /// Where a run of `config` keeps its checkpoint.
 pub fn checkpoint_path(config: &RunConfig) -> PathBuf {
-    config.output.dir.join("checkpoint.ckpt")
+    config.output.dir.join(CHECKPOINT.0)
 }
 
 /// A run's log in its folder, and where a run that starts over sets an earlier run's aside.
-const LOG: (&str, &str) = ("metrics.jsonl", "metrics.previous.jsonl");
+pub(super) const LOG: (&str, &str) = ("metrics.jsonl", "metrics.previous.jsonl");
+
+/// A run's checkpoint in its folder, and where a run that starts over sets an earlier run's
+/// aside.
+pub(super) const CHECKPOINT: (&str, &str) = ("checkpoint.ckpt", "checkpoint.previous.ckpt");
 
 /// The run's other files in its folder, where a run that starts over sets an earlier run's
 /// aside (all that would otherwise describe the earlier run beside the new log), and whether
 /// each is a folder.
 const SET_ASIDE: [(&str, &str, bool); 4] = [
-    ("checkpoint.ckpt", "checkpoint.previous.ckpt", false),
+    (CHECKPOINT.0, CHECKPOINT.1, false),
     ("summary.json", "summary.previous.json", false),
     ("report.html", "report.previous.html", false),
     ("model", "model.previous", true),
@@ -476,7 +480,7 @@ fn in_the_way(dir: &Path) -> Option<String> {
 /// Where a run that started over set an earlier run's checkpoint aside in `dir`: how to resume
 /// that one instead (empty where there is none).
 fn set_aside_note(dir: &Path) -> String {
-    if !dir.join(SET_ASIDE[0].1).exists() {
+    if !dir.join(CHECKPOINT.1).exists() {
         return String::new();
     }
     let pairs = std::iter::once((LOG.0, LOG.1)).chain(SET_ASIDE.iter().map(|&(own, aside, _)| (own, aside)));
@@ -485,7 +489,7 @@ fn set_aside_note(dir: &Path) -> String {
     format!(
         "; {} there is an earlier run's, set aside with its other files when a run started over in this folder: to \
          resume that run, move each back to its own name ({}), the log and model too, so it goes on under its own",
-        SET_ASIDE[0].1,
+        CHECKPOINT.1,
         names.join(", ")
     )
 }
@@ -1231,7 +1235,7 @@ impl<D: Device> Job<D> {
 
     /// The metrics log (JSON lines) of this run.
     pub fn metrics_path(&self) -> PathBuf {
-        self.config.output.dir.join("metrics.jsonl")
+        self.config.output.dir.join(LOG.0)
     }
 
     /// A sentence on the devices beyond the plan's that AutoDP holds for later (the plan
@@ -1634,8 +1638,8 @@ mod tests {
         Dataset::new("toy", vec!["a".into(), "b".into()], samples).unwrap()
     }
 
-    /// A folder with a checkpoint is refused unless the run resumes or starts over; an empty
-    /// one starts. (A launched run's ranks hearing rank 0 refuse: tests/cli.rs.)
+    /// A trace is refused over the run's config and the files it writes in its folder, the
+    /// lock and the export's staging folder among them; elsewhere it is free.
     #[test]
     fn a_trace_is_refused_where_the_run_writes() {
         let scratch = crate::files::Scratch::new("trace-in-the-way");
@@ -1660,6 +1664,8 @@ mod tests {
         }
     }
 
+    /// A folder with a checkpoint is refused unless the run resumes or starts over; an empty
+    /// one starts. (A launched run's ranks hearing rank 0 refuse: tests/cli.rs.)
     #[test]
     fn a_checkpoint_in_the_way_is_refused_unless_resuming_or_starting_over() {
         let scratch = crate::files::Scratch::new("check-start");

@@ -4,7 +4,7 @@
 //! on with the rest.
 
 use super::config::{DatasetName, RunConfig};
-use super::job::{DataKind, class_list, data_settings, prepare_data};
+use super::job::{CHECKPOINT, DataKind, LOG, class_list, data_settings, prepare_data};
 use crate::data::read_idx_images;
 use crate::device::Device;
 use crate::error::{Error, Result, config_error, data_error};
@@ -180,7 +180,7 @@ impl<D: Device> Predictor<D> {
         }
         // A run's folder before its first checkpoint, or whose export was taken away: it has
         // nothing to load (a checkpoint's weights need the export's config beside them).
-        let run = ["checkpoint.ckpt", "metrics.jsonl"].iter().find(|f| path.join(f).is_file());
+        let run = [CHECKPOINT.0, LOG.0].iter().find(|f| path.join(f).is_file());
         if let Some(file) = run.filter(|_| !path.join("config.json").exists()) {
             return Err(refuse(format!(
                 "is a run's folder (it holds {file}) without its exported model, model/, which the run writes with \
