@@ -996,19 +996,24 @@ fn plan(mut config: RunConfig) -> Result<()> {
 
 /// What `auto` slicing runs where its planner's slicing does not: whole micro-batches (one
 /// stage, or whole ones fit the memory limit recomputing where no slicing does), or the
-/// fewest equal slices that fit.
+/// fewest equal slices that fit (one stage's too, where whole micro-batches exceed the limit).
+/// Either way each shape AutoPipe changes to is sliced afresh, by the same rule.
 fn auto_unplanned(plan: &pipetransformer::pipeline::PipelineConfig) -> String {
+    let recomputing = if plan.recompute == Recompute::Off { "" } else { ", recomputing where the stages need it" };
     match (plan.token_slices.len(), plan.pipeline_len) {
         (0, 1) => "token slices: none (`auto` on one stage: it has no fill or drain for slices to shorten)".into(),
-        (0, _) => {
-            "token slices: none (`auto`: no slicing fits the memory limit, and whole micro-batches do, recomputing)"
-                .into()
-        }
+        (0, _) => "token slices: none (`auto`: no slicing fits the memory limit, and whole micro-batches do, \
+                   recomputing; a shape AutoPipe changes to is sliced afresh)"
+            .into(),
+        (n, 1) => format!(
+            "token slices: {n} of equal length, {:?} (`auto` on one stage: whole micro-batches exceed the memory limit; \
+             these are the fewest equal slices that fit{recomputing})",
+            plan.token_slices
+        ),
         (n, _) => format!(
             "token slices: {n} of equal length, {:?} (`auto`: none of its slicings fits the memory limit; these are the \
-             fewest equal ones that do{}; later shapes of the elastic loop keep them)",
-            plan.token_slices,
-            if plan.recompute == Recompute::Off { "" } else { ", recomputing where the stages need it" }
+             fewest equal ones that do{recomputing}; a shape AutoPipe changes to is sliced afresh)",
+            plan.token_slices
         ),
     }
 }
@@ -1082,14 +1087,16 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
         Some(group) => Job::launched(devices, config, group).context("preparing the run")?,
         None => Job::new(devices, config).context("preparing the run")?,
     };
+    // A resumed run that keeps its checkpoint's plan keeps its token slices too.
+    let mut planned_here = true;
     if run.resume {
         let resumed = job.resume().with_context(|| format!("resuming from {}", ckpt.display()))?;
         let p = job.trainer.position;
         println!("resumed at step {} (epoch {}, batch {})", p.step, p.epoch, p.batch);
         print!("{resumed}");
-        let reshaped = matches!(resumed.plan, pipetransformer::run::ResumedPlan::Replanned { .. });
+        planned_here = matches!(resumed.plan, pipetransformer::run::ResumedPlan::Replanned { .. });
         let slices = &job.trainer.pipeline.plan().config.token_slices;
-        if !slices.is_empty() && !reshaped {
+        if !slices.is_empty() && !planned_here {
             println!("token slices (the checkpoint's): {slices:?}");
         }
     }
@@ -1100,7 +1107,7 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
     println!("communicator: {}", job.communicator);
     if let Some(slicing) = &job.slicing {
         print!("{}", planned_slicing(slicing, &job.trainer.pipeline.plan().config));
-    } else if job.config.pipeline.token_slices == pipetransformer::terapipe::TokenSlices::Auto && !run.resume {
+    } else if job.config.pipeline.token_slices == pipetransformer::terapipe::TokenSlices::Auto && planned_here {
         println!("{}", auto_unplanned(&job.trainer.pipeline.plan().config));
     }
     if run.trace.is_some() {

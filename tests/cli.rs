@@ -153,6 +153,55 @@ fn an_auto_slicing_says_how_to_keep_it() {
     assert!(ok && schedule(&pinned) == schedule(&auto) && !schedule(&auto).is_empty(), "{auto}\n{pinned}");
 }
 
+/// `auto` slices each shape AutoPipe changes to by the rule that sliced the first: where
+/// nothing its planner plans fits the memory limit, the fewest equal slices that do. Here a
+/// 4-layer GPT starts on two stages at 4 equal slices; a freeze leaves one stage, where whole
+/// micro-batches exceed the limit, and that stage runs more, shorter equal slices (not the first
+/// shape's list, which no longer fits one device). A plan of one stage does the same, and keeps
+/// micro-batches whole where they fit.
+#[test]
+fn auto_slices_each_shape_autopipe_changes_to() {
+    if !common::installed(&[Path::new("data/text/hamlet.txt")]) {
+        return;
+    }
+    let dir = scratch("auto-slices-each-shape");
+    let out_dir = format!("output.dir={}", dir.display());
+    let tiny = ["model.config.n_embd=32", "model.config.n_layer=4", "model.config.n_head=2", "data.max_len=32"];
+    let data = ["data.batch_size=4", "data.train_limit=64", "data.test_limit=8", "train.max_steps=6"];
+    let mut args = vec!["train", "--config", "configs/gpt-hamlet.toml", "--devices", "2", "--fresh"];
+    for set in tiny.iter().chain(&data).chain([&out_dir.as_str(), &"elastic.table=[0, 2]"]) {
+        args.extend(["--set", set]);
+    }
+    args.extend(["--freeze", "table", "--freeze-interval", "3", "--auto-pipe", "--progress-every", "0"]);
+    args.extend(["--micro-batches", "2", "--schedule", "gpipe", "--recompute", "auto", "--memory-limit", "700KiB"]);
+    let (ok, out) = pipetransformer(&[&args[..], &["--token-slices", "auto"]].concat());
+    assert!(ok && out.contains("token slices: 4 of equal length, [8, 8, 8, 8] (`auto`: none of its slicings"), "{out}");
+    let log = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    let reason = log
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v["event"] == "transition" && v["pipeline_len"] == serde_json::json!([2, 1]))
+        .map(|v| v["reason"].as_str().unwrap().to_string())
+        .unwrap_or_else(|| panic!("the freeze leaves one stage: {log}"));
+    let after = reason.split("token slices 8,8,8,8 → ").nth(1).and_then(|t| t.split(' ').next());
+    let after: Vec<usize> =
+        after.unwrap_or_else(|| panic!("{reason}")).split(',').map(|n| n.parse().unwrap()).collect();
+    let (least, most) = (after.iter().min().unwrap(), after.iter().max().unwrap());
+    assert!(after.len() > 4 && most - least <= 1 && after.iter().sum::<usize>() == 32, "{reason}");
+    assert!(reason.contains("(one stage within the memory limit: the fewest equal slices that fit)"), "{reason}");
+    // One stage from the start: equal slices where whole micro-batches exceed the limit, whole
+    // where they fit.
+    let mut plan = vec!["plan", "--config", "configs/gpt-hamlet.toml", "--recompute", "auto", "--token-slices", "auto"];
+    for set in tiny.iter().chain(&["data.batch_size=4"]) {
+        plan.extend(["--set", set]);
+    }
+    let (ok, out) = pipetransformer(&[&plan[..], &["--memory-limit", "2000KiB"]].concat());
+    let equal = "of equal length, [16, 16] (`auto` on one stage: whole micro-batches exceed the memory limit";
+    assert!(ok && out.contains(equal), "{out}");
+    let (ok, out) = pipetransformer(&[&plan[..], &["--memory-limit", "4MiB"]].concat());
+    assert!(ok && out.contains("token slices: none (`auto` on one stage"), "{out}");
+}
+
 /// Under a memory limit that no slicing of the time-balanced stages meets (stage 0 then holds
 /// two micro-batches of the embeddings and two layers: at least 46.5 MiB), `auto` plans for
 /// the stages the limit forces on whole sequences (a unit fewer on stage 0) instead of refusing,

@@ -494,12 +494,15 @@ fn one_stage_left_runs_without_token_slices_and_computes_the_same() {
     let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen = asked.clone();
     let mut elastic = Elastic::new(config, surroundings(&model), &dir).unwrap();
-    elastic.plan_token_slices_with(Box::new(move |c, samples, units, stages| {
-        let frozen = units.iter().take_while(|u| !u.trainable).count();
-        let call = (c.pipeline_len, c.replicas, c.micro_batches, samples, frozen, units.len(), stages.to_vec());
-        seen.lock().unwrap().push(call);
-        Ok(slices(c.pipeline_len, c.micro_batches))
-    }));
+    elastic.plan_token_slices_with(
+        Box::new(move |c, samples, units, stages| {
+            let frozen = units.iter().take_while(|u| !u.trainable).count();
+            let call = (c.pipeline_len, c.replicas, c.micro_batches, samples, frozen, units.len(), stages.to_vec());
+            seen.lock().unwrap().push(call);
+            Ok(slices(c.pipeline_len, c.micro_batches))
+        }),
+        7,
+    );
     let mut watched = Watched { elastic, plans: vec![], slices: vec![], stages: vec![] };
     let mut events = Vec::new();
     watched.elastic.start(&mut t, &mut |e| events.push(e.clone())).unwrap();

@@ -14,7 +14,7 @@ use super::{BatchPolicy, ElasticConfig, FreezeInterval, FreezeName};
 use crate::device::Device;
 use crate::error::{Result, config_error};
 use crate::model::{Hidden, HostBatch};
-use crate::pipeline::{PipelineStep, Plan, UnitProfile};
+use crate::pipeline::{AutoSliced, PipelineStep, Plan, UnitProfile};
 use crate::train::checkpoint::Tensor;
 use crate::train::{Controller, Event, Trainer, Transition};
 use serde::{Deserialize, Serialize};
@@ -30,12 +30,14 @@ pub type Slicer = Box<
 >;
 
 /// `slicer`'s token slices for `config`'s shape, with micro-batches of `samples` sequences
-/// over units costing `units`: on `stages` when given, or on the stages a plan of it cuts,
-/// the first `pinned` units on the first ([`Plan::slice_cut`]), as a run's first plan is
-/// sliced, with [`Plan::recomputing_slicing`]'s rule where the stages recompute; whole
-/// micro-batches where no slicing fits (the plan's own check then decides).
+/// of `seq` tokens over units costing `units`: on `stages` when given, or on the stages a plan
+/// of it cuts, the first `pinned` units on the first ([`Plan::slice_cut`]), by the rule that
+/// slices a run's first plan ([`Plan::auto_slicing`]: the fewest equal slices where nothing the
+/// slicer plans fits the memory limit); whole micro-batches where nothing fits (the plan's own
+/// check then decides).
 fn sliced_by(
     slicer: &Slicer,
+    seq: usize,
     config: &crate::pipeline::PipelineConfig,
     samples: usize,
     units: &[UnitProfile],
@@ -46,14 +48,26 @@ fn sliced_by(
         Some(given) => slicer(c, samples, units, given),
         None => Plan::slice_cut(c, units, pinned, |cut| slicer(c, samples, units, cut)),
     };
-    Plan::recomputing_slicing(config, units, pinned, stages, slice, Vec::clone)
-        .map(Option::unwrap_or_default)
-        .unwrap_or_else(|e| {
+    let shape = (config.pipeline_len, config.micro_batches);
+    match Plan::auto_slicing(config, units, pinned, stages, seq, slice, Vec::clone) {
+        Ok(AutoSliced::Planned(lengths)) => lengths,
+        Ok(AutoSliced::Whole) => Vec::new(),
+        Ok(AutoSliced::Equal(lengths)) => {
             if crate::debug::level() >= 1 {
-                eprintln!("terapipe: no slicing for K={} M={}: {e}", config.pipeline_len, config.micro_batches);
+                eprintln!(
+                    "terapipe: K={} M={}: no planned slicing fits; {lengths:?}, the fewest equal",
+                    shape.0, shape.1
+                );
+            }
+            lengths
+        }
+        Err(e) => {
+            if crate::debug::level() >= 1 {
+                eprintln!("terapipe: no slicing for K={} M={}: {e}", shape.0, shape.1);
             }
             Vec::new()
-        })
+        }
+    }
 }
 
 /// A pipeline's shape: its plan's config and stages (a transition's before).
@@ -195,8 +209,9 @@ pub struct Elastic {
     /// [`state_tensors`](Self::state_tensors); `None` when unknown, and then the interval
     /// under way freezes nothing more).
     reference: Option<Vec<Vec<f32>>>,
-    /// The run's `auto` token slicing, planned afresh for each shape and micro-batch count.
-    slicer: Option<Slicer>,
+    /// The run's `auto` token slicing, planned afresh for each shape and micro-batch count,
+    /// and the length in tokens of the sequences it cuts.
+    slicer: Option<(Slicer, usize)>,
     /// What the run asked of its pipeline: the schedule, chunks and token slices that every
     /// shape of more than one stage runs (one stage runs 1F1B, whole), so a pipeline that
     /// AutoPipe shortens to one stage and lengthens again runs as asked.
@@ -256,11 +271,11 @@ impl Elastic {
     }
 
     /// Plans the token slices of each shape and micro-batch count the run changes to with
-    /// `slicer` (a run with `token_slices = "auto"`); without one, a shape of more than one stage
-    /// runs the slices the run began with (a given list is the user's), and one of one stage
-    /// none.
-    pub fn plan_token_slices_with(&mut self, slicer: Slicer) {
-        self.slicer = Some(slicer);
+    /// `slicer` (a run with `token_slices = "auto"`) for sequences of `seq` tokens; without
+    /// one, a shape of more than one stage runs the slices the run began with (a given list is
+    /// the user's), and one of one stage none.
+    pub fn plan_token_slices_with(&mut self, slicer: Slicer, seq: usize) {
+        self.slicer = Some((slicer, seq));
     }
 
     /// The plan the run asks for ([`start`](Self::start) takes the plan in force instead): what a
@@ -280,7 +295,7 @@ impl Elastic {
         stages: &[std::ops::Range<usize>],
     ) -> Vec<usize> {
         match &self.slicer {
-            Some(slicer) => sliced_by(slicer, config, samples, units, 0, Some(stages)),
+            Some((slicer, seq)) => sliced_by(slicer, *seq, config, samples, units, 0, Some(stages)),
             None => config.token_slices.clone(),
         }
     }
@@ -299,7 +314,7 @@ impl Elastic {
     ) -> Vec<usize> {
         match &self.slicer {
             // (Where no stages can be cut, a plan of the shape fails alike, and says why.)
-            Some(slicer) => sliced_by(slicer, config, samples, units, pinned, None),
+            Some((slicer, seq)) => sliced_by(slicer, *seq, config, samples, units, pinned, None),
             None if config.pipeline_len == 1 => Vec::new(),
             None => config.token_slices.clone(),
         }
@@ -791,6 +806,11 @@ impl Elastic {
             let list = |s: &[usize]| match s.is_empty() {
                 true => "none".to_string(),
                 false => s.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
+            };
+            // (One stage runs whole, but for equal slices where whole ones exceed the limit.)
+            let why = match (after.pipeline_len, after.token_slices.is_empty()) {
+                (1, false) => " (one stage within the memory limit: the fewest equal slices that fit)",
+                _ => why,
             };
             reason += &format!("; token slices {} → {}{why}", list(&before.token_slices), list(&after.token_slices));
         }

@@ -19,7 +19,7 @@ pub mod simulate;
 pub mod trace;
 
 pub use partition::{Partition, Recompute, partition};
-pub use plan::{PipelineConfig, Plan};
+pub use plan::{AutoSliced, PipelineConfig, Plan};
 pub use profile::{UnitProfile, profile_units, samples_per_micro_batch, unit_profiles, unit_profiles_per_sample};
 pub use runtime::{EvalOutput, Fault, Pipeline, PipelineStep, StepOptions};
 pub use schedule::{Action, MessageKey, Piece, Schedule, ScheduleKind};

@@ -208,14 +208,7 @@ impl Plan {
         if config.recompute == Recompute::Off || config.memory_limit.is_none() {
             return slice(config).map(Some);
         }
-        let plan = |token_slices: Vec<usize>| {
-            let sliced = PipelineConfig { token_slices, ..config.clone() };
-            let (names, devices) = (vec![String::new(); units.len()], config.pipeline_len * config.replicas);
-            match stages {
-                Some(s) => Self::with_stages(sliced, units, names, devices, s.to_vec()).and_then(Self::within_limit),
-                None => Self::new(sliced, units, names, devices, pinned),
-            }
-        };
+        let plan = |token_slices: Vec<usize>| Self::of_slices(config, token_slices, units, pinned, stages);
         let timed = slice(&config.for_slicing()).ok();
         let timed_lengths = timed.as_ref().map(&lengths);
         if let Some(timed) = timed.filter(|t| plan(lengths(t)).is_ok()) {
@@ -255,24 +248,51 @@ impl Plan {
         }
     }
 
+    /// TeraPipe's `auto` slicing of `config`'s pipeline of `seq`-token sequences, on the given
+    /// `stages` or as cut afresh with the first `pinned` units on the first:
+    /// [`recomputing_slicing`](Self::recomputing_slicing)'s, and where nothing it plans meets
+    /// the memory limit (the slicer plans for time, or holds every activation to the limit),
+    /// the fewest equal slices that do ([`fewest_equal_slices`](Self::fewest_equal_slices)).
+    /// A run's first plan and every shape AutoPipe changes to are sliced by this one rule.
+    #[allow(clippy::too_many_arguments)]
+    pub fn auto_slicing<T>(
+        config: &PipelineConfig,
+        units: &[UnitProfile],
+        pinned: usize,
+        stages: Option<&[std::ops::Range<usize>]>,
+        seq: usize,
+        slice: impl Fn(&PipelineConfig) -> Result<T>,
+        lengths: impl Fn(&T) -> Vec<usize>,
+    ) -> Result<AutoSliced<T>> {
+        match Self::recomputing_slicing(config, units, pinned, stages, slice, lengths) {
+            Ok(Some(planned)) => Ok(AutoSliced::Planned(planned)),
+            Ok(None) => Ok(AutoSliced::Whole),
+            Err(Error::Config { field, message }) if field.ends_with("memory_limit") => {
+                match Self::fewest_equal_slices(config, units, pinned, stages, seq) {
+                    Some(n) => Ok(AutoSliced::Equal(uniform_slices(seq, n))),
+                    None => Err(Error::Config { field, message }),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Where no slicing [`recomputing_slicing`](Self::recomputing_slicing) plans meets
     /// `config`'s memory limit (the slicer plans for time, or holds every activation to the
-    /// limit): the fewest equal slices of `seq`-token sequences whose plan fits, recomputing
-    /// as `config` asks (each slice's backward regains only its own activations, so more can
-    /// fit where fewer do not); `None` where none does. Counts 2 to 8 are tried in turn, then
-    /// 16, 32 and 64; a fit among those is narrowed down to the fewest since the last count
-    /// that did not fit (halving: memory falls as the count grows).
+    /// limit): the fewest equal slices of `seq`-token sequences whose plan fits (on the given
+    /// `stages`, or as cut afresh with the first `pinned` units on the first), recomputing as
+    /// `config` asks (each slice's backward regains only its own activations, so more can fit
+    /// where fewer do not); `None` where none does. Counts 2 to 8 are tried in turn, then 16,
+    /// 32 and 64; a fit among those is narrowed down to the fewest since the last count that
+    /// did not fit (halving: memory falls as the count grows).
     pub fn fewest_equal_slices(
         config: &PipelineConfig,
         units: &[UnitProfile],
         pinned: usize,
+        stages: Option<&[std::ops::Range<usize>]>,
         seq: usize,
     ) -> Option<usize> {
-        let devices = config.pipeline_len.saturating_mul(config.replicas);
-        let fits = |n: usize| {
-            let sliced = PipelineConfig { token_slices: uniform_slices(seq, n), ..config.clone() };
-            Self::new(sliced, units, vec![String::new(); units.len()], devices, pinned).is_ok()
-        };
+        let fits = |n: usize| Self::of_slices(config, uniform_slices(seq, n), units, pinned, stages).is_ok();
         let counts: Vec<usize> = (2..=8).chain([16, 32, 64]).filter(|&n| n <= seq).collect();
         let at = counts.iter().position(|&n| fits(n))?;
         // Fewest in (the last that did not fit, the first that did].
@@ -282,6 +302,23 @@ impl Plan {
             if fits(mid) { hi = mid } else { lo = mid }
         }
         Some(hi)
+    }
+
+    /// A plan of `config`'s pipeline over `token_slices`, held to its memory limit: on the
+    /// given `stages`, or cut afresh with the first `pinned` units on the first.
+    fn of_slices(
+        config: &PipelineConfig,
+        token_slices: Vec<usize>,
+        units: &[UnitProfile],
+        pinned: usize,
+        stages: Option<&[std::ops::Range<usize>]>,
+    ) -> Result<Plan> {
+        let sliced = PipelineConfig { token_slices, ..config.clone() };
+        let (names, devices) = (vec![String::new(); units.len()], config.pipeline_len.saturating_mul(config.replicas));
+        match stages {
+            Some(s) => Self::with_stages(sliced, units, names, devices, s.to_vec()).and_then(Self::within_limit),
+            None => Self::new(sliced, units, names, devices, pinned),
+        }
     }
 
     /// The least memory limit under which `config`'s pipeline plans (on the given `stages`, or
@@ -455,6 +492,17 @@ impl Plan {
     pub fn simulate(&self) -> Result<Simulation> {
         simulate(&self.schedule, &CostModel::from_stage_times(self, Link::INSTANT))
     }
+}
+
+/// What TeraPipe's `auto` gives a pipeline shape ([`Plan::auto_slicing`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum AutoSliced<T> {
+    /// The slicer's plan.
+    Planned(T),
+    /// Whole micro-batches: no slicing fits the memory limit, and they do, recomputing.
+    Whole,
+    /// The fewest equal slices that fit, where nothing the slicer plans does.
+    Equal(Vec<usize>),
 }
 
 /// `n` near-equal token-slice lengths adding up to `seq` (the first `seq mod n` one longer):
@@ -897,14 +945,34 @@ mod tests {
         }
         // More slices regain less each: the fewest equal ones that fit are 4, and a plan of them
         // does fit where one of 3 does not.
-        assert_eq!(Plan::fewest_equal_slices(&config(Recompute::Auto, 4399), units, 0, 4), Some(4));
-        assert_eq!(Plan::fewest_equal_slices(&config(Recompute::Auto, 4400), units, 0, 4), Some(2));
-        assert_eq!(Plan::fewest_equal_slices(&config(Recompute::Auto, 3000), units, 0, 4), None);
+        assert_eq!(Plan::fewest_equal_slices(&config(Recompute::Auto, 4399), units, 0, None, 4), Some(4));
+        assert_eq!(Plan::fewest_equal_slices(&config(Recompute::Auto, 4400), units, 0, None, 4), Some(2));
+        assert_eq!(Plan::fewest_equal_slices(&config(Recompute::Auto, 3000), units, 0, None, 4), None);
         let with = |token_slices: Vec<usize>| {
             let c = PipelineConfig { token_slices, ..config(Recompute::Auto, 4399) };
             Plan::new(c, units, vec![String::new(); 4], 2, 0)
         };
         assert!(with(vec![1, 1, 1, 1]).is_ok() && with(vec![2, 1, 1]).is_err());
+        // `auto` runs them where nothing its slicer plans fits, on given stages too (as each
+        // shape AutoPipe changes to is sliced), and is refused where they do not fit either.
+        let refused = |e: Error| match e {
+            Error::Config { field, .. } => field,
+            e => e.to_string(),
+        };
+        for stages in [None, Some(&given[..])] {
+            let auto = |limit| {
+                Plan::auto_slicing(&config(Recompute::Auto, limit), units, 0, stages, 4, slicer, Vec::clone)
+                    .map_err(refused)
+            };
+            assert_eq!(auto(4400), Ok(AutoSliced::Planned(vec![2, 2])), "{stages:?}");
+            assert_eq!(auto(4399), Ok(AutoSliced::Equal(vec![1, 1, 1, 1])), "{stages:?}");
+            assert_eq!(Plan::fewest_equal_slices(&config(Recompute::Auto, 4399), units, 0, stages, 4), Some(4));
+            assert_eq!(auto(3000), Err("memory_limit".into()), "{stages:?}");
+        }
+        let units: Vec<UnitProfile> =
+            units.iter().map(|u| UnitProfile { kv_bytes: 200, kv_grad_bytes: 400, ..*u }).collect();
+        let whole = Plan::auto_slicing(&config(Recompute::Auto, 6599), &units, 0, None, 4, slicer, Vec::clone);
+        assert_eq!(whole.map_err(refused), Ok(AutoSliced::Whole));
     }
 
     /// TeraPipe's slicing is planned for the stages cut on time; where the slicer refuses those

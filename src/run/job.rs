@@ -9,12 +9,14 @@ use crate::comm::process_group::ProcessGroup;
 use crate::data::{self, ImageSample, LmSequence, TextSample};
 use crate::device::Device;
 use crate::elastic::autodp::rebuild_communicators;
-use crate::elastic::controller::Surroundings;
+use crate::elastic::controller::{Slicer, Surroundings};
 use crate::elastic::{CacheDtype, Elastic, FreezeName};
 use crate::error::{Error, Result, config_error, internal};
 use crate::files::{self, io_error};
 use crate::model::{Family, HeadSpec, HostBatch, InputSpec, Model, ModelConfig, Spec};
-use crate::pipeline::{Pipeline, PipelineConfig, Plan, UnitProfile, samples_per_micro_batch, unit_profiles_per_sample};
+use crate::pipeline::{
+    AutoSliced, Pipeline, PipelineConfig, Plan, UnitProfile, samples_per_micro_batch, unit_profiles_per_sample,
+};
 use crate::terapipe::{SlicingPlan, SlicingProfile, StageLoad, TokenSlices};
 use crate::text::{Encoded, EncodedItem, TextInput, TextTokenizer, encoded_batch};
 use crate::train::{BatchSource, EvalMetrics, Event, RecordedPlan, Trainer};
@@ -730,8 +732,10 @@ fn planning_profiles<D: Device>(
     Ok((per_sample, profiles))
 }
 
-/// What `auto` slicing planned for the initial shape, and the measurement it planned from.
-type AutoSlicing = (PlannedSlicing, SlicingProfile);
+/// What `auto` slicing planned for the initial shape (none where it runs whole micro-batches
+/// or the fewest equal slices), and the measurement it planned from, which slices the shapes
+/// AutoPipe changes to.
+type AutoSlicing = (Option<PlannedSlicing>, SlicingProfile);
 
 /// TeraPipe's slicing for a pipeline, and the slowest of the stages it modelled.
 #[derive(Clone, Debug)]
@@ -772,9 +776,10 @@ fn check_token_slices(config: &RunConfig, spec: &Spec) -> Result<()> {
 }
 
 /// The token slices `config` asks for, for sequences like `first`'s ([`check_token_slices`]
-/// first); `auto` measures the model's layer on `dev` and runs TeraPipe's planner for `plan`'s
-/// pipeline of units costing `units` per micro-batch (its plan returned beside the lengths,
-/// and the measurement, to plan the shapes AutoPipe changes to).
+/// first); `auto` measures the model's layer on `dev` and slices `plan`'s pipeline of units
+/// costing `units` per micro-batch by [`Plan::auto_slicing`]'s rule (its planner's plan
+/// returned beside the lengths where it runs one, and the measurement, to slice the shapes
+/// AutoPipe changes to).
 fn token_slices<D: Device>(
     config: &RunConfig,
     dev: &D,
@@ -789,34 +794,29 @@ fn token_slices<D: Device>(
         TokenSlices::Auto => {}
         _ => return Ok((request.lengths(first.seq)?, None)),
     }
+    // The stages the pipeline will cut (its frozen prefix on the first, as `Pipeline::new`).
+    let pinned = model.frozen_prefix();
     // One stage has no fill or drain for slices to shorten (and never grows under AutoPipe):
-    // `auto` keeps its micro-batches whole, whatever noisy timings would predict.
+    // `auto` keeps its micro-batches whole, whatever noisy timings would predict, unless they
+    // exceed the memory limit where equal slices do not (as for any shape AutoPipe changes to).
     if plan.pipeline_len == 1 {
-        return Ok((Vec::new(), None));
+        let whole = |_: &PipelineConfig| Ok(Vec::new());
+        return match Plan::auto_slicing(plan, units, pinned, None, first.seq, whole, Vec::clone)? {
+            AutoSliced::Equal(lengths) => Ok((lengths, None)),
+            AutoSliced::Planned(_) | AutoSliced::Whole => Ok((Vec::new(), None)),
+        };
     }
     let micro = first_micro_batch(first, plan)?;
     let profile = SlicingProfile::measure(dev, model, &micro)?;
-    // The stages the pipeline will cut (its frozen prefix on the first, as `Pipeline::new`).
-    let pinned = model.frozen_prefix();
     let slice =
         |c: &PipelineConfig| Plan::slice_cut(c, units, pinned, |s| profile.plan_stages(c, micro.batch, units, s));
-    // (None: no slicing fits, but whole micro-batches do, recomputing.)
-    // Where no slicing it plans fits (it plans for time, or holds every activation to the
-    // limit), more slices of equal length, each recomputing its own, may: the fewest that do
-    // run, as if given (main says so).
-    let planned = Plan::recomputing_slicing(plan, units, pinned, None, slice, |(p, _)| lengths(p));
-    let planned = match planned {
-        Err(Error::Config { field, message }) if field.ends_with("memory_limit") => {
-            match Plan::fewest_equal_slices(plan, units, pinned, first.seq) {
-                Some(n) => return Ok((crate::pipeline::plan::uniform_slices(first.seq, n), None)),
-                None => return Err(Error::Config { field, message }),
-            }
-        }
-        planned => planned?,
+    let planned = match Plan::auto_slicing(plan, units, pinned, None, first.seq, slice, |(p, _)| lengths(p))? {
+        AutoSliced::Planned(planned) => planned,
+        // (Main says which, and why.)
+        AutoSliced::Whole => return Ok((Vec::new(), Some((None, profile)))),
+        AutoSliced::Equal(lengths) => return Ok((lengths, Some((None, profile)))),
     };
-    let Some((planned, stage)) = planned else {
-        return Ok((Vec::new(), None));
-    };
+    let (planned, stage) = planned;
     let latency = profile.latency(&stage, plan.pipeline_len, micro.batch)?;
     let mut context = 0;
     let mut slice_seconds = Vec::new();
@@ -826,7 +826,7 @@ fn token_slices<D: Device>(
         context += len;
     }
     let slicing = PlannedSlicing { plan: planned, stage, slice_seconds };
-    Ok((lengths(&slicing.plan), Some((slicing, profile))))
+    Ok((lengths(&slicing.plan), Some((Some(slicing), profile))))
 }
 
 /// The token slices `planned` cuts every micro-batch into; none where it keeps them whole.
@@ -1204,12 +1204,13 @@ impl<D: Device> Job<D> {
         let mut elastic = Elastic::new(config.elastic.clone(), around, &config.output.dir.join("cache"))?;
         elastic.ask_for(&plan);
         // `auto` slices each shape AutoPipe runs from the one measurement.
-        let slicing = planned.map(|(planned, profile)| {
-            elastic.plan_token_slices_with(Box::new(move |config, samples, units, stages| match config.pipeline_len {
+        let slicing = planned.and_then(|(planned, profile)| {
+            let slicer: Slicer = Box::new(move |config, samples, units, stages| match config.pipeline_len {
                 // One stage, as at the start: whole.
                 1 => Ok(Vec::new()),
                 _ => Ok(lengths(&profile.plan_stages(config, samples, units, stages)?.0)),
-            }));
+            });
+            elastic.plan_token_slices_with(slicer, first.seq);
             planned
         });
         Ok(Self {
