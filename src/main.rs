@@ -167,7 +167,7 @@ struct ElasticArgs {
     /// or `--auto-pipe false`).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     auto_pipe: Option<bool>,
-    /// Put devices freed by a shorter pipeline to work: as data-parallel replicas, or (cpu
+    /// Put devices freed by a shorter pipeline (--auto-pipe) to work: as data-parallel replicas, or (cpu
     /// devices with `--freed-devices threads`) as threads of the devices still at work.
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     auto_dp: Option<bool>,
@@ -178,7 +178,8 @@ struct ElasticArgs {
     #[arg(long, value_parser = parse_from_str::<FreedDevices>)]
     freed_devices: Option<FreedDevices>,
     /// Cache the frozen layers' output per sample so later epochs skip them (on only where
-    /// reading is measured to be cheaper than the forward). Frozen layers run without dropout,
+    /// reading is measured to be cheaper than the forward; needs --auto-pipe, which takes the
+    /// frozen layers out of the pipeline for the cache to stand in for). Frozen layers run without dropout,
     /// deterministically, so a cached value is exactly what the forward would give (in the
     /// activations' dtype, unless `elastic.cache_dtype` says bf16).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
@@ -1175,7 +1176,8 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
         Event::Start { step, .. } => started_at = *step,
         other => {
             if let Event::Epoch { epoch, .. } = other {
-                bar.set_position((epoch + 1) * per_epoch);
+                // (A run that ends within an epoch, `train.max_steps`, ends at its length.)
+                bar.set_position(((epoch + 1) * per_epoch).min(total));
             }
             if let Some(line) = event_line(other) {
                 say(&bar, line);

@@ -1529,6 +1529,76 @@ fn a_failed_background_write_stops_the_run_at_the_next_checkpoint() {
     assert!(dir.join("checkpoint.ckpt").exists(), "{out}");
 }
 
+/// A BERT built from `model.config` trains on texts with the tokenizer `model.tokenizer`
+/// names (its `vocab_size` 0: the tokenizer's), and its export carries that tokenizer, so
+/// `predict` reads texts with it. Without a tokenizer, or with a token table smaller than the
+/// tokenizer's ids, the run is refused naming the setting and what would fit.
+#[test]
+fn a_bert_built_from_its_config_trains_with_the_tokenizer_given() {
+    let minilm = Path::new("weights/all-minilm-l6-v2");
+    if !common::installed(&[minilm, Path::new("data/text/rotten_tomatoes_corpus_full.csv.bz2")]) {
+        return;
+    }
+    let dir = scratch("bert-from-config");
+    let config = dir.join("bert.toml");
+    let bert = "{ family = \"bert\", vocab_size = 0, hidden_size = 32, num_hidden_layers = 2, num_attention_heads = 2, \
+                intermediate_size = 64, max_position_embeddings = 64 }";
+    let text = format!(
+        "[model]\nconfig = {bert}\ntokenizer = \"{}\"\n[data]\ndataset = \"rotten_tomatoes\"\nbatch_size = 8\nmax_len = 32\n\
+         train_limit = 32\ntest_limit = 16\n[train]\nepochs = 1\nlr = 1e-3\n[output]\ndir = \"{}\"\n",
+        minilm.display(),
+        dir.join("run").display()
+    );
+    std::fs::write(&config, text).unwrap();
+    let train = ["train", "--config", config.to_str().unwrap(), "--fresh", "--progress-every", "0"];
+    let (ok, out) = pipetransformer(&train);
+    assert!(ok && out.contains("data: rotten_tomatoes"), "{out}");
+    let model = dir.join("run/model");
+    let exported: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(model.join("config.json")).unwrap()).unwrap();
+    assert_eq!((exported["vocab_size"].as_u64(), exported["hidden_size"].as_u64()), (Some(30522), Some(32)));
+    assert_eq!(
+        std::fs::read(model.join("tokenizer.json")).unwrap(),
+        std::fs::read(minilm.join("tokenizer.json")).unwrap()
+    );
+    let (ok, out) =
+        pipetransformer(&["predict", "--model", model.to_str().unwrap(), "--format", "json", "a fine film"]);
+    assert!(ok && (out.contains(r#""label":"fresh""#) || out.contains(r#""label":"rotten""#)), "{out}");
+    let (ok, out) = pipetransformer(&[&train[..], &["--set", "model.tokenizer=none"]].concat());
+    assert!(!ok && out.contains("model.tokenizer") && out.contains("a text dataset needs a tokenizer"), "{out}");
+    let (ok, out) = pipetransformer(&[&train[..], &["--set", "model.config.vocab_size=1000"]].concat());
+    assert!(!ok && out.contains("expected a vocab_size of at least 30522"), "{out}");
+}
+
+/// `output.checkpoint_every` counts from the run's first step, a resumed run's too: resumed at
+/// step 4 with a checkpoint every 6 steps, the next is at step 6 (not 10), then 12, the end.
+#[test]
+fn a_resumed_run_checkpoints_at_multiples_of_checkpoint_every() {
+    if !common::installed(&[Path::new("data/text/hamlet.txt")]) {
+        return;
+    }
+    let dir = scratch("checkpoint-every");
+    let out_dir = format!("output.dir={}", dir.display());
+    let tiny = ["model.config.n_embd=32", "model.config.n_layer=2", "model.config.n_head=2", "data.max_len=32"];
+    let data = ["data.batch_size=4", "data.train_limit=64", "data.test_limit=8", out_dir.as_str()];
+    let mut args = vec!["train", "--config", "configs/gpt-hamlet.toml", "--progress-every", "0"];
+    for set in tiny.iter().chain(&data) {
+        args.extend(["--set", set]);
+    }
+    let (ok, out) = pipetransformer(&[&args[..], &["--fresh", "--set", "train.max_steps=4"]].concat());
+    assert!(ok, "{out}");
+    let resumed = [&args[..], &["--resume", "--set", "train.max_steps=12", "--set", "output.checkpoint_every=6"]];
+    let out = Command::new(env!("CARGO_BIN_EXE_pipetransformer")).args(resumed.concat()).env("PT_DEBUG", "1").output();
+    let out = out.unwrap();
+    let text = output_text(&out);
+    let steps: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("checkpoint at step "))
+        .filter_map(|l| l.split(':').next())
+        .collect();
+    assert!(out.status.success() && steps == ["6", "12"], "{steps:?}: {text}");
+}
+
 /// The PipeTransformer settings a user can get wrong: each a clear error naming the setting,
 /// before anything is written; an existing run's files stay as they were.
 #[test]

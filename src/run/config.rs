@@ -22,6 +22,11 @@ pub struct ModelSection {
     /// An architecture to build from scratch (used when `pretrained` is absent).
     #[serde(default)]
     pub config: Option<ModelConfig>,
+    /// A folder holding the `tokenizer.json` a text run reads its texts with (default:
+    /// `pretrained`'s): a BERT built from `config` needs one (its `vocab_size`, 0 or left out,
+    /// then taken from it).
+    #[serde(default)]
+    pub tokenizer: Option<PathBuf>,
     /// Pooling of a pretrained BERT's classification head.
     #[serde(default)]
     pub pooling: Option<Pooling>,
@@ -132,7 +137,8 @@ fn default_test_fraction() -> f64 {
 pub struct OutputSection {
     /// Directory for metrics, checkpoints, the exported model and the summary.
     pub dir: PathBuf,
-    /// Write a checkpoint every this many steps (0: only at the end).
+    /// Write a checkpoint at every multiple of this many steps, counted from the run's first
+    /// (a resumed run's too; 0: only at the end).
     #[serde(default)]
     pub checkpoint_every: u64,
     /// CPU threads (0: all cores).
@@ -447,6 +453,14 @@ impl RunConfig {
                  effect",
                 c.family(),
                 dir.display()
+            ));
+        }
+        let text = matches!(config.data.dataset, DatasetName::RottenTomatoes | DatasetName::ReutersR8);
+        if let Some(dir) = config.model.tokenizer.as_ref().filter(|_| !text) {
+            warnings.push(format!(
+                "model.tokenizer ({}) is set, but {} is not a dataset of texts: model.tokenizer has no effect",
+                dir.display(),
+                config.data.dataset.key()
             ));
         }
         if config.train.freeze_embeddings && config.model.pretrained.is_none() {

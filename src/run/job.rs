@@ -76,10 +76,15 @@ impl TokenizerIds {
     /// Refuses a model whose token table (`vocab` rows) or token-type table (`types`) is
     /// smaller than what this tokenizer gives.
     fn fit(&self, model: &std::path::Path, vocab: usize, types: usize) -> Result<()> {
-        let refuse = |what: String| Error::Config {
-            field: "model.pretrained".into(),
-            message: format!("{}: {what}; expected the tokenizer made for this model", model.display()),
-        };
+        let model = model.display().to_string();
+        self.fit_as("model.pretrained", &model, vocab, types, "expected the tokenizer made for this model")
+    }
+
+    /// [`fit`](Self::fit) for the model `field` names (`model` says what it is, `expected`
+    /// what would fit).
+    fn fit_as(&self, field: &str, model: &str, vocab: usize, types: usize, expected: &str) -> Result<()> {
+        let refuse =
+            |what: String| Error::Config { field: field.into(), message: format!("{model}: {what}; {expected}") };
         if self.vocab > vocab {
             return Err(refuse(format!(
                 "{} gives token ids up to {}, the model's table holds {vocab}",
@@ -179,7 +184,7 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
             };
             let split = hold_out_validation(split, d.validation_fraction, split_seed)?;
             let labels = split.train.class_names().to_vec();
-            let tokenizer_path = tokenizer_path(config)?;
+            let tokenizer_path = tokenizer_dir(config)?.join(weights::TOKENIZER_FILE);
             let tokenizer = TextTokenizer::from_file(&tokenizer_path, d.max_len)?;
             let train = subset(split.train.samples().to_vec(), d.train_limit, split_seed);
             let test = subset(split.test.samples().to_vec(), d.test_limit, split_seed ^ 1);
@@ -298,14 +303,27 @@ fn check_pretrained(dir: &std::path::Path) -> Result<()> {
     }
 }
 
-/// The tokenizer file of a text run: `tokenizer.json` in the pretrained model's directory.
-fn tokenizer_path(config: &RunConfig) -> Result<PathBuf> {
-    match &config.model.pretrained {
-        Some(dir) => check_pretrained(dir).map(|()| dir.join("tokenizer.json")),
-        None => Err(Error::Config {
-            field: "model.pretrained".into(),
-            message: "text datasets need a pretrained model directory holding tokenizer.json".into(),
-        }),
+/// The folder a text run's `tokenizer.json` is read from: `model.tokenizer`, else the
+/// pretrained model's.
+fn tokenizer_dir(config: &RunConfig) -> Result<&std::path::Path> {
+    let m = &config.model;
+    match (&m.tokenizer, &m.pretrained) {
+        (Some(dir), _) if !dir.is_dir() => Err(config_error(
+            "model.tokenizer",
+            format!("{} is not a folder; expected a folder holding tokenizer.json", dir.display()),
+        )),
+        (Some(dir), _) if !dir.join(weights::TOKENIZER_FILE).is_file() => Err(config_error(
+            "model.tokenizer",
+            format!("{} holds no {}; expected a folder holding one", dir.display(), weights::TOKENIZER_FILE),
+        )),
+        (Some(dir), _) => Ok(dir),
+        (None, Some(dir)) => check_pretrained(dir).map(|()| dir.as_path()),
+        (None, None) => Err(config_error(
+            "model.tokenizer",
+            "a text dataset needs a tokenizer: model.pretrained (a Hugging Face model folder), or, for a model \
+             built from model.config, model.tokenizer (a folder holding tokenizer.json, such as \
+             weights/all-minilm-l6-v2)",
+        )),
     }
 }
 
@@ -367,7 +385,21 @@ pub fn build_model<D: Device>(
             }
             let mut model_config = c.clone();
             match &mut model_config {
-                ModelConfig::Bert(c) => c.num_labels = info.classes,
+                ModelConfig::Bert(c) => {
+                    c.num_labels = info.classes;
+                    if let Some(ids) = &info.tokenizer {
+                        // (0: the tokenizer's, as the data gives a GPT its vocabulary.)
+                        if c.vocab_size == 0 {
+                            c.vocab_size = ids.vocab;
+                        }
+                        let what = format!("vocab_size {}, type_vocab_size {}", c.vocab_size, c.type_vocab_size);
+                        let expected = format!(
+                            "expected a vocab_size of at least {} (0 takes the tokenizer's) and a type_vocab_size above {}",
+                            ids.vocab, ids.pad_type_id
+                        );
+                        ids.fit_as("model.config", &what, c.vocab_size, c.type_vocab_size, &expected)?;
+                    }
+                }
                 ModelConfig::Vit(c) => c.num_labels = info.classes,
                 ModelConfig::Gpt(c) => c.vocab_size = info.classes,
             }
@@ -1442,7 +1474,9 @@ impl<D: Device> Job<D> {
             // From here on the state is this run's: a later call continues it.
             self.resumed = true;
             while !self.trainer.done() {
-                let chunk = (every > 0).then_some(every);
+                // Checkpoints at the multiples of `every`, counted from the run's first step
+                // (a resumed run's too).
+                let chunk = (every > 0).then(|| every - self.trainer.position.step % every);
                 if self.metrics.borrow().as_ref().is_some_and(MetricsLog::is_held) {
                     // A run that starts over takes its first step alone, then sets the earlier
                     // run's files aside (a failure to do so ends it here), then goes on to the
@@ -1561,7 +1595,7 @@ impl<D: Device> Job<D> {
             spec: self.trainer.pipeline.spec().clone(),
             config: self.model_config.clone(),
             labels: self.info.labels.clone(),
-            tokenizer_dir: self.config.model.pretrained.clone(),
+            tokenizer_dir: tokenizer_dir(&self.config).ok().map(Path::to_path_buf),
             chars: self.info.chars.clone(),
             max_seq_length: self.config.data.max_len,
             pixel_max: self.info.pixel_max,
@@ -1779,7 +1813,7 @@ mod tests {
             &[],
         )
         .unwrap();
-        let e = super::tokenizer_path(&config).unwrap_err().to_string();
+        let e = super::tokenizer_dir(&config).unwrap_err().to_string();
         assert!(e.contains("model.pretrained") && e.contains("pt-no-such-model is not a folder"), "{e}");
         assert!(e.contains("make setup"), "{e}");
     }
