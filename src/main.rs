@@ -49,7 +49,7 @@ impl From<Family> for pipetransformer::model::Family {
 struct DeviceArgs {
     /// Backend: auto (cuda when the driver sees a GPU for each device the command uses, else cpu),
     /// cpu, cuda, or cuda-emu (the CUDA kernels emulated on the host: slow, for checking).
-    #[arg(long, default_value = "auto", value_parser = parse_device)]
+    #[arg(long, default_value = "auto", value_parser = parse_from_str::<DeviceKind>)]
     device: DeviceKind,
     /// f32 (the default; for `train`, the config's `output.precision`),
     /// bf16, or auto (bf16 where the hardware's bf16 products are the faster: a CPU with AMX, an
@@ -65,7 +65,7 @@ struct DeviceArgs {
 struct ModelDeviceArgs {
     /// Backend: auto (cuda when the driver sees a GPU, else cpu), cpu, cuda, or cuda-emu (the
     /// CUDA kernels emulated on the host: slow, for checking).
-    #[arg(long, default_value = "auto", value_parser = parse_device)]
+    #[arg(long, default_value = "auto", value_parser = parse_from_str::<DeviceKind>)]
     device: DeviceKind,
     /// f32 (the default; for `evaluate --config`, the config's `output.precision`), bf16, or
     /// auto (bf16 where the hardware's bf16 products are the faster: a CPU with AMX, an AMD
@@ -235,16 +235,16 @@ enum PrecisionArg {
     Auto,
 }
 
-/// A count that must be at least 1, refused by clap as a usage error otherwise.
+/// A count that must be at least 1 (steps, inputs per forward pass), refused by clap as a
+/// usage error otherwise.
 fn at_least_one<T>(s: &str) -> std::result::Result<T, String>
 where
     T: std::str::FromStr + Default + PartialEq,
-    T::Err: std::fmt::Display,
 {
     match s.parse::<T>() {
         Ok(n) if n == T::default() => Err("must be at least 1".into()),
         Ok(n) => Ok(n),
-        Err(e) => Err(e.to_string()),
+        Err(_) => Err(format!("`{s}` is not a whole number")),
     }
 }
 
@@ -252,24 +252,11 @@ fn parse_from_str<T: std::str::FromStr<Err = pipetransformer::Error>>(s: &str) -
     s.parse().map_err(|e: pipetransformer::Error| e.to_string())
 }
 
-/// A batch size: a whole number, at least 1.
-fn parse_batch_size(s: &str) -> std::result::Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(0) => Err("must be at least 1 (inputs per forward pass)".into()),
-        Ok(n) => Ok(n),
-        Err(_) => Err(format!("`{s}` is not a whole number of inputs")),
-    }
-}
-
 fn parse_lr(s: &str) -> std::result::Result<f64, String> {
     match s.parse::<f64>() {
         Ok(lr) if lr.is_finite() && lr >= 0.0 => Ok(lr),
         _ => Err(format!("`{s}` is not a learning rate: expected a number, finite and ≥ 0")),
     }
-}
-
-fn parse_device(s: &str) -> std::result::Result<DeviceKind, String> {
-    s.parse().map_err(|e: pipetransformer::Error| e.to_string())
 }
 
 impl DeviceArgs {
@@ -364,7 +351,7 @@ enum Command {
         #[arg(long)]
         file: Option<PathBuf>,
         /// Inputs per forward pass (at least 1).
-        #[arg(long, default_value_t = 32, value_parser = parse_batch_size)]
+        #[arg(long, default_value_t = 32, value_parser = at_least_one::<usize>)]
         batch_size: usize,
         /// json (one object per line) or table; default: table on a terminal, else json.
         #[arg(long, value_enum)]
@@ -412,7 +399,7 @@ enum Command {
         /// Inputs per forward pass (at least 1): rows of `--file` (default 64), or the
         /// dataset's evaluation batches (default: the config's `data.eval_batch_size`, else
         /// its `data.batch_size`).
-        #[arg(long, value_parser = parse_batch_size)]
+        #[arg(long, value_parser = at_least_one::<usize>)]
         batch_size: Option<usize>,
         /// CPU threads (0: all cores; never more than the cores). Default: the `--config`'s
         /// `output.threads`, else all cores.

@@ -1564,6 +1564,16 @@ fn a_bert_built_from_its_config_trains_with_the_tokenizer_given() {
     let (ok, out) =
         pipetransformer(&["predict", "--model", model.to_str().unwrap(), "--format", "json", "a fine film"]);
     assert!(ok && (out.contains(r#""label":"fresh""#) || out.contains(r#""label":"rotten""#)), "{out}");
+    // What turns texts into ids is not the samples' fingerprint: a resume under another
+    // length or tokenizer folder names them.
+    let copy = dir.join("tokenizer");
+    std::fs::create_dir_all(&copy).unwrap();
+    std::fs::copy(minilm.join("tokenizer.json"), copy.join("tokenizer.json")).unwrap();
+    let other = format!("model.tokenizer={}", copy.display());
+    let resume = ["train", "--config", config.to_str().unwrap(), "--resume", "--set", "train.epochs=2", "--set"];
+    let (ok, out) = pipetransformer(&[&resume[..], &["data.max_len=16", "--set", &other]].concat());
+    let named = format!("data.max_len 32 → 16, model.tokenizer \"{}\" → \"{}\"", minilm.display(), copy.display());
+    assert!(ok && out.contains(&named), "{out}");
     let (ok, out) = pipetransformer(&[&train[..], &["--set", "model.tokenizer=none"]].concat());
     assert!(!ok && out.contains("model.tokenizer") && out.contains("a text dataset needs a tokenizer"), "{out}");
     let (ok, out) = pipetransformer(&[&train[..], &["--set", "model.config.vocab_size=1000"]].concat());

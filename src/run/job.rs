@@ -459,7 +459,7 @@ fn check_images(spec: &crate::model::Spec, first: &HostBatch, info: &DataInfo) -
 /// and exports (an evaluation on a split holding training samples is refused).
 pub(crate) fn data_settings(config: &RunConfig) -> serde_json::Value {
     let d = &config.data;
-    serde_json::json!({
+    let mut settings = serde_json::json!({
         "data.dataset": d.dataset,
         "train.seed": config.train.seed,
         "data.split_seed": d.split_seed,
@@ -467,7 +467,15 @@ pub(crate) fn data_settings(config: &RunConfig) -> serde_json::Value {
         "data.validation_fraction": d.validation_fraction,
         "data.train_limit": d.train_limit,
         "data.group_by_length": d.group_by_length,
-    })
+    });
+    // What turns a text into ids, which the samples' fingerprint does not follow: a resume
+    // under others names them.
+    if let (DatasetName::RottenTomatoes | DatasetName::ReutersR8, Some(map)) = (d.dataset, settings.as_object_mut()) {
+        map.insert("data.max_len".into(), d.max_len.into());
+        let tokenizer = tokenizer_dir(config).ok().map(|dir| dir.display().to_string());
+        map.insert("model.tokenizer".into(), tokenizer.into());
+    }
+    settings
 }
 
 /// Where a run of `config` keeps its checkpoint.

@@ -743,6 +743,11 @@ impl<D: Device> Trainer<D> {
             Ok(now) => changed_settings("train", &field("train"), &now),
             Err(_) => Vec::new(),
         };
+        // The data's settings that left its samples as they were (its fingerprint agreed
+        // above), such as how texts become ids: named, taken from here on.
+        if let Some(now) = &self.data_settings {
+            changed.extend(changed_settings("", &field("data_settings"), now));
+        }
         // (Where the plan in force was kept over the checkpoint's, its own shape is the news.)
         changed.extend(recompute_changed.filter(|_| reshaped_from.is_none()));
         // The products' precision (master weights and optimizer state are f32 in either).
@@ -755,14 +760,14 @@ impl<D: Device> Trainer<D> {
 }
 
 /// The settings of `now` whose values differ from `then`'s, as `prefix.key then → now`, a
-/// table's by its own keys (`train.optimizer.beta1 0.9 → 0.5`). A key one side lacks (a
-/// setting a later version added) is not a change.
+/// table's by its own keys (`train.optimizer.beta1 0.9 → 0.5`; keys named in full without a
+/// prefix). A key one side lacks (a setting a later version added) is not a change.
 pub fn changed_settings(prefix: &str, then: &serde_json::Value, now: &serde_json::Value) -> Vec<String> {
     let (Some(then), Some(now)) = (then.as_object(), now.as_object()) else { return Vec::new() };
     let mut changed = Vec::new();
     for (key, value) in now {
         let Some(was) = then.get(key).filter(|was| *was != value) else { continue };
-        let name = format!("{prefix}.{key}");
+        let name = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
         match (was.is_object() && value.is_object(), was.get("kind") == value.get("kind")) {
             // The same kind of table: its settings one by one.
             (true, true) => changed.extend(changed_settings(&name, was, value)),
