@@ -28,7 +28,7 @@
 //! | [`run`] | `RunConfig` (a TOML run configuration with `--set` overrides), `open_devices`/`open_device` (the command line's devices), the data sources, `Job` (devices, model, plan, pipeline, trainer and elastic controller from a config; metrics, checkpoints, export, `report.html`; `resume` → `Resumed`), `ProgressLines` (progress without a terminal) and `event_line` (the console's line for each event other than a step), `overfit` (a small model memorises one batch: the quickest end-to-end check of a device), `Predictor` (`predict` and `evaluate` on an export or checkpoint), `launch` (one process per device, torchrun's conventions) |
 //! | [`weights`] | Hugging Face checkpoints: `load_safetensors` (memory-mapped), `load_into_model` (by name, with a `LoadReport` of missing/unexpected tensors), `read_hf_config`, `export_model` (a self-contained folder: safetensors under the HF class's names, `config.json` with labels, tokenizer or vocabulary, sentence-transformers modules, preprocessing; atomic), `read_export` |
 //! | [`bench`](mod@bench) | the MiniLM-shaped benchmark workload, step FLOPs, the GEMM roofline, GPU datasheet peaks, `bench_step` → `StepReport` (the `bench-step` table, PyTorch beside it) |
-//! | [`text`] | `TextTokenizer` (a Hugging Face `tokenizer.json`, our truncation, no padding), `text_batch` (labelled texts → per-batch-padded BERT `HostBatch`), `lm_batch`/`lm_batches` (token stream → next-token `HostBatch`es) |
+//! | [`text`] | `TextTokenizer` (a Hugging Face `tokenizer.json`, our truncation, no padding), `text_batch` (labelled texts → per-batch-padded BERT `HostBatch`), `stream_batch`/`stream_batches` (a token stream's windows → next-token `HostBatch`es; `data::lm_batch` batches a corpus's sequences) |
 //! | [`testing`] | finite-difference gradient checks and error metrics used by the tests |
 //! | [`fuzz`] | structure-aware mutation fuzzing on stable Rust: `run` a target (safetensors, checkpoint, IDX, CSV, Orange .tab, `tokenizer.json`, run config, `config.json`, PNG/PGM) from seeded mutations of valid seeds; panics, hangs and over-cap allocations (`check_allocation`) become `Finding`s |
 //!
@@ -39,7 +39,9 @@
 //!   trains, evaluates, checkpoints and exports to `output.dir`.
 //! - The epoch loop over your own data: a [`train::BatchSource`], a [`pipeline::Pipeline`]
 //!   (one device is a pipeline of one stage), [`train::Trainer::fit`] with a
-//!   [`train::Controller`] between steps ([`elastic::Elastic`], or `()` for none), and
+//!   [`train::Controller`] between steps ([`elastic::Elastic`], after its
+//!   [`start`](elastic::Elastic::start), which applies a freeze table's first entry, takes the
+//!   settling test's first weights and begins AutoPipe's timing; or `()` for none), and
 //!   [`weights::export_values`] of [`pipeline::Pipeline::parameter_tensors`] for an export.
 //! - One step on one device: [`optim::train_step`] (`examples/train_tiny.rs`).
 

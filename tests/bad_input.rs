@@ -145,6 +145,47 @@ fn the_time_to_accuracy_script_refuses_a_used_folder_and_a_missing_binary() {
     assert!(!dir.join("new").exists(), "nothing made for a run that did not start");
 }
 
+/// A batch whose fields disagree with its sample and token counts (a library user's own
+/// batch source) is refused naming the field, by every cut the pipeline makes of it, not a
+/// slice panic.
+#[test]
+fn a_batch_whose_fields_disagree_with_its_size_is_refused_by_every_cut() {
+    let good = HostBatch { batch: 2, seq: 4, tokens: Some(vec![1; 8]), targets: vec![0; 8], ..Default::default() };
+    assert!(good.split(2).is_ok() && good.select(&[1]).is_ok() && good.token_slices(&[2, 2]).is_ok());
+    let bad = [
+        ("tokens", HostBatch { tokens: Some(vec![1; 7]), ..good.clone() }),
+        ("token_types", HostBatch { token_types: Some(vec![0; 3]), ..good.clone() }),
+        ("attention_mask", HostBatch { attention_mask: Some(vec![1; 9]), ..good.clone() }),
+        ("targets", HostBatch { targets: vec![0; 5], ..good.clone() }),
+        ("sample_ids", HostBatch { sample_ids: vec![0; 3], ..good.clone() }),
+        ("pixels", HostBatch { tokens: None, targets: vec![0; 2], pixels: Some(vec![0.0; 5]), ..good.clone() }),
+    ];
+    for (field, host) in bad {
+        let cuts =
+            [host.split(2).map(|_| ()), host.select(&[1, 0]).map(|_| ()), host.token_slices(&[2, 2]).map(|_| ())];
+        for cut in cuts {
+            let Err(Error::Data { what, message }) = cut else { panic!("{field}: expected a data error, got {cut:?}") };
+            assert_eq!(what, field, "{message}");
+        }
+    }
+}
+
+/// A model put back together from parts whose tie names a unit they no longer hold (a
+/// library caller that dropped units) is refused, not a panic at the first step.
+#[test]
+fn a_model_from_parts_with_a_tie_past_its_units_is_refused() {
+    let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+    let model = Model::new(&dev, &common::tiny_gpt(0.0), 0).unwrap();
+    let tied = model.tied().cloned();
+    assert!(tied.is_some(), "a GPT ties its LM head to the embedding");
+    let mut parts = model.into_parts();
+    parts.units.pop();
+    let Err(Error::Config { field, message }) = Model::from_parts(parts) else { panic!("expected a config error") };
+    assert!(field == "tied" && message.contains("expected two parameters of the units"), "{message}");
+    let parts = Model::new(&dev, &common::tiny_gpt(0.0), 0).unwrap().into_parts();
+    assert!(Model::from_parts(parts).is_ok_and(|m| m.tied().cloned() == tied));
+}
+
 /// A sample index past the batch is an error naming it, not a slice panic.
 #[test]
 fn selecting_a_sample_past_the_batch() {

@@ -1529,3 +1529,31 @@ fn the_gradient_norm_counts_a_tied_weight_once() {
         stats.grad_norm
     );
 }
+
+/// What a library caller hands the pipeline is checked: profiles for another number of units
+/// (which would place units out of order), or a replica the pipeline does not have, are errors
+/// naming them, not panics.
+#[test]
+fn profiles_of_another_model_and_a_replica_past_the_pipeline_are_refused() {
+    let config = common::tiny_gpt(0.0);
+    let devices = cpus(2);
+    let model = Model::new(&devices[0], &config, 0).unwrap();
+    let units = profiles(&model, &devices[0]);
+    let plan = PipelineConfig { pipeline_len: 2, ..Default::default() };
+    let optimizer = OptimizerConfig::default();
+    let Err(e) =
+        Pipeline::new(cpus(2), Model::new(&devices[0], &config, 0).unwrap(), optimizer, plan.clone(), &units[1..])
+    else {
+        panic!("a unit's profile short")
+    };
+    assert!(e.to_string().contains(&format!("{} unit profiles for a model of {} units", units.len() - 1, units.len())));
+    let mut pipeline = Pipeline::new(devices, model, optimizer, plan.clone(), &units).unwrap();
+    assert!(pipeline.replan(plan, &units[..2], 0).is_err_and(|e| e.to_string().contains("unit profiles")));
+    let host = common::tiny_batch(&config, 0);
+    assert!(pipeline.evaluate(0, &host).is_ok());
+    let past = |e: pipetransformer::Error| e.to_string().contains("on replica 1; the pipeline has 1");
+    assert!(pipeline.evaluate(1, &host).is_err_and(past));
+    assert!(pipeline.parameters(1).is_err_and(past));
+    let mut next = || None;
+    assert!(pipeline.evaluate_all(1, &mut next, &mut |_, _| Ok(())).is_err_and(past));
+}

@@ -23,4 +23,11 @@ fn a_fresh_run_stopped_before_its_first_step_writes_nothing() {
     for aside in common::SET_ASIDE {
         assert!(!dir.join(aside).exists(), "{aside} was set aside");
     }
+    // The request withdrawn, the same process trains again (a library's caller that goes on
+    // after a stopped run).
+    pipetransformer::train::clear_stop();
+    let mut again = common::cpu_job(&config, 1, 1);
+    let mut steps = 0;
+    let done = again.run(&mut |e| steps += matches!(e, pipetransformer::train::Event::Step { .. }) as usize);
+    assert!(done.is_ok() && steps > 0, "{done:?}");
 }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use pipetransformer::device::{CpuDevice, Device};
 use pipetransformer::model::{Batch, BertConfig, GptConfig, Model, ModelConfig, Pooling};
-use pipetransformer::text::{TextInput, TextItem, TextTokenizer, lm_batches, text_batch};
+use pipetransformer::text::{TextInput, TextItem, TextTokenizer, stream_batches, text_batch};
 use pipetransformer::{Error, Result};
 use serde::Deserialize;
 
@@ -244,7 +244,7 @@ fn per_batch_padding_does_not_change_a_bert_classifier() {
 }
 
 #[test]
-fn lm_batches_feed_a_gpt() {
+fn stream_batches_feed_a_gpt() {
     let config = match common::tiny_gpt(0.0) {
         ModelConfig::Gpt(c) => ModelConfig::Gpt(GptConfig { vocab_size: 20, ..c }),
         _ => unreachable!(),
@@ -252,7 +252,7 @@ fn lm_batches_feed_a_gpt() {
     let dev = CpuDevice::<f64>::new(0, 1).unwrap();
     let model = Model::new(&dev, &config, 3).unwrap();
     let stream: Vec<u32> = (0..40).map(|i| (i * 7 % 20) as u32).collect();
-    let batches = lm_batches(&stream, 6, 4, 0).unwrap();
+    let batches = stream_batches(&stream, 6, 4, 0).unwrap();
     let mut predicted = 0;
     for host in &batches {
         let batch = Batch::upload(&dev, model.spec(), host, false, 0).unwrap();

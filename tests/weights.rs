@@ -198,6 +198,30 @@ fn round_trip_gpt_restores_the_tied_head() {
     assert!(!report.loaded.iter().any(|n| n == "lm_head.weight"));
 }
 
+/// A caller's tensor whose values disagree with its shape is refused by name before anything
+/// is written, not a panic in GPT-2's transposes.
+#[test]
+fn export_values_refuses_a_tensor_whose_values_disagree_with_its_shape() {
+    use pipetransformer::pipeline::{Pipeline, PipelineConfig, unit_profiles_per_sample};
+    let config = common::tiny_gpt(0.0);
+    let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+    let mut model = Model::new(&dev, &config, 1).unwrap();
+    let profiles = unit_profiles_per_sample(&dev, &mut model, &common::tiny_batch(&config, 0), false).unwrap();
+    let optimizer = pipetransformer::optim::OptimizerConfig::default();
+    let pipeline = Pipeline::new(vec![dev], model, optimizer, PipelineConfig::default(), &profiles).unwrap();
+    let mut tensors = pipeline.parameter_tensors().unwrap();
+    let at = tensors.iter().position(|t| t.shape.len() == 2 && !t.name.contains("wte")).unwrap();
+    let name = tensors[at].name.clone();
+    tensors[at].values.pop();
+    let dir = temp_dir("export-short");
+    let out = dir.join("model");
+    let spec = config.spec().unwrap();
+    let e = pipetransformer::weights::export_values(&spec, tensors, &config, &ExportExtras::default(), &out);
+    let Err(Error::Config { message, .. }) = e else { panic!("expected a config error, got {e:?}") };
+    assert!(message.contains(&format!("tensor {name} has")) && message.contains("expected their product"), "{message}");
+    assert!(!out.exists());
+}
+
 /// A stage process's model (`Model::new_keeping`) loads the values of the units it keeps
 /// only: the others stay hollow and are reported as held by other processes, after the file
 /// was checked against every parameter's shape. GPT keeps its last two units (the tied head,

@@ -234,7 +234,10 @@ impl Asked {
 
 impl Elastic {
     /// A controller for `config`; `cache_dir` is where the cache spills unless the config
-    /// names a directory. The cache's directory is created and checked now.
+    /// names a directory. The cache's directory is created and checked now. The switches are
+    /// not checked against each other here ([`ElasticConfig::validate`] does, as a run's job
+    /// calls it: a test may time AutoPipe's counts without a freeze rule). Call
+    /// [`start`](Self::start) before the first step.
     pub fn new(config: ElasticConfig, around: Surroundings, cache_dir: &std::path::Path) -> Result<Self> {
         let freeze = FreezeController::new(config.rule(), config.alpha, around.layers)?;
         let cache = if config.cache {

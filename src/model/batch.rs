@@ -92,10 +92,48 @@ impl HostBatch {
         }
     }
 
+    /// Refuses a batch whose fields disagree with its `batch` and `seq` (a batch source's
+    /// mistake), naming the field and the size expected, before anything cuts it by them:
+    /// token fields of `batch × seq` ids, a target per sample or per token, pixels, sample
+    /// ids and cached hidden states a whole share per sample.
+    pub fn check_sizes(&self) -> Result<()> {
+        let b = self.batch;
+        let exactly = |what: &str, got: usize, want: usize| match got == want {
+            true => Ok(()),
+            false => Err(data_error(what, format!("has {got} values; a batch of {b} × {} expects {want}", self.seq))),
+        };
+        for (what, field) in
+            [("tokens", &self.tokens), ("token_types", &self.token_types), ("attention_mask", &self.attention_mask)]
+        {
+            if let Some(v) = field {
+                exactly(what, v.len(), b * self.seq)?;
+            }
+        }
+        // (A language model's targets are per token; its cached batches carry no tokens.)
+        if self.targets.len() != b * self.seq {
+            exactly("targets", self.targets.len(), b)?;
+        }
+        if !self.sample_ids.is_empty() {
+            exactly("sample_ids", self.sample_ids.len(), b)?;
+        }
+        let shared = |what: &str, len: usize, unit: usize| match b > 0 && len % (b * unit.max(1)) == 0 {
+            true => Ok(()),
+            false => Err(data_error(what, format!("has {len} values, not an equal share for each of {b} samples"))),
+        };
+        if let Some(p) = &self.pixels {
+            shared("pixels", p.len(), 1)?;
+        }
+        if let Some(h) = &self.hidden {
+            shared("hidden", h.data.len(), h.width)?;
+        }
+        Ok(())
+    }
+
     /// Cuts the batch into `parts` contiguous pieces of near-equal size (the first
     /// `batch mod parts` get one sample more), each keeping its samples' global positions (so
     /// dropout masks, and hence the training step, do not depend on the cut).
     pub fn split(&self, parts: usize) -> Result<Vec<HostBatch>> {
+        self.check_sizes()?;
         if parts == 0 || parts > self.batch {
             return Err(crate::error::config_error(
                 "micro_batches",
@@ -137,6 +175,7 @@ impl HostBatch {
     /// sample's dropout position changes with its index; select only for work without dropout,
     /// such as running a frozen prefix). An index past the batch is an error.
     pub fn select(&self, indices: &[usize]) -> Result<HostBatch> {
+        self.check_sizes()?;
         if let Some(&i) = indices.iter().find(|&&i| i >= self.batch) {
             return Err(crate::error::data_error(
                 "sample index",
@@ -225,6 +264,7 @@ impl HostBatch {
     /// batches of unpadded sequences can be sliced (a classifier's loss needs the whole
     /// sequence; a padding mask would have to cover the context as well).
     pub fn token_slices(&self, lengths: &[usize]) -> Result<Vec<HostBatch>> {
+        self.check_sizes()?;
         let bad = |message: String| Err(crate::error::config_error("pipeline.token_slices", message));
         let total: usize = lengths.iter().sum();
         if lengths.is_empty() || lengths.contains(&0) {

@@ -356,9 +356,26 @@ impl<D: Device> Model<D> {
         ModelParts { spec: self.spec, units: self.units, tied: self.tied }
     }
 
-    /// Puts a model back together from [`into_parts`](Self::into_parts).
-    pub fn from_parts(parts: ModelParts<D>) -> Self {
-        Self { spec: parts.spec, units: parts.units, tied: parts.tied }
+    /// Puts a model back together from [`into_parts`](Self::into_parts). A tie that names a
+    /// unit past the units, the same unit twice or in the wrong order, or a parameter its unit
+    /// does not have is refused.
+    pub fn from_parts(parts: ModelParts<D>) -> Result<Self> {
+        if let Some([(ua, na), (ub, nb)]) = &parts.tied {
+            let has = |u: usize, name: &str| {
+                parts.units.get(u).is_some_and(|unit| unit.params().iter().any(|p| p.name == name))
+            };
+            if ua >= ub || !has(*ua, na) || !has(*ub, nb) {
+                return Err(crate::error::config_error(
+                    "tied",
+                    format!(
+                        "({ua}, {na}) and ({ub}, {nb}) of {} units; expected two parameters of the units, the first in an \
+                         earlier unit",
+                        parts.units.len()
+                    ),
+                ));
+            }
+        }
+        Ok(Self { spec: parts.spec, units: parts.units, tied: parts.tied })
     }
 
     /// Runs the units backward from `dlogits`, last unit first, stopping at the frozen

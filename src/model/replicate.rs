@@ -131,7 +131,7 @@ impl<D: Device> super::Model<D> {
     pub fn replicate_to(&self, from: &D, to: &D) -> Result<Self> {
         let units = self.units().iter().map(|u| u.replicate(from, to)).collect::<Result<_>>()?;
         let parts = super::ModelParts { spec: self.spec().clone(), units, tied: self.tied().cloned() };
-        Ok(super::Model::from_parts(parts))
+        super::Model::from_parts(parts)
     }
 }
 

@@ -108,6 +108,7 @@ impl Plan {
         devices: usize,
         pinned: usize,
     ) -> Result<Plan> {
+        check_names(units, &unit_names)?;
         let schedule = Self::check(&config, units.len().saturating_sub(pinned), devices)?;
         // Token slices change what a micro-batch keeps (TeraPipe): the partition's memory
         // counts the sliced activations and the key/value arenas.
@@ -345,6 +346,7 @@ impl Plan {
         devices: usize,
         stages: Vec<std::ops::Range<usize>>,
     ) -> Result<Plan> {
+        check_names(units, &unit_names)?;
         let schedule = Self::check(&config, units.len(), devices)?;
         if stages.len() != schedule.stages {
             return Err(config_error(
@@ -491,6 +493,19 @@ impl Plan {
     /// free links (what a printed plan knows; [`CostModel::from_stage_times`]).
     pub fn simulate(&self) -> Result<Simulation> {
         simulate(&self.schedule, &CostModel::from_stage_times(self, Link::INSTANT))
+    }
+}
+
+/// Refuses unit names (a model's units) of another count than the costs (`units`) the plan
+/// cuts: a caller's profiles of another model would place units out of order. (No names: a
+/// plan of costs alone.)
+fn check_names(units: &[UnitProfile], unit_names: &[String]) -> Result<()> {
+    match unit_names.is_empty() || unit_names.len() == units.len() {
+        true => Ok(()),
+        false => Err(config_error(
+            "profiles",
+            format!("{} unit profiles for a model of {} units; expected one per unit", units.len(), unit_names.len()),
+        )),
     }
 }
 

@@ -554,7 +554,9 @@ impl RunConfig {
         })
     }
 
-    fn validate(&self) -> Result<()> {
+    /// Checks every setting no run can use, naming it as a config writes it: what parsing a
+    /// config does, and what [`Job`](super::Job) does with a config built in code.
+    pub fn validate(&self) -> Result<()> {
         if self.model.pretrained.is_none() && self.model.config.is_none() {
             return Err(Error::Config {
                 field: "model".into(),

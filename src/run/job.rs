@@ -1120,6 +1120,8 @@ impl<D: Device> Job<D> {
     }
 
     fn assemble(devices: Vec<D>, config: RunConfig, group: Option<ProcessGroup>, processes: usize) -> Result<Self> {
+        // (A config built in code, not parsed, is checked here as a parsed one is.)
+        config.validate()?;
         let (plan, count) = config.pipeline.resolve()?;
         if devices.len() < count {
             return Err(config_error("devices", format!("the run needs {count} devices; {} given", devices.len())));

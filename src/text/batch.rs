@@ -61,10 +61,18 @@ pub fn text_batch(tokenizer: &TextTokenizer, items: &[TextItem<'_>], sample_offs
 /// [`text_batch`] of samples `tokenizer` has already encoded: the same batch, padded from
 /// their ids without tokenising again.
 ///
-/// Errors: an empty `items`, or items that are all empty ([`Error::Data`](crate::Error::Data)).
+/// Errors: an empty `items`, items that are all empty, or an item with another number of
+/// token types than ids ([`Error::Data`](crate::Error::Data)).
 pub fn encoded_batch(tokenizer: &TextTokenizer, items: &[EncodedItem<'_>], sample_offset: u64) -> Result<TextBatch> {
     if items.is_empty() {
         return Err(data_error("text batch", "is empty; expected at least one item"));
+    }
+    if let Some(item) = items.iter().find(|item| item.encoded.type_ids.len() != item.encoded.ids.len()) {
+        let (ids, types) = (item.encoded.ids.len(), item.encoded.type_ids.len());
+        return Err(data_error(
+            "text batch",
+            format!("item {} has {ids} token ids and {types} token types; expected one type per id", item.id),
+        ));
     }
     let batch = items.len();
     let seq = items.iter().map(|item| item.encoded.ids.len()).max().unwrap_or(0);
@@ -167,6 +175,12 @@ mod tests {
         }
         match encoded_batch(&tiny(8), &[], 0) {
             Err(Error::Data { what, .. }) => assert_eq!(what, "text batch"),
+            other => panic!("expected a data error, got {other:?}"),
+        }
+        // A caller's encoding with a token type short is named, not a slice panic.
+        let encoded = Encoded { ids: vec![1, 2, 3], type_ids: vec![0, 0], truncated: false };
+        match encoded_batch(&tiny(8), &[EncodedItem { id: 7, encoded: &encoded, label: 0 }], 0) {
+            Err(Error::Data { message, .. }) => assert!(message.contains("item 7 has 3 token ids and 2 token types")),
             other => panic!("expected a data error, got {other:?}"),
         }
     }

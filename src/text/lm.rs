@@ -12,7 +12,13 @@ use crate::model::{HostBatch, IGNORE_INDEX};
 ///
 /// Errors ([`Error::Data`](crate::Error::Data)): no starts, `seq` 0, or a start with no next
 /// token (`start + 1 >= stream.len()`), whose row would have no target.
-pub fn lm_batch(stream: &[u32], starts: &[usize], seq: usize, pad_id: u32, sample_offset: u64) -> Result<HostBatch> {
+pub fn stream_batch(
+    stream: &[u32],
+    starts: &[usize],
+    seq: usize,
+    pad_id: u32,
+    sample_offset: u64,
+) -> Result<HostBatch> {
     if starts.is_empty() {
         return Err(data_error("lm batch", "has no window starts; expected at least one"));
     }
@@ -40,12 +46,12 @@ pub fn lm_batch(stream: &[u32], starts: &[usize], seq: usize, pad_id: u32, sampl
 
 /// The whole stream as consecutive, non-overlapping windows of `seq` tokens, `batch` windows
 /// per [`HostBatch`] (the last batch may hold fewer). Every token that has a successor is
-/// predicted exactly once; the last window is padded as in [`lm_batch`]. Window `w` gets
+/// predicted exactly once; the last window is padded as in [`stream_batch`]. Window `w` gets
 /// `sample_offset = w`, so dropout masks do not depend on how the windows are batched.
 ///
 /// Errors ([`Error::Data`](crate::Error::Data)): `seq` or `batch` 0, or a stream shorter than
 /// two tokens.
-pub fn lm_batches(stream: &[u32], seq: usize, batch: usize, pad_id: u32) -> Result<Vec<HostBatch>> {
+pub fn stream_batches(stream: &[u32], seq: usize, batch: usize, pad_id: u32) -> Result<Vec<HostBatch>> {
     if seq == 0 || batch == 0 {
         return Err(data_error("lm batches", format!("seq = {seq} and batch = {batch}; both must be at least 1")));
     }
@@ -57,7 +63,7 @@ pub fn lm_batches(stream: &[u32], seq: usize, batch: usize, pad_id: u32) -> Resu
     starts
         .chunks(batch)
         .enumerate()
-        .map(|(i, chunk)| lm_batch(stream, chunk, seq, pad_id, (i * batch) as u64))
+        .map(|(i, chunk)| stream_batch(stream, chunk, seq, pad_id, (i * batch) as u64))
         .collect()
 }
 
@@ -71,7 +77,7 @@ mod tests {
     #[test]
     fn windows_predict_the_next_token() {
         let stream: Vec<u32> = (10..20).collect();
-        let b = lm_batch(&stream, &[0, 3, 7], 4, 99, 5).unwrap();
+        let b = stream_batch(&stream, &[0, 3, 7], 4, 99, 5).unwrap();
         assert_eq!((b.batch, b.seq, b.sample_offset, b.position_offset), (3, 4, 5, 0));
         #[rustfmt::skip]
         assert_eq!(b.tokens.as_deref().unwrap(), [
@@ -91,7 +97,7 @@ mod tests {
     #[test]
     fn batches_cover_every_prediction_once() {
         let stream: Vec<u32> = (0..11).collect();
-        let batches = lm_batches(&stream, 3, 2, 0).unwrap();
+        let batches = stream_batches(&stream, 3, 2, 0).unwrap();
         // 10 positions have a next token: windows at 0, 3, 6, 9 → batches of 2 and 2.
         assert_eq!(batches.len(), 2);
         assert_eq!(batches.iter().map(|b| (b.batch, b.sample_offset)).collect::<Vec<_>>(), [(2, 0), (2, 2)]);
@@ -100,7 +106,7 @@ mod tests {
         assert_eq!(batches[1].tokens.as_deref().unwrap()[3..], [9, 10, 0]);
         assert_eq!(batches[1].targets[3..], [10, I, I]);
         // A window that ends exactly at the stream's end still predicts across its last token.
-        let exact = lm_batches(&stream[..7], 3, 8, 0).unwrap();
+        let exact = stream_batches(&stream[..7], 3, 8, 0).unwrap();
         assert_eq!(exact[0].targets, [1, 2, 3, 4, 5, 6]);
     }
 
@@ -108,13 +114,13 @@ mod tests {
     fn bad_arguments_are_data_errors() {
         let stream = [1, 2, 3];
         let cases = [
-            lm_batch(&stream, &[], 2, 0, 0),
-            lm_batch(&stream, &[0], 0, 0, 0),
-            lm_batch(&stream, &[2], 2, 0, 0),
-            lm_batch(&stream, &[usize::MAX], 2, 0, 0),
-            lm_batches(&stream, 0, 1, 0).map(|_| HostBatch::default()),
-            lm_batches(&stream, 1, 0, 0).map(|_| HostBatch::default()),
-            lm_batches(&stream[..1], 1, 1, 0).map(|_| HostBatch::default()),
+            stream_batch(&stream, &[], 2, 0, 0),
+            stream_batch(&stream, &[0], 0, 0, 0),
+            stream_batch(&stream, &[2], 2, 0, 0),
+            stream_batch(&stream, &[usize::MAX], 2, 0, 0),
+            stream_batches(&stream, 0, 1, 0).map(|_| HostBatch::default()),
+            stream_batches(&stream, 1, 0, 0).map(|_| HostBatch::default()),
+            stream_batches(&stream[..1], 1, 1, 0).map(|_| HostBatch::default()),
         ];
         for (i, case) in cases.into_iter().enumerate() {
             assert!(matches!(case, Err(Error::Data { .. })), "case {i}: {case:?}");

@@ -1,6 +1,6 @@
 //! Text to batches: WordPiece tokenisation for BERT classifiers ([`TextTokenizer`],
 //! [`text_batch`]) and next-token windows over a token stream for language models
-//! ([`lm_batch`], [`lm_batches`]).
+//! ([`stream_batch`], [`stream_batches`]).
 //!
 //! Tokenisation uses Hugging Face's `tokenizers` crate on the model's own `tokenizer.json`
 //! (pure Rust, no network), so ids match what the checkpoint was trained with. The file's
@@ -12,5 +12,5 @@ pub mod lm;
 pub mod tokenizer;
 
 pub use batch::{EncodedItem, TextBatch, TextItem, encoded_batch, text_batch};
-pub use lm::{lm_batch, lm_batches};
+pub use lm::{stream_batch, stream_batches};
 pub use tokenizer::{Encoded, TextInput, TextTokenizer};

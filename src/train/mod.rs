@@ -9,7 +9,7 @@
 //! | [`metrics`] | `Confusion` (accuracy, per-class precision/recall/F1, macro F1), `argmax` |
 //! | [`trainer`] | `Trainer` (fit, evaluate, checkpoints), `Position`, `Controller` |
 //! | [`checkpoint`] | the checkpoint file: named tensors + JSON header, hashed, written atomically |
-//! | [`stop`] | `request_stop` (a signal's request to end after the step under way), `stop_requested` |
+//! | [`stop`] | `request_stop` (a signal's request to end after the step under way), `stop_requested`, `clear_stop` |
 
 pub mod checkpoint;
 pub mod config;
@@ -23,5 +23,5 @@ pub use config::TrainConfig;
 pub use event::{Bubble, EvalMetrics, Event, Transition};
 pub use metrics::{ClassScores, Confusion};
 pub use source::BatchSource;
-pub use stop::{request_stop, stop_requested};
+pub use stop::{clear_stop, request_stop, stop_requested};
 pub use trainer::{Controller, Position, RecordedPlan, Restored, Snapshot, Trainer};

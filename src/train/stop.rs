@@ -18,3 +18,10 @@ pub fn request_stop() {
 pub fn stop_requested() -> bool {
     REQUESTED.load(Ordering::Relaxed)
 }
+
+/// Withdraws a stop request: a program that goes on after a run stopped (a library's caller
+/// that trains again in the same process) clears it before the next, which would otherwise
+/// stop before its first step.
+pub fn clear_stop() {
+    REQUESTED.store(false, Ordering::Relaxed);
+}

@@ -153,8 +153,8 @@ impl<D: Device> Trainer<D> {
         if batches_per_epoch == 0 {
             return Err(Error::Data { what: "training set".into(), message: "yields no batches".into() });
         }
+        config.validate()?;
         let lr_schedule = config.lr_schedule(config.total_batches(batches_per_epoch))?;
-        config.optimizer.validate()?;
         if config.freeze_embeddings && pipeline.frozen_prefix() == 0 {
             pipeline.freeze_prefix(1)?;
         }

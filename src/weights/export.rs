@@ -134,6 +134,14 @@ fn hf_tensors(spec: &Spec, values: Vec<HostTensor>) -> Result<(Vec<HostTensor>, 
     let mut skipped = Vec::new();
     let mut host = Vec::new();
     for HostTensor { name, shape, values } in values {
+        // (A caller's tensor whose values disagree with its shape is named, before a layout
+        // change reads it by the shape.)
+        if shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) != Some(values.len()) {
+            return Err(config_error(
+                "export",
+                format!("tensor {name} has {} values for its shape {shape:?}; expected their product", values.len()),
+            ));
+        }
         if tied && name == "lm_head.weight" {
             skipped.push(name);
             continue;

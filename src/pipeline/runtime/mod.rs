@@ -391,6 +391,21 @@ impl<D: Device> Pipeline<D> {
     /// this process's copies of the other stages' may be out of date: the stages are processes
     /// and they have trained since they last shared. Reads `on_device` need them on this
     /// process's device; the others take rank 0's host copies too.
+    /// Refuses a replica index the pipeline does not have, naming `what` was asked of it.
+    fn check_replica(&self, what: &str, replica: usize) -> Result<()> {
+        match replica < self.stages.len() {
+            true => Ok(()),
+            false => Err(crate::error::config_error(
+                "replica",
+                format!(
+                    "{what} on replica {replica}; the pipeline has {} (0 to {})",
+                    self.stages.len(),
+                    self.stages.len().saturating_sub(1)
+                ),
+            )),
+        }
+    }
+
     fn check_shared(&self, what: &str, optimizer: bool, on_device: bool) -> Result<()> {
         let holds = |c| self.holds(c, on_device);
         if self.stage_processes.is_some() && !(holds(self.stage_copies) && (!optimizer || holds(self.optimizer_copies)))
@@ -1160,6 +1175,7 @@ impl<D: Device> Pipeline<D> {
     /// Runs `host` forward through replica `replica`'s stages, one after another (no dropout,
     /// nothing saved), and returns its loss and logits.
     pub fn evaluate(&self, replica: usize, host: &HostBatch) -> Result<EvalOutput> {
+        self.check_replica("evaluate", replica)?;
         self.check_shared("evaluate", false, true)?;
         if let Some(h) = &host.hidden {
             self.check_hidden(host, h, self.frozen_prefix())?;
@@ -1185,6 +1201,7 @@ impl<D: Device> Pipeline<D> {
         if let Some(p) = &self.stage_processes {
             return self.evaluate_across(p, next, each);
         }
+        self.check_replica("evaluate_all", replica)?;
         self.check_shared("evaluate_all", false, true)?;
         let end = self.unit_count();
         let last = self.stages[replica].len() - 1;

@@ -240,12 +240,13 @@ impl<D: Device> Pipeline<D> {
                 units.push(u.replicate(at, to)?);
             }
         }
-        Ok(Model::from_parts(ModelParts { spec: self.spec.clone(), units, tied: self.tied.clone() }))
+        Model::from_parts(ModelParts { spec: self.spec.clone(), units, tied: self.tied.clone() })
     }
 
     /// Every parameter of replica `replica` as host values, in model order (tests compare runs
     /// with it).
     pub fn parameters(&self, replica: usize) -> Result<Vec<(String, Vec<f64>)>> {
+        self.check_replica("parameters", replica)?;
         self.check_shared("parameters", false, false)?;
         let mut out = Vec::new();
         for (s, stage) in self.stages[replica].iter().enumerate() {
