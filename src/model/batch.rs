@@ -116,7 +116,7 @@ impl HostBatch {
         if !self.sample_ids.is_empty() {
             exactly("sample_ids", self.sample_ids.len(), b)?;
         }
-        let shared = |what: &str, len: usize, unit: usize| match b > 0 && len % (b * unit.max(1)) == 0 {
+        let shared = |what: &str, len: usize, unit: usize| match b > 0 && len.is_multiple_of(b * unit.max(1)) {
             true => Ok(()),
             false => Err(data_error(what, format!("has {len} values, not an equal share for each of {b} samples"))),
         };

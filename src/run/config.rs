@@ -69,6 +69,17 @@ impl DatasetName {
             DatasetName::Hamlet => "hamlet",
         }
     }
+
+    /// Whether its test split is cut from the samples by `data.split_seed` and
+    /// `data.test_fraction` (the others come with a test set of their own).
+    pub fn cut_by_seed(self) -> bool {
+        matches!(self, DatasetName::RottenTomatoes | DatasetName::Mnist5k | DatasetName::Digits)
+    }
+
+    /// Whether its samples are texts (read with a tokenizer).
+    pub fn is_text(self) -> bool {
+        matches!(self, DatasetName::RottenTomatoes | DatasetName::ReutersR8)
+    }
 }
 
 /// What to train on and how to batch it.
@@ -455,12 +466,20 @@ impl RunConfig {
                 dir.display()
             ));
         }
-        let text = matches!(config.data.dataset, DatasetName::RottenTomatoes | DatasetName::ReutersR8);
-        if let Some(dir) = config.model.tokenizer.as_ref().filter(|_| !text) {
+        let dataset = config.data.dataset;
+        if let Some(dir) = config.model.tokenizer.as_ref().filter(|_| !dataset.is_text()) {
             warnings.push(format!(
                 "model.tokenizer ({}) is set, but {} is not a dataset of texts: model.tokenizer has no effect",
                 dir.display(),
-                config.data.dataset.key()
+                dataset.key()
+            ));
+        }
+        let test_fraction = table.get("data").and_then(|d| d.get("test_fraction")).is_some();
+        if test_fraction && !dataset.cut_by_seed() {
+            warnings.push(format!(
+                "data.test_fraction = {} has no effect: {} has its own held-out set",
+                config.data.test_fraction,
+                dataset.key()
             ));
         }
         if config.train.freeze_embeddings && config.model.pretrained.is_none() {
@@ -983,6 +1002,17 @@ dir = "runs/x"
         let c =
             RunConfig::parse(BASE, "base", &["train.decay=\"constant\"".into(), "train.min_lr=1e-5".into()]).unwrap();
         assert!(c.warnings.iter().any(|w| w.starts_with("train.min_lr = 0.00001 has no effect")), "{:?}", c.warnings);
+        // A test fraction where the dataset has its own held-out set is named, and left out of
+        // the settings a run records of its data; where the fraction cuts the split, neither.
+        let fraction = |dataset: &str| {
+            let sets = [format!("data.dataset=\"{dataset}\""), "data.test_fraction=0.3".into()];
+            let c = RunConfig::parse(BASE, "base", &sets).unwrap();
+            let warned = c.warnings.iter().any(|w| w.starts_with("data.test_fraction = 0.3 has no effect"));
+            (warned, crate::run::job::data_settings(&c).get("data.test_fraction").is_some())
+        };
+        assert_eq!(fraction("hamlet"), (true, false));
+        assert_eq!(fraction("fashion_mnist"), (true, false));
+        assert_eq!(fraction("digits"), (false, true));
         // Recomputing `auto` without a memory limit, and a freeze rule that cannot run before
         // the run's end, are named; with a limit, or a shorter interval, they are not.
         let warned = |sets: &[&str], start: &str| {

@@ -463,14 +463,18 @@ pub(crate) fn data_settings(config: &RunConfig) -> serde_json::Value {
         "data.dataset": d.dataset,
         "train.seed": config.train.seed,
         "data.split_seed": d.split_seed,
-        "data.test_fraction": d.test_fraction,
         "data.validation_fraction": d.validation_fraction,
         "data.train_limit": d.train_limit,
         "data.group_by_length": d.group_by_length,
     });
+    let Some(map) = settings.as_object_mut() else { return settings };
+    // (A dataset with a test set of its own reads no fraction.)
+    if d.dataset.cut_by_seed() {
+        map.insert("data.test_fraction".into(), d.test_fraction.into());
+    }
     // What turns a text into ids, which the samples' fingerprint does not follow: a resume
     // under others names them.
-    if let (DatasetName::RottenTomatoes | DatasetName::ReutersR8, Some(map)) = (d.dataset, settings.as_object_mut()) {
+    if d.dataset.is_text() {
         map.insert("data.max_len".into(), d.max_len.into());
         let tokenizer = tokenizer_dir(config).ok().map(|dir| dir.display().to_string());
         map.insert("model.tokenizer".into(), tokenizer.into());

@@ -3,7 +3,7 @@
 //! Inputs are checked one by one, so a caller reading a stream can report a bad input and go
 //! on with the rest.
 
-use super::config::{DatasetName, RunConfig};
+use super::config::RunConfig;
 use super::job::{CHECKPOINT, DataKind, LOG, class_list, data_settings, prepare_data};
 use crate::data::read_idx_images;
 use crate::device::Device;
@@ -126,10 +126,8 @@ pub(crate) fn split_overlap(trained_on: &serde_json::Value, config: &RunConfig) 
     if was("data.dataset") != is("data.dataset") {
         return None;
     }
-    let cut_by_seed =
-        matches!(config.data.dataset, DatasetName::RottenTomatoes | DatasetName::Mnist5k | DatasetName::Digits);
     let mut keys: Vec<&str> = Vec::new();
-    if cut_by_seed {
+    if config.data.dataset.cut_by_seed() {
         keys.extend(["data.split_seed", "data.test_fraction"].into_iter().filter(|k| was(k) != is(k)));
     }
     if config.data.validation_fraction > 0.0 {
