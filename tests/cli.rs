@@ -200,6 +200,21 @@ fn auto_slices_each_shape_autopipe_changes_to() {
     assert!(ok && out.contains(equal), "{out}");
     let (ok, out) = pipetransformer(&[&plan[..], &["--memory-limit", "4MiB"]].concat());
     assert!(ok && out.contains("token slices: none (`auto` on one stage"), "{out}");
+    // A run that begins on one stage, its sequences in 4 equal slices to fit, slices again
+    // when a freeze (the table's first entry, before the first step) leaves less to hold:
+    // fewer equal slices, not whole micro-batches that exceed the limit.
+    let long = ["model.config.n_embd=32", "model.config.n_layer=2", "model.config.n_head=2"];
+    let long = long.iter().chain(&["model.config.n_positions=256", "data.max_len=256", "data.batch_size=1"]);
+    let mut one = vec!["train", "--config", "configs/gpt-hamlet.toml", "--fresh", "--progress-every", "0"];
+    for set in long.chain(&["data.train_limit=32", "data.test_limit=8", "train.max_steps=4", out_dir.as_str()]) {
+        one.extend(["--set", set]);
+    }
+    one.extend(["--memory-limit", "1500000", "--recompute", "auto", "--token-slices", "auto", "--freeze", "table"]);
+    one.extend(["--set", "elastic.table=[1]", "--freeze-interval", "2", "--auto-pipe"]);
+    let (ok, out) = pipetransformer(&one);
+    assert!(ok && out.contains("token slices: 4 of equal length, [64, 64, 64, 64] (`auto` on one stage"), "{out}");
+    let line = out.lines().find(|l| l.starts_with("transition at step 0")).unwrap_or_else(|| panic!("{out}"));
+    assert!(line.contains("token slices 64,64,64,64 → 128,128 (one stage within the memory limit"), "{line}");
 }
 
 /// Under a memory limit that no slicing of the time-balanced stages meets (stage 0 then holds
@@ -1574,10 +1589,34 @@ fn a_bert_built_from_its_config_trains_with_the_tokenizer_given() {
     let (ok, out) = pipetransformer(&[&resume[..], &["data.max_len=16", "--set", &other]].concat());
     let named = format!("data.max_len 32 → 16, model.tokenizer \"{}\" → \"{}\"", minilm.display(), copy.display());
     assert!(ok && out.contains(&named), "{out}");
+    // Grouped by length, a checkpoint within an epoch refuses another length: the epoch's
+    // remaining batches follow the samples' token counts.
+    let grouped = ["--set", "data.group_by_length=true"];
+    let (ok, out) = pipetransformer(&[&train[..], &grouped, &["--set", "train.max_steps=2"]].concat());
+    assert!(ok, "{out}");
+    let resume = ["train", "--config", config.to_str().unwrap(), "--resume", "--set", "data.max_len=16"];
+    let (ok, out) = pipetransformer(&[&resume[..], &grouped].concat());
+    assert!(!ok && out.contains("data.max_len") && out.contains("within an epoch (at its batch 2)"), "{out}");
     let (ok, out) = pipetransformer(&[&train[..], &["--set", "model.tokenizer=none"]].concat());
     assert!(!ok && out.contains("model.tokenizer") && out.contains("a text dataset needs a tokenizer"), "{out}");
     let (ok, out) = pipetransformer(&[&train[..], &["--set", "model.config.vocab_size=1000"]].concat());
     assert!(!ok && out.contains("expected a vocab_size of at least 30522"), "{out}");
+    // A tokenizer whose ids pass a pretrained model's table is named by the setting that gave
+    // it: here `model.tokenizer`, one added token past MiniLM's 30522.
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(minilm.join("tokenizer.json")).unwrap()).unwrap();
+    let added = serde_json::json!({"id": 30522, "special": true, "content": "[NEW]", "single_word": false,
+        "lstrip": false, "rstrip": false, "normalized": false});
+    json["added_tokens"].as_array_mut().unwrap().push(added);
+    std::fs::write(copy.join("tokenizer.json"), json.to_string()).unwrap();
+    let pretrained = format!("model.pretrained={}", minilm.display());
+    let (ok, out) = pipetransformer(&[&train[..], &["--set", &pretrained, "--set", &other]].concat());
+    assert!(!ok && out.contains("config field `model.tokenizer`") && out.contains("token ids up to 30522"), "{out}");
+    // A resume whose tokenizer sizes the model's table otherwise names it beside the model.
+    let resume = ["train", "--config", config.to_str().unwrap(), "--resume", "--set", &other];
+    let (ok, out) = pipetransformer(&[&resume[..], &grouped].concat());
+    let sized = "`vocab_size` = 30522, this run's is 30523: the model (model.*), or the data or tokenizer";
+    assert!(!ok && out.contains(sized), "{out}");
 }
 
 /// `output.checkpoint_every` counts from the run's first step, a resumed run's too: resumed at
@@ -1607,6 +1646,9 @@ fn a_resumed_run_checkpoints_at_multiples_of_checkpoint_every() {
         .filter_map(|l| l.split(':').next())
         .collect();
     assert!(out.status.success() && steps == ["6", "12"], "{steps:?}: {text}");
+    // Another window length cuts the corpus into other samples: refused, and named.
+    let (ok, out) = pipetransformer(&[&args[..], &["--resume", "--set", "data.max_len=16"]].concat());
+    assert!(!ok && out.contains("with data.max_len = 32, this run's is 16"), "{out}");
 }
 
 /// The PipeTransformer settings a user can get wrong: each a clear error naming the setting,

@@ -810,9 +810,12 @@ impl Elastic {
                 true => "none".to_string(),
                 false => s.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
             };
-            // (One stage runs whole, but for equal slices where whole ones exceed the limit.)
+            // (One stage runs whole, but for `auto`'s equal slices where whole ones exceed the
+            // limit; a caller's own slicer may slice one stage as it likes.)
+            let limited = after.memory_limit.is_some() && self.slicer.is_some();
             let why = match (after.pipeline_len, after.token_slices.is_empty()) {
-                (1, false) => " (one stage within the memory limit: the fewest equal slices that fit)",
+                (1, false) if limited => " (one stage within the memory limit: the fewest equal slices that fit)",
+                (1, false) => "",
                 _ => why,
             };
             reason += &format!("; token slices {} → {}{why}", list(&before.token_slices), list(&after.token_slices));

@@ -74,10 +74,10 @@ pub struct TokenizerIds {
 
 impl TokenizerIds {
     /// Refuses a model whose token table (`vocab` rows) or token-type table (`types`) is
-    /// smaller than what this tokenizer gives.
-    fn fit(&self, model: &std::path::Path, vocab: usize, types: usize) -> Result<()> {
+    /// smaller than what this tokenizer gives, naming `field` (the setting that gave it).
+    fn fit(&self, field: &str, model: &std::path::Path, vocab: usize, types: usize) -> Result<()> {
         let model = model.display().to_string();
-        self.fit_as("model.pretrained", &model, vocab, types, "expected the tokenizer made for this model")
+        self.fit_as(field, &model, vocab, types, "expected the tokenizer made for this model")
     }
 
     /// [`fit`](Self::fit) for the model `field` names (`model` says what it is, `expected`
@@ -349,7 +349,9 @@ pub fn build_model<D: Device>(
                         c.pooling = p;
                     }
                     if let Some(ids) = &info.tokenizer {
-                        ids.fit(dir, c.vocab_size, c.type_vocab_size)?;
+                        // (Named by the setting that gave the tokenizer.)
+                        let field = if m.tokenizer.is_some() { "model.tokenizer" } else { "model.pretrained" };
+                        ids.fit(field, dir, c.vocab_size, c.type_vocab_size)?;
                     }
                 }
                 ModelConfig::Vit(c) => c.num_labels = info.classes,
@@ -472,10 +474,13 @@ pub(crate) fn data_settings(config: &RunConfig) -> serde_json::Value {
     if d.dataset.cut_by_seed() {
         map.insert("data.test_fraction".into(), d.test_fraction.into());
     }
-    // What turns a text into ids, which the samples' fingerprint does not follow: a resume
-    // under others names them.
-    if d.dataset.is_text() {
+    // What turns a text into ids, which the samples' fingerprint does not follow (a resume
+    // under others names them), and a corpus's window length, which it does (a resume refused
+    // names it).
+    if d.dataset.is_text() || d.dataset == DatasetName::Hamlet {
         map.insert("data.max_len".into(), d.max_len.into());
+    }
+    if d.dataset.is_text() {
         let tokenizer = tokenizer_dir(config).ok().map(|dir| dir.display().to_string());
         map.insert("model.tokenizer".into(), tokenizer.into());
     }
@@ -777,9 +782,20 @@ fn planning_profiles<D: Device>(
 }
 
 /// What `auto` slicing planned for the initial shape (none where it runs whole micro-batches
-/// or the fewest equal slices), and the measurement it planned from, which slices the shapes
-/// AutoPipe changes to.
-type AutoSlicing = (Option<PlannedSlicing>, SlicingProfile);
+/// or the fewest equal slices), and the slicer of the shapes AutoPipe changes to.
+type AutoSlicing = (Option<PlannedSlicing>, Slicer);
+
+/// `auto`'s slicer of the shapes after the first, by [`Plan::auto_slicing`]'s rule in the
+/// controller: on more than one stage TeraPipe's planner over `profile`'s measurement; on one
+/// stage (and where nothing was measured: a run that began on one, which AutoPipe never
+/// lengthens) whole micro-batches, which the rule's fallback cuts into equal slices where they
+/// exceed the memory limit.
+fn auto_slicer(profile: Option<SlicingProfile>) -> Slicer {
+    Box::new(move |config, samples, units, stages| match (config.pipeline_len, &profile) {
+        (1, _) | (_, None) => Ok(Vec::new()),
+        (_, Some(profile)) => Ok(lengths(&profile.plan_stages(config, samples, units, stages)?.0)),
+    })
+}
 
 /// TeraPipe's slicing for a pipeline, and the slowest of the stages it modelled.
 #[derive(Clone, Debug)]
@@ -845,9 +861,10 @@ fn token_slices<D: Device>(
     // exceed the memory limit where equal slices do not (as for any shape AutoPipe changes to).
     if plan.pipeline_len == 1 {
         let whole = |_: &PipelineConfig| Ok(Vec::new());
+        let slicer = Some((None, auto_slicer(None)));
         return match Plan::auto_slicing(plan, units, pinned, None, first.seq, whole, Vec::clone)? {
-            AutoSliced::Equal(lengths) => Ok((lengths, None)),
-            AutoSliced::Planned(_) | AutoSliced::Whole => Ok((Vec::new(), None)),
+            AutoSliced::Equal(lengths) => Ok((lengths, slicer)),
+            AutoSliced::Planned(_) | AutoSliced::Whole => Ok((Vec::new(), slicer)),
         };
     }
     let micro = first_micro_batch(first, plan)?;
@@ -857,8 +874,8 @@ fn token_slices<D: Device>(
     let planned = match Plan::auto_slicing(plan, units, pinned, None, first.seq, slice, |(p, _)| lengths(p))? {
         AutoSliced::Planned(planned) => planned,
         // (Main says which, and why.)
-        AutoSliced::Whole => return Ok((Vec::new(), Some((None, profile)))),
-        AutoSliced::Equal(lengths) => return Ok((lengths, Some((None, profile)))),
+        AutoSliced::Whole => return Ok((Vec::new(), Some((None, auto_slicer(Some(profile)))))),
+        AutoSliced::Equal(lengths) => return Ok((lengths, Some((None, auto_slicer(Some(profile)))))),
     };
     let (planned, stage) = planned;
     let latency = profile.latency(&stage, plan.pipeline_len, micro.batch)?;
@@ -870,7 +887,7 @@ fn token_slices<D: Device>(
         context += len;
     }
     let slicing = PlannedSlicing { plan: planned, stage, slice_seconds };
-    Ok((lengths(&slicing.plan), Some((Some(slicing), profile))))
+    Ok((lengths(&slicing.plan), Some((Some(slicing), auto_slicer(Some(profile))))))
 }
 
 /// The token slices `planned` cuts every micro-batch into; none where it keeps them whole.
@@ -1250,12 +1267,7 @@ impl<D: Device> Job<D> {
         let mut elastic = Elastic::new(config.elastic.clone(), around, &config.output.dir.join("cache"))?;
         elastic.ask_for(&plan);
         // `auto` slices each shape AutoPipe runs from the one measurement.
-        let slicing = planned.and_then(|(planned, profile)| {
-            let slicer: Slicer = Box::new(move |config, samples, units, stages| match config.pipeline_len {
-                // One stage, as at the start: whole.
-                1 => Ok(Vec::new()),
-                _ => Ok(lengths(&profile.plan_stages(config, samples, units, stages)?.0)),
-            });
+        let slicing = planned.and_then(|(planned, slicer)| {
             elastic.plan_token_slices_with(slicer, first.seq);
             planned
         });
@@ -1353,6 +1365,28 @@ impl<D: Device> Job<D> {
                         steps[r][0], steps[0][0]
                     ),
                 ));
+            }
+        }
+        // Grouped by length, the rest of an epoch's batches follow the samples' token counts,
+        // which another length or tokenizer changes: the epoch would repeat some samples and
+        // skip others (the samples' fingerprint follows their ids, not their counts).
+        let batch = self.trainer.position.batch;
+        if self.config.data.group_by_length && batch > 0 {
+            let now = data_settings(&self.config);
+            for key in ["data.max_len", "model.tokenizer"] {
+                if let (Some(then), Some(now)) = (restored.data_settings.get(key), now.get(key))
+                    && then != now
+                {
+                    return Err(config_error(
+                        key,
+                        format!(
+                            "was {then} when the checkpoint was taken, within an epoch (at its batch {batch}), and is \
+                             {now} now: with data.group_by_length the epoch's remaining batches are grouped by the \
+                             samples' token counts, which this changes (some samples would be repeated, others \
+                             skipped); resume with the checkpoint's {key}"
+                        ),
+                    ));
+                }
             }
         }
         let mut changed = restored.changed;

@@ -534,8 +534,16 @@ impl<D: Device> Trainer<D> {
                     None => v.to_string(),
                 },
             };
+            // (The data may set these sizes: the classes, a character vocabulary, the token
+            // table a tokenizer fills.)
+            let what = match key.as_str() {
+                "num_labels" | "vocab_size" => {
+                    "the model (model.*), or the data or tokenizer (model.tokenizer) that sizes it,"
+                }
+                _ => "the model (model.*)",
+            };
             Some(format!(
-                "taken with the model's `{key}` = {}, this run's is {}: the model (model.*) changed since",
+                "taken with the model's `{key}` = {}, this run's is {}: {what} changed since",
                 show(then.get(&key)),
                 show(now.get(&key))
             ))
@@ -755,7 +763,8 @@ impl<D: Device> Trainer<D> {
         if !then.is_null() && then != now {
             changed.push(format!("output.precision {then} → {now}"));
         }
-        Ok(Restored { controller: field("controller"), tensors: controller, reshaped_from, changed })
+        let data_settings = field("data_settings");
+        Ok(Restored { controller: field("controller"), tensors: controller, reshaped_from, changed, data_settings })
     }
 }
 
@@ -807,6 +816,9 @@ pub struct Restored {
     /// takes (`train.lr 0.001 → 0.01`; a longer run's schedule, for one, moves its
     /// learning rate).
     pub changed: Vec<String>,
+    /// The data's settings the checkpoint recorded ([`Trainer::data_settings`]; null where it
+    /// recorded none).
+    pub data_settings: serde_json::Value,
 }
 
 /// One evaluation batch's sums.

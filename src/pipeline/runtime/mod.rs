@@ -387,10 +387,6 @@ impl<D: Device> Pipeline<D> {
         &self.devices[self.device_index(self.plan.device(r, s))]
     }
 
-    /// Refuses to read every stage's weights (or, with `optimizer`, optimizer state) where
-    /// this process's copies of the other stages' may be out of date: the stages are processes
-    /// and they have trained since they last shared. Reads `on_device` need them on this
-    /// process's device; the others take rank 0's host copies too.
     /// Refuses a replica index the pipeline does not have, naming `what` was asked of it.
     fn check_replica(&self, what: &str, replica: usize) -> Result<()> {
         match replica < self.stages.len() {
@@ -406,6 +402,10 @@ impl<D: Device> Pipeline<D> {
         }
     }
 
+    /// Refuses to read every stage's weights (or, with `optimizer`, optimizer state) where
+    /// this process's copies of the other stages' may be out of date: the stages are processes
+    /// and they have trained since they last shared. Reads `on_device` need them on this
+    /// process's device; the others take rank 0's host copies too.
     fn check_shared(&self, what: &str, optimizer: bool, on_device: bool) -> Result<()> {
         let holds = |c| self.holds(c, on_device);
         if self.stage_processes.is_some() && !(holds(self.stage_copies) && (!optimizer || holds(self.optimizer_copies)))
@@ -1198,10 +1198,10 @@ impl<D: Device> Pipeline<D> {
         next: &mut (dyn FnMut() -> Option<Result<HostBatch>> + Send),
         each: &mut (dyn FnMut(&HostBatch, EvalOutput) -> Result<()> + Send),
     ) -> Result<()> {
+        self.check_replica("evaluate_all", replica)?;
         if let Some(p) = &self.stage_processes {
             return self.evaluate_across(p, next, each);
         }
-        self.check_replica("evaluate_all", replica)?;
         self.check_shared("evaluate_all", false, true)?;
         let end = self.unit_count();
         let last = self.stages[replica].len() - 1;
