@@ -474,10 +474,17 @@ impl RunConfig {
                 dataset.key()
             ));
         }
-        let test_fraction = table.get("data").and_then(|d| d.get("test_fraction")).is_some();
-        if test_fraction && !dataset.cut_by_seed() {
+        // As for the elastic settings: a fraction typed on the command line, or one the file's
+        // own dataset leaves unread (not one a `--set` of the dataset made inert).
+        let data = |t: &toml::Table| t.get("data").and_then(toml::Value::as_table).cloned().unwrap_or_default();
+        let (in_file, merged) = (data(&file), data(&table));
+        let typed = merged.get("test_fraction").is_some_and(|v| in_file.get("test_fraction") != Some(v));
+        let file_dataset = in_file.get("dataset").cloned().and_then(|d| d.try_into::<DatasetName>().ok());
+        let unread_in_file = in_file.contains_key("test_fraction") && file_dataset.is_some_and(|d| !d.cut_by_seed());
+        if !dataset.cut_by_seed() && (typed || unread_in_file) {
             warnings.push(format!(
-                "data.test_fraction = {} has no effect: {} has its own held-out set",
+                "data.test_fraction = {} has no effect: {} has its own held-out set (--set data.test_fraction=none \
+                 leaves it out)",
                 config.data.test_fraction,
                 dataset.key()
             ));
@@ -1013,6 +1020,15 @@ dir = "runs/x"
         assert_eq!(fraction("hamlet"), (true, false));
         assert_eq!(fraction("fashion_mnist"), (true, false));
         assert_eq!(fraction("digits"), (false, true));
+        // A file's fraction made inert by a `--set` of the dataset is not named; one its own
+        // dataset leaves unread is.
+        let file = BASE.replace("batch_size = 32", "batch_size = 32\ntest_fraction = 0.25");
+        let warned = |file: &str, sets: &[String]| {
+            let c = RunConfig::parse(file, "f", sets).unwrap();
+            c.warnings.iter().any(|w| w.starts_with("data.test_fraction = 0.25 has no effect"))
+        };
+        assert!(!warned(&file, &["data.dataset=\"hamlet\"".into()]));
+        assert!(warned(&file.replace("rotten_tomatoes", "hamlet"), &[]));
         // Recomputing `auto` without a memory limit, and a freeze rule that cannot run before
         // the run's end, are named; with a limit, or a shorter interval, they are not.
         let warned = |sets: &[&str], start: &str| {

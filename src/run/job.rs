@@ -481,7 +481,11 @@ pub(crate) fn data_settings(config: &RunConfig) -> serde_json::Value {
         map.insert("data.max_len".into(), d.max_len.into());
     }
     if d.dataset.is_text() {
-        let tokenizer = tokenizer_dir(config).ok().map(|dir| dir.display().to_string());
+        // The file's bytes, not its path: the same tokenizer under another path (a node's own
+        // copy) is the same.
+        let file = tokenizer_dir(config).ok().map(|dir| dir.join(weights::TOKENIZER_FILE));
+        let hash = file.and_then(|f| std::fs::read(f).ok()).map(|b| crate::rng::fnv1a(&b, crate::rng::FNV_OFFSET));
+        let tokenizer = hash.map(|h| format!("{} #{h:016x}", weights::TOKENIZER_FILE));
         map.insert("model.tokenizer".into(), tokenizer.into());
     }
     settings
@@ -787,9 +791,9 @@ type AutoSlicing = (Option<PlannedSlicing>, Slicer);
 
 /// `auto`'s slicer of the shapes after the first, by [`Plan::auto_slicing`]'s rule in the
 /// controller: on more than one stage TeraPipe's planner over `profile`'s measurement; on one
-/// stage (and where nothing was measured: a run that began on one, which AutoPipe never
-/// lengthens) whole micro-batches, which the rule's fallback cuts into equal slices where they
-/// exceed the memory limit.
+/// stage (and where nothing was measured: a run on one device, or without AutoPipe, that
+/// began on one stage) whole micro-batches, which the rule's fallback cuts into equal slices
+/// where they exceed the memory limit.
 fn auto_slicer(profile: Option<SlicingProfile>) -> Slicer {
     Box::new(move |config, samples, units, stages| match (config.pipeline_len, &profile) {
         (1, _) | (_, None) => Ok(Vec::new()),
@@ -842,7 +846,7 @@ fn check_token_slices(config: &RunConfig, spec: &Spec) -> Result<()> {
 /// AutoPipe changes to).
 fn token_slices<D: Device>(
     config: &RunConfig,
-    dev: &D,
+    devices: &[D],
     model: &mut Model<D>,
     first: &HostBatch,
     plan: &PipelineConfig,
@@ -856,18 +860,23 @@ fn token_slices<D: Device>(
     }
     // The stages the pipeline will cut (its frozen prefix on the first, as `Pipeline::new`).
     let pinned = model.frozen_prefix();
-    // One stage has no fill or drain for slices to shorten (and never grows under AutoPipe):
-    // `auto` keeps its micro-batches whole, whatever noisy timings would predict, unless they
-    // exceed the memory limit where equal slices do not (as for any shape AutoPipe changes to).
+    let dev = devices.first().ok_or_else(|| config_error("devices", "none opened"))?;
+    let micro = first_micro_batch(first, plan)?;
+    // One stage has no fill or drain for slices to shorten: `auto` keeps its micro-batches
+    // whole, whatever noisy timings would predict, unless they exceed the memory limit where
+    // equal slices do not (as for any shape AutoPipe changes to). AutoPipe may still run a
+    // longer pipeline on the devices open (a resumed checkpoint's, and its trials of it): the
+    // layer is measured for those.
     if plan.pipeline_len == 1 {
+        let longer = config.elastic.auto_pipe && devices.len() > 1;
+        let profile = if longer { Some(SlicingProfile::measure(dev, model, &micro)?) } else { None };
+        let slicer = Some((None, auto_slicer(profile)));
         let whole = |_: &PipelineConfig| Ok(Vec::new());
-        let slicer = Some((None, auto_slicer(None)));
         return match Plan::auto_slicing(plan, units, pinned, None, first.seq, whole, Vec::clone)? {
             AutoSliced::Equal(lengths) => Ok((lengths, slicer)),
             AutoSliced::Planned(_) | AutoSliced::Whole => Ok((Vec::new(), slicer)),
         };
     }
-    let micro = first_micro_batch(first, plan)?;
     let profile = SlicingProfile::measure(dev, model, &micro)?;
     let slice =
         |c: &PipelineConfig| Plan::slice_cut(c, units, pinned, |s| profile.plan_stages(c, micro.batch, units, s));
@@ -1212,7 +1221,7 @@ impl<D: Device> Job<D> {
         let (per_sample, profiles) = planning_profiles(&config, &devices[0], &mut model, &first, &plan)?;
         let mut plan = plan;
         let planned;
-        (plan.token_slices, planned) = token_slices(&config, &devices[0], &mut model, &first, &plan, &profiles)?;
+        (plan.token_slices, planned) = token_slices(&config, &devices, &mut model, &first, &plan, &profiles)?;
         let mut devices = devices;
         devices.truncate(count);
         let (pipeline, communicator) = match group {
@@ -1244,6 +1253,9 @@ impl<D: Device> Job<D> {
         let mut trainer = Trainer::new(pipeline, config.train.clone(), source.batches_per_epoch(), per_sample)?;
         trainer.data_fingerprint = source.fingerprint();
         trainer.data_settings = Some(data_settings(&config));
+        if config.data.group_by_length {
+            trainer.order_settings = vec!["data.max_len".into(), "model.tokenizer".into()];
+        }
         // A batch larger than the training set holds the set.
         let batch = config.data.batch_size.min(first.batch);
         trainer.batch_size = Some(batch);
@@ -1365,28 +1377,6 @@ impl<D: Device> Job<D> {
                         steps[r][0], steps[0][0]
                     ),
                 ));
-            }
-        }
-        // Grouped by length, the rest of an epoch's batches follow the samples' token counts,
-        // which another length or tokenizer changes: the epoch would repeat some samples and
-        // skip others (the samples' fingerprint follows their ids, not their counts).
-        let batch = self.trainer.position.batch;
-        if self.config.data.group_by_length && batch > 0 {
-            let now = data_settings(&self.config);
-            for key in ["data.max_len", "model.tokenizer"] {
-                if let (Some(then), Some(now)) = (restored.data_settings.get(key), now.get(key))
-                    && then != now
-                {
-                    return Err(config_error(
-                        key,
-                        format!(
-                            "was {then} when the checkpoint was taken, within an epoch (at its batch {batch}), and is \
-                             {now} now: with data.group_by_length the epoch's remaining batches are grouped by the \
-                             samples' token counts, which this changes (some samples would be repeated, others \
-                             skipped); resume with the checkpoint's {key}"
-                        ),
-                    ));
-                }
             }
         }
         let mut changed = restored.changed;

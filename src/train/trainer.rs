@@ -97,6 +97,10 @@ pub struct Trainer<D: Device> {
     /// (`{"train.seed": 0, …}`), when the caller says: checkpoints record them, so a resume
     /// refused for other data names the setting that changed.
     pub data_settings: Option<serde_json::Value>,
+    /// Keys of [`data_settings`](Self::data_settings) that the order of an epoch's batches
+    /// follows beyond the samples' fingerprint (the token counts, where batches are grouped by
+    /// length): a resume within an epoch under other values is refused.
+    pub order_settings: Vec<String>,
     /// Samples per source batch (`data.batch_size`, or the training set where that is
     /// shorter), when the caller says: checkpoints record it, a resume under another is refused
     /// (the same count of batches per epoch would name other samples), and a plan restored from
@@ -168,6 +172,7 @@ impl<D: Device> Trainer<D> {
             trace: None,
             data_fingerprint: None,
             data_settings: None,
+            order_settings: Vec::new(),
             model_config: None,
             batch_size: None,
             batches_per_epoch,
@@ -538,7 +543,8 @@ impl<D: Device> Trainer<D> {
             // table a tokenizer fills.)
             let what = match key.as_str() {
                 "num_labels" | "vocab_size" => {
-                    "the model (model.*), or the data or tokenizer (model.tokenizer) that sizes it,"
+                    "the model (model.*), or the data that sizes it (its classes or characters, or model.tokenizer's \
+                     ids),"
                 }
                 _ => "the model (model.*)",
             };
@@ -553,17 +559,51 @@ impl<D: Device> Trainer<D> {
         if let Some(change) = model_change(&["num_labels", "vocab_size"]) {
             return Err(changed(change));
         }
+        // The data's settings the checkpoint and this run both record, where they differ
+        // (`data.max_len = 32, this run's is 16`): named by the refusals below they explain.
+        let (saved_settings, ours) = (field("data_settings"), self.data_settings.clone().unwrap_or_default());
+        let differ: Vec<String> = match (saved_settings.as_object(), ours.as_object()) {
+            (Some(saved), Some(ours)) => saved
+                .iter()
+                .filter(|&(k, v)| ours.get(k).is_some_and(|now| now != v))
+                .map(|(k, v)| format!("{k} = {v}, this run's is {}", ours[k]))
+                .collect(),
+            _ => Vec::new(),
+        };
         // The position counts batches of the run's epochs: with another batch size or
         // training set, it would name other samples (or none).
         let per_epoch = self.batches_per_epoch;
         let saved_per_epoch = field("batches_per_epoch").as_u64();
         if saved_per_epoch.is_some_and(|n| n != per_epoch as u64) || position.batch >= per_epoch {
             let then = saved_per_epoch.map_or_else(|| "other".to_string(), |n| n.to_string());
-            return Err(changed(format!(
-                "taken with {then} batches per epoch, this run has {per_epoch}: data.batch_size, \
-                 data.train_limit or the dataset changed since, or the device count (an epoch's last batch \
-                 holds a sample per device at least, or joins the one before)"
-            )));
+            let why = match differ.is_empty() {
+                true => "data.batch_size, data.train_limit or the dataset changed since, or the device count (an \
+                         epoch's last batch holds a sample per device at least, or joins the one before)"
+                    .to_string(),
+                false => format!("taken with {}", differ.join("; with ")),
+            };
+            return Err(changed(format!("taken with {then} batches per epoch, this run has {per_epoch}: {why}")));
+        }
+        // Within an epoch, the order of the rest of its batches may follow settings the
+        // samples' fingerprint does not (their token counts, where batches are grouped by
+        // length): under others, some samples would be repeated and others skipped.
+        if position.batch > 0
+            && let Some(key) = self.order_settings.iter().find(|k| {
+                let (then, now) = (saved_settings.get(k.as_str()), ours.get(k.as_str()));
+                then.is_some() && now.is_some() && then != now
+            })
+        {
+            return Err(Error::Config {
+                field: key.clone(),
+                message: format!(
+                    "was {} when the checkpoint was taken within an epoch (at its batch {}), and is {} now: the \
+                     epoch's remaining batches are ordered by what it gives (the samples' token counts, grouped by \
+                     length), so some samples would be repeated and others skipped; resume with the checkpoint's",
+                    saved_settings[key.as_str()],
+                    position.batch,
+                    ours[key.as_str()]
+                ),
+            });
         }
         let saved_batch = field("batch_size").as_u64();
         // (An epoch of one batch holds the whole training set whatever the batch size: the
@@ -585,15 +625,6 @@ impl<D: Device> Trainer<D> {
         if let (Some(then), Some(now)) = (saved_data, self.data_fingerprint)
             && then != now
         {
-            let (saved, ours) = (field("data_settings"), self.data_settings.clone().unwrap_or_default());
-            let differ: Vec<String> = match (saved.as_object(), ours.as_object()) {
-                (Some(saved), Some(ours)) => saved
-                    .iter()
-                    .filter(|&(k, v)| ours.get(k).is_some_and(|now| now != v))
-                    .map(|(k, v)| format!("{k} = {v}, this run's is {}", ours[k]))
-                    .collect(),
-                _ => Vec::new(),
-            };
             let named: Vec<&str> = ours.as_object().map_or(Vec::new(), |o| o.keys().map(String::as_str).collect());
             return Err(changed(match (differ.is_empty(), named.is_empty()) {
                 (false, _) => format!("taken over other training data: with {}", differ.join("; with ")),
@@ -763,8 +794,7 @@ impl<D: Device> Trainer<D> {
         if !then.is_null() && then != now {
             changed.push(format!("output.precision {then} → {now}"));
         }
-        let data_settings = field("data_settings");
-        Ok(Restored { controller: field("controller"), tensors: controller, reshaped_from, changed, data_settings })
+        Ok(Restored { controller: field("controller"), tensors: controller, reshaped_from, changed })
     }
 }
 
@@ -816,9 +846,6 @@ pub struct Restored {
     /// takes (`train.lr 0.001 → 0.01`; a longer run's schedule, for one, moves its
     /// learning rate).
     pub changed: Vec<String>,
-    /// The data's settings the checkpoint recorded ([`Trainer::data_settings`]; null where it
-    /// recorded none).
-    pub data_settings: serde_json::Value,
 }
 
 /// One evaluation batch's sums.
