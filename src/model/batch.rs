@@ -94,8 +94,8 @@ impl HostBatch {
 
     /// Refuses a batch whose fields disagree with its `batch` and `seq` (a batch source's
     /// mistake), naming the field and the size expected, before anything cuts it by them:
-    /// token fields of `batch × seq` ids, a target per sample or per token, pixels, sample
-    /// ids and cached hidden states a whole share per sample.
+    /// token fields of `batch × seq` ids, a target per sample or per token (or none), pixels,
+    /// sample ids and cached hidden states a whole share per sample.
     pub fn check_sizes(&self) -> Result<()> {
         let b = self.batch;
         let exactly = |what: &str, got: usize, want: usize| match got == want {
@@ -109,8 +109,9 @@ impl HostBatch {
                 exactly(what, v.len(), b * self.seq)?;
             }
         }
-        // (A language model's targets are per token; its cached batches carry no tokens.)
-        if self.targets.len() != b * self.seq {
+        // (A language model's targets are per token, and its cached batches carry no tokens;
+        // a batch without labels, none.)
+        if !self.targets.is_empty() && self.targets.len() != b * self.seq {
             exactly("targets", self.targets.len(), b)?;
         }
         if !self.sample_ids.is_empty() {
