@@ -631,9 +631,7 @@ impl RunConfig {
                 message: "applies to classification datasets; hamlet's held-out text is its own".into(),
             });
         }
-        if self.data.group_by_length
-            && !matches!(self.data.dataset, DatasetName::RottenTomatoes | DatasetName::ReutersR8)
-        {
+        if self.data.group_by_length && !self.data.dataset.is_text() {
             return Err(Error::Config {
                 field: "data.group_by_length".into(),
                 message: format!(

@@ -74,15 +74,9 @@ pub struct TokenizerIds {
 
 impl TokenizerIds {
     /// Refuses a model whose token table (`vocab` rows) or token-type table (`types`) is
-    /// smaller than what this tokenizer gives, naming `field` (the setting that gave it).
-    fn fit(&self, field: &str, model: &std::path::Path, vocab: usize, types: usize) -> Result<()> {
-        let model = model.display().to_string();
-        self.fit_as(field, &model, vocab, types, "expected the tokenizer made for this model")
-    }
-
-    /// [`fit`](Self::fit) for the model `field` names (`model` says what it is, `expected`
-    /// what would fit).
-    fn fit_as(&self, field: &str, model: &str, vocab: usize, types: usize, expected: &str) -> Result<()> {
+    /// smaller than what this tokenizer gives, naming `field` (the setting that gave the
+    /// tokenizer or the table), `model` (what the table is) and what would fit (`expected`).
+    fn fit(&self, field: &str, model: &str, vocab: usize, types: usize, expected: &str) -> Result<()> {
         let refuse =
             |what: String| Error::Config { field: field.into(), message: format!("{model}: {what}; {expected}") };
         if self.vocab > vocab {
@@ -351,7 +345,9 @@ pub fn build_model<D: Device>(
                     if let Some(ids) = &info.tokenizer {
                         // (Named by the setting that gave the tokenizer.)
                         let field = if m.tokenizer.is_some() { "model.tokenizer" } else { "model.pretrained" };
-                        ids.fit(field, dir, c.vocab_size, c.type_vocab_size)?;
+                        let (model, expected) =
+                            (dir.display().to_string(), "expected the tokenizer made for this model");
+                        ids.fit(field, &model, c.vocab_size, c.type_vocab_size, expected)?;
                     }
                 }
                 ModelConfig::Vit(c) => c.num_labels = info.classes,
@@ -399,7 +395,7 @@ pub fn build_model<D: Device>(
                             "expected a vocab_size of at least {} (0 takes the tokenizer's) and a type_vocab_size above {}",
                             ids.vocab, ids.pad_type_id
                         );
-                        ids.fit_as("model.config", &what, c.vocab_size, c.type_vocab_size, &expected)?;
+                        ids.fit("model.config", &what, c.vocab_size, c.type_vocab_size, &expected)?;
                     }
                 }
                 ModelConfig::Vit(c) => c.num_labels = info.classes,
@@ -478,7 +474,7 @@ pub(crate) fn data_settings(config: &RunConfig) -> serde_json::Value {
     // under others names them), and a corpus's window length, which it does (a resume refused
     // names it).
     if d.dataset.is_text() || d.dataset == DatasetName::Hamlet {
-        map.insert("data.max_len".into(), d.max_len.into());
+        map.insert(MAX_LEN.into(), d.max_len.into());
     }
     if d.dataset.is_text() {
         // The file's bytes, not its path: the same tokenizer under another path (a node's own
@@ -486,10 +482,15 @@ pub(crate) fn data_settings(config: &RunConfig) -> serde_json::Value {
         let file = tokenizer_dir(config).ok().map(|dir| dir.join(weights::TOKENIZER_FILE));
         let hash = file.and_then(|f| std::fs::read(f).ok()).map(|b| crate::rng::fnv1a(&b, crate::rng::FNV_OFFSET));
         let tokenizer = hash.map(|h| format!("{} #{h:016x}", weights::TOKENIZER_FILE));
-        map.insert("model.tokenizer".into(), tokenizer.into());
+        map.insert(TOKENIZER.into(), tokenizer.into());
     }
     settings
 }
+
+/// The data settings that turn a text into ids ([`data_settings`]' keys), which an epoch's
+/// order follows where its batches are grouped by length.
+const MAX_LEN: &str = "data.max_len";
+const TOKENIZER: &str = "model.tokenizer";
 
 /// Where a run of `config` keeps its checkpoint.
 pub fn checkpoint_path(config: &RunConfig) -> PathBuf {
@@ -870,33 +871,34 @@ fn token_slices<D: Device>(
     if plan.pipeline_len == 1 {
         let longer = config.elastic.auto_pipe && devices.len() > 1;
         let profile = if longer { Some(SlicingProfile::measure(dev, model, &micro)?) } else { None };
-        let slicer = Some((None, auto_slicer(profile)));
         let whole = |_: &PipelineConfig| Ok(Vec::new());
-        return match Plan::auto_slicing(plan, units, pinned, None, first.seq, whole, Vec::clone)? {
-            AutoSliced::Equal(lengths) => Ok((lengths, slicer)),
-            AutoSliced::Planned(_) | AutoSliced::Whole => Ok((Vec::new(), slicer)),
+        let sliced = match Plan::auto_slicing(plan, units, pinned, None, first.seq, whole, Vec::clone)? {
+            AutoSliced::Equal(lengths) => lengths,
+            AutoSliced::Planned(_) | AutoSliced::Whole => Vec::new(),
         };
+        return Ok((sliced, Some((None, auto_slicer(profile)))));
     }
     let profile = SlicingProfile::measure(dev, model, &micro)?;
     let slice =
         |c: &PipelineConfig| Plan::slice_cut(c, units, pinned, |s| profile.plan_stages(c, micro.batch, units, s));
-    let planned = match Plan::auto_slicing(plan, units, pinned, None, first.seq, slice, |(p, _)| lengths(p))? {
-        AutoSliced::Planned(planned) => planned,
+    let (sliced, planned) = match Plan::auto_slicing(plan, units, pinned, None, first.seq, slice, |(p, _)| lengths(p))?
+    {
+        AutoSliced::Planned((planned, stage)) => {
+            let latency = profile.latency(&stage, plan.pipeline_len, micro.batch)?;
+            let mut context = 0;
+            let mut slice_seconds = Vec::new();
+            for &len in planned.micro_batches.first().map_or(&[][..], |m| &m.slices) {
+                // (The planner's unit is one micro-batch: the model's batch dimension is 1.)
+                slice_seconds.push((len, context, latency.slice_time(1, len, context)?));
+                context += len;
+            }
+            (lengths(&planned), Some(PlannedSlicing { plan: planned, stage, slice_seconds }))
+        }
         // (Main says which, and why.)
-        AutoSliced::Whole => return Ok((Vec::new(), Some((None, auto_slicer(Some(profile)))))),
-        AutoSliced::Equal(lengths) => return Ok((lengths, Some((None, auto_slicer(Some(profile)))))),
+        AutoSliced::Whole => (Vec::new(), None),
+        AutoSliced::Equal(lengths) => (lengths, None),
     };
-    let (planned, stage) = planned;
-    let latency = profile.latency(&stage, plan.pipeline_len, micro.batch)?;
-    let mut context = 0;
-    let mut slice_seconds = Vec::new();
-    for &len in planned.micro_batches.first().map_or(&[][..], |m| &m.slices) {
-        // (The planner's unit is one micro-batch: the model's batch dimension is 1.)
-        slice_seconds.push((len, context, latency.slice_time(1, len, context)?));
-        context += len;
-    }
-    let slicing = PlannedSlicing { plan: planned, stage, slice_seconds };
-    Ok((lengths(&slicing.plan), Some((Some(slicing), auto_slicer(Some(profile))))))
+    Ok((sliced, Some((planned, auto_slicer(Some(profile))))))
 }
 
 /// The token slices `planned` cuts every micro-batch into; none where it keeps them whole.
@@ -1254,7 +1256,7 @@ impl<D: Device> Job<D> {
         trainer.data_fingerprint = source.fingerprint();
         trainer.data_settings = Some(data_settings(&config));
         if config.data.group_by_length {
-            trainer.order_settings = vec!["data.max_len".into(), "model.tokenizer".into()];
+            trainer.order_settings = vec![MAX_LEN.into(), TOKENIZER.into()];
         }
         // A batch larger than the training set holds the set.
         let batch = config.data.batch_size.min(first.batch);
@@ -1637,7 +1639,8 @@ impl<D: Device> Job<D> {
             chars: self.info.chars.clone(),
             max_seq_length: self.config.data.max_len,
             pixel_max: self.info.pixel_max,
-            trained_on: data_settings(&self.config),
+            // (Recorded once, when the run was built: the tokenizer's hash is not read again.)
+            trained_on: self.trainer.data_settings.clone().unwrap_or_else(|| data_settings(&self.config)),
             dir: self.config.output.dir.join("model"),
         }
     }
