@@ -1615,8 +1615,20 @@ fn a_bert_built_from_its_config_trains_with_the_tokenizer_given() {
     let resume = ["train", "--config", config.to_str().unwrap(), "--resume", "--set", "data.max_len=16"];
     let (ok, out) = pipetransformer(&[&resume[..], &grouped].concat());
     assert!(!ok && out.contains("data.max_len") && out.contains("within an epoch (at its batch 2)"), "{out}");
+    // Each refusal comes before the run writes: the checkpoint in its folder stays as it was.
+    let kept = std::fs::read(dir.join("run/checkpoint.ckpt")).unwrap();
     let (ok, out) = pipetransformer(&[&train[..], &["--set", "model.tokenizer=none"]].concat());
     assert!(!ok && out.contains("model.tokenizer") && out.contains("a text dataset needs a tokenizer"), "{out}");
+    let missing = format!("model.tokenizer={}", dir.join("nowhere").display());
+    let (ok, out) = pipetransformer(&[&train[..], &["--set", &missing]].concat());
+    assert!(!ok && out.contains("is not a folder; expected a folder holding tokenizer.json"), "{out}");
+    let empty = format!("model.tokenizer={}", dir.display());
+    let (ok, out) = pipetransformer(&[&train[..], &["--set", &empty]].concat());
+    assert!(!ok && out.contains("holds no tokenizer.json; expected a folder holding one"), "{out}");
+    // On a dataset of images the setting is named as having no effect.
+    let (_, out) = pipetransformer(&[&train[..], &["--set", "data.dataset=\"digits\""]].concat());
+    assert!(out.contains("is not a dataset of texts: model.tokenizer has no effect"), "{out}");
+    assert!(std::fs::read(dir.join("run/checkpoint.ckpt")).unwrap() == kept, "a refused run wrote over the checkpoint");
     let (ok, out) = pipetransformer(&[&train[..], &["--set", "model.config.vocab_size=1000"]].concat());
     assert!(!ok && out.contains("expected a vocab_size of at least 30522"), "{out}");
     // A tokenizer whose ids pass a pretrained model's table is named by the setting that gave
