@@ -393,7 +393,7 @@ enum Command {
         /// Override a value of `--config` (repeatable).
         #[arg(long = "set", value_name = "KEY=VALUE", conflicts_with = "file")]
         set: Vec<String>,
-        /// A file of labelled rows to score on.
+        /// A file of labelled rows to score on (`-`: standard input; gzip-compressed or not).
         #[arg(long)]
         file: Option<PathBuf>,
         /// Inputs per forward pass (at least 1): rows of `--file` (default 64), or the

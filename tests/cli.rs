@@ -1195,6 +1195,10 @@ fn an_interrupted_run_checkpoints_and_resumes() {
     assert_eq!(out.status.code(), Some(130), "{text}");
     let step = interrupted_steps(&text)[0];
     assert!(text.contains("`train --resume` continues from it"), "{text}");
+    // The report of the steps taken is written beside the checkpoint: its loss curve ends at
+    // the step the run stopped at.
+    let report = std::fs::read_to_string(dir.join("report.html")).unwrap_or_else(|e| panic!("no report: {e}\n{text}"));
+    assert!(report.contains("<polyline") && report.contains(&format!(">step {step}</text>")), "{report}");
     let resume = format!("train.max_steps={}", step + 2);
     let args = ["train", "--config", "configs/vit-digits.toml", "--resume", "--set", &out_dir, "--set", &resume];
     let (ok, out) =
@@ -2635,6 +2639,16 @@ fn an_image_model_without_its_pixel_scale_is_refused() {
     let (model_arg, rows_arg) = (model.display().to_string(), rows.display().to_string());
     let (ok, out) = pipetransformer(&["evaluate", "--model", &model_arg, "--file", &rows_arg]);
     assert!(ok && out.contains("3 targets"), "{out}");
+    // The same rows on standard input (`--file -`), gzip-compressed, score the same.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pipetransformer"))
+        .args(["evaluate", "--model", &model_arg, "--file", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn_piped();
+    let mut encoder = flate2::write::GzEncoder::new(child.stdin.take().unwrap(), flate2::Compression::default());
+    encoder.write_all(&std::fs::read(&rows).unwrap()).unwrap();
+    drop(encoder.finish().unwrap());
+    let piped = child.wait_with_output().unwrap();
+    assert!(piped.status.success() && output_text(&piped) == out.replace(&rows_arg, "-"), "{}", output_text(&piped));
     let (ok, with) = pipetransformer(&["predict", "--model", &model_arg, &digit_pixels(1)]);
     assert!(ok, "{with}");
     // Another scale, another answer: the file's value is what the model reads raw pixels at.

@@ -47,7 +47,13 @@ pub(crate) fn read_bytes(path: &Path, group: SetupGroup) -> Result<Vec<u8>> {
 
 /// [`read_bytes`], refusing a compressed file that expands past `most` bytes.
 pub(crate) fn read_bytes_within(path: &Path, group: SetupGroup, most: u64) -> Result<Vec<u8>> {
-    let file = match std::fs::File::open(path) {
+    // A user's `-` is standard input (`evaluate --file -`), as for `predict`.
+    let stdin = group == SetupGroup::User && path == Path::new("-");
+    let opened = match stdin {
+        true => Ok(Box::new(std::io::stdin().lock()) as Box<dyn Read>),
+        false => std::fs::File::open(path).map(|f| Box::new(f) as Box<dyn Read>),
+    };
+    let file = match opened {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             // A relative path is read from the current folder, which may not be the one the
@@ -110,7 +116,7 @@ pub(crate) fn read_text(path: &Path, group: SetupGroup) -> Result<String> {
 }
 
 /// A text file a user named (`predict`'s and `evaluate`'s inputs), decompressed as
-/// the dataset readers do (gzip by its name or first bytes).
+/// the dataset readers do (gzip by its name or first bytes); `-` reads standard input.
 pub fn read_user_text(path: &Path) -> Result<String> {
     read_text(path, SetupGroup::User)
 }

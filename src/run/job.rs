@@ -1443,7 +1443,7 @@ impl<D: Device> Job<D> {
     /// trainer stands where the failure left it). A log that cannot be written ends the run at the
     /// next checkpoint, after the checkpoint and export are written; so does a
     /// [stop request](crate::train::request_stop), after the step under way, with
-    /// [`Error::Interrupted`]. Once a run has reached its end, `run` returns its summary again
+    /// [`Error::Interrupted`] once the report of the steps taken is written too. Once a run has reached its end, `run` returns its summary again
     /// and writes nothing.
     pub fn run(&mut self, on_event: &mut dyn FnMut(&Event)) -> Result<Summary> {
         if let Some(summary) = &self.finished {
@@ -1572,9 +1572,13 @@ impl<D: Device> Job<D> {
                     return Err(io_error(&metrics_path, err));
                 }
                 // Asked to stop (a signal): the step's checkpoint is on its way; end once it is
-                // whole.
+                // whole, with the report of the steps taken (the earlier run's was set aside at
+                // the first step: the folder describes this run alone).
                 if self.trainer.stopping() && !self.trainer.done() {
                     finish(&mut writing)?;
+                    if writes {
+                        super::report::write_report(&metrics_path, &out.join("report.html"), &self.config)?;
+                    }
                     return Err(Error::Interrupted { step: Some(self.trainer.position.step) });
                 }
             }
