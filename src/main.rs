@@ -290,10 +290,11 @@ macro_rules! on_device {
 #[derive(Subcommand)]
 enum Command {
     /// Train as a run configuration says: load the data and the (pretrained) model, train with
-    /// a progress bar, evaluate each epoch, checkpoint, and write metrics.jsonl, summary.json and
-    /// the exported model (safetensors + config.json) to the run's output directory. One run
-    /// writes a directory at a time: a second is refused while the first goes on. Ctrl-C or
-    /// SIGTERM stops after the step under way, its checkpoint written (`--resume` goes on).
+    /// a progress bar, evaluate each epoch, checkpoint, and write metrics.jsonl, summary.json,
+    /// report.html and the exported model (safetensors + config.json) to the run's output
+    /// directory. One run writes a directory at a time: a second is refused while the first goes
+    /// on. Ctrl-C or SIGTERM stops after the step under way, its checkpoint and report written
+    /// (`--resume` goes on).
     // (A negative number is a flag's value, refused by its own check, not an unknown flag.)
     #[command(allow_negative_numbers = true)]
     Train {
