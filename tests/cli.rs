@@ -1021,8 +1021,8 @@ fn bad_pipeline_settings_and_an_unwritable_trace_are_clear_errors() {
 
 /// A run that starts over and diverges at its second step (its first set the earlier run's
 /// files aside) says which step, counted as its progress lines count them; its folder holds
-/// its own log alone, the earlier run's files whole under their `previous` names, and a
-/// `--resume` there names the checkpoint set aside.
+/// its own log and the report drawn from it alone, the earlier run's files whole under their
+/// `previous` names, and a `--resume` there names the checkpoint set aside.
 #[test]
 fn a_fresh_run_that_diverges_after_its_first_step_leaves_its_folder_consistent() {
     if !have_digits() {
@@ -1042,10 +1042,13 @@ fn a_fresh_run_that_diverges_after_its_first_step_leaves_its_folder_consistent()
         let kept = before[common::RUN_FILES.iter().position(|f| f == file).unwrap()].clone();
         assert_eq!(std::fs::read(dir.join(aside)).unwrap(), kept, "{aside}");
         assert!(
-            file == &"metrics.jsonl" || !dir.join(file).exists(),
+            ["metrics.jsonl", "report.html"].contains(file) || !dir.join(file).exists(),
             "{file}: the earlier run's, left beside the new log"
         );
     }
+    // The report is this run's: its loss curve ends at the last step it logged.
+    let report = std::fs::read_to_string(dir.join("report.html")).unwrap();
+    assert!(report.contains(&format!(">step {said}</text>")), "{said} steps said: {report}");
     let (ok, out) = pipetransformer(&[&base[..], &["--resume"]].concat());
     let back = "move each back to its own name (metrics.previous.jsonl → metrics.jsonl, checkpoint.previous.ckpt → \
                 checkpoint.ckpt, summary.previous.json → summary.json, report.previous.html → report.html, \

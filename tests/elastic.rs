@@ -276,6 +276,16 @@ fn check_transitions_follow_by_hand<D: Device>(
         assert_eq!((cache[3].0, cache[3].1), (12, 0), "{name}: {cache:?}");
     }
     assert!(cache[3].2 > 0, "{name}: the cache spilled to disk");
+    // Each step logs what it looked up (what a report of a run stopped inside an epoch
+    // counts): per epoch, as the epoch's cache event sums them.
+    let mut looked = [(0, 0); 4];
+    for e in &events {
+        if let Event::Step { epoch, samples, cache_hits: Some(hits), .. } = e {
+            looked[*epoch as usize].0 += hits;
+            looked[*epoch as usize].1 += samples - hits;
+        }
+    }
+    assert_eq!(looked.to_vec(), cache.iter().map(|c| (c.0, c.1)).collect::<Vec<_>>(), "{name}");
     drop(elastic);
 }
 
@@ -1138,7 +1148,7 @@ impl pipetransformer::train::Controller<CpuDevice<f32>> for Watched {
         &mut self,
         t: &Trainer<CpuDevice<f32>>,
         host: &mut pipetransformer::model::HostBatch,
-    ) -> pipetransformer::Result<bool> {
+    ) -> pipetransformer::Result<pipetransformer::train::Prepared> {
         let plan = t.pipeline.plan();
         let peak = plan.partition.stage_memory.iter().copied().max().unwrap_or(0);
         self.plans.push((plan.config.pipeline_len, plan.config.micro_batches, peak));

@@ -16,7 +16,7 @@ use crate::error::{Result, config_error};
 use crate::model::{Hidden, HostBatch};
 use crate::pipeline::{AutoSliced, PipelineStep, Plan, UnitProfile};
 use crate::train::checkpoint::Tensor;
-use crate::train::{Controller, Event, Trainer, Transition};
+use crate::train::{Controller, Event, Prepared, Trainer, Transition};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
@@ -925,13 +925,15 @@ impl Elastic {
 }
 
 impl<D: Device> Controller<D> for Elastic {
-    fn before_step(&mut self, trainer: &Trainer<D>, host: &mut HostBatch) -> Result<bool> {
+    fn before_step(&mut self, trainer: &Trainer<D>, host: &mut HostBatch) -> Result<Prepared> {
         let units = frozen_units(self.frozen_layers);
-        let Some(cache) = self.cache.as_mut().filter(|_| self.cache_on && units > 0) else { return Ok(false) };
+        let Some(cache) = self.cache.as_mut().filter(|_| self.cache_on && units > 0) else {
+            return Ok(Prepared::default());
+        };
         let positions = Self::positions(trainer, host);
         let Some(cached) = cache.get(host, positions, units)? else {
             cache.record(0, host.batch);
-            return Ok(false);
+            return Ok(Prepared { capture_frozen_output: false, cache_hits: Some(0) });
         };
         // In the run's last epoch no sample comes back: nothing new is stored.
         let left = trainer.lr_schedule.total_steps - trainer.batches_done();
@@ -941,9 +943,10 @@ impl<D: Device> Controller<D> for Elastic {
         // held samples run too: no hits).
         if 2 * cached.held() < host.batch {
             cache.record(0, host.batch);
-            return Ok(fill);
+            return Ok(Prepared { capture_frozen_output: fill, cache_hits: Some(0) });
         }
-        cache.record(cached.held(), host.batch - cached.held());
+        let hits = cached.held();
+        cache.record(hits, host.batch - hits);
         // Mostly held: the samples the cache lacks, or holds at a depth a boundary that moved
         // mid-epoch left behind, catch up (forward only, spread over the replicas) and are
         // written back; the pipeline starts at the first trainable unit.
@@ -970,7 +973,7 @@ impl<D: Device> Controller<D> for Elastic {
             }
         }
         host.hidden = Some(Hidden { depth: units, width, data });
-        Ok(false)
+        Ok(Prepared { capture_frozen_output: false, cache_hits: Some(hits) })
     }
 
     fn after_step(

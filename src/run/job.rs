@@ -1443,14 +1443,16 @@ impl<D: Device> Job<D> {
     /// trainer stands where the failure left it). A log that cannot be written ends the run at the
     /// next checkpoint, after the checkpoint and export are written; so does a
     /// [stop request](crate::train::request_stop), after the step under way, with
-    /// [`Error::Interrupted`] once the report of the steps taken is written too. Once a run has reached its end, `run` returns its summary again
-    /// and writes nothing.
+    /// [`Error::Interrupted`]. A run that ends so, or fails, after its first step still draws
+    /// `report.html` from its log: the steps it took, up to a divergence say (where that
+    /// report cannot be written, a failure's own error is the one returned; a stop's is
+    /// replaced by the report's). Once a run has reached its end, `run` returns its summary
+    /// again and writes nothing.
     pub fn run(&mut self, on_event: &mut dyn FnMut(&Event)) -> Result<Summary> {
         if let Some(summary) = &self.finished {
             return Ok(summary.clone());
         }
         let out = self.config.output.dir.clone();
-        let metrics_path = self.metrics_path();
         let writes = self.writes_files();
         let _lock = match writes {
             true => {
@@ -1459,6 +1461,27 @@ impl<D: Device> Job<D> {
             }
             false => None,
         };
+        let ran = self.train_and_write(on_event);
+        // Ended early with this run's log open (its first step done): the report of its steps,
+        // written while the folder is still locked.
+        let logged = self.metrics.get_mut().as_ref().is_some_and(|log| !log.is_held());
+        if let Err(ended) = &ran
+            && writes
+            && logged
+        {
+            let report = super::report::write_report(&self.metrics_path(), &out.join("report.html"), &self.config);
+            if let (Error::Interrupted { .. }, Err(e)) = (ended, report) {
+                return Err(e);
+            }
+        }
+        ran
+    }
+
+    /// [`run`](Self::run)'s work, in the locked folder.
+    fn train_and_write(&mut self, on_event: &mut dyn FnMut(&Event)) -> Result<Summary> {
+        let out = self.config.output.dir.clone();
+        let metrics_path = self.metrics_path();
+        let writes = self.writes_files();
         // A run that starts over moves the earlier run's log and checkpoint aside once its first
         // step is done, not before: one that fails or stops sooner loses nothing. (Left in
         // place after that, a `--resume` after this run died before its first checkpoint would
@@ -1572,13 +1595,9 @@ impl<D: Device> Job<D> {
                     return Err(io_error(&metrics_path, err));
                 }
                 // Asked to stop (a signal): the step's checkpoint is on its way; end once it is
-                // whole, with the report of the steps taken (the earlier run's was set aside at
-                // the first step: the folder describes this run alone).
+                // whole (`run` then writes the report of the steps taken).
                 if self.trainer.stopping() && !self.trainer.done() {
                     finish(&mut writing)?;
-                    if writes {
-                        super::report::write_report(&metrics_path, &out.join("report.html"), &self.config)?;
-                    }
                     return Err(Error::Interrupted { step: Some(self.trainer.position.step) });
                 }
             }

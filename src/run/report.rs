@@ -37,7 +37,9 @@ pub fn write_report(metrics: &Path, out: &Path, config: &RunConfig) -> Result<()
 
 /// The events of the last fresh run (a resume continues it). A resume from step `s` replays
 /// what was logged after its checkpoint: those events are dropped for the replay's, so every
-/// step and evaluation counts once.
+/// step, evaluation and transition counts once. The cut is at the first event numbered past
+/// `s`, whatever it is: a transition made in a step is logged before that step's event, and
+/// the replay need not make it again (AutoPipe's choices follow measured times).
 fn events(log: &str) -> Vec<Value> {
     let all: Vec<Value> = log.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
     let start = all.iter().rposition(|e| e["event"] == "start" && e["resumed"] == false).unwrap_or(0);
@@ -45,7 +47,7 @@ fn events(log: &str) -> Vec<Value> {
     for e in &all[start..] {
         if e["event"] == "start" && e["resumed"] == true {
             let from = e["step"].as_u64().unwrap_or(0);
-            let after = |x: &Value| x["event"] == "step" && x["step"].as_u64().is_some_and(|k| k > from);
+            let after = |x: &Value| x["step"].as_u64().is_some_and(|k| k > from);
             if let Some(cut) = kept.iter().position(after) {
                 kept.truncate(cut);
             }
@@ -78,9 +80,20 @@ fn render(log: &str, config: &RunConfig) -> String {
     let mut evals: Vec<(f64, f64, f64, f64)> = Vec::new();
     let mut clock = 0.0;
     let mut inside_epochs = false;
+    // Per epoch, from its steps: (samples, seconds, samples looked up in the cache, hits). An
+    // epoch's own event counts only the steps of the process that ended it, not those before
+    // a stop and resume inside it.
+    let mut work: std::collections::BTreeMap<u64, [f64; 4]> = Default::default();
     for e in &events {
         if e["event"] == "step" {
             clock += num(e, "seconds");
+            let w = work.entry(e["epoch"].as_u64().unwrap_or(0)).or_default();
+            w[0] += num(e, "samples");
+            w[1] += num(e, "seconds");
+            if let Some(hits) = e["cache_hits"].as_f64() {
+                w[2] += num(e, "samples");
+                w[3] += hits;
+            }
         }
         clock += num(e, "eval_seconds");
         if matches!(e["event"].as_str(), Some("eval" | "epoch")) {
@@ -89,7 +102,6 @@ fn render(log: &str, config: &RunConfig) -> String {
             let step = e["step"].as_f64().unwrap_or(last_step);
             evals.push((step, clock, num(&e["eval"], "accuracy"), num(&e["eval"], "loss")));
         }
-        let u = |key: &str| e[key].as_u64().unwrap_or(0) as usize;
         let pair_after = |key: &str| e[key][1].as_u64().unwrap_or(0) as usize;
         match e["event"].as_str().unwrap_or("") {
             "step" => {
@@ -123,14 +135,16 @@ fn render(log: &str, config: &RunConfig) -> String {
                 transitions.push(e);
             }
             "epoch" => {
+                let epoch = e["epoch"].as_u64().unwrap_or(0);
+                let [samples, train_seconds, ..] = work.get(&epoch).copied().unwrap_or_default();
                 let mut row = EpochRow {
-                    epoch: e["epoch"].as_u64().unwrap_or(0),
+                    epoch,
                     frozen: (began.0, frozen),
                     k: (began.1, k),
                     r: (began.2, r),
                     m: (began.3, m),
-                    samples: u("samples") as f64,
-                    train_seconds: num(e, "train_seconds"),
+                    samples,
+                    train_seconds,
                     hit_rate: None,
                     accuracy: e["eval"]["accuracy"].as_f64().unwrap_or(0.0),
                     loss: e["eval"]["loss"].as_f64().unwrap_or(0.0),
@@ -140,8 +154,6 @@ fn render(log: &str, config: &RunConfig) -> String {
                 // its steps' throughput, the evaluation at its end.
                 if let Some(part) = rows.pop_if(|last| last.epoch == row.epoch) {
                     (row.frozen.0, row.k.0, row.r.0, row.m.0) = (part.frozen.0, part.k.0, part.r.0, part.m.0);
-                    (row.samples, row.train_seconds) =
-                        (part.samples + row.samples, part.train_seconds + row.train_seconds);
                 }
                 rows.push(row);
                 began = (frozen, k, r, m);
@@ -150,12 +162,17 @@ fn render(log: &str, config: &RunConfig) -> String {
             _ => {}
         }
     }
-    // An epoch's cache events (two where a resume ended it) follow its epoch events: their
-    // lookups summed on the row they belong to.
+    // The cache's hit rate from the steps' lookups; a log of an older version has them only in
+    // the cache events after each epoch's (two where a resume ended it), summed on their row.
     for row in &mut rows {
-        let cache = events.iter().filter(|e| e["event"] == "cache" && e["epoch"].as_u64() == Some(row.epoch));
-        let (h, miss) = cache.fold((0.0, 0.0), |(h, miss), e| (h + num(e, "hits"), miss + num(e, "misses")));
-        row.hit_rate = (h + miss > 0.0).then(|| h / (h + miss));
+        let (h, looked) = match work.get(&row.epoch) {
+            Some(&[_, _, looked, h]) if looked > 0.0 => (h, looked),
+            _ => {
+                let cache = events.iter().filter(|e| e["event"] == "cache" && e["epoch"].as_u64() == Some(row.epoch));
+                cache.fold((0.0, 0.0), |(h, n), e| (h + num(e, "hits"), n + num(e, "hits") + num(e, "misses")))
+            }
+        };
+        row.hit_rate = (looked > 0.0).then(|| h / looked);
     }
 
     let mut html = String::new();
@@ -381,6 +398,52 @@ mod tests {
         // The report says what computed it, and that the resume dropped the bf16 products.
         let devices = "Devices: cpu:0 (F32, bf16 products, 1 thread); then, resumed on cpu:0 (F32, 1 thread).";
         assert!(html.contains(devices), "{html}");
+    }
+
+    /// A run checkpointed after step 1 made a transition in step 2 (logged before that step's
+    /// event), then died; resumed from step 1, its replay made none. The transition is not the
+    /// run's: it is dropped with the step.
+    #[test]
+    fn a_transition_after_the_checkpoint_a_resume_goes_back_to_is_dropped() {
+        let log = [
+            r#"{"event":"start","resumed":false,"step":0,"plan":{"pipeline_len":2,"replicas":1,"micro_batches":2}}"#,
+            r#"{"event":"step","step":1,"epoch":0,"loss":0.9,"lr":0.1,"grad_norm":1.0,"samples":4,"seconds":1.0}"#,
+            r#"{"event":"transition","step":2,"epoch":0,"reason":"abandoned","frozen_layers":[0,1],"pipeline_len":[2,1],"replicas":[1,2],"micro_batches":[2,1],"stages":[{"start":0,"end":8}],"cache":false,"seconds":3.0}"#,
+            r#"{"event":"step","step":2,"epoch":0,"loss":0.8,"lr":0.1,"grad_norm":1.0,"samples":4,"seconds":1.0}"#,
+            r#"{"event":"start","resumed":true,"step":1,"plan":{"pipeline_len":2,"replicas":1,"micro_batches":2}}"#,
+            r#"{"event":"step","step":2,"epoch":0,"loss":0.7,"lr":0.1,"grad_norm":1.0,"samples":4,"seconds":1.0}"#,
+            r#"{"event":"epoch","epoch":0,"eval":{"loss":0.4,"accuracy":0.625,"count":8},"samples":4,"train_seconds":1.0,"eval_seconds":1.0}"#,
+        ]
+        .join("\n");
+        assert!(!events(&log).iter().any(|e| e["event"] == "transition"));
+        let html = render(&log, &two_stage_run());
+        assert!(!html.contains("abandoned"), "{html}");
+        // Epoch 0 ran at K = 2 throughout: 8 samples in its two steps' 2 s.
+        let row = "<tr><td>0</td><td>0</td><td>2</td><td>1</td><td>2</td><td>4.0</td>";
+        assert!(html.contains(row), "{html}");
+    }
+
+    /// A run stopped inside epoch 0 (a signal: no epoch event) and resumed: the epoch's event
+    /// counts the resumed process's steps alone; the row counts all its steps, their samples
+    /// per second and their cache lookups (4 of 8 samples served before the stop, 8 of 8
+    /// after).
+    #[test]
+    fn an_epoch_a_stop_split_counts_all_its_steps() {
+        let log = [
+            r#"{"event":"start","resumed":false,"step":0,"plan":{"pipeline_len":1,"replicas":2,"micro_batches":1}}"#,
+            r#"{"event":"step","step":1,"epoch":0,"loss":0.9,"lr":0.1,"grad_norm":1.0,"samples":8,"seconds":2.0}"#,
+            r#"{"event":"step","step":2,"epoch":0,"loss":0.8,"lr":0.1,"grad_norm":1.0,"samples":8,"seconds":1.0,"cache_hits":4}"#,
+            r#"{"event":"start","resumed":true,"step":2,"plan":{"pipeline_len":1,"replicas":2,"micro_batches":1}}"#,
+            r#"{"event":"step","step":3,"epoch":0,"loss":0.7,"lr":0.1,"grad_norm":1.0,"samples":8,"seconds":1.0,"cache_hits":8}"#,
+            r#"{"event":"epoch","epoch":0,"eval":{"loss":0.4,"accuracy":0.625,"count":8},"samples":8,"train_seconds":1.0,"eval_seconds":1.0}"#,
+            r#"{"event":"cache","epoch":0,"hits":8,"misses":0,"entries":8,"memory_bytes":64,"disk_bytes":0}"#,
+        ]
+        .join("\n");
+        let html = render(&log, &two_stage_run());
+        // 24 samples in 4 s; 12 hits of 16 lookups (the first step, before the freeze, looked
+        // up nothing).
+        let row = "<tr><td>0</td><td>0</td><td>1</td><td>2</td><td>1</td><td>6.0</td><td>75%</td><td>62.50%</td>";
+        assert!(html.contains(row), "{html}");
     }
 
     #[test]

@@ -152,6 +152,11 @@ pub enum Event {
         /// schedule formula's for equal stages.
         #[serde(skip_serializing_if = "Option::is_none")]
         bubble: Option<Bubble>,
+        /// Where the batch was looked up in the cache of the frozen layers' output (AutoCache,
+        /// once layers are frozen): how many of its samples the cache served; the others ran
+        /// through the frozen layers.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cache_hits: Option<usize>,
     },
     /// An epoch ended and was evaluated.
     Epoch {

@@ -24,4 +24,4 @@ pub use event::{Bubble, EvalMetrics, Event, Transition};
 pub use metrics::{ClassScores, Confusion};
 pub use source::BatchSource;
 pub use stop::{clear_stop, request_stop, stop_requested};
-pub use trainer::{Controller, Position, RecordedPlan, Restored, Snapshot, Trainer};
+pub use trainer::{Controller, Position, Prepared, RecordedPlan, Restored, Snapshot, Trainer};

@@ -37,12 +37,23 @@ pub struct Position {
     pub batch: usize,
 }
 
+/// What [`Controller::before_step`] prepared a step for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Prepared {
+    /// Whether the step captures the frozen prefix's output (for the cache to keep).
+    pub capture_frozen_output: bool,
+    /// Where the batch was looked up in a cache of the frozen prefix's output: how many of its
+    /// samples the cache served (the rest ran through the frozen layers). Logged with the step.
+    pub cache_hits: Option<usize>,
+}
+
 /// What steers a run between steps: the elastic PipeTransformer controller, or nothing (`()`).
 pub trait Controller<D: Device> {
     /// Called with each training batch before its step. May attach cached hidden states to
-    /// `host`; returns whether the step should capture the frozen prefix's output.
-    fn before_step(&mut self, _trainer: &Trainer<D>, _host: &mut HostBatch) -> Result<bool> {
-        Ok(false)
+    /// `host`; says whether the step should capture the frozen prefix's output, and what the
+    /// cache served.
+    fn before_step(&mut self, _trainer: &Trainer<D>, _host: &mut HostBatch) -> Result<Prepared> {
+        Ok(Prepared::default())
     }
     /// Called after each step with what it reported.
     fn after_step(
@@ -255,14 +266,14 @@ impl<D: Device> Trainer<D> {
             let parts = (index..index + take).map(|i| data.train_batch(epoch, i)).collect::<Result<Vec<_>>>()?;
             let mut host = HostBatch::concat(&parts)?;
             let fetched = started.elapsed().as_secs_f64();
-            let capture = controller.before_step(self, &mut host)?;
+            let prepared_by = controller.before_step(self, &mut host)?;
             let prepared = started.elapsed().as_secs_f64();
             let lr = self.lr_schedule.lr_at(self.batches_done()) * take as f64;
             let options = StepOptions {
                 dropout_seed: hash_u64(self.config.seed, step),
                 lr,
                 max_grad_norm: self.config.clip(),
-                capture_frozen_output: capture,
+                capture_frozen_output: prepared_by.capture_frozen_output,
                 stop_requested: super::stop_requested(),
             };
             let report = self.pipeline.step_with(&host, &options)?;
@@ -321,6 +332,7 @@ impl<D: Device> Trainer<D> {
                 samples: host.batch,
                 seconds,
                 bubble,
+                cache_hits: prepared_by.cache_hits,
             });
             let epoch_end = self.position.batch == per_epoch || self.done();
             let every = self.config.eval_every;
