@@ -892,15 +892,25 @@ fn predict<D: Device>(dev: D, request: PredictRequest) -> Result<()> {
     // Someone typing at a terminal wants each line's answer at once.
     let batch_size = if from_stdin && std::io::stdin().is_terminal() { 1 } else { request.batch_size };
     let options = PredictOptions { batch_size, sampling: request.sampling, format };
-    // A line that cannot be read (not UTF-8) is named by its number.
+    // A line that cannot be read (not UTF-8) is named by its number; where it is not text,
+    // the inputs were likely given as the file (an image) instead of listed in it.
     let io = |path: &Path, line: usize, e: std::io::Error| pipetransformer::Error::Io {
         path: format!("{}, line {}", path.display(), line + 1),
-        source: e,
+        source: match e.kind() {
+            std::io::ErrorKind::InvalidData => std::io::Error::new(
+                e.kind(),
+                format!(
+                    "{e}; expected UTF-8 text, one input a line (a text, a prompt, an image file's path or a CSV \
+                     row of pixels): give an image file itself as an argument, without --file"
+                ),
+            ),
+            _ => e,
+        },
     };
     let lines: Box<dyn Iterator<Item = pipetransformer::Result<String>>> = if from_stdin {
         Box::new(std::io::stdin().lock().lines().enumerate().map(move |(i, l)| l.map_err(|e| io(stdin_name, i, e))))
     } else if let Some(path) = request.file.clone() {
-        let file = std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+        let file = pipetransformer::data::open_user_file(&path)?;
         Box::new(std::io::BufReader::new(file).lines().enumerate().map(move |(i, l)| l.map_err(|e| io(&path, i, e))))
     } else {
         Box::new(request.inputs.into_iter().map(Ok))
@@ -913,7 +923,7 @@ fn predict<D: Device>(dev: D, request: PredictRequest) -> Result<()> {
         r => r?,
     };
     if failed > 0 {
-        eprintln!("{failed} of {total} inputs failed (their lines say why)");
+        eprintln!("{failed} of {total} results failed (their lines say why)");
         std::process::exit(1);
     }
     if total == 0 {
@@ -1192,10 +1202,12 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
         println!("unigram baseline held-out loss: {u:.4}");
     }
     if job.writes_files() {
-        println!(
-            "wrote {}/{{metrics.jsonl, summary.json, report.html, checkpoint.ckpt, model/}}",
-            job.config.output.dir.display()
-        );
+        // (A resume with no step left keeps the summary and checkpoint of the steps it follows.)
+        let files = match started_at > 0 && summary.steps == started_at {
+            true => "metrics.jsonl, report.html, model/",
+            false => "metrics.jsonl, summary.json, report.html, checkpoint.ckpt, model/",
+        };
+        println!("wrote {}/{{{files}}}", job.config.output.dir.display());
     }
     if let (Some(path), Some(trace)) = (run.trace, &job.trainer.trace) {
         // Each process of a launched run traces its own devices: rank 0 at the path asked for,

@@ -427,7 +427,8 @@ fn a_transition_during_autopipes_timing_names_the_count_in_force() {
     let (out, _) = hamlet_train(&scratch("timing-transition"), &[&elastic[..], &run[..]].concat());
     let line = out.lines().find(|l| l.starts_with("transition at step 2:")).unwrap_or_else(|| panic!("{out}"));
     assert!(
-        line.contains("M 1 → 1") && line.contains("M=2 was in force, timed among AutoPipe's micro-batch counts"),
+        line.contains("M 1 → 1")
+            && line.contains("M=2 ran, a micro-batch count AutoPipe was timing (the M shown is the count kept)"),
         "{line}"
     );
 }
@@ -713,7 +714,7 @@ fn check_predict_and_evaluate(dir: &std::path::Path, config: &str, precision: &s
         let (_, again) = pipetransformer(&[&greedy[..], &device].concat());
         assert_eq!(first, again, "greedy generation is deterministic");
         let (ok, out) = pipetransformer(&[&["predict", "--model", &model, "To be", "\u{263a}"][..], &device].concat());
-        assert!(!ok && out.contains("not in the model's vocabulary") && out.contains("1 of 2 inputs failed"), "{out}");
+        assert!(!ok && out.contains("not in the model's vocabulary") && out.contains("1 of 2 results failed"), "{out}");
     } else {
         let text = String::from_utf8(
             std::process::Command::new("gzip").args(["-dc", "data/digits/digits.csv.gz"]).output().unwrap().stdout,
@@ -723,7 +724,7 @@ fn check_predict_and_evaluate(dir: &std::path::Path, config: &str, precision: &s
         let pixels = &row[..row.rfind(',').unwrap()];
         let (ok, out) =
             pipetransformer(&[&["predict", "--model", &model, pixels, "1,2,3", pixels][..], &device].concat());
-        assert!(!ok && out.contains("1 of 3 inputs failed"), "{out}");
+        assert!(!ok && out.contains("1 of 3 results failed"), "{out}");
         let lines: Vec<serde_json::Value> =
             out.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect();
         assert_eq!(lines.len(), 3, "{out}");
@@ -1208,6 +1209,13 @@ fn an_interrupted_run_checkpoints_and_resumes() {
         pipetransformer(&[&args[..], &["--set", "data.test_limit=16", "--set", "train.epochs=1000000"]].concat());
     let done = format!("done: {} steps (2 of them since step {step}, in", step + 2);
     assert!(ok && out.contains(&done), "{out}");
+    // Resumed again with no step left: it says it wrote what it wrote, not the summary and
+    // checkpoint of the steps it follows.
+    let summary = std::fs::read(dir.join("summary.json")).unwrap();
+    let (ok, out) =
+        pipetransformer(&[&args[..], &["--set", "data.test_limit=16", "--set", "train.epochs=1000000"]].concat());
+    assert!(ok && out.contains("/{metrics.jsonl, report.html, model/}"), "{out}");
+    assert_eq!(std::fs::read(dir.join("summary.json")).unwrap(), summary);
 }
 
 /// Kills what is left of the given processes if a test fails (each still runs, or is an
@@ -2719,6 +2727,57 @@ fn a_csv_file_given_to_predict_is_read_as_rows() {
     std::fs::write(&labelled_gz, encoder.finish().unwrap()).unwrap();
     let (ok, out) = pipetransformer(&["evaluate", "--model", &model, "--file", &labelled_gz.display().to_string()]);
     assert!(ok && out.contains("2 targets"), "{out}");
+}
+
+/// A file `predict` cannot read as an image is named for what it is, not read as IDX: an
+/// empty file, one of another format (a JPEG's first bytes), a folder, a CSV file with a
+/// header row. A CSV file a spreadsheet saved with a byte-order mark is read. `--file` names
+/// a list that is not there, or not text (an image given as the list), by what to do.
+#[test]
+fn files_predict_cannot_read_are_named_for_what_they_are() {
+    let dir = scratch("predict-file-kinds");
+    let model = dir.join("model");
+    tiny_digits_vit(&model);
+    let model = model.display().to_string();
+    let one = digit_pixels(1);
+    let header: Vec<String> = (0..64).map(|i| format!("p{i}")).collect();
+    let files: [(&str, Vec<u8>); 4] = [
+        ("empty.png", Vec::new()),
+        ("photo.jpg", b"\xff\xd8\xff\xe0\x00\x10JFIF".to_vec()),
+        ("header.csv", format!("{}\n{one}\n", header.join(",")).into_bytes()),
+        ("excel.csv", format!("\u{feff}{one}\r\n").into_bytes()),
+    ];
+    for (name, bytes) in &files {
+        std::fs::write(dir.join(name), bytes).unwrap();
+    }
+    std::fs::create_dir(dir.join("folder")).unwrap();
+    let arg = |name: &str| dir.join(name).display().to_string();
+    let names: Vec<String> = ["empty.png", "photo.jpg", "folder", "header.csv", "excel.csv"].map(arg).to_vec();
+    let (ok, out) = pipetransformer(
+        &[
+            &["predict", "--model", &model, "--format", "json"][..],
+            &names.iter().map(String::as_str).collect::<Vec<_>>(),
+        ]
+        .concat(),
+    );
+    let lines = json_lines(&out);
+    assert!(!ok && lines.len() == 5 && out.contains("4 of 5 results failed"), "{out}");
+    let said = |i: usize| lines[i]["error"].as_str().unwrap_or_default().to_string();
+    assert!(said(0).ends_with("is empty; expected an image (PNG, PGM), IDX or CSV file"), "{out}");
+    assert!(said(1).contains("starts with bytes ff d8 ff e0; expected an image (PNG, PGM), IDX or CSV file"), "{out}");
+    assert!(said(2).contains("is a folder; expected an image (PNG, PGM), IDX or CSV file"), "{out}");
+    assert!(said(3).contains("line 1: value 1 `p0` is not a pixel") && said(3).contains("a header row?"), "{out}");
+    assert!(!out.contains("IDX magic") && !out.contains("IDX header"), "{out}");
+    // The byte-order mark's row reads as the same row without it.
+    let (ok, plain) = pipetransformer(&["predict", "--model", &model, "--format", "json", &one]);
+    assert!(ok && lines[4]["probabilities"] == json_lines(&plain)[0]["probabilities"], "{out}");
+    // `--file`: a list not there, and an image given as the list.
+    let (ok, out) = pipetransformer(&["predict", "--model", &model, "--file", &arg("nowhere.txt")]);
+    assert!(!ok && out.contains("nowhere.txt: not found") && out.contains("check the path"), "{out}");
+    let (ok, out) = pipetransformer(&["predict", "--model", &model, "--file", &arg("photo.jpg")]);
+    assert!(!ok && out.contains("line 1") && out.contains("give an image file itself as an argument"), "{out}");
+    let (ok, out) = pipetransformer(&["evaluate", "--model", &model, "--file", &arg("folder")]);
+    assert!(!ok && out.contains("is a folder; expected a file"), "{out}");
 }
 
 /// `evaluate --file` on rows of pixels alone says a label is missing, counting the values as

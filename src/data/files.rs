@@ -48,23 +48,9 @@ pub(crate) fn read_bytes(path: &Path, group: SetupGroup) -> Result<Vec<u8>> {
 /// [`read_bytes`], refusing a compressed file that expands past `most` bytes.
 pub(crate) fn read_bytes_within(path: &Path, group: SetupGroup, most: u64) -> Result<Vec<u8>> {
     // A user's `-` is standard input (`evaluate --file -`), as for `predict`.
-    let stdin = group == SetupGroup::User && path == Path::new("-");
-    let opened = match stdin {
-        true => Ok(Box::new(std::io::stdin().lock()) as Box<dyn Read>),
-        false => std::fs::File::open(path).map(|f| Box::new(f) as Box<dyn Read>),
-    };
-    let file = match opened {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            // A relative path is read from the current folder, which may not be the one the
-            // data was installed under (a run started from elsewhere).
-            let from = match std::env::current_dir() {
-                Ok(cwd) if path.is_relative() => format!(" (a relative path, read from {})", cwd.display()),
-                _ => String::new(),
-            };
-            return Err(dataset_error(path, None, format!("not found{from}: {}", group.remedy())));
-        }
-        Err(source) => return Err(crate::files::io_error(path, source)),
+    let file: Box<dyn Read> = match group == SetupGroup::User && path == Path::new("-") {
+        true => Box::new(std::io::stdin().lock()),
+        false => Box::new(open(path, group)?),
     };
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let mut file = std::io::BufReader::new(file);
@@ -113,6 +99,34 @@ pub(crate) fn read_text(path: &Path, group: SetupGroup) -> Result<String> {
         let line = 1 + bytes[..at].iter().filter(|&&b| b == b'\n').count();
         dataset_error(path, Some(line), format!("is not valid UTF-8 (byte offset {at}); expected UTF-8 text"))
     })
+}
+
+/// `path` opened for reading; a folder, or a file that is not there, is an [`Error::Dataset`]
+/// saying so (and, for a file not there, what to do about it).
+fn open(path: &Path, group: SetupGroup) -> Result<std::fs::File> {
+    if path.is_dir() {
+        // (Opened, a folder reads as the bare "Is a directory" error.)
+        return Err(dataset_error(path, None, "is a folder; expected a file"));
+    }
+    match std::fs::File::open(path) {
+        Ok(f) => Ok(f),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // A relative path is read from the current folder, which may not be the one the
+            // data was installed under (a run started from elsewhere).
+            let from = match std::env::current_dir() {
+                Ok(cwd) if path.is_relative() => format!(" (a relative path, read from {})", cwd.display()),
+                _ => String::new(),
+            };
+            Err(dataset_error(path, None, format!("not found{from}: {}", group.remedy())))
+        }
+        Err(source) => Err(crate::files::io_error(path, source)),
+    }
+}
+
+/// A file a user named, opened to be read as it goes (`predict --file`): errors as the
+/// dataset readers give them.
+pub fn open_user_file(path: &Path) -> Result<std::fs::File> {
+    open(path, SetupGroup::User)
 }
 
 /// A text file a user named (`predict`'s and `evaluate`'s inputs), decompressed as

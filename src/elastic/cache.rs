@@ -221,13 +221,13 @@ impl ActivationCache {
         std::mem::take(&mut self.stats)
     }
 
-    /// Forgets every entry (a new run, or a model whose frozen prefix changed under it).
-    pub fn clear(&mut self) -> Result<()> {
+    /// Forgets every entry (a new run, or a model whose frozen prefix changed under it). The
+    /// spill file goes too; the next entry past the cap makes a new one (until then, no folder
+    /// is made for it: a resumed run that never spills leaves none).
+    pub fn clear(&mut self) {
         self.index.clear();
         self.arena.clear();
         self.spill = None;
-        self.spill = Some(Spill::create(&self.dir)?);
-        Ok(())
     }
 
     /// Real positions of each sample of `host`: the leading ones of its attention mask (text
@@ -440,6 +440,24 @@ mod tests {
         assert_eq!(cache.get(host, 5, 7).unwrap().unwrap().depths, [Some(5), Some(5), Some(7), Some(5)]);
         drop(cache);
         assert!(std::fs::read_dir(&d).unwrap().next().is_none(), "the spill file goes with the cache");
+    }
+
+    /// A resumed run clears its cache: no folder is made for a spill until something spills
+    /// (every resume left an empty `cache/` in the run's folder); then the entries past the
+    /// cap spill to a new file and read back.
+    #[test]
+    fn a_cleared_cache_makes_its_spill_only_when_it_spills() {
+        let w = 2;
+        let scratch = scratch("cleared");
+        let d = scratch.join("cache");
+        let mut cache = ActivationCache::new(w, CacheDtype::F32, 0, 0, &d).unwrap();
+        cache.clear();
+        assert!(!d.exists(), "{} made by clear", d.display());
+        let host = batch(&[1, 2], &[3, 2], 3);
+        let h = hidden(2, 2, 3, w, 1.0);
+        cache.put(&host, &h).unwrap();
+        assert!(cache.disk_bytes() > 0 && cache.entries() == 2);
+        assert_eq!(cache.get(&host, 3, 2).unwrap().unwrap().data, masked(&h, &[3, 2], 3));
     }
 
     #[test]

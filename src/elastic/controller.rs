@@ -477,7 +477,7 @@ impl Elastic {
         self.shape_trial = s.shape_trial.filter(|_| self.config.auto_pipe && self.config.time_pipeline_len);
         self.cache_on = s.cache_on && self.cache.is_some();
         if let Some(c) = &mut self.cache {
-            c.clear()?;
+            c.clear();
         }
         // (The rule's own settings were checked above: a change there is refused.)
         let rule = ["freeze", "alpha", "table", "freeze_interval", "max_weight_change"];
@@ -526,7 +526,10 @@ impl Elastic {
         let mut reason = reason;
         // (The `M` before is the one in force, which may be a candidate being timed.)
         if self.tuner.running() {
-            reason += &format!("; M={} was in force, timed among AutoPipe's micro-batch counts", before.micro_batches);
+            reason += &format!(
+                "; M={} ran, a micro-batch count AutoPipe was timing (the M shown is the count kept)",
+                before.micro_batches
+            );
         }
         if self.config.auto_pipe {
             let (pays, why) = self.cache_pays(trainer, units);

@@ -582,6 +582,12 @@ impl<D: Device> Predictor<D> {
         };
         let n = channels * size * size;
         let path = Path::new(input);
+        if path.is_dir() {
+            return Err(data_error(
+                "input",
+                format!("`{input}` is a folder; expected an image (PNG, PGM), IDX or CSV file, or a CSV row of pixels"),
+            ));
+        }
         if path.is_file() {
             return match input_file_kind(path)? {
                 InputFile::Image => {
@@ -624,7 +630,12 @@ impl<D: Device> Predictor<D> {
                                 ),
                             ));
                         }
-                        images.push((format!("{input}:{line}"), pixel_row(row, max_value).map_err(|e| bad(line, e))?));
+                        let header = match line {
+                            1 => " (a header row? the rows hold pixel values alone)",
+                            _ => "",
+                        };
+                        let pixels = pixel_row(row, max_value).map_err(|e| bad(line, format!("{e}{header}")))?;
+                        images.push((format!("{input}:{line}"), pixels));
                     }
                     if images.is_empty() {
                         return Err(Error::Dataset {
@@ -761,7 +772,7 @@ enum InputFile {
     Image,
     /// Text starting as a number does: CSV rows of raw pixel values.
     Csv,
-    /// Anything else is read as IDX images (whose reader names what it found instead).
+    /// IDX images (`00 00 08` then the dimension count; the reader checks the rest).
     Idx,
 }
 
@@ -774,13 +785,35 @@ fn input_file_kind(path: &Path) -> Result<InputFile> {
     open()?.take(4).read_to_end(&mut head).map_err(|e| crate::files::io_error(path, e))?;
     if head.starts_with(&GZIP_MAGIC) {
         head.clear();
-        // A damaged stream gives fewer bytes: the IDX reader then names the problem.
-        let _ = flate2::read::MultiGzDecoder::new(open()?).take(4).read_to_end(&mut head);
+        if flate2::read::MultiGzDecoder::new(open()?).take(4).read_to_end(&mut head).is_err() {
+            // A damaged stream: the reader names the problem.
+            crate::data::read_user_text(path)?;
+        }
     }
+    let bad = |message: String| Error::Dataset { file: path.display().to_string(), line: None, message };
+    const EXPECTED: &str = "expected an image (PNG, PGM), IDX or CSV file";
     Ok(match head.first() {
+        None => return Err(bad(format!("is empty; {EXPECTED}"))),
         _ if head.starts_with(b"\x89PNG") || head.starts_with(b"P5") || head.starts_with(b"P2") => InputFile::Image,
-        Some(b) if b.is_ascii_digit() || b"+-. \t\r\n".contains(b) => InputFile::Csv,
-        _ => InputFile::Idx,
+        _ if head.starts_with(&[0, 0, 8]) => InputFile::Idx,
+        // (A byte-order mark, as spreadsheets write, before the first value; a first value
+        // that is no number, a header say, is named by the rows' reader.)
+        Some(b)
+            if b.is_ascii_digit()
+                || b"+-. \t\r\n".contains(b)
+                || head.starts_with("\u{feff}".as_bytes())
+                || head.contains(&b',') =>
+        {
+            InputFile::Csv
+        }
+        _ => {
+            let bytes: Vec<String> = head.iter().map(|b| format!("{b:02x}")).collect();
+            let text = match head.iter().all(|b| b.is_ascii_graphic() || *b == b' ') {
+                true => format!(" (`{}`)", head.escape_ascii()),
+                false => String::new(),
+            };
+            return Err(bad(format!("starts with bytes {}{text}; {EXPECTED}", bytes.join(" "))));
+        }
     })
 }
 
@@ -1176,7 +1209,8 @@ impl PredictOptions {
 /// (a table starts with its header). The options are checked first ([`PredictOptions::check`]):
 /// a bad one is an error before any input is read. An input that fails (an empty line, an
 /// unreadable image, an unknown character) gets an error result and the rest go on; an error
-/// reading the inputs themselves stops the run. Returns (inputs, failed).
+/// reading the inputs themselves stops the run. Returns (results written, failed): one result
+/// per image of a file that holds several.
 pub fn predict_stream<D: Device>(
     predictor: &Predictor<D>,
     inputs: impl Iterator<Item = Result<String>>,
