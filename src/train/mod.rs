@@ -7,7 +7,7 @@
 //! | [`source`] | `BatchSource` (training batch `(epoch, index)`, evaluation batches) |
 //! | [`event`] | `Event` (step, epoch, transition, cache), `EvalMetrics`, `Bubble`, `Transition` |
 //! | [`metrics`] | `Confusion` (accuracy, per-class precision/recall/F1, macro F1), `argmax` |
-//! | [`trainer`] | `Trainer` (fit, evaluate, checkpoints), `Position`, `Controller` |
+//! | [`trainer`] | `Trainer` (fit, evaluate, checkpoints), `Position`, `Controller` and what it `Prepared` a step for |
 //! | [`checkpoint`] | the checkpoint file: named tensors + JSON header, hashed, written atomically |
 //! | [`stop`] | `request_stop` (a signal's request to end after the step under way), `stop_requested`, `clear_stop` |
 
