@@ -521,7 +521,8 @@ fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            let flags: Vec<String> = std::env::args().skip(1).collect();
+            // (Lossy: a path that is not UTF-8 is the user's to give, not a panic here.)
+            let flags: Vec<String> = std::env::args_os().skip(1).map(|a| a.to_string_lossy().into_owned()).collect();
             eprint!("{}{}", error_report(&e), flag_note(&e, &flags));
             match e.chain().any(|c| matches!(c.downcast_ref(), Some(pipetransformer::Error::Interrupted { .. }))) {
                 true => std::process::ExitCode::from(pipetransformer::error::INTERRUPTED_EXIT_CODE),
@@ -854,7 +855,13 @@ fn evaluate<D: Device>(dev: D, model: &Path, data: &EvalData) -> Result<()> {
     eprintln!("evaluating {} on {}{split}", model.display(), dev.name());
     let predictor = load_predictor(dev, model)?;
     let metrics = match data {
-        EvalData::Dataset(config) => predictor.evaluate_dataset(config).context("evaluating on the dataset")?,
+        EvalData::Dataset(config) => {
+            let metrics = predictor.evaluate_dataset(config).context("evaluating on the dataset")?;
+            for unlike in predictor.unlike_its_run(config) {
+                eprintln!("note: {unlike}: the inputs scored are not those the run's evaluations scored");
+            }
+            metrics
+        }
         EvalData::Rows(path, batch_size) => {
             let batches = predictor.labelled_rows(path, *batch_size)?;
             predictor.evaluate(batches.into_iter().map(Ok))?
@@ -877,7 +884,7 @@ fn write_stdout(text: &str) -> Result<()> {
 }
 
 fn predict<D: Device>(dev: D, request: PredictRequest) -> Result<()> {
-    use std::io::{BufRead, IsTerminal};
+    use std::io::IsTerminal;
     let predictor = load_predictor(dev, &request.model)?;
     let stdout = std::io::stdout();
     let format = match request.format {
@@ -892,28 +899,11 @@ fn predict<D: Device>(dev: D, request: PredictRequest) -> Result<()> {
     // Someone typing at a terminal wants each line's answer at once.
     let batch_size = if from_stdin && std::io::stdin().is_terminal() { 1 } else { request.batch_size };
     let options = PredictOptions { batch_size, sampling: request.sampling, format };
-    // A line that cannot be read (not UTF-8) is named by its number; where it is not text,
-    // the inputs were likely given as the file (an image) instead of listed in it.
-    let io = |path: &Path, line: usize, e: std::io::Error| pipetransformer::Error::Io {
-        path: format!("{}, line {}", path.display(), line + 1),
-        source: match e.kind() {
-            std::io::ErrorKind::InvalidData => std::io::Error::new(
-                e.kind(),
-                format!(
-                    "{e}; expected UTF-8 text, one input a line (a text, a prompt, an image file's path or a CSV \
-                     row of pixels): give an image file itself as an argument, without --file"
-                ),
-            ),
-            _ => e,
-        },
-    };
-    let lines: Box<dyn Iterator<Item = pipetransformer::Result<String>>> = if from_stdin {
-        Box::new(std::io::stdin().lock().lines().enumerate().map(move |(i, l)| l.map_err(|e| io(stdin_name, i, e))))
-    } else if let Some(path) = request.file.clone() {
-        let file = pipetransformer::data::open_user_file(&path)?;
-        Box::new(std::io::BufReader::new(file).lines().enumerate().map(move |(i, l)| l.map_err(|e| io(&path, i, e))))
-    } else {
-        Box::new(request.inputs.into_iter().map(Ok))
+    // Lines as they come (a terminal's at once), decompressed; one that is not UTF-8 fails alone.
+    let lines: Box<dyn Iterator<Item = pipetransformer::Result<String>>> = match &request.file {
+        _ if from_stdin => Box::new(pipetransformer::data::user_lines(stdin_name)?),
+        Some(path) => Box::new(pipetransformer::data::user_lines(path)?),
+        None => Box::new(request.inputs.into_iter().map(Ok)),
     };
     let (total, failed) = match predict_stream(&predictor, lines, &options, &mut stdout.lock()) {
         // The reader went away (`| head`): stop quietly.

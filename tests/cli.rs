@@ -687,6 +687,17 @@ fn check_predict_and_evaluate(dir: &std::path::Path, config: &str, precision: &s
     assert!(ok, "{out}");
     let metrics = final_eval.trim_start_matches("final eval: ");
     assert!(out.lines().next().is_some_and(|l| l.ends_with(metrics)), "evaluate: {out}\nrun: {final_eval}");
+    assert!(!out.contains("note:"), "the run's own settings: {out}");
+    if config.contains("gpt") {
+        // Windows of another length (the run's: 32): scored, with a note that says so; one
+        // past the position table: refused before the data loads, naming the setting.
+        let other = [&["evaluate", "--model", &model, "--config", config][..], &device, &sets].concat();
+        let (ok, out) = pipetransformer(&[&other[..], &["--set", "data.max_len=16"]].concat());
+        assert!(ok && out.contains("note: data.max_len is 16 here, 32 in the model's run"), "{out}");
+        let (ok, out) = pipetransformer(&[&other[..], &["--set", "data.max_len=200"]].concat());
+        assert!(!ok && out.contains("`data.max_len`: 200 tokens; the model's position table holds 128"), "{out}");
+        assert!(!out.contains("note:"), "{out}");
+    }
     // Another split of the same data would hold samples the model trained on: refused.
     if !config.contains("gpt") {
         let other = [&["evaluate", "--model", &model, "--config", config][..], &device, &sets].concat();
@@ -764,7 +775,7 @@ fn check_predict_and_evaluate(dir: &std::path::Path, config: &str, precision: &s
         let (pgm, idx) = (files.join("seven.pgm").display().to_string(), files.join("two.bin").display().to_string());
         let (ok, out) = pipetransformer(&[&["predict", "--model", &model, &pgm, &idx][..], &device].concat());
         assert!(ok && out.lines().filter(|l| l.contains("\"probability\"")).count() == 3, "{out}");
-        // A line that is not UTF-8 ends the stream by its number, after the answers before it.
+        // A line that is not UTF-8 fails alone, named by its number; the lines after it go on.
         let inputs = dir.join("inputs.txt");
         std::fs::write(
             &inputs,
@@ -773,7 +784,11 @@ fn check_predict_and_evaluate(dir: &std::path::Path, config: &str, precision: &s
         .unwrap();
         let inputs = inputs.display().to_string();
         let (ok, out) = pipetransformer(&[&["predict", "--model", &model, "--file", &inputs][..], &device].concat());
-        assert!(!ok && out.contains("line 3") && out.lines().filter(|l| l.starts_with('{')).count() == 2, "{out}");
+        let lines = json_lines(&out);
+        assert!(!ok && lines.len() == 4 && out.contains("1 of 4 results failed"), "{out}");
+        assert!(lines[2]["input"].as_str().is_some_and(|i| i.ends_with("inputs.txt:3")), "{out}");
+        assert!(lines[2]["error"].as_str().is_some_and(|e| e.contains("not valid UTF-8")), "{out}");
+        assert_eq!(lines[3]["probabilities"], lines[0]["probabilities"], "{out}");
         // No input at all (standard input empty) is not a failure, but it is said.
         let (ok, out) = pipetransformer(&[&["predict", "--model", &model][..], &device].concat());
         assert!(ok && out.contains("no inputs: standard input held none"), "{out}");

@@ -30,9 +30,16 @@ impl SetupGroup {
     }
 }
 
+/// The path that names standard input among a user's files (`--file -`).
+const STDIN: &str = "-";
+
 /// An [`Error::Dataset`] about `file` (at `line`, 1-based, when given).
 pub(crate) fn dataset_error(file: &Path, line: Option<usize>, message: impl Into<String>) -> Error {
-    Error::Dataset { file: file.display().to_string(), line, message: message.into() }
+    let file = match file == Path::new(STDIN) {
+        true => "standard input".to_string(),
+        false => file.display().to_string(),
+    };
+    Error::Dataset { file, line, message: message.into() }
 }
 
 /// The most bytes a compressed file may expand to: far above any dataset here (Fashion-MNIST's
@@ -47,25 +54,7 @@ pub(crate) fn read_bytes(path: &Path, group: SetupGroup) -> Result<Vec<u8>> {
 
 /// [`read_bytes`], refusing a compressed file that expands past `most` bytes.
 pub(crate) fn read_bytes_within(path: &Path, group: SetupGroup, most: u64) -> Result<Vec<u8>> {
-    // A user's `-` is standard input (`evaluate --file -`), as for `predict`.
-    let file: Box<dyn Read> = match group == SetupGroup::User && path == Path::new("-") {
-        true => Box::new(std::io::stdin().lock()),
-        false => Box::new(open(path, group)?),
-    };
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let mut file = std::io::BufReader::new(file);
-    let gzip_bytes = std::io::BufRead::fill_buf(&mut file)
-        .map_err(|source| crate::files::io_error(path, source))?
-        .starts_with(&[0x1f, 0x8b]);
-    // The multi-stream decoders: `pbzip2`, `bgzip` and `cat a.gz b.gz` write several streams
-    // to one file, and the single-stream ones stop silently after the first.
-    let (decoder, format): (Box<dyn Read>, _) = if name.ends_with(".gz") || gzip_bytes {
-        (Box::new(flate2::read::MultiGzDecoder::new(file)), Some("gzip"))
-    } else if name.ends_with(".bz2") {
-        (Box::new(bzip2::read::MultiBzDecoder::new(file)), Some("bzip2"))
-    } else {
-        (Box::new(file), None)
-    };
+    let (decoder, format) = decoded(path, group)?;
     let mut out = Vec::new();
     let read = decoder.take(if format.is_some() { most + 1 } else { u64::MAX }).read_to_end(&mut out);
     match (read, format) {
@@ -84,6 +73,56 @@ pub(crate) fn read_bytes_within(path: &Path, group: SetupGroup, most: u64) -> Re
         }
         (Err(source), None) => Err(crate::files::io_error(path, source)),
     }
+}
+
+/// `path` (a user's `-`: standard input, as for `predict`) as a reader of its decompressed
+/// bytes, and the compression it was read through, if any: gzip by the name or the first bytes,
+/// bzip2 by the name.
+fn decoded(path: &Path, group: SetupGroup) -> Result<(Box<dyn Read>, Option<&'static str>)> {
+    let file: Box<dyn Read> = match group == SetupGroup::User && path == Path::new(STDIN) {
+        true => Box::new(std::io::stdin().lock()),
+        false => Box::new(open(path, group)?),
+    };
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut file = std::io::BufReader::new(file);
+    let gzip_bytes = std::io::BufRead::fill_buf(&mut file)
+        .map_err(|source| crate::files::io_error(path, source))?
+        .starts_with(&[0x1f, 0x8b]);
+    // The multi-stream decoders: `pbzip2`, `bgzip` and `cat a.gz b.gz` write several streams
+    // to one file, and the single-stream ones stop silently after the first.
+    Ok(if name.ends_with(".gz") || gzip_bytes {
+        (Box::new(flate2::read::MultiGzDecoder::new(file)), Some("gzip"))
+    } else if name.ends_with(".bz2") {
+        (Box::new(bzip2::read::MultiBzDecoder::new(file)), Some("bzip2"))
+    } else {
+        (Box::new(file), None)
+    })
+}
+
+/// The lines of a text file a user named (`predict --file`; `-`: standard input), each as it
+/// comes (a terminal's too), decompressed as [`read_user_text`] does, a byte-order mark and
+/// each line's `\r` dropped. A line that is not UTF-8 is an [`Error::Dataset`] naming its
+/// number, and the lines after it go on; a stream that cannot be read (or decompressed) ends
+/// with an error of another kind.
+pub fn user_lines(path: &Path) -> Result<impl Iterator<Item = Result<String>>> {
+    let (decoder, format) = decoded(path, SetupGroup::User)?;
+    let path = path.to_path_buf();
+    Ok(std::io::BufRead::split(std::io::BufReader::new(decoder), b'\n').enumerate().map(move |(i, line)| {
+        let mut bytes = line.map_err(|e| match format {
+            Some(format) => dataset_error(&path, None, format!("is not a valid {format} stream ({e})")),
+            None => crate::files::io_error(&path, e),
+        })?;
+        if bytes.last() == Some(&b'\r') {
+            bytes.pop();
+        }
+        if i == 0 && bytes.starts_with("\u{feff}".as_bytes()) {
+            bytes.drain(..3);
+        }
+        String::from_utf8(bytes).map_err(|e| {
+            let at = e.utf8_error().valid_up_to();
+            dataset_error(&path, Some(i + 1), format!("is not valid UTF-8 (byte offset {at}); expected UTF-8 text"))
+        })
+    }))
 }
 
 /// The whole file as UTF-8 text (decompressed as [`read_bytes`] does).
@@ -121,12 +160,6 @@ fn open(path: &Path, group: SetupGroup) -> Result<std::fs::File> {
         }
         Err(source) => Err(crate::files::io_error(path, source)),
     }
-}
-
-/// A file a user named, opened to be read as it goes (`predict --file`): errors as the
-/// dataset readers give them.
-pub fn open_user_file(path: &Path) -> Result<std::fs::File> {
-    open(path, SetupGroup::User)
 }
 
 /// A text file a user named (`predict`'s and `evaluate`'s inputs), decompressed as

@@ -489,8 +489,8 @@ pub(crate) fn data_settings(config: &RunConfig) -> serde_json::Value {
 
 /// The data settings that turn a text into ids ([`data_settings`]' keys), which an epoch's
 /// order follows where its batches are grouped by length.
-const MAX_LEN: &str = "data.max_len";
-const TOKENIZER: &str = "model.tokenizer";
+pub(crate) const MAX_LEN: &str = "data.max_len";
+pub(crate) const TOKENIZER: &str = "model.tokenizer";
 
 /// Where a run of `config` keeps its checkpoint.
 pub fn checkpoint_path(config: &RunConfig) -> PathBuf {

@@ -4,7 +4,7 @@
 //! on with the rest.
 
 use super::config::RunConfig;
-use super::job::{CHECKPOINT, DataKind, LOG, class_list, data_settings, prepare_data};
+use super::job::{CHECKPOINT, DataKind, LOG, MAX_LEN, TOKENIZER, class_list, data_settings, prepare_data};
 use crate::data::read_idx_images;
 use crate::device::Device;
 use crate::error::{Error, Result, config_error, data_error};
@@ -412,6 +412,21 @@ impl<D: Device> Predictor<D> {
 
     /// Refuses an evaluation split that may hold samples the model trained on
     /// ([`split_overlap`]).
+    /// The settings that turn `config`'s texts into ids (`data.max_len`, `model.tokenizer`)
+    /// where they differ from those of the model's run, as `key is now here, then in the
+    /// model's run`: an evaluation under them scores other inputs than the run's own did. Empty
+    /// where the export does not say.
+    pub fn unlike_its_run(&self, config: &RunConfig) -> Vec<String> {
+        let (Some(then), now) = (self.trained_on.as_ref(), data_settings(config)) else { return Vec::new() };
+        [MAX_LEN, TOKENIZER]
+            .into_iter()
+            .filter_map(|key| match (then.get(key), now.get(key)) {
+                (Some(was), Some(is)) if was != is => Some(format!("{key} is {is} here, {was} in the model's run")),
+                _ => None,
+            })
+            .collect()
+    }
+
     fn check_split(&self, config: &RunConfig) -> Result<()> {
         match self.trained_on.as_ref().and_then(|then| split_overlap(then, config)) {
             Some((key, message)) => Err(config_error(key, message)),
@@ -425,6 +440,15 @@ impl<D: Device> Predictor<D> {
     /// model's.
     pub fn evaluate_dataset(&self, config: &RunConfig) -> Result<EvalMetrics> {
         self.check_split(config)?;
+        if let InputSpec::Tokens { max_positions, .. } = self.model.spec().input
+            && config.data.max_len > max_positions
+        {
+            // As a run refuses it: before the data loads, not at the first long sample.
+            return Err(config_error(
+                "data.max_len",
+                format!("{} tokens; the model's position table holds {max_positions}", config.data.max_len),
+            ));
+        }
         let (source, info) = prepare_data(config, 1)?;
         let data_kind = DataKind::of_data(&info);
         let model_kind = match self.reader {
@@ -1208,8 +1232,9 @@ impl PredictOptions {
 /// the model reads) in batches, writing one result per input, in order, to `out` as it goes
 /// (a table starts with its header). The options are checked first ([`PredictOptions::check`]):
 /// a bad one is an error before any input is read. An input that fails (an empty line, an
-/// unreadable image, an unknown character) gets an error result and the rest go on; an error
-/// reading the inputs themselves stops the run. Returns (results written, failed): one result
+/// unreadable image, an unknown character, a line that is not text: an [`Error::Dataset`]
+/// naming its line) gets an error result and the rest go on; another error reading the inputs
+/// stops the run. Returns (results written, failed): one result
 /// per image of a file that holds several.
 pub fn predict_stream<D: Device>(
     predictor: &Predictor<D>,
@@ -1239,6 +1264,16 @@ pub fn predict_stream<D: Device>(
             let Some(input) = inputs.next() else { break };
             let input = match input {
                 Ok(input) => input,
+                // A line that is not text fails alone (its error names it); the rest go on.
+                Err(Error::Dataset { file, line: Some(line), message }) => {
+                    let image = match predictor.reader {
+                        Reader::Image { .. } => " (an image file goes as an argument itself, without --file)",
+                        _ => "",
+                    };
+                    order.push(None);
+                    results.push((format!("{file}:{line}"), Outcome::Failed(format!("{message}{image}"))));
+                    continue;
+                }
                 Err(e) => {
                     unreadable = Some(e);
                     break;
