@@ -10,7 +10,7 @@ use crate::device::Device;
 use crate::error::{Error, Result, config_error, data_error};
 use crate::model::{Batch, Family, HeadSpec, HostBatch, IGNORE_INDEX, InputSpec, Model};
 use crate::rng::Rng;
-use crate::text::{TextInput, TextItem, TextTokenizer, text_batch};
+use crate::text::{EncodedItem, TextInput, TextTokenizer, encoded_batch};
 use crate::train::metrics::{Confusion, argmax, correct};
 use crate::train::{EvalMetrics, checkpoint};
 use crate::weights::{self, LoadOptions};
@@ -323,11 +323,7 @@ impl<D: Device> Predictor<D> {
             return Err(batch_size_error());
         }
         let text = crate::data::read_user_text(path)?;
-        let bad = |line: usize, message: String| Error::Dataset {
-            file: path.display().to_string(),
-            line: Some(line),
-            message,
-        };
+        let bad = |line: usize, message: String| crate::data::dataset_error(path, Some(line), message);
         let label_of = |line: usize, field: &str| -> Result<u32> {
             let field = field.trim();
             self.labels
@@ -352,22 +348,21 @@ impl<D: Device> Predictor<D> {
                 for &(line, row) in &rows {
                     let (label, text) =
                         row.split_once('\t').ok_or_else(|| bad(line, "expected `label<TAB>text`".into()))?;
-                    if text.trim().is_empty() {
-                        return Err(bad(line, "the text is empty".into()));
-                    }
-                    parsed.push((label_of(line, label)?, text));
+                    parsed.push((line, label_of(line, label)?, text));
                 }
                 for (i, chunk) in parsed.chunks(size).enumerate() {
-                    let items: Vec<TextItem> = chunk
+                    let inputs: Vec<TextInput> = chunk.iter().map(|&(_, _, text)| TextInput::Single(text)).collect();
+                    let encodings = tokenizer.encode_batch(&inputs)?;
+                    if let Some(j) = encodings.iter().position(|e| e.text_tokens == 0) {
+                        return Err(bad(chunk[j].0, EMPTY_TEXT.into()));
+                    }
+                    let items: Vec<EncodedItem> = chunk
                         .iter()
+                        .zip(&encodings)
                         .enumerate()
-                        .map(|(j, &(label, text))| TextItem {
-                            id: (i * size + j) as u64,
-                            input: TextInput::Single(text),
-                            label,
-                        })
+                        .map(|(j, (&(_, label, _), encoded))| EncodedItem { id: (i * size + j) as u64, encoded, label })
                         .collect();
-                    batches.push(text_batch(tokenizer, &items, (i * size) as u64)?.host);
+                    batches.push(encoded_batch(tokenizer, &items, (i * size) as u64)?.host);
                 }
             }
             &Reader::Image { size: side, channels, max_value } => {
@@ -556,15 +551,14 @@ impl<D: Device> Predictor<D> {
         let Reader::Text(tokenizer) = &self.reader else {
             return Err(config_error("input", format!("this {:?} model does not read text", self.family())));
         };
-        if texts.iter().any(|t| t.trim().is_empty()) {
-            return Err(data_error("input", "an empty text; expected some words"));
+        let inputs: Vec<TextInput> = texts.iter().map(|t| TextInput::Single(t)).collect();
+        let encodings = tokenizer.encode_batch(&inputs)?;
+        if encodings.iter().any(|e| e.text_tokens == 0) {
+            return Err(data_error("input", EMPTY_TEXT));
         }
-        let items: Vec<TextItem> = texts
-            .iter()
-            .enumerate()
-            .map(|(i, t)| TextItem { id: i as u64, input: TextInput::Single(t), label: 0 })
-            .collect();
-        let batch = text_batch(tokenizer, &items, 0)?;
+        let items: Vec<EncodedItem> =
+            encodings.iter().enumerate().map(|(i, encoded)| EncodedItem { id: i as u64, encoded, label: 0 }).collect();
+        let batch = encoded_batch(tokenizer, &items, 0)?;
         let mut out = self.classify(&batch.host)?;
         for (p, &cut) in out.iter_mut().zip(&batch.truncated) {
             if cut {
@@ -801,6 +795,10 @@ enum InputFile {
 }
 
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+
+/// What a text the tokenizer reads nothing of is told.
+const EMPTY_TEXT: &str = "an empty text (no token the tokenizer reads: spaces, control or zero-width characters at most); \
+                          expected some words";
 
 fn input_file_kind(path: &Path) -> Result<InputFile> {
     use std::io::Read;
@@ -1043,6 +1041,33 @@ mod tests {
         weights::export_model(&Model::new(&dev, &config, 1).unwrap(), &dev, &config, &extras, &scratch).unwrap();
         let predictor = Predictor::load(dev, &scratch).unwrap();
         (scratch, predictor)
+    }
+
+    /// A text the tokenizer reads nothing of (a zero-width space, control characters) is an
+    /// empty text, for `predict` and for `evaluate --file` (by its line), not scored as
+    /// `[CLS] [SEP]`; an unknown word is still a word (`[UNK]`).
+    #[test]
+    fn a_text_the_tokenizer_reads_nothing_of_is_empty() {
+        let dev = crate::device::CpuDevice::<f32>::new(0, 1).unwrap();
+        let config = crate::model::tiny::tiny_bert(crate::model::Pooling::Cls, 0.0);
+        let scratch = crate::files::Scratch::new("predict-empty-text");
+        let tokenizer = scratch.join("tokenizer");
+        std::fs::create_dir_all(&tokenizer).unwrap();
+        std::fs::write(tokenizer.join("tokenizer.json"), crate::text::tokenizer::tests::TINY_JSON).unwrap();
+        let labels: Vec<String> = ["a", "b", "c"].map(String::from).into();
+        let extras = weights::ExportExtras { labels: &labels, tokenizer_dir: Some(&tokenizer), ..Default::default() };
+        let model = scratch.join("model");
+        weights::export_model(&Model::new(&dev, &config, 1).unwrap(), &dev, &config, &extras, &model).unwrap();
+        let p = Predictor::load(dev, &model).unwrap();
+        for nothing in ["\u{200b}", "\u{0}\u{1}", " \t "] {
+            let e = p.classify_texts(&["zzz", nothing]).unwrap_err().to_string();
+            assert!(e.contains("an empty text (no token the tokenizer reads"), "{nothing:?}: {e}");
+        }
+        assert_eq!(p.classify_texts(&["zzz"]).unwrap().len(), 1);
+        let rows = scratch.join("rows.tsv");
+        std::fs::write(&rows, "a\tzzz\nb\t\u{200b}\n").unwrap();
+        let e = p.labelled_rows(&rows, 8).unwrap_err().to_string();
+        assert!(e.contains("line 2: an empty text"), "{e}");
     }
 
     /// A tiny 4×4 ViT's export (pixels 0..=16, classes `a`, `b`), loaded.

@@ -178,7 +178,7 @@ mod tests {
             other => panic!("expected a data error, got {other:?}"),
         }
         // A caller's encoding with a token type short is named, not a slice panic.
-        let encoded = Encoded { ids: vec![1, 2, 3], type_ids: vec![0, 0], truncated: false };
+        let encoded = Encoded { ids: vec![1, 2, 3], type_ids: vec![0, 0], truncated: false, text_tokens: 1 };
         match encoded_batch(&tiny(8), &[EncodedItem { id: 7, encoded: &encoded, label: 0 }], 0) {
             Err(Error::Data { message, .. }) => assert!(message.contains("item 7 has 3 token ids and 2 token types")),
             other => panic!("expected a data error, got {other:?}"),

@@ -38,6 +38,9 @@ pub struct Encoded {
     pub type_ids: Vec<u32>,
     /// Whether tokens were dropped to fit `max_len`.
     pub truncated: bool,
+    /// How many of the ids are the text's, not special tokens the template adds: 0 for a
+    /// text the tokenizer reads nothing of (spaces, control or zero-width characters).
+    pub text_tokens: usize,
 }
 
 /// A Hugging Face `tokenizer.json` (normaliser, pre-tokeniser, WordPiece/BPE model and the
@@ -159,6 +162,7 @@ impl TextTokenizer {
         }
         Ok(Encoded {
             truncated: !enc.get_overflowing().is_empty(),
+            text_tokens: enc.get_special_tokens_mask().iter().filter(|&&special| special == 0).count(),
             ids: enc.get_ids().to_vec(),
             type_ids: enc.get_type_ids().to_vec(),
         })
