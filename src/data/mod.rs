@@ -43,8 +43,8 @@ mod text;
 mod tests;
 
 pub use dataset::{Dataset, Sample, Split, TEST_FILE_ID_BASE};
-pub use files::{read_user_text, user_lines};
 pub(crate) use files::dataset_error;
+pub use files::{read_user_text, user_lines};
 pub use image_files::{ImagePixels, read_idx_images, read_image_file};
 pub use images::{
     DIGITS_FILE, DIGITS_PIXEL_MAX, FASHION_MNIST_CLASSES, FASHION_MNIST_DIR, ImageSample, MNIST5K_FILE, digits,

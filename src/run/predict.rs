@@ -32,6 +32,15 @@ pub struct ClassPrediction {
     pub warning: Option<String>,
 }
 
+/// A prompt's continuation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Generation {
+    /// The characters drawn after the prompt.
+    pub text: String,
+    /// Set when the prompt did not fit the model's window as given (its start left unread).
+    pub warning: Option<String>,
+}
+
 /// How a generated continuation is drawn. The default is `predict`'s: 200 characters at
 /// temperature 0.8 from every character, seed 0.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -733,9 +742,11 @@ impl<D: Device> Predictor<D> {
     }
 
     /// `prompt` continued by `sampling.max_new_tokens` characters. Each step runs the model on
-    /// the last `positions` tokens (no cache: the models this engine trains are small). A
-    /// character outside the vocabulary is an error naming it.
-    pub fn generate(&self, prompt: &str, sampling: &Sampling) -> Result<String> {
+    /// the last characters that fit its window (no cache: the models this engine trains are
+    /// small): the run's `data.max_len` where the export records it (positions past it never
+    /// trained), else the position table. A prompt longer than the window is read from its
+    /// end, with a warning. A character outside the vocabulary is an error naming it.
+    pub fn generate(&self, prompt: &str, sampling: &Sampling) -> Result<Generation> {
         let Reader::Chars { chars, ids } = &self.reader else {
             return Err(config_error("input", format!("this {:?} model does not generate text", self.family())));
         };
@@ -758,6 +769,14 @@ impl<D: Device> Predictor<D> {
                 return Err(Error::Internal { what: "generate".into(), message: "image model".into() });
             }
         };
+        let trained = self.trained_on.as_ref().and_then(|t| t.get(MAX_LEN)).and_then(|n| n.as_u64());
+        let positions = trained.map_or(positions, |n| (n as usize).clamp(1, positions));
+        let warning = (tokens.len() > positions).then(|| {
+            format!(
+                "read from its last {positions} characters, the model's window: the first {} left unread",
+                tokens.len() - positions
+            )
+        });
         let vocab = chars.len();
         let mut rng = Rng::new(sampling.seed);
         let mut out = String::new();
@@ -778,7 +797,7 @@ impl<D: Device> Predictor<D> {
             tokens.push(next as u32);
             out.push(chars[next]);
         }
-        Ok(out)
+        Ok(Generation { text: out, warning })
     }
 }
 
@@ -1070,6 +1089,50 @@ mod tests {
         assert!(e.contains("line 2: an empty text"), "{e}");
     }
 
+    /// A prompt longer than the window is read from its end, with a warning; the window is the
+    /// run's `data.max_len` where the export records it (positions past it never trained),
+    /// else the position table (8 here).
+    #[test]
+    fn a_prompt_past_the_window_is_read_from_its_end_and_said_so() {
+        let greedy = Sampling { max_new_tokens: 3, temperature: 0.0, ..Sampling::default() };
+        let (_dir, gpt) = tiny_gpt_predictor("predict-window", "ab");
+        let whole = gpt.generate("abbab", &greedy).unwrap();
+        assert_eq!(whole.warning, None);
+        let long = gpt.generate("aabbabaabab", &greedy).unwrap();
+        let said = long.warning.as_deref().unwrap_or_default();
+        assert!(said.contains("its last 8 characters") && said.contains("the first 3 left unread"), "{said}");
+        // Trained on windows of 4: the last 4 characters are what the model reads.
+        let dev = crate::device::CpuDevice::<f32>::new(0, 1).unwrap();
+        let config = crate::model::ModelConfig::Gpt(crate::model::GptConfig::without_dropout(2, 8, 8, 1, 2));
+        let scratch = crate::files::Scratch::new("predict-window-trained");
+        let trained_on = serde_json::json!({ MAX_LEN: 4 });
+        let chars = ['a', 'b'];
+        let extras = weights::ExportExtras { chars: &chars, trained_on: Some(&trained_on), ..Default::default() };
+        weights::export_model(&Model::new(&dev, &config, 1).unwrap(), &dev, &config, &extras, &scratch).unwrap();
+        let gpt = Predictor::load(dev, &scratch).unwrap();
+        let long = gpt.generate("aabbab", &greedy).unwrap();
+        assert!(long.warning.as_deref().is_some_and(|w| w.contains("its last 4 characters")), "{long:?}");
+        assert_eq!(long.text, gpt.generate("bbab", &greedy).unwrap().text);
+    }
+
+    /// A classification's JSON line lists the probabilities in label order, as the model's
+    /// labels are (not sorted by name).
+    #[test]
+    fn probabilities_come_in_label_order() {
+        let p = ClassPrediction {
+            label: "zebra".into(),
+            probability: 0.75,
+            probabilities: vec![("zebra".into(), 0.75), ("ant".into(), 0.25)],
+            warning: None,
+        };
+        let mut out = Vec::new();
+        write_outcome(&mut out, OutputFormat::JsonLines, false, "x", &Outcome::Class(p)).unwrap();
+        let line = String::from_utf8(out).unwrap();
+        assert!(line.contains(r#""probabilities":{"zebra":0.75,"ant":0.25}"#), "{line}");
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!((v["input"].as_str(), v["label"].as_str()), (Some("x"), Some("zebra")));
+    }
+
     /// A tiny 4×4 ViT's export (pixels 0..=16, classes `a`, `b`), loaded.
     fn tiny_vit_predictor(name: &str) -> (crate::files::Scratch, Predictor<crate::device::CpuDevice<f32>>) {
         let dev = crate::device::CpuDevice::<f32>::new(0, 1).unwrap();
@@ -1215,7 +1278,7 @@ pub struct PredictOptions {
 /// One input's result, as written.
 enum Outcome {
     Class(ClassPrediction),
-    Generated(String),
+    Generated(Generation),
     Failed(String),
 }
 
@@ -1411,20 +1474,29 @@ fn write_outcome(
     input: &str,
     outcome: &Outcome,
 ) -> std::io::Result<()> {
-    use serde_json::{Value, json};
+    use serde_json::json;
     match format {
         OutputFormat::JsonLines => {
             let value = match outcome {
+                // (Written from a struct: a JSON object's keys would come out sorted, and the
+                // probabilities are in label order.)
                 Outcome::Class(p) => {
-                    let probabilities: serde_json::Map<String, Value> =
-                        p.probabilities.iter().map(|(name, v)| (name.clone(), json!(v))).collect();
-                    let mut v = json!({"input": input, "label": p.label, "probability": p.probability, "probabilities": probabilities});
-                    if let Some(w) = &p.warning {
+                    let line = ClassLine {
+                        input,
+                        label: &p.label,
+                        probability: p.probability,
+                        probabilities: InLabelOrder(&p.probabilities),
+                        warning: p.warning.as_deref(),
+                    };
+                    return writeln!(out, "{}", serde_json::to_string(&line).map_err(std::io::Error::other)?);
+                }
+                Outcome::Generated(g) => {
+                    let mut v = json!({"input": input, "generated": g.text});
+                    if let Some(w) = &g.warning {
                         v["warning"] = json!(w);
                     }
                     v
                 }
-                Outcome::Generated(text) => json!({"input": input, "generated": text}),
                 Outcome::Failed(e) => json!({"input": input, "error": e}),
             };
             writeln!(out, "{value}")
@@ -1436,11 +1508,34 @@ fn write_outcome(
                     let warning = p.warning.as_ref().map(|w| format!("  ({w})")).unwrap_or_default();
                     writeln!(out, "{shown:<INPUT_COLUMN$}  {:<16} {:>10.2}%{warning}", p.label, 100.0 * p.probability)
                 }
-                Outcome::Generated(text) => writeln!(out, "{input}{text}\n{GENERATION_RULE}"),
+                Outcome::Generated(g) => {
+                    let warning = g.warning.as_ref().map(|w| format!("  ({w})\n")).unwrap_or_default();
+                    writeln!(out, "{input}{}\n{warning}{GENERATION_RULE}", g.text)
+                }
                 Outcome::Failed(e) if generates => writeln!(out, "{input}  error: {e}\n{GENERATION_RULE}"),
                 Outcome::Failed(e) => writeln!(out, "{shown:<INPUT_COLUMN$}  error: {e}"),
             }
         }
+    }
+}
+
+/// A classification's JSON line.
+#[derive(Serialize)]
+struct ClassLine<'a> {
+    input: &'a str,
+    label: &'a str,
+    probability: f64,
+    probabilities: InLabelOrder<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warning: Option<&'a str>,
+}
+
+/// Class probabilities as a JSON object whose keys keep the labels' order.
+struct InLabelOrder<'a>(&'a [(String, f64)]);
+
+impl Serialize for InLabelOrder<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        serializer.collect_map(self.0.iter().map(|(name, p)| (name, p)))
     }
 }
 
