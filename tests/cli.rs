@@ -753,6 +753,7 @@ fn check_predict_and_evaluate(dir: &std::path::Path, config: &str, precision: &s
         let rows_arg = rows.display().to_string();
         let (ok, out) = pipetransformer(&[&["evaluate", "--model", &model, "--file", &rows_arg][..], &device].concat());
         assert!(!ok && out.contains("line 2") && out.contains("`ten` is not one of the model's classes"), "{out}");
+        assert!(out.contains("nor an index 0..=9"), "{out}");
         assert!(!out.contains("panicked"), "{out}");
         // The run's checkpoint (its last step, like the export) answers the same.
         let ckpt = dir.join("checkpoint.ckpt").display().to_string();

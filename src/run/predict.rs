@@ -341,7 +341,12 @@ impl<D: Device> Predictor<D> {
                 .or_else(|| field.parse::<usize>().ok().filter(|&i| i < self.labels.len()))
                 .map(|i| i as u32)
                 .ok_or_else(|| {
-                    bad(line, format!("label `{field}` is not one of the model's classes ({})", self.labels.join(", ")))
+                    let names = self.labels.join(", ");
+                    let last = self.labels.len().saturating_sub(1);
+                    bad(
+                        line,
+                        format!("label `{field}` is not one of the model's classes ({names}), nor an index 0..={last}"),
+                    )
                 })
         };
         let rows: Vec<(usize, &str)> =
