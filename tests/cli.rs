@@ -88,6 +88,23 @@ fn inputs_that_would_be_ignored_are_refused() {
     assert!(!ok && out.contains("--set") && out.contains("cannot be used with"), "{out}");
 }
 
+/// A path that is not UTF-8 (a Unix file name may be any bytes) is the user's to give: a
+/// command that fails on it says why, with exit status 1, instead of panicking while it
+/// reports the error.
+#[test]
+fn a_path_that_is_not_utf8_fails_with_its_error_not_a_panic() {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::OsStr::from_bytes(b"/nowhere/rows-\xff.tsv");
+    let out = Command::new(env!("CARGO_BIN_EXE_pipetransformer"))
+        .args(["evaluate", "--model", "/nowhere/model", "--file"])
+        .arg(path)
+        .output()
+        .unwrap();
+    let text = output_text(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("Error: ") && !text.contains("panicked"), "{text}");
+}
+
 /// A report whose reader has gone (`plan ... | head -2`) ends the program quietly, as a
 /// closed pipe ends any Unix tool, instead of a panic about printing.
 #[test]
