@@ -64,10 +64,13 @@ pub enum Error {
     },
     /// Training was asked to stop (a signal's stop request) before its end, and the checkpoint
     /// of the step it stopped at is written. The process exits with [`INTERRUPTED_EXIT_CODE`].
-    #[error("{}", interrupted_message(*.step))]
+    #[error("{}", interrupted_message(*.step, .unwritten.as_deref()))]
     Interrupted {
         /// The last step taken; `None` for a launcher, whose processes each name it.
         step: Option<u64>,
+        /// Why the report of the steps taken could not be written, where it could not (the stop
+        /// stays a stop: its checkpoint is what a resume needs).
+        unwritten: Option<String>,
     },
     /// Training diverged: the loss stopped being a finite number.
     #[error("training diverged: the loss became {loss} at step {step}; lower the learning rate")]
@@ -142,15 +145,17 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// (the shell's 128 + SIGINT), so that a launcher or a job script tells it from a failure.
 pub const INTERRUPTED_EXIT_CODE: u8 = 130;
 
-fn interrupted_message(step: Option<u64>) -> String {
-    match step {
+fn interrupted_message(step: Option<u64>, unwritten: Option<&str>) -> String {
+    let report = unwritten.map(|e| format!(" (its report.html could not be written: {e})")).unwrap_or_default();
+    let stopped = match step {
         Some(step) => {
             format!("interrupted at step {step}: its checkpoint is written, and `train --resume` continues from it")
         }
         None => "interrupted: every process stopped after the same step with its checkpoint written (their lines say \
                  which), and `train --resume` under the same launch continues from it"
             .into(),
-    }
+    };
+    stopped + &report
 }
 
 /// Checks that `arg` of `op` holds exactly `expected` elements.

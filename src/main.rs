@@ -348,7 +348,8 @@ enum Command {
         /// Inputs; without them (and without --file) lines are read from standard input.
         #[arg(conflicts_with = "file")]
         inputs: Vec<String>,
-        /// Read inputs from this file, one per line (`-`: standard input).
+        /// Read inputs from this file, one per line (`-`: standard input; gzip-compressed or
+        /// not).
         #[arg(long)]
         file: Option<PathBuf>,
         /// Inputs per forward pass (at least 1).
@@ -1135,6 +1136,8 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
     let mut started_at = 0u64;
     let mut lines = ProgressLines::new(job.config.output.progress_every, total);
     stop_on_signals(run.process.is_some());
+    // (A resume with no step left writes the summary only where there is none.)
+    let had_summary = job.config.output.dir.join("summary.json").exists();
     let summary = job.run(&mut |e| match e {
         Event::Step { step, batches, epoch, loss, lr, samples: n, bubble, .. } => {
             if bar.is_hidden() {
@@ -1192,12 +1195,20 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
         println!("unigram baseline held-out loss: {u:.4}");
     }
     if job.writes_files() {
-        // (A resume with no step left keeps the summary and checkpoint of the steps it follows.)
-        let files = match started_at > 0 && summary.steps == started_at {
-            true => "metrics.jsonl, report.html, model/",
-            false => "metrics.jsonl, summary.json, report.html, checkpoint.ckpt, model/",
-        };
-        println!("wrote {}/{{{files}}}", job.config.output.dir.display());
+        // (A resume with no step left keeps the checkpoint of the steps it follows, and their
+        // summary where there is one: a stopped run wrote none.)
+        let stepped = started_at == 0 || summary.steps > started_at;
+        let files: Vec<&str> = [
+            ("metrics.jsonl", true),
+            ("summary.json", stepped || !had_summary),
+            ("report.html", true),
+            ("checkpoint.ckpt", stepped),
+            ("model/", true),
+        ]
+        .into_iter()
+        .filter_map(|(file, written)| written.then_some(file))
+        .collect();
+        println!("wrote {}/{{{}}}", job.config.output.dir.display(), files.join(", "));
     }
     if let (Some(path), Some(trace)) = (run.trace, &job.trainer.trace) {
         // Each process of a launched run traces its own devices: rank 0 at the path asked for,

@@ -17,7 +17,7 @@ fn a_fresh_run_stopped_before_its_first_step_writes_nothing() {
     pipetransformer::train::request_stop();
     let mut steps = 0;
     let err = fresh.run(&mut |e| steps += matches!(e, pipetransformer::train::Event::Step { .. }) as usize);
-    assert!(matches!(err, Err(Error::Interrupted { step: Some(0) })), "{err:?}");
+    assert!(matches!(err, Err(Error::Interrupted { step: Some(0), .. })), "{err:?}");
     assert_eq!(steps, 0);
     assert!(common::run_files(&dir) == before, "the earlier run's files were changed");
     for aside in common::SET_ASIDE {

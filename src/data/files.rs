@@ -102,8 +102,8 @@ fn decoded(path: &Path, group: SetupGroup) -> Result<(Box<dyn Read>, Option<&'st
 /// The lines of a text file a user named (`predict --file`; `-`: standard input), each as it
 /// comes (a terminal's too), decompressed as [`read_user_text`] does, a byte-order mark and
 /// each line's `\r` dropped. A line that is not UTF-8 is an [`Error::Dataset`] naming its
-/// number, and the lines after it go on; a stream that cannot be read (or decompressed) ends
-/// with an error of another kind.
+/// number, and the lines after it go on; a line holding a NUL byte (a binary file), or a
+/// stream that cannot be read (or decompressed), ends them with an error naming no line.
 pub fn user_lines(path: &Path) -> Result<impl Iterator<Item = Result<String>>> {
     let (decoder, format) = decoded(path, SetupGroup::User)?;
     let path = path.to_path_buf();
@@ -112,6 +112,19 @@ pub fn user_lines(path: &Path) -> Result<impl Iterator<Item = Result<String>>> {
             Some(format) => dataset_error(&path, None, format!("is not a valid {format} stream ({e})")),
             None => crate::files::io_error(&path, e),
         })?;
+        // A NUL byte is no text's: the file is binary (an image given as the list, say), and
+        // its lines would be inputs of junk. It ends the stream.
+        if bytes.contains(&0) {
+            return Err(dataset_error(
+                &path,
+                None,
+                format!(
+                    "is not text: line {} holds a NUL byte; expected UTF-8 text, one input a line (an image is given \
+                     as an argument itself, not in a --file list)",
+                    i + 1
+                ),
+            ));
+        }
         if bytes.last() == Some(&b'\r') {
             bytes.pop();
         }

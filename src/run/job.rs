@@ -1445,9 +1445,9 @@ impl<D: Device> Job<D> {
     /// [stop request](crate::train::request_stop), after the step under way, with
     /// [`Error::Interrupted`]. A run that ends so, or fails, after its first step still draws
     /// `report.html` from its log: the steps it took, up to a divergence say (where that
-    /// report cannot be written, a failure's own error is the one returned; a stop's is
-    /// replaced by the report's). Once a run has reached its end, `run` returns its summary
-    /// again and writes nothing.
+    /// report cannot be written, a failure's own error is the one returned, and a stop says
+    /// so in its own). Once a run has reached its end, `run` returns its summary again and
+    /// writes nothing.
     pub fn run(&mut self, on_event: &mut dyn FnMut(&Event)) -> Result<Summary> {
         if let Some(summary) = &self.finished {
             return Ok(summary.clone());
@@ -1470,8 +1470,10 @@ impl<D: Device> Job<D> {
             && logged
         {
             let report = super::report::write_report(&self.metrics_path(), &out.join("report.html"), &self.config);
-            if let (Error::Interrupted { .. }, Err(e)) = (ended, report) {
-                return Err(e);
+            // A stop stays a stop (its exit status, what a scheduler requeues on), saying what
+            // it could not write; a failure's own error is the one to report.
+            if let (Error::Interrupted { step, .. }, Err(e)) = (ended, report) {
+                return Err(Error::Interrupted { step: *step, unwritten: Some(e.to_string()) });
             }
         }
         ran
@@ -1548,7 +1550,7 @@ impl<D: Device> Job<D> {
                     self.trainer.fit(self.source.as_ref(), Some(1), &mut self.elastic, &mut log)?;
                     if self.trainer.position.step == before {
                         // Stopped before it (a signal): nothing of this run is kept.
-                        return Err(Error::Interrupted { step: Some(before) });
+                        return Err(Error::Interrupted { step: Some(before), unwritten: None });
                     }
                     // (A move that fails ends the run before it writes over anything; a log that
                     // cannot be written ends it at the checkpoint, as any failed write.)
@@ -1598,7 +1600,7 @@ impl<D: Device> Job<D> {
                 // whole (`run` then writes the report of the steps taken).
                 if self.trainer.stopping() && !self.trainer.done() {
                     finish(&mut writing)?;
-                    return Err(Error::Interrupted { step: Some(self.trainer.position.step) });
+                    return Err(Error::Interrupted { step: Some(self.trainer.position.step), unwritten: None });
                 }
             }
         }

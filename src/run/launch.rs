@@ -353,7 +353,7 @@ fn watch(mut children: Vec<(usize, Child)>, grace: Duration, signals: &dyn Fn() 
     let Some((rank, status, _)) = failure else {
         return match interrupted.is_empty() {
             true => Ok(()),
-            false => Err(Error::Interrupted { step: None }),
+            false => Err(Error::Interrupted { step: None, unwritten: None }),
         };
     };
     // A process ended by a signal printed nothing of its own: say where the signal may have
@@ -721,7 +721,7 @@ mod tests {
         let stops = "trap 'kill $!; exit 130' TERM; sleep 60 & wait";
         let started = Instant::now();
         let e = watch(shells(&[stops, stops]), GRACE, &signals_after(started, 0.2, 1e9)).unwrap_err();
-        assert!(matches!(e, Error::Interrupted { step: None }), "{e}");
+        assert!(matches!(e, Error::Interrupted { step: None, .. }), "{e}");
         assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
         // One that the request ended (it took none yet) wrote no checkpoint: a failure, said so.
         let e = watch(shells(&[stops, "sleep 60"]), GRACE, &signals_after(Instant::now(), 0.2, 1e9)).unwrap_err();
@@ -729,7 +729,7 @@ mod tests {
         assert!(e.contains("launch: rank 1: signal: 15 (SIGTERM)") && e.contains("it wrote no checkpoint"), "{e}");
         // Without a signal to the launcher, a child's 130 is still a stop, not a failure.
         let e = watch(shells(&["exit 130", "exit 0"]), GRACE, &|| 0).unwrap_err();
-        assert!(matches!(e, Error::Interrupted { step: None }), "{e}");
+        assert!(matches!(e, Error::Interrupted { step: None, .. }), "{e}");
         // A child that fails on the request is a failure, named.
         let fails = "trap 'kill $!; exit 3' TERM; sleep 60 & wait";
         let e = watch(shells(&[stops, fails]), GRACE, &signals_after(Instant::now(), 0.2, 1e9)).unwrap_err();

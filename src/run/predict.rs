@@ -419,8 +419,6 @@ impl<D: Device> Predictor<D> {
         Ok(batches)
     }
 
-    /// Refuses an evaluation split that may hold samples the model trained on
-    /// ([`split_overlap`]).
     /// The settings that turn `config`'s texts into ids (`data.max_len`, `model.tokenizer`)
     /// where they differ from those of the model's run, as `key is now here, then in the
     /// model's run`: an evaluation under them scores other inputs than the run's own did. Empty
@@ -436,6 +434,8 @@ impl<D: Device> Predictor<D> {
             .collect()
     }
 
+    /// Refuses an evaluation split that may hold samples the model trained on
+    /// ([`split_overlap`]).
     fn check_split(&self, config: &RunConfig) -> Result<()> {
         match self.trained_on.as_ref().and_then(|then| split_overlap(then, config)) {
             Some((key, message)) => Err(config_error(key, message)),
@@ -647,6 +647,16 @@ impl<D: Device> Predictor<D> {
                         if row.trim().is_empty() {
                             continue;
                         }
+                        if line == 1 && row.split(',').any(|v| v.trim().parse::<f32>().is_err()) {
+                            let first = row.split(',').find(|v| v.trim().parse::<f32>().is_err()).unwrap_or_default();
+                            return Err(bad(
+                                line,
+                                format!(
+                                    "reads as a header row (`{}` is no number); expected rows of pixel values alone",
+                                    first.trim()
+                                ),
+                            ));
+                        }
                         let count = row.split(',').count();
                         if count != n {
                             let labelled = if count == n + 1 {
@@ -662,12 +672,7 @@ impl<D: Device> Predictor<D> {
                                 ),
                             ));
                         }
-                        let header = match line {
-                            1 => " (a header row? the rows hold pixel values alone)",
-                            _ => "",
-                        };
-                        let pixels = pixel_row(row, max_value).map_err(|e| bad(line, format!("{e}{header}")))?;
-                        images.push((format!("{input}:{line}"), pixels));
+                        images.push((format!("{input}:{line}"), pixel_row(row, max_value).map_err(|e| bad(line, e))?));
                     }
                     if images.is_empty() {
                         return Err(Error::Dataset {
@@ -827,13 +832,14 @@ const EMPTY_TEXT: &str = "an empty text (no token the tokenizer reads: spaces, c
 fn input_file_kind(path: &Path) -> Result<InputFile> {
     use std::io::Read;
     let open = || std::fs::File::open(path).map_err(|e| crate::files::io_error(path, e));
-    let mut head = Vec::with_capacity(4);
-    open()?.take(4).read_to_end(&mut head).map_err(|e| crate::files::io_error(path, e))?;
+    // Enough for the magic numbers, and for a CSV header's first comma.
+    const HEAD: u64 = 256;
+    let mut head = Vec::new();
+    open()?.take(HEAD).read_to_end(&mut head).map_err(|e| crate::files::io_error(path, e))?;
     if head.starts_with(&GZIP_MAGIC) {
         head.clear();
-        if flate2::read::MultiGzDecoder::new(open()?).take(4).read_to_end(&mut head).is_err() {
-            // A damaged stream: the reader names the problem.
-            crate::data::read_user_text(path)?;
+        if let Err(e) = flate2::read::MultiGzDecoder::new(open()?).take(HEAD).read_to_end(&mut head) {
+            return Err(crate::data::dataset_error(path, None, format!("is not a valid gzip stream ({e})")));
         }
     }
     let bad = |message: String| Error::Dataset { file: path.display().to_string(), line: None, message };
@@ -842,20 +848,23 @@ fn input_file_kind(path: &Path) -> Result<InputFile> {
         None => return Err(bad(format!("is empty; {EXPECTED}"))),
         _ if head.starts_with(b"\x89PNG") || head.starts_with(b"P5") || head.starts_with(b"P2") => InputFile::Image,
         _ if head.starts_with(&[0, 0, 8]) => InputFile::Idx,
-        // (A byte-order mark, as spreadsheets write, before the first value; a first value
-        // that is no number, a header say, is named by the rows' reader.)
+        // (A byte-order mark, as spreadsheets write, before the first value; a first line of
+        // text with commas, a header say, is named by the rows' reader.)
         Some(b)
             if b.is_ascii_digit()
                 || b"+-. \t\r\n".contains(b)
                 || head.starts_with("\u{feff}".as_bytes())
-                || head.contains(&b',') =>
+                || head.split(|&b| b == b'\n').next().is_some_and(|l| {
+                    l.contains(&b',') && l.iter().all(|b| b.is_ascii_graphic() || b" \t\r".contains(b))
+                }) =>
         {
             InputFile::Csv
         }
         _ => {
-            let bytes: Vec<String> = head.iter().map(|b| format!("{b:02x}")).collect();
-            let text = match head.iter().all(|b| b.is_ascii_graphic() || *b == b' ') {
-                true => format!(" (`{}`)", head.escape_ascii()),
+            let first = &head[..head.len().min(4)];
+            let bytes: Vec<String> = first.iter().map(|b| format!("{b:02x}")).collect();
+            let text = match first.iter().all(|b| b.is_ascii_graphic() || *b == b' ') {
+                true => format!(" (`{}`)", first.escape_ascii()),
                 false => String::new(),
             };
             return Err(bad(format!("starts with bytes {}{text}; {EXPECTED}", bytes.join(" "))));

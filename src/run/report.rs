@@ -22,8 +22,9 @@ struct EpochRow {
     samples: f64,
     train_seconds: f64,
     hit_rate: Option<f64>,
-    accuracy: f64,
-    loss: f64,
+    /// The evaluation at the epoch's end; `None` for an epoch the log ends inside (a run
+    /// stopped there, or still going).
+    eval: Option<(f64, f64)>,
 }
 
 /// Writes the report of the run logged in `metrics` to `out`.
@@ -146,8 +147,10 @@ fn render(log: &str, config: &RunConfig) -> String {
                     samples,
                     train_seconds,
                     hit_rate: None,
-                    accuracy: e["eval"]["accuracy"].as_f64().unwrap_or(0.0),
-                    loss: e["eval"]["loss"].as_f64().unwrap_or(0.0),
+                    eval: Some((
+                        e["eval"]["accuracy"].as_f64().unwrap_or(0.0),
+                        e["eval"]["loss"].as_f64().unwrap_or(0.0),
+                    )),
                 };
                 // A run that ended inside an epoch (`train.max_steps`) evaluated there; resumed
                 // for more steps, it ends that epoch later: one row, the epoch's start shape,
@@ -161,6 +164,23 @@ fn render(log: &str, config: &RunConfig) -> String {
             }
             _ => {}
         }
+    }
+    // Steps after the last epoch's end (a run stopped inside an epoch): a row of their own,
+    // without an evaluation.
+    if !between_epochs && let Some((&epoch, &[samples, train_seconds, ..])) = work.last_key_value() {
+        let part = rows.pop_if(|last| last.epoch == epoch);
+        let start = part.map_or(began, |p| (p.frozen.0, p.k.0, p.r.0, p.m.0));
+        rows.push(EpochRow {
+            epoch,
+            frozen: (start.0, frozen),
+            k: (start.1, k),
+            r: (start.2, r),
+            m: (start.3, m),
+            samples,
+            train_seconds,
+            hit_rate: None,
+            eval: None,
+        });
     }
     // The cache's hit rate from the steps' lookups; a log of an older version has them only in
     // the cache events after each epoch's (two where a resume ended it), summed on their row.
@@ -220,17 +240,19 @@ fn render(log: &str, config: &RunConfig) -> String {
     let span = |(a, b): (usize, usize)| if a == b { a.to_string() } else { format!("{a} → {b}") };
     for row in &rows {
         let hits = row.hit_rate.map_or("–".to_string(), |h| format!("{:.0}%", 100.0 * h));
+        let eval = match row.eval {
+            Some((accuracy, loss)) => format!("<td>{:.2}%</td><td>{loss:.4}</td>", 100.0 * accuracy),
+            None => "<td colspan=\"2\">the log ends inside the epoch</td>".into(),
+        };
         let _ = write!(
             html,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{hits}</td><td>{:.2}%</td><td>{:.4}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{hits}</td>{eval}</tr>",
             row.epoch,
             span(row.frozen),
             span(row.k),
             span(row.r),
             span(row.m),
             if row.train_seconds > 0.0 { row.samples / row.train_seconds } else { 0.0 },
-            100.0 * row.accuracy,
-            row.loss
         );
     }
     html.push_str("</table>");
@@ -443,6 +465,13 @@ mod tests {
         // 24 samples in 4 s; 12 hits of 16 lookups (the first step, before the freeze, looked
         // up nothing).
         let row = "<tr><td>0</td><td>0</td><td>1</td><td>2</td><td>1</td><td>6.0</td><td>75%</td><td>62.50%</td>";
+        assert!(html.contains(row), "{html}");
+        assert!(!html.contains("ends inside"), "{html}");
+        // The report the stop wrote, before the resume: the epoch's steps so far, no evaluation.
+        let stopped: Vec<&str> = log.lines().take(3).collect();
+        let html = render(&stopped.join("\n"), &two_stage_run());
+        let row = "<tr><td>0</td><td>0</td><td>1</td><td>2</td><td>1</td><td>5.3</td><td>50%</td>\
+                   <td colspan=\"2\">the log ends inside the epoch</td></tr>";
         assert!(html.contains(row), "{html}");
     }
 

@@ -266,14 +266,14 @@ impl<D: Device> Trainer<D> {
             let parts = (index..index + take).map(|i| data.train_batch(epoch, i)).collect::<Result<Vec<_>>>()?;
             let mut host = HostBatch::concat(&parts)?;
             let fetched = started.elapsed().as_secs_f64();
-            let prepared_by = controller.before_step(self, &mut host)?;
+            let prepared_for = controller.before_step(self, &mut host)?;
             let prepared = started.elapsed().as_secs_f64();
             let lr = self.lr_schedule.lr_at(self.batches_done()) * take as f64;
             let options = StepOptions {
                 dropout_seed: hash_u64(self.config.seed, step),
                 lr,
                 max_grad_norm: self.config.clip(),
-                capture_frozen_output: prepared_by.capture_frozen_output,
+                capture_frozen_output: prepared_for.capture_frozen_output,
                 stop_requested: super::stop_requested(),
             };
             let report = self.pipeline.step_with(&host, &options)?;
@@ -332,7 +332,7 @@ impl<D: Device> Trainer<D> {
                 samples: host.batch,
                 seconds,
                 bubble,
-                cache_hits: prepared_by.cache_hits,
+                cache_hits: prepared_for.cache_hits,
             });
             let epoch_end = self.position.batch == per_epoch || self.done();
             let every = self.config.eval_every;
