@@ -864,8 +864,11 @@ fn evaluate<D: Device>(dev: D, model: &Path, data: &EvalData) -> Result<()> {
             metrics
         }
         EvalData::Rows(path, batch_size) => {
-            let batches = predictor.labelled_rows(path, *batch_size)?;
-            predictor.evaluate(batches.into_iter().map(Ok))?
+            let rows = predictor.labelled_rows(path, *batch_size)?;
+            if rows.cut > 0 {
+                eprintln!("note: {} texts were cut to the run's data.max_len, as training cut them", rows.cut);
+            }
+            predictor.evaluate(rows.batches.into_iter().map(Ok))?
         }
     };
     let mut report = format!("{} targets: {metrics}\n\n", metrics.count);

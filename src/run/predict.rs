@@ -32,6 +32,15 @@ pub struct ClassPrediction {
     pub warning: Option<String>,
 }
 
+/// The batches of a file of labelled rows ([`Predictor::labelled_rows`]).
+#[derive(Clone, Debug)]
+pub struct LabelledRows {
+    /// The rows, `batch_size` a batch.
+    pub batches: Vec<HostBatch>,
+    /// Texts cut to the run's `data.max_len` (as training cut them).
+    pub cut: usize,
+}
+
 /// A prompt's continuation.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Generation {
@@ -324,10 +333,12 @@ impl<D: Device> Predictor<D> {
         })
     }
 
-    /// Labelled rows of a file (gzip-compressed or not) as batches of `batch_size` (at least
-    /// 1): `label<TAB>text` for a text model, CSV rows of raw pixels then the label for an
-    /// image model. A label is a class name or index. A bad row is an error naming its line.
-    pub fn labelled_rows(&self, path: &Path, batch_size: usize) -> Result<Vec<HostBatch>> {
+    /// Labelled rows of a file (gzip-compressed or not; `-`: standard input) as batches of
+    /// `batch_size` (at least 1): `label<TAB>text` for a text model, CSV rows of raw pixels
+    /// then the label for an image model. A label is a class name or index. A bad row is an
+    /// error naming its line. Texts longer than the run's `data.max_len` are cut there, as
+    /// training cut them, and counted.
+    pub fn labelled_rows(&self, path: &Path, batch_size: usize) -> Result<LabelledRows> {
         if batch_size == 0 {
             return Err(batch_size_error());
         }
@@ -355,7 +366,7 @@ impl<D: Device> Predictor<D> {
             return Err(bad(1, "has no rows; expected labelled inputs".into()));
         }
         let size = batch_size;
-        let mut batches = Vec::new();
+        let (mut batches, mut cut) = (Vec::new(), 0);
         match &self.reader {
             Reader::Text(tokenizer) => {
                 let mut parsed = Vec::with_capacity(rows.len());
@@ -377,6 +388,7 @@ impl<D: Device> Predictor<D> {
                         .map(|(j, (&(_, label, _), encoded))| EncodedItem { id: (i * size + j) as u64, encoded, label })
                         .collect();
                     batches.push(encoded_batch(tokenizer, &items, (i * size) as u64)?.host);
+                    cut += encodings.iter().filter(|e| e.truncated).count();
                 }
             }
             &Reader::Image { size: side, channels, max_value } => {
@@ -416,7 +428,7 @@ impl<D: Device> Predictor<D> {
                 ));
             }
         }
-        Ok(batches)
+        Ok(LabelledRows { batches, cut })
     }
 
     /// The settings that turn `config`'s texts into ids (`data.max_len`, `model.tokenizer`)
@@ -1101,6 +1113,10 @@ mod tests {
         std::fs::write(&rows, "a\tzzz\nb\t\u{200b}\n").unwrap();
         let e = p.labelled_rows(&rows, 8).unwrap_err().to_string();
         assert!(e.contains("line 2: an empty text"), "{e}");
+        // A text past the 9 positions is cut there, and counted.
+        std::fs::write(&rows, format!("a\tzzz\nb\t{}\n", ["zzz"; 20].join(" "))).unwrap();
+        let read = p.labelled_rows(&rows, 1).unwrap();
+        assert_eq!((read.batches.len(), read.cut), (2, 1));
     }
 
     /// A prompt longer than the window is read from its end, with a warning; the window is the
@@ -1142,7 +1158,10 @@ mod tests {
         let mut out = Vec::new();
         write_outcome(&mut out, OutputFormat::JsonLines, false, "x", &Outcome::Class(p)).unwrap();
         let line = String::from_utf8(out).unwrap();
-        assert!(line.contains(r#""probabilities":{"zebra":0.75,"ant":0.25}"#), "{line}");
+        assert!(
+            line.starts_with(r#"{"input":"x","#) && line.contains(r#""probabilities":{"zebra":0.75,"ant":0.25}"#),
+            "{line}"
+        );
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
         assert_eq!((v["input"].as_str(), v["label"].as_str()), (Some("x"), Some("zebra")));
     }
@@ -1216,7 +1235,7 @@ mod tests {
         let rows = vit_dir.join("rows.csv");
         std::fs::write(&rows, format!("{row},a\n")).unwrap();
         assert!(vit.labelled_rows(&rows, 0).unwrap_err().to_string().contains("--batch-size"));
-        assert_eq!(vit.labelled_rows(&rows, 1).unwrap().len(), 1);
+        assert_eq!(vit.labelled_rows(&rows, 1).unwrap().batches.len(), 1);
     }
 
     /// A table starts with a header naming its columns, above the rows it heads.
@@ -1488,32 +1507,24 @@ fn write_outcome(
     input: &str,
     outcome: &Outcome,
 ) -> std::io::Result<()> {
-    use serde_json::json;
     match format {
         OutputFormat::JsonLines => {
-            let value = match outcome {
-                // (Written from a struct: a JSON object's keys would come out sorted, and the
-                // probabilities are in label order.)
-                Outcome::Class(p) => {
-                    let line = ClassLine {
-                        input,
-                        label: &p.label,
-                        probability: p.probability,
-                        probabilities: InLabelOrder(&p.probabilities),
-                        warning: p.warning.as_deref(),
-                    };
-                    return writeln!(out, "{}", serde_json::to_string(&line).map_err(std::io::Error::other)?);
-                }
+            // (Written from structs: the input first, the probabilities in label order, where a
+            // JSON object's keys would come out sorted.)
+            let line = match outcome {
+                Outcome::Class(p) => serde_json::to_string(&ClassLine {
+                    input,
+                    label: &p.label,
+                    probability: p.probability,
+                    probabilities: InLabelOrder(&p.probabilities),
+                    warning: p.warning.as_deref(),
+                }),
                 Outcome::Generated(g) => {
-                    let mut v = json!({"input": input, "generated": g.text});
-                    if let Some(w) = &g.warning {
-                        v["warning"] = json!(w);
-                    }
-                    v
+                    serde_json::to_string(&GeneratedLine { input, generated: &g.text, warning: g.warning.as_deref() })
                 }
-                Outcome::Failed(e) => json!({"input": input, "error": e}),
+                Outcome::Failed(error) => serde_json::to_string(&FailedLine { input, error }),
             };
-            writeln!(out, "{value}")
+            writeln!(out, "{}", line.map_err(std::io::Error::other)?)
         }
         OutputFormat::Table => {
             let shown = shorten(input, INPUT_COLUMN);
@@ -1542,6 +1553,22 @@ struct ClassLine<'a> {
     probabilities: InLabelOrder<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
     warning: Option<&'a str>,
+}
+
+/// A generation's JSON line.
+#[derive(Serialize)]
+struct GeneratedLine<'a> {
+    input: &'a str,
+    generated: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warning: Option<&'a str>,
+}
+
+/// A failed input's JSON line.
+#[derive(Serialize)]
+struct FailedLine<'a> {
+    input: &'a str,
+    error: &'a str,
 }
 
 /// Class probabilities as a JSON object whose keys keep the labels' order.
