@@ -707,7 +707,7 @@ fn check_predict_and_evaluate(dir: &std::path::Path, config: &str, precision: &s
     assert!(!out.contains("note:"), "the run's own settings: {out}");
     if config.contains("gpt") {
         // Windows of another length (the run's: 32): scored, with a note that says so; one
-        // past the position table: refused before the data loads, naming the setting.
+        // past the position table: refused by the setting, before any is scored.
         let other = [&["evaluate", "--model", &model, "--config", config][..], &device, &sets].concat();
         let (ok, out) = pipetransformer(&[&other[..], &["--set", "data.max_len=16"]].concat());
         assert!(ok && out.contains("note: data.max_len is 16 here, 32 in the model's run"), "{out}");

@@ -461,15 +461,6 @@ impl<D: Device> Predictor<D> {
     /// model's.
     pub fn evaluate_dataset(&self, config: &RunConfig) -> Result<EvalMetrics> {
         self.check_split(config)?;
-        if let InputSpec::Tokens { max_positions, .. } = self.model.spec().input
-            && config.data.max_len > max_positions
-        {
-            // As a run refuses it: before the data loads, not at the first long sample.
-            return Err(config_error(
-                "data.max_len",
-                format!("{} tokens; the model's position table holds {max_positions}", config.data.max_len),
-            ));
-        }
         let (source, info) = prepare_data(config, 1)?;
         let data_kind = DataKind::of_data(&info);
         let model_kind = match self.reader {
@@ -497,6 +488,16 @@ impl<D: Device> Predictor<D> {
                     self.describe(),
                     data_kind.describe(&info),
                 ),
+            ));
+        }
+        // As a run refuses it: by the setting, not at the first sample long enough. (Once the
+        // data is of the model's kind: a dataset of images has no length to refuse.)
+        if let InputSpec::Tokens { max_positions, .. } = self.model.spec().input
+            && config.data.max_len > max_positions
+        {
+            return Err(config_error(
+                "data.max_len",
+                format!("{} tokens; the model's position table holds {max_positions}", config.data.max_len),
             ));
         }
         // Images of another size (MNIST's 28² for a model of digits' 8²) are refused by the
