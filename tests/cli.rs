@@ -2700,6 +2700,20 @@ fn an_image_model_without_its_pixel_scale_is_refused() {
     drop(encoder.finish().unwrap());
     let piped = child.wait_with_output().unwrap();
     assert!(piped.status.success() && output_text(&piped) == out.replace(&rows_arg, "-"), "{}", output_text(&piped));
+    // Bad input on standard input: a short row by its line, a damaged gzip stream by its
+    // format, each naming standard input.
+    for (bytes, said) in [
+        (b"1,2,3\n".to_vec(), "standard input: line 1: a CSV row of 3 values"),
+        (vec![0x1f, 0x8b, 8, 0, 1, 2], "standard input: is not a valid gzip stream"),
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_pipetransformer"))
+            .args(["evaluate", "--model", &model_arg, "--file", "-"])
+            .stdin(std::process::Stdio::piped())
+            .spawn_piped();
+        child.stdin.take().unwrap().write_all(&bytes).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(!out.status.success() && output_text(&out).contains(said), "{}", output_text(&out));
+    }
     let (ok, with) = pipetransformer(&["predict", "--model", &model_arg, &digit_pixels(1)]);
     assert!(ok, "{with}");
     // Another scale, another answer: the file's value is what the model reads raw pixels at.
@@ -2822,6 +2836,16 @@ fn files_predict_cannot_read_are_named_for_what_they_are() {
     assert!(json_lines(&out).is_empty(), "no input of junk: {out}");
     let (ok, out) = pipetransformer(&["evaluate", "--model", &model, "--file", &arg("folder")]);
     assert!(!ok && out.contains("is a folder; expected a file"), "{out}");
+    // A gzip-compressed list is read; a damaged one ends with its format named.
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    encoder.write_all(format!("{one}\n").as_bytes()).unwrap();
+    let list = encoder.finish().unwrap();
+    std::fs::write(dir.join("list.gz"), &list).unwrap();
+    std::fs::write(dir.join("cut.gz"), &list[..list.len() / 2]).unwrap();
+    let (ok, out) = pipetransformer(&["predict", "--model", &model, "--format", "json", "--file", &arg("list.gz")]);
+    assert!(ok && json_lines(&out)[0]["probabilities"] == json_lines(&plain)[0]["probabilities"], "{out}");
+    let (ok, out) = pipetransformer(&["predict", "--model", &model, "--file", &arg("cut.gz")]);
+    assert!(!ok && out.contains("cut.gz: is not a valid gzip stream"), "{out}");
 }
 
 /// `evaluate --file` on rows of pixels alone says a label is missing, counting the values as

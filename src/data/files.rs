@@ -99,6 +99,23 @@ fn decoded(path: &Path, group: SetupGroup) -> Result<(Box<dyn Read>, Option<&'st
     })
 }
 
+/// An error reading `path` through a decoder of `format` (a damaged stream), or directly.
+fn read_error(path: &Path, format: Option<&str>, e: std::io::Error) -> Error {
+    match format {
+        Some(format) => dataset_error(path, None, format!("is not a valid {format} stream ({e})")),
+        None => crate::files::io_error(path, e),
+    }
+}
+
+/// The first `n` bytes of a file a user named, decompressed as [`read_user_text`] does: what
+/// tells its kind apart (`predict`'s inputs). A damaged stream is an error naming its format.
+pub(crate) fn user_head(path: &Path, n: u64) -> Result<Vec<u8>> {
+    let (decoder, format) = decoded(path, SetupGroup::User)?;
+    let mut head = Vec::new();
+    decoder.take(n).read_to_end(&mut head).map_err(|e| read_error(path, format, e))?;
+    Ok(head)
+}
+
 /// The lines of a text file a user named (`predict --file`; `-`: standard input), each as it
 /// comes (a terminal's too), decompressed as [`read_user_text`] does, a byte-order mark and
 /// each line's `\r` dropped. A line that is not UTF-8 is an [`Error::Dataset`] naming its
@@ -108,10 +125,7 @@ pub fn user_lines(path: &Path) -> Result<impl Iterator<Item = Result<String>>> {
     let (decoder, format) = decoded(path, SetupGroup::User)?;
     let path = path.to_path_buf();
     Ok(std::io::BufRead::split(std::io::BufReader::new(decoder), b'\n').enumerate().map(move |(i, line)| {
-        let mut bytes = line.map_err(|e| match format {
-            Some(format) => dataset_error(&path, None, format!("is not a valid {format} stream ({e})")),
-            None => crate::files::io_error(&path, e),
-        })?;
+        let mut bytes = line.map_err(|e| read_error(&path, format, e))?;
         // A NUL byte is no text's: the file is binary (an image given as the list, say), and
         // its lines would be inputs of junk. It ends the stream.
         if bytes.contains(&0) {

@@ -43,7 +43,7 @@ mod text;
 mod tests;
 
 pub use dataset::{Dataset, Sample, Split, TEST_FILE_ID_BASE};
-pub(crate) use files::dataset_error;
+pub(crate) use files::{dataset_error, user_head};
 pub use files::{read_user_text, user_lines};
 pub use image_files::{ImagePixels, read_idx_images, read_image_file};
 pub use images::{

@@ -836,26 +836,14 @@ enum InputFile {
     Idx,
 }
 
-const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
-
 /// What a text the tokenizer reads nothing of is told.
 const EMPTY_TEXT: &str = "an empty text (no token the tokenizer reads: spaces, control or zero-width characters at most); \
                           expected some words";
 
 fn input_file_kind(path: &Path) -> Result<InputFile> {
-    use std::io::Read;
-    let open = || std::fs::File::open(path).map_err(|e| crate::files::io_error(path, e));
     // Enough for the magic numbers, and for a CSV header's first comma.
-    const HEAD: u64 = 256;
-    let mut head = Vec::new();
-    open()?.take(HEAD).read_to_end(&mut head).map_err(|e| crate::files::io_error(path, e))?;
-    if head.starts_with(&GZIP_MAGIC) {
-        head.clear();
-        if let Err(e) = flate2::read::MultiGzDecoder::new(open()?).take(HEAD).read_to_end(&mut head) {
-            return Err(crate::data::dataset_error(path, None, format!("is not a valid gzip stream ({e})")));
-        }
-    }
-    let bad = |message: String| Error::Dataset { file: path.display().to_string(), line: None, message };
+    let head = crate::data::user_head(path, 256)?;
+    let bad = |message: String| crate::data::dataset_error(path, None, message);
     const EXPECTED: &str = "expected an image (PNG, PGM), IDX or CSV file";
     Ok(match head.first() {
         None => return Err(bad(format!("is empty; {EXPECTED}"))),

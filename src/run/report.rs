@@ -10,21 +10,38 @@ use serde_json::Value;
 use std::fmt::Write as _;
 use std::path::Path;
 
+/// A pipeline's shape: frozen layers, `K`, `R`, `M`.
+type Shape = (usize, usize, usize, usize);
+
 /// One epoch's row: the shape at its start and end (they differ when the freeze rule ran
-/// mid-epoch).
-#[derive(Clone, Debug, Default, PartialEq)]
+/// mid-epoch); its throughput and cache hits come from its steps ([`EpochWork`]).
+#[derive(Clone, Debug, PartialEq)]
 struct EpochRow {
     epoch: u64,
-    frozen: (usize, usize),
-    k: (usize, usize),
-    r: (usize, usize),
-    m: (usize, usize),
-    samples: f64,
-    train_seconds: f64,
-    hit_rate: Option<f64>,
-    /// The evaluation at the epoch's end; `None` for an epoch the log ends inside (a run
-    /// stopped there, or still going).
+    start: Shape,
+    end: Shape,
+    /// The evaluation at the epoch's end (accuracy, loss); `None` for an epoch the log ends
+    /// inside (a run stopped there, or still going).
     eval: Option<(f64, f64)>,
+}
+
+/// What an epoch's steps did, summed from their events. (An epoch's own event counts only the
+/// steps of the process that ended it, not those before a stop and resume inside it.)
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct EpochWork {
+    samples: f64,
+    seconds: f64,
+    /// Samples of the steps that looked their batch up in the cache, and the hits among them.
+    looked_up: f64,
+    hits: f64,
+}
+
+/// Adds epoch `epoch`'s row, from shape `start` to `end`, evaluated (`eval`) at its end or not
+/// (the log ends inside it). A row the epoch already has (a run ended or stopped inside it,
+/// then resumed) is replaced, keeping the shape the epoch started in.
+fn push_row(rows: &mut Vec<EpochRow>, epoch: u64, start: Shape, end: Shape, eval: Option<(f64, f64)>) {
+    let start = rows.pop_if(|last| last.epoch == epoch).map_or(start, |part| part.start);
+    rows.push(EpochRow { epoch, start, end, eval });
 }
 
 /// Writes the report of the run logged in `metrics` to `out`.
@@ -81,19 +98,16 @@ fn render(log: &str, config: &RunConfig) -> String {
     let mut evals: Vec<(f64, f64, f64, f64)> = Vec::new();
     let mut clock = 0.0;
     let mut inside_epochs = false;
-    // Per epoch, from its steps: (samples, seconds, samples looked up in the cache, hits). An
-    // epoch's own event counts only the steps of the process that ended it, not those before
-    // a stop and resume inside it.
-    let mut work: std::collections::BTreeMap<u64, [f64; 4]> = Default::default();
+    let mut work: std::collections::BTreeMap<u64, EpochWork> = Default::default();
     for e in &events {
         if e["event"] == "step" {
             clock += num(e, "seconds");
             let w = work.entry(e["epoch"].as_u64().unwrap_or(0)).or_default();
-            w[0] += num(e, "samples");
-            w[1] += num(e, "seconds");
+            w.samples += num(e, "samples");
+            w.seconds += num(e, "seconds");
             if let Some(hits) = e["cache_hits"].as_f64() {
-                w[2] += num(e, "samples");
-                w[3] += hits;
+                w.looked_up += num(e, "samples");
+                w.hits += hits;
             }
         }
         clock += num(e, "eval_seconds");
@@ -136,29 +150,11 @@ fn render(log: &str, config: &RunConfig) -> String {
                 transitions.push(e);
             }
             "epoch" => {
-                let epoch = e["epoch"].as_u64().unwrap_or(0);
-                let [samples, train_seconds, ..] = work.get(&epoch).copied().unwrap_or_default();
-                let mut row = EpochRow {
-                    epoch,
-                    frozen: (began.0, frozen),
-                    k: (began.1, k),
-                    r: (began.2, r),
-                    m: (began.3, m),
-                    samples,
-                    train_seconds,
-                    hit_rate: None,
-                    eval: Some((
-                        e["eval"]["accuracy"].as_f64().unwrap_or(0.0),
-                        e["eval"]["loss"].as_f64().unwrap_or(0.0),
-                    )),
-                };
+                let eval = (num(&e["eval"], "accuracy"), num(&e["eval"], "loss"));
                 // A run that ended inside an epoch (`train.max_steps`) evaluated there; resumed
                 // for more steps, it ends that epoch later: one row, the epoch's start shape,
-                // its steps' throughput, the evaluation at its end.
-                if let Some(part) = rows.pop_if(|last| last.epoch == row.epoch) {
-                    (row.frozen.0, row.k.0, row.r.0, row.m.0) = (part.frozen.0, part.k.0, part.r.0, part.m.0);
-                }
-                rows.push(row);
+                // the evaluation at its end.
+                push_row(&mut rows, e["epoch"].as_u64().unwrap_or(0), began, (frozen, k, r, m), Some(eval));
                 began = (frozen, k, r, m);
                 between_epochs = true;
             }
@@ -167,32 +163,8 @@ fn render(log: &str, config: &RunConfig) -> String {
     }
     // Steps after the last epoch's end (a run stopped inside an epoch): a row of their own,
     // without an evaluation.
-    if !between_epochs && let Some((&epoch, &[samples, train_seconds, ..])) = work.last_key_value() {
-        let part = rows.pop_if(|last| last.epoch == epoch);
-        let start = part.map_or(began, |p| (p.frozen.0, p.k.0, p.r.0, p.m.0));
-        rows.push(EpochRow {
-            epoch,
-            frozen: (start.0, frozen),
-            k: (start.1, k),
-            r: (start.2, r),
-            m: (start.3, m),
-            samples,
-            train_seconds,
-            hit_rate: None,
-            eval: None,
-        });
-    }
-    // The cache's hit rate from the steps' lookups; a log of an older version has them only in
-    // the cache events after each epoch's (two where a resume ended it), summed on their row.
-    for row in &mut rows {
-        let (h, looked) = match work.get(&row.epoch) {
-            Some(&[_, _, looked, h]) if looked > 0.0 => (h, looked),
-            _ => {
-                let cache = events.iter().filter(|e| e["event"] == "cache" && e["epoch"].as_u64() == Some(row.epoch));
-                cache.fold((0.0, 0.0), |(h, n), e| (h + num(e, "hits"), n + num(e, "hits") + num(e, "misses")))
-            }
-        };
-        row.hit_rate = (looked > 0.0).then(|| h / looked);
+    if !between_epochs && let Some(&epoch) = work.keys().next_back() {
+        push_row(&mut rows, epoch, began, (frozen, k, r, m), None);
     }
 
     let mut html = String::new();
@@ -237,9 +209,22 @@ fn render(log: &str, config: &RunConfig) -> String {
         html,
         "<h2>Per epoch</h2><p>Shapes that changed during an epoch show as start → end.</p><table><tr><th>epoch</th><th>frozen layers</th><th>K</th><th>R</th><th>M</th><th>samples/s</th><th>cache hits (samples)</th><th>{held} accuracy</th><th>{held} loss</th></tr>"
     );
-    let span = |(a, b): (usize, usize)| if a == b { a.to_string() } else { format!("{a} → {b}") };
+    let span = |a: usize, b: usize| if a == b { a.to_string() } else { format!("{a} → {b}") };
     for row in &rows {
-        let hits = row.hit_rate.map_or("–".to_string(), |h| format!("{:.0}%", 100.0 * h));
+        let w = work.get(&row.epoch).copied().unwrap_or_default();
+        // The cache's hit rate from the steps' lookups; a log of an older version has them
+        // only in the cache events after each epoch's (two where a resume ended it).
+        let (hits, looked_up) = match w.looked_up > 0.0 {
+            true => (w.hits, w.looked_up),
+            false => events
+                .iter()
+                .filter(|e| e["event"] == "cache" && e["epoch"].as_u64() == Some(row.epoch))
+                .fold((0.0, 0.0), |(h, n), e| (h + num(e, "hits"), n + num(e, "hits") + num(e, "misses"))),
+        };
+        let hits = match looked_up > 0.0 {
+            true => format!("{:.0}%", 100.0 * hits / looked_up),
+            false => "–".to_string(),
+        };
         let eval = match row.eval {
             Some((accuracy, loss)) => format!("<td>{:.2}%</td><td>{loss:.4}</td>", 100.0 * accuracy),
             None => "<td colspan=\"2\">the log ends inside the epoch</td>".into(),
@@ -248,11 +233,11 @@ fn render(log: &str, config: &RunConfig) -> String {
             html,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{hits}</td>{eval}</tr>",
             row.epoch,
-            span(row.frozen),
-            span(row.k),
-            span(row.r),
-            span(row.m),
-            if row.train_seconds > 0.0 { row.samples / row.train_seconds } else { 0.0 },
+            span(row.start.0, row.end.0),
+            span(row.start.1, row.end.1),
+            span(row.start.2, row.end.2),
+            span(row.start.3, row.end.3),
+            if w.seconds > 0.0 { w.samples / w.seconds } else { 0.0 },
         );
     }
     html.push_str("</table>");
