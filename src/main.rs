@@ -364,10 +364,10 @@ enum Command {
         /// GPT: softmax temperature, finite and ≥ 0 (0: always the most probable character).
         #[arg(long, default_value_t = Sampling::default().temperature)]
         temperature: f64,
-        /// GPT: draw from the k most probable characters only (0: all).
+        /// GPT: draw from the k most probable characters only (0: all; needs a temperature above 0).
         #[arg(long, default_value_t = Sampling::default().top_k)]
         top_k: usize,
-        /// GPT: seed of the draws.
+        /// GPT: seed of the draws (needs a temperature above 0).
         #[arg(long, default_value_t = Sampling::default().seed)]
         seed: u64,
         /// CPU threads (0: all cores; never more than the cores).

@@ -1,6 +1,6 @@
 //! Reading dataset files: a missing file becomes an error that says how to fetch it, and the
-//! compression is chosen by the file name (`.gz`, `.bz2`, else plain; a gzip stream also by its
-//! first bytes, as a user's file need not be named for it), so that tests can hand the parsers
+//! compression is chosen by the file name (`.gz`, `.bz2`, else plain; a gzip or bzip2 stream also
+//! by its first bytes, as a user's file need not be named for it), so that tests can hand the parsers
 //! small uncompressed files.
 
 use std::io::Read;
@@ -76,8 +76,8 @@ pub(crate) fn read_bytes_within(path: &Path, group: SetupGroup, most: u64) -> Re
 }
 
 /// `path` (a user's `-`: standard input, as for `predict`) as a reader of its decompressed
-/// bytes, and the compression it was read through, if any: gzip by the name or the first bytes,
-/// bzip2 by the name.
+/// bytes, and the compression it was read through, if any: gzip or bzip2 by the name or by
+/// the first bytes.
 fn decoded(path: &Path, group: SetupGroup) -> Result<(Box<dyn Read>, Option<&'static str>)> {
     let file: Box<dyn Read> = match group == SetupGroup::User && path == Path::new(STDIN) {
         true => Box::new(std::io::stdin().lock()),
@@ -85,18 +85,29 @@ fn decoded(path: &Path, group: SetupGroup) -> Result<(Box<dyn Read>, Option<&'st
     };
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let mut file = std::io::BufReader::new(file);
-    let gzip_bytes = std::io::BufRead::fill_buf(&mut file)
-        .map_err(|source| crate::files::io_error(path, source))?
-        .starts_with(&[0x1f, 0x8b]);
+    let head = std::io::BufRead::fill_buf(&mut file).map_err(|source| crate::files::io_error(path, source))?;
+    let (gzip_bytes, bzip2_bytes) = (head.starts_with(&[0x1f, 0x8b]), is_bzip2(head));
     // The multi-stream decoders: `pbzip2`, `bgzip` and `cat a.gz b.gz` write several streams
     // to one file, and the single-stream ones stop silently after the first.
     Ok(if name.ends_with(".gz") || gzip_bytes {
         (Box::new(flate2::read::MultiGzDecoder::new(file)), Some("gzip"))
-    } else if name.ends_with(".bz2") {
+    } else if name.ends_with(".bz2") || bzip2_bytes {
         (Box::new(bzip2::read::MultiBzDecoder::new(file)), Some("bzip2"))
     } else {
         (Box::new(file), None)
     })
+}
+
+/// Whether `head` opens a bzip2 stream: `BZh`, a block size `1`–`9`, and the magic of a first
+/// block (the digits of π) or of an empty stream's end (of √π). Ten bytes, where gzip's two
+/// suffice: a text line may well start with `BZh9`.
+fn is_bzip2(head: &[u8]) -> bool {
+    const BLOCK: [u8; 6] = [0x31, 0x41, 0x59, 0x26, 0x53, 0x59];
+    const END: [u8; 6] = [0x17, 0x72, 0x45, 0x38, 0x50, 0x90];
+    head.len() >= 10
+        && head.starts_with(b"BZh")
+        && (b'1'..=b'9').contains(&head[3])
+        && (head[4..10] == BLOCK || head[4..10] == END)
 }
 
 /// An error reading `path` through a decoder of `format` (a damaged stream), or directly.

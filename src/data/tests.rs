@@ -253,11 +253,19 @@ fn compressed_files_of_several_streams_are_read_whole() {
         bz.extend(e.finish().unwrap());
     }
     let text = rows.concat();
-    for (name, bytes) in [("two.csv.gz", gz), ("two.csv.bz2", bz)] {
+    // Named for their compression or not: a user's file is read by its first bytes too.
+    for (name, bytes) in [("two.csv.gz", &gz), ("two.csv.bz2", &bz), ("gz.csv", &gz), ("bz.csv", &bz)] {
         let path = dir.path().join(name);
         std::fs::write(&path, bytes).unwrap();
         assert_eq!(read_text(&path, SetupGroup::Images).unwrap(), text, "{name}");
     }
+    // Text that starts as bzip2 does, without its block magic, is text; a damaged stream
+    // that has it is named as bzip2.
+    let path = dir.write("bzh.csv", b"BZh9 is not a stream\n");
+    assert_eq!(read_text(&path, SetupGroup::User).unwrap(), "BZh9 is not a stream\n");
+    let path = dir.write("cut.csv", &bz[..bz.len() / 2]);
+    let (file, _, message) = dataset_err(read_text(&path, SetupGroup::User));
+    assert!(file.ends_with("cut.csv") && message.starts_with("is not a valid bzip2 stream"), "{message}");
 }
 
 /// A compressed file that expands past the bound is refused by name before it is held whole.

@@ -86,6 +86,19 @@ impl Sampling {
         if self.max_new_tokens == 0 {
             return Err(config_error("--max-new-tokens", "is 0; expected at least 1 character to generate"));
         }
+        // Greedy decoding draws nothing: a top-k or a seed given with it would be ignored,
+        // and a user who set one expected sampling.
+        let d = Sampling::default();
+        let unused = [("--top-k", self.top_k as u64, d.top_k as u64), ("--seed", self.seed, d.seed)];
+        if let Some((flag, value, _)) = unused.into_iter().find(|&(_, v, d)| v != d && self.temperature == 0.0) {
+            return Err(config_error(
+                flag,
+                format!(
+                    "{flag} {value} has no effect at --temperature 0, which always takes the most probable \
+                     character: leave {flag} out, or give a temperature above 0 to sample"
+                ),
+            ));
+        }
         Ok(())
     }
 
@@ -1199,6 +1212,17 @@ mod tests {
         let none = Sampling { max_new_tokens: 0, ..Sampling::default() };
         let (r, _) = run(&gpt, &["ab"], &options(1, none, json));
         assert!(r.unwrap_err().to_string().contains("--max-new-tokens"));
+        // Greedy decoding with a top-k or a seed, which it would ignore.
+        for (flag, greedy) in [
+            ("--top-k 3 has no effect at --temperature 0", Sampling { temperature: 0.0, top_k: 3, ..Sampling::default() }),
+            ("--seed 7 has no effect at --temperature 0", Sampling { temperature: 0.0, seed: 7, ..Sampling::default() }),
+        ] {
+            let (r, out) = run(&gpt, &["ab"], &options(1, greedy, json));
+            let e = r.unwrap_err().to_string();
+            assert!(e.contains(flag) && out.is_empty(), "{e} / {out}");
+            let sampled = Sampling { temperature: 0.5, max_new_tokens: 2, ..greedy };
+            assert!(run(&gpt, &["ab"], &options(1, sampled, json)).0.is_ok());
+        }
         let good = Sampling { max_new_tokens: 2, temperature: 0.0, ..Sampling::default() };
         let (r, out) = run(&gpt, &["ab", "ba"], &options(1, good, json));
         assert_eq!((r.unwrap(), out.lines().count()), ((2, 0), 2), "{out}");
