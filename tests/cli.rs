@@ -2954,3 +2954,135 @@ fn predict_and_evaluate_usage_errors_are_said_once_up_front() {
     assert_eq!(code, Some(0));
     assert!(!help.contains("run's devices") && !help.contains("bench-step") && help.contains("CSV files"), "{help}");
 }
+
+/// A BERT trains on the user's own labelled texts (`dataset = "labelled_texts"`): the classes
+/// are the file's labels, the held-out file is what it scores (or a seeded cut without one),
+/// its export predicts by those labels, and `evaluate --file` reads the same rows. A resume
+/// after the file was edited (same rows, other words) is refused by the file's name.
+#[test]
+fn a_bert_trains_on_the_users_labelled_texts() {
+    let dir = scratch("user-texts");
+    let tokenizer = dir.join("tokenizer");
+    std::fs::create_dir_all(&tokenizer).unwrap();
+    std::fs::copy("tests/fixtures/tiny_tokenizer.json", tokenizer.join("tokenizer.json")).unwrap();
+    let rows = |n: usize, cat: &str, dog: &str| -> String {
+        (0..n).map(|i| if i % 2 == 0 { format!("cat\t{cat}\n") } else { format!("dog\t{dog}\n") }).collect()
+    };
+    let (train, test) = (dir.join("train.tsv"), dir.join("test.tsv"));
+    std::fs::write(&train, rows(24, "the cat sat on the mat", "a big dog ran far")).unwrap();
+    std::fs::write(&test, rows(6, "the cat sat", "the dog ran")).unwrap();
+    let bert = "{ family = \"bert\", vocab_size = 0, hidden_size = 16, num_hidden_layers = 1, num_attention_heads = 2, \
+                intermediate_size = 32, max_position_embeddings = 16 }";
+    let config = dir.join("texts.toml");
+    let text = format!(
+        "[model]\nconfig = {bert}\ntokenizer = \"{}\"\n[data]\ndataset = \"labelled_texts\"\ntrain_file = \"{}\"\n\
+         test_file = \"{}\"\nbatch_size = 8\nmax_len = 16\n[train]\nepochs = 1\nmax_steps = 2\nlr = 1e-3\n[output]\ndir = \"{}\"\n",
+        tokenizer.display(),
+        train.display(),
+        test.display(),
+        dir.join("run").display()
+    );
+    std::fs::write(&config, text).unwrap();
+    let config = config.display().to_string();
+    let (ok, out) = pipetransformer(&["train", "--config", &config, "--fresh", "--progress-every", "0"]);
+    assert!(ok && out.contains("data: labelled_texts — 24 training / 6 test samples, 2 classes"), "{out}");
+    // Without the held-out file, a seeded cut of a quarter.
+    let (ok, out) = pipetransformer(&[
+        "train",
+        "--config",
+        &config,
+        "--fresh",
+        "--set",
+        "data.test_file=none",
+        "--set",
+        "data.test_fraction=0.25",
+        "--set",
+        &format!("output.dir=\"{}\"", dir.join("cut").display()),
+        "--progress-every",
+        "0",
+    ]);
+    assert!(ok && out.contains("data: labelled_texts — 18 training / 6 test samples, 2 classes"), "{out}");
+
+    let model = dir.join("run").display().to_string();
+    let (ok, out) = pipetransformer(&["predict", "--model", &model, "the cat sat"]);
+    let label = json_lines(&out).first().map(|l| l["label"].as_str().unwrap_or_default().to_string());
+    assert!(ok && matches!(label.as_deref(), Some("cat" | "dog")), "{out}");
+    let (ok, out) = pipetransformer(&["evaluate", "--model", &model, "--file", test.to_str().unwrap()]);
+    assert!(ok && out.contains("6 targets"), "{out}");
+    let (ok, out) = pipetransformer(&["evaluate", "--model", &model, "--config", &config]);
+    assert!(ok && out.contains("6 targets"), "{out}");
+
+    std::fs::write(&train, rows(24, "the red cat sat on the mat", "a big dog ran far")).unwrap();
+    let (ok, out) = pipetransformer(&[
+        "train",
+        "--config",
+        &config,
+        "--resume",
+        "--set",
+        "train.max_steps=4",
+        "--progress-every",
+        "0",
+    ]);
+    assert!(!ok && out.contains("taken over other training data: with data.train_file = \"train.tsv #"), "{out}");
+}
+
+/// A GPT trains on the user's own text (`dataset = "text_corpus"`): its last tenth held out,
+/// or a held-out file, and the export continues a prompt in its characters.
+#[test]
+fn a_gpt_trains_on_the_users_text() {
+    let dir = scratch("user-corpus");
+    let (train, held_out) = (dir.join("corpus.txt"), dir.join("held-out.txt.gz"));
+    std::fs::write(&train, "to be or not to be, that is the question. ".repeat(8)).unwrap();
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    encoder.write_all("whether tis nobler in the mind to suffer ".as_bytes()).unwrap();
+    std::fs::write(&held_out, encoder.finish().unwrap()).unwrap();
+    let run = |extra: &[&str], name: &str| {
+        let out_dir = format!("output.dir=\"{}\"", dir.join(name).display());
+        let train_file = format!("data.train_file=\"{}\"", train.display());
+        let args = [
+            "train",
+            "--config",
+            "configs/gpt-hamlet.toml",
+            "--fresh",
+            "--progress-every",
+            "0",
+            "--set",
+            "data.dataset=\"text_corpus\"",
+            "--set",
+            &train_file,
+            "--set",
+            &out_dir,
+            "--set",
+            "model.config.n_embd=16",
+            "--set",
+            "model.config.n_layer=1",
+            "--set",
+            "model.config.n_head=2",
+            "--set",
+            "data.max_len=16",
+            "--set",
+            "data.batch_size=4",
+            "--set",
+            "train.max_steps=2",
+        ];
+        pipetransformer(&[&args[..], extra].concat())
+    };
+    // 336 characters, 33 held out: (303 − 1) / 16 = 18 training sequences, (33 − 1) / 16 = 2.
+    let (ok, out) = run(&[], "end");
+    assert!(
+        ok && out.contains("data: text_corpus — 18 training / 2 test samples, a vocabulary of 15 characters"),
+        "{out}"
+    );
+    // A held-out file: its characters join the vocabulary; all 336 train.
+    let test_file = format!("data.test_file=\"{}\"", held_out.display());
+    let (ok, out) = run(&["--set", &test_file], "file");
+    assert!(
+        ok && out.contains("data: text_corpus — 20 training / 2 test samples, a vocabulary of 20 characters"),
+        "{out}"
+    );
+    let model = dir.join("file").display().to_string();
+    let (ok, out) =
+        pipetransformer(&["predict", "--model", &model, "whether", "--temperature", "0", "--max-new-tokens", "4"]);
+    let generated = json_lines(&out).first().map(|l| l["generated"].as_str().unwrap_or_default().chars().count());
+    assert!(ok && generated == Some(4), "{out}");
+}

@@ -1,4 +1,4 @@
-//! Character-level language-model data: Hamlet as a token stream for a small GPT, and the cut
+//! Character-level language-model data: Hamlet (or a user's text) as a token stream for a small GPT, and the cut
 //! of a stream into fixed-length (input, next-token target) sequences.
 //!
 //! The vocabulary is character-level: every distinct Unicode scalar of the whole text, sorted by
@@ -98,6 +98,12 @@ impl LmCorpus {
         let held_out = train.split_off(cut);
         Ok(Self { vocab, train, held_out })
     }
+    /// Tokenizes a training text and a held-out one, the vocabulary over both (so the
+    /// held-out part meets no unknown character).
+    pub fn from_parts(train: &str, held_out: &str) -> Result<Self> {
+        let vocab = CharVocab::from_text(&[train, held_out].concat())?;
+        Ok(Self { train: vocab.encode(train)?, held_out: vocab.encode(held_out)?, vocab })
+    }
     /// Training sequences of `seq_len` ([`lm_sequences`], ids from 0).
     pub fn train_sequences(&self, seq_len: usize) -> Result<Vec<LmSequence>> {
         lm_sequences(&self.train, seq_len, 0)
@@ -115,11 +121,26 @@ pub fn hamlet(data_dir: impl AsRef<Path>) -> Result<LmCorpus> {
 
 /// A UTF-8 text file as a character-level corpus ([`LmCorpus::from_text`]).
 pub fn char_corpus_file(path: &Path, held_out_fraction: f64) -> Result<LmCorpus> {
-    let text = read_text(path, SetupGroup::Text)?;
+    LmCorpus::from_text(&corpus_text(path, SetupGroup::Text)?, held_out_fraction)
+}
+
+/// A user's text (`dataset = "text_corpus"`) as a character-level corpus: held out, the
+/// `held_out` file where given, else the last [`HELD_OUT_FRACTION`] of `train`. Gzip or bzip2
+/// by name or by the first bytes.
+pub fn user_corpus_files(train: &Path, held_out: Option<&Path>) -> Result<LmCorpus> {
+    let text = corpus_text(train, SetupGroup::User)?;
+    match held_out {
+        Some(path) => LmCorpus::from_parts(&text, &corpus_text(path, SetupGroup::User)?),
+        None => LmCorpus::from_text(&text, HELD_OUT_FRACTION),
+    }
+}
+
+fn corpus_text(path: &Path, group: SetupGroup) -> Result<String> {
+    let text = read_text(path, group)?;
     if text.is_empty() {
         return Err(dataset_error(path, None, "is empty; expected text"));
     }
-    LmCorpus::from_text(&text, held_out_fraction)
+    Ok(text)
 }
 
 /// One language-model training sequence.

@@ -5,17 +5,18 @@
 //! | module | defines |
 //! |---|---|
 //! | `dataset` | [`Dataset`] (samples, class names), [`Sample`], [`Split`], seeded stratified split |
-//! | `text` | [`TextSample`]; Rotten Tomatoes ([`rotten_tomatoes`]), Reuters R8 ([`reuters_r8`]) |
+//! | `text` | [`TextSample`]; Rotten Tomatoes ([`rotten_tomatoes`]), Reuters R8 ([`reuters_r8`]), a user's ([`labelled_text_files`]) |
 //! | `images` | [`ImageSample`]; [`digits`], [`mnist5k`], [`fashion_mnist`]; [`image_batch`] |
 //! | `image_files` | a user's images for `predict`: [`read_image_file`] (PNG, PGM), [`read_idx_images`] |
-//! | `lm` | [`CharVocab`], [`LmCorpus`] ([`hamlet`]), [`lm_sequences`], [`lm_batch`] |
+//! | `lm` | [`CharVocab`], [`LmCorpus`] ([`hamlet`], a user's: [`user_corpus_files`]), [`lm_sequences`], [`lm_batch`] |
 //! | `order` | [`BatchOrder`] / [`EpochOrder`]: per-epoch seeded permutation, resumable |
 //! | `csv`, `files` | (private) the CSV record reader; file reading, decompression, errors |
 //!
-//! Every loader takes the data directory (normally [`DEFAULT_DATA_DIR`]). A missing file is an
+//! Every loader of a built-in dataset takes the data directory (normally [`DEFAULT_DATA_DIR`]),
+//! and a loader of the user's files their paths. A missing file is an
 //! [`Error::Dataset`](crate::Error::Dataset) that names it and the `scripts/setup.sh` group that
-//! fetches it; a malformed record is one that names the file, the line (text formats) and
-//! what was expected.
+//! fetches it (or, for a user's file, says to check the path); a malformed record is one that
+//! names the file, the line (text formats) and what was expected.
 //!
 //! ```no_run
 //! use pipetransformer::data::{self, BatchOrder};
@@ -52,11 +53,12 @@ pub use images::{
 };
 pub use lm::{
     CharVocab, HAMLET_FILE, HELD_OUT_FRACTION, LmCorpus, LmSequence, char_corpus_file, hamlet, lm_batch, lm_sequences,
+    user_corpus_files,
 };
 pub use order::{BatchOrder, EpochOrder};
 pub use text::{
-    REUTERS_R8_TEST_FILE, REUTERS_R8_TRAIN_FILE, ROTTEN_TOMATOES_FILE, TextSample, orange_tab_files, reuters_r8,
-    rotten_tomatoes, rotten_tomatoes_file,
+    REUTERS_R8_TEST_FILE, REUTERS_R8_TRAIN_FILE, ROTTEN_TOMATOES_FILE, TextSample, labelled_text_files,
+    orange_tab_files, reuters_r8, rotten_tomatoes, rotten_tomatoes_file,
 };
 
 /// Where `scripts/setup.sh` puts the datasets, relative to the repository root.

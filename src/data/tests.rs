@@ -493,3 +493,57 @@ fn idx_files_and_csv_take_explicit_paths() {
     let d = image_csv_file("c", &csv, 2, 1, 255, digit_names()).unwrap();
     assert_eq!(d.get(0).unwrap().pixels, vec![0.0, 1.0]);
 }
+
+/// A user's labelled texts: classes are the training file's labels, sorted (as numbers where
+/// all are integers); ids count rows, the held-out file's from its own base; every bad row is
+/// named by its line.
+#[test]
+fn a_users_labelled_texts_are_read_row_by_row() {
+    let dir = TempDir::new("labelled-texts");
+    let train = dir.write("train.tsv.gz", b"pos\tthe cat sat\n\nneg\t  a dog ran  \npos\tbig red mat\n");
+    let test = dir.write("test.tsv", b"neg\ta cat\n");
+    let (train_set, test_set) = labelled_text_files(&train, Some(&test)).unwrap();
+    assert_eq!(train_set.class_names(), ["neg", "pos"]);
+    let rows: Vec<(u64, &str, u32)> = train_set.samples().iter().map(|s| (s.id, s.text.as_str(), s.label)).collect();
+    assert_eq!(rows, [(0, "the cat sat", 1), (1, "a dog ran", 0), (2, "big red mat", 1)]);
+    let test_set = test_set.unwrap();
+    assert_eq!((test_set.samples()[0].id, test_set.samples()[0].label), (TEST_FILE_ID_BASE, 0));
+    assert!(labelled_text_files(&train, None).unwrap().1.is_none());
+
+    // Integer labels sort as numbers: `2` is class 0, `10` class 1.
+    let numbers = dir.write("numbers.tsv", b"10\ta\n2\tb\n");
+    let (set, _) = labelled_text_files(&numbers, None).unwrap();
+    assert_eq!(set.class_names(), ["2", "10"]);
+
+    let unknown = dir.write("unknown.tsv", b"neg\tfine\nmaybe\tnot a class\n");
+    let (file, line, message) = dataset_err(labelled_text_files(&train, Some(&unknown)));
+    assert!(file.ends_with("unknown.tsv") && line == Some(2), "{file} {line:?}");
+    assert!(message.starts_with("label `maybe` does not occur in the training file") && message.ends_with("neg, pos"));
+    for (name, bytes, line, said) in [
+        ("no-tab.tsv", &b"pos\tfine\npos only\n"[..], Some(2), "has no tab; expected `label<TAB>text`"),
+        ("no-label.tsv", b" \tsome text\n", Some(1), "has an empty label; expected `label<TAB>text`"),
+        ("no-text.tsv", b"pos\tfine\n\nneg\t \n", Some(3), "has an empty text; expected `label<TAB>text`"),
+        ("blank.tsv", b"\n \n", None, "has no rows; expected `label<TAB>text` lines"),
+    ] {
+        let path = dir.write(name, bytes);
+        assert_eq!(dataset_err(labelled_text_files(&path, None)), (path.display().to_string(), line, said.into()));
+    }
+    let (file, _, message) = dataset_err(labelled_text_files(&dir.path().join("missing.tsv"), None));
+    assert!(file.ends_with("missing.tsv") && message.contains("check the path"), "{message}");
+}
+
+/// A user's text as a corpus: the last tenth held out, or a held-out file, the vocabulary over
+/// both so the held-out part meets no unknown character.
+#[test]
+fn a_users_corpus_holds_out_its_end_or_a_file() {
+    let dir = TempDir::new("user-corpus");
+    let train = dir.write("corpus.txt", "abcdefghij".repeat(2).as_bytes());
+    let corpus = user_corpus_files(&train, None).unwrap();
+    assert_eq!((corpus.train.len(), corpus.held_out.len(), corpus.vocab.len()), (18, 2, 10));
+    let held_out = dir.write("held-out.txt.bz2", "xyz".as_bytes());
+    let corpus = user_corpus_files(&train, Some(&held_out)).unwrap();
+    assert_eq!((corpus.train.len(), corpus.held_out.len(), corpus.vocab.len()), (20, 3, 13));
+    assert_eq!(corpus.vocab.decode(&corpus.held_out).unwrap(), "xyz");
+    let empty = dir.write("empty.txt", b"");
+    assert_eq!(dataset_err(user_corpus_files(&train, Some(&empty))).2, "is empty; expected text");
+}

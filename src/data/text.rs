@@ -1,5 +1,6 @@
 //! Text classification datasets, as raw text (a tokenizer module turns them into batches):
-//! Rotten Tomatoes review snippets (binary sentiment) and Reuters R8 (8-way topic).
+//! Rotten Tomatoes review snippets (binary sentiment), Reuters R8 (8-way topic), and a user's
+//! own labelled texts.
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
@@ -188,6 +189,81 @@ fn read_orange_tab(path: &Path) -> Result<Vec<TabRow>> {
     }
     if rows.is_empty() {
         return Err(dataset_error(path, None, "has no documents after its 3 header rows; expected at least one"));
+    }
+    Ok(rows)
+}
+
+/// A user's labelled texts (`dataset = "labelled_texts"`): one `label<TAB>text` row per line,
+/// the format `evaluate --file` reads, gzip or bzip2 by name or by the first bytes; blank
+/// lines are skipped. The classes are the training file's distinct labels, sorted (as
+/// numbers where every label is an integer, so `2` comes before `10`); every label of the
+/// held-out file, when there is one, must be among them. Ids: the 0-based row index, from
+/// [`TEST_FILE_ID_BASE`] in the held-out file. Without a held-out file the caller cuts one
+/// ([`Dataset::split_stratified`]).
+pub fn labelled_text_files(
+    train: &Path,
+    test: Option<&Path>,
+) -> Result<(Dataset<TextSample>, Option<Dataset<TextSample>>)> {
+    let train_rows = read_labelled_texts(train)?;
+    let mut classes: Vec<String> =
+        train_rows.iter().map(|r| r.category.clone()).collect::<BTreeSet<_>>().into_iter().collect();
+    if classes.iter().all(|c| c.parse::<u64>().is_ok()) {
+        classes.sort_by_key(|c| c.parse::<u64>().unwrap_or(u64::MAX));
+    }
+    let to_samples = |rows: Vec<TabRow>, path: &Path, id_base: u64| -> Result<Vec<TextSample>> {
+        rows.into_iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let label = classes.iter().position(|c| *c == r.category).ok_or_else(|| {
+                    dataset_error(
+                        path,
+                        Some(r.line),
+                        format!(
+                            "label `{}` does not occur in the training file {}; expected one of {}",
+                            r.category,
+                            train.display(),
+                            classes.join(", ")
+                        ),
+                    )
+                })?;
+                Ok(TextSample { id: id_base + i as u64, text: r.text, label: label as u32 })
+            })
+            .collect()
+    };
+    let held_out = match test {
+        Some(path) => {
+            let samples = to_samples(read_labelled_texts(path)?, path, TEST_FILE_ID_BASE)?;
+            Some(Dataset::new("labelled_texts/test", classes.clone(), samples)?)
+        }
+        None => None,
+    };
+    let samples = to_samples(train_rows, train, 0)?;
+    Ok((Dataset::new("labelled_texts", classes, samples)?, held_out))
+}
+
+/// The `label<TAB>text` rows of a user's file: a row without a tab, an empty label or an
+/// empty text is an error naming its line.
+fn read_labelled_texts(path: &Path) -> Result<Vec<TabRow>> {
+    let text = read_text(path, SetupGroup::User)?;
+    let mut rows = Vec::new();
+    for (line, row) in numbered_lines(&text) {
+        if row.trim().is_empty() {
+            continue;
+        }
+        let Some((label, body)) = row.split_once('\t') else {
+            return Err(dataset_error(path, Some(line), "has no tab; expected `label<TAB>text`"));
+        };
+        let (label, body) = (label.trim(), body.trim());
+        if label.is_empty() {
+            return Err(dataset_error(path, Some(line), "has an empty label; expected `label<TAB>text`"));
+        }
+        if body.is_empty() {
+            return Err(dataset_error(path, Some(line), "has an empty text; expected `label<TAB>text`"));
+        }
+        rows.push(TabRow { line, category: label.to_string(), text: body.to_string() });
+    }
+    if rows.is_empty() {
+        return Err(dataset_error(path, None, "has no rows; expected `label<TAB>text` lines"));
     }
     Ok(rows)
 }

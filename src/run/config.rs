@@ -55,6 +55,12 @@ pub enum DatasetName {
     Digits,
     /// hamlet.txt as a character-level language-modelling corpus.
     Hamlet,
+    /// A user's labelled texts: `label<TAB>text` rows in `data.train_file` (and
+    /// `data.test_file`).
+    LabelledTexts,
+    /// A user's UTF-8 text in `data.train_file` (and `data.test_file`) as a character-level
+    /// language-modelling corpus.
+    TextCorpus,
 }
 
 impl DatasetName {
@@ -67,18 +73,35 @@ impl DatasetName {
             DatasetName::Mnist5k => "mnist5k",
             DatasetName::Digits => "digits",
             DatasetName::Hamlet => "hamlet",
+            DatasetName::LabelledTexts => "labelled_texts",
+            DatasetName::TextCorpus => "text_corpus",
         }
     }
 
+    /// Whether its samples come from the user's files (`data.train_file`, `data.test_file`)
+    /// rather than from what `scripts/setup.sh` installs under `data.dir`.
+    pub fn from_user_files(self) -> bool {
+        matches!(self, DatasetName::LabelledTexts | DatasetName::TextCorpus)
+    }
+
+    /// Whether it is a character-level corpus for a language model.
+    pub fn is_corpus(self) -> bool {
+        matches!(self, DatasetName::Hamlet | DatasetName::TextCorpus)
+    }
+
     /// Whether its test split is cut from the samples by `data.split_seed` and
-    /// `data.test_fraction` (the others come with a test set of their own).
+    /// `data.test_fraction` (the others come with a test set of their own): for labelled
+    /// texts, where no `data.test_file` is given ([`DataSection::cut_by_seed`]).
     pub fn cut_by_seed(self) -> bool {
-        matches!(self, DatasetName::RottenTomatoes | DatasetName::Mnist5k | DatasetName::Digits)
+        matches!(
+            self,
+            DatasetName::RottenTomatoes | DatasetName::Mnist5k | DatasetName::Digits | DatasetName::LabelledTexts
+        )
     }
 
     /// Whether its samples are texts (read with a tokenizer).
     pub fn is_text(self) -> bool {
-        matches!(self, DatasetName::RottenTomatoes | DatasetName::ReutersR8)
+        matches!(self, DatasetName::RottenTomatoes | DatasetName::ReutersR8 | DatasetName::LabelledTexts)
     }
 }
 
@@ -123,12 +146,65 @@ pub struct DataSection {
     /// shuffled windows, evaluation in length order, longest first), so batches carry little padding.
     #[serde(default)]
     pub group_by_length: bool,
+    /// `labelled_texts` and `text_corpus`: the file the samples come from (`label<TAB>text`
+    /// rows; a UTF-8 text), gzip or bzip2 or plain.
+    #[serde(default)]
+    pub train_file: Option<PathBuf>,
+    /// `labelled_texts` and `text_corpus`: a held-out file of the same format to evaluate on
+    /// (default: cut from `train_file`, by `split_seed` and `test_fraction` for labelled texts,
+    /// its last tenth for a corpus).
+    #[serde(default)]
+    pub test_file: Option<PathBuf>,
 }
 
 impl DataSection {
+    /// Whether the test split is cut from the training samples by `split_seed` and
+    /// `test_fraction` (a dataset's own test files, or a `test_file`, are not).
+    pub fn cut_by_seed(&self) -> bool {
+        self.dataset.cut_by_seed() && self.test_file.is_none()
+    }
+
     /// What a run evaluates on: `"validation"` with a `validation_fraction`, else `"test"`.
     pub fn evaluated_on(&self) -> &'static str {
         if self.validation_fraction > 0.0 { "validation" } else { "test" }
+    }
+}
+
+impl DataSection {
+    /// A dataset of the user's files needs `train_file`; the built-in ones read none.
+    fn check_files(&self) -> Result<()> {
+        let key = self.dataset.key();
+        let files = [("data.train_file", &self.train_file), ("data.test_file", &self.test_file)];
+        if !self.dataset.from_user_files() {
+            if let Some((field, Some(path))) = files.iter().find(|(_, f)| f.is_some()) {
+                return Err(config_error(
+                    *field,
+                    format!(
+                        "is {}, but {key} is a dataset scripts/setup.sh installs under data.dir: a file of your own \
+                         is read by dataset = \"labelled_texts\" (label<TAB>text rows) or \"text_corpus\" (a text)",
+                        path.display()
+                    ),
+                ));
+            }
+            return Ok(());
+        }
+        let what = match self.dataset {
+            DatasetName::LabelledTexts => "a file of label<TAB>text rows",
+            _ => "a UTF-8 text file",
+        };
+        if self.train_file.is_none() {
+            return Err(config_error("data.train_file", format!("is not set; {key} reads its samples from {what}")));
+        }
+        for (field, path) in files {
+            // Read more than once: for its fingerprint, its samples, and again on a resume.
+            if path.as_deref().is_some_and(|p| p == Path::new("-")) {
+                return Err(config_error(
+                    field,
+                    format!("is `-`, standard input, which a run reads more than once; expected {what}"),
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -481,12 +557,14 @@ impl RunConfig {
         let typed = merged.get("test_fraction").is_some_and(|v| in_file.get("test_fraction") != Some(v));
         let file_dataset = in_file.get("dataset").cloned().and_then(|d| d.try_into::<DatasetName>().ok());
         let unread_in_file = in_file.contains_key("test_fraction") && file_dataset.is_some_and(|d| !d.cut_by_seed());
-        if !dataset.cut_by_seed() && (typed || unread_in_file) {
+        if !config.data.cut_by_seed() && (typed || unread_in_file) {
+            let own = match config.data.test_file.as_ref().filter(|_| dataset.from_user_files()) {
+                Some(file) => format!("data.test_file ({}) is the held-out set", file.display()),
+                None => format!("{} has its own held-out set", dataset.key()),
+            };
             warnings.push(format!(
-                "data.test_fraction = {} has no effect: {} has its own held-out set (--set data.test_fraction=none \
-                 leaves it out)",
+                "data.test_fraction = {} has no effect: {own} (--set data.test_fraction=none leaves it out)",
                 config.data.test_fraction,
-                dataset.key()
             ));
         }
         if config.train.freeze_embeddings && config.model.pretrained.is_none() {
@@ -625,17 +703,21 @@ impl RunConfig {
                 ),
             });
         }
-        if self.data.validation_fraction > 0.0 && self.data.dataset == DatasetName::Hamlet {
+        if self.data.validation_fraction > 0.0 && self.data.dataset.is_corpus() {
             return Err(Error::Config {
                 field: "data.validation_fraction".into(),
-                message: "applies to classification datasets; hamlet's held-out text is its own".into(),
+                message: format!(
+                    "applies to classification datasets; {}'s held-out text is its own",
+                    self.data.dataset.key()
+                ),
             });
         }
+        self.data.check_files()?;
         if self.data.group_by_length && !self.data.dataset.is_text() {
             return Err(Error::Config {
                 field: "data.group_by_length".into(),
                 message: format!(
-                    "applies to text datasets (rotten_tomatoes, reuters_r8), whose samples differ in length; {:?} has one length",
+                    "applies to text datasets (rotten_tomatoes, reuters_r8, labelled_texts), whose samples differ in length; {:?} has one length",
                     self.data.dataset
                 ),
             });
@@ -1093,6 +1175,41 @@ dir = "runs/x"
                 .unwrap_err()
                 .to_string();
         assert!(err.contains("data.validation_fraction") && err.contains("hamlet"), "{err}");
+    }
+
+    /// A dataset of the user's files needs `data.train_file` (not standard input, which a run
+    /// reads more than once); a built-in dataset refuses one, naming the datasets that read it;
+    /// a `test_file` leaves `test_fraction` without effect, named so.
+    #[test]
+    fn a_users_files_are_set_for_the_datasets_that_read_them() {
+        let parse =
+            |sets: &[&str]| RunConfig::parse(BASE, "f", &sets.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        let err = |sets: &[&str]| parse(sets).unwrap_err().to_string();
+        for dataset in ["labelled_texts", "text_corpus"] {
+            let e = err(&[&format!("data.dataset=\"{dataset}\"")]);
+            assert!(e.starts_with("config field `data.train_file`: is not set;") && e.contains(dataset), "{e}");
+        }
+        let e = err(&["data.train_file=\"mine.tsv\""]);
+        assert!(
+            e.contains("data.train_file`: is mine.tsv, but rotten_tomatoes is a dataset scripts/setup.sh installs"),
+            "{e}"
+        );
+        assert!(e.contains("dataset = \"labelled_texts\""), "{e}");
+        let e = err(&["data.dataset=\"labelled_texts\"", "data.train_file=\"a.tsv\"", "data.test_file=\"-\""]);
+        assert!(e.contains("data.test_file`: is `-`, standard input"), "{e}");
+        let e = err(&["data.dataset=\"text_corpus\"", "data.train_file=\"a.txt\"", "data.validation_fraction=0.1"]);
+        assert!(e.contains("data.validation_fraction") && e.contains("text_corpus's held-out text"), "{e}");
+
+        let texts = ["data.dataset=\"labelled_texts\"", "data.train_file=\"a.tsv\"", "data.test_fraction=0.3"];
+        let c = parse(&texts).unwrap();
+        assert!(c.data.cut_by_seed() && c.warnings.is_empty(), "{:?}", c.warnings);
+        let c = parse(&[&texts[..], &["data.test_file=\"b.tsv\""]].concat()).unwrap();
+        assert!(!c.data.cut_by_seed());
+        assert_eq!(
+            c.warnings,
+            ["data.test_fraction = 0.3 has no effect: data.test_file (b.tsv) is the held-out set \
+                                 (--set data.test_fraction=none leaves it out)"]
+        );
     }
 
     /// Sizes a config file can make overflow are errors (they panicked in debug builds and

@@ -2,7 +2,7 @@
 //! trains with checkpoints, logs metrics as JSON lines, and writes a summary and the exported
 //! model. The `train` command of the binary is this plus a progress bar.
 
-use super::config::{DatasetName, RunConfig, named_as_written};
+use super::config::{DataSection, DatasetName, RunConfig, named_as_written};
 use super::metrics_log::MetricsLog;
 use super::source::{SampleSource, subset};
 use crate::comm::process_group::ProcessGroup;
@@ -169,11 +169,16 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
         tokenizer: None,
     };
     match d.dataset {
-        DatasetName::RottenTomatoes | DatasetName::ReutersR8 => {
+        DatasetName::RottenTomatoes | DatasetName::ReutersR8 | DatasetName::LabelledTexts => {
             let split = match d.dataset {
                 DatasetName::RottenTomatoes => {
                     data::rotten_tomatoes(dir)?.split_stratified(d.test_fraction, split_seed)?
                 }
+                DatasetName::LabelledTexts => match data::labelled_text_files(&train_file(d)?, d.test_file.as_deref())?
+                {
+                    (train, Some(test)) => data::Split { train, test },
+                    (train, None) => train.split_stratified_as("data.test_fraction", d.test_fraction, split_seed)?,
+                },
                 _ => data::reuters_r8(dir)?,
             };
             let split = hold_out_validation(split, d.validation_fraction, split_seed)?;
@@ -223,8 +228,8 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
             let pixel_max = Some(if d.dataset == DatasetName::Digits { data::DIGITS_PIXEL_MAX } else { 255 });
             Ok((Box::new(source), DataInfo { pixel_max, ..info(&labels, n_train, n_test) }))
         }
-        DatasetName::Hamlet => {
-            let corpus = data::hamlet(dir)?;
+        DatasetName::Hamlet | DatasetName::TextCorpus => {
+            let (corpus, file) = corpus(d)?;
             // Too short a part for one sequence is a setting to lower, named as such.
             let part = |which: &str, tokens: usize, sequences: Result<Vec<data::LmSequence>>| {
                 sequences.map_err(|_| Error::Config {
@@ -233,7 +238,7 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
                         "{} tokens per sequence, but the {which} of {} holds {tokens} characters; expected at \
                          most {} (one sequence needs its tokens and the next one)",
                         d.max_len,
-                        dir.join(data::HAMLET_FILE).display(),
+                        file.display(),
                         tokens.saturating_sub(1)
                     ),
                 })
@@ -254,6 +259,25 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
             };
             Ok((Box::new(source), info))
         }
+    }
+}
+
+/// `data.train_file`, which the config's checks made sure a dataset of the user's files has.
+fn train_file(d: &DataSection) -> Result<PathBuf> {
+    d.train_file
+        .clone()
+        .ok_or_else(|| config_error("data.train_file", format!("is not set; {} reads it", d.dataset.key())))
+}
+
+/// The character-level corpus of a language-model dataset, and the file its training part
+/// comes from (named where a setting does not fit it).
+fn corpus(d: &DataSection) -> Result<(data::LmCorpus, PathBuf)> {
+    match d.dataset {
+        DatasetName::TextCorpus => {
+            let file = train_file(d)?;
+            Ok((data::user_corpus_files(&file, d.test_file.as_deref())?, file))
+        }
+        _ => Ok((data::hamlet(&d.dir)?, d.dir.join(data::HAMLET_FILE))),
     }
 }
 
@@ -467,13 +491,20 @@ pub(crate) fn data_settings(config: &RunConfig) -> serde_json::Value {
     });
     let Some(map) = settings.as_object_mut() else { return settings };
     // (A dataset with a test set of its own reads no fraction.)
-    if d.dataset.cut_by_seed() {
+    if d.cut_by_seed() {
         map.insert("data.test_fraction".into(), d.test_fraction.into());
+    }
+    // A user's files by their bytes, as the tokenizer below: the row ids the samples'
+    // fingerprint follows stay the same when a file is edited.
+    for (key, file) in [(TRAIN_FILE, &d.train_file), (TEST_FILE, &d.test_file)] {
+        if let Some(file) = file.as_ref().filter(|_| d.dataset.from_user_files()) {
+            map.insert(key.into(), file_print(file).into());
+        }
     }
     // What turns a text into ids, which the samples' fingerprint does not follow (a resume
     // under others names them), and a corpus's window length, which it does (a resume refused
     // names it).
-    if d.dataset.is_text() || d.dataset == DatasetName::Hamlet {
+    if d.dataset.is_text() || d.dataset.is_corpus() {
         map.insert(MAX_LEN.into(), d.max_len.into());
     }
     if d.dataset.is_text() {
@@ -491,6 +522,22 @@ pub(crate) fn data_settings(config: &RunConfig) -> serde_json::Value {
 /// order follows where its batches are grouped by length.
 pub(crate) const MAX_LEN: &str = "data.max_len";
 pub(crate) const TOKENIZER: &str = "model.tokenizer";
+
+/// The user's files a dataset's samples come from ([`data_settings`]' keys), each as its name
+/// and a hash of its bytes ([`file_print`]).
+pub(crate) const TRAIN_FILE: &str = "data.train_file";
+pub(crate) const TEST_FILE: &str = "data.test_file";
+
+/// A file as its name and a hash of its bytes (`reviews.tsv #…`): the same file under another
+/// folder is the same, an edited one is not. (Unreadable: its name alone; reading its samples
+/// then says why.)
+fn file_print(file: &Path) -> String {
+    let name = file.file_name().map_or_else(|| file.display().to_string(), |n| n.to_string_lossy().into_owned());
+    match std::fs::read(file) {
+        Ok(bytes) => format!("{name} #{:016x}", crate::rng::fnv1a(&bytes, crate::rng::FNV_OFFSET)),
+        Err(_) => name,
+    }
+}
 
 /// Where a run of `config` keeps its checkpoint.
 pub fn checkpoint_path(config: &RunConfig) -> PathBuf {
@@ -1253,8 +1300,13 @@ impl<D: Device> Job<D> {
             }
         };
         let mut trainer = Trainer::new(pipeline, config.train.clone(), source.batches_per_epoch(), per_sample)?;
-        trainer.data_fingerprint = source.fingerprint();
-        trainer.data_settings = Some(data_settings(&config));
+        let settings = data_settings(&config);
+        // The samples' ids, and for a user's files their bytes: an edited file keeps its ids.
+        // (Built-in datasets' fingerprints stay the ids', so older checkpoints resume.)
+        let files: String =
+            [TRAIN_FILE, TEST_FILE].iter().filter_map(|k| settings.get(*k)).map(|v| v.to_string()).collect();
+        trainer.data_fingerprint = source.fingerprint().map(|ids| crate::rng::fnv1a(files.as_bytes(), ids));
+        trainer.data_settings = Some(settings);
         if config.data.group_by_length {
             trainer.order_settings = vec![MAX_LEN.into(), TOKENIZER.into()];
         }
@@ -1672,10 +1724,10 @@ impl<D: Device> Job<D> {
 
     /// Held-out cross-entropy of the training set's character frequencies (language models).
     fn unigram_baseline(&self) -> Result<Option<f64>> {
-        if self.config.data.dataset != DatasetName::Hamlet {
+        if !self.config.data.dataset.is_corpus() {
             return Ok(None);
         }
-        let corpus = data::hamlet(&self.config.data.dir)?;
+        let (corpus, _) = corpus(&self.config.data)?;
         Ok(Some(unigram_loss(&corpus.train, &corpus.held_out, corpus.vocab.len())))
     }
 }

@@ -4,7 +4,7 @@
 //! on with the rest.
 
 use super::config::RunConfig;
-use super::job::{CHECKPOINT, DataKind, LOG, MAX_LEN, TOKENIZER, class_list, data_settings, prepare_data};
+use super::job::{CHECKPOINT, DataKind, LOG, MAX_LEN, TOKENIZER, TRAIN_FILE, class_list, data_settings, prepare_data};
 use crate::data::read_idx_images;
 use crate::device::Device;
 use crate::error::{Error, Result, config_error, data_error};
@@ -154,11 +154,12 @@ pub(crate) fn split_overlap(trained_on: &serde_json::Value, config: &RunConfig) 
     let null = serde_json::Value::Null;
     let was = |k: &str| then.get(k).unwrap_or(&null);
     let is = |k: &str| now.get(k).unwrap_or(&null);
-    if was("data.dataset") != is("data.dataset") {
+    // Another dataset, or other files of the user's: whether they share samples is not known.
+    if [&"data.dataset", &TRAIN_FILE].iter().any(|k| was(k) != is(k)) {
         return None;
     }
     let mut keys: Vec<&str> = Vec::new();
-    if config.data.dataset.cut_by_seed() {
+    if config.data.cut_by_seed() {
         keys.extend(["data.split_seed", "data.test_fraction"].into_iter().filter(|k| was(k) != is(k)));
     }
     if config.data.validation_fraction > 0.0 {
@@ -989,6 +990,20 @@ mod tests {
             split_overlap(&data_settings(&config("digits", &[])), &config("mnist5k", &["data.split_seed=5"])),
             None
         );
+        // A user's labelled texts: cut by the seed from the same file (by its bytes) overlap
+        // under another seed; another file's, or a held-out file, is not known to.
+        let dir = crate::testing::Scratch::new("overlap-user-files");
+        let (a, b) = (dir.join("a.tsv"), dir.join("b.tsv"));
+        std::fs::write(&a, "x\tone\n").unwrap();
+        std::fs::write(&b, "x\ttwo\n").unwrap();
+        let (a, b) = (format!("data.train_file=\"{}\"", a.display()), format!("data.train_file=\"{}\"", b.display()));
+        let seed = "data.split_seed=5";
+        assert_eq!(overlap("labelled_texts", &[&a], &[&a, seed]).as_deref(), Some("data.split_seed"));
+        assert_eq!(overlap("labelled_texts", &[&a], &[&b, seed]), None);
+        assert_eq!(
+            overlap("labelled_texts", &[&a, "data.test_file=\"t.tsv\""], &[&a, "data.test_file=\"t.tsv\"", seed]),
+            None
+        );
     }
 
     /// An export whose config.json describes less than its weights hold (one layer of two)
@@ -1214,8 +1229,14 @@ mod tests {
         assert!(r.unwrap_err().to_string().contains("--max-new-tokens"));
         // Greedy decoding with a top-k or a seed, which it would ignore.
         for (flag, greedy) in [
-            ("--top-k 3 has no effect at --temperature 0", Sampling { temperature: 0.0, top_k: 3, ..Sampling::default() }),
-            ("--seed 7 has no effect at --temperature 0", Sampling { temperature: 0.0, seed: 7, ..Sampling::default() }),
+            (
+                "--top-k 3 has no effect at --temperature 0",
+                Sampling { temperature: 0.0, top_k: 3, ..Sampling::default() },
+            ),
+            (
+                "--seed 7 has no effect at --temperature 0",
+                Sampling { temperature: 0.0, seed: 7, ..Sampling::default() },
+            ),
         ] {
             let (r, out) = run(&gpt, &["ab"], &options(1, greedy, json));
             let e = r.unwrap_err().to_string();
