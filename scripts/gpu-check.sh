@@ -21,35 +21,47 @@
 # machine has them (a CUDA toolkit, or the nvidia-* Python wheels beside PyTorch). The exit
 # status is non-zero if any step failed; the report says which.
 #
-# GPU_CHECK_STEP_TIMEOUT (seconds, default 1200) ends a check that runs longer (setup and build
-# excepted), reported as timed out, so that one hang does not spend a lease's minutes.
+# GPU_CHECK_STEP_TIMEOUT (seconds, default 600) ends a check that runs longer (setup and build
+# excepted), reported as timed out, so that one hang does not take the other checks' time: on
+# a lease shorter than the checks together, set it lower. A step that fails otherwise is
+# reported with its exit status or the signal that ended it.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-# Every executable `cargo build --release --all-targets` writes, one `kind name path` per line.
-# The bin's unit-test harness is left out: it shares the bin's kind and name, and picking it
-# instead of the CLI gave a bundle whose `pipetransformer` rejects every option.
+# Every executable `cargo build --release --all-targets` writes, one `kind<TAB>name<TAB>path`
+# per line (a path may hold spaces); the compiler's errors go to stderr. The bin's unit-test
+# harness is left out: it shares the bin's kind and name, and picking it instead of the CLI
+# gave a bundle whose `pipetransformer` rejects every option.
 artifacts() {
     cargo build --release --all-targets --message-format=json 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
+    if m.get("reason") == "compiler-message" and m["message"].get("level") == "error":
+        sys.stderr.write(m["message"].get("rendered") or m["message"]["message"] + "\n")
     if m.get("reason") == "compiler-artifact" and m.get("executable"):
         if m["target"]["kind"][0] == "bin" and m["profile"]["test"]:
             continue
-        print(m["target"]["kind"][0], m["target"]["name"], m["executable"])'
+        print(m["target"]["kind"][0], m["target"]["name"], m["executable"], sep="\t")'
 }
 
 if [[ "${1:-}" == "--bundle" ]]; then
     DIR="${2:?usage: scripts/gpu-check.sh --bundle DIR}"
     set -e
+    # DIR is replaced whole: only an earlier bundle (it holds the marker) or an empty folder.
+    if [[ -e "$DIR" && ! -f "$DIR/.gpu-check-bundle" ]] && [[ -n "$(ls -A "$DIR" 2>/dev/null)" || ! -d "$DIR" ]]; then
+        echo "gpu-check: --bundle $DIR: holds files that are not a bundle's; expected a new or empty folder" >&2
+        exit 2
+    fi
     [[ -f tools/cuda/cuda_nvrtc/lib/libnvrtc.so.12 ]] || bash scripts/setup.sh cuda
     bash scripts/setup.sh hamlet digits
-    rm -rf "$DIR" && mkdir -p "$DIR/bin" "$DIR/data/text"
-    list="$(artifacts)"
-    pick() { awk -v k="$1" -v n="$2" '$1 == k && $2 == n { print $3 }' <<<"$list" | tail -1; }
+    list="$(artifacts)" || { echo "gpu-check: cargo build failed (its errors above)" >&2; exit 1; }
+    rm -rf "$DIR" && mkdir -p "$DIR/bin" "$DIR/data/text" && touch "$DIR/.gpu-check-bundle"
+    git rev-parse --short HEAD >"$DIR/COMMIT" 2>/dev/null || echo unknown >"$DIR/COMMIT"
+    [[ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]] || sed -i 's/$/ (with uncommitted changes)/' "$DIR/COMMIT"
+    pick() { awk -F'\t' -v k="$1" -v n="$2" '$1 == k && $2 == n { print $3 }' <<<"$list" | tail -1; }
     objcopy --strip-debug "$(pick bin pipetransformer)" "$DIR/bin/pipetransformer"
     objcopy --strip-debug "$(pick test kernels)" "$DIR/bin/test-kernels"
     objcopy --strip-debug "$(pick test emu_training)" "$DIR/bin/test-emu-training"
@@ -73,12 +85,23 @@ fi
 
 PREBUILT=""
 if [[ "${1:-}" == "--prebuilt" ]]; then
-    PREBUILT="$(cd "${2:?usage: scripts/gpu-check.sh --prebuilt DIR [REPORT]}" && pwd)"
+    # A wrong folder must stop here: falling through to the build would fetch and compile on
+    # a node that has neither network nor cargo.
+    [[ $# -ge 2 ]] || { echo "usage: scripts/gpu-check.sh --prebuilt DIR [REPORT]" >&2; exit 2; }
+    PREBUILT="$(cd "$2" 2>/dev/null && pwd)" || { echo "gpu-check: --prebuilt $2: no such folder" >&2; exit 2; }
+    [[ -f "$PREBUILT/.gpu-check-bundle" ]] ||
+        { echo "gpu-check: --prebuilt $2: not a bundle (make one with --bundle DIR)" >&2; exit 2; }
     shift 2
 fi
 REPORT="${1:-$ROOT/gpu-check-report.md}"
 FAILED=0
-STEP_TIMEOUT="${GPU_CHECK_STEP_TIMEOUT:-1200}"
+STEP_TIMEOUT="${GPU_CHECK_STEP_TIMEOUT:-600}"
+# The steps' scratch folders, under one removed on exit (a step ended by its timeout cannot
+# remove its own).
+WORK="$(mktemp -d)"
+export WORK
+trap 'rm -rf "$WORK"' EXIT
+trap 'echo "**STOPPED** from outside during the step above" >>"$REPORT"; exit 143' TERM INT
 
 step() { # step TITLE COMMAND...: runs COMMAND, appends its output and its time to the report.
     local title="$1" start=$SECONDS
@@ -93,13 +116,20 @@ step() { # step TITLE COMMAND...: runs COMMAND, appends its output and its time 
     # Through bash, so that a step may be one of this script's (exported) functions. A limit of
     # 0 is none (timeout's convention).
     timeout -k 10 "$STEP_TIMEOUT" bash -c '"$@"' step "$@" 2>&1 | tee -a "$REPORT"
-    local status="${PIPESTATUS[0]}"
+    local status="${PIPESTATUS[0]}" took=$((SECONDS - start)) why
     echo '```' >>"$REPORT"
-    case "$status" in
-    0) ;;
-    124 | 137) echo "**FAILED**: timed out after $STEP_TIMEOUT s" | tee -a "$REPORT"; FAILED=1 ;;
-    *) echo "**FAILED**" >>"$REPORT"; FAILED=1 ;;
-    esac
+    if ((status != 0)); then
+        # timeout's 124 (TERM) and 137 (KILL after -k) are its own only when the limit passed.
+        if [[ "$STEP_TIMEOUT" != 0 ]] && ((took >= STEP_TIMEOUT)) && [[ $status == 124 || $status == 137 ]]; then
+            why="timed out after $STEP_TIMEOUT s"
+        elif ((status > 128)); then
+            why="killed by signal $((status - 128))"
+        else
+            why="exit status $status"
+        fi
+        echo "**FAILED**: $why" | tee -a "$REPORT"
+        FAILED=1
+    fi
     echo "($((SECONDS - start)) s)" >>"$REPORT"
     echo >>"$REPORT"
 }
@@ -111,7 +141,7 @@ step() { # step TITLE COMMAND...: runs COMMAND, appends its output and its time 
 bubble_on_one_gpu() {
     set -o pipefail
     local k="$1" dir
-    dir="$(mktemp -d)"
+    dir="$(mktemp -d -p "$WORK")"
     PT_SHARE_GPUS=1 "$PT" train --config configs/gpt-hamlet.toml --device cuda --precision bf16 --devices "$k" \
         --pipeline-len "$k" --micro-batches 8 --schedule 1f1b --fresh --set train.epochs=1 --set data.batch_size=64 \
         --set model.config.n_embd=768 --set model.config.n_layer=12 --set model.config.n_head=12 \
@@ -141,7 +171,7 @@ PY
 two_on_one_gpu() {
     set -o pipefail
     local dir run
-    dir="$(mktemp -d)"
+    dir="$(mktemp -d -p "$WORK")"
     run=(train --config configs/gpt-hamlet.toml --device cuda --fresh --set train.epochs=1 --set "output.dir=$dir")
     case "$1" in
     replicas) PT_SHARE_GPUS=1 "$PT" "${run[@]}" --devices 2 --replicas 2 ;;
@@ -159,7 +189,11 @@ export -f bubble_on_one_gpu two_on_one_gpu
     echo
     echo '```'
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 || echo "nvidia-smi not available"
-    echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)${PREBUILT:+ (prebuilt: $PREBUILT)}"
+    if [[ -n "$PREBUILT" ]]; then
+        echo "commit $(cat "$PREBUILT/COMMIT" 2>/dev/null || echo unknown) (the bundle's: $PREBUILT)"
+    else
+        echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    fi
     echo '```'
     echo
 } >"$REPORT"
@@ -196,7 +230,7 @@ if ! cached 'libcublas\.so\.12 '; then
     if [[ -z "$cublas" ]]; then
         cublas="$(find_lib 'libcublas.so.1[0-9]')"
         if [[ -n "$cublas" ]]; then
-            links="$(mktemp -d)"
+            links="$(mktemp -d -p "$WORK")"
             ln -s "$cublas" "$links/libcublas.so"
             export LD_LIBRARY_PATH="$links${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
         fi
@@ -222,7 +256,7 @@ step "pipeline bubble on one GPU, K = 4" bubble_on_one_gpu 4
 for way in replicas processes stages; do
     step "two devices on one GPU: $way" two_on_one_gpu "$way"
 done
-RUNS="$(mktemp -d)"
+RUNS="$(mktemp -d -p "$WORK")"
 step "GPT on hamlet, cuda f32" "$PT" train --config configs/gpt-hamlet.toml --device cuda --fresh --set "output.dir=$RUNS/hamlet"
 step "ViT on digits, cuda bf16" "$PT" train --config configs/vit-digits.toml --device cuda --precision bf16 --fresh --set "output.dir=$RUNS/digits"
 rm -rf "$RUNS"
