@@ -36,8 +36,10 @@ fn main() {
         let stem = src.file_stem().and_then(|s| s.to_str()).unwrap_or("kernel");
         table.push_str(&format!("    ({stem:?}, include_str!({:?})),\n", src.display().to_string()));
         let mut unit = format!("#include \"{}\"\n", src.display());
-        for name in kernel_names(&text) {
-            unit.push_str(&format!("PT_EMU_REGISTER({name})\n"));
+        for (name, bound) in kernel_names(&text) {
+            // The bound's expression as the file writes it (a macro of the file, or a number);
+            // 0 where the kernel declares none.
+            unit.push_str(&format!("PT_EMU_REGISTER({name}, {})\n", bound.as_deref().unwrap_or("0")));
             index.push_str(&format!("    ({name:?}, {stem:?}),\n"));
         }
         let path = gen_dir.join(format!("{stem}.cpp"));
@@ -69,17 +71,21 @@ fn main() {
     println!("cargo:rustc-env=PT_EMU_LIB_ASAN={}", asan.display());
 }
 
-/// Names of the `extern "C" __global__ void [__launch_bounds__(…)] NAME(` kernels in a source file.
-fn kernel_names(text: &str) -> Vec<String> {
+/// Names of the `extern "C" __global__ void [__launch_bounds__(…)] NAME(` kernels in a source
+/// file, each with its launch bound's first argument (the most threads a block may have).
+fn kernel_names(text: &str) -> Vec<(String, Option<String>)> {
     let key = "extern \"C\" __global__ void ";
     text.match_indices(key)
         .filter_map(|(i, _)| {
             let mut rest = &text[i + key.len()..];
+            let mut bound = None;
             if let Some(bounds) = rest.strip_prefix("__launch_bounds__(") {
-                rest = bounds[bounds.find(')')? + 1..].trim_start();
+                let close = bounds.find(')')?;
+                bound = bounds[..close].split(',').next().map(|b| b.trim().to_string());
+                rest = bounds[close + 1..].trim_start();
             }
             let end = rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))?;
-            Some(rest[..end].to_string()).filter(|n| !n.is_empty())
+            Some((rest[..end].to_string(), bound)).filter(|(n, _)| !n.is_empty())
         })
         .collect()
 }

@@ -172,3 +172,12 @@ extern "C" __global__ void emu_test_block_stride(unsigned int* counts, int n, un
     }
     counts[threadIdx.x] = c;
 }
+
+// The order blocks start in: block b's thread 0 writes b at the next free slot of `order`.
+// (On a GPU any order is possible; the emulator draws one from the launch seed.)
+extern "C" __global__ void emu_test_block_order(unsigned* order, unsigned* next) {
+    if (threadIdx.x == 0) order[atomicAdd(next, 1u)] = blockIdx.x;
+}
+
+// A kernel declared for at most 64 threads a block: a launch of more is refused.
+extern "C" __global__ void __launch_bounds__(64) emu_test_bounded(float* out) { out[threadIdx.x] = 1.0f; }

@@ -3086,3 +3086,54 @@ fn a_gpt_trains_on_the_users_text() {
     let generated = json_lines(&out).first().map(|l| l["generated"].as_str().unwrap_or_default().chars().count());
     assert!(ok && generated == Some(4), "{out}");
 }
+
+/// `PT_EMU_SEED` runs the emulated kernels in another block and thread order (named in the
+/// device's banner): the losses agree with seed 0's to rounding (a kernel with a race would
+/// not); a seed that is no number is refused by name.
+#[test]
+fn the_emulators_order_is_drawn_from_pt_emu_seed() {
+    if !common::installed(&[Path::new("data/digits/digits.csv.gz")]) {
+        return;
+    }
+    let dir = scratch("emu-seed");
+    let run = |seed: &str| {
+        let out_dir = format!("output.dir={}", dir.join(format!("seed-{seed}")).display());
+        let args = [
+            "train",
+            "--config",
+            "configs/vit-digits.toml",
+            "--device",
+            "cuda-emu",
+            "--fresh",
+            "--progress-every",
+            "0",
+            "--set",
+            "train.max_steps=2",
+            "--set",
+            "data.train_limit=64",
+            "--set",
+            "data.test_limit=16",
+            "--set",
+            &out_dir,
+        ];
+        let out = Command::new(env!("CARGO_BIN_EXE_pipetransformer")).args(args).env("PT_EMU_SEED", seed).output();
+        let out = out.unwrap();
+        (out.status.success(), output_text(&out))
+    };
+    let losses = |seed: &str| -> Vec<f64> {
+        let log = std::fs::read_to_string(dir.join(format!("seed-{seed}/metrics.jsonl"))).unwrap();
+        let events = log.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap());
+        events.filter(|e| e["event"] == "step").map(|e| e["loss"].as_f64().unwrap()).collect()
+    };
+    let (ok, out) = run("0");
+    assert!(ok && out.contains("cuda-emu:0 (seed 0, "), "{out}");
+    let (ok, out) = run("7");
+    assert!(ok && out.contains("cuda-emu:0 (seed 7, "), "{out}");
+    let (natural, drawn) = (losses("0"), losses("7"));
+    assert_eq!(natural.len(), 2);
+    for (a, b) in natural.iter().zip(&drawn) {
+        assert!((a - b).abs() <= 1e-5 * a.abs(), "{natural:?} vs {drawn:?}");
+    }
+    let (ok, out) = run("seven");
+    assert!(!ok && out.contains("PT_EMU_SEED") && out.contains("is \"seven\"; expected a whole number"), "{out}");
+}

@@ -322,3 +322,39 @@ fn launches_that_can_never_complete_are_errors_naming_the_threads() {
     // The same OS thread still runs good launches afterwards.
     launch(&rt, "emu_test_partial_warp", LaunchConfig::linear(1, 48), &[out.arg()]).unwrap();
 }
+
+/// Blocks run in an order drawn from the seed (seed 0: by index), each exactly once, on one OS
+/// thread or several: a kernel whose result depends on which block runs first shows it.
+#[test]
+fn blocks_run_once_each_in_an_order_the_seed_draws() {
+    let blocks = 97u32;
+    let order = |seed: u64, threads: usize| {
+        let rt = rt(seed, threads);
+        let (order, next) = (Raw::zeros(&rt, blocks as usize * 4), Raw::zeros(&rt, 4));
+        launch(&rt, "emu_test_block_order", LaunchConfig::linear(blocks, 32), &[order.arg(), next.arg()]).unwrap();
+        as_u32(&order.read())
+    };
+    assert_eq!(order(0, 1), (0..blocks).collect::<Vec<_>>());
+    let orders: Vec<Vec<u32>> = (1..4).map(|seed| order(seed, 1)).collect();
+    for o in &orders {
+        let mut sorted = o.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..blocks).collect::<Vec<_>>(), "every block once");
+        assert_ne!(o, &(0..blocks).collect::<Vec<_>>(), "not the index order");
+    }
+    assert!(orders[0] != orders[1] && orders[1] != orders[2], "another seed, another order");
+    assert_eq!(order(2, 1), orders[1], "the same seed, the same order");
+    let mut two = order(2, 2);
+    two.sort_unstable();
+    assert_eq!(two, (0..blocks).collect::<Vec<_>>(), "two OS threads: every block once");
+}
+
+/// A block larger than the kernel's `__launch_bounds__` is refused, as the GPU refuses it.
+#[test]
+fn a_block_past_the_kernels_launch_bounds_is_refused() {
+    let rt = rt(0, 1);
+    let out = Raw::zeros(&rt, 128 * 4);
+    launch(&rt, "emu_test_bounded", LaunchConfig::linear(1, 64), &[out.arg()]).unwrap();
+    let err = launch(&rt, "emu_test_bounded", LaunchConfig::linear(1, 128), &[out.arg()]).unwrap_err().to_string();
+    assert!(err.contains("block (128,1,1) has 128 threads, more than its __launch_bounds__(64)"), "{err}");
+}

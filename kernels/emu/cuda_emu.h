@@ -6,9 +6,11 @@
 // kernels see; emu_runtime.cpp is the scheduler behind it.
 //
 // How a launch runs:
-//   - Blocks run one after another on each of up to pt_emu_set_threads() OS threads. A block's
-//     state (shared memory, indices, scheduler) is thread_local, so `__shared__` is simply
-//     `static thread_local`, and several Rust threads can launch at once.
+//   - Blocks run one after another on each of up to the launch's `threads` OS threads, in an
+//     order drawn from the launch seed (seed 0: by block index), so a result that depends on
+//     which block runs first shows up for some seed. A block's state (shared memory, indices,
+//     scheduler) is thread_local, so `__shared__` is simply `static thread_local`, and several
+//     Rust threads can launch at once.
 //   - The threads of a block are cooperative fibers on one OS thread. A fiber runs until it
 //     reaches __syncthreads, a warp collective (__syncwarp, shuffles, votes, wmma load/store/mma)
 //     or its end. A barrier releases when every thread of the block has arrived, a warp collective
@@ -25,10 +27,15 @@
 //     naming the kernel, the block and the threads; so do inconsistent collectives and misused
 //     wmma tiles. The block's fibers are then abandoned: nothing is thrown across fibers.
 //
-// Differences from a GPU to keep in mind:
-//   - Static `__shared__` variables keep their contents from the previous block on the same OS
-//     thread; dynamic shared memory is refilled with 0xFF bytes (NaN as floats) for every block,
-//     so reading what no thread of the block wrote is visible.
+// Differences from a GPU to keep in mind (what the emulator cannot catch):
+//   - Static `__shared__` variables start at zero and keep their contents from the previous block
+//     on the same OS thread, so reading a static slot no thread of the block wrote goes unseen
+//     (zero is a sum's identity); dynamic shared memory is refilled with 0xFF bytes (NaN as
+//     floats) for every block, so reading what no thread of the block wrote is visible there.
+//   - A fiber runs until it reaches a barrier or a warp collective, so a plain read-modify-write
+//     of shared or global memory by several threads (a `+=` where an atomic is needed) is never
+//     interleaved, and loses no update as it would on a GPU. Races between barriers are found
+//     only where they change which value is read (the thread order drawn from the seed).
 //   - A wmma fragment holds the whole 16×16 tile in every lane (x[row * 16 + col]), and every lane
 //     computes the product; code that treats x[] as "this lane's share" works on both.
 //   - __activemask() is the warp's lanes that have not exited.
@@ -56,6 +63,7 @@
 #define __host__
 #define __forceinline__ inline
 #define __noinline__ __attribute__((noinline))
+// (Its bound is registered with the kernel, and a launch past it refused as by the GPU.)
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
 // One OS thread runs a block's fibers, and never two blocks at once.
@@ -106,7 +114,8 @@ WarpResult warp_collective(Collective op, unsigned mask, unsigned long long valu
 unsigned live_lanes();
 // Fails the launch with this message; the calling thread never runs again.
 [[noreturn]] void fail(const char* format, ...) __attribute__((format(printf, 1, 2)));
-void register_kernel(const char* name, void (*launch)(void** params));
+// `max_threads`: the kernel's `__launch_bounds__` (0: none), which a launch may not exceed.
+void register_kernel(const char* name, void (*launch)(void** params), unsigned max_threads);
 
 }  // namespace pt_emu
 #pragma GCC visibility pop
@@ -431,10 +440,13 @@ struct Trampoline<Kernel, void (*)(Args...)> {
     }
 };
 struct Registrar {
-    Registrar(const char* name, void (*launch)(void**)) { register_kernel(name, launch); }
+    Registrar(const char* name, void (*launch)(void**), unsigned max_threads) {
+        register_kernel(name, launch, max_threads);
+    }
 };
 }  // namespace pt_emu
 
-// After including a .cu, once per extern "C" kernel (build.rs writes these lines).
-#define PT_EMU_REGISTER(name) \
-    static const ::pt_emu::Registrar pt_emu_registrar_##name(#name, &::pt_emu::Trampoline<&name>::launch);
+// After including a .cu, once per extern "C" kernel with its launch bound's first argument, as
+// the file writes it, or 0 (build.rs writes these lines).
+#define PT_EMU_REGISTER(name, max_threads) \
+    static const ::pt_emu::Registrar pt_emu_registrar_##name(#name, &::pt_emu::Trampoline<&name>::launch, max_threads);

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <exception>
 #include <memory>
+#include <numeric>
 #include <mutex>
 #include <new>
 #include <string>
@@ -41,6 +42,7 @@ namespace {
 struct Kernel {
     std::string name;
     void (*launch)(void** params);
+    unsigned max_threads;  // its __launch_bounds__; 0: none
 };
 
 // Filled by the registrars while the library loads, read-only afterwards.
@@ -200,6 +202,24 @@ struct Launch {
 
     void run_blocks();
     void record_failure(const std::string& message);
+
+    // The block the launch runs `n`-th: the identity for seed 0, else the permutation
+    // i = (stride·n + offset) mod blocks, with the stride drawn from the seed and coprime to
+    // the count (every block runs once), so blocks that depend on another's running first
+    // (a GPU gives no order) show up for some seed.
+    unsigned long long block_at(unsigned long long n) const {
+        if (seed == 0 || blocks < 2) return n;
+        return (unsigned long long)(((unsigned __int128)stride * n + offset) % blocks);
+    }
+    unsigned long long stride = 1, offset = 0;
+    void draw_block_order() {
+        if (seed == 0 || blocks < 2) return;
+        unsigned long long h = seed * 0x9E3779B97F4A7C15ull;
+        h ^= h >> 29;
+        offset = h % blocks;
+        stride = 1 + (h >> 7) % (blocks - 1);
+        while (std::gcd(stride, blocks) != 1) stride = stride % (blocks - 1) + 1;
+    }
 };
 
 // ---- formatting --------------------------------------------------------------------------------
@@ -625,16 +645,15 @@ void Launch::run_blocks() {
         DynamicShared shared(shared_bytes);
         Block& block = block_for_launch();
         while (!failed) {
-            const unsigned long long i = next_block++;
-            if (i >= blocks) break;
+            const unsigned long long n = next_block++;
+            if (n >= blocks) break;
+            const unsigned long long i = block_at(n);
             if (!block.run(*this, i, shared.get())) record_failure(block.error());
         }
     } catch (const std::exception& e) {
         record_failure(format("kernel %s: %s", kernel->name.c_str(), e.what()));
     }
 }
-
-std::atomic<unsigned> launch_threads{1};
 
 // OS threads that join launches spread over more than one. They are started as launches first
 // ask for them and live as long as the library, so their fiber stacks are reused.
@@ -710,7 +729,7 @@ private:
 };
 
 // Why the GPU would refuse this launch configuration, or "".
-std::string check_configuration(dim3 g, dim3 b, unsigned shared_bytes) {
+std::string check_configuration(const Kernel& kernel, dim3 g, dim3 b, unsigned shared_bytes) {
     constexpr unsigned max_shared = 227 * 1024;
     if (g.x == 0 || g.y == 0 || g.z == 0 || b.x == 0 || b.y == 0 || b.z == 0)
         return format("grid (%u,%u,%u) or block (%u,%u,%u) has a zero dimension", g.x, g.y, g.z, b.x, b.y, b.z);
@@ -720,6 +739,9 @@ std::string check_configuration(dim3 g, dim3 b, unsigned shared_bytes) {
         return format("grid (%u,%u,%u) exceeds (2^31-1,65535,65535)", g.x, g.y, g.z);
     if (shared_bytes > max_shared)
         return format("%u bytes of dynamic shared memory; at most %u (227 KiB)", shared_bytes, max_shared);
+    if (kernel.max_threads != 0 && b.x * b.y * b.z > kernel.max_threads)
+        return format("block (%u,%u,%u) has %u threads, more than its __launch_bounds__(%u)", b.x, b.y, b.z,
+                      b.x * b.y * b.z, kernel.max_threads);
     return "";
 }
 
@@ -738,16 +760,19 @@ void fail(const char* format, ...) {
     va_end(args);
     this_thread_block().fail(std::move(message));
 }
-void register_kernel(const char* name, void (*launch)(void**)) { kernels().push_back({name, launch}); }
+void register_kernel(const char* name, void (*launch)(void**), unsigned max_threads) {
+    kernels().push_back({name, launch, max_threads});
+}
 
 }  // namespace pt_emu
 
 // ---- the C ABI ---------------------------------------------------------------------------------
 // Returns 0, or writes a message into `err` and returns 1 for a launch the GPU would refuse
 // (unknown kernel, bad configuration) and 2 for a kernel that failed while running.
+// `threads` OS threads (at least one) share the launch's blocks.
 extern "C" int pt_emu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                             unsigned bz, unsigned shared_bytes, unsigned long long seed, void** params, char* err,
-                             size_t err_len) {
+                             unsigned bz, unsigned shared_bytes, unsigned long long seed, unsigned threads_wanted,
+                             void** params, char* err, size_t err_len) {
     using namespace pt_emu;
     const auto report = [&](int rc, const std::string& message) {
         if (err != nullptr && err_len > 0) std::snprintf(err, err_len, "%s", message.c_str());
@@ -758,11 +783,12 @@ extern "C" int pt_emu_launch(const char* name, unsigned gx, unsigned gy, unsigne
         if (kernel == nullptr)
             return report(1, format("unknown kernel \"%s\" (%zu kernels are registered)", name, kernels().size()));
         const dim3 grid(gx, gy, gz), block(bx, by, bz);
-        if (std::string problem = check_configuration(grid, block, shared_bytes); !problem.empty())
+        if (std::string problem = check_configuration(*kernel, grid, block, shared_bytes); !problem.empty())
             return report(1, "kernel " + kernel->name + ": " + problem);
 
         Launch launch{kernel, grid, block, shared_bytes, seed, params, 1ull * gx * gy * gz};
-        const unsigned threads = unsigned(std::min<unsigned long long>(launch_threads.load(), launch.blocks));
+        launch.draw_block_order();
+        const unsigned threads = unsigned(std::min<unsigned long long>(std::max(threads_wanted, 1u), launch.blocks));
         {
             Helpers::Offer offer(launch, threads - 1);
             launch.run_blocks();
@@ -779,4 +805,3 @@ extern "C" const char* pt_emu_kernel_name(size_t i) {
     return i < pt_emu::kernels().size() ? pt_emu::kernels()[i].name.c_str() : nullptr;
 }
 
-extern "C" void pt_emu_set_threads(unsigned n) { pt_emu::launch_threads = std::max(n, 1u); }

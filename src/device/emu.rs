@@ -5,8 +5,10 @@
 //! build of the library (loaded instead when `PT_EMU_LIBRARY` names it) sees every
 //! out-of-bounds access.
 //!
-//! A launch goes through the same [`GpuDevice`] code as on a real GPU: only the device compiler
-//! is left untested on a machine without one.
+//! A launch goes through the same [`GpuDevice`] code as on a real GPU. What a machine without
+//! one leaves untested: the device compiler, and the races the emulator cannot show (see
+//! `cuda_emu.h`: a fiber runs until a barrier or a warp collective, so a plain `+=` by many
+//! threads loses no update; static shared memory starts at zero).
 
 use crate::device::gpu::{DevPtr, GpuDevice, LaunchConfig, Precision, Runtime};
 use crate::error::{Error, Result};
@@ -28,13 +30,13 @@ type LaunchFn = unsafe extern "C" fn(
     u32,
     u32,
     u64,
+    u32,
     *mut *mut c_void,
     *mut c_char,
     usize,
 ) -> i32;
 type CountFn = unsafe extern "C" fn() -> usize;
 type NameFn = unsafe extern "C" fn(usize) -> *const c_char;
-type SetThreadsFn = unsafe extern "C" fn(u32);
 
 /// The loaded library and its entry points (loaded once per process).
 struct Library {
@@ -42,7 +44,6 @@ struct Library {
     launch: LaunchFn,
     count: CountFn,
     name: NameFn,
-    set_threads: SetThreadsFn,
 }
 
 fn library() -> Result<&'static Library> {
@@ -63,7 +64,6 @@ fn library() -> Result<&'static Library> {
                 launch: std::mem::transmute::<*const c_void, LaunchFn>(sym(b"pt_emu_launch")?),
                 count: std::mem::transmute::<*const c_void, CountFn>(sym(b"pt_emu_kernel_count")?),
                 name: std::mem::transmute::<*const c_void, NameFn>(sym(b"pt_emu_kernel_name")?),
-                set_threads: std::mem::transmute::<*const c_void, SetThreadsFn>(sym(b"pt_emu_set_threads")?),
                 _lib: lib,
             })
         }
@@ -81,22 +81,24 @@ pub fn kernel_names() -> Result<Vec<String>> {
         .collect())
 }
 
-/// Runs kernels on the host. `seed` shuffles the order in which the threads of a block resume
-/// after every barrier, so a missing barrier shows up as a wrong answer for some seed.
+/// Runs kernels on the host. `seed` shuffles the order in which a launch's blocks run and in
+/// which the threads of a block resume after every barrier, so a missing barrier, or a block
+/// that reads what another writes, shows up as a wrong answer for some seed (seed 0: block
+/// order, threads first come first served).
 pub struct EmuRuntime {
     index: usize,
     seed: u64,
+    /// OS threads that share one launch's blocks (at least one).
+    threads: u32,
     lib: &'static Library,
 }
 
 impl EmuRuntime {
-    /// Emulated device `index` whose thread order is shuffled by `seed`; `threads` OS threads
-    /// share one launch's blocks (0: one).
+    /// Emulated device `index` whose block and thread order is drawn from `seed`; `threads`
+    /// OS threads share one launch's blocks (0: one). Each device keeps its own count.
     pub fn new(index: usize, seed: u64, threads: usize) -> Result<Self> {
-        let lib = library()?;
-        // SAFETY: plain setter.
-        unsafe { (lib.set_threads)(threads.max(1) as u32) };
-        Ok(Self { index, seed, lib })
+        let threads = threads.clamp(1, u32::MAX as usize) as u32;
+        Ok(Self { index, seed, threads, lib: library()? })
     }
 }
 
@@ -107,7 +109,7 @@ pub fn device(index: usize, precision: Precision, seed: u64) -> Result<GpuDevice
 
 impl Runtime for EmuRuntime {
     fn name(&self) -> String {
-        format!("cuda-emu:{} (seed {})", self.index, self.seed)
+        format!("cuda-emu:{} (seed {}, {} thread{})", self.index, self.seed, self.threads, plural(self.threads))
     }
     fn alloc(&self, bytes: usize) -> Result<DevPtr> {
         // 256-byte aligned like `cudaMalloc` (wmma loads need 32), and exactly `bytes` long, so
@@ -163,6 +165,7 @@ impl Runtime for EmuRuntime {
                 b.2,
                 cfg.shared_bytes,
                 self.seed,
+                self.threads,
                 params.as_mut_ptr(),
                 err.as_mut_ptr(),
                 err.len(),
@@ -182,6 +185,10 @@ impl Runtime for EmuRuntime {
     fn synchronize(&self) -> Result<()> {
         Ok(())
     }
+}
+
+fn plural(n: u32) -> &'static str {
+    if n == 1 { "" } else { "s" }
 }
 
 unsafe extern "C" {

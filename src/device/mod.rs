@@ -17,7 +17,7 @@ pub use cpu::{CpuBuf, CpuDevice};
 pub use gpu::{GpuBuf, GpuDevice, GpuIds, Precision};
 pub use host_pool::HostPool;
 
-use crate::error::{Result, check_len};
+use crate::error::{Error, Result, check_len};
 use crate::ops::attention::AttentionDims;
 use crate::ops::dropout::DropoutCoords;
 use crate::ops::gelu::Activation;
@@ -516,6 +516,20 @@ pub fn usable_threads(asked: usize) -> usize {
     if asked == 0 { cores } else { asked.min(cores) }
 }
 
+/// `PT_EMU_SEED`: the seed an emulated device draws its blocks' and threads' order from, so
+/// that a run on `cuda-emu` can be repeated in other orders (a result that changes with it is a
+/// race in a kernel). Unset: 0.
+fn emu_seed() -> Result<u64> {
+    match std::env::var("PT_EMU_SEED") {
+        Err(std::env::VarError::NotPresent) => Ok(0),
+        Ok(v) => v.trim().parse().map_err(|_| Error::Config {
+            field: "PT_EMU_SEED".into(),
+            message: format!("is {v:?}; expected a whole number ≥ 0 (0: block order, threads first come first served)"),
+        }),
+        Err(_) => Err(Error::Config { field: "PT_EMU_SEED".into(), message: "is not UTF-8; expected a number".into() }),
+    }
+}
+
 impl AnyDevice {
     /// Device number `index` of `kind` in `precision`, with `threads` CPU threads
     /// ([`usable_threads`]) for `cpu` (where bf16 means bf16 operands in the linear layers'
@@ -526,8 +540,9 @@ impl AnyDevice {
             DeviceKind::Cpu => Ok(AnyDevice::Cpu(CpuDevice::with_precision(index, threads, precision)?)),
             DeviceKind::Cuda => Ok(AnyDevice::Gpu(cuda::device(index, precision)?)),
             DeviceKind::CudaEmu | DeviceKind::Auto => {
-                // Natural thread order (seed 0); the launch's blocks spread over `threads` threads.
-                let rt = emu::EmuRuntime::new(index, 0, threads)?;
+                // The launch's blocks spread over `threads` threads, in the order PT_EMU_SEED
+                // draws (unset or 0: block order, threads first come first served).
+                let rt = emu::EmuRuntime::new(index, emu_seed()?, threads)?;
                 Ok(AnyDevice::Gpu(GpuDevice::new(std::sync::Arc::new(rt), precision, true)))
             }
         }

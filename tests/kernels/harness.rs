@@ -10,8 +10,10 @@ pub const F32_TOL: f64 = 1e-5;
 /// The same bound in bf16 mode.
 pub const BF16_TOL: f64 = 1e-2;
 
-/// Thread-order seeds every kernel test runs under (a missing barrier fails one of them).
-pub const SEEDS: [u64; 2] = [1, 2];
+/// Block- and thread-order seeds every kernel test runs under (a missing barrier, or a block
+/// reading what another writes, fails one of them), each with the OS threads that share a
+/// launch's blocks (two: blocks of one launch run at once, as on a GPU).
+pub const SEEDS: [(u64, usize); 2] = [(1, 1), (2, 2)];
 
 /// The reference device.
 pub fn cpu() -> CpuDevice<f32> {
@@ -24,7 +26,11 @@ pub fn devices(precision: Precision) -> Vec<GpuDevice> {
     match std::env::var("PT_TEST_DEVICE").as_deref() {
         Ok("cuda") => vec![pipetransformer::device::cuda::device(0, precision).expect("cuda device")],
         _ => {
-            SEEDS.iter().map(|&s| pipetransformer::device::emu::device(0, precision, s).expect("emu device")).collect()
+            let emulated = |seed, threads| {
+                let rt = pipetransformer::device::emu::EmuRuntime::new(0, seed, threads).expect("emu device");
+                GpuDevice::new(std::sync::Arc::new(rt), precision, true)
+            };
+            SEEDS.iter().map(|&(seed, threads)| emulated(seed, threads)).collect()
         }
     }
 }
