@@ -248,8 +248,13 @@ where
     }
 }
 
+/// A flag's value through its type's parser; clap names the flag, so a config error's own
+/// field name (`device`, `elastic.freeze`) is left out.
 fn parse_from_str<T: std::str::FromStr<Err = pipetransformer::Error>>(s: &str) -> std::result::Result<T, String> {
-    s.parse().map_err(|e: pipetransformer::Error| e.to_string())
+    s.parse().map_err(|e: pipetransformer::Error| match e {
+        pipetransformer::Error::Config { message, .. } => message,
+        other => other.to_string(),
+    })
 }
 
 fn parse_lr(s: &str) -> std::result::Result<f64, String> {
@@ -330,7 +335,7 @@ enum Command {
         #[arg(long)]
         progress_every: Option<f64>,
         /// CPU threads of the run's cpu devices, shared by them (`output.threads`; 0: all
-        /// cores).
+        /// cores); on `cuda-emu` devices, the OS threads that share a launch's blocks.
         #[arg(long)]
         threads: Option<usize>,
     },

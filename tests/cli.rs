@@ -3137,3 +3137,100 @@ fn the_emulators_order_is_drawn_from_pt_emu_seed() {
     let (ok, out) = run("seven");
     assert!(!ok && out.contains("PT_EMU_SEED") && out.contains("is \"seven\"; expected a whole number"), "{out}");
 }
+
+/// Attention heads wider than the GPU kernels run are refused by the model's setting when
+/// the run is built, on `cuda-emu` as on `cuda`; the cpu backend trains them.
+#[test]
+fn a_head_wider_than_the_gpu_kernels_is_refused_by_its_setting() {
+    if !common::installed(&[Path::new("data/text/hamlet.txt")]) {
+        return;
+    }
+    let dir = scratch("wide-head");
+    let run = |device: &str| {
+        let out_dir = format!("output.dir={}", dir.join(device).display());
+        pipetransformer(&[
+            "train",
+            "--config",
+            "configs/gpt-hamlet.toml",
+            "--device",
+            device,
+            "--fresh",
+            "--progress-every",
+            "0",
+            "--set",
+            "model.config.n_embd=136",
+            "--set",
+            "model.config.n_head=1",
+            "--set",
+            "model.config.n_layer=1",
+            "--set",
+            "data.max_len=16",
+            "--set",
+            "data.train_limit=8",
+            "--set",
+            "data.test_limit=4",
+            "--set",
+            "train.max_steps=1",
+            "--set",
+            &out_dir,
+        ])
+    };
+    let (ok, out) = run("cuda-emu");
+    assert!(
+        !ok && out.contains("config field `model.config`: a hidden size of 136 over 1 head is 136 channels"),
+        "{out}"
+    );
+    assert!(out.contains("run at most 128") && !out.contains("done:"), "{out}");
+    let (ok, out) = run("cpu");
+    assert!(ok && out.contains("done: 1 step "), "{out}");
+}
+
+/// Freed devices lend their threads only where they are cpu devices: on emulated GPUs they
+/// become replicas, and the run says why at its start.
+#[test]
+fn freed_gpu_devices_become_replicas_saying_threads_are_a_cpu_setting() {
+    if !common::installed(&[Path::new("data/digits/digits.csv.gz")]) {
+        return;
+    }
+    let dir = scratch("freed-emu");
+    let out_dir = format!("output.dir={}", dir.display());
+    let (ok, out) = pipetransformer(&[
+        "train",
+        "--config",
+        "configs/vit-digits.toml",
+        "--device",
+        "cuda-emu",
+        "--freeze",
+        "alpha",
+        "--auto-pipe",
+        "--auto-dp",
+        "--devices",
+        "4",
+        "--pipeline-len",
+        "2",
+        "--freed-devices",
+        "threads",
+        "--fresh",
+        "--progress-every",
+        "0",
+        "--set",
+        "train.max_steps=1",
+        "--set",
+        "data.train_limit=32",
+        "--set",
+        "data.test_limit=8",
+        "--set",
+        &out_dir,
+    ]);
+    assert!(ok, "{out}");
+    assert!(out.contains("they become replicas (elastic.freed_devices = \"threads\" applies to cpu devices"), "{out}");
+}
+
+/// A device flag names a kind, not one device: `cuda:1` is refused saying how a count is given,
+/// and the message is the flag's (clap names it), not a config field's.
+#[test]
+fn a_device_named_by_index_is_refused_saying_how_to_count() {
+    let (ok, out) = pipetransformer(&["train", "--config", "configs/vit-digits.toml", "--device", "cuda:1"]);
+    assert!(!ok && out.contains("invalid value 'cuda:1' for '--device <DEVICE>': unknown device `cuda:1`"), "{out}");
+    assert!(out.contains("(a kind; how many is --devices N)") && !out.contains("config field"), "{out}");
+}

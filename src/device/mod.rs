@@ -54,6 +54,12 @@ pub trait Device: Send + Sync + 'static {
         let _ = (in_dim, out_dim, input_gradient);
         0
     }
+    /// The largest attention head dimension the device's kernels run, where they have one
+    /// (the GPU kernels hold a row of a head in registers): a run checks its model against it
+    /// before it starts, not at the first forward.
+    fn max_head_dim(&self) -> Option<usize> {
+        None
+    }
     /// Makes those packs of `weight` now, where they are stale: the forward's (`forward`),
     /// the input gradient's (`input_gradient`), or both. The products would make them at
     /// their first use; a pipeline stage calls this where it would otherwise wait, so that
@@ -452,9 +458,11 @@ impl std::str::FromStr for DeviceKind {
             "cuda" => DeviceKind::Cuda,
             "cuda-emu" => DeviceKind::CudaEmu,
             _ => {
+                // `cuda:1`, as PyTorch names one GPU: here devices are a kind and a count.
+                let count = if s.contains(':') { " (a kind; how many is --devices N)" } else { "" };
                 return Err(crate::error::config_error(
                     "device",
-                    format!("unknown device `{s}`; expected auto, cpu, cuda or cuda-emu"),
+                    format!("unknown device `{s}`; expected auto, cpu, cuda or cuda-emu{count}"),
                 ));
             }
         })

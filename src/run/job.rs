@@ -456,6 +456,26 @@ fn check_kind(model: &ModelConfig, info: &DataInfo) -> Result<()> {
     ))
 }
 
+/// A model whose attention heads are wider than the device's kernels run (the GPU's hold a
+/// head's row in registers) is refused by its settings when the run is built, not by the
+/// first forward's launch.
+fn check_head_dim<D: Device>(config: &RunConfig, spec: &crate::model::Spec, dev: &D) -> Result<()> {
+    let Some(most) = dev.max_head_dim().filter(|&most| spec.head_dim() > most) else { return Ok(()) };
+    let field = if config.model.pretrained.is_some() { "model.pretrained" } else { "model.config" };
+    Err(config_error(
+        field,
+        format!(
+            "a hidden size of {} over {} head{} is {} channels a head; the attention kernels of {} run at most \
+             {most}: give more heads or a smaller hidden size (cpu devices have no such bound)",
+            spec.hidden,
+            spec.heads,
+            if spec.heads == 1 { "" } else { "s" },
+            spec.head_dim(),
+            dev.name()
+        ),
+    ))
+}
+
 /// An image model whose input does not fit the dataset's images is refused by its settings
 /// when the run is built, not by the first step's upload.
 fn check_images(spec: &crate::model::Spec, first: &HostBatch, info: &DataInfo) -> Result<()> {
@@ -1263,6 +1283,7 @@ impl<D: Device> Job<D> {
                 format!("{} tokens; the model's position table holds {max_positions}", config.data.max_len),
             ));
         }
+        check_head_dim(&config, &spec, &devices[0])?;
         // (Token slices first: a model that is not causal is the reason to name before any
         // elastic setting beside them.)
         check_token_slices(&config, &spec)?;
@@ -1376,6 +1397,8 @@ impl<D: Device> Job<D> {
         }
         let what = if elastic.lends_threads(pipeline.devices()) {
             "lend their threads to the devices at work"
+        } else if elastic.freed_devices == crate::elastic::FreedDevices::Threads {
+            "become replicas (elastic.freed_devices = \"threads\" applies to cpu devices, whose threads they are)"
         } else {
             "become replicas"
         };

@@ -277,6 +277,9 @@ impl Device for GpuDevice {
     fn precision(&self) -> Precision {
         self.precision
     }
+    fn max_head_dim(&self) -> Option<usize> {
+        Some(ops::attention::MAX_HEAD_DIM)
+    }
     fn activation_dtype(&self) -> DType {
         match self.precision {
             Precision::F32 => DType::F32,
