@@ -16,7 +16,14 @@ use pipetransformer::ops::optim::AdamWStep;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Median seconds of `f` over `iters` runs (after 3 warm-up runs), synchronising each time.
+/// Launches of `f` queued back to back between two synchronisations in one sample: the host's
+/// launch and synchronisation latency (5–10 µs) is spread over them, where a sync after every
+/// launch added it to each kernel's time (and drew a 10 µs kernel's ratio to cuBLAS, timed the
+/// same way, towards 1).
+const LAUNCHES_PER_SAMPLE: usize = 10;
+
+/// Median seconds of one run of `f` over `iters` samples of [`LAUNCHES_PER_SAMPLE`] runs each
+/// (after 3 warm-up runs).
 fn time(dev: &GpuDevice, iters: usize, mut f: impl FnMut()) -> f64 {
     for _ in 0..3 {
         f();
@@ -25,9 +32,11 @@ fn time(dev: &GpuDevice, iters: usize, mut f: impl FnMut()) -> f64 {
     let mut t: Vec<f64> = (0..iters)
         .map(|_| {
             let s = Instant::now();
-            f();
+            for _ in 0..LAUNCHES_PER_SAMPLE {
+                f();
+            }
             dev.synchronize().expect("sync");
-            s.elapsed().as_secs_f64()
+            s.elapsed().as_secs_f64() / LAUNCHES_PER_SAMPLE as f64
         })
         .collect();
     t.sort_by(f64::total_cmp);
