@@ -248,11 +248,11 @@ where
     }
 }
 
-/// A flag's value through its type's parser; clap names the flag, so a config error's own
-/// field name (`device`, `elastic.freeze`) is left out.
+/// A flag's value through its type's parser. clap names the flag; a config key the flag sets
+/// (`pipeline.token_slices`) stays named, a bare parser name (`device`) does not.
 fn parse_from_str<T: std::str::FromStr<Err = pipetransformer::Error>>(s: &str) -> std::result::Result<T, String> {
     s.parse().map_err(|e: pipetransformer::Error| match e {
-        pipetransformer::Error::Config { message, .. } => message,
+        pipetransformer::Error::Config { field, message } if !field.contains('.') => message,
         other => other.to_string(),
     })
 }
