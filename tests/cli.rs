@@ -3234,3 +3234,57 @@ fn a_device_named_by_index_is_refused_saying_how_to_count() {
     assert!(!ok && out.contains("invalid value 'cuda:1' for '--device <DEVICE>': unknown device `cuda:1`"), "{out}");
     assert!(out.contains("(a kind; how many is --devices N)") && !out.contains("config field"), "{out}");
 }
+
+/// A ViT trains on the user's own images (`dataset = "labelled_images"`): CSV rows of raw
+/// pixels then a label, scaled by `data.pixel_max`, which the export carries, so `predict`
+/// reads raw rows the same; images of another size than the model's are refused by its setting.
+#[test]
+fn a_vit_trains_on_the_users_labelled_images() {
+    let dir = scratch("user-images");
+    let (train, test) = (dir.join("train.csv"), dir.join("test.csv"));
+    let rows = |n: usize, from: usize| -> String {
+        (from..from + n).map(|i| format!("{},{}\n", digit_pixels(i), if i % 2 == 0 { "even" } else { "odd" })).collect()
+    };
+    std::fs::write(&train, rows(40, 0)).unwrap();
+    std::fs::write(&test, rows(10, 40)).unwrap();
+    let run = |extra: &[&str]| {
+        let args = [
+            "train",
+            "--config",
+            "configs/vit-digits.toml",
+            "--fresh",
+            "--progress-every",
+            "0",
+            "--set",
+            "data.dataset=\"labelled_images\"",
+            "--set",
+            "data.pixel_max=16",
+            "--set",
+            "train.max_steps=2",
+            "--set",
+            "data.batch_size=8",
+            "--set",
+            "model.config.num_labels=2",
+        ];
+        pipetransformer(&[&args[..], extra].concat())
+    };
+    let out_dir = format!("output.dir=\"{}\"", dir.join("run").display());
+    let (train_file, test_file) =
+        (format!("data.train_file=\"{}\"", train.display()), format!("data.test_file=\"{}\"", test.display()));
+    let (ok, out) = run(&["--set", &train_file, "--set", &test_file, "--set", &out_dir]);
+    assert!(ok && out.contains("data: labelled_images — 40 training / 10 test samples, 2 classes"), "{out}");
+    let model = dir.join("run").display().to_string();
+    let (ok, out) = pipetransformer(&["predict", "--model", &model, &digit_pixels(3)]);
+    let label = json_lines(&out).first().map(|l| l["label"].as_str().unwrap_or_default().to_string());
+    assert!(ok && matches!(label.as_deref(), Some("even" | "odd")), "{out}");
+    let (ok, out) = pipetransformer(&["evaluate", "--model", &model, "--file", test.to_str().unwrap()]);
+    assert!(ok && out.contains("10 targets"), "{out}");
+    // 3×3 images for a model of 8×8 ones: refused by the model's setting, before a step.
+    let small = dir.join("small.csv");
+    std::fs::write(&small, (0..8).map(|i| format!("0,1,2,3,4,5,6,7,{},{}\n", i % 9, i % 2)).collect::<String>())
+        .unwrap();
+    let small = format!("data.train_file=\"{}\"", small.display());
+    let other_dir = format!("output.dir=\"{}\"", dir.join("small").display());
+    let (ok, out) = run(&["--set", &small, "--set", &other_dir]);
+    assert!(!ok && out.contains("model.config") && out.contains("have 9") && !out.contains("done:"), "{out}");
+}

@@ -149,3 +149,14 @@ impl<S: Sample> Dataset<S> {
         })
     }
 }
+
+/// The distinct labels of a user's training file as class names, sorted: as numbers where
+/// every label is an integer (`2` before `10`), else as text. A class's index is its label.
+pub(crate) fn sorted_classes<'a>(labels: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let mut classes: Vec<String> =
+        labels.collect::<std::collections::BTreeSet<_>>().into_iter().map(str::to_string).collect();
+    if classes.iter().all(|c| c.parse::<u64>().is_ok()) {
+        classes.sort_by_key(|c| c.parse::<u64>().unwrap_or(u64::MAX));
+    }
+    classes
+}

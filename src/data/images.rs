@@ -1,10 +1,10 @@
 //! Image classification datasets (one channel, pixels `f32` in [0, 1], row-major): scikit-learn
-//! digits (8×8), MNIST-5k (28×28) and Fashion-MNIST (28×28, IDX), and image batches as the ViT
-//! models take them.
+//! digits (8×8), MNIST-5k (28×28), Fashion-MNIST (28×28, IDX) and a user's labelled images,
+//! and image batches as the ViT models take them.
 
 use std::path::Path;
 
-use super::dataset::{Dataset, Sample, Split, TEST_FILE_ID_BASE};
+use super::dataset::{Dataset, Sample, Split, TEST_FILE_ID_BASE, sorted_classes};
 use super::files::{SetupGroup, dataset_error, numbered_lines, read_bytes, read_text};
 use crate::error::{Result, data_error};
 use crate::model::HostBatch;
@@ -124,6 +124,106 @@ pub fn image_csv_file(
         return Err(dataset_error(path, None, "has no rows; expected at least one image"));
     }
     Dataset::new(name, class_names, samples)
+}
+
+/// A user's labelled images (`dataset = "labelled_images"`): CSV rows of square single-channel
+/// images, `side²` raw pixels in `0..=pixel_max`, row-major, then the label (the rows `evaluate
+/// --file` reads), gzip or bzip2 by name or by the first bytes; blank lines are skipped. Every
+/// row of both files has the first row's pixel count. The classes are the training file's
+/// distinct labels, sorted (as numbers where every label is an integer); every label of the
+/// held-out file must be among them. Ids: the 0-based row index, from [`TEST_FILE_ID_BASE`] in
+/// the held-out file.
+pub fn labelled_image_files(
+    train: &Path,
+    test: Option<&Path>,
+    pixel_max: u32,
+) -> Result<(Dataset<ImageSample>, Option<Dataset<ImageSample>>)> {
+    let train_rows = read_labelled_pixels(train, pixel_max, None)?;
+    let side = train_rows[0].1.len().isqrt();
+    let test_rows = test.map(|path| read_labelled_pixels(path, pixel_max, Some(side * side)).map(|r| (path, r)));
+    let test_rows = test_rows.transpose()?;
+    let classes = sorted_classes(train_rows.iter().map(|r| r.2.as_str()));
+    let to_samples = |rows: Vec<PixelRow>, path: &Path, id_base: u64| -> Result<Vec<ImageSample>> {
+        let scale = 1.0 / pixel_max as f32;
+        rows.into_iter()
+            .enumerate()
+            .map(|(i, (line, pixels, label))| {
+                let index = classes.iter().position(|c| *c == label).ok_or_else(|| {
+                    dataset_error(
+                        path,
+                        Some(line),
+                        format!(
+                            "label `{label}` does not occur in the training file {}; expected one of {}",
+                            train.display(),
+                            classes.join(", ")
+                        ),
+                    )
+                })?;
+                let pixels = pixels.iter().map(|&v| v as f32 * scale).collect();
+                Ok(ImageSample { id: id_base + i as u64, pixels, label: index as u32, width: side, height: side })
+            })
+            .collect()
+    };
+    let held_out = match test_rows {
+        Some((path, rows)) => {
+            Some(Dataset::new("labelled_images/test", classes.clone(), to_samples(rows, path, TEST_FILE_ID_BASE)?)?)
+        }
+        None => None,
+    };
+    let samples = to_samples(train_rows, train, 0)?;
+    Ok((Dataset::new("labelled_images", classes, samples)?, held_out))
+}
+
+/// A row of a user's image file: its line, its raw pixels, its label.
+type PixelRow = (usize, Vec<u32>, String);
+
+/// The rows of a user's image file: `pixels` values each (the first row's, a square, where
+/// `None`), in `0..=pixel_max`, then a label; a bad row is an error naming its line.
+fn read_labelled_pixels(path: &Path, pixel_max: u32, pixels: Option<usize>) -> Result<Vec<PixelRow>> {
+    let text = read_text(path, SetupGroup::User)?;
+    let mut rows: Vec<PixelRow> = Vec::new();
+    let mut want = pixels;
+    for (line, row) in numbered_lines(&text) {
+        if row.trim().is_empty() {
+            continue;
+        }
+        let bad = |message: String| dataset_error(path, Some(line), message);
+        let Some((values, label)) = row.rsplit_once(',') else {
+            return Err(bad("has no comma; expected CSV pixels then the label".into()));
+        };
+        let label = label.trim();
+        if label.is_empty() {
+            return Err(bad("has an empty label; expected CSV pixels then the label".into()));
+        }
+        let mut image = Vec::new();
+        for (col, field) in values.split(',').enumerate() {
+            let v: u32 = field.trim().parse().map_err(|_| {
+                let header = if rows.is_empty() { " (a header row? the file holds none)" } else { "" };
+                bad(format!("column {}: `{field}` is not a whole number ≥ 0{header}", col + 1))
+            })?;
+            if v > pixel_max {
+                return Err(bad(format!("column {}: pixel value {v} exceeds data.pixel_max = {pixel_max}", col + 1)));
+            }
+            image.push(v);
+        }
+        let n = image.len();
+        match want {
+            Some(w) if n != w => {
+                return Err(bad(format!("has {n} pixels, expected {w} (a {0}×{0} image) then the label", w.isqrt())));
+            }
+            None if n.isqrt() * n.isqrt() != n => {
+                return Err(bad(format!(
+                    "has {n} pixels, which is no square image; expected side² pixels (one channel) then the label"
+                )));
+            }
+            _ => want = Some(n),
+        }
+        rows.push((line, image, label.to_string()));
+    }
+    if rows.is_empty() {
+        return Err(dataset_error(path, None, "has no rows; expected CSV rows of pixels then the label"));
+    }
+    Ok(rows)
 }
 
 /// Fashion-MNIST from `data_dir/fashion-mnist/` (`{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz`):

@@ -6,7 +6,7 @@
 //! |---|---|
 //! | `dataset` | [`Dataset`] (samples, class names), [`Sample`], [`Split`], seeded stratified split |
 //! | `text` | [`TextSample`]; Rotten Tomatoes ([`rotten_tomatoes`]), Reuters R8 ([`reuters_r8`]), a user's ([`labelled_text_files`]) |
-//! | `images` | [`ImageSample`]; [`digits`], [`mnist5k`], [`fashion_mnist`]; [`image_batch`] |
+//! | `images` | [`ImageSample`]; [`digits`], [`mnist5k`], [`fashion_mnist`], a user's ([`labelled_image_files`]); [`image_batch`] |
 //! | `image_files` | a user's images for `predict`: [`read_image_file`] (PNG, PGM), [`read_idx_images`] |
 //! | `lm` | [`CharVocab`], [`LmCorpus`] ([`hamlet`], a user's: [`user_corpus_files`]), [`lm_sequences`], [`lm_batch`] |
 //! | `order` | [`BatchOrder`] / [`EpochOrder`]: per-epoch seeded permutation, resumable |
@@ -49,7 +49,7 @@ pub use files::{read_user_text, user_lines};
 pub use image_files::{ImagePixels, read_idx_images, read_image_file};
 pub use images::{
     DIGITS_FILE, DIGITS_PIXEL_MAX, FASHION_MNIST_CLASSES, FASHION_MNIST_DIR, ImageSample, MNIST5K_FILE, digits,
-    fashion_mnist, idx_files, image_batch, image_csv_file, mnist5k,
+    fashion_mnist, idx_files, image_batch, image_csv_file, labelled_image_files, mnist5k,
 };
 pub use lm::{
     CharVocab, HAMLET_FILE, HELD_OUT_FRACTION, LmCorpus, LmSequence, char_corpus_file, hamlet, lm_batch, lm_sequences,

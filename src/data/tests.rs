@@ -547,3 +547,57 @@ fn a_users_corpus_holds_out_its_end_or_a_file() {
     let empty = dir.write("empty.txt", b"");
     assert_eq!(dataset_err(user_corpus_files(&train, Some(&empty))).2, "is empty; expected text");
 }
+
+/// A user's labelled images: square rows of raw pixels then a label; classes sorted as the
+/// texts' are; every bad row named by its line (a header, a pixel past the maximum, a row of
+/// another size, no square).
+#[test]
+fn a_users_labelled_images_are_read_row_by_row() {
+    let dir = TempDir::new("labelled-images");
+    let train = dir.write("train.csv.gz", b"0,1,2,3,cat\n\n4,4,0,0,dog\n");
+    let test = dir.write("test.csv", b"1,1,1,1,dog\n");
+    let (set, held_out) = labelled_image_files(&train, Some(&test), 4).unwrap();
+    assert_eq!(set.class_names(), ["cat", "dog"]);
+    let s = &set.samples()[1];
+    assert_eq!((s.id, s.label, s.width, s.height, s.pixels.clone()), (1, 1, 2, 2, vec![1.0, 1.0, 0.0, 0.0]));
+    let held_out = held_out.unwrap();
+    let t = &held_out.samples()[0];
+    assert_eq!((t.id, t.label, t.pixels[0]), (TEST_FILE_ID_BASE, 1, 0.25));
+    for (name, bytes, line, said) in [
+        (
+            "header.csv",
+            &b"p0,p1,p2,p3,label\n0,0,0,0,cat\n"[..],
+            1,
+            "column 1: `p0` is not a whole number ≥ 0 (a header row? the file holds none)",
+        ),
+        ("bright.csv", b"0,0,0,0,cat\n0,9,0,0,dog\n", 2, "column 2: pixel value 9 exceeds data.pixel_max = 4"),
+        (
+            "sizes.csv",
+            b"0,0,0,0,cat\n0,0,0,0,0,0,0,0,0,dog\n",
+            2,
+            "has 9 pixels, expected 4 (a 2×2 image) then the label",
+        ),
+        (
+            "oblong.csv",
+            b"0,0,0,cat\n",
+            1,
+            "has 3 pixels, which is no square image; expected side² pixels (one channel) then the label",
+        ),
+        ("no-label.csv", b"0,0,0,0, \n", 1, "has an empty label; expected CSV pixels then the label"),
+    ] {
+        let path = dir.write(name, bytes);
+        assert_eq!(
+            dataset_err(labelled_image_files(&path, None, 4)),
+            (path.display().to_string(), Some(line), said.into())
+        );
+    }
+    // The held-out file's images must be the training file's size, its labels its classes.
+    let small = dir.write("small.csv", b"0,cat\n");
+    assert_eq!(
+        dataset_err(labelled_image_files(&train, Some(&small), 4)).2,
+        "has 1 pixels, expected 4 (a 2×2 image) then the label"
+    );
+    let other = dir.write("other.csv", b"0,0,0,0,bird\n");
+    let (_, _, message) = dataset_err(labelled_image_files(&train, Some(&other), 4));
+    assert!(message.starts_with("label `bird` does not occur in the training file") && message.ends_with("cat, dog"));
+}

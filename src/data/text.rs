@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
 
 use super::csv::CsvRecords;
-use super::dataset::{Dataset, Sample, Split, TEST_FILE_ID_BASE};
+use super::dataset::{Dataset, Sample, Split, TEST_FILE_ID_BASE, sorted_classes};
 use super::files::{SetupGroup, dataset_error, numbered_lines, read_text};
 use crate::error::Result;
 
@@ -205,11 +205,7 @@ pub fn labelled_text_files(
     test: Option<&Path>,
 ) -> Result<(Dataset<TextSample>, Option<Dataset<TextSample>>)> {
     let train_rows = read_labelled_texts(train)?;
-    let mut classes: Vec<String> =
-        train_rows.iter().map(|r| r.category.clone()).collect::<BTreeSet<_>>().into_iter().collect();
-    if classes.iter().all(|c| c.parse::<u64>().is_ok()) {
-        classes.sort_by_key(|c| c.parse::<u64>().unwrap_or(u64::MAX));
-    }
+    let classes = sorted_classes(train_rows.iter().map(|r| r.category.as_str()));
     let to_samples = |rows: Vec<TabRow>, path: &Path, id_base: u64| -> Result<Vec<TextSample>> {
         rows.into_iter()
             .enumerate()

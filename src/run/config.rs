@@ -61,6 +61,9 @@ pub enum DatasetName {
     /// A user's UTF-8 text in `data.train_file` (and `data.test_file`) as a character-level
     /// language-modelling corpus.
     TextCorpus,
+    /// A user's labelled images: CSV rows of square single-channel pixels then the label in
+    /// `data.train_file` (and `data.test_file`).
+    LabelledImages,
 }
 
 impl DatasetName {
@@ -75,13 +78,14 @@ impl DatasetName {
             DatasetName::Hamlet => "hamlet",
             DatasetName::LabelledTexts => "labelled_texts",
             DatasetName::TextCorpus => "text_corpus",
+            DatasetName::LabelledImages => "labelled_images",
         }
     }
 
     /// Whether its samples come from the user's files (`data.train_file`, `data.test_file`)
     /// rather than from what `scripts/setup.sh` installs under `data.dir`.
     pub fn from_user_files(self) -> bool {
-        matches!(self, DatasetName::LabelledTexts | DatasetName::TextCorpus)
+        matches!(self, DatasetName::LabelledTexts | DatasetName::TextCorpus | DatasetName::LabelledImages)
     }
 
     /// Whether it is a character-level corpus for a language model.
@@ -95,7 +99,11 @@ impl DatasetName {
     pub fn cut_by_seed(self) -> bool {
         matches!(
             self,
-            DatasetName::RottenTomatoes | DatasetName::Mnist5k | DatasetName::Digits | DatasetName::LabelledTexts
+            DatasetName::RottenTomatoes
+                | DatasetName::Mnist5k
+                | DatasetName::Digits
+                | DatasetName::LabelledTexts
+                | DatasetName::LabelledImages
         )
     }
 
@@ -146,15 +154,19 @@ pub struct DataSection {
     /// shuffled windows, evaluation in length order, longest first), so batches carry little padding.
     #[serde(default)]
     pub group_by_length: bool,
-    /// `labelled_texts` and `text_corpus`: the file the samples come from (`label<TAB>text`
-    /// rows; a UTF-8 text), gzip or bzip2 or plain.
+    /// `labelled_texts`, `labelled_images` and `text_corpus`: the file the samples come from
+    /// (`label<TAB>text` rows; CSV rows of pixels then the label; a UTF-8 text), gzip or bzip2
+    /// or plain.
     #[serde(default)]
     pub train_file: Option<PathBuf>,
-    /// `labelled_texts` and `text_corpus`: a held-out file of the same format to evaluate on
-    /// (default: cut from `train_file`, by `split_seed` and `test_fraction` for labelled texts,
-    /// its last tenth for a corpus).
+    /// A held-out file of the same format to evaluate on (default: cut from `train_file`, by
+    /// `split_seed` and `test_fraction` for labelled rows, its last tenth for a corpus).
     #[serde(default)]
     pub test_file: Option<PathBuf>,
+    /// `labelled_images`: the largest raw pixel value, which pixels are divided by (default
+    /// 255; the export carries it, so `predict` scales raw rows the same).
+    #[serde(default)]
+    pub pixel_max: Option<u32>,
 }
 
 impl DataSection {
@@ -176,20 +188,39 @@ impl DataSection {
         let key = self.dataset.key();
         let files = [("data.train_file", &self.train_file), ("data.test_file", &self.test_file)];
         if !self.dataset.from_user_files() {
+            if let Some(max) = self.pixel_max {
+                return Err(config_error(
+                    "data.pixel_max",
+                    format!("is {max}, but applies to dataset = \"labelled_images\"; {key} scales its own pixels"),
+                ));
+            }
             if let Some((field, Some(path))) = files.iter().find(|(_, f)| f.is_some()) {
                 return Err(config_error(
                     *field,
                     format!(
                         "is {}, but {key} is a dataset scripts/setup.sh installs under data.dir: a file of your own \
-                         is read by dataset = \"labelled_texts\" (label<TAB>text rows) or \"text_corpus\" (a text)",
+                         is read by dataset = \"labelled_texts\" (label<TAB>text rows), \"labelled_images\" (CSV \
+                         pixels then the label) or \"text_corpus\" (a text)",
                         path.display()
                     ),
                 ));
             }
             return Ok(());
         }
+        if let Some(max) = self.pixel_max {
+            if self.dataset != DatasetName::LabelledImages {
+                return Err(config_error(
+                    "data.pixel_max",
+                    format!("is {max}, but applies to dataset = \"labelled_images\"; {key} scales its own pixels"),
+                ));
+            }
+            if max == 0 {
+                return Err(config_error("data.pixel_max", "is 0; expected the largest raw pixel value, at least 1"));
+            }
+        }
         let what = match self.dataset {
             DatasetName::LabelledTexts => "a file of label<TAB>text rows",
+            DatasetName::LabelledImages => "a CSV file of pixel rows, each ending with its label",
             _ => "a UTF-8 text file",
         };
         if self.train_file.is_none() {
@@ -1203,6 +1234,13 @@ dir = "runs/x"
         let texts = ["data.dataset=\"labelled_texts\"", "data.train_file=\"a.tsv\"", "data.test_fraction=0.3"];
         let c = parse(&texts).unwrap();
         assert!(c.data.cut_by_seed() && c.warnings.is_empty(), "{:?}", c.warnings);
+        // `data.pixel_max` belongs to the user's images.
+        let e = err(&["data.pixel_max=16"]);
+        assert!(e.contains("data.pixel_max`: is 16, but applies to dataset = \"labelled_images\""), "{e}");
+        let images = ["data.dataset=\"labelled_images\"", "data.train_file=\"a.csv\""];
+        assert_eq!(parse(&[&images[..], &["data.pixel_max=16"]].concat()).unwrap().data.pixel_max, Some(16));
+        let e = err(&[&images[..], &["data.pixel_max=0"]].concat());
+        assert!(e.contains("data.pixel_max`: is 0"), "{e}");
         let c = parse(&[&texts[..], &["data.test_file=\"b.tsv\""]].concat()).unwrap();
         assert!(!c.data.cut_by_seed());
         assert_eq!(

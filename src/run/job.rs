@@ -210,10 +210,19 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
             }
             Ok((Box::new(source), DataInfo { tokenizer: Some(ids), ..info(&labels, n_train, n_test) }))
         }
-        DatasetName::FashionMnist | DatasetName::Mnist5k | DatasetName::Digits => {
+        DatasetName::FashionMnist | DatasetName::Mnist5k | DatasetName::Digits | DatasetName::LabelledImages => {
             let split = match d.dataset {
                 DatasetName::FashionMnist => data::fashion_mnist(dir)?,
                 DatasetName::Mnist5k => data::mnist5k(dir)?.split_stratified(d.test_fraction, split_seed)?,
+                DatasetName::LabelledImages => {
+                    let max = d.pixel_max.unwrap_or(USER_PIXEL_MAX);
+                    match data::labelled_image_files(&train_file(d)?, d.test_file.as_deref(), max)? {
+                        (train, Some(test)) => data::Split { train, test },
+                        (train, None) => {
+                            train.split_stratified_as("data.test_fraction", d.test_fraction, split_seed)?
+                        }
+                    }
+                }
                 _ => data::digits(dir)?.split_stratified(d.test_fraction, split_seed)?,
             };
             let split = hold_out_validation(split, d.validation_fraction, split_seed)?;
@@ -225,7 +234,11 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
             let source = SampleSource::new(train, test, seed, d.batch_size, eval_bs, make)?
                 .least_batch(least_batch)
                 .ids(|s| s.id);
-            let pixel_max = Some(if d.dataset == DatasetName::Digits { data::DIGITS_PIXEL_MAX } else { 255 });
+            let pixel_max = Some(match d.dataset {
+                DatasetName::Digits => data::DIGITS_PIXEL_MAX,
+                DatasetName::LabelledImages => d.pixel_max.unwrap_or(USER_PIXEL_MAX),
+                _ => 255,
+            });
             Ok((Box::new(source), DataInfo { pixel_max, ..info(&labels, n_train, n_test) }))
         }
         DatasetName::Hamlet | DatasetName::TextCorpus => {
@@ -261,6 +274,9 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
         }
     }
 }
+
+/// A user's images' largest raw pixel value where `data.pixel_max` does not say (8-bit images).
+const USER_PIXEL_MAX: u32 = 255;
 
 /// `data.train_file`, which the config's checks made sure a dataset of the user's files has.
 fn train_file(d: &DataSection) -> Result<PathBuf> {
@@ -520,6 +536,9 @@ pub(crate) fn data_settings(config: &RunConfig) -> serde_json::Value {
         if let Some(file) = file.as_ref().filter(|_| d.dataset.from_user_files()) {
             map.insert(key.into(), file_print(file).into());
         }
+    }
+    if d.dataset == DatasetName::LabelledImages {
+        map.insert("data.pixel_max".into(), d.pixel_max.unwrap_or(USER_PIXEL_MAX).into());
     }
     // What turns a text into ids, which the samples' fingerprint does not follow (a resume
     // under others names them), and a corpus's window length, which it does (a resume refused
