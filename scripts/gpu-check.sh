@@ -101,7 +101,10 @@ STEP_TIMEOUT="${GPU_CHECK_STEP_TIMEOUT:-600}"
 WORK="$(mktemp -d)"
 export WORK
 trap 'rm -rf "$WORK"' EXIT
-trap 'echo "**STOPPED** from outside during the step above" >>"$REPORT"; exit 143' TERM INT
+# (A step runs in its own process group under `timeout`: Ctrl-C reaches this script, which
+# says so once the step in progress has ended.)
+trap 'echo "**STOPPED** from outside during the step above" >>"$REPORT"; exit 143' TERM
+trap 'echo "**STOPPED** by Ctrl-C during the step above" >>"$REPORT"; exit 130' INT
 
 step() { # step TITLE COMMAND...: runs COMMAND, appends its output and its time to the report.
     local title="$1" start=$SECONDS

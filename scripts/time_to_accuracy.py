@@ -93,6 +93,7 @@ def scan(path, target):
             e = json.loads(line)
         except json.JSONDecodeError:
             if n == len(lines):  # a line cut by a stopped run
+                print(f"{path}:{n}: the last line is cut short; read up to it", file=sys.stderr)
                 break
             sys.exit(f"{path}:{n}: not a JSON object")
         kind = e.get("event")

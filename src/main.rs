@@ -335,7 +335,8 @@ enum Command {
         #[arg(long)]
         progress_every: Option<f64>,
         /// CPU threads of the run's cpu devices, shared by them (`output.threads`; 0: all
-        /// cores); on `cuda-emu` devices, the OS threads that share a launch's blocks.
+        /// cores); on `cuda-emu` devices, the OS threads that run a launch's blocks, shared by
+        /// the devices likewise.
         #[arg(long)]
         threads: Option<usize>,
     },

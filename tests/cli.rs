@@ -3080,6 +3080,14 @@ fn a_gpt_trains_on_the_users_text() {
         ok && out.contains("data: text_corpus — 20 training / 2 test samples, a vocabulary of 20 characters"),
         "{out}"
     );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("file/summary.json")).unwrap()).unwrap();
+    assert!(summary["unigram_baseline_loss"].as_f64().is_some_and(|l| l > 0.0), "{summary}");
+    // A held-out file too short for one sequence is named, not the training file.
+    let short = dir.join("short.txt");
+    std::fs::write(&short, "abc").unwrap();
+    let (ok, out) = run(&["--set", &format!("data.test_file=\"{}\"", short.display())], "short");
+    assert!(!ok && out.contains("the held-out part of") && out.contains("short.txt holds 3 characters"), "{out}");
     let model = dir.join("file").display().to_string();
     let (ok, out) =
         pipetransformer(&["predict", "--model", &model, "whether", "--temperature", "0", "--max-new-tokens", "4"]);
@@ -3279,6 +3287,26 @@ fn a_vit_trains_on_the_users_labelled_images() {
     assert!(ok && matches!(label.as_deref(), Some("even" | "odd")), "{out}");
     let (ok, out) = pipetransformer(&["evaluate", "--model", &model, "--file", test.to_str().unwrap()]);
     assert!(ok && out.contains("10 targets"), "{out}");
+    // Scored from a config, at the run's scale; at another one, refused by the setting.
+    let config = [
+        "evaluate",
+        "--model",
+        &model,
+        "--config",
+        "configs/vit-digits.toml",
+        "--set",
+        "data.dataset=\"labelled_images\"",
+        "--set",
+        &train_file,
+        "--set",
+        &test_file,
+        "--set",
+        "model.config.num_labels=2",
+    ];
+    let (ok, out) = pipetransformer(&[&config[..], &["--set", "data.pixel_max=16"]].concat());
+    assert!(ok && out.contains("10 targets"), "{out}");
+    let (ok, out) = pipetransformer(&config);
+    assert!(!ok && out.contains("data.pixel_max`: is 255 here, 16 in the model's run"), "{out}");
     // 3×3 images for a model of 8×8 ones: refused by the model's setting, before a step.
     let small = dir.join("small.csv");
     std::fs::write(&small, (0..8).map(|i| format!("0,1,2,3,4,5,6,7,{},{}\n", i % 9, i % 2)).collect::<String>())

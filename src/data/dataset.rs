@@ -131,10 +131,12 @@ impl<S: Sample> Dataset<S> {
             return Err(config_error(
                 field,
                 format!(
-                    "{test_fraction} leaves an empty {} part of {} ({} samples)",
+                    "{test_fraction} leaves an empty {} part of {} ({} samples; each of its {} classes gives its \
+                     own count × {test_fraction}, rounded)",
                     if n_test == 0 { "held-out" } else { "training" },
                     self.name,
-                    self.samples.len()
+                    self.samples.len(),
+                    by_class.len()
                 ),
             ));
         }
@@ -150,13 +152,30 @@ impl<S: Sample> Dataset<S> {
     }
 }
 
-/// The distinct labels of a user's training file as class names, sorted: as numbers where
-/// every label is an integer (`2` before `10`), else as text. A class's index is its label.
-pub(crate) fn sorted_classes<'a>(labels: impl Iterator<Item = &'a str>) -> Vec<String> {
+/// The distinct labels of a user's training file `path` as class names, sorted: as numbers
+/// where every label is an integer (`2` before `10`), else as text. A class's index is its
+/// label. One class is an error: there would be nothing to tell apart.
+pub(crate) fn sorted_classes<'a>(path: &std::path::Path, labels: impl Iterator<Item = &'a str>) -> Result<Vec<String>> {
     let mut classes: Vec<String> =
         labels.collect::<std::collections::BTreeSet<_>>().into_iter().map(str::to_string).collect();
     if classes.iter().all(|c| c.parse::<u64>().is_ok()) {
         classes.sort_by_key(|c| c.parse::<u64>().unwrap_or(u64::MAX));
     }
-    classes
+    if let [only] = classes.as_slice() {
+        return Err(super::files::dataset_error(
+            path,
+            None,
+            format!("has one label, `{only}`, on every row; expected at least two classes to tell apart"),
+        ));
+    }
+    Ok(classes)
+}
+
+/// Class names for a message: all of a few, the first 20 of many and how many in all.
+pub(crate) fn shown_classes(classes: &[String]) -> String {
+    const SHOWN: usize = 20;
+    match classes.len() > SHOWN {
+        true => format!("{}, … ({} in all)", classes[..SHOWN].join(", "), classes.len()),
+        false => classes.join(", "),
+    }
 }

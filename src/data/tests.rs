@@ -601,3 +601,21 @@ fn a_users_labelled_images_are_read_row_by_row() {
     let (_, _, message) = dataset_err(labelled_image_files(&train, Some(&other), 4));
     assert!(message.starts_with("label `bird` does not occur in the training file") && message.ends_with("cat, dog"));
 }
+
+/// A user's file of one label has nothing to tell apart; a label the training file lacks is
+/// named with the classes, the first 20 of many.
+#[test]
+fn a_users_classes_are_two_or_more_and_named_briefly() {
+    let dir = TempDir::new("user-classes");
+    let single = dir.write("single.tsv", b"pos\ta\npos\tb\n");
+    let (_, _, message) = dataset_err(labelled_text_files(&single, None));
+    assert_eq!(message, "has one label, `pos`, on every row; expected at least two classes to tell apart");
+    let images = dir.write("single.csv", b"0,cat\n1,cat\n");
+    assert!(dataset_err(labelled_image_files(&images, None, 1)).2.starts_with("has one label, `cat`"));
+    let many: String = (0..30).map(|i| format!("{i}\ttext\n")).collect();
+    let many = dir.write("many.tsv", many.as_bytes());
+    let other = dir.write("other.tsv", b"99\ttext\n");
+    let (_, _, message) = dataset_err(labelled_text_files(&many, Some(&other)));
+    let first: Vec<String> = (0..20).map(|i| i.to_string()).collect();
+    assert!(message.ends_with(&format!("expected one of {}, … (30 in all)", first.join(", "))), "{message}");
+}

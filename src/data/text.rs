@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
 
 use super::csv::CsvRecords;
-use super::dataset::{Dataset, Sample, Split, TEST_FILE_ID_BASE, sorted_classes};
+use super::dataset::{Dataset, Sample, Split, TEST_FILE_ID_BASE, shown_classes, sorted_classes};
 use super::files::{SetupGroup, dataset_error, numbered_lines, read_text};
 use crate::error::Result;
 
@@ -205,7 +205,7 @@ pub fn labelled_text_files(
     test: Option<&Path>,
 ) -> Result<(Dataset<TextSample>, Option<Dataset<TextSample>>)> {
     let train_rows = read_labelled_texts(train)?;
-    let classes = sorted_classes(train_rows.iter().map(|r| r.category.as_str()));
+    let classes = sorted_classes(train, train_rows.iter().map(|r| r.category.as_str()))?;
     let to_samples = |rows: Vec<TabRow>, path: &Path, id_base: u64| -> Result<Vec<TextSample>> {
         rows.into_iter()
             .enumerate()
@@ -218,7 +218,7 @@ pub fn labelled_text_files(
                             "label `{}` does not occur in the training file {}; expected one of {}",
                             r.category,
                             train.display(),
-                            classes.join(", ")
+                            shown_classes(&classes)
                         ),
                     )
                 })?;

@@ -587,7 +587,11 @@ impl RunConfig {
         let (in_file, merged) = (data(&file), data(&table));
         let typed = merged.get("test_fraction").is_some_and(|v| in_file.get("test_fraction") != Some(v));
         let file_dataset = in_file.get("dataset").cloned().and_then(|d| d.try_into::<DatasetName>().ok());
-        let unread_in_file = in_file.contains_key("test_fraction") && file_dataset.is_some_and(|d| !d.cut_by_seed());
+        // (The file's own dataset cuts no split where it has its own test set, or the file
+        // gives a held-out file of the user's.)
+        let file_cuts = file_dataset.is_some_and(|d| d.cut_by_seed())
+            && !(in_file.contains_key("test_file") && file_dataset.is_some_and(DatasetName::from_user_files));
+        let unread_in_file = in_file.contains_key("test_fraction") && file_dataset.is_some() && !file_cuts;
         if !config.data.cut_by_seed() && (typed || unread_in_file) {
             let own = match config.data.test_file.as_ref().filter(|_| dataset.from_user_files()) {
                 Some(file) => format!("data.test_file ({}) is the held-out set", file.display()),
@@ -1241,6 +1245,13 @@ dir = "runs/x"
         assert_eq!(parse(&[&images[..], &["data.pixel_max=16"]].concat()).unwrap().data.pixel_max, Some(16));
         let e = err(&[&images[..], &["data.pixel_max=0"]].concat());
         assert!(e.contains("data.pixel_max`: is 0"), "{e}");
+        // ...also where both are written in the file.
+        let file = BASE.replace(
+            "dataset = \"rotten_tomatoes\"",
+            "dataset = \"labelled_texts\"\ntrain_file = \"a.tsv\"\ntest_file = \"b.tsv\"\ntest_fraction = 0.3",
+        );
+        let c = RunConfig::parse(&file, "f", &[]).unwrap();
+        assert!(c.warnings.iter().any(|w| w.starts_with("data.test_fraction = 0.3 has no effect: data.test_file")));
         let c = parse(&[&texts[..], &["data.test_file=\"b.tsv\""]].concat()).unwrap();
         assert!(!c.data.cut_by_seed());
         assert_eq!(

@@ -58,6 +58,10 @@ pub struct DataInfo {
     /// before training (an id past them would end the run at the first batch holding it).
     #[serde(skip)]
     pub tokenizer: Option<TokenizerIds>,
+    /// A corpus: the held-out cross-entropy of the training part's character frequencies,
+    /// computed when the data is read (the summary's baseline; the file is not read again).
+    #[serde(skip)]
+    pub unigram_loss: Option<f64>,
 }
 
 /// The ids a text run's tokenizer gives: every one below `vocab`, and `pad_type_id` as a
@@ -167,6 +171,7 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
         chars: Vec::new(),
         pixel_max: None,
         tokenizer: None,
+        unigram_loss: None,
     };
     match d.dataset {
         DatasetName::RottenTomatoes | DatasetName::ReutersR8 | DatasetName::LabelledTexts => {
@@ -242,9 +247,9 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
             Ok((Box::new(source), DataInfo { pixel_max, ..info(&labels, n_train, n_test) }))
         }
         DatasetName::Hamlet | DatasetName::TextCorpus => {
-            let (corpus, file) = corpus(d)?;
+            let (corpus, [file, held_out_file]) = corpus(d)?;
             // Too short a part for one sequence is a setting to lower, named as such.
-            let part = |which: &str, tokens: usize, sequences: Result<Vec<data::LmSequence>>| {
+            let part = |which: &str, file: &Path, tokens: usize, sequences: Result<Vec<data::LmSequence>>| {
                 sequences.map_err(|_| Error::Config {
                     field: "data.max_len".into(),
                     message: format!(
@@ -256,8 +261,9 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
                     ),
                 })
             };
-            let train = part("training part", corpus.train.len(), corpus.train_sequences(d.max_len))?;
-            let test = part("held-out part", corpus.held_out.len(), corpus.held_out_sequences(d.max_len))?;
+            let train = part("training part", &file, corpus.train.len(), corpus.train_sequences(d.max_len))?;
+            let held_out = corpus.held_out_sequences(d.max_len);
+            let test = part("held-out part", &held_out_file, corpus.held_out.len(), held_out)?;
             let train = subset(train, d.train_limit, split_seed);
             let test = subset(test, d.test_limit, split_seed ^ 1);
             let (n_train, n_test) = (train.len(), test.len());
@@ -268,6 +274,7 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
             let info = DataInfo {
                 classes: corpus.vocab.len(),
                 chars: corpus.vocab.chars().to_vec(),
+                unigram_loss: Some(unigram_loss(&corpus.train, &corpus.held_out, corpus.vocab.len())),
                 ..info(&[], n_train, n_test)
             };
             Ok((Box::new(source), info))
@@ -285,15 +292,19 @@ fn train_file(d: &DataSection) -> Result<PathBuf> {
         .ok_or_else(|| config_error("data.train_file", format!("is not set; {} reads it", d.dataset.key())))
 }
 
-/// The character-level corpus of a language-model dataset, and the file its training part
-/// comes from (named where a setting does not fit it).
-fn corpus(d: &DataSection) -> Result<(data::LmCorpus, PathBuf)> {
+/// The character-level corpus of a language-model dataset, and the files its training and
+/// held-out parts come from (named where a setting does not fit them).
+fn corpus(d: &DataSection) -> Result<(data::LmCorpus, [PathBuf; 2])> {
     match d.dataset {
         DatasetName::TextCorpus => {
             let file = train_file(d)?;
-            Ok((data::user_corpus_files(&file, d.test_file.as_deref())?, file))
+            let held_out = d.test_file.clone().unwrap_or_else(|| file.clone());
+            Ok((data::user_corpus_files(&file, d.test_file.as_deref())?, [file, held_out]))
         }
-        _ => Ok((data::hamlet(&d.dir)?, d.dir.join(data::HAMLET_FILE))),
+        _ => {
+            let file = d.dir.join(data::HAMLET_FILE);
+            Ok((data::hamlet(&d.dir)?, [file.clone(), file]))
+        }
     }
 }
 
@@ -538,7 +549,7 @@ pub(crate) fn data_settings(config: &RunConfig) -> serde_json::Value {
         }
     }
     if d.dataset == DatasetName::LabelledImages {
-        map.insert("data.pixel_max".into(), d.pixel_max.unwrap_or(USER_PIXEL_MAX).into());
+        map.insert(PIXEL_MAX.into(), d.pixel_max.unwrap_or(USER_PIXEL_MAX).into());
     }
     // What turns a text into ids, which the samples' fingerprint does not follow (a resume
     // under others names them), and a corpus's window length, which it does (a resume refused
@@ -566,6 +577,8 @@ pub(crate) const TOKENIZER: &str = "model.tokenizer";
 /// and a hash of its bytes ([`file_print`]).
 pub(crate) const TRAIN_FILE: &str = "data.train_file";
 pub(crate) const TEST_FILE: &str = "data.test_file";
+/// The scale of a user's images ([`data_settings`]' key): what a pixel is divided by.
+pub(crate) const PIXEL_MAX: &str = "data.pixel_max";
 
 /// A file as its name and a hash of its bytes (`reviews.tsv #…`): the same file under another
 /// folder is the same, an edited one is not. (Unreadable: its name alone; reading its samples
@@ -1720,7 +1733,7 @@ impl<D: Device> Job<D> {
             frozen_layers: self.elastic.frozen_layers(),
             final_plan: self.trainer.pipeline.plan().config.clone(),
             devices: self.device_names(),
-            unigram_baseline_loss: self.unigram_baseline()?,
+            unigram_baseline_loss: self.info.unigram_loss,
         };
         // (A resumed run with no step left has collected nothing yet.)
         self.trainer.pipeline.collect_on_rank_zero()?;
@@ -1762,15 +1775,6 @@ impl<D: Device> Job<D> {
             trained_on: self.trainer.data_settings.clone().unwrap_or_else(|| data_settings(&self.config)),
             dir: self.config.output.dir.join("model"),
         }
-    }
-
-    /// Held-out cross-entropy of the training set's character frequencies (language models).
-    fn unigram_baseline(&self) -> Result<Option<f64>> {
-        if !self.config.data.dataset.is_corpus() {
-            return Ok(None);
-        }
-        let (corpus, _) = corpus(&self.config.data)?;
-        Ok(Some(unigram_loss(&corpus.train, &corpus.held_out, corpus.vocab.len())))
     }
 }
 

@@ -4,7 +4,10 @@
 //! on with the rest.
 
 use super::config::RunConfig;
-use super::job::{CHECKPOINT, DataKind, LOG, MAX_LEN, TOKENIZER, TRAIN_FILE, class_list, data_settings, prepare_data};
+use super::job::{
+    CHECKPOINT, DataKind, LOG, MAX_LEN, PIXEL_MAX, TEST_FILE, TOKENIZER, TRAIN_FILE, class_list, data_settings,
+    prepare_data,
+};
 use crate::data::read_idx_images;
 use crate::device::Device;
 use crate::error::{Error, Result, config_error, data_error};
@@ -86,8 +89,13 @@ impl Sampling {
         if self.max_new_tokens == 0 {
             return Err(config_error("--max-new-tokens", "is 0; expected at least 1 character to generate"));
         }
-        // Greedy decoding draws nothing: a top-k or a seed given with it would be ignored,
-        // and a user who set one expected sampling.
+        Ok(())
+    }
+
+    /// Refuses, for a model that generates, sampling flags greedy decoding would ignore: it
+    /// draws nothing, so a top-k or a seed given with `--temperature 0` has no effect, and a
+    /// user who set one expected sampling.
+    fn check_greedy(&self) -> Result<()> {
         let d = Sampling::default();
         let unused = [("--top-k", self.top_k as u64, d.top_k as u64), ("--seed", self.seed, d.seed)];
         if let Some((flag, value, _)) = unused.into_iter().find(|&(_, v, d)| v != d && self.temperature == 0.0) {
@@ -154,9 +162,34 @@ pub(crate) fn split_overlap(trained_on: &serde_json::Value, config: &RunConfig) 
     let null = serde_json::Value::Null;
     let was = |k: &str| then.get(k).unwrap_or(&null);
     let is = |k: &str| now.get(k).unwrap_or(&null);
-    // Another dataset, or other files of the user's: whether they share samples is not known.
-    if [&"data.dataset", &TRAIN_FILE].iter().any(|k| was(k) != is(k)) {
+    // Another dataset: whether they share samples is not known.
+    if was("data.dataset") != is("data.dataset") {
         return None;
+    }
+    // The user's files. Another file is other data; the same file edited since (its name,
+    // another hash) still holds most of the rows the model trained on, and a split cut from it
+    // by the seed is not the run's. A run that held out a file of its own trained on all of
+    // the training file, so a split cut from that file holds samples it trained on.
+    if was(TRAIN_FILE) != is(TRAIN_FILE) {
+        let name = |v: &serde_json::Value| v.as_str().map(|s| s.split(" #").next().unwrap_or(s).to_string());
+        if !(config.data.cut_by_seed() && name(was(TRAIN_FILE)) == name(is(TRAIN_FILE))) {
+            return None;
+        }
+        let message = format!(
+            "is {} here, {} in the model's run: the file was edited since, and a test split cut from it by the seed \
+             may hold samples the model trained on; score a held-out file instead (data.test_file, or evaluate --file)",
+            is(TRAIN_FILE),
+            was(TRAIN_FILE)
+        );
+        return Some((TRAIN_FILE.into(), message));
+    }
+    if !was(TEST_FILE).is_null() && config.data.cut_by_seed() {
+        let message = format!(
+            "is not set, but the model's run held out data.test_file = {} and trained on all of data.train_file: a \
+             split cut from it by the seed holds samples the model trained on; give data.test_file",
+            was(TEST_FILE)
+        );
+        return Some((TEST_FILE.into(), message));
     }
     let mut keys: Vec<&str> = Vec::new();
     if config.data.cut_by_seed() {
@@ -465,7 +498,24 @@ impl<D: Device> Predictor<D> {
     fn check_split(&self, config: &RunConfig) -> Result<()> {
         match self.trained_on.as_ref().and_then(|then| split_overlap(then, config)) {
             Some((key, message)) => Err(config_error(key, message)),
-            None => Ok(()),
+            None => self.check_pixel_scale(config),
+        }
+    }
+
+    /// Refuses to score a user's images at another scale than the model's run read them at
+    /// (`data.pixel_max`): every pixel would be off by the same factor, and the scores with it.
+    fn check_pixel_scale(&self, config: &RunConfig) -> Result<()> {
+        let then = self.trained_on.as_ref().and_then(|t| t.get(PIXEL_MAX)).filter(|v| !v.is_null());
+        let now = data_settings(config).get(PIXEL_MAX).cloned();
+        match (then, now) {
+            (Some(then), Some(now)) if *then != now => Err(config_error(
+                PIXEL_MAX,
+                format!(
+                    "is {now} here, {then} in the model's run: its images would be scaled otherwise than it trained \
+                     on them; set data.pixel_max = {then}"
+                ),
+            )),
+            _ => Ok(()),
         }
     }
 
@@ -788,6 +838,7 @@ impl<D: Device> Predictor<D> {
             return Err(config_error("input", format!("this {:?} model does not generate text", self.family())));
         };
         sampling.check()?;
+        sampling.check_greedy()?;
         let mut tokens: Vec<u32> = prompt
             .chars()
             .enumerate()
@@ -1000,6 +1051,22 @@ mod tests {
         let seed = "data.split_seed=5";
         assert_eq!(overlap("labelled_texts", &[&a], &[&a, seed]).as_deref(), Some("data.split_seed"));
         assert_eq!(overlap("labelled_texts", &[&a], &[&b, seed]), None);
+        // The same file edited since: a split cut from it is not the run's.
+        let trained = data_settings(&config("labelled_texts", &[&a]));
+        std::fs::write(dir.join("a.tsv"), "x\tone\ny\ttwo\n").unwrap();
+        let edited = split_overlap(&trained, &config("labelled_texts", &[&a]));
+        assert!(
+            edited.as_ref().is_some_and(|(key, m)| key == "data.train_file" && m.contains("edited since")),
+            "{edited:?}"
+        );
+        // A run that held out a file trained on all of the training file.
+        let held_out = "data.test_file=\"t.tsv\"";
+        let cut =
+            split_overlap(&data_settings(&config("labelled_texts", &[&a, held_out])), &config("labelled_texts", &[&a]));
+        assert!(
+            cut.as_ref().is_some_and(|(key, m)| key == "data.test_file" && m.contains("trained on all of")),
+            "{cut:?}"
+        );
         assert_eq!(
             overlap("labelled_texts", &[&a, "data.test_file=\"t.tsv\""], &[&a, "data.test_file=\"t.tsv\"", seed]),
             None
@@ -1254,6 +1321,9 @@ mod tests {
         let row = ["0"; 16].join(",");
         let (r, out) = run(&vit, &[&row], &options(0, Sampling::default(), json));
         assert!(r.unwrap_err().to_string().contains("--batch-size") && out.is_empty());
+        let greedy = Sampling { temperature: 0.0, seed: 5, ..Sampling::default() };
+        let e = run(&vit, &[&row], &options(8, greedy, json)).0.unwrap_err().to_string();
+        assert!(e.contains("only apply to text generation") && !e.contains("most probable"), "{e}");
         let gpt_only = Sampling { temperature: 0.5, top_k: 3, ..Sampling::default() };
         let (r, out) = run(&vit, &[&row], &options(8, gpt_only, json));
         let e = r.unwrap_err().to_string();
@@ -1358,7 +1428,7 @@ impl PredictOptions {
             return Err(batch_size_error());
         }
         if let Reader::Chars { .. } = predictor.reader {
-            return self.sampling.check();
+            return self.sampling.check().and_then(|()| self.sampling.check_greedy());
         }
         let flags = self.sampling.changed_flags();
         if !flags.is_empty() {
