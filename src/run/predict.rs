@@ -1373,6 +1373,24 @@ mod tests {
         assert!(out.starts_with('{'), "{out}");
     }
 
+    /// The table's columns are counted as a terminal shows them: a wide (CJK) character takes
+    /// two, so a row of them pads to the same column, and one cut ends within its width.
+    #[test]
+    fn table_columns_are_counted_in_terminal_widths() {
+        use unicode_width::UnicodeWidthStr;
+        assert_eq!(padded("映画", 6), "映画  ");
+        assert_eq!(padded("film", 6), "film  ");
+        let long = "映".repeat(40);
+        let cut = shorten(&long, INPUT_COLUMN);
+        assert!(cut.ends_with('…') && cut.width() <= INPUT_COLUMN && cut.width() >= INPUT_COLUMN - 1, "{cut}");
+        assert_eq!(shorten("a\tb", 8), "a b");
+        let (_vit_dir, vit) = tiny_vit_predictor("predict-table-wide");
+        let row = ["16"; 16].join(",");
+        let (_, out) = run(&vit, &[&row, "映画", "1,2"], &options(8, Sampling::default(), OutputFormat::Table));
+        let errors: Vec<usize> = out.lines().filter_map(|l| l.find("error:").map(|i| l[..i].width())).collect();
+        assert_eq!(errors, [INPUT_COLUMN + 2, INPUT_COLUMN + 2], "{out}");
+    }
+
     #[test]
     fn sampling_keeps_to_the_top_k_and_is_greedy_at_temperature_zero() {
         let logits = [0.0f32, 3.0, 1.0, 2.9];
@@ -1631,18 +1649,19 @@ fn write_outcome(
             writeln!(out, "{}", line.map_err(std::io::Error::other)?)
         }
         OutputFormat::Table => {
-            let shown = shorten(input, INPUT_COLUMN);
+            let shown = padded(&shorten(input, INPUT_COLUMN), INPUT_COLUMN);
             match outcome {
                 Outcome::Class(p) => {
                     let warning = p.warning.as_ref().map(|w| format!("  ({w})")).unwrap_or_default();
-                    writeln!(out, "{shown:<INPUT_COLUMN$}  {:<16} {:>10.2}%{warning}", p.label, 100.0 * p.probability)
+                    let label = padded(&p.label, 16);
+                    writeln!(out, "{shown}  {label} {:>10.2}%{warning}", 100.0 * p.probability)
                 }
                 Outcome::Generated(g) => {
                     let warning = g.warning.as_ref().map(|w| format!("  ({w})\n")).unwrap_or_default();
                     writeln!(out, "{input}{}\n{warning}{GENERATION_RULE}", g.text)
                 }
                 Outcome::Failed(e) if generates => writeln!(out, "{input}  error: {e}\n{GENERATION_RULE}"),
-                Outcome::Failed(e) => writeln!(out, "{shown:<INPUT_COLUMN$}  error: {e}"),
+                Outcome::Failed(e) => writeln!(out, "{shown}  error: {e}"),
             }
         }
     }
@@ -1684,8 +1703,25 @@ impl Serialize for InLabelOrder<'_> {
     }
 }
 
-/// The first `n` characters of `s` on one line, with `…` when cut.
+/// The first `n` columns of `s` on one line, as a terminal shows them (a CJK character takes
+/// two), with `…` when cut.
 fn shorten(s: &str, n: usize) -> String {
+    use unicode_width::UnicodeWidthChar;
     let one_line: String = s.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
-    if one_line.chars().count() <= n { one_line } else { one_line.chars().take(n - 1).chain(['…']).collect() }
+    if unicode_width::UnicodeWidthStr::width(one_line.as_str()) <= n {
+        return one_line;
+    }
+    let mut width = 0;
+    let kept = one_line.chars().take_while(|c| {
+        width += c.width().unwrap_or(0);
+        width < n
+    });
+    kept.chain(['…']).collect()
+}
+
+/// `s` and the spaces that fill it to `n` columns as a terminal shows them (a CJK character
+/// takes two): what `{:<n}`, which counts characters, misaligns.
+fn padded(s: &str, n: usize) -> String {
+    let width = unicode_width::UnicodeWidthStr::width(s);
+    format!("{s}{}", " ".repeat(n.saturating_sub(width)))
 }
