@@ -3013,6 +3013,8 @@ fn a_bert_trains_on_the_users_labelled_texts() {
     assert!(ok && out.contains("6 targets"), "{out}");
 
     std::fs::write(&train, rows(24, "the red cat sat on the mat", "a big dog ran far")).unwrap();
+    let written = |f: &str| std::fs::read(dir.join("run").join(f)).unwrap();
+    let (checkpoint, log) = (written("checkpoint.ckpt"), written("metrics.jsonl"));
     let (ok, out) = pipetransformer(&[
         "train",
         "--config",
@@ -3024,6 +3026,8 @@ fn a_bert_trains_on_the_users_labelled_texts() {
         "0",
     ]);
     assert!(!ok && out.contains("taken over other training data: with data.train_file = \"train.tsv #"), "{out}");
+    // The refusal loses nothing the run wrote.
+    assert!(written("checkpoint.ckpt") == checkpoint && written("metrics.jsonl") == log);
 }
 
 /// A GPT trains on the user's own text (`dataset = "text_corpus"`): its last tenth held out,
