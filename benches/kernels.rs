@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// Launches of `f` queued back to back between two synchronisations in one sample: the host's
-/// launch and synchronisation latency (5–10 µs) is spread over them, where a sync after every
+/// launch and synchronisation latency is spread over them, where a sync after every
 /// launch added it to each kernel's time (and drew a 10 µs kernel's ratio to cuBLAS, timed the
 /// same way, towards 1).
 const LAUNCHES_PER_SAMPLE: usize = 10;

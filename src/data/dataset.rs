@@ -171,8 +171,31 @@ pub(crate) fn sorted_classes<'a>(path: &std::path::Path, labels: impl Iterator<I
     Ok(classes)
 }
 
+/// The class of `label` on `line` of a user's file `path`, among the `classes` of the
+/// training file `train` ([`sorted_classes`]); a label it lacks is an error naming the line.
+pub(crate) fn label_index(
+    classes: &[String],
+    label: &str,
+    train: &std::path::Path,
+    path: &std::path::Path,
+    line: usize,
+) -> Result<u32> {
+    let index = classes.iter().position(|c| c == label).ok_or_else(|| {
+        super::files::dataset_error(
+            path,
+            Some(line),
+            format!(
+                "label `{label}` does not occur in the training file {}; expected one of {}",
+                train.display(),
+                shown_classes(classes)
+            ),
+        )
+    })?;
+    Ok(index as u32)
+}
+
 /// Class names for a message: all of a few, the first 20 of many and how many in all.
-pub(crate) fn shown_classes(classes: &[String]) -> String {
+fn shown_classes(classes: &[String]) -> String {
     const SHOWN: usize = 20;
     match classes.len() > SHOWN {
         true => format!("{}, … ({} in all)", classes[..SHOWN].join(", "), classes.len()),

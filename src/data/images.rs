@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use super::dataset::{Dataset, Sample, Split, TEST_FILE_ID_BASE, shown_classes, sorted_classes};
+use super::dataset::{Dataset, Sample, Split, TEST_FILE_ID_BASE, label_index, sorted_classes};
 use super::files::{SetupGroup, dataset_error, numbered_lines, read_bytes, read_text};
 use crate::error::{Result, data_error};
 use crate::model::HostBatch;
@@ -148,19 +148,9 @@ pub fn labelled_image_files(
         rows.into_iter()
             .enumerate()
             .map(|(i, (line, pixels, label))| {
-                let index = classes.iter().position(|c| *c == label).ok_or_else(|| {
-                    dataset_error(
-                        path,
-                        Some(line),
-                        format!(
-                            "label `{label}` does not occur in the training file {}; expected one of {}",
-                            train.display(),
-                            shown_classes(&classes)
-                        ),
-                    )
-                })?;
+                let label = label_index(&classes, &label, train, path, line)?;
                 let pixels = pixels.iter().map(|&v| v as f32 * scale).collect();
-                Ok(ImageSample { id: id_base + i as u64, pixels, label: index as u32, width: side, height: side })
+                Ok(ImageSample { id: id_base + i as u64, pixels, label, width: side, height: side })
             })
             .collect()
     };

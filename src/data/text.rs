@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
 
 use super::csv::CsvRecords;
-use super::dataset::{Dataset, Sample, Split, TEST_FILE_ID_BASE, shown_classes, sorted_classes};
+use super::dataset::{Dataset, Sample, Split, TEST_FILE_ID_BASE, label_index, sorted_classes};
 use super::files::{SetupGroup, dataset_error, numbered_lines, read_text};
 use crate::error::Result;
 
@@ -210,19 +210,8 @@ pub fn labelled_text_files(
         rows.into_iter()
             .enumerate()
             .map(|(i, r)| {
-                let label = classes.iter().position(|c| *c == r.category).ok_or_else(|| {
-                    dataset_error(
-                        path,
-                        Some(r.line),
-                        format!(
-                            "label `{}` does not occur in the training file {}; expected one of {}",
-                            r.category,
-                            train.display(),
-                            shown_classes(&classes)
-                        ),
-                    )
-                })?;
-                Ok(TextSample { id: id_base + i as u64, text: r.text, label: label as u32 })
+                let label = label_index(&classes, &r.category, train, path, r.line)?;
+                Ok(TextSample { id: id_base + i as u64, text: r.text, label })
             })
             .collect()
     };

@@ -170,6 +170,12 @@ pub struct DataSection {
 }
 
 impl DataSection {
+    /// A user's images' scale, what their raw pixels are divided by: `pixel_max`, else 255
+    /// (8-bit images); `None` for other datasets, which scale their own.
+    pub fn user_pixel_max(&self) -> Option<u32> {
+        (self.dataset == DatasetName::LabelledImages).then(|| self.pixel_max.unwrap_or(255))
+    }
+
     /// Whether the test split is cut from the training samples by `split_seed` and
     /// `test_fraction` (a dataset's own test files, or a `test_file`, are not).
     pub fn cut_by_seed(&self) -> bool {
@@ -187,13 +193,18 @@ impl DataSection {
     fn check_files(&self) -> Result<()> {
         let key = self.dataset.key();
         let files = [("data.train_file", &self.train_file), ("data.test_file", &self.test_file)];
-        if !self.dataset.from_user_files() {
-            if let Some(max) = self.pixel_max {
+        if let Some(max) = self.pixel_max {
+            if self.dataset != DatasetName::LabelledImages {
                 return Err(config_error(
                     "data.pixel_max",
                     format!("is {max}, but applies to dataset = \"labelled_images\"; {key} scales its own pixels"),
                 ));
             }
+            if max == 0 {
+                return Err(config_error("data.pixel_max", "is 0; expected the largest raw pixel value, at least 1"));
+            }
+        }
+        if !self.dataset.from_user_files() {
             if let Some((field, Some(path))) = files.iter().find(|(_, f)| f.is_some()) {
                 return Err(config_error(
                     *field,
@@ -206,17 +217,6 @@ impl DataSection {
                 ));
             }
             return Ok(());
-        }
-        if let Some(max) = self.pixel_max {
-            if self.dataset != DatasetName::LabelledImages {
-                return Err(config_error(
-                    "data.pixel_max",
-                    format!("is {max}, but applies to dataset = \"labelled_images\"; {key} scales its own pixels"),
-                ));
-            }
-            if max == 0 {
-                return Err(config_error("data.pixel_max", "is 0; expected the largest raw pixel value, at least 1"));
-            }
         }
         let what = match self.dataset {
             DatasetName::LabelledTexts => "a file of label<TAB>text rows",

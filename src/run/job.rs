@@ -179,11 +179,9 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
                 DatasetName::RottenTomatoes => {
                     data::rotten_tomatoes(dir)?.split_stratified(d.test_fraction, split_seed)?
                 }
-                DatasetName::LabelledTexts => match data::labelled_text_files(&train_file(d)?, d.test_file.as_deref())?
-                {
-                    (train, Some(test)) => data::Split { train, test },
-                    (train, None) => train.split_stratified_as("data.test_fraction", d.test_fraction, split_seed)?,
-                },
+                DatasetName::LabelledTexts => {
+                    user_split(data::labelled_text_files(&train_file(d)?, d.test_file.as_deref())?, d)?
+                }
                 _ => data::reuters_r8(dir)?,
             };
             let split = hold_out_validation(split, d.validation_fraction, split_seed)?;
@@ -220,13 +218,8 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
                 DatasetName::FashionMnist => data::fashion_mnist(dir)?,
                 DatasetName::Mnist5k => data::mnist5k(dir)?.split_stratified(d.test_fraction, split_seed)?,
                 DatasetName::LabelledImages => {
-                    let max = d.pixel_max.unwrap_or(USER_PIXEL_MAX);
-                    match data::labelled_image_files(&train_file(d)?, d.test_file.as_deref(), max)? {
-                        (train, Some(test)) => data::Split { train, test },
-                        (train, None) => {
-                            train.split_stratified_as("data.test_fraction", d.test_fraction, split_seed)?
-                        }
-                    }
+                    let max = d.user_pixel_max().unwrap_or_default();
+                    user_split(data::labelled_image_files(&train_file(d)?, d.test_file.as_deref(), max)?, d)?
                 }
                 _ => data::digits(dir)?.split_stratified(d.test_fraction, split_seed)?,
             };
@@ -241,7 +234,7 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
                 .ids(|s| s.id);
             let pixel_max = Some(match d.dataset {
                 DatasetName::Digits => data::DIGITS_PIXEL_MAX,
-                DatasetName::LabelledImages => d.pixel_max.unwrap_or(USER_PIXEL_MAX),
+                DatasetName::LabelledImages => d.user_pixel_max().unwrap_or_default(),
                 _ => 255,
             });
             Ok((Box::new(source), DataInfo { pixel_max, ..info(&labels, n_train, n_test) }))
@@ -282,14 +275,23 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
     }
 }
 
-/// A user's images' largest raw pixel value where `data.pixel_max` does not say (8-bit images).
-const USER_PIXEL_MAX: u32 = 255;
-
 /// `data.train_file`, which the config's checks made sure a dataset of the user's files has.
 fn train_file(d: &DataSection) -> Result<PathBuf> {
     d.train_file
         .clone()
         .ok_or_else(|| config_error("data.train_file", format!("is not set; {} reads it", d.dataset.key())))
+}
+
+/// A user's labelled rows as a split: the held-out file's rows where given, else cut from the
+/// training file by `data.split_seed` and `data.test_fraction`.
+fn user_split<S: data::Sample>(
+    (train, test): (data::Dataset<S>, Option<data::Dataset<S>>),
+    d: &DataSection,
+) -> Result<data::Split<S>> {
+    match test {
+        Some(test) => Ok(data::Split { train, test }),
+        None => train.split_stratified_as("data.test_fraction", d.test_fraction, d.split_seed),
+    }
 }
 
 /// The character-level corpus of a language-model dataset, and the files its training and
@@ -548,8 +550,8 @@ pub(crate) fn data_settings(config: &RunConfig) -> serde_json::Value {
             map.insert(key.into(), file_print(file).into());
         }
     }
-    if d.dataset == DatasetName::LabelledImages {
-        map.insert(PIXEL_MAX.into(), d.pixel_max.unwrap_or(USER_PIXEL_MAX).into());
+    if let Some(max) = d.user_pixel_max() {
+        map.insert(PIXEL_MAX.into(), max.into());
     }
     // What turns a text into ids, which the samples' fingerprint does not follow (a resume
     // under others names them), and a corpus's window length, which it does (a resume refused
@@ -561,9 +563,7 @@ pub(crate) fn data_settings(config: &RunConfig) -> serde_json::Value {
         // The file's bytes, not its path: the same tokenizer under another path (a node's own
         // copy) is the same.
         let file = tokenizer_dir(config).ok().map(|dir| dir.join(weights::TOKENIZER_FILE));
-        let hash = file.and_then(|f| std::fs::read(f).ok()).map(|b| crate::rng::fnv1a(&b, crate::rng::FNV_OFFSET));
-        let tokenizer = hash.map(|h| format!("{} #{h:016x}", weights::TOKENIZER_FILE));
-        map.insert(TOKENIZER.into(), tokenizer.into());
+        map.insert(TOKENIZER.into(), file.as_deref().and_then(hashed).into());
     }
     settings
 }
@@ -580,15 +580,21 @@ pub(crate) const TEST_FILE: &str = "data.test_file";
 /// The scale of a user's images ([`data_settings`]' key): what a pixel is divided by.
 pub(crate) const PIXEL_MAX: &str = "data.pixel_max";
 
-/// A file as its name and a hash of its bytes (`reviews.tsv #…`): the same file under another
-/// folder is the same, an edited one is not. (Unreadable: its name alone; reading its samples
-/// then says why.)
+/// A file as its name and a hash of its bytes (`reviews.tsv #…`), or `None` where it cannot be
+/// read: the same file under another folder is the same, an edited one is not.
+fn hashed(file: &Path) -> Option<String> {
+    let bytes = std::fs::read(file).ok()?;
+    Some(format!("{} #{:016x}", file_name(file), crate::rng::fnv1a(&bytes, crate::rng::FNV_OFFSET)))
+}
+
+fn file_name(file: &Path) -> String {
+    file.file_name().map_or_else(|| file.display().to_string(), |n| n.to_string_lossy().into_owned())
+}
+
+/// A user's data file as [`hashed`], or by its name alone where unreadable (reading its
+/// samples then says why).
 fn file_print(file: &Path) -> String {
-    let name = file.file_name().map_or_else(|| file.display().to_string(), |n| n.to_string_lossy().into_owned());
-    match std::fs::read(file) {
-        Ok(bytes) => format!("{name} #{:016x}", crate::rng::fnv1a(&bytes, crate::rng::FNV_OFFSET)),
-        Err(_) => name,
-    }
+    hashed(file).unwrap_or_else(|| file_name(file))
 }
 
 /// Where a run of `config` keeps its checkpoint.

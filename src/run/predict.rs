@@ -506,8 +506,7 @@ impl<D: Device> Predictor<D> {
     /// (`data.pixel_max`): every pixel would be off by the same factor, and the scores with it.
     fn check_pixel_scale(&self, config: &RunConfig) -> Result<()> {
         let then = self.trained_on.as_ref().and_then(|t| t.get(PIXEL_MAX)).filter(|v| !v.is_null());
-        let now = data_settings(config).get(PIXEL_MAX).cloned();
-        match (then, now) {
+        match (then, config.data.user_pixel_max()) {
             (Some(then), Some(now)) if *then != now => Err(config_error(
                 PIXEL_MAX,
                 format!(
