@@ -35,7 +35,9 @@ fn main() {
         let text = std::fs::read_to_string(src).expect("read kernel source");
         let stem = src.file_stem().and_then(|s| s.to_str()).unwrap_or("kernel");
         table.push_str(&format!("    ({stem:?}, include_str!({:?})),\n", src.display().to_string()));
-        let mut unit = format!("#include \"{}\"\n", src.display());
+        // The file itself, each static `__shared__` declaration followed by its poisoning
+        // (cuda_emu.h), `#line` keeping the compiler's messages on the file's own lines.
+        let mut unit = format!("#line 1 \"{}\"\n{}\n", src.display(), poison_static_shared(&text, src));
         for (name, bound) in kernel_names(&text) {
             // The bound's expression as the file writes it (a macro of the file, or a number);
             // 0 where the kernel declares none.
@@ -88,6 +90,37 @@ fn kernel_names(text: &str) -> Vec<(String, Option<String>)> {
             Some((rest[..end].to_string(), bound)).filter(|(n, _)| !n.is_empty())
         })
         .collect()
+}
+
+/// `text` with `PT_EMU_POISON_SHARED(name);` after every static `__shared__` declaration, on
+/// its line. One declaration per line, without an initialiser (CUDA allows none), is what this
+/// reads; anything else fails the build naming the line.
+fn poison_static_shared(text: &str, path: &Path) -> String {
+    let mut out = String::with_capacity(text.len() + 1024);
+    for (i, line) in text.lines().enumerate() {
+        let code = line.split("//").next().unwrap_or_default();
+        out.push_str(line);
+        if let Some(at) = code.find("__shared__") {
+            let decl = &code[at + "__shared__".len()..];
+            let name = decl
+                .split_once(';')
+                .filter(|(d, _)| !code[..at].contains("extern") && !d.contains([',', '=']))
+                .and_then(|(d, _)| d.split('[').next())
+                .and_then(|d| d.split_whitespace().last())
+                .filter(|n| n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
+            let Some(name) = name else {
+                panic!(
+                    "{}:{}: declare one static __shared__ variable per line, `__shared__ T name[N];` \
+                     (dynamic shared memory through DYNAMIC_SHARED)",
+                    path.display(),
+                    i + 1
+                )
+            };
+            out.push_str(&format!(" PT_EMU_POISON_SHARED({name});"));
+        }
+        out.push('\n');
+    }
+    out
 }
 
 fn write_if_changed(path: &Path, text: &str) {

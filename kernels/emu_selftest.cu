@@ -103,6 +103,23 @@ extern "C" __global__ void emu_test_dynamic_shared(const float* x, float* out, i
     if (threadIdx.x == 0) out[n] = s[n];
 }
 
+// A static shared pair that only even blocks fill in part: out[2b] = s[0], which every block
+// writes (b), and out[2b + 1] = s[1], which only even blocks write (7). On the emulator an odd
+// block reads NaN with all bits set there, not zero and not the even block's 7 that ran before
+// it on the same OS thread; undefined on a GPU. Any block size.
+extern "C" __global__ void emu_test_static_shared(float* out) {
+    __shared__ float s[2];
+    if (threadIdx.x == 0) {
+        s[0] = (float)blockIdx.x;
+        if (blockIdx.x % 2 == 0) s[1] = 7.0f;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        out[2 * blockIdx.x] = s[0];
+        out[2 * blockIdx.x + 1] = s[1];
+    }
+}
+
 // One warp, 16×16 tiles: D = A·B + 1 + C with A row-major (a[m * 16 + k]), B column-major
 // (b[n * 16 + k]), C row-major and D stored column-major (d[n * 16 + m]). All pointers 32-byte
 // aligned.

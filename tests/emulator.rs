@@ -1,7 +1,7 @@
 //! The host emulator of our CUDA subset (`kernels/emu/`), through its self-test kernels
 //! (`kernels/emu_selftest.cu`): block reductions, a missing barrier caught by the thread-order
-//! seeds, every shuffle and vote, partial warps, atomics across blocks and OS threads, dynamic
-//! shared memory, wmma, bf16 rounding, and launches that can never complete reported as errors.
+//! seeds, every shuffle and vote, partial warps, atomics across blocks and OS threads, static and
+//! dynamic shared memory poisoned for every block, wmma, bf16 rounding, and launches that can never complete reported as errors.
 
 use pipetransformer::device::emu::EmuRuntime;
 use pipetransformer::device::gpu::{Arg, DevPtr, LaunchConfig, Runtime};
@@ -246,6 +246,24 @@ fn dynamic_shared_memory_is_per_block_and_poisoned() {
         assert_eq!(got[i], x[n - 1 - i]);
     }
     assert_eq!(got[n].to_bits(), 0xffff_ffff, "unwritten shared memory is not NaN-poisoned");
+}
+
+/// Static shared memory starts each block as poison (all bits set), as dynamic shared memory
+/// does: not zero, and not what the block before it on the same OS thread left there.
+#[test]
+fn static_shared_memory_is_poisoned_for_every_block() {
+    for (seed, threads) in [(0, 1), (1, 1), (2, 2)] {
+        let rt = rt(seed, threads);
+        let blocks = 6;
+        let out = Raw::zeros(&rt, blocks * 2 * 4);
+        launch(&rt, "emu_test_static_shared", LaunchConfig::linear(blocks as u32, 64), &[out.arg()]).unwrap();
+        let got = as_f32(&out.read());
+        for b in 0..blocks {
+            assert_eq!(got[2 * b], b as f32, "seed {seed}");
+            let unwritten = if b % 2 == 0 { 7.0f32.to_bits() } else { 0xffff_ffff };
+            assert_eq!(got[2 * b + 1].to_bits(), unwritten, "block {b}, seed {seed}, {threads} thread(s)");
+        }
+    }
 }
 
 #[test]

@@ -11,6 +11,12 @@
 //     which block runs first shows up for some seed. A block's state (shared memory, indices,
 //     scheduler) is thread_local, so `__shared__` is simply `static thread_local`, and several
 //     Rust threads can launch at once.
+//   - Shared memory holds 0xFF bytes (NaN as floats, -1 as integers) wherever no thread of the
+//     block has written: dynamic shared memory is refilled for every block, and each static
+//     `__shared__` variable is filled by the first thread of the block to reach its declaration
+//     (build.rs puts a PT_EMU_POISON_SHARED after each one), so a kernel that reads a slot no
+//     thread of its block wrote (counting on zero, or on the previous block's value) reads
+//     poison, as it reads garbage on a GPU.
 //   - The threads of a block are cooperative fibers on one OS thread. A fiber runs until it
 //     reaches __syncthreads, a warp collective (__syncwarp, shuffles, votes, wmma load/store/mma)
 //     or its end. A barrier releases when every thread of the block has arrived, a warp collective
@@ -28,10 +34,6 @@
 //     wmma tiles. The block's fibers are then abandoned: nothing is thrown across fibers.
 //
 // Differences from a GPU to keep in mind (what the emulator cannot catch):
-//   - Static `__shared__` variables start at zero and keep their contents from the previous block
-//     on the same OS thread, so reading a static slot no thread of the block wrote goes unseen
-//     (zero is a sum's identity); dynamic shared memory is refilled with 0xFF bytes (NaN as
-//     floats) for every block, so reading what no thread of the block wrote is visible there.
 //   - A fiber runs until it reaches a barrier or a warp collective, so a plain read-modify-write
 //     of shared or global memory by several threads (a `+=` where an atomic is needed) is never
 //     interleaved, and loses no update as it would on a GPU. Races between barriers are found
@@ -116,6 +118,9 @@ unsigned live_lanes();
 [[noreturn]] void fail(const char* format, ...) __attribute__((format(printf, 1, 2)));
 // `max_threads`: the kernel's `__launch_bounds__` (0: none), which a launch may not exceed.
 void register_kernel(const char* name, void (*launch)(void** params), unsigned max_threads);
+// Fills the static `__shared__` variable at `p` with 0xFF bytes, once per block: the first thread
+// to reach its declaration does, before any thread of the block can have written it.
+void poison_shared(void* p, std::size_t bytes);
 
 }  // namespace pt_emu
 #pragma GCC visibility pop
@@ -128,6 +133,8 @@ void register_kernel(const char* name, void (*launch)(void** params), unsigned m
 // The current block's dynamic shared memory (see DYNAMIC_SHARED in common.cuh): exactly the
 // launch's shared bytes, aligned to 128 bytes, 0xFF-filled at the start of every block.
 inline void* pt_emu_dynamic_shared() { return pt_emu::current.dynamic_shared; }
+// After every static `__shared__` declaration of a kernel file (build.rs writes it there).
+#define PT_EMU_POISON_SHARED(v) ::pt_emu::poison_shared(&(v), sizeof(v))
 
 // ---- barriers, shuffles, votes -----------------------------------------------------------------
 inline void __syncthreads() { pt_emu::sync_block(); }

@@ -338,6 +338,7 @@ public:
     void sync_block();
     WarpResult warp_collective(Collective op, unsigned mask, unsigned long long value, int src_lane);
     unsigned live_lanes() const;
+    void poison_shared(void* p, std::size_t bytes);
     [[noreturn]] void fail(std::string message);
     [[noreturn]] void run_kernel();
 
@@ -360,6 +361,7 @@ private:
     Context scheduler_;
     std::string error_;
     StackPool stacks_;
+    std::vector<void*> poisoned_;  // the static shared variables this block has filled
 #if defined(__SANITIZE_ADDRESS__)
     void* os_stack_bottom_ = nullptr;  // where the scheduler runs, for switches back to it
     std::size_t os_stack_size_ = 0;
@@ -405,6 +407,7 @@ bool Block::run(const Launch& launch, unsigned long long index, void* dynamic_sh
     current.grid_dim = g;
     current.dynamic_shared = dynamic_shared;
     std::memset(dynamic_shared, 0xFF, launch.shared_bytes);
+    poisoned_.clear();
 
     fibers_.resize(n);
     for (unsigned i = 0; i < n; ++i) {
@@ -574,6 +577,13 @@ void Block::release_warp(unsigned first_fiber, unsigned mask) {
 unsigned Block::live_lanes() const {
     const Warp& w = warps_[running_->linear / 32];
     return w.lanes & ~w.exited;
+}
+
+// A kernel declares few static shared variables: a linear search is the cheapest set.
+void Block::poison_shared(void* p, std::size_t bytes) {
+    if (std::find(poisoned_.begin(), poisoned_.end(), p) != poisoned_.end()) return;
+    std::memset(p, 0xFF, bytes);
+    poisoned_.push_back(p);
 }
 
 std::string Block::thread_name(unsigned linear) const {
@@ -753,6 +763,7 @@ WarpResult warp_collective(Collective op, unsigned mask, unsigned long long valu
     return this_thread_block().warp_collective(op, mask, value, src_lane);
 }
 unsigned live_lanes() { return this_thread_block().live_lanes(); }
+void poison_shared(void* p, std::size_t bytes) { this_thread_block().poison_shared(p, bytes); }
 void fail(const char* format, ...) {
     va_list args;
     va_start(args, format);

@@ -8,7 +8,7 @@
 //! A launch goes through the same [`GpuDevice`] code as on a real GPU. What a machine without
 //! one leaves untested: the device compiler, and the races the emulator cannot show (see
 //! `cuda_emu.h`: a fiber runs until a barrier or a warp collective, so a plain `+=` by many
-//! threads loses no update; static shared memory starts at zero).
+//! threads loses no update).
 
 use crate::device::gpu::{DevPtr, GpuDevice, LaunchConfig, Precision, Runtime};
 use crate::error::{Error, Result};
