@@ -1,6 +1,6 @@
-//! Image classification datasets (one channel, pixels `f32` in [0, 1], row-major): scikit-learn
-//! digits (8×8), MNIST-5k (28×28), Fashion-MNIST (28×28, IDX) and a user's labelled images,
-//! and image batches as the ViT models take them.
+//! Image classification datasets (pixels `f32` in [0, 1], `[C, H, W]`): scikit-learn digits
+//! (8×8), MNIST-5k (28×28), Fashion-MNIST (28×28, IDX), all one channel, and a user's labelled
+//! images of any channel count; and image batches as the ViT models take them.
 
 use std::path::Path;
 
@@ -25,12 +25,12 @@ pub(crate) const IDX_IMAGES_MAGIC: u32 = 0x0803;
 /// IDX magic of unsigned-byte data with 1 dimension (labels).
 const IDX_LABELS_MAGIC: u32 = 0x0801;
 
-/// One single-channel image.
+/// One image.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ImageSample {
     /// Stable id (see each loader for how it is derived).
     pub id: u64,
-    /// `height · width` values in [0, 1], row-major.
+    /// `channels · height · width` values in [0, 1]: each channel's plane, row-major.
     pub pixels: Vec<f32>,
     /// Class index.
     pub label: u32,
@@ -38,6 +38,8 @@ pub struct ImageSample {
     pub width: usize,
     /// Height in pixels.
     pub height: usize,
+    /// Colour channels.
+    pub channels: usize,
 }
 
 impl Sample for ImageSample {
@@ -118,7 +120,7 @@ pub fn image_csv_file(
             ));
         }
         let pixels = values[..n_pixels].iter().map(|&v| v as f32 * scale).collect();
-        samples.push(ImageSample { id: samples.len() as u64, pixels, label, width, height });
+        samples.push(ImageSample { id: samples.len() as u64, pixels, label, width, height, channels: 1 });
     }
     if samples.is_empty() {
         return Err(dataset_error(path, None, "has no rows; expected at least one image"));
@@ -126,10 +128,10 @@ pub fn image_csv_file(
     Dataset::new(name, class_names, samples)
 }
 
-/// A user's labelled images (`dataset = "labelled_images"`): CSV rows of square single-channel
-/// images, `side²` raw pixels in `0..=pixel_max`, row-major, then the label (the rows `evaluate
-/// --file` reads), gzip or bzip2 by name or by the first bytes; blank lines are skipped. Every
-/// row of both files has the first row's pixel count. The classes are the training file's
+/// A user's labelled images (`dataset = "labelled_images"`): CSV rows of square images of
+/// `channels` planes, `channels · side²` raw values in `0..=pixel_max`, each plane row-major,
+/// then the label (the rows `evaluate --file` reads), gzip or bzip2 by name or by the first
+/// bytes; blank lines are skipped. Every row of both files has the first row's value count. The classes are the training file's
 /// distinct labels, sorted (as numbers where every label is an integer); every label of the
 /// held-out file must be among them. Ids: the 0-based row index, from [`TEST_FILE_ID_BASE`] in
 /// the held-out file.
@@ -137,10 +139,11 @@ pub fn labelled_image_files(
     train: &Path,
     test: Option<&Path>,
     pixel_max: u32,
+    channels: usize,
 ) -> Result<(Dataset<ImageSample>, Option<Dataset<ImageSample>>)> {
-    let train_rows = read_labelled_pixels(train, pixel_max, None)?;
-    let side = train_rows[0].1.len().isqrt();
-    let test_rows = test.map(|path| read_labelled_pixels(path, pixel_max, Some(side * side)).map(|r| (path, r)));
+    let train_rows = read_labelled_pixels(train, pixel_max, channels, None)?;
+    let side = (train_rows[0].1.len() / channels).isqrt();
+    let test_rows = test.map(|path| read_labelled_pixels(path, pixel_max, channels, Some(side)).map(|r| (path, r)));
     let test_rows = test_rows.transpose()?;
     let classes = sorted_classes(train, train_rows.iter().map(|r| r.2.as_str()))?;
     let to_samples = |rows: Vec<PixelRow>, path: &Path, id_base: u64| -> Result<Vec<ImageSample>> {
@@ -150,7 +153,7 @@ pub fn labelled_image_files(
             .map(|(i, (line, pixels, label))| {
                 let label = label_index(&classes, &label, train, path, line)?;
                 let pixels = pixels.iter().map(|&v| v as f32 * scale).collect();
-                Ok(ImageSample { id: id_base + i as u64, pixels, label, width: side, height: side })
+                Ok(ImageSample { id: id_base + i as u64, pixels, label, width: side, height: side, channels })
             })
             .collect()
     };
@@ -167,12 +170,17 @@ pub fn labelled_image_files(
 /// A row of a user's image file: its line, its raw pixels, its label.
 type PixelRow = (usize, Vec<u32>, String);
 
-/// The rows of a user's image file: `pixels` values each (the first row's, a square, where
+/// The rows of a user's image file: `channels · side²` values each (`side` the first row's where
 /// `None`), in `0..=pixel_max`, then a label; a bad row is an error naming its line.
-fn read_labelled_pixels(path: &Path, pixel_max: u32, pixels: Option<usize>) -> Result<Vec<PixelRow>> {
+fn read_labelled_pixels(path: &Path, pixel_max: u32, channels: usize, side: Option<usize>) -> Result<Vec<PixelRow>> {
     let text = read_text(path, SetupGroup::User)?;
     let mut rows: Vec<PixelRow> = Vec::new();
-    let mut want = pixels;
+    let mut want = side.map(|side| channels * side * side);
+    // "a 3×3 image", "a 3×3 image of 3 channels".
+    let shape = |side: usize| match channels {
+        1 => format!("a {side}×{side} image"),
+        c => format!("a {side}×{side} image of {c} channels"),
+    };
     for (line, row) in numbered_lines(&text) {
         if row.trim().is_empty() {
             continue;
@@ -197,13 +205,19 @@ fn read_labelled_pixels(path: &Path, pixel_max: u32, pixels: Option<usize>) -> R
             image.push(v);
         }
         let n = image.len();
+        let side = (n / channels).isqrt();
         match want {
             Some(w) if n != w => {
-                return Err(bad(format!("has {n} pixels, expected {w} (a {0}×{0} image) then the label", w.isqrt())));
-            }
-            None if n.isqrt() * n.isqrt() != n => {
                 return Err(bad(format!(
-                    "has {n} pixels, which is no square image; expected side² pixels (one channel) then the label"
+                    "has {n} values, expected {w} ({}) then the label",
+                    shape((w / channels).isqrt())
+                )));
+            }
+            None if channels * side * side != n => {
+                let per = if channels == 1 { "side²".to_string() } else { format!("{channels} × side²") };
+                return Err(bad(format!(
+                    "has {n} values, which is no square image of data.channels = {channels}; expected {per} pixel \
+                     values then the label"
                 )));
             }
             _ => want = Some(n),
@@ -291,6 +305,7 @@ pub fn idx_files(
             label: label as u32,
             width,
             height,
+            channels: 1,
         })
         .collect();
     Dataset::new(name, class_names, samples)
@@ -358,24 +373,26 @@ pub(crate) fn parse_idx<'a>(path: &Path, bytes: &'a [u8], magic: u32) -> Result<
     Ok((dims, data))
 }
 
-/// An image batch for a ViT: `pixels` `[B, 1, H, W]`, `targets` the labels, `sample_offset` as
+/// An image batch for a ViT: `pixels` `[B, C, H, W]`, `targets` the labels, `sample_offset` as
 /// given (the global index of the first sample, see [`HostBatch::sample_offset`]). All images
-/// must share one size.
+/// must share one size and channel count.
 pub fn image_batch(samples: &[&ImageSample], sample_offset: u64) -> Result<HostBatch> {
     let Some(first) = samples.first() else {
         return Err(data_error("image batch", "is empty; expected at least one sample"));
     };
-    let (w, h) = (first.width, first.height);
-    let mut pixels = Vec::with_capacity(samples.len() * w * h);
+    let (w, h, c) = (first.width, first.height, first.channels);
+    let mut pixels = Vec::with_capacity(samples.len() * c * w * h);
     for s in samples {
-        if (s.width, s.height) != (w, h) || s.pixels.len() != w * h {
+        if (s.width, s.height, s.channels) != (w, h, c) || s.pixels.len() != c * w * h {
             return Err(data_error(
                 "image batch",
                 format!(
-                    "sample id {} is {}×{} with {} pixels; expected {w}×{h} like the first sample",
+                    "sample id {} is {}×{} of {} channel(s) with {} values; expected {w}×{h} of {c} like the first \
+                     sample",
                     s.id,
                     s.width,
                     s.height,
+                    s.channels,
                     s.pixels.len()
                 ),
             ));

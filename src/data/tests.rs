@@ -469,7 +469,8 @@ fn bad_split_fractions_and_dataset_invariants() {
 
 #[test]
 fn image_batches_are_bchw() {
-    let img = |id, label, w, h| ImageSample { id, pixels: vec![id as f32; w * h], label, width: w, height: h };
+    let img =
+        |id, label, w, h| ImageSample { id, pixels: vec![id as f32; w * h], label, width: w, height: h, channels: 1 };
     let d = Dataset::new("imgs", digit_names(), vec![img(0, 1, 2, 3), img(1, 2, 2, 3), img(2, 3, 2, 3)]).unwrap();
     let b = d.batch(&[2, 0], 10).unwrap();
     assert_eq!((b.batch, b.targets.clone(), b.sample_offset), (2, vec![3, 1], 10));
@@ -478,6 +479,12 @@ fn image_batches_are_bchw() {
     assert!(px[..6].iter().all(|&v| v == 2.0) && px[6..].iter().all(|&v| v == 0.0));
     assert!(matches!(d.batch(&[3], 0), Err(Error::Data { .. })));
     assert!(matches!(image_batch(&[], 0), Err(Error::Data { .. })));
+    // Images of two channels follow each other whole; a batch of mixed channel counts is refused.
+    let planes = |id| ImageSample { id, pixels: vec![id as f32; 12], label: 0, width: 2, height: 3, channels: 2 };
+    let b = image_batch(&[&planes(4), &planes(5)], 0).unwrap();
+    assert_eq!(b.pixels.unwrap(), [vec![4.0; 12], vec![5.0; 12]].concat());
+    let message = image_batch(&[&planes(4), &img(1, 0, 2, 3)], 0).unwrap_err().to_string();
+    assert!(message.contains("sample id 1 is 2×3 of 1 channel(s) with 6 values; expected 2×3 of 2"), "{message}");
     let other = img(9, 0, 3, 2);
     assert!(matches!(image_batch(&[d.get(0).unwrap(), &other], 0), Err(Error::Data { .. })));
 }
@@ -556,7 +563,7 @@ fn a_users_labelled_images_are_read_row_by_row() {
     let dir = TempDir::new("labelled-images");
     let train = dir.write("train.csv.gz", b"0,1,2,3,cat\n\n4,4,0,0,dog\n");
     let test = dir.write("test.csv", b"1,1,1,1,dog\n");
-    let (set, held_out) = labelled_image_files(&train, Some(&test), 4).unwrap();
+    let (set, held_out) = labelled_image_files(&train, Some(&test), 4, 1).unwrap();
     assert_eq!(set.class_names(), ["cat", "dog"]);
     let s = &set.samples()[1];
     assert_eq!((s.id, s.label, s.width, s.height, s.pixels.clone()), (1, 1, 2, 2, vec![1.0, 1.0, 0.0, 0.0]));
@@ -575,31 +582,78 @@ fn a_users_labelled_images_are_read_row_by_row() {
             "sizes.csv",
             b"0,0,0,0,cat\n0,0,0,0,0,0,0,0,0,dog\n",
             2,
-            "has 9 pixels, expected 4 (a 2×2 image) then the label",
+            "has 9 values, expected 4 (a 2×2 image) then the label",
         ),
         (
             "oblong.csv",
             b"0,0,0,cat\n",
             1,
-            "has 3 pixels, which is no square image; expected side² pixels (one channel) then the label",
+            "has 3 values, which is no square image of data.channels = 1; expected side² pixel values then the label",
         ),
         ("no-label.csv", b"0,0,0,0, \n", 1, "has an empty label; expected CSV pixels then the label"),
     ] {
         let path = dir.write(name, bytes);
         assert_eq!(
-            dataset_err(labelled_image_files(&path, None, 4)),
+            dataset_err(labelled_image_files(&path, None, 4, 1)),
             (path.display().to_string(), Some(line), said.into())
         );
     }
     // The held-out file's images must be the training file's size, its labels its classes.
     let small = dir.write("small.csv", b"0,cat\n");
     assert_eq!(
-        dataset_err(labelled_image_files(&train, Some(&small), 4)).2,
-        "has 1 pixels, expected 4 (a 2×2 image) then the label"
+        dataset_err(labelled_image_files(&train, Some(&small), 4, 1)).2,
+        "has 1 values, expected 4 (a 2×2 image) then the label"
     );
     let other = dir.write("other.csv", b"0,0,0,0,bird\n");
-    let (_, _, message) = dataset_err(labelled_image_files(&train, Some(&other), 4));
+    let (_, _, message) = dataset_err(labelled_image_files(&train, Some(&other), 4, 1));
     assert!(message.starts_with("label `bird` does not occur in the training file") && message.ends_with("cat, dog"));
+}
+
+/// Images of several channels: a row holds each channel's plane whole, one after another (the
+/// model's `[C, H, W]`); its side follows from the channel count, and a row that is no square
+/// image of that many channels, or another size than the first, is named.
+#[test]
+fn a_users_images_of_several_channels_are_read_plane_by_plane() {
+    let dir = TempDir::new("labelled-planes");
+    // Two 2×2 images of 3 channels (12 values); 12 is no square, so one channel would refuse it.
+    let train = dir.write(
+        "rgb.csv",
+        b"0,1,2,3,4,5,6,7,8,9,10,11,red
+11,0,0,0,0,0,0,0,0,0,0,0,blue
+",
+    );
+    let (set, _) = labelled_image_files(&train, None, 11, 3).unwrap();
+    let s = &set.samples()[1];
+    assert_eq!(
+        (set.class_names(), s.label, s.width, s.height, s.channels),
+        (&["blue".into(), "red".into()][..], 0, 2, 2, 3)
+    );
+    let first = &set.samples()[0];
+    // (Scaled as the loader scales: times 1/pixel_max.)
+    assert_eq!(first.pixels, (0..12).map(|v| v as f32 * (1.0 / 11.0)).collect::<Vec<_>>());
+    assert_eq!(
+        dataset_err(labelled_image_files(&train, None, 11, 1)).2,
+        "has 12 values, which is no square image of data.channels = 1; expected side² pixel values then the label"
+    );
+    let four = dir.write(
+        "four.csv",
+        b"0,0,0,0,a
+0,0,0,0,b
+",
+    );
+    assert_eq!(
+        dataset_err(labelled_image_files(&four, None, 1, 3)).2,
+        "has 4 values, which is no square image of data.channels = 3; expected 3 × side² pixel values then the label"
+    );
+    let short = dir.write(
+        "short.csv",
+        b"0,0,0,a
+",
+    );
+    assert_eq!(
+        dataset_err(labelled_image_files(&train, Some(&short), 11, 3)).2,
+        "has 3 values, expected 12 (a 2×2 image of 3 channels) then the label"
+    );
 }
 
 /// A user's file of one label has nothing to tell apart; a label the training file lacks is
@@ -611,7 +665,7 @@ fn a_users_classes_are_two_or_more_and_named_briefly() {
     let (_, _, message) = dataset_err(labelled_text_files(&single, None));
     assert_eq!(message, "has one label, `pos`, on every row; expected at least two classes to tell apart");
     let images = dir.write("single.csv", b"0,cat\n1,cat\n");
-    assert!(dataset_err(labelled_image_files(&images, None, 1)).2.starts_with("has one label, `cat`"));
+    assert!(dataset_err(labelled_image_files(&images, None, 1, 1)).2.starts_with("has one label, `cat`"));
     let many: String = (0..30).map(|i| format!("{i}\ttext\n")).collect();
     let many = dir.write("many.tsv", many.as_bytes());
     let other = dir.write("other.tsv", b"99\ttext\n");

@@ -167,6 +167,11 @@ pub struct DataSection {
     /// 255; the export carries it, so `predict` scales raw rows the same).
     #[serde(default)]
     pub pixel_max: Option<u32>,
+    /// `labelled_images`: colour channels per pixel (default 1). A row holds the channels one
+    /// after another, each a whole `side × side` plane (`[C, H, W]`, the model's layout and the
+    /// one `evaluate --file` reads), then the label.
+    #[serde(default)]
+    pub channels: Option<usize>,
 }
 
 impl DataSection {
@@ -174,6 +179,12 @@ impl DataSection {
     /// (8-bit images); `None` for other datasets, which scale their own.
     pub fn user_pixel_max(&self) -> Option<u32> {
         (self.dataset == DatasetName::LabelledImages).then(|| self.pixel_max.unwrap_or(255))
+    }
+
+    /// A user's images' channels: `channels`, else 1; `None` for other datasets, which know
+    /// their own.
+    pub fn user_channels(&self) -> Option<usize> {
+        (self.dataset == DatasetName::LabelledImages).then(|| self.channels.unwrap_or(1))
     }
 
     /// Whether the test split is cut from the training samples by `split_seed` and
@@ -202,6 +213,17 @@ impl DataSection {
             }
             if max == 0 {
                 return Err(config_error("data.pixel_max", "is 0; expected the largest raw pixel value, at least 1"));
+            }
+        }
+        if let Some(channels) = self.channels {
+            if self.dataset != DatasetName::LabelledImages {
+                return Err(config_error(
+                    "data.channels",
+                    format!("is {channels}, but applies to dataset = \"labelled_images\"; {key} knows its own"),
+                ));
+            }
+            if channels == 0 {
+                return Err(config_error("data.channels", "is 0; expected the colour channels per pixel, at least 1"));
             }
         }
         if !self.dataset.from_user_files() {
@@ -1245,6 +1267,14 @@ dir = "runs/x"
         assert_eq!(parse(&[&images[..], &["data.pixel_max=16"]].concat()).unwrap().data.pixel_max, Some(16));
         let e = err(&[&images[..], &["data.pixel_max=0"]].concat());
         assert!(e.contains("data.pixel_max`: is 0"), "{e}");
+        // ...and so does `data.channels`.
+        let e = err(&["data.channels=3"]);
+        assert!(e.contains("data.channels`: is 3, but applies to dataset = \"labelled_images\""), "{e}");
+        let c = parse(&images).unwrap();
+        assert_eq!((c.data.user_channels(), c.data.user_pixel_max()), (Some(1), Some(255)));
+        assert_eq!(parse(&[&images[..], &["data.channels=3"]].concat()).unwrap().data.user_channels(), Some(3));
+        let e = err(&[&images[..], &["data.channels=0"]].concat());
+        assert!(e.contains("data.channels`: is 0; expected the colour channels per pixel"), "{e}");
         // ...also where both are written in the file.
         let file = BASE.replace(
             "dataset = \"rotten_tomatoes\"",

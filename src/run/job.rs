@@ -218,8 +218,8 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
                 DatasetName::FashionMnist => data::fashion_mnist(dir)?,
                 DatasetName::Mnist5k => data::mnist5k(dir)?.split_stratified(d.test_fraction, split_seed)?,
                 DatasetName::LabelledImages => {
-                    let max = d.user_pixel_max().unwrap_or_default();
-                    user_split(data::labelled_image_files(&train_file(d)?, d.test_file.as_deref(), max)?, d)?
+                    let (max, channels) = (d.user_pixel_max().unwrap_or_default(), d.user_channels().unwrap_or(1));
+                    user_split(data::labelled_image_files(&train_file(d)?, d.test_file.as_deref(), max, channels)?, d)?
                 }
                 _ => data::digits(dir)?.split_stratified(d.test_fraction, split_seed)?,
             };
@@ -552,6 +552,10 @@ pub(crate) fn data_settings(config: &RunConfig) -> serde_json::Value {
     }
     if let Some(max) = d.user_pixel_max() {
         map.insert(PIXEL_MAX.into(), max.into());
+    }
+    // (Recorded where more than one, so a run of one-channel images keeps its settings.)
+    if let Some(channels) = d.user_channels().filter(|&c| c > 1) {
+        map.insert("data.channels".into(), channels.into());
     }
     // What turns a text into ids, which the samples' fingerprint does not follow (a resume
     // under others names them), and a corpus's window length, which it does (a resume refused
