@@ -256,6 +256,10 @@ cuda_stamp_text() { local w; for w in "${CUDA_WHEELS[@]}"; do echo "$w"; done; }
 fetch_cuda() {
     local spec want members whl got
     need "$1" "$PYTHON" unzip sha256sum || return 1
+    # An earlier run stopped between parking item nccl's library below and the swap: take it back.
+    if [ -d "$CUDA_DIR.part/nvidia/nccl" ] && [ ! -d "$CUDA_DIR/nccl" ]; then
+        mkdir -p "$CUDA_DIR" && mv "$CUDA_DIR.part/nvidia/nccl" "$CUDA_DIR/nccl"
+    fi
     rm -rf "$CUDA_DIR.part" && mkdir -p "$CUDA_DIR.part"
     for w in "${CUDA_WHEELS[@]}"; do
         read -r spec want members <<<"$w"
