@@ -22,9 +22,7 @@ use pipetransformer::pipeline::{Pipeline, PipelineConfig, ScheduleKind};
 use std::time::Instant;
 
 fn main() {
-    // `cargo test --all-targets` (the test suite) runs this binary too, without `--bench`:
-    // there it only proves it builds, instead of timing loopback rings on a CI machine.
-    if !std::env::args().any(|a| a == "--bench") {
+    if !pipetransformer::bench::under_cargo_bench() {
         println!("benchmarks run under `cargo bench`");
         return;
     }

@@ -99,9 +99,8 @@ fn report(cases: &[Case]) {
 
 fn bench_plan(c: &mut Criterion) {
     let cases = cases();
-    // Timed once each, seconds in all: under `cargo bench` only, not the test suite's run
-    // of every target (which passes no `--bench`, and criterion then runs each case once).
-    if std::env::args().any(|a| a == "--bench") {
+    // Timed once each, seconds in all (criterion runs each case once in the test suite).
+    if pipetransformer::bench::under_cargo_bench() {
         report(&cases);
     }
     let mut g = c.benchmark_group("terapipe_plan");

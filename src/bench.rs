@@ -8,6 +8,13 @@ use crate::ops::matmul::{MatRef, matmul};
 use crate::rng::Rng;
 use std::time::Instant;
 
+/// Whether a bench binary runs under `cargo bench`, which passes `--bench`: `cargo test
+/// --all-targets` (the test suite) runs bench binaries too, without it, where a report that
+/// takes seconds (or times loopback rings on a CI machine) only needs to build.
+pub fn under_cargo_bench() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
+
 /// all-MiniLM-L6-v2's shape: 6 layers, hidden 384, 12 heads, MLP 1536, vocabulary 30522, with a
 /// 2-class mean-pooling head and Hugging Face's default dropout of 0.1.
 pub fn minilm_shaped() -> ModelConfig {
