@@ -7,6 +7,11 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+// (A module of its own so that tests/emulator.rs can test it: a build script has no tests.)
+#[path = "kernels/emu/poison_shared.rs"]
+mod poison_shared;
+use poison_shared::poison_static_shared;
+
 fn main() {
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
@@ -37,7 +42,7 @@ fn main() {
         table.push_str(&format!("    ({stem:?}, include_str!({:?})),\n", src.display().to_string()));
         // The file itself, each static `__shared__` declaration followed by its poisoning
         // (cuda_emu.h), `#line` keeping the compiler's messages on the file's own lines.
-        let mut unit = format!("#line 1 \"{}\"\n{}\n", src.display(), poison_static_shared(&text, src));
+        let mut unit = format!("#line 1 {:?}\n{}\n", src.display().to_string(), poison_static_shared(&text, src, true));
         for (name, bound) in kernel_names(&text) {
             // The bound's expression as the file writes it (a macro of the file, or a number);
             // 0 where the kernel declares none.
@@ -49,6 +54,13 @@ fn main() {
         units.push(path);
     }
 
+    // Headers are included, not rewritten: a static `__shared__` in one is refused.
+    for entry in std::fs::read_dir(&kernels).expect("kernels/ exists").filter_map(|e| e.ok()) {
+        let path = entry.path();
+        if path.extension().is_some_and(|x| x == "cuh") {
+            poison_static_shared(&std::fs::read_to_string(&path).expect("read kernel header"), &path, false);
+        }
+    }
     table.push_str("];\n");
     index.push_str("];\n");
     let common = format!(
@@ -90,37 +102,6 @@ fn kernel_names(text: &str) -> Vec<(String, Option<String>)> {
             Some((rest[..end].to_string(), bound)).filter(|(n, _)| !n.is_empty())
         })
         .collect()
-}
-
-/// `text` with `PT_EMU_POISON_SHARED(name);` after every static `__shared__` declaration, on
-/// its line. One declaration per line, without an initialiser (CUDA allows none), is what this
-/// reads; anything else fails the build naming the line.
-fn poison_static_shared(text: &str, path: &Path) -> String {
-    let mut out = String::with_capacity(text.len() + 1024);
-    for (i, line) in text.lines().enumerate() {
-        let code = line.split("//").next().unwrap_or_default();
-        out.push_str(line);
-        if let Some(at) = code.find("__shared__") {
-            let decl = &code[at + "__shared__".len()..];
-            let name = decl
-                .split_once(';')
-                .filter(|(d, _)| !code[..at].contains("extern") && !d.contains([',', '=']))
-                .and_then(|(d, _)| d.split('[').next())
-                .and_then(|d| d.split_whitespace().last())
-                .filter(|n| n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
-            let Some(name) = name else {
-                panic!(
-                    "{}:{}: declare one static __shared__ variable per line, `__shared__ T name[N];` \
-                     (dynamic shared memory through DYNAMIC_SHARED)",
-                    path.display(),
-                    i + 1
-                )
-            };
-            out.push_str(&format!(" PT_EMU_POISON_SHARED({name});"));
-        }
-        out.push('\n');
-    }
-    out
 }
 
 fn write_if_changed(path: &Path, text: &str) {

@@ -204,6 +204,10 @@ fn bench(rt: Arc<CudaRuntime>, precision: Precision, peak: &Option<GpuPeak>) {
 }
 
 fn main() {
+    if !pipetransformer::bench::under_cargo_bench() {
+        println!("benchmarks run under `cargo bench`");
+        return;
+    }
     if !pipetransformer::device::cuda::available() {
         println!("kernels bench: no CUDA GPU on this machine; skipped (the emulator's timings mean nothing)");
         return;

@@ -258,7 +258,8 @@ fetch_cuda() {
     need "$1" "$PYTHON" unzip sha256sum || return 1
     # An earlier run stopped between parking item nccl's library below and the swap: take it back.
     if [ -d "$CUDA_DIR.part/nvidia/nccl" ] && [ ! -d "$CUDA_DIR/nccl" ]; then
-        mkdir -p "$CUDA_DIR" && mv "$CUDA_DIR.part/nvidia/nccl" "$CUDA_DIR/nccl"
+        mkdir -p "$CUDA_DIR" && mv "$CUDA_DIR.part/nvidia/nccl" "$CUDA_DIR/nccl" ||
+            { echo "$1: ERROR: cannot move the NCCL library parked in ${CUDA_DIR#"$ROOT"/}.part back" >&2; return 1; }
     fi
     rm -rf "$CUDA_DIR.part" && mkdir -p "$CUDA_DIR.part"
     for w in "${CUDA_WHEELS[@]}"; do

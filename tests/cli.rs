@@ -1356,12 +1356,17 @@ fn a_model_that_does_not_fit_the_data_is_refused_by_its_settings() {
         ("model.config.num_labels=3", "num_labels`: is 3, but digits has 10 classes"),
         (
             "model.config.num_channels=3",
-            "num_channels 3 × image_size 8² = 192 values per image, but the images of digits have 64",
+            "num_channels 3 and image_size 8 (3 × 8² values per image), but the images of digits are 1 channel of \
+             8×8 (64 values)",
         ),
-        ("model.config.image_size=16", "image_size 16² = 256 values per image, but the images of digits have 64"),
+        ("model.config.image_size=16", "image_size 16 (1 × 16² values per image), but the images of digits are"),
+        // As many values in another shape: 4 channels of 4×4 would read the 8×8 images as other pixels.
+        ("model.config.num_channels=4", "num_channels 4 and image_size 4 (4 × 4² values per image)"),
     ] {
-        let (ok, out) =
-            pipetransformer(&["train", "--config", "configs/vit-digits.toml", "--set", set, "--set", &out_dir]);
+        let small = ["--set", "model.config.image_size=4"];
+        let extra: &[&str] = if set.ends_with("channels=4") { &small } else { &[] };
+        let args = ["train", "--config", "configs/vit-digits.toml", "--set", set, "--set", &out_dir];
+        let (ok, out) = pipetransformer(&[&args[..], extra].concat());
         assert!(!ok && out.contains("model.config") && out.contains(says), "{out}");
     }
     assert!(!dir.join("run").exists(), "nothing written");
@@ -1947,7 +1952,7 @@ fn a_model_of_another_kind_than_its_dataset_is_refused_before_anything_is_writte
         "data.dataset=\"mnist5k\"",
     ]);
     assert!(
-        !ok && out.contains("the model reads images of 1 × 8² = 64 values; the images of mnist5k have 784"),
+        !ok && out.contains("the model reads images of 1 channel of 8×8; the images of mnist5k are 1 channel of 28×28"),
         "{out}"
     );
     let (ok, out) = pipetransformer(&[
@@ -3318,7 +3323,10 @@ fn a_vit_trains_on_the_users_labelled_images() {
     let small = format!("data.train_file=\"{}\"", small.display());
     let other_dir = format!("output.dir=\"{}\"", dir.join("small").display());
     let (ok, out) = run(&["--set", &small, "--set", &other_dir]);
-    assert!(!ok && out.contains("model.config") && out.contains("have 9") && !out.contains("done:"), "{out}");
+    assert!(
+        !ok && out.contains("model.config") && out.contains("are 1 channel of 3×3") && !out.contains("done:"),
+        "{out}"
+    );
 }
 
 /// Images of three channels (`data.channels`): a row holds the channels' planes whole, one after
@@ -3378,6 +3386,9 @@ fn a_vit_trains_on_the_users_images_of_three_channels() {
     assert!(ok && scored.contains("9 targets"), "{scored}");
     assert!(trained.is_some() && loss(&scored, "loss") == trained, "{out}\n{scored}");
     let (ok, out) = run("model.config.num_channels=1", "one-channel");
-    assert!(!ok && out.contains("model.config") && out.contains("num_channels 1") && out.contains("have 192"), "{out}");
+    assert!(
+        !ok && out.contains("model.config") && out.contains("num_channels 1") && out.contains("are 3 channels of 8×8"),
+        "{out}"
+    );
     assert!(!out.contains("done:"), "{out}");
 }

@@ -3,6 +3,9 @@
 //! seeds, every shuffle and vote, partial warps, atomics across blocks and OS threads, static and
 //! dynamic shared memory poisoned for every block, wmma, bf16 rounding, and launches that can never complete reported as errors.
 
+#[path = "../kernels/emu/poison_shared.rs"]
+mod poison_shared;
+
 use pipetransformer::device::emu::EmuRuntime;
 use pipetransformer::device::gpu::{Arg, DevPtr, LaunchConfig, Runtime};
 use std::sync::Arc;
@@ -264,6 +267,49 @@ fn static_shared_memory_is_poisoned_for_every_block() {
             assert_eq!(got[2 * b + 1].to_bits(), unwritten, "block {b}, seed {seed}, {threads} thread(s)");
         }
     }
+}
+
+/// build.rs's rewrite puts the poisoning right after each static declaration's `;` (a comment
+/// after it stays after it), leaves comments and `extern` declarations alone, and fails the
+/// build naming the line for every declaration it could not poison.
+#[test]
+fn the_build_poisons_every_static_shared_declaration_or_refuses_it() {
+    use poison_shared::poison_static_shared;
+    let path = std::path::Path::new("k.cu");
+    let rewrite = |text: &str| poison_static_shared(text, path, true);
+    assert_eq!(
+        rewrite("  __shared__ float x[32];  // per warp\n__shared__ Pair p; /* one */\n"),
+        "  __shared__ float x[32]; PT_EMU_POISON_SHARED(x);  // per warp\n\
+         __shared__ Pair p; PT_EMU_POISON_SHARED(p); /* one */\n"
+    );
+    let untouched = "// a __shared__ buffer\n/* the __shared__\n * __shared__ float no[2];\n */ int a; // é·\n";
+    assert_eq!(rewrite(untouched), untouched);
+    let refused = |text: &str, poison: bool| {
+        std::panic::catch_unwind(|| poison_static_shared(text, path, poison))
+            .err()
+            .and_then(|e| e.downcast_ref::<String>().cloned())
+            .unwrap_or_default()
+    };
+    for (text, line, why) in [
+        ("int a;\n__shared__ float a[2]; __shared__ float b[2];\n", 2, "two __shared__ declarations on one line"),
+        ("#define M __shared__ float m[2]; \\\n", 1, "a __shared__ declaration inside a macro"),
+        (
+            "__shared__ float x __attribute__((aligned(16)));\n",
+            1,
+            "a __shared__ declaration with more than a type, a name and sizes",
+        ),
+        ("__shared__ float a[2], b[2];\n", 1, "a __shared__ declaration with more than a type, a name and sizes"),
+        ("__shared__ float\n    a[2];\n", 1, "a __shared__ declaration that does not end on its line"),
+        ("extern __shared__ float dyn[];\n", 1, "`extern __shared__` has no host equivalent"),
+    ] {
+        let message = refused(text, true);
+        assert!(message.starts_with(&format!("k.cu:{line}: {why}")), "{text:?}: {message}");
+    }
+    // A header is not rewritten: a static declaration there is refused, the CUDA branch of
+    // DYNAMIC_SHARED is not.
+    let dynamic = "#define DYN(T, n) \\\n    extern __shared__ unsigned char s_[]; \\\n";
+    assert_eq!(poison_static_shared(dynamic, path, false), dynamic);
+    assert!(refused("__shared__ float h[4];\n", false).starts_with("k.cu:1: a header declares static shared memory"));
 }
 
 #[test]

@@ -215,9 +215,16 @@ fn read_labelled_pixels(path: &Path, pixel_max: u32, channels: usize, side: Opti
             }
             None if channels * side * side != n => {
                 let per = if channels == 1 { "side²".to_string() } else { format!("{channels} × side²") };
+                // The channel count the row would fit, if a usual one does.
+                let fits = [1, 3, 4].into_iter().filter(|&c| c != channels && n % c == 0).find_map(|c| {
+                    let side = (n / c).isqrt();
+                    (side > 1 && c * side * side == n)
+                        .then(|| format!(" (as data.channels = {c}, {} of {side}×{side})", image_channels(c)))
+                });
                 return Err(bad(format!(
                     "has {n} values, which is no square image of data.channels = {channels}; expected {per} pixel \
-                     values then the label"
+                     values then the label{}",
+                    fits.unwrap_or_default()
                 )));
             }
             _ => want = Some(n),
@@ -373,6 +380,11 @@ pub(crate) fn parse_idx<'a>(path: &Path, bytes: &'a [u8], magic: u32) -> Result<
     Ok((dims, data))
 }
 
+/// "1 channel", "3 channels": an image's channels in a message.
+pub fn image_channels(n: usize) -> String {
+    format!("{n} channel{}", if n == 1 { "" } else { "s" })
+}
+
 /// An image batch for a ViT: `pixels` `[B, C, H, W]`, `targets` the labels, `sample_offset` as
 /// given (the global index of the first sample, see [`HostBatch::sample_offset`]). All images
 /// must share one size and channel count.
@@ -387,8 +399,8 @@ pub fn image_batch(samples: &[&ImageSample], sample_offset: u64) -> Result<HostB
             return Err(data_error(
                 "image batch",
                 format!(
-                    "sample id {} is {}×{} of {} channel(s) with {} values; expected {w}×{h} of {c} like the first \
-                     sample",
+                    "sample id {} is {}×{} of {} channel(s) with {} values; expected {w}×{h} of {c} channel(s) like \
+                     the first sample",
                     s.id,
                     s.width,
                     s.height,

@@ -633,7 +633,8 @@ fn a_users_images_of_several_channels_are_read_plane_by_plane() {
     assert_eq!(first.pixels, (0..12).map(|v| v as f32 * (1.0 / 11.0)).collect::<Vec<_>>());
     assert_eq!(
         dataset_err(labelled_image_files(&train, None, 11, 1)).2,
-        "has 12 values, which is no square image of data.channels = 1; expected side² pixel values then the label"
+        "has 12 values, which is no square image of data.channels = 1; expected side² pixel values then the label \
+         (as data.channels = 3, 3 channels of 2×2)"
     );
     let four = dir.write(
         "four.csv",
@@ -643,7 +644,8 @@ fn a_users_images_of_several_channels_are_read_plane_by_plane() {
     );
     assert_eq!(
         dataset_err(labelled_image_files(&four, None, 1, 3)).2,
-        "has 4 values, which is no square image of data.channels = 3; expected 3 × side² pixel values then the label"
+        "has 4 values, which is no square image of data.channels = 3; expected 3 × side² pixel values then the label \
+         (as data.channels = 1, 1 channel of 2×2)"
     );
     let short = dir.write(
         "short.csv",

@@ -54,6 +54,10 @@ pub struct DataInfo {
     /// export, so raw rows given to `predict` are scaled the same).
     #[serde(skip)]
     pub pixel_max: Option<u32>,
+    /// Images: their channels and side, which the model's `num_channels` and `image_size`
+    /// must be (the same count of values in another shape would be read as other pixels).
+    #[serde(skip)]
+    pub image: Option<(usize, usize)>,
     /// Text: the tokenizer's file and the ids it can give, checked against the model's tables
     /// before training (an id past them would end the run at the first batch holding it).
     #[serde(skip)]
@@ -170,6 +174,7 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
         labels: labels.to_vec(),
         chars: Vec::new(),
         pixel_max: None,
+        image: None,
         tokenizer: None,
         unigram_loss: None,
     };
@@ -225,6 +230,7 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
             };
             let split = hold_out_validation(split, d.validation_fraction, split_seed)?;
             let labels = split.train.class_names().to_vec();
+            let image = split.train.samples().first().map(|s| (s.channels, s.width));
             let train = subset(split.train.samples().to_vec(), d.train_limit, split_seed);
             let test = subset(split.test.samples().to_vec(), d.test_limit, split_seed ^ 1);
             let (n_train, n_test) = (train.len(), test.len());
@@ -237,7 +243,7 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
                 DatasetName::LabelledImages => d.user_pixel_max().unwrap_or_default(),
                 _ => 255,
             });
-            Ok((Box::new(source), DataInfo { pixel_max, ..info(&labels, n_train, n_test) }))
+            Ok((Box::new(source), DataInfo { pixel_max, image, ..info(&labels, n_train, n_test) }))
         }
         DatasetName::Hamlet | DatasetName::TextCorpus => {
             let (corpus, [file, held_out_file]) = corpus(d)?;
@@ -506,21 +512,26 @@ fn check_head_dim<D: Device>(config: &RunConfig, spec: &crate::model::Spec, dev:
 }
 
 /// An image model whose input does not fit the dataset's images is refused by its settings
-/// when the run is built, not by the first step's upload.
-fn check_images(spec: &crate::model::Spec, first: &HostBatch, info: &DataInfo) -> Result<()> {
-    let (InputSpec::Image { channels, image_size, .. }, Some(pixels)) = (spec.input, &first.pixels) else {
+/// when the run is built, not by the first step's upload; so is one whose channels and side
+/// differ though the count of values agrees (3 channels of 8² read as 12 of 4²).
+fn check_images(spec: &crate::model::Spec, info: &DataInfo) -> Result<()> {
+    let (InputSpec::Image { channels, image_size, .. }, Some(image)) = (spec.input, info.image) else {
         return Ok(());
     };
-    let (want, got) = (channels * image_size * image_size, pixels.len() / first.batch.max(1));
-    if want == got {
+    if image == (channels, image_size) {
         return Ok(());
     }
     Err(Error::Config {
         field: "model.config".into(),
         message: format!(
-            "num_channels {channels} × image_size {image_size}² = {want} values per image, but the images of {} \
-             have {got}: set the model's num_channels and image_size to the dataset's",
-            info.name
+            "num_channels {channels} and image_size {image_size} ({channels} × {image_size}² values per image), but \
+             the images of {} are {} of {}×{} ({} values): set the model's num_channels and image_size to the \
+             dataset's",
+            info.name,
+            data::image_channels(image.0),
+            image.1,
+            image.1,
+            image.0 * image.1 * image.1
         ),
     })
 }
@@ -553,8 +564,9 @@ pub(crate) fn data_settings(config: &RunConfig) -> serde_json::Value {
     if let Some(max) = d.user_pixel_max() {
         map.insert(PIXEL_MAX.into(), max.into());
     }
-    // (Recorded where more than one, so a run of one-channel images keeps its settings.)
-    if let Some(channels) = d.user_channels().filter(|&c| c > 1) {
+    // (A checkpoint written before the key existed, of one channel, compares as unchanged: a
+    // key missing on one side is.)
+    if let Some(channels) = d.user_channels() {
         map.insert("data.channels".into(), channels.into());
     }
     // What turns a text into ids, which the samples' fingerprint does not follow (a resume
@@ -1305,7 +1317,7 @@ impl<D: Device> Job<D> {
             None => None,
             Some(group) => {
                 let (mut shapes, _, _) = build_model(&devices[0], &config, &info, &|_| false)?;
-                check_images(shapes.spec(), &first, &info)?;
+                check_images(shapes.spec(), &info)?;
                 freeze_embeddings(&config, &devices[0], &mut shapes)?;
                 let (_, profiles) = planning_profiles(&config, &devices[0], &mut shapes, &first, &plan)?;
                 Some(Pipeline::units_of_process(&shapes, plan.clone(), &profiles, group.rank(), group.size())?)
@@ -1315,7 +1327,7 @@ impl<D: Device> Job<D> {
         let (mut model, model_config, load_report) = build_model(&devices[0], &config, &info, &keep)?;
         freeze_embeddings(&config, &devices[0], &mut model)?;
         let spec = model.spec().clone();
-        check_images(&spec, &first, &info)?;
+        check_images(&spec, &info)?;
         if let InputSpec::Tokens { max_positions, .. } = spec.input
             && config.data.max_len > max_positions
         {

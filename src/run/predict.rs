@@ -569,18 +569,17 @@ impl<D: Device> Predictor<D> {
         let batches = source.eval_batches();
         let first = (batches > 0).then(|| source.eval_batch(0)).transpose()?;
         if let Reader::Image { size, channels, .. } = self.reader
-            && let Some(first) = &first
-            && let Some(pixels) = &first.pixels
-            && pixels.len() != first.batch * channels * size * size
+            && let Some((their_channels, side)) = info.image
+            && (their_channels, side) != (channels, size)
         {
             return Err(config_error(
                 "data.dataset",
                 format!(
-                    "the model reads images of {channels} × {size}² = {} values; the images of {} have {}: expected \
-                     a dataset of the model's image size",
-                    channels * size * size,
+                    "the model reads images of {} of {size}×{size}; the images of {} are {} of {side}×{side}: \
+                     expected a dataset of the model's image size and channels",
+                    crate::data::image_channels(channels),
                     config.data.dataset.key(),
-                    pixels.len() / first.batch.max(1)
+                    crate::data::image_channels(their_channels),
                 ),
             ));
         }
