@@ -3329,6 +3329,94 @@ fn a_vit_trains_on_the_users_labelled_images() {
     );
 }
 
+/// A ViT trains on a folder of class subfolders of images (`labelled_images` where
+/// `data.train_file` names a folder), and its export predicts on one of those files as it
+/// trained on it; `data.pixel_max` (for raw CSV rows) is refused beside a folder; a resume
+/// after an image was edited is refused by the folder's name, losing nothing written.
+#[test]
+fn a_vit_trains_on_a_folder_of_the_users_images() {
+    let dir = scratch("user-folder");
+    let image = |seed: usize| {
+        let pixels: Vec<u8> = (0..64).map(|i| ((i * 7 + seed * 5) % 17 * 15) as u8).collect();
+        [b"P5\n8 8\n255\n".to_vec(), pixels].concat()
+    };
+    for i in 0..24 {
+        let class = if i % 2 == 0 { "even" } else { "odd" };
+        let folder = if i < 16 { "train" } else { "test" };
+        let path = dir.join(folder).join(class).join(format!("{i:02}.pgm"));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, image(i)).unwrap();
+    }
+    let args = |extra: &[&str]| -> Vec<String> {
+        let base = [
+            "train".to_string(),
+            "--config".into(),
+            "configs/vit-digits.toml".into(),
+            "--progress-every".into(),
+            "0".into(),
+            "--set".into(),
+            "data.dataset=\"labelled_images\"".into(),
+            "--set".into(),
+            format!("data.train_file=\"{}\"", dir.join("train").display()),
+            "--set".into(),
+            format!("data.test_file=\"{}\"", dir.join("test").display()),
+            "--set".into(),
+            "data.batch_size=8".into(),
+            "--set".into(),
+            "model.config.num_labels=2".into(),
+            "--set".into(),
+            format!("output.dir=\"{}\"", dir.join("run").display()),
+        ];
+        base.into_iter().chain(extra.iter().map(|s| s.to_string())).collect()
+    };
+    let run = |extra: &[&str]| pipetransformer(&args(extra).iter().map(String::as_str).collect::<Vec<_>>());
+    let (ok, out) = run(&["--fresh", "--set", "data.pixel_max=16"]);
+    assert!(!ok && out.contains("data.pixel_max`: is 16, but data.train_file") && out.contains("is a folder"), "{out}");
+    let (ok, out) = run(&["--fresh", "--set", "train.max_steps=2"]);
+    assert!(ok && out.contains("data: labelled_images — 16 training / 8 test samples, 2 classes"), "{out}");
+    let loss = |out: &str, marker: &str| {
+        let line = out.lines().find(|l| l.contains(marker)).unwrap_or_default().to_string();
+        line.split("loss ").nth(1).and_then(|l| l.split(',').next()).map(str::to_string)
+    };
+    let trained = loss(&out, "final eval:");
+    let model = dir.join("run").display().to_string();
+    let file = dir.join("test/even/16.pgm").display().to_string();
+    let (ok, out) = pipetransformer(&["predict", "--model", &model, &file]);
+    let label = json_lines(&out).first().map(|l| l["label"].as_str().unwrap_or_default().to_string());
+    assert!(ok && matches!(label.as_deref(), Some("even" | "odd")), "{out}");
+    // Scored again from the folders by `evaluate --config`: the run's final loss.
+    let (train_file, test_file) = (
+        format!("data.train_file=\"{}\"", dir.join("train").display()),
+        format!("data.test_file=\"{}\"", dir.join("test").display()),
+    );
+    let (ok, scored) = pipetransformer(&[
+        "evaluate",
+        "--model",
+        &model,
+        "--config",
+        "configs/vit-digits.toml",
+        "--set",
+        "data.dataset=\"labelled_images\"",
+        "--set",
+        &train_file,
+        "--set",
+        &test_file,
+        "--set",
+        "model.config.num_labels=2",
+    ]);
+    assert!(
+        ok && scored.contains("8 targets") && trained.is_some() && loss(&scored, "targets:") == trained,
+        "{scored}"
+    );
+
+    std::fs::write(dir.join("train/odd/01.pgm"), image(99)).unwrap();
+    let written = |f: &str| std::fs::read(dir.join("run").join(f)).unwrap();
+    let (checkpoint, log) = (written("checkpoint.ckpt"), written("metrics.jsonl"));
+    let (ok, out) = run(&["--resume", "--set", "train.max_steps=4"]);
+    assert!(!ok && out.contains("taken over other training data: with data.train_file = \"train #"), "{out}");
+    assert!(written("checkpoint.ckpt") == checkpoint && written("metrics.jsonl") == log);
+}
+
 /// Images of three channels (`data.channels`): a row holds the channels' planes whole, one after
 /// another, as `evaluate --file` reads a row for the model, so both score the held-out file
 /// alike (the same loss to the printed digit: another layout in either would move it); a model

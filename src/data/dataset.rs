@@ -195,7 +195,7 @@ pub(crate) fn label_index(
 }
 
 /// Class names for a message: all of a few, the first 20 of many and how many in all.
-fn shown_classes(classes: &[String]) -> String {
+pub(crate) fn shown_classes(classes: &[String]) -> String {
     const SHOWN: usize = 20;
     match classes.len() > SHOWN {
         true => format!("{}, … ({} in all)", classes[..SHOWN].join(", "), classes.len()),

@@ -131,16 +131,21 @@ pub fn image_csv_file(
 /// A user's labelled images (`dataset = "labelled_images"`): CSV rows of square images of
 /// `channels` planes, `channels · side²` raw values in `0..=pixel_max`, each plane row-major,
 /// then the label (the rows `evaluate --file` reads), gzip or bzip2 by name or by the first
-/// bytes; blank lines are skipped. Every row of both files has the first row's value count. The classes are the training file's
-/// distinct labels, sorted (as numbers where every label is an integer); every label of the
-/// held-out file must be among them. Ids: the 0-based row index, from [`TEST_FILE_ID_BASE`] in
-/// the held-out file.
+/// bytes; blank lines are skipped. Every row of both files has the first row's value count.
+/// The classes are the training file's distinct labels, sorted (as numbers where every label is
+/// an integer); every label of the held-out file must be among them. Ids: the 0-based row
+/// index, from [`TEST_FILE_ID_BASE`] in the held-out file. Where `train` (and `test`) name
+/// folders, their class subfolders' PNG and PGM images instead (`image_folder`; `pixel_max` is
+/// then unused: each file's format scales it, as `predict` scales such a file).
 pub fn labelled_image_files(
     train: &Path,
     test: Option<&Path>,
     pixel_max: u32,
     channels: usize,
 ) -> Result<(Dataset<ImageSample>, Option<Dataset<ImageSample>>)> {
+    if train.is_dir() || test.is_some_and(Path::is_dir) {
+        return super::image_folder::image_folders(train, test, channels);
+    }
     let train_rows = read_labelled_pixels(train, pixel_max, channels, None)?;
     let side = (train_rows[0].1.len() / channels).isqrt();
     let test_rows = test.map(|path| read_labelled_pixels(path, pixel_max, channels, Some(side)).map(|r| (path, r)));

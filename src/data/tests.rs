@@ -658,6 +658,137 @@ fn a_users_images_of_several_channels_are_read_plane_by_plane() {
     );
 }
 
+/// A PGM (`P5`, maximum 255) of `width` × `height` pixels, each `value`.
+fn pgm(width: usize, height: usize, value: u8) -> Vec<u8> {
+    [format!("P5\n{width} {height}\n255\n").into_bytes(), vec![value; width * height]].concat()
+}
+
+/// A 2×2 RGB PNG of one colour.
+fn rgb_png(rgb: [u8; 3]) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    {
+        let mut enc = png::Encoder::new(&mut bytes, 2, 2);
+        enc.set_color(png::ColorType::Rgb);
+        enc.set_depth(png::BitDepth::Eight);
+        enc.write_header().unwrap().write_image_data(&rgb.repeat(4)).unwrap();
+    }
+    bytes
+}
+
+/// A user's images as a folder of class subfolders: the classes are the subfolders' names
+/// (sorted as labels are), the images come in name order, scaled by their format, hidden
+/// entries skipped; a held-out folder's classes must be among them. Each wrong layout is named
+/// by its path: a file beside the classes, a folder inside one, an empty class, one class, an
+/// oblong image, another size or channel count, a held-out class the training folder lacks, a
+/// folder beside a file.
+#[test]
+fn a_users_images_are_read_from_class_folders() {
+    let dir = TempDir::new("image-folder");
+    let at = |rel: &str| dir.path().join(rel);
+    dir.write("train/10/b.pgm", &pgm(2, 2, 51));
+    dir.write("train/10/a.pgm", &pgm(2, 2, 255));
+    dir.write("train/9/x.pgm", &pgm(2, 2, 0));
+    dir.write("train/9/.thumbnail", b"no image");
+    dir.write("test/9/y.pgm", &pgm(2, 2, 102));
+    let (set, held_out) = labelled_image_files(&at("train"), Some(&at("test")), 255, 1).unwrap();
+    assert_eq!(set.class_names(), ["9", "10"]);
+    let got: Vec<(u64, u32, f32)> = set.samples().iter().map(|s| (s.id, s.label, s.pixels[0])).collect();
+    assert_eq!(got, [(0, 1, 1.0), (1, 1, 0.2), (2, 0, 0.0)]);
+    let held_out = held_out.unwrap();
+    let t = &held_out.samples()[0];
+    assert_eq!((t.id, t.label, t.pixels.clone(), t.channels), (TEST_FILE_ID_BASE, 0, vec![0.4; 4], 1));
+    // Colour images, with data.channels = 3: each plane whole.
+    dir.write("rgb/red/a.png", &rgb_png([255, 0, 51]));
+    dir.write("rgb/blue/a.png", &rgb_png([0, 0, 255]));
+    let (set, _) = labelled_image_files(&at("rgb"), None, 255, 3).unwrap();
+    let red = &set.samples()[1];
+    assert_eq!((red.label, red.channels, red.width), (1, 3, 2));
+    assert_eq!(red.pixels, [vec![1.0; 4], vec![0.0; 4], vec![0.2; 4]].concat());
+
+    dir.write("beside/a/x.pgm", &pgm(2, 2, 0));
+    dir.write("beside/notes.txt", b"hi");
+    dir.write("nested/a/deeper/x.pgm", &pgm(2, 2, 0));
+    dir.write("nested/b/x.pgm", &pgm(2, 2, 0));
+    dir.write("empty/a/.keep", b"");
+    dir.write("empty/b/x.pgm", &pgm(2, 2, 0));
+    dir.write("one/a/x.pgm", &pgm(2, 2, 0));
+    dir.write("flat/x.pgm", &pgm(2, 2, 0));
+    dir.write("oblong/a/x.pgm", &pgm(2, 3, 0));
+    dir.write("oblong/b/x.pgm", &pgm(2, 2, 0));
+    dir.write("sizes/a/x.pgm", &pgm(2, 2, 0));
+    dir.write("sizes/b/x.pgm", &pgm(3, 3, 0));
+    dir.write("big/9/y.pgm", &pgm(3, 3, 0));
+    let none: Option<&str> = None;
+    for (folder, channels, test, path, said) in [
+        (
+            "beside",
+            1,
+            none,
+            "beside/notes.txt",
+            format!(
+                "is a file beside the class folders of {}; expected only one subfolder per class, each holding its images",
+                at("beside").display()
+            ),
+        ),
+        (
+            "nested",
+            1,
+            none,
+            "nested/a/deeper",
+            "is a folder inside the folder of class `a`; expected only its image files".into(),
+        ),
+        ("empty", 1, none, "empty/a", "holds no images; expected the PNG or PGM images of class `a`".into()),
+        ("one", 1, none, "one", "holds one class folder, `a`; expected at least two classes to tell apart".into()),
+        ("oblong", 1, none, "oblong/a/x.pgm", "is 2×3; expected square images".into()),
+        (
+            "flat",
+            1,
+            none,
+            "flat",
+            "holds files but no class subfolders; expected one subfolder per class, each holding its images \
+             (name the folder above them)"
+                .into(),
+        ),
+        (
+            "sizes",
+            1,
+            none,
+            "sizes/b/x.pgm",
+            format!("is 3×3, but {} is 2×2; expected every image of one size", at("sizes/a/x.pgm").display()),
+        ),
+        (
+            "rgb",
+            1,
+            none,
+            "rgb/blue/a.png",
+            "has 3 channel(s), but data.channels = 1; set data.channels (and the model's num_channels) to the images'"
+                .into(),
+        ),
+        (
+            "train",
+            1,
+            Some("sizes"),
+            "sizes/a",
+            format!("is no class of the training folder {}: `a`; expected one of 9, 10", at("train").display()),
+        ),
+        (
+            "train",
+            1,
+            Some("big"),
+            "big/9/y.pgm",
+            "is 3×3, but the training images are 2×2; expected every image of one size".into(),
+        ),
+    ] {
+        let test = test.map(&at);
+        let got = dataset_err(labelled_image_files(&at(folder), test.as_deref(), 255, channels));
+        assert_eq!((got.0, got.2), (at(path).display().to_string(), said), "{folder}");
+    }
+    let rows = dir.write("rows.csv", b"0,0,0,0,a\n");
+    let (file, _, message) = dataset_err(labelled_image_files(&at("train"), Some(&rows), 255, 1));
+    assert_eq!(file, rows.display().to_string());
+    assert!(message.starts_with("is a file, but the other of data.train_file and data.test_file is a folder"));
+}
+
 /// A user's file of one label has nothing to tell apart; a label the training file lacks is
 /// named with the classes, the first 20 of many.
 #[test]

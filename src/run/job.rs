@@ -224,7 +224,18 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
                 DatasetName::Mnist5k => data::mnist5k(dir)?.split_stratified(d.test_fraction, split_seed)?,
                 DatasetName::LabelledImages => {
                     let (max, channels) = (d.user_pixel_max().unwrap_or_default(), d.user_channels().unwrap_or(1));
-                    user_split(data::labelled_image_files(&train_file(d)?, d.test_file.as_deref(), max, channels)?, d)?
+                    let train = train_file(d)?;
+                    if let Some(max) = d.pixel_max.filter(|_| train.is_dir()) {
+                        return Err(config_error(
+                            "data.pixel_max",
+                            format!(
+                                "is {max}, but data.train_file {} is a folder of image files, which their format \
+                                 scales (8-bit PNG by 255, 16-bit by 65535, a PGM by its maximum): leave it out",
+                                train.display()
+                            ),
+                        ));
+                    }
+                    user_split(data::labelled_image_files(&train, d.test_file.as_deref(), max, channels)?, d)?
                 }
                 _ => data::digits(dir)?.split_stratified(d.test_fraction, split_seed)?,
             };
@@ -596,11 +607,30 @@ pub(crate) const TEST_FILE: &str = "data.test_file";
 /// The scale of a user's images ([`data_settings`]' key): what a pixel is divided by.
 pub(crate) const PIXEL_MAX: &str = "data.pixel_max";
 
-/// A file as its name and a hash of its bytes (`reviews.tsv #…`), or `None` where it cannot be
-/// read: the same file under another folder is the same, an edited one is not.
+/// A file as its name and a hash of its bytes (`reviews.tsv #…`), a folder of images as its name
+/// and a hash of its files ([`folder_hash`]), or `None` where it cannot be read: the same file
+/// under another folder is the same, an edited one is not.
 fn hashed(file: &Path) -> Option<String> {
-    let bytes = std::fs::read(file).ok()?;
-    Some(format!("{} #{:016x}", file_name(file), crate::rng::fnv1a(&bytes, crate::rng::FNV_OFFSET)))
+    let hash = match file.is_dir() {
+        true => folder_hash(file)?,
+        false => crate::rng::fnv1a(&std::fs::read(file).ok()?, crate::rng::FNV_OFFSET),
+    };
+    Some(format!("{} #{hash:016x}", file_name(file)))
+}
+
+/// The files of a folder of class subfolders, as the loader lists them, each by its path within
+/// the folder and its bytes: a file renamed, moved to another class, added or edited changes it.
+fn folder_hash(dir: &Path) -> Option<u64> {
+    use crate::rng::fnv1a;
+    let mut hash = crate::rng::FNV_OFFSET;
+    for class in data::folder_entries(dir).ok()? {
+        for file in data::folder_entries(&class).ok()? {
+            let name = file.strip_prefix(dir).ok()?.to_string_lossy().into_owned();
+            hash = fnv1a(&[name.as_bytes(), &[0]].concat(), hash);
+            hash = fnv1a(&std::fs::read(&file).ok()?, hash);
+        }
+    }
+    Some(hash)
 }
 
 fn file_name(file: &Path) -> String {

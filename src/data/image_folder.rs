@@ -1,0 +1,185 @@
+//! A user's images as a folder of class subfolders (`dataset = "labelled_images"` where
+//! `data.train_file` names a folder, the layout torchvision's `ImageFolder` reads): each
+//! subfolder's name is a class, its PNG and PGM files that class's images, scaled by their own
+//! format as `predict` scales such a file ([`read_image_file`]).
+
+use super::dataset::{Dataset, TEST_FILE_ID_BASE, shown_classes, sorted_classes};
+use super::files::dataset_error;
+use super::image_files::read_image_file;
+use super::images::ImageSample;
+use crate::error::Result;
+use std::path::{Path, PathBuf};
+
+/// The entries of `dir` in name order, leaving out those whose names start with `.` (a file
+/// manager's or an editor's leftovers).
+pub(crate) fn folder_entries(dir: &Path) -> Result<Vec<PathBuf>> {
+    let unlisted = |e: std::io::Error| dataset_error(dir, None, format!("cannot be listed: {e}"));
+    let mut paths = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(unlisted)? {
+        let entry = entry.map_err(unlisted)?;
+        if !entry.file_name().to_string_lossy().starts_with('.') {
+            paths.push(entry.path());
+        }
+    }
+    paths.sort();
+    Ok(paths)
+}
+
+/// The training folder `train` and the held-out folder `test`, if given: the classes are the
+/// training folder's subfolders (sorted as labels are, as numbers where all are integers),
+/// every image square, of the first one's size and of `channels` channels; a held-out
+/// subfolder must be one of the classes. Ids count the images in folder then file name order,
+/// from [`TEST_FILE_ID_BASE`] in the held-out folder.
+pub(crate) fn image_folders(
+    train: &Path,
+    test: Option<&Path>,
+    channels: usize,
+) -> Result<(Dataset<ImageSample>, Option<Dataset<ImageSample>>)> {
+    for path in [Some(train), test].into_iter().flatten() {
+        if !path.is_dir() {
+            return Err(dataset_error(
+                path,
+                None,
+                "is a file, but the other of data.train_file and data.test_file is a folder; expected both \
+                 folders of class subfolders, or both CSV files",
+            ));
+        }
+    }
+    let classes = class_folders(train)?;
+    if let [(only, _)] = classes.as_slice() {
+        return Err(dataset_error(
+            train,
+            None,
+            format!("holds one class folder, `{only}`; expected at least two classes to tell apart"),
+        ));
+    }
+    let names: Vec<&str> = classes.iter().map(|(name, _)| name.as_str()).collect();
+    let classes_sorted = sorted_classes(train, names.into_iter())?;
+    let (samples, side) = images(train, &classes, &classes_sorted, channels, None, 0)?;
+    let held_out = match test {
+        Some(test) => {
+            let theirs = class_folders(test)?;
+            if let Some((name, path)) = theirs.iter().find(|(name, _)| !classes_sorted.contains(name)) {
+                return Err(dataset_error(
+                    path,
+                    None,
+                    format!(
+                        "is no class of the training folder {}: `{name}`; expected one of {}",
+                        train.display(),
+                        shown_classes(&classes_sorted)
+                    ),
+                ));
+            }
+            let (samples, _) = images(test, &theirs, &classes_sorted, channels, Some(side), TEST_FILE_ID_BASE)?;
+            Some(Dataset::new("labelled_images/test", classes_sorted.clone(), samples)?)
+        }
+        None => None,
+    };
+    Ok((Dataset::new("labelled_images", classes_sorted, samples)?, held_out))
+}
+
+/// The class subfolders of `dir`, by name; a file beside them, or fewer than two (in a
+/// training folder: the held-out one may hold one), is an error.
+fn class_folders(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
+    let mut classes = Vec::new();
+    let entries = folder_entries(dir)?;
+    if !entries.is_empty() && !entries.iter().any(|p| p.is_dir()) {
+        return Err(dataset_error(
+            dir,
+            None,
+            "holds files but no class subfolders; expected one subfolder per class, each holding its images \
+             (name the folder above them)",
+        ));
+    }
+    for path in entries {
+        if !path.is_dir() {
+            return Err(dataset_error(
+                &path,
+                None,
+                format!(
+                    "is a file beside the class folders of {}; expected only one subfolder per class, each \
+                     holding its images",
+                    dir.display()
+                ),
+            ));
+        }
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        classes.push((name, path));
+    }
+    if classes.is_empty() {
+        return Err(dataset_error(
+            dir,
+            None,
+            "holds no class folders; expected one subfolder per class, each holding its PNG or PGM images",
+        ));
+    }
+    Ok(classes)
+}
+
+/// The images of `classes` (name, folder), labelled by their index in `sorted`: each square,
+/// of `side` (the first image's where `None`) and `channels` channels. Returns them and their
+/// side.
+fn images(
+    dir: &Path,
+    classes: &[(String, PathBuf)],
+    sorted: &[String],
+    channels: usize,
+    side: Option<usize>,
+    id_base: u64,
+) -> Result<(Vec<ImageSample>, usize)> {
+    let mut samples: Vec<ImageSample> = Vec::new();
+    let mut want: Option<(usize, PathBuf)> = side.map(|s| (s, dir.to_path_buf()));
+    for (name, folder) in classes {
+        let label = sorted.iter().position(|c| c == name).unwrap_or_default() as u32;
+        let files = folder_entries(folder)?;
+        if files.is_empty() {
+            return Err(dataset_error(
+                folder,
+                None,
+                format!("holds no images; expected the PNG or PGM images of class `{name}`"),
+            ));
+        }
+        for file in files {
+            if file.is_dir() {
+                return Err(dataset_error(
+                    &file,
+                    None,
+                    format!("is a folder inside the folder of class `{name}`; expected only its image files"),
+                ));
+            }
+            let (w, h, c, pixels) = read_image_file(&file)?;
+            if w != h {
+                return Err(dataset_error(&file, None, format!("is {w}×{h}; expected square images")));
+            }
+            if c != channels {
+                return Err(dataset_error(
+                    &file,
+                    None,
+                    format!(
+                        "has {c} channel(s), but data.channels = {channels}; set data.channels (and the model's \
+                         num_channels) to the images'"
+                    ),
+                ));
+            }
+            match &want {
+                Some((s, first)) if *s != w => {
+                    let what = if side.is_some() {
+                        "the training images are".to_string()
+                    } else {
+                        format!("{} is", first.display())
+                    };
+                    return Err(dataset_error(
+                        &file,
+                        None,
+                        format!("is {w}×{w}, but {what} {s}×{s}; expected every image of one size"),
+                    ));
+                }
+                Some(_) => {}
+                None => want = Some((w, file.clone())),
+            }
+            let id = id_base + samples.len() as u64;
+            samples.push(ImageSample { id, pixels, label, width: w, height: h, channels: c });
+        }
+    }
+    Ok((samples, want.map_or(0, |(s, _)| s)))
+}
