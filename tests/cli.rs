@@ -3330,9 +3330,10 @@ fn a_vit_trains_on_the_users_labelled_images() {
 }
 
 /// A ViT trains on a folder of class subfolders of images (`labelled_images` where
-/// `data.train_file` names a folder), and its export predicts on one of those files as it
-/// trained on it; `data.pixel_max` (for raw CSV rows) is refused beside a folder; a resume
-/// after an image was edited is refused by the folder's name, losing nothing written.
+/// `data.train_file` names a folder); `predict` reads one of those files, and `evaluate
+/// --config` scores the held-out folder to the run's own final loss; `data.pixel_max` (for raw
+/// CSV rows) is refused beside a folder, and so is a held-out folder that is the training one;
+/// a resume after an image was edited is refused by the folder's name, losing nothing written.
 #[test]
 fn a_vit_trains_on_a_folder_of_the_users_images() {
     let dir = scratch("user-folder");
@@ -3372,6 +3373,9 @@ fn a_vit_trains_on_a_folder_of_the_users_images() {
     let run = |extra: &[&str]| pipetransformer(&args(extra).iter().map(String::as_str).collect::<Vec<_>>());
     let (ok, out) = run(&["--fresh", "--set", "data.pixel_max=16"]);
     assert!(!ok && out.contains("data.pixel_max`: is 16, but data.train_file") && out.contains("is a folder"), "{out}");
+    let same = format!("data.test_file=\"{}/\"", dir.join("train").display());
+    let (ok, out) = run(&["--fresh", "--set", &same]);
+    assert!(!ok && out.contains("data.test_file`: is ") && out.contains("the training data itself"), "{out}");
     let (ok, out) = run(&["--fresh", "--set", "train.max_steps=2"]);
     assert!(ok && out.contains("data: labelled_images — 16 training / 8 test samples, 2 classes"), "{out}");
     let loss = |out: &str, marker: &str| {

@@ -22,6 +22,22 @@ pub fn read_idx_images(path: &Path) -> Result<Vec<ImagePixels>> {
 /// A PNG (grayscale, RGB, with or without alpha, 8 or 16 bits; alpha is dropped) or PGM
 /// (`P2` text or `P5` binary) file.
 pub fn read_image_file(path: &Path) -> Result<ImagePixels> {
+    read_image_file_as_stored(path).map(|image| image.pixels)
+}
+
+/// An image file's pixels and how they were stored.
+pub(crate) struct StoredImage {
+    /// As [`read_image_file`] gives them.
+    pub pixels: ImagePixels,
+    /// The largest value of the file's format, which its values were divided by (255 for an
+    /// 8-bit PNG, 65535 for a 16-bit one, a PGM's own maximum).
+    pub max: u32,
+    /// Whether an alpha channel was dropped.
+    pub alpha: bool,
+}
+
+/// [`read_image_file`], with the format's maximum and whether alpha was dropped.
+pub(crate) fn read_image_file_as_stored(path: &Path) -> Result<StoredImage> {
     let bytes = read_bytes(path, SetupGroup::User)?;
     if bytes.starts_with(b"\x89PNG") {
         decode_png(path, &bytes)
@@ -32,7 +48,7 @@ pub fn read_image_file(path: &Path) -> Result<ImagePixels> {
     }
 }
 
-fn decode_png(path: &Path, bytes: &[u8]) -> Result<ImagePixels> {
+fn decode_png(path: &Path, bytes: &[u8]) -> Result<StoredImage> {
     let bad = |e: png::DecodingError| dataset_error(path, None, format!("is not a readable PNG: {e}"));
     let mut decoder = png::Decoder::new(std::io::Cursor::new(bytes));
     // Palettes and sub-byte depths become 8-bit gray or RGB(A).
@@ -63,7 +79,7 @@ fn decode_png(path: &Path, bytes: &[u8]) -> Result<ImagePixels> {
             px[c * h * w + i] = value(i * stored + c);
         }
     }
-    Ok((w, h, kept, px))
+    Ok(StoredImage { pixels: (w, h, kept, px), max: if sixteen { 65535 } else { 255 }, alpha: stored > kept })
 }
 
 /// Largest image accepted, in pixels (4096 × 4096): `predict` only takes images of the model's
@@ -103,7 +119,7 @@ fn check_png_size(path: &Path, info: &png::Info<'_>, file_len: usize) -> Result<
     Ok(())
 }
 
-fn decode_pgm(path: &Path, bytes: &[u8]) -> Result<ImagePixels> {
+fn decode_pgm(path: &Path, bytes: &[u8]) -> Result<StoredImage> {
     // Header: magic, width, height, maxval as whitespace-separated text (comments from `#` to
     // the end of a line), then one whitespace byte and the raster.
     let mut fields = Vec::new();
@@ -172,7 +188,8 @@ fn decode_pgm(path: &Path, bytes: &[u8]) -> Result<ImagePixels> {
     if let Some(v) = values.iter().find(|&&v| v > max) {
         return Err(dataset_error(path, None, format!("PGM value {v} exceeds its maximum {max}")));
     }
-    Ok((w, h, 1, values.iter().map(|&v| v as f32 / max as f32).collect()))
+    let pixels = (w, h, 1, values.iter().map(|&v| v as f32 / max as f32).collect());
+    Ok(StoredImage { pixels, max: max as u32, alpha: false })
 }
 
 #[cfg(test)]

@@ -1,11 +1,13 @@
 //! A user's images as a folder of class subfolders (`dataset = "labelled_images"` where
 //! `data.train_file` names a folder, the layout torchvision's `ImageFolder` reads): each
 //! subfolder's name is a class, its PNG and PGM files that class's images, scaled by their own
-//! format as `predict` scales such a file ([`read_image_file`]).
+//! format as `predict` scales such a file ([`read_image_file`](super::read_image_file)). Class
+//! names that are all integers sort as numbers (`2` before `10`), as a user's labels do, where
+//! `ImageFolder` sorts them as text.
 
 use super::dataset::{Dataset, TEST_FILE_ID_BASE, shown_classes, sorted_classes};
 use super::files::dataset_error;
-use super::image_files::read_image_file;
+use super::image_files::{StoredImage, read_image_file_as_stored};
 use super::images::ImageSample;
 use crate::error::Result;
 use std::path::{Path, PathBuf};
@@ -25,17 +27,21 @@ pub(crate) fn folder_entries(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(paths)
 }
 
-/// The training folder `train` and the held-out folder `test`, if given: the classes are the
-/// training folder's subfolders (sorted as labels are, as numbers where all are integers),
-/// every image square, of the first one's size and of `channels` channels; a held-out
-/// subfolder must be one of the classes. Ids count the images in folder then file name order,
-/// from [`TEST_FILE_ID_BASE`] in the held-out folder.
+/// The training folder `train` and the held-out folder `test`, if given, and the largest value
+/// of their images' format, which their values were divided by: the classes are the training
+/// folder's subfolders (sorted as labels are, as numbers where all are integers), every image
+/// square, of the first one's size, format maximum (8-bit, 16-bit, a PGM's own) and `channels`
+/// channels; a held-out subfolder must be one of the classes. Ids count the images in folder
+/// then file name order, from [`TEST_FILE_ID_BASE`] in the held-out folder.
 pub(crate) fn image_folders(
     train: &Path,
     test: Option<&Path>,
     channels: usize,
-) -> Result<(Dataset<ImageSample>, Option<Dataset<ImageSample>>)> {
+) -> Result<(Dataset<ImageSample>, Option<Dataset<ImageSample>>, u32)> {
     for path in [Some(train), test].into_iter().flatten() {
+        if !path.exists() {
+            return Err(dataset_error(path, None, "not found; expected a folder of class subfolders of images"));
+        }
         if !path.is_dir() {
             return Err(dataset_error(
                 path,
@@ -55,7 +61,7 @@ pub(crate) fn image_folders(
     }
     let names: Vec<&str> = classes.iter().map(|(name, _)| name.as_str()).collect();
     let classes_sorted = sorted_classes(train, names.into_iter())?;
-    let (samples, side) = images(train, &classes, &classes_sorted, channels, None, 0)?;
+    let (samples, first) = images(&classes, &classes_sorted, channels, None, 0)?;
     let held_out = match test {
         Some(test) => {
             let theirs = class_folders(test)?;
@@ -70,16 +76,16 @@ pub(crate) fn image_folders(
                     ),
                 ));
             }
-            let (samples, _) = images(test, &theirs, &classes_sorted, channels, Some(side), TEST_FILE_ID_BASE)?;
+            let (samples, _) = images(&theirs, &classes_sorted, channels, Some(&first), TEST_FILE_ID_BASE)?;
             Some(Dataset::new("labelled_images/test", classes_sorted.clone(), samples)?)
         }
         None => None,
     };
-    Ok((Dataset::new("labelled_images", classes_sorted, samples)?, held_out))
+    Ok((Dataset::new("labelled_images", classes_sorted, samples)?, held_out, first.max))
 }
 
-/// The class subfolders of `dir`, by name; a file beside them, or fewer than two (in a
-/// training folder: the held-out one may hold one), is an error.
+/// The class subfolders of `dir`, by name (UTF-8: two names that differ only in bytes that are
+/// not would read as one class); a file beside them, or none, is an error.
 fn class_folders(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
     let mut classes = Vec::new();
     let entries = folder_entries(dir)?;
@@ -103,7 +109,9 @@ fn class_folders(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
                 ),
             ));
         }
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()).map(str::to_string) else {
+            return Err(dataset_error(&path, None, "has a name that is not UTF-8; expected a class name"));
+        };
         classes.push((name, path));
     }
     if classes.is_empty() {
@@ -116,19 +124,32 @@ fn class_folders(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
     Ok(classes)
 }
 
+/// The first image of a folder: what every other image (and the held-out folder's) must match.
+struct First {
+    side: usize,
+    max: u32,
+    /// Where it is, or `None` for the training images seen from the held-out folder.
+    path: Option<PathBuf>,
+}
+
+impl First {
+    fn named(&self) -> String {
+        self.path.as_ref().map_or_else(|| "the training images are".to_string(), |p| format!("{} is", p.display()))
+    }
+}
+
 /// The images of `classes` (name, folder), labelled by their index in `sorted`: each square,
-/// of `side` (the first image's where `None`) and `channels` channels. Returns them and their
-/// side.
+/// of `channels` channels and of the size and format maximum of `first` (the first image's
+/// where `None`). Returns them and the first.
 fn images(
-    dir: &Path,
     classes: &[(String, PathBuf)],
     sorted: &[String],
     channels: usize,
-    side: Option<usize>,
+    first: Option<&First>,
     id_base: u64,
-) -> Result<(Vec<ImageSample>, usize)> {
+) -> Result<(Vec<ImageSample>, First)> {
     let mut samples: Vec<ImageSample> = Vec::new();
-    let mut want: Option<(usize, PathBuf)> = side.map(|s| (s, dir.to_path_buf()));
+    let mut want = first.map(|f| First { side: f.side, max: f.max, path: None });
     for (name, folder) in classes {
         let label = sorted.iter().position(|c| c == name).unwrap_or_default() as u32;
         let files = folder_entries(folder)?;
@@ -147,39 +168,41 @@ fn images(
                     format!("is a folder inside the folder of class `{name}`; expected only its image files"),
                 ));
             }
-            let (w, h, c, pixels) = read_image_file(&file)?;
+            let StoredImage { pixels: (w, h, c, pixels), max, alpha } = read_image_file_as_stored(&file)?;
+            let bad = |message: String| Err(dataset_error(&file, None, message));
             if w != h {
-                return Err(dataset_error(&file, None, format!("is {w}×{h}; expected square images")));
+                return bad(format!("is {w}×{h}; expected square images"));
             }
             if c != channels {
-                return Err(dataset_error(
-                    &file,
-                    None,
-                    format!(
-                        "has {c} channel(s), but data.channels = {channels}; set data.channels (and the model's \
-                         num_channels) to the images'"
-                    ),
+                let dropped = if alpha { " (its alpha channel dropped)" } else { "" };
+                return bad(format!(
+                    "has {c} channel(s){dropped}, but data.channels = {channels}; set data.channels (and the \
+                     model's num_channels) to the images'"
                 ));
             }
             match &want {
-                Some((s, first)) if *s != w => {
-                    let what = if side.is_some() {
-                        "the training images are".to_string()
-                    } else {
-                        format!("{} is", first.display())
-                    };
-                    return Err(dataset_error(
-                        &file,
-                        None,
-                        format!("is {w}×{w}, but {what} {s}×{s}; expected every image of one size"),
+                Some(f) if f.side != w => {
+                    return bad(format!(
+                        "is {w}×{w}, but {} {1}×{1}; expected every image of one size",
+                        f.named(),
+                        f.side
+                    ));
+                }
+                Some(f) if f.max != max => {
+                    return bad(format!(
+                        "stores values up to {max}, but {} up to {}; expected every image of one depth (the \
+                         values are divided by it)",
+                        f.named(),
+                        f.max
                     ));
                 }
                 Some(_) => {}
-                None => want = Some((w, file.clone())),
+                None => want = Some(First { side: w, max, path: Some(file.clone()) }),
             }
             let id = id_base + samples.len() as u64;
             samples.push(ImageSample { id, pixels, label, width: w, height: h, channels: c });
         }
     }
-    Ok((samples, want.map_or(0, |(s, _)| s)))
+    // (Every class holds an image, and there is one class at least.)
+    Ok((samples, want.unwrap_or(First { side: 0, max: 255, path: None })))
 }

@@ -136,13 +136,14 @@ pub fn image_csv_file(
 /// an integer); every label of the held-out file must be among them. Ids: the 0-based row
 /// index, from [`TEST_FILE_ID_BASE`] in the held-out file. Where `train` (and `test`) name
 /// folders, their class subfolders' PNG and PGM images instead (`image_folder`; `pixel_max` is
-/// then unused: each file's format scales it, as `predict` scales such a file).
+/// then unused: the files' format scales them, as `predict` scales such a file, and must be one
+/// for all). Also returns what the raw values were divided by: `pixel_max`, or the format's.
 pub fn labelled_image_files(
     train: &Path,
     test: Option<&Path>,
     pixel_max: u32,
     channels: usize,
-) -> Result<(Dataset<ImageSample>, Option<Dataset<ImageSample>>)> {
+) -> Result<(Dataset<ImageSample>, Option<Dataset<ImageSample>>, u32)> {
     if train.is_dir() || test.is_some_and(Path::is_dir) {
         return super::image_folder::image_folders(train, test, channels);
     }
@@ -169,7 +170,7 @@ pub fn labelled_image_files(
         None => None,
     };
     let samples = to_samples(train_rows, train, 0)?;
-    Ok((Dataset::new("labelled_images", classes, samples)?, held_out))
+    Ok((Dataset::new("labelled_images", classes, samples)?, held_out, pixel_max))
 }
 
 /// A row of a user's image file: its line, its raw pixels, its label.

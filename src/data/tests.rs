@@ -563,7 +563,8 @@ fn a_users_labelled_images_are_read_row_by_row() {
     let dir = TempDir::new("labelled-images");
     let train = dir.write("train.csv.gz", b"0,1,2,3,cat\n\n4,4,0,0,dog\n");
     let test = dir.write("test.csv", b"1,1,1,1,dog\n");
-    let (set, held_out) = labelled_image_files(&train, Some(&test), 4, 1).unwrap();
+    let (set, held_out, scale) = labelled_image_files(&train, Some(&test), 4, 1).unwrap();
+    assert_eq!(scale, 4);
     assert_eq!(set.class_names(), ["cat", "dog"]);
     let s = &set.samples()[1];
     assert_eq!((s.id, s.label, s.width, s.height, s.pixels.clone()), (1, 1, 2, 2, vec![1.0, 1.0, 0.0, 0.0]));
@@ -622,7 +623,7 @@ fn a_users_images_of_several_channels_are_read_plane_by_plane() {
 11,0,0,0,0,0,0,0,0,0,0,0,blue
 ",
     );
-    let (set, _) = labelled_image_files(&train, None, 11, 3).unwrap();
+    let (set, _, _) = labelled_image_files(&train, None, 11, 3).unwrap();
     let s = &set.samples()[1];
     assert_eq!(
         (set.class_names(), s.label, s.width, s.height, s.channels),
@@ -663,14 +664,14 @@ fn pgm(width: usize, height: usize, value: u8) -> Vec<u8> {
     [format!("P5\n{width} {height}\n255\n").into_bytes(), vec![value; width * height]].concat()
 }
 
-/// A 2×2 RGB PNG of one colour.
-fn rgb_png(rgb: [u8; 3]) -> Vec<u8> {
+/// A 2×2 PNG of one colour: RGB, or RGBA with 4 values.
+fn rgb_png(colour: &[u8]) -> Vec<u8> {
     let mut bytes = Vec::new();
     {
         let mut enc = png::Encoder::new(&mut bytes, 2, 2);
-        enc.set_color(png::ColorType::Rgb);
+        enc.set_color(if colour.len() == 4 { png::ColorType::Rgba } else { png::ColorType::Rgb });
         enc.set_depth(png::BitDepth::Eight);
-        enc.write_header().unwrap().write_image_data(&rgb.repeat(4)).unwrap();
+        enc.write_header().unwrap().write_image_data(&colour.repeat(4)).unwrap();
     }
     bytes
 }
@@ -690,7 +691,8 @@ fn a_users_images_are_read_from_class_folders() {
     dir.write("train/9/x.pgm", &pgm(2, 2, 0));
     dir.write("train/9/.thumbnail", b"no image");
     dir.write("test/9/y.pgm", &pgm(2, 2, 102));
-    let (set, held_out) = labelled_image_files(&at("train"), Some(&at("test")), 255, 1).unwrap();
+    let (set, held_out, scale) = labelled_image_files(&at("train"), Some(&at("test")), 16, 1).unwrap();
+    assert_eq!(scale, 255, "the files' format's, not pixel_max's");
     assert_eq!(set.class_names(), ["9", "10"]);
     let got: Vec<(u64, u32, f32)> = set.samples().iter().map(|s| (s.id, s.label, s.pixels[0])).collect();
     assert_eq!(got, [(0, 1, 1.0), (1, 1, 0.2), (2, 0, 0.0)]);
@@ -698,12 +700,19 @@ fn a_users_images_are_read_from_class_folders() {
     let t = &held_out.samples()[0];
     assert_eq!((t.id, t.label, t.pixels.clone(), t.channels), (TEST_FILE_ID_BASE, 0, vec![0.4; 4], 1));
     // Colour images, with data.channels = 3: each plane whole.
-    dir.write("rgb/red/a.png", &rgb_png([255, 0, 51]));
-    dir.write("rgb/blue/a.png", &rgb_png([0, 0, 255]));
-    let (set, _) = labelled_image_files(&at("rgb"), None, 255, 3).unwrap();
+    dir.write("rgb/red/a.png", &rgb_png(&[255, 0, 51]));
+    dir.write("rgb/blue/a.png", &rgb_png(&[0, 0, 255]));
+    dir.write("rgba/a/x.png", &rgb_png(&[0, 0, 255, 128]));
+    dir.write("rgba/b/x.png", &rgb_png(&[0, 0, 255, 128]));
+    let (set, _, _) = labelled_image_files(&at("rgb"), None, 255, 3).unwrap();
     let red = &set.samples()[1];
     assert_eq!((red.label, red.channels, red.width), (1, 3, 2));
     assert_eq!(red.pixels, [vec![1.0; 4], vec![0.0; 4], vec![0.2; 4]].concat());
+    // PGMs of another maximum are divided by it, and it is the data's scale.
+    dir.write("deep/a/x.pgm", b"P5\n1 1\n16\n\x08");
+    dir.write("deep/b/x.pgm", b"P5\n1 1\n16\n\x10");
+    let (set, _, scale) = labelled_image_files(&at("deep"), None, 255, 1).unwrap();
+    assert_eq!((scale, set.samples()[0].pixels.clone()), (16, vec![0.5]));
 
     dir.write("beside/a/x.pgm", &pgm(2, 2, 0));
     dir.write("beside/notes.txt", b"hi");
@@ -718,6 +727,9 @@ fn a_users_images_are_read_from_class_folders() {
     dir.write("sizes/a/x.pgm", &pgm(2, 2, 0));
     dir.write("sizes/b/x.pgm", &pgm(3, 3, 0));
     dir.write("big/9/y.pgm", &pgm(3, 3, 0));
+    dir.write("depths/a/x.pgm", &pgm(2, 2, 0));
+    dir.write("depths/b/x.pgm", b"P5\n2 2\n16\n\0\0\0\0");
+    dir.write("deep-test/9/x.pgm", b"P5\n2 2\n16\n\0\0\0\0");
     let none: Option<&str> = None;
     for (folder, channels, test, path, said) in [
         (
@@ -741,6 +753,27 @@ fn a_users_images_are_read_from_class_folders() {
         ("one", 1, none, "one", "holds one class folder, `a`; expected at least two classes to tell apart".into()),
         ("oblong", 1, none, "oblong/a/x.pgm", "is 2×3; expected square images".into()),
         (
+            "depths",
+            1,
+            none,
+            "depths/b/x.pgm",
+            format!(
+                "stores values up to 16, but {} is up to 255; expected every image of one depth (the values are \
+                 divided by it)",
+                at("depths/a/x.pgm").display()
+            ),
+        ),
+        (
+            "train",
+            1,
+            Some("deep-test"),
+            "deep-test/9/x.pgm",
+            "stores values up to 16, but the training images are up to 255; expected every image of one depth (the \
+             values are divided by it)"
+                .into(),
+        ),
+        ("train", 1, Some("nowhere"), "nowhere", "not found; expected a folder of class subfolders of images".into()),
+        (
             "flat",
             1,
             none,
@@ -762,6 +795,15 @@ fn a_users_images_are_read_from_class_folders() {
             none,
             "rgb/blue/a.png",
             "has 3 channel(s), but data.channels = 1; set data.channels (and the model's num_channels) to the images'"
+                .into(),
+        ),
+        (
+            "rgba",
+            1,
+            none,
+            "rgba/a/x.png",
+            "has 3 channel(s) (its alpha channel dropped), but data.channels = 1; set data.channels (and the model's \
+             num_channels) to the images'"
                 .into(),
         ),
         (

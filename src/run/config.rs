@@ -163,8 +163,9 @@ pub struct DataSection {
     /// `split_seed` and `test_fraction` for labelled rows, its last tenth for a corpus).
     #[serde(default)]
     pub test_file: Option<PathBuf>,
-    /// `labelled_images`: the largest raw pixel value, which pixels are divided by (default
-    /// 255; the export carries it, so `predict` scales raw rows the same).
+    /// `labelled_images` from CSV rows: the largest raw pixel value, which pixels are divided by
+    /// (default 255; the export carries it, so `predict` scales raw rows the same). Refused
+    /// beside a folder of image files, which their format scales.
     #[serde(default)]
     pub pixel_max: Option<u32>,
     /// `labelled_images`: colour channels per pixel (default 1). A row holds the channels one
@@ -176,9 +177,16 @@ pub struct DataSection {
 
 impl DataSection {
     /// A user's images' scale, what their raw pixels are divided by: `pixel_max`, else 255
-    /// (8-bit images); `None` for other datasets, which scale their own.
+    /// (8-bit images); `None` for other datasets, which scale their own, and for a folder of
+    /// image files, which their format scales.
     pub fn user_pixel_max(&self) -> Option<u32> {
-        (self.dataset == DatasetName::LabelledImages).then(|| self.pixel_max.unwrap_or(255))
+        (self.dataset == DatasetName::LabelledImages && !self.user_folder()).then(|| self.pixel_max.unwrap_or(255))
+    }
+
+    /// Whether a user's images are a folder of class subfolders (`train_file` names a folder),
+    /// which their files' format scales, not `pixel_max`.
+    pub fn user_folder(&self) -> bool {
+        self.dataset == DatasetName::LabelledImages && self.train_file.as_deref().is_some_and(Path::is_dir)
     }
 
     /// A user's images' channels: `channels`, else 1; `None` for other datasets, which know
@@ -233,7 +241,8 @@ impl DataSection {
                     format!(
                         "is {}, but {key} is a dataset scripts/setup.sh installs under data.dir: a file of your own \
                          is read by dataset = \"labelled_texts\" (label<TAB>text rows), \"labelled_images\" (CSV \
-                         pixels then the label) or \"text_corpus\" (a text)",
+                         pixels then the label, or a folder of class subfolders of images) or \"text_corpus\" (a \
+                         text)",
                         path.display()
                     ),
                 ));

@@ -219,11 +219,13 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
             Ok((Box::new(source), DataInfo { tokenizer: Some(ids), ..info(&labels, n_train, n_test) }))
         }
         DatasetName::FashionMnist | DatasetName::Mnist5k | DatasetName::Digits | DatasetName::LabelledImages => {
+            // What the raw values were divided by: a user's `pixel_max`, or their files' format.
+            let mut user_scale = None;
             let split = match d.dataset {
                 DatasetName::FashionMnist => data::fashion_mnist(dir)?,
                 DatasetName::Mnist5k => data::mnist5k(dir)?.split_stratified(d.test_fraction, split_seed)?,
                 DatasetName::LabelledImages => {
-                    let (max, channels) = (d.user_pixel_max().unwrap_or_default(), d.user_channels().unwrap_or(1));
+                    let (max, channels) = (d.user_pixel_max().unwrap_or(255), d.user_channels().unwrap_or(1));
                     let train = train_file(d)?;
                     if let Some(max) = d.pixel_max.filter(|_| train.is_dir()) {
                         return Err(config_error(
@@ -235,7 +237,10 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
                             ),
                         ));
                     }
-                    user_split(data::labelled_image_files(&train, d.test_file.as_deref(), max, channels)?, d)?
+                    let (train, test, scale) =
+                        data::labelled_image_files(&train, d.test_file.as_deref(), max, channels)?;
+                    user_scale = Some(scale);
+                    user_split((train, test), d)?
                 }
                 _ => data::digits(dir)?.split_stratified(d.test_fraction, split_seed)?,
             };
@@ -251,7 +256,7 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
                 .ids(|s| s.id);
             let pixel_max = Some(match d.dataset {
                 DatasetName::Digits => data::DIGITS_PIXEL_MAX,
-                DatasetName::LabelledImages => d.user_pixel_max().unwrap_or_default(),
+                DatasetName::LabelledImages => user_scale.unwrap_or(255),
                 _ => 255,
             });
             Ok((Box::new(source), DataInfo { pixel_max, image, ..info(&labels, n_train, n_test) }))
@@ -293,10 +298,27 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
 }
 
 /// `data.train_file`, which the config's checks made sure a dataset of the user's files has.
+/// A held-out `test_file` that is the training data itself (by another name too) is refused: it
+/// would score the samples the model trained on as held out.
 fn train_file(d: &DataSection) -> Result<PathBuf> {
-    d.train_file
+    let train = d
+        .train_file
         .clone()
-        .ok_or_else(|| config_error("data.train_file", format!("is not set; {} reads it", d.dataset.key())))
+        .ok_or_else(|| config_error("data.train_file", format!("is not set; {} reads it", d.dataset.key())))?;
+    let same =
+        |a: &Path, b: &Path| std::fs::canonicalize(a).ok().is_some_and(|a| std::fs::canonicalize(b).ok() == Some(a));
+    if let Some(test) = d.test_file.as_deref().filter(|test| same(&train, test)) {
+        return Err(config_error(
+            "data.test_file",
+            format!(
+                "is {}, the training data itself (data.train_file = {}); expected held-out samples the model does not \
+                 train on",
+                test.display(),
+                train.display()
+            ),
+        ));
+    }
+    Ok(train)
 }
 
 /// A user's labelled rows as a split: the held-out file's rows where given, else cut from the

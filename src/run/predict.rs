@@ -583,6 +583,24 @@ impl<D: Device> Predictor<D> {
                 ),
             ));
         }
+        // Pixels divided by another scale than the model's run divided them by (a folder's
+        // images of another depth; data.pixel_max is checked before the data is read).
+        if let Reader::Image { max_value, .. } = self.reader
+            && let Some(scale) = info.pixel_max
+            && (max_value - scale as f32).abs() > 0.5
+        {
+            let (field, expected) = match config.data.user_folder() {
+                true => ("data.train_file", "images stored at the model's depth".to_string()),
+                false => ("data.dataset", "a dataset of the model's scale".to_string()),
+            };
+            return Err(config_error(
+                field,
+                format!(
+                    "holds pixels divided by {scale}, but the model's run divided its by {max_value}: they would be \
+                     read otherwise than it trained on; expected {expected}"
+                ),
+            ));
+        }
         self.evaluate(first.map(Ok).into_iter().chain((1..batches).map(|i| source.eval_batch(i))))
     }
 
