@@ -19,11 +19,12 @@ fn main() {
     println!("cargo:rerun-if-changed=kernels");
     println!("cargo:rerun-if-env-changed=CXX");
 
-    let mut sources: Vec<PathBuf> = std::fs::read_dir(&kernels)
-        .expect("kernels/ exists")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "cu"))
-        .collect();
+    let files: Vec<PathBuf> =
+        std::fs::read_dir(&kernels).expect("kernels/ exists").filter_map(|e| e.ok().map(|e| e.path())).collect();
+    let with = |ext: &str| -> Vec<PathBuf> {
+        files.iter().filter(|p| p.extension().is_some_and(|x| x == ext)).cloned().collect()
+    };
+    let mut sources = with("cu");
     sources.sort();
 
     // One generated translation unit per kernel file: the file, then a registration per kernel.
@@ -55,11 +56,8 @@ fn main() {
     }
 
     // Headers are included, not rewritten: a static `__shared__` in one is refused.
-    for entry in std::fs::read_dir(&kernels).expect("kernels/ exists").filter_map(|e| e.ok()) {
-        let path = entry.path();
-        if path.extension().is_some_and(|x| x == "cuh") {
-            poison_static_shared(&std::fs::read_to_string(&path).expect("read kernel header"), &path, false);
-        }
+    for header in with("cuh") {
+        poison_static_shared(&std::fs::read_to_string(&header).expect("read kernel header"), &header, false);
     }
     table.push_str("];\n");
     index.push_str("];\n");

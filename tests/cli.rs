@@ -3252,6 +3252,26 @@ fn a_device_named_by_index_is_refused_saying_how_to_count() {
     assert!(out.contains("(a kind; how many is --devices N)") && !out.contains("config field"), "{out}");
 }
 
+/// `evaluate` of `model` on a user's images of two classes, through `configs/vit-digits.toml`
+/// with the `--set`s naming the files (`data.train_file=…`, `data.test_file=…`).
+fn user_images_evaluation<'a>(model: &'a str, train_file: &'a str, test_file: &'a str) -> [&'a str; 13] {
+    [
+        "evaluate",
+        "--model",
+        model,
+        "--config",
+        "configs/vit-digits.toml",
+        "--set",
+        "data.dataset=\"labelled_images\"",
+        "--set",
+        train_file,
+        "--set",
+        test_file,
+        "--set",
+        "model.config.num_labels=2",
+    ]
+}
+
 /// A ViT trains on the user's own images (`dataset = "labelled_images"`): CSV rows of raw
 /// pixels then a label, scaled by `data.pixel_max`, which the export carries, so `predict`
 /// reads raw rows the same; images of another size than the model's are refused by its setting.
@@ -3297,21 +3317,7 @@ fn a_vit_trains_on_the_users_labelled_images() {
     let (ok, out) = pipetransformer(&["evaluate", "--model", &model, "--file", test.to_str().unwrap()]);
     assert!(ok && out.contains("10 targets"), "{out}");
     // Scored from a config, at the run's scale; at another one, refused by the setting.
-    let config = [
-        "evaluate",
-        "--model",
-        &model,
-        "--config",
-        "configs/vit-digits.toml",
-        "--set",
-        "data.dataset=\"labelled_images\"",
-        "--set",
-        &train_file,
-        "--set",
-        &test_file,
-        "--set",
-        "model.config.num_labels=2",
-    ];
+    let config = user_images_evaluation(&model, &train_file, &test_file);
     let (ok, out) = pipetransformer(&[&config[..], &["--set", "data.pixel_max=16"]].concat());
     assert!(ok && out.contains("10 targets"), "{out}");
     let (ok, out) = pipetransformer(&config);
@@ -3393,21 +3399,7 @@ fn a_vit_trains_on_a_folder_of_the_users_images() {
         format!("data.train_file=\"{}\"", dir.join("train").display()),
         format!("data.test_file=\"{}\"", dir.join("test").display()),
     );
-    let (ok, scored) = pipetransformer(&[
-        "evaluate",
-        "--model",
-        &model,
-        "--config",
-        "configs/vit-digits.toml",
-        "--set",
-        "data.dataset=\"labelled_images\"",
-        "--set",
-        &train_file,
-        "--set",
-        &test_file,
-        "--set",
-        "model.config.num_labels=2",
-    ]);
+    let (ok, scored) = pipetransformer(&user_images_evaluation(&model, &train_file, &test_file));
     assert!(
         ok && scored.contains("8 targets") && trained.is_some() && loss(&scored, "targets:") == trained,
         "{scored}"

@@ -227,7 +227,7 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
                 DatasetName::LabelledImages => {
                     let (max, channels) = (d.user_pixel_max().unwrap_or(255), d.user_channels().unwrap_or(1));
                     let train = train_file(d)?;
-                    if let Some(max) = d.pixel_max.filter(|_| train.is_dir()) {
+                    if let Some(max) = d.pixel_max.filter(|_| d.user_folder()) {
                         return Err(config_error(
                             "data.pixel_max",
                             format!(

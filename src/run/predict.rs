@@ -590,8 +590,8 @@ impl<D: Device> Predictor<D> {
             && (max_value - scale as f32).abs() > 0.5
         {
             let (field, expected) = match config.data.user_folder() {
-                true => ("data.train_file", "images stored at the model's depth".to_string()),
-                false => ("data.dataset", "a dataset of the model's scale".to_string()),
+                true => ("data.train_file", "images stored at the model's depth"),
+                false => ("data.dataset", "a dataset of the model's scale"),
             };
             return Err(config_error(
                 field,
