@@ -341,8 +341,8 @@ enum Command {
         threads: Option<usize>,
     },
     /// Run a trained model on new inputs: texts (BERT), images (ViT: PNG or PGM files, IDX
-    /// files, CSV files of raw pixel rows without labels (gzip-compressed or not), or one such
-    /// row given as the input itself), or prompts to continue (GPT). Writes one JSON object
+    /// files, CSV files of raw pixel rows without labels (gzip-compressed or not), one such
+    /// row given as the input itself, or a folder of such files), or prompts to continue (GPT). Writes one JSON object
     /// per input and line (a table with a header on a terminal); an input that fails gets an
     /// error line and the rest go on (the exit status is then 1).
     #[command(allow_negative_numbers = true)]
@@ -384,7 +384,7 @@ enum Command {
     },
     /// Score a trained model: on the evaluation split of a run config's dataset (`--config`), or on
     /// a file of labelled rows (`--file`: `label<TAB>text` for BERT, CSV pixels then the label
-    /// for ViT). Prints accuracy and, for a classifier, per-class precision/recall/F1 and the
+    /// for ViT, or for ViT a folder of class subfolders of images). Prints accuracy and, for a classifier, per-class precision/recall/F1 and the
     /// confusion matrix; for a language model, loss and perplexity.
     #[command(allow_negative_numbers = true)]
     Evaluate {
@@ -401,7 +401,9 @@ enum Command {
         /// Override a value of `--config` (repeatable).
         #[arg(long = "set", value_name = "KEY=VALUE", conflicts_with = "file")]
         set: Vec<String>,
-        /// A file of labelled rows to score on (`-`: standard input; gzip-compressed or not).
+        /// A file of labelled rows to score on (`-`: standard input; gzip-compressed or not),
+        /// or for an image model a folder of class subfolders (each named by a class or its
+        /// index) holding PNG or PGM images.
         #[arg(long)]
         file: Option<PathBuf>,
         /// Inputs per forward pass (at least 1): rows of `--file` (default 64), or the

@@ -3336,8 +3336,9 @@ fn a_vit_trains_on_the_users_labelled_images() {
 }
 
 /// A ViT trains on a folder of class subfolders of images (`labelled_images` where
-/// `data.train_file` names a folder); `predict` reads one of those files, and `evaluate
-/// --config` scores the held-out folder to the run's own final loss; `data.pixel_max` (for raw
+/// `data.train_file` names a folder); `predict` reads one of those files and the held-out
+/// folder, and `evaluate --config` and `evaluate --file` score that folder to the run's own
+/// final loss; `data.pixel_max` (for raw
 /// CSV rows) is refused beside a folder, and so is a held-out folder that is the training one;
 /// a resume after an image was edited is refused by the folder's name, losing nothing written.
 #[test]
@@ -3404,6 +3405,13 @@ fn a_vit_trains_on_a_folder_of_the_users_images() {
         ok && scored.contains("8 targets") && trained.is_some() && loss(&scored, "targets:") == trained,
         "{scored}"
     );
+    // ...and by `evaluate --file` from the held-out folder alone, its subfolders' names the
+    // classes; `predict` answers each image of the folder.
+    let test_dir = dir.join("test").display().to_string();
+    let (ok, scored) = pipetransformer(&["evaluate", "--model", &model, "--file", &test_dir]);
+    assert!(ok && scored.contains("8 targets") && loss(&scored, "targets:") == trained, "{scored}");
+    let (ok, out) = pipetransformer(&["predict", "--model", &model, &test_dir]);
+    assert!(ok && json_lines(&out).len() == 8 && json_lines(&out)[0]["input"] == file, "{out}");
 
     std::fs::write(dir.join("train/odd/01.pgm"), image(99)).unwrap();
     let written = |f: &str| std::fs::read(dir.join("run").join(f)).unwrap();

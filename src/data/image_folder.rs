@@ -27,6 +27,20 @@ pub(crate) fn folder_entries(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(paths)
 }
 
+/// The files in `dir` and its subfolders, depth first in name order, leaving out names that
+/// start with `.`. A link to a folder is listed as it is, not followed (a link back up would
+/// never end).
+pub(crate) fn files_under(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for path in folder_entries(dir)? {
+        match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.is_dir() => files.extend(files_under(&path)?),
+            _ => files.push(path),
+        }
+    }
+    Ok(files)
+}
+
 /// The training folder `train` and the held-out folder `test`, if given, and the largest value
 /// of their images' format, which their values were divided by: the classes are the training
 /// folder's subfolders (sorted as labels are, as numbers where all are integers), every image
@@ -86,7 +100,7 @@ pub(crate) fn image_folders(
 
 /// The class subfolders of `dir`, by name (UTF-8: two names that differ only in bytes that are
 /// not would read as one class); a file beside them, or none, is an error.
-fn class_folders(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
+pub(crate) fn class_folders(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
     let mut classes = Vec::new();
     let entries = folder_entries(dir)?;
     if !entries.is_empty() && !entries.iter().any(|p| p.is_dir()) {
@@ -124,6 +138,26 @@ fn class_folders(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
     Ok(classes)
 }
 
+/// The files of the folder of class `name`: at least one, and no folder among them.
+pub(crate) fn class_files(name: &str, folder: &Path) -> Result<Vec<PathBuf>> {
+    let files = folder_entries(folder)?;
+    if files.is_empty() {
+        return Err(dataset_error(
+            folder,
+            None,
+            format!("holds no images; expected the PNG or PGM images of class `{name}`"),
+        ));
+    }
+    if let Some(inner) = files.iter().find(|f| f.is_dir()) {
+        return Err(dataset_error(
+            inner,
+            None,
+            format!("is a folder inside the folder of class `{name}`; expected only its image files"),
+        ));
+    }
+    Ok(files)
+}
+
 /// The first image of a folder: what every other image (and the held-out folder's) must match.
 struct First {
     side: usize,
@@ -152,22 +186,7 @@ fn images(
     let mut want = first.map(|f| First { side: f.side, max: f.max, path: None });
     for (name, folder) in classes {
         let label = sorted.iter().position(|c| c == name).unwrap_or_default() as u32;
-        let files = folder_entries(folder)?;
-        if files.is_empty() {
-            return Err(dataset_error(
-                folder,
-                None,
-                format!("holds no images; expected the PNG or PGM images of class `{name}`"),
-            ));
-        }
-        for file in files {
-            if file.is_dir() {
-                return Err(dataset_error(
-                    &file,
-                    None,
-                    format!("is a folder inside the folder of class `{name}`; expected only its image files"),
-                ));
-            }
+        for file in class_files(name, folder)? {
             let StoredImage { pixels: (w, h, c, pixels), max, alpha } = read_image_file_as_stored(&file)?;
             let bad = |message: String| Err(dataset_error(&file, None, message));
             if w != h {

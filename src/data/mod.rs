@@ -8,7 +8,7 @@
 //! | `text` | [`TextSample`]; Rotten Tomatoes ([`rotten_tomatoes`]), Reuters R8 ([`reuters_r8`]), a user's ([`labelled_text_files`]) |
 //! | `images` | [`ImageSample`]; [`digits`], [`mnist5k`], [`fashion_mnist`], a user's ([`labelled_image_files`]); [`image_batch`] |
 //! | `image_files` | a user's images for `predict`: [`read_image_file`] (PNG, PGM), [`read_idx_images`] |
-//! | `image_folder` | a user's images to train on as a folder of class subfolders (through [`labelled_image_files`]) |
+//! | `image_folder` | a user's images as a folder of class subfolders: to train on (through [`labelled_image_files`]), and for `evaluate --file` |
 //! | `lm` | [`CharVocab`], [`LmCorpus`] ([`hamlet`], a user's: [`user_corpus_files`]), [`lm_sequences`], [`lm_batch`] |
 //! | `order` | [`BatchOrder`] / [`EpochOrder`]: per-epoch seeded permutation, resumable |
 //! | `csv`, `files` | (private) the CSV record reader; file reading, decompression, errors |
@@ -49,7 +49,7 @@ pub use dataset::{Dataset, Sample, Split, TEST_FILE_ID_BASE};
 pub(crate) use files::{dataset_error, user_head};
 pub use files::{read_user_text, user_lines};
 pub use image_files::{ImagePixels, read_idx_images, read_image_file};
-pub(crate) use image_folder::folder_entries;
+pub(crate) use image_folder::{class_files, class_folders, files_under, folder_entries};
 pub use images::{
     DIGITS_FILE, DIGITS_PIXEL_MAX, FASHION_MNIST_CLASSES, FASHION_MNIST_DIR, ImageSample, MNIST5K_FILE, digits,
     fashion_mnist, idx_files, image_batch, image_channels, image_csv_file, labelled_image_files, mnist5k,

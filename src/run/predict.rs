@@ -35,6 +35,10 @@ pub struct ClassPrediction {
     pub warning: Option<String>,
 }
 
+/// An image an input names ([`Predictor::read_images`]): its name for the output, and its
+/// pixels or why they could not be read.
+pub type NamedImage = (String, Result<Vec<f32>>);
+
 /// The batches of a file of labelled rows ([`Predictor::labelled_rows`]).
 #[derive(Clone, Debug)]
 pub struct LabelledRows {
@@ -389,23 +393,14 @@ impl<D: Device> Predictor<D> {
         if batch_size == 0 {
             return Err(batch_size_error());
         }
+        if path.is_dir() {
+            return self.labelled_folder(path, batch_size);
+        }
         let text = crate::data::read_user_text(path)?;
         let bad = |line: usize, message: String| crate::data::dataset_error(path, Some(line), message);
         let label_of = |line: usize, field: &str| -> Result<u32> {
             let field = field.trim();
-            self.labels
-                .iter()
-                .position(|l| l == field)
-                .or_else(|| field.parse::<usize>().ok().filter(|&i| i < self.labels.len()))
-                .map(|i| i as u32)
-                .ok_or_else(|| {
-                    let names = self.labels.join(", ");
-                    let last = self.labels.len().saturating_sub(1);
-                    bad(
-                        line,
-                        format!("label `{field}` is not one of the model's classes ({names}), nor an index 0..={last}"),
-                    )
-                })
+            self.class_index(field).ok_or_else(|| bad(line, format!("label `{field}` {}", self.no_class())))
         };
         let rows: Vec<(usize, &str)> =
             text.lines().enumerate().map(|(i, l)| (i + 1, l)).filter(|(_, l)| !l.trim().is_empty()).collect();
@@ -459,14 +454,7 @@ impl<D: Device> Predictor<D> {
                     let image = pixel_row(pixels, max_value).map_err(|e| bad(line, e))?;
                     images.push((image, label));
                 }
-                for chunk in images.chunks(size) {
-                    batches.push(HostBatch {
-                        batch: chunk.len(),
-                        pixels: Some(chunk.iter().flat_map(|c| c.0.iter().copied()).collect()),
-                        targets: chunk.iter().map(|c| c.1).collect(),
-                        ..Default::default()
-                    });
-                }
+                batches = image_batches(&images, size);
             }
             Reader::Chars { .. } => {
                 return Err(config_error(
@@ -476,6 +464,45 @@ impl<D: Device> Predictor<D> {
             }
         }
         Ok(LabelledRows { batches, cut })
+    }
+
+    /// A folder of class subfolders (the layout a run trains on) as labelled batches of
+    /// `batch_size`: each subfolder's name one of the model's classes (or its index), each of
+    /// its files an image of the model's size and channels, read and scaled as `predict` reads
+    /// such a file. Names starting with `.` are left out.
+    fn labelled_folder(&self, dir: &Path, batch_size: usize) -> Result<LabelledRows> {
+        let Reader::Image { size, channels, .. } = self.reader else {
+            let expected = match self.reader {
+                Reader::Text(_) => "a file of `label<TAB>text` rows",
+                _ => "a language model is evaluated on a configured text (--config)",
+            };
+            return Err(crate::data::dataset_error(dir, None, format!("is a folder; expected {expected}")));
+        };
+        let mut images = Vec::new();
+        for (name, folder) in crate::data::class_folders(dir)? {
+            let label = self.class_index(&name).ok_or_else(|| {
+                crate::data::dataset_error(&folder, None, format!("names class `{name}`, which {}", self.no_class()))
+            })?;
+            for file in crate::data::class_files(&name, &folder)? {
+                let (w, h, c, pixels) = crate::data::read_image_file(&file)?;
+                check_size(&file.display().to_string(), w, h, c, size, channels)?;
+                images.push((pixels, label));
+            }
+        }
+        Ok(LabelledRows { batches: image_batches(&images, batch_size), cut: 0 })
+    }
+
+    /// The index of the class a label names: its name, or its index.
+    fn class_index(&self, label: &str) -> Option<u32> {
+        let labels = &self.labels;
+        let index = labels.iter().position(|l| l == label).or_else(|| label.parse().ok().filter(|&i| i < labels.len()));
+        index.map(|i| i as u32)
+    }
+
+    /// What a label that is no class is told, after its name.
+    fn no_class(&self) -> String {
+        let last = self.labels.len().saturating_sub(1);
+        format!("is not one of the model's classes ({}), nor an index 0..={last}", self.labels.join(", "))
     }
 
     /// The settings that turn `config`'s texts into ids (`data.max_len`, `model.tokenizer`)
@@ -697,86 +724,41 @@ impl<D: Device> Predictor<D> {
     }
 
     /// The images one input names: an image file (PNG or PGM), an IDX file (every image in
-    /// it), a CSV file (every row: raw pixel values, no label; gzip-compressed or not), or a
-    /// CSV row of raw pixel values. Files are told apart by their first bytes, not their names.
-    /// Each image comes with a name for the output: the input, `file#i` for the `i`-th image
-    /// (from 0) of an IDX file, `file:line` for a CSV file's row.
-    pub fn read_images(&self, input: &str) -> Result<Vec<(String, Vec<f32>)>> {
+    /// it), a CSV file (every row: raw pixel values, no label; gzip-compressed or not), a CSV
+    /// row of raw pixel values, or a folder (every such file in it and its subfolders, in name
+    /// order, leaving out names starting with `.`). Files are told apart by their first bytes,
+    /// not their names. Each image comes with a name for the output: the input (a file's path
+    /// in a folder), `file#i` for the `i`-th image (from 0) of an IDX file, `file:line` for a
+    /// CSV file's row. A file of a folder that cannot be read, or holds an image the model does
+    /// not take, fails alone: its entry holds the error. Any other input that does not fit is
+    /// the error.
+    pub fn read_images(&self, input: &str) -> Result<Vec<NamedImage>> {
         let Reader::Image { size, channels, max_value } = self.reader else {
             return Err(config_error("input", format!("this {:?} model does not read images", self.family())));
         };
         let n = channels * size * size;
         let path = Path::new(input);
+        let each_read = |images: Vec<(String, Vec<f32>)>| images.into_iter().map(|(name, px)| (name, Ok(px)));
         if path.is_dir() {
-            return Err(data_error(
-                "input",
-                format!("`{input}` is a folder; expected an image (PNG, PGM), IDX or CSV file, or a CSV row of pixels"),
-            ));
+            let files = crate::data::files_under(path)?;
+            if files.is_empty() {
+                return Err(data_error(
+                    "input",
+                    format!("`{input}` is a folder with no files; expected image (PNG, PGM), IDX or CSV files in it"),
+                ));
+            }
+            let mut images = Vec::new();
+            for file in files {
+                let name = file.display().to_string();
+                match self.read_image_file_input(&name) {
+                    Ok(read) => images.extend(each_read(read)),
+                    Err(e) => images.push((name, Err(e))),
+                }
+            }
+            return Ok(images);
         }
         if path.is_file() {
-            return match input_file_kind(path)? {
-                InputFile::Image => {
-                    let (w, h, c, px) = crate::data::read_image_file(path)?;
-                    check_size(input, w, h, c, size, channels)?;
-                    Ok(vec![(input.to_string(), px)])
-                }
-                InputFile::Idx => read_idx_images(path)?
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, (w, h, c, px))| {
-                        check_size(input, w, h, c, size, channels)?;
-                        Ok((format!("{input}#{i}"), px))
-                    })
-                    .collect(),
-                InputFile::Csv => {
-                    let text = crate::data::read_user_text(path)?;
-                    let bad = |line: usize, message: String| Error::Dataset {
-                        file: input.to_string(),
-                        line: Some(line),
-                        message,
-                    };
-                    let mut images = Vec::new();
-                    for (line, row) in text.lines().enumerate().map(|(i, l)| (i + 1, l)) {
-                        if row.trim().is_empty() {
-                            continue;
-                        }
-                        if line == 1 && row.split(',').any(|v| v.trim().parse::<f32>().is_err()) {
-                            let first = row.split(',').find(|v| v.trim().parse::<f32>().is_err()).unwrap_or_default();
-                            return Err(bad(
-                                line,
-                                format!(
-                                    "reads as a header row (`{}` is no number); expected rows of pixel values alone",
-                                    first.trim()
-                                ),
-                            ));
-                        }
-                        let count = row.split(',').count();
-                        if count != n {
-                            let labelled = if count == n + 1 {
-                                " (pixels then a label? `predict` reads pixels alone; `evaluate --file` scores \
-                                 labelled rows)"
-                            } else {
-                                ""
-                            };
-                            return Err(bad(
-                                line,
-                                format!(
-                                    "a CSV row of {count} values; expected {channels}×{size}×{size} = {n} pixels{labelled}"
-                                ),
-                            ));
-                        }
-                        images.push((format!("{input}:{line}"), pixel_row(row, max_value).map_err(|e| bad(line, e))?));
-                    }
-                    if images.is_empty() {
-                        return Err(Error::Dataset {
-                            file: input.to_string(),
-                            line: None,
-                            message: "has no rows; expected CSV rows of raw pixel values".into(),
-                        });
-                    }
-                    Ok(images)
-                }
-            };
+            return Ok(each_read(self.read_image_file_input(input)?).collect());
         }
         if input.trim().is_empty() {
             return Err(data_error(
@@ -807,7 +789,79 @@ impl<D: Device> Predictor<D> {
                 format!("a CSV row of {} values; expected {channels}×{size}×{size} = {n} pixels", values.len()),
             ));
         }
-        Ok(vec![(input.to_string(), values)])
+        Ok(vec![(input.to_string(), Ok(values))])
+    }
+
+    /// The images of the file `input` names, as [`read_images`](Self::read_images) reads one.
+    fn read_image_file_input(&self, input: &str) -> Result<Vec<(String, Vec<f32>)>> {
+        let Reader::Image { size, channels, max_value } = self.reader else {
+            return Err(config_error("input", format!("this {:?} model does not read images", self.family())));
+        };
+        let n = channels * size * size;
+        let path = Path::new(input);
+        match input_file_kind(path)? {
+            InputFile::Image => {
+                let (w, h, c, px) = crate::data::read_image_file(path)?;
+                check_size(input, w, h, c, size, channels)?;
+                Ok(vec![(input.to_string(), px)])
+            }
+            InputFile::Idx => read_idx_images(path)?
+                .into_iter()
+                .enumerate()
+                .map(|(i, (w, h, c, px))| {
+                    check_size(input, w, h, c, size, channels)?;
+                    Ok((format!("{input}#{i}"), px))
+                })
+                .collect(),
+            InputFile::Csv => {
+                let text = crate::data::read_user_text(path)?;
+                let bad = |line: usize, message: String| Error::Dataset {
+                    file: input.to_string(),
+                    line: Some(line),
+                    message,
+                };
+                let mut images = Vec::new();
+                for (line, row) in text.lines().enumerate().map(|(i, l)| (i + 1, l)) {
+                    if row.trim().is_empty() {
+                        continue;
+                    }
+                    if line == 1 && row.split(',').any(|v| v.trim().parse::<f32>().is_err()) {
+                        let first = row.split(',').find(|v| v.trim().parse::<f32>().is_err()).unwrap_or_default();
+                        return Err(bad(
+                            line,
+                            format!(
+                                "reads as a header row (`{}` is no number); expected rows of pixel values alone",
+                                first.trim()
+                            ),
+                        ));
+                    }
+                    let count = row.split(',').count();
+                    if count != n {
+                        let labelled = if count == n + 1 {
+                            " (pixels then a label? `predict` reads pixels alone; `evaluate --file` scores \
+                             labelled rows)"
+                        } else {
+                            ""
+                        };
+                        return Err(bad(
+                            line,
+                            format!(
+                                "a CSV row of {count} values; expected {channels}×{size}×{size} = {n} pixels{labelled}"
+                            ),
+                        ));
+                    }
+                    images.push((format!("{input}:{line}"), pixel_row(row, max_value).map_err(|e| bad(line, e))?));
+                }
+                if images.is_empty() {
+                    return Err(Error::Dataset {
+                        file: input.to_string(),
+                        line: None,
+                        message: "has no rows; expected CSV rows of raw pixel values".into(),
+                    });
+                }
+                Ok(images)
+            }
+        }
     }
 
     /// The model's outputs on the host; an error when one is not finite (a NaN would read
@@ -952,6 +1006,17 @@ fn input_file_kind(path: &Path) -> Result<InputFile> {
             return Err(bad(format!("starts with bytes {}{text}; {EXPECTED}", bytes.join(" "))));
         }
     })
+}
+
+/// Labelled images as batches of `size`.
+fn image_batches(images: &[(Vec<f32>, u32)], size: usize) -> Vec<HostBatch> {
+    let batch = |chunk: &[(Vec<f32>, u32)]| HostBatch {
+        batch: chunk.len(),
+        pixels: Some(chunk.iter().flat_map(|c| c.0.iter().copied()).collect()),
+        targets: chunk.iter().map(|c| c.1).collect(),
+        ..Default::default()
+    };
+    images.chunks(size).map(batch).collect()
 }
 
 /// The pixels of a CSV row of raw values, each in `0..=max_value`, divided by `max_value`;
@@ -1152,6 +1217,87 @@ mod tests {
             let e = p.read_images(input).unwrap_err().to_string();
             assert!(!e.contains("no such file"), "{input}: {e}");
         }
+    }
+
+    /// A PGM file's bytes: a `side × side` 8-bit image, its pixels drawn from `seed`.
+    fn pgm(side: usize, seed: usize) -> Vec<u8> {
+        let pixels = (0..side * side).map(|i| ((i * 7 + seed * 31) % 251) as u8);
+        format!("P5\n{side} {side}\n255\n").into_bytes().into_iter().chain(pixels).collect()
+    }
+
+    /// A folder given to `predict` is every file under it, subfolders walked, in name order,
+    /// names starting with `.` left out: an image the model takes is answered as the same file
+    /// alone is, and a file that is no image, or an image of another size, fails alone, named
+    /// by its path. A folder with no file is an error.
+    #[test]
+    fn a_folder_is_every_image_under_it_each_failing_alone() {
+        let (scratch, p) = tiny_vit_predictor("predict-folder");
+        let dir = scratch.join("images");
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        for (name, bytes) in [
+            ("a.pgm", pgm(4, 1)),
+            ("sub/b.pgm", pgm(4, 2)),
+            ("c.txt", b"hello".to_vec()),
+            ("d.pgm", pgm(5, 3)),
+            (".e.pgm", pgm(4, 4)),
+        ] {
+            std::fs::write(dir.join(name), bytes).unwrap();
+        }
+        let json = options(2, Sampling::default(), OutputFormat::JsonLines);
+        let (r, out) = run(&p, &[dir.to_str().unwrap()], &json);
+        assert_eq!(r.unwrap(), (4, 2), "{out}");
+        let lines: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let inputs: Vec<&str> = lines.iter().map(|l| l["input"].as_str().unwrap()).collect();
+        let named = |f: &str| dir.join(f).display().to_string();
+        assert_eq!(inputs, [named("a.pgm"), named("c.txt"), named("d.pgm"), named("sub/b.pgm")]);
+        assert!(lines[0]["label"].is_string() && lines[3]["label"].is_string(), "{out}");
+        assert!(lines[1]["error"].as_str().unwrap().contains("starts with bytes"), "{out}");
+        assert!(lines[2]["error"].as_str().unwrap().contains("a 5×5 image with 1 channel(s)"), "{out}");
+        let (_, alone) = run(&p, &[&named("a.pgm")], &json);
+        let alone: serde_json::Value = serde_json::from_str(alone.trim()).unwrap();
+        assert_eq!(alone["probabilities"], lines[0]["probabilities"]);
+
+        std::fs::create_dir(scratch.join("empty")).unwrap();
+        let e = p.read_images(scratch.join("empty").to_str().unwrap()).unwrap_err().to_string();
+        assert!(e.contains("is a folder with no files"), "{e}");
+    }
+
+    /// `evaluate --file` reads a folder of class subfolders, each named by a class of the model
+    /// or its index, as the labelled images of those classes (each scaled as `predict` scales
+    /// the file); a subfolder that names no class, a file that is no image or one of another
+    /// size is an error naming its path, as is a folder for a model that reads no images.
+    #[test]
+    fn a_folder_of_class_subfolders_is_scored_by_its_names() {
+        let (scratch, p) = tiny_vit_predictor("predict-labelled-folder");
+        let dir = scratch.join("held-out");
+        for (i, class) in ["a", "a", "1", "b", "1"].iter().enumerate() {
+            std::fs::create_dir_all(dir.join(class)).unwrap();
+            std::fs::write(dir.join(class).join(format!("{i}.pgm")), pgm(4, i)).unwrap();
+        }
+        let read = p.labelled_rows(&dir, 2).unwrap();
+        let targets: Vec<u32> = read.batches.iter().flat_map(|b| b.targets.clone()).collect();
+        // Folders in name order: `1` (class b's index), `a`, `b`.
+        assert_eq!(targets, [1, 1, 0, 0, 1]);
+        assert_eq!(read.batches.iter().map(|b| b.batch).collect::<Vec<_>>(), [2, 2, 1]);
+        let alone = p.read_images(dir.join("1/2.pgm").to_str().unwrap()).unwrap();
+        let first = read.batches[0].pixels.as_ref().unwrap();
+        assert_eq!(alone[0].1.as_ref().unwrap()[..], first[..16]);
+
+        std::fs::create_dir(dir.join("c")).unwrap();
+        std::fs::write(dir.join("c/9.pgm"), pgm(4, 9)).unwrap();
+        let e = p.labelled_rows(&dir, 2).unwrap_err().to_string();
+        assert!(e.contains("names class `c`, which is not one of the model's classes (a, b)"), "{e}");
+        std::fs::remove_dir_all(dir.join("c")).unwrap();
+        std::fs::write(dir.join("b/big.pgm"), pgm(5, 0)).unwrap();
+        let e = p.labelled_rows(&dir, 2).unwrap_err().to_string();
+        assert!(e.contains("big.pgm") && e.contains("a 5×5 image"), "{e}");
+        std::fs::write(dir.join("b/big.pgm"), "not an image").unwrap();
+        let e = p.labelled_rows(&dir, 2).unwrap_err().to_string();
+        assert!(e.contains("big.pgm") && e.contains("neither a PNG nor a PGM"), "{e}");
+
+        let (_gpt_dir, gpt) = tiny_gpt_predictor("predict-labelled-folder-gpt", "abc ");
+        let e = gpt.labelled_rows(&dir, 2).unwrap_err().to_string();
+        assert!(e.contains("is a folder; expected") && e.contains("--config"), "{e}");
     }
 
     /// Nothing to score is an error, as a forward of no input is, not metrics of 0 %.
@@ -1542,8 +1688,16 @@ pub fn predict_stream<D: Device>(
                 Reader::Image { .. } => match predictor.read_images(&input) {
                     Ok(images) => {
                         for (name, px) in images {
-                            order.push(Some(pending.len()));
-                            pending.push((name, Some(px)));
+                            match px {
+                                Ok(px) => {
+                                    order.push(Some(pending.len()));
+                                    pending.push((name, Some(px)));
+                                }
+                                Err(e) => {
+                                    order.push(None);
+                                    results.push((name, Outcome::Failed(e.to_string())));
+                                }
+                            }
                         }
                     }
                     Err(e) => {
