@@ -3421,6 +3421,79 @@ fn a_vit_trains_on_a_folder_of_the_users_images() {
     assert!(written("checkpoint.ckpt") == checkpoint && written("metrics.jsonl") == log);
 }
 
+/// `data.resize_to`: a folder of images of several sizes and shapes trains once each is
+/// resized to the model's size; the export says so, so `evaluate --file` scores the held-out
+/// folder, resizing its files alike, to the run's own final loss, and `predict` takes a file
+/// of another size. Without it the first image of another size is named; beside CSV rows,
+/// which are read at their own size, it is refused.
+#[test]
+fn a_vit_trains_on_a_folder_of_images_of_any_size_resized() {
+    let dir = scratch("user-folder-resize");
+    let image = |seed: usize, w: usize, h: usize| {
+        let pixels: Vec<u8> = (0..w * h).map(|i| ((i * 7 + seed * 5) % 17 * 15) as u8).collect();
+        [format!("P5\n{w} {h}\n255\n").into_bytes(), pixels].concat()
+    };
+    let sizes = [(8, 8), (12, 12), (10, 6), (5, 5)];
+    for i in 0..24 {
+        let class = if i % 2 == 0 { "even" } else { "odd" };
+        let folder = if i < 16 { "train" } else { "test" };
+        let path = dir.join(folder).join(class).join(format!("{i:02}.pgm"));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let (w, h) = sizes[i / 2 % 4];
+        std::fs::write(&path, image(i, w, h)).unwrap();
+    }
+    let train = |extra: &[&str]| {
+        let base = [
+            "train",
+            "--config",
+            "configs/vit-digits.toml",
+            "--fresh",
+            "--progress-every",
+            "0",
+            "--set",
+            "data.dataset=\"labelled_images\"",
+            "--set",
+            "data.batch_size=8",
+            "--set",
+            "model.config.num_labels=2",
+            "--set",
+            "train.max_steps=2",
+        ];
+        pipetransformer(&[&base[..], extra].concat())
+    };
+    let (train_dir, test_dir, run_dir) = (dir.join("train"), dir.join("test"), dir.join("run"));
+    let train_file = format!("data.train_file=\"{}\"", train_dir.display());
+    let test_file = format!("data.test_file=\"{}\"", test_dir.display());
+    let out_dir = format!("output.dir=\"{}\"", run_dir.display());
+    let files = ["--set", &train_file, "--set", &test_file, "--set", &out_dir];
+    let (ok, out) = train(&files);
+    assert!(!ok && out.contains("expected every image of one size") && out.contains("data.resize_to"), "{out}");
+    let (ok, out) = train(&[&files[..], &["--set", "data.resize_to=8"]].concat());
+    assert!(ok && out.contains("data: labelled_images — 16 training / 8 test samples, 2 classes"), "{out}");
+    let loss = |out: &str, marker: &str| {
+        let line = out.lines().find(|l| l.contains(marker)).unwrap_or_default().to_string();
+        line.split("loss ").nth(1).and_then(|l| l.split(',').next()).map(str::to_string)
+    };
+    let trained = loss(&out, "final eval:");
+    let preprocessor = std::fs::read_to_string(run_dir.join("model/preprocessor_config.json")).unwrap();
+    assert!(preprocessor.contains("\"do_resize\": true"), "{preprocessor}");
+    let model = run_dir.display().to_string();
+    let (ok, scored) = pipetransformer(&["evaluate", "--model", &model, "--file", test_dir.to_str().unwrap()]);
+    assert!(
+        ok && scored.contains("8 targets") && trained.is_some() && loss(&scored, "targets:") == trained,
+        "{scored}"
+    );
+    let big = test_dir.join("odd/19.pgm");
+    let (ok, out) = pipetransformer(&["predict", "--model", &model, big.to_str().unwrap()]);
+    assert!(ok && json_lines(&out).len() == 1 && json_lines(&out)[0]["label"].is_string(), "{out}");
+
+    let rows = dir.join("rows.csv");
+    std::fs::write(&rows, (0..8).map(|i| format!("{},{}\n", digit_pixels(i), i % 2)).collect::<String>()).unwrap();
+    let rows = format!("data.train_file=\"{}\"", rows.display());
+    let (ok, out) = train(&["--set", &rows, "--set", &out_dir, "--set", "data.resize_to=8"]);
+    assert!(!ok && out.contains("data.resize_to`: is 8, but data.train_file") && out.contains("pixel rows"), "{out}");
+}
+
 /// Images of three channels (`data.channels`): a row holds the channels' planes whole, one after
 /// another, as `evaluate --file` reads a row for the model, so both score the held-out file
 /// alike (the same loss to the printed digit: another layout in either would move it); a model

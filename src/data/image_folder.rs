@@ -9,6 +9,7 @@ use super::dataset::{Dataset, TEST_FILE_ID_BASE, shown_classes, sorted_classes};
 use super::files::dataset_error;
 use super::image_files::{StoredImage, read_image_file_as_stored};
 use super::images::ImageSample;
+use super::resize::resize_image;
 use crate::error::Result;
 use std::path::{Path, PathBuf};
 
@@ -44,13 +45,16 @@ pub(crate) fn files_under(dir: &Path) -> Result<Vec<PathBuf>> {
 /// The training folder `train` and the held-out folder `test`, if given, and the largest value
 /// of their images' format, which their values were divided by: the classes are the training
 /// folder's subfolders (sorted as labels are, as numbers where all are integers), every image
-/// square, of the first one's size, format maximum (8-bit, 16-bit, a PGM's own) and `channels`
-/// channels; a held-out subfolder must be one of the classes. Ids count the images in folder
-/// then file name order, from [`TEST_FILE_ID_BASE`] in the held-out folder.
+/// of the first one's format maximum (8-bit, 16-bit, a PGM's own) and `channels` channels, and
+/// square and of the first one's size, or of any size and resized to `resize_to ×
+/// resize_to` ([`resize_image`]); a held-out subfolder must be one of the classes. Ids count
+/// the images in folder then file name order, from [`TEST_FILE_ID_BASE`] in the held-out
+/// folder.
 pub(crate) fn image_folders(
     train: &Path,
     test: Option<&Path>,
     channels: usize,
+    resize_to: Option<usize>,
 ) -> Result<(Dataset<ImageSample>, Option<Dataset<ImageSample>>, u32)> {
     for path in [Some(train), test].into_iter().flatten() {
         if !path.exists() {
@@ -75,7 +79,8 @@ pub(crate) fn image_folders(
     }
     let names: Vec<&str> = classes.iter().map(|(name, _)| name.as_str()).collect();
     let classes_sorted = sorted_classes(train, names.into_iter())?;
-    let (samples, first) = images(&classes, &classes_sorted, channels, None, 0)?;
+    let read = Read { channels, resize_to };
+    let (samples, first) = images(&classes, &classes_sorted, read, None, 0)?;
     let held_out = match test {
         Some(test) => {
             let theirs = class_folders(test)?;
@@ -90,7 +95,7 @@ pub(crate) fn image_folders(
                     ),
                 ));
             }
-            let (samples, _) = images(&theirs, &classes_sorted, channels, Some(&first), TEST_FILE_ID_BASE)?;
+            let (samples, _) = images(&theirs, &classes_sorted, read, Some(&first), TEST_FILE_ID_BASE)?;
             Some(Dataset::new("labelled_images/test", classes_sorted.clone(), samples)?)
         }
         None => None,
@@ -172,13 +177,21 @@ impl First {
     }
 }
 
-/// The images of `classes` (name, folder), labelled by their index in `sorted`: each square,
-/// of `channels` channels and of the size and format maximum of `first` (the first image's
-/// where `None`). Returns them and the first.
+/// How a folder's images are read: their channels, and the side they are resized to, if any.
+#[derive(Clone, Copy)]
+struct Read {
+    channels: usize,
+    resize_to: Option<usize>,
+}
+
+/// The images of `classes` (name, folder), labelled by their index in `sorted`: each of
+/// `read.channels` channels and of the format maximum of `first` (the first image's where
+/// `None`), and resized to `read.resize_to`, or else square and of the size of `first`.
+/// Returns them and the first.
 fn images(
     classes: &[(String, PathBuf)],
     sorted: &[String],
-    channels: usize,
+    Read { channels, resize_to }: Read,
     first: Option<&First>,
     id_base: u64,
 ) -> Result<(Vec<ImageSample>, First)> {
@@ -187,10 +200,13 @@ fn images(
     for (name, folder) in classes {
         let label = sorted.iter().position(|c| c == name).unwrap_or_default() as u32;
         for file in class_files(name, folder)? {
-            let StoredImage { pixels: (w, h, c, pixels), max, alpha } = read_image_file_as_stored(&file)?;
+            let StoredImage { pixels: (w, h, c, mut pixels), max, alpha } = read_image_file_as_stored(&file)?;
             let bad = |message: String| Err(dataset_error(&file, None, message));
-            if w != h {
-                return bad(format!("is {w}×{h}; expected square images"));
+            if w != h && resize_to.is_none() {
+                return bad(format!(
+                    "is {w}×{h}; expected square images (or set data.resize_to to the model's image_size to resize \
+                     each)"
+                ));
             }
             if c != channels {
                 let dropped = if alpha { " (its alpha channel dropped)" } else { "" };
@@ -199,10 +215,18 @@ fn images(
                      model's num_channels) to the images'"
                 ));
             }
+            let side = match resize_to {
+                Some(side) if (w, h) != (side, side) => {
+                    pixels = resize_image(&pixels, max, c, (h, w), (side, side));
+                    side
+                }
+                _ => w,
+            };
             match &want {
-                Some(f) if f.side != w => {
+                Some(f) if f.side != side => {
                     return bad(format!(
-                        "is {w}×{w}, but {} {1}×{1}; expected every image of one size",
+                        "is {w}×{w}, but {} {1}×{1}; expected every image of one size (or set data.resize_to to \
+                         the model's image_size to resize each)",
                         f.named(),
                         f.side
                     ));
@@ -216,10 +240,10 @@ fn images(
                     ));
                 }
                 Some(_) => {}
-                None => want = Some(First { side: w, max, path: Some(file.clone()) }),
+                None => want = Some(First { side, max, path: Some(file.clone()) }),
             }
             let id = id_base + samples.len() as u64;
-            samples.push(ImageSample { id, pixels, label, width: w, height: h, channels: c });
+            samples.push(ImageSample { id, pixels, label, width: side, height: side, channels: c });
         }
     }
     // (Every class holds an image, and there is one class at least.)

@@ -137,15 +137,17 @@ pub fn image_csv_file(
 /// index, from [`TEST_FILE_ID_BASE`] in the held-out file. Where `train` (and `test`) name
 /// folders, their class subfolders' PNG and PGM images instead (`image_folder`; `pixel_max` is
 /// then unused: the files' format scales them, as `predict` scales such a file, and must be one
-/// for all). Also returns what the raw values were divided by: `pixel_max`, or the format's.
+/// for all; `resize_to` resizes each, of any size). Also returns what the raw values were
+/// divided by: `pixel_max`, or the format's.
 pub fn labelled_image_files(
     train: &Path,
     test: Option<&Path>,
     pixel_max: u32,
     channels: usize,
+    resize_to: Option<usize>,
 ) -> Result<(Dataset<ImageSample>, Option<Dataset<ImageSample>>, u32)> {
     if train.is_dir() || test.is_some_and(Path::is_dir) {
-        return super::image_folder::image_folders(train, test, channels);
+        return super::image_folder::image_folders(train, test, channels, resize_to);
     }
     let train_rows = read_labelled_pixels(train, pixel_max, channels, None)?;
     let side = (train_rows[0].1.len() / channels).isqrt();

@@ -8,6 +8,7 @@
 //! | `text` | [`TextSample`]; Rotten Tomatoes ([`rotten_tomatoes`]), Reuters R8 ([`reuters_r8`]), a user's ([`labelled_text_files`]) |
 //! | `images` | [`ImageSample`]; [`digits`], [`mnist5k`], [`fashion_mnist`], a user's ([`labelled_image_files`]); [`image_batch`] |
 //! | `image_files` | a user's images for `predict`: [`read_image_file`] (PNG, PGM), [`read_idx_images`] |
+//! | `resize` | [`resize_image`]: an image resized as Pillow's bilinear filter (torchvision's `Resize`) resizes it |
 //! | `image_folder` | a user's images as a folder of class subfolders: to train on (through [`labelled_image_files`]), and for `evaluate --file` |
 //! | `lm` | [`CharVocab`], [`LmCorpus`] ([`hamlet`], a user's: [`user_corpus_files`]), [`lm_sequences`], [`lm_batch`] |
 //! | `order` | [`BatchOrder`] / [`EpochOrder`]: per-epoch seeded permutation, resumable |
@@ -40,6 +41,7 @@ mod image_folder;
 mod images;
 mod lm;
 mod order;
+mod resize;
 mod text;
 
 #[cfg(test)]
@@ -49,6 +51,7 @@ pub use dataset::{Dataset, Sample, Split, TEST_FILE_ID_BASE};
 pub(crate) use files::{dataset_error, user_head};
 pub use files::{read_user_text, user_lines};
 pub use image_files::{ImagePixels, read_idx_images, read_image_file};
+pub(crate) use image_files::{StoredImage, read_image_file_as_stored};
 pub(crate) use image_folder::{class_files, class_folders, files_under, folder_entries};
 pub use images::{
     DIGITS_FILE, DIGITS_PIXEL_MAX, FASHION_MNIST_CLASSES, FASHION_MNIST_DIR, ImageSample, MNIST5K_FILE, digits,
@@ -59,6 +62,7 @@ pub use lm::{
     user_corpus_files,
 };
 pub use order::{BatchOrder, EpochOrder};
+pub use resize::resize_image;
 pub use text::{
     REUTERS_R8_TEST_FILE, REUTERS_R8_TRAIN_FILE, ROTTEN_TOMATOES_FILE, TextSample, labelled_text_files,
     orange_tab_files, reuters_r8, rotten_tomatoes, rotten_tomatoes_file,

@@ -563,7 +563,7 @@ fn a_users_labelled_images_are_read_row_by_row() {
     let dir = TempDir::new("labelled-images");
     let train = dir.write("train.csv.gz", b"0,1,2,3,cat\n\n4,4,0,0,dog\n");
     let test = dir.write("test.csv", b"1,1,1,1,dog\n");
-    let (set, held_out, scale) = labelled_image_files(&train, Some(&test), 4, 1).unwrap();
+    let (set, held_out, scale) = labelled_image_files(&train, Some(&test), 4, 1, None).unwrap();
     assert_eq!(scale, 4);
     assert_eq!(set.class_names(), ["cat", "dog"]);
     let s = &set.samples()[1];
@@ -595,18 +595,18 @@ fn a_users_labelled_images_are_read_row_by_row() {
     ] {
         let path = dir.write(name, bytes);
         assert_eq!(
-            dataset_err(labelled_image_files(&path, None, 4, 1)),
+            dataset_err(labelled_image_files(&path, None, 4, 1, None)),
             (path.display().to_string(), Some(line), said.into())
         );
     }
     // The held-out file's images must be the training file's size, its labels its classes.
     let small = dir.write("small.csv", b"0,cat\n");
     assert_eq!(
-        dataset_err(labelled_image_files(&train, Some(&small), 4, 1)).2,
+        dataset_err(labelled_image_files(&train, Some(&small), 4, 1, None)).2,
         "has 1 values, expected 4 (a 2×2 image) then the label"
     );
     let other = dir.write("other.csv", b"0,0,0,0,bird\n");
-    let (_, _, message) = dataset_err(labelled_image_files(&train, Some(&other), 4, 1));
+    let (_, _, message) = dataset_err(labelled_image_files(&train, Some(&other), 4, 1, None));
     assert!(message.starts_with("label `bird` does not occur in the training file") && message.ends_with("cat, dog"));
 }
 
@@ -623,7 +623,7 @@ fn a_users_images_of_several_channels_are_read_plane_by_plane() {
 11,0,0,0,0,0,0,0,0,0,0,0,blue
 ",
     );
-    let (set, _, _) = labelled_image_files(&train, None, 11, 3).unwrap();
+    let (set, _, _) = labelled_image_files(&train, None, 11, 3, None).unwrap();
     let s = &set.samples()[1];
     assert_eq!(
         (set.class_names(), s.label, s.width, s.height, s.channels),
@@ -633,7 +633,7 @@ fn a_users_images_of_several_channels_are_read_plane_by_plane() {
     // (Scaled as the loader scales: times 1/pixel_max.)
     assert_eq!(first.pixels, (0..12).map(|v| v as f32 * (1.0 / 11.0)).collect::<Vec<_>>());
     assert_eq!(
-        dataset_err(labelled_image_files(&train, None, 11, 1)).2,
+        dataset_err(labelled_image_files(&train, None, 11, 1, None)).2,
         "has 12 values, which is no square image of data.channels = 1; expected side² pixel values then the label \
          (as data.channels = 3, 3 channels of 2×2)"
     );
@@ -644,7 +644,7 @@ fn a_users_images_of_several_channels_are_read_plane_by_plane() {
 ",
     );
     assert_eq!(
-        dataset_err(labelled_image_files(&four, None, 1, 3)).2,
+        dataset_err(labelled_image_files(&four, None, 1, 3, None)).2,
         "has 4 values, which is no square image of data.channels = 3; expected 3 × side² pixel values then the label \
          (as data.channels = 1, 1 channel of 2×2)"
     );
@@ -654,7 +654,7 @@ fn a_users_images_of_several_channels_are_read_plane_by_plane() {
 ",
     );
     assert_eq!(
-        dataset_err(labelled_image_files(&train, Some(&short), 11, 3)).2,
+        dataset_err(labelled_image_files(&train, Some(&short), 11, 3, None)).2,
         "has 3 values, expected 12 (a 2×2 image of 3 channels) then the label"
     );
 }
@@ -691,7 +691,7 @@ fn a_users_images_are_read_from_class_folders() {
     dir.write("train/9/x.pgm", &pgm(2, 2, 0));
     dir.write("train/9/.thumbnail", b"no image");
     dir.write("test/9/y.pgm", &pgm(2, 2, 102));
-    let (set, held_out, scale) = labelled_image_files(&at("train"), Some(&at("test")), 16, 1).unwrap();
+    let (set, held_out, scale) = labelled_image_files(&at("train"), Some(&at("test")), 16, 1, None).unwrap();
     assert_eq!(scale, 255, "the files' format's, not pixel_max's");
     assert_eq!(set.class_names(), ["9", "10"]);
     let got: Vec<(u64, u32, f32)> = set.samples().iter().map(|s| (s.id, s.label, s.pixels[0])).collect();
@@ -704,14 +704,14 @@ fn a_users_images_are_read_from_class_folders() {
     dir.write("rgb/blue/a.png", &rgb_png(&[0, 0, 255]));
     dir.write("rgba/a/x.png", &rgb_png(&[0, 0, 255, 128]));
     dir.write("rgba/b/x.png", &rgb_png(&[0, 0, 255, 128]));
-    let (set, _, _) = labelled_image_files(&at("rgb"), None, 255, 3).unwrap();
+    let (set, _, _) = labelled_image_files(&at("rgb"), None, 255, 3, None).unwrap();
     let red = &set.samples()[1];
     assert_eq!((red.label, red.channels, red.width), (1, 3, 2));
     assert_eq!(red.pixels, [vec![1.0; 4], vec![0.0; 4], vec![0.2; 4]].concat());
     // PGMs of another maximum are divided by it, and it is the data's scale.
     dir.write("deep/a/x.pgm", b"P5\n1 1\n16\n\x08");
     dir.write("deep/b/x.pgm", b"P5\n1 1\n16\n\x10");
-    let (set, _, scale) = labelled_image_files(&at("deep"), None, 255, 1).unwrap();
+    let (set, _, scale) = labelled_image_files(&at("deep"), None, 255, 1, None).unwrap();
     assert_eq!((scale, set.samples()[0].pixels.clone()), (16, vec![0.5]));
 
     dir.write("beside/a/x.pgm", &pgm(2, 2, 0));
@@ -751,7 +751,13 @@ fn a_users_images_are_read_from_class_folders() {
         ),
         ("empty", 1, none, "empty/a", "holds no images; expected the PNG or PGM images of class `a`".into()),
         ("one", 1, none, "one", "holds one class folder, `a`; expected at least two classes to tell apart".into()),
-        ("oblong", 1, none, "oblong/a/x.pgm", "is 2×3; expected square images".into()),
+        (
+            "oblong",
+            1,
+            none,
+            "oblong/a/x.pgm",
+            "is 2×3; expected square images (or set data.resize_to to the model's image_size to resize each)".into(),
+        ),
         (
             "depths",
             1,
@@ -787,7 +793,11 @@ fn a_users_images_are_read_from_class_folders() {
             1,
             none,
             "sizes/b/x.pgm",
-            format!("is 3×3, but {} is 2×2; expected every image of one size", at("sizes/a/x.pgm").display()),
+            format!(
+                "is 3×3, but {} is 2×2; expected every image of one size (or set data.resize_to to the model's \
+                 image_size to resize each)",
+                at("sizes/a/x.pgm").display()
+            ),
         ),
         (
             "rgb",
@@ -818,17 +828,50 @@ fn a_users_images_are_read_from_class_folders() {
             1,
             Some("big"),
             "big/9/y.pgm",
-            "is 3×3, but the training images are 2×2; expected every image of one size".into(),
+            "is 3×3, but the training images are 2×2; expected every image of one size (or set data.resize_to to \
+             the model's image_size to resize each)"
+                .into(),
         ),
     ] {
         let test = test.map(&at);
-        let got = dataset_err(labelled_image_files(&at(folder), test.as_deref(), 255, channels));
+        let got = dataset_err(labelled_image_files(&at(folder), test.as_deref(), 255, channels, None));
         assert_eq!((got.0, got.2), (at(path).display().to_string(), said), "{folder}");
     }
     let rows = dir.write("rows.csv", b"0,0,0,0,a\n");
-    let (file, _, message) = dataset_err(labelled_image_files(&at("train"), Some(&rows), 255, 1));
+    let (file, _, message) = dataset_err(labelled_image_files(&at("train"), Some(&rows), 255, 1, None));
     assert_eq!(file, rows.display().to_string());
     assert!(message.starts_with("is a file, but the other of data.train_file and data.test_file is a folder"));
+}
+
+/// With `data.resize_to`, a folder's images of any size and shape are resized to it, each as
+/// [`resize_image`] resizes its pixels (one already of that size is kept as it is), in the
+/// held-out folder too; their depth must still be one.
+#[test]
+fn a_users_images_of_any_size_are_resized_to_one() {
+    let dir = TempDir::new("image-folder-resize");
+    let at = |rel: &str| dir.path().join(rel);
+    let gradient = |w: usize, h: usize| -> Vec<u8> {
+        let pixels = (0..w * h).map(|i| (i * 37 % 256) as u8);
+        format!("P5\n{w} {h}\n255\n").into_bytes().into_iter().chain(pixels).collect()
+    };
+    dir.write("train/a/wide.pgm", &gradient(7, 3));
+    dir.write("train/a/same.pgm", &gradient(4, 4));
+    dir.write("train/b/big.pgm", &gradient(9, 9));
+    dir.write("test/b/small.pgm", &gradient(2, 2));
+    let (set, held_out, _) = labelled_image_files(&at("train"), Some(&at("test")), 255, 1, Some(4)).unwrap();
+    let pixels = |w: usize, h: usize| gradient(w, h)[format!("P5\n{w} {h}\n255\n").len()..].to_vec();
+    let resized = |w: usize, h: usize| {
+        let raw: Vec<f32> = pixels(w, h).iter().map(|&v| v as f32 / 255.0).collect();
+        resize_image(&raw, 255, 1, (h, w), (4, 4))
+    };
+    let got: Vec<(usize, usize, &[f32])> = set.samples().iter().map(|s| (s.width, s.height, &s.pixels[..])).collect();
+    let same: Vec<f32> = pixels(4, 4).iter().map(|&v| v as f32 / 255.0).collect();
+    assert_eq!(got, [(4, 4, &same[..]), (4, 4, &resized(7, 3)[..]), (4, 4, &resized(9, 9)[..])]);
+    assert_ne!(resized(7, 3), resized(9, 9));
+    assert_eq!(held_out.unwrap().samples()[0].pixels, resized(2, 2));
+    dir.write("train/b/deep.pgm", b"P5\n1 1\n16\n\x08");
+    let (file, _, message) = dataset_err(labelled_image_files(&at("train"), None, 255, 1, Some(4)));
+    assert!(file.ends_with("deep.pgm") && message.starts_with("stores values up to 16"), "{file}: {message}");
 }
 
 /// A user's file of one label has nothing to tell apart; a label the training file lacks is
@@ -840,7 +883,7 @@ fn a_users_classes_are_two_or_more_and_named_briefly() {
     let (_, _, message) = dataset_err(labelled_text_files(&single, None));
     assert_eq!(message, "has one label, `pos`, on every row; expected at least two classes to tell apart");
     let images = dir.write("single.csv", b"0,cat\n1,cat\n");
-    assert!(dataset_err(labelled_image_files(&images, None, 1, 1)).2.starts_with("has one label, `cat`"));
+    assert!(dataset_err(labelled_image_files(&images, None, 1, 1, None)).2.starts_with("has one label, `cat`"));
     let many: String = (0..30).map(|i| format!("{i}\ttext\n")).collect();
     let many = dir.write("many.tsv", many.as_bytes());
     let other = dir.write("other.tsv", b"99\ttext\n");

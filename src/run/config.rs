@@ -173,6 +173,15 @@ pub struct DataSection {
     /// one `evaluate --file` reads), then the label.
     #[serde(default)]
     pub channels: Option<usize>,
+    /// `labelled_images` from a folder: every image resized to `resize_to × resize_to` (the
+    /// model's `image_size`) by Pillow's bilinear filter, as torchvision's `Resize((n, n))` and
+    /// Hugging Face's `ViTImageProcessor` resize a PIL image (antialiased; the aspect ratio not
+    /// kept; 8-bit images bit for bit, deeper ones in floating point: `data::resize_image`), so
+    /// images of any size and shape can be read. The export says so, and `predict` and
+    /// `evaluate --file` resize image files alike. Without it every image must be square and
+    /// of one size.
+    #[serde(default)]
+    pub resize_to: Option<usize>,
 }
 
 impl DataSection {
@@ -232,6 +241,20 @@ impl DataSection {
             }
             if channels == 0 {
                 return Err(config_error("data.channels", "is 0; expected the colour channels per pixel, at least 1"));
+            }
+        }
+        if let Some(side) = self.resize_to {
+            if self.dataset != DatasetName::LabelledImages {
+                return Err(config_error(
+                    "data.resize_to",
+                    format!(
+                        "is {side}, but applies to dataset = \"labelled_images\" from a folder of images; {key} has \
+                         images of one size"
+                    ),
+                ));
+            }
+            if side == 0 {
+                return Err(config_error("data.resize_to", "is 0; expected the model's image_size, at least 1"));
             }
         }
         if !self.dataset.from_user_files() {
@@ -1285,6 +1308,12 @@ dir = "runs/x"
         let c = parse(&images).unwrap();
         assert_eq!((c.data.user_channels(), c.data.user_pixel_max()), (Some(1), Some(255)));
         assert_eq!(parse(&[&images[..], &["data.channels=3"]].concat()).unwrap().data.user_channels(), Some(3));
+        // ...and so does `data.resize_to`.
+        let e = err(&["data.resize_to=8"]);
+        assert!(e.contains("data.resize_to`: is 8, but applies to dataset = \"labelled_images\""), "{e}");
+        assert_eq!(parse(&[&images[..], &["data.resize_to=8"]].concat()).unwrap().data.resize_to, Some(8));
+        let e = err(&[&images[..], &["data.resize_to=0"]].concat());
+        assert!(e.contains("data.resize_to`: is 0; expected the model's image_size"), "{e}");
         let e = err(&[&images[..], &["data.channels=0"]].concat());
         assert!(e.contains("data.channels`: is 0; expected the colour channels per pixel"), "{e}");
         // ...also where both are written in the file.

@@ -237,8 +237,18 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
                             ),
                         ));
                     }
+                    if let Some(side) = d.resize_to.filter(|_| !d.user_folder()) {
+                        return Err(config_error(
+                            "data.resize_to",
+                            format!(
+                                "is {side}, but data.train_file {} is a file of pixel rows, each read at its own \
+                                 size: resizing is for a folder of image files; leave it out",
+                                train.display()
+                            ),
+                        ));
+                    }
                     let (train, test, scale) =
-                        data::labelled_image_files(&train, d.test_file.as_deref(), max, channels)?;
+                        data::labelled_image_files(&train, d.test_file.as_deref(), max, channels, d.resize_to)?;
                     user_scale = Some(scale);
                     user_split((train, test), d)?
                 }
@@ -601,6 +611,9 @@ pub(crate) fn data_settings(config: &RunConfig) -> serde_json::Value {
     // key missing on one side is.)
     if let Some(channels) = d.user_channels() {
         map.insert("data.channels".into(), channels.into());
+    }
+    if let Some(side) = d.resize_to {
+        map.insert("data.resize_to".into(), side.into());
     }
     // What turns a text into ids, which the samples' fingerprint does not follow (a resume
     // under others names them), and a corpus's window length, which it does (a resume refused
@@ -1845,6 +1858,7 @@ impl<D: Device> Job<D> {
             chars: self.info.chars.clone(),
             max_seq_length: self.config.data.max_len,
             pixel_max: self.info.pixel_max,
+            resize: self.config.data.resize_to.is_some(),
             // (Recorded once, when the run was built: the tokenizer's hash is not read again.)
             trained_on: self.trainer.data_settings.clone().unwrap_or_else(|| data_settings(&self.config)),
             dir: self.config.output.dir.join("model"),
@@ -1861,6 +1875,7 @@ struct Exporter {
     chars: Vec<char>,
     max_seq_length: usize,
     pixel_max: Option<u32>,
+    resize: bool,
     trained_on: serde_json::Value,
     dir: PathBuf,
 }
@@ -1874,6 +1889,7 @@ impl Exporter {
             chars: &self.chars,
             max_seq_length: Some(self.max_seq_length),
             pixel_max: self.pixel_max,
+            resize: self.resize,
             trained_on: Some(&self.trained_on),
         };
         weights::export_values(&self.spec, values, &self.config, &extras, &self.dir)?;

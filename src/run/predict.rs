@@ -8,7 +8,7 @@ use super::job::{
     CHECKPOINT, DataKind, LOG, MAX_LEN, PIXEL_MAX, TEST_FILE, TOKENIZER, TRAIN_FILE, class_list, data_settings,
     prepare_data,
 };
-use crate::data::read_idx_images;
+use crate::data::{StoredImage, read_idx_images};
 use crate::device::Device;
 use crate::error::{Error, Result, config_error, data_error};
 use crate::model::{Batch, Family, HeadSpec, HostBatch, IGNORE_INDEX, InputSpec, Model};
@@ -138,8 +138,9 @@ impl Sampling {
 enum Reader {
     /// A WordPiece tokenizer cutting where the run cut (its `max_len`, at most the model's positions).
     Text(Box<TextTokenizer>),
-    /// `channels × size × size` pixels in `[0, 1]`; raw CSV values are divided by `max_value`.
-    Image { size: usize, channels: usize, max_value: f32 },
+    /// `channels × size × size` pixels in `[0, 1]`; raw CSV values are divided by `max_value`;
+    /// image files of another size resized to the model's where `resize` (as its run resized).
+    Image { size: usize, channels: usize, max_value: f32, resize: bool },
     /// A character vocabulary.
     Chars { chars: Vec<char>, ids: HashMap<char, u32> },
 }
@@ -312,7 +313,7 @@ impl<D: Device> Predictor<D> {
                     what: "predict".into(),
                     message: format!("{}: an image model's export read without its pixel scale", dir.display()),
                 })?;
-                Reader::Image { size: image_size, channels, max_value: (1.0 / scale) as f32 }
+                Reader::Image { size: image_size, channels, max_value: (1.0 / scale) as f32, resize: export.resize }
             }
             (_, InputSpec::Tokens { max_positions, .. }) => {
                 let path = export.tokenizer.ok_or_else(|| {
@@ -433,7 +434,7 @@ impl<D: Device> Predictor<D> {
                     cut += encodings.iter().filter(|e| e.truncated).count();
                 }
             }
-            &Reader::Image { size: side, channels, max_value } => {
+            &Reader::Image { size: side, channels, max_value, .. } => {
                 let n = channels * side * side;
                 let mut images = Vec::with_capacity(rows.len());
                 for &(line, row) in &rows {
@@ -471,7 +472,7 @@ impl<D: Device> Predictor<D> {
     /// its files an image of the model's size and channels, read and scaled as `predict` reads
     /// such a file. Names starting with `.` are left out.
     fn labelled_folder(&self, dir: &Path, batch_size: usize) -> Result<LabelledRows> {
-        let Reader::Image { size, channels, .. } = self.reader else {
+        let Reader::Image { .. } = self.reader else {
             let expected = match self.reader {
                 Reader::Text(_) => "a file of `label<TAB>text` rows",
                 _ => "a language model is evaluated on a configured text (--config)",
@@ -484,9 +485,8 @@ impl<D: Device> Predictor<D> {
                 crate::data::dataset_error(&folder, None, format!("names class `{name}`, which {}", self.no_class()))
             })?;
             for file in crate::data::class_files(&name, &folder)? {
-                let (w, h, c, pixels) = crate::data::read_image_file(&file)?;
-                check_size(&file.display().to_string(), w, h, c, size, channels)?;
-                images.push((pixels, label));
+                let image = crate::data::read_image_file_as_stored(&file)?;
+                images.push((self.fitted(&file.display().to_string(), image)?, label));
             }
         }
         Ok(LabelledRows { batches: image_batches(&images, batch_size), cut: 0 })
@@ -733,7 +733,7 @@ impl<D: Device> Predictor<D> {
     /// not take, fails alone: its entry holds the error. Any other input that does not fit is
     /// the error.
     pub fn read_images(&self, input: &str) -> Result<Vec<NamedImage>> {
-        let Reader::Image { size, channels, max_value } = self.reader else {
+        let Reader::Image { size, channels, max_value, .. } = self.reader else {
             return Err(config_error("input", format!("this {:?} model does not read images", self.family())));
         };
         let n = channels * size * size;
@@ -794,23 +794,22 @@ impl<D: Device> Predictor<D> {
 
     /// The images of the file `input` names, as [`read_images`](Self::read_images) reads one.
     fn read_image_file_input(&self, input: &str) -> Result<Vec<(String, Vec<f32>)>> {
-        let Reader::Image { size, channels, max_value } = self.reader else {
+        let Reader::Image { size, channels, max_value, .. } = self.reader else {
             return Err(config_error("input", format!("this {:?} model does not read images", self.family())));
         };
         let n = channels * size * size;
         let path = Path::new(input);
         match input_file_kind(path)? {
             InputFile::Image => {
-                let (w, h, c, px) = crate::data::read_image_file(path)?;
-                check_size(input, w, h, c, size, channels)?;
-                Ok(vec![(input.to_string(), px)])
+                Ok(vec![(input.to_string(), self.fitted(input, crate::data::read_image_file_as_stored(path)?)?)])
             }
+            // (IDX images are 8-bit.)
             InputFile::Idx => read_idx_images(path)?
                 .into_iter()
                 .enumerate()
-                .map(|(i, (w, h, c, px))| {
-                    check_size(input, w, h, c, size, channels)?;
-                    Ok((format!("{input}#{i}"), px))
+                .map(|(i, pixels)| {
+                    let image = StoredImage { pixels, max: 255, alpha: false };
+                    Ok((format!("{input}#{i}"), self.fitted(input, image)?))
                 })
                 .collect(),
             InputFile::Csv => {
@@ -862,6 +861,21 @@ impl<D: Device> Predictor<D> {
                 Ok(images)
             }
         }
+    }
+
+    /// An image file's pixels as the model takes them: resized to its size where its run
+    /// resized its images (as the run resized them: by their depth), and then of its size and
+    /// channels, or an error naming `input`.
+    fn fitted(&self, input: &str, image: StoredImage) -> Result<Vec<f32>> {
+        let Reader::Image { size, channels, resize, .. } = self.reader else {
+            return Err(config_error("input", format!("this {:?} model does not read images", self.family())));
+        };
+        let (w, h, c, pixels) = image.pixels;
+        if resize && c == channels && (w, h) != (size, size) {
+            return Ok(crate::data::resize_image(&pixels, image.max, c, (h, w), (size, size)));
+        }
+        check_size(input, w, h, c, size, channels)?;
+        Ok(pixels)
     }
 
     /// The model's outputs on the host; an error when one is not finite (a NaN would read

@@ -53,6 +53,9 @@ pub struct ExportExtras<'a> {
     /// The raw pixel value the image data maps to 1.0 (pixels were `value / pixel_max`): 255
     /// for 8-bit images (the default), 16 for scikit-learn's digits.
     pub pixel_max: Option<u32>,
+    /// Whether the images were resized to the model's `image_size` (PIL's bilinear filter), so
+    /// that images of other sizes are resized alike.
+    pub resize: bool,
     /// The settings that chose the samples the model trained on (dataset, split seed,
     /// fractions), written into `config.json` as [`TRAINED_ON_KEY`], so an evaluation on a split
     /// that holds some of them can be refused.
@@ -76,7 +79,7 @@ pub(crate) fn write_companions(config: &ModelConfig, extras: &ExportExtras<'_>, 
     match config {
         ModelConfig::Bert(c) => bert_files(c, extras, dir),
         ModelConfig::Gpt(c) => gpt_files(c, extras.chars, dir),
-        ModelConfig::Vit(c) => vit_files(c, extras.pixel_max, dir),
+        ModelConfig::Vit(c) => vit_files(c, extras.pixel_max, extras.resize, dir),
     }
 }
 
@@ -223,19 +226,20 @@ pub(crate) fn char_tokenizer_json(vocab: Value) -> Value {
     })
 }
 
-/// `preprocessor_config.json` describing what the model was fed: the image as is (no resize;
-/// `size` is the model's `image_size`), `value / pixel_max` (so pixels lie in [0, 1]), no
-/// normalisation (mean 0, std 1 per channel), and no conversion to RGB (a 1-channel model
-/// takes grayscale).
-fn vit_files(c: &VitConfig, pixel_max: Option<u32>, dir: &Path) -> Result<Vec<PathBuf>> {
+/// `preprocessor_config.json` describing what the model was fed: the image as is, or where
+/// `resize`, resized to `size` (the model's `image_size`) by PIL's bilinear filter (`resample`
+/// 2); `value / pixel_max` (so pixels lie in [0, 1]), no normalisation (mean 0, std 1 per
+/// channel), and no conversion to RGB (a 1-channel model takes grayscale).
+fn vit_files(c: &VitConfig, pixel_max: Option<u32>, resize: bool, dir: &Path) -> Result<Vec<PathBuf>> {
     let max = pixel_max.unwrap_or(DEFAULT_PIXEL_MAX);
     if max == 0 {
         return Err(config_error("pixel_max", "is 0; expected the raw pixel value that maps to 1.0 (e.g. 255)"));
     }
     let config = json!({
         "image_processor_type": "ViTImageProcessor",
-        "do_resize": false,
+        "do_resize": resize,
         "size": {"height": c.image_size, "width": c.image_size},
+        "resample": 2,
         "do_rescale": true,
         "rescale_factor": 1.0 / max as f64,
         "do_normalize": false,

@@ -36,6 +36,10 @@ pub struct ExportedModel {
     /// `preprocessor_config.json`'s `rescale_factor`, e.g. 1/255 or 1/16): always set for a
     /// ViT (an export without that file is refused), `None` for the other families.
     pub pixel_scale: Option<f64>,
+    /// Whether images of another size are resized to the model's `image_size` by PIL's
+    /// bilinear filter (ViT: `preprocessor_config.json`'s `do_resize`), as the run resized its
+    /// images (`data.resize_to`).
+    pub resize: bool,
     /// The longest input the run trained on, in tokens (`sentence_bert_config.json`'s
     /// `max_seq_length`); `None` without that file.
     pub max_seq_length: Option<usize>,
@@ -93,9 +97,12 @@ pub fn read_export(dir: impl AsRef<Path>) -> Result<ExportedModel> {
         ModelConfig::Gpt(c) => read_chars(&dir.join(VOCAB_FILE), c.vocab_size)?,
         _ => Vec::new(),
     };
-    let pixel_scale = match &config {
-        ModelConfig::Vit(_) => Some(read_pixel_scale(&dir.join(PREPROCESSOR_FILE))?),
-        _ => None,
+    let (pixel_scale, resize) = match &config {
+        ModelConfig::Vit(c) => {
+            let (scale, resize) = read_preprocessing(&dir.join(PREPROCESSOR_FILE), c.image_size)?;
+            (Some(scale), resize)
+        }
+        _ => (None, false),
     };
     let tokenizer = Some(dir.join(TOKENIZER_FILE)).filter(|p| p.is_file());
     let max_seq_length = read_max_seq_length(&dir.join(SENTENCE_CONFIG_FILE))?;
@@ -108,6 +115,7 @@ pub fn read_export(dir: impl AsRef<Path>) -> Result<ExportedModel> {
         tokenizer,
         chars,
         pixel_scale,
+        resize,
         max_seq_length,
         trained_on,
     })
@@ -207,15 +215,16 @@ fn chars_by_id(path: &Path, map: &Map<String, Value>, vocab_size: usize) -> Resu
     Ok(chars.into_iter().flatten().collect())
 }
 
-/// `rescale_factor` of a ViT's `preprocessor_config.json` (1 when `do_rescale` is false).
-/// Normalisation is refused: our image pipeline feeds rescaled pixels as they are, which is
-/// what every export of this engine describes.
+/// `rescale_factor` of a ViT's `preprocessor_config.json` (1 when `do_rescale` is false), and
+/// `do_resize`, whose `size` must then be the model's `image_size` square (what our resizing
+/// makes). Normalisation is refused: our image pipeline feeds rescaled pixels as they are,
+/// which is what every export of this engine describes.
 ///
 /// The file is required: the scale differs by dataset (1/255 for 8-bit images, 1/16 for
 /// scikit-learn's digits) and nothing else in the export records it, so a guessed one would
 /// score raw pixel rows at the wrong scale without a word (a digits model read at 1/255 falls
 /// from 92 % to chance). Every ViT export of this engine has written it.
-fn read_pixel_scale(path: &Path) -> Result<f64> {
+fn read_preprocessing(path: &Path, image_size: usize) -> Result<(f64, bool)> {
     let Some(json) = read_optional_json(path)? else {
         return Err(export_error(
             path,
@@ -229,11 +238,23 @@ fn read_pixel_scale(path: &Path) -> Result<f64> {
     if json.get("do_normalize").and_then(Value::as_bool) == Some(true) {
         return Err(export_error(path, "`do_normalize` is true; expected false (pixels are fed un-normalised)"));
     }
+    let resize = json.get("do_resize").and_then(Value::as_bool) == Some(true);
+    let side = |key: &str| json.get("size").and_then(|s| s.get(key)).and_then(Value::as_u64);
+    if resize && (side("height"), side("width")) != (Some(image_size as u64), Some(image_size as u64)) {
+        return Err(export_error(
+            path,
+            format!(
+                "resizes to `size` {}; expected {{\"height\": {image_size}, \"width\": {image_size}}}, the model's \
+                 image_size",
+                json.get("size").map_or("(none)".to_string(), Value::to_string)
+            ),
+        ));
+    }
     if json.get("do_rescale").and_then(Value::as_bool) == Some(false) {
-        return Ok(1.0);
+        return Ok((1.0, resize));
     }
     match json.get("rescale_factor").and_then(Value::as_f64) {
-        Some(f) if f > 0.0 && f.is_finite() => Ok(f),
+        Some(f) if f > 0.0 && f.is_finite() => Ok((f, resize)),
         _ => Err(export_error(path, "`rescale_factor` is missing or not a positive number; expected e.g. 1/255")),
     }
 }
@@ -414,6 +435,17 @@ mod tests {
         json["rescale_factor"] = (-1.0).into();
         std::fs::write(&path, json.to_string()).unwrap();
         assert!(error_naming(&dir, "preprocessor_config.json").contains("`rescale_factor`"));
+        // Resizing, read where its size is the model's; to another size, refused.
+        json["rescale_factor"] = (1.0 / 255.0).into();
+        std::fs::write(&path, json.to_string()).unwrap();
+        assert!(!read_export(&dir).unwrap().resize);
+        json["do_resize"] = true.into();
+        std::fs::write(&path, json.to_string()).unwrap();
+        assert!(read_export(&dir).unwrap().resize);
+        json["size"] = serde_json::json!({"shortest_edge": 224});
+        std::fs::write(&path, json.to_string()).unwrap();
+        let e = error_naming(&dir, "preprocessor_config.json");
+        assert!(e.contains("resizes to `size` {\"shortest_edge\":224}") && e.contains("\"height\": 4"), "{e}");
         // Without the file the scale is unknown: refused, saying what the file holds and why
         // it is needed, rather than read at a guessed 1/255.
         std::fs::remove_file(&path).unwrap();
