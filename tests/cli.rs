@@ -3421,6 +3421,74 @@ fn a_vit_trains_on_a_folder_of_the_users_images() {
     assert!(written("checkpoint.ckpt") == checkpoint && written("metrics.jsonl") == log);
 }
 
+/// Random augmentation of training images (`data.random_flip`, `data.random_crop`): a run
+/// draws other batches than one without it (another loss from the first step), and the same
+/// ones when resumed, into its second epoch (a run of 4 steps and one of 2 resumed to 4 log
+/// the same losses and gradient norms, bit for bit: a view depends on the seed, the epoch and
+/// the sample alone); AutoCache, which would keep one view of a sample, is refused unless
+/// allowed; a resume that turns a draw off names the change.
+#[test]
+fn random_augmentation_draws_by_epoch_and_resumes_to_the_bit() {
+    if !have_digits() {
+        return;
+    }
+    let dir = scratch("augment");
+    let train = |name: &str, extra: &[&str]| {
+        let out_dir = format!("output.dir=\"{}\"", dir.join(name).display());
+        let base = [
+            "train",
+            "--config",
+            "configs/vit-digits.toml",
+            "--progress-every",
+            "0",
+            "--set",
+            "data.train_limit=64",
+            "--set",
+            "data.test_limit=16",
+            // A learning rate that does not follow train.max_steps, which the resume raises.
+            "--set",
+            "train.decay=\"constant\"",
+            "--set",
+            "train.warmup_fraction=0",
+            "--set",
+            &out_dir,
+        ];
+        pipetransformer(&[&base[..], extra].concat())
+    };
+    let steps = |name: &str| -> Vec<(u64, u64, u64)> {
+        let log = std::fs::read_to_string(dir.join(name).join("metrics.jsonl")).unwrap();
+        let events = log.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap());
+        let steps = events.filter(|e| e["event"] == "step");
+        let bits = |e: &serde_json::Value, k: &str| e[k].as_f64().unwrap().to_bits();
+        steps.map(|e| (e["step"].as_u64().unwrap(), bits(&e, "loss"), bits(&e, "grad_norm"))).collect()
+    };
+    let augment = ["--set", "data.random_flip=true", "--set", "data.random_crop=1"];
+    let four = ["--fresh", "--set", "train.max_steps=4"];
+    let (ok, out) = train("plain", &four);
+    assert!(ok, "{out}");
+    let (ok, out) = train("straight", &[&augment[..], &four[..]].concat());
+    assert!(ok, "{out}");
+    let (plain, straight) = (steps("plain"), steps("straight"));
+    assert_eq!(straight.len(), 4, "{straight:?}");
+    assert_ne!(plain[0].1, straight[0].1, "augmentation changed nothing");
+    let (ok, out) = train("resumed", &[&augment[..], &["--fresh", "--set", "train.max_steps=2"]].concat());
+    assert!(ok, "{out}");
+    let (ok, out) = train("resumed", &[&augment[..], &["--resume", "--set", "train.max_steps=4"]].concat());
+    assert!(ok, "{out}");
+    let mut resumed = steps("resumed");
+    resumed.dedup_by_key(|s| s.0);
+    assert_eq!(resumed, straight);
+
+    let cache = ["--freeze", "alpha", "--auto-pipe", "--cache", "true", "--fresh", "--set", "train.max_steps=2"];
+    let (ok, out) = train("cached", &[&augment[..], &cache[..]].concat());
+    assert!(!ok && out.contains("randomly augmented") && out.contains("elastic.cache_augmented"), "{out}");
+    let allowed = ["--set", "elastic.cache_augmented=true"];
+    let (ok, out) = train("cached", &[&augment[..], &cache[..], &allowed[..]].concat());
+    assert!(ok, "{out}");
+    let (ok, out) = train("straight", &["--set", "data.random_crop=1", "--resume", "--set", "train.max_steps=5"]);
+    assert!(ok && out.contains("data.random_flip true → false"), "{out}");
+}
+
 /// `data.resize_to`: a folder of images of several sizes and shapes trains once each is
 /// resized to the model's size; the export says so, so `evaluate --file` scores the held-out
 /// folder, resizing its files alike, to the run's own final loss, and `predict` takes a file

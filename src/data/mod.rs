@@ -8,6 +8,7 @@
 //! | `text` | [`TextSample`]; Rotten Tomatoes ([`rotten_tomatoes`]), Reuters R8 ([`reuters_r8`]), a user's ([`labelled_text_files`]) |
 //! | `images` | [`ImageSample`]; [`digits`], [`mnist5k`], [`fashion_mnist`], a user's ([`labelled_image_files`]); [`image_batch`] |
 //! | `image_files` | a user's images for `predict`: [`read_image_file`] (PNG, PGM), [`read_idx_images`] |
+//! | `augment` | [`ImageAugment`]: random crops and mirror images of training images, drawn by seed, epoch and sample id |
 //! | `resize` | [`resize_image`]: an image resized as Pillow's bilinear filter (torchvision's `Resize`) resizes it |
 //! | `image_folder` | a user's images as a folder of class subfolders: to train on (through [`labelled_image_files`]), and for `evaluate --file` |
 //! | `lm` | [`CharVocab`], [`LmCorpus`] ([`hamlet`], a user's: [`user_corpus_files`]), [`lm_sequences`], [`lm_batch`] |
@@ -33,6 +34,7 @@
 //! # }
 //! ```
 
+mod augment;
 mod csv;
 mod dataset;
 mod files;
@@ -47,6 +49,7 @@ mod text;
 #[cfg(test)]
 mod tests;
 
+pub use augment::ImageAugment;
 pub use dataset::{Dataset, Sample, Split, TEST_FILE_ID_BASE};
 pub(crate) use files::{dataset_error, user_head};
 pub use files::{read_user_text, user_lines};

@@ -111,6 +111,14 @@ impl DatasetName {
     pub fn is_text(self) -> bool {
         matches!(self, DatasetName::RottenTomatoes | DatasetName::ReutersR8 | DatasetName::LabelledTexts)
     }
+
+    /// Whether its samples are images.
+    pub fn is_image(self) -> bool {
+        matches!(
+            self,
+            DatasetName::FashionMnist | DatasetName::Mnist5k | DatasetName::Digits | DatasetName::LabelledImages
+        )
+    }
 }
 
 /// What to train on and how to batch it.
@@ -182,6 +190,16 @@ pub struct DataSection {
     /// of one size.
     #[serde(default)]
     pub resize_to: Option<usize>,
+    /// Images: mirror each training image left to right with probability one half, drawn
+    /// anew each epoch (torchvision's `RandomHorizontalFlip`). Not for digits or letters,
+    /// whose mirror images are other shapes.
+    #[serde(default)]
+    pub random_flip: bool,
+    /// Images: pad each training image with this many zero pixels on every side and crop it
+    /// back to its size at a random offset, drawn anew each epoch (torchvision's
+    /// `RandomCrop(size, padding=n)`).
+    #[serde(default)]
+    pub random_crop: Option<usize>,
 }
 
 impl DataSection {
@@ -202,6 +220,11 @@ impl DataSection {
     /// their own.
     pub fn user_channels(&self) -> Option<usize> {
         (self.dataset == DatasetName::LabelledImages).then(|| self.channels.unwrap_or(1))
+    }
+
+    /// The random augmentation of training images (`random_flip`, `random_crop`).
+    pub fn image_augment(&self) -> crate::data::ImageAugment {
+        crate::data::ImageAugment { flip: self.random_flip, crop_padding: self.random_crop.unwrap_or(0) }
     }
 
     /// Whether the test split is cut from the training samples by `split_seed` and
@@ -242,6 +265,19 @@ impl DataSection {
             if channels == 0 {
                 return Err(config_error("data.channels", "is 0; expected the colour channels per pixel, at least 1"));
             }
+        }
+        let augment = [("data.random_flip", self.random_flip), ("data.random_crop", self.random_crop.is_some())];
+        if let Some((field, _)) = augment.iter().find(|(_, set)| *set).filter(|_| !self.dataset.is_image()) {
+            return Err(config_error(
+                *field,
+                format!("is set, but {key} is no dataset of images; random augmentation is for images"),
+            ));
+        }
+        if self.random_crop == Some(0) {
+            return Err(config_error(
+                "data.random_crop",
+                "is 0; expected the zero pixels padded on each side before the crop, at least 1 (or leave it out)",
+            ));
         }
         if let Some(side) = self.resize_to {
             if self.dataset != DatasetName::LabelledImages {
@@ -1308,6 +1344,13 @@ dir = "runs/x"
         let c = parse(&images).unwrap();
         assert_eq!((c.data.user_channels(), c.data.user_pixel_max()), (Some(1), Some(255)));
         assert_eq!(parse(&[&images[..], &["data.channels=3"]].concat()).unwrap().data.user_channels(), Some(3));
+        // Augmentation is for images.
+        let e = err(&["data.random_flip=true"]);
+        assert!(e.contains("data.random_flip`: is set, but rotten_tomatoes is no dataset of images"), "{e}");
+        let e = err(&[&images[..], &["data.random_crop=0"]].concat());
+        assert!(e.contains("data.random_crop`: is 0"), "{e}");
+        let c = parse(&[&images[..], &["data.random_crop=2", "data.random_flip=true"]].concat()).unwrap();
+        assert_eq!(c.data.image_augment(), crate::data::ImageAugment { flip: true, crop_padding: 2 });
         // ...and so does `data.resize_to`.
         let e = err(&["data.resize_to=8"]);
         assert!(e.contains("data.resize_to`: is 8, but applies to dataset = \"labelled_images\""), "{e}");

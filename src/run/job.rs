@@ -41,8 +41,8 @@ pub struct DataInfo {
     /// What the run evaluates on: `test`, or `validation` (`data.validation_fraction`, carved
     /// off the training half; the test split is then unused).
     pub evaluated_on: String,
-    /// Whether training samples are randomly augmented (none of the built-in datasets is;
-    /// AutoCache refuses such data unless told otherwise).
+    /// Whether training samples are randomly augmented (`data.random_flip`,
+    /// `data.random_crop`; AutoCache refuses such data unless told otherwise).
     pub augmented: bool,
     /// Class names by label (classifiers; empty for language models). They travel with the
     /// exported model.
@@ -261,15 +261,20 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
             let test = subset(split.test.samples().to_vec(), d.test_limit, split_seed ^ 1);
             let (n_train, n_test) = (train.len(), test.len());
             let make = Box::new(|s: &[&ImageSample], offset: u64| data::image_batch(s, offset));
-            let source = SampleSource::new(train, test, seed, d.batch_size, eval_bs, make)?
+            let mut source = SampleSource::new(train, test, seed, d.batch_size, eval_bs, make)?
                 .least_batch(least_batch)
                 .ids(|s| s.id);
+            let augment = d.image_augment();
+            if augment.is_on() {
+                source = source.augment(Box::new(move |s: &ImageSample, epoch| augment.augmented(s, seed, epoch)));
+            }
             let pixel_max = Some(match d.dataset {
                 DatasetName::Digits => data::DIGITS_PIXEL_MAX,
                 DatasetName::LabelledImages => user_scale.unwrap_or(255),
                 _ => 255,
             });
-            Ok((Box::new(source), DataInfo { pixel_max, image, ..info(&labels, n_train, n_test) }))
+            let augmented = augment.is_on();
+            Ok((Box::new(source), DataInfo { pixel_max, image, augmented, ..info(&labels, n_train, n_test) }))
         }
         DatasetName::Hamlet | DatasetName::TextCorpus => {
             let (corpus, [file, held_out_file]) = corpus(d)?;
@@ -614,6 +619,12 @@ pub(crate) fn data_settings(config: &RunConfig) -> serde_json::Value {
     }
     if let Some(side) = d.resize_to {
         map.insert("data.resize_to".into(), side.into());
+    }
+    // Images' augmentation (a crop's padding 0 where none is drawn): a resume under another
+    // names the change, which the samples' fingerprint does not follow.
+    if d.dataset.is_image() {
+        map.insert("data.random_flip".into(), d.random_flip.into());
+        map.insert("data.random_crop".into(), d.random_crop.unwrap_or(0).into());
     }
     // What turns a text into ids, which the samples' fingerprint does not follow (a resume
     // under others names them), and a corpus's window length, which it does (a resume refused

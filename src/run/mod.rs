@@ -19,7 +19,7 @@ pub use job::{
 pub use launch::{LaunchOptions, ProcessEnv, launch};
 pub use predict::{ClassPrediction, Generation, LabelledRows, NamedImage, Predictor, Sampling};
 pub use progress::ProgressLines;
-pub use source::{SampleSource, subset};
+pub use source::{Augment, SampleSource, subset};
 
 use crate::device::{AnyDevice, AnyDevices, CpuDevice, DeviceKind, HostPool, Precision};
 

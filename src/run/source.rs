@@ -11,6 +11,9 @@ use crate::train::BatchSource;
 /// Builds a batch from samples and the position of the first one in its epoch.
 pub type MakeBatch<S> = Box<dyn Fn(&[&S], u64) -> Result<HostBatch> + Send + Sync>;
 
+/// A training sample as an epoch sees it (random augmentation), from the sample and the epoch.
+pub type Augment<S> = Box<dyn Fn(&S, u64) -> S + Send + Sync>;
+
 /// Training and evaluation samples plus their batch builder.
 pub struct SampleSource<S> {
     train: Vec<S>,
@@ -21,6 +24,8 @@ pub struct SampleSource<S> {
     batch_size: usize,
     eval_batch_size: usize,
     make_batch: MakeBatch<S>,
+    /// What training samples pass through before batching ([`augment`](Self::augment)).
+    augment: Option<Augment<S>>,
     /// Token counts of the training samples when batches are grouped by length.
     train_lengths: Option<Vec<usize>>,
     /// The order evaluation batches take the test samples in (file order, or by length).
@@ -59,6 +64,7 @@ impl<S> SampleSource<S> {
             batch_size,
             eval_batch_size,
             make_batch,
+            augment: None,
             train_lengths: None,
             eval_order,
             least_batch: 1,
@@ -71,6 +77,13 @@ impl<S> SampleSource<S> {
     /// group by length.
     pub fn ids(mut self, id: impl Fn(&S) -> u64) -> Self {
         self.ids_hash = Some(self.train.iter().fold(self.order.seed(), |h, s| hash_u64(h, id(s))));
+        self
+    }
+
+    /// Training samples pass through `augment` (with their epoch) before each batch is made;
+    /// evaluation samples never do.
+    pub fn augment(mut self, augment: Augment<S>) -> Self {
+        self.augment = Some(augment);
         self
     }
 
@@ -158,7 +171,13 @@ impl<S: Send + Sync> BatchSource for SampleSource<S> {
             return Err(data_error("training batch", format!("index {index} is past the end of the epoch")));
         }
         let samples: Vec<&S> = perm[start..end].iter().map(|&i| &self.train[i]).collect();
-        (self.make_batch)(&samples, start as u64)
+        match &self.augment {
+            Some(augment) => {
+                let views: Vec<S> = samples.iter().map(|s| augment(s, epoch)).collect();
+                (self.make_batch)(&views.iter().collect::<Vec<_>>(), start as u64)
+            }
+            None => (self.make_batch)(&samples, start as u64),
+        }
     }
 
     fn eval_batches(&self) -> usize {
@@ -227,6 +246,21 @@ mod tests {
             assert_eq!(seen, want, "least {least}");
             assert!(s.train_batch(1, sizes.len()).is_err());
         }
+    }
+
+    /// Training samples reach the batch through the augmentation, with their epoch; evaluation
+    /// samples as they are.
+    #[test]
+    fn augmentation_sees_training_samples_and_their_epoch_only() {
+        let s = source().augment(Box::new(|&x, epoch| x * 1000 + epoch as u32));
+        let plain = source();
+        for epoch in [0, 3] {
+            let seen = s.train_batch(epoch, 1).unwrap().targets;
+            let want: Vec<u32> =
+                plain.train_batch(epoch, 1).unwrap().targets.iter().map(|x| x * 1000 + epoch as u32).collect();
+            assert_eq!(seen, want, "epoch {epoch}");
+        }
+        assert_eq!(s.eval_batch(0).unwrap().targets, plain.eval_batch(0).unwrap().targets);
     }
 
     #[test]
