@@ -3252,6 +3252,41 @@ fn a_device_named_by_index_is_refused_saying_how_to_count() {
     assert!(out.contains("(a kind; how many is --devices N)") && !out.contains("config field"), "{out}");
 }
 
+/// `train` of the tiny ViT of `configs/vit-digits.toml` on a user's images (batches of 8),
+/// with `extra` flags.
+fn train_on_users_images(extra: &[&str]) -> (bool, String) {
+    let base = [
+        "train",
+        "--config",
+        "configs/vit-digits.toml",
+        "--progress-every",
+        "0",
+        "--set",
+        "data.dataset=\"labelled_images\"",
+        "--set",
+        "data.batch_size=8",
+    ];
+    pipetransformer(&[&base[..], extra].concat())
+}
+
+/// Class folders `even` and `odd` of 16 images in `dir/train` and 8 in `dir/test`: image `i`
+/// (`{i:02}.pgm`, even `i` in `even`) holds `bytes(i)`.
+fn write_even_odd_folders(dir: &Path, bytes: impl Fn(usize) -> Vec<u8>) {
+    for i in 0..24 {
+        let class = if i % 2 == 0 { "even" } else { "odd" };
+        let folder = if i < 16 { "train" } else { "test" };
+        let path = dir.join(folder).join(class).join(format!("{i:02}.pgm"));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, bytes(i)).unwrap();
+    }
+}
+
+/// The loss printed on the first line of `out` holding `marker` (`final eval:`, `targets:`).
+fn printed_loss(out: &str, marker: &str) -> Option<String> {
+    let line = out.lines().find(|l| l.contains(marker))?;
+    line.split("loss ").nth(1).and_then(|l| l.split(',').next()).map(str::to_string)
+}
+
 /// `evaluate` of `model` on a user's images of two classes, through `configs/vit-digits.toml`
 /// with the `--set`s naming the files (`data.train_file=…`, `data.test_file=…`).
 fn user_images_evaluation<'a>(model: &'a str, train_file: &'a str, test_file: &'a str) -> [&'a str; 13] {
@@ -3285,25 +3320,8 @@ fn a_vit_trains_on_the_users_labelled_images() {
     std::fs::write(&train, rows(40, 0)).unwrap();
     std::fs::write(&test, rows(10, 40)).unwrap();
     let run = |extra: &[&str]| {
-        let args = [
-            "train",
-            "--config",
-            "configs/vit-digits.toml",
-            "--fresh",
-            "--progress-every",
-            "0",
-            "--set",
-            "data.dataset=\"labelled_images\"",
-            "--set",
-            "data.pixel_max=16",
-            "--set",
-            "train.max_steps=2",
-            "--set",
-            "data.batch_size=8",
-            "--set",
-            "model.config.num_labels=2",
-        ];
-        pipetransformer(&[&args[..], extra].concat())
+        let args = ["--fresh", "--set", "data.pixel_max=16", "--set", "train.max_steps=2"];
+        train_on_users_images(&[&args[..], &["--set", "model.config.num_labels=2"], extra].concat())
     };
     let out_dir = format!("output.dir=\"{}\"", dir.join("run").display());
     let (train_file, test_file) =
@@ -3348,36 +3366,12 @@ fn a_vit_trains_on_a_folder_of_the_users_images() {
         let pixels: Vec<u8> = (0..64).map(|i| ((i * 7 + seed * 5) % 17 * 15) as u8).collect();
         [b"P5\n8 8\n255\n".to_vec(), pixels].concat()
     };
-    for i in 0..24 {
-        let class = if i % 2 == 0 { "even" } else { "odd" };
-        let folder = if i < 16 { "train" } else { "test" };
-        let path = dir.join(folder).join(class).join(format!("{i:02}.pgm"));
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, image(i)).unwrap();
-    }
-    let args = |extra: &[&str]| -> Vec<String> {
-        let base = [
-            "train".to_string(),
-            "--config".into(),
-            "configs/vit-digits.toml".into(),
-            "--progress-every".into(),
-            "0".into(),
-            "--set".into(),
-            "data.dataset=\"labelled_images\"".into(),
-            "--set".into(),
-            format!("data.train_file=\"{}\"", dir.join("train").display()),
-            "--set".into(),
-            format!("data.test_file=\"{}\"", dir.join("test").display()),
-            "--set".into(),
-            "data.batch_size=8".into(),
-            "--set".into(),
-            "model.config.num_labels=2".into(),
-            "--set".into(),
-            format!("output.dir=\"{}\"", dir.join("run").display()),
-        ];
-        base.into_iter().chain(extra.iter().map(|s| s.to_string())).collect()
-    };
-    let run = |extra: &[&str]| pipetransformer(&args(extra).iter().map(String::as_str).collect::<Vec<_>>());
+    write_even_odd_folders(&dir, image);
+    let train_file = format!("data.train_file=\"{}\"", dir.join("train").display());
+    let test_file = format!("data.test_file=\"{}\"", dir.join("test").display());
+    let out_dir = format!("output.dir=\"{}\"", dir.join("run").display());
+    let files = ["--set", &train_file, "--set", &test_file, "--set", &out_dir, "--set", "model.config.num_labels=2"];
+    let run = |extra: &[&str]| train_on_users_images(&[&files[..], extra].concat());
     let (ok, out) = run(&["--fresh", "--set", "data.pixel_max=16"]);
     assert!(!ok && out.contains("data.pixel_max`: is 16, but data.train_file") && out.contains("is a folder"), "{out}");
     let same = format!("data.test_file=\"{}/\"", dir.join("train").display());
@@ -3385,31 +3379,23 @@ fn a_vit_trains_on_a_folder_of_the_users_images() {
     assert!(!ok && out.contains("data.test_file`: is ") && out.contains("the training data itself"), "{out}");
     let (ok, out) = run(&["--fresh", "--set", "train.max_steps=2"]);
     assert!(ok && out.contains("data: labelled_images — 16 training / 8 test samples, 2 classes"), "{out}");
-    let loss = |out: &str, marker: &str| {
-        let line = out.lines().find(|l| l.contains(marker)).unwrap_or_default().to_string();
-        line.split("loss ").nth(1).and_then(|l| l.split(',').next()).map(str::to_string)
-    };
-    let trained = loss(&out, "final eval:");
+    let trained = printed_loss(&out, "final eval:");
     let model = dir.join("run").display().to_string();
     let file = dir.join("test/even/16.pgm").display().to_string();
     let (ok, out) = pipetransformer(&["predict", "--model", &model, &file]);
     let label = json_lines(&out).first().map(|l| l["label"].as_str().unwrap_or_default().to_string());
     assert!(ok && matches!(label.as_deref(), Some("even" | "odd")), "{out}");
     // Scored again from the folders by `evaluate --config`: the run's final loss.
-    let (train_file, test_file) = (
-        format!("data.train_file=\"{}\"", dir.join("train").display()),
-        format!("data.test_file=\"{}\"", dir.join("test").display()),
-    );
     let (ok, scored) = pipetransformer(&user_images_evaluation(&model, &train_file, &test_file));
     assert!(
-        ok && scored.contains("8 targets") && trained.is_some() && loss(&scored, "targets:") == trained,
+        ok && scored.contains("8 targets") && trained.is_some() && printed_loss(&scored, "targets:") == trained,
         "{scored}"
     );
     // ...and by `evaluate --file` from the held-out folder alone, its subfolders' names the
     // classes; `predict` answers each image of the folder.
     let test_dir = dir.join("test").display().to_string();
     let (ok, scored) = pipetransformer(&["evaluate", "--model", &model, "--file", &test_dir]);
-    assert!(ok && scored.contains("8 targets") && loss(&scored, "targets:") == trained, "{scored}");
+    assert!(ok && scored.contains("8 targets") && printed_loss(&scored, "targets:") == trained, "{scored}");
     let (ok, out) = pipetransformer(&["predict", "--model", &model, &test_dir]);
     assert!(ok && json_lines(&out).len() == 8 && json_lines(&out)[0]["input"] == file, "{out}");
 
@@ -3502,32 +3488,13 @@ fn a_vit_trains_on_a_folder_of_images_of_any_size_resized() {
         [format!("P5\n{w} {h}\n255\n").into_bytes(), pixels].concat()
     };
     let sizes = [(8, 8), (12, 12), (10, 6), (5, 5)];
-    for i in 0..24 {
-        let class = if i % 2 == 0 { "even" } else { "odd" };
-        let folder = if i < 16 { "train" } else { "test" };
-        let path = dir.join(folder).join(class).join(format!("{i:02}.pgm"));
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    write_even_odd_folders(&dir, |i| {
         let (w, h) = sizes[i / 2 % 4];
-        std::fs::write(&path, image(i, w, h)).unwrap();
-    }
+        image(i, w, h)
+    });
     let train = |extra: &[&str]| {
-        let base = [
-            "train",
-            "--config",
-            "configs/vit-digits.toml",
-            "--fresh",
-            "--progress-every",
-            "0",
-            "--set",
-            "data.dataset=\"labelled_images\"",
-            "--set",
-            "data.batch_size=8",
-            "--set",
-            "model.config.num_labels=2",
-            "--set",
-            "train.max_steps=2",
-        ];
-        pipetransformer(&[&base[..], extra].concat())
+        let base = ["--fresh", "--set", "model.config.num_labels=2", "--set", "train.max_steps=2"];
+        train_on_users_images(&[&base[..], extra].concat())
     };
     let (train_dir, test_dir, run_dir) = (dir.join("train"), dir.join("test"), dir.join("run"));
     let train_file = format!("data.train_file=\"{}\"", train_dir.display());
@@ -3538,17 +3505,13 @@ fn a_vit_trains_on_a_folder_of_images_of_any_size_resized() {
     assert!(!ok && out.contains("expected every image of one size") && out.contains("data.resize_to"), "{out}");
     let (ok, out) = train(&[&files[..], &["--set", "data.resize_to=8"]].concat());
     assert!(ok && out.contains("data: labelled_images — 16 training / 8 test samples, 2 classes"), "{out}");
-    let loss = |out: &str, marker: &str| {
-        let line = out.lines().find(|l| l.contains(marker)).unwrap_or_default().to_string();
-        line.split("loss ").nth(1).and_then(|l| l.split(',').next()).map(str::to_string)
-    };
-    let trained = loss(&out, "final eval:");
+    let trained = printed_loss(&out, "final eval:");
     let preprocessor = std::fs::read_to_string(run_dir.join("model/preprocessor_config.json")).unwrap();
     assert!(preprocessor.contains("\"do_resize\": true"), "{preprocessor}");
     let model = run_dir.display().to_string();
     let (ok, scored) = pipetransformer(&["evaluate", "--model", &model, "--file", test_dir.to_str().unwrap()]);
     assert!(
-        ok && scored.contains("8 targets") && trained.is_some() && loss(&scored, "targets:") == trained,
+        ok && scored.contains("8 targets") && trained.is_some() && printed_loss(&scored, "targets:") == trained,
         "{scored}"
     );
     let big = test_dir.join("odd/19.pgm");
@@ -3578,15 +3541,8 @@ fn a_vit_trains_on_the_users_images_of_three_channels() {
     std::fs::write(&train, rows(30, 0)).unwrap();
     std::fs::write(&test, rows(9, 30)).unwrap();
     let run = |channels: &str, out_dir: &str| {
-        pipetransformer(&[
-            "train",
-            "--config",
-            "configs/vit-digits.toml",
+        train_on_users_images(&[
             "--fresh",
-            "--progress-every",
-            "0",
-            "--set",
-            "data.dataset=\"labelled_images\"",
             "--set",
             &format!("data.train_file=\"{}\"", train.display()),
             "--set",
@@ -3600,8 +3556,6 @@ fn a_vit_trains_on_the_users_images_of_three_channels() {
             "--set",
             "train.max_steps=3",
             "--set",
-            "data.batch_size=8",
-            "--set",
             "model.config.num_labels=3",
             "--set",
             &format!("output.dir=\"{}\"", dir.join(out_dir).display()),
@@ -3609,15 +3563,11 @@ fn a_vit_trains_on_the_users_images_of_three_channels() {
     };
     let (ok, out) = run("model.config.num_channels=3", "run");
     assert!(ok && out.contains("data: labelled_images — 30 training / 9 test samples, 3 classes"), "{out}");
-    let loss = |out: &str, before: &str| {
-        let line = out.lines().find(|l| l.contains(before)).unwrap_or_default().to_string();
-        line.split("loss ").nth(1).and_then(|l| l.split(',').next()).map(str::to_string)
-    };
-    let trained = loss(&out, "final eval:");
+    let trained = printed_loss(&out, "final eval:");
     let model = dir.join("run").display().to_string();
     let (ok, scored) = pipetransformer(&["evaluate", "--model", &model, "--file", test.to_str().unwrap()]);
     assert!(ok && scored.contains("9 targets"), "{scored}");
-    assert!(trained.is_some() && loss(&scored, "loss") == trained, "{out}\n{scored}");
+    assert!(trained.is_some() && printed_loss(&scored, "loss") == trained, "{out}\n{scored}");
     let (ok, out) = run("model.config.num_channels=1", "one-channel");
     assert!(
         !ok && out.contains("model.config") && out.contains("num_channels 1") && out.contains("are 3 channels of 8×8"),
