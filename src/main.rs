@@ -402,8 +402,8 @@ enum Command {
         #[arg(long = "set", value_name = "KEY=VALUE", conflicts_with = "file")]
         set: Vec<String>,
         /// A file of labelled rows to score on (`-`: standard input; gzip-compressed or not),
-        /// or for an image model a folder of class subfolders (each named by a class or its
-        /// index) holding PNG or PGM images.
+        /// or for an image model a folder of class subfolders (each named by a class) holding
+        /// PNG or PGM images.
         #[arg(long)]
         file: Option<PathBuf>,
         /// Inputs per forward pass (at least 1): rows of `--file` (default 64), or the

@@ -3473,6 +3473,9 @@ fn random_augmentation_draws_by_epoch_and_resumes_to_the_bit() {
     assert!(ok, "{out}");
     let (ok, out) = train("straight", &["--set", "data.random_crop=1", "--resume", "--set", "train.max_steps=5"]);
     assert!(ok && out.contains("data.random_flip true → false"), "{out}");
+    // A crop padded by the images' side (8) or more could be all padding: refused.
+    let (ok, out) = train("wide", &["--fresh", "--set", "data.random_crop=8"]);
+    assert!(!ok && out.contains("data.random_crop`: is 8, but the images are 8×8"), "{out}");
 }
 
 /// `data.resize_to`: a folder of images of several sizes and shapes trains once each is
@@ -3503,6 +3506,8 @@ fn a_vit_trains_on_a_folder_of_images_of_any_size_resized() {
     let files = ["--set", &train_file, "--set", &test_file, "--set", &out_dir];
     let (ok, out) = train(&files);
     assert!(!ok && out.contains("expected every image of one size") && out.contains("data.resize_to"), "{out}");
+    let (ok, out) = train(&[&files[..], &["--set", "data.resize_to=16"]].concat());
+    assert!(!ok && out.contains("data.resize_to`: is 16, but model.config.image_size is 8"), "{out}");
     let (ok, out) = train(&[&files[..], &["--set", "data.resize_to=8"]].concat());
     assert!(ok && out.contains("data: labelled_images — 16 training / 8 test samples, 2 classes"), "{out}");
     let trained = printed_loss(&out, "final eval:");

@@ -225,7 +225,7 @@ fn images(
             match &want {
                 Some(f) if f.side != side => {
                     return bad(format!(
-                        "is {w}×{w}, but {} {1}×{1}; expected every image of one size (or set data.resize_to to \
+                        "is {w}×{h}, but {} {1}×{1}; expected every image of one size (or set data.resize_to to \
                          the model's image_size to resize each)",
                         f.named(),
                         f.side

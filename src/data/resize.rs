@@ -4,15 +4,19 @@
 //! weighted mean of the input pixels under a triangle as wide as the output pixel's footprint:
 //! a shrunk image averages every pixel it covers (antialiased, where plain bilinear sampling
 //! would skip some), an enlarged one interpolates between neighbours. The filter is separable:
-//! rows first, then columns, the order Pillow takes, its intermediate image of the input's type
-//! (whole levels for an 8-bit image, `f32`s for a float one), as ours.
+//! rows first, then columns, into an intermediate image of the input's type (whole levels for
+//! an 8-bit image, `f32`s for a float one), as Pillow up to 12 resizes. Pillow 13 takes the
+//! columns first where the height shrinks much more than the width (python-pillow/Pillow#9549);
+//! an 8-bit image it resizes so can differ from ours by a level in some pixels.
 
 /// `channels` planes of `h × w` pixels (`[C, H, W]`, values in `[0, 1]` after dividing by
 /// their format's largest value `max`) resized to `out_h × out_w` each (the aspect ratio is
 /// not kept: a square model input from an oblong image, as `Resize((n, n))`). 8-bit images
-/// (`max` 255) are resized as Pillow resizes an 8-bit image, what `ViTImageProcessor` and
-/// torchvision's `Resize` do with one: in whole levels, bit for bit. Any other depth in
-/// floating point, as Pillow resizes a float (`F`) image.
+/// (`max` 255) are resized as Pillow up to 12 resizes an 8-bit image, what `ViTImageProcessor`
+/// and torchvision's `Resize` do with one: in whole levels, bit for bit (Pillow 13: the module's
+/// note). Any other depth in floating point, as Pillow resizes a float (`F`) image (Pillow
+/// resizes a 16-bit image in whole levels of 65535, and opens a PGM of a maximum under 255 as
+/// 8-bit: within about 1e-5 of ours).
 pub fn resize_image(pixels: &[f32], max: u32, channels: usize, from: (usize, usize), to: (usize, usize)) -> Vec<f32> {
     if max != 255 {
         return resize_bilinear(pixels, channels, from, to);
@@ -287,8 +291,8 @@ mod tests {
 
     /// A 7-wide, 5-high 8-bit image, pixel `(x, y)` = `(53x + 91y + 17xy) mod 256`, resized by
     /// Pillow 13.0.0 (`Image.new('L', (7, 5))`, `putdata`, `resize((w, h),
-    /// Image.Resampling.BILINEAR)`): its fixed-point weights and its rounding of each pass to a
-    /// level, bit for bit.
+    /// Image.Resampling.BILINEAR)`; Pillow 12.3.0 gives the same): its fixed-point weights and
+    /// its rounding of each pass to a level, bit for bit.
     #[test]
     fn eight_bit_images_are_resized_as_pillow_resizes_them_to_the_level() {
         let level = |x: usize, y: usize| ((x * 53 + y * 91 + x * y * 17) % 256) as u8;
@@ -316,6 +320,29 @@ mod tests {
             assert_eq!(resize_image(&pixels, 255, 1, (5, 7), to), levels, "{to:?}");
         }
         assert_eq!(resample(&image, 1, (5, 7), (5, 7)), image);
+    }
+
+    /// The same pattern 7 wide and 23 high, shrunk in height more than in width, where the
+    /// order of the passes moves some pixels by a level: rows first, as Pillow 12.3.0 resizes
+    /// (Pillow 13.0.0 takes the columns first here and gives, for 4 × 8, 128 and 131 for the
+    /// 14th and 15th pixels and 126 for the 22nd).
+    #[test]
+    fn the_rows_are_resized_first_as_pillow_12_does() {
+        let level = |x: usize, y: usize| ((x * 53 + y * 91 + x * y * 17) % 256) as u8;
+        let image: Vec<u8> = (0..23).flat_map(|y| (0..7).map(move |x| level(x, y))).collect();
+        let pillow_12: [((usize, usize), &[u8]); 2] = [
+            (
+                (4, 8),
+                &[
+                    96, 109, 144, 147, 133, 121, 112, 134, 132, 116, 135, 132, 122, 129, 130, 99, 144, 132, 128, 133,
+                    129, 125, 131, 111, 115, 120, 113, 115, 118, 113, 106, 112,
+                ],
+            ),
+            ((3, 5), &[106, 137, 137, 123, 118, 135, 130, 129, 130, 117, 123, 119, 120, 113, 112]),
+        ];
+        for (to, expected) in pillow_12 {
+            assert_eq!(resample(&image, 1, (23, 7), to), expected, "{to:?}");
+        }
     }
 
     /// Every plane is resized alone: a second channel's values never leak into the first's.

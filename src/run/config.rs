@@ -184,7 +184,8 @@ pub struct DataSection {
     /// `labelled_images` from a folder: every image resized to `resize_to × resize_to` (the
     /// model's `image_size`) by Pillow's bilinear filter, as torchvision's `Resize((n, n))` and
     /// Hugging Face's `ViTImageProcessor` resize a PIL image (antialiased; the aspect ratio not
-    /// kept; 8-bit images bit for bit, deeper ones in floating point: `data::resize_image`), so
+    /// kept; 8-bit images to the level as Pillow up to 12 does, deeper ones in floating point:
+    /// `data::resize_image`), so
     /// images of any size and shape can be read. The export says so, and `predict` and
     /// `evaluate --file` resize image files alike. Without it every image must be square and
     /// of one size.
@@ -289,8 +290,11 @@ impl DataSection {
                     ),
                 ));
             }
-            if side == 0 {
-                return Err(config_error("data.resize_to", "is 0; expected the model's image_size, at least 1"));
+            if !(1..=MAX_RESIZE).contains(&side) {
+                return Err(config_error(
+                    "data.resize_to",
+                    format!("is {side}; expected the model's image_size, from 1 to {MAX_RESIZE}"),
+                ));
             }
         }
         if !self.dataset.from_user_files() {
@@ -331,6 +335,10 @@ impl DataSection {
         Ok(())
     }
 }
+
+/// The largest `data.resize_to`: past any ViT's input (224 to 518 for the usual ones), and a
+/// folder of such images is already gigabytes in memory.
+const MAX_RESIZE: usize = 2048;
 
 fn default_data_dir() -> PathBuf {
     PathBuf::from("data")
@@ -808,6 +816,16 @@ impl RunConfig {
                     "chooses a pretrained BERT's pooling; this run builds a {} from model.config: {own}",
                     c.family()
                 ),
+            ));
+        }
+        // Every image is read resized before the model is built: a size the model does not
+        // take is named now, not after the whole folder was resized to it.
+        if let (Some(side), Some(crate::model::ModelConfig::Vit(c))) = (self.data.resize_to, &self.model.config)
+            && side != c.image_size
+        {
+            return Err(config_error(
+                "data.resize_to",
+                format!("is {side}, but model.config.image_size is {}: expected the model's image size", c.image_size),
             ));
         }
         if self.data.batch_size == 0 {
@@ -1355,8 +1373,10 @@ dir = "runs/x"
         let e = err(&["data.resize_to=8"]);
         assert!(e.contains("data.resize_to`: is 8, but applies to dataset = \"labelled_images\""), "{e}");
         assert_eq!(parse(&[&images[..], &["data.resize_to=8"]].concat()).unwrap().data.resize_to, Some(8));
-        let e = err(&[&images[..], &["data.resize_to=0"]].concat());
-        assert!(e.contains("data.resize_to`: is 0; expected the model's image_size"), "{e}");
+        for side in ["0", "100000"] {
+            let e = err(&[&images[..], &[&format!("data.resize_to={side}")]].concat());
+            assert!(e.contains(&format!("data.resize_to`: is {side}; expected the model's image_size")), "{e}");
+        }
         let e = err(&[&images[..], &["data.channels=0"]].concat());
         assert!(e.contains("data.channels`: is 0; expected the colour channels per pixel"), "{e}");
         // ...also where both are written in the file.

@@ -257,6 +257,17 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
             let split = hold_out_validation(split, d.validation_fraction, split_seed)?;
             let labels = split.train.class_names().to_vec();
             let image = split.train.samples().first().map(|s| (s.channels, s.width));
+            if let (Some(padding), Some((_, side))) = (d.random_crop, image)
+                && padding >= side
+            {
+                return Err(config_error(
+                    "data.random_crop",
+                    format!(
+                        "is {padding}, but the images are {side}×{side}: a crop padded by the side or more can be \
+                         padding alone; expected less than {side} (a tenth of the side is usual)"
+                    ),
+                ));
+            }
             let train = subset(split.train.samples().to_vec(), d.train_limit, split_seed);
             let test = subset(split.test.samples().to_vec(), d.test_limit, split_seed ^ 1);
             let (n_train, n_test) = (train.len(), test.len());

@@ -17,7 +17,7 @@ pub use job::{
     checkpoint_path, prepare_data, trace_in_the_way, unigram_loss,
 };
 pub use launch::{LaunchOptions, ProcessEnv, launch};
-pub use predict::{ClassPrediction, Generation, LabelledRows, NamedImage, Predictor, Sampling};
+pub use predict::{ClassPrediction, Generation, LabelledRows, Predictor, Sampling};
 pub use progress::ProgressLines;
 pub use source::{Augment, SampleSource, subset};
 

@@ -35,10 +35,6 @@ pub struct ClassPrediction {
     pub warning: Option<String>,
 }
 
-/// An image an input names ([`Predictor::read_images`]): its name for the output, and its
-/// pixels or why they could not be read.
-pub type NamedImage = (String, Result<Vec<f32>>);
-
 /// The batches of a file of labelled rows ([`Predictor::labelled_rows`]).
 #[derive(Clone, Debug)]
 pub struct LabelledRows {
@@ -468,9 +464,10 @@ impl<D: Device> Predictor<D> {
     }
 
     /// A folder of class subfolders (the layout a run trains on) as labelled batches of
-    /// `batch_size`: each subfolder's name one of the model's classes (or its index), each of
-    /// its files an image of the model's size and channels, read and scaled as `predict` reads
-    /// such a file. Names starting with `.` are left out.
+    /// `batch_size`: each subfolder's name one of the model's classes (by name, not index, as a
+    /// run's held-out folder), each of its files an image of the model's size and channels (or
+    /// resized to it, where the model's run resized), read and scaled as `predict` reads such a
+    /// file. Names starting with `.` are left out.
     fn labelled_folder(&self, dir: &Path, batch_size: usize) -> Result<LabelledRows> {
         let Reader::Image { .. } = self.reader else {
             let expected = match self.reader {
@@ -481,9 +478,11 @@ impl<D: Device> Predictor<D> {
         };
         let mut images = Vec::new();
         for (name, folder) in crate::data::class_folders(dir)? {
-            let label = self.class_index(&name).ok_or_else(|| {
-                crate::data::dataset_error(&folder, None, format!("names class `{name}`, which {}", self.no_class()))
-            })?;
+            let label = self.labels.iter().position(|l| *l == name).ok_or_else(|| {
+                let classes = self.labels.join(", ");
+                let message = format!("names class `{name}`, which is not one of the model's classes ({classes})");
+                crate::data::dataset_error(&folder, None, message)
+            })? as u32;
             for file in crate::data::class_files(&name, &folder)? {
                 let image = crate::data::read_image_file_as_stored(&file)?;
                 images.push((self.fitted(&file.display().to_string(), image)?, label));
@@ -724,41 +723,28 @@ impl<D: Device> Predictor<D> {
     }
 
     /// The images one input names: an image file (PNG or PGM), an IDX file (every image in
-    /// it), a CSV file (every row: raw pixel values, no label; gzip-compressed or not), a CSV
-    /// row of raw pixel values, or a folder (every such file in it and its subfolders, in name
-    /// order, leaving out names starting with `.`). Files are told apart by their first bytes,
-    /// not their names. Each image comes with a name for the output: the input (a file's path
-    /// in a folder), `file#i` for the `i`-th image (from 0) of an IDX file, `file:line` for a
-    /// CSV file's row. A file of a folder that cannot be read, or holds an image the model does
-    /// not take, fails alone: its entry holds the error. Any other input that does not fit is
-    /// the error.
-    pub fn read_images(&self, input: &str) -> Result<Vec<NamedImage>> {
+    /// it), a CSV file (every row: raw pixel values, no label; gzip-compressed or not), or a CSV
+    /// row of raw pixel values. Files are told apart by their first bytes, not their names.
+    /// Each image comes with a name for the output: the input, `file#i` for the `i`-th image
+    /// (from 0) of an IDX file, `file:line` for a CSV file's row. (`predict` reads a folder as
+    /// its files, each an input of its own: [`folder_inputs`].)
+    pub fn read_images(&self, input: &str) -> Result<Vec<(String, Vec<f32>)>> {
         let Reader::Image { size, channels, max_value, .. } = self.reader else {
             return Err(config_error("input", format!("this {:?} model does not read images", self.family())));
         };
         let n = channels * size * size;
         let path = Path::new(input);
-        let each_read = |images: Vec<(String, Vec<f32>)>| images.into_iter().map(|(name, px)| (name, Ok(px)));
         if path.is_dir() {
-            let files = crate::data::files_under(path)?;
-            if files.is_empty() {
-                return Err(data_error(
-                    "input",
-                    format!("`{input}` is a folder with no files; expected image (PNG, PGM), IDX or CSV files in it"),
-                ));
-            }
-            let mut images = Vec::new();
-            for file in files {
-                let name = file.display().to_string();
-                match self.read_image_file_input(&name) {
-                    Ok(read) => images.extend(each_read(read)),
-                    Err(e) => images.push((name, Err(e))),
-                }
-            }
-            return Ok(images);
+            let link = std::fs::symlink_metadata(path).is_ok_and(|m| m.is_symlink());
+            let why = match (link, crate::data::files_under(path)?.is_empty()) {
+                (true, _) => "a link to a folder, not followed from the folder given; name it as an input itself",
+                (false, true) => "a folder with no files; expected image (PNG, PGM), IDX or CSV files in it",
+                (false, false) => "a folder: its files are inputs of their own (`folder_inputs`)",
+            };
+            return Err(data_error("input", format!("`{input}` is {why}")));
         }
         if path.is_file() {
-            return Ok(each_read(self.read_image_file_input(input)?).collect());
+            return self.read_image_file_input(input);
         }
         if input.trim().is_empty() {
             return Err(data_error(
@@ -789,7 +775,7 @@ impl<D: Device> Predictor<D> {
                 format!("a CSV row of {} values; expected {channels}×{size}×{size} = {n} pixels", values.len()),
             ));
         }
-        Ok(vec![(input.to_string(), Ok(values))])
+        Ok(vec![(input.to_string(), values)])
     }
 
     /// The images of the file `input` names, as [`read_images`](Self::read_images) reads one.
@@ -1031,6 +1017,18 @@ fn image_batches(images: &[(Vec<f32>, u32)], size: usize) -> Vec<HostBatch> {
         ..Default::default()
     };
     images.chunks(size).map(batch).collect()
+}
+
+/// The inputs a folder given to `predict` stands for: every file in it and its subfolders, in
+/// name order, leaving out names starting with `.` (a link to a folder inside it is listed,
+/// not followed, and fails as an input). A folder with no file, or one that cannot be listed,
+/// stands for itself, and fails as an input saying so. (A name that is not UTF-8 is given
+/// lossily, and fails as not found.)
+pub fn folder_inputs(folder: &str) -> Vec<Result<String>> {
+    match crate::data::files_under(Path::new(folder)) {
+        Ok(files) if !files.is_empty() => files.iter().map(|f| Ok(f.to_string_lossy().into_owned())).collect(),
+        _ => vec![Ok(folder.to_string())],
+    }
 }
 
 /// The pixels of a CSV row of raw values, each in `0..=max_value`, divided by `max_value`;
@@ -1276,26 +1274,32 @@ mod tests {
         assert!(e.contains("is a folder with no files"), "{e}");
     }
 
-    /// `evaluate --file` reads a folder of class subfolders, each named by a class of the model
-    /// or its index, as the labelled images of those classes (each scaled as `predict` scales
+    /// `evaluate --file` reads a folder of class subfolders, each named by a class of the model,
+    /// as the labelled images of those classes (each scaled as `predict` scales
     /// the file); a subfolder that names no class, a file that is no image or one of another
     /// size is an error naming its path, as is a folder for a model that reads no images.
     #[test]
     fn a_folder_of_class_subfolders_is_scored_by_its_names() {
         let (scratch, p) = tiny_vit_predictor("predict-labelled-folder");
         let dir = scratch.join("held-out");
-        for (i, class) in ["a", "a", "1", "b", "1"].iter().enumerate() {
+        for (i, class) in ["a", "a", "b"].iter().enumerate() {
             std::fs::create_dir_all(dir.join(class)).unwrap();
             std::fs::write(dir.join(class).join(format!("{i}.pgm")), pgm(4, i)).unwrap();
         }
         let read = p.labelled_rows(&dir, 2).unwrap();
         let targets: Vec<u32> = read.batches.iter().flat_map(|b| b.targets.clone()).collect();
-        // Folders in name order: `1` (class b's index), `a`, `b`.
-        assert_eq!(targets, [1, 1, 0, 0, 1]);
-        assert_eq!(read.batches.iter().map(|b| b.batch).collect::<Vec<_>>(), [2, 2, 1]);
-        let alone = p.read_images(dir.join("1/2.pgm").to_str().unwrap()).unwrap();
+        // Folders in name order: `a`, `b`.
+        assert_eq!(targets, [0, 0, 1]);
+        assert_eq!(read.batches.iter().map(|b| b.batch).collect::<Vec<_>>(), [2, 1]);
+        let alone = p.read_images(dir.join("a/0.pgm").to_str().unwrap()).unwrap();
         let first = read.batches[0].pixels.as_ref().unwrap();
-        assert_eq!(alone[0].1.as_ref().unwrap()[..], first[..16]);
+        assert_eq!(alone[0].1[..], first[..16]);
+        // A class's index is no class name (as for a run's held-out folder).
+        std::fs::create_dir(dir.join("1")).unwrap();
+        std::fs::write(dir.join("1/9.pgm"), pgm(4, 9)).unwrap();
+        let e = p.labelled_rows(&dir, 2).unwrap_err().to_string();
+        assert!(e.contains("names class `1`, which is not one of the model's classes (a, b)"), "{e}");
+        std::fs::remove_dir_all(dir.join("1")).unwrap();
 
         std::fs::create_dir(dir.join("c")).unwrap();
         std::fs::write(dir.join("c/9.pgm"), pgm(4, 9)).unwrap();
@@ -1671,7 +1675,15 @@ pub fn predict_stream<D: Device>(
     }
     let (mut total, mut failed) = (0, 0);
     let mut pending: Vec<(String, Option<Vec<f32>>)> = Vec::new();
-    let mut inputs = inputs.peekable();
+    // A folder given to an image model is its files, each an input of its own, read as the
+    // batches reach them: a folder of many images is never held whole.
+    let image = matches!(predictor.reader, Reader::Image { .. });
+    let mut inputs = inputs
+        .flat_map(|input| match input {
+            Ok(name) if image && Path::new(&name).is_dir() => folder_inputs(&name),
+            other => vec![other],
+        })
+        .peekable();
     while inputs.peek().is_some() {
         // Fill a batch: (name, pixels for images) per input; failures are written in order.
         let mut results: Vec<(String, Outcome)> = Vec::new();
@@ -1702,16 +1714,8 @@ pub fn predict_stream<D: Device>(
                 Reader::Image { .. } => match predictor.read_images(&input) {
                     Ok(images) => {
                         for (name, px) in images {
-                            match px {
-                                Ok(px) => {
-                                    order.push(Some(pending.len()));
-                                    pending.push((name, Some(px)));
-                                }
-                                Err(e) => {
-                                    order.push(None);
-                                    results.push((name, Outcome::Failed(e.to_string())));
-                                }
-                            }
+                            order.push(Some(pending.len()));
+                            pending.push((name, Some(px)));
                         }
                     }
                     Err(e) => {
