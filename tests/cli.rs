@@ -2789,8 +2789,8 @@ fn a_csv_file_given_to_predict_is_read_as_rows() {
 }
 
 /// A file `predict` cannot read as an image is named for what it is, not read as IDX: an
-/// empty file, one of another format (a JPEG's first bytes), a folder, a CSV file with a
-/// header row. A CSV file a spreadsheet saved with a byte-order mark is read. `--file` names
+/// empty file, one of another format (a JPEG's first bytes), a folder with no file (a folder's
+/// files are inputs of their own), a CSV file with a header row. A CSV file a spreadsheet saved with a byte-order mark is read. `--file` names
 /// a list that is not there, or not text (an image given as the list), by what to do.
 #[test]
 fn files_predict_cannot_read_are_named_for_what_they_are() {
@@ -2824,7 +2824,7 @@ fn files_predict_cannot_read_are_named_for_what_they_are() {
     let said = |i: usize| lines[i]["error"].as_str().unwrap_or_default().to_string();
     assert!(said(0).ends_with("is empty; expected an image (PNG, PGM), IDX or CSV file"), "{out}");
     assert!(said(1).contains("starts with bytes ff d8 ff e0; expected an image (PNG, PGM), IDX or CSV file"), "{out}");
-    assert!(said(2).contains("is a folder; expected an image (PNG, PGM), IDX or CSV file"), "{out}");
+    assert!(said(2).contains("is a folder with no files; expected image (PNG, PGM), IDX or CSV files in it"), "{out}");
     assert!(said(3).contains("line 1: reads as a header row (`pixel0` is no number)"), "{out}");
     assert!(!out.contains("IDX magic") && !out.contains("IDX header"), "{out}");
     // The byte-order mark's row reads as the same row without it.
