@@ -2839,8 +2839,9 @@ fn files_predict_cannot_read_are_named_for_what_they_are() {
         "{out}"
     );
     assert!(json_lines(&out).is_empty(), "no input of junk: {out}");
+    // (A folder for `evaluate --file` is one of class subfolders; this one has none.)
     let (ok, out) = pipetransformer(&["evaluate", "--model", &model, "--file", &arg("folder")]);
-    assert!(!ok && out.contains("is a folder; expected a file"), "{out}");
+    assert!(!ok && out.contains("folder: holds no class folders; expected one subfolder per class"), "{out}");
     // A gzip-compressed list is read; a damaged one ends with its format named.
     let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     encoder.write_all(format!("{one}\n").as_bytes()).unwrap();
