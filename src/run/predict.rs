@@ -397,7 +397,19 @@ impl<D: Device> Predictor<D> {
         let bad = |line: usize, message: String| crate::data::dataset_error(path, Some(line), message);
         let label_of = |line: usize, field: &str| -> Result<u32> {
             let field = field.trim();
-            self.class_index(field).ok_or_else(|| bad(line, format!("label `{field}` {}", self.no_class())))
+            self.labels
+                .iter()
+                .position(|l| l == field)
+                .or_else(|| field.parse::<usize>().ok().filter(|&i| i < self.labels.len()))
+                .map(|i| i as u32)
+                .ok_or_else(|| {
+                    let names = self.labels.join(", ");
+                    let last = self.labels.len().saturating_sub(1);
+                    bad(
+                        line,
+                        format!("label `{field}` is not one of the model's classes ({names}), nor an index 0..={last}"),
+                    )
+                })
         };
         let rows: Vec<(usize, &str)> =
             text.lines().enumerate().map(|(i, l)| (i + 1, l)).filter(|(_, l)| !l.trim().is_empty()).collect();
@@ -489,19 +501,6 @@ impl<D: Device> Predictor<D> {
             }
         }
         Ok(LabelledRows { batches: image_batches(&images, batch_size), cut: 0 })
-    }
-
-    /// The index of the class a label names: its name, or its index.
-    fn class_index(&self, label: &str) -> Option<u32> {
-        let labels = &self.labels;
-        let index = labels.iter().position(|l| l == label).or_else(|| label.parse().ok().filter(|&i| i < labels.len()));
-        index.map(|i| i as u32)
-    }
-
-    /// What a label that is no class is told, after its name.
-    fn no_class(&self) -> String {
-        let last = self.labels.len().saturating_sub(1);
-        format!("is not one of the model's classes ({}), nor an index 0..={last}", self.labels.join(", "))
     }
 
     /// The settings that turn `config`'s texts into ids (`data.max_len`, `model.tokenizer`)
@@ -723,8 +722,8 @@ impl<D: Device> Predictor<D> {
     }
 
     /// The images one input names: an image file (PNG or PGM), an IDX file (every image in
-    /// it), a CSV file (every row: raw pixel values, no label; gzip-compressed or not), or a CSV
-    /// row of raw pixel values. Files are told apart by their first bytes, not their names.
+    /// it), a CSV file (every row: raw pixel values, no label; gzip-compressed or not), or a
+    /// CSV row of raw pixel values. Files are told apart by their first bytes, not their names.
     /// Each image comes with a name for the output: the input, `file#i` for the `i`-th image
     /// (from 0) of an IDX file, `file:line` for a CSV file's row. (`predict` reads a folder as
     /// its files, each an input of its own: [`folder_inputs`].)
@@ -744,7 +743,68 @@ impl<D: Device> Predictor<D> {
             return Err(data_error("input", format!("`{input}` is {why}")));
         }
         if path.is_file() {
-            return self.read_image_file_input(input);
+            return match input_file_kind(path)? {
+                InputFile::Image => {
+                    Ok(vec![(input.to_string(), self.fitted(input, crate::data::read_image_file_as_stored(path)?)?)])
+                }
+                // (IDX images are 8-bit.)
+                InputFile::Idx => read_idx_images(path)?
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, pixels)| {
+                        let image = StoredImage { pixels, max: 255, alpha: false };
+                        Ok((format!("{input}#{i}"), self.fitted(input, image)?))
+                    })
+                    .collect(),
+                InputFile::Csv => {
+                    let text = crate::data::read_user_text(path)?;
+                    let bad = |line: usize, message: String| Error::Dataset {
+                        file: input.to_string(),
+                        line: Some(line),
+                        message,
+                    };
+                    let mut images = Vec::new();
+                    for (line, row) in text.lines().enumerate().map(|(i, l)| (i + 1, l)) {
+                        if row.trim().is_empty() {
+                            continue;
+                        }
+                        if line == 1 && row.split(',').any(|v| v.trim().parse::<f32>().is_err()) {
+                            let first = row.split(',').find(|v| v.trim().parse::<f32>().is_err()).unwrap_or_default();
+                            return Err(bad(
+                                line,
+                                format!(
+                                    "reads as a header row (`{}` is no number); expected rows of pixel values alone",
+                                    first.trim()
+                                ),
+                            ));
+                        }
+                        let count = row.split(',').count();
+                        if count != n {
+                            let labelled = if count == n + 1 {
+                                " (pixels then a label? `predict` reads pixels alone; `evaluate --file` scores \
+                                 labelled rows)"
+                            } else {
+                                ""
+                            };
+                            return Err(bad(
+                                line,
+                                format!(
+                                    "a CSV row of {count} values; expected {channels}×{size}×{size} = {n} pixels{labelled}"
+                                ),
+                            ));
+                        }
+                        images.push((format!("{input}:{line}"), pixel_row(row, max_value).map_err(|e| bad(line, e))?));
+                    }
+                    if images.is_empty() {
+                        return Err(Error::Dataset {
+                            file: input.to_string(),
+                            line: None,
+                            message: "has no rows; expected CSV rows of raw pixel values".into(),
+                        });
+                    }
+                    Ok(images)
+                }
+            };
         }
         if input.trim().is_empty() {
             return Err(data_error(
@@ -776,77 +836,6 @@ impl<D: Device> Predictor<D> {
             ));
         }
         Ok(vec![(input.to_string(), values)])
-    }
-
-    /// The images of the file `input` names, as [`read_images`](Self::read_images) reads one.
-    fn read_image_file_input(&self, input: &str) -> Result<Vec<(String, Vec<f32>)>> {
-        let Reader::Image { size, channels, max_value, .. } = self.reader else {
-            return Err(config_error("input", format!("this {:?} model does not read images", self.family())));
-        };
-        let n = channels * size * size;
-        let path = Path::new(input);
-        match input_file_kind(path)? {
-            InputFile::Image => {
-                Ok(vec![(input.to_string(), self.fitted(input, crate::data::read_image_file_as_stored(path)?)?)])
-            }
-            // (IDX images are 8-bit.)
-            InputFile::Idx => read_idx_images(path)?
-                .into_iter()
-                .enumerate()
-                .map(|(i, pixels)| {
-                    let image = StoredImage { pixels, max: 255, alpha: false };
-                    Ok((format!("{input}#{i}"), self.fitted(input, image)?))
-                })
-                .collect(),
-            InputFile::Csv => {
-                let text = crate::data::read_user_text(path)?;
-                let bad = |line: usize, message: String| Error::Dataset {
-                    file: input.to_string(),
-                    line: Some(line),
-                    message,
-                };
-                let mut images = Vec::new();
-                for (line, row) in text.lines().enumerate().map(|(i, l)| (i + 1, l)) {
-                    if row.trim().is_empty() {
-                        continue;
-                    }
-                    if line == 1 && row.split(',').any(|v| v.trim().parse::<f32>().is_err()) {
-                        let first = row.split(',').find(|v| v.trim().parse::<f32>().is_err()).unwrap_or_default();
-                        return Err(bad(
-                            line,
-                            format!(
-                                "reads as a header row (`{}` is no number); expected rows of pixel values alone",
-                                first.trim()
-                            ),
-                        ));
-                    }
-                    let count = row.split(',').count();
-                    if count != n {
-                        let labelled = if count == n + 1 {
-                            " (pixels then a label? `predict` reads pixels alone; `evaluate --file` scores \
-                             labelled rows)"
-                        } else {
-                            ""
-                        };
-                        return Err(bad(
-                            line,
-                            format!(
-                                "a CSV row of {count} values; expected {channels}×{size}×{size} = {n} pixels{labelled}"
-                            ),
-                        ));
-                    }
-                    images.push((format!("{input}:{line}"), pixel_row(row, max_value).map_err(|e| bad(line, e))?));
-                }
-                if images.is_empty() {
-                    return Err(Error::Dataset {
-                        file: input.to_string(),
-                        line: None,
-                        message: "has no rows; expected CSV rows of raw pixel values".into(),
-                    });
-                }
-                Ok(images)
-            }
-        }
     }
 
     /// An image file's pixels as the model takes them: resized to its size where its run
