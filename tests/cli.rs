@@ -3253,21 +3253,15 @@ fn a_device_named_by_index_is_refused_saying_how_to_count() {
     assert!(out.contains("(a kind; how many is --devices N)") && !out.contains("config field"), "{out}");
 }
 
-/// `train` of the tiny ViT of `configs/vit-digits.toml` on a user's images (batches of 8),
-/// with `extra` flags.
+/// `train` of the tiny ViT of `configs/vit-digits.toml`, with `extra` flags.
+fn train_tiny_vit(extra: &[&str]) -> (bool, String) {
+    pipetransformer(&[&["train", "--config", "configs/vit-digits.toml", "--progress-every", "0"][..], extra].concat())
+}
+
+/// [`train_tiny_vit`] on a user's images (batches of 8), with `extra` flags.
 fn train_on_users_images(extra: &[&str]) -> (bool, String) {
-    let base = [
-        "train",
-        "--config",
-        "configs/vit-digits.toml",
-        "--progress-every",
-        "0",
-        "--set",
-        "data.dataset=\"labelled_images\"",
-        "--set",
-        "data.batch_size=8",
-    ];
-    pipetransformer(&[&base[..], extra].concat())
+    let base = ["--set", "data.dataset=\"labelled_images\"", "--set", "data.batch_size=8"];
+    train_tiny_vit(&[&base[..], extra].concat())
 }
 
 /// Class folders `even` and `odd` of 16 images in `dir/train` and 8 in `dir/test`: image `i`
@@ -3423,11 +3417,6 @@ fn random_augmentation_draws_by_epoch_and_resumes_to_the_bit() {
     let train = |name: &str, extra: &[&str]| {
         let out_dir = format!("output.dir=\"{}\"", dir.join(name).display());
         let base = [
-            "train",
-            "--config",
-            "configs/vit-digits.toml",
-            "--progress-every",
-            "0",
             "--set",
             "data.train_limit=64",
             "--set",
@@ -3440,7 +3429,7 @@ fn random_augmentation_draws_by_epoch_and_resumes_to_the_bit() {
             "--set",
             &out_dir,
         ];
-        pipetransformer(&[&base[..], extra].concat())
+        train_tiny_vit(&[&base[..], extra].concat())
     };
     let steps = |name: &str| -> Vec<(u64, u64, u64)> {
         let log = std::fs::read_to_string(dir.join(name).join("metrics.jsonl")).unwrap();

@@ -1261,6 +1261,13 @@ mod tests {
         std::fs::create_dir(scratch.join("empty")).unwrap();
         let e = p.read_images(scratch.join("empty").to_str().unwrap()).unwrap_err().to_string();
         assert!(e.contains("is a folder with no files"), "{e}");
+        // A link to a folder inside the folder is named, not followed (a link back up would
+        // never end); the folder's other files are answered.
+        std::os::unix::fs::symlink(&dir, dir.join("sub/up")).unwrap();
+        let (r, out) = run(&p, &[dir.to_str().unwrap()], &json);
+        assert_eq!(r.unwrap(), (5, 3), "{out}");
+        let up = out.lines().find(|l| l.contains("sub/up")).unwrap_or_default();
+        assert!(up.contains("a link to a folder, not followed"), "{out}");
     }
 
     /// `evaluate --file` reads a folder of class subfolders, each named by a class of the model,
