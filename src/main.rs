@@ -340,7 +340,7 @@ enum Command {
         #[arg(long)]
         threads: Option<usize>,
     },
-    /// Run a trained model on new inputs: texts (BERT), images (ViT: PNG or PGM files, IDX
+    /// Run a trained model on new inputs: texts (BERT), images (ViT: PNG, JPEG or PGM files, IDX
     /// files, CSV files of raw pixel rows without labels (gzip-compressed or not), one such
     /// row given as the input itself, or a folder of such files), or prompts to continue (GPT). Writes one JSON object
     /// per input and line (a table with a header on a terminal); an input that fails gets an
@@ -403,7 +403,7 @@ enum Command {
         set: Vec<String>,
         /// A file of labelled rows to score on (`-`: standard input; gzip-compressed or not),
         /// or for an image model a folder of class subfolders (each named by a class) holding
-        /// PNG or PGM images.
+        /// PNG, JPEG or PGM images.
         #[arg(long)]
         file: Option<PathBuf>,
         /// Inputs per forward pass (at least 1): rows of `--file` (default 64), or the

@@ -1,9 +1,10 @@
-//! Images a user hands to `predict`: PNG and PGM files, and IDX files of many images. Pixels
+//! Images a user hands to `predict`: PNG, JPEG and PGM files, and IDX files of many images. Pixels
 //! come out channel-first (`[C, H, W]`, what the ViT's patch embedding reads) in `[0, 1]`
 //! (8-bit values / 255, 16-bit / 65535), as the training datasets are scaled.
 
 use super::files::{SetupGroup, dataset_error, read_bytes};
 use super::images::{IDX_IMAGES_MAGIC, parse_idx};
+use super::jpeg::decode_jpeg;
 use crate::error::Result;
 use std::path::Path;
 
@@ -41,10 +42,15 @@ pub(crate) fn read_image_file_as_stored(path: &Path) -> Result<StoredImage> {
     let bytes = read_bytes(path, SetupGroup::User)?;
     if bytes.starts_with(b"\x89PNG") {
         decode_png(path, &bytes)
+    } else if bytes.starts_with(b"\xFF\xD8") {
+        let image = decode_jpeg(&bytes, MAX_IMAGE_PIXELS).map_err(|e| dataset_error(path, None, e))?;
+        let (w, h, c) = (image.width, image.height, image.channels);
+        let pixels = image.pixels.iter().map(|&v| f32::from(v) / 255.0).collect();
+        Ok(StoredImage { pixels: (w, h, c, pixels), max: 255, alpha: false })
     } else if bytes.starts_with(b"P5") || bytes.starts_with(b"P2") {
         decode_pgm(path, &bytes)
     } else {
-        Err(dataset_error(path, None, "is neither a PNG nor a PGM image (by its first bytes)"))
+        Err(dataset_error(path, None, "is not a PNG, JPEG or PGM image (by its first bytes)"))
     }
 }
 
@@ -82,9 +88,9 @@ fn decode_png(path: &Path, bytes: &[u8]) -> Result<StoredImage> {
     Ok(StoredImage { pixels: (w, h, kept, px), max: if sixteen { 65535 } else { 255 }, alpha: stored > kept })
 }
 
-/// Largest image accepted, in pixels (4096 × 4096): `predict` only takes images of the model's
-/// own size, and this keeps the decoded buffers (≤ 128 MiB) and pixels (≤ 192 MiB) bounded.
-const MAX_IMAGE_PIXELS: u64 = 1 << 24;
+/// Largest image accepted, in pixels (8192 × 8192: a 61-megapixel camera's photos fit, to be
+/// resized by `data.resize_to`): bounds what one image takes decoded (≤ 768 MiB of `f32` RGB).
+const MAX_IMAGE_PIXELS: u64 = 1 << 26;
 
 /// Deflate's best case: 258 bytes from a 2-bit length/distance pair, ~1032:1. No PNG of `n`
 /// bytes inflates to more than this many times `n`.
@@ -100,7 +106,7 @@ fn check_png_size(path: &Path, info: &png::Info<'_>, file_len: usize) -> Result<
         return Err(dataset_error(
             path,
             None,
-            format!("is a {w}×{h} PNG; expected at most {MAX_IMAGE_PIXELS} pixels (the model's image size)"),
+            format!("is a {w}×{h} PNG; expected at most {MAX_IMAGE_PIXELS} pixels (8192 × 8192)"),
         ));
     }
     // Filtered rows of the stored format: a lower bound on the inflated data a complete
@@ -268,7 +274,10 @@ mod tests {
     #[test]
     fn png_headers_claiming_more_than_the_file_holds_are_refused_before_allocating() {
         let e = read_image_file(&scratch("huge.png", &png_claiming(1_000_000, 1_000_000))).unwrap_err().to_string();
-        assert!(e.contains("huge.png") && e.contains("1000000×1000000 PNG; expected at most 16777216 pixels"), "{e}");
+        assert!(
+            e.contains("huge.png") && e.contains("1000000×1000000 PNG; expected at most 67108864 pixels (8192 × 8192)"),
+            "{e}"
+        );
         let e = read_image_file(&scratch("lying.png", &png_claiming(4000, 4000))).unwrap_err().to_string();
         assert!(e.contains("needs 48004000 bytes") && e.contains("truncated or its header is corrupt"), "{e}");
         assert!(read_image_file(&scratch("honest.png", &png_claiming(2, 1))).is_ok());
@@ -290,7 +299,9 @@ mod tests {
         let e = read_image_file(&scratch("f.pgm", b"P5 2 2 255\n\x00")).unwrap_err().to_string();
         assert!(e.contains("expected 2×2×1 = 4"), "{e}");
         let e = read_image_file(&scratch("g.jpg", b"\xff\xd8")).unwrap_err().to_string();
-        assert!(e.contains("neither a PNG nor a PGM"), "{e}");
+        assert!(e.contains("g.jpg") && e.contains("has no image data"), "{e}");
+        let e = read_image_file(&scratch("i.gif", b"GIF89a")).unwrap_err().to_string();
+        assert!(e.contains("i.gif") && e.contains("not a PNG, JPEG or PGM"), "{e}");
         let e = read_image_file(Path::new("/nonexistent/h.png")).unwrap_err().to_string();
         assert!(e.contains("not found") && e.contains("check the path"), "{e}");
     }

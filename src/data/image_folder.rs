@@ -1,6 +1,6 @@
 //! A user's images as a folder of class subfolders (`dataset = "labelled_images"` where
 //! `data.train_file` names a folder, the layout torchvision's `ImageFolder` reads): each
-//! subfolder's name is a class, its PNG and PGM files that class's images, scaled by their own
+//! subfolder's name is a class, its PNG, JPEG and PGM files that class's images, scaled by their own
 //! format as `predict` scales such a file ([`read_image_file`](super::read_image_file)). Class
 //! names that are all integers sort as numbers (`2` before `10`), as a user's labels do, where
 //! `ImageFolder` sorts them as text.
@@ -137,7 +137,7 @@ pub(crate) fn class_folders(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
         return Err(dataset_error(
             dir,
             None,
-            "holds no class folders; expected one subfolder per class, each holding its PNG or PGM images",
+            "holds no class folders; expected one subfolder per class, each holding its PNG, JPEG or PGM images",
         ));
     }
     Ok(classes)
@@ -150,7 +150,7 @@ pub(crate) fn class_files(name: &str, folder: &Path) -> Result<Vec<PathBuf>> {
         return Err(dataset_error(
             folder,
             None,
-            format!("holds no images; expected the PNG or PGM images of class `{name}`"),
+            format!("holds no images; expected the PNG, JPEG or PGM images of class `{name}`"),
         ));
     }
     if let Some(inner) = files.iter().find(|f| f.is_dir()) {

@@ -135,7 +135,7 @@ pub fn image_csv_file(
 /// The classes are the training file's distinct labels, sorted (as numbers where every label is
 /// an integer); every label of the held-out file must be among them. Ids: the 0-based row
 /// index, from [`TEST_FILE_ID_BASE`] in the held-out file. Where `train` (and `test`) name
-/// folders, their class subfolders' PNG and PGM images instead (`image_folder`; `pixel_max` is
+/// folders, their class subfolders' PNG, JPEG and PGM images instead (`image_folder`; `pixel_max` is
 /// then unused: the files' format scales them, as `predict` scales such a file, and must be one
 /// for all; `resize_to` resizes each, of any size). Also returns what the raw values were
 /// divided by: `pixel_max`, or the format's.

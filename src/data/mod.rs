@@ -7,7 +7,8 @@
 //! | `dataset` | [`Dataset`] (samples, class names), [`Sample`], [`Split`], seeded stratified split |
 //! | `text` | [`TextSample`]; Rotten Tomatoes ([`rotten_tomatoes`]), Reuters R8 ([`reuters_r8`]), a user's ([`labelled_text_files`]) |
 //! | `images` | [`ImageSample`]; [`digits`], [`mnist5k`], [`fashion_mnist`], a user's ([`labelled_image_files`]); [`image_batch`] |
-//! | `image_files` | a user's images for `predict`: [`read_image_file`] (PNG, PGM), [`read_idx_images`] |
+//! | `image_files` | a user's images for `predict`: [`read_image_file`] (PNG, JPEG, PGM), [`read_idx_images`] |
+//! | `jpeg` | (private) JPEG decoding to the pixels Pillow's libjpeg-turbo gives: baseline and progressive, its integer IDCT, fancy upsampling |
 //! | `augment` | [`ImageAugment`]: random crops and mirror images of training images, drawn by seed, epoch and sample id |
 //! | `resize` | [`resize_image`]: an image resized as Pillow's bilinear filter (torchvision's `Resize`) resizes it |
 //! | `image_folder` | a user's images as a folder of class subfolders: to train on (through [`labelled_image_files`]), and for `evaluate --file` |
@@ -41,6 +42,7 @@ mod files;
 mod image_files;
 mod image_folder;
 mod images;
+mod jpeg;
 mod lm;
 mod order;
 mod resize;

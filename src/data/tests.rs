@@ -749,7 +749,7 @@ fn a_users_images_are_read_from_class_folders() {
             "nested/a/deeper",
             "is a folder inside the folder of class `a`; expected only its image files".into(),
         ),
-        ("empty", 1, none, "empty/a", "holds no images; expected the PNG or PGM images of class `a`".into()),
+        ("empty", 1, none, "empty/a", "holds no images; expected the PNG, JPEG or PGM images of class `a`".into()),
         ("one", 1, none, "one", "holds one class folder, `a`; expected at least two classes to tell apart".into()),
         (
             "oblong",

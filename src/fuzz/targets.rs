@@ -479,7 +479,7 @@ fn rendezvous(input: &[u8], _: &Path) -> Result<()> {
     }
 }
 
-// ---- PNG and PGM images ---------------------------------------------------------------------
+// ---- PNG, JPEG and PGM images-----------------------------------------------------------------
 
 fn png_bytes(width: u32, height: u32, color: png::ColorType, depth: png::BitDepth, data: &[u8]) -> Result<Vec<u8>> {
     let bad = |e: png::EncodingError| config_error("fuzz seed (png)", e.to_string());
@@ -506,6 +506,9 @@ fn image_seeds(_: &Path) -> Result<Vec<Vec<u8>>> {
         b"P2\n# two by two\n2 2\n16\n0 16\n8 4\n".to_vec(),
         b"P5 1 2 255\n\x00\xff".to_vec(),
         b"P5\n2 1\n65535\n\x12\x34\xff\xff".to_vec(),
+        include_bytes!("../../tests/fixtures/jpeg/cjpeg-17x9-h2v1-restart-3b.jpg").to_vec(),
+        include_bytes!("../../tests/fixtures/jpeg/cjpeg-3x3-h1v2-progressive.jpg").to_vec(),
+        include_bytes!("../../tests/fixtures/jpeg/cjpeg-3x3-gray-progressive.jpg").to_vec(),
     ])
 }
 

@@ -164,7 +164,7 @@ pub struct DataSection {
     pub group_by_length: bool,
     /// `labelled_texts`, `labelled_images` and `text_corpus`: the file the samples come from
     /// (`label<TAB>text` rows; CSV rows of pixels then the label; a UTF-8 text), gzip or bzip2
-    /// or plain; for `labelled_images` also a folder of class subfolders of PNG or PGM images.
+    /// or plain; for `labelled_images` also a folder of class subfolders of PNG, JPEG or PGM images.
     #[serde(default)]
     pub train_file: Option<PathBuf>,
     /// A held-out file of the same format to evaluate on (default: cut from `train_file`, by
@@ -315,7 +315,7 @@ impl DataSection {
         let what = match self.dataset {
             DatasetName::LabelledTexts => "a file of label<TAB>text rows",
             DatasetName::LabelledImages => {
-                "a CSV file of pixel rows, each ending with its label, or a folder of class subfolders of PNG or PGM \
+                "a CSV file of pixel rows, each ending with its label, or a folder of class subfolders of PNG, JPEG or PGM \
                  images"
             }
             _ => "a UTF-8 text file",

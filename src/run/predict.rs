@@ -721,7 +721,7 @@ impl<D: Device> Predictor<D> {
         self.classify(&host)
     }
 
-    /// The images one input names: an image file (PNG or PGM), an IDX file (every image in
+    /// The images one input names: an image file (PNG, JPEG or PGM), an IDX file (every image in
     /// it), a CSV file (every row: raw pixel values, no label; gzip-compressed or not), or a
     /// CSV row of raw pixel values. Files are told apart by their first bytes, not their names.
     /// Each image comes with a name for the output: the input, `file#i` for the `i`-th image
@@ -737,7 +737,7 @@ impl<D: Device> Predictor<D> {
             let link = std::fs::symlink_metadata(path).is_ok_and(|m| m.is_symlink());
             let why = match (link, crate::data::files_under(path)?.is_empty()) {
                 (true, _) => "a link to a folder, not followed from the folder given; name it as an input itself",
-                (false, true) => "a folder with no files; expected image (PNG, PGM), IDX or CSV files in it",
+                (false, true) => "a folder with no files; expected image (PNG, JPEG, PGM), IDX or CSV files in it",
                 (false, false) => "a folder: its files are inputs of their own (`folder_inputs`)",
             };
             return Err(data_error("input", format!("`{input}` is {why}")));
@@ -809,7 +809,9 @@ impl<D: Device> Predictor<D> {
         if input.trim().is_empty() {
             return Err(data_error(
                 "input",
-                format!("an empty input; expected a CSV row of {n} pixels, or an image (PNG, PGM), IDX or CSV file"),
+                format!(
+                    "an empty input; expected a CSV row of {n} pixels, or an image (PNG, JPEG, PGM), IDX or CSV file"
+                ),
             ));
         }
         // A CSV row of raw values; one that is not, but reads as a file's name (a folder in it,
@@ -823,7 +825,7 @@ impl<D: Device> Predictor<D> {
                 true => data_error(
                     "input",
                     format!(
-                        "`{input}`: no such file; expected an image (PNG, PGM), IDX or CSV file, or a CSV row of pixels"
+                        "`{input}`: no such file; expected an image (PNG, JPEG, PGM), IDX or CSV file, or a CSV row of pixels"
                     ),
                 ),
                 false => data_error("input", format!("{e} (nor is the input an image or CSV file)")),
@@ -952,7 +954,7 @@ impl<D: Device> Predictor<D> {
 /// file), not by its name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum InputFile {
-    /// A PNG or PGM image.
+    /// A PNG, JPEG or PGM image.
     Image,
     /// Text starting as a number does: CSV rows of raw pixel values.
     Csv,
@@ -968,10 +970,12 @@ fn input_file_kind(path: &Path) -> Result<InputFile> {
     // Enough for the magic numbers, and for a CSV header's first comma.
     let head = crate::data::user_head(path, 256)?;
     let bad = |message: String| crate::data::dataset_error(path, None, message);
-    const EXPECTED: &str = "expected an image (PNG, PGM), IDX or CSV file";
+    const EXPECTED: &str = "expected an image (PNG, JPEG, PGM), IDX or CSV file";
     Ok(match head.first() {
         None => return Err(bad(format!("is empty; {EXPECTED}"))),
-        _ if head.starts_with(b"\x89PNG") || head.starts_with(b"P5") || head.starts_with(b"P2") => InputFile::Image,
+        _ if [&b"\x89PNG"[..], b"\xFF\xD8", b"P5", b"P2"].iter().any(|magic| head.starts_with(magic)) => {
+            InputFile::Image
+        }
         _ if head.starts_with(&[0, 0, 8]) => InputFile::Idx,
         // (A byte-order mark, as spreadsheets write, before the first value; a first line of
         // text with commas, a header say, is named by the rows' reader.)
@@ -1307,7 +1311,7 @@ mod tests {
         assert!(e.contains("big.pgm") && e.contains("a 5×5 image"), "{e}");
         std::fs::write(dir.join("b/big.pgm"), "not an image").unwrap();
         let e = p.labelled_rows(&dir, 2).unwrap_err().to_string();
-        assert!(e.contains("big.pgm") && e.contains("neither a PNG nor a PGM"), "{e}");
+        assert!(e.contains("big.pgm") && e.contains("not a PNG, JPEG or PGM"), "{e}");
 
         let (_gpt_dir, gpt) = tiny_gpt_predictor("predict-labelled-folder-gpt", "abc ");
         let e = gpt.labelled_rows(&dir, 2).unwrap_err().to_string();

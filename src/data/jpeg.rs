@@ -1,0 +1,1087 @@
+//! JPEG decoding, bit for bit as libjpeg-turbo decodes a file by default: the decoder behind
+//! Pillow's `Image.open` (and so torchvision's `ImageFolder` and Hugging Face's image
+//! processors), so a model sees here the pixels it sees there. JPEG decoders differ from one
+//! another by a level or more in some pixels: the inverse DCT, the chroma upsampling and the
+//! colour conversion each round their own way. `tests/fixtures/make_jpeg_fixtures.py` writes
+//! the fixtures this is checked against.
+//!
+//! - Huffman-coded baseline, extended and progressive files (ITU T.81 §F, §G), with restart
+//!   intervals; gray (1 component) or colour (3: YCbCr, or RGB where an Adobe marker or the
+//!   component ids say so, as libjpeg guesses).
+//! - libjpeg's accurate integer inverse DCT (`jidctint.c`, "islow", the default), its output
+//!   clamped through the same wrapping range-limit table.
+//! - "Fancy" chroma upsampling (`jdsample.c`): a triangle filter for 2:1 horizontally,
+//!   vertically or both, replication for other integer ratios and for chroma 2 samples wide
+//!   or less; edges replicated as libjpeg's context rows replicate them.
+//! - YCbCr → RGB through libjpeg's 16-bit fixed-point tables (`jdcolor.c`).
+//!
+//! Refused by name: arithmetic coding, lossless and hierarchical files, 12-bit samples,
+//! 4-component (CMYK/YCCK) files, fractional sampling ratios. Where they differ: a progressive
+//! file missing its last scans is decoded as it stands, without the block smoothing libjpeg
+//! applies to such a file; a damaged file (a bad Huffman code, image data that ends early, a
+//! missing restart marker) is refused where libjpeg warns and fills in, as Pillow refuses a
+//! truncated file. EXIF orientation is not applied, as Pillow's `open` does not apply it.
+
+/// A decoded image: `channels` planes of `height × width` samples, channel-first.
+pub(super) struct Jpeg {
+    pub width: usize,
+    pub height: usize,
+    pub channels: usize,
+    pub pixels: Vec<u8>,
+}
+
+/// Zigzag index → natural (row-major) position in a block, with 16 more entries that send a
+/// corrupt run past the 63rd coefficient to the last one, as libjpeg's `jpeg_natural_order` does.
+const ZIGZAG: [usize; 80] = [
+    0, 1, 8, 16, 9, 2, 3, 10, 17, 24, 32, 25, 18, 11, 4, 5, 12, 19, 26, 33, 40, 48, 41, 34, 27, 20, 13, 6, 7, 14, 21,
+    28, 35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23, 30, 37, 44, 51, 58, 59, 52, 45, 38, 31, 39, 46, 53, 60, 61, 54,
+    47, 55, 62, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63,
+];
+
+type Fail = String;
+
+/// More scans than any encoder writes (a progressive file has about ten): a file crafted to
+/// repeat scans cannot make decoding loop for long.
+const MOST_SCANS: usize = 1000;
+
+/// The image in `bytes` (which start with the SOI marker `FF D8`), or what is wrong with it
+/// (said as the rest of "the file …").
+pub(super) fn decode_jpeg(bytes: &[u8], max_pixels: u64) -> Result<Jpeg, Fail> {
+    let mut decoder = Decoder::default();
+    let mut at = 2;
+    // A file that ends without its end-of-image marker is decoded as libjpeg decodes it (with a
+    // warning) when its scans are whole: a scan cut short is caught as it is read.
+    while let Some((marker, body_at)) = next_marker(bytes, at) {
+        match marker {
+            0xD9 => break,
+            0xD0..=0xD7 => at = body_at, // a stray restart marker: nothing to read
+            0x01 => at = body_at,
+            _ => {
+                let len = segment_length(bytes, body_at, marker)?;
+                let body = &bytes[body_at + 2..body_at + len];
+                at = body_at + len;
+                match marker {
+                    0xC0..=0xC2 => decoder.frame(body, marker == 0xC2, max_pixels)?,
+                    0xC3 | 0xC5..=0xC7 | 0xCB | 0xCD..=0xCF => {
+                        return Err("uses lossless or hierarchical JPEG coding, which is not supported; save it as \
+                                    a baseline or progressive JPEG, or as a PNG"
+                            .into());
+                    }
+                    0xC9 | 0xCA => {
+                        return Err("uses arithmetic coding, which is not supported; save it with Huffman coding \
+                                    (a baseline or progressive JPEG), or as a PNG"
+                            .into());
+                    }
+                    0xC4 => decoder.huffman_tables(body)?,
+                    0xDB => decoder.quantization_tables(body)?,
+                    0xDD => decoder.restart_interval = u16::from_be_bytes(two(body)?) as usize,
+                    0xDA => at = decoder.scan(body, bytes, at)?,
+                    0xDC => return Err("sets its height in a DNL marker, which is not supported".into()),
+                    0xE0 => decoder.jfif |= body.starts_with(b"JFIF\0"),
+                    0xEE if body.starts_with(b"Adobe") && body.len() >= 12 => decoder.adobe_transform = Some(body[11]),
+                    _ => {} // APPn, COM and the like: nothing the pixels depend on
+                }
+            }
+        }
+    }
+    decoder.finish()
+}
+
+/// The first marker at or after `at` (skipping fill bytes `FF` and, as libjpeg does with a
+/// warning, any other bytes before it): its code and where its segment starts; none at the end.
+fn next_marker(bytes: &[u8], mut at: usize) -> Option<(u8, usize)> {
+    loop {
+        match (bytes.get(at)?, bytes.get(at + 1)) {
+            (0xFF, Some(0xFF)) => at += 1,
+            (0xFF, Some(&code)) if code != 0 => return Some((code, at + 2)),
+            _ => at += 1,
+        }
+    }
+}
+
+/// A marker segment's length (which counts its own two bytes), checked against the file.
+fn segment_length(bytes: &[u8], at: usize, marker: u8) -> Result<usize, Fail> {
+    let len = bytes.get(at..at + 2).map(|b| u16::from_be_bytes([b[0], b[1]]) as usize);
+    match len {
+        Some(len) if len >= 2 && at + len <= bytes.len() => Ok(len),
+        _ => Err(format!("has a marker segment (FF {marker:02X}) that runs past the end of the file; it is truncated")),
+    }
+}
+
+fn two(body: &[u8]) -> Result<[u8; 2], Fail> {
+    body.get(..2).map(|b| [b[0], b[1]]).ok_or_else(|| "has a restart-interval segment of fewer than 2 bytes".into())
+}
+
+/// A Huffman table: canonical codes by length (T.81 §F.2.2.3) with a 9-bit lookup in front.
+struct Huffman {
+    /// For each 9-bit prefix, the length and value of the code it starts with (length 0: longer).
+    fast: Vec<(u8, u8)>,
+    /// The largest code of each length, -1 where none; and what to add to a code to index `values`.
+    max_code: [i32; 17],
+    offset: [i32; 17],
+    values: Vec<u8>,
+}
+
+impl Huffman {
+    fn new(counts: &[u8], values: &[u8]) -> Result<Self, Fail> {
+        let (mut max_code, mut offset, mut fast) = ([-1; 17], [0; 17], vec![(0, 0); 512]);
+        let (mut code, mut k) = (0i32, 0usize);
+        for len in 1..=16 {
+            offset[len] = k as i32 - code;
+            for _ in 0..counts[len - 1] {
+                if code >= 1 << len {
+                    return Err("has a Huffman table with more codes than its code lengths allow".into());
+                }
+                if len <= 9 {
+                    let first = (code as usize) << (9 - len);
+                    fast[first..first + (1 << (9 - len))].fill((len as u8, values[k]));
+                }
+                code += 1;
+                k += 1;
+            }
+            if counts[len - 1] > 0 {
+                max_code[len] = code - 1;
+            }
+            code <<= 1;
+        }
+        Ok(Self { fast, max_code, offset, values: values.to_vec() })
+    }
+}
+
+/// The entropy-coded data of a scan as a stream of bits: `FF 00` is a data byte `FF`; at a
+/// marker or the end, zeros (as libjpeg supplies them), counted so a scan that reads into them
+/// is known to be cut short.
+struct Bits<'a> {
+    data: &'a [u8],
+    at: usize,
+    acc: u64,
+    count: u32,
+    zeros: u32,
+}
+
+impl<'a> Bits<'a> {
+    fn new(data: &'a [u8], at: usize) -> Self {
+        Self { data, at, acc: 0, count: 0, zeros: 0 }
+    }
+
+    fn refill(&mut self) {
+        while self.count <= 56 {
+            let byte = match (self.data.get(self.at), self.data.get(self.at + 1)) {
+                (Some(0xFF), Some(0x00)) => {
+                    self.at += 2;
+                    0xFF
+                }
+                (Some(0xFF), _) | (None, _) => {
+                    self.zeros += 8;
+                    0
+                }
+                (Some(&b), _) => {
+                    self.at += 1;
+                    b
+                }
+            };
+            self.acc |= u64::from(byte) << (56 - self.count);
+            self.count += 8;
+        }
+    }
+
+    fn peek(&mut self, n: u32) -> u32 {
+        if self.count < n {
+            self.refill();
+        }
+        (self.acc >> (64 - n)) as u32
+    }
+
+    fn skip(&mut self, n: u32) {
+        self.acc <<= n;
+        self.count -= n;
+    }
+
+    fn bits(&mut self, n: u32) -> u32 {
+        if n == 0 {
+            return 0;
+        }
+        let v = self.peek(n);
+        self.skip(n);
+        v
+    }
+
+    fn bit(&mut self) -> bool {
+        self.bits(1) == 1
+    }
+
+    /// `n` bits read as a signed value in category `n` (T.81 §F.2.2.1, `HUFF_EXTEND`).
+    fn signed(&mut self, n: u32) -> i32 {
+        let v = self.bits(n) as i32;
+        if n > 0 && v < 1 << (n - 1) { v - (1 << n) + 1 } else { v }
+    }
+
+    fn decode(&mut self, table: &Huffman) -> Result<u8, Fail> {
+        let p = self.peek(16);
+        let (len, value) = table.fast[(p >> 7) as usize];
+        if len > 0 {
+            self.skip(u32::from(len));
+            return Ok(value);
+        }
+        for len in 10..=16 {
+            let code = (p >> (16 - len)) as i32;
+            if code <= table.max_code[len] {
+                self.skip(len as u32);
+                return table
+                    .values
+                    .get((code + table.offset[len]) as usize)
+                    .copied()
+                    .ok_or_else(|| "has a bad Huffman code in its image data; it is damaged".into());
+            }
+        }
+        Err("has a bad Huffman code in its image data; it is damaged".into())
+    }
+
+    /// Whether the scan read past its data into the zeros supplied after it.
+    fn overran(&self) -> bool {
+        self.zeros > self.count
+    }
+}
+
+/// One image component: its sampling factors, quantization table, and its coefficients,
+/// `blocks_wide × blocks_high` blocks of 64 in natural order (covering whole MCUs).
+struct Component {
+    id: u8,
+    h: usize,
+    v: usize,
+    table: usize,
+    /// Latched at the first scan that holds the component, as libjpeg latches it.
+    quant: Option<[u16; 64]>,
+    /// Samples across and down the image (before upsampling).
+    width: usize,
+    height: usize,
+    blocks_wide: usize,
+    blocks_high: usize,
+    /// Allocated at the component's first scan, once the file is known to hold that many blocks.
+    coefs: Vec<i16>,
+    dc_pred: i32,
+}
+
+#[derive(Default)]
+struct Decoder {
+    width: usize,
+    height: usize,
+    progressive: bool,
+    components: Vec<Component>,
+    max_h: usize,
+    max_v: usize,
+    quant: [Option<[u16; 64]>; 4],
+    dc_tables: [Option<Huffman>; 4],
+    ac_tables: [Option<Huffman>; 4],
+    restart_interval: usize,
+    eob_run: u32,
+    scans: usize,
+    jfif: bool,
+    adobe_transform: Option<u8>,
+}
+
+/// A scan's header: which components (index, DC table, AC table) and, for progressive
+/// files, the spectral band `start..=end` and successive-approximation bits.
+struct Scan {
+    components: Vec<(usize, usize, usize)>,
+    start: usize,
+    end: usize,
+    high: u32,
+    low: u32,
+}
+
+impl Decoder {
+    fn frame(&mut self, body: &[u8], progressive: bool, max_pixels: u64) -> Result<(), Fail> {
+        if !self.components.is_empty() {
+            return Err("has two frame headers; expected one".into());
+        }
+        if body.len() < 6 {
+            return Err("has a frame header of fewer than 6 bytes".into());
+        }
+        if body[0] != 8 {
+            return Err(format!("has {}-bit samples; only 8-bit JPEGs are supported", body[0]));
+        }
+        let height = u16::from_be_bytes([body[1], body[2]]) as usize;
+        let width = u16::from_be_bytes([body[3], body[4]]) as usize;
+        let n = body[5] as usize;
+        if width == 0 || height == 0 {
+            return Err(format!("is {width}×{height} by its frame header; expected a width and height of at least 1"));
+        }
+        if width as u64 * height as u64 > max_pixels {
+            let side = (max_pixels as f64).sqrt() as u64;
+            return Err(format!("is a {width}×{height} JPEG; expected at most {max_pixels} pixels ({side} × {side})"));
+        }
+        match n {
+            1 | 3 => {}
+            4 => return Err("is a CMYK JPEG (4 components); save it as RGB or gray".into()),
+            _ => return Err(format!("has {n} components; expected 1 (gray) or 3 (colour)")),
+        }
+        if body.len() < 6 + 3 * n {
+            return Err(format!(
+                "has a frame header of {} bytes; expected {} for {n} components",
+                body.len(),
+                6 + 3 * n
+            ));
+        }
+        let fields: Vec<&[u8]> = body[6..6 + 3 * n].chunks_exact(3).collect();
+        let (max_h, max_v) =
+            fields.iter().fold((1, 1), |(h, v), c| (h.max(c[1] as usize >> 4), v.max(c[1] as usize & 15)));
+        for c in fields {
+            let (h, v, table) = (c[1] as usize >> 4, c[1] as usize & 15, c[2] as usize);
+            if !(1..=4).contains(&h) || !(1..=4).contains(&v) || table > 3 {
+                return Err(format!(
+                    "has component {} sampled {h}×{v} with quantization table {table}; expected factors 1 to 4 and \
+                     a table 0 to 3",
+                    c[0]
+                ));
+            }
+            if max_h % h != 0 || max_v % v != 0 {
+                return Err(format!(
+                    "samples component {} {h}×{v} against {max_h}×{max_v}: a fractional ratio, which libjpeg does \
+                     not decode either",
+                    c[0]
+                ));
+            }
+            // Whole MCUs of blocks, so an interleaved scan never writes outside.
+            let (mcus_wide, mcus_high) = (width.div_ceil(8 * max_h), height.div_ceil(8 * max_v));
+            let (blocks_wide, blocks_high) = (mcus_wide * h, mcus_high * v);
+            self.components.push(Component {
+                id: c[0],
+                h,
+                v,
+                table,
+                quant: None,
+                width: (width * h).div_ceil(max_h),
+                height: (height * v).div_ceil(max_v),
+                blocks_wide,
+                blocks_high,
+                coefs: Vec::new(),
+                dc_pred: 0,
+            });
+        }
+        (self.width, self.height, self.progressive, self.max_h, self.max_v) =
+            (width, height, progressive, max_h, max_v);
+        Ok(())
+    }
+
+    fn huffman_tables(&mut self, mut body: &[u8]) -> Result<(), Fail> {
+        while !body.is_empty() {
+            let short = || Fail::from("has a Huffman table segment that ends inside a table");
+            let (class, id) = (body[0] >> 4, body[0] as usize & 15);
+            let counts = body.get(1..17).ok_or_else(short)?;
+            let n: usize = counts.iter().map(|&c| c as usize).sum();
+            let values = body.get(17..17 + n).ok_or_else(short)?;
+            if class > 1 || id > 3 || n > 256 {
+                return Err(format!(
+                    "has a Huffman table of class {class}, id {id}, {n} codes; expected class 0 or 1, \
+                                    id 0 to 3, at most 256 codes"
+                ));
+            }
+            let table = Some(Huffman::new(counts, values)?);
+            match class {
+                0 => self.dc_tables[id] = table,
+                _ => self.ac_tables[id] = table,
+            }
+            body = &body[17 + n..];
+        }
+        Ok(())
+    }
+
+    fn quantization_tables(&mut self, mut body: &[u8]) -> Result<(), Fail> {
+        while !body.is_empty() {
+            let (wide, id) = (body[0] >> 4, body[0] as usize & 15);
+            let size = if wide == 0 { 64 } else { 128 };
+            let values = body.get(1..1 + size).ok_or("has a quantization table segment that ends inside a table")?;
+            if wide > 1 || id > 3 {
+                return Err(format!(
+                    "has a quantization table of precision {wide}, id {id}; expected 0 or 1, and 0 to 3"
+                ));
+            }
+            let mut table = [0u16; 64];
+            for (k, &natural) in ZIGZAG[..64].iter().enumerate() {
+                table[natural] = match wide {
+                    0 => u16::from(values[k]),
+                    _ => u16::from_be_bytes([values[2 * k], values[2 * k + 1]]),
+                };
+            }
+            self.quant[id] = Some(table);
+            body = &body[1 + size..];
+        }
+        Ok(())
+    }
+
+    /// Reads the scan whose header is `body` and whose data starts at `at`; returns where its
+    /// data ends.
+    fn scan(&mut self, body: &[u8], bytes: &[u8], at: usize) -> Result<usize, Fail> {
+        if self.components.is_empty() {
+            return Err("has a scan before its frame header".into());
+        }
+        let n = body.first().copied().unwrap_or(0) as usize;
+        if n == 0 || n > 4 || body.len() < 1 + 2 * n + 3 {
+            return Err(format!("has a scan header of {} bytes for {n} components", body.len()));
+        }
+        let mut components = Vec::with_capacity(n);
+        for field in body[1..1 + 2 * n].chunks_exact(2) {
+            let index = self.components.iter().position(|c| c.id == field[0]).ok_or_else(|| {
+                format!("has a scan of component {}, which its frame header does not declare", field[0])
+            })?;
+            components.push((index, field[1] as usize >> 4, field[1] as usize & 15));
+        }
+        let tail = &body[1 + 2 * n..];
+        let scan = Scan {
+            components,
+            start: tail[0] as usize,
+            end: tail[1] as usize,
+            high: u32::from(tail[2] >> 4),
+            low: u32::from(tail[2] & 15),
+        };
+        let bad_band = if self.progressive {
+            let dc = scan.start == 0;
+            (dc && scan.end != 0) || (!dc && (scan.end < scan.start || scan.end > 63 || n != 1)) || scan.low > 13
+        } else {
+            scan.start != 0 || scan.end != 63 || scan.high != 0 || scan.low != 0
+        };
+        if bad_band {
+            return Err(format!(
+                "has a scan of coefficients {}..={} (bits {}, {}) that T.81 does not allow",
+                scan.start, scan.end, scan.high, scan.low
+            ));
+        }
+        // Each block of a DC scan (every scan of a sequential file) takes at least one bit: a
+        // header promising more blocks than the rest of the file holds is refused before its
+        // coefficients are allocated.
+        let blocks = self.scan_blocks(&scan);
+        if scan.start == 0 && blocks > 8 * (bytes.len() - at) {
+            return Err(format!(
+                "promises {blocks} blocks of {}×{} pixels in a scan, more than its last {} bytes can hold; \
+                 the file is truncated or its header is damaged",
+                self.width,
+                self.height,
+                bytes.len() - at
+            ));
+        }
+        self.scans += 1;
+        if self.scans > MOST_SCANS {
+            return Err(format!("has more than {MOST_SCANS} scans; encoders write about ten at most"));
+        }
+        for &(index, dc, ac) in &scan.components {
+            let c = &mut self.components[index];
+            if c.coefs.is_empty() {
+                if scan.start != 0 || scan.high != 0 {
+                    return Err(format!(
+                        "refines component {} before its first DC scan, which T.81 (G.1.1.1.1) requires first",
+                        c.id
+                    ));
+                }
+                c.coefs = vec![0; c.blocks_wide * c.blocks_high * 64];
+            }
+            let needs_dc = scan.start == 0 && scan.high == 0;
+            let needs_ac = scan.end > 0;
+            if (needs_dc && self.dc_tables.get(dc).is_none_or(Option::is_none))
+                || (needs_ac && self.ac_tables.get(ac).is_none_or(Option::is_none))
+            {
+                return Err("has a scan that uses a Huffman table it does not define".into());
+            }
+            let c = &mut self.components[index];
+            if c.quant.is_none() {
+                c.quant = Some(self.quant[c.table].ok_or("uses a quantization table it does not define")?);
+            }
+            c.dc_pred = 0;
+        }
+        self.eob_run = 0;
+        self.read_scan(&scan, Bits::new(bytes, at))
+    }
+
+    /// The MCUs of a scan across and down: one block each for a scan of one component (the
+    /// component's own blocks, in raster order), else `h × v` blocks of each component.
+    fn scan_mcus(&self, scan: &Scan) -> (usize, usize) {
+        match scan.components.as_slice() {
+            [(one, _, _)] => {
+                let c = &self.components[*one];
+                (c.width.div_ceil(8), c.height.div_ceil(8))
+            }
+            _ => (self.width.div_ceil(8 * self.max_h), self.height.div_ceil(8 * self.max_v)),
+        }
+    }
+
+    /// How many blocks a scan codes.
+    fn scan_blocks(&self, scan: &Scan) -> usize {
+        let (wide, high) = self.scan_mcus(scan);
+        let per_mcu: usize = match scan.components.as_slice() {
+            [_] => 1,
+            many => many.iter().map(|&(i, _, _)| self.components[i].h * self.components[i].v).sum(),
+        };
+        wide * high * per_mcu
+    }
+
+    fn read_scan(&mut self, scan: &Scan, mut bits: Bits) -> Result<usize, Fail> {
+        let single = scan.components.len() == 1;
+        let (mcus_wide, mcus_high) = self.scan_mcus(scan);
+        for mcu in 0..mcus_wide * mcus_high {
+            if self.restart_interval > 0 && mcu > 0 && mcu % self.restart_interval == 0 {
+                bits = self.restart(bits)?;
+            }
+            let (mx, my) = (mcu % mcus_wide, mcu / mcus_wide);
+            for &(index, dc, ac) in &scan.components {
+                let (h, v) = match single {
+                    true => (1, 1),
+                    false => (self.components[index].h, self.components[index].v),
+                };
+                for (bx, by) in (0..v).flat_map(|y| (0..h).map(move |x| (x, y))) {
+                    let c = &mut self.components[index];
+                    let at = ((my * v + by) * c.blocks_wide + mx * h + bx) * 64;
+                    let block: &mut [i16; 64] = (&mut c.coefs[at..at + 64]).try_into().expect("64 coefficients");
+                    let (dc, ac) = (
+                        self.dc_tables.get(dc).and_then(Option::as_ref),
+                        self.ac_tables.get(ac).and_then(Option::as_ref),
+                    );
+                    match (self.progressive, scan.start, scan.high) {
+                        (false, _, _) => read_block(&mut bits, dc, ac, block, &mut c.dc_pred)?,
+                        (true, 0, 0) => read_dc_first(&mut bits, dc, block, &mut c.dc_pred, scan.low)?,
+                        (true, 0, _) => read_dc_refine(&mut bits, block, scan.low),
+                        (true, _, 0) => read_ac_first(&mut bits, ac, block, scan, &mut self.eob_run)?,
+                        (true, _, _) => read_ac_refine(&mut bits, ac, block, scan, &mut self.eob_run)?,
+                    }
+                }
+            }
+        }
+        if bits.overran() {
+            return Err("has image data that ends before its last block; the file is truncated or damaged".into());
+        }
+        Ok(bits.at)
+    }
+
+    /// At a restart marker: drop the bits left of the byte, step over `RSTn`, and start the DC
+    /// predictions and the end-of-band run afresh.
+    fn restart<'a>(&mut self, bits: Bits<'a>) -> Result<Bits<'a>, Fail> {
+        if bits.overran() {
+            return Err("has image data that ends before a restart marker; the file is damaged".into());
+        }
+        let mut at = bits.at;
+        while bits.data.get(at) == Some(&0xFF) && bits.data.get(at + 1) == Some(&0xFF) {
+            at += 1;
+        }
+        match (bits.data.get(at), bits.data.get(at + 1)) {
+            (Some(0xFF), Some(0xD0..=0xD7)) => {}
+            _ => return Err("lacks a restart marker where its restart interval says one is; it is damaged".into()),
+        }
+        for c in &mut self.components {
+            c.dc_pred = 0;
+        }
+        self.eob_run = 0;
+        Ok(Bits::new(bits.data, at + 2))
+    }
+
+    /// The pixels: every block through the inverse DCT, chroma upsampled, colour converted.
+    fn finish(self) -> Result<Jpeg, Fail> {
+        if self.scans == 0 {
+            return Err("has no image data (no scan before its end); the file is truncated or damaged".into());
+        }
+        if let Some(c) = self.components.iter().find(|c| c.coefs.is_empty()) {
+            return Err(format!("has no scan of component {}; the file is truncated or damaged", c.id));
+        }
+        let (width, height) = (self.width, self.height);
+        let planes: Vec<Vec<u8>> = self
+            .components
+            .iter()
+            .map(|c| {
+                let quant = c.quant.expect("latched at the component's first scan");
+                let stride = c.blocks_wide * 8;
+                let mut plane = vec![0u8; stride * c.blocks_high * 8];
+                for (b, block) in c.coefs.chunks_exact(64).enumerate() {
+                    let (bx, by) = (b % c.blocks_wide, b / c.blocks_wide);
+                    idct_islow(block, &quant, &mut plane[by * 8 * stride + bx * 8..], stride);
+                }
+                upsample(&plane, stride, c, self.max_h / c.h, self.max_v / c.v, width, height)
+            })
+            .collect();
+        let n = width * height;
+        let mut pixels = Vec::with_capacity(planes.len() * n);
+        match planes.as_slice() {
+            [gray] => pixels.extend_from_slice(gray),
+            [a, b, c] => {
+                let ids: Vec<u8> = self.components.iter().map(|c| c.id).collect();
+                // libjpeg's guess (`jdapimin.c`): JFIF means YCbCr; an Adobe marker says which;
+                // otherwise the ids `R`, `G`, `B` mean RGB.
+                let rgb = !self.jfif
+                    && (self.adobe_transform == Some(0) || (self.adobe_transform.is_none() && ids == b"RGB"));
+                match rgb {
+                    true => [a, b, c].iter().for_each(|p| pixels.extend_from_slice(p)),
+                    false => {
+                        pixels.resize(3 * n, 0);
+                        ycc_to_rgb(a, b, c, &mut pixels);
+                    }
+                }
+            }
+            _ => unreachable!("the frame header allows 1 or 3 components"),
+        }
+        Ok(Jpeg { width, height, channels: planes.len(), pixels })
+    }
+}
+
+/// A baseline or extended sequential block (T.81 §F.2.2).
+fn read_block(
+    bits: &mut Bits,
+    dc: Option<&Huffman>,
+    ac: Option<&Huffman>,
+    block: &mut [i16; 64],
+    pred: &mut i32,
+) -> Result<(), Fail> {
+    let (dc, ac) = (dc.expect("checked at the scan"), ac.expect("checked at the scan"));
+    let s = u32::from(bits.decode(dc)?);
+    if s > 16 {
+        return Err(format!("has a DC difference of {s} bits in its image data; it is damaged"));
+    }
+    *pred = pred.wrapping_add(bits.signed(s));
+    block[0] = *pred as i16;
+    let mut k = 1;
+    while k < 64 {
+        let rs = bits.decode(ac)?;
+        let (run, size) = (usize::from(rs >> 4), u32::from(rs & 15));
+        if size == 0 {
+            if run != 15 {
+                break;
+            }
+            k += 16;
+        } else {
+            k += run;
+            block[ZIGZAG[k.min(79)]] = bits.signed(size) as i16;
+            k += 1;
+        }
+    }
+    Ok(())
+}
+
+/// A progressive file's first DC scan (T.81 §G.1.2.1): the difference, scaled by `low` bits.
+fn read_dc_first(
+    bits: &mut Bits,
+    dc: Option<&Huffman>,
+    block: &mut [i16; 64],
+    pred: &mut i32,
+    low: u32,
+) -> Result<(), Fail> {
+    let s = u32::from(bits.decode(dc.expect("checked at the scan"))?);
+    if s > 16 {
+        return Err(format!("has a DC difference of {s} bits in its image data; it is damaged"));
+    }
+    *pred = pred.wrapping_add(bits.signed(s));
+    block[0] = (*pred << low) as i16;
+    Ok(())
+}
+
+/// A DC refinement scan: one more bit of each DC coefficient.
+fn read_dc_refine(bits: &mut Bits, block: &mut [i16; 64], low: u32) {
+    if bits.bit() {
+        block[0] |= (1 << low) as i16;
+    }
+}
+
+/// A first AC scan of the band `start..=end` (T.81 §G.1.2.2), with end-of-band runs.
+fn read_ac_first(
+    bits: &mut Bits,
+    ac: Option<&Huffman>,
+    block: &mut [i16; 64],
+    scan: &Scan,
+    eob_run: &mut u32,
+) -> Result<(), Fail> {
+    if *eob_run > 0 {
+        *eob_run -= 1;
+        return Ok(());
+    }
+    let ac = ac.expect("checked at the scan");
+    let mut k = scan.start;
+    while k <= scan.end {
+        let rs = bits.decode(ac)?;
+        let (run, size) = (u32::from(rs >> 4), u32::from(rs & 15));
+        if size == 0 {
+            if run < 15 {
+                *eob_run = (1 << run) + bits.bits(run) - 1;
+                break;
+            }
+            k += 16;
+        } else {
+            k += run as usize;
+            block[ZIGZAG[k.min(79)]] = (bits.signed(size) << scan.low) as i16;
+            k += 1;
+        }
+    }
+    Ok(())
+}
+
+/// An AC refinement scan (T.81 §G.1.2.3), as libjpeg's `decode_mcu_AC_refine` reads it: one
+/// correction bit for each coefficient already nonzero, new coefficients of ±1 at `low`.
+fn read_ac_refine(
+    bits: &mut Bits,
+    ac: Option<&Huffman>,
+    block: &mut [i16; 64],
+    scan: &Scan,
+    eob_run: &mut u32,
+) -> Result<(), Fail> {
+    let (p1, m1) = (1i16 << scan.low, (-1i16) << scan.low);
+    let refine = |bits: &mut Bits, coef: &mut i16| {
+        if bits.bit() && (*coef & p1) == 0 {
+            *coef = if *coef >= 0 { coef.wrapping_add(p1) } else { coef.wrapping_add(m1) };
+        }
+    };
+    let mut k = scan.start;
+    if *eob_run == 0 {
+        let ac = ac.expect("checked at the scan");
+        while k <= scan.end {
+            let rs = bits.decode(ac)?;
+            let (mut run, size) = (i32::from(rs >> 4), rs & 15);
+            let mut value = 0;
+            if size != 0 {
+                if size != 1 {
+                    return Err("has a refinement of more than one bit in its image data; it is damaged".into());
+                }
+                value = if bits.bit() { p1 } else { m1 };
+            } else if run != 15 {
+                *eob_run = (1 << run) + bits.bits(run as u32);
+                break;
+            }
+            // Skip `run` zero coefficients, refining the nonzero ones passed on the way.
+            while k <= scan.end {
+                let coef = &mut block[ZIGZAG[k]];
+                if *coef != 0 {
+                    refine(bits, coef);
+                } else {
+                    run -= 1;
+                    if run < 0 {
+                        break;
+                    }
+                }
+                k += 1;
+            }
+            if value != 0 {
+                block[ZIGZAG[k.min(79)]] = value;
+            }
+            k += 1;
+        }
+    }
+    if *eob_run > 0 {
+        while k <= scan.end {
+            let coef = &mut block[ZIGZAG[k]];
+            if *coef != 0 {
+                refine(bits, coef);
+            }
+            k += 1;
+        }
+        *eob_run -= 1;
+    }
+    Ok(())
+}
+
+/// libjpeg's `jpeg_idct_islow` (`jidctint.c`): the Loeffler–Ligtenberg–Moschytz inverse DCT in
+/// 13-bit fixed point, columns then rows, 2 extra bits kept between the passes; dequantizes as
+/// it reads and writes the 8 × 8 samples at `out` (rows `stride` apart) through [`range_limit`].
+fn idct_islow(block: &[i16], quant: &[u16; 64], out: &mut [u8], stride: usize) {
+    const CONST_BITS: u32 = 13;
+    const PASS1_BITS: u32 = 2;
+    const fn fix(x: f64) -> i64 {
+        (x * (1 << CONST_BITS) as f64 + 0.5) as i64
+    }
+    let descale = |x: i64, n: u32| (x + (1 << (n - 1))) >> n;
+    // The even and odd halves of one 1-D pass, on 8 inputs `x`; `shift` is the left shift the
+    // DC term takes before the constants.
+    let pass = |x: [i64; 8]| -> [i64; 8] {
+        let z1 = (x[2] + x[6]) * fix(0.541196100);
+        let tmp2 = z1 + x[6] * -fix(1.847759065);
+        let tmp3 = z1 + x[2] * fix(0.765366865);
+        let tmp0 = (x[0] + x[4]) << CONST_BITS;
+        let tmp1 = (x[0] - x[4]) << CONST_BITS;
+        let (tmp10, tmp13, tmp11, tmp12) = (tmp0 + tmp3, tmp0 - tmp3, tmp1 + tmp2, tmp1 - tmp2);
+        let (t0, t1, t2, t3) = (x[7], x[5], x[3], x[1]);
+        let (z1, z2, z3, z4) = (t0 + t3, t1 + t2, t0 + t2, t1 + t3);
+        let z5 = (z3 + z4) * fix(1.175875602);
+        let (t0, t1, t2, t3) =
+            (t0 * fix(0.298631336), t1 * fix(2.053119869), t2 * fix(3.072711026), t3 * fix(1.501321110));
+        let (z1, z2) = (z1 * -fix(0.899976223), z2 * -fix(2.562915447));
+        let (z3, z4) = (z3 * -fix(1.961570560) + z5, z4 * -fix(0.390180644) + z5);
+        let (t0, t1, t2, t3) = (t0 + z1 + z3, t1 + z2 + z4, t2 + z2 + z3, t3 + z1 + z4);
+        [tmp10 + t3, tmp11 + t2, tmp12 + t1, tmp13 + t0, tmp13 - t0, tmp12 - t1, tmp11 - t2, tmp10 - t3]
+    };
+    let mut ws = [0i64; 64];
+    for col in 0..8 {
+        let x: [i64; 8] = std::array::from_fn(|r| i64::from(block[r * 8 + col]) * i64::from(quant[r * 8 + col]));
+        let y = match x[1..].iter().all(|&v| v == 0) {
+            // Only the DC term: the column is flat (libjpeg's shortcut; the same result).
+            true => [x[0] << PASS1_BITS; 8],
+            false => pass(x).map(|v| descale(v, CONST_BITS - PASS1_BITS)),
+        };
+        for r in 0..8 {
+            ws[r * 8 + col] = y[r];
+        }
+    }
+    for row in 0..8 {
+        let x: [i64; 8] = ws[row * 8..row * 8 + 8].try_into().expect("8 values");
+        let y = pass(x).map(|v| descale(v, CONST_BITS + PASS1_BITS + 3));
+        for (c, v) in y.into_iter().enumerate() {
+            out[row * stride + c] = range_limit(v as i32);
+        }
+    }
+}
+
+/// libjpeg's post-IDCT range limit (`prepare_range_limit_table`): the sample level-shifted by
+/// 128 and clamped to 0..=255, indexed by its low 10 bits, so values far out of range wrap as
+/// they do there (only a damaged file gets them).
+fn range_limit(v: i32) -> u8 {
+    match v & 1023 {
+        x @ 0..=127 => (x + 128) as u8,
+        128..=511 => 255,
+        512..=895 => 0,
+        x => (x - 896) as u8,
+    }
+}
+
+/// A component's plane (`stride` samples a row) brought to the image's `width × height`:
+/// `jdsample.c`'s choice of upsampler for the ratio `fh × fv`.
+fn upsample(plane: &[u8], stride: usize, c: &Component, fh: usize, fv: usize, width: usize, height: usize) -> Vec<u8> {
+    let (cw, ch) = (c.width, c.height);
+    let at = |x: usize, y: usize| i32::from(plane[y * stride + x]);
+    // The rows above the first and below the last are copies of them (libjpeg's context rows).
+    let (above, below) = (|y: usize| y.saturating_sub(1), |y: usize| (y + 1).min(ch - 1));
+    let mut out = vec![0u8; width * height];
+    for y in 0..height {
+        let row = &mut out[y * width..(y + 1) * width];
+        match (fh, fv) {
+            (1, 1) => row.iter_mut().enumerate().for_each(|(x, o)| *o = at(x, y) as u8),
+            // Horizontally 3/4 of the nearer sample and 1/4 of the farther, rounding alternately
+            // down and up (`h2v1_fancy_upsample`).
+            (2, 1) if cw > 2 => {
+                for (x, o) in row.iter_mut().enumerate() {
+                    let (i, odd) = (x / 2, x % 2 == 1);
+                    *o = match (i, odd) {
+                        (0, false) => at(0, y),
+                        (i, false) => (3 * at(i, y) + at(i - 1, y) + 1) >> 2,
+                        (i, true) if i == cw - 1 => at(i, y),
+                        (i, true) => (3 * at(i, y) + at(i + 1, y) + 2) >> 2,
+                    } as u8;
+                }
+            }
+            // Vertically the same, the upper output row rounding down (`h1v2_fancy_upsample`).
+            (1, 2) => {
+                let (i, odd) = (y / 2, y % 2 == 1);
+                let (far, bias) = if odd { (below(i), 2) } else { (above(i), 1) };
+                row.iter_mut().enumerate().for_each(|(x, o)| *o = ((3 * at(x, i) + at(x, far) + bias) >> 2) as u8);
+            }
+            // Both: 9/16, 3/16, 3/16, 1/16 of the four nearest (`h2v2_fancy_upsample`).
+            (2, 2) if cw > 2 => {
+                let (i, odd) = (y / 2, y % 2 == 1);
+                let far = if odd { below(i) } else { above(i) };
+                let sum = |x: usize| 3 * at(x, i) + at(x, far);
+                for (x, o) in row.iter_mut().enumerate() {
+                    let (j, right) = (x / 2, x % 2 == 1);
+                    *o = match (j, right) {
+                        (0, false) => (4 * sum(0) + 8) >> 4,
+                        (j, false) => (3 * sum(j) + sum(j - 1) + 8) >> 4,
+                        (j, true) if j == cw - 1 => (4 * sum(j) + 7) >> 4,
+                        (j, true) => (3 * sum(j) + sum(j + 1) + 7) >> 4,
+                    } as u8;
+                }
+            }
+            // Any other integer ratio, and 2:1 for chroma 2 samples wide or less: each sample
+            // repeated (`int_upsample`, `h2v1_upsample`, `h2v2_upsample`).
+            _ => row.iter_mut().enumerate().for_each(|(x, o)| *o = at(x / fh, y / fv) as u8),
+        }
+    }
+    out
+}
+
+/// libjpeg's YCbCr → RGB (`jdcolor.c`, `ycc_rgb_convert`): 16-bit fixed-point products of the
+/// chroma offsets, rounded as its tables round them, clamped to 0..=255. `out` is `[3, H, W]`.
+fn ycc_to_rgb(y: &[u8], cb: &[u8], cr: &[u8], out: &mut [u8]) {
+    const SCALEBITS: u32 = 16;
+    const HALF: i64 = 1 << (SCALEBITS - 1);
+    const fn fix(x: f64) -> i64 {
+        (x * (1 << SCALEBITS) as f64 + 0.5) as i64
+    }
+    let n = y.len();
+    let table = |f: &dyn Fn(i64) -> i64| -> Vec<i32> { (0..256).map(|i| f(i - 128) as i32).collect() };
+    let cr_r = table(&|x| (fix(1.40200) * x + HALF) >> SCALEBITS);
+    let cb_b = table(&|x| (fix(1.77200) * x + HALF) >> SCALEBITS);
+    let cr_g = table(&|x| -fix(0.71414) * x);
+    let cb_g = table(&|x| -fix(0.34414) * x + HALF);
+    let clamp = |v: i32| v.clamp(0, 255) as u8;
+    let (r, rest) = out.split_at_mut(n);
+    let (g, b) = rest.split_at_mut(n);
+    for i in 0..n {
+        let (yy, cb, cr) = (i32::from(y[i]), cb[i] as usize, cr[i] as usize);
+        r[i] = clamp(yy + cr_r[cr]);
+        g[i] = clamp(yy + ((cb_g[cb] + cr_g[cr]) >> SCALEBITS));
+        b[i] = clamp(yy + cb_b[cb]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::{Path, PathBuf};
+
+    const MOST: u64 = 1 << 26;
+
+    fn fixtures() -> Vec<PathBuf> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jpeg");
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "jpg"))
+            .collect();
+        files.sort();
+        files
+    }
+
+    fn fixture(name: &str) -> Vec<u8> {
+        std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jpeg").join(name)).unwrap()
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Jpeg, Fail> {
+        decode_jpeg(bytes, MOST)
+    }
+
+    /// Every fixture (tests/fixtures/make_jpeg_fixtures.py: baseline, progressive, restart
+    /// intervals, each upsampler, RGB, gray, 16-bit quantization tables, written by cjpeg and
+    /// by Pillow) decodes to exactly the pixels Pillow's libjpeg-turbo gives.
+    #[test]
+    fn jpegs_decode_to_the_pixels_pillow_decodes() {
+        let files = fixtures();
+        assert_eq!(files.len(), 44, "the fixtures make_jpeg_fixtures.py writes");
+        for path in files {
+            let jpeg = decode(&std::fs::read(&path).unwrap()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let want = std::fs::read(path.with_extension("raw")).unwrap();
+            let n = jpeg.width * jpeg.height;
+            // Pillow's rows of interleaved samples, from our planes.
+            let got: Vec<u8> =
+                (0..n * jpeg.channels).map(|i| jpeg.pixels[(i % jpeg.channels) * n + i / jpeg.channels]).collect();
+            let name = path.file_name().unwrap().to_string_lossy();
+            let gray = name.contains("gray");
+            assert_eq!(jpeg.channels, if gray { 1 } else { 3 }, "{name}");
+            let wrong = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+            assert!(
+                got.len() == want.len() && wrong == 0,
+                "{name}: {wrong} of {} samples differ from Pillow's",
+                want.len()
+            );
+        }
+    }
+
+    /// The exact inverse DCT in floating point: the samples level-shifted, rounded and clamped,
+    /// and before the shift.
+    fn idct_exact(block: &[i16; 64], quant: &[u16; 64]) -> ([u8; 64], [f64; 64]) {
+        let c = |u: usize| if u == 0 { std::f64::consts::FRAC_1_SQRT_2 } else { 1.0 };
+        let basis = |x: usize, u: usize| ((2 * x + 1) as f64 * u as f64 * std::f64::consts::PI / 16.0).cos();
+        let values: [f64; 64] = std::array::from_fn(|i| {
+            let (y, x) = (i / 8, i % 8);
+            let terms = (0..64).map(|k| (k / 8, k % 8));
+            let sum: f64 = terms
+                .map(|(v, u)| {
+                    let f = f64::from(block[v * 8 + u]) * f64::from(quant[v * 8 + u]);
+                    c(u) * c(v) * f * basis(x, u) * basis(y, v)
+                })
+                .sum();
+            sum / 4.0
+        });
+        (values.map(|v| (v + 128.0).round().clamp(0.0, 255.0) as u8), values)
+    }
+
+    /// `islow` against the transform it approximates: within one level on random blocks (its
+    /// 13-bit constants), exact on a flat one.
+    #[test]
+    fn the_integer_idct_is_within_a_level_of_the_exact_transform() {
+        let mut rng = crate::rng::Rng::new(5);
+        let (mut worst, mut compared) = (0, 0);
+        for trial in 0..600 {
+            let quant: [u16; 64] = std::array::from_fn(|_| 1 + rng.below(16) as u16);
+            // Fewer coefficients in later trials, as quantization leaves them.
+            let keep = 1 + trial % 64;
+            let block: [i16; 64] =
+                std::array::from_fn(|i| if ZIGZAG[..keep].contains(&i) { rng.below(13) as i16 - 6 } else { 0 });
+            let (exact, shifted) = idct_exact(&block, &quant);
+            // Past the range limit's clamping zone libjpeg wraps (as a damaged file would).
+            if shifted.iter().any(|v| !(-384.0..=383.0).contains(v)) {
+                continue;
+            }
+            let mut out = [0u8; 64];
+            idct_islow(&block, &quant, &mut out, 8);
+            worst =
+                worst.max(out.iter().zip(&exact).map(|(a, b)| (i32::from(*a) - i32::from(*b)).abs()).max().unwrap());
+            compared += 1;
+        }
+        assert!(compared >= 400, "{compared} blocks compared");
+        assert!(worst <= 1, "islow is {worst} levels from the exact IDCT");
+        let mut flat = [0i16; 64];
+        flat[0] = -5;
+        let mut out = [0u8; 64];
+        idct_islow(&flat, &[16; 64], &mut out, 8);
+        assert_eq!(out, [118; 64], "DC -5 × 16 / 8 + 128");
+    }
+
+    /// Wraps as libjpeg's table does: the level shift within range, clamps beyond it.
+    #[test]
+    fn the_range_limit_shifts_and_clamps_as_libjpegs_table() {
+        let got: Vec<u8> = [-129, -128, -1, 0, 127, 128, 511, 512].map(range_limit).to_vec();
+        assert_eq!(got, [0, 0, 127, 128, 255, 255, 255, 0]);
+    }
+
+    /// The first segment of `bytes` with marker `code`: where its marker starts.
+    fn segment(bytes: &[u8], code: u8) -> usize {
+        (2..bytes.len()).find(|&i| bytes[i - 2..i] == [0xFF, code]).unwrap() - 2
+    }
+
+    /// Each damage named: what libjpeg would warn about and fill in is refused here, as Pillow
+    /// refuses a truncated file.
+    #[test]
+    fn damaged_and_unsupported_jpegs_are_refused_by_what_is_wrong() {
+        let good = fixture("cjpeg-17x9-h2v1-restart-3b.jpg");
+        let refused = |bytes: &[u8], says: &str| {
+            let e = decode(bytes).err().unwrap_or_else(|| panic!("decoded; expected `{says}`"));
+            assert!(e.contains(says), "{e}");
+        };
+        let data = segment(&good, 0xDA);
+        refused(&good[..good.len() - 4], "ends before its last block");
+        refused(&good[..data + 3], "runs past the end of the file");
+        // A restart marker removed (its two bytes dropped).
+        let rst =
+            data + (data..good.len()).position(|i| good[i] == 0xFF && (0xD0..=0xD7).contains(&good[i + 1])).unwrap();
+        refused(&[&good[..rst], &good[rst + 2..]].concat(), "lacks a restart marker");
+        // The frame header rewritten: 12-bit, arithmetic, lossless, CMYK, a huge size.
+        let sof = segment(&good, 0xC0);
+        let with = |at: usize, b: &[u8]| {
+            let mut v = good.clone();
+            v[at..at + b.len()].copy_from_slice(b);
+            v
+        };
+        refused(&with(sof + 4, &[12]), "12-bit samples; only 8-bit");
+        refused(&with(sof + 1, &[0xC9]), "arithmetic coding");
+        refused(&with(sof + 1, &[0xC3]), "lossless or hierarchical");
+        refused(&with(sof + 9, &[4]), "CMYK");
+        refused(&with(sof + 5, &[0x20, 0x00, 0x20, 0x00]), "blocks of 8192×8192 pixels in a scan, more than its last");
+        let e = decode_jpeg(&with(sof + 5, &[0x20, 0x00, 0x20, 0x01]), MOST).err().unwrap();
+        assert!(e.contains("is a 8193×8192 JPEG; expected at most 67108864 pixels"), "{e}");
+        // Chroma sampled 3×1 against the luma's 2×1: a ratio that is no integer.
+        refused(&with(sof + 14, &[0x31]), "fractional ratio");
+        // A scan of a component the frame lacks; a file with no scan at all.
+        refused(&with(data + 5, &[9]), "scan of component 9");
+        refused(&[&good[..data], &[0xFF, 0xD9][..]].concat(), "has no image data");
+        refused(&good[..2], "has no image data");
+    }
+
+    /// A progressive file refining a component before its DC scan (scans reordered) and a
+    /// colour file with one component never scanned.
+    #[test]
+    fn jpegs_missing_scans_are_refused() {
+        let good = fixture("pillow-37x23-420-progressive.jpg");
+        let scans: Vec<usize> = (2..good.len()).filter(|&i| good[i - 2..i] == [0xFF, 0xDA]).map(|i| i - 2).collect();
+        // Drop the first scan (the DC of all three components): the next refines without it.
+        refused_with(&[&good[..scans[0]], &good[scans[1]..]].concat(), "before its first DC scan");
+        // A file of one scan per component, its last scan dropped.
+        let separate = fixture("cjpeg-17x9-h2v2-scan-per-component.jpg");
+        let last = (2..separate.len()).rev().find(|&i| separate[i - 2..i] == [0xFF, 0xDA]).unwrap() - 2;
+        let one = [&separate[..last], &[0xFF, 0xD9][..]].concat();
+        refused_with(&one, "no scan of component 3");
+    }
+
+    fn refused_with(bytes: &[u8], says: &str) {
+        let e = decode(bytes).err().unwrap_or_else(|| panic!("decoded; expected `{says}`"));
+        assert!(e.contains(says), "{e}");
+    }
+}
