@@ -16,11 +16,16 @@
 //! - YCbCr → RGB through libjpeg's 16-bit fixed-point tables (`jdcolor.c`).
 //!
 //! Refused by name: arithmetic coding, lossless and hierarchical files, 12-bit samples,
-//! 4-component (CMYK/YCCK) files, fractional sampling ratios. Where they differ: a progressive
-//! file missing its last scans is decoded as it stands, without the block smoothing libjpeg
-//! applies to such a file; a damaged file (a bad Huffman code, image data that ends early, a
-//! missing restart marker) is refused where libjpeg warns and fills in, as Pillow refuses a
-//! truncated file. EXIF orientation is not applied, as Pillow's `open` does not apply it.
+//! 4-component (CMYK/YCCK) files, fractional sampling ratios, and a progressive file whose scans
+//! leave any of a block's first 9 AC coefficients short of their last bit, which libjpeg
+//! decodes with block smoothing (`decompress_smooth_data`), not written here (encoders refine
+//! every coefficient to its last bit). Where libjpeg warns and goes on, a file is refused: a
+//! damaged one (a bad Huffman code, image data or a file that ends early, a missing restart
+//! marker: Pillow refuses a truncated file too), and scans out of T.81's progression (a
+//! coefficient refined before it is first coded, or by other than one bit). EXIF orientation is
+//! not applied, as Pillow's `open` does not apply it. A damaged file's samples far outside
+//! 0..=255 wrap as libjpeg's C code wraps them; its SIMD code (Pillow's on x86 and Arm)
+//! saturates instead, so for such a file Pillow's pixels depend on the CPU.
 
 /// A decoded image: `channels` planes of `height × width` samples, channel-first.
 pub(super) struct Jpeg {
@@ -31,8 +36,8 @@ pub(super) struct Jpeg {
 }
 
 /// Zigzag index → natural (row-major) position in a block, with 16 more entries that send a
-/// corrupt run past the 63rd coefficient to the last one, as libjpeg's `jpeg_natural_order` does.
-const ZIGZAG: [usize; 80] = [
+/// corrupt run past the 63rd coefficient to the last one (libjpeg's `jpeg_natural_order`).
+const NATURAL_ORDER: [usize; 80] = [
     0, 1, 8, 16, 9, 2, 3, 10, 17, 24, 32, 25, 18, 11, 4, 5, 12, 19, 26, 33, 40, 48, 41, 34, 27, 20, 13, 6, 7, 14, 21,
     28, 35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23, 30, 37, 44, 51, 58, 59, 52, 45, 38, 31, 39, 46, 53, 60, 61, 54,
     47, 55, 62, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63,
@@ -40,18 +45,26 @@ const ZIGZAG: [usize; 80] = [
 
 type Fail = String;
 
-/// More scans than any encoder writes (a progressive file has about ten): a file crafted to
-/// repeat scans cannot make decoding loop for long.
+/// More scans than any encoder writes (a progressive file has about ten). With T.81's
+/// progression enforced, a component takes at most 14 scans of each coefficient; this bounds
+/// further the work a crafted file can ask for.
 const MOST_SCANS: usize = 1000;
+
+/// Largest width or height libjpeg decodes (`JPEG_MAX_DIMENSION`).
+const MOST_SIDE: usize = 65500;
+
+/// Most blocks in one MCU (`D_MAX_BLOCKS_IN_MCU`).
+const MOST_MCU_BLOCKS: usize = 10;
 
 /// The image in `bytes` (which start with the SOI marker `FF D8`), or what is wrong with it
 /// (said as the rest of "the file …").
 pub(super) fn decode_jpeg(bytes: &[u8], max_pixels: u64) -> Result<Jpeg, Fail> {
     let mut decoder = Decoder::default();
     let mut at = 2;
-    // A file that ends without its end-of-image marker is decoded as libjpeg decodes it (with a
-    // warning) when its scans are whole: a scan cut short is caught as it is read.
-    while let Some((marker, body_at)) = next_marker(bytes, at) {
+    loop {
+        // A file without its end-of-image marker: Pillow refuses it as truncated.
+        let (marker, body_at) =
+            next_marker(bytes, at).ok_or("ends before its end-of-image marker; the file is truncated")?;
         match marker {
             0xD9 => break,
             0xD0..=0xD7 => at = body_at, // a stray restart marker: nothing to read
@@ -74,12 +87,18 @@ pub(super) fn decode_jpeg(bytes: &[u8], max_pixels: u64) -> Result<Jpeg, Fail> {
                     }
                     0xC4 => decoder.huffman_tables(body)?,
                     0xDB => decoder.quantization_tables(body)?,
-                    0xDD => decoder.restart_interval = u16::from_be_bytes(two(body)?) as usize,
+                    0xDD => {
+                        let interval = body.get(..2).ok_or("has a restart-interval segment of fewer than 2 bytes")?;
+                        decoder.restart_interval = u16::from_be_bytes([interval[0], interval[1]]) as usize;
+                    }
                     0xDA => at = decoder.scan(body, bytes, at)?,
-                    0xDC => return Err("sets its height in a DNL marker, which is not supported".into()),
-                    0xE0 => decoder.jfif |= body.starts_with(b"JFIF\0"),
-                    0xEE if body.starts_with(b"Adobe") && body.len() >= 12 => decoder.adobe_transform = Some(body[11]),
-                    _ => {} // APPn, COM and the like: nothing the pixels depend on
+                    // The colour space is settled at the first scan, as libjpeg settles it
+                    // (`examine_app0` and `examine_app14` read bodies of 14 and 12 bytes or more).
+                    0xE0 if decoder.scans == 0 && body.len() >= 14 => decoder.jfif |= body.starts_with(b"JFIF\0"),
+                    0xEE if decoder.scans == 0 && body.starts_with(b"Adobe") && body.len() >= 12 => {
+                        decoder.adobe_transform = Some(body[11])
+                    }
+                    _ => {} // APPn, COM, DNL (libjpeg skips it) and the like: nothing the pixels depend on
                 }
             }
         }
@@ -104,12 +123,11 @@ fn segment_length(bytes: &[u8], at: usize, marker: u8) -> Result<usize, Fail> {
     let len = bytes.get(at..at + 2).map(|b| u16::from_be_bytes([b[0], b[1]]) as usize);
     match len {
         Some(len) if len >= 2 && at + len <= bytes.len() => Ok(len),
+        Some(len) if len < 2 => {
+            Err(format!("has a marker segment (FF {marker:02X}) of length {len}; expected 2 or more"))
+        }
         _ => Err(format!("has a marker segment (FF {marker:02X}) that runs past the end of the file; it is truncated")),
     }
-}
-
-fn two(body: &[u8]) -> Result<[u8; 2], Fail> {
-    body.get(..2).map(|b| [b[0], b[1]]).ok_or_else(|| "has a restart-interval segment of fewer than 2 bytes".into())
 }
 
 /// A Huffman table: canonical codes by length (T.81 §F.2.2.3) with a 9-bit lookup in front.
@@ -129,7 +147,8 @@ impl Huffman {
         for len in 1..=16 {
             offset[len] = k as i32 - code;
             for _ in 0..counts[len - 1] {
-                if code >= 1 << len {
+                // libjpeg's check (`jpeg_make_d_derived_tbl`): no code of all ones.
+                if code >= (1 << len) - 1 {
                     return Err("has a Huffman table with more codes than its code lengths allow".into());
                 }
                 if len <= 9 {
@@ -156,7 +175,7 @@ struct Bits<'a> {
     at: usize,
     acc: u64,
     count: u32,
-    zeros: u32,
+    zeros: u64,
 }
 
 impl<'a> Bits<'a> {
@@ -239,7 +258,7 @@ impl<'a> Bits<'a> {
 
     /// Whether the scan read past its data into the zeros supplied after it.
     fn overran(&self) -> bool {
-        self.zeros > self.count
+        self.zeros > u64::from(self.count)
     }
 }
 
@@ -259,6 +278,9 @@ struct Component {
     blocks_high: usize,
     /// Allocated at the component's first scan, once the file is known to hold that many blocks.
     coefs: Vec<i16>,
+    /// For each coefficient (zigzag index) of a progressive file, the lowest bit coded so far
+    /// (-1: none yet): libjpeg's `coef_bits`, which checks the progression and decides smoothing.
+    coef_bits: [i8; 64],
     dc_pred: i32,
 }
 
@@ -280,14 +302,22 @@ struct Decoder {
     adobe_transform: Option<u8>,
 }
 
-/// A scan's header: which components (index, DC table, AC table) and, for progressive
-/// files, the spectral band `start..=end` and successive-approximation bits.
+/// A scan's header: its components and, for progressive files, the spectral band
+/// `start..=end` (zigzag indices) and the bits: `ah`, the bit coded before (0 in a first scan),
+/// and `al`, the bit this scan codes down to (T.81's names).
 struct Scan {
-    components: Vec<(usize, usize, usize)>,
+    components: Vec<ScanComponent>,
     start: usize,
     end: usize,
-    high: u32,
-    low: u32,
+    ah: u32,
+    al: u32,
+}
+
+/// A component in a scan: its index in the frame and its Huffman tables' ids.
+struct ScanComponent {
+    index: usize,
+    dc: usize,
+    ac: usize,
 }
 
 impl Decoder {
@@ -304,8 +334,11 @@ impl Decoder {
         let height = u16::from_be_bytes([body[1], body[2]]) as usize;
         let width = u16::from_be_bytes([body[3], body[4]]) as usize;
         let n = body[5] as usize;
-        if width == 0 || height == 0 {
-            return Err(format!("is {width}×{height} by its frame header; expected a width and height of at least 1"));
+        if width == 0 || height == 0 || width > MOST_SIDE || height > MOST_SIDE {
+            return Err(format!(
+                "is {width}×{height} by its frame header; expected sides of 1 to {MOST_SIDE} (a height set later \
+                 by a DNL marker is not supported, as libjpeg does not support it)"
+            ));
         }
         if width as u64 * height as u64 > max_pixels {
             let side = (max_pixels as f64).sqrt() as u64;
@@ -324,10 +357,8 @@ impl Decoder {
             ));
         }
         let fields: Vec<&[u8]> = body[6..6 + 3 * n].chunks_exact(3).collect();
-        let (max_h, max_v) =
-            fields.iter().fold((1, 1), |(h, v), c| (h.max(c[1] as usize >> 4), v.max(c[1] as usize & 15)));
-        for c in fields {
-            let (h, v, table) = (c[1] as usize >> 4, c[1] as usize & 15, c[2] as usize);
+        for c in &fields {
+            let (h, v, table) = (c[1] >> 4, c[1] & 15, c[2]);
             if !(1..=4).contains(&h) || !(1..=4).contains(&v) || table > 3 {
                 return Err(format!(
                     "has component {} sampled {h}×{v} with quantization table {table}; expected factors 1 to 4 and \
@@ -335,6 +366,11 @@ impl Decoder {
                     c[0]
                 ));
             }
+        }
+        let (max_h, max_v) =
+            fields.iter().fold((1, 1), |(h, v), c| (h.max(c[1] as usize >> 4), v.max(c[1] as usize & 15)));
+        for c in fields {
+            let (h, v, table) = (c[1] as usize >> 4, c[1] as usize & 15, c[2] as usize);
             if max_h % h != 0 || max_v % v != 0 {
                 return Err(format!(
                     "samples component {} {h}×{v} against {max_h}×{max_v}: a fractional ratio, which libjpeg does \
@@ -356,6 +392,7 @@ impl Decoder {
                 blocks_wide,
                 blocks_high,
                 coefs: Vec::new(),
+                coef_bits: [-1; 64],
                 dc_pred: 0,
             });
         }
@@ -389,20 +426,17 @@ impl Decoder {
 
     fn quantization_tables(&mut self, mut body: &[u8]) -> Result<(), Fail> {
         while !body.is_empty() {
-            let (wide, id) = (body[0] >> 4, body[0] as usize & 15);
-            let size = if wide == 0 { 64 } else { 128 };
+            // Any precision but 0 means 16-bit values, as libjpeg reads it.
+            let (wide, id) = (body[0] >> 4 != 0, body[0] as usize & 15);
+            let size = if wide { 128 } else { 64 };
             let values = body.get(1..1 + size).ok_or("has a quantization table segment that ends inside a table")?;
-            if wide > 1 || id > 3 {
-                return Err(format!(
-                    "has a quantization table of precision {wide}, id {id}; expected 0 or 1, and 0 to 3"
-                ));
+            if id > 3 {
+                return Err(format!("has a quantization table of id {id}; expected 0 to 3"));
             }
             let mut table = [0u16; 64];
-            for (k, &natural) in ZIGZAG[..64].iter().enumerate() {
-                table[natural] = match wide {
-                    0 => u16::from(values[k]),
-                    _ => u16::from_be_bytes([values[2 * k], values[2 * k + 1]]),
-                };
+            for (k, &natural) in NATURAL_ORDER[..64].iter().enumerate() {
+                table[natural] =
+                    if wide { u16::from_be_bytes([values[2 * k], values[2 * k + 1]]) } else { u16::from(values[k]) };
             }
             self.quant[id] = Some(table);
             body = &body[1 + size..];
@@ -425,35 +459,45 @@ impl Decoder {
             let index = self.components.iter().position(|c| c.id == field[0]).ok_or_else(|| {
                 format!("has a scan of component {}, which its frame header does not declare", field[0])
             })?;
-            components.push((index, field[1] as usize >> 4, field[1] as usize & 15));
+            components.push(ScanComponent { index, dc: field[1] as usize >> 4, ac: field[1] as usize & 15 });
         }
         let tail = &body[1 + 2 * n..];
-        let scan = Scan {
+        let mut scan = Scan {
             components,
             start: tail[0] as usize,
             end: tail[1] as usize,
-            high: u32::from(tail[2] >> 4),
-            low: u32::from(tail[2] & 15),
+            ah: u32::from(tail[2] >> 4),
+            al: u32::from(tail[2] & 15),
         };
-        let bad_band = if self.progressive {
-            let dc = scan.start == 0;
-            (dc && scan.end != 0) || (!dc && (scan.end < scan.start || scan.end > 63 || n != 1)) || scan.low > 13
+        if !self.progressive {
+            // A sequential scan codes every coefficient whatever these bytes say (libjpeg warns
+            // and reads them so: "some baseline files out there with all zeroes").
+            (scan.start, scan.end, scan.ah, scan.al) = (0, 63, 0, 0);
         } else {
-            scan.start != 0 || scan.end != 63 || scan.high != 0 || scan.low != 0
+            let dc = scan.start == 0;
+            if (dc && scan.end != 0) || (!dc && (scan.end < scan.start || scan.end > 63 || n != 1)) || scan.al > 13 {
+                return Err(format!(
+                    "has a scan of coefficients {}..={} (bits {}, {}) that T.81 does not allow",
+                    scan.start, scan.end, scan.ah, scan.al
+                ));
+            }
+            self.advance_progression(&scan)?;
+        }
+        let per_mcu: usize = match scan.components.as_slice() {
+            [_] => 1,
+            many => many.iter().map(|s| self.components[s.index].h * self.components[s.index].v).sum(),
         };
-        if bad_band {
-            return Err(format!(
-                "has a scan of coefficients {}..={} (bits {}, {}) that T.81 does not allow",
-                scan.start, scan.end, scan.high, scan.low
-            ));
+        if per_mcu > MOST_MCU_BLOCKS {
+            return Err(format!("has {per_mcu} blocks in an MCU; expected at most {MOST_MCU_BLOCKS}, as libjpeg"));
         }
         // Each block of a DC scan (every scan of a sequential file) takes at least one bit: a
         // header promising more blocks than the rest of the file holds is refused before its
         // coefficients are allocated.
-        let blocks = self.scan_blocks(&scan);
+        let (mcus_wide, mcus_high) = self.scan_mcus(&scan);
+        let blocks = mcus_wide * mcus_high * per_mcu;
         if scan.start == 0 && blocks > 8 * (bytes.len() - at) {
             return Err(format!(
-                "promises {blocks} blocks of {}×{} pixels in a scan, more than its last {} bytes can hold; \
+                "promises {blocks} blocks in a scan (of a {}×{} image), more than its last {} bytes can hold; \
                  the file is truncated or its header is damaged",
                 self.width,
                 self.height,
@@ -464,26 +508,17 @@ impl Decoder {
         if self.scans > MOST_SCANS {
             return Err(format!("has more than {MOST_SCANS} scans; encoders write about ten at most"));
         }
-        for &(index, dc, ac) in &scan.components {
-            let c = &mut self.components[index];
-            if c.coefs.is_empty() {
-                if scan.start != 0 || scan.high != 0 {
-                    return Err(format!(
-                        "refines component {} before its first DC scan, which T.81 (G.1.1.1.1) requires first",
-                        c.id
-                    ));
-                }
-                c.coefs = vec![0; c.blocks_wide * c.blocks_high * 64];
-            }
-            let needs_dc = scan.start == 0 && scan.high == 0;
+        for s in &scan.components {
+            let needs_dc = scan.start == 0 && scan.ah == 0;
             let needs_ac = scan.end > 0;
-            if (needs_dc && self.dc_tables.get(dc).is_none_or(Option::is_none))
-                || (needs_ac && self.ac_tables.get(ac).is_none_or(Option::is_none))
+            if (needs_dc && self.dc_tables.get(s.dc).is_none_or(Option::is_none))
+                || (needs_ac && self.ac_tables.get(s.ac).is_none_or(Option::is_none))
             {
                 return Err("has a scan that uses a Huffman table it does not define".into());
             }
-            let c = &mut self.components[index];
-            if c.quant.is_none() {
+            let c = &mut self.components[s.index];
+            if c.coefs.is_empty() {
+                c.coefs = vec![0; c.blocks_wide * c.blocks_high * 64];
                 c.quant = Some(self.quant[c.table].ok_or("uses a quantization table it does not define")?);
             }
             c.dc_pred = 0;
@@ -492,53 +527,73 @@ impl Decoder {
         self.read_scan(&scan, Bits::new(bytes, at))
     }
 
+    /// Checks a progressive scan against T.81's progression (G.1.1.1.1) and records it: a
+    /// component's first scan codes its DC; a first scan of a coefficient finds it uncoded; a
+    /// refinement finds it coded down to bit `ah` and codes one bit more. libjpeg warns and
+    /// goes on where this refuses, so a file out of order decodes differently there.
+    fn advance_progression(&mut self, scan: &Scan) -> Result<(), Fail> {
+        for s in &scan.components {
+            let c = &mut self.components[s.index];
+            let expected = if scan.ah == 0 { -1 } else { scan.ah as i8 };
+            let in_order = (scan.start == 0 || c.coef_bits[0] >= 0)
+                && (scan.ah == 0 || scan.al + 1 == scan.ah)
+                && c.coef_bits[scan.start..=scan.end].iter().all(|&b| b == expected);
+            if !in_order {
+                return Err(format!(
+                    "has a scan out of T.81's progression: coefficients {}..={} of component {} coded to bit {} \
+                     (after bit {}), but they were coded to bits {:?} (-1: not yet) and its DC to bit {}; \
+                     libjpeg decodes such a file with a warning, this decoder refuses it",
+                    scan.start,
+                    scan.end,
+                    c.id,
+                    scan.al,
+                    scan.ah,
+                    &c.coef_bits[scan.start..=scan.end],
+                    c.coef_bits[0]
+                ));
+            }
+            c.coef_bits[scan.start..=scan.end].fill(scan.al as i8);
+        }
+        Ok(())
+    }
+
     /// The MCUs of a scan across and down: one block each for a scan of one component (the
     /// component's own blocks, in raster order), else `h × v` blocks of each component.
     fn scan_mcus(&self, scan: &Scan) -> (usize, usize) {
         match scan.components.as_slice() {
-            [(one, _, _)] => {
-                let c = &self.components[*one];
+            [one] => {
+                let c = &self.components[one.index];
                 (c.width.div_ceil(8), c.height.div_ceil(8))
             }
             _ => (self.width.div_ceil(8 * self.max_h), self.height.div_ceil(8 * self.max_v)),
         }
     }
 
-    /// How many blocks a scan codes.
-    fn scan_blocks(&self, scan: &Scan) -> usize {
-        let (wide, high) = self.scan_mcus(scan);
-        let per_mcu: usize = match scan.components.as_slice() {
-            [_] => 1,
-            many => many.iter().map(|&(i, _, _)| self.components[i].h * self.components[i].v).sum(),
-        };
-        wide * high * per_mcu
-    }
-
     fn read_scan(&mut self, scan: &Scan, mut bits: Bits) -> Result<usize, Fail> {
         let single = scan.components.len() == 1;
         let (mcus_wide, mcus_high) = self.scan_mcus(scan);
+        let truncated = "has image data that ends before its last block; the file is truncated or damaged";
         for mcu in 0..mcus_wide * mcus_high {
             if self.restart_interval > 0 && mcu > 0 && mcu % self.restart_interval == 0 {
                 bits = self.restart(bits)?;
             }
+            // A scan cut short stops at the next row, not after decoding zeros to its end.
+            if mcu % mcus_wide == 0 && bits.overran() {
+                return Err(truncated.into());
+            }
             let (mx, my) = (mcu % mcus_wide, mcu / mcus_wide);
-            for &(index, dc, ac) in &scan.components {
-                let (h, v) = match single {
-                    true => (1, 1),
-                    false => (self.components[index].h, self.components[index].v),
-                };
+            for s in &scan.components {
+                let c = &mut self.components[s.index];
+                let (h, v) = if single { (1, 1) } else { (c.h, c.v) };
+                let dc = self.dc_tables.get(s.dc).and_then(Option::as_ref);
+                let ac = self.ac_tables.get(s.ac).and_then(Option::as_ref);
                 for (bx, by) in (0..v).flat_map(|y| (0..h).map(move |x| (x, y))) {
-                    let c = &mut self.components[index];
                     let at = ((my * v + by) * c.blocks_wide + mx * h + bx) * 64;
                     let block: &mut [i16; 64] = (&mut c.coefs[at..at + 64]).try_into().expect("64 coefficients");
-                    let (dc, ac) = (
-                        self.dc_tables.get(dc).and_then(Option::as_ref),
-                        self.ac_tables.get(ac).and_then(Option::as_ref),
-                    );
-                    match (self.progressive, scan.start, scan.high) {
+                    match (self.progressive, scan.start, scan.ah) {
                         (false, _, _) => read_block(&mut bits, dc, ac, block, &mut c.dc_pred)?,
-                        (true, 0, 0) => read_dc_first(&mut bits, dc, block, &mut c.dc_pred, scan.low)?,
-                        (true, 0, _) => read_dc_refine(&mut bits, block, scan.low),
+                        (true, 0, 0) => read_dc_first(&mut bits, dc, block, &mut c.dc_pred, scan.al)?,
+                        (true, 0, _) => read_dc_refine(&mut bits, block, scan.al),
                         (true, _, 0) => read_ac_first(&mut bits, ac, block, scan, &mut self.eob_run)?,
                         (true, _, _) => read_ac_refine(&mut bits, ac, block, scan, &mut self.eob_run)?,
                     }
@@ -546,7 +601,7 @@ impl Decoder {
             }
         }
         if bits.overran() {
-            return Err("has image data that ends before its last block; the file is truncated or damaged".into());
+            return Err(truncated.into());
         }
         Ok(bits.at)
     }
@@ -572,6 +627,20 @@ impl Decoder {
         Ok(Bits::new(bits.data, at + 2))
     }
 
+    /// Whether libjpeg would smooth this file's blocks (`smoothing_ok` in `jdcoefct.c`): a
+    /// progressive file whose every component has its DC coded, whose quantizers for the DC and
+    /// first 9 AC coefficients are nonzero, and one of whose components has any of those 9 AC
+    /// coefficients not coded to its last bit.
+    fn libjpeg_would_smooth(&self) -> bool {
+        let first = &NATURAL_ORDER[..10];
+        self.progressive
+            && self
+                .components
+                .iter()
+                .all(|c| c.coef_bits[0] >= 0 && c.quant.is_some_and(|q| first.iter().all(|&i| q[i] != 0)))
+            && self.components.iter().any(|c| c.coef_bits[1..10].iter().any(|&b| b != 0))
+    }
+
     /// The pixels: every block through the inverse DCT, chroma upsampled, colour converted.
     fn finish(self) -> Result<Jpeg, Fail> {
         if self.scans == 0 {
@@ -580,10 +649,21 @@ impl Decoder {
         if let Some(c) = self.components.iter().find(|c| c.coefs.is_empty()) {
             return Err(format!("has no scan of component {}; the file is truncated or damaged", c.id));
         }
-        let (width, height) = (self.width, self.height);
+        if self.libjpeg_would_smooth() {
+            return Err("is a progressive JPEG whose scans leave low-frequency coefficients short of their last \
+                        bit, which libjpeg decodes with block smoothing, not done here; save it again (encoders \
+                        refine every coefficient)"
+                .into());
+        }
+        // libjpeg's guess (`jdapimin.c`): JFIF means YCbCr; an Adobe marker says which;
+        // otherwise the ids `R`, `G`, `B` mean RGB.
+        let ids: Vec<u8> = self.components.iter().map(|c| c.id).collect();
+        let rgb = !self.jfif && (self.adobe_transform == Some(0) || (self.adobe_transform.is_none() && ids == b"RGB"));
+        let (width, height, max_h, max_v) = (self.width, self.height, self.max_h, self.max_v);
+        // Each component's coefficients are dropped once its samples are made.
         let planes: Vec<Vec<u8>> = self
             .components
-            .iter()
+            .into_iter()
             .map(|c| {
                 let quant = c.quant.expect("latched at the component's first scan");
                 let stride = c.blocks_wide * 8;
@@ -592,28 +672,17 @@ impl Decoder {
                     let (bx, by) = (b % c.blocks_wide, b / c.blocks_wide);
                     idct_islow(block, &quant, &mut plane[by * 8 * stride + bx * 8..], stride);
                 }
-                upsample(&plane, stride, c, self.max_h / c.h, self.max_v / c.v, width, height)
+                upsample(&plane, stride, &c, max_h / c.h, max_v / c.v, width, height)
             })
             .collect();
         let n = width * height;
         let mut pixels = Vec::with_capacity(planes.len() * n);
         match planes.as_slice() {
-            [gray] => pixels.extend_from_slice(gray),
-            [a, b, c] => {
-                let ids: Vec<u8> = self.components.iter().map(|c| c.id).collect();
-                // libjpeg's guess (`jdapimin.c`): JFIF means YCbCr; an Adobe marker says which;
-                // otherwise the ids `R`, `G`, `B` mean RGB.
-                let rgb = !self.jfif
-                    && (self.adobe_transform == Some(0) || (self.adobe_transform.is_none() && ids == b"RGB"));
-                match rgb {
-                    true => [a, b, c].iter().for_each(|p| pixels.extend_from_slice(p)),
-                    false => {
-                        pixels.resize(3 * n, 0);
-                        ycc_to_rgb(a, b, c, &mut pixels);
-                    }
-                }
+            [a, b, c] if !rgb => {
+                pixels.resize(3 * n, 0);
+                ycc_to_rgb(a, b, c, &mut pixels);
             }
-            _ => unreachable!("the frame header allows 1 or 3 components"),
+            planes => planes.iter().for_each(|p| pixels.extend_from_slice(p)),
         }
         Ok(Jpeg { width, height, channels: planes.len(), pixels })
     }
@@ -629,8 +698,8 @@ fn read_block(
 ) -> Result<(), Fail> {
     let (dc, ac) = (dc.expect("checked at the scan"), ac.expect("checked at the scan"));
     let s = u32::from(bits.decode(dc)?);
-    if s > 16 {
-        return Err(format!("has a DC difference of {s} bits in its image data; it is damaged"));
+    if s > 15 {
+        return Err(format!("has a DC difference of {s} bits in its image data (at most 15); it is damaged"));
     }
     *pred = pred.wrapping_add(bits.signed(s));
     block[0] = *pred as i16;
@@ -645,34 +714,34 @@ fn read_block(
             k += 16;
         } else {
             k += run;
-            block[ZIGZAG[k.min(79)]] = bits.signed(size) as i16;
+            block[NATURAL_ORDER[k.min(79)]] = bits.signed(size) as i16;
             k += 1;
         }
     }
     Ok(())
 }
 
-/// A progressive file's first DC scan (T.81 §G.1.2.1): the difference, scaled by `low` bits.
+/// A progressive file's first DC scan (T.81 §G.1.2.1): the difference, scaled by `al` bits.
 fn read_dc_first(
     bits: &mut Bits,
     dc: Option<&Huffman>,
     block: &mut [i16; 64],
     pred: &mut i32,
-    low: u32,
+    al: u32,
 ) -> Result<(), Fail> {
     let s = u32::from(bits.decode(dc.expect("checked at the scan"))?);
-    if s > 16 {
-        return Err(format!("has a DC difference of {s} bits in its image data; it is damaged"));
+    if s > 15 {
+        return Err(format!("has a DC difference of {s} bits in its image data (at most 15); it is damaged"));
     }
     *pred = pred.wrapping_add(bits.signed(s));
-    block[0] = (*pred << low) as i16;
+    block[0] = (*pred << al) as i16;
     Ok(())
 }
 
 /// A DC refinement scan: one more bit of each DC coefficient.
-fn read_dc_refine(bits: &mut Bits, block: &mut [i16; 64], low: u32) {
+fn read_dc_refine(bits: &mut Bits, block: &mut [i16; 64], al: u32) {
     if bits.bit() {
-        block[0] |= (1 << low) as i16;
+        block[0] |= (1 << al) as i16;
     }
 }
 
@@ -701,7 +770,7 @@ fn read_ac_first(
             k += 16;
         } else {
             k += run as usize;
-            block[ZIGZAG[k.min(79)]] = (bits.signed(size) << scan.low) as i16;
+            block[NATURAL_ORDER[k.min(79)]] = (bits.signed(size) << scan.al) as i16;
             k += 1;
         }
     }
@@ -717,7 +786,7 @@ fn read_ac_refine(
     scan: &Scan,
     eob_run: &mut u32,
 ) -> Result<(), Fail> {
-    let (p1, m1) = (1i16 << scan.low, (-1i16) << scan.low);
+    let (p1, m1) = (1i16 << scan.al, (-1i16) << scan.al);
     let refine = |bits: &mut Bits, coef: &mut i16| {
         if bits.bit() && (*coef & p1) == 0 {
             *coef = if *coef >= 0 { coef.wrapping_add(p1) } else { coef.wrapping_add(m1) };
@@ -741,7 +810,7 @@ fn read_ac_refine(
             }
             // Skip `run` zero coefficients, refining the nonzero ones passed on the way.
             while k <= scan.end {
-                let coef = &mut block[ZIGZAG[k]];
+                let coef = &mut block[NATURAL_ORDER[k]];
                 if *coef != 0 {
                     refine(bits, coef);
                 } else {
@@ -753,14 +822,14 @@ fn read_ac_refine(
                 k += 1;
             }
             if value != 0 {
-                block[ZIGZAG[k.min(79)]] = value;
+                block[NATURAL_ORDER[k.min(79)]] = value;
             }
             k += 1;
         }
     }
     if *eob_run > 0 {
         while k <= scan.end {
-            let coef = &mut block[ZIGZAG[k]];
+            let coef = &mut block[NATURAL_ORDER[k]];
             if *coef != 0 {
                 refine(bits, coef);
             }
@@ -781,8 +850,8 @@ fn idct_islow(block: &[i16], quant: &[u16; 64], out: &mut [u8], stride: usize) {
         (x * (1 << CONST_BITS) as f64 + 0.5) as i64
     }
     let descale = |x: i64, n: u32| (x + (1 << (n - 1))) >> n;
-    // The even and odd halves of one 1-D pass, on 8 inputs `x`; `shift` is the left shift the
-    // DC term takes before the constants.
+    // One 1-D pass on 8 inputs, before descaling: the even half (inputs 0, 2, 4, 6) and the odd
+    // half (1, 3, 5, 7), combined into the 8 outputs.
     let pass = |x: [i64; 8]| -> [i64; 8] {
         let z1 = (x[2] + x[6]) * fix(0.541196100);
         let tmp2 = z1 + x[6] * -fix(1.847759065);
@@ -802,7 +871,9 @@ fn idct_islow(block: &[i16], quant: &[u16; 64], out: &mut [u8], stride: usize) {
     };
     let mut ws = [0i64; 64];
     for col in 0..8 {
-        let x: [i64; 8] = std::array::from_fn(|r| i64::from(block[r * 8 + col]) * i64::from(quant[r * 8 + col]));
+        // libjpeg-turbo keeps quantizers as `short` (`ISLOW_MULT_TYPE`): one of 32768 or more
+        // (a 16-bit table's) multiplies as a negative number there, and so here.
+        let x: [i64; 8] = std::array::from_fn(|r| i64::from(block[r * 8 + col]) * i64::from(quant[r * 8 + col] as i16));
         let y = match x[1..].iter().all(|&v| v == 0) {
             // Only the DC term: the column is flat (libjpeg's shortcut; the same result).
             true => [x[0] << PASS1_BITS; 8],
@@ -823,7 +894,7 @@ fn idct_islow(block: &[i16], quant: &[u16; 64], out: &mut [u8], stride: usize) {
 
 /// libjpeg's post-IDCT range limit (`prepare_range_limit_table`): the sample level-shifted by
 /// 128 and clamped to 0..=255, indexed by its low 10 bits, so values far out of range wrap as
-/// they do there (only a damaged file gets them).
+/// they do in its C code (only a damaged or contrived file gets them; its SIMD code saturates).
 fn range_limit(v: i32) -> u8 {
     match v & 1023 {
         x @ 0..=127 => (x + 128) as u8,
@@ -994,7 +1065,7 @@ mod tests {
             // Fewer coefficients in later trials, as quantization leaves them.
             let keep = 1 + trial % 64;
             let block: [i16; 64] =
-                std::array::from_fn(|i| if ZIGZAG[..keep].contains(&i) { rng.below(13) as i16 - 6 } else { 0 });
+                std::array::from_fn(|i| if NATURAL_ORDER[..keep].contains(&i) { rng.below(13) as i16 - 6 } else { 0 });
             let (exact, shifted) = idct_exact(&block, &quant);
             // Past the range limit's clamping zone libjpeg wraps (as a damaged file would).
             if shifted.iter().any(|v| !(-384.0..=383.0).contains(v)) {
@@ -1054,7 +1125,10 @@ mod tests {
         refused(&with(sof + 1, &[0xC9]), "arithmetic coding");
         refused(&with(sof + 1, &[0xC3]), "lossless or hierarchical");
         refused(&with(sof + 9, &[4]), "CMYK");
-        refused(&with(sof + 5, &[0x20, 0x00, 0x20, 0x00]), "blocks of 8192×8192 pixels in a scan, more than its last");
+        refused(
+            &with(sof + 5, &[0x20, 0x00, 0x20, 0x00]),
+            "blocks in a scan (of a 8192×8192 image), more than its last",
+        );
         let e = decode_jpeg(&with(sof + 5, &[0x20, 0x00, 0x20, 0x01]), MOST).err().unwrap();
         assert!(e.contains("is a 8193×8192 JPEG; expected at most 67108864 pixels"), "{e}");
         // Chroma sampled 3×1 against the luma's 2×1: a ratio that is no integer.
@@ -1062,7 +1136,7 @@ mod tests {
         // A scan of a component the frame lacks; a file with no scan at all.
         refused(&with(data + 5, &[9]), "scan of component 9");
         refused(&[&good[..data], &[0xFF, 0xD9][..]].concat(), "has no image data");
-        refused(&good[..2], "has no image data");
+        refused(&good[..2], "ends before its end-of-image marker");
     }
 
     /// A progressive file refining a component before its DC scan (scans reordered) and a
@@ -1072,12 +1146,50 @@ mod tests {
         let good = fixture("pillow-37x23-420-progressive.jpg");
         let scans: Vec<usize> = (2..good.len()).filter(|&i| good[i - 2..i] == [0xFF, 0xDA]).map(|i| i - 2).collect();
         // Drop the first scan (the DC of all three components): the next refines without it.
-        refused_with(&[&good[..scans[0]], &good[scans[1]..]].concat(), "before its first DC scan");
+        refused_with(&[&good[..scans[0]], &good[scans[1]..]].concat(), "a scan out of T.81's progression");
         // A file of one scan per component, its last scan dropped.
         let separate = fixture("cjpeg-17x9-h2v2-scan-per-component.jpg");
         let last = (2..separate.len()).rev().find(|&i| separate[i - 2..i] == [0xFF, 0xDA]).unwrap() - 2;
         let one = [&separate[..last], &[0xFF, 0xD9][..]].concat();
         refused_with(&one, "no scan of component 3");
+    }
+
+    /// What libjpeg reads past with a warning, read past here too, to the same pixels: a
+    /// sequential scan whose band bytes are zeros (libjpeg: "some baseline files out there"),
+    /// a DNL marker, an Adobe marker after the first scan (the colour space is settled there).
+    #[test]
+    fn what_libjpeg_reads_past_is_read_past() {
+        let good = fixture("pillow-37x23-420.jpg");
+        let want = decode(&good).unwrap().pixels;
+        let sos = segment(&good, 0xDA);
+        let band = sos + 4 + 1 + 2 * 3;
+        let mut zeros = good.clone();
+        zeros[band..band + 3].copy_from_slice(&[0, 0, 0]);
+        let end = good.len() - 2;
+        let dnl = [&good[..end], &[0xFF, 0xDC, 0x00, 0x04, 0x00, 23][..], &good[end..]].concat();
+        // Without its JFIF segment (which settles YCbCr first), an Adobe "no transform" after the scan.
+        let app0 = 4 + u16::from_be_bytes([good[4], good[5]]) as usize;
+        assert_eq!(good[2..4], [0xFF, 0xE0]);
+        let adobe = [
+            &good[..2],
+            &good[app0..end],
+            &[0xFF, 0xEE, 0, 14][..],
+            b"Adobe\x00\x64\x00\x00\x00\x00\x00",
+            &good[end..],
+        ]
+        .concat();
+        for (what, bytes) in [("zero band", zeros), ("DNL", dnl), ("late Adobe", adobe)] {
+            assert!(decode(&bytes).is_ok_and(|j| j.pixels == want), "{what}");
+        }
+    }
+
+    /// A progressive file of its DC scan alone: libjpeg would smooth its blocks; refused.
+    #[test]
+    fn progressive_jpegs_libjpeg_would_smooth_are_refused() {
+        let good = fixture("pillow-37x23-420-progressive.jpg");
+        let scans: Vec<usize> = (2..good.len()).filter(|&i| good[i - 2..i] == [0xFF, 0xDA]).map(|i| i - 2).collect();
+        let dc_only = [&good[..scans[1]], &[0xFF, 0xD9][..]].concat();
+        refused_with(&dc_only, "which libjpeg decodes with block smoothing");
     }
 
     fn refused_with(bytes: &[u8], says: &str) {
