@@ -530,7 +530,7 @@ impl Decoder {
     /// Checks a progressive scan against T.81's progression (G.1.1.1.1) and records it: a
     /// component's first scan codes its DC; a first scan of a coefficient finds it uncoded; a
     /// refinement finds it coded down to bit `ah` and codes one bit more. libjpeg warns and
-    /// goes on where this refuses, so a file out of order decodes differently there.
+    /// goes on where this refuses.
     fn advance_progression(&mut self, scan: &Scan) -> Result<(), Fail> {
         for s in &scan.components {
             let c = &mut self.components[s.index];
