@@ -697,11 +697,7 @@ fn read_block(
     pred: &mut i32,
 ) -> Result<(), Fail> {
     let (dc, ac) = (dc.expect("checked at the scan"), ac.expect("checked at the scan"));
-    let s = u32::from(bits.decode(dc)?);
-    if s > 15 {
-        return Err(format!("has a DC difference of {s} bits in its image data (at most 15); it is damaged"));
-    }
-    *pred = pred.wrapping_add(bits.signed(s));
+    *pred = pred.wrapping_add(dc_difference(bits, dc)?);
     block[0] = *pred as i16;
     let mut k = 1;
     while k < 64 {
@@ -729,13 +725,19 @@ fn read_dc_first(
     pred: &mut i32,
     al: u32,
 ) -> Result<(), Fail> {
-    let s = u32::from(bits.decode(dc.expect("checked at the scan"))?);
+    *pred = pred.wrapping_add(dc_difference(bits, dc.expect("checked at the scan"))?);
+    block[0] = (*pred << al) as i16;
+    Ok(())
+}
+
+/// A DC coefficient's difference from the previous block's (T.81 §F.2.2.1): its category
+/// (libjpeg refuses one above 15), then that many bits.
+fn dc_difference(bits: &mut Bits, dc: &Huffman) -> Result<i32, Fail> {
+    let s = u32::from(bits.decode(dc)?);
     if s > 15 {
         return Err(format!("has a DC difference of {s} bits in its image data (at most 15); it is damaged"));
     }
-    *pred = pred.wrapping_add(bits.signed(s));
-    block[0] = (*pred << al) as i16;
-    Ok(())
+    Ok(bits.signed(s))
 }
 
 /// A DC refinement scan: one more bit of each DC coefficient.
@@ -778,7 +780,7 @@ fn read_ac_first(
 }
 
 /// An AC refinement scan (T.81 §G.1.2.3), as libjpeg's `decode_mcu_AC_refine` reads it: one
-/// correction bit for each coefficient already nonzero, new coefficients of ±1 at `low`.
+/// correction bit for each coefficient already nonzero, new coefficients of ±1 at bit `al`.
 fn read_ac_refine(
     bits: &mut Bits,
     ac: Option<&Huffman>,
