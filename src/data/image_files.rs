@@ -40,17 +40,38 @@ pub(crate) struct StoredImage {
 /// [`read_image_file`], with the format's maximum and whether alpha was dropped.
 pub(crate) fn read_image_file_as_stored(path: &Path) -> Result<StoredImage> {
     let bytes = read_bytes(path, SetupGroup::User)?;
-    if bytes.starts_with(b"\x89PNG") {
-        decode_png(path, &bytes)
-    } else if bytes.starts_with(b"\xFF\xD8") {
-        let image = decode_jpeg(&bytes, MAX_IMAGE_PIXELS).map_err(|e| dataset_error(path, None, e))?;
-        let (w, h, c) = (image.width, image.height, image.channels);
-        let pixels = image.pixels.iter().map(|&v| f32::from(v) / 255.0).collect();
-        Ok(StoredImage { pixels: (w, h, c, pixels), max: 255, alpha: false })
-    } else if bytes.starts_with(b"P5") || bytes.starts_with(b"P2") {
-        decode_pgm(path, &bytes)
-    } else {
-        Err(dataset_error(path, None, "is not a PNG, JPEG or PGM image (by its first bytes)"))
+    match ImageFormat::of(&bytes) {
+        Some(ImageFormat::Png) => decode_png(path, &bytes),
+        Some(ImageFormat::Jpeg) => {
+            let image = decode_jpeg(&bytes, MAX_IMAGE_PIXELS).map_err(|e| dataset_error(path, None, e))?;
+            let (w, h, c) = (image.width, image.height, image.channels);
+            let pixels = image.pixels.iter().map(|&v| f32::from(v) / 255.0).collect();
+            Ok(StoredImage { pixels: (w, h, c, pixels), max: 255, alpha: false })
+        }
+        Some(ImageFormat::Pgm) => decode_pgm(path, &bytes),
+        None => Err(dataset_error(path, None, "is not a PNG, JPEG or PGM image (by its first bytes)")),
+    }
+}
+
+/// The image formats [`read_image_file`] reads.
+pub(crate) enum ImageFormat {
+    Png,
+    Jpeg,
+    Pgm,
+}
+
+impl ImageFormat {
+    /// A file's format by its first bytes (its magic number), if it is one of these.
+    pub(crate) fn of(head: &[u8]) -> Option<Self> {
+        if head.starts_with(b"\x89PNG") {
+            Some(Self::Png)
+        } else if head.starts_with(b"\xFF\xD8") {
+            Some(Self::Jpeg)
+        } else if head.starts_with(b"P5") || head.starts_with(b"P2") {
+            Some(Self::Pgm)
+        } else {
+            None
+        }
     }
 }
 
@@ -88,9 +109,10 @@ fn decode_png(path: &Path, bytes: &[u8]) -> Result<StoredImage> {
     Ok(StoredImage { pixels: (w, h, kept, px), max: if sixteen { 65535 } else { 255 }, alpha: stored > kept })
 }
 
-/// Largest image accepted, in pixels (8192 × 8192: a 61-megapixel camera's photos fit, to be
-/// resized by `data.resize_to`): bounds what one image takes decoded (≤ 768 MiB of `f32` RGB).
-const MAX_IMAGE_PIXELS: u64 = 1 << 26;
+/// Largest image side accepted (a 61-megapixel camera's photos fit, to be resized by
+/// `data.resize_to`), and so pixels: bounds what one image takes decoded (≤ 768 MiB of `f32` RGB).
+const MAX_IMAGE_SIDE: u64 = 8192;
+const MAX_IMAGE_PIXELS: u64 = MAX_IMAGE_SIDE * MAX_IMAGE_SIDE;
 
 /// Deflate's best case: 258 bytes from a 2-bit length/distance pair, ~1032:1. No PNG of `n`
 /// bytes inflates to more than this many times `n`.
@@ -106,7 +128,9 @@ fn check_png_size(path: &Path, info: &png::Info<'_>, file_len: usize) -> Result<
         return Err(dataset_error(
             path,
             None,
-            format!("is a {w}×{h} PNG; expected at most {MAX_IMAGE_PIXELS} pixels (8192 × 8192)"),
+            format!(
+                "is a {w}×{h} PNG; expected at most {MAX_IMAGE_PIXELS} pixels ({MAX_IMAGE_SIDE} × {MAX_IMAGE_SIDE})"
+            ),
         ));
     }
     // Filtered rows of the stored format: a lower bound on the inflated data a complete

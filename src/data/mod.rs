@@ -55,8 +55,8 @@ pub use augment::ImageAugment;
 pub use dataset::{Dataset, Sample, Split, TEST_FILE_ID_BASE};
 pub(crate) use files::{dataset_error, user_head};
 pub use files::{read_user_text, user_lines};
+pub(crate) use image_files::{ImageFormat, StoredImage, read_image_file_as_stored};
 pub use image_files::{ImagePixels, read_idx_images, read_image_file};
-pub(crate) use image_files::{StoredImage, read_image_file_as_stored};
 pub(crate) use image_folder::{class_files, class_folders, files_under, folder_entries};
 pub use images::{
     DIGITS_FILE, DIGITS_PIXEL_MAX, FASHION_MNIST_CLASSES, FASHION_MNIST_DIR, ImageSample, MNIST5K_FILE, digits,

@@ -185,8 +185,7 @@ pub struct DataSection {
     /// model's `image_size`) by Pillow's bilinear filter, as torchvision's `Resize((n, n))` and
     /// Hugging Face's `ViTImageProcessor` resize a PIL image (antialiased; the aspect ratio not
     /// kept; 8-bit images to the level as Pillow up to 12 does, deeper ones in floating point:
-    /// `data::resize_image`), so
-    /// images of any size and shape can be read. The export says so, and `predict` and
+    /// `data::resize_image`), so images of any size and shape can be read. The export says so, and `predict` and
     /// `evaluate --file` resize image files alike. Without it every image must be square and
     /// of one size.
     #[serde(default)]

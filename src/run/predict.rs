@@ -973,9 +973,7 @@ fn input_file_kind(path: &Path) -> Result<InputFile> {
     const EXPECTED: &str = "expected an image (PNG, JPEG, PGM), IDX or CSV file";
     Ok(match head.first() {
         None => return Err(bad(format!("is empty; {EXPECTED}"))),
-        _ if [&b"\x89PNG"[..], b"\xFF\xD8", b"P5", b"P2"].iter().any(|magic| head.starts_with(magic)) => {
-            InputFile::Image
-        }
+        _ if crate::data::ImageFormat::of(&head).is_some() => InputFile::Image,
         _ if head.starts_with(&[0, 0, 8]) => InputFile::Idx,
         // (A byte-order mark, as spreadsheets write, before the first value; a first line of
         // text with commas, a header say, is named by the rows' reader.)
