@@ -3,7 +3,8 @@
 //! subfolder's name is a class, its PNG, JPEG and PGM files that class's images, scaled by their own
 //! format as `predict` scales such a file ([`read_image_file`](super::read_image_file)). Class
 //! names that are all integers sort as numbers (`2` before `10`), as a user's labels do, where
-//! `ImageFolder` sorts them as text.
+//! `ImageFolder` sorts them as text. The files are decoded and resized on every core
+//! ([`read_each`]), into the order one thread would give.
 
 use super::dataset::{Dataset, TEST_FILE_ID_BASE, shown_classes, sorted_classes};
 use super::files::dataset_error;
@@ -187,7 +188,9 @@ struct Read {
 /// The images of `classes` (name, folder), labelled by their index in `sorted`: each of
 /// `read.channels` channels and of the format maximum of `first` (the first image's where
 /// `None`), and resized to `read.resize_to`, or else square and of the size of `first`.
-/// Returns them and the first.
+/// Returns them and the first. The files are decoded and resized on every core
+/// ([`read_each`]); what each must match is checked in file order, so the error a folder gets
+/// is the one its first bad file gets read alone.
 fn images(
     classes: &[(String, PathBuf)],
     sorted: &[String],
@@ -195,57 +198,157 @@ fn images(
     first: Option<&First>,
     id_base: u64,
 ) -> Result<(Vec<ImageSample>, First)> {
-    let mut samples: Vec<ImageSample> = Vec::new();
-    let mut want = first.map(|f| First { side: f.side, max: f.max, path: None });
+    let mut files = Vec::new();
     for (name, folder) in classes {
         let label = sorted.iter().position(|c| c == name).unwrap_or_default() as u32;
-        for file in class_files(name, folder)? {
-            let StoredImage { pixels: (w, h, c, mut pixels), max, alpha } = read_image_file_as_stored(&file)?;
-            let bad = |message: String| Err(dataset_error(&file, None, message));
-            if w != h && resize_to.is_none() {
-                return bad(format!(
-                    "is {w}×{h}; expected square images (or set data.resize_to to the model's image_size to resize \
-                     each)"
-                ));
-            }
-            if c != channels {
-                let dropped = if alpha { " (its alpha channel dropped)" } else { "" };
-                return bad(format!(
-                    "has {c} channel(s){dropped}, but data.channels = {channels}; set data.channels (and the \
-                     model's num_channels) to the images'"
-                ));
-            }
-            let side = match resize_to {
-                Some(side) if (w, h) != (side, side) => {
-                    pixels = resize_image(&pixels, max, c, (h, w), (side, side));
-                    side
-                }
-                _ => w,
-            };
-            match &want {
-                Some(f) if f.side != side => {
-                    return bad(format!(
-                        "is {w}×{h}, but {} {1}×{1}; expected every image of one size (or set data.resize_to to \
-                         the model's image_size to resize each)",
-                        f.named(),
-                        f.side
-                    ));
-                }
-                Some(f) if f.max != max => {
-                    return bad(format!(
-                        "stores values up to {max}, but {} up to {}; expected every image of one depth (the \
-                         values are divided by it)",
-                        f.named(),
-                        f.max
-                    ));
-                }
-                Some(_) => {}
-                None => want = Some(First { side, max, path: Some(file.clone()) }),
-            }
-            let id = id_base + samples.len() as u64;
-            samples.push(ImageSample { id, pixels, label, width: side, height: side, channels: c });
+        files.extend(class_files(name, folder)?.into_iter().map(|file| (label, file)));
+    }
+    // Each file alone: decoded, of the channels asked for, square or resized.
+    let decoded = read_each(&files, |(_, file)| {
+        let StoredImage { pixels: (w, h, c, pixels), max, alpha } = read_image_file_as_stored(file)?;
+        let bad = |message: String| Err(dataset_error(file, None, message));
+        if w != h && resize_to.is_none() {
+            return bad(format!(
+                "is {w}×{h}; expected square images (or set data.resize_to to the model's image_size to resize each)"
+            ));
         }
+        if c != channels {
+            let dropped = if alpha { " (its alpha channel dropped)" } else { "" };
+            return bad(format!(
+                "has {c} channel(s){dropped}, but data.channels = {channels}; set data.channels (and the model's \
+                 num_channels) to the images'"
+            ));
+        }
+        Ok(match resize_to {
+            Some(side) if (w, h) != (side, side) => {
+                (resize_image(&pixels, max, c, (h, w), (side, side)), side, max, (w, h))
+            }
+            _ => (pixels, w, max, (w, h)),
+        })
+    });
+    // Each against the first, in order.
+    let mut samples: Vec<ImageSample> = Vec::with_capacity(decoded.len());
+    let mut want = first.map(|f| First { side: f.side, max: f.max, path: None });
+    for ((label, file), image) in files.iter().zip(decoded) {
+        let (pixels, side, max, (w, h)) = image?;
+        let bad = |message: String| Err(dataset_error(file, None, message));
+        match &want {
+            Some(f) if f.side != side => {
+                return bad(format!(
+                    "is {w}×{h}, but {} {1}×{1}; expected every image of one size (or set data.resize_to to the \
+                     model's image_size to resize each)",
+                    f.named(),
+                    f.side
+                ));
+            }
+            Some(f) if f.max != max => {
+                return bad(format!(
+                    "stores values up to {max}, but {} up to {}; expected every image of one depth (the values are \
+                     divided by it)",
+                    f.named(),
+                    f.max
+                ));
+            }
+            Some(_) => {}
+            None => want = Some(First { side, max, path: Some(file.clone()) }),
+        }
+        let id = id_base + samples.len() as u64;
+        samples.push(ImageSample { id, pixels, label: *label, width: side, height: side, channels });
     }
     // (Every class holds an image, and there is one class at least.)
     Ok((samples, want.unwrap_or(First { side: 0, max: 255, path: None })))
+}
+
+/// `read` of each of `items`, on every core, in the items' order: all of them, or those before
+/// the first that fails and its error. (Items after that one may be read too, but their
+/// results are dropped: which error a caller gets never depends on the threads' timing.)
+pub(crate) fn read_each<T: Sync, U: Send>(items: &[T], read: impl Fn(&T) -> Result<U> + Sync) -> Vec<Result<U>> {
+    read_each_on(std::thread::available_parallelism().map_or(1, |n| n.get()), items, read)
+}
+
+/// [`read_each`] on `threads` threads (this one among them).
+fn read_each_on<T: Sync, U: Send>(
+    threads: usize,
+    items: &[T],
+    read: impl Fn(&T) -> Result<U> + Sync,
+) -> Vec<Result<U>> {
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    let threads = threads.min(items.len());
+    // The next item to claim, and the first that failed: a thread claims items in order and
+    // stops past a failure, so every item before the first failure is read.
+    let (next, failed) = (AtomicUsize::new(0), AtomicUsize::new(usize::MAX));
+    let work = || {
+        let mut done = Vec::new();
+        loop {
+            let i = next.fetch_add(1, Relaxed);
+            if i >= items.len() || i > failed.load(Relaxed) {
+                return done;
+            }
+            let result = read(&items[i]);
+            if result.is_err() {
+                failed.fetch_min(i, Relaxed);
+            }
+            done.push((i, result));
+        }
+    };
+    let mut slots: Vec<Option<Result<U>>> = std::iter::repeat_with(|| None).take(items.len()).collect();
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (1..threads).map(|_| scope.spawn(work)).collect();
+        let mine = work();
+        for (i, result) in
+            workers.into_iter().flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).chain(mine)
+        {
+            slots[i] = Some(result);
+        }
+    });
+    let mut results = Vec::with_capacity(items.len());
+    for result in slots.into_iter().map_while(|slot| slot) {
+        let failed = result.is_err();
+        results.push(result);
+        if failed {
+            break;
+        }
+    }
+    results
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_each_on;
+    use crate::error::{Result, internal};
+
+    /// Every item read once, the results in the items' order whatever order the threads finish
+    /// them in; and where items fail, the first failure in order ends the results, even when a
+    /// later one fails sooner.
+    #[test]
+    fn items_are_read_on_threads_into_their_order() {
+        let items: Vec<u64> = (0..40).collect();
+        // Early items take longest, so the threads finish them out of order.
+        let slow = |&i: &u64| -> Result<u64> {
+            std::thread::sleep(std::time::Duration::from_micros(2000u64.saturating_sub(i * 50)));
+            Ok(i * i)
+        };
+        for threads in [1, 2, 4, 64] {
+            let got: Vec<u64> = read_each_on(threads, &items, slow).into_iter().map(|r| r.unwrap()).collect();
+            assert_eq!(got, items.iter().map(|i| i * i).collect::<Vec<_>>(), "{threads} threads");
+        }
+        assert!(read_each_on(4, &[] as &[u64], slow).is_empty());
+        // Item 7 fails slowly, items 20.. fail at once: 7's error, after 0..7.
+        let failing = |&i: &u64| -> Result<u64> {
+            match i {
+                7 => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    Err(internal("item", format!("{i}")))
+                }
+                20.. => Err(internal("item", format!("{i}"))),
+                _ => Ok(i),
+            }
+        };
+        for threads in [1, 2, 4] {
+            let got = read_each_on(threads, &items, failing);
+            assert_eq!(got.len(), 8, "{threads} threads");
+            assert!(got[..7].iter().enumerate().all(|(i, r)| matches!(r, Ok(v) if *v == i as u64)));
+            assert!(matches!(&got[7], Err(e) if e.to_string().ends_with(": 7")), "{:?}", got[7]);
+        }
+    }
 }

@@ -891,3 +891,51 @@ fn a_users_classes_are_two_or_more_and_named_briefly() {
     let first: Vec<String> = (0..20).map(|i| i.to_string()).collect();
     assert!(message.ends_with(&format!("expected one of {}, … (30 in all)", first.join(", "))), "{message}");
 }
+
+/// A folder's images are decoded on every core, but what is wrong with it is said as a reading
+/// in order would say it: the first bad file's error, though later files fail to decode and
+/// the threads reach them first; and a folder read on all cores gives what it gives on one.
+#[test]
+fn a_folders_first_bad_image_is_named_whichever_thread_reads_it() {
+    let dir = TempDir::new("image-folder-order");
+    let at = |rel: &str| dir.path().join(rel);
+    for i in 0..40 {
+        // In `late`: a/05 of another size, and every file from a/10 on no image at all.
+        let bytes = match i {
+            5 => pgm(3, 3, 0),
+            10.. => b"no image".to_vec(),
+            _ => pgm(2, 2, i as u8),
+        };
+        dir.write(&format!("late/a/{i:02}.pgm"), &bytes);
+        // In `early`: a/03 no image, every file from a/20 on of three channels.
+        let bytes = match i {
+            3 => b"no image".to_vec(),
+            20.. => rgb_png(&[1, 2, 3]),
+            _ => pgm(2, 2, i as u8),
+        };
+        dir.write(&format!("early/a/{i:02}.pgm"), &bytes);
+        dir.write(&format!("good/{}/{i:02}.png", i % 3), &rgb_png(&[i as u8, 7, 200 - i as u8]));
+    }
+    dir.write("late/b/x.pgm", &pgm(2, 2, 0));
+    dir.write("early/b/x.pgm", &pgm(2, 2, 0));
+    for _ in 0..8 {
+        let (file, _, message) = dataset_err(labelled_image_files(&at("late"), None, 255, 1, None));
+        assert_eq!(file, at("late/a/05.pgm").display().to_string(), "{message}");
+        assert!(message.starts_with("is 3×3, but"), "{message}");
+        let (file, _, message) = dataset_err(labelled_image_files(&at("early"), None, 255, 1, None));
+        assert_eq!(file, at("early/a/03.pgm").display().to_string(), "{message}");
+    }
+    let (set, _, _) = labelled_image_files(&at("good"), None, 255, 3, None).unwrap();
+    let got: Vec<(u64, u32, Vec<f32>)> = set.samples().iter().map(|s| (s.id, s.label, s.pixels.clone())).collect();
+    let want: Vec<(u64, u32, Vec<f32>)> = (0..40u32)
+        .map(|i| (i % 3, i))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .enumerate()
+        .map(|(id, (label, i))| {
+            let rgb = [i as f32 / 255.0, 7.0 / 255.0, (200 - i) as f32 / 255.0];
+            (id as u64, label, rgb.iter().flat_map(|&v| [v; 4]).collect())
+        })
+        .collect();
+    assert_eq!(got, want, "in class then file order, each its own pixels");
+}

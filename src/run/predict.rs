@@ -488,18 +488,21 @@ impl<D: Device> Predictor<D> {
             };
             return Err(crate::data::dataset_error(dir, None, format!("is a folder; expected {expected}")));
         };
-        let mut images = Vec::new();
+        let mut files = Vec::new();
         for (name, folder) in crate::data::class_folders(dir)? {
             let label = self.labels.iter().position(|l| *l == name).ok_or_else(|| {
                 let classes = self.labels.join(", ");
                 let message = format!("names class `{name}`, which is not one of the model's classes ({classes})");
                 crate::data::dataset_error(&folder, None, message)
             })? as u32;
-            for file in crate::data::class_files(&name, &folder)? {
-                let image = crate::data::read_image_file_as_stored(&file)?;
-                images.push((self.fitted(&file.display().to_string(), image)?, label));
-            }
+            files.extend(crate::data::class_files(&name, &folder)?.into_iter().map(|file| (file, label)));
         }
+        // Read and fitted on every core; the first bad file in order is the error.
+        let images = crate::data::read_each(&files, |(file, label)| {
+            let image = crate::data::read_image_file_as_stored(file)?;
+            Ok((self.fitted(&file.display().to_string(), image)?, *label))
+        });
+        let images = images.into_iter().collect::<Result<Vec<_>>>()?;
         Ok(LabelledRows { batches: image_batches(&images, batch_size), cut: 0 })
     }
 
