@@ -263,7 +263,9 @@ fn images(
 /// the first that fails and its error. (Items after that one may be read too, but their
 /// results are dropped: which error a caller gets never depends on the threads' timing.)
 pub(crate) fn read_each<T: Sync, U: Send>(items: &[T], read: impl Fn(&T) -> Result<U> + Sync) -> Vec<Result<U>> {
-    read_each_on(std::thread::available_parallelism().map_or(1, |n| n.get()), items, read)
+    // (One item is read here, without asking the system for its cores.)
+    let cores = if items.len() < 2 { 1 } else { std::thread::available_parallelism().map_or(1, |n| n.get()) };
+    read_each_on(cores, items, read)
 }
 
 /// [`read_each`] on `threads` threads (this one among them).
