@@ -298,10 +298,8 @@ mod tests {
     #[test]
     fn png_headers_claiming_more_than_the_file_holds_are_refused_before_allocating() {
         let e = read_image_file(&scratch("huge.png", &png_claiming(1_000_000, 1_000_000))).unwrap_err().to_string();
-        assert!(
-            e.contains("huge.png") && e.contains("1000000×1000000 PNG; expected at most 67108864 pixels (8192 × 8192)"),
-            "{e}"
-        );
+        let said = "1000000×1000000 PNG; expected at most 67108864 pixels (8192 × 8192)";
+        assert!(e.contains("huge.png") && e.contains(said), "{e}");
         let e = read_image_file(&scratch("lying.png", &png_claiming(4000, 4000))).unwrap_err().to_string();
         assert!(e.contains("needs 48004000 bytes") && e.contains("truncated or its header is corrupt"), "{e}");
         assert!(read_image_file(&scratch("honest.png", &png_claiming(2, 1))).is_ok());

@@ -11,7 +11,7 @@
 //! | `jpeg` | (private) JPEG decoding to the pixels Pillow's libjpeg-turbo gives: baseline and progressive, its integer IDCT, fancy upsampling |
 //! | `augment` | [`ImageAugment`]: random crops and mirror images of training images, drawn by seed, epoch and sample id |
 //! | `resize` | [`resize_image`]: an image resized as Pillow's bilinear filter (torchvision's `Resize`) resizes it |
-//! | `image_folder` | a user's images as a folder of class subfolders: to train on (through [`labelled_image_files`]), and for `evaluate --file` |
+//! | `image_folder` | a user's images as a folder of class subfolders: to train on (through [`labelled_image_files`]), and for `evaluate --file`; `read_each` (files read on every core, in order) |
 //! | `lm` | [`CharVocab`], [`LmCorpus`] ([`hamlet`], a user's: [`user_corpus_files`]), [`lm_sequences`], [`lm_batch`] |
 //! | `order` | [`BatchOrder`] / [`EpochOrder`]: per-epoch seeded permutation, resumable |
 //! | `csv`, `files` | (private) the CSV record reader; file reading, decompression, errors |

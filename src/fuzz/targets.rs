@@ -479,7 +479,7 @@ fn rendezvous(input: &[u8], _: &Path) -> Result<()> {
     }
 }
 
-// ---- PNG, JPEG and PGM images-----------------------------------------------------------------
+// ---- PNG, JPEG and PGM images ----------------------------------------------------------------
 
 fn png_bytes(width: u32, height: u32, color: png::ColorType, depth: png::BitDepth, data: &[u8]) -> Result<Vec<u8>> {
     let bad = |e: png::EncodingError| config_error("fuzz seed (png)", e.to_string());

@@ -185,9 +185,9 @@ pub struct DataSection {
     /// model's `image_size`) by Pillow's bilinear filter, as torchvision's `Resize((n, n))` and
     /// Hugging Face's `ViTImageProcessor` resize a PIL image (antialiased; the aspect ratio not
     /// kept; 8-bit images to the level as Pillow up to 12 does, deeper ones in floating point:
-    /// `data::resize_image`), so images of any size and shape can be read. The export says so, and `predict` and
-    /// `evaluate --file` resize image files alike. Without it every image must be square and
-    /// of one size.
+    /// `data::resize_image`), so images of any size and shape can be read. The export says so,
+    /// and `predict` and `evaluate --file` resize image files alike. Without it every image must
+    /// be square and of one size.
     #[serde(default)]
     pub resize_to: Option<usize>,
     /// Images: mirror each training image left to right with probability one half, drawn
@@ -314,8 +314,8 @@ impl DataSection {
         let what = match self.dataset {
             DatasetName::LabelledTexts => "a file of label<TAB>text rows",
             DatasetName::LabelledImages => {
-                "a CSV file of pixel rows, each ending with its label, or a folder of class subfolders of PNG, JPEG or PGM \
-                 images"
+                "a CSV file of pixel rows, each ending with its label, or a folder of class subfolders of PNG, JPEG or \
+                 PGM images"
             }
             _ => "a UTF-8 text file",
         };
