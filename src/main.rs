@@ -315,7 +315,7 @@ enum Command {
         /// Start over even if the output directory holds a checkpoint. Once the first step is
         /// done (not before: a run that fails or stops sooner changes nothing), the earlier
         /// run's files move aside: checkpoint.ckpt to checkpoint.previous.ckpt, metrics.jsonl to
-        /// metrics.previous.jsonl, and summary.json, report.html and model/ alike.
+        /// metrics.previous.jsonl, and summary.json, report.html, model/ and best/ alike.
         #[arg(long)]
         fresh: bool,
         #[command(flatten)]
@@ -1202,6 +1202,10 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
     if let Some(eval) = &summary.eval {
         println!("final eval: {eval}");
     }
+    if let Some(best) = &summary.best {
+        let why = if summary.stopped_early { ", stopped early (train.early_stopping_patience)" } else { "" };
+        println!("best {}: {} at step {}{why}", best.metric.name(), best.metric.show(best.value), best.step);
+    }
     if let Some(u) = summary.unigram_baseline_loss {
         println!("unigram baseline held-out loss: {u:.4}");
     }
@@ -1215,6 +1219,7 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
             ("report.html", true),
             ("checkpoint.ckpt", stepped),
             ("model/", true),
+            ("best/", summary.best.is_some()),
         ]
         .into_iter()
         .filter_map(|(file, written)| written.then_some(file))

@@ -3623,3 +3623,111 @@ fn a_vit_trains_on_the_users_images_of_three_channels() {
     );
     assert!(!out.contains("done:"), "{out}");
 }
+
+/// `train.keep_best` writes the weights of the best evaluation to `best/`: the same bytes as a
+/// run stopped at that step exports, though the run went on. `train.early_stopping_patience`
+/// ends the run after that many evaluations without a better one, its last weights those of a
+/// run that planned to stop there; and a run resumed in between compares against the best and
+/// counts the evaluations from before the resume, stopping at the same step with the same best.
+#[test]
+fn the_best_evaluation_is_kept_and_patience_ends_the_run() {
+    if !have_digits() {
+        return;
+    }
+    // A constant learning rate, so a run's length does not change its steps; evaluations every
+    // 5 steps on a validation split.
+    let settings = [
+        "data.validation_fraction=0.2",
+        "train.eval_every=5",
+        "train.decay=\"constant\"",
+        "train.warmup_fraction=0",
+        "train.lr=2e-4",
+    ];
+    let train = |dir: &Path, extra: &[&str]| {
+        let mut args = vec!["train".to_string(), "--config".into(), "configs/vit-digits.toml".into(), "--fresh".into()];
+        for s in [format!("output.dir={}", dir.display())]
+            .iter()
+            .map(String::as_str)
+            .chain(settings)
+            .chain(extra.iter().copied())
+        {
+            args.extend(["--set".to_string(), s.to_string()]);
+        }
+        let out = Command::new(env!("CARGO_BIN_EXE_pipetransformer")).args(&args).output().unwrap();
+        let text = output_text(&out);
+        assert!(out.status.success(), "{text}");
+        text
+    };
+    let summary = |dir: &Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
+    };
+    let weights = |dir: &Path, folder: &str| std::fs::read(dir.join(folder).join("model.safetensors")).unwrap();
+    let selecting = ["train.keep_best=\"accuracy\"", "train.early_stopping_patience=2"];
+
+    let kept = scratch("keep-best");
+    let out = train(&kept, &selecting);
+    let s = summary(&kept);
+    let (best, stop) = (s["best"]["step"].as_u64().unwrap(), s["steps"].as_u64().unwrap());
+    assert_eq!(s["stopped_early"], true, "{out}");
+    assert!(
+        out.contains(&format!("best accuracy: {} at step {best}, stopped early", show(&s["best"]["value"]))),
+        "{out}"
+    );
+    // From the log: the best is the first evaluation of the highest accuracy, and the run
+    // stopped at the second evaluation after it.
+    let log = std::fs::read_to_string(kept.join("metrics.jsonl")).unwrap();
+    let mut evals: Vec<(u64, f64)> = Vec::new();
+    let mut step = 0;
+    for e in log.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()) {
+        match e["event"].as_str().unwrap() {
+            "step" => step = e["step"].as_u64().unwrap(),
+            "eval" | "epoch" => evals.push((step, e["eval"]["accuracy"].as_f64().unwrap())),
+            _ => {}
+        }
+    }
+    let top = evals.iter().map(|e| e.1).fold(f64::MIN, f64::max);
+    let at = evals.iter().position(|e| e.1 == top).unwrap();
+    assert_eq!((evals[at].0, s["best"]["value"].as_f64().unwrap()), (best, top), "{out}");
+    assert_eq!(evals[at + 1..].iter().map(|e| e.0).collect::<Vec<_>>().last(), Some(&stop), "{out}");
+    assert_eq!(evals.len() - at - 1, 2, "two evaluations after the best: {evals:?}");
+    let report = std::fs::read_to_string(kept.join("report.html")).unwrap();
+    assert!(report.contains(&format!("Best validation accuracy: <b>{}</b> at step {best}", show(&s["best"]["value"]))));
+    assert!(report.contains(&format!("Stopped early at step {stop}: 2 evaluations")), "{report}");
+
+    // The best weights are those of a run that ends at the best step; the last ones, those
+    // of a run that ends where this one stopped.
+    let plain = scratch("keep-best-plain");
+    train(&plain, &[&format!("train.max_steps={best}")]);
+    assert!(weights(&kept, "best") == weights(&plain, "model"), "best/ holds the weights of step {best}");
+    assert!(!plain.join("best").exists() && summary(&plain)["best"].is_null());
+    train(&plain, &[&format!("train.max_steps={stop}")]);
+    assert!(weights(&kept, "model") == weights(&plain, "model"), "model/ holds the weights of step {stop}");
+    assert!(weights(&kept, "best") != weights(&kept, "model"));
+
+    // Stopped one evaluation after the best, and resumed: the same best, the same stop.
+    let resumed = scratch("keep-best-resumed");
+    let first_after = evals[at + 1].0;
+    train(&resumed, &[&selecting[..], &[&format!("train.max_steps={first_after}")]].concat());
+    assert_eq!(summary(&resumed)["stopped_early"], false);
+    let args = ["train", "--config", "configs/vit-digits.toml", "--resume"];
+    let dir = format!("output.dir={}", resumed.display());
+    let mut sets = vec![dir.as_str()];
+    sets.extend(settings);
+    sets.extend(selecting);
+    sets.push("train.max_steps=0");
+    let sets: Vec<&str> = sets.iter().flat_map(|s| ["--set", s]).collect();
+    let (ok, out) = pipetransformer(&[&args[..], &sets].concat());
+    assert!(ok && out.contains(&format!("early stop at step {stop}")), "{out}");
+    assert_eq!(
+        (summary(&resumed)["best"].clone(), summary(&resumed)["steps"].as_u64()),
+        (s["best"].clone(), Some(stop))
+    );
+    assert!(
+        weights(&resumed, "best") == weights(&kept, "best") && weights(&resumed, "model") == weights(&kept, "model")
+    );
+}
+
+/// An accuracy as the logs show it.
+fn show(value: &serde_json::Value) -> String {
+    format!("{:.2}%", 100.0 * value.as_f64().unwrap())
+}

@@ -36,7 +36,7 @@ fn train_config() -> TrainConfig {
         max_grad_norm: 1.0,
         seed: 5,
         eval_every: 0,
-        freeze_embeddings: false,
+        ..TrainConfig::new(0, 0.0)
     }
 }
 

@@ -8,7 +8,7 @@ use crate::error::{Error, Result, config_error};
 use crate::model::{ModelConfig, Pooling};
 use crate::pipeline::{PipelineConfig, Recompute, ScheduleKind};
 use crate::terapipe::TokenSlices;
-use crate::train::TrainConfig;
+use crate::train::{KeepBest, TrainConfig};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -236,6 +236,36 @@ impl DataSection {
     /// What a run evaluates on: `"validation"` with a `validation_fraction`, else `"test"`.
     pub fn evaluated_on(&self) -> &'static str {
         if self.validation_fraction > 0.0 { "validation" } else { "test" }
+    }
+}
+
+impl RunConfig {
+    /// `train.keep_best` picks weights by their evaluation: on a classifier's test split that
+    /// would make the test score the selection's own, and optimistic, so it needs a
+    /// validation split (a corpus's held-out text is its only one); and it needs the metric.
+    fn check_selection(&self) -> Result<()> {
+        let (keep, corpus) = (self.train.keep_best, self.data.dataset.is_corpus());
+        if keep != KeepBest::Off && self.data.evaluated_on() == "test" && !corpus {
+            return Err(Error::Config {
+                field: "train.keep_best".into(),
+                message: format!(
+                    "{}: picks the weights of the best evaluation, and this run evaluates on the test split, whose \
+                     score would then be the selection's own (and optimistic): carve a validation split out of the \
+                     training samples with data.validation_fraction (0.1, say)",
+                    keep.name()
+                ),
+            });
+        }
+        if keep == KeepBest::MacroF1 && corpus {
+            return Err(Error::Config {
+                field: "train.keep_best".into(),
+                message: format!(
+                    "macro_f1 is a classifier's metric; {} trains a language model: keep its best by loss or accuracy",
+                    self.data.dataset.key()
+                ),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -857,6 +887,7 @@ impl RunConfig {
                 ),
             });
         }
+        self.check_selection()?;
         self.data.check_files()?;
         if self.data.group_by_length && !self.data.dataset.is_text() {
             return Err(Error::Config {
@@ -1320,6 +1351,35 @@ dir = "runs/x"
                 .unwrap_err()
                 .to_string();
         assert!(err.contains("data.validation_fraction") && err.contains("hamlet"), "{err}");
+    }
+
+    /// Model selection: a metric by name, chosen on a validation split (a corpus's held-out
+    /// text), patience only with a metric to watch, a minimum gain that is a gain.
+    #[test]
+    fn keeping_the_best_needs_a_validation_split_and_a_metric() {
+        let parse = |base: &str, sets: &[&str]| {
+            RunConfig::parse(base, "f", &sets.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .map_err(|e| e.to_string())
+        };
+        let val = "data.validation_fraction=0.1";
+        let kept = parse(BASE, &[val, "train.keep_best=\"macro_f1\"", "train.early_stopping_patience=3"]).unwrap();
+        assert_eq!((kept.train.keep_best, kept.train.early_stopping_patience), (KeepBest::MacroF1, 3));
+        let err = parse(BASE, &[val, "train.keep_best=\"f1\""]).unwrap_err();
+        assert!(err.contains("train.keep_best") && err.contains("macro_f1"), "{err}");
+        let err = parse(BASE, &["train.keep_best=\"accuracy\""]).unwrap_err();
+        assert!(err.contains("train.keep_best") && err.contains("data.validation_fraction"), "{err}");
+        let err = parse(BASE, &[val, "train.early_stopping_patience=2"]).unwrap_err();
+        assert!(err.contains("train.early_stopping_patience") && err.contains("keep_best is off"), "{err}");
+        for bad in ["-0.01", "nan"] {
+            let err = parse(BASE, &[val, "train.keep_best=\"loss\"", &format!("train.early_stopping_min_delta={bad}")])
+                .unwrap_err();
+            assert!(err.contains("train.early_stopping_min_delta") && err.contains("at least 0"), "{err}");
+        }
+        // A corpus evaluates on its held-out text: loss or accuracy, not a classifier's F1.
+        let hamlet = BASE.replace("rotten_tomatoes", "hamlet");
+        assert!(parse(&hamlet, &["train.keep_best=\"loss\""]).is_ok());
+        let err = parse(&hamlet, &["train.keep_best=\"macro_f1\""]).unwrap_err();
+        assert!(err.contains("train.keep_best") && err.contains("hamlet"), "{err}");
     }
 
     /// A dataset of the user's files needs `data.train_file` (not standard input, which a run

@@ -19,7 +19,7 @@ use crate::pipeline::{
 };
 use crate::terapipe::{SlicingPlan, SlicingProfile, StageLoad, TokenSlices};
 use crate::text::{Encoded, EncodedItem, TextInput, TextTokenizer, encoded_batch};
-use crate::train::{BatchSource, EvalMetrics, Event, RecordedPlan, Trainer};
+use crate::train::{BatchSource, EvalMetrics, Event, RecordedPlan, Scored, Trainer};
 use crate::weights::{self, LoadOptions, LoadReport};
 use serde::Serialize;
 use std::io::Write;
@@ -715,12 +715,17 @@ pub(super) const CHECKPOINT: (&str, &str) = ("checkpoint.ckpt", "checkpoint.prev
 /// The run's other files in its folder, where a run that starts over sets an earlier run's
 /// aside (all that would otherwise describe the earlier run beside the new log), and whether
 /// each is a folder.
-const SET_ASIDE: [(&str, &str, bool); 4] = [
+const SET_ASIDE: [(&str, &str, bool); 5] = [
     (CHECKPOINT.0, CHECKPOINT.1, false),
     ("summary.json", "summary.previous.json", false),
     ("report.html", "report.previous.html", false),
-    ("model", "model.previous", true),
+    (MODEL, "model.previous", true),
+    (BEST, "best.previous", true),
 ];
+
+/// The folders of a run's exports: its last weights, and its best evaluation's (`train.keep_best`).
+const MODEL: &str = "model";
+const BEST: &str = "best";
 
 /// The files the run writes in its folder, each its own or set aside, and whether a folder.
 fn written() -> impl Iterator<Item = (&'static str, bool)> {
@@ -787,8 +792,8 @@ pub fn trace_in_the_way(config: &RunConfig, trace: &Path, config_file: &Path) ->
     let name = at.strip_prefix(&dir).ok()?.components().next()?.as_os_str().to_str()?.to_string();
     // (Besides its files, the folder's lock and the export's staging folder, emptied by each
     // export.)
-    let staging = crate::weights::export::staging_name("model");
-    let taken = written().any(|(written, _)| written == name) || name == files::LOCK_FILE || name == staging;
+    let staging = [MODEL, BEST].map(crate::weights::export::staging_name);
+    let taken = written().any(|(written, _)| written == name) || name == files::LOCK_FILE || staging.contains(&name);
     taken.then(|| {
         format!(
             "is where the run writes its own {name} (output.dir {}); name another file for the trace",
@@ -951,6 +956,11 @@ pub struct Summary {
     pub samples_per_second: f64,
     /// Final evaluation.
     pub eval: Option<EvalMetrics>,
+    /// The best evaluation on `train.keep_best`, whose weights are in `output.dir/best/`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub best: Option<Scored>,
+    /// Whether the run stopped before its planned length (`train.early_stopping_patience`).
+    pub stopped_early: bool,
     /// Frozen Transformer layers at the end.
     pub frozen_layers: usize,
     /// The pipeline configuration at the end (`K`, `R`, `M`, schedule, chunks, memory limit,
@@ -1731,7 +1741,9 @@ impl<D: Device> Job<D> {
             let mut log = |e: &Event| {
                 match e {
                     Event::Step { samples: n, .. } => samples += n,
-                    Event::Epoch { eval, .. } => last_eval = Some(eval.clone()),
+                    // (The latest evaluation, an epoch's or one inside it where the run stopped
+                    // early there.)
+                    Event::Epoch { eval, .. } | Event::Eval { eval, .. } => last_eval = Some(eval.clone()),
                     _ => {}
                 }
                 let written = match (serde_json::to_string(e), self.metrics.borrow_mut().as_mut()) {
@@ -1776,12 +1788,25 @@ impl<D: Device> Job<D> {
                             record(err);
                         }
                     }
-                    if chunk != Some(1) && !self.trainer.done() && !self.trainer.stopping() {
-                        let rest = chunk.map(|c| c - 1);
-                        self.trainer.fit(self.source.as_ref(), rest, &mut self.elastic, &mut log)?;
-                    }
                 } else {
                     self.trainer.fit(self.source.as_ref(), chunk, &mut self.elastic, &mut log)?;
+                }
+                // An evaluation that scored a new best (train.keep_best) ended the fit: its
+                // weights to best/ before they train on. (Every process scored the same
+                // evaluation, so all collect here.)
+                if self.trainer.take_new_best().is_some() {
+                    self.trainer.pipeline.collect_on_rank_zero()?;
+                    if writes {
+                        finish(&mut writing)?;
+                        let (values, exporter) = (self.trainer.pipeline.parameter_tensors()?, self.exporter_to(BEST));
+                        writing = Some(files::Background::spawn("best model", move || exporter.write(values))?);
+                    }
+                }
+                // A checkpoint at its step, at the end, and when the run is asked to stop.
+                let step = self.trainer.position.step;
+                let due = (every > 0 && step.is_multiple_of(every)) || self.trainer.done() || self.trainer.stopping();
+                if !due {
+                    continue;
                 }
                 // A log that failed ends the run, once the weights it trained are written.
                 let log_failed = write_error.take();
@@ -1839,6 +1864,8 @@ impl<D: Device> Job<D> {
             seconds,
             samples_per_second: samples as f64 / seconds.max(1e-9),
             eval: last_eval,
+            best: self.trainer.selection.best,
+            stopped_early: self.trainer.stopped_early(),
             frozen_layers: self.elastic.frozen_layers(),
             final_plan: self.trainer.pipeline.plan().config.clone(),
             devices: self.device_names(),
@@ -1870,8 +1897,14 @@ impl<D: Device> Job<D> {
         self.exporter().write(self.trainer.pipeline.parameter_tensors()?)
     }
 
-    /// What an export writes besides the weights, owned (for a checkpoint's writing thread).
+    /// What an export of the run's last weights writes besides them, owned (for a
+    /// checkpoint's writing thread).
     fn exporter(&self) -> Exporter {
+        self.exporter_to(MODEL)
+    }
+
+    /// What an export to `output.dir/folder/` writes besides the weights.
+    fn exporter_to(&self, folder: &str) -> Exporter {
         Exporter {
             spec: self.trainer.pipeline.spec().clone(),
             config: self.model_config.clone(),
@@ -1883,7 +1916,7 @@ impl<D: Device> Job<D> {
             resize: self.config.data.resize_to.is_some(),
             // (Recorded once, when the run was built: the tokenizer's hash is not read again.)
             trained_on: self.trainer.data_settings.clone().unwrap_or_else(|| data_settings(&self.config)),
-            dir: self.config.output.dir.join("model"),
+            dir: self.config.output.dir.join(folder),
         }
     }
 }

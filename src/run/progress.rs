@@ -63,11 +63,22 @@ impl ProgressLines {
 }
 
 /// The console's line for a run's event other than a step (steps go to the bar or to
-/// [`ProgressLines`]): an epoch's or a mid-epoch evaluation, a transition, the cache's epoch.
+/// [`ProgressLines`]): an epoch's or a mid-epoch evaluation, a new best one, an early stop, a
+/// transition, the cache's epoch.
 pub fn event_line(event: &Event) -> Option<String> {
     match event {
         Event::Epoch { epoch, eval, .. } => Some(format!("epoch {epoch}: eval {eval}")),
         Event::Eval { step, epoch, eval, .. } => Some(format!("step {step} (epoch {epoch}): eval {eval}")),
+        Event::Best { step, metric, value, .. } => {
+            Some(format!("step {step}: best {} so far, {}: kept in best/", metric.name(), metric.show(*value)))
+        }
+        Event::EarlyStop { step, evaluations, best } => Some(format!(
+            "early stop at step {step}: {evaluations} evaluations without a better {} than {} (step {}) \
+             (train.early_stopping_patience)",
+            best.metric.name(),
+            best.metric.show(best.value),
+            best.step
+        )),
         Event::Transition(t) => Some(t.to_string()),
         Event::Cache { epoch, hits, misses, entries, memory_bytes, disk_bytes } => Some(format!(
             "epoch {epoch}: cache {hits} hits / {misses} misses, {entries} samples, {} in memory, {} on disk",

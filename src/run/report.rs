@@ -6,6 +6,7 @@
 use super::config::RunConfig;
 use crate::error::Result;
 use crate::files::{io_error, write_atomic};
+use crate::train::KeepBest;
 use serde_json::Value;
 use std::fmt::Write as _;
 use std::path::Path;
@@ -241,6 +242,28 @@ fn render(log: &str, config: &RunConfig) -> String {
         );
     }
     html.push_str("</table>");
+    // The run's best evaluation (train.keep_best), and where it stopped early.
+    let last = |kind: &str| events.iter().rev().find(|e| e["event"] == kind);
+    if let Some(b) = last("best")
+        && let Ok(metric) = serde_json::from_value::<KeepBest>(b["metric"].clone())
+    {
+        let _ = write!(
+            html,
+            "<p>Best {held} {}: <b>{}</b> at step {}; its weights are in <code>best/</code>.</p>",
+            metric.name(),
+            metric.show(num(b, "value")),
+            num(b, "step")
+        );
+    }
+    if let Some(stop) = last("early_stop") {
+        let _ = write!(
+            html,
+            "<p>Stopped early at step {}: {} evaluations in a row without a better score \
+             (train.early_stopping_patience).</p>",
+            num(stop, "step"),
+            num(stop, "evaluations")
+        );
+    }
     if inside_epochs {
         let _ = write!(
             html,

@@ -1,5 +1,6 @@
 //! `TrainConfig`: the hyper-parameters of a run (the `[train]` section of a run config).
 
+use super::selection::KeepBest;
 use crate::error::{Error, Result};
 use crate::optim::{Decay, LrSchedule, OptimizerConfig};
 use serde::{Deserialize, Serialize};
@@ -47,6 +48,20 @@ pub struct TrainConfig {
     /// stays fixed too.
     #[serde(default)]
     pub freeze_embeddings: bool,
+    /// Keep the weights of the evaluation that scored best on this metric (`loss`, `accuracy`
+    /// or `macro_f1`; `off` by default): a run writes them to `output.dir/best/` as they come,
+    /// an export like `model/` (which holds the last weights).
+    #[serde(default)]
+    pub keep_best: KeepBest,
+    /// Stop once this many evaluations in a row have not beaten the best on `keep_best` by
+    /// more than `early_stopping_min_delta` (0: never). Evaluations come at each epoch's end
+    /// and every `eval_every` steps.
+    #[serde(default)]
+    pub early_stopping_patience: u64,
+    /// The least gain over the best score that restarts the patience (the metric's units:
+    /// 0.001 is a tenth of a point of accuracy).
+    #[serde(default)]
+    pub early_stopping_min_delta: f64,
 }
 
 fn default_decay() -> Decay {
@@ -70,6 +85,9 @@ impl TrainConfig {
             seed: 0,
             eval_every: 0,
             freeze_embeddings: false,
+            keep_best: KeepBest::Off,
+            early_stopping_patience: 0,
+            early_stopping_min_delta: 0.0,
         }
     }
 
@@ -109,6 +127,25 @@ impl TrainConfig {
             return Err(Error::Config {
                 field: "train.max_grad_norm".into(),
                 message: format!("{}: expected a norm, finite and at least 0 (0: no clipping)", self.max_grad_norm),
+            });
+        }
+        if !(self.early_stopping_min_delta.is_finite() && self.early_stopping_min_delta >= 0.0) {
+            return Err(Error::Config {
+                field: "train.early_stopping_min_delta".into(),
+                message: format!(
+                    "{}: expected a gain in the metric's units, finite and at least 0",
+                    self.early_stopping_min_delta
+                ),
+            });
+        }
+        if self.early_stopping_patience > 0 && self.keep_best == KeepBest::Off {
+            return Err(Error::Config {
+                field: "train.early_stopping_patience".into(),
+                message: format!(
+                    "{} evaluations without a better score, but train.keep_best is off: name the metric to watch \
+                     (keep_best = \"loss\", \"accuracy\" or \"macro_f1\")",
+                    self.early_stopping_patience
+                ),
             });
         }
         // Named as a config file writes them.

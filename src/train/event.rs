@@ -1,8 +1,9 @@
-//! What a run reports as it goes: one event per step, per evaluation, per elastic transition
-//! and per epoch of the activation cache. The binary's progress bar, `metrics.jsonl` and
-//! `report.html` all read the same events.
+//! What a run reports as it goes: one event per step, per evaluation, per new best evaluation,
+//! per elastic transition and per epoch of the activation cache, and one when it stops early.
+//! The binary's progress bar, `metrics.jsonl` and `report.html` all read the same events.
 
 use super::metrics::Confusion;
+use super::selection::{KeepBest, Scored};
 use serde::Serialize;
 use std::fmt;
 use std::ops::Range;
@@ -181,6 +182,28 @@ pub enum Event {
         eval: EvalMetrics,
         /// Wall-clock seconds of the evaluation.
         eval_seconds: f64,
+    },
+    /// An evaluation scored the best so far on `train.keep_best`: its weights are the run's
+    /// best (written to `output.dir/best/`).
+    Best {
+        /// Optimizer steps taken.
+        step: u64,
+        /// The epoch of the evaluation.
+        epoch: u64,
+        /// The metric (`loss`, `accuracy`, `macro_f1`).
+        metric: KeepBest,
+        /// Its score.
+        value: f64,
+    },
+    /// `train.early_stopping_patience` evaluations in a row did not beat the best: the run
+    /// ends here, before its planned length.
+    EarlyStop {
+        /// Optimizer steps taken.
+        step: u64,
+        /// Evaluations in a row without a better score.
+        evaluations: u64,
+        /// The best evaluation.
+        best: Scored,
     },
     /// The elastic controller changed the run's shape.
     Transition(Transition),

@@ -11,6 +11,7 @@ use super::checkpoint::{self, PARAM, Tensor};
 use super::config::TrainConfig;
 use super::event::{Bubble, EvalMetrics, Event};
 use super::metrics::{Confusion, correct};
+use super::selection::{Scored, Selection, Verdict};
 use super::source::BatchSource;
 use crate::comm::process_group::ProcessGroup;
 use crate::device::Device;
@@ -127,6 +128,12 @@ pub struct Trainer<D: Device> {
     /// Whether [`fit`](Self::fit) ended on a [stop request](super::request_stop) that every
     /// process of the run agreed on.
     stopping: bool,
+    /// The best evaluation on `config.keep_best` and the evaluations since a better one
+    /// (saved in checkpoints).
+    pub selection: Selection,
+    /// An evaluation that scored a new best, its weights still the pipeline's: [`fit`](Self::fit)
+    /// returns after it for the caller to keep them ([`take_new_best`](Self::take_new_best)).
+    new_best: Option<Scored>,
 }
 
 /// A checkpoint's contents taken from the pipeline between two steps ([`Trainer::snapshot`]):
@@ -189,6 +196,8 @@ impl<D: Device> Trainer<D> {
             batches_per_epoch,
             epoch_work: (0, 0.0),
             stopping: false,
+            selection: Selection::default(),
+            new_best: None,
         })
     }
 
@@ -202,9 +211,22 @@ impl<D: Device> Trainer<D> {
         self.position.epoch * self.batches_per_epoch as u64 + self.position.batch as u64
     }
 
-    /// Whether the run has taken all its batches.
+    /// Whether the run has taken all its batches, or stopped early
+    /// ([`stopped_early`](Self::stopped_early)).
     pub fn done(&self) -> bool {
-        self.batches_done() >= self.lr_schedule.total_steps
+        self.batches_done() >= self.lr_schedule.total_steps || self.stopped_early()
+    }
+
+    /// Whether `train.early_stopping_patience` evaluations in a row have not beaten the best:
+    /// the run is over, before its planned length. (A resume with a larger patience goes on.)
+    pub fn stopped_early(&self) -> bool {
+        self.selection.exhausted(self.config.early_stopping_patience)
+    }
+
+    /// The evaluation that scored a new best since the last call, if one did: the pipeline
+    /// holds its weights until the next [`fit`](Self::fit).
+    pub fn take_new_best(&mut self) -> Option<Scored> {
+        self.new_best.take()
     }
 
     /// Whether the last [`fit`](Self::fit) ended on a [stop request](super::request_stop) (the
@@ -232,8 +254,12 @@ impl<D: Device> Trainer<D> {
     }
 
     /// Trains until the end of the run or until `stop_after` more steps (for checkpointing in
-    /// between), evaluating at each epoch end (and every `eval_every` steps when set). `controller` steers between steps; events go to
-    /// `on_event`.
+    /// between), evaluating at each epoch end (and every `eval_every` steps when set).
+    /// `controller` steers between steps; events go to `on_event`. With `train.keep_best`, it
+    /// also returns after an evaluation that scored a new best, so the caller can keep those
+    /// weights ([`take_new_best`](Self::take_new_best)) before they train on; with
+    /// `train.early_stopping_patience`, the run is [done](Self::done) once that many
+    /// evaluations in a row have not beaten the best.
     pub fn fit(
         &mut self,
         data: &dyn BatchSource,
@@ -258,7 +284,8 @@ impl<D: Device> Trainer<D> {
         // next step's sums.
         let alone = self.pipeline.every_process().is_none();
         self.stopping = alone && super::stop_requested();
-        while !self.done() && stop_after.is_none_or(|n| taken < n) && !self.stopping {
+        let mut scored_best = false;
+        while !self.done() && stop_after.is_none_or(|n| taken < n) && !self.stopping && !scored_best {
             let started = Instant::now();
             let Position { step, epoch, batch: index } = self.position;
             let left = (self.lr_schedule.total_steps - self.batches_done()) as usize;
@@ -340,14 +367,16 @@ impl<D: Device> Trainer<D> {
                 let t = Instant::now();
                 let eval = self.evaluate(data)?;
                 let eval_seconds = t.elapsed().as_secs_f64();
-                on_event(&Event::Eval { step: self.position.step, epoch, eval, eval_seconds });
+                on_event(&Event::Eval { step: self.position.step, epoch, eval: eval.clone(), eval_seconds });
+                scored_best = self.select(epoch, &eval, on_event);
             }
             if epoch_end {
                 let t = Instant::now();
                 let eval = self.evaluate(data)?;
                 let eval_seconds = t.elapsed().as_secs_f64();
                 let (samples, train_seconds) = std::mem::take(&mut self.epoch_work);
-                on_event(&Event::Epoch { epoch, eval, samples, train_seconds, eval_seconds });
+                on_event(&Event::Epoch { epoch, eval: eval.clone(), samples, train_seconds, eval_seconds });
+                scored_best = self.select(epoch, &eval, on_event);
                 let whole = self.position.batch == per_epoch;
                 controller.after_epoch(self, epoch, whole, on_event)?;
                 if whole {
@@ -357,6 +386,23 @@ impl<D: Device> Trainer<D> {
             }
         }
         Ok(())
+    }
+
+    /// Scores an evaluation of the weights after `epoch`'s latest step for the run's
+    /// selection: a new best is announced (and held for [`take_new_best`](Self::take_new_best)),
+    /// as is the early stop the evaluation brings. Returns whether it was a new best.
+    fn select(&mut self, epoch: u64, eval: &EvalMetrics, on_event: &mut dyn FnMut(&Event)) -> bool {
+        let (metric, step) = (self.config.keep_best, self.position.step);
+        let verdict = self.selection.observe(metric, self.config.early_stopping_min_delta, step, eval);
+        let best = verdict == Verdict::Best;
+        if let (true, Some(scored)) = (best, self.selection.best) {
+            self.new_best = Some(scored);
+            on_event(&Event::Best { step, epoch, metric, value: scored.value });
+        }
+        if let (true, Some(best)) = (self.stopped_early(), self.selection.best) {
+            on_event(&Event::EarlyStop { step, evaluations: self.selection.stale, best });
+        }
+        best
     }
 
     /// Loss and accuracy, with a classifier's confusion matrix and macro F1 or a language
@@ -506,6 +552,7 @@ impl<D: Device> Trainer<D> {
             "batch_size": self.batch_size,
             "model": self.model_config,
             "optimizer": opt,
+            "selection": self.selection,
             "controller": extra,
         });
         Ok(Snapshot { meta, tensors, shapes })
@@ -779,9 +826,14 @@ impl<D: Device> Trainer<D> {
             }
             _ => None,
         };
+        // (A checkpoint of a version before model selection, or whose run kept its best by
+        // another metric, starts the selection afresh.)
+        let selection: Option<Selection> = serde_json::from_value(field("selection")).ok();
         self.pipeline.load_parameters(&values)?;
         self.pipeline.load_optimizer_state(&opt)?;
         self.position = position;
+        self.selection = Selection::restored(selection, self.config.keep_best);
+        self.new_best = None;
         // A shape of the caller's own takes a batch a step, as a fresh run of it does (only
         // a controller, `scale-lr`, takes more, and it chose the checkpoint's shape).
         self.batches_per_step = if reshaped_from.is_some() { 1 } else { batches_per_step };
