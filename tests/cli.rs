@@ -3624,6 +3624,40 @@ fn a_vit_trains_on_the_users_images_of_three_channels() {
     assert!(!out.contains("done:"), "{out}");
 }
 
+/// Settings of the model-selection tests: a constant learning rate, so a run's length does not
+/// change its steps; an evaluation every 5 steps on a validation split; the best by accuracy,
+/// and a stop after two evaluations without a better one.
+const SELECTION: [&str; 5] = [
+    "data.validation_fraction=0.2",
+    "train.eval_every=5",
+    "train.decay=\"constant\"",
+    "train.warmup_fraction=0",
+    "train.lr=2e-4",
+];
+const SELECTING: [&str; 2] = ["train.keep_best=\"accuracy\"", "train.early_stopping_patience=2"];
+
+/// `train` of vit-digits into `dir` with the model-selection settings and `extra` (`--set`s),
+/// after `lead` (`launch …`, and `train`'s own flags); its output, having succeeded.
+fn train_selecting(lead: &[&str], dir: &Path, extra: &[&str]) -> String {
+    let out_dir = format!("output.dir={}", dir.display());
+    let mut args: Vec<&str> = lead.to_vec();
+    args.extend(["--config", "configs/vit-digits.toml", "--progress-every", "0"]);
+    for s in std::iter::once(out_dir.as_str()).chain(SELECTION).chain(extra.iter().copied()) {
+        args.extend(["--set", s]);
+    }
+    let (ok, text) = pipetransformer(&args);
+    assert!(ok, "{args:?}: {text}");
+    text
+}
+
+fn summary_of(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
+}
+
+fn weights_in(dir: &Path, folder: &str) -> Vec<u8> {
+    std::fs::read(dir.join(folder).join("model.safetensors")).unwrap()
+}
+
 /// `train.keep_best` writes the weights of the best evaluation to `best/`: the same bytes as a
 /// run stopped at that step exports, though the run went on. `train.early_stopping_patience`
 /// ends the run after that many evaluations without a better one, its last weights those of a
@@ -3634,39 +3668,10 @@ fn the_best_evaluation_is_kept_and_patience_ends_the_run() {
     if !have_digits() {
         return;
     }
-    // A constant learning rate, so a run's length does not change its steps; evaluations every
-    // 5 steps on a validation split.
-    let settings = [
-        "data.validation_fraction=0.2",
-        "train.eval_every=5",
-        "train.decay=\"constant\"",
-        "train.warmup_fraction=0",
-        "train.lr=2e-4",
-    ];
-    let train = |dir: &Path, extra: &[&str]| {
-        let mut args = vec!["train".to_string(), "--config".into(), "configs/vit-digits.toml".into(), "--fresh".into()];
-        for s in [format!("output.dir={}", dir.display())]
-            .iter()
-            .map(String::as_str)
-            .chain(settings)
-            .chain(extra.iter().copied())
-        {
-            args.extend(["--set".to_string(), s.to_string()]);
-        }
-        let out = Command::new(env!("CARGO_BIN_EXE_pipetransformer")).args(&args).output().unwrap();
-        let text = output_text(&out);
-        assert!(out.status.success(), "{text}");
-        text
-    };
-    let summary = |dir: &Path| -> serde_json::Value {
-        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
-    };
-    let weights = |dir: &Path, folder: &str| std::fs::read(dir.join(folder).join("model.safetensors")).unwrap();
-    let selecting = ["train.keep_best=\"accuracy\"", "train.early_stopping_patience=2"];
-
+    let fresh = ["train", "--fresh"];
     let kept = scratch("keep-best");
-    let out = train(&kept, &selecting);
-    let s = summary(&kept);
+    let out = train_selecting(&fresh, &kept, &SELECTING);
+    let s = summary_of(&kept);
     let (best, stop) = (s["best"]["step"].as_u64().unwrap(), s["steps"].as_u64().unwrap());
     assert_eq!(s["stopped_early"], true, "{out}");
     assert!(
@@ -3688,8 +3693,8 @@ fn the_best_evaluation_is_kept_and_patience_ends_the_run() {
     let top = evals.iter().map(|e| e.1).fold(f64::MIN, f64::max);
     let at = evals.iter().position(|e| e.1 == top).unwrap();
     assert_eq!((evals[at].0, s["best"]["value"].as_f64().unwrap()), (best, top), "{out}");
-    assert_eq!(evals[at + 1..].iter().map(|e| e.0).collect::<Vec<_>>().last(), Some(&stop), "{out}");
     assert_eq!(evals.len() - at - 1, 2, "two evaluations after the best: {evals:?}");
+    assert_eq!(evals.last().map(|e| e.0), Some(stop), "{out}");
     let report = std::fs::read_to_string(kept.join("report.html")).unwrap();
     assert!(report.contains(&format!("Best validation accuracy: <b>{}</b> at step {best}", show(&s["best"]["value"]))));
     assert!(report.contains(&format!("Stopped early at step {stop}: 2 evaluations")), "{report}");
@@ -3697,34 +3702,46 @@ fn the_best_evaluation_is_kept_and_patience_ends_the_run() {
     // The best weights are those of a run that ends at the best step; the last ones, those
     // of a run that ends where this one stopped.
     let plain = scratch("keep-best-plain");
-    train(&plain, &[&format!("train.max_steps={best}")]);
-    assert!(weights(&kept, "best") == weights(&plain, "model"), "best/ holds the weights of step {best}");
-    assert!(!plain.join("best").exists() && summary(&plain)["best"].is_null());
-    train(&plain, &[&format!("train.max_steps={stop}")]);
-    assert!(weights(&kept, "model") == weights(&plain, "model"), "model/ holds the weights of step {stop}");
-    assert!(weights(&kept, "best") != weights(&kept, "model"));
+    train_selecting(&fresh, &plain, &[&format!("train.max_steps={best}")]);
+    assert!(weights_in(&kept, "best") == weights_in(&plain, "model"), "best/ holds the weights of step {best}");
+    assert!(!plain.join("best").exists() && summary_of(&plain)["best"].is_null());
+    train_selecting(&fresh, &plain, &[&format!("train.max_steps={stop}")]);
+    assert!(weights_in(&kept, "model") == weights_in(&plain, "model"), "model/ holds the weights of step {stop}");
+    assert!(weights_in(&kept, "best") != weights_in(&kept, "model"));
 
     // Stopped one evaluation after the best, and resumed: the same best, the same stop.
     let resumed = scratch("keep-best-resumed");
-    let first_after = evals[at + 1].0;
-    train(&resumed, &[&selecting[..], &[&format!("train.max_steps={first_after}")]].concat());
-    assert_eq!(summary(&resumed)["stopped_early"], false);
-    let args = ["train", "--config", "configs/vit-digits.toml", "--resume"];
-    let dir = format!("output.dir={}", resumed.display());
-    let mut sets = vec![dir.as_str()];
-    sets.extend(settings);
-    sets.extend(selecting);
-    sets.push("train.max_steps=0");
-    let sets: Vec<&str> = sets.iter().flat_map(|s| ["--set", s]).collect();
-    let (ok, out) = pipetransformer(&[&args[..], &sets].concat());
-    assert!(ok && out.contains(&format!("early stop at step {stop}")), "{out}");
-    assert_eq!(
-        (summary(&resumed)["best"].clone(), summary(&resumed)["steps"].as_u64()),
-        (s["best"].clone(), Some(stop))
-    );
-    assert!(
-        weights(&resumed, "best") == weights(&kept, "best") && weights(&resumed, "model") == weights(&kept, "model")
-    );
+    let first_after = format!("train.max_steps={}", evals[at + 1].0);
+    train_selecting(&fresh, &resumed, &[&SELECTING[..], &[first_after.as_str()]].concat());
+    assert_eq!(summary_of(&resumed)["stopped_early"], false);
+    let out = train_selecting(&["train", "--resume"], &resumed, &[&SELECTING[..], &["train.max_steps=0"]].concat());
+    assert!(out.contains(&format!("early stop at step {stop}")), "{out}");
+    let r = summary_of(&resumed);
+    assert_eq!((&r["best"], r["steps"].as_u64()), (&s["best"], Some(stop)));
+    assert!(weights_in(&resumed, "best") == weights_in(&kept, "best"));
+    assert!(weights_in(&resumed, "model") == weights_in(&kept, "model"));
+}
+
+/// A pipeline across two launched processes keeps the same best evaluation and stops at the
+/// same step as one process with the same pipeline on two devices, and writes the same
+/// `best/`: every process scores the same evaluation, and rank 0 collects the other stage's
+/// weights for it.
+#[test]
+fn launched_stage_processes_keep_the_best_one_process_keeps() {
+    if !have_digits() {
+        return;
+    }
+    let (one, many) = (scratch("keep-best-one"), scratch("keep-best-launched"));
+    let two = ["--pipeline-len", "2", "--micro-batches", "2", "--fresh"];
+    train_selecting(&[&["train", "--devices", "2"][..], &two].concat(), &one, &SELECTING);
+    let rdzv = format!("127.0.0.1:{}", free_port());
+    let launch = ["launch", "--nproc-per-node", "2", "--rdzv", &rdzv, "--", "train", "--across-processes"];
+    let text = train_selecting(&[&launch[..], &two].concat(), &many, &SELECTING);
+    assert!(text.contains("stages across 2 processes") && text.contains("early stop at step"), "{text}");
+    let (a, b) = (summary_of(&one), summary_of(&many));
+    assert_eq!((&a["best"], &a["steps"], &a["stopped_early"]), (&b["best"], &b["steps"], &b["stopped_early"]));
+    assert!(weights_in(&one, "best") == weights_in(&many, "best"), "best/ as one process writes it");
+    assert!(weights_in(&one, "model") == weights_in(&many, "model"));
 }
 
 /// An accuracy as the logs show it.
