@@ -876,7 +876,7 @@ fn evaluate<D: Device>(dev: D, model: &Path, data: &EvalData) -> Result<()> {
             if rows.cut > 0 {
                 eprintln!("note: {} texts were cut to the run's data.max_len, as training cut them", rows.cut);
             }
-            predictor.evaluate(rows.batches.into_iter().map(Ok))?
+            predictor.evaluate(rows.batches)?
         }
     };
     let mut report = format!("{} targets: {metrics}\n\n", metrics.count);

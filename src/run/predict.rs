@@ -35,14 +35,26 @@ pub struct ClassPrediction {
     pub warning: Option<String>,
 }
 
-/// The batches of a file of labelled rows ([`Predictor::labelled_rows`]).
-#[derive(Clone, Debug)]
-pub struct LabelledRows {
-    /// The rows, `batch_size` a batch.
-    pub batches: Vec<HostBatch>,
+/// The batches of a file of labelled rows, or of a folder of class subfolders
+/// ([`Predictor::labelled_rows`]).
+pub struct LabelledRows<'a> {
+    /// The rows, `batch_size` a batch: a file's parsed whole; a folder's images read as they
+    /// are scored, [`FOLDER_READ`] at a time, so a folder of any size fits in memory. The
+    /// first bad file ends them with its error.
+    pub batches: Box<dyn Iterator<Item = Result<HostBatch>> + 'a>,
     /// Texts cut to the run's `data.max_len` (as training cut them).
     pub cut: usize,
 }
+
+impl std::fmt::Debug for LabelledRows<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LabelledRows").field("cut", &self.cut).finish_non_exhaustive()
+    }
+}
+
+/// Images of a labelled folder read at a time (on every core), rounded up to whole batches:
+/// what `evaluate --file FOLDER` holds at most (256 colour images of 224 × 224 are 154 MB).
+pub const FOLDER_READ: usize = 256;
 
 /// A prompt's continuation.
 #[derive(Clone, Debug, PartialEq)]
@@ -386,7 +398,7 @@ impl<D: Device> Predictor<D> {
     /// then the label for an image model. A label is a class name or index. A bad row is an
     /// error naming its line. Texts longer than the run's `data.max_len` are cut there, as
     /// training cut them, and counted.
-    pub fn labelled_rows(&self, path: &Path, batch_size: usize) -> Result<LabelledRows> {
+    pub fn labelled_rows(&self, path: &Path, batch_size: usize) -> Result<LabelledRows<'_>> {
         if batch_size == 0 {
             return Err(batch_size_error());
         }
@@ -472,15 +484,16 @@ impl<D: Device> Predictor<D> {
                 ));
             }
         }
-        Ok(LabelledRows { batches, cut })
+        Ok(LabelledRows { batches: Box::new(batches.into_iter().map(Ok)), cut })
     }
 
     /// A folder of class subfolders (the layout a run trains on) as labelled batches of
     /// `batch_size`: each subfolder's name one of the model's classes (by name, not index, as a
     /// run's held-out folder), each of its files an image of the model's size and channels (or
     /// resized to it, where the model's run resized), read and scaled as `predict` reads such a
-    /// file. Names starting with `.` are left out.
-    fn labelled_folder(&self, dir: &Path, batch_size: usize) -> Result<LabelledRows> {
+    /// file. Names starting with `.` are left out. The subfolders' names are checked here;
+    /// the images as the batches are taken.
+    fn labelled_folder(&self, dir: &Path, batch_size: usize) -> Result<LabelledRows<'_>> {
         let Reader::Image { .. } = self.reader else {
             let expected = match self.reader {
                 Reader::Text(_) => "a file of `label<TAB>text` rows",
@@ -497,13 +510,29 @@ impl<D: Device> Predictor<D> {
             })? as u32;
             files.extend(crate::data::class_files(&name, &folder)?.into_iter().map(|file| (file, label)));
         }
-        // Read and fitted on every core; the first bad file in order is the error.
-        let images = crate::data::read_each(&files, |(file, label)| {
-            let image = crate::data::read_image_file_as_stored(file)?;
-            Ok((self.fitted(&file.display().to_string(), image)?, *label))
+        // Whole batches of at least FOLDER_READ images, read and fitted on every core; the
+        // first bad file in order is the error, and the last item.
+        let per_read = batch_size * FOLDER_READ.div_ceil(batch_size);
+        let (mut at, mut ready) = (0, std::collections::VecDeque::new());
+        let batches = std::iter::from_fn(move || {
+            if ready.is_empty() && at < files.len() {
+                let part = &files[at..files.len().min(at + per_read)];
+                at += part.len();
+                let images = crate::data::read_each(part, |(file, label)| {
+                    let image = crate::data::read_image_file_as_stored(file)?;
+                    Ok((self.fitted(&file.display().to_string(), image)?, *label))
+                });
+                match images.into_iter().collect::<Result<Vec<_>>>() {
+                    Ok(images) => ready.extend(image_batches(&images, batch_size)),
+                    Err(e) => {
+                        at = files.len();
+                        return Some(Err(e));
+                    }
+                }
+            }
+            ready.pop_front().map(Ok)
         });
-        let images = images.into_iter().collect::<Result<Vec<_>>>()?;
-        Ok(LabelledRows { batches: image_batches(&images, batch_size), cut: 0 })
+        Ok(LabelledRows { batches: Box::new(batches), cut: 0 })
     }
 
     /// The settings that turn `config`'s texts into ids (`data.max_len`, `model.tokenizer`)
@@ -1326,13 +1355,14 @@ mod tests {
             std::fs::create_dir_all(dir.join(class)).unwrap();
             std::fs::write(dir.join(class).join(format!("{i}.pgm")), pgm(4, i)).unwrap();
         }
-        let read = p.labelled_rows(&dir, 2).unwrap();
-        let targets: Vec<u32> = read.batches.iter().flat_map(|b| b.targets.clone()).collect();
+        let read_all = |dir: &Path| p.labelled_rows(dir, 2)?.batches.collect::<Result<Vec<HostBatch>>>();
+        let read = read_all(&dir).unwrap();
+        let targets: Vec<u32> = read.iter().flat_map(|b| b.targets.clone()).collect();
         // Folders in name order: `a`, `b`.
         assert_eq!(targets, [0, 0, 1]);
-        assert_eq!(read.batches.iter().map(|b| b.batch).collect::<Vec<_>>(), [2, 1]);
+        assert_eq!(read.iter().map(|b| b.batch).collect::<Vec<_>>(), [2, 1]);
         let alone = p.read_images(dir.join("a/0.pgm").to_str().unwrap()).unwrap();
-        let first = read.batches[0].pixels.as_ref().unwrap();
+        let first = read[0].pixels.as_ref().unwrap();
         assert_eq!(alone[0].1[..], first[..16]);
         // A class's index is no class name (as for a run's held-out folder).
         std::fs::create_dir(dir.join("1")).unwrap();
@@ -1347,15 +1377,54 @@ mod tests {
         assert!(e.contains("names class `c`, which is not one of the model's classes (a, b)"), "{e}");
         std::fs::remove_dir_all(dir.join("c")).unwrap();
         std::fs::write(dir.join("b/big.pgm"), pgm(5, 0)).unwrap();
-        let e = p.labelled_rows(&dir, 2).unwrap_err().to_string();
+        let e = read_all(&dir).unwrap_err().to_string();
         assert!(e.contains("big.pgm") && e.contains("a 5×5 image"), "{e}");
         std::fs::write(dir.join("b/big.pgm"), "not an image").unwrap();
-        let e = p.labelled_rows(&dir, 2).unwrap_err().to_string();
+        let e = read_all(&dir).unwrap_err().to_string();
         assert!(e.contains("big.pgm") && e.contains("not a PNG, JPEG or PGM"), "{e}");
 
         let (_gpt_dir, gpt) = tiny_gpt_predictor("predict-labelled-folder-gpt", "abc ");
-        let e = gpt.labelled_rows(&dir, 2).unwrap_err().to_string();
+        let e = gpt.labelled_rows(&dir, 2).err().unwrap().to_string();
         assert!(e.contains("is a folder; expected") && e.contains("--config"), "{e}");
+    }
+
+    /// A labelled folder is read as it is scored, `FOLDER_READ` images (in whole batches) at a
+    /// time: its first batches come before a bad file further on is read, which then ends them
+    /// with its error; the batches are those of a folder read at once.
+    #[test]
+    fn a_labelled_folder_is_read_as_it_is_scored() {
+        let (scratch, p) = tiny_vit_predictor("predict-labelled-folder-lazy");
+        let dir = scratch.join("held-out");
+        let n = FOLDER_READ + 40;
+        for class in ["a", "b"] {
+            std::fs::create_dir_all(dir.join(class)).unwrap();
+        }
+        for i in 0..n {
+            let class = if i < n / 2 { "a" } else { "b" };
+            std::fs::write(dir.join(class).join(format!("{i:03}.pgm")), pgm(4, i % 7)).unwrap();
+        }
+        let batch = 3;
+        let all: Vec<HostBatch> = p.labelled_rows(&dir, batch).unwrap().batches.map(Result::unwrap).collect();
+        assert_eq!(all.iter().map(|b| b.batch).sum::<usize>(), n);
+        assert!(all[..all.len() - 1].iter().all(|b| b.batch == batch));
+        let targets: Vec<u32> = all.iter().flat_map(|b| b.targets.clone()).collect();
+        assert_eq!(targets, (0..n).map(|i| u32::from(i >= n / 2)).collect::<Vec<_>>());
+        let file = |i: usize| dir.join(if i < n / 2 { "a" } else { "b" }).join(format!("{i:03}.pgm"));
+        for (i, b) in all.iter().enumerate().step_by(17) {
+            let alone = p.read_images(file(batch * i).to_str().unwrap()).unwrap();
+            assert_eq!(alone[0].1[..], b.pixels.as_ref().unwrap()[..16], "batch {i}");
+        }
+        // A bad file past the first read: the batches of that read come, then its error.
+        let bad = n - 5;
+        std::fs::write(file(bad), "not an image").unwrap();
+        let mut batches = p.labelled_rows(&dir, batch).unwrap().batches;
+        let first_read = FOLDER_READ.div_ceil(batch);
+        for b in all.iter().take(first_read) {
+            assert_eq!(&batches.next().unwrap().unwrap(), b);
+        }
+        let e = batches.next().unwrap().unwrap_err().to_string();
+        assert!(e.contains(&format!("{bad:03}.pgm")) && e.contains("not a PNG, JPEG or PGM"), "{e}");
+        assert!(batches.next().is_none(), "nothing after the error");
     }
 
     /// Nothing to score is an error, as a forward of no input is, not metrics of 0 %.
@@ -1420,7 +1489,7 @@ mod tests {
         // A text past the 9 positions is cut there, and counted.
         std::fs::write(&rows, format!("a\tzzz\nb\t{}\n", ["zzz"; 20].join(" "))).unwrap();
         let read = p.labelled_rows(&rows, 1).unwrap();
-        assert_eq!((read.batches.len(), read.cut), (2, 1));
+        assert_eq!((read.batches.count(), read.cut), (2, 1));
     }
 
     /// A prompt longer than the window is read from its end, with a warning; the window is the
@@ -1559,7 +1628,7 @@ mod tests {
         let rows = vit_dir.join("rows.csv");
         std::fs::write(&rows, format!("{row},a\n")).unwrap();
         assert!(vit.labelled_rows(&rows, 0).unwrap_err().to_string().contains("--batch-size"));
-        assert_eq!(vit.labelled_rows(&rows, 1).unwrap().batches.len(), 1);
+        assert_eq!(vit.labelled_rows(&rows, 1).unwrap().batches.count(), 1);
     }
 
     /// A table starts with a header naming its columns, above the rows it heads.
