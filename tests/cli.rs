@@ -3708,6 +3708,11 @@ fn the_best_evaluation_is_kept_and_patience_ends_the_run() {
     train_selecting(&fresh, &plain, &[&format!("train.max_steps={stop}")]);
     assert!(weights_in(&kept, "model") == weights_in(&plain, "model"), "model/ holds the weights of step {stop}");
     assert!(weights_in(&kept, "best") != weights_in(&kept, "model"));
+    // `evaluate` of best/ on the run's validation split scores what the run's best evaluation did.
+    let best_dir = kept.join("best").display().to_string();
+    let args = ["evaluate", "--model", &best_dir, "--config", "configs/vit-digits.toml", "--set", SELECTION[0]];
+    let (ok, out) = pipetransformer(&args);
+    assert!(ok && out.contains(&format!("accuracy {},", show(&s["best"]["value"]))), "{out}");
 
     // Stopped one evaluation after the best, and resumed: the same best, the same stop.
     let resumed = scratch("keep-best-resumed");

@@ -88,7 +88,7 @@ pub struct Trainer<D: Device> {
     pub pipeline: Pipeline<D>,
     /// Hyper-parameters, as given to [`new`](Self::new), which fixed the learning-rate
     /// schedule, the run's length, the optimizer and the frozen embedding from them: changed
-    /// afterwards, only the clipping, the seed and `eval_every` take effect.
+    /// afterwards, only the clipping, the seed, `eval_every` and the model selection take effect.
     pub config: TrainConfig,
     /// Learning rate by source batch; its `total_steps` is the run's length.
     pub lr_schedule: LrSchedule,
