@@ -347,7 +347,7 @@ enum Command {
     /// error line and the rest go on (the exit status is then 1).
     #[command(allow_negative_numbers = true)]
     Predict {
-        /// An exported model folder (a run's `model/`), a run's output folder, or a run's
+        /// An exported model folder (a run's `model/`, or `best/`), a run's output folder, or a run's
         /// `checkpoint.ckpt` (with the `model/` folder beside it).
         #[arg(long)]
         model: PathBuf,
@@ -388,7 +388,7 @@ enum Command {
     /// confusion matrix; for a language model, loss and perplexity.
     #[command(allow_negative_numbers = true)]
     Evaluate {
-        /// An exported model folder (a run's `model/`), a run's output folder, or a run's
+        /// An exported model folder (a run's `model/`, or `best/`), a run's output folder, or a run's
         /// `checkpoint.ckpt` (with the `model/` folder beside it).
         #[arg(long)]
         model: PathBuf,
