@@ -18,7 +18,7 @@ use pipetransformer::model::{ModelConfig, Pooling};
 use pipetransformer::optim::Decay;
 use pipetransformer::pipeline::{PipelineConfig, ScheduleKind, StepOptions};
 use pipetransformer::testing::Scratch;
-use pipetransformer::train::{BatchSource, Event, RecordedPlan, TrainConfig, Trainer, Transition};
+use pipetransformer::train::{BatchSource, Event, KeepBest, RecordedPlan, TrainConfig, Trainer, Transition};
 
 const EPOCHS: u64 = 4;
 const SAMPLES: usize = 12;
@@ -1442,4 +1442,69 @@ fn launched_processes_take_rank_0s_shape_at_a_transition() {
     });
     assert_eq!(shapes[0], [(1, 1)], "rank 0 shortens the pipeline");
     assert_eq!(shapes[1], shapes[0], "rank 1 takes rank 0's shape");
+}
+
+/// Keeping the best evaluation (`train.keep_best`) returns from `fit` after each new best, for
+/// its weights to be written: under the whole system, boundaries moving mid-epoch and the
+/// cache spilling, a run evaluated every step that keeps its best takes the same steps, to the
+/// bit, with the same transitions, as one that does not; each best's weights are those the
+/// other run held after that step; and patience then ends the run at its stop.
+#[test]
+fn keeping_the_best_changes_no_step_of_the_elastic_loop() {
+    let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
+    let run = |keep: KeepBest, patience: u64, name: &str| {
+        let train = TrainConfig { eval_every: 1, keep_best: keep, early_stopping_patience: patience, ..train_config() };
+        let dir = scratch(name);
+        let (mut t, mut elastic) =
+            elastic_trainer_with(train, &bert(), cpus(2), &dir, FreezeInterval::Steps(4), FreedDevices::Replicas);
+        let mut events = Vec::new();
+        elastic.start(&mut t, &mut |e| events.push(e.clone())).unwrap();
+        // Per step, the weights after it (the plain run's), or those of each new best.
+        let mut weights = Vec::new();
+        while !t.done() {
+            t.fit(&data, if keep == KeepBest::Off { Some(1) } else { None }, &mut elastic, &mut |e| {
+                events.push(e.clone())
+            })
+            .unwrap();
+            let best = t.take_new_best();
+            if keep == KeepBest::Off || best.is_some() {
+                weights.push((t.position.step, t.pipeline.parameters(0).unwrap()));
+            }
+        }
+        drop(elastic);
+        (t, events, weights)
+    };
+    let (plain, plain_events, after_each) = run(KeepBest::Off, 0, "plain");
+    let (kept, kept_events, bests) = run(KeepBest::Loss, 0, "keep-best");
+    let transitions = |events: &[Event]| freezes(events).iter().map(|t| (t.step, t.frozen_units)).collect::<Vec<_>>();
+    assert_eq!(curve(&kept_events), curve(&plain_events), "the same steps, to the bit");
+    assert_eq!(transitions(&kept_events), transitions(&plain_events));
+    assert_eq!(transitions(&plain_events).len(), 2);
+    assert_eq!(kept.pipeline.parameters(0).unwrap(), plain.pipeline.parameters(0).unwrap());
+    let announced: Vec<u64> =
+        kept_events.iter().filter_map(|e| if let Event::Best { step, .. } = e { Some(*step) } else { None }).collect();
+    assert!(announced.len() >= 3, "bests at steps {announced:?}");
+    assert_eq!(bests.iter().map(|b| b.0).collect::<Vec<_>>(), announced);
+    for (step, weights) in &bests {
+        let (_, want) = &after_each[*step as usize - 1];
+        assert!(weights == want, "the best of step {step} holds the weights after it");
+    }
+    assert_eq!(kept.selection.best.map(|b| b.step), announced.last().copied());
+    // Patience 1 on accuracy (a few values over 12 samples, so ties come) stops at the first
+    // evaluation no better than every one before it.
+    let accuracy: Vec<f64> = plain_events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Eval { eval, .. } | Event::Epoch { eval, .. } => Some(eval.accuracy),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(accuracy.len() as u64, plain.position.step, "an evaluation after every step");
+    let best_before = |i: usize| accuracy[..i].iter().copied().fold(f64::MIN, f64::max);
+    let not_better = (1..accuracy.len()).find(|&i| accuracy[i] <= best_before(i)).unwrap() as u64 + 1;
+    let (stopped, stopped_events, _) = run(KeepBest::Accuracy, 1, "patience");
+    assert_eq!(stopped.position.step, not_better);
+    let said = stopped_events.iter().any(|e| matches!(e, Event::EarlyStop { step, .. } if *step == not_better));
+    assert!(stopped.stopped_early() && said);
+    assert_eq!(curve(&stopped_events), curve(&plain_events)[..not_better as usize]);
 }
