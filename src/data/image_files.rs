@@ -23,18 +23,64 @@ pub fn read_idx_images(path: &Path) -> Result<Vec<ImagePixels>> {
 /// A PNG (grayscale, RGB, with or without alpha, 8 or 16 bits; alpha is dropped) or PGM
 /// (`P2` text or `P5` binary) file.
 pub fn read_image_file(path: &Path) -> Result<ImagePixels> {
-    read_image_file_as_stored(path).map(|image| image.pixels)
+    read_image_file_as_stored(path).map(StoredImage::into_pixels)
 }
 
-/// An image file's pixels and how they were stored.
+/// An image file's pixels as its format stored them, and how.
 pub(crate) struct StoredImage {
-    /// As [`read_image_file`] gives them.
-    pub pixels: ImagePixels,
-    /// The largest value of the file's format, which its values were divided by (255 for an
-    /// 8-bit PNG, 65535 for a 16-bit one, a PGM's own maximum).
+    /// Width, height and channels.
+    pub shape: (usize, usize, usize),
+    /// `[C, H, W]` values.
+    values: Values,
+    /// The largest value of the file's format, which its values are divided by (255 for an
+    /// 8-bit PNG or a JPEG, 65535 for a 16-bit PNG, a PGM's own maximum).
     pub max: u32,
     /// Whether an alpha channel was dropped.
     pub alpha: bool,
+}
+
+/// An image's values: 8-bit levels kept as bytes until they are scaled (after a resize, which
+/// works on the levels, as Pillow's does), or values already scaled to `[0, 1]`.
+enum Values {
+    Levels(Vec<u8>),
+    Scaled(Vec<f32>),
+}
+
+impl StoredImage {
+    /// An image of 8-bit levels (`max` 255), `[C, H, W]`.
+    pub fn of_levels((w, h, c): (usize, usize, usize), levels: Vec<u8>, alpha: bool) -> Self {
+        StoredImage { shape: (w, h, c), values: Values::Levels(levels), max: 255, alpha }
+    }
+
+    /// An image of values already divided by the format's `max`.
+    pub fn of_scaled((w, h, c, pixels): ImagePixels, max: u32, alpha: bool) -> Self {
+        StoredImage { shape: (w, h, c), values: Values::Scaled(pixels), max, alpha }
+    }
+
+    /// The pixels as [`read_image_file`] gives them.
+    pub fn into_pixels(self) -> ImagePixels {
+        let (w, h, c) = self.shape;
+        (w, h, c, scaled(self.values))
+    }
+
+    /// The pixels resized to `side` × `side` ([`resize_image`](super::resize_image)'s
+    /// resampling), or as they are where the image is already of that size.
+    pub fn resized(self, side: usize) -> Vec<f32> {
+        let (w, h, c) = self.shape;
+        match self.values {
+            _ if (w, h) == (side, side) => scaled(self.values),
+            Values::Levels(levels) => super::resize::resize_levels(&levels, c, (h, w), (side, side)),
+            Values::Scaled(pixels) => super::resize_image(&pixels, self.max, c, (h, w), (side, side)),
+        }
+    }
+}
+
+/// Values in `[0, 1]`.
+fn scaled(values: Values) -> Vec<f32> {
+    match values {
+        Values::Levels(levels) => levels.iter().map(|&v| f32::from(v) / 255.0).collect(),
+        Values::Scaled(pixels) => pixels,
+    }
 }
 
 /// [`read_image_file`], with the format's maximum and whether alpha was dropped.
@@ -44,9 +90,7 @@ pub(crate) fn read_image_file_as_stored(path: &Path) -> Result<StoredImage> {
         Some(ImageFormat::Png) => decode_png(path, &bytes),
         Some(ImageFormat::Jpeg) => {
             let image = decode_jpeg(&bytes, MAX_IMAGE_PIXELS).map_err(|e| dataset_error(path, None, e))?;
-            let (w, h, c) = (image.width, image.height, image.channels);
-            let pixels = image.pixels.iter().map(|&v| f32::from(v) / 255.0).collect();
-            Ok(StoredImage { pixels: (w, h, c, pixels), max: 255, alpha: false })
+            Ok(StoredImage::of_levels((image.width, image.height, image.channels), image.pixels, false))
         }
         Some(ImageFormat::Pgm) => decode_pgm(path, &bytes),
         None => Err(dataset_error(path, None, "is not a PNG, JPEG or PGM image (by its first bytes)")),
@@ -95,18 +139,14 @@ fn decode_png(path: &Path, bytes: &[u8]) -> Result<StoredImage> {
             return Err(dataset_error(path, None, "is an indexed PNG that did not expand; save it as gray or RGB"));
         }
     };
-    let sixteen = frame.bit_depth == png::BitDepth::Sixteen;
-    let value = |i: usize| -> f32 {
-        if sixteen { u16::from_be_bytes([buf[2 * i], buf[2 * i + 1]]) as f32 / 65535.0 } else { buf[i] as f32 / 255.0 }
-    };
-    // Interleaved `[H, W, stored]` to channel-first `[kept, H, W]`.
-    let mut px = vec![0.0; kept * h * w];
-    for c in 0..kept {
-        for i in 0..h * w {
-            px[c * h * w + i] = value(i * stored + c);
-        }
+    // The values of the interleaved `[H, W, stored]` in channel-first `[kept, H, W]` order.
+    let order = || (0..kept).flat_map(move |c| (0..h * w).map(move |i| i * stored + c));
+    let alpha = stored > kept;
+    if frame.bit_depth == png::BitDepth::Sixteen {
+        let pixels = order().map(|i| f32::from(u16::from_be_bytes([buf[2 * i], buf[2 * i + 1]])) / 65535.0).collect();
+        return Ok(StoredImage::of_scaled((w, h, kept, pixels), 65535, alpha));
     }
-    Ok(StoredImage { pixels: (w, h, kept, px), max: if sixteen { 65535 } else { 255 }, alpha: stored > kept })
+    Ok(StoredImage::of_levels((w, h, kept), order().map(|i| buf[i]).collect(), alpha))
 }
 
 /// Largest image side accepted (a 61-megapixel camera's photos fit, to be resized by
@@ -218,8 +258,11 @@ fn decode_pgm(path: &Path, bytes: &[u8]) -> Result<StoredImage> {
     if let Some(v) = values.iter().find(|&&v| v > max) {
         return Err(dataset_error(path, None, format!("PGM value {v} exceeds its maximum {max}")));
     }
+    if max == 255 {
+        return Ok(StoredImage::of_levels((w, h, 1), values.iter().map(|&v| v as u8).collect(), false));
+    }
     let pixels = (w, h, 1, values.iter().map(|&v| v as f32 / max as f32).collect());
-    Ok(StoredImage { pixels, max: max as u32, alpha: false })
+    Ok(StoredImage::of_scaled(pixels, max as u32, false))
 }
 
 #[cfg(test)]
@@ -246,6 +289,25 @@ mod tests {
     impl Drop for Scratch {
         fn drop(&mut self) {
             let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    /// An image kept as 8-bit levels gives the pixels, resized or not, that the same image
+    /// scaled to `[0, 1]` first gives, to the bit, at sizes up, down and unchanged.
+    #[test]
+    fn levels_resize_as_their_scaled_values_do() {
+        let mut rng = crate::rng::Rng::new(7);
+        for (w, h, c, side) in [(5, 3, 3, 4), (7, 7, 1, 7), (2, 9, 3, 6), (16, 12, 1, 3)] {
+            let levels: Vec<u8> = (0..w * h * c).map(|_| rng.below(256) as u8).collect();
+            let scaled: Vec<f32> = levels.iter().map(|&v| f32::from(v) / 255.0).collect();
+            let as_levels = || StoredImage::of_levels((w, h, c), levels.clone(), false);
+            let as_scaled = || StoredImage::of_scaled((w, h, c, scaled.clone()), 255, false);
+            assert_eq!(as_levels().into_pixels(), as_scaled().into_pixels());
+            assert_eq!(as_levels().resized(side), as_scaled().resized(side), "{w}×{h}×{c} to {side}");
+            if (w, h) != (side, side) {
+                let resized = super::super::resize_image(&scaled, 255, c, (h, w), (side, side));
+                assert_eq!(as_levels().resized(side), resized);
+            }
         }
     }
 

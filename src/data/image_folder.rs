@@ -8,9 +8,8 @@
 
 use super::dataset::{Dataset, TEST_FILE_ID_BASE, shown_classes, sorted_classes};
 use super::files::dataset_error;
-use super::image_files::{StoredImage, read_image_file_as_stored};
+use super::image_files::read_image_file_as_stored;
 use super::images::ImageSample;
-use super::resize::resize_image;
 use crate::error::Result;
 use std::path::{Path, PathBuf};
 
@@ -48,9 +47,9 @@ pub(crate) fn files_under(dir: &Path) -> Result<Vec<PathBuf>> {
 /// folder's subfolders (sorted as labels are, as numbers where all are integers), every image
 /// of the first one's format maximum (8-bit, 16-bit, a PGM's own) and `channels` channels, and
 /// square and of the first one's size, or of any size and resized to `resize_to ×
-/// resize_to` ([`resize_image`]); a held-out subfolder must be one of the classes. Ids count
-/// the images in folder then file name order, from [`TEST_FILE_ID_BASE`] in the held-out
-/// folder.
+/// resize_to` ([`resize_image`](super::resize_image)); a held-out subfolder must be one of the
+/// classes. Ids count the images in folder then file name order, from [`TEST_FILE_ID_BASE`] in
+/// the held-out folder.
 pub(crate) fn image_folders(
     train: &Path,
     test: Option<&Path>,
@@ -205,7 +204,8 @@ fn images(
     }
     // Each file alone: decoded, of the channels asked for, square or resized.
     let decoded = read_each(&files, |(_, file)| {
-        let StoredImage { pixels: (w, h, c, pixels), max, alpha } = read_image_file_as_stored(file)?;
+        let image = read_image_file_as_stored(file)?;
+        let ((w, h, c), max, alpha) = (image.shape, image.max, image.alpha);
         let bad = |message: String| Err(dataset_error(file, None, message));
         if w != h && resize_to.is_none() {
             return bad(format!(
@@ -220,10 +220,8 @@ fn images(
             ));
         }
         Ok(match resize_to {
-            Some(side) if (w, h) != (side, side) => {
-                (resize_image(&pixels, max, c, (h, w), (side, side)), side, max, (w, h))
-            }
-            _ => (pixels, w, max, (w, h)),
+            Some(side) => (image.resized(side), side, max, (w, h)),
+            None => (image.into_pixels().3, w, max, (w, h)),
         })
     });
     // Each against the first, in order.

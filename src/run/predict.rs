@@ -784,7 +784,7 @@ impl<D: Device> Predictor<D> {
                     .into_iter()
                     .enumerate()
                     .map(|(i, pixels)| {
-                        let image = StoredImage { pixels, max: 255, alpha: false };
+                        let image = StoredImage::of_scaled(pixels, 255, false);
                         Ok((format!("{input}#{i}"), self.fitted(input, image)?))
                     })
                     .collect(),
@@ -879,12 +879,12 @@ impl<D: Device> Predictor<D> {
         let Reader::Image { size, channels, resize, .. } = self.reader else {
             return Err(config_error("input", format!("this {:?} model does not read images", self.family())));
         };
-        let (w, h, c, pixels) = image.pixels;
-        if resize && c == channels && (w, h) != (size, size) {
-            return Ok(crate::data::resize_image(&pixels, image.max, c, (h, w), (size, size)));
+        let (w, h, c) = image.shape;
+        if resize && c == channels {
+            return Ok(image.resized(size));
         }
         check_size(input, w, h, c, size, channels)?;
-        Ok(pixels)
+        Ok(image.into_pixels().3)
     }
 
     /// The model's outputs on the host; an error when one is not finite (a NaN would read
