@@ -3654,6 +3654,11 @@ fn summary_of(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
 }
 
+/// An accuracy from a summary, as the logs show it.
+fn accuracy(value: &serde_json::Value) -> String {
+    pipetransformer::train::KeepBest::Accuracy.show(value.as_f64().unwrap())
+}
+
 fn weights_in(dir: &Path, folder: &str) -> Vec<u8> {
     std::fs::read(dir.join(folder).join("model.safetensors")).unwrap()
 }
@@ -3675,7 +3680,7 @@ fn the_best_evaluation_is_kept_and_patience_ends_the_run() {
     let (best, stop) = (s["best"]["step"].as_u64().unwrap(), s["steps"].as_u64().unwrap());
     assert_eq!(s["stopped_early"], true, "{out}");
     assert!(
-        out.contains(&format!("best accuracy: {} at step {best}, stopped early", show(&s["best"]["value"]))),
+        out.contains(&format!("best accuracy: {} at step {best}, stopped early", accuracy(&s["best"]["value"]))),
         "{out}"
     );
     // From the log: the best is the first evaluation of the highest accuracy, and the run
@@ -3696,7 +3701,9 @@ fn the_best_evaluation_is_kept_and_patience_ends_the_run() {
     assert_eq!(evals.len() - at - 1, 2, "two evaluations after the best: {evals:?}");
     assert_eq!(evals.last().map(|e| e.0), Some(stop), "{out}");
     let report = std::fs::read_to_string(kept.join("report.html")).unwrap();
-    assert!(report.contains(&format!("Best validation accuracy: <b>{}</b> at step {best}", show(&s["best"]["value"]))));
+    assert!(
+        report.contains(&format!("Best validation accuracy: <b>{}</b> at step {best}", accuracy(&s["best"]["value"])))
+    );
     assert!(report.contains(&format!("Stopped early at step {stop}: 2 evaluations")), "{report}");
 
     // The best weights are those of a run that ends at the best step; the last ones, those
@@ -3712,7 +3719,7 @@ fn the_best_evaluation_is_kept_and_patience_ends_the_run() {
     let best_dir = kept.join("best").display().to_string();
     let args = ["evaluate", "--model", &best_dir, "--config", "configs/vit-digits.toml", "--set", SELECTION[0]];
     let (ok, out) = pipetransformer(&args);
-    assert!(ok && out.contains(&format!("accuracy {},", show(&s["best"]["value"]))), "{out}");
+    assert!(ok && out.contains(&format!("accuracy {},", accuracy(&s["best"]["value"]))), "{out}");
 
     // Stopped one evaluation after the best, and resumed: the same best, the same stop.
     let resumed = scratch("keep-best-resumed");
@@ -3747,9 +3754,4 @@ fn launched_stage_processes_keep_the_best_one_process_keeps() {
     assert_eq!((&a["best"], &a["steps"], &a["stopped_early"]), (&b["best"], &b["steps"], &b["stopped_early"]));
     assert!(weights_in(&one, "best") == weights_in(&many, "best"), "best/ as one process writes it");
     assert!(weights_in(&one, "model") == weights_in(&many, "model"));
-}
-
-/// An accuracy as the logs show it.
-fn show(value: &serde_json::Value) -> String {
-    format!("{:.2}%", 100.0 * value.as_f64().unwrap())
 }

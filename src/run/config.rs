@@ -239,36 +239,6 @@ impl DataSection {
     }
 }
 
-impl RunConfig {
-    /// `train.keep_best` picks weights by their evaluation: on a classifier's test split that
-    /// would make the test score the selection's own, and optimistic, so it needs a
-    /// validation split (a corpus's held-out text is its only one); and it needs the metric.
-    fn check_selection(&self) -> Result<()> {
-        let (keep, corpus) = (self.train.keep_best, self.data.dataset.is_corpus());
-        if keep != KeepBest::Off && self.data.evaluated_on() == "test" && !corpus {
-            return Err(Error::Config {
-                field: "train.keep_best".into(),
-                message: format!(
-                    "{}: picks the weights of the best evaluation, and this run evaluates on the test split, whose \
-                     score would then be the selection's own (and optimistic): carve a validation split out of the \
-                     training samples with data.validation_fraction (0.1, say)",
-                    keep.name()
-                ),
-            });
-        }
-        if keep == KeepBest::MacroF1 && corpus {
-            return Err(Error::Config {
-                field: "train.keep_best".into(),
-                message: format!(
-                    "macro_f1 is a classifier's metric; {} trains a language model: keep its best by loss or accuracy",
-                    self.data.dataset.key()
-                ),
-            });
-        }
-        Ok(())
-    }
-}
-
 impl DataSection {
     /// A dataset of the user's files needs `train_file`; the built-in ones read none.
     fn check_files(&self) -> Result<()> {
@@ -821,6 +791,34 @@ impl RunConfig {
             let table = given.get(section)?.get(key)?.as_table()?;
             table.keys().find(|k| !known.contains_key(*k)).map(|k| format!("{section}.{key}.{k}"))
         })
+    }
+
+    /// `train.keep_best` picks weights by their evaluation: on a classifier's test split that
+    /// would make the test score the selection's own, and optimistic, so it needs a
+    /// validation split (a corpus's held-out text is its only one); and it needs the metric.
+    fn check_selection(&self) -> Result<()> {
+        let (keep, corpus) = (self.train.keep_best, self.data.dataset.is_corpus());
+        if keep != KeepBest::Off && self.data.evaluated_on() == "test" && !corpus {
+            return Err(Error::Config {
+                field: "train.keep_best".into(),
+                message: format!(
+                    "{}: picks the weights of the best evaluation, and this run evaluates on the test split, whose \
+                     score would then be the selection's own (and optimistic): carve a validation split out of the \
+                     training samples with data.validation_fraction (0.1, say)",
+                    keep.name()
+                ),
+            });
+        }
+        if keep == KeepBest::MacroF1 && corpus {
+            return Err(Error::Config {
+                field: "train.keep_best".into(),
+                message: format!(
+                    "macro_f1 is a classifier's metric; {} trains a language model: keep its best by loss or accuracy",
+                    self.data.dataset.key()
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Checks every setting no run can use, naming it as a config writes it: what parsing a

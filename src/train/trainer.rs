@@ -131,9 +131,10 @@ pub struct Trainer<D: Device> {
     /// The best evaluation on `config.keep_best` and the evaluations since a better one
     /// (saved in checkpoints).
     pub selection: Selection,
-    /// An evaluation that scored a new best, its weights still the pipeline's: [`fit`](Self::fit)
-    /// returns after it for the caller to keep them ([`take_new_best`](Self::take_new_best)).
-    new_best: Option<Scored>,
+    /// Whether the last evaluation scored a new best (`selection.best`), its weights still the
+    /// pipeline's: [`fit`](Self::fit) returns after it for the caller to keep them
+    /// ([`take_new_best`](Self::take_new_best)).
+    new_best: bool,
 }
 
 /// A checkpoint's contents taken from the pipeline between two steps ([`Trainer::snapshot`]):
@@ -197,7 +198,7 @@ impl<D: Device> Trainer<D> {
             epoch_work: (0, 0.0),
             stopping: false,
             selection: Selection::default(),
-            new_best: None,
+            new_best: false,
         })
     }
 
@@ -226,7 +227,7 @@ impl<D: Device> Trainer<D> {
     /// The evaluation that scored a new best since the last call, if one did: the pipeline
     /// holds its weights until the next [`fit`](Self::fit).
     pub fn take_new_best(&mut self) -> Option<Scored> {
-        self.new_best.take()
+        std::mem::take(&mut self.new_best).then_some(self.selection.best).flatten()
     }
 
     /// Whether the last [`fit`](Self::fit) ended on a [stop request](super::request_stop) (the
@@ -396,7 +397,7 @@ impl<D: Device> Trainer<D> {
         let verdict = self.selection.observe(metric, self.config.early_stopping_min_delta, step, eval);
         let best = verdict == Verdict::Best;
         if let (true, Some(scored)) = (best, self.selection.best) {
-            self.new_best = Some(scored);
+            self.new_best = true;
             on_event(&Event::Best { step, epoch, metric, value: scored.value });
         }
         if let (true, Some(best)) = (self.stopped_early(), self.selection.best) {
@@ -833,7 +834,7 @@ impl<D: Device> Trainer<D> {
         self.pipeline.load_optimizer_state(&opt)?;
         self.position = position;
         self.selection = Selection::restored(selection, self.config.keep_best);
-        self.new_best = None;
+        self.new_best = false;
         // A shape of the caller's own takes a batch a step, as a fresh run of it does (only
         // a controller, `scale-lr`, takes more, and it chose the checkpoint's shape).
         self.batches_per_step = if reshaped_from.is_some() { 1 } else { batches_per_step };
