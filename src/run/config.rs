@@ -1269,7 +1269,7 @@ dir = "runs/x"
             let sets = [format!("data.dataset=\"{dataset}\""), "data.test_fraction=0.3".into()];
             let c = RunConfig::parse(BASE, "base", &sets).unwrap();
             let warned = c.warnings.iter().any(|w| w.starts_with("data.test_fraction = 0.3 has no effect"));
-            (warned, crate::run::job::data_settings(&c).get("data.test_fraction").is_some())
+            (warned, crate::run::fingerprint::data_settings(&c).get("data.test_fraction").is_some())
         };
         assert_eq!(fraction("hamlet"), (true, false));
         assert_eq!(fraction("fashion_mnist"), (true, false));

@@ -2,23 +2,29 @@
 //! sources, the job that builds and drives everything, its progress lines and its report.
 
 pub mod config;
+mod data_setup;
+mod fingerprint;
 pub mod job;
 pub mod launch;
 mod metrics_log;
+mod model_setup;
+mod output_dir;
 pub mod overfit;
 pub mod predict;
 pub mod progress;
 pub mod report;
+mod slicing;
 pub mod source;
 
 pub use config::{DataSection, DatasetName, ModelSection, OutputSection, PipelineSection, RunConfig};
-pub use job::{
-    DataInfo, Job, PlannedSlicing, Resumed, ResumedPlan, Summary, build_model, check_across_processes, check_start,
-    checkpoint_path, prepare_data, trace_in_the_way, unigram_loss,
-};
+pub use data_setup::{DataInfo, TokenizerIds, prepare_data, unigram_loss};
+pub use job::{Job, Resumed, ResumedPlan, Summary, check_across_processes};
 pub use launch::{LaunchOptions, ProcessEnv, launch};
+pub use model_setup::build_model;
+pub use output_dir::{PER_NODE_SETTINGS, check_start, checkpoint_path, trace_in_the_way};
 pub use predict::{ClassPrediction, Generation, LabelledRows, Predictor, Sampling};
 pub use progress::ProgressLines;
+pub use slicing::PlannedSlicing;
 pub use source::{Augment, SampleSource, subset};
 
 use crate::device::{AnyDevice, AnyDevices, CpuDevice, DeviceKind, HostPool, Precision};

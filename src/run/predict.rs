@@ -4,10 +4,9 @@
 //! on with the rest.
 
 use super::config::RunConfig;
-use super::job::{
-    CHECKPOINT, DataKind, LOG, MAX_LEN, PIXEL_MAX, TEST_FILE, TOKENIZER, TRAIN_FILE, class_list, data_settings,
-    prepare_data,
-};
+use super::data_setup::{DataKind, class_list, prepare_data};
+use super::fingerprint::{MAX_LEN, PIXEL_MAX, TEST_FILE, TOKENIZER, TRAIN_FILE, data_settings};
+use super::output_dir::{CHECKPOINT, LOG};
 use crate::data::{StoredImage, read_idx_images};
 use crate::device::Device;
 use crate::error::{Error, Result, config_error, data_error};

@@ -1,0 +1,158 @@
+//! TeraPipe's token slicing for a run: the units' measured costs the planners balance, and the
+//! slicing each pipeline shape gets (the `--token-slices` list as given, or `auto`'s plan over a
+//! measured slice-latency profile).
+
+use super::config::RunConfig;
+use crate::device::Device;
+use crate::elastic::controller::Slicer;
+use crate::error::{Result, config_error};
+use crate::model::{HeadSpec, HostBatch, Model, Spec};
+use crate::pipeline::{
+    AutoSliced, PipelineConfig, Plan, UnitProfile, samples_per_micro_batch, unit_profiles_per_sample,
+};
+use crate::terapipe::{SlicingPlan, SlicingProfile, StageLoad, TokenSlices};
+
+/// The first micro-batch `plan` cuts the first training batch into (what the planners
+/// measure on).
+fn first_micro_batch(first: &HostBatch, plan: &PipelineConfig) -> Result<HostBatch> {
+    Ok(first.split(plan.replicas.saturating_mul(plan.micro_batches).clamp(1, first.batch))?.swap_remove(0))
+}
+
+/// The units' costs the planner balances, for one micro-batch of the first training batch
+/// under `plan`: measured where AutoPipe balances on them (or when asked), else from FLOPs.
+/// Returns them per sample and per micro-batch.
+pub(super) fn planning_profiles<D: Device>(
+    config: &RunConfig,
+    dev: &D,
+    model: &mut Model<D>,
+    first: &HostBatch,
+    plan: &PipelineConfig,
+) -> Result<(Vec<UnitProfile>, Vec<UnitProfile>)> {
+    let micro = first_micro_batch(first, plan)?;
+    let measure = config.pipeline.profile || config.elastic.auto_pipe;
+    let per_sample = unit_profiles_per_sample(dev, model, &micro, measure)?;
+    let micro_samples = samples_per_micro_batch(first.batch, plan.replicas, plan.micro_batches);
+    let profiles = per_sample.iter().map(|p| p.scaled(micro_samples as f64)).collect();
+    Ok((per_sample, profiles))
+}
+
+/// What `auto` slicing planned for the initial shape (none where it runs whole micro-batches
+/// or the fewest equal slices), and the slicer of the shapes AutoPipe changes to.
+type AutoSlicing = (Option<PlannedSlicing>, Slicer);
+
+/// `auto`'s slicer of the shapes after the first, by [`Plan::auto_slicing`]'s rule in the
+/// controller: on more than one stage TeraPipe's planner over `profile`'s measurement; on one
+/// stage (and where nothing was measured: a run on one device, or without AutoPipe, that
+/// began on one stage) whole micro-batches, which the rule's fallback cuts into equal slices
+/// where they exceed the memory limit.
+fn auto_slicer(profile: Option<SlicingProfile>) -> Slicer {
+    Box::new(move |config, samples, units, stages| match (config.pipeline_len, &profile) {
+        (1, _) | (_, None) => Ok(Vec::new()),
+        (_, Some(profile)) => Ok(lengths(&profile.plan_stages(config, samples, units, stages)?.0)),
+    })
+}
+
+/// TeraPipe's slicing for a pipeline, and the slowest of the stages it modelled.
+#[derive(Clone, Debug)]
+pub struct PlannedSlicing {
+    /// The slicing.
+    pub plan: SlicingPlan,
+    /// The stage.
+    pub stage: StageLoad,
+    /// Each slice of a micro-batch as `(tokens, context, seconds)`: its forward and backward
+    /// on that stage after the slices before it, with its transfers across the stage's
+    /// boundary, as the latency model predicts (later slices attend to more context, which
+    /// is why `auto` may make them shorter).
+    pub slice_seconds: Vec<(usize, usize, f64)>,
+}
+
+/// Whether the model and the activation cache take the token slices `config` asks for: token
+/// slicing needs a causal language model, and the cache holds whole sequences.
+pub(super) fn check_token_slices(config: &RunConfig, spec: &Spec) -> Result<()> {
+    if config.pipeline.token_slices == TokenSlices::Off {
+        return Ok(());
+    }
+    if !spec.causal || spec.head != HeadSpec::TiedLmHead {
+        return Err(config_error(
+            "pipeline.token_slices",
+            format!(
+                "token slicing needs a causal language model (GPT); this {} model attends in both directions or classifies whole sequences",
+                spec.family
+            ),
+        ));
+    }
+    if config.elastic.cache {
+        return Err(config_error(
+            "pipeline.token_slices",
+            "the frozen-activation cache (elastic.cache) does not take token slices; turn one off",
+        ));
+    }
+    Ok(())
+}
+
+/// The token slices `config` asks for, for sequences like `first`'s ([`check_token_slices`]
+/// first); `auto` measures the model's layer on `dev` and slices `plan`'s pipeline of units
+/// costing `units` per micro-batch by [`Plan::auto_slicing`]'s rule (its planner's plan
+/// returned beside the lengths where it runs one, and the measurement, to slice the shapes
+/// AutoPipe changes to).
+pub(super) fn token_slices<D: Device>(
+    config: &RunConfig,
+    devices: &[D],
+    model: &mut Model<D>,
+    first: &HostBatch,
+    plan: &PipelineConfig,
+    units: &[UnitProfile],
+) -> Result<(Vec<usize>, Option<AutoSlicing>)> {
+    let request = &config.pipeline.token_slices;
+    match request {
+        TokenSlices::Off => return Ok((Vec::new(), None)),
+        TokenSlices::Auto => {}
+        _ => return Ok((request.lengths(first.seq)?, None)),
+    }
+    // The stages the pipeline will cut (its frozen prefix on the first, as `Pipeline::new`).
+    let pinned = model.frozen_prefix();
+    let dev = devices.first().ok_or_else(|| config_error("devices", "none opened"))?;
+    let micro = first_micro_batch(first, plan)?;
+    // One stage has no fill or drain for slices to shorten: `auto` keeps its micro-batches
+    // whole, whatever noisy timings would predict, unless they exceed the memory limit where
+    // equal slices do not (as for any shape AutoPipe changes to). AutoPipe may still run a
+    // longer pipeline on the devices open (a resumed checkpoint's, and its trials of it): the
+    // layer is measured for those.
+    if plan.pipeline_len == 1 {
+        let longer = config.elastic.auto_pipe && devices.len() > 1;
+        let profile = if longer { Some(SlicingProfile::measure(dev, model, &micro)?) } else { None };
+        let whole = |_: &PipelineConfig| Ok(Vec::new());
+        let sliced = match Plan::auto_slicing(plan, units, pinned, None, first.seq, whole, Vec::clone)? {
+            AutoSliced::Equal(lengths) => lengths,
+            AutoSliced::Planned(_) | AutoSliced::Whole => Vec::new(),
+        };
+        return Ok((sliced, Some((None, auto_slicer(profile)))));
+    }
+    let profile = SlicingProfile::measure(dev, model, &micro)?;
+    let slice =
+        |c: &PipelineConfig| Plan::slice_cut(c, units, pinned, |s| profile.plan_stages(c, micro.batch, units, s));
+    let (sliced, planned) = match Plan::auto_slicing(plan, units, pinned, None, first.seq, slice, |(p, _)| lengths(p))?
+    {
+        AutoSliced::Planned((planned, stage)) => {
+            let latency = profile.latency(&stage, plan.pipeline_len, micro.batch)?;
+            let mut context = 0;
+            let mut slice_seconds = Vec::new();
+            for &len in planned.micro_batches.first().map_or(&[][..], |m| &m.slices) {
+                // (The planner's unit is one micro-batch: the model's batch dimension is 1.)
+                slice_seconds.push((len, context, latency.slice_time(1, len, context)?));
+                context += len;
+            }
+            (lengths(&planned), Some(PlannedSlicing { plan: planned, stage, slice_seconds }))
+        }
+        // (Main says which, and why.)
+        AutoSliced::Whole => (Vec::new(), None),
+        AutoSliced::Equal(lengths) => (lengths, None),
+    };
+    Ok((sliced, Some((planned, auto_slicer(Some(profile))))))
+}
+
+/// The token slices `planned` cuts every micro-batch into; none where it keeps them whole.
+fn lengths(planned: &SlicingPlan) -> Vec<usize> {
+    let lengths = planned.micro_batches.first().map(|m| m.slices.clone()).unwrap_or_default();
+    if lengths.len() > 1 { lengths } else { Vec::new() }
+}
