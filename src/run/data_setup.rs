@@ -1,10 +1,10 @@
 //! The data a run reads: the dataset its config names, split (a validation part carved off the
 //! training half where asked), tokenised once, and wrapped as the trainer's batch source; and
 //! what the data turned out to be ([`DataInfo`]), which the model is built for and the summary
-//! reports.
+//! reports. Also where a text run's tokenizer is read from (`model.tokenizer`, else the
+//! pretrained folder, whose absence is said by its setting before anything is read).
 
 use super::config::{DataSection, DatasetName, RunConfig};
-use super::model_setup::tokenizer_dir;
 use super::source::{SampleSource, subset};
 use crate::data::{self, ImageSample, LmSequence, TextSample};
 use crate::error::{Error, Result, config_error};
@@ -142,6 +142,46 @@ pub(crate) fn class_list(labels: &[String]) -> String {
     };
     let plural = if labels.len() == 1 { "" } else { "es" };
     format!("{} class{plural} ({names})", labels.len())
+}
+
+/// Refuses a `model.pretrained` that is not a folder, naming the setting and how the configs'
+/// folders are installed (a missing one otherwise surfaced as its first file's read error).
+pub(super) fn check_pretrained(dir: &std::path::Path) -> Result<()> {
+    match dir.is_dir() {
+        true => Ok(()),
+        false => Err(config_error(
+            "model.pretrained",
+            format!(
+                "{} is not a folder; expected a Hugging Face model folder (config.json, model.safetensors, \
+                 tokenizer.json): `make setup` (scripts/setup.sh) installs the ones configs/ name",
+                dir.display()
+            ),
+        )),
+    }
+}
+
+/// The folder a text run's `tokenizer.json` is read from: `model.tokenizer`, else the
+/// pretrained model's.
+pub(super) fn tokenizer_dir(config: &RunConfig) -> Result<&std::path::Path> {
+    let m = &config.model;
+    match (&m.tokenizer, &m.pretrained) {
+        (Some(dir), _) if !dir.is_dir() => Err(config_error(
+            "model.tokenizer",
+            format!("{} is not a folder; expected a folder holding tokenizer.json", dir.display()),
+        )),
+        (Some(dir), _) if !dir.join(weights::TOKENIZER_FILE).is_file() => Err(config_error(
+            "model.tokenizer",
+            format!("{} holds no {}; expected a folder holding one", dir.display(), weights::TOKENIZER_FILE),
+        )),
+        (Some(dir), _) => Ok(dir),
+        (None, Some(dir)) => check_pretrained(dir).map(|()| dir.as_path()),
+        (None, None) => Err(config_error(
+            "model.tokenizer",
+            "a text dataset needs a tokenizer: model.pretrained (a Hugging Face model folder), or, for a model \
+             built from model.config, model.tokenizer (a folder holding tokenizer.json, such as \
+             weights/all-minilm-l6-v2)",
+        )),
+    }
 }
 
 /// Loads the dataset of `config` and wraps it as a batch source whose training steps hold at
@@ -432,5 +472,20 @@ mod tests {
         assert_eq!(hold_out_validation(split.clone(), 0.0, 3).unwrap(), split, "0: the split as it was");
         let err = hold_out_validation(toy(4).split_stratified(0.5, 1).unwrap(), 0.01, 1).unwrap_err().to_string();
         assert!(err.contains("data.validation_fraction"), "{err}");
+    }
+
+    /// A pretrained folder that is not there is named by its setting, with the way to install it.
+    #[test]
+    fn a_missing_pretrained_folder_is_named_by_its_setting() {
+        let config = super::RunConfig::parse(
+            "[model]\npretrained = \"weights/pt-no-such-model\"\n[data]\ndataset = \"rotten_tomatoes\"\nbatch_size = 8\n\
+             [train]\nepochs = 1\nlr = 1e-4\n[output]\ndir = \"runs/x\"\n",
+            "test",
+            &[],
+        )
+        .unwrap();
+        let e = super::tokenizer_dir(&config).unwrap_err().to_string();
+        assert!(e.contains("model.pretrained") && e.contains("pt-no-such-model is not a folder"), "{e}");
+        assert!(e.contains("make setup"), "{e}");
     }
 }

@@ -3,7 +3,7 @@
 //! the setting that changed; an evaluation on a split holding training samples is refused.
 
 use super::config::RunConfig;
-use super::model_setup::tokenizer_dir;
+use super::data_setup::tokenizer_dir;
 use crate::data;
 use crate::weights;
 use std::path::Path;

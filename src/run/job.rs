@@ -5,10 +5,10 @@
 //! find there). The `train` command of the binary is this plus a progress bar.
 
 use super::config::{RunConfig, named_as_written};
-use super::data_setup::{DataInfo, prepare_data};
+use super::data_setup::{DataInfo, prepare_data, tokenizer_dir};
 use super::fingerprint::{MAX_LEN, TEST_FILE, TOKENIZER, TRAIN_FILE, data_settings};
 use super::metrics_log::MetricsLog;
-use super::model_setup::{build_model, check_head_dim, check_images, tokenizer_dir};
+use super::model_setup::{build_model, check_head_dim, check_images};
 use super::output_dir::{BEST, LOG, MODEL, SET_ASIDE, checkpoint_path};
 use super::slicing::{PlannedSlicing, check_token_slices, planning_profiles, token_slices};
 use crate::comm::process_group::ProcessGroup;

@@ -3,52 +3,12 @@
 //! data it reads, its tokenizer's ids, its images' shape, its heads' width on the device).
 
 use super::config::RunConfig;
-use super::data_setup::{DataInfo, DataKind};
+use super::data_setup::{DataInfo, DataKind, check_pretrained};
 use crate::data;
 use crate::device::Device;
 use crate::error::{Error, Result, config_error};
 use crate::model::{InputSpec, Model, ModelConfig};
 use crate::weights::{self, LoadOptions, LoadReport};
-
-/// Refuses a `model.pretrained` that is not a folder, naming the setting and how the configs'
-/// folders are installed (a missing one otherwise surfaced as its first file's read error).
-pub(super) fn check_pretrained(dir: &std::path::Path) -> Result<()> {
-    match dir.is_dir() {
-        true => Ok(()),
-        false => Err(config_error(
-            "model.pretrained",
-            format!(
-                "{} is not a folder; expected a Hugging Face model folder (config.json, model.safetensors, \
-                 tokenizer.json): `make setup` (scripts/setup.sh) installs the ones configs/ name",
-                dir.display()
-            ),
-        )),
-    }
-}
-
-/// The folder a text run's `tokenizer.json` is read from: `model.tokenizer`, else the
-/// pretrained model's.
-pub(super) fn tokenizer_dir(config: &RunConfig) -> Result<&std::path::Path> {
-    let m = &config.model;
-    match (&m.tokenizer, &m.pretrained) {
-        (Some(dir), _) if !dir.is_dir() => Err(config_error(
-            "model.tokenizer",
-            format!("{} is not a folder; expected a folder holding tokenizer.json", dir.display()),
-        )),
-        (Some(dir), _) if !dir.join(weights::TOKENIZER_FILE).is_file() => Err(config_error(
-            "model.tokenizer",
-            format!("{} holds no {}; expected a folder holding one", dir.display(), weights::TOKENIZER_FILE),
-        )),
-        (Some(dir), _) => Ok(dir),
-        (None, Some(dir)) => check_pretrained(dir).map(|()| dir.as_path()),
-        (None, None) => Err(config_error(
-            "model.tokenizer",
-            "a text dataset needs a tokenizer: model.pretrained (a Hugging Face model folder), or, for a model \
-             built from model.config, model.tokenizer (a folder holding tokenizer.json, such as \
-             weights/all-minilm-l6-v2)",
-        )),
-    }
-}
 
 /// Builds the model: a pretrained Hugging Face checkpoint with a new head sized for the data,
 /// or an architecture from scratch (its label count or vocabulary set from the data), keeping
@@ -204,22 +164,4 @@ pub(super) fn check_images(spec: &crate::model::Spec, info: &DataInfo) -> Result
             image.0 * image.1 * image.1
         ),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    /// A pretrained folder that is not there is named by its setting, with the way to install it.
-    #[test]
-    fn a_missing_pretrained_folder_is_named_by_its_setting() {
-        let config = super::RunConfig::parse(
-            "[model]\npretrained = \"weights/pt-no-such-model\"\n[data]\ndataset = \"rotten_tomatoes\"\nbatch_size = 8\n\
-             [train]\nepochs = 1\nlr = 1e-4\n[output]\ndir = \"runs/x\"\n",
-            "test",
-            &[],
-        )
-        .unwrap();
-        let e = super::tokenizer_dir(&config).unwrap_err().to_string();
-        assert!(e.contains("model.pretrained") && e.contains("pt-no-such-model is not a folder"), "{e}");
-        assert!(e.contains("make setup"), "{e}");
-    }
 }
