@@ -907,54 +907,72 @@ fn range_limit(v: i32) -> u8 {
 }
 
 /// A component's plane (`stride` samples a row) brought to the image's `width × height`:
-/// `jdsample.c`'s choice of upsampler for the ratio `fh × fv`.
+/// `jdsample.c`'s choice of upsampler for the ratio `fh × fv`. The fancy (triangle) upsamplers
+/// go a row at a time: the edges as libjpeg treats them, the interior in a loop without a
+/// branch (the per-sample form, slower, is the tests' reference: `upsample_reference`).
 fn upsample(plane: &[u8], stride: usize, c: &Component, fh: usize, fv: usize, width: usize, height: usize) -> Vec<u8> {
     let (cw, ch) = (c.width, c.height);
-    let at = |x: usize, y: usize| i32::from(plane[y * stride + x]);
+    let row_of = |y: usize| &plane[y * stride..y * stride + cw];
     // The rows above the first and below the last are copies of them (libjpeg's context rows).
     let (above, below) = (|y: usize| y.saturating_sub(1), |y: usize| (y + 1).min(ch - 1));
     let mut out = vec![0u8; width * height];
-    for y in 0..height {
-        let row = &mut out[y * width..(y + 1) * width];
+    // Per output row of the vertical cases: 3 × the nearer chroma row + the farther one.
+    let mut sums = vec![0i32; cw];
+    for (y, row) in out.chunks_exact_mut(width).enumerate() {
         match (fh, fv) {
-            (1, 1) => row.iter_mut().enumerate().for_each(|(x, o)| *o = at(x, y) as u8),
+            (1, 1) => row.copy_from_slice(&row_of(y)[..width]),
             // Horizontally 3/4 of the nearer sample and 1/4 of the farther, rounding alternately
             // down and up (`h2v1_fancy_upsample`).
             (2, 1) if cw > 2 => {
-                for (x, o) in row.iter_mut().enumerate() {
-                    let (i, odd) = (x / 2, x % 2 == 1);
-                    *o = match (i, odd) {
-                        (0, false) => at(0, y),
-                        (i, false) => (3 * at(i, y) + at(i - 1, y) + 1) >> 2,
-                        (i, true) if i == cw - 1 => at(i, y),
-                        (i, true) => (3 * at(i, y) + at(i + 1, y) + 2) >> 2,
-                    } as u8;
+                let src = row_of(y);
+                let at = |x: usize| i32::from(src[x]);
+                row[0] = src[0];
+                for (j, pair) in row[1..].chunks_mut(2).enumerate() {
+                    // Outputs 2j+1 and 2j+2: right of sample j, left of sample j+1.
+                    match pair {
+                        [odd, even] if j + 1 < cw => {
+                            *odd = ((3 * at(j) + at(j + 1) + 2) >> 2) as u8;
+                            *even = ((3 * at(j + 1) + at(j) + 1) >> 2) as u8;
+                        }
+                        [odd, ..] => *odd = src[j],
+                        [] => {}
+                    }
                 }
             }
             // Vertically the same, the upper output row rounding down (`h1v2_fancy_upsample`).
             (1, 2) => {
                 let (i, odd) = (y / 2, y % 2 == 1);
                 let (far, bias) = if odd { (below(i), 2) } else { (above(i), 1) };
-                row.iter_mut().enumerate().for_each(|(x, o)| *o = ((3 * at(x, i) + at(x, far) + bias) >> 2) as u8);
+                let (near, far) = (row_of(i), row_of(far));
+                for ((o, &n), &f) in row.iter_mut().zip(near).zip(far) {
+                    *o = ((3 * i32::from(n) + i32::from(f) + bias) >> 2) as u8;
+                }
             }
             // Both: 9/16, 3/16, 3/16, 1/16 of the four nearest (`h2v2_fancy_upsample`).
             (2, 2) if cw > 2 => {
                 let (i, odd) = (y / 2, y % 2 == 1);
                 let far = if odd { below(i) } else { above(i) };
-                let sum = |x: usize| 3 * at(x, i) + at(x, far);
-                for (x, o) in row.iter_mut().enumerate() {
-                    let (j, right) = (x / 2, x % 2 == 1);
-                    *o = match (j, right) {
-                        (0, false) => (4 * sum(0) + 8) >> 4,
-                        (j, false) => (3 * sum(j) + sum(j - 1) + 8) >> 4,
-                        (j, true) if j == cw - 1 => (4 * sum(j) + 7) >> 4,
-                        (j, true) => (3 * sum(j) + sum(j + 1) + 7) >> 4,
-                    } as u8;
+                for ((s, &n), &f) in sums.iter_mut().zip(row_of(i)).zip(row_of(far)) {
+                    *s = 3 * i32::from(n) + i32::from(f);
+                }
+                row[0] = ((4 * sums[0] + 8) >> 4) as u8;
+                for (j, pair) in row[1..].chunks_mut(2).enumerate() {
+                    match pair {
+                        [odd, even] if j + 1 < cw => {
+                            *odd = ((3 * sums[j] + sums[j + 1] + 7) >> 4) as u8;
+                            *even = ((3 * sums[j + 1] + sums[j] + 8) >> 4) as u8;
+                        }
+                        [odd, ..] => *odd = ((4 * sums[j] + 7) >> 4) as u8,
+                        [] => {}
+                    }
                 }
             }
             // Any other integer ratio, and 2:1 for chroma 2 samples wide or less: each sample
             // repeated (`int_upsample`, `h2v1_upsample`, `h2v2_upsample`).
-            _ => row.iter_mut().enumerate().for_each(|(x, o)| *o = at(x / fh, y / fv) as u8),
+            _ => {
+                let src = row_of(y / fv);
+                row.iter_mut().enumerate().for_each(|(x, o)| *o = src[x / fh]);
+            }
         }
     }
     out
@@ -988,6 +1006,68 @@ fn ycc_to_rgb(y: &[u8], cb: &[u8], cr: &[u8], out: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`upsample`] sample by sample, each output its formula in `jdsample.c`: the reference the
+    /// row-at-a-time form is held to.
+    fn upsample_reference(
+        plane: &[u8],
+        stride: usize,
+        c: &Component,
+        fh: usize,
+        fv: usize,
+        width: usize,
+        height: usize,
+    ) -> Vec<u8> {
+        let (cw, ch) = (c.width, c.height);
+        let at = |x: usize, y: usize| i32::from(plane[y * stride + x]);
+        // The rows above the first and below the last are copies of them (libjpeg's context rows).
+        let (above, below) = (|y: usize| y.saturating_sub(1), |y: usize| (y + 1).min(ch - 1));
+        let mut out = vec![0u8; width * height];
+        for y in 0..height {
+            let row = &mut out[y * width..(y + 1) * width];
+            match (fh, fv) {
+                (1, 1) => row.iter_mut().enumerate().for_each(|(x, o)| *o = at(x, y) as u8),
+                // Horizontally 3/4 of the nearer sample and 1/4 of the farther, rounding alternately
+                // down and up (`h2v1_fancy_upsample`).
+                (2, 1) if cw > 2 => {
+                    for (x, o) in row.iter_mut().enumerate() {
+                        let (i, odd) = (x / 2, x % 2 == 1);
+                        *o = match (i, odd) {
+                            (0, false) => at(0, y),
+                            (i, false) => (3 * at(i, y) + at(i - 1, y) + 1) >> 2,
+                            (i, true) if i == cw - 1 => at(i, y),
+                            (i, true) => (3 * at(i, y) + at(i + 1, y) + 2) >> 2,
+                        } as u8;
+                    }
+                }
+                // Vertically the same, the upper output row rounding down (`h1v2_fancy_upsample`).
+                (1, 2) => {
+                    let (i, odd) = (y / 2, y % 2 == 1);
+                    let (far, bias) = if odd { (below(i), 2) } else { (above(i), 1) };
+                    row.iter_mut().enumerate().for_each(|(x, o)| *o = ((3 * at(x, i) + at(x, far) + bias) >> 2) as u8);
+                }
+                // Both: 9/16, 3/16, 3/16, 1/16 of the four nearest (`h2v2_fancy_upsample`).
+                (2, 2) if cw > 2 => {
+                    let (i, odd) = (y / 2, y % 2 == 1);
+                    let far = if odd { below(i) } else { above(i) };
+                    let sum = |x: usize| 3 * at(x, i) + at(x, far);
+                    for (x, o) in row.iter_mut().enumerate() {
+                        let (j, right) = (x / 2, x % 2 == 1);
+                        *o = match (j, right) {
+                            (0, false) => (4 * sum(0) + 8) >> 4,
+                            (j, false) => (3 * sum(j) + sum(j - 1) + 8) >> 4,
+                            (j, true) if j == cw - 1 => (4 * sum(j) + 7) >> 4,
+                            (j, true) => (3 * sum(j) + sum(j + 1) + 7) >> 4,
+                        } as u8;
+                    }
+                }
+                // Any other integer ratio, and 2:1 for chroma 2 samples wide or less: each sample
+                // repeated (`int_upsample`, `h2v1_upsample`, `h2v2_upsample`).
+                _ => row.iter_mut().enumerate().for_each(|(x, o)| *o = at(x / fh, y / fv) as u8),
+            }
+        }
+        out
+    }
     use std::path::{Path, PathBuf};
 
     const MOST: u64 = 1 << 26;
@@ -1054,6 +1134,45 @@ mod tests {
             sum / 4.0
         });
         (values.map(|v| (v + 128.0).round().clamp(0.0, 255.0) as u8), values)
+    }
+
+    /// Row at a time, each upsampler gives what its per-sample formulas give: every ratio the
+    /// decoder reaches, chroma 1 to 9 samples wide (the edges of the fancy ones included, and
+    /// the 2-wide fallback), image widths down to what the chroma covers.
+    #[test]
+    fn upsampling_a_row_at_a_time_equals_the_reference() {
+        let mut rng = crate::rng::Rng::new(12);
+        for (fh, fv) in [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1), (4, 2), (1, 4), (3, 1)] {
+            for cw in 1usize..10 {
+                for ch in 1..5 {
+                    for width in (cw - 1) * fh + 1..=cw * fh {
+                        for height in (ch - 1) * fv + 1..=ch * fv {
+                            let stride = cw.next_multiple_of(8);
+                            let plane: Vec<u8> = (0..stride * ch).map(|_| rng.below(256) as u8).collect();
+                            let c = Component {
+                                id: 2,
+                                h: 1,
+                                v: 1,
+                                table: 0,
+                                quant: None,
+                                width: cw,
+                                height: ch,
+                                blocks_wide: stride / 8,
+                                blocks_high: ch.div_ceil(8),
+                                coefs: Vec::new(),
+                                coef_bits: [-1; 64],
+                                dc_pred: 0,
+                            };
+                            assert_eq!(
+                                upsample(&plane, stride, &c, fh, fv, width, height),
+                                upsample_reference(&plane, stride, &c, fh, fv, width, height),
+                                "{fh}×{fv}, chroma {cw}×{ch}, image {width}×{height}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// `islow` against the transform it approximates: within one level on random blocks (its
