@@ -10,7 +10,7 @@ use super::fingerprint::{MAX_LEN, TEST_FILE, TOKENIZER, TRAIN_FILE, data_setting
 use super::metrics_log::MetricsLog;
 use super::model_setup::{build_model, check_head_dim, check_images};
 use super::output_dir::{BEST, LOG, MODEL, SET_ASIDE, checkpoint_path};
-use super::slicing::{PlannedSlicing, check_token_slices, planning_profiles, token_slices};
+use super::planning::{PlannedSlicing, check_token_slices, planning_profiles, token_slices};
 use crate::comm::process_group::ProcessGroup;
 use crate::device::Device;
 use crate::elastic::autodp::rebuild_communicators;

@@ -10,10 +10,10 @@ mod metrics_log;
 mod model_setup;
 mod output_dir;
 pub mod overfit;
+mod planning;
 pub mod predict;
 pub mod progress;
 pub mod report;
-mod slicing;
 pub mod source;
 
 pub use config::{DataSection, DatasetName, ModelSection, OutputSection, PipelineSection, RunConfig};
@@ -22,9 +22,9 @@ pub use job::{Job, Resumed, ResumedPlan, Summary, check_across_processes};
 pub use launch::{LaunchOptions, ProcessEnv, launch};
 pub use model_setup::build_model;
 pub use output_dir::{PER_NODE_SETTINGS, check_start, checkpoint_path, trace_in_the_way};
+pub use planning::PlannedSlicing;
 pub use predict::{ClassPrediction, Generation, LabelledRows, Predictor, Sampling};
 pub use progress::ProgressLines;
-pub use slicing::PlannedSlicing;
 pub use source::{Augment, SampleSource, subset};
 
 use crate::device::{AnyDevice, AnyDevices, CpuDevice, DeviceKind, HostPool, Precision};

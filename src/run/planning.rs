@@ -1,6 +1,6 @@
-//! TeraPipe's token slicing for a run: the units' measured costs the planners balance, and the
-//! slicing each pipeline shape gets (the `--token-slices` list as given, or `auto`'s plan over a
-//! measured slice-latency profile).
+//! What a run's planners read: the units' costs the partitioner balances (measured, or from
+//! FLOPs), and TeraPipe's token slicing for each pipeline shape (the `--token-slices` list as
+//! given, or `auto`'s plan over a measured slice-latency profile).
 
 use super::config::RunConfig;
 use crate::device::Device;
