@@ -926,18 +926,8 @@ fn upsample(plane: &[u8], stride: usize, c: &Component, fh: usize, fv: usize, wi
             (2, 1) if cw > 2 => {
                 let src = row_of(y);
                 let at = |x: usize| i32::from(src[x]);
-                row[0] = src[0];
-                for (j, pair) in row[1..].chunks_mut(2).enumerate() {
-                    // Outputs 2j+1 and 2j+2: right of sample j, left of sample j+1.
-                    match pair {
-                        [odd, even] if j + 1 < cw => {
-                            *odd = ((3 * at(j) + at(j + 1) + 2) >> 2) as u8;
-                            *even = ((3 * at(j + 1) + at(j) + 1) >> 2) as u8;
-                        }
-                        [odd, ..] => *odd = src[j],
-                        [] => {}
-                    }
-                }
+                let between = |j| (((3 * at(j) + at(j + 1) + 2) >> 2) as u8, ((3 * at(j + 1) + at(j) + 1) >> 2) as u8);
+                two_across(row, cw, src[0], between, src[cw - 1]);
             }
             // Vertically the same, the upper output row rounding down (`h1v2_fancy_upsample`).
             (1, 2) => {
@@ -955,17 +945,10 @@ fn upsample(plane: &[u8], stride: usize, c: &Component, fh: usize, fv: usize, wi
                 for ((s, &n), &f) in sums.iter_mut().zip(row_of(i)).zip(row_of(far)) {
                     *s = 3 * i32::from(n) + i32::from(f);
                 }
-                row[0] = ((4 * sums[0] + 8) >> 4) as u8;
-                for (j, pair) in row[1..].chunks_mut(2).enumerate() {
-                    match pair {
-                        [odd, even] if j + 1 < cw => {
-                            *odd = ((3 * sums[j] + sums[j + 1] + 7) >> 4) as u8;
-                            *even = ((3 * sums[j + 1] + sums[j] + 8) >> 4) as u8;
-                        }
-                        [odd, ..] => *odd = ((4 * sums[j] + 7) >> 4) as u8,
-                        [] => {}
-                    }
-                }
+                let between = |j: usize| {
+                    (((3 * sums[j] + sums[j + 1] + 7) >> 4) as u8, ((3 * sums[j + 1] + sums[j] + 8) >> 4) as u8)
+                };
+                two_across(row, cw, ((4 * sums[0] + 8) >> 4) as u8, between, ((4 * sums[cw - 1] + 7) >> 4) as u8);
             }
             // Any other integer ratio, and 2:1 for chroma 2 samples wide or less: each sample
             // repeated (`int_upsample`, `h2v1_upsample`, `h2v2_upsample`).
@@ -976,6 +959,20 @@ fn upsample(plane: &[u8], stride: usize, c: &Component, fh: usize, fv: usize, wi
         }
     }
     out
+}
+
+/// A row upsampled 2:1 across from `n` samples (`n` > 2) as the fancy upsamplers lay it out:
+/// `first` at 0, the pair `between(j)` at 2j+1 and 2j+2 (right of sample j, left of sample j+1),
+/// and `last` at 2n−1 where the row reaches it (an odd image width stops one short).
+fn two_across(row: &mut [u8], n: usize, first: u8, between: impl Fn(usize) -> (u8, u8), last: u8) {
+    row[0] = first;
+    for (j, pair) in row[1..].chunks_mut(2).enumerate() {
+        match pair {
+            [odd, even] if j + 1 < n => (*odd, *even) = between(j),
+            [odd, ..] => *odd = last,
+            [] => {}
+        }
+    }
 }
 
 /// libjpeg's YCbCr → RGB (`jdcolor.c`, `ycc_rgb_convert`): 16-bit fixed-point products of the
