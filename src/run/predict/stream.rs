@@ -97,8 +97,15 @@ pub fn predict_stream<D: Device>(
         Ok(name) if image && Path::new(&name).is_dir() => folder_inputs(&name),
         other => vec![other],
     });
-    // Images are read ahead, as many inputs at a time as there are cores (up to 8: each may be
-    // an IDX file of many images), on every core; each input comes with its images.
+    // Each input comes with its entries for the batch: (name, pixels for images), or the error
+    // that fails it alone. Images are read ahead, as many inputs at a time as there are cores (up
+    // to 8: each may be an IDX file of many images), on every core.
+    let entries_of = |name: &String| -> Result<Vec<(String, Option<Vec<f32>>)>> {
+        match image {
+            true => Ok(predictor.read_images(name)?.into_iter().map(|(name, px)| (name, Some(px))).collect()),
+            false => Ok(vec![(name.clone(), None)]),
+        }
+    };
     let ahead = if image { std::thread::available_parallelism().map_or(1, |n| n.get()).min(8) } else { 1 };
     let mut read = std::collections::VecDeque::new();
     let mut inputs = std::iter::from_fn(move || {
@@ -114,31 +121,32 @@ pub fn predict_stream<D: Device>(
                     break;
                 }
             }
-            let images = crate::data::read_each(&taken, |input| {
-                Ok(input.as_ref().ok().filter(|_| image).map(|name| predictor.read_images(name)))
-            });
-            read.extend(taken.into_iter().zip(images).map(|(input, images)| (input, images.ok().flatten())));
+            // (Every read is `Ok`, its own error inside: one input that fails ends no read.)
+            let done = crate::data::read_each(&taken, |input| Ok(input.as_ref().map_or(Ok(Vec::new()), entries_of)));
+            read.extend(
+                taken
+                    .into_iter()
+                    .zip(done)
+                    .map(|(input, done)| input.map(|name| (name, done.and_then(|entries| entries)))),
+            );
         }
         read.pop_front()
     })
     .peekable();
     while inputs.peek().is_some() {
-        // Fill a batch: (name, pixels for images) per input; failures are written in order.
+        // Fill a batch: (name, pixels for images) per entry; failures are written in order.
         let mut results: Vec<(String, Outcome)> = Vec::new();
         pending.clear();
         let mut order = Vec::new(); // per result: Some(index into pending) or None (failed)
         // An input that cannot be read ends the stream, after the batch read before it.
         let mut unreadable = None;
         while pending.len() < size {
-            let Some((input, images)) = inputs.next() else { break };
-            let input = match input {
+            let Some(input) = inputs.next() else { break };
+            let (input, entries) = match input {
                 Ok(input) => input,
                 // A line that is not text fails alone (its error names it); the rest go on.
                 Err(Error::Dataset { file, line: Some(line), message }) => {
-                    let image = match predictor.reader {
-                        Reader::Image { .. } => " (an image file goes as an argument itself, without --file)",
-                        _ => "",
-                    };
+                    let image = if image { " (an image file goes as an argument itself, without --file)" } else { "" };
                     order.push(None);
                     results.push((format!("{file}:{line}"), Outcome::Failed(format!("{message}{image}"))));
                     continue;
@@ -148,22 +156,16 @@ pub fn predict_stream<D: Device>(
                     break;
                 }
             };
-            match predictor.reader {
-                Reader::Image { .. } => match images.unwrap_or_else(|| predictor.read_images(&input)) {
-                    Ok(images) => {
-                        for (name, px) in images {
-                            order.push(Some(pending.len()));
-                            pending.push((name, Some(px)));
-                        }
+            match entries {
+                Ok(entries) => {
+                    for entry in entries {
+                        order.push(Some(pending.len()));
+                        pending.push(entry);
                     }
-                    Err(e) => {
-                        order.push(None);
-                        results.push((input, Outcome::Failed(e.to_string())));
-                    }
-                },
-                _ => {
-                    order.push(Some(pending.len()));
-                    pending.push((input, None));
+                }
+                Err(e) => {
+                    order.push(None);
+                    results.push((input, Outcome::Failed(e.to_string())));
                 }
             }
         }
