@@ -842,44 +842,105 @@ fn read_ac_refine(
     Ok(())
 }
 
+/// The islow IDCT's fixed point: 13-bit constants, 2 extra bits kept between the passes.
+const CONST_BITS: u32 = 13;
+const PASS1_BITS: u32 = 2;
+
 /// libjpeg's `jpeg_idct_islow` (`jidctint.c`): the Loeffler–Ligtenberg–Moschytz inverse DCT in
 /// 13-bit fixed point, columns then rows, 2 extra bits kept between the passes; dequantizes as
 /// it reads and writes the 8 × 8 samples at `out` (rows `stride` apart) through [`range_limit`].
+///
+/// In 32-bit lanes, eight columns (then eight rows) at a time, like libjpeg-turbo's SIMD code;
+/// a block whose values could overflow 32 bits goes through the 64-bit form,
+/// [`idct_islow_wide`], which this equals on every block (tested, and to the bound:
+/// [`LANE_BOUND`]).
 fn idct_islow(block: &[i16], quant: &[u16; 64], out: &mut [u8], stride: usize) {
-    const CONST_BITS: u32 = 13;
-    const PASS1_BITS: u32 = 2;
-    const fn fix(x: f64) -> i64 {
-        (x * (1 << CONST_BITS) as f64 + 0.5) as i64
+    let block: &[i16; 64] = block[..64].try_into().expect("a block is 64 coefficients");
+    // (Compiled for the CPU's vector width: the baseline's has no 32-bit lane multiply.)
+    let in_lanes = crate::ops::simd::vectorized(
+        #[inline(always)]
+        || {
+            // The block's rows, each a vector of its eight columns: a pass over rows is eight
+            // 1-D IDCTs down the columns at once. (Plain loops: an array's `map` and `from_fn`
+            // are calls the features do not reach.)
+            let mut x = [[0i32; 8]; 8];
+            for (r, row) in x.iter_mut().enumerate() {
+                for (c, v) in row.iter_mut().enumerate() {
+                    *v = dequantized(block, quant, r * 8 + c);
+                }
+            }
+            if !within_lane_bound(&x) {
+                return false;
+            }
+            // Pass 1 down the columns: the workspace's rows.
+            let ws = idct_pass_in_lanes(&x, CONST_BITS - PASS1_BITS);
+            if !within_lane_bound(&ws) {
+                return false;
+            }
+            // Pass 2 along the rows, the workspace's columns as vectors: the output's columns.
+            let columns = idct_pass_in_lanes(&transposed(&ws), CONST_BITS + PASS1_BITS + 3);
+            for (r, row) in transposed(&columns).iter().enumerate() {
+                for (o, &v) in out[r * stride..r * stride + 8].iter_mut().zip(row) {
+                    *o = range_limit(v);
+                }
+            }
+            true
+        },
+    );
+    if !in_lanes {
+        idct_islow_wide(block, quant, out, stride);
     }
-    let descale = |x: i64, n: u32| (x + (1 << (n - 1))) >> n;
-    // One 1-D pass on 8 inputs, before descaling: the even half (inputs 0, 2, 4, 6) and the odd
-    // half (1, 3, 5, 7), combined into the 8 outputs.
-    let pass = |x: [i64; 8]| -> [i64; 8] {
-        let z1 = (x[2] + x[6]) * fix(0.541196100);
-        let tmp2 = z1 + x[6] * -fix(1.847759065);
-        let tmp3 = z1 + x[2] * fix(0.765366865);
-        let tmp0 = (x[0] + x[4]) << CONST_BITS;
-        let tmp1 = (x[0] - x[4]) << CONST_BITS;
-        let (tmp10, tmp13, tmp11, tmp12) = (tmp0 + tmp3, tmp0 - tmp3, tmp1 + tmp2, tmp1 - tmp2);
-        let (t0, t1, t2, t3) = (x[7], x[5], x[3], x[1]);
-        let (z1, z2, z3, z4) = (t0 + t3, t1 + t2, t0 + t2, t1 + t3);
-        let z5 = (z3 + z4) * fix(1.175875602);
-        let (t0, t1, t2, t3) =
-            (t0 * fix(0.298631336), t1 * fix(2.053119869), t2 * fix(3.072711026), t3 * fix(1.501321110));
-        let (z1, z2) = (z1 * -fix(0.899976223), z2 * -fix(2.562915447));
-        let (z3, z4) = (z3 * -fix(1.961570560) + z5, z4 * -fix(0.390180644) + z5);
-        let (t0, t1, t2, t3) = (t0 + z1 + z3, t1 + z2 + z4, t2 + z2 + z3, t3 + z1 + z4);
-        [tmp10 + t3, tmp11 + t2, tmp12 + t1, tmp13 + t0, tmp13 - t0, tmp12 - t1, tmp11 - t2, tmp10 - t3]
-    };
+}
+
+/// One islow pass in 32 bits on each of the 8 columns of `x` (its rows the pass's 8 inputs),
+/// descaled by `bits`: a loop over the columns, which the compiler runs as vector lanes.
+#[inline(always)]
+fn idct_pass_in_lanes(x: &[[i32; 8]; 8], bits: u32) -> [[i32; 8]; 8] {
+    let mut y = [[0; 8]; 8];
+    for j in 0..8 {
+        let out = idct_pass([x[0][j], x[1][j], x[2][j], x[3][j], x[4][j], x[5][j], x[6][j], x[7][j]]);
+        for (y, v) in y.iter_mut().zip(out) {
+            y[j] = v.descale(bits);
+        }
+    }
+    y
+}
+
+/// The largest magnitude a pass's input may have in 32 bits: every value the pass forms on the
+/// way (each a linear function of its inputs, so at its largest at some choice of signs, all of
+/// which a test runs, every operation checked) then fits; twice it does not. A block past it
+/// takes the 64-bit form: the same samples, slower.
+const LANE_BOUND: u32 = 1 << 15;
+
+#[inline(always)]
+fn within_lane_bound(x: &[[i32; 8]; 8]) -> bool {
+    x.iter().flatten().fold(0, |most, v| most.max(v.unsigned_abs())) <= LANE_BOUND
+}
+
+/// Row `i`, column `j` to row `j`, column `i`.
+#[inline(always)]
+fn transposed(m: &[[i32; 8]; 8]) -> [[i32; 8]; 8] {
+    let mut t = [[0; 8]; 8];
+    for (i, row) in m.iter().enumerate() {
+        for (j, &v) in row.iter().enumerate() {
+            t[j][i] = v;
+        }
+    }
+    t
+}
+
+/// [`idct_islow`] in 64-bit arithmetic, a column or a row at a time with libjpeg's shortcut
+/// for a column of only its DC term: its C code (whose shortcut for such a row gives the same
+/// values as the full pass, and is left out). Any block, and the tests'
+/// reference for the lanes.
+fn idct_islow_wide(block: &[i16], quant: &[u16; 64], out: &mut [u8], stride: usize) {
     let mut ws = [0i64; 64];
     for col in 0..8 {
-        // libjpeg-turbo keeps quantizers as `short` (`ISLOW_MULT_TYPE`): one of 32768 or more
-        // (a 16-bit table's) multiplies as a negative number there, and so here.
-        let x: [i64; 8] = std::array::from_fn(|r| i64::from(block[r * 8 + col]) * i64::from(quant[r * 8 + col] as i16));
+        let x: [i64; 8] = std::array::from_fn(|r| i64::from(dequantized(block, quant, r * 8 + col)));
         let y = match x[1..].iter().all(|&v| v == 0) {
             // Only the DC term: the column is flat (libjpeg's shortcut; the same result).
             true => [x[0] << PASS1_BITS; 8],
-            false => pass(x).map(|v| descale(v, CONST_BITS - PASS1_BITS)),
+            false => idct_pass(x).map(|v| v.descale(CONST_BITS - PASS1_BITS)),
         };
         for r in 0..8 {
             ws[r * 8 + col] = y[r];
@@ -887,23 +948,86 @@ fn idct_islow(block: &[i16], quant: &[u16; 64], out: &mut [u8], stride: usize) {
     }
     for row in 0..8 {
         let x: [i64; 8] = ws[row * 8..row * 8 + 8].try_into().expect("8 values");
-        let y = pass(x).map(|v| descale(v, CONST_BITS + PASS1_BITS + 3));
+        let y = idct_pass(x).map(|v| v.descale(CONST_BITS + PASS1_BITS + 3));
         for (c, v) in y.into_iter().enumerate() {
             out[row * stride + c] = range_limit(v as i32);
         }
     }
 }
 
+/// Coefficient `i` times its quantizer. libjpeg-turbo keeps quantizers as `short`
+/// (`ISLOW_MULT_TYPE`): one of 32768 or more (a 16-bit table's) multiplies as a negative
+/// number there, and so here. (Two 16-bit factors: the product fits 32 bits.)
+#[inline(always)]
+fn dequantized(block: &[i16], quant: &[u16; 64], i: usize) -> i32 {
+    i32::from(block[i]) * i32::from(quant[i] as i16)
+}
+
+/// What one IDCT pass computes in: 64 bits (libjpeg's C code), or 32 (its SIMD code's lanes).
+trait IdctValue: Copy + std::ops::Add<Output = Self> + std::ops::Sub<Output = Self> {
+    fn times(self, k: i32) -> Self;
+    fn shl(self, n: u32) -> Self;
+    /// Rounded right shift by `n` (libjpeg's `DESCALE`).
+    fn descale(self, n: u32) -> Self;
+}
+
+/// The same three operations at either width.
+macro_rules! idct_value {
+    ($($t:ty),*) => {$(
+        impl IdctValue for $t {
+            #[inline(always)]
+            fn times(self, k: i32) -> Self {
+                self * <$t>::from(k)
+            }
+            #[inline(always)]
+            fn shl(self, n: u32) -> Self {
+                self << n
+            }
+            #[inline(always)]
+            fn descale(self, n: u32) -> Self {
+                (self + (1 << (n - 1))) >> n
+            }
+        }
+    )*};
+}
+idct_value!(i32, i64);
+
+/// One 1-D islow pass on 8 inputs, before descaling: the even half (inputs 0, 2, 4, 6) and the
+/// odd half (1, 3, 5, 7), combined into the 8 outputs.
+#[inline(always)]
+fn idct_pass<T: IdctValue>(x: [T; 8]) -> [T; 8] {
+    const fn fix(x: f64) -> i32 {
+        (x * (1 << CONST_BITS) as f64 + 0.5) as i32
+    }
+    let z1 = (x[2] + x[6]).times(fix(0.541196100));
+    let tmp2 = z1 + x[6].times(-fix(1.847759065));
+    let tmp3 = z1 + x[2].times(fix(0.765366865));
+    let tmp0 = (x[0] + x[4]).shl(CONST_BITS);
+    let tmp1 = (x[0] - x[4]).shl(CONST_BITS);
+    let (tmp10, tmp13, tmp11, tmp12) = (tmp0 + tmp3, tmp0 - tmp3, tmp1 + tmp2, tmp1 - tmp2);
+    let (t0, t1, t2, t3) = (x[7], x[5], x[3], x[1]);
+    let (z1, z2, z3, z4) = (t0 + t3, t1 + t2, t0 + t2, t1 + t3);
+    let z5 = (z3 + z4).times(fix(1.175875602));
+    let (t0, t1, t2, t3) = (
+        t0.times(fix(0.298631336)),
+        t1.times(fix(2.053119869)),
+        t2.times(fix(3.072711026)),
+        t3.times(fix(1.501321110)),
+    );
+    let (z1, z2) = (z1.times(-fix(0.899976223)), z2.times(-fix(2.562915447)));
+    let (z3, z4) = (z3.times(-fix(1.961570560)) + z5, z4.times(-fix(0.390180644)) + z5);
+    let (t0, t1, t2, t3) = (t0 + z1 + z3, t1 + z2 + z4, t2 + z2 + z3, t3 + z1 + z4);
+    [tmp10 + t3, tmp11 + t2, tmp12 + t1, tmp13 + t0, tmp13 - t0, tmp12 - t1, tmp11 - t2, tmp10 - t3]
+}
+
 /// libjpeg's post-IDCT range limit (`prepare_range_limit_table`): the sample level-shifted by
 /// 128 and clamped to 0..=255, indexed by its low 10 bits, so values far out of range wrap as
 /// they do in its C code (only a damaged or contrived file gets them; its SIMD code saturates).
+/// Written without branches, so that it runs in vector lanes: `v` wrapped into -512..=511 by
+/// its low 10 bits, then shifted and clamped (the table's four zones, tested).
+#[inline(always)]
 fn range_limit(v: i32) -> u8 {
-    match v & 1023 {
-        x @ 0..=127 => (x + 128) as u8,
-        128..=511 => 255,
-        512..=895 => 0,
-        x => (x - 896) as u8,
-    }
+    ((v.wrapping_add(512) & 1023) - 384).clamp(0, 255) as u8
 }
 
 /// A component's plane (`stride` samples a row) brought to the image's `width × height`:
@@ -918,86 +1042,107 @@ fn upsample(plane: &[u8], stride: usize, c: &Component, fh: usize, fv: usize, wi
     let mut out = vec![0u8; width * height];
     // Per output row of the vertical cases: 3 × the nearer chroma row + the farther one.
     let mut sums = vec![0i32; cw];
-    for (y, row) in out.chunks_exact_mut(width).enumerate() {
-        match (fh, fv) {
-            (1, 1) => row.copy_from_slice(&row_of(y)[..width]),
-            // Horizontally 3/4 of the nearer sample and 1/4 of the farther, rounding alternately
-            // down and up (`h2v1_fancy_upsample`).
-            (2, 1) if cw > 2 => {
-                let src = row_of(y);
-                let at = |x: usize| i32::from(src[x]);
-                let between = |j| (((3 * at(j) + at(j + 1) + 2) >> 2) as u8, ((3 * at(j + 1) + at(j) + 1) >> 2) as u8);
-                two_across(row, cw, src[0], between, src[cw - 1]);
-            }
-            // Vertically the same, the upper output row rounding down (`h1v2_fancy_upsample`).
-            (1, 2) => {
-                let (i, odd) = (y / 2, y % 2 == 1);
-                let (far, bias) = if odd { (below(i), 2) } else { (above(i), 1) };
-                let (near, far) = (row_of(i), row_of(far));
-                for ((o, &n), &f) in row.iter_mut().zip(near).zip(far) {
-                    *o = ((3 * i32::from(n) + i32::from(f) + bias) >> 2) as u8;
+    // (Compiled for the CPU's vector width: the rows' loops run in its lanes.)
+    crate::ops::simd::vectorized(
+        #[inline(always)]
+        || {
+            for (y, row) in out.chunks_exact_mut(width).enumerate() {
+                match (fh, fv) {
+                    (1, 1) => row.copy_from_slice(&row_of(y)[..width]),
+                    // Horizontally 3/4 of the nearer sample and 1/4 of the farther, rounding alternately
+                    // down and up (`h2v1_fancy_upsample`).
+                    (2, 1) if cw > 2 => {
+                        let src = row_of(y);
+                        let between = |a: u8, b: u8| {
+                            let (a, b) = (i32::from(a), i32::from(b));
+                            (((3 * a + b + 2) >> 2) as u8, ((3 * b + a + 1) >> 2) as u8)
+                        };
+                        two_across(row, src, src[0], between, src[cw - 1]);
+                    }
+                    // Vertically the same, the upper output row rounding down (`h1v2_fancy_upsample`).
+                    (1, 2) => {
+                        let (i, odd) = (y / 2, y % 2 == 1);
+                        let (far, bias) = if odd { (below(i), 2) } else { (above(i), 1) };
+                        let (near, far) = (row_of(i), row_of(far));
+                        for ((o, &n), &f) in row.iter_mut().zip(near).zip(far) {
+                            *o = ((3 * i32::from(n) + i32::from(f) + bias) >> 2) as u8;
+                        }
+                    }
+                    // Both: 9/16, 3/16, 3/16, 1/16 of the four nearest (`h2v2_fancy_upsample`).
+                    (2, 2) if cw > 2 => {
+                        let (i, odd) = (y / 2, y % 2 == 1);
+                        let far = if odd { below(i) } else { above(i) };
+                        for ((s, &n), &f) in sums.iter_mut().zip(row_of(i)).zip(row_of(far)) {
+                            *s = 3 * i32::from(n) + i32::from(f);
+                        }
+                        let between = |a: i32, b: i32| (((3 * a + b + 7) >> 4) as u8, ((3 * b + a + 8) >> 4) as u8);
+                        let (first, last) = (((4 * sums[0] + 8) >> 4) as u8, ((4 * sums[cw - 1] + 7) >> 4) as u8);
+                        two_across(row, &sums, first, between, last);
+                    }
+                    // Any other integer ratio, and 2:1 for chroma 2 samples wide or less: each sample
+                    // repeated (`int_upsample`, `h2v1_upsample`, `h2v2_upsample`).
+                    _ => {
+                        let src = row_of(y / fv);
+                        row.iter_mut().enumerate().for_each(|(x, o)| *o = src[x / fh]);
+                    }
                 }
             }
-            // Both: 9/16, 3/16, 3/16, 1/16 of the four nearest (`h2v2_fancy_upsample`).
-            (2, 2) if cw > 2 => {
-                let (i, odd) = (y / 2, y % 2 == 1);
-                let far = if odd { below(i) } else { above(i) };
-                for ((s, &n), &f) in sums.iter_mut().zip(row_of(i)).zip(row_of(far)) {
-                    *s = 3 * i32::from(n) + i32::from(f);
-                }
-                let between = |j: usize| {
-                    (((3 * sums[j] + sums[j + 1] + 7) >> 4) as u8, ((3 * sums[j + 1] + sums[j] + 8) >> 4) as u8)
-                };
-                two_across(row, cw, ((4 * sums[0] + 8) >> 4) as u8, between, ((4 * sums[cw - 1] + 7) >> 4) as u8);
-            }
-            // Any other integer ratio, and 2:1 for chroma 2 samples wide or less: each sample
-            // repeated (`int_upsample`, `h2v1_upsample`, `h2v2_upsample`).
-            _ => {
-                let src = row_of(y / fv);
-                row.iter_mut().enumerate().for_each(|(x, o)| *o = src[x / fh]);
-            }
-        }
-    }
+        },
+    );
     out
 }
 
-/// A row upsampled 2:1 across from `n` samples (`n` > 2) as the fancy upsamplers lay it out:
-/// `first` at 0, the pair `between(j)` at 2j+1 and 2j+2 (right of sample j, left of sample j+1),
-/// and `last` at 2n−1 where the row reaches it (an odd image width stops one short).
-fn two_across(row: &mut [u8], n: usize, first: u8, between: impl Fn(usize) -> (u8, u8), last: u8) {
+/// A row upsampled 2:1 across from `values` (more than 2) as the fancy upsamplers lay it out:
+/// `first` at 0, the pair `between(values[j], values[j + 1])` at 2j+1 and 2j+2 (right of
+/// sample j, left of sample j+1), and `last` at 2·`values.len()`−1 where the row reaches it (an odd image
+/// width stops one short).
+#[inline(always)]
+fn two_across<T: Copy>(row: &mut [u8], values: &[T], first: u8, between: impl Fn(T, T) -> (u8, u8), last: u8) {
     row[0] = first;
-    for (j, pair) in row[1..].chunks_mut(2).enumerate() {
-        match pair {
-            [odd, even] if j + 1 < n => (*odd, *even) = between(j),
-            [odd, ..] => *odd = last,
-            [] => {}
-        }
+    for (pair, v) in row[1..].chunks_exact_mut(2).zip(values.windows(2)) {
+        (pair[0], pair[1]) = between(v[0], v[1]);
+    }
+    if let Some(end) = row.get_mut(2 * values.len() - 1) {
+        *end = last;
     }
 }
 
 /// libjpeg's YCbCr → RGB (`jdcolor.c`, `ycc_rgb_convert`): 16-bit fixed-point products of the
 /// chroma offsets, rounded as its tables round them, clamped to 0..=255. `out` is `[3, H, W]`.
+/// Each table entry's formula computed in place of the lookup, in vector lanes (the same
+/// values: every (Y, Cb, Cr) tested against the tables).
 fn ycc_to_rgb(y: &[u8], cb: &[u8], cr: &[u8], out: &mut [u8]) {
-    const SCALEBITS: u32 = 16;
-    const HALF: i64 = 1 << (SCALEBITS - 1);
-    const fn fix(x: f64) -> i64 {
-        (x * (1 << SCALEBITS) as f64 + 0.5) as i64
-    }
     let n = y.len();
-    let table = |f: &dyn Fn(i64) -> i64| -> Vec<i32> { (0..256).map(|i| f(i - 128) as i32).collect() };
-    let cr_r = table(&|x| (fix(1.40200) * x + HALF) >> SCALEBITS);
-    let cb_b = table(&|x| (fix(1.77200) * x + HALF) >> SCALEBITS);
-    let cr_g = table(&|x| -fix(0.71414) * x);
-    let cb_g = table(&|x| -fix(0.34414) * x + HALF);
-    let clamp = |v: i32| v.clamp(0, 255) as u8;
     let (r, rest) = out.split_at_mut(n);
     let (g, b) = rest.split_at_mut(n);
-    for i in 0..n {
-        let (yy, cb, cr) = (i32::from(y[i]), cb[i] as usize, cr[i] as usize);
-        r[i] = clamp(yy + cr_r[cr]);
-        g[i] = clamp(yy + ((cb_g[cb] + cr_g[cr]) >> SCALEBITS));
-        b[i] = clamp(yy + cb_b[cb]);
+    crate::ops::simd::vectorized(
+        #[inline(always)]
+        || {
+            let clamp = |v: i32| v.clamp(0, 255) as u8;
+            let pixels = r.iter_mut().zip(g.iter_mut()).zip(b.iter_mut()).zip(y.iter().zip(cb).zip(cr));
+            for (((r, g), b), ((&yy, &cb), &cr)) in pixels {
+                let (yy, [r_of, g_of, b_of]) = (i32::from(yy), ycc_offsets(cb, cr));
+                (*r, *g, *b) = (clamp(yy + r_of), clamp(yy + g_of), clamp(yy + b_of));
+            }
+        },
+    );
+}
+
+/// What Cb and Cr add to Y for R, G and B: `jdcolor.c`'s table entries (`Cr_r_tab`,
+/// `Cb_b_tab`, and `Cb_g_tab` + `Cr_g_tab` shifted), each formula as it builds them.
+#[inline(always)]
+fn ycc_offsets(cb: u8, cr: u8) -> [i32; 3] {
+    const SCALEBITS: u32 = 16;
+    const HALF: i32 = 1 << (SCALEBITS - 1);
+    const fn fix(x: f64) -> i32 {
+        (x * (1 << SCALEBITS) as f64 + 0.5) as i32
     }
+    let (cb, cr) = (i32::from(cb) - 128, i32::from(cr) - 128);
+    [
+        (fix(1.40200) * cr + HALF) >> SCALEBITS,
+        (-fix(0.34414) * cb + HALF - fix(0.71414) * cr) >> SCALEBITS,
+        (fix(1.77200) * cb + HALF) >> SCALEBITS,
+    ]
 }
 
 #[cfg(test)]
@@ -1209,6 +1354,143 @@ mod tests {
     fn the_range_limit_shifts_and_clamps_as_libjpegs_table() {
         let got: Vec<u8> = [-129, -128, -1, 0, 127, 128, 511, 512].map(range_limit).to_vec();
         assert_eq!(got, [0, 0, 127, 128, 255, 255, 255, 0]);
+        // The table's zones, as libjpeg builds it, on every low 10 bits and at the extremes.
+        let table = |v: i32| match v & 1023 {
+            x @ 0..=127 => (x + 128) as u8,
+            128..=511 => 255,
+            512..=895 => 0,
+            x => (x - 896) as u8,
+        };
+        for v in (-3000..3000).chain([i32::MIN, i32::MIN + 1, i32::MAX - 1, i32::MAX]) {
+            assert_eq!(range_limit(v), table(v), "{v}");
+        }
+    }
+
+    /// The colour conversion equals `jdcolor.c`'s tables (built as `build_ycc_rgb_table` builds
+    /// them, in 64 bits) on every (Y, Cb, Cr).
+    #[test]
+    fn ycc_to_rgb_equals_libjpegs_tables_everywhere() {
+        const SCALEBITS: u32 = 16;
+        const HALF: i64 = 1 << (SCALEBITS - 1);
+        let fix = |x: f64| (x * (1 << SCALEBITS) as f64 + 0.5) as i64;
+        let table = |f: &dyn Fn(i64) -> i64| -> Vec<i64> { (0..256).map(|i| f(i - 128)).collect() };
+        let cr_r = table(&|x| (fix(1.40200) * x + HALF) >> SCALEBITS);
+        let cb_b = table(&|x| (fix(1.77200) * x + HALF) >> SCALEBITS);
+        let cr_g = table(&|x| -fix(0.71414) * x);
+        let cb_g = table(&|x| -fix(0.34414) * x + HALF);
+        let clamp = |v: i64| v.clamp(0, 255) as u8;
+        // Per Cb: every Cr and Y.
+        let (cr, y): (Vec<u8>, Vec<u8>) = (0..=255u8).flat_map(|cr| (0..=255u8).map(move |y| (cr, y))).unzip();
+        let n = y.len();
+        for cb in 0..=255u8 {
+            let mut got = vec![0u8; 3 * n];
+            ycc_to_rgb(&y, &vec![cb; n], &cr, &mut got);
+            for i in 0..n {
+                let (yy, cb, cr) = (i64::from(y[i]), cb as usize, cr[i] as usize);
+                let want =
+                    [clamp(yy + cr_r[cr]), clamp(yy + ((cb_g[cb] + cr_g[cr]) >> SCALEBITS)), clamp(yy + cb_b[cb])];
+                assert_eq!([got[i], got[n + i], got[2 * n + i]], want, "Y {yy} Cb {cb} Cr {cr}");
+            }
+        }
+    }
+
+    /// The IDCT in 32-bit lanes equals its 64-bit form, libjpeg's C code, on every block: the
+    /// blocks of small coefficients and quantizers (1–15), coefficients as large as 12-bit samples give, and
+    /// any 16-bit coefficients and quantizers (which the 64-bit form takes), at row strides
+    /// wider than a block.
+    #[test]
+    fn the_idct_in_lanes_equals_the_64_bit_form() {
+        let mut rng = crate::rng::Rng::new(9);
+        for trial in 0..3000 {
+            let (coef, quant_max) = match trial % 3 {
+                0 => (64, 16),
+                1 => (2048, 255),
+                _ => (32768, 65536),
+            };
+            let quant: [u16; 64] = std::array::from_fn(|_| 1 + rng.below(quant_max - 1) as u16);
+            let keep = 1 + trial % 64;
+            let block: [i16; 64] = std::array::from_fn(|i| match NATURAL_ORDER[..keep].contains(&i) {
+                true => (rng.below(2 * coef) as i64 - coef as i64) as i16,
+                false => 0,
+            });
+            let stride = 8 + trial % 3;
+            let (mut lanes, mut wide) = (vec![7u8; 8 * stride], vec![7u8; 8 * stride]);
+            idct_islow(&block, &quant, &mut lanes, stride);
+            idct_islow_wide(&block, &quant, &mut wide, stride);
+            assert_eq!(lanes, wide, "trial {trial}");
+        }
+        // Where the lanes hand over: a DC of ±2¹⁵ (at the bound) and of ±(2¹⁵ + 1) (past it); and
+        // the first row at ±2¹⁴ in every choice of signs, whose workspace, ±2¹⁶ in every row,
+        // would overflow a second pass in 32 bits: the check on the workspace stops it. (The
+        // test build's overflow checks see a pass run anyway. Without them the samples would
+        // still agree: an overflow wraps by 2³², which moves a value shifted 18 bits right by a
+        // multiple of 2¹⁴, and the range limit reads its low 10 bits.)
+        let mut blocks: Vec<([i16; 64], [u16; 64])> = [(-32768, 65535), (-32768, 1), (10923, 3), (-10923, 3)]
+            .into_iter()
+            .map(|(dc, q)| (std::array::from_fn(|i| if i == 0 { dc } else { 0 }), [q; 64]))
+            .collect();
+        for signs in 0..256 {
+            let row = |i: usize| if signs >> i & 1 == 1 { -16384 } else { 16384 };
+            blocks.push((std::array::from_fn(|i| if i < 8 { row(i) } else { 0 }), [1; 64]));
+        }
+        for (block, quant) in &blocks {
+            let (mut lanes, mut wide) = ([0u8; 64], [0u8; 64]);
+            idct_islow(block, quant, &mut lanes, 8);
+            idct_islow_wide(block, quant, &mut wide, 8);
+            assert_eq!(lanes, wide, "DC {} × {}", block[0], quant[0] as i16);
+        }
+    }
+
+    /// A 32-bit value whose every operation fails on overflow, whatever the build's checks.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    struct Checked(i32);
+
+    impl std::ops::Add for Checked {
+        type Output = Checked;
+        fn add(self, other: Checked) -> Checked {
+            Checked(self.0.checked_add(other.0).expect("a sum overflows 32 bits"))
+        }
+    }
+
+    impl std::ops::Sub for Checked {
+        type Output = Checked;
+        fn sub(self, other: Checked) -> Checked {
+            Checked(self.0.checked_sub(other.0).expect("a difference overflows 32 bits"))
+        }
+    }
+
+    impl IdctValue for Checked {
+        fn times(self, k: i32) -> Self {
+            Checked(self.0.checked_mul(k).expect("a product overflows 32 bits"))
+        }
+        fn shl(self, n: u32) -> Self {
+            self.times(1 << n)
+        }
+        fn descale(self, n: u32) -> Self {
+            Checked((self + Checked(1 << (n - 1))).0 >> n)
+        }
+    }
+
+    /// Within [`LANE_BOUND`] no value a pass forms overflows 32 bits: each is a linear function
+    /// of the 8 inputs (the descale's rounding added), so at its largest magnitude where every
+    /// input is ±the bound; all 256 such inputs run here, every operation checked, and equal the
+    /// 64-bit pass. (Twice the bound overflows: the bound is not far from the most it could be.)
+    #[test]
+    fn a_pass_in_32_bits_cannot_overflow_within_its_bound() {
+        let at = |bound: i32, signs: usize| -> [i32; 8] {
+            std::array::from_fn(|k| if signs >> k & 1 == 1 { -bound } else { bound })
+        };
+        let bits = [CONST_BITS - PASS1_BITS, CONST_BITS + PASS1_BITS + 3];
+        for (signs, bits) in (0..256).flat_map(|s| bits.map(|b| (s, b))) {
+            let x = at(LANE_BOUND as i32, signs);
+            let narrow = idct_pass(x.map(Checked)).map(|v| i64::from(v.descale(bits).0));
+            let wide = idct_pass(x.map(i64::from)).map(|v| v.descale(bits));
+            assert_eq!(narrow, wide, "signs {signs:08b}");
+        }
+        let twice = std::panic::catch_unwind(|| {
+            (0..256).for_each(|signs| _ = idct_pass(at(2 * LANE_BOUND as i32, signs).map(Checked)))
+        });
+        assert!(twice.is_err(), "twice the bound fits too");
     }
 
     /// The first segment of `bytes` with marker `code`: where its marker starts.

@@ -52,6 +52,7 @@ impl Resampled for f32 {
     fn weights(w: &[f64]) -> Vec<f64> {
         w.to_vec()
     }
+    #[inline(always)]
     fn mean<'a>(weights: &[f64], values: impl Iterator<Item = &'a f32>) -> f32 {
         weights.iter().zip(values).map(|(&k, &v)| k * v as f64).sum::<f64>() as f32
     }
@@ -68,6 +69,7 @@ impl Resampled for u8 {
         w.iter().map(|&k| (k * one + if k < 0.0 { -0.5 } else { 0.5 }) as i32).collect()
     }
     /// The sum from one half (rounding), clipped to a level (Pillow's `clip8`).
+    #[inline(always)]
     fn mean<'a>(weights: &[i32], values: impl Iterator<Item = &'a u8>) -> u8 {
         let sum = weights.iter().zip(values).fold(1i32 << (PRECISION_BITS - 1), |s, (&k, &v)| s + k * v as i32);
         (sum >> PRECISION_BITS).clamp(0, 255) as u8
@@ -87,11 +89,18 @@ fn resample<T: Resampled>(
     };
     let (across, down) = (typed(weights(w, out_w)), typed(weights(h, out_h)));
     let mut rows = vec![T::default(); channels * h * out_w];
-    for (row_in, row_out) in pixels.chunks_exact(w).zip(rows.chunks_exact_mut(out_w)) {
-        for (out, (first, ws)) in row_out.iter_mut().zip(&across) {
-            *out = T::mean(ws, row_in[*first..].iter());
-        }
-    }
+    // (Compiled for the CPU's vector width: a level's taps sum in its lanes; integers, so in
+    // any order. Floats keep theirs: the compiler does not reorder their sums.)
+    crate::ops::simd::vectorized(
+        #[inline(always)]
+        || {
+            for (row_in, row_out) in pixels.chunks_exact(w).zip(rows.chunks_exact_mut(out_w)) {
+                for (out, (first, ws)) in row_out.iter_mut().zip(&across) {
+                    *out = T::mean(ws, row_in[*first..].iter());
+                }
+            }
+        },
+    );
     let mut out = vec![T::default(); channels * out_h * out_w];
     for (plane_in, plane_out) in rows.chunks_exact(h * out_w).zip(out.chunks_exact_mut(out_h * out_w)) {
         for (row_out, (first, ws)) in plane_out.chunks_exact_mut(out_w).zip(&down) {
