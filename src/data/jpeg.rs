@@ -931,8 +931,7 @@ fn transposed(m: &[[i32; 8]; 8]) -> [[i32; 8]; 8] {
 
 /// [`idct_islow`] in 64-bit arithmetic, a column or a row at a time with libjpeg's shortcut
 /// for a column of only its DC term: its C code (whose shortcut for such a row gives the same
-/// values as the full pass, and is left out). Any block, and the tests'
-/// reference for the lanes.
+/// values as the full pass, and is left out). Any block, and the tests' reference for the lanes.
 fn idct_islow_wide(block: &[i16], quant: &[u16; 64], out: &mut [u8], stride: usize) {
     let mut ws = [0i64; 64];
     for col in 0..8 {
@@ -996,9 +995,7 @@ idct_value!(i32, i64);
 /// odd half (1, 3, 5, 7), combined into the 8 outputs.
 #[inline(always)]
 fn idct_pass<T: IdctValue>(x: [T; 8]) -> [T; 8] {
-    const fn fix(x: f64) -> i32 {
-        (x * (1 << CONST_BITS) as f64 + 0.5) as i32
-    }
+    let fix = |x| fixed(x, CONST_BITS);
     let z1 = (x[2] + x[6]).times(fix(0.541196100));
     let tmp2 = z1 + x[6].times(-fix(1.847759065));
     let tmp3 = z1 + x[2].times(fix(0.765366865));
@@ -1020,6 +1017,12 @@ fn idct_pass<T: IdctValue>(x: [T; 8]) -> [T; 8] {
     [tmp10 + t3, tmp11 + t2, tmp12 + t1, tmp13 + t0, tmp13 - t0, tmp12 - t1, tmp11 - t2, tmp10 - t3]
 }
 
+/// `x` in fixed point of `bits` fractional bits, rounded as libjpeg's `FIX` rounds it.
+#[inline(always)]
+const fn fixed(x: f64, bits: u32) -> i32 {
+    (x * (1 << bits) as f64 + 0.5) as i32
+}
+
 /// libjpeg's post-IDCT range limit (`prepare_range_limit_table`): the sample level-shifted by
 /// 128 and clamped to 0..=255, indexed by its low 10 bits, so values far out of range wrap as
 /// they do in its C code (only a damaged or contrived file gets them; its SIMD code saturates).
@@ -1035,6 +1038,24 @@ fn range_limit(v: i32) -> u8 {
 /// go a row at a time: the edges as libjpeg treats them, the interior in a loop without a
 /// branch (the per-sample form, slower, is the tests' reference: `upsample_reference`).
 fn upsample(plane: &[u8], stride: usize, c: &Component, fh: usize, fv: usize, width: usize, height: usize) -> Vec<u8> {
+    // (Compiled for the CPU's vector width: the rows' loops run in its lanes.)
+    crate::ops::simd::vectorized(
+        #[inline(always)]
+        || upsample_rows(plane, stride, c, fh, fv, width, height),
+    )
+}
+
+/// [`upsample`]'s work, inlined into its copy for the CPU's vector width.
+#[inline(always)]
+fn upsample_rows(
+    plane: &[u8],
+    stride: usize,
+    c: &Component,
+    fh: usize,
+    fv: usize,
+    width: usize,
+    height: usize,
+) -> Vec<u8> {
     let (cw, ch) = (c.width, c.height);
     let row_of = |y: usize| &plane[y * stride..y * stride + cw];
     // The rows above the first and below the last are copies of them (libjpeg's context rows).
@@ -1042,53 +1063,47 @@ fn upsample(plane: &[u8], stride: usize, c: &Component, fh: usize, fv: usize, wi
     let mut out = vec![0u8; width * height];
     // Per output row of the vertical cases: 3 × the nearer chroma row + the farther one.
     let mut sums = vec![0i32; cw];
-    // (Compiled for the CPU's vector width: the rows' loops run in its lanes.)
-    crate::ops::simd::vectorized(
-        #[inline(always)]
-        || {
-            for (y, row) in out.chunks_exact_mut(width).enumerate() {
-                match (fh, fv) {
-                    (1, 1) => row.copy_from_slice(&row_of(y)[..width]),
-                    // Horizontally 3/4 of the nearer sample and 1/4 of the farther, rounding alternately
-                    // down and up (`h2v1_fancy_upsample`).
-                    (2, 1) if cw > 2 => {
-                        let src = row_of(y);
-                        let between = |a: u8, b: u8| {
-                            let (a, b) = (i32::from(a), i32::from(b));
-                            (((3 * a + b + 2) >> 2) as u8, ((3 * b + a + 1) >> 2) as u8)
-                        };
-                        two_across(row, src, src[0], between, src[cw - 1]);
-                    }
-                    // Vertically the same, the upper output row rounding down (`h1v2_fancy_upsample`).
-                    (1, 2) => {
-                        let (i, odd) = (y / 2, y % 2 == 1);
-                        let (far, bias) = if odd { (below(i), 2) } else { (above(i), 1) };
-                        let (near, far) = (row_of(i), row_of(far));
-                        for ((o, &n), &f) in row.iter_mut().zip(near).zip(far) {
-                            *o = ((3 * i32::from(n) + i32::from(f) + bias) >> 2) as u8;
-                        }
-                    }
-                    // Both: 9/16, 3/16, 3/16, 1/16 of the four nearest (`h2v2_fancy_upsample`).
-                    (2, 2) if cw > 2 => {
-                        let (i, odd) = (y / 2, y % 2 == 1);
-                        let far = if odd { below(i) } else { above(i) };
-                        for ((s, &n), &f) in sums.iter_mut().zip(row_of(i)).zip(row_of(far)) {
-                            *s = 3 * i32::from(n) + i32::from(f);
-                        }
-                        let between = |a: i32, b: i32| (((3 * a + b + 7) >> 4) as u8, ((3 * b + a + 8) >> 4) as u8);
-                        let (first, last) = (((4 * sums[0] + 8) >> 4) as u8, ((4 * sums[cw - 1] + 7) >> 4) as u8);
-                        two_across(row, &sums, first, between, last);
-                    }
-                    // Any other integer ratio, and 2:1 for chroma 2 samples wide or less: each sample
-                    // repeated (`int_upsample`, `h2v1_upsample`, `h2v2_upsample`).
-                    _ => {
-                        let src = row_of(y / fv);
-                        row.iter_mut().enumerate().for_each(|(x, o)| *o = src[x / fh]);
-                    }
+    for (y, row) in out.chunks_exact_mut(width).enumerate() {
+        match (fh, fv) {
+            (1, 1) => row.copy_from_slice(&row_of(y)[..width]),
+            // Horizontally 3/4 of the nearer sample and 1/4 of the farther, rounding alternately
+            // down and up (`h2v1_fancy_upsample`).
+            (2, 1) if cw > 2 => {
+                let src = row_of(y);
+                let between = |a: u8, b: u8| {
+                    let (a, b) = (i32::from(a), i32::from(b));
+                    (((3 * a + b + 2) >> 2) as u8, ((3 * b + a + 1) >> 2) as u8)
+                };
+                two_across(row, src, src[0], between, src[cw - 1]);
+            }
+            // Vertically the same, the upper output row rounding down (`h1v2_fancy_upsample`).
+            (1, 2) => {
+                let (i, odd) = (y / 2, y % 2 == 1);
+                let (far, bias) = if odd { (below(i), 2) } else { (above(i), 1) };
+                let (near, far) = (row_of(i), row_of(far));
+                for ((o, &n), &f) in row.iter_mut().zip(near).zip(far) {
+                    *o = ((3 * i32::from(n) + i32::from(f) + bias) >> 2) as u8;
                 }
             }
-        },
-    );
+            // Both: 9/16, 3/16, 3/16, 1/16 of the four nearest (`h2v2_fancy_upsample`).
+            (2, 2) if cw > 2 => {
+                let (i, odd) = (y / 2, y % 2 == 1);
+                let far = if odd { below(i) } else { above(i) };
+                for ((s, &n), &f) in sums.iter_mut().zip(row_of(i)).zip(row_of(far)) {
+                    *s = 3 * i32::from(n) + i32::from(f);
+                }
+                let between = |a: i32, b: i32| (((3 * a + b + 7) >> 4) as u8, ((3 * b + a + 8) >> 4) as u8);
+                let (first, last) = (((4 * sums[0] + 8) >> 4) as u8, ((4 * sums[cw - 1] + 7) >> 4) as u8);
+                two_across(row, &sums, first, between, last);
+            }
+            // Any other integer ratio, and 2:1 for chroma 2 samples wide or less: each sample
+            // repeated (`int_upsample`, `h2v1_upsample`, `h2v2_upsample`).
+            _ => {
+                let src = row_of(y / fv);
+                row.iter_mut().enumerate().for_each(|(x, o)| *o = src[x / fh]);
+            }
+        }
+    }
     out
 }
 
@@ -1134,9 +1149,7 @@ fn ycc_to_rgb(y: &[u8], cb: &[u8], cr: &[u8], out: &mut [u8]) {
 fn ycc_offsets(cb: u8, cr: u8) -> [i32; 3] {
     const SCALEBITS: u32 = 16;
     const HALF: i32 = 1 << (SCALEBITS - 1);
-    const fn fix(x: f64) -> i32 {
-        (x * (1 << SCALEBITS) as f64 + 0.5) as i32
-    }
+    let fix = |x| fixed(x, SCALEBITS);
     let (cb, cr) = (i32::from(cb) - 128, i32::from(cr) - 128);
     [
         (fix(1.40200) * cr + HALF) >> SCALEBITS,
@@ -1394,10 +1407,10 @@ mod tests {
         }
     }
 
-    /// The IDCT in 32-bit lanes equals its 64-bit form, libjpeg's C code, on every block: the
-    /// blocks of small coefficients and quantizers (1–15), coefficients as large as 12-bit samples give, and
-    /// any 16-bit coefficients and quantizers (which the 64-bit form takes), at row strides
-    /// wider than a block.
+    /// The IDCT in 32-bit lanes equals its 64-bit form, libjpeg's C code, on every block: small
+    /// coefficients and quantizers (1–15), coefficients as large as 12-bit samples give, and any
+    /// 16-bit coefficients and quantizers (which the 64-bit form takes), at row strides wider
+    /// than a block.
     #[test]
     fn the_idct_in_lanes_equals_the_64_bit_form() {
         let mut rng = crate::rng::Rng::new(9);
