@@ -23,58 +23,36 @@ static double seconds(struct timespec t0, struct timespec t1) {
     return (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
 }
 
-// Each function returns GFLOP/s and prints a checksum, so the chains are not optimised away.
+// One timed loop per mode: CHAINS accumulators, each `acc = STEP(acc)`, FLOP_EACH per step.
+// Each returns GFLOP/s and prints a checksum, so the chains are not optimised away.
+#define PEAK_LOOP(VEC, INIT, STEP, FLOP_EACH)                                   \
+    VEC acc[CHAINS];                                                            \
+    for (int i = 0; i < CHAINS; i++) acc[i] = INIT((float)i);                   \
+    struct timespec t0, t1;                                                     \
+    clock_gettime(CLOCK_MONOTONIC, &t0);                                        \
+    for (long k = 0; k < ITERS; k++) {                                          \
+        _Pragma("GCC unroll 12") for (int i = 0; i < CHAINS; i++) acc[i] = STEP; \
+    }                                                                           \
+    clock_gettime(CLOCK_MONOTONIC, &t1);                                        \
+    float sum = 0;                                                              \
+    for (int i = 0; i < CHAINS; i++) sum += acc[i][0];                          \
+    printf("(checksum %g) ", sum);                                              \
+    return ITERS * CHAINS * (double)(FLOP_EACH) / seconds(t0, t1) / 1e9;
+
 static double avx2(void) {
-    __m256 acc[CHAINS];
     const __m256 b = _mm256_set1_ps(1.0000001f), c = _mm256_set1_ps(1e-7f);
-    for (int i = 0; i < CHAINS; i++) acc[i] = _mm256_set1_ps((float)i);
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (long k = 0; k < ITERS; k++) {
-#pragma GCC unroll 12
-        for (int i = 0; i < CHAINS; i++) acc[i] = _mm256_fmadd_ps(acc[i], b, c);
-    }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    float sum = 0;
-    for (int i = 0; i < CHAINS; i++) sum += acc[i][0];
-    printf("(checksum %g) ", sum);
-    return ITERS * CHAINS * 16.0 / seconds(t0, t1) / 1e9;
+    PEAK_LOOP(__m256, _mm256_set1_ps, _mm256_fmadd_ps(acc[i], b, c), 16)
 }
 
 __attribute__((target("avx512f"))) static double avx512(void) {
-    __m512 acc[CHAINS];
     const __m512 b = _mm512_set1_ps(1.0000001f), c = _mm512_set1_ps(1e-7f);
-    for (int i = 0; i < CHAINS; i++) acc[i] = _mm512_set1_ps((float)i);
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (long k = 0; k < ITERS; k++) {
-#pragma GCC unroll 12
-        for (int i = 0; i < CHAINS; i++) acc[i] = _mm512_fmadd_ps(acc[i], b, c);
-    }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    float sum = 0;
-    for (int i = 0; i < CHAINS; i++) sum += acc[i][0];
-    printf("(checksum %g) ", sum);
-    return ITERS * CHAINS * 32.0 / seconds(t0, t1) / 1e9;
+    PEAK_LOOP(__m512, _mm512_set1_ps, _mm512_fmadd_ps(acc[i], b, c), 32)
 }
 
 __attribute__((target("avx512f,avx512bf16"))) static double bf16(void) {
-    __m512 acc[CHAINS];
     // Small operands, so the sums stay finite over the 400 M products a chain sees.
     const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-6f), _mm512_set1_ps(1e-6f));
-    const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-6f), _mm512_set1_ps(1e-6f));
-    for (int i = 0; i < CHAINS; i++) acc[i] = _mm512_set1_ps((float)i);
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (long k = 0; k < ITERS; k++) {
-#pragma GCC unroll 12
-        for (int i = 0; i < CHAINS; i++) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
-    }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    float sum = 0;
-    for (int i = 0; i < CHAINS; i++) sum += acc[i][0];
-    printf("(checksum %g) ", sum);
-    return ITERS * CHAINS * 64.0 / seconds(t0, t1) / 1e9;
+    PEAK_LOOP(__m512, _mm512_set1_ps, _mm512_dpbf16_ps(acc[i], a, a), 64)
 }
 
 int main(int argc, char **argv) {

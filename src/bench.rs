@@ -1,9 +1,11 @@
 //! Workloads and measurements shared by the criterion benches (`benches/`) and the
 //! `pipetransformer bench-step` report: the MiniLM-shaped encoder, synthetic batches, FLOP
-//! counts and the machine's large-GEMM rate (the roofline the step is compared against).
+//! counts and the machine's large-GEMM rate in each precision (the roofline the step is
+//! compared against).
 
-use crate::device::Device;
+use crate::device::{Device, Precision};
 use crate::model::{BertConfig, HostBatch, Model, ModelConfig, Pooling};
+use crate::ops::gemm_bf16::matmul_bf16;
 use crate::ops::matmul::{MatRef, matmul};
 use crate::rng::Rng;
 use std::time::Instant;
@@ -41,8 +43,8 @@ pub fn step_flops<D: Device>(model: &Model<D>, dev: &D, batch: usize, seq: usize
     model.costs(dev, seq).iter().map(|c| c.forward_flops + c.backward_flops).sum::<f64>() * batch as f64
 }
 
-/// A pool of `threads` threads and two random `n×n` matrices: the f32 GEMM that measures this
-/// machine's practical peak for this engine ([`GemmProbe::gflops`]).
+/// A pool of `threads` threads and two random `n×n` matrices: the GEMM that measures this
+/// machine's practical peak for this engine in a precision ([`GemmProbe::gflops`]).
 pub struct GemmProbe {
     pool: rayon::ThreadPool,
     n: usize,
@@ -63,12 +65,18 @@ impl GemmProbe {
         Ok(Self { pool, n, a, b, c: vec![0f32; n * n] })
     }
 
-    /// The rate of one GEMM through [`matmul`], in GFLOP/s.
-    pub fn gflops(&mut self) -> f64 {
+    /// The rate of one GEMM in GFLOP/s: through [`matmul`] in f32, through [`matmul_bf16`]
+    /// (bf16 operands, f32 accumulation: the kernel a cpu device's bf16 products run) in
+    /// bf16. The bf16 rate counts its operands' rounding and packing, as a step's products
+    /// pay them.
+    pub fn gflops(&mut self, precision: Precision) -> f64 {
         let n = self.n;
-        let (a, b, c) = (&self.a, &self.b, &mut self.c);
+        let (a, b, c) = (MatRef::rows(&self.a, n), MatRef::rows(&self.b, n), &mut self.c);
         let t = Instant::now();
-        self.pool.install(|| matmul(c, n, MatRef::rows(a, n), MatRef::rows(b, n), n, n, n, false));
+        self.pool.install(|| match precision {
+            Precision::F32 => matmul(c, n, a, b, n, n, n, false),
+            Precision::Bf16 => drop(matmul_bf16(c, n, a, b, n, n, n, false)),
+        });
         2.0 * (n as f64).powi(3) / t.elapsed().as_secs_f64() / 1e9
     }
 }
@@ -85,9 +93,11 @@ pub struct StepTiming {
     pub max: f64,
     /// FLOPs of one step (forward and backward, from the units' analytic costs).
     pub flops: f64,
-    /// The median rate of the f32 GEMMs timed one after each step, when asked for: the floor
-    /// measured in the same seconds as the steps, so a VM whose speed drifts between runs
-    /// moves both alike.
+    /// The precision of the step's products, and of the GEMMs its floor was timed in.
+    pub precision: Precision,
+    /// The median rate of the GEMMs timed one after each step, in the step's precision, when
+    /// asked for: the floor measured in the same seconds as the steps, so a VM whose speed
+    /// drifts between runs moves both alike.
     pub gemm_gflops: Option<f64>,
     /// The median over the timed steps of each step against the GEMM timed right after it
     /// ([`paired_floor_ratio`]), when the floor was asked for.
@@ -116,7 +126,8 @@ pub fn paired_floor_ratio(times: &[f64], gflops: &[f64], flops: f64) -> f64 {
 
 /// Times `steps` training steps (forward, backward, clipping at 1.0, AdamW) of the
 /// MiniLM-shaped encoder on `dev`, after `warmup` untimed ones, on one random batch of
-/// `batch` × `seq` tokens; with a `floor` probe, one GEMM after each timed step.
+/// `batch` × `seq` tokens; with a `floor` probe, one GEMM after each timed step, in the
+/// precision of `dev`'s products.
 pub fn time_step<D: Device>(
     dev: &D,
     steps: usize,
@@ -133,6 +144,7 @@ pub fn time_step<D: Device>(
     let batch_dev = Batch::upload(dev, model.spec(), &host, true, 2)?;
     let mut optimizer = Optimizer::new(OptimizerConfig::adamw())?;
     let flops = step_flops(&model, dev, batch, seq);
+    let precision = dev.precision();
     for _ in 0..warmup {
         train_step(dev, &mut model, &mut optimizer, &batch_dev, 1e-4, Some(1.0))?;
     }
@@ -144,14 +156,14 @@ pub fn time_step<D: Device>(
         dev.synchronize()?;
         times.push(t.elapsed().as_secs_f64());
         if let Some(probe) = floor.as_deref_mut() {
-            rates.push(probe.gflops());
+            rates.push(probe.gflops(precision));
         }
     }
     crate::debug::print_op_times(&format!("{} timed steps", times.len()));
     let (min, max) = times.iter().fold((f64::INFINITY, 0f64), |(lo, hi), &t| (lo.min(t), hi.max(t)));
     let paired_ratio = (!rates.is_empty()).then(|| paired_floor_ratio(&times, &rates, flops));
     let gemm_gflops = (!rates.is_empty()).then(|| median(rates));
-    Ok(StepTiming { median: median(times), min, max, flops, gemm_gflops, paired_ratio })
+    Ok(StepTiming { median: median(times), min, max, flops, precision, gemm_gflops, paired_ratio })
 }
 
 /// Where PyTorch's side of `bench-step` runs for our device kind: the CPU, or a real GPU; none
@@ -222,13 +234,15 @@ pub struct StepBench {
     pub threads: usize,
 }
 
-/// `bench-step`'s report, printed as a markdown table: our steps, the GEMM floor on cpu,
-/// PyTorch's steps against that floor, and on a GPU the MFU against its datasheet peak.
+/// `bench-step`'s report, printed as a markdown table: our steps, the GEMM floor of each
+/// precision on cpu, PyTorch's steps against the floor of theirs, and on a GPU the MFU against
+/// its datasheet peak.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StepReport {
     /// The shape timed.
     pub bench: StepBench,
-    /// Our steps, each with its row's name; the first row's GEMM rate is the floor's.
+    /// Our steps, each with its row's name; each precision's floor is the GEMM rate of its
+    /// first row.
     pub rows: Vec<(String, StepTiming)>,
     /// Threads of the cpu pool that timed the steps and the floor (none on a GPU).
     pub floor_threads: Option<usize>,
@@ -236,7 +250,7 @@ pub struct StepReport {
     pub torch: Option<(TorchStep, &'static str)>,
     /// On a GPU, per row: the precision, its model FLOPs per second as a fraction of the
     /// datasheet peak, and that peak (FLOP/s).
-    pub mfu: Vec<(crate::device::Precision, f64, f64)>,
+    pub mfu: Vec<(Precision, f64, f64)>,
 }
 
 /// Times the MiniLM-shaped step on `first` in `precision`, then, when `second` is given, on the
@@ -245,19 +259,20 @@ pub struct StepReport {
 /// emulator). PyTorch failing is in the report ([`TorchStep::Failed`]), so our timings stand.
 pub fn bench_step(
     first: crate::device::AnyDevice,
-    precision: crate::device::Precision,
-    second: Option<(crate::device::Precision, impl FnOnce() -> crate::Result<crate::device::AnyDevice>)>,
+    precision: Precision,
+    second: Option<(Precision, impl FnOnce() -> crate::Result<crate::device::AnyDevice>)>,
     kind: crate::device::DeviceKind,
     bench: StepBench,
 ) -> crate::Result<StepReport> {
-    use crate::device::{AnyDevice, Precision};
+    use crate::device::AnyDevice;
     let pool_threads = match &first {
         AnyDevice::Cpu(d) => d.threads(),
         AnyDevice::Gpu(_) => None,
     };
     let mut report = StepReport { bench, rows: Vec::new(), floor_threads: pool_threads, torch: None, mfu: Vec::new() };
-    // The roofline of the CPU backend is its own large GEMM on the same threads, timed after
-    // each step so that the floor and the step see the same moments of a drifting VM.
+    // The roofline of the CPU backend is its own large GEMM on the same threads, in the
+    // step's precision, timed after each step so that the floor and the step see the same
+    // moments of a drifting VM.
     let mut probe = pool_threads.map(|t| GemmProbe::new(t, 2048)).transpose()?;
     let b = &report.bench;
     let mut time = |dev: AnyDevice, precision: Precision| -> crate::Result<()> {
@@ -294,7 +309,10 @@ impl std::fmt::Display for StepReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let b = &self.bench;
         let Some(flops) = self.rows.first().map(|(_, t)| t.flops) else { return Ok(()) };
-        let gemm = self.rows[0].1.gemm_gflops;
+        // Each precision's floor: the GEMM rate timed with its first row's steps.
+        let floor = |precision: Precision| {
+            self.rows.iter().find(|(_, t)| t.precision == precision).and_then(|(_, t)| t.gemm_gflops)
+        };
         writeln!(
             f,
             "MiniLM-shaped training step: 6 layers, hidden 384, 12 heads, MLP 1536, batch {} × seq {}, dropout 0.1, \
@@ -303,10 +321,11 @@ impl std::fmt::Display for StepReport {
             b.seq,
             b.steps,
             b.warmup,
-            match gemm {
+            match self.rows[0].1.gemm_gflops {
                 Some(_) =>
-                    "; the GEMM floor: these FLOPs at the median rate of an f32 2048³ GEMM timed after each step; \
-                     step by step: the median of each step against the GEMM timed right after it",
+                    "; the GEMM floor: these FLOPs at the median rate of a 2048³ GEMM in the step's precision (bf16: \
+                     bf16 operands, f32 accumulation) timed after each step; step by step: the median of each step \
+                     against the GEMM timed right after it",
                 None => "",
             }
         )?;
@@ -330,20 +349,24 @@ impl std::fmt::Display for StepReport {
                 flops / t.median / 1e9
             )?;
         }
-        // PyTorch's rows are set against the first row's floor.
-        let floor_ms = gemm.map(|g| flops / g / 1e6);
-        if let (Some(gemm), Some(ms), Some(threads)) = (gemm, floor_ms, self.floor_threads) {
-            writeln!(
-                f,
-                "| GEMM floor: these FLOPs at the f32 2048³ GEMM rate ({threads} threads, timed with the f32 steps) | \
-                 {ms:.1} | | {gemm:.1} | 1.00× | |"
-            )?;
+        let floor_ms = |precision| floor(precision).map(|g| flops / g / 1e6);
+        for (precision, name) in [(Precision::F32, "f32"), (Precision::Bf16, "bf16")] {
+            if let (Some(gemm), Some(ms), Some(threads)) = (floor(precision), floor_ms(precision), self.floor_threads) {
+                writeln!(
+                    f,
+                    "| GEMM floor: these FLOPs at the {name} 2048³ GEMM rate ({threads} threads, timed with the {name} \
+                     steps) | {ms:.1} | | {gemm:.1} | 1.00× | |"
+                )?;
+            }
         }
         match &self.torch {
             Some((TorchStep::Timed { version, threads, f32_ms, bf16_ms }, device)) => {
                 let on = if *device == "cpu" { format!("{threads} threads") } else { device.to_string() };
-                for (what, ms) in [("eager, f32", f32_ms), ("bf16 autocast", bf16_ms)] {
-                    let ratio = floor_ms.map_or_else(String::new, |floor| format!("{:.2}×", ms / floor));
+                // Each against the floor of its precision, where this run timed one.
+                for (what, ms, precision) in
+                    [("eager, f32", f32_ms, Precision::F32), ("bf16 autocast", bf16_ms, Precision::Bf16)]
+                {
+                    let ratio = floor_ms(precision).map_or_else(String::new, |floor| format!("{:.2}×", ms / floor));
                     writeln!(
                         f,
                         "| PyTorch {version} {what} ({on}) | {ms:.1} | | {:.1} | {ratio} | |",
@@ -448,6 +471,7 @@ mod tests {
             min: 0.012,
             max: 0.024,
             flops: 1e9,
+            precision: Precision::F32,
             gemm_gflops: Some(median(gflops.to_vec())),
             paired_ratio: None,
         };
@@ -486,25 +510,27 @@ mod tests {
         assert_eq!(torch_device(DeviceKind::CudaEmu), None);
     }
 
-    /// The table: our rows with their floor ratios, the floor's row from the first row's GEMM
-    /// rate, PyTorch's rows against that floor, and MFU lines only after the table.
+    /// The table: our rows with their floor ratios, a floor's row per precision from its
+    /// first row's GEMM rate, PyTorch's rows against the floor of theirs, and MFU lines only
+    /// after the table.
     #[test]
-    fn the_step_report_sets_every_row_against_the_first_rows_floor() {
-        let timing = |median: f64, gemm: Option<f64>| StepTiming {
+    fn the_step_report_sets_every_row_against_the_floor_of_its_precision() {
+        let timing = |median: f64, precision: Precision, gemm: Option<f64>| StepTiming {
             median,
             min: median * 0.9,
             max: median * 1.1,
             flops: 1e11,
+            precision,
             gemm_gflops: gemm,
             paired_ratio: gemm.map(|_| 1.5),
         };
         let bench = StepBench { steps: 4, warmup: 1, batch: 16, seq: 128, python: "python3".into(), threads: 2 };
         let mut report = StepReport {
             bench,
-            // 1e11 FLOP at 100 GFLOP/s: a floor of 1 s.
+            // 1e11 FLOP at 100 GFLOP/s: a floor of 1 s in f32; at 250 GFLOP/s, 0.4 s in bf16.
             rows: vec![
-                ("ours, f32 (cpu:0)".into(), timing(1.2, Some(100.0))),
-                ("ours, bf16 (cpu:0)".into(), timing(0.8, Some(50.0))),
+                ("ours, f32 (cpu:0)".into(), timing(1.2, Precision::F32, Some(100.0))),
+                ("ours, bf16 (cpu:0)".into(), timing(0.8, Precision::Bf16, Some(250.0))),
             ],
             floor_threads: Some(2),
             torch: Some((
@@ -518,16 +544,32 @@ mod tests {
         assert!(lines[0].contains("batch 16 × seq 128") && lines[0].contains("median of 4 after 1 warm-up"), "{text}");
         assert!(lines[0].contains("the GEMM floor"), "{text}");
         assert_eq!(lines[3], "| ours, f32 (cpu:0) | 1200.0 | 1080.0–1320.0 | 83.3 | 1.20× (100) | 1.50× |");
-        assert_eq!(lines[4], "| ours, bf16 (cpu:0) | 800.0 | 720.0–880.0 | 125.0 | 0.40× (50) | 1.50× |");
-        assert!(lines[5].starts_with("| GEMM floor") && lines[5].ends_with("| 1000.0 | | 100.0 | 1.00× | |"), "{text}");
-        assert_eq!(lines[6], "| PyTorch 2.15.0 eager, f32 (2 threads) | 1500.0 | | 66.7 | 1.50× | |");
-        assert_eq!(lines[7], "| PyTorch 2.15.0 bf16 autocast (2 threads) | 900.0 | | 111.1 | 0.90× | |");
-        assert_eq!(lines.len(), 8);
+        assert_eq!(lines[4], "| ours, bf16 (cpu:0) | 800.0 | 720.0–880.0 | 125.0 | 2.00× (250) | 1.50× |");
+        assert!(
+            lines[5].starts_with("| GEMM floor: these FLOPs at the f32 ")
+                && lines[5].ends_with("| 1000.0 | | 100.0 | 1.00× | |"),
+            "{text}"
+        );
+        assert!(
+            lines[6].starts_with("| GEMM floor: these FLOPs at the bf16 ")
+                && lines[6].ends_with("| 400.0 | | 250.0 | 1.00× | |"),
+            "{text}"
+        );
+        assert_eq!(lines[7], "| PyTorch 2.15.0 eager, f32 (2 threads) | 1500.0 | | 66.7 | 1.50× | |");
+        assert_eq!(lines[8], "| PyTorch 2.15.0 bf16 autocast (2 threads) | 900.0 | | 111.1 | 2.25× | |");
+        assert_eq!(lines.len(), 9);
+        // f32 alone: no bf16 floor, and PyTorch's bf16 row without a ratio.
+        report.rows.truncate(1);
+        let text = report.to_string();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[4].starts_with("| GEMM floor: these FLOPs at the f32 "), "{text}");
+        assert_eq!(lines[6], "| PyTorch 2.15.0 bf16 autocast (2 threads) | 900.0 | | 111.1 |  | |");
+        assert_eq!(lines.len(), 7);
         // On a GPU: no floor, PyTorch on cuda, the MFU after the table.
-        report.rows = vec![("ours, bf16 (cuda:0)".into(), timing(0.01, None))];
+        report.rows = vec![("ours, bf16 (cuda:0)".into(), timing(0.01, Precision::Bf16, None))];
         report.floor_threads = None;
         report.torch = Some((TorchStep::Absent("no torch".into()), "cuda"));
-        report.mfu = vec![(crate::device::Precision::Bf16, 0.01, 989.4e12)];
+        report.mfu = vec![(Precision::Bf16, 0.01, 989.4e12)];
         let text = report.to_string();
         let lines: Vec<&str> = text.lines().collect();
         assert!(!lines[0].contains("GEMM floor"), "{text}");
@@ -539,10 +581,11 @@ mod tests {
     }
 
     /// A PyTorch that fails is in the report beside our rows (f32, then the second device's
-    /// bf16), which it does not take down with it; the floor is timed on our pool's threads.
+    /// bf16), which it does not take down with it; each row's floor is timed on our pool's
+    /// threads in the row's precision.
     #[test]
     fn a_failing_pytorch_leaves_our_timings_in_the_report() {
-        use crate::device::{AnyDevice, CpuDevice, DeviceKind, Precision};
+        use crate::device::{AnyDevice, CpuDevice, DeviceKind};
         let first = AnyDevice::Cpu(CpuDevice::new(0, 1).unwrap());
         let second = Some((Precision::Bf16, || AnyDevice::open(DeviceKind::Cpu, 0, 1, Precision::Bf16)));
         let bench = StepBench { steps: 1, warmup: 0, batch: 1, seq: 8, python: "/bin/false".into(), threads: 2 };
@@ -552,12 +595,30 @@ mod tests {
             names.len() == 2 && names[0].starts_with("ours, f32 (cpu:0") && names[1].starts_with("ours, bf16 (cpu:0")
         );
         assert!(report.rows.iter().all(|(_, t)| t.median > 0.0 && t.gemm_gflops.is_some()), "{report}");
+        let precisions: Vec<Precision> = report.rows.iter().map(|(_, t)| t.precision).collect();
+        assert_eq!(precisions, [Precision::F32, Precision::Bf16]);
+        let floors = report.to_string().lines().filter(|l| l.starts_with("| GEMM floor")).count();
+        assert_eq!(floors, 2, "{report}");
         assert_eq!(report.floor_threads, Some(1));
         assert!(
             matches!(&report.torch, Some((TorchStep::Failed(why), "cpu")) if why.contains("/bin/false")),
             "{report}"
         );
         assert!(report.to_string().lines().any(|l| l.starts_with("PyTorch comparison failed: ")), "{report}");
+    }
+
+    /// The probe runs the product of the precision asked for: bf16 operands round, so its
+    /// result moves off the f32 one, by no more than bf16's rounding of 64-term sums.
+    #[test]
+    fn the_gemm_probe_multiplies_in_the_precision_asked_for() {
+        let mut probe = GemmProbe::new(1, 64).unwrap();
+        assert!(probe.gflops(Precision::F32) > 0.0);
+        let f32_product = probe.c.clone();
+        assert!(probe.gflops(Precision::Bf16) > 0.0);
+        let off = f32_product.iter().zip(&probe.c).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        assert!(off > 0.0 && off < 0.5, "bf16 against f32: {off}");
+        probe.gflops(Precision::F32);
+        assert_eq!(probe.c, f32_product, "f32 again: the same bits");
     }
 
     /// The driver's names find their datasheet rows; a PCIe H100 is not taken for an SXM one.

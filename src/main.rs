@@ -457,8 +457,8 @@ enum Command {
     },
     /// Time training steps (forward, backward, AdamW) of the MiniLM-shaped encoder — 6 layers,
     /// hidden 384, 12 heads, MLP 1536 — on --device at --precision, and compare the achieved
-    /// rate with the machine's large-GEMM rate measured in the same run (on a GPU: the MFU
-    /// against its datasheet peak). On cpu without --precision it times f32 and bf16; on cpu
+    /// rate with the machine's large-GEMM rate in the step's precision, measured in the same
+    /// run (on a GPU: the MFU against its datasheet peak). On cpu without --precision it times f32 and bf16; on cpu
     /// and cuda it also times PyTorch's f32 and bf16-autocast steps on the same device when
     /// PT_PYTHON (default python3; `none` skips them) has torch.
     #[command(allow_negative_numbers = true)]
