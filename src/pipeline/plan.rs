@@ -197,7 +197,10 @@ impl Plan {
     /// a refusal naming the least limit that plans, whole or over the slices planned for time
     /// (which can need less: a slice's backward regains only its own activations). A slicing
     /// the slicer holds to the limit is kept only where a plan of it fits: the slicer's memory
-    /// model and the partition's can part.
+    /// model and the partition's can part. Where the stages do not recompute, the slicer's
+    /// slicing under the limit, held to the same test: an `auto` run's fallback to equal slices
+    /// ([`auto_slicing`](Self::auto_slicing)) then sees the refusal (a one-stage pipeline's
+    /// slicer keeps whole micro-batches without looking at the limit).
     pub fn recomputing_slicing<T>(
         config: &PipelineConfig,
         units: &[UnitProfile],
@@ -206,10 +209,14 @@ impl Plan {
         slice: impl Fn(&PipelineConfig) -> Result<T>,
         lengths: impl Fn(&T) -> Vec<usize>,
     ) -> Result<Option<T>> {
-        if config.recompute == Recompute::Off || config.memory_limit.is_none() {
+        if config.memory_limit.is_none() {
             return slice(config).map(Some);
         }
         let plan = |token_slices: Vec<usize>| Self::of_slices(config, token_slices, units, pinned, stages);
+        if config.recompute == Recompute::Off {
+            let held = slice(config)?;
+            return plan(lengths(&held)).map(|_| Some(held));
+        }
         let timed = slice(&config.for_slicing()).ok();
         let timed_lengths = timed.as_ref().map(&lengths);
         if let Some(timed) = timed.filter(|t| plan(lengths(t)).is_ok()) {
@@ -284,8 +291,9 @@ impl Plan {
     /// `stages`, or as cut afresh with the first `pinned` units on the first), recomputing as
     /// `config` asks (each slice's backward regains only its own activations, so more can fit
     /// where fewer do not); `None` where none does. Counts 2 to 8 are tried in turn, then 16,
-    /// 32 and 64; a fit among those is narrowed down to the fewest since the last count that
-    /// did not fit (halving: memory falls as the count grows).
+    /// 32 and so on, doubling, and `seq` itself (a token a slice, the most there are); a fit
+    /// among those is narrowed down to the fewest since the last count that did not fit
+    /// (halving: memory falls as the count grows).
     pub fn fewest_equal_slices(
         config: &PipelineConfig,
         units: &[UnitProfile],
@@ -294,7 +302,8 @@ impl Plan {
         seq: usize,
     ) -> Option<usize> {
         let fits = |n: usize| Self::of_slices(config, uniform_slices(seq, n), units, pinned, stages).is_ok();
-        let counts: Vec<usize> = (2..=8).chain([16, 32, 64]).filter(|&n| n <= seq).collect();
+        let doubling = std::iter::successors(Some(16usize), |n| n.checked_mul(2)).take_while(|&n| n < seq);
+        let counts: Vec<usize> = (2..=8).filter(|&n| n < seq).chain(doubling).chain((seq > 1).then_some(seq)).collect();
         let at = counts.iter().position(|&n| fits(n))?;
         // Fewest in (the last that did not fit, the first that did].
         let (mut lo, mut hi) = (if at == 0 { 1 } else { counts[at - 1] }, counts[at]);
@@ -988,6 +997,73 @@ mod tests {
             units.iter().map(|u| UnitProfile { kv_bytes: 200, kv_grad_bytes: 400, ..*u }).collect();
         let whole = Plan::auto_slicing(&config(Recompute::Auto, 6599), &units, 0, None, 4, slicer, Vec::clone);
         assert_eq!(whole.map_err(refused), Ok(AutoSliced::Whole));
+    }
+
+    /// Without recomputation a slicing is kept only where a plan of it fits the memory limit,
+    /// as with it: a one-stage pipeline's slicer keeps micro-batches whole without looking at
+    /// the limit, and where they exceed it `auto` runs the fewest equal slices that fit (token
+    /// slices shrink the attention scores a micro-batch keeps). Four units on one stage, GPipe,
+    /// `M = 2`: 4 × 1600 B of state and 2 × 4 × 1000 B of activations whole (14400 B), of which
+    /// 800 B a unit are scores; over [2, 2] they keep 12/16 of those (12800 B), over four
+    /// slices of one token 10/16 (12000 B).
+    #[test]
+    fn without_recomputation_a_slicing_is_kept_only_where_its_plan_fits() {
+        let units: Vec<UnitProfile> = units(4).into_iter().map(|u| UnitProfile { score_bytes: 800, ..u }).collect();
+        let config = |pipeline_len, limit| PipelineConfig {
+            pipeline_len,
+            micro_batches: 2,
+            schedule: crate::pipeline::ScheduleKind::Gpipe,
+            memory_limit: Some(limit),
+            ..Default::default()
+        };
+        let refused = |e: Error| match e {
+            Error::Config { field, .. } => field,
+            e => e.to_string(),
+        };
+        let whole = |_: &PipelineConfig| Ok(Vec::new());
+        let auto =
+            |limit| Plan::auto_slicing(&config(1, limit), &units, 0, None, 4, whole, Vec::clone).map_err(refused);
+        assert_eq!(auto(14400), Ok(AutoSliced::Planned(vec![])));
+        assert_eq!(auto(14399), Ok(AutoSliced::Equal(vec![2, 2])));
+        assert_eq!(auto(12000), Ok(AutoSliced::Equal(vec![1, 1, 1, 1])));
+        assert!(auto(11999).is_err_and(|field| field.ends_with("memory_limit")));
+        // On two stages a slicer whose own memory model passes [2, 2] is held to the plan's.
+        let lax = |_: &PipelineConfig| Ok(vec![2, 2]);
+        let kept = |limit| Plan::recomputing_slicing(&config(2, limit), &units, 0, None, lax, Vec::clone);
+        let fits =
+            Plan::new(PipelineConfig { token_slices: vec![2, 2], ..config(2, usize::MAX) }, &units, names(4), 2, 0)
+                .unwrap()
+                .partition
+                .device_peak(2);
+        assert_eq!(kept(fits).map_err(refused), Ok(Some(vec![2, 2])));
+        assert!(kept(fits - 1).map_err(refused).is_err_and(|field| field.ends_with("memory_limit")));
+    }
+
+    /// The fewest equal slices are searched up to a token a slice: between the powers of two
+    /// and past 64. Recomputing, a slice's backward holds its own tokens' activations again,
+    /// so with slices of at most one token (48 of 48, 100 of 100) the stages need the least.
+    #[test]
+    fn the_fewest_equal_slices_are_searched_up_to_a_token_a_slice() {
+        let units: Vec<UnitProfile> = units(4).into_iter().map(|u| UnitProfile { input_bytes: 100, ..u }).collect();
+        let config = |limit| PipelineConfig {
+            pipeline_len: 2,
+            micro_batches: 2,
+            schedule: crate::pipeline::ScheduleKind::Gpipe,
+            memory_limit: Some(limit),
+            recompute: Recompute::All,
+            ..Default::default()
+        };
+        let peak = |seq: usize, n: usize| {
+            let sliced = PipelineConfig { token_slices: uniform_slices(seq, n), ..config(usize::MAX) };
+            Plan::new(sliced, &units, names(4), 2, 0).unwrap().partition.device_peak(2)
+        };
+        for seq in [48, 100] {
+            assert!(peak(seq, seq - 1) > peak(seq, seq), "{seq}");
+            assert_eq!(Plan::fewest_equal_slices(&config(peak(seq, seq)), &units, 0, None, seq), Some(seq));
+            assert_eq!(Plan::fewest_equal_slices(&config(peak(seq, seq) - 1), &units, 0, None, seq), None);
+        }
+        // (Fewer where fewer fit: 24 slices of 48 are all of 2 tokens, as any count up to 47 has some.)
+        assert_eq!(Plan::fewest_equal_slices(&config(peak(48, 24)), &units, 0, None, 48), Some(24));
     }
 
     /// TeraPipe's slicing is planned for the stages cut on time; where the slicer refuses those
