@@ -1174,6 +1174,13 @@ impl pipetransformer::train::Controller<CpuDevice<f32>> for Watched {
     ) -> pipetransformer::Result<()> {
         self.elastic.after_epoch(t, epoch, whole, on_event)
     }
+    fn after_run(
+        &mut self,
+        t: &mut Trainer<CpuDevice<f32>>,
+        on_event: &mut dyn FnMut(&Event),
+    ) -> pipetransformer::Result<()> {
+        self.elastic.after_run(t, on_event)
+    }
 }
 
 /// The largest stage's bytes of `config` planned for `t`'s units at `samples` per micro-batch.
@@ -1292,6 +1299,13 @@ fn a_run_resumed_while_timing_micro_batches_goes_on_timing() {
     let path = dir.join("ckpt");
     first.save_checkpoint(&path, elastic.state()).unwrap();
     let m = first.pipeline.plan().config.micro_batches;
+    // A timing that is not one this build wrote (the count in force past the candidates) is
+    // refused by name, not left to index out of range at the next timed step.
+    let mut bad = elastic.state();
+    bad["tuning"][0]["at"] = 7.into();
+    let (_, mut other) = trainer("bad");
+    let e = other.restore(bad).unwrap_err().to_string();
+    assert!(e.contains("AutoPipe's timing of micro-batch counts") && e.contains("in force at 7"), "{e}");
     drop((first, elastic));
 
     let (mut second, mut elastic) = trainer("b");
@@ -1322,6 +1336,48 @@ fn a_run_resumed_while_timing_micro_batches_goes_on_timing() {
     third.fit(&data, None, &mut off, &mut |e| events.push(e.clone())).unwrap();
     assert_eq!(third.pipeline.plan().config.micro_batches, m);
     assert!(timed(&events).is_empty(), "{events:?}");
+}
+
+/// `Pool`'s batches with the third of each epoch cut to one sample, as an epoch's short last
+/// batch is.
+struct ShortThird(Pool);
+
+impl BatchSource for ShortThird {
+    fn batches_per_epoch(&self) -> usize {
+        self.0.batches_per_epoch()
+    }
+    fn train_batch(&self, epoch: u64, index: usize) -> pipetransformer::Result<pipetransformer::model::HostBatch> {
+        let batch = self.0.train_batch(epoch, index)?;
+        if index == 2 { Ok(batch.split(batch.batch)?.swap_remove(0)) } else { Ok(batch) }
+    }
+    fn eval_batches(&self) -> usize {
+        self.0.eval_batches()
+    }
+    fn eval_batch(&self, index: usize) -> pipetransformer::Result<pipetransformer::model::HostBatch> {
+        self.0.eval_batch(index)
+    }
+}
+
+/// A step whose batch is too short for the micro-batch count on trial (it runs fewer: another
+/// schedule) is not timed as that count's: step 1 warms up, step 2 times `M` = 2, and step 3,
+/// of one sample, times nothing.
+#[test]
+fn a_batch_shorter_than_the_micro_batches_on_trial_is_not_timed() {
+    let data = ShortThird(Pool::new(&bert(), SAMPLES, BATCH, 11));
+    let dir = scratch("short-batch-timing");
+    let (mut t, mut elastic) =
+        elastic_trainer(&bert(), cpus(2), &dir, FreezeInterval::Steps(9), FreedDevices::Replicas);
+    elastic.start(&mut t, &mut |_| {}).unwrap();
+    let timed = |elastic: &Elastic| -> usize {
+        let rates = elastic.state()["tuning"][0]["rates"].clone();
+        rates.as_array().map_or(0, |r| r.iter().map(|c| c.as_array().map_or(0, Vec::len)).sum())
+    };
+    t.fit(&data, Some(2), &mut elastic, &mut |_| {}).unwrap();
+    assert_eq!((t.pipeline.plan().config.micro_batches, timed(&elastic)), (4, 1), "{}", elastic.state());
+    t.fit(&data, Some(1), &mut elastic, &mut |_| {}).unwrap();
+    assert_eq!(timed(&elastic), 1, "{}", elastic.state());
+    t.fit(&data, Some(1), &mut elastic, &mut |_| {}).unwrap();
+    assert_eq!(timed(&elastic), 2, "the next epoch's first batch is timed: {}", elastic.state());
 }
 
 /// A run that ends while AutoPipe times its micro-batch counts ends on the fastest count timed
@@ -1394,6 +1450,48 @@ fn a_run_that_ends_during_a_trial_of_pipeline_lengths_keeps_the_chosen_length() 
         assert!(last.0.contains(says) && last.2 == 1 && k == 1, "ending at step {end}: {log:?}");
         assert_eq!(step_of(&events, "the run ended"), end);
     }
+}
+
+/// The run's end settles what AutoPipe left under way, wherever the end comes from: a freeze at
+/// the last epoch's end (an epoch's interval ends after its evaluation, after the run's last
+/// step) starts a timing of micro-batch counts for the shape it leaves, and an evaluation that
+/// stops the run early can come while the first shape's counts are timed. Either way the run
+/// ends on a count it chose, says so, and its checkpoint holds nothing on trial.
+#[test]
+fn a_run_settles_what_autopipe_left_under_way_wherever_it_ends() {
+    let data = Pool::new(&bert(), SAMPLES, BATCH, 11);
+    let end = |train: TrainConfig, interval, name: &str| {
+        let dir = scratch(name);
+        let (mut t, mut elastic) =
+            elastic_trainer_with(train, &bert(), cpus(2), &dir, interval, FreedDevices::Replicas);
+        let mut events = Vec::new();
+        elastic.start(&mut t, &mut |e| events.push(e.clone())).unwrap();
+        while !t.done() {
+            t.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
+            t.take_new_best();
+        }
+        let state = elastic.state();
+        assert!(state["tuning"].is_null() && state["shape_trial"].is_null(), "{name}: {state}");
+        let log = transition_log(&events);
+        let last = log.last().map(|l| l.0.as_str()).unwrap_or_default();
+        assert!(last.starts_with("the run ended during AutoPipe's timing of micro-batch counts"), "{name}: {log:?}");
+        assert_chained(&events);
+        (t, events)
+    };
+    // One epoch of 3 steps, whose end freezes a layer by the table.
+    let (_, events) = end(TrainConfig { epochs: 1, ..train_config() }, FreezeInterval::Epoch, "settle-epoch-end");
+    assert_eq!(freezes(&events).iter().map(|f| f.step).collect::<Vec<_>>(), [3]);
+    // Patience 1 and a gain no evaluation makes: the second evaluation, after step 2, stops the
+    // run while the first shape's counts are timed (a warm-up step, then 2 × 3 rounds).
+    let train = TrainConfig {
+        eval_every: 1,
+        keep_best: KeepBest::Loss,
+        early_stopping_patience: 1,
+        early_stopping_min_delta: 1e9,
+        ..train_config()
+    };
+    let (t, _) = end(train, FreezeInterval::Steps(9), "settle-early-stop");
+    assert!(t.stopped_early() && t.position.step == 2, "step {}", t.position.step);
 }
 
 /// Launched processes time their own steps, so each would choose its own shape at a

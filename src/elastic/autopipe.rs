@@ -166,6 +166,27 @@ pub struct Timing {
     at: usize,
 }
 
+impl Timing {
+    /// Whether a checkpoint's timing is one [`Tuner::record`] can go on with: candidates of at
+    /// least one micro-batch, a list of rates for each, and the one in force among them (a file
+    /// of another build, or edited, may hold any numbers).
+    pub fn check(&self) -> std::result::Result<(), String> {
+        let Timing { candidates, rates, at, .. } = self;
+        if candidates.is_empty()
+            || candidates.contains(&0)
+            || rates.len() != candidates.len()
+            || *at >= candidates.len()
+        {
+            return Err(format!(
+                "AutoPipe's timing of micro-batch counts holds candidates {candidates:?}, {} lists of rates and the \
+                 one in force at {at}; expected counts of at least 1, a list of rates for each, and an index among them",
+                rates.len()
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Times micro-batch counts, [`ROUNDS`] training steps each in turn, and remembers the winner
 /// per shape.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]

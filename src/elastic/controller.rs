@@ -462,6 +462,12 @@ impl Elastic {
                 ),
             });
         }
+        // (Checked before anything changes; a run without AutoPipe drops the timing unread.)
+        if let Some((timing, _)) = s.tuning.as_ref().filter(|_| self.config.auto_pipe) {
+            timing
+                .check()
+                .map_err(|message| crate::Error::State { what: "checkpoint: elastic controller".into(), message })?;
+        }
         (self.freeze, self.frozen_layers, self.tuner.best) = (s.freeze, s.frozen_layers, s.tuned);
         // Timing goes on from the restored plan's count; its first step, on a pipeline just
         // built, warms up untimed as after a transition.
@@ -994,9 +1000,12 @@ impl<D: Device> Controller<D> for Elastic {
         if self.config.freeze != FreezeName::Off && step.applied {
             self.freeze.observe(&layer_grad_sq(&step.unit_grad_sq, self.around.layers));
         }
+        // (An epoch's short last batch may run fewer micro-batches than the count on trial:
+        // another schedule's rate, not timed.)
+        let whole = trainer.pipeline.runs_all_micro_batches(host.batch);
         if self.warming {
             self.warming = false;
-        } else if self.tuner.running() && step.trace.makespan > 0.0 {
+        } else if self.tuner.running() && step.trace.makespan > 0.0 && whole {
             let config = trainer.pipeline.plan().config.clone();
             // (What the timing's end logs as before: the count it began from; another count
             // keeps the stages.)
@@ -1026,9 +1035,6 @@ impl<D: Device> Controller<D> for Elastic {
         {
             self.end_interval(trainer, on_event)?;
         }
-        if trainer.done() {
-            self.settle_at_end(trainer, on_event)?;
-        }
         Ok(())
     }
 
@@ -1057,5 +1063,12 @@ impl<D: Device> Controller<D> for Elastic {
             self.end_interval(trainer, on_event)?;
         }
         Ok(())
+    }
+
+    /// The run's end comes after its last step's freeze (an epoch's interval ends after the
+    /// epoch's evaluation) and after an evaluation that stops it early: a shape that either
+    /// left on trial is settled here.
+    fn after_run(&mut self, trainer: &mut Trainer<D>, on_event: &mut dyn FnMut(&Event)) -> Result<()> {
+        self.settle_at_end(trainer, on_event)
     }
 }

@@ -78,6 +78,13 @@ pub trait Controller<D: Device> {
     ) -> Result<()> {
         Ok(())
     }
+    /// Called once, by the [`fit`](Trainer::fit) whose steps end the run (its planned length,
+    /// or early stopping: [`done`](Trainer::done)), after its last step's evaluation and, where
+    /// the run ends with an epoch (or `max_steps`), after `after_epoch`: what was left under way
+    /// ends here, so the run's summary and checkpoint record its end.
+    fn after_run(&mut self, _trainer: &mut Trainer<D>, _on_event: &mut dyn FnMut(&Event)) -> Result<()> {
+        Ok(())
+    }
 }
 
 impl<D: Device> Controller<D> for () {}
@@ -280,7 +287,7 @@ impl<D: Device> Trainer<D> {
                 ),
             });
         }
-        let mut taken = 0;
+        let (mut taken, done_before) = (0, self.done());
         // A run of one process decides alone, at once; a launched run's processes at their
         // next step's sums.
         let alone = self.pipeline.every_process().is_none();
@@ -385,6 +392,9 @@ impl<D: Device> Trainer<D> {
                     self.position.batch = 0;
                 }
             }
+        }
+        if self.done() && !done_before {
+            controller.after_run(self, on_event)?;
         }
         Ok(())
     }

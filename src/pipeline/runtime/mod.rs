@@ -584,6 +584,15 @@ impl<D: Device> Pipeline<D> {
         &self.plan
     }
 
+    /// Whether a step on a batch of `samples` runs the plan's micro-batch count on every
+    /// process: a shard shorter than `M × R` (an epoch's short last batch) runs fewer (see
+    /// [`step_with`](Self::step_with)). The same answer on every process.
+    pub fn runs_all_micro_batches(&self, samples: usize) -> bool {
+        let processes = self.process_group().map_or(1, |g| g.size()).max(1);
+        let config = &self.plan.config;
+        samples / processes >= config.micro_batches.saturating_mul(config.replicas)
+    }
+
     /// The devices (the plan uses the first `R·K`).
     pub fn devices(&self) -> &[D] {
         &self.devices
