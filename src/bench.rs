@@ -151,7 +151,7 @@ pub fn time_step<D: Device>(
         train_step(dev, &mut model, &mut optimizer, &batch_dev, 1e-4, Some(1.0))?;
     }
     crate::debug::take_op_times(); // the warm-up's
-    let (mut times, mut rates) = (Vec::with_capacity(steps.max(1)), Vec::new());
+    let (mut times, mut rates) = (Vec::new(), Vec::new()); // (not reserved: `--steps` may be any number)
     for _ in 0..steps.max(1) {
         let t = Instant::now();
         train_step(dev, &mut model, &mut optimizer, &batch_dev, 1e-4, Some(1.0))?;

@@ -88,23 +88,23 @@ impl From<ModelDeviceArgs> for DeviceArgs {
 struct PipelineArgs {
     /// Devices the run may use (GPUs; without them, N cpu devices sharing the cores): the
     /// initial plan's replicas × pipeline length, plus any that AutoDP turns into replicas.
-    #[arg(long)]
+    #[arg(long, value_parser = setting::<usize>)]
     devices: Option<usize>,
     /// Devices per pipeline (K); default: all the devices over the replicas (with
     /// --across-processes under `launch`: all the processes, one pipeline).
-    #[arg(long)]
+    #[arg(long, value_parser = setting::<usize>)]
     pipeline_len: Option<usize>,
     /// Micro-batches per replica per step (M).
-    #[arg(long)]
+    #[arg(long, value_parser = setting::<usize>)]
     micro_batches: Option<usize>,
     /// Data-parallel replicas of the pipeline (R).
-    #[arg(long)]
+    #[arg(long, value_parser = setting::<usize>)]
     replicas: Option<usize>,
     /// Pipeline schedule: gpipe, 1f1b, interleaved or zb-h1 (1F1B with each backward's weight gradients put off to where the device would wait: a shorter fill and drain, the same result to the bit on cpu and cuda-emu).
     #[arg(long, value_parser = parse_from_str::<ScheduleKind>)]
     schedule: Option<ScheduleKind>,
     /// Model chunks per device for the interleaved schedule (default 2 for it).
-    #[arg(long)]
+    #[arg(long, value_parser = setting::<usize>)]
     chunks: Option<usize>,
     /// Partition by each unit's measured forward and backward time on the device instead of
     /// its FLOP count (always on with AutoPipe). Sets `pipeline.profile = true` (the flag
@@ -120,7 +120,7 @@ struct PipelineArgs {
     token_slices: Option<TokenSlices>,
     /// Bytes each device may hold (weights, gradients, optimizer state, activations in flight),
     /// e.g. `8GiB`, `512MiB` or a byte count: the partition and TeraPipe's planner respect it.
-    #[arg(long, value_parser = pipetransformer::bytes::parse)]
+    #[arg(long, value_parser = setting_bytes)]
     memory_limit: Option<usize>,
     /// Activation recomputation: `off`; `all` (every stage keeps of each micro-batch in flight
     /// only its first trained unit's input, and runs its forward again in the backward: a
@@ -185,7 +185,7 @@ struct ElasticArgs {
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     cache: Option<bool>,
     /// Host memory the cache may hold before it spills to disk, e.g. `4GiB` or a byte count.
-    #[arg(long, value_parser = pipetransformer::bytes::parse)]
+    #[arg(long, value_parser = setting_bytes)]
     cache_bytes: Option<usize>,
     /// Directory of the cache's spill file (default: the run's output directory, `cache/`).
     #[arg(long)]
@@ -236,15 +236,34 @@ enum PrecisionArg {
 }
 
 /// A count that must be at least 1 (steps, inputs per forward pass), refused by clap as a
-/// usage error otherwise.
+/// usage error otherwise; at most what a [`setting`] holds.
 fn at_least_one<T>(s: &str) -> std::result::Result<T, String>
 where
-    T: std::str::FromStr + Default + PartialEq,
+    T: std::str::FromStr + Copy + TryInto<i64> + Default + PartialEq,
 {
-    match s.parse::<T>() {
-        Ok(n) if n == T::default() => Err("must be at least 1".into()),
-        Ok(n) => Ok(n),
-        Err(_) => Err(format!("`{s}` is not a whole number")),
+    match setting::<T>(s)? {
+        n if n == T::default() => Err("must be at least 1".into()),
+        n => Ok(n),
+    }
+}
+
+/// A whole number for a flag that sets a config key (`--devices` is `pipeline.devices`): at
+/// most a TOML integer's largest, which the config holds, so that a larger one is refused
+/// naming the flag rather than the `--set` it becomes.
+fn setting<T: std::str::FromStr + Copy + TryInto<i64>>(s: &str) -> std::result::Result<T, String> {
+    let n: T = s.trim().parse().map_err(|_| format!("`{s}` is not a whole number"))?;
+    within_a_setting(s, n)
+}
+
+/// [`setting`] for a byte count (`8GiB`, `512MiB`, `1000000`; [`pipetransformer::bytes::parse`]).
+fn setting_bytes(s: &str) -> std::result::Result<usize, String> {
+    within_a_setting(s, pipetransformer::bytes::parse(s)?)
+}
+
+fn within_a_setting<T: Copy + TryInto<i64>>(s: &str, n: T) -> std::result::Result<T, String> {
+    match n.try_into() {
+        Ok(_) => Ok(n),
+        Err(_) => Err(format!("`{s}` is beyond what a setting holds (at most {})", i64::MAX)),
     }
 }
 
@@ -312,7 +331,8 @@ enum Command {
         /// Continue from the checkpoint in the run's output directory.
         #[arg(long, conflicts_with = "fresh")]
         resume: bool,
-        /// Start over even if the output directory holds a checkpoint. Once the first step is
+        /// Start over even if the output directory holds a checkpoint (or an earlier run's
+        /// summary or exported model without one: refused otherwise). Once the first step is
         /// done (not before: a run that fails or stops sooner changes nothing), the earlier
         /// run's files move aside: checkpoint.ckpt to checkpoint.previous.ckpt, metrics.jsonl to
         /// metrics.previous.jsonl, and summary.json, report.html, model/ and best/ alike.
@@ -337,7 +357,7 @@ enum Command {
         /// CPU threads of the run's cpu devices, shared by them (`output.threads`; 0: all
         /// cores); on `cuda-emu` devices, the OS threads that run a launch's blocks, shared by
         /// the devices likewise.
-        #[arg(long)]
+        #[arg(long, value_parser = setting::<usize>)]
         threads: Option<usize>,
     },
     /// Run a trained model on new inputs: texts (BERT), images (ViT: PNG, JPEG or PGM files, IDX
@@ -348,7 +368,8 @@ enum Command {
     #[command(allow_negative_numbers = true)]
     Predict {
         /// An exported model folder (a run's `model/`, or `best/`), a run's output folder, or a run's
-        /// `checkpoint.ckpt` (with the `model/` folder beside it).
+        /// `checkpoint.ckpt` (with the `model/` folder beside it; a `checkpoint.previous.ckpt`
+        /// with the `model.previous/` set aside with it).
         #[arg(long)]
         model: PathBuf,
         /// Inputs; without them (and without --file) lines are read from standard input.
@@ -389,7 +410,8 @@ enum Command {
     #[command(allow_negative_numbers = true)]
     Evaluate {
         /// An exported model folder (a run's `model/`, or `best/`), a run's output folder, or a run's
-        /// `checkpoint.ckpt` (with the `model/` folder beside it).
+        /// `checkpoint.ckpt` (with the `model/` folder beside it; a `checkpoint.previous.ckpt`
+        /// with the `model.previous/` set aside with it).
         #[arg(long)]
         model: PathBuf,
         /// A run configuration whose dataset's evaluation split to score on (its test split,
@@ -413,7 +435,7 @@ enum Command {
         batch_size: Option<usize>,
         /// CPU threads (0: all cores; never more than the cores). Default: the `--config`'s
         /// `output.threads`, else all cores.
-        #[arg(long)]
+        #[arg(long, value_parser = setting::<usize>)]
         threads: Option<usize>,
         #[command(flatten)]
         device: ModelDeviceArgs,

@@ -2115,6 +2115,27 @@ fn token_slices_auto_respects_the_memory_limit() {
     // A negative number is the flag's value, refused by its own check (not an unknown flag).
     let (ok, out) = pipetransformer(&[&gpt[..], &["--memory-limit", "-1"]].concat());
     assert!(!ok && out.contains("--memory-limit") && out.contains("`-1` is not a byte count"), "{out}");
+    // On one stage without recomputation, whole micro-batches past the limit are cut into the
+    // fewest equal slices that fit (token slices keep fewer attention scores).
+    let one = ["plan", "--config", "configs/gpt-hamlet.toml", "--token-slices", "auto", "--recompute", "off"];
+    let long = ["model.config.n_embd=32", "model.config.n_layer=4", "model.config.n_head=4", "data.max_len=128"];
+    let mut args = one.to_vec();
+    for set in long.iter().chain(&["data.batch_size=4"]) {
+        args.extend(["--set", set]);
+    }
+    let (ok, out) = pipetransformer(&[&args[..], &["--memory-limit", "9MiB"]].concat());
+    let said = "token slices: 2 of equal length, [64, 64] (`auto` on one stage: whole micro-batches exceed the memory";
+    assert!(ok && out.contains(said), "{out}");
+    // Counts past what a setting holds are refused by the flag that gave them, not by the
+    // `--set` it becomes.
+    let huge = u64::MAX.to_string();
+    for flag in ["--memory-limit", "--replicas", "--chunks"] {
+        let (ok, out) = pipetransformer(&[&gpt[..], &[flag, &huge]].concat());
+        let said = format!("`{huge}` is beyond what a setting holds (at most {})", i64::MAX);
+        assert!(!ok && out.contains(flag) && out.contains(&said) && !out.contains("--set"), "{flag}: {out}");
+    }
+    let (ok, out) = pipetransformer(&["train", "--config", "configs/gpt-hamlet.toml", "--threads", &huge]);
+    assert!(!ok && out.contains("--threads") && out.contains("is beyond what a setting holds"), "{out}");
 }
 
 /// A progress interval that is not a finite, non-negative number of seconds is refused by name.
@@ -3011,6 +3032,11 @@ fn a_bert_trains_on_the_users_labelled_texts() {
         "0",
     ]);
     assert!(ok && out.contains("data: labelled_texts — 18 training / 6 test samples, 2 classes"), "{out}");
+    // A length that leaves no room for text beside the special tokens names the run's setting.
+    let short = ["train", "--config", &config, "--fresh", "--set", "data.max_len=2"];
+    let (ok, out) =
+        pipetransformer(&[&short[..], &["--set", &format!("output.dir=\"{}\"", dir.join("short").display())]].concat());
+    assert!(!ok && out.contains("config field `data.max_len`: is 2; it must exceed the 3 special tokens"), "{out}");
 
     let model = dir.join("run").display().to_string();
     let (ok, out) = pipetransformer(&["predict", "--model", &model, "the cat sat"]);
@@ -3101,6 +3127,16 @@ fn a_gpt_trains_on_the_users_text() {
     std::fs::write(&short, "abc").unwrap();
     let (ok, out) = run(&["--set", &format!("data.test_file=\"{}\"", short.display())], "short");
     assert!(!ok && out.contains("the held-out part of") && out.contains("short.txt holds 3 characters"), "{out}");
+    // One too short for any sequence names the file, not a `max_len` no value meets.
+    std::fs::write(&short, "a").unwrap();
+    let (ok, out) = run(&["--set", &format!("data.test_file=\"{}\"", short.display())], "shorter");
+    let said = "the held-out part of ";
+    assert!(!ok && out.contains("data.test_file") && out.contains(said) && !out.contains("max_len"), "{out}");
+    assert!(out.contains("short.txt holds 1 character(s); a sequence needs at least 2"), "{out}");
+    // A written vocabulary size is the data's or refused, not overwritten unsaid.
+    let (ok, out) = run(&["--set", "model.config.vocab_size=5"], "vocab");
+    let said = "model.config.vocab_size`: is 5, but text_corpus has 15 characters: set it to 15 or to 0";
+    assert!(!ok && out.contains(said), "{out}");
     let model = dir.join("file").display().to_string();
     let (ok, out) =
         pipetransformer(&["predict", "--model", &model, "whether", "--temperature", "0", "--max-new-tokens", "4"]);
@@ -3338,6 +3374,24 @@ fn a_vit_trains_on_the_users_labelled_images() {
     assert!(ok && out.contains("10 targets"), "{out}");
     let (ok, out) = pipetransformer(&config);
     assert!(!ok && out.contains("data.pixel_max`: is 255 here, 16 in the model's run"), "{out}");
+    // A run that starts over in the folder, on classes named otherwise, sets this one's
+    // checkpoint and export aside together: each checkpoint answers in its own run's classes.
+    let renamed = |text: String| text.replace(",even", ",a").replace(",odd", ",b");
+    let (train2, test2) = (dir.join("train2.csv"), dir.join("test2.csv"));
+    std::fs::write(&train2, renamed(rows(40, 0))).unwrap();
+    std::fs::write(&test2, renamed(rows(10, 40))).unwrap();
+    let (train2, test2) =
+        (format!("data.train_file=\"{}\"", train2.display()), format!("data.test_file=\"{}\"", test2.display()));
+    let (ok, out) = run(&["--set", &train2, "--set", &test2, "--set", &out_dir]);
+    assert!(ok, "{out}");
+    let label_of = |checkpoint: &str| {
+        let path = dir.join("run").join(checkpoint).display().to_string();
+        let (ok, out) = pipetransformer(&["predict", "--model", &path, &digit_pixels(3)]);
+        let label = json_lines(&out).first().map(|l| l["label"].as_str().unwrap_or_default().to_string());
+        label.filter(|_| ok).unwrap_or_else(|| panic!("{checkpoint}: {out}"))
+    };
+    assert!(matches!(label_of("checkpoint.previous.ckpt").as_str(), "even" | "odd"));
+    assert!(matches!(label_of("checkpoint.ckpt").as_str(), "a" | "b"));
     // 3×3 images for a model of 8×8 ones: refused by the model's setting, before a step.
     let small = dir.join("small.csv");
     std::fs::write(&small, (0..8).map(|i| format!("0,1,2,3,4,5,6,7,{},{}\n", i % 9, i % 2)).collect::<String>())

@@ -220,7 +220,13 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
             let split = hold_out_validation(split, d.validation_fraction, split_seed)?;
             let labels = split.train.class_names().to_vec();
             let tokenizer_path = tokenizer_dir(config)?.join(weights::TOKENIZER_FILE);
-            let tokenizer = TextTokenizer::from_file(&tokenizer_path, d.max_len)?;
+            // (Its length is this run's `data.max_len`: the refusal names that setting.)
+            let tokenizer = TextTokenizer::from_file(&tokenizer_path, d.max_len).map_err(|e| match e {
+                Error::Config { field, message } if field == "max_len" => {
+                    Error::Config { field: "data.max_len".into(), message }
+                }
+                e => e,
+            })?;
             let train = subset(split.train.samples().to_vec(), d.train_limit, split_seed);
             let test = subset(split.test.samples().to_vec(), d.test_limit, split_seed ^ 1);
             let (n_train, n_test) = (train.len(), test.len());
@@ -317,17 +323,39 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
         }
         DatasetName::Hamlet | DatasetName::TextCorpus => {
             let (corpus, [file, held_out_file]) = corpus(d)?;
-            // Too short a part for one sequence is a setting to lower, named as such.
+            // Too short a part for one sequence is a setting to lower, named as such; one too
+            // short for any sequence (under 2 characters: a token and the next one) is the file.
+            // (The file is the setting that named it: Hamlet's is `data.dir`'s; a held-out part
+            // cut from the training file, the training file's, which a held-out file can spare.)
+            let named = |file: &Path| match d.dataset {
+                DatasetName::Hamlet => ("data.dir", ""),
+                _ if d.test_file.as_deref() == Some(file) => ("data.test_file", ""),
+                _ if d.test_file.is_none() && held_out_file == file => {
+                    ("data.train_file", ", or a held-out file of its own (data.test_file)")
+                }
+                _ => ("data.train_file", ""),
+            };
             let part = |which: &str, file: &Path, tokens: usize, sequences: Result<Vec<data::LmSequence>>| {
-                sequences.map_err(|_| Error::Config {
-                    field: "data.max_len".into(),
-                    message: format!(
-                        "{} tokens per sequence, but the {which} of {} holds {tokens} characters; expected at \
+                sequences.map_err(|_| match tokens {
+                    0 | 1 => Error::Config {
+                        field: named(file).0.into(),
+                        message: format!(
+                            "the {which} of {} holds {tokens} character(s); a sequence needs at least 2 (a token \
+                             and the next one): use a longer file{}",
+                            file.display(),
+                            named(file).1
+                        ),
+                    },
+                    _ => Error::Config {
+                        field: "data.max_len".into(),
+                        message: format!(
+                            "{} tokens per sequence, but the {which} of {} holds {tokens} characters; expected at \
                          most {} (one sequence needs its tokens and the next one)",
-                        d.max_len,
-                        file.display(),
-                        tokens.saturating_sub(1)
-                    ),
+                            d.max_len,
+                            file.display(),
+                            tokens.saturating_sub(1)
+                        ),
+                    },
                 })
             };
             let train = part("training part", &file, corpus.train.len(), corpus.train_sequences(d.max_len))?;

@@ -88,6 +88,16 @@ pub fn build_model<D: Device>(
                     }
                 }
                 ModelConfig::Vit(c) => c.num_labels = info.classes,
+                // (0: the data's characters, which a written size must equal.)
+                ModelConfig::Gpt(c) if c.vocab_size != 0 && c.vocab_size != info.classes => {
+                    return Err(Error::Config {
+                        field: "model.config.vocab_size".into(),
+                        message: format!(
+                            "is {}, but {} has {} characters: set it to {} or to 0 (the data sets it)",
+                            c.vocab_size, info.name, info.classes, info.classes
+                        ),
+                    });
+                }
                 ModelConfig::Gpt(c) => c.vocab_size = info.classes,
             }
             let model = Model::new_keeping(dev, &model_config, m.seed, keep)?;

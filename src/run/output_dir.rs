@@ -25,15 +25,29 @@ pub(super) const CHECKPOINT: (&str, &str) = ("checkpoint.ckpt", "checkpoint.prev
 /// each is a folder.
 pub(super) const SET_ASIDE: [(&str, &str, bool); 5] = [
     (CHECKPOINT.0, CHECKPOINT.1, false),
-    ("summary.json", "summary.previous.json", false),
+    (SUMMARY, "summary.previous.json", false),
     ("report.html", "report.previous.html", false),
     (MODEL, "model.previous", true),
     (BEST, "best.previous", true),
 ];
 
+/// A run's summary, written once it reached its end.
+const SUMMARY: &str = "summary.json";
+
 /// The folders of a run's exports: its last weights, and its best evaluation's (`train.keep_best`).
 pub(super) const MODEL: &str = "model";
 pub(super) const BEST: &str = "best";
+
+/// The export a checkpoint in a run's folder goes with: `model/` beside a run's
+/// `checkpoint.ckpt` (or a checkpoint of any other name), and beside the checkpoint a run that
+/// started over set aside, the export set aside with it (`model.previous/`), whose config,
+/// labels and reader are that run's.
+pub(super) fn export_beside(checkpoint: &Path) -> PathBuf {
+    let dir = checkpoint.parent().unwrap_or(Path::new("."));
+    let set_aside = checkpoint.file_name().is_some_and(|name| name == CHECKPOINT.1);
+    let aside = SET_ASIDE.iter().find(|(own, ..)| *own == MODEL).map_or(MODEL, |&(_, aside, _)| aside);
+    dir.join(if set_aside { aside } else { MODEL })
+}
 
 /// The files the run writes in its folder, each its own or set aside, and whether a folder.
 fn written() -> impl Iterator<Item = (&'static str, bool)> {
@@ -110,9 +124,22 @@ pub fn trace_in_the_way(config: &RunConfig, trace: &Path, config_file: &Path) ->
     })
 }
 
+/// The first of an earlier run's results in `dir` that a run starting over would replace or set
+/// aside (its summary, exported model or best evaluation's weights), where that run's
+/// checkpoint is not there beside them (removed to save space, say): `None` where there is a
+/// checkpoint, or none of them. (A run that failed before its first checkpoint leaves its log
+/// and report, drawn from it, which a retry may replace: neither is a result.)
+fn finished_without_checkpoint(dir: &Path) -> Option<&'static str> {
+    if dir.join(CHECKPOINT.0).exists() {
+        return None;
+    }
+    [SUMMARY, MODEL, BEST].into_iter().find(|own| dir.join(own).exists())
+}
+
 /// Whether a run of `config` may start in its `output.dir`: one that neither resumes nor starts
-/// over (`fresh`) is refused where a checkpoint is already there, before anything is built, so
-/// an earlier run's files are not overwritten by mistake. In a launched run (`group`) rank 0,
+/// over (`fresh`) is refused where a checkpoint is already there, or an earlier run's other
+/// files without one, before anything is built, so an earlier run's files are not overwritten
+/// by mistake. In a launched run (`group`) rank 0,
 /// which writes the files, decides and every process hears it at once: none goes on alone into
 /// a collective the others have left. There, too, every process must have been given the
 /// same settings (but for [`PER_NODE_SETTINGS`]): nodes launched with other `--set` flags would
@@ -120,7 +147,7 @@ pub fn trace_in_the_way(config: &RunConfig, trace: &Path, config_file: &Path) ->
 /// resuming must find the checkpoint (each reads its own `output.dir`).
 ///
 /// Errors: an [`Error::Config`](crate::Error::Config) on `output.dir` naming the checkpoint and the two ways on
-/// (`--resume`, `--fresh`), a file where the folder goes, a file or folder where the run writes
+/// (`--resume`, `--fresh`), or an earlier run's results without one, a file where the folder goes, a file or folder where the run writes
 /// the other kind (`in_the_way`), or no checkpoint to resume; on
 /// ranks above 0 it says rank 0 refused; on the first setting that differs, naming the ranks and every setting that
 /// differs; on `output.dir`, the ranks that find no checkpoint to resume; a collective's
@@ -137,6 +164,12 @@ pub fn check_start(config: &RunConfig, resume: bool, fresh: bool, group: Option<
             "{} already holds a checkpoint ({}): pass --resume to continue that run or --fresh to start over",
             dir.display(),
             ckpt.file_name().unwrap_or_default().to_string_lossy()
+        ))
+    } else if let Some(name) = finished_without_checkpoint(dir).filter(|_| !resume && !fresh) {
+        Some(format!(
+            "{} holds an earlier run's {name} but no checkpoint: pass --fresh to start over in it (what it holds is \
+             set aside or replaced), or name another output.dir",
+            dir.display()
         ))
     } else if rank == 0 {
         // The process that writes the run's files: told now, not after the build.
@@ -298,7 +331,17 @@ mod tests {
         std::fs::remove_file(super::checkpoint_path(&config)).unwrap();
         let e = super::check_start(&config, true, false, None).unwrap_err().to_string();
         assert!(e.contains("output.dir") && e.contains("no checkpoint to resume from at"), "{e}");
+        // An earlier run's export without its checkpoint (removed to save space) is refused
+        // too, unless the run starts over.
+        std::fs::create_dir(scratch.join("model")).unwrap();
+        let e = super::check_start(&config, false, false, None).unwrap_err().to_string();
+        assert!(e.contains("output.dir") && e.contains("holds an earlier run's model but no checkpoint"), "{e}");
+        assert!(e.contains("--fresh"), "{e}");
+        assert!(super::check_start(&config, false, true, None).is_ok());
         std::fs::write(super::checkpoint_path(&config), b"an earlier run").unwrap();
+        let e = super::check_start(&config, false, false, None).unwrap_err().to_string();
+        assert!(e.contains("already holds a checkpoint"), "{e}");
+        std::fs::remove_dir(scratch.join("model")).unwrap();
         // A file where the folder goes is named as such, resuming or not.
         let file = super::RunConfig {
             output: super::super::OutputSection { dir: super::checkpoint_path(&config), ..config.output.clone() },

@@ -94,7 +94,7 @@ pub fn overfit<D: Device>(
         batch.batch
     ));
     let start = std::time::Instant::now();
-    let mut losses = Vec::with_capacity(steps as usize);
+    let mut losses = Vec::new(); // (not reserved: `--steps` is the user's, and may be any u64)
     for step in 0..steps {
         let stats = train_step(dev, &mut model, &mut optimizer, &batch, lr_schedule.lr_at(step), Some(1.0))?;
         if !stats.loss.is_finite() {

@@ -141,19 +141,20 @@ impl<D: Device> Predictor<D> {
         let bad = |line: usize, message: String| crate::data::dataset_error(path, Some(line), message);
         let label_of = |line: usize, field: &str| -> Result<u32> {
             let field = field.trim();
-            self.labels
-                .iter()
-                .position(|l| l == field)
-                .or_else(|| field.parse::<usize>().ok().filter(|&i| i < self.labels.len()))
-                .map(|i| i as u32)
-                .ok_or_else(|| {
-                    let names = self.labels.join(", ");
-                    let last = self.labels.len().saturating_sub(1);
-                    bad(
-                        line,
-                        format!("label `{field}` is not one of the model's classes ({names}), nor an index 0..={last}"),
-                    )
-                })
+            class_of(&self.labels, field).ok_or_else(|| {
+                let names = self.labels.join(", ");
+                let last = self.labels.len().saturating_sub(1);
+                let message = match indices_are_read(&self.labels) {
+                    true => {
+                        format!("label `{field}` is not one of the model's classes ({names}), nor an index 0..={last}")
+                    }
+                    false => format!(
+                        "label `{field}` is not one of the model's classes ({names}): where classes are named by \
+                         numbers, a label is read as a name, not an index"
+                    ),
+                };
+                bad(line, message)
+            })
         };
         let rows: Vec<(usize, &str)> =
             text.lines().enumerate().map(|(i, l)| (i + 1, l)).filter(|(_, l)| !l.trim().is_empty()).collect();
@@ -403,4 +404,18 @@ fn image_batches(images: &[(Vec<f32>, u32)], size: usize) -> Vec<HostBatch> {
         ..Default::default()
     };
     images.chunks(size).map(batch).collect()
+}
+
+/// The class a labelled row's `field` names among `labels`: a class name, or else an index
+/// where [`indices_are_read`].
+pub(super) fn class_of(labels: &[String], field: &str) -> Option<u32> {
+    let by_index = || field.parse::<usize>().ok().filter(|&i| i < labels.len() && indices_are_read(labels));
+    labels.iter().position(|l| l == field).or_else(by_index).map(|i| i as u32)
+}
+
+/// Whether a label may be a class's index: not where a class is named by a whole number other
+/// than its index (classes `3` and `5`, or `-1` and `1`: is `0` the class named `3`, or one the
+/// model lacks?). Names that are their indices (digits' `0` to `9`) mean the same either way.
+pub(super) fn indices_are_read(labels: &[String]) -> bool {
+    labels.iter().enumerate().all(|(i, l)| l.parse::<i64>().map_or(true, |n| usize::try_from(n) == Ok(i)))
 }

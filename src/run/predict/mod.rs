@@ -282,15 +282,16 @@ impl<D: Device> Predictor<D> {
 
     /// A run's checkpoint (`checkpoint.ckpt`) on `dev`: its parameters, with the config,
     /// labels and tokenizer of the export in the same run directory (`model/`, written with
-    /// every checkpoint). Every parameter must be in the checkpoint with its size.
+    /// every checkpoint; `model.previous/` for the `checkpoint.previous.ckpt` set aside with
+    /// it). Every parameter must be in the checkpoint with its size.
     pub fn load_checkpoint(dev: D, path: &Path) -> Result<Self> {
-        let run = path.parent().unwrap_or(Path::new("."));
+        let export = super::output_dir::export_beside(path);
         let (_, tensors) = checkpoint::load(path)?;
         let values: HashMap<&str, &Vec<f32>> =
             tensors.iter().filter_map(|t| t.name.strip_prefix(checkpoint::PARAM).map(|n| (n, &t.data))).collect();
         // The export's config, labels and reader, and the checkpoint's weights (the export's
         // are not copied onto the device first).
-        Self::load_from(dev, &run.join("model"), |model, dev, _| {
+        Self::load_from(dev, &export, |model, dev, _| {
             for p in model.params_mut() {
                 let Some(v) = values.get(p.name.as_str()).filter(|v| v.len() == p.numel()) else {
                     return Err(config_error(

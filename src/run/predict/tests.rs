@@ -66,6 +66,28 @@ fn a_split_overlaps_the_training_samples_only_where_it_can() {
     );
 }
 
+/// A labelled row's label is a class name, or an index where no class is named by another
+/// number: with classes `3` and `5`, `0` is no class (not the one named `3`).
+#[test]
+fn a_label_is_an_index_only_where_no_class_is_named_by_another_number() {
+    let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let words = names(&["cat", "dog"]);
+    assert_eq!([class_of(&words, "dog"), class_of(&words, "0"), class_of(&words, "2")], [Some(1), Some(0), None]);
+    let digits = names(&["0", "1", "2"]);
+    assert!(indices_are_read(&digits));
+    assert_eq!([class_of(&digits, "2"), class_of(&digits, "3")], [Some(2), None]);
+    let numbered = names(&["3", "5"]);
+    assert!(!indices_are_read(&numbered));
+    assert_eq!([class_of(&numbered, "5"), class_of(&numbered, "0"), class_of(&numbered, "1")], [Some(1), None, None]);
+    // (A name that is no number leaves the others' indices alone: `0` is the class named `0`.)
+    let mixed = names(&["0", "other"]);
+    assert_eq!([class_of(&mixed, "1"), class_of(&mixed, "other")], [Some(1), Some(1)]);
+    // Negative numbers are numbers too: with classes `-1` and `1`, `0` is no class.
+    let signed = names(&["-1", "1"]);
+    assert!(!indices_are_read(&signed));
+    assert_eq!([class_of(&signed, "-1"), class_of(&signed, "0")], [Some(0), None]);
+}
+
 /// An export whose config.json describes less than its weights hold (one layer of two)
 /// is refused, naming the tensors, instead of answering with a model that is not the one
 /// trained.
