@@ -182,7 +182,7 @@ pub fn check_folder_writable(dir: &Path) -> Result<()> {
 /// (Linux's `renameat2` with `RENAME_EXCHANGE`): a reader finds one whole folder or the other
 /// at `path`, never none, and `new` then holds what `path` held, for the caller to remove.
 /// Where the file system cannot exchange, the old folder moves aside first (a moment without
-/// `path`) and ends up at `new` all the same.
+/// `path`) and ends up at `new` all the same (by three renames).
 pub fn swap_in(new: &Path, path: &Path) -> Result<()> {
     let rename = |from: &Path, to: &Path| std::fs::rename(from, to).map_err(|e| io_error(to, e));
     if !path.exists() {
@@ -206,9 +206,25 @@ pub fn swap_in(new: &Path, path: &Path) -> Result<()> {
             }
         }
     }
+    swap_by_renames(new, path)
+}
+
+/// [`swap_in`] by three renames, for file systems that cannot exchange two names (NFS, FUSE):
+/// `path` moves aside, `new` takes its place, and what was aside goes to `new`. A folder left
+/// aside by one of these that a crash cut short is stale (`path` exists, so it has been
+/// replaced since) and goes first, so that it cannot stand in the way of every later swap;
+/// where `new` cannot take its place, `path` comes back.
+fn swap_by_renames(new: &Path, path: &Path) -> Result<()> {
+    let rename = |from: &Path, to: &Path| std::fs::rename(from, to).map_err(|e| io_error(to, e));
     let aside = new.with_extension("aside");
+    if aside.exists() {
+        std::fs::remove_dir_all(&aside).map_err(|e| io_error(&aside, e))?;
+    }
     rename(path, &aside)?;
-    rename(new, path)?;
+    if let Err(e) = rename(new, path) {
+        let _ = std::fs::rename(&aside, path);
+        return Err(e);
+    }
     rename(&aside, new)
 }
 
@@ -458,6 +474,25 @@ mod tests {
         std::fs::remove_dir_all(&path).unwrap();
         swap_in(&new, &path).unwrap();
         assert!(path.join("old").exists() && !new.exists());
+    }
+
+    /// Where the file system cannot exchange names, three renames do the same: a folder a
+    /// crash left aside does not stand in their way, and where the new folder cannot take
+    /// `path`'s place (here it is gone), `path` keeps the old one.
+    #[test]
+    fn swap_by_renames_survives_what_a_crash_left_and_keeps_the_old_folder_on_failure() {
+        let root = Scratch::new("swap-renames");
+        let (new, path, aside) = (root.join(".model.staging"), root.join("model"), root.join(".model.aside"));
+        for (dir, marker) in [(&new, "new"), (&path, "old"), (&aside, "stale")] {
+            std::fs::create_dir_all(dir).unwrap();
+            std::fs::write(dir.join(marker), marker).unwrap();
+        }
+        swap_by_renames(&new, &path).unwrap();
+        assert!(path.join("new").exists() && new.join("old").exists() && !aside.exists());
+        std::fs::remove_dir_all(&new).unwrap();
+        let e = swap_by_renames(&new, &path).unwrap_err().to_string();
+        assert!(e.contains("model"), "{e}");
+        assert!(path.join("new").exists() && !aside.exists(), "the old folder stays at `path`");
     }
 
     /// One holder at a time, named to the one refused; free again once dropped.

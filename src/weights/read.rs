@@ -88,6 +88,20 @@ pub fn read_export(dir: impl AsRef<Path>) -> Result<ExportedModel> {
     // The parse above succeeded, so the text is a JSON object.
     let json: Value = serde_json::from_str(&text).map_err(|e| export_error(&config_path, e))?;
     load_safetensors(&weights)?;
+    // A reader builds the model from config.json before it reads the weights: a config of more
+    // parameters than the weights file has bytes (a stored one takes 2 at least) describes
+    // another model, refused before anything that size is allocated.
+    let params = config.spec()?.parameter_count().unwrap_or(usize::MAX);
+    let bytes = std::fs::metadata(&weights).map_err(|source| crate::files::io_error(&weights, source))?.len();
+    if u64::try_from(params).map_or(true, |p| p > bytes) {
+        return Err(export_error(
+            &config_path,
+            format!(
+                "describes a model of {params} parameters, more than {WEIGHTS_FILE} beside it has bytes ({bytes}; \
+                 a stored parameter takes 2 at least); expected the config these weights were exported with"
+            ),
+        ));
+    }
 
     let labels = match num_labels(&config) {
         Some(n) => read_labels(&config_path, &json, n)?,
@@ -399,6 +413,12 @@ mod tests {
         assert!(error_naming(&dir, "config.json").contains("not valid JSON"));
         std::fs::remove_file(dir.join(CONFIG_FILE)).unwrap();
         assert!(error_naming(&dir, "config.json").contains("is missing"));
+        // A config far larger than its weights (a vocabulary of three billion) is refused
+        // before a model of its size is built.
+        let dir = export("too-large", &tiny_bert(), &ExportExtras::default());
+        edit_config(&dir, |j| j["vocab_size"] = 3_000_000_000u64.into());
+        let e = error_naming(&dir, "config.json");
+        assert!(e.contains("describes a model of") && e.contains("a stored parameter takes 2 at least"), "{e}");
     }
 
     #[test]
