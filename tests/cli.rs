@@ -1175,6 +1175,9 @@ fn a_run_folder_holds_one_run_and_its_log() {
     let (ok, out) = train("2", "--fresh");
     let holder = format!("another run (process {}) is writing to this folder", std::process::id());
     assert!(!ok && out.contains(&holder), "{out}");
+    // A resume too, before it reads the checkpoint the other run may be writing.
+    let (ok, out) = train("6", "--resume");
+    assert!(!ok && out.contains(&holder) && !out.contains("resumed at step"), "{out}");
     assert_eq!(std::fs::read(dir.join("checkpoint.ckpt")).unwrap(), before);
     assert_eq!(starts("metrics.jsonl"), [false, true]);
     drop(held);

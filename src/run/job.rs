@@ -222,6 +222,9 @@ pub struct Job<D: Device> {
     /// What the run that reached the end returned: a later call of [`run`](Self::run) returns
     /// it again and writes nothing.
     finished: Option<Summary>,
+    /// The output folder's lock, taken by [`resume`](Self::resume) before it reads the
+    /// checkpoint and held on by [`run`](Self::run).
+    lock: Option<std::fs::File>,
 }
 
 impl<D: Device> Job<D> {
@@ -468,6 +471,7 @@ impl<D: Device> Job<D> {
             resumed: false,
             metrics: std::cell::RefCell::new(None),
             finished: None,
+            lock: None,
         })
     }
 
@@ -515,9 +519,19 @@ impl<D: Device> Job<D> {
     /// --pipeline-len 2` after a run on one device) goes on in that shape, its weights and
     /// optimizer state moved as a re-plan moves them; with AutoPipe on, the shape is
     /// AutoPipe's and the checkpoint's stands. Returns which plan the run goes on with and the
-    /// training settings that changed since the checkpoint (which the run takes).
+    /// training settings that changed since the checkpoint (which the run takes). The output
+    /// folder is [locked](files::lock_folder) first, and stays so through [`run`](Self::run):
+    /// another run writing there is refused before its checkpoint is read.
     pub fn resume(&mut self) -> Result<Resumed> {
         let path = self.checkpoint_path();
+        // The folder is locked before its checkpoint is read: a run still writing there (the
+        // one a scheduler's requeue replaces, checkpointing its stop) is waited for by name,
+        // not read half way, its newer checkpoint then overwritten from an older one.
+        if self.writes_files() && self.lock.is_none() {
+            let out = &self.config.output.dir;
+            std::fs::create_dir_all(out).map_err(|e| io_error(out, e))?;
+            self.lock = Some(files::lock_folder(out)?);
+        }
         if !path.exists() {
             return Err(Error::Io {
                 path: path.display().to_string(),
@@ -626,12 +640,13 @@ impl<D: Device> Job<D> {
         }
         let out = self.config.output.dir.clone();
         let writes = self.writes_files();
-        let _lock = match writes {
-            true => {
+        let _lock = match (writes, self.lock.take()) {
+            (true, Some(held)) => Some(held),
+            (true, None) => {
                 std::fs::create_dir_all(&out).map_err(|e| io_error(&out, e))?;
                 Some(files::lock_folder(&out)?)
             }
-            false => None,
+            (false, _) => None,
         };
         let ran = self.train_and_write(on_event);
         // Ended early with this run's log open (its first step done): the report of its steps,
