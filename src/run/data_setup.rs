@@ -336,17 +336,16 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
                 _ => ("data.train_file", ""),
             };
             let part = |which: &str, file: &Path, tokens: usize, sequences: Result<Vec<data::LmSequence>>| {
-                sequences.map_err(|_| match tokens {
-                    0 | 1 => Error::Config {
-                        field: named(file).0.into(),
+                sequences.map_err(|_| match (tokens, named(file)) {
+                    (0 | 1, (field, or)) => Error::Config {
+                        field: field.into(),
                         message: format!(
                             "the {which} of {} holds {tokens} character(s); a sequence needs at least 2 (a token \
-                             and the next one): use a longer file{}",
-                            file.display(),
-                            named(file).1
+                             and the next one): use a longer file{or}",
+                            file.display()
                         ),
                     },
-                    _ => Error::Config {
+                    (_, _) => Error::Config {
                         field: "data.max_len".into(),
                         message: format!(
                             "{} tokens per sequence, but the {which} of {} holds {tokens} characters; expected at \

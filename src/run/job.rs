@@ -513,6 +513,17 @@ impl<D: Device> Job<D> {
         self.trainer.pipeline.devices().iter().map(|d| d.name()).collect()
     }
 
+    /// Takes the output folder's [lock](files::lock_folder) (making the folder) where this
+    /// process writes the run's files and does not hold it yet.
+    fn lock_output(&mut self) -> Result<()> {
+        if self.writes_files() && self.lock.is_none() {
+            let out = &self.config.output.dir;
+            std::fs::create_dir_all(out).map_err(|e| io_error(out, e))?;
+            self.lock = Some(files::lock_folder(out)?);
+        }
+        Ok(())
+    }
+
     /// Continues from this run's checkpoint: position, frozen prefix, plan, weights, optimizer
     /// state and the elastic controller's state (the activation cache is rebuilt). A run
     /// whose settings ask for another shape than the checkpoint's (`--devices 2
@@ -527,11 +538,7 @@ impl<D: Device> Job<D> {
         // The folder is locked before its checkpoint is read: a run still writing there (the
         // one a scheduler's requeue replaces, checkpointing its stop) is waited for by name,
         // not read half way, its newer checkpoint then overwritten from an older one.
-        if self.writes_files() && self.lock.is_none() {
-            let out = &self.config.output.dir;
-            std::fs::create_dir_all(out).map_err(|e| io_error(out, e))?;
-            self.lock = Some(files::lock_folder(out)?);
-        }
+        self.lock_output()?;
         if !path.exists() {
             return Err(Error::Io {
                 path: path.display().to_string(),
@@ -640,14 +647,8 @@ impl<D: Device> Job<D> {
         }
         let out = self.config.output.dir.clone();
         let writes = self.writes_files();
-        let _lock = match (writes, self.lock.take()) {
-            (true, Some(held)) => Some(held),
-            (true, None) => {
-                std::fs::create_dir_all(&out).map_err(|e| io_error(&out, e))?;
-                Some(files::lock_folder(&out)?)
-            }
-            (false, _) => None,
-        };
+        self.lock_output()?;
+        let _lock = self.lock.take();
         let ran = self.train_and_write(on_event);
         // Ended early with this run's log open (its first step done): the report of its steps,
         // written while the folder is still locked.
