@@ -1003,76 +1003,16 @@ fn plan(mut config: RunConfig) -> Result<()> {
     if let Some(line) = job.devices_waiting() {
         println!("{line}");
     }
-    if let Some(slicing) = &job.slicing {
-        print!("{}", planned_slicing(slicing, &job.trainer.pipeline.plan().config));
-        if !measured {
+    if let Some(lines) = job.slicing_report(true) {
+        print!("{lines}");
+        if job.slicing.is_some() && !measured {
             println!(
                 "  (the slicing's times are measured on this machine; the plan's above are FLOPs at the nominal rate: \
                  compare each with its own kind)"
             );
         }
-    } else if job.config.pipeline.token_slices == pipetransformer::terapipe::TokenSlices::Auto {
-        println!("{}", auto_unplanned(&job.trainer.pipeline.plan().config));
     }
     Ok(())
-}
-
-/// What `auto` slicing runs where its planner's slicing does not: whole micro-batches (one
-/// stage, or whole ones fit the memory limit recomputing where no slicing does), or the
-/// fewest equal slices that fit (one stage's too, where whole micro-batches exceed the limit).
-/// Either way each shape AutoPipe changes to is sliced afresh, by the same rule.
-fn auto_unplanned(plan: &pipetransformer::pipeline::PipelineConfig) -> String {
-    let recomputing = if plan.recompute == Recompute::Off { "" } else { ", recomputing where the stages need it" };
-    match (plan.token_slices.len(), plan.pipeline_len) {
-        (0, 1) => "token slices: none (`auto` on one stage: it has no fill or drain for slices to shorten)".into(),
-        (0, _) => "token slices: none (`auto`: no slicing fits the memory limit, and whole micro-batches do, \
-                   recomputing; a shape AutoPipe changes to is sliced afresh)"
-            .into(),
-        (n, 1) => format!(
-            "token slices: {n} of equal length, {:?} (`auto` on one stage: whole micro-batches exceed the memory limit; \
-             these are the fewest equal slices that fit{recomputing})",
-            plan.token_slices
-        ),
-        (n, _) => format!(
-            "token slices: {n} of equal length, {:?} (`auto`: none of its slicings fits the memory limit; these are the \
-             fewest equal ones that do{recomputing}; a shape AutoPipe changes to is sliced afresh)",
-            plan.token_slices
-        ),
-    }
-}
-
-/// What `auto` planned, and how to keep it while the plan in force runs it (`in_force`: an
-/// elastic start that left one stage turned it off): the latencies it rests on are measured
-/// afresh by every run, and a plan near others in time can give way to one of them.
-fn planned_slicing(
-    slicing: &pipetransformer::run::PlannedSlicing,
-    in_force: &pipetransformer::pipeline::PipelineConfig,
-) -> String {
-    let mut out = format!(
-        "token slices (planned from this machine's layer latency, for the slowest stage: {}): {}\n",
-        slicing.stage, slicing.plan
-    );
-    let times: Vec<String> = slicing
-        .slice_seconds
-        .iter()
-        .map(|(len, context, seconds)| format!("{len} after {context}: {:.3} ms", seconds * 1e3))
-        .collect();
-    if times.len() > 1 {
-        out += &format!(
-            "  each slice's time on that stage (as the largest slice's), tokens after context: {}\n",
-            times.join("; ")
-        );
-    }
-    if in_force.recompute != Recompute::Off {
-        out += "  (its peak as if every activation were kept: with recomputation the slicing is planned for time, \
-                and the stages meet the memory limit by recomputing, as the table above shows)\n";
-    }
-    let planned = slicing.plan.micro_batches.first().map(|m| &m.slices);
-    if let Some(lengths) = planned.filter(|l| l.len() > 1 && l.as_slice() == in_force.token_slices) {
-        let list = lengths.iter().map(usize::to_string).collect::<Vec<_>>();
-        out += &format!("  (--token-slices {} keeps this slicing in later runs)\n", list.join(","));
-    }
-    out
 }
 
 fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Result<()> {
@@ -1128,11 +1068,7 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
         println!("{line}");
     }
     println!("communicator: {}", job.communicator);
-    if let Some(slicing) = &job.slicing {
-        print!("{}", planned_slicing(slicing, &job.trainer.pipeline.plan().config));
-    } else if job.config.pipeline.token_slices == pipetransformer::terapipe::TokenSlices::Auto && planned_here {
-        println!("{}", auto_unplanned(&job.trainer.pipeline.plan().config));
-    }
+    print!("{}", job.slicing_report(planned_here).unwrap_or_default());
     if run.trace.is_some() {
         job.trainer.trace = Some(Default::default());
     }

@@ -159,6 +159,24 @@ fn every_schedule_trains_like_one_device() {
     }
 }
 
+/// Every step's workers count the actions they finish, alike step after step: the progress
+/// the NCCL watchdog reads (a long step that goes on is not a stalled one).
+#[test]
+fn the_workers_count_the_actions_they_finish() {
+    let config = gpt();
+    let (k, m) = (2, 3);
+    let mut p = pipeline(&config, cfg(k, 1, m, ScheduleKind::OneFOneB));
+    let mut counts = vec![p.actions_finished()];
+    for step in 0..2 {
+        p.step(&batch(&config, 6, step), 1000 + step, LR, Some(1.0)).unwrap();
+        counts.push(p.actions_finished());
+    }
+    let per_step = counts[1] - counts[0];
+    // Each micro-batch's forward and backward on each stage at least.
+    assert!(counts[0] == 0 && per_step >= (2 * k * m) as u64, "{counts:?}");
+    assert_eq!(counts[2] - counts[1], per_step, "{counts:?}");
+}
+
 #[test]
 fn the_same_holds_on_emulated_cuda_devices() {
     let config = gpt();

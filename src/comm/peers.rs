@@ -94,8 +94,11 @@ pub fn open_rings(
         return Ok(None);
     }
     let deadline = deadline_after(timeout)?;
+    // The address this member was reached on at the rendezvous. Rank 0's is the one its
+    // ring's previous member reached it on, which that member can reach again (another
+    // member, on rank 0's own node, may have come in by loopback).
     let ip = match star {
-        Links::Hub(members) => members.first().map(TcpStream::local_addr),
+        Links::Hub(members) => members.get(prev_of[0].saturating_sub(1)).map(TcpStream::local_addr),
         Links::Spoke(hub) => Some(hub.local_addr()),
     }
     .ok_or_else(|| rdzv_error("ring", "no rendezvous link to learn this member's address from"))?

@@ -32,6 +32,9 @@ pub struct ProcessGroup {
     /// peers the way the user numbered the processes.
     ranks: Vec<usize>,
     links: Mutex<Connections>,
+    /// Handles on the same links, for [`hang_up`](Self::hang_up) from another thread (a
+    /// watchdog's) while a collective holds `links` blocked on a stalled peer.
+    hang_up: Vec<TcpStream>,
     /// What opening more rings needs ([`split`](Self::split)).
     secret: Secret,
     timeout: Duration,
@@ -50,14 +53,17 @@ impl Connections {
         all
     }
 
-    /// Sets the group's timeout on every link, and sends small messages at once.
-    fn configure(&self, timeout: Duration) -> Result<()> {
+    /// Sets the group's timeout on every link, and sends small messages at once; returns a
+    /// second handle on each, to hang up with.
+    fn configure(&self, timeout: Duration) -> Result<Vec<TcpStream>> {
+        let mut handles = Vec::new();
         for s in self.streams() {
             s.set_read_timeout(Some(timeout)).map_err(|e| group_error(e.to_string()))?;
             s.set_write_timeout(Some(timeout)).map_err(|e| group_error(e.to_string()))?;
             s.set_nodelay(true).map_err(|e| group_error(e.to_string()))?;
+            handles.push(s.try_clone().map_err(|e| group_error(e.to_string()))?);
         }
-        Ok(())
+        Ok(handles)
     }
 }
 
@@ -79,9 +85,9 @@ impl ProcessGroup {
         let (_, mut star) = gather(addr, rank, size, secret, Some(b"process group"), timeout)?;
         let ring = open_ring(&mut star, rank, size, secret, timeout)?;
         let links = Connections { star: Some(star), ring };
-        links.configure(timeout)?;
+        let hang_up = links.configure(timeout)?;
         let (ranks, secret) = ((0..size).collect(), secret.clone());
-        Ok(ProcessGroup { rank, size, ranks, links: Mutex::new(links), secret, timeout })
+        Ok(ProcessGroup { rank, size, ranks, links: Mutex::new(links), hang_up, secret, timeout })
     }
 
     /// Cuts the group into smaller ones, each with its own ring: `parts` (the same on every
@@ -104,12 +110,13 @@ impl ProcessGroup {
             open_rings(star, self.rank, parts, label.as_bytes(), &self.secret, self.timeout)
         })?;
         let links = Connections { star: None, ring };
-        links.configure(self.timeout)?;
+        let hang_up = links.configure(self.timeout)?;
         Ok(ProcessGroup {
             rank: mine.iter().position(|&m| m == self.rank).unwrap_or(0),
             size: mine.len(),
             ranks: mine.iter().map(|&m| self.ranks[m]).collect(),
             links: Mutex::new(links),
+            hang_up,
             secret: self.secret.clone(),
             timeout: self.timeout,
         })
@@ -229,10 +236,10 @@ impl ProcessGroup {
     }
 
     /// Hangs up every link of this process: the others' reads fail at once, so a process that
-    /// gives up (a failed pipeline step) ends its peers' waits instead of leaving them to time out.
+    /// gives up (a failed pipeline step) ends its peers' waits instead of leaving them to time
+    /// out, and a collective of this process's blocked on a stalled peer fails at once.
     pub fn hang_up(&self) {
-        let links = self.links.lock().unwrap_or_else(|e| e.into_inner());
-        for s in links.streams() {
+        for s in &self.hang_up {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
     }
@@ -290,9 +297,7 @@ impl ProcessGroup {
         if result.is_err() {
             // The group is broken: hang up on everyone now, so each peer fails at once with
             // "closed its connection" instead of waiting out its timeout.
-            for s in links.streams() {
-                let _ = s.shutdown(std::net::Shutdown::Both);
-            }
+            self.hang_up();
         }
         result
     }
@@ -719,6 +724,48 @@ pub(crate) mod tests {
         let bounds = [0..2, 2..2, 2..7];
         let err = g[0].gather_f32(&[1.0], Some((&mut [0.0; 7], &bounds))).unwrap_err().to_string();
         assert!(err.contains("segment of 1"), "{err}");
+    }
+
+    /// A hang-up from another thread (the NCCL watchdog's) ends a collective blocked on a
+    /// stalled peer at once, not at the group's timeout: it does not wait for the links the
+    /// collective holds.
+    #[test]
+    fn a_hang_up_ends_a_collective_waiting_on_a_stalled_peer() {
+        let timeout = Duration::from_secs(20);
+        let g = group(2, timeout);
+        let started = std::time::Instant::now();
+        // Rank 1 is alive but never joins the collective.
+        let err = std::thread::scope(|s| {
+            let waiting = s.spawn(|| g[0].all_reduce_sum_f32(&mut [1.0; 4]).unwrap_err().to_string());
+            std::thread::sleep(Duration::from_millis(200));
+            g[0].hang_up();
+            waiting.join().unwrap()
+        });
+        assert!(started.elapsed() < timeout / 2, "the collective waited {:?}: {err}", started.elapsed());
+    }
+
+    /// Rank 0 listens for its ring on the address its ring's previous member reached it on,
+    /// not the first member's: on rank 0's own node that one may have come in by loopback,
+    /// which the last rank, on another node, could not reach. (Here 127.0.0.2 stands for the
+    /// address the other nodes use.)
+    #[test]
+    fn rank_zero_listens_where_its_ring_neighbour_reached_it() {
+        let port = std::net::TcpListener::bind("0.0.0.0:0").unwrap().local_addr().unwrap().port();
+        let secret = Secret::new("t").unwrap();
+        let timeout = Duration::from_secs(20);
+        let g: Vec<ProcessGroup> = std::thread::scope(|s| {
+            let handles: Vec<_> = ["0.0.0.0", "127.0.0.1", "127.0.0.2"]
+                .into_iter()
+                .enumerate()
+                .map(|(r, host)| {
+                    let (addr, secret) = (format!("{host}:{port}"), &secret);
+                    s.spawn(move || ProcessGroup::join(&addr, r, 3, secret, timeout).unwrap())
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let (to_rank_zero, _) = g[2].ring_links().unwrap().unwrap();
+        assert_eq!(to_rank_zero.peer_addr().unwrap().ip().to_string(), "127.0.0.2");
     }
 
     #[test]

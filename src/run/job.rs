@@ -10,7 +10,7 @@ use super::fingerprint::{MAX_LEN, TEST_FILE, TOKENIZER, TRAIN_FILE, data_setting
 use super::metrics_log::MetricsLog;
 use super::model_setup::{build_model, check_head_dim, check_images};
 use super::output_dir::{BEST, LOG, MODEL, SET_ASIDE, checkpoint_path};
-use super::planning::{PlannedSlicing, check_token_slices, planning_profiles, token_slices};
+use super::planning::{PlannedSlicing, auto_unplanned, check_token_slices, planning_profiles, token_slices};
 use crate::comm::process_group::ProcessGroup;
 use crate::device::Device;
 use crate::elastic::autodp::rebuild_communicators;
@@ -483,6 +483,20 @@ impl<D: Device> Job<D> {
     /// The metrics log (JSON lines) of this run.
     pub fn metrics_path(&self) -> PathBuf {
         self.config.output.dir.join(LOG.0)
+    }
+
+    /// The lines on TeraPipe's `auto` slicing: what its planner planned, or what runs instead
+    /// and why; `None` where slices were not asked `auto`, or (`planned_here` false) a resume
+    /// kept its checkpoint's slices.
+    pub fn slicing_report(&self, planned_here: bool) -> Option<String> {
+        let in_force = &self.trainer.pipeline.plan().config;
+        match &self.slicing {
+            Some(slicing) => Some(slicing.describe(in_force)),
+            None if planned_here && self.config.pipeline.token_slices == TokenSlices::Auto => {
+                Some(auto_unplanned(in_force))
+            }
+            None => None,
+        }
     }
 
     /// A sentence on the devices beyond the plan's that AutoDP holds for later (the plan

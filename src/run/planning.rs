@@ -8,7 +8,7 @@ use crate::elastic::controller::Slicer;
 use crate::error::{Result, config_error};
 use crate::model::{HeadSpec, HostBatch, Model, Spec};
 use crate::pipeline::{
-    AutoSliced, PipelineConfig, Plan, UnitProfile, samples_per_micro_batch, unit_profiles_per_sample,
+    AutoSliced, PipelineConfig, Plan, Recompute, UnitProfile, samples_per_micro_batch, unit_profiles_per_sample,
 };
 use crate::terapipe::{SlicingPlan, SlicingProfile, StageLoad, TokenSlices};
 
@@ -64,6 +64,64 @@ pub struct PlannedSlicing {
     /// boundary, as the latency model predicts (later slices attend to more context, which
     /// is why `auto` may make them shorter).
     pub slice_seconds: Vec<(usize, usize, f64)>,
+}
+
+impl PlannedSlicing {
+    /// What `auto` planned, and how to keep it while the plan in force runs it (`in_force`:
+    /// an elastic start that left one stage turned it off): the latencies it rests on are
+    /// measured afresh by every run, and a plan near others in time can give way to one of
+    /// them.
+    pub fn describe(&self, in_force: &PipelineConfig) -> String {
+        let mut out = format!(
+            "token slices (planned from this machine's layer latency, for the slowest stage: {}): {}\n",
+            self.stage, self.plan
+        );
+        let times: Vec<String> = self
+            .slice_seconds
+            .iter()
+            .map(|(len, context, seconds)| format!("{len} after {context}: {:.3} ms", seconds * 1e3))
+            .collect();
+        if times.len() > 1 {
+            out += &format!(
+                "  each slice's time on that stage (as the largest slice's), tokens after context: {}\n",
+                times.join("; ")
+            );
+        }
+        if in_force.recompute != Recompute::Off {
+            out += "  (its peak as if every activation were kept: with recomputation the slicing is planned for time, \
+                    and the stages meet the memory limit by recomputing, as the table above shows)\n";
+        }
+        let planned = self.plan.micro_batches.first().map(|m| &m.slices);
+        if let Some(lengths) = planned.filter(|l| l.len() > 1 && l.as_slice() == in_force.token_slices) {
+            let list = lengths.iter().map(usize::to_string).collect::<Vec<_>>();
+            out += &format!("  (--token-slices {} keeps this slicing in later runs)\n", list.join(","));
+        }
+        out
+    }
+}
+
+/// What `auto` slicing runs where its planner's slicing does not: whole micro-batches (one
+/// stage, or whole ones fit the memory limit recomputing where no slicing does), or the
+/// fewest equal slices that fit (one stage's too, where whole micro-batches exceed the limit).
+/// Either way each shape AutoPipe changes to is sliced afresh, by the same rule.
+pub(super) fn auto_unplanned(plan: &PipelineConfig) -> String {
+    let recomputing = if plan.recompute == Recompute::Off { "" } else { ", recomputing where the stages need it" };
+    match (plan.token_slices.len(), plan.pipeline_len) {
+        (0, 1) => "token slices: none (`auto` on one stage: it has no fill or drain for slices to shorten)\n".into(),
+        (0, _) => "token slices: none (`auto`: no slicing fits the memory limit, and whole micro-batches do, \
+                   recomputing; a shape AutoPipe changes to is sliced afresh)\n"
+            .into(),
+        (n, 1) => format!(
+            "token slices: {n} of equal length, {:?} (`auto` on one stage: whole micro-batches exceed the memory limit; \
+             these are the fewest equal slices that fit{recomputing})\n",
+            plan.token_slices
+        ),
+        (n, _) => format!(
+            "token slices: {n} of equal length, {:?} (`auto`: none of its slicings fits the memory limit; these are the \
+             fewest equal ones that do{recomputing}; a shape AutoPipe changes to is sliced afresh)\n",
+            plan.token_slices
+        ),
+    }
 }
 
 /// Whether the model and the activation cache take the token slices `config` asks for: token

@@ -144,6 +144,9 @@ pub struct Pipeline<D: Device> {
     bucket_buffers: BucketBuffers,
     /// The least gradient elements a bucket sent to be summed during a backward holds.
     bucket_elements: usize,
+    /// The actions the workers have finished, over every step: what the watchdog of
+    /// communicators spanning the processes watches for a stall.
+    progress: Arc<std::sync::atomic::AtomicU64>,
     /// Each device's own thread count (cpu devices; `None` elsewhere), and whether devices the
     /// plan leaves idle lend theirs to those at work ([`lend_idle_threads`](Self::lend_idle_threads)).
     own_threads: Vec<Option<usize>>,
@@ -277,6 +280,7 @@ impl<D: Device> Pipeline<D> {
             stage_processes,
             bucket_buffers: BucketBuffers::default(),
             bucket_elements: worker::BUCKET_ELEMENTS,
+            progress: Arc::default(),
         };
         p.place(owned)?;
         if let Some(own) = p.process_stage() {
@@ -680,7 +684,7 @@ impl<D: Device> Pipeline<D> {
         }
         let comms: Vec<Arc<dyn Communicator<D>>> = self.communicators.iter().flatten().flatten().cloned().collect();
         let group = group.clone();
-        Some(Watchdog::start(group.timeout(), move || {
+        Some(Watchdog::start(group.timeout(), self.progress.clone(), move || {
             comms.iter().for_each(|c| c.abort());
             group.hang_up();
         }))
@@ -777,6 +781,13 @@ impl<D: Device> Pipeline<D> {
         Ok(processes::first_disagreeing(group, print)?.is_none() && self.sums_during_backward())
     }
 
+    /// The actions (a micro-batch's forward on a stage, a message sent, ...) the workers have
+    /// finished, over every step: the progress the watchdog of communicators spanning the
+    /// processes reads, so that a long step that goes on is not taken for a stalled one.
+    pub fn actions_finished(&self) -> u64 {
+        self.progress.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The process group this pipeline sums gradients with, if it trains with other
     /// processes: when the stages are processes, the other replicas of this one's stage (its
     /// column; `None` with one row).
@@ -856,8 +867,8 @@ impl<D: Device> Pipeline<D> {
                     Some(true) => Err(Error::Device {
                         what: "process group".into(),
                         message: format!(
-                            "the step's collectives did not end within {:?} (PT_COLLECTIVE_TIMEOUT): a peer \
-                             process is gone or stalled; its NCCL communicators were aborted",
+                            "the step made no progress for {:?} (PT_COLLECTIVE_TIMEOUT), its collectives \
+                             waiting: a peer process is gone or stalled; its NCCL communicators were aborted",
                             group.timeout()
                         ),
                     }),
@@ -944,6 +955,7 @@ impl<D: Device> Pipeline<D> {
             bucket_elements: self.bucket_elements,
             unit_norms,
             processes: self.stage_processes.as_ref(),
+            progress: &self.progress,
         };
         // Where each pipeline position's worker sums over the processes as its backward goes:
         // its own ring, or the group (the stages' column, or everyone's with one worker here).

@@ -48,6 +48,9 @@ pub(super) struct StepContext<'a> {
     pub unit_norms: bool,
     /// When the stages are processes: where messages for the other stages go.
     pub processes: Option<&'a StageProcesses>,
+    /// Raised by each action a worker finishes: the step's progress, which the NCCL watchdog
+    /// watches (a step that goes on is not stalled, however long it takes).
+    pub progress: &'a std::sync::atomic::AtomicU64,
 }
 
 impl StepContext<'_> {
@@ -544,6 +547,7 @@ impl<D: Device> Worker<'_, D> {
                 out.peak_activations = out.peak_activations.max(saved_elements + arena + deferred + loss_grads);
             }
             marks.push((action, start, dev.marker()?));
+            ctx.progress.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         if !zeroed {
             self.zero_grads()?;
