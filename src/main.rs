@@ -90,7 +90,8 @@ struct PipelineArgs {
     /// initial plan's replicas × pipeline length, plus any that AutoDP turns into replicas.
     #[arg(long, value_parser = setting::<usize>)]
     devices: Option<usize>,
-    /// Devices per pipeline (K); default: all the devices over the replicas (with
+    /// Devices per pipeline (K); default: the config's pipeline.pipeline_len, else all the
+    /// devices over the replicas (with
     /// --across-processes under `launch`: all the processes, one pipeline).
     #[arg(long, value_parser = setting::<usize>)]
     pipeline_len: Option<usize>,
@@ -865,10 +866,10 @@ struct PredictRequest {
     sampling: Sampling,
 }
 
-/// [`Predictor::open`] with the path named in its error.
+/// [`Predictor::open`] with the path named in its error (a checkpoint, a model's folder, or
+/// a file that is neither, which the error goes on to say).
 fn load_predictor<D: Device>(dev: D, path: &Path) -> Result<Predictor<D>> {
-    let what = if path.is_file() { "the checkpoint" } else { "the model in" };
-    Predictor::open(dev, path).with_context(|| format!("loading {what} {}", path.display()))
+    Predictor::open(dev, path).with_context(|| format!("loading the model from {}", path.display()))
 }
 
 /// What `evaluate` scores on.

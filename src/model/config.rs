@@ -402,6 +402,7 @@ impl ModelConfig {
                     ("hidden_size", "num_attention_heads", "num_hidden_layers"),
                 )?;
                 check_eps("bert.layer_norm_eps", c.layer_norm_eps)?;
+                check_classes("bert.num_labels", c.num_labels)?;
                 check_dropout("bert.hidden_dropout_prob", c.hidden_dropout_prob)?;
                 check_dropout("bert.attention_probs_dropout_prob", c.attention_probs_dropout_prob)?;
                 Ok(Spec {
@@ -494,6 +495,7 @@ impl ModelConfig {
                     ));
                 }
                 check_eps("vit.layer_norm_eps", c.layer_norm_eps)?;
+                check_classes("vit.num_labels", c.num_labels)?;
                 check_dropout("vit.hidden_dropout_prob", c.hidden_dropout_prob)?;
                 check_dropout("vit.attention_probs_dropout_prob", c.attention_probs_dropout_prob)?;
                 Ok(Spec {
@@ -547,11 +549,33 @@ fn check_common(
     Ok(())
 }
 
+/// A LayerNorm epsilon: positive, and no smaller than the least normal f32, whose scale
+/// `1/sqrt(var + eps)` of a constant row (var 0) an f32 still holds (below about 1e-77 it
+/// overflows, and the row's `0 · inf` is NaN where the answer is the bias).
 fn check_eps(field: &str, eps: f64) -> Result<()> {
-    if eps > 0.0 && eps.is_finite() {
+    let least = f64::from(f32::MIN_POSITIVE);
+    if eps >= least && eps.is_finite() {
         Ok(())
     } else {
-        Err(config_error(field, format!("must be a positive number, got {eps}")))
+        Err(config_error(
+            field,
+            format!("must be a positive number of at least {least:e} (the least normal f32), got {eps}"),
+        ))
+    }
+}
+
+/// A classifier's class count: two at least (one class has nothing to tell apart, and its
+/// loss is 0 whatever the weights; Hugging Face reads `num_labels = 1` as a regression head,
+/// which this engine does not train).
+fn check_classes(field: &str, n: usize) -> Result<()> {
+    match n {
+        0 | 1 => Err(config_error(
+            field,
+            format!(
+                "{n} classes; a classifier needs two at least (a regression head, num_labels = 1, is not trained here)"
+            ),
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -607,6 +631,25 @@ mod tests {
         // A small model is unaffected.
         let small = ModelConfig::Vit(VitConfig { image_size: 8, patch_size: 2, hidden_size: 8, ..vit });
         assert_eq!(small.spec().unwrap().max_seq(), 17);
+    }
+
+    /// A LayerNorm epsilon an f32 scale of a constant row overflows at (NaN, where the answer
+    /// is the bias), and a classifier of one class (nothing to tell apart; Hugging Face's
+    /// regression head), are refused naming their keys.
+    #[test]
+    fn a_tiny_epsilon_and_a_single_class_are_config_errors() {
+        let mut gpt = GptConfig::without_dropout(65, 16, 8, 2, 1);
+        gpt.layer_norm_epsilon = 1e-80;
+        let (field, message) = field_of(ModelConfig::Gpt(gpt.clone()));
+        assert_eq!(field, "gpt.layer_norm_epsilon");
+        assert!(message.contains("least normal f32"), "{message}");
+        gpt.layer_norm_epsilon = 1e-30;
+        ModelConfig::Gpt(gpt).spec().unwrap();
+        let ModelConfig::Vit(mut vit) = crate::model::tiny::tiny_gray_vit() else { panic!("a ViT") };
+        vit.num_labels = 1;
+        let (field, message) = field_of(ModelConfig::Vit(vit));
+        assert_eq!(field, "vit.num_labels");
+        assert!(message.contains("two at least"), "{message}");
     }
 
     /// The count the size check uses is exactly what a model of the spec holds.

@@ -116,8 +116,13 @@ impl OptimizerConfig {
             Self::AdamW { beta1, beta2, eps, weight_decay } => {
                 check_beta("optimizer.beta1", beta1)?;
                 check_beta("optimizer.beta2", beta2)?;
-                if !(eps.is_finite() && eps > 0.0) {
-                    return Err(config_error("optimizer.eps", format!("must be finite and > 0, got {eps}")));
+                // (Taken as an f32 by the update: one that rounds to 0 there divides 0 by 0 for
+                // an element whose gradient and moments are all 0.)
+                if !(eps.is_finite() && eps as f32 > 0.0) {
+                    return Err(config_error(
+                        "optimizer.eps",
+                        format!("must be finite and > 0 as an f32 (1.4e-45 at least), got {eps}"),
+                    ));
                 }
                 check_non_negative("optimizer.weight_decay", weight_decay)
             }
@@ -709,6 +714,9 @@ mod tests {
         assert_eq!(field_of(adamw(-0.1, 0.999, 1e-8, 0.0)), "optimizer.beta1");
         assert_eq!(field_of(adamw(0.9, f64::NAN, 1e-8, 0.0)), "optimizer.beta2");
         assert_eq!(field_of(adamw(0.9, 0.999, 0.0, 0.0)), "optimizer.eps");
+        // (Positive, but 0 in the f32 the update takes it as: 0/0 for an untouched element.)
+        assert_eq!(field_of(adamw(0.9, 0.999, 1e-50, 0.0)), "optimizer.eps");
+        adamw(0.9, 0.999, 1e-44, 0.0).validate().unwrap();
         assert_eq!(field_of(adamw(0.9, 0.999, 1e-8, -0.01)), "optimizer.weight_decay");
         let sgd = |momentum, weight_decay, nesterov| OptimizerConfig::Sgd { momentum, weight_decay, nesterov };
         assert_eq!(field_of(sgd(-0.5, 0.0, false)), "optimizer.momentum");

@@ -109,7 +109,8 @@ impl Confusion {
     /// Per-class precision, recall, F1 and support, then the matrix (rows: true class,
     /// columns: predicted), as markdown tables with the classes' `names`.
     pub fn report(&self, names: &[String]) -> String {
-        let name = |i: usize| names.get(i).cloned().unwrap_or_else(|| i.to_string());
+        // (A `|` in a class's name would open a column of its own: escaped, as markdown reads it.)
+        let name = |i: usize| names.get(i).map_or_else(|| i.to_string(), |n| n.replace('|', "\\|"));
         let mut out = String::from("| class | precision | recall | F1 | support |\n|---|---|---|---|---|\n");
         for (i, s) in self.per_class().iter().enumerate() {
             out += &format!("| {} | {:.4} | {:.4} | {:.4} | {} |\n", name(i), s.precision, s.recall, s.f1, s.support);
@@ -171,6 +172,14 @@ mod tests {
         let report = m.report(&["no".into(), "yes".into()]);
         assert!(report.contains("| yes | 1.0000 | 0.5000 | 0.6667 | 2 |"), "{report}");
         assert!(report.contains("| no | 1 | 0 |") && report.contains("| yes | 1 | 1 |"), "{report}");
+        // A `|` in a class's name stays in its cell: every row has the header's columns.
+        let piped = m.report(&["a|b".into(), "yes".into()]);
+        assert!(piped.contains("| a\\|b | 1 | 0 |"), "{piped}");
+        for table in piped.split("\n\n") {
+            let cells = |l: &str| l.replace("\\|", "").matches('|').count();
+            let header = cells(table.lines().next().unwrap());
+            assert!(table.lines().all(|l| cells(l) == header), "{table}");
+        }
         // Classes that never occur do not pull the macro average down.
         let mut sparse = Confusion::new(5);
         sparse.add(1, 1);

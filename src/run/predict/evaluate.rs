@@ -159,7 +159,7 @@ impl<D: Device> Predictor<D> {
         let rows: Vec<(usize, &str)> =
             text.lines().enumerate().map(|(i, l)| (i + 1, l)).filter(|(_, l)| !l.trim().is_empty()).collect();
         if rows.is_empty() {
-            return Err(bad(1, "has no rows; expected labelled inputs".into()));
+            return Err(crate::data::dataset_error(path, None, "has no rows; expected labelled inputs"));
         }
         let size = batch_size;
         let (mut batches, mut cut) = (Vec::new(), 0);

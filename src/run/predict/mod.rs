@@ -205,7 +205,7 @@ impl<D: Device> Predictor<D> {
                 let said = if lack.is_empty() { "hold" } else { "lack" };
                 let which = if lack.is_empty() { extra } else { lack };
                 return Err(config_error(
-                    "model",
+                    "--model",
                     format!(
                         "{}: the weights {said} {} that config.json does not describe (damaged, or not an \
                          export of this engine)",
@@ -234,7 +234,7 @@ impl<D: Device> Predictor<D> {
             (Family::Gpt, _) => {
                 if export.chars.is_empty() {
                     return Err(config_error(
-                        "model",
+                        "--model",
                         format!("{}: a GPT export needs vocab.json (its characters); none found", dir.display()),
                     ));
                 }
@@ -252,7 +252,7 @@ impl<D: Device> Predictor<D> {
             (_, InputSpec::Tokens { max_positions, .. }) => {
                 let path = export.tokenizer.ok_or_else(|| {
                     config_error(
-                        "model",
+                        "--model",
                         format!("{}: a text model's export needs tokenizer.json; none found", dir.display()),
                     )
                 })?;
@@ -273,7 +273,7 @@ impl<D: Device> Predictor<D> {
             && labels.len() != num_labels
         {
             return Err(config_error(
-                "model",
+                "--model",
                 format!("{}: {} label names for a {num_labels}-class head", dir.display(), labels.len()),
             ));
         }
@@ -295,7 +295,7 @@ impl<D: Device> Predictor<D> {
             for p in model.params_mut() {
                 let Some(v) = values.get(p.name.as_str()).filter(|v| v.len() == p.numel()) else {
                     return Err(config_error(
-                        "model",
+                        "--model",
                         format!(
                             "{}: no parameter `{}` of {} values (not a checkpoint of this model)",
                             path.display(),
@@ -377,9 +377,11 @@ impl<D: Device> Predictor<D> {
     /// it), a CSV file (every row: raw pixel values, no label; gzip-compressed or not), or a
     /// CSV row of raw pixel values. Files are told apart by their first bytes, not their names.
     /// Each image comes with a name for the output: the input, `file#i` for the `i`-th image
-    /// (from 0) of an IDX file, `file:line` for a CSV file's row. (`predict` reads a folder as
-    /// its files, each an input of its own: [`folder_inputs`].)
-    pub fn read_images(&self, input: &str) -> Result<Vec<(String, Vec<f32>)>> {
+    /// (from 0) of an IDX file, `file:line` for a CSV file's row; a CSV row that is no image
+    /// (a header, another count of values, a value out of range) fails alone, its error beside
+    /// its name. (`predict` reads a folder as its files, each an input of its own:
+    /// [`folder_inputs`].)
+    pub fn read_images(&self, input: &str) -> Result<Vec<(String, Result<Vec<f32>>)>> {
         let Reader::Image { size, channels, max_value, .. } = self.reader else {
             return Err(config_error("input", format!("this {:?} model does not read images", self.family())));
         };
@@ -396,16 +398,17 @@ impl<D: Device> Predictor<D> {
         }
         if path.is_file() {
             return match input_file_kind(path)? {
-                InputFile::Image => {
-                    Ok(vec![(input.to_string(), self.fitted(input, crate::data::read_image_file_as_stored(path)?)?)])
-                }
+                InputFile::Image => Ok(vec![(
+                    input.to_string(),
+                    Ok(self.fitted(input, crate::data::read_image_file_as_stored(path)?)?),
+                )]),
                 // (IDX images are 8-bit.)
                 InputFile::Idx => read_idx_images(path)?
                     .into_iter()
                     .enumerate()
                     .map(|(i, pixels)| {
                         let image = StoredImage::of_scaled(pixels, 255, false);
-                        Ok((format!("{input}#{i}"), self.fitted(input, image)?))
+                        Ok((format!("{input}#{i}"), Ok(self.fitted(input, image)?)))
                     })
                     .collect(),
                 InputFile::Csv => {
@@ -420,32 +423,31 @@ impl<D: Device> Predictor<D> {
                         if row.trim().is_empty() {
                             continue;
                         }
-                        if line == 1 && row.split(',').any(|v| v.trim().parse::<f32>().is_err()) {
-                            let first = row.split(',').find(|v| v.trim().parse::<f32>().is_err()).unwrap_or_default();
-                            return Err(bad(
-                                line,
-                                format!(
-                                    "reads as a header row (`{}` is no number); expected rows of pixel values alone",
-                                    first.trim()
-                                ),
-                            ));
-                        }
-                        let count = row.split(',').count();
-                        if count != n {
-                            let labelled = if count == n + 1 {
-                                " (pixels then a label? `predict` reads pixels alone; `evaluate --file` scores \
-                                 labelled rows)"
-                            } else {
-                                ""
-                            };
-                            return Err(bad(
-                                line,
-                                format!(
-                                    "a CSV row of {count} values; expected {channels}×{size}×{size} = {n} pixels{labelled}"
-                                ),
-                            ));
-                        }
-                        images.push((format!("{input}:{line}"), pixel_row(row, max_value).map_err(|e| bad(line, e))?));
+                        let number = |v: &&str| v.trim().parse::<f32>().is_ok();
+                        // A header names its columns: a first row with no number in it.
+                        let pixels = if images.is_empty() && !row.split(',').any(|v| number(&v)) {
+                            Err(format!(
+                                "reads as a header row (`{}` is no number); expected rows of pixel values alone",
+                                row.split(',').next().unwrap_or_default().trim()
+                            ))
+                        } else {
+                            match row.split(',').count() {
+                                count if count == n => pixel_row(row, max_value),
+                                count => {
+                                    let labelled = if count == n + 1 {
+                                        " (pixels then a label? `predict` reads pixels alone; `evaluate --file` \
+                                         scores labelled rows)"
+                                    } else {
+                                        ""
+                                    };
+                                    Err(format!(
+                                        "a CSV row of {count} values; expected {channels}×{size}×{size} = {n} \
+                                         pixels{labelled}"
+                                    ))
+                                }
+                            }
+                        };
+                        images.push((format!("{input}:{line}"), pixels.map_err(|e| bad(line, e))));
                     }
                     if images.is_empty() {
                         return Err(Error::Dataset {
@@ -489,7 +491,7 @@ impl<D: Device> Predictor<D> {
                 format!("a CSV row of {} values; expected {channels}×{size}×{size} = {n} pixels", values.len()),
             ));
         }
-        Ok(vec![(input.to_string(), values)])
+        Ok(vec![(input.to_string(), Ok(values))])
     }
 
     /// An image file's pixels as the model takes them: resized to its size where its run

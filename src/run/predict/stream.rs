@@ -100,13 +100,16 @@ pub fn predict_stream<D: Device>(
     // Each input comes with its entries for the batch: (name, pixels for images), or the error
     // that fails it alone. Images are read ahead, as many inputs at a time as there are cores (up
     // to 8: each may be an IDX file of many images), on every core.
-    let entries_of = |name: &String| -> Result<Vec<(String, Option<Vec<f32>>)>> {
+    type Entry = (String, Result<Option<Vec<f32>>>);
+    let entries_of = |name: &String| -> Result<Vec<Entry>> {
         match image {
-            true => Ok(predictor.read_images(name)?.into_iter().map(|(name, px)| (name, Some(px))).collect()),
-            false => Ok(vec![(name.clone(), None)]),
+            true => Ok(predictor.read_images(name)?.into_iter().map(|(name, px)| (name, px.map(Some))).collect()),
+            false => Ok(vec![(name.clone(), Ok(None))]),
         }
     };
-    let ahead = if image { std::thread::available_parallelism().map_or(1, |n| n.get()).min(8) } else { 1 };
+    // (No more than a batch: a batch's inputs are all it waits for, and someone typing, at
+    // batch size 1, gets each line's answer before the next line.)
+    let ahead = if image { std::thread::available_parallelism().map_or(1, |n| n.get()).min(8).min(size) } else { 1 };
     let mut read = std::collections::VecDeque::new();
     let mut inputs = std::iter::from_fn(move || {
         if read.is_empty() {
@@ -146,7 +149,12 @@ pub fn predict_stream<D: Device>(
                 Ok(input) => input,
                 // A line that is not text fails alone (its error names it); the rest go on.
                 Err(Error::Dataset { file, line: Some(line), message }) => {
-                    let image = if image { " (an image file goes as an argument itself, without --file)" } else { "" };
+                    // (Its bytes may be an image's, given as the list: said where the model reads images.)
+                    let image = if image {
+                        " (if the list is an image file, give it as an argument itself, without --file)"
+                    } else {
+                        ""
+                    };
                     order.push(None);
                     results.push((format!("{file}:{line}"), Outcome::Failed(format!("{message}{image}"))));
                     continue;
@@ -158,9 +166,18 @@ pub fn predict_stream<D: Device>(
             };
             match entries {
                 Ok(entries) => {
-                    for entry in entries {
-                        order.push(Some(pending.len()));
-                        pending.push(entry);
+                    for (name, pixels) in entries {
+                        match pixels {
+                            Ok(pixels) => {
+                                order.push(Some(pending.len()));
+                                pending.push((name, pixels));
+                            }
+                            // (One row of a CSV file that is no image: it fails alone.)
+                            Err(e) => {
+                                order.push(None);
+                                results.push((name, Outcome::Failed(e.to_string())));
+                            }
+                        }
                     }
                 }
                 Err(e) => {

@@ -239,6 +239,73 @@ fn images_read_ahead_are_answered_in_order() {
     }
 }
 
+/// A CSV file's rows are images of their own, each failing alone: a header (the first row
+/// with no number, after a blank line too), a row of another count, a value out of range;
+/// the good rows around them are answered, each as it is alone.
+#[test]
+fn a_csv_files_bad_rows_fail_alone() {
+    let (scratch, p) = tiny_vit_predictor("predict-csv-rows");
+    let row = |v: usize| vec![(v % 17).to_string(); 16].join(",");
+    let header = (0..16).map(|i| format!("p{i}")).collect::<Vec<_>>().join(",");
+    let too_short = vec!["1"; 15].join(",");
+    let too_bright = vec!["17"; 16].join(",");
+    let text = format!("\n{header}\n{}\n{too_short}\n{}\n{too_bright}\n{}\n", row(3), row(9), row(16));
+    let file = scratch.join("rows.csv");
+    std::fs::write(&file, text).unwrap();
+    let file = file.display().to_string();
+    let json = options(2, Sampling::default(), OutputFormat::JsonLines);
+    let (r, out) = run(&p, &[&file], &json);
+    assert_eq!(r.unwrap(), (6, 3), "{out}");
+    let lines: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let names: Vec<&str> = lines.iter().map(|l| l["input"].as_str().unwrap()).collect();
+    let want: Vec<String> = (2..=7).map(|line| format!("{file}:{line}")).collect();
+    assert_eq!(names, want);
+    let error = |i: usize| lines[i]["error"].as_str().unwrap_or_default().to_string();
+    assert!(error(0).contains("line 2: reads as a header row (`p0` is no number)"), "{out}");
+    assert!(error(2).contains("line 4: a CSV row of 15 values"), "{out}");
+    assert!(error(4).contains("line 6:") && error(4).contains("17"), "{out}");
+    for (i, v) in [(1, 3), (3, 9), (5, 16)] {
+        let (_, alone) = run(&p, &[&row(v)], &json);
+        let alone: serde_json::Value = serde_json::from_str(alone.trim()).unwrap();
+        assert_eq!(lines[i]["probabilities"], alone["probabilities"], "{out}");
+    }
+}
+
+/// Images are read ahead no further than a batch: at batch size 1 (someone typing) each
+/// input is answered before the next is asked for.
+#[test]
+fn an_image_is_answered_before_the_next_input_is_read_at_batch_size_one() {
+    struct Watch<'a> {
+        pulled: &'a std::cell::Cell<usize>,
+        pulled_at_each_answer: Vec<usize>,
+    }
+    impl std::io::Write for Watch<'_> {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.pulled_at_each_answer.extend(buf.iter().filter(|&&b| b == b'\n').map(|_| self.pulled.get()));
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let (scratch, p) = tiny_vit_predictor("predict-one-at-a-time");
+    let files: Vec<String> = (0..4)
+        .map(|i| {
+            let path = scratch.join(format!("{i}.pgm"));
+            std::fs::write(&path, pgm(4, i)).unwrap();
+            path.display().to_string()
+        })
+        .collect();
+    let pulled = std::cell::Cell::new(0);
+    let inputs = files.iter().map(|f| {
+        pulled.set(pulled.get() + 1);
+        Ok(f.clone())
+    });
+    let mut out = Watch { pulled: &pulled, pulled_at_each_answer: Vec::new() };
+    predict_stream(&p, inputs, &options(1, Sampling::default(), OutputFormat::JsonLines), &mut out).unwrap();
+    assert_eq!(out.pulled_at_each_answer, [1, 2, 3, 4]);
+}
+
 /// `evaluate --file` reads a folder of class subfolders, each named by a class of the model,
 /// as the labelled images of those classes (each scaled as `predict` scales
 /// the file); a subfolder that names no class, a file that is no image or one of another
@@ -259,7 +326,7 @@ fn a_folder_of_class_subfolders_is_scored_by_its_names() {
     assert_eq!(read.iter().map(|b| b.batch).collect::<Vec<_>>(), [2, 1]);
     let alone = p.read_images(dir.join("a/0.pgm").to_str().unwrap()).unwrap();
     let first = read[0].pixels.as_ref().unwrap();
-    assert_eq!(alone[0].1[..], first[..16]);
+    assert_eq!(alone[0].1.as_ref().unwrap()[..], first[..16]);
     // A class's index is no class name (as for a run's held-out folder).
     std::fs::create_dir(dir.join("1")).unwrap();
     std::fs::write(dir.join("1/9.pgm"), pgm(4, 9)).unwrap();
@@ -308,7 +375,7 @@ fn a_labelled_folder_is_read_as_it_is_scored() {
     let file = |i: usize| dir.join(if i < n / 2 { "a" } else { "b" }).join(format!("{i:03}.pgm"));
     for (i, b) in all.iter().enumerate().step_by(17) {
         let alone = p.read_images(file(batch * i).to_str().unwrap()).unwrap();
-        assert_eq!(alone[0].1[..], b.pixels.as_ref().unwrap()[..16], "batch {i}");
+        assert_eq!(alone[0].1.as_ref().unwrap()[..], b.pixels.as_ref().unwrap()[..16], "batch {i}");
     }
     // A bad file past the first read: the batches of that read come, then its error.
     let bad = n - 5;
