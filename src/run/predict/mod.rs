@@ -423,29 +423,23 @@ impl<D: Device> Predictor<D> {
                         if row.trim().is_empty() {
                             continue;
                         }
-                        let number = |v: &&str| v.trim().parse::<f32>().is_ok();
                         // A header names its columns: a first row with no number in it.
-                        let pixels = if images.is_empty() && !row.split(',').any(|v| number(&v)) {
-                            Err(format!(
+                        let header = images.is_empty() && !row.split(',').any(|v| v.trim().parse::<f32>().is_ok());
+                        let count = row.split(',').count();
+                        let labelled = if count == n + 1 {
+                            " (pixels then a label? `predict` reads pixels alone; `evaluate --file` scores labelled rows)"
+                        } else {
+                            ""
+                        };
+                        let pixels = match count {
+                            _ if header => Err(format!(
                                 "reads as a header row (`{}` is no number); expected rows of pixel values alone",
                                 row.split(',').next().unwrap_or_default().trim()
-                            ))
-                        } else {
-                            match row.split(',').count() {
-                                count if count == n => pixel_row(row, max_value),
-                                count => {
-                                    let labelled = if count == n + 1 {
-                                        " (pixels then a label? `predict` reads pixels alone; `evaluate --file` \
-                                         scores labelled rows)"
-                                    } else {
-                                        ""
-                                    };
-                                    Err(format!(
-                                        "a CSV row of {count} values; expected {channels}×{size}×{size} = {n} \
-                                         pixels{labelled}"
-                                    ))
-                                }
-                            }
+                            )),
+                            _ if count != n => Err(format!(
+                                "a CSV row of {count} values; expected {channels}×{size}×{size} = {n} pixels{labelled}"
+                            )),
+                            _ => pixel_row(row, max_value),
                         };
                         images.push((format!("{input}:{line}"), pixels.map_err(|e| bad(line, e))));
                     }

@@ -164,25 +164,17 @@ pub fn predict_stream<D: Device>(
                     break;
                 }
             };
-            match entries {
-                Ok(entries) => {
-                    for (name, pixels) in entries {
-                        match pixels {
-                            Ok(pixels) => {
-                                order.push(Some(pending.len()));
-                                pending.push((name, pixels));
-                            }
-                            // (One row of a CSV file that is no image: it fails alone.)
-                            Err(e) => {
-                                order.push(None);
-                                results.push((name, Outcome::Failed(e.to_string())));
-                            }
-                        }
+            // An input that fails is one failed entry; so is a CSV row that is no image.
+            for (name, pixels) in entries.unwrap_or_else(|e| vec![(input, Err(e))]) {
+                match pixels {
+                    Ok(pixels) => {
+                        order.push(Some(pending.len()));
+                        pending.push((name, pixels));
                     }
-                }
-                Err(e) => {
-                    order.push(None);
-                    results.push((input, Outcome::Failed(e.to_string())));
+                    Err(e) => {
+                        order.push(None);
+                        results.push((name, Outcome::Failed(e.to_string())));
+                    }
                 }
             }
         }
