@@ -19,6 +19,7 @@ use pipetransformer::model::{GptConfig, Model, ModelConfig};
 use pipetransformer::optim::OptimizerConfig;
 use pipetransformer::pipeline::{CostModel, Link, profile_units, simulate};
 use pipetransformer::pipeline::{Pipeline, PipelineConfig, ScheduleKind};
+use std::sync::Barrier;
 use std::time::Instant;
 
 fn main() {
@@ -69,11 +70,15 @@ fn process_group() {
         let ring = ring_group(members);
         for mib in [1usize, 16, 86] {
             let n = mib * (1 << 20) / 4;
-            let median = |f: &(dyn Fn(usize) -> f64 + Sync)| {
+            // Each member's time from when all are ready (spawned, data allocated): a member
+            // that started early would otherwise count its wait for the others.
+            let median = |f: &(dyn Fn(usize, &Barrier) -> f64 + Sync)| {
                 let mut times: Vec<f64> = (0..5)
                     .map(|_| {
+                        let ready = Barrier::new(members);
                         std::thread::scope(|s| {
-                            let hs: Vec<_> = (0..members).map(|m| s.spawn(move || f(m))).collect();
+                            let ready = &ready;
+                            let hs: Vec<_> = (0..members).map(|m| s.spawn(move || f(m, ready))).collect();
                             hs.into_iter().map(|h| h.join().unwrap()).fold(0.0, f64::max)
                         })
                     })
@@ -81,14 +86,16 @@ fn process_group() {
                 times.sort_by(f64::total_cmp);
                 times[times.len() / 2]
             };
-            let tcp = median(&|m| {
+            let tcp = median(&|m, ready| {
                 let mut data = vec![1.0f32; n];
+                ready.wait();
                 let t = Instant::now();
                 group[m].all_reduce_sum_f32(&mut data).unwrap();
                 t.elapsed().as_secs_f64()
             });
-            let in_process = median(&|m| {
+            let in_process = median(&|m, ready| {
                 let mut data = vec![1.0f32; n];
+                ready.wait();
                 let t = Instant::now();
                 ring[m].all_reduce_host(&mut data).unwrap();
                 t.elapsed().as_secs_f64()
@@ -170,12 +177,15 @@ fn all_reduce() {
             let ring = ring_group(members);
             let mut times: Vec<f64> = (0..5)
                 .map(|_| {
+                    let ready = Barrier::new(members);
                     std::thread::scope(|s| {
+                        let ready = &ready;
                         let hs: Vec<_> = ring
                             .iter()
                             .map(|m| {
                                 s.spawn(move || {
                                     let mut data = vec![1.0f32; n];
+                                    ready.wait();
                                     let t = Instant::now();
                                     m.all_reduce_host(&mut data).unwrap();
                                     t.elapsed().as_secs_f64()

@@ -7,7 +7,8 @@
 # Usage:
 #   scripts/gpu-check.sh [REPORT]                   build here (cargo, network for the CUDA
 #                                                   wheels), then check; default REPORT is
-#                                                   gpu-check-report.md
+#                                                   gpu-check-report.md, under $OUT when set
+#                                                   (the device tool's folder that comes back)
 #   scripts/gpu-check.sh --bundle DIR               on a machine with cargo and tools/cuda (no GPU
 #                                                   needed): write DIR with the stripped binaries,
 #                                                   NVRTC and the CUDA headers (xz), the kernels'
@@ -21,21 +22,26 @@
 # machine has them (a CUDA toolkit, or the nvidia-* Python wheels beside PyTorch). The exit
 # status is non-zero if any step failed; the report says which.
 #
-# GPU_CHECK_STEP_TIMEOUT (seconds, default 600) ends a check that runs longer (setup and build
-# excepted), reported as timed out, so that one hang does not take the other checks' time: on
-# a lease shorter than the checks together, set it lower. A step that fails otherwise is
-# reported with its exit status or the signal that ended it.
+# GPU_CHECK_STEP_TIMEOUT (seconds) ends a check that runs longer (setup and build excepted),
+# reported as timed out, so that one hang does not take the other checks' time. The default is
+# 600, or 120 where $OUT is set (under the device tool, whose command limit is 600 s for all
+# the checks together). A step that fails otherwise is reported with its exit status or the
+# signal that ended it.
 set -uo pipefail
 
+# Paths the caller gives are relative to where it stands, not to the repository.
+CALLER="$PWD"
+from_caller() { [[ "$1" == /* ]] && echo "$1" || echo "$CALLER/$1"; }
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 # Every executable `cargo build --release --all-targets` writes, one `kind<TAB>name<TAB>path`
 # per line (a path may hold spaces); the compiler's errors go to stderr. The bin's unit-test
 # harness is left out: it shares the bin's kind and name, and picking it instead of the CLI
-# gave a bundle whose `pipetransformer` rejects every option.
+# gave a bundle whose `pipetransformer` rejects every option. Cargo's own messages (progress,
+# a crate it cannot fetch) stay on stderr.
 artifacts() {
-    cargo build --release --all-targets --message-format=json 2>/dev/null | python3 -c '
+    cargo build --release --all-targets --message-format=json | python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
@@ -48,7 +54,7 @@ for line in sys.stdin:
 }
 
 if [[ "${1:-}" == "--bundle" ]]; then
-    DIR="${2:?usage: scripts/gpu-check.sh --bundle DIR}"
+    DIR="$(from_caller "${2:?usage: scripts/gpu-check.sh --bundle DIR}")"
     set -e
     # DIR is replaced whole: only an earlier bundle (it holds the marker) or an empty folder.
     if [[ -e "$DIR" && ! -f "$DIR/.gpu-check-bundle" ]] && [[ -n "$(ls -A "$DIR" 2>/dev/null)" || ! -d "$DIR" ]]; then
@@ -88,14 +94,18 @@ if [[ "${1:-}" == "--prebuilt" ]]; then
     # A wrong folder must stop here: falling through to the build would fetch and compile on
     # a node that has neither network nor cargo.
     [[ $# -ge 2 ]] || { echo "usage: scripts/gpu-check.sh --prebuilt DIR [REPORT]" >&2; exit 2; }
-    PREBUILT="$(cd "$2" 2>/dev/null && pwd)" || { echo "gpu-check: --prebuilt $2: no such folder" >&2; exit 2; }
+    PREBUILT="$(cd "$(from_caller "$2")" 2>/dev/null && pwd)" || { echo "gpu-check: --prebuilt $2: no such folder" >&2; exit 2; }
     [[ -f "$PREBUILT/.gpu-check-bundle" ]] ||
         { echo "gpu-check: --prebuilt $2: not a bundle (make one with --bundle DIR)" >&2; exit 2; }
     shift 2
 fi
-REPORT="${1:-$ROOT/gpu-check-report.md}"
+REPORT="$(from_caller "${1:-${OUT:+$OUT/}gpu-check-report.md}")"
 FAILED=0
-STEP_TIMEOUT="${GPU_CHECK_STEP_TIMEOUT:-600}"
+STEP_TIMEOUT="${GPU_CHECK_STEP_TIMEOUT:-$([[ -n "${OUT:-}" ]] && echo 120 || echo 600)}"
+if [[ -z "$PREBUILT" ]] && ! command -v cargo >/dev/null; then
+    echo "gpu-check: no cargo here to build with; on a machine without it, use --prebuilt DIR (a bundle from --bundle DIR)" >&2
+    exit 2
+fi
 # The steps' scratch folders, under one removed on exit (a step ended by its timeout cannot
 # remove its own).
 WORK="$(mktemp -d)"
@@ -203,7 +213,14 @@ export -f bubble_on_one_gpu two_on_one_gpu
 
 if [[ -n "$PREBUILT" ]]; then
     export PT_CUDA_HOME="$PREBUILT/cuda" XDG_CACHE_HOME="$PREBUILT/cache"
-    [[ -d "$PT_CUDA_HOME" ]] || tar -C "$PREBUILT" -xJf "$PREBUILT/cuda.tar.xz"
+    # Unpacked beside, then moved in whole: a cut-short unpack leaves no half folder that the
+    # next run would take for a complete one.
+    if [[ ! -d "$PT_CUDA_HOME" ]]; then
+        unpack="$(mktemp -d -p "$PREBUILT")"
+        tar -C "$unpack" -xJf "$PREBUILT/cuda.tar.xz" && mv "$unpack/cuda" "$PT_CUDA_HOME" ||
+            { echo "gpu-check: could not unpack $PREBUILT/cuda.tar.xz (see above)" | tee -a "$REPORT" >&2; rm -rf "$unpack"; exit 1; }
+        rm -rf "$unpack"
+    fi
     mkdir -p data && cp -rn "$PREBUILT/data/." data/
     PT="$PREBUILT/bin/pipetransformer"
     TEST_KERNELS=("$PREBUILT/bin/test-kernels")
@@ -211,8 +228,10 @@ if [[ -n "$PREBUILT" ]]; then
     TEST_TERAPIPE=("$PREBUILT/bin/test-terapipe" cuda_emu)
     BENCH_KERNELS=("$PREBUILT/bin/bench-kernels" --bench)
 else
+    # Without the wheels or the build, every check after would fail for the same reason.
     STEP_TIMEOUT=0 step "setup (CUDA wheels, data)" bash scripts/setup.sh cuda nccl hamlet digits
-    STEP_TIMEOUT=0 step "build" cargo build --release --all-targets
+    ((FAILED == 0)) && STEP_TIMEOUT=0 step "build" cargo build --release --all-targets
+    ((FAILED == 0)) || { echo "report: $REPORT (setup or build failed: no check ran)"; exit 1; }
     PT="target/release/pipetransformer"
     TEST_KERNELS=(cargo test --release --test kernels --)
     TEST_TRAINING=(cargo test --release --test emu_training --)

@@ -114,9 +114,12 @@ impl StepTiming {
     }
 }
 
+/// The middle value, or the mean of the two middle ones (as Python's `statistics.median`,
+/// which the PyTorch side of `bench-step` uses).
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    let n = v.len();
+    if n.is_multiple_of(2) { (v[n / 2 - 1] + v[n / 2]) / 2.0 } else { v[n / 2] }
 }
 
 /// Each step's time against its FLOPs at the rate of the GEMM timed right after it, the
@@ -150,6 +153,7 @@ pub fn time_step<D: Device>(
     for _ in 0..warmup {
         train_step(dev, &mut model, &mut optimizer, &batch_dev, 1e-4, Some(1.0))?;
     }
+    dev.synchronize()?; // (a GPU's queued warm-up is not the first timed step's)
     crate::debug::take_op_times(); // the warm-up's
     let (mut times, mut rates) = (Vec::new(), Vec::new()); // (not reserved: `--steps` may be any number)
     for _ in 0..steps.max(1) {
@@ -480,6 +484,14 @@ mod tests {
             paired_ratio: None,
         };
         assert!((t.floor_ratio().unwrap() - 0.6).abs() < 1e-12);
+    }
+
+    /// The median of an even count is the mean of its two middle values, as the PyTorch side's
+    /// `statistics.median` takes it: the two columns of `bench-step` are read alike.
+    #[test]
+    fn an_even_count_has_the_mean_of_its_middle_two_as_median() {
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
     }
 
     #[test]

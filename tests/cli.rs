@@ -1966,6 +1966,33 @@ fn a_model_of_another_kind_than_its_dataset_is_refused_before_anything_is_writte
         &format!("model.pretrained={model}/model"),
     ]);
     assert!(ok && out.contains("warning: model.config (a ViT) is set, but model.pretrained"), "{out}");
+    // A pretrained ViT whose processor normalises its pixels (as Google's do) has that folded
+    // into its patch embedding, said as it loads; an export of this engine's, read at its own
+    // scale, has nothing to fold.
+    let normalising = dir.join("normalising");
+    std::fs::create_dir(&normalising).unwrap();
+    for file in std::fs::read_dir(dir.join("run").join("model")).unwrap() {
+        let file = file.unwrap().path();
+        std::fs::copy(&file, normalising.join(file.file_name().unwrap())).unwrap();
+    }
+    let processor = normalising.join("preprocessor_config.json");
+    let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&processor).unwrap()).unwrap();
+    json["do_normalize"] = true.into();
+    json["image_mean"] = serde_json::json!([0.5]);
+    json["image_std"] = serde_json::json!([0.5]);
+    std::fs::write(&processor, json.to_string()).unwrap();
+    for (i, (pretrained, folds)) in [(dir.join("run").join("model"), false), (normalising, true)].iter().enumerate() {
+        let (ok, out) = pipetransformer(
+            &[
+                &args[..2],
+                &["configs/vit-digits.toml", "--set", "train.max_steps=1", "--set", "data.test_limit=8", "--set"],
+                &[&format!("output.dir={}", dir.join(format!("fine-tuned-{i}")).display()), "--set"],
+                &[&format!("model.pretrained={}", pretrained.display())],
+            ]
+            .concat(),
+        );
+        assert!(ok && out.contains("folded into the patch embedding") == *folds, "{out}");
+    }
     // An empty input to an image model is named as such (not as a value that is no pixel).
     let (ok, out) = pipetransformer(&["predict", "--model", &model, "--format", "json", ""]);
     assert!(!ok && out.contains("an empty input; expected a CSV row of 64 pixels"), "{out}");

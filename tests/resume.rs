@@ -160,6 +160,42 @@ fn a_run_resumed_in_another_shape_keeps_it_and_follows_the_straight_run() {
     }
 }
 
+/// A checkpoint whose plan cannot run here (two replicas, one device) is refused before the
+/// frozen prefix it recorded is applied: the run trains on as a fresh one does, loss and
+/// gradient norm at every step, where a load that froze first and failed after would have left
+/// units frozen and their optimizer state gone.
+#[test]
+fn a_refused_plan_leaves_the_frozen_prefix_as_it_was() {
+    let config = common::tiny_bert(pipetransformer::model::Pooling::Mean, 0.1);
+    let src = Synthetic { config: config.clone(), fail_at: None };
+    let on = |devices: usize, replicas: usize| {
+        let devices = (0..devices).map(|i| CpuDevice::<f32>::new(i, 1).unwrap()).collect();
+        let plan = PipelineConfig { replicas, ..Default::default() };
+        common::trainer_on(&config, 3, devices, plan, train_config(), 4)
+    };
+    let steps = |t: &mut Trainer<CpuDevice<f32>>| {
+        let mut seen = Vec::new();
+        t.fit(&src, Some(3), &mut (), &mut |e| {
+            if let Event::Step { loss, grad_norm, .. } = e {
+                seen.push((*loss, *grad_norm))
+            }
+        })
+        .unwrap();
+        seen
+    };
+    let path = tmp("refused-plan");
+    let mut first = on(2, 2);
+    steps(&mut first);
+    first.pipeline.freeze_prefix(2).unwrap();
+    first.save_checkpoint(&path, serde_json::Value::Null).unwrap();
+    let mut second = on(1, 1);
+    let err = second.load_checkpoint_with(&path, RecordedPlan::Restore).map(drop).unwrap_err().to_string();
+    assert!(err.contains("cannot run here"), "{err}");
+    assert_eq!((second.pipeline.frozen_prefix(), second.position.step), (0, 0));
+    assert_eq!(steps(&mut second), steps(&mut on(1, 1)), "(loss, gradient norm) per step");
+    std::fs::remove_file(&path).unwrap();
+}
+
 /// A resume lists the training settings that changed since the checkpoint, a table's by its
 /// own keys, and nothing else.
 #[test]

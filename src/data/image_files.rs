@@ -57,6 +57,24 @@ impl StoredImage {
         StoredImage { shape: (w, h, c), values: Values::Scaled(pixels), max, alpha }
     }
 
+    /// The image with `channels` channels: as it is, or a one-channel image as RGB, its plane
+    /// three times (Pillow's `convert("RGB")`, which torchvision's image folders apply to every
+    /// file: a grayscale JPEG among colour ones reads as they do); `None` for any other pair.
+    pub fn with_channels(self, channels: usize) -> Option<Self> {
+        let (w, h, c) = self.shape;
+        match (c, channels) {
+            _ if c == channels => Some(self),
+            (1, 3) => {
+                let values = match self.values {
+                    Values::Levels(levels) => Values::Levels(levels.repeat(3)),
+                    Values::Scaled(pixels) => Values::Scaled(pixels.repeat(3)),
+                };
+                Some(StoredImage { shape: (w, h, 3), values, ..self })
+            }
+            _ => None,
+        }
+    }
+
     /// The pixels as [`read_image_file`] gives them.
     pub fn into_pixels(self) -> ImagePixels {
         let (w, h, c) = self.shape;

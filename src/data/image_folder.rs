@@ -212,13 +212,13 @@ fn images(
                 "is {w}×{h}; expected square images (or set data.resize_to to the model's image_size to resize each)"
             ));
         }
-        if c != channels {
+        let Some(image) = image.with_channels(channels) else {
             let dropped = if alpha { " (its alpha channel dropped)" } else { "" };
             return bad(format!(
                 "has {c} channel(s){dropped}, but data.channels = {channels}; set data.channels (and the model's \
-                 num_channels) to the images'"
+                 num_channels) to the images' (with 3, a grayscale image reads as RGB)"
             ));
-        }
+        };
         Ok(match resize_to {
             Some(side) => (image.resized(side), side, max, (w, h)),
             None => (image.into_pixels().3, w, max, (w, h)),

@@ -708,6 +708,17 @@ fn a_users_images_are_read_from_class_folders() {
     let red = &set.samples()[1];
     assert_eq!((red.label, red.channels, red.width), (1, 3, 2));
     assert_eq!(red.pixels, [vec![1.0; 4], vec![0.0; 4], vec![0.2; 4]].concat());
+    // A grayscale image among them reads as RGB (its plane three times, as Pillow's
+    // convert("RGB")), resized or not; among grayscale ones, an RGB image is still refused.
+    dir.write("rgb/red/b.pgm", &pgm(2, 2, 51));
+    for resize in [None, Some(1)] {
+        let (set, _, _) = labelled_image_files(&at("rgb"), None, 255, 3, resize).unwrap();
+        let gray = &set.samples()[2];
+        assert_eq!((gray.label, gray.channels), (1, 3));
+        let plane = &gray.pixels[..gray.pixels.len() / 3];
+        assert!(plane.iter().all(|&v| v == 0.2), "{plane:?}");
+        assert_eq!(gray.pixels, plane.repeat(3));
+    }
     // PGMs of another maximum are divided by it, and it is the data's scale.
     dir.write("deep/a/x.pgm", b"P5\n1 1\n16\n\x08");
     dir.write("deep/b/x.pgm", b"P5\n1 1\n16\n\x10");
@@ -804,7 +815,8 @@ fn a_users_images_are_read_from_class_folders() {
             1,
             none,
             "rgb/blue/a.png",
-            "has 3 channel(s), but data.channels = 1; set data.channels (and the model's num_channels) to the images'"
+            "has 3 channel(s), but data.channels = 1; set data.channels (and the model's num_channels) to the images' \
+             (with 3, a grayscale image reads as RGB)"
                 .into(),
         ),
         (
@@ -813,7 +825,7 @@ fn a_users_images_are_read_from_class_folders() {
             none,
             "rgba/a/x.png",
             "has 3 channel(s) (its alpha channel dropped), but data.channels = 1; set data.channels (and the model's \
-             num_channels) to the images'"
+             num_channels) to the images' (with 3, a grayscale image reads as RGB)"
                 .into(),
         ),
         (

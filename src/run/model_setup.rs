@@ -55,8 +55,27 @@ pub fn build_model<D: Device>(
             // Drawn only where the file has no weights (the new head), as a random build would.
             let (mut model, deferred) = Model::new_for_loading(dev, &model_config, m.seed, keep)?;
             let file = weights::load_safetensors(dir.join(weights::WEIGHTS_FILE))?;
-            let report = weights::load_into_model(&mut model, dev, &file, &LoadOptions::default())?;
+            let mut report = weights::load_into_model(&mut model, dev, &file, &LoadOptions::default())?;
             deferred.draw(&mut model, dev, &report.missing)?;
+            if let ModelConfig::Vit(c) = &model_config {
+                // The pixels its processor fed it, from this run's: folded into the patch
+                // embedding (a Google ViT's `(x/255 − 0.5)/0.5`, where this run feeds `x/255`).
+                let path = dir.join(weights::PREPROCESSOR_FILE);
+                let data_max = f64::from(info.pixel_max.unwrap_or(255));
+                if let Some(t) =
+                    weights::read_pixel_transform(&path, c.num_channels)?.filter(|t| !t.is_identity(data_max))
+                {
+                    t.fold_into(&mut model, dev, data_max)?;
+                    report.folded = Some(format!(
+                        "{}'s pixel preprocessing (rescale {}, mean {:?}, std {:?}) folded into the patch embedding, \
+                         which now takes this run's pixels (raw values / {data_max})",
+                        path.display(),
+                        t.scale,
+                        t.mean,
+                        t.std
+                    ));
+                }
+            }
             Ok((model, model_config, Some(report)))
         }
         (None, Some(c)) => {

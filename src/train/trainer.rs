@@ -768,12 +768,24 @@ impl<D: Device> Trainer<D> {
                 "holds parameter `{extra}`, which this model lacks: the model (model.*) changed since"
             )));
         }
+        // (Each buffer checked against its parameter here, as the optimizers will on loading:
+        // refused there, the frozen prefix below would already have changed.)
         for ps in &mut opt.params {
-            let ParamState { name, buffers, .. } = ps;
+            let ParamState { name, buffers, len, .. } = ps;
+            let numel = values
+                .get(name.as_str())
+                .map(Vec::len)
+                .ok_or_else(|| bad(format!("optimizer state for `{name}`, a parameter the model lacks")))?;
             for i in 0..self.config.optimizer.state_buffers() {
                 let t = by_name
                     .remove(&format!("opt/{name}/{i}"))
                     .ok_or_else(|| bad(format!("optimizer buffer {i} of `{name}` is missing")))?;
+                if t.len() != numel || *len != numel {
+                    return Err(bad(format!(
+                        "optimizer buffer {i} of `{name}` has {} values, the parameter {numel}",
+                        t.len()
+                    )));
+                }
                 buffers.push(t);
             }
         }
@@ -781,7 +793,6 @@ impl<D: Device> Trainer<D> {
         if frozen > units || frozen < self.pipeline.frozen_prefix() {
             return Err(bad(format!("frozen prefix {frozen} does not fit the model's {units} units")));
         }
-        self.pipeline.freeze_prefix(frozen)?;
         let in_force = self.pipeline.plan();
         let reshaped = |r: &PipelineConfig, slices: bool| {
             !r.same_shape(&in_force.config) || (slices && r.token_slices != in_force.config.token_slices)
@@ -791,6 +802,16 @@ impl<D: Device> Trainer<D> {
         // where the recorded plan can carry it (not zb-h1) and, under a
         // memory limit, it recomputes no less (restored stages are not judged against the
         // limit again). Otherwise the two differ in shape.
+        let plan_refused = |r: &PipelineConfig, e: Error| {
+            let shape = format!("K={} R={} M={}", r.pipeline_len, r.replicas, r.micro_batches);
+            match e {
+                // More devices than this run has: a setting of the run's, by its config key.
+                Error::Config { field, message } if field == "devices" => {
+                    changed(format!("its plan ({shape}) cannot run here: {message} (pipeline.devices)"))
+                }
+                e => bad(format!("plan: {e}")),
+            }
+        };
         let recompute = in_force.config.recompute;
         let limited = in_force.config.memory_limit.is_some();
         let takes_own =
@@ -803,6 +824,10 @@ impl<D: Device> Trainer<D> {
             true => SavedPlan { config: PipelineConfig { recompute, ..r.config }, ..r },
             false => r,
         });
+        // The plan to restore is checked before the frozen prefix changes (a freeze lets go of
+        // optimizer state: a refused load must leave the run as it was), and adopted after
+        // (its stages costed with the prefix frozen).
+        let mut replan = None;
         let reshaped_from = match recorded {
             Some(r) if matches!(plan, RecordedPlan::UnlessReshaped { slices } if reshaped(&r.config, slices)) => {
                 Some(r.config)
@@ -823,20 +848,21 @@ impl<D: Device> Trainer<D> {
                 let batch =
                     self.batch_size.map_or(r.config.replicas * r.config.micro_batches, |b| b * batches_per_step);
                 // (A count of 0, from a damaged file, is refused by the re-plan below.)
-                let samples = samples_per_micro_batch(batch, r.config.replicas, r.config.micro_batches);
-                let profiles = self.profiles_for(samples.max(1), 0);
-                let shape = format!("K={} R={} M={}", r.config.pipeline_len, r.config.replicas, r.config.micro_batches);
-                self.pipeline.replan_to_stages(r.config, &profiles, r.stages).map_err(|e| match e {
-                    // More devices than this run has: a setting of the run's, by its config key.
-                    Error::Config { field, message } if field == "devices" => {
-                        changed(format!("its plan ({shape}) cannot run here: {message} (pipeline.devices)"))
-                    }
-                    e => bad(format!("plan: {e}")),
-                })?;
+                let samples = samples_per_micro_batch(batch, r.config.replicas, r.config.micro_batches).max(1);
+                self.pipeline
+                    .check_stages(&r.config, &self.profiles_for(samples, 0), &r.stages)
+                    .map_err(|e| plan_refused(&r.config, e))?;
+                replan = Some((r, samples));
                 None
             }
             _ => None,
         };
+        self.pipeline.freeze_prefix(frozen)?;
+        if let Some((r, samples)) = replan {
+            let profiles = self.profiles_for(samples, 0);
+            let config = r.config.clone();
+            self.pipeline.replan_to_stages(r.config, &profiles, r.stages).map_err(|e| plan_refused(&config, e))?;
+        }
         // (A checkpoint of a version before model selection, or whose run kept its best by
         // another metric, starts the selection afresh.)
         let selection: Option<Selection> = serde_json::from_value(field("selection")).ok();

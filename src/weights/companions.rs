@@ -229,7 +229,9 @@ pub(crate) fn char_tokenizer_json(vocab: Value) -> Value {
 /// `preprocessor_config.json` describing what the model was fed: the image as is, or where
 /// `resize`, resized to `size` (the model's `image_size`) by PIL's bilinear filter (`resample`
 /// 2); `value / pixel_max` (so pixels lie in [0, 1]), no normalisation (mean 0, std 1 per
-/// channel), and no conversion to RGB (a 1-channel model takes grayscale).
+/// channel), and conversion to RGB for a 3-channel model only (a grayscale image then reads
+/// as its plane three times, as the run's image folders and `predict` read it; a 1-channel
+/// model takes grayscale).
 fn vit_files(c: &VitConfig, pixel_max: Option<u32>, resize: bool, dir: &Path) -> Result<Vec<PathBuf>> {
     let max = pixel_max.unwrap_or(DEFAULT_PIXEL_MAX);
     if max == 0 {
@@ -245,7 +247,7 @@ fn vit_files(c: &VitConfig, pixel_max: Option<u32>, resize: bool, dir: &Path) ->
         "do_normalize": false,
         "image_mean": vec![0.0; c.num_channels],
         "image_std": vec![1.0; c.num_channels],
-        "do_convert_rgb": false,
+        "do_convert_rgb": c.num_channels == 3,
     });
     let path = dir.join(PREPROCESSOR_FILE);
     write_json(&path, &config)?;

@@ -84,6 +84,9 @@ pub struct LoadReport {
     /// Parameters matched and checked but not set: [hollow](crate::model::Param::hollow)
     /// here, since another stage process holds them.
     pub held_elsewhere: Vec<String>,
+    /// What was folded into the loaded weights after the load, if anything (a pretrained ViT's
+    /// pixel preprocessing: [`PixelTransform`](super::PixelTransform)).
+    pub folded: Option<String>,
 }
 
 impl fmt::Display for LoadReport {
@@ -102,6 +105,9 @@ impl fmt::Display for LoadReport {
         }
         if !self.held_elsewhere.is_empty() {
             write!(f, "; {} held by other processes", self.held_elsewhere.len())?;
+        }
+        if let Some(folded) = &self.folded {
+            write!(f, "; {folded}")?;
         }
         Ok(())
     }

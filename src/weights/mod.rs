@@ -9,6 +9,7 @@
 //! | `layout.rs` | tensor names and layouts of an export: BERT under `bert.` + `classifier.*` (`BertForSequenceClassification`), ViT as is, GPT as GPT-2 (`c_attn` fused, `Conv1D` transposed) |
 //! | `export.rs` | [`export_model`]: a model → `model.safetensors` + `config.json` + companions, all written atomically |
 //! | `companions.rs` | [`ExportExtras`] (class names, tokenizer directory, characters, …) and the companion files: the BERT tokenizer and sentence-transformers modules, a character GPT's `vocab.json` + `tokenizer.json`, a ViT's `preprocessor_config.json` |
+//! | `pixels.rs` | [`PixelTransform`]: a pretrained ViT's `preprocessor_config.json` (rescale, per-channel normalisation) folded into its patch embedding, so it takes this engine's pixels |
 //! | `read.rs` | [`read_export`]: an export directory → [`ExportedModel`] (config, weights path, class names, tokenizer, characters, pixel scale), each file checked with errors that name it |
 //!
 //! What an export loads as in Python (checked by `scripts/check_export.py`, run from
@@ -69,6 +70,7 @@ pub mod export;
 pub mod hf_config;
 mod layout;
 pub mod load;
+pub mod pixels;
 pub mod read;
 pub mod safetensors;
 
@@ -77,5 +79,6 @@ pub use export::{CONFIG_FILE, ExportReport, WEIGHTS_FILE, export_model, export_v
 pub use hf_config::{OWN_GPT_MODEL_TYPE, hf_architecture, hf_config_json, parse_hf_config, read_hf_config};
 pub use layout::HostTensor;
 pub use load::{LoadOptions, LoadReport, load_into_model};
+pub use pixels::{PixelTransform, read_pixel_transform};
 pub use read::{ExportedModel, read_export};
 pub use safetensors::{Dtype, TensorFile, TensorInfo, TensorRef, load_safetensors, write_safetensors};

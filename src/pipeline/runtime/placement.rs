@@ -51,12 +51,33 @@ impl<D: Device> Pipeline<D> {
         profiles: &[UnitProfile],
         stages: Vec<std::ops::Range<usize>>,
     ) -> Result<()> {
+        let plan = self.plan_of_stages(config, profiles, stages)?;
+        self.adopt(plan)
+    }
+
+    /// Whether [`replan_to_stages`](Self::replan_to_stages) would take these stages, changing
+    /// nothing: for a caller that must change other state first (a checkpoint's frozen prefix)
+    /// and may not leave it changed when the plan is refused.
+    pub fn check_stages(
+        &self,
+        config: &PipelineConfig,
+        profiles: &[UnitProfile],
+        stages: &[std::ops::Range<usize>],
+    ) -> Result<()> {
+        self.plan_of_stages(config.clone(), profiles, stages.to_vec()).map(drop)
+    }
+
+    fn plan_of_stages(
+        &self,
+        config: PipelineConfig,
+        profiles: &[UnitProfile],
+        stages: Vec<std::ops::Range<usize>>,
+    ) -> Result<Plan> {
         self.refuse_across_processes("replan")?;
         let names = unit_names(self.stages[0].iter().flatten());
         // A recorded plan ran already: it is restored as it was, not judged again against the
         // memory limit (which later re-plans keep to).
-        let plan = Plan::with_stages(config, profiles, names, self.devices.len(), stages)?;
-        self.adopt(plan)
+        Plan::with_stages(config, profiles, names, self.devices.len(), stages)
     }
 
     /// Runs `m` micro-batches per replica, each cut into `token_slices` (none: whole), from the

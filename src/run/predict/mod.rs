@@ -496,10 +496,14 @@ impl<D: Device> Predictor<D> {
             return Err(config_error("input", format!("this {:?} model does not read images", self.family())));
         };
         let (w, h, c) = image.shape;
-        if resize && c == channels {
+        // (A grayscale image for a colour model reads as RGB, as the run's image folders do.)
+        let Some(image) = image.with_channels(channels) else {
+            return Err(size_error(input, (w, h, c), size, channels));
+        };
+        if resize {
             return Ok(image.resized(size));
         }
-        check_size(input, w, h, c, size, channels)?;
+        check_size(input, w, h, channels, size, channels)?;
         Ok(image.into_pixels().3)
     }
 
@@ -681,13 +685,17 @@ fn batch_size_error() -> Error {
 }
 
 fn check_size(input: &str, w: usize, h: usize, c: usize, size: usize, channels: usize) -> Result<()> {
-    if (w, h, c) == (size, size, channels) {
-        return Ok(());
+    match (w, h, c) == (size, size, channels) {
+        true => Ok(()),
+        false => Err(size_error(input, (w, h, c), size, channels)),
     }
-    Err(data_error(
+}
+
+fn size_error(input: &str, (w, h, c): (usize, usize, usize), size: usize, channels: usize) -> Error {
+    data_error(
         "input",
         format!("{input}: a {w}×{h} image with {c} channel(s); the model takes {size}×{size} with {channels}"),
-    ))
+    )
 }
 
 /// Probabilities of `logits / temperature` (computed in f64).

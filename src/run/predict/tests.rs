@@ -505,6 +505,43 @@ fn tiny_vit_predictor(name: &str) -> (crate::files::Scratch, Predictor<crate::de
     (scratch, predictor)
 }
 
+/// A grayscale image given to a colour model reads as RGB, its plane three times (as the run's
+/// image folders read it): answered as the RGB image of three equal planes is, where a model
+/// of one channel refuses an RGB image by its channels.
+#[test]
+fn a_grayscale_image_reads_as_rgb_for_a_colour_model() {
+    let dev = crate::device::CpuDevice::<f32>::new(0, 1).unwrap();
+    let crate::model::ModelConfig::Vit(gray) = crate::model::tiny::tiny_gray_vit() else { unreachable!() };
+    let config = crate::model::ModelConfig::Vit(crate::model::VitConfig { num_channels: 3, ..gray });
+    let scratch = crate::files::Scratch::new("predict-gray-as-rgb");
+    let labels = ["a".to_string(), "b".to_string()];
+    let extras = weights::ExportExtras { labels: &labels, pixel_max: Some(255), ..Default::default() };
+    weights::export_model(&Model::new(&dev, &config, 1).unwrap(), &dev, &config, &extras, &scratch).unwrap();
+    let p = Predictor::load(dev, &scratch).unwrap();
+    let gray = pgm(4, 5);
+    let plane = &gray[gray.len() - 16..];
+    let mut rgb = Vec::new();
+    {
+        let mut enc = png::Encoder::new(&mut rgb, 4, 4);
+        enc.set_color(png::ColorType::Rgb);
+        enc.set_depth(png::BitDepth::Eight);
+        let interleaved: Vec<u8> = plane.iter().flat_map(|&v| [v, v, v]).collect();
+        enc.write_header().unwrap().write_image_data(&interleaved).unwrap();
+    }
+    let (gray_file, rgb_file) = (scratch.join("gray.pgm"), scratch.join("rgb.png"));
+    std::fs::write(&gray_file, &gray).unwrap();
+    std::fs::write(&rgb_file, &rgb).unwrap();
+    let json = options(2, Sampling::default(), OutputFormat::JsonLines);
+    let (r, out) = run(&p, &[gray_file.to_str().unwrap(), rgb_file.to_str().unwrap()], &json);
+    assert_eq!(r.unwrap(), (2, 0), "{out}");
+    let lines: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(lines[0]["probabilities"].is_object(), "{out}");
+    assert_eq!(lines[0]["probabilities"], lines[1]["probabilities"], "{out}");
+    let (_, gray_model) = tiny_vit_predictor("predict-rgb-for-gray");
+    let (_, out) = run(&gray_model, &[rgb_file.to_str().unwrap()], &json);
+    assert!(out.contains("a 4×4 image with 3 channel(s); the model takes 4×4 with 1"), "{out}");
+}
+
 fn options(batch_size: usize, sampling: Sampling, format: OutputFormat) -> PredictOptions {
     PredictOptions { batch_size, sampling, format }
 }
