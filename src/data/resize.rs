@@ -14,9 +14,10 @@
 /// not kept: a square model input from an oblong image, as `Resize((n, n))`). 8-bit images
 /// (`max` 255) are resized as Pillow up to 12 resizes an 8-bit image, what `ViTImageProcessor`
 /// and torchvision's `Resize` do with one: in whole levels, bit for bit (Pillow 13: the module's
-/// note). Any other depth in floating point, as Pillow resizes a float (`F`) image (Pillow
-/// resizes a 16-bit image in whole levels of 65535, and opens a PGM of a maximum under 255 as
-/// 8-bit: within about 1e-5 of ours).
+/// note). Any other depth in floating point, as Pillow resizes a float (`F`) image. (Pillow
+/// opens a PGM of a maximum over 255 in whole levels of 65535: within about 1e-5 of ours. One
+/// of a maximum `m` under 255 it opens as 8-bit, `v` as the level `round(v/m · 255)`, ties to
+/// even (checked for every `m` against Pillow 13): up to half a level, 2e-3, from our `v/m`.)
 pub fn resize_image(pixels: &[f32], max: u32, channels: usize, from: (usize, usize), to: (usize, usize)) -> Vec<f32> {
     if max != 255 {
         return resize_bilinear(pixels, channels, from, to);

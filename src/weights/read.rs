@@ -40,6 +40,12 @@ pub struct ExportedModel {
     /// bilinear filter (ViT: `preprocessor_config.json`'s `do_resize`), as the run resized its
     /// images (`data.resize_to`).
     pub resize: bool,
+    /// A ViT's per-channel normalisation (`preprocessor_config.json`'s `do_normalize`,
+    /// `image_mean`, `image_std`, read as `ViTImageProcessor` reads them), where it is not the
+    /// identity; its `scale` is [`pixel_scale`](Self::pixel_scale). This engine's exports have
+    /// none (a pretrained model's is folded into its weights as it trains): a model exported
+    /// elsewhere may.
+    pub normalization: Option<super::PixelTransform>,
     /// The longest input the run trained on, in tokens (`sentence_bert_config.json`'s
     /// `max_seq_length`); `None` without that file.
     pub max_seq_length: Option<usize>,
@@ -111,12 +117,16 @@ pub fn read_export(dir: impl AsRef<Path>) -> Result<ExportedModel> {
         ModelConfig::Gpt(c) => read_chars(&dir.join(VOCAB_FILE), c.vocab_size)?,
         _ => Vec::new(),
     };
-    let (pixel_scale, resize) = match &config {
+    let (pixel_scale, resize, normalization) = match &config {
         ModelConfig::Vit(c) => {
-            let (scale, resize) = read_preprocessing(&dir.join(PREPROCESSOR_FILE), c.image_size)?;
-            (Some(scale), resize)
+            let path = dir.join(PREPROCESSOR_FILE);
+            let (scale, resize) = read_preprocessing(&path, c.image_size)?;
+            let normalization = super::read_pixel_transform(&path, c.num_channels)?
+                .map(|t| super::PixelTransform { scale, ..t })
+                .filter(|t| !t.is_identity(1.0 / scale));
+            (Some(scale), resize, normalization)
         }
-        _ => (None, false),
+        _ => (None, false, None),
     };
     let tokenizer = Some(dir.join(TOKENIZER_FILE)).filter(|p| p.is_file());
     let max_seq_length = read_max_seq_length(&dir.join(SENTENCE_CONFIG_FILE))?;
@@ -130,6 +140,7 @@ pub fn read_export(dir: impl AsRef<Path>) -> Result<ExportedModel> {
         chars,
         pixel_scale,
         resize,
+        normalization,
         max_seq_length,
         trained_on,
     })
@@ -231,8 +242,7 @@ fn chars_by_id(path: &Path, map: &Map<String, Value>, vocab_size: usize) -> Resu
 
 /// `rescale_factor` of a ViT's `preprocessor_config.json` (1 when `do_rescale` is false), and
 /// `do_resize`, whose `size` must then be the model's `image_size` square (what our resizing
-/// makes). Normalisation is refused: our image pipeline feeds rescaled pixels as they are,
-/// which is what every export of this engine describes.
+/// makes). (Its normalisation: [`super::read_pixel_transform`].)
 ///
 /// The file is required: the scale differs by dataset (1/255 for 8-bit images, 1/16 for
 /// scikit-learn's digits) and nothing else in the export records it, so a guessed one would
@@ -249,9 +259,6 @@ fn read_preprocessing(path: &Path, image_size: usize) -> Result<(f64, bool)> {
              {\"do_rescale\": true, \"rescale_factor\": 0.0625, \"do_normalize\": false} for digits",
         ));
     };
-    if json.get("do_normalize").and_then(Value::as_bool) == Some(true) {
-        return Err(export_error(path, "`do_normalize` is true; expected false (pixels are fed un-normalised)"));
-    }
     let resize = json.get("do_resize").and_then(Value::as_bool) == Some(true);
     let side = |key: &str| json.get("size").and_then(|s| s.get(key)).and_then(Value::as_u64);
     if resize && (side("height"), side("width")) != (Some(image_size as u64), Some(image_size as u64)) {
@@ -442,15 +449,29 @@ mod tests {
     }
 
     #[test]
-    fn an_image_preprocessor_must_describe_our_pipeline() {
+    fn an_image_preprocessor_is_read_as_vit_image_processor_reads_it() {
         let config = crate::model::tiny::tiny_gray_vit();
         let dir = export("vit", &config, &ExportExtras { pixel_max: Some(16), ..Default::default() });
         assert_eq!(read_export(&dir).unwrap().pixel_scale, Some(1.0 / 16.0));
         let path = dir.join(PREPROCESSOR_FILE);
         let mut json: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(read_export(&dir).unwrap().normalization, None, "this engine's: none");
+        // A normalisation is read as `ViTImageProcessor` reads it: by its keys, or its
+        // defaults (mean and std 0.5) where `do_normalize` is left out.
         json["do_normalize"] = true.into();
+        json["image_mean"] = serde_json::json!([0.25]);
         std::fs::write(&path, json.to_string()).unwrap();
-        assert!(error_naming(&dir, "preprocessor_config.json").contains("`do_normalize` is true"));
+        let normalization = read_export(&dir).unwrap().normalization;
+        assert_eq!(
+            normalization,
+            Some(super::super::PixelTransform { scale: 1.0 / 16.0, mean: vec![0.25], std: vec![1.0] })
+        );
+        let object = json.as_object_mut().unwrap();
+        for key in ["do_normalize", "image_mean", "image_std"] {
+            object.remove(key);
+        }
+        std::fs::write(&path, json.to_string()).unwrap();
+        assert_eq!(read_export(&dir).unwrap().normalization.map(|t| (t.mean, t.std)), Some((vec![0.5], vec![0.5])));
         json["do_normalize"] = false.into();
         json["rescale_factor"] = (-1.0).into();
         std::fs::write(&path, json.to_string()).unwrap();

@@ -229,6 +229,11 @@ impl<D: Device> Predictor<D> {
         // is drawn first only to be overwritten.
         let (mut model, _) = Model::new_for_loading(&dev, &export.config, 0, &|_| true)?;
         fill(&mut model, &dev, &export)?;
+        if let Some(t) = &export.normalization {
+            // (A model exported elsewhere: its processor's normalisation goes into its patch
+            // embedding, which then takes the pixels read here, raw values × its scale.)
+            t.fold_into(&mut model, &dev, 1.0 / t.scale)?;
+        }
         let spec = model.spec().clone();
         let reader = match (spec.family, spec.input) {
             (Family::Gpt, _) => {

@@ -542,6 +542,29 @@ fn a_grayscale_image_reads_as_rgb_for_a_colour_model() {
     assert!(out.contains("a 4×4 image with 3 channel(s); the model takes 4×4 with 1"), "{out}");
 }
 
+/// An export whose processor normalises its pixels (a ViT exported elsewhere) is answered as
+/// its model answers the normalised pixels: the normalisation is folded into the patch
+/// embedding as it loads, where an export of this engine's has none to fold.
+#[test]
+fn an_exported_normalisation_is_applied_as_the_processor_would() {
+    let (scratch, original) = tiny_vit_predictor("predict-normalising");
+    let path = scratch.join(weights::PREPROCESSOR_FILE);
+    let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    json["do_normalize"] = true.into();
+    json["image_mean"] = serde_json::json!([0.25]);
+    json["image_std"] = serde_json::json!([0.5]);
+    std::fs::write(&path, json.to_string()).unwrap();
+    let normalising = Predictor::load(crate::device::CpuDevice::<f32>::new(0, 1).unwrap(), &scratch).unwrap();
+    let image: Vec<f32> = (0..16).map(|i| i as f32 / 15.0).collect();
+    let normalised: Vec<f32> = image.iter().map(|v| (v - 0.25) / 0.5).collect();
+    let probabilities = |p: &Predictor<crate::device::CpuDevice<f32>>, image: &[f32]| {
+        p.classify_images(&[image.to_vec()]).unwrap()[0].probabilities.iter().map(|(_, v)| *v).collect::<Vec<f64>>()
+    };
+    let (want, got) = (probabilities(&original, &normalised), probabilities(&normalising, &image));
+    assert!(want.iter().zip(&got).all(|(a, b)| (a - b).abs() < 1e-6), "{want:?} vs {got:?}");
+    assert_ne!(probabilities(&original, &image), want, "the normalisation changes the answer");
+}
+
 fn options(batch_size: usize, sampling: Sampling, format: OutputFormat) -> PredictOptions {
     PredictOptions { batch_size, sampling, format }
 }
