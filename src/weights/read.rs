@@ -242,7 +242,8 @@ fn chars_by_id(path: &Path, map: &Map<String, Value>, vocab_size: usize) -> Resu
 
 /// `rescale_factor` of a ViT's `preprocessor_config.json` (1 when `do_rescale` is false), and
 /// `do_resize`, whose `size` must then be the model's `image_size` square (what our resizing
-/// makes). (Its normalisation: [`super::read_pixel_transform`].)
+/// makes); as `ViTImageProcessor` reads it, a file without `do_resize` resizes, to `size` or
+/// its default 224 × 224. (Its normalisation: [`super::read_pixel_transform`].)
 ///
 /// The file is required: the scale differs by dataset (1/255 for 8-bit images, 1/16 for
 /// scikit-learn's digits) and nothing else in the export records it, so a guessed one would
@@ -256,18 +257,24 @@ fn read_preprocessing(path: &Path, image_size: usize) -> Result<(f64, bool)> {
              at (`rescale_factor`: raw values are multiplied by it, 1/255 for 8-bit images, 1/16 for \
              scikit-learn's digits), without which raw pixel rows would be read at a guessed scale and give \
              wrong predictions. Export the model again, or write the file, e.g. \
-             {\"do_rescale\": true, \"rescale_factor\": 0.0625, \"do_normalize\": false} for digits",
+             {\"do_rescale\": true, \"rescale_factor\": 0.0625, \"do_normalize\": false, \"do_resize\": false} for \
+             digits",
         ));
     };
-    let resize = json.get("do_resize").and_then(Value::as_bool) == Some(true);
-    let side = |key: &str| json.get("size").and_then(|s| s.get(key)).and_then(Value::as_u64);
+    let resize = json.get("do_resize").and_then(Value::as_bool) != Some(false);
+    let default_size = serde_json::json!({"height": 224, "width": 224});
+    let size = json.get("size").unwrap_or(&default_size);
+    let side = |key: &str| size.get(key).and_then(Value::as_u64);
     if resize && (side("height"), side("width")) != (Some(image_size as u64), Some(image_size as u64)) {
         return Err(export_error(
             path,
             format!(
                 "resizes to `size` {}; expected {{\"height\": {image_size}, \"width\": {image_size}}}, the model's \
                  image_size",
-                json.get("size").map_or("(none)".to_string(), Value::to_string)
+                json.get("size").map_or(
+                    "{\"height\": 224, \"width\": 224} (the default: the file gives none)".to_string(),
+                    Value::to_string
+                )
             ),
         ));
     }
@@ -476,10 +483,22 @@ mod tests {
         json["rescale_factor"] = (-1.0).into();
         std::fs::write(&path, json.to_string()).unwrap();
         assert!(error_naming(&dir, "preprocessor_config.json").contains("`rescale_factor`"));
-        // Resizing, read where its size is the model's; to another size, refused.
+        // Resizing, read where its size is the model's; to another size, refused; without
+        // `do_resize`, to `size` or 224 × 224, as `ViTImageProcessor` reads the file.
         json["rescale_factor"] = (1.0 / 255.0).into();
         std::fs::write(&path, json.to_string()).unwrap();
         assert!(!read_export(&dir).unwrap().resize);
+        let (mut unsaid, mut bare) = (json.clone(), json.clone());
+        unsaid.as_object_mut().unwrap().remove("do_resize");
+        std::fs::write(&path, unsaid.to_string()).unwrap();
+        assert!(read_export(&dir).unwrap().resize, "the model's size: {unsaid}");
+        for key in ["do_resize", "size"] {
+            bare.as_object_mut().unwrap().remove(key);
+        }
+        std::fs::write(&path, bare.to_string()).unwrap();
+        let e = error_naming(&dir, "preprocessor_config.json");
+        assert!(e.contains("224} (the default: the file gives none); expected {\"height\": 4"), "{e}");
+        std::fs::write(&path, json.to_string()).unwrap();
         json["do_resize"] = true.into();
         std::fs::write(&path, json.to_string()).unwrap();
         assert!(read_export(&dir).unwrap().resize);
