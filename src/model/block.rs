@@ -15,7 +15,7 @@ use super::kv_arena::{Kv, KvArena};
 use super::layers::{Held, INIT_STD, LayerNorm, LayerNormSaved, Linear, clone_buf, len_of};
 use super::param::Param;
 use crate::device::Device;
-use crate::error::Result;
+use crate::error::{Result, config_error};
 use crate::ops::attention::AttentionDims;
 use crate::ops::gelu::Activation;
 use std::sync::Arc;
@@ -233,6 +233,13 @@ impl<D: Device> AttentionUnit<D> {
         train: bool,
         arena: Option<&mut KvArena<D>>,
     ) -> Result<(D::Buf, Option<AttentionSaved<D>>)> {
+        if arena.is_some() && !self.causal && batch.seq != batch.whole_seq {
+            // A slice of a bidirectional encoder would attend to its earlier tokens only.
+            return Err(config_error(
+                "pipeline.token_slices",
+                "token slices need a causal language model (a GPT): a BERT's or ViT's tokens attend to later ones too",
+            ));
+        }
         let rows = batch.rows();
         let d = self.dims(batch, train);
         self.residual.forward(dev, batch, x, train, |inp| {

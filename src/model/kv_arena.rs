@@ -91,6 +91,17 @@ impl<D: Device> KvArena<D> {
     /// Adds `g` (`[batch, end, width]`, the gradient of a slice's context `0..end`) into the
     /// arena's gradient.
     pub fn add_grad(&mut self, dev: &D, which: Kv, g: &D::Buf) -> Result<()> {
+        self.zero_grad(dev)?;
+        let end = D::len(g) / (self.batch * self.width).max(1);
+        let c = self.rows(0, end, true, true)?;
+        let grad = self.grad.as_mut().ok_or_else(|| internal("kv arena", "no gradient"))?;
+        dev.copy_rows(&mut grad[which as usize], g, c)
+    }
+
+    /// Allocates the gradient, zeroed, if it is not yet: the first [`add_grad`](Self::add_grad)
+    /// does, once per micro-batch; a probe timing one slice as one of many does it before
+    /// its clock starts.
+    pub fn zero_grad(&mut self, dev: &D) -> Result<()> {
         if self.grad.is_none() {
             let n = self.batch * self.seq * self.width;
             // In f32 (`grad_elem_bytes`).
@@ -101,10 +112,7 @@ impl<D: Device> KvArena<D> {
             };
             self.grad = Some([zeros()?, zeros()?]);
         }
-        let end = D::len(g) / (self.batch * self.width).max(1);
-        let c = self.rows(0, end, true, true)?;
-        let grad = self.grad.as_mut().ok_or_else(|| internal("kv arena", "no gradient"))?;
-        dev.copy_rows(&mut grad[which as usize], g, c)
+        Ok(())
     }
 
     /// The gradient of positions `start..start+len` as a `[batch, len, width]` buffer: complete

@@ -450,6 +450,36 @@ mod tests {
     use crate::model::{Model, Pooling, tiny::tiny_bert, tiny::tiny_vit};
     use crate::ops::gemm_bf16::{Bf16Path, bf16_path};
 
+    /// A token slice through a bidirectional encoder's attention is refused: it would attend to
+    /// its earlier tokens only (the run refuses such slicing up front; this is the library's
+    /// own guard). The whole sequence through an arena is its plain attention.
+    #[test]
+    fn a_token_slice_of_an_encoder_is_refused() {
+        let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+        let model = Model::new(&dev, &tiny_bert(Pooling::Mean, 0.0), 3).unwrap();
+        let attention = model.units.iter().find(|u| u.kind_name() == "attention").unwrap();
+        let hidden = model.spec().hidden;
+        for (seq, offset, refused) in [(4, 4, true), (8, 0, false)] {
+            let host = crate::model::HostBatch {
+                batch: 2,
+                seq,
+                whole_seq: 8,
+                position_offset: offset,
+                tokens: Some(vec![1; 2 * seq]),
+                targets: vec![0; 2],
+                ..Default::default()
+            };
+            let batch = crate::model::Batch::upload(&dev, model.spec(), &host, false, 0).unwrap();
+            let mut arena = crate::model::KvArena::new(&dev, 2, 8, hidden).unwrap();
+            let x = dev.upload(&vec![0.1; 2 * seq * hidden]).unwrap();
+            let got = attention.forward(&dev, &batch, Some(x), false, Some(&mut arena));
+            match got {
+                Err(e) => assert!(refused && e.to_string().contains("causal language model"), "{e}"),
+                Ok(_) => assert!(!refused, "a slice of {seq} at {offset} ran"),
+            }
+        }
+    }
+
     /// `pack_weights` packs what the products ahead will read, as the backward reads it: the
     /// input gradients of the layers that read a unit's input only when the unit below is
     /// trainable, the others' always, a forward's only when asked.

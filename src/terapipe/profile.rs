@@ -82,15 +82,21 @@ impl<D: Device> LayerProbe<D> {
         Ok(Self { attention, prefix, slice, context, whole, input })
     }
 
-    /// A fresh arena holding the context's keys and values.
-    fn arena(&self, dev: &D, model: &Model<D>) -> Result<KvArena<D>> {
+    /// A fresh arena holding the context's keys and values, its gradient allocated (a run
+    /// zeroes it once per micro-batch, not once per slice); none for the whole sequence,
+    /// which a run takes without one.
+    fn arena(&self, dev: &D, model: &Model<D>) -> Result<Option<KvArena<D>>> {
+        if self.prefix.is_none() && self.slice.seq == self.whole {
+            return Ok(None);
+        }
         let (b, width) = (self.slice.batch, model.spec().hidden);
         let mut arena = KvArena::new(dev, b, self.whole, width)?;
         if let Some(prefix) = &self.prefix {
             let h = dev.upload_activations(&vec![0.1; b * self.context * width])?;
             model.units()[self.attention].forward(dev, prefix, Some(h), false, Some(&mut arena))?;
         }
-        Ok(arena)
+        arena.zero_grad(dev)?;
+        Ok(Some(arena))
     }
 
     /// The slice's forward through the layer from its input `x`: its output and what each
@@ -100,10 +106,10 @@ impl<D: Device> LayerProbe<D> {
         dev: &D,
         model: &Model<D>,
         x: D::Buf,
-        arena: &mut KvArena<D>,
+        arena: Option<&mut KvArena<D>>,
     ) -> Result<(D::Buf, Saved<D>, Saved<D>)> {
         let units = model.units();
-        let (y, attention) = units[self.attention].forward(dev, &self.slice, Some(x), true, Some(arena))?;
+        let (y, attention) = units[self.attention].forward(dev, &self.slice, Some(x), true, arena)?;
         let (out, mlp) = units[self.attention + 1].forward(dev, &self.slice, Some(y), true, None)?;
         Ok((out, attention, mlp))
     }
@@ -116,11 +122,11 @@ impl<D: Device> LayerProbe<D> {
         let dy = dev.upload_activations(&self.input)?;
         dev.synchronize()?;
         let start = Instant::now();
-        let (_, attention, mlp) = self.forward(dev, model, x, &mut arena)?;
+        let (_, attention, mlp) = self.forward(dev, model, x, arena.as_mut())?;
         let units = model.units_mut();
         let dmid = units[self.attention + 1].backward(dev, &self.slice, mlp, dy, true, None)?;
         let dmid = dmid.ok_or_else(|| config_error("pipeline.token_slices", "the MLP returned no input gradient"))?;
-        units[self.attention].backward(dev, &self.slice, attention, dmid, true, Some(&mut arena))?;
+        units[self.attention].backward(dev, &self.slice, attention, dmid, true, arena.as_mut())?;
         dev.synchronize()?;
         Ok(start.elapsed().as_secs_f64())
     }
@@ -130,7 +136,7 @@ impl<D: Device> LayerProbe<D> {
     fn saved_elements(&self, dev: &D, model: &Model<D>) -> Result<(usize, usize)> {
         let mut arena = self.arena(dev, model)?;
         let x = dev.upload_activations(&self.input)?;
-        let (_, attention, mlp) = self.forward(dev, model, x, &mut arena)?;
+        let (_, attention, mlp) = self.forward(dev, model, x, arena.as_mut())?;
         Ok((attention.elements(), mlp.elements()))
     }
 }
@@ -675,6 +681,25 @@ fn even_if_near(latency: &LatencyModel, config: &PlannerConfig, best: SlicingPla
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A probe times a slice as a run takes it: the whole sequence without an arena (a run
+    /// without slices has none), a slice with its arena's gradient already zeroed (a run zeroes
+    /// it once per micro-batch, so charging it to every slice would price many slices high).
+    #[test]
+    fn a_probe_times_a_slice_as_a_run_takes_it() {
+        use crate::model::Kv;
+        let dev = crate::device::CpuDevice::<f32>::new(0, 1).unwrap();
+        let config = crate::model::tiny::tiny_gpt(0.0);
+        let model = Model::new(&dev, &config, 1).unwrap();
+        let micro = HostBatch::random(&config, 2, 8, 3);
+        let whole = LayerProbe::new(&dev, &model, &micro, 8, 0).unwrap();
+        assert!(whole.arena(&dev, &model).unwrap().is_none(), "the whole sequence");
+        for (len, context) in [(4, 0), (4, 4), (2, 6)] {
+            let probe = LayerProbe::new(&dev, &model, &micro, len, context).unwrap();
+            let arena = probe.arena(&dev, &model).unwrap().expect("a slice's arena");
+            assert!(arena.grad(&dev, Kv::Keys, 0, 1).is_ok(), "{len} after {context}: its gradient zeroed first");
+        }
+    }
 
     /// A stage's memory model counts the micro-batches that stage holds: every one under
     /// GPipe; under 1F1B stage `s` holds `min(M, K − s)` while the planner counts stage 0's
