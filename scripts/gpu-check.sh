@@ -54,7 +54,8 @@ for line in sys.stdin:
 }
 
 if [[ "${1:-}" == "--bundle" ]]; then
-    DIR="$(from_caller "${2:?usage: scripts/gpu-check.sh --bundle DIR}")"
+    [[ $# -ge 2 && -n "$2" ]] || { echo "usage: scripts/gpu-check.sh --bundle DIR" >&2; exit 2; }
+    DIR="$(from_caller "$2")"
     set -e
     # DIR is replaced whole: only an earlier bundle (it holds the marker) or an empty folder.
     if [[ -e "$DIR" && ! -f "$DIR/.gpu-check-bundle" ]] && [[ -n "$(ls -A "$DIR" 2>/dev/null)" || ! -d "$DIR" ]]; then
@@ -214,10 +215,11 @@ export -f bubble_on_one_gpu two_on_one_gpu
 if [[ -n "$PREBUILT" ]]; then
     export PT_CUDA_HOME="$PREBUILT/cuda" XDG_CACHE_HOME="$PREBUILT/cache"
     # Unpacked beside, then moved in whole: a cut-short unpack leaves no half folder that the
-    # next run would take for a complete one.
+    # next run would take for a complete one (and the next run clears what it left).
     if [[ ! -d "$PT_CUDA_HOME" ]]; then
-        unpack="$(mktemp -d -p "$PREBUILT")"
-        tar -C "$unpack" -xJf "$PREBUILT/cuda.tar.xz" && mv "$unpack/cuda" "$PT_CUDA_HOME" ||
+        unpack="$PREBUILT/.cuda.partial"
+        rm -rf "$unpack" && mkdir "$unpack" && tar -C "$unpack" -xJf "$PREBUILT/cuda.tar.xz" &&
+            mv "$unpack/cuda" "$PT_CUDA_HOME" ||
             { echo "gpu-check: could not unpack $PREBUILT/cuda.tar.xz (see above)" | tee -a "$REPORT" >&2; rm -rf "$unpack"; exit 1; }
         rm -rf "$unpack"
     fi

@@ -825,8 +825,8 @@ impl<D: Device> Trainer<D> {
             false => r,
         });
         // The plan to restore is checked before the frozen prefix changes (a freeze lets go of
-        // optimizer state: a refused load must leave the run as it was), and adopted after
-        // (its stages costed with the prefix frozen).
+        // optimizer state: a load refused by its checks must leave the run as it was), and
+        // adopted after (its stages costed with the prefix frozen).
         let mut replan = None;
         let reshaped_from = match recorded {
             Some(r) if matches!(plan, RecordedPlan::UnlessReshaped { slices } if reshaped(&r.config, slices)) => {

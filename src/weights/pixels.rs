@@ -47,14 +47,16 @@ pub fn read_pixel_transform(path: &Path, channels: usize) -> Result<Option<Pixel
     }
     let text = std::fs::read_to_string(path).map_err(|source| crate::files::io_error(path, source))?;
     let json: Value = serde_json::from_str(&text).map_err(|e| export_error(path, format!("not valid JSON: {e}")))?;
-    let on = |key: &str| match json.get(key) {
+    // (A key set to null is left to its default, as `ViTImageProcessor` takes `None`.)
+    let get = |key: &str| json.get(key).filter(|v| !v.is_null());
+    let on = |key: &str| match get(key) {
         None => Ok(true),
         Some(v) => v.as_bool().ok_or_else(|| export_error(path, format!("`{key}` is {v}; expected true or false"))),
     };
     let positive = |v: f64| v.is_finite() && v > 0.0;
     let scale = match on("do_rescale")? {
         false => 1.0,
-        true => match json.get("rescale_factor") {
+        true => match get("rescale_factor") {
             None => 1.0 / 255.0,
             Some(v) => v.as_f64().filter(|&f| positive(f)).ok_or_else(|| {
                 export_error(path, format!("`rescale_factor` is {v}; expected a positive number, e.g. 1/255"))
@@ -63,7 +65,7 @@ pub fn read_pixel_transform(path: &Path, channels: usize) -> Result<Option<Pixel
     };
     // A number for every channel, or one list of one per channel.
     let per_channel = |key: &str, default: f64, ok: &dyn Fn(f64) -> bool| -> Result<Vec<f64>> {
-        let values = match json.get(key) {
+        let values = match get(key) {
             None => vec![default; channels],
             Some(Value::Number(n)) => vec![n.as_f64().unwrap_or(f64::NAN); channels],
             Some(Value::Array(a)) => a.iter().map(|v| v.as_f64().unwrap_or(f64::NAN)).collect(),
@@ -108,22 +110,21 @@ impl PixelTransform {
         if params[w].is_hollow() {
             return Ok(());
         }
-        let mut weight = dev.download(&params[w].value)?;
-        let mut bias = dev.download(&params[b].value)?;
+        // (In f64, as the loader uploads: a wide device keeps every digit.)
+        let mut weight = dev.download_f64(&params[w].value)?;
+        let mut bias = dev.download_f64(&params[b].value)?;
         let channels = self.mean.len();
         let per_channel = weight.len() / bias.len().max(1) / channels.max(1);
         // `[dim, channels, patch, patch]`: each output row holds each channel's patch whole.
         for (row, b) in weight.chunks_exact_mut(channels * per_channel).zip(bias.iter_mut()) {
-            let mut shift = f64::from(*b);
             for (c, plane) in row.chunks_exact_mut(per_channel).enumerate() {
                 let (factor, offset) = (data_max * self.scale / self.std[c], self.mean[c] / self.std[c]);
-                shift -= offset * plane.iter().map(|&v| f64::from(v)).sum::<f64>();
-                plane.iter_mut().for_each(|v| *v = (f64::from(*v) * factor) as f32);
+                *b -= offset * plane.iter().sum::<f64>();
+                plane.iter_mut().for_each(|v| *v *= factor);
             }
-            *b = shift as f32;
         }
-        params[w].value = dev.upload(&weight)?;
-        params[b].value = dev.upload(&bias)?;
+        params[w].value = dev.upload_f64(&weight)?;
+        params[b].value = dev.upload_f64(&bias)?;
         Ok(())
     }
 }
@@ -149,8 +150,16 @@ mod tests {
             PixelTransform { scale: 1.0 / 16.0, mean: vec![0.485, 0.456, 0.406], std: vec![0.229, 0.224, 0.225] },
         ];
         for t in transforms {
-            let original = Model::new(&dev, &config, 1).unwrap();
+            // (A bias of its own, not the initial zeros: the fold shifts it.)
+            let biased = |m: &mut Model<CpuDevice<f32>>| {
+                let bias = m.params_mut().into_iter().find(|p| p.name == BIAS).unwrap();
+                let values: Vec<f32> = (0..bias.numel()).map(|i| 0.1 * i as f32 - 0.2).collect();
+                bias.value = dev.upload(&values).unwrap();
+            };
+            let mut original = Model::new(&dev, &config, 1).unwrap();
             let mut folded = Model::new(&dev, &config, 1).unwrap();
+            biased(&mut original);
+            biased(&mut folded);
             t.fold_into(&mut folded, &dev, 255.0).unwrap();
             let mut processed = raw.clone();
             let pixels = processed.pixels.as_mut().unwrap();
@@ -175,6 +184,8 @@ mod tests {
         std::fs::write(&path, "{}").unwrap();
         let defaults = read_pixel_transform(&path, 3).unwrap().unwrap();
         assert_eq!(defaults, PixelTransform { scale: 1.0 / 255.0, mean: vec![0.5; 3], std: vec![0.5; 3] });
+        std::fs::write(&path, r#"{"do_normalize": null, "image_mean": null}"#).unwrap();
+        assert_eq!(read_pixel_transform(&path, 3).unwrap().unwrap(), defaults, "null: the defaults");
         std::fs::write(&path, r#"{"do_normalize": false, "rescale_factor": 0.0625}"#).unwrap();
         let ours = read_pixel_transform(&path, 1).unwrap().unwrap();
         assert!(ours.is_identity(16.0) && !ours.is_identity(255.0) && !defaults.is_identity(255.0));

@@ -69,8 +69,8 @@ pub(crate) fn export_error(path: &Path, message: impl std::fmt::Display) -> Erro
 /// `{"0": name, …}` with one name per class (`num_labels`) or disagrees with `label2id`;
 /// `vocab.json` is not `{"<char>": id}` with one distinct character per token id
 /// (`vocab_size`); a ViT's `preprocessor_config.json` is missing (it alone says what scale
-/// the model's pixels were trained at), or normalises or rescales in a way our image pipeline
-/// does not.
+/// the model's pixels were trained at), holds a value `ViTImageProcessor` would not take, or
+/// resizes to another size than the model's (or not to a square).
 pub fn read_export(dir: impl AsRef<Path>) -> Result<ExportedModel> {
     let dir = dir.as_ref();
     if !dir.is_dir() {
@@ -242,8 +242,9 @@ fn chars_by_id(path: &Path, map: &Map<String, Value>, vocab_size: usize) -> Resu
 
 /// `rescale_factor` of a ViT's `preprocessor_config.json` (1 when `do_rescale` is false), and
 /// `do_resize`, whose `size` must then be the model's `image_size` square (what our resizing
-/// makes); as `ViTImageProcessor` reads it, a file without `do_resize` resizes, to `size` or
-/// its default 224 × 224. (Its normalisation: [`super::read_pixel_transform`].)
+/// makes). Keys left out (or null) are read as `ViTImageProcessor` reads them: a file without
+/// `do_resize` resizes, to `size` (a number is a square) or its default 224 × 224; without
+/// `rescale_factor`, 1/255. (Its normalisation: [`super::read_pixel_transform`].)
 ///
 /// The file is required: the scale differs by dataset (1/255 for 8-bit images, 1/16 for
 /// scikit-learn's digits) and nothing else in the export records it, so a guessed one would
@@ -261,29 +262,31 @@ fn read_preprocessing(path: &Path, image_size: usize) -> Result<(f64, bool)> {
              digits",
         ));
     };
-    let resize = json.get("do_resize").and_then(Value::as_bool) != Some(false);
+    let get = |key: &str| json.get(key).filter(|v| !v.is_null());
+    let resize = get("do_resize").and_then(Value::as_bool) != Some(false);
     let default_size = serde_json::json!({"height": 224, "width": 224});
-    let size = json.get("size").unwrap_or(&default_size);
-    let side = |key: &str| size.get(key).and_then(Value::as_u64);
+    let size = get("size").unwrap_or(&default_size);
+    let side = |key: &str| size.as_u64().or_else(|| size.get(key).and_then(Value::as_u64));
     if resize && (side("height"), side("width")) != (Some(image_size as u64), Some(image_size as u64)) {
         return Err(export_error(
             path,
             format!(
                 "resizes to `size` {}; expected {{\"height\": {image_size}, \"width\": {image_size}}}, the model's \
                  image_size",
-                json.get("size").map_or(
+                get("size").map_or(
                     "{\"height\": 224, \"width\": 224} (the default: the file gives none)".to_string(),
                     Value::to_string
                 )
             ),
         ));
     }
-    if json.get("do_rescale").and_then(Value::as_bool) == Some(false) {
+    if get("do_rescale").and_then(Value::as_bool) == Some(false) {
         return Ok((1.0, resize));
     }
-    match json.get("rescale_factor").and_then(Value::as_f64) {
-        Some(f) if f > 0.0 && f.is_finite() => Ok((f, resize)),
-        _ => Err(export_error(path, "`rescale_factor` is missing or not a positive number; expected e.g. 1/255")),
+    match get("rescale_factor").map(Value::as_f64) {
+        None => Ok((1.0 / 255.0, resize)),
+        Some(Some(f)) if f > 0.0 && f.is_finite() => Ok((f, resize)),
+        Some(_) => Err(export_error(path, "`rescale_factor` is not a positive number; expected e.g. 1/255")),
     }
 }
 
@@ -479,6 +482,13 @@ mod tests {
         }
         std::fs::write(&path, json.to_string()).unwrap();
         assert_eq!(read_export(&dir).unwrap().normalization.map(|t| (t.mean, t.std)), Some((vec![0.5], vec![0.5])));
+        // Google's ViT's file: `size` a number, no `rescale_factor` (1/255), mean and std 0.5.
+        let google = serde_json::json!({"do_normalize": true, "do_resize": true, "size": 4,
+            "image_mean": [0.5], "image_std": [0.5], "image_processor_type": "ViTImageProcessor"});
+        std::fs::write(&path, google.to_string()).unwrap();
+        let read = read_export(&dir).unwrap();
+        assert_eq!((read.pixel_scale, read.resize), (Some(1.0 / 255.0), true));
+        assert_eq!(read.normalization.map(|t| (t.mean, t.std)), Some((vec![0.5], vec![0.5])));
         json["do_normalize"] = false.into();
         json["rescale_factor"] = (-1.0).into();
         std::fs::write(&path, json.to_string()).unwrap();
