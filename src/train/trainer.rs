@@ -797,11 +797,7 @@ impl<D: Device> Trainer<D> {
         let reshaped = |r: &PipelineConfig, slices: bool| {
             !r.same_shape(&in_force.config) || (slices && r.token_slices != in_force.config.token_slices)
         };
-        // Recomputation moves nothing between devices or processes: the run's own setting
-        // holds over the checkpoint's (one taken before the setting existed reads as off)
-        // where the recorded plan can carry it (not zb-h1) and, under a
-        // memory limit, it recomputes no less (restored stages are not judged against the
-        // limit again). Otherwise the two differ in shape.
+        // A recorded plan this run refuses: by the setting it needs, or as the file's fault.
         let plan_refused = |r: &PipelineConfig, e: Error| {
             let shape = format!("K={} R={} M={}", r.pipeline_len, r.replicas, r.micro_batches);
             match e {
@@ -812,6 +808,11 @@ impl<D: Device> Trainer<D> {
                 e => bad(format!("plan: {e}")),
             }
         };
+        // Recomputation moves nothing between devices or processes: the run's own setting
+        // holds over the checkpoint's (one taken before the setting existed reads as off)
+        // where the recorded plan can carry it (not zb-h1) and, under a
+        // memory limit, it recomputes no less (restored stages are not judged against the
+        // limit again). Otherwise the two differ in shape.
         let recompute = in_force.config.recompute;
         let limited = in_force.config.memory_limit.is_some();
         let takes_own =

@@ -14,7 +14,7 @@
 //! The model then takes `q` and exports as this engine's other ViTs do (`do_normalize` false,
 //! `rescale_factor` 1/M), which `predict` and `ViTImageProcessor` read alike.
 
-use super::read::export_error;
+use super::read::{export_error, read_optional_json};
 use crate::device::Device;
 use crate::error::Result;
 use crate::model::Model;
@@ -42,13 +42,18 @@ const BIAS: &str = "vit.embeddings.patch_embeddings.projection.bias";
 /// 0.5 per channel, rescaling and normalising on); `None` without the file (a folder that
 /// describes no processor: its model is taken to read this engine's pixels).
 pub fn read_pixel_transform(path: &Path, channels: usize) -> Result<Option<PixelTransform>> {
-    if !path.is_file() {
-        return Ok(None);
-    }
-    let text = std::fs::read_to_string(path).map_err(|source| crate::files::io_error(path, source))?;
-    let json: Value = serde_json::from_str(&text).map_err(|e| export_error(path, format!("not valid JSON: {e}")))?;
-    // (A key set to null is left to its default, as `ViTImageProcessor` takes `None`.)
-    let get = |key: &str| json.get(key).filter(|v| !v.is_null());
+    read_optional_json(path)?.map(|json| pixel_transform_of(&json, path, channels)).transpose()
+}
+
+/// A processor's key, where it is set: one set to null is left to its default, as
+/// `ViTImageProcessor` takes `None`.
+pub(super) fn processor_key<'a>(json: &'a Value, key: &str) -> Option<&'a Value> {
+    json.get(key).filter(|v| !v.is_null())
+}
+
+/// [`read_pixel_transform`] of the file `path` already read as `json`.
+pub(super) fn pixel_transform_of(json: &Value, path: &Path, channels: usize) -> Result<PixelTransform> {
+    let get = |key: &str| processor_key(json, key);
     let on = |key: &str| match get(key) {
         None => Ok(true),
         Some(v) => v.as_bool().ok_or_else(|| export_error(path, format!("`{key}` is {v}; expected true or false"))),
@@ -84,7 +89,7 @@ pub fn read_pixel_transform(path: &Path, channels: usize) -> Result<Option<Pixel
         false => (vec![0.0; channels], vec![1.0; channels]),
         true => (per_channel("image_mean", 0.5, &|v| v.is_finite())?, per_channel("image_std", 0.5, &positive)?),
     };
-    Ok(Some(PixelTransform { scale, mean, std }))
+    Ok(PixelTransform { scale, mean, std })
 }
 
 impl PixelTransform {
@@ -137,7 +142,8 @@ mod tests {
 
     /// The folded model on this engine's pixels gives the logits the original gives on the
     /// processor's output (Google's ViT: `x/255`, mean and std 0.5; and a scale that differs
-    /// from the data's), within f32 rounding; a file's defaults and bad values are read as
+    /// from the data's), within f32 rounding (1e-4 relative to the larger of the logit and 1);
+    /// a file's defaults and bad values are read as
     /// `ViTImageProcessor` reads them, or named.
     #[test]
     fn a_folded_model_on_raw_pixels_equals_the_original_on_processed_ones() {

@@ -119,12 +119,9 @@ pub fn read_export(dir: impl AsRef<Path>) -> Result<ExportedModel> {
     };
     let (pixel_scale, resize, normalization) = match &config {
         ModelConfig::Vit(c) => {
-            let path = dir.join(PREPROCESSOR_FILE);
-            let (scale, resize) = read_preprocessing(&path, c.image_size)?;
-            let normalization = super::read_pixel_transform(&path, c.num_channels)?
-                .map(|t| super::PixelTransform { scale, ..t })
-                .filter(|t| !t.is_identity(1.0 / scale));
-            (Some(scale), resize, normalization)
+            let (transform, resize) = read_preprocessing(&dir.join(PREPROCESSOR_FILE), c.image_size, c.num_channels)?;
+            let scale = transform.scale;
+            (Some(scale), resize, Some(transform).filter(|t| !t.is_identity(1.0 / scale)))
         }
         _ => (None, false, None),
     };
@@ -240,17 +237,17 @@ fn chars_by_id(path: &Path, map: &Map<String, Value>, vocab_size: usize) -> Resu
     Ok(chars.into_iter().flatten().collect())
 }
 
-/// `rescale_factor` of a ViT's `preprocessor_config.json` (1 when `do_rescale` is false), and
-/// `do_resize`, whose `size` must then be the model's `image_size` square (what our resizing
-/// makes). Keys left out (or null) are read as `ViTImageProcessor` reads them: a file without
-/// `do_resize` resizes, to `size` (a number is a square) or its default 224 × 224; without
-/// `rescale_factor`, 1/255. (Its normalisation: [`super::read_pixel_transform`].)
+/// A ViT's `preprocessor_config.json`: its rescale and normalisation
+/// ([`super::read_pixel_transform`]), and `do_resize`, whose `size` must then be the model's
+/// `image_size` square (what our resizing makes). Keys left out (or null) are read as
+/// `ViTImageProcessor` reads them: a file without `do_resize` resizes, to `size` (a number is
+/// a square) or its default 224 × 224.
 ///
 /// The file is required: the scale differs by dataset (1/255 for 8-bit images, 1/16 for
 /// scikit-learn's digits) and nothing else in the export records it, so a guessed one would
 /// score raw pixel rows at the wrong scale without a word (a digits model read at 1/255 falls
 /// from 92 % to chance). Every ViT export of this engine has written it.
-fn read_preprocessing(path: &Path, image_size: usize) -> Result<(f64, bool)> {
+fn read_preprocessing(path: &Path, image_size: usize, channels: usize) -> Result<(super::PixelTransform, bool)> {
     let Some(json) = read_optional_json(path)? else {
         return Err(export_error(
             path,
@@ -262,7 +259,7 @@ fn read_preprocessing(path: &Path, image_size: usize) -> Result<(f64, bool)> {
              digits",
         ));
     };
-    let get = |key: &str| json.get(key).filter(|v| !v.is_null());
+    let get = |key: &str| super::pixels::processor_key(&json, key);
     let resize = get("do_resize").and_then(Value::as_bool) != Some(false);
     let default_size = serde_json::json!({"height": 224, "width": 224});
     let size = get("size").unwrap_or(&default_size);
@@ -280,19 +277,12 @@ fn read_preprocessing(path: &Path, image_size: usize) -> Result<(f64, bool)> {
             ),
         ));
     }
-    if get("do_rescale").and_then(Value::as_bool) == Some(false) {
-        return Ok((1.0, resize));
-    }
-    match get("rescale_factor").map(Value::as_f64) {
-        None => Ok((1.0 / 255.0, resize)),
-        Some(Some(f)) if f > 0.0 && f.is_finite() => Ok((f, resize)),
-        Some(_) => Err(export_error(path, "`rescale_factor` is not a positive number; expected e.g. 1/255")),
-    }
+    Ok((super::pixels::pixel_transform_of(&json, path, channels)?, resize))
 }
 
 /// An export's optional JSON file: `None` without it, an error naming it when unreadable or
 /// not JSON.
-fn read_optional_json(path: &Path) -> Result<Option<Value>> {
+pub(super) fn read_optional_json(path: &Path) -> Result<Option<Value>> {
     if !path.is_file() {
         return Ok(None);
     }
