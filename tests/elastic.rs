@@ -575,6 +575,85 @@ fn without_the_cache_frozen_units_spread_over_the_stages() {
     assert_eq!(stages, [(3, 2, 0..3), (5, 2, 0..3)]);
 }
 
+/// A cache pins the frozen units to the first stage, where its hidden states enter. Where the
+/// memory limit holds no shape with them all there (the head alone active: no second stage;
+/// one stage holds every unit), they run forward-only, spread over the stages, and the run
+/// goes on as it computes with no limit at all, step by step.
+#[test]
+fn frozen_units_the_first_stage_cannot_hold_run_uncached_over_the_stages() {
+    let model = bert();
+    let data = Pool::new(&model, SAMPLES, BATCH, 11);
+    let dir = scratch("cache-unpinned");
+    let plan = PipelineConfig { pipeline_len: 4, micro_batches: 4, ..Default::default() };
+    let trainer = |limit: Option<usize>| {
+        let plan = PipelineConfig { memory_limit: limit, ..plan.clone() };
+        let mut t = common::trainer_on(&model, 3, cpus(4), plan, train_config(), 3);
+        // Six units of equal cost and weights that outweigh their activations (a large
+        // model's): frozen, a unit keeps a quarter of its trained bytes (no gradient, no
+        // Adam moments), and five frozen with the head outweigh the limit, two of six units
+        // trained.
+        for p in &mut t.profiles {
+            (p.forward, p.params) = (1.0, 100_000);
+        }
+        t
+    };
+    let peak = |t: &Trainer<CpuDevice<f32>>, k: usize, pinned: usize| {
+        let profiles = t.profiles_for(BATCH.div_ceil(2 * k), pinned);
+        let names = (0..profiles.len()).map(|i| i.to_string()).collect();
+        let config = PipelineConfig { pipeline_len: k, micro_batches: 2 * k, ..Default::default() };
+        let plan = pipetransformer::pipeline::Plan::new(config, &profiles, names, 4, pinned);
+        plan.map(|p| p.partition.stage_memory.into_iter().max().unwrap()).ok()
+    };
+    let limit = peak(&trainer(None), 4, 0).unwrap();
+    let mut frozen = trainer(None);
+    frozen.pipeline.freeze_prefix(5).unwrap();
+    let over = |bytes: Option<usize>| bytes.is_none_or(|b| b > limit);
+    assert!(over(peak(&frozen, 1, 5)) && over(peak(&frozen, 2, 5)) && !over(peak(&frozen, 2, 0)));
+    let run = |limit: Option<usize>, name: &str| {
+        let config = ElasticConfig {
+            freeze: FreezeName::Table,
+            table: vec![0, 1, 2],
+            auto_pipe: true,
+            time_pipeline_len: false,
+            cache: true,
+            ..Default::default()
+        };
+        let mut t = trainer(limit);
+        let mut elastic =
+            Elastic::new(config, Surroundings { devices: 4, ..surroundings(&model) }, &dir.join(name)).unwrap();
+        let mut events = Vec::new();
+        elastic.start(&mut t, &mut |e| events.push(e.clone())).unwrap();
+        t.fit(&data, None, &mut elastic, &mut |e| events.push(e.clone())).unwrap();
+        // What the cache held at the end of each epoch.
+        let held: Vec<(usize, usize)> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Cache { entries, memory_bytes, .. } => Some((*entries, *memory_bytes)),
+                _ => None,
+            })
+            .collect();
+        (curve(&events), t.pipeline.parameters(0).unwrap(), freezes(&events), held)
+    };
+    let (want_curve, want_params, unlimited, held_unlimited) = run(None, "unlimited");
+    let (got_curve, got_params, limited, held_limited) = run(Some(limit), "limited");
+    assert_follows(&got_curve, &want_curve, "limited");
+    let e = params_rel(&got_params, &want_params);
+    assert!(e <= 1e-5, "weights differ from the run without a limit by {e:.2e}");
+    let what = |f: &[Transition]| f.iter().map(|t| (t.frozen_units, t.cache, t.stages[0].clone())).collect::<Vec<_>>();
+    // Both cached after the first freeze (three frozen units and an active one on the first
+    // stage); after the second, one stage of six cached, or, limited, the cache off and the
+    // frozen units over the stages.
+    assert_eq!(what(&unlimited), [(3, true, 0..4), (5, true, 0..6)]);
+    assert_eq!(what(&limited), [(3, true, 0..4), (5, false, 0..2)]);
+    assert!(
+        limited[1].reason.contains("cache off, as no shape fits the frozen units on the first stage"),
+        "{limited:?}"
+    );
+    // A cache switched off gives its memory back: entries filled in epoch 1, then none.
+    assert!(held_unlimited[1].0 == 12 && held_unlimited[3].0 == 12, "{held_unlimited:?}");
+    assert!(held_limited[1].0 == 12 && held_limited[3] == (0, 0), "{held_limited:?}");
+}
+
 /// The settling test caps the rule: with a bound every layer meets, the table's freezes happen
 /// as without it (and say how far each layer moved); with a bound no moving layer meets, nothing
 /// freezes; and an interval whose start was not seen (a resume, or here no `start`) freezes

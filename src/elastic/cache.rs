@@ -221,12 +221,13 @@ impl ActivationCache {
         std::mem::take(&mut self.stats)
     }
 
-    /// Forgets every entry (a new run, or a model whose frozen prefix changed under it). The
-    /// spill file goes too; the next entry past the cap makes a new one (until then, no folder
-    /// is made for it: a resumed run that never spills leaves none).
+    /// Forgets every entry (a new run, a model whose frozen prefix changed under it, or a cache
+    /// switched off), and gives its memory back. The spill file goes too; the next entry past
+    /// the cap makes a new one (until then, no folder is made for it: a resumed run that never
+    /// spills leaves none).
     pub fn clear(&mut self) {
         self.index.clear();
-        self.arena.clear();
+        self.arena = Vec::new();
         self.spill = None;
     }
 

@@ -7,7 +7,9 @@
 //! and how long it took.
 
 use super::autodp::{batches_per_step, rebuild_communicators, replicas_for};
-use super::autopipe::{Shapes, Timing, Tuner, agree, choose_shape, micro_batch_candidates, pick, schedule_for};
+use super::autopipe::{
+    Candidate, Shapes, Timing, Tuner, agree, choose_shape, micro_batch_candidates, pick, schedule_for,
+};
 use super::cache::{ActivationCache, CacheDtype};
 use super::freeze::FreezeController;
 use super::{BatchPolicy, ElasticConfig, FreezeInterval, FreezeName};
@@ -540,41 +542,7 @@ impl Elastic {
         if self.config.auto_pipe {
             let (pays, why) = self.cache_pays(trainer, units);
             self.cache_on = self.cache.is_some() && units > 0 && pays;
-            if self.cache.is_some() {
-                reason = format!("{reason}; {why}: cache {}", if self.cache_on { "on" } else { "off" });
-            }
-            let cached = if self.cache_on { units } else { 0 };
-            let a = self.around;
-            let (policy, auto_dp) = (self.config.batch_policy, self.config.auto_dp);
-            // Freed cpu devices lend their threads: the replicas stay as they began, and the
-            // `K·R` devices at work share every device's threads.
-            let lend = self.config.lends_threads(trainer.pipeline.devices());
-            let global = |r: usize| a.batch * batches_per_step(policy, r, a.initial_replicas);
-            let replicas = |k: usize| replicas_for(k, a.devices, a.initial_replicas, auto_dp && !lend, global);
-            let pipeline = &trainer.pipeline;
-            // Devices that share a pool compute at their share of it, lent threads or not.
-            let shared = pipeline.shared_pool().is_some();
-            let speed = |k: usize| if lend || shared { pipeline.lent_speed(k * replicas(k)) } else { 1.0 };
-            let tuned = &self.tuner.best;
             let base = self.asked_of(&before);
-            let micro = |k: usize, per_replica: usize| {
-                let key = Tuner::key(k, replicas(k), units, cached > 0, per_replica, schedule_for(k, base.schedule));
-                tuned.get(&key).copied().unwrap_or((2 * k).min(per_replica))
-            };
-            let names = crate::pipeline::runtime::unit_names(trainer.pipeline.units());
-            let profiles = |samples: usize| trainer.profiles_for(samples, cached);
-            // The slices each shape would run, for its price.
-            let slices = |c: &crate::pipeline::PipelineConfig, samples: usize, units: &[UnitProfile], pinned: usize| {
-                self.adopted_slices(c, samples, units, pinned)
-            };
-            let shapes = Shapes {
-                global: &global,
-                replicas: &replicas,
-                speed: &speed,
-                micro: &micro,
-                profiles: &profiles,
-                slices: &slices,
-            };
             // A freeze while a trial's first length runs prices against the length the trial
             // left (the longest allowed: K only shrinks) and times against it, as if the
             // trial had not begun.
@@ -582,7 +550,30 @@ impl Elastic {
                 Some(ShapeTrial::Next(other)) => other.pipeline_len.max(before.pipeline_len),
                 _ => before.pipeline_len,
             };
-            let candidates = choose_shape(&base, incumbent, a.devices, cached, &shapes, &names)?;
+            let cached = if self.cache_on { units } else { 0 };
+            let mut candidates = self.shape_candidates(trainer, &base, incumbent, cached);
+            // The cache pins the frozen units to the first stage, where its hidden states
+            // enter; where no shape holds them all there, they run forward-only, spread over
+            // the stages like any unit, rather than end the run.
+            let mut unpinned = false;
+            if cached > 0 && candidates.is_err() {
+                candidates = self.shape_candidates(trainer, &base, incumbent, 0);
+                (self.cache_on, unpinned) = (false, candidates.is_ok());
+            }
+            let candidates = candidates?;
+            // (A cache switched off stays off: more frozen units only make it pay more and
+            // weigh more on the first stage.)
+            if let Some(c) = self.cache.as_mut().filter(|_| !self.cache_on) {
+                c.clear();
+            }
+            if self.cache.is_some() {
+                let state = if self.cache_on { "on" } else { "off" };
+                let memory = if unpinned { ", as no shape fits the frozen units on the first stage" } else { "" };
+                reason = format!("{reason}; {why}: cache {state}{memory}");
+            }
+            let policy = self.config.batch_policy;
+            let lend = self.config.lends_threads(trainer.pipeline.devices());
+            let shared = trainer.pipeline.shared_pool().is_some();
             let chosen = pick(&candidates).ok_or_else(|| config_error("devices", "no pipeline shape fits"))?;
             let chosen = agree(trainer.pipeline.process_group(), chosen, &candidates)?.config.clone();
             // The price of a shorter pipeline on cpu devices rests on ideal thread scaling:
@@ -602,6 +593,51 @@ impl Elastic {
         }
         self.emit(trainer, reason, (layers_before, layers), logged, started, on_event);
         Ok(())
+    }
+
+    /// The shapes a transition chooses among ([`choose_shape`]) for the run's frozen prefix,
+    /// its first `cached` units read from the cache and so pinned to the first stage: each
+    /// `K` up to `incumbent` with the replicas, batch and micro-batches in force for it, and
+    /// the run's token slicing.
+    fn shape_candidates<D: Device>(
+        &self,
+        trainer: &Trainer<D>,
+        base: &crate::pipeline::PipelineConfig,
+        incumbent: usize,
+        cached: usize,
+    ) -> Result<Vec<Candidate>> {
+        let units = frozen_units(self.frozen_layers);
+        let a = self.around;
+        let (policy, auto_dp) = (self.config.batch_policy, self.config.auto_dp);
+        // Freed cpu devices lend their threads: the replicas stay as they began, and the
+        // `K·R` devices at work share every device's threads.
+        let lend = self.config.lends_threads(trainer.pipeline.devices());
+        let global = |r: usize| a.batch * batches_per_step(policy, r, a.initial_replicas);
+        let replicas = |k: usize| replicas_for(k, a.devices, a.initial_replicas, auto_dp && !lend, global);
+        let pipeline = &trainer.pipeline;
+        // Devices that share a pool compute at their share of it, lent threads or not.
+        let shared = pipeline.shared_pool().is_some();
+        let speed = |k: usize| if lend || shared { pipeline.lent_speed(k * replicas(k)) } else { 1.0 };
+        let tuned = &self.tuner.best;
+        let micro = |k: usize, per_replica: usize| {
+            let key = Tuner::key(k, replicas(k), units, cached > 0, per_replica, schedule_for(k, base.schedule));
+            tuned.get(&key).copied().unwrap_or((2 * k).min(per_replica))
+        };
+        let names = crate::pipeline::runtime::unit_names(trainer.pipeline.units());
+        let profiles = |samples: usize| trainer.profiles_for(samples, cached);
+        // The slices each shape would run, for its price.
+        let slices = |c: &crate::pipeline::PipelineConfig, samples: usize, units: &[UnitProfile], pinned: usize| {
+            self.adopted_slices(c, samples, units, pinned)
+        };
+        let shapes = Shapes {
+            global: &global,
+            replicas: &replicas,
+            speed: &speed,
+            micro: &micro,
+            profiles: &profiles,
+            slices: &slices,
+        };
+        choose_shape(base, incumbent, a.devices, cached, &shapes, &names)
     }
 
     /// `shape` with the schedule, chunks and token slices the run asked for: what a candidate
