@@ -649,6 +649,8 @@ fn frozen_units_the_first_stage_cannot_hold_run_uncached_over_the_stages() {
         limited[1].reason.contains("cache off, as no shape fits the frozen units on the first stage"),
         "{limited:?}"
     );
+    // The cache's price, as each transition measured it: the host's read and a device's upload.
+    assert!(unlimited.iter().all(|t| t.reason.contains("cache read ") && t.reason.contains(" + upload ")));
     // A cache switched off gives its memory back: entries filled in epoch 1, then none.
     assert!(held_unlimited[1].0 == 12 && held_unlimited[3].0 == 12, "{held_unlimited:?}");
     assert!(held_limited[1].0 == 12 && held_limited[3] == (0, 0), "{held_limited:?}");

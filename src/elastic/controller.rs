@@ -506,15 +506,25 @@ impl Elastic {
     }
 
     /// Whether reading a batch from the cache is cheaper than running the frozen prefix on it:
-    /// the measured read of one batch against the units' measured forward times.
-    fn cache_pays<D: Device>(&self, trainer: &Trainer<D>, units: usize) -> (bool, String) {
-        let Some(cache) = &self.cache else { return (false, String::new()) };
+    /// the measured read of one batch on the host and the upload of a replica's share of it to
+    /// a device, against the units' measured forward times for a replica's share (the replicas
+    /// in force run theirs at once; the host reads for them all).
+    fn cache_pays<D: Device>(&self, trainer: &Trainer<D>, units: usize) -> Result<(bool, String)> {
+        let Some(cache) = &self.cache else { return Ok((false, String::new())) };
         let a = self.around;
-        let forward: f64 = trainer.profiles.iter().take(units).map(|p| p.forward).sum::<f64>() * a.batch as f64;
+        let share = a.batch.div_ceil(trainer.pipeline.plan().config.replicas.max(1));
+        let forward: f64 = trainer.profiles.iter().take(units).map(|p| p.forward).sum::<f64>() * share as f64;
         let read = cache.measure_read(a.batch * a.positions * a.width);
+        let upload = upload_seconds(&trainer.pipeline.devices()[0], share * a.positions * a.width)?;
         // (Microseconds where milliseconds would round to 0.00: a small model's read.)
         let time = |t: f64| if t < 1e-4 { format!("{:.1} µs", t * 1e6) } else { format!("{:.2} ms", t * 1e3) };
-        (read < forward, format!("cache read {} vs frozen forward {} per batch", time(read), time(forward)))
+        let why = format!(
+            "cache read {} + upload {} vs frozen forward {} per batch",
+            time(read),
+            time(upload),
+            time(forward)
+        );
+        Ok((read + upload < forward, why))
     }
 
     fn transition<D: Device>(
@@ -540,7 +550,7 @@ impl Elastic {
             );
         }
         if self.config.auto_pipe {
-            let (pays, why) = self.cache_pays(trainer, units);
+            let (pays, why) = self.cache_pays(trainer, units)?;
             self.cache_on = self.cache.is_some() && units > 0 && pays;
             let base = self.asked_of(&before);
             // A freeze while a trial's first length runs prices against the length the trial
@@ -967,6 +977,24 @@ impl Elastic {
             crate::model::InputSpec::Tokens { .. } => host.seq,
         }
     }
+}
+
+/// Seconds to upload `values` hidden-state values to `device` as the cache's entries reach a
+/// first stage (the median of 3, after one untimed).
+fn upload_seconds<D: Device>(device: &D, values: usize) -> Result<f64> {
+    let data = vec![0.5f32; values];
+    let mut times = Vec::with_capacity(3);
+    for timed in [false, true, true, true] {
+        let start = Instant::now();
+        let buf = device.upload_activations(&data)?;
+        device.synchronize()?;
+        drop(buf);
+        if timed {
+            times.push(start.elapsed().as_secs_f64());
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[1])
 }
 
 impl<D: Device> Controller<D> for Elastic {
