@@ -12,15 +12,18 @@
 //! meanwhile), an input taking longer than the hang limit, and one allocation above the
 //! allocation cap. The library cannot install a global allocator, so allocation checking is
 //! live only in a binary whose `#[global_allocator]` calls [`check_allocation`]
-//! (`examples/fuzz.rs` does). A rejected input — the parser's `Err` — is the expected outcome.
+//! ([`CountingAllocator`], as `examples/fuzz.rs` and the smoke tests install). A rejected input — the parser's `Err` — is the expected outcome.
 //!
 //! ```no_run
 //! let report = pipetransformer::fuzz::run("checkpoint", 10_000, 1, std::time::Duration::from_secs(2)).unwrap();
 //! assert!(report.findings.is_empty(), "{:?}", report.findings);
 //! ```
 
+mod allocator;
 pub mod mutate;
 mod targets;
+
+pub use allocator::CountingAllocator;
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
@@ -40,12 +43,10 @@ pub const MAX_INPUT_LEN: usize = 64 << 10;
 pub const CORPUS_CAP: usize = 256;
 /// Default time one input may take before it is reported as a hang.
 pub const DEFAULT_HANG_LIMIT: Duration = Duration::from_secs(2);
-/// Default cap on any single allocation while an input of at most
-/// [`ALLOCATION_CHECK_MAX_INPUT`] bytes is parsed: no honest parse of a 64 KiB file needs a
-/// 256 MiB block, and a parser that asks for one trusted a length field.
+/// Default cap on any single allocation while an input (at most [`MAX_INPUT_LEN`] bytes) is
+/// parsed: no honest parse of a 64 KiB file needs a 256 MiB block, and a parser that asks for
+/// one trusted a length field.
 pub const DEFAULT_ALLOCATION_CAP: usize = 256 << 20;
-/// Inputs up to this size are held to the allocation cap.
-pub const ALLOCATION_CHECK_MAX_INPUT: usize = 64 << 10;
 /// Examples kept per distinct finding (same panic location, or same kind of hang/allocation).
 const EXAMPLES_PER_SIGNATURE: usize = 3;
 
@@ -100,6 +101,8 @@ pub struct Report {
     pub seeds: usize,
     /// Inputs the parser accepted (returned `Ok`).
     pub accepted: u64,
+    /// Of the seeds, those the parser accepted: all of them, or the seeds test nothing.
+    pub seeds_accepted: usize,
     /// Inputs the parser refused with an error (the expected outcome for a broken file).
     pub rejected: u64,
     /// Inputs that produced a finding (duplicates of a finding included).
@@ -183,6 +186,7 @@ fn run_target(t: &targets::Target, options: &Options) -> Result<Report, String> 
         inputs: 0,
         seeds: corpus.seeds,
         accepted: 0,
+        seeds_accepted: 0,
         rejected: 0,
         failed: 0,
         corpus: 0,
@@ -197,7 +201,7 @@ fn run_target(t: &targets::Target, options: &Options) -> Result<Report, String> 
         if options.budget.is_some_and(|b| start.elapsed() >= b) {
             break;
         }
-        // The seeds go first, unmutated: the report then proves they are accepted.
+        // The seeds go first, unmutated: the report counts those accepted.
         let input = match corpus.entries.get(i as usize).filter(|_| (i as usize) < corpus.seeds) {
             Some(seed) => seed.clone(),
             None => {
@@ -215,7 +219,10 @@ fn run_target(t: &targets::Target, options: &Options) -> Result<Report, String> 
         report.allocation_checked |= outcome.largest_allocation > 0;
 
         match &outcome.result {
-            Ok(Ok(())) => report.accepted += 1,
+            Ok(Ok(())) => {
+                report.accepted += 1;
+                report.seeds_accepted += usize::from((i as usize) < corpus.seeds);
+            }
             Ok(Err(_)) => report.rejected += 1,
             Err(_) => {}
         }
@@ -248,7 +255,7 @@ fn problems(outcome: &Outcome, input: &[u8], options: &Options) -> Vec<(FindingK
     if let Err(panic) = &outcome.result {
         found.push((FindingKind::Panic, panic.location.clone(), panic.message.clone()));
     }
-    if input.len() <= ALLOCATION_CHECK_MAX_INPUT && outcome.largest_allocation > options.allocation_cap {
+    if outcome.largest_allocation > options.allocation_cap {
         let message = format!(
             "one allocation of {} bytes while parsing a {}-byte input (cap {} bytes){}",
             outcome.largest_allocation,
@@ -475,7 +482,7 @@ impl Watchdog {
     fn start(target: &str, hang_limit: Duration) -> Self {
         let state = Arc::new(Mutex::new(InFlight { started: None, input: Vec::new(), reported: false }));
         let stop = Arc::new(AtomicBool::new(false));
-        let stuck_after = (hang_limit * 5).max(Duration::from_secs(10));
+        let stuck_after = hang_limit.saturating_mul(5).max(Duration::from_secs(10));
         let path = std::env::temp_dir().join(format!("pipetransformer-fuzz-stuck-{target}-{}.bin", std::process::id()));
         let (s, halt, target) = (state.clone(), stop.clone(), target.to_string());
         let thread = std::thread::Builder::new()
@@ -566,7 +573,7 @@ mod tests {
             b"ok" => Ok(()),
             b"boom" => panic!("boom at {}", input.len()),
             b"slow" => {
-                std::thread::sleep(Duration::from_millis(60));
+                std::thread::sleep(Duration::from_millis(600));
                 Ok(())
             }
             // What a binary's counting allocator reports for `vec![0u8; cap + 1]`.
@@ -582,7 +589,8 @@ mod tests {
     /// hook stays quiet meanwhile, and refused inputs are counted, not reported.
     #[test]
     fn fuzz_panics_hangs_and_allocations_are_findings() {
-        let options = Options { inputs: 40, hang_limit: Duration::from_millis(30), ..Options::default() };
+        // (A limit far from both the slow input's time and a refusal's, however busy the machine.)
+        let options = Options { inputs: 40, hang_limit: Duration::from_millis(300), ..Options::default() };
         let report = run_target(&MISBEHAVING, &options).unwrap();
         let found = |kind| report.findings.iter().find(|f| f.kind == kind).unwrap_or_else(|| panic!("no {kind}"));
         let panic = found(FindingKind::Panic);
@@ -597,6 +605,7 @@ mod tests {
             big.message
         );
         assert_eq!((report.findings.len(), report.failed, report.seeds), (3, 3, 4));
+        assert_eq!(report.seeds_accepted, 3, "every seed but the panic");
         assert_eq!(report.accepted + report.rejected + 1, 40, "every input but the panic is accepted or refused");
         assert!(report.allocation_checked);
     }

@@ -30,7 +30,7 @@
 //! | [`bench`](mod@bench) | the MiniLM-shaped benchmark workload, step FLOPs, the GEMM roofline, GPU datasheet peaks, `bench_step` → `StepReport` (the `bench-step` table, PyTorch beside it) |
 //! | [`text`] | `TextTokenizer` (a Hugging Face `tokenizer.json`, our truncation, no padding), `text_batch` (labelled texts → per-batch-padded BERT `HostBatch`), `stream_batch`/`stream_batches` (a token stream's windows → next-token `HostBatch`es; `data::lm_batch` batches a corpus's sequences) |
 //! | [`testing`] | finite-difference gradient checks and error metrics used by the tests |
-//! | [`fuzz`] | structure-aware mutation fuzzing on stable Rust: `run` a target (safetensors, checkpoint, IDX, CSV, Orange .tab, `tokenizer.json`, run config, `config.json`, PNG/JPEG/PGM) from seeded mutations of valid seeds; panics, hangs and over-cap allocations (`check_allocation`) become `Finding`s |
+//! | [`fuzz`] | structure-aware mutation fuzzing on stable Rust: `run` a target (safetensors, checkpoint, IDX, CSV, Orange .tab, `tokenizer.json`, run config, `config.json`, PNG/JPEG/PGM, rendezvous messages) from seeded mutations of valid seeds; panics, hangs and over-cap allocations (`check_allocation`) become `Finding`s |
 //!
 //! ## Training from code
 //!

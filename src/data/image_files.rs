@@ -20,8 +20,8 @@ pub fn read_idx_images(path: &Path) -> Result<Vec<ImagePixels>> {
     Ok(data.chunks_exact(h * w).map(|px| (w, h, 1, px.iter().map(|&v| v as f32 / 255.0).collect())).collect())
 }
 
-/// A PNG (grayscale, RGB, with or without alpha, 8 or 16 bits; alpha is dropped) or PGM
-/// (`P2` text or `P5` binary) file.
+/// A PNG (grayscale, RGB, with or without alpha, 8 or 16 bits; alpha is dropped), baseline or
+/// progressive JPEG, or PGM (`P2` text or `P5` binary) file.
 pub fn read_image_file(path: &Path) -> Result<ImagePixels> {
     read_image_file_as_stored(path).map(StoredImage::into_pixels)
 }

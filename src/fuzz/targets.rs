@@ -583,6 +583,48 @@ mod tests {
         assert!(reached > 48, "only {reached} of 64 fix-ups got past the hash");
     }
 
+    /// Each fix-up repairs the damage it exists for, so that a mutation there still reaches
+    /// the parser behind: a space in a checkpoint's or a safetensors file's JSON header (still
+    /// valid JSON, now longer than its length field says), an IDX pair split a byte late, a
+    /// PNG chunk's CRC broken. Refused as broken; accepted after most fix-ups (each repairs
+    /// most of the time, at random).
+    #[test]
+    fn fuzz_fix_ups_repair_what_they_are_for() {
+        let dir = scratch("repairs");
+        let first = |name: &str| {
+            let t = TARGETS.iter().find(|t| t.name == name).unwrap();
+            (t, (t.seeds)(&dir).unwrap().remove(0))
+        };
+        let spaced = |(t, mut b): (&'static Target, Vec<u8>), header: usize| {
+            assert_eq!(b[header], b'{', "{}: the JSON header's start", t.name);
+            b.insert(header + 1, b' ');
+            (t, b)
+        };
+        let flipped = |(t, mut b): (&'static Target, Vec<u8>), at: usize| {
+            b[at] ^= 1;
+            (t, b)
+        };
+        // (A PNG's IHDR CRC follows the signature, the chunk's length and type, and 13 bytes.)
+        let cases = [
+            spaced(first("checkpoint"), 16),
+            spaced(first("safetensors"), 8),
+            flipped(first("idx"), 0),
+            flipped(first("image"), 8 + 8 + 13),
+        ];
+        for (t, broken) in cases {
+            let e = (t.run)(&broken, &dir).expect_err("broken");
+            let fix = t.fix_up.unwrap();
+            let repaired = (0..64)
+                .filter(|&s| {
+                    let mut b = broken.clone();
+                    fix(&mut b, &mut Rng::new(s));
+                    (t.run)(&b, &dir).is_ok()
+                })
+                .count();
+            assert!(repaired >= 32, "{}: {repaired} of 64 fix-ups repaired it (before: {e})", t.name);
+        }
+    }
+
     #[test]
     fn fuzz_fix_ups_keep_seeds_valid() {
         let dir = scratch("seeds");
