@@ -16,6 +16,42 @@ use pipetransformer::train::Event;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+/// A line on standard output that a closed pipe or a full disk does not end: a training run
+/// goes on (its record is `metrics.jsonl`, its checkpoints and `report.html`), where
+/// `println!` would panic mid-run.
+macro_rules! console {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// [`console!`] without the line's end (text that ends its own lines).
+macro_rules! console_text {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// A line on standard output for a report (`plan`, `bench-step`, `kernels`): a failed write (a
+/// full disk) ends the command with an error naming it. (A closed pipe ends it quietly: these
+/// commands take SIGPIPE's default.)
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout(), $($arg)*).context("writing standard output")?
+    }};
+}
+
+/// [`out!`] without the line's end.
+macro_rules! out_text {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout(), $($arg)*).context("writing standard output")?
+    }};
+}
+
 #[derive(Parser)]
 #[command(
     name = "pipetransformer",
@@ -736,7 +772,7 @@ fn run() -> Result<()> {
             plan(load_config(&config, &set)?)
         }
         Command::Overfit { model, steps, lr, seed, threads, device } => {
-            on_device!(device.open(threads)?, overfit(model.into(), steps, lr, seed, |line| println!("{line}")))?;
+            on_device!(device.open(threads)?, overfit(model.into(), steps, lr, seed, |line| console!("{line}")))?;
             Ok(())
         }
         Command::BenchStep { steps, warmup, batch, seq, threads, python, device } => {
@@ -763,7 +799,7 @@ fn run() -> Result<()> {
                 }));
             let bench = bench::StepBench { steps, warmup, batch, seq, python, threads };
             let report = bench::bench_step(first, precision, bf16, device.device.resolve(), bench)?;
-            print!("{report}");
+            out_text!("{report}");
             if let Some((bench::TorchStep::Failed(_), _)) = report.torch {
                 bail!("the PyTorch comparison failed (the last line above); our timings stand");
             }
@@ -804,11 +840,11 @@ fn kernels(update: Option<&Path>) -> Result<()> {
         .transpose()?;
     let table = kernels::resource_table()?;
     match update.zip(doc) {
-        None => print!("{table}"),
+        None => out_text!("{table}"),
         Some((path, doc)) => {
             let fresh = kernels::with_table(&doc, &table).with_context(|| format!("updating {}", path.display()))?;
             pipetransformer::files::write_atomic(path, |w| std::io::Write::write_all(w, fresh.as_bytes()))?;
-            println!("updated the ptxas table in {}", path.display());
+            out!("updated the ptxas table in {}", path.display());
         }
     }
     Ok(())
@@ -977,7 +1013,7 @@ fn plan(mut config: RunConfig) -> Result<()> {
         }
         // (Each process opens one device; here the stages take one each.)
         config.pipeline.devices = None;
-        println!(
+        out!(
             "stages as processes: planned on a device per stage in this process; a launch runs each stage in a \
              process of its own"
         );
@@ -992,22 +1028,22 @@ fn plan(mut config: RunConfig) -> Result<()> {
     };
     // (Checked as `train` checks it, the cache too: its folder is made and removed again.)
     let mut job = Job::new(devices, config).context("preparing the run")?;
-    println!(
+    out!(
         "costs: {}",
         if measured { "measured on this machine's CPU, one micro-batch" } else { "FLOPs at a nominal 100 GFLOP/s" }
     );
     // What the first step runs: a freeze table's first entry freezes before it.
     for line in job.start_elastic().context("the elastic loop's start")? {
-        println!("before the first step: {line}");
+        out!("before the first step: {line}");
     }
-    print!("{}", job.trainer.pipeline.plan());
+    out_text!("{}", job.trainer.pipeline.plan());
     if let Some(line) = job.devices_waiting() {
-        println!("{line}");
+        out!("{line}");
     }
     if let Some(lines) = job.slicing_report(true) {
-        print!("{lines}");
+        out_text!("{lines}");
         if job.slicing.is_some() && !measured {
-            println!(
+            out!(
                 "  (the slicing's times are measured on this machine; the plan's above are FLOPs at the nominal rate: \
                  compare each with its own kind)"
             );
@@ -1020,7 +1056,7 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
     use indicatif::{ProgressBar, ProgressStyle};
 
     let names: Vec<String> = devices.iter().map(Device::name).collect();
-    println!("pipetransformer train: {} on {}", config.output.dir.display(), names.join(", "));
+    console!("pipetransformer train: {} on {}", config.output.dir.display(), names.join(", "));
     if let Some(path) = run.trace {
         if let Some(why) = pipetransformer::run::trace_in_the_way(&config, path, run.config_file) {
             bail!("--trace {}: {why}", path.display());
@@ -1056,20 +1092,20 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
     if run.resume {
         let resumed = job.resume().with_context(|| format!("resuming from {}", ckpt.display()))?;
         let p = job.trainer.position;
-        println!("resumed at step {} (epoch {}, batch {})", p.step, p.epoch, p.batch);
-        print!("{resumed}");
+        console!("resumed at step {} (epoch {}, batch {})", p.step, p.epoch, p.batch);
+        console_text!("{resumed}");
         planned_here = matches!(resumed.plan, pipetransformer::run::ResumedPlan::Replanned { .. });
         let slices = &job.trainer.pipeline.plan().config.token_slices;
         if !slices.is_empty() && !planned_here {
-            println!("token slices (the checkpoint's): {slices:?}");
+            console!("token slices (the checkpoint's): {slices:?}");
         }
     }
-    print!("{}", job.trainer.pipeline.plan());
+    console_text!("{}", job.trainer.pipeline.plan());
     if let Some(line) = job.devices_waiting() {
-        println!("{line}");
+        console!("{line}");
     }
-    println!("communicator: {}", job.communicator);
-    print!("{}", job.slicing_report(planned_here).unwrap_or_default());
+    console!("communicator: {}", job.communicator);
+    console_text!("{}", job.slicing_report(planned_here).unwrap_or_default());
     if run.trace.is_some() {
         job.trainer.trace = Some(Default::default());
     }
@@ -1079,15 +1115,15 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
         true => format!("a vocabulary of {} characters", info.classes),
         false => format!("{} classes", info.classes),
     };
-    println!("data: {} — {} training / {} {} samples, {labels}", info.name, info.train, info.test, info.evaluated_on);
-    println!(
+    console!("data: {} — {} training / {} {} samples, {labels}", info.name, info.train, info.test, info.evaluated_on);
+    console!(
         "model: {:?}, {} parameters{}",
         job.trainer.pipeline.spec().family,
         job.trainer.pipeline.num_params(),
         if job.config.train.freeze_embeddings { ", the embedding frozen (train.freeze_embeddings)" } else { "" }
     );
     if let Some(report) = &job.load_report {
-        println!("{report}");
+        console!("{report}");
     }
     let total = job.trainer.lr_schedule.total_steps;
     // On stdout, with the other lines: `train … > log` keeps them all, and the bar hides (its
@@ -1100,7 +1136,7 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
     bar.set_position(job.trainer.batches_done());
     let per_epoch = job.trainer.batches_per_epoch() as u64;
     // A hidden bar (output not a terminal) swallows println: print directly then.
-    let say = |bar: &ProgressBar, line: String| if bar.is_hidden() { println!("{line}") } else { bar.println(line) };
+    let say = |bar: &ProgressBar, line: String| if bar.is_hidden() { console!("{line}") } else { bar.println(line) };
     let started = Instant::now();
     let mut samples = 0usize;
     let mut started_at = 0u64;
@@ -1113,7 +1149,7 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
             if bar.is_hidden() {
                 let now = started.elapsed().as_secs_f64();
                 if let Some(line) = lines.step(now, (*step, *batches), *epoch, *loss, *lr, *n) {
-                    println!("{line}");
+                    console!("{line}");
                 }
                 return;
             }
@@ -1151,7 +1187,7 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
         n if started_at > 0 => format!(" ({n} of them since step {started_at}, in"),
         _ => " (in".into(),
     };
-    println!(
+    console!(
         "done: {} step{}{this_process} {:.1} s, {:.1} samples/s)",
         summary.steps,
         if summary.steps == 1 { "" } else { "s" },
@@ -1159,14 +1195,14 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
         summary.samples_per_second
     );
     if let Some(eval) = &summary.eval {
-        println!("final eval: {eval}");
+        console!("final eval: {eval}");
     }
     if let Some(best) = &summary.best {
         let why = if summary.stopped_early { ", stopped early (train.early_stopping_patience)" } else { "" };
-        println!("best {}: {} at step {}{why}", best.metric.name(), best.metric.show(best.value), best.step);
+        console!("best {}: {} at step {}{why}", best.metric.name(), best.metric.show(best.value), best.step);
     }
     if let Some(u) = summary.unigram_baseline_loss {
-        println!("unigram baseline held-out loss: {u:.4}");
+        console!("unigram baseline held-out loss: {u:.4}");
     }
     if job.writes_files() {
         // (A resume with no step left keeps the checkpoint of the steps it follows, and their
@@ -1183,7 +1219,7 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
         .into_iter()
         .filter_map(|(file, written)| written.then_some(file))
         .collect();
-        println!("wrote {}/{{{}}}", job.config.output.dir.display(), files.join(", "));
+        console!("wrote {}/{{{}}}", job.config.output.dir.display(), files.join(", "));
     }
     if let (Some(path), Some(trace)) = (run.trace, &job.trainer.trace) {
         // Each process of a launched run traces its own devices: rank 0 at the path asked for,
@@ -1191,7 +1227,7 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
         let path = run.process.as_ref().map_or_else(|| path.to_path_buf(), |p| p.own_file(path));
         let path = path.as_path();
         trace.write(path).with_context(|| format!("writing {}", path.display()))?;
-        println!("wrote the Chrome trace {}", path.display());
+        console!("wrote the Chrome trace {}", path.display());
     }
     Ok(())
 }

@@ -1209,6 +1209,38 @@ fn a_run_folder_holds_one_run_and_its_log() {
     assert!(full.join("checkpoint.ckpt").exists() && full.join("model/model.safetensors").exists(), "{out}");
 }
 
+/// Standard output that cannot be written (a full disk; a pipe that `head` closed) does not
+/// end a training run: it trains to the end and writes its results. A report's command
+/// (`plan`) ends with the failed write named, not a panic.
+#[test]
+fn a_console_that_cannot_be_written_does_not_end_a_run() {
+    if !have_digits() {
+        return;
+    }
+    let full = || std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let bin = env!("CARGO_BIN_EXE_pipetransformer");
+    for closed in [false, true] {
+        let dir = scratch(if closed { "closed-console" } else { "full-console" });
+        let out_dir = format!("output.dir={}", dir.display());
+        let args = ["train", "--config", "configs/vit-digits.toml", "--set", &out_dir, "--set", "train.max_steps=2"];
+        let mut run = Command::new(bin);
+        run.args(args).args(["--set", "data.test_limit=32"]).stderr(std::process::Stdio::piped());
+        let out = if closed {
+            let mut child = run.stdout(std::process::Stdio::piped()).spawn().unwrap();
+            drop(child.stdout.take());
+            child.wait_with_output().unwrap()
+        } else {
+            run.stdout(full()).output().unwrap()
+        };
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && !err.contains("panicked"), "closed {closed}: {err}");
+        assert!(dir.join("summary.json").exists() && dir.join("model/model.safetensors").exists());
+    }
+    let out = Command::new(bin).args(["plan", "--config", "configs/vit-digits.toml"]).stdout(full()).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("writing standard output") && !err.contains("panicked"), "{err}");
+}
+
 /// Ctrl-C (or a scheduler's SIGTERM) stops a run after the step under way, with its checkpoint
 /// written: the run says where it stopped, and `--resume` goes on from that step.
 #[test]

@@ -86,11 +86,18 @@ pub(super) fn set_aside_note(dir: &Path) -> String {
 }
 
 /// Why a Chrome trace written to `trace` when the run ends would overwrite a file the run
-/// needs: the run's config file (`config_file`), or one of the files it writes in its
-/// `output.dir` (its checkpoint, log, summary, report, exported model, the earlier run's set
-/// aside, its lock). (The cache's spill files have names of their own, unlinked at once: a
-/// trace beside them is safe.) `None` when the path is free for it.
+/// needs or any other file: the run's config file (`config_file`), its `output.dir` itself or
+/// one of the files it writes there (its checkpoint, log, summary, report, exported model, the
+/// earlier run's set aside, its lock), or an existing file that is not a Chrome trace (a
+/// dataset, another run's checkpoint: the trace replaces only a trace). (The cache's spill
+/// files have names of their own, unlinked at once: a trace beside them is safe.) `None` when
+/// the path is free for it.
 pub fn trace_in_the_way(config: &RunConfig, trace: &Path, config_file: &Path) -> Option<String> {
+    run_file_at(config, trace, config_file).or_else(|| not_a_trace(trace))
+}
+
+/// Why a trace at `trace` would replace one of the run's own files or its folder.
+fn run_file_at(config: &RunConfig, trace: &Path, config_file: &Path) -> Option<String> {
     // (Resolved through the folders that exist, `runs/x/../x/summary.json` being the
     // summary; the rest, not made yet, as written.)
     let resolved = |p: &Path| -> Option<std::path::PathBuf> {
@@ -111,6 +118,12 @@ pub fn trace_in_the_way(config: &RunConfig, trace: &Path, config_file: &Path) ->
         return Some("is the run's config file (--config); name another file for the trace".into());
     }
     let dir = resolved(&config.output.dir)?;
+    if at == dir {
+        return Some(format!(
+            "is the run's output folder (output.dir); name a file for the trace, such as {}",
+            config.output.dir.join("trace.json").display()
+        ));
+    }
     let name = at.strip_prefix(&dir).ok()?.components().next()?.as_os_str().to_str()?.to_string();
     // (Besides its files, the folder's lock and the export's staging folder, emptied by each
     // export.)
@@ -121,6 +134,25 @@ pub fn trace_in_the_way(config: &RunConfig, trace: &Path, config_file: &Path) ->
             "is where the run writes its own {name} (output.dir {}); name another file for the trace",
             config.output.dir.display()
         )
+    })
+}
+
+/// Why an existing file at `path` is not one a trace may replace: anything but an empty file
+/// or a Chrome trace (a JSON object whose first key, within its first 4 KiB, is
+/// `traceEvents` or `displayTimeUnit`, as this engine and most tracers write them).
+fn not_a_trace(path: &Path) -> Option<String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).ok().filter(|f| f.metadata().is_ok_and(|m| m.is_file()))?;
+    let mut head = Vec::new();
+    file.take(4096).read_to_end(&mut head).ok()?;
+    let text = String::from_utf8_lossy(&head);
+    let body = text.trim_start().strip_prefix('{').map(str::trim_start);
+    let trace = head.is_empty()
+        || body.is_some_and(|b| b.starts_with("\"traceEvents\"") || b.starts_with("\"displayTimeUnit\""));
+    (!trace).then(|| {
+        "is an existing file that is not a Chrome trace, which the trace would replace; name a new file, or move \
+         that one away first"
+            .to_string()
     })
 }
 
@@ -299,6 +331,14 @@ mod tests {
             assert!(refused(&plain, own).is_some_and(|w| w.contains("is where the run writes its own")), "{own}");
         }
         assert!(refused(&plain, "run.toml").is_some_and(|w| w.contains("config file")));
+        assert!(refused(&plain, "run").is_some_and(|w| w.contains("is the run's output folder")));
+        // An existing file is replaced only where it is a trace (or empty): never a dataset.
+        std::fs::write(scratch.join("data.tsv"), "pos\tgood\n").unwrap();
+        assert!(refused(&plain, "data.tsv").is_some_and(|w| w.contains("not a Chrome trace")));
+        for (name, text) in [("old.json", "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[]}"), ("empty.json", "")] {
+            std::fs::write(scratch.join(name), text).unwrap();
+            assert_eq!(refused(&plain, name), None, "{name}");
+        }
         // The cache's spill files have names of their own: a trace in its folder is free.
         let cached = config(&["elastic.cache=true"]);
         for free in ["run/cache/t.json", "elsewhere/t.json", "run/trace.json"] {
