@@ -1767,7 +1767,8 @@ fn a_resumed_run_checkpoints_at_multiples_of_checkpoint_every() {
     let whole = ["--resume", "--set", "data.max_len=16", "--set", "data.train_limit=0"];
     let (ok, out) = pipetransformer(&[&args[..], &whole].concat());
     assert!(
-        !ok && out.contains("batches per epoch") && out.contains("with data.max_len = 32, this run's is 16"),
+        !ok && out.contains("batches per epoch")
+            && out.contains("the checkpoint's data.max_len = 32, this run's is 16"),
         "{out}"
     );
 }

@@ -230,6 +230,34 @@ fn a_resume_names_the_training_settings_that_changed() {
     std::fs::remove_file(&path).unwrap();
 }
 
+/// A checkpoint past the end of the resuming run (a smaller `train.max_steps`) is refused by
+/// name, the trainer unchanged, instead of a run that ends at once having trained nothing; at
+/// the end exactly, it resumes (a finished run, nothing left).
+#[test]
+fn a_checkpoint_past_the_runs_end_is_refused() {
+    let config = common::tiny_gpt(0.0);
+    let src = Synthetic { config: config.clone(), fail_at: None };
+    let path = tmp("past-the-end");
+    let mut first = trainer(&config);
+    run(&mut first, &src, Some(2));
+    first.save_checkpoint(&path, serde_json::Value::Null).unwrap();
+    let resumed = |max_steps: u64| {
+        let train = TrainConfig { max_steps, ..train_config() };
+        let dev = CpuDevice::<f32>::new(0, 1).unwrap();
+        let mut t = common::trainer_on(&config, 3, vec![dev], Default::default(), train, 4);
+        let r = t.load_checkpoint_with(&path, RecordedPlan::Restore).map(|_| ());
+        (r, t.position.step)
+    };
+    let (refused, step) = resumed(1);
+    let e = refused.unwrap_err().to_string();
+    assert!(e.contains("train.max_steps") && e.contains("is 1, a run of 1 batches"), "{e}");
+    assert!(e.contains("2 batches in (step 2)") && e.contains("nothing would be left to train"), "{e}");
+    assert_eq!(step, 0, "the trainer as it was");
+    let (at_the_end, step) = resumed(2);
+    assert!(at_the_end.is_ok() && step == 2);
+    std::fs::remove_file(&path).unwrap();
+}
+
 /// `train.freeze_embeddings` survives a resume (the embedding never moves, before or after
 /// the checkpoint), and a change of it between the checkpoint's run and the resuming one is
 /// refused by name, both ways, before anything is loaded.

@@ -650,9 +650,27 @@ impl<D: Device> Trainer<D> {
                 true => "data.batch_size, data.train_limit or the dataset changed since, or the device count (an \
                          epoch's last batch holds a sample per device at least, or joins the one before)"
                     .to_string(),
-                false => format!("taken with {}", differ.join("; with ")),
+                false => format!("the checkpoint's {}", differ.join("; the checkpoint's ")),
             };
             return Err(changed(format!("taken with {then} batches per epoch, this run has {per_epoch}: {why}")));
+        }
+        // A checkpoint past this run's end (a smaller `train.max_steps` or `train.epochs`) would
+        // end the run at once, having trained nothing.
+        let done = position.epoch.saturating_mul(per_epoch as u64).saturating_add(position.batch as u64);
+        let total = self.lr_schedule.total_steps;
+        if done > total {
+            let by_steps = self.config.max_steps > 0 && self.config.max_steps == total;
+            let (key, value) =
+                if by_steps { ("max_steps", self.config.max_steps) } else { ("epochs", self.config.epochs) };
+            return Err(Error::Config {
+                field: format!("train.{key}"),
+                message: format!(
+                    "is {value}, a run of {total} batches, and the checkpoint is {done} batches in (step {}): nothing \
+                     would be left to train; give a larger train.{key} to train on from there, or start over with \
+                     --fresh",
+                    position.step
+                ),
+            });
         }
         // Within an epoch, the order of the rest of its batches may follow settings the
         // samples' fingerprint does not (their token counts, where batches are grouped by
