@@ -171,6 +171,45 @@ pub(crate) fn sorted_classes<'a>(path: &std::path::Path, labels: impl Iterator<I
     Ok(classes)
 }
 
+/// Refuses a label that reads as a stray row rather than a class, where training would make a
+/// class of it: on one row only, either the only label that is not an integer among integer
+/// labels (a typo), or on the first row with a column's name (`label`, `class`: a header,
+/// which a labelled file has none of). `rows` are (line, label).
+pub(crate) fn refuse_stray_label<'a>(
+    path: &std::path::Path,
+    rows: impl Iterator<Item = (usize, &'a str)>,
+) -> Result<()> {
+    let mut seen: std::collections::BTreeMap<&str, (usize, usize)> = std::collections::BTreeMap::new();
+    for (line, label) in rows {
+        seen.entry(label).or_insert((0, line)).0 += 1;
+    }
+    let words: Vec<(&str, usize, usize)> =
+        seen.iter().filter(|(l, _)| l.parse::<u64>().is_err()).map(|(l, &(n, line))| (*l, n, line)).collect();
+    let first = seen.values().map(|&(_, line)| line).min();
+    let why = match words.as_slice() {
+        [(label, 1, line)] if seen.len() > 2 => {
+            Some((*label, *line, "where every other row's label is an integer: a typo?".to_string()))
+        }
+        _ => words
+            .iter()
+            .find(|&&(l, n, line)| {
+                let name = ["label", "labels", "class", "category", "target"].contains(&l.to_lowercase().as_str());
+                n == 1 && Some(line) == first && name
+            })
+            .map(|&(l, _, line)| (l, line, "on the first row, a column's name: a header row?".to_string())),
+    };
+    match why {
+        Some((label, line, why)) => Err(super::files::dataset_error(
+            path,
+            Some(line),
+            format!(
+                "has label `{label}`, on this row only, {why} A labelled file has one sample per row and no header"
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// The class of `label` on `line` of a user's file `path`, among the `classes` of the
 /// training file `train` ([`sorted_classes`]); a label it lacks is an error naming the line.
 pub(crate) fn label_index(

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use super::dataset::{Dataset, Sample, Split, TEST_FILE_ID_BASE, label_index, sorted_classes};
+use super::dataset::{Dataset, Sample, Split, TEST_FILE_ID_BASE, label_index, refuse_stray_label, sorted_classes};
 use super::files::{SetupGroup, dataset_error, numbered_lines, read_bytes, read_text};
 use crate::error::{Result, data_error};
 use crate::model::HostBatch;
@@ -153,6 +153,7 @@ pub fn labelled_image_files(
     let side = (train_rows[0].1.len() / channels).isqrt();
     let test_rows = test.map(|path| read_labelled_pixels(path, pixel_max, channels, Some(side)).map(|r| (path, r)));
     let test_rows = test_rows.transpose()?;
+    refuse_stray_label(train, train_rows.iter().map(|r| (r.0, r.2.as_str())))?;
     let classes = sorted_classes(train, train_rows.iter().map(|r| r.2.as_str()))?;
     let to_samples = |rows: Vec<PixelRow>, path: &Path, id_base: u64| -> Result<Vec<ImageSample>> {
         let scale = 1.0 / pixel_max as f32;

@@ -537,6 +537,20 @@ fn a_users_labelled_texts_are_read_row_by_row() {
     }
     let (file, _, message) = dataset_err(labelled_text_files(&dir.path().join("missing.tsv"), None));
     assert!(file.ends_with("missing.tsv") && message.contains("check the path"), "{message}");
+
+    // A row that reads as no sample would become a class of its own: a header, a typo.
+    for (name, bytes, line, said) in [
+        ("header.tsv", &b"Label\ttext\npos\tgood\nneg\tbad\n"[..], 1, "on the first row, a column's name"),
+        ("typo.tsv", b"0\tgood\n1\tbad\ncat\tugly\n1\tworse\n", 3, "every other row's label is an integer"),
+    ] {
+        let path = dir.write(name, bytes);
+        let (_, at, message) = dataset_err(labelled_text_files(&path, None));
+        assert!(at == Some(line) && message.contains(said) && message.contains("no header"), "{name}: {message}");
+    }
+    // ...but a word among words, or a name some rows share, is a class like any.
+    for bytes in [&b"label\tgood\nlabel\tfine\nneg\tbad\n"[..], b"pos\tgood\nneg\tbad\nneutral\tmeh\n"] {
+        assert!(labelled_text_files(&dir.write("fine.tsv", bytes), None).is_ok());
+    }
 }
 
 /// A user's text as a corpus: the last tenth held out, or a held-out file, the vocabulary over

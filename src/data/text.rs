@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
 
 use super::csv::CsvRecords;
-use super::dataset::{Dataset, Sample, Split, TEST_FILE_ID_BASE, label_index, sorted_classes};
+use super::dataset::{Dataset, Sample, Split, TEST_FILE_ID_BASE, label_index, refuse_stray_label, sorted_classes};
 use super::files::{SetupGroup, dataset_error, numbered_lines, read_text};
 use crate::error::Result;
 
@@ -205,6 +205,7 @@ pub fn labelled_text_files(
     test: Option<&Path>,
 ) -> Result<(Dataset<TextSample>, Option<Dataset<TextSample>>)> {
     let train_rows = read_labelled_texts(train)?;
+    refuse_stray_label(train, train_rows.iter().map(|r| (r.line, r.category.as_str())))?;
     let classes = sorted_classes(train, train_rows.iter().map(|r| r.category.as_str()))?;
     let to_samples = |rows: Vec<TabRow>, path: &Path, id_base: u64| -> Result<Vec<TextSample>> {
         rows.into_iter()
