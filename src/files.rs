@@ -89,7 +89,7 @@ pub const LOCK_FILE: &str = ".lock";
 /// overwriting its checkpoints. Having taken it, removes the temporary files of writers
 /// that died mid-write there.
 pub fn lock_folder(dir: &Path) -> Result<File> {
-    use std::io::{Read, Seek, Write};
+    use std::io::Write;
     let path = dir.join(LOCK_FILE);
     let mut file = File::options()
         .read(true)
@@ -107,12 +107,7 @@ pub fn lock_folder(dir: &Path) -> Result<File> {
             Ok(file)
         }
         Err(std::fs::TryLockError::WouldBlock) => {
-            let mut holder = String::new();
-            let _ = file.rewind().and_then(|_| file.read_to_string(&mut holder));
-            let holder = match holder.trim().parse::<u32>() {
-                Ok(pid) => format!("process {pid}"),
-                Err(_) => "another process".into(),
-            };
+            let holder = lock_holder(&mut file);
             Err(io_error(
                 dir,
                 std::io::Error::new(
@@ -125,6 +120,27 @@ pub fn lock_folder(dir: &Path) -> Result<File> {
             ))
         }
         Err(std::fs::TryLockError::Error(e)) => Err(io_error(&path, e)),
+    }
+}
+
+/// The process that holds `dir`'s lock ([`lock_folder`]) now, as "process N": `None` where no
+/// run writes to the folder (the lock is only tried, never kept).
+pub fn folder_writer(dir: &Path) -> Option<String> {
+    let mut file = File::open(dir.join(LOCK_FILE)).ok()?;
+    match file.try_lock_shared() {
+        Err(std::fs::TryLockError::WouldBlock) => Some(lock_holder(&mut file)),
+        _ => None,
+    }
+}
+
+/// Whose lock `file` is, as its holder wrote it.
+fn lock_holder(file: &mut File) -> String {
+    use std::io::{Read, Seek};
+    let mut holder = String::new();
+    let _ = file.rewind().and_then(|_| file.read_to_string(&mut holder));
+    match holder.trim().parse::<u32>() {
+        Ok(pid) => format!("process {pid}"),
+        Err(_) => "another process".into(),
     }
 }
 

@@ -215,9 +215,12 @@ pub fn check_start(config: &RunConfig, resume: bool, fresh: bool, group: Option<
         }
         if resume && !ckpt.exists() {
             // Said before the data and model are built, not after.
+            let writer = files::folder_writer(dir).map_or_else(String::new, |w| {
+                format!(" yet: another run ({w}) is writing to this folder and has not taken its first checkpoint")
+            });
             return Err(config_error(
                 "output.dir",
-                format!("no checkpoint to resume from at {}{}", ckpt.display(), set_aside_note(dir)),
+                format!("no checkpoint to resume from at {}{writer}{}", ckpt.display(), set_aside_note(dir)),
             ));
         }
         return Ok(());
@@ -371,6 +374,14 @@ mod tests {
         std::fs::remove_file(super::checkpoint_path(&config)).unwrap();
         let e = super::check_start(&config, true, false, None).unwrap_err().to_string();
         assert!(e.contains("output.dir") && e.contains("no checkpoint to resume from at"), "{e}");
+        assert!(!e.contains("another run"), "{e}");
+        // ...where a run that has not checkpointed yet writes, it says so.
+        let lock = crate::files::lock_folder(&scratch).unwrap();
+        let e = super::check_start(&config, true, false, None).unwrap_err().to_string();
+        let writer = format!("another run (process {}) is writing to this folder", std::process::id());
+        assert!(e.contains("no checkpoint to resume from at") && e.contains(&writer), "{e}");
+        drop(lock);
+        std::fs::remove_file(scratch.join(crate::files::LOCK_FILE)).unwrap();
         // An earlier run's export without its checkpoint (removed to save space) is refused
         // too, unless the run starts over.
         std::fs::create_dir(scratch.join("model")).unwrap();
