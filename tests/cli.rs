@@ -832,6 +832,19 @@ fn have_digits() -> bool {
     common::installed(&[Path::new("data/digits/digits.csv.gz")])
 }
 
+/// A model larger than the machine's memory is refused with the sizes before it is built,
+/// where the kernel killed the process mid-build, saying nothing.
+#[test]
+fn a_model_larger_than_memory_is_refused_before_it_is_built() {
+    if !Path::new("/proc/meminfo").exists() || !common::installed(&[Path::new("data/text/hamlet.txt")]) {
+        return;
+    }
+    let (ok, out) =
+        pipetransformer(&["plan", "--config", "configs/gpt-hamlet.toml", "--set", "model.config.n_layer=100000"]);
+    assert!(!ok && out.contains("model.config") && out.contains("parameters, which take"), "{out}");
+    assert!(out.contains("GiB of memory: give a smaller one"), "{out}");
+}
+
 /// `plan` shows what the first step runs: a freeze table whose first entry freezes a layer
 /// does so before it (and AutoPipe reshapes), as `train` does.
 #[test]

@@ -369,6 +369,9 @@ impl<D: Device> Job<D> {
                 Some(Pipeline::units_of_process(&shapes, plan.clone(), &profiles, group.rank(), group.size())?)
             }
         };
+        if let (None, Some(model)) = (&group, &config.model.config) {
+            super::model_setup::check_host_memory(&devices[0], model)?;
+        }
         let keep = |u: usize| own_units.as_ref().is_none_or(|own| own[u]);
         let (mut model, model_config, load_report) = build_model(&devices[0], &config, &info, &keep)?;
         freeze_embeddings(&config, &devices[0], &mut model)?;

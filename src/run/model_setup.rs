@@ -126,6 +126,50 @@ pub fn build_model<D: Device>(
     }
 }
 
+/// Bytes a trained parameter takes on a cpu device: f32 weight, gradient and AdamW's two
+/// moments.
+const TRAINED_PARAMETER_BYTES: u64 = 16;
+
+/// A model whose parameters cannot fit this machine's memory on a cpu device (the only kind
+/// with threads, which holds its buffers in host memory) is refused with the sizes, before a
+/// byte is allocated: otherwise the kernel kills the process mid-build, saying nothing. (For a
+/// process that holds the whole model: a launched run's stages hold their own units only.)
+pub(super) fn check_host_memory<D: Device>(dev: &D, model: &ModelConfig) -> Result<()> {
+    let Some(total) = dev.threads().and_then(|_| host_memory_bytes()) else { return Ok(()) };
+    // (Sizes the data sets, not known yet, at their least; a config the build would refuse
+    // is left to it, which names what is wrong.)
+    let mut model = model.clone();
+    match &mut model {
+        ModelConfig::Bert(c) => (c.vocab_size, c.num_labels) = (c.vocab_size.max(1), c.num_labels.max(1)),
+        ModelConfig::Gpt(c) => c.vocab_size = c.vocab_size.max(1),
+        ModelConfig::Vit(c) => c.num_labels = c.num_labels.max(1),
+    }
+    let Ok(spec) = model.spec() else { return Ok(()) };
+    let params = spec.parameter_count().unwrap_or(usize::MAX) as u64;
+    let needs = params.saturating_mul(TRAINED_PARAMETER_BYTES);
+    if needs <= total {
+        return Ok(());
+    }
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    Err(config_error(
+        "model.config",
+        format!(
+            "has {params} parameters, which take {:.1} GiB on a cpu device (f32 weights, gradients and AdamW's two \
+             moments: {TRAINED_PARAMETER_BYTES} bytes each) where this machine has {:.1} GiB of memory: give a \
+             smaller one",
+            gib(needs),
+            gib(total)
+        ),
+    ))
+}
+
+/// The machine's memory (`MemTotal` in /proc/meminfo), where it can be read.
+fn host_memory_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = info.lines().find_map(|l| l.strip_prefix("MemTotal:"))?.trim().strip_suffix("kB")?.trim();
+    kib.parse::<u64>().ok()?.checked_mul(1024)
+}
+
 /// A model of another kind than the dataset (a GPT on digits, a ViT on hamlet) is refused by
 /// the dataset's name when the run is built, not by the first step's upload.
 pub(super) fn check_kind(model: &ModelConfig, info: &DataInfo) -> Result<()> {
