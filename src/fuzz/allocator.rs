@@ -13,7 +13,7 @@ use super::check_allocation;
 
 /// The system allocator, with every request's size shown to the fuzzer first. It records
 /// (never refuses) a request, so a huge one is reported after the parser returns. Blocks of
-/// [`HUGE`] bytes or more come from an anonymous `mmap` without swap reservation instead:
+/// 1 GiB or more (`HUGE`) come from an anonymous `mmap` without swap reservation instead:
 /// `malloc` refuses a request larger than memory, and the refusal would abort the whole run
 /// in `handle_alloc_error` before the finding could be reported, while a lazily backed
 /// mapping costs nothing until written (and a parser that trusted a length field fails on the
