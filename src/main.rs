@@ -949,7 +949,9 @@ fn evaluate<D: Device>(dev: D, model: &Path, data: &EvalData) -> Result<()> {
 fn write_stdout(text: &str) -> Result<()> {
     use std::io::Write;
     match std::io::stdout().lock().write_all(text.as_bytes()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(anyhow::Error::new(e).context("writing standard output"))
+        }
         _ => Ok(()),
     }
 }

@@ -3888,3 +3888,73 @@ fn launched_stage_processes_keep_the_best_one_process_keeps() {
     assert!(weights_in(&one, "best") == weights_in(&many, "best"), "best/ as one process writes it");
     assert!(weights_in(&one, "model") == weights_in(&many, "model"));
 }
+
+/// A model folder given where it does not fit is named as what it is, not by the first file
+/// its reader misses: an image model's export to fine-tune on texts (by the kinds, not its
+/// missing tokenizer), a pretrained encoder given to `predict` (by its missing head, not as
+/// damaged), a pretrained folder without its tokenizer, a run whose export lost its config;
+/// an image file given to `evaluate --file` (by what it is, not as text that is not UTF-8);
+/// and standard output that cannot be written is named so.
+#[test]
+fn a_model_folder_where_it_does_not_fit_is_named_as_what_it_is() {
+    let minilm = Path::new("weights/all-minilm-l6-v2");
+    if !common::installed(&[minilm, Path::new("data/text/rotten_tomatoes_corpus_full.csv.bz2")]) {
+        return;
+    }
+    let dir = scratch("misplaced-model");
+    let vit = dir.join("vit");
+    tiny_digits_vit(&vit);
+    let run = dir.join("run");
+    let train = |pretrained: &Path| {
+        pipetransformer(&[
+            "train",
+            "--config",
+            "configs/minilm-rt.toml",
+            "--set",
+            &format!("model.pretrained={}", pretrained.display()),
+            "--set",
+            &format!("output.dir={}", run.display()),
+        ])
+    };
+    let (ok, out) = train(&vit);
+    assert!(
+        !ok && out.contains("config field `data.dataset`") && out.contains("the model (a ViT) is an image"),
+        "{out}"
+    );
+    let no_tokenizer = dir.join("no-tokenizer");
+    std::fs::create_dir(&no_tokenizer).unwrap();
+    for file in ["config.json", "model.safetensors"] {
+        std::fs::copy(minilm.join(file), no_tokenizer.join(file)).unwrap();
+    }
+    let (ok, out) = train(&no_tokenizer);
+    assert!(!ok && out.contains("model.pretrained") && out.contains("holds no tokenizer.json"), "{out}");
+    assert!(!run.exists(), "{out}");
+
+    let (ok, out) = pipetransformer(&["predict", "--model", "weights/all-minilm-l6-v2", "a fine film"]);
+    assert!(!ok && out.contains("a pretrained model without a classifier head") && !out.contains("damaged"), "{out}");
+
+    let png = dir.join("digit.png");
+    std::fs::write(&png, b"\x89PNG\r\n\x1a\n").unwrap();
+    let vit_text = vit.display().to_string();
+    let (ok, out) = pipetransformer(&["evaluate", "--model", &vit_text, "--file", &png.display().to_string()]);
+    assert!(!ok && out.contains("is a PNG image, with no label to score") && !out.contains("UTF-8"), "{out}");
+    let rows = dir.join("rows.csv");
+    std::fs::write(&rows, format!("{},3\n", digit_pixels(1))).unwrap();
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let bin = env!("CARGO_BIN_EXE_pipetransformer");
+    let out = Command::new(bin)
+        .args(["evaluate", "--model", &vit_text, "--file", &rows.display().to_string()])
+        .stdout(full)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("writing standard output"), "{err}");
+
+    // A run's folder whose model/ lost its config.json: that file is named.
+    let export = run.join("model");
+    std::fs::create_dir_all(&export).unwrap();
+    std::fs::copy(vit.join("model.safetensors"), export.join("model.safetensors")).unwrap();
+    std::fs::write(run.join("checkpoint.ckpt"), b"").unwrap();
+    let (ok, out) = pipetransformer(&["predict", "--model", &run.display().to_string(), "1"]);
+    assert!(!ok && out.contains("model/config.json: is missing") && !out.contains("without its exported"), "{out}");
+}

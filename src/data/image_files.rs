@@ -116,6 +116,7 @@ pub(crate) fn read_image_file_as_stored(path: &Path) -> Result<StoredImage> {
 }
 
 /// The image formats [`read_image_file`] reads.
+#[derive(Clone, Copy)]
 pub(crate) enum ImageFormat {
     Png,
     Jpeg,
@@ -133,6 +134,15 @@ impl ImageFormat {
             Some(Self::Pgm)
         } else {
             None
+        }
+    }
+
+    /// The format's name, as its users know it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Png => "PNG",
+            Self::Jpeg => "JPEG",
+            Self::Pgm => "PGM",
         }
     }
 }

@@ -714,6 +714,20 @@ impl RunConfig {
                 config.train.min_lr
             ));
         }
+        if config.train.early_stopping_patience == 0 && config.train.early_stopping_min_delta != 0.0 {
+            warnings.push(format!(
+                "train.early_stopping_min_delta = {} has no effect: train.early_stopping_patience is 0 (no early \
+                 stopping)",
+                config.train.early_stopping_min_delta
+            ));
+        }
+        if dataset.is_image() && merged.contains_key("max_len") {
+            warnings.push(format!(
+                "data.max_len = {} has no effect: {} is a dataset of images, whose length is the model's patches",
+                config.data.max_len,
+                dataset.key()
+            ));
+        }
         if config.pipeline.recompute == crate::pipeline::Recompute::Auto && config.pipeline.memory_limit.is_none() {
             warnings.push(
                 "pipeline.recompute = \"auto\" recomputes only where pipeline.memory_limit needs it, and none is set: \
@@ -1037,6 +1051,12 @@ fn apply_override(table: &mut toml::Table, assignment: &str) -> Result<()> {
                 i64::MAX
             )));
         }
+        Err(_) if is_too_large_float(value.trim()) => {
+            return Err(set_error(format!(
+                "`{assignment}`: {} is beyond a 64-bit float's range (magnitudes up to about 1.8e308)",
+                value.trim()
+            )));
+        }
         Err(_) => toml::Value::String(value.trim().into()),
     };
     let mut node = table;
@@ -1053,6 +1073,12 @@ fn apply_override(table: &mut toml::Table, assignment: &str) -> Result<()> {
         value => drop(node.insert(last, value)),
     }
     Ok(())
+}
+
+/// Whether `text` is a number written in digits (`1e999`, not `inf`) too large for a 64-bit float.
+fn is_too_large_float(text: &str) -> bool {
+    let digits = text.chars().all(|c| c.is_ascii_digit() || "+-._eE".contains(c));
+    digits && text.replace('_', "").parse::<f64>().is_ok_and(f64::is_infinite)
 }
 
 /// Whether `text` is a whole number (a sign before, `_` between digits) too large for TOML's
@@ -1263,6 +1289,17 @@ dir = "runs/x"
         let c =
             RunConfig::parse(BASE, "base", &["train.decay=\"constant\"".into(), "train.min_lr=1e-5".into()]).unwrap();
         assert!(c.warnings.iter().any(|w| w.starts_with("train.min_lr = 0.00001 has no effect")), "{:?}", c.warnings);
+        let c = RunConfig::parse(BASE, "f", &["train.early_stopping_min_delta=0.01".into()]).unwrap();
+        assert!(c.warnings.iter().any(|w| w.starts_with("train.early_stopping_min_delta = 0.01 has no effect")));
+        let images = BASE.replace("rotten_tomatoes", "digits");
+        let c = RunConfig::parse(&images, "f", &["data.max_len=32".into()]).unwrap();
+        assert!(
+            c.warnings.iter().any(|w| w.starts_with("data.max_len = 32 has no effect: digits is")),
+            "{:?}",
+            c.warnings
+        );
+        let unset = RunConfig::parse(&images, "f", &[]).unwrap();
+        assert!(!unset.warnings.iter().any(|w| w.contains("max_len")), "{:?}", unset.warnings);
         // A test fraction where the dataset has its own held-out set is named, and left out of
         // the settings a run records of its data; where the fraction cuts the split, neither.
         let fraction = |dataset: &str| {
@@ -1308,10 +1345,15 @@ dir = "runs/x"
                                 runs only after the last step: only the table's first entry applies"
         ));
         // A whole number beyond TOML's integers is named as such, not as text of the wrong
-        // type; a bare `none` on a setting without a default says so.
+        // type (so is a float beyond f64's, where `inf`, which TOML reads, is left to the
+        // setting's check); a bare `none` on a setting without a default says so.
         let err =
             RunConfig::parse(BASE, "base", &["train.epochs=18446744073709551615".into()]).unwrap_err().to_string();
         assert!(err.contains("18446744073709551615 is beyond a TOML integer's range"), "{err}");
+        let err = RunConfig::parse(BASE, "base", &["train.lr=1e999".into()]).unwrap_err().to_string();
+        assert!(err.contains("1e999 is beyond a 64-bit float's range"), "{err}");
+        let err = RunConfig::parse(BASE, "base", &["train.lr=inf".into()]).unwrap_err().to_string();
+        assert!(!err.contains("beyond") && err.contains("train.lr"), "{err}");
         let err = RunConfig::parse(BASE, "base", &["train.epochs=007".into()]).unwrap_err().to_string();
         assert!(!err.contains("beyond") && err.contains("--set train.epochs"), "{err}");
         let err = RunConfig::parse(BASE, "base", &["data.batch_size=none".into()]).unwrap_err().to_string();

@@ -133,6 +133,30 @@ impl DataKind {
     }
 }
 
+/// A model of another kind than the dataset (a GPT on digits, a ViT on hamlet) is refused by
+/// the dataset's name when the run is built, not by the first step's upload.
+pub(super) fn check_kind(model: &ModelConfig, info: &DataInfo) -> Result<()> {
+    let (wants, data) = (DataKind::of_config(model), DataKind::of_data(info));
+    if wants == data {
+        return Ok(());
+    }
+    let reads = match wants {
+        DataKind::Chars => "a character-level language model",
+        DataKind::Images => "an image classifier",
+        DataKind::Texts => "a text classifier",
+    };
+    Err(config_error(
+        "data.dataset",
+        format!(
+            "{} is {}; the model (a {}) is {reads}: give a dataset of the model's kind, or a model of the \
+             dataset's (model.config or model.pretrained)",
+            info.name,
+            data.describe(info),
+            model.family()
+        ),
+    ))
+}
+
 /// "10 classes (0, 1, …, 9)": the count, and the names (the first and last few of many).
 pub(crate) fn class_list(labels: &[String]) -> String {
     let names = if labels.len() > 8 {
@@ -154,9 +178,18 @@ pub(super) fn check_pretrained(dir: &std::path::Path) -> Result<()> {
             format!(
                 "{} is not a folder; expected a Hugging Face model folder (config.json, model.safetensors, \
                  tokenizer.json): `make setup` (scripts/setup.sh) installs the ones configs/ name",
-                dir.display()
+                from_cwd(dir)
             ),
         )),
+    }
+}
+
+/// `path` as a message shows it: a relative one with the working directory it is read from
+/// (a config's paths are the working directory's, not the config file's).
+fn from_cwd(path: &Path) -> String {
+    match std::env::current_dir() {
+        Ok(cwd) if path.is_relative() => format!("{} (from the working directory {})", path.display(), cwd.display()),
+        _ => path.display().to_string(),
     }
 }
 
@@ -167,14 +200,28 @@ pub(super) fn tokenizer_dir(config: &RunConfig) -> Result<&std::path::Path> {
     match (&m.tokenizer, &m.pretrained) {
         (Some(dir), _) if !dir.is_dir() => Err(config_error(
             "model.tokenizer",
-            format!("{} is not a folder; expected a folder holding tokenizer.json", dir.display()),
+            format!("{} is not a folder; expected a folder holding tokenizer.json", from_cwd(dir)),
         )),
         (Some(dir), _) if !dir.join(weights::TOKENIZER_FILE).is_file() => Err(config_error(
             "model.tokenizer",
             format!("{} holds no {}; expected a folder holding one", dir.display(), weights::TOKENIZER_FILE),
         )),
         (Some(dir), _) => Ok(dir),
-        (None, Some(dir)) => check_pretrained(dir).map(|()| dir.as_path()),
+        (None, Some(dir)) => {
+            check_pretrained(dir)?;
+            match dir.join(weights::TOKENIZER_FILE).is_file() {
+                true => Ok(dir),
+                false => Err(config_error(
+                    "model.pretrained",
+                    format!(
+                        "{} holds no {}; expected the model's tokenizer beside its weights, or model.tokenizer \
+                         naming a folder that holds it",
+                        dir.display(),
+                        weights::TOKENIZER_FILE
+                    ),
+                )),
+            }
+        }
         (None, None) => Err(config_error(
             "model.tokenizer",
             "a text dataset needs a tokenizer: model.pretrained (a Hugging Face model folder), or, for a model \
@@ -219,6 +266,13 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
             };
             let split = hold_out_validation(split, d.validation_fraction, split_seed)?;
             let labels = split.train.class_names().to_vec();
+            // A pretrained folder of another kind (a ViT's, which has no tokenizer) is refused
+            // by its kind, not by the tokenizer file it lacks.
+            if let Some(dir) = &config.model.pretrained
+                && let Ok(model) = weights::read_hf_config(dir.join(weights::CONFIG_FILE), None)
+            {
+                check_kind(&model, &info(&labels, 0, 0))?;
+            }
             let tokenizer_path = tokenizer_dir(config)?.join(weights::TOKENIZER_FILE);
             // (Its length is this run's `data.max_len`: the refusal names that setting.)
             let tokenizer = TextTokenizer::from_file(&tokenizer_path, d.max_len).map_err(|e| match e {
@@ -512,7 +566,8 @@ mod tests {
         )
         .unwrap();
         let e = super::tokenizer_dir(&config).unwrap_err().to_string();
-        assert!(e.contains("model.pretrained") && e.contains("pt-no-such-model is not a folder"), "{e}");
+        assert!(e.contains("model.pretrained") && e.contains("pt-no-such-model (from the working directory "), "{e}");
+        assert!(e.contains(") is not a folder"), "{e}");
         assert!(e.contains("make setup"), "{e}");
     }
 }

@@ -3,7 +3,7 @@
 //! data it reads, its tokenizer's ids, its images' shape, its heads' width on the device).
 
 use super::config::RunConfig;
-use super::data_setup::{DataInfo, DataKind, check_pretrained};
+use super::data_setup::{DataInfo, check_kind, check_pretrained};
 use crate::data;
 use crate::device::Device;
 use crate::error::{Error, Result, config_error};
@@ -168,30 +168,6 @@ fn host_memory_bytes() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let kib = info.lines().find_map(|l| l.strip_prefix("MemTotal:"))?.trim().strip_suffix("kB")?.trim();
     kib.parse::<u64>().ok()?.checked_mul(1024)
-}
-
-/// A model of another kind than the dataset (a GPT on digits, a ViT on hamlet) is refused by
-/// the dataset's name when the run is built, not by the first step's upload.
-pub(super) fn check_kind(model: &ModelConfig, info: &DataInfo) -> Result<()> {
-    let (wants, data) = (DataKind::of_config(model), DataKind::of_data(info));
-    if wants == data {
-        return Ok(());
-    }
-    let reads = match wants {
-        DataKind::Chars => "a character-level language model",
-        DataKind::Images => "an image classifier",
-        DataKind::Texts => "a text classifier",
-    };
-    Err(config_error(
-        "data.dataset",
-        format!(
-            "{} is {}; the model (a {}) is {reads}: give a dataset of the model's kind, or a model of the \
-             dataset's (model.config or model.pretrained)",
-            info.name,
-            data.describe(info),
-            model.family()
-        ),
-    ))
 }
 
 /// A model whose attention heads are wider than the device's kernels run (the GPU's hold a

@@ -137,7 +137,7 @@ impl<D: Device> Predictor<D> {
         if path.is_dir() {
             return self.labelled_folder(path, batch_size);
         }
-        let text = crate::data::read_user_text(path)?;
+        let text = crate::data::read_user_text(path).map_err(|e| self.not_rows(path, e))?;
         let bad = |line: usize, message: String| crate::data::dataset_error(path, Some(line), message);
         let label_of = |line: usize, field: &str| -> Result<u32> {
             let field = field.trim();
@@ -218,6 +218,27 @@ impl<D: Device> Predictor<D> {
             }
         }
         Ok(LabelledRows { batches: Box::new(batches.into_iter().map(Ok)), cut })
+    }
+
+    /// `e`, the error reading `path` as text, said as what `path` is where it is an image or
+    /// IDX file: a file of labelled rows is what `--file` takes (an image carries no label).
+    fn not_rows(&self, path: &Path, e: Error) -> Error {
+        let head = match path == Path::new("-") {
+            true => return e,
+            false => crate::data::user_head(path, 8).unwrap_or_default(),
+        };
+        let what = match crate::data::ImageFormat::of(&head) {
+            Some(format) => format!("a {} image", format.name()),
+            None if head.starts_with(&[0, 0, 8]) => "IDX images".into(),
+            None => return e,
+        };
+        let expected = match self.reader {
+            Reader::Image { .. } => {
+                "CSV rows of pixels each ending in its label, or a folder of class subfolders of images"
+            }
+            _ => "a file of `label<TAB>text` rows",
+        };
+        crate::data::dataset_error(path, None, format!("is {what}, with no label to score; expected {expected}"))
     }
 
     /// A folder of class subfolders (the layout a run trains on) as labelled batches of

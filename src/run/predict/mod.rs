@@ -176,8 +176,9 @@ impl<D: Device> Predictor<D> {
             }
             return Self::load_checkpoint(dev, path);
         }
+        // (A run's `model/` that lost its config is read as the export it is, and said so.)
         let run_export = path.join("model");
-        if run_export.join("config.json").exists() {
+        if run_export.join("config.json").exists() || (run_export.is_dir() && !path.join("config.json").exists()) {
             return Self::load(dev, &run_export);
         }
         // A run's folder before its first checkpoint, or whose export was taken away: it has
@@ -201,6 +202,18 @@ impl<D: Device> Predictor<D> {
             let file = weights::load_safetensors(&export.weights)?;
             let report = weights::load_into_model(model, dev, &file, &LoadOptions::default())?;
             let (lack, extra) = (&report.missing, &report.unexpected);
+            if !lack.is_empty() && lack.iter().all(|name| name.starts_with("classifier.")) {
+                // (A Hugging Face encoder, MiniLM's say, as `make setup` installs it.)
+                return Err(config_error(
+                    "--model",
+                    format!(
+                        "{0}: a pretrained model without a classifier head (the weights lack {1}): fine-tune it \
+                         first (`train` with model.pretrained = \"{0}\"), then give that run's folder",
+                        dir.display(),
+                        lack.join(", ")
+                    ),
+                ));
+            }
             if !lack.is_empty() || !extra.is_empty() {
                 let said = if lack.is_empty() { "hold" } else { "lack" };
                 let which = if lack.is_empty() { extra } else { lack };

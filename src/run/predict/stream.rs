@@ -86,7 +86,7 @@ pub fn predict_stream<D: Device>(
     if options.format == OutputFormat::Table {
         write_table_header(out, generates)
             .and_then(|()| out.flush())
-            .map_err(|e| Error::Io { path: "output".into(), source: e })?;
+            .map_err(|e| Error::Io { path: "writing the predictions".into(), source: e })?;
     }
     let (mut total, mut failed) = (0, 0);
     let mut pending: Vec<(String, Option<Vec<f32>>)> = Vec::new();
@@ -193,9 +193,9 @@ pub fn predict_stream<D: Device>(
             total += 1;
             failed += matches!(outcome, Outcome::Failed(_)) as usize;
             write_outcome(out, options.format, generates, &name, &outcome)
-                .map_err(|e| Error::Io { path: "output".into(), source: e })?;
+                .map_err(|e| Error::Io { path: "writing the predictions".into(), source: e })?;
         }
-        out.flush().map_err(|e| Error::Io { path: "output".into(), source: e })?;
+        out.flush().map_err(|e| Error::Io { path: "writing the predictions".into(), source: e })?;
         if let Some(e) = unreadable {
             return Err(e);
         }
