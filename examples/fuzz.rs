@@ -31,7 +31,7 @@ static ALLOCATOR: fuzz::CountingAllocator = fuzz::CountingAllocator;
 #[command(about = "Structure-aware mutation fuzzing of pipetransformer's file parsers")]
 struct Args {
     /// A target (safetensors, checkpoint, idx, csv, tsv, tokenizer, config, hf_config, image,
-    /// rendezvous) or `all`.
+    /// rendezvous, user_text, compressed, export) or `all`.
     target: String,
     /// Inputs per target, seeds included.
     #[arg(long, default_value_t = 1_000_000)]

@@ -29,12 +29,25 @@ fn smoke(target: &str) {
 #[test]
 fn every_target_is_covered() {
     let names = fuzz::targets();
-    for name in
-        ["safetensors", "checkpoint", "idx", "csv", "tsv", "tokenizer", "config", "hf_config", "image", "rendezvous"]
-    {
+    let smoked = [
+        "safetensors",
+        "checkpoint",
+        "idx",
+        "csv",
+        "tsv",
+        "tokenizer",
+        "config",
+        "hf_config",
+        "image",
+        "rendezvous",
+        "user_text",
+        "compressed",
+        "export",
+    ];
+    for name in smoked {
         assert!(names.contains(&name), "{name} is not a fuzz target");
     }
-    assert_eq!(names.len(), 10, "a new target needs its own smoke test below: {names:?}");
+    assert_eq!(names.len(), smoked.len(), "a new target needs its own smoke test below: {names:?}");
 }
 
 #[test]
@@ -85,4 +98,19 @@ fn image() {
 #[test]
 fn rendezvous() {
     smoke("rendezvous");
+}
+
+#[test]
+fn user_text() {
+    smoke("user_text");
+}
+
+#[test]
+fn compressed() {
+    smoke("compressed");
+}
+
+#[test]
+fn export() {
+    smoke("export");
 }

@@ -40,11 +40,27 @@ pub(crate) const TARGETS: &[Target] = &[
     Target { name: "hf_config", seeds: hf_config_seeds, fix_up: None, run: hf_config },
     Target { name: "image", seeds: image_seeds, fix_up: Some(image_fix_up), run: image },
     Target { name: "rendezvous", seeds: rendezvous_seeds, fix_up: None, run: rendezvous },
+    Target { name: "user_text", seeds: user_text_seeds, fix_up: None, run: user_text },
+    Target { name: "compressed", seeds: compressed_seeds, fix_up: None, run: compressed },
+    Target { name: "export", seeds: export_seeds, fix_up: None, run: export },
 ];
 
 /// The names of [`TARGETS`].
-pub(crate) const NAMES: &[&str] =
-    &["safetensors", "checkpoint", "idx", "csv", "tsv", "tokenizer", "config", "hf_config", "image", "rendezvous"];
+pub(crate) const NAMES: &[&str] = &[
+    "safetensors",
+    "checkpoint",
+    "idx",
+    "csv",
+    "tsv",
+    "tokenizer",
+    "config",
+    "hf_config",
+    "image",
+    "rendezvous",
+    "user_text",
+    "compressed",
+    "export",
+];
 
 /// Writes `bytes` to `dir/name`.
 fn put(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf> {
@@ -534,6 +550,170 @@ fn image(input: &[u8], dir: &Path) -> Result<()> {
     let (w, h, c, px) = data::read_image_file(&path)?;
     assert_eq!(px.len(), w * h * c, "{w}×{h}×{c} image with {} values", px.len());
     assert!(px.iter().all(|p| (0.0..=1.0).contains(p)), "a pixel is outside [0, 1]");
+    Ok(())
+}
+
+// ---- a user's texts: labelled rows and character corpora ------------------------------------
+
+/// The first byte picks the reader: even for labelled rows (`labelled_texts`), odd for a
+/// character corpus (`text_corpus`); then a training file and a held-out one.
+fn user_text_seeds(_: &Path) -> Result<Vec<Vec<u8>>> {
+    let train = "pos\ta fine film\r\n\nneg\t dull, long \u{e9}t\u{e9}\n10\tten\n2\ttwo\npos\tagain\n";
+    let test = "neg\tshort\npos\tlong enough\n";
+    let corpus = "To be, or not to be: that is the question.\n\u{feff}Whether 'tis nobler\n";
+    Ok(vec![
+        [&[0u8][..], &join_pair(train.as_bytes(), test.as_bytes())].concat(),
+        [&[0u8][..], &join_pair(train.as_bytes(), b"")].concat(),
+        [&[1u8][..], &join_pair(corpus.as_bytes(), b"not to be")].concat(),
+    ])
+}
+
+/// Labelled rows: every label one of the training file's classes. A corpus: every id below
+/// the vocabulary, whose characters are distinct.
+fn user_text(input: &[u8], dir: &Path) -> Result<()> {
+    let Some((&selector, files)) = input.split_first() else {
+        return Err(config_error("fuzz user_text input", "is empty; expected a selector byte and two files"));
+    };
+    let (train, held_out) = split_pair(files);
+    let train = put(dir, "train.txt", train)?;
+    // (An empty second file stands for none: the reader cuts its own held-out part.)
+    let held_out = (!held_out.is_empty()).then(|| put(dir, "held_out.txt", held_out)).transpose()?;
+    if selector % 2 == 0 {
+        exercise_labelled_texts(&train, held_out.as_deref())
+    } else {
+        let corpus = data::user_corpus_files(&train, held_out.as_deref())?;
+        let vocab = corpus.vocab.len();
+        for &id in corpus.train.iter().chain(&corpus.held_out) {
+            assert!((id as usize) < vocab, "token id {id} of a vocabulary of {vocab}");
+        }
+        Ok(())
+    }
+}
+
+fn exercise_labelled_texts(train: &Path, held_out: Option<&Path>) -> Result<()> {
+    let (train, held_out) = data::labelled_text_files(train, held_out)?;
+    let classes = train.class_names().len();
+    for s in train.samples().iter().chain(held_out.iter().flat_map(|d| d.samples())) {
+        assert!((s.label as usize) < classes, "row {} has label {} of {classes}", s.id, s.label);
+        assert!(!s.text.trim().is_empty(), "row {} has an empty text", s.id);
+    }
+    Ok(())
+}
+
+// ---- gzip and bzip2 -------------------------------------------------------------------------
+
+/// Labelled rows compressed whole: gzip, two gzip members one after another (`cat a.gz
+/// b.gz`), and bzip2.
+fn compressed_seeds(_: &Path) -> Result<Vec<Vec<u8>>> {
+    use std::io::Write;
+    let io = |e| Error::Io { path: "fuzz seed (compressed)".into(), source: e };
+    let rows = b"pos\ta fine film\nneg\tdull and long\npos\tagain\n";
+    let gzip = |bytes: &[u8]| -> Result<Vec<u8>> {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(bytes).map_err(io)?;
+        e.finish().map_err(io)
+    };
+    let mut bzip2 = bzip2::write::BzEncoder::new(Vec::new(), bzip2::Compression::best());
+    bzip2.write_all(rows).map_err(io)?;
+    let members = [gzip(&rows[..20])?, gzip(&rows[20..])?].concat();
+    Ok(vec![gzip(rows)?, members, bzip2.finish().map_err(io)?])
+}
+
+/// The stream's own bytes, decompressed as a user's file is (by its first bytes: the file's
+/// name says nothing), then read as labelled rows.
+fn compressed(input: &[u8], dir: &Path) -> Result<()> {
+    exercise_labelled_texts(&put(dir, "rows", input)?, None)
+}
+
+// ---- an exported model's folder -------------------------------------------------------------
+
+/// A tiny model of each family exported as a run exports it: its `config.json`, then the
+/// companion that family reads (a ViT's pixel preprocessing, a GPT's characters, a BERT's
+/// sentence-transformers settings).
+fn export_seeds(dir: &Path) -> Result<Vec<Vec<u8>>> {
+    use crate::model::{GptConfig, Model, VitConfig};
+    let dev = crate::device::CpuDevice::<f32>::new(0, 1)?;
+    let vit = ModelConfig::Vit(VitConfig {
+        image_size: 4,
+        patch_size: 2,
+        num_channels: 1,
+        hidden_size: 4,
+        num_hidden_layers: 1,
+        num_attention_heads: 2,
+        intermediate_size: 4,
+        hidden_act: "gelu".into(),
+        layer_norm_eps: 1e-6,
+        hidden_dropout_prob: 0.0,
+        attention_probs_dropout_prob: 0.0,
+        num_labels: 3,
+    });
+    let bert = weights::parse_hf_config(
+        r#"{"architectures": ["BertForSequenceClassification"], "model_type": "bert", "hidden_size": 4,
+            "intermediate_size": 4, "num_attention_heads": 2, "num_hidden_layers": 1, "vocab_size": 12,
+            "max_position_embeddings": 8, "type_vocab_size": 2, "num_labels": 3}"#,
+        "fuzz seed",
+        None,
+    )?;
+    let chars: Vec<char> = "ab\n é".chars().collect();
+    let gpt = ModelConfig::Gpt(GptConfig::without_dropout(chars.len(), 8, 4, 1, 2));
+    let labels: Vec<String> = ["fresh", "rotten", "10"].map(String::from).to_vec();
+    let mut seeds = Vec::new();
+    for (i, config) in [vit, bert, gpt].iter().enumerate() {
+        let extras = match config {
+            ModelConfig::Gpt(_) => weights::ExportExtras { chars: &chars, ..Default::default() },
+            _ => weights::ExportExtras { labels: &labels, pixel_max: Some(16), ..Default::default() },
+        };
+        let out = dir.join(format!("export-seed-{i}"));
+        let model = Model::new(&dev, config, 1)?;
+        weights::export_model(&model, &dev, config, &extras, &out)?;
+        let read = |name: &str| std::fs::read(out.join(name)).map_err(|e| crate::files::io_error(&out.join(name), e));
+        let companion = match config {
+            ModelConfig::Vit(_) => read(weights::PREPROCESSOR_FILE)?,
+            ModelConfig::Gpt(_) => read(weights::VOCAB_FILE)?,
+            ModelConfig::Bert(_) => br#"{"max_seq_length": 6, "do_lower_case": false}"#.to_vec(),
+        };
+        seeds.push(join_pair(&read(weights::CONFIG_FILE)?, &companion));
+    }
+    Ok(seeds)
+}
+
+/// Values in the one tensor of the weights file every input's folder shares: more bytes than
+/// any seed's model has parameters, so its configs get past the size check.
+const EXPORT_WEIGHTS: usize = 4096;
+
+/// A folder of `config.json` and the second file under each companion's name (each family
+/// reads its own), beside a weights file the reader only opens and sizes; read as `predict`
+/// reads an export. What it gives must agree with its config.
+fn export(input: &[u8], dir: &Path) -> Result<()> {
+    let folder = dir.join("export");
+    let weights_file = folder.join(weights::WEIGHTS_FILE);
+    if !weights_file.is_file() {
+        std::fs::create_dir_all(&folder).map_err(|e| crate::files::io_error(&folder, e))?;
+        let mut bytes = Vec::new();
+        let values = vec![0.5; EXPORT_WEIGHTS];
+        let tensor = TensorRef { name: "w", shape: &[EXPORT_WEIGHTS], values: &values };
+        weights::write_safetensors(&mut bytes, &[tensor]).map_err(|e| crate::files::io_error(&weights_file, e))?;
+        put(&folder, weights::WEIGHTS_FILE, &bytes)?;
+    }
+    let (config, companion) = split_pair(input);
+    put(&folder, weights::CONFIG_FILE, config)?;
+    for name in [weights::PREPROCESSOR_FILE, weights::VOCAB_FILE, "sentence_bert_config.json"] {
+        put(&folder, name, companion)?;
+    }
+    let export = weights::read_export(&folder)?;
+    let spec = export.config.spec()?;
+    if let crate::model::HeadSpec::Classifier { num_labels, .. } = spec.head {
+        assert!(export.labels.is_empty() || export.labels.len() == num_labels, "{} labels", export.labels.len());
+    }
+    if let ModelConfig::Gpt(c) = &export.config {
+        assert_eq!(export.chars.len(), c.vocab_size, "characters for a vocabulary of {}", c.vocab_size);
+        let distinct: std::collections::HashSet<&char> = export.chars.iter().collect();
+        assert_eq!(distinct.len(), export.chars.len(), "a character twice in the vocabulary");
+    }
+    if let Some(scale) = export.pixel_scale {
+        assert!(scale.is_finite() && scale > 0.0, "pixel scale {scale}");
+    }
+    assert!(export.max_seq_length.is_none_or(|n| n >= 1), "max_seq_length {:?}", export.max_seq_length);
     Ok(())
 }
 
