@@ -1078,6 +1078,13 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
         None => None,
     };
     pipetransformer::run::check_start(&config, run.resume, run.fresh, group.as_ref())?;
+    // (Said by the process that writes the files.)
+    if !run.resume
+        && group.as_ref().is_none_or(|g| g.rank() == 0)
+        && let Some(note) = pipetransformer::run::start_over_note(&config)
+    {
+        console!("note: {note}");
+    }
     let ckpt = pipetransformer::run::checkpoint_path(&config);
     let mut job = match group {
         Some(group) if config.pipeline.across_processes => {

@@ -1163,10 +1163,10 @@ fn a_run_folder_holds_one_run_and_its_log() {
         text.lines().filter(|l| l.contains("\"start\"")).map(|l| l.contains("\"resumed\":true")).collect::<Vec<_>>()
     };
     let (ok, out) = train("2", "--fresh");
-    assert!(ok, "{out}");
+    assert!(ok && !out.contains("note: the earlier run's files"), "{out}");
     let first = std::fs::read(dir.join("checkpoint.ckpt")).unwrap();
     let (ok, out) = train("3", "--fresh");
-    assert!(ok, "{out}");
+    assert!(ok && out.contains("move aside under .previous names") && !out.contains("which are lost"), "{out}");
     assert_eq!(starts("metrics.jsonl"), [false], "the log holds the second run alone");
     assert_eq!(starts("metrics.previous.jsonl"), [false], "the first run's log, moved aside");
     // And its checkpoint: a resume continues the second run, or (had it died before its
@@ -1208,6 +1208,8 @@ fn a_run_folder_holds_one_run_and_its_log() {
     let (ok, out) = pipetransformer(&[&args[..], &one_sample[..]].concat());
     let refused = "a step's batch holds 1 sample(s), the whole training set (data.train_limit); each of 2 replica(s)";
     assert!(!ok && out.contains("pipeline.replicas") && out.contains(refused), "{out}");
+    // (Said as it starts: had it trained, the run set aside before would have been lost.)
+    assert!(out.contains("model.previous, metrics.previous.jsonl), which are lost"), "{out}");
     assert!(files() == before, "{out}");
     let (ok, out) = train("6", "--resume");
     assert!(ok && out.contains("done: 6 steps (1 of them since step 5, in"), "{out}");

@@ -9,7 +9,7 @@ use super::data_setup::{DataInfo, prepare_data, tokenizer_dir};
 use super::fingerprint::{MAX_LEN, TEST_FILE, TOKENIZER, TRAIN_FILE, data_settings};
 use super::metrics_log::MetricsLog;
 use super::model_setup::{build_model, check_head_dim, check_images};
-use super::output_dir::{BEST, LOG, MODEL, SET_ASIDE, checkpoint_path};
+use super::output_dir::{BEST, LOG, MODEL, checkpoint_path, set_aside_pairs};
 use super::planning::{PlannedSlicing, auto_unplanned, check_token_slices, planning_profiles, token_slices};
 use crate::comm::process_group::ProcessGroup;
 use crate::device::Device;
@@ -698,8 +698,7 @@ impl<D: Device> Job<D> {
             let log = match writes {
                 false => MetricsLog::Sink,
                 true if !self.resumed => {
-                    let others: Vec<_> = SET_ASIDE.iter().map(|(from, to, _)| (out.join(from), out.join(to))).collect();
-                    MetricsLog::starting_over(&metrics_path, out.join(LOG.1), &others)
+                    MetricsLog::starting_over(&metrics_path, out.join(LOG.1), &set_aside_pairs(&out))
                 }
                 true => MetricsLog::continued(&metrics_path).map_err(|e| io_error(&metrics_path, e))?,
             };

@@ -41,15 +41,7 @@ impl MetricsLog {
     /// while one set aside before is there keeps nothing aside: its log is replaced, and the
     /// files set aside stay one resumable run's, not mixed with its.
     pub(super) fn starting_over(path: &Path, log_aside: PathBuf, others: &[(PathBuf, PathBuf)]) -> Self {
-        let unresumable = others.first().is_some_and(|(checkpoint, aside)| !checkpoint.exists() && aside.exists());
-        let mut aside: Vec<(PathBuf, PathBuf)> = others.iter().filter(|(from, _)| from.exists()).cloned().collect();
-        if path.metadata().is_ok_and(|m| m.len() > 0) {
-            aside.push((path.to_path_buf(), log_aside));
-        }
-        if unresumable {
-            aside.clear();
-        }
-        MetricsLog::Held { lines: Vec::new(), path: path.to_path_buf(), aside }
+        MetricsLog::Held { lines: Vec::new(), path: path.to_path_buf(), aside: moves_aside(path, log_aside, others) }
     }
 
     /// Writes one line (`line` ends with its newline), in one write so that a line is never
@@ -101,6 +93,20 @@ impl MetricsLog {
         *self = MetricsLog::Open(file);
         Ok(())
     }
+}
+
+/// The moves (from, to) that [`MetricsLog::starting_over`] makes at a run's first step, in
+/// order; none where the earlier run is unresumable (see there).
+pub(super) fn moves_aside(path: &Path, log_aside: PathBuf, others: &[(PathBuf, PathBuf)]) -> Vec<(PathBuf, PathBuf)> {
+    let unresumable = others.first().is_some_and(|(checkpoint, aside)| !checkpoint.exists() && aside.exists());
+    if unresumable {
+        return Vec::new();
+    }
+    let mut aside: Vec<(PathBuf, PathBuf)> = others.iter().filter(|(from, _)| from.exists()).cloned().collect();
+    if path.metadata().is_ok_and(|m| m.len() > 0) {
+        aside.push((path.to_path_buf(), log_aside));
+    }
+    aside
 }
 
 /// Whether `file` is non-empty and its last byte is not a newline.

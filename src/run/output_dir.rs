@@ -31,6 +31,44 @@ pub(super) const SET_ASIDE: [(&str, &str, bool); 5] = [
     (BEST, "best.previous", true),
 ];
 
+/// The run's files in `dir` but its log, each with where a run that starts over sets it aside.
+pub(super) fn set_aside_pairs(dir: &Path) -> Vec<(PathBuf, PathBuf)> {
+    SET_ASIDE.iter().map(|(from, to, _)| (dir.join(from), dir.join(to))).collect()
+}
+
+/// What a run of `config` that starts over will do with the earlier run's files in its folder
+/// at its first step: each set aside under its `.previous` name (replacing, and so losing,
+/// those a run before set aside: named), or, for an earlier run that left a log but no
+/// checkpoint beside a run set aside before, its log replaced. `None` where the folder holds
+/// no earlier run.
+pub fn start_over_note(config: &RunConfig) -> Option<String> {
+    let dir = &config.output.dir;
+    let log = dir.join(LOG.0);
+    let moves = super::metrics_log::moves_aside(&log, dir.join(LOG.1), &set_aside_pairs(dir));
+    let name = |p: &Path| p.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    if moves.is_empty() {
+        return log.metadata().is_ok_and(|m| m.len() > 0).then(|| {
+            format!(
+                "{} holds a log without a checkpoint (a run that stopped or failed before its first): this run's \
+                 log replaces it at its first step; the run set aside before ({}) stays as it is",
+                dir.display(),
+                CHECKPOINT.1
+            )
+        });
+    }
+    let lost: Vec<String> = moves.iter().filter(|(_, to)| to.exists()).map(|(_, to)| name(to)).collect();
+    let from: Vec<String> = moves.iter().map(|(from, _)| name(from)).collect();
+    let replacing = match lost.is_empty() {
+        true => String::new(),
+        false => format!(", replacing those a run before set aside ({}), which are lost", lost.join(", ")),
+    };
+    Some(format!(
+        "the earlier run's files in {} ({}) move aside under .previous names at this run's first step{replacing}",
+        dir.display(),
+        from.join(", ")
+    ))
+}
+
 /// A run's summary, written once it reached its end.
 const SUMMARY: &str = "summary.json";
 
@@ -348,6 +386,35 @@ mod tests {
             assert_eq!(refused(&plain, free), None, "{free}");
             assert_eq!(refused(&cached, free), None, "{free}");
         }
+    }
+
+    /// What a run that starts over does to the earlier runs' files is said before it trains:
+    /// nothing in an empty folder; the earlier run's files moved aside; those a run before
+    /// set aside named as lost where they are replaced; a log without a checkpoint beside a
+    /// run set aside before named as replaced, that run kept.
+    #[test]
+    fn a_run_that_starts_over_says_what_it_moves_and_loses() {
+        let scratch = crate::files::Scratch::new("start-over-note");
+        let config = super::RunConfig::parse(
+            "[model]\npretrained = \"w\"\n[data]\ndataset = \"digits\"\nbatch_size = 8\n[train]\nepochs = 1\nlr = 1e-4\n",
+            "test",
+            &[format!("output.dir={:?}", scratch.display().to_string())],
+        )
+        .unwrap();
+        assert_eq!(super::start_over_note(&config), None);
+        let put = |name: &str| std::fs::write(scratch.join(name), b"x").unwrap();
+        put("metrics.jsonl");
+        put("checkpoint.ckpt");
+        let note = super::start_over_note(&config).unwrap();
+        assert!(note.contains("(checkpoint.ckpt, metrics.jsonl) move aside under .previous names"), "{note}");
+        assert!(!note.contains("lost"), "{note}");
+        put("checkpoint.previous.ckpt");
+        put("metrics.previous.jsonl");
+        let note = super::start_over_note(&config).unwrap();
+        assert!(note.ends_with("(checkpoint.previous.ckpt, metrics.previous.jsonl), which are lost"), "{note}");
+        std::fs::remove_file(scratch.join("checkpoint.ckpt")).unwrap();
+        let note = super::start_over_note(&config).unwrap();
+        assert!(note.contains("holds a log without a checkpoint") && note.contains("log replaces it"), "{note}");
     }
 
     /// A folder with a checkpoint is refused unless the run resumes or starts over; an empty
