@@ -180,6 +180,17 @@ fn setting_kind(field: &str) -> &'static str {
     }
 }
 
+/// `n` and `noun`, the noun plural unless `n` is 1, for messages: "1 replica", "2 replicas",
+/// "8 micro-batches".
+pub fn counted(n: usize, noun: &str) -> String {
+    let plural = match n == 1 {
+        true => "",
+        false if noun.ends_with(['s', 'x']) || noun.ends_with("ch") || noun.ends_with("sh") => "es",
+        false => "s",
+    };
+    format!("{n} {noun}{plural}")
+}
+
 /// Shorthand for an [`Error::Config`].
 pub fn config_error(field: impl Into<String>, message: impl Into<String>) -> Error {
     Error::Config { field: field.into(), message: message.into() }

@@ -856,10 +856,10 @@ fn plan_shows_the_freeze_before_the_first_step() {
     let (ok, out) =
         pipetransformer(&[&args[..], &["--set", "elastic.table=[1,2]", "--auto-pipe", "--auto-dp"]].concat());
     assert!(ok && out.contains("before the first step: transition at step 0: 0 → 1 frozen layers, K 2 → 1"), "{out}");
-    assert!(out.contains("plan: 2 replica(s) × 1 device(s)"), "{out}");
+    assert!(out.contains("plan: 2 replicas × 1 device"), "{out}");
     let (ok, out) =
         pipetransformer(&[&args[..], &["--set", "elastic.table=[0,2]", "--auto-pipe", "--auto-dp"]].concat());
-    assert!(ok && !out.contains("before the first step") && out.contains("plan: 1 replica(s) × 2 device(s)"), "{out}");
+    assert!(ok && !out.contains("before the first step") && out.contains("plan: 1 replica × 2 devices"), "{out}");
 }
 
 #[test]
@@ -870,7 +870,7 @@ fn plan_prints_the_partition_schedule_and_bubble_and_refuses_bad_requests() {
     let (ok, out) =
         pipetransformer(&["plan", "--config", "configs/vit-digits.toml", "--devices", "3", "--micro-batches", "4"]);
     assert!(ok, "{out}");
-    assert!(out.contains("1 replica(s) × 3 device(s), 4 micro-batch(es)"), "{out}");
+    assert!(out.contains("1 replica × 3 devices, 4 micro-batches"), "{out}");
     assert!(
         out.contains("| 2 | 2 |") && out.contains("predicted bubble") && out.contains("device 2: F0.2 B0.2"),
         "{out}"
@@ -898,7 +898,7 @@ fn plan_prints_the_partition_schedule_and_bubble_and_refuses_bad_requests() {
     // Devices beyond the plan that AutoDP holds for later are said to wait, and for what.
     let elastic = ["--freeze", "alpha", "--auto-pipe", "--auto-dp", "--devices", "4", "--pipeline-len", "2"];
     let (ok, out) = pipetransformer(&[&["plan", "--config", "configs/vit-digits.toml"][..], &elastic].concat());
-    assert!(ok && out.contains("2 more device(s) wait for AutoDP") && out.contains("they become replicas"), "{out}");
+    assert!(ok && out.contains("2 more devices wait for AutoDP") && out.contains("they become replicas"), "{out}");
     let threads = ["--freed-devices", "threads"];
     let (ok, out) =
         pipetransformer(&[&["plan", "--config", "configs/vit-digits.toml"][..], &elastic, &threads].concat());
@@ -954,7 +954,7 @@ fn pipelined_train_follows_one_device_and_writes_a_chrome_trace() {
     args.extend(steps);
     let (ok, out) = pipetransformer(&args);
     assert!(ok, "{out}");
-    assert!(out.contains("plan: 2 replica(s) × 2 device(s)"), "{out}");
+    assert!(out.contains("plan: 2 replicas × 2 devices"), "{out}");
     let last_step = |dir: &std::path::Path| -> serde_json::Value {
         let log = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
         log.lines()
@@ -1206,7 +1206,7 @@ fn a_run_folder_holds_one_run_and_its_log() {
     let args = ["train", "--config", "configs/vit-digits.toml", "--set", &out_dir, "--set", "data.test_limit=32"];
     let one_sample = ["--set", "data.train_limit=1", "--devices", "2", "--replicas", "2", "--fresh"];
     let (ok, out) = pipetransformer(&[&args[..], &one_sample[..]].concat());
-    let refused = "a step's batch holds 1 sample(s), the whole training set (data.train_limit); each of 2 replica(s)";
+    let refused = "a step's batch holds 1 sample, the whole training set (data.train_limit); each of 2 replicas";
     assert!(!ok && out.contains("pipeline.replicas") && out.contains(refused), "{out}");
     // (Said as it starts: had it trained, the run set aside before would have been lost.)
     assert!(out.contains("model.previous, metrics.previous.jsonl), which are lost"), "{out}");
@@ -2073,7 +2073,7 @@ fn resume_refusals_name_the_changed_setting_as_written() {
             .concat());
     assert!(ok && out.contains("K 2 → 1, R 1 → 2"), "{out}");
     let (ok, out) = vit(&[&untimed[..], &["--devices", "1", "--set", "train.max_steps=5", "--resume"]].concat());
-    let want = "its plan (K=1 R=2 M=1) cannot run here: 2 replica(s) × 1 pipeline stage(s) need 2 devices; 1 available \
+    let want = "its plan (K=1 R=2 M=1) cannot run here: 2 replicas × 1 pipeline stage need 2 devices; 1 available \
                 (pipeline.devices)";
     assert!(!ok && out.contains(want), "{out}");
     let (ok, out) = vit(&["--freeze", "off", "--set", "train.max_steps=5", "--resume"]);
@@ -2101,7 +2101,7 @@ fn interleaved_plans_name_chunks_and_what_their_prediction_leaves_out() {
     let plan = ["plan", "--config", "configs/vit-digits.toml", "--devices", "2", "--schedule", "interleaved"];
     let (ok, out) = pipetransformer(&[&plan[..], &["--chunks", "4"]].concat());
     assert!(!ok && out.contains("config field `pipeline.chunks`: 2 devices × 4 chunks"), "{out}");
-    let note = "both leave out the wait of the last group of 1 micro-batch(es), 3 not being a multiple of K = 2";
+    let note = "both leave out the wait of the last group of 1 micro-batch, 3 not being a multiple of K = 2";
     let (ok, out) = pipetransformer(&[&plan[..], &["--chunks", "2", "--micro-batches", "3"]].concat());
     assert!(ok && out.contains(note), "{out}");
     let (ok, out) = pipetransformer(&[&plan[..], &["--chunks", "2", "--micro-batches", "4"]].concat());
@@ -2583,7 +2583,7 @@ fn a_pipeline_across_processes_refuses_what_it_cannot_do() {
     let plain = ["train", "--config", "configs/vit-digits.toml", "--fresh", "--set", &out, "--micro-batches", "1"];
     let launch = ["launch", "--nproc-per-node", "2", "--rdzv", &rdzv, "--"];
     let (ok, text) = pipetransformer(&[&launch[..], &plain[..], &["--set", "data.batch_size=1"]].concat());
-    let want = "config field `data.batch_size`: 1 sample(s) a step, shared by 2 processes of 1 replica(s)";
+    let want = "config field `data.batch_size`: 1 sample a step, shared by 2 processes of 1 replica";
     assert!(!ok && text.contains(want), "{text}");
     // Without `--pipeline-len` the stages are the processes: one pipeline of 2.
     let port = free_port().to_string();
@@ -3213,7 +3213,7 @@ fn a_gpt_trains_on_the_users_text() {
     let (ok, out) = run(&["--set", &format!("data.test_file=\"{}\"", short.display())], "shorter");
     let said = "the held-out part of ";
     assert!(!ok && out.contains("data.test_file") && out.contains(said) && !out.contains("max_len"), "{out}");
-    assert!(out.contains("short.txt holds 1 character(s); a sequence needs at least 2"), "{out}");
+    assert!(out.contains("short.txt holds 1 character; a sequence needs at least 2"), "{out}");
     // A written vocabulary size is the data's or refused, not overwritten unsaid.
     let (ok, out) = run(&["--set", "model.config.vocab_size=5"], "vocab");
     let said = "model.config.vocab_size`: is 5, but text_corpus has 15 characters: set it to 15 or to 0";

@@ -619,7 +619,7 @@ fn bad_requests_are_refused_before_any_work() {
     assert!(refuse(tight, 4).contains("memory_limit"));
     let mut p = Pipeline::new(devices, model, adamw(), cfg(2, 2, 2, ScheduleKind::OneFOneB), &prof).unwrap();
     let e = p.step(&batch(&config, 1, 0).split(2).unwrap()[0], 1, LR, None).unwrap_err().to_string();
-    assert!(e.contains("1 sample(s) cannot feed 2 replicas"), "{e}");
+    assert!(e.contains("1 sample cannot feed 2 replicas"), "{e}");
     // Too short for the micro-batches (an epoch's last batch): fewer of them, same result.
     let short = p.step(&batch(&config, 2, 0), 1, LR, None).unwrap();
     assert_eq!(p.plan().config.micro_batches, 2, "the plan is kept");

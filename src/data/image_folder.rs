@@ -10,7 +10,7 @@ use super::dataset::{Dataset, TEST_FILE_ID_BASE, shown_classes, sorted_classes};
 use super::files::dataset_error;
 use super::image_files::read_image_file_as_stored;
 use super::images::ImageSample;
-use crate::error::Result;
+use crate::error::{Result, counted};
 use std::path::{Path, PathBuf};
 
 /// The entries of `dir` in name order, leaving out those whose names start with `.` (a file
@@ -215,8 +215,9 @@ fn images(
         let Some(image) = image.with_channels(channels) else {
             let dropped = if alpha { " (its alpha channel dropped)" } else { "" };
             return bad(format!(
-                "has {c} channel(s){dropped}, but data.channels = {channels}; set data.channels (and the model's \
-                 num_channels) to the images' (with 3, a grayscale image reads as RGB)"
+                "has {}{dropped}, but data.channels = {channels}; set data.channels (and the model's \
+                 num_channels) to the images' (with 3, a grayscale image reads as RGB)",
+                counted(c, "channel")
             ));
         };
         Ok(match resize_to {

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use super::dataset::{Dataset, Sample, Split, TEST_FILE_ID_BASE, label_index, refuse_stray_label, sorted_classes};
 use super::files::{SetupGroup, dataset_error, numbered_lines, read_bytes, read_text};
-use crate::error::{Result, data_error};
+use crate::error::{Result, counted, data_error};
 use crate::model::HostBatch;
 
 /// Digits CSV, relative to the data directory.
@@ -408,13 +408,13 @@ pub fn image_batch(samples: &[&ImageSample], sample_offset: u64) -> Result<HostB
             return Err(data_error(
                 "image batch",
                 format!(
-                    "sample id {} is {}×{} of {} channel(s) with {} values; expected {w}×{h} of {c} channel(s) like \
-                     the first sample",
+                    "sample id {} is {}×{} of {} with {} values; expected {w}×{h} of {} like the first sample",
                     s.id,
                     s.width,
                     s.height,
-                    s.channels,
-                    s.pixels.len()
+                    counted(s.channels, "channel"),
+                    s.pixels.len(),
+                    counted(c, "channel")
                 ),
             ));
         }

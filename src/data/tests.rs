@@ -484,7 +484,7 @@ fn image_batches_are_bchw() {
     let b = image_batch(&[&planes(4), &planes(5)], 0).unwrap();
     assert_eq!(b.pixels.unwrap(), [vec![4.0; 12], vec![5.0; 12]].concat());
     let message = image_batch(&[&planes(4), &img(1, 0, 2, 3)], 0).unwrap_err().to_string();
-    assert!(message.contains("sample id 1 is 2×3 of 1 channel(s) with 6 values; expected 2×3 of 2"), "{message}");
+    assert!(message.contains("sample id 1 is 2×3 of 1 channel with 6 values; expected 2×3 of 2"), "{message}");
     let other = img(9, 0, 3, 2);
     assert!(matches!(image_batch(&[d.get(0).unwrap(), &other], 0), Err(Error::Data { .. })));
 }
@@ -829,7 +829,7 @@ fn a_users_images_are_read_from_class_folders() {
             1,
             none,
             "rgb/blue/a.png",
-            "has 3 channel(s), but data.channels = 1; set data.channels (and the model's num_channels) to the images' \
+            "has 3 channels, but data.channels = 1; set data.channels (and the model's num_channels) to the images' \
              (with 3, a grayscale image reads as RGB)"
                 .into(),
         ),
@@ -838,7 +838,7 @@ fn a_users_images_are_read_from_class_folders() {
             1,
             none,
             "rgba/a/x.png",
-            "has 3 channel(s) (its alpha channel dropped), but data.channels = 1; set data.channels (and the model's \
+            "has 3 channels (its alpha channel dropped), but data.channels = 1; set data.channels (and the model's \
              num_channels) to the images' (with 3, a grayscale image reads as RGB)"
                 .into(),
         ),

@@ -14,7 +14,7 @@
 use crate::device::gpu::runtime::{LaunchLimits, needs_shared_opt_in};
 use crate::device::gpu::{DevPtr, GpuDevice, LaunchConfig, Precision, Runtime};
 use crate::device::kernels;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, counted};
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, PinnedHostSlice, result, sys};
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -54,8 +54,9 @@ fn gpu_for(index: usize, count: usize, share: bool) -> Result<usize> {
         _ => Err(Error::Config {
             field: "device".into(),
             message: format!(
-                "cuda:{index} requested but the CUDA driver sees {count} GPU(s); {SHARE_GPUS}=1 runs several \
-                 devices on one GPU, each on streams of its own (to try a plan, not for speed)"
+                "cuda:{index} requested but the CUDA driver sees {}; {SHARE_GPUS}=1 runs several devices on one \
+                 GPU, each on streams of its own (to try a plan, not for speed)",
+                counted(count, "GPU")
             ),
         }),
     }
@@ -346,10 +347,7 @@ mod tests {
     fn devices_past_the_gpus_share_them_only_when_asked() {
         assert_eq!(gpu_for(1, 2, false).unwrap(), 1);
         let refused = gpu_for(2, 2, false).unwrap_err().to_string();
-        assert!(
-            refused.contains("cuda:2") && refused.contains("2 GPU(s)") && refused.contains(SHARE_GPUS),
-            "{refused}"
-        );
+        assert!(refused.contains("cuda:2") && refused.contains("2 GPUs") && refused.contains(SHARE_GPUS), "{refused}");
         assert_eq!((0..5).map(|i| gpu_for(i, 2, true).unwrap()).collect::<Vec<_>>(), [0, 1, 0, 1, 0]);
         assert!(gpu_for(0, 0, true).is_err(), "no GPU to share");
     }

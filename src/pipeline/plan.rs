@@ -5,7 +5,7 @@
 use super::partition::{Partition, Recompute, UnitProfile, least_peak, partition, stage_memories};
 use super::schedule::{Schedule, ScheduleKind};
 use super::simulate::{CostModel, Link, Simulation, simulate};
-use crate::error::{Error, Result, config_error};
+use crate::error::{Error, Result, config_error, counted};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -376,8 +376,9 @@ impl Plan {
             return Err(config_error(
                 "memory_limit",
                 format!(
-                    "stages {:?} with {} micro-batch(es) need {need} bytes on a device; the limit is {limit}",
-                    self.partition.stages, self.config.micro_batches
+                    "stages {:?} with {} need {need} bytes on a device; the limit is {limit}",
+                    self.partition.stages,
+                    counted(self.config.micro_batches, "micro-batch")
                 ),
             ));
         }
@@ -422,7 +423,11 @@ impl Plan {
             let need = need.map_or_else(|| "more".to_string(), |n| n.to_string());
             return Err(config_error(
                 "devices",
-                format!("{r} replica(s) × {k} pipeline stage(s) need {need} devices; {devices} available"),
+                format!(
+                    "{} × {} need {need} devices; {devices} available",
+                    counted(r, "replica"),
+                    counted(k, "pipeline stage")
+                ),
             ));
         }
         let stages = k.saturating_mul(config.chunks);
@@ -692,10 +697,10 @@ impl fmt::Display for Plan {
         let c = &self.config;
         writeln!(
             f,
-            "plan: {} replica(s) × {} device(s), {} micro-batch(es) per replica, schedule {}{}",
-            c.replicas,
-            c.pipeline_len,
-            c.micro_batches,
+            "plan: {} × {}, {} per replica, schedule {}{}",
+            counted(c.replicas, "replica"),
+            counted(c.pipeline_len, "device"),
+            counted(c.micro_batches, "micro-batch"),
             c.schedule,
             if c.chunks > 1 { format!(" ({} chunks per device)", c.chunks) } else { String::new() }
         )?;
@@ -737,9 +742,9 @@ impl fmt::Display for Plan {
             100.0 * self.bubble_formula(),
             if partial_group {
                 format!(
-                    "; both leave out the wait of the last group of {} micro-batch(es), {} not being a multiple of \
+                    "; both leave out the wait of the last group of {}, {} not being a multiple of \
                      K = {}",
-                    c.micro_batches % c.pipeline_len,
+                    counted(c.micro_batches % c.pipeline_len, "micro-batch"),
                     c.micro_batches,
                     c.pipeline_len
                 )

@@ -4,7 +4,7 @@
 
 use crate::device::PrecisionChoice;
 use crate::elastic::ElasticConfig;
-use crate::error::{Error, Result, config_error};
+use crate::error::{Error, Result, config_error, counted};
 use crate::model::{ModelConfig, Pooling};
 use crate::pipeline::{PipelineConfig, Recompute, ScheduleKind};
 use crate::terapipe::TokenSlices;
@@ -496,8 +496,9 @@ impl PipelineSection {
                     "pipeline.across_processes",
                     format!(
                         "runs one stage per process on one device each, and more processes than stages make \
-                         the replicas: set --devices 1 and --replicas 1 (now {} device(s), {r} replica(s))",
-                        self.devices.unwrap_or(r * k)
+                         the replicas: set --devices 1 and --replicas 1 (now {}, {})",
+                        counted(self.devices.unwrap_or(r * k), "device"),
+                        counted(r, "replica")
                     ),
                 ));
             }
@@ -519,7 +520,11 @@ impl PipelineSection {
             if devices < needed {
                 return Err(config_error(
                     "pipeline.devices",
-                    format!("{r} replica(s) × {k} pipeline stage(s) need {needed} devices; {devices} available"),
+                    format!(
+                        "{} × {} need {needed} devices; {devices} available",
+                        counted(r, "replica"),
+                        counted(k, "pipeline stage")
+                    ),
                 ));
             }
             devices
@@ -768,11 +773,11 @@ impl RunConfig {
             let used = plan.replicas * plan.pipeline_len;
             if devices > used && !self.elastic.auto_dp && !self.pipeline.across_processes {
                 warnings.push(format!(
-                    "pipeline.devices = {devices}, but the plan uses {used} ({} replica(s) × {} stage(s)) and \
-                     elastic.auto_dp is off: {} device(s) stay idle",
-                    plan.replicas,
-                    plan.pipeline_len,
-                    devices - used
+                    "pipeline.devices = {devices}, but the plan uses {used} ({} × {}) and elastic.auto_dp is off: \
+                     {} stay idle",
+                    counted(plan.replicas, "replica"),
+                    counted(plan.pipeline_len, "stage"),
+                    counted(devices - used, "device")
                 ));
             }
         }
@@ -953,8 +958,9 @@ impl RunConfig {
             return Err(Error::Config {
                 field: field.into(),
                 message: format!(
-                    "{m} micro-batch(es){per} of a batch of {} samples (data.batch_size): at most one per sample",
-                    self.data.batch_size
+                    "{}{per} of a batch of {} (data.batch_size): at most one per sample",
+                    counted(m, "micro-batch"),
+                    counted(self.data.batch_size, "sample")
                 ),
             });
         }
@@ -1197,7 +1203,7 @@ dir = "runs/x"
             RunConfig::parse(BASE, "base", &sets).unwrap().warnings
         };
         let idle = warned(&["pipeline.devices=4", "pipeline.pipeline_len=2"]);
-        assert!(idle.len() == 1 && idle[0].contains("2 device(s) stay idle"), "{idle:?}");
+        assert!(idle.len() == 1 && idle[0].contains("2 devices stay idle"), "{idle:?}");
         assert!(warned(&["pipeline.devices=4", "pipeline.pipeline_len=2", "pipeline.replicas=2"]).is_empty());
         let autodp =
             ["pipeline.devices=4", "pipeline.pipeline_len=2", "elastic.freeze=\"eq1\"", "elastic.auto_dp=true"];
@@ -1514,7 +1520,7 @@ dir = "runs/x"
     fn unusable_settings_are_refused_by_their_key() {
         for (set, key, says) in [
             ("pipeline.micro_batches=33", "pipeline.micro_batches", "at most one per sample"),
-            ("pipeline.replicas=33", "pipeline.replicas", "1 micro-batch(es) on each of 33 replicas"),
+            ("pipeline.replicas=33", "pipeline.replicas", "1 micro-batch on each of 33 replicas"),
             ("train.epochs=0", "train.epochs", "at least 1"),
             ("train.max_grad_norm=-1.0", "train.max_grad_norm", "finite and at least 0"),
             ("train.max_grad_norm=nan", "train.max_grad_norm", "finite and at least 0"),

@@ -7,7 +7,7 @@
 use super::config::{DataSection, DatasetName, RunConfig};
 use super::source::{SampleSource, subset};
 use crate::data::{self, ImageSample, LmSequence, TextSample};
-use crate::error::{Error, Result, config_error};
+use crate::error::{Error, Result, config_error, counted};
 use crate::model::ModelConfig;
 use crate::text::{Encoded, EncodedItem, TextInput, TextTokenizer, encoded_batch};
 use crate::train::BatchSource;
@@ -394,9 +394,10 @@ pub fn prepare_data(config: &RunConfig, least_batch: usize) -> Result<(Box<dyn B
                     (0 | 1, (field, or)) => Error::Config {
                         field: field.into(),
                         message: format!(
-                            "the {which} of {} holds {tokens} character(s); a sequence needs at least 2 (a token \
-                             and the next one): use a longer file{or}",
-                            file.display()
+                            "the {which} of {} holds {}; a sequence needs at least 2 (a token and the next \
+                             one): use a longer file{or}",
+                            file.display(),
+                            counted(tokens, "character")
                         ),
                     },
                     (_, _) => Error::Config {

@@ -16,7 +16,7 @@ use crate::device::Device;
 use crate::elastic::autodp::rebuild_communicators;
 use crate::elastic::controller::Surroundings;
 use crate::elastic::{CacheDtype, Elastic, FreezeName};
-use crate::error::{Error, Result, config_error, internal};
+use crate::error::{Error, Result, config_error, counted, internal};
 use crate::files::{self, io_error};
 use crate::model::{Family, InputSpec, Model, ModelConfig};
 use crate::pipeline::{Pipeline, PipelineConfig};
@@ -173,7 +173,7 @@ impl std::fmt::Display for ResumedPlan {
 fn shape_text(c: &PipelineConfig, other: &PipelineConfig) -> String {
     let mut text = format!("K={} R={} M={} {}", c.pipeline_len, c.replicas, c.micro_batches, c.schedule);
     if c.chunks != 1 || c.chunks != other.chunks {
-        text += &format!(", {} chunk(s) per device", c.chunks);
+        text += &format!(", {} per device", counted(c.chunks, "chunk"));
     }
     if c.memory_limit != other.memory_limit || c.memory_limit.is_some() {
         match c.memory_limit {
@@ -338,20 +338,27 @@ impl<D: Device> Job<D> {
         // process needs a sample of it.
         let fed = plan.replicas.saturating_mul(processes);
         if group.is_none() && first.batch < fed {
-            let each = format!("each of {fed} replica(s) needs one at least");
+            let each = match fed {
+                1 => "the replica needs one at least".to_string(),
+                _ => format!("each of {fed} replicas needs one at least"),
+            };
             let whole = first.batch < config.data.batch_size;
             let limit = if config.data.train_limit > 0 { " (data.train_limit)" } else { "" };
             return Err(match whole {
                 true => config_error(
                     "pipeline.replicas",
-                    format!("a step's batch holds {} sample(s), the whole training set{limit}; {each}", first.batch),
+                    format!(
+                        "a step's batch holds {}, the whole training set{limit}; {each}",
+                        counted(first.batch, "sample")
+                    ),
                 ),
                 // (Launched processes: the config checked the batch against one process's.)
                 false => config_error(
                     "data.batch_size",
                     format!(
-                        "{} sample(s) a step, shared by {processes} processes of {} replica(s); {each}",
-                        first.batch, plan.replicas
+                        "{} a step, shared by {processes} processes of {}; {each}",
+                        counted(first.batch, "sample"),
+                        counted(plan.replicas, "replica")
                     ),
                 ),
             });
@@ -521,7 +528,8 @@ impl<D: Device> Job<D> {
             "become replicas"
         };
         Some(format!(
-            "{waiting} more device(s) wait for AutoDP (elastic.auto_dp): when a freeze shortens the pipeline, they {what}"
+            "{} wait for AutoDP (elastic.auto_dp): when a freeze shortens the pipeline, they {what}",
+            counted(waiting, "more device")
         ))
     }
 

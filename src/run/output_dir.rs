@@ -324,8 +324,9 @@ pub fn check_start(config: &RunConfig, resume: bool, fresh: bool, group: Option<
         return Err(config_error(
             "output.dir",
             format!(
-                "rank(s) {missing:?} find no checkpoint to resume at {}: every process of a launched run reads \
+                "{} {missing:?} find no checkpoint to resume at {}: every process of a launched run reads \
                  it from its own output.dir, which must therefore be a folder all nodes share{}",
+                if missing.len() == 1 { "rank" } else { "ranks" },
                 ckpt.display(),
                 set_aside_note(dir)
             ),
@@ -532,10 +533,7 @@ mod tests {
         }
         // No checkpoint anywhere: every rank resuming is named.
         for e in on_all([&same, &same, &same], [true; 3]) {
-            assert!(
-                e.contains("rank(s) [0, 1, 2] find no checkpoint to resume") && e.contains("all nodes share"),
-                "{e}"
-            );
+            assert!(e.contains("ranks [0, 1, 2] find no checkpoint to resume") && e.contains("all nodes share"), "{e}");
         }
     }
 }

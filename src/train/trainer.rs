@@ -15,7 +15,7 @@ use super::selection::{Scored, Selection, Verdict};
 use super::source::BatchSource;
 use crate::comm::process_group::ProcessGroup;
 use crate::device::Device;
-use crate::error::{Error, Result, internal};
+use crate::error::{Error, Result, counted, internal};
 use crate::model::{HeadSpec, HostBatch, IGNORE_INDEX};
 use crate::optim::{LrSchedule, OptimizerState, ParamState};
 use crate::pipeline::trace::ChromeTrace;
@@ -852,7 +852,9 @@ impl<D: Device> Trainer<D> {
                 Some(r.config)
             }
             Some(r) if self.pipeline.process_stage().is_some() && !r.config.same_shape(&in_force.config) => {
-                let shape = |c: &PipelineConfig| format!("{} stage(s) × {} replica(s)", c.pipeline_len, c.replicas);
+                let shape = |c: &PipelineConfig| {
+                    format!("{} × {}", counted(c.pipeline_len, "stage"), counted(c.replicas, "replica"))
+                };
                 return Err(changed(format!(
                     "taken on {} across processes, and this launch makes {}: launch as the run began \
                      (--pipeline-len, the process count)",

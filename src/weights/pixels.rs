@@ -16,7 +16,7 @@
 
 use super::read::{export_error, read_optional_json};
 use crate::device::Device;
-use crate::error::Result;
+use crate::error::{Result, counted};
 use crate::model::Model;
 use serde_json::Value;
 use std::path::Path;
@@ -80,7 +80,10 @@ pub(super) fn pixel_transform_of(json: &Value, path: &Path, channels: usize) -> 
             let shown = json.get(key).map_or_else(String::new, Value::to_string);
             return Err(export_error(
                 path,
-                format!("`{key}` is {shown}; expected {channels} finite number(s), one per channel of the model"),
+                format!(
+                    "`{key}` is {shown}; expected {}, one per channel of the model",
+                    counted(channels, "finite number")
+                ),
             ));
         }
         Ok(values)
@@ -196,7 +199,7 @@ mod tests {
         let ours = read_pixel_transform(&path, 1).unwrap().unwrap();
         assert!(ours.is_identity(16.0) && !ours.is_identity(255.0) && !defaults.is_identity(255.0));
         for (text, named) in [
-            (r#"{"image_std": [0.5, 0.0, 0.5]}"#, "`image_std` is [0.5,0.0,0.5]; expected 3 finite number(s)"),
+            (r#"{"image_std": [0.5, 0.0, 0.5]}"#, "`image_std` is [0.5,0.0,0.5]; expected 3 finite numbers"),
             (r#"{"image_mean": [0.5]}"#, "`image_mean` is [0.5]; expected 3"),
             (r#"{"rescale_factor": -1}"#, "`rescale_factor` is -1; expected a positive number"),
             (r#"{"do_normalize": "yes"}"#, "`do_normalize` is \"yes\"; expected true or false"),

@@ -34,7 +34,7 @@ use crate::comm::process_group::ProcessGroup;
 use crate::comm::watchdog::Watchdog;
 use crate::comm::{Communicator, RingCommunicator, ring_group};
 use crate::device::{Device, HostPool};
-use crate::error::{Error, Result, config_error, data_error, internal};
+use crate::error::{Error, Result, config_error, counted, data_error, internal};
 use crate::model::{Batch, Hidden, HostBatch, Model, ModelParts, Spec, Unit, head_loss};
 use crate::optim::{Optimizer, OptimizerConfig};
 use mailbox::Shared;
@@ -372,8 +372,9 @@ impl<D: Device> Pipeline<D> {
                 format!(
                     "a pipeline across processes cuts the {size} processes into rows of pipeline_len stages, each \
                      row a replica: pipeline_len must be at least 2 and divide {size} (the process count), and \
-                     replicas be 1; now {} stage(s) and {} replica(s)",
-                    config.pipeline_len, config.replicas
+                     replicas be 1; now {} and {}",
+                    counted(config.pipeline_len, "stage"),
+                    counted(config.replicas, "replica")
                 ),
             ));
         }
@@ -853,10 +854,10 @@ impl<D: Device> Pipeline<D> {
             Some(group) if host.batch < group.size() * self.plan.config.replicas => Err(config_error(
                 "processes",
                 format!(
-                    "a batch of {} samples cannot feed {} processes of {} replica(s)",
-                    host.batch,
-                    group.size(),
-                    self.plan.config.replicas
+                    "a batch of {} cannot feed {} of {}",
+                    counted(host.batch, "sample"),
+                    counted(group.size(), "process"),
+                    counted(self.plan.config.replicas, "replica")
                 ),
             )),
             Some(group) => {
@@ -892,9 +893,9 @@ impl<D: Device> Pipeline<D> {
             return Err(config_error(
                 "pipeline.replicas",
                 format!(
-                    "a batch of {} sample(s) cannot feed {r_count} replicas, each of which needs one at least (the \
+                    "a batch of {} cannot feed {r_count} replicas, each of which needs one at least (the \
                      training set, or an epoch's last batch, is that short)",
-                    host.batch
+                    counted(host.batch, "sample")
                 ),
             ));
         }

@@ -9,7 +9,7 @@ use super::fingerprint::{MAX_LEN, PIXEL_MAX, TEST_FILE, TOKENIZER, TRAIN_FILE, d
 use super::output_dir::{CHECKPOINT, LOG};
 use crate::data::{StoredImage, read_idx_images};
 use crate::device::Device;
-use crate::error::{Error, Result, config_error, data_error};
+use crate::error::{Error, Result, config_error, counted, data_error};
 use crate::model::{Batch, Family, HeadSpec, HostBatch, IGNORE_INDEX, InputSpec, Model};
 use crate::rng::Rng;
 use crate::text::{EncodedItem, TextInput, TextTokenizer, encoded_batch};
@@ -712,7 +712,10 @@ fn check_size(input: &str, w: usize, h: usize, c: usize, size: usize, channels: 
 fn size_error(input: &str, (w, h, c): (usize, usize, usize), size: usize, channels: usize) -> Error {
     data_error(
         "input",
-        format!("{input}: a {w}×{h} image with {c} channel(s); the model takes {size}×{size} with {channels}"),
+        format!(
+            "{input}: a {w}×{h} image with {}; the model takes {size}×{size} with {channels}",
+            counted(c, "channel")
+        ),
     )
 }
 

@@ -183,7 +183,7 @@ fn a_folder_is_every_image_under_it_each_failing_alone() {
     assert_eq!(inputs, [named("a.pgm"), named("c.txt"), named("d.pgm"), named("sub/b.pgm")]);
     assert!(lines[0]["label"].is_string() && lines[3]["label"].is_string(), "{out}");
     assert!(lines[1]["error"].as_str().unwrap().contains("starts with bytes"), "{out}");
-    assert!(lines[2]["error"].as_str().unwrap().contains("a 5×5 image with 1 channel(s)"), "{out}");
+    assert!(lines[2]["error"].as_str().unwrap().contains("a 5×5 image with 1 channel"), "{out}");
     let (_, alone) = run(&p, &[&named("a.pgm")], &json);
     let alone: serde_json::Value = serde_json::from_str(alone.trim()).unwrap();
     assert_eq!(alone["probabilities"], lines[0]["probabilities"]);
@@ -539,7 +539,7 @@ fn a_grayscale_image_reads_as_rgb_for_a_colour_model() {
     assert_eq!(lines[0]["probabilities"], lines[1]["probabilities"], "{out}");
     let (_, gray_model) = tiny_vit_predictor("predict-rgb-for-gray");
     let (_, out) = run(&gray_model, &[rgb_file.to_str().unwrap()], &json);
-    assert!(out.contains("a 4×4 image with 3 channel(s); the model takes 4×4 with 1"), "{out}");
+    assert!(out.contains("a 4×4 image with 3 channels; the model takes 4×4 with 1"), "{out}");
 }
 
 /// An export whose processor normalises its pixels (a ViT exported elsewhere) is answered as
