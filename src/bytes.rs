@@ -23,11 +23,13 @@ pub fn parse(s: &str) -> Result<usize, String> {
         "TiB" => 1 << 40,
         other => return Err(format!("unknown unit `{other}`: expected a byte count with B, KiB, MiB, GiB or TiB")),
     };
+    // (A setting holds a TOML integer, a signed 64-bit one, whichever way it is written.)
     digits
         .parse::<usize>()
         .ok()
         .and_then(|n| n.checked_mul(scale))
-        .ok_or_else(|| format!("`{s}` is more bytes than this machine can count (at most {} bytes)", usize::MAX))
+        .filter(|&n| i64::try_from(n).is_ok())
+        .ok_or_else(|| format!("`{s}` is beyond what a setting holds (at most {})", i64::MAX))
 }
 
 /// A byte count for people to read, in the largest binary unit it holds one of, to
@@ -147,7 +149,11 @@ mod tests {
         let json = |t: &str| serde_json::from_str::<Sizes>(t).map(|s| s.limit).map_err(|e| e.to_string());
         assert_eq!(json(r#"{"cap": 1, "limit": null}"#), Ok(None));
         assert_eq!(json(r#"{"cap": 1, "limit": "1KiB"}"#), Ok(Some(1024)));
-        assert!(parse("99999999999TiB").unwrap_err().contains("more bytes than this machine can count"));
+        assert!(parse("99999999999TiB").unwrap_err().contains("is beyond what a setting holds"));
+        // (The bound is a setting's, a TOML integer's, not the machine's: 8 EiB − 1.)
+        assert_eq!(parse("8388607TiB"), Ok(8388607 << 40));
+        let e = parse("8388608TiB").unwrap_err();
+        assert!(e.contains("(at most 9223372036854775807)"), "{e}");
         assert!(parse("-1").unwrap_err().contains("`-1` is not a byte count: expected a whole number"));
     }
 }

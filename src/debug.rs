@@ -8,10 +8,19 @@ use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
-/// The level `PT_DEBUG` asks for (0 when unset or not a number).
+/// The level `PT_DEBUG` asks for (0 when unset or empty; a value that is not a level is
+/// ignored, with a warning the first time it is read).
 pub fn level() -> u8 {
     static LEVEL: OnceLock<u8> = OnceLock::new();
-    *LEVEL.get_or_init(|| std::env::var("PT_DEBUG").ok().and_then(|v| v.parse().ok()).unwrap_or(0))
+    *LEVEL.get_or_init(|| {
+        let value = std::env::var("PT_DEBUG").unwrap_or_default();
+        value.trim().parse().unwrap_or_else(|_| {
+            if !value.is_empty() {
+                eprintln!("warning: PT_DEBUG={value} ignored; expected a level, 0, 1 or 2");
+            }
+            0
+        })
+    })
 }
 
 /// Calls and seconds per op name, summed over every device and thread of the process.

@@ -360,7 +360,7 @@ enum Command {
     #[command(allow_negative_numbers = true)]
     Train {
         /// Run configuration (TOML; see configs/).
-        #[arg(long, default_value = "configs/minilm-rt.toml")]
+        #[arg(long, default_value = DEFAULT_CONFIG)]
         config: PathBuf,
         /// Override a configuration value, e.g. `--set train.lr=3e-5` (repeatable).
         #[arg(long = "set", value_name = "KEY=VALUE")]
@@ -550,6 +550,8 @@ enum Command {
     /// its shard of every global batch and sums gradients with the others; rank 0 writes the
     /// files. The first process to fail ends the launch with its rank. A collective waits
     /// PT_COLLECTIVE_TIMEOUT seconds (default 300) for a peer, and the rendezvous as long.
+    // (A negative count is refused as the flag's value, not taken for the command to run.)
+    #[command(allow_negative_numbers = true)]
     Launch {
         /// Processes on this node (one per GPU, or cpu processes sharing the cores).
         #[arg(long, default_value_t = 1)]
@@ -789,7 +791,19 @@ fn run() -> Result<()> {
             if batch.checked_mul(seq).is_none_or(|t| t > MOST_TOKENS) {
                 bail!("--batch {batch} × --seq {seq}: at most {MOST_TOKENS} tokens a step");
             }
-            let python = python.or_else(|| std::env::var("PT_PYTHON").ok()).unwrap_or_else(|| "python3".into());
+            // A Python the user named must run (else the comparison they asked for is missing
+            // from a report that looks whole); the default, python3, may be absent: skipped.
+            let named = match (python, std::env::var("PT_PYTHON").ok()) {
+                (Some(p), _) => Some(("--python", p)),
+                (None, Some(p)) => Some(("PT_PYTHON", p)),
+                (None, None) => None,
+            };
+            if let Some((setting, python)) = named.as_ref().filter(|(_, p)| p != "none")
+                && let Err(e) = std::process::Command::new(python).arg("--version").output()
+            {
+                bail!("{setting} {python}: cannot run it ({e}); name a Python, or none to skip the PyTorch comparison");
+            }
+            let python = named.map_or_else(|| "python3".into(), |(_, p)| p);
             // On cpu without --precision: f32, then bf16.
             let first = device.open(threads)?;
             let precision = device.precision(PrecisionChoice::F32, 0)?;
@@ -850,7 +864,17 @@ fn kernels(update: Option<&Path>) -> Result<()> {
     Ok(())
 }
 
+/// The run config `train` reads without `--config`: the main job's.
+const DEFAULT_CONFIG: &str = "configs/minilm-rt.toml";
+
 fn load_config(path: &Path, overrides: &[String]) -> Result<RunConfig> {
+    if path == Path::new(DEFAULT_CONFIG) && !path.exists() {
+        let cwd = std::env::current_dir().map_or_else(|_| "?".into(), |d| d.display().to_string());
+        bail!(
+            "{DEFAULT_CONFIG} (the run config `train` reads without --config) is not under the working directory \
+             {cwd}: run from the project's folder, or pass --config"
+        );
+    }
     let config = RunConfig::load(path, overrides).with_context(|| match overrides.is_empty() {
         true => format!("the run config {}", path.display()),
         false => format!("the run config {} with the command line's settings (--set and flags)", path.display()),
@@ -1125,6 +1149,12 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
         false => format!("{} classes", info.classes),
     };
     console!("data: {} — {} training / {} {} samples, {labels}", info.name, info.train, info.test, info.evaluated_on);
+    if info.train < job.config.data.batch_size {
+        eprintln!(
+            "warning: data.batch_size = {} is more than the {} training samples: every step takes them all",
+            job.config.data.batch_size, info.train
+        );
+    }
     console!(
         "model: {:?}, {} parameters{}",
         job.trainer.pipeline.spec().family,

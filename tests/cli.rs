@@ -3370,7 +3370,11 @@ fn freed_gpu_devices_become_replicas_saying_threads_are_a_cpu_setting() {
 fn a_device_named_by_index_is_refused_saying_how_to_count() {
     let (ok, out) = pipetransformer(&["train", "--config", "configs/vit-digits.toml", "--device", "cuda:1"]);
     assert!(!ok && out.contains("invalid value 'cuda:1' for '--device <DEVICE>': unknown device `cuda:1`"), "{out}");
-    assert!(out.contains("(a kind; how many is --devices N)") && !out.contains("config field"), "{out}");
+    assert!(
+        out.contains("(a kind, not one device: train and plan take how many as --devices N")
+            && !out.contains("config field"),
+        "{out}"
+    );
 }
 
 /// `train` of the tiny ViT of `configs/vit-digits.toml`, with `extra` flags.
@@ -3959,4 +3963,36 @@ fn a_model_folder_where_it_does_not_fit_is_named_as_what_it_is() {
     std::fs::write(run.join("checkpoint.ckpt"), b"").unwrap();
     let (ok, out) = pipetransformer(&["predict", "--model", &run.display().to_string(), "1"]);
     assert!(!ok && out.contains("model/config.json: is missing") && !out.contains("without its exported"), "{out}");
+}
+
+/// Settings outside the run config are named when they are what is wrong: the default
+/// `--config` looked for under another folder, a Python given for the comparison that cannot
+/// run (refused before any timing, not "skipped"), a `PT_DEBUG` that is not a level
+/// (ignored, said), and a batch larger than the training set (taken whole each step, said).
+#[test]
+fn settings_outside_the_config_are_named_when_wrong() {
+    if !have_digits() {
+        return;
+    }
+    let dir = scratch("outside-settings");
+    let bin = env!("CARGO_BIN_EXE_pipetransformer");
+    let out = Command::new(bin).arg("train").current_dir(&*dir).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("(the run config `train` reads without --config) is not under"),
+        "{err}"
+    );
+    let (ok, out) = pipetransformer(&["bench-step", "--python", "/nonexistent/python3", "--steps", "1"]);
+    assert!(!ok && out.contains("--python /nonexistent/python3: cannot run it") && !out.contains("| ours"), "{out}");
+    let out_dir = format!("output.dir={}", dir.join("run").display());
+    let out = Command::new(bin)
+        .args(["train", "--config", "configs/vit-digits.toml", "--set", &out_dir, "--set", "train.max_steps=1"])
+        .args(["--set", "data.test_limit=8", "--set", "data.batch_size=100000"])
+        .env("PT_DEBUG", "verbose")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("warning: PT_DEBUG=verbose ignored; expected a level"), "{err}");
+    assert!(err.contains("data.batch_size = 100000 is more than the 1438 training samples"), "{err}");
 }

@@ -127,39 +127,75 @@ pub(crate) fn user_head(path: &Path, n: u64) -> Result<Vec<u8>> {
     Ok(head)
 }
 
+/// The longest line [`user_lines`] reads: far beyond any input's (a text is cut to the
+/// model's tokens, a prompt to its window, a row of pixels holds thousands of values), and far
+/// short of what a file without line breaks would make one line hold.
+pub(crate) const LONGEST_LINE: usize = 16 << 20;
+
 /// The lines of a text file a user named (`predict --file`; `-`: standard input), each as it
 /// comes (a terminal's too), decompressed as [`read_user_text`] does, a byte-order mark and
 /// each line's `\r` dropped. A line that is not UTF-8 is an [`Error::Dataset`] naming its
-/// number, and the lines after it go on; a line holding a NUL byte (a binary file), or a
-/// stream that cannot be read (or decompressed), ends them with an error naming no line.
+/// number, and the lines after it go on; a line holding a NUL byte (a binary file), one
+/// longer than [`LONGEST_LINE`] (a file without line breaks: read no further), or a stream
+/// that cannot be read (or decompressed), ends them with an error naming no line.
 pub fn user_lines(path: &Path) -> Result<impl Iterator<Item = Result<String>>> {
+    use std::io::BufRead;
     let (decoder, format) = decoded(path, SetupGroup::User)?;
     let path = path.to_path_buf();
-    Ok(std::io::BufRead::split(std::io::BufReader::new(decoder), b'\n').enumerate().map(move |(i, line)| {
-        let mut bytes = line.map_err(|e| read_error(&path, format, e))?;
+    let mut reader = std::io::BufReader::new(decoder);
+    let (mut number, mut ended) = (0, false);
+    Ok(std::iter::from_fn(move || {
+        if ended {
+            return None;
+        }
+        let mut bytes = Vec::new();
+        // (One byte past the longest line: a line that long is refused, not read to its end.)
+        match (&mut reader).take(LONGEST_LINE as u64 + 1).read_until(b'\n', &mut bytes) {
+            Ok(0) => return None,
+            Ok(_) => number += 1,
+            Err(e) => {
+                ended = true;
+                return Some(Err(read_error(&path, format, e)));
+            }
+        }
+        let ends_its_line = bytes.last() == Some(&b'\n');
+        if ends_its_line {
+            bytes.pop();
+        }
         // A NUL byte is no text's: the file is binary (an image given as the list, say), and
         // its lines would be inputs of junk. It ends the stream.
         if bytes.contains(&0) {
-            return Err(dataset_error(
+            ended = true;
+            return Some(Err(dataset_error(
                 &path,
                 None,
                 format!(
-                    "is not text: line {} holds a NUL byte; expected UTF-8 text, one input a line (an image is given \
-                     as an argument itself, not in a --file list)",
-                    i + 1
+                    "is not text: line {number} holds a NUL byte; expected UTF-8 text, one input a line (an image is \
+                     given as an argument itself, not in a --file list)"
                 ),
-            ));
+            )));
+        }
+        if !ends_its_line && bytes.len() > LONGEST_LINE {
+            ended = true;
+            return Some(Err(dataset_error(
+                &path,
+                None,
+                format!(
+                    "line {number} is longer than {} MiB, and is not read further; expected one input a line",
+                    LONGEST_LINE >> 20
+                ),
+            )));
         }
         if bytes.last() == Some(&b'\r') {
             bytes.pop();
         }
-        if i == 0 && bytes.starts_with("\u{feff}".as_bytes()) {
+        if number == 1 && bytes.starts_with("\u{feff}".as_bytes()) {
             bytes.drain(..3);
         }
-        String::from_utf8(bytes).map_err(|e| {
+        Some(String::from_utf8(bytes).map_err(|e| {
             let at = e.utf8_error().valid_up_to();
-            dataset_error(&path, Some(i + 1), format!("is not valid UTF-8 (byte offset {at}); expected UTF-8 text"))
-        })
+            dataset_error(&path, Some(number), format!("is not valid UTF-8 (byte offset {at}); expected UTF-8 text"))
+        }))
     }))
 }
 

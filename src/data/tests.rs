@@ -965,3 +965,28 @@ fn a_folders_first_bad_image_is_named_whichever_thread_reads_it() {
         .collect();
     assert_eq!(got, want, "in class then file order, each its own pixels");
 }
+
+/// A line longer than any input ends the list there, named by its number, without being
+/// held whole (a file with no line breaks, `/dev/zero` given as --file, would otherwise fill
+/// memory); a line of exactly the longest length is read; a line without its newline at the
+/// end of the file is a line.
+#[test]
+fn a_line_longer_than_any_input_ends_the_list() {
+    let dir = TempDir::new("longest-line");
+    let longest = super::files::LONGEST_LINE;
+    let mut bytes = b"first\r\n".to_vec();
+    bytes.extend(std::iter::repeat_n(b'x', longest));
+    bytes.extend(b"\nlast");
+    let path = dir.write("fits.txt", &bytes);
+    let lines: Vec<String> = user_lines(&path).unwrap().map(Result::unwrap).collect();
+    assert_eq!(lines.iter().map(String::len).collect::<Vec<_>>(), [5, longest, 4]);
+    let mut bytes = b"first\n".to_vec();
+    bytes.extend(std::iter::repeat_n(b'x', longest + 1));
+    bytes.extend(b"\nnever read\n");
+    let path = dir.write("too-long.txt", &bytes);
+    let mut lines = user_lines(&path).unwrap();
+    assert_eq!(lines.next().unwrap().unwrap(), "first");
+    let e = lines.next().unwrap().unwrap_err().to_string();
+    assert!(e.contains("line 2 is longer than 16 MiB"), "{e}");
+    assert!(lines.next().is_none(), "the list ends at the long line");
+}

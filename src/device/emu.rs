@@ -51,7 +51,9 @@ fn library() -> Result<&'static Library> {
     LIB.get_or_init(|| {
         // `PT_EMU_LIBRARY`, not `PT_EMU_LIB`: cargo sets the latter (the build-time path) in the
         // environment of every test it runs.
-        let path = std::env::var("PT_EMU_LIBRARY").unwrap_or_else(|_| LIBRARY.to_string());
+        // (Empty is unset: `dlopen("")` would load the program itself.)
+        let path =
+            std::env::var("PT_EMU_LIBRARY").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| LIBRARY.to_string());
         // SAFETY: the library is ours (built by build.rs); its initialisers only register kernels.
         unsafe {
             let lib = libloading::Library::new(&path).map_err(|e| format!("cannot load {path}: {e}"))?;

@@ -38,11 +38,24 @@ pub fn file_of(kernel: &str) -> Result<&'static str> {
         .ok_or_else(|| Error::Device { what: "kernels".into(), message: format!("no kernel named `{kernel}`") })
 }
 
-/// Where the CUDA wheels are unpacked: `PT_CUDA_HOME`, else `tools/cuda` in the source tree.
+/// Where the CUDA wheels are unpacked: `PT_CUDA_HOME` (empty: unset), else `tools/cuda` in the
+/// source tree.
 pub fn cuda_home() -> PathBuf {
     std::env::var_os("PT_CUDA_HOME")
+        .filter(|v| !v.is_empty())
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/cuda"))
+}
+
+/// How to install the CUDA wheels, and where `PT_CUDA_HOME` pointed when it chose the folder.
+fn install_hint() -> String {
+    match std::env::var_os("PT_CUDA_HOME").filter(|v| !v.is_empty()) {
+        Some(home) => format!(
+            "PT_CUDA_HOME={} names the folder: point it at where scripts/setup.sh cuda unpacked the wheels, or unset it",
+            home.to_string_lossy()
+        ),
+        None => "run scripts/setup.sh cuda, or set PT_CUDA_HOME".into(),
+    }
 }
 
 /// Loads NVRTC once; the error says where it was looked for and how to install it.
@@ -67,10 +80,7 @@ pub fn nvrtc() -> Result<()> {
                 // A system-wide NVRTC (a CUDA toolkit on the library path) serves as well.
                 // SAFETY: checks for the library without using it.
                 Err(_) if unsafe { cudarc::nvrtc::sys::is_culib_present() } => Ok(()),
-                Err(e) => Err(format!(
-                    "NVRTC not found at {} ({e}); run scripts/setup.sh cuda, or set PT_CUDA_HOME",
-                    path.display()
-                )),
+                Err(e) => Err(format!("NVRTC not found at {} ({e}); {}", path.display(), install_hint())),
             }
         })
         .clone()
@@ -195,9 +205,11 @@ fn kernel_format(value: Option<&str>) -> Result<bool> {
 
 /// `$XDG_CACHE_HOME/pipetransformer/kernels` (or `~/.cache/...`, or the temp dir).
 fn cache_dir() -> PathBuf {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+    // An empty or relative value is no value (the XDG base directory rules): it would put the
+    // cache in whatever folder the command runs in.
+    let absolute = |name: &str| std::env::var_os(name).map(PathBuf::from).filter(|p| p.is_absolute());
+    let base = absolute("XDG_CACHE_HOME")
+        .or_else(|| absolute("HOME").map(|h| h.join(".cache")))
         .unwrap_or_else(std::env::temp_dir);
     base.join("pipetransformer/kernels")
 }
@@ -247,7 +259,7 @@ fn run_ptxas(dir: &Path, file: &str, arch: u32, ptx: &str) -> Result<Vec<Resourc
         .output()
         .map_err(|e| Error::Device {
             what: "ptxas".into(),
-            message: format!("cannot run {} ({e}); run scripts/setup.sh cuda", ptxas.display()),
+            message: format!("cannot run {} ({e}); {}", ptxas.display(), install_hint()),
         })?;
     let log = String::from_utf8_lossy(&out.stderr).into_owned();
     if !out.status.success() {

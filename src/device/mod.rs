@@ -459,7 +459,13 @@ impl std::str::FromStr for DeviceKind {
             "cuda-emu" => DeviceKind::CudaEmu,
             _ => {
                 // `cuda:1`, as PyTorch names one GPU: here devices are a kind and a count.
-                let count = if s.contains(':') { " (a kind; how many is --devices N)" } else { "" };
+                let count = match s.contains(':') {
+                    true => {
+                        " (a kind, not one device: train and plan take how many as --devices N, and \
+                             CUDA_VISIBLE_DEVICES picks which GPUs a process sees)"
+                    }
+                    false => "",
+                };
                 return Err(crate::error::config_error(
                     "device",
                     format!("unknown device `{s}`; expected auto, cpu, cuda or cuda-emu{count}"),

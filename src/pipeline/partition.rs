@@ -14,7 +14,7 @@
 //! stage's time.
 
 pub use super::profile::UnitProfile;
-use crate::error::{Error, Result, config_error};
+use crate::error::{Error, Result, config_error, counted};
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
 
@@ -425,7 +425,9 @@ pub fn partition(
         return Err(Error::Config {
             field: "memory_limit".into(),
             message: format!(
-                "no split of {n} units into {stages} stages fits in {limit} bytes per device; the best split needs {need} bytes"
+                "no split of {} into {} fits in {limit} bytes per device; the best split needs {need} bytes",
+                counted(n, "unit"),
+                counted(stages, "stage")
             ),
         });
     }

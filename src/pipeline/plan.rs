@@ -436,8 +436,9 @@ impl Plan {
             return Err(config_error(
                 if config.chunks > 1 && k <= units { "chunks" } else { "pipeline_len" },
                 format!(
-                    "{k} devices × {} chunks of stages cannot be cut from the model's {units} active units",
-                    config.chunks,
+                    "{} × {} of stages cannot be cut from the model's {units} active units",
+                    counted(k, "device"),
+                    counted(config.chunks, "chunk"),
                 ),
             ));
         }

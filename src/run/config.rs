@@ -774,10 +774,13 @@ impl RunConfig {
             if devices > used && !self.elastic.auto_dp && !self.pipeline.across_processes {
                 warnings.push(format!(
                     "pipeline.devices = {devices}, but the plan uses {used} ({} × {}) and elastic.auto_dp is off: \
-                     {} stay idle",
+                     {} idle",
                     counted(plan.replicas, "replica"),
                     counted(plan.pipeline_len, "stage"),
-                    counted(devices - used, "device")
+                    match devices - used {
+                        1 => "1 device stays".to_string(),
+                        n => format!("{n} devices stay"),
+                    }
                 ));
             }
         }

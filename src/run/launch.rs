@@ -33,6 +33,10 @@ pub const GRACE: Duration = Duration::from_secs(20);
 /// where adding it to the clock could overflow.
 const MAX_COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// The shortest `PT_COLLECTIVE_TIMEOUT` taken: a second. Shorter, the rendezvous itself (a
+/// connection, a handshake) times out before anything is tried.
+const MIN_COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// Where rank 0 listens when `--rdzv` is not given: loopback, one node.
 pub const LOOPBACK_RDZV: &str = "127.0.0.1:29500";
 
@@ -141,6 +145,20 @@ pub fn launch(options: &LaunchOptions, program: &std::path::Path, args: &[String
         None => Secret::random()?,
     };
     let (host, port) = split_addr(options.rdzv(), "--rdzv")?;
+    // Rank 0, on the first node, listens there: a port another program holds is said now, not
+    // after the other ranks have waited on that program. (Bound and let go at once; a host
+    // that is not this machine's is left to rank 0 to report.)
+    if options.node_rank == 0
+        && let Err(e) = std::net::TcpListener::bind((host, port))
+        && e.kind() == std::io::ErrorKind::AddrInUse
+    {
+        return Err(config_error(
+            "--rdzv",
+            format!(
+                "{host}:{port}, where rank 0 listens, is in use by another program ({e}): pass --rdzv {host}:PORT with a free port"
+            ),
+        ));
+    }
     let world = options.world()?;
     let launcher = std::process::id();
     let mut children: Vec<(usize, Child)> = Vec::new();
@@ -455,8 +473,12 @@ impl ProcessEnv {
                 format!("is {local_rank}; expected below LOCAL_WORLD_SIZE {local_world}"),
             ));
         }
-        let addr = format!("{}:{}", need("MASTER_ADDR")?, need("MASTER_PORT")?);
-        split_addr(&addr, "MASTER_ADDR:MASTER_PORT")?;
+        let port = need("MASTER_PORT")?;
+        if !port.parse::<u16>().is_ok_and(|p| p != 0) {
+            return Err(config_error("MASTER_PORT", format!("is `{port}`; expected a port from 1 to 65535")));
+        }
+        let addr = format!("{}:{port}", need("MASTER_ADDR")?);
+        split_addr(&addr, "MASTER_ADDR")?;
         let secret = Secret::new(need("PT_RDZV_TOKEN")?)?;
         Ok(Some(ProcessEnv { rank, world, local_world, local_rank, addr, secret }))
     }
@@ -522,12 +544,13 @@ fn collective_timeout(value: Option<&str>) -> Result<Duration> {
     v.parse::<f64>()
         .ok()
         .and_then(|s| Duration::try_from_secs_f64(s).ok())
-        .filter(|d| !d.is_zero() && *d <= MAX_COLLECTIVE_TIMEOUT)
+        .filter(|d| *d >= MIN_COLLECTIVE_TIMEOUT && *d <= MAX_COLLECTIVE_TIMEOUT)
         .ok_or_else(|| {
             config_error(
                 "PT_COLLECTIVE_TIMEOUT",
                 format!(
-                    "`{v}`; expected seconds, more than 0 and at most {} (a week)",
+                    "`{v}`; expected seconds, at least {} and at most {} (a week)",
+                    MIN_COLLECTIVE_TIMEOUT.as_secs(),
                     MAX_COLLECTIVE_TIMEOUT.as_secs()
                 ),
             )
@@ -608,8 +631,9 @@ mod tests {
         for (k, v, says) in [
             ("WORLD_SIZE", "four", "whole number"),
             ("RANK", "4", "below WORLD_SIZE"),
-            ("MASTER_PORT", "x", "HOST:PORT"),
+            ("MASTER_PORT", "x", "environment variable `MASTER_PORT`: is `x`; expected a port from 1 to 65535"),
             ("MASTER_PORT", "0", "a port from 1 to 65535"),
+            ("MASTER_PORT", "99999", "environment variable `MASTER_PORT`: is `99999`"),
             ("PT_RDZV_TOKEN", "", "PT_RDZV_TOKEN"),
             ("WORLD_SIZE", "100000", "is 100000; expected at most 65536"),
             ("LOCAL_WORLD_SIZE", "5", "is 5; expected at most WORLD_SIZE 4"),
@@ -624,15 +648,18 @@ mod tests {
         }
         assert_eq!(collective_timeout(None).unwrap(), COLLECTIVE_TIMEOUT);
         assert_eq!(collective_timeout(Some("2.5")).unwrap(), Duration::from_millis(2500));
-        for bad in ["0", "-1", "inf", "NaN", "soon", "1e-12", "1e19", "1e20", "604801"] {
+        for bad in ["0", "-1", "inf", "NaN", "soon", "1e-12", "0.000001", "0.5", "1e19", "1e20", "604801"] {
             let e = collective_timeout(Some(bad)).unwrap_err().to_string();
             assert!(e.contains("PT_COLLECTIVE_TIMEOUT") && e.contains(bad), "{e}");
         }
     }
 
-    /// `nproc` processes on one node, loopback rendezvous, no token.
+    /// `nproc` processes on one node, a loopback rendezvous at a port free now (the launcher
+    /// refuses one that another program holds), no token.
     fn one_node(nproc: usize, grace: Duration) -> LaunchOptions {
-        LaunchOptions { nproc_per_node: nproc, nnodes: 1, node_rank: 0, rdzv: None, token: None, grace }
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let rdzv = Some(format!("127.0.0.1:{port}"));
+        LaunchOptions { nproc_per_node: nproc, nnodes: 1, node_rank: 0, rdzv, token: None, grace }
     }
 
     #[test]
@@ -656,7 +683,7 @@ mod tests {
             (LaunchOptions { nnodes: 2, node_rank: 2, ..ok.clone() }, "--node-rank"),
             (LaunchOptions { rdzv: Some("nowhere".into()), ..ok.clone() }, "HOST:PORT"),
             (LaunchOptions { nnodes: 2, rdzv: Some("10.0.0.1:29500".into()), ..ok.clone() }, "--rdzv-token"),
-            (LaunchOptions { nnodes: 2, ..token.clone() }, "reaches this machine alone"),
+            (LaunchOptions { nnodes: 2, rdzv: None, ..token.clone() }, "reaches this machine alone"),
             (LaunchOptions { rdzv: Some("127.0.0.1:0".into()), ..ok.clone() }, "--rdzv"),
             (LaunchOptions { nproc_per_node: usize::MAX, nnodes: 2, ..remote.clone() }, "--nproc-per-node × --nnodes"),
             (LaunchOptions { nproc_per_node: 1 << 9, nnodes: 1 << 8, ..remote.clone() }, "at most 65536"),
@@ -664,6 +691,11 @@ mod tests {
             let e = launch(&bad, std::path::Path::new("/bin/true"), &[]).unwrap_err().to_string();
             assert!(e.contains(says), "{e}");
         }
+        // A port another program listens on: refused before any process starts.
+        let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken = LaunchOptions { rdzv: Some(held.local_addr().unwrap().to_string()), ..ok.clone() };
+        let e = launch(&taken, std::path::Path::new("/bin/true"), &[]).unwrap_err().to_string();
+        assert!(e.contains("where rank 0 listens, is in use by another program"), "{e}");
     }
 
     /// Of the processes seen ending in one look, one killed by a signal is the failure named

@@ -40,8 +40,21 @@ impl PredictOptions {
         if self.batch_size == 0 {
             return Err(batch_size_error());
         }
-        if let Reader::Chars { .. } = predictor.reader {
-            return self.sampling.check().and_then(|()| self.sampling.check_greedy());
+        if let Reader::Chars { chars, .. } = &predictor.reader {
+            self.sampling.check()?;
+            self.sampling.check_greedy()?;
+            let k = self.sampling.top_k;
+            if k >= chars.len() {
+                return Err(config_error(
+                    "--top-k",
+                    format!(
+                        "--top-k {k} keeps every one of the model's {} characters, as 0 does: give a smaller k, \
+                         or leave --top-k out",
+                        chars.len()
+                    ),
+                ));
+            }
+            return Ok(());
         }
         let flags = self.sampling.changed_flags();
         if !flags.is_empty() {

@@ -580,8 +580,8 @@ fn run(
 }
 
 /// Options no input could use are refused once, before any input is read or any line
-/// written: a bad temperature (not an error per prompt), a batch size of 0, and sampling
-/// flags for a model that does not generate.
+/// written: a bad temperature (not an error per prompt), a top-k of every character, a batch
+/// size of 0, and sampling flags for a model that does not generate.
 #[test]
 fn bad_options_are_refused_once_before_any_input() {
     let (_gpt_dir, gpt) = tiny_gpt_predictor("predict-options-gpt", "abc ");
@@ -608,6 +608,12 @@ fn bad_options_are_refused_once_before_any_input() {
         let sampled = Sampling { temperature: 0.5, max_new_tokens: 2, ..greedy };
         assert!(run(&gpt, &["ab"], &options(1, sampled, json)).0.is_ok());
     }
+    // A top-k of every character, or more, which draws as 0 does.
+    let all = Sampling { top_k: 4, max_new_tokens: 2, ..Sampling::default() };
+    let (r, out) = run(&gpt, &["ab"], &options(1, all, json));
+    let e = r.unwrap_err().to_string();
+    assert!(e.contains("--top-k 4 keeps every one of the model's 4 characters") && out.is_empty(), "{e}");
+    assert!(run(&gpt, &["ab"], &options(1, Sampling { top_k: 3, ..all }, json)).0.is_ok());
     let good = Sampling { max_new_tokens: 2, temperature: 0.0, ..Sampling::default() };
     let (r, out) = run(&gpt, &["ab", "ba"], &options(1, good, json));
     assert_eq!((r.unwrap(), out.lines().count()), ((2, 0), 2), "{out}");
