@@ -633,10 +633,10 @@ impl RunConfig {
             // A converted table carries no positions: name the first override that breaks a
             // file that converts on its own, else the key in the file (serde's `in `key``), else
             // the file.
-            let e = e.trim_end();
+            let e = in_words(e.trim_end());
             let (message, key) = match e.rsplit_once("\nin `") {
                 Some((message, key)) => (message, key.strip_suffix('`')),
-                None => (e, None),
+                None => (e.as_str(), None),
             };
             if convert(&file).is_ok() {
                 let mut t = file.clone();
@@ -652,6 +652,12 @@ impl RunConfig {
                     }
                 }
             }
+            // (A type error inside the model's table is reported for the table as a whole.)
+            let inner = key.filter(|&k| k == "model.config").and_then(|_| model_config_field(&table));
+            let (message, key) = match &inner {
+                Some((key, message)) => (message.as_str(), Some(key.as_str())),
+                None => (message, key),
+            };
             match key {
                 Some(key) => {
                     let message = name_the_choices(message, &table, key, &convert);
@@ -1016,6 +1022,52 @@ fn default_optimizer_kind(table: &mut toml::Table) {
 /// serde's message for a setting of choices given a value that is not a string (`true`, `3`)
 /// names neither the choices nor the quotes: the choices, as serde names them for a string
 /// that is none of them, with `key` set to one in `table`.
+/// The field of `model.config` a type error is in, and the error: serde reports it for the
+/// table as a whole (the family's tag buffers the table and loses the path), so the table is
+/// read again as its family's own struct. `None` where that finds no field to name.
+fn model_config_field(table: &toml::Table) -> Option<(String, String)> {
+    use crate::model::{BertConfig, GptConfig, VitConfig};
+    let mut fields = table.get("model")?.get("config")?.as_table()?.clone();
+    let family = fields.remove("family")?;
+    let value = toml::Value::Table(fields);
+    let e = match family.as_str()? {
+        "bert" => value.try_into::<BertConfig>().err(),
+        "gpt" => value.try_into::<GptConfig>().err(),
+        "vit" => value.try_into::<VitConfig>().err(),
+        _ => None,
+    }?
+    .to_string();
+    let e = in_words(e.trim_end());
+    let (message, key) = e.rsplit_once("\nin `")?;
+    Some((format!("model.config.{}", key.strip_suffix('`')?), message.to_string()))
+}
+
+/// Serde's message with the Rust types it names said as a config's reader knows them: `usize`
+/// as a whole number, `f64` as a number, a struct as a table.
+fn in_words(message: &str) -> String {
+    let mut out = message.to_string();
+    for (rust, words) in [
+        ("expected usize", "expected a whole number, 0 or more"),
+        ("expected u64", "expected a whole number, 0 or more"),
+        ("expected u32", "expected a whole number, 0 or more"),
+        ("expected u16", "expected a whole number, 0 or more"),
+        ("expected u8", "expected a whole number, 0 or more"),
+        ("expected i64", "expected a whole number"),
+        ("expected f64", "expected a number"),
+        ("expected f32", "expected a number"),
+    ] {
+        out = out.replace(rust, words);
+    }
+    match out.find("expected struct ") {
+        Some(at) => {
+            let end = out[at + 16..].find(|c: char| !c.is_alphanumeric()).map_or(out.len(), |n| at + 16 + n);
+            out.replace_range(at..end, "expected a table");
+            out
+        }
+        None => out,
+    }
+}
+
 fn name_the_choices(
     message: &str,
     table: &toml::Table,
@@ -1287,7 +1339,9 @@ dir = "runs/x"
         let err = RunConfig::parse(BASE, "base", &["train.lr=1e-4".into(), "train.eval_every=-1".into()])
             .unwrap_err()
             .to_string();
-        assert!(err.contains("--set train.eval_every") && err.contains("expected u64"), "{err}");
+        assert!(err.contains("--set train.eval_every") && err.contains("expected a whole number, 0 or more"), "{err}");
+        let err = RunConfig::parse(BASE, "base", &["data=1".into()]).unwrap_err().to_string();
+        assert!(err.contains("expected a table") && !err.contains("DataSection"), "{err}");
         // An optimizer setting over the default optimizer goes to it (AdamW).
         let c = RunConfig::parse(BASE, "base", &["train.optimizer.beta1=0.5".into()]).unwrap();
         let crate::optim::OptimizerConfig::AdamW { beta1, beta2, .. } = c.train.optimizer else { panic!("not AdamW") };
@@ -1588,5 +1642,9 @@ dir = "runs/x"
             let err = RunConfig::parse(&text, "f.toml", &overrides).unwrap_err().to_string();
             assert!(err.contains(&format!("unknown key `{key}`")), "{err}");
         }
+        // A value of the wrong type inside it is named by its key too, not by the table.
+        let wrong = gpt.replace("n_embd = 8", "n_embd = \"8\"");
+        let err = RunConfig::parse(&wrong, "f.toml", &[]).unwrap_err().to_string();
+        assert!(err.starts_with("config field `model.config.n_embd`: invalid type: string \"8\""), "{err}");
     }
 }
