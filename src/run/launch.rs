@@ -448,7 +448,14 @@ impl ProcessEnv {
                 .transpose()
         };
         let world = number("WORLD_SIZE")?.unwrap_or(1);
-        if world <= 1 {
+        if world == 0 {
+            return Err(config_error("WORLD_SIZE", "is 0; expected at least 1 process"));
+        }
+        if world == 1 {
+            // (One process: its rank, where set, can only be 0.)
+            if let Some(rank) = number("RANK")?.filter(|&r| r != 0) {
+                return Err(config_error("RANK", format!("is {rank}; expected below WORLD_SIZE 1")));
+            }
             return Ok(None);
         }
         if world > MAX_GROUP {
@@ -498,10 +505,20 @@ impl ProcessEnv {
         (self.local_rank.saturating_mul(devices), threads)
     }
 
-    /// A warning where `threads` set for each process (0: the cores split, never this) give the
-    /// node's processes together more threads than its `cores`: their pools' spinning workers
-    /// then contend for the cores.
+    /// A warning where `threads` set for each process (0: the cores split, one each at least)
+    /// give the node's processes together more threads than its `cores`: their pools'
+    /// spinning workers then contend for the cores.
     pub fn oversubscribes(&self, threads: usize, cores: usize) -> Option<String> {
+        let n = self.local_world;
+        if threads == 0 {
+            return (n > cores).then(|| {
+                format!(
+                    "this node's {n} processes are more than its {}: each runs one thread, {n} in all, and they \
+                     contend for the cores (launch at most {cores} a node)",
+                    crate::error::counted(cores, "core")
+                )
+            });
+        }
         let total = threads.saturating_mul(self.local_world);
         (total > cores).then(|| {
             format!(
@@ -608,6 +625,9 @@ mod tests {
         };
         assert!(ProcessEnv::from_vars(vars(&[])).unwrap().is_none());
         assert!(ProcessEnv::from_vars(vars(&[("WORLD_SIZE", "1")])).unwrap().is_none());
+        assert!(ProcessEnv::from_vars(vars(&[("WORLD_SIZE", "1"), ("RANK", "0")])).unwrap().is_none());
+        let e = ProcessEnv::from_vars(vars(&[("WORLD_SIZE", "1"), ("RANK", "5")])).unwrap_err().to_string();
+        assert!(e.contains("RANK") && e.contains("is 5; expected below WORLD_SIZE 1"), "{e}");
         const FULL: &[(&str, &str)] = &[
             ("WORLD_SIZE", "4"),
             ("RANK", "3"),
@@ -628,8 +648,11 @@ mod tests {
         let warned = e.oversubscribes(2, 2).unwrap_or_default();
         assert!(warned.contains("output.threads = 2 in each of this node's 2 processes is 4 threads on 2 cores"));
         assert_eq!((e.oversubscribes(0, 2), e.oversubscribes(1, 2)), (None, None));
+        let warned = e.oversubscribes(0, 1).unwrap_or_default();
+        assert!(warned.contains("this node's 2 processes are more than its 1 core:"), "{warned}");
         for (k, v, says) in [
             ("WORLD_SIZE", "four", "whole number"),
+            ("WORLD_SIZE", "0", "is 0; expected at least 1 process"),
             ("RANK", "4", "below WORLD_SIZE"),
             ("MASTER_PORT", "x", "environment variable `MASTER_PORT`: is `x`; expected a port from 1 to 65535"),
             ("MASTER_PORT", "0", "a port from 1 to 65535"),
