@@ -136,7 +136,7 @@ pub(crate) const LONGEST_LINE: usize = 16 << 20;
 /// comes (a terminal's too), decompressed as [`read_user_text`] does, a byte-order mark and
 /// each line's `\r` dropped. A line that is not UTF-8 is an [`Error::Dataset`] naming its
 /// number, and the lines after it go on; a line holding a NUL byte (a binary file), one
-/// longer than [`LONGEST_LINE`] (a file without line breaks: read no further), or a stream
+/// longer than 16 MiB (a file without line breaks: read no further), or a stream
 /// that cannot be read (or decompressed), ends them with an error naming no line.
 pub fn user_lines(path: &Path) -> Result<impl Iterator<Item = Result<String>>> {
     use std::io::BufRead;

@@ -631,37 +631,17 @@ fn compressed(input: &[u8], dir: &Path) -> Result<()> {
 /// companion that family reads (a ViT's pixel preprocessing, a GPT's characters, a BERT's
 /// sentence-transformers settings).
 fn export_seeds(dir: &Path) -> Result<Vec<Vec<u8>>> {
-    use crate::model::{GptConfig, Model, VitConfig};
+    use crate::model::{GptConfig, Model, Pooling, tiny};
     let dev = crate::device::CpuDevice::<f32>::new(0, 1)?;
-    let vit = ModelConfig::Vit(VitConfig {
-        image_size: 4,
-        patch_size: 2,
-        num_channels: 1,
-        hidden_size: 4,
-        num_hidden_layers: 1,
-        num_attention_heads: 2,
-        intermediate_size: 4,
-        hidden_act: "gelu".into(),
-        layer_norm_eps: 1e-6,
-        hidden_dropout_prob: 0.0,
-        attention_probs_dropout_prob: 0.0,
-        num_labels: 3,
-    });
-    let bert = weights::parse_hf_config(
-        r#"{"architectures": ["BertForSequenceClassification"], "model_type": "bert", "hidden_size": 4,
-            "intermediate_size": 4, "num_attention_heads": 2, "num_hidden_layers": 1, "vocab_size": 12,
-            "max_position_embeddings": 8, "type_vocab_size": 2, "num_labels": 3}"#,
-        "fuzz seed",
-        None,
-    )?;
     let chars: Vec<char> = "ab\n é".chars().collect();
     let gpt = ModelConfig::Gpt(GptConfig::without_dropout(chars.len(), 8, 4, 1, 2));
-    let labels: Vec<String> = ["fresh", "rotten", "10"].map(String::from).to_vec();
+    let (two, three) = (["fresh", "10"].map(String::from), ["fresh", "rotten", "10"].map(String::from));
     let mut seeds = Vec::new();
-    for (i, config) in [vit, bert, gpt].iter().enumerate() {
+    for (i, config) in [tiny::tiny_gray_vit(), tiny::tiny_bert(Pooling::Mean, 0.0), gpt].iter().enumerate() {
         let extras = match config {
             ModelConfig::Gpt(_) => weights::ExportExtras { chars: &chars, ..Default::default() },
-            _ => weights::ExportExtras { labels: &labels, pixel_max: Some(16), ..Default::default() },
+            ModelConfig::Vit(_) => weights::ExportExtras { labels: &two, pixel_max: Some(16), ..Default::default() },
+            ModelConfig::Bert(_) => weights::ExportExtras { labels: &three, ..Default::default() },
         };
         let out = dir.join(format!("export-seed-{i}"));
         let model = Model::new(&dev, config, 1)?;

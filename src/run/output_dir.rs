@@ -324,9 +324,10 @@ pub fn check_start(config: &RunConfig, resume: bool, fresh: bool, group: Option<
         return Err(config_error(
             "output.dir",
             format!(
-                "{} {missing:?} find no checkpoint to resume at {}: every process of a launched run reads \
+                "{} {missing:?} {} no checkpoint to resume at {}: every process of a launched run reads \
                  it from its own output.dir, which must therefore be a folder all nodes share{}",
                 if missing.len() == 1 { "rank" } else { "ranks" },
+                if missing.len() == 1 { "finds" } else { "find" },
                 ckpt.display(),
                 set_aside_note(dir)
             ),
