@@ -83,7 +83,7 @@ fn run(args: &Args) -> Result<bool, String> {
         }
         return Ok(true);
     }
-    let names: Vec<&str> = if args.target == "all" { fuzz::targets().to_vec() } else { vec![args.target.as_str()] };
+    let names: Vec<&str> = if args.target == "all" { fuzz::targets() } else { vec![args.target.as_str()] };
     let options = Options {
         inputs: args.inputs,
         seed: args.seed,

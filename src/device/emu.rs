@@ -111,7 +111,12 @@ pub fn device(index: usize, precision: Precision, seed: u64) -> Result<GpuDevice
 
 impl Runtime for EmuRuntime {
     fn name(&self) -> String {
-        format!("cuda-emu:{} (seed {}, {} thread{})", self.index, self.seed, self.threads, plural(self.threads))
+        format!(
+            "cuda-emu:{} (seed {}, {})",
+            self.index,
+            self.seed,
+            crate::error::counted(self.threads as usize, "thread")
+        )
     }
     fn alloc(&self, bytes: usize) -> Result<DevPtr> {
         // 256-byte aligned like `cudaMalloc` (wmma loads need 32), and exactly `bytes` long, so
@@ -187,10 +192,6 @@ impl Runtime for EmuRuntime {
     fn synchronize(&self) -> Result<()> {
         Ok(())
     }
-}
-
-fn plural(n: u32) -> &'static str {
-    if n == 1 { "" } else { "s" }
 }
 
 unsafe extern "C" {

@@ -45,23 +45,6 @@ pub(crate) const TARGETS: &[Target] = &[
     Target { name: "export", seeds: export_seeds, fix_up: None, run: export },
 ];
 
-/// The names of [`TARGETS`].
-pub(crate) const NAMES: &[&str] = &[
-    "safetensors",
-    "checkpoint",
-    "idx",
-    "csv",
-    "tsv",
-    "tokenizer",
-    "config",
-    "hf_config",
-    "image",
-    "rendezvous",
-    "user_text",
-    "compressed",
-    "export",
-];
-
 /// Writes `bytes` to `dir/name`.
 fn put(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf> {
     let path = dir.join(name);
@@ -703,11 +686,6 @@ mod tests {
 
     fn scratch(name: &str) -> crate::files::Scratch {
         crate::files::Scratch::new(&format!("fuzz-targets-{name}"))
-    }
-
-    #[test]
-    fn fuzz_names_list_every_target() {
-        assert_eq!(NAMES, TARGETS.iter().map(|t| t.name).collect::<Vec<_>>());
     }
 
     #[test]
