@@ -3996,3 +3996,35 @@ fn settings_outside_the_config_are_named_when_wrong() {
     assert!(err.contains("warning: PT_DEBUG=verbose ignored; expected a level"), "{err}");
     assert!(err.contains("data.batch_size = 100000 is more than the 1438 training samples"), "{err}");
 }
+
+/// More settings outside the config, each with bad input: a negative process count (the
+/// flag's value, not the command to run), a `PT_CUDA_HOME` that is not the CUDA folder (named
+/// in the error), an empty `XDG_CACHE_HOME` (no kernel cache in the working folder), and
+/// predictions that cannot be written (said as such).
+#[test]
+fn launch_cuda_and_output_settings_are_named_when_wrong() {
+    let bin = env!("CARGO_BIN_EXE_pipetransformer");
+    let (ok, out) = pipetransformer(&["launch", "--nproc-per-node", "-1", "--", "train"]);
+    assert!(!ok && out.contains("invalid value '-1' for '--nproc-per-node"), "{out}");
+    let dir = scratch("outside-cuda");
+    let out = Command::new(bin).arg("kernels").env("PT_CUDA_HOME", "/etc/passwd").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("PT_CUDA_HOME=/etc/passwd names the folder"), "{err}");
+    // (Where NVRTC is installed the kernels compile, and their cache goes under HOME.)
+    let (work, home) = (dir.join("work"), dir.join("home"));
+    std::fs::create_dir_all(&work).unwrap();
+    let mut kernels = Command::new(bin);
+    kernels.arg("kernels").current_dir(&work).env("XDG_CACHE_HOME", "").env("HOME", &home);
+    let _ = kernels.output().unwrap();
+    assert_eq!(std::fs::read_dir(&work).unwrap().count(), 0, "the working folder got files");
+    let model = dir.join("model");
+    tiny_digits_vit(&model);
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let out = Command::new(bin)
+        .args(["predict", "--model", &model.display().to_string(), "--format", "json", &digit_pixels(0)])
+        .stdout(full)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("writing the predictions") && !err.contains("panicked"), "{err}");
+}
