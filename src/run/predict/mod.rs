@@ -565,6 +565,18 @@ impl<D: Device> Predictor<D> {
     /// trained), else the position table. A prompt longer than the window is read from its
     /// end, with a warning. A character outside the vocabulary is an error naming it.
     pub fn generate(&self, prompt: &str, sampling: &Sampling) -> Result<Generation> {
+        self.generate_each(prompt, sampling, &mut |_| Ok(()))
+    }
+
+    /// [`Predictor::generate`], handing each character to `each` as it is drawn (for a reader
+    /// watching a long continuation come), after the prompt was checked: an error of the
+    /// prompt comes before any character. An error of `each` stops the generation.
+    pub fn generate_each(
+        &self,
+        prompt: &str,
+        sampling: &Sampling,
+        each: &mut dyn FnMut(char) -> Result<()>,
+    ) -> Result<Generation> {
         let Reader::Chars { chars, ids } = &self.reader else {
             return Err(config_error("input", format!("this {:?} model does not generate text", self.family())));
         };
@@ -615,6 +627,7 @@ impl<D: Device> Predictor<D> {
             let next = draw(last, sampling, &mut rng);
             tokens.push(next as u32);
             out.push(chars[next]);
+            each(chars[next])?;
         }
         Ok(Generation { text: out, warning })
     }

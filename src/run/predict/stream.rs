@@ -94,8 +94,10 @@ pub fn predict_stream<D: Device>(
     out: &mut dyn std::io::Write,
 ) -> Result<(usize, usize)> {
     options.check(predictor)?;
-    let size = options.batch_size;
     let generates = matches!(predictor.reader, Reader::Chars { .. });
+    // A prompt is continued alone (nothing batches), and as soon as it is read: someone typing
+    // prompts gets each one's continuation before typing the next.
+    let size = if generates { 1 } else { options.batch_size };
     if options.format == OutputFormat::Table {
         write_table_header(out, generates)
             .and_then(|()| out.flush())
@@ -192,11 +194,19 @@ pub fn predict_stream<D: Device>(
             }
         }
         // One input may be many images (an IDX file): the model still sees `size` at a time.
-        let mut done: Vec<Outcome> =
-            pending.chunks(size).flat_map(|chunk| predictor.run_batch(chunk, &options.sampling)).collect();
+        // (A prompt is continued as it is written.)
+        let mut done: Vec<Outcome> = match generates {
+            true => Vec::new(),
+            false => pending.chunks(size).flat_map(|chunk| predictor.run_batch(chunk)).collect(),
+        };
         let mut failures = results.into_iter();
         for slot in order {
             let (name, outcome) = match slot {
+                Some(i) if generates => {
+                    total += 1;
+                    failed += write_generation(predictor, out, options, &pending[i].0)? as usize;
+                    continue;
+                }
                 Some(i) => (pending[i].0.clone(), std::mem::replace(&mut done[i], Outcome::Failed(String::new()))),
                 None => failures.next().ok_or_else(|| Error::Internal {
                     what: "predict".into(),
@@ -217,9 +227,9 @@ pub fn predict_stream<D: Device>(
 }
 
 impl<D: Device> Predictor<D> {
-    /// One batch's outcomes, in order. A batch that fails as a whole is retried input by input,
-    /// so one bad input fails alone.
-    fn run_batch(&self, batch: &[(String, Option<Vec<f32>>)], sampling: &Sampling) -> Vec<Outcome> {
+    /// One batch's classifications, in order (a prompt is continued by [`write_generation`]).
+    /// A batch that fails as a whole is retried input by input, so one bad input fails alone.
+    fn run_batch(&self, batch: &[(String, Option<Vec<f32>>)]) -> Vec<Outcome> {
         let classes = |r: Result<Vec<ClassPrediction>>| -> Option<Vec<Outcome>> {
             r.ok().map(|v| v.into_iter().map(Outcome::Class).collect())
         };
@@ -237,11 +247,6 @@ impl<D: Device> Predictor<D> {
             .iter()
             .map(|(input, pixels)| {
                 let one = match (&self.reader, pixels) {
-                    (Reader::Chars { .. }, _) => {
-                        return self
-                            .generate(input, sampling)
-                            .map_or_else(|e| Outcome::Failed(e.to_string()), Outcome::Generated);
-                    }
                     (Reader::Image { .. }, Some(px)) => self.classify_images(std::slice::from_ref(px)),
                     _ => self.classify_texts(&[input.as_str()]),
                 };
@@ -253,6 +258,58 @@ impl<D: Device> Predictor<D> {
             })
             .collect()
     }
+}
+
+/// Continues `prompt` and writes it: in a table each character as it is drawn (a long
+/// continuation is read while it grows), as a JSON line once whole. Returns whether the prompt
+/// failed; an error writing stops the run.
+fn write_generation<D: Device>(
+    predictor: &Predictor<D>,
+    out: &mut dyn std::io::Write,
+    options: &PredictOptions,
+    prompt: &str,
+) -> Result<bool> {
+    let io = |e| Error::Io { path: "writing the predictions".into(), source: e };
+    let result = match options.format {
+        OutputFormat::JsonLines => predictor.generate(prompt, &options.sampling),
+        OutputFormat::Table => {
+            // The prompt is written with the first character drawn: a prompt refused before
+            // any gets the error row instead.
+            let (mut started, mut unwritten) = (false, None);
+            let result = predictor.generate_each(prompt, &options.sampling, &mut |c| {
+                let written = match started {
+                    true => write!(out, "{c}"),
+                    false => write!(out, "{prompt}{c}"),
+                };
+                started = true;
+                written.and_then(|()| out.flush()).map_err(|e| {
+                    unwritten = Some(io(e));
+                    Error::Internal { what: "predict".into(), message: "the predictions could not be written".into() }
+                })
+            });
+            if let Some(e) = unwritten {
+                return Err(e);
+            }
+            if started {
+                // The rest of the row, as `write_outcome` ends it.
+                let end = match &result {
+                    Ok(g) => writeln!(out, "\n{}{GENERATION_RULE}", warning_line(g)),
+                    Err(e) => writeln!(out, "\n  error: {e}\n{GENERATION_RULE}"),
+                };
+                end.map_err(io)?;
+                return Ok(result.is_err());
+            }
+            result
+        }
+    };
+    let outcome = result.map_or_else(|e| Outcome::Failed(e.to_string()), Outcome::Generated);
+    write_outcome(out, options.format, true, prompt, &outcome).map_err(io)?;
+    Ok(matches!(outcome, Outcome::Failed(_)))
+}
+
+/// A generation's warning on a line of its own in a table (empty without one).
+fn warning_line(g: &Generation) -> String {
+    g.warning.as_ref().map(|w| format!("  ({w})\n")).unwrap_or_default()
 }
 
 /// Width of a table's input column.
@@ -306,10 +363,7 @@ pub(super) fn write_outcome(
                     let label = padded(&p.label, 16);
                     writeln!(out, "{shown}  {label} {:>10.2}%{warning}", 100.0 * p.probability)
                 }
-                Outcome::Generated(g) => {
-                    let warning = g.warning.as_ref().map(|w| format!("  ({w})\n")).unwrap_or_default();
-                    writeln!(out, "{input}{}\n{warning}{GENERATION_RULE}", g.text)
-                }
+                Outcome::Generated(g) => writeln!(out, "{input}{}\n{}{GENERATION_RULE}", g.text, warning_line(g)),
                 Outcome::Failed(e) if generates => writeln!(out, "{input}  error: {e}\n{GENERATION_RULE}"),
                 Outcome::Failed(e) => writeln!(out, "{shown}  error: {e}"),
             }

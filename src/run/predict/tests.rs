@@ -472,6 +472,57 @@ fn a_prompt_past_the_window_is_read_from_its_end_and_said_so() {
     assert_eq!(long.text, gpt.generate("bbab", &greedy).unwrap().text);
 }
 
+/// A continuation is written as it is drawn, in a table: each character flushed as it comes,
+/// the row ending as a whole generation's does. Prompts are continued one at a time, each as
+/// soon as it is read, whatever the batch size (someone typing gets an answer to each).
+#[test]
+fn a_continuation_is_written_character_by_character_as_it_is_drawn() {
+    struct Watch<'a> {
+        pulled: &'a std::cell::Cell<usize>,
+        written: Vec<u8>,
+        /// What was written at each flush, and how many prompts had been read by then.
+        flushed: Vec<(String, usize)>,
+    }
+    impl std::io::Write for Watch<'_> {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.written.extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            self.flushed.push((String::from_utf8(self.written.clone()).unwrap(), self.pulled.get()));
+            Ok(())
+        }
+    }
+    let (_dir, gpt) = tiny_gpt_predictor("predict-streamed", "abc ");
+    let sampling = Sampling { max_new_tokens: 5, seed: 3, ..Sampling::default() };
+    let prompts = ["ab", "ca"];
+    let whole: Vec<Generation> = prompts.iter().map(|p| gpt.generate(p, &sampling).unwrap()).collect();
+    let pulled = std::cell::Cell::new(0);
+    let inputs = prompts.iter().map(|p| {
+        pulled.set(pulled.get() + 1);
+        Ok(p.to_string())
+    });
+    let mut out = Watch { pulled: &pulled, written: Vec::new(), flushed: Vec::new() };
+    let header = "prompt, then the generated text; a rule under each\n";
+    let r = predict_stream(&gpt, inputs, &options(32, sampling, OutputFormat::Table), &mut out);
+    assert_eq!(r.unwrap(), (2, 0));
+    let first = format!("{header}{GENERATION_RULE}\n{}{}\n{GENERATION_RULE}\n", prompts[0], whole[0].text);
+    let text = String::from_utf8(out.written.clone()).unwrap();
+    assert_eq!(text, format!("{first}{}{}\n{GENERATION_RULE}\n", prompts[1], whole[1].text));
+    // One flush per character, each showing the continuation so far, before the next prompt
+    // is read.
+    let mut want = Vec::new();
+    for (i, (prompt, g)) in prompts.iter().zip(&whole).enumerate() {
+        let before = if i == 0 { format!("{header}{GENERATION_RULE}\n") } else { first.clone() };
+        for n in 1..=5 {
+            let so_far: String = g.text.chars().take(n).collect();
+            want.push((format!("{before}{prompt}{so_far}"), i + 1));
+        }
+    }
+    let streamed: Vec<_> = out.flushed.iter().filter(|(w, _)| !w.ends_with('\n')).cloned().collect();
+    assert_eq!(streamed, want);
+}
+
 /// A classification's JSON line lists the probabilities in label order, as the model's
 /// labels are (not sorted by name).
 #[test]
