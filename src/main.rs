@@ -416,7 +416,7 @@ enum Command {
         /// not).
         #[arg(long)]
         file: Option<PathBuf>,
-        /// Inputs per forward pass (at least 1).
+        /// Inputs per forward pass (at least 1; a GPT continues one prompt at a time).
         #[arg(long, default_value_t = 32, value_parser = at_least_one::<usize>)]
         batch_size: usize,
         /// json (one object per line) or table; default: table on a terminal, else json.
@@ -672,15 +672,16 @@ fn run() -> Result<()> {
             progress_every,
             threads,
         } => {
-            set.extend(overrides(&pipeline, &elastic));
-            if let Some(s) = progress_every.filter(|s| !(s.is_finite() && *s >= 0.0)) {
-                bail!("--progress-every {s}: expected seconds, finite and at least 0 (output.progress_every)");
-            }
-            set.extend(progress_every.map(|s| format!("output.progress_every={s:?}")));
-            set.extend(threads.map(|n| format!("output.threads={n}")));
+            set.extend(train_settings(&pipeline, &elastic, progress_every, threads)?);
             let config_file = config;
-            let config = load_config(&config_file, &set)?;
             let process = pipetransformer::run::ProcessEnv::from_env()?;
+            // (A launched run's warnings once, from rank 0: every rank reads the same config.)
+            let config = read_config(&config_file, &set)?;
+            if process.as_ref().is_none_or(|p| p.rank == 0) {
+                for w in &config.warnings {
+                    eprintln!("warning: {w}");
+                }
+            }
             let (_, count) = config.pipeline.resolve()?;
             // A launched process takes its share of the node: its own GPUs, its cores.
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -832,6 +833,14 @@ fn run() -> Result<()> {
                     command.join(" ")
                 );
             }
+            // The command's flags and its run config are checked once, here, before any rank
+            // starts: a mistake in them is said once, not by every rank.
+            let program_name = std::iter::once("pipetransformer".to_string());
+            let train = Cli::try_parse_from(program_name.chain(command.iter().cloned())).unwrap_or_else(|e| e.exit());
+            if let Command::Train { config, mut set, pipeline, elastic, progress_every, threads, .. } = train.command {
+                set.extend(train_settings(&pipeline, &elastic, progress_every, threads)?);
+                read_config(&config, &set)?;
+            }
             let token = rdzv_token.or_else(|| std::env::var("PT_RDZV_TOKEN").ok());
             let grace = pipetransformer::run::launch::GRACE;
             let options = pipetransformer::run::LaunchOptions { nproc_per_node, nnodes, node_rank, rdzv, token, grace };
@@ -867,7 +876,33 @@ fn kernels(update: Option<&Path>) -> Result<()> {
 /// The run config `train` reads without `--config`: the main job's.
 const DEFAULT_CONFIG: &str = "configs/minilm-rt.toml";
 
+/// The `--set` settings `train`'s own flags stand for.
+fn train_settings(
+    pipeline: &PipelineArgs,
+    elastic: &ElasticArgs,
+    progress_every: Option<f64>,
+    threads: Option<usize>,
+) -> Result<Vec<String>> {
+    let mut set = overrides(pipeline, elastic);
+    if let Some(s) = progress_every.filter(|s| !(s.is_finite() && *s >= 0.0)) {
+        bail!("--progress-every {s}: expected seconds, finite and at least 0 (output.progress_every)");
+    }
+    set.extend(progress_every.map(|s| format!("output.progress_every={s:?}")));
+    set.extend(threads.map(|n| format!("output.threads={n}")));
+    Ok(set)
+}
+
+/// [`read_config`], its warnings written to standard error.
 fn load_config(path: &Path, overrides: &[String]) -> Result<RunConfig> {
+    let config = read_config(path, overrides)?;
+    for w in &config.warnings {
+        eprintln!("warning: {w}");
+    }
+    Ok(config)
+}
+
+/// The run config at `path` with `overrides` applied, checked; its warnings kept in it.
+fn read_config(path: &Path, overrides: &[String]) -> Result<RunConfig> {
     if path == Path::new(DEFAULT_CONFIG) && !path.exists() {
         let cwd = std::env::current_dir().map_or_else(|_| "?".into(), |d| d.display().to_string());
         bail!(
@@ -879,9 +914,6 @@ fn load_config(path: &Path, overrides: &[String]) -> Result<RunConfig> {
         true => format!("the run config {}", path.display()),
         false => format!("the run config {} with the command line's settings (--set and flags)", path.display()),
     })?;
-    for w in &config.warnings {
-        eprintln!("warning: {w}");
-    }
     Ok(config)
 }
 

@@ -2306,6 +2306,18 @@ fn nodes_launched_with_other_settings_are_refused() {
     }));
 }
 
+/// A launched `train` whose flags or run config are wrong is refused once, by the launcher,
+/// before any rank starts (each rank used to say it, and wait on the others).
+#[test]
+fn a_launched_runs_bad_flag_or_setting_is_said_once() {
+    let launch = ["launch", "--nproc-per-node", "2", "--", "train", "--config", "configs/vit-digits.toml"];
+    let (ok, out) = pipetransformer(&[&launch[..], &["--set", "train.lr=-1"]].concat());
+    assert!(!ok && out.matches("`train.lr`: must be finite and ≥ 0").count() == 1 && !out.contains("[rank"), "{out}");
+    let (ok, out) = pipetransformer(&[&launch[..], &["--learning-rate", "1"]].concat());
+    let refused = out.matches("unexpected argument '--learning-rate'").count() == 1;
+    assert!(!ok && refused && out.contains("Usage: pipetransformer train") && !out.contains("[rank"), "{out}");
+}
+
 /// The exported weights of a run directory, by name.
 fn exported(dir: &Path) -> Vec<(String, Vec<f32>)> {
     let file = pipetransformer::weights::load_safetensors(dir.join("model/model.safetensors")).unwrap();
@@ -2323,7 +2335,9 @@ fn launched_processes_train_the_weights_one_process_trains() {
         let out = format!("output.dir={}", dir.display());
         let args = ["train", "--config", "configs/vit-digits.toml", "--fresh", "--progress-every", "0"];
         let small = ["--set", "train.max_steps=4", "--set", "train.epochs=1", "--set", "data.test_limit=32"];
-        let mut v: Vec<String> = args.iter().chain(&small).map(|s| s.to_string()).collect();
+        // (A setting the config warns of: every rank reads it.)
+        let warned = ["--set", "train.early_stopping_min_delta=0.01"];
+        let mut v: Vec<String> = args.iter().chain(&small).chain(&warned).map(|s| s.to_string()).collect();
         v.extend(["--set".to_string(), out]);
         v
     };
@@ -2350,6 +2364,9 @@ fn launched_processes_train_the_weights_one_process_trains() {
             std::fs::remove_file(dir.join(name)).unwrap();
         }
         assert!(out.contains(&format!("a TCP ring across {procs} processes")), "{out}");
+        // The config's warning once, from rank 0.
+        let warnings: Vec<&str> = out.lines().filter(|l| l.contains("early_stopping_min_delta = 0.01")).collect();
+        assert!(warnings.len() == 1 && warnings[0].starts_with("[rank 0] warning:"), "{out}");
         // Each process's lines come through the launcher led by its rank.
         for r in 0..procs {
             assert!(out.lines().any(|l| l.starts_with(&format!("[rank {r}] done: 4 steps"))), "rank {r}: {out}");
