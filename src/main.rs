@@ -284,6 +284,24 @@ where
     }
 }
 
+/// A `--threads` count: a whole number up to the most one process opens (a typo of a million
+/// is an error, not a million threads), as for `output.threads`.
+fn thread_count(s: &str) -> std::result::Result<usize, String> {
+    use pipetransformer::device::MOST_THREADS;
+    match setting::<usize>(s)? {
+        n if n > MOST_THREADS => Err(format!("{n} threads; expected at most {MOST_THREADS} (0: all cores)")),
+        n => Ok(n),
+    }
+}
+
+/// Warns of a `--threads` beyond the machine's cores, as the config does of `output.threads`:
+/// only the cores are used.
+fn warn_beyond_cores(threads: usize) {
+    if let Some(w) = pipetransformer::device::threads_beyond_cores(&format!("--threads {threads}"), threads) {
+        eprintln!("warning: {w}");
+    }
+}
+
 /// A whole number for a flag that sets a config key (`--devices` is `pipeline.devices`): at
 /// most a TOML integer's largest, which the config holds, so that a larger one is refused
 /// naming the flag rather than the `--set` it becomes.
@@ -332,8 +350,9 @@ impl DeviceArgs {
         };
         Ok(choice.resolve(self.device, index)?)
     }
-    /// Device 0, in `--precision` (f32 without it).
+    /// Device 0, in `--precision` (f32 without it), on `threads` (`--threads`) CPU threads.
     fn open(self, threads: usize) -> Result<AnyDevice> {
+        warn_beyond_cores(threads);
         Ok(pipetransformer::run::open_device(self.device, 0, threads, self.precision(PrecisionChoice::F32, 0)?)?)
     }
 }
@@ -394,7 +413,7 @@ enum Command {
         /// CPU threads of the run's cpu devices, shared by them (`output.threads`; 0: all
         /// cores); on `cuda-emu` devices, the OS threads that run a launch's blocks, shared by
         /// the devices likewise.
-        #[arg(long, value_parser = setting::<usize>)]
+        #[arg(long, value_parser = thread_count)]
         threads: Option<usize>,
     },
     /// Run a trained model on new inputs: texts (BERT), images (ViT: PNG, JPEG or PGM files, IDX
@@ -435,7 +454,7 @@ enum Command {
         #[arg(long, default_value_t = Sampling::default().seed)]
         seed: u64,
         /// CPU threads (0: all cores; never more than the cores).
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = 0, value_parser = thread_count)]
         threads: usize,
         #[command(flatten)]
         device: ModelDeviceArgs,
@@ -472,7 +491,7 @@ enum Command {
         batch_size: Option<usize>,
         /// CPU threads (0: all cores; never more than the cores). Default: the `--config`'s
         /// `output.threads`, else all cores.
-        #[arg(long, value_parser = setting::<usize>)]
+        #[arg(long, value_parser = thread_count)]
         threads: Option<usize>,
         #[command(flatten)]
         device: ModelDeviceArgs,
@@ -509,7 +528,7 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         seed: u64,
         /// CPU threads (0: all cores; never more than the cores).
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = 0, value_parser = thread_count)]
         threads: usize,
         #[command(flatten)]
         device: DeviceArgs,
@@ -535,7 +554,7 @@ enum Command {
         #[arg(long, default_value_t = 128, value_parser = at_least_one::<usize>)]
         seq: usize,
         /// CPU threads (0: all cores; never more than the cores).
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = 0, value_parser = thread_count)]
         threads: usize,
         /// The Python whose PyTorch times the same step for comparison on cpu or cuda (skipped,
         /// with a note, when it has no torch); `none` skips it. Default: `PT_PYTHON`, else python3.
@@ -757,7 +776,7 @@ fn run() -> Result<()> {
             };
             let threads = match &data {
                 EvalData::Dataset(config) => config.output.threads,
-                EvalData::Rows(..) => threads.unwrap_or(0),
+                EvalData::Rows(..) => threads.inspect(|&n| warn_beyond_cores(n)).unwrap_or(0),
             };
             // With a run's config, in the precision that run computed in: its own metrics.
             let default = match &data {

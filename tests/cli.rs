@@ -573,9 +573,24 @@ fn device_choices_are_checked_with_clear_errors() {
     // bf16 on cpu: bf16 products, f32 everything else (tests/cpu_bf16.rs).
     let (ok, out) = pipetransformer(&["overfit", "--device", "cpu", "--precision", "bf16", "--steps", "1"]);
     assert!(ok, "{out}");
-    // `train --threads` is `output.threads`, as `predict`, `evaluate` and `overfit` take it.
-    let (ok, out) = pipetransformer(&["train", "--config", "configs/vit-digits.toml", "--threads", "1000000"]);
+    // `--threads` is refused past 4096 by every command, as `output.threads` is, and warned of
+    // beyond the cores: only they are used.
+    let model = ["--model", "/nonexistent"];
+    for command in [&["train", "--config", "configs/vit-digits.toml"][..], &["overfit"], &["bench-step"]]
+        .into_iter()
+        .chain([&["predict", model[0], model[1], "x"][..], &["evaluate", model[0], model[1], "--file", "-"]])
+    {
+        let (ok, out) = pipetransformer(&[command, &["--threads", "1000000"]].concat());
+        assert!(!ok && out.contains("'--threads <THREADS>': 1000000 threads; expected at most 4096"), "{out}");
+    }
+    let (ok, out) = pipetransformer(&["train", "--config", "configs/vit-digits.toml", "--set", "output.threads=5000"]);
     assert!(!ok && out.contains("output.threads") && out.contains("at most 4096"), "{out}");
+    let beyond = (std::thread::available_parallelism().unwrap().get() + 1).to_string();
+    for command in [["predict", model[0], model[1], "x"], ["evaluate", model[0], model[1], "--file=-"]] {
+        let (ok, out) = pipetransformer(&[&command[..], &["--threads", &beyond]].concat());
+        let warned = format!("warning: --threads {beyond}, but this machine has");
+        assert!(!ok && out.contains(&warned) && out.contains("loading the model"), "{out}");
+    }
     if have_digits() {
         let dir = scratch("threads");
         let out_dir = format!("output.dir={}", dir.display());

@@ -521,6 +521,23 @@ pub enum AnyDevices {
     Gpu(Vec<GpuDevice>),
 }
 
+/// The most threads (or devices) one process opens: each costs a pool thread, and a typo of a
+/// million must be an error, not a million threads.
+pub const MOST_THREADS: usize = 4096;
+
+/// What asking for `threads` (by `what`: a setting, `output.threads = 8`, or a flag,
+/// `--threads 8`) on a machine of fewer cores is warned with: only the cores are used
+/// ([`usable_threads`]). `None` within the cores, or for 0 (all of them).
+pub fn threads_beyond_cores(what: &str, threads: usize) -> Option<String> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (threads > cores).then(|| {
+        format!(
+            "{what}, but this machine has {cores} cores: {cores} are used (threads beyond the cores would take \
+             turns, and every product wait for the last; 0: all cores)"
+        )
+    })
+}
+
 /// The threads a user's request gets: all the machine's cores for 0, and never more than them.
 /// A pool's workers wait for work by spinning, so threads beyond the cores do not take turns
 /// gently: every product waits for the last to be scheduled (a thousand on two cores made a

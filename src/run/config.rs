@@ -402,9 +402,8 @@ pub struct RunConfig {
     pub warnings: Vec<String>,
 }
 
-/// The most devices, or threads, one process opens: each costs a pool thread, and a typo of
-/// a million must be an error, not a million threads.
-const MOST_PER_PROCESS: usize = 4096;
+/// The most devices, or threads, one process opens.
+const MOST_PER_PROCESS: usize = crate::device::MOST_THREADS;
 
 /// The `[pipeline]` section: the devices a run may use and the initial plan on them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -790,14 +789,8 @@ impl RunConfig {
                 ));
             }
         }
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        if self.output.threads > cores {
-            warnings.push(format!(
-                "output.threads = {}, but this machine has {cores} cores: {cores} are used (threads beyond the \
-                 cores would take turns, and every product wait for the last; 0: all cores)",
-                self.output.threads
-            ));
-        }
+        let threads = self.output.threads;
+        warnings.extend(crate::device::threads_beyond_cores(&format!("output.threads = {threads}"), threads));
         warnings
     }
 
