@@ -48,9 +48,10 @@ impl VectorLevel {
         VectorLevel::Baseline
     }
 
-    /// Parses `baseline`, `avx2` or `avx512` (the `PT_VECTOR` values).
+    /// Parses `baseline`, `avx2` or `avx512` (the `PT_VECTOR` values), in either case and
+    /// around spaces (`AVX512` as a CPU's flags list it).
     pub fn parse(name: &str) -> Option<VectorLevel> {
-        match name {
+        match name.trim().to_ascii_lowercase().as_str() {
             "baseline" => Some(VectorLevel::Baseline),
             "avx2" => Some(VectorLevel::Avx2),
             "avx512" => Some(VectorLevel::Avx512),
@@ -244,6 +245,7 @@ mod tests {
         assert_eq!(level_under(Avx512, Some("avx2")), (Avx2, None));
         assert_eq!(level_under(Avx2, Some("avx512")), (Avx2, None), "a cap never raises the level");
         assert_eq!(level_under(Avx2, Some("baseline")), (Baseline, None));
+        assert_eq!(level_under(Avx512, Some(" AVX2")), (Avx2, None), "in either case");
         let (level, warning) = level_under(Avx512, Some("AVX-512"));
         assert_eq!(level, Avx512);
         let warning = warning.expect("a bad value warns");

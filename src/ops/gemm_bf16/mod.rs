@@ -79,7 +79,9 @@ impl Bf16Path {
         }
     }
 
+    /// A `PT_BF16_KERNEL` value, in either case and around spaces.
     fn parse(name: &str) -> Option<Bf16Path> {
+        let name = name.trim().to_ascii_lowercase();
         [Bf16Path::Fallback, Bf16Path::Avx512Bf16, Bf16Path::Amx].into_iter().find(|p| p.name() == name)
     }
 }
@@ -1028,10 +1030,11 @@ mod tests {
         assert_eq!(choose_path(Some("fallback")).0, Bf16Path::Fallback);
         assert_eq!(choose_path(Some("avx512")).0, detected.min(Bf16Path::Avx512Bf16));
         assert_eq!(choose_path(Some("amx")).0, detected);
-        let (path, note) = choose_path(Some("AMX"));
+        assert_eq!(choose_path(Some(" Fallback")).0, Bf16Path::Fallback, "in either case");
+        let (path, note) = choose_path(Some("tiles"));
         assert_eq!(path, detected);
         assert!(
-            note.is_some_and(|n| n.contains("PT_BF16_KERNEL=AMX") && n.contains("expected amx, avx512 or fallback"))
+            note.is_some_and(|n| n.contains("PT_BF16_KERNEL=tiles") && n.contains("expected amx, avx512 or fallback"))
         );
     }
 
