@@ -766,7 +766,33 @@ impl RunConfig {
             ));
         }
         warnings.extend(config.idle_resources());
+        warnings.extend(config.slices_without_stages());
         Ok(RunConfig { warnings, ..config })
+    }
+
+    /// Token slices on a pipeline of one stage without recomputation, to warn of: TeraPipe
+    /// overlaps one stage's slice with the next stage's, and a single stage has none to overlap
+    /// with, so the slices only make each product smaller (AutoPipe never lengthens a
+    /// pipeline). With recomputation they do something: a slice's activations are rebuilt one
+    /// slice at a time, so fewer are held at once.
+    fn slices_without_stages(&self) -> Option<String> {
+        let p = &self.pipeline;
+        let slices = match &p.token_slices {
+            TokenSlices::Count(n) => *n,
+            TokenSlices::Lengths(lengths) => lengths.len(),
+            TokenSlices::Off | TokenSlices::Auto => 1,
+        };
+        let (plan, _) = p.resolve().ok()?;
+        let alone = plan.pipeline_len == 1 && !p.across_processes && p.recompute == Recompute::Off;
+        (slices > 1 && alone).then(|| {
+            format!(
+                "pipeline.token_slices = \"{}\" on a pipeline of one stage: TeraPipe overlaps a stage's slice with \
+                 the next stage's, and one stage has none, so the slices only make each product smaller (slower \
+                 steps, no less memory without pipeline.recompute); set pipeline.pipeline_len to 2 or more, or \
+                 leave the slices out",
+                p.token_slices
+            )
+        })
     }
 
     /// Devices or threads the run asks for and cannot use, each a sentence to warn with:
@@ -1260,6 +1286,36 @@ dir = "runs/x"
         assert!(warned(&[&format!("output.threads={cores}")]).is_empty());
         let over = warned(&[&format!("output.threads={}", cores + 1)]);
         assert!(over.len() == 1 && over[0].contains(&format!("this machine has {cores} cores")), "{over:?}");
+    }
+
+    /// Token slices on a pipeline of one stage are warned of (a stage's slices have no other
+    /// stage to overlap with); on two stages, with recomputation (slices then hold less at
+    /// once), as `auto`, or as one slice, they are not.
+    #[test]
+    fn token_slices_on_one_stage_are_warned_of() {
+        let gpt = BASE
+            .replace(
+                "pretrained = \"weights/all-minilm-l6-v2\"",
+                "config = { family = \"gpt\", vocab_size = 0, n_positions = 16, n_embd = 8, n_layer = 2, n_head = 2 }",
+            )
+            .replace("pooling = \"mean\"\n", "");
+        let warned = |sets: &[&str]| {
+            let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+            RunConfig::parse(&gpt, "gpt.toml", &sets).unwrap().warnings
+        };
+        for slices in ["2", "8,8"] {
+            let one = warned(&[&format!("pipeline.token_slices=\"{slices}\"")]);
+            let said = format!("pipeline.token_slices = \"{slices}\" on a pipeline of one stage");
+            assert!(one.len() == 1 && one[0].starts_with(&said), "{one:?}");
+            let two = [&format!("pipeline.token_slices=\"{slices}\"")[..], "pipeline.pipeline_len=2"];
+            assert!(warned(&two).is_empty(), "{:?}", warned(&two));
+            let recomputed = [&format!("pipeline.token_slices=\"{slices}\"")[..], "pipeline.recompute=\"all\""];
+            assert!(warned(&recomputed).is_empty(), "{:?}", warned(&recomputed));
+        }
+        for quiet in ["auto", "1", "off"] {
+            let sets = [format!("pipeline.token_slices=\"{quiet}\"")];
+            assert!(warned(&[&sets[0]]).is_empty(), "{quiet}: {:?}", warned(&[&sets[0]]));
+        }
     }
 
     /// The layers below name a setting by their own struct's field; a run names it by the key
