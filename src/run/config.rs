@@ -600,6 +600,44 @@ fn unknown_because(key: &str, config: &RunConfig, kind_written: bool) -> String 
     }
 }
 
+/// A config's TOML syntax error as the parser words it, and for a key or section written twice
+/// (which it names at the second) the line of the first: the two are to be merged.
+fn syntax_error(text: &str, e: &toml::de::Error) -> String {
+    let said = e.to_string();
+    let Some(span) = e.span().filter(|_| e.message() == "duplicate key") else { return said };
+    let Some((first, section)) = first_written(text, span.start) else { return said };
+    let key = text.get(span).unwrap_or_default();
+    match section {
+        true => {
+            format!("{said}`[{key}]` was first written at line {first}: write each section once, with all its keys\n")
+        }
+        false => format!("{said}`{key}` was first written at line {first}: keep one of the two\n"),
+    }
+}
+
+/// The line (from 1) where the key or section header whose second writing starts at byte
+/// `at` was first written, and whether it is a header: for a header, the same header anywhere
+/// before; for a key, the same key under the same header.
+fn first_written(text: &str, at: usize) -> Option<(usize, bool)> {
+    let line_at = text.get(..at)?.matches('\n').count();
+    let lines: Vec<&str> = text.lines().collect();
+    // (Comments and spaces aside: `[ train ] # again` is `[train]`.)
+    let bare = |line: &str| -> String {
+        line.split('#').next().unwrap_or("").chars().filter(|c| !c.is_whitespace()).collect()
+    };
+    let again = bare(lines.get(line_at)?);
+    let header = |l: &str| bare(l).starts_with('[');
+    if again.starts_with('[') {
+        return lines[..line_at].iter().position(|l| bare(l) == again).map(|i| (i + 1, true));
+    }
+    // A key: under the nearest header above it (the top of the file without one).
+    let key = again.split('=').next()?;
+    let from = lines[..line_at].iter().rposition(|l| header(l)).map_or(0, |i| i + 1);
+    let first =
+        (from..line_at).find(|&i| bare(lines[i]).contains('=') && bare(lines[i]).split('=').next() == Some(key));
+    first.map(|i| (i + 1, false))
+}
+
 impl RunConfig {
     /// Reads `path` and applies `overrides` (`section.key=value`, value in TOML syntax, or a
     /// bare string). An unknown key — in the file or an override — is an error naming it.
@@ -610,8 +648,9 @@ impl RunConfig {
 
     /// [`RunConfig::load`] from a string; `origin` names it in errors.
     pub fn parse(text: &str, origin: &str, overrides: &[String]) -> Result<Self> {
-        let file: toml::Table =
-            text.parse().map_err(|e: toml::de::Error| Error::Data { what: origin.into(), message: e.to_string() })?;
+        let file: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| Error::Data { what: origin.into(), message: syntax_error(text, &e) })?;
         let convert = |t: &toml::Table| -> std::result::Result<RunConfig, String> {
             let optimizer = t.get("train").and_then(|t| t.get("optimizer"));
             let kind_written = optimizer.is_some_and(|o| o.get("kind").is_some());
@@ -1661,6 +1700,14 @@ dir = "runs/x"
         let err = RunConfig::parse(BASE, "base", &[optimizer.into()]).unwrap_err().to_string();
         assert!(err.contains("train.optimizer.beta1"), "{err}");
         // A file that is not TOML is named with the parser's line and column, not as a field.
+        // A section or key written twice names where it was first written.
+        for (text, first) in [
+            ("[data]\nbatch_size = 3\n[train]\nlr = 1e-3\n\n[ data ] # again\neval_batch_size = 4\n", 1),
+            ("[data]\nbatch_size = 3\n[train]\nlr = 1e-3\nepochs = 2\nlr = 2e-3\n", 4),
+        ] {
+            let err = RunConfig::parse(text, "f.toml", &[]).unwrap_err().to_string();
+            assert!(err.contains("duplicate key") && err.contains(&format!("first written at line {first}")), "{err}");
+        }
         let err = RunConfig::parse("[data\nbatch_size = 3\n", "f.toml", &[]).unwrap_err();
         let Error::Data { what, message } = &err else { panic!("{err}") };
         assert!(what == "f.toml" && message.contains("line 1"), "{err}");
