@@ -756,6 +756,10 @@ fn check_predict_and_evaluate(dir: &std::path::Path, config: &str, precision: &s
         assert_eq!((v["input"].as_str(), v["generated"].as_str().map(|g| g.chars().count())), (Some("To be"), Some(5)));
         let (_, again) = pipetransformer(&[&greedy[..], &device].concat());
         assert_eq!(first, again, "greedy generation is deterministic");
+        // An empty PT_EMU_LIBRARY is unset (`dlopen("")` would load the program itself).
+        let mut unset = Command::new(env!("CARGO_BIN_EXE_pipetransformer"));
+        let unset = unset.args([&greedy[..], &device].concat()).env("PT_EMU_LIBRARY", "").output().unwrap();
+        assert_eq!(output_text(&unset), first);
         let (ok, out) = pipetransformer(&[&["predict", "--model", &model, "To be", "\u{263a}"][..], &device].concat());
         assert!(!ok && out.contains("not in the model's vocabulary") && out.contains("1 of 2 results failed"), "{out}");
     } else {
