@@ -25,6 +25,12 @@ pub(crate) const IDX_IMAGES_MAGIC: u32 = 0x0803;
 /// IDX magic of unsigned-byte data with 1 dimension (labels).
 const IDX_LABELS_MAGIC: u32 = 0x0801;
 
+/// Whether `head`, a file's first bytes, opens IDX data of unsigned bytes: two zero bytes,
+/// then the type code 8 (the dimension count after it is left to the reader to check).
+pub(crate) fn opens_idx(head: &[u8]) -> bool {
+    head.starts_with(&[0, 0, 8])
+}
+
 /// One image.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ImageSample {

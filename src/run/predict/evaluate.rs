@@ -229,7 +229,7 @@ impl<D: Device> Predictor<D> {
         };
         let what = match crate::data::ImageFormat::of(&head) {
             Some(format) => format!("a {} image", format.name()),
-            None if head.starts_with(&[0, 0, 8]) => "IDX images".into(),
+            None if crate::data::opens_idx(&head) => "IDX images".into(),
             None => return e,
         };
         let expected = match self.reader {

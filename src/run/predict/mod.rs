@@ -657,7 +657,7 @@ fn input_file_kind(path: &Path) -> Result<InputFile> {
     Ok(match head.first() {
         None => return Err(bad(format!("is empty; {EXPECTED}"))),
         _ if crate::data::ImageFormat::of(&head).is_some() => InputFile::Image,
-        _ if head.starts_with(&[0, 0, 8]) => InputFile::Idx,
+        _ if crate::data::opens_idx(&head) => InputFile::Idx,
         // (A byte-order mark, as spreadsheets write, before the first value; a first line of
         // text with commas, a header say, is named by the rows' reader.)
         Some(b)
