@@ -43,6 +43,7 @@ fn every_target_is_covered() {
         "user_text",
         "compressed",
         "export",
+        "labelled_images",
     ];
     for name in smoked {
         assert!(names.contains(&name), "{name} is not a fuzz target");
@@ -113,4 +114,9 @@ fn compressed() {
 #[test]
 fn export() {
     smoke("export");
+}
+
+#[test]
+fn labelled_images() {
+    smoke("labelled_images");
 }

@@ -43,6 +43,7 @@ pub(crate) const TARGETS: &[Target] = &[
     Target { name: "user_text", seeds: user_text_seeds, fix_up: None, run: user_text },
     Target { name: "compressed", seeds: compressed_seeds, fix_up: None, run: compressed },
     Target { name: "export", seeds: export_seeds, fix_up: None, run: export },
+    Target { name: "labelled_images", seeds: labelled_images_seeds, fix_up: None, run: labelled_images },
 ];
 
 /// Writes `bytes` to `dir/name`.
@@ -533,6 +534,88 @@ fn image(input: &[u8], dir: &Path) -> Result<()> {
     let (w, h, c, px) = data::read_image_file(&path)?;
     assert_eq!(px.len(), w * h * c, "{w}×{h}×{c} image with {} values", px.len());
     assert!(px.iter().all(|p| (0.0..=1.0).contains(p)), "a pixel is outside [0, 1]");
+    Ok(())
+}
+
+// ---- a user's labelled images: a folder of class subfolders, or CSV rows ---------------------
+
+/// The resize sides the options byte picks from (`None`: kept as stored).
+const RESIZE_SIDES: [Option<usize>; 4] = [None, Some(1), Some(3), Some(8)];
+
+/// The first byte holds the options: bit 0 the channels (1 or 3), bits 1–2 the resize side
+/// ([`RESIZE_SIDES`]), bit 3 the source (clear: a folder, set: CSV rows of pixels, each
+/// ending in its label). A folder's files follow as entries, each a class byte (its subfolder,
+/// of three), a u16 LE length and that many bytes.
+fn labelled_images_seeds(dir: &Path) -> Result<Vec<Vec<u8>>> {
+    let images = image_seeds(dir)?;
+    let folder = |options: u8, picks: &[(u8, usize)]| -> Vec<u8> {
+        let mut out = vec![options];
+        for &(class, i) in picks {
+            let bytes = &images[i];
+            out.push(class);
+            out.extend_from_slice(&u16::try_from(bytes.len()).unwrap_or(u16::MAX).to_le_bytes());
+            out.extend_from_slice(bytes);
+        }
+        out
+    };
+    let rows = |options: u8, text: &str| [&[options][..], text.as_bytes()].concat();
+    Ok(vec![
+        // Gray images as they are and resized (from 2×2 and 2×1), RGB and gray JPEGs read as
+        // RGB, and JPEGs of three sizes resized.
+        folder(0b000, &[(0, 4), (1, 4), (2, 4)]),
+        folder(0b010, &[(0, 1), (1, 6), (2, 1)]),
+        folder(0b001, &[(0, 8), (1, 9), (1, 8)]),
+        folder(0b111, &[(0, 7), (1, 8), (2, 9)]),
+        rows(0b1000, "0,3,255,9,cat\n255,255,0,1,dog\n\n1,2,3,4,cat\n"),
+        rows(0b1001, "0,0,0,9,9,9,9,9,9,9,9,9,red\n1,1,1,1,1,1,1,1,1,1,1,1,blue\n"),
+        rows(0b1100, "0,1,2,3,4,5,6,7,8,a\n8,7,6,5,4,3,2,1,0,b\n"),
+    ])
+}
+
+fn labelled_images(input: &[u8], dir: &Path) -> Result<()> {
+    let Some((&options, rest)) = input.split_first() else { return Ok(()) };
+    let channels = if options & 1 == 0 { 1 } else { 3 };
+    let resize = RESIZE_SIDES[usize::from(options >> 1) & 3];
+    let train = match options & 0b1000 {
+        0 => {
+            // (The scratch folder is the last input's: its files must not join this one's.)
+            let root = dir.join("images");
+            if root.exists() {
+                std::fs::remove_dir_all(&root).map_err(|e| crate::files::io_error(&root, e))?;
+            }
+            let mut rest = rest;
+            let mut n = 0;
+            // (A handful of files: the reader's work is per file, not per byte.)
+            while let [class, a, b, tail @ ..] = rest
+                && n < 8
+            {
+                let (bytes, tail) = tail.split_at(usize::from(u16::from_le_bytes([*a, *b])).min(tail.len()));
+                let class_dir = root.join(["a", "b", "c"][usize::from(*class % 3)]);
+                std::fs::create_dir_all(&class_dir).map_err(|e| crate::files::io_error(&class_dir, e))?;
+                put(&class_dir, &format!("{n}.img"), bytes)?;
+                (rest, n) = (tail, n + 1);
+            }
+            root
+        }
+        _ => put(dir, "rows.csv", rest)?,
+    };
+    let (ds, _, _) = data::labelled_image_files(&train, None, 255, channels, resize)?;
+    let first = &ds.samples()[0];
+    for s in ds.samples() {
+        assert_eq!((s.width, s.height, s.channels), (first.width, first.height, channels), "sample {}", s.id);
+        assert_eq!(s.pixels.len(), channels * s.width * s.height, "sample {}", s.id);
+        if let Some(side) = resize.filter(|_| options & 0b1000 == 0) {
+            assert_eq!((s.width, s.height), (side, side), "sample {} was not resized", s.id);
+        }
+    }
+    let all: Vec<usize> = (0..ds.len()).collect();
+    let batch = ds.batch(&all, 0)?;
+    assert_eq!(
+        batch.pixels.as_ref().map_or(0, Vec::len),
+        ds.len() * first.pixels.len(),
+        "image batch holds the wrong count"
+    );
+    assert!(ds.samples().iter().all(|s| s.pixels.iter().all(|p| (0.0..=1.0).contains(p))), "a pixel is outside [0, 1]");
     Ok(())
 }
 
