@@ -331,6 +331,14 @@ fn parse_from_str<T: std::str::FromStr<Err = pipetransformer::Error>>(s: &str) -
     })
 }
 
+/// Seconds between two things: finite and ≥ 0.
+fn parse_seconds(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a number of seconds: expected a number, finite and ≥ 0")),
+    }
+}
+
 fn parse_lr(s: &str) -> std::result::Result<f64, String> {
     match s.parse::<f64>() {
         Ok(lr) if lr.is_finite() && lr >= 0.0 => Ok(lr),
@@ -408,7 +416,7 @@ enum Command {
         trace: Option<PathBuf>,
         /// Seconds between progress lines when the output is not a terminal (CI, a log file;
         /// `output.progress_every`, default 30); a terminal shows a progress bar.
-        #[arg(long)]
+        #[arg(long, value_parser = parse_seconds)]
         progress_every: Option<f64>,
         /// CPU threads of the run's cpu devices, shared by them (`output.threads`; 0: all
         /// cores); on `cuda-emu` devices, the OS threads that run a launch's blocks, shared by
@@ -691,7 +699,7 @@ fn run() -> Result<()> {
             progress_every,
             threads,
         } => {
-            set.extend(train_settings(&pipeline, &elastic, progress_every, threads)?);
+            set.extend(train_settings(&pipeline, &elastic, progress_every, threads));
             let config_file = config;
             let process = pipetransformer::run::ProcessEnv::from_env()?;
             // (A launched run's warnings once, from rank 0: every rank reads the same config.)
@@ -857,7 +865,7 @@ fn run() -> Result<()> {
             let program_name = std::iter::once("pipetransformer".to_string());
             let train = Cli::try_parse_from(program_name.chain(command.iter().cloned())).unwrap_or_else(|e| e.exit());
             if let Command::Train { config, mut set, pipeline, elastic, progress_every, threads, .. } = train.command {
-                set.extend(train_settings(&pipeline, &elastic, progress_every, threads)?);
+                set.extend(train_settings(&pipeline, &elastic, progress_every, threads));
                 read_config(&config, &set)?;
             }
             let token = rdzv_token.or_else(|| std::env::var("PT_RDZV_TOKEN").ok());
@@ -901,14 +909,11 @@ fn train_settings(
     elastic: &ElasticArgs,
     progress_every: Option<f64>,
     threads: Option<usize>,
-) -> Result<Vec<String>> {
+) -> Vec<String> {
     let mut set = overrides(pipeline, elastic);
-    if let Some(s) = progress_every.filter(|s| !(s.is_finite() && *s >= 0.0)) {
-        bail!("--progress-every {s}: expected seconds, finite and at least 0 (output.progress_every)");
-    }
     set.extend(progress_every.map(|s| format!("output.progress_every={s:?}")));
     set.extend(threads.map(|n| format!("output.threads={n}")));
-    Ok(set)
+    set
 }
 
 /// [`read_config`], its warnings written to standard error.

@@ -2243,8 +2243,12 @@ fn a_bad_progress_interval_is_refused() {
     }
     for bad in ["--progress-every=-1", "--progress-every=nan"] {
         let (ok, out) = pipetransformer(&["train", "--config", "configs/vit-digits.toml", bad]);
-        assert!(!ok && out.contains("progress_every") && !out.contains("panicked"), "{bad}: {out}");
+        let named = out.contains("for '--progress-every") && out.contains("is not a number of seconds");
+        assert!(!ok && named && !out.contains("panicked"), "{bad}: {out}");
     }
+    let set = ["train", "--config", "configs/vit-digits.toml", "--set", "output.progress_every=-1"];
+    let (ok, out) = pipetransformer(&set);
+    assert!(!ok && out.contains("output.progress_every") && !out.contains("panicked"), "{out}");
 }
 
 /// A port nothing listens on now.
