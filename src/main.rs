@@ -702,9 +702,10 @@ fn run() -> Result<()> {
             set.extend(train_settings(&pipeline, &elastic, progress_every, threads));
             let config_file = config;
             let process = pipetransformer::run::ProcessEnv::from_env()?;
-            // (A launched run's warnings once, from rank 0: every rank reads the same config.)
+            // (A launched run's warnings once on each node, from its first process: every
+            // process reads the same config, and a node's cores are its own.)
             let config = read_config(&config_file, &set)?;
-            if process.as_ref().is_none_or(|p| p.rank == 0) {
+            if process.as_ref().is_none_or(|p| p.local_rank() == 0) {
                 for w in &config.warnings {
                     eprintln!("warning: {w}");
                 }

@@ -605,37 +605,16 @@ fn unknown_because(key: &str, config: &RunConfig, kind_written: bool) -> String 
 fn syntax_error(text: &str, e: &toml::de::Error) -> String {
     let said = e.to_string();
     let Some(span) = e.span().filter(|_| e.message() == "duplicate key") else { return said };
-    let Some((first, section)) = first_written(text, span.start) else { return said };
-    let key = text.get(span).unwrap_or_default();
-    match section {
-        true => {
-            format!("{said}`[{key}]` was first written at line {first}: write each section once, with all its keys\n")
+    match super::duplicate_key::first_written(text, span.start) {
+        Some((first, Some(header))) => {
+            format!("{said}`{header}` was first written at line {first}: write each section once, with all its keys\n")
         }
-        false => format!("{said}`{key}` was first written at line {first}: keep one of the two\n"),
+        Some((first, None)) => {
+            let key = text.get(span).unwrap_or_default();
+            format!("{said}`{key}` was first written at line {first}: keep one of the two\n")
+        }
+        None => said,
     }
-}
-
-/// The line (from 1) where the key or section header whose second writing starts at byte
-/// `at` was first written, and whether it is a header: for a header, the same header anywhere
-/// before; for a key, the same key under the same header.
-fn first_written(text: &str, at: usize) -> Option<(usize, bool)> {
-    let line_at = text.get(..at)?.matches('\n').count();
-    let lines: Vec<&str> = text.lines().collect();
-    // (Comments and spaces aside: `[ train ] # again` is `[train]`.)
-    let bare = |line: &str| -> String {
-        line.split('#').next().unwrap_or("").chars().filter(|c| !c.is_whitespace()).collect()
-    };
-    let again = bare(lines.get(line_at)?);
-    let header = |l: &str| bare(l).starts_with('[');
-    if again.starts_with('[') {
-        return lines[..line_at].iter().position(|l| bare(l) == again).map(|i| (i + 1, true));
-    }
-    // A key: under the nearest header above it (the top of the file without one).
-    let key = again.split('=').next()?;
-    let from = lines[..line_at].iter().rposition(|l| header(l)).map_or(0, |i| i + 1);
-    let first =
-        (from..line_at).find(|&i| bare(lines[i]).contains('=') && bare(lines[i]).split('=').next() == Some(key));
-    first.map(|i| (i + 1, false))
 }
 
 impl RunConfig {
@@ -821,6 +800,10 @@ impl RunConfig {
             TokenSlices::Lengths(lengths) => lengths.len(),
             TokenSlices::Off | TokenSlices::Auto => 1,
         };
+        // (Only a GPT's sequences are cut, and the runs of another refuse slices anyway.)
+        if !matches!(self.model.config, Some(ModelConfig::Gpt(_))) {
+            return None;
+        }
         let (plan, _) = p.resolve().ok()?;
         let alone = plan.pipeline_len == 1 && !p.across_processes && p.recompute == Recompute::Off;
         (slices > 1 && alone).then(|| {
@@ -1327,9 +1310,9 @@ dir = "runs/x"
         assert!(over.len() == 1 && over[0].contains(&format!("this machine has {cores} cores")), "{over:?}");
     }
 
-    /// Token slices on a pipeline of one stage are warned of (a stage's slices have no other
-    /// stage to overlap with); on two stages, with recomputation (slices then hold less at
-    /// once), as `auto`, or as one slice, they are not.
+    /// Token slices on a GPT's pipeline of one stage are warned of (a stage's slices have no
+    /// other stage to overlap with); on two stages, with recomputation (slices then hold less
+    /// at once), as `auto`, or as one slice, they are not.
     #[test]
     fn token_slices_on_one_stage_are_warned_of() {
         let gpt = BASE
@@ -1351,6 +1334,9 @@ dir = "runs/x"
             let recomputed = [&format!("pipeline.token_slices=\"{slices}\"")[..], "pipeline.recompute=\"all\""];
             assert!(warned(&recomputed).is_empty(), "{:?}", warned(&recomputed));
         }
+        // (A BERT's run refuses slices of itself, warning or not.)
+        let bert = RunConfig::parse(BASE, "base", &["pipeline.token_slices=\"2\"".into()]).unwrap().warnings;
+        assert!(!bert.iter().any(|w| w.contains("token_slices")), "{bert:?}");
         for quiet in ["auto", "1", "off"] {
             let sets = [format!("pipeline.token_slices=\"{quiet}\"")];
             assert!(warned(&[&sets[0]]).is_empty(), "{quiet}: {:?}", warned(&[&sets[0]]));

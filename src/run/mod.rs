@@ -3,6 +3,7 @@
 
 pub mod config;
 mod data_setup;
+mod duplicate_key;
 mod fingerprint;
 pub mod job;
 pub mod launch;

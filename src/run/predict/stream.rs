@@ -230,6 +230,7 @@ impl<D: Device> Predictor<D> {
     /// One batch's classifications, in order (a prompt is continued by [`write_generation`]).
     /// A batch that fails as a whole is retried input by input, so one bad input fails alone.
     fn run_batch(&self, batch: &[(String, Option<Vec<f32>>)]) -> Vec<Outcome> {
+        debug_assert!(!matches!(self.reader, Reader::Chars { .. }), "a prompt is continued by write_generation");
         let classes = |r: Result<Vec<ClassPrediction>>| -> Option<Vec<Outcome>> {
             r.ok().map(|v| v.into_iter().map(Outcome::Class).collect())
         };
@@ -261,8 +262,10 @@ impl<D: Device> Predictor<D> {
 }
 
 /// Continues `prompt` and writes it: in a table each character as it is drawn (a long
-/// continuation is read while it grows), as a JSON line once whole. Returns whether the prompt
-/// failed; an error writing stops the run.
+/// continuation is read while it grows), as a JSON line once whole. A prompt that fails after
+/// some characters were drawn keeps them in a table, its error on the line under them (a JSON
+/// line holds only the error). Returns whether the prompt failed; an error writing stops the
+/// run.
 fn write_generation<D: Device>(
     predictor: &Predictor<D>,
     out: &mut dyn std::io::Write,

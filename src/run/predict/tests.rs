@@ -521,6 +521,27 @@ fn a_continuation_is_written_character_by_character_as_it_is_drawn() {
     }
     let streamed: Vec<_> = out.flushed.iter().filter(|(w, _)| !w.ends_with('\n')).cloned().collect();
     assert_eq!(streamed, want);
+    // Output that closes halfway through a continuation (`| head -c`) stops the run there, by
+    // the error writing, not by a prompt's failure.
+    struct Closes(usize);
+    impl std::io::Write for Closes {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 = self.0.checked_sub(buf.len()).ok_or(std::io::ErrorKind::BrokenPipe)?;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut closes = Closes(header.len() + GENERATION_RULE.len() + 1 + "ab".len() + 2);
+    let r = predict_stream(
+        &gpt,
+        prompts.iter().map(|p| Ok(p.to_string())),
+        &options(1, sampling, OutputFormat::Table),
+        &mut closes,
+    );
+    let Err(Error::Io { path, source }) = r else { panic!("{r:?}") };
+    assert!(path == "writing the predictions" && source.kind() == std::io::ErrorKind::BrokenPipe);
 }
 
 /// A classification's JSON line lists the probabilities in label order, as the model's
