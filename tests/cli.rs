@@ -1619,6 +1619,12 @@ fn a_resume_names_and_takes_changed_elastic_settings_and_precision() {
     let log = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
     let last = log.lines().rev().find(|l| l.contains(r#""event":"step""#)).unwrap();
     assert!(last.contains(r#""samples":64"#), "{log}");
+    // AutoDP turned off acts at a transition: the replicas it made go on until one, and the
+    // change says so rather than that it was taken.
+    let off: Vec<&str> = elastic.iter().copied().filter(|f| *f != "--auto-dp").collect();
+    let (ok, out) = run(&[&["--resume", "--set", "train.max_steps=7", "--auto-dp", "false"][..], &off].concat());
+    let said = "elastic.auto_dp true → false (at the next transition: the checkpoint's plan and its replicas go on";
+    assert!(ok && out.contains(said), "{out}");
 }
 
 /// Resuming with another seed (another order over as many batches) is refused naming the

@@ -492,7 +492,19 @@ impl Elastic {
         let now = serde_json::to_value(&self.config).unwrap_or_default();
         let changed =
             s.config.map_or_else(Vec::new, |then| crate::train::trainer::changed_settings("elastic", &then, &now));
-        Ok(changed.into_iter().filter(|c| !rule.iter().any(|key| c.starts_with(&format!("elastic.{key} ")))).collect())
+        // What AutoDP does with freed devices is done at a transition: the checkpoint's plan,
+        // with any replicas AutoDP made, goes on until the next one.
+        let at_transition = ["auto_dp", "freed_devices"];
+        Ok(changed
+            .into_iter()
+            .filter(|c| !rule.iter().any(|key| c.starts_with(&format!("elastic.{key} "))))
+            .map(|c| match at_transition.iter().any(|key| c.starts_with(&format!("elastic.{key} "))) {
+                true => {
+                    format!("{c} (at the next transition: the checkpoint's plan and its replicas go on until then)")
+                }
+                false => c,
+            })
+            .collect())
     }
 
     /// Source batches a step takes with `replicas` replicas under the batch policy in force
