@@ -12,16 +12,31 @@ pub fn parse(s: &str) -> Result<usize, String> {
     if digits.is_empty() {
         return Err(format!("`{s}` is not a byte count: expected a whole number, e.g. 8GiB, 512MiB or 1000000"));
     }
+    const UNITS: [(&str, usize); 5] =
+        [("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("B", 1)];
+    let scale_of = |unit: &str| UNITS.iter().find(|(name, _)| *name == unit).map(|&(_, scale)| scale);
     if unit.starts_with(['.', ',']) {
-        return Err(format!("`{s}`: expected a whole number of bytes or of a unit (1536MiB, not 1.5GiB)"));
+        // The same count whole in a smaller unit, where it is one (0.5MiB is 512KiB).
+        let number = s.trim_end_matches(|c: char| c.is_ascii_alphabetic()).trim().replace(',', ".");
+        let bytes =
+            number.parse::<f64>().ok().zip(scale_of(unit.trim_start_matches(|c: char| !c.is_ascii_alphabetic())));
+        let whole = bytes.map(|(n, scale)| n * scale as f64).and_then(|b| {
+            UNITS
+                .iter()
+                .find(|&&(_, u)| b >= u as f64 && (b / u as f64).fract() == 0.0)
+                .map(|(name, u)| (b / *u as f64, name))
+        });
+        let say = whole.map_or("1536MiB, not 1.5GiB".to_string(), |(n, name)| format!("here {n}{name}"));
+        return Err(format!("`{s}`: expected a whole number of bytes or of a unit ({say})"));
     }
-    let scale: usize = match unit.trim() {
-        "" | "B" => 1,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        "TiB" => 1 << 40,
-        other => return Err(format!("unknown unit `{other}`: expected a byte count with B, KiB, MiB, GiB or TiB")),
+    let scale = match unit.trim() {
+        "" => 1,
+        // (`1e9` reads as 1 of a unit `e9`: said as the exponent it is.)
+        u if u.starts_with(['e', 'E']) && u[1..].parse::<u32>().is_ok() => {
+            return Err(format!("`{s}`: exponents are not read; write the count whole, or with a unit (512MiB)"));
+        }
+        u => scale_of(u)
+            .ok_or_else(|| format!("unknown unit `{u}`: expected a byte count with B, KiB, MiB, GiB or TiB"))?,
     };
     // (A setting holds a TOML integer, a signed 64-bit one, whichever way it is written.)
     digits
@@ -142,6 +157,12 @@ mod tests {
         assert_eq!((s.cap, s.limit), (512 << 20, Some(4096)));
         assert_eq!(read("cap = 7").unwrap().limit, None);
         assert!(read("cap = \"8GB\"").unwrap_err().contains("unknown unit `GB`"));
+        // A fraction is said whole in a smaller unit where it is one; an exponent as one.
+        assert!(parse("0.5MiB").unwrap_err().contains("(here 512KiB)"), "{:?}", parse("0.5MiB"));
+        assert!(parse("1.5GiB").unwrap_err().contains("(here 1536MiB)"));
+        assert!(parse("0,25KiB").unwrap_err().contains("(here 256B)"));
+        assert!(parse("1.3B").unwrap_err().contains("(1536MiB, not 1.5GiB)"));
+        assert!(parse("1e9").unwrap_err().contains("exponents are not read"));
         assert!(read("cap = -1").unwrap_err().contains("not negative"));
         assert!(read("cap = 1.5").unwrap_err().contains("a byte count"));
         assert!(parse("MiB").unwrap_err().contains("not a byte count"));
