@@ -1187,7 +1187,7 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
         planned_here = matches!(resumed.plan, pipetransformer::run::ResumedPlan::Replanned { .. });
         let slices = &job.trainer.pipeline.plan().config.token_slices;
         if !slices.is_empty() && !planned_here {
-            console!("token slices (the checkpoint's): {slices:?}");
+            console!("token slices (the checkpoint's): {}", TokenSlices::Lengths(slices.clone()));
         }
     }
     console_text!("{}", job.trainer.pipeline.plan());

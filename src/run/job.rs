@@ -182,7 +182,10 @@ fn shape_text(c: &PipelineConfig, other: &PipelineConfig) -> String {
         }
     }
     if c.token_slices != other.token_slices {
-        text += &format!(", token slices {:?}", c.token_slices);
+        match c.token_slices.as_slice() {
+            [] | [_] => text += ", no token slices",
+            lengths => text += &format!(", token slices {}", TokenSlices::Lengths(lengths.to_vec())),
+        }
     }
     if c.recompute != other.recompute {
         text += &format!(", recompute {}", c.recompute);
