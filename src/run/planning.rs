@@ -116,11 +116,18 @@ pub(super) fn auto_unplanned(plan: &PipelineConfig) -> String {
              these are the fewest equal slices that fit{recomputing})\n",
             plan.token_slices
         ),
-        (n, _) => format!(
-            "token slices: {n} of equal length, {:?} (`auto`: none of its slicings fits the memory limit; these are the \
-             fewest equal ones that do{recomputing}; a shape AutoPipe changes to is sliced afresh)\n",
-            plan.token_slices
-        ),
+        (n, _) => {
+            // (`auto` recomputes the fewest units that fit; every unit may fit more.)
+            let all = match plan.recompute {
+                Recompute::Auto => " as `auto` recomputes (`--recompute all` may let one fit)",
+                _ => "",
+            };
+            format!(
+                "token slices: {n} of equal length, {:?} (`auto`: none of its slicings fits the memory limit{all}; \
+                 these are the fewest equal ones that do{recomputing}; a shape AutoPipe changes to is sliced afresh)\n",
+                plan.token_slices
+            )
+        }
     }
 }
 
@@ -213,4 +220,30 @@ pub(super) fn token_slices<D: Device>(
 fn lengths(planned: &SlicingPlan) -> Vec<usize> {
     let lengths = planned.micro_batches.first().map(|m| m.slices.clone()).unwrap_or_default();
     if lengths.len() > 1 { lengths } else { Vec::new() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Where none of `auto`'s slicings fits, the equal slices run instead are named, and
+    /// under `--recompute auto`, which recomputes the fewest units, so is the other choice.
+    #[test]
+    fn equal_slices_in_place_of_autos_name_the_recomputation_that_may_fit_more() {
+        let plan = |recompute| PipelineConfig {
+            pipeline_len: 2,
+            token_slices: vec![43, 43, 42],
+            recompute,
+            ..PipelineConfig::default()
+        };
+        let off = auto_unplanned(&plan(Recompute::Off));
+        assert!(off.starts_with("token slices: 3 of equal length, [43, 43, 42] (`auto`: none"), "{off}");
+        assert!(!off.contains("--recompute all"), "{off}");
+        let auto = auto_unplanned(&plan(Recompute::Auto));
+        assert!(
+            auto.contains("fits the memory limit as `auto` recomputes (`--recompute all` may let one fit)"),
+            "{auto}"
+        );
+        assert!(!auto_unplanned(&plan(Recompute::All)).contains("--recompute all"));
+    }
 }
