@@ -2104,7 +2104,10 @@ fn resume_refusals_name_the_changed_setting_as_written() {
                 (pipeline.devices)";
     assert!(!ok && out.contains(want), "{out}");
     let (ok, out) = vit(&["--freeze", "off", "--set", "train.max_steps=5", "--resume"]);
-    assert!(!ok && out.contains("(elastic.freeze / elastic.table: table [0, 1] then, off now)"), "{out}");
+    // Every setting of the rule to set back, in one refusal: the rule and its interval.
+    let both = "(elastic.freeze / elastic.table: table [0, 1] then, off now; elastic.freeze_interval 2 and \
+                max_weight_change none then, freeze_interval \"epoch\" and max_weight_change none now)";
+    assert!(!ok && out.contains(both), "{out}");
     let (ok, out) = vit(&[
         &untimed[..],
         &["--set", "model.config.hidden_dropout_prob=0.1", "--set", "train.max_steps=5", "--resume"],

@@ -445,22 +445,24 @@ impl Elastic {
             what: "checkpoint: elastic controller".into(),
             message: e.to_string(),
         })?;
-        let interval_change = s
-            .interval
-            .filter(|&(i, tau)| self.config.freeze != FreezeName::Off && (i, tau) != self.interval())
-            .map(|then| {
-                let say = |(i, tau): (FreezeInterval, Option<f64>)| {
-                    let tau = tau.map_or("none".to_string(), |t| t.to_string());
-                    format!("freeze_interval {} and max_weight_change {tau}", serde_json::json!(i))
-                };
-                format!("elastic.{} then, {} now", say(then), say(self.interval()))
-            });
-        if let Some(change) = self.freeze.rule_change(&s.freeze).or(interval_change) {
+        let mut changes = self.freeze.rule_changes(&s.freeze);
+        // (The interval matters where a rule freezes, now or then.)
+        let freezing = self.config.freeze != FreezeName::Off || !changes.is_empty();
+        let interval_change = s.interval.filter(|&(i, tau)| freezing && (i, tau) != self.interval()).map(|then| {
+            let say = |(i, tau): (FreezeInterval, Option<f64>)| {
+                let tau = tau.map_or("none".to_string(), |t| t.to_string());
+                format!("freeze_interval {} and max_weight_change {tau}", serde_json::json!(i))
+            };
+            format!("elastic.{} then, {} now", say(then), say(self.interval()))
+        });
+        changes.extend(interval_change);
+        if !changes.is_empty() {
             return Err(crate::Error::Config {
                 field: "elastic".into(),
                 message: format!(
-                    "the checkpoint was taken under another freeze rule ({change}); resume with the settings the \
-                     run began with, or start over with --fresh"
+                    "the checkpoint was taken under another freeze rule ({}); resume with the settings the run \
+                     began with, or start over with --fresh",
+                    changes.join("; ")
                 ),
             });
         }

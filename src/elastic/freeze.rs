@@ -149,19 +149,22 @@ impl FreezeController {
         Ok(Self { rule, alpha, layers, frozen: 0, bound: 0.0, intervals: 0, norm_sums: vec![0.0; layers], steps: 0 })
     }
 
-    /// How the rule of `saved` (a checkpoint's) differs from this one's (the config's), if it
-    /// does: a resumed run goes on under the rule it began with.
-    pub fn rule_change(&self, saved: &Self) -> Option<String> {
-        let uses_alpha = matches!(self.rule, FreezeRule::Eq1 | FreezeRule::Alpha);
+    /// How the rule of `saved` (a checkpoint's) differs from this one's (the config's), each
+    /// difference a phrase (all of them, so that one resume says what to set back): a resumed
+    /// run goes on under the rule it began with. α where either rule reads it.
+    pub fn rule_changes(&self, saved: &Self) -> Vec<String> {
+        let uses_alpha = |r: &FreezeRule| matches!(r, FreezeRule::Eq1 | FreezeRule::Alpha);
+        let mut changes = Vec::new();
         if self.rule != saved.rule {
-            Some(format!("elastic.freeze / elastic.table: {} then, {} now", saved.rule, self.rule))
-        } else if uses_alpha && self.alpha.to_bits() != saved.alpha.to_bits() {
-            Some(format!("elastic.alpha: {} then, {} now", saved.alpha, self.alpha))
-        } else if self.layers != saved.layers {
-            Some(format!("the model's layers: {} then, {} now", saved.layers, self.layers))
-        } else {
-            None
+            changes.push(format!("elastic.freeze / elastic.table: {} then, {} now", saved.rule, self.rule));
         }
+        if (uses_alpha(&self.rule) || uses_alpha(&saved.rule)) && self.alpha.to_bits() != saved.alpha.to_bits() {
+            changes.push(format!("elastic.alpha: {} then, {} now", saved.alpha, self.alpha));
+        }
+        if self.layers != saved.layers {
+            changes.push(format!("the model's layers: {} then, {} now", saved.layers, self.layers));
+        }
+        changes
     }
 
     /// Frozen layers during the first interval (a table may start above 0).
