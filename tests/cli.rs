@@ -1053,6 +1053,14 @@ fn bad_pipeline_settings_and_an_unwritable_trace_are_clear_errors() {
         let (ok, out) = pipetransformer(&["plan", "--config", "configs/vit-digits.toml", "--set", set]);
         assert!(!ok && out.contains(key), "{out}");
     }
+    // More devices than units, with no pipeline length written: the length they made is said
+    // to come from them; a length written needs no such word.
+    let many = ["plan", "--config", "configs/vit-digits.toml", "--devices", "64"];
+    let (ok, out) = pipetransformer(&many);
+    let said = "(pipeline.pipeline_len is not set, so it is pipeline.devices over the replicas: give --pipeline-len";
+    assert!(!ok && out.contains("cannot be cut from the model's") && out.contains(said), "{out}");
+    let (ok, out) = pipetransformer(&[&many[..], &["--pipeline-len", "64"]].concat());
+    assert!(!ok && out.contains("cannot be cut from the model's") && !out.contains(said), "{out}");
     // A trace whose folder cannot be made (a file is in the way) is refused before the run
     // starts: nothing written.
     let dir = scratch("trace-fail");

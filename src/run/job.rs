@@ -318,7 +318,18 @@ impl<D: Device> Job<D> {
     /// below refuse is named as the run config writes it.
     fn build(devices: Vec<D>, config: RunConfig, group: Option<ProcessGroup>, processes: usize) -> Result<Self> {
         let inline_model = config.model.config.is_some();
-        Self::assemble(devices, config, group, processes).map_err(|e| named_as_written(e, inline_model))
+        let (k_unset, devices_set) = (config.pipeline.pipeline_len.is_none(), config.pipeline.devices.is_some());
+        Self::assemble(devices, config, group, processes).map_err(|e| match named_as_written(e, inline_model) {
+            // (A length not written is the devices over the replicas: said, with the flag.)
+            Error::Config { field, message } if field == "pipeline.pipeline_len" && k_unset && devices_set => {
+                let message = format!(
+                    "{message} (pipeline.pipeline_len is not set, so it is pipeline.devices over the replicas: \
+                     give --pipeline-len, at most the active units, or fewer --devices)"
+                );
+                Error::Config { field, message }
+            }
+            e => e,
+        })
     }
 
     fn assemble(devices: Vec<D>, config: RunConfig, group: Option<ProcessGroup>, processes: usize) -> Result<Self> {
