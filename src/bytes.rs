@@ -17,9 +17,8 @@ pub fn parse(s: &str) -> Result<usize, String> {
     let scale_of = |unit: &str| UNITS.iter().find(|(name, _)| *name == unit).map(|&(_, scale)| scale);
     if unit.starts_with(['.', ',']) {
         // The same count whole in a smaller unit, where it is one (0.5MiB is 512KiB).
-        let number = s.trim_end_matches(|c: char| c.is_ascii_alphabetic()).trim().replace(',', ".");
-        let bytes =
-            number.parse::<f64>().ok().zip(scale_of(unit.trim_start_matches(|c: char| !c.is_ascii_alphabetic())));
+        let (number, name) = s.split_at(s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len()));
+        let bytes = number.trim().replace(',', ".").parse::<f64>().ok().zip(scale_of(name));
         let whole = bytes.map(|(n, scale)| n * scale as f64).and_then(|b| {
             UNITS
                 .iter()

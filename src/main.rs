@@ -331,19 +331,21 @@ fn parse_from_str<T: std::str::FromStr<Err = pipetransformer::Error>>(s: &str) -
     })
 }
 
-/// Seconds between two things: finite and ≥ 0.
-fn parse_seconds(s: &str) -> std::result::Result<f64, String> {
+/// A number, finite and ≥ 0, or an error saying `s` is not `a` (a learning rate, ...).
+fn non_negative(s: &str, a: &str) -> std::result::Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
-        _ => Err(format!("`{s}` is not a number of seconds: expected a number, finite and ≥ 0")),
+        _ => Err(format!("`{s}` is not {a}: expected a number, finite and ≥ 0")),
     }
 }
 
+/// Seconds between two things.
+fn parse_seconds(s: &str) -> std::result::Result<f64, String> {
+    non_negative(s, "a number of seconds")
+}
+
 fn parse_lr(s: &str) -> std::result::Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(lr) if lr.is_finite() && lr >= 0.0 => Ok(lr),
-        _ => Err(format!("`{s}` is not a learning rate: expected a number, finite and ≥ 0")),
-    }
+    non_negative(s, "a learning rate")
 }
 
 impl DeviceArgs {

@@ -262,7 +262,7 @@ fn exercise_images(ds: &data::Dataset<ImageSample>) -> Result<()> {
     let batch = ds.batch(&all, 0)?;
     let first = &ds.samples()[0];
     let pixels = batch.pixels.as_ref().map_or(0, Vec::len);
-    assert_eq!(pixels, ds.len() * first.width * first.height, "image batch holds the wrong number of pixels");
+    assert_eq!(pixels, ds.len() * first.pixels.len(), "image batch holds the wrong number of pixels");
     for s in ds.samples() {
         assert!(s.pixels.iter().all(|p| (0.0..=1.0).contains(p)), "sample {}: a pixel is outside [0, 1]", s.id);
     }
@@ -608,15 +608,7 @@ fn labelled_images(input: &[u8], dir: &Path) -> Result<()> {
             assert_eq!((s.width, s.height), (side, side), "sample {} was not resized", s.id);
         }
     }
-    let all: Vec<usize> = (0..ds.len()).collect();
-    let batch = ds.batch(&all, 0)?;
-    assert_eq!(
-        batch.pixels.as_ref().map_or(0, Vec::len),
-        ds.len() * first.pixels.len(),
-        "image batch holds the wrong count"
-    );
-    assert!(ds.samples().iter().all(|s| s.pixels.iter().all(|p| (0.0..=1.0).contains(p))), "a pixel is outside [0, 1]");
-    Ok(())
+    exercise_images(&ds)
 }
 
 // ---- a user's texts: labelled rows and character corpora ------------------------------------

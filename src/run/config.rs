@@ -794,16 +794,16 @@ impl RunConfig {
     /// pipeline). With recomputation they do something: a slice's activations are rebuilt one
     /// slice at a time, so fewer are held at once.
     fn slices_without_stages(&self) -> Option<String> {
+        // (Only a GPT's sequences are cut, and the runs of another refuse slices anyway.)
+        if !matches!(self.model.config, Some(ModelConfig::Gpt(_))) {
+            return None;
+        }
         let p = &self.pipeline;
         let slices = match &p.token_slices {
             TokenSlices::Count(n) => *n,
             TokenSlices::Lengths(lengths) => lengths.len(),
             TokenSlices::Off | TokenSlices::Auto => 1,
         };
-        // (Only a GPT's sequences are cut, and the runs of another refuse slices anyway.)
-        if !matches!(self.model.config, Some(ModelConfig::Gpt(_))) {
-            return None;
-        }
         let (plan, _) = p.resolve().ok()?;
         let alone = plan.pipeline_len == 1 && !p.across_processes && p.recompute == Recompute::Off;
         (slices > 1 && alone).then(|| {
@@ -1685,7 +1685,6 @@ dir = "runs/x"
             "train.optimizer={ kind = \"adamw\", beta1 = 1.0, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0 }";
         let err = RunConfig::parse(BASE, "base", &[optimizer.into()]).unwrap_err().to_string();
         assert!(err.contains("train.optimizer.beta1"), "{err}");
-        // A file that is not TOML is named with the parser's line and column, not as a field.
         // A section or key written twice names where it was first written.
         for (text, first) in [
             ("[data]\nbatch_size = 3\n[train]\nlr = 1e-3\n\n[ data ] # again\neval_batch_size = 4\n", 1),
@@ -1694,6 +1693,7 @@ dir = "runs/x"
             let err = RunConfig::parse(text, "f.toml", &[]).unwrap_err().to_string();
             assert!(err.contains("duplicate key") && err.contains(&format!("first written at line {first}")), "{err}");
         }
+        // A file that is not TOML is named with the parser's line and column, not as a field.
         let err = RunConfig::parse("[data\nbatch_size = 3\n", "f.toml", &[]).unwrap_err();
         let Error::Data { what, message } = &err else { panic!("{err}") };
         assert!(what == "f.toml" && message.contains("line 1"), "{err}");
