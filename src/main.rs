@@ -1117,13 +1117,20 @@ fn plan(mut config: RunConfig) -> Result<()> {
         "costs: {}",
         if measured { "measured on this machine's CPU, one micro-batch" } else { "FLOPs at a nominal 100 GFLOP/s" }
     );
+    // A slicing of the run's own is priced as `auto`'s are, to compare with it, on the model
+    // as built, before any layer freezes, as `auto` plans (where the layer cannot be measured,
+    // the plan stands without).
+    let priced = job.price_given_slices();
     // What the first step runs: a freeze table's first entry freezes before it.
     for line in job.start_elastic().context("the elastic loop's start")? {
         out!("before the first step: {line}");
     }
-    out_text!("{}", job.trainer.pipeline.plan());
+    out_text!("{}", job.printed_plan());
     if let Some(line) = job.devices_waiting() {
         out!("{line}");
+    }
+    if let Err(e) = priced {
+        out!("token slices as given: not priced on this machine ({e})");
     }
     if let Some(lines) = job.slicing_report(true) {
         out_text!("{lines}");
@@ -1192,7 +1199,7 @@ fn train<D: Device>(devices: Vec<D>, config: RunConfig, run: &TrainRun) -> Resul
             console!("token slices (the checkpoint's): {}", TokenSlices::Lengths(slices.clone()));
         }
     }
-    console_text!("{}", job.trainer.pipeline.plan());
+    console_text!("{}", job.printed_plan());
     if let Some(line) = job.devices_waiting() {
         console!("{line}");
     }

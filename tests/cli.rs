@@ -172,6 +172,48 @@ fn an_auto_slicing_says_how_to_keep_it() {
     assert!(ok && schedule(&pinned) == schedule(&auto) && !schedule(&auto).is_empty(), "{auto}\n{pinned}");
 }
 
+/// `plan` prices a slicing of the run's own as `auto` prices its plans (its slices' times on
+/// the slowest stage, measured), sets `auto`'s choice beside it, and splits the stages' time
+/// in the printed bubble and simulation by the slices' measured shares; a `train` run does not
+/// spend the measurement. Where the layer cannot be measured (too short a sequence), the plan
+/// stands and says why.
+#[test]
+fn a_given_slicing_is_priced_beside_autos_choice() {
+    if !common::installed(&[Path::new("data/text/hamlet.txt")]) {
+        return;
+    }
+    let tiny = ["model.config.n_embd=32", "model.config.n_layer=2", "model.config.n_head=2", "data.batch_size=4"];
+    let mut plan = vec!["plan", "--config", "configs/gpt-hamlet.toml", "--devices", "2"];
+    for set in tiny {
+        plan.extend(["--set", set]);
+    }
+    let (ok, out) = pipetransformer(&[&plan[..], &["--set", "data.max_len=32", "--token-slices", "4"]].concat());
+    let priced = "token slices (as given, priced from this machine's layer latency, for the slowest stage: 1.00 layers";
+    assert!(ok && out.contains(priced) && out.contains("(4 seq: 4×8 tokens); 4 slices; predicted step "), "{out}");
+    assert!(out.contains("8 after 24: ") && out.contains("\n  the whole sequence's time on that stage, unsliced: "));
+    assert!(out.contains("(token slices at their measured shares of a micro-batch's time: "), "{out}");
+    let beside = ["`--token-slices auto` would run (4 seq: ", "(`--token-slices auto` plans these same slices)"];
+    assert!(beside.iter().any(|b| out.contains(b)), "{out}");
+    // `auto`'s own plan is no slicing given.
+    let (ok, auto) = pipetransformer(&[&plan[..], &["--set", "data.max_len=32", "--token-slices", "auto"]].concat());
+    assert!(ok && !auto.contains("as given") && !auto.contains("would run"), "{auto}");
+    // Too short to measure: the plan as before, and why it is not priced.
+    let (ok, short) = pipetransformer(&[&plan[..], &["--set", "data.max_len=3", "--token-slices", "2"]].concat());
+    let why = "token slices as given: not priced on this machine (config field `pipeline.token_slices`: a 3-token \
+               sequence is too short to measure the context term)";
+    assert!(ok && short.contains(why) && short.contains("simulated: step "), "{short}");
+    assert!(!short.contains("measured shares"), "{short}");
+    // A run trains on the slices without pricing them.
+    let dir = scratch("given-slices");
+    let dir_set = format!("output.dir={}", dir.display());
+    let mut train = vec!["train", "--config", "configs/gpt-hamlet.toml", "--devices", "2", "--fresh"];
+    for set in tiny.iter().chain(&["data.max_len=32", "train.max_steps=1", "data.test_limit=4", &dir_set]) {
+        train.extend(["--set", set]);
+    }
+    let (ok, out) = pipetransformer(&[&train[..], &["--token-slices", "4", "--progress-every", "0"]].concat());
+    assert!(ok && !out.contains("priced") && !out.contains("measured shares"), "{out}");
+}
+
 /// `auto` slices each shape AutoPipe changes to by the rule that sliced the first: where
 /// nothing its planner plans fits the memory limit, the fewest equal slices that do. Here a
 /// 4-layer GPT starts on two stages at 4 equal slices; a freeze leaves one stage, where whole

@@ -94,6 +94,14 @@ pub struct Plan {
     pub schedule: Schedule,
     /// Unit names, for printing.
     pub unit_names: Vec<String>,
+    /// Each token slice's time as a share of its whole micro-batch's on one stage, where
+    /// TeraPipe's latency model measured it (later slices attend to more context; short ones
+    /// run below the products' rate, so the shares may add up to more than 1); one per slice
+    /// of `config.token_slices`, else unused: each slice then takes its share of the tokens.
+    /// What the printed bubble and simulation split a stage's time by
+    /// ([`slice_shares`](Self::slice_shares)).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub slice_time_shares: Vec<f64>,
 }
 
 impl Plan {
@@ -115,7 +123,7 @@ impl Plan {
         let units: Vec<UnitProfile> = units.iter().map(|u| u.sliced(&config.token_slices)).collect();
         let partition = partition_per_device(&units, &schedule, config.memory_limit, pinned, config.recompute)
             .map_err(|e| recompute_hint(e, &config, &units, &schedule, pinned))?;
-        Ok(Plan { config, partition, schedule, unit_names })
+        Ok(Plan { config, partition, schedule, unit_names, slice_time_shares: Vec::new() })
     }
 
     /// The stages [`new`](Self::new) cuts `units` into for `config`'s pipeline on their time
@@ -365,7 +373,7 @@ impl Plan {
         }
         let units: Vec<UnitProfile> = units.iter().map(|u| u.sliced(&config.token_slices)).collect();
         let partition = partition_of_stages(&units, stages, &schedule, config.memory_limit, config.recompute)?;
-        Ok(Plan { config, partition, schedule, unit_names })
+        Ok(Plan { config, partition, schedule, unit_names, slice_time_shares: Vec::new() })
     }
 
     /// This plan, when every device's peak is within the memory limit (a plan [`new`](Self::new)
@@ -460,47 +468,70 @@ impl Plan {
         self.partition.stages.iter().position(|r| r.contains(&unit)).unwrap_or(0)
     }
 
-    /// The bubble the schedule implies with these stage times: the step is `M·max W + f·max t`,
-    /// where `W` is a device's time per micro-batch (its stages' sum: `v` chunks under the
-    /// interleaved schedule) and `f` the fill and drain of [`Plan::bubble_formula`] (`(K−1)/n`
-    /// for `n` equal token slices; the largest slice's share of the tokens for uneven ones), so
-    /// equal stages give that formula; uneven ones add the imbalance (each device idles
-    /// `max W − its W` per micro-batch).
+    /// The bubble the schedule implies with these stage times: the step is `M·s·max W + f·max
+    /// t`, where `W` is a device's time per micro-batch (its stages' sum: `v` chunks under the
+    /// interleaved schedule), `s` the token slices' shares of it together (1 unless measured:
+    /// [`slice_shares`](Self::slice_shares)) and `f` the fill and drain of
+    /// [`Plan::bubble_formula`] (`(K−1)/n` for `n` equal token slices by their tokens; the
+    /// largest slice's share for others), so equal stages give that formula; uneven ones add
+    /// the imbalance (each device idles `max W − its W` per micro-batch).
     pub fn predicted_bubble(&self) -> f64 {
         let k = self.config.pipeline_len;
         let max = self.partition.bottleneck();
         if max == 0.0 {
             return self.bubble_formula();
         }
-        let m = self.config.micro_batches as f64;
+        let m = self.config.micro_batches as f64 * self.shares_together();
         let work: Vec<f64> = (0..k)
             .map(|d| {
                 let on_device = (0..self.stages()).filter(|&s| super::schedule::stage_device(s, k) == d);
                 on_device.map(|s| self.partition.stage_time[s]).sum::<f64>()
             })
             .collect();
-        // Token slices split each micro-batch's time by their tokens: the fill and drain
+        // Token slices split each micro-batch's time by their shares: the fill and drain
         // shrink to the largest slice's time.
         let step = m * work.iter().copied().fold(0.0, f64::max) + self.fill_slots() * max;
         1.0 - m * work.iter().sum::<f64>() / (k as f64 * step)
     }
 
-    /// [`Schedule::bubble_formula`] with token slices of any lengths: `f / (v·M + f)` where the
-    /// fill and drain `f` is `(K−1)` times the largest slice's share of the tokens (`1/n` for
-    /// `n` equal slices; a third of that under zero bubble).
+    /// [`Schedule::bubble_formula`] with token slices of any lengths: `f / (v·M·s + f)` where the
+    /// fill and drain `f` is `(K−1)` times the largest slice's share of the micro-batch's time
+    /// (`1/n` for `n` equal slices by their tokens; a third of that under zero bubble) and `s`
+    /// the slices' shares together (1 by their tokens).
     pub fn bubble_formula(&self) -> f64 {
         let fill = self.fill_slots();
-        fill / (self.config.micro_batches as f64 * self.config.chunks as f64 + fill)
+        fill / (self.config.micro_batches as f64 * self.config.chunks as f64 * self.shares_together() + fill)
     }
 
-    /// The fill and drain in micro-batch times: `K − 1` of the largest slice (a share of the
-    /// micro-batch's tokens, and of its time, in the cost model), scaled by the schedule's fill.
+    /// The token slices' shares of a micro-batch's time together: 1 by their tokens (or whole),
+    /// more where slicing costs time as measured.
+    fn shares_together(&self) -> f64 {
+        let shares = self.slice_shares();
+        if shares.is_empty() { 1.0 } else { shares.iter().sum() }
+    }
+
+    /// Each token slice's share of its micro-batch's time on a stage: as measured where
+    /// [`slice_time_shares`](Self::slice_time_shares) has one per slice, else its share of the
+    /// tokens; empty for whole micro-batches.
+    pub fn slice_shares(&self) -> Vec<f64> {
+        let lengths = &self.config.token_slices;
+        let tokens: usize = lengths.iter().sum();
+        match lengths.len() {
+            n if n < 2 || tokens == 0 => Vec::new(),
+            n if self.slice_time_shares.len() == n => self.slice_time_shares.clone(),
+            _ => lengths.iter().map(|&l| l as f64 / tokens as f64).collect(),
+        }
+    }
+
+    /// Whether the token slices' shares of the time are measured ones.
+    pub fn slice_times_measured(&self) -> bool {
+        self.config.token_slices.len() > 1 && self.slice_time_shares.len() == self.config.token_slices.len()
+    }
+
+    /// The fill and drain in micro-batch times: `K − 1` of the largest slice (its share of the
+    /// micro-batch's time, [`slice_shares`](Self::slice_shares)), scaled by the schedule's fill.
     fn fill_slots(&self) -> f64 {
-        let lens = &self.config.token_slices;
-        let share = match lens.iter().max() {
-            Some(&most) if lens.len() > 1 => most as f64 / lens.iter().sum::<usize>() as f64,
-            _ => 1.0,
-        };
+        let share = self.slice_shares().into_iter().reduce(f64::max).unwrap_or(1.0);
         self.schedule.kind.fill() * (self.config.pipeline_len as f64 - 1.0) * share
     }
 
@@ -735,9 +766,16 @@ impl fmt::Display for Plan {
         // Interleaving runs micro-batches in groups of K: a last group of fewer waits for its
         // own chunks to come round, which neither formula counts (the simulation does).
         let partial_group = c.chunks > 1 && !c.micro_batches.is_multiple_of(c.pipeline_len);
+        let measured = match self.slice_times_measured() {
+            true => format!(
+                " (token slices at their measured shares of a micro-batch's time: {:.2}× it together)",
+                self.shares_together()
+            ),
+            false => String::new(),
+        };
         writeln!(
             f,
-            "bottleneck {:.3} ms per micro-batch; predicted bubble {:.1}% (formula for equal stages {:.1}%){}",
+            "bottleneck {:.3} ms per micro-batch; predicted bubble {:.1}% (formula for equal stages {:.1}%){measured}{}",
             self.partition.bottleneck() * 1e3,
             100.0 * self.predicted_bubble(),
             100.0 * self.bubble_formula(),

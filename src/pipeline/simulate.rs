@@ -4,7 +4,8 @@
 //! makespan and its bubble — what a plan would cost on devices and links we do not have.
 //!
 //! The rules are the runtime's: each device runs its list in order; a compute action takes its
-//! stage's time (a token slice `1/n` of its micro-batch's); a send never blocks its device and
+//! stage's time (a token slice its share of its micro-batch's: by tokens, or as TeraPipe's
+//! latency model measured it); a send never blocks its device and
 //! its message arrives `latency + bytes / bandwidth` later (links carry any number of messages
 //! at once: a pipeline sends one per compute action, so they overlap only on a link slower than
 //! the compute); a receive waits for its message; all-reduce starts and the optimizer step cost
@@ -55,9 +56,9 @@ pub struct CostModel {
     pub weights: Vec<f64>,
     /// Every message's cost.
     pub link: Link,
-    /// Each token slice's share of its micro-batch's time, by its share of the tokens (empty:
-    /// `n` equal slices). Proportional: a later slice's attention over the longer context it
-    /// sees costs more than its share, which TeraPipe's latency model counts and this does not.
+    /// Each token slice's share of its micro-batch's time ([`Plan::slice_shares`]: as TeraPipe's
+    /// latency model measured it where it did, else by its share of the tokens; empty: `n`
+    /// equal slices).
     pub slice_shares: Vec<f64>,
 }
 
@@ -90,18 +91,12 @@ impl CostModel {
     }
 
     /// Whole backwards, split into input and weight gradients where the plan's schedule runs
-    /// them apart; token slices by their lengths.
+    /// them apart; token slices by their shares of the time.
     fn split(plan: &Plan, forward: Vec<f64>, backward: Vec<f64>, link: Link) -> CostModel {
         let share = if plan.schedule.kind == ScheduleKind::ZeroBubble { WEIGHT_SHARE } else { 0.0 };
         let weights = backward.iter().map(|b| b * share).collect();
         let backward = backward.iter().map(|b| b * (1.0 - share)).collect();
-        let lengths = &plan.config.token_slices;
-        let tokens: usize = lengths.iter().sum();
-        let slice_shares = match lengths.len() {
-            n if n >= 2 && tokens > 0 => lengths.iter().map(|&l| l as f64 / tokens as f64).collect(),
-            _ => Vec::new(),
-        };
-        CostModel { forward, backward, weights, link, slice_shares }
+        CostModel { forward, backward, weights, link, slice_shares: plan.slice_shares() }
     }
 
     /// Seconds of compute action `action` (a piece is one of `slices` of its micro-batch, its
@@ -441,6 +436,42 @@ mod tests {
                 assert!((p.predicted_bubble() - p.bubble_formula()).abs() < 1e-12, "{lengths:?}");
             }
         }
+    }
+
+    /// Slices at their measured shares of the time: the second of two 16-token slices costs
+    /// 0.75 of the whole micro-batch (its context), the first 0.5. 1F1B, K = 2, M = 1, F = 1
+    /// and B = 2 per stage, traced by hand: forwards 0–0.5 and 0.5–1.25 on device 0, 0.5–1
+    /// and 1.25–2 on device 1; backwards last slice first, 2–3.5 and 3.5–4.5 on device 1,
+    /// 3.5–5 and 5–6 on device 0. By their tokens (the shares unset, or not one per slice):
+    /// 4.5.
+    #[test]
+    fn measured_slice_times_take_their_measured_share() {
+        let units = vec![unit(1.0, true); 2];
+        let config = PipelineConfig { pipeline_len: 2, token_slices: vec![16, 16], ..Default::default() };
+        let mut p = Plan::new(config, &units, names(2), 2, 0).unwrap();
+        for (shares, want, measured) in [(vec![0.5, 0.75], 6.0, true), (vec![0.5], 4.5, false), (vec![], 4.5, false)] {
+            p.slice_time_shares = shares.clone();
+            assert_eq!(p.slice_times_measured(), measured);
+            for costs in [
+                CostModel::from_profiles(&p, &units, Link::INSTANT).unwrap(),
+                CostModel::from_stage_times(&p, Link::INSTANT),
+            ] {
+                let sim = simulate(&p.schedule, &costs).unwrap();
+                assert!((sim.makespan() - want).abs() < 1e-12, "{shares:?}: {}", sim.makespan());
+                assert!((sim.bubble() - p.predicted_bubble()).abs() < 1e-12, "{shares:?}");
+                assert!((p.predicted_bubble() - p.bubble_formula()).abs() < 1e-12, "{shares:?}");
+            }
+        }
+        // Busy 2 × 1.25 × 3 of 2 × 6; the printed plan says the shares are measured.
+        let note = "(token slices at their measured shares of a micro-batch's time: 1.25× it together)";
+        assert!(!p.to_string().contains("measured shares"), "{p}");
+        p.slice_time_shares = vec![0.5, 0.75];
+        assert!((p.predicted_bubble() - 0.375).abs() < 1e-12, "{}", p.predicted_bubble());
+        assert!(
+            p.to_string().contains(&format!("predicted bubble 37.5% (formula for equal stages 37.5%) {note}")),
+            "{p}"
+        );
+        assert!(p.to_string().contains("simulated: step 6000.000 ms, bubble 37.5%"), "{p}");
     }
 
     /// A plan's own stage times give the costs the profiles give, a frozen prefix included

@@ -10,7 +10,9 @@ use super::fingerprint::{MAX_LEN, TEST_FILE, TOKENIZER, TRAIN_FILE, data_setting
 use super::metrics_log::MetricsLog;
 use super::model_setup::{build_model, check_head_dim, check_images};
 use super::output_dir::{BEST, LOG, MODEL, checkpoint_path, set_aside_pairs};
-use super::planning::{PlannedSlicing, auto_unplanned, check_token_slices, planning_profiles, token_slices};
+use super::planning::{
+    PlannedSlicing, SlicingOrigin, auto_unplanned, check_token_slices, planning_profiles, price_given, token_slices,
+};
 use crate::comm::process_group::ProcessGroup;
 use crate::device::Device;
 use crate::elastic::autodp::rebuild_communicators;
@@ -19,7 +21,7 @@ use crate::elastic::{CacheDtype, Elastic, FreezeName};
 use crate::error::{Error, Result, config_error, counted, internal};
 use crate::files::{self, io_error};
 use crate::model::{Family, InputSpec, Model, ModelConfig};
-use crate::pipeline::{Pipeline, PipelineConfig};
+use crate::pipeline::{Pipeline, PipelineConfig, Plan, samples_per_micro_batch};
 use crate::terapipe::TokenSlices;
 use crate::train::{BatchSource, EvalMetrics, Event, RecordedPlan, Scored, Trainer};
 use crate::weights::{self, LoadReport};
@@ -515,12 +517,54 @@ impl<D: Device> Job<D> {
     pub fn slicing_report(&self, planned_here: bool) -> Option<String> {
         let in_force = &self.trainer.pipeline.plan().config;
         match &self.slicing {
+            // (Slices of the run's own that the elastic start turned off are no news.)
+            Some(slicing)
+                if matches!(slicing.origin, SlicingOrigin::Given { .. })
+                    && slicing.lengths() != in_force.token_slices =>
+            {
+                None
+            }
             Some(slicing) => Some(slicing.describe(in_force)),
             None if planned_here && self.config.pipeline.token_slices == TokenSlices::Auto => {
                 Some(auto_unplanned(in_force))
             }
             None => None,
         }
+    }
+
+    /// Prices the run's own token slices (`--token-slices N` or a list): measures the model's
+    /// layer on the first device as `auto` does, for the [slicing report](Self::slicing_report)
+    /// to set their predicted step beside what `auto` would run, and the
+    /// [printed plan](Self::printed_plan) to split the stages' time by the slices' measured
+    /// shares. What `plan` shows; a run does not spend the measurement. On the model as built,
+    /// before [the elastic start](Self::start_elastic) freezes any layer, as `auto` plans.
+    /// Nothing for `off`, `auto` (planned with the run) or a plan without slices.
+    pub fn price_given_slices(&mut self) -> Result<()> {
+        let given = matches!(self.config.pipeline.token_slices, TokenSlices::Count(_) | TokenSlices::Lengths(_));
+        let pipeline = &self.trainer.pipeline;
+        let plan = pipeline.plan();
+        if !given || plan.config.token_slices.len() < 2 {
+            return Ok(());
+        }
+        let dev = &pipeline.devices()[0];
+        let mut model = pipeline.gather(dev)?;
+        let first = self.source.train_batch(0, 0)?;
+        let samples = samples_per_micro_batch(first.batch, plan.config.replicas, plan.config.micro_batches);
+        let units: Vec<_> = self.trainer.profiles.iter().map(|p| p.scaled(samples as f64)).collect();
+        self.slicing = Some(price_given(dev, &mut model, &first, plan, &units)?);
+        Ok(())
+    }
+
+    /// The plan in force as `plan` and a run's start print it: its token slices at their
+    /// measured shares of a micro-batch's time where TeraPipe's latency model priced them
+    /// (`auto`'s, or the run's own [priced](Self::price_given_slices)), else at their shares of
+    /// the tokens.
+    pub fn printed_plan(&self) -> Plan {
+        let mut plan = self.trainer.pipeline.plan().clone();
+        if let Some(slicing) = self.slicing.as_ref().filter(|s| s.lengths() == plan.config.token_slices) {
+            plan.slice_time_shares = slicing.time_shares();
+        }
+        plan
     }
 
     /// A sentence on the devices beyond the plan's that AutoDP holds for later (the plan

@@ -23,7 +23,7 @@ pub use job::{Job, Resumed, ResumedPlan, Summary, check_across_processes};
 pub use launch::{LaunchOptions, ProcessEnv, launch};
 pub use model_setup::build_model;
 pub use output_dir::{PER_NODE_SETTINGS, check_start, checkpoint_path, start_over_note, trace_in_the_way};
-pub use planning::PlannedSlicing;
+pub use planning::{PlannedSlicing, SlicingOrigin};
 pub use predict::{ClassPrediction, Generation, LabelledRows, Predictor, Sampling};
 pub use progress::ProgressLines;
 pub use source::{Augment, SampleSource, subset};

@@ -5,12 +5,13 @@
 use super::config::RunConfig;
 use crate::device::Device;
 use crate::elastic::controller::Slicer;
-use crate::error::{Result, config_error};
+use crate::error::{Error, Result, config_error};
 use crate::model::{HeadSpec, HostBatch, Model, Spec};
 use crate::pipeline::{
     AutoSliced, PipelineConfig, Plan, Recompute, UnitProfile, samples_per_micro_batch, unit_profiles_per_sample,
 };
-use crate::terapipe::{SlicingPlan, SlicingProfile, StageLoad, TokenSlices};
+use crate::terapipe::profile::grid_step;
+use crate::terapipe::{LatencyModel, SlicingPlan, SlicingProfile, StageLoad, TokenSlices, uniform};
 
 /// The first micro-batch `plan` cuts the first training batch into (what the planners
 /// measure on).
@@ -64,18 +65,60 @@ pub struct PlannedSlicing {
     /// boundary, as the latency model predicts (later slices attend to more context, which
     /// is why `auto` may make them shorter).
     pub slice_seconds: Vec<(usize, usize, f64)>,
+    /// The whole micro-batch's time on that stage, unsliced, as the latency model predicts.
+    pub whole_seconds: f64,
+    /// Whose slicing it is.
+    pub origin: SlicingOrigin,
+}
+
+/// Whose slicing a [`PlannedSlicing`] is.
+#[derive(Clone, Debug)]
+pub enum SlicingOrigin {
+    /// `auto`'s planner's.
+    Auto,
+    /// The run's own (`--token-slices N` or a list), priced as `auto` prices its plans:
+    /// beside it, `auto`'s choice in its place.
+    Given {
+        /// What `auto` runs instead: its planner's slicing, or whole micro-batches or equal
+        /// slices priced on the same stages; or why it would refuse.
+        auto: std::result::Result<SlicingPlan, String>,
+    },
 }
 
 impl PlannedSlicing {
-    /// What `auto` planned, and how to keep it while the plan in force runs it (`in_force`:
-    /// an elastic start that left one stage turned it off): the latencies it rests on are
-    /// measured afresh by every run, and a plan near others in time can give way to one of
-    /// them.
+    /// `plan` on `stage`, each slice timed by `latency`, the stage's latency model.
+    fn timed(plan: SlicingPlan, stage: StageLoad, latency: &LatencyModel, origin: SlicingOrigin) -> Result<Self> {
+        let mut context = 0;
+        let mut slice_seconds = Vec::new();
+        for &len in plan.micro_batches.first().map_or(&[][..], |m| &m.slices) {
+            // (The planner's unit is one micro-batch: the model's batch dimension is 1.)
+            slice_seconds.push((len, context, latency.slice_time_interpolated(1, len, context)?));
+            context += len;
+        }
+        let whole_seconds = latency.slice_time_interpolated(1, context, 0)?;
+        Ok(PlannedSlicing { plan, stage, slice_seconds, whole_seconds, origin })
+    }
+
+    /// The slices' lengths (one micro-batch's).
+    pub fn lengths(&self) -> Vec<usize> {
+        self.slice_seconds.iter().map(|&(len, _, _)| len).collect()
+    }
+
+    /// Each slice's share of the whole micro-batch's time ([`Plan::slice_time_shares`]).
+    pub fn time_shares(&self) -> Vec<f64> {
+        self.slice_seconds.iter().map(|&(_, _, t)| t / self.whole_seconds.max(f64::MIN_POSITIVE)).collect()
+    }
+
+    /// What the slicing is and what it costs, and for `auto`'s, how to keep it while the plan
+    /// in force runs it (`in_force`: an elastic start that left one stage turned it off): the
+    /// latencies it rests on are measured afresh by every run, and a plan near others in time
+    /// can give way to one of them.
     pub fn describe(&self, in_force: &PipelineConfig) -> String {
-        let mut out = format!(
-            "token slices (planned from this machine's layer latency, for the slowest stage: {}): {}\n",
-            self.stage, self.plan
-        );
+        let whose = match self.origin {
+            SlicingOrigin::Auto => "planned from this machine's layer latency",
+            SlicingOrigin::Given { .. } => "as given, priced from this machine's layer latency",
+        };
+        let mut out = format!("token slices ({whose}, for the slowest stage: {}): {}\n", self.stage, self.plan);
         let times: Vec<String> = self
             .slice_seconds
             .iter()
@@ -83,20 +126,71 @@ impl PlannedSlicing {
             .collect();
         if times.len() > 1 {
             out += &format!(
-                "  each slice's time on that stage (as the largest slice's), tokens after context: {}\n",
-                times.join("; ")
+                "  each slice's time on that stage (as the largest slice's), tokens after context: {}\n  the whole \
+                 sequence's time on that stage, unsliced: {:.3} ms\n",
+                elided(&times),
+                self.whole_seconds * 1e3
             );
         }
         if in_force.recompute != Recompute::Off {
-            out += "  (its peak as if every activation were kept: with recomputation the slicing is planned for time, \
-                    and the stages meet the memory limit by recomputing, as the table above shows)\n";
+            let planned = match self.origin {
+                SlicingOrigin::Auto => "with recomputation the slicing is planned for time, and ",
+                SlicingOrigin::Given { .. } => "",
+            };
+            out += &format!(
+                "  (its peak as if every activation were kept: {planned}the stages meet the memory limit by \
+                 recomputing, as the table above shows)\n"
+            );
         }
-        let planned = self.plan.micro_batches.first().map(|m| &m.slices);
-        if let Some(lengths) = planned.filter(|l| l.len() > 1 && l.as_slice() == in_force.token_slices) {
-            let list = lengths.iter().map(usize::to_string).collect::<Vec<_>>();
-            out += &format!("  (--token-slices {} keeps this slicing in later runs)\n", list.join(","));
+        match &self.origin {
+            SlicingOrigin::Auto => {
+                let planned = self.plan.micro_batches.first().map(|m| &m.slices);
+                if let Some(lengths) = planned.filter(|l| l.len() > 1 && l.as_slice() == in_force.token_slices) {
+                    let list = lengths.iter().map(usize::to_string).collect::<Vec<_>>();
+                    out += &format!("  (--token-slices {} keeps this slicing in later runs)\n", list.join(","));
+                }
+            }
+            SlicingOrigin::Given { auto: Err(why) } => {
+                out += &format!("  (`--token-slices auto` would refuse this pipeline: {why})\n");
+            }
+            SlicingOrigin::Given { auto: Ok(auto) } => {
+                let (given, theirs) = (self.plan.predicted_step_seconds, auto.predicted_step_seconds);
+                let theirs_lengths = auto.micro_batches.first().map(|m| m.slices.clone()).unwrap_or_default();
+                let tokens = theirs_lengths.iter().sum();
+                // (The planner's optimum is no slower than any slicing on its grid: `auto` gave
+                // it up for steadier equal slices.)
+                let step = grid_step(tokens);
+                let even: Vec<usize> = uniform(tokens / step, theirs_lengths.len()).iter().map(|u| u * step).collect();
+                let steadier = match theirs_lengths.len() > 1 && theirs_lengths == even {
+                    true => format!(
+                        " (`auto` runs the fewest equal slices predicted within {:.0}% of its optimum, to stay steady \
+                         over timings that move between runs)",
+                        100.0 * crate::terapipe::profile::EVEN_WITHIN
+                    ),
+                    false => String::new(),
+                };
+                out += &match theirs_lengths == self.lengths() {
+                    true => "  (`--token-slices auto` plans these same slices)\n".to_string(),
+                    false if theirs < given => format!(
+                        "  `--token-slices auto` would run {auto}: {:.1}% less time a step than these\n",
+                        100.0 * (1.0 - theirs / given)
+                    ),
+                    false => format!(
+                        "  `--token-slices auto` would run {auto}: {:.1}% more time a step than these{steadier}\n",
+                        100.0 * (theirs / given - 1.0)
+                    ),
+                };
+            }
         }
         out
+    }
+}
+
+/// Items past the first eight shown as the first six, `…` and the last two.
+fn elided(items: &[String]) -> String {
+    match items.len() {
+        0..=8 => items.join("; "),
+        n => format!("{}; …; {}", items[..6].join("; "), items[n - 2..].join("; ")),
     }
 }
 
@@ -185,35 +279,94 @@ pub(super) fn token_slices<D: Device>(
     // layer is measured for those.
     if plan.pipeline_len == 1 {
         let longer = config.elastic.auto_pipe && devices.len() > 1;
-        let profile = if longer { Some(SlicingProfile::measure(dev, model, &micro)?) } else { None };
-        let whole = |_: &PipelineConfig| Ok(Vec::new());
-        let sliced = match Plan::auto_slicing(plan, units, pinned, None, first.seq, whole, Vec::clone)? {
-            AutoSliced::Equal(lengths) => lengths,
-            AutoSliced::Planned(_) | AutoSliced::Whole => Vec::new(),
-        };
-        return Ok((sliced, Some((None, auto_slicer(profile)))));
+        let profile = if longer { Some(measure_for_auto(dev, model, &micro)?) } else { None };
+        return Ok((one_stage_auto(plan, units, pinned, first.seq)?, Some((None, auto_slicer(profile)))));
     }
-    let profile = SlicingProfile::measure(dev, model, &micro)?;
-    let slice =
-        |c: &PipelineConfig| Plan::slice_cut(c, units, pinned, |s| profile.plan_stages(c, micro.batch, units, s));
-    let (sliced, planned) = match Plan::auto_slicing(plan, units, pinned, None, first.seq, slice, |(p, _)| lengths(p))?
-    {
+    let profile = measure_for_auto(dev, model, &micro)?;
+    let (sliced, planned) = match auto_choice(plan, units, pinned, first.seq, &profile, micro.batch)? {
         AutoSliced::Planned((planned, stage)) => {
             let latency = profile.latency(&stage, plan.pipeline_len, micro.batch)?;
-            let mut context = 0;
-            let mut slice_seconds = Vec::new();
-            for &len in planned.micro_batches.first().map_or(&[][..], |m| &m.slices) {
-                // (The planner's unit is one micro-batch: the model's batch dimension is 1.)
-                slice_seconds.push((len, context, latency.slice_time(1, len, context)?));
-                context += len;
-            }
-            (lengths(&planned), Some(PlannedSlicing { plan: planned, stage, slice_seconds }))
+            (lengths(&planned), Some(PlannedSlicing::timed(planned, stage, &latency, SlicingOrigin::Auto)?))
         }
         // (Main says which, and why.)
         AutoSliced::Whole => (Vec::new(), None),
         AutoSliced::Equal(lengths) => (lengths, None),
     };
     Ok((sliced, Some((planned, auto_slicer(Some(profile))))))
+}
+
+/// The layer measured on `dev` for `auto` ([`SlicingProfile::measure`]); where it cannot be
+/// (too short a sequence, too coarse a grid), the slices can still be given.
+fn measure_for_auto<D: Device>(dev: &D, model: &mut Model<D>, micro: &HostBatch) -> Result<SlicingProfile> {
+    SlicingProfile::measure(dev, model, micro).map_err(|e| match e {
+        Error::Config { field, message } if field == "pipeline.token_slices" => {
+            Error::Config { field, message: format!("{message}; or give the slices (a count or lengths)") }
+        }
+        e => e,
+    })
+}
+
+/// `auto`'s slicing of a one-stage pipeline ([`Plan::auto_slicing`]'s rule): whole
+/// micro-batches (none), unless they exceed the memory limit where equal slices do not.
+fn one_stage_auto(plan: &PipelineConfig, units: &[UnitProfile], pinned: usize, seq: usize) -> Result<Vec<usize>> {
+    let whole = |_: &PipelineConfig| Ok(Vec::new());
+    Ok(match Plan::auto_slicing(plan, units, pinned, None, seq, whole, Vec::clone)? {
+        AutoSliced::Equal(lengths) => lengths,
+        AutoSliced::Planned(_) | AutoSliced::Whole => Vec::new(),
+    })
+}
+
+/// `auto`'s slicing of `plan`'s pipeline of more than one stage ([`Plan::auto_slicing`]'s
+/// rule): TeraPipe's planner over `profile` for micro-batches of `samples` sequences of `seq`
+/// tokens, with the slowest stage it modelled.
+fn auto_choice(
+    plan: &PipelineConfig,
+    units: &[UnitProfile],
+    pinned: usize,
+    seq: usize,
+    profile: &SlicingProfile,
+    samples: usize,
+) -> Result<AutoSliced<(SlicingPlan, StageLoad)>> {
+    let slice = |c: &PipelineConfig| Plan::slice_cut(c, units, pinned, |s| profile.plan_stages(c, samples, units, s));
+    Plan::auto_slicing(plan, units, pinned, None, seq, slice, |(p, _)| lengths(p))
+}
+
+/// `plan`'s token slices, given by the run (`--token-slices N` or a list), priced on the layer
+/// latency measured on `dev` for micro-batches of `first` as `auto` prices its own, over the
+/// plan's stages (units costing `units` per micro-batch), beside what `auto` would run in
+/// their place: its planner's slicing where it plans one, else whole micro-batches or its
+/// equal slices priced on the same stages.
+pub(super) fn price_given<D: Device>(
+    dev: &D,
+    model: &mut Model<D>,
+    first: &HostBatch,
+    plan: &Plan,
+    units: &[UnitProfile],
+) -> Result<PlannedSlicing> {
+    let config = &plan.config;
+    let micro = first_micro_batch(first, config)?;
+    let profile = SlicingProfile::measure(dev, model, &micro)?;
+    let loads = profile.stages(units, &plan.partition.stages, micro.batch)?;
+    let price = |lengths: &[usize]| profile.price(config, micro.batch, &loads, lengths);
+    let given = price(&config.token_slices)?;
+    let unsliced = PipelineConfig { token_slices: Vec::new(), ..config.clone() };
+    let pinned = model.frozen_prefix();
+    let auto = match config.pipeline_len {
+        1 => one_stage_auto(&unsliced, units, pinned, first.seq).and_then(|lengths| price(&lengths)),
+        _ => auto_choice(&unsliced, units, pinned, first.seq, &profile, micro.batch).and_then(|choice| match choice {
+            AutoSliced::Planned((planned, _)) => Ok(planned),
+            AutoSliced::Whole => price(&[]),
+            AutoSliced::Equal(lengths) => price(&lengths),
+        }),
+    };
+    // (Where `auto` refuses, the slices given may still plan: the comparison says why.)
+    let auto = auto.map_err(|e| match e {
+        Error::Config { field, message } => format!("{field}: {message}"),
+        e => e.to_string(),
+    });
+    let stage = StageLoad::slowest(&loads).cloned().unwrap_or(StageLoad::of_layers(0));
+    let latency = profile.latency(&stage, config.pipeline_len, micro.batch)?;
+    PlannedSlicing::timed(given, stage, &latency, SlicingOrigin::Given { auto })
 }
 
 /// The token slices `planned` cuts every micro-batch into; none where it keeps them whole.
@@ -225,6 +378,52 @@ fn lengths(planned: &SlicingPlan) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A slicing of the run's own says what it costs beside `auto`'s choice: less time, more
+    /// (with why, where `auto` took equal slices near its optimum), the same slices, or
+    /// `auto`'s refusal; its slices' shares of the whole micro-batch's time are their times
+    /// over the whole's.
+    #[test]
+    fn a_given_slicing_is_set_beside_autos_choice() {
+        use crate::terapipe::MicroBatchSlicing;
+        let sliced = |slices: Vec<usize>, step: f64| SlicingPlan {
+            micro_batches: vec![MicroBatchSlicing { samples: 4, slices }],
+            predicted_step_seconds: step,
+            max_slice_seconds: step / 4.0,
+            peak_memory_bytes: 1 << 20,
+            stats: Default::default(),
+        };
+        let given = |auto| PlannedSlicing {
+            plan: sliced(vec![64, 64], 0.1),
+            stage: StageLoad::of_layers(2),
+            slice_seconds: vec![(64, 0, 0.03), (64, 64, 0.05)],
+            whole_seconds: 0.04,
+            origin: SlicingOrigin::Given { auto },
+        };
+        let in_force = PipelineConfig { pipeline_len: 2, token_slices: vec![64, 64], ..PipelineConfig::default() };
+        let shares = given(Err(String::new())).time_shares();
+        assert!((shares[0] - 0.75).abs() < 1e-12 && (shares[1] - 1.25).abs() < 1e-12, "{shares:?}");
+        let text = given(Ok(sliced(vec![48, 40, 40], 0.08))).describe(&in_force);
+        assert!(text.starts_with("token slices (as given, priced from this machine's layer latency"), "{text}");
+        assert!(
+            text.contains("64 after 64: 50.000 ms\n  the whole sequence's time on that stage, unsliced: 40.000 ms\n")
+        );
+        assert!(text.contains("`--token-slices auto` would run (4 seq: 48, 2×40 tokens)"), "{text}");
+        assert!(text.contains(": 20.0% less time a step than these\n"), "{text}");
+        assert!(!text.contains("keeps this slicing"), "{text}");
+        // On the 4-token grid of 128 tokens, 44, 44, 40 are `auto`'s equal slices.
+        let text = given(Ok(sliced(vec![44, 44, 40], 0.11))).describe(&in_force);
+        assert!(text.contains("10.0% more time a step than these (`auto` runs the fewest equal slices"), "{text}");
+        let text = given(Ok(sliced(vec![48, 40, 40], 0.11))).describe(&in_force);
+        assert!(text.contains("10.0% more time a step than these\n"), "{text}");
+        let text = given(Ok(sliced(vec![64, 64], 0.1))).describe(&in_force);
+        assert!(
+            text.contains("(`--token-slices auto` plans these same slices)") && !text.contains("would run"),
+            "{text}"
+        );
+        let text = given(Err("pipeline.memory_limit: too small".into())).describe(&in_force);
+        assert!(text.contains("(`--token-slices auto` would refuse this pipeline: pipeline.memory_limit: too small)"));
+    }
 
     /// Where none of `auto`'s slicings fits, the equal slices run instead are named, and
     /// under `--recompute auto`, which recomputes the fewest units, so is the other choice.

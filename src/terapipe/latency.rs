@@ -20,7 +20,9 @@
 //!   sent forward and its gradient sent back (TeraPipe's `2·comm`). Time both, or double a
 //!   one-way measurement, before fitting.
 //!
-//! Nothing is interpolated: slice lengths and contexts must lie on the grid.
+//! The planner works on the grid: its slice lengths and contexts are multiples of the step. A
+//! slicing given by hand off the grid (`--token-slices 3` on 128 tokens is `43,43,42`) is
+//! priced by [`LatencyModel::slice_time_interpolated`].
 
 use crate::error::{Result, config_error};
 use std::fmt;
@@ -286,6 +288,36 @@ impl LatencyModel {
         Ok(self.time_units(batch, len / g.step, context / g.step))
     }
 
+    /// `t(b, l, c)` for any slice within the longest sequence, on the grid or off it: `t0`
+    /// interpolated linearly between the grid lengths on either side of `l` (a slice shorter
+    /// than the step at the step's time: it reads the same weights, which dominate so short
+    /// a slice), `Δ` and `comm` as fitted, which take any lengths. On the grid it is
+    /// [`slice_time`](Self::slice_time) exactly.
+    pub fn slice_time_interpolated(&self, batch: usize, len: usize, context: usize) -> Result<f64> {
+        let g = self.grid;
+        if !(1..=g.max_batch).contains(&batch) || len == 0 || len + context > g.max_len {
+            return Err(config_error(
+                "terapipe.slice",
+                format!(
+                    "slice of {len} tokens after {context} for {batch} sequences is outside the latency model: \
+                     length positive, length + context at most {}, sequences in 1..={}",
+                    g.max_len, g.max_batch
+                ),
+            ));
+        }
+        let (t0, fit, comm) = match &self.source {
+            Source::Function(f) => return Ok(f(batch, len, context)),
+            Source::Measured { t0, fit, comm } => (t0, fit, comm),
+        };
+        let row = &t0[(batch - 1) * g.units()..batch * g.units()];
+        let below = (len / g.step).max(1);
+        let above = len.div_ceil(g.step).max(1);
+        let fraction = len.saturating_sub(below * g.step) as f64 / g.step as f64;
+        let base = row[below - 1] + (row[above - 1] - row[below - 1]) * fraction;
+        let delta = if context > 0 { fit.delta(batch, len, context).max(0.0) } else { 0.0 };
+        Ok(base + delta + comm.seconds(batch * len))
+    }
+
     /// `t` on grid units, unchecked: the planner's inner loop (it checks its ranges once).
     pub(crate) fn time_units(&self, batch: usize, len_units: usize, context_units: usize) -> f64 {
         let step = self.grid.step;
@@ -480,6 +512,34 @@ mod tests {
         assert_eq!(model.slice_time(2, 32, 0).unwrap(), s[at(&s, 32)].seconds);
         assert_eq!(model.slice_time(1, 24, 0).unwrap(), 1e-3 + 24e-6);
         assert!(t24 > t16);
+    }
+
+    /// A slice off the grid is priced between its neighbours on it: `t0` along the line
+    /// between the grid lengths either side, the context term and the transfer at its own
+    /// lengths; shorter than a step, at the step's time. On the grid, exactly `slice_time`.
+    #[test]
+    fn a_slice_off_the_grid_is_priced_between_its_neighbours() {
+        let coefs = [2e-5, 3e-7, 5e-8, 1e-9];
+        let comm = CommModel { fixed_seconds: 5e-5, seconds_per_token: 1e-9 };
+        let model = LatencyModel::from_samples(GRID, &samples(coefs, 0.0), comm).unwrap();
+        let fit = *model.context_fit().unwrap();
+        for (b, l, c) in [(1, 8, 0), (2, 24, 32), (3, 64, 0)] {
+            assert_eq!(model.slice_time_interpolated(b, l, c).unwrap(), model.slice_time(b, l, c).unwrap());
+        }
+        // 19 tokens after 5, two sequences: t0 three eighths of the way from 16 to 24 tokens.
+        let t0 = |l: f64| 1e-3 + 1e-6 * 2.0 * l;
+        let want = t0(16.0) + (t0(24.0) - t0(16.0)) * 3.0 / 8.0 + fit.delta(2, 19, 5) + comm.seconds(38);
+        assert!((model.slice_time_interpolated(2, 19, 5).unwrap() - want).abs() < 1e-15);
+        // 3 tokens (of one sequence): the 8-token step's table entry, its own transfer.
+        assert_eq!(model.slice_time_interpolated(1, 3, 0).unwrap(), 1e-3 + 8e-6 + comm.seconds(3));
+        // Outside the model: named.
+        for (b, l, c) in [(0, 8, 0), (4, 8, 0), (1, 0, 0), (1, 60, 5)] {
+            let e = model.slice_time_interpolated(b, l, c).unwrap_err().to_string();
+            assert!(e.contains("outside the latency model"), "({b}, {l}, {c}): {e}");
+        }
+        // A model given as a function takes any lengths.
+        let f = LatencyModel::from_fn(GRID, |b, l, c| (b * l + c) as f64).unwrap();
+        assert_eq!(f.slice_time_interpolated(2, 13, 3).unwrap(), 29.0);
     }
 
     #[test]

@@ -236,7 +236,9 @@ impl fmt::Display for SlicingPlan {
 }
 
 /// The objective of a given slicing (to compare with a plan, or score a hand-made one):
-/// `Σ t + (K − 1)·max t` over every slice of every micro-batch.
+/// `Σ t + (K − 1)·max t` over every slice of every micro-batch, a slice off the latency
+/// model's grid priced between its neighbours on it
+/// ([`LatencyModel::slice_time_interpolated`]).
 pub fn predict_step_seconds(latency: &LatencyModel, stages: usize, micro_batches: &[MicroBatchSlicing]) -> Result<f64> {
     predict_step_and_largest_slice(latency, stages, micro_batches).map(|(step, _)| step)
 }
@@ -264,7 +266,7 @@ pub fn predict_step_and_largest_slice(
         }
         let mut context = 0;
         for &l in &m.slices {
-            let t = latency.slice_time(m.samples, l, context)?;
+            let t = latency.slice_time_interpolated(m.samples, l, context)?;
             sum += t;
             max = max.max(t);
             context += l;

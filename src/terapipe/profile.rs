@@ -46,7 +46,7 @@ fn coarse_grid(seq: usize, step: usize, what: &str) -> crate::error::Error {
             seq.next_multiple_of(8)
         ),
     };
-    config_error("pipeline.token_slices", format!("{why}; or give the slices (a count or lengths)"))
+    config_error("pipeline.token_slices", why)
 }
 
 /// One Transformer layer of a model (its first attention unit and the MLP unit after it) set
@@ -324,6 +324,45 @@ impl SlicingProfile {
         let memory = self.pipeline_memory(stages, pipeline, samples);
         shared_slicing(&latency, &memory, self.grid.max_len, samples, pipeline)
     }
+
+    /// A given slicing (`lengths`, each micro-batch's; empty: whole sequences) of `pipeline`'s
+    /// micro-batches of `samples` sequences over stages `stages`, priced as
+    /// [`plan`](Self::plan) prices its own: the slowest stage's latency, every stage's
+    /// memory. Slices off the latency grid are priced between its points.
+    pub fn price(
+        &self,
+        pipeline: &PipelineConfig,
+        samples: usize,
+        stages: &[StageLoad],
+        lengths: &[usize],
+    ) -> Result<SlicingPlan> {
+        let seq = self.grid.max_len;
+        let slices = if lengths.is_empty() { vec![seq] } else { lengths.to_vec() };
+        if slices.iter().sum::<usize>() != seq {
+            return Err(config_error(
+                "pipeline.token_slices",
+                format!("slices {slices:?} do not cover the {seq} tokens measured"),
+            ));
+        }
+        let slowest = StageLoad::slowest(stages)
+            .ok_or_else(|| config_error("pipeline.token_slices", "a pipeline of no stages"))?;
+        let latency = self.latency(slowest, pipeline.pipeline_len, samples)?;
+        let config = shared_config(&self.pipeline_memory(stages, pipeline, samples), seq, pipeline)?;
+        let mut micro_batches = vec![MicroBatchSlicing { samples: 1, slices }; config.batch];
+        let (predicted_step_seconds, max_slice_seconds) =
+            super::planner::predict_step_and_largest_slice(&latency, config.stages, &micro_batches)?;
+        let peak_memory_bytes = peak_memory_bytes(&config, &micro_batches);
+        for m in &mut micro_batches {
+            m.samples *= samples; // planner units (micro-batches) to sequences
+        }
+        Ok(SlicingPlan {
+            micro_batches,
+            predicted_step_seconds,
+            max_slice_seconds,
+            peak_memory_bytes,
+            stats: Default::default(),
+        })
+    }
 }
 
 /// A unit's role in the slicing models.
@@ -600,24 +639,7 @@ pub fn shared_slicing(
     samples: usize,
     pipeline: &PipelineConfig,
 ) -> Result<SlicingPlan> {
-    let schedule = match pipeline.schedule {
-        ScheduleKind::Gpipe => SliceSchedule::Gpipe,
-        ScheduleKind::OneFOneB => SliceSchedule::OneFOneB,
-        ScheduleKind::Interleaved | ScheduleKind::ZeroBubble => {
-            return Err(config_error(
-                "pipeline.token_slices",
-                format!("the {} schedule does not take token slices; use gpipe or 1f1b", pipeline.schedule),
-            ));
-        }
-    };
-    let (k, m) = (pipeline.pipeline_len, pipeline.micro_batches.max(1));
-    let config = PlannerConfig {
-        memory: memory.to_vec(),
-        memory_limit: pipeline.memory_limit,
-        schedule,
-        shared: true,
-        ..PlannerConfig::new(k, seq, m)
-    };
+    let config = shared_config(memory, seq, pipeline)?;
     // The limit is the pipeline's: name it as the user set it.
     let planned = plan(latency, &config).map_err(|e| match e {
         Error::Config { field, message } if field == "terapipe.memory_limit" => {
@@ -630,6 +652,29 @@ pub fn shared_slicing(
         m.samples *= samples; // planner units (micro-batches) to sequences
     }
     Ok(planned)
+}
+
+/// The planner's settings for `pipeline`'s micro-batches of one shared slicing of `seq`-token
+/// sequences, held to its memory limit under its schedule.
+fn shared_config(memory: &[MemoryModel], seq: usize, pipeline: &PipelineConfig) -> Result<PlannerConfig> {
+    let schedule = match pipeline.schedule {
+        ScheduleKind::Gpipe => SliceSchedule::Gpipe,
+        ScheduleKind::OneFOneB => SliceSchedule::OneFOneB,
+        ScheduleKind::Interleaved | ScheduleKind::ZeroBubble => {
+            return Err(config_error(
+                "pipeline.token_slices",
+                format!("the {} schedule does not take token slices; use gpipe or 1f1b", pipeline.schedule),
+            ));
+        }
+    };
+    let (k, m) = (pipeline.pipeline_len, pipeline.micro_batches.max(1));
+    Ok(PlannerConfig {
+        memory: memory.to_vec(),
+        memory_limit: pipeline.memory_limit,
+        schedule,
+        shared: true,
+        ..PlannerConfig::new(k, seq, m)
+    })
 }
 
 /// How much slower than the planner's optimum (as predicted) an even slicing may be and still
@@ -699,6 +744,39 @@ mod tests {
             let arena = probe.arena(&dev, &model).unwrap().expect("a slice's arena");
             assert!(arena.grad(&dev, Kv::Keys, 0, 1).is_ok(), "{len} after {context}: its gradient zeroed first");
         }
+    }
+
+    /// A slicing given by hand is priced as the planner prices its own: the planner's plan,
+    /// given back, costs what the planner predicted, step, largest slice and peak memory
+    /// (the same stage's latency and every stage's memory, at the same micro-batch); whole
+    /// sequences cost `K` times the whole sequence's time; slices that do not cover the
+    /// sequence are refused by name.
+    #[test]
+    fn a_given_slicing_is_priced_as_the_planner_prices_its_own() {
+        use crate::pipeline::{PipelineConfig, ScheduleKind};
+        let dev = crate::device::CpuDevice::<f32>::new(0, 1).unwrap();
+        let config = crate::model::tiny::tiny_gpt(0.0);
+        let mut model = Model::new(&dev, &config, 1).unwrap();
+        let micro = HostBatch::random(&config, 2, 8, 3);
+        let profile = SlicingProfile::measure(&dev, &mut model, &micro).unwrap();
+        for (schedule, m) in [(ScheduleKind::Gpipe, 2), (ScheduleKind::OneFOneB, 3)] {
+            let pipeline = PipelineConfig { pipeline_len: 2, micro_batches: m, schedule, ..Default::default() };
+            let stages = vec![profile.uniform_stage(2); 2];
+            let planned = profile.plan(&pipeline, 2, &stages).unwrap();
+            let priced = profile.price(&pipeline, 2, &stages, &planned.micro_batches[0].slices).unwrap();
+            assert_eq!(priced.micro_batches, planned.micro_batches, "{schedule}");
+            let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.abs();
+            assert!(close(priced.predicted_step_seconds, planned.predicted_step_seconds), "{priced} / {planned}");
+            assert!(close(priced.max_slice_seconds, planned.max_slice_seconds), "{priced} / {planned}");
+            assert_eq!(priced.peak_memory_bytes, planned.peak_memory_bytes, "{schedule}");
+            let whole = profile.price(&pipeline, 2, &stages, &[]).unwrap();
+            let t = profile.latency(&stages[0], 2, 2).unwrap().slice_time(1, 8, 0).unwrap();
+            assert!(close(whole.predicted_step_seconds, (m + 1) as f64 * t), "{whole}");
+            assert_eq!(whole.micro_batches, vec![MicroBatchSlicing { samples: 2, slices: vec![8] }; m]);
+        }
+        let pipeline = PipelineConfig { pipeline_len: 2, ..Default::default() };
+        let e = profile.price(&pipeline, 2, &[profile.uniform_stage(2)], &[3, 3]).unwrap_err().to_string();
+        assert!(e.contains("pipeline.token_slices") && e.contains("do not cover the 8 tokens"), "{e}");
     }
 
     /// A stage's memory model counts the micro-batches that stage holds: every one under

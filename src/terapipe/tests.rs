@@ -452,7 +452,10 @@ fn bad_input_is_refused_with_the_field() {
     let mb = |s: usize, slices: Vec<usize>| MicroBatchSlicing { samples: s, slices };
     assert!(predict_step_seconds(&lat, 2, &[]).is_err());
     assert!(predict_step_seconds(&lat, 2, &[mb(1, vec![32, 32]), mb(1, vec![32])]).is_err());
-    assert!(predict_step_seconds(&lat, 2, &[mb(1, vec![30, 34])]).is_err());
+    assert!(predict_step_seconds(&lat, 2, &[mb(1, vec![60, 12])]).is_err());
+    // Off the grid, priced (a model given as a function at the slices' own lengths).
+    let (a, b) = (0.1 + unit_hash(1, 1, 30, 0), 0.1 + unit_hash(1, 1, 34, 30));
+    assert_eq!(predict_step_seconds(&lat, 2, &[mb(1, vec![30, 34])]).unwrap(), a + b + a.max(b));
 }
 
 #[test]
