@@ -236,7 +236,7 @@ fn auto_slices_each_shape_autopipe_changes_to() {
     args.extend(["--freeze", "table", "--freeze-interval", "3", "--auto-pipe", "--progress-every", "0"]);
     args.extend(["--micro-batches", "2", "--schedule", "gpipe", "--recompute", "auto", "--memory-limit", "700KiB"]);
     let (ok, out) = pipetransformer(&[&args[..], &["--token-slices", "auto"]].concat());
-    assert!(ok && out.contains("token slices: 4 of equal length, [8, 8, 8, 8] (`auto`: none of its slicings"), "{out}");
+    assert!(ok && out.contains("token slices: 4 of equal length, 8,8,8,8 (`auto`: none of its slicings"), "{out}");
     let log = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
     let reason = log
         .lines()
@@ -257,7 +257,7 @@ fn auto_slices_each_shape_autopipe_changes_to() {
         plan.extend(["--set", set]);
     }
     let (ok, out) = pipetransformer(&[&plan[..], &["--memory-limit", "2000KiB"]].concat());
-    let equal = "of equal length, [16, 16] (`auto` on one stage: whole micro-batches exceed the memory limit";
+    let equal = "of equal length, 16,16 (`auto` on one stage: whole micro-batches exceed the memory limit";
     assert!(ok && out.contains(equal), "{out}");
     let (ok, out) = pipetransformer(&[&plan[..], &["--memory-limit", "4MiB"]].concat());
     assert!(ok && out.contains("token slices: none (`auto` on one stage"), "{out}");
@@ -273,7 +273,7 @@ fn auto_slices_each_shape_autopipe_changes_to() {
     one.extend(["--memory-limit", "1500000", "--recompute", "auto", "--token-slices", "auto", "--freeze", "table"]);
     one.extend(["--set", "elastic.table=[1]", "--freeze-interval", "2", "--auto-pipe"]);
     let (ok, out) = pipetransformer(&one);
-    assert!(ok && out.contains("token slices: 4 of equal length, [64, 64, 64, 64] (`auto` on one stage"), "{out}");
+    assert!(ok && out.contains("token slices: 4 of equal length, 64,64,64,64 (`auto` on one stage"), "{out}");
     let line = out.lines().find(|l| l.starts_with("transition at step 0")).unwrap_or_else(|| panic!("{out}"));
     assert!(line.contains("token slices 64,64,64,64 → 128,128 (one stage within the memory limit"), "{line}");
 }
@@ -2282,7 +2282,7 @@ fn token_slices_auto_respects_the_memory_limit() {
         args.extend(["--set", set]);
     }
     let (ok, out) = pipetransformer(&[&args[..], &["--memory-limit", "9MiB"]].concat());
-    let said = "token slices: 2 of equal length, [64, 64] (`auto` on one stage: whole micro-batches exceed the memory";
+    let said = "token slices: 2 of equal length, 64,64 (`auto` on one stage: whole micro-batches exceed the memory";
     assert!(ok && out.contains(said), "{out}");
     // Counts past what a setting holds are refused by the flag that gave them, not by the
     // `--set` it becomes.

@@ -146,8 +146,8 @@ impl PlannedSlicing {
             SlicingOrigin::Auto => {
                 let planned = self.plan.micro_batches.first().map(|m| &m.slices);
                 if let Some(lengths) = planned.filter(|l| l.len() > 1 && l.as_slice() == in_force.token_slices) {
-                    let list = lengths.iter().map(usize::to_string).collect::<Vec<_>>();
-                    out += &format!("  (--token-slices {} keeps this slicing in later runs)\n", list.join(","));
+                    let list = TokenSlices::Lengths(lengths.clone());
+                    out += &format!("  (--token-slices {list} keeps this slicing in later runs)\n");
                 }
             }
             SlicingOrigin::Given { auto: Err(why) } => {
@@ -206,9 +206,9 @@ pub(super) fn auto_unplanned(plan: &PipelineConfig) -> String {
                    recomputing; a shape AutoPipe changes to is sliced afresh)\n"
             .into(),
         (n, 1) => format!(
-            "token slices: {n} of equal length, {:?} (`auto` on one stage: whole micro-batches exceed the memory limit; \
+            "token slices: {n} of equal length, {} (`auto` on one stage: whole micro-batches exceed the memory limit; \
              these are the fewest equal slices that fit{recomputing})\n",
-            plan.token_slices
+            TokenSlices::Lengths(plan.token_slices.clone())
         ),
         (n, _) => {
             // (`auto` recomputes the fewest units that fit; every unit may fit more.)
@@ -217,9 +217,9 @@ pub(super) fn auto_unplanned(plan: &PipelineConfig) -> String {
                 _ => "",
             };
             format!(
-                "token slices: {n} of equal length, {:?} (`auto`: none of its slicings fits the memory limit{all}; \
+                "token slices: {n} of equal length, {} (`auto`: none of its slicings fits the memory limit{all}; \
                  these are the fewest equal ones that do{recomputing}; a shape AutoPipe changes to is sliced afresh)\n",
-                plan.token_slices
+                TokenSlices::Lengths(plan.token_slices.clone())
             )
         }
     }
@@ -436,7 +436,7 @@ mod tests {
             ..PipelineConfig::default()
         };
         let off = auto_unplanned(&plan(Recompute::Off));
-        assert!(off.starts_with("token slices: 3 of equal length, [43, 43, 42] (`auto`: none"), "{off}");
+        assert!(off.starts_with("token slices: 3 of equal length, 43,43,42 (`auto`: none"), "{off}");
         assert!(!off.contains("--recompute all"), "{off}");
         let auto = auto_unplanned(&plan(Recompute::Auto));
         assert!(
