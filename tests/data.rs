@@ -88,7 +88,7 @@ fn fashion_mnist_counts() {
     assert_eq!(first.label, 9);
     assert_eq!(s.test.class_names()[9], "Ankle boot");
     assert_eq!((first.width, first.height, first.pixels.len()), (28, 28, 784));
-    let (lo, hi) = first.pixels.iter().fold((f32::MAX, f32::MIN), |(l, h), &p| (l.min(p), h.max(p)));
+    let (lo, hi) = first.pixels.to_f32().iter().fold((f32::MAX, f32::MIN), |(l, h), &p| (l.min(p), h.max(p)));
     assert_eq!((lo, hi), (0.0, 1.0));
     let b = s.train.batch(&BatchOrder::new(s.train.len(), 3).permutation(0)[..16], 0).unwrap();
     assert_eq!(b.pixels.unwrap().len(), 16 * 784);
@@ -103,7 +103,7 @@ fn mnist5k_counts_and_split() {
     assert_eq!(d.len(), 5_000);
     assert_eq!(d.class_counts(), vec![500; 10]);
     assert_eq!(d.get(0).unwrap().label, 0); // the file is in label order
-    assert!(d.samples().iter().all(|s| s.pixels.iter().all(|p| (0.0..=1.0).contains(p))));
+    assert!(d.samples().iter().all(|s| s.pixels.to_f32().iter().all(|p| (0.0..=1.0).contains(p))));
     check_split(&d, 0.2);
 }
 
@@ -115,7 +115,7 @@ fn digits_counts_split_and_batch() {
     let d = data::digits(data_dir()).unwrap();
     assert_eq!(d.len(), 1_797);
     assert_eq!(d.class_counts(), vec![178, 182, 177, 183, 181, 182, 181, 179, 174, 180]);
-    assert!(d.samples().iter().all(|s| s.pixels.iter().all(|p| (0.0..=1.0).contains(p))));
+    assert!(d.samples().iter().all(|s| s.pixels.to_f32().iter().all(|p| (0.0..=1.0).contains(p))));
     check_split(&d, 0.2);
     let s = d.split_stratified(0.2, 42).unwrap();
     let mut epoch = BatchOrder::new(s.train.len(), 42).epoch(0);

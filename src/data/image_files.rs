@@ -3,7 +3,7 @@
 //! (8-bit values / 255, 16-bit / 65535), as the training datasets are scaled.
 
 use super::files::{SetupGroup, dataset_error, read_bytes};
-use super::images::{IDX_IMAGES_MAGIC, parse_idx};
+use super::images::{IDX_IMAGES_MAGIC, Pixels, level_value, parse_idx};
 use super::jpeg::decode_jpeg;
 use crate::error::Result;
 use std::path::Path;
@@ -84,11 +84,27 @@ impl StoredImage {
     /// The pixels resized to `side` × `side` ([`resize_image`](super::resize_image)'s
     /// resampling), or as they are where the image is already of that size.
     pub fn resized(self, side: usize) -> Vec<f32> {
+        match self.into_resized(side) {
+            Pixels::Levels(levels) => levels.into_iter().map(level_value).collect(),
+            Pixels::Scaled(values) => values,
+        }
+    }
+
+    /// [`resized`](Self::resized), 8-bit levels kept as bytes (a training set's images).
+    pub fn into_resized(self, side: usize) -> Pixels {
         let (w, h, c) = self.shape;
         match self.values {
-            _ if (w, h) == (side, side) => scaled(self.values),
-            Values::Levels(levels) => super::resize::resize_levels(&levels, c, (h, w), (side, side)),
-            Values::Scaled(pixels) => super::resize_image(&pixels, self.max, c, (h, w), (side, side)),
+            _ if (w, h) == (side, side) => self.into_sample_pixels(),
+            Values::Levels(levels) => Pixels::Levels(super::resize::resize_levels(&levels, c, (h, w), (side, side))),
+            Values::Scaled(pixels) => Pixels::Scaled(super::resize_image(&pixels, self.max, c, (h, w), (side, side))),
+        }
+    }
+
+    /// The pixels as a training set keeps them: 8-bit levels as bytes.
+    pub fn into_sample_pixels(self) -> Pixels {
+        match self.values {
+            Values::Levels(levels) => Pixels::Levels(levels),
+            Values::Scaled(values) => Pixels::Scaled(values),
         }
     }
 }
@@ -96,7 +112,7 @@ impl StoredImage {
 /// Values in `[0, 1]`.
 fn scaled(values: Values) -> Vec<f32> {
     match values {
-        Values::Levels(levels) => levels.iter().map(|&v| f32::from(v) / 255.0).collect(),
+        Values::Levels(levels) => levels.into_iter().map(level_value).collect(),
         Values::Scaled(pixels) => pixels,
     }
 }

@@ -221,8 +221,8 @@ fn images(
             ));
         };
         Ok(match resize_to {
-            Some(side) => (image.resized(side), side, max, (w, h)),
-            None => (image.into_pixels().3, w, max, (w, h)),
+            Some(side) => (image.into_resized(side), side, max, (w, h)),
+            None => (image.into_sample_pixels(), w, max, (w, h)),
         })
     });
     // Each against the first, in order.

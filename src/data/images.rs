@@ -37,7 +37,7 @@ pub struct ImageSample {
     /// Stable id (see each loader for how it is derived).
     pub id: u64,
     /// `channels · height · width` values in [0, 1]: each channel's plane, row-major.
-    pub pixels: Vec<f32>,
+    pub pixels: Pixels,
     /// Class index.
     pub label: u32,
     /// Width in pixels.
@@ -46,6 +46,61 @@ pub struct ImageSample {
     pub height: usize,
     /// Colour channels.
     pub channels: usize,
+}
+
+/// An image's values in `[0, 1]` as its source gave them: 8-bit levels, a quarter of the
+/// memory of floats (what IDX files and every 8-bit PNG and JPEG decode to, and resize to, as
+/// Pillow resizes them), or values already scaled (a 16-bit PNG, a PGM of another depth, CSV
+/// rows divided by their `pixel_max`, the digits' 17 levels). A training set of a user's photos
+/// is held as the bytes they decode to: 150 KiB for a 224 × 224 RGB image, not 600 KiB.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Pixels {
+    /// 8-bit levels, each the value `level / 255` ([`level_value`]).
+    Levels(Vec<u8>),
+    /// Values in `[0, 1]`.
+    Scaled(Vec<f32>),
+}
+
+/// The value of 8-bit level `level`: `level / 255`, rounded once (what every reader of 8-bit
+/// images here divides by, so levels kept as bytes read back as they were scaled before).
+pub fn level_value(level: u8) -> f32 {
+    f32::from(level) / 255.0
+}
+
+impl Pixels {
+    /// How many values.
+    pub fn len(&self) -> usize {
+        match self {
+            Pixels::Levels(levels) => levels.len(),
+            Pixels::Scaled(values) => values.len(),
+        }
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Appends the values, in `[0, 1]`, to `out`.
+    pub fn append_to(&self, out: &mut Vec<f32>) {
+        match self {
+            Pixels::Levels(levels) => out.extend(levels.iter().map(|&l| level_value(l))),
+            Pixels::Scaled(values) => out.extend_from_slice(values),
+        }
+    }
+
+    /// The values, in `[0, 1]`.
+    pub fn to_f32(&self) -> Vec<f32> {
+        let mut out = Vec::with_capacity(self.len());
+        self.append_to(&mut out);
+        out
+    }
+}
+
+impl From<Vec<f32>> for Pixels {
+    fn from(values: Vec<f32>) -> Self {
+        Pixels::Scaled(values)
+    }
 }
 
 impl Sample for ImageSample {
@@ -125,7 +180,7 @@ pub fn image_csv_file(
                 format!("column {}: pixel value {} exceeds the maximum {max_value}", col + 1, values[col]),
             ));
         }
-        let pixels = values[..n_pixels].iter().map(|&v| v as f32 * scale).collect();
+        let pixels = Pixels::Scaled(values[..n_pixels].iter().map(|&v| v as f32 * scale).collect());
         samples.push(ImageSample { id: samples.len() as u64, pixels, label, width, height, channels: 1 });
     }
     if samples.is_empty() {
@@ -167,7 +222,7 @@ pub fn labelled_image_files(
             .enumerate()
             .map(|(i, (line, pixels, label))| {
                 let label = label_index(&classes, &label, train, path, line)?;
-                let pixels = pixels.iter().map(|&v| v as f32 * scale).collect();
+                let pixels = Pixels::Scaled(pixels.iter().map(|&v| v as f32 * scale).collect());
                 Ok(ImageSample { id: id_base + i as u64, pixels, label, width: side, height: side, channels })
             })
             .collect()
@@ -323,7 +378,7 @@ pub fn idx_files(
         .enumerate()
         .map(|(i, (px, &label))| ImageSample {
             id: id_base + i as u64,
-            pixels: px.iter().map(|&v| v as f32 / 255.0).collect(),
+            pixels: Pixels::Levels(px.to_vec()),
             label: label as u32,
             width,
             height,
@@ -424,7 +479,7 @@ pub fn image_batch(samples: &[&ImageSample], sample_offset: u64) -> Result<HostB
                 ),
             ));
         }
-        pixels.extend_from_slice(&s.pixels);
+        s.pixels.append_to(&mut pixels);
     }
     Ok(HostBatch {
         batch: samples.len(),

@@ -60,8 +60,8 @@ pub use image_files::{ImagePixels, read_idx_images, read_image_file};
 pub(crate) use image_folder::{class_files, class_folders, files_under, folder_entries, read_each};
 pub(crate) use images::opens_idx;
 pub use images::{
-    DIGITS_FILE, DIGITS_PIXEL_MAX, FASHION_MNIST_CLASSES, FASHION_MNIST_DIR, ImageSample, MNIST5K_FILE, digits,
-    fashion_mnist, idx_files, image_batch, image_channels, image_csv_file, labelled_image_files, mnist5k,
+    DIGITS_FILE, DIGITS_PIXEL_MAX, FASHION_MNIST_CLASSES, FASHION_MNIST_DIR, ImageSample, MNIST5K_FILE, Pixels, digits,
+    fashion_mnist, idx_files, image_batch, image_channels, image_csv_file, labelled_image_files, level_value, mnist5k,
 };
 pub use lm::{
     CharVocab, HAMLET_FILE, HELD_OUT_FRACTION, LmCorpus, LmSequence, char_corpus_file, hamlet, lm_batch, lm_sequences,

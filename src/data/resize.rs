@@ -26,12 +26,12 @@ pub fn resize_image(pixels: &[f32], max: u32, channels: usize, from: (usize, usi
     // half and truncating (`as` saturates at 0 and 255) gives the level back exactly, without
     // `round`'s call to libm.
     let levels: Vec<u8> = pixels.iter().map(|&v| (v * 255.0 + 0.5) as u8).collect();
-    resize_levels(&levels, channels, from, to)
+    resize_levels(&levels, channels, from, to).into_iter().map(super::level_value).collect()
 }
 
-/// [`resize_image`] of 8-bit levels (`[C, H, W]`): resampled as levels, then scaled to `[0, 1]`.
-pub(crate) fn resize_levels(levels: &[u8], channels: usize, from: (usize, usize), to: (usize, usize)) -> Vec<f32> {
-    resample(levels, channels, from, to).iter().map(|&l| f32::from(l) / 255.0).collect()
+/// [`resize_image`] of 8-bit levels (`[C, H, W]`), to levels.
+pub(crate) fn resize_levels(levels: &[u8], channels: usize, from: (usize, usize), to: (usize, usize)) -> Vec<u8> {
+    resample(levels, channels, from, to)
 }
 
 /// [`resize_image`]'s floating-point resize, for pixels of any scale.

@@ -118,8 +118,8 @@ fn digits_parse_scale_and_ids() {
     assert_eq!(d.num_classes(), 10);
     let s = d.get(1).unwrap();
     assert_eq!((s.id, s.label, s.width, s.height), (1, 0, 8, 8));
-    assert_eq!(s.pixels[16], 1.0); // 16 / 16
-    assert_eq!(s.pixels[1], 1.0 / 16.0);
+    assert_eq!(s.pixels.to_f32()[16], 1.0); // 16 / 16
+    assert_eq!(s.pixels.to_f32()[1], 1.0 / 16.0);
     assert_eq!(d.class_counts()[9], 1);
 }
 
@@ -188,7 +188,9 @@ fn idx_parses_and_test_ids_are_offset() {
     assert_eq!((s.train.len(), s.test.len()), (2, 1));
     let a = s.train.get(0).unwrap();
     assert_eq!((a.id, a.label, a.width, a.height), (0, 3, 2, 2));
-    assert_eq!(a.pixels, vec![0.0, 0.2, 0.4, 1.0]);
+    assert_eq!(a.pixels.to_f32(), vec![0.0, 0.2, 0.4, 1.0]);
+    // Held as the file's bytes, a quarter of the floats' memory.
+    assert_eq!(a.pixels, Pixels::Levels(vec![0, 51, 102, 255]));
     let t = s.test.get(0).unwrap();
     assert_eq!((t.id, t.label), (TEST_FILE_ID_BASE, 9));
     assert_eq!(s.test.class_names()[9], "Ankle boot");
@@ -469,8 +471,14 @@ fn bad_split_fractions_and_dataset_invariants() {
 
 #[test]
 fn image_batches_are_bchw() {
-    let img =
-        |id, label, w, h| ImageSample { id, pixels: vec![id as f32; w * h], label, width: w, height: h, channels: 1 };
+    let img = |id, label, w, h| ImageSample {
+        id,
+        pixels: vec![id as f32; w * h].into(),
+        label,
+        width: w,
+        height: h,
+        channels: 1,
+    };
     let d = Dataset::new("imgs", digit_names(), vec![img(0, 1, 2, 3), img(1, 2, 2, 3), img(2, 3, 2, 3)]).unwrap();
     let b = d.batch(&[2, 0], 10).unwrap();
     assert_eq!((b.batch, b.targets.clone(), b.sample_offset), (2, vec![3, 1], 10));
@@ -480,7 +488,8 @@ fn image_batches_are_bchw() {
     assert!(matches!(d.batch(&[3], 0), Err(Error::Data { .. })));
     assert!(matches!(image_batch(&[], 0), Err(Error::Data { .. })));
     // Images of two channels follow each other whole; a batch of mixed channel counts is refused.
-    let planes = |id| ImageSample { id, pixels: vec![id as f32; 12], label: 0, width: 2, height: 3, channels: 2 };
+    let planes =
+        |id| ImageSample { id, pixels: vec![id as f32; 12].into(), label: 0, width: 2, height: 3, channels: 2 };
     let b = image_batch(&[&planes(4), &planes(5)], 0).unwrap();
     assert_eq!(b.pixels.unwrap(), [vec![4.0; 12], vec![5.0; 12]].concat());
     let message = image_batch(&[&planes(4), &img(1, 0, 2, 3)], 0).unwrap_err().to_string();
@@ -498,7 +507,7 @@ fn idx_files_and_csv_take_explicit_paths() {
     assert_eq!((d.get(0).unwrap().id, d.get(0).unwrap().width, d.get(0).unwrap().height), (5, 2, 1));
     let csv = dir.write("c.csv", b"0,255,1\n");
     let d = image_csv_file("c", &csv, 2, 1, 255, digit_names()).unwrap();
-    assert_eq!(d.get(0).unwrap().pixels, vec![0.0, 1.0]);
+    assert_eq!(d.get(0).unwrap().pixels.to_f32(), vec![0.0, 1.0]);
 }
 
 /// A user's labelled texts: classes are the training file's labels, sorted (as numbers where
@@ -581,10 +590,10 @@ fn a_users_labelled_images_are_read_row_by_row() {
     assert_eq!(scale, 4);
     assert_eq!(set.class_names(), ["cat", "dog"]);
     let s = &set.samples()[1];
-    assert_eq!((s.id, s.label, s.width, s.height, s.pixels.clone()), (1, 1, 2, 2, vec![1.0, 1.0, 0.0, 0.0]));
+    assert_eq!((s.id, s.label, s.width, s.height, s.pixels.to_f32()), (1, 1, 2, 2, vec![1.0, 1.0, 0.0, 0.0]));
     let held_out = held_out.unwrap();
     let t = &held_out.samples()[0];
-    assert_eq!((t.id, t.label, t.pixels[0]), (TEST_FILE_ID_BASE, 1, 0.25));
+    assert_eq!((t.id, t.label, t.pixels.to_f32()[0]), (TEST_FILE_ID_BASE, 1, 0.25));
     for (name, bytes, line, said) in [
         (
             "header.csv",
@@ -645,7 +654,7 @@ fn a_users_images_of_several_channels_are_read_plane_by_plane() {
     );
     let first = &set.samples()[0];
     // (Scaled as the loader scales: times 1/pixel_max.)
-    assert_eq!(first.pixels, (0..12).map(|v| v as f32 * (1.0 / 11.0)).collect::<Vec<_>>());
+    assert_eq!(first.pixels.to_f32(), (0..12).map(|v| v as f32 * (1.0 / 11.0)).collect::<Vec<_>>());
     assert_eq!(
         dataset_err(labelled_image_files(&train, None, 11, 1, None)).2,
         "has 12 values, which is no square image of data.channels = 1; expected side² pixel values then the label \
@@ -708,11 +717,11 @@ fn a_users_images_are_read_from_class_folders() {
     let (set, held_out, scale) = labelled_image_files(&at("train"), Some(&at("test")), 16, 1, None).unwrap();
     assert_eq!(scale, 255, "the files' format's, not pixel_max's");
     assert_eq!(set.class_names(), ["9", "10"]);
-    let got: Vec<(u64, u32, f32)> = set.samples().iter().map(|s| (s.id, s.label, s.pixels[0])).collect();
+    let got: Vec<(u64, u32, f32)> = set.samples().iter().map(|s| (s.id, s.label, s.pixels.to_f32()[0])).collect();
     assert_eq!(got, [(0, 1, 1.0), (1, 1, 0.2), (2, 0, 0.0)]);
     let held_out = held_out.unwrap();
     let t = &held_out.samples()[0];
-    assert_eq!((t.id, t.label, t.pixels.clone(), t.channels), (TEST_FILE_ID_BASE, 0, vec![0.4; 4], 1));
+    assert_eq!((t.id, t.label, t.pixels.to_f32(), t.channels), (TEST_FILE_ID_BASE, 0, vec![0.4; 4], 1));
     // Colour images, with data.channels = 3: each plane whole.
     dir.write("rgb/red/a.png", &rgb_png(&[255, 0, 51]));
     dir.write("rgb/blue/a.png", &rgb_png(&[0, 0, 255]));
@@ -721,7 +730,7 @@ fn a_users_images_are_read_from_class_folders() {
     let (set, _, _) = labelled_image_files(&at("rgb"), None, 255, 3, None).unwrap();
     let red = &set.samples()[1];
     assert_eq!((red.label, red.channels, red.width), (1, 3, 2));
-    assert_eq!(red.pixels, [vec![1.0; 4], vec![0.0; 4], vec![0.2; 4]].concat());
+    assert_eq!(red.pixels.to_f32(), [vec![1.0; 4], vec![0.0; 4], vec![0.2; 4]].concat());
     // A grayscale image among them reads as RGB (its plane three times, as Pillow's
     // convert("RGB")), resized or not; among grayscale ones, an RGB image is still refused.
     dir.write("rgb/red/b.pgm", &pgm(2, 2, 51));
@@ -729,15 +738,18 @@ fn a_users_images_are_read_from_class_folders() {
         let (set, _, _) = labelled_image_files(&at("rgb"), None, 255, 3, resize).unwrap();
         let gray = &set.samples()[2];
         assert_eq!((gray.label, gray.channels), (1, 3));
-        let plane = &gray.pixels[..gray.pixels.len() / 3];
+        let values = gray.pixels.to_f32();
+        let plane = &values[..values.len() / 3];
         assert!(plane.iter().all(|&v| v == 0.2), "{plane:?}");
-        assert_eq!(gray.pixels, plane.repeat(3));
+        assert_eq!(values, plane.repeat(3));
     }
     // PGMs of another maximum are divided by it, and it is the data's scale.
     dir.write("deep/a/x.pgm", b"P5\n1 1\n16\n\x08");
     dir.write("deep/b/x.pgm", b"P5\n1 1\n16\n\x10");
     let (set, _, scale) = labelled_image_files(&at("deep"), None, 255, 1, None).unwrap();
-    assert_eq!((scale, set.samples()[0].pixels.clone()), (16, vec![0.5]));
+    assert_eq!((scale, set.samples()[0].pixels.to_f32()), (16, vec![0.5]));
+    // (A depth other than 8 bits is held scaled: its values are no levels of 255.)
+    assert_eq!(set.samples()[0].pixels, Pixels::Scaled(vec![0.5]));
 
     dir.write("beside/a/x.pgm", &pgm(2, 2, 0));
     dir.write("beside/notes.txt", b"hi");
@@ -890,11 +902,14 @@ fn a_users_images_of_any_size_are_resized_to_one() {
         let raw: Vec<f32> = pixels(w, h).iter().map(|&v| v as f32 / 255.0).collect();
         resize_image(&raw, 255, 1, (h, w), (4, 4))
     };
-    let got: Vec<(usize, usize, &[f32])> = set.samples().iter().map(|s| (s.width, s.height, &s.pixels[..])).collect();
+    let got: Vec<(usize, usize, Vec<f32>)> =
+        set.samples().iter().map(|s| (s.width, s.height, s.pixels.to_f32())).collect();
     let same: Vec<f32> = pixels(4, 4).iter().map(|&v| v as f32 / 255.0).collect();
-    assert_eq!(got, [(4, 4, &same[..]), (4, 4, &resized(7, 3)[..]), (4, 4, &resized(9, 9)[..])]);
+    assert_eq!(got, [(4, 4, same), (4, 4, resized(7, 3)), (4, 4, resized(9, 9))]);
+    // 8-bit images, resized or not, are held as their levels.
+    assert!(set.samples().iter().all(|s| matches!(s.pixels, Pixels::Levels(_))));
     assert_ne!(resized(7, 3), resized(9, 9));
-    assert_eq!(held_out.unwrap().samples()[0].pixels, resized(2, 2));
+    assert_eq!(held_out.unwrap().samples()[0].pixels.to_f32(), resized(2, 2));
     dir.write("train/b/deep.pgm", b"P5\n1 1\n16\n\x08");
     let (file, _, message) = dataset_err(labelled_image_files(&at("train"), None, 255, 1, Some(4)));
     assert!(file.ends_with("deep.pgm") && message.starts_with("stores values up to 16"), "{file}: {message}");
@@ -952,7 +967,7 @@ fn a_folders_first_bad_image_is_named_whichever_thread_reads_it() {
         assert_eq!(file, at("early/a/03.pgm").display().to_string(), "{message}");
     }
     let (set, _, _) = labelled_image_files(&at("good"), None, 255, 3, None).unwrap();
-    let got: Vec<(u64, u32, Vec<f32>)> = set.samples().iter().map(|s| (s.id, s.label, s.pixels.clone())).collect();
+    let got: Vec<(u64, u32, Vec<f32>)> = set.samples().iter().map(|s| (s.id, s.label, s.pixels.to_f32())).collect();
     let want: Vec<(u64, u32, Vec<f32>)> = (0..40u32)
         .map(|i| (i % 3, i))
         .collect::<std::collections::BTreeSet<_>>()

@@ -264,7 +264,11 @@ fn exercise_images(ds: &data::Dataset<ImageSample>) -> Result<()> {
     let pixels = batch.pixels.as_ref().map_or(0, Vec::len);
     assert_eq!(pixels, ds.len() * first.pixels.len(), "image batch holds the wrong number of pixels");
     for s in ds.samples() {
-        assert!(s.pixels.iter().all(|p| (0.0..=1.0).contains(p)), "sample {}: a pixel is outside [0, 1]", s.id);
+        assert!(
+            s.pixels.to_f32().iter().all(|p| (0.0..=1.0).contains(p)),
+            "sample {}: a pixel is outside [0, 1]",
+            s.id
+        );
     }
     Ok(())
 }
