@@ -152,7 +152,7 @@ struct PipelineArgs {
     /// through the pipeline one after another: `auto` (the planner's choice from the layer's
     /// slice latency measured on the device; under --memory-limit, where none of its slicings
     /// fits, the fewest equal slices that do), a number of near-equal slices, or lengths such
-    /// as `32,32,64`.
+    /// as `32,32,64` (which `plan` prices on the same measurement, beside `auto`'s choice).
     #[arg(long, value_parser = parse_from_str::<TokenSlices>)]
     token_slices: Option<TokenSlices>,
     /// Bytes each device may hold (weights, gradients, optimizer state, activations in flight),
@@ -1117,14 +1117,13 @@ fn plan(mut config: RunConfig) -> Result<()> {
         "costs: {}",
         if measured { "measured on this machine's CPU, one micro-batch" } else { "FLOPs at a nominal 100 GFLOP/s" }
     );
-    // A slicing of the run's own is priced as `auto`'s are, to compare with it, on the model
-    // as built, before any layer freezes, as `auto` plans (where the layer cannot be measured,
-    // the plan stands without).
-    let priced = job.price_given_slices();
     // What the first step runs: a freeze table's first entry freezes before it.
     for line in job.start_elastic().context("the elastic loop's start")? {
         out!("before the first step: {line}");
     }
+    // A slicing of the run's own that the first step runs is priced as `auto`'s are, to
+    // compare with it (where the layer cannot be measured, the plan stands without).
+    let priced = job.price_given_slices();
     out_text!("{}", job.printed_plan());
     if let Some(line) = job.devices_waiting() {
         out!("{line}");
@@ -1136,8 +1135,9 @@ fn plan(mut config: RunConfig) -> Result<()> {
         out_text!("{lines}");
         if job.slicing.is_some() && !measured {
             out!(
-                "  (the slicing's times are measured on this machine; the plan's above are FLOPs at the nominal rate: \
-                 compare each with its own kind)"
+                "  (the slicing's times are measured on this machine; the plan's stage times above are FLOPs at the \
+                 nominal rate, which its bubble and simulation split by the slices' measured shares: compare each \
+                 with its own kind)"
             );
         }
     }

@@ -137,7 +137,9 @@ fn an_auto_slicing_says_how_to_keep_it() {
     let stage = "token slices (planned from this machine's layer latency, for the slowest stage: 2.00 layers, ends 0.";
     assert!(ok && auto.contains(stage), "{auto}");
     // Its times are measured; the plan's table, here, nominal FLOPs: the output says so.
-    assert!(auto.contains("the slicing's times are measured on this machine; the plan's above are FLOPs"), "{auto}");
+    let note = "the slicing's times are measured on this machine; the plan's stage times above are FLOPs at the \
+                nominal rate, which its bubble and simulation split by the slices' measured shares";
+    assert!(auto.contains(note), "{auto}");
     let schedule = |out: &str| out.lines().filter(|l| l.starts_with("device ")).map(str::to_owned).collect::<Vec<_>>();
     // Under a memory limit that no slicing `auto` plans meets, recomputing, it runs the fewest
     // equal slices that fit, says so, and plans as they do given.

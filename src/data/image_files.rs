@@ -17,7 +17,7 @@ pub fn read_idx_images(path: &Path) -> Result<Vec<ImagePixels>> {
     let bytes = read_bytes(path, SetupGroup::User)?;
     let (dims, data) = parse_idx(path, &bytes, IDX_IMAGES_MAGIC)?;
     let (h, w) = (dims[1], dims[2]);
-    Ok(data.chunks_exact(h * w).map(|px| (w, h, 1, px.iter().map(|&v| v as f32 / 255.0).collect())).collect())
+    Ok(data.chunks_exact(h * w).map(|px| (w, h, 1, px.iter().map(|&v| level_value(v)).collect())).collect())
 }
 
 /// A PNG (grayscale, RGB, with or without alpha, 8 or 16 bits; alpha is dropped), baseline or
@@ -30,8 +30,9 @@ pub fn read_image_file(path: &Path) -> Result<ImagePixels> {
 pub(crate) struct StoredImage {
     /// Width, height and channels.
     pub shape: (usize, usize, usize),
-    /// `[C, H, W]` values.
-    values: Values,
+    /// `[C, H, W]` values: 8-bit levels kept as bytes (a resize works on the levels, as
+    /// Pillow's does), or values already scaled to `[0, 1]`.
+    values: Pixels,
     /// The largest value of the file's format, which its values are divided by (255 for an
     /// 8-bit PNG or a JPEG, 65535 for a 16-bit PNG, a PGM's own maximum).
     pub max: u32,
@@ -39,22 +40,15 @@ pub(crate) struct StoredImage {
     pub alpha: bool,
 }
 
-/// An image's values: 8-bit levels kept as bytes until they are scaled (after a resize, which
-/// works on the levels, as Pillow's does), or values already scaled to `[0, 1]`.
-enum Values {
-    Levels(Vec<u8>),
-    Scaled(Vec<f32>),
-}
-
 impl StoredImage {
     /// An image of 8-bit levels (`max` 255), `[C, H, W]`.
     pub fn of_levels((w, h, c): (usize, usize, usize), levels: Vec<u8>, alpha: bool) -> Self {
-        StoredImage { shape: (w, h, c), values: Values::Levels(levels), max: 255, alpha }
+        StoredImage { shape: (w, h, c), values: Pixels::Levels(levels), max: 255, alpha }
     }
 
     /// An image of values already divided by the format's `max`.
     pub fn of_scaled((w, h, c, pixels): ImagePixels, max: u32, alpha: bool) -> Self {
-        StoredImage { shape: (w, h, c), values: Values::Scaled(pixels), max, alpha }
+        StoredImage { shape: (w, h, c), values: Pixels::Scaled(pixels), max, alpha }
     }
 
     /// The image with `channels` channels: as it is, or a one-channel image as RGB, its plane
@@ -66,8 +60,8 @@ impl StoredImage {
             _ if c == channels => Some(self),
             (1, 3) => {
                 let values = match self.values {
-                    Values::Levels(levels) => Values::Levels(levels.repeat(3)),
-                    Values::Scaled(pixels) => Values::Scaled(pixels.repeat(3)),
+                    Pixels::Levels(levels) => Pixels::Levels(levels.repeat(3)),
+                    Pixels::Scaled(pixels) => Pixels::Scaled(pixels.repeat(3)),
                 };
                 Some(StoredImage { shape: (w, h, 3), values, ..self })
             }
@@ -78,42 +72,28 @@ impl StoredImage {
     /// The pixels as [`read_image_file`] gives them.
     pub fn into_pixels(self) -> ImagePixels {
         let (w, h, c) = self.shape;
-        (w, h, c, scaled(self.values))
+        (w, h, c, self.values.into_f32())
     }
 
     /// The pixels resized to `side` × `side` ([`resize_image`](super::resize_image)'s
     /// resampling), or as they are where the image is already of that size.
     pub fn resized(self, side: usize) -> Vec<f32> {
-        match self.into_resized(side) {
-            Pixels::Levels(levels) => levels.into_iter().map(level_value).collect(),
-            Pixels::Scaled(values) => values,
-        }
+        self.into_resized(side).into_f32()
     }
 
     /// [`resized`](Self::resized), 8-bit levels kept as bytes (a training set's images).
     pub fn into_resized(self, side: usize) -> Pixels {
         let (w, h, c) = self.shape;
         match self.values {
-            _ if (w, h) == (side, side) => self.into_sample_pixels(),
-            Values::Levels(levels) => Pixels::Levels(super::resize::resize_levels(&levels, c, (h, w), (side, side))),
-            Values::Scaled(pixels) => Pixels::Scaled(super::resize_image(&pixels, self.max, c, (h, w), (side, side))),
+            _ if (w, h) == (side, side) => self.values,
+            Pixels::Levels(levels) => Pixels::Levels(super::resize::resize_levels(&levels, c, (h, w), (side, side))),
+            Pixels::Scaled(pixels) => Pixels::Scaled(super::resize_image(&pixels, self.max, c, (h, w), (side, side))),
         }
     }
 
     /// The pixels as a training set keeps them: 8-bit levels as bytes.
     pub fn into_sample_pixels(self) -> Pixels {
-        match self.values {
-            Values::Levels(levels) => Pixels::Levels(levels),
-            Values::Scaled(values) => Pixels::Scaled(values),
-        }
-    }
-}
-
-/// Values in `[0, 1]`.
-fn scaled(values: Values) -> Vec<f32> {
-    match values {
-        Values::Levels(levels) => levels.into_iter().map(level_value).collect(),
-        Values::Scaled(pixels) => pixels,
+        self.values
     }
 }
 

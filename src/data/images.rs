@@ -36,7 +36,8 @@ pub(crate) fn opens_idx(head: &[u8]) -> bool {
 pub struct ImageSample {
     /// Stable id (see each loader for how it is derived).
     pub id: u64,
-    /// `channels · height · width` values in [0, 1]: each channel's plane, row-major.
+    /// `channels · height · width` values in [0, 1] (8-bit levels, or scaled), each channel's
+    /// plane, row-major.
     pub pixels: Pixels,
     /// Class index.
     pub label: u32,
@@ -86,6 +87,14 @@ impl Pixels {
         match self {
             Pixels::Levels(levels) => out.extend(levels.iter().map(|&l| level_value(l))),
             Pixels::Scaled(values) => out.extend_from_slice(values),
+        }
+    }
+
+    /// The values, in `[0, 1]`, taking the floats where they are.
+    pub fn into_f32(self) -> Vec<f32> {
+        match self {
+            Pixels::Levels(levels) => levels.into_iter().map(level_value).collect(),
+            Pixels::Scaled(values) => values,
         }
     }
 

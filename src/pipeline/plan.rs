@@ -518,7 +518,7 @@ impl Plan {
         let tokens: usize = lengths.iter().sum();
         match lengths.len() {
             n if n < 2 || tokens == 0 => Vec::new(),
-            n if self.slice_time_shares.len() == n => self.slice_time_shares.clone(),
+            _ if self.slice_times_measured() => self.slice_time_shares.clone(),
             _ => lengths.iter().map(|&l| l as f64 / tokens as f64).collect(),
         }
     }
@@ -526,6 +526,14 @@ impl Plan {
     /// Whether the token slices' shares of the time are measured ones.
     pub fn slice_times_measured(&self) -> bool {
         self.config.token_slices.len() > 1 && self.slice_time_shares.len() == self.config.token_slices.len()
+    }
+
+    /// The same stages running whole micro-batches: what slicing is measured against.
+    pub fn unsliced(&self) -> Result<Plan> {
+        let config = PipelineConfig { token_slices: Vec::new(), ..self.config.clone() };
+        let schedule =
+            Schedule::generate(config.schedule, config.pipeline_len, config.chunks, config.micro_batches, 1)?;
+        Ok(Plan { config, schedule, slice_time_shares: Vec::new(), ..self.clone() })
     }
 
     /// The fill and drain in micro-batch times: `K − 1` of the largest slice (its share of the
@@ -791,10 +799,20 @@ impl fmt::Display for Plan {
                 String::new()
             }
         )?;
+        // Measured slices can cost more together than the whole micro-batch: their bubble is
+        // then no measure of the step, which is set beside the unsliced one.
+        let unsliced = match self.slice_times_measured() {
+            true => self.unsliced().and_then(|p| p.simulate()).ok().map(|s| s.makespan()),
+            false => None,
+        };
         match self.simulate() {
-            Ok(sim) => {
-                writeln!(f, "simulated: step {:.3} ms, bubble {:.1}%", sim.makespan() * 1e3, 100.0 * sim.bubble())?
-            }
+            Ok(sim) => writeln!(
+                f,
+                "simulated: step {:.3} ms, bubble {:.1}%{}",
+                sim.makespan() * 1e3,
+                100.0 * sim.bubble(),
+                unsliced.map(|t| format!("; unsliced, step {:.3} ms", t * 1e3)).unwrap_or_default()
+            )?,
             Err(e) => writeln!(f, "simulated: {e}")?,
         }
         // `F3.1`: micro-batch 3's forward on stage 1; `F3/0.1`: its first token slice's, where

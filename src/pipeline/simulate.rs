@@ -471,7 +471,21 @@ mod tests {
             p.to_string().contains(&format!("predicted bubble 37.5% (formula for equal stages 37.5%) {note}")),
             "{p}"
         );
-        assert!(p.to_string().contains("simulated: step 6000.000 ms, bubble 37.5%"), "{p}");
+        assert!(p.to_string().contains("simulated: step 6000.000 ms, bubble 37.5%; unsliced, step 6000.000 ms"));
+        // GPipe over three stages and two micro-batches: the same agreement.
+        let units = vec![unit(1.0, true); 3];
+        let config = PipelineConfig {
+            pipeline_len: 3,
+            micro_batches: 2,
+            schedule: ScheduleKind::Gpipe,
+            token_slices: vec![16, 16, 16],
+            ..Default::default()
+        };
+        let mut p = Plan::new(config, &units, names(3), 3, 0).unwrap();
+        p.slice_time_shares = vec![0.4, 0.5, 0.6];
+        let sim = simulate(&p.schedule, &CostModel::from_stage_times(&p, Link::INSTANT)).unwrap();
+        assert!((sim.bubble() - p.predicted_bubble()).abs() < 1e-12, "{} {}", sim.bubble(), p.predicted_bubble());
+        assert!((p.predicted_bubble() - p.bubble_formula()).abs() < 1e-12);
     }
 
     /// A plan's own stage times give the costs the profiles give, a frozen prefix included

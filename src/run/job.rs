@@ -214,7 +214,8 @@ pub struct Job<D: Device> {
     /// What loading pretrained weights found, if any were loaded.
     pub load_report: Option<LoadReport>,
     /// TeraPipe's planned slicing, when the run asked for `token_slices = "auto"` (none after a
-    /// [resume](Self::resume) that restored the checkpoint's plan).
+    /// [resume](Self::resume) that restored the checkpoint's plan), or the run's own slicing
+    /// once [priced](Self::price_given_slices).
     pub slicing: Option<PlannedSlicing>,
     /// What the replicas sum gradients over (NCCL, the host ring, or why not NCCL), to announce.
     pub communicator: String,
@@ -512,8 +513,8 @@ impl<D: Device> Job<D> {
     }
 
     /// The lines on TeraPipe's `auto` slicing: what its planner planned, or what runs instead
-    /// and why; `None` where slices were not asked `auto`, or (`planned_here` false) a resume
-    /// kept its checkpoint's slices.
+    /// and why; on the run's own slicing once [priced](Self::price_given_slices); `None` where
+    /// slices were neither, or (`planned_here` false) a resume kept its checkpoint's slices.
     pub fn slicing_report(&self, planned_here: bool) -> Option<String> {
         let in_force = &self.trainer.pipeline.plan().config;
         match &self.slicing {
@@ -536,9 +537,10 @@ impl<D: Device> Job<D> {
     /// layer on the first device as `auto` does, for the [slicing report](Self::slicing_report)
     /// to set their predicted step beside what `auto` would run, and the
     /// [printed plan](Self::printed_plan) to split the stages' time by the slices' measured
-    /// shares. What `plan` shows; a run does not spend the measurement. On the model as built,
-    /// before [the elastic start](Self::start_elastic) freezes any layer, as `auto` plans.
-    /// Nothing for `off`, `auto` (planned with the run) or a plan without slices.
+    /// shares. What `plan` shows, after [the elastic start](Self::start_elastic), for the plan
+    /// the first step runs; a run does not spend the measurement (as long as `auto`'s, on a
+    /// large model many seconds). Nothing for `off`, `auto` (planned with the run) or a plan
+    /// whose slices the elastic start turned off.
     pub fn price_given_slices(&mut self) -> Result<()> {
         let given = matches!(self.config.pipeline.token_slices, TokenSlices::Count(_) | TokenSlices::Lengths(_));
         let pipeline = &self.trainer.pipeline;
@@ -547,11 +549,16 @@ impl<D: Device> Job<D> {
             return Ok(());
         }
         let dev = &pipeline.devices()[0];
+        // The layer is measured trained, as `auto` measures it when the run is built (a copy:
+        // the elastic start may have frozen the pipeline's); the stages are charged as they
+        // run, frozen layers their forward only.
         let mut model = pipeline.gather(dev)?;
+        model.freeze_prefix(dev, usize::from(self.config.train.freeze_embeddings))?;
         let first = self.source.train_batch(0, 0)?;
         let samples = samples_per_micro_batch(first.batch, plan.config.replicas, plan.config.micro_batches);
-        let units: Vec<_> = self.trainer.profiles.iter().map(|p| p.scaled(samples as f64)).collect();
-        self.slicing = Some(price_given(dev, &mut model, &first, plan, &units)?);
+        let units = self.trainer.profiles_for(samples, 0);
+        let pinned = pipeline.frozen_prefix();
+        self.slicing = Some(price_given(dev, &mut model, &first, plan, &units, pinned)?);
         Ok(())
     }
 

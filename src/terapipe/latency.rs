@@ -314,8 +314,7 @@ impl LatencyModel {
         let above = len.div_ceil(g.step).max(1);
         let fraction = len.saturating_sub(below * g.step) as f64 / g.step as f64;
         let base = row[below - 1] + (row[above - 1] - row[below - 1]) * fraction;
-        let delta = if context > 0 { fit.delta(batch, len, context).max(0.0) } else { 0.0 };
-        Ok(base + delta + comm.seconds(batch * len))
+        Ok(base + beyond_t0(fit, comm, batch, len, context))
     }
 
     /// `t` on grid units, unchecked: the planner's inner loop (it checks its ranges once).
@@ -324,11 +323,7 @@ impl LatencyModel {
         let (len, context) = (len_units * step, context_units * step);
         match &self.source {
             Source::Measured { t0, fit, comm } => {
-                let base = t0[(batch - 1) * self.grid.units() + len_units - 1];
-                // Attending to a context never makes a slice cheaper than the same slice without
-                // one: a fit to noisy timings that extrapolates below zero is read as no cost.
-                let delta = if context > 0 { fit.delta(batch, len, context).max(0.0) } else { 0.0 };
-                base + delta + comm.seconds(batch * len)
+                t0[(batch - 1) * self.grid.units() + len_units - 1] + beyond_t0(fit, comm, batch, len, context)
             }
             Source::Function(f) => f(batch, len, context),
         }
@@ -354,6 +349,14 @@ impl LatencyModel {
             Source::Function(_) => None,
         }
     }
+}
+
+/// What a slice costs beyond its `t0`: the context term where it has context, and its
+/// transfers. Attending to a context never makes a slice cheaper than the same slice without
+/// one: a fit to noisy timings that extrapolates below zero is read as no cost.
+fn beyond_t0(fit: &ContextFit, comm: &CommModel, batch: usize, len: usize, context: usize) -> f64 {
+    let delta = if context > 0 { fit.delta(batch, len, context).max(0.0) } else { 0.0 };
+    delta + comm.seconds(batch * len)
 }
 
 /// The non-decreasing sequence nearest `values` in least squares weighted by `weights`

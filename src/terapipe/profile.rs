@@ -46,8 +46,11 @@ fn coarse_grid(seq: usize, step: usize, what: &str) -> crate::error::Error {
             seq.next_multiple_of(8)
         ),
     };
-    config_error("pipeline.token_slices", why)
+    config_error("pipeline.token_slices", format!("{why}{GIVE_THE_SLICES}"))
 }
+
+/// What a slicing `auto` cannot plan is told to do instead.
+pub const GIVE_THE_SLICES: &str = "; or give the slices (a count or lengths)";
 
 /// One Transformer layer of a model (its first attention unit and the MLP unit after it) set
 /// up to run a slice of `len` tokens after `context` tokens of a micro-batch, through a
