@@ -11,7 +11,7 @@ use super::metrics_log::MetricsLog;
 use super::model_setup::{build_model, check_head_dim, check_images};
 use super::output_dir::{BEST, LOG, MODEL, checkpoint_path, set_aside_pairs};
 use super::planning::{
-    PlannedSlicing, SlicingOrigin, auto_unplanned, check_token_slices, planning_profiles, price_given, token_slices,
+    PlannedSlicing, auto_unplanned, check_token_slices, planning_profiles, price_given, token_slices,
 };
 use crate::comm::process_group::ProcessGroup;
 use crate::device::Device;
@@ -518,13 +518,6 @@ impl<D: Device> Job<D> {
     pub fn slicing_report(&self, planned_here: bool) -> Option<String> {
         let in_force = &self.trainer.pipeline.plan().config;
         match &self.slicing {
-            // (Slices of the run's own that the elastic start turned off are no news.)
-            Some(slicing)
-                if matches!(slicing.origin, SlicingOrigin::Given { .. })
-                    && slicing.lengths() != in_force.token_slices =>
-            {
-                None
-            }
             Some(slicing) => Some(slicing.describe(in_force)),
             None if planned_here && self.config.pipeline.token_slices == TokenSlices::Auto => {
                 Some(auto_unplanned(in_force))
